@@ -1,0 +1,40 @@
+# Two commands on a fresh machine with Python 3.11: `make demo` and `make test`.
+PYTHON     ?= python3
+VENV       ?= .venv
+# Default: the pinned CPU-friendly torch. Override, e.g. TORCH_SPEC="torch==2.13.0+cu126"
+# TORCH_INDEX=https://download.pytorch.org/whl/cu126, or TORCH_SPEC= to keep what is installed.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS     ?= local-mpi,slides,notebook,dev
+PY         := $(VENV)/bin/python
+STAMP      := $(VENV)/.mpi4dl-installed
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: install demo test lab bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+		$(if $(TORCH_SPEC),"$(TORCH_SPEC)") -e ".[$(EXTRAS)]"
+	$(PY) -m ipykernel install --sys-prefix --name mpi4dl-nb --display-name "Python (mpi4dl-nb)" >/dev/null
+	$(PY) -c "import torch, mpi4py, ipyparallel; print('installed: torch', torch.__version__)"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m mpi4dl_nb.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks \
+		--MappingKernelManager.default_kernel_name=mpi4dl-nb
+
+bench: $(STAMP)
+	bash benchmarks/run_all.sh
+
+clean:
+	rm -rf out .pytest_cache

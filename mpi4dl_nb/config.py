@@ -1,0 +1,250 @@
+"""ParallelConfig: the MPI4DL knobs of one run, with validation that names the fix."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Sequence
+
+SLICE_METHODS = ("square", "vertical", "horizontal")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration: ``knob`` names the setting, the message says what works."""
+
+    def __init__(self, knob: str, message: str) -> None:
+        super().__init__(f"{knob}: {message}")
+        self.knob = knob
+        self.detail = message
+
+
+def _nearest_square(n: int) -> int:
+    root = max(1, round(math.sqrt(n)))
+    return root * root
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one model is laid on the ranks: spatial, layer, pipeline, GEMS and data parallelism.
+
+    Knob names follow MPI4DL (``--split-size`` is ``split_size`` ...). ``spatial_size=0``
+    means no spatial stage; ``times=0`` means no GEMS, ``times=k`` means GEMS with ``k``
+    replica pairs; ``data_parallel`` is the number of full replicas of the whole layout.
+    """
+
+    split_size: int = 2
+    spatial_size: int = 1
+    num_spatial_parts: int = 4
+    slice_method: str = "square"
+    parts: int = 1
+    times: int = 0
+    local_dp: int = 1
+    halo_d2: bool = False
+    fused_layers: int = 1
+    balance: tuple[int, ...] | None = None
+    data_parallel: int = 1
+    schedule: str = "gpipe"
+    grid: tuple[int, int] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.balance is not None and not isinstance(self.balance, tuple):
+            object.__setattr__(self, "balance", tuple(int(b) for b in self.balance))
+        if self.grid is not None and not isinstance(self.grid, tuple):
+            object.__setattr__(self, "grid", tuple(int(g) for g in self.grid))
+        self._check_own_knobs()
+
+    # ----------------------------------------------------------------- derived sizes
+    @property
+    def spatial_parts(self) -> int:
+        """Ranks per spatial stage (1 when there is no spatial stage)."""
+        return self.num_spatial_parts if self.spatial_size > 0 else 1
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """Ranks one model replica occupies (GEMS mirrors share them)."""
+        return (self.spatial_size * self.num_spatial_parts
+                + (self.split_size - self.spatial_size) * self.local_dp)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the whole configuration needs."""
+        return self.ranks_per_replica * self.data_parallel
+
+    @property
+    def gems(self) -> bool:
+        """Whether the bidirectional GEMS mirror replica is used."""
+        return self.times > 0
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        """(rows, cols) of the tile grid of the spatial stages."""
+        if self.grid is not None:
+            return self.grid
+        p = self.num_spatial_parts
+        if self.slice_method == "square":
+            root = math.isqrt(p)
+            return (root, root)
+        if self.slice_method == "vertical":
+            return (1, p)
+        return (p, 1)
+
+    @property
+    def micro_batches_per_replica(self) -> int:
+        """Units one pipeline pass of one replica direction processes."""
+        return self.parts
+
+    @property
+    def batch_divisor(self) -> int:
+        """The global batch must be a multiple of this for an even split."""
+        gems_chunks = 2 * self.times if self.gems else 1
+        return self.data_parallel * gems_chunks * self.local_dp * self.parts
+
+    def with_(self, **changes: Any) -> "ParallelConfig":
+        """A copy with some knobs changed (validated again)."""
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Knobs as a plain dict (JSON-friendly)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["balance"] is not None:
+            out["balance"] = list(out["balance"])
+        if out["grid"] is not None:
+            out["grid"] = list(out["grid"])
+        return out
+
+    # ------------------------------------------------------------------ validation
+    def _check_own_knobs(self) -> None:
+        def positive(name: str, minimum: int = 1) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ConfigError(name, f"must be an integer >= {minimum}, got {value!r}")
+
+        positive("split_size")
+        positive("spatial_size", 0)
+        positive("num_spatial_parts")
+        positive("parts")
+        positive("times", 0)
+        positive("local_dp")
+        positive("fused_layers")
+        positive("data_parallel")
+        if self.slice_method not in SLICE_METHODS:
+            raise ConfigError("slice_method", f"{self.slice_method!r} is not one of "
+                              f"{', '.join(SLICE_METHODS)}")
+        if self.schedule not in ("gpipe", "1f1b"):
+            raise ConfigError("schedule", f"{self.schedule!r} is not 'gpipe' or '1f1b'")
+        if self.spatial_size > self.split_size:
+            raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages cannot exceed "
+                              f"split_size={self.split_size}; use spatial_size <= {self.split_size} "
+                              f"or split_size >= {self.spatial_size}")
+        if self.spatial_size > 0 and self.num_spatial_parts < 2 and self.grid is None:
+            raise ConfigError("num_spatial_parts", "a spatial stage needs at least 2 tiles; "
+                              "use num_spatial_parts >= 2 or spatial_size=0")
+        if self.grid is not None:
+            rows, cols = self.grid
+            if rows < 1 or cols < 1 or rows * cols != self.num_spatial_parts:
+                raise ConfigError("grid", f"grid {rows}x{cols} has {rows * cols} tiles but "
+                                  f"num_spatial_parts={self.num_spatial_parts}; use a rows x cols "
+                                  f"grid whose product is num_spatial_parts")
+        elif self.spatial_size > 0 and self.slice_method == "square":
+            p = self.num_spatial_parts
+            if math.isqrt(p) ** 2 != p:
+                raise ConfigError("num_spatial_parts", f"slice_method='square' needs a perfect "
+                                  f"square number of parts, got {p}; use "
+                                  f"num_spatial_parts={_nearest_square(p)} or "
+                                  f"slice_method='vertical'/'horizontal'")
+        if self.fused_layers > 1 and not self.halo_d2:
+            raise ConfigError("fused_layers", f"fused_layers={self.fused_layers} only applies with "
+                              f"halo_d2=True; set halo_d2=True or fused_layers=1")
+        if self.gems and self.split_size < 2:
+            raise ConfigError("times", "GEMS (times >= 1) mirrors the stages and needs "
+                              "split_size >= 2; use times=0 or split_size=2")
+        if self.balance is not None:
+            if len(self.balance) != self.split_size:
+                raise ConfigError("balance", f"has {len(self.balance)} entries but split_size="
+                                  f"{self.split_size}; give one layer count per stage")
+            if any(b < 1 for b in self.balance):
+                raise ConfigError("balance", f"every stage needs at least one layer, got "
+                                  f"{list(self.balance)}")
+
+    def validate(self, *, world_size: int | None = None, batch_size: int | None = None,
+                 num_layers: int | None = None, image_size: int | Sequence[int] | None = None,
+                 min_tile: int | Sequence[int] = 1) -> "ParallelConfig":
+        """Check the configuration against a launch and a workload; return self or raise ConfigError.
+
+        ``world_size``: ranks actually launched. ``batch_size``: the global batch.
+        ``num_layers``: length of the layer list (checked against ``balance``/``split_size``).
+        ``image_size``: int or (height, width); each tile must be at least ``min_tile``
+        pixels per side (pass the receptive-field need of the spatial stages).
+        """
+        if world_size is not None and world_size != self.world_size:
+            raise ConfigError("world_size", self.world_size_message(world_size))
+        if num_layers is not None:
+            if self.balance is not None and sum(self.balance) != num_layers:
+                raise ConfigError("balance", f"sums to {sum(self.balance)} but the model has "
+                                  f"{num_layers} layers; make the entries sum to {num_layers}")
+            if num_layers < self.split_size:
+                raise ConfigError("split_size", f"{self.split_size} stages need at least as many "
+                                  f"layers, the model has {num_layers}; use split_size <= "
+                                  f"{num_layers}")
+        if batch_size is not None:
+            self._check_batch(batch_size)
+        if image_size is not None and self.spatial_size > 0:
+            self._check_tiles(image_size, min_tile)
+        return self
+
+    def world_size_message(self, launched: int) -> str:
+        """Explain a launch with the wrong number of ranks."""
+        return (f"this configuration needs {self.world_size} ranks "
+                f"({self.describe_world()}) but {launched} were launched; "
+                f"run with mpiexec -n {self.world_size}")
+
+    def describe_world(self) -> str:
+        """The rank-count formula with this configuration's numbers."""
+        sp = self.spatial_size * self.num_spatial_parts
+        lp = (self.split_size - self.spatial_size) * self.local_dp
+        text = (f"spatial_size {self.spatial_size} x num_spatial_parts {self.num_spatial_parts}"
+                f" + (split_size {self.split_size} - spatial_size {self.spatial_size}) x local_dp "
+                f"{self.local_dp} = {sp} + {lp}")
+        if self.data_parallel > 1:
+            text = f"({text}) x data_parallel {self.data_parallel}"
+        return text
+
+    def _check_batch(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ConfigError("batch_size", f"must be >= 1, got {batch_size}")
+        divisor = self.batch_divisor
+        if batch_size % divisor == 0:
+            return
+        pieces = [f"data_parallel {self.data_parallel}"] if self.data_parallel > 1 else []
+        pieces += [f"2 x times {self.times} GEMS chunks"] if self.gems else []
+        pieces += [f"local_dp {self.local_dp}"] if self.local_dp > 1 else []
+        pieces.append(f"parts {self.parts}")
+        lower = (batch_size // divisor) * divisor
+        sizes = " or ".join(str(v) for v in (lower, lower + divisor) if v > 0)
+        hint = f"use batch_size {sizes}"
+        outer = divisor // self.parts
+        if self.parts > 1 and batch_size % outer == 0:
+            good = [d for d in _divisors(batch_size // outer)]
+            hint += f", or parts in {good}"
+        knob = "parts" if self.parts > 1 else "batch_size"
+        raise ConfigError(knob, f"batch_size {batch_size} does not split evenly into "
+                          f"{' x '.join(pieces)} = {divisor} pieces; {hint}")
+
+    def _check_tiles(self, image_size: int | Sequence[int], min_tile: int | Sequence[int]) -> None:
+        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+        need_h, need_w = (min_tile, min_tile) if isinstance(min_tile, int) else min_tile
+        rows, cols = self.grid_shape
+        tile_h, tile_w = height // rows, width // cols
+        for extent, need, count, name in ((tile_h, need_h, rows, "rows"),
+                                          (tile_w, need_w, cols, "columns")):
+            if extent < max(1, need):
+                fit = max(1, (height if name == "rows" else width) // max(1, need))
+                raise ConfigError("num_spatial_parts", f"{count} tile {name} of a "
+                                  f"{height}x{width} image are {extent} px, smaller than the "
+                                  f"{need} px the layers' receptive field needs; use at most "
+                                  f"{fit} tile {name}, a larger image_size, or another "
+                                  f"slice_method")

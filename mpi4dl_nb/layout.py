@@ -1,0 +1,137 @@
+"""Rank layout: the role every rank plays in a ParallelConfig (pure, no MPI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ParallelConfig
+
+
+@dataclass(frozen=True)
+class StageSlot:
+    """One stage of one replica direction held by a rank (tile or local-DP copy)."""
+
+    stage: int
+    spatial: bool
+    tile: int | None          # tile index (row-major) for spatial stages
+    tile_row: int | None
+    tile_col: int | None
+    copy: int                 # local-DP copy index for non-spatial stages, 0 for tiles
+    stage_ranks: tuple[int, ...]   # every rank holding this stage in this replica/direction
+
+
+@dataclass(frozen=True)
+class RankRole:
+    """What one rank does: its primary stage slot and, under GEMS, its mirror slot."""
+
+    rank: int
+    replica: int               # full data-parallel replica index
+    index_in_replica: int
+    primary: StageSlot
+    mirror: StageSlot | None   # the GEMS mirror replica's slot on this rank
+
+    @property
+    def stage(self) -> int:
+        return self.primary.stage
+
+    @property
+    def spatial(self) -> bool:
+        return self.primary.spatial
+
+    @property
+    def tile(self) -> int | None:
+        return self.primary.tile
+
+    @property
+    def local_dp_index(self) -> int:
+        return self.primary.copy
+
+    def describe(self) -> str:
+        """One-line human description of the role."""
+        def slot_text(slot: StageSlot) -> str:
+            if slot.spatial:
+                return f"stage {slot.stage} tile {slot.tile} (r{slot.tile_row},c{slot.tile_col})"
+            return f"stage {slot.stage}" + (f" copy {slot.copy}" if len(slot.stage_ranks) > 1 else "")
+        text = slot_text(self.primary)
+        if self.mirror is not None:
+            text += f" | mirror {slot_text(self.mirror)}"
+        return text
+
+
+def _replica_slots(cfg: ParallelConfig, base: int) -> list[StageSlot]:
+    """Primary slots of the ranks of one replica, in in-replica index order."""
+    rows, cols = cfg.grid_shape
+    slots: list[StageSlot] = []
+    offset = 0
+    for stage in range(cfg.split_size):
+        spatial = stage < cfg.spatial_size
+        count = cfg.num_spatial_parts if spatial else cfg.local_dp
+        ranks = tuple(base + offset + k for k in range(count))
+        for k in range(count):
+            if spatial:
+                slots.append(StageSlot(stage, True, k, k // cols, k % cols, 0, ranks))
+            else:
+                slots.append(StageSlot(stage, False, None, None, None, k, ranks))
+        offset += count
+    return slots
+
+
+def _mirror_slots(cfg: ParallelConfig, base: int) -> list[StageSlot]:
+    """Mirror slots: in-replica index i plays the primary role of index R-1-i."""
+    primary = _replica_slots(cfg, base)
+    size = len(primary)
+    flip = {base + i: base + size - 1 - i for i in range(size)}
+    mirrored = []
+    for i in range(size):
+        slot = primary[size - 1 - i]
+        ranks = tuple(flip[r] for r in slot.stage_ranks)
+        mirrored.append(StageSlot(slot.stage, slot.spatial, slot.tile, slot.tile_row,
+                                  slot.tile_col, slot.copy, ranks))
+    return mirrored
+
+
+def layout(cfg: ParallelConfig) -> list[RankRole]:
+    """The role of every rank of ``cfg``, indexed by global rank."""
+    roles: list[RankRole] = []
+    size = cfg.ranks_per_replica
+    for replica in range(cfg.data_parallel):
+        base = replica * size
+        primary = _replica_slots(cfg, base)
+        mirror = _mirror_slots(cfg, base) if cfg.gems else [None] * size
+        for i in range(size):
+            roles.append(RankRole(base + i, replica, i, primary[i], mirror[i]))
+    return roles
+
+
+def stage_holders(cfg: ParallelConfig, stage: int) -> list[int]:
+    """Every rank that holds ``stage``'s parameters in any role (the gradient-sum group)."""
+    holders = set()
+    for role in layout(cfg):
+        for slot in (role.primary, role.mirror):
+            if slot is not None and slot.stage == stage:
+                holders.add(role.rank)
+    return sorted(holders)
+
+
+def layout_table(cfg: ParallelConfig) -> str:
+    """The rank table as aligned text (what ``python -m mpi4dl_nb layout`` prints)."""
+    header = ["rank", "replica", "stage", "kind", "tile", "grid pos", "copy"]
+    if cfg.gems:
+        header += ["mirror stage", "mirror tile"]
+    rows = [header]
+    for role in layout(cfg):
+        p = role.primary
+        row = [str(role.rank), str(role.replica), str(p.stage),
+               "spatial" if p.spatial else "layer",
+               "-" if p.tile is None else str(p.tile),
+               "-" if p.tile is None else f"({p.tile_row},{p.tile_col})",
+               "-" if p.spatial else str(p.copy)]
+        if cfg.gems:
+            m = role.mirror
+            assert m is not None
+            row += [str(m.stage), "-" if m.tile is None else str(m.tile)]
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""`python -m mpi4dl_nb layout`: the table, and refusal on a wrong rank count on every rank."""
+
+import subprocess
+import sys
+import time
+
+from mpirun import REPO, mpi_env, run_mpi
+
+
+def test_layout_prints_table_and_world_size():
+    out = subprocess.run([sys.executable, "-m", "mpi4dl_nb", "layout", "--split-size", "3",
+                          "--spatial-size", "2", "--num-spatial-parts", "4"],
+                         capture_output=True, text=True, cwd=REPO, env=mpi_env(1), check=True).stdout
+    assert "world size: 9 ranks" in out
+    assert len([l for l in out.splitlines() if "spatial" in l and l.split()[0].isdigit()]) == 8
+
+
+def test_wrong_rank_count_exits_all_ranks_fast():
+    start = time.monotonic()
+    result = run_mpi(4, "mpi4dl_nb", "layout", "--split-size", "2", "--spatial-size", "1",
+                     "--num-spatial-parts", "4", module=True, expect_failure=True, timeout=60)
+    elapsed = time.monotonic() - start
+    assert elapsed < 20
+    for rank in range(4):
+        assert f"[rank {rank}/4] mpi4dl_nb: configuration error: this configuration needs 5 ranks" \
+            in result.stdout
+    assert "mpiexec -n 5" in result.stdout
+
+
+def test_right_rank_count_runs():
+    result = run_mpi(5, "mpi4dl_nb", "layout", "--split-size", "2", "--spatial-size", "1",
+                     "--num-spatial-parts", "4", module=True, timeout=60)
+    assert "world size: 5 ranks" in result.stdout
