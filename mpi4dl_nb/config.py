@@ -103,6 +103,12 @@ class ParallelConfig:
         gems_chunks = 2 * self.times if self.gems else 1
         return self.data_parallel * gems_chunks * self.local_dp * self.parts
 
+    def layout(self) -> list:
+        """The role of every rank (see ``mpi4dl_nb.layout.layout``)."""
+        from .layout import layout
+
+        return layout(self)
+
     def with_(self, **changes: Any) -> "ParallelConfig":
         """A copy with some knobs changed (validated again)."""
         return replace(self, **changes)

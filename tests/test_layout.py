@@ -78,3 +78,9 @@ def test_table_lists_every_rank():
     assert len(lines) == 2 + 5
     assert "mirror stage" in lines[0]
     assert lines[2].split()[:5] == ["0", "0", "0", "spatial", "0"]
+
+
+def test_config_layout_method_matches_function():
+    cfg = ParallelConfig(split_size=3, spatial_size=1, num_spatial_parts=4, local_dp=2)
+    assert cfg.layout() == layout(cfg)
+    assert len(cfg.layout()) == cfg.world_size == 8
