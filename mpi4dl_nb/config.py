@@ -142,10 +142,11 @@ class ParallelConfig:
                               f"{', '.join(SLICE_METHODS)}")
         if self.schedule not in ("gpipe", "1f1b"):
             raise ConfigError("schedule", f"{self.schedule!r} is not 'gpipe' or '1f1b'")
-        if self.spatial_size > self.split_size:
-            raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages cannot exceed "
-                              f"split_size={self.split_size}; use spatial_size <= {self.split_size} "
-                              f"or split_size >= {self.spatial_size}")
+        if self.spatial_size > 0 and self.spatial_size >= self.split_size:
+            raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages need at least one "
+                              f"layer-parallel stage after them to join the tiles, but split_size="
+                              f"{self.split_size}; use spatial_size <= {self.split_size - 1} or "
+                              f"split_size >= {self.spatial_size + 1}")
         if self.spatial_size > 0 and self.num_spatial_parts < 2 and self.grid is None:
             raise ConfigError("num_spatial_parts", "a spatial stage needs at least 2 tiles; "
                               "use num_spatial_parts >= 2 or spatial_size=0")

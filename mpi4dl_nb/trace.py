@@ -80,3 +80,26 @@ def merge_timelines(per_rank: list[list[Event]]) -> list[Event]:
     merged = [event for events in per_rank for event in events]
     merged.sort(key=lambda e: (e.start, e.rank))
     return merged
+
+
+def gather_timeline(ctx: Any, root: int = 0, clear: bool = False) -> list[Event] | None:
+    """Every rank's events as one timeline on ``root`` (None elsewhere); collective.
+
+    Clocks are aligned at a barrier: each rank's times are shifted so that the moment it
+    leaves the barrier is the same instant on all ranks (good to the barrier's skew).
+    """
+    from dataclasses import replace
+
+    ctx.barrier()
+    sync = ctx.tracer.now()
+    shifted = [replace(e, start=e.start - sync, end=e.end - sync) for e in ctx.tracer.events]
+    if clear:
+        ctx.tracer.clear()
+    gathered = ctx.gather_object(shifted, root=root)
+    if gathered is None:
+        return None
+    merged = merge_timelines(gathered)
+    if merged:
+        zero = min(e.start for e in merged)
+        merged = [replace(e, start=e.start - zero, end=e.end - zero) for e in merged]
+    return merged

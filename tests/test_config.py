@@ -23,7 +23,8 @@ def test_world_size(kwargs, world):
 @pytest.mark.parametrize("kwargs, knob, fragment", [
     (dict(num_spatial_parts=6, slice_method="square"), "num_spatial_parts",
      "perfect square number of parts, got 6; use num_spatial_parts=4"),
-    (dict(split_size=2, spatial_size=3), "spatial_size", "cannot exceed split_size=2"),
+    (dict(split_size=2, spatial_size=3), "spatial_size", "use spatial_size <= 1 or split_size >= 4"),
+    (dict(split_size=2, spatial_size=2), "spatial_size", "at least one layer-parallel stage"),
     (dict(slice_method="diagonal"), "slice_method", "square, vertical, horizontal"),
     (dict(split_size=0), "split_size", "integer >= 1"),
     (dict(parts=0), "parts", "integer >= 1"),
