@@ -1,0 +1,177 @@
+"""Spatial parallelism: speed-up of a conv stack on 2 ranks vs 1, and activation memory per rank.
+
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 OMP_NUM_THREADS=1 \\
+        mpiexec -n 2 python benchmarks/bench_spatial.py speed --size 2048 --steps 3
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 OMP_NUM_THREADS=1 \\
+        mpiexec -n 4 python benchmarks/bench_spatial.py memory --size 2048
+
+speed: a 3-layer 16-channel 3x3 conv stack (+ReLU), forward+backward, batch 1, float32, one
+thread per rank. Rounds alternate, side by side in one run: (A) rank 0 alone runs the
+serial model while rank 1 waits; (B) both ranks run the spatialized model on half the image
+each (vertical cuts); (C) both ranks run the serial model independently (the machine's
+2-process ceiling). Prints the best time of each and speed-up = A/B, efficiency = speed-up/2.
+
+memory: bytes of activations saved for backward (saved_tensors_hooks, unique storages) plus
+the output, per rank, for the serial model and for 1, 2 and 4 tiles (square grid for 4).
+Ideal ratio to serial: 1/P. RSS is not used (the tuned allocator keeps freed memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from mpi4dl_nb.comm import Context
+from mpi4dl_nb.geometry import TileGrid
+from mpi4dl_nb.spatialize import reduce_tile_gradients, spatialize
+from mpi4dl_nb.tiles import scatter_tiles
+
+
+def conv_stack(channels: int = 16, layers: int = 3) -> nn.Module:
+    modules: list[nn.Module] = []
+    cin = 3
+    for _ in range(layers):
+        modules += [nn.Conv2d(cin, channels, 3, padding=1), nn.ReLU()]
+        cin = channels
+    return nn.Sequential(*modules)
+
+
+def step_time(run: Callable[[], None], steps: int) -> float:
+    best = float("inf")
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def speed(ctx: Context, size: int, steps: int, rounds: int) -> None:
+    if ctx.world_size != 2:
+        raise SystemExit("speed: run with mpiexec -n 2")
+    torch.manual_seed(0)
+    model = conv_stack()
+    image = torch.randn(1, 3, size, size)
+    grid = TileGrid(1, 2)
+    net = spatialize(model, grid, ctx, image_size=(size, size))
+    tile = scatter_tiles(image, grid, ctx)
+
+    def serial() -> None:
+        model.zero_grad(set_to_none=True)
+        model(image).sum().backward()
+
+    def spatial() -> None:
+        net.zero_grad(set_to_none=True)
+        net(tile).sum().backward()
+        reduce_tile_gradients(net)
+
+    best = {"A": float("inf"), "B": float("inf"), "C": float("inf")}
+    serial()   # warm-up both paths (allocator, geometry caches)
+    spatial()
+    for _ in range(rounds):
+        ctx.barrier()
+        if ctx.rank == 0:
+            best["A"] = min(best["A"], step_time(serial, steps))
+        ctx.barrier()
+        best["B"] = min(best["B"], step_time(spatial, steps))
+        ctx.barrier()
+        best["C"] = min(best["C"], step_time(serial, steps))
+    times = torch.tensor([best["A"], best["B"], best["C"]], dtype=torch.float64)
+    slowest = ctx.all_gather_object(times.tolist())
+    if ctx.rank == 0:
+        a = slowest[0][0]
+        b = max(r[1] for r in slowest)
+        c = max(r[2] for r in slowest)
+        print(f"conv stack 3x16ch 3x3, {size}x{size}, fwd+bwd, 1 thread/rank, best of "
+              f"{rounds}x{steps} steps")
+        print("| run | seconds/step | speed-up vs 1 rank | efficiency (ideal 2.0) |")
+        print("|---|---:|---:|---:|")
+        print(f"| A: serial, 1 rank | {a:.3f} | 1.00 | - |")
+        print(f"| B: spatial, 2 ranks (1x2 tiles) | {b:.3f} | {a / b:.2f} | {a / b / 2:.2f} |")
+        print(f"| C: 2 independent serial ranks (ceiling) | {c:.3f} | {2 * a / c:.2f} "
+              f"(throughput) | {a / c:.2f} |")
+        print(f"efficiency of spatial vs this machine's 2-process ceiling: "
+              f"{(a / b) / (2 * a / c):.2f}")
+
+
+class SavedBytes:
+    """Unique storage bytes of tensors autograd saves inside the context."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    def add(self, tensor: torch.Tensor) -> None:
+        self.pack(tensor)
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    counter = SavedBytes()
+    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+        out = module(x)
+    counter.add(out)
+    return counter.total
+
+
+def memory(ctx: Context, size: int) -> None:
+    if ctx.world_size < 4:
+        raise SystemExit("memory: run with mpiexec -n 4")
+    torch.manual_seed(0)
+    model = conv_stack()
+    image = torch.randn(1, 3, size, size)
+    results = {}
+    if ctx.rank == 0:
+        results["serial"] = activation_bytes(model, image)
+    for key, parts, grid, fused in ((1, 1, TileGrid(1, 1), False), (2, 2, TileGrid(1, 2), False),
+                                    (4, 4, TileGrid(2, 2), False), ("4f", 4, TileGrid(2, 2), True)):
+        group = ctx.new_group(range(parts))
+        if ctx.rank < parts:
+            net = spatialize(model, grid, ctx, group, image_size=(size, size), halo_d2=fused,
+                             fused_layers=3)
+            tile = scatter_tiles(image, grid, ctx, group)
+            results[key] = activation_bytes(net, tile)
+        ctx.barrier()
+    gathered = ctx.all_gather_object(results)
+    if ctx.rank == 0:
+        serial = gathered[0]["serial"]
+        print(f"activation bytes per rank, conv stack 3x16ch, {size}x{size}, batch 1, float32")
+        print("| tiles P | max bytes/rank (MiB) | ratio to serial | ideal 1/P | goal <= 1.15/P |")
+        print("|---:|---:|---:|---:|---:|")
+        print(f"| serial | {serial / 2**20:.1f} | 1.000 | 1.000 | - |")
+        for key, parts, label in ((1, 1, "1"), (2, 2, "2"), (4, 4, "4"),
+                                  ("4f", 4, "4, fused halos (3 layers)")):
+            worst = max(r[key] for r in gathered[:parts])
+            ratio = worst / serial
+            print(f"| {label} | {worst / 2**20:.1f} | {ratio:.3f} | {1 / parts:.3f} | "
+                  f"{'yes' if ratio <= 1.15 / parts else 'NO'} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["speed", "memory"])
+    parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backend", default="mpi")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ctx = Context(backend=args.backend, trace=False)
+    if args.what == "speed":
+        speed(ctx, args.size, args.steps, args.rounds)
+    else:
+        memory(ctx, args.size)
+
+
+if __name__ == "__main__":
+    main()

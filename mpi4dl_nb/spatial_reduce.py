@@ -1,0 +1,43 @@
+"""Differentiable sums over the tile group: partitioned consumers (BatchNorm) and replicated ones (pooling)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class _SumPartitioned(torch.autograd.Function):
+    """All-reduce sum whose result each tile uses for its own part: backward all-reduces."""
+
+    @staticmethod
+    def forward(fctx: Any, x: torch.Tensor, comm: Any, group: Any) -> torch.Tensor:
+        fctx.comm, fctx.group = comm, group
+        return comm.all_reduce(x.detach().clone(memory_format=torch.contiguous_format), group=group)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        out = grad.detach().clone(memory_format=torch.contiguous_format)
+        return fctx.comm.all_reduce(out, group=fctx.group), None, None
+
+
+class _SumReplicated(torch.autograd.Function):
+    """All-reduce sum consumed identically on every tile: backward passes the gradient on."""
+
+    @staticmethod
+    def forward(fctx: Any, x: torch.Tensor, comm: Any, group: Any) -> torch.Tensor:
+        return comm.all_reduce(x.detach().clone(memory_format=torch.contiguous_format), group=group)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad, None, None
+
+
+def partitioned_sum(x: torch.Tensor, comm: Any, group: Any = None) -> torch.Tensor:
+    """Sum of ``x`` over the group; gradients of all tiles' uses flow back to every tile."""
+    return _SumPartitioned.apply(x, comm, group)
+
+
+def replicated_sum(x: torch.Tensor, comm: Any, group: Any = None) -> torch.Tensor:
+    """Sum of ``x`` over the group, for a result every tile consumes identically."""
+    return _SumReplicated.apply(x, comm, group)

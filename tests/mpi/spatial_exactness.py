@@ -1,0 +1,78 @@
+"""Every spatial layer type and a ResNet-style stack: spatialize(model) on tiles == serial, float64.
+
+Usage: spatial_exactness.py ROWS COLS [BACKEND]. Checks image sizes 64x64, 96x96 and
+100x120 (all exact on grids up to 3x3), then that impossible sizes raise ConfigError.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from exactness import check_spatial_exact  # noqa: E402
+from spatial_models import layer_models  # noqa: E402
+
+from mpi4dl_nb.comm import Context  # noqa: E402
+from mpi4dl_nb.config import ConfigError  # noqa: E402
+from mpi4dl_nb.geometry import TileGrid  # noqa: E402
+from mpi4dl_nb.spatialize import spatialize  # noqa: E402
+from mpi4dl_nb.tiles import scatter_tiles  # noqa: E402
+
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore", message="Using padding='same'")
+SIZES = [(64, 64), (96, 96), (100, 120)]
+
+
+def main() -> None:
+    rows, cols = int(sys.argv[1]), int(sys.argv[2])
+    backend = sys.argv[3] if len(sys.argv) > 3 else "mpi"
+    models = sys.argv[4].split(",") if len(sys.argv) > 4 else None
+    ctx = Context(backend=backend)
+    grid = TileGrid(rows, cols)
+    assert ctx.world_size == grid.num_tiles, "run with rows*cols ranks"
+    builders = layer_models()
+    start, checks, worst = time.perf_counter(), 0, 0.0
+    for height, width in SIZES:
+        for index, (name, build) in enumerate(builders.items()):
+            if models and name not in models:
+                continue
+            torch.manual_seed(100 + index)
+            model = build().double()
+            x = torch.randn(2, 3, height, width, dtype=torch.float64)
+            errors = check_spatial_exact(model, grid, x, ctx, what=f"{name} {height}x{width}")
+            worst = max(worst, *errors.values())
+            checks += 1
+    # configurations that cannot be exact are refused up front, naming the knob
+    refused = 0
+    for name, size in (("resnet_stack", (2 * rows, 2 * cols)),   # a stage would own 0 rows
+                       ("big_kernel", (3 * rows, 3 * cols))):     # halo wider than a tile
+        torch.manual_seed(7)
+        model = (layer_models()["resnet_stack"]() if name == "resnet_stack"
+                 else torch.nn.Conv2d(3, 2, 9, padding=4)).double()
+        if grid.num_tiles == 1 or (name == "big_kernel" and max(rows, cols) < 3):
+            continue   # with < 3 parts the neighbour holds the whole remaining axis
+        x = torch.randn(1, 3, *size, dtype=torch.float64)
+        net = spatialize(model, grid, ctx)
+        try:
+            net(scatter_tiles(x, grid, ctx))
+        except ConfigError as error:
+            assert error.knob in ("num_spatial_parts", "image_size", "slice_method"), error.knob
+            assert "use" in str(error), str(error)
+            refused += 1
+        else:
+            raise AssertionError(f"{name} at {size} on {grid} should raise ConfigError")
+    ctx.barrier()
+    if ctx.rank == 0:
+        print(f"OK {grid} {backend}: {checks} exact checks (worst rel err {worst:.2e}), "
+              f"{refused} refusals, {time.perf_counter() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Halo exchange: adjoint test, forward against padded slices, buffer reuse, sub-groups, both planes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+CASES = [(2, 2, "mpi", 0), (3, 3, "mpi", 0), (3, 3, "gloo", 0), (2, 2, "mpi", 1)]
+
+
+@pytest.mark.parametrize("rows,cols,backend,idle", CASES,
+                         ids=[f"{r}x{c}-{b}-idle{i}" for r, c, b, i in CASES])
+def test_halo_adjoint_and_forward(mpirun, rows, cols, backend, idle):
+    out = mpirun(rows * cols + idle, "halo_adjoint", rows, cols, backend, idle, timeout=300).stdout
+    assert "OK halo" in out
+
+
+def test_buffer_pool_reuses_by_shape():
+    from mpi4dl_nb.halo import BufferPool
+
+    pool = BufferPool()
+    like = torch.zeros(1, dtype=torch.float64)
+    a = pool.get("r", (2, 3), like)
+    assert pool.get("r", (2, 3), like) is a
+    assert pool.get("r", (3, 2), like) is not a and pool.get("s", (2, 3), like) is not a
+    assert pool.nbytes == 3 * 6 * 8
+
+
+@pytest.mark.parametrize("rows,cols", [(3, 3), (1, 4)], ids=["3x3", "1x4"])
+def test_fused_halos_equal_unfused_and_serial(mpirun, rows, cols):
+    out = mpirun(rows * cols, "halo_fused", rows, cols, timeout=300).stdout
+    assert "OK fused" in out and "fused_layers=6" in out
+
+
+def test_fused_blocks_group_windowed_layers():
+    from torch import nn
+
+    from mpi4dl_nb.fused import _blocks
+    from mpi4dl_nb.geometry import TileGrid
+    from mpi4dl_nb.spatial_base import SpatialRuntime
+    from mpi4dl_nb.spatialize import _convert
+
+    class FakeCtx:
+        rank, world_size = 0, 1
+
+    runtime = SpatialRuntime(TileGrid(1, 1), FakeCtx())
+    seq = nn.Sequential(nn.ReLU(), nn.Conv2d(1, 1, 3), nn.BatchNorm2d(1), nn.ReLU(),
+                        nn.Conv2d(1, 1, 3), nn.MaxPool2d(2), nn.Conv2d(1, 1, 1),
+                        nn.AdaptiveAvgPool2d(1), nn.Conv2d(1, 1, 3), nn.Conv2d(1, 1, 3))
+    children = list(_convert(seq, runtime, "", ())._modules.values())
+    assert _blocks(children, 2) == [(1, 5), (5, 7), (8, 10)]
+    assert _blocks(children, 3) == [(1, 6), (8, 10)]
+    assert _blocks(children, 1) == []

@@ -1,0 +1,87 @@
+"""Spatial parallelism equals one process: every layer type and a ResNet stack, on many grids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+GRIDS = [(1, 2), (1, 4), (2, 1), (4, 1), (2, 2), (3, 3), (2, 3)]
+
+
+@pytest.mark.parametrize("rows,cols", GRIDS, ids=[f"{r}x{c}" for r, c in GRIDS])
+def test_spatialize_equals_serial(mpirun, rows, cols):
+    out = mpirun(rows * cols, "spatial_exactness", rows, cols, timeout=400).stdout
+    assert "OK" in out and "75 exact checks" in out
+
+
+def test_spatialize_equals_serial_on_the_torch_plane(mpirun):
+    out = mpirun(4, "spatial_exactness", 2, 2, "gloo", "resnet_classifier,avgpool3_s2_excl",
+                 timeout=300).stdout
+    assert "OK" in out and "6 exact checks" in out
+
+
+# ---------------------------------------------------------------- in-process (one rank)
+@pytest.fixture(scope="module")
+def ctx():
+    from mpi4dl_nb.comm import Context
+
+    return Context(trace=False)
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(4, 4, 1)))
+
+
+def test_same_parameters_same_state_dict_original_untouched(ctx):
+    from mpi4dl_nb.geometry import TileGrid
+    from mpi4dl_nb.spatial_conv import SpatialConv2d
+    from mpi4dl_nb.spatialize import spatialize, tile_partial_parameters
+
+    model = _model()
+    net = spatialize(model, TileGrid(1, 1), ctx)
+    assert isinstance(net[0], SpatialConv2d) and isinstance(net[0], nn.Conv2d)
+    assert type(model[0]) is nn.Conv2d and type(model[3][1]) is nn.Conv2d   # original unchanged
+    assert not model._forward_pre_hooks and net._forward_pre_hooks
+    assert list(net.state_dict()) == list(model.state_dict())
+    for (name, p), (_, q) in zip(net.named_parameters(), model.named_parameters()):
+        assert p is q, name
+    assert net[1].running_mean is model[1].running_mean
+    assert len(tile_partial_parameters(net)) == 6
+    net(torch.randn(2, 3, 8, 8))
+    assert int(model[1].num_batches_tracked) == 1       # buffers shared with the original
+
+
+def test_unsupported_layers_are_named(ctx):
+    from mpi4dl_nb.config import ConfigError
+    from mpi4dl_nb.geometry import TileGrid
+    from mpi4dl_nb.spatialize import spatialize
+
+    grid = TileGrid(1, 1)
+    bad = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Sequential(nn.Upsample(scale_factor=2)))
+    with pytest.raises(ConfigError, match=r"'1\.0' \(Upsample\)"):
+        spatialize(bad, grid, ctx)
+    with pytest.raises(ConfigError, match="p=0"):
+        spatialize(nn.Sequential(nn.Dropout(0.5)), grid, ctx)
+    with pytest.raises(ConfigError, match="ceil_mode=False"):
+        spatialize(nn.MaxPool2d(2, ceil_mode=True), grid, ctx)
+    with pytest.raises(ConfigError, match="padding_mode='zeros'"):
+        spatialize(nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect"), grid, ctx)
+    with pytest.raises(ConfigError, match="output_size 1"):
+        spatialize(nn.AdaptiveAvgPool2d(2), grid, ctx)
+
+    class Scale(nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    net = spatialize(nn.Sequential(nn.Conv2d(3, 3, 3), Scale()), grid, ctx, elementwise=(Scale,))
+    assert net(torch.randn(1, 3, 5, 5)).shape == (1, 3, 3, 3)
+
+
+def test_wrong_world_size_is_explained(ctx):
+    from mpi4dl_nb.geometry import TileGrid
+    from mpi4dl_nb.spatialize import spatialize
+
+    with pytest.raises(ValueError, match="4 tiles but the world has 1"):
+        spatialize(_model(), TileGrid(2, 2), ctx)
