@@ -1,0 +1,115 @@
+"""ResNet and AmoebaNet-D: images/s and per-rank peak memory of LP, SP+LP and SP+PP next to serial, in one run.
+
+Each configuration is a real batch job (``mpiexec -n N python -m mpi4dl_nb train ...``, one
+after another, same machine, same model, same global batch and image size); the table gives
+every job's throughput and largest per-rank peak memory as ratios to the serial job.
+
+    .venv/bin/python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
+
+Memory is counted, not RSS (CPU): parameters + gradients + optimizer state + the peak of
+bytes autograd keeps for backward (CUDA: the allocator peak). Images/s excludes the first
+(warm-up) step. Configurations (override with --spatial-parts/--slice-method/--parts):
+  serial   1 rank                split 1
+  LP       2 ranks               split 2
+  SP+LP    P+1 ranks             split 2, spatial 1, P tiles
+  SP+PP    P+1 ranks             split 2, spatial 1, P tiles, --parts m micro-batches
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def mpiexec() -> str:
+    local = Path(sys.executable).with_name("mpiexec")
+    return str(local) if local.exists() else "mpiexec"
+
+
+def model_flags(args: argparse.Namespace, model: str) -> list[str]:
+    if model == "resnet":
+        return ["--model", "resnet", "--resnet-version", str(args.resnet_version),
+                "--num-layers", str(args.resnet_depth), "--num-filters", str(args.resnet_width)]
+    return ["--model", "amoebanet", "--num-layers", str(args.amoeba_layers),
+            "--num-filters", str(args.amoeba_filters)]
+
+
+def configurations(args: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
+    spatial = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts",
+               str(args.spatial_parts), "--slice-method", args.slice_method]
+    return [("serial", 1, ["--split-size", "1", "--spatial-size", "0"]),
+            ("LP", 2, ["--split-size", "2", "--spatial-size", "0"]),
+            ("SP+LP", args.spatial_parts + 1, spatial),
+            (f"SP+PP(m={args.parts})", args.spatial_parts + 1, spatial + ["--parts", str(args.parts)])]
+
+
+def run_job(ranks: int, flags: list[str], timeout: float) -> dict:
+    """One batch job; returns its JSON summary (raises with the output on failure)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    if ranks > (os.cpu_count() or 1):
+        env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4dl_nb", "train", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(lines[-1])
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 2**20:9.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="resnet,amoebanet")
+    parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5, help="steps per job (first is warm-up)")
+    parser.add_argument("--spatial-parts", type=int, default=2)
+    parser.add_argument("--slice-method", default="vertical")
+    parser.add_argument("--parts", type=int, default=2, help="micro-batches of SP+PP")
+    parser.add_argument("--resnet-version", type=int, default=2)
+    parser.add_argument("--resnet-depth", type=int, default=29)
+    parser.add_argument("--resnet-width", type=int, default=16)
+    parser.add_argument("--amoeba-layers", type=int, default=6)
+    parser.add_argument("--amoeba-filters", type=int, default=32)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--json", action="store_true", help="also print every job's summary")
+    args = parser.parse_args()
+
+    common = ["--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
+              "--steps", str(args.steps), "--num-samples", str(args.batch_size * args.steps),
+              "--no-progress"]
+    print(f"image {args.image_size}^2, global batch {args.batch_size}, {args.steps} steps per job "
+          f"(1 warm-up), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
+          f"(other work on the machine skews every ratio)")
+    header = (f"{'model':10} {'config':12} {'ranks':>5} {'img/s':>8} {'x serial':>8} "
+              f"{'peak MB':>9} {'x serial':>8} {'comm %':>7}")
+    print(header)
+    print("-" * len(header))
+    for model in args.models.split(","):
+        base = None
+        for name, ranks, flags in configurations(args):
+            record = run_job(ranks, model_flags(args, model) + flags + common, args.timeout)
+            peak = max(record["peak_memory_bytes"])
+            comm = sum(record["comm_seconds"]) / max(1e-12, sum(record["train_seconds"]))
+            if base is None:
+                base = record["images_per_s"], peak
+            print(f"{model:10} {name:12} {ranks:5d} {record['images_per_s']:8.3f} "
+                  f"{record['images_per_s'] / base[0]:8.2f} {megabytes(peak)} "
+                  f"{peak / base[1]:8.2f} {100 * comm:6.1f}%", flush=True)
+            if args.json:
+                print(json.dumps(record))
+    print("peak MB: largest per-rank peak; comm %: share of step time in communication "
+          "(incl. waiting), over all ranks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

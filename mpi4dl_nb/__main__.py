@@ -1,0 +1,34 @@
+"""``python -m mpi4dl_nb {layout,train} ...``: the batch-job entry point."""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+USAGE = """usage: python -m mpi4dl_nb {layout,train} [flags]
+
+  layout   show which rank does what for the MPI4DL flags, and how many ranks they need
+  train    train ResNet/AmoebaNet-D (mpiexec -n <ranks> python -m mpi4dl_nb train --model ...)
+
+'python -m mpi4dl_nb <command> --help' lists the flags of a command."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "layout":
+        from .cli_layout import main as layout_main
+
+        return layout_main(rest)
+    if command == "train":
+        from .cli import main as train_main
+
+        return train_main(rest)
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Dataset protocol with region reads (a spatial rank reads only its tile box) and a deterministic batcher."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+
+Box = tuple[int, int, int, int]  # half-open (r0, r1, c0, c1), as geometry.TileGrid.tile_box
+
+
+@runtime_checkable
+class RegionDataset(Protocol):
+    """Images of ``channels x image_size x image_size`` with integer labels; any box readable alone."""
+
+    image_size: int
+    channels: int
+    num_classes: int
+
+    def __len__(self) -> int: ...
+
+    def label(self, index: int) -> int: ...
+
+    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+        """Image ``index`` (C, H, W) float in [0, 1], only the ``box`` part when given."""
+        ...
+
+
+def full_box(size: int) -> Box:
+    """The box covering a whole ``size x size`` image."""
+    return (0, size, 0, size)
+
+
+def check_box(box: Box | None, size: int) -> Box:
+    """``box`` (default: the whole image) checked to lie inside a ``size x size`` image."""
+    if box is None:
+        return full_box(size)
+    r0, r1, c0, c1 = box
+    if not (0 <= r0 < r1 <= size and 0 <= c0 < c1 <= size):
+        raise ValueError(f"region {box} (r0, r1, c0, c1) is not inside a {size}x{size} image")
+    return (int(r0), int(r1), int(c0), int(c1))
+
+
+def to_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """HxWxC uint8 (or HxW) array -> CxHxW float32 tensor in [0, 1]."""
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))).float().div_(255.0)
+
+
+@dataclass(frozen=True)
+class Batcher:
+    """Deterministic batches: the order of epoch ``e`` is a permutation seeded by ``(seed, e)``.
+
+    ``batch(epoch, step)`` is a pure function of its arguments, so a resumed run sees the very
+    batches an uninterrupted one would. The last incomplete batch of an epoch is dropped.
+    """
+
+    dataset: RegionDataset
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if len(self.dataset) < self.batch_size:
+            raise ValueError(f"the dataset has {len(self.dataset)} images, fewer than one batch "
+                             f"of --batch-size {self.batch_size}; use --batch-size <= "
+                             f"{len(self.dataset)} or more data")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def indices(self, epoch: int, step: int) -> list[int]:
+        """Dataset indices of batch ``step`` of ``epoch``."""
+        if not 0 <= step < self.steps_per_epoch:
+            raise IndexError(f"step {step} outside an epoch of {self.steps_per_epoch} steps")
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(len(self.dataset), generator=gen)
+        else:
+            order = torch.arange(len(self.dataset))
+        return order[step * self.batch_size:(step + 1) * self.batch_size].tolist()
+
+    def labels(self, epoch: int, step: int) -> torch.Tensor:
+        """Labels of batch ``step`` of ``epoch`` (int64)."""
+        return torch.tensor([self.dataset.label(i) for i in self.indices(epoch, step)],
+                            dtype=torch.long)
+
+    def images(self, epoch: int, step: int, box: Box | None = None,
+               rows: Sequence[int] | None = None) -> torch.Tensor:
+        """Images (N, C, h, w) of the batch, only ``box`` of each; ``rows`` picks batch entries."""
+        chosen = self.indices(epoch, step)
+        if rows is not None:
+            chosen = [chosen[r] for r in rows]
+        return torch.stack([self.dataset.read(i, box) for i in chosen])

@@ -1,0 +1,248 @@
+"""Pathology data: a folder of image tiles, or whole-slide images cut into tiles read region by region via OpenSlide."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .base import Box, check_box, to_tensor
+
+TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")
+SATURATION_TISSUE = 0.07   # HSV saturation above which a pixel counts as stained tissue
+DARKEST_BACKGROUND = 20    # max channel below this is void/black, not tissue
+
+
+def require_path(path: str | Path, knob: str = "--datapath") -> Path:
+    """``path`` as a Path, or FileNotFoundError naming the knob."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{knob} {str(path)!r} does not exist; give a folder of tiles, a "
+                                f"slide file or a folder of slides")
+    return p
+
+
+def class_of(paths: Sequence[Path], root: Path) -> tuple[list[int], list[str]]:
+    """Labels from the first folder below ``root`` (sorted names); one class when files sit in root."""
+    names = [p.relative_to(root).parts[0] if len(p.relative_to(root).parts) > 1 else ""
+             for p in paths]
+    classes = sorted(set(names))
+    return [classes.index(n) for n in names], classes
+
+
+def tissue_mask(rgb: np.ndarray) -> np.ndarray:
+    """Boolean mask of stained tissue: saturated and not black (background is white/grey)."""
+    rgb = rgb.astype(np.float32)
+    high, low = rgb.max(axis=2), rgb.min(axis=2)
+    saturation = (high - low) / np.maximum(high, 1.0)
+    return (saturation > SATURATION_TISSUE) & (high > DARKEST_BACKGROUND)
+
+
+def rgba_to_rgb(image: Any) -> np.ndarray:
+    """OpenSlide's RGBA region composited on white (transparent = outside the scanned area)."""
+    pixels = np.asarray(image, dtype=np.float32)
+    alpha = pixels[:, :, 3:4] / 255.0
+    return np.round(pixels[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
+
+
+class TileFolderDataset:
+    """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``."""
+
+    def __init__(self, root: str | Path, image_size: int, *, num_classes: int | None = None) -> None:
+        self.root = require_path(root)
+        self.image_size = image_size
+        self.channels = 3
+        self.files = sorted(p for p in self.root.rglob("*")
+                            if p.is_file() and p.suffix.lower() in TILE_EXTENSIONS)
+        if not self.files:
+            raise FileNotFoundError(f"--datapath {str(root)!r} holds no image tiles "
+                                    f"({', '.join(TILE_EXTENSIONS)})")
+        self.labels, self.classes = class_of(self.files, self.root)
+        self.num_classes = check_classes(len(self.classes), num_classes, root)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def label(self, index: int) -> int:
+        return self.labels[index]
+
+    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+        from PIL import Image
+
+        path = self.files[index]
+        try:
+            with Image.open(path) as img:
+                width, height = img.size
+                if min(width, height) < self.image_size:
+                    raise ValueError(f"tile {path} is {width}x{height}, smaller than --image-size "
+                                     f"{self.image_size}; use --image-size <= {min(width, height)}")
+                r0, r1, c0, c1 = check_box(box, self.image_size)
+                top = (height - self.image_size) // 2
+                left = (width - self.image_size) // 2
+                crop = img.convert("RGB").crop((left + c0, top + r0, left + c1, top + r1))
+                return to_tensor(np.asarray(crop))
+        except OSError as err:
+            raise ValueError(f"cannot read tile {path}: {err}") from err
+
+
+def check_classes(found: int, requested: int | None, where: str | Path) -> int:
+    """Number of classes: ``requested`` if given and large enough for the data, else ``found``."""
+    if requested is None:
+        return max(found, 1)
+    if requested < found:
+        raise ValueError(f"--datapath {str(where)!r} has {found} classes but --num-classes is "
+                         f"{requested}; use --num-classes {found}")
+    return requested
+
+
+def open_slide(path: Path) -> Any:
+    """An ``openslide.OpenSlide`` for ``path``, or ValueError saying it is not a readable slide."""
+    import openslide
+
+    try:
+        return openslide.OpenSlide(str(path))
+    except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError, OSError) as err:
+        raise ValueError(f"cannot read slide {path}: {err or type(err).__name__}; OpenSlide reads "
+                         f"pyramidal .tif/.svs/.ndpi/.mrxs/.scn/... files") from err
+
+
+@dataclass(frozen=True)
+class SlideTile:
+    """One tile: slide number and its top-left corner in pixels of the chosen level."""
+
+    slide: int
+    x: int
+    y: int
+
+
+class SlideDataset:
+    """Whole-slide images cut into ``image_size`` tiles at pyramid ``level``, keeping tiles with tissue.
+
+    ``read(i, box)`` asks OpenSlide for exactly ``box`` of tile ``i`` (one ``read_region`` call),
+    so a spatial rank touches only its own part of the slide. The tissue filter looks at the
+    coarsest pyramid level once per slide: a tile is kept when at least ``min_tissue`` of its
+    footprint is stained tissue (``min_tissue=0`` keeps all). Labels come from the first
+    folder below ``root`` when the slides sit in class folders.
+    """
+
+    def __init__(self, slides: Sequence[str | Path], image_size: int, *, level: int = 0,
+                 min_tissue: float = 0.5, root: str | Path | None = None,
+                 num_classes: int | None = None, max_tiles_per_slide: int | None = None) -> None:
+        if image_size < 1:
+            raise ValueError(f"--image-size must be >= 1, got {image_size}")
+        if not 0.0 <= min_tissue <= 1.0:
+            raise ValueError(f"min_tissue must be in [0, 1], got {min_tissue}")
+        self.paths = [require_path(p) for p in slides]
+        if not self.paths:
+            raise FileNotFoundError("no slide given")
+        self.image_size = image_size
+        self.channels = 3
+        self.level = level
+        self.min_tissue = min_tissue
+        base = Path(root) if root is not None else self.paths[0].parent
+        self.slide_labels, self.classes = (class_of(self.paths, base) if root is not None
+                                           else ([0] * len(self.paths), [""]))
+        self.num_classes = check_classes(len(self.classes), num_classes, base)
+        self._open: dict[int, Any] = {}
+        self.downsample: list[float] = []
+        self.tiles: list[SlideTile] = []
+        for number, path in enumerate(self.paths):
+            slide = self.slide(number)
+            if not 0 <= level < slide.level_count:
+                raise ValueError(f"slide level {level} does not exist in {path} (levels 0.."
+                                 f"{slide.level_count - 1}); choose a level in that range")
+            width, height = slide.level_dimensions[level]
+            if image_size > min(width, height):
+                raise ValueError(f"--image-size {image_size} is larger than slide {path} at level "
+                                 f"{level} ({width}x{height}); use --image-size <= "
+                                 f"{min(width, height)} or a finer level")
+            self.downsample.append(float(slide.level_downsamples[level]))
+            kept = self._tissue_tiles(number, width, height)
+            self.tiles += kept[:max_tiles_per_slide] if max_tiles_per_slide else kept
+        if not self.tiles:
+            raise ValueError(f"no {image_size}px tile at level {level} has {min_tissue:.0%} tissue "
+                             f"in {', '.join(map(str, self.paths))}; lower min_tissue")
+
+    def slide(self, number: int) -> Any:
+        """The (lazily opened, cached) OpenSlide of slide ``number``."""
+        if number not in self._open:
+            self._open[number] = open_slide(self.paths[number])
+        return self._open[number]
+
+    def _tissue_tiles(self, number: int, width: int, height: int) -> list[SlideTile]:
+        size = self.image_size
+        corners = [(x, y) for y in range(0, height - size + 1, size)
+                   for x in range(0, width - size + 1, size)]
+        if self.min_tissue <= 0:
+            return [SlideTile(number, x, y) for x, y in corners]
+        slide = self.slide(number)
+        coarse = slide.level_count - 1
+        cw, ch = slide.level_dimensions[coarse]
+        mask = tissue_mask(rgba_to_rgb(slide.read_region((0, 0), coarse, (cw, ch))))
+        sx, sy = cw / width, ch / height
+        kept = []
+        for x, y in corners:
+            r0, r1 = int(y * sy), max(int(y * sy) + 1, int(round((y + size) * sy)))
+            c0, c1 = int(x * sx), max(int(x * sx) + 1, int(round((x + size) * sx)))
+            if mask[r0:r1, c0:c1].mean() >= self.min_tissue:
+                kept.append(SlideTile(number, x, y))
+        return kept
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def label(self, index: int) -> int:
+        return self.slide_labels[self.tiles[index].slide]
+
+    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+        tile = self.tiles[index]
+        r0, r1, c0, c1 = check_box(box, self.image_size)
+        ds = self.downsample[tile.slide]
+        location = (int(round((tile.x + c0) * ds)), int(round((tile.y + r0) * ds)))
+        region = self.slide(tile.slide).read_region(location, self.level, (c1 - c0, r1 - r0))
+        return to_tensor(rgba_to_rgb(region))
+
+    def close(self) -> None:
+        """Close every open slide."""
+        for slide in self._open.values():
+            slide.close()
+        self._open.clear()
+
+
+def is_slide_file(path: Path) -> bool:
+    """Whether ``path`` is a whole-slide image: a slide-only extension, or a multi-level TIFF pyramid."""
+    suffix = path.suffix.lower()
+    if suffix in SLIDE_ONLY_EXTENSIONS:
+        return True
+    if suffix in (".tif", ".tiff"):
+        import openslide
+
+        if openslide.OpenSlide.detect_format(str(path)) is None:
+            return False
+        try:
+            with openslide.OpenSlide(str(path)) as slide:
+                return slide.level_count > 1
+        except openslide.OpenSlideError:
+            return False
+    return False
+
+
+def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0,
+                   min_tissue: float = 0.5, num_classes: int | None = None
+                   ) -> TileFolderDataset | SlideDataset:
+    """``--app medical --datapath``: a slide file, a folder with slides (by class folder), or a tile folder."""
+    path = require_path(datapath)
+    if path.is_file():
+        if path.suffix.lower() not in SLIDE_ONLY_EXTENSIONS + (".tif", ".tiff"):
+            raise ValueError(f"--datapath {str(path)!r} is a file but not a slide "
+                             f"({', '.join(SLIDE_ONLY_EXTENSIONS)}, .tif); give a slide or a folder")
+        return SlideDataset([path], image_size, level=level, min_tissue=min_tissue,
+                            num_classes=num_classes)
+    slides = sorted(p for p in path.rglob("*") if p.is_file() and is_slide_file(p))
+    if slides:
+        return SlideDataset(slides, image_size, level=level, min_tissue=min_tissue, root=path,
+                            num_classes=num_classes)
+    return TileFolderDataset(path, image_size, num_classes=num_classes)
