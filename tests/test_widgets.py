@@ -1,0 +1,136 @@
+"""Widgets driven as a user would (set values, click), asserting on state and figure content."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpi4dl_nb import ParallelConfig, viz
+from mpi4dl_nb.models import build_model
+from mpi4dl_nb.schedules import build_schedule
+from mpi4dl_nb.trace import Event
+from mpi4dl_nb.widgets import ConfigPanel, HaloViewer, StepThrough, TimelineView, TrainingProgress
+from mpi4dl_nb.widgets.halo_viewer import WindowedLayer, windowed_layers
+
+
+@pytest.fixture(scope="module")
+def small_resnet():
+    return build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
+
+
+def test_config_panel_validates_live_and_redraws(small_resnet):
+    panel = ConfigPanel(model=small_resnet, image_size=64, batch_size=2, devices=8)
+    assert panel.config == ParallelConfig() and panel.error is None
+    assert "mpiexec -n 5" in panel.world.value
+    assert len(viz.find_artists(panel.layout_view.figure, "rank:")) == 5
+    assert len(panel.plan.totals) == 5
+    assert len(viz.find_artists(panel.memory_view.figure, "mem:estimate:")) == 5
+    first_png = panel.layout_view.widget.value
+
+    panel.controls["num_spatial_parts"].value = 3                  # user types 3
+    assert panel.config is None and "perfect square" in panel.error
+    assert "num_spatial_parts" in panel.status.value and "&#10007;" in panel.status.value
+
+    panel.controls["slice_method"].value = "vertical"              # fix suggested by the message
+    assert panel.config.world_size == 4 and panel.error is None
+    assert len(viz.find_artists(panel.layout_view.figure, "rank:")) == 4
+    assert panel.layout_view.widget.value != first_png
+
+    panel.set(parts=2, batch_size=3)
+    assert "batch_size 3" in panel.error
+    panel.set(batch_size=4)
+    assert panel.config.parts == 2
+    heavier = panel.plan.ranks[0].activations
+    panel.set(parts=1)
+    assert panel.plan.ranks[0].activations < heavier * 1.01      # GPipe: 2 chunks of 2 vs 1 of 4
+
+    panel.set(num_spatial_parts=9, slice_method="square")          # 9 + 1 > 8 devices
+    assert "only 8 devices" in panel.error
+    panel.set(num_spatial_parts=4, spatial_size=2)
+    assert panel.config is None and panel.error.startswith("spatial_size")
+    seen = []
+    panel.on_change(seen.append)
+    panel.set(spatial_size=1, times=1)
+    assert seen[-1].gems and "m:S1" in " ".join(
+        t.get_text() for t in viz.find_artists(panel.layout_view.figure, "rank-label:"))
+    with pytest.raises(ValueError, match="unknown knob"):
+        panel.set(splitsize=2)
+
+
+def test_halo_viewer_follows_layer_tile_and_grid_choices(small_resnet):
+    image = np.full((512, 512, 3), 200, dtype=np.uint8)
+    viewer = HaloViewer(image, small_resnet, image_size=512)
+    names = [layer.name for layer in viewer.layers]
+    assert names[0] == "0.conv" and any("conv2" in n for n in names)
+    assert viewer.halo.message_count == 8
+    assert len(viz.find_artists(viewer.view.figure, "tile:")) == 4
+
+    viewer.tile_choice.value = 3
+    drawn = {a.get_gid() for a in viz.find_artists(viewer.view.figure, "halo:")}
+    assert drawn == {"halo:tile3:top", "halo:tile3:left", "halo:tile3:top_left_corner"}
+    assert "tile 3" in viewer.info.value and "receives" in viewer.info.value
+
+    viewer.messages_box.value = False
+    assert not viz.find_artists(viewer.view.figure, "msg:")
+
+    viewer.slice_choice.value = "vertical"
+    assert viewer.grid.rows == 1 and viewer.grid.cols == 4
+    sides = {a.get_gid().split(":")[2] for a in viz.find_artists(viewer.view.figure, "halo:")}
+    assert sides == {"left"}                     # tile 3 is now the right-most strip
+    viewer.tile_choice.value = 1
+    sides = {a.get_gid().split(":")[2] for a in viz.find_artists(viewer.view.figure, "halo:")}
+    assert sides == {"left", "right"}
+
+    stem = windowed_layers(small_resnet, 512)[0]
+    assert (stem.height, stem.kernel, stem.padding) == (512, (3, 3), (1, 1))
+
+    wide = WindowedLayer("wide", 16, 16, (9, 9), (1, 1), (4, 4))
+    narrow = HaloViewer(image, [wide], num_spatial_parts=64)   # 2-px tiles, 4-px halo
+    assert narrow.halo is None and "halo is wider than a tile" in narrow.error
+    narrow.parts_choice.value = 4
+    assert narrow.halo is not None and narrow.error is None
+    assert narrow.halo.tile(0).halo["bottom"] == 4
+
+
+def test_stepper_walks_the_schedule_order_back_and_forth():
+    schedule = build_schedule(ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2,
+                                             slice_method="vertical", parts=2))
+    stepper = StepThrough(schedule)
+    order = schedule.global_order()
+    assert stepper.position == 0 and "press forward" in stepper.label.value
+    first = stepper.forward()
+    assert first is order[0] and stepper.current is order[0]
+    assert order[0].describe() in stepper.label.value
+    stepper.forward_button.click()
+    assert stepper.position == 2 and stepper.history == order[:2]
+    done = [a for a in viz.find_artists(stepper.view.figure, "cell:done")]
+    assert len(done) == sum(1 for a in order[:2] if a.kind in ("F", "B", "ALLREDUCE", "OPTIM"))
+    stepper.back_button.click()
+    assert stepper.position == 1 and stepper.executed == 2
+    stepper.end_button.click()
+    assert stepper.position == len(order) == stepper.executed
+    assert stepper.history == order
+    assert not viz.find_artists(stepper.view.figure, "cell:todo")
+    stepper.reset_button.click()
+    assert stepper.position == 0
+
+
+def test_timeline_filters_and_memory_bars():
+    events = [Event(r, op, i * 1.0, i * 1.0 + 0.4, micro_batch=i) for r in range(3)
+              for i, op in enumerate(["F", "halo", "B"])]
+    view = TimelineView(events, measured=[1e6, 2e6, 3e6], estimate=[1.1e6, 2e6, 2.5e6])
+    assert len(viz.find_artists(view.view.figure, "event:")) == 9
+    view.rank_filter.value = (1,)
+    assert len(view.visible) == 3 and all(e.rank == 1 for e in view.visible)
+    view.op_filter.value = ("halo",)
+    assert [e.op for e in view.visible] == ["halo"]
+    assert "halo: 400.0 ms" in view.summary.value
+    assert len(viz.find_artists(view.memory_view.figure, "mem:")) == 6
+
+    progress = TrainingProgress(3)
+    losses = progress.run(lambda i: 1.0 / i, images_per_step=4)
+    assert losses == [1.0, 0.5, pytest.approx(1 / 3)]
+    assert progress.bar.value == 3 and "step 3/3" in progress.label.value
+    assert "images/s" in progress.label.value
+    with pytest.raises(ValueError, match="total_steps"):
+        TrainingProgress(0)
