@@ -286,6 +286,10 @@ class Context:
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         return self.mpi_comm.gather(obj, root=root)
 
+    def scatter_object(self, pieces: Sequence[Any] | None, root: int = 0) -> Any:
+        """Rank ``root`` gives ``pieces[r]`` to each rank r (``pieces`` ignored elsewhere)."""
+        return self.mpi_comm.scatter(pieces, root=root)
+
     def abort(self, code: int = 1) -> None:
         """End every rank of the job now (after an unrecoverable error on this one)."""
         self.mpi_comm.Abort(code)

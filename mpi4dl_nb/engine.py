@@ -13,10 +13,10 @@ from torch import nn
 from .config import ParallelConfig
 from .geometry import TileGrid
 from .layout import RankRole, layout, stage_holders
-from .messages import as_items
 from .runtime import PipelineRuntime, StageInstance, StepRun
 from .schedules import Action, Schedule, Stepper, build_schedule, stage_ranks
 from .stages import Stage, auto_balance, split_layers
+from .step_input import StepInput, resolve_batch_size, resolve_image_size
 from .trace import Event, gather_timeline
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -37,8 +37,33 @@ def auto_balanced_config(cfg: ParallelConfig, layers: list[nn.Module], sample: A
     return cfg.with_(balance=tuple(balance))
 
 
+def _named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False)]
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [t for _, t in _named_tensors(module)]
+
+
+def _released_hook(layer: int, stage: int, rank: int) -> Callable[..., None]:
+    """A forward pre-hook refusing to run a layer whose weights the engine released."""
+    def refuse(module: nn.Module, inputs: Any) -> None:
+        raise RuntimeError(f"layer {layer} (stage {stage}) was released on rank {rank} by "
+                           f"HybridEngine, which owns the layers passed to it: its parameters "
+                           f"are on the meta device. Use engine.full_state_dict() (rank 0) to "
+                           f"get the trained model and load it into a fresh copy")
+    return refuse
+
+
 class HybridEngine:
     """Trains ``nn.Sequential(*layers)`` on ``cfg``'s ranks; every rank calls the same methods.
+
+    The engine takes ownership of ``layers`` (no copy): each rank trains the layer objects
+    of the stages it holds in place (on ``ctx.device``) and moves every other layer's
+    parameters and buffers to the ``meta`` device, which frees their memory; calling such a
+    released layer raises a RuntimeError. Use ``full_state_dict()`` to get the whole model
+    (on rank 0) and ``held_parameter_bytes()`` for what this rank keeps.
 
     ``loss_fn(output, labels)`` must be mean-reduced over the samples (e.g.
     ``nn.CrossEntropyLoss()``); each chunk's loss is scaled by ``chunk / global batch`` so
@@ -67,6 +92,7 @@ class HybridEngine:
         self.stage_groups, spatial_groups = self._make_groups()
         try:   # a rank-local failure (e.g. an unsupported spatial layer) must not hang others
             self.instances = self._make_instances(spatial_groups, tuple(elementwise))
+            self.released_stages = self._release_other_stages()
             params = self._unique_parameters()
             self.optimizer = optimizer(params) if optimizer is not None else None
         except Exception:
@@ -115,6 +141,46 @@ class HybridEngine:
                                                              slot.tile)
         return instances
 
+    def held_stages(self) -> list[int]:
+        """Stages this rank holds (primary and GEMS mirror slots), ascending."""
+        return sorted({stage for _, stage in self.instances})
+
+    def _release_other_stages(self) -> list[int]:
+        """Move the layers of stages this rank does not hold to ``meta``; return those stages."""
+        held = set(self.held_stages())
+        kept = {id(t) for s in held for t in _tensors(self.stages[s])}
+        released = [s for s in range(len(self.stages)) if s not in held]
+        for s in released:
+            stage = self.stages[s]
+            shared = [name for name, t in _named_tensors(stage) if id(t) in kept]
+            if shared:
+                raise ValueError(f"layer {stage.full_key(shared[0])} of stage {s} shares a tensor "
+                                 f"with a layer of stage(s) {sorted(held)}; stages must not share "
+                                 f"parameters (tie weights within one stage via balance)")
+        for s in released:
+            stage = self.stages[s]
+            stage.to("meta")
+            for position, layer in enumerate(stage):
+                layer.register_forward_pre_hook(_released_hook(stage.offset + position, s,
+                                                               self.ctx.rank))
+        return released
+
+    def held_parameter_bytes(self, include_buffers: bool = False) -> int:
+        """Bytes of the parameters (and buffers) this rank keeps, each tensor counted once.
+
+        Counts every stage copy this rank holds (a GEMS mirror copy of the same stage too);
+        released layers (on ``meta``) hold no memory and are not counted.
+        """
+        seen: dict[int, int] = {}
+        for inst in self.instances.values():
+            tensors = list(inst.canonical.parameters())
+            if include_buffers:
+                tensors += list(inst.canonical.buffers())
+            for t in tensors:
+                if t.device.type != "meta":
+                    seen[id(t)] = t.numel() * t.element_size()
+        return sum(seen.values())
+
     def _unique_parameters(self) -> list[nn.Parameter]:
         seen: set[int] = set()
         params = []
@@ -127,16 +193,25 @@ class HybridEngine:
 
     # ---------------------------------------------------------------- training
     def batch_size_of(self, images: Any) -> int:
-        return int(as_items(images)[0].shape[0])
+        """The global batch size of a step's ``images`` argument (see ``train_step``)."""
+        return resolve_batch_size(images, None, None)
 
     def train_step(self, images: Any, labels: Any,
-                   on_action: Callable[[Action], None] | None = None) -> float:
+                   on_action: Callable[[Action], None] | None = None, *,
+                   batch_size: int | None = None,
+                   image_size: int | tuple[int, int] | None = None) -> float:
         """One optimizer step on the global batch; returns its loss on every rank.
 
-        Every rank passes the same global ``images``/``labels``; each uses only its chunks.
+        ``images``: the global batch (every rank the same; each uses only its chunks), or a
+        callable ``images(sample_slice, box)`` giving rows ``sample_slice`` of the global
+        batch cut to this rank's tile ``box`` (None: whole images), or None on ranks not
+        running stage 0. ``labels``: the global labels, a callable ``labels(sample_slice)``,
+        or None on ranks not running the last stage. ``batch_size`` (global) is needed when
+        neither argument tells it; ``image_size`` when a spatial stage-0 rank gets a
+        callable (a ``step_input.ShardedImages`` carries both). See ``step_input``.
         ``on_action`` is called before each of this rank's actions (step-through hooks).
         """
-        self.start_step(images, labels)
+        self.start_step(images, labels, batch_size=batch_size, image_size=image_size)
         try:
             step = self._step
             while True:
@@ -151,23 +226,31 @@ class HybridEngine:
             raise
         return self.finish_step()
 
-    def start_step(self, images: Any, labels: Any) -> None:
+    def start_step(self, images: Any, labels: Any, *, batch_size: int | None = None,
+                   image_size: int | tuple[int, int] | None = None) -> None:
         """Begin a step without running it: ``advance()`` then runs one action at a time.
 
-        Driving several ranks by hand, advance them in ``schedule.global_order()`` and run
-        the ranks of one spatial op (same tick, stage, micro-batch; tiles) concurrently.
+        Arguments as for ``train_step``. Driving several ranks by hand, advance them in
+        ``schedule.global_order()`` and run the ranks of one spatial op (same tick, stage,
+        micro-batch; tiles) concurrently.
         """
-        batch = self.batch_size_of(images)
+        batch = resolve_batch_size(images, labels, batch_size)
         self.cfg.validate(batch_size=batch)
-        if self.batch_size_of(labels) != batch:
-            raise ValueError(f"labels hold {self.batch_size_of(labels)} samples but images "
-                             f"hold {batch}; pass one label per image")
+        data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
+        firsts = [a for a in self.schedule.actions(self.ctx.rank) if a.kind == "F" and a.stage == 0]
+        try:   # what is missing differs between ranks: fail loudly instead of hanging others
+            data.check(self.ctx.rank, runs_first=bool(firsts),
+                       runs_spatial_first=any(a.tile is not None for a in firsts),
+                       runs_last=self.cfg.split_size - 1 in self.held_stages())
+        except (ValueError, TypeError):
+            self._fail()
+            raise
         chunk = batch // self.cfg.batch_divisor
         for inst in self.instances.values():
             inst.canonical.train()
             inst.module.train()
             inst.canonical.zero_grad(set_to_none=True)
-        self._step = self.runtime.steps(images, labels, chunk, batch)
+        self._step = self.runtime.steps(data, chunk)
 
     def next_action(self) -> Action | None:
         """This rank's next action of the started step (None: all done)."""
@@ -233,12 +316,54 @@ class HybridEngine:
         return state
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor] | None) -> None:
-        """Inverse of ``full_state_dict``: ``state`` on rank 0 is loaded into every holder."""
-        state = self.ctx.bcast_object(state if self.ctx.rank == 0 else None, root=0)
-        if state is None:
-            raise ValueError("load_full_state_dict needs the state dict on rank 0")
+        """Inverse of ``full_state_dict``: ``state`` on rank 0; each holder receives only its stages."""
+        missing = None
+        if self.ctx.rank == 0:
+            if state is None:
+                missing = "no state dict on rank 0"
+            else:
+                lacking = [k for k in self.stage_keys() if k not in state]
+                missing = f"the state dict lacks {lacking[:4]}" if lacking else None
+        mine = self.scatter_to_holders(state if missing is None else {}, error=missing)
         for inst in self.instances.values():
-            inst.canonical.load_from_full(state)
+            inst.canonical.load_from_full(mine)
+
+    def stage_keys(self, stages: Iterable[int] | None = None) -> list[str]:
+        """Whole-model state-dict keys of ``stages`` (default all), known on every rank."""
+        chosen = range(len(self.stages)) if stages is None else stages
+        return [self.stages[s].full_key(k) for s in chosen for k in self.stages[s].state_dict()]
+
+    def stage_of_key(self, key: str) -> int | None:
+        """The stage holding whole-model key ``key`` (``'<layer>.<rest>'``); None if no layer has it."""
+        head = key.partition(".")[0]
+        if not head.isdigit():
+            return None
+        layer = int(head)
+        for stage in self.stages:
+            if stage.offset <= layer < stage.offset + len(stage):
+                return stage.index
+        return None
+
+    def scatter_to_holders(self, entries: dict[str, Any] | None,
+                           error: str | None = None) -> dict[str, Any]:
+        """Collective: rank 0's ``entries`` (whole-model keys) split so each rank gets its stages' keys.
+
+        ``error`` (decided on rank 0) is raised as ValueError on every rank instead.
+        """
+        pieces = None
+        if self.ctx.rank == 0:
+            holds = [{slot.stage for slot in (role.primary, role.mirror) if slot is not None}
+                     for role in self.roles]
+            pieces = [(error, {}) for _ in holds]
+            for key, value in (entries or {}).items() if error is None else ():
+                stage = self.stage_of_key(key)   # keys of no layer are ignored, as by load
+                for rank, stages in enumerate(holds):
+                    if stage in stages:
+                        pieces[rank][1][key] = value
+        error, mine = self.ctx.scatter_object(pieces)
+        if error is not None:
+            raise ValueError(f"load_full_state_dict: {error}")
+        return mine
 
     # ------------------------------------------------------------ inspection
     def stepper(self) -> Stepper:

@@ -11,10 +11,11 @@ from torch import nn
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .geometry import TileGrid
-from .handoff import input_tile, join_tiles, split_grad
+from .handoff import join_tiles, split_grad
 from .messages import as_items, isend_payload, like, payload_bytes, recv_payload
 from .schedules import Action, Schedule, Stepper, stage_ranks
 from .stages import Stage
+from .step_input import StepInput
 
 Key = tuple[int, int, int, int]   # (replica, stage, micro_batch, copy)
 
@@ -40,8 +41,7 @@ class StageInstance:
 
 @dataclass
 class _StepState:
-    images: Any
-    labels: Any
+    data: StepInput
     chunk_size: int
     batch_size: int
     inputs: dict[Key, Any] = field(default_factory=dict)
@@ -94,19 +94,17 @@ class PipelineRuntime:
     def _key(action: Action) -> Key:
         return (action.replica, action.stage, action.micro_batch, action.copy)
 
-    def _chunk_slice(self, state: _StepState, data: Any, chunk: int) -> Any:
-        lo = chunk * state.chunk_size
-        hi = lo + state.chunk_size
-        return like(data, [t[lo:hi].to(self.ctx.device) for t in as_items(data)])
+    @staticmethod
+    def _rows(state: _StepState, chunk: int) -> slice:
+        return slice(chunk * state.chunk_size, (chunk + 1) * state.chunk_size)
 
     # ------------------------------------------------------------------ actions
     def _forward(self, action: Action, state: _StepState) -> None:
         key = self._key(action)
         inst = self._instance(action)
         if action.stage == 0:
-            x = self._chunk_slice(state, state.images, action.chunk)
-            if action.tile is not None:
-                x = input_tile(x, self.grid, action.tile)
+            x = state.data.images_for(self._rows(state, action.chunk), action.tile, self.grid,
+                                      self.ctx.device)
         else:
             received = state.inbox.pop(("ACT", key))
             if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
@@ -119,7 +117,7 @@ class PipelineRuntime:
         with inst.ledger.chunk(action.chunk):
             out = inst.module(x)
         if self._last(action.stage):
-            target = self._chunk_slice(state, state.labels, action.chunk)
+            target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device)
             loss = self.loss_fn(out, target) * (state.chunk_size / state.batch_size)
             state.loss_sum += float(loss.detach())
             out = loss
@@ -188,18 +186,18 @@ class PipelineRuntime:
         return moved
 
     # --------------------------------------------------------------------- step
-    def run_step(self, images: Any, labels: Any, chunk_size: int, batch_size: int,
+    def run_step(self, data: StepInput, chunk_size: int,
                  on_action: Callable[[Action], None] | None = None) -> float:
         """Execute this rank's actions; returns this rank's share of the loss."""
-        step = self.steps(images, labels, chunk_size, batch_size)
+        step = self.steps(data, chunk_size)
         for action in step:
             if on_action is not None:
                 on_action(action)
         return step.loss_sum
 
-    def steps(self, images: Any, labels: Any, chunk_size: int, batch_size: int) -> "StepRun":
+    def steps(self, data: StepInput, chunk_size: int) -> "StepRun":
         """A paused step: iterate it to execute this rank's actions one at a time."""
-        return StepRun(self, _StepState(images, labels, chunk_size, batch_size))
+        return StepRun(self, _StepState(data, chunk_size, data.batch_size))
 
     def _traced(self, action: Action, state: _StepState) -> None:
         with self.ctx.tracer.span(action.kind, stage=action.stage, micro_batch=action.micro_batch,

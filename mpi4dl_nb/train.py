@@ -14,8 +14,10 @@ from torch import nn
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import Batcher
+from .geometry import Box
 from .layout import stage_holders
 from .metrics import ActivationMeter, RunMetrics, comm_seconds, cuda_peak_bytes, state_bytes
+from .step_input import ShardedImages
 
 
 @dataclass(frozen=True)
@@ -77,41 +79,31 @@ def check_spatial_geometry(layers: Sequence[nn.Module], cfg: Any, image_size: in
 
 # ------------------------------------------------------------------------ inputs
 class InputFeeder:
-    """Builds each rank's ``images`` argument for ``HybridEngine.train_step`` from a Batcher.
+    """Builds each rank's ``images``/``labels`` arguments for ``HybridEngine.train_step`` from a Batcher.
 
-    The engine wants the global batch on every rank but only reads, on the ranks running
-    stage 0, the rows of their chunks and the box of their tile. So a rank reads exactly
-    that from the dataset (for slides: one OpenSlide ``read_region`` of its box per image)
-    into an otherwise zero batch; ranks without stage 0 pass a zero-stride placeholder
-    (no memory, no reads).
+    A rank running stage 0 gets a ``ShardedImages``: the engine asks it for each chunk's rows
+    cut to the rank's tile box, and it reads exactly that from the dataset (for slides: one
+    OpenSlide ``read_region`` of the box per image), so a spatial rank never allocates a
+    full-size image. Other ranks get ``None`` (no memory, no reads). Labels are tiny: every
+    rank gets the global labels (they also tell the engine the global batch size).
     """
 
     def __init__(self, engine: Any, batcher: Batcher, rank: int, dtype: torch.dtype) -> None:
         self.batcher = batcher
         self.dtype = dtype
         self.size = batcher.dataset.image_size
-        self.channels = batcher.dataset.channels
         self.batch = batcher.batch_size
-        cfg = engine.cfg
-        chunk = self.batch // cfg.batch_divisor
-        firsts = [a for a in engine.schedule.actions(rank) if a.kind == "F" and a.stage == 0]
-        self.rows = sorted({r for a in firsts for r in range(a.chunk * chunk, (a.chunk + 1) * chunk)})
-        tiles = {a.tile for a in firsts}
-        self.box = None
-        if len(tiles) == 1 and None not in tiles:
-            self.box = engine.grid.tile_box(tiles.pop(), self.size, self.size)
+        self.reads_images = any(a.kind == "F" and a.stage == 0
+                                for a in engine.schedule.actions(rank))
 
-    def images(self, epoch: int, step: int) -> torch.Tensor:
-        shape = (self.batch, self.channels, self.size, self.size)
-        if not self.rows:
-            return torch.zeros(1, dtype=self.dtype).expand(shape)
-        if self.box is None and len(self.rows) == self.batch:
-            return self.batcher.images(epoch, step).to(self.dtype)
-        out = torch.zeros(shape, dtype=self.dtype)
-        r0, r1, c0, c1 = self.box if self.box is not None else (0, self.size, 0, self.size)
-        out[self.rows, :, r0:r1, c0:c1] = self.batcher.images(epoch, step, self.box,
-                                                               self.rows).to(self.dtype)
-        return out
+    def images(self, epoch: int, step: int) -> ShardedImages | None:
+        if not self.reads_images:
+            return None
+
+        def read(rows: slice, box: Box | None) -> torch.Tensor:
+            chosen = list(range(*rows.indices(self.batch)))
+            return self.batcher.images(epoch, step, box, chosen).to(self.dtype)
+        return ShardedImages(read, self.batch, (self.size, self.size))
 
     def labels(self, epoch: int, step: int) -> torch.Tensor:
         return self.batcher.labels(epoch, step)
@@ -155,8 +147,8 @@ def gather_optimizer_state(engine: Any, ctx: Any) -> dict[str, dict[str, Any]] |
 
 
 def load_optimizer_state(engine: Any, ctx: Any, state: dict[str, dict[str, Any]] | None) -> None:
-    """Inverse of :func:`gather_optimizer_state`: ``state`` on rank 0 goes into every holder (collective)."""
-    state = ctx.bcast_object(state if ctx.rank == 0 else None, root=0)
+    """Inverse of :func:`gather_optimizer_state`: ``state`` on rank 0; each holder receives its stages' entries (collective)."""
+    state = engine.scatter_to_holders(state if ctx.rank == 0 else None)
     optimizer = engine.optimizer
     if optimizer is None or not state:
         return
