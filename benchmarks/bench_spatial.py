@@ -49,13 +49,13 @@ def step_time(run: Callable[[], None], steps: int) -> float:
     return best
 
 
-def speed(ctx: Context, size: int, steps: int, rounds: int) -> None:
+def speed(ctx: Context, size: int, steps: int, rounds: int, slice_method: str) -> None:
     if ctx.world_size != 2:
         raise SystemExit("speed: run with mpiexec -n 2")
     torch.manual_seed(0)
     model = conv_stack()
     image = torch.randn(1, 3, size, size)
-    grid = TileGrid(1, 2)
+    grid = TileGrid.from_slice_method(slice_method, 2)
     net = spatialize(model, grid, ctx, image_size=(size, size))
     tile = scatter_tiles(image, grid, ctx)
 
@@ -90,7 +90,7 @@ def speed(ctx: Context, size: int, steps: int, rounds: int) -> None:
         print("| run | seconds/step | speed-up vs 1 rank | efficiency (ideal 2.0) |")
         print("|---|---:|---:|---:|")
         print(f"| A: serial, 1 rank | {a:.3f} | 1.00 | - |")
-        print(f"| B: spatial, 2 ranks (1x2 tiles) | {b:.3f} | {a / b:.2f} | {a / b / 2:.2f} |")
+        print(f"| B: spatial, 2 ranks ({grid.rows}x{grid.cols} tiles) | {b:.3f} | {a / b:.2f} | {a / b / 2:.2f} |")
         print(f"| C: 2 independent serial ranks (ceiling) | {c:.3f} | {2 * a / c:.2f} "
               f"(throughput) | {a / c:.2f} |")
         print(f"efficiency of spatial vs this machine's 2-process ceiling: "
@@ -164,11 +164,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", default="mpi")
+    parser.add_argument("--slice-method", default="vertical", choices=["vertical", "horizontal"],
+                        help="speed: how the 2 tiles cut the image")
     args = parser.parse_args()
     torch.set_num_threads(1)
     ctx = Context(backend=args.backend, trace=False)
     if args.what == "speed":
-        speed(ctx, args.size, args.steps, args.rounds)
+        speed(ctx, args.size, args.steps, args.rounds, args.slice_method)
     else:
         memory(ctx, args.size)
 
