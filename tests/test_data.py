@@ -11,6 +11,7 @@ from mpi4dl_nb.data import (Batcher, Cifar10Dataset, IHCSampleDataset, SlideData
                             TileFolderDataset, ihc_image, make_dataset, open_pathology)
 from mpi4dl_nb.data.cifar import RECORD
 from mpi4dl_nb.geometry import TileGrid
+from slide_recorder import ReadRecorder
 
 tifffile = pytest.importorskip("tifffile")
 openslide = pytest.importorskip("openslide")
@@ -36,21 +37,6 @@ def slide_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("slides") / "slide.tif"
     write_pyramid(path, image)
     return path
-
-
-class ReadRecorder:
-    """Wraps an OpenSlide object, recording every read_region call."""
-
-    def __init__(self, slide) -> None:
-        self.slide = slide
-        self.calls: list[tuple[tuple[int, int], int, tuple[int, int]]] = []
-
-    def read_region(self, location, level, size):
-        self.calls.append((tuple(location), level, tuple(size)))
-        return self.slide.read_region(location, level, size)
-
-    def __getattr__(self, name):
-        return getattr(self.slide, name)
 
 
 def test_synthetic_region_equals_crop_and_is_reproducible():

@@ -13,26 +13,12 @@ from torch import nn  # noqa: E402
 
 import mpi4dl_nb as dl  # noqa: E402
 from exactness import relative_error  # noqa: E402
+from slide_recorder import ReadRecorder  # noqa: E402
 from mpi4dl_nb.data import Batcher, SlideDataset  # noqa: E402
 from mpi4dl_nb.models import resnet_v1  # noqa: E402
 from mpi4dl_nb.train import InputFeeder  # noqa: E402
 
 SIZE, LEVEL, BATCH = 64, 1, 2
-
-
-class ReadRecorder:
-    """An OpenSlide stand-in that records every read_region call."""
-
-    def __init__(self, slide) -> None:
-        self.slide = slide
-        self.calls: list[tuple[tuple[int, int], int, tuple[int, int]]] = []
-
-    def read_region(self, location, level, size):
-        self.calls.append((tuple(location), level, tuple(size)))
-        return self.slide.read_region(location, level, size)
-
-    def __getattr__(self, name):
-        return getattr(self.slide, name)
 
 
 def main() -> int:
