@@ -140,8 +140,12 @@ class HaloExchange:
             if strip is not None:
                 out.narrow(-1, cols.offset(rng[0]), _len(rng)).copy_(strip)
 
-    def extend(self, x: torch.Tensor) -> tuple[torch.Tensor, Strips]:
-        """The needed tile from the owned one, and the received strips (kept for ``rebuild``)."""
+    def extend(self, x: torch.Tensor, build: bool = True) -> tuple[torch.Tensor | None, Strips]:
+        """The needed tile from the owned one, and the received strips (kept for ``rebuild``).
+
+        With ``build=False`` only the strips are exchanged and no needed tile is assembled
+        (the caller works on the owned tile and the strips directly); the tile is then None.
+        """
         rows, cols, comm = self.rows, self.cols, self.comm
         expected = (_len(rows.owned), _len(cols.owned))
         if tuple(x.shape[-2:]) != expected:
@@ -164,12 +168,15 @@ class HaloExchange:
             if _len(rng):
                 part = x.narrow(-2, rng[0] - rows.owned[0], _len(rng))
                 requests.append(comm.isend(self._staged(f"sr{tag}", part), peer, tag=tag))
-        out = self._new_extended(x)
-        block, c0, c1 = self._own_block(out)
-        _fill_rows_own(block, x, rows, c0, c1, self.pad_value)
+        out = block = None
+        if build:
+            out = self._new_extended(x)
+            block, c0, c1 = self._own_block(out)
+            _fill_rows_own(block, x, rows, c0, c1, self.pad_value)
         for request in requests:
             request.wait()
-        _fill_rows_strips(block, strips, rows, c0, c1)
+        if block is not None:
+            _fill_rows_strips(block, strips, rows, c0, c1)
         # phase 2: columns over the full needed row range (corners included)
         requests = []
         for slot, rng, peer, tag in ((2, cols.recv_prev, self.col_peers.prev, _COLS_F + 1),
@@ -187,7 +194,8 @@ class HaloExchange:
                 requests.append(comm.isend(piece, peer, tag=tag))
         for request in requests:
             request.wait()
-        self._fill_cols(out, strips)
+        if out is not None:
+            self._fill_cols(out, strips)
         self.messages_sent += self._count(rows) + self._count(cols)
         if start is not None:
             tracer.record("halo", start, tracer.now(), layer=self.geometry.name)
@@ -204,31 +212,21 @@ class HaloExchange:
         return out
 
     def forward_tensor(self, x: torch.Tensor) -> torch.Tensor:
-        return self.extend(x)[0]
+        out = self.extend(x)[0]
+        assert out is not None
+        return out
 
     # ----------------------------------------------------------------- backward
     def backward_tensor(self, grad: torch.Tensor) -> torch.Tensor:
         """Adjoint of ``forward_tensor``: gradient w.r.t. the owned tile."""
-        rows, cols, comm = self.rows, self.cols, self.comm
+        rows, cols = self.rows, self.cols
         grad = grad.contiguous()
-        tracer, start = self._tracing()
         lead = grad.shape[:-2]
         height, width = _len(rows.owned), _len(cols.owned)
         kr0, kr1 = rows.keep[0] - rows.owned[0], rows.keep[1] - rows.owned[0]
         kc0, kc1 = cols.keep[0] - cols.owned[0], cols.keep[1] - cols.owned[0]
-        # phase 2 adjoint: column strips' gradients back to their owners
-        requests, from_cols = [], []
-        for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_B),
-                               (cols.send_next, self.col_peers.next, _COLS_B + 1)):
-            if _len(rng):
-                buf = self.pool.get(f"gc{tag}", (*lead, rows.needed_len, _len(rng)), grad)
-                requests.append(comm.irecv(buf, peer, tag=tag))
-                from_cols.append((rng, buf))
-        for rng, peer, tag in ((cols.recv_prev, self.col_peers.prev, _COLS_B + 1),
-                               (cols.recv_next, self.col_peers.next, _COLS_B)):
-            if _len(rng):
-                part = grad.narrow(-1, cols.offset(rng[0]), _len(rng))
-                requests.append(comm.isend(self._staged(f"bc{tag}", part), peer, tag=tag))
+        col_grads = [grad.narrow(-1, cols.offset(rng[0]), _len(rng)) if _len(rng) else None
+                     for rng in (cols.recv_prev, cols.recv_next)]
         trimmed = rows.keep != rows.owned or cols.keep != cols.owned
         make = grad.new_zeros if trimmed else grad.new_empty
         grad_x = make((*lead, height, width))
@@ -246,6 +244,35 @@ class HaloExchange:
                     g[..., kc0:kc1] = grad[..., rows.offset(rng[0]):rows.offset(rng[1]),
                                            cols.offset(cols.keep[0]):cols.offset(cols.keep[1])]
                 row_grads[slot] = g
+        return self.return_gradients(grad_x, col_grads, row_grads)
+
+    def return_gradients(self, grad_x: torch.Tensor, col_grads: Strips,
+                         row_grads: Strips) -> torch.Tensor:
+        """The adjoint's communication: send the received strips' gradients back and add
+        the returned ones into ``grad_x`` (the owned tile's gradient, updated in place).
+
+        ``col_grads`` are the gradients of the column strips received from the previous /
+        next column neighbour, over the full needed row range ``(N, C, rows.needed_len, w)``;
+        ``row_grads`` those of the row strips over the owned columns ``(N, C, h, width)``
+        (written to: the corner gradients arriving from column neighbours are added).
+        """
+        rows, cols, comm = self.rows, self.cols, self.comm
+        tracer, start = self._tracing()
+        lead = grad_x.shape[:-2]
+        width = _len(cols.owned)
+        kr0, kr1 = rows.keep[0] - rows.owned[0], rows.keep[1] - rows.owned[0]
+        # phase 2 adjoint: column strips' gradients back to their owners
+        requests, from_cols = [], []
+        for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_B),
+                               (cols.send_next, self.col_peers.next, _COLS_B + 1)):
+            if _len(rng):
+                buf = self.pool.get(f"gc{tag}", (*lead, rows.needed_len, _len(rng)), grad_x)
+                requests.append(comm.irecv(buf, peer, tag=tag))
+                from_cols.append((rng, buf))
+        for part, peer, tag in ((col_grads[0], self.col_peers.prev, _COLS_B + 1),
+                                (col_grads[1], self.col_peers.next, _COLS_B)):
+            if part is not None:
+                requests.append(comm.isend(self._staged(f"bc{tag}", part), peer, tag=tag))
         for request in requests:
             request.wait()
         for rng, buf in from_cols:
@@ -261,13 +288,13 @@ class HaloExchange:
         for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_B),
                                (rows.send_next, self.row_peers.next, _ROWS_B + 1)):
             if _len(rng):
-                buf = self.pool.get(f"gr{tag}", (*lead, _len(rng), width), grad)
+                buf = self.pool.get(f"gr{tag}", (*lead, _len(rng), width), grad_x)
                 requests.append(comm.irecv(buf, peer, tag=tag))
                 from_rows.append((rng, buf))
         for g, peer, tag in ((row_grads[0], self.row_peers.prev, _ROWS_B + 1),
                              (row_grads[1], self.row_peers.next, _ROWS_B)):
             if g is not None:
-                requests.append(comm.isend(g, peer, tag=tag))
+                requests.append(comm.isend(self._staged(f"br{tag}", g), peer, tag=tag))
         for request in requests:
             request.wait()
         for rng, buf in from_rows:
