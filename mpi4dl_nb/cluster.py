@@ -300,25 +300,10 @@ class Cluster:
         if not self._owned:
             raise RuntimeError("this cluster was connected to, not started here; restart it "
                                "where it was started (ipcluster) and connect() again")
-        if self._ipp_cluster is None:
-            return self.start()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        try:
-            self._ipp_cluster.stop_engines_sync()
-        except Exception:
-            pass
-        controller = self._ipp_cluster.controller
-        if controller is None or not controller.running:
-            self.stop()
-            return self.start()
-        try:
-            self._start_engines()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        # A fresh controller too: a reused one may still list the old engines as registered
+        # (until its heartbeat notices them gone), and calls would be routed to dead engines.
+        self.stop()
+        return self.start()
 
     def __enter__(self) -> "Cluster":
         if self._ipp_cluster is None:

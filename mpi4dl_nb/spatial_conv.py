@@ -57,6 +57,25 @@ class SpatialConv2d(SpatialLayer, nn.Conv2d):
         return conv_after_exchange(self, x, exchange)
 
 
+def _save_halo_conv(fctx: Any, conv: "SpatialConv2d", exchange: HaloExchange, x: torch.Tensor,
+                    weight: torch.Tensor, bias: torch.Tensor | None, strips: list) -> None:
+    """Keep what a halo conv's backward needs: the owned tile, the weight, the strips."""
+    fctx.conv, fctx.exchange = conv, exchange
+    fctx.present = [s is not None for s in strips]
+    fctx.has_bias = bias is not None
+    fctx.save_for_backward(x, weight, *[s for s in strips if s is not None])
+
+
+def _load_halo_conv(fctx: Any) -> tuple[torch.Tensor, torch.Tensor, list, list[bool]]:
+    """(owned tile, weight, strips, [needs grad of x, weight, bias]) saved by ``_save_halo_conv``."""
+    x, weight, *saved = fctx.saved_tensors
+    found = iter(saved)
+    strips = [next(found) if present else None for present in fctx.present]
+    mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],
+            fctx.has_bias and fctx.needs_input_grad[2]]
+    return x, weight, strips, mask
+
+
 class _HaloConv2d(torch.autograd.Function):
     """Halo exchange + convolution that saves only the owned tile and the received strips
     (not the extended tile, which would double activation memory next to the previous
@@ -67,21 +86,14 @@ class _HaloConv2d(torch.autograd.Function):
                 conv: SpatialConv2d, exchange: HaloExchange) -> torch.Tensor:
         extended, strips = exchange.extend(x)
         out = F.conv2d(extended, weight, bias, conv.stride, 0, conv.dilation, conv.groups)
-        fctx.conv, fctx.exchange = conv, exchange
-        fctx.present = [s is not None for s in strips]
-        fctx.has_bias = bias is not None
-        fctx.save_for_backward(x, weight, *[s for s in strips if s is not None])
+        _save_halo_conv(fctx, conv, exchange, x, weight, bias, strips)
         return out
 
     @staticmethod
     def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        x, weight, *saved = fctx.saved_tensors
-        found = iter(saved)
-        strips = [next(found) if present else None for present in fctx.present]
+        x, weight, strips, mask = _load_halo_conv(fctx)
         extended = fctx.exchange.rebuild(x, strips)
         conv = fctx.conv
-        mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],
-                fctx.has_bias and fctx.needs_input_grad[2]]
         grad_ext, grad_w, grad_b = torch.ops.aten.convolution_backward(
             grad.contiguous(), extended, weight, [weight.shape[0]] if fctx.has_bias else None,
             list(conv.stride), [0, 0], list(conv.dilation), False, [0, 0], conv.groups, mask)
@@ -163,20 +175,14 @@ class _BandedHaloConv2d(torch.autograd.Function):
         for edge, band in _bands(x, strips, pr, pc):
             _edge(out, edge, pr, pc).add_(F.conv2d(band, weight, None, 1, 0, conv.dilation,
                                                    conv.groups))
-        fctx.conv, fctx.exchange, fctx.pads = conv, exchange, pads
-        fctx.present = [s is not None for s in strips]
-        fctx.has_bias = bias is not None
-        fctx.save_for_backward(x, weight, *[s for s in strips if s is not None])
+        fctx.pads = pads
+        _save_halo_conv(fctx, conv, exchange, x, weight, bias, strips)
         return out
 
     @staticmethod
     def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        x, weight, *saved = fctx.saved_tensors
-        found = iter(saved)
-        strips = [next(found) if present else None for present in fctx.present]
+        x, weight, strips, mask = _load_halo_conv(fctx)
         conv, exchange, (pr, pc) = fctx.conv, fctx.exchange, fctx.pads
-        mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],
-                fctx.has_bias and fctx.needs_input_grad[2]]
         grad = grad.contiguous()
         grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
             grad, x, weight, [weight.shape[0]] if fctx.has_bias else None, [1, 1], [pr, pc],
