@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks \
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS) \
 		--MappingKernelManager.default_kernel_name=mpi4dl-nb
 
 bench: $(STAMP)
