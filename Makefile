@@ -11,7 +11,7 @@ STAMP      := $(VENV)/.mpi4dl-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test lab bench clean
+.PHONY: install demo test lint lab bench clean
 
 install: $(STAMP)
 
@@ -24,9 +24,12 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m mpi4dl_nb.demo
+	$(PY) -m mpi4dl_nb.notebook.demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -q tests
 
 lab: $(STAMP)

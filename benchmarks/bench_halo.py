@@ -19,16 +19,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from mpi4dl_nb.comm import Context
-from mpi4dl_nb.geometry import TileGrid
-from mpi4dl_nb.halo import HALO_TAG, HaloExchange
-from mpi4dl_nb.spatialize import spatialize
-from mpi4dl_nb.tiles import scatter_tiles
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.spatial.convert import spatialize
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.halo import HALO_TAG, HaloExchange
+from mpi4dl_nb.spatial.tiles import scatter_tiles
 
 
 def median_time(ctx: Context, run: Callable[[], None], repeats: int) -> float:
@@ -134,7 +134,7 @@ def fused_vs_unfused(ctx: Context, size: int, channels: int, layers: int, repeat
                            {"halo_d2": True, "fused_layers": layers})):
         net = spatialize(model, grid, ctx, image_size=(size, size), **kwargs)
 
-        def step() -> None:
+        def step(net: nn.Module = net) -> None:
             net.zero_grad(set_to_none=True)
             net(tile).sum().backward()
 

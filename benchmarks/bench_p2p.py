@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from mpi4dl_nb.comm import Context
+from mpi4dl_nb.comm.context import Context
 
 SIZES_KIB = [16, 64, 256, 1024, 4096, 16384]
 

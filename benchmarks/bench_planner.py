@@ -16,7 +16,8 @@ import itertools
 import sys
 import time
 
-from mpi4dl_nb import ParallelConfig, cluster as clu, planner
+from mpi4dl_nb import ParallelConfig, planner
+from mpi4dl_nb import cluster as clu
 from mpi4dl_nb.models import build_model
 
 CASES = [
@@ -37,7 +38,7 @@ def measure_on_engine(knobs, image_size, batch, depth, width):
 
     import mpi4dl_nb as dl
     from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.planner import measure_engine_step
+    from mpi4dl_nb.notebook.planner import measure_engine_step
 
     torch.set_num_threads(1)
     ctx = dl.init()

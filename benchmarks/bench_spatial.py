@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from mpi4dl_nb.comm import Context
-from mpi4dl_nb.geometry import TileGrid
-from mpi4dl_nb.spatialize import reduce_tile_gradients, spatialize
-from mpi4dl_nb.tiles import scatter_tiles
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.spatial.convert import reduce_tile_gradients, spatialize
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.tiles import scatter_tiles
 
 
 def conv_stack(channels: int = 16, layers: int = 3) -> nn.Module:

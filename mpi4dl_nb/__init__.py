@@ -5,22 +5,36 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .config import ConfigError, ParallelConfig
+from .config import ParallelConfig
+from .errors import ConfigError
 from .layout import RankRole, layout
 
 __version__ = "0.1.0"
 
 # Heavier pieces load on first use so `import mpi4dl_nb` needs neither MPI nor torch.
-_LAZY = {
-    "init": ("comm", "init"),
-    "Context": ("comm", "Context"),
-    "Group": ("comm", "Group"),
-    "TileGrid": ("geometry", "TileGrid"),
-    "spatialize": ("spatialize", "spatialize"),
-    "scatter_tiles": ("tiles", "scatter_tiles"),
-    "gather_tiles": ("tiles", "gather_tiles"),
-    "HybridEngine": ("engine", "HybridEngine"),
-    "Tracer": ("trace", "Tracer"),
+# No module at the package root is named like one of these, so importing any submodule
+# can never replace a public callable with a module.
+_LAZY: dict[str, tuple[str, str]] = {
+    "init": ("comm.context", "init"),
+    "Context": ("comm.context", "Context"),
+    "Group": ("comm.context", "Group"),
+    "Tracer": ("comm.trace", "Tracer"),
+    "TileGrid": ("spatial.geometry", "TileGrid"),
+    "spatialize": ("spatial.convert", "spatialize"),
+    "reduce_tile_gradients": ("spatial.convert", "reduce_tile_gradients"),
+    "scatter_tiles": ("spatial.tiles", "scatter_tiles"),
+    "gather_tiles": ("spatial.tiles", "gather_tiles"),
+    "HybridEngine": ("pipeline.engine", "HybridEngine"),
+}
+
+# Sub-modules reachable as attributes (``dl.planner.estimate(...)``, ``dl.cluster.start(...)``).
+_MODULES: dict[str, str] = {
+    "cluster": "notebook.cluster",
+    "planner": "notebook.planner",
+    "viz": "notebook.viz",
+    "widgets": "notebook.widgets",
+    "models": "models",
+    "data": "data",
 }
 
 __all__ = ["ConfigError", "ParallelConfig", "RankRole", "layout", *_LAZY]
@@ -32,6 +46,10 @@ def __getattr__(name: str) -> Any:
         value = getattr(import_module(f".{module}", __name__), attr)
         globals()[name] = value
         return value
-    if name in ("cluster", "planner", "viz", "widgets", "models", "data"):
-        return import_module(f".{name}", __name__)
+    if name in _MODULES:
+        return import_module(f".{_MODULES[name]}", __name__)
     raise AttributeError(f"module 'mpi4dl_nb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_MODULES})

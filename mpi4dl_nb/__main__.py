@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 USAGE = """usage: python -m mpi4dl_nb {layout,train} [flags]
 
@@ -19,11 +19,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command == "layout":
-        from .cli_layout import main as layout_main
+        from .run.layout_cmd import main as layout_main
 
         return layout_main(rest)
     if command == "train":
-        from .cli import main as train_main
+        from .run.train_cmd import main as train_main
 
         return train_main(rest)
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

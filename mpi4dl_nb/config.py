@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Sequence
+from typing import Any
+
+from .errors import ConfigError
 
 SLICE_METHODS = ("square", "vertical", "horizontal")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration: ``knob`` names the setting, the message says what works."""
-
-    def __init__(self, knob: str, message: str) -> None:
-        super().__init__(f"{knob}: {message}")
-        self.knob = knob
-        self.detail = message
 
 
 def _nearest_square(n: int) -> int:
@@ -109,7 +103,7 @@ class ParallelConfig:
 
         return layout(self)
 
-    def with_(self, **changes: Any) -> "ParallelConfig":
+    def with_(self, **changes: Any) -> ParallelConfig:
         """A copy with some knobs changed (validated again)."""
         return replace(self, **changes)
 
@@ -179,7 +173,7 @@ class ParallelConfig:
 
     def validate(self, *, world_size: int | None = None, batch_size: int | None = None,
                  num_layers: int | None = None, image_size: int | Sequence[int] | None = None,
-                 min_tile: int | Sequence[int] = 1) -> "ParallelConfig":
+                 min_tile: int | Sequence[int] = 1) -> ParallelConfig:
         """Check the configuration against a launch and a workload; return self or raise ConfigError.
 
         ``world_size``: ranks actually launched. ``batch_size``: the global batch.

@@ -87,7 +87,7 @@ estimate follow. (Below we set values from code, as a test does; in JupyterLab j
 """),
     code("""
 from mpi4dl_nb.models import build_model
-from mpi4dl_nb.widgets import ConfigPanel
+from mpi4dl_nb.notebook.widgets import ConfigPanel
 model = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
 panel = ConfigPanel(model=model, image_size=256, batch_size=2, devices=8)
 panel.widget
@@ -156,7 +156,7 @@ viz.show(viz.draw_tiles_and_halos(image, grid, wide, tiles=[0]))
     md("The halo viewer walks the convs/pools of a real model (ResNet here) at its feature-map sizes:"),
     code("""
 from mpi4dl_nb.models import build_model
-from mpi4dl_nb.widgets import HaloViewer
+from mpi4dl_nb.notebook.widgets import HaloViewer
 model = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
 viewer = HaloViewer(image, model, image_size=512)
 viewer.widget
@@ -217,7 +217,7 @@ The runtime executes exactly this object — and the step-through debugger walks
 """),
     SETUP,
     code("""
-from mpi4dl_nb import schedules
+from mpi4dl_nb.pipeline import schedules
 print(schedules.gpipe(3, 4).table())
 print()
 print(schedules.one_f_one_b(3, 4).table())
@@ -227,7 +227,7 @@ print("GPipe bubble with 3 stages and 4 micro-batches:", schedules.ideal_bubble_
 """),
     md("Schedule only (nothing runs): forward walks the global order, back goes back."),
     code("""
-from mpi4dl_nb.widgets import StepThrough
+from mpi4dl_nb.notebook.widgets import StepThrough
 cfg = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2)
 dry = StepThrough(schedules.build_schedule(cfg))
 for _ in range(3):
@@ -264,7 +264,7 @@ def setup(knobs, seed=0):
 cluster.run(setup, cfg.as_dict(), timeout=120)
 """),
     code("""
-from mpi4dl_nb.widgets import ClusterStepAgent
+from mpi4dl_nb.notebook.widgets import ClusterStepAgent
 agent = ClusterStepAgent(cluster, engine="eng", images="images", labels="labels", settle=1.0)
 stepper = StepThrough(agent.fetch_schedule(), agent)
 for _ in range(4):
@@ -286,7 +286,7 @@ def traced_step():
     return eng.timeline(clear=True)
 
 events = cluster.run(traced_step, timeout=120)[0]
-from mpi4dl_nb.widgets import TimelineView
+from mpi4dl_nb.notebook.widgets import TimelineView
 timeline = TimelineView(events)
 viz.show(timeline.view.figure)
 timeline.widget
@@ -353,7 +353,7 @@ cluster.run(setup, cfg.as_dict(), timeout=120)
 """),
     md("Train on the cluster with a progress bar (each step is one remote call with a timeout):"),
     code("""
-from mpi4dl_nb.widgets import TrainingProgress
+from mpi4dl_nb.notebook.widgets import TrainingProgress
 
 def train_step(images, labels):
     return eng.train_step(images, labels)
@@ -394,7 +394,7 @@ assert exact
 from mpi4dl_nb import planner
 
 def measure(images, labels):
-    from mpi4dl_nb.planner import measure_engine_step
+    from mpi4dl_nb.notebook.planner import measure_engine_step
     return measure_engine_step(eng, images, labels, warmup=0)
 
 measured = cluster.run(measure, *batches[0], timeout=300)
@@ -446,7 +446,7 @@ for s in planner.suggest(model, IMAGE, 0.75 * one.peak, devices=5, batch_size=BA
     print(s.describe())
 """),
     code("""
-from mpi4dl_nb.widgets import ConfigPanel
+from mpi4dl_nb.notebook.widgets import ConfigPanel
 panel = ConfigPanel(model=model, image_size=IMAGE, batch_size=BATCH, devices=5)
 panel.set(num_spatial_parts=2, slice_method="vertical")
 panel.widget
@@ -463,7 +463,7 @@ def run_config(knobs, image, batch):
     from torch import nn
     import mpi4dl_nb as dl
     from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.planner import measure_engine_step
+    from mpi4dl_nb.notebook.planner import measure_engine_step
     torch.set_num_threads(1)
     ctx = dl.init()
     torch.manual_seed(0)

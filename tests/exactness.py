@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mpi4dl_nb.geometry import TileGrid
-from mpi4dl_nb.spatialize import reduce_tile_gradients, spatialize
-from mpi4dl_nb.tiles import gather_tiles, scatter_tiles
+from mpi4dl_nb.spatial.convert import reduce_tile_gradients, spatialize
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor, floor: float = 1e-4) -> float:

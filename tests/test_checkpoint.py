@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, resume == uninterrupted run (serial, under MPI, across layouts), a killed rank ends the job."""
+"""Checkpoints: atomic writes, resume == uninterrupted run (serial, MPI, across layouts), a killed rank ends the job."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpi4dl_nb import checkpoint as ck
-from mpi4dl_nb import cli
+from mpi4dl_nb.run import checkpoint as ck
+from mpi4dl_nb.run import train_cmd as cli
 
 MODEL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
          "--image-size", "32", "--batch-size", "4", "--num-samples", "16", "--dtype", "float64",

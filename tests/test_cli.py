@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import mpi4dl_nb
-import mpi4dl_nb.cli_layout as cli_layout
-import mpi4dl_nb.train as train_module
-from mpi4dl_nb import cli
-from mpi4dl_nb.cli_args import PARALLEL_FLAGS, parse_balance
+import mpi4dl_nb.run.layout_cmd as cli_layout
+import mpi4dl_nb.run.train as train_module
 from mpi4dl_nb.data import Cifar10Dataset, IHCSampleDataset, SyntheticDataset, TileFolderDataset
 from mpi4dl_nb.models.amoebanet import AmoebaCell
+from mpi4dl_nb.run import train_cmd as cli
+from mpi4dl_nb.run.args import PARALLEL_FLAGS, parse_balance
 
 SMALL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
          "--image-size", "32", "--batch-size", "2", "--num-samples", "8"]
@@ -110,7 +110,7 @@ def test_workload_flags_reach_trainer(launch, tmp_path):
     layers, batcher, settings = seen["engine"].layers, seen["batcher"], seen["settings"]
     assert len(layers) == 2 + 6                           # depth 14 = 6n+2, n=2
     assert layers[0].conv.out_channels == 8 and layers[-1].fc.out_features == 7
-    assert all(p.dtype == torch.float64 for l in layers for p in l.parameters())
+    assert all(p.dtype == torch.float64 for item in layers for p in item.parameters())
     assert isinstance(batcher.dataset, SyntheticDataset) and len(batcher.dataset) == 12
     assert batcher.dataset.image_size == 64 and batcher.batch_size == 4
     assert settings.steps == 3 * 3 and settings.verbose and not settings.progress
@@ -123,7 +123,7 @@ def test_workload_flags_reach_trainer(launch, tmp_path):
     assert launch(base + ["--steps", "5"] + SMALL)["settings"].steps == 5
     amoeba = launch(base + ["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8",
                             "--image-size", "32", "--batch-size", "2", "--num-samples", "4"])
-    assert sum(isinstance(l, AmoebaCell) for l in amoeba["engine"].layers) == 3 + 4
+    assert sum(isinstance(item, AmoebaCell) for item in amoeba["engine"].layers) == 3 + 4
     medical = launch(base + SMALL + ["--app", "medical", "--num-classes", "2"])
     assert isinstance(medical["batcher"].dataset, IHCSampleDataset)
     write_cifar(tmp_path)
@@ -203,6 +203,7 @@ def test_cli_runs_under_mpiexec(mpirun, tmp_path):
     """5 ranks (AmoebaNet SP+LP, the MPI4DL README example, small) on tiles of a whole-slide
     image: progress on rank 0 and one JSON line."""
     from test_data import write_pyramid
+
     from mpi4dl_nb.data import ihc_image
 
     image = np.full((512, 512, 3), 255, np.uint8)

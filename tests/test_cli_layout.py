@@ -12,7 +12,7 @@ def test_layout_prints_table_and_world_size():
                           "--spatial-size", "2", "--num-spatial-parts", "4"],
                          capture_output=True, text=True, cwd=REPO, env=mpi_env(1), check=True).stdout
     assert "world size: 9 ranks" in out
-    assert len([l for l in out.splitlines() if "spatial" in l and l.split()[0].isdigit()]) == 8
+    assert len([item for item in out.splitlines() if "spatial" in item and item.split()[0].isdigit()]) == 8
 
 
 def test_wrong_rank_count_exits_all_ranks_fast():

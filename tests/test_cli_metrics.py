@@ -6,9 +6,9 @@ import io
 import torch
 from torch import nn
 
-from mpi4dl_nb.metrics import ActivationMeter, RunMetrics, comm_seconds, is_communication, state_bytes
-from mpi4dl_nb.trace import Event
-from mpi4dl_nb.train import ProgressBar
+from mpi4dl_nb.comm.trace import Event
+from mpi4dl_nb.run.metrics import ActivationMeter, RunMetrics, comm_seconds, is_communication, state_bytes
+from mpi4dl_nb.run.train import ProgressBar
 
 
 def test_activation_meter_counts_saved_tensors_once_and_releases_them():

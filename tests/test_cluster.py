@@ -64,6 +64,7 @@ def test_slurm_template_has_ntasks_and_srun():
 @interactive  # shipped by value: engines cannot import this test module
 def _identity(tag):
     import os
+
     from mpi4py import MPI
     print(f"rank {MPI.COMM_WORLD.rank} says {tag}")
     return MPI.COMM_WORLD.rank, os.environ["OMP_NUM_THREADS"], os.environ["MPIR_CVAR_ENABLE_HEAVY_YIELD"]
@@ -86,6 +87,7 @@ def _fail_on_rank_one():
 @interactive  # shipped by value: engines cannot import this test module
 def _hang_in_collective():
     import time
+
     from mpi4py import MPI
     if MPI.COMM_WORLD.rank == 0:
         time.sleep(3600)           # never joins: the others block in the barrier

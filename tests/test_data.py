@@ -1,4 +1,4 @@
-"""Datasets: region reads equal crops of full reads, pyramidal-TIFF slides via OpenSlide, CIFAR-10 binary batches, the IHC sample, clear errors."""
+"""Datasets: region reads equal crops of full reads, OpenSlide pyramids, CIFAR-10, the IHC sample, clear errors."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,12 +6,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from mpi4dl_nb.data import (Batcher, Cifar10Dataset, IHCSampleDataset, SlideDataset, SyntheticDataset,
-                            TileFolderDataset, ihc_image, make_dataset, open_pathology)
-from mpi4dl_nb.data.cifar import RECORD
-from mpi4dl_nb.geometry import TileGrid
 from slide_recorder import ReadRecorder
+
+from mpi4dl_nb.data import (
+    Batcher,
+    Cifar10Dataset,
+    IHCSampleDataset,
+    SlideDataset,
+    SyntheticDataset,
+    TileFolderDataset,
+    ihc_image,
+    make_dataset,
+    open_pathology,
+)
+from mpi4dl_nb.data.cifar import RECORD
+from mpi4dl_nb.spatial.geometry import TileGrid
 
 tifffile = pytest.importorskip("tifffile")
 openslide = pytest.importorskip("openslide")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mpi4dl_nb.device import local_rank_from_env, select_device
+from mpi4dl_nb.comm.device import local_rank_from_env, select_device
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -39,7 +39,7 @@ def test_device_preferences():
 
 def test_slurm_env_reaches_context_device(monkeypatch):
     """The Context uses the launcher variable, not its own guess, for the local rank."""
-    from mpi4dl_nb.comm import Context
+    from mpi4dl_nb.comm.context import Context
 
     monkeypatch.setenv("SLURM_LOCALID", "3")
     for name in ("MV2_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",

@@ -36,12 +36,12 @@ def test_acceptance_cases_are_covered():
     assert has(lambda c: c.split_size == 3 and c.spatial_size == 0 and c.parts == 1 and not c.gems)
     for kind in ("gpipe", "1f1b"):
         for m in (2, 4):
-            assert has(lambda c: c.spatial_size == 0 and c.parts == m and c.schedule == kind
+            assert has(lambda c, m=m, kind=kind: c.spatial_size == 0 and c.parts == m and c.schedule == kind
                        and not c.gems and c.local_dp == 1 and c.data_parallel == 1)
     for t in (1, 2):
-        assert has(lambda c: c.times == t and c.spatial_size == 0)
+        assert has(lambda c, t=t: c.times == t and c.spatial_size == 0)
     for method in ("square", "vertical", "horizontal"):
-        assert has(lambda c: c.split_size == 2 and c.spatial_size == 1 and c.num_spatial_parts == 4
+        assert has(lambda c, method=method: c.split_size == 2 and c.spatial_size == 1 and c.num_spatial_parts == 4
                    and c.slice_method == method and c.parts == 1 and not c.gems)
     assert has(lambda c: c.split_size == 3 and c.spatial_size == 2)
     assert has(lambda c: c.spatial_size > 0 and c.parts > 1 and not c.gems)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpi4dl_nb.geometry import TileGrid
-from mpi4dl_nb.step_input import ShardedImages, StepInput, resolve_batch_size, resolve_image_size
+from mpi4dl_nb.pipeline.step_input import ShardedImages, StepInput, resolve_batch_size, resolve_image_size
+from mpi4dl_nb.spatial.geometry import TileGrid
 
 
 @pytest.mark.parametrize("nprocs,cases", [(3, ("gems3_t1", "pp3_1f1b_m4")),

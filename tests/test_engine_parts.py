@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from mpi4dl_nb.bn_replay import RunningStatsLedger, merge_terms
-from mpi4dl_nb.geometry import TileGrid
-from mpi4dl_nb.handoff import input_tile, join_tiles, split_grad
-from mpi4dl_nb.messages import decode_header, encode_header
+from mpi4dl_nb.comm.messages import decode_header, encode_header
+from mpi4dl_nb.pipeline.bn_replay import RunningStatsLedger, merge_terms
+from mpi4dl_nb.pipeline.handoff import input_tile, join_tiles, split_grad
+from mpi4dl_nb.spatial.geometry import TileGrid
 
 
 @pytest.mark.parametrize("rows,cols,h,w", [(2, 2, 7, 9), (1, 4, 6, 10), (3, 1, 8, 5)])

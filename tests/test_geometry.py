@@ -8,8 +8,7 @@ import random
 import pytest
 
 from mpi4dl_nb.config import ConfigError
-from mpi4dl_nb.geometry import (LayerHalo, TileGrid, Window1d, plan_window_axis,
-                                split_ranges)
+from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d, plan_window_axis, split_ranges
 
 
 def test_split_rule_first_tiles_get_the_extra_row():
@@ -75,7 +74,7 @@ def _check_axis(size: int, parts: int, window: Window1d) -> None:
             hi = owned_in[i + 1][1] if i < parts - 1 else size
             if reads and (min(reads) < lo or max(reads) >= hi):
                 return
-        raise AssertionError(f"needless refusal {size} {parts} {window}: {error}")
+        raise AssertionError(f"needless refusal {size} {parts} {window}: {error}") from None
     owned_out = split_ranges(out_size, parts)
     for i, plan in enumerate(plans):
         # the needed range is exactly what the owned outputs read
@@ -149,7 +148,7 @@ def test_refusals_name_the_knob_and_an_alternative():
 
 
 def test_fused_plan_chains_layer_ranges():
-    from mpi4dl_nb.geometry import plan_fused_axis
+    from mpi4dl_nb.spatial.geometry import plan_fused_axis
 
     windows = [Window1d(3, 1, 1, 1, 1), Window1d(5, 2, 1, 2, 2), Window1d(3, 1, 2, 2, 2)]
     exchange, levels = plan_fused_axis(100, 3, windows)

@@ -16,7 +16,7 @@ def test_halo_adjoint_and_forward(mpirun, rows, cols, backend, idle):
 
 
 def test_buffer_pool_reuses_by_shape():
-    from mpi4dl_nb.halo import BufferPool
+    from mpi4dl_nb.spatial.halo import BufferPool
 
     pool = BufferPool()
     like = torch.zeros(1, dtype=torch.float64)
@@ -35,10 +35,10 @@ def test_fused_halos_equal_unfused_and_serial(mpirun, rows, cols):
 def test_fused_blocks_group_windowed_layers():
     from torch import nn
 
-    from mpi4dl_nb.fused import _blocks
-    from mpi4dl_nb.geometry import TileGrid
-    from mpi4dl_nb.spatial_base import SpatialRuntime
-    from mpi4dl_nb.spatialize import _convert
+    from mpi4dl_nb.spatial.base import SpatialRuntime
+    from mpi4dl_nb.spatial.convert import _convert
+    from mpi4dl_nb.spatial.fused import _blocks
+    from mpi4dl_nb.spatial.geometry import TileGrid
 
     class FakeCtx:
         rank, world_size = 0, 1

@@ -3,7 +3,6 @@
 import time
 
 import pytest
-
 from mpirun import MPIRunError, run_mpi
 
 

@@ -37,7 +37,7 @@ def test_builds_three_sizes_as_layer_lists(family):
     for size in SIZES[family]:
         torch.manual_seed(0)
         layers = build(family, size, num_classes=7)
-        assert isinstance(layers, list) and all(isinstance(l, nn.Module) for l in layers)
+        assert isinstance(layers, list) and all(isinstance(item, nn.Module) for item in layers)
         assert isinstance(layers[-1], ClassifierHead)
         model = nn.Sequential(*layers)
         out = model(torch.randn(2, 3, 32, 32))
@@ -51,7 +51,7 @@ def test_builds_three_sizes_as_layer_lists(family):
 def test_resnet_depths():
     assert len(resnet_v1(20)) == 2 + 9                     # stem, 3x3 basic blocks, head
     assert len(resnet_v2(110)) == 2 + 36                   # ResNet-110 v2: 3 stages of 12
-    blocks = [l for l in resnet_v2(110) if isinstance(l, PreActBottleneck)]
+    blocks = [item for item in resnet_v2(110) if isinstance(item, PreActBottleneck)]
     assert len(blocks) == 36 and 9 * 12 + 2 == 110
     # v1 depth counts every 3x3 conv plus the classifier: 6n + 2 (stem + 2 per block + fc)
     assert conv_count(resnet_v1(32)) == 32
@@ -78,7 +78,7 @@ def test_amoebanet_cells_and_channels():
     assert [p.channels for p in plans] == [10, 20, 40, 40, 80, 80, 80, 160, 160, 160]
     layers = amoebanet(6, 40, 5)
     assert len(layers) == 1 + len(plans) + 1
-    cells = [l for l in layers if isinstance(l, AmoebaCell)]
+    cells = [item for item in layers if isinstance(item, AmoebaCell)]
     assert cells[-1].next_h0 is None and all(c.next_h0 is not None for c in cells[:-1])
     # normal cells concatenate 4 states, reduction cells 3
     assert cells[2].plan.out_channels == 4 * 40 and cells[0].plan.out_channels == 3 * 10
@@ -110,9 +110,9 @@ def test_head_any_image_size(family):
 
 def test_build_model_defaults_match_mpi4dl():
     amoeba = build_model("amoebanet", num_filters=8)
-    assert sum(isinstance(l, AmoebaCell) for l in amoeba) == 18 + 4     # 18 normal + 4 reductions
+    assert sum(isinstance(item, AmoebaCell) for item in amoeba) == 18 + 4     # 18 normal + 4 reductions
     res = build_model("resnet", num_filters=4)
-    assert sum(isinstance(l, PreActBottleneck) for l in res) == 36      # ResNet-110 v2
+    assert sum(isinstance(item, PreActBottleneck) for item in res) == 36      # ResNet-110 v2
     with pytest.raises(ValueError, match="choose one of resnet, amoebanet"):
         build_model("vgg")
 

@@ -53,7 +53,7 @@ def test_notebook_runs_headless(path):
     assert any("image/png" in o.get("data", {}) for o in outputs) or path.name.startswith("06")
     if path.name.startswith("04"):
         text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-        line = next(l for l in text.splitlines() if l.startswith("MPI4DL_SUMMARY "))
+        line = next(item for item in text.splitlines() if item.startswith("MPI4DL_SUMMARY "))
         summary = json.loads(line.split(" ", 1)[1])
         assert summary["exact"] and summary["world_size"] == 5
     print(f"{path.name}: {time.monotonic() - start:.1f} s")
@@ -65,8 +65,9 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
 
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    from mpi4dl_nb import demo, viz
+    from mpi4dl_nb import viz
     from mpi4dl_nb.config import ParallelConfig
+    from mpi4dl_nb.notebook import demo
 
     png = viz.png_bytes(viz.draw_rank_layout(ParallelConfig()))
     summary = {"configuration": ParallelConfig().as_dict(), "world_size": 5, "image_size": 64,

@@ -57,7 +57,7 @@ def test_serial_estimate_within_25_percent_of_measured():
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         x, y = torch.randn(batch, 3, size, size), torch.randint(0, 2, (batch,))
 
-        def step():
+        def step(model=model, x=x, y=y, opt=opt):
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
 
@@ -90,7 +90,7 @@ def _measure_on_engine(cfg_dict, image_size, batch, depth, width):
 
     import mpi4dl_nb as dl
     from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.planner import measure_engine_step
+    from mpi4dl_nb.notebook.planner import measure_engine_step
 
     torch.set_num_threads(1)
     ctx = dl.init()

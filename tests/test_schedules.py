@@ -8,10 +8,19 @@ from collections import defaultdict, deque
 
 import pytest
 
-from mpi4dl_nb import schedules
 from mpi4dl_nb.config import ConfigError, ParallelConfig
-from mpi4dl_nb.schedules import (P2P_KINDS, Action, Schedule, build_schedule, chunk_index, gems,
-                                 gpipe, ideal_bubble_fraction, one_f_one_b)
+from mpi4dl_nb.pipeline import schedules
+from mpi4dl_nb.pipeline.schedules import (
+    P2P_KINDS,
+    Action,
+    Schedule,
+    build_schedule,
+    chunk_index,
+    gems,
+    gpipe,
+    ideal_bubble_fraction,
+    one_f_one_b,
+)
 
 
 def compute_order(schedule: Schedule, rank: int) -> list[str]:

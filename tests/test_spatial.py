@@ -24,7 +24,7 @@ def test_spatialize_equals_serial_on_the_torch_plane(mpirun):
 # ---------------------------------------------------------------- in-process (one rank)
 @pytest.fixture(scope="module")
 def ctx():
-    from mpi4dl_nb.comm import Context
+    from mpi4dl_nb.comm.context import Context
 
     return Context(trace=False)
 
@@ -35,9 +35,9 @@ def _model() -> nn.Module:
 
 
 def test_same_parameters_same_state_dict_original_untouched(ctx):
-    from mpi4dl_nb.geometry import TileGrid
-    from mpi4dl_nb.spatial_conv import SpatialConv2d
-    from mpi4dl_nb.spatialize import spatialize, tile_partial_parameters
+    from mpi4dl_nb.spatial.conv import SpatialConv2d
+    from mpi4dl_nb.spatial.convert import spatialize, tile_partial_parameters
+    from mpi4dl_nb.spatial.geometry import TileGrid
 
     model = _model()
     net = spatialize(model, TileGrid(1, 1), ctx)
@@ -55,8 +55,8 @@ def test_same_parameters_same_state_dict_original_untouched(ctx):
 
 def test_unsupported_layers_are_named(ctx):
     from mpi4dl_nb.config import ConfigError
-    from mpi4dl_nb.geometry import TileGrid
-    from mpi4dl_nb.spatialize import spatialize
+    from mpi4dl_nb.spatial.convert import spatialize
+    from mpi4dl_nb.spatial.geometry import TileGrid
 
     grid = TileGrid(1, 1)
     bad = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Sequential(nn.Upsample(scale_factor=2)))
@@ -80,8 +80,8 @@ def test_unsupported_layers_are_named(ctx):
 
 
 def test_wrong_world_size_is_explained(ctx):
-    from mpi4dl_nb.geometry import TileGrid
-    from mpi4dl_nb.spatialize import spatialize
+    from mpi4dl_nb.spatial.convert import spatialize
+    from mpi4dl_nb.spatial.geometry import TileGrid
 
     with pytest.raises(ValueError, match="4 tiles but the world has 1"):
         spatialize(_model(), TileGrid(2, 2), ctx)

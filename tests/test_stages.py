@@ -6,12 +6,18 @@ import itertools
 
 import pytest
 import torch
+from models_for_tests import build, cell_stack
 from torch import nn
 
 from mpi4dl_nb.config import ConfigError
-from mpi4dl_nb.stages import (auto_balance, even_balance, partition_costs,
-                              profile_layer_memory, profile_layer_times, split_layers)
-from models_for_tests import build, cell_stack
+from mpi4dl_nb.pipeline.stages import (
+    auto_balance,
+    even_balance,
+    partition_costs,
+    profile_layer_memory,
+    profile_layer_times,
+    split_layers,
+)
 
 
 def test_even_balance_puts_remainder_last():
@@ -102,7 +108,7 @@ def test_time_profile_and_auto_balance():
 
 def test_auto_balanced_config_single_process():
     from mpi4dl_nb.config import ParallelConfig
-    from mpi4dl_nb.engine import auto_balanced_config
+    from mpi4dl_nb.pipeline.engine import auto_balanced_config
 
     cfg = ParallelConfig(split_size=3, spatial_size=0)
     tuned = auto_balanced_config(cfg, cell_stack(), torch.randn(2, 3, 16, 16), by="memory")

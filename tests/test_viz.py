@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from mpi4dl_nb import ParallelConfig, viz
-from mpi4dl_nb.geometry import TileGrid
-from mpi4dl_nb.schedules import build_schedule
-from mpi4dl_nb.trace import Event
+from mpi4dl_nb.comm.trace import Event
+from mpi4dl_nb.pipeline.schedules import build_schedule
+from mpi4dl_nb.spatial.geometry import TileGrid
 
 
 def test_rank_layout_has_one_box_per_rank_coloured_by_stage():

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from mpi4dl_nb import ParallelConfig, viz
+from mpi4dl_nb.comm.trace import Event
 from mpi4dl_nb.models import build_model
-from mpi4dl_nb.schedules import build_schedule
-from mpi4dl_nb.trace import Event
-from mpi4dl_nb.widgets import ConfigPanel, HaloViewer, StepThrough, TimelineView, TrainingProgress
-from mpi4dl_nb.widgets.halo_viewer import WindowedLayer, windowed_layers
+from mpi4dl_nb.notebook.widgets import ConfigPanel, HaloViewer, StepThrough, TimelineView, TrainingProgress
+from mpi4dl_nb.notebook.widgets.halo_viewer import WindowedLayer, windowed_layers
+from mpi4dl_nb.pipeline.schedules import build_schedule
 
 
 @pytest.fixture(scope="module")

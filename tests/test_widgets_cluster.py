@@ -7,10 +7,10 @@ import torch
 from ipyparallel import interactive
 from torch import nn
 
-from mpi4dl_nb import ParallelConfig, cluster as clu
-from mpi4dl_nb.models import build_model
-from mpi4dl_nb.widgets import ClusterStepAgent, StepThrough
-from mpi4dl_nb.widgets.step_agent import action_key
+from mpi4dl_nb import ParallelConfig
+from mpi4dl_nb import cluster as clu
+from mpi4dl_nb.notebook.widgets import ClusterStepAgent, StepThrough
+from mpi4dl_nb.notebook.widgets.step_agent import action_key
 
 KNOBS = dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2)
 
@@ -18,7 +18,7 @@ KNOBS = dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="ve
 def _model():
     import torch
 
-    from mpi4dl_nb.models import build_model
+    from mpi4dl_nb.models import build_model  # inside: shipped by value to the engines
 
     torch.manual_seed(0)
     return [layer.double() for layer in build_model("resnet", num_layers=11, num_filters=4,

@@ -2,7 +2,7 @@
 # Edit HOSTFILE (one "host:slots" per line), then:
 # ipcluster start -n 8 --profile-dir engines/profile_hostfile
 c = get_config()  # noqa: F821 - provided by ipcluster
-import os
+import os  # noqa: E402 - after get_config, as ipcluster profiles read
 
 HOSTFILE = os.environ.get("MPI4DL_HOSTFILE", os.path.expanduser("~/hosts.txt"))
 ENGINE_ENV = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_MAX_": "0",

@@ -1,7 +1,7 @@
 # ipcluster profile: N engines as one local Open MPI job.
 # ipcluster start -n 4 --profile-dir engines/profile_openmpi
 c = get_config()  # noqa: F821 - provided by ipcluster
-import os
+import os  # noqa: E402 - after get_config, as ipcluster profiles read
 
 ENGINE_ENV = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_MAX_": "0",
               "MALLOC_TRIM_THRESHOLD_": "100000000000", "PYTHONUNBUFFERED": "1"}

@@ -1,8 +1,9 @@
 """Dataset protocol with region reads (a spatial rank reads only its tile box) and a deterministic batcher."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch

@@ -1,9 +1,10 @@
 """Pathology data: a folder of image tiles, or whole-slide images cut into tiles read region by region via OpenSlide."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

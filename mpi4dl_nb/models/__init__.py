@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .amoebanet import IMAGE_MULTIPLE as AMOEBANET_IMAGE_MULTIPLE, amoebanet
+from .amoebanet import IMAGE_MULTIPLE as AMOEBANET_IMAGE_MULTIPLE
+from .amoebanet import amoebanet
 from .head import ClassifierHead
 from .resnet import resnet, resnet_v1, resnet_v2
 

@@ -10,8 +10,8 @@ block instead of shifting the image by one pixel (a shift is not a tile-local op
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -100,7 +100,7 @@ OPERATIONS: dict[str, Callable[[int, int], nn.Module]] = {
 
 
 class ReduceHalf(nn.Module):
-    """Bring a state to half resolution and ``out_channels``: ReLU, then [1x1 stride-2 conv | 2x2 avg pool -> 1x1 conv], BN."""
+    """Half resolution and ``out_channels``: ReLU, then [1x1 stride-2 conv | 2x2 avg pool -> 1x1 conv], BN."""
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()

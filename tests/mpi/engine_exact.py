@@ -19,11 +19,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from engine_cases import CASES, config_of  # noqa: E402
+from models_for_tests import build  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mpi4dl_nb as dl  # noqa: E402
-from engine_cases import CASES, config_of  # noqa: E402
-from models_for_tests import build  # noqa: E402
 
 RTOL = 1e-9
 FLOOR = 1e-6   # denominators below this are roundoff-sized (e.g. a bias whose gradient is ~0)

@@ -22,13 +22,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from engine_cases import CASES, config_of  # noqa: E402
+from models_for_tests import build  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mpi4dl_nb as dl  # noqa: E402
-from engine_cases import CASES, config_of  # noqa: E402
-from mpi4dl_nb.stages import split_layers  # noqa: E402
-from mpi4dl_nb.step_input import ShardedImages  # noqa: E402
-from models_for_tests import build  # noqa: E402
+from mpi4dl_nb.pipeline.stages import split_layers  # noqa: E402
+from mpi4dl_nb.pipeline.step_input import ShardedImages  # noqa: E402
 
 STEPS = 3
 

@@ -9,10 +9,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from models_for_tests import build  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mpi4dl_nb as dl  # noqa: E402
-from models_for_tests import build  # noqa: E402
 
 
 def expect_config_error(fn, *words: str) -> None:
@@ -22,7 +22,7 @@ def expect_config_error(fn, *words: str) -> None:
         text = str(err)
         missing = [w for w in words if w not in text]
         if missing:
-            raise AssertionError(f"ConfigError {text!r} lacks {missing}")
+            raise AssertionError(f"ConfigError {text!r} lacks {missing}") from err
         return
     raise AssertionError(f"no ConfigError (expected one mentioning {words})")
 

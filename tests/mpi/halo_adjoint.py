@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exactness import check_spatial_exact  # noqa: E402
 from spatial_models import resnet_stack  # noqa: E402
 
-from mpi4dl_nb.comm import Context  # noqa: E402
-from mpi4dl_nb.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.halo import HaloExchange  # noqa: E402
+from mpi4dl_nb.comm.context import Context  # noqa: E402
+from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
+from mpi4dl_nb.spatial.halo import HaloExchange  # noqa: E402
 
 torch.set_num_threads(1)
 

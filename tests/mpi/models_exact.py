@@ -17,10 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
+from exactness import check_spatial_exact, relative_error
 from torch import nn
 
 import mpi4dl_nb as dl
-from exactness import check_spatial_exact, relative_error
 from mpi4dl_nb.models import amoebanet, resnet_v1, resnet_v2
 
 # float64 roundoff of different (tiled) summation orders, amplified by BatchNorm on 2x2 maps
@@ -102,7 +102,7 @@ def main() -> int:
         compare_training(ctx, family, sizes[0], lp_pp_gems, batch=4)
     # the first layers alone, spatialized with fused (D2) halos, via the shared helper
     try:
-        import mpi4dl_nb.fused  # noqa: F401  (fused halos arrive with the spatial work)
+        import mpi4dl_nb.spatial.fused  # noqa: F401  (fused halos arrive with the spatial work)
         fused = {"halo_d2": True, "fused_layers": 2}
     except ModuleNotFoundError:
         fused = {}

@@ -9,14 +9,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from exactness import relative_error  # noqa: E402
+from slide_recorder import ReadRecorder  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mpi4dl_nb as dl  # noqa: E402
-from exactness import relative_error  # noqa: E402
-from slide_recorder import ReadRecorder  # noqa: E402
 from mpi4dl_nb.data import Batcher, SlideDataset  # noqa: E402
 from mpi4dl_nb.models import resnet_v1  # noqa: E402
-from mpi4dl_nb.train import InputFeeder  # noqa: E402
+from mpi4dl_nb.run.train import InputFeeder  # noqa: E402
 
 SIZE, LEVEL, BATCH = 64, 1, 2
 

@@ -19,11 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exactness import check_spatial_exact  # noqa: E402
 from spatial_models import layer_models  # noqa: E402
 
-from mpi4dl_nb.comm import Context  # noqa: E402
+from mpi4dl_nb.comm.context import Context  # noqa: E402
 from mpi4dl_nb.config import ConfigError  # noqa: E402
-from mpi4dl_nb.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.spatialize import spatialize  # noqa: E402
-from mpi4dl_nb.tiles import scatter_tiles  # noqa: E402
+from mpi4dl_nb.spatial.convert import spatialize  # noqa: E402
+from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
+from mpi4dl_nb.spatial.tiles import scatter_tiles  # noqa: E402
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message="Using padding='same'")

@@ -1,0 +1,1 @@
+"""Communication: MPI bootstrap, the Context, its two data planes, payloads, tags, trace."""

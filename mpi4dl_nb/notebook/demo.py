@@ -1,0 +1,132 @@
+"""``make demo``: run the flagship notebook headless on a local MPI cluster, write the executed
+notebook, an HTML export and its figures to ``out/``, and print a summary.
+
+``python -m mpi4dl_nb.notebook.demo [--notebook PATH] [--out DIR] [--timeout SECONDS] [--kernel NAME]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]   # the checkout: mpi4dl_nb/notebook/demo.py -> ../..
+FLAGSHIP = ROOT / "notebooks" / "04_hybrid_training_pathology.ipynb"
+SUMMARY_MARK = "MPI4DL_SUMMARY "
+
+
+def _kernel_name(requested: str | None) -> str:
+    """The requested kernel, else 'mpi4dl-nb' if installed, else 'python3'."""
+    if requested:
+        return requested
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    return "mpi4dl-nb" if "mpi4dl-nb" in KernelSpecManager().find_kernel_specs() else "python3"
+
+
+def execute(path: Path, timeout: int, kernel: str) -> Any:
+    """Run the notebook top to bottom (raises nbclient's CellExecutionError on a failing cell)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=timeout, kernel_name=kernel,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return notebook
+
+
+def save_figures(notebook: Any, directory: Path, stem: str) -> list[Path]:
+    """Every PNG output of the notebook as ``<stem>_cell<k>_<j>.png``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for k, cell in enumerate(notebook.cells):
+        for j, output in enumerate(cell.get("outputs", [])):
+            data = output.get("data", {})
+            if "image/png" in data:
+                path = directory / f"{stem}_cell{k:02d}_{j}.png"
+                path.write_bytes(base64.b64decode(data["image/png"]))
+                written.append(path)
+    return written
+
+
+def find_summary(notebook: Any) -> dict[str, Any] | None:
+    """The JSON the flagship prints after ``MPI4DL_SUMMARY``."""
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            for line in str(output.get("text", "")).splitlines():
+                if line.startswith(SUMMARY_MARK):
+                    return json.loads(line[len(SUMMARY_MARK):])
+    return None
+
+
+def export_html(notebook: Any, path: Path) -> Path:
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(notebook)
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    cfg = summary["configuration"]
+    knobs = ", ".join(f"{k}={v}" for k, v in cfg.items() if v not in (None, False))
+    lines = [
+        f"configuration : {knobs}",
+        f"world size    : {summary['world_size']} MPI ranks, image {summary['image_size']}px, "
+        f"batch {summary['batch_size']}, {summary['steps']} steps (float64)",
+        f"exactness     : {'EXACT' if summary['exact'] else 'NOT EXACT'} vs one process "
+        f"(max |loss diff| {summary['max_loss_error']:.1e}, max |weight diff| "
+        f"{summary['max_weight_error']:.1e})",
+        f"throughput    : {summary['images_per_second']:.2f} images/s (shared 2-core machine)",
+        "memory / rank : " + "  ".join(
+            f"r{r}: {m:.1f} MB (est. {e:.1f})" for r, (m, e) in
+            enumerate(zip(summary["memory_measured_mb"], summary["memory_estimate_mb"]))),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--notebook", type=Path, default=FLAGSHIP)
+    parser.add_argument("--out", type=Path, default=Path("out"))
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    parser.add_argument("--kernel", default=None, help="kernel name (default mpi4dl-nb, else python3)")
+    args = parser.parse_args(argv)
+    if not args.notebook.exists():
+        parser.error(f"--notebook {args.notebook} does not exist; run notebooks/build_notebooks.py")
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    kernel = _kernel_name(args.kernel)
+    print(f"running {args.notebook.name} headless (kernel {kernel}) on a local MPI cluster ...",
+          flush=True)
+    start = time.monotonic()
+    try:
+        notebook = execute(args.notebook, args.timeout, kernel)
+    except Exception as exc:  # the kernel (and its cluster) is shut down by nbclient
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 1
+    import nbformat
+
+    stem = args.notebook.stem
+    executed = out / f"{stem}.ipynb"
+    nbformat.write(notebook, executed)
+    html = export_html(notebook, out / f"{stem}.html")
+    figures = save_figures(notebook, out / "figures", stem)
+    summary = find_summary(notebook)
+    print(f"done in {time.monotonic() - start:.0f} s")
+    print(f"executed notebook: {executed}\nHTML export      : {html}\nfigures          : "
+          f"{len(figures)} PNG files in {out / 'figures'}")
+    if summary is None:
+        print("no MPI4DL_SUMMARY line found in the notebook output", file=sys.stderr)
+        return 1
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(format_summary(summary))
+    return 0 if summary["exact"] else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

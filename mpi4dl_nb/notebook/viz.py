@@ -1,0 +1,356 @@
+"""Pure matplotlib drawings: rank layout, tiles and halos over an image, Gantt timeline, memory bars.
+
+Every function takes an optional ``ax`` and returns the Figure. Artists carry a ``gid``
+(e.g. ``"rank:3"``, ``"halo:tile2:top"``, ``"msg:rows:0->2"``, ``"event:1:F"``) so tests and
+widgets can find what was drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from ..config import ParallelConfig
+from ..layout import layout
+
+STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860",
+                "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
+OP_COLORS = {"F": "#4C72B0", "forward": "#4C72B0", "B": "#DD8452", "backward": "#DD8452",
+             "send": "#55A868", "recv": "#8172B3", "halo": "#C44E52", "allreduce": "#937860",
+             "optimizer": "#8C8C8C", "wait": "#DDDDDD"}
+SIDES = ("top", "bottom", "left", "right")
+
+
+def stage_color(stage: int) -> str:
+    return STAGE_COLORS[stage % len(STAGE_COLORS)]
+
+
+OP_PREFIXES = (("send", "send"), ("recv", "recv"), ("halo", "halo"), ("allreduce", "allreduce"),
+               ("all_reduce", "allreduce"), ("optim", "optimizer"), ("forward", "F"),
+               ("backward", "B"), ("wait", "wait"))
+
+
+def op_color(op: str) -> str:
+    """Colour of an event op: F/B, or by prefix (SEND_ACT -> send, halo_backward -> halo)."""
+    key = op.split(":")[0].split(" ")[0]
+    if key in ("F", "B"):
+        return OP_COLORS[key]
+    lowered = key.lower()
+    for prefix, name in OP_PREFIXES:
+        if lowered.startswith(prefix):
+            return OP_COLORS[name]
+    return "#999999"
+
+
+def _axes(ax: Any, figsize: tuple[float, float]) -> tuple[Figure, Any]:
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+# ------------------------------------------------------------------------ rank layout
+def draw_rank_layout(cfg: ParallelConfig, ax: Any = None) -> Figure:
+    """Every rank as a box coloured by its stage, grouped by replica; tiles drawn as a grid.
+
+    Columns are stages left to right; spatial stages show their tile grid, LP stages their
+    local-DP copies stacked; data-parallel replicas are stacked vertically. Under GEMS
+    each box also names its mirror stage.
+    """
+    roles = layout(cfg)
+    rows_grid, cols_grid = cfg.grid_shape
+    cell_h = max(rows_grid, cfg.local_dp, 1)
+    fig, ax = _axes(ax, (2.2 * cfg.split_size + 1, 1.4 * cell_h * cfg.data_parallel + 1))
+    replica_h = cell_h + 0.8
+    for role in roles:
+        slot = role.primary
+        y0 = (cfg.data_parallel - 1 - role.replica) * replica_h
+        x0 = slot.stage * 2.0
+        if slot.spatial:
+            w, h = 1.6 / cols_grid, cell_h / rows_grid
+            x, y = x0 + slot.tile_col * w, y0 + (rows_grid - 1 - slot.tile_row) * h
+        else:
+            w, h = 1.6, cell_h / cfg.local_dp
+            x, y = x0, y0 + (cfg.local_dp - 1 - slot.copy) * h
+        box = Rectangle((x, y), w * 0.96, h * 0.94, facecolor=stage_color(slot.stage),
+                        edgecolor="black", alpha=0.85, gid=f"rank:{role.rank}")
+        ax.add_patch(box)
+        label = f"r{role.rank}"
+        if slot.spatial:
+            label += f"\nt{slot.tile}"
+        if role.mirror is not None:
+            label += f"\nm:S{role.mirror.stage}"
+        ax.text(x + w * 0.48, y + h * 0.47, label, ha="center", va="center", fontsize=8,
+                color="white", gid=f"rank-label:{role.rank}")
+    for stage in range(cfg.split_size):
+        kind = "spatial" if stage < cfg.spatial_size else "layer"
+        ax.text(stage * 2.0 + 0.8, cfg.data_parallel * replica_h - 0.55, f"stage {stage}\n({kind})",
+                ha="center", va="bottom", fontsize=9, gid=f"stage-label:{stage}")
+        if stage + 1 < cfg.split_size:
+            for replica in range(cfg.data_parallel):
+                y = (cfg.data_parallel - 1 - replica) * replica_h + cell_h / 2
+                ax.add_patch(FancyArrowPatch((stage * 2.0 + 1.6, y), (stage * 2.0 + 2.0, y),
+                                             arrowstyle="->", mutation_scale=10,
+                                             gid=f"flow:{replica}:{stage}"))
+    ax.set_xlim(-0.2, cfg.split_size * 2.0)
+    ax.set_ylim(-0.3, cfg.data_parallel * replica_h + 0.6)
+    ax.set_axis_off()
+    gems = f", GEMS times={cfg.times}" if cfg.gems else ""
+    ax.set_title(f"{cfg.world_size} ranks: split {cfg.split_size}, spatial {cfg.spatial_size} "
+                 f"x {cfg.num_spatial_parts} parts ({cfg.slice_method}), local_dp {cfg.local_dp}, "
+                 f"dp {cfg.data_parallel}{gems}", fontsize=9)
+    return fig
+
+
+# ------------------------------------------------------------------- tiles and halos
+def halo_bands(tile_halo: Any, height: int, width: int) -> dict[str, tuple[int, int, int, int]]:
+    """Per side, the box (r0, r1, c0, c1) of rows/cols a tile receives (inside the image).
+
+    Top/bottom bands span the owned columns; left/right bands span the full needed rows,
+    so the corner pieces belong to the left/right bands, as in the two-phase exchange.
+    Keys of absent bands are missing; ``*_corner`` keys are the corner parts alone.
+    """
+    r0, r1, c0, c1 = tile_halo.owned_box
+    n0, n1, m0, m1 = tile_halo.needed_box
+    n0, n1, m0, m1 = max(n0, 0), min(n1, height), max(m0, 0), min(m1, width)
+    bands: dict[str, tuple[int, int, int, int]] = {}
+    if n0 < r0:
+        bands["top"] = (n0, r0, max(c0, m0), min(c1, m1))
+    if n1 > r1:
+        bands["bottom"] = (r1, n1, max(c0, m0), min(c1, m1))
+    if m0 < c0:
+        bands["left"] = (n0, n1, m0, c0)
+    if m1 > c1:
+        bands["right"] = (n0, n1, c1, m1)
+    for vert, (a, b) in (("top", (n0, r0)), ("bottom", (r1, n1))):
+        for horiz, (c, d) in (("left", (m0, c0)), ("right", (c1, m1))):
+            if b > a and d > c:
+                bands[f"{vert}_{horiz}_corner"] = (a, b, c, d)
+    return bands
+
+
+def draw_tiles_and_halos(image: Any, grid: Any, halo: Any = None, *, tiles: Sequence[int] | None = None,
+                         show_messages: bool = True, ax: Any = None) -> Figure:
+    """An image with the tile grid, the halo bands of ``halo`` (a geometry.LayerHalo) for the
+    chosen ``tiles`` (default all), and arrows of what each rank sends where.
+
+    The halo geometry lives on the layer's feature map (``halo.height x halo.width``); it is
+    scaled onto the image. Image is HxW or HxWxC (numpy or torch CHW).
+    """
+    import numpy as np
+
+    picture = np.asarray(image.detach().cpu().permute(1, 2, 0) if hasattr(image, "permute")
+                         and getattr(image, "ndim", 0) == 3 and image.shape[0] in (1, 3)
+                         else image)
+    img_h, img_w = picture.shape[:2]
+    fig, ax = _axes(ax, (6, 6))
+    ax.imshow(picture, extent=(0, img_w, img_h, 0), gid="image")
+    feat_h, feat_w = (halo.height, halo.width) if halo is not None else (img_h, img_w)
+    sy, sx = img_h / feat_h, img_w / feat_w
+    for tile, (r0, r1, c0, c1) in enumerate(grid.tile_boxes(feat_h, feat_w)):
+        ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, fill=False,
+                               edgecolor="white", linewidth=1.5, gid=f"tile:{tile}"))
+        ax.text((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy, f"rank tile {tile}", color="white",
+                ha="center", va="center", fontsize=9, gid=f"tile-label:{tile}",
+                bbox={"facecolor": "black", "alpha": 0.4, "pad": 2})
+    if halo is not None:
+        chosen = range(grid.num_tiles) if tiles is None else tiles
+        for tile in chosen:
+            color = stage_color(tile)
+            for side, (r0, r1, c0, c1) in halo_bands(halo.tile(tile), feat_h, feat_w).items():
+                corner = side.endswith("corner")
+                ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy,
+                                       facecolor=color, alpha=0.25 if corner else 0.45,
+                                       edgecolor=color, hatch="//" if corner else None,
+                                       gid=f"halo:tile{tile}:{side}"))
+        if show_messages:
+            centers = [((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy)
+                       for r0, r1, c0, c1 in grid.tile_boxes(feat_h, feat_w)]
+            for msg in halo.messages():
+                if tiles is not None and msg.dst not in tiles and msg.src not in tiles:
+                    continue
+                (x0, y0), (x1, y1) = centers[msg.src], centers[msg.dst]
+                shift = 0.06 * (img_w if msg.phase == "rows" else img_h)
+                offset = (shift, 0) if msg.phase == "rows" else (0, shift)
+                sign = 1 if msg.src < msg.dst else -1
+                start = (x0 + sign * offset[0], y0 + sign * offset[1])
+                end = (x1 + sign * offset[0], y1 + sign * offset[1])
+                ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
+                                             color="yellow" if msg.phase == "rows" else "cyan",
+                                             linewidth=1.5, gid=f"msg:{msg.phase}:{msg.src}->{msg.dst}"))
+                ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2, f"{msg.elements}",
+                        fontsize=7, color="black", ha="center",
+                        bbox={"facecolor": "white", "alpha": 0.7, "pad": 1},
+                        gid=f"msg-label:{msg.phase}:{msg.src}->{msg.dst}")
+        title = (f"{halo.name}: {feat_h}x{feat_w} map on {grid.rows}x{grid.cols} tiles, "
+                 f"{halo.message_count} messages (rows: yellow, cols+corners: cyan)")
+    else:
+        title = f"{img_h}x{img_w} image on {grid.rows}x{grid.cols} tiles"
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(0, img_w)
+    ax.set_ylim(img_h, 0)
+    return fig
+
+
+# --------------------------------------------------------------------------- timeline
+def _event_fields(event: Any) -> dict[str, Any]:
+    if isinstance(event, Mapping):
+        return dict(event)
+    return {k: getattr(event, k, None) for k in ("rank", "op", "start", "end", "stage",
+                                                 "micro_batch", "replica", "bytes", "peer")}
+
+
+def draw_timeline(events: Sequence[Any], ax: Any = None, *, highlight: int | None = None) -> Figure:
+    """Gantt chart: one row per rank, one bar per event (Event objects or dicts), coloured by op.
+
+    ``highlight``: index into ``events`` drawn with a thick outline (the stepper's cursor).
+    """
+    rows = [_event_fields(e) for e in events]
+    ranks = sorted({r["rank"] for r in rows}) or [0]
+    fig, ax = _axes(ax, (9, 0.5 * len(ranks) + 1.5))
+    t0 = min((r["start"] for r in rows), default=0.0)
+    seen_ops: dict[str, str] = {}
+    for index, r in enumerate(rows):
+        key = str(r["op"]).split(":")[0]
+        color = op_color(str(r["op"]))
+        seen_ops.setdefault(key, color)
+        width = max(r["end"] - r["start"], 1e-9)
+        edge = ({"edgecolor": "black", "linewidth": 2.5} if index == highlight
+                else {"edgecolor": "white", "linewidth": 0.3})
+        ax.broken_barh([(r["start"] - t0, width)], (r["rank"] - 0.4, 0.8), facecolors=color,
+                       gid=f"event:{index}:{r['rank']}:{r['op']}", **edge)
+        mb = r.get("micro_batch")
+        if mb is not None and mb >= 0 and r["op"] in ("F", "B"):
+            ax.text(r["start"] - t0 + width / 2, r["rank"], str(mb), ha="center", va="center",
+                    fontsize=6, color="white", gid=f"event-label:{index}")
+    for key, color in seen_ops.items():
+        ax.bar(0, 0, color=color, label=key)
+    if seen_ops:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=7,
+                  ncol=min(len(seen_ops), 8), frameon=False)
+    end = max((r["end"] - t0 for r in rows), default=1.0)
+    ax.set_xlim(0, end * 1.02 if end > 0 else 1.0)
+    ax.set_yticks(ranks)
+    ax.set_yticklabels([f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title(f"timeline of {len(rows)} events on {len(ranks)} ranks", fontsize=9)
+    return fig
+
+
+# --------------------------------------------------------------------------- schedule
+SCHEDULE_COLORS = {"F": "#4C72B0", "B": "#DD8452", "ALLREDUCE": "#937860", "OPTIM": "#8C8C8C",
+                   "SEND_ACT": "#55A868", "RECV_ACT": "#55A868", "SEND_GRAD": "#C44E52",
+                   "RECV_GRAD": "#C44E52"}
+
+
+def draw_schedule(schedule: Any, done: int = 0, ax: Any = None) -> Figure:
+    """A schedule as a grid (ticks across, ranks down): F/B/AR/OPT cells, solid when among
+    the first ``done`` actions of ``schedule.global_order()``, pale otherwise; the last done
+    action is outlined and, if it is a send/receive, drawn as an arrow to its peer.
+    """
+    order = schedule.global_order()
+    done_ids = {id(a) for a in order[:done]}
+    current = order[done - 1] if 0 < done <= len(order) else None
+    fig, ax = _axes(ax, (max(6, 0.55 * schedule.num_ticks + 1.5), 0.5 * schedule.world_size + 1.5))
+    local_dp = schedule.cfg.local_dp
+    for rank, actions in enumerate(schedule.per_rank):
+        by_tick: dict[int, list[Any]] = {}
+        for action in actions:
+            if action.kind in ("F", "B", "ALLREDUCE", "OPTIM"):
+                by_tick.setdefault(action.tick, []).append(action)
+        for tick, acts in by_tick.items():
+            for k, action in enumerate(acts):
+                width = 0.9 / len(acts)
+                solid = id(action) in done_ids
+                is_current = current is not None and action is current
+                ax.add_patch(Rectangle((tick + 0.05 + k * width, rank - 0.4), width, 0.8,
+                                       facecolor=SCHEDULE_COLORS[action.kind],
+                                       alpha=0.95 if solid else 0.2,
+                                       edgecolor="black" if is_current else "white",
+                                       linewidth=2.5 if is_current else 0.5,
+                                       gid=f"cell:{'done' if solid else 'todo'}:{rank}:{tick}:"
+                                           f"{action.label(local_dp)}"))
+                ax.text(tick + 0.05 + (k + 0.5) * width, rank, action.label(local_dp),
+                        ha="center", va="center", fontsize=6,
+                        color="white" if solid else "#555555")
+    if current is not None and current.peer is not None:
+        src, dst = (current.rank, current.peer) if current.kind.startswith("SEND") else \
+            (current.peer, current.rank)
+        ax.add_patch(FancyArrowPatch((current.tick + 0.5, src), (current.tick + 0.5, dst),
+                                     arrowstyle="-|>", mutation_scale=14, linewidth=2,
+                                     color=SCHEDULE_COLORS[current.kind],
+                                     gid=f"p2p:{current.kind}:{src}->{dst}"))
+    ax.set_xlim(0, schedule.num_ticks)
+    ax.set_ylim(schedule.world_size - 0.5, -0.5)
+    ax.set_yticks(range(schedule.world_size))
+    ax.set_yticklabels([f"rank {r}" for r in range(schedule.world_size)], fontsize=8)
+    ax.set_xlabel("tick")
+    text = current.describe() if current is not None else "not started"
+    ax.set_title(f"{schedule.kind} step: {done}/{len(order)} actions - {text}", fontsize=8)
+    return fig
+
+
+# ------------------------------------------------------------------------ memory bars
+def draw_memory_bars(measured: Sequence[float] | None = None, estimate: Sequence[float] | None = None,
+                     *, labels: Sequence[str] | None = None, ax: Any = None,
+                     unit: str = "MB") -> Figure:
+    """Per-rank memory bars (bytes): measured peak and/or planner estimate side by side."""
+    scale = {"B": 1, "KB": 2 ** 10, "MB": 2 ** 20, "GB": 2 ** 30}[unit]
+    series = [(name, values) for name, values in (("measured", measured), ("estimate", estimate))
+              if values is not None]
+    if not series:
+        raise ValueError("draw_memory_bars needs measured= and/or estimate= per-rank bytes")
+    count = max(len(values) for _, values in series)
+    fig, ax = _axes(ax, (max(4, 0.6 * count + 2), 3))
+    width = 0.8 / len(series)
+    colors = {"measured": "#4C72B0", "estimate": "#DD8452"}
+    for k, (name, values) in enumerate(series):
+        for rank, value in enumerate(values):
+            ax.bar(rank + (k - (len(series) - 1) / 2) * width, value / scale, width,
+                   color=colors[name], label=name if rank == 0 else None,
+                   gid=f"mem:{name}:{rank}")
+    ax.set_xticks(range(count))
+    ax.set_xticklabels(labels or [f"r{r}" for r in range(count)], fontsize=8)
+    ax.set_ylabel(unit)
+    ax.legend(fontsize=8)
+    ax.set_title("per-rank peak memory", fontsize=9)
+    return fig
+
+
+def find_artists(fig: Figure, prefix: str) -> list[Any]:
+    """Artists of ``fig`` whose gid starts with ``prefix`` (for tests and widgets)."""
+    found = []
+    for ax in fig.axes:
+        for artist in ax.get_children():
+            gid = artist.get_gid()
+            if gid and gid.startswith(prefix):
+                found.append(artist)
+    return found
+
+
+def to_png(fig: Figure, path: str, dpi: int = 110) -> str:
+    """Save a figure (drawn without pyplot) as PNG; returns the path."""
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    return path
+
+
+def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
+    """The figure rendered as PNG."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def show(fig: Figure, dpi: int = 100) -> None:
+    """Display a pyplot-free figure in a notebook as a PNG (nothing outside IPython)."""
+    try:
+        from IPython.display import Image, display
+    except ImportError:  # pragma: no cover - plain Python without IPython
+        return
+    display(Image(data=png_bytes(fig, dpi)))

@@ -1,0 +1,148 @@
+"""ConfigPanel: the MPI4DL knobs with live validation, rank layout, world size and per-rank memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as w
+from torch import nn
+
+from ...config import ConfigError, ParallelConfig
+from .. import planner, viz
+from .figure_view import FigureView, display_widget
+
+INT_KNOBS = ("split_size", "spatial_size", "num_spatial_parts", "parts", "times", "local_dp",
+             "data_parallel")
+CHOICE_KNOBS = {"slice_method": ("square", "vertical", "horizontal"), "schedule": ("gpipe", "1f1b")}
+
+
+class ConfigPanel:
+    """Edit a ParallelConfig; every change re-validates and redraws.
+
+    ``model`` (a layer list) enables the per-rank memory estimate (planner) and the
+    layer-count checks; ``devices`` flags layouts that need more ranks than you have.
+    State after each change: ``config`` (valid ParallelConfig or None), ``error`` (the
+    message, or None), ``plan`` (planner.MemoryPlan or None), ``layout_view.figure``,
+    ``memory_view.figure``.
+    """
+
+    def __init__(self, cfg: ParallelConfig | None = None, *, model: Sequence[nn.Module] | None = None,
+                 image_size: int = 256, batch_size: int = 1, devices: int | None = None,
+                 optimizer_states: int = 1) -> None:
+        cfg = cfg or ParallelConfig()
+        self.model = list(model) if model is not None else None
+        self.devices = devices
+        self.optimizer_states = optimizer_states
+        self._profiles: dict[int, list[planner.LayerProfile]] = {}
+        self._listeners: list[Callable[[ParallelConfig | None], None]] = []
+        self.controls: dict[str, w.ValueWidget] = {}
+        for knob in INT_KNOBS:
+            self.controls[knob] = w.BoundedIntText(value=getattr(cfg, knob), min=0, max=4096,
+                                                   description=knob, style={"description_width": "initial"},
+                                                   layout=w.Layout(width="190px"))
+        for knob, options in CHOICE_KNOBS.items():
+            self.controls[knob] = w.Dropdown(options=options, value=getattr(cfg, knob),
+                                             description=knob, layout=w.Layout(width="220px"))
+        self.controls["image_size"] = w.BoundedIntText(value=image_size, min=1, max=1 << 20,
+                                                       description="image_size",
+                                                       layout=w.Layout(width="190px"))
+        self.controls["batch_size"] = w.BoundedIntText(value=batch_size, min=1, max=1 << 16,
+                                                       description="batch_size",
+                                                       layout=w.Layout(width="190px"))
+        self.status = w.HTML()
+        self.world = w.HTML()
+        self.layout_view = FigureView()
+        self.memory_view = FigureView()
+        self.memory_table = w.HTML()
+        self.config: ParallelConfig | None = None
+        self.error: str | None = None
+        self.plan: planner.MemoryPlan | None = None
+        self._quiet = False
+        for control in self.controls.values():
+            control.observe(self._changed, names="value")
+        knobs = list(self.controls.values())
+        self.widget = w.VBox([
+            w.HBox([w.VBox(knobs[:6]), w.VBox(knobs[6:])]),
+            self.status, self.world,
+            w.HBox([self.layout_view.widget, w.VBox([self.memory_view.widget, self.memory_table])]),
+        ])
+        self.update()
+
+    # ------------------------------------------------------------------ values
+    @property
+    def values(self) -> dict[str, Any]:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def set(self, **knobs: Any) -> None:
+        """Set several knobs at once (one validation at the end), as a user would."""
+        unknown = set(knobs) - set(self.controls)
+        if unknown:
+            raise ValueError(f"unknown knob(s) {sorted(unknown)}; use {sorted(self.controls)}")
+        self._quiet = True
+        try:
+            for name, value in knobs.items():
+                self.controls[name].value = value
+        finally:
+            self._quiet = False
+        self.update()
+
+    def on_change(self, callback: Callable[[ParallelConfig | None], None]) -> None:
+        """Call ``callback(config_or_None)`` after each validation."""
+        self._listeners.append(callback)
+
+    def _changed(self, change: Any) -> None:
+        if not self._quiet:
+            self.update()
+
+    # ------------------------------------------------------------------ update
+    def _profiles_for(self, image_size: int) -> list[planner.LayerProfile]:
+        if image_size not in self._profiles:
+            self._profiles[image_size] = planner.profile_layers(self.model, image_size)
+        return self._profiles[image_size]
+
+    def validate(self) -> ParallelConfig:
+        """The current knobs as a checked ParallelConfig; raises ConfigError naming the knob."""
+        values = self.values
+        image_size, batch_size = values.pop("image_size"), values.pop("batch_size")
+        cfg = ParallelConfig(**values)
+        cfg.validate(batch_size=batch_size, image_size=image_size,
+                     num_layers=len(self.model) if self.model is not None else None)
+        if self.devices is not None and cfg.world_size > self.devices:
+            raise ConfigError("world_size", f"needs {cfg.world_size} ranks "
+                              f"({cfg.describe_world()}) but only {self.devices} devices are "
+                              f"available; lower num_spatial_parts, local_dp or data_parallel")
+        return cfg
+
+    def update(self) -> None:
+        """Validate, then redraw layout and memory (or show the error)."""
+        try:
+            cfg = self.validate()
+        except (ConfigError, ValueError) as exc:
+            self.config, self.error, self.plan = None, str(exc), None
+            self.status.value = f"<b style='color:#b00'>&#10007; {_escape(str(exc))}</b>"
+            self.world.value = ""
+            for listener in self._listeners:
+                listener(None)
+            return
+        self.config, self.error = cfg, None
+        self.status.value = "<b style='color:#070'>&#10003; valid configuration</b>"
+        self.world.value = (f"world size <b>{cfg.world_size}</b> = {_escape(cfg.describe_world())}"
+                            f" &nbsp; (<code>mpiexec -n {cfg.world_size}</code>)")
+        self.layout_view.show(viz.draw_rank_layout(cfg))
+        self.plan = None
+        if self.model is not None:
+            image_size, batch = self.controls["image_size"].value, self.controls["batch_size"].value
+            self.plan = planner.estimate_memory(self._profiles_for(image_size), cfg, image_size,
+                                                batch, optimizer_states=self.optimizer_states)
+            self.memory_view.show(viz.draw_memory_bars(estimate=self.plan.totals))
+            self.memory_table.value = f"<pre>{_escape(self.plan.table())}</pre>"
+        for listener in self._listeners:
+            listener(cfg)
+
+    def _ipython_display_(self) -> None:  # pragma: no cover - display only
+        display_widget(self.widget)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,197 @@
+"""HaloViewer: a pathology image with the tile grid, one layer's halo bands and the messages."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ipywidgets as w
+import torch
+from torch import nn
+
+from ...config import ConfigError
+from ...spatial.geometry import LayerHalo, TileGrid
+from .. import viz
+from .figure_view import FigureView, display_widget
+
+
+@dataclass(frozen=True)
+class WindowedLayer:
+    """A conv/pool layer as the halo geometry sees it: its input size and window."""
+
+    name: str
+    height: int
+    width: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+
+    def halo(self, grid: TileGrid) -> LayerHalo:
+        return grid.layer_halo(self.height, self.width, self.kernel, self.stride, self.padding,
+                               self.dilation, name=self.name)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    return (int(value[0]), int(value[1]))
+
+
+def windowed_layers(layers: Sequence[nn.Module] | nn.Module, image_size: int | tuple[int, int],
+                    in_channels: int = 3) -> list[WindowedLayer]:
+    """Every Conv2d / MaxPool2d / AvgPool2d with a window > 1 or a stride, with its input size
+    (found by one forward pass on the meta device)."""
+    model = nn.Sequential(*layers) if not isinstance(layers, nn.Module) else layers
+    model = copy.deepcopy(model).to("meta")
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    found: list[WindowedLayer] = []
+    handles = []
+
+    def hook_for(name: str):
+        def hook(module: nn.Module, inputs: Any) -> None:
+            x = inputs[0]
+            kernel = _pair(module.kernel_size)
+            stride = _pair(module.stride if module.stride is not None else module.kernel_size)
+            padding = module.padding
+            if isinstance(padding, str):
+                return      # 'same'/'valid' string padding: not a windowed-halo layer we draw
+            dilation = _pair(getattr(module, "dilation", 1))
+            if kernel == (1, 1) and stride == (1, 1):
+                return
+            found.append(WindowedLayer(name, int(x.shape[-2]), int(x.shape[-1]), kernel, stride,
+                                       _pair(padding), dilation))
+        return hook
+
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)):
+            handles.append(module.register_forward_pre_hook(hook_for(name)))
+    try:
+        model(torch.empty(1, in_channels, height, width, device="meta"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def _image_side(image: Any) -> int:
+    """Height of an HxW(xC) array or a CxHxW tensor."""
+    is_chw = hasattr(image, "permute") and getattr(image, "ndim", 0) == 3
+    return int(image.shape[1] if is_chw else image.shape[0])
+
+
+DEFAULT_LAYERS = (
+    WindowedLayer("conv 3x3", 512, 512, (3, 3), (1, 1), (1, 1)),
+    WindowedLayer("conv 7x7 stride 2", 512, 512, (7, 7), (2, 2), (3, 3)),
+    WindowedLayer("conv 3x3 dilation 4", 512, 512, (3, 3), (1, 1), (4, 4), (4, 4)),
+    WindowedLayer("max pool 3x3 stride 2", 512, 512, (3, 3), (2, 2), (1, 1)),
+)
+
+
+class HaloViewer:
+    """Pick a layer and a tile; see the tile grid, the halo bands (corners hatched) and arrows
+    of every halo message over ``image`` (HxWxC array or CHW tensor).
+
+    ``layers``: WindowedLayer list, or a layer list of a model (``windowed_layers`` finds the
+    convs/pools at ``image_size``). ``slice_method``/``num_spatial_parts`` choose the grid.
+    State: ``halo`` (geometry.LayerHalo shown), ``error`` (message when the grid cannot
+    carry that layer), ``view.figure``, ``info`` (messages as text).
+    """
+
+    def __init__(self, image: Any, layers: Sequence[Any] | None = None, *, image_size: int | None = None,
+                 slice_method: str = "square", num_spatial_parts: int = 4) -> None:
+        self.image = image
+        size = image_size or _image_side(image)
+        if layers is None:
+            self.layers = [WindowedLayer(item.name, size, size, item.kernel, item.stride, item.padding,
+                                         item.dilation) for item in DEFAULT_LAYERS]
+        elif all(isinstance(item, WindowedLayer) for item in layers):
+            self.layers = list(layers)
+        else:
+            self.layers = windowed_layers(layers, size)
+        if not self.layers:
+            raise ValueError("no conv/pool layer with a window found; pass WindowedLayer specs")
+        names = [f"{i}: {item.name} ({item.height}x{item.width}, k{item.kernel[0]} s{item.stride[0]} "
+                 f"p{item.padding[0]}{' d' + str(item.dilation[0]) if item.dilation[0] > 1 else ''})"
+                 for i, item in enumerate(self.layers)]
+        self.layer_choice = w.Dropdown(options=list(zip(names, range(len(names)))), value=0,
+                                       description="layer", layout=w.Layout(width="460px"))
+        self.slice_choice = w.Dropdown(options=["square", "vertical", "horizontal"],
+                                       value=slice_method, description="slice")
+        self.parts_choice = w.BoundedIntText(value=num_spatial_parts, min=1, max=64,
+                                             description="parts")
+        self.tile_choice = w.Dropdown(description="tile")
+        self.messages_box = w.Checkbox(value=True, description="show messages")
+        self.status = w.HTML()
+        self.info = w.HTML()
+        self.view = FigureView()
+        self.grid: TileGrid | None = None
+        self.halo: LayerHalo | None = None
+        self.error: str | None = None
+        self._refresh_tiles(num_spatial_parts)
+        for control in (self.layer_choice, self.tile_choice, self.messages_box):
+            control.observe(lambda change: self.update(), names="value")
+        for control in (self.slice_choice, self.parts_choice):
+            control.observe(self._grid_changed, names="value")
+        self.widget = w.VBox([w.HBox([self.layer_choice, self.tile_choice]),
+                              w.HBox([self.slice_choice, self.parts_choice, self.messages_box]),
+                              self.status, self.view.widget, self.info])
+        self.update()
+
+    def _refresh_tiles(self, parts: int) -> None:
+        options = [("all", -1)] + [(f"tile {t}", t) for t in range(parts)]
+        current = self.tile_choice.value if self.tile_choice.options else -1
+        self._updating = True
+        self.tile_choice.options = options
+        self.tile_choice.value = current if current is not None and current < parts else -1
+        self._updating = False
+
+    def _grid_changed(self, change: Any) -> None:
+        self._refresh_tiles(self.parts_choice.value)
+        self.update()
+
+    @property
+    def selected_tiles(self) -> list[int] | None:
+        tile = self.tile_choice.value
+        return None if tile is None or tile < 0 else [tile]
+
+    def update(self) -> None:
+        """Recompute the geometry and redraw."""
+        if getattr(self, "_updating", False):
+            return
+        layer = self.layers[self.layer_choice.value]
+        try:
+            self.grid = TileGrid.from_slice_method(self.slice_choice.value, self.parts_choice.value)
+            self.halo = layer.halo(self.grid)
+        except ConfigError as exc:
+            self.halo, self.error = None, str(exc)
+            self.status.value = f"<b style='color:#b00'>&#10007; {exc}</b>"
+            return
+        self.error = None
+        self.status.value = (f"{layer.name}: halo per side for each tile, corners via the "
+                             f"second (column) phase; {self.halo.message_count} messages")
+        self.view.show(viz.draw_tiles_and_halos(self.image, self.grid, self.halo,
+                                                tiles=self.selected_tiles,
+                                                show_messages=self.messages_box.value))
+        self.info.value = "<pre>" + self.describe() + "</pre>"
+
+    def describe(self) -> str:
+        """Halo widths and messages of the selected tiles as text."""
+        assert self.halo is not None
+        tiles = self.selected_tiles or list(range(self.grid.num_tiles))
+        lines = []
+        for t in tiles:
+            th = self.halo.tile(t)
+            lines.append(f"tile {t}: owns rows {th.rows.owned} cols {th.cols.owned}; halo {th.halo}; "
+                         f"padding {th.padding}")
+            for msg in self.halo.messages(t):
+                arrow = "sends" if msg.src == t else "receives"
+                other = msg.dst if msg.src == t else msg.src
+                lines.append(f"   {arrow} {msg.phase} box {msg.box} ({msg.elements} px) "
+                             f"{'to' if msg.src == t else 'from'} tile {other}")
+        return "\n".join(lines)
+
+    def _ipython_display_(self) -> None:  # pragma: no cover - display only
+        display_widget(self.widget)

@@ -1,0 +1,61 @@
+"""Gradient and BatchNorm-statistics reduction over every holder of a stage.
+
+The gradient of a stage is the SUM over all its holders (tiles, local-DP copies, GEMS
+mirror, full data-parallel replicas): each holder's gradient is already scaled by its
+chunks' share of the global batch, so the sum is the gradient of the global mean loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .bn_replay import RunningStatsLedger, merge_terms, terms_to_cpu
+
+
+def _grads(module: nn.Module) -> list[torch.Tensor]:
+    out = []
+    for p in module.parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        out.append(p.grad)
+    return out
+
+
+def sum_stage_gradients(ctx: Any, instances: Sequence[nn.Module], group: Any) -> int:
+    """Make every instance's gradients the sum over ``instances`` and ``group``; bytes reduced.
+
+    ``instances`` are this rank's copies of one stage (two when a rank holds the stage in
+    both GEMS directions); ``group`` is every rank holding the stage.
+    """
+    per_instance = [_grads(m) for m in instances]
+    if not per_instance or not per_instance[0]:
+        return 0
+    flat = torch.cat([g.reshape(-1) for g in per_instance[0]])
+    for grads in per_instance[1:]:
+        flat += torch.cat([g.reshape(-1) for g in grads])
+    if group is not None and group.size > 1:
+        ctx.all_reduce(flat, group=group)
+    for grads in per_instance:
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    return flat.numel() * flat.element_size()
+
+
+def sync_running_stats(ctx: Any, ledgers: Sequence[RunningStatsLedger], group: Any) -> None:
+    """Replay every holder's BatchNorm terms of one stage in chunk order on all holders."""
+    if not any(ledgers):
+        return
+    local = merge_terms([ledger.terms for ledger in ledgers])
+    if group is not None and group.size > 1:
+        collected = ctx.all_gather_object(terms_to_cpu(local), group=group)
+        local = merge_terms(collected)
+    for ledger in ledgers:
+        ledger.replay(local)

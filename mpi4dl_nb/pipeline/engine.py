@@ -1,0 +1,380 @@
+"""HybridEngine: train a layer list with any SP/LP/PP/GEMS/DP mix, exactly like one process."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.trace import Event, gather_timeline
+from ..config import ParallelConfig
+from ..layout import RankRole, layout, stage_holders
+from ..spatial.geometry import TileGrid
+from .runtime import PipelineRuntime, StageInstance, StepRun
+from .schedules import Action, Schedule, Stepper, build_schedule, stage_ranks
+from .stages import Stage, auto_balance, split_layers
+from .step_input import StepInput, resolve_batch_size, resolve_image_size
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def auto_balanced_config(cfg: ParallelConfig, layers: list[nn.Module], sample: Any,
+                         ctx: Any = None, by: str = "time", repeats: int = 3) -> ParallelConfig:
+    """``cfg`` with ``balance`` from profiling ``layers`` on ``sample`` by 'time' or 'memory'.
+
+    With a ``ctx`` only rank 0 profiles and broadcasts the result, so every rank agrees
+    (timings differ between ranks). See ``stages.auto_balance``.
+    """
+    balance = None
+    if ctx is None or ctx.rank == 0:
+        balance = auto_balance(layers, sample, cfg.split_size, by=by, repeats=repeats)
+    if ctx is not None:
+        balance = ctx.bcast_object(balance, root=0)
+    return cfg.with_(balance=tuple(balance))
+
+
+def _named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False)]
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [t for _, t in _named_tensors(module)]
+
+
+def _released_hook(layer: int, stage: int, rank: int) -> Callable[..., None]:
+    """A forward pre-hook refusing to run a layer whose weights the engine released."""
+    def refuse(module: nn.Module, inputs: Any) -> None:
+        raise RuntimeError(f"layer {layer} (stage {stage}) was released on rank {rank} by "
+                           f"HybridEngine, which owns the layers passed to it: its parameters "
+                           f"are on the meta device. Use engine.full_state_dict() (rank 0) to "
+                           f"get the trained model and load it into a fresh copy")
+    return refuse
+
+
+class HybridEngine:
+    """Trains ``nn.Sequential(*layers)`` on ``cfg``'s ranks; every rank calls the same methods.
+
+    The engine takes ownership of ``layers`` (no copy): each rank trains the layer objects
+    of the stages it holds in place (on ``ctx.device``) and moves every other layer's
+    parameters and buffers to the ``meta`` device, which frees their memory; calling such a
+    released layer raises a RuntimeError. Use ``full_state_dict()`` to get the whole model
+    (on rank 0) and ``held_parameter_bytes()`` for what this rank keeps.
+
+    ``loss_fn(output, labels)`` must be mean-reduced over the samples (e.g.
+    ``nn.CrossEntropyLoss()``); each chunk's loss is scaled by ``chunk / global batch`` so
+    the summed gradients are those of the mean loss over the global batch.
+    ``optimizer(params)`` returns a torch optimizer for this rank's parameters (None: no
+    step; gradients stay in the parameters). ``schedule``: 'gpipe' or '1f1b' (default
+    ``cfg.schedule``). ``abort_on_error``: an exception on one rank prints its traceback
+    and aborts the whole MPI job instead of leaving the other ranks waiting forever.
+    """
+
+    def __init__(self, layers: list[nn.Module], cfg: ParallelConfig, ctx: Any, *,
+                 loss_fn: Callable[[Any, Any], torch.Tensor],
+                 optimizer: OptimizerFactory | None = None, schedule: str | None = None,
+                 abort_on_error: bool = True, elementwise: Iterable[type] = ()) -> None:
+        layers = list(layers)
+        cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
+        self.cfg = cfg
+        self.ctx = ctx
+        self.loss_fn = loss_fn
+        self.abort_on_error = abort_on_error
+        self.roles: list[RankRole] = layout(cfg)
+        self.role = self.roles[ctx.rank]
+        self.stages: list[Stage] = split_layers(layers, cfg.split_size, cfg.balance)
+        self.grid = TileGrid(*cfg.grid_shape) if cfg.spatial_size > 0 else None
+        self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
+        self.stage_groups, spatial_groups = self._make_groups()
+        try:   # a rank-local failure (e.g. an unsupported spatial layer) must not hang others
+            self.instances = self._make_instances(spatial_groups, tuple(elementwise))
+            self.released_stages = self._release_other_stages()
+            params = self._unique_parameters()
+            self.optimizer = optimizer(params) if optimizer is not None else None
+        except Exception:
+            self._fail()
+            raise
+        self.runtime = PipelineRuntime(ctx, self.schedule, self.instances, self.stage_groups,
+                                       loss_fn, self.optimizer, self.grid)
+        self._step: StepRun | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def _make_groups(self) -> tuple[dict[int, Any], dict[tuple[int, ...], Any]]:
+        """Every group the layout needs, created on all ranks in the same order."""
+        stage_groups: dict[int, Any] = {}
+        for s in range(self.cfg.split_size):
+            ranks = stage_holders(self.cfg, s)
+            group = self.ctx.new_group(ranks) if len(ranks) > 1 else None
+            if self.ctx.rank in ranks:
+                stage_groups[s] = group
+        spatial: dict[tuple[int, ...], Any] = {}
+        for (_d, _r, s), ranks in sorted(stage_ranks(self.cfg, self.roles).items()):
+            if s < self.cfg.spatial_size and ranks not in spatial:
+                spatial[ranks] = self.ctx.new_group(ranks)
+        return stage_groups, spatial
+
+    def _make_instances(self, spatial_groups: dict[tuple[int, ...], Any],
+                        elementwise: tuple[type, ...]) -> dict[tuple[int, int], StageInstance]:
+        instances: dict[tuple[int, int], StageInstance] = {}
+        used: set[int] = set()
+        slots = [(0, self.role.primary)]
+        if self.role.mirror is not None:
+            slots.append((1, self.role.mirror))
+        for replica, slot in slots:
+            stage = self.stages[slot.stage]
+            if slot.stage in used:
+                stage = copy.deepcopy(stage)
+            used.add(slot.stage)
+            stage.to(self.ctx.device)
+            module: nn.Module = stage
+            if slot.spatial:
+                from ..spatial.convert import spatialize
+
+                module = spatialize(stage, self.grid, self.ctx, spatial_groups[slot.stage_ranks],
+                                    halo_d2=self.cfg.halo_d2, fused_layers=self.cfg.fused_layers,
+                                    elementwise=elementwise)
+            instances[(replica, slot.stage)] = StageInstance(slot.stage, replica, stage, module,
+                                                             slot.tile)
+        return instances
+
+    def held_stages(self) -> list[int]:
+        """Stages this rank holds (primary and GEMS mirror slots), ascending."""
+        return sorted({stage for _, stage in self.instances})
+
+    def _release_other_stages(self) -> list[int]:
+        """Move the layers of stages this rank does not hold to ``meta``; return those stages."""
+        held = set(self.held_stages())
+        kept = {id(t) for s in held for t in _tensors(self.stages[s])}
+        released = [s for s in range(len(self.stages)) if s not in held]
+        for s in released:
+            stage = self.stages[s]
+            shared = [name for name, t in _named_tensors(stage) if id(t) in kept]
+            if shared:
+                raise ValueError(f"layer {stage.full_key(shared[0])} of stage {s} shares a tensor "
+                                 f"with a layer of stage(s) {sorted(held)}; stages must not share "
+                                 f"parameters (tie weights within one stage via balance)")
+        for s in released:
+            stage = self.stages[s]
+            stage.to("meta")
+            for position, layer in enumerate(stage):
+                layer.register_forward_pre_hook(_released_hook(stage.offset + position, s,
+                                                               self.ctx.rank))
+        return released
+
+    def held_parameter_bytes(self, include_buffers: bool = False) -> int:
+        """Bytes of the parameters (and buffers) this rank keeps, each tensor counted once.
+
+        Counts every stage copy this rank holds (a GEMS mirror copy of the same stage too);
+        released layers (on ``meta``) hold no memory and are not counted.
+        """
+        seen: dict[int, int] = {}
+        for inst in self.instances.values():
+            tensors = list(inst.canonical.parameters())
+            if include_buffers:
+                tensors += list(inst.canonical.buffers())
+            for t in tensors:
+                if t.device.type != "meta":
+                    seen[id(t)] = t.numel() * t.element_size()
+        return sum(seen.values())
+
+    def _unique_parameters(self) -> list[nn.Parameter]:
+        seen: set[int] = set()
+        params = []
+        for inst in self.instances.values():
+            for p in inst.canonical.parameters():
+                if id(p) not in seen and p.requires_grad:
+                    seen.add(id(p))
+                    params.append(p)
+        return params
+
+    # ---------------------------------------------------------------- training
+    def batch_size_of(self, images: Any) -> int:
+        """The global batch size of a step's ``images`` argument (see ``train_step``)."""
+        return resolve_batch_size(images, None, None)
+
+    def train_step(self, images: Any, labels: Any,
+                   on_action: Callable[[Action], None] | None = None, *,
+                   batch_size: int | None = None,
+                   image_size: int | tuple[int, int] | None = None) -> float:
+        """One optimizer step on the global batch; returns its loss on every rank.
+
+        ``images``: the global batch (every rank the same; each uses only its chunks), or a
+        callable ``images(sample_slice, box)`` giving rows ``sample_slice`` of the global
+        batch cut to this rank's tile ``box`` (None: whole images), or None on ranks not
+        running stage 0. ``labels``: the global labels, a callable ``labels(sample_slice)``,
+        or None on ranks not running the last stage. ``batch_size`` (global) is needed when
+        neither argument tells it; ``image_size`` when a spatial stage-0 rank gets a
+        callable (a ``step_input.ShardedImages`` carries both). See ``step_input``.
+        ``on_action`` is called before each of this rank's actions (step-through hooks).
+        """
+        self.start_step(images, labels, batch_size=batch_size, image_size=image_size)
+        try:
+            step = self._step
+            while True:
+                action = step.next_action
+                if action is None:
+                    break
+                if on_action is not None:
+                    on_action(action)
+                next(step)
+        except Exception:
+            self._fail()
+            raise
+        return self.finish_step()
+
+    def start_step(self, images: Any, labels: Any, *, batch_size: int | None = None,
+                   image_size: int | tuple[int, int] | None = None) -> None:
+        """Begin a step without running it: ``advance()`` then runs one action at a time.
+
+        Arguments as for ``train_step``. Driving several ranks by hand, advance them in
+        ``schedule.global_order()`` and run the ranks of one spatial op (same tick, stage,
+        micro-batch; tiles) concurrently.
+        """
+        batch = resolve_batch_size(images, labels, batch_size)
+        self.cfg.validate(batch_size=batch)
+        data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
+        firsts = [a for a in self.schedule.actions(self.ctx.rank) if a.kind == "F" and a.stage == 0]
+        try:   # what is missing differs between ranks: fail loudly instead of hanging others
+            data.check(self.ctx.rank, runs_first=bool(firsts),
+                       runs_spatial_first=any(a.tile is not None for a in firsts),
+                       runs_last=self.cfg.split_size - 1 in self.held_stages())
+        except (ValueError, TypeError):
+            self._fail()
+            raise
+        chunk = batch // self.cfg.batch_divisor
+        for inst in self.instances.values():
+            inst.canonical.train()
+            inst.module.train()
+            inst.canonical.zero_grad(set_to_none=True)
+        self._step = self.runtime.steps(data, chunk)
+
+    def next_action(self) -> Action | None:
+        """This rank's next action of the started step (None: all done)."""
+        return self._step.next_action if self._step is not None else None
+
+    def advance(self) -> Action | None:
+        """Execute this rank's next action of the started step; returns it (None: done)."""
+        if self._step is None:
+            raise RuntimeError("call start_step(images, labels) first")
+        try:
+            return next(self._step, None)
+        except Exception:
+            self._fail()
+            raise
+
+    def finish_step(self) -> float:
+        """Run the rest of the started step; return the global-batch loss on every rank."""
+        if self._step is None:
+            raise RuntimeError("call start_step(images, labels) first")
+        try:
+            for _ in self._step:
+                pass
+            total = torch.tensor([self._step.loss_sum], dtype=torch.float64,
+                                 device=self.ctx.device)
+            self.ctx.all_reduce(total)
+        except Exception:
+            self._fail()
+            raise
+        finally:
+            self._step = None
+        return float(total.item())
+
+    def _fail(self) -> None:
+        if self.abort_on_error and self.ctx.world_size > 1:
+            sys.stderr.write(f"[rank {self.ctx.rank}] HybridEngine failed; aborting the job:\n"
+                             f"{traceback.format_exc()}")
+            sys.stderr.flush()
+            self.ctx.abort(1)
+
+    # ------------------------------------------------------------------- state
+    def _owned_stages(self) -> list[StageInstance]:
+        """Instances whose stage this rank reports (lowest holder rank, primary first)."""
+        out = []
+        for s in range(self.cfg.split_size):
+            if min(stage_holders(self.cfg, s)) != self.ctx.rank:
+                continue
+            inst = self.instances.get((0, s)) or self.instances.get((1, s))
+            out.append(inst)
+        return out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """On rank 0 the state dict of ``nn.Sequential(*layers)`` (CPU tensors); None elsewhere."""
+        parts = {inst.stage: inst.canonical.full_state_dict() for inst in self._owned_stages()}
+        gathered = self.ctx.gather_object(parts, root=0)
+        if gathered is None:
+            return None
+        merged: dict[int, dict[str, torch.Tensor]] = {}
+        for piece in gathered:
+            merged.update(piece)
+        state: dict[str, torch.Tensor] = {}
+        for s in sorted(merged):
+            state.update(merged[s])
+        return state
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor] | None) -> None:
+        """Inverse of ``full_state_dict``: ``state`` on rank 0; each holder receives only its stages."""
+        missing = None
+        if self.ctx.rank == 0:
+            if state is None:
+                missing = "no state dict on rank 0"
+            else:
+                lacking = [k for k in self.stage_keys() if k not in state]
+                missing = f"the state dict lacks {lacking[:4]}" if lacking else None
+        mine = self.scatter_to_holders(state if missing is None else {}, error=missing)
+        for inst in self.instances.values():
+            inst.canonical.load_from_full(mine)
+
+    def stage_keys(self, stages: Iterable[int] | None = None) -> list[str]:
+        """Whole-model state-dict keys of ``stages`` (default all), known on every rank."""
+        chosen = range(len(self.stages)) if stages is None else stages
+        return [self.stages[s].full_key(k) for s in chosen for k in self.stages[s].state_dict()]
+
+    def stage_of_key(self, key: str) -> int | None:
+        """The stage holding whole-model key ``key`` (``'<layer>.<rest>'``); None if no layer has it."""
+        head = key.partition(".")[0]
+        if not head.isdigit():
+            return None
+        layer = int(head)
+        for stage in self.stages:
+            if stage.offset <= layer < stage.offset + len(stage):
+                return stage.index
+        return None
+
+    def scatter_to_holders(self, entries: dict[str, Any] | None,
+                           error: str | None = None) -> dict[str, Any]:
+        """Collective: rank 0's ``entries`` (whole-model keys) split so each rank gets its stages' keys.
+
+        ``error`` (decided on rank 0) is raised as ValueError on every rank instead.
+        """
+        pieces = None
+        if self.ctx.rank == 0:
+            holds = [{slot.stage for slot in (role.primary, role.mirror) if slot is not None}
+                     for role in self.roles]
+            pieces = [(error, {}) for _ in holds]
+            for key, value in (entries or {}).items() if error is None else ():
+                stage = self.stage_of_key(key)   # keys of no layer are ignored, as by load
+                for rank, stages in enumerate(holds):
+                    if stage in stages:
+                        pieces[rank][1][key] = value
+        error, mine = self.ctx.scatter_object(pieces)
+        if error is not None:
+            raise ValueError(f"load_full_state_dict: {error}")
+        return mine
+
+    # ------------------------------------------------------------ inspection
+    def stepper(self) -> Stepper:
+        """A Stepper over all ranks' actions of one step (what the runtime executes)."""
+        return self.schedule.stepper()
+
+    def timeline(self, clear: bool = False) -> list[Event] | None:
+        """Every rank's trace events as one timeline on rank 0 (collective)."""
+        return gather_timeline(self.ctx, root=0, clear=clear)
+
+    def local_modules(self) -> dict[tuple[int, int], nn.Module]:
+        """(replica, stage) -> the module this rank runs for it."""
+        return {key: inst.module for key, inst in self.instances.items()}

@@ -1,0 +1,84 @@
+"""SP -> LP hand-off: join a stage's output tiles into one tensor, split its gradient back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..spatial.geometry import Box, TileGrid
+
+Payload = Any  # a tensor or a tuple of tensors
+
+
+def _items(payload: Payload) -> tuple[Any, ...]:
+    return tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
+
+
+def _like(template: Payload, items: Sequence[Any]) -> Payload:
+    return tuple(items) if isinstance(template, (tuple, list)) else items[0]
+
+
+def _is_tiled(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 4
+
+
+def input_tile(x: Payload, grid: TileGrid, tile: int) -> Payload:
+    """Tile ``tile`` of a full input (every tensor of >= 2 dims is cut on its last two)."""
+    def cut(t: Any) -> Any:
+        if not _is_tiled(t):
+            return t
+        r0, r1, c0, c1 = grid.tile_box(tile, t.shape[-2], t.shape[-1])
+        return t[..., r0:r1, c0:c1].contiguous()
+    return _like(x, [cut(t) for t in _items(x)])
+
+
+def boxes_from_tiles(shapes: Sequence[Sequence[int]], grid: TileGrid) -> tuple[list[Box], tuple[int, int]]:
+    """Tile boxes and full (height, width) from the tiles' shapes, checked against ownership."""
+    height = sum(shapes[grid.tile_at(r, 0)][-2] for r in range(grid.rows))
+    width = sum(shapes[grid.tile_at(0, c)][-1] for c in range(grid.cols))
+    boxes = grid.tile_boxes(height, width)
+    for tile, (shape, (r0, r1, c0, c1)) in enumerate(zip(shapes, boxes)):
+        if (shape[-2], shape[-1]) != (r1 - r0, c1 - c0):
+            raise ValueError(f"tile {tile} has spatial shape {tuple(shape[-2:])} but owns "
+                             f"{r1 - r0}x{c1 - c0} of a {height}x{width} map: the spatial stage "
+                             f"must output exactly the balanced tile split")
+    return boxes, (height, width)
+
+
+def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[list[Box] | None]]:
+    """One full payload from every tile's payload (tile order); also the boxes used.
+
+    Every tensor crossing the hand-off must be a 4-d (N, C, h, w) tile: a replicated
+    result (after a global pool) would need a different gradient rule, so it is refused.
+    """
+    per_tile = [_items(t) for t in tiles]
+    joined, all_boxes = [], []
+    for position, first in enumerate(per_tile[0]):
+        parts = [items[position] for items in per_tile]
+        if not _is_tiled(first):
+            raise ValueError(f"a spatial stage passes a {first.dim()}-d tensor to the next "
+                             f"stage; spatial stages must end on 4-d feature-map tiles. Move "
+                             f"the global pool / classifier into a layer-parallel stage "
+                             f"(smaller spatial_size or another balance)")
+        boxes, (height, width) = boxes_from_tiles([p.shape for p in parts], grid)
+        full = first.new_empty((*first.shape[:-2], height, width))
+        for part, (r0, r1, c0, c1) in zip(parts, boxes):
+            full[..., r0:r1, c0:c1] = part
+        joined.append(full)
+        all_boxes.append(boxes)
+    return _like(tiles[0], joined), all_boxes
+
+
+def split_grad(grads: Sequence[torch.Tensor | None], boxes: Sequence[list[Box] | None],
+               tile: int) -> list[torch.Tensor | None]:
+    """Tile ``tile``'s part of the full-tensor gradients (None stays None)."""
+    out = []
+    for grad, tile_boxes in zip(grads, boxes):
+        if grad is None or tile_boxes is None:
+            out.append(grad)
+            continue
+        r0, r1, c0, c1 = tile_boxes[tile]
+        out.append(grad[..., r0:r1, c0:c1].contiguous())
+    return out

@@ -1,0 +1,273 @@
+"""The one runtime that executes any Schedule (GPipe, 1F1B, GEMS, with spatial and DP)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.messages import as_items, isend_payload, like, payload_bytes, recv_payload
+from ..spatial.geometry import TileGrid
+from .bn_replay import RunningStatsLedger
+from .dataparallel import sum_stage_gradients, sync_running_stats
+from .handoff import join_tiles, split_grad
+from .schedules import Action, Schedule, Stepper, stage_ranks
+from .stages import Stage
+from .step_input import StepInput
+
+Key = tuple[int, int, int, int]   # (replica, stage, micro_batch, copy)
+
+
+@dataclass
+class StageInstance:
+    """One copy of one stage on this rank, in one GEMS direction.
+
+    ``canonical`` is the plain Stage (whole-model state-dict keys); ``module`` is what runs
+    — the same object, or its spatialized twin sharing every parameter and buffer.
+    """
+
+    stage: int
+    replica: int
+    canonical: Stage
+    module: nn.Module
+    tile: int | None = None
+    ledger: RunningStatsLedger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = RunningStatsLedger(self.module)
+
+
+@dataclass
+class _StepState:
+    data: StepInput
+    chunk_size: int
+    batch_size: int
+    inputs: dict[Key, Any] = field(default_factory=dict)
+    outputs: dict[Key, Any] = field(default_factory=dict)
+    input_grads: dict[Key, list[torch.Tensor | None]] = field(default_factory=dict)
+    boxes: dict[Key, list] = field(default_factory=dict)
+    inbox: dict[tuple[str, Key], dict[int, Any]] = field(default_factory=dict)
+    sends_left: dict[Key, int] = field(default_factory=dict)
+    requests: list[Any] = field(default_factory=list)
+    act_sends: dict[Key, list[Any]] = field(default_factory=dict)
+    loss_sum: float = 0.0
+
+
+def _leaf(payload: Any) -> Any:
+    """A detached copy of ``payload`` whose float tensors require grad."""
+    def one(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        return t.requires_grad_(True) if t.is_floating_point() else t
+    return like(payload, [one(t) for t in as_items(payload)])
+
+
+class PipelineRuntime:
+    """Runs this rank's actions of a Schedule for one training step."""
+
+    def __init__(self, ctx: Any, schedule: Schedule, instances: dict[tuple[int, int], StageInstance],
+                 stage_groups: dict[int, Any], loss_fn: Callable[[Any, Any], torch.Tensor],
+                 optimizer: torch.optim.Optimizer | None, grid: TileGrid | None) -> None:
+        self.ctx = ctx
+        self.schedule = schedule
+        self.cfg = schedule.cfg
+        self.instances = instances
+        self.stage_groups = stage_groups
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.grid = grid
+        self.holders = stage_ranks(self.cfg)
+        self.actions = schedule.actions(ctx.rank)
+
+    # ----------------------------------------------------------------- helpers
+    def _instance(self, action: Action) -> StageInstance:
+        return self.instances[(action.replica, action.stage)]
+
+    def _spatial(self, stage: int) -> bool:
+        return stage < self.cfg.spatial_size
+
+    def _last(self, stage: int) -> bool:
+        return stage == self.cfg.split_size - 1
+
+    @staticmethod
+    def _key(action: Action) -> Key:
+        return (action.replica, action.stage, action.micro_batch, action.copy)
+
+    @staticmethod
+    def _rows(state: _StepState, chunk: int) -> slice:
+        return slice(chunk * state.chunk_size, (chunk + 1) * state.chunk_size)
+
+    # ------------------------------------------------------------------ actions
+    def _forward(self, action: Action, state: _StepState) -> None:
+        key = self._key(action)
+        inst = self._instance(action)
+        if action.stage == 0:
+            x = state.data.images_for(self._rows(state, action.chunk), action.tile, self.grid,
+                                      self.ctx.device)
+        else:
+            received = state.inbox.pop(("ACT", key))
+            if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
+                tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
+                x, state.boxes[key] = join_tiles([received[r] for r in tiles], self.grid)
+            else:
+                (x,) = received.values()
+            x = _leaf(x)
+        state.inputs[key] = x
+        with inst.ledger.chunk(action.chunk):
+            out = inst.module(x)
+        if self._last(action.stage):
+            target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device)
+            loss = self.loss_fn(out, target) * (state.chunk_size / state.batch_size)
+            state.loss_sum += float(loss.detach())
+            out = loss
+        state.outputs[key] = out
+
+    def _backward(self, action: Action, state: _StepState) -> None:
+        key = self._key(action)
+        out = state.outputs.pop(key)
+        # the consumer received these activations before sending the gradient back, so
+        # the sends are complete: release their buffers now rather than at the step's end
+        self.ctx.wait_all(state.act_sends.pop(key, []))
+        if self._last(action.stage):
+            out.backward()
+        else:
+            (grads,) = state.inbox.pop(("GRAD", key)).values()
+            floats = [o for o in as_items(out) if o.is_floating_point()]
+            pairs = [(o, g) for o, g in zip(floats, as_items(grads)) if o.requires_grad]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        x = state.inputs.pop(key)
+        if action.stage > 0:
+            state.input_grads[key] = [
+                (t.grad if t.grad is not None else torch.zeros_like(t)) if t.is_floating_point()
+                else None for t in as_items(x)]
+
+    def _send(self, action: Action, state: _StepState) -> int:
+        key = self._key(action)
+        if action.kind == "SEND_ACT":
+            payload = state.outputs[key]
+        else:
+            grads = state.input_grads[key]
+            boxes = state.boxes.get(key)
+            if boxes is not None:
+                tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
+                grads = split_grad(grads, boxes, tiles.index(action.peer))
+            float_grads = [g for g in grads if g is not None]
+            payload = tuple(float_grads) if len(grads) > 1 else float_grads[0]
+            state.sends_left[key] = state.sends_left.get(key, self._grad_sends(action)) - 1
+            if state.sends_left[key] == 0:
+                state.input_grads.pop(key)
+                state.boxes.pop(key, None)
+        requests = isend_payload(self.ctx, payload, action.peer, action.tag)
+        if action.kind == "SEND_ACT":
+            state.act_sends.setdefault(key, []).extend(requests)
+        else:
+            state.requests += requests
+        return payload_bytes(payload)
+
+    def _grad_sends(self, action: Action) -> int:
+        previous = action.stage - 1
+        if self._spatial(previous) and not self._spatial(action.stage):
+            return len(self.holders[(action.dp, action.replica, previous)])
+        return 1
+
+    def _recv(self, action: Action, state: _StepState) -> int:
+        payload = recv_payload(self.ctx, action.peer, action.tag, self.ctx.device)
+        what = "ACT" if action.kind == "RECV_ACT" else "GRAD"
+        state.inbox.setdefault((what, self._key(action)), {})[action.peer] = payload
+        return payload_bytes(payload)
+
+    def _allreduce(self, action: Action) -> int:
+        mine = [inst for (_, s), inst in sorted(self.instances.items()) if s == action.stage]
+        group = self.stage_groups.get(action.stage)
+        moved = sum_stage_gradients(self.ctx, [i.module for i in mine], group)
+        sync_running_stats(self.ctx, [i.ledger for i in mine], group)
+        return moved
+
+    # --------------------------------------------------------------------- step
+    def run_step(self, data: StepInput, chunk_size: int,
+                 on_action: Callable[[Action], None] | None = None) -> float:
+        """Execute this rank's actions; returns this rank's share of the loss."""
+        step = self.steps(data, chunk_size)
+        for action in step:
+            if on_action is not None:
+                on_action(action)
+        return step.loss_sum
+
+    def steps(self, data: StepInput, chunk_size: int) -> StepRun:
+        """A paused step: iterate it to execute this rank's actions one at a time."""
+        return StepRun(self, _StepState(data, chunk_size, data.batch_size))
+
+    def _traced(self, action: Action, state: _StepState) -> None:
+        with self.ctx.tracer.span(action.kind, stage=action.stage, micro_batch=action.micro_batch,
+                                  replica=action.replica, peer=action.peer, chunk=action.chunk,
+                                  copy=action.copy, tick=action.tick) as extra:
+            moved = self._execute(action, state)
+            if moved:
+                extra["bytes"] = moved
+
+    def _execute(self, action: Action, state: _StepState) -> int:
+        kind = action.kind
+        if kind == "F":
+            self._forward(action, state)
+        elif kind == "B":
+            self._backward(action, state)
+        elif kind in ("SEND_ACT", "SEND_GRAD"):
+            return self._send(action, state)
+        elif kind in ("RECV_ACT", "RECV_GRAD"):
+            return self._recv(action, state)
+        elif kind == "ALLREDUCE":
+            return self._allreduce(action)
+        elif kind == "OPTIM":
+            self.ctx.wait_all(state.requests)
+            state.requests.clear()
+            for pending in state.act_sends.values():
+                self.ctx.wait_all(pending)
+            state.act_sends.clear()
+            if self.optimizer is not None:
+                self.optimizer.step()
+        else:
+            raise ValueError(f"unknown action kind {kind!r}")
+        return 0
+
+
+class StepRun:
+    """One training step of one rank, executed action by action as it is iterated.
+
+    ``next_action`` is the action the next iteration will execute (None when done);
+    iterating executes it and yields it; ``loss_sum`` is this rank's loss share once done.
+    """
+
+    def __init__(self, runtime: PipelineRuntime, state: _StepState) -> None:
+        self.runtime = runtime
+        self.state = state
+        self.stepper = Stepper(runtime.schedule, ranks=[runtime.ctx.rank])
+        self.finished = False
+        for inst in runtime.instances.values():
+            inst.ledger.begin_step()
+
+    @property
+    def next_action(self) -> Action | None:
+        return self.stepper.peek()
+
+    @property
+    def loss_sum(self) -> float:
+        return self.state.loss_sum
+
+    def __iter__(self) -> StepRun:
+        return self
+
+    def __next__(self) -> Action:
+        action = self.stepper.peek()
+        if action is None:
+            if not self.finished:
+                self.runtime.ctx.wait_all(self.state.requests)
+                for pending in self.state.act_sends.values():
+                    self.runtime.ctx.wait_all(pending)
+                self.finished = True
+            raise StopIteration
+        self.runtime._traced(action, self.state)
+        self.stepper.step()
+        return action

@@ -1,0 +1,468 @@
+"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS).
+
+A :class:`Schedule` is built from a :class:`~mpi4dl_nb.config.ParallelConfig` and the rank
+layout. Every rank gets an ordered list of :class:`Action` s; the runtime executes exactly
+that list, and a :class:`Stepper` walks all ranks' actions in one global order (the
+step-through widget drives the same object). GPipe, 3 stages, 4 micro-batches::
+
+    >>> print(gpipe(3, 4).table())
+    tick | rank 0 | rank 1 | rank 2
+         | s0     | s1     | s2
+    -----+--------+--------+-------
+       0 | F0     |        |
+       1 | F1     | F0     |
+       2 | F2     | F1     | F0
+       3 | F3     | F2     | F1
+       4 |        | F3     | F2
+       5 |        |        | F3
+       6 |        |        | B3
+       7 |        | B3     | B2
+       8 | B3     | B2     | B1
+       9 | B2     | B1     | B0
+      10 | B1     | B0     |
+      11 | B0     |        |
+      12 | AR OPT | AR OPT | AR OPT
+
+Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``.k`` appended:
+local-DP copy ``k``; a trailing ``'``: the GEMS mirror replica). ``AR`` is the gradient
+(and BatchNorm statistics) all-reduce of the rank's stages, ``OPT`` the optimizer step.
+
+Work unit ("chunk"): the global batch is cut into ``data_parallel x G x parts x local_dp``
+equal consecutive chunks (``G = 2*times`` with GEMS, else 1), numbered in that nesting
+order. Chunk ``((d*G + g)*parts + i)*local_dp + k`` is micro-batch ``i`` of GEMS chunk
+``g`` of full replica ``d``, local-DP copy ``k``; GEMS chunk ``g = 2p + r`` is pair ``p``
+of direction ``r`` (0 primary, 1 mirror). Spatial stages run every copy's chunk
+separately, so every stage sees exactly one chunk per forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ..config import ConfigError, ParallelConfig
+from ..layout import RankRole, layout, stage_holders
+
+COMPUTE_KINDS = ("F", "B")
+P2P_KINDS = ("SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD")
+KINDS = COMPUTE_KINDS + P2P_KINDS + ("ALLREDUCE", "OPTIM")
+
+# p2p tags live in [TAG_BASE, TAG_BASE + 4*TAG_SPAN): four message classes (activation /
+# gradient x primary / mirror), micro-batch x copy modulo TAG_SPAN inside each. Kept above
+# the small tags that halo exchanges use on the same communicator.
+TAG_BASE = 24576
+TAG_SPAN = 2048
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing one rank does at one tick.
+
+    ``kind``: F, B, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, ALLREDUCE or OPTIM.
+    ``replica``: GEMS direction (0 primary, 1 mirror); ``dp``: full data-parallel replica;
+    ``copy``: local-DP copy (which chunk of the micro-batch); ``chunk``: global chunk index
+    (see module docstring); ``peer``: the other rank of a send/receive; ``group``: the
+    ranks of a collective; ``tile``: this rank's tile for a spatial stage, else None.
+    """
+
+    kind: str
+    rank: int
+    tick: int
+    stage: int = -1
+    micro_batch: int = -1
+    replica: int = 0
+    copy: int = 0
+    dp: int = 0
+    chunk: int = -1
+    peer: int | None = None
+    tag: int = 0
+    group: tuple[int, ...] = ()
+    tile: int | None = None
+
+    def label(self, local_dp: int = 1) -> str:
+        """Short text for tables: ``F2``, ``B0.1'``, ``AR``, ``OPT``, ``>3 act``."""
+        if self.kind in COMPUTE_KINDS:
+            text = f"{self.kind}{self.micro_batch}"
+            if local_dp > 1:
+                text += f".{self.copy}"
+            return text + ("'" if self.replica else "")
+        if self.kind == "ALLREDUCE":
+            return "AR"
+        if self.kind == "OPTIM":
+            return "OPT"
+        arrow = ">" if self.kind.startswith("SEND") else "<"
+        what = "act" if self.kind.endswith("ACT") else "grad"
+        return f"{arrow}{self.peer} {what} {self.micro_batch}" + ("'" if self.replica else "")
+
+    def describe(self) -> str:
+        """One readable sentence (for the step-through widget and logs)."""
+        who = f"rank {self.rank} tick {self.tick}: "
+        mirror = " (mirror)" if self.replica else ""
+        if self.kind in COMPUTE_KINDS:
+            verb = "forward" if self.kind == "F" else "backward"
+            return (who + f"{verb} stage {self.stage}{mirror} micro-batch {self.micro_batch}"
+                    f" copy {self.copy} (chunk {self.chunk})")
+        if self.kind in P2P_KINDS:
+            verb, what = self.kind.split("_")
+            direction = "to" if verb == "SEND" else "from"
+            noun = "activation" if what == "ACT" else "gradient"
+            return (who + f"{verb.lower()} {noun} of stage {self.stage}{mirror} micro-batch "
+                    f"{self.micro_batch} copy {self.copy} {direction} rank {self.peer}")
+        if self.kind == "ALLREDUCE":
+            return who + f"all-reduce stage {self.stage} gradients over ranks {list(self.group)}"
+        return who + "optimizer step"
+
+
+@dataclass(frozen=True)
+class _Op:
+    """A compute op of the simulation: one stage of one chunk, run by one worker."""
+
+    kind: str
+    dp: int
+    replica: int
+    stage: int
+    micro_batch: int
+    copy: int
+
+
+@dataclass
+class _Worker:
+    """The ranks that execute one stage of one direction together (tiles), or one copy."""
+
+    ranks: tuple[int, ...]
+    order: list[_Op]
+    position: int = 0
+
+
+@dataclass
+class Schedule:
+    """Every rank's actions for one training step, plus what built them."""
+
+    cfg: ParallelConfig
+    kind: str
+    num_ticks: int
+    per_rank: list[list[Action]] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.per_rank)
+
+    def actions(self, rank: int) -> list[Action]:
+        """Rank ``rank``'s actions in execution order."""
+        return self.per_rank[rank]
+
+    def global_order(self) -> list[Action]:
+        """All actions of all ranks in one order consistent with every dependency.
+
+        Tick by tick; inside a tick rank by rank, each rank's receives, compute, sends.
+        """
+        order = [a for actions in self.per_rank for a in actions]
+        position = {id(a): i for actions in self.per_rank for i, a in enumerate(actions)}
+        return sorted(order, key=lambda a: (a.tick, a.rank, position[id(a)]))
+
+    def compute_grid(self) -> list[list[list[Action]]]:
+        """grid[tick][rank] = the non-p2p actions of that rank at that tick."""
+        grid = [[[] for _ in self.per_rank] for _ in range(self.num_ticks)]
+        for rank, actions in enumerate(self.per_rank):
+            for action in actions:
+                if action.kind not in P2P_KINDS:
+                    grid[action.tick][rank].append(action)
+        return grid
+
+    def table(self, show_comm: bool = False) -> str:
+        """ASCII table, ticks down, ranks across (see the module docstring).
+
+        ``show_comm=True`` adds each rank's sends (``>peer``) and receives (``<peer``).
+        """
+        roles = layout(self.cfg)
+        headers = [f"rank {r}" for r in range(self.world_size)]
+        subheads = [_role_text(role) for role in roles]
+        rows: list[list[str]] = []
+        for tick in range(self.num_ticks):
+            cells = []
+            for rank in range(self.world_size):
+                acts = [a for a in self.per_rank[rank] if a.tick == tick
+                        and (show_comm or a.kind not in P2P_KINDS)]
+                cells.append(" ".join(a.label(self.cfg.local_dp) for a in acts))
+            rows.append([str(tick)] + cells)
+        widths = [max(len("tick"), *(len(r[0]) for r in rows))]
+        for c in range(self.world_size):
+            widths.append(max(len(headers[c]), len(subheads[c]), *(len(r[c + 1]) for r in rows)))
+        def line(cells: Sequence[str], first: str) -> str:
+            parts = [first.rjust(widths[0])] + [cell.ljust(w) for cell, w in zip(cells, widths[1:])]
+            return " | ".join(parts).rstrip()
+        out = [line(headers, "tick"), line(subheads, ""),
+               "-+-".join("-" * w for w in widths)]
+        out += [line(r[1:], r[0]) for r in rows]
+        return "\n".join(out)
+
+    def stepper(self, ranks: Iterable[int] | None = None) -> Stepper:
+        """A Stepper over this schedule (all ranks, or only ``ranks``)."""
+        return Stepper(self, ranks)
+
+    def chunk_size(self, batch_size: int) -> int:
+        """Samples per chunk for a global batch of ``batch_size`` (ConfigError if uneven)."""
+        self.cfg.validate(batch_size=batch_size)
+        return batch_size // self.cfg.batch_divisor
+
+
+def _role_text(role: RankRole) -> str:
+    def slot(s, mark: str) -> str:
+        return f"s{s.stage}{mark}" + (f"t{s.tile}" if s.spatial else "")
+    text = slot(role.primary, "")
+    if role.mirror is not None:
+        text += "," + slot(role.mirror, "'")
+    return text
+
+
+class Stepper:
+    """Walks a schedule one action at a time in its global order.
+
+    The runtime iterates a Stepper restricted to its own rank; a notebook iterates one
+    over all ranks to show the run step by step. ``step()`` returns the next action (None
+    when finished); ``history`` holds the actions already taken.
+    """
+
+    def __init__(self, schedule: Schedule, ranks: Iterable[int] | None = None) -> None:
+        self.schedule = schedule
+        wanted = None if ranks is None else set(ranks)
+        self._actions = [a for a in schedule.global_order() if wanted is None or a.rank in wanted]
+        self._position = 0
+        self.history: list[Action] = []
+
+    def __len__(self) -> int:
+        return len(self._actions)
+
+    @property
+    def done(self) -> bool:
+        return self._position >= len(self._actions)
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def peek(self) -> Action | None:
+        """The next action without taking it."""
+        return None if self.done else self._actions[self._position]
+
+    def step(self) -> Action | None:
+        """Take and return the next action."""
+        action = self.peek()
+        if action is not None:
+            self._position += 1
+            self.history.append(action)
+        return action
+
+    def reset(self) -> None:
+        self._position = 0
+        self.history.clear()
+
+    def __iter__(self) -> Iterator[Action]:
+        while not self.done:
+            action = self.step()
+            assert action is not None
+            yield action
+
+
+# --------------------------------------------------------------------- generation
+def _direction_order(kind: str, stage: int, num_stages: int, items: list[tuple[int, int]],
+                     warmup_scale: int) -> list[tuple[str, int, int]]:
+    """One worker's F/B order over ``items`` (micro_batch, copy) for one GEMS pair."""
+    if kind == "gpipe":
+        return [("F", u, k) for u, k in items] + [("B", u, k) for u, k in reversed(items)]
+    count = len(items)
+    warmup = min((num_stages - 1 - stage) * warmup_scale, count)
+    order = [("F", u, k) for u, k in items[:warmup]]
+    for j in range(count - warmup):
+        order.append(("F",) + items[warmup + j])
+        order.append(("B",) + items[j])
+    order += [("B",) + item for item in items[count - warmup:]]
+    return order
+
+
+def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: str) -> dict[tuple, _Worker]:
+    """One worker per (dp, replica, stage, copy); spatial stages use copy -1 (all tiles)."""
+    directions = (0, 1) if cfg.gems else (0,)
+    pairs = max(cfg.times, 1)
+    m, copies, stages = cfg.parts, cfg.local_dp, cfg.split_size
+    holders = stage_ranks(cfg, roles)
+    workers: dict[tuple, _Worker] = {}
+    for d in range(cfg.data_parallel):
+        for r in directions:
+            for s in range(stages):
+                spatial = s < cfg.spatial_size
+                for k in ((-1,) if spatial else range(copies)):
+                    ranks = holders[(d, r, s)] if spatial else (holders[(d, r, s)][k],)
+                    order: list[_Op] = []
+                    for p in range(pairs):
+                        base = p * m
+                        if spatial:
+                            items = [(base + i, c) for i in range(m) for c in range(copies)]
+                        else:
+                            items = [(base + i, k) for i in range(m)]
+                        scale = copies if spatial else 1
+                        for op_kind, u, c in _direction_order(kind, s, stages, items, scale):
+                            order.append(_Op(op_kind, d, r, s, u, c))
+                    workers[(d, r, s, k)] = _Worker(ranks, order)
+    return workers
+
+
+def stage_ranks(cfg: ParallelConfig, roles: list[RankRole] | None = None
+                ) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """(dp, replica, stage) -> ranks of that stage, by tile (spatial) or local-DP copy."""
+    roles = layout(cfg) if roles is None else roles
+    out: dict[tuple[int, int, int], tuple[int, ...]] = {}
+    for role in roles:
+        for r, slot in ((0, role.primary), (1, role.mirror)):
+            if slot is not None:
+                out[(role.replica, r, slot.stage)] = slot.stage_ranks
+    return out
+
+
+def _dependencies(op: _Op, num_stages: int) -> list[_Op]:
+    if op.kind == "F":
+        if op.stage == 0:
+            return []
+        return [_Op("F", op.dp, op.replica, op.stage - 1, op.micro_batch, op.copy)]
+    if op.stage == num_stages - 1:
+        return [_Op("F", op.dp, op.replica, op.stage, op.micro_batch, op.copy)]
+    return [_Op("B", op.dp, op.replica, op.stage + 1, op.micro_batch, op.copy)]
+
+
+def _simulate(workers: dict[tuple, _Worker], num_stages: int) -> dict[_Op, tuple[int, tuple[int, ...]]]:
+    """Greedy list scheduling, one op per rank per tick: op -> (tick, ranks)."""
+    finished: dict[_Op, int] = {}
+    placed: dict[_Op, tuple[int, tuple[int, ...]]] = {}
+    total = sum(len(w.order) for w in workers.values())
+    tick = 0
+    while len(placed) < total:
+        ready = []
+        for worker in workers.values():
+            if worker.position < len(worker.order):
+                op = worker.order[worker.position]
+                if all(finished.get(dep, tick) < tick for dep in _dependencies(op, num_stages)):
+                    ready.append((0 if op.kind == "B" else 1, op.micro_batch, op.replica,
+                                  op.stage, op.copy, worker))
+        ready.sort(key=lambda item: item[:5])
+        busy: set[int] = set()
+        for *_, worker in ready:
+            if busy.intersection(worker.ranks):
+                continue
+            op = worker.order[worker.position]
+            busy.update(worker.ranks)
+            worker.position += 1
+            finished[op] = tick
+            placed[op] = (tick, worker.ranks)
+        if not busy:
+            stuck = [w.order[w.position] for w in workers.values() if w.position < len(w.order)]
+            raise RuntimeError(f"schedule deadlock at tick {tick}; waiting ops: {stuck[:6]}")
+        tick += 1
+    return placed
+
+
+def _tag(message: str, replica: int, micro_batch: int, copy: int, copies: int) -> int:
+    klass = 2 * replica + (0 if message == "ACT" else 1)
+    return TAG_BASE + klass * TAG_SPAN + (micro_batch * copies + copy) % TAG_SPAN
+
+
+def chunk_index(cfg: ParallelConfig, dp: int, replica: int, micro_batch: int, copy: int) -> int:
+    """Global chunk number of (full replica, GEMS direction, micro-batch, local-DP copy)."""
+    groups = 2 * cfg.times if cfg.gems else 1
+    pair, i = divmod(micro_batch, cfg.parts)
+    g = 2 * pair + replica if cfg.gems else 0
+    return ((dp * groups + g) * cfg.parts + i) * cfg.local_dp + copy
+
+
+def build_schedule(cfg: ParallelConfig, kind: str | None = None) -> Schedule:
+    """The whole step for ``cfg``: ``kind`` 'gpipe' or '1f1b' (default ``cfg.schedule``).
+
+    With ``cfg.times >= 1`` both GEMS directions run this per-direction policy at once
+    on the same ranks, the ``times`` pairs one after another.
+    """
+    kind = cfg.schedule if kind is None else kind
+    if kind not in ("gpipe", "1f1b"):
+        raise ConfigError("schedule", f"{kind!r} is not 'gpipe' or '1f1b'")
+    roles = layout(cfg)
+    workers = _workers(cfg, roles, kind)
+    placed = _simulate(workers, cfg.split_size)
+    holders = stage_ranks(cfg, roles)
+    num_stages, copies = cfg.split_size, cfg.local_dp
+    per_rank: list[list[tuple[int, int, Action]]] = [[] for _ in roles]
+
+    def spatial(stage: int) -> bool:
+        return stage < cfg.spatial_size
+
+    def peers(op: _Op, rank: int, neighbour: int) -> list[int]:
+        """Ranks of stage ``neighbour`` that exchange op's chunk with ``rank``."""
+        ranks = holders[(op.dp, op.replica, neighbour)]
+        mine = holders[(op.dp, op.replica, op.stage)]
+        if spatial(neighbour) and spatial(op.stage):
+            return [ranks[mine.index(rank)]]         # tile t <-> tile t
+        if spatial(neighbour):
+            return list(ranks)                         # hand-off: every tile
+        return [ranks[op.copy]]                        # copy k <-> copy k
+
+    for op, (tick, ranks) in placed.items():
+        chunk = chunk_index(cfg, op.dp, op.replica, op.micro_batch, op.copy)
+        for rank in ranks:
+            mine = holders[(op.dp, op.replica, op.stage)]
+            tile = mine.index(rank) if spatial(op.stage) else None
+            common = dict(rank=rank, tick=tick, stage=op.stage, micro_batch=op.micro_batch,
+                          replica=op.replica, copy=op.copy, dp=op.dp, chunk=chunk, tile=tile)
+            if op.kind == "F":
+                before = op.stage - 1 if op.stage > 0 else None
+                after = op.stage + 1 if op.stage < num_stages - 1 else None
+                recv_kind, send_kind, message = "RECV_ACT", "SEND_ACT", "ACT"
+            else:
+                before = op.stage + 1 if op.stage < num_stages - 1 else None
+                after = op.stage - 1 if op.stage > 0 else None
+                recv_kind, send_kind, message = "RECV_GRAD", "SEND_GRAD", "GRAD"
+            tag = _tag(message, op.replica, op.micro_batch, op.copy, copies)
+            seq = per_rank[rank]
+            if before is not None:
+                for peer in peers(op, rank, before):
+                    seq.append((tick, 0, Action(recv_kind, peer=peer, tag=tag, **common)))
+            seq.append((tick, 1, Action(op.kind, **common)))
+            if after is not None:
+                for peer in peers(op, rank, after):
+                    seq.append((tick, 2, Action(send_kind, peer=peer, tag=tag, **common)))
+
+    final = 1 + max(tick for tick, _ in placed.values())
+    for role in roles:
+        held = sorted({slot.stage for slot in (role.primary, role.mirror) if slot is not None})
+        for s in held:
+            per_rank[role.rank].append((final, 3 + s, Action(
+                "ALLREDUCE", role.rank, final, stage=s, dp=role.replica,
+                group=tuple(stage_holders(cfg, s)))))
+        per_rank[role.rank].append((final, 3 + num_stages, Action(
+            "OPTIM", role.rank, final, dp=role.replica)))
+    ordered = [[a for _, _, a in sorted(seq, key=lambda item: (item[0], item[1]))]
+               for seq in per_rank]
+    return Schedule(cfg, kind, final + 1, ordered)
+
+
+def _pipeline_cfg(num_stages: int, num_micro_batches: int, kind: str, times: int = 0
+                  ) -> ParallelConfig:
+    return ParallelConfig(split_size=num_stages, spatial_size=0, parts=num_micro_batches,
+                          times=times, schedule=kind)
+
+
+def gpipe(num_stages: int, num_micro_batches: int) -> Schedule:
+    """GPipe on a plain pipeline: all forwards, then all backwards (last micro-batch first)."""
+    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, "gpipe"))
+
+
+def one_f_one_b(num_stages: int, num_micro_batches: int) -> Schedule:
+    """1F1B (PipeDream-flush): warm-up forwards, then one forward one backward, then drain."""
+    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, "1f1b"))
+
+
+def gems(num_stages: int, num_micro_batches: int = 1, times: int = 1, kind: str = "gpipe"
+         ) -> Schedule:
+    """GEMS bidirectional: a mirror replica on the same ranks in reverse stage order."""
+    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, kind, times))
+
+
+def ideal_bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
+    """Idle share of a GPipe/1F1B pipeline with equal stages: (S-1)/(m+S-1)."""
+    return (num_stages - 1) / (num_micro_batches + num_stages - 1)

@@ -1,0 +1,124 @@
+"""A training step's input as each rank provides it: the global batch, a per-chunk reader, or nothing.
+
+``HybridEngine.train_step(images, labels)`` accepts for ``images``
+
+* the global batch (a tensor or a tuple of tensors; every rank passes the same one), or
+* a callable ``images(sample_slice, box) -> tensor`` returning the rows ``sample_slice`` of
+  the global batch, cut to ``box = (r0, r1, c0, c1)`` (half-open, image pixels) on a
+  spatial stage-0 rank and whole (``box=None``) on a layer-parallel stage-0 rank, or
+* ``None`` on ranks that do not run stage 0,
+
+and for ``labels`` the global labels, a callable ``labels(sample_slice)``, or ``None`` on
+ranks that do not run the last stage. :class:`ShardedImages` is such a callable that also
+knows the global batch size and image size, so no extra arguments are needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..comm.messages import as_items, like
+from ..spatial.geometry import Box, TileGrid
+from .handoff import input_tile
+
+ImageReader = Callable[[slice, "Box | None"], Any]
+LabelReader = Callable[[slice], Any]
+
+
+@dataclass(frozen=True)
+class ShardedImages:
+    """``read(sample_slice, box)`` plus the global ``batch_size`` and ``image_size`` (h, w)."""
+
+    read: ImageReader
+    batch_size: int
+    image_size: tuple[int, int]
+
+    def __call__(self, sample_slice: slice, box: Box | None) -> Any:
+        return self.read(sample_slice, box)
+
+
+def _is_batch(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, tuple, list))
+
+
+def _leading_size(value: Any) -> int:
+    return int(as_items(value)[0].shape[0])
+
+
+def resolve_batch_size(images: Any, labels: Any, batch_size: int | None) -> int:
+    """The global batch size from the argument, the images or the labels; ValueError if unknown or inconsistent."""
+    found: dict[str, int] = {}
+    if batch_size is not None:
+        found["batch_size"] = int(batch_size)
+    if _is_batch(images):
+        found["images"] = _leading_size(images)
+    elif getattr(images, "batch_size", None) is not None:
+        found["images.batch_size"] = int(images.batch_size)
+    if _is_batch(labels):
+        found["labels"] = _leading_size(labels)
+    if not found:
+        raise ValueError("train_step cannot tell the global batch size: pass batch_size=N "
+                         "(or the global images/labels tensor, or a ShardedImages)")
+    if len(set(found.values())) > 1:
+        raise ValueError(f"inconsistent global batch sizes {found}; pass one label per image "
+                         f"and the same batch_size on every rank")
+    return next(iter(found.values()))
+
+
+def resolve_image_size(images: Any, image_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """(height, width) of the full images, if given or known by the images object."""
+    size = image_size if image_size is not None else getattr(images, "image_size", None)
+    if size is None:
+        return None
+    if isinstance(size, int):
+        return (size, size)
+    height, width = size
+    return (int(height), int(width))
+
+
+@dataclass
+class StepInput:
+    """This rank's view of one step's data (what the runtime reads for stage 0 and the loss)."""
+
+    images: Any
+    labels: Any
+    batch_size: int
+    image_size: tuple[int, int] | None = None
+
+    def check(self, rank: int, runs_first: bool, runs_spatial_first: bool, runs_last: bool) -> None:
+        """ValueError naming the missing argument for the stages this rank runs."""
+        if runs_first and self.images is None:
+            raise ValueError(f"rank {rank} runs stage 0 but images is None; pass the global "
+                             f"batch or a callable images(sample_slice, box)")
+        if runs_first and not _is_batch(self.images) and not callable(self.images):
+            raise TypeError(f"images must be a tensor, a tuple of tensors, a callable "
+                            f"images(sample_slice, box) or None; got {type(self.images).__name__}")
+        if runs_spatial_first and callable(self.images) and self.image_size is None:
+            raise ValueError(f"rank {rank} holds a tile of stage 0 and gets images from a "
+                             f"callable: pass image_size=(height, width) (or a ShardedImages) "
+                             f"so the engine can compute the tile box")
+        if runs_last and self.labels is None:
+            raise ValueError(f"rank {rank} runs the last stage but labels is None; pass the "
+                             f"global labels or a callable labels(sample_slice)")
+
+    def images_for(self, rows: slice, tile: int | None, grid: TileGrid | None,
+                   device: torch.device) -> Any:
+        """Rows ``rows`` of the images, cut to tile ``tile`` (None: whole), on ``device``."""
+        if callable(self.images) and not _is_batch(self.images):
+            box = None
+            if tile is not None:
+                box = grid.tile_box(tile, *self.image_size)
+            data = self.images(rows, box)
+            return like(data, [t.to(device) for t in as_items(data)])
+        data = like(self.images, [t[rows].to(device) for t in as_items(self.images)])
+        return input_tile(data, grid, tile) if tile is not None else data
+
+    def labels_for(self, rows: slice, device: torch.device) -> Any:
+        """Rows ``rows`` of the labels on ``device``."""
+        data = self.labels(rows) if callable(self.labels) and not _is_batch(self.labels) \
+            else like(self.labels, [t[rows] for t in as_items(self.labels)])
+        return like(data, [t.to(device) for t in as_items(data)])

@@ -1,0 +1,1 @@
+"""Batch jobs: the ``python -m mpi4dl_nb`` commands, the training loop, checkpoints and metrics."""

@@ -1,0 +1,145 @@
+"""MPI4DL-compatible command-line flags and their mapping onto ``ParallelConfig``."""
+from __future__ import annotations
+
+import argparse
+import ast
+from typing import Any
+
+from ..config import ConfigError, ParallelConfig
+
+APP_NAMES = {"1": "medical", "2": "cifar", "3": "synthetic",
+             "medical": "medical", "cifar": "cifar", "synthetic": "synthetic"}
+SLICE_METHODS = ("square", "vertical", "horizontal")
+
+# flag -> ParallelConfig field, in the order MPI4DL documents them
+PARALLEL_FLAGS: dict[str, str] = {
+    "--split-size": "split_size",
+    "--spatial-size": "spatial_size",
+    "--num-spatial-parts": "num_spatial_parts",
+    "--slice-method": "slice_method",
+    "--parts": "parts",
+    "--times": "times",
+    "--local-DP": "local_dp",
+    "--halo-D2": "halo_d2",
+    "--fused-layers": "fused_layers",
+    "--balance": "balance",
+    "--data-parallel": "data_parallel",
+    "--schedule": "schedule",
+}
+
+
+def parse_balance(text: str | None) -> tuple[int, ...] | None:
+    """Parse ``--balance``: ``"3,4,5"``, ``"[3, 4, 5]"`` or ``"(3,4,5)"``; empty/None means automatic."""
+    if text is None or str(text).strip().lower() in ("", "none"):
+        return None
+    raw = str(text).strip()
+    try:
+        value = ast.literal_eval(raw if raw[0] in "[(" else f"[{raw}]")
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(
+            f"--balance {text!r}: expected a list of layer counts per stage, e.g. 3,4,5 or [3,4,5]") from None
+    if isinstance(value, int):
+        value = [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise argparse.ArgumentTypeError(
+            f"--balance {text!r}: every entry must be an integer layer count, e.g. 3,4,5")
+    return tuple(value)
+
+
+def parse_app(text: str) -> str:
+    """Normalise ``--app``: medical/cifar/synthetic or MPI4DL's numbers 1/2/3."""
+    key = str(text).strip().lower()
+    if key not in APP_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"--app {text!r}: choose medical, cifar or synthetic (or 1, 2, 3)")
+    return APP_NAMES[key]
+
+
+def parse_slice_method(text: str) -> str:
+    """Validate ``--slice-method`` early, with the valid choices in the message."""
+    key = str(text).strip().strip('"').strip("'").lower()
+    if key not in SLICE_METHODS:
+        raise argparse.ArgumentTypeError(
+            f"--slice-method {text!r}: choose one of {', '.join(SLICE_METHODS)}")
+    return key
+
+
+def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add MPI4DL's parallelism flags (plus ``--data-parallel``) to ``parser``; returns it."""
+    g = parser.add_argument_group("parallelism (MPI4DL flags)")
+    g.add_argument("--split-size", dest="split_size", type=int, default=2,
+                   help="number of model partitions (stages) for layer/pipeline parallelism")
+    g.add_argument("--spatial-size", dest="spatial_size", type=int, default=1,
+                   help="how many of the first stages use spatial parallelism (0: none)")
+    g.add_argument("--num-spatial-parts", dest="num_spatial_parts", type=int, default=4,
+                   help="number of image tiles (ranks) per spatial stage")
+    g.add_argument("--slice-method", dest="slice_method", type=parse_slice_method,
+                   default="square", help="tile layout: square, vertical or horizontal")
+    g.add_argument("--parts", dest="parts", type=int, default=1,
+                   help="number of micro-batches for pipeline parallelism")
+    g.add_argument("--times", dest="times", type=int, default=0,
+                   help="GEMS replica pairs (0: no GEMS; 1 behaves like MPI4DL's GEMS scripts)")
+    g.add_argument("--local-DP", dest="local_dp", type=int, default=1,
+                   help="data-parallel copies of each non-spatial stage")
+    g.add_argument("--halo-D2", dest="halo_d2", action="store_true",
+                   help="fused halo exchange (design 2): fewer, wider halo exchanges")
+    g.add_argument("--fused-layers", dest="fused_layers", type=int, default=1,
+                   help="with --halo-D2, number of blocks sharing one halo exchange")
+    g.add_argument("--balance", dest="balance", type=parse_balance, default=None,
+                   help="layers per stage, e.g. 3,4,5 (sum = number of layers); default automatic")
+    g.add_argument("--data-parallel", dest="data_parallel", type=int, default=1,
+                   help="number of full model replicas trained data-parallel")
+    g.add_argument("--schedule", dest="schedule", choices=("gpipe", "1f1b"), default="gpipe",
+                   help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe)")
+    return parser
+
+
+def add_workload_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add MPI4DL's model/data flags (image size, batch, epochs, layers, filters, app, ...)."""
+    g = parser.add_argument_group("model and data (MPI4DL flags)")
+    g.add_argument("-v", "--verbose", action="store_true", help="print performance numbers and logs")
+    g.add_argument("--image-size", dest="image_size", type=int, default=32,
+                   help="image side in pixels (square images)")
+    g.add_argument("--batch-size", dest="batch_size", type=int, default=32, help="global batch size")
+    g.add_argument("--num-epochs", dest="num_epochs", type=int, default=1, help="number of epochs")
+    g.add_argument("--num-layers", dest="num_layers", type=int, default=None,
+                   help="AmoebaNet: number of normal/reduction cells (default 18); "
+                        "ResNet: depth (default 110; v1 6n+2, v2 9n+2)")
+    g.add_argument("--num-filters", dest="num_filters", type=int, default=None,
+                   help="AmoebaNet: filters (default 416); ResNet: base width (default 16)")
+    g.add_argument("--num-classes", dest="num_classes", type=int, default=10, help="number of classes")
+    g.add_argument("--app", dest="app", type=parse_app, default="synthetic",
+                   help="data: medical (1), cifar (2) or synthetic (3)")
+    g.add_argument("--datapath", dest="datapath", default=None,
+                   help="dataset path: tile folder / slide file(s) for medical, "
+                        "CIFAR-10 binary batches for cifar (medical default: bundled IHC sample)")
+    return parser
+
+
+def add_mpi4dl_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every MPI4DL benchmark flag: parallelism plus model/data."""
+    add_parallel_args(parser)
+    add_workload_args(parser)
+    return parser
+
+
+def config_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ParallelConfig`` keyword arguments carried by parsed ``args``."""
+    return {field: getattr(args, field) for field in PARALLEL_FLAGS.values() if hasattr(args, field)}
+
+
+def config_from_args(args: argparse.Namespace) -> ParallelConfig:
+    """Build the ``ParallelConfig`` from parsed MPI4DL flags (not yet validated against a world)."""
+    kwargs = config_kwargs_from_args(args)
+    if kwargs.get("balance") is not None:
+        kwargs["balance"] = tuple(kwargs["balance"])
+    try:
+        return ParallelConfig(**kwargs)
+    except TypeError as err:  # unknown field: a programming error surfaced clearly
+        raise ConfigError("command line", f"cannot build ParallelConfig from the flags: {err}") from err
+
+
+def validate_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments for ``ParallelConfig.validate`` available from parsed workload flags."""
+    return {name: getattr(args, name) for name in ("batch_size", "image_size")
+            if getattr(args, name, None) is not None}

@@ -1,0 +1,74 @@
+"""``python -m mpi4dl_nb layout``: the rank table of a configuration, and the world-size guard."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from ..comm.device import local_rank_from_env
+from ..config import ConfigError, ParallelConfig
+from ..layout import layout, layout_table
+from .args import add_parallel_args, config_from_args
+
+EXIT_CONFIG = 2
+
+
+def launched_world() -> tuple[int, int, bool]:
+    """(rank, world size, launched by an MPI launcher) of this process."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    return comm.Get_rank(), size, size > 1 or local_rank_from_env() is not None
+
+
+def refuse(message: str, rank: int = 0, world_size: int = 1) -> NoReturn:
+    """Print a configuration error on this rank and exit with EXIT_CONFIG (no communication)."""
+    prefix = f"[rank {rank}/{world_size}] " if world_size > 1 else ""
+    print(f"{prefix}mpi4dl_nb: configuration error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CONFIG)
+
+
+def check_world_size(cfg: ParallelConfig, world_size: int, rank: int = 0) -> None:
+    """Exit every rank at once, naming the rank count needed, when the launch does not match.
+
+    Each rank decides alone from the same numbers, so no rank waits for another.
+    """
+    if cfg.world_size != world_size:
+        refuse(cfg.world_size_message(world_size), rank, world_size)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the rank layout (or JSON with ``--json``); under mpiexec, check the rank count."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mpi4dl_nb layout",
+        description="Show which rank does what for a configuration, and how many ranks it needs.")
+    add_parallel_args(parser)
+    parser.add_argument("--json", action="store_true", help="print the layout as JSON")
+    args = parser.parse_args(argv)
+    rank, size, launched = launched_world()
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as err:
+        refuse(str(err), rank, size)
+    if launched:
+        check_world_size(cfg, size, rank)
+    if rank != 0:
+        return 0
+    if args.json:
+        roles = [{"rank": r.rank, "replica": r.replica, "stage": r.stage, "spatial": r.spatial,
+                  "tile": r.tile, "copy": r.local_dp_index,
+                  "mirror_stage": None if r.mirror is None else r.mirror.stage}
+                 for r in layout(cfg)]
+        print(json.dumps({"world_size": cfg.world_size, "config": cfg.as_dict(), "ranks": roles}))
+    else:
+        print(layout_table(cfg))
+        print(f"world size: {cfg.world_size} ranks ({cfg.describe_world()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Per-rank metrics: peak memory (CUDA allocator, or counted tensor bytes on CPU) and compute vs communication time."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..comm.trace import Event
+
+COMM_WORDS = ("send", "recv", "halo", "reduce", "broadcast", "bcast", "gather", "scatter",
+              "handoff", "barrier", "wait", "exchange", "comm")
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s elements."""
+    return t.numel() * t.element_size()
+
+
+def storage_key(t: torch.Tensor) -> tuple[int, int]:
+    """Identity of the memory behind ``t`` (shared by views)."""
+    try:
+        storage = t.untyped_storage()
+        return (storage.data_ptr(), storage.nbytes())
+    except (RuntimeError, NotImplementedError):   # tensors without storage (e.g. sparse)
+        return (id(t), tensor_bytes(t))
+
+
+class _Saved:
+    """A tensor saved for backward; releases its count when autograd drops it."""
+
+    __slots__ = ("tensor", "meter", "key", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, meter: ActivationMeter, key: tuple[int, int]) -> None:
+        self.tensor = tensor
+        self.meter = meter
+        self.key = key
+
+    def __del__(self) -> None:
+        self.meter._release(self.key)
+
+
+class ActivationMeter:
+    """Counts the bytes autograd keeps for backward (each storage once) and their peak.
+
+    ``with meter:`` installs ``torch.autograd.graph.saved_tensors_hooks`` for the forward pass;
+    the count falls again as backward frees the graph. Parameters saved by a layer are excluded
+    (they are counted by :func:`state_bytes`).
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[tuple[int, int], int] = {}
+        self.current = 0
+        self.peak = 0
+        self._exclude = {storage_key(t) for t in exclude}
+        self._hooks: Any = None
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        key = storage_key(t)
+        if key in self._exclude or t.device.type == "meta":
+            return t
+        with self._lock:
+            count = self._refs.get(key, 0)
+            if count == 0:
+                self.current += key[1]
+                self.peak = max(self.peak, self.current)
+            self._refs[key] = count + 1
+        return _Saved(t, self, key)
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    def _release(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            count = self._refs.get(key, 0) - 1
+            if count <= 0:
+                self._refs.pop(key, None)
+                self.current -= key[1]
+            else:
+                self._refs[key] = count
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def __enter__(self) -> ActivationMeter:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+
+
+def state_bytes(parameters: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None = None,
+                buffers: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of parameters, their gradients, buffers and optimizer state tensors."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+
+    def add(t: torch.Tensor | None) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor):
+            key = storage_key(t)
+            if key not in seen:
+                seen.add(key)
+                total += key[1]
+
+    for p in parameters:
+        add(p)
+        add(p.grad)
+    for b in buffers:
+        add(b)
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for value in state.values():
+                add(value)
+    return total
+
+
+def cuda_peak_bytes(device: torch.device) -> int | None:
+    """The CUDA caching allocator's peak for ``device``, or None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def is_communication(op: str) -> bool:
+    """Whether a trace op name is communication (send/recv/halo/all-reduce/...)."""
+    name = op.lower()
+    return any(word in name for word in COMM_WORDS)
+
+
+def comm_seconds(events: Iterable[Event]) -> float:
+    """Time covered by communication events (overlapping spans counted once)."""
+    spans = sorted((e.start, e.end) for e in events if is_communication(e.op))
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in spans:
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+@dataclass
+class RunMetrics:
+    """Time and loss totals one rank accumulates over training steps."""
+
+    steps: int = 0
+    images: int = 0
+    seconds: float = 0.0
+    comm_seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+
+    def add_step(self, images: int, seconds: float, comm: float, loss: float) -> None:
+        self.steps += 1
+        self.images += images
+        self.seconds += seconds
+        self.comm_seconds += min(comm, seconds)
+        self.losses.append(loss)
+        self.step_seconds.append(seconds)
+
+    @property
+    def compute_seconds(self) -> float:
+        return max(0.0, self.seconds - self.comm_seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "images": self.images, "seconds": self.seconds,
+                "compute_seconds": self.compute_seconds, "comm_seconds": self.comm_seconds}

@@ -1,0 +1,353 @@
+"""The training loop of batch jobs: region-aware inputs, steps with metrics, progress on rank 0, checkpoint/resume."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from ..data import Batcher
+from ..layout import stage_holders
+from ..pipeline.step_input import ShardedImages
+from ..spatial.geometry import Box
+from .checkpoint import load_checkpoint, save_checkpoint
+from .metrics import ActivationMeter, RunMetrics, comm_seconds, cuda_peak_bytes, state_bytes
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How long to train and when to checkpoint."""
+
+    steps: int                          # total optimizer steps of the run (resumed or not)
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0           # 0: at the end of every epoch and of the run
+    keep_checkpoints: int = 2
+    progress: bool = True
+    verbose: bool = False
+    dtype: torch.dtype = torch.float32
+    keep_trace: bool = False
+
+
+# --------------------------------------------------------------------- pre-flight
+def check_spatial_geometry(layers: Sequence[nn.Module], cfg: Any, image_size: int,
+                           channels: int = 3) -> None:
+    """Refuse, before any rank starts, a spatial split whose halos would not fit the tiles.
+
+    Runs the spatial stages on shape-only ``meta`` tensors and plans every conv/pool's halo
+    on the tile grid, which raises ``ConfigError`` (naming the layer) when a tile is thinner
+    than the layer's reach. The stage cut is the engine's (``balance`` or even).
+    """
+    if cfg.spatial_size == 0:
+        return
+    from ..pipeline.stages import split_layers
+    from ..spatial.conv import conv_windows
+    from ..spatial.geometry import LayerHalo, TileGrid
+    from ..spatial.pool import pool_windows
+
+    grid = TileGrid(*cfg.grid_shape)
+    stages = split_layers(list(layers), cfg.split_size, cfg.balance)[:cfg.spatial_size]
+    dtype = next((p.dtype for s in stages for p in s.parameters()), torch.float32)
+    x: Any = torch.empty(1, channels, image_size, image_size, device="meta", dtype=dtype)
+    for stage in stages:
+        probe = copy.deepcopy(stage).to("meta")
+        handles = []
+        for name, module in probe.named_modules():
+            if isinstance(module, nn.Conv2d):
+                windows = conv_windows(module)
+            elif isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
+                windows = pool_windows(module, getattr(module, "dilation", 1))
+            else:
+                continue
+            local, _, rest = name.partition(".")
+            full = f"{stage.offset + int(local)}" + (f".{rest}" if rest else "")
+
+            def plan(mod: nn.Module, inputs: tuple, windows=windows, full=full) -> None:
+                height, width = inputs[0].shape[-2:]
+                LayerHalo.for_windows(grid, int(height), int(width), *windows, name=full)
+            handles.append(module.register_forward_pre_hook(plan))
+        with torch.no_grad():
+            x = probe(x)
+        for handle in handles:
+            handle.remove()
+
+
+# ------------------------------------------------------------------------ inputs
+class InputFeeder:
+    """Builds each rank's ``images``/``labels`` arguments for ``HybridEngine.train_step`` from a Batcher.
+
+    A rank running stage 0 gets a ``ShardedImages``: the engine asks it for each chunk's rows
+    cut to the rank's tile box, and it reads exactly that from the dataset (for slides: one
+    OpenSlide ``read_region`` of the box per image), so a spatial rank never allocates a
+    full-size image. Other ranks get ``None`` (no memory, no reads). Labels are tiny: every
+    rank gets the global labels (they also tell the engine the global batch size).
+    """
+
+    def __init__(self, engine: Any, batcher: Batcher, rank: int, dtype: torch.dtype) -> None:
+        self.batcher = batcher
+        self.dtype = dtype
+        self.size = batcher.dataset.image_size
+        self.batch = batcher.batch_size
+        self.reads_images = any(a.kind == "F" and a.stage == 0
+                                for a in engine.schedule.actions(rank))
+
+    def images(self, epoch: int, step: int) -> ShardedImages | None:
+        if not self.reads_images:
+            return None
+
+        def read(rows: slice, box: Box | None) -> torch.Tensor:
+            chosen = list(range(*rows.indices(self.batch)))
+            return self.batcher.images(epoch, step, box, chosen).to(self.dtype)
+        return ShardedImages(read, self.batch, (self.size, self.size))
+
+    def labels(self, epoch: int, step: int) -> torch.Tensor:
+        return self.batcher.labels(epoch, step)
+
+
+# --------------------------------------------------------------- optimizer state
+def _owned_instances(engine: Any, rank: int) -> list[Any]:
+    """One instance per stage this rank reports (the stage's lowest holder rank)."""
+    seen, out = set(), []
+    for (_, stage), inst in sorted(engine.instances.items()):
+        if stage not in seen and min(stage_holders(engine.cfg, stage)) == rank:
+            seen.add(stage)
+            out.append(inst)
+    return out
+
+
+def _portable(value: Any) -> Any:
+    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+
+
+def gather_optimizer_state(engine: Any, ctx: Any) -> dict[str, dict[str, Any]] | None:
+    """Per-parameter optimizer state keyed by whole-model parameter name, on rank 0 (collective).
+
+    Names make it independent of the parallel layout: a run may resume on another one.
+    """
+    mine: dict[str, dict[str, Any]] = {}
+    optimizer = engine.optimizer
+    if optimizer is not None:
+        for inst in _owned_instances(engine, ctx.rank):
+            for name, param in inst.canonical.named_parameters():
+                state = optimizer.state.get(param)
+                if state:
+                    mine[inst.canonical.full_key(name)] = {k: _portable(v) for k, v in state.items()}
+    gathered = ctx.gather_object(mine, root=0)
+    if gathered is None:
+        return None
+    merged: dict[str, dict[str, Any]] = {}
+    for part in gathered:
+        merged.update(part)
+    return merged
+
+
+def load_optimizer_state(engine: Any, ctx: Any, state: dict[str, dict[str, Any]] | None) -> None:
+    """Inverse of :func:`gather_optimizer_state`: each holder receives its stages' entries of rank 0's ``state``."""
+    state = engine.scatter_to_holders(state if ctx.rank == 0 else None)
+    optimizer = engine.optimizer
+    if optimizer is None or not state:
+        return
+    for inst in engine.instances.values():
+        for name, param in inst.canonical.named_parameters():
+            entry = state.get(inst.canonical.full_key(name))
+            if entry is not None:
+                optimizer.state[param] = {k: _placed(k, v, param) for k, v in entry.items()}
+
+
+def _placed(key: str, value: Any, param: torch.Tensor) -> Any:
+    """An optimizer state entry on its parameter's device and dtype (step counters stay as saved)."""
+    if not isinstance(value, torch.Tensor) or key == "step":
+        return value.clone() if isinstance(value, torch.Tensor) else value
+    return value.to(param.device, param.dtype)
+
+
+# --------------------------------------------------------------------- progress
+class ProgressBar:
+    """A one-line progress bar on a terminal, or one line per update otherwise (rank 0 only)."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, width: int = 30) -> None:
+        self.total = max(1, total)
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def update(self, step: int, loss: float, images_per_s: float) -> None:
+        if not self.enabled:
+            return
+        filled = int(self.width * step / self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        text = f"[{bar}] step {step}/{self.total} loss {loss:.4f} {images_per_s:.2f} img/s"
+        if self.tty:
+            self.stream.write("\r" + text + ("\n" if step >= self.total else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+# ---------------------------------------------------------------------- trainer
+class Trainer:
+    """Runs ``settings.steps`` optimizer steps of ``engine`` on ``batcher``'s data; all ranks call it."""
+
+    def __init__(self, engine: Any, batcher: Batcher, ctx: Any, settings: TrainSettings,
+                 run_info: dict[str, Any] | None = None) -> None:
+        self.engine = engine
+        self.batcher = batcher
+        self.ctx = ctx
+        self.settings = settings
+        self.run_info = dict(run_info or {})
+        self.feeder = InputFeeder(engine, batcher, ctx.rank, settings.dtype)
+        self.metrics = RunMetrics()
+        self.step = 0
+        self.last_checkpoint: Path | None = None
+        params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
+        self.meter = ActivationMeter(exclude=params)
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.batcher.steps_per_epoch
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, step in epoch) of global step ``step``."""
+        return divmod(step, self.steps_per_epoch)
+
+    # ------------------------------------------------------------ checkpointing
+    def checkpoint_due(self, step: int) -> bool:
+        if self.settings.checkpoint_dir is None:
+            return False
+        if step == self.settings.steps:
+            return True
+        every = self.settings.checkpoint_every
+        return step % every == 0 if every > 0 else step % self.steps_per_epoch == 0
+
+    def save(self) -> Path | None:
+        """Write the checkpoint of the current step (collective; rank 0 writes atomically)."""
+        model = self.engine.full_state_dict()
+        optimizer = gather_optimizer_state(self.engine, self.ctx)
+        path = None
+        if self.ctx.rank == 0:
+            epoch, in_epoch = self.position(self.step)
+            payload = {"model": model, "optimizer": optimizer, "epoch": epoch,
+                       "step_in_epoch": in_epoch, "batch_size": self.batcher.batch_size,
+                       "data_seed": self.batcher.seed, "config": self.engine.cfg.as_dict(),
+                       "run": self.run_info}
+            path = save_checkpoint(self.settings.checkpoint_dir, self.step, payload,
+                                   keep=self.settings.keep_checkpoints)
+            if self.settings.verbose:
+                print(f"checkpoint of step {self.step}: {path}", file=sys.stderr, flush=True)
+        self.last_checkpoint = path
+        return path
+
+    def restore(self, checkpoint: dict[str, Any] | None) -> int:
+        """Load a checkpoint given on rank 0 (None elsewhere) into every rank; returns its step."""
+        root = checkpoint if self.ctx.rank == 0 else None
+        self.engine.load_full_state_dict(root["model"] if root is not None else None)
+        load_optimizer_state(self.engine, self.ctx, root.get("optimizer") if root else None)
+        self.step = int(self.ctx.bcast_object(root["step"] if root is not None else None, root=0))
+        return self.step
+
+    # ----------------------------------------------------------------- training
+    def train_one(self) -> float:
+        """One optimizer step at the current position; returns the global loss."""
+        epoch, in_epoch = self.position(self.step)
+        images = self.feeder.images(epoch, in_epoch)
+        labels = self.feeder.labels(epoch, in_epoch)
+        tracer = self.ctx.tracer
+        first_event = len(tracer.events)
+        device = self.ctx.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        with self.meter:
+            loss = self.engine.train_step(images, labels)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+        comm = comm_seconds(tracer.events[first_event:])
+        if not self.settings.keep_trace:
+            del tracer.events[first_event:]
+        self.metrics.add_step(self.batcher.batch_size, seconds, comm, loss)
+        self.step += 1
+        return loss
+
+    def run(self, stream: TextIO | None = None) -> dict[str, Any] | None:
+        """Train up to ``settings.steps``; returns the summary on rank 0 (None elsewhere)."""
+        bar = ProgressBar(self.settings.steps, self.settings.progress and self.ctx.rank == 0,
+                          stream)
+        wall = time.perf_counter()
+        start_step = self.step
+        while self.step < self.settings.steps:
+            loss = self.train_one()
+            recent = self.metrics.seconds / max(1, self.metrics.steps)
+            bar.update(self.step, loss, self.batcher.batch_size / max(recent, 1e-12))
+            if self.checkpoint_due(self.step):
+                self.save()
+        wall = time.perf_counter() - wall
+        return self.summary(start_step, wall)
+
+    def rank_metrics(self) -> dict[str, Any]:
+        """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
+        params = {id(p): p for inst in self.engine.instances.values()
+                  for p in inst.canonical.parameters()}
+        buffers = {id(b): b for inst in self.engine.instances.values()
+                   for b in inst.canonical.buffers()}
+        fixed = state_bytes(params.values(), self.engine.optimizer, buffers.values())
+        peak = cuda_peak_bytes(self.ctx.device)
+        out = self.metrics.as_dict()
+        out.update(rank=self.ctx.rank, state_bytes=fixed, activation_peak_bytes=self.meter.peak,
+                   peak_bytes=peak if peak is not None else fixed + self.meter.peak,
+                   memory_source="cuda-allocator" if peak is not None else "counted")
+        return out
+
+    def summary(self, start_step: int, wall: float) -> dict[str, Any] | None:
+        """The run's JSON summary on rank 0 (collective)."""
+        per_rank = self.ctx.gather_object(self.rank_metrics(), root=0)
+        if per_rank is None:
+            return None
+        warm = 1 if self.metrics.steps >= 3 else 0
+        measured = sum(self.metrics.step_seconds[warm:])
+        images = (self.metrics.steps - warm) * self.batcher.batch_size
+        return {
+            **self.run_info,
+            "world_size": self.ctx.world_size,
+            "start_step": start_step,
+            "steps": self.step,
+            "steps_run": self.metrics.steps,
+            "warmup_steps": warm,
+            "images_per_s": images / measured if measured > 0 else None,
+            "loss": self.metrics.losses[-1] if self.metrics.losses else None,
+            "losses": self.metrics.losses,
+            "wall_seconds": wall,
+            "peak_memory_bytes": [m["peak_bytes"] for m in per_rank],
+            "activation_peak_bytes": [m["activation_peak_bytes"] for m in per_rank],
+            "state_bytes": [m["state_bytes"] for m in per_rank],
+            "memory_source": per_rank[0]["memory_source"],
+            "compute_seconds": [m["compute_seconds"] for m in per_rank],
+            "comm_seconds": [m["comm_seconds"] for m in per_rank],
+            "train_seconds": [m["seconds"] for m in per_rank],
+            "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+        }
+
+
+def load_for_resume(path: Path, run_info: dict[str, Any]) -> dict[str, Any]:
+    """Load a checkpoint and check it belongs to the same model; ValueError naming the difference."""
+    data = load_checkpoint(path)
+    saved = data.get("run", {})
+    for key in ("model", "num_layers", "num_filters", "num_classes", "resnet_version"):
+        if key in saved and key in run_info and saved[key] != run_info[key]:
+            raise ValueError(f"--resume {path}: checkpoint was written for {key}={saved[key]!r} "
+                             f"but this run has {key}={run_info[key]!r}; use the same model flags")
+    return data
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The final one-line JSON record."""
+    return json.dumps(summary, sort_keys=False)

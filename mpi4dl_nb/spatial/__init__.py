@@ -1,0 +1,1 @@
+"""Spatial parallelism: tile geometry, the adjoint halo exchange, spatial layers and ``spatialize``."""

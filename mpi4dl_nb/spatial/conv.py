@@ -1,0 +1,263 @@
+"""SpatialConv2d: nn.Conv2d on a tile, its halo exchanged first (any kernel, stride, dilation, groups)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError
+from .base import SpatialLayer, SpatialRuntime, adopt
+from .geometry import LayerHalo, Window1d
+from .halo import HaloExchange
+
+
+def conv_windows(conv: nn.Conv2d) -> tuple[Window1d, Window1d]:
+    """Row and column windows of a Conv2d (explicit, 'valid' or 'same' padding)."""
+    if conv.padding_mode != "zeros":
+        raise ConfigError("model", f"Conv2d padding_mode={conv.padding_mode!r} is not supported "
+                          f"by spatial parallelism; use padding_mode='zeros'")
+    windows = []
+    for axis in range(2):
+        k, s, d = conv.kernel_size[axis], conv.stride[axis], conv.dilation[axis]
+        if isinstance(conv.padding, str):
+            total = d * (k - 1) if conv.padding == "same" else 0
+            before, after = total // 2, total - total // 2
+        else:
+            before = after = conv.padding[axis]
+        windows.append(Window1d(k, s, d, before, after))
+    return windows[0], windows[1]
+
+
+class SpatialConv2d(SpatialLayer, nn.Conv2d):
+    """Conv2d on this rank's tile: exchange the halo (zero padding at image borders), then
+    convolve without padding; the result is exactly the owned output range."""
+
+    @classmethod
+    def from_module(cls, conv: nn.Conv2d, runtime: SpatialRuntime, name: str = "") -> SpatialConv2d:
+        new = adopt(cls, conv, runtime, name)
+        new.windows = conv_windows(conv)
+        return new
+
+    def geometry(self, height: int, width: int) -> LayerHalo:
+        rows, cols = self.windows
+        return LayerHalo.for_windows(self.runtime.grid, height, width, rows, cols, self.layer_name)
+
+    pad_value = 0.0
+
+    def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+        """The convolution on an input that already holds its halo and padding."""
+        return F.conv2d(y, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = self.runtime.input_size(self, x)
+        exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size), 0.0))
+        return conv_after_exchange(self, x, exchange)
+
+
+def _save_halo_conv(fctx: Any, conv: SpatialConv2d, exchange: HaloExchange, x: torch.Tensor,
+                    weight: torch.Tensor, bias: torch.Tensor | None, strips: list) -> None:
+    """Keep what a halo conv's backward needs: the owned tile, the weight, the strips."""
+    fctx.conv, fctx.exchange = conv, exchange
+    fctx.present = [s is not None for s in strips]
+    fctx.has_bias = bias is not None
+    fctx.save_for_backward(x, weight, *[s for s in strips if s is not None])
+
+
+def _load_halo_conv(fctx: Any) -> tuple[torch.Tensor, torch.Tensor, list, list[bool]]:
+    """(owned tile, weight, strips, [needs grad of x, weight, bias]) saved by ``_save_halo_conv``."""
+    x, weight, *saved = fctx.saved_tensors
+    found = iter(saved)
+    strips = [next(found) if present else None for present in fctx.present]
+    mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],
+            fctx.has_bias and fctx.needs_input_grad[2]]
+    return x, weight, strips, mask
+
+
+class _HaloConv2d(torch.autograd.Function):
+    """Halo exchange + convolution that saves only the owned tile and the received strips
+    (not the extended tile, which would double activation memory next to the previous
+    layer's saved output); backward rebuilds the extended tile without messages."""
+
+    @staticmethod
+    def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                conv: SpatialConv2d, exchange: HaloExchange) -> torch.Tensor:
+        extended, strips = exchange.extend(x)
+        out = F.conv2d(extended, weight, bias, conv.stride, 0, conv.dilation, conv.groups)
+        _save_halo_conv(fctx, conv, exchange, x, weight, bias, strips)
+        return out
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, strips, mask = _load_halo_conv(fctx)
+        extended = fctx.exchange.rebuild(x, strips)
+        conv = fctx.conv
+        grad_ext, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad.contiguous(), extended, weight, [weight.shape[0]] if fctx.has_bias else None,
+            list(conv.stride), [0, 0], list(conv.dilation), False, [0, 0], conv.groups, mask)
+        del extended
+        grad_x = fctx.exchange.backward_tensor(grad_ext) if mask[0] else None
+        return grad_x, grad_w if mask[1] else None, grad_b if mask[2] else None, None, None
+
+
+def band_paddings(conv: SpatialConv2d, exchange: HaloExchange) -> tuple[int, int] | None:
+    """Per-axis halo ``(p_rows, p_cols)`` when ``exchange`` widens the owned tile by exactly
+    the conv's own symmetric reach on each side (stride 1, nothing trimmed, tile at least
+    2p long), each side being either a received strip or padding; None otherwise."""
+    halos = []
+    for axis, plan in enumerate((exchange.rows, exchange.cols)):
+        p = plan.halo_before
+        reach = conv.dilation[axis] * (conv.kernel_size[axis] - 1)
+        if (conv.stride[axis] != 1 or p < 0 or plan.halo_after != p or 2 * p != reach
+                or plan.keep != plan.owned or plan.owned[1] - plan.owned[0] < 2 * p):
+            return None
+        for recv, pad in ((plan.recv_prev, plan.pad_before), (plan.recv_next, plan.pad_after)):
+            if max(0, recv[1] - recv[0]) + pad != p or (pad and recv[1] > recv[0]):
+                return None
+        halos.append(p)
+    return halos[0], halos[1]
+
+
+def _bands(x: torch.Tensor, strips: list, pr: int, pc: int) -> list[tuple[str, torch.Tensor]]:
+    """The halo-only input split into edge bands (corners in the row bands), each just wide
+    enough (3p) for the p boundary outputs it changes: (edge, band) for edges with a strip."""
+    lead, height, width = x.shape[:-2], x.shape[-2], x.shape[-1]
+    bands = []
+    for edge, strip, rows in (("top", strips[0], slice(0, pr)),
+                              ("bottom", strips[1], slice(2 * pr, 3 * pr))):
+        if strip is None:
+            continue
+        band = x.new_zeros((*lead, 3 * pr, width + 2 * pc))
+        band[..., rows, pc:pc + width] = strip
+        source = slice(0, pr) if edge == "top" else slice(height + pr, height + 2 * pr)
+        if strips[2] is not None:
+            band[..., rows, 0:pc] = strips[2][..., source, :]
+        if strips[3] is not None:
+            band[..., rows, pc + width:] = strips[3][..., source, :]
+        bands.append((edge, band))
+    for edge, strip, cols in (("left", strips[2], slice(0, pc)),
+                              ("right", strips[3], slice(2 * pc, 3 * pc))):
+        if strip is not None:
+            band = x.new_zeros((*lead, height + 2 * pr, 3 * pc))
+            band[..., pr:pr + height, cols] = strip[..., pr:pr + height, :]
+            bands.append((edge, band))
+    return bands
+
+
+def _edge(out: torch.Tensor, edge: str, pr: int, pc: int) -> torch.Tensor:
+    """The boundary outputs of ``out`` that one edge band changes (a view)."""
+    if edge == "top":
+        return out[..., :pr, :]
+    if edge == "bottom":
+        return out[..., out.shape[-2] - pr:, :]
+    if edge == "left":
+        return out[..., :, :pc]
+    return out[..., :, out.shape[-1] - pc:]
+
+
+class _BandedHaloConv2d(torch.autograd.Function):
+    """Halo conv without assembling the extended tile: by linearity the convolution of the
+    extended tile is the conv of the owned tile with native zero padding plus the (bias-free)
+    conv of the halo-only input, which only touches the p boundary outputs per edge and is
+    computed from thin bands around the received strips. Backward likewise: the main conv's
+    input gradient is the owned tile's (plus the neighbours' returns), the bands give the
+    strips' gradients (sent back) and the weight-gradient correction."""
+
+    @staticmethod
+    def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                conv: SpatialConv2d, exchange: HaloExchange, pads: tuple[int, int]) -> torch.Tensor:
+        x = x.contiguous()
+        _, strips = exchange.extend(x, build=False)
+        pr, pc = pads
+        out = F.conv2d(x, weight, bias, 1, (pr, pc), conv.dilation, conv.groups)
+        for edge, band in _bands(x, strips, pr, pc):
+            _edge(out, edge, pr, pc).add_(F.conv2d(band, weight, None, 1, 0, conv.dilation,
+                                                   conv.groups))
+        fctx.pads = pads
+        _save_halo_conv(fctx, conv, exchange, x, weight, bias, strips)
+        return out
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, strips, mask = _load_halo_conv(fctx)
+        conv, exchange, (pr, pc) = fctx.conv, fctx.exchange, fctx.pads
+        grad = grad.contiguous()
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad, x, weight, [weight.shape[0]] if fctx.has_bias else None, [1, 1], [pr, pc],
+            list(conv.dilation), False, [0, 0], conv.groups, mask)
+        lead, height, width = x.shape[:-2], x.shape[-2], x.shape[-1]
+        col_grads: list = [None, None]
+        row_grads: list = [None, None]
+        for side in range(2):
+            if strips[2 + side] is not None and mask[0]:
+                col_grads[side] = x.new_zeros((*lead, height + 2 * pr, pc))
+        for edge, band in _bands(x, strips, pr, pc):
+            grad_band, grad_wb, _ = torch.ops.aten.convolution_backward(
+                _edge(grad, edge, pr, pc).contiguous(), band, weight, None, [1, 1], [0, 0],
+                list(conv.dilation), False, [0, 0], conv.groups, [mask[0], mask[1], False])
+            if mask[1]:
+                grad_w += grad_wb
+            if not mask[0]:
+                continue
+            if edge in ("top", "bottom"):
+                rows = slice(0, pr) if edge == "top" else slice(2 * pr, 3 * pr)
+                target = slice(0, pr) if edge == "top" else slice(height + pr, height + 2 * pr)
+                row_grads[0 if edge == "top" else 1] = grad_band[..., rows, pc:pc + width].contiguous()
+                for side, cols in ((0, slice(0, pc)), (1, slice(pc + width, width + 2 * pc))):
+                    if col_grads[side] is not None:
+                        col_grads[side][..., target, :] = grad_band[..., rows, cols]
+            else:
+                side, cols = (0, slice(0, pc)) if edge == "left" else (1, slice(2 * pc, 3 * pc))
+                col_grads[side][..., pr:pr + height, :] = grad_band[..., pr:pr + height, cols]
+        if mask[0]:
+            grad_x = exchange.return_gradients(grad_x, col_grads, row_grads)
+        return (grad_x if mask[0] else None, grad_w if mask[1] else None,
+                grad_b if mask[2] else None, None, None, None)
+
+
+class _PaddedConv2d(torch.autograd.Function):
+    """Constant padding + convolution that saves the unpadded input (re-padded in backward),
+    used inside fused halo blocks where intermediate layers pad only at image borders."""
+
+    @staticmethod
+    def forward(fctx: Any, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                conv: SpatialConv2d, pads: tuple[int, int, int, int]) -> torch.Tensor:
+        fctx.conv, fctx.pads, fctx.has_bias = conv, pads, bias is not None
+        fctx.save_for_backward(y, weight)
+        return F.conv2d(F.pad(y, pads), weight, bias, conv.stride, 0, conv.dilation, conv.groups)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        y, weight = fctx.saved_tensors
+        conv, (left, right, top, bottom) = fctx.conv, fctx.pads
+        mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],
+                fctx.has_bias and fctx.needs_input_grad[2]]
+        grad_ext, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad.contiguous(), F.pad(y, fctx.pads), weight,
+            [weight.shape[0]] if fctx.has_bias else None, list(conv.stride), [0, 0],
+            list(conv.dilation), False, [0, 0], conv.groups, mask)
+        grad_y = None
+        if mask[0]:
+            height, width = grad_ext.shape[-2:]
+            grad_y = grad_ext[..., top:height - bottom, left:width - right]
+        return grad_y, grad_w if mask[1] else None, grad_b if mask[2] else None, None, None
+
+
+def conv_after_exchange(conv: SpatialConv2d, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
+    """``conv`` on the owned tile ``x`` through ``exchange`` (memory-lean autograd)."""
+    if exchange.identity:
+        return conv.apply_padded(x)
+    pads = band_paddings(conv, exchange)
+    if pads is not None:
+        return _BandedHaloConv2d.apply(x, conv.weight, conv.bias, conv, exchange, pads)
+    return _HaloConv2d.apply(x, conv.weight, conv.bias, conv, exchange)
+
+
+def conv_after_padding(conv: SpatialConv2d, y: torch.Tensor,
+                       pads: tuple[int, int, int, int]) -> torch.Tensor:
+    """``conv`` on ``y`` zero-padded by ``pads`` (left, right, top, bottom), memory-lean."""
+    if not any(pads):
+        return conv.apply_padded(y)
+    return _PaddedConv2d.apply(y, conv.weight, conv.bias, conv, pads)

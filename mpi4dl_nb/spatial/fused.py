@@ -1,0 +1,197 @@
+"""Fused halos (MPI4DL's "halo-D2"): one wide exchange for a block of windowed layers.
+
+Inside each ``nn.Sequential`` of a spatialized model, runs of windowed layers (conv, max/avg
+pool) with BatchNorm and element-wise layers between them are grouped, ``fused_layers``
+windowed layers per block. A block exchanges once, as wide as the whole block reads, then
+computes the intermediate layers on the extended tile, recomputing the neighbours' border
+rows locally. Unlike MPI4DL, each layer's border padding is re-applied exactly where the
+serial model pads (intermediate rows outside the image are padding, not computed values),
+and BatchNorm statistics use only owned rows, so the result equals the unfused (and the
+serial) one. The Sequential keeps its children and parameter names; only its class changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError
+from .base import SpatialRuntime
+from .conv import SpatialConv2d, conv_after_exchange, conv_after_padding
+from .geometry import FusedLevel, LayerHalo, plan_fused_axis
+from .halo import HaloExchange
+from .norm import SpatialBatchNorm2d
+from .pool import SpatialAvgPool2d, SpatialMaxPool2d
+from .registry import ELEMENTWISE
+
+WINDOWED = (SpatialConv2d, SpatialMaxPool2d, SpatialAvgPool2d)
+_NOT_POINTWISE = (nn.Flatten, nn.Linear)
+
+
+class FusedPlan:
+    """This tile's plan for one block at one input size: the exchange and per-layer ranges."""
+
+    def __init__(self, block: FusedBlock, height: int, width: int) -> None:
+        runtime, grid = block.runtime, block.runtime.grid
+        rows_x, rows_lv = plan_fused_axis(height, grid.rows, [w[0] for w in block.windows],
+                                          what=block.name + " (rows)")
+        cols_x, cols_lv = plan_fused_axis(width, grid.cols, [w[1] for w in block.windows],
+                                          what=block.name + " (cols)")
+        out_h = sum(lv[-1].out[1] - lv[-1].out[0] for lv in rows_lv)
+        out_w = sum(lv[-1].out[1] - lv[-1].out[0] for lv in cols_lv)
+        self.geometry = LayerHalo.from_plans(grid, height, width, out_h, out_w, rows_x, cols_x,
+                                             block.name)
+        row, col = grid.position(runtime.tile)
+        self.rows: list[FusedLevel] = rows_lv[row]
+        self.cols: list[FusedLevel] = cols_lv[col]
+        pad_value = block.members[block.window_index[0]].pad_value
+        self.exchange = HaloExchange(self.geometry, runtime.tile, runtime.ranks, runtime.ctx,
+                                     pad_value)
+        for level, bn in block.norm_levels:
+            for lv in (self.rows[level], self.cols[level]):
+                if not (lv.data[0] <= lv.owned_in[0] and lv.owned_in[1] <= lv.data[1]):
+                    raise ConfigError("fused_layers", f"{block.name}: BatchNorm {bn} sees only "
+                                      f"part of its owned rows inside the fused block; use a "
+                                      f"smaller fused_layers")
+
+    def padding(self, level: int) -> tuple[int, int, int, int]:
+        """(left, right, top, bottom) padding of windowed layer ``level``'s input."""
+        r, c = self.rows[level], self.cols[level]
+        return (c.data[0] - c.needed[0], c.needed[1] - c.data[1],
+                r.data[0] - r.needed[0], r.needed[1] - r.data[1])
+
+    def inside(self, level: int) -> tuple[int, int, int, int]:
+        """In-image part of windowed layer ``level``'s padded input, local coordinates."""
+        left, right, top, bottom = self.padding(level)
+        r, c = self.rows[level], self.cols[level]
+        return (top, top + r.data[1] - r.data[0], left, left + c.data[1] - c.data[0])
+
+    def owned(self, level: int) -> tuple[slice, slice]:
+        """Owned rows/cols inside the data held at the input of windowed layer ``level``."""
+        r, c = self.rows[level], self.cols[level]
+        return (slice(r.owned_in[0] - r.data[0], r.owned_in[1] - r.data[0]),
+                slice(c.owned_in[0] - c.data[0], c.owned_in[1] - c.data[0]))
+
+
+class FusedBlock:
+    """Consecutive children ``start..stop-1`` of a Sequential, run with one halo exchange."""
+
+    def __init__(self, runtime: SpatialRuntime, members: list[nn.Module], start: int,
+                 name: str) -> None:
+        self.runtime = runtime
+        self.members = members
+        self.start, self.stop = start, start + len(members)
+        self.name = name
+        self.window_index = [i for i, m in enumerate(members) if isinstance(m, WINDOWED)]
+        self.windows = [members[i].windows for i in self.window_index]
+        # BatchNorm layers between windowed layers: (level of the next windowed layer, name)
+        self.norm_levels = []
+        level = 0
+        for _i, m in enumerate(members):
+            if isinstance(m, WINDOWED):
+                level += 1
+            elif isinstance(m, SpatialBatchNorm2d):
+                self.norm_levels.append((level, m.layer_name))
+        self._plans: dict[tuple[int, int], FusedPlan] = {}
+
+    def plan(self, size: tuple[int, int]) -> FusedPlan:
+        plan = self._plans.get(size)
+        if plan is None:
+            plan = FusedPlan(self, *size)
+            self._plans[size] = plan
+        return plan
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        plan = self.plan(self.runtime.input_size(self, x))
+        y, level = x, 0
+        for member in self.members:
+            if isinstance(member, SpatialConv2d):    # memory-lean: saves unpadded inputs
+                y = conv_after_exchange(member, y, plan.exchange) if level == 0 else \
+                    conv_after_padding(member, y, plan.padding(level))
+                level += 1
+            elif isinstance(member, WINDOWED):
+                if level == 0:
+                    y = plan.exchange(y)
+                elif any(plan.padding(level)):
+                    y = F.pad(y, plan.padding(level), value=member.pad_value)
+                y = member.apply_padded(y, plan.inside(level))
+                level += 1
+            elif isinstance(member, SpatialBatchNorm2d):
+                rows, cols = plan.owned(level)
+                y = member.normalize(y, y[..., rows, cols])
+            else:
+                y = member(y)
+        return y
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FusedBlock:
+        return self
+
+
+class FusedSequential(nn.Sequential):
+    """nn.Sequential whose fused blocks run with one halo exchange each."""
+
+    _fused_blocks: dict[int, FusedBlock]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        children = list(self._modules.values())
+        index = 0
+        while index < len(children):
+            block = self._fused_blocks.get(index)
+            if block is not None:
+                x = block.run(x)
+                index = block.stop
+            else:
+                x = children[index](x)
+                index += 1
+        return x
+
+
+def _fusable(module: nn.Module) -> bool:
+    if isinstance(module, WINDOWED + (SpatialBatchNorm2d,)):
+        return True
+    return isinstance(module, ELEMENTWISE) and not isinstance(module, _NOT_POINTWISE)
+
+
+def _blocks(children: list[nn.Module], fused_layers: int) -> list[tuple[int, int]]:
+    """(start, stop) of each block: up to ``fused_layers`` windowed layers, >= 2 of them."""
+    blocks, current, count, last_window = [], None, 0, -1
+    for i, child in enumerate(children + [None]):
+        if child is None or not _fusable(child) or \
+                (isinstance(child, WINDOWED) and count == fused_layers):
+            if current is not None and count >= 2:
+                blocks.append((current, last_window + 1))
+            current, count = None, 0
+            if child is None or not _fusable(child):
+                continue
+        if isinstance(child, WINDOWED):
+            if current is None:
+                current = i
+            count += 1
+            last_window = i
+    return blocks
+
+
+def fuse_sequentials(root: nn.Module, runtime: SpatialRuntime, fused_layers: int) -> int:
+    """Turn every nn.Sequential under ``root`` (a spatialized copy) into a FusedSequential.
+
+    Returns the number of fused blocks made.
+    """
+    if fused_layers < 1:
+        raise ConfigError("fused_layers", f"must be >= 1, got {fused_layers}")
+    made = 0
+    for name, module in root.named_modules():
+        if type(module) is not nn.Sequential:
+            continue
+        children = list(module._modules.values())
+        blocks = {}
+        for start, stop in _blocks(children, fused_layers):
+            label = f"{name or 'root'}[{start}:{stop}] (fused)"
+            blocks[start] = FusedBlock(runtime, children[start:stop], start, label)
+        if blocks:
+            module.__class__ = FusedSequential
+            object.__setattr__(module, "_fused_blocks", blocks)
+            made += len(blocks)
+    return made

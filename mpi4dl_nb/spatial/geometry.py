@@ -1,0 +1,497 @@
+"""Pure tile geometry: grids, ownership ranges, and per-layer halo plans (no MPI, no torch).
+
+Rules (DistDL style): every tensor of spatial size ``n`` split over ``parts`` tiles along an
+axis is owned by the *balanced split* — the first ``n % parts`` tiles get one extra row.
+Because ownership depends only on the tensor size, two branches that produce the same size
+(a stride-2 3x3 conv and a stride-2 1x1 downsample) own the same ranges, so residual adds
+and element-wise ops work tile by tile. A windowed layer (conv/pool) owning output range
+``[o0, o1)`` needs input ``[o0*s - p_before, (o1-1)*s - p_before + d*(k-1) + 1)``; the
+needed range minus the owned range is the halo per side (negative = trim). Needed rows
+outside the image are the layer's padding; rows inside come from the tile itself or from
+its immediate neighbour — anything farther is refused with a ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ..config import ConfigError
+
+Range = tuple[int, int]   # half-open [start, stop)
+Box = tuple[int, int, int, int]   # half-open (r0, r1, c0, c1)
+
+
+def split_ranges(size: int, parts: int) -> list[Range]:
+    """Balanced split of ``range(size)`` into ``parts`` ranges: the first ``size % parts`` get +1."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    base, extra = divmod(size, parts)
+    ranges, start = [], 0
+    for index in range(parts):
+        stop = start + base + (1 if index < extra else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+@dataclass(frozen=True)
+class Window1d:
+    """A sliding window along one axis: kernel, stride, dilation and padding before/after."""
+
+    kernel: int = 1
+    stride: int = 1
+    dilation: int = 1
+    pad_before: int = 0
+    pad_after: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kernel < 1 or self.stride < 1 or self.dilation < 1:
+            raise ValueError(f"kernel, stride and dilation must be >= 1: {self}")
+        if self.pad_before < 0 or self.pad_after < 0:
+            raise ValueError(f"padding must be >= 0: {self}")
+
+    @property
+    def span(self) -> int:
+        """Rows one output reads: ``dilation*(kernel-1) + 1``."""
+        return self.dilation * (self.kernel - 1) + 1
+
+    def out_size(self, size: int) -> int:
+        """Output length for input length ``size`` (floor mode, like PyTorch)."""
+        return (size + self.pad_before + self.pad_after - self.span) // self.stride + 1
+
+    def needed(self, out_range: Range) -> Range:
+        """Input range (image coordinates, may leave the image) that outputs ``out_range`` read."""
+        o0, o1 = out_range
+        if o1 <= o0:
+            return (o0 * self.stride - self.pad_before, o0 * self.stride - self.pad_before)
+        return (o0 * self.stride - self.pad_before,
+                (o1 - 1) * self.stride - self.pad_before + self.span)
+
+
+IDENTITY = Window1d()
+
+
+@dataclass(frozen=True)
+class AxisExchange:
+    """What one tile owns, needs, receives and sends along one axis for one exchange.
+
+    All ranges are in image coordinates of the exchanged tensor (length ``size``).
+    ``needed`` may leave ``[0, size)``: the outside part is padding (``pad_before`` /
+    ``pad_after`` rows). ``recv_prev``/``recv_next`` come from the previous/next tile,
+    ``keep`` is the part of the own rows used (its difference from ``owned`` is the trim),
+    ``send_prev``/``send_next`` are own rows the neighbours need.
+    """
+
+    index: int
+    parts: int
+    size: int
+    owned: Range
+    needed: Range
+    keep: Range
+    recv_prev: Range
+    recv_next: Range
+    send_prev: Range
+    send_next: Range
+
+    @property
+    def pad_before(self) -> int:
+        return max(0, -self.needed[0]) if self.needed[1] > self.needed[0] else 0
+
+    @property
+    def pad_after(self) -> int:
+        return max(0, self.needed[1] - self.size) if self.needed[1] > self.needed[0] else 0
+
+    @property
+    def halo_before(self) -> int:
+        """Rows added before the owned range (negative: trimmed), padding included."""
+        return self.owned[0] - self.needed[0]
+
+    @property
+    def halo_after(self) -> int:
+        return self.needed[1] - self.owned[1]
+
+    @property
+    def needed_len(self) -> int:
+        return self.needed[1] - self.needed[0]
+
+    @property
+    def is_trivial(self) -> bool:
+        """Nothing to do: the tile needs exactly what it owns and sends nothing."""
+        return (self.needed == self.owned and _length(self.send_prev) == 0
+                and _length(self.send_next) == 0)
+
+    def offset(self, position: int) -> int:
+        """Index inside the exchanged (needed) tensor of image row ``position``."""
+        return position - self.needed[0]
+
+
+def _length(r: Range) -> int:
+    return max(0, r[1] - r[0])
+
+
+def plan_axis(size: int, owned: Sequence[Range], needed: Sequence[Range], *,
+              knob: str = "num_spatial_parts", what: str = "layer") -> list[AxisExchange]:
+    """Exchange plan of every tile along one axis, given owned and needed ranges per tile.
+
+    Raises ``ConfigError`` when a tile needs rows that neither it nor an adjacent tile owns.
+    """
+    parts = len(owned)
+    recv: list[tuple[Range, Range, Range]] = []
+    for index, ((s, e), (a, b)) in enumerate(zip(owned, needed)):
+        lo, hi = max(a, 0), min(b, size)
+        if hi <= lo:
+            recv.append(((s, s), (s, s), (e, e)))
+            continue
+        prev_r = (lo, min(s, hi)) if lo < s else (s, s)
+        keep = (max(s, lo), min(e, hi))
+        if keep[1] <= keep[0]:
+            keep = (s, s)
+        next_r = (max(e, lo), hi) if hi > e else (e, e)
+        if _length(prev_r) and (index == 0 or prev_r[0] < owned[index - 1][0]):
+            raise ConfigError(knob, f"{what}: tile {index} of {parts} along an axis of {size} "
+                              f"needs rows {prev_r} but its previous neighbour owns only "
+                              f"{owned[index - 1] if index else 'nothing'}; the halo is wider "
+                              f"than a tile — use fewer spatial parts or a larger image_size")
+        if _length(next_r) and (index == parts - 1 or next_r[1] > owned[index + 1][1]):
+            raise ConfigError(knob, f"{what}: tile {index} of {parts} along an axis of {size} "
+                              f"needs rows {next_r} but its next neighbour owns only "
+                              f"{owned[index + 1] if index < parts - 1 else 'nothing'}; the halo "
+                              f"is wider than a tile — use fewer spatial parts or a larger "
+                              f"image_size")
+        recv.append((prev_r, keep, next_r))
+    plans = []
+    for index in range(parts):
+        prev_r, keep, next_r = recv[index]
+        send_prev = recv[index - 1][2] if index > 0 else (owned[index][0],) * 2
+        send_next = recv[index + 1][0] if index < parts - 1 else (owned[index][1],) * 2
+        plans.append(AxisExchange(index, parts, size, tuple(owned[index]), tuple(needed[index]),
+                                  keep, prev_r, next_r, tuple(send_prev), tuple(send_next)))
+    return plans
+
+
+def plan_window_axis(size: int, parts: int, window: Window1d, *,
+                     knob: str = "num_spatial_parts", what: str = "layer") -> list[AxisExchange]:
+    """Per-tile exchange plan for a windowed layer on an axis of ``size`` split in ``parts``."""
+    out = window.out_size(size)
+    if out < parts:
+        raise ConfigError(knob, f"{what}: output length {out} (input {size}) cannot be split "
+                          f"into {parts} non-empty tiles; use at most {max(out, 1)} parts along "
+                          f"this axis or a larger image_size")
+    if size < parts:
+        raise ConfigError(knob, f"{what}: input length {size} cannot be split into {parts} "
+                          f"tiles; use a larger image_size")
+    owned_out = split_ranges(out, parts)
+    needed = [window.needed(r) for r in owned_out]
+    return plan_axis(size, split_ranges(size, parts), needed, knob=knob, what=what)
+
+
+class TileGrid:
+    """A rows x cols grid of tiles, numbered row-major (tile ``t`` at ``(t // cols, t % cols)``).
+
+    ``TileGrid.from_slice_method``: ``"square"`` is sqrt(P) x sqrt(P) (P a perfect square),
+    ``"vertical"`` is 1 row x P columns (vertical cuts), ``"horizontal"`` is P rows x 1 column
+    (horizontal cuts).
+    """
+
+    def __init__(self, rows: int, cols: int) -> None:
+        if int(rows) != rows or int(cols) != cols or rows < 1 or cols < 1:
+            raise ConfigError("num_spatial_parts", f"a tile grid needs rows >= 1 and cols >= 1, "
+                              f"got {rows} x {cols}")
+        self.rows = int(rows)
+        self.cols = int(cols)
+
+    @classmethod
+    def from_slice_method(cls, method: str, num_parts: int) -> TileGrid:
+        """The grid MPI4DL's ``--slice-method`` and ``--num-spatial-parts`` describe."""
+        if num_parts < 1:
+            raise ConfigError("num_spatial_parts", f"must be >= 1, got {num_parts}")
+        if method == "square":
+            root = math.isqrt(num_parts)
+            if root * root != num_parts:
+                lower, upper = root * root, (root + 1) * (root + 1)
+                raise ConfigError("num_spatial_parts", f"slice_method 'square' needs a perfect "
+                                  f"square, got {num_parts}; use {lower} or {upper}, or "
+                                  f"slice_method 'vertical'/'horizontal'")
+            return cls(root, root)
+        if method == "vertical":
+            return cls(1, num_parts)
+        if method == "horizontal":
+            return cls(num_parts, 1)
+        raise ConfigError("slice_method", f"unknown {method!r}; use 'square', 'vertical' or "
+                          f"'horizontal'")
+
+    # ----------------------------------------------------------------- topology
+    @property
+    def num_tiles(self) -> int:
+        return self.rows * self.cols
+
+    def position(self, tile: int) -> tuple[int, int]:
+        """``(row, col)`` of ``tile``."""
+        self._check_tile(tile)
+        return divmod(tile, self.cols)
+
+    def tile_at(self, row: int, col: int) -> int | None:
+        """Tile at ``(row, col)``, or None outside the grid."""
+        if 0 <= row < self.rows and 0 <= col < self.cols:
+            return row * self.cols + col
+        return None
+
+    def neighbor(self, tile: int, d_row: int, d_col: int) -> int | None:
+        """Tile at offset ``(d_row, d_col)`` from ``tile`` (None outside the grid)."""
+        row, col = self.position(tile)
+        return self.tile_at(row + d_row, col + d_col)
+
+    def neighbors(self, tile: int) -> dict[str, int]:
+        """Existing neighbours by side: keys among 'top', 'bottom', 'left', 'right' and corners."""
+        sides = {"top": (-1, 0), "bottom": (1, 0), "left": (0, -1), "right": (0, 1),
+                 "top_left": (-1, -1), "top_right": (-1, 1), "bottom_left": (1, -1),
+                 "bottom_right": (1, 1)}
+        found = {}
+        for name, (dr, dc) in sides.items():
+            other = self.neighbor(tile, dr, dc)
+            if other is not None:
+                found[name] = other
+        return found
+
+    def _check_tile(self, tile: int) -> None:
+        if not 0 <= tile < self.num_tiles:
+            raise ValueError(f"tile {tile} outside a grid of {self.num_tiles} tiles")
+
+    # ----------------------------------------------------------------- ownership
+    def row_ranges(self, height: int) -> list[Range]:
+        return split_ranges(height, self.rows)
+
+    def col_ranges(self, width: int) -> list[Range]:
+        return split_ranges(width, self.cols)
+
+    def tile_box(self, tile: int, height: int, width: int) -> Box:
+        """Half-open ``(r0, r1, c0, c1)`` that ``tile`` owns of a ``height x width`` map."""
+        row, col = self.position(tile)
+        r0, r1 = self.row_ranges(height)[row]
+        c0, c1 = self.col_ranges(width)[col]
+        return (r0, r1, c0, c1)
+
+    def tile_boxes(self, height: int, width: int) -> list[Box]:
+        return [self.tile_box(t, height, width) for t in range(self.num_tiles)]
+
+    def tile_of_size(self, tile: int, height: int, width: int) -> tuple[int, int]:
+        r0, r1, c0, c1 = self.tile_box(tile, height, width)
+        return (r1 - r0, c1 - c0)
+
+    def check_size(self, height: int, width: int) -> None:
+        """ConfigError unless every tile owns at least one row and column."""
+        if height < self.rows or width < self.cols:
+            raise ConfigError("image_size", f"{height}x{width} cannot be split into {self.rows} "
+                              f"x {self.cols} non-empty tiles; use a larger image_size or fewer "
+                              f"num_spatial_parts")
+
+    # ------------------------------------------------------------------ layers
+    def layer_halo(self, height: int, width: int, kernel: int | tuple[int, int] = 3,
+                   stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+                   dilation: int | tuple[int, int] = 1, name: str = "layer") -> LayerHalo:
+        """Halo geometry of a conv/pool layer on a ``height x width`` input (symmetric padding)."""
+        k, s, p, d = (_pair(v) for v in (kernel, stride, padding, dilation))
+        rows = Window1d(k[0], s[0], d[0], p[0], p[0])
+        cols = Window1d(k[1], s[1], d[1], p[1], p[1])
+        return LayerHalo.for_windows(self, height, width, rows, cols, name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TileGrid) and (self.rows, self.cols) == (other.rows, other.cols)
+
+    def __hash__(self) -> int:
+        return hash((self.rows, self.cols))
+
+    def __repr__(self) -> str:
+        return f"TileGrid(rows={self.rows}, cols={self.cols})"
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    value = tuple(int(v) for v in value)
+    if len(value) != 2:
+        raise ValueError(f"expected an int or a pair, got {value}")
+    return value  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One halo message: ``src`` tile sends the ``box`` (image coordinates of the exchanged
+    tensor) to ``dst`` in ``phase`` 'rows' (first) or 'cols' (second, corners included)."""
+
+    phase: str
+    src: int
+    dst: int
+    box: Box
+
+    @property
+    def elements(self) -> int:
+        r0, r1, c0, c1 = self.box
+        return max(0, r1 - r0) * max(0, c1 - c0)
+
+
+@dataclass(frozen=True)
+class TileHalo:
+    """One tile's view of one exchange: owned and needed boxes, halo widths, its messages."""
+
+    tile: int
+    rows: AxisExchange
+    cols: AxisExchange
+    out_box: Box | None = None
+
+    @property
+    def owned_box(self) -> Box:
+        return (*self.rows.owned, *self.cols.owned)
+
+    @property
+    def needed_box(self) -> Box:
+        return (*self.rows.needed, *self.cols.needed)
+
+    @property
+    def halo(self) -> dict[str, int]:
+        """Rows/cols added per side (padding included; negative = trimmed)."""
+        return {"top": self.rows.halo_before, "bottom": self.rows.halo_after,
+                "left": self.cols.halo_before, "right": self.cols.halo_after}
+
+    @property
+    def padding(self) -> dict[str, int]:
+        """Rows/cols of layer padding per side (tiles on the image border only)."""
+        return {"top": self.rows.pad_before, "bottom": self.rows.pad_after,
+                "left": self.cols.pad_before, "right": self.cols.pad_after}
+
+
+@dataclass(frozen=True)
+class LayerHalo:
+    """Halo geometry of one exchange on a grid: per tile what it owns, needs, sends, receives.
+
+    Exchange is two-phase: rows first (to top/bottom neighbours, over the owned columns),
+    then columns (to left/right neighbours, over the full needed row range, so the
+    corners travel in the second phase without diagonal messages).
+    """
+
+    grid: TileGrid
+    height: int
+    width: int
+    out_height: int
+    out_width: int
+    tiles: tuple[TileHalo, ...]
+    name: str = "layer"
+    row_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
+    col_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def for_windows(cls, grid: TileGrid, height: int, width: int, rows: Window1d,
+                    cols: Window1d, name: str = "layer") -> LayerHalo:
+        grid.check_size(height, width)
+        row_plans = plan_window_axis(height, grid.rows, rows, what=f"{name} (rows)")
+        col_plans = plan_window_axis(width, grid.cols, cols, what=f"{name} (cols)")
+        out_h, out_w = rows.out_size(height), cols.out_size(width)
+        return cls.from_plans(grid, height, width, out_h, out_w, row_plans, col_plans, name)
+
+    @classmethod
+    def from_plans(cls, grid: TileGrid, height: int, width: int, out_h: int, out_w: int,
+                   row_plans: Sequence[AxisExchange], col_plans: Sequence[AxisExchange],
+                   name: str = "layer") -> LayerHalo:
+        out_boxes = grid.tile_boxes(out_h, out_w)
+        tiles = []
+        for tile in range(grid.num_tiles):
+            r, c = grid.position(tile)
+            tiles.append(TileHalo(tile, row_plans[r], col_plans[c], out_boxes[tile]))
+        return cls(grid, height, width, out_h, out_w, tuple(tiles), name,
+                   tuple(row_plans), tuple(col_plans))
+
+    def tile(self, tile: int) -> TileHalo:
+        return self.tiles[tile]
+
+    def messages(self, tile: int | None = None) -> list[Message]:
+        """Every message of the exchange (or only those ``tile`` sends or receives)."""
+        found = []
+        for t in range(self.grid.num_tiles):
+            th = self.tiles[t]
+            row, col = self.grid.position(t)
+            r, c = th.rows, th.cols
+            up, down = self.grid.tile_at(row - 1, col), self.grid.tile_at(row + 1, col)
+            left, right = self.grid.tile_at(row, col - 1), self.grid.tile_at(row, col + 1)
+            if up is not None and _length(r.send_prev):
+                found.append(Message("rows", t, up, (*r.send_prev, *c.owned)))
+            if down is not None and _length(r.send_next):
+                found.append(Message("rows", t, down, (*r.send_next, *c.owned)))
+            data_rows = (max(r.needed[0], 0), min(r.needed[1], self.height))
+            if left is not None and _length(c.send_prev):
+                found.append(Message("cols", t, left, (*data_rows, *c.send_prev)))
+            if right is not None and _length(c.send_next):
+                found.append(Message("cols", t, right, (*data_rows, *c.send_next)))
+        if tile is not None:
+            found = [m for m in found if tile in (m.src, m.dst)]
+        return found
+
+    @property
+    def message_count(self) -> int:
+        return len(self.messages())
+
+    def describe(self) -> str:
+        """Human-readable table: per tile, owned/needed boxes, halo per side, messages."""
+        lines = [f"{self.name}: {self.height}x{self.width} -> {self.out_height}x{self.out_width} "
+                 f"on {self.grid.rows}x{self.grid.cols} tiles, {self.message_count} messages"]
+        for th in self.tiles:
+            lines.append(f"  tile {th.tile}: owns {th.owned_box} needs {th.needed_box} "
+                         f"halo {th.halo} outputs {th.out_box}")
+        for m in self.messages():
+            lines.append(f"  {m.phase}: {m.src} -> {m.dst} box {m.box}")
+        return "\n".join(lines)
+
+    def __iter__(self) -> Iterator[TileHalo]:
+        return iter(self.tiles)
+
+
+@dataclass(frozen=True)
+class FusedLevel:
+    """One windowed layer of a fused block, for one tile along one axis.
+
+    The layer reads ``needed`` (may leave the image: padding), of which it holds ``data``
+    (``needed`` clipped to the image, computed redundantly by the previous layers), and
+    computes outputs ``out``. ``owned_in`` is the tile's owned range of its input tensor.
+    """
+
+    needed: Range
+    data: Range
+    out: Range
+    owned_in: Range
+    in_size: int
+
+
+def plan_fused_axis(size: int, parts: int, windows: Sequence[Window1d], *,
+                    knob: str = "fused_layers", what: str = "fused block"
+                    ) -> tuple[list[AxisExchange], list[list[FusedLevel]]]:
+    """One exchange for a chain of windowed layers: the wide halo and each layer's ranges.
+
+    Working back from the owned output of the last layer, each layer's needed input is the
+    previous layer's output range (clipped to its tensor). Returns the exchange plan of
+    the first input per tile and, per tile, the levels in forward order.
+    """
+    sizes = [size]
+    for window in windows:
+        sizes.append(window.out_size(sizes[-1]))
+    if min(sizes) < parts:
+        raise ConfigError(knob, f"{what}: a tensor of length {min(sizes)} cannot be split into "
+                          f"{parts} tiles; use fewer spatial parts or a larger image_size")
+    per_tile = []
+    for index in range(parts):
+        data_out = split_ranges(sizes[-1], parts)[index]
+        levels: list[FusedLevel] = []
+        for j in range(len(windows), 0, -1):
+            needed = windows[j - 1].needed(data_out)
+            data_in = (max(needed[0], 0), min(needed[1], sizes[j - 1]))
+            if data_in[1] <= data_in[0]:
+                raise ConfigError(knob, f"{what}: tile {index} reads only padding at layer {j}; "
+                                  f"use a smaller fused_layers")
+            levels.insert(0, FusedLevel(needed, data_in, data_out,
+                                        split_ranges(sizes[j - 1], parts)[index], sizes[j - 1]))
+            data_out = data_in
+        per_tile.append(levels)
+    exchange = plan_axis(size, split_ranges(size, parts), [lv[0].needed for lv in per_tile],
+                         knob=knob, what=f"{what} (one exchange for {len(windows)} layers; use a "
+                                         f"smaller fused_layers)")
+    return exchange, per_tile

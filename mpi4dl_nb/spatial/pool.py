@@ -1,0 +1,134 @@
+"""Spatial max/avg pooling (padding, stride != kernel, count_include_pad both ways) and global average pooling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError
+from .base import SpatialLayer, SpatialRuntime, adopt
+from .geometry import LayerHalo, Window1d, _pair
+from .reduce import replicated_sum
+
+
+def pool_windows(pool: nn.Module, dilation: Any = 1) -> tuple[Window1d, Window1d]:
+    """Row and column windows of a MaxPool2d/AvgPool2d (floor mode only)."""
+    if getattr(pool, "ceil_mode", False):
+        raise ConfigError("model", f"{type(pool).__name__}(ceil_mode=True) is not supported by "
+                          f"spatial parallelism; use ceil_mode=False")
+    k = _pair(pool.kernel_size)
+    s = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
+    p = _pair(pool.padding)
+    d = _pair(dilation)
+    return (Window1d(k[0], s[0], d[0], p[0], p[0]), Window1d(k[1], s[1], d[1], p[1], p[1]))
+
+
+class _WindowedPool(SpatialLayer):
+    windows: tuple[Window1d, Window1d]
+    pad_value: float = 0.0
+
+    def geometry(self, height: int, width: int) -> LayerHalo:
+        rows, cols = self.windows
+        return LayerHalo.for_windows(self.runtime.grid, height, width, rows, cols, self.layer_name)
+
+    def _exchanged(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        size = self.runtime.input_size(self, x)
+        exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size),
+                                                                    self.pad_value))
+        return exchange(x), size
+
+
+class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
+    """MaxPool2d on a tile: halo exchanged with -inf beyond the image (as PyTorch pads)."""
+
+    pad_value = float("-inf")
+
+    @classmethod
+    def from_module(cls, pool: nn.MaxPool2d, runtime: SpatialRuntime, name: str = "") -> SpatialMaxPool2d:
+        if pool.return_indices:
+            raise ConfigError("model", f"{name or 'MaxPool2d'}: return_indices=True is not "
+                              f"supported by spatial parallelism (indices would be tile-local)")
+        new = adopt(cls, pool, runtime, name)
+        new.windows = pool_windows(pool, pool.dilation)
+        return new
+
+    def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+        """The pooling on an input that already holds its halo and -inf padding."""
+        rows, cols = self.windows
+        return F.max_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), 0,
+                            (rows.dilation, cols.dilation))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self._exchanged(x)
+        return self.apply_padded(y)
+
+
+class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
+    """AvgPool2d on a tile; ``count_include_pad=False`` divides by the in-image window count."""
+
+    @classmethod
+    def from_module(cls, pool: nn.AvgPool2d, runtime: SpatialRuntime, name: str = "") -> SpatialAvgPool2d:
+        new = adopt(cls, pool, runtime, name)
+        new.windows = pool_windows(pool)
+        object.__setattr__(new, "_counts", {})
+        return new
+
+    def _window_counts(self, shape: tuple[int, int], inside: tuple[int, int, int, int],
+                       like: torch.Tensor) -> torch.Tensor:
+        """Per output position, the fraction of its window inside the image."""
+        key = (shape, inside, like.dtype, like.device)
+        counts = self._counts.get(key)
+        if counts is None:
+            mask = torch.zeros((1, 1, *shape), dtype=like.dtype, device=like.device)
+            r0, r1, c0, c1 = inside
+            mask[..., r0:r1, c0:c1] = 1
+            rows, cols = self.windows
+            counts = F.avg_pool2d(mask, (rows.kernel, cols.kernel), (rows.stride, cols.stride), 0)
+            self._counts[key] = counts
+        return counts
+
+    def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+        """The pooling on an input that already holds its halo and zero padding;
+        ``inside`` is the in-image part of ``y`` (local coordinates), for the divisor."""
+        rows, cols = self.windows
+        out = F.avg_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), 0)
+        if self.divisor_override:
+            return out * (rows.kernel * cols.kernel / self.divisor_override)
+        height, width = y.shape[-2:]
+        if not self.count_include_pad and inside is not None and inside != (0, height, 0, width):
+            return out / self._window_counts((height, width), inside, out)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, size = self._exchanged(x)
+        view = self._exchanges[size].geometry.tile(self.runtime.tile)
+        pads = view.padding
+        inside = (pads["top"], view.rows.needed_len - pads["bottom"],
+                  pads["left"], view.cols.needed_len - pads["right"])
+        return self.apply_padded(y, inside)
+
+
+class SpatialGlobalAvgPool2d(SpatialLayer, nn.AdaptiveAvgPool2d):
+    """AdaptiveAvgPool2d(1) over the whole image: tile sums all-reduced over the tile group.
+
+    The (N, C, 1, 1) result is replicated on every tile; backward assumes a replicated
+    consumer (every rank holds the same output gradient) and needs no message.
+    """
+
+    @classmethod
+    def from_module(cls, pool: nn.AdaptiveAvgPool2d, runtime: SpatialRuntime,
+                    name: str = "") -> SpatialGlobalAvgPool2d:
+        if _pair(pool.output_size if pool.output_size is not None else 1) != (1, 1):
+            raise ConfigError("model", f"{name or 'AdaptiveAvgPool2d'}: only output_size 1 is "
+                              f"supported by spatial parallelism, got {pool.output_size}; "
+                              f"use AdaptiveAvgPool2d(1) or an AvgPool2d")
+        return adopt(cls, pool, runtime, name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        height, width = self.runtime.input_size(self, x)
+        total = replicated_sum(x.sum(dim=(-2, -1), keepdim=True), self.runtime.ctx,
+                               self.runtime.group)
+        return total / float(height * width)

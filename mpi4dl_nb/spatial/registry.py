@@ -1,0 +1,26 @@
+"""What ``spatialize`` knows: torch layers with a spatial version, and layers that act per pixel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .conv import SpatialConv2d
+from .norm import SpatialBatchNorm2d
+from .pool import SpatialAvgPool2d, SpatialGlobalAvgPool2d, SpatialMaxPool2d
+
+SPATIAL_LAYERS: dict[type, Any] = {
+    nn.Conv2d: SpatialConv2d,
+    nn.MaxPool2d: SpatialMaxPool2d,
+    nn.AvgPool2d: SpatialAvgPool2d,
+    nn.BatchNorm2d: SpatialBatchNorm2d,
+    nn.AdaptiveAvgPool2d: SpatialGlobalAvgPool2d,
+}
+
+# Layers that act on each pixel (or on replicated, already pooled tensors) independently.
+ELEMENTWISE: tuple[type, ...] = (
+    nn.Identity, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU,
+    nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh,
+    nn.Softplus, nn.Flatten, nn.Linear,
+)

@@ -1,0 +1,104 @@
+"""Scatter a full image into tiles and gather tiles back, both autograd-aware.
+
+Semantics (replicated consumer): the full tensor lives, identical, on every rank of the tile
+group. ``scatter_tiles`` hands each rank its tile; its backward all-gathers the tile
+gradients so every rank's full-tensor gradient is complete. ``gather_tiles`` rebuilds the
+full tensor on every rank; its backward assumes every rank computed the same downstream
+loss from it (so holds the same full gradient) and gives each tile its slice, no message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .geometry import Box, TileGrid
+
+
+def tile_ranks(grid: TileGrid, ctx: Any, group: Any = None) -> tuple[list[int], int]:
+    """Global rank of every tile and this rank's tile; ``group=None`` means the world."""
+    ranks = list(group.ranks) if group is not None else list(range(ctx.world_size))
+    if len(ranks) != grid.num_tiles:
+        what = "group" if group is not None else "world"
+        raise ValueError(f"{grid} has {grid.num_tiles} tiles but the {what} has {len(ranks)} "
+                         f"ranks; pass group=ctx.new_group(<{grid.num_tiles} ranks>) or run with "
+                         f"{grid.num_tiles} ranks")
+    if ctx.rank not in ranks:
+        raise ValueError(f"rank {ctx.rank} holds no tile of group {ranks}")
+    return ranks, ranks.index(ctx.rank)
+
+
+def _box_slice(box: Box) -> tuple[Any, ...]:
+    r0, r1, c0, c1 = box
+    return (Ellipsis, slice(r0, r1), slice(c0, c1))
+
+
+def _assemble(tile: torch.Tensor, boxes: Sequence[Box], mine: int, full_shape: Sequence[int],
+              ctx: Any, group: Any) -> torch.Tensor:
+    """Full tensor on every rank: own tile placed into zeros, then an all-reduce sum."""
+    full = tile.new_zeros(tuple(full_shape))
+    full[_box_slice(boxes[mine])] = tile
+    ctx.all_reduce(full, group=group)
+    return full
+
+
+class _Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx: Any, x: torch.Tensor, boxes: list[Box], mine: int, comm: Any,
+                group: Any) -> torch.Tensor:
+        fctx.args = (boxes, mine, comm, group, tuple(x.shape))
+        return x[_box_slice(boxes[mine])].contiguous()
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        boxes, mine, comm, group, shape = fctx.args
+        full = _assemble(grad.contiguous(), boxes, mine, shape, comm, group)
+        return full, None, None, None, None
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx: Any, tile: torch.Tensor, boxes: list[Box], mine: int, comm: Any,
+                group: Any, full_shape: tuple[int, ...]) -> torch.Tensor:
+        fctx.box = boxes[mine]
+        return _assemble(tile.contiguous(), boxes, mine, full_shape, comm, group)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad[_box_slice(fctx.box)].contiguous(), None, None, None, None, None
+
+
+def scatter_tiles(x: torch.Tensor, grid: TileGrid, ctx: Any, group: Any = None) -> torch.Tensor:
+    """This rank's tile of ``x`` (``(..., H, W)``, identical on every rank of the group)."""
+    ranks, mine = tile_ranks(grid, ctx, group)
+    height, width = x.shape[-2:]
+    grid.check_size(height, width)
+    boxes = grid.tile_boxes(height, width)
+    if len(ranks) == 1:
+        return x
+    return _Scatter.apply(x, boxes, mine, ctx, group)
+
+
+def gather_tiles(tile: torch.Tensor, grid: TileGrid, ctx: Any, group: Any = None,
+                 full_shape: Sequence[int] | None = None) -> torch.Tensor:
+    """The full tensor on every rank of the group, from each rank's owned ``tile``.
+
+    ``full_shape`` (``(..., H, W)``) spares one small object all-gather to learn the sizes.
+    """
+    ranks, mine = tile_ranks(grid, ctx, group)
+    if len(ranks) == 1:
+        return tile
+    if full_shape is None:
+        sizes = ctx.all_gather_object(tuple(tile.shape[-2:]), group=group)
+        height = sum(sizes[grid.tile_at(r, 0)][0] for r in range(grid.rows))
+        width = sum(sizes[grid.tile_at(0, c)][1] for c in range(grid.cols))
+        full_shape = (*tile.shape[:-2], height, width)
+    full_shape = tuple(int(s) for s in full_shape)
+    boxes = grid.tile_boxes(*full_shape[-2:])
+    r0, r1, c0, c1 = boxes[mine]
+    if tuple(tile.shape[-2:]) != (r1 - r0, c1 - c0):
+        raise ValueError(f"gather_tiles: tile {mine} has spatial shape {tuple(tile.shape[-2:])}, "
+                         f"but owns {(r1 - r0, c1 - c0)} of {full_shape[-2:]} under {grid}")
+    return _Gather.apply(tile, boxes, mine, ctx, group, full_shape)
