@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from .handles import Request
+
+if TYPE_CHECKING:
+    from .protocol import Comm
+
+Payload = Any   # a tensor or a tuple (or list) of tensors: what crosses a stage boundary
 
 MAX_TENSORS = 16
 MAX_DIMS = 8
@@ -15,8 +22,19 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
-def _items(payload: Any) -> tuple[torch.Tensor, ...]:
-    items = tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
+def as_items(payload: Payload) -> tuple[Any, ...]:
+    """The tensors of a payload as a tuple."""
+    return tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
+
+
+def like(template: Payload, items: Sequence[Any]) -> Payload:
+    """``items`` shaped like ``template`` (tuple or single tensor)."""
+    return tuple(items) if isinstance(template, (tuple, list)) else items[0]
+
+
+def checked_items(payload: Payload) -> tuple[torch.Tensor, ...]:
+    """``as_items(payload)``; TypeError/ValueError unless it is at most MAX_TENSORS tensors."""
+    items = as_items(payload)
     if not all(isinstance(t, torch.Tensor) for t in items):
         kinds = [type(t).__name__ for t in items]
         raise TypeError(f"stage boundaries must carry tensors or tuples of tensors, got {kinds}")
@@ -25,9 +43,9 @@ def _items(payload: Any) -> tuple[torch.Tensor, ...]:
     return items
 
 
-def encode_header(payload: Any, device: torch.device) -> torch.Tensor:
+def encode_header(payload: Payload, device: torch.device) -> torch.Tensor:
     """int64 header: tuple flag, tensor count, then (dtype, ndim, dims) per tensor."""
-    items = _items(payload)
+    items = checked_items(payload)
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     header[0] = int(isinstance(payload, (tuple, list)))
     header[1] = len(items)
@@ -42,6 +60,7 @@ def encode_header(payload: Any, device: torch.device) -> torch.Tensor:
 
 
 def decode_header(header: torch.Tensor) -> tuple[bool, list[tuple[torch.dtype, tuple[int, ...]]]]:
+    """(tuple flag, [(dtype, shape)] per tensor) from an ``encode_header`` header."""
     values = header.cpu().tolist()
     specs = []
     for i in range(values[1]):
@@ -51,20 +70,21 @@ def decode_header(header: torch.Tensor) -> tuple[bool, list[tuple[torch.dtype, t
     return bool(values[0]), specs
 
 
-def payload_bytes(payload: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _items(payload))
+def payload_bytes(payload: Payload) -> int:
+    """Bytes of the tensors of ``payload``."""
+    return sum(t.numel() * t.element_size() for t in checked_items(payload))
 
 
-def isend_payload(ctx: Any, payload: Any, dst: int, tag: int) -> list[Any]:
+def isend_payload(ctx: Comm, payload: Payload, dst: int, tag: int) -> list[Request]:
     """Start sending ``payload`` to ``dst``; returns the requests (wait before reuse)."""
-    items = [t.detach().contiguous() for t in _items(payload)]
+    items = [t.detach().contiguous() for t in checked_items(payload)]
     device = items[0].device if items else ctx.device
     requests = [ctx.isend(encode_header(payload, device), dst, tag)]
     requests += [ctx.isend(t, dst, tag) for t in items]
     return requests
 
 
-def recv_payload(ctx: Any, src: int, tag: int, device: torch.device) -> Any:
+def recv_payload(ctx: Comm, src: int, tag: int, device: torch.device) -> Payload:
     """Receive a payload sent by ``isend_payload`` (same tag) from ``src``."""
     header = ctx.recv(torch.zeros(HEADER_LEN, dtype=torch.int64, device=device), src, tag)
     is_tuple, specs = decode_header(header)
@@ -72,12 +92,3 @@ def recv_payload(ctx: Any, src: int, tag: int, device: torch.device) -> Any:
              for dtype, shape in specs]
     return tuple(items) if is_tuple else items[0]
 
-
-def as_items(payload: Any) -> tuple[Any, ...]:
-    """The tensors of a payload as a tuple."""
-    return tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
-
-
-def like(template: Any, items: Sequence[Any]) -> Any:
-    """``items`` shaped like ``template`` (tuple or single tensor)."""
-    return tuple(items) if isinstance(template, (tuple, list)) else items[0]

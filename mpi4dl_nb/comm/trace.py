@@ -6,7 +6,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .protocol import Comm
 
 
 @dataclass
@@ -83,7 +86,7 @@ def merge_timelines(per_rank: list[list[Event]]) -> list[Event]:
     return merged
 
 
-def gather_timeline(ctx: Any, root: int = 0, clear: bool = False) -> list[Event] | None:
+def gather_timeline(ctx: Comm, root: int = 0, clear: bool = False) -> list[Event] | None:
     """Every rank's events as one timeline on ``root`` (None elsewhere); collective.
 
     Clocks are aligned at a barrier: each rank's times are shifted so that the moment it

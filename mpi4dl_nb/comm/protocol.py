@@ -1,0 +1,102 @@
+"""The typed seams of the communication layer: ``Comm`` (what the layers above need) and ``DataPlane``.
+
+``Comm`` is everything spatial/, pipeline/ and run/ ask of a rank's context: who it is, its
+device and tracer, tensor point to point and collectives, groups and object collectives.
+``Context`` is the implementation; a test may pass any object with these members.
+
+``DataPlane`` is how tensors travel under a ``Context``: ``MpiPlane`` (mpi4py on the
+tensors' memory) or ``TorchPlane`` (torch.distributed gloo/nccl). The control plane
+(ranks, groups' MPI communicators, object collectives, barriers) is always mpi4py and
+stays in ``Context``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from .handles import Group, Request
+from .trace import Tracer
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+
+class Comm(Protocol):
+    """One rank's communication context as the layers above ``comm`` use it.
+
+    Ranks are global; ``group=None`` means the world; ``root`` is a global rank.
+    """
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def tracer(self) -> Tracer: ...
+
+    # point to point (contiguous tensors)
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Request: ...
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Request: ...
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None: ...
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor: ...
+
+    def wait_all(self, requests: Sequence[Request]) -> None: ...
+
+    # tensor collectives (in place)
+    def all_reduce(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor: ...
+
+    def broadcast(self, tensor: torch.Tensor, root: int, group: Group | None = None) -> torch.Tensor: ...
+
+    # groups and control-plane collectives
+    def new_group(self, ranks: Iterable[int]) -> Group: ...
+
+    def barrier(self, group: Group | None = None) -> None: ...
+
+    def all_gather_object(self, obj: Any, group: Group | None = None) -> list[Any]: ...
+
+    def bcast_object(self, obj: Any, root: int = 0, group: Group | None = None) -> Any: ...
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None: ...
+
+    def scatter_object(self, pieces: Sequence[Any] | None, root: int = 0) -> Any: ...
+
+    def abort(self, code: int = 1) -> None: ...
+
+
+class DataPlane(Protocol):
+    """Tensor transport of a ``Context``: p2p and in-place collectives on contiguous tensors.
+
+    ``Context`` checks arguments (contiguity, default group, groups of one) before it
+    delegates, so a plane only moves data.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def cuda_aware(self) -> bool: ...
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Request: ...
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Request: ...
+
+    def all_reduce(self, tensor: torch.Tensor, group: Group) -> None: ...
+
+    def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None: ...
+
+    def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:
+        """The plane's own handle of a new group of ``ranks`` (None: the world); collective."""
+        ...
+
+    def close(self) -> None: ...
