@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.comm.tags import USER
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.halo import HALO_TAG, HaloExchange
+from mpi4dl_nb.spatial.halo import HaloExchange
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 
 
@@ -58,7 +59,7 @@ def raw_exchange(ctx: Context, exchange: HaloExchange, dtype: torch.dtype, chann
             if phase == "cols":   # the column phase carries the full needed row range
                 r0, r1 = 0, geometry.tile(m.src).rows.needed_len
             buf = torch.empty(1, channels, r1 - r0, c1 - c0, dtype=dtype)
-            tag = HALO_TAG + 20 + (phase == "cols")
+            tag = USER.tag(20 + (phase == "cols"))
             if m.src == tile:
                 sends.append((buf, m.dst, tag))
             else:

@@ -5,11 +5,80 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from .errors import ConfigError
 
-SLICE_METHODS = ("square", "vertical", "horizontal")
+
+class Choice(str, Enum):
+    """A string-valued Enum: each member equals, hashes, prints and formats as its value,
+    so ``"square"`` and ``SliceMethod.SQUARE`` are interchangeable (JSON, CLI, widgets)."""
+
+    __hash__ = str.__hash__   # Python 3.10's Enum hashes the member name
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:   # 3.11 formats str mixins as "Class.NAME"
+        return format(str(self.value), spec)
+
+    def __repr__(self) -> str:   # reprs of configs and actions stay valid constructor calls
+        return repr(self.value)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        """Every member's value, in definition order."""
+        return tuple(str(member.value) for member in cls)
+
+
+class SliceMethod(Choice):
+    """How ``num_spatial_parts`` tiles are laid out (MPI4DL's ``--slice-method``)."""
+
+    SQUARE = "square"           # sqrt(P) x sqrt(P), P a perfect square
+    VERTICAL = "vertical"       # 1 row x P columns (vertical cuts)
+    HORIZONTAL = "horizontal"   # P rows x 1 column (horizontal cuts)
+
+    def grid_shape(self, num_parts: int) -> tuple[int, int]:
+        """(rows, cols) of ``num_parts`` tiles (square: rows = cols = isqrt(num_parts))."""
+        if self is SliceMethod.SQUARE:
+            root = math.isqrt(num_parts)
+            return (root, root)
+        if self is SliceMethod.VERTICAL:
+            return (1, num_parts)
+        return (num_parts, 1)
+
+
+class ScheduleKind(Choice):
+    """Order of the micro-batches' forwards and backwards on each pipeline stage."""
+
+    GPIPE = "gpipe"         # all forwards, then all backwards
+    ONE_F_ONE_B = "1f1b"    # warm-up forwards, then one forward one backward, then drain
+
+
+C = TypeVar("C", bound=Choice)
+
+
+def parse_choice(kind: type[C], value: object, knob: str, expected: str) -> C:
+    """``value`` as a member of ``kind``; ConfigError ``<value> is not <expected>`` otherwise."""
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        raise ConfigError(knob, f"{value!r} is not {expected}") from None
+
+
+SLICE_METHODS = SliceMethod.values()
+SCHEDULES = ScheduleKind.values()
+
+
+def as_slice_method(value: object) -> SliceMethod:
+    """``value`` (``"square"`` or a member) as a SliceMethod; ConfigError naming the choices."""
+    return parse_choice(SliceMethod, value, "slice_method", f"one of {', '.join(SLICE_METHODS)}")
+
+
+def as_schedule_kind(value: object) -> ScheduleKind:
+    """``value`` (``"1f1b"`` or a member) as a ScheduleKind; ConfigError naming the choices."""
+    return parse_choice(ScheduleKind, value, "schedule", " or ".join(f"'{v}'" for v in SCHEDULES))
 
 
 def _nearest_square(n: int) -> int:
@@ -33,7 +102,7 @@ class ParallelConfig:
     split_size: int = 2
     spatial_size: int = 1
     num_spatial_parts: int = 4
-    slice_method: str = "square"
+    slice_method: SliceMethod = SliceMethod.SQUARE
     parts: int = 1
     times: int = 0
     local_dp: int = 1
@@ -41,7 +110,7 @@ class ParallelConfig:
     fused_layers: int = 1
     balance: tuple[int, ...] | None = None
     data_parallel: int = 1
-    schedule: str = "gpipe"
+    schedule: ScheduleKind = ScheduleKind.GPIPE
     grid: tuple[int, int] | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -78,13 +147,7 @@ class ParallelConfig:
         """(rows, cols) of the tile grid of the spatial stages."""
         if self.grid is not None:
             return self.grid
-        p = self.num_spatial_parts
-        if self.slice_method == "square":
-            root = math.isqrt(p)
-            return (root, root)
-        if self.slice_method == "vertical":
-            return (1, p)
-        return (p, 1)
+        return self.slice_method.grid_shape(self.num_spatial_parts)
 
     @property
     def micro_batches_per_replica(self) -> int:
@@ -114,6 +177,8 @@ class ParallelConfig:
             out["balance"] = list(out["balance"])
         if out["grid"] is not None:
             out["grid"] = list(out["grid"])
+        for name in ("slice_method", "schedule"):
+            out[name] = str(out[name])
         return out
 
     # ------------------------------------------------------------------ validation
@@ -131,11 +196,9 @@ class ParallelConfig:
         positive("local_dp")
         positive("fused_layers")
         positive("data_parallel")
-        if self.slice_method not in SLICE_METHODS:
-            raise ConfigError("slice_method", f"{self.slice_method!r} is not one of "
-                              f"{', '.join(SLICE_METHODS)}")
-        if self.schedule not in ("gpipe", "1f1b"):
-            raise ConfigError("schedule", f"{self.schedule!r} is not 'gpipe' or '1f1b'")
+        # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
+        object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
+        object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
         if self.spatial_size > 0 and self.spatial_size >= self.split_size:
             raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages need at least one "
                               f"layer-parallel stage after them to join the tiles, but split_size="
@@ -150,7 +213,7 @@ class ParallelConfig:
                 raise ConfigError("grid", f"grid {rows}x{cols} has {rows * cols} tiles but "
                                   f"num_spatial_parts={self.num_spatial_parts}; use a rows x cols "
                                   f"grid whose product is num_spatial_parts")
-        elif self.spatial_size > 0 and self.slice_method == "square":
+        elif self.spatial_size > 0 and self.slice_method is SliceMethod.SQUARE:
             p = self.num_spatial_parts
             if math.isqrt(p) ** 2 != p:
                 raise ConfigError("num_spatial_parts", f"slice_method='square' needs a perfect "

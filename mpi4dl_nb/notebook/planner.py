@@ -23,7 +23,6 @@ measurement can be compared side by side (tests/test_planner.py, benchmarks/benc
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import math
@@ -36,9 +35,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-from ..config import ConfigError, ParallelConfig
+from ..comm.messages import as_items
+from ..config import ConfigError, ParallelConfig, SliceMethod
 from ..layout import layout
+from ..pipeline.schedules import Action, ActionKind, build_schedule
+from ..pipeline.stages import check_balance, even_balance, layer_memory
+from ..run.metrics import state_bytes, tensor_bytes
 
 Layers = Sequence[nn.Module] | nn.Sequential
 
@@ -122,15 +126,12 @@ def _as_list(model: Layers) -> list[nn.Module]:
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    items = value if isinstance(value, (tuple, list)) else (value,)
-    return [t for t in items if isinstance(t, torch.Tensor)]
+    return [t for t in as_items(value) if isinstance(t, torch.Tensor)]
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _flop_hooks(model: nn.Module, counter: list[float]) -> list[Any]:
+def _flop_hooks(model: nn.Module, counter: list[float]) -> list[RemovableHandle]:
+    """Hooks adding ``model``'s forward FLOPs to ``counter[0]`` and the bytes of the inputs
+    of its windowed convs/pools (window > 1) to ``counter[1]``."""
     def conv_hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         k = math.prod(module.kernel_size) * module.in_channels // module.groups
         counter[0] += 2.0 * output.numel() * k
@@ -145,7 +146,7 @@ def _flop_hooks(model: nn.Module, counter: list[float]) -> list[Any]:
     def window_hook(module: nn.Module, inputs: Any, output: Any) -> None:
         kernel = module.kernel_size if isinstance(module.kernel_size, tuple) else (module.kernel_size,)
         if any(k > 1 for k in kernel):
-            counter[1] += float(sum(_nbytes(t) for t in _tensors(inputs)))
+            counter[1] += float(sum(tensor_bytes(t) for t in _tensors(inputs)))
 
     handles = []
     for sub in model.modules():
@@ -165,50 +166,30 @@ def profile_layers(model: Layers, image_size: int | tuple[int, int], in_channels
                    dtype: torch.dtype = torch.float32) -> list[LayerProfile]:
     """Per-layer shapes, saved-for-backward bytes and FLOPs at batch 1 (on the meta device).
 
-    A tensor saved by two layers (a ReLU output that the next conv also saves) counts once,
-    for the first layer that saved it.
+    Saved bytes follow ``pipeline.stages.layer_memory``'s counting rule (shared with
+    ``auto_balance(by="memory")``): parameters excluded, a tensor saved by two layers (a
+    ReLU output that the next conv also saves) counted once, for the first layer that saved it.
     """
     layers = _as_list(model)
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-    x: Any = torch.empty(1, in_channels, height, width, device="meta", dtype=dtype,
-                         requires_grad=True)
-    seen: dict[int, torch.Tensor] = {}
+    sample = torch.empty(1, in_channels, height, width, device="meta", dtype=dtype)
+    counters = [[0.0, 0.0] for _ in layers]      # per layer: FLOPs, windowed-input bytes
+    memory = layer_memory(layers, sample, dtype=dtype,
+                          instrument=lambda index, layer: _flop_hooks(layer, counters[index]))
     profiles = []
-    for index, layer in enumerate(layers):
-        meta_layer = copy.deepcopy(layer).to(device="meta", dtype=dtype)
-        meta_layer.train()
-        param_ids = {id(p) for p in meta_layer.parameters()}
-        saved_here: list[int] = []
-
-        def pack(t: torch.Tensor, param_ids: set[int] = param_ids,
-                 saved_here: list[int] = saved_here) -> torch.Tensor:
-            if id(t) not in param_ids and id(t) not in seen and t.dim() > 0:
-                seen[id(t)] = t
-                saved_here.append(_nbytes(t))
-            return t
-
-        flops = [0.0, 0.0]      # FLOPs, windowed-input bytes
-        handles = _flop_hooks(meta_layer, flops)
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                x = meta_layer(x)
-        finally:
-            for handle in handles:
-                handle.remove()
-        outs = _tensors(x)
-        first = outs[0] if outs else None
-        dims = tuple(first.shape[-2:]) if first is not None and first.dim() == 4 else None
+    for index, (layer, mem, (flops, window_in)) in enumerate(zip(layers, memory, counters)):
+        first = mem.outputs[0] if mem.outputs else None
+        dims = (int(first.shape[-2]), int(first.shape[-1])) if first is not None and first.dim() == 4 \
+            else None
         profiles.append(LayerProfile(
-            index, type(layer).__name__, tuple(tuple(t.shape) for t in outs),
-            sum(p.numel() * (torch.finfo(dtype).bits // 8) for p in layer.parameters()),
-            sum(saved_here), sum(_nbytes(t) for t in outs), flops[0], dims, int(flops[1])))
+            index, type(layer).__name__, tuple(tuple(t.shape) for t in mem.outputs),
+            mem.param_bytes, mem.saved_bytes, sum(tensor_bytes(t) for t in mem.outputs), flops, dims,
+            int(window_in)))
     return profiles
 
 
 # ---------------------------------------------------------------------- the estimate
 def _balance(cfg: ParallelConfig, num_layers: int) -> tuple[int, ...]:
-    from ..pipeline.stages import check_balance, even_balance
-
     if cfg.balance is not None:
         return check_balance(cfg.balance, num_layers, cfg.split_size)
     return even_balance(num_layers, cfg.split_size)
@@ -222,16 +203,16 @@ def _tile_share(cfg: ParallelConfig, height: int, width: int, halo: int) -> floa
     return min(1.0, tile_h * tile_w / (height * width))
 
 
-def _live_chunks(cfg: ParallelConfig, rank_actions: Sequence[Any]) -> list[list[tuple[int, int]]]:
+def _live_chunks(cfg: ParallelConfig, rank_actions: Sequence[Action]) -> list[list[tuple[int, int]]]:
     """For each moment of a rank's action list: the (stage, replica) of every chunk alive."""
-    alive: dict[tuple, tuple[int, int]] = {}
+    alive: dict[tuple[int, int, int, int], tuple[int, int]] = {}
     moments = []
     for action in rank_actions:
         key = (action.stage, action.replica, action.micro_batch, action.copy)
-        if action.kind == "F":
+        if action.kind is ActionKind.FORWARD:
             alive[key] = (action.stage, action.replica)
             moments.append(list(alive.values()))
-        elif action.kind == "B":
+        elif action.kind is ActionKind.BACKWARD:
             moments.append(list(alive.values()))
             alive.pop(key, None)
     return moments or [[]]
@@ -247,8 +228,6 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     ``optimizer_states``: tensors per parameter the optimizer keeps (SGD momentum 1,
     plain SGD 0, Adam 2). ``halo``: pixels of halo per inner tile side (3x3 convs: 1).
     """
-    from ..pipeline.schedules import build_schedule
-
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     profiles = (list(model) if model and isinstance(list(model)[0], LayerProfile)
                 else profile_layers(model, (height, width), in_channels, dtype))
@@ -285,7 +264,8 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
                        for moment in _live_chunks(cfg, schedule.actions(role.rank)))
         # Gradients sent back to the previous stage stay referenced by their non-blocking
         # sends until the step's end: one input-sized buffer per chunk this rank ran.
-        backwards = Counter(a.stage for a in schedule.actions(role.rank) if a.kind == "B")
+        backwards = Counter(a.stage for a in schedule.actions(role.rank)
+                            if a.kind is ActionKind.BACKWARD)
         sent = sum(handoff[stage] * count for stage, count in backwards.items())
         transient = max(2 * biggest_out[slot.stage] + handoff[slot.stage] for slot in slots) + sent
         ranks.append(RankMemory(role.rank, role.describe(), params, params,
@@ -333,8 +313,6 @@ def measure_step_memory(step: Callable[[], Any], modules: Iterable[nn.Module], o
     Gradients are set to None first (the estimate counts them as allocated in the step),
     then: bytes resident before (parameters + optimizer state) + peak allocated during.
     """
-    from ..run.metrics import state_bytes
-
     modules = list(modules)
     for module in modules:
         module.zero_grad(set_to_none=True)
@@ -386,10 +364,9 @@ def candidate_configs(devices: int, num_layers: int, batch_size: int,
         # The classifier head (global pool + linear) always sits in a layer-parallel stage.
         for spatial in range(0, split):
             if spatial == 0:
-                spatial_options = [(4, "square")]
+                spatial_options = [(4, SliceMethod.SQUARE)]
             else:
-                spatial_options = [(p, m) for p in range(2, devices + 1)
-                                   for m in ("square", "vertical", "horizontal")]
+                spatial_options = [(p, m) for p in range(2, devices + 1) for m in SliceMethod]
             local_dps = range(1, devices + 1)
             for (num_parts, method), local_dp, parts, times, dp in itertools.product(
                     spatial_options, local_dps, divisors, (0, 1), range(1, devices + 1)):

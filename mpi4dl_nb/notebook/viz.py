@@ -15,6 +15,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..config import ParallelConfig
 from ..layout import layout
+from ..pipeline.schedules import COMPUTE_KINDS, Action, ActionKind, Schedule
 
 STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860",
                 "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
@@ -36,7 +37,7 @@ OP_PREFIXES = (("send", "send"), ("recv", "recv"), ("halo", "halo"), ("allreduce
 def op_color(op: str) -> str:
     """Colour of an event op: F/B, or by prefix (SEND_ACT -> send, halo_backward -> halo)."""
     key = op.split(":")[0].split(" ")[0]
-    if key in ("F", "B"):
+    if key in COMPUTE_KINDS:   # trace ops of actions are their kinds' values
         return OP_COLORS[key]
     lowered = key.lower()
     for prefix, name in OP_PREFIXES:
@@ -223,7 +224,7 @@ def draw_timeline(events: Sequence[Any], ax: Any = None, *, highlight: int | Non
         ax.broken_barh([(r["start"] - t0, width)], (r["rank"] - 0.4, 0.8), facecolors=color,
                        gid=f"event:{index}:{r['rank']}:{r['op']}", **edge)
         mb = r.get("micro_batch")
-        if mb is not None and mb >= 0 and r["op"] in ("F", "B"):
+        if mb is not None and mb >= 0 and r["op"] in COMPUTE_KINDS:
             ax.text(r["start"] - t0 + width / 2, r["rank"], str(mb), ha="center", va="center",
                     fontsize=6, color="white", gid=f"event-label:{index}")
     for key, color in seen_ops.items():
@@ -242,12 +243,13 @@ def draw_timeline(events: Sequence[Any], ax: Any = None, *, highlight: int | Non
 
 
 # --------------------------------------------------------------------------- schedule
-SCHEDULE_COLORS = {"F": "#4C72B0", "B": "#DD8452", "ALLREDUCE": "#937860", "OPTIM": "#8C8C8C",
-                   "SEND_ACT": "#55A868", "RECV_ACT": "#55A868", "SEND_GRAD": "#C44E52",
-                   "RECV_GRAD": "#C44E52"}
+SCHEDULE_COLORS = {ActionKind.FORWARD: "#4C72B0", ActionKind.BACKWARD: "#DD8452",
+                   ActionKind.ALLREDUCE: "#937860", ActionKind.OPTIM: "#8C8C8C",
+                   ActionKind.SEND_ACT: "#55A868", ActionKind.RECV_ACT: "#55A868",
+                   ActionKind.SEND_GRAD: "#C44E52", ActionKind.RECV_GRAD: "#C44E52"}
 
 
-def draw_schedule(schedule: Any, done: int = 0, ax: Any = None) -> Figure:
+def draw_schedule(schedule: Schedule, done: int = 0, ax: Any = None) -> Figure:
     """A schedule as a grid (ticks across, ranks down): F/B/AR/OPT cells, solid when among
     the first ``done`` actions of ``schedule.global_order()``, pale otherwise; the last done
     action is outlined and, if it is a send/receive, drawn as an arrow to its peer.
@@ -258,9 +260,9 @@ def draw_schedule(schedule: Any, done: int = 0, ax: Any = None) -> Figure:
     fig, ax = _axes(ax, (max(6, 0.55 * schedule.num_ticks + 1.5), 0.5 * schedule.world_size + 1.5))
     local_dp = schedule.cfg.local_dp
     for rank, actions in enumerate(schedule.per_rank):
-        by_tick: dict[int, list[Any]] = {}
+        by_tick: dict[int, list[Action]] = {}
         for action in actions:
-            if action.kind in ("F", "B", "ALLREDUCE", "OPTIM"):
+            if not action.kind.is_p2p:
                 by_tick.setdefault(action.tick, []).append(action)
         for tick, acts in by_tick.items():
             for k, action in enumerate(acts):
@@ -278,7 +280,7 @@ def draw_schedule(schedule: Any, done: int = 0, ax: Any = None) -> Figure:
                         ha="center", va="center", fontsize=6,
                         color="white" if solid else "#555555")
     if current is not None and current.peer is not None:
-        src, dst = (current.rank, current.peer) if current.kind.startswith("SEND") else \
+        src, dst = (current.rank, current.peer) if current.kind.is_send else \
             (current.peer, current.rank)
         ax.add_patch(FancyArrowPatch((current.tick + 0.5, src), (current.tick + 0.5, dst),
                                      arrowstyle="-|>", mutation_scale=14, linewidth=2,

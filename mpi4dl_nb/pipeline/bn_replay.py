@@ -14,24 +14,34 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Protocol, cast
 
 import torch
 from torch import nn
 
 
-def running_stat_norms(module: nn.Module) -> list[nn.Module]:
+class RunningStatsNorm(Protocol):
+    """What the ledger uses of a module keeping running statistics (a BatchNorm)."""
+
+    training: bool
+    momentum: float | None
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+    num_batches_tracked: torch.Tensor | None
+
+
+def running_stat_norms(module: nn.Module) -> list[RunningStatsNorm]:
     """Sub-modules that keep running mean/var (BatchNorm and spatial equivalents)."""
     found = []
     for m in module.modules():
         mean = getattr(m, "running_mean", None)
         var = getattr(m, "running_var", None)
         if isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
-            found.append(m)
+            found.append(cast(RunningStatsNorm, m))
     return found
 
 
-Term = list[tuple[torch.Tensor, torch.Tensor]]   # per norm: (mean term, var term)
+Term = list[tuple[torch.Tensor, torch.Tensor] | None]   # per norm: (mean term, var term), None if idle
 
 
 class RunningStatsLedger:
@@ -52,9 +62,11 @@ class RunningStatsLedger:
     def begin_step(self) -> None:
         """Remember the statistics the step starts from; forget old terms."""
         self.terms = {}
-        self.start = [(m.running_mean.detach().clone(), m.running_var.detach().clone(),
-                       _tracked(m).detach().clone() if _tracked(m) is not None else None)
-                      for m in self.norms]
+        self.start = []
+        for m in self.norms:
+            tracked = _tracked(m)
+            self.start.append((m.running_mean.detach().clone(), m.running_var.detach().clone(),
+                               tracked.detach().clone() if tracked is not None else None))
 
     @contextmanager
     def chunk(self, chunk: int) -> Iterator[None]:
@@ -64,11 +76,11 @@ class RunningStatsLedger:
             yield
             return
         originals = [(m.running_mean, m.running_var, _tracked(m)) for m in active]
-        for m in active:   # fresh zero buffers: tensors saved for backward stay untouched
-            m.running_mean = torch.zeros_like(m.running_mean)
-            m.running_var = torch.zeros_like(m.running_var)
-            if _tracked(m) is not None:
-                m.num_batches_tracked = torch.zeros_like(m.num_batches_tracked)
+        for m, (mean, var, tracked) in zip(active, originals):   # fresh zero buffers: tensors
+            m.running_mean = torch.zeros_like(mean)                 # saved for backward stay
+            m.running_var = torch.zeros_like(var)                   # untouched
+            if tracked is not None:
+                m.num_batches_tracked = torch.zeros_like(tracked)
         try:
             yield
             self.terms[chunk] = [(m.running_mean, m.running_var) if m in active else None
@@ -105,11 +117,12 @@ class RunningStatsLedger:
                         var = t_var + (1.0 - m.momentum) * var
                 m.running_mean.copy_(mean)
                 m.running_var.copy_(var)
-                if count is not None:
-                    _tracked(m).copy_(count)
+                live = _tracked(m)
+                if count is not None and live is not None:
+                    live.copy_(count)
 
 
-def _tracked(m: nn.Module) -> torch.Tensor | None:
+def _tracked(m: RunningStatsNorm) -> torch.Tensor | None:
     value = getattr(m, "num_batches_tracked", None)
     return value if isinstance(value, torch.Tensor) else None
 
@@ -123,7 +136,7 @@ def merge_terms(collected: Sequence[dict[int, Term]]) -> dict[int, Term]:
     return merged
 
 
-def terms_to_cpu(terms: dict[int, Term]) -> dict[int, Any]:
+def terms_to_cpu(terms: dict[int, Term]) -> dict[int, Term]:
     """Terms with tensors on the CPU (for object collectives)."""
     return {c: [None if t is None else (t[0].cpu(), t[1].cpu()) for t in term]
             for c, term in terms.items()}

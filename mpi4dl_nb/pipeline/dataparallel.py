@@ -8,11 +8,12 @@ chunks' share of the global batch, so the sum is the gradient of the global mean
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
 from .bn_replay import RunningStatsLedger, merge_terms, terms_to_cpu
 
 
@@ -27,7 +28,7 @@ def _grads(module: nn.Module) -> list[torch.Tensor]:
     return out
 
 
-def sum_stage_gradients(ctx: Any, instances: Sequence[nn.Module], group: Any) -> int:
+def sum_stage_gradients(ctx: Comm, instances: Sequence[nn.Module], group: Group | None) -> int:
     """Make every instance's gradients the sum over ``instances`` and ``group``; bytes reduced.
 
     ``instances`` are this rank's copies of one stage (two when a rank holds the stage in
@@ -49,7 +50,7 @@ def sum_stage_gradients(ctx: Any, instances: Sequence[nn.Module], group: Any) ->
     return flat.numel() * flat.element_size()
 
 
-def sync_running_stats(ctx: Any, ledgers: Sequence[RunningStatsLedger], group: Any) -> None:
+def sync_running_stats(ctx: Comm, ledgers: Sequence[RunningStatsLedger], group: Group | None) -> None:
     """Replay every holder's BatchNorm terms of one stage in chunk order on all holders."""
     if not any(ledgers):
         return

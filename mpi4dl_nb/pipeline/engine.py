@@ -11,12 +11,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
 from ..comm.trace import Event, gather_timeline
-from ..config import ParallelConfig
+from ..config import ParallelConfig, ScheduleKind
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
-from .runtime import PipelineRuntime, StageInstance, StepRun
-from .schedules import Action, Schedule, Stepper, build_schedule, stage_ranks
+from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
+from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
 from .stages import Stage, auto_balance, split_layers
 from .step_input import StepInput, resolve_batch_size, resolve_image_size
 
@@ -24,17 +26,18 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 def auto_balanced_config(cfg: ParallelConfig, layers: list[nn.Module], sample: Any,
-                         ctx: Any = None, by: str = "time", repeats: int = 3) -> ParallelConfig:
+                         ctx: Comm | None = None, by: str = "time", repeats: int = 3) -> ParallelConfig:
     """``cfg`` with ``balance`` from profiling ``layers`` on ``sample`` by 'time' or 'memory'.
 
     With a ``ctx`` only rank 0 profiles and broadcasts the result, so every rank agrees
     (timings differ between ranks). See ``stages.auto_balance``.
     """
-    balance = None
+    balance: tuple[int, ...] | None = None
     if ctx is None or ctx.rank == 0:
         balance = auto_balance(layers, sample, cfg.split_size, by=by, repeats=repeats)
     if ctx is not None:
         balance = ctx.bcast_object(balance, root=0)
+    assert balance is not None
     return cfg.with_(balance=tuple(balance))
 
 
@@ -75,9 +78,9 @@ class HybridEngine:
     and aborts the whole MPI job instead of leaving the other ranks waiting forever.
     """
 
-    def __init__(self, layers: list[nn.Module], cfg: ParallelConfig, ctx: Any, *,
-                 loss_fn: Callable[[Any, Any], torch.Tensor],
-                 optimizer: OptimizerFactory | None = None, schedule: str | None = None,
+    def __init__(self, layers: list[nn.Module], cfg: ParallelConfig, ctx: Comm, *,
+                 loss_fn: LossFn,
+                 optimizer: OptimizerFactory | None = None, schedule: ScheduleKind | str | None = None,
                  abort_on_error: bool = True, elementwise: Iterable[type] = ()) -> None:
         layers = list(layers)
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
@@ -104,21 +107,21 @@ class HybridEngine:
         self._step: StepRun | None = None
 
     # ------------------------------------------------------------------ set-up
-    def _make_groups(self) -> tuple[dict[int, Any], dict[tuple[int, ...], Any]]:
+    def _make_groups(self) -> tuple[dict[int, Group | None], dict[tuple[int, ...], Group]]:
         """Every group the layout needs, created on all ranks in the same order."""
-        stage_groups: dict[int, Any] = {}
+        stage_groups: dict[int, Group | None] = {}
         for s in range(self.cfg.split_size):
             ranks = stage_holders(self.cfg, s)
             group = self.ctx.new_group(ranks) if len(ranks) > 1 else None
             if self.ctx.rank in ranks:
                 stage_groups[s] = group
-        spatial: dict[tuple[int, ...], Any] = {}
-        for (_d, _r, s), ranks in sorted(stage_ranks(self.cfg, self.roles).items()):
-            if s < self.cfg.spatial_size and ranks not in spatial:
-                spatial[ranks] = self.ctx.new_group(ranks)
+        spatial: dict[tuple[int, ...], Group] = {}
+        for (_d, _r, s), tiles in sorted(stage_ranks(self.cfg, self.roles).items()):
+            if s < self.cfg.spatial_size and tiles not in spatial:
+                spatial[tiles] = self.ctx.new_group(tiles)
         return stage_groups, spatial
 
-    def _make_instances(self, spatial_groups: dict[tuple[int, ...], Any],
+    def _make_instances(self, spatial_groups: dict[tuple[int, ...], Group],
                         elementwise: tuple[type, ...]) -> dict[tuple[int, int], StageInstance]:
         instances: dict[tuple[int, int], StageInstance] = {}
         used: set[int] = set()
@@ -135,6 +138,7 @@ class HybridEngine:
             if slot.spatial:
                 from ..spatial.convert import spatialize
 
+                assert self.grid is not None   # a spatial slot exists only with spatial_size > 0
                 module = spatialize(stage, self.grid, self.ctx, spatial_groups[slot.stage_ranks],
                                     halo_d2=self.cfg.halo_d2, fused_layers=self.cfg.fused_layers,
                                     elementwise=elementwise)
@@ -174,7 +178,7 @@ class HybridEngine:
         """
         seen: dict[int, int] = {}
         for inst in self.instances.values():
-            tensors = list(inst.canonical.parameters())
+            tensors: list[torch.Tensor] = list(inst.canonical.parameters())
             if include_buffers:
                 tensors += list(inst.canonical.buffers())
             for t in tensors:
@@ -214,7 +218,7 @@ class HybridEngine:
         """
         self.start_step(images, labels, batch_size=batch_size, image_size=image_size)
         try:
-            step = self._step
+            step = self._started()
             while True:
                 action = step.next_action
                 if action is None:
@@ -238,7 +242,8 @@ class HybridEngine:
         batch = resolve_batch_size(images, labels, batch_size)
         self.cfg.validate(batch_size=batch)
         data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
-        firsts = [a for a in self.schedule.actions(self.ctx.rank) if a.kind == "F" and a.stage == 0]
+        firsts = [a for a in self.schedule.actions(self.ctx.rank)
+                  if a.kind is ActionKind.FORWARD and a.stage == 0]
         try:   # what is missing differs between ranks: fail loudly instead of hanging others
             data.check(self.ctx.rank, runs_first=bool(firsts),
                        runs_spatial_first=any(a.tile is not None for a in firsts),
@@ -257,24 +262,27 @@ class HybridEngine:
         """This rank's next action of the started step (None: all done)."""
         return self._step.next_action if self._step is not None else None
 
-    def advance(self) -> Action | None:
-        """Execute this rank's next action of the started step; returns it (None: done)."""
+    def _started(self) -> StepRun:
         if self._step is None:
             raise RuntimeError("call start_step(images, labels) first")
+        return self._step
+
+    def advance(self) -> Action | None:
+        """Execute this rank's next action of the started step; returns it (None: done)."""
+        step = self._started()
         try:
-            return next(self._step, None)
+            return next(step, None)
         except Exception:
             self._fail()
             raise
 
     def finish_step(self) -> float:
         """Run the rest of the started step; return the global-batch loss on every rank."""
-        if self._step is None:
-            raise RuntimeError("call start_step(images, labels) first")
+        step = self._started()
         try:
-            for _ in self._step:
+            for _ in step:
                 pass
-            total = torch.tensor([self._step.loss_sum], dtype=torch.float64,
+            total = torch.tensor([step.loss_sum], dtype=torch.float64,
                                  device=self.ctx.device)
             self.ctx.all_reduce(total)
         except Exception:
@@ -298,8 +306,7 @@ class HybridEngine:
         for s in range(self.cfg.split_size):
             if min(stage_holders(self.cfg, s)) != self.ctx.rank:
                 continue
-            inst = self.instances.get((0, s)) or self.instances.get((1, s))
-            out.append(inst)
+            out.append(self.instances.get((0, s)) or self.instances[(1, s)])
         return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -351,7 +358,7 @@ class HybridEngine:
 
         ``error`` (decided on rank 0) is raised as ValueError on every rank instead.
         """
-        pieces = None
+        pieces: list[tuple[str | None, dict[str, Any]]] | None = None
         if self.ctx.rank == 0:
             holds = [{slot.stage for slot in (role.primary, role.mirror) if slot is not None}
                      for role in self.roles]

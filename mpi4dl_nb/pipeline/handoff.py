@@ -7,17 +7,8 @@ from typing import Any
 
 import torch
 
+from ..comm.messages import Payload, as_items, like
 from ..spatial.geometry import Box, TileGrid
-
-Payload = Any  # a tensor or a tuple of tensors
-
-
-def _items(payload: Payload) -> tuple[Any, ...]:
-    return tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
-
-
-def _like(template: Payload, items: Sequence[Any]) -> Payload:
-    return tuple(items) if isinstance(template, (tuple, list)) else items[0]
 
 
 def _is_tiled(t: Any) -> bool:
@@ -31,13 +22,12 @@ def input_tile(x: Payload, grid: TileGrid, tile: int) -> Payload:
             return t
         r0, r1, c0, c1 = grid.tile_box(tile, t.shape[-2], t.shape[-1])
         return t[..., r0:r1, c0:c1].contiguous()
-    return _like(x, [cut(t) for t in _items(x)])
+    return like(x, [cut(t) for t in as_items(x)])
 
 
 def boxes_from_tiles(shapes: Sequence[Sequence[int]], grid: TileGrid) -> tuple[list[Box], tuple[int, int]]:
     """Tile boxes and full (height, width) from the tiles' shapes, checked against ownership."""
-    height = sum(shapes[grid.tile_at(r, 0)][-2] for r in range(grid.rows))
-    width = sum(shapes[grid.tile_at(0, c)][-1] for c in range(grid.cols))
+    height, width = grid.full_size(shapes)
     boxes = grid.tile_boxes(height, width)
     for tile, (shape, (r0, r1, c0, c1)) in enumerate(zip(shapes, boxes)):
         if (shape[-2], shape[-1]) != (r1 - r0, c1 - c0):
@@ -53,8 +43,9 @@ def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[
     Every tensor crossing the hand-off must be a 4-d (N, C, h, w) tile: a replicated
     result (after a global pool) would need a different gradient rule, so it is refused.
     """
-    per_tile = [_items(t) for t in tiles]
-    joined, all_boxes = [], []
+    per_tile = [as_items(t) for t in tiles]
+    joined: list[torch.Tensor] = []
+    all_boxes: list[list[Box] | None] = []
     for position, first in enumerate(per_tile[0]):
         parts = [items[position] for items in per_tile]
         if not _is_tiled(first):
@@ -68,7 +59,7 @@ def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[
             full[..., r0:r1, c0:c1] = part
         joined.append(full)
         all_boxes.append(boxes)
-    return _like(tiles[0], joined), all_boxes
+    return like(tiles[0], joined), all_boxes
 
 
 def split_grad(grads: Sequence[torch.Tensor | None], boxes: Sequence[list[Box] | None],

@@ -9,16 +9,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..comm.messages import as_items, isend_payload, like, payload_bytes, recv_payload
-from ..spatial.geometry import TileGrid
+from ..comm.handles import Group, Request
+from ..comm.messages import Payload, as_items, isend_payload, like, payload_bytes, recv_payload
+from ..comm.protocol import Comm
+from ..spatial.geometry import Box, TileGrid
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .handoff import join_tiles, split_grad
-from .schedules import Action, Schedule, Stepper, stage_ranks
+from .schedules import Action, ActionKind, Schedule, Stepper, stage_ranks
 from .stages import Stage
 from .step_input import StepInput
 
 Key = tuple[int, int, int, int]   # (replica, stage, micro_batch, copy)
+LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 @dataclass
@@ -45,18 +48,18 @@ class _StepState:
     data: StepInput
     chunk_size: int
     batch_size: int
-    inputs: dict[Key, Any] = field(default_factory=dict)
-    outputs: dict[Key, Any] = field(default_factory=dict)
+    inputs: dict[Key, Payload] = field(default_factory=dict)
+    outputs: dict[Key, Payload] = field(default_factory=dict)
     input_grads: dict[Key, list[torch.Tensor | None]] = field(default_factory=dict)
-    boxes: dict[Key, list] = field(default_factory=dict)
-    inbox: dict[tuple[str, Key], dict[int, Any]] = field(default_factory=dict)
+    boxes: dict[Key, list[list[Box] | None]] = field(default_factory=dict)
+    inbox: dict[tuple[bool, Key], dict[int, Payload]] = field(default_factory=dict)   # (activation?, key)
     sends_left: dict[Key, int] = field(default_factory=dict)
-    requests: list[Any] = field(default_factory=list)
-    act_sends: dict[Key, list[Any]] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    act_sends: dict[Key, list[Request]] = field(default_factory=dict)
     loss_sum: float = 0.0
 
 
-def _leaf(payload: Any) -> Any:
+def _leaf(payload: Payload) -> Payload:
     """A detached copy of ``payload`` whose float tensors require grad."""
     def one(t: torch.Tensor) -> torch.Tensor:
         t = t.detach()
@@ -67,8 +70,8 @@ def _leaf(payload: Any) -> Any:
 class PipelineRuntime:
     """Runs this rank's actions of a Schedule for one training step."""
 
-    def __init__(self, ctx: Any, schedule: Schedule, instances: dict[tuple[int, int], StageInstance],
-                 stage_groups: dict[int, Any], loss_fn: Callable[[Any, Any], torch.Tensor],
+    def __init__(self, ctx: Comm, schedule: Schedule, instances: dict[tuple[int, int], StageInstance],
+                 stage_groups: dict[int, Group | None], loss_fn: LossFn,
                  optimizer: torch.optim.Optimizer | None, grid: TileGrid | None) -> None:
         self.ctx = ctx
         self.schedule = schedule
@@ -96,6 +99,17 @@ class PipelineRuntime:
         return (action.replica, action.stage, action.micro_batch, action.copy)
 
     @staticmethod
+    def _peer(action: Action) -> int:
+        if action.peer is None:
+            raise ValueError(f"{action.describe()}: a send/receive without a peer")
+        return action.peer
+
+    def _grid(self) -> TileGrid:
+        if self.grid is None:
+            raise ValueError("a spatial hand-off needs the tile grid (cfg.spatial_size > 0)")
+        return self.grid
+
+    @staticmethod
     def _rows(state: _StepState, chunk: int) -> slice:
         return slice(chunk * state.chunk_size, (chunk + 1) * state.chunk_size)
 
@@ -107,10 +121,10 @@ class PipelineRuntime:
             x = state.data.images_for(self._rows(state, action.chunk), action.tile, self.grid,
                                       self.ctx.device)
         else:
-            received = state.inbox.pop(("ACT", key))
+            received = state.inbox.pop((True, key))
             if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
                 tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
-                x, state.boxes[key] = join_tiles([received[r] for r in tiles], self.grid)
+                x, state.boxes[key] = join_tiles([received[r] for r in tiles], self._grid())
             else:
                 (x,) = received.values()
             x = _leaf(x)
@@ -133,7 +147,7 @@ class PipelineRuntime:
         if self._last(action.stage):
             out.backward()
         else:
-            (grads,) = state.inbox.pop(("GRAD", key)).values()
+            (grads,) = state.inbox.pop((False, key)).values()
             floats = [o for o in as_items(out) if o.is_floating_point()]
             pairs = [(o, g) for o, g in zip(floats, as_items(grads)) if o.requires_grad]
             if pairs:
@@ -146,22 +160,23 @@ class PipelineRuntime:
 
     def _send(self, action: Action, state: _StepState) -> int:
         key = self._key(action)
-        if action.kind == "SEND_ACT":
+        peer = self._peer(action)
+        if action.kind.carries_activation:
             payload = state.outputs[key]
         else:
             grads = state.input_grads[key]
             boxes = state.boxes.get(key)
             if boxes is not None:
                 tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
-                grads = split_grad(grads, boxes, tiles.index(action.peer))
+                grads = split_grad(grads, boxes, tiles.index(peer))
             float_grads = [g for g in grads if g is not None]
             payload = tuple(float_grads) if len(grads) > 1 else float_grads[0]
             state.sends_left[key] = state.sends_left.get(key, self._grad_sends(action)) - 1
             if state.sends_left[key] == 0:
                 state.input_grads.pop(key)
                 state.boxes.pop(key, None)
-        requests = isend_payload(self.ctx, payload, action.peer, action.tag)
-        if action.kind == "SEND_ACT":
+        requests = isend_payload(self.ctx, payload, peer, action.tag)
+        if action.kind.carries_activation:
             state.act_sends.setdefault(key, []).extend(requests)
         else:
             state.requests += requests
@@ -174,9 +189,9 @@ class PipelineRuntime:
         return 1
 
     def _recv(self, action: Action, state: _StepState) -> int:
-        payload = recv_payload(self.ctx, action.peer, action.tag, self.ctx.device)
-        what = "ACT" if action.kind == "RECV_ACT" else "GRAD"
-        state.inbox.setdefault((what, self._key(action)), {})[action.peer] = payload
+        peer = self._peer(action)
+        payload = recv_payload(self.ctx, peer, action.tag, self.ctx.device)
+        state.inbox.setdefault((action.kind.carries_activation, self._key(action)), {})[peer] = payload
         return payload_bytes(payload)
 
     def _allreduce(self, action: Action) -> int:
@@ -201,7 +216,7 @@ class PipelineRuntime:
         return StepRun(self, _StepState(data, chunk_size, data.batch_size))
 
     def _traced(self, action: Action, state: _StepState) -> None:
-        with self.ctx.tracer.span(action.kind, stage=action.stage, micro_batch=action.micro_batch,
+        with self.ctx.tracer.span(action.kind.value, stage=action.stage, micro_batch=action.micro_batch,
                                   replica=action.replica, peer=action.peer, chunk=action.chunk,
                                   copy=action.copy, tick=action.tick) as extra:
             moved = self._execute(action, state)
@@ -210,17 +225,17 @@ class PipelineRuntime:
 
     def _execute(self, action: Action, state: _StepState) -> int:
         kind = action.kind
-        if kind == "F":
+        if kind is ActionKind.FORWARD:
             self._forward(action, state)
-        elif kind == "B":
+        elif kind is ActionKind.BACKWARD:
             self._backward(action, state)
-        elif kind in ("SEND_ACT", "SEND_GRAD"):
+        elif kind.is_p2p and kind.is_send:
             return self._send(action, state)
-        elif kind in ("RECV_ACT", "RECV_GRAD"):
+        elif kind.is_p2p:
             return self._recv(action, state)
-        elif kind == "ALLREDUCE":
+        elif kind is ActionKind.ALLREDUCE:
             return self._allreduce(action)
-        elif kind == "OPTIM":
+        elif kind is ActionKind.OPTIM:
             self.ctx.wait_all(state.requests)
             state.requests.clear()
             for pending in state.act_sends.values():

@@ -38,34 +38,60 @@ separately, so every stage sees exactly one chunk per forward.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..config import ConfigError, ParallelConfig
-from ..layout import RankRole, layout, stage_holders
+from ..comm.tags import PIPELINE, PIPELINE_SPAN
+from ..config import Choice, ParallelConfig, ScheduleKind, as_schedule_kind
+from ..layout import RankRole, StageSlot, layout, stage_holders
 
-COMPUTE_KINDS = ("F", "B")
-P2P_KINDS = ("SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD")
-KINDS = COMPUTE_KINDS + P2P_KINDS + ("ALLREDUCE", "OPTIM")
 
-# p2p tags live in [TAG_BASE, TAG_BASE + 4*TAG_SPAN): four message classes (activation /
-# gradient x primary / mirror), micro-batch x copy modulo TAG_SPAN inside each. Kept above
-# the small tags that halo exchanges use on the same communicator.
-TAG_BASE = 24576
-TAG_SPAN = 2048
+class ActionKind(Choice):
+    """What an Action does. Values are the short names tables and traces show (``F``, ``B`` ...)."""
+
+    FORWARD = "F"
+    BACKWARD = "B"
+    SEND_ACT = "SEND_ACT"      # send a stage output to the next stage
+    RECV_ACT = "RECV_ACT"
+    SEND_GRAD = "SEND_GRAD"    # send an input gradient back to the previous stage
+    RECV_GRAD = "RECV_GRAD"
+    ALLREDUCE = "ALLREDUCE"    # sum a stage's gradients (and BatchNorm terms) over its holders
+    OPTIM = "OPTIM"            # optimizer step
+
+    @property
+    def is_compute(self) -> bool:
+        return self in COMPUTE_KINDS
+
+    @property
+    def is_p2p(self) -> bool:
+        return self in P2P_KINDS
+
+    @property
+    def is_send(self) -> bool:
+        return self in (ActionKind.SEND_ACT, ActionKind.SEND_GRAD)
+
+    @property
+    def carries_activation(self) -> bool:
+        """Whether a send/receive moves an activation (else a gradient)."""
+        return self in (ActionKind.SEND_ACT, ActionKind.RECV_ACT)
+
+
+COMPUTE_KINDS = (ActionKind.FORWARD, ActionKind.BACKWARD)
+P2P_KINDS = (ActionKind.SEND_ACT, ActionKind.RECV_ACT, ActionKind.SEND_GRAD, ActionKind.RECV_GRAD)
+KINDS = tuple(ActionKind)
 
 
 @dataclass(frozen=True)
 class Action:
     """One thing one rank does at one tick.
 
-    ``kind``: F, B, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, ALLREDUCE or OPTIM.
+    ``kind``: an ActionKind (F, B, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, ALLREDUCE, OPTIM).
     ``replica``: GEMS direction (0 primary, 1 mirror); ``dp``: full data-parallel replica;
     ``copy``: local-DP copy (which chunk of the micro-batch); ``chunk``: global chunk index
     (see module docstring); ``peer``: the other rank of a send/receive; ``group``: the
     ranks of a collective; ``tile``: this rank's tile for a spatial stage, else None.
     """
 
-    kind: str
+    kind: ActionKind
     rank: int
     tick: int
     stage: int = -1
@@ -81,34 +107,33 @@ class Action:
 
     def label(self, local_dp: int = 1) -> str:
         """Short text for tables: ``F2``, ``B0.1'``, ``AR``, ``OPT``, ``>3 act``."""
-        if self.kind in COMPUTE_KINDS:
+        if self.kind.is_compute:
             text = f"{self.kind}{self.micro_batch}"
             if local_dp > 1:
                 text += f".{self.copy}"
             return text + ("'" if self.replica else "")
-        if self.kind == "ALLREDUCE":
+        if self.kind is ActionKind.ALLREDUCE:
             return "AR"
-        if self.kind == "OPTIM":
+        if self.kind is ActionKind.OPTIM:
             return "OPT"
-        arrow = ">" if self.kind.startswith("SEND") else "<"
-        what = "act" if self.kind.endswith("ACT") else "grad"
+        arrow = ">" if self.kind.is_send else "<"
+        what = "act" if self.kind.carries_activation else "grad"
         return f"{arrow}{self.peer} {what} {self.micro_batch}" + ("'" if self.replica else "")
 
     def describe(self) -> str:
         """One readable sentence (for the step-through widget and logs)."""
         who = f"rank {self.rank} tick {self.tick}: "
         mirror = " (mirror)" if self.replica else ""
-        if self.kind in COMPUTE_KINDS:
-            verb = "forward" if self.kind == "F" else "backward"
+        if self.kind.is_compute:
+            verb = "forward" if self.kind is ActionKind.FORWARD else "backward"
             return (who + f"{verb} stage {self.stage}{mirror} micro-batch {self.micro_batch}"
                     f" copy {self.copy} (chunk {self.chunk})")
-        if self.kind in P2P_KINDS:
-            verb, what = self.kind.split("_")
-            direction = "to" if verb == "SEND" else "from"
-            noun = "activation" if what == "ACT" else "gradient"
-            return (who + f"{verb.lower()} {noun} of stage {self.stage}{mirror} micro-batch "
+        if self.kind.is_p2p:
+            verb, direction = ("send", "to") if self.kind.is_send else ("recv", "from")
+            noun = "activation" if self.kind.carries_activation else "gradient"
+            return (who + f"{verb} {noun} of stage {self.stage}{mirror} micro-batch "
                     f"{self.micro_batch} copy {self.copy} {direction} rank {self.peer}")
-        if self.kind == "ALLREDUCE":
+        if self.kind is ActionKind.ALLREDUCE:
             return who + f"all-reduce stage {self.stage} gradients over ranks {list(self.group)}"
         return who + "optimizer step"
 
@@ -117,7 +142,7 @@ class Action:
 class _Op:
     """A compute op of the simulation: one stage of one chunk, run by one worker."""
 
-    kind: str
+    kind: ActionKind
     dp: int
     replica: int
     stage: int
@@ -139,7 +164,7 @@ class Schedule:
     """Every rank's actions for one training step, plus what built them."""
 
     cfg: ParallelConfig
-    kind: str
+    kind: ScheduleKind
     num_ticks: int
     per_rank: list[list[Action]] = field(default_factory=list)
 
@@ -162,10 +187,10 @@ class Schedule:
 
     def compute_grid(self) -> list[list[list[Action]]]:
         """grid[tick][rank] = the non-p2p actions of that rank at that tick."""
-        grid = [[[] for _ in self.per_rank] for _ in range(self.num_ticks)]
+        grid: list[list[list[Action]]] = [[[] for _ in self.per_rank] for _ in range(self.num_ticks)]
         for rank, actions in enumerate(self.per_rank):
             for action in actions:
-                if action.kind not in P2P_KINDS:
+                if not action.kind.is_p2p:
                     grid[action.tick][rank].append(action)
         return grid
 
@@ -182,7 +207,7 @@ class Schedule:
             cells = []
             for rank in range(self.world_size):
                 acts = [a for a in self.per_rank[rank] if a.tick == tick
-                        and (show_comm or a.kind not in P2P_KINDS)]
+                        and (show_comm or not a.kind.is_p2p)]
                 cells.append(" ".join(a.label(self.cfg.local_dp) for a in acts))
             rows.append([str(tick)] + cells)
         widths = [max(len("tick"), *(len(r[0]) for r in rows))]
@@ -207,7 +232,7 @@ class Schedule:
 
 
 def _role_text(role: RankRole) -> str:
-    def slot(s, mark: str) -> str:
+    def slot(s: StageSlot, mark: str) -> str:
         return f"s{s.stage}{mark}" + (f"t{s.tile}" if s.spatial else "")
     text = slot(role.primary, "")
     if role.mirror is not None:
@@ -265,28 +290,32 @@ class Stepper:
 
 
 # --------------------------------------------------------------------- generation
-def _direction_order(kind: str, stage: int, num_stages: int, items: list[tuple[int, int]],
-                     warmup_scale: int) -> list[tuple[str, int, int]]:
+def _direction_order(kind: ScheduleKind, stage: int, num_stages: int, items: list[tuple[int, int]],
+                     warmup_scale: int) -> list[tuple[ActionKind, int, int]]:
     """One worker's F/B order over ``items`` (micro_batch, copy) for one GEMS pair."""
-    if kind == "gpipe":
-        return [("F", u, k) for u, k in items] + [("B", u, k) for u, k in reversed(items)]
+    F, B = ActionKind.FORWARD, ActionKind.BACKWARD
+    if kind is ScheduleKind.GPIPE:
+        return [(F, u, k) for u, k in items] + [(B, u, k) for u, k in reversed(items)]
     count = len(items)
     warmup = min((num_stages - 1 - stage) * warmup_scale, count)
-    order = [("F", u, k) for u, k in items[:warmup]]
+    order = [(F, u, k) for u, k in items[:warmup]]
     for j in range(count - warmup):
-        order.append(("F",) + items[warmup + j])
-        order.append(("B",) + items[j])
-    order += [("B",) + item for item in items[count - warmup:]]
+        order.append((F, *items[warmup + j]))
+        order.append((B, *items[j]))
+    order += [(B, *item) for item in items[count - warmup:]]
     return order
 
 
-def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: str) -> dict[tuple, _Worker]:
+WorkerKey = tuple[int, int, int, int]   # (dp, replica, stage, copy); copy -1: all tiles
+
+
+def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: ScheduleKind) -> dict[WorkerKey, _Worker]:
     """One worker per (dp, replica, stage, copy); spatial stages use copy -1 (all tiles)."""
     directions = (0, 1) if cfg.gems else (0,)
     pairs = max(cfg.times, 1)
     m, copies, stages = cfg.parts, cfg.local_dp, cfg.split_size
     holders = stage_ranks(cfg, roles)
-    workers: dict[tuple, _Worker] = {}
+    workers: dict[WorkerKey, _Worker] = {}
     for d in range(cfg.data_parallel):
         for r in directions:
             for s in range(stages):
@@ -320,16 +349,17 @@ def stage_ranks(cfg: ParallelConfig, roles: list[RankRole] | None = None
 
 
 def _dependencies(op: _Op, num_stages: int) -> list[_Op]:
-    if op.kind == "F":
+    F, B = ActionKind.FORWARD, ActionKind.BACKWARD
+    if op.kind is F:
         if op.stage == 0:
             return []
-        return [_Op("F", op.dp, op.replica, op.stage - 1, op.micro_batch, op.copy)]
+        return [_Op(F, op.dp, op.replica, op.stage - 1, op.micro_batch, op.copy)]
     if op.stage == num_stages - 1:
-        return [_Op("F", op.dp, op.replica, op.stage, op.micro_batch, op.copy)]
-    return [_Op("B", op.dp, op.replica, op.stage + 1, op.micro_batch, op.copy)]
+        return [_Op(F, op.dp, op.replica, op.stage, op.micro_batch, op.copy)]
+    return [_Op(B, op.dp, op.replica, op.stage + 1, op.micro_batch, op.copy)]
 
 
-def _simulate(workers: dict[tuple, _Worker], num_stages: int) -> dict[_Op, tuple[int, tuple[int, ...]]]:
+def _simulate(workers: dict[WorkerKey, _Worker], num_stages: int) -> dict[_Op, tuple[int, tuple[int, ...]]]:
     """Greedy list scheduling, one op per rank per tick: op -> (tick, ranks)."""
     finished: dict[_Op, int] = {}
     placed: dict[_Op, tuple[int, tuple[int, ...]]] = {}
@@ -341,7 +371,7 @@ def _simulate(workers: dict[tuple, _Worker], num_stages: int) -> dict[_Op, tuple
             if worker.position < len(worker.order):
                 op = worker.order[worker.position]
                 if all(finished.get(dep, tick) < tick for dep in _dependencies(op, num_stages)):
-                    ready.append((0 if op.kind == "B" else 1, op.micro_batch, op.replica,
+                    ready.append((0 if op.kind is ActionKind.BACKWARD else 1, op.micro_batch, op.replica,
                                   op.stage, op.copy, worker))
         ready.sort(key=lambda item: item[:5])
         busy: set[int] = set()
@@ -360,9 +390,10 @@ def _simulate(workers: dict[tuple, _Worker], num_stages: int) -> dict[_Op, tuple
     return placed
 
 
-def _tag(message: str, replica: int, micro_batch: int, copy: int, copies: int) -> int:
-    klass = 2 * replica + (0 if message == "ACT" else 1)
-    return TAG_BASE + klass * TAG_SPAN + (micro_batch * copies + copy) % TAG_SPAN
+def _tag(activation: bool, replica: int, micro_batch: int, copy: int, copies: int) -> int:
+    """Tag of a stage-to-stage message (see ``comm/tags.py``): class, then micro-batch x copy."""
+    klass = 2 * replica + (0 if activation else 1)
+    return PIPELINE.tag(klass * PIPELINE_SPAN + (micro_batch * copies + copy) % PIPELINE_SPAN)
 
 
 def chunk_index(cfg: ParallelConfig, dp: int, replica: int, micro_batch: int, copy: int) -> int:
@@ -373,15 +404,13 @@ def chunk_index(cfg: ParallelConfig, dp: int, replica: int, micro_batch: int, co
     return ((dp * groups + g) * cfg.parts + i) * cfg.local_dp + copy
 
 
-def build_schedule(cfg: ParallelConfig, kind: str | None = None) -> Schedule:
+def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) -> Schedule:
     """The whole step for ``cfg``: ``kind`` 'gpipe' or '1f1b' (default ``cfg.schedule``).
 
     With ``cfg.times >= 1`` both GEMS directions run this per-direction policy at once
     on the same ranks, the ``times`` pairs one after another.
     """
-    kind = cfg.schedule if kind is None else kind
-    if kind not in ("gpipe", "1f1b"):
-        raise ConfigError("schedule", f"{kind!r} is not 'gpipe' or '1f1b'")
+    kind = cfg.schedule if kind is None else as_schedule_kind(kind)
     roles = layout(cfg)
     workers = _workers(cfg, roles, kind)
     placed = _simulate(workers, cfg.split_size)
@@ -407,41 +436,43 @@ def build_schedule(cfg: ParallelConfig, kind: str | None = None) -> Schedule:
         for rank in ranks:
             mine = holders[(op.dp, op.replica, op.stage)]
             tile = mine.index(rank) if spatial(op.stage) else None
-            common = dict(rank=rank, tick=tick, stage=op.stage, micro_batch=op.micro_batch,
-                          replica=op.replica, copy=op.copy, dp=op.dp, chunk=chunk, tile=tile)
-            if op.kind == "F":
+            common = Action(op.kind, rank=rank, tick=tick, stage=op.stage,
+                            micro_batch=op.micro_batch, replica=op.replica, copy=op.copy,
+                            dp=op.dp, chunk=chunk, tile=tile)
+            forward = op.kind is ActionKind.FORWARD
+            if forward:
                 before = op.stage - 1 if op.stage > 0 else None
                 after = op.stage + 1 if op.stage < num_stages - 1 else None
-                recv_kind, send_kind, message = "RECV_ACT", "SEND_ACT", "ACT"
+                recv_kind, send_kind = ActionKind.RECV_ACT, ActionKind.SEND_ACT
             else:
                 before = op.stage + 1 if op.stage < num_stages - 1 else None
                 after = op.stage - 1 if op.stage > 0 else None
-                recv_kind, send_kind, message = "RECV_GRAD", "SEND_GRAD", "GRAD"
-            tag = _tag(message, op.replica, op.micro_batch, op.copy, copies)
+                recv_kind, send_kind = ActionKind.RECV_GRAD, ActionKind.SEND_GRAD
+            tag = _tag(forward, op.replica, op.micro_batch, op.copy, copies)
             seq = per_rank[rank]
             if before is not None:
                 for peer in peers(op, rank, before):
-                    seq.append((tick, 0, Action(recv_kind, peer=peer, tag=tag, **common)))
-            seq.append((tick, 1, Action(op.kind, **common)))
+                    seq.append((tick, 0, replace(common, kind=recv_kind, peer=peer, tag=tag)))
+            seq.append((tick, 1, common))
             if after is not None:
                 for peer in peers(op, rank, after):
-                    seq.append((tick, 2, Action(send_kind, peer=peer, tag=tag, **common)))
+                    seq.append((tick, 2, replace(common, kind=send_kind, peer=peer, tag=tag)))
 
     final = 1 + max(tick for tick, _ in placed.values())
     for role in roles:
         held = sorted({slot.stage for slot in (role.primary, role.mirror) if slot is not None})
         for s in held:
             per_rank[role.rank].append((final, 3 + s, Action(
-                "ALLREDUCE", role.rank, final, stage=s, dp=role.replica,
+                ActionKind.ALLREDUCE, role.rank, final, stage=s, dp=role.replica,
                 group=tuple(stage_holders(cfg, s)))))
         per_rank[role.rank].append((final, 3 + num_stages, Action(
-            "OPTIM", role.rank, final, dp=role.replica)))
+            ActionKind.OPTIM, role.rank, final, dp=role.replica)))
     ordered = [[a for _, _, a in sorted(seq, key=lambda item: (item[0], item[1]))]
                for seq in per_rank]
     return Schedule(cfg, kind, final + 1, ordered)
 
 
-def _pipeline_cfg(num_stages: int, num_micro_batches: int, kind: str, times: int = 0
+def _pipeline_cfg(num_stages: int, num_micro_batches: int, kind: ScheduleKind, times: int = 0
                   ) -> ParallelConfig:
     return ParallelConfig(split_size=num_stages, spatial_size=0, parts=num_micro_batches,
                           times=times, schedule=kind)
@@ -449,18 +480,18 @@ def _pipeline_cfg(num_stages: int, num_micro_batches: int, kind: str, times: int
 
 def gpipe(num_stages: int, num_micro_batches: int) -> Schedule:
     """GPipe on a plain pipeline: all forwards, then all backwards (last micro-batch first)."""
-    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, "gpipe"))
+    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, ScheduleKind.GPIPE))
 
 
 def one_f_one_b(num_stages: int, num_micro_batches: int) -> Schedule:
     """1F1B (PipeDream-flush): warm-up forwards, then one forward one backward, then drain."""
-    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, "1f1b"))
+    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, ScheduleKind.ONE_F_ONE_B))
 
 
-def gems(num_stages: int, num_micro_batches: int = 1, times: int = 1, kind: str = "gpipe"
-         ) -> Schedule:
+def gems(num_stages: int, num_micro_batches: int = 1, times: int = 1,
+         kind: ScheduleKind | str = ScheduleKind.GPIPE) -> Schedule:
     """GEMS bidirectional: a mirror replica on the same ranks in reverse stage order."""
-    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, kind, times))
+    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, as_schedule_kind(kind), times))
 
 
 def ideal_bubble_fraction(num_stages: int, num_micro_batches: int) -> float:

@@ -2,8 +2,9 @@
 
 Automatic balance profiles each layer once on a sample batch, either by **time**
 (forward + backward wall time, median of a few runs) or by **memory** (bytes autograd
-saves for backward plus the layer's parameters), then cuts the list into contiguous
-stages that minimise the largest stage cost.
+saves for backward plus the layer's parameters, counted by ``layer_memory``'s rule, which
+the memory planner uses too), then cuts the list into contiguous stages that minimise the
+largest stage cost.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
+from ..comm.messages import Payload, as_items, like
 from ..config import ConfigError
 
-Activation = Any  # a tensor or a tuple of tensors (skip connections)
+Activation = Payload  # a tensor or a tuple of tensors (skip connections)
 
 
 class Stage(nn.Sequential):
@@ -120,8 +123,7 @@ def partition_costs(costs: Sequence[float], split_size: int) -> tuple[int, ...]:
 
 
 def _float_tensors(value: Activation) -> list[torch.Tensor]:
-    items = value if isinstance(value, (tuple, list)) else (value,)
-    return [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [t for t in as_items(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 def _detach_input(value: Activation) -> Activation:
@@ -162,33 +164,87 @@ def profile_layer_times(layers: Sequence[nn.Module], sample: Activation,
     return times
 
 
-def profile_layer_memory(layers: Sequence[nn.Module], sample: Activation) -> list[int]:
-    """Bytes per layer on ``sample``: tensors autograd saves for backward + parameters.
+@dataclass(frozen=True)
+class LayerMemory:
+    """One layer's training memory under the counting rule of :func:`layer_memory` (bytes)."""
 
-    Runs on copies of the layers, so their BatchNorm statistics stay untouched.
+    saved_bytes: int                   # activations autograd keeps for backward
+    param_bytes: int
+    outputs: tuple[torch.Tensor, ...]  # the layer's output tensors (meta: shapes only)
+
+    @property
+    def total(self) -> int:
+        return self.saved_bytes + self.param_bytes
+
+
+Instrument = Callable[[int, nn.Module], Sequence[RemovableHandle]]
+
+
+def layer_memory(layers: Sequence[nn.Module], sample: Activation, *,
+                 dtype: torch.dtype | None = None,
+                 instrument: Instrument | None = None) -> list[LayerMemory]:
+    """Per layer of ``nn.Sequential(*layers)`` on ``sample``: bytes saved for backward and parameters.
+
+    The counting rule (the one the planner and ``auto_balance(by="memory")`` share): a
+    layer is charged the tensors autograd saves during its training-mode forward, each by
+    its own size (elements x element size); parameters are not activations (they are
+    ``param_bytes``), 0-d tensors are ignored, and a tensor saved by several layers (a ReLU
+    output the next conv saves too) is charged once, to the first layer that saves it.
+
+    Runs shape-only on ``meta`` copies of the layers (no memory, no data; the originals
+    and their BatchNorm statistics are untouched), in ``dtype`` if given. Float inputs
+    require grad, as in training. ``instrument(index, layer_copy)`` may register hooks on
+    a copy before it runs (the planner counts FLOPs so) and returns their handles.
     """
-    layers = [copy.deepcopy(layer) for layer in layers]
-    sizes: list[int] = []
-    x = sample
-    for layer in layers:
-        saved: dict[int, int] = {}
+    def to_meta(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point():
+            return t.detach().to(device="meta")
+        return t.detach().to(device="meta", dtype=dtype or t.dtype).requires_grad_(True)
 
-        def pack(t: torch.Tensor, saved: dict[int, int] = saved) -> torch.Tensor:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    x = like(sample, [to_meta(t) if isinstance(t, torch.Tensor) else t for t in as_items(sample)])
+    seen: dict[int, torch.Tensor] = {}     # keeps counted tensors alive, so ids stay unique
+    found = []
+    for index, layer in enumerate(layers):
+        meta_layer = copy.deepcopy(layer).to(device="meta")
+        if dtype is not None:
+            meta_layer.to(dtype=dtype)
+        meta_layer.train()
+        param_ids = {id(p) for p in meta_layer.parameters()}
+        saved: list[int] = []
+
+        def pack(t: torch.Tensor, param_ids: set[int] = param_ids, saved: list[int] = saved
+                 ) -> torch.Tensor:
+            if id(t) not in param_ids and id(t) not in seen and t.dim() > 0:
+                seen[id(t)] = t
+                saved.append(_nbytes(t))
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = layer(_detach_input(x))
-        params = sum(p.numel() * p.element_size() for p in layer.parameters())
-        sizes.append(sum(saved.values()) + params)
-        x = _detach_input(out)
-    return sizes
+        handles = instrument(index, meta_layer) if instrument is not None else ()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                x = meta_layer(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        params = sum(_nbytes(p) for p in meta_layer.parameters())
+        outputs = tuple(t for t in as_items(x) if isinstance(t, torch.Tensor))
+        found.append(LayerMemory(sum(saved), params, outputs))
+    return found
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def profile_layer_memory(layers: Sequence[nn.Module], sample: Activation) -> list[int]:
+    """Bytes per layer on ``sample``: saved activations + parameters, by :func:`layer_memory`'s rule."""
+    return [m.total for m in layer_memory(layers, sample)]
 
 
 def auto_balance(layers: Sequence[nn.Module], sample: Activation, split_size: int,
                  by: str = "time", repeats: int = 3) -> tuple[int, ...]:
     """A balance for ``split_size`` stages from profiling ``by`` 'time' or 'memory'."""
-    profilers: dict[str, Callable[[], list]] = {
+    profilers: dict[str, Callable[[], Sequence[float]]] = {
         "time": lambda: profile_layer_times(layers, sample, repeats),
         "memory": lambda: profile_layer_memory(layers, sample),
     }

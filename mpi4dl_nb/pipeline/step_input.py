@@ -108,14 +108,18 @@ class StepInput:
     def images_for(self, rows: slice, tile: int | None, grid: TileGrid | None,
                    device: torch.device) -> Any:
         """Rows ``rows`` of the images, cut to tile ``tile`` (None: whole), on ``device``."""
+        if tile is not None and grid is None:
+            raise ValueError(f"images of tile {tile} need the tile grid")
         if callable(self.images) and not _is_batch(self.images):
             box = None
-            if tile is not None:
+            if tile is not None and grid is not None:
+                if self.image_size is None:
+                    raise ValueError(f"tile {tile} of images from a callable needs image_size")
                 box = grid.tile_box(tile, *self.image_size)
             data = self.images(rows, box)
             return like(data, [t.to(device) for t in as_items(data)])
         data = like(self.images, [t[rows].to(device) for t in as_items(self.images)])
-        return input_tile(data, grid, tile) if tile is not None else data
+        return input_tile(data, grid, tile) if tile is not None and grid is not None else data
 
     def labels_for(self, rows: slice, device: torch.device) -> Any:
         """Rows ``rows`` of the labels on ``device``."""

@@ -5,11 +5,10 @@ import argparse
 import ast
 from typing import Any
 
-from ..config import ConfigError, ParallelConfig
+from ..config import SCHEDULES, SLICE_METHODS, ConfigError, ParallelConfig, ScheduleKind, SliceMethod
 
 APP_NAMES = {"1": "medical", "2": "cifar", "3": "synthetic",
              "medical": "medical", "cifar": "cifar", "synthetic": "synthetic"}
-SLICE_METHODS = ("square", "vertical", "horizontal")
 
 # flag -> ParallelConfig field, in the order MPI4DL documents them
 PARALLEL_FLAGS: dict[str, str] = {
@@ -74,7 +73,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--num-spatial-parts", dest="num_spatial_parts", type=int, default=4,
                    help="number of image tiles (ranks) per spatial stage")
     g.add_argument("--slice-method", dest="slice_method", type=parse_slice_method,
-                   default="square", help="tile layout: square, vertical or horizontal")
+                   default=SliceMethod.SQUARE.value,
+                   help=f"tile layout: {', '.join(SLICE_METHODS[:-1])} or {SLICE_METHODS[-1]}")
     g.add_argument("--parts", dest="parts", type=int, default=1,
                    help="number of micro-batches for pipeline parallelism")
     g.add_argument("--times", dest="times", type=int, default=0,
@@ -89,7 +89,7 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="layers per stage, e.g. 3,4,5 (sum = number of layers); default automatic")
     g.add_argument("--data-parallel", dest="data_parallel", type=int, default=1,
                    help="number of full model replicas trained data-parallel")
-    g.add_argument("--schedule", dest="schedule", choices=("gpipe", "1f1b"), default="gpipe",
+    g.add_argument("--schedule", dest="schedule", choices=SCHEDULES, default=ScheduleKind.GPIPE.value,
                    help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe)")
     return parser
 

@@ -8,17 +8,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 from torch import nn
 
+from ..config import ParallelConfig
 from ..data import Batcher
 from ..layout import stage_holders
+from ..pipeline.schedules import ActionKind
 from ..pipeline.step_input import ShardedImages
 from ..spatial.geometry import Box
 from .checkpoint import load_checkpoint, save_checkpoint
 from .metrics import ActivationMeter, RunMetrics, comm_seconds, cuda_peak_bytes, state_bytes
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+    from ..pipeline.engine import HybridEngine
+    from ..pipeline.runtime import StageInstance
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class TrainSettings:
 
 
 # --------------------------------------------------------------------- pre-flight
-def check_spatial_geometry(layers: Sequence[nn.Module], cfg: Any, image_size: int,
+def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int,
                            channels: int = 3) -> None:
     """Refuse, before any rank starts, a spatial split whose halos would not fit the tiles.
 
@@ -89,12 +96,12 @@ class InputFeeder:
     rank gets the global labels (they also tell the engine the global batch size).
     """
 
-    def __init__(self, engine: Any, batcher: Batcher, rank: int, dtype: torch.dtype) -> None:
+    def __init__(self, engine: HybridEngine, batcher: Batcher, rank: int, dtype: torch.dtype) -> None:
         self.batcher = batcher
         self.dtype = dtype
         self.size = batcher.dataset.image_size
         self.batch = batcher.batch_size
-        self.reads_images = any(a.kind == "F" and a.stage == 0
+        self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0
                                 for a in engine.schedule.actions(rank))
 
     def images(self, epoch: int, step: int) -> ShardedImages | None:
@@ -111,7 +118,7 @@ class InputFeeder:
 
 
 # --------------------------------------------------------------- optimizer state
-def _owned_instances(engine: Any, rank: int) -> list[Any]:
+def _owned_instances(engine: HybridEngine, rank: int) -> list[StageInstance]:
     """One instance per stage this rank reports (the stage's lowest holder rank)."""
     seen, out = set(), []
     for (_, stage), inst in sorted(engine.instances.items()):
@@ -125,7 +132,7 @@ def _portable(value: Any) -> Any:
     return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
 
 
-def gather_optimizer_state(engine: Any, ctx: Any) -> dict[str, dict[str, Any]] | None:
+def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> dict[str, dict[str, Any]] | None:
     """Per-parameter optimizer state keyed by whole-model parameter name, on rank 0 (collective).
 
     Names make it independent of the parallel layout: a run may resume on another one.
@@ -147,7 +154,7 @@ def gather_optimizer_state(engine: Any, ctx: Any) -> dict[str, dict[str, Any]] |
     return merged
 
 
-def load_optimizer_state(engine: Any, ctx: Any, state: dict[str, dict[str, Any]] | None) -> None:
+def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: dict[str, dict[str, Any]] | None) -> None:
     """Inverse of :func:`gather_optimizer_state`: each holder receives its stages' entries of rank 0's ``state``."""
     state = engine.scatter_to_holders(state if ctx.rank == 0 else None)
     optimizer = engine.optimizer
@@ -195,7 +202,7 @@ class ProgressBar:
 class Trainer:
     """Runs ``settings.steps`` optimizer steps of ``engine`` on ``batcher``'s data; all ranks call it."""
 
-    def __init__(self, engine: Any, batcher: Batcher, ctx: Any, settings: TrainSettings,
+    def __init__(self, engine: HybridEngine, batcher: Batcher, ctx: Comm, settings: TrainSettings,
                  run_info: dict[str, Any] | None = None) -> None:
         self.engine = engine
         self.batcher = batcher

@@ -6,10 +6,13 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, ParallelConfig
 from .args import add_mpi4dl_args, config_from_args
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
 
 EXIT_SETUP = 2
 DTYPES = ("float32", "float64")
@@ -93,7 +96,7 @@ def say(rank: int, world: int, text: str) -> None:
     print(f"{prefix}mpi4dl_nb train: {text}", file=sys.stderr, flush=True)
 
 
-def agree_or_exit(ctx: Any, error: BaseException | None) -> None:
+def agree_or_exit(ctx: Comm, error: BaseException | None) -> None:
     """All ranks learn whether any rank failed in set-up; then all exit together (code 2)."""
     messages = ctx.all_gather_object(None if error is None else f"{error}")
     failed = [(r, m) for r, m in enumerate(messages) if m is not None]
@@ -113,7 +116,7 @@ def agree_or_exit(ctx: Any, error: BaseException | None) -> None:
 class Setup:
     """Everything a run needs, built before any training collective."""
 
-    def __init__(self, args: argparse.Namespace, cfg: ParallelConfig, ctx: Any) -> None:
+    def __init__(self, args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> None:
         import torch
 
         from ..data import Batcher, make_dataset

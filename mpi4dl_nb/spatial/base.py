@@ -9,11 +9,14 @@ call) and caches it; after that, a forward needs only halo messages and BatchNor
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
 from .geometry import LayerHalo, TileGrid
 from .halo import HaloExchange
 from .tiles import tile_ranks
@@ -22,16 +25,19 @@ from .tiles import tile_ranks
 class SpatialRuntime:
     """What every spatial layer of one spatialized model shares: grid, ranks, size cache."""
 
-    def __init__(self, grid: TileGrid, ctx: Any, group: Any = None,
+    def __init__(self, grid: TileGrid, ctx: Comm, group: Group | None = None,
                  image_size: tuple[int, int] | None = None) -> None:
         self.grid = grid
         self.ctx = ctx
         self.group = group
         self.ranks, self.tile = tile_ranks(grid, ctx, group)
-        self.image_size = tuple(image_size) if image_size is not None else None
+        self.image_size: tuple[int, int] | None = None
+        if image_size is not None:
+            height, width = image_size
+            self.image_size = (int(height), int(width))
         self.root_size: tuple[int, int] | None = None
         self._calls: dict[int, int] = {}
-        self._sizes: dict[tuple[Any, ...], tuple[int, int]] = {}
+        self._sizes: dict[tuple[tuple[int, int], int, int], tuple[int, int]] = {}
         self.partial_parameters: list[nn.Parameter] = []
 
     # --------------------------------------------------------------- root hooks
@@ -58,13 +64,12 @@ class SpatialRuntime:
     # ----------------------------------------------------------------- sizes
     def gather_size(self, x: torch.Tensor) -> tuple[int, int]:
         """Global (H, W) of a tiled tensor from every tile's local size (one object gather)."""
-        local = tuple(int(s) for s in x.shape[-2:])
+        local = (int(x.shape[-2]), int(x.shape[-1]))
         if len(self.ranks) == 1:
             return local
         sizes = self.ctx.all_gather_object(local, group=self.group)
         grid = self.grid
-        height = sum(sizes[grid.tile_at(r, 0)][0] for r in range(grid.rows))
-        width = sum(sizes[grid.tile_at(0, c)][1] for c in range(grid.cols))
+        height, width = grid.full_size(sizes)
         for tile, size in enumerate(sizes):
             if tuple(size) != grid.tile_of_size(tile, height, width):
                 raise ValueError(f"tile sizes {sizes} do not follow the balanced split of "
@@ -72,7 +77,7 @@ class SpatialRuntime:
                                  f"dl.scatter_tiles")
         return (height, width)
 
-    def input_size(self, layer: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    def input_size(self, layer: object, x: torch.Tensor) -> tuple[int, int]:
         """Global input size of ``layer`` at this call (cached per image size and call order)."""
         if self.root_size is None:
             return self.gather_size(x)
@@ -95,16 +100,25 @@ class SpatialRuntime:
         return f"SpatialRuntime({self.grid}, tile={self.tile}, ranks={self.ranks})"
 
 
-def adopt(cls: type, module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
-    """An instance of ``cls`` (a subclass of ``type(module)``) sharing ``module``'s state.
+M = TypeVar("M", bound=nn.Module)
 
-    Parameters and buffers are the same objects; the module's own dicts are copied so
-    that hooks or children added to the new module do not touch the original.
+
+def shallow_copy(module: nn.Module, cls: type[M]) -> M:
+    """An instance of ``cls`` (``type(module)`` or a subclass) sharing ``module``'s state.
+
+    Parameters, buffers and children are the same objects; the module's own dicts (of
+    children, hooks, ...) are copied, so changes to the new module's dicts (a converted
+    child, a new hook) do not touch the original.
     """
     new = cls.__new__(cls)
-    state = {k: (type(v)(v) if isinstance(v, (dict, set)) else v)
-             for k, v in module.__dict__.items()}
-    new.__dict__.update(state)
+    new.__dict__.update({k: (type(v)(v) if isinstance(v, (dict, set)) else v)
+                         for k, v in module.__dict__.items()})
+    return new
+
+
+def adopt(cls: type[M], module: nn.Module, runtime: SpatialRuntime, name: str) -> M:
+    """``shallow_copy(module, cls)`` for a spatial layer class ``cls``, bound to ``runtime``."""
+    new = shallow_copy(module, cls)
     object.__setattr__(new, "runtime", runtime)
     object.__setattr__(new, "layer_name", name or type(module).__name__)
     object.__setattr__(new, "_exchanges", {})
@@ -116,9 +130,9 @@ class SpatialLayer:
 
     runtime: SpatialRuntime
     layer_name: str
-    _exchanges: dict[Any, HaloExchange]
+    _exchanges: dict[Hashable, HaloExchange]
 
-    def _halo(self, key: Any, build: Any) -> HaloExchange:
+    def _halo(self, key: Hashable, build: Callable[[], HaloExchange]) -> HaloExchange:
         exchange = self._exchanges.get(key)
         if exchange is None:
             exchange = build()

@@ -35,6 +35,8 @@ class SpatialConv2d(SpatialLayer, nn.Conv2d):
     """Conv2d on this rank's tile: exchange the halo (zero padding at image borders), then
     convolve without padding; the result is exactly the owned output range."""
 
+    windows: tuple[Window1d, Window1d]
+
     @classmethod
     def from_module(cls, conv: nn.Conv2d, runtime: SpatialRuntime, name: str = "") -> SpatialConv2d:
         new = adopt(cls, conv, runtime, name)
@@ -169,7 +171,7 @@ class _BandedHaloConv2d(torch.autograd.Function):
     def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 conv: SpatialConv2d, exchange: HaloExchange, pads: tuple[int, int]) -> torch.Tensor:
         x = x.contiguous()
-        _, strips = exchange.extend(x, build=False)
+        strips = exchange.exchange_strips(x)
         pr, pc = pads
         out = F.conv2d(x, weight, bias, 1, (pr, pc), conv.dilation, conv.groups)
         for edge, band in _bands(x, strips, pr, pc):

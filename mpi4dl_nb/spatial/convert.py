@@ -10,26 +10,19 @@ tile by tile because ownership depends only on a tensor's size (see geometry.py)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
 from ..config import ConfigError
-from .base import SpatialRuntime
+from .base import SpatialRuntime, shallow_copy
 from .geometry import Box, TileGrid
 from .registry import ELEMENTWISE, SPATIAL_LAYERS
 
 
-def _copy_container(module: nn.Module) -> nn.Module:
-    """Shallow copy whose own dicts (children, hooks) are new, parameters the same objects."""
-    new = module.__class__.__new__(module.__class__)
-    new.__dict__.update({k: (type(v)(v) if isinstance(v, (dict, set)) else v)
-                         for k, v in module.__dict__.items()})
-    return new
-
-
-def _check_dropout(module: nn.Module, name: str) -> None:
+def _check_dropout(module: nn.modules.dropout._DropoutNd, name: str) -> None:
     if module.p > 0:
         raise ConfigError("model", f"layer {name!r} ({type(module).__name__}, p={module.p}) "
                           f"draws random masks per tile, which differ from the serial model; "
@@ -56,14 +49,14 @@ def _convert(module: nn.Module, runtime: SpatialRuntime, name: str,
                           f"layers, and containers of them. If it acts on each pixel "
                           f"independently, pass elementwise=({kind.__name__},); otherwise "
                           f"put it after the spatial stage")
-    new = _copy_container(module)
+    new = shallow_copy(module, type(module))
     for child_name, child in children:
         full = f"{name}.{child_name}" if name else child_name
         new._modules[child_name] = _convert(child, runtime, full, extra_elementwise)
     return new
 
 
-def spatialize(module: nn.Module, grid: TileGrid, ctx: Any, group: Any = None, *,
+def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None = None, *,
                image_size: Sequence[int] | None = None, halo_d2: bool = False,
                fused_layers: int = 1, elementwise: Iterable[type] = ()) -> nn.Module:
     """A copy of ``module`` that computes on this rank's tile exactly what ``module`` computes
@@ -82,7 +75,7 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Any, group: Any = None, *
     Layers after a global average pool (e.g. the classifier) compute on replicated data
     and get the full gradient on every tile.
     """
-    runtime = SpatialRuntime(grid, ctx, group, tuple(image_size) if image_size else None)
+    runtime = SpatialRuntime(grid, ctx, group, (image_size[0], image_size[1]) if image_size else None)
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
         raise ConfigError("model", "spatialize a module with a forward (e.g. nn.Sequential), "
                           "not a ModuleList/ModuleDict")
@@ -92,7 +85,7 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Any, group: Any = None, *
 
         fuse_sequentials(root, runtime, fused_layers)
     if root is module:   # an element-wise root: give it its own hooks
-        root = _copy_container(module)
+        root = shallow_copy(module, type(module))
     root.register_forward_pre_hook(runtime.begin_forward)
     root.register_forward_hook(runtime.end_forward)
     object.__setattr__(root, "spatial_runtime", runtime)
@@ -102,14 +95,15 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Any, group: Any = None, *
 def runtime_of(net: nn.Module) -> SpatialRuntime:
     """The SpatialRuntime of a module returned by ``spatialize``."""
     runtime = getattr(net, "spatial_runtime", None)
-    if runtime is None:
+    if not isinstance(runtime, SpatialRuntime):
         raise ValueError("not a spatialized module: build it with dl.spatialize(module, grid, ctx)")
     return runtime
 
 
 def tile_partial_parameters(net: nn.Module) -> list[nn.Parameter]:
     """Parameters whose gradient on each tile is that tile's share (to be summed over tiles)."""
-    seen, result = set(), []
+    seen: set[int] = set()
+    result: list[nn.Parameter] = []
     for p in runtime_of(net).partial_parameters:
         if id(p) not in seen:
             seen.add(id(p))
@@ -120,16 +114,15 @@ def tile_partial_parameters(net: nn.Module) -> list[nn.Parameter]:
 def reduce_tile_gradients(net: nn.Module) -> None:
     """Sum the partial gradients of spatial layers over the tile group (one all-reduce)."""
     runtime = runtime_of(net)
-    params = [p for p in tile_partial_parameters(net) if p.grad is not None]
-    if not params or len(runtime.ranks) == 1:
+    grads = [p.grad for p in tile_partial_parameters(net) if p.grad is not None]
+    if not grads or len(runtime.ranks) == 1:
         return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = torch.cat([g.reshape(-1) for g in grads])
     runtime.ctx.all_reduce(flat, group=runtime.group)
     offset = 0
-    for p in params:
-        n = p.grad.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-        offset += n
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def output_boxes(grid: TileGrid, out_height: int, out_width: int) -> list[Box]:

@@ -47,7 +47,7 @@ class FusedPlan:
         row, col = grid.position(runtime.tile)
         self.rows: list[FusedLevel] = rows_lv[row]
         self.cols: list[FusedLevel] = cols_lv[col]
-        pad_value = block.members[block.window_index[0]].pad_value
+        pad_value = block.windowed[0].pad_value
         self.exchange = HaloExchange(self.geometry, runtime.tile, runtime.ranks, runtime.ctx,
                                      pad_value)
         for level, bn in block.norm_levels:
@@ -85,10 +85,10 @@ class FusedBlock:
         self.members = members
         self.start, self.stop = start, start + len(members)
         self.name = name
-        self.window_index = [i for i, m in enumerate(members) if isinstance(m, WINDOWED)]
-        self.windows = [members[i].windows for i in self.window_index]
+        self.windowed = [m for m in members if isinstance(m, WINDOWED)]
+        self.windows = [m.windows for m in self.windowed]
         # BatchNorm layers between windowed layers: (level of the next windowed layer, name)
-        self.norm_levels = []
+        self.norm_levels: list[tuple[int, str]] = []
         level = 0
         for _i, m in enumerate(members):
             if isinstance(m, WINDOWED):

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..config import ConfigError
+from ..config import ConfigError, SliceMethod, as_slice_method
 
 Range = tuple[int, int]   # half-open [start, stop)
 Box = tuple[int, int, int, int]   # half-open (r0, r1, c0, c1)
@@ -131,6 +131,10 @@ def _length(r: Range) -> int:
     return max(0, r[1] - r[0])
 
 
+def _range(r: Sequence[int]) -> Range:
+    return (int(r[0]), int(r[1]))
+
+
 def plan_axis(size: int, owned: Sequence[Range], needed: Sequence[Range], *,
               knob: str = "num_spatial_parts", what: str = "layer") -> list[AxisExchange]:
     """Exchange plan of every tile along one axis, given owned and needed ranges per tile.
@@ -164,10 +168,11 @@ def plan_axis(size: int, owned: Sequence[Range], needed: Sequence[Range], *,
     plans = []
     for index in range(parts):
         prev_r, keep, next_r = recv[index]
-        send_prev = recv[index - 1][2] if index > 0 else (owned[index][0],) * 2
-        send_next = recv[index + 1][0] if index < parts - 1 else (owned[index][1],) * 2
-        plans.append(AxisExchange(index, parts, size, tuple(owned[index]), tuple(needed[index]),
-                                  keep, prev_r, next_r, tuple(send_prev), tuple(send_next)))
+        start, stop = _range(owned[index])
+        send_prev = recv[index - 1][2] if index > 0 else (start, start)
+        send_next = recv[index + 1][0] if index < parts - 1 else (stop, stop)
+        plans.append(AxisExchange(index, parts, size, (start, stop), _range(needed[index]),
+                                  keep, prev_r, next_r, send_prev, send_next))
     return plans
 
 
@@ -203,24 +208,18 @@ class TileGrid:
         self.cols = int(cols)
 
     @classmethod
-    def from_slice_method(cls, method: str, num_parts: int) -> TileGrid:
+    def from_slice_method(cls, method: SliceMethod | str, num_parts: int) -> TileGrid:
         """The grid MPI4DL's ``--slice-method`` and ``--num-spatial-parts`` describe."""
         if num_parts < 1:
             raise ConfigError("num_spatial_parts", f"must be >= 1, got {num_parts}")
-        if method == "square":
-            root = math.isqrt(num_parts)
-            if root * root != num_parts:
-                lower, upper = root * root, (root + 1) * (root + 1)
-                raise ConfigError("num_spatial_parts", f"slice_method 'square' needs a perfect "
-                                  f"square, got {num_parts}; use {lower} or {upper}, or "
-                                  f"slice_method 'vertical'/'horizontal'")
-            return cls(root, root)
-        if method == "vertical":
-            return cls(1, num_parts)
-        if method == "horizontal":
-            return cls(num_parts, 1)
-        raise ConfigError("slice_method", f"unknown {method!r}; use 'square', 'vertical' or "
-                          f"'horizontal'")
+        kind = as_slice_method(method)
+        root = math.isqrt(num_parts)
+        if kind is SliceMethod.SQUARE and root * root != num_parts:
+            lower, upper = root * root, (root + 1) * (root + 1)
+            raise ConfigError("num_spatial_parts", f"slice_method 'square' needs a perfect "
+                              f"square, got {num_parts}; use {lower} or {upper}, or "
+                              f"slice_method 'vertical'/'horizontal'")
+        return cls(*kind.grid_shape(num_parts))
 
     # ----------------------------------------------------------------- topology
     @property
@@ -276,6 +275,12 @@ class TileGrid:
     def tile_boxes(self, height: int, width: int) -> list[Box]:
         return [self.tile_box(t, height, width) for t in range(self.num_tiles)]
 
+    def full_size(self, tile_sizes: Sequence[Sequence[int]]) -> tuple[int, int]:
+        """(height, width) of a map from every tile's ``(..., h, w)`` size, in tile order."""
+        height = sum(int(tile_sizes[row * self.cols][-2]) for row in range(self.rows))
+        width = sum(int(tile_sizes[col][-1]) for col in range(self.cols))
+        return (height, width)
+
     def tile_of_size(self, tile: int, height: int, width: int) -> tuple[int, int]:
         r0, r1, c0, c1 = self.tile_box(tile, height, width)
         return (r1 - r0, c1 - c0)
@@ -310,10 +315,9 @@ class TileGrid:
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(value, int):
         return (value, value)
-    value = tuple(int(v) for v in value)
     if len(value) != 2:
-        raise ValueError(f"expected an int or a pair, got {value}")
-    return value  # type: ignore[return-value]
+        raise ValueError(f"expected an int or a pair, got {tuple(value)}")
+    return (int(value[0]), int(value[1]))
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,13 @@ from typing import Any
 
 import torch
 
+from ..comm.protocol import Comm
+from ..comm.tags import HALO
+from ..comm.trace import Tracer
 from .geometry import AxisExchange, LayerHalo
 
-HALO_TAG = 7100   # tags HALO_TAG .. HALO_TAG+7: (phase, direction, forward/backward)
-_ROWS_F, _COLS_F, _ROWS_B, _COLS_B = HALO_TAG, HALO_TAG + 2, HALO_TAG + 4, HALO_TAG + 6
+# (phase, forward/backward) -> first of its two tags (+1: the message towards the next tile)
+_ROWS_F, _COLS_F, _ROWS_B, _COLS_B = (HALO.tag(offset) for offset in (0, 2, 4, 6))
 
 Strips = list  # [rows from prev, rows from next, cols from prev, cols from next] (or None)
 
@@ -49,6 +52,13 @@ class BufferPool:
 
 def _len(r: tuple[int, int]) -> int:
     return max(0, r[1] - r[0])
+
+
+def _neighbour(peer: int | None) -> int:
+    """The rank across an inner tile border (halo geometry never crosses the image border)."""
+    if peer is None:
+        raise RuntimeError("halo message across the image border: the exchange plan is inconsistent")
+    return peer
 
 
 class AxisPeers:
@@ -87,7 +97,7 @@ class HaloExchange:
     owned tile ``(N, C, h, w)``; it returns the needed tile ``(N, C, h_needed, w_needed)``.
     """
 
-    def __init__(self, geometry: LayerHalo, tile: int, ranks: Sequence[int], comm: Any,
+    def __init__(self, geometry: LayerHalo, tile: int, ranks: Sequence[int], comm: Comm,
                  pad_value: float = 0.0) -> None:
         grid = geometry.grid
         if len(ranks) != grid.num_tiles:
@@ -115,9 +125,9 @@ class HaloExchange:
     def _count(self, plan: AxisExchange) -> int:
         return sum(1 for r in (plan.send_prev, plan.send_next) if _len(r))
 
-    def _tracing(self) -> tuple[Any, float | None]:
-        tracer = getattr(self.comm, "tracer", None)
-        return tracer, (tracer.now() if tracer is not None and tracer.enabled else None)
+    def _tracing(self) -> tuple[Tracer, float | None]:
+        tracer = self.comm.tracer
+        return tracer, (tracer.now() if tracer.enabled else None)
 
     def _staged(self, role: str, part: torch.Tensor) -> torch.Tensor:
         return part if part.is_contiguous() else self.pool.get(role, part.shape, part).copy_(part)
@@ -141,12 +151,18 @@ class HaloExchange:
             if strip is not None:
                 out.narrow(-1, cols.offset(rng[0]), _len(rng)).copy_(strip)
 
-    def extend(self, x: torch.Tensor, build: bool = True) -> tuple[torch.Tensor | None, Strips]:
-        """The needed tile from the owned one, and the received strips (kept for ``rebuild``).
+    def extend(self, x: torch.Tensor) -> tuple[torch.Tensor, Strips]:
+        """The needed tile from the owned one, and the received strips (kept for ``rebuild``)."""
+        out, strips = self._exchange(x, build=True)
+        assert out is not None
+        return out, strips
 
-        With ``build=False`` only the strips are exchanged and no needed tile is assembled
-        (the caller works on the owned tile and the strips directly); the tile is then None.
-        """
+    def exchange_strips(self, x: torch.Tensor) -> Strips:
+        """Only the received strips, no needed tile assembled (the caller works on the owned
+        tile and the strips directly)."""
+        return self._exchange(x, build=False)[1]
+
+    def _exchange(self, x: torch.Tensor, build: bool) -> tuple[torch.Tensor | None, Strips]:
         rows, cols, comm = self.rows, self.cols, self.comm
         expected = (_len(rows.owned), _len(cols.owned))
         if tuple(x.shape[-2:]) != expected:
@@ -163,12 +179,12 @@ class HaloExchange:
                                      (1, rows.recv_next, self.row_peers.next, _ROWS_F)):
             if _len(rng):
                 strips[slot] = x.new_empty((*lead, _len(rng), width))
-                requests.append(comm.irecv(strips[slot], peer, tag=tag))
+                requests.append(comm.irecv(strips[slot], _neighbour(peer), tag=tag))
         for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_F),
                                (rows.send_next, self.row_peers.next, _ROWS_F + 1)):
             if _len(rng):
                 part = x.narrow(-2, rng[0] - rows.owned[0], _len(rng))
-                requests.append(comm.isend(self._staged(f"sr{tag}", part), peer, tag=tag))
+                requests.append(comm.isend(self._staged(f"sr{tag}", part), _neighbour(peer), tag=tag))
         out = block = None
         if build:
             out = self._new_extended(x)
@@ -184,7 +200,7 @@ class HaloExchange:
                                      (3, cols.recv_next, self.col_peers.next, _COLS_F)):
             if _len(rng):
                 strips[slot] = x.new_empty((*lead, rows.needed_len, _len(rng)))
-                requests.append(comm.irecv(strips[slot], peer, tag=tag))
+                requests.append(comm.irecv(strips[slot], _neighbour(peer), tag=tag))
         for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_F),
                                (cols.send_next, self.col_peers.next, _COLS_F + 1)):
             if _len(rng):
@@ -192,7 +208,7 @@ class HaloExchange:
                 piece = self.pool.get(f"sc{tag}", (*lead, rows.needed_len, s1 - s0), x)
                 _fill_rows_own(piece, x, rows, s0, s1, self.pad_value)
                 _fill_rows_strips(piece, strips, rows, s0, s1)
-                requests.append(comm.isend(piece, peer, tag=tag))
+                requests.append(comm.isend(piece, _neighbour(peer), tag=tag))
         for request in requests:
             request.wait()
         if out is not None:
@@ -213,9 +229,7 @@ class HaloExchange:
         return out
 
     def forward_tensor(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.extend(x)[0]
-        assert out is not None
-        return out
+        return self.extend(x)[0]
 
     # ----------------------------------------------------------------- backward
     def backward_tensor(self, grad: torch.Tensor) -> torch.Tensor:
@@ -268,12 +282,12 @@ class HaloExchange:
                                (cols.send_next, self.col_peers.next, _COLS_B + 1)):
             if _len(rng):
                 buf = self.pool.get(f"gc{tag}", (*lead, rows.needed_len, _len(rng)), grad_x)
-                requests.append(comm.irecv(buf, peer, tag=tag))
+                requests.append(comm.irecv(buf, _neighbour(peer), tag=tag))
                 from_cols.append((rng, buf))
         for part, peer, tag in ((col_grads[0], self.col_peers.prev, _COLS_B + 1),
                                 (col_grads[1], self.col_peers.next, _COLS_B)):
             if part is not None:
-                requests.append(comm.isend(self._staged(f"bc{tag}", part), peer, tag=tag))
+                requests.append(comm.isend(self._staged(f"bc{tag}", part), _neighbour(peer), tag=tag))
         for request in requests:
             request.wait()
         for rng, buf in from_cols:
@@ -290,12 +304,12 @@ class HaloExchange:
                                (rows.send_next, self.row_peers.next, _ROWS_B + 1)):
             if _len(rng):
                 buf = self.pool.get(f"gr{tag}", (*lead, _len(rng), width), grad_x)
-                requests.append(comm.irecv(buf, peer, tag=tag))
+                requests.append(comm.irecv(buf, _neighbour(peer), tag=tag))
                 from_rows.append((rng, buf))
         for g, peer, tag in ((row_grads[0], self.row_peers.prev, _ROWS_B + 1),
                              (row_grads[1], self.row_peers.next, _ROWS_B)):
             if g is not None:
-                requests.append(comm.isend(self._staged(f"br{tag}", g), peer, tag=tag))
+                requests.append(comm.isend(self._staged(f"br{tag}", g), _neighbour(peer), tag=tag))
         for request in requests:
             request.wait()
         for rng, buf in from_rows:
@@ -312,13 +326,13 @@ class HaloExchange:
 
 class _HaloFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
-        ctx.exchange = exchange
+    def forward(fctx: Any, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
+        fctx.exchange = exchange
         return exchange.forward_tensor(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.exchange.backward_tensor(grad), None
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return fctx.exchange.backward_tensor(grad), None
 
 
 def halo_exchange(x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:

@@ -54,7 +54,8 @@ class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
         y = centered * torch.rsqrt(var + self.eps)[None, :, None, None]
         if self.affine:
             y = y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
-        if self.training and self.track_running_stats:
+        if (self.training and self.track_running_stats and self.running_mean is not None
+                and self.running_var is not None):
             n = count
             with torch.no_grad():
                 self.running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)

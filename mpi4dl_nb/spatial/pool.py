@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -10,11 +10,12 @@ from torch import nn
 
 from ..config import ConfigError
 from .base import SpatialLayer, SpatialRuntime, adopt
-from .geometry import LayerHalo, Window1d, _pair
+from .geometry import Box, LayerHalo, Window1d, _pair
 from .reduce import replicated_sum
 
 
-def pool_windows(pool: nn.Module, dilation: Any = 1) -> tuple[Window1d, Window1d]:
+def pool_windows(pool: nn.MaxPool2d | nn.AvgPool2d, dilation: int | Sequence[int] = 1
+                 ) -> tuple[Window1d, Window1d]:
     """Row and column windows of a MaxPool2d/AvgPool2d (floor mode only)."""
     if getattr(pool, "ceil_mode", False):
         raise ConfigError("model", f"{type(pool).__name__}(ceil_mode=True) is not supported by "
@@ -69,6 +70,8 @@ class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
 class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
     """AvgPool2d on a tile; ``count_include_pad=False`` divides by the in-image window count."""
 
+    _counts: dict[tuple[tuple[int, int], Box, torch.dtype, torch.device], torch.Tensor]
+
     @classmethod
     def from_module(cls, pool: nn.AvgPool2d, runtime: SpatialRuntime, name: str = "") -> SpatialAvgPool2d:
         new = adopt(cls, pool, runtime, name)
@@ -121,7 +124,8 @@ class SpatialGlobalAvgPool2d(SpatialLayer, nn.AdaptiveAvgPool2d):
     @classmethod
     def from_module(cls, pool: nn.AdaptiveAvgPool2d, runtime: SpatialRuntime,
                     name: str = "") -> SpatialGlobalAvgPool2d:
-        if _pair(pool.output_size if pool.output_size is not None else 1) != (1, 1):
+        size = pool.output_size
+        if (tuple(size) if isinstance(size, (tuple, list)) else (size, size)) != (1, 1):
             raise ConfigError("model", f"{name or 'AdaptiveAvgPool2d'}: only output_size 1 is "
                               f"supported by spatial parallelism, got {pool.output_size}; "
                               f"use AdaptiveAvgPool2d(1) or an AvgPool2d")

@@ -6,12 +6,15 @@ from typing import Any
 
 import torch
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
+
 
 class _SumPartitioned(torch.autograd.Function):
     """All-reduce sum whose result each tile uses for its own part: backward all-reduces."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, comm: Any, group: Any) -> torch.Tensor:
+    def forward(fctx: Any, x: torch.Tensor, comm: Comm, group: Group | None) -> torch.Tensor:
         fctx.comm, fctx.group = comm, group
         return comm.all_reduce(x.detach().clone(memory_format=torch.contiguous_format), group=group)
 
@@ -25,7 +28,7 @@ class _SumReplicated(torch.autograd.Function):
     """All-reduce sum consumed identically on every tile: backward passes the gradient on."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, comm: Any, group: Any) -> torch.Tensor:
+    def forward(fctx: Any, x: torch.Tensor, comm: Comm, group: Group | None) -> torch.Tensor:
         return comm.all_reduce(x.detach().clone(memory_format=torch.contiguous_format), group=group)
 
     @staticmethod
@@ -33,11 +36,11 @@ class _SumReplicated(torch.autograd.Function):
         return grad, None, None
 
 
-def partitioned_sum(x: torch.Tensor, comm: Any, group: Any = None) -> torch.Tensor:
+def partitioned_sum(x: torch.Tensor, comm: Comm, group: Group | None = None) -> torch.Tensor:
     """Sum of ``x`` over the group; gradients of all tiles' uses flow back to every tile."""
     return _SumPartitioned.apply(x, comm, group)
 
 
-def replicated_sum(x: torch.Tensor, comm: Any, group: Any = None) -> torch.Tensor:
+def replicated_sum(x: torch.Tensor, comm: Comm, group: Group | None = None) -> torch.Tensor:
     """Sum of ``x`` over the group, for a result every tile consumes identically."""
     return _SumReplicated.apply(x, comm, group)

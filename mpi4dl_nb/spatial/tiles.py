@@ -14,10 +14,12 @@ from typing import Any
 
 import torch
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
 from .geometry import Box, TileGrid
 
 
-def tile_ranks(grid: TileGrid, ctx: Any, group: Any = None) -> tuple[list[int], int]:
+def tile_ranks(grid: TileGrid, ctx: Comm, group: Group | None = None) -> tuple[list[int], int]:
     """Global rank of every tile and this rank's tile; ``group=None`` means the world."""
     ranks = list(group.ranks) if group is not None else list(range(ctx.world_size))
     if len(ranks) != grid.num_tiles:
@@ -36,7 +38,7 @@ def _box_slice(box: Box) -> tuple[Any, ...]:
 
 
 def _assemble(tile: torch.Tensor, boxes: Sequence[Box], mine: int, full_shape: Sequence[int],
-              ctx: Any, group: Any) -> torch.Tensor:
+              ctx: Comm, group: Group | None) -> torch.Tensor:
     """Full tensor on every rank: own tile placed into zeros, then an all-reduce sum."""
     full = tile.new_zeros(tuple(full_shape))
     full[_box_slice(boxes[mine])] = tile
@@ -46,8 +48,8 @@ def _assemble(tile: torch.Tensor, boxes: Sequence[Box], mine: int, full_shape: S
 
 class _Scatter(torch.autograd.Function):
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, boxes: list[Box], mine: int, comm: Any,
-                group: Any) -> torch.Tensor:
+    def forward(fctx: Any, x: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
+                group: Group | None) -> torch.Tensor:
         fctx.args = (boxes, mine, comm, group, tuple(x.shape))
         return x[_box_slice(boxes[mine])].contiguous()
 
@@ -60,8 +62,8 @@ class _Scatter(torch.autograd.Function):
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(fctx: Any, tile: torch.Tensor, boxes: list[Box], mine: int, comm: Any,
-                group: Any, full_shape: tuple[int, ...]) -> torch.Tensor:
+    def forward(fctx: Any, tile: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
+                group: Group | None, full_shape: tuple[int, ...]) -> torch.Tensor:
         fctx.box = boxes[mine]
         return _assemble(tile.contiguous(), boxes, mine, full_shape, comm, group)
 
@@ -70,7 +72,7 @@ class _Gather(torch.autograd.Function):
         return grad[_box_slice(fctx.box)].contiguous(), None, None, None, None, None
 
 
-def scatter_tiles(x: torch.Tensor, grid: TileGrid, ctx: Any, group: Any = None) -> torch.Tensor:
+def scatter_tiles(x: torch.Tensor, grid: TileGrid, ctx: Comm, group: Group | None = None) -> torch.Tensor:
     """This rank's tile of ``x`` (``(..., H, W)``, identical on every rank of the group)."""
     ranks, mine = tile_ranks(grid, ctx, group)
     height, width = x.shape[-2:]
@@ -81,7 +83,7 @@ def scatter_tiles(x: torch.Tensor, grid: TileGrid, ctx: Any, group: Any = None) 
     return _Scatter.apply(x, boxes, mine, ctx, group)
 
 
-def gather_tiles(tile: torch.Tensor, grid: TileGrid, ctx: Any, group: Any = None,
+def gather_tiles(tile: torch.Tensor, grid: TileGrid, ctx: Comm, group: Group | None = None,
                  full_shape: Sequence[int] | None = None) -> torch.Tensor:
     """The full tensor on every rank of the group, from each rank's owned ``tile``.
 
@@ -92,9 +94,7 @@ def gather_tiles(tile: torch.Tensor, grid: TileGrid, ctx: Any, group: Any = None
         return tile
     if full_shape is None:
         sizes = ctx.all_gather_object(tuple(tile.shape[-2:]), group=group)
-        height = sum(sizes[grid.tile_at(r, 0)][0] for r in range(grid.rows))
-        width = sum(sizes[grid.tile_at(0, c)][1] for c in range(grid.cols))
-        full_shape = (*tile.shape[:-2], height, width)
+        full_shape = (*tile.shape[:-2], *grid.full_size(sizes))
     full_shape = tuple(int(s) for s in full_shape)
     boxes = grid.tile_boxes(*full_shape[-2:])
     r0, r1, c0, c1 = boxes[mine]

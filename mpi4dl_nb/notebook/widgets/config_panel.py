@@ -8,13 +8,13 @@ from typing import Any
 import ipywidgets as w
 from torch import nn
 
-from ...config import ConfigError, ParallelConfig
+from ...config import SCHEDULES, SLICE_METHODS, ConfigError, ParallelConfig
 from .. import planner, viz
 from .figure_view import FigureView, display_widget
 
 INT_KNOBS = ("split_size", "spatial_size", "num_spatial_parts", "parts", "times", "local_dp",
              "data_parallel")
-CHOICE_KNOBS = {"slice_method": ("square", "vertical", "horizontal"), "schedule": ("gpipe", "1f1b")}
+CHOICE_KNOBS = {"slice_method": SLICE_METHODS, "schedule": SCHEDULES}
 
 
 class ConfigPanel:
@@ -42,7 +42,7 @@ class ConfigPanel:
                                                    description=knob, style={"description_width": "initial"},
                                                    layout=w.Layout(width="190px"))
         for knob, options in CHOICE_KNOBS.items():
-            self.controls[knob] = w.Dropdown(options=options, value=getattr(cfg, knob),
+            self.controls[knob] = w.Dropdown(options=options, value=str(getattr(cfg, knob)),
                                              description=knob, layout=w.Layout(width="220px"))
         self.controls["image_size"] = w.BoundedIntText(value=image_size, min=1, max=1 << 20,
                                                        description="image_size",

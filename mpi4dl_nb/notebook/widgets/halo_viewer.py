@@ -11,7 +11,7 @@ import ipywidgets as w
 import torch
 from torch import nn
 
-from ...config import ConfigError
+from ...config import SLICE_METHODS, ConfigError, SliceMethod
 from ...spatial.geometry import LayerHalo, TileGrid
 from .. import viz
 from .figure_view import FigureView, display_widget
@@ -101,7 +101,7 @@ class HaloViewer:
     """
 
     def __init__(self, image: Any, layers: Sequence[Any] | None = None, *, image_size: int | None = None,
-                 slice_method: str = "square", num_spatial_parts: int = 4) -> None:
+                 slice_method: SliceMethod | str = SliceMethod.SQUARE, num_spatial_parts: int = 4) -> None:
         self.image = image
         size = image_size or _image_side(image)
         if layers is None:
@@ -118,8 +118,8 @@ class HaloViewer:
                  for i, item in enumerate(self.layers)]
         self.layer_choice = w.Dropdown(options=list(zip(names, range(len(names)))), value=0,
                                        description="layer", layout=w.Layout(width="460px"))
-        self.slice_choice = w.Dropdown(options=["square", "vertical", "horizontal"],
-                                       value=slice_method, description="slice")
+        self.slice_choice = w.Dropdown(options=SLICE_METHODS, value=str(slice_method),
+                                       description="slice")
         self.parts_choice = w.BoundedIntText(value=num_spatial_parts, min=1, max=64,
                                              description="parts")
         self.tile_choice = w.Dropdown(description="tile")

@@ -17,8 +17,12 @@ from typing import Any
 
 import torch
 
+from ...pipeline.schedules import Action, ActionKind
 
-def action_key(action: Any) -> tuple:
+ActionKey = tuple[ActionKind, int, int, int, int, int, int, "int | None"]
+
+
+def action_key(action: Action) -> ActionKey:
     """What identifies an action across processes (Action is a frozen dataclass)."""
     return (action.kind, action.rank, action.tick, action.stage, action.micro_batch,
             action.replica, action.copy, action.peer)
@@ -38,7 +42,7 @@ class EngineStepAgent:
         self.images = images
         self.labels = labels
         self.settle = settle
-        self.waiting: Any = None          # the action held at the gate, None when running/done
+        self.waiting: Action | None = None   # the action held at the gate, None when running/done
         self.loss: float | None = None
         self.error: str | None = None
         self.executed: list[tuple] = []
@@ -51,7 +55,7 @@ class EngineStepAgent:
         self._hooks: list[Any] = []
 
     # ---------------------------------------------------------------- engine thread
-    def _on_action(self, action: Any) -> None:
+    def _on_action(self, action: Action) -> None:
         key = action_key(action)
         with self._cond:
             self.waiting = action
