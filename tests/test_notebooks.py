@@ -15,7 +15,7 @@ import pytest
 
 from mpi4dl_nb.notebook import tutorials
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = tutorials.DIRECTORY          # the checkout's notebooks/, wherever this test file lives
 ALL = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 SOURCES = tutorials.sources(NOTEBOOKS)
 
