@@ -11,7 +11,7 @@ STAMP      := $(VENV)/.mpi4dl-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test lint lab bench clean
+.PHONY: install demo test lint lab notebooks bench clean
 
 install: $(STAMP)
 
@@ -36,6 +36,10 @@ test: lint
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS) \
 		--MappingKernelManager.default_kernel_name=mpi4dl-nb
+
+# Write notebooks/NN_name.ipynb from their jupytext sources NN_name.py (deterministic; see docs/notebooks.md).
+notebooks: $(STAMP)
+	$(PY) -m mpi4dl_nb.notebook.tutorials notebooks
 
 bench: $(STAMP)
 	bash benchmarks/run_all.sh

@@ -1,8 +1,11 @@
-"""Every tutorial notebook runs top to bottom, headless, against a real local MPI cluster."""
+"""Every tutorial notebook is the build of its jupytext source and runs top to bottom, headless, against a real
+local MPI cluster; the git filter and JupyterLab saves cannot put outputs or churn into git."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -10,8 +13,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+from mpi4dl_nb.notebook import tutorials
+
+NOTEBOOKS = tutorials.DIRECTORY          # the checkout's notebooks/, wherever this test file lives
 ALL = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+SOURCES = tutorials.sources(NOTEBOOKS)
 
 
 def execute_notebook(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
@@ -25,23 +31,99 @@ def execute_notebook(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
     return notebook
 
 
-def test_notebooks_are_stored_without_outputs_and_built_from_the_generator():
-    assert [p.name[:2] for p in ALL] == ["01", "02", "03", "04", "05", "06"]
-    import importlib.util
+def git_filter(paths: list[Path]) -> None:
+    """Run nbstripout on ``paths`` in place as the git clean filter is set up in docs/notebooks.md."""
+    keys = " ".join(tutorials.GIT_FILTER_EXTRA_KEYS)
+    subprocess.run([sys.executable, "-m", "nbstripout", "--extra-keys", keys, *map(str, paths)],
+                   check=True, cwd=paths[0].parent, timeout=120)
 
-    spec = importlib.util.spec_from_file_location("build_notebooks", NOTEBOOKS / "build_notebooks.py")
-    build_notebooks = importlib.util.module_from_spec(spec)
-    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True   # no __pycache__ in notebooks/
-    try:
-        spec.loader.exec_module(build_notebooks)
-    finally:
-        sys.dont_write_bytecode = saved
-    for path in ALL:
+
+def as_saved_by_jupyterlab(text: str, seed: int) -> str:
+    """``text`` after a run and save in JupyterLab: outputs, counts, fresh cell ids, Lab and jupytext metadata."""
+    notebook = nbformat.reads(text, as_version=4)
+    for count, cell in enumerate(notebook.cells, start=1):
+        cell.id = f"{seed:04x}{count:04x}-lab-cell"
+        if cell.cell_type == "code":
+            cell.execution_count = count
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n"),
+                            nbformat.v4.new_output("execute_result", data={"text/plain": "1"}, execution_count=count)]
+    notebook.metadata.language_info = {"name": "python", "version": "3.11.2", "mimetype": "text/x-python"}
+    notebook.metadata.jupytext = {"cell_metadata_filter": "-all", "notebook_metadata_filter": "kernelspec,-all"}
+    notebook.metadata.widgets = {"application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2}}
+    return nbformat.writes(notebook) + "\n"
+
+
+def test_every_notebook_is_the_build_of_its_source_without_outputs():
+    assert [p.name[:2] for p in SOURCES] == ["01", "02", "03", "04", "05", "06"]
+    assert ALL == [tutorials.notebook_path(source) for source in SOURCES], "a notebook without a .py source"
+    for source in SOURCES:
+        path = tutorials.notebook_path(source)
         notebook = nbformat.read(path, as_version=4)
         code_cells = [c for c in notebook.cells if c.cell_type == "code"]
-        assert all(not c.outputs and c.execution_count is None for c in code_cells), path.name
-        expected = [c.source for c in build_notebooks.NOTEBOOKS[path.name]]
-        assert [c.source for c in notebook.cells] == expected, f"{path.name}: rerun build_notebooks.py"
+        assert all(not c.outputs and c.execution_count is None for c in code_cells), \
+            f"{path.name} is stored with outputs (a JupyterLab save?): run `make notebooks`"
+        assert path.read_text(encoding="utf-8") == tutorials.render(source), \
+            f"{path.name} is not the build of {source.name}: run `make notebooks`"
+
+
+def test_a_paired_jupyterlab_save_writes_the_source_back_unchanged():
+    """jupytext, paired through notebooks/jupytext.toml, turns each notebook back into exactly its .py source."""
+    import jupytext
+    from jupytext.config import load_jupytext_config
+    from jupytext.paired_paths import paired_paths
+
+    for source in SOURCES:
+        path = tutorials.notebook_path(source)
+        config = load_jupytext_config(str(path))
+        pairs = paired_paths(str(path), "ipynb", config.default_formats(str(path)))
+        assert [Path(p) for p, _ in pairs] == [path, source], "notebooks/jupytext.toml pairs them"
+        text = source.read_text(encoding="utf-8")
+        assert jupytext.reads(text, fmt=tutorials.SOURCE_FORMAT).metadata["kernelspec"] == tutorials.KERNELSPEC
+        notebook = nbformat.reads(tutorials.render(source), as_version=4)
+        assert jupytext.writes(notebook, fmt=tutorials.SOURCE_FORMAT, config=config) == text, source.name
+
+
+def test_git_filter_keeps_built_notebooks_and_strips_a_run_back_to_the_build(tmp_path):
+    built = {source.stem: tutorials.render(source) for source in SOURCES}
+    stored, ran = tmp_path / "stored", tmp_path / "ran"
+    stored.mkdir()
+    ran.mkdir()
+    for seed, (stem, text) in enumerate(built.items()):
+        (stored / f"{stem}.ipynb").write_text(text, encoding="utf-8")
+        saved = as_saved_by_jupyterlab(text, seed)
+        assert saved != text
+        (ran / f"{stem}.ipynb").write_text(saved, encoding="utf-8")
+    git_filter(sorted(stored.iterdir()) + sorted(ran.iterdir()))
+    for stem, text in built.items():
+        assert (stored / f"{stem}.ipynb").read_text(encoding="utf-8") == text, f"the filter changes {stem}"
+        assert (ran / f"{stem}.ipynb").read_text(encoding="utf-8") == text, f"a run {stem} is stored as built"
+
+
+def test_build_is_deterministic_and_keeps_edits_made_only_in_the_notebook(tmp_path):
+    source = tmp_path / SOURCES[-1].name
+    source.write_text(SOURCES[-1].read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "jupytext.toml").write_text((NOTEBOOKS / "jupytext.toml").read_text())
+    path = tutorials.notebook_path(source)
+    assert tutorials.build(tmp_path) == [path]
+    assert path.read_text(encoding="utf-8") == tutorials.notebook_path(SOURCES[-1]).read_text(encoding="utf-8")
+    assert tutorials.build(tmp_path) == [] and tutorials.main([str(tmp_path), "--check"]) == 0
+
+    path.write_text(as_saved_by_jupyterlab(tutorials.render(source), seed=1), encoding="utf-8")   # run in Lab
+    assert tutorials.main([str(tmp_path), "--check"]) == 1
+    assert tutorials.build(tmp_path) == [path] and path.read_text(encoding="utf-8") == tutorials.render(source)
+
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells[-1].source += "\nprint('an edit made in the .ipynb only')"
+    nbformat.write(notebook, path)
+    edited = path.read_text(encoding="utf-8")
+    past = source.stat().st_mtime - 60
+    os.utime(source, (past, past))                             # the notebook is newer than its source
+    with pytest.raises(tutorials.NotebookEdited, match="jupytext --sync"):
+        tutorials.build(tmp_path)
+    assert tutorials.main([str(tmp_path)]) == 1 and path.read_text(encoding="utf-8") == edited
+
+    os.utime(path, (past - 60, past - 60))                     # the source is newer: it wins
+    assert tutorials.build(tmp_path) == [path] and path.read_text(encoding="utf-8") == tutorials.render(source)
 
 
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", default=None, help="kernel name (default mpi4dl-nb, else python3)")
     args = parser.parse_args(argv)
     if not args.notebook.exists():
-        parser.error(f"--notebook {args.notebook} does not exist; run notebooks/build_notebooks.py")
+        parser.error(f"--notebook {args.notebook} does not exist; run `make notebooks`")
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     kernel = _kernel_name(args.kernel)
