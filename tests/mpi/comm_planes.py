@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from checks import assert_close
 
 from mpi4dl_nb.comm.context import Context
+from tests.support.checks import assert_close
 
 torch.set_num_threads(1)
 

@@ -1,6 +1,6 @@
 """MPI: HybridEngine == serial nn.Sequential training (float64, 3 SGD-momentum steps).
 
-Usage: engine_exact.py [--backend=gloo] CASE [CASE ...]  (each case needs exactly this many ranks)
+Usage: python -m tests.mpi.engine_exact [--backend=gloo] CASE [CASE ...]  (each case needs exactly this many ranks)
 
 Serial reference: the global batch cut into ``cfg.batch_divisor`` equal consecutive chunks,
 run in chunk order with gradient accumulation (each chunk's mean loss scaled by
@@ -11,19 +11,15 @@ relative (denominator: the tensor's max |value|, at least 1e-6).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from engine_cases import CASES, config_of  # noqa: E402
-from models_for_tests import build  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
+import mpi4dl_nb as dl
+from tests.support.engine_cases import CASES, config_of
+from tests.support.models import build
 
 RTOL = 1e-9
 FLOOR = 1e-6   # denominators below this are roundoff-sized (e.g. a bias whose gradient is ~0)

@@ -1,6 +1,7 @@
 """MPI: each rank keeps only its stages' weights; per-rank input equals the global batch; state scatter.
 
-Usage: engine_memory.py CASE [CASE ...]  (cases of tests/mpi/engine_cases.py, all of this world size)
+Usage: python -m tests.mpi.engine_memory CASE [CASE ...]  (cases of tests/support/engine_cases.py,
+all of this world size)
 
 Per case, on every rank:
 * held bytes: ``held_parameter_bytes()`` == the serial model's bytes of the stages this rank
@@ -15,20 +16,16 @@ Per case, on every rank:
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from engine_cases import CASES, config_of  # noqa: E402
-from models_for_tests import build  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
-from mpi4dl_nb.pipeline.stages import split_layers  # noqa: E402
-from mpi4dl_nb.pipeline.step_input import ShardedImages  # noqa: E402
+import mpi4dl_nb as dl
+from mpi4dl_nb.pipeline.stages import split_layers
+from mpi4dl_nb.pipeline.step_input import ShardedImages
+from tests.support.engine_cases import CASES, config_of
+from tests.support.models import build
 
 STEPS = 3
 

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
+import torch
+from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import torch  # noqa: E402
-from models_for_tests import build  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
+import mpi4dl_nb as dl
+from tests.support.models import build
 
 
 def expect_config_error(fn, *words: str) -> None:

@@ -1,27 +1,22 @@
 """Halo exchange: forward equals slicing the padded image (corners included), <Fx, y> = <x, F*y>,
 buffers reused, message counts as the geometry says; also a spatialized stack on a sub-group.
 
-Usage: halo_adjoint.py ROWS COLS BACKEND IDLE — the first IDLE world ranks hold no tile
-(the tiles live on a group of the remaining ranks, as in an engine's spatial stage).
+Usage: python -m tests.mpi.halo_adjoint ROWS COLS BACKEND IDLE — the first IDLE world ranks
+hold no tile (the tiles live on a group of the remaining ranks, as in an engine's spatial stage).
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from exactness import check_spatial_exact  # noqa: E402
-from spatial_models import resnet_stack  # noqa: E402
-
-from mpi4dl_nb.comm.context import Context  # noqa: E402
-from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.spatial.halo import HaloExchange  # noqa: E402
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.halo import HaloExchange
+from tests.support.exactness import check_spatial_exact
+from tests.support.spatial_models import resnet_stack
 
 torch.set_num_threads(1)
 

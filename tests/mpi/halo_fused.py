@@ -1,25 +1,20 @@
 """Fused halos (halo_d2): equal to the serial model (so to unfused) to 1e-10, border tiles
-included, with fewer messages. Usage: halo_fused.py ROWS COLS."""
+included, with fewer messages. Usage: python -m tests.mpi.halo_fused ROWS COLS."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from exactness import check_spatial_exact, relative_error  # noqa: E402
-from spatial_models import resnet_stack  # noqa: E402
-
-from mpi4dl_nb.comm.context import Context  # noqa: E402
-from mpi4dl_nb.spatial.convert import spatialize  # noqa: E402
-from mpi4dl_nb.spatial.fused import FusedSequential  # noqa: E402
-from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles  # noqa: E402
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.spatial.convert import spatialize
+from mpi4dl_nb.spatial.fused import FusedSequential
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
+from tests.support.exactness import check_spatial_exact, relative_error
+from tests.support.spatial_models import resnet_stack
 
 torch.set_num_threads(1)
 

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import copy
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
-from exactness import check_spatial_exact, relative_error
 from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.models import amoebanet, resnet_v1, resnet_v2
+from tests.support.exactness import check_spatial_exact, relative_error
 
 # float64 roundoff of different (tiled) summation orders, amplified by BatchNorm on 2x2 maps
 # of batch-2 chunks through 20+ layers, reaches ~1e-9; any real error is orders larger.

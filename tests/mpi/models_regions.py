@@ -1,22 +1,21 @@
 """5 ranks (SP+LP): each spatial rank reads only its tile box of every slide tile; training on
-those region reads equals serial training on whole tiles. Usage: models_regions.py SLIDE.tif"""
+those region reads equals serial training on whole tiles.
+Usage: python -m tests.mpi.models_regions SLIDE.tif"""
 from __future__ import annotations
 
 import copy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from exactness import relative_error  # noqa: E402
-from slide_recorder import ReadRecorder  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
-from mpi4dl_nb.data import Batcher, SlideDataset  # noqa: E402
-from mpi4dl_nb.models import resnet_v1  # noqa: E402
-from mpi4dl_nb.run.train import InputFeeder  # noqa: E402
+import mpi4dl_nb as dl
+from mpi4dl_nb.data import Batcher, SlideDataset
+from mpi4dl_nb.models import resnet_v1
+from mpi4dl_nb.run.train import InputFeeder
+from tests.support.exactness import relative_error
+from tests.support.slide_recorder import ReadRecorder
 
 SIZE, LEVEL, BATCH = 64, 1, 2
 

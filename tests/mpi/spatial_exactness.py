@@ -1,6 +1,6 @@
 """Every spatial layer type and a ResNet-style stack: spatialize(model) on tiles == serial, float64.
 
-Usage: spatial_exactness.py ROWS COLS [BACKEND]. Checks image sizes 64x64, 96x96 and
+Usage: python -m tests.mpi.spatial_exactness ROWS COLS [BACKEND]. Checks image sizes 64x64, 96x96 and
 100x120 (all exact on grids up to 3x3), then that impossible sizes raise ConfigError.
 """
 
@@ -9,21 +9,16 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from exactness import check_spatial_exact  # noqa: E402
-from spatial_models import layer_models  # noqa: E402
-
-from mpi4dl_nb.comm.context import Context  # noqa: E402
-from mpi4dl_nb.config import ConfigError  # noqa: E402
-from mpi4dl_nb.spatial.convert import spatialize  # noqa: E402
-from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.spatial.tiles import scatter_tiles  # noqa: E402
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.config import ConfigError
+from mpi4dl_nb.spatial.convert import spatialize
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.tiles import scatter_tiles
+from tests.support.exactness import check_spatial_exact
+from tests.support.spatial_models import layer_models
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message="Using padding='same'")

@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from slide_recorder import ReadRecorder
 
 from mpi4dl_nb.data import (
     Batcher,
@@ -21,19 +20,11 @@ from mpi4dl_nb.data import (
 )
 from mpi4dl_nb.data.cifar import RECORD
 from mpi4dl_nb.spatial.geometry import TileGrid
+from tests.support.pyramid import write_pyramid
+from tests.support.slide_recorder import ReadRecorder
 
 tifffile = pytest.importorskip("tifffile")
 openslide = pytest.importorskip("openslide")
-
-
-def write_pyramid(path: Path, image: np.ndarray, levels: int = 3, tile: int = 64) -> None:
-    """A pyramidal tiled JPEG TIFF (one page per level, reduced pages marked) that OpenSlide opens."""
-    with tifffile.TiffWriter(path) as tw:
-        level = image
-        for index in range(levels):
-            tw.write(level, tile=(tile, tile), compression="jpeg", photometric="rgb",
-                     subfiletype=1 if index else 0, metadata=None)
-            level = level[::2, ::2]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 import time
 
 import pytest
-from mpirun import MPIRunError, run_mpi
+
+from tests.support.mpirun import MPIRunError, run_mpi
 
 
 def test_failing_rank_reports_its_traceback():

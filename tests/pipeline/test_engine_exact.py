@@ -1,17 +1,13 @@
 """HybridEngine == serial training (float64) for every LP/PP/GEMS/SP/DP mix, under mpiexec.
 
-One mpiexec launch per world size runs all cases of that size (see tests/mpi/engine_cases.py).
+One mpiexec launch per world size runs all cases of that size (see tests/support/engine_cases.py).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
-from engine_cases import cases_by_world_size  # noqa: E402
+from tests.support.engine_cases import CASES, cases_by_world_size, config_of
 
 GROUPS = cases_by_world_size()
 
@@ -27,7 +23,6 @@ def test_engine_matches_serial(mpirun, nprocs):
 
 def test_acceptance_cases_are_covered():
     """Every configuration the issue lists has a case."""
-    from engine_cases import CASES, config_of
 
     def has(pred) -> bool:
         return any(pred(config_of(n)) for n in CASES)

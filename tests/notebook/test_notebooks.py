@@ -10,7 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+from tests.support.mpirun import REPO
+
+NOTEBOOKS = REPO / "notebooks"
 ALL = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 

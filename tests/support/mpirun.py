@@ -1,4 +1,4 @@
-"""Run a test script under a real ``mpiexec -n N``; fail with every rank's output, kill on timeout."""
+"""Run a test program under a real ``mpiexec -n N``; fail with every rank's output, kill on timeout."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-MPI_SCRIPTS = REPO / "tests" / "mpi"
+REPO = Path(__file__).resolve().parents[2]
+MPI_PROGRAMS = "tests.mpi"
 
 
 class MPIRunError(AssertionError):
@@ -46,21 +46,16 @@ def mpi_env(nprocs: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 180,
+def run_mpi(nprocs: int, script: str, *args: object, timeout: float = 180,
             env: dict[str, str] | None = None, expect_failure: bool = False,
             module: bool = False) -> subprocess.CompletedProcess:
-    """Run ``tests/mpi/<script>.py`` (or ``-m <script>`` with ``module=True``) on ``nprocs`` ranks.
+    """Run ``tests/mpi/<script>.py`` as module ``tests.mpi.<script>`` through mpi4py's runner (an
+    uncaught exception aborts every rank), or ``-m <script>`` with ``module=True``, on ``nprocs`` ranks.
 
     Raises MPIRunError with all output if the job exits non-zero (or zero, when
     ``expect_failure``) or runs past ``timeout`` seconds (then the whole job is killed).
     """
-    if module:
-        target = ["-m", str(script)]
-    else:
-        path = Path(script)
-        if not path.is_absolute():
-            path = MPI_SCRIPTS / (path.name if path.suffix == ".py" else f"{path.name}.py")
-        target = ["-m", "mpi4py", str(path)]
+    target = ["-m", str(script)] if module else ["-m", "mpi4py", "-m", f"{MPI_PROGRAMS}.{script}"]
     cmd = [*mpiexec(), "-n", str(nprocs), sys.executable, *target, *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=mpi_env(nprocs, env), cwd=REPO, start_new_session=True)
