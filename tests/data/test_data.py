@@ -71,9 +71,8 @@ def test_slide_tiles_tissue_filter_and_levels(slide_path):
 def test_slide_rank_reads_only_its_region(slide_path):
     """Each spatial rank's read asks OpenSlide for exactly its tile box, at the chosen level."""
     size, level = 64, 1
-    data = SlideDataset([slide_path], size, level=level)
-    recorder = ReadRecorder(data.slide(0))
-    data._open[0] = recorder
+    data = SlideDataset([slide_path], size, level=level, opener=ReadRecorder.open)
+    recorder = data.slide(0)
     index = len(data) - 1
     tile = data.tiles[index]
     whole = data.read(index)

@@ -1,4 +1,4 @@
-"""Run a test program under a real ``mpiexec -n N``; fail with every rank's output, kill on timeout."""
+"""Run a program under a real ``mpiexec -n N``: parse its named checks, fail with all ranks' output, kill on timeout."""
 
 from __future__ import annotations
 
@@ -7,15 +7,28 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+
+from .checks import CheckFailure, CheckReport
 
 REPO = Path(__file__).resolve().parents[2]
 MPI_PROGRAMS = "tests.mpi"
 
 
-class MPIRunError(AssertionError):
-    """An MPI job failed or timed out; the message carries every rank's output."""
+class MPIRunError(CheckFailure):
+    """An MPI job failed, timed out, or left named checks failed or missing; says which, with all ranks' output."""
+
+
+class MPIResult(subprocess.CompletedProcess):
+    """A finished job: merged output of all ranks, exit code, and the parsed named checks."""
+
+    def __init__(self, args: list[str], returncode: int, stdout: str, checks: CheckReport,
+                 timed_out: bool) -> None:
+        super().__init__(args, returncode, stdout, "")
+        self.checks = checks
+        self.timed_out = timed_out
 
 
 @lru_cache(maxsize=1)
@@ -46,30 +59,49 @@ def mpi_env(nprocs: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_mpi(nprocs: int, script: str, *args: object, timeout: float = 180,
-            env: dict[str, str] | None = None, expect_failure: bool = False,
-            module: bool = False) -> subprocess.CompletedProcess:
-    """Run ``tests/mpi/<script>.py`` as module ``tests.mpi.<script>`` through mpi4py's runner (an
-    uncaught exception aborts every rank), or ``-m <script>`` with ``module=True``, on ``nprocs`` ranks.
+def command(nprocs: int, program: str, *args: object, module: bool = False) -> list[str]:
+    """``tests.mpi.<program>`` through mpi4py's runner (an uncaught exception aborts every rank),
+    or, with ``module=True``, ``python -m <program>`` as a user would run it."""
+    target = ["-m", program] if module else ["-m", "mpi4py", "-m", f"{MPI_PROGRAMS}.{program}"]
+    return [*mpiexec(), "-n", str(nprocs), sys.executable, *target, *map(str, args)]
 
-    Raises MPIRunError with all output if the job exits non-zero (or zero, when
-    ``expect_failure``) or runs past ``timeout`` seconds (then the whole job is killed).
-    """
-    target = ["-m", str(script)] if module else ["-m", "mpi4py", "-m", f"{MPI_PROGRAMS}.{script}"]
-    cmd = [*mpiexec(), "-n", str(nprocs), sys.executable, *target, *map(str, args)]
+
+def launch_mpi(nprocs: int, program: str, *args: object, timeout: float = 180,
+               env: dict[str, str] | None = None, module: bool = False) -> MPIResult:
+    """Run the job to its end (killed after ``timeout`` seconds); never raises for its outcome:
+    ``result.checks.job_error`` says how it failed (None: exit code 0)."""
+    cmd = command(nprocs, program, *args, module=module)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=mpi_env(nprocs, env), cwd=REPO, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
+        timed_out, error = False, f"failed with exit code {proc.returncode}" if proc.returncode else None
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise MPIRunError(f"timed out after {timeout}s and was killed: {' '.join(cmd)}\n"
-                          f"--- output ---\n{out}") from None
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-    failed = proc.returncode != 0
-    if failed != expect_failure:
-        what = "succeeded but was expected to fail" if expect_failure else \
-            f"failed with exit code {proc.returncode}"
-        raise MPIRunError(f"{' '.join(cmd)} {what}\n--- output of all ranks ---\n{out}")
+        timed_out, error = True, f"timed out after {timeout}s and was killed"
+    return MPIResult(cmd, proc.returncode, out, CheckReport.parse(out, error, " ".join(cmd)), timed_out)
+
+
+def run_mpi(nprocs: int, program: str, *args: object, timeout: float = 180,
+            env: dict[str, str] | None = None, expect_failure: bool = False,
+            module: bool = False, checks: Iterable[str] | None = None) -> MPIResult:
+    """Run ``tests/mpi/<program>.py`` (or ``-m <program>`` with ``module=True``) on ``nprocs`` ranks.
+
+    Raises MPIRunError with all output if the job runs past ``timeout`` seconds (then the
+    whole job is killed), exits non-zero (zero, when ``expect_failure``), reports a failed
+    check on any rank, or leaves one of ``checks`` (names expected) unreported.
+    """
+    result = launch_mpi(nprocs, program, *args, timeout=timeout, env=env, module=module)
+    report = result.checks
+    if expect_failure:
+        if report.job_error is None:
+            raise MPIRunError(f"{report.command} succeeded but was expected to fail\n"
+                              f"--- output of all ranks ---\n{result.stdout}")
+        if not result.timed_out:
+            return result
+    try:
+        report.require_clean(checks)
+    except CheckFailure as failure:
+        raise MPIRunError(str(failure)) from None
     return result
