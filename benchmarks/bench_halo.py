@@ -27,6 +27,7 @@ from torch import nn
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.comm.tags import USER
 from mpi4dl_nb.spatial.convert import spatialize
+from mpi4dl_nb.spatial.fused import halo_messages_sent
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.halo import HaloExchange
 from mpi4dl_nb.spatial.tiles import scatter_tiles
@@ -113,16 +114,6 @@ def chain(layers: int, channels: int) -> nn.Module:
     return nn.Sequential(*modules)
 
 
-def count_messages(net: nn.Module) -> int:
-    total = 0
-    for module in net.modules():
-        for exchange in getattr(module, "_exchanges", {}).values():
-            total += exchange.messages_sent
-        for block in getattr(module, "_fused_blocks", {}).values():
-            total += sum(plan.exchange.messages_sent for plan in block._plans.values())
-    return total
-
-
 def fused_vs_unfused(ctx: Context, size: int, channels: int, layers: int, repeats: int) -> None:
     grid = TileGrid(1, ctx.world_size)
     torch.manual_seed(0)
@@ -140,9 +131,9 @@ def fused_vs_unfused(ctx: Context, size: int, channels: int, layers: int, repeat
             net(tile).sum().backward()
 
         step()
-        before = count_messages(net)
+        before = halo_messages_sent(net)
         step()
-        per_step = count_messages(net) - before
+        per_step = halo_messages_sent(net) - before
         seconds = median_time(ctx, step, repeats)
         total = int(sum(ctx.all_gather_object(per_step)))
         rows.append((label, total, seconds))

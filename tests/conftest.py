@@ -1,21 +1,31 @@
-"""Shared pytest set-up: repo on sys.path, one torch thread, the MPI harness as a fixture."""
+"""Shared pytest set-up: the MPI launcher as fixtures (one launch per job, shared by a module's tests)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from tests.support.checks import CheckReport
+from tests.support.mpirun import launch_mpi, run_mpi
 
 
 @pytest.fixture
 def mpirun():
-    """``mpirun(n, script, *args, timeout=...)`` runs tests/mpi/<script>.py on n ranks."""
-    from mpirun import run_mpi
-
+    """``mpirun(n, program, *args, timeout=..., checks=[names])`` runs tests/mpi/<program>.py on n
+    ranks and raises on any failed or missing check (``module=True``: ``python -m program``)."""
     return run_mpi
+
+
+@pytest.fixture(scope="module")
+def mpi_checks():
+    """``mpi_checks(n, program, *args, timeout=...)``: the CheckReport of one launch, run once per
+    argument list and shared by the module's tests, so each test can require its own named checks
+    (``report.require([name])``) without paying for another launch."""
+    reports: dict[tuple, CheckReport] = {}
+
+    def launch(nprocs: int, program: str, *args: object, timeout: float = 180) -> CheckReport:
+        key = (nprocs, program, *map(str, args))
+        if key not in reports:
+            reports[key] = launch_mpi(nprocs, program, *args, timeout=timeout).checks
+        return reports[key]
+
+    return launch

@@ -1,7 +1,7 @@
 """Pathology data: a folder of image tiles, or whole-slide images cut into tiles read region by region via OpenSlide."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,12 +126,14 @@ class SlideDataset:
     so a spatial rank touches only its own part of the slide. The tissue filter looks at the
     coarsest pyramid level once per slide: a tile is kept when at least ``min_tissue`` of its
     footprint is stained tissue (``min_tissue=0`` keeps all). Labels come from the first
-    folder below ``root`` when the slides sit in class folders.
+    folder below ``root`` when the slides sit in class folders. ``opener`` opens a slide file
+    (OpenSlide by default; a wrapper may record or cache reads).
     """
 
     def __init__(self, slides: Sequence[str | Path], image_size: int, *, level: int = 0,
                  min_tissue: float = 0.5, root: str | Path | None = None,
-                 num_classes: int | None = None, max_tiles_per_slide: int | None = None) -> None:
+                 num_classes: int | None = None, max_tiles_per_slide: int | None = None,
+                 opener: Callable[[Path], Any] = open_slide) -> None:
         if image_size < 1:
             raise ValueError(f"--image-size must be >= 1, got {image_size}")
         if not 0.0 <= min_tissue <= 1.0:
@@ -147,6 +149,7 @@ class SlideDataset:
         self.slide_labels, self.classes = (class_of(self.paths, base) if root is not None
                                            else ([0] * len(self.paths), [""]))
         self.num_classes = check_classes(len(self.classes), num_classes, base)
+        self._opener = opener
         self._open: dict[int, Any] = {}
         self.downsample: list[float] = []
         self.tiles: list[SlideTile] = []
@@ -170,7 +173,7 @@ class SlideDataset:
     def slide(self, number: int) -> Any:
         """The (lazily opened, cached) OpenSlide of slide ``number``."""
         if number not in self._open:
-            self._open[number] = open_slide(self.paths[number])
+            self._open[number] = self._opener(self.paths[number])
         return self._open[number]
 
     def _tissue_tiles(self, number: int, width: int, height: int) -> list[SlideTile]:

@@ -12,6 +12,8 @@ serial) one. The Sequential keeps its children and parameter names; only its cla
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from .base import SpatialRuntime
+from .base import SpatialLayer, SpatialRuntime
 from .conv import SpatialConv2d, conv_after_exchange, conv_after_padding
 from .geometry import FusedLevel, LayerHalo, plan_fused_axis
 from .halo import HaloExchange
@@ -135,6 +137,11 @@ class FusedSequential(nn.Sequential):
 
     _fused_blocks: dict[int, FusedBlock]
 
+    @property
+    def fused_blocks(self) -> Mapping[int, FusedBlock]:
+        """Read-only view of the fused blocks by index of their first child."""
+        return MappingProxyType(self._fused_blocks)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         children = list(self._modules.values())
         index = 0
@@ -172,6 +179,18 @@ def _blocks(children: list[nn.Module], fused_layers: int) -> list[tuple[int, int
             count += 1
             last_window = i
     return blocks
+
+
+def halo_messages_sent(root: nn.Module) -> int:
+    """Halo messages this rank has sent so far through every exchange under ``root`` (fused blocks included)."""
+    total = 0
+    for module in root.modules():
+        if isinstance(module, SpatialLayer):
+            total += sum(exchange.messages_sent for exchange in module._exchanges.values())
+        if isinstance(module, FusedSequential):
+            total += sum(plan.exchange.messages_sent for block in module.fused_blocks.values()
+                         for plan in block._plans.values())
+    return total
 
 
 def fuse_sequentials(root: nn.Module, runtime: SpatialRuntime, fused_layers: int) -> int:

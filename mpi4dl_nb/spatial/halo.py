@@ -12,7 +12,8 @@ padding positions get no gradient.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -44,6 +45,11 @@ class BufferPool:
 
     def clear(self) -> None:
         self._buffers.clear()
+
+    @property
+    def buffers(self) -> Mapping[tuple[Any, ...], torch.Tensor]:
+        """Read-only view of the staging buffers by key (role, shape, dtype, device)."""
+        return MappingProxyType(self._buffers)
 
     @property
     def nbytes(self) -> int:

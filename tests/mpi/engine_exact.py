@@ -1,6 +1,7 @@
 """MPI: HybridEngine == serial nn.Sequential training (float64, 3 SGD-momentum steps).
 
-Usage: engine_exact.py [--backend=gloo] CASE [CASE ...]  (each case needs exactly this many ranks)
+Usage: python -m tests.mpi.engine_exact [--backend=gloo] CASE [CASE ...]  (each case needs
+exactly this many ranks). Named checks: each CASE, then ``round trip <first CASE>``.
 
 Serial reference: the global batch cut into ``cfg.batch_divisor`` equal consecutive chunks,
 run in chunk order with gradient accumulation (each chunk's mean loss scaled by
@@ -11,19 +12,16 @@ relative (denominator: the tensor's max |value|, at least 1e-6).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from engine_cases import CASES, config_of  # noqa: E402
-from models_for_tests import build  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
+import mpi4dl_nb as dl
+from tests.support.checks import Checks, run_checks
+from tests.support.engine_cases import CASES, config_of
+from tests.support.models import build
 
 RTOL = 1e-9
 FLOOR = 1e-6   # denominators below this are roundoff-sized (e.g. a bias whose gradient is ~0)
@@ -60,6 +58,10 @@ def serial(model_name: str, data, chunks: int) -> tuple[list[float], dict[str, t
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def round_trip_name(case: str) -> str:
+    return f"round trip {case}"
+
+
 def run_case(ctx, name: str) -> str:
     kwargs, model_name, batch, image = CASES[name]
     cfg = config_of(name)
@@ -74,7 +76,7 @@ def run_case(ctx, name: str) -> str:
     if any(other != losses for other in every):
         raise AssertionError(f"{name}: ranks returned different losses: {every}")
     if ctx.rank != 0:
-        return ""
+        return "same losses as rank 0"
     want_losses, want_state = serial(model_name, data, cfg.batch_divisor)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
     if worst > RTOL:
@@ -91,7 +93,7 @@ def run_case(ctx, name: str) -> str:
         control = state_error(state, one_chunk, name, None)
         if control <= RTOL:
             raise AssertionError(f"{name}: control failed, 1-chunk serial also matches")
-    return f"OK {name}: world {cfg.world_size}, max rel err {worst:.2e}, {seconds:.2f}s"
+    return f"world {cfg.world_size}, max rel err {worst:.2e}, {seconds:.2f}s"
 
 
 def state_error(state: dict, want_state: dict, name: str, rtol: float | None) -> float:
@@ -121,21 +123,20 @@ def check_round_trip(ctx, name: str) -> None:
         for key, value in other.items():
             if not torch.equal(back[key], value):
                 raise AssertionError(f"{name}: round trip changed {key}")
-        print(f"OK round trip {name}", flush=True)
 
 
-def main() -> None:
+def main(check: Checks) -> None:
     torch.set_num_threads(1)
     names = [a for a in sys.argv[1:] if not a.startswith("--backend=")]
     backends = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backend=")]
     ctx = dl.init(backend=backends[-1] if backends else "auto")
     for name in names:
-        line = run_case(ctx, name)
-        if line:
-            print(line, flush=True)
-    check_round_trip(ctx, names[0])
+        with check(name) as result:
+            result.detail = run_case(ctx, name)
+    with check(round_trip_name(names[0])):
+        check_round_trip(ctx, names[0])
     ctx.barrier()
 
 
 if __name__ == "__main__":
-    main()
+    run_checks(main)

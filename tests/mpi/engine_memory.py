@@ -1,6 +1,7 @@
 """MPI: each rank keeps only its stages' weights; per-rank input equals the global batch; state scatter.
 
-Usage: engine_memory.py CASE [CASE ...]  (cases of tests/mpi/engine_cases.py, all of this world size)
+Usage: python -m tests.mpi.engine_memory CASE [CASE ...]  (cases of tests/support/engine_cases.py,
+all of this world size). Named checks per case: ``check_names(CASE)``.
 
 Per case, on every rank:
 * held bytes: ``held_parameter_bytes()`` == the serial model's bytes of the stages this rank
@@ -15,22 +16,24 @@ Per case, on every rank:
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from engine_cases import CASES, config_of  # noqa: E402
-from models_for_tests import build  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
-from mpi4dl_nb.pipeline.stages import split_layers  # noqa: E402
-from mpi4dl_nb.pipeline.step_input import ShardedImages  # noqa: E402
+import mpi4dl_nb as dl
+from mpi4dl_nb.pipeline.stages import split_layers
+from mpi4dl_nb.pipeline.step_input import ShardedImages
+from tests.support.checks import Checks, run_checks
+from tests.support.engine_cases import CASES, config_of
+from tests.support.models import build
 
 STEPS = 3
+CHECKS = ("held stages and bytes", "sharded input", "scatter to holders")
+
+
+def check_names(case: str) -> list[str]:
+    return [f"{case}: {what}" for what in CHECKS]
 
 
 def sgd(params):
@@ -163,18 +166,20 @@ def check_scatter(ctx, name: str) -> None:
         raise AssertionError(f"{name}: a state dict with a missing key was accepted")
 
 
-def main() -> None:
+def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
     for name in sys.argv[1:]:
-        held, total = check_memory(ctx, name)
-        every = ctx.gather_object(held, root=0)
-        check_sharded_input(ctx, name)
-        check_scatter(ctx, name)
-        if ctx.rank == 0:
-            print(f"OK memory {name}: held bytes per rank {every} of {total} (model)", flush=True)
+        memory, sharded, scatter = check_names(name)
+        with check(memory) as result:
+            held, total = check_memory(ctx, name)
+            result.detail = f"holds {held} of {total} parameter bytes (model)"
+        with check(sharded):
+            check_sharded_input(ctx, name)
+        with check(scatter):
+            check_scatter(ctx, name)
     ctx.barrier()
 
 
 if __name__ == "__main__":
-    main()
+    run_checks(main)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import sys
+import torch
+from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import mpi4dl_nb as dl
+from tests.support.checks import Checks, run_checks
+from tests.support.models import build
 
-import torch  # noqa: E402
-from models_for_tests import build  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
+CHECKS = ("wrong world size refused", "uneven batch refused", "hook sees the schedule in order",
+          "manual stepping equals train_step", "kept gradients equal serial", "gathered timeline")
 
 
 def expect_config_error(fn, *words: str) -> None:
@@ -27,68 +25,74 @@ def expect_config_error(fn, *words: str) -> None:
     raise AssertionError(f"no ConfigError (expected one mentioning {words})")
 
 
-def main() -> None:
+def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
     layers = build("resnet")
     loss_fn = nn.CrossEntropyLoss()
+    wrong_world, uneven, hook, manual_step, kept_grads, timeline = CHECKS
 
     # wrong world size: named knob + the launch that works
-    expect_config_error(lambda: dl.HybridEngine(layers, dl.ParallelConfig(split_size=2,
-                        spatial_size=0), ctx, loss_fn=loss_fn), "world_size", "mpiexec -n 2")
+    with check(wrong_world):
+        expect_config_error(lambda: dl.HybridEngine(layers, dl.ParallelConfig(split_size=2,
+                            spatial_size=0), ctx, loss_fn=loss_fn), "world_size", "mpiexec -n 2")
 
     cfg = dl.ParallelConfig(split_size=3, spatial_size=0, parts=4, schedule="1f1b")
     engine = dl.HybridEngine(layers, cfg, ctx, loss_fn=loss_fn)
     x = torch.randn(8, 3, 16, 16, dtype=torch.float64)
     y = torch.randint(0, 5, (8,))
     # uneven batch: refused on every rank before any message, naming parts and a fix
-    expect_config_error(lambda: engine.train_step(x[:6], y[:6]), "parts", "batch_size 4 or 8")
+    with check(uneven):
+        expect_config_error(lambda: engine.train_step(x[:6], y[:6]), "parts", "batch_size 4 or 8")
 
     # the step-through hook sees exactly this rank's schedule, in order
-    seen = []
-    loss = engine.train_step(x, y, on_action=seen.append)
-    assert seen == engine.schedule.actions(ctx.rank), "hook order differs from the schedule"
+    with check(hook):
+        seen = []
+        loss = engine.train_step(x, y, on_action=seen.append)
+        assert seen == engine.schedule.actions(ctx.rank), "hook order differs from the schedule"
 
     # the same step driven by hand, one action at a time (what a step-through widget does)
-    manual = dl.HybridEngine(build("resnet"), cfg, ctx, loss_fn=loss_fn)
-    manual.start_step(x, y)
-    taken = []
-    while True:
-        upcoming = manual.next_action()
-        action = manual.advance()
-        assert action is upcoming
-        if action is None:
-            break
-        taken.append(action)
-    assert taken == engine.schedule.actions(ctx.rank)
-    assert abs(manual.finish_step() - loss) <= 1e-12 * abs(loss), "manual step loss differs"
+    with check(manual_step):
+        manual = dl.HybridEngine(build("resnet"), cfg, ctx, loss_fn=loss_fn)
+        manual.start_step(x, y)
+        taken = []
+        while True:
+            upcoming = manual.next_action()
+            action = manual.advance()
+            assert action is upcoming
+            if action is None:
+                break
+            taken.append(action)
+        assert taken == engine.schedule.actions(ctx.rank)
+        assert abs(manual.finish_step() - loss) <= 1e-12 * abs(loss), "manual step loss differs"
 
     # gradients were kept (optimizer=None): compare with a serial accumulation
-    serial = nn.Sequential(*build("resnet"))
-    for j in range(4):
-        (loss_fn(serial(x[2 * j:2 * j + 2]), y[2 * j:2 * j + 2]) * 0.25).backward()
-    want = dict(serial.named_parameters())
-    for inst in engine.instances.values():
-        for key, p in inst.canonical.named_parameters():
-            g = want[inst.canonical.full_key(key)].grad
-            err = (p.grad - g).abs().max().item() / max(g.abs().max().item(), 1e-6)
-            assert err < 1e-9, f"rank {ctx.rank} {key}: grad error {err:.2e}"
+    with check(kept_grads):
+        serial = nn.Sequential(*build("resnet"))
+        for j in range(4):
+            (loss_fn(serial(x[2 * j:2 * j + 2]), y[2 * j:2 * j + 2]) * 0.25).backward()
+        want = dict(serial.named_parameters())
+        for inst in engine.instances.values():
+            for key, p in inst.canonical.named_parameters():
+                g = want[inst.canonical.full_key(key)].grad
+                err = (p.grad - g).abs().max().item() / max(g.abs().max().item(), 1e-6)
+                assert err < 1e-9, f"rank {ctx.rank} {key}: grad error {err:.2e}"
 
     # one gathered timeline with every rank's compute and messages
-    events = engine.timeline(clear=True)
-    if ctx.rank == 0:
-        ranks = {e.rank for e in events}
-        assert ranks == {0, 1, 2}, ranks
-        ops = {e.op for e in events}
-        assert {"F", "B", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD", "OPTIM"} <= ops, ops
-        sends = [e for e in events if e.op == "SEND_ACT"]
-        assert all(e.bytes > 0 and e.peer is not None for e in sends)
-        f0 = [e for e in events if e.op == "F" and e.stage == 0]
-        assert [e.micro_batch for e in f0] == [0, 1, 2, 3] * 2   # two engines, one step each
-        assert all(a.start <= b.start for a, b in zip(events, events[1:]))
-        print("engine_misc ok", flush=True)
+    with check(timeline):
+        events = engine.timeline(clear=True)
+        if ctx.rank == 0:
+            ranks = {e.rank for e in events}
+            assert ranks == {0, 1, 2}, ranks
+            ops = {e.op for e in events}
+            assert {"F", "B", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD", "OPTIM"} <= ops, ops
+            sends = [e for e in events if e.op == "SEND_ACT"]
+            assert all(e.bytes > 0 and e.peer is not None for e in sends)
+            f0 = [e for e in events if e.op == "F" and e.stage == 0]
+            assert [e.micro_batch for e in f0] == [0, 1, 2, 3] * 2   # two engines, one step each
+            assert all(a.start <= b.start for a, b in zip(events, events[1:]))
     ctx.barrier()
 
 
 if __name__ == "__main__":
-    main()
+    run_checks(main)

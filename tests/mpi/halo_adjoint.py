@@ -1,34 +1,38 @@
 """Halo exchange: forward equals slicing the padded image (corners included), <Fx, y> = <x, F*y>,
 buffers reused, message counts as the geometry says; also a spatialized stack on a sub-group.
 
-Usage: halo_adjoint.py ROWS COLS BACKEND IDLE — the first IDLE world ranks hold no tile
-(the tiles live on a group of the remaining ranks, as in an engine's spatial stage).
+Usage: python -m tests.mpi.halo_adjoint ROWS COLS BACKEND IDLE — the first IDLE world ranks
+hold no tile (the tiles live on a group of the remaining ranks, as in an engine's spatial stage).
+Named checks: ``check_names()``, reported by the tile ranks.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from exactness import check_spatial_exact  # noqa: E402
-from spatial_models import resnet_stack  # noqa: E402
-
-from mpi4dl_nb.comm.context import Context  # noqa: E402
-from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.spatial.halo import HaloExchange  # noqa: E402
-
-torch.set_num_threads(1)
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.halo import HaloExchange
+from tests.support.checks import Checks, run_checks
+from tests.support.exactness import check_spatial_exact
+from tests.support.spatial_models import resnet_stack
 
 # (height, width, kernel, stride, padding, dilation)
 LAYERS = [(24, 30, 3, 1, 1, 1), (37, 53, 5, 2, 2, 1), (36, 36, 1, 2, 0, 1),
           (31, 29, (7, 1), 1, (3, 0), 1), (40, 44, 3, 1, 2, 2), (33, 35, 3, 3, 0, 1),
           (30, 30, 4, 2, 1, 1), (30, 34, (1, 3), (2, 1), (0, 1), 1)]
+RESNET_ON_GROUP = "resnet on a group"
+
+
+def layer_check_name(spec: tuple) -> str:
+    return f"halo {spec}: forward, adjoint, buffers, messages"
+
+
+def check_names() -> list[str]:
+    return [*map(layer_check_name, LAYERS), RESNET_ON_GROUP]
 
 
 def check_layer(ctx: Context, grid: TileGrid, group, ranks: list[int], tile: int,
@@ -59,17 +63,18 @@ def check_layer(ctx: Context, grid: TileGrid, group, ranks: list[int], tile: int
     assert abs(both[0] - both[1]) <= 1e-12 * abs(both[0]), \
         f"rank {ctx.rank}: adjoint of {spec}: {both[0].item()} vs {both[1].item()}"
     # buffers reused across calls; message count as the geometry says
-    before = {k: v.data_ptr() for k, v in exchange.pool._buffers.items()}
+    before = {k: v.data_ptr() for k, v in exchange.pool.buffers.items()}
     sent = exchange.messages_sent
     exchange(x.detach()).sum()
-    after = {k: v.data_ptr() for k, v in exchange.pool._buffers.items()}
+    after = {k: v.data_ptr() for k, v in exchange.pool.buffers.items()}
     assert before == after, f"rank {ctx.rank}: staging buffers were reallocated"
     mine = [m for m in geometry.messages() if m.src == tile]
     assert exchange.messages_sent - sent == len(mine), \
         f"rank {ctx.rank}: sent {exchange.messages_sent - sent}, geometry says {len(mine)}"
 
 
-def main() -> None:
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
     rows, cols, backend, idle = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     ctx = Context(backend=backend)
     grid = TileGrid(rows, cols)
@@ -79,16 +84,15 @@ def main() -> None:
     if ctx.rank in ranks:
         tile = ranks.index(ctx.rank)
         for spec in LAYERS:
-            check_layer(ctx, grid, group, ranks, tile, spec)
-        torch.manual_seed(3)
-        model = resnet_stack(3, classes=4).double()
-        x = torch.randn(2, 3, 40, 44, dtype=torch.float64)
-        check_spatial_exact(model, grid, x, ctx, group, what="resnet on a group")
+            with check(layer_check_name(spec)):
+                check_layer(ctx, grid, group, ranks, tile, spec)
+        with check(RESNET_ON_GROUP):
+            torch.manual_seed(3)
+            model = resnet_stack(3, classes=4).double()
+            x = torch.randn(2, 3, 40, 44, dtype=torch.float64)
+            check_spatial_exact(model, grid, x, ctx, group, what="resnet on a group")
     ctx.barrier()
-    if ctx.rank == 0:
-        print(f"OK halo {grid} {backend} idle={idle}: {len(LAYERS)} layers adjoint+forward, "
-              f"resnet on group")
 
 
 if __name__ == "__main__":
-    main()
+    run_checks(main)

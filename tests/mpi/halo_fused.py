@@ -1,27 +1,26 @@
 """Fused halos (halo_d2): equal to the serial model (so to unfused) to 1e-10, border tiles
-included, with fewer messages. Usage: halo_fused.py ROWS COLS."""
+included, with fewer messages. Usage: python -m tests.mpi.halo_fused ROWS COLS.
+Named checks: ``check_names()``."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.spatial.convert import spatialize
+from mpi4dl_nb.spatial.fused import FusedSequential, halo_messages_sent
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
+from tests.support.checks import Checks, run_checks
+from tests.support.exactness import check_spatial_exact, relative_error
+from tests.support.spatial_models import resnet_stack
 
-from exactness import check_spatial_exact, relative_error  # noqa: E402
-from spatial_models import resnet_stack  # noqa: E402
-
-from mpi4dl_nb.comm.context import Context  # noqa: E402
-from mpi4dl_nb.spatial.convert import spatialize  # noqa: E402
-from mpi4dl_nb.spatial.fused import FusedSequential  # noqa: E402
-from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles  # noqa: E402
-
-torch.set_num_threads(1)
+FUSED_LAYERS = (2, 3, 6)
+SIZES = ((64, 64), (100, 120))
+RESNET_FUSED = "resnet fused"
 
 
 def chain() -> nn.Module:
@@ -35,49 +34,52 @@ def chain() -> nn.Module:
         nn.ReLU())
 
 
-def messages(net: nn.Module) -> int:
-    total = 0
-    for module in net.modules():
-        for exchange in getattr(module, "_exchanges", {}).values():
-            total += exchange.messages_sent
-        for block in getattr(module, "_fused_blocks", {}).values():
-            total += sum(p.exchange.messages_sent for p in block._plans.values())
-    return total
+def chain_check_names(fused_layers: int, size: tuple[int, int]) -> tuple[str, str]:
+    """(exact against serial, equal to unfused with fewer messages) for one chain and size."""
+    label = f"fused chain k={fused_layers} {size[0]}x{size[1]}"
+    return f"{label}: equals serial", f"{label}: equals unfused with fewer messages"
 
 
-def main() -> None:
+def check_names() -> list[str]:
+    return [name for k in FUSED_LAYERS for size in SIZES for name in chain_check_names(k, size)] + \
+        [RESNET_FUSED]
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
     rows, cols = int(sys.argv[1]), int(sys.argv[2])
     ctx = Context()
     grid = TileGrid(rows, cols)
-    for fused_layers in (2, 3, 6):
-        for size in ((64, 64), (100, 120)):
+    for fused_layers in FUSED_LAYERS:
+        for size in SIZES:
+            exact, fewer = chain_check_names(fused_layers, size)
             torch.manual_seed(fused_layers)
             model = chain().double()
             x = torch.randn(2, 3, *size, dtype=torch.float64)
-            check_spatial_exact(model, grid, x, ctx, halo_d2=True, fused_layers=fused_layers,
-                                what=f"fused chain k={fused_layers} {size}")
+            with check(exact):
+                check_spatial_exact(model, grid, x, ctx, halo_d2=True, fused_layers=fused_layers,
+                                    what=f"fused chain k={fused_layers} {size}")
             # fused == unfused directly, and fewer messages
-            plain = spatialize(model, grid, ctx)
-            fused = spatialize(model, grid, ctx, halo_d2=True, fused_layers=fused_layers)
-            assert isinstance(fused, FusedSequential) and len(fused._fused_blocks) >= 1
-            tile = scatter_tiles(x, grid, ctx)
-            a = gather_tiles(plain(tile), grid, ctx)
-            b = gather_tiles(fused(tile), grid, ctx)
-            assert relative_error(b, a) <= 1e-10, relative_error(b, a)
-            counts = torch.tensor([messages(plain), messages(fused)], dtype=torch.float64)
-            ctx.all_reduce(counts)
-            assert counts[1] < counts[0], counts
-            if ctx.rank == 0 and size == (100, 120):
-                print(f"fused_layers={fused_layers}: forward messages {int(counts[0])} -> "
-                      f"{int(counts[1])}")
-    torch.manual_seed(5)
-    check_spatial_exact(resnet_stack(3, classes=3).double(), grid,
-                        torch.randn(2, 3, 64, 64, dtype=torch.float64), ctx, halo_d2=True,
-                        fused_layers=3, what="resnet fused")
+            with check(fewer) as result:
+                plain = spatialize(model, grid, ctx)
+                fused = spatialize(model, grid, ctx, halo_d2=True, fused_layers=fused_layers)
+                tile = scatter_tiles(x, grid, ctx)
+                a = gather_tiles(plain(tile), grid, ctx)
+                b = gather_tiles(fused(tile), grid, ctx)
+                counts = torch.tensor([halo_messages_sent(plain), halo_messages_sent(fused)],
+                                      dtype=torch.float64)
+                ctx.all_reduce(counts)
+                assert isinstance(fused, FusedSequential) and len(fused.fused_blocks) >= 1
+                assert relative_error(b, a) <= 1e-10, relative_error(b, a)
+                assert counts[1] < counts[0], counts
+                result.detail = f"forward messages {int(counts[0])} -> {int(counts[1])}"
+    with check(RESNET_FUSED):
+        torch.manual_seed(5)
+        check_spatial_exact(resnet_stack(3, classes=3).double(), grid,
+                            torch.randn(2, 3, 64, 64, dtype=torch.float64), ctx, halo_d2=True,
+                            fused_layers=3, what="resnet fused")
     ctx.barrier()
-    if ctx.rank == 0:
-        print(f"OK fused {grid}")
 
 
 if __name__ == "__main__":
-    main()
+    run_checks(main)

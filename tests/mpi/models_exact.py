@@ -7,27 +7,42 @@ then the updated weights and BatchNorm statistics (full state dict), over two SG
 (one for the larger sizes).
 The serial reference runs the batch in the engine's ``cfg.batch_divisor`` chunks, in order, with
 gradient accumulation (BatchNorm sees each chunk, as in the pipeline).
+Named checks: ``check_names()`` (one per model and configuration, one per spatial stage).
 """
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
-from exactness import check_spatial_exact, relative_error
 from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.models import amoebanet, resnet_v1, resnet_v2
+from tests.support.checks import Checks, run_checks
+from tests.support.exactness import check_spatial_exact, relative_error
 
 # float64 roundoff of different (tiled) summation orders, amplified by BatchNorm on 2x2 maps
 # of batch-2 chunks through 20+ layers, reaches ~1e-9; any real error is orders larger.
 RTOL = 1e-8
 SIZES = {"resnet_v1": [8, 14, 20], "resnet_v2": [11, 20, 29], "amoebanet": [3, 6, 9]}
 IMAGE = {"resnet_v1": 32, "resnet_v2": 32, "amoebanet": 64}
+SP_LP = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4, slice_method="square")
+LP_PP_GEMS = dl.ParallelConfig(split_size=5, spatial_size=0, parts=2, times=1)
+
+
+def training_label(family: str, size: int, cfg: dl.ParallelConfig) -> str:
+    return f"{family}-{size} {cfg.split_size}/{cfg.spatial_size}/{cfg.parts}/{cfg.times}"
+
+
+def spatial_label(family: str) -> str:
+    return f"{family} spatial stage with fused halos (D2)"
+
+
+def check_names() -> list[str]:
+    """SP+LP for every size, LP+PP+GEMS for the smallest, the fused spatial stage: per family."""
+    return [*(training_label(family, size, SP_LP) for family, sizes in SIZES.items() for size in sizes),
+            *(training_label(family, sizes[0], LP_PP_GEMS) for family, sizes in SIZES.items()),
+            *map(spatial_label, SIZES)]
 
 
 def build(family: str, size: int) -> list[nn.Module]:
@@ -41,7 +56,7 @@ def build(family: str, size: int) -> list[nn.Module]:
     return [layer.double() for layer in layers]
 
 
-def check(ctx, what: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+def assert_close(ctx, what: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
     err = relative_error(actual, expected)
     if not err <= RTOL:
         raise AssertionError(f"rank {ctx.rank}: {what}: relative error {err:.3e} > {RTOL:.0e}")
@@ -56,7 +71,7 @@ def compare_training(ctx, family: str, size: int, cfg: dl.ParallelConfig, batch:
                              optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
     reference_params = dict(serial.named_parameters())
     gen = torch.Generator().manual_seed(7)
-    label = f"{family}-{size} {cfg.split_size}/{cfg.spatial_size}/{cfg.parts}/{cfg.times}"
+    label = training_label(family, size, cfg)
     for step in range(steps):
         x = torch.randn(batch, 3, IMAGE[family], IMAGE[family], generator=gen, dtype=torch.float64)
         y = torch.randint(0, 5, (batch,), generator=gen)
@@ -68,13 +83,14 @@ def compare_training(ctx, family: str, size: int, cfg: dl.ParallelConfig, batch:
             part = nn.functional.cross_entropy(serial(x[lo:lo + chunk]), y[lo:lo + chunk])
             (part * (chunk / batch)).backward()
             ref_loss += part.detach() * (chunk / batch)
-        check(ctx, f"{label} step {step} loss", torch.tensor(loss, dtype=torch.float64), ref_loss.detach())
+        assert_close(ctx, f"{label} step {step} loss", torch.tensor(loss, dtype=torch.float64),
+                     ref_loss.detach())
         compared = 0
         for inst in engine.instances.values():
             for name, param in inst.canonical.named_parameters():
                 ref = reference_params[inst.canonical.full_key(name)]
-                check(ctx, f"{label} step {step} grad {inst.canonical.full_key(name)}",
-                      param.grad, ref.grad)
+                assert_close(ctx, f"{label} step {step} grad {inst.canonical.full_key(name)}",
+                             param.grad, ref.grad)
                 compared += 1
         if compared == 0:
             raise AssertionError(f"rank {ctx.rank}: {label}: no parameters compared")
@@ -85,27 +101,21 @@ def compare_training(ctx, family: str, size: int, cfg: dl.ParallelConfig, batch:
             if set(state) != set(reference):
                 raise AssertionError(f"{label}: state keys differ: {set(state) ^ set(reference)}")
             for key, value in reference.items():
-                check(ctx, f"{label} step {step} state {key}", state[key].double(), value.double())
-    if ctx.rank == 0:
-        print(f"EXACT {label}", flush=True)
+                assert_close(ctx, f"{label} step {step} state {key}", state[key].double(),
+                             value.double())
 
 
-def main() -> int:
+def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
-    sp_lp = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4,
-                              slice_method="square")
-    lp_pp_gems = dl.ParallelConfig(split_size=5, spatial_size=0, parts=2, times=1)
     for family, sizes in SIZES.items():
         for size in sizes:   # the momentum step (2nd) only for the smallest: keeps the test short
-            compare_training(ctx, family, size, sp_lp, batch=2, steps=2 if size == sizes[0] else 1)
-        compare_training(ctx, family, sizes[0], lp_pp_gems, batch=4)
+            with check(training_label(family, size, SP_LP)):
+                compare_training(ctx, family, size, SP_LP, batch=2,
+                                 steps=2 if size == sizes[0] else 1)
+        with check(training_label(family, sizes[0], LP_PP_GEMS)):
+            compare_training(ctx, family, sizes[0], LP_PP_GEMS, batch=4)
     # the first layers alone, spatialized with fused (D2) halos, via the shared helper
-    try:
-        import mpi4dl_nb.spatial.fused  # noqa: F401  (fused halos arrive with the spatial work)
-        fused = {"halo_d2": True, "fused_layers": 2}
-    except ModuleNotFoundError:
-        fused = {}
     tiles = ctx.new_group([0, 1, 2, 3])
     grid = dl.TileGrid.from_slice_method("square", 4)
     for family in SIZES:
@@ -114,13 +124,11 @@ def main() -> int:
         x = torch.randn(2, 3, IMAGE[family], IMAGE[family], dtype=torch.float64,
                         generator=torch.Generator().manual_seed(3))
         if ctx.rank < 4:
-            check_spatial_exact(front, grid, x, ctx, tiles, rtol=RTOL, what=f"{family} D2",
-                                **fused)
-            if ctx.rank == 0:
-                print(f"SPATIAL {'D2 ' if fused else ''}EXACT {family}", flush=True)
+            with check(spatial_label(family)):
+                check_spatial_exact(front, grid, x, ctx, tiles, rtol=RTOL, what=f"{family} D2",
+                                    halo_d2=True, fused_layers=2)
     ctx.barrier()
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_checks(main)

@@ -1,33 +1,35 @@
 """5 ranks (SP+LP): each spatial rank reads only its tile box of every slide tile; training on
-those region reads equals serial training on whole tiles. Usage: models_regions.py SLIDE.tif"""
+those region reads equals serial training on whole tiles.
+Usage: python -m tests.mpi.models_regions SLIDE.tif. Named checks: READS, LOSS (every rank)."""
 from __future__ import annotations
 
 import copy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from exactness import relative_error  # noqa: E402
-from slide_recorder import ReadRecorder  # noqa: E402
-from torch import nn  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
-from mpi4dl_nb.data import Batcher, SlideDataset  # noqa: E402
-from mpi4dl_nb.models import resnet_v1  # noqa: E402
-from mpi4dl_nb.run.train import InputFeeder  # noqa: E402
+import mpi4dl_nb as dl
+from mpi4dl_nb.data import Batcher, SlideDataset
+from mpi4dl_nb.models import resnet_v1
+from mpi4dl_nb.run.train import InputFeeder
+from tests.support.checks import Checks, run_checks
+from tests.support.exactness import relative_error
+from tests.support.slide_recorder import ReadRecorder
 
 SIZE, LEVEL, BATCH = 64, 1, 2
+READS = "spatial ranks read only their tile box, other ranks nothing"
+LOSS = "loss on region reads equals serial on whole tiles"
 
 
-def main() -> int:
+def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
     slide_path = Path(sys.argv[1])
-    data = SlideDataset([slide_path], SIZE, level=LEVEL)
-    recorder = ReadRecorder(data.slide(0))
-    data._open[0] = recorder
+    data = SlideDataset([slide_path], SIZE, level=LEVEL, opener=ReadRecorder.open)
+    recorder = data.slide(0)
+    recorder.calls.clear()   # the tissue filter's read of the coarsest level
     batcher = Batcher(data, BATCH, seed=0)
     cfg = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
     torch.manual_seed(0)
@@ -36,30 +38,24 @@ def main() -> int:
     feeder = InputFeeder(engine, batcher, ctx.rank, torch.float64)
     loss = engine.train_step(feeder.images(0, 0), feeder.labels(0, 0))
 
-    problems = []
-    if ctx.rank < 4:
-        r0, r1, c0, c1 = engine.grid.tile_box(ctx.rank, SIZE, SIZE)
-        tiles = [data.tiles[i] for i in batcher.indices(0, 0)]
-        expected = [(((t.x + c0) * 2, (t.y + r0) * 2), LEVEL, (c1 - c0, r1 - r0)) for t in tiles]
-        if recorder.calls != expected:
-            problems.append(f"rank {ctx.rank} read {recorder.calls}, expected {expected}")
-    elif recorder.calls:
-        problems.append(f"rank {ctx.rank} (stage 1) read the slide: {recorder.calls}")
+    with check(READS):
+        if ctx.rank < 4:
+            r0, r1, c0, c1 = engine.grid.tile_box(ctx.rank, SIZE, SIZE)
+            tiles = [data.tiles[i] for i in batcher.indices(0, 0)]
+            expected = [(((t.x + c0) * 2, (t.y + r0) * 2), LEVEL, (c1 - c0, r1 - r0)) for t in tiles]
+            assert recorder.calls == expected, f"read {recorder.calls}, expected {expected}"
+        else:
+            assert not recorder.calls, f"stage 1 read the slide: {recorder.calls}"
 
-    whole = SlideDataset([slide_path], SIZE, level=LEVEL)
-    full = torch.stack([whole.read(i) for i in batcher.indices(0, 0)]).double()
-    serial = nn.Sequential(*layers)
-    ref = nn.functional.cross_entropy(serial(full), batcher.labels(0, 0))
-    err = relative_error(torch.tensor(loss, dtype=torch.float64), ref.detach())
-    if err > 1e-10:
-        problems.append(f"rank {ctx.rank}: loss {loss} != serial {ref.item()} (rel {err:.2e})")
-    everything = ctx.all_gather_object(problems)
-    if any(everything):
-        raise SystemExit("\n".join(p for ps in everything for p in ps))
-    if ctx.rank == 0:
-        print("REGIONS OK", flush=True)
-    return 0
+    with check(LOSS):
+        whole = SlideDataset([slide_path], SIZE, level=LEVEL)
+        full = torch.stack([whole.read(i) for i in batcher.indices(0, 0)]).double()
+        serial = nn.Sequential(*layers)
+        ref = nn.functional.cross_entropy(serial(full), batcher.labels(0, 0))
+        err = relative_error(torch.tensor(loss, dtype=torch.float64), ref.detach())
+        assert err <= 1e-10, f"loss {loss} != serial {ref.item()} (rel {err:.2e})"
+    ctx.barrier()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_checks(main)

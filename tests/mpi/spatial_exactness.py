@@ -1,36 +1,58 @@
 """Every spatial layer type and a ResNet-style stack: spatialize(model) on tiles == serial, float64.
 
-Usage: spatial_exactness.py ROWS COLS [BACKEND]. Checks image sizes 64x64, 96x96 and
-100x120 (all exact on grids up to 3x3), then that impossible sizes raise ConfigError.
+Usage: python -m tests.mpi.spatial_exactness ROWS COLS [BACKEND [MODEL,MODEL...]]. Checks
+image sizes 64x64, 96x96 and 100x120 (all exact on grids up to 3x3), then that impossible
+sizes raise ConfigError. Named checks: ``check_names(ROWS, COLS, MODELS)``.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.config import ConfigError
+from mpi4dl_nb.spatial.convert import spatialize
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.tiles import scatter_tiles
+from tests.support.checks import Checks, run_checks
+from tests.support.exactness import check_spatial_exact
+from tests.support.spatial_models import layer_models
 
-from exactness import check_spatial_exact  # noqa: E402
-from spatial_models import layer_models  # noqa: E402
-
-from mpi4dl_nb.comm.context import Context  # noqa: E402
-from mpi4dl_nb.config import ConfigError  # noqa: E402
-from mpi4dl_nb.spatial.convert import spatialize  # noqa: E402
-from mpi4dl_nb.spatial.geometry import TileGrid  # noqa: E402
-from mpi4dl_nb.spatial.tiles import scatter_tiles  # noqa: E402
-
-torch.set_num_threads(1)
-warnings.filterwarnings("ignore", message="Using padding='same'")
 SIZES = [(64, 64), (96, 96), (100, 120)]
 
 
-def main() -> None:
+def exact_name(model: str, height: int, width: int) -> str:
+    return f"{model} {height}x{width}"
+
+
+def refusals(rows: int, cols: int) -> list[tuple[str, tuple[int, int]]]:
+    """(model, image size) that cannot be exact on this grid, so must be refused."""
+    cases = []
+    for name, size in (("resnet_stack", (2 * rows, 2 * cols)),   # a stage would own 0 rows
+                       ("big_kernel", (3 * rows, 3 * cols))):     # halo wider than a tile
+        if rows * cols == 1 or (name == "big_kernel" and max(rows, cols) < 3):
+            continue   # with < 3 parts the neighbour holds the whole remaining axis
+        cases.append((name, size))
+    return cases
+
+
+def refusal_name(model: str, size: tuple[int, int]) -> str:
+    return f"refuses {model} at {size[0]}x{size[1]}"
+
+
+def check_names(rows: int, cols: int, models: list[str] | None = None) -> list[str]:
+    """Every check the program reports on a ``rows x cols`` grid (``models``: only these)."""
+    return [exact_name(name, height, width) for height, width in SIZES for name in layer_models()
+            if not models or name in models] + \
+        [refusal_name(name, size) for name, size in refusals(rows, cols)]
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="Using padding='same'")
     rows, cols = int(sys.argv[1]), int(sys.argv[2])
     backend = sys.argv[3] if len(sys.argv) > 3 else "mpi"
     models = sys.argv[4].split(",") if len(sys.argv) > 4 else None
@@ -38,41 +60,33 @@ def main() -> None:
     grid = TileGrid(rows, cols)
     assert ctx.world_size == grid.num_tiles, "run with rows*cols ranks"
     builders = layer_models()
-    start, checks, worst = time.perf_counter(), 0, 0.0
     for height, width in SIZES:
         for index, (name, build) in enumerate(builders.items()):
             if models and name not in models:
                 continue
-            torch.manual_seed(100 + index)
-            model = build().double()
-            x = torch.randn(2, 3, height, width, dtype=torch.float64)
-            errors = check_spatial_exact(model, grid, x, ctx, what=f"{name} {height}x{width}")
-            worst = max(worst, *errors.values())
-            checks += 1
+            with check(exact_name(name, height, width)) as result:
+                torch.manual_seed(100 + index)
+                model = build().double()
+                x = torch.randn(2, 3, height, width, dtype=torch.float64)
+                errors = check_spatial_exact(model, grid, x, ctx, what=f"{name} {height}x{width}")
+                result.detail = f"worst rel err {max(errors.values()):.2e}"
     # configurations that cannot be exact are refused up front, naming the knob
-    refused = 0
-    for name, size in (("resnet_stack", (2 * rows, 2 * cols)),   # a stage would own 0 rows
-                       ("big_kernel", (3 * rows, 3 * cols))):     # halo wider than a tile
-        torch.manual_seed(7)
-        model = (layer_models()["resnet_stack"]() if name == "resnet_stack"
-                 else torch.nn.Conv2d(3, 2, 9, padding=4)).double()
-        if grid.num_tiles == 1 or (name == "big_kernel" and max(rows, cols) < 3):
-            continue   # with < 3 parts the neighbour holds the whole remaining axis
-        x = torch.randn(1, 3, *size, dtype=torch.float64)
-        net = spatialize(model, grid, ctx)
-        try:
-            net(scatter_tiles(x, grid, ctx))
-        except ConfigError as error:
-            assert error.knob in ("num_spatial_parts", "image_size", "slice_method"), error.knob
-            assert "use" in str(error), str(error)
-            refused += 1
-        else:
-            raise AssertionError(f"{name} at {size} on {grid} should raise ConfigError")
+    for name, size in refusals(rows, cols):
+        with check(refusal_name(name, size)):
+            torch.manual_seed(7)
+            model = (layer_models()["resnet_stack"]() if name == "resnet_stack"
+                     else torch.nn.Conv2d(3, 2, 9, padding=4)).double()
+            x = torch.randn(1, 3, *size, dtype=torch.float64)
+            net = spatialize(model, grid, ctx)
+            try:
+                net(scatter_tiles(x, grid, ctx))
+            except ConfigError as error:
+                assert error.knob in ("num_spatial_parts", "image_size", "slice_method"), error.knob
+                assert "use" in str(error), str(error)
+            else:
+                raise AssertionError(f"{name} at {size} on {grid} should raise ConfigError")
     ctx.barrier()
-    if ctx.rank == 0:
-        print(f"OK {grid} {backend}: {checks} exact checks (worst rel err {worst:.2e}), "
-              f"{refused} refusals, {time.perf_counter() - start:.1f}s")
 
 
 if __name__ == "__main__":
-    main()
+    run_checks(main)

@@ -2,8 +2,9 @@
 
 import pytest
 
+from tests.mpi.comm_planes import check_names
+
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_data_planes(mpirun, nprocs):
-    result = mpirun(nprocs, "comm_planes", timeout=120)
-    assert f"comm_planes ok on {nprocs} ranks" in result.stdout
+    mpirun(nprocs, "comm_planes", timeout=120, checks=check_names())

@@ -10,6 +10,7 @@ import pytest
 from ipyparallel import interactive
 
 from mpi4dl_nb import cluster as clu
+from tests.support.mpirun import REPO
 
 
 def test_mpich_flags_tag_ranks_and_export_env():
@@ -151,7 +152,7 @@ def test_connect_to_engines_started_from_the_mpich_profile(tmp_path):
     from pathlib import Path
 
     profile = tmp_path / "profile"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "engines" / "profile_mpich", profile)
+    shutil.copytree(REPO / "engines" / "profile_mpich", profile)
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
     server = subprocess.Popen([str(bin_dir / "ipcluster"), "start", "-n", "2", "--profile-dir",

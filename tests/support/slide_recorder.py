@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from mpi4dl_nb.data.pathology import open_slide
+
 
 class ReadRecorder:
     """Wraps an OpenSlide object, recording every read_region call."""
@@ -9,6 +13,11 @@ class ReadRecorder:
     def __init__(self, slide) -> None:
         self.slide = slide
         self.calls: list[tuple[tuple[int, int], int, tuple[int, int]]] = []
+
+    @classmethod
+    def open(cls, path: Path) -> ReadRecorder:
+        """Opener for ``SlideDataset(..., opener=ReadRecorder.open)``: the slide at ``path``, recorded."""
+        return cls(open_slide(path))
 
     def read_region(self, location, level, size):
         self.calls.append((tuple(location), level, tuple(size)))

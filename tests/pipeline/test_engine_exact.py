@@ -1,33 +1,36 @@
 """HybridEngine == serial training (float64) for every LP/PP/GEMS/SP/DP mix, under mpiexec.
 
-One mpiexec launch per world size runs all cases of that size (see tests/mpi/engine_cases.py).
+One mpiexec launch per world size runs all cases of that size (see tests/support/engine_cases.py);
+each case is its own test, reading its named check from the shared launch.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
-from engine_cases import cases_by_world_size  # noqa: E402
+from tests.mpi.engine_exact import round_trip_name
+from tests.support.engine_cases import CASES, cases_by_world_size, config_of
 
 GROUPS = cases_by_world_size()
 
 
+def exact_run(mpi_checks, nprocs: int):
+    """The one launch of every case on ``nprocs`` ranks (shared by this module's tests)."""
+    return mpi_checks(nprocs, "engine_exact", *GROUPS[nprocs], timeout=400)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_engine_matches_serial(mpi_checks, case):
+    exact_run(mpi_checks, config_of(case).world_size).require([case])
+
+
 @pytest.mark.parametrize("nprocs", sorted(GROUPS))
-def test_engine_matches_serial(mpirun, nprocs):
-    names = GROUPS[nprocs]
-    result = mpirun(nprocs, "engine_exact", *names, timeout=400)
-    for name in names:
-        assert f"OK {name}:" in result.stdout, result.stdout
-    assert "OK round trip" in result.stdout
+def test_full_state_dict_round_trip(mpi_checks, nprocs):
+    exact_run(mpi_checks, nprocs).require([round_trip_name(GROUPS[nprocs][0])])
 
 
 def test_acceptance_cases_are_covered():
     """Every configuration the issue lists has a case."""
-    from engine_cases import CASES, config_of
 
     def has(pred) -> bool:
         return any(pred(config_of(n)) for n in CASES)
@@ -53,5 +56,5 @@ def test_acceptance_cases_are_covered():
 
 def test_engine_on_torch_distributed_plane(mpirun):
     """Same exactness with tensors on torch.distributed (gloo) instead of mpi4py."""
-    result = mpirun(2, "engine_exact", "--backend=gloo", "gems_pp", "pp2_gpipe_m4", timeout=300)
-    assert "OK gems_pp:" in result.stdout and "OK pp2_gpipe_m4:" in result.stdout
+    mpirun(2, "engine_exact", "--backend=gloo", "gems_pp", "pp2_gpipe_m4", timeout=300,
+           checks=["gems_pp", "pp2_gpipe_m4"])

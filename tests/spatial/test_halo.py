@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.mpi import halo_adjoint, halo_fused
+
 CASES = [(2, 2, "mpi", 0), (3, 3, "mpi", 0), (3, 3, "gloo", 0), (2, 2, "mpi", 1)]
 
 
 @pytest.mark.parametrize("rows,cols,backend,idle", CASES,
                          ids=[f"{r}x{c}-{b}-idle{i}" for r, c, b, i in CASES])
 def test_halo_adjoint_and_forward(mpirun, rows, cols, backend, idle):
-    out = mpirun(rows * cols + idle, "halo_adjoint", rows, cols, backend, idle, timeout=300).stdout
-    assert "OK halo" in out
+    mpirun(rows * cols + idle, "halo_adjoint", rows, cols, backend, idle, timeout=300,
+           checks=halo_adjoint.check_names())
 
 
 def test_buffer_pool_reuses_by_shape():
@@ -28,26 +30,28 @@ def test_buffer_pool_reuses_by_shape():
 
 @pytest.mark.parametrize("rows,cols", [(3, 3), (1, 4)], ids=["3x3", "1x4"])
 def test_fused_halos_equal_unfused_and_serial(mpirun, rows, cols):
-    out = mpirun(rows * cols, "halo_fused", rows, cols, timeout=300).stdout
-    assert "OK fused" in out and "fused_layers=6" in out
+    mpirun(rows * cols, "halo_fused", rows, cols, timeout=300, checks=halo_fused.check_names())
 
 
 def test_fused_blocks_group_windowed_layers():
     from torch import nn
 
-    from mpi4dl_nb.spatial.base import SpatialRuntime
-    from mpi4dl_nb.spatial.convert import _convert
-    from mpi4dl_nb.spatial.fused import _blocks
+    from mpi4dl_nb.spatial.convert import spatialize
+    from mpi4dl_nb.spatial.fused import FusedSequential
     from mpi4dl_nb.spatial.geometry import TileGrid
 
     class FakeCtx:
         rank, world_size = 0, 1
 
-    runtime = SpatialRuntime(TileGrid(1, 1), FakeCtx())
     seq = nn.Sequential(nn.ReLU(), nn.Conv2d(1, 1, 3), nn.BatchNorm2d(1), nn.ReLU(),
                         nn.Conv2d(1, 1, 3), nn.MaxPool2d(2), nn.Conv2d(1, 1, 1),
                         nn.AdaptiveAvgPool2d(1), nn.Conv2d(1, 1, 3), nn.Conv2d(1, 1, 3))
-    children = list(_convert(seq, runtime, "", ())._modules.values())
-    assert _blocks(children, 2) == [(1, 5), (5, 7), (8, 10)]
-    assert _blocks(children, 3) == [(1, 6), (8, 10)]
-    assert _blocks(children, 1) == []
+
+    def blocks(fused_layers: int) -> list[tuple[int, int]]:
+        net = spatialize(seq, TileGrid(1, 1), FakeCtx(), halo_d2=True, fused_layers=fused_layers)
+        if not isinstance(net, FusedSequential):
+            return []
+        return [(block.start, block.stop) for block in net.fused_blocks.values()]
+    assert blocks(2) == [(1, 5), (5, 7), (8, 10)]
+    assert blocks(3) == [(1, 6), (8, 10)]
+    assert blocks(1) == []

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from mpirun import REPO, mpi_env, run_mpi
+from tests.support.mpirun import REPO, mpi_env, run_mpi
 
 
 def test_layout_prints_table_and_world_size():

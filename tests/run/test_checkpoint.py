@@ -1,7 +1,6 @@
 """Checkpoints: atomic writes, resume == uninterrupted run (serial, MPI, across layouts), a killed rank ends the job."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,8 @@ import torch
 
 from mpi4dl_nb.run import checkpoint as ck
 from mpi4dl_nb.run import train_cmd as cli
+from tests.support.mpirun import REPO, mpi_env, mpiexec
+from tests.support.summary import json_record
 
 MODEL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
          "--image-size", "32", "--batch-size", "4", "--num-samples", "16", "--dtype", "float64",
@@ -57,15 +58,6 @@ def test_resume_errors(tmp_path):
     torch.save({"weights": 1}, tmp_path / "foreign.pt")
     with pytest.raises(ValueError, match="not an mpi4dl_nb checkpoint"):
         ck.load_checkpoint(tmp_path / "foreign.pt")
-
-
-def json_record(output: str) -> dict:
-    """The JSON summary in a job's merged output (other ranks' text may share its line)."""
-    for line in output.splitlines():
-        start = line.find('{"model"')
-        if start >= 0:
-            return json.JSONDecoder().raw_decode(line[start:])[0]
-    raise AssertionError(f"no JSON summary in:\n{output}")
 
 
 def run_serial(capsys, argv: list[str]) -> dict:
@@ -164,14 +156,12 @@ def alive(pid: int) -> bool:
 
 
 def test_killed_rank_ends_job_and_checkpoint_survives(tmp_path):
-    from mpirun import mpi_env, mpiexec
-
     folder = tmp_path / "ck"
     cmd = [*mpiexec(), "-n", "3", sys.executable, "-m", "mpi4dl_nb", "train", *MODEL, *PARALLEL,
            "--steps", "100000", "--checkpoint-every", "1", "--checkpoint-dir", str(folder)]
     log = open(tmp_path / "log.txt", "w")
     job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=mpi_env(3),
-                           cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
+                           cwd=REPO, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while len(ck.list_checkpoints(folder)) < 2:

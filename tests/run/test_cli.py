@@ -202,9 +202,8 @@ def test_main_dispatch_and_help(capsys):
 def test_cli_runs_under_mpiexec(mpirun, tmp_path):
     """5 ranks (AmoebaNet SP+LP, the MPI4DL README example, small) on tiles of a whole-slide
     image: progress on rank 0 and one JSON line."""
-    from test_data import write_pyramid
-
     from mpi4dl_nb.data import ihc_image
+    from tests.support.pyramid import write_pyramid
 
     image = np.full((512, 512, 3), 255, np.uint8)
     image[:384, :384] = ihc_image()[:384, :384]
@@ -214,7 +213,7 @@ def test_cli_runs_under_mpiexec(mpirun, tmp_path):
                     "--slice-method", "square", "--split-size", "2", "--spatial-size", "1",
                     "--batch-size", "2", "--steps", "3", "--app", "medical", "--datapath",
                     str(tmp_path / "slide.tif"), module=True, timeout=300)
-    from test_checkpoint import json_record
+    from tests.support.summary import json_record
 
     assert result.stdout.count('{"model"') == 1, result.stdout      # one summary, from rank 0
     rec = json_record(result.stdout)

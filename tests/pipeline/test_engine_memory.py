@@ -7,14 +7,14 @@ import torch
 
 from mpi4dl_nb.pipeline.step_input import ShardedImages, StepInput, resolve_batch_size, resolve_image_size
 from mpi4dl_nb.spatial.geometry import TileGrid
+from tests.mpi.engine_memory import check_names
+
+LAUNCHES = {3: ("gems3_t1", "pp3_1f1b_m4"), 5: ("sp_gems_pp", "sp_lp_square")}
 
 
-@pytest.mark.parametrize("nprocs,cases", [(3, ("gems3_t1", "pp3_1f1b_m4")),
-                                          (5, ("sp_gems_pp", "sp_lp_square"))])
-def test_ranks_hold_only_their_stages_and_take_their_input(mpirun, nprocs, cases):
-    result = mpirun(nprocs, "engine_memory", *cases, timeout=300)
-    for name in cases:
-        assert f"OK memory {name}:" in result.stdout, result.stdout
+@pytest.mark.parametrize("nprocs,case", [(n, case) for n, cases in LAUNCHES.items() for case in cases])
+def test_ranks_hold_only_their_stages_and_take_their_input(mpi_checks, nprocs, case):
+    mpi_checks(nprocs, "engine_memory", *LAUNCHES[nprocs], timeout=300).require(check_names(case))
 
 
 def test_batch_size_comes_from_argument_images_or_labels():

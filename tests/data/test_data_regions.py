@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from mpi4dl_nb.data import ihc_image
+from tests.mpi.models_regions import LOSS, READS
+from tests.support.pyramid import write_pyramid
 
 tifffile = pytest.importorskip("tifffile")
 
@@ -13,11 +15,6 @@ def test_spatial_ranks_read_only_their_region(mpirun, tmp_path):
     image = np.full((512, 512, 3), 255, np.uint8)
     image[:256, :384] = ihc_image()[:256, :384]
     path = tmp_path / "slide.tif"
-    with tifffile.TiffWriter(path) as tw:
-        level = image
-        for index in range(3):
-            tw.write(level, tile=(64, 64), compression="jpeg", photometric="rgb",
-                     subfiletype=1 if index else 0, metadata=None)
-            level = level[::2, ::2]
-    result = mpirun(5, "models_regions", str(path), timeout=300)
-    assert "REGIONS OK" in result.stdout
+    write_pyramid(path, image)
+    result = mpirun(5, "models_regions", str(path), timeout=300, checks=[READS, LOSS])
+    assert {r.rank for r in result.checks.results} == set(range(5))   # every rank checked itself

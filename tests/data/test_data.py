@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from slide_recorder import ReadRecorder
 
 from mpi4dl_nb.data import (
     Batcher,
@@ -21,19 +20,11 @@ from mpi4dl_nb.data import (
 )
 from mpi4dl_nb.data.cifar import RECORD
 from mpi4dl_nb.spatial.geometry import TileGrid
+from tests.support.pyramid import write_pyramid
+from tests.support.slide_recorder import ReadRecorder
 
 tifffile = pytest.importorskip("tifffile")
 openslide = pytest.importorskip("openslide")
-
-
-def write_pyramid(path: Path, image: np.ndarray, levels: int = 3, tile: int = 64) -> None:
-    """A pyramidal tiled JPEG TIFF (one page per level, reduced pages marked) that OpenSlide opens."""
-    with tifffile.TiffWriter(path) as tw:
-        level = image
-        for index in range(levels):
-            tw.write(level, tile=(tile, tile), compression="jpeg", photometric="rgb",
-                     subfiletype=1 if index else 0, metadata=None)
-            level = level[::2, ::2]
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +71,8 @@ def test_slide_tiles_tissue_filter_and_levels(slide_path):
 def test_slide_rank_reads_only_its_region(slide_path):
     """Each spatial rank's read asks OpenSlide for exactly its tile box, at the chosen level."""
     size, level = 64, 1
-    data = SlideDataset([slide_path], size, level=level)
-    recorder = ReadRecorder(data.slide(0))
-    data._open[0] = recorder
+    data = SlideDataset([slide_path], size, level=level, opener=ReadRecorder.open)
+    recorder = data.slide(0)
     index = len(data) - 1
     tile = data.tiles[index]
     whole = data.read(index)

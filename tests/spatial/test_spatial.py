@@ -6,19 +6,24 @@ import pytest
 import torch
 from torch import nn
 
+from tests.mpi.spatial_exactness import check_names
+from tests.support.spatial_models import layer_models
+
 GRIDS = [(1, 2), (1, 4), (2, 1), (4, 1), (2, 2), (3, 3), (2, 3)]
 
 
 @pytest.mark.parametrize("rows,cols", GRIDS, ids=[f"{r}x{c}" for r, c in GRIDS])
 def test_spatialize_equals_serial(mpirun, rows, cols):
-    out = mpirun(rows * cols, "spatial_exactness", rows, cols, timeout=400).stdout
-    assert "OK" in out and "75 exact checks" in out
+    names = check_names(rows, cols)
+    assert len(layer_models()) * 3 == 75 and len(names) >= 75   # 25 layer models x 3 image sizes
+    mpirun(rows * cols, "spatial_exactness", rows, cols, timeout=400, checks=names)
 
 
 def test_spatialize_equals_serial_on_the_torch_plane(mpirun):
-    out = mpirun(4, "spatial_exactness", 2, 2, "gloo", "resnet_classifier,avgpool3_s2_excl",
-                 timeout=300).stdout
-    assert "OK" in out and "6 exact checks" in out
+    models = ["resnet_classifier", "avgpool3_s2_excl"]
+    names = check_names(2, 2, models)
+    assert len(names) == 6 + 1    # 2 models x 3 sizes, 1 refusal
+    mpirun(4, "spatial_exactness", 2, 2, "gloo", ",".join(models), timeout=300, checks=names)
 
 
 # ---------------------------------------------------------------- in-process (one rank)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 
-def test_errors_hook_grads_and_timeline(mpirun):
-    result = mpirun(3, "engine_misc", timeout=180)
-    assert "engine_misc ok" in result.stdout
+from tests.mpi.engine_misc import CHECKS
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_errors_hook_grads_and_timeline(mpi_checks, name):
+    mpi_checks(3, "engine_misc", timeout=180).require([name])
 
 
 def test_failure_on_one_rank_aborts_the_job(mpirun):

@@ -9,6 +9,7 @@ from torch import nn
 from mpi4dl_nb.models import ClassifierHead, amoebanet, build_model, resnet_v1, resnet_v2
 from mpi4dl_nb.models.amoebanet import AmoebaCell, cell_plans
 from mpi4dl_nb.models.resnet import BasicBlock, PreActBottleneck, blocks_per_stage
+from tests.mpi import models_exact
 
 SIZES = {
     "resnet_v1": [8, 14, 20],
@@ -119,6 +120,6 @@ def test_build_model_defaults_match_mpi4dl():
 
 def test_models_train_exactly_in_parallel(mpirun):
     """Every family x 3 sizes: SP+LP (5 ranks) and LP+PP+GEMS equal serial in float64."""
-    result = mpirun(5, "models_exact", timeout=600)
-    out = result.stdout     # rank 0 reports: 12 "EXACT <model> <config>", 3 "SPATIAL [D2 ]EXACT"
-    assert out.count("SPATIAL ") == 3 and out.count("EXACT ") == 12 + 3, out
+    names = models_exact.check_names()
+    assert len(names) == 12 + 3     # 9 SP+LP and 3 LP+PP+GEMS trainings, 3 spatial stages with D2 halos
+    mpirun(5, "models_exact", timeout=600, checks=names)

@@ -6,7 +6,6 @@ import itertools
 
 import pytest
 import torch
-from models_for_tests import build, cell_stack
 from torch import nn
 
 from mpi4dl_nb.config import ConfigError
@@ -18,6 +17,7 @@ from mpi4dl_nb.pipeline.stages import (
     profile_layer_times,
     split_layers,
 )
+from tests.support.models import build, cell_stack
 
 
 def test_even_balance_puts_remainder_last():

@@ -1,0 +1,1 @@
+"""Shared test helpers: the MPI launcher and named checks, exactness checks, small models, slides."""

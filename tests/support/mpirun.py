@@ -1,0 +1,107 @@
+"""Run a program under a real ``mpiexec -n N``: parse its named checks, fail with all ranks' output, kill on timeout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+from .checks import CheckFailure, CheckReport
+
+REPO = Path(__file__).resolve().parents[2]
+MPI_PROGRAMS = "tests.mpi"
+
+
+class MPIRunError(CheckFailure):
+    """An MPI job failed, timed out, or left named checks failed or missing; says which, with all ranks' output."""
+
+
+class MPIResult(subprocess.CompletedProcess):
+    """A finished job: merged output of all ranks, exit code, and the parsed named checks."""
+
+    def __init__(self, args: list[str], returncode: int, stdout: str, checks: CheckReport,
+                 timed_out: bool) -> None:
+        super().__init__(args, returncode, stdout, "")
+        self.checks = checks
+        self.timed_out = timed_out
+
+
+@lru_cache(maxsize=1)
+def mpiexec() -> list[str]:
+    """The mpiexec beside this interpreter (the venv's mpich wheel), else the one on PATH."""
+    local = Path(sys.executable).with_name("mpiexec")
+    exe = str(local) if local.exists() else shutil.which("mpiexec")
+    if exe is None:
+        raise MPIRunError("no mpiexec found: install the 'mpich' wheel into this environment "
+                          "(make test does) or put an MPI launcher on PATH")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    if "HYDRA" in version:
+        return [exe, "-prepend-rank"]
+    if "Open MPI" in version or "OpenRTE" in version:
+        return [exe, "--oversubscribe", "--allow-run-as-root", "--tag-output"]
+    return [exe]
+
+
+def mpi_env(nprocs: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for oversubscribed ranks: one thread each, yielding MPI progress."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if nprocs > (os.cpu_count() or 1):
+        env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def command(nprocs: int, program: str, *args: object, module: bool = False) -> list[str]:
+    """``tests.mpi.<program>`` through mpi4py's runner (an uncaught exception aborts every rank),
+    or, with ``module=True``, ``python -m <program>`` as a user would run it."""
+    target = ["-m", program] if module else ["-m", "mpi4py", "-m", f"{MPI_PROGRAMS}.{program}"]
+    return [*mpiexec(), "-n", str(nprocs), sys.executable, *target, *map(str, args)]
+
+
+def launch_mpi(nprocs: int, program: str, *args: object, timeout: float = 180,
+               env: dict[str, str] | None = None, module: bool = False) -> MPIResult:
+    """Run the job to its end (killed after ``timeout`` seconds); never raises for its outcome:
+    ``result.checks.job_error`` says how it failed (None: exit code 0)."""
+    cmd = command(nprocs, program, *args, module=module)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=mpi_env(nprocs, env), cwd=REPO, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out, error = False, f"failed with exit code {proc.returncode}" if proc.returncode else None
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        timed_out, error = True, f"timed out after {timeout}s and was killed"
+    return MPIResult(cmd, proc.returncode, out, CheckReport.parse(out, error, " ".join(cmd)), timed_out)
+
+
+def run_mpi(nprocs: int, program: str, *args: object, timeout: float = 180,
+            env: dict[str, str] | None = None, expect_failure: bool = False,
+            module: bool = False, checks: Iterable[str] | None = None) -> MPIResult:
+    """Run ``tests/mpi/<program>.py`` (or ``-m <program>`` with ``module=True``) on ``nprocs`` ranks.
+
+    Raises MPIRunError with all output if the job runs past ``timeout`` seconds (then the
+    whole job is killed), exits non-zero (zero, when ``expect_failure``), reports a failed
+    check on any rank, or leaves one of ``checks`` (names expected) unreported.
+    """
+    result = launch_mpi(nprocs, program, *args, timeout=timeout, env=env, module=module)
+    report = result.checks
+    if expect_failure:
+        if report.job_error is None:
+            raise MPIRunError(f"{report.command} succeeded but was expected to fail\n"
+                              f"--- output of all ranks ---\n{result.stdout}")
+        if not result.timed_out:
+            return result
+    try:
+        report.require_clean(checks)
+    except CheckFailure as failure:
+        raise MPIRunError(str(failure)) from None
+    return result

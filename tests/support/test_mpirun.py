@@ -1,0 +1,75 @@
+"""The MPI test harness reports a failing rank's traceback, kills a hung job, and names failed,
+missing and stalled checks with their rank."""
+
+import time
+
+import pytest
+
+from tests.mpi.harness_probe import FAILS, PASSES, STALLS
+from tests.support.checks import RANK_PREFIX, CheckFailure, CheckReport, CheckResult, Outcome
+from tests.support.mpirun import MPIRunError, run_mpi
+
+
+def test_failing_rank_reports_its_traceback():
+    with pytest.raises(MPIRunError) as info:
+        run_mpi(3, "harness_probe", "fail", timeout=60)
+    text = str(info.value)
+    assert "failed with exit code" in text
+    # unbuffered stderr writes a traceback line in pieces, each of which may get a rank prefix
+    assert "RuntimeError: deliberate failure on rank 1" in RANK_PREFIX.sub("", text)
+    assert "[1]" in text  # output lines carry the rank prefix
+
+
+def test_hang_is_killed_and_reported():
+    start = time.monotonic()
+    with pytest.raises(MPIRunError, match="timed out after 5s and was killed"):
+        run_mpi(2, "harness_probe", "hang", timeout=5)
+    assert time.monotonic() - start < 30
+
+
+def test_failed_and_missing_checks_are_named_with_their_rank():
+    with pytest.raises(MPIRunError) as info:
+        run_mpi(2, "harness_probe", "checks", timeout=60, checks=[PASSES, FAILS, "never runs"])
+    text = str(info.value)
+    assert "1 failed and 1 missing of 3 named checks" in text
+    assert f"FAIL [rank 1] {FAILS}: AssertionError: rank 1 disagrees at harness_probe.py:" in text
+    assert f"[rank 0] {FAILS}" not in text.split("--- output")[0]    # rank 0 passed it
+    assert "MISSING never runs: no rank reported it" in text
+    assert "job: " in text and "failed with exit code" in text
+
+
+def test_out_of_step_ranks_are_aborted_soon_after_a_failure():
+    start = time.monotonic()
+    with pytest.raises(MPIRunError) as info:
+        run_mpi(2, "harness_probe", "stall", timeout=120)
+    assert time.monotonic() - start < 60
+    text = str(info.value)
+    assert f"FAIL [rank 1] {STALLS}" in text
+    assert "the ranks are out of step, aborting the job" in text
+
+
+def record(name: str, rank: int, passed: bool) -> str:
+    import json
+
+    return "@@CHECK " + json.dumps({"name": name, "rank": rank, "passed": passed, "detail": "d"})
+
+
+def test_report_parses_joined_lines_and_explains_job_failures():
+    # a launcher may put two ranks' lines on one line
+    output = f"[0] {record('a', 0, True)}[1] {record('a', 1, True)}\n[1] {record('b', 1, False)}\n"
+    output += "[1] " + record("c", 1, True).replace('"rank"', '[1] "rank"') + "\n"   # a prefix inside
+    report = CheckReport.parse(output, job_error="failed with exit code 1")
+    assert report.results == [CheckResult("a", 0, True, "d"), CheckResult("a", 1, True, "d"),
+                              CheckResult("b", 1, False, "d"), CheckResult("c", 1, True, "d")]
+    report.require(["a"])                    # the job failure is explained by check b
+    with pytest.raises(CheckFailure, match=r"FAIL \[rank 1\] b"):
+        report.require(["b"])
+    with pytest.raises(CheckFailure, match="MISSING e"):
+        report.require(["a", "e"])
+    with pytest.raises(CheckFailure, match="job: failed with exit code 1"):
+        report.require_clean(["a"])
+    crashed = CheckReport.parse(record("a", 0, True), job_error="failed with exit code 134")
+    with pytest.raises(CheckFailure, match="exit code 134"):
+        crashed.require(["a"])               # nothing explains the crash: every check fails
+    CheckReport.parse(output.replace("false", "true")).require_clean(["a", "b"])
+    assert Outcome().detail == ""
