@@ -17,6 +17,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +62,7 @@ def _strides(module: nn.Module, channels: int, dtype: torch.dtype) -> list[int]:
 
     def hook(mod: nn.Module, inputs: tuple) -> None:
         width = int(inputs[0].shape[-1])
-        own = mod.stride if mod.stride is not None else mod.kernel_size
+        own: Any = mod.stride if mod.stride is not None else mod.kernel_size
         own = own[-1] if isinstance(own, (tuple, list)) else own
         found.append(max(1, round(PROBE_SIDE / max(width, 1))) * int(own))
 
@@ -80,7 +81,7 @@ def head_as_convolution(head: ClassifierHead, window: int, stride: int) -> list[
     conv = nn.Conv2d(fc.in_features, fc.out_features, 1, bias=True).to(fc.weight.dtype)
     with torch.no_grad():
         conv.weight.copy_(fc.weight[:, :, None, None])
-        conv.bias.copy_(fc.bias)
+        conv.bias.copy_(fc.bias)   # type: ignore[union-attr]  # bias=True
     return [head.norm, head.relu, conv, nn.AvgPool2d(window, stride=stride)]
 
 

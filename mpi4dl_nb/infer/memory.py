@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ class _MallInfo2(ctypes.Structure):
                  "fordblks", "keepcost")]
 
 
-def _mallinfo2() -> ctypes._CFuncPtr | None:
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None
@@ -34,7 +35,7 @@ def _mallinfo2() -> ctypes._CFuncPtr | None:
     except (OSError, AttributeError):   # not glibc >= 2.33
         return None
     func.restype = _MallInfo2
-    return func
+    return cast(Callable[[], _MallInfo2], func)
 
 
 _MALLINFO = _mallinfo2()

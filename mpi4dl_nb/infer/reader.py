@@ -14,12 +14,15 @@ from ..config import ConfigError
 from ..data.pathology import rgba_to_rgb
 from ..spatial.geometry import Box
 
+TILE_CACHE_BYTES = 8 << 20   # OpenSlide's decoded-tile cache until the runner sizes it to the window
+
 
 class SlideReader:
     """One level of a slide: ``read(box)`` gives ``box``'s RGB pixels (uint8 H x W x 3), zeros past the edges.
 
     Anything OpenSlide opens, or a plain image (PNG/JPEG/TIFF through Pillow, loaded whole:
     keep those small, convert big ones to a pyramidal TIFF). Reads are in pixels of ``level``.
+    OpenSlide's tile cache is capped (``limit_cache``), so memory does not grow with the slide.
     """
 
     def __init__(self, path: str | Path, level: int = 0) -> None:
@@ -39,9 +42,17 @@ class SlideReader:
             count = self.slide.level_count
             raise ConfigError("--slide-level", f"{self.path} has levels 0..{count - 1}, not {level}; "
                               f"choose a level in that range")
+        self.limit_cache(TILE_CACHE_BYTES)
         self.level = level
         self.width, self.height = (int(v) for v in self.slide.level_dimensions[level])
         self.downsample = float(self.slide.level_downsamples[level])
+
+    def limit_cache(self, capacity: int) -> None:
+        """Cap OpenSlide's decoded-tile cache at ``capacity`` bytes (the runner: a few windows' worth)."""
+        import openslide
+
+        if hasattr(self.slide, "set_cache") and hasattr(openslide, "OpenSlideCache"):
+            self.slide.set_cache(openslide.OpenSlideCache(max(1, int(capacity))))
 
     @property
     def levels(self) -> list[tuple[int, int]]:

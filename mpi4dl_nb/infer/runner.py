@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 DTYPES = ("float32", "float64")
 DEFAULT_BUDGET = 1 << 30          # bytes per rank for one window when --window is not given
 OVERLAY_SIDE = 1600
+CACHE_WINDOWS = 2                 # OpenSlide's tile cache holds this many of a rank's window boxes
 T = TypeVar("T")
 
 
@@ -135,7 +136,7 @@ def check_halos(net: nn.Module, grid: TileGrid, sizes: Sequence[tuple[int, int]]
 
         def plan(mod: nn.Module, inputs: tuple, windows: Any = windows, name: str = name) -> None:
             height, width = inputs[0].shape[-2:]
-            LayerHalo.for_windows(grid, int(height), int(width), *windows, name=name)
+            LayerHalo.for_windows(grid, int(height), int(width), windows[0], windows[1], name=name)
         handles.append(module.register_forward_pre_hook(plan))
     dtype = next((p.dtype for p in probe.parameters()), torch.float32)
     try:
@@ -214,8 +215,7 @@ def decide(settings: InferSettings, net: FullyConvolutional, reader: SlideReader
     """Rank 0: field, window, plan, resume point and background windows (collective errors via ``agreed``)."""
     outputs = [Path(p) for p in settings.outputs]
     fields = measure_field(net)
-    align = max(f.align for f in fields)
-    height, width = padded_extent(reader.height, align), padded_extent(reader.width, align)
+    height, width = padded_extent(reader.height, fields[0].unit), padded_extent(reader.width, fields[1].unit)
     if min(height, width) < net.shape.min_side:
         raise ConfigError("--slide", f"{reader.path} level {reader.level} is {reader.width}x{reader.height} px, "
                           f"smaller than one output cell's patch ({net.shape.min_side} px); use a finer level")
@@ -307,6 +307,9 @@ class Runner:
                          if ctx.rank == 0 else None)
         self.plan: Plan = ctx.bcast_object(decided, root=0)
         agreed(ctx, lambda: check_halos(self.net, self.grid, sorted(self.plan.plan.input_sizes())))
+        # decoded tiles kept for the overlap with the next window: twice this rank's RGBA box
+        self.reader.limit_cache(CACHE_WINDOWS * 4 * max(h * w for h, w in self.plan.plan.input_sizes())
+                                // self.grid.num_tiles)
         self.store: HeatmapStore | None = None
         if ctx.rank == 0:
             work = work_path([Path(p) for p in settings.outputs])

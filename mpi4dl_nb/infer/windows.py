@@ -132,7 +132,7 @@ def intersect(a: Box, b: Box) -> Box | None:
 class WindowPlan:
     """The windows covering output rows ``[first_row, out_height)`` and every column, row by row.
 
-    ``height x width`` is the slide level zero-extended to a multiple of the alignment;
+    ``height x width`` is the slide level zero-extended to a multiple of each axis' unit;
     ``out_height x out_width`` the network's output on it. Cores split the output evenly
     (sizes differ by at most one cell) into the fewest windows whose inputs fit
     ``window`` pixels per rank (``grid`` ranks share a window).
@@ -159,6 +159,9 @@ class WindowPlan:
                                   f"need {field.lead_cells + field.trail_cells} cells of receptive-field "
                                   f"margin at stride {field.stride} ({field.describe()}), so each of the "
                                   f"{parts} ranks along them needs >= {need} px; use --window >= {need}")
+        for name, extent, field in (("height", self.height, self.rows), ("width", self.width, self.cols)):
+            if extent % field.unit:
+                raise ValueError(f"{name} {extent} is not a multiple of the window unit {field.unit}")
         if not 0 <= self.first_row <= self.out_height:
             raise ValueError(f"first_row {self.first_row} outside [0, {self.out_height}]")
 
@@ -180,9 +183,9 @@ class WindowPlan:
     def window_rows(self) -> Iterator[list[Window]]:
         """The windows, one list per window row, top to bottom."""
         col_cores = self.col_cores
-        col_inputs = [self.cols.input_range(c, self.width) for c in col_cores]
-        for i, rc in enumerate(self.row_cores):
-            ry = self.rows.input_range(rc, self.height)
+        col_inputs = uniform_inputs(col_cores, self.cols, self.width)
+        row_cores = self.row_cores
+        for i, (rc, ry) in enumerate(zip(row_cores, uniform_inputs(row_cores, self.rows, self.height))):
             yield [Window(i, j, (*rc, *cc), (*ry, *cx), (self.rows.stride, self.cols.stride))
                    for j, (cc, cx) in enumerate(zip(col_cores, col_inputs))]
 
@@ -199,6 +202,21 @@ class WindowPlan:
         return {w.input_size for w in self.windows()}
 
 
+def uniform_inputs(cores: Sequence[Range], field: AxisField, extent: int) -> list[Range]:
+    """Each core's input range, widened inwards so that all have the longest one's length.
+
+    More context never changes a core cell (its field is inside either way), and one input
+    size means one set of halo plans, kernel caches and batches for the whole slide.
+    """
+    natural = [field.input_range(core, extent) for core in cores]
+    length = max((stop - start for start, stop in natural), default=0)
+    out = []
+    for start, stop in natural:
+        stop = min(extent, max(stop, start + length))
+        out.append((stop - length, stop))
+    return out
+
+
 def batches(windows: Sequence[Window], limit: int) -> list[list[Window]]:
     """Consecutive windows of equal input size, at most ``limit`` per batch (one forward each)."""
     out: list[list[Window]] = []
@@ -210,6 +228,6 @@ def batches(windows: Sequence[Window], limit: int) -> list[list[Window]]:
     return out
 
 
-def padded_extent(size: int, align: int) -> int:
-    """A slide side zero-extended to a multiple of the network's alignment."""
-    return round_up(size, align)
+def padded_extent(size: int, unit: int) -> int:
+    """A slide side zero-extended to a multiple of the window unit (the network's alignment)."""
+    return round_up(size, unit)

@@ -157,7 +157,7 @@ def write_tiff(path: Path, plane: np.ndarray, *, description: dict[str, Any], ti
     try:
         current: np.ndarray = plane
         with tifffile.TiffWriter(path, bigtiff=plane.size * 3 > 2**31) as tw:
-            for index, (height, width) in enumerate(pyramid_levels(*plane.shape, tile)):
+            for index, (height, width) in enumerate(pyramid_levels(plane.shape[0], plane.shape[1], tile)):
                 tw.write(_tiles(current, tile, lut), shape=(height, width, 3), dtype=np.uint8,
                          tile=(tile, tile), photometric="rgb", compression="zlib",
                          subfiletype=1 if index else 0, metadata=None,

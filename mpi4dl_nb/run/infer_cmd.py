@@ -66,7 +66,6 @@ def say(rank: int, world: int, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb infer``; the JSON summary is the last line on stdout (rank 0)."""
-    from ..comm.allocator import tune_malloc
     from ..infer.runner import InferSettings, Runner, SetupFailed
     from .layout_cmd import launched_world
 
@@ -80,7 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank == 0:
             say(0, size, f"configuration error: {err}")
         return EXIT_SETUP
-    tune_malloc()
     try:
         import mpi4dl_nb as dl
 
