@@ -11,19 +11,16 @@ import pytest
 from mpi4dl_nb.infer.api import infer_slide
 from mpi4dl_nb.infer.writers import pyramid_levels
 from mpi4dl_nb.run.infer_cmd import main as infer_main
-from tests.support.infer_data import make_checkpoint, make_slide, relative_difference, whole_slide_reference
+from tests.support.infer_data import make_slide, relative_difference, whole_slide_reference
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("infer")
-    checkpoint = make_checkpoint(root / "ck")
-    slide = make_slide(root / "slide.tif", 150, 330)
-    return root, checkpoint, slide, whole_slide_reference(checkpoint, slide)
+@pytest.fixture
+def data(infer_data):
+    return infer_data
 
 
 def run(checkpoint, slide, outputs, **options):
-    options.setdefault("window", 96)
+    options.setdefault("window", 128)
     options.setdefault("dtype", "float64")
     return infer_slide(checkpoint, slide, [str(o) for o in outputs], **options)
 
@@ -35,7 +32,7 @@ def test_windows_equal_the_whole_slide_network(data):
     result = np.load(root / "a.npy")
     assert result.dtype == np.float64 and relative_difference(result, reference) <= 1e-12
     assert not (root / "a.npy.partial.npy").exists() and not (root / "a.npy.partial.npy.json").exists()
-    batched = run(checkpoint, slide, [root / "b.npy"], batch_windows=3, window=128)
+    batched = run(checkpoint, slide, [root / "b.npy"], batch_windows=3, window=192)
     assert batched["windows"] < summary["windows"]
     assert relative_difference(np.load(root / "b.npy"), reference) <= 1e-12
     level1 = run(checkpoint, slide, [root / "c.npy"], level=1)
@@ -72,12 +69,12 @@ def test_resume_continues_from_the_last_finished_window_row(data, capsys):
     progress = json.loads((root / "r.npy.partial.npy.json").read_text())
     assert progress["rows_done"] == first["rows_done"] and not (root / "r.npy").exists()
     code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(root / "r.npy"),
-                       "--dtype", "float32", "--window", "96", "--resume", "--no-progress"])
+                       "--dtype", "float32", "--window", "128", "--resume", "--no-progress"])
     assert code == 2 and "other dtype" in capsys.readouterr().err
     code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(root / "r.npy"),
-                       "--no-progress", "--dtype", "float64", "--window", "96"])
+                       "--no-progress", "--dtype", "float64", "--window", "128"])
     assert code == 2 and "pass --resume to continue it" in capsys.readouterr().err
-    second = run(checkpoint, slide, [root / "r.npy"], resume=True, window=128)   # another window size is fine
+    second = run(checkpoint, slide, [root / "r.npy"], resume=True, window=192)   # another window size is fine
     assert second["complete"] and second["first_row"] == first["rows_done"]
     assert relative_difference(np.load(root / "r.npy"), reference) <= 1e-12
 
