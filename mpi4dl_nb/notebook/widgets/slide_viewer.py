@@ -52,8 +52,9 @@ class SlideViewer:
         self.view, self.inspector = FigureView(), FigureView()
         for control in (self.level, self.center_x, self.center_y, self.opacity, self.heat_class):
             control.observe(lambda change: self.draw(), names="value")
+        self._picking = False
         for control in (self.cell_row, self.cell_col):
-            control.observe(lambda change: self.inspect(), names="value")
+            control.observe(lambda change: None if self._picking else self.inspect(), names="value")
         self.widget = w.VBox([w.HBox([self.level, self.heat_class, self.opacity]),
                               w.HBox([self.center_x, self.center_y]),
                               w.HBox([self.view.widget, w.VBox([w.HBox([self.cell_row, self.cell_col]),
@@ -89,7 +90,12 @@ class SlideViewer:
         centre = (self.after - self.before) / 2
         row = int(np.clip(round((y - centre) / self.stride), 0, self.probs.shape[1] - 1))
         col = int(np.clip(round((x - centre) / self.stride), 0, self.probs.shape[2] - 1))
-        self.cell_row.value, self.cell_col.value = row, col
+        self._picking = True
+        try:
+            self.cell_row.value, self.cell_col.value = row, col
+        finally:
+            self._picking = False
+        self.inspect()
         return row, col
 
     # ------------------------------------------------------------------ drawing
