@@ -20,7 +20,7 @@ def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | 
     ``num_spatial_parts=1``). ``options`` are :class:`InferSettings` fields: ``level``,
     ``num_spatial_parts``, ``slice_method``, ``window``, ``dtype``, ``tissue_only``,
     ``min_tissue``, ``batch_windows``, ``resume``, ``overwrite``, ``output_stride``,
-    ``heat_class``, ``model``, ``max_window_rows``, ``memory_budget``, ``progress``,
+    ``heat_class``, ``model``, ``max_window_rows``, ``memory_budget``, ``overlay_side``, ``progress``,
     ``keep_trace`` (the per-rank timeline in ``summary["events"]``). Returns the summary
     (the command's JSON line) on rank 0, None on the other ranks; bad input raises
     ``ConfigError``/``ValueError``/``FileNotFoundError`` (``SetupFailed`` when one rank refused) on every rank.

@@ -74,6 +74,7 @@ class InferSettings:
     model: str | None = None
     max_window_rows: int | None = None
     memory_budget: int = DEFAULT_BUDGET
+    overlay_side: int = OVERLAY_SIDE
     progress: bool = True
     keep_trace: bool = False
 
@@ -85,7 +86,8 @@ class InferSettings:
                                    ("--num-spatial-parts", self.num_spatial_parts, 1),
                                    ("--window", self.window, 1), ("--output-stride", self.output_stride, 1),
                                    ("--max-window-rows", self.max_window_rows, 1),
-                                   ("--heat-class", self.heat_class, 0), ("--memory-budget", self.memory_budget, 1)):
+                                   ("--heat-class", self.heat_class, 0), ("--memory-budget", self.memory_budget, 1),
+                                   ("--overlay-side", self.overlay_side, 16)):
             if value is not None and value < least:
                 raise ConfigError(flag, f"must be >= {least}, got {value}")
         if not 0.0 <= self.min_tissue < 1.0:
@@ -457,13 +459,14 @@ class Runner:
             np.save(extra, probs)
         heat = settings.heat_class if settings.heat_class is not None else probs.shape[0] - 1
         field = self.plan.fields
-        offset = (field[1].after - field[1].before) / 2
+        offset = (field[1].after - field[1].before - field[1].stride) / 2   # cell blocks centred on their fields
         for path in outputs:
             if path.suffix.lower() in (".tif", ".tiff"):
                 write_tiff(path, probs[heat], description=self.describe(heat))
             elif path.suffix.lower() == ".png":
-                write_overlay(path, self.reader.thumbnail(OVERLAY_SIDE), probs[heat], stride=self.net.shape.stride,
-                              offset=offset, slide_size=(self.reader.height, self.reader.width))
+                write_overlay(path, self.reader.thumbnail(settings.overlay_side), probs[heat],
+                              stride=self.net.shape.stride, offset=offset,
+                              slide_size=(self.reader.height, self.reader.width))
         del probs
         if not npy:
             work.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ EXIT_SETUP = 2
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``infer`` flags."""
-    from ..infer.runner import DEFAULT_BUDGET, DTYPES
+    from ..infer.runner import DEFAULT_BUDGET, DTYPES, OVERLAY_SIDE
 
     parser = argparse.ArgumentParser(
         prog="python -m mpi4dl_nb infer",
@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pixels per output cell (a multiple of the trunk's stride; default: the trunk's)")
     parser.add_argument("--heat-class", dest="heat_class", type=int, default=None,
                         help="class drawn in .tif/.png (default: the last)")
+    parser.add_argument("--overlay-side", dest="overlay_side", type=int, default=OVERLAY_SIDE,
+                        help="largest side of the .png overlay (pixels)")
     parser.add_argument("--model", choices=("resnet", "amoebanet"), default=None,
                         help="refuse a checkpoint of another model family")
     parser.add_argument("--tissue-only", dest="tissue_only", action="store_true",

@@ -32,9 +32,6 @@ def test_windows_equal_the_whole_slide_network(data):
     result = np.load(root / "a.npy")
     assert result.dtype == np.float64 and relative_difference(result, reference) <= 1e-12
     assert not (root / "a.npy.partial.npy").exists() and not (root / "a.npy.partial.npy.json").exists()
-    batched = run(checkpoint, slide, [root / "b.npy"], batch_windows=3, window=192)
-    assert batched["windows"] < summary["windows"]
-    assert relative_difference(np.load(root / "b.npy"), reference) <= 1e-12
     level1 = run(checkpoint, slide, [root / "c.npy"], level=1)
     assert relative_difference(np.load(root / "c.npy"), whole_slide_reference(checkpoint, slide, 1)) <= 1e-12
     assert level1["slide_size"] == [165, 75]
@@ -81,7 +78,7 @@ def test_resume_continues_from_the_last_finished_window_row(data, capsys):
 
 def test_tissue_only_skips_background_windows(data):
     root, checkpoint, slide, reference = data
-    summary = run(checkpoint, slide, [root / "t.npy"], tissue_only=True)
+    summary = run(checkpoint, slide, [root / "t.npy"], tissue_only=True, window=96)   # cores narrower than the glass
     result = np.load(root / "t.npy")
     assert summary["skipped_background"] > 0
     assert summary["computed_windows"] + summary["skipped_background"] == summary["windows"]
@@ -103,14 +100,14 @@ def test_command_summary_line(data, capsys):
 
 def test_memory_does_not_grow_with_slide_size(data):
     root, checkpoint, _, _ = data
-    small = make_slide(root / "small.tif", 448, 640)
-    large = make_slide(root / "large.tif", 1344, 1280)      # 6x the pixels
+    small = make_slide(root / "small.tif", 320, 448)
+    large = make_slide(root / "large.tif", 960, 896)      # 6x the pixels
     peaks = []
     for name, slide in (("warm-up", small), ("s", small), ("l", large)):  # first run: kernel caches of the shape
-        summary = run(checkpoint, slide, [root / f"m{name}.npy"], window=192, overwrite=True)
+        summary = run(checkpoint, slide, [root / f"m{name}.npy"], window=160, overwrite=True)
         peaks.append(summary["peak_memory_bytes"][0])
     peaks = peaks[1:]
-    assert summary["memory_source"] == "heap" and summary["windows"] >= 6 * 15
+    assert summary["memory_source"] == "heap" and summary["windows"] >= 6 * 12
     assert peaks[1] <= 1.3 * peaks[0], f"peak per rank {peaks[0]} -> {peaks[1]} bytes on a 6x larger slide"
 
 

@@ -110,7 +110,7 @@ class SlideViewer:
         shown.close()
         k = self.scale()
         s = self.stride / k                              # displayed pixels per cell
-        centre = (self.after - self.before) / 2 / k      # cells drawn centred on their fields
+        centre = (self.after - self.before - self.stride) / 2 / k   # cell blocks centred on their fields
         c0 = max(0, int(np.floor((x0 - centre) / s)))
         r0 = max(0, int(np.floor((y0 - centre) / s)))
         c1 = min(self.probs.shape[2], int(np.ceil((x0 + vw - centre) / s)) + 1)
