@@ -109,8 +109,8 @@ def agreed(ctx: Comm, build: Callable[[], T]) -> T:
     error: str | None = None
     try:
         result = build()
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as err:
-        error = str(err)
+    except Exception as err:   # any failure: the other ranks must not wait for this one
+        error = str(err) if isinstance(err, (ValueError, OSError)) else f"{type(err).__name__}: {err}"
     messages = ctx.all_gather_object(error)
     failed = [(rank, text) for rank, text in enumerate(messages) if text is not None]
     if failed:
@@ -374,6 +374,7 @@ class Runner:
         total = sum(len(r) for r in rows)
         bar = ProgressLine(total, settings.progress and ctx.rank == 0)
         tracer = ctx.tracer
+        tracing = tracer.enabled
         tracer.enabled = settings.keep_trace
         self.meter.start()
         wall = time.perf_counter()
@@ -418,7 +419,7 @@ class Runner:
             from ..comm.trace import gather_timeline
 
             self.stats.events = [e.as_dict() for e in gather_timeline(ctx) or []]
-        tracer.enabled = True
+        tracer.enabled = tracing
         ctx.barrier()
         outputs = self._finalize() if complete and ctx.rank == 0 else []
         return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done)
