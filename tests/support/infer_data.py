@@ -28,7 +28,7 @@ def make_checkpoint(directory: Path, *extra: str) -> Path:
 
 
 def tissue_image(height: int, width: int) -> np.ndarray:
-    """The IHC sample tiled (mirrored) to ``height x width`` RGB, with a white background band on the right."""
+    """The IHC sample tiled (mirrored) to ``height x width`` RGB, with bare glass on the right third."""
     from skimage import data
 
     sample = data.immunohistochemistry()
@@ -36,7 +36,7 @@ def tissue_image(height: int, width: int) -> np.ndarray:
     tiles = np.concatenate([tiles, tiles[::-1]], axis=0)
     reps = (-(-height // tiles.shape[0]), -(-width // tiles.shape[1]), 1)
     image = np.tile(tiles, reps)[:height, :width].copy()
-    image[:, width - width // 4:] = 245   # glass: no tissue
+    image[:, width - width // 3:] = 245   # glass: no tissue
     return image
 
 
