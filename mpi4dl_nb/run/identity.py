@@ -17,7 +17,7 @@ FIELD_FLAGS: dict[str, str] = {
     "batch_size": "--batch-size",
     "seed": "--seed",
     "app": "--app",
-    "data": "--datapath (and the files in it)",
+    "data": "--datapath and its files",
     "lr": "--lr",
     "momentum": "--momentum",
 }

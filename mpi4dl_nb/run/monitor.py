@@ -17,6 +17,7 @@ ranks are blocked in communication, and it cannot itself hang the job.
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import sys
 import threading
@@ -91,8 +92,10 @@ class JobMonitor:
 
     def __init__(self, ctx: Comm, peers: list[tuple[str, int]], sock: socket.socket | None, *,
                  verbose: bool = False, log_dir: Path | None = None, interval: float = 1.0,
-                 stream: TextIO | None = None, abort: Callable[[int], None] | None = None) -> None:
+                 stream: TextIO | None = None, abort: Callable[[int], None] | None = None,
+                 key: str = "") -> None:
         self.ctx = ctx
+        self.key = key
         self.rank = ctx.rank
         self.world = ctx.world_size
         self.peers = peers
@@ -125,18 +128,24 @@ class JobMonitor:
     @classmethod
     def start(cls, ctx: Comm, *, verbose: bool = False, log_dir: Path | None = None,
               interval: float = 1.0, stream: TextIO | None = None) -> JobMonitor:
-        """Open this rank's UDP socket, learn every rank's address (collective), start the thread."""
+        """Open this rank's UDP socket, learn every rank's address (collective), start the thread.
+
+        On one node the sockets listen on the loopback only; datagrams carry a key drawn by
+        rank 0, so nothing but this job's ranks is heard.
+        """
         sock = None
         peers: list[tuple[str, int]] = []
+        key = ""
         if ctx.world_size > 1:
+            hosts = ctx.all_gather_object(socket.gethostname())
+            one_node = len(set(hosts)) == 1
+            key = str(ctx.bcast_object(secrets.token_hex(8) if ctx.rank == 0 else None, root=0))
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind(("", 0))
-            host = socket.gethostname()
-            found = ctx.all_gather_object((host, sock.getsockname()[1]))
-            one_node = len({h for h, _ in found}) == 1
-            peers = [("127.0.0.1" if one_node else h, port) for h, port in found]
+            sock.bind(("127.0.0.1" if one_node else "", 0))
+            ports = ctx.all_gather_object(sock.getsockname()[1])
+            peers = [("127.0.0.1" if one_node else host, port) for host, port in zip(hosts, ports)]
         monitor = cls(ctx, peers, sock, verbose=verbose, log_dir=log_dir, interval=interval,
-                      stream=stream)
+                      stream=stream, key=key)
         if sock is not None:
             monitor._thread = threading.Thread(target=monitor._loop, name="mpi4dl-monitor", daemon=True)
             monitor._thread.start()
@@ -191,7 +200,7 @@ class JobMonitor:
     def _send_monitors(self, message: dict[str, Any]) -> None:
         if self.sock is None:
             return
-        data = json.dumps(message).encode()
+        data = json.dumps({**message, "key": self.key}).encode()
         for rank in self.monitors:
             try:
                 self.sock.sendto(data, self.peers[rank])
@@ -242,7 +251,7 @@ class JobMonitor:
 
     def _receive(self, message: dict[str, Any]) -> None:
         kind, rank = message.get("t"), int(message.get("rank", -1))
-        if rank not in self.states:
+        if rank not in self.states or message.get("key", "") != self.key:
             return
         state = self.states[rank]
         if kind == "hb":
@@ -317,11 +326,12 @@ class JobMonitor:
         own.heard, own.step, own.phase, own.action = now, self.step, self.phase_name, self.action
         own.idle, own.exempt, own.timeout = now - self.last_progress, self.exempt, self.timeout
 
-    def failure_message(self) -> str:
+    def failure_message(self, job: bool = True) -> str:
+        """The one message for the job's failure(s) (``job=False``: a lone process, nothing aborted)."""
         first = self.failures[0]
         others = sorted(f.rank for f in self.failures[1:])
         same = [f.rank for f in self.failures[1:] if f.summary == first.summary]
-        lines = [f"mpi4dl_nb train: rank {first.rank} failed: {first.summary}"]
+        lines = [f"mpi4dl_nb train: {f'rank {first.rank} ' if job else ''}failed: {first.summary}"]
         if others:
             lines.append(f"  {describe_ranks(others)} failed too" +
                          (" (same error)" if len(same) == len(others) else ""))
@@ -329,7 +339,7 @@ class JobMonitor:
             lines.append(first.trace.rstrip())
         elif first.log:
             lines.append(f"  traceback: {first.log} (or rerun with -v)")
-        lines.append("  the job is aborted; checkpoints on disk are untouched")
+        lines.append(f"  {'the job is aborted; ' if job else ''}checkpoints on disk are untouched")
         return "\n".join(lines)
 
     def _abort(self, code: int) -> None:
@@ -350,8 +360,7 @@ class JobMonitor:
         failure = Failure(self.rank, summary, trace[-MAX_TEXT:], str(log) if log else None)
         if self.world == 1:
             self.failures = [failure]
-            self._write(self.failure_message().replace("rank 0 failed", "failed")
-                        .replace("; the job is aborted", ""))
+            self._write(self.failure_message(job=False))
             return
         message = {"t": "fail", "rank": self.rank, "summary": summary, "trace": failure.trace,
                    "log": failure.log}

@@ -367,14 +367,12 @@ class Trainer:
                 bar.update(self.step, loss, self.batcher.batch_size / max(recent, 1e-12))
                 if self.checkpoint_due(self.step):
                     self.save()
+            return self.summary(start_step, time.perf_counter() - wall)
         finally:
             if self.monitor is not None:
                 self.monitor.arm(None)
-        wall = time.perf_counter() - wall
-        summary = self.summary(start_step, wall)
-        if self._own_monitor and self.monitor is not None:
-            self.monitor.close()
-        return summary
+                if self._own_monitor:
+                    self.monitor.close()
 
     def rank_metrics(self) -> dict[str, Any]:
         """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""

@@ -186,7 +186,7 @@ def test_killed_driver_takes_its_cluster_along(tmp_path):
                 seen += driver.stdout.readline()
         tree = descendants(driver.pid)
         kinds = {kind: [p for p in tree if kind in command_line(p)]
-                 for kind in ("ipyparallel.controller", "mpiexec", "ipyparallel.engine", "reaper.py")}
+                 for kind in ("ipyparallel.controller", "mpiexec", "ipyparallel.engine")}
         assert all(kinds.values()), {k: len(v) for k, v in kinds.items()}
     finally:
         driver.kill()

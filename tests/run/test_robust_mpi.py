@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from mpi4dl_nb.run import checkpoint as ck
 from mpi4dl_nb.run import train_cmd as cli
@@ -37,15 +38,16 @@ def table(row: str, seconds: float, code: int) -> None:
 def test_foreign_checkpoint_neither_rotates_ours_away_nor_is_resumed(tmp_path, capsys):
     """Item 1 (acceptance): keep 1 beside a higher-numbered checkpoint of an earlier run."""
     folder = tmp_path / "ck"
-    foreign = ck.save_checkpoint(folder, 100, {"model": {}}, run_id="0123456789ab",
-                                 identity={"image_size": 64})
+    folder.mkdir()
+    foreign = folder / "step-00000100.pt"          # an earlier run's, written by an older version
+    torch.save({"step": 100, "format_version": 1, "model": {}, "run": {"image_size": 64}}, foreign)
     code, out, _ = train("--steps", "4", "--checkpoint-every", "1", "--keep-checkpoints", "1",
                          "--checkpoint-dir", folder)
     assert code == 0, out
     record = json_record(out)
+    assert Path(record["checkpoint"]).exists() and foreign.exists()
     own = [e for e in ck.list_checkpoints(folder) if e.run_id == record["run_id"]]
     assert [e.step for e in own] == [4] and Path(record["checkpoint"]) == own[0].path
-    assert own[0].path.exists() and foreign.exists() and ck.manifest_path(foreign).exists()
     # latest resumes this run's step 4, not the other run's step 100 (one process is enough)
     serial = ["--split-size", "1", "--spatial-size", "0", "--parts", "2"]
     assert cli.main(MODEL + serial + ["--steps", "5", "--checkpoint-dir", str(folder), "--resume", "latest"]) == 0
