@@ -270,7 +270,7 @@ def select_resume(resume: str | Path, checkpoint_dir: str | Path | None, accept:
         data = load_checkpoint(target)
         why = accept(saved_identity(data))
         if why is not None:
-            raise ValueError(why)
+            raise ValueError(f"--resume {target}: {why}")
         return Selection(target, data)
     if not target.is_dir():
         if text == "latest":

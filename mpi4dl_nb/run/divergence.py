@@ -129,17 +129,17 @@ class NonFiniteGuard:
             self.in_a_row = 0
             return False
         what = what or f"non-finite loss {loss}"
+        step = f"step {self.step} (loss {loss:.4g})"
         if self.policy is OnNonFinite.STOP:
-            raise NonFiniteError(self.step, f"step {self.step}: {what}; stopped before the optimizer "
-                                            f"step, so no non-finite weight was applied or saved. "
-                                            f"{self.hint}")
+            raise NonFiniteError(self.step, f"{step}: {what}; stopped before the optimizer step, so no "
+                                            f"non-finite weight was applied or saved. {self.hint}")
         self.in_a_row += 1
         if self.in_a_row >= MAX_SKIPS_IN_A_ROW:
-            raise NonFiniteError(self.step, f"step {self.step}: {what}, {self.in_a_row} steps in a row; "
+            raise NonFiniteError(self.step, f"{step}: {what}, {self.in_a_row} steps in a row; "
                                             f"the run has diverged. {self.hint}")
         self.skipped.append(self.step)
         if self.ctx.rank == 0:
-            print(f"mpi4dl_nb train: step {self.step}: {what}; step skipped (--on-nonfinite "
+            print(f"mpi4dl_nb train: {step}: {what}; step skipped (--on-nonfinite "
                   f"skip-step: weights, optimizer state and BatchNorm statistics unchanged)",
                   file=sys.stderr, flush=True)
         return True

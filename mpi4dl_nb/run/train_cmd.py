@@ -170,8 +170,8 @@ def agree_or_exit(ctx: Comm, error: BaseException | None) -> None:
             failed.setdefault(message, []).append(rank)
     if not failed:
         return
-    if len(failed) == 1 and len(next(iter(failed.values()))) == len(messages):
-        say_once(ctx, f"error: {next(iter(failed))}")
+    if len(failed) == 1 and next(iter(failed.values())) in (list(range(len(messages))), [0]):
+        say_once(ctx, f"error: {next(iter(failed))}")     # every rank, or a rank-0 check
     else:
         for message, ranks in failed.items():
             where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"

@@ -126,7 +126,10 @@ def test_real_cluster_calls_errors_kill_and_restart():
         start = time.monotonic()
         with pytest.raises(clu.EngineDied) as info:
             cluster.wait(handle, timeout=30)
-        assert time.monotonic() - start < 30
+        died_after = time.monotonic() - start
+        assert died_after < 30
+        print(f"\n[batch-jobs table] an engine killed during a notebook call: EngineDied after "
+              f"{died_after:.1f} s")
         assert info.value.ranks == [1]            # the killed rank, not those mpiexec then ended
         assert "rank 1 killed by signal 9 (SIGKILL)" in str(info.value)
         assert "restart" in str(info.value) and "output of rank 1" in str(info.value)

@@ -24,6 +24,8 @@ def test_wrong_rank_count_exits_all_ranks_fast():
     # every rank decides alike from the same flags: rank 0 says it once, all exit
     assert result.stdout.count("configuration error: this configuration needs 5 ranks") == 1, result.stdout
     assert "[0] mpi4dl_nb: configuration error" in result.stdout and "mpiexec -n 5" in result.stdout
+    print(f"\n[batch-jobs table] wrong rank count: exit {result.returncode} after {elapsed:.1f} s "
+          f"(job start included)")
 
 
 def test_right_rank_count_runs():
