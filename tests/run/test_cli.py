@@ -7,6 +7,7 @@ import torch
 
 import mpi4dl_nb
 import mpi4dl_nb.run.layout_cmd as cli_layout
+import mpi4dl_nb.run.monitor as monitor_module
 import mpi4dl_nb.run.train as train_module
 from mpi4dl_nb.data import Cifar10Dataset, IHCSampleDataset, SyntheticDataset, TileFolderDataset
 from mpi4dl_nb.models.amoebanet import AmoebaCell
@@ -30,9 +31,12 @@ class FakeContext:
     def all_gather_object(self, obj):
         return [obj] * self.world_size
 
+    def bcast_object(self, obj, root=0):
+        return obj
+
 
 class RecordingEngine:
-    def __init__(self, layers, cfg, ctx, *, loss_fn, optimizer):
+    def __init__(self, layers, cfg, ctx, *, loss_fn, optimizer, **options):
         self.layers, self.cfg, self.ctx = layers, cfg, ctx
         self.loss_fn, self.optimizer_factory = loss_fn, optimizer
 
@@ -48,8 +52,10 @@ def launch(monkeypatch):
         monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(size),
                             raising=False)
         monkeypatch.setattr(mpi4dl_nb, "HybridEngine", RecordingEngine, raising=False)
+        monkeypatch.setattr(monitor_module.JobMonitor, "start",
+                            classmethod(lambda cls, ctx, **options: cls(ctx, [], None)))
 
-        def trainer(engine, batcher, ctx, settings, info):
+        def trainer(engine, batcher, ctx, settings, info, **state):
             seen.update(engine=engine, batcher=batcher, settings=settings, info=info)
             raise Captured(0)
         monkeypatch.setattr(train_module, "Trainer", trainer)
@@ -132,9 +138,9 @@ def test_workload_flags_reach_trainer(launch, tmp_path):
     from PIL import Image
 
     tiles = tmp_path / "tiles"
-    tiles.mkdir()
     for i in range(2):
-        Image.fromarray(np.full((40, 40, 3), 90 * i, np.uint8)).save(tiles / f"{i}.png")
+        (tiles / f"class{i}").mkdir(parents=True)
+        Image.fromarray(np.full((40, 40, 3), 90 * i, np.uint8)).save(tiles / f"class{i}" / f"{i}.png")
     folder = launch(base + SMALL + ["--app", "1", "--datapath", str(tiles)])
     assert isinstance(folder["batcher"].dataset, TileFolderDataset)
     a = launch(base + SMALL + ["--seed", "1"])["engine"].layers[0].conv.weight
@@ -207,12 +213,14 @@ def test_cli_runs_under_mpiexec(mpirun, tmp_path):
 
     image = np.full((512, 512, 3), 255, np.uint8)
     image[:384, :384] = ihc_image()[:384, :384]
-    write_pyramid(tmp_path / "slide.tif", image)
+    for name in ("a", "b"):                       # two classes (one would be refused)
+        (tmp_path / "slides" / name).mkdir(parents=True)
+        write_pyramid(tmp_path / "slides" / name / "slide.tif", image)
     result = mpirun(5, "mpi4dl_nb", "train", "--model", "amoebanet", "--num-layers", "3",
                     "--num-filters", "8", "--image-size", "64", "--num-spatial-parts", "4",
                     "--slice-method", "square", "--split-size", "2", "--spatial-size", "1",
                     "--batch-size", "2", "--steps", "3", "--app", "medical", "--datapath",
-                    str(tmp_path / "slide.tif"), module=True, timeout=300)
+                    str(tmp_path / "slides"), "--num-classes", "2", module=True, timeout=300)
     from tests.support.summary import json_record
 
     assert result.stdout.count('{"model"') == 1, result.stdout      # one summary, from rank 0
