@@ -152,9 +152,13 @@ class NotebookPage:
 
     def screenshot(self, path: str, max_height: int = 12_000) -> None:
         """The whole notebook in one picture: the window is made as tall as the notebook, then restored."""
-        height = self.page.evaluate("() => document.querySelector('.jp-NotebookPanel-notebook').scrollHeight")
+        height = self.page.evaluate(
+            """() => { const nb = document.querySelector('.jp-NotebookPanel-notebook');
+                       const scrollers = [nb, ...nb.querySelectorAll('.jp-WindowedPanel-outer')];
+                       scrollers.forEach(e => e.scrollTop = 0);
+                       return Math.max(...scrollers.map(e => e.scrollHeight)); }""")
         size = self.page.viewport_size
-        self.page.set_viewport_size({"width": size["width"], "height": min(int(height) + 160, max_height)})
+        self.page.set_viewport_size({"width": size["width"], "height": min(int(height) + 200, max_height)})
         time.sleep(1.0)
         self.page.screenshot(path=path)
         self.page.set_viewport_size(size)

@@ -31,7 +31,7 @@ def event_lines(events: list[dict[str, Any]]) -> list[str]:
         op = str(event["op"])
         total = event["end"] - event["start"]
         where = "".join(f" {key} {event[key]}" for key in ("stage", "micro_batch", "layer", "peer")
-                        if event.get(key) is not None and event.get(key) != "")
+                        if event.get(key) not in (None, "", -1))      # -1: not tied to a micro-batch
         moved = f", {event['bytes']} bytes" if event.get("bytes") else ""
         if op in COMPUTE_KINDS:
             inside = [(max(c["start"], event["start"]), min(c["end"], event["end"])) for c in comm]
