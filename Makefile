@@ -11,7 +11,7 @@ STAMP      := $(VENV)/.mpi4dl-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test lint lab notebooks bench clean
+.PHONY: install demo test lint lab notebooks bench clean ci-deps slurm-up slurm-down
 
 install: $(STAMP)
 
@@ -33,7 +33,9 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -q tests
 
+# notebooks/.lab/labconfig turns Lab's autosave off, so a run never writes outputs into the tracked notebooks.
 lab: $(STAMP)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/notebooks/.lab$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS) \
 		--MappingKernelManager.default_kernel_name=mpi4dl-nb
 
@@ -43,6 +45,16 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	bash benchmarks/run_all.sh
+
+# System packages of the browser (tests/ui) and Slurm (tests/slurm) tests: chromium, slurm-wlm, munge (apt).
+ci-deps:
+	bash .ci/deps
+
+# A one-node Slurm on this machine for trying the Slurm path (root; see engines/slurm/local_cluster.sh).
+slurm-up:
+	bash engines/slurm/local_cluster.sh start
+slurm-down:
+	bash engines/slurm/local_cluster.sh stop
 
 clean:
 	rm -rf out .pytest_cache

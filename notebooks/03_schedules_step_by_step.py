@@ -17,7 +17,6 @@
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb import viz
 
 torch.set_num_threads(1)
 
@@ -41,7 +40,7 @@ cfg = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice
 dry = StepThrough(schedules.build_schedule(cfg))
 for _ in range(3):
     dry.forward()
-print(dry.label.value)
+print(dry.text())
 dry.widget
 
 # %% [markdown]
@@ -80,13 +79,12 @@ agent = ClusterStepAgent(cluster, engine="eng", images="images", labels="labels"
 stepper = StepThrough(agent.fetch_schedule(), agent)
 for _ in range(4):
     stepper.forward()
-    print(stepper.label.value)
-    print("   ", stepper.details.value.replace("<br>", "\n    "))
+    print(stepper.text())
 stepper.widget
 
 # %%
 stepper.run_to_end()
-print(stepper.details.value)
+print(stepper.text())
 assert stepper.error is None
 
 
@@ -103,7 +101,6 @@ events = cluster.run(traced_step, timeout=120)[0]
 from mpi4dl_nb.notebook.widgets import TimelineView
 
 timeline = TimelineView(events)
-viz.show(timeline.view.figure)
 timeline.widget
 
 # %%

@@ -1,18 +1,18 @@
 # ipcluster profile: the engines are one Slurm job (srun starts one MPI rank per task).
-# ipcluster start -n 8 --profile-dir engines/profile_slurm   (from a login node)
-# Edit partition/time/account; one GPU per rank: --gpus-per-task=1.
+#   MPI4DL_SLURM_OPTIONS="--partition=gpu --gpus-per-task=1 --time=02:00:00" \
+#       ipcluster start -n 8 --profile-dir engines/profile_slurm        (from a login node, then
+#   cluster = dl.cluster.connect(profile_dir="engines/profile_slurm") in the notebook)
+# MPI4DL_SLURM_OPTIONS: your site's sbatch options (default --time=02:00:00); the job script is the one
+# dl.cluster.start(launcher="slurm") submits (mpi4dl_nb.notebook.cluster.slurm_batch_template), with the
+# engine environment of mpi4dl_nb.notebook.cluster.ENGINE_ENV. srun uses the site's MpiDefault MPI plugin.
+import os
+import shlex
+
+from mpi4dl_nb.notebook.cluster import ENGINE_ENV, slurm_batch_template
+
 c = get_config()  # noqa: F821 - provided by ipcluster
 
 c.Cluster.engine_launcher_class = "slurm"
 c.Cluster.controller_args = ["--ip=*"]
-c.SlurmEngineSetLauncher.timelimit = "02:00:00"
-c.SlurmEngineSetLauncher.options = "--gpus-per-task=1"
-c.SlurmEngineSetLauncher.batch_template = """#!/bin/bash
-#SBATCH --job-name=mpi4dl-engines
-#SBATCH --ntasks={n}
-#SBATCH --partition=gpu
-export OMP_NUM_THREADS=1
-export MALLOC_MMAP_MAX_=0
-export MALLOC_TRIM_THRESHOLD_=100000000000
-srun {program_and_args} --mpi
-"""
+c.SlurmEngineSetLauncher.batch_template = slurm_batch_template(
+    shlex.split(os.environ.get("MPI4DL_SLURM_OPTIONS", "--time=02:00:00")), ENGINE_ENV)

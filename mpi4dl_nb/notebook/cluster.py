@@ -407,7 +407,7 @@ class Cluster:
         return self.start()
 
     def __enter__(self) -> Cluster:
-        if self._ipp_cluster is None:
+        if self._ipp_cluster is None and self._client is None:    # connect()ed clusters are already running
             self.start()
         return self
 

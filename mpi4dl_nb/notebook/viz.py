@@ -229,9 +229,8 @@ def draw_timeline(events: Sequence[Any], ax: Any = None, *, highlight: int | Non
                     fontsize=6, color="white", gid=f"event-label:{index}")
     for key, color in seen_ops.items():
         ax.bar(0, 0, color=color, label=key)
-    if seen_ops:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=7,
-                  ncol=min(len(seen_ops), 8), frameon=False)
+    if seen_ops:   # right of the plot: below it the legend would cover the x-axis label on a short (1-rank) chart
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False, borderaxespad=0.0)
     end = max((r["end"] - t0 for r in rows), default=1.0)
     ax.set_xlim(0, end * 1.02 if end > 0 else 1.0)
     ax.set_yticks(ranks)

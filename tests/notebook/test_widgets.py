@@ -134,3 +134,81 @@ def test_timeline_filters_and_memory_bars():
     assert "images/s" in progress.label.value
     with pytest.raises(ValueError, match="total_steps"):
         TrainingProgress(0)
+
+
+def test_figure_view_keeps_aspect_ratio_fits_a_laptop_screen_and_clears():
+    from matplotlib.figure import Figure
+
+    from mpi4dl_nb.notebook.widgets.figure_view import FigureView, png_size
+
+    view = FigureView(dpi=90, max_width=400, max_height=300)
+    view.show(Figure(figsize=(12, 4)))                      # 1080x360 px at 90 dpi: too wide
+    width, height = view.size
+    assert width <= 400 and height <= 300
+    png_w, png_h = png_size(view.widget.value)
+    assert png_w / png_h == pytest.approx(width / height, rel=0.02)   # what is shown is the PNG's own shape
+    assert view.widget.layout.width == f"{width}px" and view.widget.layout.height == "auto"
+    assert view.widget.layout.align_self == "flex-start"                # a flex row cannot stretch it
+    view.clear()
+    assert view.figure is None and view.widget.value == b"" and view.widget.layout.display == "none"
+
+
+def test_invalid_input_clears_the_last_valid_figures_and_table(small_resnet):
+    panel = ConfigPanel(model=small_resnet, image_size=64, batch_size=2, devices=8)
+    assert panel.layout_view.shown and panel.memory_view.shown and panel.memory_table.value
+    panel.set(num_spatial_parts=3)
+    assert panel.error and not panel.layout_view.shown and not panel.memory_view.shown
+    assert panel.memory_table.value == "" and panel.world.value == ""
+    panel.set(slice_method="vertical")
+    assert panel.layout_view.shown and "world size" in panel.world.value
+
+    image = np.full((64, 64, 3), 200, dtype=np.uint8)
+    viewer = HaloViewer(image, [WindowedLayer("wide", 16, 16, (9, 9), (1, 1), (4, 4))])
+    assert viewer.view.shown
+    viewer.parts_choice.value = 64
+    assert viewer.error and not viewer.view.shown and viewer.info.value == ""
+
+
+def test_halo_viewer_explains_negative_halos_as_trims(small_resnet):
+    image = np.full((512, 512, 3), 200, dtype=np.uint8)
+    viewer = HaloViewer(image, small_resnet, image_size=512)
+    viewer.layer_choice.value = next(i for i, layer in enumerate(viewer.layers) if "shortcut" in layer.name)
+    text = viewer.describe()
+    assert "-1" not in text and "trims bottom 1, right 1" in text
+    assert "trim" in viewer.status.value
+    viewer.layer_choice.value = 0
+    assert "trim" not in viewer.status.value and "receives bottom 1, right 1" in viewer.describe()
+    assert "zero padding top 1, left 1" in viewer.describe().splitlines()[0]
+
+
+def test_stepper_text_is_plain_and_buttons_use_common_glyphs():
+    stepper = StepThrough(build_schedule(ParallelConfig(split_size=2, spatial_size=0, parts=2)))
+    stepper.forward()
+    assert stepper.text().startswith("action 1/") and "<" not in stepper.text()
+    assert "<b>" in stepper.label.value                  # the widget itself still shows bold HTML
+    for button in (stepper.back_button, stepper.forward_button, stepper.end_button, stepper.reset_button):
+        # ASCII plus the two triangles of Unicode's Geometric Shapes block that DejaVu Sans draws
+        assert set(button.description) <= set(map(chr, range(32, 127))) | {"\u25b6", "\u25c0"}, button.description
+
+
+def test_step_event_lines_split_compute_from_waiting_for_peers():
+    from mpi4dl_nb.notebook.widgets.stepper import event_lines
+
+    events = [{"op": "halo", "start": 0.010, "end": 2.010, "layer": "0.conv", "peer": 1, "bytes": 512},
+              {"op": "F", "start": 0.0, "end": 2.030, "stage": 0, "micro_batch": 0}]
+    halo, forward = event_lines(events)
+    assert "halo" in halo and "2000.0 ms" in halo and "peer 1" in halo
+    assert "compute 30.0 ms" in forward and "waiting for peers 2000.0 ms" in forward
+
+
+def test_one_rank_timeline_legend_clear_of_the_axis_label():
+    fig = viz.draw_timeline([Event(0, op, i * 1.0, i * 1.0 + 0.4) for i, op in enumerate(["F", "halo", "B"])])
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(ax.xaxis.label.get_window_extent(renderer))
+    assert not legend.overlaps(ax.get_window_extent(renderer))

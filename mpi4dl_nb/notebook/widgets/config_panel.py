@@ -15,6 +15,8 @@ from .figure_view import FigureView, display_widget
 INT_KNOBS = ("split_size", "spatial_size", "num_spatial_parts", "parts", "times", "local_dp",
              "data_parallel")
 CHOICE_KNOBS = {"slice_method": SLICE_METHODS, "schedule": SCHEDULES}
+DESCRIPTION_WIDTH = "125px"
+CONTROL_WIDTH = "235px"
 
 
 class ConfigPanel:
@@ -37,19 +39,17 @@ class ConfigPanel:
         self._profiles: dict[int, list[planner.LayerProfile]] = {}
         self._listeners: list[Callable[[ParallelConfig | None], None]] = []
         self.controls: dict[str, w.ValueWidget] = {}
+        style = {"description_width": DESCRIPTION_WIDTH}       # room for the longest knob name, never cut
         for knob in INT_KNOBS:
-            self.controls[knob] = w.BoundedIntText(value=getattr(cfg, knob), min=0, max=4096,
-                                                   description=knob, style={"description_width": "initial"},
-                                                   layout=w.Layout(width="190px"))
+            self.controls[knob] = w.BoundedIntText(value=getattr(cfg, knob), min=0, max=4096, description=knob,
+                                                   style=style, layout=w.Layout(width=CONTROL_WIDTH))
         for knob, options in CHOICE_KNOBS.items():
-            self.controls[knob] = w.Dropdown(options=options, value=str(getattr(cfg, knob)),
-                                             description=knob, layout=w.Layout(width="220px"))
-        self.controls["image_size"] = w.BoundedIntText(value=image_size, min=1, max=1 << 20,
-                                                       description="image_size",
-                                                       layout=w.Layout(width="190px"))
-        self.controls["batch_size"] = w.BoundedIntText(value=batch_size, min=1, max=1 << 16,
-                                                       description="batch_size",
-                                                       layout=w.Layout(width="190px"))
+            self.controls[knob] = w.Dropdown(options=options, value=str(getattr(cfg, knob)), description=knob,
+                                             style=style, layout=w.Layout(width=CONTROL_WIDTH))
+        self.controls["image_size"] = w.BoundedIntText(value=image_size, min=1, max=1 << 20, description="image_size",
+                                                       style=style, layout=w.Layout(width=CONTROL_WIDTH))
+        self.controls["batch_size"] = w.BoundedIntText(value=batch_size, min=1, max=1 << 16, description="batch_size",
+                                                       style=style, layout=w.Layout(width=CONTROL_WIDTH))
         self.status = w.HTML()
         self.world = w.HTML()
         self.layout_view = FigureView()
@@ -65,7 +65,8 @@ class ConfigPanel:
         self.widget = w.VBox([
             w.HBox([w.VBox(knobs[:6]), w.VBox(knobs[6:])]),
             self.status, self.world,
-            w.HBox([self.layout_view.widget, w.VBox([self.memory_view.widget, self.memory_table])]),
+            w.HBox([self.layout_view.widget, w.VBox([self.memory_view.widget, self.memory_table])],
+                   layout=w.Layout(flex_flow="row wrap", align_items="flex-start")),
         ])
         self.update()
 
@@ -121,7 +122,7 @@ class ConfigPanel:
         except (ConfigError, ValueError) as exc:
             self.config, self.error, self.plan = None, str(exc), None
             self.status.value = f"<b style='color:#b00'>&#10007; {_escape(str(exc))}</b>"
-            self.world.value = ""
+            self._clear_results()
             for listener in self._listeners:
                 listener(None)
             return
@@ -139,6 +140,13 @@ class ConfigPanel:
             self.memory_table.value = f"<pre>{_escape(self.plan.table())}</pre>"
         for listener in self._listeners:
             listener(cfg)
+
+    def _clear_results(self) -> None:
+        """Remove world size, layout, memory chart and table: they showed the last valid settings, not these."""
+        self.world.value = ""
+        self.layout_view.clear()
+        self.memory_view.clear()
+        self.memory_table.value = ""
 
     def _ipython_display_(self) -> None:  # pragma: no cover - display only
         display_widget(self.widget)

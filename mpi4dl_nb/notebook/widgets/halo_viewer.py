@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +91,27 @@ DEFAULT_LAYERS = (
 )
 
 
+FIGURE_PX = 460      # the figure's side on screen: controls + figure fit a 1366x768 laptop screen
+TRIM_NOTE = ("a negative halo is a trim: with a stride, a tile's own edge rows/cols that none of its outputs "
+             "read are cut off locally (nothing is sent)")
+
+
+def halo_text(halo: dict[str, int], padding: dict[str, int]) -> str:
+    """Halo per side in words: rows/cols received from neighbours, trimmed (negative halo), zero-padded.
+
+    ``halo`` counts padding in (as ``TileHalo.halo`` does); ``padding`` is the zero padding at the image border.
+    """
+    added = [f"{side} {width - padding[side]}" for side, width in halo.items() if width - padding[side] > 0]
+    trimmed = [f"{side} {-width}" for side, width in halo.items() if width < 0]
+    padded = [f"{side} {width}" for side, width in padding.items() if width > 0]
+    parts = [f"receives {', '.join(added) if added else 'nothing'}"]
+    if trimmed:
+        parts.append(f"trims {', '.join(trimmed)} (own rows/cols no output reads)")
+    if padded:
+        parts.append(f"zero padding {', '.join(padded)} (image border)")
+    return "; ".join(parts)
+
+
 class HaloViewer:
     """Pick a layer and a tile; see the tile grid, the halo bands (corners hatched) and arrows
     of every halo message over ``image`` (HxWxC array or CHW tensor).
@@ -126,7 +148,7 @@ class HaloViewer:
         self.messages_box = w.Checkbox(value=True, description="show messages")
         self.status = w.HTML()
         self.info = w.HTML()
-        self.view = FigureView()
+        self.view = FigureView(max_width=FIGURE_PX, max_height=FIGURE_PX)
         self.grid: TileGrid | None = None
         self.halo: LayerHalo | None = None
         self.error: str | None = None
@@ -137,7 +159,9 @@ class HaloViewer:
             control.observe(self._grid_changed, names="value")
         self.widget = w.VBox([w.HBox([self.layer_choice, self.tile_choice]),
                               w.HBox([self.slice_choice, self.parts_choice, self.messages_box]),
-                              self.status, self.view.widget, self.info])
+                              self.status,
+                              w.HBox([self.view.widget, self.info],
+                                     layout=w.Layout(flex_flow="row wrap", align_items="flex-start"))])
         self.update()
 
     def _refresh_tiles(self, parts: int) -> None:
@@ -167,15 +191,19 @@ class HaloViewer:
             self.halo = layer.halo(self.grid)
         except ConfigError as exc:
             self.halo, self.error = None, str(exc)
-            self.status.value = f"<b style='color:#b00'>&#10007; {exc}</b>"
+            self.status.value = f"<b style='color:#b00'>&#10007; {html.escape(str(exc))}</b>"
+            self.view.clear()             # the old figure and text belong to other settings
+            self.info.value = ""
             return
         self.error = None
-        self.status.value = (f"{layer.name}: halo per side for each tile, corners via the "
-                             f"second (column) phase; {self.halo.message_count} messages")
+        trims = any(width < 0 for th in self.halo for width in th.halo.values())
+        self.status.value = (f"{html.escape(layer.name)}: halo per side for each tile, corners via the second "
+                             f"(column) phase; {self.halo.message_count} messages"
+                             + (f"; {TRIM_NOTE}" if trims else ""))
         self.view.show(viz.draw_tiles_and_halos(self.image, self.grid, self.halo,
                                                 tiles=self.selected_tiles,
                                                 show_messages=self.messages_box.value))
-        self.info.value = "<pre>" + self.describe() + "</pre>"
+        self.info.value = "<pre>" + html.escape(self.describe()) + "</pre>"
 
     def describe(self) -> str:
         """Halo widths and messages of the selected tiles as text."""
@@ -184,8 +212,7 @@ class HaloViewer:
         lines = []
         for t in tiles:
             th = self.halo.tile(t)
-            lines.append(f"tile {t}: owns rows {th.rows.owned} cols {th.cols.owned}; halo {th.halo}; "
-                         f"padding {th.padding}")
+            lines.append(f"tile {t}: owns rows {th.rows.owned} cols {th.cols.owned}; {halo_text(th.halo, th.padding)}")
             for msg in self.halo.messages(t):
                 arrow = "sends" if msg.src == t else "receives"
                 other = msg.dst if msg.src == t else msg.src

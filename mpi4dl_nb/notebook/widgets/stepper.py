@@ -15,10 +15,44 @@ from typing import Any
 
 import ipywidgets as w
 
-from ...pipeline.schedules import Action, Schedule
+from ...pipeline.schedules import COMPUTE_KINDS, Action, Schedule
+from ...run.metrics import is_communication
 from .. import viz
 from .figure_view import FigureView, display_widget
 from .step_agent import action_key
+
+
+def event_lines(events: list[dict[str, Any]]) -> list[str]:
+    """Trace events of one release as text; a forward/backward's time is split into its own compute and the
+    time it waited inside for peers (halo exchanges, which finish only when the neighbour's action is released)."""
+    comm = [e for e in events if is_communication(str(e["op"]))]
+    lines = []
+    for event in events:
+        op = str(event["op"])
+        total = event["end"] - event["start"]
+        where = "".join(f" {key} {event[key]}" for key in ("stage", "micro_batch", "layer", "peer")
+                        if event.get(key) not in (None, "", -1))      # -1: not tied to a micro-batch
+        moved = f", {event['bytes']} bytes" if event.get("bytes") else ""
+        if op in COMPUTE_KINDS:
+            inside = [(max(c["start"], event["start"]), min(c["end"], event["end"])) for c in comm]
+            waited = _covered([span for span in inside if span[1] > span[0]])
+            lines.append(f"{op}{where}: compute {(total - waited) * 1e3:.1f} ms, waiting for peers "
+                         f"{waited * 1e3:.1f} ms{moved}")
+        else:
+            kind = "communication incl. waiting" if is_communication(op) else "took"
+            lines.append(f"{op}{where}: {kind} {total * 1e3:.1f} ms{moved}")
+    return lines
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 class ClusterStepAgent:
@@ -89,7 +123,7 @@ class StepThrough:
         self.error: str | None = None
         self.back_button = w.Button(description="◀ back")
         self.forward_button = w.Button(description="forward ▶")
-        self.end_button = w.Button(description="run to end ⏭")
+        self.end_button = w.Button(description="run to end ▶▶")    # glyphs every DejaVu/Liberation font has
         self.reset_button = w.Button(description="reset view")
         self.back_button.on_click(lambda _: self.back())
         self.forward_button.on_click(lambda _: self.forward())
@@ -152,43 +186,53 @@ class StepThrough:
                                        for r in bad)
 
     # -------------------------------------------------------------------- display
+    @property
+    def finished(self) -> bool:
+        """Every action was released and every rank reported the end of the step."""
+        return self.final is not None
+
     def render(self) -> None:
         self.view.show(viz.draw_schedule(self.schedule, self.position))
+        self.label.value = f"<b>{html.escape(self.heading())}</b>"
+        self.details.value = "<br>".join(
+            f"<b style='color:#b00'>{html.escape(line)}</b>" if alarm else html.escape(line)
+            for line, alarm in self._detail_lines())
+
+    def heading(self) -> str:
+        """Where the view is, as plain text: ``action 3/34 (executed on the cluster): <action>``."""
         state = "executed on the cluster" if self.agent is not None else "schedule only"
         current = self.current
-        text = html.escape(current.describe()) if current else "press forward to start"
-        self.label.value = (f"<b>action {self.position}/{len(self.actions)}</b> ({state}): "
-                            f"{text}")
-        self.details.value = self._details_html()
+        text = current.describe() if current else "press forward to start"
+        return f"action {self.position}/{len(self.actions)} ({state}): {text}"
 
-    def _details_html(self) -> str:
+    def text(self) -> str:
+        """Heading and details as plain text (what the widget shows, for ``print``)."""
+        return "\n".join([self.heading(), *(f"    {line}" for line, _ in self._detail_lines())])
+
+    def _detail_lines(self) -> list[tuple[str, bool]]:
+        """(line, is_alarm) pairs: what the rank reported after the shown action, and the end of the step."""
         if not self.position:
-            return ""
+            return []
         report = self.reports[self.position - 1] if self.position - 1 < len(self.reports) else None
-        lines = []
+        lines: list[tuple[str, bool]] = []
+        at_end = self.finished and self.position == len(self.actions)
         if report is not None:
             if report.get("error"):
-                lines.append(f"<b style='color:#b00'>error on rank {report['rank']}: "
-                             f"{html.escape(report['error'])}</b>")
+                lines.append((f"error on rank {report['rank']}: {report['error']}", True))
             if report.get("mismatches"):
-                lines.append(f"<b style='color:#b00'>rank {report['rank']} ran a different "
-                             f"action than the schedule: {report['mismatches']}</b>")
-            if not report.get("settled", True):
-                lines.append(f"rank {report['rank']} waits for peers (halo exchange, "
-                             f"hand-off or collective); {report.get('queued', 0)} released "
-                             f"action(s) queued there run as soon as the peers arrive")
+                lines.append((f"rank {report['rank']} ran a different action than the schedule: "
+                              f"{report['mismatches']}", True))
+            if not report.get("settled", True) and not at_end:
+                lines.append((f"rank {report['rank']} waits for peers (halo exchange, hand-off or collective); "
+                              f"{report.get('queued', 0)} released action(s) queued there run as soon as the "
+                              f"peers arrive", False))
             for name, shape in report.get("shapes", []):
-                lines.append(f"{html.escape(name)} output shape {shape}")
-            for event in report.get("events", []):
-                extra = f" {event['bytes']} bytes" if event.get("bytes") else ""
-                peer = f" peer {event['peer']}" if event.get("peer") is not None else ""
-                layer = f" layer {event['layer']}" if event.get("layer") else ""
-                lines.append(f"event {html.escape(str(event['op']))}{layer}{peer}{extra} "
-                             f"({(event['end'] - event['start']) * 1e3:.2f} ms)")
-        if self.final is not None and self.position == len(self.actions):
-            losses = {r["loss"] for r in self.final}
-            lines.append(f"step finished on every rank, loss {sorted(losses)}")
-        return "<br>".join(lines)
+                lines.append((f"{name} output shape {tuple(shape)}", False))
+            lines += [(line, False) for line in event_lines(report.get("events", []))]
+        if at_end:
+            losses = sorted({r["loss"] for r in self.final or []})
+            lines.append((f"step finished on every rank, loss {losses}", False))
+        return lines
 
     def _ipython_display_(self) -> None:  # pragma: no cover - display only
         display_widget(self.widget)
