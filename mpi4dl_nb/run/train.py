@@ -20,7 +20,7 @@ from ..pipeline.schedules import ActionKind
 from ..pipeline.step_input import ShardedImages
 from ..spatial.geometry import Box
 from .checkpoint import load_checkpoint, save_checkpoint
-from .metrics import ActivationMeter, RunMetrics, comm_seconds, cuda_peak_bytes, state_bytes
+from .metrics import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -39,7 +39,7 @@ class TrainSettings:
     progress: bool = True
     verbose: bool = False
     dtype: torch.dtype = torch.float32
-    keep_trace: bool = False
+    keep_trace: bool = False            # True: keep every trace event (unbounded), not a window
 
 
 # --------------------------------------------------------------------- pre-flight
@@ -215,6 +215,8 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
         self.meter = ActivationMeter(exclude=params)
+        if settings.keep_trace:
+            ctx.tracer.configure(window_steps=None, max_events=None)
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
 
@@ -268,7 +270,6 @@ class Trainer:
         images = self.feeder.images(epoch, in_epoch)
         labels = self.feeder.labels(epoch, in_epoch)
         tracer = self.ctx.tracer
-        first_event = len(tracer.events)
         device = self.ctx.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -278,9 +279,8 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
-        comm = comm_seconds(tracer.events[first_event:])
-        if not self.settings.keep_trace:
-            del tracer.events[first_event:]
+        traced = tracer.last_step()   # the engine's step, summarised by the (bounded) trace
+        comm = traced.comm_seconds if traced is not None else 0.0
         self.metrics.add_step(self.batcher.batch_size, seconds, comm, loss)
         self.step += 1
         return loss
@@ -320,7 +320,7 @@ class Trainer:
         if per_rank is None:
             return None
         warm = 1 if self.metrics.steps >= 3 else 0
-        measured = sum(self.metrics.step_seconds[warm:])
+        measured = self.metrics.seconds_after(warm)
         images = (self.metrics.steps - warm) * self.batcher.batch_size
         return {
             **self.run_info,
@@ -330,7 +330,7 @@ class Trainer:
             "steps_run": self.metrics.steps,
             "warmup_steps": warm,
             "images_per_s": images / measured if measured > 0 else None,
-            "loss": self.metrics.losses[-1] if self.metrics.losses else None,
+            "loss": self.metrics.last_loss,
             "losses": self.metrics.losses,
             "wall_seconds": wall,
             "peak_memory_bytes": [m["peak_bytes"] for m in per_rank],

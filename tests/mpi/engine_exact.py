@@ -22,6 +22,7 @@ import mpi4dl_nb as dl
 from tests.support.checks import Checks, run_checks
 from tests.support.engine_cases import CASES, config_of
 from tests.support.models import build
+from tests.support.planes import split_backend
 
 RTOL = 1e-9
 FLOOR = 1e-6   # denominators below this are roundoff-sized (e.g. a bias whose gradient is ~0)
@@ -127,9 +128,8 @@ def check_round_trip(ctx, name: str) -> None:
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    names = [a for a in sys.argv[1:] if not a.startswith("--backend=")]
-    backends = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backend=")]
-    ctx = dl.init(backend=backends[-1] if backends else "auto")
+    backend, names = split_backend(sys.argv[1:], default="auto")
+    ctx = dl.init(backend=backend)
     for name in names:
         with check(name) as result:
             result.detail = run_case(ctx, name)

@@ -45,7 +45,7 @@ def launch(monkeypatch):
         parsed_cfg = cli.config_from_args(cli.build_parser().parse_args(argv))
         size = parsed_cfg.world_size
         monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, size, True))
-        monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(size),
+        monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(size),
                             raising=False)
         monkeypatch.setattr(mpi4dl_nb, "HybridEngine", RecordingEngine, raising=False)
 
