@@ -59,7 +59,7 @@ class MessageOrderError(RuntimeError):
 def encode_header(payload: Payload, device: torch.device, tag: int = 0) -> torch.Tensor:
     """int64 header: tag, tuple flag, tensor count, then (dtype, ndim, dims) per tensor."""
     items = checked_items(payload)
-    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64, device="cpu")   # built on the host, one copy
     header[0] = int(tag)
     header[1] = int(isinstance(payload, (tuple, list)))
     header[2] = len(items)
@@ -69,7 +69,7 @@ def encode_header(payload: Payload, device: torch.device, tag: int = 0) -> torch
         base = _BASE + i * _FIELDS
         header[base] = DTYPES.index(t.dtype)
         header[base + 1] = t.dim()
-        header[base + 2:base + 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        header[base + 2:base + 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64, device="cpu")
     return header.to(device)
 
 

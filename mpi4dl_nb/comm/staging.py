@@ -36,7 +36,7 @@ class PinnedPool:
         if free:
             buffer = free.pop()
         else:
-            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+            buffer = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=self.pin)
             self.created += 1
         view = buffer[:nbytes].view(like.dtype).view(like.shape)
         self._lent[id(view)] = buffer

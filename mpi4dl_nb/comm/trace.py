@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 DEFAULT_WINDOW_STEPS = 4        # steps whose events the trace keeps
 DEFAULT_MAX_EVENTS = 20_000     # hard cap, also for events recorded outside any step
-DEFAULT_HISTORY = 1_000         # StepSummary records kept
+DEFAULT_HISTORY = 16            # StepSummary records kept (the last ones: what metrics read)
 
 COMM_WORDS = ("send", "recv", "halo", "reduce", "broadcast", "bcast", "gather", "scatter",
               "handoff", "barrier", "wait", "exchange", "comm")

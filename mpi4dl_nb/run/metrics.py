@@ -1,9 +1,11 @@
 """Per-rank metrics: peak memory (CUDA allocator, or counted tensor bytes on CPU) and compute vs communication time."""
 from __future__ import annotations
 
+import gc
+import os
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +13,9 @@ import torch
 
 from ..comm.trace import comm_seconds, is_communication
 
-__all__ = ["ActivationMeter", "RunMetrics", "comm_seconds", "cuda_peak_bytes", "is_communication",
-           "state_bytes", "storage_key", "tensor_bytes"]
+__all__ = ["ActivationMeter", "RunMetrics", "comm_seconds", "cuda_peak_bytes", "growth_per_step",
+           "is_communication", "live_tensor_bytes", "rss_bytes", "state_bytes", "storage_key",
+           "tensor_bytes"]
 
 RECENT_STEPS = 1000   # per-step values RunMetrics keeps (totals cover every step)
 
@@ -190,3 +193,39 @@ class RunMetrics:
     def as_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "images": self.images, "seconds": self.seconds,
                 "compute_seconds": self.compute_seconds, "comm_seconds": self.comm_seconds}
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (Linux ``/proc/self/statm``), None where unknown."""
+    try:
+        with open("/proc/self/statm") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of every tensor storage the garbage collector can reach (each storage once; slow)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device.type != "meta":   # type(): no __class__
+            key = storage_key(obj)
+            if key not in seen:
+                seen.add(key)
+                total += key[1]
+    return total
+
+
+def growth_per_step(samples: Sequence[tuple[int, float]]) -> float:
+    """Least-squares slope of ``(step, value)`` samples: the value's growth per step."""
+    if len(samples) < 2:
+        return 0.0
+    n = len(samples)
+    mean_x = sum(x for x, _ in samples) / n
+    mean_y = sum(y for _, y in samples) / n
+    spread = sum((x - mean_x) ** 2 for x, _ in samples)
+    if spread == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in samples) / spread

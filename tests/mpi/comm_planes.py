@@ -3,9 +3,14 @@ broadcast, groups, on any rank count; the mpi plane's staged (GPU) path forced o
 
 On the torch plane messages match by posting order (no tags, as on NCCL), so every check
 posts in the same order on both sides; the out-of-order-tags check runs on the mpi plane only.
+
+Usage: python -m tests.mpi.comm_planes [--device=cuda]: with CUDA, tensors live on the GPU and
+the planes are mpi (CUDA-aware or staged) and nccl (``benchmarks/gpu_check.sh``).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -15,18 +20,19 @@ from mpi4dl_nb.comm.messages import Mailbox, MessageOrderError, isend_payload, r
 from mpi4dl_nb.comm.mpi_plane import MpiPlane
 from tests.support.checks import Checks, run_checks
 
-BACKENDS = ("mpi", "gloo")
+PLANES = {"cpu": ("mpi", "gloo"), "cuda": ("mpi", "nccl")}
 CHECKS = ("send/recv", "exchange both ways", "channel payloads in send order", "all_reduce world",
           "all_reduce group", "broadcast", "group broadcast", "1 MiB float32 message",
           "int64 all_reduce", "all_gather_object", "groups cached")
 MPI_ONLY = ("irecv two tags", "staged path")
-GLOO_ONLY = ("wrong order refused",)   # on the mpi plane a wrong tag is never matched: it hangs
+TORCH_ONLY = ("wrong order refused",)   # on the mpi plane a wrong tag is never matched: it hangs
 
 
-def check_names() -> list[str]:
+def check_names(device: str = "cpu") -> list[str]:
     """Every check this program reports, on any rank count."""
-    return [f"{backend} {what}" for backend in BACKENDS for what in CHECKS] + \
-        [f"mpi {what}" for what in MPI_ONLY] + [f"gloo {what}" for what in GLOO_ONLY]
+    mpi, torch_backend = PLANES[device]
+    return [f"{backend} {what}" for backend in PLANES[device] for what in CHECKS] + \
+        [f"{mpi} {what}" for what in MPI_ONLY] + [f"{torch_backend} {what}" for what in TORCH_ONLY]
 
 
 def exercise(ctx: Context, check: Checks) -> None:
@@ -132,10 +138,12 @@ def exercise(ctx: Context, check: Checks) -> None:
 
     # large message, float32 and int64 dtypes
     with check(f"{name} 1 MiB float32 message"):
-        big = torch.randn(1 << 18, generator=torch.Generator().manual_seed(rank)).float()
+        big = torch.randn(1 << 18, generator=torch.Generator().manual_seed(rank), device="cpu")
+        big = big.float().to(ctx.device)
         recv_big = torch.empty_like(big)
         ctx.wait_all([ctx.irecv(recv_big, left, tag=4), ctx.isend(big, right, tag=4)])
-        expect = torch.randn(1 << 18, generator=torch.Generator().manual_seed(left)).float()
+        expect = torch.randn(1 << 18, generator=torch.Generator().manual_seed(left),
+                             device="cpu").float().to(ctx.device)
         assert torch.equal(recv_big, expect), f"{name} 1 MiB float32 message"
     with check(f"{name} int64 all_reduce"):
         ints = torch.tensor([rank], dtype=torch.int64)
@@ -151,7 +159,7 @@ def exercise(ctx: Context, check: Checks) -> None:
 
 
 def staged_path(ctx: Context, check: Checks) -> None:
-    """The mpi plane's GPU staging (host buffers from the pool) run on CPU tensors."""
+    """The mpi plane's GPU staging through the pinned pool (forced for CPU tensors)."""
     rank, size = ctx.rank, ctx.world_size
     right, left = (rank + 1) % size, (rank - 1) % size
     plane = MpiPlane(ctx.mpi_comm, ctx.device, staging=True)
@@ -169,12 +177,15 @@ def staged_path(ctx: Context, check: Checks) -> None:
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    mpi_ctx = Context(backend="mpi")
-    exercise(mpi_ctx, check)
-    staged_path(mpi_ctx, check)
-    gloo_ctx = Context(backend="gloo")
-    exercise(gloo_ctx, check)
-    gloo_ctx.close()
+    device = "cuda" if "--device=cuda" in sys.argv[1:] else "cpu"
+    mpi, torch_backend = PLANES[device]
+    mpi_ctx = Context(backend=mpi, device=device)
+    with torch.device(mpi_ctx.device):       # factory functions make tensors on the rank's device
+        exercise(mpi_ctx, check)
+        staged_path(mpi_ctx, check)
+        torch_ctx = Context(backend=torch_backend, device=device)
+        exercise(torch_ctx, check)
+    torch_ctx.close()
 
 
 if __name__ == "__main__":
