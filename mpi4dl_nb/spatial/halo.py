@@ -329,6 +329,11 @@ class HaloExchange:
             return x
         return _HaloFunction.apply(x, self)
 
+    def adjoint(self, needed: torch.Tensor) -> torch.Tensor:
+        """The adjoint as a differentiable map (needed tile -> owned tile: strips sent back and
+        added, padding dropped); its backward is the exchange. A transposed conv's overlap-add."""
+        return _HaloAdjointFunction.apply(needed, self)
+
 
 class _HaloFunction(torch.autograd.Function):
     @staticmethod
@@ -339,6 +344,17 @@ class _HaloFunction(torch.autograd.Function):
     @staticmethod
     def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return fctx.exchange.backward_tensor(grad), None
+
+
+class _HaloAdjointFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx: Any, needed: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
+        fctx.exchange = exchange
+        return exchange.backward_tensor(needed)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return fctx.exchange.forward_tensor(grad.contiguous()), None
 
 
 def halo_exchange(x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
