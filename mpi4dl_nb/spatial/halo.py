@@ -336,18 +336,27 @@ class HaloExchange:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.identity:
             return x
-        return _HaloFunction.apply(x, self)
+        return _HaloFunction.apply(x, self, False)
+
+    def adjoint(self, needed: torch.Tensor) -> torch.Tensor:
+        """The adjoint as a differentiable map (needed tile -> owned tile: strips sent back and
+        added, padding dropped); its backward is the exchange. A transposed conv's overlap-add."""
+        return _HaloFunction.apply(needed, self, True)
 
 
 class _HaloFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
-        fctx.exchange = exchange
-        return exchange.forward_tensor(x)
+    """The exchange (owned -> needed tile) or, with ``adjoint``, its adjoint; backward is the other."""
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return fctx.exchange.backward_tensor(grad), None
+    def forward(fctx: Any, x: torch.Tensor, exchange: HaloExchange, adjoint: bool) -> torch.Tensor:
+        fctx.exchange, fctx.adjoint = exchange, adjoint
+        return exchange.backward_tensor(x) if adjoint else exchange.forward_tensor(x)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if fctx.adjoint:
+            return fctx.exchange.forward_tensor(grad.contiguous()), None, None
+        return fctx.exchange.backward_tensor(grad), None, None
 
 
 def halo_exchange(x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:

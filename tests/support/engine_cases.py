@@ -54,6 +54,8 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "sp_unet_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
                         parts=2, balance=(4, 2)), "unet", 4, 16),
     "sp_norms_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=4, balance=(3, 1)), "norms", 2, 16),
+    "sp_norms_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
+                         parts=2, schedule="1f1b", balance=(2, 2)), "norms", 4, 16),
     # a BatchNorm used twice per forward: running statistics replayed per call
     "bn_reuse_pp": (dict(split_size=2, spatial_size=0, parts=2), "reused_bn", 4, 16),
     "bn_reuse_sp_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
