@@ -19,3 +19,4 @@ run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --
 run python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
 run python benchmarks/bench_planner.py --markdown
 run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000
+run python benchmarks/bench_soak.py --steps 3000 --sample-every 100
