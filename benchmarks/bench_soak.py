@@ -86,7 +86,7 @@ def api_run(name: str, steps: int, sample):
     y = torch.randint(0, MODEL["classes"], (args.batch_size,), generator=gen)
     for step in range(1, steps + 1):
         engine.train_step(x, y)
-        sample(step, len(ctx.tracer))
+        sample(step, ctx.tracer.kept)
     return ctx
 
 
@@ -99,7 +99,7 @@ def train_run(name: str, steps: int, sample):
 
     def train_one(self):   # the CLI's own loop, sampled after each step
         loss = original(self)
-        sample(self.step, len(self.ctx.tracer))
+        sample(self.step, self.ctx.tracer.kept)
         return loss
 
     train_module.Trainer.train_one = train_one

@@ -337,7 +337,9 @@ class Tracer:
         self.flush()
         return self.events[max(0, self._count - (self.recorded - position)):]
 
-    def __len__(self) -> int:
+    @property
+    def kept(self) -> int:
+        """How many events the window holds now."""
         self.flush()
         return self._count
 

@@ -16,6 +16,10 @@ engine_exact           2 ranks gems_pp, pp2_gpipe_m4 (pipeline/test_engine_     
                                                                                  exact.py
 models_exact           5 ranks, smallest size of each family: SP+LP, LP+PP+GEMS,  here
                        fused spatial stage
+spatial_correctness    2x2: SE ResNet, U-Net+GroupNorm, bilinear up-sampling,     here
+                       per-pixel loss, 4 fuzzed CNNs
+infer_exact            4 ranks: both checks (command 2x2, infer_slide 1x4)        infer/test_
+                                                                                 infer_mpi.py
 engine_misc            3 ranks: hook order, manual stepping, kept grads, timeline here
 models_regions         5 ranks: region reads equal serial on whole tiles          here
 train CLI              5 ranks SP+LP float64: --backend gloo loss == --backend mpi here
@@ -27,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.mpi import engine_misc, halo_fused, models_exact
+from tests.mpi import engine_misc, halo_fused, models_exact, spatial_correctness
 from tests.mpi.models_regions import LOSS, READS
 from tests.support.planes import backend_flag
 from tests.support.summary import json_record
@@ -50,6 +54,18 @@ def test_models_exact_on_the_torch_plane(mpirun):
     names = models_exact.check_names(smallest=True)
     assert len(names) == 3 + 3 + 3
     mpirun(5, "models_exact", GLOO, "--smallest", timeout=600, checks=names)
+
+
+CORRECTNESS_MODELS = ["se_resnet", "unet_groupnorm", "upsample_bilinear"]
+CORRECTNESS_FUZZ = 4
+
+
+def test_spatial_correctness_on_the_torch_plane(mpirun):
+    names = [spatial_correctness.exact_name(model, size) for size in spatial_correctness.sizes(2, 2)
+             for model in CORRECTNESS_MODELS]
+    names += [spatial_correctness.LOSS, *spatial_correctness.fuzz_case_names(2, 2, CORRECTNESS_FUZZ, None)]
+    mpirun(4, "spatial_correctness", 2, 2, f"--fuzz={CORRECTNESS_FUZZ}", GLOO,
+           "--only=" + ",".join([*CORRECTNESS_MODELS, "loss"]), timeout=400, checks=names)
 
 
 def test_engine_misc_on_the_torch_plane(mpirun):

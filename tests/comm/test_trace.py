@@ -24,12 +24,12 @@ def run_steps(tracer: Tracer, steps: int, per_step: int = 3) -> None:
 def test_window_keeps_the_last_steps_and_totals_keep_everything():
     tracer = Tracer(window_steps=3)
     run_steps(tracer, 50, per_step=4)
-    assert len(tracer) == len(tracer.events) == 3 * 4          # bounded, not 50 * 4
+    assert tracer.kept == len(tracer.events) == 3 * 4          # bounded, not 50 * 4
     assert min(e.start for e in tracer.events) == 47 * 2.0      # the last three steps
     totals = tracer.totals()
     assert totals["F"].count == 50 and totals["SEND_ACT"].bytes == 500
     assert totals["halo"].count == 100 and abs(totals["F"].seconds - 50.0) < 1e-9
-    assert len(tracer.steps) == 50 and tracer.steps_begun == 50 and tracer.recorded == 200
+    assert len(tracer.steps) == 16 and tracer.steps_begun == 50 and tracer.recorded == 200   # history 16
     last = tracer.last_step()
     assert isinstance(last, StepSummary) and last.index == 50 and last.events == 4
     assert last.ops["SEND_ACT"].bytes == 10 and abs(last.seconds - 1.5) < 1e-9
@@ -41,9 +41,9 @@ def test_history_and_event_cap_bound_memory_even_without_steps():
     tracer = Tracer(window_steps=None, max_events=25, history=5)
     for i in range(1000):                                       # a notebook's halo calls: no steps
         tracer.record("halo", float(i), i + 0.5)
-    assert len(tracer) == 25 and tracer.events[0].start == 975.0
+    assert tracer.kept == 25 and tracer.events[0].start == 975.0
     run_steps(tracer, 20)
-    assert len(tracer) == 25 and len(tracer.steps) == 5 and tracer.steps[0].index == 16
+    assert tracer.kept == 25 and len(tracer.steps) == 5 and tracer.steps[0].index == 16
 
 
 def test_since_follows_new_events_across_trimming():
@@ -54,7 +54,7 @@ def test_since_follows_new_events_across_trimming():
     tracer.record("B", 100.0, 101.0)
     assert [e.op for e in tracer.since(seen)] == ["B"]
     run_steps(tracer, 10)                                       # more than the window since then
-    assert len(tracer.since(seen)) == len(tracer) == 2 * 3
+    assert len(tracer.since(seen)) == tracer.kept == 2 * 3
 
 
 def test_unbounded_when_asked_and_clear_keeps_totals():
@@ -62,9 +62,9 @@ def test_unbounded_when_asked_and_clear_keeps_totals():
     tracer.configure(window_steps=None, max_events=None)
     assert not tracer.bounded
     run_steps(tracer, 30)
-    assert len(tracer) == 90
+    assert tracer.kept == 90
     tracer.clear()
-    assert len(tracer) == 0 and tracer.totals()["F"].count == 30
+    assert tracer.kept == 0 and tracer.totals()["F"].count == 30
     with pytest.raises(ValueError, match="positive"):
         tracer.configure(window_steps=0)
 
@@ -74,7 +74,7 @@ def test_disabled_tracer_records_nothing_but_steps_still_summarise():
     run_steps(tracer, 3)
     with tracer.span("F") as extra:
         extra["bytes"] = 1
-    assert len(tracer) == 0 and tracer.last_step() is not None and tracer.last_step().events == 0
+    assert tracer.kept == 0 and tracer.last_step() is not None and tracer.last_step().events == 0
 
 
 class FakeDeviceClock:
