@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -42,14 +41,12 @@ def test_gloo_with_cuda_refused(monkeypatch):
 
 
 @pytest.mark.skipif(device.cuda_unavailable_reason() is None, reason="this machine has a usable GPU")
-def test_train_with_cuda_exits_within_seconds_here():
-    start = time.perf_counter()
+def test_train_with_cuda_is_refused_before_any_work_here():
     proc = subprocess.run([sys.executable, "-m", "mpi4dl_nb", "train", *SMALL, "--device", "cuda"],
-                          capture_output=True, text=True, env=mpi_env(1), cwd=REPO, timeout=60)
-    seconds = time.perf_counter() - start
+                          capture_output=True, text=True, env=mpi_env(1), cwd=REPO, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "--device" in proc.stderr and device.cuda_unavailable_reason() in proc.stderr, proc.stderr
-    assert seconds < 20, f"took {seconds:.1f}s"
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
 
 
 def test_context_refuses_cuda_and_mismatched_backends_here():
