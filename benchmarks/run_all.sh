@@ -18,3 +18,4 @@ run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 run python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
 run python benchmarks/bench_planner.py --markdown
+run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000

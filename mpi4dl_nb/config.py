@@ -97,6 +97,10 @@ class ParallelConfig:
     Knob names follow MPI4DL (``--split-size`` is ``split_size`` ...). ``spatial_size=0``
     means no spatial stage; ``times=0`` means no GEMS, ``times=k`` means GEMS with ``k``
     replica pairs; ``data_parallel`` is the number of full replicas of the whole layout.
+    ``sync_batchnorm``: the data-parallel copies of a micro-batch (full replicas and local-DP
+    copies) normalise BatchNorm over their combined samples (README: "BatchNorm semantics").
+    ``check_ops``: the spatial op guard checks every torch op custom forwards apply to tiles
+    (False skips the checks once a model has passed).
     """
 
     split_size: int = 2
@@ -112,6 +116,8 @@ class ParallelConfig:
     data_parallel: int = 1
     schedule: ScheduleKind = ScheduleKind.GPIPE
     grid: tuple[int, int] | None = field(default=None)
+    sync_batchnorm: bool = False
+    check_ops: bool = True
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):

@@ -1,6 +1,7 @@
 """Datasets with region reads (synthetic, pathology tiles/slides, CIFAR-10, the IHC sample) and ``make_dataset``."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from .base import Batcher, Box, RegionDataset, full_box
@@ -14,16 +15,16 @@ APPS = ("medical", "cifar", "synthetic")
 
 def make_dataset(app: str, image_size: int, num_classes: int, *, datapath: str | Path | None = None,
                  seed: int = 0, num_samples: int = 1024, slide_level: int = 0,
-                 min_tissue: float = 0.5) -> RegionDataset:
+                 min_tissue: float = 0.5, exclude: Collection[Path] = ()) -> RegionDataset:
     """The dataset of ``--app``: ``medical`` (``datapath`` tiles/slides, else the IHC sample),
-    ``cifar`` (binary batches in ``datapath``) or ``synthetic``."""
+    ``cifar`` (binary batches in ``datapath``) or ``synthetic``; ``exclude`` drops files."""
     if app == "synthetic":
         return SyntheticDataset(image_size, num_classes, num_samples, seed=seed)
     if app == "medical":
         if datapath is None:
             return IHCSampleDataset(image_size, num_classes=num_classes)
         return open_pathology(datapath, image_size, level=slide_level, min_tissue=min_tissue,
-                              num_classes=num_classes)
+                              num_classes=num_classes, exclude=exclude)
     if app == "cifar":
         if datapath is None:
             raise FileNotFoundError("--app cifar needs --datapath: a folder with the CIFAR-10 "

@@ -1,7 +1,9 @@
 """Pathology data: a folder of image tiles, or whole-slide images cut into tiles read region by region via OpenSlide."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,14 +52,18 @@ def rgba_to_rgb(image: Any) -> np.ndarray:
 
 
 class TileFolderDataset:
-    """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``."""
+    """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``.
 
-    def __init__(self, root: str | Path, image_size: int, *, num_classes: int | None = None) -> None:
+    ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones.
+    """
+
+    def __init__(self, root: str | Path, image_size: int, *, num_classes: int | None = None,
+                 files: Sequence[Path] | None = None) -> None:
         self.root = require_path(root)
         self.image_size = image_size
         self.channels = 3
-        self.files = sorted(p for p in self.root.rglob("*")
-                            if p.is_file() and p.suffix.lower() in TILE_EXTENSIONS)
+        self.files = sorted(files) if files is not None else sorted(
+            p for p in self.root.rglob("*") if p.is_file() and p.suffix.lower() in TILE_EXTENSIONS)
         if not self.files:
             raise FileNotFoundError(f"--datapath {str(root)!r} holds no image tiles "
                                     f"({', '.join(TILE_EXTENSIONS)})")
@@ -216,27 +222,65 @@ class SlideDataset:
         self._open.clear()
 
 
+@contextmanager
+def quiet_tifffile() -> Iterator[None]:
+    """tifffile logs damaged structures as warnings; the callers report them themselves."""
+    logger = logging.getLogger("tifffile")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def tiff_page_count(path: Path) -> int | None:
+    """Pages of a TIFF from its headers only (None: not parseable as TIFF)."""
+    import tifffile
+
+    try:
+        with quiet_tifffile(), tifffile.TiffFile(path) as tif:
+            return len(tif.pages)
+    except Exception:
+        return None
+
+
 def is_slide_file(path: Path) -> bool:
-    """Whether ``path`` is a whole-slide image: a slide-only extension, or a multi-level TIFF pyramid."""
+    """Whether ``path`` is a whole-slide image: a slide-only extension, or a multi-page TIFF pyramid.
+
+    Judged from the headers (tifffile), so a slide with damaged image data still counts as
+    a slide (and the data check reports it) instead of passing for a tile.
+    """
     suffix = path.suffix.lower()
     if suffix in SLIDE_ONLY_EXTENSIONS:
         return True
     if suffix in (".tif", ".tiff"):
+        pages = tiff_page_count(path)
+        if pages is not None:
+            return pages > 1
         import openslide
 
-        if openslide.OpenSlide.detect_format(str(path)) is None:
-            return False
-        try:
-            with openslide.OpenSlide(str(path)) as slide:
-                return slide.level_count > 1
-        except openslide.OpenSlideError:
-            return False
+        return openslide.OpenSlide.detect_format(str(path)) is not None
     return False
 
 
+def folder_files(root: Path, exclude: Collection[Path] = ()) -> tuple[list[Path], bool]:
+    """The files a folder dataset reads and whether they are slides.
+
+    A folder holding any slide is a folder of slides: then every slide-only file and every
+    TIFF is one (a TIFF that cannot be a slide is reported by the data check, not dropped).
+    Otherwise it is a folder of tiles. ``exclude`` drops files (``--skip-bad-files``).
+    """
+    drop = {Path(p).resolve() for p in exclude}
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.resolve() not in drop)
+    if any(is_slide_file(p) for p in files):
+        return [p for p in files if p.suffix.lower() in SLIDE_ONLY_EXTENSIONS + (".tif", ".tiff")], True
+    return [p for p in files if p.suffix.lower() in TILE_EXTENSIONS], False
+
+
 def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0,
-                   min_tissue: float = 0.5, num_classes: int | None = None
-                   ) -> TileFolderDataset | SlideDataset:
+                   min_tissue: float = 0.5, num_classes: int | None = None,
+                   exclude: Collection[Path] = ()) -> TileFolderDataset | SlideDataset:
     """``--app medical --datapath``: a slide file, a folder with slides (by class folder), or a tile folder."""
     path = require_path(datapath)
     if path.is_file():
@@ -245,8 +289,8 @@ def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0,
                              f"({', '.join(SLIDE_ONLY_EXTENSIONS)}, .tif); give a slide or a folder")
         return SlideDataset([path], image_size, level=level, min_tissue=min_tissue,
                             num_classes=num_classes)
-    slides = sorted(p for p in path.rglob("*") if p.is_file() and is_slide_file(p))
+    files, slides = folder_files(path, exclude)
     if slides:
-        return SlideDataset(slides, image_size, level=level, min_tissue=min_tissue, root=path,
+        return SlideDataset(files, image_size, level=level, min_tissue=min_tissue, root=path,
                             num_classes=num_classes)
-    return TileFolderDataset(path, image_size, num_classes=num_classes)
+    return TileFolderDataset(path, image_size, num_classes=num_classes, files=files)

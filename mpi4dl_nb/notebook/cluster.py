@@ -6,6 +6,8 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -13,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 #: Environment every engine gets: one thread per rank, MPI yielding when ranks > cores,
 #: and a glibc malloc that keeps freed activation memory (no page faults every step).
@@ -25,6 +27,10 @@ ENGINE_ENV: dict[str, str] = {
     "MALLOC_TRIM_THRESHOLD_": "100000000000",
     "PYTHONUNBUFFERED": "1",
 }
+
+#: Engines end themselves when the controller is gone for 8 heartbeat checks (~30 s): remote
+#: engines (hostfile, Slurm) outlive a dead driver no longer than that (local ones end at once).
+ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=8"]
 
 MPI_FLAVORS = ("mpich", "openmpi")
 LAUNCHERS = ("local", "hostfile", "slurm")
@@ -129,6 +135,56 @@ def rank_lines(output: str, rank: int) -> str:
     return "\n".join(mine)
 
 
+_MPICH_EXIT = re.compile(r"EXIT CODE: (\d+)")
+_MPICH_EXIT_STRING = re.compile(r"EXIT STRING: ([^\n]+)")
+_OMPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+_OMPI_CODE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
+# an engine's nanny logs the moment its engine's pipe closes (MPICH prefixes the MPI rank)
+_NANNY_SAW_EXIT = re.compile(r"^\[(\d+)\] \d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d\.\d+) \[KernelNanny\.\d+\] "
+                             r"(?:Pipe closed|Parent \d+ exited)", re.M)
+FIRST_DEATH_WINDOW = 0.005   # seconds: engines ending later were ended by the launcher's clean-up
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def deaths_in_log(output: str) -> dict[int, str]:
+    """Ranks that died first, with how (exit code or signal), from the engine job's log.
+
+    Open MPI names the rank. MPICH ends every other rank when one dies and reports the exit
+    status but not reliably which rank, so the rank comes from the engines' nannies: each
+    logs when its engine ended, and those ending first died on their own.
+    """
+    found: dict[int, str] = {}
+    for match in _OMPI_SIGNAL.finditer(output):
+        number = int(match.group(2))
+        found[int(match.group(1))] = f"killed by signal {number} ({signal_name(number)})"
+    for match in _OMPI_CODE.finditer(output):
+        found.setdefault(int(match.group(1)), f"exit code {match.group(2)}")
+    if found:
+        return found
+    ended: dict[int, float] = {}
+    for match in _NANNY_SAW_EXIT.finditer(output):
+        hours, minutes, seconds = int(match.group(2)), int(match.group(3)), float(match.group(4))
+        ended.setdefault(int(match.group(1)), hours * 3600 + minutes * 60 + seconds)
+    if not ended:
+        return {}
+    code = _MPICH_EXIT.search(output)
+    text = _MPICH_EXIT_STRING.search(output)
+    if code is None:
+        how = "exited"
+    elif text is not None and "signal" in text.group(1).lower():
+        how = f"killed by signal {code.group(1)} ({signal_name(int(code.group(1)))})"
+    else:
+        how = f"exit code {code.group(1)}"
+    first = min(ended.values())
+    return {rank: how for rank, when in sorted(ended.items()) if when - first <= FIRST_DEATH_WINDOW}
+
+
 def engine_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """ENGINE_ENV plus PYTHONPATH so engines import this checkout, plus ``extra``."""
     env = dict(ENGINE_ENV)
@@ -148,6 +204,35 @@ def _default_mpiexec() -> str:
         raise RuntimeError("no mpiexec found next to this Python nor on PATH; install an MPI "
                            "(pip install mpich) or pass mpiexec=<path>")
     return found
+
+
+class Reaper:
+    """The driver's end of ``reaper.py``: a watcher process that ends the cluster's processes if the driver dies."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("reaper.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def _send(self, line: str) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(f"{line}\n".encode())
+                self.proc.stdin.flush()
+            except OSError:
+                pass
+
+    def watch(self, pids: Sequence[int]) -> None:
+        for pid in pids:
+            self._send(f"watch {int(pid)}")
+
+    def close(self) -> None:
+        """After a stop: close the pipe, so the watcher ends whatever is left of the cluster and exits."""
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
 
 
 @dataclass
@@ -204,6 +289,8 @@ class Cluster:
         self._view: Any = None
         self._owned = True
         self._tmp_profile: tempfile.TemporaryDirectory | None = None
+        self._reaper: Reaper | None = None
+        self._died: str | None = None
         self.ranks: list[RankInfo] = []
 
     # ----------------------------------------------------------------- lifecycle
@@ -221,8 +308,12 @@ class Cluster:
         self._ipp_cluster = ipp.Cluster(engines=engines, n=self.n, profile_dir=self.profile_dir,
                                         controller_args=controller_args, log_level=40,
                                         engine_timeout=self.start_timeout)
+        self._died = None
+        if self._reaper is None:
+            self._reaper = Reaper()
         try:
             self._ipp_cluster.start_controller_sync()
+            self._reaper.watch([self._ipp_cluster.controller.process.pid])
             self._start_engines()
         except BaseException:
             self.stop()
@@ -237,14 +328,17 @@ class Cluster:
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
         if self.launcher == "slurm":
-            return {"environment": env,
+            return {"environment": env, "engine_args": ENGINE_ARGS,
                     "batch_template": slurm_batch_template(self.slurm_options, env)}
         args = mpi_launch_args(flavor, env, hostfile=self.hostfile)
-        return {"mpi_cmd": [mpiexec], "mpi_args": args, "environment": env}
+        return {"mpi_cmd": [mpiexec], "mpi_args": args, "environment": env, "engine_args": ENGINE_ARGS}
 
     def _start_engines(self) -> None:
         cluster = self._ipp_cluster
         cluster.start_engines_sync(self.n, **self._engine_launcher_kwargs())
+        if self._reaper is not None:
+            self._reaper.watch([s.process.pid for s in cluster.engines.values()
+                                if getattr(s, "process", None) is not None])
         self._client = cluster.connect_client_sync()
         deadline = time.monotonic() + self.start_timeout
         while len(self._client.ids) < self.n:
@@ -269,6 +363,9 @@ class Cluster:
                             key=lambda info: info.rank)
         # Engine ids in MPI rank order, so results come back indexed by rank.
         self._view = self._client[[info.engine_id for info in self.ranks]]
+        here = socket.gethostname()
+        if self._reaper is not None:
+            self._reaper.watch([info.pid for info in self.ranks if info.host == here])
 
     def stop(self) -> None:
         """Stop engines and controller (only those this object started); safe to call twice."""
@@ -286,6 +383,9 @@ class Cluster:
         self._client = None
         self._view = None
         self.ranks = []
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
         if self._tmp_profile is not None:
             self._tmp_profile.cleanup()
             self._tmp_profile = None
@@ -321,7 +421,8 @@ class Cluster:
     # ------------------------------------------------------------------- status
     @property
     def running(self) -> bool:
-        return self._view is not None and not self._engine_set_stopped()
+        """Whether calls can run: started, and no engine has died since."""
+        return self._view is not None and self._died is None and not self._engine_set_stopped()
 
     @property
     def pids(self) -> list[int]:
@@ -344,7 +445,13 @@ class Cluster:
         if cluster is None:
             return self._client is None    # a connected (not owned) cluster has no launcher
         sets = list(cluster.engines.values())
-        return not sets or any(s.state == "after" for s in sets)
+        return not sets or any(s.state == "after" or launcher_exit_code(s) is not None for s in sets)
+
+    def _launcher_exit_codes(self) -> list[int]:
+        cluster = self._ipp_cluster
+        if cluster is None:
+            return []
+        return [code for s in cluster.engines.values() if (code := launcher_exit_code(s)) is not None]
 
     def launcher_output(self) -> str:
         """Everything the engine job printed to the launcher log so far (all ranks)."""
@@ -373,6 +480,9 @@ class Cluster:
         if self._view is None:
             raise RuntimeError("the cluster is not running; call start() (or use "
                                "`with dl.cluster.start(n=...) as cluster:`)")
+        if self._died is not None:
+            raise EngineDied(f"the engines are gone ({self._died}); call cluster.restart() to get a "
+                             f"working cluster")
 
     # -------------------------------------------------------------------- calls
     def run(self, func: Callable[..., Any], *args: Any, timeout: float | None = None,
@@ -436,16 +546,23 @@ class Cluster:
             lines.append("first traceback:\n" + strip_ansi(str(first_tb)))
         return "\n".join(lines)
 
-    def _raise_died(self, handle: Any, ranks: Sequence[int]) -> None:
-        # Give the launcher a moment to collect the exit status and the final log lines.
-        for _ in range(20):
+    def _raise_died(self, handle: Any, ranks: Sequence[int]) -> NoReturn:
+        # Give the launcher a moment to end the job and log the death.
+        for _ in range(30):
             if self._engine_set_stopped():
                 break
             time.sleep(0.1)
+        time.sleep(0.3)
+        how = deaths_in_log(self.launcher_output())
         alive = set(self._client.ids) if self._client is not None else set()
-        dead = [info.rank for info in self.ranks if info.engine_id not in alive] or list(ranks)
-        raise EngineDied(f"engine(s) of MPI rank(s) {dead} died during the call; the MPI job "
-                         f"is gone: call cluster.restart() to get a working cluster", dead,
+        dead = sorted(how) or [info.rank for info in self.ranks if info.engine_id not in alive] \
+            or list(ranks)
+        codes = self._launcher_exit_codes()
+        details = "; ".join(f"rank {r} {how[r]}" for r in dead if r in how) or \
+            (f"mpiexec exited with code {codes[0]}" if codes else "no exit status reported")
+        self._died = f"rank{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} died: {details}"
+        raise EngineDied(f"engine(s) of MPI rank(s) {dead} died during the call ({details}); the MPI "
+                         f"job is gone: call cluster.restart() to get a working cluster", dead,
                          self._outputs_by_rank(dead, handle))
 
     def execute(self, code: str, timeout: float | None = None) -> None:
@@ -462,6 +579,17 @@ class Cluster:
         """A variable from every engine's namespace, indexed by MPI rank."""
         self._require_running()
         return self.wait(self._view.pull(name, block=False), timeout=timeout)
+
+
+def launcher_exit_code(launcher: Any) -> int | None:
+    """Exit code of a launcher's local process (mpiexec), None while it runs or if it has none here."""
+    popen = getattr(launcher, "_popen_process", None)
+    if popen is None:
+        return None
+    try:
+        return popen.poll()
+    except Exception:
+        return None
 
 
 def slurm_batch_template(options: Sequence[str], env: Mapping[str, str]) -> str:

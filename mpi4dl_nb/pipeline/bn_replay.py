@@ -1,27 +1,29 @@
-"""BatchNorm running statistics equal to serial: record each chunk's update, replay in order.
+"""BatchNorm running statistics equal to serial: record each chunk's updates, replay in order.
 
-Serial reference: the chunks of a step run one after another in chunk order, each forward
-updating ``running = (1 - f) * running + f * batch_stat`` (``f`` = momentum, or
-``1/num_batches_tracked`` when momentum is None). In parallel a stage's chunks run on
-several holders (tiles, local-DP copies, GEMS mirror, data-parallel replicas) and in
-schedule order. Each holder runs every chunk's forward from zeroed buffers, which leaves
-exactly ``f * batch_stat`` (``batch_stat`` when momentum is None) — the chunk's term. At the
-end of the step the holders of a stage exchange their terms and every holder replays all
-terms in chunk order from the running statistics the step started with.
+Serial reference: the chunks of a step run one after another in chunk order; every call of
+a norm updates ``running = (1 - f) * running + f * batch_stat`` (``f`` = momentum, or
+``1/num_batches_tracked`` when momentum is None) — a norm used twice in a forward updates
+twice. In parallel a stage's chunks run on several holders (tiles, local-DP copies, GEMS
+mirror, data-parallel replicas) and in schedule order. Each holder runs every call of a
+norm on fresh zero buffers (forward hooks swap them in and out), which leaves exactly that
+call's term ``f * batch_stat`` (``batch_stat`` when momentum is None). At the end of the step
+the holders of a stage exchange their terms and every holder replays all of them, chunk by
+chunk and call by call, from the running statistics the step started with. Terms stay on
+the device; the exchange moves them to the host in one transfer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 
 class RunningStatsNorm(Protocol):
-    """What the ledger uses of a module keeping running statistics (a BatchNorm)."""
+    """What the ledger uses of a module keeping running statistics (a BatchNorm, InstanceNorm)."""
 
     training: bool
     momentum: float | None
@@ -31,7 +33,7 @@ class RunningStatsNorm(Protocol):
 
 
 def running_stat_norms(module: nn.Module) -> list[RunningStatsNorm]:
-    """Sub-modules that keep running mean/var (BatchNorm and spatial equivalents)."""
+    """Sub-modules that keep running mean/var (BatchNorm, InstanceNorm and spatial equivalents)."""
     found = []
     for m in module.modules():
         mean = getattr(m, "running_mean", None)
@@ -41,20 +43,34 @@ def running_stat_norms(module: nn.Module) -> list[RunningStatsNorm]:
     return found
 
 
-Term = list[tuple[torch.Tensor, torch.Tensor] | None]   # per norm: (mean term, var term), None if idle
+def _counts_batches(m: RunningStatsNorm) -> bool:
+    """Whether a training call increments ``num_batches_tracked`` (BatchNorm yes, InstanceNorm no)."""
+    return (not isinstance(m, nn.modules.instancenorm._InstanceNorm)
+            and isinstance(getattr(m, "num_batches_tracked", None), torch.Tensor))
+
+
+Call = tuple[torch.Tensor, torch.Tensor]   # (mean term, var term) of one call of one norm
+Term = list[list[Call]]                    # per norm, its calls in this chunk (in order)
 
 
 class RunningStatsLedger:
-    """Records the running-statistic term of every chunk a module instance runs.
+    """Records the running-statistic terms of every call of every norm, per chunk.
 
-    During a chunk's forward each norm runs on fresh zero buffers (never the real ones, so
-    autograd's saved tensors are never modified in place); afterwards they hold the term.
+    Outside ``chunk()`` the norms behave normally; inside, each call runs on fresh zero
+    buffers (never the real ones, so tensors autograd saved are never modified in place)
+    and its term is appended to the chunk's record.
     """
 
     def __init__(self, module: nn.Module) -> None:
         self.norms = running_stat_norms(module)
         self.start: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self.terms: dict[int, Term] = {}
+        self._recording: Term | None = None
+        self._saved: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        for index, m in enumerate(self.norms):
+            module_ = cast(nn.Module, m)
+            module_.register_forward_pre_hook(self._before_hook(index))
+            module_.register_forward_hook(self._after_hook(index), always_call=True)
 
     def __bool__(self) -> bool:
         return bool(self.norms)
@@ -70,29 +86,44 @@ class RunningStatsLedger:
 
     @contextmanager
     def chunk(self, chunk: int) -> Iterator[None]:
-        """Run one chunk's forward inside: its terms are recorded under ``chunk``."""
-        active = [m for m in self.norms if m.training and getattr(m, "track_running_stats", True)]
-        if not active:
-            yield
-            return
-        originals = [(m.running_mean, m.running_var, _tracked(m)) for m in active]
-        for m, (mean, var, tracked) in zip(active, originals):   # fresh zero buffers: tensors
-            m.running_mean = torch.zeros_like(mean)                 # saved for backward stay
-            m.running_var = torch.zeros_like(var)                   # untouched
-            if tracked is not None:
-                m.num_batches_tracked = torch.zeros_like(tracked)
+        """Run one chunk's forward inside: its norms' terms are recorded under ``chunk``."""
+        record: Term = [[] for _ in self.norms]
+        self._recording = record
         try:
             yield
-            self.terms[chunk] = [(m.running_mean, m.running_var) if m in active else None
-                                 for m in self.norms]
         finally:
-            for m, (mean, var, tracked) in zip(active, originals):
-                m.running_mean, m.running_var = mean, var
-                if tracked is not None:
-                    m.num_batches_tracked = tracked
+            self._recording = None
+        if any(record):
+            self.terms[chunk] = record
+
+    def _before_hook(self, index: int) -> Any:
+        def before(module: nn.Module, args: Any) -> None:
+            m = self.norms[index]
+            if self._recording is None or not (m.training and getattr(m, "track_running_stats", True)):
+                return
+            tracked = _tracked(m)
+            self._saved.append((index, m.running_mean, m.running_var, tracked))
+            m.running_mean = torch.zeros_like(m.running_mean)
+            m.running_var = torch.zeros_like(m.running_var)
+            if tracked is not None:
+                m.num_batches_tracked = torch.zeros_like(tracked)
+        return before
+
+    def _after_hook(self, index: int) -> Any:
+        def after(module: nn.Module, args: Any, output: Any) -> None:
+            if not self._saved or self._saved[-1][0] != index:
+                return
+            _, mean, var, tracked = self._saved.pop()
+            m = self.norms[index]
+            if self._recording is not None:
+                self._recording[index].append((m.running_mean, m.running_var))
+            m.running_mean, m.running_var = mean, var
+            if tracked is not None:
+                m.num_batches_tracked = tracked
+        return after
 
     def replay(self, terms: dict[int, Term]) -> None:
-        """Running statistics after applying ``terms`` in chunk order from the step start."""
+        """Running statistics after applying ``terms`` in chunk and call order from the step start."""
         if not self.norms:
             return
         with torch.no_grad():
@@ -100,21 +131,22 @@ class RunningStatsLedger:
                 mean, var, tracked = self.start[index]
                 mean, var = mean.clone(), var.clone()
                 count = tracked.clone() if tracked is not None else None
+                counts = _counts_batches(m)
+                momentum = m.momentum
                 for chunk in sorted(terms):
-                    term = terms[chunk][index]
-                    if term is None:
-                        continue
-                    t_mean = term[0].to(mean.device, mean.dtype)
-                    t_var = term[1].to(var.device, var.dtype)
-                    if count is not None:
-                        count += 1
-                    if m.momentum is None:
-                        factor = 1.0 / float(count.item()) if count is not None else 1.0
-                        mean = factor * t_mean + (1.0 - factor) * mean
-                        var = factor * t_var + (1.0 - factor) * var
-                    else:
-                        mean = t_mean + (1.0 - m.momentum) * mean
-                        var = t_var + (1.0 - m.momentum) * var
+                    for t_mean, t_var in terms[chunk][index]:
+                        t_mean = t_mean.to(mean.device, mean.dtype)
+                        t_var = t_var.to(var.device, var.dtype)
+                        if counts and count is not None:
+                            count += 1
+                        if momentum is None and counts and count is not None:
+                            factor = 1.0 / count.to(mean.dtype)       # stays on the device
+                            mean = factor * t_mean + (1.0 - factor) * mean
+                            var = factor * t_var + (1.0 - factor) * var
+                        else:
+                            keep = 1.0 - (momentum or 0.0)
+                            mean = t_mean + keep * mean
+                            var = t_var + keep * var
                 m.running_mean.copy_(mean)
                 m.running_var.copy_(var)
                 live = _tracked(m)
@@ -128,7 +160,8 @@ def _tracked(m: RunningStatsNorm) -> torch.Tensor | None:
 
 
 def merge_terms(collected: Sequence[dict[int, Term]]) -> dict[int, Term]:
-    """Union of several holders' terms; a chunk seen twice (tiles of one stage) counts once."""
+    """Union of several holders' terms; a chunk seen twice (tiles of one stage, or the
+    synchronised copies of one micro-batch) counts once."""
     merged: dict[int, Term] = {}
     for terms in collected:
         for chunk, term in terms.items():
@@ -137,6 +170,18 @@ def merge_terms(collected: Sequence[dict[int, Term]]) -> dict[int, Term]:
 
 
 def terms_to_cpu(terms: dict[int, Term]) -> dict[int, Term]:
-    """Terms with tensors on the CPU (for object collectives)."""
-    return {c: [None if t is None else (t[0].cpu(), t[1].cpu()) for t in term]
-            for c, term in terms.items()}
+    """Terms with tensors on the CPU (for object collectives): one device-to-host transfer."""
+    tensors = [t for term in terms.values() for calls in term for call in calls for t in call]
+    if not tensors or all(t.device.type == "cpu" for t in tensors):
+        return terms
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
+    pieces = iter(torch.split(flat, [t.numel() for t in tensors]))
+    rebuilt: dict[int, Term] = {}
+    for chunk, term in terms.items():
+        rebuilt[chunk] = [[(_next(pieces, call[0]), _next(pieces, call[1])) for call in calls]
+                          for calls in term]
+    return rebuilt
+
+
+def _next(pieces: Iterator[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    return next(pieces).view(like.shape).to(like.dtype)

@@ -94,6 +94,7 @@ class HybridEngine:
         self.grid = TileGrid(*cfg.grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
         self.stage_groups, spatial_groups = self._make_groups()
+        self.sync_groups = self._make_sync_groups()
         try:   # a rank-local failure (e.g. an unsupported spatial layer) must not hang others
             self.instances = self._make_instances(spatial_groups, tuple(elementwise))
             self.released_stages = self._release_other_stages()
@@ -121,6 +122,24 @@ class HybridEngine:
                 spatial[tiles] = self.ctx.new_group(tiles)
         return stage_groups, spatial
 
+    def _make_sync_groups(self) -> dict[tuple[int, int], tuple[Group, int]]:
+        """sync_batchnorm: per (GEMS direction, stage) this rank holds, the group of every
+        copy's ranks running it together, and how many equal batches they hold."""
+        groups: dict[tuple[int, int], tuple[Group, int]] = {}
+        if not self.cfg.sync_batchnorm:
+            return groups
+        holders = stage_ranks(self.cfg, self.roles)
+        for r in ((0, 1) if self.cfg.gems else (0,)):
+            for s in range(self.cfg.split_size):
+                ranks = sorted({rank for d in range(self.cfg.data_parallel) for rank in holders[(d, r, s)]})
+                spatial = s < self.cfg.spatial_size
+                copies = self.cfg.data_parallel * (1 if spatial else self.cfg.local_dp)
+                if copies > 1:
+                    group = self.ctx.new_group(ranks)
+                    if self.ctx.rank in ranks:
+                        groups[(r, s)] = (group, copies)
+        return groups
+
     def _make_instances(self, spatial_groups: dict[tuple[int, ...], Group],
                         elementwise: tuple[type, ...]) -> dict[tuple[int, int], StageInstance]:
         instances: dict[tuple[int, int], StageInstance] = {}
@@ -135,13 +154,20 @@ class HybridEngine:
             used.add(slot.stage)
             stage.to(self.ctx.device)
             module: nn.Module = stage
+            sync = self.sync_groups.get((replica, slot.stage))
             if slot.spatial:
-                from ..spatial.convert import spatialize
+                from ..spatial.convert import runtime_of, spatialize
 
                 assert self.grid is not None   # a spatial slot exists only with spatial_size > 0
                 module = spatialize(stage, self.grid, self.ctx, spatial_groups[slot.stage_ranks],
                                     halo_d2=self.cfg.halo_d2, fused_layers=self.cfg.fused_layers,
-                                    elementwise=elementwise)
+                                    elementwise=elementwise, check_ops=self.cfg.check_ops)
+                if sync is not None:   # BatchNorm over every replica's tiles
+                    runtime_of(module).stats_group, runtime_of(module).stats_copies = sync
+            elif sync is not None:
+                from .syncbn import synchronize_batchnorm
+
+                module = synchronize_batchnorm(stage, self.ctx, *sync)
             instances[(replica, slot.stage)] = StageInstance(slot.stage, replica, stage, module,
                                                              slot.tile)
         return instances

@@ -9,14 +9,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..comm.handles import Group, Request
-from ..comm.messages import Payload, as_items, isend_payload, like, payload_bytes, recv_payload
+from ..comm.handles import Channel, Group, Request
+from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
 from ..spatial.geometry import Box, TileGrid
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .handoff import join_tiles, split_grad
-from .schedules import Action, ActionKind, Schedule, Stepper, stage_ranks
+from .schedules import Action, ActionKind, Schedule, Stepper, chunk_index, stage_ranks
 from .stages import Stage
 from .step_input import StepInput
 
@@ -42,6 +42,15 @@ class StageInstance:
     def __post_init__(self) -> None:
         self.ledger = RunningStatsLedger(self.module)
 
+    def silent_parameters(self) -> set[int]:
+        """Parameters whose gradient this copy must not add to the stage sum: on a spatial
+        stage's tiles other than 0, those used on replicated tensors (full gradient on each tile)."""
+        if self.tile is None or self.tile == 0:
+            return set()
+        from ..spatial.convert import tile_replicated_parameters
+
+        return {id(p) for p in tile_replicated_parameters(self.module)}
+
 
 @dataclass
 class _StepState:
@@ -57,6 +66,39 @@ class _StepState:
     requests: list[Request] = field(default_factory=list)
     act_sends: dict[Key, list[Request]] = field(default_factory=dict)
     loss_sum: float = 0.0
+    # sync_batchnorm on a spatial stage with local-DP copies: one forward for all copies
+    merged: dict[tuple[int, int, int], tuple[Payload, Payload]] = field(default_factory=dict)
+    merged_grads: dict[tuple[int, int, int], dict[int, Payload]] = field(default_factory=dict)
+
+
+MessageKey = tuple[bool, int, int, int, int, int]   # (activation?, dp, replica, sender stage, micro-batch, copy)
+
+
+def message_key(action: Action) -> MessageKey:
+    """The payload a send or receive action moves, named the same on both sides."""
+    activation = action.kind.carries_activation
+    if action.kind.is_send:
+        sender = action.stage
+    else:
+        sender = action.stage - 1 if activation else action.stage + 1
+    return (activation, action.dp, action.replica, sender, action.micro_batch, action.copy)
+
+
+def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
+    """Every (sender, receiver) pair of the schedule's payloads, sorted (the same on every rank)."""
+    return sorted({(a.rank, a.peer) for rank in range(schedule.world_size)
+                   for a in schedule.actions(rank)
+                   if a.kind.is_p2p and a.kind.is_send and a.peer is not None})
+
+
+def inbound_order(schedule: Schedule, rank: int) -> dict[int, list[tuple[MessageKey, int]]]:
+    """For each rank sending to ``rank``: its payloads' (key, tag) in the order it sends them."""
+    order: dict[int, list[tuple[MessageKey, int]]] = {}
+    for src in range(schedule.world_size):
+        for a in schedule.actions(src):
+            if a.kind.is_p2p and a.kind.is_send and a.peer == rank:
+                order.setdefault(src, []).append((message_key(a), a.tag))
+    return order
 
 
 def _leaf(payload: Payload) -> Payload:
@@ -83,6 +125,13 @@ class PipelineRuntime:
         self.grid = grid
         self.holders = stage_ranks(self.cfg)
         self.actions = schedule.actions(ctx.rank)
+        # One-way channels carry the payloads (own process groups on the torch plane; made
+        # collectively, same pairs everywhere); receives take each channel in send order.
+        channels = ctx.channels(channel_pairs(schedule))
+        self.outbound: dict[int, Channel] = {dst: c for (src, dst), c in channels.items() if src == ctx.rank}
+        inbound: dict[int, Channel | None] = {src: c for (src, dst), c in channels.items()
+                                              if dst == ctx.rank}
+        self.mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank), inbound)
 
     # ----------------------------------------------------------------- helpers
     def _instance(self, action: Action) -> StageInstance:
@@ -110,11 +159,72 @@ class PipelineRuntime:
         return self.grid
 
     @staticmethod
-    def _rows(state: _StepState, chunk: int) -> slice:
-        return slice(chunk * state.chunk_size, (chunk + 1) * state.chunk_size)
+    def _rows(state: _StepState, chunk: int, count: int = 1) -> slice:
+        return slice(chunk * state.chunk_size, (chunk + count) * state.chunk_size)
+
+    def _merged(self, action: Action) -> bool:
+        """sync_batchnorm on a spatial stage with local-DP copies: the copies' chunks of a
+        micro-batch run as one batch (at copy 0's forward; backward at the last copy's)."""
+        return self.cfg.sync_batchnorm and self._spatial(action.stage) and self.cfg.local_dp > 1
+
+    def _stats_key(self, action: Action) -> int:
+        """The key a forward's BatchNorm terms are recorded under: its chunk, or with
+        sync_batchnorm the first chunk of the micro-batch (every synchronised copy records
+        the same statistics under it, so they count once)."""
+        if not self.cfg.sync_batchnorm:
+            return action.chunk
+        return chunk_index(self.cfg, 0, action.replica, action.micro_batch, 0)
+
+    def _copy_keys(self, action: Action) -> list[Key]:
+        return [(action.replica, action.stage, action.micro_batch, k) for k in range(self.cfg.local_dp)]
 
     # ------------------------------------------------------------------ actions
+    def _forward_merged(self, action: Action, state: _StepState) -> None:
+        if action.copy != 0:
+            return   # copy 0's forward produced every copy's output
+        inst = self._instance(action)
+        keys = self._copy_keys(action)
+        if action.stage == 0:
+            x = state.data.images_for(self._rows(state, action.chunk, len(keys)), action.tile,
+                                      self.grid, self.ctx.device)
+        else:
+            parts = [next(iter(state.inbox.pop((True, key)).values())) for key in keys]
+            x = _leaf(like(parts[0], [torch.cat(items) for items in zip(*map(as_items, parts))]))
+        with inst.ledger.chunk(self._stats_key(action)):
+            out = inst.module(x)
+        state.merged[keys[0][:3]] = (x, out)
+        size = state.chunk_size
+        for k, key in enumerate(keys):
+            state.outputs[key] = like(out, [o[k * size:(k + 1) * size] for o in as_items(out)])
+
+    def _backward_merged(self, action: Action, state: _StepState) -> None:
+        key = self._key(action)
+        state.outputs.pop(key)
+        self.ctx.wait_all(state.act_sends.pop(key, []))
+        (grads,) = state.inbox.pop((False, key)).values()
+        bucket = state.merged_grads.setdefault(key[:3], {})
+        bucket[action.copy] = grads
+        if len(bucket) < self.cfg.local_dp:
+            return
+        x, out = state.merged.pop(key[:3])
+        state.merged_grads.pop(key[:3])
+        joined = [torch.cat(items) for items in zip(*(as_items(bucket[k]) for k in sorted(bucket)))]
+        pairs = [(o, g) for o, g in zip([o for o in as_items(out) if o.is_floating_point()], joined)
+                 if o.requires_grad]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        if action.stage == 0:
+            return
+        size = state.chunk_size
+        for k, copy_key in enumerate(self._copy_keys(action)):
+            state.input_grads[copy_key] = [
+                ((t.grad if t.grad is not None else torch.zeros_like(t))[k * size:(k + 1) * size]
+                 if t.is_floating_point() else None) for t in as_items(x)]
+
     def _forward(self, action: Action, state: _StepState) -> None:
+        if self._merged(action):
+            self._forward_merged(action, state)
+            return
         key = self._key(action)
         inst = self._instance(action)
         if action.stage == 0:
@@ -129,7 +239,7 @@ class PipelineRuntime:
                 (x,) = received.values()
             x = _leaf(x)
         state.inputs[key] = x
-        with inst.ledger.chunk(action.chunk):
+        with inst.ledger.chunk(self._stats_key(action)):
             out = inst.module(x)
         if self._last(action.stage):
             target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device)
@@ -139,6 +249,9 @@ class PipelineRuntime:
         state.outputs[key] = out
 
     def _backward(self, action: Action, state: _StepState) -> None:
+        if self._merged(action):
+            self._backward_merged(action, state)
+            return
         key = self._key(action)
         out = state.outputs.pop(key)
         # the consumer received these activations before sending the gradient back, so
@@ -175,7 +288,7 @@ class PipelineRuntime:
             if state.sends_left[key] == 0:
                 state.input_grads.pop(key)
                 state.boxes.pop(key, None)
-        requests = isend_payload(self.ctx, payload, peer, action.tag)
+        requests = isend_payload(self.ctx, payload, peer, action.tag, self.outbound[peer])
         if action.kind.carries_activation:
             state.act_sends.setdefault(key, []).extend(requests)
         else:
@@ -190,14 +303,15 @@ class PipelineRuntime:
 
     def _recv(self, action: Action, state: _StepState) -> int:
         peer = self._peer(action)
-        payload = recv_payload(self.ctx, peer, action.tag, self.ctx.device)
+        payload = self.mailbox.take(peer, message_key(action))
         state.inbox.setdefault((action.kind.carries_activation, self._key(action)), {})[peer] = payload
         return payload_bytes(payload)
 
     def _allreduce(self, action: Action) -> int:
         mine = [inst for (_, s), inst in sorted(self.instances.items()) if s == action.stage]
         group = self.stage_groups.get(action.stage)
-        moved = sum_stage_gradients(self.ctx, [i.module for i in mine], group)
+        moved = sum_stage_gradients(self.ctx, [i.module for i in mine], group,
+                                    [i.silent_parameters() for i in mine])
         sync_running_stats(self.ctx, [i.ledger for i in mine], group)
         return moved
 
@@ -260,6 +374,8 @@ class StepRun:
         self.state = state
         self.stepper = Stepper(runtime.schedule, ranks=[runtime.ctx.rank])
         self.finished = False
+        runtime.ctx.tracer.begin_step()
+        runtime.mailbox.begin()
         for inst in runtime.instances.values():
             inst.ledger.begin_step()
 
@@ -281,6 +397,8 @@ class StepRun:
                 self.runtime.ctx.wait_all(self.state.requests)
                 for pending in self.state.act_sends.values():
                     self.runtime.ctx.wait_all(pending)
+                self.runtime.mailbox.check_drained()
+                self.runtime.ctx.tracer.end_step()
                 self.finished = True
             raise StopIteration
         self.runtime._traced(action, self.state)

@@ -310,12 +310,19 @@ WorkerKey = tuple[int, int, int, int]   # (dp, replica, stage, copy); copy -1: a
 
 
 def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: ScheduleKind) -> dict[WorkerKey, _Worker]:
-    """One worker per (dp, replica, stage, copy); spatial stages use copy -1 (all tiles)."""
+    """One worker per (dp, replica, stage, copy); spatial stages use copy -1 (all tiles).
+
+    With ``sync_batchnorm`` the copies of a stage that normalise together run as one worker
+    (dp -1, copy -1): every full replica's and local-DP copy's ranks at the same tick, one
+    op per micro-batch (a spatial stage runs its local-DP copies' chunks as one batch).
+    """
     directions = (0, 1) if cfg.gems else (0,)
     pairs = max(cfg.times, 1)
     m, copies, stages = cfg.parts, cfg.local_dp, cfg.split_size
     holders = stage_ranks(cfg, roles)
     workers: dict[WorkerKey, _Worker] = {}
+    if cfg.sync_batchnorm:
+        return _synchronised_workers(cfg, holders, kind)
     for d in range(cfg.data_parallel):
         for r in directions:
             for s in range(stages):
@@ -333,6 +340,22 @@ def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: ScheduleKind) -> 
                         for op_kind, u, c in _direction_order(kind, s, stages, items, scale):
                             order.append(_Op(op_kind, d, r, s, u, c))
                     workers[(d, r, s, k)] = _Worker(ranks, order)
+    return workers
+
+
+def _synchronised_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int], tuple[int, ...]],
+                          kind: ScheduleKind) -> dict[WorkerKey, _Worker]:
+    """sync_batchnorm: one worker per (direction, stage) over every replica's and copy's ranks."""
+    workers: dict[WorkerKey, _Worker] = {}
+    m, stages = cfg.parts, cfg.split_size
+    for r in ((0, 1) if cfg.gems else (0,)):
+        for s in range(stages):
+            ranks = tuple(sorted({rank for d in range(cfg.data_parallel) for rank in holders[(d, r, s)]}))
+            order = [_Op(op_kind, -1, r, s, u, -1)
+                     for p in range(max(cfg.times, 1))
+                     for op_kind, u, _ in _direction_order(kind, s, stages,
+                                                           [(p * m + i, -1) for i in range(m)], 1)]
+            workers[(-1, r, s, -1)] = _Worker(ranks, order)
     return workers
 
 
@@ -431,7 +454,17 @@ def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) 
             return list(ranks)                         # hand-off: every tile
         return [ranks[op.copy]]                        # copy k <-> copy k
 
-    for op, (tick, ranks) in placed.items():
+    def synchronised(op: _Op) -> Iterator[tuple[_Op, tuple[int, ...]]]:
+        """The per-replica, per-copy ops of a sync_batchnorm worker's op (copies in order)."""
+        for d in range(cfg.data_parallel):
+            for k in range(copies):
+                sub = _Op(op.kind, d, op.replica, op.stage, op.micro_batch, k)
+                ranks = holders[(d, op.replica, op.stage)]
+                yield sub, (ranks if spatial(op.stage) else (ranks[k],))
+
+    expanded = [(sub, tick, sub_ranks) for op, (tick, ranks) in placed.items()
+                for sub, sub_ranks in (synchronised(op) if op.dp == -1 else [(op, ranks)])]
+    for op, tick, ranks in expanded:
         chunk = chunk_index(cfg, op.dp, op.replica, op.micro_batch, op.copy)
         for rank in ranks:
             mine = holders[(op.dp, op.replica, op.stage)]

@@ -24,6 +24,8 @@ PARALLEL_FLAGS: dict[str, str] = {
     "--balance": "balance",
     "--data-parallel": "data_parallel",
     "--schedule": "schedule",
+    "--sync-batchnorm": "sync_batchnorm",
+    "--no-check-ops": "check_ops",
 }
 
 
@@ -91,6 +93,11 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="number of full model replicas trained data-parallel")
     g.add_argument("--schedule", dest="schedule", choices=SCHEDULES, default=ScheduleKind.GPIPE.value,
                    help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe)")
+    g.add_argument("--sync-batchnorm", dest="sync_batchnorm", action="store_true",
+                   help="BatchNorm over the combined samples of the data-parallel copies of a "
+                        "micro-batch (with --parts 1 and no GEMS: one full-batch serial run)")
+    g.add_argument("--no-check-ops", dest="check_ops", action="store_false",
+                   help="skip the spatial op guard's per-op checks (once a model has passed them)")
     return parser
 
 

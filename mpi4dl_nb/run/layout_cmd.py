@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -14,6 +15,18 @@ from ..layout import layout, layout_table
 from .args import add_parallel_args, config_from_args
 
 EXIT_CONFIG = 2
+# launcher variables holding this process's rank in the whole job, most specific first
+WORLD_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+                        "PALS_RANKID", "SLURM_PROCID")
+
+
+def world_rank_from_env() -> int | None:
+    """This process's rank from the launcher's environment (None: not launched by one), without MPI."""
+    for name in WORLD_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 def launched_world() -> tuple[int, int, bool]:
@@ -26,9 +39,13 @@ def launched_world() -> tuple[int, int, bool]:
 
 
 def refuse(message: str, rank: int = 0, world_size: int = 1) -> NoReturn:
-    """Print a configuration error on this rank and exit with EXIT_CONFIG (no communication)."""
-    prefix = f"[rank {rank}/{world_size}] " if world_size > 1 else ""
-    print(f"{prefix}mpi4dl_nb: configuration error: {message}", file=sys.stderr, flush=True)
+    """Exit with EXIT_CONFIG (no communication); rank 0 prints the error once.
+
+    Every rank reaches the same verdict from the same flags, so one copy of the message is
+    enough (the other ranks exit silently).
+    """
+    if rank == 0:
+        print(f"mpi4dl_nb: configuration error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CONFIG)
 
 

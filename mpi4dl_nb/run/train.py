@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -16,11 +18,13 @@ from torch import nn
 from ..config import ParallelConfig
 from ..data import Batcher
 from ..layout import stage_holders
-from ..pipeline.schedules import ActionKind
+from ..pipeline.schedules import Action, ActionKind
 from ..pipeline.step_input import ShardedImages
 from ..spatial.geometry import Box
-from .checkpoint import load_checkpoint, save_checkpoint
-from .metrics import ActivationMeter, RunMetrics, comm_seconds, cuda_peak_bytes, state_bytes
+from .checkpoint import new_run_id, save_checkpoint
+from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
+from .metrics import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
+from .monitor import JobMonitor, StepTimer
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -39,7 +43,16 @@ class TrainSettings:
     progress: bool = True
     verbose: bool = False
     dtype: torch.dtype = torch.float32
-    keep_trace: bool = False
+    keep_trace: bool = False            # True: keep every trace event (unbounded), not a window
+    step_timeout: float | None = None   # seconds without progress that abort the job; None/0: off
+    auto_step_timeout: bool = False     # derive the timeout from the first steps (batch jobs)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (every rank raises it; the older checkpoints are intact)."""
+
+
+EXIT_CHECKPOINT = 5
 
 
 # --------------------------------------------------------------------- pre-flight
@@ -203,18 +216,29 @@ class Trainer:
     """Runs ``settings.steps`` optimizer steps of ``engine`` on ``batcher``'s data; all ranks call it."""
 
     def __init__(self, engine: HybridEngine, batcher: Batcher, ctx: Comm, settings: TrainSettings,
-                 run_info: dict[str, Any] | None = None) -> None:
+                 run_info: dict[str, Any] | None = None, *, identity: dict[str, Any] | None = None,
+                 run_id: str | None = None, monitor: JobMonitor | None = None,
+                 guard: NonFiniteGuard | None = None) -> None:
         self.engine = engine
         self.batcher = batcher
         self.ctx = ctx
         self.settings = settings
         self.run_info = dict(run_info or {})
+        self.identity = dict(identity or {})
+        self.run_id = run_id or new_run_id()
+        self.guard = guard
+        self.timer = StepTimer(given=None if settings.auto_step_timeout else (settings.step_timeout or 0))
+        self._own_monitor = monitor is None and self.timer.timeout() is not None
+        self.monitor = JobMonitor.start(ctx) if self._own_monitor else monitor
         self.feeder = InputFeeder(engine, batcher, ctx.rank, settings.dtype)
         self.metrics = RunMetrics()
         self.step = 0
+        self.skipped_steps: list[int] = []
         self.last_checkpoint: Path | None = None
         params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
         self.meter = ActivationMeter(exclude=params)
+        if settings.keep_trace:
+            ctx.tracer.configure(window_steps=None, max_events=None)
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
 
@@ -236,22 +260,50 @@ class Trainer:
         return step % every == 0 if every > 0 else step % self.steps_per_epoch == 0
 
     def save(self) -> Path | None:
-        """Write the checkpoint of the current step (collective; rank 0 writes atomically)."""
+        """Write the checkpoint of the current step (collective; rank 0 writes atomically).
+
+        A non-finite state is never written; a failed write leaves the older checkpoints as
+        they were. Either way every rank raises the same error (NonFiniteError or
+        CheckpointWriteError), so the job stops together.
+        """
         model = self.engine.full_state_dict()
         optimizer = gather_optimizer_state(self.engine, self.ctx)
-        path = None
+        path, error, kind = None, None, None
         if self.ctx.rank == 0:
-            epoch, in_epoch = self.position(self.step)
-            payload = {"model": model, "optimizer": optimizer, "epoch": epoch,
-                       "step_in_epoch": in_epoch, "batch_size": self.batcher.batch_size,
-                       "data_seed": self.batcher.seed, "config": self.engine.cfg.as_dict(),
-                       "run": self.run_info}
-            path = save_checkpoint(self.settings.checkpoint_dir, self.step, payload,
-                                   keep=self.settings.keep_checkpoints)
-            if self.settings.verbose:
-                print(f"checkpoint of step {self.step}: {path}", file=sys.stderr, flush=True)
+            bad = first_nonfinite([("model", model or {}), ("optimizer", optimizer or {})])
+            if bad is not None:
+                error, kind = f"step {self.step}: {bad} is not finite; this state is not saved.", "nonfinite"
+            else:
+                error, path = self._write(model, optimizer)
+                kind = "write" if error else None
+        error, kind = self.ctx.bcast_object((error, kind), root=0)
+        if error is not None:
+            raise (NonFiniteError(self.step, error) if kind == "nonfinite" else CheckpointWriteError(error))
         self.last_checkpoint = path
         return path
+
+    def _write(self, model: Any, optimizer: Any) -> tuple[str | None, Path | None]:
+        """Rank 0: write the checkpoint; (error text, None) when the file system refuses it."""
+        assert self.settings.checkpoint_dir is not None
+        epoch, in_epoch = self.position(self.step)
+        payload = {"model": model, "optimizer": optimizer, "epoch": epoch,
+                   "step_in_epoch": in_epoch, "batch_size": self.batcher.batch_size,
+                   "data_seed": self.batcher.seed, "config": self.engine.cfg.as_dict(),
+                   "run": self.run_info}
+        phase = self.monitor.phase("writing a checkpoint", exempt=True) if self.monitor else nullcontext()
+        try:
+            with phase:
+                path = save_checkpoint(self.settings.checkpoint_dir, self.step, payload,
+                                       run_id=self.run_id, identity=self.identity,
+                                       keep=self.settings.keep_checkpoints)
+        except OSError as err:
+            return (f"could not write the checkpoint of step {self.step} to "
+                    f"{self.settings.checkpoint_dir}: {err}; the older checkpoints are intact "
+                    f"(last: {self.last_checkpoint}); free space or fix the directory, then "
+                    f"rerun with --resume latest"), None
+        if self.settings.verbose:
+            print(f"checkpoint of step {self.step}: {path}", file=sys.stderr, flush=True)
+        return None, path
 
     def restore(self, checkpoint: dict[str, Any] | None) -> int:
         """Load a checkpoint given on rank 0 (None elsewhere) into every rank; returns its step."""
@@ -262,27 +314,42 @@ class Trainer:
         return self.step
 
     # ----------------------------------------------------------------- training
+    def _on_action(self, action: Action) -> None:
+        if self.monitor is not None:
+            checked = self.guard is not None and action.kind is ActionKind.OPTIM
+            self.monitor.progress(action.describe() + (" (first: the all-gather of the non-finite "
+                                                        "check)" if checked else ""))
+        if self.guard is not None:
+            self.guard.on_action(action)
+
     def train_one(self) -> float:
-        """One optimizer step at the current position; returns the global loss."""
+        """One optimizer step at the current position; returns the global loss (NaN when skipped)."""
         epoch, in_epoch = self.position(self.step)
+        if self.monitor is not None:
+            self.monitor.begin_step(self.step + 1)
+        if self.guard is not None:
+            self.guard.begin_step(self.step + 1)
         images = self.feeder.images(epoch, in_epoch)
         labels = self.feeder.labels(epoch, in_epoch)
         tracer = self.ctx.tracer
-        first_event = len(tracer.events)
         device = self.ctx.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         with self.meter:
-            loss = self.engine.train_step(images, labels)
+            loss = self.engine.train_step(images, labels, on_action=self._on_action)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
-        comm = comm_seconds(tracer.events[first_event:])
-        if not self.settings.keep_trace:
-            del tracer.events[first_event:]
-        self.metrics.add_step(self.batcher.batch_size, seconds, comm, loss)
+        traced = tracer.last_step()   # the engine's step, summarised by the (bounded) trace
+        comm = traced.comm_seconds if traced is not None else 0.0
         self.step += 1
+        if self.guard is not None and self.guard.end_step(loss):
+            self.skipped_steps.append(self.step)
+        self.metrics.add_step(self.batcher.batch_size, seconds, comm, loss)
+        self.timer.add(seconds)
+        if self.monitor is not None:
+            self.monitor.arm(self.timer.timeout())
         return loss
 
     def run(self, stream: TextIO | None = None) -> dict[str, Any] | None:
@@ -291,14 +358,21 @@ class Trainer:
                           stream)
         wall = time.perf_counter()
         start_step = self.step
-        while self.step < self.settings.steps:
-            loss = self.train_one()
-            recent = self.metrics.seconds / max(1, self.metrics.steps)
-            bar.update(self.step, loss, self.batcher.batch_size / max(recent, 1e-12))
-            if self.checkpoint_due(self.step):
-                self.save()
-        wall = time.perf_counter() - wall
-        return self.summary(start_step, wall)
+        if self.monitor is not None:
+            self.monitor.arm(self.timer.timeout())
+        try:
+            while self.step < self.settings.steps:
+                loss = self.train_one()
+                recent = self.metrics.seconds / max(1, self.metrics.steps)
+                bar.update(self.step, loss, self.batcher.batch_size / max(recent, 1e-12))
+                if self.checkpoint_due(self.step):
+                    self.save()
+            return self.summary(start_step, time.perf_counter() - wall)
+        finally:
+            if self.monitor is not None:
+                self.monitor.arm(None)
+                if self._own_monitor:
+                    self.monitor.close()
 
     def rank_metrics(self) -> dict[str, Any]:
         """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
@@ -320,7 +394,7 @@ class Trainer:
         if per_rank is None:
             return None
         warm = 1 if self.metrics.steps >= 3 else 0
-        measured = sum(self.metrics.step_seconds[warm:])
+        measured = self.metrics.seconds_after(warm)
         images = (self.metrics.steps - warm) * self.batcher.batch_size
         return {
             **self.run_info,
@@ -330,8 +404,10 @@ class Trainer:
             "steps_run": self.metrics.steps,
             "warmup_steps": warm,
             "images_per_s": images / measured if measured > 0 else None,
-            "loss": self.metrics.losses[-1] if self.metrics.losses else None,
-            "losses": self.metrics.losses,
+            "loss": finite_or_none(self.metrics.last_loss) if self.metrics.last_loss is not None else None,
+            "losses": [finite_or_none(v) for v in self.metrics.losses],
+            "skipped_steps": self.skipped_steps,
+            "run_id": self.run_id,
             "wall_seconds": wall,
             "peak_memory_bytes": [m["peak_bytes"] for m in per_rank],
             "activation_peak_bytes": [m["activation_peak_bytes"] for m in per_rank],
@@ -344,15 +420,9 @@ class Trainer:
         }
 
 
-def load_for_resume(path: Path, run_info: dict[str, Any]) -> dict[str, Any]:
-    """Load a checkpoint and check it belongs to the same model; ValueError naming the difference."""
-    data = load_checkpoint(path)
-    saved = data.get("run", {})
-    for key in ("model", "num_layers", "num_filters", "num_classes", "resnet_version"):
-        if key in saved and key in run_info and saved[key] != run_info[key]:
-            raise ValueError(f"--resume {path}: checkpoint was written for {key}={saved[key]!r} "
-                             f"but this run has {key}={run_info[key]!r}; use the same model flags")
-    return data
+def finite_or_none(value: float) -> float | None:
+    """``value``, or None for NaN/inf (JSON has no NaN)."""
+    return value if math.isfinite(value) else None
 
 
 def summary_line(summary: dict[str, Any]) -> str:

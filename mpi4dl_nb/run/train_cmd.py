@@ -2,25 +2,43 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..comm.device import BACKENDS, DEVICES, cuda_unavailable_reason
 from ..config import ConfigError, ParallelConfig
 from .args import add_mpi4dl_args, config_from_args
+from .divergence import EXIT_NONFINITE, OnNonFinite
+from .identity import parse_allowed
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
+    from .checkpoint import Selection
+    from .monitor import JobMonitor
 
 EXIT_SETUP = 2
 DTYPES = ("float32", "float64")
+APPS_READING_DATAPATH = ("medical", "cifar")
+# errors of set-up that are the user's input, reported as one message (anything else is a crash)
+SETUP_ERRORS = (ConfigError, ValueError, FileNotFoundError, KeyError, OSError)
+
+
+class QuietParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage/errors print on rank 0 only (every rank parses the same line)."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        from .layout_cmd import world_rank_from_env
+
+        if world_rank_from_env() in (None, 0):
+            super()._print_message(message, file)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``train`` parser: every MPI4DL benchmark flag plus model, checkpoint and run options."""
-    parser = argparse.ArgumentParser(
+    parser = QuietParser(
         prog="python -m mpi4dl_nb train",
         description="Train ResNet or AmoebaNet-D with hybrid spatial/layer/pipeline/GEMS/data "
                     "parallelism, exactly like one process. Launch with mpiexec -n <ranks>; "
@@ -44,20 +62,37 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--app medical with slides: pyramid level the tiles are cut from")
     run.add_argument("--min-tissue", dest="min_tissue", type=float, default=0.5,
                      help="--app medical with slides: least tissue fraction of a kept tile")
-    run.add_argument("--backend", choices=("auto", "mpi", "gloo", "nccl"), default="auto",
-                     help="tensor data plane")
+    run.add_argument("--backend", choices=BACKENDS, default="auto",
+                     help="tensor data plane: mpi (mpi4py; CUDA-aware MPI or staged on GPU), "
+                          "gloo (torch.distributed, CPU), nccl (torch.distributed, CUDA); "
+                          "auto: nccl on GPU, mpi on CPU")
+    run.add_argument("--device", choices=DEVICES, default="auto",
+                     help="where tensors live: cuda (refused at once, naming what is missing, "
+                          "when no GPU can be used), cpu, or auto (cuda when visible)")
     run.add_argument("--no-progress", dest="progress", action="store_false",
                      help="no progress bar on rank 0")
+    run.add_argument("--skip-bad-files", dest="skip_bad_files", action="store_true",
+                     help="train on the usable files when the data check finds bad ones (default: refuse)")
+    run.add_argument("--on-nonfinite", dest="on_nonfinite", choices=[p.value for p in OnNonFinite],
+                     default=OnNonFinite.STOP.value,
+                     help="a NaN/inf loss or gradient stops the run (exit 3), or skips that step")
+    run.add_argument("--step-timeout", dest="step_timeout", type=float, default=None, metavar="SECONDS",
+                     help="abort the job when a rank makes no progress for this long, naming it "
+                          "(default: 10x the slowest of the first 3 steps, at least 60 s; 0: off)")
     ckpt = parser.add_argument_group("checkpoints")
     ckpt.add_argument("--checkpoint-dir", dest="checkpoint_dir", default=None,
-                      help="write atomic checkpoints step-NNNNNNNN.pt here")
+                      help="write atomic checkpoints step-NNNNNNNN-<run>.pt (+ .json manifest) here")
     ckpt.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
                       help="checkpoint every N steps (0: at each epoch end and at the end)")
     ckpt.add_argument("--keep-checkpoints", dest="keep_checkpoints", type=int, default=2,
-                      help="how many newest checkpoints to keep")
+                      help="how many newest checkpoints of this run to keep")
     ckpt.add_argument("--resume", default=None,
                       help="continue from a checkpoint file, a directory, or 'latest' "
-                           "(in --checkpoint-dir)")
+                           "(in --checkpoint-dir): the newest intact one of this configuration")
+    ckpt.add_argument("--allow-config-change", dest="allow_config_change", action="append",
+                      default=None, metavar="FIELDS",
+                      help="resume although these fields changed (comma-separated: model, dtype, "
+                           "image_size, batch_size, seed, app, data, lr, momentum, or all)")
     return parser
 
 
@@ -75,20 +110,59 @@ def run_info(args: argparse.Namespace) -> dict[str, Any]:
             "batch_size": args.batch_size, "app": args.app, "dtype": args.dtype}
 
 
+# flag, attribute, least value, largest value (None: unbounded), whether the least is allowed
+NUMERIC_FLAGS: tuple[tuple[str, str, float, float | None, bool], ...] = (
+    ("--batch-size", "batch_size", 1, None, True),
+    ("--image-size", "image_size", 1, None, True),
+    ("--num-epochs", "num_epochs", 1, None, True),
+    ("--num-classes", "num_classes", 1, None, True),
+    ("--num-layers", "num_layers", 1, None, True),
+    ("--num-filters", "num_filters", 1, None, True),
+    ("--num-samples", "num_samples", 1, None, True),
+    ("--steps", "steps", 1, None, True),
+    ("--seed", "seed", 0, None, True),
+    ("--slide-level", "slide_level", 0, None, True),
+    ("--min-tissue", "min_tissue", 0, 1, True),
+    ("--lr", "lr", 0, None, False),
+    ("--momentum", "momentum", 0, 1, True),
+    ("--keep-checkpoints", "keep_checkpoints", 1, None, True),
+    ("--checkpoint-every", "checkpoint_every", 0, None, True),
+    ("--step-timeout", "step_timeout", 0, None, True),
+)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every numeric flag in its range (finite), else ConfigError naming the flag and the range."""
+    for flag, name, least, most, closed in NUMERIC_FLAGS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        low_ok = value >= least if closed else value > least
+        if not math.isfinite(value) or not low_ok or (most is not None and value > most):
+            bound = f"{'>=' if closed else '>'} {least:g}" + (f" and <= {most:g}" if most is not None else "")
+            raise ConfigError(flag, f"must be a number {bound}, got {value:g}")
+
+
 def check_run_args(args: argparse.Namespace) -> None:
-    """Errors in the non-parallel flags, naming the flag and what works."""
-    for flag, value, least in (("--batch-size", args.batch_size, 1), ("--image-size", args.image_size, 1),
-                               ("--num-epochs", args.num_epochs, 1), ("--num-classes", args.num_classes, 1),
-                               ("--num-samples", args.num_samples, 1),
-                               ("--keep-checkpoints", args.keep_checkpoints, 1),
-                               ("--checkpoint-every", args.checkpoint_every, 0)):
-        if value < least:
-            raise ConfigError(flag, f"must be >= {least}, got {value}")
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError("--steps", f"must be >= 1, got {args.steps}")
+    """Errors in the non-parallel flags, naming the flag and what works (before any rank talks)."""
+    check_numbers(args)
+    if args.datapath is not None and args.app not in APPS_READING_DATAPATH:
+        raise ConfigError("--datapath", f"--app {args.app} does not read --datapath (it would train on "
+                          f"generated images); use --app medical for tiles/slides or --app cifar for "
+                          f"CIFAR-10 batches, or drop --datapath")
+    if args.device == "cuda" or args.backend == "nccl":
+        missing = cuda_unavailable_reason()
+        if missing is not None:
+            flag, value = ("--device", "cuda") if args.device == "cuda" else ("--backend", "nccl")
+            raise ConfigError(flag, f"{value} needs a CUDA GPU: {missing}; use --device cpu (or "
+                                    f"auto) with --backend mpi or gloo")
+    if args.backend == "gloo" and args.device == "cuda":
+        raise ConfigError("--backend", "gloo moves CPU tensors; with --device cuda use --backend "
+                                       "nccl or mpi")
     if args.resume == "latest" and args.checkpoint_dir is None:
         raise ConfigError("--resume", "'latest' looks in --checkpoint-dir; give --checkpoint-dir "
                           "or a checkpoint path")
+    parse_allowed(args.allow_config_change)
 
 
 def say(rank: int, world: int, text: str) -> None:
@@ -96,35 +170,77 @@ def say(rank: int, world: int, text: str) -> None:
     print(f"{prefix}mpi4dl_nb train: {text}", file=sys.stderr, flush=True)
 
 
+def say_once(ctx: Comm, text: str) -> None:
+    """A message about the whole job, from rank 0."""
+    if ctx.rank == 0:
+        print(f"mpi4dl_nb train: {text}", file=sys.stderr, flush=True)
+
+
 def agree_or_exit(ctx: Comm, error: BaseException | None) -> None:
-    """All ranks learn whether any rank failed in set-up; then all exit together (code 2)."""
+    """All ranks learn whether any rank failed in set-up; rank 0 says why once; all exit together (code 2)."""
     messages = ctx.all_gather_object(None if error is None else f"{error}")
-    failed = [(r, m) for r, m in enumerate(messages) if m is not None]
+    failed: dict[str, list[int]] = {}
+    for rank, message in enumerate(messages):
+        if message is not None:
+            failed.setdefault(message, []).append(rank)
     if not failed:
         return
-    same_everywhere = len(failed) == len(messages) and len({m for _, m in failed}) == 1
-    if same_everywhere:
-        if ctx.rank == 0:
-            say(0, ctx.world_size, f"error (on every rank): {error}")
-    elif error is not None:
-        say(ctx.rank, ctx.world_size, f"error: {error}")
-    elif ctx.rank == 0:
-        say(0, ctx.world_size, f"rank {failed[0][0]} failed during set-up: {failed[0][1]}")
+    if len(failed) == 1 and next(iter(failed.values())) in (list(range(len(messages))), [0]):
+        say_once(ctx, f"error: {next(iter(failed))}")     # every rank, or a rank-0 check
+    else:
+        for message, ranks in failed.items():
+            where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+            say_once(ctx, f"error on {where}: {message}")
     raise SystemExit(EXIT_SETUP)
 
 
+def agreed(ctx: Comm, action: Callable[[], Any]) -> None:
+    """Run a set-up ``action`` on every rank; an input error on any rank stops all (see agree_or_exit)."""
+    error = None
+    try:
+        action()
+    except SETUP_ERRORS as err:
+        error = err
+    agree_or_exit(ctx, error)
+
+
+def model_fingerprint(args: argparse.Namespace, layers: Sequence[Any]) -> str:
+    """The model part of the run identity: its flags and a hash of every tensor's name, shape and dtype."""
+    from .identity import digest
+
+    info = run_info(args)
+    shapes = [(f"{i}.{k}", list(v.shape), str(v.dtype)) for i, layer in enumerate(layers)
+              for k, v in layer.state_dict().items()]
+    version = f" v{info['resnet_version']}" if info["resnet_version"] else ""
+    return (f"{info['model']}{version}, {info['num_layers']} layers, {info['num_filters']} filters, "
+            f"{info['num_classes']} classes [{digest(shapes)}]")
+
+
 class Setup:
-    """Everything a run needs, built before any training collective."""
+    """Everything a run needs, built before any training collective, in agreed stages."""
 
     def __init__(self, args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> None:
+        self.args = args
+        self.cfg = cfg
+        self.ctx = ctx
+        self.info = run_info(args)
+        self.layers: list[Any] = []
+        self.batcher: Any = None
+        self.steps = 0
+        self.identity: dict[str, Any] = {}
+        self.allowed = parse_allowed(args.allow_config_change)
+        self.selection: Selection | None = None
+        self.run_id: str | None = None
+
+    def build_model(self) -> None:
+        """The model, the configuration against it, and (rank 0) the checkpoint directory."""
         import torch
 
-        from ..data import Batcher, make_dataset
         from ..models import build_model
-        from .train import check_spatial_geometry, load_for_resume
+        from .checkpoint import estimate_checkpoint_bytes, prepare_directory
+        from .train import check_spatial_geometry
 
-        self.args = args
-        self.info = run_info(args)
+        args = self.args
         self.dtype = getattr(torch, args.dtype)
         torch.manual_seed(args.seed)
         self.layers = build_model(args.model, num_layers=args.num_layers,
@@ -132,64 +248,156 @@ class Setup:
                                   version=args.resnet_version, image_size=args.image_size)
         for layer in self.layers:
             layer.to(self.dtype)
-        cfg.validate(batch_size=args.batch_size, num_layers=len(self.layers),
-                     image_size=args.image_size)
-        check_spatial_geometry(self.layers, cfg, args.image_size)
+        self.cfg.validate(batch_size=args.batch_size, num_layers=len(self.layers),
+                          image_size=args.image_size)
+        check_spatial_geometry(self.layers, self.cfg, args.image_size)
+        if args.checkpoint_dir is not None and self.ctx.rank == 0:
+            tensors = [t for layer in self.layers for t in layer.state_dict().values()]
+            state = sum(t.numel() * t.element_size() for t in tensors)
+            prepare_directory(args.checkpoint_dir, estimate_checkpoint_bytes(
+                state, len(tensors), 1 if args.momentum > 0 else 0))
+
+    def open_data(self, exclude: Sequence[Path] = ()) -> None:
+        """The dataset (without ``exclude``), refusing one-class data unless --num-classes 1."""
+        from ..data import Batcher, make_dataset
+        from ..data.validate import classes_found
+
+        args = self.args
         dataset = make_dataset(args.app, args.image_size, args.num_classes, datapath=args.datapath,
                                seed=args.seed, num_samples=args.num_samples,
-                               slide_level=args.slide_level, min_tissue=args.min_tissue)
+                               slide_level=args.slide_level, min_tissue=args.min_tissue,
+                               exclude=exclude)
         if dataset.num_classes > args.num_classes:
             raise ConfigError("--num-classes", f"the data has {dataset.num_classes} classes; use "
                               f"--num-classes {dataset.num_classes}")
+        if classes_found(dataset) == 1 and args.num_classes != 1:
+            raise ConfigError("--datapath", f"{args.datapath} holds one class only (files directly in "
+                              f"the folder, or a single slide), so every label would be 0; put each "
+                              f"class in its own sub-folder (<datapath>/<class>/...), or pass "
+                              f"--num-classes 1 to train on one class anyway")
         self.batcher = Batcher(dataset, args.batch_size, seed=args.seed)
         self.steps = args.steps if args.steps is not None else \
             args.num_epochs * self.batcher.steps_per_epoch
-        self.checkpoint: dict[str, Any] | None = None
-        self.resume_path: Path | None = None
-        if args.resume is not None:
-            from .checkpoint import resolve_resume
+        if self.ctx.rank == 0:
+            self.identity = self.make_identity(dataset)
 
-            self.resume_path = resolve_resume(args.resume, args.checkpoint_dir)
-            if ctx.rank == 0:
-                self.checkpoint = load_for_resume(self.resume_path, self.info)
-                if self.checkpoint["step"] > self.steps:
-                    raise ConfigError("--steps", f"the checkpoint is at step "
-                                      f"{self.checkpoint['step']}, past --steps {self.steps}; "
-                                      f"use --steps >= {self.checkpoint['step']}")
+    def make_identity(self, dataset: Any) -> dict[str, Any]:
+        from ..data.validate import fingerprint
+        from .identity import digest
+
+        args = self.args
+        data = fingerprint(dataset)
+        text = f"{data['kind']}, {len(dataset)} images [{digest(data)}]"
+        return {"model": model_fingerprint(args, self.layers), "dtype": args.dtype,
+                "image_size": args.image_size, "batch_size": args.batch_size, "seed": args.seed,
+                "app": args.app, "data": text, "lr": args.lr, "momentum": args.momentum}
+
+    def choose_resume(self) -> None:
+        """Rank 0: the checkpoint to resume from (checked against this run) and the lineage to continue."""
+        from .checkpoint import list_checkpoints, new_run_id, select_resume
+        from .identity import RunIdentity, describe_changes
+
+        args = self.args
+        if self.ctx.rank != 0:
+            return
+        current = RunIdentity(self.identity)
+        if args.resume is None:
+            self.run_id = new_run_id()
+            return
+
+        def accept(saved: Any) -> str | None:
+            refused = current.refused_changes(RunIdentity.from_dict(saved), self.allowed)
+            if not refused:
+                return None
+            return (f"another configuration: {describe_changes(refused)}; pass --allow-config-change "
+                    f"{','.join(c.name for c in refused)} to resume it anyway")
+        selection = select_resume(args.resume, args.checkpoint_dir, accept)
+        step = int(selection.data["step"])
+        if step > self.steps:
+            raise ConfigError("--steps", f"the checkpoint is at step {step}, past --steps "
+                              f"{self.steps}; use --steps >= {step}")
+        changed = current.changes_from(RunIdentity.from_dict(selection.data.get("identity")))
+        lineage = selection.data.get("run_id")
+        if args.checkpoint_dir is not None and lineage is not None:
+            ahead = [e for e in list_checkpoints(args.checkpoint_dir)
+                     if e.run_id == lineage and e.step > step]
+            if ahead:   # resuming an older checkpoint forks: the newer ones are never rotated away
+                lineage = None
+        self.run_id = lineage if lineage and not changed else new_run_id()
+        self.selection = selection
+        if changed:
+            say_once(self.ctx, f"resuming with {describe_changes(changed)} (--allow-config-change); "
+                               f"the run no longer equals an uninterrupted one")
+        if selection.skipped or args.verbose:
+            say_once(self.ctx, selection.report())
 
 
-def train_main(args: argparse.Namespace, cfg: ParallelConfig) -> int:
-    """Set up (every rank agrees on set-up errors), train, print the JSON summary on rank 0."""
+def check_data_or_exit(setup: Setup, ctx: Comm) -> list[Path]:
+    """The data check (collective); exits with EXIT_SETUP on bad files unless --skip-bad-files."""
+    from ..data.validate import find_sources
+    from .data_check import check_data
+
+    args = setup.args
+    found: list[Any] = []
+    agreed(ctx, lambda: found.append(find_sources(args.app, args.datapath)))
+    report = check_data(ctx, found[0], args.image_size, args.slide_level, progress=args.progress)
+    if not report.bad:
+        return []
+    if not args.skip_bad_files or len(report.bad) == report.total:
+        say_once(ctx, report.refusal(args.datapath))
+        raise SystemExit(EXIT_SETUP)
+    say_once(ctx, "warning: " + report.warning())
+    return report.bad_paths
+
+
+def prepare(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> Setup:
+    """Set-up in stages that every rank agrees on: model and checkpoint dir, data check, dataset, resume."""
+    setup = Setup(args, cfg, ctx)
+    agreed(ctx, setup.build_model)
+    bad = check_data_or_exit(setup, ctx)
+    agreed(ctx, lambda: setup.open_data(bad))
+    agreed(ctx, setup.choose_resume)
+    return setup
+
+
+def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: JobMonitor) -> int:
+    """Set up, train, print the JSON summary on rank 0; a divergence or a failed save stops every rank together."""
     import torch
     from torch import nn
 
     import mpi4dl_nb as dl
 
-    from .train import Trainer, TrainSettings, summary_line
+    from .divergence import LossWatch, NonFiniteError, NonFiniteGuard
+    from .train import EXIT_CHECKPOINT, CheckpointWriteError, Trainer, TrainSettings, summary_line
 
-    ctx = dl.init(backend=args.backend)
-    setup = None
-    try:
-        setup = Setup(args, cfg, ctx)
-        error = None
-    except (ConfigError, ValueError, FileNotFoundError, KeyError, OSError) as err:
-        error = err
-    agree_or_exit(ctx, error)
-    assert setup is not None
-    engine = dl.HybridEngine(setup.layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
+    setup = prepare(args, cfg, ctx)
+    loss = LossWatch(nn.CrossEntropyLoss())
+    engine = dl.HybridEngine(setup.layers, cfg, ctx, loss_fn=loss, abort_on_error=False,
                              optimizer=lambda params: torch.optim.SGD(params, lr=args.lr,
                                                                        momentum=args.momentum))
+    guard = NonFiniteGuard(engine, ctx, loss, OnNonFinite(args.on_nonfinite),
+                           hint="Lower --lr, or pass --on-nonfinite skip-step to skip such steps.")
     settings = TrainSettings(steps=setup.steps,
                              checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                              checkpoint_every=args.checkpoint_every,
                              keep_checkpoints=args.keep_checkpoints, progress=args.progress,
-                             verbose=args.verbose, dtype=setup.dtype)
-    trainer = Trainer(engine, setup.batcher, ctx, settings, setup.info)
+                             verbose=args.verbose, dtype=setup.dtype,
+                             step_timeout=args.step_timeout, auto_step_timeout=args.step_timeout is None)
+    run_id = ctx.bcast_object(setup.run_id, root=0)
+    trainer = Trainer(engine, setup.batcher, ctx, settings, setup.info, identity=setup.identity,
+                      run_id=run_id, monitor=monitor, guard=guard)
     if args.resume is not None:
-        step = trainer.restore(setup.checkpoint)
-        if ctx.rank == 0 and args.verbose:
-            say(0, ctx.world_size, f"resumed from {setup.resume_path} at step {step}")
-    summary = trainer.run()
+        step = trainer.restore(setup.selection.data if setup.selection is not None else None)
+        if step >= setup.steps:
+            say_once(ctx, f"the checkpoint is at step {step} = --steps: nothing to train")
+    try:
+        summary = trainer.run()
+    except NonFiniteError as err:
+        say_once(ctx, f"stopped: {err} The last good checkpoint: {trainer.last_checkpoint or 'none written'}")
+        return EXIT_NONFINITE
+    except CheckpointWriteError as err:
+        say_once(ctx, f"stopped: {err}")
+        return EXIT_CHECKPOINT
     if summary is not None:
         summary["config"] = engine.cfg.as_dict()
         if args.verbose:
@@ -200,15 +408,37 @@ def train_main(args: argparse.Namespace, cfg: ParallelConfig) -> int:
 
 def verbose_report(summary: dict[str, Any]) -> str:
     """Human-readable per-rank table for ``-v``."""
-    rate = summary["images_per_s"]
+    rate, loss = summary["images_per_s"], summary["loss"]
     lines = [f"{summary['model']}: {summary['steps_run']} steps, "
-             f"{'n/a' if rate is None else f'{rate:.3f}'} images/s, final loss {summary['loss']:.4f}",
+             f"{'n/a' if rate is None else f'{rate:.3f}'} images/s, final loss "
+             f"{'n/a' if loss is None else f'{loss:.4f}'}",
              "rank  peak MB  activations MB  compute s  comm s"]
     for rank, (peak, act, comp, comm) in enumerate(zip(
             summary["peak_memory_bytes"], summary["activation_peak_bytes"],
             summary["compute_seconds"], summary["comm_seconds"])):
         lines.append(f"{rank:4d}  {peak / 2**20:7.1f}  {act / 2**20:14.1f}  {comp:9.2f}  {comm:6.2f}")
     return "\n".join(lines)
+
+
+def train_main(args: argparse.Namespace, cfg: ParallelConfig) -> int:
+    """Start MPI and the job monitor, run the job; any other failure ends the job with one message."""
+    import mpi4dl_nb as dl
+
+    from .monitor import EXIT_FAILED, JobMonitor
+
+    ctx = dl.init(backend=args.backend, device=args.device)
+    monitor = JobMonitor.start(ctx, verbose=args.verbose,
+                               log_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
+    try:
+        code = run_job(args, cfg, ctx, monitor)
+    except SystemExit:
+        monitor.close()
+        raise
+    except BaseException as err:
+        monitor.fail(err)        # with several ranks: one message for the job, then abort
+        return EXIT_FAILED
+    monitor.close()
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,15 +453,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         refuse(str(err), rank, size)
     check_world_size(cfg, size, rank)
-    try:
-        return train_main(args, cfg)
-    except SystemExit:
-        raise
-    except BaseException:
-        sys.stderr.write(f"[rank {rank}/{size}] mpi4dl_nb train failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        if size > 1:
-            from mpi4py import MPI
-
-            MPI.COMM_WORLD.Abort(1)
-        return 1
+    return train_main(args, cfg)

@@ -5,11 +5,16 @@ parameter and buffer objects (so optimizers, state dicts and the serial model st
 only ``forward`` differs. Tiles carry no global size, so the runtime learns each layer's
 global input size once per image size (one small all-gather on the tile group at the first
 call) and caches it; after that, a forward needs only halo messages and BatchNorm sums.
+During a forward of the spatialized model the runtime's guard (guard.py) tracks which
+tensors are tiles; a spatial layer given a replicated tensor (a 1x1 conv in an SE gate,
+after the global pool) runs as its serial torch layer, and its parameters then hold the
+full gradient on every tile instead of a tile's share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -17,7 +22,9 @@ from torch import nn
 
 from ..comm.handles import Group
 from ..comm.protocol import Comm
+from ..errors import ConfigError
 from .geometry import LayerHalo, TileGrid
+from .guard import SpatialGuard
 from .halo import HaloExchange
 from .tiles import tile_ranks
 
@@ -26,7 +33,7 @@ class SpatialRuntime:
     """What every spatial layer of one spatialized model shares: grid, ranks, size cache."""
 
     def __init__(self, grid: TileGrid, ctx: Comm, group: Group | None = None,
-                 image_size: tuple[int, int] | None = None) -> None:
+                 image_size: tuple[int, int] | None = None, check_ops: bool = True) -> None:
         self.grid = grid
         self.ctx = ctx
         self.group = group
@@ -39,10 +46,61 @@ class SpatialRuntime:
         self._calls: dict[int, int] = {}
         self._sizes: dict[tuple[tuple[int, int], int, int], tuple[int, int]] = {}
         self.partial_parameters: list[nn.Parameter] = []
+        self.module_names: dict[int, str] = {}
+        self.guard = SpatialGuard(self, check_ops)
+        # BatchNorm statistics: over the tile group, or (sync_batchnorm) a wider group whose
+        # members hold ``stats_copies`` equal batches of the same image size
+        self.stats_group: Group | None = group
+        self.stats_copies = 1
+        self._tiled_users: set[int] = set()
+        self._serial_users: dict[int, nn.Module] = {}
+        self._serial_now: set[int] = set()
+        self.plans: dict[Hashable, Any] = {}
+
+    # --------------------------------------------------------- placements
+    def note_use(self, module: nn.Module, tiled: bool) -> None:
+        """Record that ``module`` ran on tiles or on a replicated tensor (never both)."""
+        key = id(module)
+        if key in (self._tiled_users if tiled else self._serial_users):
+            return
+        if key in (self._serial_users if tiled else self._tiled_users):
+            name = self.module_names.get(key, type(module).__name__)
+            raise ConfigError("model", f"layer {name!r} ({type(module).__name__}) runs both on "
+                              f"image tiles and on a replicated (pooled) tensor; its parameter "
+                              f"gradients would be a tile's share in one use and the full "
+                              f"gradient in the other. Use two separate layers")
+        if tiled:
+            self._tiled_users.add(key)
+        else:
+            self._serial_users[key] = module
+
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        """Parameters of spatial layers that ran on replicated tensors (full gradient on every tile)."""
+        seen: set[int] = set()
+        out = []
+        for module in self._serial_users.values():
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    @contextmanager
+    def serially(self, layer: nn.Module) -> Iterator[None]:
+        """Inside, ``layer`` runs as its serial torch layer (its input is replicated)."""
+        self._serial_now.add(id(layer))
+        try:
+            yield
+        finally:
+            self._serial_now.discard(id(layer))
+
+    def runs_serially(self, layer: nn.Module) -> bool:
+        return id(layer) in self._serial_now
 
     # --------------------------------------------------------------- root hooks
     def begin_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        """Forward pre-hook of the spatialized root: learn the global input size."""
+        """Forward pre-hook of the spatialized root: inputs are tiles; learn the global input size."""
+        self.guard.begin(args)
         self._calls.clear()
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor) or x.dim() < 2:
@@ -59,7 +117,9 @@ class SpatialRuntime:
             self.root_size = self.gather_size(x)
 
     def end_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        """Forward hook of the root (also called after an exception): leave the guard."""
         self.root_size = None
+        self.guard.end()
 
     # ----------------------------------------------------------------- sizes
     def gather_size(self, x: torch.Tensor) -> tuple[int, int]:
@@ -122,15 +182,38 @@ def adopt(cls: type[M], module: nn.Module, runtime: SpatialRuntime, name: str) -
     object.__setattr__(new, "runtime", runtime)
     object.__setattr__(new, "layer_name", name or type(module).__name__)
     object.__setattr__(new, "_exchanges", {})
+    object.__setattr__(new, "serial_class", type(module))
     return new
 
 
 class SpatialLayer:
-    """Mixin: cached halo exchange per global input size."""
+    """Mixin: dispatch between tiles and replicated inputs; cached halo exchange per input size.
+
+    Subclasses implement ``tile_forward``; on a replicated input (during a spatial forward)
+    the layer runs ``serial_class.forward``, the torch layer it was made from.
+    """
 
     runtime: SpatialRuntime
     layer_name: str
+    serial_class: type[nn.Module]
     _exchanges: dict[Hashable, HaloExchange]
+    tiled_output = True    # False for layers whose output is replicated (global pool)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        guard = self.runtime.guard
+        call = super().__call__   # type: ignore[misc]
+        if not guard.active:   # called directly, or the root itself (its hook enters the guard)
+            with torch._C.DisableTorchFunction():
+                return call(*args, **kwargs)
+        return guard.call_handled(self, call, args, kwargs, self.tiled_output)  # type: ignore[arg-type]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.runtime.runs_serially(self):  # type: ignore[arg-type]
+            return self.serial_class.forward(self, *args, **kwargs)
+        return self.tile_forward(*args, **kwargs)
+
+    def tile_forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
 
     def _halo(self, key: Hashable, build: Callable[[], HaloExchange]) -> HaloExchange:
         exchange = self._exchanges.get(key)

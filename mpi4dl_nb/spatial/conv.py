@@ -53,7 +53,7 @@ class SpatialConv2d(SpatialLayer, nn.Conv2d):
         """The convolution on an input that already holds its halo and padding."""
         return F.conv2d(y, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         size = self.runtime.input_size(self, x)
         exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size), 0.0))
         return conv_after_exchange(self, x, exchange)

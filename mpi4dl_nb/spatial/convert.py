@@ -1,10 +1,12 @@
 """spatialize: turn an ordinary CNN module tree into one that runs on image tiles, exactly.
 
 Leaves are converted in a copy of the tree (containers are shallow copies, parameters and
-buffers are the same objects): Conv2d, MaxPool2d, AvgPool2d, BatchNorm2d and
-AdaptiveAvgPool2d(1) become their spatial versions; element-wise layers stay as they are.
-Custom containers keep their own ``forward`` — residual adds and element-wise ops work
-tile by tile because ownership depends only on a tensor's size (see geometry.py).
+buffers are the same objects): Conv2d, ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d,
+GroupNorm, InstanceNorm2d, Upsample and AdaptiveAvgPool2d(1) become their spatial versions;
+element-wise layers stay as they are. Custom containers keep their own ``forward`` —
+residual adds, gates, channel concatenation and element-wise ops work tile by tile because
+ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
+checks every such operation during the forward and refuses the ones that are not exact.
 """
 
 from __future__ import annotations
@@ -29,36 +31,60 @@ def _check_dropout(module: nn.modules.dropout._DropoutNd, name: str) -> None:
                           f"use p=0 or move it after the spatial stage")
 
 
-def _convert(module: nn.Module, runtime: SpatialRuntime, name: str,
-             extra_elementwise: tuple[type, ...]) -> nn.Module:
-    kind = type(module)
-    if kind in SPATIAL_LAYERS:
-        converted = SPATIAL_LAYERS[kind].from_module(module, runtime, name)
-        runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
+class _Converter:
+    """One conversion: memoised (a module reachable twice becomes one converted module)."""
+
+    def __init__(self, runtime: SpatialRuntime, registered: tuple[type, ...]) -> None:
+        self.runtime = runtime
+        self.registered = registered
+        self.done: dict[int, nn.Module] = {}
+
+    def __call__(self, module: nn.Module, name: str) -> nn.Module:
+        converted = self.done.get(id(module))
+        if converted is None:
+            converted = self._convert(module, name)
+            self.done[id(module)] = converted
+            self.runtime.module_names.setdefault(id(converted), name)
         return converted
-    if isinstance(module, (nn.Dropout, nn.Dropout2d)):
-        _check_dropout(module, name)
-        return module
-    if kind in ELEMENTWISE or isinstance(module, extra_elementwise):
-        return module
-    children = list(module.named_children())
-    if not children or any(True for _ in module.parameters(recurse=False)):
-        supported = ", ".join(t.__name__ for t in SPATIAL_LAYERS)
-        raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not supported "
-                          f"by spatial parallelism; supported: {supported}, element-wise "
-                          f"layers, and containers of them. If it acts on each pixel "
-                          f"independently, pass elementwise=({kind.__name__},); otherwise "
-                          f"put it after the spatial stage")
-    new = shallow_copy(module, type(module))
-    for child_name, child in children:
-        full = f"{name}.{child_name}" if name else child_name
-        new._modules[child_name] = _convert(child, runtime, full, extra_elementwise)
-    return new
+
+    def _convert(self, module: nn.Module, name: str) -> nn.Module:
+        kind, runtime = type(module), self.runtime
+        if kind in SPATIAL_LAYERS:
+            converted = SPATIAL_LAYERS[kind].from_module(module, runtime, name)
+            runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
+            return converted
+        if isinstance(module, (nn.Dropout, nn.Dropout2d)):
+            _check_dropout(module, name)
+            return module
+        if kind in ELEMENTWISE:
+            return module
+        if isinstance(module, self.registered):   # exact as it is: runs unchecked, share summed
+            new = shallow_copy(module, kind)
+            new.register_forward_pre_hook(runtime.guard.suspend)
+            new.register_forward_hook(runtime.guard.resume, always_call=True)
+            runtime.partial_parameters.extend(p for p in module.parameters())
+            return new
+        children = list(module.named_children())
+        if not children and type(module).__module__.startswith("torch."):
+            supported = ", ".join(t.__name__ for t in SPATIAL_LAYERS)
+            raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not "
+                              f"supported by spatial parallelism; supported: {supported}, "
+                              f"element-wise layers, and containers of them. If it is exact on "
+                              f"tiles (acts on each pixel independently), pass "
+                              f"elementwise=({kind.__name__},); otherwise put it after the "
+                              f"spatial stage")
+        # a custom module (leaf or container) keeps its forward: the op guard checks it
+        new = shallow_copy(module, kind)
+        for child_name, child in children:
+            full = f"{name}.{child_name}" if name else child_name
+            new._modules[child_name] = self(child, full)
+        return new
 
 
 def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None = None, *,
                image_size: Sequence[int] | None = None, halo_d2: bool = False,
-               fused_layers: int = 1, elementwise: Iterable[type] = ()) -> nn.Module:
+               fused_layers: int = 1, elementwise: Iterable[type] = (),
+               check_ops: bool = True) -> nn.Module:
     """A copy of ``module`` that computes on this rank's tile exactly what ``module`` computes
     on the whole image (same Parameter objects, so optimizer and state dict are shared).
 
@@ -68,26 +94,36 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     None means the world. Only tile neighbours and ``group`` collectives communicate.
     ``image_size`` (H, W), when given, spares one small all-gather per forward.
     ``halo_d2``/``fused_layers``: one wider halo exchange per run of ``fused_layers``
-    windowed layers inside each nn.Sequential (see fused.py).
+    windowed layers inside each nn.Sequential (see fused.py). ``elementwise``: your module
+    classes that are exact on tiles as they are (per pixel / per channel); they run unchecked
+    and their parameters' gradients are summed over tiles like a spatial layer's.
+
+    ``check_ops`` (default True): every torch operation a custom ``forward`` applies to a
+    tile is checked, and one that is not exact on tiles (a functional pool, padding,
+    slicing the spatial dims, ...) raises ConfigError naming the module and the op. False
+    skips the checks once a model has passed (placement tracking, which SE gates need,
+    stays on).
 
     Parameter gradients of spatial layers are partial (this tile's share): sum them over
     the tile group (``reduce_tile_gradients``) or let the engine's gradient sum do it.
-    Layers after a global average pool (e.g. the classifier) compute on replicated data
-    and get the full gradient on every tile.
+    Parameters used on replicated data (a classifier after the global pool, an SE gate's
+    layers) get the full gradient on every tile (``tile_replicated_parameters``).
     """
-    runtime = SpatialRuntime(grid, ctx, group, (image_size[0], image_size[1]) if image_size else None)
+    runtime = SpatialRuntime(grid, ctx, group, (image_size[0], image_size[1]) if image_size else None,
+                             check_ops=check_ops)
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
         raise ConfigError("model", "spatialize a module with a forward (e.g. nn.Sequential), "
                           "not a ModuleList/ModuleDict")
-    root = _convert(module, runtime, "", tuple(elementwise))
+    root = _Converter(runtime, tuple(elementwise))(module, "")
     if halo_d2:
         from .fused import fuse_sequentials
 
         fuse_sequentials(root, runtime, fused_layers)
     if root is module:   # an element-wise root: give it its own hooks
         root = shallow_copy(module, type(module))
+        runtime.module_names[id(root)] = ""
     root.register_forward_pre_hook(runtime.begin_forward)
-    root.register_forward_hook(runtime.end_forward)
+    root.register_forward_hook(runtime.end_forward, always_call=True)
     object.__setattr__(root, "spatial_runtime", runtime)
     return root
 
@@ -102,13 +138,22 @@ def runtime_of(net: nn.Module) -> SpatialRuntime:
 
 def tile_partial_parameters(net: nn.Module) -> list[nn.Parameter]:
     """Parameters whose gradient on each tile is that tile's share (to be summed over tiles)."""
-    seen: set[int] = set()
+    runtime = runtime_of(net)
+    seen = {id(p) for p in runtime.replicated_parameters()}
     result: list[nn.Parameter] = []
-    for p in runtime_of(net).partial_parameters:
+    for p in runtime.partial_parameters:
         if id(p) not in seen:
             seen.add(id(p))
             result.append(p)
     return result
+
+
+def tile_replicated_parameters(net: nn.Module) -> list[nn.Parameter]:
+    """Parameters whose gradient is already the full gradient on every tile (used on
+    replicated tensors: classifier, gate layers): sum them over tiles and it is counted
+    once per tile."""
+    partial = {id(p) for p in tile_partial_parameters(net)}
+    return [p for p in net.parameters() if id(p) not in partial]
 
 
 def reduce_tile_gradients(net: nn.Module) -> None:

@@ -24,6 +24,7 @@ from ..config import ConfigError
 from .base import SpatialLayer, SpatialRuntime
 from .conv import SpatialConv2d, conv_after_exchange, conv_after_padding
 from .geometry import FusedLevel, LayerHalo, plan_fused_axis
+from .guard import is_tiled, mark_tiled
 from .halo import HaloExchange
 from .norm import SpatialBatchNorm2d
 from .pool import SpatialAvgPool2d, SpatialMaxPool2d
@@ -119,7 +120,8 @@ class FusedBlock:
                     y = plan.exchange(y)
                 elif any(plan.padding(level)):
                     y = F.pad(y, plan.padding(level), value=member.pad_value)
-                y = member.apply_padded(y, plan.inside(level))
+                counted = None if getattr(member, "count_include_pad", False) else plan.inside(level)
+                y = member.apply_padded(y, counted)
                 level += 1
             elif isinstance(member, SpatialBatchNorm2d):
                 rows, cols = plan.owned(level)
@@ -148,7 +150,7 @@ class FusedSequential(nn.Sequential):
         while index < len(children):
             block = self._fused_blocks.get(index)
             if block is not None:
-                x = block.run(x)
+                x = _run_block(block, x)
                 index = block.stop
             else:
                 x = children[index](x)
@@ -156,7 +158,26 @@ class FusedSequential(nn.Sequential):
         return x
 
 
+def _run_block(block: FusedBlock, x: torch.Tensor) -> torch.Tensor:
+    """A fused block on tiles (unchecked: it is exact by construction); on a replicated
+    input its layers run one by one (each serially)."""
+    guard = block.runtime.guard
+    if not guard.active:
+        return block.run(x)
+    if not is_tiled(x):
+        for member in block.members:
+            x = member(x)
+        return x
+    for member in block.members:
+        if isinstance(member, SpatialLayer):
+            block.runtime.note_use(member, tiled=True)
+    with torch._C.DisableTorchFunction():
+        return mark_tiled(block.run(x))
+
+
 def _fusable(module: nn.Module) -> bool:
+    if getattr(module, "ceil_mode", False):   # its window depends on the input size
+        return False
     if isinstance(module, WINDOWED + (SpatialBatchNorm2d,)):
         return True
     return isinstance(module, ELEMENTWISE) and not isinstance(module, _NOT_POINTWISE)

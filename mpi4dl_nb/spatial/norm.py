@@ -1,64 +1,152 @@
-"""SpatialBatchNorm2d: BatchNorm statistics over the whole image across tiles, running stats as serial."""
+"""Normalisation over the whole image across tiles: BatchNorm2d, GroupNorm, InstanceNorm2d.
+
+Each computes its statistics exactly as the serial layer does, but over every tile: two
+passes (sum, then sum of squared deviations), each one all-reduce over the tile group
+(BatchNorm: over ``runtime.stats_group``, which ``sync_batchnorm`` widens to the
+data-parallel copies), divided by the global element count; backward all-reduces the
+matching gradient sums. Running statistics update in place exactly as PyTorch does; eval
+mode with running statistics needs no communication.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
+from ..errors import ConfigError
 from .base import SpatialLayer, SpatialRuntime, adopt
 from .reduce import partitioned_sum
 
 
-class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
-    """BatchNorm2d whose batch statistics cover every tile of the image.
+def moments(x: torch.Tensor, sample: torch.Tensor, dims: Sequence[int], count: float, ctx: Comm,
+            group: Group | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x - mean, mean, var)`` with mean and biased variance of ``sample`` over ``dims`` of
+    every rank of ``group`` (``count`` elements in all), kept as broadcastable dims."""
+    dims = tuple(dims)
+    mean = partitioned_sum(sample.sum(dim=dims, keepdim=True), ctx, group) / count
+    centered = x - mean
+    sample_centered = centered if sample is x else sample - mean
+    var = partitioned_sum((sample_centered * sample_centered).sum(dim=dims, keepdim=True), ctx,
+                          group) / count
+    return centered, mean, var
 
-    Training: two-pass statistics (sum, then sum of squared deviations), each one
-    all-reduce over the tile group, divided by N x H x W (global size from the runtime);
-    backward all-reduces the matching gradient sums.
+
+def _affine(y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    if weight is not None:
+        y = y * weight[None, :, None, None]
+    if bias is not None:
+        y = y + bias[None, :, None, None]
+    return y
+
+
+def update_running(running_mean: torch.Tensor, running_var: torch.Tensor, mean: torch.Tensor,
+                   var: torch.Tensor, count: float, factor: float) -> None:
+    """PyTorch's running-statistics update: unbiased variance over ``count`` elements."""
+    with torch.no_grad():
+        running_mean.mul_(1 - factor).add_(mean.detach().reshape(running_mean.shape), alpha=factor)
+        unbiased = var.detach() * (count / (count - 1)) if count > 1 else var.detach()
+        running_var.mul_(1 - factor).add_(unbiased.reshape(running_var.shape), alpha=factor)
+
+
+def batch_norm_factor(bn: nn.modules.batchnorm._NormBase) -> float:
+    """Count this training step and return its running-statistics factor, as nn.BatchNorm does."""
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        if bn.momentum is None:
+            return 1.0 / float(bn.num_batches_tracked)
+    return 0.0 if bn.momentum is None else bn.momentum
+
+
+class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
+    """BatchNorm2d whose batch statistics cover every tile of the image (and, with
+    sync_batchnorm, every data-parallel copy: ``runtime.stats_group``/``stats_copies``).
+
     Running mean/var (unbiased, N = batch x all pixels) update in place exactly as serial.
-    Eval mode with running stats needs no communication.
     """
 
     @classmethod
     def from_module(cls, bn: nn.BatchNorm2d, runtime: SpatialRuntime, name: str = "") -> SpatialBatchNorm2d:
         return adopt(cls, bn, runtime, name)
 
-    def _momentum(self) -> float:
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                return 1.0 / float(self.num_batches_tracked)
-        return 0.0 if self.momentum is None else self.momentum
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
         return self.normalize(x, x)
 
     def normalize(self, x: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` with batch statistics of ``sample`` (this tile's owned part of
         ``x``; a fused halo block passes the owned window of an extended tile)."""
-        factor = self._momentum()
+        factor = batch_norm_factor(self)
         use_batch = self.training or (self.running_mean is None and self.running_var is None)
         if not use_batch:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                                 False, 0.0, self.eps)
-        ctx, group = self.runtime.ctx, self.runtime.group
-        height, width = self.runtime.input_size(self, sample)
-        count = float(sample.shape[0] * height * width)   # exact integer, any dtype
-        mean = partitioned_sum(sample.sum(dim=(0, 2, 3)), ctx, group) / count
-        centered = x - mean[None, :, None, None]
-        sample_centered = centered if sample is x else sample - mean[None, :, None, None]
-        var = partitioned_sum((sample_centered * sample_centered).sum(dim=(0, 2, 3)), ctx,
-                              group) / count
-        y = centered * torch.rsqrt(var + self.eps)[None, :, None, None]
-        if self.affine:
-            y = y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+        runtime = self.runtime
+        height, width = runtime.input_size(self, sample)
+        count = float(sample.shape[0] * height * width * runtime.stats_copies)   # exact integer
+        centered, mean, var = moments(x, sample, (0, 2, 3), count, runtime.ctx, runtime.stats_group)
+        y = _affine(centered * torch.rsqrt(var + self.eps), self.weight if self.affine else None,
+                    self.bias if self.affine else None)
         if (self.training and self.track_running_stats and self.running_mean is not None
                 and self.running_var is not None):
-            n = count
-            with torch.no_grad():
-                self.running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)
-                unbiased = var.detach() * (n / (n - 1)) if n > 1 else var.detach()
-                self.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
+            update_running(self.running_mean, self.running_var, mean, var, count, factor)
+        return y
+
+
+class SpatialGroupNorm(SpatialLayer, nn.GroupNorm):
+    """GroupNorm with per-sample, per-group statistics over the whole image (every tile)."""
+
+    @classmethod
+    def from_module(cls, gn: nn.GroupNorm, runtime: SpatialRuntime, name: str = "") -> SpatialGroupNorm:
+        return adopt(cls, gn, runtime, name)
+
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4:
+            raise ConfigError("model", f"{self.layer_name}: spatial GroupNorm needs (N, C, H, W) "
+                              f"tiles, got {x.dim()}-d")
+        n, c = x.shape[:2]
+        groups = self.num_groups
+        height, width = self.runtime.input_size(self, x)
+        grouped = x.reshape(n, groups, c // groups, *x.shape[2:])
+        count = float(c // groups * height * width)
+        centered, _, var = moments(grouped, grouped, (2, 3, 4), count, self.runtime.ctx,
+                                   self.runtime.group)
+        y = (centered * torch.rsqrt(var + self.eps)).reshape(x.shape)
+        return _affine(y, self.weight if self.affine else None, self.bias if self.affine else None)
+
+
+class SpatialInstanceNorm2d(SpatialLayer, nn.InstanceNorm2d):
+    """InstanceNorm2d with per-sample, per-channel statistics over the whole image.
+
+    ``track_running_stats``: running mean/var are the batch means of the per-sample
+    statistics (unbiased variance), updated with ``momentum`` (None counts as 0, as in
+    PyTorch); eval mode then uses them with no communication.
+    """
+
+    @classmethod
+    def from_module(cls, norm: nn.InstanceNorm2d, runtime: SpatialRuntime,
+                    name: str = "") -> SpatialInstanceNorm2d:
+        return adopt(cls, norm, runtime, name)
+
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4:
+            raise ConfigError("model", f"{self.layer_name}: spatial InstanceNorm2d needs batched "
+                              f"(N, C, H, W) tiles, got {x.dim()}-d")
+        use_input_stats = self.training or not self.track_running_stats
+        if not use_input_stats:
+            return F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                   False, 0.0, self.eps)
+        height, width = self.runtime.input_size(self, x)
+        count = float(height * width)
+        centered, mean, var = moments(x, x, (2, 3), count, self.runtime.ctx, self.runtime.group)
+        y = _affine(centered * torch.rsqrt(var + self.eps), self.weight if self.affine else None,
+                    self.bias if self.affine else None)
+        if self.training and self.running_mean is not None and self.running_var is not None:
+            factor = 0.0 if self.momentum is None else self.momentum
+            update_running(self.running_mean, self.running_var, mean.mean(0), var.mean(0), count,
+                           factor)
         return y

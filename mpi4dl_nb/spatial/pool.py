@@ -1,4 +1,11 @@
-"""Spatial max/avg pooling (padding, stride != kernel, count_include_pad both ways) and global average pooling."""
+"""Spatial max/avg pooling (padding, stride != kernel, dilation, ceil_mode, count_include_pad
+both ways, divisor_override) and global average pooling.
+
+``ceil_mode`` adds a last output whose window may run past the padded input: geometrically
+that is extra padding after the image (-inf for max pooling, which then ignores it), and
+for average pooling the divisor counts only the part of the window inside the padded
+input (``count_include_pad``) or inside the image, exactly as PyTorch does.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,13 @@ from torch import nn
 
 from ..config import ConfigError
 from .base import SpatialLayer, SpatialRuntime, adopt
-from .geometry import Box, LayerHalo, Window1d, _pair
+from .geometry import AxisExchange, Box, LayerHalo, Window1d, _pair
 from .reduce import replicated_sum
 
 
 def pool_windows(pool: nn.MaxPool2d | nn.AvgPool2d, dilation: int | Sequence[int] = 1
                  ) -> tuple[Window1d, Window1d]:
-    """Row and column windows of a MaxPool2d/AvgPool2d (floor mode only)."""
-    if getattr(pool, "ceil_mode", False):
-        raise ConfigError("model", f"{type(pool).__name__}(ceil_mode=True) is not supported by "
-                          f"spatial parallelism; use ceil_mode=False")
+    """Row and column windows of a MaxPool2d/AvgPool2d (floor mode; see ``ceil_window``)."""
     k = _pair(pool.kernel_size)
     s = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
     p = _pair(pool.padding)
@@ -27,12 +31,30 @@ def pool_windows(pool: nn.MaxPool2d | nn.AvgPool2d, dilation: int | Sequence[int
     return (Window1d(k[0], s[0], d[0], p[0], p[0]), Window1d(k[1], s[1], d[1], p[1], p[1]))
 
 
+def ceil_window(window: Window1d, size: int) -> Window1d:
+    """``window`` in ceil mode on an input of ``size``: extra padding after the input so
+    that floor-mode counting gives PyTorch's ceil-mode output length."""
+    p, s = window.pad_before, window.stride
+    out = -(-(size + 2 * p - window.span) // s) + 1
+    if (out - 1) * s >= size + p:     # the last window must start inside the image or left padding
+        out -= 1
+    after = max(window.pad_after, (out - 1) * s + window.span - size - p)
+    return Window1d(window.kernel, s, window.dilation, p, after)
+
+
 class _WindowedPool(SpatialLayer):
     windows: tuple[Window1d, Window1d]
     pad_value: float = 0.0
+    ceil_mode: bool
+
+    def sized_windows(self, height: int, width: int) -> tuple[Window1d, Window1d]:
+        rows, cols = self.windows
+        if self.ceil_mode:
+            return ceil_window(rows, height), ceil_window(cols, width)
+        return rows, cols
 
     def geometry(self, height: int, width: int) -> LayerHalo:
-        rows, cols = self.windows
+        rows, cols = self.sized_windows(height, width)
         return LayerHalo.for_windows(self.runtime.grid, height, width, rows, cols, self.layer_name)
 
     def _exchanged(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -62,7 +84,7 @@ class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
         return F.max_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), 0,
                             (rows.dilation, cols.dilation))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         y, _ = self._exchanged(x)
         return self.apply_padded(y)
 
@@ -101,25 +123,36 @@ class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
         if self.divisor_override:
             return out * (rows.kernel * cols.kernel / self.divisor_override)
         height, width = y.shape[-2:]
-        if not self.count_include_pad and inside is not None and inside != (0, height, 0, width):
+        if inside is not None and inside != (0, height, 0, width):
             return out / self._window_counts((height, width), inside, out)
         return out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         y, size = self._exchanged(x)
         view = self._exchanges[size].geometry.tile(self.runtime.tile)
-        pads = view.padding
-        inside = (pads["top"], view.rows.needed_len - pads["bottom"],
-                  pads["left"], view.cols.needed_len - pads["right"])
-        return self.apply_padded(y, inside)
+        return self.apply_padded(y, self.counted_box(view.rows, view.cols))
+
+    def counted_box(self, rows: AxisExchange, cols: AxisExchange) -> tuple[int, int, int, int]:
+        """The part of the exchanged input a window's divisor counts, in local coordinates:
+        the image, or with count_include_pad the padded input (not ceil mode's overhang)."""
+        box = []
+        for plan, window in zip((rows, cols), self.windows):
+            extra = window.pad_before if self.count_include_pad else 0
+            start, stop = -extra - plan.needed[0], plan.size + extra - plan.needed[0]
+            box += [max(0, start), min(plan.needed_len, stop)]
+        return (box[0], box[1], box[2], box[3])
 
 
 class SpatialGlobalAvgPool2d(SpatialLayer, nn.AdaptiveAvgPool2d):
     """AdaptiveAvgPool2d(1) over the whole image: tile sums all-reduced over the tile group.
 
     The (N, C, 1, 1) result is replicated on every tile; backward assumes a replicated
-    consumer (every rank holds the same output gradient) and needs no message.
+    consumer (every rank holds the same output gradient) and needs no message: a consumer
+    that combines it with tiles again (an SE gate) has its gradient summed over the tiles
+    by the guard first, so the rule holds there too.
     """
+
+    tiled_output = False
 
     @classmethod
     def from_module(cls, pool: nn.AdaptiveAvgPool2d, runtime: SpatialRuntime,
@@ -131,7 +164,7 @@ class SpatialGlobalAvgPool2d(SpatialLayer, nn.AdaptiveAvgPool2d):
                               f"use AdaptiveAvgPool2d(1) or an AvgPool2d")
         return adopt(cls, pool, runtime, name)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         height, width = self.runtime.input_size(self, x)
         total = replicated_sum(x.sum(dim=(-2, -1), keepdim=True), self.runtime.ctx,
                                self.runtime.group)

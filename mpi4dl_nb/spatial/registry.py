@@ -7,20 +7,27 @@ from typing import Any
 from torch import nn
 
 from .conv import SpatialConv2d
-from .norm import SpatialBatchNorm2d
+from .convtranspose import SpatialConvTranspose2d
+from .norm import SpatialBatchNorm2d, SpatialGroupNorm, SpatialInstanceNorm2d
 from .pool import SpatialAvgPool2d, SpatialGlobalAvgPool2d, SpatialMaxPool2d
+from .upsample import SpatialUpsample
 
 SPATIAL_LAYERS: dict[type, Any] = {
     nn.Conv2d: SpatialConv2d,
+    nn.ConvTranspose2d: SpatialConvTranspose2d,
     nn.MaxPool2d: SpatialMaxPool2d,
     nn.AvgPool2d: SpatialAvgPool2d,
     nn.BatchNorm2d: SpatialBatchNorm2d,
+    nn.GroupNorm: SpatialGroupNorm,
+    nn.InstanceNorm2d: SpatialInstanceNorm2d,
     nn.AdaptiveAvgPool2d: SpatialGlobalAvgPool2d,
+    nn.Upsample: SpatialUpsample,
 }
 
 # Layers that act on each pixel (or on replicated, already pooled tensors) independently.
+# They run under the op guard, which refuses them on tiles when they are not (nn.Linear).
 ELEMENTWISE: tuple[type, ...] = (
     nn.Identity, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU,
     nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh,
-    nn.Softplus, nn.Flatten, nn.Linear,
+    nn.Softplus, nn.Flatten, nn.Linear, nn.PReLU, nn.Softmax, nn.LogSoftmax, nn.ChannelShuffle,
 )

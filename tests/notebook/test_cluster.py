@@ -126,16 +126,77 @@ def test_real_cluster_calls_errors_kill_and_restart():
         start = time.monotonic()
         with pytest.raises(clu.EngineDied) as info:
             cluster.wait(handle, timeout=30)
-        assert time.monotonic() - start < 30
-        assert 1 in info.value.ranks
+        died_after = time.monotonic() - start
+        assert died_after < 30
+        print(f"\n[batch-jobs table] an engine killed during a notebook call: EngineDied after "
+              f"{died_after:.1f} s")
+        assert info.value.ranks == [1]            # the killed rank, not those mpiexec then ended
+        assert "rank 1 killed by signal 9 (SIGKILL)" in str(info.value)
         assert "restart" in str(info.value) and "output of rank 1" in str(info.value)
         assert "IPEngine" in info.value.outputs[1]                 # that engine's own log
+        assert not cluster.running
+        with pytest.raises(clu.EngineDied, match=r"rank 1 killed by signal 9.*call cluster\.restart\(\)"):
+            cluster.run(_allreduce, 0, timeout=10)
         cluster.restart()
         assert len(set(cluster.pids) & {victim}) == 0
         assert cluster.run(_allreduce, 2, timeout=60) == [9, 9, 9]
         profile = cluster.profile_dir
     assert not cluster.running and cluster.profile_dir is None
     assert profile is not None and not os.path.exists(profile)
+
+
+def test_death_reports_name_the_first_rank_and_how():
+    """MPICH ends every rank when one dies; the nannies' log times tell which died first."""
+    log = ("[0] 2026-11-22 11:20:27.990 [KernelNanny.0] Pipe closed, parent 5 has status: zombie\n"
+           "[1] 2026-11-22 11:20:27.970 [KernelNanny.1] Pipe closed, parent 6 has status: zombie\n"
+           "[2] 2026-11-22 11:20:27.996 [KernelNanny.2] Parent 7 exited with status None.\n"
+           "=   PID 5 RUNNING AT vm\n=   EXIT CODE: 9\n"
+           "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n")
+    assert clu.deaths_in_log(log) == {1: "killed by signal 9 (SIGKILL)"}
+    assert clu.deaths_in_log(log.replace("Killed (signal 9)", "Exit 3").replace("CODE: 9", "CODE: 3")) == \
+        {1: "exit code 3"}
+    ompi = "mpiexec noticed that process rank 2 with PID 99 on node n1 exited on signal 15 (Terminated)."
+    assert clu.deaths_in_log(ompi) == {2: "killed by signal 15 (SIGTERM)"}
+    assert clu.deaths_in_log("nothing") == {}
+
+
+DRIVER = """
+import time
+from mpi4dl_nb.notebook import cluster as clu
+cluster = clu.start(n=2, call_timeout=60)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_driver_takes_its_cluster_along(tmp_path):
+    """Item 7 (acceptance): SIGKILL the notebook's process; no controller, mpiexec or engine of its
+    cluster is left 30 s later."""
+    import select
+    import subprocess
+    import sys
+
+    from tests.support.procs import command_line, descendants, wait_gone
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env)
+    try:
+        deadline, seen = time.monotonic() + 150, ""
+        while "READY" not in seen:
+            assert driver.poll() is None and time.monotonic() < deadline, seen
+            if select.select([driver.stdout], [], [], 1.0)[0]:
+                seen += driver.stdout.readline()
+        tree = descendants(driver.pid)
+        kinds = {kind: [p for p in tree if kind in command_line(p)]
+                 for kind in ("ipyparallel.controller", "mpiexec", "ipyparallel.engine")}
+        assert all(kinds.values()), {k: len(v) for k, v in kinds.items()}
+    finally:
+        driver.kill()
+        driver.wait()
+    left, seconds = wait_gone(tree, 30)
+    assert not left, [command_line(p) for p in left]
+    print(f"\n[batch-jobs table] a killed notebook driver: its cluster gone after {seconds:.1f} s")
 
 
 def test_calls_on_stopped_cluster_say_how_to_start():

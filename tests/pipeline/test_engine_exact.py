@@ -8,20 +8,31 @@ from __future__ import annotations
 
 import pytest
 
-from tests.mpi.engine_exact import round_trip_name
-from tests.support.engine_cases import CASES, cases_by_world_size, config_of
+from tests.mpi.engine_exact import copies_name, round_trip_name
+from tests.support.engine_cases import CASES, cases_by_world_size, config_of, random_cases
 
 GROUPS = cases_by_world_size()
+RANDOM_PER_SIZE = {2: 6, 3: 6, 4: 6, 5: 6, 6: 6}    # 30 random configurations in all
+RANDOM = {size: list(random_cases(size, count)) for size, count in RANDOM_PER_SIZE.items()}
 
 
 def exact_run(mpi_checks, nprocs: int):
     """The one launch of every case on ``nprocs`` ranks (shared by this module's tests)."""
-    return mpi_checks(nprocs, "engine_exact", *GROUPS[nprocs], timeout=400)
+    extra = [f"--random={RANDOM_PER_SIZE[nprocs]}"] if nprocs in RANDOM_PER_SIZE else []
+    return mpi_checks(nprocs, "engine_exact", *GROUPS[nprocs], *extra, timeout=600)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_engine_matches_serial(mpi_checks, case):
-    exact_run(mpi_checks, config_of(case).world_size).require([case])
+    """Losses and the whole state (rank 0), and every rank's own copies of its stages."""
+    exact_run(mpi_checks, config_of(case).world_size).require([case, copies_name(case)])
+
+
+@pytest.mark.parametrize("case", [(size, name) for size, names in RANDOM.items() for name in names],
+                         ids=lambda case: case[1].replace(" ", "_"))
+def test_random_configuration_matches_serial(mpi_checks, case):
+    size, name = case
+    exact_run(mpi_checks, size).require([name, copies_name(name)])
 
 
 @pytest.mark.parametrize("nprocs", sorted(GROUPS))
@@ -52,6 +63,18 @@ def test_acceptance_cases_are_covered():
     assert has(lambda c: c.spatial_size > 0 and c.gems and c.parts > 1)
     assert has(lambda c: c.local_dp == 2)
     assert has(lambda c: c.data_parallel == 2 and c.spatial_size > 0)
+    # issue 10: sync_batchnorm equals one full-batch serial run for data_parallel=2 (LP) and
+    # local_dp=2 (SP+LP); with GEMS it keeps the directions' chunks apart (stated semantics)
+    assert has(lambda c: c.sync_batchnorm and c.data_parallel == 2 and c.spatial_size == 0
+               and c.parts == 1 and not c.gems)
+    assert has(lambda c: c.sync_batchnorm and c.local_dp == 2 and c.spatial_size > 0
+               and c.parts == 1 and not c.gems)
+    assert has(lambda c: c.sync_batchnorm and c.gems)
+    for model in ("se_resnet", "unet"):   # SE gates and U-Net inside SP+LP and SP+PP
+        assert any(CASES[n][1] == model and config_of(n).spatial_size > 0 and config_of(n).parts == 1
+                   for n in CASES)
+        assert any(CASES[n][1] == model and config_of(n).spatial_size > 0 and config_of(n).parts > 1
+                   for n in CASES)
 
 
 def test_engine_on_torch_distributed_plane(mpirun):

@@ -7,6 +7,7 @@ import torch
 
 import mpi4dl_nb
 import mpi4dl_nb.run.layout_cmd as cli_layout
+import mpi4dl_nb.run.monitor as monitor_module
 import mpi4dl_nb.run.train as train_module
 from mpi4dl_nb.data import Cifar10Dataset, IHCSampleDataset, SyntheticDataset, TileFolderDataset
 from mpi4dl_nb.models.amoebanet import AmoebaCell
@@ -30,9 +31,12 @@ class FakeContext:
     def all_gather_object(self, obj):
         return [obj] * self.world_size
 
+    def bcast_object(self, obj, root=0):
+        return obj
+
 
 class RecordingEngine:
-    def __init__(self, layers, cfg, ctx, *, loss_fn, optimizer):
+    def __init__(self, layers, cfg, ctx, *, loss_fn, optimizer, **options):
         self.layers, self.cfg, self.ctx = layers, cfg, ctx
         self.loss_fn, self.optimizer_factory = loss_fn, optimizer
 
@@ -45,11 +49,13 @@ def launch(monkeypatch):
         parsed_cfg = cli.config_from_args(cli.build_parser().parse_args(argv))
         size = parsed_cfg.world_size
         monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, size, True))
-        monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(size),
+        monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(size),
                             raising=False)
         monkeypatch.setattr(mpi4dl_nb, "HybridEngine", RecordingEngine, raising=False)
+        monkeypatch.setattr(monitor_module.JobMonitor, "start",
+                            classmethod(lambda cls, ctx, **options: cls(ctx, [], None)))
 
-        def trainer(engine, batcher, ctx, settings, info):
+        def trainer(engine, batcher, ctx, settings, info, **state):
             seen.update(engine=engine, batcher=batcher, settings=settings, info=info)
             raise Captured(0)
         monkeypatch.setattr(train_module, "Trainer", trainer)
@@ -75,6 +81,8 @@ PARALLEL_CASES = [
     (["--balance", "[1, 4]"], "balance", (1, 4)),
     (["--data-parallel", "2", "--batch-size", "4"], "data_parallel", 2),
     (["--schedule", "1f1b", "--parts", "2", "--batch-size", "4"], "schedule", "1f1b"),
+    (["--sync-batchnorm", "--data-parallel", "2", "--batch-size", "4"], "sync_batchnorm", True),
+    (["--no-check-ops"], "check_ops", False),
 ]
 
 
@@ -132,9 +140,9 @@ def test_workload_flags_reach_trainer(launch, tmp_path):
     from PIL import Image
 
     tiles = tmp_path / "tiles"
-    tiles.mkdir()
     for i in range(2):
-        Image.fromarray(np.full((40, 40, 3), 90 * i, np.uint8)).save(tiles / f"{i}.png")
+        (tiles / f"class{i}").mkdir(parents=True)
+        Image.fromarray(np.full((40, 40, 3), 90 * i, np.uint8)).save(tiles / f"class{i}" / f"{i}.png")
     folder = launch(base + SMALL + ["--app", "1", "--datapath", str(tiles)])
     assert isinstance(folder["batcher"].dataset, TileFolderDataset)
     a = launch(base + SMALL + ["--seed", "1"])["engine"].layers[0].conv.weight
@@ -160,13 +168,13 @@ def test_clear_errors(capsys, monkeypatch, tmp_path):
     assert "needs 5 ranks" in capsys.readouterr().err
     # set-up errors (missing path, too small tiles) are agreed on and reported once
     monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, 1, True))
-    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(1), raising=False)
+    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(1), raising=False)
     serial = ["--split-size", "1", "--spatial-size", "0"]
     with pytest.raises(SystemExit):
         cli.main(serial + SMALL + ["--app", "medical", "--datapath", str(tmp_path / "nope")])
     assert "--datapath" in capsys.readouterr().err
     monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, 5, True))
-    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(5), raising=False)
+    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(5), raising=False)
     with pytest.raises(SystemExit):
         cli.main(["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8",
                   "--image-size", "64", "--slice-method", "vertical", "--batch-size", "2"])
@@ -207,12 +215,14 @@ def test_cli_runs_under_mpiexec(mpirun, tmp_path):
 
     image = np.full((512, 512, 3), 255, np.uint8)
     image[:384, :384] = ihc_image()[:384, :384]
-    write_pyramid(tmp_path / "slide.tif", image)
+    for name in ("a", "b"):                       # two classes (one would be refused)
+        (tmp_path / "slides" / name).mkdir(parents=True)
+        write_pyramid(tmp_path / "slides" / name / "slide.tif", image)
     result = mpirun(5, "mpi4dl_nb", "train", "--model", "amoebanet", "--num-layers", "3",
                     "--num-filters", "8", "--image-size", "64", "--num-spatial-parts", "4",
                     "--slice-method", "square", "--split-size", "2", "--spatial-size", "1",
                     "--batch-size", "2", "--steps", "3", "--app", "medical", "--datapath",
-                    str(tmp_path / "slide.tif"), module=True, timeout=300)
+                    str(tmp_path / "slides"), "--num-classes", "2", module=True, timeout=300)
     from tests.support.summary import json_record
 
     assert result.stdout.count('{"model"') == 1, result.stdout      # one summary, from rank 0

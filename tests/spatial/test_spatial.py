@@ -64,8 +64,8 @@ def test_unsupported_layers_are_named(ctx):
     from mpi4dl_nb.spatial.geometry import TileGrid
 
     grid = TileGrid(1, 1)
-    bad = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Sequential(nn.Upsample(scale_factor=2)))
-    with pytest.raises(ConfigError, match=r"'1\.0' \(Upsample\)"):
+    bad = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Sequential(nn.PixelShuffle(2)))
+    with pytest.raises(ConfigError, match=r"'1\.0' \(PixelShuffle\)"):
         spatialize(bad, grid, ctx)
     with pytest.raises(ConfigError, match="p=0"):
         spatialize(nn.Sequential(nn.Dropout(0.5)), grid, ctx)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from mpi4dl_nb.config import ParallelConfig
+from mpi4dl_nb.pipeline.schedules import chunk_index
 
 # name -> (ParallelConfig kwargs, model, global batch, image size)
 CASES: dict[str, tuple[dict, str, int, int]] = {
@@ -17,6 +20,10 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "gems_t2": (dict(split_size=2, spatial_size=0, times=2), "cells", 4, 16),
     "gems3_t1": (dict(split_size=3, spatial_size=0, times=1), "cells", 2, 16),
     "gems_pp": (dict(split_size=2, spatial_size=0, times=1, parts=2, schedule="1f1b"), "resnet", 4, 16),
+    # 3-stage GEMS 1F1B: a channel's payloads are received in another order than their receive
+    # actions come (the mailbox takes them in send order, as the torch plane requires)
+    "gems3_1f1b_m2": (dict(split_size=3, spatial_size=0, times=1, parts=2, schedule="1f1b"),
+                      "cells", 4, 16),
     "dp2_split1": (dict(split_size=1, spatial_size=0, data_parallel=2, parts=2), "cells", 4, 16),
     "local_dp2": (dict(split_size=2, spatial_size=0, local_dp=2, parts=2), "resnet", 8, 16),
     "dp2_lp2": (dict(split_size=2, spatial_size=0, data_parallel=2), "cells", 4, 16),
@@ -38,6 +45,29 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
                        data_parallel=2, balance=(2, 3)), "resnet", 4, 16),
     "sp3_spatial2": (dict(split_size=3, spatial_size=2, num_spatial_parts=4, slice_method="square",
                           balance=(1, 2, 2)), "resnet", 2, 16),
+    # SE gates, U-Net, GroupNorm/InstanceNorm inside spatial stages (issue 10)
+    "sp_se_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
+                      balance=(3, 2)), "se_resnet", 2, 16),
+    "sp_se_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=4, parts=2, schedule="1f1b",
+                      balance=(3, 2)), "se_resnet", 4, 16),
+    "sp_unet_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=4, balance=(3, 3)), "unet", 2, 16),
+    "sp_unet_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
+                        parts=2, balance=(4, 2)), "unet", 4, 16),
+    "sp_norms_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=4, balance=(3, 1)), "norms", 2, 16),
+    # a BatchNorm used twice per forward: running statistics replayed per call
+    "bn_reuse_pp": (dict(split_size=2, spatial_size=0, parts=2), "reused_bn", 4, 16),
+    "bn_reuse_sp_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
+                            parts=2, balance=(2, 2)), "reused_bn", 4, 16),
+    # sync_batchnorm: the copies of a micro-batch normalise together
+    "sync_dp2_lp2": (dict(split_size=2, spatial_size=0, data_parallel=2, sync_batchnorm=True),
+                     "resnet", 4, 16),
+    "sync_sp_localdp2": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
+                              local_dp=2, balance=(2, 3), sync_batchnorm=True), "resnet", 4, 16),
+    "sync_sp_dp2_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
+                            data_parallel=2, parts=2, balance=(2, 3), sync_batchnorm=True),
+                       "resnet", 8, 16),
+    "sync_gems_localdp2": (dict(split_size=2, spatial_size=0, times=1, local_dp=2, sync_batchnorm=True),
+                           "cells", 8, 16),
 }
 
 
@@ -51,3 +81,64 @@ def cases_by_world_size() -> dict[int, list[str]]:
     for name in CASES:
         groups.setdefault(config_of(name).world_size, []).append(name)
     return groups
+
+
+def serial_chunks(cfg: ParallelConfig, batch: int) -> list[list[int]]:
+    """Sample indices of the serial reference's micro-batches, in order.
+
+    Without sync_batchnorm: the ``batch_divisor`` consecutive chunks. With it: per GEMS chunk
+    and micro-batch, the union of every full replica's and local-DP copy's chunk (they
+    normalise together), ordered as the engine replays them.
+    """
+    size = batch // cfg.batch_divisor
+    rows = [list(range(c * size, (c + 1) * size)) for c in range(cfg.batch_divisor)]
+    if not cfg.sync_batchnorm:
+        return rows
+    groups: dict[int, list[int]] = {}
+    pairs = max(cfg.times, 1)
+    for replica in ((0, 1) if cfg.gems else (0,)):
+        for micro_batch in range(pairs * cfg.parts):
+            key = chunk_index(cfg, 0, replica, micro_batch, 0)
+            groups[key] = [i for d in range(cfg.data_parallel) for k in range(cfg.local_dp)
+                           for i in rows[chunk_index(cfg, d, replica, micro_batch, k)]]
+    return [groups[k] for k in sorted(groups)]
+
+
+# ------------------------------------------------------------- random configurations
+LAYERS = {"resnet": 5, "cells": 6, "se_resnet": 5, "norms": 4}
+
+
+def random_cases(world_size: int, count: int, seed: int = 0) -> dict[str, tuple[dict, str, int, int]]:
+    """``count`` random valid engine configurations of ``world_size`` ranks (split, spatial,
+    parts, times, local_dp, data_parallel, schedule, sync_batchnorm, grid), each with a model
+    and batch; names carry the seed: ``random <world>-<seed>``."""
+    rng = random.Random(1000 * world_size + seed)
+    cases: dict[str, tuple[dict, str, int, int]] = {}
+    attempts = 0
+    while len(cases) < count and attempts < 20000:
+        attempts += 1
+        model = rng.choice(sorted(LAYERS))
+        split = rng.choice([2, 2, 3])
+        spatial = rng.choice([0, 0, 1, 1, 2]) if split > 2 else rng.choice([0, 1, 1])
+        parts_sp = rng.choice([2, 2, 3, 4])
+        method = rng.choice(["vertical", "horizontal", "square"]) if parts_sp == 4 else \
+            rng.choice(["vertical", "horizontal"])
+        kwargs = dict(split_size=split, spatial_size=spatial, num_spatial_parts=parts_sp,
+                      slice_method=method, parts=rng.choice([1, 1, 2]), times=rng.choice([0, 0, 1]),
+                      local_dp=rng.choice([1, 1, 2]), data_parallel=rng.choice([1, 1, 2]),
+                      schedule=rng.choice(["gpipe", "1f1b"]), sync_batchnorm=rng.random() < 0.4)
+        layers = LAYERS[model]
+        if split > layers or (spatial and model == "cells" and split > 2):
+            continue
+        cuts = sorted(rng.sample(range(1, layers), split - 1))
+        kwargs["balance"] = tuple(b - a for a, b in zip([0, *cuts], [*cuts, layers]))
+        try:
+            cfg = ParallelConfig(**kwargs)
+        except Exception:
+            continue
+        if cfg.world_size != world_size:
+            continue
+        batch = cfg.batch_divisor * rng.choice([1, 2])
+        name = f"random {world_size}-{seed + len(cases)}"
+        cases[name] = (kwargs, model, batch, 16)
+    return cases

@@ -78,9 +78,24 @@ def cell_stack(seed: int = 0, channels: int = 4, num_classes: int = 5,
             Cell(channels), Cell(channels, reduction=True), CellHead(channels, num_classes)]
 
 
-MODELS = {"resnet": small_resnet, "cells": cell_stack}
+def _dense_models() -> dict:
+    from tests.support import dense_models
+
+    return {"se_resnet": dense_models.se_resnet_layers, "unet": dense_models.unet_layers,
+            "norms": dense_models.norm_layers, "reused_bn": dense_models.reused_bn_layers}
+
+
+MODELS = {"resnet": small_resnet, "cells": cell_stack, **_dense_models()}
+SEGMENTATION = {"unet": 3}    # per-pixel models: name -> classes (labels are (B, H, W))
 
 
 def build(name: str, seed: int = 0) -> list[nn.Module]:
     """A fresh float64 copy of test model ``name`` (same seed -> same weights)."""
     return [layer.double() for layer in MODELS[name](seed)]
+
+
+def labels(name: str, batch: int, image: int, generator: torch.Generator) -> torch.Tensor:
+    """Random targets for model ``name``: classes (B,) or per-pixel classes (B, H, W)."""
+    if name in SEGMENTATION:
+        return torch.randint(0, SEGMENTATION[name], (batch, image, image), generator=generator)
+    return torch.randint(0, 5, (batch,), generator=generator)

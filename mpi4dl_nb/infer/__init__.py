@@ -1,0 +1,1 @@
+"""Whole-slide inference: a trained network over a slide, window by window on spatial ranks, exact and streaming."""

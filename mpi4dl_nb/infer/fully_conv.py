@@ -1,0 +1,200 @@
+"""A trained classifier as a fully convolutional network (FCN), and the receptive field of its output cells.
+
+The classifier ``trunk -> [BN] -> [ReLU] -> global average pool -> linear`` becomes
+``trunk -> [BN] -> [ReLU] -> 1x1 conv (the linear's weights) -> K x K average pool (stride t)
+-> softmax over classes``, with ``K`` the trunk's feature-map side at the training image size.
+The linear map and the mean commute, so a cell whose pooling window covers exactly a
+training-size patch of features gives the classifier's probabilities for those features;
+its features, unlike a patch classified alone, see the slide around the patch (no padding
+at the patch's edges). Dense models (a per-pixel ``(N, classes, h, w)`` output) only get
+the softmax. The field of a cell is measured, not assumed: NaN written beyond an edge of a
+probe image reaches exactly the cells whose value depends on pixels there.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from ..models.head import ClassifierHead
+from .windows import AxisField
+
+PROBE_CHUNK = 4          # probe images per forward (bounds the probe's memory)
+PROBE_MAX_PIXELS = 1 << 16
+
+
+@dataclass(frozen=True)
+class NetworkShape:
+    """What the window geometry needs to know of an FCN: output stride, alignment, smallest input."""
+
+    stride: int        # input pixels per output cell
+    align: int         # window origins are multiples of this
+    min_side: int      # smallest input side that gives one output cell
+    classes: int
+
+
+class FullyConvolutional(nn.Sequential):
+    """``trunk..., head..., Softmax(dim=1)``: probabilities per class for every output cell."""
+
+    shape: NetworkShape
+
+
+def _meta_out(module: nn.Module, channels: int, height: int, width: int, dtype: torch.dtype) -> torch.Size:
+    probe = copy.deepcopy(module).to("meta")
+    with torch.no_grad():
+        return probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype)).shape
+
+
+PROBE_SIDE = 4096 * 315   # divisible by every stride product a CNN is likely to have
+
+
+def _strides(module: nn.Module, channels: int, dtype: torch.dtype) -> list[int]:
+    """Cumulative stride after every conv/pool: its input's stride (from sizes on the meta device) x its own."""
+    found: list[int] = []
+    probe = copy.deepcopy(module).to("meta")
+
+    def hook(mod: nn.Module, inputs: tuple) -> None:
+        width = int(inputs[0].shape[-1])
+        own: Any = mod.stride if mod.stride is not None else mod.kernel_size
+        own = own[-1] if isinstance(own, (tuple, list)) else own
+        found.append(max(1, round(PROBE_SIDE / max(width, 1))) * int(own))
+
+    handles = [m.register_forward_pre_hook(hook) for m in probe.modules()
+               if isinstance(m, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d))]
+    with torch.no_grad():
+        probe(torch.empty(1, channels, PROBE_SIDE, PROBE_SIDE, device="meta", dtype=dtype))
+    for handle in handles:
+        handle.remove()
+    return found
+
+
+def head_as_convolution(head: ClassifierHead, window: int, stride: int) -> list[nn.Module]:
+    """``[BN] [ReLU] 1x1 conv avgpool(window, stride)``: the head applied to every ``window``-sized feature patch."""
+    fc = head.fc
+    conv = nn.Conv2d(fc.in_features, fc.out_features, 1, bias=True).to(fc.weight.dtype)
+    with torch.no_grad():
+        conv.weight.copy_(fc.weight[:, :, None, None])
+        conv.bias.copy_(fc.bias)   # type: ignore[union-attr]  # bias=True
+    return [head.norm, head.relu, conv, nn.AvgPool2d(window, stride=stride)]
+
+
+def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, channels: int = 3,
+                        output_stride: int | None = None) -> FullyConvolutional:
+    """The FCN of a layer list (in eval mode, sharing its weights).
+
+    Classifiers (last layer a ``ClassifierHead``) need ``patch``, the training image side;
+    ``output_stride`` (pixels per cell, a multiple of the trunk's stride; default the trunk's)
+    sets the pooling stride. Dense models give per-pixel probabilities.
+    """
+    layers = list(layers)
+    dtype = next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
+    if isinstance(layers[-1], ClassifierHead):
+        trunk = nn.Sequential(*layers[:-1])
+        if patch is None or patch < 1:
+            raise ConfigError("--checkpoint", "a classifier's checkpoint must record the training image size")
+        feat = _meta_out(trunk, channels, patch, patch, dtype)
+        side = int(feat[-1])
+        if side < 1 or patch % side or int(feat[-2]) != side:
+            raise ConfigError("--checkpoint", f"the trunk maps {patch}x{patch} images to {tuple(feat[-2:])} "
+                              f"features: not a whole stride")
+        trunk_stride = patch // side
+        step = 1 if output_stride is None else output_stride // trunk_stride
+        if output_stride is not None and (output_stride % trunk_stride or step < 1):
+            raise ConfigError("--output-stride", f"must be a multiple of the trunk's stride {trunk_stride}, "
+                              f"got {output_stride}")
+        modules = [*layers[:-1], *head_as_convolution(layers[-1], side, step)]
+        min_side = patch
+        classes = layers[-1].fc.out_features
+    else:
+        modules = layers
+        out = _meta_out(nn.Sequential(*layers), channels, 256, 256, dtype)
+        if len(out) != 4:
+            raise ConfigError("--checkpoint", f"the network's output has shape {tuple(out)}: it pools the "
+                              f"whole image but its last layer is not a ClassifierHead (global pool + "
+                              f"linear), so it cannot be made fully convolutional")
+        if output_stride is not None:
+            raise ConfigError("--output-stride", "applies to classifiers only; a dense model's stride is its own")
+        min_side, classes = 1, int(out[1])
+    net = FullyConvolutional(*modules, nn.Softmax(dim=1)).eval()
+    net.shape = network_shape(net, channels, min_side, classes, dtype)
+    return net
+
+
+def network_shape(net: nn.Module, channels: int, min_side: int, classes: int, dtype: torch.dtype) -> NetworkShape:
+    """Output stride and alignment of ``net`` (sizes on the meta device)."""
+    align = math.lcm(*(_strides(net, channels, dtype) or [1]))
+    side = max(min_side, align) * 4
+    grow = align * 64
+    cells = [int(_meta_out(net, channels, max(min_side, align), width, dtype)[-1]) for width in (side, side + grow)]
+    if cells[1] <= cells[0] or grow % (cells[1] - cells[0]):
+        raise ConfigError("--checkpoint", f"the network's output does not grow by a whole number of cells "
+                          f"per input pixel ({cells[0]} -> {cells[1]} cells for {side} -> {side + grow} px)")
+    return NetworkShape(stride=grow // (cells[1] - cells[0]), align=align, min_side=max(min_side, align),
+                        classes=classes)
+
+
+# --------------------------------------------------------------------- field probe
+def _contaminated(net: nn.Module, images: torch.Tensor, axis: int) -> torch.Tensor:
+    """Per probe image, which output cells along ``axis`` (-1 columns, -2 rows) hold a NaN."""
+    rows = []
+    with torch.no_grad():
+        for chunk in images.split(PROBE_CHUNK):
+            out = net(chunk)
+            other = -2 if axis == -1 else -1
+            rows.append(torch.isnan(out).any(dim=1).any(dim=other))
+    return torch.cat(rows)
+
+
+def _probe_axis(net: nn.Module, shape: NetworkShape, channels: int, axis: int, dtype: torch.dtype,
+                device: torch.device) -> AxisField:
+    s, unit = shape.stride, math.lcm(shape.stride, shape.align)
+    thickness = shape.min_side
+    length = round_up_to(4 * max(shape.min_side, 64), unit)
+    while True:
+        boundary = round_up_to(length // 2, unit)
+        images = torch.zeros(2 * s, channels, thickness, length, dtype=dtype, device=device)
+        for r in range(s):
+            images[r, ..., :boundary + r] = float("nan")          # NaN before the edge
+            images[s + r, ..., boundary + r:] = float("nan")      # NaN from the edge on
+        if axis == -2:
+            images = images.transpose(-1, -2)
+        bad = _contaminated(net, images, axis)
+        cells = bad.shape[-1]
+        first_clean = [int((~bad[r]).nonzero()[0]) if (~bad[r]).any() else cells for r in range(s)]
+        clean_count = [int(bad[s + r].nonzero()[0]) if bad[s + r].any() else cells for r in range(s)]
+        inside = all(0 < g < cells - 1 for g in first_clean) and all(0 < h < cells - 1 for h in clean_count)
+        if inside:
+            break
+        if length * thickness * 2 > PROBE_MAX_PIXELS * 1024:
+            raise ConfigError("--checkpoint", "the network's receptive field is larger than a "
+                              f"{length}-pixel probe; it cannot be streamed in windows")
+        length *= 2
+    b_cells = boundary // s
+    lead = first_clean[0] - b_cells                       # ceil(before / s)
+    extra = sum(1 for g in first_clean if g == first_clean[0]) - 1
+    before = lead * s - extra
+    last = clean_count[-1]
+    a = b_cells + 1 - last
+    rem = sum(1 for h in clean_count if h < last)
+    after = a * s + rem
+    return AxisField(stride=s, before=before, after=after, align=shape.align)
+
+
+def round_up_to(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def measure_field(net: FullyConvolutional, channels: int = 3, device: torch.device | None = None
+                  ) -> tuple[AxisField, AxisField]:
+    """The field of one output cell along rows and columns (NaN probes on ``device``, float32)."""
+    device = device or torch.device("cpu")
+    probe = copy.deepcopy(net).to(device=device, dtype=torch.float32).eval()
+    return (_probe_axis(probe, net.shape, channels, -2, torch.float32, device),
+            _probe_axis(probe, net.shape, channels, -1, torch.float32, device))

@@ -1,0 +1,174 @@
+"""Divergence guard: a non-finite loss or gradient stops the run (or skips the step) before the optimizer applies it."""
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..pipeline.schedules import Action, ActionKind
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+    from ..pipeline.engine import HybridEngine
+
+EXIT_NONFINITE = 3
+MAX_SKIPS_IN_A_ROW = 5
+
+
+class OnNonFinite(str, Enum):
+    """What a non-finite loss or gradient does: stop the run, or skip that step."""
+
+    STOP = "stop"
+    SKIP_STEP = "skip-step"
+
+
+class NonFiniteError(RuntimeError):
+    """Training met a non-finite loss/gradient/weight; every rank raises it at the same point."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class LossWatch:
+    """Wraps a loss function and remembers this step's first non-finite chunk loss on this rank."""
+
+    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
+        self.loss_fn = loss_fn
+        self.bad: float | None = None
+
+    def __call__(self, output: Any, target: Any) -> torch.Tensor:
+        loss = self.loss_fn(output, target)
+        value = float(loss.detach())
+        if self.bad is None and not math.isfinite(value):
+            self.bad = value
+        return loss
+
+    def reset(self) -> None:
+        self.bad = None
+
+
+def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
+    """Name of the first floating tensor with a NaN/inf among ``named`` (nested dicts searched), else None."""
+    for name, value in named:
+        if isinstance(value, Mapping):
+            inner = first_nonfinite((f"{name}.{k}", v) for k, v in value.items())
+            if inner is not None:
+                return inner
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            if not bool(torch.isfinite(value).all()):
+                return name
+    return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class NonFiniteGuard:
+    """Checks, on every rank just before its optimizer step, that no rank saw a non-finite loss, gradient
+    or BatchNorm statistic.
+
+    The ranks agree through one small all-gather; on a bad step every rank drops its
+    gradients, so the optimizer step changes nothing, and the step ends normally. Then
+    (``end_step``) ``stop`` raises :class:`NonFiniteError` everywhere (the weights in memory
+    are still those of the last good step) and ``skip-step`` also restores the BatchNorm
+    buffers, so weights, optimizer state and statistics stay as they were.
+    """
+
+    def __init__(self, engine: HybridEngine, ctx: Comm, loss: LossWatch,
+                 policy: OnNonFinite = OnNonFinite.STOP, hint: str = "") -> None:
+        self.engine = engine
+        self.ctx = ctx
+        self.loss = loss
+        self.policy = OnNonFinite(policy)
+        self.hint = hint
+        self.step = 0
+        self.skipped: list[int] = []
+        self.in_a_row = 0
+        self.bad: str | None = None
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        seen: dict[int, tuple[str, torch.nn.Parameter]] = {}
+        for inst in self.engine.instances.values():
+            for name, p in inst.canonical.named_parameters():
+                seen.setdefault(id(p), (inst.canonical.full_key(name), p))
+        return list(seen.values())
+
+    def begin_step(self, step: int) -> None:
+        """Step ``step`` (1-based) starts: forget the last one's losses; snapshot buffers to restore on a skip."""
+        self.step = step
+        self.bad = None
+        self.loss.reset()
+        if self.policy is OnNonFinite.SKIP_STEP:
+            self._buffers = [(b, b.detach().clone()) for _, b in self._buffers_named()]
+
+    def on_action(self, action: Action) -> None:
+        """Called before each action: before the optimizer step, agree on the step and drop a bad update."""
+        if action.kind is not ActionKind.OPTIM:
+            return
+        with self.ctx.tracer.span("nonfinite-check gather"):
+            grad = first_nonfinite((name, p.grad) for name, p in self._params() if p.grad is not None)
+            stats = first_nonfinite(self._buffers_named())
+            reports = self.ctx.all_gather_object((self.loss.bad, grad, stats))
+        found = [[(r, report[i]) for r, report in enumerate(reports) if report[i] is not None]
+                 for i in range(3)]
+        if any(found):
+            self.skip()            # the optimizer step then changes nothing; the step ends normally
+            self.bad = self.describe(*found)
+
+    def end_step(self, loss: float) -> bool:
+        """After the step (global ``loss``): True if it was skipped; NonFiniteError (every rank) to stop."""
+        what, self.bad = self.bad, None
+        if what is None and math.isfinite(loss):
+            self.in_a_row = 0
+            return False
+        what = what or f"non-finite loss {loss}"
+        step = f"step {self.step} (loss {loss:.4g})"
+        if self.policy is OnNonFinite.STOP:
+            raise NonFiniteError(self.step, f"{step}: {what}; stopped before the optimizer step, so no "
+                                            f"non-finite weight was applied or saved. {self.hint}")
+        self.in_a_row += 1
+        if self.in_a_row >= MAX_SKIPS_IN_A_ROW:
+            raise NonFiniteError(self.step, f"{step}: {what}, {self.in_a_row} steps in a row; "
+                                            f"the run has diverged. {self.hint}")
+        self.skipped.append(self.step)
+        if self.ctx.rank == 0:
+            print(f"mpi4dl_nb train: {step}: {what}; step skipped (--on-nonfinite "
+                  f"skip-step: weights, optimizer state and BatchNorm statistics unchanged)",
+                  file=sys.stderr, flush=True)
+        return True
+
+    @staticmethod
+    def describe(bad_loss: Sequence[tuple[int, Any]], bad_grad: Sequence[tuple[int, Any]],
+                 bad_stats: Sequence[tuple[int, Any]] = ()) -> str:
+        parts = []
+        if bad_loss:
+            parts.append(f"non-finite loss ({bad_loss[0][1]} on {_ranks([r for r, _ in bad_loss])}, "
+                         f"the last stage)")
+        for what, found in (("gradients", bad_grad), ("BatchNorm statistics", bad_stats)):
+            if found:
+                parts.append(f"non-finite {what} on {_ranks([r for r, _ in found])} (first: "
+                             f"{found[0][1]} on rank {found[0][0]})")
+        return " and ".join(parts)
+
+    def _buffers_named(self) -> list[tuple[str, torch.Tensor]]:
+        seen: dict[int, tuple[str, torch.Tensor]] = {}
+        for inst in self.engine.instances.values():
+            for name, b in inst.canonical.named_buffers():
+                seen.setdefault(id(b), (inst.canonical.full_key(name), b))
+        return list(seen.values())
+
+    def skip(self) -> None:
+        """Drop this step's update on this rank: no gradients, buffers as before the step."""
+        for _, p in self._params():
+            p.grad = None
+        with torch.no_grad():
+            for live, saved in self._buffers:
+                live.copy_(saved)
+

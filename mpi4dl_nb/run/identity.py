@@ -1,0 +1,100 @@
+"""A run's identity: named parts (model, data, sizes, seed, optimizer) compared field by field on resume."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+# field -> the flags that set it (named in messages); a later issue may add fields here
+FIELD_FLAGS: dict[str, str] = {
+    "model": "--model/--resnet-version/--num-layers/--num-filters/--num-classes",
+    "dtype": "--dtype",
+    "image_size": "--image-size",
+    "batch_size": "--batch-size",
+    "seed": "--seed",
+    "app": "--app",
+    "data": "--datapath and its files",
+    "lr": "--lr",
+    "momentum": "--momentum",
+}
+
+
+def digest(value: Any, length: int = 12) -> str:
+    """A short stable hash of a JSON-serialisable value (sorted keys)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def field_name(text: str) -> str:
+    """``--batch-size``, ``batch-size`` or ``batch_size`` -> ``batch_size``."""
+    return text.strip().lstrip("-").replace("-", "_").lower()
+
+
+def parse_allowed(values: Sequence[str] | None, known: Iterable[str] = FIELD_FLAGS) -> frozenset[str]:
+    """``--allow-config-change`` values (repeated, comma-separated) as field names; ConfigError for unknown ones."""
+    known = list(known)
+    names = {field_name(part) for value in values or () for part in str(value).split(",") if part.strip()}
+    unknown = sorted(names - set(known) - {"all"})
+    if unknown:
+        raise ConfigError("--allow-config-change", f"unknown field(s) {', '.join(unknown)}; name some of "
+                          f"{', '.join(known)} (or 'all')")
+    return frozenset(known) if "all" in names else frozenset(names)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One field whose value differs between a checkpoint and this run."""
+
+    name: str
+    saved: Any
+    current: Any
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.saved!r} -> {self.current!r}"
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a run trains: named parts, each a JSON value; two runs continue each other when all parts agree.
+
+    ``fields`` maps a name (see ``FIELD_FLAGS``) to its value. Comparison is field by field;
+    a field missing on one side (an older checkpoint, or a field added later) is not a change.
+    """
+
+    fields: Mapping[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RunIdentity:
+        return cls(dict(data or {}))
+
+    def changes_from(self, saved: RunIdentity) -> list[Change]:
+        """Fields whose ``saved`` value differs from this run's, in ``FIELD_FLAGS`` order."""
+        order = list(FIELD_FLAGS) + sorted(set(self.fields) - set(FIELD_FLAGS))
+        return [Change(name, saved.fields[name], self.fields[name]) for name in order
+                if name in self.fields and name in saved.fields and saved.fields[name] != self.fields[name]]
+
+    def refused_changes(self, saved: RunIdentity, allowed: Iterable[str] = ()) -> list[Change]:
+        """Changes not covered by ``allowed`` field names."""
+        allowed = set(allowed)
+        return [c for c in self.changes_from(saved) if c.name not in allowed]
+
+
+def describe_changes(changes: Sequence[Change]) -> str:
+    """``image_size 32 -> 64 (--image-size), seed 0 -> 1 (--seed)``."""
+    return ", ".join(f"{c} ({FIELD_FLAGS.get(c.name, c.name)})" for c in changes)
+
+
+def refuse_changes(where: str, changes: Sequence[Change]) -> ConfigError:
+    """The error for a resume whose configuration changed (what changed and the way out)."""
+    names = ",".join(c.name for c in changes)
+    return ConfigError("--resume", f"{where} was written by a run with another configuration: "
+                       f"{describe_changes(changes)}. Resume with the same flags, or pass "
+                       f"--allow-config-change {names} to continue anyway (then the run is no "
+                       f"longer equal to an uninterrupted one)")

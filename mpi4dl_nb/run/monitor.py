@@ -1,0 +1,410 @@
+"""Job monitor of a batch job: heartbeats between ranks over UDP, one clean message for a failure, a stall watchdog.
+
+Every rank runs a small thread that sends a heartbeat (its step, phase, current action and
+seconds since its last progress) to the *monitor* ranks (the first three) once per
+interval. The side channel is plain UDP, apart from MPI, so it keeps working while the
+ranks are blocked in communication, and it cannot itself hang the job.
+
+* A failure on a rank (an exception) is sent to the monitors with its traceback; the lowest
+  live monitor prints one message (the first failing rank's, naming the other failing ranks)
+  and aborts the job. The traceback goes to a log file, or into the message with ``-v``.
+* With a step timeout armed, a monitor aborts the job once a rank has made no progress (no
+  new action) for longer than the timeout, naming the stalled rank(s): those whose
+  heartbeats stopped (a stopped or frozen process), else those not waiting in communication,
+  with the action each rank is in. Ranks in an exempt phase (writing a checkpoint) hold the
+  watchdog off.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+
+EXIT_FAILED = 1
+EXIT_STALLED = 4
+MONITORS = 3                 # ranks 0..2 watch the job (the lowest live one reports)
+COLLECT_SECONDS = 0.5        # gather failures from several ranks into one message
+FAIL_GRACE_SECONDS = 10.0    # a failing rank aborts by itself when no monitor did by then
+MAX_TEXT = 12000             # bytes of traceback carried in one datagram
+FRESH_SECONDS = 0.1          # progress is sent at once when the last heartbeat is older
+COMM_ACTIONS = ("send", "recv", "all-reduce", "allreduce", "gather", "barrier", "wait")
+
+
+def world_rank_text(rank: int, world: int) -> str:
+    return f"[rank {rank}/{world}] " if world > 1 else ""
+
+
+@dataclass
+class RankState:
+    """What one rank last said about itself (on a monitor)."""
+
+    rank: int
+    heard: float = 0.0            # monitor's clock when the last heartbeat arrived
+    step: int | None = None
+    phase: str = "set-up"
+    action: str = ""
+    idle: float = 0.0             # seconds since the rank's last progress, when it sent
+    exempt: bool = False
+    timeout: float | None = None
+    closed: bool = False
+
+    def idle_now(self, now: float) -> float:
+        return self.idle + max(0.0, now - self.heard)
+
+    def waiting(self) -> bool:
+        text = self.action.lower()
+        return any(word in text for word in COMM_ACTIONS)
+
+    def doing(self) -> str:
+        if self.step is None:
+            return self.action or self.phase
+        return f"step {self.step}: {self.action or self.phase}"
+
+
+@dataclass
+class Failure:
+    """An exception on one rank, as reported to the monitors."""
+
+    rank: int
+    summary: str
+    trace: str = ""
+    log: str | None = None
+
+
+def describe_ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class JobMonitor:
+    """One rank's end of the monitor; build it with :meth:`start` (collective) on every rank."""
+
+    def __init__(self, ctx: Comm, peers: list[tuple[str, int]], sock: socket.socket | None, *,
+                 verbose: bool = False, log_dir: Path | None = None, interval: float = 1.0,
+                 stream: TextIO | None = None, abort: Callable[[int], None] | None = None,
+                 key: str = "") -> None:
+        self.ctx = ctx
+        self.key = key
+        self.rank = ctx.rank
+        self.world = ctx.world_size
+        self.peers = peers
+        self.sock = sock
+        self.verbose = verbose
+        self.log_dir = log_dir
+        self.interval = interval
+        self.stream = stream if stream is not None else sys.stderr
+        self._abort_with = abort
+        self.monitors = list(range(min(MONITORS, self.world)))
+        self.is_monitor = self.rank in self.monitors
+        # this rank's own state
+        self.step: int | None = None
+        self.phase_name = "set-up"
+        self.exempt = False
+        self.action = ""
+        self.last_progress = time.monotonic()
+        self.timeout: float | None = None
+        # monitor state
+        now = time.monotonic()
+        self.states = {r: RankState(r, heard=now) for r in range(self.world)}
+        self.failures: list[Failure] = []
+        self.first_failure: float | None = None
+        self.acted = False
+        self._last_sent = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ set-up
+    @classmethod
+    def start(cls, ctx: Comm, *, verbose: bool = False, log_dir: Path | None = None,
+              interval: float = 1.0, stream: TextIO | None = None) -> JobMonitor:
+        """Open this rank's UDP socket, learn every rank's address (collective), start the thread.
+
+        On one node the sockets listen on the loopback only; datagrams carry a key drawn by
+        rank 0, so nothing but this job's ranks is heard.
+        """
+        sock = None
+        peers: list[tuple[str, int]] = []
+        key = ""
+        if ctx.world_size > 1:
+            hosts = ctx.all_gather_object(socket.gethostname())
+            one_node = len(set(hosts)) == 1
+            key = str(ctx.bcast_object(secrets.token_hex(8) if ctx.rank == 0 else None, root=0))
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.1" if one_node else "", 0))
+            ports = ctx.all_gather_object(sock.getsockname()[1])
+            peers = [("127.0.0.1" if one_node else host, port) for host, port in zip(hosts, ports)]
+        monitor = cls(ctx, peers, sock, verbose=verbose, log_dir=log_dir, interval=interval,
+                      stream=stream, key=key)
+        if sock is not None:
+            monitor._thread = threading.Thread(target=monitor._loop, name="mpi4dl-monitor", daemon=True)
+            monitor._thread.start()
+        return monitor
+
+    def close(self) -> None:
+        """Stop heartbeats (say goodbye, so monitors do not take the silence for a stall)."""
+        if self._stop.is_set():
+            return
+        self._send_monitors({"t": "bye", "rank": self.rank})
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval + 1)
+        if self.sock is not None:
+            self.sock.close()
+
+    # --------------------------------------------------------- this rank's state
+    def progress(self, action: str = "") -> None:
+        """This rank moved on (called before each action of a step); monitors hear of it within 0.1 s."""
+        self.action = action
+        self.last_progress = now = time.monotonic()
+        if now - self._last_sent > FRESH_SECONDS:
+            self._beat(now)
+
+    def _beat(self, now: float) -> None:
+        self._last_sent = now
+        self._send_monitors(self._heartbeat())
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.phase_name = "training"
+        self.progress("")
+
+    @contextmanager
+    def phase(self, name: str, exempt: bool = False) -> Iterator[None]:
+        """Mark a phase (``exempt``: may take long, e.g. writing a checkpoint; the watchdog waits)."""
+        before = (self.phase_name, self.exempt, self.action)
+        self.phase_name, self.exempt = name, exempt
+        self.progress(name)
+        try:
+            yield
+        finally:
+            self.phase_name, self.exempt, self.action = before
+            self.last_progress = time.monotonic()
+
+    def arm(self, timeout: float | None) -> None:
+        """Set (or clear, None) the stall timeout in seconds; every rank announces its own."""
+        self.timeout = timeout
+        self.interval = min(self.interval, max(0.2, timeout / 8)) if timeout else self.interval
+
+    # --------------------------------------------------------------- datagrams
+    def _send_monitors(self, message: dict[str, Any]) -> None:
+        if self.sock is None:
+            return
+        data = json.dumps({**message, "key": self.key}).encode()
+        for rank in self.monitors:
+            try:
+                self.sock.sendto(data, self.peers[rank])
+            except OSError:
+                pass
+
+    def _heartbeat(self) -> dict[str, Any]:
+        return {"t": "hb", "rank": self.rank, "step": self.step, "phase": self.phase_name,
+                "action": self.action, "idle": time.monotonic() - self.last_progress,
+                "exempt": self.exempt, "timeout": self.timeout}
+
+    def _loop(self) -> None:
+        assert self.sock is not None
+        self.sock.settimeout(0.05)
+        next_beat = 0.0
+        last_tick = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_tick > max(10.0, 10 * self.interval):   # this process was suspended:
+                for state in self.states.values():              # the silence says nothing
+                    state.heard = now
+            last_tick = now
+            if now >= next_beat:
+                self._beat(now)
+                next_beat = now + self.interval
+            if not self.is_monitor:
+                self._stop.wait(min(0.1, max(0.0, next_beat - time.monotonic())))
+                continue
+            self._drain()
+            if not self.acted:
+                self._decide(time.monotonic())
+
+    def _drain(self) -> None:
+        """Read every datagram waiting (the first for up to the socket timeout), so states are current."""
+        assert self.sock is not None
+        blocking = True
+        while True:
+            try:
+                data, _ = self.sock.recvfrom(65536) if blocking else \
+                    self.sock.recvfrom(65536, socket.MSG_DONTWAIT)
+            except (TimeoutError, BlockingIOError, OSError):
+                return
+            blocking = False
+            try:
+                self._receive(json.loads(data.decode()))
+            except (ValueError, TypeError):
+                continue
+
+    def _receive(self, message: dict[str, Any]) -> None:
+        kind, rank = message.get("t"), int(message.get("rank", -1))
+        if rank not in self.states or message.get("key", "") != self.key:
+            return
+        state = self.states[rank]
+        if kind == "hb":
+            state.heard = time.monotonic()
+            state.step, state.phase = message.get("step"), str(message.get("phase", ""))
+            state.action, state.idle = str(message.get("action", "")), float(message.get("idle", 0.0))
+            state.exempt, state.timeout = bool(message.get("exempt")), message.get("timeout")
+        elif kind == "bye":
+            state.closed = True
+        elif kind == "fail" and all(f.rank != rank for f in self.failures):
+            self.failures.append(Failure(rank, str(message.get("summary", "")),
+                                         str(message.get("trace", "")), message.get("log")))
+            if self.first_failure is None:
+                self.first_failure = time.monotonic()
+
+    # --------------------------------------------------------------- decisions
+    def silent_after(self) -> float:
+        return max(3 * self.interval, 2.0)
+
+    def live(self, rank: int, now: float) -> bool:
+        state = self.states[rank]
+        return rank == self.rank or (not state.closed and now - state.heard < self.silent_after())
+
+    def reporter(self, now: float) -> bool:
+        """Whether this monitor speaks: every lower monitor is silent."""
+        return all(not self.live(m, now) for m in self.monitors if m < self.rank)
+
+    def _decide(self, now: float) -> None:
+        if self.first_failure is not None:
+            waited = now - self.first_failure
+            if waited >= COLLECT_SECONDS and (self.reporter(now) or waited > COLLECT_SECONDS + 3.0):
+                self.acted = True
+                self._write(self.failure_message())
+                self._abort(EXIT_FAILED)
+            return
+        stalled = self.stall(now)
+        if stalled is not None:
+            self.acted = True
+            self._write(stalled)
+            self._abort(EXIT_STALLED)
+
+    def stall(self, now: float) -> str | None:
+        """The stall message when an armed rank has made no progress past the timeout (None: all is well).
+
+        Ranks not armed yet (still in set-up) and alive are not judged; a silent rank is.
+        """
+        self._refresh_own(now)
+        limits = [s.timeout for s in self.states.values() if s.timeout]
+        if not limits:
+            return None
+        timeout = max(limits)
+        states = [s for s in self.states.values() if not s.closed]
+        if any(s.exempt and self.live(s.rank, now) for s in states):
+            return None
+        silent = [s.rank for s in states if not self.live(s.rank, now)]
+        late = [s for s in states if s.idle_now(now) > timeout and (s.timeout or s.rank in silent)]
+        if not late or not self.reporter(now):
+            return None
+        working = [s.rank for s in late if not s.waiting() and s.rank not in silent]
+        stalled = silent or working or [s.rank for s in late]
+        lines = [f"mpi4dl_nb train: stalled: {describe_ranks(stalled)} made no progress for more "
+                 f"than --step-timeout {timeout:g} s; aborting the job"]
+        for s in sorted(states, key=lambda s: s.rank):
+            how = "no heartbeat (stopped or frozen)" if s.rank in silent else \
+                ("stalled" if s.rank in stalled else "waiting")
+            lines.append(f"  rank {s.rank}: {how}, idle {s.idle_now(now):.0f} s, in {s.doing()}")
+        lines.append("  the last complete checkpoint stays on disk; rerun with --resume latest")
+        return "\n".join(lines)
+
+    def _refresh_own(self, now: float) -> None:
+        own = self.states[self.rank]
+        own.heard, own.step, own.phase, own.action = now, self.step, self.phase_name, self.action
+        own.idle, own.exempt, own.timeout = now - self.last_progress, self.exempt, self.timeout
+
+    def failure_message(self, job: bool = True) -> str:
+        """The one message for the job's failure(s) (``job=False``: a lone process, nothing aborted)."""
+        first = self.failures[0]
+        others = sorted(f.rank for f in self.failures[1:])
+        same = [f.rank for f in self.failures[1:] if f.summary == first.summary]
+        lines = [f"mpi4dl_nb train: {f'rank {first.rank} ' if job else ''}failed: {first.summary}"]
+        if others:
+            lines.append(f"  {describe_ranks(others)} failed too" +
+                         (" (same error)" if len(same) == len(others) else ""))
+        if self.verbose and first.trace:
+            lines.append(first.trace.rstrip())
+        elif first.log:
+            lines.append(f"  traceback: {first.log} (or rerun with -v)")
+        lines.append(f"  {'the job is aborted; ' if job else ''}checkpoints on disk are untouched")
+        return "\n".join(lines)
+
+    def _abort(self, code: int) -> None:
+        (self._abort_with or self.ctx.abort)(code)
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    # ----------------------------------------------------------------- failure
+    def fail(self, error: BaseException) -> None:
+        """Report ``error`` (being handled) once for the whole job and end it; returns only with one rank."""
+        trace = traceback.format_exc()
+        summary = f"{type(error).__name__}: {error}".strip()
+        if len(summary) > 2000:
+            summary = summary[:2000] + " ..."
+        log = write_log(self.log_dir, self.rank, trace)
+        failure = Failure(self.rank, summary, trace[-MAX_TEXT:], str(log) if log else None)
+        if self.world == 1:
+            self.failures = [failure]
+            self._write(self.failure_message(job=False))
+            return
+        message = {"t": "fail", "rank": self.rank, "summary": summary, "trace": failure.trace,
+                   "log": failure.log}
+        for _ in range(3):
+            self._send_monitors(message)
+            time.sleep(0.05)
+        time.sleep(FAIL_GRACE_SECONDS)   # a monitor aborts the job meanwhile
+        self.failures = self.failures or [failure]
+        self._write(world_rank_text(self.rank, self.world) + self.failure_message())
+        self._abort(EXIT_FAILED)
+
+
+def write_log(folder: Path | None, rank: int, text: str) -> Path | None:
+    """Write a rank's traceback to ``folder`` (default: the working directory); None if it cannot."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for base in ([folder] if folder is not None else []) + [Path.cwd()]:
+        path = Path(base) / f"mpi4dl_nb-error-{stamp}-rank{rank}.log"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+@dataclass
+class StepTimer:
+    """The default step timeout: generous until the first steps are measured, then a multiple of the slowest."""
+
+    given: float | None = None          # --step-timeout (0: off); None: derive
+    first_steps: int = 3
+    factor: float = 10.0
+    floor: float = 60.0
+    before_measured: float = 1800.0
+    seconds: list[float] = field(default_factory=list)
+
+    def timeout(self) -> float | None:
+        if self.given is not None:
+            return self.given or None
+        if len(self.seconds) < self.first_steps:
+            return self.before_measured
+        return max(self.floor, self.factor * max(self.seconds[:self.first_steps]))
+
+    def add(self, seconds: float) -> None:
+        if len(self.seconds) < self.first_steps:
+            self.seconds.append(seconds)

@@ -1,0 +1,89 @@
+"""SpatialConvTranspose2d: a transposed convolution on tiles (any stride, padding, output_padding).
+
+A transposed convolution scatters each input pixel into a ``d*(k-1)+1`` window of the output
+at stride ``s``. Each tile computes its full local contribution (a transposed conv with no
+padding), which covers output rows ``[i0*s - p, (i1-1)*s - p + d*(k-1) + 1)`` for input rows
+``[i0, i1)``. The rows that fall in a neighbour's owned output range are sent there and added;
+rows outside the image (the padding) are dropped. That is exactly the adjoint of a halo
+exchange whose "needed" range is the contribution range, so forward runs the halo
+exchange's adjoint and backward its forward (the gradient's halo).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from .base import SpatialLayer, SpatialRuntime, adopt
+from .geometry import AxisExchange, LayerHalo, plan_axis, split_ranges
+from .halo import HaloExchange
+
+
+def contribution_plan(size: int, parts: int, kernel: int, stride: int, dilation: int,
+                      padding: int, output_padding: int, what: str) -> tuple[int, list[AxisExchange]]:
+    """Output length and, per tile, the exchange plan of its contribution range along one axis."""
+    out = (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
+    if out < parts or size < parts:
+        raise ConfigError("num_spatial_parts", f"{what}: input length {size} / output length {out} "
+                          f"cannot be split into {parts} non-empty tiles; use fewer spatial parts "
+                          f"or a larger image_size")
+    reach = dilation * (kernel - 1) + 1
+    needed = [(i0 * stride - padding, (i1 - 1) * stride - padding + reach)
+              for i0, i1 in split_ranges(size, parts)]
+    return out, plan_axis(out, split_ranges(out, parts), needed, what=what)
+
+
+class _AddOverlaps(torch.autograd.Function):
+    """Local contributions -> owned output: the adjoint of the halo exchange (and back)."""
+
+    @staticmethod
+    def forward(fctx: Any, local: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
+        fctx.exchange = exchange
+        return exchange.backward_tensor(local)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return fctx.exchange.forward_tensor(grad.contiguous()), None
+
+
+class SpatialConvTranspose2d(SpatialLayer, nn.ConvTranspose2d):
+    """ConvTranspose2d on this rank's tile; its output is the owned tile of the full output."""
+
+    @classmethod
+    def from_module(cls, conv: nn.ConvTranspose2d, runtime: SpatialRuntime,
+                    name: str = "") -> SpatialConvTranspose2d:
+        if conv.padding_mode != "zeros":
+            raise ConfigError("model", f"{name}: ConvTranspose2d padding_mode={conv.padding_mode!r} "
+                              f"is not supported; use 'zeros'")
+        return adopt(cls, conv, runtime, name)
+
+    def geometry(self, height: int, width: int) -> LayerHalo:
+        grid = self.runtime.grid
+        axes = []
+        padding = (int(self.padding[0]), int(self.padding[1]))
+        for axis, (size, parts) in enumerate(((height, grid.rows), (width, grid.cols))):
+            axes.append(contribution_plan(
+                size, parts, self.kernel_size[axis], self.stride[axis], self.dilation[axis],
+                padding[axis], self.output_padding[axis],
+                f"{self.layer_name} ({'rows' if axis == 0 else 'cols'})"))
+        (out_h, row_plans), (out_w, col_plans) = axes
+        return LayerHalo.from_plans(grid, out_h, out_w, out_h, out_w, row_plans, col_plans,
+                                    self.layer_name)
+
+    def tile_forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        if output_size is not None:
+            raise ConfigError("model", f"{self.layer_name}: ConvTranspose2d(output_size=...) is "
+                              f"not supported on tiles (a tile's size is not the image's); set "
+                              f"output_padding on the layer instead")
+        size = self.runtime.input_size(self, x)
+        exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size), 0.0))
+        local = F.conv_transpose2d(x, self.weight, None, self.stride, 0, 0, self.groups,
+                                   self.dilation)
+        out = _AddOverlaps.apply(local, exchange)
+        if self.bias is not None:
+            out = out + self.bias[None, :, None, None]
+        return out

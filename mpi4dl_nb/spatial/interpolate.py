@@ -1,0 +1,184 @@
+"""Up/down-sampling on tiles (nn.Upsample, F.interpolate), exact for every separable mode.
+
+``F.interpolate`` in the modes nearest, nearest-exact, (bi)linear, bicubic and area (with
+``align_corners`` either way and scale factors or sizes) is separable: output row ``o`` is a
+weighted sum of a few input rows, the same for every column (and likewise for columns). The
+weights are read from PyTorch itself, once per (input size, output size, arguments): the
+axis is probed with one-hot inputs, so the tile computes what the serial kernel computes,
+index rounding included. A tile owning output rows ``[o0, o1)`` needs the input rows those
+weights touch; the halo comes from the geometry module's ``plan_axis`` and the usual
+exchange, then each axis is a gather of rows times weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from .geometry import LayerHalo, plan_axis, split_ranges
+from .halo import HaloExchange
+
+if TYPE_CHECKING:
+    from .base import SpatialRuntime
+
+FUNCTIONAL = object()   # input_size key of F.interpolate calls made inside custom forwards
+_PROBE_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class ResampleArgs:
+    """The arguments of one ``F.interpolate`` call that decide its weights."""
+
+    size: Any = None
+    scale_factor: Any = None
+    mode: str = "nearest"
+    align_corners: bool | None = None
+    recompute_scale_factor: bool | None = None
+    antialias: bool = False
+
+    @classmethod
+    def from_call(cls, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ResampleArgs:
+        """From a call of F.interpolate / F.upsample / F.upsample_nearest / F.upsample_bilinear."""
+        keys: tuple[str, ...] = ("input", "size", "scale_factor", "mode", "align_corners",
+                                 "recompute_scale_factor", "antialias")
+        if name == "upsample_nearest":
+            keys, kwargs = keys[:3], {**kwargs, "mode": "nearest"}
+        elif name == "upsample_bilinear":
+            keys, kwargs = keys[:3], {**kwargs, "mode": "bilinear", "align_corners": True}
+        values = dict(zip(keys, args))
+        values.update(kwargs)
+        values.pop("input", None)
+        return cls(**{k: _hashable(v) for k, v in values.items()})
+
+    @classmethod
+    def of(cls, up: nn.Upsample) -> ResampleArgs:
+        return cls(_hashable(up.size), _hashable(up.scale_factor), up.mode, up.align_corners,
+                   up.recompute_scale_factor)
+
+    def axis(self, axis: int) -> ResampleArgs:
+        """The same call restricted to one axis of a (1, B, n, 1) probe."""
+        size = _pair(self.size)[axis] if self.size is not None else None
+        scale = _pair(self.scale_factor)[axis] if self.scale_factor is not None else None
+        return ResampleArgs((size, 1) if size is not None else None,
+                            (scale, 1.0) if scale is not None else None, self.mode,
+                            self.align_corners, self.recompute_scale_factor, self.antialias)
+
+    def call(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                             self.recompute_scale_factor, self.antialias)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _pair(value: Any) -> tuple[Any, Any]:
+    return (value[0], value[1]) if isinstance(value, (tuple, list)) else (value, value)
+
+
+@lru_cache(maxsize=256)
+def axis_taps(spec: ResampleArgs, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(index, weight)``, each ``(out, K)``: output row o = sum_k weight[o,k] * input[index[o,k]].
+
+    ``spec`` must be a one-axis spec (``ResampleArgs.axis``); probed in float64 on the CPU.
+    """
+    out = spec.call(torch.zeros(1, 1, size, 1, dtype=torch.float64)).shape[-2]
+    chunk = max(1, _PROBE_ELEMENTS // max(out, size))
+    rows: list[list[tuple[int, float]]] = [[] for _ in range(out)]
+    for start in range(0, size, chunk):
+        width = min(chunk, size - start)
+        probe = torch.zeros(1, width, size, 1, dtype=torch.float64)
+        probe[0, torch.arange(width), start + torch.arange(width), 0] = 1.0
+        response = spec.call(probe)[0, :, :, 0]          # (width, out): column j of the matrix
+        src, dst = torch.nonzero(response, as_tuple=True)
+        for j, o in zip(src.tolist(), dst.tolist()):
+            rows[o].append((start + j, float(response[j, o])))
+    taps = max(1, max(len(r) for r in rows))
+    index = torch.zeros(out, taps, dtype=torch.long)
+    weight = torch.zeros(out, taps, dtype=torch.float64)
+    for o, row in enumerate(rows):
+        for k, (i, w) in enumerate(sorted(row)):
+            index[o, k], weight[o, k] = i, w
+        if row:
+            index[o, len(row):] = row[0][0]
+    return index, weight
+
+
+class TilePlan:
+    """One tile's exchange and local taps for one resampling at one input size."""
+
+    def __init__(self, runtime: SpatialRuntime, spec: ResampleArgs, height: int, width: int,
+                 name: str) -> None:
+        grid = runtime.grid
+        plans, taps, sizes = [], [], []
+        for axis, (size, parts) in enumerate(((height, grid.rows), (width, grid.cols))):
+            index, weight = axis_taps(spec.axis(axis), size)
+            out = index.shape[0]
+            if out < parts:
+                raise ConfigError("num_spatial_parts", f"{name}: output length {out} cannot be "
+                                  f"split into {parts} tiles; use fewer spatial parts or a larger "
+                                  f"image_size")
+            needed = []
+            for o0, o1 in split_ranges(out, parts):
+                touched = index[o0:o1][weight[o0:o1] != 0]
+                needed.append((int(touched.min()), int(touched.max()) + 1) if touched.numel()
+                              else (o0, o0))
+            plans.append(plan_axis(size, split_ranges(size, parts),
+                                   needed, what=f"{name} ({'rows' if axis == 0 else 'cols'})"))
+            taps.append((index, weight))
+            sizes.append(out)
+        geometry = LayerHalo.from_plans(grid, height, width, sizes[0], sizes[1], plans[0],
+                                        plans[1], name)
+        self.exchange = HaloExchange(geometry, runtime.tile, runtime.ranks, runtime.ctx, 0.0)
+        view = geometry.tile(runtime.tile)
+        r0, r1, c0, c1 = geometry.grid.tile_box(runtime.tile, sizes[0], sizes[1])
+        self.local: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (index[o0:o1] - axis_plan.needed[0], weight[o0:o1])
+            for (index, weight), axis_plan, (o0, o1) in zip(taps, (view.rows, view.cols),
+                                                            ((r0, r1), (c0, c1)))]
+        self.nearest = all(w.shape[1] == 1 and bool((w == 1).all()) for _, w in taps)
+        self._cast: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def taps_for(self, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        key = (like.dtype, like.device)
+        cast = self._cast.get(key)
+        if cast is None:
+            cast = [(i.to(like.device), w.to(like.device, like.dtype)) for i, w in self.local]
+            self._cast[key] = cast
+        return cast
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.exchange(x)
+        for axis, (index, weight) in zip((-2, -1), self.taps_for(y)):
+            if self.nearest:
+                y = y.index_select(axis, index[:, 0])
+                continue
+            shape = [1] * y.dim()
+            shape[axis] = index.shape[0]
+            total = y.index_select(axis, index[:, 0]) * weight[:, 0].reshape(shape)
+            for k in range(1, index.shape[1]):
+                total = total + y.index_select(axis, index[:, k]) * weight[:, k].reshape(shape)
+            y = total
+        return y
+
+
+def interpolate_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
+                     spec: ResampleArgs, name: str = "F.interpolate") -> torch.Tensor:
+    """This tile's part of ``F.interpolate(full image, **spec)``."""
+    if spec.mode not in ("nearest", "nearest-exact", "bilinear", "bicubic", "area"):
+        raise ConfigError("model", f"{name}: interpolation mode {spec.mode!r} on tiles is not "
+                          f"supported; use nearest, nearest-exact, bilinear, bicubic or area")
+    height, width = runtime.input_size(owner, x)
+    key = ("resample", spec, height, width)
+    plan = runtime.plans.get(key)
+    if plan is None:
+        plan = TilePlan(runtime, spec, height, width, name)
+        runtime.plans[key] = plan
+    return plan.apply(x)

@@ -1,0 +1,409 @@
+"""Which torch operations are exact on image tiles: the op guard's rules (pure: no MPI, no state).
+
+A *tile tensor* (partitioned) holds this rank's part of an image-sized tensor; its last two
+dimensions are the spatial ones. Every other tensor in a spatial forward (parameters,
+buffers, constants, the output of a global pool) is *replicated*: the same on every tile.
+An operation that touches a tile tensor is exact when each output element depends only on
+the same pixel of its inputs: point-wise maths (with replicated operands broadcast over the
+spatial dimensions), work along the batch or channel dimensions (reductions, softmax,
+concatenation, slicing, views that keep the spatial dimensions last), 1x1 convolutions.
+Anything else (windows, padding, resampling, reductions or index shuffles over the spatial
+dimensions, random numbers, reading values into Python) would silently compute something
+other than the serial model, so ``check_op`` returns the reason to refuse it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IsTiled = Callable[[torch.Tensor], bool]
+
+
+class OpKind(Enum):
+    """How an operation relates to the spatial dimensions of a tile tensor."""
+
+    METADATA = "metadata"        # reads sizes/flags: always fine
+    POINTWISE = "pointwise"      # element-wise with broadcasting (replicated operands: size 1 spatially)
+    DIMS = "dims"                # works along given dimensions: fine unless they are spatial
+    SHAPE = "shape"              # view/reshape/expand/repeat: fine when the spatial sizes stay last
+    INDEX = "index"              # x[...] / x[...] = v: fine unless the spatial dims are sliced
+    CHANNEL = "channel"          # per-channel operand(s) (prelu, eval batch_norm)
+    CONV = "conv"                # functional convolution: fine for 1x1, stride 1, no padding
+    DROPOUT = "dropout"          # fine with p=0 or not training
+    RESAMPLE = "resample"        # F.interpolate / upsample: computed exactly by the guard
+    ITERATE = "iterate"          # iterating over the batch dimension
+    WINDOW = "window"            # functional pools etc.: use the module form
+    REFUSED = "refused"          # known to mix pixels or be data/rank dependent
+
+
+_POINTWISE = """
+abs absolute acos acosh add addcdiv addcmul angle asin asinh atan atan2 atanh bfloat16
+bitwise_and bitwise_not bitwise_or bitwise_xor cdouble ceil celu cfloat char clamp clamp_max
+clamp_min clip clone contiguous copy_ copysign cos cosh cpu cuda deg2rad detach digamma div
+divide double elu empty_like eq erf erfc erfinv exp exp2 expm1 fill_ fix float float_power floor
+floor_divide fmax fmin fmod frac full_like ge gelu greater greater_equal gt half hardshrink
+hardsigmoid hardswish hardtanh heaviside hypot i0 int isclose isfinite isinf isnan isneginf
+isposinf le leaky_relu lerp less less_equal lgamma log log10 log1p log2 log_sigmoid logaddexp
+logaddexp2 logical_and logical_not logical_or logical_xor logit logsigmoid long lt masked_fill
+maximum minimum mish mul multiply mvlgamma nan_to_num ne neg negative new_empty new_full new_ones
+new_tensor new_zeros nextafter not_equal ones_like pin_memory polygamma positive pow rad2deg
+reciprocal relu relu6 remainder requires_grad_ round rrelu rsqrt rsub selu sgn short sigmoid
+sign signbit silu sin sinc sinh softplus softshrink softsign sqrt square sub subtract tan tanh
+tanhshrink threshold to true_divide trunc type_as where xlogy zero_ zeros_like
+__abs__ __add__ __and__ __div__ __eq__ __floordiv__ __ge__ __gt__ __iadd__ __iand__ __idiv__
+__ifloordiv__ __imod__ __imul__ __invert__ __ior__ __ipow__ __isub__ __itruediv__ __ixor__
+__le__ __lt__ __mod__ __mul__ __ne__ __neg__ __or__ __pos__ __pow__ __radd__ __rand__ __rdiv__
+__rfloordiv__ __rmod__ __rmul__ __ror__ __rpow__ __rsub__ __rtruediv__ __rxor__ __sub__
+__truediv__ __xor__
+""".split()
+
+_METADATA = """
+__format__ __hash__ __len__ __repr__ __set__ __setstate__ data_ptr dim element_size get_device
+has_names is_complex is_contiguous is_floating_point is_inference is_pinned is_shared is_signed
+ndimension nelement numel register_hook retain_grad size storage_offset stride type untyped_storage
+""".split()
+
+_WINDOW = """
+adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d
+adaptive_max_pool3d avg_pool1d avg_pool2d avg_pool3d conv_transpose1d conv_transpose2d
+conv_transpose3d fractional_max_pool2d fractional_max_pool3d lp_pool1d lp_pool2d lp_pool3d
+max_pool1d max_pool1d_with_indices max_pool2d max_pool2d_with_indices max_pool3d
+max_pool3d_with_indices max_unpool1d max_unpool2d max_unpool3d
+""".split()
+
+_REFUSED_HINTS = {
+    "pad": "pads each tile instead of the image; put the padding into the Conv2d/pool "
+           "(padding=...) or move it after the spatial stage",
+    "layer_norm": "normalises over the spatial dimensions of each tile; use GroupNorm or "
+                  "BatchNorm2d (whose statistics span every tile) or move it after the spatial stage",
+    "group_norm": "functional group_norm sees one tile; use the nn.GroupNorm module",
+    "instance_norm": "functional instance_norm sees one tile; use the nn.InstanceNorm2d module",
+    "local_response_norm": "normalises over a window of each tile",
+    "linear": "acts on the last (width) dimension of a tile; flatten after a global pool, or "
+              "move it after the spatial stage",
+    "pixel_shuffle": "moves channels into the spatial dimensions of each tile",
+    "pixel_unshuffle": "moves the spatial dimensions of each tile into channels",
+    "unfold": "extracts windows from each tile without halos",
+    "fold": "sums windows into each tile without halos",
+    "grid_sample": "samples each tile at image coordinates it may not hold",
+    "affine_grid": "builds image coordinates for one tile",
+    "item": "reads a value of one tile into Python (differs per rank)",
+    "tolist": "reads one tile's values into Python (differs per rank)",
+    "numpy": "reads one tile's values (differs per rank)",
+    "__bool__": "branches on one tile's values (differs per rank)",
+    "__float__": "reads a value of one tile into Python (differs per rank)",
+    "__int__": "reads a value of one tile into Python (differs per rank)",
+    "__index__": "reads a value of one tile into Python (differs per rank)",
+    "nonzero": "the result depends on one tile's values",
+    "unique": "the result depends on one tile's values",
+    "T": "transposes the spatial dimensions", "mT": "transposes the spatial dimensions",
+    "H": "transposes the spatial dimensions", "mH": "transposes the spatial dimensions",
+}
+
+# name -> (position, keyword, default) of the dimension argument; ALL: default reduces every dim
+ALL = "all"
+REQUIRED = "required"
+_DIM_ARGS: dict[str, tuple[int, str, Any]] = {}
+for _names, _spec in (
+        ("sum nansum mean nanmean prod amax amin argmax argmin std var std_mean var_mean all any "
+         "count_nonzero max min aminmax", (1, "dim", ALL)),
+        ("logsumexp cumsum cumprod cummax cummin logcumsumexp narrow select index_select unflatten",
+         (1, "dim", REQUIRED)),
+        ("softmax log_softmax softmin", (1, "dim", 1)),
+        ("glu", (1, "dim", -1)),
+        ("normalize cosine_similarity", (2, "dim", 1)),
+        ("norm", (2, "dim", ALL)),
+        ("chunk split tensor_split", (2, "dim", 0)),
+        ("unbind", (1, "dim", 0)),
+        ("repeat_interleave", (2, "dim", ALL)),
+        ("flip", (1, "dims", REQUIRED)),
+        ("roll", (2, "dims", ALL)),
+        ("squeeze", (1, "dim", ALL)),
+        ("cat concat concatenate", (1, "dim", 0)),
+        ("stack unsqueeze", (1, "dim", REQUIRED)),
+        ("transpose swapaxes swapdims", (1, "dim0", REQUIRED)),
+        ("movedim moveaxis", (1, "source", REQUIRED)),
+        ("permute", (1, "dims", REQUIRED)),
+        ("flatten", (1, "start_dim", 0))):
+    for _name in _names.split():
+        _DIM_ARGS[_name] = _spec
+_DIM_ARGS["stack"] = (1, "dim", 0)
+_INSERTING = {"stack", "unsqueeze"}        # the dim names a position in the (one longer) output
+
+_SHAPE = {"view", "reshape", "view_as", "reshape_as", "expand", "expand_as", "broadcast_to",
+          "repeat", "tile", "expand_copy"}
+_CHANNEL = {"prelu", "batch_norm", "channel_shuffle", "native_channel_shuffle"}
+_CONV = {"conv2d", "conv1d", "conv3d", "convolution"}
+_DROPOUT = {"dropout", "dropout2d", "dropout1d", "dropout3d", "alpha_dropout",
+            "feature_alpha_dropout", "feature_dropout"}
+_RESAMPLE = {"interpolate", "upsample", "upsample_nearest", "upsample_bilinear"}
+
+_KINDS: dict[str, OpKind] = {}
+for _kind, _group in ((OpKind.POINTWISE, _POINTWISE), (OpKind.METADATA, _METADATA),
+                      (OpKind.WINDOW, _WINDOW), (OpKind.REFUSED, list(_REFUSED_HINTS)),
+                      (OpKind.DIMS, list(_DIM_ARGS)), (OpKind.SHAPE, _SHAPE),
+                      (OpKind.CHANNEL, _CHANNEL), (OpKind.CONV, _CONV), (OpKind.DROPOUT, _DROPOUT),
+                      (OpKind.RESAMPLE, _RESAMPLE)):
+    for _name in _group:
+        _KINDS[_name] = _kind
+_KINDS["__getitem__"] = _KINDS["__setitem__"] = OpKind.INDEX
+_KINDS["__iter__"] = OpKind.ITERATE
+for _name in list(_POINTWISE):   # in-place variants: relu_, add_, ...
+    if not _name.startswith("__") and not _name.endswith("_"):
+        _KINDS.setdefault(_name + "_", OpKind.POINTWISE)
+
+_GETTERS_REFUSED = {"T", "mT", "H", "mH"}
+
+_registered: dict[Callable[..., Any], OpKind] = {}
+
+
+def register_op(func: Callable[..., Any], kind: OpKind = OpKind.POINTWISE) -> None:
+    """Declare a torch function exact on tiles as ``kind`` (e.g. a point-wise op the table lacks)."""
+    _registered[func] = kind
+
+
+def op_name(func: Callable[..., Any]) -> str:
+    """The name rules are keyed by: a property's name for getters, else the function's name."""
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__"):
+        owner = getattr(func, "__self__", None)
+        return getattr(owner, "__name__", name) if name == "__get__" else "__set__"
+    return name
+
+
+def display_name(func: Callable[..., Any]) -> str:
+    """``F.max_pool2d``, ``Tensor.__getitem__``, ``torch.flip``: how the error names the op."""
+    name = op_name(func)
+    module = getattr(func, "__module__", "") or ""
+    qualname = getattr(func, "__qualname__", name) or name
+    if getattr(func, "__name__", "") == "__get__":
+        return f"Tensor.{name}"
+    if module.startswith("torch.nn.functional") or module == "torch._C._nn":
+        return f"F.{name}"
+    if "Tensor" in qualname or module in ("torch._tensor", "torch._C") and "." in qualname:
+        return f"Tensor.{name}"
+    return f"torch.{name}"
+
+
+def kind_of(func: Callable[..., Any]) -> OpKind | None:
+    """The OpKind of ``func`` (registered first), or None for an unknown operation."""
+    kind = _registered.get(func)
+    if kind is not None:
+        return kind
+    name = op_name(func)
+    if getattr(func, "__name__", "") == "__get__":
+        return OpKind.REFUSED if name in _GETTERS_REFUSED else OpKind.METADATA
+    return _KINDS.get(name)
+
+
+def refusal_hint(func: Callable[..., Any]) -> str:
+    return _REFUSED_HINTS.get(op_name(func), "mixes pixels of a tile")
+
+
+# ---------------------------------------------------------------------- argument helpers
+def argument(args: Sequence[Any], kwargs: dict[str, Any], position: int, keyword: str,
+             default: Any = None) -> Any:
+    if keyword in kwargs:
+        return kwargs[keyword]
+    return args[position] if len(args) > position else default
+
+
+def _as_dims(value: Any) -> list[int]:
+    if isinstance(value, (list, tuple, torch.Size)):
+        return [int(v) for v in value]
+    return [operator.index(value)]
+
+
+def _spatial_dims(ndim: int) -> set[int]:
+    return {ndim - 2, ndim - 1}
+
+
+def _normalized(dims: Sequence[int], ndim: int) -> list[int]:
+    return [d + ndim if d < 0 else d for d in dims]
+
+
+def first_tiled(args: Sequence[Any], is_tiled: IsTiled) -> torch.Tensor | None:
+    for a in args:
+        if isinstance(a, torch.Tensor) and is_tiled(a):
+            return a
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor) and is_tiled(b):
+                    return b
+    return None
+
+
+def tensors_in(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Tensors among the arguments (one level into lists/tuples)."""
+    found = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(b for b in a if isinstance(b, torch.Tensor))
+    return found
+
+
+# -------------------------------------------------------------------------- the checks
+def check_pointwise(operands: Sequence[torch.Tensor], is_tiled: IsTiled) -> str | None:
+    """Replicated operands must be size 1 along the spatial dims; tiles must not be broadcast."""
+    tiles = [t for t in operands if is_tiled(t)]
+    spatial = tuple(tiles[0].shape[-2:])
+    for t in tiles:
+        if t.dim() < 2 or tuple(t.shape[-2:]) != spatial:
+            return (f"broadcasts tile tensors of spatial sizes {spatial} and "
+                    f"{tuple(t.shape[-2:])} against each other")
+    for t in operands:
+        if is_tiled(t):
+            continue
+        trailing = tuple(t.shape[-2:]) if t.dim() >= 2 else tuple(t.shape)
+        if any(size != 1 for size in trailing):
+            return (f"combines a tile with a replicated tensor of shape {tuple(t.shape)} that "
+                    f"varies along the spatial dimensions (it is not split like the image); "
+                    f"give it size 1 there (broadcast) or compute it from the tile")
+    return None
+
+
+def is_binary_extremum(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """``torch.max(a, b)`` / ``torch.min(a, b)``: point-wise, unlike ``x.max(dim)``."""
+    return name in ("max", "min") and (len(args) > 1 and isinstance(args[1], torch.Tensor)
+                                       or "other" in kwargs)
+
+
+def check_dims(name: str, args: Sequence[Any], kwargs: dict[str, Any], tile: torch.Tensor
+               ) -> str | None:
+    """Dimension-wise ops: refuse when the dims include a spatial one (or default to all)."""
+    position, keyword, default = _DIM_ARGS[name]
+    ndim = tile.dim()
+    if name == "permute":
+        dims = _as_dims(args[1] if len(args) == 2 else args[1:]) if len(args) > 1 \
+            else _as_dims(kwargs["dims"])
+        order = _normalized(dims, ndim)
+        return None if order[-2:] == [ndim - 2, ndim - 1] else "moves the spatial dimensions"
+    if name in ("transpose", "swapaxes", "swapdims", "movedim", "moveaxis"):
+        first = argument(args, kwargs, 1, keyword)
+        second = argument(args, kwargs, 2, "dim1" if keyword == "dim0" else "destination")
+        touched = set(_normalized(_as_dims(first) + _as_dims(second), ndim))
+        return "moves the spatial dimensions" if touched & _spatial_dims(ndim) else None
+    if name == "flatten":
+        end = _normalized([argument(args, kwargs, 2, "end_dim", -1)], ndim)[0]
+        return "flattens the spatial dimensions" if end >= ndim - 2 else None
+    value = argument(args, kwargs, position, keyword, default)
+    if value is None:    # explicit None: every dim (sum), or the implicit channel dim (softmax)
+        value = default if isinstance(default, int) else ALL
+    if name in ("cat", "concat", "concatenate", "stack"):
+        tiles = [t for t in args[0] if isinstance(t, torch.Tensor)] if args else []
+        error = check_pointwise_shapes_for_cat(tiles, tile, name)
+        if error:
+            return error
+    if value is ALL:
+        if name == "squeeze":
+            return "squeeze() without a dim may drop a spatial dimension of size 1 on some tiles; give the dim"
+        return "reduces over every dimension, the spatial ones included"
+    if value is REQUIRED:
+        return None
+    dims = _as_dims(value)
+    if name in _INSERTING:
+        dims = _normalized(dims, ndim + 1)
+        return None if all(d <= ndim - 2 for d in dims) else "inserts a dimension after the spatial ones"
+    return ("works along a spatial dimension" if set(_normalized(dims, ndim)) & _spatial_dims(ndim)
+            else None)
+
+
+def check_pointwise_shapes_for_cat(tensors: Sequence[torch.Tensor], tile: torch.Tensor,
+                                   name: str) -> str | None:
+    spatial = tuple(tile.shape[-2:])
+    for t in tensors:
+        if tuple(t.shape[-2:]) != spatial:
+            return (f"{name} joins a tile with a tensor of spatial size {tuple(t.shape[-2:])}; "
+                    f"every input must be a tile of the same image size")
+    return None
+
+
+def check_index(tile: torch.Tensor, index: Any) -> str | None:
+    """``tile[index]``: items reaching the two spatial dims must be full slices ``:``, and no
+    new dimension may appear between or after them."""
+    items = index if isinstance(index, tuple) else (index,)
+    ndim = tile.dim()
+    spatial_from = ndim - 2
+
+    def width(item: Any) -> int:
+        if item is None or item is Ellipsis:
+            return 0
+        if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+            return item.dim()
+        return 1
+
+    def is_full(item: Any) -> bool:
+        return isinstance(item, slice) and item == slice(None, None, None)
+
+    cut = next((i for i, item in enumerate(items) if item is Ellipsis), len(items))
+    position = 0
+    for item in items[:cut]:                       # left to right from dim 0
+        if item is None:
+            if position > spatial_from:
+                return "inserts a dimension among the spatial ones"
+            continue
+        step = width(item)
+        if position + step > spatial_from and not is_full(item):
+            return "slices or indexes the spatial dimensions of a tile"
+        position += step
+    from_end = 0
+    for item in reversed(items[cut + 1:]):         # right to left from the last dim
+        if item is None:
+            if from_end < 2:
+                return "inserts a dimension among or after the spatial ones"
+            continue
+        step = width(item)
+        if from_end < 2 and not is_full(item):
+            return "slices or indexes the spatial dimensions of a tile"
+        from_end += step
+    return None
+
+
+def check_conv(args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """A functional convolution is exact on tiles only as a 1x1, stride-1, unpadded one."""
+    weight = argument(args, kwargs, 1, "weight")
+    stride = argument(args, kwargs, 3, "stride", 1)
+    padding = argument(args, kwargs, 4, "padding", 0)
+    kernel = tuple(weight.shape[2:]) if isinstance(weight, torch.Tensor) else ()
+    strides = _as_dims(stride) if not isinstance(stride, str) else [1]
+    pads = [0] if padding in ("valid", "same") else (_as_dims(padding) if not isinstance(padding, str) else [1])
+    if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and all(p == 0 for p in pads):
+        return None
+    return (f"a functional convolution with kernel {kernel} sees only its tile (no halo); use an "
+            f"nn.Conv2d module")
+
+
+def check_dropout(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    p = argument(args, kwargs, 1, "p", 0.5)
+    training = argument(args, kwargs, 2, "training" if "train" not in kwargs else "train", True)
+    if p and training:
+        return f"draws random masks per tile (p={p}), which differ from the serial model; use p=0"
+    return None
+
+
+def check_channel(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    if op_name(func) == "batch_norm":
+        if func is not F.batch_norm:
+            return "batch_norm called below the nn.functional level; use an nn.BatchNorm2d module"
+        if argument(args, kwargs, 5, "training", False):
+            return ("functional batch_norm in training mode computes statistics over one tile; "
+                    "use an nn.BatchNorm2d module")
+    return None
+
+
+def check_shape(tile: torch.Tensor, outputs: Sequence[torch.Tensor]) -> str | None:
+    """After a view/reshape/expand/repeat: every output keeps the tile's spatial sizes last."""
+    spatial = tuple(tile.shape[-2:])
+    for out in outputs:
+        if tuple(out.shape[-2:]) != spatial:
+            return (f"reshapes a tile of spatial size {spatial} into {tuple(out.shape)}, mixing "
+                    f"the spatial dimensions")
+    return None

@@ -1,0 +1,19 @@
+"""4 ranks per window (real mpiexec): exact against the whole-slide network in one process, square and vertical."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.mpi import infer_exact
+
+
+@pytest.fixture(scope="module")
+def report(infer_data, mpi_checks, tmp_path_factory):
+    root, checkpoint, slide, _ = infer_data
+    out = tmp_path_factory.mktemp("infer_mpi")
+    return mpi_checks(4, "infer_exact", checkpoint, slide, out, timeout=600)
+
+
+@pytest.mark.parametrize("name", [infer_exact.SQUARE, infer_exact.VERTICAL])
+def test_four_ranks_equal_one_process(report, name):
+    report.require([name])

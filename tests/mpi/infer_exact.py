@@ -1,0 +1,56 @@
+"""4 ranks share each window: the streamed output equals the whole-slide network in one process (float64).
+Usage: python -m tests.mpi.infer_exact CHECKPOINT SLIDE OUTDIR. Named checks (every rank):
+SQUARE (the command, 2x2 grid, .npy + .tif), VERTICAL (dl.infer_slide, 1x4 grid, two windows per forward)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.run.infer_cmd import main as infer_main
+from tests.support.checks import Checks, run_checks
+from tests.support.infer_data import relative_difference, whole_slide_reference
+
+SQUARE = "command on a 2x2 grid equals the whole-slide network in one process"
+VERTICAL = "infer_slide on a 1x4 grid, batched windows, equals the whole-slide network"
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    ctx = dl.init()
+    checkpoint, slide, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    reference = whole_slide_reference(checkpoint, slide) if ctx.rank == 0 else None
+
+    with check(SQUARE) as result:
+        code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(out / "sq.npy"),
+                           "--output", str(out / "sq.tif"), "--num-spatial-parts", "4", "--slice-method", "square",
+                           "--dtype", "float64", "--window", "64", "--no-progress"])
+        assert code == 0, f"exit code {code}"
+        if ctx.rank == 0:
+            import openslide
+
+            err = relative_difference(np.load(out / "sq.npy"), reference)
+            assert err <= 1e-9, f"relative difference {err:.2e}"
+            with openslide.OpenSlide(str(out / "sq.tif")) as heat:
+                assert heat.level_dimensions[0] == (reference.shape[2], reference.shape[1])
+            result.detail = f"rel {err:.1e}"
+
+    with check(VERTICAL) as result:
+        summary = dl.infer_slide(checkpoint, slide, out / "v.npy", num_spatial_parts=4, slice_method="vertical",
+                                 dtype="float64", window=96, batch_windows=2)
+        if ctx.rank == 0:
+            assert summary["grid"] == [1, 4] and summary["window_grid"][0] > 1
+            assert len(summary["peak_memory_bytes"]) == 4
+            err = relative_difference(np.load(out / "v.npy"), reference)
+            assert err <= 1e-9, f"relative difference {err:.2e}"
+            result.detail = f"rel {err:.1e}, {summary['windows']} windows"
+        else:
+            assert summary is None
+    ctx.barrier()
+
+
+if __name__ == "__main__":
+    run_checks(main)

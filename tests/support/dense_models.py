@@ -1,0 +1,251 @@
+"""Test models beyond plain CNNs: SE gates, U-Net (transposed conv, bilinear up-sampling, skip
+concatenation), GroupNorm/InstanceNorm, custom forwards with functional ops, a reused BatchNorm.
+
+``spatial_models()``: name -> builder of an ``nn.Module`` for ``spatialize`` exactness.
+``functional_ops()``: name -> (op applied inside a custom forward, display name the guard must
+report); each is *not* exact on tiles, so spatialize must refuse it.
+``layer_lists``: the engine's layer-list forms (``se_resnet_layers``, ``unet_layers``,
+``norm_layers``, ``reused_bn_layers``); U-Net layers pass tuples ``(x, skip, ...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SqueezeExcite(nn.Module):
+    """``x * sigmoid(fc2(relu(fc1(pool(x)))))``: fc as Linear (after flatten) or 1x1 Conv2d."""
+
+    def __init__(self, channels: int, reduction: int = 2, conv: bool = False) -> None:
+        super().__init__()
+        hidden = max(1, channels // reduction)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.conv = conv
+        if conv:
+            self.fc1, self.fc2 = nn.Conv2d(channels, hidden, 1), nn.Conv2d(hidden, channels, 1)
+        else:
+            self.fc1, self.fc2 = nn.Linear(channels, hidden), nn.Linear(hidden, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.pool(x)
+        if not self.conv:
+            s = torch.flatten(s, 1)
+        gate = torch.sigmoid(self.fc2(F.silu(self.fc1(s))))
+        return x * gate.view(x.shape[0], x.shape[1], 1, 1)
+
+
+class SEBasicBlock(nn.Module):
+    """BasicBlock with squeeze-and-excitation before the residual add (SE-ResNet)."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1, conv_gate: bool = False) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.se = SqueezeExcite(cout, 2, conv_gate)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.down is None else self.down(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.se(self.bn2(self.conv2(out)))
+        return F.relu(out + identity)
+
+
+class Head(nn.Module):
+    def __init__(self, channels: int, classes: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def se_resnet_layers(seed: int = 0, c: int = 3, classes: int = 5) -> list[nn.Module]:
+    """Stem, three SE blocks (a Linear gate, a strided 1x1-conv gate, a Linear gate), head."""
+    torch.manual_seed(seed)
+    stem = nn.Sequential(nn.Conv2d(c, 6, 3, 1, 1, bias=False), nn.BatchNorm2d(6), nn.ReLU())
+    return [stem, SEBasicBlock(6, 6), SEBasicBlock(6, 8, 2, conv_gate=True), SEBasicBlock(8, 8),
+            Head(8, classes)]
+
+
+class DoubleConv(nn.Module):
+    def __init__(self, cin: int, cout: int, norm: str = "bn") -> None:
+        super().__init__()
+        def norm_layer(ch: int) -> nn.Module:
+            return nn.BatchNorm2d(ch) if norm == "bn" else nn.GroupNorm(2, ch)
+        self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1, bias=False), norm_layer(cout), nn.ReLU(),
+                                  nn.Conv2d(cout, cout, 3, 1, 1, bias=False), norm_layer(cout), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class Down(nn.Module):
+    """(x, *skips) -> (pool(conv(x)), *skips, conv(x)): pushes a skip."""
+
+    def __init__(self, cin: int, cout: int, norm: str = "bn") -> None:
+        super().__init__()
+        self.conv = DoubleConv(cin, cout, norm)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, state: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        x, *skips = state if isinstance(state, tuple) else (state,)
+        y = self.conv(x)
+        return (self.pool(y), *skips, y)
+
+
+class Up(nn.Module):
+    """(x, *skips, skip) -> (conv(cat(up(x), skip)), *skips): pops a skip."""
+
+    def __init__(self, cin: int, cskip: int, cout: int, transposed: bool, norm: str = "bn") -> None:
+        super().__init__()
+        if transposed:
+            self.up: nn.Module = nn.ConvTranspose2d(cin, cin, 2, 2)
+        else:
+            self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.conv = DoubleConv(cin + cskip, cout, norm)
+
+    def forward(self, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        x, *skips, skip = state
+        y = self.conv(torch.cat([self.up(x), skip], dim=1))
+        return (y, *skips) if skips else y
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, c: int, norm: str = "bn") -> None:
+        super().__init__()
+        self.conv = DoubleConv(c, c, norm)
+
+    def forward(self, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        x, *skips = state
+        return (self.conv(x), *skips)
+
+
+def unet_layers(seed: int = 0, c: int = 3, classes: int = 3, norm: str = "bn") -> list[nn.Module]:
+    """Two-level U-Net: transposed-conv up-sampling at the bottom, bilinear at the top."""
+    torch.manual_seed(seed)
+    return [Down(c, 4, norm), Down(4, 6, norm), Bottleneck(6, norm), Up(6, 6, 6, True, norm),
+            Up(6, 4, 4, False, norm), nn.Conv2d(4, classes, 1)]
+
+
+def norm_layers(seed: int = 0, c: int = 3, classes: int = 5) -> list[nn.Module]:
+    """GroupNorm and InstanceNorm (running stats) stack with a classifier."""
+    torch.manual_seed(seed)
+    return [nn.Sequential(nn.Conv2d(c, 6, 3, 1, 1), nn.GroupNorm(3, 6), nn.ReLU()),
+            nn.Sequential(nn.Conv2d(6, 6, 3, 2, 1), nn.InstanceNorm2d(6, affine=True,
+                                                                      track_running_stats=True),
+                          nn.SiLU()),
+            nn.Sequential(nn.Conv2d(6, 8, 3, 1, 1), nn.GroupNorm(2, 8), nn.ReLU()),
+            Head(8, classes)]
+
+
+class ReusedBN(nn.Module):
+    """One BatchNorm applied twice per forward."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
+        self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn(self.conv1(x)))
+        return F.relu(self.bn(self.conv2(y)) + x)
+
+
+def reused_bn_layers(seed: int = 0, c: int = 3, classes: int = 5) -> list[nn.Module]:
+    torch.manual_seed(seed)
+    return [nn.Sequential(nn.Conv2d(c, 4, 3, 1, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU()),
+            ReusedBN(4), ReusedBN(4), Head(4, classes)]
+
+
+class Sequence(nn.Module):
+    """Runs a layer list (tuples pass between layers), like nn.Sequential."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class FunctionalOp(nn.Module):
+    """A conv child, then ``op(conv(x), x)`` in the custom forward (same shape as x)."""
+
+    def __init__(self, op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], c: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.op = op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(self.conv(x), x)
+
+
+def functional_ops() -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], str]]:
+    """Ops that are not exact on tiles: name -> (op(y, x), the name the refusal must contain)."""
+    return {
+        "max_pool2d": (lambda y, x: F.max_pool2d(y, 3, 1, 1) + x, "F.max_pool2d"),
+        "avg_pool2d": (lambda y, x: F.avg_pool2d(y, 3, 1, 1) + x, "F.avg_pool2d"),
+        "mean_hw": (lambda y, x: y * y.mean((2, 3), keepdim=True) + x, "mean"),
+        "adaptive_avg_pool2d": (lambda y, x: y * torch.sigmoid(F.adaptive_avg_pool2d(y, 1)) + x,
+                                "F.adaptive_avg_pool2d"),
+        "flip": (lambda y, x: torch.flip(y, dims=(3,)) + x, "flip"),
+        "roll": (lambda y, x: torch.roll(y, 1, dims=2) + x, "roll"),
+        "pad": (lambda y, x: F.pad(y, (1, 0, 0, 0))[..., :-1] + x, "F.pad"),
+        "slice": (lambda y, x: torch.cat([y[..., 1:], y[..., :1]], dim=-1) + x, "__getitem__"),
+    }
+
+
+class Interpolated(nn.Module):
+    """F.interpolate inside a custom forward (exact: the guard computes it on tiles)."""
+
+    def __init__(self, c: int = 3, mode: str = "bilinear", align_corners: bool | None = False,
+                 scale: float = 2.0) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.mode, self.align_corners, self.scale = mode, align_corners, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(self.conv(x), scale_factor=self.scale, mode=self.mode,
+                             align_corners=self.align_corners)
+
+
+def spatial_models(c: int = 3) -> dict[str, Callable[[], nn.Module]]:
+    """Name -> builder of a model using the newer exact layers (float64 exactness on tiles)."""
+    return {
+        "se_block_linear": lambda: nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), SqueezeExcite(4)),
+        "se_block_conv": lambda: nn.Sequential(nn.Conv2d(c, 4, 3, padding=1),
+                                               SqueezeExcite(4, conv=True)),
+        "se_resnet": lambda: Sequence(se_resnet_layers(c=c)),
+        "groupnorm": lambda: nn.Sequential(nn.Conv2d(c, 6, 3, padding=1), nn.GroupNorm(3, 6),
+                                           nn.ReLU(), nn.Conv2d(6, 4, 3, 2, 1), nn.GroupNorm(1, 4)),
+        "instancenorm": lambda: nn.Sequential(nn.Conv2d(c, 4, 3, padding=1),
+                                              nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+                                              nn.Conv2d(4, 4, 3, padding=1), nn.InstanceNorm2d(4)),
+        "convT_k2s2": lambda: nn.ConvTranspose2d(c, 4, 2, 2),
+        "convT_k3s2p1op1": lambda: nn.ConvTranspose2d(c, 4, 3, 2, 1, output_padding=1),
+        "convT_k4s2p1": lambda: nn.ConvTranspose2d(c, 4, 4, 2, 1, bias=False),
+        "convT_k3s1p1_d2": lambda: nn.ConvTranspose2d(c, 4, 3, 1, 2, dilation=2),
+        "convT_k5s3p2_g": lambda: nn.ConvTranspose2d(c, 6, 5, 3, 2, output_padding=2, groups=3),
+        "upsample_nearest": lambda: nn.Sequential(nn.Conv2d(c, 4, 3, padding=1),
+                                                  nn.Upsample(scale_factor=2)),
+        "upsample_bilinear": lambda: nn.Sequential(nn.Conv2d(c, 4, 3, padding=1),
+                                                   nn.Upsample(scale_factor=2, mode="bilinear")),
+        "upsample_bilinear_ac": lambda: nn.Sequential(
+            nn.Conv2d(c, 4, 3, padding=1), nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)),
+        "interpolate_functional": lambda: Interpolated(c, "bilinear", True, 1.5),
+        "unet": lambda: Sequence(unet_layers(c=c)),
+        "unet_groupnorm": lambda: Sequence(unet_layers(c=c, norm="gn")),
+    }
