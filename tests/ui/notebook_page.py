@@ -51,9 +51,9 @@ class NotebookPage:
         self.lab = lab
         self.name = name
         page.goto(lab.lab_url(name), timeout=120_000)
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached", timeout=180_000)   # slow when loaded
         page.evaluate("() => window.jupyterapp && window.jupyterapp.shell.collapseLeft()")   # the file browser
-        self._wait_kernel_idle(90)
+        self._wait_kernel_idle(180)
 
     # ------------------------------------------------------------------ running
     def _kernel_status(self) -> str:
