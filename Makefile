@@ -46,7 +46,7 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	bash benchmarks/run_all.sh
 
-# System packages of the browser (tests/ui) and Slurm (tests/slurm) tests: chromium, slurm-wlm, munge (apt).
+# System packages of the browser (tests/ui) and Slurm (tests/slurm) tests: chromium, fontconfig, slurm-wlm, munge (apt).
 ci-deps:
 	bash .ci/deps
 
