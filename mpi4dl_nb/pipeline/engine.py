@@ -19,7 +19,7 @@ from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
 from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
-from .stages import Stage, auto_balance, split_layers
+from .stages import Stage, auto_balance, default_balance, split_layers
 from .step_input import StepInput, resolve_batch_size, resolve_image_size
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -90,7 +90,8 @@ class HybridEngine:
         self.abort_on_error = abort_on_error
         self.roles: list[RankRole] = layout(cfg)
         self.role = self.roles[ctx.rank]
-        self.stages: list[Stage] = split_layers(layers, cfg.split_size, cfg.balance)
+        self.balance = default_balance(layers, cfg)   # cfg.balance, or the rule for cfg
+        self.stages: list[Stage] = split_layers(layers, cfg.split_size, self.balance)
         self.grid = TileGrid(*cfg.grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
         self.stage_groups, spatial_groups = self._make_groups()

@@ -37,12 +37,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..comm.messages import as_items
-from ..config import ConfigError, ParallelConfig, SliceMethod
-from ..layout import layout
-from ..pipeline.schedules import Action, ActionKind, build_schedule
-from ..pipeline.stages import check_balance, even_balance, layer_memory
-from ..run.metrics import state_bytes, tensor_bytes
+from ...comm.messages import as_items
+from ...config import ConfigError, ParallelConfig, SliceMethod
+from ...layout import layout
+from ...pipeline.schedules import Action, ActionKind, build_schedule
+from ...pipeline.stages import check_balance, even_balance, layer_memory
+from ...run.metrics import state_bytes, tensor_bytes
 
 Layers = Sequence[nn.Module] | nn.Sequential
 
