@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb import cluster as clu
-from mpi4dl_nb.models import build_model
+from mpi4dl_nb.run import tune
 
 CASES = [
     ("serial", dict(split_size=1, spatial_size=0), 2),
@@ -55,7 +54,7 @@ class Row:
     batch: int
     estimate: list[int]
     measured: list[int]
-    predicted_time: float | None
+    predicted_time: float
     measured_time: float
 
     @property
@@ -67,84 +66,48 @@ class Row:
         return max(self.ratios, key=lambda r: abs(r - 1))
 
     @property
-    def time_ratio(self) -> float | None:
-        return None if self.predicted_time is None else self.predicted_time / self.measured_time
+    def time_ratio(self) -> float:
+        return self.predicted_time / self.measured_time
 
 
-def measure_on_engine(knobs, model, depth, width, image_size, batch, steps):
-    """On every rank: (peak bytes of one measured step, seconds of each timed step)."""
-    import torch
-    from torch import nn
-
-    import mpi4dl_nb as dl
-    from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.notebook.planner import measure_engine_step, time_engine_steps
-
-    torch.set_num_threads(1)
-    ctx = dl.init()
-    torch.manual_seed(0)
-    layers = build_model(model, num_layers=depth, num_filters=width, num_classes=2)
-    eng = dl.HybridEngine(layers, dl.ParallelConfig(**knobs), ctx, loss_fn=nn.CrossEntropyLoss(),
-                          optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
-    x, y = torch.randn(batch, 3, image_size, image_size), torch.randint(0, 2, (batch,))
-    peak = measure_engine_step(eng, x, y)
-    return peak, time_engine_steps(eng, x, y, steps=steps, warmup=0)
-
-
-def predict_time(layers, cfg, image_size, batch, network):
-    time_model = getattr(planner, "predict_step_time", None)
-    if time_model is None:
-        return None
-    return time_model(layers, cfg, image_size, batch, network=network).seconds
+def predict_time(layers, cfg, image_size, batch, network) -> float:
+    return planner.predict_step_time(layers, cfg, image_size, batch, network=network).seconds
 
 
 def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
               names: list[str] | None) -> list[Row]:
-    layers = build_model(model, num_layers=depth, num_filters=width, num_classes=2)
+    spec = tune.ModelSpec(model, depth, width, num_classes=2)
+    layers = spec.build()
     label = f"{model}-{depth} w{width} {image_size}px"
     cases = [c for c in CASES if names is None or c[0] in names]
     cases.sort(key=lambda case: ParallelConfig(**case[1]).world_size)
     rows = []
     for world, group in itertools.groupby(cases, key=lambda case: ParallelConfig(**case[1]).world_size):
         with clu.start(n=world, call_timeout=1800) as cluster:
-            network = None
-            calibrate = getattr(planner, "calibrate_network", None)
-            if calibrate is not None and world > 1:
-                network = cluster.run(calibrate_on_engine)[0]
+            network = planner.fit_network(cluster.run(tune.ping_pong_on_engine)[0])
             for name, knobs, batch in group:
                 cfg = ParallelConfig(**knobs)
                 plan = planner.estimate_memory(layers, cfg, image_size, batch)
-                results = cluster.run(measure_on_engine, knobs, model, depth, width, image_size, batch, steps)
-                measured = [peak for peak, _ in results]
-                per_step = [max(times) for times in zip(*(t for _, t in results))]
+                measured = cluster.run(tune.measure_config_on_engine, spec, knobs, image_size, batch, steps)[0]
                 predicted = predict_time(layers, cfg, image_size, batch, network)
-                rows.append(Row(label, name, world, batch, plan.totals, measured, predicted,
-                                statistics.median(per_step)))
+                rows.append(Row(label, name, world, batch, plan.totals, list(measured.peaks), predicted,
+                                measured.seconds))
                 print_row(rows[-1], markdown=False, file=sys.stderr)
     return rows
-
-
-def calibrate_on_engine():
-    import mpi4dl_nb as dl
-    from mpi4dl_nb.notebook.planner import calibrate_network
-
-    return calibrate_network(dl.init())
 
 
 def print_row(row: Row, markdown: bool, file=sys.stdout) -> None:
     mb = 2 ** 20
     cells = "; ".join(f"r{r}: {e / mb:.1f}/{m / mb:.1f} ({e / m:.2f})"
                       for r, (e, m) in enumerate(zip(row.estimate, row.measured)))
-    ratio = row.time_ratio
-    time_text = (f"{row.predicted_time:.3f}/{row.measured_time:.3f} s" if ratio is not None
-                 else f"-/{row.measured_time:.3f} s")
+    time_text = f"{row.predicted_time:.3f}/{row.measured_time:.3f} s"
     if markdown:
         print(f"| {row.model} | {row.name} | {row.world} | {row.batch} | {row.worst:.2f} | "
-              f"{'-' if ratio is None else f'{ratio:.2f}'} | {time_text} | {cells} |", file=file)
+              f"{row.time_ratio:.2f} | {time_text} | {cells} |", file=file)
     else:
         print(f"{row.model:24s} {row.name:26s} ranks {row.world} batch {row.batch}  worst ratio "
-              f"{row.worst:.2f}  time ratio {'-' if ratio is None else f'{ratio:.2f}'} "
-              f"({time_text})  | {cells}", file=file, flush=True)
+              f"{row.worst:.2f}  time ratio {row.time_ratio:.2f} ({time_text})  | {cells}",
+              file=file, flush=True)
 
 
 def main() -> int:
@@ -169,11 +132,10 @@ def main() -> int:
     for row in rows:
         print_row(row, args.markdown)
     memory_ok = sum(all(abs(r - 1) <= 0.15 for r in row.ratios) for row in rows)
-    timed = [row for row in rows if row.time_ratio is not None]
-    time_ok = sum(abs(row.time_ratio - 1) <= 0.30 for row in timed)
+    time_ok = sum(abs(row.time_ratio - 1) <= 0.30 for row in rows)
     load = os.getloadavg()
     print(f"\nmemory within 15% on every rank: {memory_ok}/{len(rows)}; step time within 30%: "
-          f"{time_ok}/{len(timed)} (float32; {time.monotonic() - start:.0f} s; load average "
+          f"{time_ok}/{len(rows)} (float32; {time.monotonic() - start:.0f} s; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
     return 0
 

@@ -26,7 +26,7 @@ that moment, so a wrong estimate says which term is wrong. Activation terms use
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from ...pipeline.schedules import Action, ActionKind, Schedule, build_schedule, 
 from ...pipeline.stages import default_balance
 from .footprint import FootprintCache, StageFootprint, StageRole, compose_stage
 from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
-from .profile import Layers, LayerProfile, batched, profile_layers
+from .profile import LayerProfile, Layers, batched, profile_layers
 
 MB = 2 ** 20
 TERMS = ("weights", "buffers", "optimizer", "gradients", "persistent", "activations", "halo",

@@ -1,4 +1,4 @@
-"""Measuring what the models predict: a step's peak memory on a rank, and its wall time.
+"""Measuring what the planner predicts: a step's peak memory on a rank, its wall time, the network.
 
 Memory on CPU comes from the PyTorch profiler's allocation record (glibc keeping freed
 memory makes RSS useless), on CUDA from the caching allocator's peak. The measured peak of
@@ -12,15 +12,16 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...run.metrics import state_bytes
+from ..comm.protocol import Comm
+from .metrics import state_bytes
 
-STEP_MARK = "mpi4dl_nb.planner.measured_step"
+STEP_MARK = "mpi4dl_nb.measured_step"
 
 
 def _trace_events(prof: Any) -> list[dict[str, Any]]:
@@ -141,3 +142,31 @@ def time_engine_steps(engine: Any, images: Any, labels: Any, steps: int = 2, war
         engine.train_step(images, labels, **step_kw)
         seconds.append(time.perf_counter() - start)
     return seconds
+
+
+def ping_pong(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20), repeats: int = 7,
+              peers: tuple[int, int] = (0, 1)) -> list[tuple[int, float]]:
+    """(bytes, median one-way seconds) per size between ranks ``peers`` through the context's
+    data plane; collective (the other ranks wait), every rank gets the list. One rank: []."""
+    if ctx.world_size < 2:
+        return []
+    a, b = peers
+    points = None
+    if ctx.rank in (a, b):
+        other = b if ctx.rank == a else a
+        points = []
+        for size in sizes:
+            buf = torch.zeros(max(1, size // 4), device=ctx.device)
+            runs = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                if ctx.rank == a:
+                    ctx.send(buf, other, tag=7)
+                    ctx.recv(buf, other, tag=8)
+                else:
+                    ctx.recv(buf, other, tag=7)
+                    ctx.send(buf, other, tag=8)
+                runs.append((time.perf_counter() - start) / 2)
+            points.append((buf.numel() * buf.element_size(), sorted(runs[1:])[len(runs[1:]) // 2]))
+    result = ctx.bcast_object(points, root=a)
+    return list(result or [])
