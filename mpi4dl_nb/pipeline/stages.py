@@ -296,8 +296,22 @@ def _first_in_channels(layers: Sequence[nn.Module]) -> int | None:
     return None
 
 
-def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig,
-                    probe_size: int = PROBE_SIZE) -> tuple[int, ...]:
+def probe_memory(layers: Sequence[nn.Module], probe_size: int = PROBE_SIZE) -> list[LayerMemory] | None:
+    """``layer_memory`` of ``layers`` on a ``probe_size`` square image (meta), or None if the
+    input channels cannot be told (no conv) or the layers fail at that size."""
+    channels = _first_in_channels(layers)
+    if channels is None:
+        return None
+    dtype = next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
+    sample = torch.empty(1, channels, probe_size, probe_size, dtype=dtype, device="meta")
+    try:
+        return layer_memory(layers, sample)
+    except (RuntimeError, ValueError, TypeError):
+        return None
+
+
+def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size: int = PROBE_SIZE,
+                    probed: Sequence[LayerMemory] | None = None) -> tuple[int, ...]:
     """The balance ``cfg`` trains with: ``cfg.balance`` if given, else a rule.
 
     Without spatial stages: even by layer count (``even_balance``). With spatial stages the
@@ -310,20 +324,15 @@ def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig,
     its received input (twice after the hand-off: the joined map and its gradient's tile
     copies); the contiguous cut minimising the largest rank's bytes, with spatial stages
     ending on 4-d feature maps. Layers that cannot be probed (no conv to tell the input
-    channels, or an error at that size) fall back to the even cut.
+    channels, or an error at that size) fall back to the even cut. ``probed``: the
+    ``probe_memory`` of ``layers``, if already known.
     """
     if cfg.balance is not None:
         return check_balance(cfg.balance, len(layers), cfg.split_size)
     if cfg.spatial_size == 0:
         return even_balance(len(layers), cfg.split_size)
-    channels = _first_in_channels(layers)
-    if channels is None:
-        return even_balance(len(layers), cfg.split_size)
-    dtype = next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
-    sample = torch.empty(1, channels, probe_size, probe_size, dtype=dtype, device="meta")
-    try:
-        memory = layer_memory(layers, sample)
-    except (RuntimeError, ValueError, TypeError):
+    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
+    if memory is None:
         return even_balance(len(layers), cfg.split_size)
     saved = [0.0] + [float(m.saved_bytes) for m in memory]
     params = [0.0] + [3.0 * m.param_bytes for m in memory]

@@ -14,6 +14,7 @@ from mpi4dl_nb.models import build_model
 from mpi4dl_nb.notebook.planner.footprint import FootprintCache, StageRole, compose_stage, simulate_layer
 from mpi4dl_nb.notebook.planner.live_bytes import LiveBytes
 from mpi4dl_nb.notebook.planner.optimizer import optimizer_footprint
+from mpi4dl_nb.notebook.planner.workspace import Workspace, conv_workspace
 
 MB = 2 ** 20
 
@@ -46,25 +47,33 @@ def test_profile_counts_saved_activations_once_and_excludes_weights():
 
 def test_layer_footprint_of_conv_relu_is_exact():
     layer = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.ReLU())
-    (fp,) = simulate_layer(layer, [(2, 3, 16, 16)], torch.float32, StageRole())
+    (fp,) = simulate_layer(layer, [(2, 3, 16, 16)], torch.float32, StageRole(), workspace=Workspace.NONE)
     out = 2 * 8 * 16 * 16 * 4
     assert fp.saves_input and fp.saves_output               # conv keeps x, ReLU its output
     assert fp.output_bytes == out and fp.kept == 0           # the conv output goes once ReLU ran
     assert fp.grad_bytes == 8 * 3 * 9 * 4 and fp.input_grad_bytes == 2 * 3 * 16 * 16 * 4
     assert fp.forward_peak == 2 * out
+    # on CPU the conv's scratch (oneDNN's channel-blocked input copy and reordered weight)
+    # lives next to its output: 16 channels instead of 3, plus the weight
+    (cpu,) = simulate_layer(layer, [(2, 3, 16, 16)], torch.float32, StageRole(), workspace=Workspace.CPU)
+    assert cpu.forward_peak == out + 2 * 16 * 16 * 16 * 4 + 8 * 3 * 9 * 4
+    assert conv_workspace(layer[0], torch.empty(2, 3, 16, 16, dtype=torch.float64, device="meta"),
+                          torch.empty(2, 8, 16, 16, device="meta"), Workspace.CPU) == (2 * 27 * 256 * 8,) * 2
 
 
 def test_stage_composed_from_layers_equals_the_whole_stage_simulated():
     layers = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
     profiles = planner.profile_layers(layers, 64)
     cache = FootprintCache()
-    per_layer = [cache.layer(p.layer, [(2, *s[1:]) for s in p.in_shapes], torch.float32, StageRole())[0]
-                 for p in profiles[:4]]
-    stage = compose_stage(per_layer, grad_held=False)
-    (whole,) = simulate_layer(nn.Sequential(*layers[:4]), [(2, 3, 64, 64)], torch.float32, StageRole())
-    assert stage.retained == whole.kept + whole.output_bytes
-    assert stage.forward_peak == whole.forward_peak
-    assert stage.backward_first == whole.backward_peak     # both count the gradients made so far
+    none = Workspace.NONE
+    per_layer = [cache.layer(p.layer, [(2, *s[1:]) for s in p.in_shapes], torch.float32, StageRole(),
+                             workspace=none)[0] for p in profiles[:4]]
+    stage = compose_stage(per_layer, grad_held=False)      # per layer: one sample, times two
+    (whole,) = simulate_layer(nn.Sequential(*layers[:4]), [(2, 3, 64, 64)], torch.float32, StageRole(),
+                              workspace=none)
+    assert stage.retained == pytest.approx(whole.kept + whole.output_bytes, rel=1e-3)
+    assert stage.forward_peak == pytest.approx(whole.forward_peak, rel=1e-3)
+    assert stage.backward_first == pytest.approx(whole.backward_peak, rel=5e-3)   # gradients made so far
     # a tile keeps the halo strips its convs received, and less than the whole map
     tiles = cache.layer(layers[1], [(2, 8, 64, 64)], torch.float32, StageRole(grid=(1, 2)))
     assert len(tiles) == 2 and all(0 < t.halo_kept < t.kept for t in tiles)
@@ -112,7 +121,7 @@ def test_precision_recompute_and_optimizer_terms():
     redo = planner.estimate_memory(layers, cfg, 64, 4, recompute="stage")
     adam = planner.estimate_memory(layers, cfg, 64, 4, optimizer=lambda p: torch.optim.Adam(p))
     r0 = plain.ranks[0]
-    assert half.ranks[0].activations == pytest.approx(r0.activations / 2, rel=0.02)
+    assert half.ranks[0].activations < 0.7 * r0.activations   # 2-byte elements (BatchNorm keeps some fp32)
     assert half.ranks[0].weights == pytest.approx(r0.weights * 1.5, rel=1e-6)    # fp32 master + bf16 copy
     assert redo.ranks[0].activations == 0 and redo.peak < plain.peak
     assert adam.ranks[0].optimizer == pytest.approx(2 * r0.optimizer, rel=1e-3)

@@ -7,8 +7,9 @@ only (receive buffers are zero-filled off the ``meta`` device, so a timed run co
 defined numbers). Every message and collective is counted, and every receive buffer is
 reported to ``on_receive``, so a memory simulation can tell halo strips apart.
 
-A comm made with ``replay=[...]`` answers object gathers from a recording of a threaded run
-instead, so one tile can run alone on a real device (what the time model profiles).
+A comm made with ``sizes=SizeOracle(...)`` runs alone: it answers the only object gather a
+spatialized layer makes - every tile's local size of a map - from the map sizes the layer
+produces when run whole, so a single tile can be simulated (or timed) without the others.
 """
 
 from __future__ import annotations
@@ -86,19 +87,44 @@ class FakeWorld:
             self._cond.notify_all()
 
 
+class AmbiguousSize(RuntimeError):
+    """The size oracle cannot tell which map a tile's size belongs to (simulate all tiles)."""
+
+
+@dataclass(frozen=True)
+class SizeOracle:
+    """Every tile's local size of a map, from one tile's: the map is the one among ``maps``
+    (the (H, W) sizes the layer's whole-map run produced) whose tile has that size."""
+
+    rows: int
+    cols: int
+    maps: frozenset[tuple[int, int]]
+
+    def all_tiles(self, tile: int, local: Any) -> list[tuple[int, int]]:
+        from ...spatial.geometry import TileGrid
+
+        grid = TileGrid(self.rows, self.cols)
+        if not (isinstance(local, tuple) and len(local) == 2):
+            raise AmbiguousSize(f"an object gather of {local!r} is not a tile size")
+        found = {m for m in self.maps if grid.tile_of_size(tile, *m) == tuple(local)}
+        layouts = {tuple(grid.tile_of_size(t, *m) for t in range(grid.num_tiles)) for m in found}
+        if len(layouts) != 1:
+            raise AmbiguousSize(f"tile {tile} of size {local} fits {len(found)} map sizes")
+        return list(layouts.pop())
+
+
 class FakeComm:
     """One simulated rank's communicator (implements ``comm.protocol.Comm``)."""
 
     def __init__(self, rank: int, world: FakeWorld | None, device: torch.device,
-                 replay: Iterable[Any] | None = None, world_size: int | None = None) -> None:
+                 world_size: int | None = None, sizes: SizeOracle | None = None) -> None:
         self._rank = rank
         self.world = world
         self._world_size = world.size if world is not None else int(world_size or 1)
         self._device = device
         self._tracer = Tracer(rank, enabled=False)
-        self._replay = list(replay) if replay is not None else None
+        self._sizes = sizes
         self._calls: dict[tuple[int, ...], int] = {}
-        self.gathered: list[Any] = []      # every object collective's result, in call order
         self.traffic = Traffic()
         self.on_receive: Callable[[torch.Tensor], None] | None = None
 
@@ -160,22 +186,17 @@ class FakeComm:
 
     def _meet(self, obj: Any, group: Group | None) -> list[Any]:
         ranks = self._ranks(group)
-        if self._replay is not None:
-            if not self._replay:
-                raise RuntimeError(f"simulated rank {self._rank}: more object collectives than "
-                                   f"the recorded run made")
-            result = self._replay.pop(0)
-        else:
-            if self.world is None:
-                raise RuntimeError("a FakeComm without a world needs replay=[...] for collectives")
-            count = self._calls.get(ranks, 0)
-            self._calls[ranks] = count + 1
-            result = self.world.meet((ranks, count), ranks, self._rank, obj)
-        self.gathered.append(result)
-        return list(result)
+        if self._sizes is not None:
+            return list(self._sizes.all_tiles(ranks.index(self._rank), obj))
+        if self.world is None:
+            raise RuntimeError("a FakeComm without a world answers collectives only with sizes=")
+        count = self._calls.get(ranks, 0)
+        self._calls[ranks] = count + 1
+        return list(self.world.meet((ranks, count), ranks, self._rank, obj))
 
     def barrier(self, group: Group | None = None) -> None:
-        self._meet(None, group)
+        if self._sizes is None:
+            self._meet(None, group)
 
     def all_gather_object(self, obj: Any, group: Group | None = None) -> list[Any]:
         return self._meet(obj, group)

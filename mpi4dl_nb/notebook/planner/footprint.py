@@ -24,8 +24,9 @@ from torch import nn
 from ...comm.handles import Group
 from ...comm.messages import as_items
 from ...spatial.geometry import TileGrid
-from .fake_world import FakeComm, FakeWorld, Traffic, run_ranks
+from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .live_bytes import LiveBytes, storage_of
+from .workspace import Workspace, instrument
 
 Shape = tuple[int, ...]
 Loss = Callable[[Any], torch.Tensor]
@@ -67,7 +68,22 @@ class LayerFootprint:
     persistent: int         # what the layer keeps across steps (halo staging buffers, caches)
     forward_traffic: Traffic = field(default_factory=Traffic)
     backward_traffic: Traffic = field(default_factory=Traffic)
-    gathered: tuple[Any, ...] = ()
+
+    def times(self, samples: int) -> LayerFootprint:
+        """This footprint (one sample) for ``samples``: every activation term scales with the
+        batch; parameter gradients do not (per-channel statistics are neglected)."""
+        def n(value: int) -> int:
+            return value * samples
+        return LayerFootprint(
+            n(self.input_bytes), n(self.output_bytes), n(self.forward_peak), n(self.kept), n(self.halo_kept),
+            self.saves_input, self.saves_output, n(self.backward_peak - self.grad_bytes) + self.grad_bytes,
+            n(self.input_grad_bytes), self.grad_bytes, n(self.persistent),
+            _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples))
+
+
+def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
+    return Traffic(traffic.messages, traffic.message_bytes * samples, traffic.collectives,
+                   traffic.collective_bytes)
 
 
 @dataclass(frozen=True)
@@ -160,8 +176,19 @@ def _backward(out: Any) -> None:
 
 
 def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
-              comm: FakeComm | None, loss: Loss | None) -> LayerFootprint:
-    """One forward + backward of ``module`` on meta inputs of ``shapes``, counted."""
+              comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU) -> LayerFootprint:
+    """One forward + backward of ``module`` on meta inputs of ``shapes``, counted (with the
+    backend's conv scratch, ``workspace``)."""
+    hooks = instrument(module, workspace)
+    try:
+        return _counted(module, shapes, dtype, comm, loss)
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
+def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
+             comm: FakeComm | None, loss: Loss | None) -> LayerFootprint:
     inputs = [torch.empty(shape, dtype=dtype, device="meta").requires_grad_(True) for shape in shapes]
     x = tuple(inputs) if len(inputs) > 1 else inputs[0]
     input_ids = {storage_of(t)[0] for t in inputs}
@@ -208,12 +235,12 @@ def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         saves_input=bool(input_ids & packed), saves_output=bool(output_ids & packed),
         backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
         grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
-        backward_traffic=after.minus(middle),
-        gathered=tuple(comm.gathered) if comm is not None else ())
+        backward_traffic=after.minus(middle))
 
 
 class FootprintCache:
-    """Layer footprints by (structure, input shapes, dtype, role, loss): each simulated once."""
+    """Layer footprints by (structure, input shapes, dtype, role, loss): each simulated once,
+    for one sample (a chunk's footprint is the sample's times the chunk size)."""
 
     def __init__(self) -> None:
         self._found: dict[Hashable, list[LayerFootprint]] = {}
@@ -228,41 +255,102 @@ class FootprintCache:
         return key
 
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
-              loss: Loss | None = None, loss_key: Hashable = None,
-              elementwise: Sequence[type] = ()) -> list[LayerFootprint]:
+              loss: Loss | None = None, loss_key: Hashable = None, elementwise: Sequence[type] = (),
+              workspace: Workspace = Workspace.CPU) -> list[LayerFootprint]:
         """Footprint of ``layer`` on inputs ``shapes`` (whole maps), one per tile of ``role``."""
-        key = (self._structure(layer), tuple(tuple(s) for s in shapes), dtype, role,
-               loss_key if loss is not None else None, tuple(elementwise))
+        samples = shapes[0][0] if shapes and len(shapes[0]) > 0 else 1
+        one = [(1, *s[1:]) if len(s) > 0 and s[0] == samples else tuple(s) for s in shapes]
+        key = (self._structure(layer), tuple(tuple(s) for s in one), dtype, role,
+               loss_key if loss is not None else None, tuple(elementwise), workspace)
         found = self._found.get(key)
         if found is None:
-            found = simulate_layer(layer, shapes, dtype, role, loss, elementwise)
+            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace)
             self._found[key] = found
             self.simulated += 1
-        return found
+        return found if samples == 1 else [fp.times(samples) for fp in found]
+
+
+def map_sizes(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype) -> frozenset[tuple[int, int]]:
+    """Every (H, W) of a 4-d tensor going into or out of ``layer``'s modules on whole maps (meta)."""
+    found: set[tuple[int, int]] = set()
+
+    def note(value: Any) -> None:
+        for t in as_items(value) if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(t, torch.Tensor) and t.dim() == 4:
+                found.add((int(t.shape[-2]), int(t.shape[-1])))
+
+    def hook(module: nn.Module, args: Any, out: Any) -> None:
+        note(args)
+        note(out)
+
+    module = meta_copy(layer, dtype)
+    handles = [m.register_forward_hook(hook) for m in module.modules()]
+    inputs = [torch.empty(s, dtype=dtype, device="meta") for s in shapes]
+    with torch.no_grad():
+        module(tuple(inputs) if len(inputs) > 1 else inputs[0])
+    for handle in handles:
+        handle.remove()
+    return frozenset(found)
+
+
+def tile_classes(grid: TileGrid, shapes: Sequence[Shape]) -> dict[int, int]:
+    """tile -> the first tile with the same input shapes and as many neighbours along each
+    axis (such tiles allocate the same bytes: one of them is simulated)."""
+    first: dict[tuple[Any, ...], int] = {}
+    out = {}
+    for tile in range(grid.num_tiles):
+        sides = grid.neighbors(tile)
+        counts = (sum(s in sides for s in ("top", "bottom")), sum(s in sides for s in ("left", "right")))
+        key = (tuple(tile_shapes(shapes, grid, tile)), counts)
+        out[tile] = first.setdefault(key, tile)
+    return out
+
+
+def spatial_module(layer: nn.Module, grid: TileGrid, comm: Any, role: StageRole, full: Shape,
+                   dtype: torch.dtype | None, elementwise: Sequence[type] = (), device: str = "meta") -> nn.Module:
+    """``layer`` (copied to ``device``) spatialized for ``comm``'s tile of ``grid``."""
+    from ...spatial.convert import spatialize
+
+    copied = meta_copy(layer, dtype) if device == "meta" else \
+        copy.deepcopy(layer).to(device=device, dtype=dtype).train()
+    return spatialize(nn.Sequential(copied), grid, comm, Group(tuple(range(grid.num_tiles))),
+                      image_size=(full[-2], full[-1]), halo_d2=role.halo_d2,
+                      fused_layers=role.fused_layers, elementwise=tuple(elementwise))
 
 
 def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
-                   loss: Loss | None = None, elementwise: Sequence[type] = ()) -> list[LayerFootprint]:
-    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps."""
-    if role.grid is None:
-        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss)]
-    from ...spatial.convert import spatialize
+                   loss: Loss | None = None, elementwise: Sequence[type] = (),
+                   workspace: Workspace = Workspace.CPU) -> list[LayerFootprint]:
+    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps.
 
+    Tiles run alone, answered by a ``SizeOracle`` (one per class of alike tiles); when the
+    oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
+    """
+    if role.grid is None:
+        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace)]
     grid = TileGrid(*role.grid)
-    world = FakeWorld(grid.num_tiles)
-    group = Group(tuple(range(grid.num_tiles)))
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
         raise ValueError(f"{type(layer).__name__}: a spatial stage needs 4-d (N, C, H, W) inputs")
+    oracle = SizeOracle(grid.rows, grid.cols, map_sizes(layer, shapes, dtype))
+    try:
+        classes = tile_classes(grid, shapes)
+        found: dict[int, LayerFootprint] = {}
+        for tile in sorted(set(classes.values())):
+            comm = FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles, sizes=oracle)
+            module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
+            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace)
+        return [found[classes[tile]] for tile in range(grid.num_tiles)]
+    except AmbiguousSize:
+        pass
+    world = FakeWorld(grid.num_tiles)
 
-    def tile(rank: int) -> LayerFootprint:
+    def tile_run(rank: int) -> LayerFootprint:
         comm = world.comm(rank)
-        module = spatialize(nn.Sequential(meta_copy(layer, dtype)), grid, comm, group,
-                            image_size=(full[-2], full[-1]), halo_d2=role.halo_d2,
-                            fused_layers=role.fused_layers, elementwise=tuple(elementwise))
-        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss)
+        module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
+        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace)
 
-    return run_ranks(world, tile)
+    return run_ranks(world, tile_run)
 
 
 # ------------------------------------------------------------------ composition

@@ -36,10 +36,11 @@ from torch import nn
 from ...config import Choice, ParallelConfig
 from ...layout import RankRole, layout
 from ...pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
-from ...pipeline.stages import default_balance
+from ...pipeline.stages import LayerMemory, check_balance, default_balance, even_balance, probe_memory
 from .footprint import FootprintCache, StageFootprint, StageRole, compose_stage
 from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
 from .profile import LayerProfile, Layers, batched, profile_layers
+from .workspace import Workspace
 
 MB = 2 ** 20
 TERMS = ("weights", "buffers", "optimizer", "gradients", "persistent", "activations", "halo",
@@ -179,6 +180,7 @@ class StageModel:
     cache: FootprintCache
     loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss
     elementwise: Sequence[type] = ()
+    workspace: Workspace = Workspace.CPU
     _found: dict[tuple[int, int | None, bool], StageFootprint] = field(default_factory=dict)
 
     @property
@@ -212,7 +214,8 @@ class StageModel:
                 loss = self._loss if last and index == stop - 1 else None
                 shapes = [batched(s, self.chunk) for s in profile.in_shapes]
                 tiles = self.cache.layer(profile.layer, shapes, self.precision.activations, role,
-                                         loss=loss, loss_key=self.loss_fn, elementwise=self.elementwise)
+                                         loss=loss, loss_key=self.loss_fn, elementwise=self.elementwise,
+                                         workspace=self.workspace)
                 per_layer.append(tiles[tile or 0])
             found = compose_stage(per_layer, grad_held=held)
             self._found[key] = found
@@ -392,7 +395,8 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
                     precision: Precision | None = None, recompute: Recompute | str = Recompute.NONE,
                     optimizer: OptimizerFactory | None = None, optimizer_states: int | None = None,
                     loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
-                    elementwise: Sequence[type] = (), cache: FootprintCache | None = None) -> MemoryPlan:
+                    elementwise: Sequence[type] = (), cache: FootprintCache | None = None,
+                    device: torch.device | str = "cpu") -> MemoryPlan:
     """Per-rank peak memory of ``cfg`` training ``model`` on ``batch_size`` images, by term.
 
     ``model``: the layer list, or ``profile_layers`` of it. ``dtype`` (or ``precision``):
@@ -400,18 +404,17 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     simulated on meta for its state and step temporaries); ``optimizer_states`` instead
     says how many parameter-sized tensors it keeps (SGD momentum 1, Adam 2). ``recompute``:
     which activations a stage keeps (see ``Recompute``). The stage cut is the engine's
-    (``pipeline.stages.default_balance``).
+    (``pipeline.stages.default_balance``). ``device``: where the ranks train (the conv
+    scratch memory of its backend is added, see ``workspace``).
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     precision = precision or Precision(dtype)
     profiles = _profiles(model, (height, width), in_channels, precision.activations)
     cfg.validate(batch_size=batch_size, num_layers=len(profiles))
-    layers = [p.layer for p in profiles]
-    balance = default_balance(layers, cfg) if all(layers) else \
-        default_balance_from_count(cfg, len(profiles))
+    balance = balance_of(profiles, cfg)
     chunk = batch_size // cfg.batch_divisor
     stage_model = StageModel(cfg, profiles, balance, chunk, precision, cache or DEFAULT_CACHE,
-                             loss_fn, tuple(elementwise))
+                             loss_fn, tuple(elementwise), Workspace.for_device(device))
     states: dict[int, OptimizerFootprint] = {}
 
     def optimizer_of(stage: int) -> OptimizerFootprint:
@@ -429,9 +432,23 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     return MemoryPlan(cfg, batch_size, (height, width), balance, ranks, chunk, dict(stage_model._found))
 
 
-def default_balance_from_count(cfg: ParallelConfig, num_layers: int) -> tuple[int, ...]:
-    from ...pipeline.stages import check_balance, even_balance
+_PROBES: list[tuple[list[Any], list[LayerMemory] | None]] = []
 
-    if cfg.balance is not None:
-        return check_balance(cfg.balance, num_layers, cfg.split_size)
-    return even_balance(num_layers, cfg.split_size)
+
+def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig) -> tuple[int, ...]:
+    """The stage cut the engine makes for ``cfg`` (``stages.default_balance``), its memory
+    probe of the layers computed once per layer list."""
+    layers = [p.layer for p in profiles]
+    if not all(layers):
+        if cfg.balance is not None:
+            return check_balance(cfg.balance, len(profiles), cfg.split_size)
+        return even_balance(len(profiles), cfg.split_size)
+    if cfg.balance is not None or cfg.spatial_size == 0:
+        return default_balance(layers, cfg)
+    for known, probed in _PROBES:
+        if len(known) == len(layers) and all(a is b for a, b in zip(known, layers)):
+            return default_balance(layers, cfg, probed=probed)
+    probed = probe_memory(layers)
+    _PROBES.insert(0, (layers, probed))
+    del _PROBES[8:]
+    return default_balance(layers, cfg, probed=probed)

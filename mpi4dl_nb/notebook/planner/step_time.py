@@ -28,7 +28,7 @@ from ...config import ParallelConfig
 from ...layout import layout, stage_holders
 from ...pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
 from .footprint import FootprintCache
-from .memory import DEFAULT_CACHE, Precision, Recompute, StageModel, _profiles, default_loss
+from .memory import DEFAULT_CACHE, Precision, Recompute, StageModel, _profiles, balance_of, default_loss
 from .profile import LayerProfile, Layers, batched
 from .simulate import Cost, RankTimeline, group_key, simulate
 from .timing import LayerTime, LayerTimer, Network, Node
@@ -109,7 +109,7 @@ class _Costs:
         footprints = model.cache.layer(profile.layer, shapes, model.precision.activations, role,
                                        loss=loss, loss_key=model.loss_fn, elementwise=model.elementwise)
         assert profile.layer is not None
-        timed = self.timer.layer(profile.layer, shapes, model.precision.activations, role, footprints,
+        timed = self.timer.layer(profile.layer, shapes, model.precision.activations, role,
                                  loss=loss, loss_key=model.loss_fn)
         return timed, footprints[tile or 0]
 
@@ -216,9 +216,7 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
     precision = precision or Precision(dtype)
     profiles = _profiles(model, (height, width), in_channels, precision.activations)
     cfg.validate(batch_size=batch_size, num_layers=len(profiles))
-    from ...pipeline.stages import default_balance
-
-    balance = default_balance([p.layer for p in profiles], cfg)
+    balance = balance_of(profiles, cfg)
     stage_model = StageModel(cfg, profiles, balance, batch_size // cfg.batch_divisor, precision,
                              cache or DEFAULT_CACHE, loss_fn)
     timer = timer or default_timer()

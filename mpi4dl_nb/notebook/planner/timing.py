@@ -2,9 +2,9 @@
 calibrated by ping-pong, and the node's compute capacity.
 
 ``LayerTimer`` runs each layer once per input shape and role on the rank's device with real
-tensors - a spatial layer spatialized on a one-tile replay of its simulated tile group
-(``fake_world``), so its halo packing and decomposed BatchNorm are timed, the wire time is
-not - and keeps the median forward and backward seconds. ``Network`` turns bytes and
+tensors - a spatial layer spatialized for one tile alone (``fake_world``'s size oracle), so
+its halo packing and decomposed BatchNorm are timed, the wire time is not - and keeps the
+median forward and backward seconds. ``Network`` turns bytes and
 messages into seconds (``latency + bytes / bandwidth``), ``calibrate_network`` measures it
 on the running cluster. ``Node`` says how many ranks compute at full speed at once (CPU
 cores shared by the ranks of one node; a GPU per rank).
@@ -23,12 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...comm.handles import Group
 from ...comm.messages import as_items
 from ...comm.protocol import Comm
 from ...spatial.geometry import TileGrid
-from .fake_world import FakeComm
-from .footprint import LayerFootprint, Loss, Shape, StageRole, structure_key, tile_shapes
+from .fake_world import FakeComm, SizeOracle
+from .footprint import Loss, Shape, StageRole, map_sizes, spatial_module, structure_key, tile_shapes
 
 
 @dataclass(frozen=True)
@@ -141,36 +140,32 @@ class LayerTimer:
         return key
 
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
-              footprints: Sequence[LayerFootprint], loss: Loss | None = None,
-              loss_key: Hashable = None) -> LayerTime:
+              loss: Loss | None = None, loss_key: Hashable = None) -> LayerTime:
         """Time of ``layer`` on the slowest tile of ``role`` (whole maps: the only one)."""
         tile = slowest_tile(role, shapes)
         key = (self._structure(layer), tuple(tuple(s) for s in shapes), dtype, role, tile,
                loss_key if loss is not None else None)
         found = self._found.get(key)
         if found is None:
-            found = self._measure(layer, shapes, dtype, role, tile, footprints, loss)
+            found = self._measure(layer, shapes, dtype, role, tile, loss)
             self._found[key] = found
             self.profiled += 1
         return found
 
     def _measure(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
-                 tile: int, footprints: Sequence[LayerFootprint], loss: Loss | None) -> LayerTime:
+                 tile: int, loss: Loss | None) -> LayerTime:
         threads = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            module: nn.Module = copy.deepcopy(layer).to(device=self.device, dtype=dtype).train()
             inputs_shapes = list(shapes)
-            if role.grid is not None:
-                from ...spatial.convert import spatialize
-
+            if role.grid is None:
+                module: nn.Module = copy.deepcopy(layer).to(device=self.device, dtype=dtype).train()
+            else:
                 grid = TileGrid(*role.grid)
-                comm = FakeComm(tile, None, self.device, replay=footprints[tile].gathered,
-                                world_size=grid.num_tiles)
                 full = next(s for s in shapes if len(s) == 4)
-                module = spatialize(nn.Sequential(module), grid, comm, Group(tuple(range(grid.num_tiles))),
-                                    image_size=(full[-2], full[-1]), halo_d2=role.halo_d2,
-                                    fused_layers=role.fused_layers)
+                comm = FakeComm(tile, None, self.device, world_size=grid.num_tiles,
+                                sizes=SizeOracle(grid.rows, grid.cols, map_sizes(layer, shapes, dtype)))
+                module = spatial_module(layer, grid, comm, role, full, dtype, device=str(self.device))
                 inputs_shapes = tile_shapes(shapes, grid, tile)
             return self._run(module, inputs_shapes, dtype, loss)
         finally:
