@@ -14,7 +14,7 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..comm.trace import Event, gather_timeline
-from ..config import ParallelConfig, ScheduleKind
+from ..config import ConfigError, ParallelConfig, ScheduleKind
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
 from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
@@ -60,6 +60,16 @@ def _released_hook(layer: int, stage: int, rank: int) -> Callable[..., None]:
     return refuse
 
 
+def refuse_unbuilt_memory_knobs(cfg: ParallelConfig) -> None:
+    """ConfigError for the memory knobs the planner models but the engine does not run yet."""
+    if cfg.checkpoint_activations:
+        raise ConfigError("checkpoint_activations", "activation recomputation is not implemented by the "
+                          "engine yet (the planner models it); use checkpoint_activations=False")
+    if cfg.precision != "fp32":
+        raise ConfigError("precision", f"precision={cfg.precision!r} is not implemented by the engine yet "
+                          f"(the planner models it); use precision='fp32'")
+
+
 class HybridEngine:
     """Trains ``nn.Sequential(*layers)`` on ``cfg``'s ranks; every rank calls the same methods.
 
@@ -84,6 +94,7 @@ class HybridEngine:
                  abort_on_error: bool = True, elementwise: Iterable[type] = ()) -> None:
         layers = list(layers)
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
+        refuse_unbuilt_memory_knobs(cfg)
         self.cfg = cfg
         self.ctx = ctx
         self.loss_fn = loss_fn

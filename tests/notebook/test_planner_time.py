@@ -9,6 +9,7 @@ import torch
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
 from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate
+from mpi4dl_nb.notebook.planner.suggest import one_knob_variants
 from mpi4dl_nb.notebook.planner.timing import LayerTime, LayerTimer
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
 
@@ -117,3 +118,47 @@ def test_suggest_lists_each_run_once_fastest_first_and_says_what_binds(resnet):
     assert not any(c.split_size == 1 and c.local_dp > 1 for c in two)
     with pytest.raises(ValueError, match="raise devices or memory_per_device"):
         planner.suggest(resnet, 64, one / 1000, 2, batch_size=2, timer=timer)
+
+
+def test_one_knob_variants_change_exactly_one_knob_on_the_same_ranks():
+    from dataclasses import fields
+
+    base = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
+    variants = one_knob_variants(base, 5, 2)
+    assert {(k, str(v)) for k, v, _ in variants} >= {("parts", "2"), ("slice_method", "vertical"),
+                                                      ("halo_d2", "True")}
+    assert len({c for _, _, c in variants}) == len(variants) and base not in [c for _, _, c in variants]
+    for knob, value, cfg in variants:
+        changed = [f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(base, f.name)]
+        assert changed == [knob] and getattr(cfg, knob) == value and cfg.world_size == base.world_size
+    # a schedule with one micro-batch changes nothing: not a variant
+    assert "schedule" not in [k for k, _, _ in variants]
+
+
+def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest_that_fits():
+    from mpi4dl_nb.notebook.planner.tune import Tuner
+    from mpi4dl_nb.run import tune
+
+    spec = tune.ModelSpec("resnet", 11, 8)
+    layers = spec.build()
+    one = planner.estimate_memory(layers, ParallelConfig(split_size=1, spatial_size=0), 32, 2).peak
+    calls = []
+
+    def fake_run(function, *args):   # stands in for the ranks: seconds fall with the call count
+        calls.append(function)
+        if function is tune.ping_pong_on_engine:
+            return [(0, 1e-5), (1 << 20, 1e-3)]
+        seconds = 1.0 / len(calls)
+        return tune.Measured(seconds, (seconds,), (int(0.5 * one),) * 3)
+
+    tuner = Tuner(spec, 32, 2, 0.9 * one, 3, fake_run, top=2, steps=1,
+                  suggest_options=dict(timer=FlopTimer(), node=planner.Node(cores=2, copy_bandwidth=1e10)))
+    result = tuner()
+    assert calls[:2] == [tune.ping_pong_on_engine, tune.measure_one_process_on_engine]
+    assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
+    assert result.best is result.rows[-1] and "picked" in result.table()
+    assert all(r.ratio is not None for r in result.rows)
+    sweep = tuner.sweep(ParallelConfig(split_size=3, spatial_size=0), result.network, knobs=("parts", "times"))
+    assert [r.label for r in sweep.rows] == ["one process", "LP 3 stages", "parts=2", "times=1"]
+    tuner.measure_all(sweep)
+    assert all(r.measured is not None for r in sweep.rows) and "first choice" not in sweep.table()

@@ -230,6 +230,23 @@ class StageModel:
                    * scale)
 
 
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def settings_of(cfg: ParallelConfig, dtype: torch.dtype, precision: Precision | None,
+                recompute: Recompute | str | None) -> tuple[Precision, Recompute]:
+    """The element types and recomputation the models use: the explicit arguments if given,
+    else ``cfg``'s memory knobs (``cfg.precision`` 'fp32': ``dtype`` throughout, today's
+    engine; 'bf16'/'fp16': 16-bit activations with ``dtype`` master weights, gradients and
+    optimizer state; ``cfg.checkpoint_activations``: ``Recompute.STAGE``)."""
+    if precision is None:
+        half = HALF_TYPES.get(str(cfg.precision))
+        precision = Precision(dtype) if half is None else Precision(half, dtype)
+    if recompute is None:
+        recompute = Recompute.STAGE if cfg.checkpoint_activations else Recompute.NONE
+    return precision, Recompute(recompute)
+
+
 def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -392,7 +409,7 @@ class _Walk:
 def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
                     image_size: int | tuple[int, int], batch_size: int, *,
                     in_channels: int = 3, dtype: torch.dtype = torch.float32,
-                    precision: Precision | None = None, recompute: Recompute | str = Recompute.NONE,
+                    precision: Precision | None = None, recompute: Recompute | str | None = None,
                     optimizer: OptimizerFactory | None = None, optimizer_states: int | None = None,
                     loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
                     elementwise: Sequence[type] = (), cache: FootprintCache | None = None,
@@ -400,15 +417,16 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     """Per-rank peak memory of ``cfg`` training ``model`` on ``batch_size`` images, by term.
 
     ``model``: the layer list, or ``profile_layers`` of it. ``dtype`` (or ``precision``):
-    element types. ``optimizer``: the factory the engine gets (default SGD with momentum;
-    simulated on meta for its state and step temporaries); ``optimizer_states`` instead
-    says how many parameter-sized tensors it keeps (SGD momentum 1, Adam 2). ``recompute``:
+    element types; ``precision``/``recompute`` None: from ``cfg.precision`` and
+    ``cfg.checkpoint_activations`` (see ``settings_of``). ``optimizer``: the factory the
+    engine gets (default SGD with momentum; simulated on meta for its state and step
+    temporaries); ``optimizer_states`` instead says how many parameter-sized tensors it keeps (SGD momentum 1, Adam 2). ``recompute``:
     which activations a stage keeps (see ``Recompute``). The stage cut is the engine's
     (``pipeline.stages.default_balance``). ``device``: where the ranks train (the conv
     scratch memory of its backend is added, see ``workspace``).
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-    precision = precision or Precision(dtype)
+    precision, recompute = settings_of(cfg, dtype, precision, recompute)
     profiles = _profiles(model, (height, width), in_channels, precision.activations)
     cfg.validate(batch_size=batch_size, num_layers=len(profiles))
     balance = balance_of(profiles, cfg)
@@ -427,7 +445,7 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     schedule = build_schedule(cfg)
     roles = layout(cfg)
     holders = stage_ranks(cfg, roles)
-    ranks = [_Walk(stage_model, role, schedule, optimizer_of, Recompute(recompute), holders).run()
+    ranks = [_Walk(stage_model, role, schedule, optimizer_of, recompute, holders).run()
              for role in roles]
     return MemoryPlan(cfg, batch_size, (height, width), balance, ranks, chunk, dict(stage_model._found))
 

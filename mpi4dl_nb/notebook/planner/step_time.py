@@ -28,7 +28,16 @@ from ...config import ParallelConfig
 from ...layout import layout, stage_holders
 from ...pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
 from .footprint import FootprintCache
-from .memory import DEFAULT_CACHE, Precision, Recompute, StageModel, _profiles, balance_of, default_loss
+from .memory import (
+    DEFAULT_CACHE,
+    Precision,
+    Recompute,
+    StageModel,
+    _profiles,
+    balance_of,
+    default_loss,
+    settings_of,
+)
 from .profile import LayerProfile, Layers, batched
 from .simulate import Cost, RankTimeline, group_key, simulate
 from .timing import LayerTime, LayerTimer, Network, Node
@@ -203,7 +212,7 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
                       network: Network | None = None, node: Node | None = None,
                       timer: LayerTimer | None = None, in_channels: int = 3,
                       dtype: torch.dtype = torch.float32, precision: Precision | None = None,
-                      recompute: Recompute | str = Recompute.NONE,
+                      recompute: Recompute | str | None = None,
                       loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
                       cache: FootprintCache | None = None) -> TimePlan:
     """Predicted seconds of one ``train_step`` of ``cfg`` on ``batch_size`` images.
@@ -211,9 +220,10 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
     ``network``: from ``calibrate_network`` on the cluster (default: a shared-memory guess);
     ``node``: the cores the ranks share (default: this machine's CPU cores); ``timer``:
     where layer times are measured and cached (default: this process, CPU, one thread).
+    ``precision``/``recompute`` None: from ``cfg``'s memory knobs (``memory.settings_of``).
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-    precision = precision or Precision(dtype)
+    precision, recompute = settings_of(cfg, dtype, precision, recompute)
     profiles = _profiles(model, (height, width), in_channels, precision.activations)
     cfg.validate(batch_size=batch_size, num_layers=len(profiles))
     balance = balance_of(profiles, cfg)
@@ -225,7 +235,7 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
     roles = layout(cfg)
     held = {role.rank: [slot.stage for slot in (role.primary, role.mirror) if slot is not None]
             for role in roles}
-    costs = _Costs(stage_model, timer, network, node, Recompute(recompute), stage_ranks(cfg, roles), held)
+    costs = _Costs(stage_model, timer, network, node, recompute, stage_ranks(cfg, roles), held)
     schedule = build_schedule(cfg)
     timelines = simulate(schedule, costs, costs.message, node.cores)
     seconds = max(t.end for t in timelines) + network.all_reduce(8, cfg.world_size)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,45 @@ def candidate_configs(devices: int, num_layers: int, batch_size: int, *, max_spl
     return list(found)
 
 
+KNOB_VALUES: dict[str, Callable[[int, int], list[Any]]] = {
+    # knob -> its values to try, from (devices, batch_size)
+    "split_size": lambda devices, batch: list(range(1, devices + 1)),
+    "spatial_size": lambda devices, batch: list(range(0, devices)),
+    "num_spatial_parts": lambda devices, batch: list(range(2, devices + 1)),
+    "slice_method": lambda devices, batch: list(SliceMethod),
+    "parts": lambda devices, batch: [d for d in range(1, batch + 1) if batch % d == 0],
+    "schedule": lambda devices, batch: list(ScheduleKind),
+    "local_dp": lambda devices, batch: list(range(1, devices + 1)),
+    "times": lambda devices, batch: [0, 1],
+    "data_parallel": lambda devices, batch: list(range(1, devices + 1)),
+    "halo_d2": lambda devices, batch: [False, True],
+}
+
+
+def one_knob_variants(base: ParallelConfig, num_layers: int, batch_size: int,
+                      knobs: Sequence[str] = tuple(KNOB_VALUES)) -> list[tuple[str, Any, ParallelConfig]]:
+    """Every valid configuration on ``base``'s ranks that differs from ``base`` in exactly one
+    knob of ``knobs``, as (knob, value, config): a sweep where each row changes one thing
+    (changes that make no difference, e.g. a schedule with one micro-batch, are left out)."""
+    base = canonical(base)
+    found: list[tuple[str, Any, ParallelConfig]] = []
+    seen = {base}
+    for knob in knobs:
+        for value in KNOB_VALUES[knob](base.world_size, batch_size):
+            if value == getattr(base, knob):
+                continue
+            try:
+                cfg = base.with_(**{knob: value})
+                cfg.validate(world_size=base.world_size, batch_size=batch_size, num_layers=num_layers)
+            except ConfigError:
+                continue
+            cfg = canonical(cfg)
+            if cfg not in seen:
+                seen.add(cfg)
+                found.append((knob, value, cfg))
+    return found
+
+
 @dataclass(frozen=True)
 class Suggestion:
     """A configuration that fits, its predicted memory and time, and what binds it."""
@@ -168,7 +207,7 @@ class Suggestions(list):  # type: ignore[type-arg]
 def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device: float,
             devices: int, *, batch_size: int = 1, in_channels: int = 3,
             dtype: torch.dtype = torch.float32, precision: Precision | None = None,
-            recompute: Recompute | str = Recompute.NONE, optimizer: Any = None,
+            recompute: Recompute | str | None = None, optimizer: Any = None,
             optimizer_states: int | None = None,
             loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
             network: Network | None = None, node: Node | None = None, timer: LayerTimer | None = None,

@@ -8,7 +8,7 @@ notebook (``Tuner.on_cluster``), or the ranks themselves in ``python -m mpi4dl_n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,9 @@ from ...run.tune import (
     measure_one_process_on_engine,
     ping_pong_on_engine,
 )
-from .memory import MB
-from .suggest import Suggestion, Suggestions, describe_config, suggest
+from .memory import MB, estimate_memory
+from .step_time import predict_step_time
+from .suggest import KNOB_VALUES, Suggestion, Suggestions, describe_config, one_knob_variants, suggest
 from .timing import Network, fit_network
 
 Runner = Callable[..., Any]
@@ -92,7 +93,7 @@ class TuneResult:
         if best is not None and best.measured is not None:
             lines.append(f"picked: {best.label} ({best.measured.seconds:.3f} s/step measured, "
                          f"peak {best.measured.peak / MB:.1f} MB <= {self.limit / MB:.1f} MB)")
-            if first is not None and first.measured is not None:
+            if self.suggestions is not None and first is not None and first.measured is not None:
                 lines.append(f"suggest's first choice measured {first.measured.seconds:.3f} s: "
                              f"{first.measured.seconds / best.measured.seconds:.2f}x the best")
         elif self.candidates and all(r.measured for r in self.candidates):
@@ -147,6 +148,35 @@ class Tuner:
         self.result = TuneResult(self.memory_limit, rows, network, found)
         return self.result
 
+    def sweep(self, base: ParallelConfig, network: Network | None = None,
+              knobs: Sequence[str] = tuple(KNOB_VALUES)) -> TuneResult:
+        """The rows of a one-knob sweep around ``base`` (one process, ``base``, then each
+        ``one_knob_variants`` of it, labelled by the knob it changes), predicted with
+        ``network`` (None: calibrated now); measure them with ``measure`` or ``measure_all``."""
+        network = network or self.calibrate()
+        layers = self.spec.build()
+        dtype = self.spec.torch_dtype
+        serial_cfg = ParallelConfig(split_size=1, spatial_size=0)
+        configs = [("one process", serial_cfg), (describe_config(base), base)]
+        configs += [(f"{knob}={value}", cfg)
+                    for knob, value, cfg in one_knob_variants(base, len(layers), self.batch_size, knobs)]
+        rows = []
+        for label, cfg in configs:
+            seconds = predict_step_time(layers, cfg, self.image_size, self.batch_size, dtype=dtype,
+                                        network=network).seconds
+            peak = estimate_memory(layers, cfg, self.image_size, self.batch_size, dtype=dtype).peak
+            rows.append(TuneRow(label, None if cfg is serial_cfg else cfg, seconds, peak))
+        self.result = TuneResult(self.memory_limit, rows, network)
+        return self.result
+
+    def measure_all(self, result: TuneResult, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
+        """Measure every row of ``result`` on the ranks; ``progress(result)`` after each."""
+        for row in result.rows:
+            self.measure(row)
+            if progress is not None:
+                progress(result)
+        return result
+
     def calibrate(self) -> Network:
         return fit_network(self.run(ping_pong_on_engine))
 
@@ -165,8 +195,4 @@ class Tuner:
         result = self.plan(self.calibrate())
         if progress is not None:
             progress(result)
-        for row in result.rows:
-            self.measure(row)
-            if progress is not None:
-                progress(result)
-        return result
+        return self.measure_all(result, progress)

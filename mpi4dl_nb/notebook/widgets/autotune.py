@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as w
@@ -90,12 +91,30 @@ class AutoTune:
         done = sum(1 for row in result.rows if row.measured is not None)
         self.status.value = f"measured {done} of {len(result.rows)}"
 
+    def _tuner(self) -> Tuner:
+        return Tuner.on_cluster(self.cluster, self.spec, self.image_size, self.batch_size,
+                                self.limit.value * MB, timeout=self.timeout, top=self.top.value,
+                                steps=self.steps.value, suggest_options=dict(self.suggest_options))
+
+    def sweep(self, base: Any = None, knobs: Sequence[str] | None = None) -> TuneResult:
+        """Run a one-knob sweep around ``base`` (default: the picked configuration): one
+        process, ``base`` and every valid change of one knob on the same ranks, predicted
+        next to measured (the network calibrated by the last run, else now)."""
+        base = base if base is not None else self.best
+        if base is None:
+            raise ValueError("sweep needs a base configuration: pass one, or run() the auto-tune first")
+        self.status.value = "planning the sweep..."
+        tuner = self._tuner()
+        network = self.result.network if self.result is not None else None
+        options = {} if knobs is None else {"knobs": tuple(knobs)}
+        result = tuner.sweep(base, network, **options)
+        self._show(result)
+        return tuner.measure_all(result, self._show)
+
     def run(self) -> TuneResult:
         """Tune now (blocks until every candidate ran); returns the result."""
         self.status.value = "calibrating the network and planning..."
-        tuner = Tuner.on_cluster(self.cluster, self.spec, self.image_size, self.batch_size,
-                                 self.limit.value * MB, timeout=self.timeout, top=self.top.value,
-                                 steps=self.steps.value, suggest_options=dict(self.suggest_options))
+        tuner = self._tuner()
         try:
             result = tuner(progress=self._show)
         except ValueError as err:    # nothing fits the limit: say what to change
