@@ -6,6 +6,7 @@ from ``dl.init()`` so a notebook can call them on an ipyparallel cluster.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -89,15 +90,16 @@ def measure_config(ctx: Comm, spec: ModelSpec, knobs: dict[str, Any], image_size
 
 
 def measure_one_process(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: int,
-                        steps: int = 2, threads: int = 1) -> Measured:
-    """The same training on one process (rank 0, ``threads`` torch threads, the others wait):
-    the reference every parallel configuration is compared with."""
+                        steps: int = 2, threads: int | None = None) -> Measured:
+    """The same training on one process (rank 0, ``threads`` torch threads - default every
+    core, as ``dl.init`` gives a job of one rank - the others wait): the reference every
+    parallel configuration is compared with."""
     from .measure import measure_step_memory
 
     result = None
     if ctx.rank == 0:
         before = torch.get_num_threads()
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads or os.cpu_count() or 1)
         try:
             model = nn.Sequential(*spec.build())
             optimizer = _sgd(model.parameters())

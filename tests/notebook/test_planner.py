@@ -195,3 +195,19 @@ def test_config_memory_knobs_switch_the_terms_and_the_engine_refuses_them_until_
             refuse_unbuilt_memory_knobs(cfg.with_(**knobs))
     with pytest.raises(ConfigError, match="precision"):
         ParallelConfig(precision="fp8")
+
+
+def test_batchnorm_backward_temporary_on_cpu_is_measured_and_simulated():
+    from mpi4dl_nb.run.measure import measure_peak_bytes
+
+    norm = nn.BatchNorm2d(16)
+    x = torch.randn(1, 16, 32, 32, requires_grad=True)
+    y = norm(x)
+    grad = torch.ones_like(y)
+    unit = x.numel() * 4
+    _, measured = measure_peak_bytes(lambda: y.backward(grad))
+    assert measured == pytest.approx(2 * unit, rel=0.01)           # the input gradient and a temporary
+    peaks = {kind: simulate_layer(norm, [(1, 16, 32, 32)], torch.float32, StageRole(), workspace=kind)[0].backward_peak
+             for kind in Workspace}
+    assert peaks[Workspace.CPU] - peaks[Workspace.NONE] == pytest.approx(unit, rel=0.01)
+    assert peaks[Workspace.CPU] == pytest.approx(2 * unit + measured, rel=0.01)   # + the input and grad held

@@ -420,8 +420,9 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     element types; ``precision``/``recompute`` None: from ``cfg.precision`` and
     ``cfg.checkpoint_activations`` (see ``settings_of``). ``optimizer``: the factory the
     engine gets (default SGD with momentum; simulated on meta for its state and step
-    temporaries); ``optimizer_states`` instead says how many parameter-sized tensors it keeps (SGD momentum 1, Adam 2). ``recompute``:
-    which activations a stage keeps (see ``Recompute``). The stage cut is the engine's
+    temporaries); ``optimizer_states`` instead says how many parameter-sized tensors it
+    keeps (SGD momentum 1, Adam 2). ``recompute``: which activations a stage keeps (see
+    ``Recompute``). The stage cut is the engine's
     (``pipeline.stages.default_balance``). ``device``: where the ranks train (the conv
     scratch memory of its backend is added, see ``workspace``).
     """

@@ -43,15 +43,22 @@ from .simulate import Cost, RankTimeline, group_key, simulate
 from .timing import LayerTime, LayerTimer, Network, Node
 
 HEADER_BYTES = 162 * 8
-DEFAULT_TIMERS: dict[tuple[str, int], LayerTimer] = {}
+DEFAULT_TIMERS: dict[tuple[str, int, int], LayerTimer] = {}
 
 
-def default_timer(device: torch.device | str = "cpu", repeats: int = 3) -> LayerTimer:
-    """A LayerTimer shared by every prediction on ``device`` (layer times measured once)."""
-    key = (str(torch.device(device)), repeats)
+def default_timer(device: torch.device | str = "cpu", repeats: int = 3, threads: int = 1) -> LayerTimer:
+    """A LayerTimer shared by every prediction on ``device`` with ``threads`` torch threads
+    (layer times measured once)."""
+    key = (str(torch.device(device)), repeats, threads)
     if key not in DEFAULT_TIMERS:
-        DEFAULT_TIMERS[key] = LayerTimer(device, repeats)
+        DEFAULT_TIMERS[key] = LayerTimer(device, repeats, threads)
     return DEFAULT_TIMERS[key]
+
+
+def rank_threads(node: Node, world_size: int) -> int:
+    """Torch threads each of ``world_size`` ranks on ``node`` uses by default (``dl.init``:
+    the cores split among the ranks, at least one; a GPU rank: one)."""
+    return max(1, node.cores // world_size) if node.cores else 1
 
 
 @dataclass
@@ -219,7 +226,8 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
 
     ``network``: from ``calibrate_network`` on the cluster (default: a shared-memory guess);
     ``node``: the cores the ranks share (default: this machine's CPU cores); ``timer``:
-    where layer times are measured and cached (default: this process, CPU, one thread).
+    where layer times are measured and cached (default: this process, CPU, with the threads
+    each rank of ``cfg`` gets from ``dl.init`` on ``node``, ``rank_threads``).
     ``precision``/``recompute`` None: from ``cfg``'s memory knobs (``memory.settings_of``).
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
@@ -229,8 +237,8 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
     balance = balance_of(profiles, cfg)
     stage_model = StageModel(cfg, profiles, balance, batch_size // cfg.batch_divisor, precision,
                              cache or DEFAULT_CACHE, loss_fn)
-    timer = timer or default_timer()
-    node = node or Node.this_machine(timer.device)
+    node = node or Node.this_machine(timer.device if timer else "cpu")
+    timer = timer or default_timer(threads=rank_threads(node, cfg.world_size))
     network = network or Network()
     roles = layout(cfg)
     held = {role.rank: [slot.stage for slot in (role.primary, role.mirror) if slot is not None]

@@ -9,6 +9,8 @@ torch 2.13 CPU, see tests/notebook/test_planner.py):
   take PyTorch's own im2col path: a column buffer of ``C_in * kh * kw * H_out * W_out``
   elements per sample in the forward and again in the backward, unless the conv is 1x1
   with stride 1 and no padding.
+  A training-mode BatchNorm's backward allocates an input-sized temporary next to its input
+  gradient (when the input needs one).
 * ``Workspace.NONE``: nothing (e.g. CUDA, whose cuDNN workspace depends on the algorithm
   chosen at run time and is not modelled).
 """
@@ -82,4 +84,17 @@ def instrument(module: nn.Module, kind: Workspace) -> list[RemovableHandle]:
                 del scratch
             out.register_hook(at_backward)
 
-    return [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, nn.Conv2d)]
+    def norm_hook(norm: nn.Module, args: Any, out: Any) -> None:
+        if not (norm.training and isinstance(out, torch.Tensor) and out.requires_grad and args
+                and isinstance(args[0], torch.Tensor) and args[0].requires_grad):
+            return
+        temporary = 2 * args[0].numel() * args[0].element_size()   # the temporary + the input gradient
+
+        def at_backward(grad: torch.Tensor) -> None:
+            scratch = torch.empty(temporary, dtype=torch.uint8, device=grad.device)
+            del scratch
+        out.register_hook(at_backward)
+
+    hooks = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, nn.Conv2d)]
+    return hooks + [m.register_forward_hook(norm_hook) for m in module.modules()
+                    if isinstance(m, nn.modules.batchnorm._BatchNorm)]
