@@ -72,10 +72,23 @@ assert result.best is not None and tuner.best is not None
 assert [row.cfg for row in result.candidates] == [s.cfg for s in result.suggestions]
 
 # %% [markdown]
+# The first row is one process on every core, the reference each parallel configuration is
+# compared with; the candidates are exactly the ones `suggest` listed above, in its order.
+#
+# One knob at a time: around the picked configuration, every valid change of a single knob
+# on the same 5 ranks (`planner.one_knob_variants`), predicted next to measured, so each
+# difference in the table has one cause.
+
+# %%
+sweep = tuner.sweep(knobs=("parts", "slice_method", "num_spatial_parts", "halo_d2"))
+print(sweep.table())
+assert all(row.measured is not None for row in sweep.rows)
+
+# %% [markdown]
 # Per-rank memory of the picked configuration, measured against the estimate:
 
 # %%
-picked = result.best
+picked = result.best   # the auto-tune's pick (the sweep above does not change it)
 plan = planner.estimate_memory(model, picked.cfg, IMAGE, BATCH)
 viz.show(viz.draw_memory_bars(list(picked.measured.peaks), plan.totals))
 cluster.stop()

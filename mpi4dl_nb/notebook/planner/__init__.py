@@ -11,11 +11,21 @@ from ...run.measure import measure_engine_step, measure_peak_bytes, measure_step
 from .memory import MemoryPlan, Precision, RankMemory, Recompute, estimate_memory, memory_table
 from .profile import LayerProfile, profile_layers
 from .step_time import TimePlan, predict_step_time
-from .suggest import Refusal, Suggestion, Suggestions, candidate_configs, canonical, describe_config, suggest
+from .suggest import (
+    Refusal,
+    Suggestion,
+    Suggestions,
+    candidate_configs,
+    canonical,
+    describe_config,
+    one_knob_variants,
+    suggest,
+)
 from .timing import LayerTimer, Network, Node, calibrate_network, fit_network
 
 __all__ = ["LayerProfile", "LayerTimer", "Network", "Node", "Refusal", "Suggestion", "Suggestions",
            "TimePlan", "calibrate_network", "candidate_configs", "canonical", "describe_config", "fit_network",
+           "one_knob_variants",
            "predict_step_time", "suggest", "MemoryPlan", "Precision", "RankMemory", "Recompute", "estimate_memory",
            "measure_engine_step", "measure_peak_bytes", "measure_step_memory", "memory_table",
            "profile_layers", "time_engine_steps"]
