@@ -71,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(planned.suggestions.table() if planned.suggestions is not None else "", flush=True)
         except ValueError as err:
             failure = str(err)
-    knobs = ctx.bcast_object(None if planned is None else [r.cfg.as_dict() for r in planned.candidates])
+    knobs = ctx.bcast_object(None if planned is None else [r.cfg.as_dict() for r in planned.candidates
+                                                              if r.cfg is not None])
     failure = ctx.bcast_object(failure)
     if failure is not None:
         if ctx.rank == 0:

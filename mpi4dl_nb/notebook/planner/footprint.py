@@ -141,7 +141,7 @@ def tile_shapes(shapes: Sequence[Shape], grid: TileGrid | None, tile: int) -> li
     """Each item's shape on tile ``tile`` (4-d maps are cut, other tensors stay whole)."""
     if grid is None:
         return [tuple(s) for s in shapes]
-    out = []
+    out: list[Shape] = []
     for shape in shapes:
         if len(shape) == 4:
             h, w = grid.tile_of_size(tile, shape[-2], shape[-1])

@@ -119,7 +119,7 @@ class MemoryPlan:
     balance: tuple[int, ...]
     ranks: list[RankMemory]
     chunk_samples: int
-    stages: dict[tuple[int, int | None], StageFootprint] = field(default_factory=dict, repr=False)
+    stages: dict[tuple[int, int | None, bool], StageFootprint] = field(default_factory=dict, repr=False)
 
     @property
     def totals(self) -> list[int]:
@@ -163,9 +163,9 @@ def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def _profiles(model: Layers | Sequence[LayerProfile], image_size: tuple[int, int], in_channels: int,
               dtype: torch.dtype) -> list[LayerProfile]:
     items = list(model)
-    if items and isinstance(items[0], LayerProfile):
-        return items
-    return profile_layers(model, image_size, in_channels, dtype)
+    if all(isinstance(item, LayerProfile) for item in items) and items:
+        return [item for item in items if isinstance(item, LayerProfile)]
+    return profile_layers([item for item in items if isinstance(item, nn.Module)], image_size, in_channels, dtype)
 
 
 @dataclass
@@ -439,7 +439,7 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     def optimizer_of(stage: int) -> OptimizerFootprint:
         if stage not in states:
             start, stop = stage_model.bounds[stage], stage_model.bounds[stage + 1]
-            states[stage] = optimizer_footprint([p.layer for p in profiles[start:stop]],
+            states[stage] = optimizer_footprint([p.layer for p in profiles[start:stop] if p.layer is not None],
                                                 precision.weight_dtype, optimizer, optimizer_states)
         return states[stage]
 
@@ -457,8 +457,8 @@ _PROBES: list[tuple[list[Any], list[LayerMemory] | None]] = []
 def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig) -> tuple[int, ...]:
     """The stage cut the engine makes for ``cfg`` (``stages.default_balance``), its memory
     probe of the layers computed once per layer list."""
-    layers = [p.layer for p in profiles]
-    if not all(layers):
+    layers = [p.layer for p in profiles if p.layer is not None]
+    if len(layers) < len(profiles):
         if cfg.balance is not None:
             return check_balance(cfg.balance, len(profiles), cfg.split_size)
         return even_balance(len(profiles), cfg.split_size)

@@ -64,18 +64,18 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _flop_hooks(model: nn.Module, counter: list[float]) -> list[RemovableHandle]:
     """Hooks adding ``model``'s forward FLOPs to ``counter[0]`` and the bytes of the inputs
     of its windowed convs/pools (window > 1) to ``counter[1]``."""
-    def conv_hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+    def conv_hook(module: Any, inputs: Any, output: torch.Tensor) -> None:
         k = math.prod(module.kernel_size) * module.in_channels // module.groups
         counter[0] += 2.0 * output.numel() * k
 
-    def linear_hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+    def linear_hook(module: Any, inputs: Any, output: torch.Tensor) -> None:
         counter[0] += 2.0 * output.numel() * module.in_features
 
     def other_hook(module: nn.Module, inputs: Any, output: Any) -> None:
         if not list(module.children()):
             counter[0] += float(sum(t.numel() for t in _tensors(output)))
 
-    def window_hook(module: nn.Module, inputs: Any, output: Any) -> None:
+    def window_hook(module: Any, inputs: Any, output: Any) -> None:
         kernel = module.kernel_size if isinstance(module.kernel_size, tuple) else (module.kernel_size,)
         if any(k > 1 for k in kernel):
             counter[1] += float(sum(tensor_bytes(t) for t in _tensors(inputs)))

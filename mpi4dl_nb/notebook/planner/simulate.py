@@ -68,8 +68,8 @@ class _Replay:
         self.position = [0] * count
         self.free_at = [0.0] * count
         self.timelines = [RankTimeline(r) for r in range(count)]
-        self.arrivals: dict[tuple[int, int | None, int], list[float]] = {}
-        self.taken: dict[tuple[int | None, int, int], int] = {}
+        self.arrivals: dict[tuple[int | None, int | None, int], list[float]] = {}   # (from, to, tag)
+        self.taken: dict[tuple[int | None, int | None, int], int] = {}
         self.gathering: dict[Hashable, dict[int, Action]] = {}
         self.finishing: dict[Hashable, list[_Running]] = {}
         self.running: dict[int, _Running] = {}

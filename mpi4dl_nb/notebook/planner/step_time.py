@@ -122,9 +122,9 @@ class _Costs:
         last = index == len(model.profiles) - 1
         loss = model._loss if last else None
         shapes = [batched(s, model.chunk) for s in profile.in_shapes]
+        assert profile.layer is not None
         footprints = model.cache.layer(profile.layer, shapes, model.precision.activations, role,
                                        loss=loss, loss_key=model.loss_fn, elementwise=model.elementwise)
-        assert profile.layer is not None
         timed = self.timer.layer(profile.layer, shapes, model.precision.activations, role,
                                  loss=loss, loss_key=model.loss_fn)
         return timed, footprints[tile or 0]

@@ -186,7 +186,7 @@ class Refusal:
         return f"{self.cfg.world_size} ranks: {describe_config(self.cfg)}: refused - {self.why()}"
 
 
-class Suggestions(list):  # type: ignore[type-arg]
+class Suggestions(list[Suggestion]):
     """``suggest``'s ranked Suggestions (a list), with the refused configurations and the
     one-process reference (``serial_memory``, ``serial_time``)."""
 
