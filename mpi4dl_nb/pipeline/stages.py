@@ -115,7 +115,13 @@ def partition_costs(costs: Sequence[float], split_size: int) -> tuple[int, ...]:
                 value = max(best[k - 1][j], prefix[i] - prefix[j])
                 if value <= best[k][i]:
                     best[k][i], cut[k][i] = value, j
-    counts, i = [], n
+    return _counts_from_cuts(cut, split_size, n)
+
+
+def _counts_from_cuts(cut: list[list[int]], split_size: int, num_layers: int) -> tuple[int, ...]:
+    """Layers per stage, read back from a partition program's ``cut[k][i]`` (where stage k
+    starts when k stages hold the first i layers)."""
+    counts, i = [], num_layers
     for k in range(split_size, 0, -1):
         j = cut[k][i]
         counts.append(i - j)
@@ -280,12 +286,7 @@ def partition_stages(num_layers: int, split_size: int,
     if best[split_size][num_layers] == inf:
         raise ConfigError("balance", f"no cut of {num_layers} layers into {split_size} stages "
                           f"is allowed; give balance explicitly")
-    counts, i = [], num_layers
-    for k in range(split_size, 0, -1):
-        j = cut[k][i]
-        counts.append(i - j)
-        i = j
-    return tuple(reversed(counts))
+    return _counts_from_cuts(cut, split_size, num_layers)
 
 
 def _first_in_channels(layers: Sequence[nn.Module]) -> int | None:

@@ -238,21 +238,28 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         backward_traffic=after.minus(middle))
 
 
+class StructureKeys:
+    """``structure_key`` of layers, computed once per layer object."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, Hashable] = {}
+
+    def __call__(self, layer: nn.Module) -> Hashable:
+        key = self._keys.get(id(layer))
+        if key is None:
+            key = structure_key(layer)
+            self._keys[id(layer)] = key
+        return key
+
+
 class FootprintCache:
     """Layer footprints by (structure, input shapes, dtype, role, loss): each simulated once,
     for one sample (a chunk's footprint is the sample's times the chunk size)."""
 
     def __init__(self) -> None:
         self._found: dict[Hashable, list[LayerFootprint]] = {}
-        self._keys: dict[int, Hashable] = {}
+        self._structure = StructureKeys()
         self.simulated = 0
-
-    def _structure(self, layer: nn.Module) -> Hashable:
-        key = self._keys.get(id(layer))
-        if key is None:
-            key = structure_key(layer)
-            self._keys[id(layer)] = key
-        return key
 
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
               loss: Loss | None = None, loss_key: Hashable = None, elementwise: Sequence[type] = (),

@@ -27,7 +27,7 @@ from ...comm.messages import as_items
 from ...comm.protocol import Comm
 from ...spatial.geometry import TileGrid
 from .fake_world import FakeComm, SizeOracle
-from .footprint import Loss, Shape, StageRole, map_sizes, spatial_module, structure_key, tile_shapes
+from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
 
 
 @dataclass(frozen=True)
@@ -129,15 +129,8 @@ class LayerTimer:
         self.repeats = repeats
         self.threads = threads
         self._found: dict[Hashable, LayerTime] = {}
-        self._keys: dict[int, Hashable] = {}
+        self._structure = StructureKeys()
         self.profiled = 0
-
-    def _structure(self, layer: nn.Module) -> Hashable:
-        key = self._keys.get(id(layer))
-        if key is None:
-            key = structure_key(layer)
-            self._keys[id(layer)] = key
-        return key
 
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
               loss: Loss | None = None, loss_key: Hashable = None) -> LayerTime:
