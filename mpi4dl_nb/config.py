@@ -56,6 +56,16 @@ class ScheduleKind(Choice):
     ONE_F_ONE_B = "1f1b"    # warm-up forwards, then one forward one backward, then drain
 
 
+class PrecisionMode(Choice):
+    """Element type layers compute in (master weights, gradients and optimizer state stay float32
+    under the 16-bit modes). The engine trains in its layers' dtype today and refuses the 16-bit
+    modes until it implements them; the memory planner already models them."""
+
+    FP32 = "fp32"   # the layers' own dtype throughout (float32 or float64): today's behaviour
+    BF16 = "bf16"   # activations in bfloat16, float32 master weights
+    FP16 = "fp16"   # activations in float16, float32 master weights
+
+
 C = TypeVar("C", bound=Choice)
 
 
@@ -120,6 +130,10 @@ class ParallelConfig:
     grid: tuple[int, int] | None = field(default=None)
     sync_batchnorm: bool = False
     check_ops: bool = True
+    # memory knobs (issue 14): read by the planner's memory and time models; the engine refuses
+    # values other than these defaults until it implements them
+    checkpoint_activations: bool = False   # a stage keeps only its input/output, re-runs its forward
+    precision: PrecisionMode = PrecisionMode.FP32
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):
@@ -185,7 +199,7 @@ class ParallelConfig:
             out["balance"] = list(out["balance"])
         if out["grid"] is not None:
             out["grid"] = list(out["grid"])
-        for name in ("slice_method", "schedule"):
+        for name in ("slice_method", "schedule", "precision"):
             out[name] = str(out[name])
         return out
 
@@ -207,6 +221,10 @@ class ParallelConfig:
         # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
+        object.__setattr__(self, "precision", parse_choice(
+            PrecisionMode, self.precision, "precision", " or ".join(f"'{v}'" for v in PrecisionMode.values())))
+        if not isinstance(self.checkpoint_activations, bool):
+            raise ConfigError("checkpoint_activations", f"must be True or False, got {self.checkpoint_activations!r}")
         if self.spatial_size > 0 and self.spatial_size >= self.split_size:
             raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages need at least one "
                               f"layer-parallel stage after them to join the tiles, but split_size="

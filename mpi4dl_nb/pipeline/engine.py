@@ -14,12 +14,12 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..comm.trace import Event, gather_timeline
-from ..config import ParallelConfig, ScheduleKind
+from ..config import ConfigError, ParallelConfig, ScheduleKind
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
 from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
-from .stages import Stage, auto_balance, split_layers
+from .stages import Stage, auto_balance, default_balance, split_layers
 from .step_input import StepInput, resolve_batch_size, resolve_image_size
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -60,6 +60,16 @@ def _released_hook(layer: int, stage: int, rank: int) -> Callable[..., None]:
     return refuse
 
 
+def refuse_unbuilt_memory_knobs(cfg: ParallelConfig) -> None:
+    """ConfigError for the memory knobs the planner models but the engine does not run yet."""
+    if cfg.checkpoint_activations:
+        raise ConfigError("checkpoint_activations", "activation recomputation is not implemented by the "
+                          "engine yet (the planner models it); use checkpoint_activations=False")
+    if cfg.precision != "fp32":
+        raise ConfigError("precision", f"precision={cfg.precision!r} is not implemented by the engine yet "
+                          f"(the planner models it); use precision='fp32'")
+
+
 class HybridEngine:
     """Trains ``nn.Sequential(*layers)`` on ``cfg``'s ranks; every rank calls the same methods.
 
@@ -84,13 +94,15 @@ class HybridEngine:
                  abort_on_error: bool = True, elementwise: Iterable[type] = ()) -> None:
         layers = list(layers)
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
+        refuse_unbuilt_memory_knobs(cfg)
         self.cfg = cfg
         self.ctx = ctx
         self.loss_fn = loss_fn
         self.abort_on_error = abort_on_error
         self.roles: list[RankRole] = layout(cfg)
         self.role = self.roles[ctx.rank]
-        self.stages: list[Stage] = split_layers(layers, cfg.split_size, cfg.balance)
+        self.balance = default_balance(layers, cfg)   # cfg.balance, or the rule for cfg
+        self.stages: list[Stage] = split_layers(layers, cfg.split_size, self.balance)
         self.grid = TileGrid(*cfg.grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
         self.stage_groups, spatial_groups = self._make_groups()

@@ -14,6 +14,7 @@ _EXPORTS = {
     "ClusterStepAgent": "stepper",
     "TimelineView": "timeline",
     "TrainingProgress": "timeline",
+    "AutoTune": "autotune",
 }
 
 __all__ = list(_EXPORTS)
