@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ...comm.handles import Group, Request
+from ...comm.handles import Channel, Group, Request, Transfer
 from ...comm.trace import Tracer
 
 RENDEZVOUS_SECONDS = 120.0
@@ -163,6 +163,14 @@ class FakeComm:
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
         self.irecv(tensor, src, tag)
         return tensor
+
+    def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None = None) -> Request:
+        for transfer in transfers:
+            (self.isend if transfer.send else self.irecv)(transfer.tensor, transfer.peer, transfer.tag)
+        return Request(_Done())
+
+    def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
+        return {(int(src), int(dst)): Channel(int(src), int(dst)) for src, dst in pairs}
 
     @staticmethod
     def wait_all(requests: Sequence[Request]) -> None:
