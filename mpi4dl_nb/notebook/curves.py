@@ -1,4 +1,4 @@
-"""Learning curves from metrics logs (pure matplotlib): loss and accuracy vs step, train and validation, runs overlaid."""
+"""Learning curves from metrics logs (pure matplotlib): loss and accuracy vs step, train and validation, overlaid."""
 from __future__ import annotations
 
 from collections.abc import Sequence

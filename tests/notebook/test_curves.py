@@ -22,7 +22,8 @@ def test_plot_and_widget_overlay_runs(tmp_path):
     fig = dl.plot_learning_curves(tmp_path / "a", tmp_path / "b" / "metrics.jsonl")
     loss_ax, acc_ax = fig.axes
     lines = {line.get_label(): line for line in loss_ax.lines + acc_ax.lines}
-    assert list(lines["a train"].get_xdata()) == [1, 2, 3, 4] and list(lines["a train"].get_ydata()) == [1.0, 0.8, 0.6, 0.5]
+    assert list(lines["a train"].get_xdata()) == [1, 2, 3, 4]
+    assert list(lines["a train"].get_ydata()) == [1.0, 0.8, 0.6, 0.5]
     assert list(lines["a validation"].get_xdata()) == [2, 4]
     assert list(lines["b accuracy"].get_ydata()) == [0.25] and "b balanced" in lines
     widget = LearningCurves([tmp_path / "a", tmp_path / "b"])

@@ -2,8 +2,6 @@
 ``evaluate`` of its checkpoint on 5 ranks (SP+LP) and in one process agree (float64); bad input refused."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from mpi4dl_nb.errors import ConfigError
@@ -19,11 +17,7 @@ SP_LP = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4"]
 
 
 def evaluation_record(output: str) -> dict:
-    for line in output.splitlines():
-        start = line.find('{"checkpoint"')
-        if start >= 0:
-            return json.JSONDecoder().raw_decode(line[start:])[0]
-    raise AssertionError(f"no evaluate record in:\n{output}")
+    return json_record(output, '{"checkpoint"')
 
 
 @pytest.fixture(scope="module")
