@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mpi4dl_nb.evaluation.log import LOG_NAME, MetricsLog, read_metrics
 
 
@@ -31,3 +33,17 @@ def test_lines_flushed_resume_without_duplicates_fresh_run_moves_old_aside(tmp_p
     log.close()
     assert log.moved_aside == tmp_path / "metrics-run1.jsonl" and len(read_metrics(log.moved_aside)) == 5
     assert read_metrics(tmp_path) == []
+
+
+def test_tensorboard_events_beside_the_log_when_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = MetricsLog(tmp_path, "run1")
+    log.write("train", 1, {"loss": 0.7})
+    log.write("eval", 1, {"val_loss": 0.6, "val_accuracy": 0.5})
+    log.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"train/loss", "eval/loss", "eval/accuracy"}
+    assert [e.value for e in events.Scalars("eval/accuracy")] == [0.5]
