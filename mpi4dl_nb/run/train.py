@@ -413,7 +413,11 @@ class Trainer:
                                                         "loss": loss, "images_per_s": rate,
                                                         "seconds": self.metrics.step_seconds[-1]})
                 if self.evaluation_due(self.step):
-                    bar.note(evaluation_line(self.step, self.evaluate()))
+                    line = evaluation_line(self.step, self.evaluate())
+                    if bar.enabled:
+                        bar.note(line)
+                    elif self.ctx.rank == 0:     # results, shown without the bar too
+                        print(line, file=stream or sys.stderr, flush=True)
                 accuracy = self.validation.get("val_accuracy")
                 bar.update(self.step, loss, rate, "" if accuracy is None else f" val_acc {accuracy:.3f}")
                 if self.checkpoint_due(self.step):
