@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, ParallelConfig
 from .args import add_parallel_args, add_workload_args, config_from_args
-from .train_cmd import DTYPES, QuietParser, add_evaluation_args, agreed, check_numbers, held_out_data
+from .train_cmd import (
+    DTYPES,
+    QuietParser,
+    add_evaluation_args,
+    agreed,
+    check_evaluation_args,
+    check_numbers,
+    held_out_data,
+)
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -171,8 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         check_numbers(args)
-        if args.val_fraction is not None and not (0.0 < args.val_fraction < 1.0):
-            raise ConfigError("--val-fraction", f"must lie strictly between 0 and 1, got {args.val_fraction:g}")
+        check_evaluation_args(args)
     except ConfigError as err:
         refuse(str(err), rank, size)
     check_world_size(cfg, size, rank)

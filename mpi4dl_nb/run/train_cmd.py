@@ -178,7 +178,7 @@ def check_evaluation_args(args: argparse.Namespace) -> None:
     if fraction is not None and args.val_datapath is not None:
         raise ConfigError("--val-fraction", "give --val-fraction (held out of --datapath) or --val-datapath "
                           "(another folder), not both")
-    if args.val_datapath is not None and args.app not in APPS_READING_DATAPATH:
+    if args.val_datapath is not None and args.app is not None and args.app not in APPS_READING_DATAPATH:
         raise ConfigError("--val-datapath", f"--app {args.app} reads no files; use --val-fraction")
     if getattr(args, "eval_every", 0) and fraction is None and args.val_datapath is None:
         raise ConfigError("--eval-every", "needs validation data: add --val-fraction F or --val-datapath DIR")
@@ -272,6 +272,8 @@ class Setup:
         self.cfg.validate(batch_size=args.batch_size, num_layers=len(self.layers),
                           image_size=args.image_size)
         check_spatial_geometry(self.layers, self.cfg, args.image_size)
+        if args.log_dir is not None and self.ctx.rank == 0:
+            check_log_dir(args.log_dir)
         if args.checkpoint_dir is not None and self.ctx.rank == 0:
             tensors = [t for layer in self.layers for t in layer.state_dict().values()]
             state = sum(t.numel() * t.element_size() for t in tensors)
@@ -353,6 +355,19 @@ class Setup:
                                f"the run no longer equals an uninterrupted one")
         if selection.skipped or args.verbose:
             say_once(self.ctx, selection.report())
+
+
+def check_log_dir(path: str) -> None:
+    """--log-dir: a directory rank 0 can create and write in (checked before the first step)."""
+    import os
+
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError("--log-dir", f"cannot create {path}: {err}") from err
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
 
 
 def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str]:
