@@ -193,6 +193,15 @@ print(f"{held['val_count']} held-out crops after {CURVE_STEPS} steps: "
       f"val_loss {held['val_loss']:.4f}, val_accuracy {held['val_accuracy']:.3f}")
 viz.show(dl.plot_learning_curves(LOG_DIR, labels=["SP+LP, 5 ranks"]))
 
+# %% [markdown]
+# The same curves as a widget: give it several runs' log folders to overlay them, switch train or
+# validation curves off, and reread the logs while a batch job is still writing them.
+
+# %%
+from mpi4dl_nb.notebook.widgets import LearningCurves
+
+display(LearningCurves([LOG_DIR], labels=["SP+LP, 5 ranks"]).widget)
+
 # %%
 summary = {"configuration": cfg.as_dict(), "world_size": cfg.world_size, "image_size": IMAGE,
            "batch_size": BATCH, "steps": STEPS, "exact": bool(exact), "max_loss_error": loss_error,
