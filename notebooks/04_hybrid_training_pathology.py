@@ -152,7 +152,7 @@ viz.show(viz.draw_timeline(events))
 # ## Learning curves
 #
 # Is the model any good? A short run on the same 5 ranks with a few crops held out: a seeded split
-# that keeps each class's share (`--val-fraction` on the command line), evaluated every 3 steps with
+# that keeps each class's share (`--val-fraction` on the command line), evaluated every 2 steps with
 # the training layout (forward only, BatchNorm in eval mode; the figures are exact sums over every
 # held-out crop). Rank 0 writes one line per step and per evaluation to `metrics.jsonl`, which
 # `dl.plot_learning_curves` draws (pass several log folders to overlay runs).
@@ -161,7 +161,7 @@ viz.show(viz.draw_timeline(events))
 import tempfile
 
 LOG_DIR = tempfile.mkdtemp(prefix="mpi4dl-04-curves-")
-CURVE_STEPS, EVAL_EVERY, HELD_OUT = 9, 3, 0.02
+CURVE_STEPS, EVAL_EVERY, HELD_OUT = 6, 2, 0.02
 
 
 def curves_run(log_dir, steps, every, fraction):
@@ -182,7 +182,7 @@ def curves_run(log_dir, steps, every, fraction):
     engine = dl.HybridEngine(make_model(), eng.cfg, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
     trainer = Trainer(engine, Batcher(Subset(crops, train_part), BATCH), ctx,
                       TrainSettings(steps=steps, progress=False, dtype=torch.float64, eval_every=every),
-                      evaluator=Evaluator(engine, Subset(crops, held_out), ctx, BATCH, torch.float64),
+                      evaluator=Evaluator(engine, Subset(crops, held_out), ctx, len(held_out), torch.float64),
                       log=MetricsLog(log_dir, "notebook-04", tensorboard=False) if ctx.rank == 0 else None)
     summary = trainer.run()
     return None if summary is None else {k: summary[k] for k in ("val_count", "val_loss", "val_accuracy")}
