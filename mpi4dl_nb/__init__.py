@@ -26,6 +26,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "gather_tiles": ("spatial.tiles", "gather_tiles"),
     "HybridEngine": ("pipeline.engine", "HybridEngine"),
     "infer_slide": ("infer.api", "infer_slide"),
+    "plot_learning_curves": ("notebook.curves", "plot_learning_curves"),
 }
 
 # Sub-modules reachable as attributes (``dl.planner.estimate(...)``, ``dl.cluster.start(...)``).

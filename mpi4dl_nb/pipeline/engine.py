@@ -330,6 +330,36 @@ class HybridEngine:
             self._step = None
         return float(total.item())
 
+    def evaluate_batch(self, images: Any, labels: Any = None, *, batch_size: int | None = None,
+                       image_size: int | tuple[int, int] | None = None) -> list[tuple[slice, Any]]:
+        """Forward only, with this layout (spatial ranks run the spatial forward), in eval mode.
+
+        Arguments as for ``train_step`` (labels are not needed). Every module this rank runs is
+        put in eval mode (BatchNorm uses its running statistics, dropout is off) and back in
+        its previous mode afterwards; no gradient, buffer or optimizer state is touched.
+        Returns this rank's last-stage outputs as ``(rows of the global batch, output)``
+        pairs (empty on ranks without a last-stage forward); collective over every rank.
+        """
+        batch = resolve_batch_size(images, labels, batch_size)
+        self.cfg.validate(batch_size=batch)
+        data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
+        firsts = [a for a in self.schedule.actions(self.ctx.rank)
+                  if a.kind is ActionKind.FORWARD and a.stage == 0]
+        modes = {m: m.training for inst in self.instances.values()
+                 for root in (inst.canonical, inst.module) for m in root.modules()}
+        try:
+            data.check(self.ctx.rank, runs_first=bool(firsts),
+                       runs_spatial_first=any(a.tile is not None for a in firsts), runs_last=False)
+            for module in modes:
+                module.training = False
+            return self.runtime.forward_only(data, batch // self.cfg.batch_divisor)
+        except Exception:
+            self._fail()
+            raise
+        finally:
+            for module, training in modes.items():
+                module.training = training
+
     def _fail(self) -> None:
         if self.abort_on_error and self.ctx.world_size > 1:
             sys.stderr.write(f"[rank {self.ctx.rank}] HybridEngine failed; aborting the job:\n"

@@ -221,22 +221,29 @@ class PipelineRuntime:
                 ((t.grad if t.grad is not None else torch.zeros_like(t))[k * size:(k + 1) * size]
                  if t.is_floating_point() else None) for t in as_items(x)]
 
+    def _stage_input(self, action: Action, state: _StepState) -> Payload:
+        """A forward's input: its rows of the images (stage 0), else the received activation
+        (tiles of a spatial stage joined for a layer-parallel one)."""
+        key = self._key(action)
+        if action.stage == 0:
+            return state.data.images_for(self._rows(state, action.chunk), action.tile, self.grid,
+                                         self.ctx.device)
+        received = state.inbox.pop((True, key))
+        if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
+            tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
+            x, state.boxes[key] = join_tiles([received[r] for r in tiles], self._grid())
+            return x
+        (x,) = received.values()
+        return x
+
     def _forward(self, action: Action, state: _StepState) -> None:
         if self._merged(action):
             self._forward_merged(action, state)
             return
         key = self._key(action)
         inst = self._instance(action)
-        if action.stage == 0:
-            x = state.data.images_for(self._rows(state, action.chunk), action.tile, self.grid,
-                                      self.ctx.device)
-        else:
-            received = state.inbox.pop((True, key))
-            if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
-                tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
-                x, state.boxes[key] = join_tiles([received[r] for r in tiles], self._grid())
-            else:
-                (x,) = received.values()
+        x = self._stage_input(action, state)
+        if action.stage > 0:
             x = _leaf(x)
         state.inputs[key] = x
         with inst.ledger.chunk(self._stats_key(action)):
@@ -314,6 +321,35 @@ class PipelineRuntime:
                                     [i.silent_parameters() for i in mine])
         sync_running_stats(self.ctx, [i.ledger for i in mine], group)
         return moved
+
+    # --------------------------------------------------------------- evaluation
+    def forward_only(self, data: StepInput, chunk_size: int) -> list[tuple[slice, Payload]]:
+        """Evaluation with the training layout: this rank's forwards and activation transfers of
+        the schedule, without autograd, the BatchNorm ledger, gradients or the optimizer.
+
+        Returns this rank's last-stage outputs, each with its rows of the global batch (modules
+        are run as they are: the caller puts them in eval mode). Dropping the backward, gradient
+        and optimizer actions of a deadlock-free schedule keeps it deadlock-free: sends never
+        block, and every receive's sender runs a subset of what it ran before.
+        """
+        state = _StepState(data, chunk_size, data.batch_size)
+        results: list[tuple[slice, Payload]] = []
+        with torch.no_grad():
+            for action in self.actions:
+                kind = action.kind
+                if kind is ActionKind.FORWARD:
+                    out = self._instance(action).module(self._stage_input(action, state))
+                    if self._last(action.stage):
+                        results.append((self._rows(state, action.chunk), out))
+                    else:
+                        state.outputs[self._key(action)] = out
+                elif kind.is_p2p and kind.carries_activation and kind.is_send:
+                    self._send(action, state)
+                elif kind.is_p2p and kind.carries_activation:
+                    self._recv(action, state)
+            for pending in state.act_sends.values():
+                self.ctx.wait_all(pending)
+        return results
 
     # --------------------------------------------------------------------- step
     def run_step(self, data: StepInput, chunk_size: int,
