@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # notebooks/.lab/labconfig turns Lab's autosave off, so a run never writes outputs into the tracked notebooks.
 lab: $(STAMP)
