@@ -17,6 +17,7 @@ from ..comm.trace import Event, gather_timeline
 from ..config import ParallelConfig, ScheduleKind
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
+from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
 from .stages import Stage, auto_balance, split_layers
@@ -97,6 +98,9 @@ class HybridEngine:
         self.sync_groups = self._make_sync_groups()
         try:   # a rank-local failure (e.g. an unsupported spatial layer) must not hang others
             self.instances = self._make_instances(spatial_groups, tuple(elementwise))
+            check_precision(cfg.precision, ctx.device,
+                            next((p.dtype for i in self.instances.values() for p in i.canonical.parameters()
+                                  if p.is_floating_point()), None))
             self.released_stages = self._release_other_stages()
             params = self._unique_parameters()
             self.optimizer = optimizer(params) if optimizer is not None else None
@@ -154,6 +158,7 @@ class HybridEngine:
             used.add(slot.stage)
             stage.to(self.ctx.device)
             module: nn.Module = stage
+            spatial_runtime = None
             sync = self.sync_groups.get((replica, slot.stage))
             if slot.spatial:
                 from ..spatial.convert import runtime_of, spatialize
@@ -162,12 +167,17 @@ class HybridEngine:
                 module = spatialize(stage, self.grid, self.ctx, spatial_groups[slot.stage_ranks],
                                     halo_d2=self.cfg.halo_d2, fused_layers=self.cfg.fused_layers,
                                     elementwise=elementwise, check_ops=self.cfg.check_ops)
+                spatial_runtime = runtime_of(module)
                 if sync is not None:   # BatchNorm over every replica's tiles
                     runtime_of(module).stats_group, runtime_of(module).stats_copies = sync
             elif sync is not None:
                 from .syncbn import synchronize_batchnorm
 
                 module = synchronize_batchnorm(stage, self.ctx, *sync)
+            if self.cfg.checkpoint_activations is not None:
+                from .recompute import checkpointed
+
+                module = checkpointed(module, self.cfg.checkpoint_activations, spatial_runtime)
             instances[(replica, slot.stage)] = StageInstance(slot.stage, replica, stage, module,
                                                              slot.tile)
         return instances

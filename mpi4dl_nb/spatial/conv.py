@@ -247,14 +247,27 @@ class _PaddedConv2d(torch.autograd.Function):
         return grad_y, grad_w if mask[1] else None, grad_b if mask[2] else None, None, None
 
 
+def autocast_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Under autocast, the conv's operands in the compute dtype (as autocast casts them for
+    F.conv2d; differentiable casts), so the halo travels, the tile is saved and backward runs
+    in that dtype as in the serial model; unchanged otherwise."""
+    kind = x.device.type if x.device.type in ("cpu", "cuda") else "cpu"
+    if not torch.is_autocast_enabled(kind) or x.dtype == torch.float64:
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(kind)
+    return x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
+
+
 def conv_after_exchange(conv: SpatialConv2d, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
     """``conv`` on the owned tile ``x`` through ``exchange`` (memory-lean autograd)."""
     if exchange.identity:
         return conv.apply_padded(x)
+    x, weight, bias = autocast_operands(x, conv.weight, conv.bias)
     pads = band_paddings(conv, exchange)
     if pads is not None:
-        return _BandedHaloConv2d.apply(x, conv.weight, conv.bias, conv, exchange, pads)
-    return _HaloConv2d.apply(x, conv.weight, conv.bias, conv, exchange)
+        return _BandedHaloConv2d.apply(x, weight, bias, conv, exchange, pads)
+    return _HaloConv2d.apply(x, weight, bias, conv, exchange)
 
 
 def conv_after_padding(conv: SpatialConv2d, y: torch.Tensor,
@@ -262,4 +275,5 @@ def conv_after_padding(conv: SpatialConv2d, y: torch.Tensor,
     """``conv`` on ``y`` zero-padded by ``pads`` (left, right, top, bottom), memory-lean."""
     if not any(pads):
         return conv.apply_padded(y)
-    return _PaddedConv2d.apply(y, conv.weight, conv.bias, conv, pads)
+    y, weight, bias = autocast_operands(y, conv.weight, conv.bias)
+    return _PaddedConv2d.apply(y, weight, bias, conv, pads)

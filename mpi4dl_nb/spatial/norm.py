@@ -22,6 +22,8 @@ from ..errors import ConfigError
 from .base import SpatialLayer, SpatialRuntime, adopt
 from .reduce import partitioned_sum
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
 
 def moments(x: torch.Tensor, sample: torch.Tensor, dims: Sequence[int], count: float, ctx: Comm,
             group: Group | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,6 +77,9 @@ class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
+        if x.dtype in LOW_PRECISION:   # statistics accumulate in float32 (mixed precision)
+            wide = x.float()
+            return self.normalize(wide, wide).to(x.dtype)
         return self.normalize(x, x)
 
     def normalize(self, x: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
@@ -108,6 +113,8 @@ class SpatialGroupNorm(SpatialLayer, nn.GroupNorm):
         if x.dim() != 4:
             raise ConfigError("model", f"{self.layer_name}: spatial GroupNorm needs (N, C, H, W) "
                               f"tiles, got {x.dim()}-d")
+        if x.dtype in LOW_PRECISION:   # statistics accumulate in float32 (mixed precision)
+            return self.tile_forward(x.float()).to(x.dtype)
         n, c = x.shape[:2]
         groups = self.num_groups
         height, width = self.runtime.input_size(self, x)
