@@ -67,7 +67,7 @@ def parse_choice(kind: type[C], value: object, knob: str, expected: str) -> C:
         raise ConfigError(knob, f"{value!r} is not {expected}") from None
 
 
-class Precision(Choice):
+class PrecisionMode(Choice):
     """Compute dtype of forward and backward (autocast); master weights stay float32."""
 
     FP32 = "fp32"   # the parameters' own dtype (float32 or float64): no autocast
@@ -77,7 +77,7 @@ class Precision(Choice):
 
 SLICE_METHODS = SliceMethod.values()
 SCHEDULES = ScheduleKind.values()
-PRECISIONS = Precision.values()
+PRECISIONS = PrecisionMode.values()
 CHECKPOINT_GRANULARITIES = ("every", "blocks")
 
 
@@ -151,7 +151,7 @@ class ParallelConfig:
     sync_batchnorm: bool = False
     check_ops: bool = True
     checkpoint_activations: str | int | None = None
-    precision: Precision = Precision.FP32
+    precision: PrecisionMode = PrecisionMode.FP32
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):
@@ -239,7 +239,7 @@ class ParallelConfig:
         # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
-        object.__setattr__(self, "precision", parse_choice(Precision, self.precision, "precision",
+        object.__setattr__(self, "precision", parse_choice(PrecisionMode, self.precision, "precision",
                                                            f"one of {', '.join(PRECISIONS)}"))
         object.__setattr__(self, "checkpoint_activations",
                            as_checkpoint_setting(self.checkpoint_activations))

@@ -18,17 +18,17 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from ..comm.protocol import Comm
-from ..config import Precision
+from ..config import PrecisionMode
 from ..errors import ConfigError
 
-COMPUTE_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+COMPUTE_DTYPES = {PrecisionMode.BF16: torch.bfloat16, PrecisionMode.FP16: torch.float16}
 
 
-def check_precision(precision: Precision, device: torch.device, param_dtype: torch.dtype | None) -> None:
+def check_precision(precision: PrecisionMode, device: torch.device, param_dtype: torch.dtype | None) -> None:
     """ConfigError when ``precision`` cannot run on ``device`` with parameters of ``param_dtype``."""
-    if precision is Precision.FP32:
+    if precision is PrecisionMode.FP32:
         return
-    if precision is Precision.FP16 and device.type != "cuda":
+    if precision is PrecisionMode.FP16 and device.type != "cuda":
         raise ConfigError("precision", f"fp16 needs a GPU (loss scaling of float16 gradients); this "
                           f"rank computes on {device.type}: use --precision bf16 (CPU and GPU) or fp32")
     if param_dtype is not None and param_dtype != torch.float32:
@@ -37,7 +37,7 @@ def check_precision(precision: Precision, device: torch.device, param_dtype: tor
                           f"or use --precision fp32")
 
 
-def autocast(precision: Precision, device: torch.device) -> AbstractContextManager[object]:
+def autocast(precision: PrecisionMode, device: torch.device) -> AbstractContextManager[object]:
     """The context a forward runs in: autocast to the compute dtype, or nothing for fp32."""
     dtype = COMPUTE_DTYPES.get(precision)
     if dtype is None:
