@@ -12,7 +12,7 @@ Memory is *counted*, not read from RSS: ``run.metrics.ActivationMeter``, the met
 command reports (bytes autograd saves for backward, each storage once, parameters excluded),
 around one whole step (forward, backward, and so the recomputation inside backward). A size
 fits when the largest rank's peak is within ``--budget-mib``. The search is a bisection over
-image sides in multiples of 64 (the trunk's stride 32 times the 2x2 grid), bracketed from
+image sides in multiples of 32 (the trunk's stride; 64 on the 2x2 grid), bracketed from
 a first measurement at ``--probe`` px (counted bytes grow linearly with the pixels).
 
 Then the step-time cost of recomputation: the SP 4 step at ``--time-size`` with and without,
@@ -46,7 +46,7 @@ from mpi4dl_nb.run.metrics import ActivationMeter
 from mpi4dl_nb.spatial.convert import runtime_of
 
 GRID = (2, 2)
-MULTIPLE = 64
+STRIDE = 32   # the trunk's output stride: sides are multiples of it (times the grid when spatial)
 MIB = 2.0 ** 20
 
 
@@ -98,6 +98,10 @@ class Setting:
     def autocast(self) -> object:
         return torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else nullcontext()
 
+    @property
+    def multiple(self) -> int:
+        return STRIDE * GRID[0] if self.spatial else STRIDE
+
     def input_shape(self, side: int) -> tuple[int, int, int, int]:
         if self.spatial:
             return (1, 3, side // GRID[0], side // GRID[1])
@@ -137,18 +141,19 @@ def largest_side(ctx: Comm, net: nn.Module | None, setting: Setting, budget: flo
     ok, peak = fits(probe)
     if not ok:
         raise SystemExit(f"{setting.name}: even the probe {probe} px needs {peak / MIB:.0f} MiB; lower --probe")
-    guess = int(probe * (budget / peak) ** 0.5) // MULTIPLE * MULTIPLE
+    step = setting.multiple
+    guess = int(probe * (budget / peak) ** 0.5) // step * step
     lo, lo_peak, hi = probe, peak, None
-    side = max(guess, probe + MULTIPLE)
+    side = max(guess, probe + step)
     while hi is None:   # bracket: grow 10% past the linear guess until a side does not fit
         ok, peak = fits(side)
         if ok:
             lo, lo_peak = side, peak
-            side = (int(side * 1.1) // MULTIPLE + 1) * MULTIPLE
+            side = (int(side * 1.1) // step + 1) * step
         else:
             hi = side
-    while hi - lo > MULTIPLE:
-        mid = (lo + hi) // 2 // MULTIPLE * MULTIPLE
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
         ok, peak = fits(mid)
         if ok:
             lo, lo_peak = mid, peak

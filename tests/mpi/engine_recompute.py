@@ -1,6 +1,8 @@
 """MPI (5 ranks): activation recomputation and mixed precision in HybridEngine.
 
-Usage: python -m tests.mpi.engine_recompute [--backend=gloo]
+Usage: python -m tests.mpi.engine_recompute [--backend=gloo] [CASE ...] (recompute cases
+to run, default all; naming cases also skips the memory, bf16 and fp16 checks unless ``bf16``
+is named too)
 
 Named checks:
 
@@ -130,11 +132,23 @@ def main(check: Checks) -> None:
     torch.set_num_threads(1)
     options = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
     ctx = dl.init(backend=options.get("backend", "auto"))
+    chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
     for name in CASES:
+        if chosen and name not in chosen:
+            continue
         with check(f"recompute {name}") as result:
             result.detail = check_recompute(ctx, name)
-    with check("recompute memory") as result:
-        result.detail = check_memory(ctx)
+    if not chosen:
+        with check("recompute memory") as result:
+            result.detail = check_memory(ctx)
+    if not chosen or "bf16" in chosen:
+        check_bf16(ctx, check)
+    if not chosen:
+        check_fp16_refused(ctx, check)
+    ctx.barrier()
+
+
+def check_bf16(ctx, check: Checks) -> None:
     fp32, bf16, state, data, _ = bf16_runs(ctx)
     with check("bf16 vs fp32") as result:
         gap = abs(bf16[-1] - fp32[-1]) / abs(fp32[-1])
@@ -162,6 +176,9 @@ def main(check: Checks) -> None:
                                          f"is {noise:.2e} from it")
                 worst = max(worst, par / max(noise, 1e-3))
             result.detail = f"loss rel err {loss_err:.1e}, worst state error / bf16 noise {worst:.2f}"
+
+
+def check_fp16_refused(ctx, check: Checks) -> None:
     with check("fp16 refused"):
         try:
             dl.HybridEngine(build("resnet"), dl.ParallelConfig(split_size=2, spatial_size=1,
@@ -171,7 +188,6 @@ def main(check: Checks) -> None:
             assert "GPU" in str(err) and "bf16" in str(err), err
         else:
             raise AssertionError("fp16 on CPU was not refused")
-    ctx.barrier()
 
 
 if __name__ == "__main__":

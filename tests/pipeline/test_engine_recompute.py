@@ -31,3 +31,9 @@ def test_bf16_trains_like_fp32_and_like_serial_bf16(mpi_checks):
 
 def test_fp16_refused_on_cpu(mpi_checks):
     launch(mpi_checks).require(["fp16 refused"])
+
+
+def test_recomputation_and_bf16_on_the_torch_plane(mpi_checks):
+    """The same code path on gloo (NCCL's call pattern): spatial recomputation with SE gates, bf16 halos."""
+    report = mpi_checks(5, "engine_recompute", "--backend=gloo", "sp_se_pp 2", "bf16", timeout=400)
+    report.require(["recompute sp_se_pp 2", "bf16 vs fp32", "bf16 vs serial"])
