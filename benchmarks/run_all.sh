@@ -19,3 +19,4 @@ run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --
 run python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
 run python benchmarks/bench_planner.py --markdown
 run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000
+run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 256 --steps 3
