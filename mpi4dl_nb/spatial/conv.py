@@ -159,6 +159,12 @@ def _edge(out: torch.Tensor, edge: str, pr: int, pc: int) -> torch.Tensor:
     return out[..., :, out.shape[-1] - pc:]
 
 
+# Halo overlap: banded convs compute the owned tile while the row halos are in flight. Off by
+# default: on one node the messages are ~1-8% of a forward and measured no gain
+# (BENCHMARKS.md section 8); worth switching on where messages take longer (networks).
+HALO_OVERLAP = False
+
+
 class _BandedHaloConv2d(torch.autograd.Function):
     """Halo conv without assembling the extended tile: by linearity the convolution of the
     extended tile is the conv of the owned tile with native zero padding plus the (bias-free)
@@ -171,9 +177,16 @@ class _BandedHaloConv2d(torch.autograd.Function):
     def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 conv: SpatialConv2d, exchange: HaloExchange, pads: tuple[int, int]) -> torch.Tensor:
         x = x.contiguous()
-        strips = exchange.exchange_strips(x)
         pr, pc = pads
-        out = F.conv2d(x, weight, bias, 1, (pr, pc), conv.dilation, conv.groups)
+
+        def owned() -> torch.Tensor:   # needs no strip: runs while the row messages fly
+            return F.conv2d(x, weight, bias, 1, (pr, pc), conv.dilation, conv.groups)
+
+        if HALO_OVERLAP:
+            strips, out = exchange.exchange_strips_overlapped(x, owned)
+        else:
+            strips = exchange.exchange_strips(x)
+            out = owned()
         for edge, band in _bands(x, strips, pr, pc):
             _edge(out, edge, pr, pc).add_(F.conv2d(band, weight, None, 1, 0, conv.dilation,
                                                    conv.groups))
