@@ -14,8 +14,9 @@ forwards is handled here:
 * running statistics (BatchNorm, InstanceNorm): the recomputed forward runs the norms on
   throw-away copies of their buffers, so they are updated once (by the first forward, whose
   per-chunk terms the BatchNorm ledger records as before);
-* spatial stages: the halo exchanges and BatchNorm sums run again (every tile recomputes the
-  same segment at the same point of its backward, so messages match); the runtime replays the
+* spatial stages: the halo exchanges run again (every tile recomputes the same segment at the
+  same point of its backward, so messages match), the BatchNorm statistics of the first forward
+  are reused (a few floats per channel; no all-reduce in the recomputation); the runtime replays the
   forward's cached sizes and call ordinals and the op guard tracks placements (tiles vs
   replicated tensors) again, so SE gates get their gradient sums in the recomputed graph too;
 * random numbers (dropout on layer-parallel stages): the RNG state of the first forward is
@@ -35,6 +36,7 @@ from torch import nn
 
 from ..comm.messages import Payload, as_items
 from ..spatial.base import SpatialRuntime, shallow_copy
+from ..spatial.batchnorm_fn import StatsLog
 from ..spatial.guard import is_tiled, mark_tiled
 from .bn_replay import running_stat_norms
 
@@ -92,6 +94,7 @@ class _Replay:
     cuda_rng: torch.Tensor | None
     device: torch.device
     autocast: tuple[bool, torch.dtype]
+    stats: StatsLog
 
     @contextmanager
     def again(self, inputs: list[torch.Tensor]) -> Iterator[None]:
@@ -108,6 +111,7 @@ class _Replay:
             if self.runtime is not None:
                 tiles = tuple(t for t, tiled in zip(inputs, self.tiled_inputs) if tiled)
                 stack.enter_context(self.runtime.replaying(self.spatial_state, tiles))
+                stack.enter_context(self.stats.replaying())
             yield
 
 
@@ -125,7 +129,8 @@ class _Recompute(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx: Any, replay: _Replay, anchor: torch.Tensor, *inputs: torch.Tensor) -> Any:
-        out = replay.run(_payload(replay, list(inputs)))
+        with replay.stats.recording():
+            out = replay.run(_payload(replay, list(inputs)))
         items = as_items(out)
         replay.tiled_outputs = [is_tiled(t) for t in items]
         fctx.replay = replay
@@ -162,7 +167,7 @@ def run_recomputed(run: Callable[[Payload], Payload], x: Payload, norms: list[An
                      tiled_inputs=[is_tiled(t) for t in inputs], tiled_outputs=[],
                      rng=torch.get_rng_state(),
                      cuda_rng=torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                     device=device, autocast=_autocast_state(device))
+                     device=device, autocast=_autocast_state(device), stats=StatsLog())
     # an anchor that requires grad: backward runs (parameter gradients) even when no input needs one
     anchor = torch.empty(0, device=device, requires_grad=True)
     out = _Recompute.apply(replay, anchor, *inputs)
