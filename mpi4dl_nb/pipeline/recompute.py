@@ -14,9 +14,10 @@ forwards is handled here:
 * running statistics (BatchNorm, InstanceNorm): the recomputed forward runs the norms on
   throw-away copies of their buffers, so they are updated once (by the first forward, whose
   per-chunk terms the BatchNorm ledger records as before);
-* spatial stages: the halo exchanges run again (every tile recomputes the same segment at the
-  same point of its backward, so messages match), the BatchNorm statistics of the first forward
-  are reused (a few floats per channel; no all-reduce in the recomputation); the runtime replays the
+* spatial stages: the recomputation sends nothing: the halo strips and BatchNorm statistics the
+  first forward received are kept (``spatial/replay.py``; saved tensors, so the meter counts
+  them) and taken back in call order (re-exchanging them cost ~16% of an SP step here,
+  BENCHMARKS.md section 8); the runtime replays the
   forward's cached sizes and call ordinals and the op guard tracks placements (tiles vs
   replicated tensors) again, so SE gates get their gradient sums in the recomputed graph too;
 * random numbers (dropout on layer-parallel stages): the RNG state of the first forward is
@@ -36,8 +37,8 @@ from torch import nn
 
 from ..comm.messages import Payload, as_items
 from ..spatial.base import SpatialRuntime, shallow_copy
-from ..spatial.batchnorm_fn import StatsLog
 from ..spatial.guard import is_tiled, mark_tiled
+from ..spatial.replay import ForwardLog
 from .bn_replay import running_stat_norms
 
 Setting = str | int
@@ -94,7 +95,7 @@ class _Replay:
     cuda_rng: torch.Tensor | None
     device: torch.device
     autocast: tuple[bool, torch.dtype]
-    stats: StatsLog
+    received: ForwardLog
 
     @contextmanager
     def again(self, inputs: list[torch.Tensor]) -> Iterator[None]:
@@ -111,7 +112,7 @@ class _Replay:
             if self.runtime is not None:
                 tiles = tuple(t for t, tiled in zip(inputs, self.tiled_inputs) if tiled)
                 stack.enter_context(self.runtime.replaying(self.spatial_state, tiles))
-                stack.enter_context(self.stats.replaying())
+                stack.enter_context(self.received.replaying_entries())
             yield
 
 
@@ -129,12 +130,15 @@ class _Recompute(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx: Any, replay: _Replay, anchor: torch.Tensor, *inputs: torch.Tensor) -> Any:
-        with replay.stats.recording():
+        with replay.received.recording():
             out = replay.run(_payload(replay, list(inputs)))
         items = as_items(out)
         replay.tiled_outputs = [is_tiled(t) for t in items]
         fctx.replay = replay
-        fctx.save_for_backward(*inputs)
+        fctx.inputs = len(inputs)
+        # the received halo strips and statistics are held until backward: saved, so counted
+        kept = [t for entry in replay.received.entries for t in entry if isinstance(t, torch.Tensor)]
+        fctx.save_for_backward(*inputs, *kept)
         fctx.mark_non_differentiable(*[t for t in items if not t.is_floating_point()])
         fctx.single = isinstance(out, torch.Tensor)
         return out if fctx.single else tuple(items)
@@ -143,7 +147,7 @@ class _Recompute(torch.autograd.Function):
     def backward(fctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         replay: _Replay = fctx.replay
         inputs = [t.detach().requires_grad_(t.is_floating_point() and needs)
-                  for t, needs in zip(fctx.saved_tensors, fctx.needs_input_grad[2:])]
+                  for t, needs in zip(fctx.saved_tensors[:fctx.inputs], fctx.needs_input_grad[2:])]
         for t, tiled in zip(inputs, replay.tiled_inputs):
             if tiled:
                 mark_tiled(t)
@@ -167,7 +171,7 @@ def run_recomputed(run: Callable[[Payload], Payload], x: Payload, norms: list[An
                      tiled_inputs=[is_tiled(t) for t in inputs], tiled_outputs=[],
                      rng=torch.get_rng_state(),
                      cuda_rng=torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                     device=device, autocast=_autocast_state(device), stats=StatsLog())
+                     device=device, autocast=_autocast_state(device), received=ForwardLog())
     # an anchor that requires grad: backward runs (parameter gradients) even when no input needs one
     anchor = torch.empty(0, device=device, requires_grad=True)
     out = _Recompute.apply(replay, anchor, *inputs)

@@ -15,64 +15,30 @@ over the tiles by the engine like every spatial parameter.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from ..comm.handles import Group
 from ..comm.protocol import Comm
+from .replay import active_log
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 DIMS = (0, 2, 3)
 
 
-class StatsLog:
-    """The batch statistics of a forward's BatchNorms in call order, so that recomputing that
-    forward (activation recomputation) reuses them instead of repeating their two all-reduces
-    (the same inputs give the same statistics; a few floats per channel are kept)."""
-
-    def __init__(self) -> None:
-        self.stats: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.replay: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
-
-    @contextmanager
-    def recording(self) -> Iterator[None]:
-        """Inside, every tile BatchNorm appends its (mean, var)."""
-        _ACTIVE.append(self)
-        try:
-            yield
-        finally:
-            _ACTIVE.remove(self)
-
-    @contextmanager
-    def replaying(self) -> Iterator[None]:
-        """Inside, tile BatchNorms take the recorded statistics in order (no communication)."""
-        self.replay = iter(self.stats)
-        _ACTIVE.append(self)
-        try:
-            yield
-        finally:
-            _ACTIVE.remove(self)
-            self.replay = None
-
-
-_ACTIVE: list[StatsLog] = []
-
-
 def _statistics(wide: torch.Tensor, count: float, comm: Comm, group: Group | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(centred tile, mean, biased var): from the active log's replay, else two all-reduces."""
-    log = _ACTIVE[-1] if _ACTIVE else None
-    if log is not None and log.replay is not None:
-        mean, var = next(log.replay)
+    log = active_log()
+    if log is not None and log.replaying:
+        mean, var = log.next()
         return wide - _channels(mean), mean, var
     mean = _all_reduce(wide.sum(dim=DIMS), comm, group) / count
     centered = wide - _channels(mean)
     var = _all_reduce((centered * centered).sum(dim=DIMS), comm, group) / count
     if log is not None:
-        log.stats.append((mean, var))
+        log.record((mean, var))
     return centered, mean, var
 
 
