@@ -16,7 +16,7 @@ image sides in multiples of 32 (the trunk's stride; 64 on the 2x2 grid), bracket
 a first measurement at ``--probe`` px (counted bytes grow linearly with the pixels).
 
 Then the step-time cost of recomputation: the SP 4 step at ``--time-size`` with and without,
-median of ``--steps`` steps, and the halo exchanges (count, seconds) of each step.
+steps alternating, median of ``--steps`` each, and the halo exchanges (count, seconds) of a step.
 
 The trunk: ResNet-50's layout (7x7/2 stem, 3x3/2 max pool, bottleneck stages of 3, 4, 6, 3
 blocks, expansion 4, stride in the 3x3 conv) with base width ``--width`` (ResNet-50: 64).
@@ -162,23 +162,32 @@ def largest_side(ctx: Comm, net: nn.Module | None, setting: Setting, budget: flo
     return lo, lo_peak, evaluations
 
 
-def step_seconds(ctx: Comm, net: nn.Module, setting: Setting, side: int, steps: int) -> tuple[float, int, float]:
-    """Median step time (slowest rank), halo exchanges per step and their seconds (this rank)."""
-    times = []
+def one_timed_step(ctx: Comm, net: nn.Module, setting: Setting, side: int) -> tuple[float, int, float]:
+    """(slowest rank's step seconds, halo exchanges, their seconds on this rank) of one step."""
+    x = torch.randn(setting.input_shape(side))
     before = ctx.tracer.totals().get("halo")
-    count0, secs0 = (before.count, before.seconds) if before else (0, 0.0)
-    for _ in range(steps + 1):
-        x = torch.randn(setting.input_shape(side))
-        ctx.barrier()
-        start = time.perf_counter()
-        with setting.autocast():   # type: ignore[attr-defined]
-            out = net(x)
-        out.float().sum().backward()
-        net.zero_grad(set_to_none=True)
-        times.append(max(ctx.all_gather_object(time.perf_counter() - start)))
+    ctx.barrier()
+    start = time.perf_counter()
+    with setting.autocast():   # type: ignore[attr-defined]
+        out = net(x)
+    out.float().sum().backward()
+    net.zero_grad(set_to_none=True)
+    seconds = max(ctx.all_gather_object(time.perf_counter() - start))
     after = ctx.tracer.totals().get("halo")
-    count1, secs1 = (after.count, after.seconds) if after else (0, 0.0)
-    return statistics.median(times[1:]), (count1 - count0) // (steps + 1), (secs1 - secs0) / (steps + 1)
+    count = (after.count if after else 0) - (before.count if before else 0)
+    return seconds, count, (after.seconds if after else 0.0) - (before.seconds if before else 0.0)
+
+
+def step_times(ctx: Comm, nets: list[nn.Module], settings: list[Setting], side: int,
+               steps: int) -> list[tuple[float, int, float]]:
+    """Per setting: median step seconds, halo exchanges and their seconds per step; the
+    settings' steps alternate (a warm-up round first), so load changes hit them alike."""
+    runs: list[list[tuple[float, int, float]]] = [[] for _ in nets]
+    for _ in range(steps + 1):
+        for net, setting, run in zip(nets, settings, runs):
+            run.append(one_timed_step(ctx, net, setting, side))
+    return [(statistics.median(r[0] for r in run[1:]), run[-1][1], statistics.median(r[2] for r in run[1:]))
+            for run in runs]
 
 
 def main() -> None:
@@ -210,12 +219,11 @@ def main() -> None:
     say("\nconfiguration             | largest side | pixels vs serial | peak MiB | steps measured")
     for name, side, peak, evaluations in rows:
         say(f"{name:25s} | {side:12d} | {side * side / serial_pixels:15.1f}x | {peak / MIB:8.1f} | {evaluations}")
-    timing = []
-    for setting in settings[1:3]:
-        net = setting.build(ctx, args.width)
-        assert net is not None
-        timing.append((setting.name, *step_seconds(ctx, net, setting, args.time_size, args.steps)))
-    say(f"\nSP 4 step at {args.time_size} px (median of {args.steps}; halo exchanges of rank 0 per step)")
+    timed = settings[1:3]
+    nets = [setting.build(ctx, args.width) for setting in timed]
+    timing = [(setting.name, *result) for setting, result in
+              zip(timed, step_times(ctx, [n for n in nets if n is not None], timed, args.time_size, args.steps))]
+    say(f"\nSP 4 step at {args.time_size} px (median of {args.steps}, alternating; halo exchanges of rank 0 per step)")
     for name, seconds, halos, halo_seconds in timing:
         say(f"{name:25s} | {seconds:7.3f} s | {halos:4d} halo exchanges, {halo_seconds * 1e3:7.1f} ms")
     say(f"recomputation cost: {timing[1][1] / timing[0][1]:.2f}x step time (goal < 1.35x)")
