@@ -9,7 +9,8 @@ Named checks:
 * ``recompute <case>``: the engine with ``checkpoint_activations`` gives bit-identical losses
   and the same whole state (weights, BatchNorm running stats, counters; max relative error 0
   expected, 1e-12 allowed) as without, after 3 SGD-momentum steps, and both equal the serial
-  reference (engine_exact's rule, 1e-9).
+  reference (engine_exact's rule, 1e-9); every rank makes as many halo exchanges with as without
+  (the recomputation replays the received strips).
 * ``recompute memory``: on the spatial ranks of SP 2x2 + LP (ResNet stem and 3 blocks on the
   tiles) the counted activation peak (ActivationMeter: bytes saved for backward, recomputation
   included) with ``checkpoint_activations='every'`` is at most 0.7x the peak without.
@@ -59,6 +60,11 @@ LOSS_TOLERANCE = 1e-2
 NOISE_FACTOR = 2.0
 
 
+def halo_count(ctx) -> int:
+    total = ctx.tracer.totals().get("halo")
+    return total.count if total else 0
+
+
 def train(ctx, kwargs: dict, model_name: str, data, model_dtype=torch.float64
           ) -> tuple[list[float], dict | None, int]:
     """Losses, the whole state (rank 0) and this rank's counted activation peak."""
@@ -76,8 +82,16 @@ def train(ctx, kwargs: dict, model_name: str, data, model_dtype=torch.float64
 def check_recompute(ctx, name: str) -> str:
     kwargs, model_name, batch, image, setting = CASES[name]
     data = batches(model_name, batch, image, seed=len(name))
+    start = halo_count(ctx)
     plain_losses, plain_state, _ = train(ctx, kwargs, model_name, data)
+    middle = halo_count(ctx)
     losses, state, _ = train(ctx, dict(kwargs, checkpoint_activations=setting), model_name, data)
+    # the recomputation replays the received halos: exactly the plain run's exchanges
+    if ctx.rank == 0 and middle == start:
+        raise AssertionError(f"{name}: no halo exchange traced on tile rank 0")
+    if halo_count(ctx) - middle != middle - start:
+        raise AssertionError(f"{name}: {halo_count(ctx) - middle} halo exchanges with recomputation, "
+                             f"{middle - start} without")
     if ctx.rank != 0:
         return "rank 0 compares"
     if losses != plain_losses:
