@@ -14,9 +14,10 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..comm.trace import Event, gather_timeline
-from ..config import ConfigError, ParallelConfig, ScheduleKind
+from ..config import ParallelConfig, ScheduleKind
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
+from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
 from .stages import Stage, auto_balance, default_balance, split_layers
@@ -60,16 +61,6 @@ def _released_hook(layer: int, stage: int, rank: int) -> Callable[..., None]:
     return refuse
 
 
-def refuse_unbuilt_memory_knobs(cfg: ParallelConfig) -> None:
-    """ConfigError for the memory knobs the planner models but the engine does not run yet."""
-    if cfg.checkpoint_activations:
-        raise ConfigError("checkpoint_activations", "activation recomputation is not implemented by the "
-                          "engine yet (the planner models it); use checkpoint_activations=False")
-    if cfg.precision != "fp32":
-        raise ConfigError("precision", f"precision={cfg.precision!r} is not implemented by the engine yet "
-                          f"(the planner models it); use precision='fp32'")
-
-
 class HybridEngine:
     """Trains ``nn.Sequential(*layers)`` on ``cfg``'s ranks; every rank calls the same methods.
 
@@ -94,7 +85,6 @@ class HybridEngine:
                  abort_on_error: bool = True, elementwise: Iterable[type] = ()) -> None:
         layers = list(layers)
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
-        refuse_unbuilt_memory_knobs(cfg)
         self.cfg = cfg
         self.ctx = ctx
         self.loss_fn = loss_fn
@@ -109,6 +99,9 @@ class HybridEngine:
         self.sync_groups = self._make_sync_groups()
         try:   # a rank-local failure (e.g. an unsupported spatial layer) must not hang others
             self.instances = self._make_instances(spatial_groups, tuple(elementwise))
+            check_precision(cfg.precision, ctx.device,
+                            next((p.dtype for i in self.instances.values() for p in i.canonical.parameters()
+                                  if p.is_floating_point()), None))
             self.released_stages = self._release_other_stages()
             params = self._unique_parameters()
             self.optimizer = optimizer(params) if optimizer is not None else None
@@ -166,6 +159,7 @@ class HybridEngine:
             used.add(slot.stage)
             stage.to(self.ctx.device)
             module: nn.Module = stage
+            spatial_runtime = None
             sync = self.sync_groups.get((replica, slot.stage))
             if slot.spatial:
                 from ..spatial.convert import runtime_of, spatialize
@@ -174,12 +168,17 @@ class HybridEngine:
                 module = spatialize(stage, self.grid, self.ctx, spatial_groups[slot.stage_ranks],
                                     halo_d2=self.cfg.halo_d2, fused_layers=self.cfg.fused_layers,
                                     elementwise=elementwise, check_ops=self.cfg.check_ops)
+                spatial_runtime = runtime_of(module)
                 if sync is not None:   # BatchNorm over every replica's tiles
                     runtime_of(module).stats_group, runtime_of(module).stats_copies = sync
             elif sync is not None:
                 from .syncbn import synchronize_batchnorm
 
                 module = synchronize_batchnorm(stage, self.ctx, *sync)
+            if self.cfg.checkpoint_activations is not None:
+                from .recompute import checkpointed
+
+                module = checkpointed(module, self.cfg.checkpoint_activations, spatial_runtime)
             instances[(replica, slot.stage)] = StageInstance(slot.stage, replica, stage, module,
                                                              slot.tile)
         return instances

@@ -176,23 +176,21 @@ def test_parallel_estimates_within_15_percent_of_measured_on_every_rank():
             assert all(abs(r - 1) < 0.15 for r in ratios), (knobs, model, ratios)
 
 
-def test_config_memory_knobs_switch_the_terms_and_the_engine_refuses_them_until_built():
+def test_config_memory_knobs_switch_the_terms_and_unmodelled_recomputation_is_refused():
     from mpi4dl_nb.errors import ConfigError
-    from mpi4dl_nb.pipeline.engine import refuse_unbuilt_memory_knobs
 
     layers = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
     cfg = ParallelConfig(split_size=2, spatial_size=0, parts=2)
-    assert (cfg.precision, cfg.checkpoint_activations) == ("fp32", False)     # today's behaviour
+    assert (cfg.precision, cfg.checkpoint_activations) == ("fp32", None)     # the defaults
     bf16 = planner.estimate_memory(layers, cfg.with_(precision="bf16"), 64, 2)
     explicit = planner.estimate_memory(layers, cfg, 64, 2, precision=planner.Precision(torch.bfloat16, torch.float32))
     assert bf16.totals == explicit.totals
-    redo = planner.estimate_memory(layers, cfg.with_(checkpoint_activations=True), 64, 2)
-    assert redo.totals == planner.estimate_memory(layers, cfg, 64, 2, recompute="stage").totals
-    assert redo.ranks[0].activations == 0 < planner.estimate_memory(layers, cfg, 64, 2).ranks[0].activations
-    refuse_unbuilt_memory_knobs(cfg)
-    for knobs in (dict(precision="fp16"), dict(checkpoint_activations=True)):
-        with pytest.raises(ConfigError, match="not implemented by the engine yet"):
-            refuse_unbuilt_memory_knobs(cfg.with_(**knobs))
+    stage = planner.estimate_memory(layers, cfg, 64, 2, recompute="stage")
+    assert stage.ranks[0].activations == 0 < planner.estimate_memory(layers, cfg, 64, 2).ranks[0].activations
+    with pytest.raises(ConfigError, match="whole stage only"):
+        planner.estimate_memory(layers, cfg.with_(checkpoint_activations="every"), 64, 2)
+    assert planner.estimate_memory(layers, cfg.with_(checkpoint_activations="every"), 64, 2,
+                                   recompute="stage").totals == stage.totals
     with pytest.raises(ConfigError, match="precision"):
         ParallelConfig(precision="fp8")
 

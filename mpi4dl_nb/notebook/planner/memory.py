@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ...config import Choice, ParallelConfig
+from ...errors import ConfigError
 from ...layout import RankRole, layout
 from ...pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
 from ...pipeline.stages import LayerMemory, check_balance, default_balance, even_balance, probe_memory
@@ -238,12 +239,18 @@ def settings_of(cfg: ParallelConfig, dtype: torch.dtype, precision: Precision | 
     """The element types and recomputation the models use: the explicit arguments if given,
     else ``cfg``'s memory knobs (``cfg.precision`` 'fp32': ``dtype`` throughout, today's
     engine; 'bf16'/'fp16': 16-bit activations with ``dtype`` master weights, gradients and
-    optimizer state; ``cfg.checkpoint_activations``: ``Recompute.STAGE``)."""
+    optimizer state). ``cfg.checkpoint_activations`` (the engine's per-segment recomputation) is
+    not modelled: refused unless ``recompute`` is given."""
     if precision is None:
         half = HALF_TYPES.get(str(cfg.precision))
         precision = Precision(dtype) if half is None else Precision(half, dtype)
     if recompute is None:
-        recompute = Recompute.STAGE if cfg.checkpoint_activations else Recompute.NONE
+        if cfg.checkpoint_activations is not None:
+            raise ConfigError("checkpoint_activations", f"the planner models recomputation of a whole "
+                              f"stage only (recompute='stage': a lower bound), not the engine's segments "
+                              f"({cfg.checkpoint_activations!r}); estimate with checkpoint_activations=None "
+                              f"(an upper bound) or pass recompute='stage'")
+        recompute = Recompute.NONE
     return precision, Recompute(recompute)
 
 
