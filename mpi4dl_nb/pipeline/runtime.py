@@ -92,11 +92,15 @@ def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
                    if a.kind.is_p2p and a.kind.is_send and a.peer is not None})
 
 
-def inbound_order(schedule: Schedule, rank: int) -> dict[int, list[tuple[MessageKey, int]]]:
-    """For each rank sending to ``rank``: its payloads' (key, tag) in the order it sends them."""
+def inbound_order(schedule: Schedule, rank: int,
+                  activations_only: bool = False) -> dict[int, list[tuple[MessageKey, int]]]:
+    """For each rank sending to ``rank``: its payloads' (key, tag) in the order it sends them
+    (``activations_only``: the forward-only round of an evaluation)."""
     order: dict[int, list[tuple[MessageKey, int]]] = {}
     for src in range(schedule.world_size):
         for a in schedule.actions(src):
+            if activations_only and not a.kind.carries_activation:
+                continue
             if a.kind.is_p2p and a.kind.is_send and a.peer == rank:
                 order.setdefault(src, []).append((message_key(a), a.tag))
     return order
@@ -134,6 +138,8 @@ class PipelineRuntime:
         inbound: dict[int, Channel | None] = {src: c for (src, dst), c in channels.items()
                                               if dst == ctx.rank}
         self.mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank), inbound)
+        # an evaluation's round carries the activations only: its own send order per channel
+        self.forward_mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank, True), inbound)
 
     # ----------------------------------------------------------------- helpers
     def _instance(self, action: Action) -> StageInstance:
@@ -312,9 +318,9 @@ class PipelineRuntime:
             return len(self.holders[(action.dp, action.replica, previous)])
         return 1
 
-    def _recv(self, action: Action, state: _StepState) -> int:
+    def _recv(self, action: Action, state: _StepState, mailbox: Mailbox | None = None) -> int:
         peer = self._peer(action)
-        payload = self.mailbox.take(peer, message_key(action))
+        payload = (mailbox or self.mailbox).take(peer, message_key(action))
         state.inbox.setdefault((action.kind.carries_activation, self._key(action)), {})[peer] = payload
         return payload_bytes(payload)
 
@@ -345,6 +351,7 @@ class PipelineRuntime:
         """
         state = _StepState(data, chunk_size, data.batch_size)
         results: list[tuple[slice, Payload]] = []
+        self.forward_mailbox.begin()
         with torch.no_grad():
             for action in self.actions:
                 kind = action.kind
@@ -357,9 +364,10 @@ class PipelineRuntime:
                 elif kind.is_p2p and kind.carries_activation and kind.is_send:
                     self._send(action, state)
                 elif kind.is_p2p and kind.carries_activation:
-                    self._recv(action, state)
+                    self._recv(action, state, self.forward_mailbox)
             for pending in state.act_sends.values():
                 self.ctx.wait_all(pending)
+        self.forward_mailbox.check_drained()
         return results
 
     # --------------------------------------------------------------------- step
