@@ -186,11 +186,31 @@ print(f"one process: {serial_memory / 2**20:.1f} MB; largest rank: {max(measured
 viz.show(viz.draw_memory_bars(measured, plan.totals))
 
 # %% [markdown]
-# Each bar is one rank: the four tile ranks hold a quarter of the stem's and blocks' activations (plus
-# their halos), the layer rank only the head and the joined last feature map. The largest rank is what
-# decides whether a configuration fits a device: here it is well under the one-process peak, and the same
-# ratio holds at 2048 px, where one process would need gigabytes. If the bars of rank 4 towered over the
-# tiles, the cut (`balance`) would be in the wrong place.
+# Each bar is one rank (measured beside the planner's estimate): the four tile ranks hold a quarter of the
+# stem's and blocks' activations (plus their halos), the layer rank only the head and the joined last
+# feature map. The largest rank decides whether a configuration fits a device; here it needs well under
+# what one process needs. If rank 4's bar towered over the tiles, the cut (`balance`) would be in the wrong
+# place: the exercise below shows that case.
+#
+# The planner computes the same at the resolutions this is made for. It profiles the layers on PyTorch's
+# **meta device** (tensors with shapes but no data), so a 2048 px estimate costs no memory:
+
+# %%
+for size in (IMAGE, 2048):
+    one_process = planner.estimate_memory(make_model(), dl.ParallelConfig(split_size=1, spatial_size=0), size,
+                                          BATCH, dtype=torch.float64).peak
+    for balance in (BALANCE, None):
+        ranks = planner.estimate_memory(make_model(), cfg.with_(balance=balance), size, BATCH,
+                                        dtype=torch.float64).totals
+        print(f"{size:5} px, balance={str(balance):7}: tile rank {ranks[0] / 2**20:8.1f} MB, layer rank "
+              f"{ranks[-1] / 2**20:8.1f} MB, one process {one_process / 2**20:8.1f} MB -> largest rank "
+              f"{max(ranks) / one_process:.2f}x")
+
+# %% [markdown]
+# With the cut after the blocks, each rank needs about a quarter to a third of one process at any size; cut
+# after block 1 and the layer rank receives a full-resolution feature map and needs ~95% of one process —
+# the split would buy almost nothing. Choose `balance` so that the spatial stages hold the high-resolution
+# layers.
 #
 # ## Exercise: predict, change a knob, check
 #

@@ -133,11 +133,19 @@ def test_notebook_runs_headless(path):
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs) or path.name.startswith("06")
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     if path.name.startswith("04"):
-        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
         line = next(item for item in text.splitlines() if item.startswith("MPI4DL_SUMMARY "))
         summary = json.loads(line.split(" ", 1)[1])
         assert summary["exact"] and summary["world_size"] == 5
+        assert summary["serial_images_per_second"] > 0
+        assert max(summary["memory_measured_mb"]) <= 0.6 * summary["serial_memory_mb"]
+        # the exercise: each variant trained and compared with its own micro-batched serial reference
+        assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': None}" in text
+    if path.name.startswith("06"):   # commands shown as run, with their return code; the rank table
+        assert f"$ {Path(sys.executable).parent / 'mpiexec'} -n 3 " in text
+        assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 2
+        assert "LayerNorm: ConfigError" in text and "EngineTimeout" in text and "after restart" in text
     print(f"{path.name}: {time.monotonic() - start:.1f} s")
 
 
