@@ -130,8 +130,8 @@ assert all(b > a for a, b in zip(first, last)), "the late, small maps pay more h
 # `dl.spatialize` turns the conv into one that exchanges halos (forward) and sends halo
 # gradients back (backward, the exact adjoint). Output and weight gradient equal the
 # single-process conv in float64 up to float rounding: the weight gradient is the sum of the 4 tiles'
-# shares, added in a different order than one process adds them, so it may differ in the last digits
-# (~1e-12 relative), never more.
+# shares, added in a different order than one process adds them, so it differs in the last digits
+# (float64 rounding, ~1e-15 relative to the gradient's size), never more.
 
 # %%
 cluster = dl.cluster.start(n=4)
@@ -160,11 +160,12 @@ def tiled_conv(pixels):
     grad = conv.weight.grad.clone()
     ctx.all_reduce(grad)                    # tile shares of the weight gradient add up
     return (tuple(tile.shape), float((full - reference).abs().max()),
-            float((grad - ref_grad).abs().max()))
+            float((grad - ref_grad).abs().max() / ref_grad.abs().max()))
 
 for rank, (shape, out_err, grad_err) in enumerate(cluster.run(tiled_conv, image[:128, :128], timeout=120)):
-    print(f"rank {rank}: tile {shape}, max |output - serial| = {out_err:.1e}, max |dW - serial| = {grad_err:.1e}")
-    assert out_err < 1e-10 and grad_err < 1e-9, "not equal up to float rounding"
+    print(f"rank {rank}: tile {shape}, max |output - serial| = {out_err:.1e}, "
+          f"max |dW - serial| / max |dW| = {grad_err:.1e}")
+    assert out_err < 1e-10 and grad_err < 1e-12, "not equal up to float rounding"
 
 # %% [markdown]
 # ## Fused halos (`halo_d2`): fewer, wider exchanges

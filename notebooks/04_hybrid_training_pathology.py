@@ -214,7 +214,7 @@ for size in (IMAGE, 2048):
 #
 # ## Exercise: predict, change a knob, check
 #
-# For each change below, **predict** before running: (a) is it still exact? (b) does the largest rank need
+# For each change below, **Predict** before running: (a) is it still exact? (b) does the largest rank need
 # more or less memory than with `balance=(4, 1)`? Then run the cell: every variant trains one step on the
 # same 5 ranks and is compared with *its own* serial reference. Edit `VARIANTS` to try others
 # (`parts=2`: 2 micro-batches per step; `times=1`: GEMS, a mirrored replica on the same ranks).

@@ -66,6 +66,24 @@ world_size = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2
 print("world size:", world_size)
 
 # %% [markdown]
+# **Exercise.** **Predict**: how many ranks does a job with 3 stages, the first spatial on 4 tiles,
+# and 2 copies of each layer stage (`--local-DP 2`) need? Which rank holds copy 1 of stage 2? Write your
+# answers in `my_world_size` and `my_rank`, run the cell, compare. (The formula is in notebook 01.)
+
+# %%
+import json
+
+my_world_size, my_rank = 6, 5
+exercise = ["--split-size", "3", "--spatial-size", "1", "--num-spatial-parts", "4", "--local-DP", "2"]
+answer = json.loads(run([sys.executable, "-m", "mpi4dl_nb", "layout", *exercise, "--json"]).stdout)
+holder = next(r["rank"] for r in answer["ranks"] if r["stage"] == 2 and r["copy"] == 1)
+print(f"world size: you said {my_world_size}, layout says {answer['world_size']}; "
+      f"copy 1 of stage 2: you said rank {my_rank}, layout says rank {holder}")
+exercise_cfg = dl.ParallelConfig(split_size=3, spatial_size=1, num_spatial_parts=4, local_dp=2)
+assert answer["world_size"] == exercise_cfg.world_size
+print("launched with -n 6, every rank refuses before the first step:", exercise_cfg.world_size_message(6))
+
+# %% [markdown]
 # ## Your own slides: `--app medical --datapath`
 #
 # `--datapath` takes a folder of tiles, one slide, or a folder of slides; the first folder level below it

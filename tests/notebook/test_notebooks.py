@@ -126,6 +126,24 @@ def test_build_is_deterministic_and_keeps_edits_made_only_in_the_notebook(tmp_pa
     assert tutorials.build(tmp_path) == [path] and path.read_text(encoding="utf-8") == tutorials.render(source)
 
 
+TUTORIALS = [source for source in SOURCES if source.name[:2] in ("01", "02", "03", "04", "06", "07")]
+
+
+@pytest.mark.parametrize("source", TUTORIALS, ids=[s.stem for s in TUTORIALS])
+def test_tutorial_opens_with_goals_ends_with_next_steps_and_has_an_exercise(source):
+    """Every tutorial says what you learn and need, asks for a prediction it then checks, and ends with
+    what to try next (05 is the planner's notebook, checked with it)."""
+    cells = nbformat.reads(tutorials.render(source), as_version=4).cells
+    markdown = [c.source for c in cells if c.cell_type == "markdown"]
+    assert "**What you will learn**" in markdown[0] and "**What you need**" in markdown[0], source.name
+    last_heading = [m for m in markdown if "\n## " in f"\n{m}"][-1]
+    assert "## What to try next" in last_heading, source.name
+    assert all(c.cell_type == "markdown" or "cluster.stop()" in c.source for c in cells[cells.index(
+        next(c for c in cells if c.cell_type == "markdown" and c.source == last_heading)):]), source.name
+    if source.name[:2] != "07":
+        assert any("**Predict**" in m for m in markdown), f"{source.name}: no predict-and-check exercise"
+
+
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_runs_headless(path):
     start = time.monotonic()
@@ -144,7 +162,7 @@ def test_notebook_runs_headless(path):
         assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': None}" in text
     if path.name.startswith("06"):   # commands shown as run, with their return code; the rank table
         assert f"$ {Path(sys.executable).parent / 'mpiexec'} -n 3 " in text
-        assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 2
+        assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 3
         assert "LayerNorm: ConfigError" in text and "EngineTimeout" in text and "after restart" in text
     print(f"{path.name}: {time.monotonic() - start:.1f} s")
 
