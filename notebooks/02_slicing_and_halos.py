@@ -82,6 +82,11 @@ viewer.slice_choice.value = "vertical"
 print(viewer.describe())
 
 # %% [markdown]
+# In a vertical grid (4 strips side by side) tile 3 is the rightmost strip: it has a neighbour only on its
+# left, so it receives one column message as tall as the image, and zero padding applies on its other sides
+# as in one process. Strips need fewer messages than a 2 x 2 grid but longer ones, and their halo share grows
+# faster as the strips get thinner.
+#
 # ## Exercise: halo bytes against tile bytes, layer by layer, as tiles shrink
 #
 # **Predict**: for the first convolution of a ResNet-29 at 512 px, what share of a tile is halo with 4 tiles
