@@ -87,9 +87,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             enumerate(zip(summary["memory_measured_mb"], summary["memory_estimate_mb"]))),
     ]
     if "serial_memory_mb" in summary:
-        largest = max(summary["memory_measured_mb"])
-        lines.append(f"one process   : {summary['serial_images_per_second']:.2f} images/s, "
-                     f"{summary['serial_memory_mb']:.1f} MB (largest rank: {largest / summary['serial_memory_mb']:.2f}x)")
+        serial_mb = summary["serial_memory_mb"]
+        lines.append(f"one process   : {summary['serial_images_per_second']:.2f} images/s, {serial_mb:.1f} MB "
+                     f"(largest rank: {max(summary['memory_measured_mb']) / serial_mb:.2f}x)")
     return "\n".join(lines)
 
 

@@ -181,7 +181,8 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
     summary = {"configuration": ParallelConfig().as_dict(), "world_size": 5, "image_size": 64,
                "batch_size": 2, "steps": 1, "exact": True, "max_loss_error": 0.0,
                "max_weight_error": 1e-16, "images_per_second": 1.5,
-               "memory_measured_mb": [1.0] * 5, "memory_estimate_mb": [1.1] * 5}
+               "memory_measured_mb": [1.0] * 5, "memory_estimate_mb": [1.1] * 5,
+               "serial_images_per_second": 2.0, "serial_memory_mb": 4.0}
     cell = new_code_cell("x", outputs=[
         new_output("display_data", data={"image/png": base64.b64encode(png).decode()}),
         new_output("stream", name="stdout", text="noise\n" + demo.SUMMARY_MARK + json.dumps(summary) + "\n")])
@@ -191,6 +192,7 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
     assert demo.find_summary(notebook) == summary
     text = demo.format_summary(summary)
     assert "EXACT" in text and "5 MPI ranks" in text and "r4: 1.0 MB (est. 1.1)" in text
+    assert "one process   : 2.00 images/s, 4.0 MB (largest rank: 0.25x)" in text
     html = demo.export_html(notebook, tmp_path / "nb.html").read_text()
     assert "<html" in html.lower() and "image/png" in html
     with pytest.raises(SystemExit):
