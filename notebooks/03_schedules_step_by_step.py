@@ -131,6 +131,12 @@ def bubble_figure(m):
     return figure
 
 
+viz.show(bubble_figure(4))
+
+# %% [markdown]
+# The same figure with a slider (in JupyterLab): move it to mark another `m`.
+
+# %%
 slider = widgets.IntSlider(value=4, min=1, max=16, description="m")
 out = widgets.Output()
 

@@ -151,12 +151,12 @@ print(f"speed: {images_per_second:.2f} images/s on {cfg.world_size} ranks, "
 assert exact
 
 # %% [markdown]
-# Why is the parallel run *slower* here? This machine has 2 CPU cores shared by 5 ranks, the images are
-# tiny (128 px), and every step pays halo exchanges, the hand-off and an all-reduce, while the layer rank
-# waits for the tiles (layer parallelism runs one stage at a time). The split is for images that do *not
-# fit* one device: on a GPU node each rank owns a GPU, a 2048-16384 px tile makes compute dominate the
-# halo traffic, and the spatial stage runs 4 tiles at once (benchmarks: 1.69x on 2 ranks for a 2048² conv
-# stack, BENCHMARKS.md).
+# Why no speed-up here (on this 2-core machine, when quiet: 6.9 images/s on 5 ranks, 13-16 on one
+# process)? 5 ranks share 2 CPU cores, the images are tiny (128 px), and every step pays
+# halo exchanges, the hand-off and an all-reduce, while the layer rank waits for the tiles (one stage works
+# at a time). The split is for images that do *not fit* one device: on a GPU node each rank owns a GPU, a
+# 2048-16384 px tile makes compute dominate the halo traffic, and the 4 tiles compute at once (a 2048² conv
+# stack runs 1.79x faster on 2 tiles than on one process, BENCHMARKS.md §2b).
 #
 # ## Memory per rank, next to one process
 #
