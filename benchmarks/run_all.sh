@@ -17,5 +17,8 @@ run yielding mpiexec -n 4 python benchmarks/bench_spatial.py memory --size 2048
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule gpipe
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 run python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
+run mpiexec -n 2 python benchmarks/bench_correctness.py guard --size 256 --steps 3 --rounds 3
+run yielding mpiexec -n 4 python benchmarks/bench_correctness.py models --size 256 --steps 2 --rounds 2
 run python benchmarks/bench_planner.py --markdown
 run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000
+run python benchmarks/bench_soak.py --steps 3000 --sample-every 100

@@ -98,7 +98,9 @@ class ParallelConfig:
     means no spatial stage; ``times=0`` means no GEMS, ``times=k`` means GEMS with ``k``
     replica pairs; ``data_parallel`` is the number of full replicas of the whole layout.
     ``sync_batchnorm``: the data-parallel copies of a micro-batch (full replicas and local-DP
-    copies) normalise BatchNorm over their combined samples (README: "BatchNorm semantics").
+    copies) normalise BatchNorm over their combined samples; with ``parts=1`` and no GEMS that
+    is one full-batch serial run. GEMS directions keep separate statistics (the mirror's
+    chunks run at other times). README: "BatchNorm semantics".
     ``check_ops``: the spatial op guard checks every torch op custom forwards apply to tiles
     (False skips the checks once a model has passed).
     """

@@ -5,32 +5,37 @@ Tensors travel on one of two data planes behind the same methods (``protocol.Dat
 
 * ``mpi``   — ``MpiPlane``: mpi4py on the tensor's memory: zero-copy on CPU; on CUDA
   directly when the MPI library reports CUDA support (MVAPICH2-GDR, CUDA-aware Open MPI),
-  else staged through a pinned host buffer.
+  else staged through reusable pinned host buffers; the current stream is waited for
+  before MPI touches device memory.
 * ``torch`` — ``TorchPlane``: torch.distributed, ``gloo`` on CPU or ``nccl`` on GPU, its TCP
-  store address chosen by rank 0 and broadcast over MPI.
+  store address chosen by rank 0 and broadcast over MPI; every exchange is one
+  ``batch_isend_irecv`` group and messages match by posting order, not tags.
+
+Groups and channels are cached: asking again for the same ranks returns the same object
+(all ranks ask in the same order, so all hit or all miss), so building engines again and
+again in one process does not pile up communicators.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .device import local_rank_from_env, select_device
-from .handles import Group, Request
+from .device import BACKENDS, check_backend_device, local_rank_from_env, select_device
+from .handles import Channel, Group, Request, Transfer
 from .mpi_plane import MpiPlane, load_mpi
-from .trace import Tracer
+from .trace import DEFAULT_MAX_EVENTS, DEFAULT_WINDOW_STEPS, CudaClock, Tracer
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .protocol import DataPlane
 
-__all__ = ["BACKENDS", "Context", "Group", "Request", "current", "init"]
-
-BACKENDS = ("auto", "mpi", "gloo", "nccl")
+__all__ = ["BACKENDS", "Channel", "Context", "Group", "Request", "Transfer", "current", "init"]
 
 
 def _require_contiguous(tensor: torch.Tensor, what: str) -> None:
@@ -46,7 +51,9 @@ class Context:
     """
 
     def __init__(self, backend: str = "auto", device: str | torch.device = "auto",
-                 comm: MPI.Intracomm | None = None, trace: bool = True) -> None:
+                 comm: MPI.Intracomm | None = None, trace: bool = True, *,
+                 trace_window: int | None = DEFAULT_WINDOW_STEPS,
+                 trace_max_events: int | None = DEFAULT_MAX_EVENTS) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
         mpi = load_mpi()
@@ -66,14 +73,19 @@ class Context:
             torch.cuda.set_device(self.device)
         if backend == "auto":
             backend = "nccl" if self.device.type == "cuda" else "mpi"
-        if backend == "nccl" and self.device.type != "cuda":
-            raise ValueError("backend 'nccl' needs a CUDA device; use backend='gloo' or 'mpi'")
+        if backend != "mpi":
+            check_backend_device(backend, self.device)
         self.backend = backend
         self.data_plane: DataPlane = self._start_plane(backend)
         self.mpi_comm.Barrier()
-        self.tracer = Tracer(self.rank, enabled=trace)
+        origin = time.perf_counter()   # CUDA events time kernels on GPU, host stamps on CPU
+        clock = CudaClock(self.device, origin) if self.device.type == "cuda" else None
+        self.tracer = Tracer(self.rank, enabled=trace, origin=origin, window_steps=trace_window,
+                             max_events=trace_max_events, clock=clock)
         self.world = Group(tuple(range(self.world_size)), self.mpi_comm,
                            self.data_plane.process_group(None))
+        self._groups: dict[tuple[int, ...], Group] = {}
+        self._channels: dict[tuple[int, int], Channel] = {}
 
     def _start_plane(self, backend: str) -> DataPlane:
         if backend == "mpi":
@@ -98,18 +110,57 @@ class Context:
 
     # -------------------------------------------------------------------- groups
     def new_group(self, ranks: Iterable[int]) -> Group:
-        """A group of ``ranks``; every rank of the world must call this in the same order."""
+        """The group of ``ranks`` (in that order); every rank of the world must call this in the
+        same order. Asking again for the same ranks returns the same (cached) group."""
         members = tuple(int(r) for r in ranks)
         if len(set(members)) != len(members) or any(not 0 <= r < self.world_size for r in members):
             raise ValueError(f"group ranks {members} must be distinct ranks of a world of "
                              f"{self.world_size}")
+        cached = self._groups.get(members)
+        if cached is not None:
+            return cached
         mpi_group = self.mpi_comm.Get_group().Incl(list(members))
         sub = self.mpi_comm.Create(mpi_group)
         mpi_group.Free()
-        return Group(members, sub if sub != load_mpi().COMM_NULL else None,
-                     self.data_plane.process_group(members))
+        group = Group(members, sub if sub != load_mpi().COMM_NULL else None,
+                      self.data_plane.process_group(members))
+        self._groups[members] = group
+        return group
+
+    def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
+        """The one-way channels ``src -> dst`` of ``pairs``; collective: every rank of the world
+        passes the same pairs in the same order. Cached like groups."""
+        out: dict[tuple[int, int], Channel] = {}
+        for src, dst in pairs:
+            key = (int(src), int(dst))
+            if key[0] == key[1] or any(not 0 <= r < self.world_size for r in key):
+                raise ValueError(f"channel {key[0]} -> {key[1]} must join two distinct ranks of a "
+                                 f"world of {self.world_size}")
+            channel = self._channels.get(key)
+            if channel is None:
+                channel = Channel(*key, self.data_plane.channel_group(*key))
+                self._channels[key] = channel
+            out[key] = channel
+        return out
+
+    @property
+    def cached_groups(self) -> int:
+        """Groups and channels this context has made (each once)."""
+        return len(self._groups) + len(self._channels)
 
     # ------------------------------------------------------------ point to point
+    def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None = None) -> Request:
+        """Post ``transfers`` (sends and receives) as one exchange; ``wait()`` completes them all.
+
+        The torch plane posts them as one ``batch_isend_irecv`` group on ``via``'s process
+        group (None: the world) and ignores tags: messages between two ranks on one route
+        match in posting order, so both sides must post them in the same order. The mpi
+        plane matches by (source, tag) on the world communicator.
+        """
+        for t in transfers:
+            _require_contiguous(t.tensor, "send" if t.send else "recv")
+        return self.data_plane.exchange(transfers, via)
+
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Blocking send of a contiguous tensor to global rank ``dst``."""
         self.isend(tensor, dst, tag).wait()
@@ -120,14 +171,12 @@ class Context:
         return tensor
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
-        """Start sending ``tensor``; keep it unchanged until ``wait()``."""
-        _require_contiguous(tensor, "send")
-        return self.data_plane.isend(tensor, dst, tag)
+        """Start sending ``tensor``; keep it unchanged until ``wait()`` (tag: mpi plane only)."""
+        return self.exchange([Transfer.to(tensor, dst, tag)])
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Request:
-        """Start receiving into ``tensor``; its content is valid after ``wait()``."""
-        _require_contiguous(tensor, "recv")
-        return self.data_plane.irecv(tensor, src, tag)
+        """Start receiving into ``tensor``; its content is valid after ``wait()`` (tag: mpi plane only)."""
+        return self.exchange([Transfer.into(tensor, src, tag)])
 
     @staticmethod
     def wait_all(requests: Sequence[Request]) -> None:
@@ -181,10 +230,16 @@ _CURRENT: Context | None = None
 
 
 def init(backend: str = "auto", device: str | torch.device = "auto", *, threads: int | None = None,
-         tune_malloc: bool = True, trace: bool = True) -> Context:
+         tune_malloc: bool = True, trace: bool = True,
+         trace_window: int | None = DEFAULT_WINDOW_STEPS,
+         trace_max_events: int | None = DEFAULT_MAX_EVENTS) -> Context:
     """Start (or return) this process's Context from MPI.
 
-    ``backend``: ``auto`` (``mpi`` on CPU, ``nccl`` on GPU), ``mpi``, ``gloo`` or ``nccl``.
+    ``backend``: ``auto`` (``mpi`` on CPU, ``nccl`` on GPU), ``mpi``, ``gloo`` (CPU) or
+    ``nccl`` (CUDA). ``device``: ``auto`` (CUDA when visible), ``cpu`` or ``cuda`` (refused
+    at once, naming what is missing, when no CUDA device can be used).
+    ``trace_window``: steps whose events the trace keeps (None: every event, unbounded);
+    ``trace_max_events``: cap on kept events (None: none).
     ``threads``: torch threads per rank; default splits the node's cores among its ranks.
     ``tune_malloc``: keep freed large CPU buffers in the process (glibc mallopt), which
     spares page faults on every step of large CPU activations.
@@ -195,7 +250,8 @@ def init(backend: str = "auto", device: str | torch.device = "auto", *, threads:
             raise RuntimeError(f"already initialised with backend {_CURRENT.backend!r}; "
                                f"asked for {backend!r} (one backend per process)")
         return _CURRENT
-    ctx = Context(backend=backend, device=device, trace=trace)
+    ctx = Context(backend=backend, device=device, trace=trace, trace_window=trace_window,
+                  trace_max_events=trace_max_events)
     if threads is None and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, (os.cpu_count() or 1) // ctx.local_size)
     if threads is not None:

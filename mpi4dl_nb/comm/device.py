@@ -1,9 +1,18 @@
-"""Node-local rank from the MPI launcher's environment, and the device a rank uses."""
+"""Node-local rank from the MPI launcher's environment, the device a rank uses (and the tensor
+backends that fit it), and waiting for it."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "mpi", "gloo", "nccl")
+BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}   # torch.distributed backends and their tensors
 
 # Variables launchers set for the rank's index on its node, most specific first.
 LOCAL_RANK_VARIABLES: tuple[tuple[str, str], ...] = (
@@ -30,11 +39,26 @@ def local_rank_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]
     return None
 
 
-def select_device(local_rank: int, cuda_count: int | None = None, prefer: str = "auto"):
+def cuda_unavailable_reason() -> str | None:
+    """Why this process cannot use a CUDA device (None: it can), naming what is missing."""
+    import torch
+
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return (f"this torch ({torch.__version__}) was built without CUDA; install a CUDA build of "
+                f"torch (see the README, TORCH_SPEC/TORCH_INDEX)")
+    if torch.cuda.device_count() == 0:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hidden = f" with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+        return (f"torch {torch.__version__} has CUDA {torch.version.cuda} but no CUDA device is "
+                f"visible{hidden}; check the driver (nvidia-smi) and the job's GPU allocation")
+    return None
+
+
+def select_device(local_rank: int, cuda_count: int | None = None, prefer: str = "auto") -> torch.device:
     """``cuda:<local_rank % n_gpus>`` when CUDA is present (or asked for), else CPU."""
     import torch
 
-    if prefer not in ("auto", "cpu", "cuda"):
+    if prefer not in DEVICES:
         raise ValueError(f"device preference {prefer!r}: use 'auto', 'cpu' or 'cuda'")
     if prefer == "cpu":
         return torch.device("cpu")
@@ -42,6 +66,30 @@ def select_device(local_rank: int, cuda_count: int | None = None, prefer: str = 
     if count > 0:
         return torch.device("cuda", local_rank % count)
     if prefer == "cuda":
-        raise RuntimeError("device='cuda' was asked for but no CUDA device is visible; "
-                           "use device='auto' or 'cpu'")
+        reason = cuda_unavailable_reason() if cuda_count is None else None
+        raise RuntimeError(f"device='cuda' was asked for but no CUDA device can be used: "
+                           f"{reason or 'no CUDA device is visible'}; use device='auto' or 'cpu'")
     return torch.device("cpu")
+
+
+def check_backend_device(backend: str, device: torch.device) -> None:
+    """ValueError unless ``backend`` moves tensors of ``device`` (gloo: CPU, nccl: CUDA)."""
+    wanted = BACKEND_DEVICE.get(backend)
+    if wanted is None:
+        raise ValueError(f"torch plane backend {backend!r}: use 'gloo' (CPU) or 'nccl' (CUDA)")
+    if device.type != wanted:
+        other = "nccl" if backend == "gloo" else "gloo"
+        raise ValueError(f"backend {backend!r} moves {wanted.upper()} tensors but this rank's device "
+                         f"is {device}; use backend {other!r} or 'mpi', or device {wanted!r}")
+
+
+def settle(device: torch.device) -> None:
+    """Wait for the kernels queued on ``device``'s current stream (no-op off CUDA).
+
+    Needed before a library outside CUDA's stream order (MPI) reads or writes device
+    memory that kernels (e.g. an asynchronous copy into a halo buffer) may still touch.
+    """
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.current_stream(device).synchronize()

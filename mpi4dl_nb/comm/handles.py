@@ -1,12 +1,14 @@
-"""Handles the communication layer gives out: a ``Group`` of ranks and a pending ``Request``."""
+"""Handles the communication layer gives out: a ``Group`` of ranks, a one-way ``Channel``, a
+``Transfer`` of an exchange, and a pending ``Request``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import torch
     from mpi4py import MPI
     from torch.distributed import ProcessGroup
 
@@ -44,6 +46,43 @@ class Group:
         return self.mpi_comm
 
 
+@dataclass(frozen=True)
+class Channel:
+    """The one-way link ``src -> dst`` that carries the pipeline payloads between two ranks.
+
+    On the torch plane it has its own two-rank process group, so on NCCL the sends of
+    ``src`` and the receives of ``dst`` queue on a stream of their own and match in posting
+    order, whatever the other direction does; on the mpi plane ``torch_group`` is None
+    (messages go over the world communicator, kept apart by tags).
+    """
+
+    src: int
+    dst: int
+    torch_group: ProcessGroup | None = None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One message of an exchange: send ``tensor`` to ``peer`` or receive into it from ``peer``.
+
+    ``tag`` separates messages on the mpi plane; the torch plane ignores it (NCCL has no
+    tags): there, messages between a pair match in the order they are posted.
+    """
+
+    tensor: torch.Tensor
+    peer: int
+    send: bool
+    tag: int = 0
+
+    @classmethod
+    def to(cls, tensor: torch.Tensor, peer: int, tag: int = 0) -> Transfer:
+        return cls(tensor, peer, True, tag)
+
+    @classmethod
+    def into(cls, tensor: torch.Tensor, peer: int, tag: int = 0) -> Transfer:
+        return cls(tensor, peer, False, tag)
+
+
 class Waitable(Protocol):
     """A library's own request object (mpi4py ``Request``, torch.distributed ``Work``)."""
 
@@ -64,6 +103,12 @@ class Request:
         self._keep = keep
         self.done = False
 
+    @classmethod
+    def all_of(cls, handles: Sequence[Waitable], on_done: Callable[[], Any] | None = None,
+               keep: object = None) -> Request:
+        """One request that completes when every handle of ``handles`` has."""
+        return cls(_AllOf(tuple(handles)), on_done, keep)
+
     def wait(self) -> None:
         if self.done:
             return
@@ -72,3 +117,14 @@ class Request:
             self._on_done()
         self.done = True
         self._keep = None
+
+
+class _AllOf:
+    """Waits for several library requests in turn."""
+
+    def __init__(self, handles: tuple[Waitable, ...]) -> None:
+        self.handles = handles
+
+    def wait(self) -> None:
+        for handle in self.handles:
+            handle.wait()

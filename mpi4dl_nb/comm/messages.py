@@ -1,13 +1,21 @@
-"""Point-to-point payloads (a tensor or a tuple of tensors) with a small shape header."""
+"""Point-to-point payloads (a tensor or a tuple of tensors) with a small header, and a mailbox
+that takes a channel's payloads in the order they were sent.
+
+A payload travels as two exchanges on its route, posted in the same order on both sides:
+the header (message tag, tuple flag, dtype and shape of each tensor), then all its tensors
+in one group. The receiver checks the header's tag against the one it expects, so a
+broken posting order (on the torch plane nothing else would notice two same-shaped
+payloads swapped) fails loudly instead of training on the wrong micro-batch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .handles import Request
+from .handles import Channel, Group, Request, Transfer
 
 if TYPE_CHECKING:
     from .protocol import Comm
@@ -17,7 +25,8 @@ Payload = Any   # a tensor or a tuple (or list) of tensors: what crosses a stage
 MAX_TENSORS = 16
 MAX_DIMS = 8
 _FIELDS = 2 + MAX_DIMS          # per tensor: dtype code, ndim, dims
-HEADER_LEN = 2 + MAX_TENSORS * _FIELDS   # is_tuple, count, tensors...
+_BASE = 3                        # tag, is_tuple, count
+HEADER_LEN = _BASE + MAX_TENSORS * _FIELDS
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
@@ -43,31 +52,36 @@ def checked_items(payload: Payload) -> tuple[torch.Tensor, ...]:
     return items
 
 
-def encode_header(payload: Payload, device: torch.device) -> torch.Tensor:
-    """int64 header: tuple flag, tensor count, then (dtype, ndim, dims) per tensor."""
+class MessageOrderError(RuntimeError):
+    """A payload arrived out of the order both sides must post in (a broken ordering rule)."""
+
+
+def encode_header(payload: Payload, device: torch.device, tag: int = 0) -> torch.Tensor:
+    """int64 header: tag, tuple flag, tensor count, then (dtype, ndim, dims) per tensor."""
     items = checked_items(payload)
-    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-    header[0] = int(isinstance(payload, (tuple, list)))
-    header[1] = len(items)
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64, device="cpu")   # built on the host, one copy
+    header[0] = int(tag)
+    header[1] = int(isinstance(payload, (tuple, list)))
+    header[2] = len(items)
     for i, t in enumerate(items):
         if t.dim() > MAX_DIMS or t.dtype not in DTYPES:
             raise ValueError(f"cannot send a {t.dim()}-d {t.dtype} tensor between stages")
-        base = 2 + i * _FIELDS
+        base = _BASE + i * _FIELDS
         header[base] = DTYPES.index(t.dtype)
         header[base + 1] = t.dim()
-        header[base + 2:base + 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        header[base + 2:base + 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64, device="cpu")
     return header.to(device)
 
 
-def decode_header(header: torch.Tensor) -> tuple[bool, list[tuple[torch.dtype, tuple[int, ...]]]]:
-    """(tuple flag, [(dtype, shape)] per tensor) from an ``encode_header`` header."""
+def decode_header(header: torch.Tensor) -> tuple[int, bool, list[tuple[torch.dtype, tuple[int, ...]]]]:
+    """(tag, tuple flag, [(dtype, shape)] per tensor) from an ``encode_header`` header."""
     values = header.cpu().tolist()
     specs = []
-    for i in range(values[1]):
-        base = 2 + i * _FIELDS
+    for i in range(values[2]):
+        base = _BASE + i * _FIELDS
         ndim = values[base + 1]
         specs.append((DTYPES[values[base]], tuple(values[base + 2:base + 2 + ndim])))
-    return bool(values[0]), specs
+    return int(values[0]), bool(values[1]), specs
 
 
 def payload_bytes(payload: Payload) -> int:
@@ -75,20 +89,86 @@ def payload_bytes(payload: Payload) -> int:
     return sum(t.numel() * t.element_size() for t in checked_items(payload))
 
 
-def isend_payload(ctx: Comm, payload: Payload, dst: int, tag: int) -> list[Request]:
-    """Start sending ``payload`` to ``dst``; returns the requests (wait before reuse)."""
+def isend_payload(ctx: Comm, payload: Payload, dst: int, tag: int,
+                  via: Group | Channel | None = None) -> list[Request]:
+    """Start sending ``payload`` to ``dst`` on route ``via``: the header exchange, then the tensors'.
+
+    Returns the requests (wait before changing the tensors).
+    """
     items = [t.detach().contiguous() for t in checked_items(payload)]
     device = items[0].device if items else ctx.device
-    requests = [ctx.isend(encode_header(payload, device), dst, tag)]
-    requests += [ctx.isend(t, dst, tag) for t in items]
+    requests = [ctx.exchange([Transfer.to(encode_header(payload, device, tag), dst, tag)], via)]
+    if items:
+        requests.append(ctx.exchange([Transfer.to(t, dst, tag) for t in items], via))
     return requests
 
 
-def recv_payload(ctx: Comm, src: int, tag: int, device: torch.device) -> Payload:
-    """Receive a payload sent by ``isend_payload`` (same tag) from ``src``."""
-    header = ctx.recv(torch.zeros(HEADER_LEN, dtype=torch.int64, device=device), src, tag)
-    is_tuple, specs = decode_header(header)
-    items = [ctx.recv(torch.empty(shape, dtype=dtype, device=device), src, tag)
-             for dtype, shape in specs]
+def recv_payload(ctx: Comm, src: int, tag: int, device: torch.device,
+                 via: Group | Channel | None = None) -> Payload:
+    """Receive the next payload ``isend_payload`` sent from ``src`` on ``via``; it must carry ``tag``."""
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=device)
+    ctx.exchange([Transfer.into(header, src, tag)], via).wait()
+    got, is_tuple, specs = decode_header(header)
+    if got != tag:
+        raise MessageOrderError(f"rank {ctx.rank} expected the payload with tag {tag} from rank {src} "
+                                f"but the next one carries tag {got}: both sides must post the "
+                                f"messages of a route in the same order")
+    items = [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in specs]
+    if items:
+        ctx.exchange([Transfer.into(t, src, tag) for t in items], via).wait()
     return tuple(items) if is_tuple else items[0]
 
+
+class Mailbox:
+    """Takes the payloads of one-way channels in the order they were sent.
+
+    ``order[src]`` lists, in send order, the (message key, tag) of every payload ``src``
+    sends to this rank in one round (a training step). ``take(src, key)`` receives from
+    ``src``'s channel in that order until ``key``'s payload is in, keeping the ones that
+    arrived ahead of their receive action; so the receiver posts exactly as the sender
+    did, whatever order its own receive actions come in.
+    """
+
+    def __init__(self, ctx: Comm, device: torch.device,
+                 order: Mapping[int, Sequence[tuple[Hashable, int]]],
+                 routes: Mapping[int, Channel | None]) -> None:
+        self.ctx = ctx
+        self.device = device
+        self.order = order
+        self.routes = routes
+        self._next = {src: 0 for src in order}
+        self._early: dict[int, dict[Hashable, Payload]] = {src: {} for src in order}
+        self.early_total = 0    # payloads that arrived ahead of their receive action, ever
+
+    def begin(self) -> None:
+        """Start a round: every channel from its first message."""
+        self.check_drained()
+        self._next = {src: 0 for src in self.order}
+
+    def take(self, src: int, key: Hashable) -> Payload:
+        early = self._early.get(src)
+        if early is None:
+            raise MessageOrderError(f"rank {self.ctx.rank} receives nothing from rank {src} "
+                                    f"in this schedule (asked for {key})")
+        while key not in early:
+            position = self._next[src]
+            if position >= len(self.order[src]):
+                raise MessageOrderError(f"rank {self.ctx.rank}: {key} is not among the messages "
+                                        f"rank {src} sends in a round")
+            expected, tag = self.order[src][position]
+            self._next[src] = position + 1
+            early[expected] = recv_payload(self.ctx, src, tag, self.device, self.routes.get(src))
+            if expected != key:
+                self.early_total += 1
+        return early.pop(key)
+
+    @property
+    def held(self) -> int:
+        """Payloads received ahead of their receive action and not yet taken."""
+        return sum(len(early) for early in self._early.values())
+
+    def check_drained(self) -> None:
+        """MessageOrderError if payloads of the last round were never taken."""
+        if self.held:
+            left = {src: list(early) for src, early in self._early.items() if early}
+            raise MessageOrderError(f"rank {self.ctx.rank}: payloads received but never used: {left}")

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .handles import Group, Request
+from .device import settle
+from .handles import Channel, Group, Request, Transfer
+from .staging import PinnedPool
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -39,18 +41,27 @@ class MpiPlane:
 
     CPU tensors go zero-copy (a NumPy view; bfloat16 as int16 bits). CUDA tensors go
     directly when the MPI library is CUDA-aware (MVAPICH2-GDR, CUDA-aware Open MPI; mpi4py
-    reads ``__cuda_array_interface__``), else they are staged through host memory.
+    reads ``__cuda_array_interface__``), else they are staged through host buffers of a
+    reusable ``PinnedPool`` (no new pinned buffer per message).
 
-    Extension points for GPU work: every MPI call reaches a tensor's memory through
-    ``_buffer`` (where a CUDA stream synchronisation before MPI belongs), and staging
-    buffers come from ``_host_copy``/``_host_empty`` (where a pinned-buffer pool belongs).
+    MPI works outside CUDA's stream order, so before device memory (a tensor, or a host
+    buffer an asynchronous device-to-host copy is filling) is handed to MPI, the current
+    stream is waited for (``device.settle``): an ``Isend`` right after an asynchronous
+    ``copy_`` into a halo buffer must not read the buffer before the kernel wrote it, and
+    an ``Irecv`` must not write memory a queued kernel still reads. One wait per exchange
+    or collective. ``staging=True`` stages every tensor, CPU ones too (tests use it to run
+    the GPU's staged path on CPU).
     """
 
     name = "mpi"
 
-    def __init__(self, comm: MPI.Comm, device: torch.device) -> None:
+    def __init__(self, comm: MPI.Comm, device: torch.device, *, staging: bool = False,
+                 pool: PinnedPool | None = None) -> None:
         self.comm = comm
         self.cuda_aware = device.type == "cuda" and cuda_aware_mpi()
+        self.stage_everything = staging
+        self.pool = PinnedPool() if pool is None else pool
+        self.settles = 0   # stream waits so far (each before MPI touched device memory)
 
     # ---------------------------------------------------------------- buffers
     def _buffer(self, tensor: torch.Tensor) -> Any:
@@ -62,39 +73,59 @@ class MpiPlane:
         return tensor.detach()   # CUDA-aware MPI: mpi4py reads __cuda_array_interface__
 
     def _staged(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` must go through host memory (CUDA without CUDA-aware MPI)."""
-        return tensor.device.type == "cuda" and not self.cuda_aware
+        """Whether ``tensor`` goes through a host buffer (CUDA without CUDA-aware MPI)."""
+        return self.stage_everything or (tensor.device.type == "cuda" and not self.cuda_aware)
 
-    def _host_copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy of ``tensor`` to send or reduce from."""
-        return tensor.detach().to("cpu")
+    @staticmethod
+    def _on_device(tensor: torch.Tensor) -> bool:
+        """Whether kernels of a stream may still be writing or reading ``tensor``'s memory."""
+        return tensor.device.type == "cuda"
 
-    def _host_empty(self, like: torch.Tensor) -> torch.Tensor:
-        """A pinned host buffer shaped like ``like`` to receive into."""
-        return torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
-
-    def _in_place(self, tensor: torch.Tensor, operation: Callable[[Any], object]) -> None:
-        """Run a blocking in-place MPI ``operation(buffer)`` on ``tensor`` (staged if needed)."""
-        if self._staged(tensor):
-            host = self._host_copy(tensor)
-            operation(self._buffer(host))
-            tensor.detach().copy_(host)
-        else:
-            operation(self._buffer(tensor))
+    def _settle(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Wait once for the current stream of every device among ``tensors``."""
+        devices = {t.device for t in tensors if self._on_device(t)}
+        for device in devices:
+            settle(device)
+        self.settles += bool(devices)
 
     # ------------------------------------------------------------ point to point
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Request:
-        source = self._host_copy(tensor) if self._staged(tensor) else tensor
-        return Request(self.comm.Isend(self._buffer(source), dst, tag), keep=source)
+    def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None) -> Request:
+        """Post every transfer (tags keep them apart: the world communicator carries all p2p)."""
+        staged = {i: self.pool.take(t.tensor) for i, t in enumerate(transfers) if self._staged(t.tensor)}
+        for i, host in staged.items():
+            if transfers[i].send:
+                host.copy_(transfers[i].tensor.detach(), non_blocking=True)
+        self._settle([t.tensor for t in transfers])
+        handles = []
+        for i, t in enumerate(transfers):
+            buffer = self._buffer(staged.get(i, t.tensor))
+            handles.append(self.comm.Isend(buffer, t.peer, t.tag) if t.send
+                           else self.comm.Irecv(buffer, t.peer, t.tag))
 
-    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Request:
-        if not self._staged(tensor):
-            return Request(self.comm.Irecv(self._buffer(tensor), src, tag), keep=tensor)
-        host = self._host_empty(tensor)
-        return Request(self.comm.Irecv(self._buffer(host), src, tag),
-                       on_done=lambda: tensor.detach().copy_(host), keep=host)
+        def done() -> None:
+            for i, host in staged.items():
+                if not transfers[i].send:
+                    transfers[i].tensor.detach().copy_(host)   # blocking: the buffer is reused next
+                self.pool.give(host)
+        return Request.all_of(handles, on_done=done if staged else None,
+                              keep=[t.tensor for t in transfers])
 
     # --------------------------------------------------------------- collectives
+    def _in_place(self, tensor: torch.Tensor, operation: Callable[[Any], object]) -> None:
+        """Run a blocking in-place MPI ``operation(buffer)`` on ``tensor`` (staged if needed)."""
+        if not self._staged(tensor):
+            self._settle([tensor])
+            operation(self._buffer(tensor))
+            return
+        host = self.pool.take(tensor)
+        try:
+            host.copy_(tensor.detach(), non_blocking=True)
+            self._settle([tensor])
+            operation(self._buffer(host))
+            tensor.detach().copy_(host)
+        finally:
+            self.pool.give(host)
+
     def all_reduce(self, tensor: torch.Tensor, group: Group) -> None:
         MPI = load_mpi()
         comm = group.communicator()
@@ -104,8 +135,12 @@ class MpiPlane:
         comm, index = group.communicator(), group.rank_of(root)
         self._in_place(tensor, lambda buffer: comm.Bcast(buffer, root=index))
 
+    # -------------------------------------------------------------------- groups
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:
         return None   # groups live in the MPI communicators the Context makes
+
+    def channel_group(self, src: int, dst: int) -> ProcessGroup | None:
+        return None   # p2p shares the world communicator; tags keep the messages apart
 
     def close(self) -> None:
         """Nothing to tear down: the MPI world belongs to the process."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from .handles import Group, Request
+from .handles import Channel, Group, Request, Transfer
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -43,6 +43,14 @@ class Comm(Protocol):
     def tracer(self) -> Tracer: ...
 
     # point to point (contiguous tensors)
+    def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None = None) -> Request:
+        """Post a set of sends and receives as one exchange (one NCCL group on the torch plane)."""
+        ...
+
+    def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
+        """The one-way channels ``src -> dst`` of ``pairs`` (collective: same pairs on every rank)."""
+        ...
+
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Request: ...
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Request: ...
@@ -87,9 +95,9 @@ class DataPlane(Protocol):
     @property
     def cuda_aware(self) -> bool: ...
 
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Request: ...
-
-    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Request: ...
+    def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None) -> Request:
+        """Post every transfer at once; ``via`` is the route (None: the world)."""
+        ...
 
     def all_reduce(self, tensor: torch.Tensor, group: Group) -> None: ...
 
@@ -97,6 +105,10 @@ class DataPlane(Protocol):
 
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:
         """The plane's own handle of a new group of ``ranks`` (None: the world); collective."""
+        ...
+
+    def channel_group(self, src: int, dst: int) -> ProcessGroup | None:
+        """The plane's own handle for the one-way channel ``src -> dst`` (None: none needed); collective."""
         ...
 
     def close(self) -> None: ...

@@ -1,4 +1,19 @@
-"""The ``torch`` data plane: torch.distributed (gloo on CPU, nccl on GPU) bootstrapped from MPI."""
+"""The ``torch`` data plane: torch.distributed (gloo on CPU, nccl on GPU) bootstrapped from MPI.
+
+Written to what NCCL supports, and run as is on gloo by the test suite:
+
+* every exchange (a halo phase, a pipeline payload, its header) is posted as ONE
+  ``torch.distributed.batch_isend_irecv`` group, so its sends and receives progress
+  together (separate ``isend``/``irecv`` calls serialise on NCCL's stream and deadlock
+  when both ranks of a pair receive first);
+* no tags (NCCL ignores them; every op is posted with tag 0, on gloo too): between two
+  ranks, messages of one process group match in the order they are posted. The layers
+  above post in the same order on both sides by design (``architecture.md``, "Message
+  order"): a halo phase carries at most one message per direction and pair, and pipeline
+  payloads travel on one-way ``Channel`` groups whose receiver takes them in send order;
+* only all-reduce, broadcast and batched p2p on tensors of the plane's device with
+  dtypes NCCL has; object collectives and barriers go through MPI (the control plane).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +25,16 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .handles import Group, Request
+from .device import check_backend_device
+from .handles import Channel, Group, Request, Transfer
 
 if TYPE_CHECKING:
     from mpi4py import MPI
     from torch.distributed import ProcessGroup
+
+# dtypes NCCL reduces and moves (bool travels as uint8); no int16/uint16/complex
+NCCL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                         torch.uint8, torch.int32, torch.int64, torch.bool})
 
 
 def _store_address(control: MPI.Intracomm, local_size: int) -> str:
@@ -43,31 +63,56 @@ class TorchPlane:
 
     def __init__(self, backend: str, device: torch.device, control: MPI.Intracomm,
                  local_size: int) -> None:
+        check_backend_device(backend, device)
         self.backend = backend
+        self.device = device
         if not dist.is_initialized():
             address = _store_address(control, local_size)
             dist.init_process_group(backend, init_method=address, rank=control.Get_rank(),
                                     world_size=control.Get_size(),
                                     device_id=device if backend == "nccl" else None)
 
-    # ------------------------------------------------------------ point to point
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Request:
-        return Request(_work(dist.isend(tensor.detach(), dst, tag=tag), "isend"), keep=tensor)
+    def _check(self, tensor: torch.Tensor) -> None:
+        if tensor.device.type != self.device.type:
+            raise ValueError(f"the {self.backend} plane moves {self.device.type} tensors; got one on "
+                             f"{tensor.device} (place tensors through ctx.device)")
+        if self.backend == "nccl" and tensor.dtype not in NCCL_DTYPES:
+            raise TypeError(f"NCCL cannot move {tensor.dtype} tensors; convert to one of "
+                            f"{sorted(str(d) for d in NCCL_DTYPES)}")
 
-    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Request:
-        return Request(_work(dist.irecv(tensor.detach(), src, tag=tag), "irecv"), keep=tensor)
+    # ------------------------------------------------------------ point to point
+    def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None) -> Request:
+        """Post every transfer as one ``batch_isend_irecv`` group on ``via``'s process group."""
+        if not transfers:
+            return Request(_Done())
+        group = None if via is None else via.torch_group
+        ops = []
+        for t in transfers:
+            self._check(t.tensor)
+            ops.append(dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor.detach(), t.peer,
+                                  group=group, tag=0))
+        works = dist.batch_isend_irecv(ops)
+        return Request.all_of([w for w in works if w is not None],
+                              keep=[t.tensor for t in transfers])
 
     # --------------------------------------------------------------- collectives
     def all_reduce(self, tensor: torch.Tensor, group: Group) -> None:
+        self._check(tensor)
         dist.all_reduce(tensor.detach(), group=group.torch_group)
 
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None:
+        self._check(tensor)
         dist.broadcast(tensor.detach(), src=root, group=group.torch_group)
 
+    # -------------------------------------------------------------------- groups
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:
         if ranks is None:
             return dist.group.WORLD
         return dist.new_group(list(ranks))
+
+    def channel_group(self, src: int, dst: int) -> ProcessGroup | None:
+        """A process group of its own for the one-way channel ``src -> dst`` (collective)."""
+        return dist.new_group(sorted((src, dst)))
 
     def close(self) -> None:
         """Tear down the torch.distributed process group (the MPI world stays up)."""
@@ -75,8 +120,6 @@ class TorchPlane:
             dist.destroy_process_group()
 
 
-def _work(work: dist.Work | None, what: str) -> dist.Work:
-    if work is None:   # torch returns None only to ranks outside the group
-        raise RuntimeError(f"torch.distributed {what} returned no request: this rank is not "
-                           f"in the default process group")
-    return work
+class _Done:
+    def wait(self) -> None:
+        return None

@@ -1,18 +1,63 @@
-"""Per-rank event trace: what each rank did, when, with whom, and how many bytes."""
+"""Per-rank event trace: a bounded window of the last steps' events, plus per-step and running totals.
+
+A run lasts days, so the trace keeps only the events of the last ``window_steps`` steps
+(and never more than ``max_events``); what the metrics need is aggregated as events
+arrive: per-op totals since the start (``totals()``) and one ``StepSummary`` per step
+(``steps``, ``last_step()``: per-op totals and communication time). ``configure(None,
+None)`` keeps every event (unbounded: for short runs only).
+
+Times are seconds since the tracer started. On CPU they are host timestamps; on a GPU
+(``CudaClock``) a span records CUDA events on the current stream, so it measures when the
+kernels ran, not when they were launched; such events are resolved (one wait on the last
+event) at ``end_step()`` or when ``events`` is read.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from .protocol import Comm
 
+DEFAULT_WINDOW_STEPS = 4        # steps whose events the trace keeps
+DEFAULT_MAX_EVENTS = 20_000     # hard cap, also for events recorded outside any step
+DEFAULT_HISTORY = 16            # StepSummary records kept (the last ones: what metrics read)
 
-@dataclass
+COMM_WORDS = ("send", "recv", "halo", "reduce", "broadcast", "bcast", "gather", "scatter",
+              "handoff", "barrier", "wait", "exchange", "comm")
+
+
+def is_communication(op: str) -> bool:
+    """Whether a trace op name is communication (send/recv/halo/all-reduce/...)."""
+    name = op.lower()
+    return any(word in name for word in COMM_WORDS)
+
+
+def comm_seconds(events: Iterable[Event]) -> float:
+    """Time covered by communication events (overlapping spans counted once)."""
+    spans = sorted((e.start, e.end) for e in events if is_communication(e.op))
+    total = 0.0
+    cur_start = cur_end = None
+    for start, end in spans:
+        if cur_end is None or start > cur_end:
+            if cur_start is not None and cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_start is not None and cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+@dataclass(slots=True)
 class Event:
     """One traced operation on one rank (times in seconds since the tracer started)."""
 
@@ -35,17 +80,173 @@ class Event:
         return asdict(self)
 
 
-class Tracer:
-    """Records Events for one rank; disabled tracers cost one attribute check."""
+@dataclass
+class OpTotal:
+    """How often an op ran, for how long and how many bytes it moved."""
 
-    def __init__(self, rank: int = 0, enabled: bool = True, origin: float | None = None) -> None:
-        self.rank = rank
-        self.enabled = enabled
-        self.origin = time.perf_counter() if origin is None else origin
-        self.events: list[Event] = []
+    count: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+
+    def add(self, event: Event) -> None:
+        self.count += 1
+        self.seconds += event.duration
+        self.bytes += event.bytes
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """Aggregates of one traced step: per-op totals, its time span and its communication time."""
+
+    index: int
+    start: float
+    end: float
+    events: int
+    ops: dict[str, OpTotal]
+    comm_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    @classmethod
+    def of(cls, index: int, events: list[Event]) -> StepSummary:
+        ops: dict[str, OpTotal] = {}
+        for event in events:
+            ops.setdefault(event.op, OpTotal()).add(event)
+        start = min((e.start for e in events), default=0.0)
+        end = max((e.end for e in events), default=start)
+        return cls(index, start, end, len(events), ops, comm_seconds(events))
+
+
+class Clock(Protocol):
+    """Where a tracer's times come from."""
+
+    def stamp(self) -> Any:
+        """A point in time, taken without waiting for the device."""
+        ...
+
+    def seconds(self, stamp: Any) -> float:
+        """``stamp`` as seconds since the tracer's origin (may wait for the device)."""
+        ...
+
+    def now(self) -> float:
+        """Host seconds since the tracer's origin."""
+        ...
+
+    def settle(self) -> None:
+        """Called once every pending stamp has been resolved (a clock may re-anchor itself)."""
+        ...
+
+
+class HostClock:
+    """Host timestamps (``time.perf_counter``): what CPU work takes."""
+
+    deferred = False
+
+    def __init__(self, origin: float) -> None:
+        self.origin = origin
 
     def now(self) -> float:
         return time.perf_counter() - self.origin
+
+    def stamp(self) -> float:
+        return self.now()
+
+    def seconds(self, stamp: Any) -> float:
+        return float(stamp)
+
+    def settle(self) -> None:
+        """Host stamps need no settling."""
+
+
+class CudaClock:
+    """CUDA events recorded on the current stream: when the kernels ran, not when they were launched.
+
+    A reference event recorded (and waited for) at a known host time anchors the events'
+    ``elapsed_time`` in the host time base; ``settle`` re-anchors it after every resolve so
+    drift between the clocks stays within one step.
+    """
+
+    deferred = True
+
+    def __init__(self, device: torch.device, origin: float) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.origin = origin
+        self.settle()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def stamp(self) -> Any:
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record(self.torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds(self, stamp: Any) -> float:
+        stamp.synchronize()
+        return self.reference_time + self.reference.elapsed_time(stamp) / 1e3
+
+    def settle(self) -> None:
+        self.reference = self.stamp()
+        self.reference.synchronize()
+        self.reference_time = self.now()
+
+
+class Tracer:
+    """Records Events for one rank in a bounded window; disabled tracers cost one attribute check.
+
+    ``begin_step``/``end_step`` mark training steps (the pipeline runtime calls them): the
+    window holds the events of the last ``window_steps`` steps; events recorded outside a
+    step join the current bucket. ``max_events`` caps the window whatever happens.
+    """
+
+    def __init__(self, rank: int = 0, enabled: bool = True, origin: float | None = None, *,
+                 window_steps: int | None = DEFAULT_WINDOW_STEPS,
+                 max_events: int | None = DEFAULT_MAX_EVENTS, history: int = DEFAULT_HISTORY,
+                 clock: HostClock | CudaClock | None = None) -> None:
+        self.rank = rank
+        self.enabled = enabled
+        self.origin = time.perf_counter() if origin is None else origin
+        self.clock: HostClock | CudaClock = HostClock(self.origin) if clock is None else clock
+        self.window_steps = window_steps
+        self.max_events = max_events
+        self._buckets: deque[list[Event]] = deque([[]])   # oldest first; the last is current
+        self._count = 0
+        self._pending: list[tuple[str, Any, Any, dict[str, Any]]] = []
+        self._in_step = False
+        self.recorded = 0                 # events ever recorded (a position for ``since``)
+        self.steps_begun = 0
+        self.steps: deque[StepSummary] = deque(maxlen=history)
+        self._totals: dict[str, OpTotal] = {}
+        self.configure(window_steps, max_events)
+
+    # ------------------------------------------------------------- configuration
+    def configure(self, window_steps: int | None = DEFAULT_WINDOW_STEPS,
+                  max_events: int | None = DEFAULT_MAX_EVENTS) -> None:
+        """Keep the events of the last ``window_steps`` steps, at most ``max_events`` (None: no bound)."""
+        for name, value in (("window_steps", window_steps), ("max_events", max_events)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value}: use a positive number, or None for no bound")
+        self.window_steps = window_steps
+        self.max_events = max_events
+        self._trim()
+
+    @property
+    def bounded(self) -> bool:
+        return self.window_steps is not None or self.max_events is not None
+
+    # ----------------------------------------------------------------- recording
+    def now(self) -> float:
+        """Host seconds since the tracer started."""
+        return self.clock.now()
+
+    def stamp(self) -> Any:
+        """A point in time for ``record`` (a CUDA event on GPU, seconds on CPU)."""
+        return self.clock.stamp()
 
     @contextmanager
     def span(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
@@ -54,29 +255,111 @@ class Tracer:
             yield {}
             return
         extra: dict[str, Any] = {}
-        start = self.now()
+        start = self.clock.stamp()
         try:
             yield extra
         finally:
-            self.record(op, start, self.now(), **fields, **extra)
+            self.record(op, start, self.clock.stamp(), **fields, **extra)
 
-    def record(self, op: str, start: float, end: float, **fields: Any) -> None:
-        """Add a finished event."""
+    def record(self, op: str, start: Any, end: Any, **fields: Any) -> None:
+        """Add a finished event between two stamps (``stamp()``, or seconds on a host clock)."""
         if not self.enabled:
             return
+        if self.clock.deferred:
+            self._pending.append((op, start, end, fields))
+            return
+        self._add(op, self.clock.seconds(start), self.clock.seconds(end), fields)
+
+    def _add(self, op: str, start: float, end: float, fields: dict[str, Any]) -> None:
         known = {k: fields.pop(k) for k in ("stage", "micro_batch", "replica", "bytes", "peer")
                  if k in fields}
-        self.events.append(Event(self.rank, op, start, end, **known, extra=fields))
+        event = Event(self.rank, op, start, end, **known, extra=fields)
+        self._buckets[-1].append(event)
+        self._count += 1
+        self.recorded += 1
+        self._totals.setdefault(op, OpTotal()).add(event)
+        if self.max_events is not None and self._count > self.max_events:
+            self._trim()
+
+    def flush(self) -> None:
+        """Resolve events still waiting for their device stamps (waits for the last one)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        for op, start, end, fields in pending:
+            self._add(op, self.clock.seconds(start), self.clock.seconds(end), fields)
+        self.clock.settle()
+
+    # --------------------------------------------------------------------- steps
+    def begin_step(self) -> None:
+        """A training step starts: its events form a new bucket; the oldest beyond the window go."""
+        self.flush()
+        self.steps_begun += 1
+        if self._buckets[-1] or self._in_step:
+            self._buckets.append([])
+        self._in_step = True
+        self._trim()
+
+    def end_step(self) -> StepSummary:
+        """The step ended: summarise its events (kept in ``steps``) and return the summary."""
+        self.flush()
+        summary = StepSummary.of(self.steps_begun, self._buckets[-1])
+        if self._in_step:
+            self.steps.append(summary)
+        self._in_step = False
+        return summary
+
+    def last_step(self) -> StepSummary | None:
+        """The summary of the last finished step (None before the first)."""
+        return self.steps[-1] if self.steps else None
+
+    def _trim(self) -> None:
+        keep = None if self.window_steps is None else self.window_steps
+        while keep is not None and len(self._buckets) > keep:
+            self._count -= len(self._buckets.popleft())
+        while self.max_events is not None and self._count > self.max_events:
+            oldest = self._buckets[0]
+            drop = min(len(oldest), self._count - self.max_events)
+            del oldest[:drop]
+            self._count -= drop
+            if not oldest and len(self._buckets) > 1:
+                self._buckets.popleft()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def events(self) -> list[Event]:
+        """The window's events, oldest first (a new list)."""
+        self.flush()
+        return [event for bucket in self._buckets for event in bucket]
+
+    def since(self, position: int) -> list[Event]:
+        """Events recorded since ``recorded`` was ``position`` (those still in the window)."""
+        self.flush()
+        return self.events[max(0, self._count - (self.recorded - position)):]
+
+    @property
+    def kept(self) -> int:
+        """How many events the window holds now."""
+        self.flush()
+        return self._count
 
     def clear(self) -> None:
-        self.events.clear()
+        """Drop the window's events (the running totals and step summaries stay)."""
+        self.flush()
+        self._buckets = deque([[]])
+        self._count = 0
 
     def summary(self) -> dict[str, float]:
-        """Total seconds per op name."""
+        """Total seconds per op name over the window."""
         totals: dict[str, float] = {}
         for event in self.events:
             totals[event.op] = totals.get(event.op, 0.0) + event.duration
         return totals
+
+    def totals(self) -> dict[str, OpTotal]:
+        """Count, seconds and bytes per op since the tracer started (never trimmed)."""
+        self.flush()
+        return {op: replace(total) for op, total in self._totals.items()}
 
 
 def merge_timelines(per_rank: list[list[Event]]) -> list[Event]:
@@ -87,18 +370,18 @@ def merge_timelines(per_rank: list[list[Event]]) -> list[Event]:
 
 
 def gather_timeline(ctx: Comm, root: int = 0, clear: bool = False) -> list[Event] | None:
-    """Every rank's events as one timeline on ``root`` (None elsewhere); collective.
+    """Every rank's window of events as one timeline on ``root`` (None elsewhere); collective.
 
     Clocks are aligned at a barrier: each rank's times are shifted so that the moment it
     leaves the barrier is the same instant on all ranks (good to the barrier's skew).
     """
-    from dataclasses import replace
-
+    tracer = ctx.tracer
+    tracer.flush()
     ctx.barrier()
-    sync = ctx.tracer.now()
-    shifted = [replace(e, start=e.start - sync, end=e.end - sync) for e in ctx.tracer.events]
+    sync = tracer.now()
+    shifted = [replace(e, start=e.start - sync, end=e.end - sync) for e in tracer.events]
     if clear:
-        ctx.tracer.clear()
+        tracer.clear()
     gathered = ctx.gather_object(shifted, root=root)
     if gathered is None:
         return None

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..comm.handles import Group, Request
-from ..comm.messages import Payload, as_items, isend_payload, like, payload_bytes, recv_payload
+from ..comm.handles import Channel, Group, Request
+from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
 from ..spatial.geometry import Box, TileGrid
 from .bn_replay import RunningStatsLedger
@@ -71,6 +71,36 @@ class _StepState:
     merged_grads: dict[tuple[int, int, int], dict[int, Payload]] = field(default_factory=dict)
 
 
+MessageKey = tuple[bool, int, int, int, int, int]   # (activation?, dp, replica, sender stage, micro-batch, copy)
+
+
+def message_key(action: Action) -> MessageKey:
+    """The payload a send or receive action moves, named the same on both sides."""
+    activation = action.kind.carries_activation
+    if action.kind.is_send:
+        sender = action.stage
+    else:
+        sender = action.stage - 1 if activation else action.stage + 1
+    return (activation, action.dp, action.replica, sender, action.micro_batch, action.copy)
+
+
+def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
+    """Every (sender, receiver) pair of the schedule's payloads, sorted (the same on every rank)."""
+    return sorted({(a.rank, a.peer) for rank in range(schedule.world_size)
+                   for a in schedule.actions(rank)
+                   if a.kind.is_p2p and a.kind.is_send and a.peer is not None})
+
+
+def inbound_order(schedule: Schedule, rank: int) -> dict[int, list[tuple[MessageKey, int]]]:
+    """For each rank sending to ``rank``: its payloads' (key, tag) in the order it sends them."""
+    order: dict[int, list[tuple[MessageKey, int]]] = {}
+    for src in range(schedule.world_size):
+        for a in schedule.actions(src):
+            if a.kind.is_p2p and a.kind.is_send and a.peer == rank:
+                order.setdefault(src, []).append((message_key(a), a.tag))
+    return order
+
+
 def _leaf(payload: Payload) -> Payload:
     """A detached copy of ``payload`` whose float tensors require grad."""
     def one(t: torch.Tensor) -> torch.Tensor:
@@ -95,6 +125,13 @@ class PipelineRuntime:
         self.grid = grid
         self.holders = stage_ranks(self.cfg)
         self.actions = schedule.actions(ctx.rank)
+        # One-way channels carry the payloads (own process groups on the torch plane; made
+        # collectively, same pairs everywhere); receives take each channel in send order.
+        channels = ctx.channels(channel_pairs(schedule))
+        self.outbound: dict[int, Channel] = {dst: c for (src, dst), c in channels.items() if src == ctx.rank}
+        inbound: dict[int, Channel | None] = {src: c for (src, dst), c in channels.items()
+                                              if dst == ctx.rank}
+        self.mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank), inbound)
 
     # ----------------------------------------------------------------- helpers
     def _instance(self, action: Action) -> StageInstance:
@@ -251,7 +288,7 @@ class PipelineRuntime:
             if state.sends_left[key] == 0:
                 state.input_grads.pop(key)
                 state.boxes.pop(key, None)
-        requests = isend_payload(self.ctx, payload, peer, action.tag)
+        requests = isend_payload(self.ctx, payload, peer, action.tag, self.outbound[peer])
         if action.kind.carries_activation:
             state.act_sends.setdefault(key, []).extend(requests)
         else:
@@ -266,7 +303,7 @@ class PipelineRuntime:
 
     def _recv(self, action: Action, state: _StepState) -> int:
         peer = self._peer(action)
-        payload = recv_payload(self.ctx, peer, action.tag, self.ctx.device)
+        payload = self.mailbox.take(peer, message_key(action))
         state.inbox.setdefault((action.kind.carries_activation, self._key(action)), {})[peer] = payload
         return payload_bytes(payload)
 
@@ -337,6 +374,8 @@ class StepRun:
         self.state = state
         self.stepper = Stepper(runtime.schedule, ranks=[runtime.ctx.rank])
         self.finished = False
+        runtime.ctx.tracer.begin_step()
+        runtime.mailbox.begin()
         for inst in runtime.instances.values():
             inst.ledger.begin_step()
 
@@ -358,6 +397,8 @@ class StepRun:
                 self.runtime.ctx.wait_all(self.state.requests)
                 for pending in self.state.act_sends.values():
                     self.runtime.ctx.wait_all(pending)
+                self.runtime.mailbox.check_drained()
+                self.runtime.ctx.tracer.end_step()
                 self.finished = True
             raise StopIteration
         self.runtime._traced(action, self.state)

@@ -95,7 +95,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe)")
     g.add_argument("--sync-batchnorm", dest="sync_batchnorm", action="store_true",
                    help="BatchNorm over the combined samples of the data-parallel copies of a "
-                        "micro-batch (with --parts 1 and no GEMS: one full-batch serial run)")
+                        "micro-batch (with --parts 1 and no GEMS: one full-batch serial run; GEMS "
+                        "directions keep separate statistics)")
     g.add_argument("--no-check-ops", dest="check_ops", action="store_false",
                    help="skip the spatial op guard's per-op checks (once a model has passed them)")
     return parser

@@ -1,17 +1,23 @@
 """Per-rank metrics: peak memory (CUDA allocator, or counted tensor bytes on CPU) and compute vs communication time."""
 from __future__ import annotations
 
+import gc
+import os
 import threading
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..comm.trace import Event
+from ..comm.trace import comm_seconds, is_communication
 
-COMM_WORDS = ("send", "recv", "halo", "reduce", "broadcast", "bcast", "gather", "scatter",
-              "handoff", "barrier", "wait", "exchange", "comm")
+__all__ = ["ActivationMeter", "RunMetrics", "comm_seconds", "cuda_peak_bytes", "growth_per_step",
+           "is_communication", "live_tensor_bytes", "rss_bytes", "state_bytes", "storage_key",
+           "tensor_bytes"]
+
+RECENT_STEPS = 1000   # per-step values RunMetrics keeps (totals cover every step)
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -129,46 +135,56 @@ def cuda_peak_bytes(device: torch.device) -> int | None:
     return int(torch.cuda.max_memory_allocated(device))
 
 
-def is_communication(op: str) -> bool:
-    """Whether a trace op name is communication (send/recv/halo/all-reduce/...)."""
-    name = op.lower()
-    return any(word in name for word in COMM_WORDS)
-
-
-def comm_seconds(events: Iterable[Event]) -> float:
-    """Time covered by communication events (overlapping spans counted once)."""
-    spans = sorted((e.start, e.end) for e in events if is_communication(e.op))
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in spans:
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
 @dataclass
 class RunMetrics:
-    """Time and loss totals one rank accumulates over training steps."""
+    """Time and loss totals one rank accumulates over training steps, in constant memory.
+
+    Totals cover every step; per-step values (``losses``, ``step_seconds``) are kept for the
+    last ``keep`` steps only, so a run of any length holds the same few kilobytes.
+    """
 
     steps: int = 0
     images: int = 0
     seconds: float = 0.0
     comm_seconds: float = 0.0
-    losses: list[float] = field(default_factory=list)
-    step_seconds: list[float] = field(default_factory=list)
+    first_step_seconds: float = 0.0
+    keep: int = RECENT_STEPS
+    _losses: deque[float] = field(default_factory=deque, repr=False)
+    _step_seconds: deque[float] = field(default_factory=deque, repr=False)
+
+    def __post_init__(self) -> None:
+        self._losses = deque(self._losses, maxlen=self.keep)
+        self._step_seconds = deque(self._step_seconds, maxlen=self.keep)
 
     def add_step(self, images: int, seconds: float, comm: float, loss: float) -> None:
+        if self.steps == 0:
+            self.first_step_seconds = seconds
         self.steps += 1
         self.images += images
         self.seconds += seconds
         self.comm_seconds += min(comm, seconds)
-        self.losses.append(loss)
-        self.step_seconds.append(seconds)
+        self._losses.append(loss)
+        self._step_seconds.append(seconds)
+
+    @property
+    def losses(self) -> list[float]:
+        """Losses of the last ``keep`` steps, oldest first."""
+        return list(self._losses)
+
+    @property
+    def step_seconds(self) -> list[float]:
+        """Durations of the last ``keep`` steps, oldest first."""
+        return list(self._step_seconds)
+
+    @property
+    def last_loss(self) -> float | None:
+        return self._losses[-1] if self._losses else None
+
+    def seconds_after(self, warmup_steps: int) -> float:
+        """Seconds of every step but the first ``warmup_steps`` (0 or 1)."""
+        if warmup_steps not in (0, 1):
+            raise ValueError(f"warmup_steps={warmup_steps}: 0 or 1 (only the first step is kept apart)")
+        return self.seconds - (self.first_step_seconds if warmup_steps and self.steps else 0.0)
 
     @property
     def compute_seconds(self) -> float:
@@ -177,3 +193,39 @@ class RunMetrics:
     def as_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "images": self.images, "seconds": self.seconds,
                 "compute_seconds": self.compute_seconds, "comm_seconds": self.comm_seconds}
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (Linux ``/proc/self/statm``), None where unknown."""
+    try:
+        with open("/proc/self/statm") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of every tensor storage the garbage collector can reach (each storage once; slow)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device.type != "meta":   # type(): no __class__
+            key = storage_key(obj)
+            if key not in seen:
+                seen.add(key)
+                total += key[1]
+    return total
+
+
+def growth_per_step(samples: Sequence[tuple[int, float]]) -> float:
+    """Least-squares slope of ``(step, value)`` samples: the value's growth per step."""
+    if len(samples) < 2:
+        return 0.0
+    n = len(samples)
+    mean_x = sum(x for x, _ in samples) / n
+    mean_y = sum(y for _, y in samples) / n
+    spread = sum((x - mean_x) ** 2 for x, _ in samples)
+    if spread == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in samples) / spread

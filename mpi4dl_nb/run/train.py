@@ -23,7 +23,7 @@ from ..pipeline.step_input import ShardedImages
 from ..spatial.geometry import Box
 from .checkpoint import new_run_id, save_checkpoint
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
-from .metrics import ActivationMeter, RunMetrics, comm_seconds, cuda_peak_bytes, state_bytes
+from .metrics import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
 from .monitor import JobMonitor, StepTimer
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class TrainSettings:
     progress: bool = True
     verbose: bool = False
     dtype: torch.dtype = torch.float32
-    keep_trace: bool = False
+    keep_trace: bool = False            # True: keep every trace event (unbounded), not a window
     step_timeout: float | None = None   # seconds without progress that abort the job; None/0: off
     auto_step_timeout: bool = False     # derive the timeout from the first steps (batch jobs)
 
@@ -237,6 +237,8 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
         self.meter = ActivationMeter(exclude=params)
+        if settings.keep_trace:
+            ctx.tracer.configure(window_steps=None, max_events=None)
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
 
@@ -330,7 +332,6 @@ class Trainer:
         images = self.feeder.images(epoch, in_epoch)
         labels = self.feeder.labels(epoch, in_epoch)
         tracer = self.ctx.tracer
-        first_event = len(tracer.events)
         device = self.ctx.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -340,9 +341,8 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
-        comm = comm_seconds(tracer.events[first_event:])
-        if not self.settings.keep_trace:
-            del tracer.events[first_event:]
+        traced = tracer.last_step()   # the engine's step, summarised by the (bounded) trace
+        comm = traced.comm_seconds if traced is not None else 0.0
         self.step += 1
         if self.guard is not None and self.guard.end_step(loss):
             self.skipped_steps.append(self.step)
@@ -394,7 +394,7 @@ class Trainer:
         if per_rank is None:
             return None
         warm = 1 if self.metrics.steps >= 3 else 0
-        measured = sum(self.metrics.step_seconds[warm:])
+        measured = self.metrics.seconds_after(warm)
         images = (self.metrics.steps - warm) * self.batcher.batch_size
         return {
             **self.run_info,
@@ -404,7 +404,7 @@ class Trainer:
             "steps_run": self.metrics.steps,
             "warmup_steps": warm,
             "images_per_s": images / measured if measured > 0 else None,
-            "loss": finite_or_none(self.metrics.losses[-1]) if self.metrics.losses else None,
+            "loss": finite_or_none(self.metrics.last_loss) if self.metrics.last_loss is not None else None,
             "losses": [finite_or_none(v) for v in self.metrics.losses],
             "skipped_steps": self.skipped_steps,
             "run_id": self.run_id,

@@ -11,8 +11,6 @@ exchange's adjoint and backward its forward (the gradient's halo).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +18,6 @@ from torch import nn
 from ..errors import ConfigError
 from .base import SpatialLayer, SpatialRuntime, adopt
 from .geometry import AxisExchange, LayerHalo, plan_axis, split_ranges
-from .halo import HaloExchange
 
 
 def contribution_plan(size: int, parts: int, kernel: int, stride: int, dilation: int,
@@ -35,19 +32,6 @@ def contribution_plan(size: int, parts: int, kernel: int, stride: int, dilation:
     needed = [(i0 * stride - padding, (i1 - 1) * stride - padding + reach)
               for i0, i1 in split_ranges(size, parts)]
     return out, plan_axis(out, split_ranges(out, parts), needed, what=what)
-
-
-class _AddOverlaps(torch.autograd.Function):
-    """Local contributions -> owned output: the adjoint of the halo exchange (and back)."""
-
-    @staticmethod
-    def forward(fctx: Any, local: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
-        fctx.exchange = exchange
-        return exchange.backward_tensor(local)
-
-    @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return fctx.exchange.forward_tensor(grad.contiguous()), None
 
 
 class SpatialConvTranspose2d(SpatialLayer, nn.ConvTranspose2d):
@@ -83,7 +67,7 @@ class SpatialConvTranspose2d(SpatialLayer, nn.ConvTranspose2d):
         exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size), 0.0))
         local = F.conv_transpose2d(x, self.weight, None, self.stride, 0, 0, self.groups,
                                    self.dilation)
-        out = _AddOverlaps.apply(local, exchange)
+        out = exchange.adjoint(local)
         if self.bias is not None:
             out = out + self.bias[None, :, None, None]
         return out

@@ -95,6 +95,8 @@ class SpatialGuard(TorchFunctionMode):
         self.depth = 0
         self._suspended: list[tuple[Any, bool]] = []
         self.combined = 0     # replicated operands whose gradient was summed over tiles (last forward)
+        self.ops_seen = 0     # torch operations the mode saw (last forward)
+        self.enabled = True   # False only to measure the guard's cost (SE gates are then wrong)
 
     # ------------------------------------------------------------- enter / leave
     @property
@@ -104,8 +106,10 @@ class SpatialGuard(TorchFunctionMode):
     def begin(self, args: tuple[Any, ...]) -> None:
         """Root forward pre-hook: the inputs are tiles; enter the mode (outermost call only)."""
         mark_tiled(args)
+        if not self.enabled:
+            return
         if self.depth == 0:
-            self.combined = 0
+            self.combined = self.ops_seen = 0
             self.__enter__()
             _ACTIVE.append(self)
         self.depth += 1
@@ -158,6 +162,7 @@ class SpatialGuard(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        self.ops_seen += 1
         tensors = ops.tensors_in(args, kwargs)
         tiles = [t for t in tensors if is_tiled(t)]
         if not tiles:
@@ -173,6 +178,14 @@ class SpatialGuard(TorchFunctionMode):
             reason = self._refusal(kind, func, args, kwargs, tensors)
             if reason is not None:
                 raise self.error(func, reason)
+        name = ops.op_name(func)
+        if name in _TEMPLATE_ONLY:   # x.to(other), x.new_zeros(...): other/x only give dtype, device
+            out = func(*args, **kwargs)
+            first = args[0] if args else None
+            if isinstance(first, torch.Tensor) and is_tiled(first) and all(
+                    tuple(t.shape[-2:]) == tuple(first.shape[-2:]) for t in _tensor_outputs(out)):
+                _mark_tensors(out)
+            return out
         args, kwargs = self._sum_replicated_gradients(func, args, kwargs)
         out = func(*args, **kwargs)
         if self.check_ops and kind is OpKind.SHAPE and is_tiled(args[0]):
@@ -250,6 +263,10 @@ class SpatialGuard(TorchFunctionMode):
         x = args[0] if args else kwargs["input"]
         if x.dim() != 4:
             raise self.error(func, f"resamples a {x.dim()}-d tile; only (N, C, H, W) is supported")
+        if spec.size is not None:   # e.g. size=skip.shape[-2:]: a tile's size, not the image's
+            raise self.error(func, "with size= on a tile is ambiguous (a size read from a tile's "
+                             "shape is the tile's, not the image's); use scale_factor=, or an "
+                             "nn.Upsample(size=...) module with the image's output size")
         return mark_tiled(interpolate_tile(self.runtime, FUNCTIONAL, x, spec))
 
     # ---------------------------------------------------------------- errors

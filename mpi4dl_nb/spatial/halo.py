@@ -12,12 +12,14 @@ padding positions get no gradient.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
+from ..comm.handles import Transfer
 from ..comm.protocol import Comm
 from ..comm.tags import HALO
 from ..comm.trace import Tracer
@@ -30,10 +32,15 @@ Strips = list  # [rows from prev, rows from next, cols from prev, cols from next
 
 
 class BufferPool:
-    """Reusable contiguous staging buffers keyed by role, shape, dtype and device."""
+    """Reusable contiguous staging buffers keyed by role, shape, dtype and device.
 
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+    At most ``max_entries`` buffers are kept (least recently used go first), so inputs of
+    ever new shapes (a smaller last batch, other image sizes) do not pile buffers up.
+    """
+
+    def __init__(self, max_entries: int = 32) -> None:
+        self.max_entries = max_entries
+        self._buffers: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
 
     def get(self, role: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
         key = (role, tuple(shape), like.dtype, like.device)
@@ -41,6 +48,10 @@ class BufferPool:
         if buf is None:
             buf = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
             self._buffers[key] = buf
+            while len(self._buffers) > self.max_entries:
+                self._buffers.popitem(last=False)
+        else:
+            self._buffers.move_to_end(key)
         return buf
 
     def clear(self) -> None:
@@ -131,9 +142,9 @@ class HaloExchange:
     def _count(self, plan: AxisExchange) -> int:
         return sum(1 for r in (plan.send_prev, plan.send_next) if _len(r))
 
-    def _tracing(self) -> tuple[Tracer, float | None]:
+    def _tracing(self) -> tuple[Tracer, Any]:
         tracer = self.comm.tracer
-        return tracer, (tracer.now() if tracer.enabled else None)
+        return tracer, (tracer.stamp() if tracer.enabled else None)
 
     def _staged(self, role: str, part: torch.Tensor) -> torch.Tensor:
         return part if part.is_contiguous() else self.pool.get(role, part.shape, part).copy_(part)
@@ -179,34 +190,35 @@ class HaloExchange:
         tracer, start = self._tracing()
         lead, width = x.shape[:-2], x.shape[-1]
         strips: Strips = [None, None, None, None]
-        # phase 1: rows, from the owned tile
-        requests = []
+        # phase 1: rows, from the owned tile (one exchange: at most one message per direction
+        # and neighbour, so both sides post in the same order by construction)
+        transfers = []
         for slot, rng, peer, tag in ((0, rows.recv_prev, self.row_peers.prev, _ROWS_F + 1),
                                      (1, rows.recv_next, self.row_peers.next, _ROWS_F)):
             if _len(rng):
                 strips[slot] = x.new_empty((*lead, _len(rng), width))
-                requests.append(comm.irecv(strips[slot], _neighbour(peer), tag=tag))
+                transfers.append(Transfer.into(strips[slot], _neighbour(peer), tag))
         for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_F),
                                (rows.send_next, self.row_peers.next, _ROWS_F + 1)):
             if _len(rng):
                 part = x.narrow(-2, rng[0] - rows.owned[0], _len(rng))
-                requests.append(comm.isend(self._staged(f"sr{tag}", part), _neighbour(peer), tag=tag))
+                transfers.append(Transfer.to(self._staged(f"sr{tag}", part), _neighbour(peer), tag))
+        request = comm.exchange(transfers)
         out = block = None
         if build:
             out = self._new_extended(x)
             block, c0, c1 = self._own_block(out)
             _fill_rows_own(block, x, rows, c0, c1, self.pad_value)
-        for request in requests:
-            request.wait()
+        request.wait()
         if block is not None:
             _fill_rows_strips(block, strips, rows, c0, c1)
         # phase 2: columns over the full needed row range (corners included)
-        requests = []
+        transfers = []
         for slot, rng, peer, tag in ((2, cols.recv_prev, self.col_peers.prev, _COLS_F + 1),
                                      (3, cols.recv_next, self.col_peers.next, _COLS_F)):
             if _len(rng):
                 strips[slot] = x.new_empty((*lead, rows.needed_len, _len(rng)))
-                requests.append(comm.irecv(strips[slot], _neighbour(peer), tag=tag))
+                transfers.append(Transfer.into(strips[slot], _neighbour(peer), tag))
         for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_F),
                                (cols.send_next, self.col_peers.next, _COLS_F + 1)):
             if _len(rng):
@@ -214,14 +226,13 @@ class HaloExchange:
                 piece = self.pool.get(f"sc{tag}", (*lead, rows.needed_len, s1 - s0), x)
                 _fill_rows_own(piece, x, rows, s0, s1, self.pad_value)
                 _fill_rows_strips(piece, strips, rows, s0, s1)
-                requests.append(comm.isend(piece, _neighbour(peer), tag=tag))
-        for request in requests:
-            request.wait()
+                transfers.append(Transfer.to(piece, _neighbour(peer), tag))
+        comm.exchange(transfers).wait()
         if out is not None:
             self._fill_cols(out, strips)
         self.messages_sent += self._count(rows) + self._count(cols)
         if start is not None:
-            tracer.record("halo", start, tracer.now(), layer=self.geometry.name)
+            tracer.record("halo", start, tracer.stamp(), layer=self.geometry.name)
         return out, strips
 
     def rebuild(self, x: torch.Tensor, strips: Strips) -> torch.Tensor:
@@ -283,19 +294,18 @@ class HaloExchange:
         width = _len(cols.owned)
         kr0, kr1 = rows.keep[0] - rows.owned[0], rows.keep[1] - rows.owned[0]
         # phase 2 adjoint: column strips' gradients back to their owners
-        requests, from_cols = [], []
+        transfers, from_cols = [], []
         for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_B),
                                (cols.send_next, self.col_peers.next, _COLS_B + 1)):
             if _len(rng):
                 buf = self.pool.get(f"gc{tag}", (*lead, rows.needed_len, _len(rng)), grad_x)
-                requests.append(comm.irecv(buf, _neighbour(peer), tag=tag))
+                transfers.append(Transfer.into(buf, _neighbour(peer), tag))
                 from_cols.append((rng, buf))
         for part, peer, tag in ((col_grads[0], self.col_peers.prev, _COLS_B + 1),
                                 (col_grads[1], self.col_peers.next, _COLS_B)):
             if part is not None:
-                requests.append(comm.isend(self._staged(f"bc{tag}", part), _neighbour(peer), tag=tag))
-        for request in requests:
-            request.wait()
+                transfers.append(Transfer.to(self._staged(f"bc{tag}", part), _neighbour(peer), tag))
+        comm.exchange(transfers).wait()
         for rng, buf in from_cols:
             s0, s1 = rng[0] - cols.owned[0], rng[1] - cols.owned[0]
             if kr1 > kr0:
@@ -305,40 +315,48 @@ class HaloExchange:
                 if row_grads[slot] is not None:
                     row_grads[slot][..., s0:s1] += buf[..., rows.offset(rr[0]):rows.offset(rr[1]), :]
         # phase 1 adjoint: row strips' gradients (corners included) back to their owners
-        requests, from_rows = [], []
+        transfers, from_rows = [], []
         for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_B),
                                (rows.send_next, self.row_peers.next, _ROWS_B + 1)):
             if _len(rng):
                 buf = self.pool.get(f"gr{tag}", (*lead, _len(rng), width), grad_x)
-                requests.append(comm.irecv(buf, _neighbour(peer), tag=tag))
+                transfers.append(Transfer.into(buf, _neighbour(peer), tag))
                 from_rows.append((rng, buf))
         for g, peer, tag in ((row_grads[0], self.row_peers.prev, _ROWS_B + 1),
                              (row_grads[1], self.row_peers.next, _ROWS_B)):
             if g is not None:
-                requests.append(comm.isend(self._staged(f"br{tag}", g), _neighbour(peer), tag=tag))
-        for request in requests:
-            request.wait()
+                transfers.append(Transfer.to(self._staged(f"br{tag}", g), _neighbour(peer), tag))
+        comm.exchange(transfers).wait()
         for rng, buf in from_rows:
             grad_x[..., rng[0] - rows.owned[0]:rng[1] - rows.owned[0], :] += buf
         if start is not None:
-            tracer.record("halo_backward", start, tracer.now(), layer=self.geometry.name)
+            tracer.record("halo_backward", start, tracer.stamp(), layer=self.geometry.name)
         return grad_x
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.identity:
             return x
-        return _HaloFunction.apply(x, self)
+        return _HaloFunction.apply(x, self, False)
+
+    def adjoint(self, needed: torch.Tensor) -> torch.Tensor:
+        """The adjoint as a differentiable map (needed tile -> owned tile: strips sent back and
+        added, padding dropped); its backward is the exchange. A transposed conv's overlap-add."""
+        return _HaloFunction.apply(needed, self, True)
 
 
 class _HaloFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
-        fctx.exchange = exchange
-        return exchange.forward_tensor(x)
+    """The exchange (owned -> needed tile) or, with ``adjoint``, its adjoint; backward is the other."""
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return fctx.exchange.backward_tensor(grad), None
+    def forward(fctx: Any, x: torch.Tensor, exchange: HaloExchange, adjoint: bool) -> torch.Tensor:
+        fctx.exchange, fctx.adjoint = exchange, adjoint
+        return exchange.backward_tensor(x) if adjoint else exchange.forward_tensor(x)
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if fctx.adjoint:
+            return fctx.exchange.forward_tensor(grad.contiguous()), None, None
+        return fctx.exchange.backward_tensor(grad), None, None
 
 
 def halo_exchange(x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:

@@ -168,6 +168,11 @@ def register_op(func: Callable[..., Any], kind: OpKind = OpKind.POINTWISE) -> No
     _registered[func] = kind
 
 
+def unregister_op(func: Callable[..., Any]) -> None:
+    """Undo ``register_op``."""
+    _registered.pop(func, None)
+
+
 def op_name(func: Callable[..., Any]) -> str:
     """The name rules are keyed by: a property's name for getters, else the function's name."""
     name = getattr(func, "__name__", "")
@@ -254,6 +259,8 @@ def tensors_in(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor
 def check_pointwise(operands: Sequence[torch.Tensor], is_tiled: IsTiled) -> str | None:
     """Replicated operands must be size 1 along the spatial dims; tiles must not be broadcast."""
     tiles = [t for t in operands if is_tiled(t)]
+    if not tiles:
+        return None
     spatial = tuple(tiles[0].shape[-2:])
     for t in tiles:
         if t.dim() < 2 or tuple(t.shape[-2:]) != spatial:
@@ -316,14 +323,19 @@ def check_dims(name: str, args: Sequence[Any], kwargs: dict[str, Any], tile: tor
             else None)
 
 
+def _other_spatial_size(tile: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The first of ``tensors`` whose last two sizes differ from ``tile``'s, if any."""
+    spatial = tuple(tile.shape[-2:])
+    return next((t for t in tensors if tuple(t.shape[-2:]) != spatial), None)
+
+
 def check_pointwise_shapes_for_cat(tensors: Sequence[torch.Tensor], tile: torch.Tensor,
                                    name: str) -> str | None:
-    spatial = tuple(tile.shape[-2:])
-    for t in tensors:
-        if tuple(t.shape[-2:]) != spatial:
-            return (f"{name} joins a tile with a tensor of spatial size {tuple(t.shape[-2:])}; "
-                    f"every input must be a tile of the same image size")
-    return None
+    other = _other_spatial_size(tile, tensors)
+    if other is None:
+        return None
+    return (f"{name} joins a tile with a tensor of spatial size {tuple(other.shape[-2:])}; "
+            f"every input must be a tile of the same image size")
 
 
 def check_index(tile: torch.Tensor, index: Any) -> str | None:
@@ -377,8 +389,8 @@ def check_conv(args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
     pads = [0] if padding in ("valid", "same") else (_as_dims(padding) if not isinstance(padding, str) else [1])
     if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and all(p == 0 for p in pads):
         return None
-    return (f"a functional convolution with kernel {kernel} sees only its tile (no halo); use an "
-            f"nn.Conv2d module")
+    return (f"convolves (kernel {kernel}) one tile without the halo it needs; use an nn.Conv2d "
+            f"module")
 
 
 def check_dropout(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
@@ -401,9 +413,8 @@ def check_channel(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[st
 
 def check_shape(tile: torch.Tensor, outputs: Sequence[torch.Tensor]) -> str | None:
     """After a view/reshape/expand/repeat: every output keeps the tile's spatial sizes last."""
-    spatial = tuple(tile.shape[-2:])
-    for out in outputs:
-        if tuple(out.shape[-2:]) != spatial:
-            return (f"reshapes a tile of spatial size {spatial} into {tuple(out.shape)}, mixing "
-                    f"the spatial dimensions")
-    return None
+    other = _other_spatial_size(tile, outputs)
+    if other is None:
+        return None
+    return (f"reshapes a tile of spatial size {tuple(tile.shape[-2:])} into {tuple(other.shape)}, "
+            f"mixing the spatial dimensions")

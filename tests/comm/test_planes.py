@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpi4dl_nb.comm.handles import Group, Request
+from mpi4dl_nb.comm.handles import Group, Request, Transfer
 
 
 class RecordingPlane:
@@ -17,13 +17,10 @@ class RecordingPlane:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def isend(self, tensor, dst, tag):
-        self.calls.append(("isend", dst, tag))
-        return Request(_Done())
-
-    def irecv(self, tensor, src, tag):
-        self.calls.append(("irecv", src, tag))
-        return Request(_Done(), on_done=lambda: tensor.fill_(7))
+    def exchange(self, transfers, via):
+        self.calls.append(("exchange", via, [(t.send, t.peer, t.tag) for t in transfers]))
+        receives = [t.tensor for t in transfers if not t.send]
+        return Request(_Done(), on_done=lambda: [r.fill_(7) for r in receives])
 
     def all_reduce(self, tensor, group):
         self.calls.append(("all_reduce", group.ranks))
@@ -32,6 +29,10 @@ class RecordingPlane:
         self.calls.append(("broadcast", root, group.ranks))
 
     def process_group(self, ranks):
+        return None
+
+    def channel_group(self, src, dst):
+        self.calls.append(("channel", src, dst))
         return None
 
     def close(self):
@@ -73,15 +74,32 @@ def test_context_checks_then_delegates(ctx, monkeypatch):
     ctx.broadcast(t, root=1, group=pair)
     received = ctx.recv(torch.zeros(2), 0, tag=3)
     ctx.send(t, 0, tag=4)
-    assert plane.calls == [("all_reduce", (0, 1)), ("broadcast", 1, (0, 1)), ("irecv", 0, 3),
-                           ("isend", 0, 4)]
+    ctx.exchange([Transfer.to(t, 0, 5), Transfer.into(torch.zeros(1), 0, 5)], via=pair).wait()
+    assert plane.calls == [("all_reduce", (0, 1)), ("broadcast", 1, (0, 1)),
+                           ("exchange", None, [(False, 0, 3)]), ("exchange", None, [(True, 0, 4)]),
+                           ("exchange", pair, [(True, 0, 5), (False, 0, 5)])]
     assert torch.equal(received, torch.full((2,), 7.0))             # on_done ran at wait()
     assert ctx.plane == "recording"
     with pytest.raises(ValueError, match="contiguous"):
         ctx.isend(torch.ones(4, 4).t(), 0)
     with pytest.raises(ValueError, match="contiguous"):
+        ctx.exchange([Transfer.to(t, 0), Transfer.into(torch.ones(4, 4).t(), 0)])
+    with pytest.raises(ValueError, match="contiguous"):
         ctx.all_reduce(torch.ones(4, 4).t(), group=pair)
-    assert len(plane.calls) == 4
+    assert len(plane.calls) == 5
+
+
+def test_groups_and_channels_are_cached(ctx, monkeypatch):
+    plane = RecordingPlane()
+    monkeypatch.setattr(ctx, "data_plane", plane)
+    group = ctx.new_group([0])
+    count = ctx.cached_groups
+    assert ctx.new_group([0]) is group and ctx.new_group((0,)) is group
+    assert ctx.cached_groups == count >= 1
+    with pytest.raises(ValueError, match="two distinct ranks"):
+        ctx.channels([(0, 0)])
+    with pytest.raises(ValueError, match="distinct ranks"):
+        ctx.new_group([0, 0])
 
 
 def test_group_without_communicator_says_so():

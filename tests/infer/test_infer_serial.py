@@ -89,7 +89,8 @@ def test_tissue_only_skips_background_windows(data):
 
 def test_command_summary_line(data, capsys):
     root, checkpoint, slide, _ = data
-    assert infer_main(["--checkpoint", str(checkpoint / "step-00000002.pt"), "--slide", str(slide), "--output",
+    step_file = next(checkpoint.glob("step-00000002*.pt"))    # a file, not the directory
+    assert infer_main(["--checkpoint", str(step_file), "--slide", str(slide), "--output",
                        str(root / "cli.npy"), "--window", "128", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("megapixels_per_s", "peak_memory_bytes", "windows", "skipped_background"):

@@ -1,20 +1,38 @@
-"""Both data planes: send/recv, isend/irecv, all_reduce, broadcast, groups, on any rank count."""
+"""Both data planes: send/recv, exchanges, channels and payloads in send order, all_reduce,
+broadcast, groups, on any rank count; the mpi plane's staged (GPU) path forced on CPU.
+
+On the torch plane messages match by posting order (no tags, as on NCCL), so every check
+posts in the same order on both sides; the out-of-order-tags check runs on the mpi plane only.
+
+Usage: python -m tests.mpi.comm_planes [--device=cuda]: with CUDA, tensors live on the GPU and
+the planes are mpi (CUDA-aware or staged) and nccl (``benchmarks/gpu_check.sh``).
+"""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
 from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.comm.handles import Transfer
+from mpi4dl_nb.comm.messages import Mailbox, MessageOrderError, isend_payload, recv_payload
+from mpi4dl_nb.comm.mpi_plane import MpiPlane
 from tests.support.checks import Checks, run_checks
 
-BACKENDS = ("mpi", "gloo")
-CHECKS = ("send/recv", "irecv two tags", "all_reduce world", "all_reduce group", "broadcast",
-          "group broadcast", "1 MiB float32 message", "int64 all_reduce", "all_gather_object")
+PLANES = {"cpu": ("mpi", "gloo"), "cuda": ("mpi", "nccl")}
+CHECKS = ("send/recv", "exchange both ways", "channel payloads in send order", "all_reduce world",
+          "all_reduce group", "broadcast", "group broadcast", "1 MiB float32 message",
+          "int64 all_reduce", "all_gather_object", "groups cached")
+MPI_ONLY = ("irecv two tags", "staged path")
+TORCH_ONLY = ("wrong order refused",)   # on the mpi plane a wrong tag is never matched: it hangs
 
 
-def check_names() -> list[str]:
+def check_names(device: str = "cpu") -> list[str]:
     """Every check this program reports, on any rank count."""
-    return [f"{backend} {what}" for backend in BACKENDS for what in CHECKS]
+    mpi, torch_backend = PLANES[device]
+    return [f"{backend} {what}" for backend in PLANES[device] for what in CHECKS] + \
+        [f"{mpi} {what}" for what in MPI_ONLY] + [f"{torch_backend} {what}" for what in TORCH_ONLY]
 
 
 def exercise(ctx: Context, check: Checks) -> None:
@@ -35,16 +53,62 @@ def exercise(ctx: Context, check: Checks) -> None:
             ctx.send(out, right, tag=1)
         assert torch.equal(got, torch.arange(1000, dtype=dtype) + 1000 * left), f"from rank {left}"
 
-    # non-blocking both ways at once, two tags in flight between the same pair
-    with check(f"{name} irecv two tags"):
+    # one exchange: two messages to the right (same direction: matched in order) and two
+    # from the left, all posted at once, receives listed first
+    with check(f"{name} exchange both ways"):
         a = torch.full((3, 5), float(rank), dtype=dtype)
         b = torch.full((7,), float(rank) + 0.5, dtype=dtype)
         ra, rb = torch.empty(3, 5, dtype=dtype), torch.empty(7, dtype=dtype)
-        reqs = [ctx.irecv(ra, left, tag=2), ctx.irecv(rb, left, tag=3),
-                ctx.isend(b, right, tag=3), ctx.isend(a, right, tag=2)]
-        ctx.wait_all(reqs)
-        assert torch.equal(ra, torch.full((3, 5), float(left), dtype=dtype)), f"{name} irecv tag 2"
-        assert torch.equal(rb, torch.full((7,), float(left) + 0.5, dtype=dtype)), f"{name} irecv tag 3"
+        ctx.exchange([Transfer.into(ra, left, 2), Transfer.into(rb, left, 3),
+                      Transfer.to(a, right, 2), Transfer.to(b, right, 3)]).wait()
+        assert torch.equal(ra, torch.full((3, 5), float(left), dtype=dtype)), f"{name} first message"
+        assert torch.equal(rb, torch.full((7,), float(left) + 0.5, dtype=dtype)), f"{name} second"
+
+    if ctx.plane == "mpi":   # tags let the receiver post in another order than the sender
+        with check(f"{name} irecv two tags"):
+            a = torch.full((3, 5), float(rank), dtype=dtype)
+            b = torch.full((7,), float(rank) + 0.5, dtype=dtype)
+            ra, rb = torch.empty(3, 5, dtype=dtype), torch.empty(7, dtype=dtype)
+            reqs = [ctx.irecv(ra, left, tag=2), ctx.irecv(rb, left, tag=3),
+                    ctx.isend(b, right, tag=3), ctx.isend(a, right, tag=2)]
+            ctx.wait_all(reqs)
+            assert torch.equal(ra, torch.full((3, 5), float(left), dtype=dtype)), f"{name} tag 2"
+            assert torch.equal(rb, torch.full((7,), float(left) + 0.5, dtype=dtype)), f"{name} tag 3"
+
+    # one-way channels around the ring (made collectively, same pairs everywhere): three
+    # payloads sent in one order, taken in another; the mailbox receives in send order
+    pairs = [(r, (r + 1) % size) for r in range(size)] if size > 1 else []
+    channels = ctx.channels(pairs)
+    with check(f"{name} channel payloads in send order"):
+        if size > 1:
+            assert ctx.channels(pairs) == channels and len(channels) == len(set(pairs))
+            out, into = channels[(rank, right)], channels[(left, rank)]
+            sent = {key: (torch.full((2, key + 1), 10.0 * rank + key, dtype=dtype),
+                          torch.arange(key + 1)) for key in (0, 1, 2)}
+            requests = [r for key in (0, 1, 2)
+                        for r in isend_payload(ctx, sent[key], right, 100 + key, out)]
+            mailbox = Mailbox(ctx, ctx.device, {left: [(k, 100 + k) for k in (0, 1, 2)]},
+                              {left: into})
+            mailbox.begin()
+            for key in (2, 0, 1):
+                got = mailbox.take(left, key)
+                want = (torch.full((2, key + 1), 10.0 * left + key, dtype=dtype), torch.arange(key + 1))
+                assert isinstance(got, tuple) and all(torch.equal(g, w) for g, w in zip(got, want))
+            mailbox.check_drained()
+            ctx.wait_all(requests)
+            assert mailbox.early_total == 2, mailbox.early_total   # 0 and 1 came before 2
+    if ctx.plane == "torch" and size > 1:
+        with check(f"{name} wrong order refused"):
+            requests = isend_payload(ctx, torch.ones(4, dtype=dtype), right, 6, channels[(rank, right)])
+            try:
+                recv_payload(ctx, left, 5, ctx.device, channels[(left, rank)])
+            except MessageOrderError as error:
+                assert "tag 5" in str(error) and "tag 6" in str(error), str(error)
+            else:
+                raise AssertionError("a payload with another tag was taken as tag 5")
+            drain = torch.empty(4, dtype=dtype)   # the refused payload's tensor is still due
+            ctx.exchange([Transfer.into(drain, left, 6)], channels[(left, rank)]).wait()
+            ctx.wait_all(requests)
 
     # all_reduce over the world and over a subgroup
     with check(f"{name} all_reduce world"):
@@ -74,10 +138,12 @@ def exercise(ctx: Context, check: Checks) -> None:
 
     # large message, float32 and int64 dtypes
     with check(f"{name} 1 MiB float32 message"):
-        big = torch.randn(1 << 18, generator=torch.Generator().manual_seed(rank)).float()
+        big = torch.randn(1 << 18, generator=torch.Generator().manual_seed(rank), device="cpu")
+        big = big.float().to(ctx.device)
         recv_big = torch.empty_like(big)
         ctx.wait_all([ctx.irecv(recv_big, left, tag=4), ctx.isend(big, right, tag=4)])
-        expect = torch.randn(1 << 18, generator=torch.Generator().manual_seed(left)).float()
+        expect = torch.randn(1 << 18, generator=torch.Generator().manual_seed(left),
+                             device="cpu").float().to(ctx.device)
         assert torch.equal(recv_big, expect), f"{name} 1 MiB float32 message"
     with check(f"{name} int64 all_reduce"):
         ints = torch.tensor([rank], dtype=torch.int64)
@@ -86,15 +152,40 @@ def exercise(ctx: Context, check: Checks) -> None:
     with check(f"{name} all_gather_object"):
         ctx.barrier()
         assert ctx.all_gather_object(rank) == list(range(size))
+    with check(f"{name} groups cached"):
+        count = ctx.cached_groups
+        assert ctx.new_group([r for r in range(size) if r % 2 == 0]) is evens
+        assert ctx.channels(pairs) == channels and ctx.cached_groups == count
+
+
+def staged_path(ctx: Context, check: Checks) -> None:
+    """The mpi plane's GPU staging through the pinned pool (forced for CPU tensors)."""
+    rank, size = ctx.rank, ctx.world_size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    plane = MpiPlane(ctx.mpi_comm, ctx.device, staging=True)
+    with check("mpi staged path"):
+        for step in range(20):
+            out = torch.full((100 + step % 3,), float(rank + step), dtype=torch.float64)
+            got = torch.empty_like(out)
+            plane.exchange([Transfer.into(got, left, 9), Transfer.to(out, right, 9)], None).wait()
+            assert torch.equal(got, torch.full_like(out, float(left + step))), f"step {step}"
+            total = torch.tensor([float(rank)])
+            plane.all_reduce(total, ctx.world)
+            assert total.item() == size * (size - 1) / 2
+        assert plane.pool.lent == 0 and plane.pool.created <= 2, plane.pool.created
 
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    mpi_ctx = Context(backend="mpi")
-    exercise(mpi_ctx, check)
-    gloo_ctx = Context(backend="gloo")
-    exercise(gloo_ctx, check)
-    gloo_ctx.close()
+    device = "cuda" if "--device=cuda" in sys.argv[1:] else "cpu"
+    mpi, torch_backend = PLANES[device]
+    mpi_ctx = Context(backend=mpi, device=device)
+    with torch.device(mpi_ctx.device):       # factory functions make tensors on the rank's device
+        exercise(mpi_ctx, check)
+        staged_path(mpi_ctx, check)
+        torch_ctx = Context(backend=torch_backend, device=device)
+        exercise(torch_ctx, check)
+    torch_ctx.close()
 
 
 if __name__ == "__main__":

@@ -155,8 +155,17 @@ def main(check: Checks) -> None:
         cases.update(extra)
         names += list(extra)
     for name in names:
+        if name.startswith("random ") and name not in cases:   # replay one: 'random <world>-<i>'
+            cases.update(random_cases(ctx.world_size, int(name.rsplit("-", 1)[1]) + 1))
+    for name in names:
         with check(name) as result:
-            result.detail = run_case(ctx, name, check, cases)
+            try:
+                result.detail = run_case(ctx, name, check, cases)
+            except Exception:
+                if name.startswith("random "):
+                    print(f"replay {name} ({cases[name]}): mpiexec -n {ctx.world_size} python -m "
+                          f"mpi4py -m tests.mpi.engine_exact '{name}'", file=sys.stderr, flush=True)
+                raise
     with check(round_trip_name(names[0])):
         check_round_trip(ctx, names[0], cases)
     ctx.barrier()

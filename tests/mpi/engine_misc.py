@@ -1,6 +1,10 @@
-"""MPI (3 ranks): engine errors, step-through hook order, gathered timeline, 1-step grads."""
+"""MPI (3 ranks): engine errors, step-through hook order, gathered timeline, 1-step grads.
+
+Usage: python -m tests.mpi.engine_misc [--backend=gloo]."""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch import nn
@@ -8,6 +12,7 @@ from torch import nn
 import mpi4dl_nb as dl
 from tests.support.checks import Checks, run_checks
 from tests.support.models import build
+from tests.support.planes import split_backend
 
 CHECKS = ("wrong world size refused", "uneven batch refused", "hook sees the schedule in order",
           "manual stepping equals train_step", "kept gradients equal serial", "gathered timeline")
@@ -27,7 +32,7 @@ def expect_config_error(fn, *words: str) -> None:
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    ctx = dl.init()
+    ctx = dl.init(backend=split_backend(sys.argv[1:])[0])
     layers = build("resnet")
     loss_fn = nn.CrossEntropyLoss()
     wrong_world, uneven, hook, manual_step, kept_grads, timeline = CHECKS

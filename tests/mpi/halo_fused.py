@@ -1,5 +1,5 @@
 """Fused halos (halo_d2): equal to the serial model (so to unfused) to 1e-10, border tiles
-included, with fewer messages. Usage: python -m tests.mpi.halo_fused ROWS COLS.
+included, with fewer messages. Usage: python -m tests.mpi.halo_fused ROWS COLS [--backend=gloo].
 Named checks: ``check_names()``."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import check_spatial_exact, relative_error
+from tests.support.planes import split_backend
 from tests.support.spatial_models import resnet_stack
 
 FUSED_LAYERS = (2, 3, 6)
@@ -47,8 +48,9 @@ def check_names() -> list[str]:
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    rows, cols = int(sys.argv[1]), int(sys.argv[2])
-    ctx = Context()
+    backend, args = split_backend(sys.argv[1:])
+    rows, cols = int(args[0]), int(args[1])
+    ctx = Context(backend=backend)
     grid = TileGrid(rows, cols)
     for fused_layers in FUSED_LAYERS:
         for size in SIZES:

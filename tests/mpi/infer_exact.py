@@ -1,5 +1,5 @@
 """4 ranks share each window: the streamed output equals the whole-slide network in one process (float64).
-Usage: python -m tests.mpi.infer_exact CHECKPOINT SLIDE OUTDIR. Named checks (every rank):
+Usage: python -m tests.mpi.infer_exact CHECKPOINT SLIDE OUTDIR [--backend=NAME]. Named checks (every rank):
 SQUARE (the command, 2x2 grid, .npy + .tif), VERTICAL (dl.infer_slide, 1x4 grid, two windows per forward)."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.run.infer_cmd import main as infer_main
 from tests.support.checks import Checks, run_checks
 from tests.support.infer_data import relative_difference, whole_slide_reference
+from tests.support.planes import split_backend
 
 SQUARE = "command on a 2x2 grid equals the whole-slide network in one process"
 VERTICAL = "infer_slide on a 1x4 grid, batched windows, equals the whole-slide network"
@@ -20,8 +21,9 @@ VERTICAL = "infer_slide on a 1x4 grid, batched windows, equals the whole-slide n
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    ctx = dl.init()
-    checkpoint, slide, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    backend, args = split_backend(sys.argv[1:])
+    ctx = dl.init(backend=backend)
+    checkpoint, slide, out = Path(args[0]), Path(args[1]), Path(args[2])
     reference = whole_slide_reference(checkpoint, slide) if ctx.rank == 0 else None
 
     with check(SQUARE) as result:

@@ -8,10 +8,14 @@ then the updated weights and BatchNorm statistics (full state dict), over two SG
 The serial reference runs the batch in the engine's ``cfg.batch_divisor`` chunks, in order, with
 gradient accumulation (BatchNorm sees each chunk, as in the pipeline).
 Named checks: ``check_names()`` (one per model and configuration, one per spatial stage).
+
+Usage: python -m tests.mpi.models_exact [--backend=gloo] [--smallest]: ``--smallest`` runs only
+the smallest size of each family (``check_names(smallest=True)``), e.g. on the torch plane.
 """
 from __future__ import annotations
 
 import copy
+import sys
 
 import torch
 from torch import nn
@@ -20,6 +24,7 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.models import amoebanet, resnet_v1, resnet_v2
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import check_spatial_exact, relative_error
+from tests.support.planes import split_backend
 
 # float64 roundoff of different (tiled) summation orders, amplified by BatchNorm on 2x2 maps
 # of batch-2 chunks through 20+ layers, reaches ~1e-9; any real error is orders larger.
@@ -38,9 +43,14 @@ def spatial_label(family: str) -> str:
     return f"{family} spatial stage with fused halos (D2)"
 
 
-def check_names() -> list[str]:
+def sizes_run(smallest: bool) -> dict[str, list[int]]:
+    return {family: sizes[:1] if smallest else sizes for family, sizes in SIZES.items()}
+
+
+def check_names(smallest: bool = False) -> list[str]:
     """SP+LP for every size, LP+PP+GEMS for the smallest, the fused spatial stage: per family."""
-    return [*(training_label(family, size, SP_LP) for family, sizes in SIZES.items() for size in sizes),
+    return [*(training_label(family, size, SP_LP) for family, sizes in sizes_run(smallest).items()
+              for size in sizes),
             *(training_label(family, sizes[0], LP_PP_GEMS) for family, sizes in SIZES.items()),
             *map(spatial_label, SIZES)]
 
@@ -107,8 +117,9 @@ def compare_training(ctx, family: str, size: int, cfg: dl.ParallelConfig, batch:
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    ctx = dl.init()
-    for family, sizes in SIZES.items():
+    backend, args = split_backend(sys.argv[1:])
+    ctx = dl.init(backend=backend)
+    for family, sizes in sizes_run("--smallest" in args).items():
         for size in sizes:   # the momentum step (2nd) only for the smallest: keeps the test short
             with check(training_label(family, size, SP_LP)):
                 compare_training(ctx, family, size, SP_LP, batch=2,

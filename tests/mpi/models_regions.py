@@ -1,6 +1,6 @@
 """5 ranks (SP+LP): each spatial rank reads only its tile box of every slide tile; training on
 those region reads equals serial training on whole tiles.
-Usage: python -m tests.mpi.models_regions SLIDE.tif. Named checks: READS, LOSS (every rank)."""
+Usage: python -m tests.mpi.models_regions SLIDE.tif [--backend=gloo]. Named checks: READS, LOSS (every rank)."""
 from __future__ import annotations
 
 import copy
@@ -16,6 +16,7 @@ from mpi4dl_nb.models import resnet_v1
 from mpi4dl_nb.run.train import InputFeeder
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import relative_error
+from tests.support.planes import split_backend
 from tests.support.slide_recorder import ReadRecorder
 
 SIZE, LEVEL, BATCH = 64, 1, 2
@@ -25,8 +26,9 @@ LOSS = "loss on region reads equals serial on whole tiles"
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    ctx = dl.init()
-    slide_path = Path(sys.argv[1])
+    backend, args = split_backend(sys.argv[1:])
+    ctx = dl.init(backend=backend)
+    slide_path = Path(args[0])
     data = SlideDataset([slide_path], SIZE, level=LEVEL, opener=ReadRecorder.open)
     recorder = data.slide(0)
     recorder.calls.clear()   # the tissue filter's read of the coarsest level

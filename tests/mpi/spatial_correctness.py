@@ -2,7 +2,7 @@
 up-sampling exact (float64, 1e-10); functional window ops in custom forwards refused; a
 per-pixel loss on tiles equal to the serial loss; random CNNs exact or refused.
 
-Usage: python -m tests.mpi.spatial_correctness ROWS COLS [--fuzz=N] [--seed=S] [--only=NAME,...]
+Usage: python -m tests.mpi.spatial_correctness ROWS COLS [--fuzz=N] [--seed=S] [--only=NAME,...] [--backend=NAME]
 Named checks: ``check_names(ROWS, COLS, N)``. A fuzz case that fails prints its seed and the
 command replaying it alone (``--seed=S --fuzz=1``).
 """
@@ -117,7 +117,7 @@ def main(check: Checks) -> None:
     fuzz = int(options.get("fuzz", 0))
     seed = int(options["seed"]) if "seed" in options else None
     only = set(options["only"].split(",")) if "only" in options else None
-    ctx = Context()
+    ctx = Context(backend=options.get("backend", "mpi"))   # --backend=gloo: the torch plane
     grid = TileGrid(rows, cols)
     assert ctx.world_size == grid.num_tiles, "run with rows*cols ranks"
     if seed is None:

@@ -75,8 +75,8 @@ def main(check: Checks) -> None:
         with check(refusal_name(name, size)):
             torch.manual_seed(7)
             model = (layer_models()["resnet_stack"]() if name == "resnet_stack"
-                     else torch.nn.Conv2d(3, 2, 9, padding=4)).double()
-            x = torch.randn(1, 3, *size, dtype=torch.float64)
+                     else torch.nn.Conv2d(3, 2, 9, padding=4)).double().to(ctx.device)
+            x = torch.randn(1, 3, *size, dtype=torch.float64).to(ctx.device)
             net = spatialize(model, grid, ctx)
             try:
                 net(scatter_tiles(x, grid, ctx))

@@ -70,7 +70,7 @@ def test_acceptance_cases_are_covered():
     assert has(lambda c: c.sync_batchnorm and c.local_dp == 2 and c.spatial_size > 0
                and c.parts == 1 and not c.gems)
     assert has(lambda c: c.sync_batchnorm and c.gems)
-    for model in ("se_resnet", "unet"):   # SE gates and U-Net inside SP+LP and SP+PP
+    for model in ("se_resnet", "unet", "norms"):   # SE gates, U-Net, GroupNorm in SP+LP and SP+PP
         assert any(CASES[n][1] == model and config_of(n).spatial_size > 0 and config_of(n).parts == 1
                    for n in CASES)
         assert any(CASES[n][1] == model and config_of(n).spatial_size > 0 and config_of(n).parts > 1

@@ -127,6 +127,14 @@ CONFIGS = [
     dict(split_size=2, spatial_size=0, local_dp=2, data_parallel=2, parts=2, times=1),
     dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
          local_dp=2, times=1, parts=2, data_parallel=2),
+    # sync_batchnorm: the copies of a micro-batch run together (collectives in F and B)
+    dict(split_size=2, spatial_size=0, data_parallel=2, parts=3, schedule="1f1b", sync_batchnorm=True),
+    dict(split_size=3, spatial_size=1, num_spatial_parts=2, slice_method="vertical", local_dp=2,
+         parts=3, schedule="1f1b", sync_batchnorm=True),
+    dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
+         local_dp=2, times=1, parts=2, data_parallel=2, sync_batchnorm=True),
+    dict(split_size=3, spatial_size=2, num_spatial_parts=2, slice_method="vertical", local_dp=2,
+         parts=2, data_parallel=2, sync_batchnorm=True),
 ]
 
 
@@ -134,7 +142,8 @@ def simulate_mpi(schedule: Schedule) -> None:
     """Execute all ranks' lists with buffered sends and blocking receives; fail on deadlock.
 
     Compute actions of a spatial stage also wait for every tile rank to reach them (their
-    halo exchanges are collective within the tile group).
+    halo exchanges are collective within the tile group); with sync_batchnorm every copy's
+    and replica's compute of one micro-batch waits for all of them (BatchNorm all-reduces).
     """
     queues = {r: deque(schedule.actions(r)) for r in range(schedule.world_size)}
     mailbox: dict[tuple[int, int, int], int] = defaultdict(int)
@@ -153,6 +162,14 @@ def simulate_mpi(schedule: Schedule) -> None:
                     if mailbox[key] == 0:
                         break
                     mailbox[key] -= 1
+                elif a.kind in ("F", "B") and cfg.sync_batchnorm:
+                    spatial = a.stage < cfg.spatial_size
+                    key = (a.kind, a.replica, a.stage, a.micro_batch, a.copy if spatial else -1)
+                    members = {m for d in range(cfg.data_parallel)
+                               for m in tile_ranks[(d, a.replica, a.stage)]}
+                    at_barrier[key].add(rank)
+                    if len(at_barrier[key]) < len(members):
+                        break
                 elif a.kind in ("F", "B") and a.tile is not None:
                     key = (a.kind, a.dp, a.replica, a.stage, a.micro_batch, a.copy)
                     at_barrier[key].add(rank)

@@ -49,7 +49,7 @@ def launch(monkeypatch):
         parsed_cfg = cli.config_from_args(cli.build_parser().parse_args(argv))
         size = parsed_cfg.world_size
         monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, size, True))
-        monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(size),
+        monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(size),
                             raising=False)
         monkeypatch.setattr(mpi4dl_nb, "HybridEngine", RecordingEngine, raising=False)
         monkeypatch.setattr(monitor_module.JobMonitor, "start",
@@ -168,13 +168,13 @@ def test_clear_errors(capsys, monkeypatch, tmp_path):
     assert "needs 5 ranks" in capsys.readouterr().err
     # set-up errors (missing path, too small tiles) are agreed on and reported once
     monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, 1, True))
-    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(1), raising=False)
+    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(1), raising=False)
     serial = ["--split-size", "1", "--spatial-size", "0"]
     with pytest.raises(SystemExit):
         cli.main(serial + SMALL + ["--app", "medical", "--datapath", str(tmp_path / "nope")])
     assert "--datapath" in capsys.readouterr().err
     monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, 5, True))
-    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto": FakeContext(5), raising=False)
+    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(5), raising=False)
     with pytest.raises(SystemExit):
         cli.main(["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8",
                   "--image-size", "64", "--slice-method", "vertical", "--batch-size", "2"])

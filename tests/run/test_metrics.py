@@ -53,6 +53,16 @@ def test_run_metrics_split_compute_and_comm():
     m.add_step(4, seconds=1.0, comm=3.0, loss=0.5)          # comm capped at the step time
     assert m.images == 8 and m.comm_seconds == 1.5 and m.compute_seconds == 1.5
     assert m.step_seconds == [2.0, 1.0] and m.losses == [1.0, 0.5]
+    assert m.seconds_after(1) == 1.0 and m.seconds_after(0) == 3.0 and m.last_loss == 0.5
+
+
+def test_run_metrics_keep_constant_memory_over_long_runs():
+    m = RunMetrics(keep=10)
+    for step in range(10_000):
+        m.add_step(2, seconds=1.0 + (step == 0), comm=0.25, loss=float(step))
+    assert m.steps == 10_000 and m.images == 20_000 and m.seconds == 10_001.0
+    assert m.losses == [float(s) for s in range(9_990, 10_000)] and len(m.step_seconds) == 10
+    assert m.seconds_after(1) == 9_999.0 and m.comm_seconds == 2_500.0
 
 
 def test_progress_bar_lines_when_not_a_terminal():

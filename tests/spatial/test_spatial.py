@@ -69,8 +69,8 @@ def test_unsupported_layers_are_named(ctx):
         spatialize(bad, grid, ctx)
     with pytest.raises(ConfigError, match="p=0"):
         spatialize(nn.Sequential(nn.Dropout(0.5)), grid, ctx)
-    with pytest.raises(ConfigError, match="ceil_mode=False"):
-        spatialize(nn.MaxPool2d(2, ceil_mode=True), grid, ctx)
+    with pytest.raises(ConfigError, match="return_indices"):
+        spatialize(nn.MaxPool2d(2, return_indices=True), grid, ctx)
     with pytest.raises(ConfigError, match="padding_mode='zeros'"):
         spatialize(nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect"), grid, ctx)
     with pytest.raises(ConfigError, match="output_size 1"):

@@ -69,12 +69,13 @@ class Head(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-def se_resnet_layers(seed: int = 0, c: int = 3, classes: int = 5) -> list[nn.Module]:
+def se_resnet_layers(seed: int = 0, c: int = 3, classes: int = 5, width: int = 1) -> list[nn.Module]:
     """Stem, three SE blocks (a Linear gate, a strided 1x1-conv gate, a Linear gate), head."""
     torch.manual_seed(seed)
-    stem = nn.Sequential(nn.Conv2d(c, 6, 3, 1, 1, bias=False), nn.BatchNorm2d(6), nn.ReLU())
-    return [stem, SEBasicBlock(6, 6), SEBasicBlock(6, 8, 2, conv_gate=True), SEBasicBlock(8, 8),
-            Head(8, classes)]
+    a, b = 6 * width, 8 * width
+    stem = nn.Sequential(nn.Conv2d(c, a, 3, 1, 1, bias=False), nn.BatchNorm2d(a), nn.ReLU())
+    return [stem, SEBasicBlock(a, a), SEBasicBlock(a, b, 2, conv_gate=True), SEBasicBlock(b, b),
+            Head(b, classes)]
 
 
 class DoubleConv(nn.Module):
@@ -130,11 +131,13 @@ class Bottleneck(nn.Module):
         return (self.conv(x), *skips)
 
 
-def unet_layers(seed: int = 0, c: int = 3, classes: int = 3, norm: str = "bn") -> list[nn.Module]:
+def unet_layers(seed: int = 0, c: int = 3, classes: int = 3, norm: str = "bn",
+                width: int = 1) -> list[nn.Module]:
     """Two-level U-Net: transposed-conv up-sampling at the bottom, bilinear at the top."""
     torch.manual_seed(seed)
-    return [Down(c, 4, norm), Down(4, 6, norm), Bottleneck(6, norm), Up(6, 6, 6, True, norm),
-            Up(6, 4, 4, False, norm), nn.Conv2d(4, classes, 1)]
+    a, b = 4 * width, 6 * width
+    return [Down(c, a, norm), Down(a, b, norm), Bottleneck(b, norm), Up(b, b, b, True, norm),
+            Up(b, a, a, False, norm), nn.Conv2d(a, classes, 1)]
 
 
 def norm_layers(seed: int = 0, c: int = 3, classes: int = 5) -> list[nn.Module]:

@@ -20,6 +20,10 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "gems_t2": (dict(split_size=2, spatial_size=0, times=2), "cells", 4, 16),
     "gems3_t1": (dict(split_size=3, spatial_size=0, times=1), "cells", 2, 16),
     "gems_pp": (dict(split_size=2, spatial_size=0, times=1, parts=2, schedule="1f1b"), "resnet", 4, 16),
+    # 3-stage GEMS 1F1B: a channel's payloads are received in another order than their receive
+    # actions come (the mailbox takes them in send order, as the torch plane requires)
+    "gems3_1f1b_m2": (dict(split_size=3, spatial_size=0, times=1, parts=2, schedule="1f1b"),
+                      "cells", 4, 16),
     "dp2_split1": (dict(split_size=1, spatial_size=0, data_parallel=2, parts=2), "cells", 4, 16),
     "local_dp2": (dict(split_size=2, spatial_size=0, local_dp=2, parts=2), "resnet", 8, 16),
     "dp2_lp2": (dict(split_size=2, spatial_size=0, data_parallel=2), "cells", 4, 16),
@@ -50,6 +54,8 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "sp_unet_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
                         parts=2, balance=(4, 2)), "unet", 4, 16),
     "sp_norms_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=4, balance=(3, 1)), "norms", 2, 16),
+    "sp_norms_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
+                         parts=2, schedule="1f1b", balance=(2, 2)), "norms", 4, 16),
     # a BatchNorm used twice per forward: running statistics replayed per call
     "bn_reuse_pp": (dict(split_size=2, spatial_size=0, parts=2), "reused_bn", 4, 16),
     "bn_reuse_sp_pp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",

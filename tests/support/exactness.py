@@ -30,7 +30,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor, floor: float = 
         raise AssertionError(f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
     if expected.numel() == 0:
         return 0.0
-    actual, expected = actual.detach().double(), expected.detach().double()
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
     scale = expected.abs().max().item()
     diff = (actual - expected).abs().max().item()
     return diff / max(scale, floor)
@@ -49,10 +49,15 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
     ``grad_floor``: parameter gradients are compared relative to at least this fraction of
     the model's largest serial gradient (a gradient that is zero in exact arithmetic, e.g. a
     conv bias before a norm, is pure rounding noise); None: the fixed floor of relative_error.
+
+    The serial reference runs where ``x`` is (CPU); the tiles run on ``ctx.device`` (a GPU
+    when the context has one: what ``benchmarks/gpu_check.sh`` exercises).
     """
     label = what or type(model).__name__
+    device = getattr(ctx, "device", x.device)
     reference = copy.deepcopy(model).train(train)
-    net = spatialize(copy.deepcopy(model).train(train), grid, ctx, group, **spatialize_kwargs)
+    net = spatialize(copy.deepcopy(model).to(device).train(train), grid, ctx, group,
+                     **spatialize_kwargs)
     errors: dict[str, float] = {}
 
     def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, floor: float = 1e-4) -> None:
@@ -68,12 +73,12 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
     grad_out = torch.randn(y_ref.shape, generator=generator, dtype=y_ref.dtype)
     (y_ref * grad_out).sum().backward()
 
-    x_sp = x.detach().clone().requires_grad_(True)
+    x_sp = x.detach().to(device, copy=True).requires_grad_(True)
     y_tile = net(scatter_tiles(x_sp, grid, ctx, group))
     replicated = _is_replicated(y_ref, grid)
     y = y_tile if replicated else gather_tiles(y_tile, grid, ctx, group, full_shape=y_ref.shape)
     compare("output", y, y_ref)
-    (y * grad_out).sum().backward()
+    (y * grad_out.to(device)).sum().backward()
     compare("input grad", x_sp.grad, x_ref.grad)
     reduce_tile_gradients(net)
     ref_params = dict(reference.named_parameters())
@@ -97,7 +102,7 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
         net.eval()
         with torch.no_grad():
             y_ref = reference(x)
-            y_tile = net(scatter_tiles(x, grid, ctx, group))
+            y_tile = net(scatter_tiles(x.to(device), grid, ctx, group))
             y = y_tile if replicated else gather_tiles(y_tile, grid, ctx, group,
                                                        full_shape=y_ref.shape)
         compare("eval output", y, y_ref)

@@ -114,7 +114,7 @@ class EngineStepAgent:
                 self._hooks.append(layer.register_forward_hook(self._shape_hook(name)))
             self._hooks.append(module.register_forward_hook(self._shape_hook(label)))
         self.engine.ctx.tracer.enabled = True
-        self._events_seen = len(self.engine.ctx.tracer.events)
+        self._events_seen = self.engine.ctx.tracer.recorded
         self._thread = threading.Thread(target=self._run, name="mpi4dl-step", daemon=True)
         self._thread.start()
         self._wait_settled(self.settle)
@@ -136,9 +136,9 @@ class EngineStepAgent:
 
     def report(self) -> dict[str, Any]:
         """Status of this rank: held action, new trace events and output shapes since last."""
-        events = self.engine.ctx.tracer.events
-        new = events[self._events_seen:]
-        self._events_seen = len(events)
+        tracer = self.engine.ctx.tracer
+        new = tracer.since(self._events_seen)   # the trace is a bounded window: count, not index
+        self._events_seen = tracer.recorded
         shapes, self._shapes = self._shapes, []
         running = self._running
         return {

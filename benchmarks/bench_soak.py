@@ -1,0 +1,176 @@
+"""Soak: per-rank memory over thousands of training steps, through the Python API and through ``train``.
+
+    python benchmarks/bench_soak.py [--steps 3000] [--sample-every 100] [--configs sp_lp,pipeline]
+                                    [--modes api,train]
+
+For each configuration (``sp_lp``: 5 ranks, 2x2 tiles then a layer stage; ``pipeline``: 2 ranks,
+1F1B, 4 micro-batches; ResNet v2 depth 11, width 8, 64 px, float32, as in issue 17) and each mode
+(``api``: ``HybridEngine.train_step`` in a loop, as notebooks and custom scripts train; ``train``:
+the CLI's ``Trainer`` loop, run through ``train_cmd.main``), it launches ``mpiexec``, samples every
+rank's RSS, the bytes of live tensors (gc-counted) and the trace's event count every
+``--sample-every`` steps, and prints one row per rank: RSS after warm-up and at the end, and the
+growth per 1000 steps (least-squares slope over the second half of the run, i.e. after warm-up),
+plus the trace length. Issue 17's goal: API RSS growth under 1 MB per 10,000 steps (100 KB per
+1000), trace bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = {"sp_lp": 5, "pipeline": 2}
+MARK = "@@SOAK "
+MODEL = dict(depth=11, width=8, image=64, classes=10)
+
+
+def config_flags(name: str) -> list[str]:
+    """The train CLI's flags of a configuration (the API mode builds the same ParallelConfig)."""
+    common = ["--model", "resnet", "--resnet-version", "2", "--num-layers", str(MODEL["depth"]),
+              "--num-filters", str(MODEL["width"]), "--image-size", str(MODEL["image"]),
+              "--num-classes", str(MODEL["classes"]), "--num-samples", "64", "--no-progress"]
+    if name == "sp_lp":
+        return common + ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4",
+                         "--batch-size", "2"]
+    return common + ["--split-size", "2", "--spatial-size", "0", "--parts", "4", "--schedule",
+                     "1f1b", "--batch-size", "8"]
+
+
+# ------------------------------------------------------------------------ on every rank
+def rank_program(name: str, mode: str, steps: int, every: int) -> None:
+    import torch
+
+    from mpi4dl_nb.run.metrics import live_tensor_bytes, rss_bytes
+
+    torch.set_num_threads(1)
+    samples: list[tuple[int, int, int, int]] = []
+
+    def sample(step: int, tracer_length: int) -> None:
+        if step % every == 0:
+            samples.append((step, rss_bytes() or 0, live_tensor_bytes(), tracer_length))
+
+    if mode == "api":
+        ctx = api_run(name, steps, sample)
+    else:
+        ctx = train_run(name, steps, sample)
+    gathered = ctx.gather_object(samples, root=0)
+    if ctx.rank == 0:
+        print(MARK + json.dumps({"config": name, "mode": mode, "steps": steps, "ranks": gathered}),
+              flush=True)
+
+
+def api_run(name: str, steps: int, sample):
+    import torch
+    from torch import nn
+
+    import mpi4dl_nb as dl
+    from mpi4dl_nb.models import build_model
+    from mpi4dl_nb.run.args import config_from_args
+    from mpi4dl_nb.run.train_cmd import build_parser
+
+    args = build_parser().parse_args(config_flags(name))
+    cfg = config_from_args(args)
+    ctx = dl.init()
+    torch.manual_seed(0)
+    layers = build_model("resnet", num_layers=MODEL["depth"], num_filters=MODEL["width"],
+                         num_classes=MODEL["classes"], version=2, image_size=MODEL["image"])
+    engine = dl.HybridEngine(layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
+                             optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch_size, 3, MODEL["image"], MODEL["image"], generator=gen)
+    y = torch.randint(0, MODEL["classes"], (args.batch_size,), generator=gen)
+    for step in range(1, steps + 1):
+        engine.train_step(x, y)
+        sample(step, ctx.tracer.kept)
+    return ctx
+
+
+def train_run(name: str, steps: int, sample):
+    from mpi4dl_nb.comm.context import current
+    from mpi4dl_nb.run import train as train_module
+    from mpi4dl_nb.run import train_cmd
+
+    original = train_module.Trainer.train_one
+
+    def train_one(self):   # the CLI's own loop, sampled after each step
+        loss = original(self)
+        sample(self.step, self.ctx.tracer.kept)
+        return loss
+
+    train_module.Trainer.train_one = train_one
+    with open(os.devnull, "w") as quiet:   # the CLI's JSON summary is not this benchmark's output
+        stdout, sys.stdout = sys.stdout, quiet
+        try:
+            train_cmd.main(["--steps", str(steps), *config_flags(name)])
+        finally:
+            sys.stdout = stdout
+    ctx = current()
+    assert ctx is not None
+    return ctx
+
+
+# ------------------------------------------------------------------------------ driver
+def slope_per_1000(points: list[tuple[int, int]]) -> float:
+    from mpi4dl_nb.run.metrics import growth_per_step
+
+    return 1000 * growth_per_step([(s, float(v)) for s, v in points])
+
+
+def launch(name: str, mode: str, steps: int, every: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    if CONFIGS[name] > (os.cpu_count() or 1):
+        env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(CONFIGS[name]), sys.executable,
+           "-m", "mpi4py", __file__, "--rank-program", name, mode, str(steps), str(every)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    for line in out.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+
+
+def report(result: dict) -> list[str]:
+    rows = []
+    for rank, samples in enumerate(result["ranks"]):
+        late = samples[len(samples) // 2:]
+        rss = slope_per_1000([(s, r) for s, r, _, _ in late])
+        tensors = slope_per_1000([(s, t) for s, _, t, _ in late])
+        events = [e for *_, e in samples]
+        mib = 2.0 ** 20
+        rows.append(f"| {result['config']} | {result['mode']} | {rank} | {late[0][1] / mib:.1f} | "
+                    f"{samples[-1][1] / mib:.1f} | {rss / 1024:+.1f} | {tensors / 1024:+.2f} | "
+                    f"{min(events)}-{max(events)} |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--sample-every", type=int, default=100)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--modes", default="api,train")
+    args = parser.parse_args()
+    print(f"# ResNet v2-{MODEL['depth']} width {MODEL['width']}, {MODEL['image']} px, float32; "
+          f"{args.steps} steps, sampled every {args.sample_every}; growth = slope over the 2nd half")
+    print("| config | mode | rank | RSS at half MiB | RSS at end MiB | RSS growth KiB/1000 steps | "
+          "tensor bytes growth KiB/1000 steps | trace events (min-max) |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for name in args.configs.split(","):
+        for mode in args.modes.split(","):
+            for row in report(launch(name, mode, args.steps, args.sample_every)):
+                print(row, flush=True)
+
+
+if __name__ == "__main__":
+    if "--rank-program" in sys.argv:
+        at = sys.argv.index("--rank-program")
+        config, mode_, steps_, every_ = sys.argv[at + 1:at + 5]
+        rank_program(config, mode_, int(steps_), int(every_))
+    else:
+        main()
