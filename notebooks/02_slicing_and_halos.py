@@ -172,6 +172,7 @@ for rank, (shape, out_err, grad_err) in enumerate(cluster.run(tiled_conv, image[
           f"max |dW - serial| / max |dW| = {grad_err:.1e}")
     assert out_err < 1e-10 and grad_err < 1e-12, "not equal up to float rounding"
 
+
 # %% [markdown]
 # ## Fused halos (`halo_d2`): fewer, wider exchanges
 #

@@ -42,6 +42,7 @@ print(one_f_one_b.table())
 print()
 print(schedules.gems(3, 1, times=1).table())
 
+
 # %% [markdown]
 # How to read them:
 #

@@ -65,11 +65,11 @@ grid = dl.TileGrid.from_slice_method(cfg.slice_method, cfg.num_spatial_parts)
 first = grid.layer_halo(IMAGE, IMAGE, kernel=3, padding=1, name="stem conv 3x3")
 viz.show(viz.draw_tiles_and_halos(batches[0][0][0], grid, first))
 
+
 # %% [markdown]
 # Each tile owns a 64 x 64 quarter and needs one extra row/column from each neighbour (the coloured bands),
 # corners included. One pixel of halo on a 64-pixel tile is ~3% extra traffic per conv: cheap at this
 # resolution, and cheaper still on real 2048+ px tiles.
-
 
 # %%
 def make_model():
@@ -118,6 +118,7 @@ parallel_losses = progress.run(lambda i: cluster.run(train_step, *batches[i - 1]
                                images_per_step=BATCH)
 images_per_second = float(np.mean(progress.images_per_second))
 print("losses:", parallel_losses, f"| {images_per_second:.2f} images/s on {cfg.world_size} ranks")
+
 
 # %% [markdown]
 # ## Exact: the same numbers as one process
@@ -236,6 +237,7 @@ for change, loss_err, weight_err, peak in rows:
           f"{peak / serial_memory:14.2f}x")
     assert loss_err < 1e-10 and weight_err < 1e-10, f"{change} is not exact"
 cluster.run(setup, cfg.as_dict(), timeout=120)
+
 
 # %% [markdown]
 # Where the time goes (trace of one step):

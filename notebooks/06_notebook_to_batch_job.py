@@ -202,6 +202,7 @@ except dl.cluster.EngineTimeout as err:
 cluster.restart()
 print("after restart:", cluster.run(hello, timeout=60))
 
+
 # %% [markdown]
 # ## Your own layer list, and the error you get for a layer spatial parallelism cannot split
 #
