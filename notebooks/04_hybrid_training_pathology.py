@@ -32,9 +32,9 @@ torch.set_num_threads(1)
 # %% [markdown]
 # The configuration. `balance=(4, 1)` puts the stem and all three residual blocks on the spatial stage (each
 # tile rank holds a quarter of their activations) and only the classifier head on the layer rank. With the
-# even split by layer count (`balance=None`: 2 layers, then 3) the layer rank would receive the
-# full-resolution feature map of block 2 and hold nearly everything one process holds: the split would save
-# little. The exercise below measures both.
+# split by layer count (`balance=(2, 3)`: stem and block 1, then blocks 2-3 and the head) the layer rank
+# would receive the full-resolution output of block 1 and hold nearly everything one process holds: the
+# split would save little. The exercise below measures both.
 
 # %%
 import json
@@ -200,7 +200,7 @@ viz.show(viz.draw_memory_bars(measured, plan.totals))
 for size in (IMAGE, 2048):
     one_process = planner.estimate_memory(make_model(), dl.ParallelConfig(split_size=1, spatial_size=0), size,
                                           BATCH, dtype=torch.float64).peak
-    for balance in (BALANCE, None):
+    for balance in (BALANCE, (2, 3)):
         ranks = planner.estimate_memory(make_model(), cfg.with_(balance=balance), size, BATCH,
                                         dtype=torch.float64).totals
         print(f"{size:5} px, balance={str(balance):7}: tile rank {ranks[0] / 2**20:8.1f} MB, layer rank "
@@ -218,10 +218,11 @@ for size in (IMAGE, 2048):
 # For each change below, **Predict** before running: (a) is it still exact? (b) does the largest rank need
 # more or less memory than with `balance=(4, 1)`? Then run the cell: every variant trains one step on the
 # same 5 ranks and is compared with *its own* serial reference. Edit `VARIANTS` to try others
-# (`parts=2`: 2 micro-batches per step; `times=1`: GEMS, a mirrored replica on the same ranks).
+# (`balance=(2, 3)`: the cut by layer count; `parts=2`: 2 micro-batches per step; `times=1`: GEMS, a mirrored
+# replica on the same ranks).
 
 # %%
-VARIANTS = [dict(balance=None), dict(parts=2), dict(times=1)]
+VARIANTS = [dict(balance=(2, 3)), dict(parts=2), dict(times=1)]
 
 rows = []
 for change in VARIANTS:
