@@ -122,14 +122,17 @@ trained = run(command)
 #
 # ## Choosing GPUs
 #
-# `dl.init()` picks the device from the rank's *local* rank (the launcher's `MPI_LOCALRANKID`,
-# `OMPI_COMM_WORLD_LOCAL_RANK` or `SLURM_LOCALID`): `cuda:<local rank % GPUs per node>`, else the CPU.
-# So launch one rank per GPU (`--gpus-per-task=1`, or `-n` = GPUs per node x nodes) and restrict the visible
-# GPUs with `CUDA_VISIBLE_DEVICES` if you share the node. `dl.init(device="cpu")` forces the CPU, and
-# `--backend` picks the tensor plane (`nccl` on GPUs, `gloo`/`mpi` on CPU; `auto` chooses).
+# `dl.init()` picks the device from the rank's *local* rank (its index on its node, read from the
+# launcher's environment: the variables are listed below): `cuda:<local rank % GPUs per node>`, else the
+# CPU. So launch one rank per GPU (`--gpus-per-task=1`, or `-n` = GPUs per node x nodes) and restrict the
+# visible GPUs with `CUDA_VISIBLE_DEVICES` if you share the node. `--device cuda` (or
+# `dl.init(device="cuda")`) refuses at once, naming what is missing, when no GPU can be used; `--device cpu`
+# forces the CPU; `--backend` picks the tensor plane (`nccl` on GPUs, `gloo`/`mpi` on CPU; `auto` chooses).
 
 # %%
-from mpi4dl_nb.comm.device import select_device
+from mpi4dl_nb.comm.device import LOCAL_RANK_VARIABLES, select_device
+
+print("local rank read from:", ", ".join(f"{name} ({launcher})" for name, launcher in LOCAL_RANK_VARIABLES))
 
 for local_rank in range(3):
     print(f"local rank {local_rank}: on a 2-GPU node -> {select_device(local_rank, cuda_count=2)}, "
