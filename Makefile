@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # notebooks/.lab/labconfig turns Lab's autosave off, so a run never writes outputs into the tracked notebooks.
 lab: $(STAMP)
@@ -46,7 +46,7 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	bash benchmarks/run_all.sh
 
-# System packages of the browser (tests/ui) and Slurm (tests/slurm) tests: chromium, slurm-wlm, munge (apt).
+# System packages of the browser (tests/ui) and Slurm (tests/slurm) tests: chromium, fontconfig, slurm-wlm, munge (apt).
 ci-deps:
 	bash .ci/deps
 

@@ -1,24 +1,33 @@
-"""Planner estimate vs measured peak memory per rank, for several configurations side by side.
+"""Planner predictions vs measurements per rank: peak memory and step time, configurations side by side.
 
-    .venv/bin/python benchmarks/bench_planner.py                 # default table (~2 min)
-    .venv/bin/python benchmarks/bench_planner.py --image-size 256 --width 16 --markdown
+    .venv/bin/python benchmarks/bench_planner.py                                   # ResNet-11 v2 w16 128 px
+    .venv/bin/python benchmarks/bench_planner.py --model resnet --depth 20 --width 8 --image-size 256
+    .venv/bin/python benchmarks/bench_planner.py --model amoebanet --depth 6 --width 32 --image-size 128
+    .venv/bin/python benchmarks/bench_planner.py --grid --markdown                 # the BENCHMARKS.md table
 
 Each configuration runs on a local MPI cluster of its world size (one cluster start per
-world size); every rank measures one HybridEngine.train_step after a warm-up step
-(PyTorch profiler allocation peak + parameters/optimizer state) and the planner estimates
-the same from layer shapes on the meta device. Prints per-rank MB and estimate/measured.
+world size). On every rank: one warm-up and one measured ``HybridEngine.train_step`` under
+the allocation profiler (memory), then ``--steps`` timed steps (each started together at a
+barrier; the step time is the slowest rank's, the median over steps). The planner predicts
+both from the layer list: memory shape-only on ``meta``, time from layer times profiled
+once on this process, a ping-pong calibration on the cluster and the real schedule.
+One line per configuration: ``worst ratio X`` (memory estimate/measured on the rank
+furthest from 1) and ``time ratio Y`` (predicted/measured step time). Step times depend on
+the machine's load: quote them with the load average printed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
+from dataclasses import dataclass
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb import cluster as clu
-from mpi4dl_nb.models import build_model
+from mpi4dl_nb.run import tune
 
 CASES = [
     ("serial", dict(split_size=1, spatial_size=0), 2),
@@ -30,62 +39,104 @@ CASES = [
     ("LP3 GEMS", dict(split_size=3, spatial_size=0, times=1), 2),
     ("SP4+LP", dict(split_size=2, spatial_size=1, num_spatial_parts=4), 2),
 ]
+# --grid: model sizes of the BENCHMARKS.md table (model, depth, width, image size)
+GRID = [
+    ("resnet", 11, 16, 128), ("resnet", 20, 8, 256), ("resnet", 11, 8, 384),
+    ("resnet", 29, 16, 128), ("amoebanet", 6, 32, 128), ("amoebanet", 3, 64, 256),
+]
 
 
-def measure_on_engine(knobs, image_size, batch, depth, width):
-    import torch
-    from torch import nn
+@dataclass
+class Row:
+    model: str
+    name: str
+    world: int
+    batch: int
+    estimate: list[int]
+    measured: list[int]
+    predicted_time: float
+    measured_time: float
 
-    import mpi4dl_nb as dl
-    from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.notebook.planner import measure_engine_step
+    @property
+    def ratios(self) -> list[float]:
+        return [e / m for e, m in zip(self.estimate, self.measured)]
 
-    torch.set_num_threads(1)
-    ctx = dl.init()
-    torch.manual_seed(0)
-    eng = dl.HybridEngine(build_model("resnet", num_layers=depth, num_filters=width, num_classes=2),
-                          dl.ParallelConfig(**knobs), ctx, loss_fn=nn.CrossEntropyLoss(),
-                          optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
-    x, y = torch.randn(batch, 3, image_size, image_size), torch.randint(0, 2, (batch,))
-    return measure_engine_step(eng, x, y)
+    @property
+    def worst(self) -> float:
+        return max(self.ratios, key=lambda r: abs(r - 1))
+
+    @property
+    def time_ratio(self) -> float:
+        return self.predicted_time / self.measured_time
+
+
+def predict_time(layers, cfg, image_size, batch, network) -> float:
+    return planner.predict_step_time(layers, cfg, image_size, batch, network=network).seconds
+
+
+def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
+              names: list[str] | None) -> list[Row]:
+    spec = tune.ModelSpec(model, depth, width, num_classes=2)
+    layers = spec.build()
+    label = f"{model}-{depth} w{width} {image_size}px"
+    cases = [c for c in CASES if names is None or c[0] in names]
+    cases.sort(key=lambda case: ParallelConfig(**case[1]).world_size)
+    rows = []
+    for world, group in itertools.groupby(cases, key=lambda case: ParallelConfig(**case[1]).world_size):
+        with clu.start(n=world, call_timeout=1800) as cluster:
+            network = planner.fit_network(cluster.run(tune.ping_pong_on_engine)[0])
+            for name, knobs, batch in group:
+                cfg = ParallelConfig(**knobs)
+                plan = planner.estimate_memory(layers, cfg, image_size, batch)
+                measured = cluster.run(tune.measure_config_on_engine, spec, knobs, image_size, batch, steps)[0]
+                predicted = predict_time(layers, cfg, image_size, batch, network)
+                rows.append(Row(label, name, world, batch, plan.totals, list(measured.peaks), predicted,
+                                measured.seconds))
+                print_row(rows[-1], markdown=False, file=sys.stderr)
+    return rows
+
+
+def print_row(row: Row, markdown: bool, file=sys.stdout) -> None:
+    mb = 2 ** 20
+    cells = "; ".join(f"r{r}: {e / mb:.1f}/{m / mb:.1f} ({e / m:.2f})"
+                      for r, (e, m) in enumerate(zip(row.estimate, row.measured)))
+    time_text = f"{row.predicted_time:.3f}/{row.measured_time:.3f} s"
+    if markdown:
+        print(f"| {row.model} | {row.name} | {row.world} | {row.batch} | {row.worst:.2f} | "
+              f"{row.time_ratio:.2f} | {time_text} | {cells} |", file=file)
+    else:
+        print(f"{row.model:24s} {row.name:26s} ranks {row.world} batch {row.batch}  worst ratio "
+              f"{row.worst:.2f}  time ratio {row.time_ratio:.2f} ({time_text})  | {cells}",
+              file=file, flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("resnet", "amoebanet"), default="resnet")
+    parser.add_argument("--depth", type=int, default=11, help="ResNet depth / AmoebaNet normal cells")
+    parser.add_argument("--width", type=int, default=16, help="ResNet base width / AmoebaNet filters")
     parser.add_argument("--image-size", type=int, default=128)
-    parser.add_argument("--depth", type=int, default=11)
-    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
+    parser.add_argument("--configs", default=None, help="comma-separated configuration names")
+    parser.add_argument("--grid", action="store_true", help="every model size of the BENCHMARKS.md table")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args()
-    layers = build_model("resnet", num_layers=args.depth, num_filters=args.width, num_classes=2)
-    profiles = planner.profile_layers(layers, args.image_size)
-    cases = sorted(CASES, key=lambda case: ParallelConfig(**case[1]).world_size)
-    rows = []
+    names = args.configs.split(",") if args.configs else None
+    models = GRID if args.grid else [(args.model, args.depth, args.width, args.image_size)]
     start = time.monotonic()
-    for world, group in itertools.groupby(cases, key=lambda case: ParallelConfig(**case[1]).world_size):
-        with clu.start(n=world, call_timeout=900) as cluster:
-            for name, knobs, batch in group:
-                plan = planner.estimate_memory(profiles, ParallelConfig(**knobs), args.image_size, batch)
-                measured = cluster.run(measure_on_engine, knobs, args.image_size, batch,
-                                       args.depth, args.width)
-                rows.append((name, world, batch, plan.totals, measured))
-    mb = 2 ** 20
+    rows = [row for model in models for row in run_model(*model, args.steps, names)]
     if args.markdown:
-        print("| configuration | ranks | batch | per rank: estimate / measured MB (ratio) | worst |")
-        print("|---|---|---|---|---|")
-    for name, world, batch, est, got in rows:
-        ratios = [e / m for e, m in zip(est, got)]
-        worst = max(ratios, key=lambda r: abs(r - 1))
-        cells = "; ".join(f"r{r}: {e / mb:.1f}/{m / mb:.1f} ({e / m:.2f})"
-                          for r, (e, m) in enumerate(zip(est, got)))
-        if args.markdown:
-            print(f"| {name} | {world} | {batch} | {cells} | {worst:.2f} |")
-        else:
-            print(f"{name:28s} ranks {world} batch {batch}  worst ratio {worst:.2f}  | {cells}")
-    within = sum(all(abs(e / m - 1) < 0.25 for e, m in zip(est, got)) for *_, est, got in rows)
-    print(f"\n{within}/{len(rows)} configurations within 25% on every rank "
-          f"(ResNet-{args.depth} v2, width {args.width}, {args.image_size}px, float32; "
-          f"{time.monotonic() - start:.0f} s)")
+        print("| model | configuration | ranks | batch | memory worst ratio | time ratio | "
+              "step time predicted/measured | per rank: estimate/measured MB (ratio) |")
+        print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print_row(row, args.markdown)
+    memory_ok = sum(all(abs(r - 1) <= 0.15 for r in row.ratios) for row in rows)
+    time_ok = sum(abs(row.time_ratio - 1) <= 0.30 for row in rows)
+    load = os.getloadavg()
+    print(f"\nmemory within 15% on every rank: {memory_ok}/{len(rows)}; step time within 30%: "
+          f"{time_ok}/{len(rows)} (float32; {time.monotonic() - start:.0f} s; load average "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
     return 0
 
 

@@ -27,6 +27,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "HybridEngine": ("pipeline.engine", "HybridEngine"),
     "serial_reference": ("pipeline.reference", "serial_reference"),
     "infer_slide": ("infer.api", "infer_slide"),
+    "plot_learning_curves": ("notebook.curves", "plot_learning_curves"),
 }
 
 # Sub-modules reachable as attributes (``dl.planner.estimate(...)``, ``dl.cluster.start(...)``).

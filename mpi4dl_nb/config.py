@@ -67,8 +67,35 @@ def parse_choice(kind: type[C], value: object, knob: str, expected: str) -> C:
         raise ConfigError(knob, f"{value!r} is not {expected}") from None
 
 
+class PrecisionMode(Choice):
+    """Compute dtype of forward and backward (autocast); master weights stay float32."""
+
+    FP32 = "fp32"   # the parameters' own dtype (float32 or float64): no autocast
+    BF16 = "bf16"   # autocast to bfloat16 (CPU and GPU)
+    FP16 = "fp16"   # autocast to float16 with a gradient scaler (GPU only)
+
+
 SLICE_METHODS = SliceMethod.values()
 SCHEDULES = ScheduleKind.values()
+PRECISIONS = PrecisionMode.values()
+CHECKPOINT_GRANULARITIES = ("every", "blocks")
+
+
+def as_checkpoint_setting(value: object) -> str | int | None:
+    """``checkpoint_activations`` normalised: None/"none"/0 -> None, "every", "blocks" or N >= 1."""
+    if value is None or value is False or value == "none" or value == 0:
+        return None
+    if value is True:
+        return "every"
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, int) and value >= 1:
+        return value
+    if value in CHECKPOINT_GRANULARITIES:
+        return str(value)
+    raise ConfigError("checkpoint_activations", f"{value!r} is not 'every' (each layer), 'blocks' "
+                      f"(segments of about sqrt(layers) layers), a number N >= 1 of layers per "
+                      f"segment, or None")
 
 
 def as_slice_method(value: object) -> SliceMethod:
@@ -103,6 +130,11 @@ class ParallelConfig:
     chunks run at other times). README: "BatchNorm semantics".
     ``check_ops``: the spatial op guard checks every torch op custom forwards apply to tiles
     (False skips the checks once a model has passed).
+    ``checkpoint_activations``: activation recomputation on every stage (None: off; 'every':
+    each layer a segment; 'blocks': segments of ceil(sqrt(layers)) layers; N: N layers per
+    segment): a stage keeps only its segments' inputs and recomputes inside on backward.
+    ``precision``: 'fp32' (the parameters' dtype), 'bf16' or 'fp16' (GPU, gradient scaler):
+    forward under autocast, master weights and BatchNorm statistics in float32.
     """
 
     split_size: int = 2
@@ -120,6 +152,10 @@ class ParallelConfig:
     grid: tuple[int, int] | None = field(default=None)
     sync_batchnorm: bool = False
     check_ops: bool = True
+    # memory knobs (issue 14): activation recomputation per stage (None: off; 'every', 'blocks' or N
+    # layers per segment) and the compute precision; the planner's models read them too
+    checkpoint_activations: str | int | None = None
+    precision: PrecisionMode = PrecisionMode.FP32
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):
@@ -185,7 +221,7 @@ class ParallelConfig:
             out["balance"] = list(out["balance"])
         if out["grid"] is not None:
             out["grid"] = list(out["grid"])
-        for name in ("slice_method", "schedule"):
+        for name in ("slice_method", "schedule", "precision"):
             out[name] = str(out[name])
         return out
 
@@ -207,6 +243,19 @@ class ParallelConfig:
         # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
+        object.__setattr__(self, "precision", parse_choice(PrecisionMode, self.precision, "precision",
+                                                           f"one of {', '.join(PRECISIONS)}"))
+        object.__setattr__(self, "checkpoint_activations",
+                           as_checkpoint_setting(self.checkpoint_activations))
+        if self.checkpoint_activations is not None and self.halo_d2:
+            raise ConfigError("checkpoint_activations", "fused halos (halo_d2) already recompute "
+                              "border rows inside their blocks and are not combined with activation "
+                              "recomputation; use one of checkpoint_activations or halo_d2")
+        if self.checkpoint_activations is not None and self.sync_batchnorm:
+            raise ConfigError("checkpoint_activations", "with sync_batchnorm the recomputed forward "
+                              "would repeat BatchNorm reductions across data-parallel copies whose "
+                              "backwards do not run in lockstep; use one of checkpoint_activations "
+                              "or sync_batchnorm")
         if self.spatial_size > 0 and self.spatial_size >= self.split_size:
             raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages need at least one "
                               f"layer-parallel stage after them to join the tiles, but split_size="

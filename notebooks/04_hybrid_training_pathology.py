@@ -258,6 +258,60 @@ viz.show(viz.draw_timeline(events))
 # ends with the gradient all-reduce and the optimizer. The gaps are the *bubble*: with one micro-batch
 # only one stage works at a time. `parts` > 1 overlaps the stages (notebook 03).
 
+# %% [markdown]
+# ## Learning curves
+#
+# Is the model any good? A short run on the same 5 ranks with a few crops held out: a seeded split
+# that keeps each class's share (`--val-fraction` on the command line), evaluated every 2 steps with
+# the training layout (forward only, BatchNorm in eval mode; the figures are exact sums over every
+# held-out crop). Rank 0 writes one line per step and per evaluation to `metrics.jsonl`, which
+# `dl.plot_learning_curves` draws (pass several log folders to overlay runs).
+
+# %%
+import tempfile
+
+LOG_DIR = tempfile.mkdtemp(prefix="mpi4dl-04-curves-")
+CURVE_STEPS, EVAL_EVERY, HELD_OUT = 6, 2, 0.02
+
+
+def curves_run(log_dir, steps, every, fraction):
+    import torch
+    from torch import nn
+
+    import mpi4dl_nb as dl
+    from mpi4dl_nb.data import Batcher
+    from mpi4dl_nb.data.sample import IHCSampleDataset
+    from mpi4dl_nb.evaluation.evaluator import Evaluator
+    from mpi4dl_nb.evaluation.log import MetricsLog
+    from mpi4dl_nb.evaluation.split import Subset, stratified_split
+    from mpi4dl_nb.run.train import Trainer, TrainSettings
+
+    ctx = dl.init()
+    crops = IHCSampleDataset(IMAGE, num_classes=2)
+    train_part, held_out = stratified_split([crops.label(i) for i in range(len(crops))], fraction, 0, 2)
+    engine = dl.HybridEngine(make_model(), eng.cfg, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
+    trainer = Trainer(engine, Batcher(Subset(crops, train_part), BATCH), ctx,
+                      TrainSettings(steps=steps, progress=False, dtype=torch.float64, eval_every=every),
+                      evaluator=Evaluator(engine, Subset(crops, held_out), ctx, len(held_out), torch.float64),
+                      log=MetricsLog(log_dir, "notebook-04", tensorboard=False) if ctx.rank == 0 else None)
+    summary = trainer.run()
+    return None if summary is None else {k: summary[k] for k in ("val_count", "val_loss", "val_accuracy")}
+
+cluster.push({"IMAGE": IMAGE, "BATCH": BATCH})
+held = cluster.run(curves_run, LOG_DIR, CURVE_STEPS, EVAL_EVERY, HELD_OUT, timeout=600)[0]
+print(f"{held['val_count']} held-out crops after {CURVE_STEPS} steps: "
+      f"val_loss {held['val_loss']:.4f}, val_accuracy {held['val_accuracy']:.3f}")
+viz.show(dl.plot_learning_curves(LOG_DIR, labels=["SP+LP, 5 ranks"]))
+
+# %% [markdown]
+# The same curves as a widget: give it several runs' log folders to overlay them, switch train or
+# validation curves off, and reread the logs while a batch job is still writing them.
+
+# %%
+from mpi4dl_nb.notebook.widgets import LearningCurves
+
+display(LearningCurves([LOG_DIR], labels=["SP+LP, 5 ranks"]).widget)
+
 # %%
 summary = {"configuration": cfg.as_dict(), "world_size": cfg.world_size, "image_size": IMAGE,
            "batch_size": BATCH, "steps": STEPS, "exact": bool(exact), "max_loss_error": loss_error,

@@ -9,9 +9,11 @@
 # %% [markdown]
 # # 05 — Tuning split and spatial sizes with the planner and measured runs
 #
-# The planner estimates every rank's peak memory from layer shapes (profiled on PyTorch's
-# `meta` device: no memory, any image size) and the schedule; `suggest` ranks the
-# configurations that fit a memory budget. Then we measure a few of them on the cluster.
+# The planner predicts every rank's peak memory (the model's own layers run shape-only on
+# PyTorch's `meta` device, along the real schedule: no memory, any image size) and the step
+# time (layer times measured once, a network model, the schedule replayed in simulated time).
+# `suggest` lists the configurations that fit a memory limit, fastest first, and says what
+# binds each one. Then the auto-tune runs the top ones on the cluster, next to one process.
 
 # %%
 import torch
@@ -23,70 +25,70 @@ torch.set_num_threads(1)
 
 # %%
 from mpi4dl_nb import planner
-from mpi4dl_nb.models import build_model
+from mpi4dl_nb.run.tune import ModelSpec
 
-model = build_model("resnet", num_layers=11, num_filters=16, num_classes=2)
-IMAGE, BATCH = 128, 2
+spec = ModelSpec("resnet", num_layers=11, num_filters=16, num_classes=2)
+model = spec.build()
+IMAGE, BATCH, RANKS = 128, 2, 5
 one = planner.estimate_memory(model, dl.ParallelConfig(split_size=1, spatial_size=0), IMAGE, BATCH)
-print(f"one device needs {one.peak / 2**20:.1f} MB")
-for s in planner.suggest(model, IMAGE, 0.75 * one.peak, devices=5, batch_size=BATCH, top=8):
-    print(s.describe())
+LIMIT = 0.6 * one.peak
+print(f"one process needs {one.peak / 2**20:.1f} MB; limit per rank {LIMIT / 2**20:.1f} MB")
+found = planner.suggest(model, IMAGE, LIMIT, devices=RANKS, batch_size=BATCH, top=6)
+print(found.table(refused=False))
+print(f"\n{len(found.refused)} configurations on {RANKS} ranks do not fit, e.g.:")
+for refusal in found.refused[-3:]:
+    print("  ", refusal.describe())
+
+# %% [markdown]
+# The memory estimate of the first suggestion, term by term, at each rank's peak moment:
+
+# %%
+best = found[0]
+print(planner.describe_config(best.cfg))
+print(best.memory.table())
 
 # %%
 from mpi4dl_nb.notebook.widgets import ConfigPanel
 
-panel = ConfigPanel(model=model, image_size=IMAGE, batch_size=BATCH, devices=5)
-panel.set(num_spatial_parts=2, slice_method="vertical")
+panel = ConfigPanel(best.cfg, model=model, image_size=IMAGE, batch_size=BATCH, devices=RANKS)
 panel.widget
 
 # %% [markdown]
-# Measured on 3 MPI ranks: time per step and peak memory per rank, next to the estimate.
+# Auto-tune on 5 MPI ranks: the one-process reference and the planner's top 3, a warm-up, a
+# memory-measured step and two timed steps each; predicted next to measured; the fastest
+# configuration whose measured peak fits the limit is picked.
 
 # %%
-candidates = [dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical"),
-              dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="horizontal", parts=2),
-              dict(split_size=3, spatial_size=0, parts=2)]
-cluster = dl.cluster.start(n=3)
+from mpi4dl_nb.notebook.widgets import AutoTune
 
-def run_config(knobs, image, batch):
-    import time
+cluster = dl.cluster.start(n=RANKS)
+tuner = AutoTune(cluster, spec, IMAGE, BATCH, memory_limit_mb=LIMIT / 2**20, top=3, steps=2)
+tuner.widget
 
-    import torch
-    from torch import nn
+# %%
+result = tuner.run()
+print(result.table())
+assert result.best is not None and tuner.best is not None
+assert [row.cfg for row in result.candidates] == [s.cfg for s in result.suggestions]
 
-    import mpi4dl_nb as dl
-    from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.notebook.planner import measure_engine_step
-    torch.set_num_threads(1)
-    ctx = dl.init()
-    torch.manual_seed(0)
-    eng = dl.HybridEngine(build_model("resnet", num_layers=11, num_filters=16, num_classes=2),
-                          dl.ParallelConfig(**knobs), ctx, loss_fn=nn.CrossEntropyLoss(),
-                          optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
-    x, y = torch.randn(batch, 3, image, image), torch.randint(0, 2, (batch,))
-    peak = measure_engine_step(eng, x, y)
-    start = time.perf_counter()
-    eng.train_step(x, y)
-    return peak, time.perf_counter() - start
+# %% [markdown]
+# The first row is one process on every core, the reference each parallel configuration is
+# compared with; the candidates are exactly the ones `suggest` listed above, in its order.
+#
+# One knob at a time: around the picked configuration, every valid change of a single knob
+# on the same 5 ranks (`planner.one_knob_variants`), predicted next to measured, so each
+# difference in the table has one cause.
 
-rows = []
-for knobs in candidates:
-    c = dl.ParallelConfig(**knobs)
-    plan = planner.estimate_memory(model, c, IMAGE, BATCH)
-    results = cluster.run(run_config, knobs, IMAGE, BATCH, timeout=300)
-    measured = [peak for peak, _ in results]
-    seconds = max(t for _, t in results)
-    rows.append((knobs, plan.totals, measured, seconds))
-    print(knobs, f"step {seconds:.2f} s")
-    for rank, (e, m) in enumerate(zip(plan.totals, measured)):
-        print(f"   rank {rank}: estimate {e / 2**20:6.1f} MB  measured {m / 2**20:6.1f} MB  ratio {e / m:.2f}")
+# %%
+sweep = tuner.sweep(knobs=("parts", "slice_method", "num_spatial_parts", "halo_d2"))
+print(sweep.table())
+assert all(row.measured is not None for row in sweep.rows)
+
+# %% [markdown]
+# Per-rank memory of the picked configuration, measured against the estimate:
+
+# %%
+picked = result.best   # the auto-tune's pick (the sweep above does not change it)
+plan = planner.estimate_memory(model, picked.cfg, IMAGE, BATCH)
+viz.show(viz.draw_memory_bars(list(picked.measured.peaks), plan.totals))
 cluster.stop()
-
-# %%
-from matplotlib.figure import Figure
-
-fig = Figure(figsize=(10, 3))
-for k, (knobs, est, got, _) in enumerate(rows):
-    viz.draw_memory_bars(got, est, ax=fig.add_subplot(1, len(rows), k + 1))
-    fig.axes[-1].set_title(", ".join(f"{a}={b}" for a, b in knobs.items() if a != "slice_method"), fontsize=7)
-viz.show(fig)

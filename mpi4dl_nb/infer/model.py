@@ -69,10 +69,18 @@ def describe_checkpoint(data: dict[str, Any], path: Path) -> tuple[ModelDescript
 def load_network(path: str | Path, expected_family: str | None = None,
                  dtype: torch.dtype = torch.float32) -> tuple[list[nn.Module], ModelDescription]:
     """The checkpoint's layers (eval mode, ``dtype``) and description; clear errors for anything else."""
+    layers, description, _ = load_trained(path, expected_family, dtype)
+    return layers, description
+
+
+def load_trained(path: str | Path, expected_family: str | None = None, dtype: torch.dtype = torch.float32
+                 ) -> tuple[list[nn.Module], ModelDescription, dict[str, Any]]:
+    """As ``load_network``, plus the rest of the loaded checkpoint (run info, identity, position)."""
     from ..run.checkpoint import load_checkpoint
 
     file = find_checkpoint(path)
-    description, state = describe_checkpoint(load_checkpoint(file), file)
+    data = load_checkpoint(file)
+    description, state = describe_checkpoint(data, file)
     if description.family not in MODEL_NAMES:
         raise ConfigError("--checkpoint", f"{file} holds a {description.family!r} network; inference "
                           f"knows {', '.join(MODEL_NAMES)}")
@@ -88,4 +96,4 @@ def load_network(path: str | Path, expected_family: str | None = None,
         raise ValueError(f"--checkpoint {file}: weights do not fit its own description ({description.describe()}): "
                          f"missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
     model.to(dtype).eval()
-    return list(model), description
+    return list(model), description, {k: v for k, v in data.items() if k not in ("model", "optimizer")}

@@ -17,9 +17,10 @@ from ..comm.trace import Event, gather_timeline
 from ..config import ParallelConfig, ScheduleKind
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
+from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
-from .stages import Stage, auto_balance, split_layers
+from .stages import Stage, auto_balance, default_balance, split_layers
 from .step_input import StepInput, resolve_batch_size, resolve_image_size
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -90,13 +91,17 @@ class HybridEngine:
         self.abort_on_error = abort_on_error
         self.roles: list[RankRole] = layout(cfg)
         self.role = self.roles[ctx.rank]
-        self.stages: list[Stage] = split_layers(layers, cfg.split_size, cfg.balance)
+        self.balance = default_balance(layers, cfg)   # cfg.balance, or the rule for cfg
+        self.stages: list[Stage] = split_layers(layers, cfg.split_size, self.balance)
         self.grid = TileGrid(*cfg.grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
         self.stage_groups, spatial_groups = self._make_groups()
         self.sync_groups = self._make_sync_groups()
         try:   # a rank-local failure (e.g. an unsupported spatial layer) must not hang others
             self.instances = self._make_instances(spatial_groups, tuple(elementwise))
+            check_precision(cfg.precision, ctx.device,
+                            next((p.dtype for i in self.instances.values() for p in i.canonical.parameters()
+                                  if p.is_floating_point()), None))
             self.released_stages = self._release_other_stages()
             params = self._unique_parameters()
             self.optimizer = optimizer(params) if optimizer is not None else None
@@ -154,6 +159,7 @@ class HybridEngine:
             used.add(slot.stage)
             stage.to(self.ctx.device)
             module: nn.Module = stage
+            spatial_runtime = None
             sync = self.sync_groups.get((replica, slot.stage))
             if slot.spatial:
                 from ..spatial.convert import runtime_of, spatialize
@@ -162,12 +168,17 @@ class HybridEngine:
                 module = spatialize(stage, self.grid, self.ctx, spatial_groups[slot.stage_ranks],
                                     halo_d2=self.cfg.halo_d2, fused_layers=self.cfg.fused_layers,
                                     elementwise=elementwise, check_ops=self.cfg.check_ops)
+                spatial_runtime = runtime_of(module)
                 if sync is not None:   # BatchNorm over every replica's tiles
                     runtime_of(module).stats_group, runtime_of(module).stats_copies = sync
             elif sync is not None:
                 from .syncbn import synchronize_batchnorm
 
                 module = synchronize_batchnorm(stage, self.ctx, *sync)
+            if self.cfg.checkpoint_activations is not None:
+                from .recompute import checkpointed
+
+                module = checkpointed(module, self.cfg.checkpoint_activations, spatial_runtime)
             instances[(replica, slot.stage)] = StageInstance(slot.stage, replica, stage, module,
                                                              slot.tile)
         return instances
@@ -317,6 +328,36 @@ class HybridEngine:
         finally:
             self._step = None
         return float(total.item())
+
+    def evaluate_batch(self, images: Any, labels: Any = None, *, batch_size: int | None = None,
+                       image_size: int | tuple[int, int] | None = None) -> list[tuple[slice, Any]]:
+        """Forward only, with this layout (spatial ranks run the spatial forward), in eval mode.
+
+        Arguments as for ``train_step`` (labels are not needed). Every module this rank runs is
+        put in eval mode (BatchNorm uses its running statistics, dropout is off) and back in
+        its previous mode afterwards; no gradient, buffer or optimizer state is touched.
+        Returns this rank's last-stage outputs as ``(rows of the global batch, output)``
+        pairs (empty on ranks without a last-stage forward); collective over every rank.
+        """
+        batch = resolve_batch_size(images, labels, batch_size)
+        self.cfg.validate(batch_size=batch)
+        data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
+        firsts = [a for a in self.schedule.actions(self.ctx.rank)
+                  if a.kind is ActionKind.FORWARD and a.stage == 0]
+        modes = {m: m.training for inst in self.instances.values()
+                 for root in (inst.canonical, inst.module) for m in root.modules()}
+        try:
+            data.check(self.ctx.rank, runs_first=bool(firsts),
+                       runs_spatial_first=any(a.tile is not None for a in firsts), runs_last=False)
+            for module in modes:
+                module.training = False
+            return self.runtime.forward_only(data, batch // self.cfg.batch_divisor)
+        except Exception:
+            self._fail()
+            raise
+        finally:
+            for module, training in modes.items():
+                module.training = training
 
     def _fail(self) -> None:
         if self.abort_on_error and self.ctx.world_size > 1:

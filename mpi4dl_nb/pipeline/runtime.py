@@ -16,6 +16,7 @@ from ..spatial.geometry import Box, TileGrid
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .handoff import join_tiles, split_grad
+from .precision import LossScaler, autocast
 from .schedules import Action, ActionKind, Schedule, Stepper, chunk_index, stage_ranks
 from .stages import Stage
 from .step_input import StepInput
@@ -124,6 +125,7 @@ class PipelineRuntime:
         self.optimizer = optimizer
         self.grid = grid
         self.holders = stage_ranks(self.cfg)
+        self.scaler = LossScaler() if self.cfg.precision == "fp16" else None
         self.actions = schedule.actions(ctx.rank)
         # One-way channels carry the payloads (own process groups on the torch plane; made
         # collectively, same pairs everywhere); receives take each channel in send order.
@@ -190,7 +192,7 @@ class PipelineRuntime:
         else:
             parts = [next(iter(state.inbox.pop((True, key)).values())) for key in keys]
             x = _leaf(like(parts[0], [torch.cat(items) for items in zip(*map(as_items, parts))]))
-        with inst.ledger.chunk(self._stats_key(action)):
+        with inst.ledger.chunk(self._stats_key(action)), autocast(self.cfg.precision, self.ctx.device):
             out = inst.module(x)
         state.merged[keys[0][:3]] = (x, out)
         size = state.chunk_size
@@ -221,29 +223,38 @@ class PipelineRuntime:
                 ((t.grad if t.grad is not None else torch.zeros_like(t))[k * size:(k + 1) * size]
                  if t.is_floating_point() else None) for t in as_items(x)]
 
+    def _stage_input(self, action: Action, state: _StepState) -> Payload:
+        """A forward's input: its rows of the images (stage 0), else the received activation
+        (tiles of a spatial stage joined for a layer-parallel one)."""
+        key = self._key(action)
+        if action.stage == 0:
+            return state.data.images_for(self._rows(state, action.chunk), action.tile, self.grid,
+                                         self.ctx.device)
+        received = state.inbox.pop((True, key))
+        if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
+            tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
+            x, state.boxes[key] = join_tiles([received[r] for r in tiles], self._grid())
+            return x
+        (x,) = received.values()
+        return x
+
     def _forward(self, action: Action, state: _StepState) -> None:
         if self._merged(action):
             self._forward_merged(action, state)
             return
         key = self._key(action)
         inst = self._instance(action)
-        if action.stage == 0:
-            x = state.data.images_for(self._rows(state, action.chunk), action.tile, self.grid,
-                                      self.ctx.device)
-        else:
-            received = state.inbox.pop((True, key))
-            if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
-                tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
-                x, state.boxes[key] = join_tiles([received[r] for r in tiles], self._grid())
-            else:
-                (x,) = received.values()
+        x = self._stage_input(action, state)
+        if action.stage > 0:
             x = _leaf(x)
         state.inputs[key] = x
-        with inst.ledger.chunk(self._stats_key(action)):
+        with inst.ledger.chunk(self._stats_key(action)), autocast(self.cfg.precision, self.ctx.device):
             out = inst.module(x)
+            if self._last(action.stage):
+                target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device)
+                out = self.loss_fn(out, target)
         if self._last(action.stage):
-            target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device)
-            loss = self.loss_fn(out, target) * (state.chunk_size / state.batch_size)
+            loss = out * (state.chunk_size / state.batch_size)
             state.loss_sum += float(loss.detach())
             out = loss
         state.outputs[key] = out
@@ -258,7 +269,7 @@ class PipelineRuntime:
         # the sends are complete: release their buffers now rather than at the step's end
         self.ctx.wait_all(state.act_sends.pop(key, []))
         if self._last(action.stage):
-            out.backward()
+            (self.scaler.scaled(out) if self.scaler is not None else out).backward()
         else:
             (grads,) = state.inbox.pop((False, key)).values()
             floats = [o for o in as_items(out) if o.is_floating_point()]
@@ -315,6 +326,42 @@ class PipelineRuntime:
         sync_running_stats(self.ctx, [i.ledger for i in mine], group)
         return moved
 
+    def _gradients_usable(self) -> bool:
+        """fp16: unscale the gradients; False (step skipped on every rank) when any is not finite."""
+        if self.scaler is None or self.optimizer is None:
+            return True
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return self.scaler.unscale(self.ctx, params, self.ctx.device)
+
+    # --------------------------------------------------------------- evaluation
+    def forward_only(self, data: StepInput, chunk_size: int) -> list[tuple[slice, Payload]]:
+        """Evaluation with the training layout: this rank's forwards and activation transfers of
+        the schedule, without autograd, the BatchNorm ledger, gradients or the optimizer.
+
+        Returns this rank's last-stage outputs, each with its rows of the global batch (modules
+        are run as they are: the caller puts them in eval mode). Dropping the backward, gradient
+        and optimizer actions of a deadlock-free schedule keeps it deadlock-free: sends never
+        block, and every receive's sender runs a subset of what it ran before.
+        """
+        state = _StepState(data, chunk_size, data.batch_size)
+        results: list[tuple[slice, Payload]] = []
+        with torch.no_grad():
+            for action in self.actions:
+                kind = action.kind
+                if kind is ActionKind.FORWARD:
+                    out = self._instance(action).module(self._stage_input(action, state))
+                    if self._last(action.stage):
+                        results.append((self._rows(state, action.chunk), out))
+                    else:
+                        state.outputs[self._key(action)] = out
+                elif kind.is_p2p and kind.carries_activation and kind.is_send:
+                    self._send(action, state)
+                elif kind.is_p2p and kind.carries_activation:
+                    self._recv(action, state)
+            for pending in state.act_sends.values():
+                self.ctx.wait_all(pending)
+        return results
+
     # --------------------------------------------------------------------- step
     def run_step(self, data: StepInput, chunk_size: int,
                  on_action: Callable[[Action], None] | None = None) -> float:
@@ -355,7 +402,7 @@ class PipelineRuntime:
             for pending in state.act_sends.values():
                 self.ctx.wait_all(pending)
             state.act_sends.clear()
-            if self.optimizer is not None:
+            if self.optimizer is not None and self._gradients_usable():
                 self.optimizer.step()
         else:
             raise ValueError(f"unknown action kind {kind!r}")

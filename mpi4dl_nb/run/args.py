@@ -5,7 +5,16 @@ import argparse
 import ast
 from typing import Any
 
-from ..config import SCHEDULES, SLICE_METHODS, ConfigError, ParallelConfig, ScheduleKind, SliceMethod
+from ..config import (
+    PRECISIONS,
+    SCHEDULES,
+    SLICE_METHODS,
+    ConfigError,
+    ParallelConfig,
+    ScheduleKind,
+    SliceMethod,
+    as_checkpoint_setting,
+)
 
 APP_NAMES = {"1": "medical", "2": "cifar", "3": "synthetic",
              "medical": "medical", "cifar": "cifar", "synthetic": "synthetic"}
@@ -26,6 +35,8 @@ PARALLEL_FLAGS: dict[str, str] = {
     "--schedule": "schedule",
     "--sync-batchnorm": "sync_batchnorm",
     "--no-check-ops": "check_ops",
+    "--checkpoint-activations": "checkpoint_activations",
+    "--precision": "precision",
 }
 
 
@@ -99,6 +110,13 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "directions keep separate statistics)")
     g.add_argument("--no-check-ops", dest="check_ops", action="store_false",
                    help="skip the spatial op guard's per-op checks (once a model has passed them)")
+    g.add_argument("--checkpoint-activations", dest="checkpoint_activations", nargs="?", const="every",
+                   default=None, type=as_checkpoint_setting, metavar="every|blocks|N",
+                   help="activation recomputation: keep only segment inputs, recompute on backward "
+                        "(every: each layer; blocks: ~sqrt(layers) per segment; N layers per segment)")
+    g.add_argument("--precision", dest="precision", choices=PRECISIONS, default="fp32",
+                   help="compute precision: autocast to bf16 (CPU/GPU) or fp16 (GPU, gradient "
+                        "scaler); master weights and normalisation statistics stay float32")
     return parser
 
 

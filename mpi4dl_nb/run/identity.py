@@ -20,6 +20,7 @@ FIELD_FLAGS: dict[str, str] = {
     "data": "--datapath and its files",
     "lr": "--lr",
     "momentum": "--momentum",
+    "val_split": "--val-fraction/--val-datapath (and --seed)",
 }
 
 

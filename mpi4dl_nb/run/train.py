@@ -28,6 +28,8 @@ from .monitor import JobMonitor, StepTimer
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
+    from ..evaluation.evaluator import Evaluator
+    from ..evaluation.log import MetricsLog
     from ..pipeline.engine import HybridEngine
     from ..pipeline.runtime import StageInstance
 
@@ -46,6 +48,7 @@ class TrainSettings:
     keep_trace: bool = False            # True: keep every trace event (unbounded), not a window
     step_timeout: float | None = None   # seconds without progress that abort the job; None/0: off
     auto_step_timeout: bool = False     # derive the timeout from the first steps (batch jobs)
+    eval_every: int = 0                 # with an evaluator: every N steps (0: epoch ends only) and at the end
 
 
 class CheckpointWriteError(RuntimeError):
@@ -198,17 +201,31 @@ class ProgressBar:
         self.width = width
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
 
-    def update(self, step: int, loss: float, images_per_s: float) -> None:
+    def update(self, step: int, loss: float, images_per_s: float, extra: str = "") -> None:
         if not self.enabled:
             return
         filled = int(self.width * step / self.total)
         bar = "#" * filled + "." * (self.width - filled)
-        text = f"[{bar}] step {step}/{self.total} loss {loss:.4f} {images_per_s:.2f} img/s"
+        text = f"[{bar}] step {step}/{self.total} loss {loss:.4f} {images_per_s:.2f} img/s{extra}"
         if self.tty:
             self.stream.write("\r" + text + ("\n" if step >= self.total else ""))
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """A line of its own (an evaluation's figures), not overwritten by the bar."""
+        if self.enabled:
+            self.stream.write(("\n" if self.tty else "") + text + "\n")
+            self.stream.flush()
+
+
+def evaluation_line(step: int, metrics: dict[str, Any]) -> str:
+    """``eval at step 20 (98 images): val_loss 0.4123 val_accuracy 0.8163 ...`` (the figures that exist)."""
+    shown = [f"{name} {metrics[name]:.4f}" for name in
+             ("val_loss", "val_accuracy", "val_balanced_accuracy", "val_roc_auc")
+             if isinstance(metrics.get(name), float)]
+    return f"eval at step {step} ({metrics.get('val_count')} images): " + " ".join(shown)
 
 
 # ---------------------------------------------------------------------- trainer
@@ -218,8 +235,12 @@ class Trainer:
     def __init__(self, engine: HybridEngine, batcher: Batcher, ctx: Comm, settings: TrainSettings,
                  run_info: dict[str, Any] | None = None, *, identity: dict[str, Any] | None = None,
                  run_id: str | None = None, monitor: JobMonitor | None = None,
-                 guard: NonFiniteGuard | None = None) -> None:
+                 guard: NonFiniteGuard | None = None, evaluator: Evaluator | None = None,
+                 log: MetricsLog | None = None) -> None:
         self.engine = engine
+        self.evaluator = evaluator
+        self.log = log                     # rank 0's metrics log (None: none, or another rank)
+        self.validation: dict[str, Any] = {}   # the latest evaluation, val_-prefixed
         self.batcher = batcher
         self.ctx = ctx
         self.settings = settings
@@ -313,6 +334,28 @@ class Trainer:
         self.step = int(self.ctx.bcast_object(root["step"] if root is not None else None, root=0))
         return self.step
 
+    # --------------------------------------------------------------- evaluation
+    def evaluation_due(self, step: int) -> bool:
+        if self.evaluator is None:
+            return False
+        every = self.settings.eval_every
+        return step == self.settings.steps or step % self.steps_per_epoch == 0 or (every > 0 and step % every == 0)
+
+    def evaluate(self) -> dict[str, Any]:
+        """Evaluate the current weights on the validation set (collective); records and returns the figures."""
+        from ..evaluation.metrics import prefixed
+
+        assert self.evaluator is not None
+        phase = self.monitor.phase("evaluating", exempt=True) if self.monitor else nullcontext()
+        start = time.perf_counter()
+        with phase:
+            metrics = prefixed(self.evaluator.run())
+        self.validation = {"val_step": self.step, **metrics,
+                           "val_seconds": time.perf_counter() - start}
+        if self.log is not None:
+            self.log.write("eval", self.step, {"epoch": self.position(self.step - 1)[0], **self.validation})
+        return self.validation
+
     # ----------------------------------------------------------------- training
     def _on_action(self, action: Action) -> None:
         if self.monitor is not None:
@@ -364,11 +407,25 @@ class Trainer:
             while self.step < self.settings.steps:
                 loss = self.train_one()
                 recent = self.metrics.seconds / max(1, self.metrics.steps)
-                bar.update(self.step, loss, self.batcher.batch_size / max(recent, 1e-12))
+                rate = self.batcher.batch_size / max(recent, 1e-12)
+                if self.log is not None:
+                    self.log.write("train", self.step, {"epoch": self.position(self.step - 1)[0],
+                                                        "loss": loss, "images_per_s": rate,
+                                                        "seconds": self.metrics.step_seconds[-1]})
+                if self.evaluation_due(self.step):
+                    line = evaluation_line(self.step, self.evaluate())
+                    if bar.enabled:
+                        bar.note(line)
+                    elif self.ctx.rank == 0:     # results, shown without the bar too
+                        print(line, file=stream or sys.stderr, flush=True)
+                accuracy = self.validation.get("val_accuracy")
+                bar.update(self.step, loss, rate, "" if accuracy is None else f" val_acc {accuracy:.3f}")
                 if self.checkpoint_due(self.step):
                     self.save()
             return self.summary(start_step, time.perf_counter() - wall)
         finally:
+            if self.log is not None:
+                self.log.close()
             if self.monitor is not None:
                 self.monitor.arm(None)
                 if self._own_monitor:
@@ -417,6 +474,7 @@ class Trainer:
             "comm_seconds": [m["comm_seconds"] for m in per_rank],
             "train_seconds": [m["seconds"] for m in per_rank],
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            **self.validation,
         }
 
 

@@ -92,8 +92,25 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--allow-config-change", dest="allow_config_change", action="append",
                       default=None, metavar="FIELDS",
                       help="resume although these fields changed (comma-separated: model, dtype, "
-                           "image_size, batch_size, seed, app, data, lr, momentum, or all)")
+                           "image_size, batch_size, seed, app, data, lr, momentum, val_split, or all)")
+    add_evaluation_args(parser)
     return parser
+
+
+def add_evaluation_args(parser: argparse.ArgumentParser, training: bool = True) -> None:
+    """Held-out data flags (and, for ``train``, when to evaluate and where to log metrics)."""
+    g = parser.add_argument_group("evaluation")
+    g.add_argument("--val-fraction", dest="val_fraction", type=float, default=None, metavar="F",
+                   help="hold out this share of each class (seeded by --seed, stratified) for validation")
+    g.add_argument("--val-datapath", dest="val_datapath", default=None, metavar="DIR",
+                   help="validation images from another folder/slide(s) (same layout as --datapath)")
+    if not training:
+        return
+    g.add_argument("--eval-every", dest="eval_every", type=int, default=0, metavar="N",
+                   help="evaluate every N steps (always at each epoch end and at the end of the run)")
+    g.add_argument("--log-dir", dest="log_dir", default=None, metavar="DIR",
+                   help="write metrics.jsonl (one line per step and per evaluation) and, with "
+                        "tensorboard installed, TensorBoard events here")
 
 
 def run_info(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,7 +124,8 @@ def run_info(args: argparse.Namespace) -> dict[str, Any]:
             "num_filters": args.num_filters if args.num_filters is not None
             else DEFAULT_NUM_FILTERS[args.model],
             "num_classes": args.num_classes, "image_size": args.image_size,
-            "batch_size": args.batch_size, "app": args.app, "dtype": args.dtype}
+            "batch_size": args.batch_size, "app": args.app, "dtype": args.dtype,
+            "val_fraction": getattr(args, "val_fraction", None), "val_datapath": getattr(args, "val_datapath", None)}
 
 
 # flag, attribute, least value, largest value (None: unbounded), whether the least is allowed
@@ -128,6 +146,7 @@ NUMERIC_FLAGS: tuple[tuple[str, str, float, float | None, bool], ...] = (
     ("--keep-checkpoints", "keep_checkpoints", 1, None, True),
     ("--checkpoint-every", "checkpoint_every", 0, None, True),
     ("--step-timeout", "step_timeout", 0, None, True),
+    ("--eval-every", "eval_every", 0, None, True),
 )
 
 
@@ -163,6 +182,21 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError("--resume", "'latest' looks in --checkpoint-dir; give --checkpoint-dir "
                           "or a checkpoint path")
     parse_allowed(args.allow_config_change)
+    check_evaluation_args(args)
+
+
+def check_evaluation_args(args: argparse.Namespace) -> None:
+    """--val-fraction in (0, 1), not together with --val-datapath; --eval-every/--log-dir need held-out data."""
+    fraction = getattr(args, "val_fraction", None)
+    if fraction is not None and not (0.0 < fraction < 1.0):
+        raise ConfigError("--val-fraction", f"must lie strictly between 0 and 1, got {fraction:g}")
+    if fraction is not None and args.val_datapath is not None:
+        raise ConfigError("--val-fraction", "give --val-fraction (held out of --datapath) or --val-datapath "
+                          "(another folder), not both")
+    if args.val_datapath is not None and args.app is not None and args.app not in APPS_READING_DATAPATH:
+        raise ConfigError("--val-datapath", f"--app {args.app} reads no files; use --val-fraction")
+    if getattr(args, "eval_every", 0) and fraction is None and args.val_datapath is None:
+        raise ConfigError("--eval-every", "needs validation data: add --val-fraction F or --val-datapath DIR")
 
 
 def say(rank: int, world: int, text: str) -> None:
@@ -226,6 +260,8 @@ class Setup:
         self.info = run_info(args)
         self.layers: list[Any] = []
         self.batcher: Any = None
+        self.val_dataset: Any = None
+        self.held_out: str = "none"
         self.steps = 0
         self.identity: dict[str, Any] = {}
         self.allowed = parse_allowed(args.allow_config_change)
@@ -251,6 +287,8 @@ class Setup:
         self.cfg.validate(batch_size=args.batch_size, num_layers=len(self.layers),
                           image_size=args.image_size)
         check_spatial_geometry(self.layers, self.cfg, args.image_size)
+        if args.log_dir is not None and self.ctx.rank == 0:
+            check_log_dir(args.log_dir)
         if args.checkpoint_dir is not None and self.ctx.rank == 0:
             tensors = [t for layer in self.layers for t in layer.state_dict().values()]
             state = sum(t.numel() * t.element_size() for t in tensors)
@@ -275,7 +313,8 @@ class Setup:
                               f"the folder, or a single slide), so every label would be 0; put each "
                               f"class in its own sub-folder (<datapath>/<class>/...), or pass "
                               f"--num-classes 1 to train on one class anyway")
-        self.batcher = Batcher(dataset, args.batch_size, seed=args.seed)
+        train, self.val_dataset, self.held_out = held_out_data(args, dataset)
+        self.batcher = Batcher(train, args.batch_size, seed=args.seed)
         self.steps = args.steps if args.steps is not None else \
             args.num_epochs * self.batcher.steps_per_epoch
         if self.ctx.rank == 0:
@@ -290,7 +329,8 @@ class Setup:
         text = f"{data['kind']}, {len(dataset)} images [{digest(data)}]"
         return {"model": model_fingerprint(args, self.layers), "dtype": args.dtype,
                 "image_size": args.image_size, "batch_size": args.batch_size, "seed": args.seed,
-                "app": args.app, "data": text, "lr": args.lr, "momentum": args.momentum}
+                "app": args.app, "data": text, "lr": args.lr, "momentum": args.momentum,
+                "val_split": self.held_out}
 
     def choose_resume(self) -> None:
         """Rank 0: the checkpoint to resume from (checked against this run) and the lineage to continue."""
@@ -330,6 +370,43 @@ class Setup:
                                f"the run no longer equals an uninterrupted one")
         if selection.skipped or args.verbose:
             say_once(self.ctx, selection.report())
+
+
+def check_log_dir(path: str) -> None:
+    """--log-dir: a directory rank 0 can create and write in (checked before the first step)."""
+    import os
+
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError("--log-dir", f"cannot create {path}: {err}") from err
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
+
+
+def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str]:
+    """(training set, validation set or None, the split's identity text) for --val-fraction/--val-datapath."""
+    from ..data import make_dataset
+    from ..evaluation.split import Subset, split_listing, stratified_split
+    from .identity import digest
+
+    if args.val_fraction is not None:
+        labels = [dataset.label(i) for i in range(len(dataset))]
+        train, val = stratified_split(labels, args.val_fraction, args.seed, args.num_classes)
+        text = (f"fraction {args.val_fraction:g}, seed {args.seed}, {len(val)} images "
+                f"[{digest(split_listing(dataset, val))}]")
+        return Subset(dataset, train), Subset(dataset, val), text
+    if args.val_datapath is not None:
+        held = make_dataset(args.app, args.image_size, args.num_classes, datapath=args.val_datapath,
+                            seed=args.seed, slide_level=args.slide_level, min_tissue=args.min_tissue)
+        if len(held) < args.num_classes:
+            raise ConfigError("--val-datapath", f"{args.val_datapath} holds {len(held)} images, fewer than "
+                              f"the {args.num_classes} classes")
+        text = (f"--val-datapath {Path(args.val_datapath).name}, {len(held)} images "
+                f"[{digest(split_listing(held, range(len(held))))}]")
+        return dataset, held, text
+    return dataset, None, "none"
 
 
 def check_data_or_exit(setup: Setup, ctx: Comm) -> list[Path]:
@@ -382,14 +459,26 @@ def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: J
                              checkpoint_every=args.checkpoint_every,
                              keep_checkpoints=args.keep_checkpoints, progress=args.progress,
                              verbose=args.verbose, dtype=setup.dtype,
-                             step_timeout=args.step_timeout, auto_step_timeout=args.step_timeout is None)
+                             step_timeout=args.step_timeout, auto_step_timeout=args.step_timeout is None,
+                             eval_every=args.eval_every)
     run_id = ctx.bcast_object(setup.run_id, root=0)
+    evaluator = None
+    if setup.val_dataset is not None:
+        from ..evaluation.evaluator import Evaluator
+
+        evaluator = Evaluator(engine, setup.val_dataset, ctx, args.batch_size, setup.dtype)
     trainer = Trainer(engine, setup.batcher, ctx, settings, setup.info, identity=setup.identity,
-                      run_id=run_id, monitor=monitor, guard=guard)
+                      run_id=run_id, monitor=monitor, guard=guard, evaluator=evaluator)
     if args.resume is not None:
         step = trainer.restore(setup.selection.data if setup.selection is not None else None)
         if step >= setup.steps:
             say_once(ctx, f"the checkpoint is at step {step} = --steps: nothing to train")
+    if args.log_dir is not None and ctx.rank == 0:
+        from ..evaluation.log import MetricsLog
+
+        trainer.log = MetricsLog(args.log_dir, run_id, start_step=trainer.step)
+        if trainer.log.moved_aside is not None:
+            say_once(ctx, f"{args.log_dir}: the earlier metrics.jsonl is now {trainer.log.moved_aside.name}")
     try:
         summary = trainer.run()
     except NonFiniteError as err:

@@ -121,6 +121,25 @@ class SpatialRuntime:
         self.root_size = None
         self.guard.end()
 
+    # ------------------------------------------------ activation recomputation
+    def forward_state(self) -> tuple[tuple[int, int] | None, dict[int, int]]:
+        """Where the running forward stands (image size, per-layer call counts), to replay from."""
+        return (self.root_size, dict(self._calls))
+
+    @contextmanager
+    def replaying(self, state: tuple[tuple[int, int] | None, dict[int, int]],
+                  tiles: tuple[torch.Tensor, ...]) -> Iterator[None]:
+        """Run part of a forward again (recomputation during backward) from ``forward_state``:
+        same cached sizes and call ordinals, the guard tracking ``tiles`` as tiles."""
+        saved = (self.root_size, self._calls, self.guard.combined)
+        self.root_size, self._calls = state[0], dict(state[1])
+        self.guard.begin(tiles)
+        try:
+            yield
+        finally:
+            self.guard.end()
+            self.root_size, self._calls, self.guard.combined = saved
+
     # ----------------------------------------------------------------- sizes
     def gather_size(self, x: torch.Tensor) -> tuple[int, int]:
         """Global (H, W) of a tiled tensor from every tile's local size (one object gather)."""

@@ -159,6 +159,12 @@ def _edge(out: torch.Tensor, edge: str, pr: int, pc: int) -> torch.Tensor:
     return out[..., :, out.shape[-1] - pc:]
 
 
+# Halo overlap: banded convs compute the owned tile while the row halos are in flight. Off by
+# default: on one node the messages are ~1-8% of a forward and measured no gain
+# (BENCHMARKS.md section 10); worth switching on where messages take longer (networks).
+HALO_OVERLAP = False
+
+
 class _BandedHaloConv2d(torch.autograd.Function):
     """Halo conv without assembling the extended tile: by linearity the convolution of the
     extended tile is the conv of the owned tile with native zero padding plus the (bias-free)
@@ -171,9 +177,16 @@ class _BandedHaloConv2d(torch.autograd.Function):
     def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 conv: SpatialConv2d, exchange: HaloExchange, pads: tuple[int, int]) -> torch.Tensor:
         x = x.contiguous()
-        strips = exchange.exchange_strips(x)
         pr, pc = pads
-        out = F.conv2d(x, weight, bias, 1, (pr, pc), conv.dilation, conv.groups)
+
+        def owned() -> torch.Tensor:   # needs no strip: runs while the row messages fly
+            return F.conv2d(x, weight, bias, 1, (pr, pc), conv.dilation, conv.groups)
+
+        if HALO_OVERLAP:
+            strips, out = exchange.exchange_strips_overlapped(x, owned)
+        else:
+            strips = exchange.exchange_strips(x)
+            out = owned()
         for edge, band in _bands(x, strips, pr, pc):
             _edge(out, edge, pr, pc).add_(F.conv2d(band, weight, None, 1, 0, conv.dilation,
                                                    conv.groups))
@@ -247,14 +260,27 @@ class _PaddedConv2d(torch.autograd.Function):
         return grad_y, grad_w if mask[1] else None, grad_b if mask[2] else None, None, None
 
 
+def autocast_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Under autocast, the conv's operands in the compute dtype (as autocast casts them for
+    F.conv2d; differentiable casts), so the halo travels, the tile is saved and backward runs
+    in that dtype as in the serial model; unchanged otherwise."""
+    kind = x.device.type if x.device.type in ("cpu", "cuda") else "cpu"
+    if not torch.is_autocast_enabled(kind) or x.dtype == torch.float64:
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(kind)
+    return x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
+
+
 def conv_after_exchange(conv: SpatialConv2d, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
     """``conv`` on the owned tile ``x`` through ``exchange`` (memory-lean autograd)."""
     if exchange.identity:
         return conv.apply_padded(x)
+    x, weight, bias = autocast_operands(x, conv.weight, conv.bias)
     pads = band_paddings(conv, exchange)
     if pads is not None:
-        return _BandedHaloConv2d.apply(x, conv.weight, conv.bias, conv, exchange, pads)
-    return _HaloConv2d.apply(x, conv.weight, conv.bias, conv, exchange)
+        return _BandedHaloConv2d.apply(x, weight, bias, conv, exchange, pads)
+    return _HaloConv2d.apply(x, weight, bias, conv, exchange)
 
 
 def conv_after_padding(conv: SpatialConv2d, y: torch.Tensor,
@@ -262,4 +288,5 @@ def conv_after_padding(conv: SpatialConv2d, y: torch.Tensor,
     """``conv`` on ``y`` zero-padded by ``pads`` (left, right, top, bottom), memory-lean."""
     if not any(pads):
         return conv.apply_padded(y)
-    return _PaddedConv2d.apply(y, conv.weight, conv.bias, conv, pads)
+    y, weight, bias = autocast_operands(y, conv.weight, conv.bias)
+    return _PaddedConv2d.apply(y, weight, bias, conv, pads)

@@ -13,9 +13,9 @@ padding positions get no gradient.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,6 +24,9 @@ from ..comm.protocol import Comm
 from ..comm.tags import HALO
 from ..comm.trace import Tracer
 from .geometry import AxisExchange, LayerHalo
+from .replay import active_log
+
+T = TypeVar("T")
 
 # (phase, forward/backward) -> first of its two tags (+1: the message towards the next tile)
 _ROWS_F, _COLS_F, _ROWS_B, _COLS_B = (HALO.tag(offset) for offset in (0, 2, 4, 6))
@@ -179,7 +182,15 @@ class HaloExchange:
         tile and the strips directly)."""
         return self._exchange(x, build=False)[1]
 
-    def _exchange(self, x: torch.Tensor, build: bool) -> tuple[torch.Tensor | None, Strips]:
+    def exchange_strips_overlapped(self, x: torch.Tensor, during: Callable[[], T]) -> tuple[Strips, T]:
+        """``exchange_strips(x)``, running ``during()`` (work that needs no strip: the tile's
+        interior) while the row messages are in flight; returns the strips and its result."""
+        done: list[T] = []
+        strips = self._exchange(x, build=False, during=lambda: done.append(during()))[1]
+        return strips, done[0]
+
+    def _exchange(self, x: torch.Tensor, build: bool,
+                  during: Callable[[], object] | None = None) -> tuple[torch.Tensor | None, Strips]:
         rows, cols, comm = self.rows, self.cols, self.comm
         expected = (_len(rows.owned), _len(cols.owned))
         if tuple(x.shape[-2:]) != expected:
@@ -187,6 +198,12 @@ class HaloExchange:
                              f"tile, expected {expected} for a {self.geometry.height}x"
                              f"{self.geometry.width} input (scatter inputs with dl.scatter_tiles)")
         x = x.contiguous()
+        log = active_log()
+        if log is not None and log.replaying:   # recomputation: the strips the first forward received
+            kept: Strips = log.next()
+            if during is not None:
+                during()
+            return (self.rebuild(x, kept) if build else None), kept
         tracer, start = self._tracing()
         lead, width = x.shape[:-2], x.shape[-1]
         strips: Strips = [None, None, None, None]
@@ -209,6 +226,11 @@ class HaloExchange:
             out = self._new_extended(x)
             block, c0, c1 = self._own_block(out)
             _fill_rows_own(block, x, rows, c0, c1, self.pad_value)
+        if during is not None:   # halo overlap: compute while the row messages fly (not traced as halo)
+            if start is not None:
+                tracer.record("halo", start, tracer.stamp(), layer=self.geometry.name)
+            during()
+            tracer, start = self._tracing()
         request.wait()
         if block is not None:
             _fill_rows_strips(block, strips, rows, c0, c1)
@@ -233,6 +255,8 @@ class HaloExchange:
         self.messages_sent += self._count(rows) + self._count(cols)
         if start is not None:
             tracer.record("halo", start, tracer.stamp(), layer=self.geometry.name)
+        if log is not None:
+            log.record(strips)
         return out, strips
 
     def rebuild(self, x: torch.Tensor, strips: Strips) -> torch.Tensor:

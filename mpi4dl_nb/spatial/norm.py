@@ -20,6 +20,7 @@ from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..errors import ConfigError
 from .base import SpatialLayer, SpatialRuntime, adopt
+from .batchnorm_fn import LOW_PRECISION, tile_batch_norm
 from .reduce import partitioned_sum
 
 
@@ -75,7 +76,17 @@ class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        return self.normalize(x, x)
+        if not self.training and self.running_mean is not None and self.running_var is not None:
+            return self.normalize(x, x)
+        # one Function saving only the input tile (statistics in float32 for bf16/fp16 tiles)
+        factor = batch_norm_factor(self)
+        height, width = self.runtime.input_size(self, x)
+        count = float(x.shape[0] * height * width * self.runtime.stats_copies)
+        y, mean, var = tile_batch_norm(x, self.weight if self.affine else None, self.bias if self.affine else None,
+                                       count, self.eps, self.runtime.ctx, self.runtime.stats_group)
+        if self.track_running_stats and self.running_mean is not None and self.running_var is not None:
+            update_running(self.running_mean, self.running_var, mean, var, count, factor)
+        return y
 
     def normalize(self, x: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` with batch statistics of ``sample`` (this tile's owned part of
@@ -108,6 +119,8 @@ class SpatialGroupNorm(SpatialLayer, nn.GroupNorm):
         if x.dim() != 4:
             raise ConfigError("model", f"{self.layer_name}: spatial GroupNorm needs (N, C, H, W) "
                               f"tiles, got {x.dim()}-d")
+        if x.dtype in LOW_PRECISION:   # statistics accumulate in float32 (mixed precision)
+            return self.tile_forward(x.float()).to(x.dtype)
         n, c = x.shape[:2]
         groups = self.num_groups
         height, width = self.runtime.input_size(self, x)

@@ -114,3 +114,27 @@ def test_auto_balanced_config_single_process():
     tuned = auto_balanced_config(cfg, cell_stack(), torch.randn(2, 3, 16, 16), by="memory")
     assert tuned.balance is not None and sum(tuned.balance) == 6 and len(tuned.balance) == 3
     assert tuned.with_(balance=None) == cfg
+
+
+def test_default_balance_keeps_full_resolution_activations_off_the_layer_rank():
+    from mpi4dl_nb.config import ParallelConfig
+    from mpi4dl_nb.models import build_model
+    from mpi4dl_nb.pipeline.stages import default_balance, layer_memory, partition_stages
+
+    # the contiguous cut minimising the largest stage cost, by brute force on a toy cost
+    costs = [5, 1, 1, 7, 2, 2, 3]
+    cut = partition_stages(len(costs), 3, lambda stage, a, b: sum(costs[a:b]))
+    best = min((c for c in itertools.product(range(1, 6), repeat=3) if sum(c) == 7),
+               key=lambda c: max(sum(costs[s:s + n]) for s, n in zip(itertools.accumulate((0, *c[:-1])), c)))
+    bounds = list(itertools.accumulate((0, *cut)))
+    assert max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:])) == \
+        max(sum(costs[s:s + n]) for s, n in zip(itertools.accumulate((0, *best[:-1])), best))
+    layers = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
+    flagship = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
+    balance = default_balance(layers, flagship)
+    assert balance == (len(layers) - 1, 1)                                    # the layer rank: the head
+    assert default_balance(layers, flagship.with_(balance=(3, 2))) == (3, 2)   # an explicit balance wins
+    assert default_balance(layers, ParallelConfig(split_size=2, spatial_size=0)) == even_balance(len(layers), 2)
+    saved = [m.saved_bytes for m in layer_memory(layers, torch.empty(1, 3, 256, 256, device="meta"))]
+    tile_share = sum(saved[:balance[0]]) / 4
+    assert sum(saved[balance[0]:]) < tile_share          # the layer rank keeps less than one tile

@@ -83,6 +83,9 @@ PARALLEL_CASES = [
     (["--schedule", "1f1b", "--parts", "2", "--batch-size", "4"], "schedule", "1f1b"),
     (["--sync-batchnorm", "--data-parallel", "2", "--batch-size", "4"], "sync_batchnorm", True),
     (["--no-check-ops"], "check_ops", False),
+    (["--checkpoint-activations"], "checkpoint_activations", "every"),
+    (["--checkpoint-activations", "2"], "checkpoint_activations", 2),
+    (["--precision", "bf16"], "precision", "bf16"),
 ]
 
 

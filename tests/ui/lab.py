@@ -43,6 +43,8 @@ def missing_requirements() -> list[str]:
     missing = []
     if chromium_binary() is None:
         missing.append("the chromium browser (apt: chromium)")
+    if shutil.which("fc-list") is None:
+        missing.append("fc-list (apt: fontconfig)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:

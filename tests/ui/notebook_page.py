@@ -50,10 +50,10 @@ class NotebookPage:
         self.page = page
         self.lab = lab
         self.name = name
-        page.goto(lab.lab_url(name))
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+        page.goto(lab.lab_url(name), timeout=120_000)
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached", timeout=180_000)   # slow when loaded
         page.evaluate("() => window.jupyterapp && window.jupyterapp.shell.collapseLeft()")   # the file browser
-        self._wait_kernel_idle(90)
+        self._wait_kernel_idle(180)
 
     # ------------------------------------------------------------------ running
     def _kernel_status(self) -> str:
@@ -70,8 +70,12 @@ class NotebookPage:
     def run_all(self, timeout: float = 600) -> float:
         """Run > Run All Cells, then wait until no cell is queued or running for 3 s; returns seconds taken."""
         start = time.monotonic()
-        self.page.click("li.lm-MenuBar-item:has-text('Run')")
-        self.page.click(RUN_ALL)
+        try:
+            self.page.click("li.lm-MenuBar-item:has-text('Run')", timeout=30_000)
+            self.page.click(RUN_ALL, timeout=30_000)
+        except Exception:   # a loaded machine can leave the menu unclickable for a while: same command, directly
+            self.page.keyboard.press("Escape")
+            self.page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         self.wait_until_done(timeout, start)
         return time.monotonic() - start
 
@@ -148,7 +152,14 @@ class NotebookPage:
         """Widget labels/descriptions drawn shorter than their text (the text is cut with an ellipsis)."""
         return self.page.eval_on_selector_all(
             f"{WIDGET_VIEW} .widget-label, {WIDGET_VIEW} .widget-label-basic, {WIDGET_VIEW} button",
-            "els => els.filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)")
+            """els => els.filter(e => e.offsetParent).filter(e => {
+                   const range = document.createRange();          // the text's own width, fractions kept
+                   range.selectNodeContents(e);
+                   const style = getComputedStyle(e);
+                   const room = e.getBoundingClientRect().width - parseFloat(style.paddingLeft)
+                                - parseFloat(style.paddingRight);
+                   return range.getBoundingClientRect().width > room + 0.5;
+               }).map(e => e.innerText)""")
 
     def screenshot(self, path: str, max_height: int = 12_000) -> None:
         """The whole notebook in one picture: the window is made as tall as the notebook, then restored."""

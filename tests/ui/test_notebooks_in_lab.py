@@ -1,4 +1,4 @@
-"""The six tutorials in real JupyterLab + Chromium: Run All, every widget renders, no error, then a user's clicks.
+"""The tutorials in real JupyterLab + Chromium: Run All, every widget renders, no error, then a user's clicks.
 
 Each notebook runs on a scratch copy (Lab's autosave is off by the project's lab config; the test checks the copy
 is unchanged after the run). Screenshots land in out/ui/. The live step-through test shuts its kernel down with the
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.ui
 
 OUT = REPO / "out" / "ui"
 # Widget views each notebook shows after Run All.
-WIDGETS = {"01": 1, "02": 1, "03": 3, "04": 1, "05": 1, "06": 0}
+WIDGETS = {"01": 1, "02": 1, "03": 3, "04": 1, "05": 1, "06": 0, "07": 2}
 NAMES = {path.name[:2]: path.name for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
 
 
@@ -162,11 +162,14 @@ def test_03_step_through_text_timeline_and_glyphs(page, lab):
     wait_for(lambda: re.search(r"action (\d+)/\1 ", heading.inner_text()), what="the last action")
 
 
-@pytest.mark.parametrize("number", ["04", "05", "06"])
+@pytest.mark.parametrize("number", ["04", "05", "06", "07"])
 def test_notebook_runs_clean_in_lab(page, lab, number):
     notebook = run_notebook(page, lab, number)
     if number == "04":                                   # the flagship's exactness line, as printed in Lab
         assert "-> exact: True" in "\n".join(notebook.output_texts())
+    if number == "07":                                   # the 4-rank streamed heat map equals the whole-slide run
+        found = re.search(r"max \|streamed - whole slide\| = (\S+)", "\n".join(notebook.output_texts()))
+        assert found and float(found.group(1)) < 1e-9
 
 
 # ------------------------------------------------------------------------------------------ live step-through

@@ -1,4 +1,4 @@
-"""Notebook widgets (ipywidgets + matplotlib): config panel, halo viewer, step-through, timeline."""
+"""Notebook widgets (ipywidgets + matplotlib): config panel, halo viewer, step-through, timeline, learning curves."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ _EXPORTS = {
     "ClusterStepAgent": "stepper",
     "TimelineView": "timeline",
     "TrainingProgress": "timeline",
+    "AutoTune": "autotune",
+    "LearningCurves": "learning_curves",
 }
 
 __all__ = list(_EXPORTS)

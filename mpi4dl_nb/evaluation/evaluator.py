@@ -1,0 +1,99 @@
+"""Evaluate a HybridEngine on a dataset with the engine's own layout: padded batches, forward only, exact merge."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..comm.messages import as_items
+from ..data.base import Box, RegionDataset
+from ..pipeline.schedules import ActionKind
+from ..pipeline.step_input import ShardedImages
+from .metrics import Records, merge, summarize
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+    from ..pipeline.engine import HybridEngine
+
+
+class Evaluator:
+    """Runs ``engine.evaluate_batch`` over every image of ``dataset`` once, in dataset order.
+
+    Batches have the engine's batch size ``batch_size`` (any size the layout accepts); the
+    last one is filled up with repeats of the first images, whose results are dropped, so
+    every image counts exactly once whatever the layout. A stage-0 rank reads only its tile
+    box of each image. Each last-stage rank keeps per-sample records (position, label,
+    loss, logits); rank 0 merges them in sample order and computes the metrics from the
+    merged set (sums of counts and losses, never averages of averages); every rank gets them.
+    """
+
+    def __init__(self, engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch_size: int,
+                 dtype: torch.dtype = torch.float32) -> None:
+        if len(dataset) == 0:
+            raise ValueError("the validation set is empty")
+        self.engine = engine
+        self.dataset = dataset
+        self.ctx = ctx
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.num_classes = dataset.num_classes
+        self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0
+                                for a in engine.schedule.actions(ctx.rank))
+
+    @property
+    def batches(self) -> int:
+        return math.ceil(len(self.dataset) / self.batch_size)
+
+    def positions(self, batch: int) -> list[int]:
+        """Dataset positions of ``batch``'s rows (past the end: the first images again, as filler)."""
+        start = batch * self.batch_size
+        return [(start + r) % len(self.dataset) for r in range(self.batch_size)]
+
+    def _images(self, batch: int) -> ShardedImages | None:
+        if not self.reads_images:
+            return None
+        chosen = self.positions(batch)
+        size = self.dataset.image_size
+
+        def read(rows: slice, box: Box | None) -> torch.Tensor:
+            picked = chosen[rows]
+            return torch.stack([self.dataset.read(i, box) for i in picked]).to(self.dtype)
+        return ShardedImages(read, self.batch_size, (size, size))
+
+    def local_records(self) -> Records:
+        """This rank's records: every last-stage output it computes, real rows only (collective)."""
+        parts = []
+        for batch in range(self.batches):
+            outputs = self.engine.evaluate_batch(self._images(batch), batch_size=self.batch_size)
+            first = batch * self.batch_size
+            for rows, out in outputs:
+                logits = as_items(out)[0].detach().to("cpu", torch.float64)
+                position = np.arange(first + rows.start, first + rows.stop)
+                keep = position < len(self.dataset)
+                if not keep.any():
+                    continue
+                labels = torch.tensor([self.dataset.label(int(p)) for p in position[keep]])
+                kept = logits[torch.from_numpy(keep)]
+                loss = F.cross_entropy(kept, labels, reduction="none")
+                parts.append(Records(position[keep].astype(np.int64), labels.numpy().astype(np.int64),
+                                     loss.numpy(), kept.numpy()))
+        return merge(parts, self.num_classes)
+
+    def records(self) -> Records | None:
+        """Every rank's records merged in sample order, on rank 0 (None elsewhere; collective)."""
+        gathered = self.ctx.gather_object(self.local_records(), root=0)
+        if gathered is None:
+            return None
+        merged = merge(gathered, self.num_classes)
+        if len(merged) != len(self.dataset):
+            raise RuntimeError(f"evaluation saw {len(merged)} of {len(self.dataset)} images")
+        return merged
+
+    def run(self) -> dict[str, Any]:
+        """The metrics of the whole dataset (see ``metrics.summarize``), on every rank (collective)."""
+        records = self.records()
+        result = summarize(records, self.num_classes) if records is not None else None
+        return self.ctx.bcast_object(result, root=0)

@@ -1,0 +1,90 @@
+"""The metrics log of a run: ``metrics.jsonl`` (one line per step and per evaluation) and, if installed, TensorBoard.
+
+Written by one rank (rank 0), flushed after every line. A resumed run continues the file: lines
+of steps after the resumed checkpoint (a stretch the crash lost and the run redoes) are dropped
+first, so no step appears twice. A fresh run (step 0) finding an earlier file moves it aside
+(``metrics-<its run id>.jsonl``) rather than mixing the two or deleting it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, TextIO
+
+LOG_NAME = "metrics.jsonl"
+SCALARS = ("loss", "accuracy", "balanced_accuracy", "roc_auc")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (or of a log directory); a torn last line is ignored."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / LOG_NAME
+    records = []
+    for line in target.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: such numbers become None."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class MetricsLog:
+    """Appends step and evaluation records to ``<directory>/metrics.jsonl`` (and TensorBoard events)."""
+
+    def __init__(self, directory: str | Path, run_id: str, start_step: int = 0, tensorboard: bool = True) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / LOG_NAME
+        self.run_id = run_id
+        self.moved_aside: Path | None = None
+        self._prepare(start_step)
+        self.stream: TextIO = self.path.open("a")
+        self.writer = self._tensorboard(start_step) if tensorboard else None
+
+    def _prepare(self, start_step: int) -> None:
+        if not self.path.exists():
+            return
+        old = read_metrics(self.path)
+        if start_step == 0:
+            if old:
+                self.moved_aside = self.directory / f"metrics-{old[0].get('run_id') or 'earlier'}.jsonl"
+                os.replace(self.path, self.moved_aside)
+            return
+        kept = [r for r in old if int(r.get("step", 0)) <= start_step]
+        if len(kept) != len(old) or self.path.read_text().count("\n") != len(old):
+            partial = self.path.with_suffix(".jsonl.tmp")
+            partial.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(partial, self.path)
+
+    def _tensorboard(self, start_step: int) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:     # the optional extra: pip install mpi4dl-nb[tensorboard]
+            return None
+        return SummaryWriter(str(self.directory), purge_step=start_step + 1 if start_step else None)
+
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        """One record: ``kind`` 'train' or 'eval', the global step, the values (JSON-ready)."""
+        record = {"kind": kind, "step": step, "run_id": self.run_id,
+                  **{k: _clean(v) for k, v in values.items()}}
+        self.stream.write(json.dumps(record) + "\n")
+        self.stream.flush()
+        if self.writer is not None:
+            for name in SCALARS:
+                value = record.get(name if kind == "train" else f"val_{name}")
+                if isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"{kind}/{name}", value, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.stream.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,110 @@
+"""Classification metrics from per-sample records (pure numpy): loss, accuracy, balanced accuracy, recall, AUC.
+
+Every figure is computed from the merged per-sample records of all ranks (sorted by sample
+index), so it is a sum of counts or losses over the whole set divided once — never an
+average of per-rank averages — and the same for any rank layout.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Records:
+    """Per-sample results: dataset position, true label, loss and the logits (rows of ``logits``)."""
+
+    index: np.ndarray     # int64 (N,)
+    label: np.ndarray     # int64 (N,)
+    loss: np.ndarray      # float64 (N,)
+    logits: np.ndarray    # float64 (N, K)
+
+    @classmethod
+    def empty(cls, num_classes: int) -> Records:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, num_classes)))
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    @property
+    def predicted(self) -> np.ndarray:
+        return np.argmax(self.logits, axis=1) if len(self) else np.zeros(0, np.int64)
+
+
+def merge(parts: Sequence[Records], num_classes: int) -> Records:
+    """Every rank's records as one set sorted by sample index; ValueError if a sample appears twice."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return Records.empty(num_classes)
+    index = np.concatenate([p.index for p in parts])
+    order = np.argsort(index, kind="stable")
+    if np.any(np.diff(index[order]) == 0):
+        raise ValueError("a sample was evaluated twice; the evaluation batches overlap")
+    return Records(index[order], np.concatenate([p.label for p in parts])[order],
+                   np.concatenate([p.loss for p in parts])[order],
+                   np.concatenate([p.logits for p in parts])[order])
+
+
+def confusion_matrix(label: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
+    """``m[t, p]``: how many samples of true class ``t`` were predicted as ``p``."""
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (label, predicted), 1)
+    return matrix
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``values``, ties given the mean of the ranks they span."""
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    ranks = np.empty(len(values), dtype=np.float64)
+    start = 0
+    while start < len(values):
+        stop = start
+        while stop + 1 < len(values) and ordered[stop + 1] == ordered[start]:
+            stop += 1
+        ranks[order[start:stop + 1]] = (start + stop) / 2 + 1
+        start = stop + 1
+    return ranks
+
+
+def roc_auc(score: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve, exactly, by the rank statistic (Mann-Whitney U; ties count half).
+
+    ``score``: higher means more likely positive; ``positive``: booleans. None when one class is absent.
+    """
+    positive = np.asarray(positive, dtype=bool)
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return None
+    rank_sum = float(average_ranks(np.asarray(score, dtype=np.float64))[positive].sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def summarize(records: Records, num_classes: int) -> dict[str, Any]:
+    """The metrics of a merged set of records, as JSON-ready values (None where undefined)."""
+    count = len(records)
+    matrix = confusion_matrix(records.label, records.predicted, num_classes)
+    support = matrix.sum(axis=1)
+    recall = [float(matrix[c, c] / support[c]) if support[c] else None for c in range(num_classes)]
+    present = [r for r in recall if r is not None]
+    auc = None
+    if num_classes == 2 and count:
+        auc = roc_auc(records.logits[:, 1] - records.logits[:, 0], records.label == 1)
+    return {
+        "count": count,
+        "loss": float(records.loss.sum() / count) if count else None,
+        "accuracy": float(np.trace(matrix) / count) if count else None,
+        "balanced_accuracy": float(sum(present) / len(present)) if present else None,
+        "per_class_recall": recall,
+        "roc_auc": auc,
+        "confusion_matrix": matrix.tolist(),
+    }
+
+
+def prefixed(metrics: dict[str, Any], prefix: str = "val_") -> dict[str, Any]:
+    """``{'loss': ..}`` -> ``{'val_loss': ..}``: the names the progress line and summaries use."""
+    return {prefix + key: value for key, value in metrics.items()}

@@ -1,0 +1,77 @@
+"""Held-out data: a seeded stratified split of a dataset, subsets with region reads, the split's fingerprint."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data.base import Box, RegionDataset
+from ..errors import ConfigError
+
+
+def stratified_split(labels: Sequence[int], fraction: float, seed: int,
+                     num_classes: int) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices), both ascending: a share ``fraction`` of each class held out.
+
+    Deterministic in (labels, fraction, seed): class ``c``'s indices are shuffled by a
+    generator seeded with ``(seed, c)`` and the first ``round(fraction * n_c)`` go to
+    validation (at least one when the class has two or more samples, never all of them).
+    ConfigError for ``fraction`` outside (0, 1) or fewer validation samples than classes.
+    """
+    if not (0.0 < fraction < 1.0):
+        raise ConfigError("--val-fraction", f"must lie strictly between 0 and 1, got {fraction:g}")
+    labels = [int(v) for v in labels]
+    train: list[int] = []
+    val: list[int] = []
+    for c in sorted(set(labels)):
+        members = np.array([i for i, v in enumerate(labels) if v == c], dtype=np.int64)
+        members = members[np.random.default_rng([seed, c]).permutation(len(members))]
+        take = int(round(fraction * len(members)))
+        take = min(max(take, 1 if len(members) > 1 else 0), len(members) - 1)
+        val += members[:take].tolist()
+        train += members[take:].tolist()
+    if len(val) < num_classes:
+        raise ConfigError("--val-fraction", f"{fraction:g} of {len(labels)} images holds out {len(val)}, "
+                          f"fewer than the {num_classes} classes; raise --val-fraction or use more data")
+    return sorted(train), sorted(val)
+
+
+@dataclass
+class Subset:
+    """Some images of a dataset (``indices``), read through it: a RegionDataset itself."""
+
+    dataset: RegionDataset
+    indices: list[int]
+    image_size: int = field(init=False)
+    channels: int = field(init=False)
+    num_classes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.image_size = self.dataset.image_size
+        self.channels = self.dataset.channels
+        self.num_classes = self.dataset.num_classes
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def label(self, index: int) -> int:
+        return self.dataset.label(self.indices[index])
+
+    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+        return self.dataset.read(self.indices[index], box)
+
+
+def item_names(dataset: Any, indices: Sequence[int]) -> list[Any]:
+    """What names the images ``indices``: their files when the dataset has one file per image, else positions."""
+    files = getattr(dataset, "files", None) or getattr(dataset, "paths", None)
+    if files is not None and len(files) == len(dataset):
+        return [str(files[i]).rsplit("/", 2)[-2:] for i in indices]
+    return list(indices)
+
+
+def split_listing(dataset: Any, indices: Sequence[int]) -> list[Any]:
+    """What the validation images are (names and labels): the value the run identity hashes."""
+    return [item_names(dataset, indices), [dataset.label(i) for i in indices]]

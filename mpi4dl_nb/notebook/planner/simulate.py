@@ -1,0 +1,192 @@
+"""Replay a Schedule in simulated time: every rank's actions, messages, collectives, shared cores.
+
+Each rank executes its own action list in order, as the runtime does. A compute action has
+``work`` (seconds at full speed) and runs, together with every other computing rank of the
+node, at ``min(1, cores / computing ranks)`` of full speed (processor sharing: more ranks
+than cores slow each other down; with ``cores=None`` every rank has its own device). A
+group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
+ranks reached it and ends for all of them together, after each rank's work and a fixed
+``delay`` (wire time; waiting ranks use no core). Sends cost their sender nothing and arrive
+``delay`` later; a receive waits for its message. The result: when each rank finished, and
+how long it computed, waited and communicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from ...pipeline.schedules import Action, Schedule
+
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one action costs its rank: ``work`` on a core, then ``delay`` of wire time.
+
+    ``group``: a key shared by the ``members`` actions that run together on several ranks
+    (the tiles of one spatial op, an all-reduce); None for a rank's own action.
+    """
+
+    work: float = 0.0
+    delay: float = 0.0
+    group: Hashable = None
+    members: int = 1
+
+
+@dataclass
+class RankTimeline:
+    """One rank's simulated step: end time and where its time went (seconds)."""
+
+    rank: int
+    end: float = 0.0
+    compute: float = 0.0      # running actions (slowed down when ranks share cores)
+    wire: float = 0.0         # fixed delays: halo and collective wire time
+    waiting: float = 0.0      # idle until the step's end: bubbles, messages, other ranks
+    spans: list[tuple[float, float, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Running:
+    rank: int
+    action: Action
+    remaining: float
+    delay: float
+    group: Hashable
+    start: float
+
+
+class _Replay:
+    """State of one simulated step (see ``simulate``)."""
+
+    def __init__(self, schedule: Schedule, cost: Callable[[Action], Cost],
+                 message: Callable[[Action], float], cores: int | None) -> None:
+        self.lists = [schedule.actions(r) for r in range(len(schedule.per_rank))]
+        self.cost, self.message, self.cores = cost, message, cores
+        count = len(self.lists)
+        self.position = [0] * count
+        self.free_at = [0.0] * count
+        self.timelines = [RankTimeline(r) for r in range(count)]
+        self.arrivals: dict[tuple[int | None, int | None, int], list[float]] = {}   # (from, to, tag)
+        self.taken: dict[tuple[int | None, int | None, int], int] = {}
+        self.gathering: dict[Hashable, dict[int, Action]] = {}
+        self.finishing: dict[Hashable, list[_Running]] = {}
+        self.running: dict[int, _Running] = {}
+        self.blocked: set[int] = set()
+        self.now = 0.0
+
+    def done(self) -> bool:
+        return (all(p >= len(lst) for p, lst in zip(self.position, self.lists))
+                and not self.running and not self.blocked)
+
+    def wait(self, rank: int, until: float) -> None:
+        self.free_at[rank] = until
+
+    def try_start(self, rank: int) -> bool:
+        if (self.position[rank] >= len(self.lists[rank]) or rank in self.running
+                or rank in self.blocked or self.free_at[rank] > self.now + EPS):
+            return False
+        action = self.lists[rank][self.position[rank]]
+        kind = action.kind
+        if kind.is_p2p and kind.is_send:
+            self.arrivals.setdefault((rank, action.peer, action.tag), []).append(
+                self.now + self.message(action))
+            self.position[rank] += 1
+            return True
+        if kind.is_p2p:
+            key = (action.peer, rank, action.tag)
+            index = self.taken.get(key, 0)
+            sent = self.arrivals.get((action.peer, rank, action.tag), [])
+            if index >= len(sent):
+                return False                       # not sent yet: an event will wake us
+            if sent[index] > self.now + EPS:
+                self.wait(rank, sent[index])
+                return False
+            self.taken[key] = index + 1
+            self.position[rank] += 1
+            return True
+        c = self.cost(action)
+        if c.group is None or c.members <= 1:
+            self.running[rank] = _Running(rank, action, c.work, c.delay, None, self.now)
+            return True
+        members = self.gathering.setdefault(c.group, {})
+        members[rank] = action
+        self.blocked.add(rank)
+        self.timelines[rank].spans.append((self.now, self.now, "gather"))
+        if len(members) == c.members:
+            for member, act in members.items():
+                mc = self.cost(act)
+                self.blocked.discard(member)
+                self.timelines[member].spans.pop()
+                self.running[member] = _Running(member, act, mc.work, mc.delay, c.group, self.now)
+            del self.gathering[c.group]
+        return True
+
+    def finish(self, run: _Running) -> None:
+        timeline = self.timelines[run.rank]
+        timeline.compute += self.now - run.start
+        timeline.wire += run.delay
+        timeline.spans.append((run.start, self.now, run.action.kind.value))
+        self.free_at[run.rank] = self.now + run.delay
+        self.position[run.rank] += 1
+
+    def advance(self) -> None:
+        computing = list(self.running.values())
+        rate = 1.0 if self.cores is None or len(computing) <= self.cores else self.cores / len(computing)
+        events = [self.now + r.remaining / rate for r in computing]
+        events += [t for t in self.free_at if t > self.now + EPS]
+        events += [a for key, times in self.arrivals.items() for a in times[self.taken.get(key, 0):]
+                   if a > self.now + EPS]
+        if not events:
+            stuck = [self.lists[r][self.position[r]].describe() for r in range(len(self.lists))
+                     if self.position[r] < len(self.lists[r])]
+            raise RuntimeError(f"simulated schedule stalled at {self.now:.6f} s: {stuck[:4]}")
+        step_to = max(self.now, min(events))
+        for r in computing:
+            r.remaining -= (step_to - self.now) * rate
+        self.now = step_to
+        for run in [r for r in computing if r.remaining <= EPS]:
+            del self.running[run.rank]
+            if run.group is None:
+                self.finish(run)
+                continue
+            group = self.finishing.setdefault(run.group, [])
+            group.append(run)
+            self.blocked.add(run.rank)
+            if len(group) == self.cost(run.action).members:
+                for member in group:
+                    self.blocked.discard(member.rank)
+                    self.finish(member)
+                del self.finishing[run.group]
+
+    def run(self) -> list[RankTimeline]:
+        while True:
+            progressed = True
+            while progressed:
+                progressed = False
+                for rank in range(len(self.lists)):
+                    while self.try_start(rank):
+                        progressed = True
+            if self.done():
+                break
+            self.advance()
+        end = max(self.free_at, default=0.0)
+        for timeline in self.timelines:
+            timeline.end = self.free_at[timeline.rank]
+            timeline.waiting = max(0.0, end - timeline.compute - timeline.wire)
+        return self.timelines
+
+
+def simulate(schedule: Schedule, cost: Callable[[Action], Cost], message: Callable[[Action], float],
+             cores: int | None = None) -> list[RankTimeline]:
+    """Simulated step of ``schedule``: ``cost(action)`` of compute and collective actions,
+    ``message(send)`` the seconds from a send to its arrival, ``cores`` shared by all ranks
+    (None: a device each). Returns every rank's timeline."""
+    return _Replay(schedule, cost, message, cores).run()
+
+
+def group_key(action: Action, ranks: Sequence[int], what: str) -> tuple[Hashable, ...]:
+    """The key shared by the ranks ``ranks`` running ``action`` together."""
+    return (what, action.kind.value, action.dp, action.replica, action.stage, action.micro_batch,
+            action.copy, tuple(ranks))

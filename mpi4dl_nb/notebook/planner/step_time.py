@@ -1,0 +1,261 @@
+"""Time model: a configuration's step time, from measured layer times, the network model and
+the real schedule replayed in simulated time.
+
+Per action of ``schedules.build_schedule(cfg)``:
+
+* forward/backward: the stage's layer times on that rank's tile and chunk (``LayerTimer``),
+  the copies the runtime makes (cutting the input tile, joining tiles at the SP -> LP
+  hand-off) at the device's copy speed; on a spatial stage the tiles run as one group
+  and add the wire time of their halo messages and BatchNorm sums (counted in the
+  footprint simulation: messages and bytes per tile);
+* sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival;
+* all-reduce: the ring formula over the stage's holders, plus flattening the gradients;
+* optimizer: reading and writing the parameters, gradients and state (5 passes).
+
+``simulate`` runs every rank's list with ranks sharing the node's cores, so bubbles, waits
+and oversubscribed cores come from the schedule itself. The result says what binds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...config import ParallelConfig
+from ...layout import layout, stage_holders
+from ...pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
+from .footprint import FootprintCache
+from .memory import (
+    DEFAULT_CACHE,
+    Precision,
+    Recompute,
+    StageModel,
+    _profiles,
+    balance_of,
+    default_loss,
+    settings_of,
+)
+from .profile import LayerProfile, Layers, batched
+from .simulate import Cost, RankTimeline, group_key, simulate
+from .timing import LayerTime, LayerTimer, Network, Node
+
+HEADER_BYTES = 162 * 8
+DEFAULT_TIMERS: dict[tuple[str, int, int], LayerTimer] = {}
+
+
+def default_timer(device: torch.device | str = "cpu", repeats: int = 3, threads: int = 1) -> LayerTimer:
+    """A LayerTimer shared by every prediction on ``device`` with ``threads`` torch threads
+    (layer times measured once)."""
+    key = (str(torch.device(device)), repeats, threads)
+    if key not in DEFAULT_TIMERS:
+        DEFAULT_TIMERS[key] = LayerTimer(device, repeats, threads)
+    return DEFAULT_TIMERS[key]
+
+
+def rank_threads(node: Node, world_size: int) -> int:
+    """Torch threads each of ``world_size`` ranks on ``node`` uses by default (``dl.init``:
+    the cores split among the ranks, at least one; a GPU rank: one)."""
+    return max(1, node.cores // world_size) if node.cores else 1
+
+
+@dataclass
+class TimePlan:
+    """Predicted step of one configuration: seconds, and where each rank's time goes."""
+
+    cfg: ParallelConfig
+    batch_size: int
+    seconds: float
+    ranks: list[RankTimeline]
+    halo_seconds: float = 0.0          # wire time of halo messages on the slowest tile, per step
+    handoff_bytes: int = 0             # activation + gradient bytes between stages, per step
+    allreduce_seconds: float = 0.0
+    stage_seconds: dict[int, float] = field(default_factory=dict)   # forward + backward per chunk
+
+    @property
+    def images_per_second(self) -> float:
+        return self.batch_size / self.seconds if self.seconds else float("inf")
+
+    @property
+    def idle_fraction(self) -> float:
+        """Share of rank-time spent waiting (pipeline bubbles, waits for messages/tiles)."""
+        total = self.seconds * len(self.ranks)
+        return sum(r.waiting for r in self.ranks) / total if total else 0.0
+
+    @property
+    def oversubscription(self) -> float:
+        """Wall time of compute beyond the work itself (ranks sharing cores), as a share."""
+        return 0.0
+
+    def binding(self) -> str:
+        """One phrase: what limits the step."""
+        if not self.ranks:
+            return ""
+        busiest = max(self.ranks, key=lambda r: r.compute)
+        wire = sum(r.wire for r in self.ranks) / len(self.ranks)
+        if self.idle_fraction > 0.35:
+            return f"pipeline bubble / waits ({self.idle_fraction:.0%} of rank-time idle)"
+        if wire > 0.25 * self.seconds:
+            return f"communication ({wire / self.seconds:.0%} of the step on the wire)"
+        return f"compute of rank {busiest.rank} ({busiest.compute / self.seconds:.0%} of the step)"
+
+
+@dataclass
+class _Costs:
+    """Per-action costs of one configuration (see the module docstring)."""
+
+    model: StageModel
+    timer: LayerTimer
+    network: Network
+    node: Node
+    recompute: Recompute
+    holders: dict[tuple[int, int, int], tuple[int, ...]]
+    held: dict[int, list[int]]            # rank -> stages it holds (a GEMS copy twice)
+    _stage: dict[tuple[int, int | None], tuple[float, float, float, float]] = field(default_factory=dict)
+
+    def layer_time(self, stage: int, index: int, tile: int | None) -> tuple[LayerTime, Any]:
+        model = self.model
+        profile = model.profiles[index]
+        role = model.role(stage)
+        last = index == len(model.profiles) - 1
+        loss = model._loss if last else None
+        shapes = [batched(s, model.chunk) for s in profile.in_shapes]
+        assert profile.layer is not None
+        footprints = model.cache.layer(profile.layer, shapes, model.precision.activations, role,
+                                       loss=loss, loss_key=model.loss_fn, elementwise=model.elementwise)
+        timed = self.timer.layer(profile.layer, shapes, model.precision.activations, role,
+                                 loss=loss, loss_key=model.loss_fn)
+        return timed, footprints[tile or 0]
+
+    def stage(self, stage: int, tile: int | None) -> tuple[float, float, float, float]:
+        """(forward work, forward wire, backward work, backward wire) of one chunk."""
+        key = (stage, tile)
+        if key not in self._stage:
+            fw = fd = bw = bd = 0.0
+            spatial = stage < self.model.cfg.spatial_size
+            members = self.model.cfg.num_spatial_parts
+            for index in range(self.model.bounds[stage], self.model.bounds[stage + 1]):
+                timed, fp = self.layer_time(stage, index, tile)
+                fw += timed.forward
+                bw += timed.backward
+                if spatial:
+                    fd += self._wire(fp.forward_traffic, members)
+                    bd += self._wire(fp.backward_traffic, members)
+            if self.recompute is Recompute.STAGE:
+                bw += fw
+            self._stage[key] = (fw, fd, bw, bd)
+        return self._stage[key]
+
+    def _wire(self, traffic: Any, members: int) -> float:
+        per_message = traffic.message_bytes / traffic.messages if traffic.messages else 0.0
+        halo = traffic.messages * self.network.message(per_message) / 2   # sends overlap receives
+        sums = traffic.collectives * self.network.all_reduce(
+            traffic.collective_bytes / max(1, traffic.collectives), members)
+        return halo + sums
+
+    def copy_seconds(self, nbytes: float) -> float:
+        return nbytes / self.node.copy_bandwidth
+
+    def __call__(self, action: Action) -> Cost:
+        kind = action.kind
+        cfg = self.model.cfg
+        if kind in (ActionKind.FORWARD, ActionKind.BACKWARD):
+            tile = action.tile
+            fw, fd, bw, bd = self.stage(action.stage, tile)
+            fp = self.model.footprint(action.stage, tile)
+            spatial = action.stage < cfg.spatial_size
+            if kind is ActionKind.FORWARD:
+                work, delay = fw, fd
+                if action.stage == 0 and spatial:
+                    work += self.copy_seconds(fp.input_bytes)           # cutting the tile
+                if action.stage > 0 and action.stage - 1 < cfg.spatial_size <= action.stage:
+                    work += self.copy_seconds(fp.input_bytes)           # joining the tiles
+            else:
+                work, delay = bw, bd
+            if spatial:
+                ranks = self.holders[(action.dp, action.replica, action.stage)]
+                return Cost(work, delay, group_key(action, ranks, "tiles"), len(ranks))
+            return Cost(work, delay)
+        if kind is ActionKind.ALLREDUCE:
+            ranks = tuple(stage_holders(cfg, action.stage))
+            grad = self.model.param_count(action.stage) * _size(self.model.precision.weight_dtype)
+            work = self.copy_seconds(3 * grad)
+            delay = self.network.all_reduce(grad, len(ranks)) + self.network.latency * len(ranks)
+            return Cost(work, delay, ("allreduce", action.dp, action.stage, ranks), len(ranks))
+        if kind is ActionKind.OPTIM:
+            held = sum(self.model.param_count(s) for s in self.held[action.rank])
+            return Cost(self.copy_seconds(5 * held * _size(self.model.precision.weight_dtype)))
+        return Cost()
+
+    def payload_bytes(self, action: Action) -> int:
+        """Bytes a send carries: the stage output (activations) or the input gradient piece."""
+        if action.kind.carries_activation:
+            tile = action.tile if action.stage < self.model.cfg.spatial_size else None
+            return self.model.footprint(action.stage, tile).output_bytes
+        return self._grad_piece(action)
+
+    def message(self, action: Action) -> float:
+        """Seconds from a send to its arrival: the header, then the tensor."""
+        return self.network.message(HEADER_BYTES) + self.network.message(self.payload_bytes(action))
+
+    def _grad_piece(self, action: Action) -> int:
+        cfg = self.model.cfg
+        stage = action.stage
+        if 0 < stage and stage - 1 < cfg.spatial_size <= stage:
+            ranks = self.holders[(action.dp, action.replica, stage - 1)]
+            return self.model.footprint(stage - 1, ranks.index(action.peer)).output_bytes
+        tile = action.tile if stage < cfg.spatial_size else None
+        return self.model.footprint(stage, tile).input_grad_bytes
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
+                      image_size: int | tuple[int, int], batch_size: int, *,
+                      network: Network | None = None, node: Node | None = None,
+                      timer: LayerTimer | None = None, in_channels: int = 3,
+                      dtype: torch.dtype = torch.float32, precision: Precision | None = None,
+                      recompute: Recompute | str | None = None,
+                      loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
+                      cache: FootprintCache | None = None) -> TimePlan:
+    """Predicted seconds of one ``train_step`` of ``cfg`` on ``batch_size`` images.
+
+    ``network``: from ``calibrate_network`` on the cluster (default: a shared-memory guess);
+    ``node``: the cores the ranks share (default: this machine's CPU cores); ``timer``:
+    where layer times are measured and cached (default: this process, CPU, with the threads
+    each rank of ``cfg`` gets from ``dl.init`` on ``node``, ``rank_threads``).
+    ``precision``/``recompute`` None: from ``cfg``'s memory knobs (``memory.settings_of``).
+    """
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    precision, recompute = settings_of(cfg, dtype, precision, recompute)
+    profiles = _profiles(model, (height, width), in_channels, precision.activations)
+    cfg.validate(batch_size=batch_size, num_layers=len(profiles))
+    balance = balance_of(profiles, cfg)
+    stage_model = StageModel(cfg, profiles, balance, batch_size // cfg.batch_divisor, precision,
+                             cache or DEFAULT_CACHE, loss_fn)
+    node = node or Node.this_machine(timer.device if timer else "cpu")
+    timer = timer or default_timer(threads=rank_threads(node, cfg.world_size))
+    network = network or Network()
+    roles = layout(cfg)
+    held = {role.rank: [slot.stage for slot in (role.primary, role.mirror) if slot is not None]
+            for role in roles}
+    costs = _Costs(stage_model, timer, network, node, recompute, stage_ranks(cfg, roles), held)
+    schedule = build_schedule(cfg)
+    timelines = simulate(schedule, costs, costs.message, node.cores)
+    seconds = max(t.end for t in timelines) + network.all_reduce(8, cfg.world_size)
+    handoff = sum(costs.payload_bytes(a) for a in schedule.global_order() if a.kind.is_p2p and a.kind.is_send)
+    halo = 0.0
+    for stage in range(cfg.spatial_size):
+        _, fd, _, bd = costs.stage(stage, 0)
+        halo += (fd + bd) * cfg.parts * (2 * cfg.times if cfg.gems else 1) * cfg.local_dp
+    stage_seconds = {}
+    for stage in range(cfg.split_size):
+        fw, fd, bw, bd = costs.stage(stage, 0 if stage < cfg.spatial_size else None)
+        stage_seconds[stage] = fw + fd + bw + bd
+    allreduce = sum(network.all_reduce(stage_model.param_count(s) * _size(precision.weight_dtype),
+                                       len(stage_holders(cfg, s))) for s in range(cfg.split_size))
+    return TimePlan(cfg, batch_size, seconds, timelines, halo, handoff, allreduce, stage_seconds)

@@ -1,0 +1,211 @@
+"""What the time model is built from: layer times profiled on the device, a network model
+calibrated by ping-pong, and the node's compute capacity.
+
+``LayerTimer`` runs each layer once per input shape and role on the rank's device with real
+tensors - a spatial layer spatialized for one tile alone (``fake_world``'s size oracle), so
+its halo packing and decomposed BatchNorm are timed, the wire time is not - and keeps the
+median forward and backward seconds. ``Network`` turns bytes and
+messages into seconds (``latency + bytes / bandwidth``), ``calibrate_network`` measures it
+on the running cluster. ``Node`` says how many ranks compute at full speed at once (CPU
+cores shared by the ranks of one node; a GPU per rank).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...comm.messages import as_items
+from ...comm.protocol import Comm
+from ...spatial.geometry import TileGrid
+from .fake_world import FakeComm, SizeOracle
+from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
+
+
+@dataclass(frozen=True)
+class Network:
+    """Point-to-point cost ``latency + bytes / bandwidth`` (seconds), and collectives from it."""
+
+    latency: float = 20e-6
+    bandwidth: float = 5e9
+
+    def message(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+    def all_reduce(self, nbytes: float, ranks: int) -> float:
+        """Ring all-reduce: 2(p-1) steps of ``bytes/p``."""
+        if ranks <= 1:
+            return 0.0
+        return 2 * (ranks - 1) * (self.latency + nbytes / ranks / self.bandwidth)
+
+    def describe(self) -> str:
+        return f"latency {self.latency * 1e6:.1f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s"
+
+
+@dataclass(frozen=True)
+class Node:
+    """How many ranks compute at full speed at once (``cores``; None: every rank, e.g. one
+    GPU each), and how fast the device copies memory (bytes/s)."""
+
+    cores: int | None = None
+    copy_bandwidth: float = 5e9
+
+    @classmethod
+    def this_machine(cls, device: torch.device | str = "cpu") -> Node:
+        """CPU: the cores of this machine, copy speed measured; GPU: one device per rank."""
+        device = torch.device(device)
+        if device.type != "cpu":
+            return cls(None, measure_copy_bandwidth(device))
+        return cls(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                   measure_copy_bandwidth(device))
+
+
+def measure_copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 16 * 2 ** 20,
+                           repeats: int = 5) -> float:
+    """Bytes per second of a tensor copy on ``device`` (median of ``repeats``)."""
+    source = torch.ones(nbytes // 4, device=device)
+    target = torch.empty_like(source)
+    runs = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        _sync(device)
+        runs.append(time.perf_counter() - start)
+    return nbytes / max(1e-9, statistics.median(runs[1:]))
+
+
+def _sync(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def calibrate_network(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20),
+                      repeats: int = 7) -> Network:
+    """The job's ``Network``: a ping-pong between ranks 0 and 1 of ``ctx`` (collective; every
+    rank gets the fit). One rank: the default guess."""
+    from ...run.measure import ping_pong
+
+    points = ping_pong(ctx, sizes, repeats)
+    return fit_network(points) if points else Network()
+
+
+def fit_network(points: Sequence[tuple[float, float]]) -> Network:
+    """Least-squares ``time = latency + bytes / bandwidth`` over (bytes, seconds) points."""
+    n = len(points)
+    if n < 2:
+        return Network()
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx if sxx else 0.0
+    slope = max(slope, 1e-12)
+    latency = max(1e-7, mean_y - slope * mean_x)
+    return Network(latency=latency, bandwidth=1.0 / slope)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds of one layer's forward and backward on one rank (one chunk)."""
+
+    forward: float
+    backward: float
+
+
+class LayerTimer:
+    """Forward/backward seconds per (layer structure, input shapes, dtype, role), measured
+    once on ``device`` with ``threads`` torch threads (the engines' setting)."""
+
+    def __init__(self, device: torch.device | str = "cpu", repeats: int = 3, threads: int = 1) -> None:
+        self.device = torch.device(device)
+        self.repeats = repeats
+        self.threads = threads
+        self._found: dict[Hashable, LayerTime] = {}
+        self._structure = StructureKeys()
+        self.profiled = 0
+
+    def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
+              loss: Loss | None = None, loss_key: Hashable = None) -> LayerTime:
+        """Time of ``layer`` on the slowest tile of ``role`` (whole maps: the only one)."""
+        tile = slowest_tile(role, shapes)
+        key = (self._structure(layer), tuple(tuple(s) for s in shapes), dtype, role, tile,
+               loss_key if loss is not None else None)
+        found = self._found.get(key)
+        if found is None:
+            found = self._measure(layer, shapes, dtype, role, tile, loss)
+            self._found[key] = found
+            self.profiled += 1
+        return found
+
+    def _measure(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
+                 tile: int, loss: Loss | None) -> LayerTime:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            inputs_shapes = list(shapes)
+            if role.grid is None:
+                module: nn.Module = copy.deepcopy(layer).to(device=self.device, dtype=dtype).train()
+            else:
+                grid = TileGrid(*role.grid)
+                full = next(s for s in shapes if len(s) == 4)
+                comm = FakeComm(tile, None, self.device, world_size=grid.num_tiles,
+                                sizes=SizeOracle(grid.rows, grid.cols, map_sizes(layer, shapes, dtype)))
+                module = spatial_module(layer, grid, comm, role, full, dtype, device=str(self.device))
+                inputs_shapes = tile_shapes(shapes, grid, tile)
+            return self._run(module, inputs_shapes, dtype, loss)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self, module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
+             loss: Loss | None) -> LayerTime:
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        inputs = [torch.randn(s, dtype=dtype, device=self.device, generator=generator).requires_grad_(True)
+                  for s in shapes]
+        x: Any = tuple(inputs) if len(inputs) > 1 else inputs[0]
+        forward, backward = [], []
+        for _ in range(self.repeats + 1):
+            _sync(self.device)
+            start = time.perf_counter()
+            out = module(x)
+            if loss is not None:
+                out = loss(out)
+            _sync(self.device)
+            middle = time.perf_counter()
+            outs = [o for o in as_items(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+            grads = [torch.ones_like(o) for o in outs]
+            _sync(self.device)
+            middle2 = time.perf_counter()
+            torch.autograd.backward(outs, grads)
+            _sync(self.device)
+            end = time.perf_counter()
+            forward.append(middle - start)
+            backward.append(end - middle2)
+            for t in inputs:
+                t.grad = None
+            module.zero_grad(set_to_none=True)
+            del out, outs, grads
+        return LayerTime(statistics.median(forward[1:]), statistics.median(backward[1:]))
+
+
+def slowest_tile(role: StageRole, shapes: Sequence[Shape]) -> int:
+    """The tile with the largest input area, most neighbours among equals (0 for whole maps)."""
+    if role.grid is None:
+        return 0
+    grid = TileGrid(*role.grid)
+    full = next((s for s in shapes if len(s) == 4), None)
+    if full is None:
+        return 0
+
+    def weight(tile: int) -> tuple[int, int]:
+        h, w = grid.tile_of_size(tile, full[-2], full[-1])
+        return (h * w, len(grid.neighbors(tile)))
+
+    return max(range(grid.num_tiles), key=weight)

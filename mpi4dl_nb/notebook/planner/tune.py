@@ -1,0 +1,198 @@
+"""Live auto-tune: the planner's top configurations run a few steps each on the live ranks,
+predicted next to measured, and the fastest one that fits is picked.
+
+``Tuner`` drives it through ``run(function, *args)``, which calls one of the collective
+functions of ``run.tune`` on every rank and returns rank 0's result - ``cluster.run`` from a
+notebook (``Tuner.on_cluster``), or the ranks themselves in ``python -m mpi4dl_nb tune``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...config import ParallelConfig
+from ...run.tune import (
+    Measured,
+    ModelSpec,
+    measure_config_on_engine,
+    measure_one_process_on_engine,
+    ping_pong_on_engine,
+)
+from .memory import MB, estimate_memory
+from .step_time import predict_step_time
+from .suggest import KNOB_VALUES, Suggestion, Suggestions, describe_config, one_knob_variants, suggest
+from .timing import Network, fit_network
+
+Runner = Callable[..., Any]
+
+
+@dataclass
+class TuneRow:
+    """One configuration (None: one process) predicted and, once run, measured."""
+
+    label: str
+    cfg: ParallelConfig | None
+    predicted_seconds: float
+    predicted_peak: int
+    measured: Measured | None = None
+    suggestion: Suggestion | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """Predicted / measured step time."""
+        return self.predicted_seconds / self.measured.seconds if self.measured else None
+
+    def fits(self, limit: float) -> bool:
+        return self.measured is not None and self.measured.peak <= limit
+
+
+@dataclass
+class TuneResult:
+    """Every row of an auto-tune (one process first, then the candidates in suggest's order)."""
+
+    limit: float
+    rows: list[TuneRow]
+    network: Network
+    suggestions: Suggestions | None = None
+
+    @property
+    def candidates(self) -> list[TuneRow]:
+        return [row for row in self.rows if row.cfg is not None]
+
+    @property
+    def best(self) -> TuneRow | None:
+        """The fastest measured candidate whose every rank fits the limit."""
+        fitting = [row for row in self.candidates if row.fits(self.limit)]
+        return min(fitting, key=lambda row: row.measured.seconds) if fitting else None   # type: ignore[union-attr]
+
+    @property
+    def suggested(self) -> TuneRow | None:
+        """Suggest's first choice (the fastest predicted)."""
+        return self.candidates[0] if self.candidates else None
+
+    def table(self) -> str:
+        """Predicted and measured side by side, aligned (MB, seconds)."""
+        headers = ["#", "configuration", "ranks", "pred s", "meas s", "pred/meas", "pred MB", "meas MB",
+                   "fits"]
+        rows = []
+        for index, row in enumerate(self.rows):
+            measured = row.measured
+            rows.append([
+                "-" if row.cfg is None else str(index), row.label,
+                "1" if row.cfg is None else str(row.cfg.world_size), f"{row.predicted_seconds:.3f}",
+                f"{measured.seconds:.3f}" if measured else "...",
+                f"{row.ratio:.2f}" if row.ratio is not None else "",
+                f"{row.predicted_peak / MB:.1f}", f"{measured.peak / MB:.1f}" if measured else "...",
+                ("yes" if row.fits(self.limit) else "no") if measured else ""])
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+        lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                 for r in [headers, *rows]]
+        best, first = self.best, self.suggested
+        if best is not None and best.measured is not None:
+            lines.append(f"picked: {best.label} ({best.measured.seconds:.3f} s/step measured, "
+                         f"peak {best.measured.peak / MB:.1f} MB <= {self.limit / MB:.1f} MB)")
+            if self.suggestions is not None and first is not None and first.measured is not None:
+                lines.append(f"suggest's first choice measured {first.measured.seconds:.3f} s: "
+                             f"{first.measured.seconds / best.measured.seconds:.2f}x the best")
+        elif self.candidates and all(r.measured for r in self.candidates):
+            lines.append(f"no candidate fits {self.limit / MB:.1f} MB as measured")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"limit_mb": self.limit / MB, "network": {"latency": self.network.latency,
+                                                          "bandwidth": self.network.bandwidth},
+                "rows": [{"label": r.label, "config": r.cfg.as_dict() if r.cfg else None,
+                          "predicted_seconds": r.predicted_seconds, "predicted_peak_mb": r.predicted_peak / MB,
+                          "measured_seconds": r.measured.seconds if r.measured else None,
+                          "measured_peak_mb": [p / MB for p in r.measured.peaks] if r.measured else None,
+                          "fits": r.fits(self.limit)} for r in self.rows],
+                "picked": self.best.cfg.as_dict() if self.best and self.best.cfg else None}
+
+
+@dataclass
+class Tuner:
+    """One auto-tune of ``spec`` at ``image_size``/``batch_size`` under ``memory_limit`` bytes
+    per rank on ``devices`` ranks: ``top`` candidates, ``steps`` timed steps each."""
+
+    spec: ModelSpec
+    image_size: int
+    batch_size: int
+    memory_limit: float
+    devices: int
+    run: Runner
+    top: int = 3
+    steps: int = 2
+    suggest_options: dict[str, Any] = field(default_factory=dict)
+    result: TuneResult | None = None
+
+    @classmethod
+    def on_cluster(cls, cluster: Any, spec: ModelSpec, image_size: int, batch_size: int,
+                   memory_limit: float, timeout: float = 1800.0, **options: Any) -> Tuner:
+        """A Tuner whose measurements run on an ipyparallel ``cluster`` (all its engines)."""
+        def run(function: Callable[..., Any], *args: Any) -> Any:
+            return cluster.run(function, *args, timeout=timeout)[0]
+        return cls(spec, image_size, batch_size, memory_limit, len(cluster.ranks), run, **options)
+
+    def plan(self, network: Network) -> TuneResult:
+        """suggest with the calibrated network; the rows to measure (nothing measured yet)."""
+        layers = self.spec.build()
+        found = suggest(layers, self.image_size, self.memory_limit, self.devices, batch_size=self.batch_size,
+                        dtype=self.spec.torch_dtype, network=network, top=self.top, **self.suggest_options)
+        serial = found.serial_time
+        rows = [TuneRow("one process", None, serial.seconds if serial else float("nan"),
+                        found.serial_memory.peak)]
+        rows += [TuneRow(describe_config(s.cfg), s.cfg, s.est_step_time, s.peak_bytes, suggestion=s)
+                 for s in found]
+        self.result = TuneResult(self.memory_limit, rows, network, found)
+        return self.result
+
+    def sweep(self, base: ParallelConfig, network: Network | None = None,
+              knobs: Sequence[str] = tuple(KNOB_VALUES)) -> TuneResult:
+        """The rows of a one-knob sweep around ``base`` (one process, ``base``, then each
+        ``one_knob_variants`` of it, labelled by the knob it changes), predicted with
+        ``network`` (None: calibrated now); measure them with ``measure`` or ``measure_all``."""
+        network = network or self.calibrate()
+        layers = self.spec.build()
+        dtype = self.spec.torch_dtype
+        serial_cfg = ParallelConfig(split_size=1, spatial_size=0)
+        configs = [("one process", serial_cfg), (describe_config(base), base)]
+        configs += [(f"{knob}={value}", cfg)
+                    for knob, value, cfg in one_knob_variants(base, len(layers), self.batch_size, knobs)]
+        rows = []
+        for label, cfg in configs:
+            seconds = predict_step_time(layers, cfg, self.image_size, self.batch_size, dtype=dtype,
+                                        network=network).seconds
+            peak = estimate_memory(layers, cfg, self.image_size, self.batch_size, dtype=dtype).peak
+            rows.append(TuneRow(label, None if cfg is serial_cfg else cfg, seconds, peak))
+        self.result = TuneResult(self.memory_limit, rows, network)
+        return self.result
+
+    def measure_all(self, result: TuneResult, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
+        """Measure every row of ``result`` on the ranks; ``progress(result)`` after each."""
+        for row in result.rows:
+            self.measure(row)
+            if progress is not None:
+                progress(result)
+        return result
+
+    def calibrate(self) -> Network:
+        return fit_network(self.run(ping_pong_on_engine))
+
+    def measure(self, row: TuneRow) -> TuneRow:
+        """Run one row on the ranks (fills ``row.measured``)."""
+        if row.cfg is None:
+            row.measured = self.run(measure_one_process_on_engine, self.spec, self.image_size, self.batch_size,
+                                    self.steps)
+        else:
+            row.measured = self.run(measure_config_on_engine, self.spec, row.cfg.as_dict(), self.image_size,
+                                    self.batch_size, self.steps)
+        return row
+
+    def __call__(self, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
+        """Calibrate, suggest, then measure every row; ``progress(result)`` after each."""
+        result = self.plan(self.calibrate())
+        if progress is not None:
+            progress(result)
+        return self.measure_all(result, progress)

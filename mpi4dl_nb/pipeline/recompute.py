@@ -1,0 +1,220 @@
+"""Activation recomputation: a stage keeps only its segments' inputs and recomputes inside on backward.
+
+``checkpointed(module, setting)`` cuts a stage (an ``nn.Sequential`` of layers, plain or
+spatialized) into segments of consecutive layers ('every': one layer each; 'blocks':
+``ceil(sqrt(L))`` layers each, the memory-optimal cut for L equal layers; N: N layers each).
+Each segment runs forward without building a graph and saves only its input (counted by the
+activation meter like any saved tensor); its backward runs the segment again with grad and
+back-propagates through that fresh graph (one segment's activations alive at a time).
+
+Exactness: the recomputed forward computes the same values as the first one, so loss,
+gradients and updated weights are those of the plain stage. What differs between the two
+forwards is handled here:
+
+* running statistics (BatchNorm, InstanceNorm): the recomputed forward runs the norms on
+  throw-away copies of their buffers, so they are updated once (by the first forward, whose
+  per-chunk terms the BatchNorm ledger records as before);
+* spatial stages: the recomputation sends nothing: the halo strips and BatchNorm statistics the
+  first forward received are kept (``spatial/replay.py``; saved tensors, so the meter counts
+  them) and taken back in call order (re-exchanging them cost ~16% of an SP step here,
+  BENCHMARKS.md section 10); the runtime replays the
+  forward's cached sizes and call ordinals and the op guard tracks placements (tiles vs
+  replicated tensors) again, so SE gates get their gradient sums in the recomputed graph too;
+* random numbers (dropout on layer-parallel stages): the RNG state of the first forward is
+  restored for the recomputation; autocast (mixed precision) is re-entered as it was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.messages import Payload, as_items
+from ..spatial.base import SpatialRuntime, shallow_copy
+from ..spatial.guard import is_tiled, mark_tiled
+from ..spatial.replay import ForwardLog
+from .bn_replay import running_stat_norms
+
+Setting = str | int
+
+
+def segment_bounds(num_layers: int, setting: Setting) -> list[tuple[int, int]]:
+    """Half-open layer ranges of the segments of a stage of ``num_layers`` layers.
+
+    >>> segment_bounds(5, 2)
+    [(0, 2), (2, 4), (4, 5)]
+    >>> segment_bounds(9, "blocks")
+    [(0, 3), (3, 6), (6, 9)]
+    """
+    if setting == "every":
+        size = 1
+    elif setting == "blocks":
+        size = max(1, math.ceil(math.sqrt(num_layers)))
+    elif isinstance(setting, int) and setting >= 1:
+        size = setting
+    else:
+        raise ValueError(f"checkpoint setting {setting!r}: use 'every', 'blocks' or N >= 1")
+    return [(start, min(start + size, num_layers)) for start in range(0, num_layers, size)]
+
+
+@contextmanager
+def spare_running_stats(norms: Sequence[Any]) -> Iterator[None]:
+    """Inside, ``norms`` update throw-away copies of their running statistics (restored after)."""
+    saved = [(m, m.running_mean, m.running_var, getattr(m, "num_batches_tracked", None)) for m in norms]
+    try:
+        for m, mean, var, tracked in saved:
+            m.running_mean, m.running_var = mean.clone(), var.clone()
+            if isinstance(tracked, torch.Tensor):
+                m.num_batches_tracked = tracked.clone()
+        yield
+    finally:
+        for m, mean, var, tracked in saved:
+            m.running_mean, m.running_var = mean, var
+            if isinstance(tracked, torch.Tensor):
+                m.num_batches_tracked = tracked
+
+
+@dataclass
+class _Replay:
+    """What a segment's recomputation needs to repeat its first forward exactly."""
+
+    run: Callable[[Payload], Payload]
+    norms: list[Any]
+    runtime: SpatialRuntime | None
+    spatial_state: Any
+    tuple_payload: bool
+    tiled_inputs: list[bool]
+    tiled_outputs: list[bool]
+    rng: torch.Tensor
+    cuda_rng: torch.Tensor | None
+    device: torch.device
+    autocast: tuple[bool, torch.dtype]
+    received: ForwardLog
+
+    @contextmanager
+    def again(self, inputs: list[torch.Tensor]) -> Iterator[None]:
+        """The context of the recomputed forward (grad on, same RNG/autocast/placements)."""
+        with ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=[self.device] if self.cuda_rng is not None else []))
+            torch.set_rng_state(self.rng)
+            if self.cuda_rng is not None:
+                torch.cuda.set_rng_state(self.cuda_rng, self.device)
+            stack.enter_context(torch.enable_grad())
+            enabled, dtype = self.autocast
+            stack.enter_context(torch.autocast(self.device.type, dtype=dtype, enabled=enabled))
+            stack.enter_context(spare_running_stats(self.norms))
+            if self.runtime is not None:
+                tiles = tuple(t for t, tiled in zip(inputs, self.tiled_inputs) if tiled)
+                stack.enter_context(self.runtime.replaying(self.spatial_state, tiles))
+                stack.enter_context(self.received.replaying_entries())
+            yield
+
+
+def _payload(replay: _Replay, items: list[torch.Tensor]) -> Payload:
+    return tuple(items) if replay.tuple_payload else items[0]
+
+
+def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype]:
+    kind = device.type if device.type in ("cuda", "cpu") else "cpu"
+    return torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
+
+
+class _Recompute(torch.autograd.Function):
+    """A segment run without a graph; backward recomputes it with one and back-propagates."""
+
+    @staticmethod
+    def forward(fctx: Any, replay: _Replay, anchor: torch.Tensor, *inputs: torch.Tensor) -> Any:
+        with replay.received.recording():
+            out = replay.run(_payload(replay, list(inputs)))
+        items = as_items(out)
+        replay.tiled_outputs = [is_tiled(t) for t in items]
+        fctx.replay = replay
+        fctx.inputs = len(inputs)
+        # the received halo strips and statistics are held until backward: saved, so counted
+        kept = [t for entry in replay.received.entries for t in entry if isinstance(t, torch.Tensor)]
+        fctx.save_for_backward(*inputs, *kept)
+        fctx.mark_non_differentiable(*[t for t in items if not t.is_floating_point()])
+        fctx.single = isinstance(out, torch.Tensor)
+        return out if fctx.single else tuple(items)
+
+    @staticmethod
+    def backward(fctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        replay: _Replay = fctx.replay
+        inputs = [t.detach().requires_grad_(t.is_floating_point() and needs)
+                  for t, needs in zip(fctx.saved_tensors[:fctx.inputs], fctx.needs_input_grad[2:])]
+        for t, tiled in zip(inputs, replay.tiled_inputs):
+            if tiled:
+                mark_tiled(t)
+        with replay.again(inputs):
+            out = replay.run(_payload(replay, inputs))
+        pairs = [(o, g) for o, g in zip(as_items(out), grads)
+                 if g is not None and o.is_floating_point() and o.requires_grad]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None, None, *[t.grad if t.requires_grad else None for t in inputs])
+
+
+def run_recomputed(run: Callable[[Payload], Payload], x: Payload, norms: list[Any],
+                   runtime: SpatialRuntime | None) -> Payload:
+    """``run(x)`` keeping only ``x`` for backward (``run`` is recomputed there)."""
+    inputs = as_items(x)
+    device = inputs[0].device if inputs else torch.device("cpu")
+    replay = _Replay(run=run, norms=norms, runtime=runtime,
+                     spatial_state=runtime.forward_state() if runtime is not None else None,
+                     tuple_payload=isinstance(x, (tuple, list)),
+                     tiled_inputs=[is_tiled(t) for t in inputs], tiled_outputs=[],
+                     rng=torch.get_rng_state(),
+                     cuda_rng=torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                     device=device, autocast=_autocast_state(device), received=ForwardLog())
+    # an anchor that requires grad: backward runs (parameter gradients) even when no input needs one
+    anchor = torch.empty(0, device=device, requires_grad=True)
+    out = _Recompute.apply(replay, anchor, *inputs)
+    items = [out] if isinstance(out, torch.Tensor) else list(out)
+    for t, tiled in zip(items, replay.tiled_outputs):
+        if tiled:
+            mark_tiled(t)
+    return out if isinstance(out, torch.Tensor) else tuple(items)
+
+
+class RecomputedSequential(nn.Sequential):
+    """An ``nn.Sequential`` (same children, hooks and state) run segment by segment with recomputation."""
+
+    segments: list[tuple[int, int]]
+    recompute_runtime: SpatialRuntime | None
+
+    def forward(self, x: Any) -> Any:
+        layers = list(self)
+        for start, stop in self.segments:
+            segment = layers[start:stop]
+
+            def run(value: Any, segment: list[nn.Module] = segment) -> Any:
+                for layer in segment:
+                    value = layer(value)
+                return value
+
+            if not torch.is_grad_enabled():
+                x = run(x)
+                continue
+            norms = [m for layer in segment for m in running_stat_norms(layer)]
+            x = run_recomputed(run, x, norms, self.recompute_runtime)
+        return x
+
+
+def checkpointed(module: nn.Module, setting: Setting, runtime: SpatialRuntime | None = None) -> nn.Module:
+    """``module`` (an nn.Sequential of layers) run with activation recomputation.
+
+    A shallow copy sharing children, parameters, buffers and hooks (a spatialized stage's
+    root hooks included; pass its ``runtime``); the module itself is left as it was.
+    """
+    if not isinstance(module, nn.Sequential):
+        raise TypeError(f"activation recomputation needs an nn.Sequential stage, got {type(module).__name__}")
+    new = shallow_copy(module, RecomputedSequential)
+    object.__setattr__(new, "segments", segment_bounds(len(module), setting))
+    object.__setattr__(new, "recompute_runtime", runtime)
+    return new

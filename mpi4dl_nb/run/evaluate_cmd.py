@@ -1,0 +1,186 @@
+"""``python -m mpi4dl_nb evaluate``: a trained checkpoint on held-out data, with any rank layout, one JSON line."""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..config import ConfigError, ParallelConfig
+from .args import add_parallel_args, add_workload_args, config_from_args
+from .train_cmd import (
+    DTYPES,
+    QuietParser,
+    add_evaluation_args,
+    agreed,
+    check_evaluation_args,
+    check_numbers,
+    held_out_data,
+)
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+
+# flag, run-info key, attribute: a flag given on the command line must match the checkpoint's model
+MODEL_FLAGS = (("--model", "model", "model"), ("--resnet-version", "resnet_version", "resnet_version"),
+               ("--num-layers", "num_layers", "num_layers"), ("--num-filters", "num_filters", "num_filters"),
+               ("--num-classes", "num_classes", "num_classes"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``evaluate`` parser: checkpoint, data, held-out split and parallelism flags (model from the checkpoint)."""
+    parser = QuietParser(
+        prog="python -m mpi4dl_nb evaluate",
+        description="Evaluate a checkpoint written by 'train --checkpoint-dir' on its held-out images "
+                    "(the training run's --val-fraction split, or --val-datapath) with any rank layout; "
+                    "prints one JSON line of metrics. Model, image size, data and split default to the "
+                    "checkpoint's.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint file, or a directory (its newest)")
+    parser.add_argument("--model", choices=("resnet", "amoebanet"), default=None,
+                        help="refuse the checkpoint unless it holds this network")
+    parser.add_argument("--resnet-version", dest="resnet_version", type=int, choices=(1, 2), default=None)
+    add_parallel_args(parser)
+    add_workload_args(parser)
+    parser.add_argument("--seed", type=int, default=None, help="seed of the --val-fraction split "
+                        "(default: the checkpoint's)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help="default: the checkpoint's")
+    parser.add_argument("--num-samples", dest="num_samples", type=int, default=256,
+                        help="images in the synthetic dataset")
+    parser.add_argument("--slide-level", dest="slide_level", type=int, default=0)
+    parser.add_argument("--min-tissue", dest="min_tissue", type=float, default=0.5)
+    parser.add_argument("--backend", choices=("auto", "mpi", "gloo", "nccl"), default="auto")
+    parser.add_argument("--all-data", dest="all_data", action="store_true",
+                        help="evaluate every image of the data, not only the held-out ones")
+    add_evaluation_args(parser, training=False)
+    parser.set_defaults(image_size=None, batch_size=None, num_classes=None, app=None, num_epochs=1)
+    return parser
+
+
+def check_model_flags(args: argparse.Namespace, run: dict[str, Any], where: str) -> None:
+    """ConfigError when a model flag given names another model than the checkpoint's."""
+    for flag, key, attribute in MODEL_FLAGS:
+        wanted = getattr(args, attribute, None)
+        if wanted is not None and key in run and run[key] is not None and wanted != run[key]:
+            raise ConfigError(flag, f"{where} holds a checkpoint of another model ({key} {run[key]!r}, "
+                              f"not {wanted!r}); drop {flag} or pass a checkpoint of that model")
+
+
+def resolved(args: argparse.Namespace, data: dict[str, Any], cfg: ParallelConfig) -> argparse.Namespace:
+    """``args`` with every unset data flag taken from the checkpoint (run info and identity)."""
+    run, identity = data.get("run") or {}, data.get("identity") or {}
+    out = argparse.Namespace(**vars(args))
+    out.app = args.app or run.get("app", "synthetic")
+    out.image_size = args.image_size or run["image_size"]
+    out.num_classes = run["num_classes"]
+    out.dtype = args.dtype or run.get("dtype", "float32")
+    out.seed = args.seed if args.seed is not None else int(identity.get("seed", 0))
+    if args.val_datapath is None and args.val_fraction is None and not args.all_data:
+        out.val_fraction = run.get("val_fraction")
+        out.val_datapath = run.get("val_datapath")
+    if args.all_data:
+        out.val_fraction = out.val_datapath = None
+    batch = args.batch_size or int(run.get("batch_size", cfg.batch_divisor))
+    out.batch_size = -(-batch // cfg.batch_divisor) * cfg.batch_divisor
+    return out
+
+
+class Evaluation:
+    """Set-up of ``evaluate`` in agreed stages (every rank the same verdict), then the run."""
+
+    def __init__(self, args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> None:
+        self.args, self.cfg, self.ctx = args, cfg, ctx
+        self.layers: list[Any] = []
+        self.data: dict[str, Any] = {}
+        self.description: Any = None
+        self.settings = args
+        self.dataset: Any = None
+        self.split = "all"
+
+    def load(self) -> None:
+        """The checkpoint's network (refused if another model than the flags name) and data settings."""
+        import torch
+
+        from ..infer.model import load_trained
+
+        dtype = getattr(torch, self.args.dtype) if self.args.dtype else None
+        self.layers, self.description, self.data = load_trained(self.args.checkpoint, self.args.model,
+                                                                dtype or torch.float32)
+        check_model_flags(self.args, self.data.get("run") or {}, f"--checkpoint {self.description.path}")
+        self.settings = resolved(self.args, self.data, self.cfg)
+        if dtype is None:
+            for layer in self.layers:
+                layer.to(getattr(torch, self.settings.dtype))
+        self.cfg.validate(batch_size=self.settings.batch_size, num_layers=len(self.layers),
+                          image_size=self.settings.image_size)
+
+    def open_data(self) -> None:
+        """The images to evaluate: the training run's held-out split (checked to be the same), or all."""
+        from ..data import make_dataset
+
+        s = self.settings
+        dataset = make_dataset(s.app, s.image_size, s.num_classes, datapath=s.datapath, seed=s.seed,
+                               num_samples=s.num_samples, slide_level=s.slide_level, min_tissue=s.min_tissue)
+        if dataset.num_classes > s.num_classes:
+            raise ConfigError("--datapath", f"the data has {dataset.num_classes} classes, the checkpoint's "
+                              f"model {s.num_classes}: a checkpoint of another model, or other data")
+        _, held, self.split = held_out_data(s, dataset)
+        saved = (self.data.get("identity") or {}).get("val_split")
+        explicit = self.args.val_fraction is not None or self.args.val_datapath is not None or self.args.all_data
+        if held is not None and saved not in (None, "none") and saved != self.split and not explicit:
+            raise ConfigError("--datapath", f"the held-out images differ from the training run's "
+                              f"({self.split!r}, trained with {saved!r}): give the same --app/--datapath/--num-samples/"
+                              f"--image-size as the training run, or --val-fraction/--val-datapath/--all-data "
+                              f"to evaluate other images on purpose")
+        self.dataset = held if held is not None else dataset
+
+    def run(self) -> dict[str, Any] | None:
+        """Evaluate (collective); the JSON record on rank 0."""
+        import time
+
+        import torch
+        from torch import nn
+
+        import mpi4dl_nb as dl
+
+        from ..evaluation.evaluator import Evaluator
+
+        s = self.settings
+        engine = dl.HybridEngine(self.layers, self.cfg, self.ctx, loss_fn=nn.CrossEntropyLoss())
+        start = time.perf_counter()
+        metrics = Evaluator(engine, self.dataset, self.ctx, s.batch_size, getattr(torch, s.dtype)).run()
+        if self.ctx.rank != 0:
+            return None
+        return {"checkpoint": self.description.path, "step": self.description.step,
+                "model": self.description.describe(), "split": self.split, "app": s.app,
+                "image_size": s.image_size, "batch_size": s.batch_size, "dtype": s.dtype,
+                "world_size": self.ctx.world_size, **metrics,
+                "seconds": time.perf_counter() - start, "config": self.cfg.as_dict()}
+
+
+def run_evaluation(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> int:
+    evaluation = Evaluation(args, cfg, ctx)
+    agreed(ctx, evaluation.load)
+    agreed(ctx, evaluation.open_data)
+    record = evaluation.run()
+    if record is not None:
+        print(json.dumps(record), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m mpi4dl_nb evaluate``."""
+    import mpi4dl_nb as dl
+
+    from .layout_cmd import check_world_size, launched_world, refuse
+
+    args = build_parser().parse_args(argv)
+    rank, size, _ = launched_world()
+    try:
+        cfg = config_from_args(args)
+        check_numbers(args)
+        check_evaluation_args(args)
+    except ConfigError as err:
+        refuse(str(err), rank, size)
+    check_world_size(cfg, size, rank)
+    return run_evaluation(args, cfg, dl.init(backend=args.backend))

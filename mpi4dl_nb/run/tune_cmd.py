@@ -1,0 +1,95 @@
+"""``python -m mpi4dl_nb tune``: the planner's best configurations, run for a few steps on this job.
+
+    mpiexec -n 5 python -m mpi4dl_nb tune --model resnet --num-layers 20 --num-filters 8 \\
+        --image-size 256 --batch-size 2 --memory-limit-mb 200 --top 3 --steps 2
+
+Every rank takes part: a ping-pong calibrates the network model, rank 0 runs ``suggest`` for
+this world size and the memory limit (the others wait), then the one-process reference and
+each of the ``--top`` configurations run ``--steps`` timed steps (after a warm-up and a
+memory-measured step) on the ranks. Rank 0 prints predicted next to measured and picks the
+fastest configuration whose measured peak fits; ``--json PATH`` writes the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from ..models import MODEL_NAMES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mpi4dl_nb tune",
+                                     description="Run the planner's best configurations on this job; pick the fastest "
+                                                 "that fits the memory limit.")
+    parser.add_argument("--model", choices=MODEL_NAMES, default="resnet")
+    parser.add_argument("--num-layers", dest="num_layers", type=int, default=None,
+                        help="ResNet depth (v2: 9n+2) / AmoebaNet normal cells")
+    parser.add_argument("--num-filters", dest="num_filters", type=int, default=None,
+                        help="ResNet base width / AmoebaNet filters")
+    parser.add_argument("--num-classes", dest="num_classes", type=int, default=2)
+    parser.add_argument("--image-size", dest="image_size", type=int, default=128)
+    parser.add_argument("--batch-size", dest="batch_size", type=int, default=2)
+    parser.add_argument("--memory-limit-mb", dest="memory_limit_mb", type=float, required=True,
+                        help="bytes each rank may use, in MiB")
+    parser.add_argument("--top", type=int, default=3, help="configurations to run (planner's best first)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per configuration")
+    parser.add_argument("--max-split", dest="max_split", type=int, default=4)
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--json", default=None, help="write the result as JSON to this path (rank 0)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import mpi4dl_nb as dl
+
+    from ..notebook.planner.memory import MB
+    from ..notebook.planner.suggest import describe_config
+    from ..notebook.planner.timing import fit_network
+    from ..notebook.planner.tune import Tuner, TuneResult
+    from . import tune
+    from .measure import ping_pong
+
+    ctx = dl.init()
+    spec = tune.ModelSpec(args.model, args.num_layers, args.num_filters, args.num_classes, dtype=args.dtype)
+    network = fit_network(ping_pong(ctx))
+    limit = args.memory_limit_mb * MB
+
+    def local(function, *call_args):   # rank 0 drives; the measurements are collective
+        return function(*call_args)
+
+    tuner = Tuner(spec, args.image_size, args.batch_size, limit, ctx.world_size, local, top=args.top,
+                  steps=args.steps, suggest_options={"max_split": args.max_split})
+    planned: TuneResult | None = None
+    failure = None
+    if ctx.rank == 0:
+        try:
+            planned = tuner.plan(network)
+            print(planned.suggestions.table() if planned.suggestions is not None else "", flush=True)
+        except ValueError as err:
+            failure = str(err)
+    knobs = ctx.bcast_object(None if planned is None else [r.cfg.as_dict() for r in planned.candidates
+                                                              if r.cfg is not None])
+    failure = ctx.bcast_object(failure)
+    if failure is not None:
+        if ctx.rank == 0:
+            print(f"mpi4dl_nb tune: {failure}", file=sys.stderr)
+        return 1
+    reference = tune.measure_one_process(ctx, spec, args.image_size, args.batch_size, args.steps)
+    measured = [tune.measure_config(ctx, spec, k, args.image_size, args.batch_size, args.steps) for k in knobs]
+    if ctx.rank != 0 or planned is None:
+        return 0
+    planned.rows[0].measured = reference
+    for row, result in zip(planned.candidates, measured):
+        row.measured = result
+    print(f"\nnetwork: {network.describe()}; memory limit {args.memory_limit_mb:.1f} MB per rank\n")
+    print(planned.table())
+    if planned.best is not None and planned.best.cfg is not None:
+        print(f"\nuse: {describe_config(planned.best.cfg)}  ({json.dumps(planned.best.cfg.as_dict())})")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(planned.as_dict(), handle, indent=2)
+    return 0 if planned.best is not None else 1

@@ -1,0 +1,101 @@
+"""BatchNorm over every tile as one autograd Function that saves only its input (memory as nn.BatchNorm2d).
+
+Forward: per-channel mean from one all-reduce of the tile sums, biased variance from a second
+all-reduce of squared deviations (two-pass, as ``norm.moments``), over ``count`` elements in
+all; statistics accumulate in float32 for bfloat16/float16 tiles (mixed precision) and in the
+tile's dtype otherwise. Saved: the input tile (in its own dtype), the weight and the
+per-channel mean and 1/std — not the centred and normalised tiles the op-by-op autograd form
+keeps (two more tile-sized tensors per BatchNorm).
+
+Backward (the exact adjoint, with the global sums of one all-reduce):
+``dx = w/std * (g - sum(g)/count - xhat * sum(g * xhat)/count)``; the weight and bias
+gradients are this tile's share (``sum(g * xhat)``, ``sum(g)`` over its own pixels), summed
+over the tiles by the engine like every spatial parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..comm.handles import Group
+from ..comm.protocol import Comm
+from .replay import active_log
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+DIMS = (0, 2, 3)
+
+
+def _statistics(wide: torch.Tensor, count: float, comm: Comm, group: Group | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(centred tile, mean, biased var): from the active log's replay, else two all-reduces."""
+    log = active_log()
+    if log is not None and log.replaying:
+        mean, var = log.next()
+        return wide - _channels(mean), mean, var
+    mean = _all_reduce(wide.sum(dim=DIMS), comm, group) / count
+    centered = wide - _channels(mean)
+    var = _all_reduce((centered * centered).sum(dim=DIMS), comm, group) / count
+    if log is not None:
+        log.record((mean, var))
+    return centered, mean, var
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the dtype statistics accumulate in (float32 for low-precision tiles)."""
+    return x.float() if x.dtype in LOW_PRECISION else x
+
+
+def _channels(t: torch.Tensor) -> torch.Tensor:
+    return t[None, :, None, None]
+
+
+def _all_reduce(t: torch.Tensor, comm: Comm, group: Group | None) -> torch.Tensor:
+    return comm.all_reduce(t.contiguous(), group=group)
+
+
+class _TileBatchNorm(torch.autograd.Function):
+    """Training-mode BatchNorm of a tile with statistics over the group; see the module docstring."""
+
+    @staticmethod
+    def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                count: float, eps: float, comm: Comm, group: Group | None) -> tuple[torch.Tensor, ...]:
+        centered, mean, var = _statistics(_wide(x), count, comm, group)
+        rstd = torch.rsqrt(var + eps)
+        y = centered.mul_(_channels(rstd))
+        if weight is not None:
+            y = y.mul_(_channels(weight.to(y.dtype)))
+        if bias is not None:
+            y = y.add_(_channels(bias.to(y.dtype)))
+        fctx.comm, fctx.group, fctx.count = comm, group, count
+        fctx.bias_dtype = bias.dtype if bias is not None else None
+        fctx.save_for_backward(x, weight, mean, rstd)
+        fctx.mark_non_differentiable(mean, var)
+        return y.to(x.dtype), mean, var
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:
+        x, weight, mean, rstd = fctx.saved_tensors
+        bias_dtype = fctx.bias_dtype
+        wide = _wide(x)
+        xhat = (wide - _channels(mean)).mul_(_channels(rstd))
+        g = grad.to(wide.dtype)
+        sum_g = g.sum(dim=DIMS)
+        sum_g_xhat = (g * xhat).sum(dim=DIMS)
+        grad_weight = sum_g_xhat.to(weight.dtype) if weight is not None and fctx.needs_input_grad[1] else None
+        grad_bias = sum_g.to(grad.dtype if bias_dtype is None else bias_dtype) if fctx.needs_input_grad[2] else None
+        grad_x = None
+        if fctx.needs_input_grad[0]:
+            total = _all_reduce(torch.stack([sum_g, sum_g_xhat]), fctx.comm, fctx.group) / fctx.count
+            scale = rstd * weight.to(rstd.dtype) if weight is not None else rstd
+            grad_x = (g - _channels(total[0]) - xhat.mul_(_channels(total[1]))).mul_(_channels(scale))
+            grad_x = grad_x.to(x.dtype)
+        return grad_x, grad_weight, grad_bias, None, None, None, None
+
+
+def tile_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, count: float,
+                    eps: float, comm: Comm, group: Group | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(normalised tile in ``x``'s dtype, batch mean, biased batch variance) over the group's ``count`` elements."""
+    y, mean, var = _TileBatchNorm.apply(x, weight, bias, count, eps, comm, group)
+    return y, mean, var

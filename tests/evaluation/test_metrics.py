@@ -1,0 +1,63 @@
+"""Metric arithmetic (pure): ROC AUC by ranks equals pairwise counting, recall/balanced accuracy, exact merge."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mpi4dl_nb.evaluation.metrics import Records, average_ranks, merge, prefixed, roc_auc, summarize
+
+
+def pairwise_auc(score, positive) -> float:
+    """P(score of a positive > score of a negative), ties half: the definition, by brute force."""
+    pos = [s for s, p in zip(score, positive) if p]
+    neg = [s for s, p in zip(score, positive) if not p]
+    wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
+
+
+def test_roc_auc_equals_pairwise_definition_with_ties():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        score = rng.integers(0, 5, 30).astype(float)        # many ties
+        positive = rng.random(30) < 0.4
+        assert roc_auc(score, positive) == pytest.approx(pairwise_auc(score, positive), abs=1e-15)
+    assert roc_auc(np.array([0.1, 0.9]), np.array([False, True])) == 1.0
+    assert roc_auc(np.array([0.1, 0.9]), np.array([True, True])) is None
+
+
+def test_average_ranks_share_ties():
+    assert average_ranks(np.array([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+
+
+def records(labels, logits, losses=None, start=0) -> Records:
+    labels = np.array(labels)
+    return Records(np.arange(start, start + len(labels)), labels,
+                   np.array(losses if losses is not None else [1.0] * len(labels), dtype=float),
+                   np.array(logits, dtype=float))
+
+
+def test_summary_counts_over_all_samples():
+    # true 0,0,0,1 ; predicted 0,1,0,1 -> recall 2/3 and 1, accuracy 3/4
+    r = records([0, 0, 0, 1], [[1, 0], [0, 1], [2, 0], [0, 3]], losses=[1, 2, 3, 6])
+    m = summarize(r, 2)
+    assert m["count"] == 4 and m["loss"] == 3.0 and m["accuracy"] == 0.75
+    assert m["per_class_recall"] == [2 / 3, 1.0] and m["balanced_accuracy"] == pytest.approx(5 / 6)
+    assert m["confusion_matrix"] == [[2, 1], [0, 1]] and m["roc_auc"] == 1.0
+    # a class without samples has no recall and does not enter the balanced accuracy; no AUC past 2 classes
+    m3 = summarize(records([0, 2], [[1, 0, 0], [0, 0, 1]]), 3)
+    assert m3["per_class_recall"] == [1.0, None, 1.0] and m3["balanced_accuracy"] == 1.0 and m3["roc_auc"] is None
+    assert prefixed({"loss": 1})["val_loss"] == 1
+
+
+def test_merge_is_a_sum_not_an_average_of_averages():
+    """Two ranks with 1 and 3 samples: the merged loss is the mean over the 4, in sample order."""
+    a = records([0], [[1, 0]], losses=[4.0], start=3)
+    b = records([1, 1, 0], [[0, 1], [1, 0], [1, 0]], losses=[0.0, 0.0, 0.0], start=0)
+    merged = merge([a, b], 2)
+    assert merged.index.tolist() == [0, 1, 2, 3] and merged.loss.tolist() == [0, 0, 0, 4]
+    assert summarize(merged, 2)["loss"] == 1.0               # average of averages would say 2.0
+    with pytest.raises(ValueError, match="twice"):
+        merge([a, a], 2)
+    assert len(merge([], 2)) == 0

@@ -1,0 +1,164 @@
+"""Planner time model and suggest: the schedule replayed in simulated time (bubbles, messages,
+shared cores, tile groups), the network fit, predicted step times, canonical candidates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mpi4dl_nb import ParallelConfig, planner
+from mpi4dl_nb.models import build_model
+from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate
+from mpi4dl_nb.notebook.planner.suggest import one_knob_variants
+from mpi4dl_nb.notebook.planner.timing import LayerTime, LayerTimer
+from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
+
+
+def unit_costs(cfg, forward=1.0, backward=2.0):
+    holders = stage_ranks(cfg)
+
+    def cost(action):
+        if action.kind is ActionKind.FORWARD or action.kind is ActionKind.BACKWARD:
+            work = forward if action.kind is ActionKind.FORWARD else backward
+            if action.stage < cfg.spatial_size:
+                ranks = holders[(action.dp, action.replica, action.stage)]
+                return Cost(work, 0.0, group_key(action, ranks, "tiles"), len(ranks))
+            return Cost(work)
+        return Cost()
+    return cost
+
+
+def test_simulated_gpipe_is_the_bubble_formula_and_messages_add_latency():
+    cfg = ParallelConfig(split_size=2, spatial_size=0, parts=2)
+    ends = simulate(build_schedule(cfg), unit_costs(cfg), lambda a: 0.0)
+    assert max(t.end for t in ends) == pytest.approx((2 + 2 - 1) * 3.0)     # (m + S - 1)(F + B)
+    assert sum(t.waiting for t in ends) == pytest.approx(2 * 9.0 - 2 * 2 * 3.0)
+    lp = ParallelConfig(split_size=2, spatial_size=0)
+    ends = simulate(build_schedule(lp), unit_costs(lp), lambda a: 0.5)
+    assert max(t.end for t in ends) == pytest.approx(1 + 0.5 + 1 + 2 + 0.5 + 2)
+
+
+def test_ranks_sharing_cores_slow_each_other_and_tiles_run_as_a_group():
+    dp = ParallelConfig(split_size=1, spatial_size=0, data_parallel=2)
+    alone = simulate(build_schedule(dp), unit_costs(dp), lambda a: 0.0, cores=None)
+    shared = simulate(build_schedule(dp), unit_costs(dp), lambda a: 0.0, cores=1)
+    assert max(t.end for t in alone) == pytest.approx(3.0)
+    assert max(t.end for t in shared) == pytest.approx(6.0)
+    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
+    holders = stage_ranks(sp)
+    base = unit_costs(sp)
+
+    def uneven(action):      # tile 1 is twice as slow: both tiles finish together
+        c = base(action)
+        return Cost(c.work * (2 if action.rank == 1 and c.group else 1), 0.25 if c.group else 0.0,
+                    c.group, c.members)
+    ends = simulate(build_schedule(sp), uneven, lambda a: 0.0)
+    assert holders[(0, 0, 0)] == (0, 1)
+    assert ends[0].end == pytest.approx(ends[1].end)
+    assert max(t.end for t in ends) == pytest.approx(2 + 0.25 + 1 + 2 + 4 + 0.25)
+
+
+def test_network_fit_recovers_latency_and_bandwidth():
+    points = [(n, 30e-6 + n / 2e9) for n in (1024, 65536, 1 << 20, 8 << 20)]
+    net = planner.fit_network(points)
+    assert net.latency == pytest.approx(30e-6, rel=1e-3) and net.bandwidth == pytest.approx(2e9, rel=1e-3)
+    assert net.all_reduce(1000, 1) == 0 and net.all_reduce(4e6, 4) > net.message(1e6)
+    assert planner.fit_network([]) == planner.Network()
+
+
+class FlopTimer(LayerTimer):
+    """Deterministic layer 'times' (1 ns per output element and sample) instead of measuring."""
+
+    def _measure(self, layer, shapes, dtype, role, tile, loss):
+        pixels = sum(torch.Size(s).numel() for s in shapes) / (role.tiles if role.grid else 1)
+        return LayerTime(pixels * 1e-9 * 100, pixels * 2e-9 * 100)
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
+
+
+def test_predicted_time_adds_layers_schedule_and_network(resnet):
+    timer, node, net = FlopTimer(), planner.Node(cores=None, copy_bandwidth=1e12), planner.Network(1e-4, 1e9)
+    serial = planner.predict_step_time(resnet, ParallelConfig(split_size=1, spatial_size=0), 64, 2,
+                                       timer=timer, node=node, network=net)
+    layer_sum = sum(t.forward + t.backward for t in timer._found.values())
+    assert serial.seconds == pytest.approx(layer_sum, rel=0.01)
+    lp = planner.predict_step_time(resnet, ParallelConfig(split_size=2, spatial_size=0), 64, 2,
+                                   timer=timer, node=node, network=net)
+    assert lp.seconds > serial.seconds and lp.idle_fraction > 0.3 and "bubble" in lp.binding()
+    gpipe = planner.predict_step_time(resnet, ParallelConfig(split_size=2, spatial_size=0, parts=2), 64, 2,
+                                      timer=timer, node=node, network=net)
+    assert gpipe.seconds < lp.seconds and gpipe.handoff_bytes > 0
+    sp = planner.predict_step_time(resnet, ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4),
+                                   64, 2, timer=timer, node=node, network=net)
+    assert sp.halo_seconds > 0 and sp.images_per_second == pytest.approx(2 / sp.seconds)
+
+
+def test_suggest_lists_each_run_once_fastest_first_and_says_what_binds(resnet):
+    timer, node = FlopTimer(), planner.Node(cores=2, copy_bandwidth=1e10)
+    one = planner.estimate_memory(resnet, ParallelConfig(split_size=1, spatial_size=0), 64, 2).peak
+    found = planner.suggest(resnet, 64, 0.9 * one, 5, batch_size=2, top=None, timer=timer, node=node)
+    cfgs = [s.cfg for s in found]
+    assert len(set(cfgs)) == len(cfgs) and all(planner.canonical(c) == c for c in cfgs)
+    assert all(s.world_size == 5 and s.peak_bytes <= 0.9 * one for s in found)
+    assert [s.est_step_time for s in found] == sorted(s.est_step_time for s in found)
+    for s in found:
+        text = s.describe()
+        assert "spatial 0" not in text and "x 4 square" not in text and "binds" not in text
+        assert "time bound by" in text and "MB" in text
+        if s.cfg.spatial_size == 0:
+            assert (s.cfg.num_spatial_parts, str(s.cfg.slice_method)) == (4, "square")
+    assert all(r.memory.peak > 0.9 * one and "needs" in r.describe() for r in found.refused)
+    assert found.serial_memory.peak == one and "one process" in found.table()
+    # one stage on two ranks is data parallelism whichever knob says so: listed once
+    two = planner.candidate_configs(2, 5, 2)
+    assert ParallelConfig(split_size=1, spatial_size=0, data_parallel=2) in two
+    assert not any(c.split_size == 1 and c.local_dp > 1 for c in two)
+    with pytest.raises(ValueError, match="raise devices or memory_per_device"):
+        planner.suggest(resnet, 64, one / 1000, 2, batch_size=2, timer=timer)
+
+
+def test_one_knob_variants_change_exactly_one_knob_on_the_same_ranks():
+    from dataclasses import fields
+
+    base = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
+    variants = one_knob_variants(base, 5, 2)
+    assert {(k, str(v)) for k, v, _ in variants} >= {("parts", "2"), ("slice_method", "vertical"),
+                                                      ("halo_d2", "True")}
+    assert len({c for _, _, c in variants}) == len(variants) and base not in [c for _, _, c in variants]
+    for knob, value, cfg in variants:
+        changed = [f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(base, f.name)]
+        assert changed == [knob] and getattr(cfg, knob) == value and cfg.world_size == base.world_size
+    # a schedule with one micro-batch changes nothing: not a variant
+    assert "schedule" not in [k for k, _, _ in variants]
+
+
+def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest_that_fits():
+    from mpi4dl_nb.notebook.planner.tune import Tuner
+    from mpi4dl_nb.run import tune
+
+    spec = tune.ModelSpec("resnet", 11, 8)
+    layers = spec.build()
+    one = planner.estimate_memory(layers, ParallelConfig(split_size=1, spatial_size=0), 32, 2).peak
+    calls = []
+
+    def fake_run(function, *args):   # stands in for the ranks: seconds fall with the call count
+        calls.append(function)
+        if function is tune.ping_pong_on_engine:
+            return [(0, 1e-5), (1 << 20, 1e-3)]
+        seconds = 1.0 / len(calls)
+        return tune.Measured(seconds, (seconds,), (int(0.5 * one),) * 3)
+
+    tuner = Tuner(spec, 32, 2, 0.9 * one, 3, fake_run, top=2, steps=1,
+                  suggest_options=dict(timer=FlopTimer(), node=planner.Node(cores=2, copy_bandwidth=1e10)))
+    result = tuner()
+    assert calls[:2] == [tune.ping_pong_on_engine, tune.measure_one_process_on_engine]
+    assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
+    assert result.best is result.rows[-1] and "picked" in result.table()
+    assert all(r.ratio is not None for r in result.rows)
+    sweep = tuner.sweep(ParallelConfig(split_size=3, spatial_size=0), result.network, knobs=("parts", "times"))
+    assert [r.label for r in sweep.rows] == ["one process", "LP 3 stages", "parts=2", "times=1"]
+    tuner.measure_all(sweep)
+    assert all(r.measured is not None for r in sweep.rows) and "first choice" not in sweep.table()

@@ -1,0 +1,58 @@
+"""Mixed precision (pipeline/precision.py, the spatial conv's operand cast): refusals, loss scaler, autocast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.config import ParallelConfig, PrecisionMode
+from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.pipeline.precision import LossScaler, autocast, check_precision
+from mpi4dl_nb.spatial.conv import autocast_operands
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return Context(trace=False)
+
+
+def test_choices_and_refusals():
+    assert ParallelConfig(precision="bf16").precision is PrecisionMode.BF16
+    with pytest.raises(ConfigError, match="fp32, bf16, fp16"):
+        ParallelConfig(precision="half")
+    with pytest.raises(ConfigError, match="GPU.*bf16"):
+        check_precision(PrecisionMode.FP16, CPU, torch.float32)
+    with pytest.raises(ConfigError, match="float64"):
+        check_precision(PrecisionMode.BF16, CPU, torch.float64)
+    check_precision(PrecisionMode.BF16, CPU, torch.float32)
+    check_precision(PrecisionMode.FP32, CPU, torch.float64)
+
+
+def test_autocast_context_and_conv_operands():
+    x, w = torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3)
+    with autocast(PrecisionMode.BF16, CPU):
+        assert nn.functional.conv2d(x, w).dtype == torch.bfloat16
+        cast = autocast_operands(x, w, None)
+        assert [t.dtype for t in cast[:2]] == [torch.bfloat16, torch.bfloat16] and cast[2] is None
+    with autocast(PrecisionMode.FP32, CPU):
+        assert nn.functional.conv2d(x, w).dtype == torch.float32
+        assert autocast_operands(x, w, None)[0] is x
+
+
+def test_loss_scaler_unscales_and_skips_non_finite_steps(ctx):
+    scaler = LossScaler(scale=8.0, growth_interval=2)
+    p = nn.Parameter(torch.ones(3))
+    scaler.scaled((p * 2).sum()).backward()
+    assert torch.equal(p.grad, torch.full((3,), 16.0))
+    assert scaler.unscale(ctx, [p], CPU) and torch.equal(p.grad, torch.full((3,), 2.0))
+    p.grad = torch.tensor([1.0, float("inf"), 0.0])
+    assert not scaler.unscale(ctx, [p], CPU)
+    assert scaler.scale == 4.0 and scaler.skipped == 1
+    for _ in range(2):
+        p.grad = torch.ones(3)
+        assert scaler.unscale(ctx, [p], CPU)
+    assert scaler.scale == 8.0

@@ -1,0 +1,105 @@
+"""The acceptance runs: train with a held-out split, evaluation figures and metrics.jsonl on 5 ranks;
+``evaluate`` of its checkpoint on 5 ranks (SP+LP) and in one process agree (float64); bad input refused."""
+from __future__ import annotations
+
+import pytest
+
+from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.evaluation.log import read_metrics
+from mpi4dl_nb.run import evaluate_cmd
+from mpi4dl_nb.run import train_cmd as cli
+from tests.support.bad_data import write_tiles
+from tests.support.summary import json_record
+
+MODEL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
+         "--image-size", "32", "--dtype", "float64"]
+SP_LP = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4"]
+
+
+def evaluation_record(output: str) -> dict:
+    return json_record(output, '{"checkpoint"')
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, request):
+    """5 ranks (SP+LP): 16 IHC tiles, 2 classes, a quarter held out, evaluation every 2 steps."""
+    from tests.support.mpirun import run_mpi
+
+    root = tmp_path_factory.mktemp("evaluate")
+    write_tiles(root / "tiles", per_class=8, size=32)
+    data = ["--app", "medical", "--datapath", str(root / "tiles"), "--num-classes", "2"]
+    result = run_mpi(5, "mpi4dl_nb", "train", *MODEL, *SP_LP, *data, "--batch-size", "4", "--steps", "4",
+                     "--val-fraction", "0.25", "--eval-every", "2", "--log-dir", str(root / "log"),
+                     "--checkpoint-dir", str(root / "ckpt"), module=True, timeout=400)
+    return root, data, result
+
+
+def test_train_reports_validation_and_logs_every_step(trained):
+    root, _, result = trained
+    summary = json_record(result.stdout)
+    assert summary["val_step"] == 4 and summary["val_count"] == 4 and summary["val_fraction"] == 0.25
+    assert 0 <= summary["val_accuracy"] <= 1 and summary["val_loss"] > 0
+    assert sum(map(sum, summary["val_confusion_matrix"])) == 4 and len(summary["val_per_class_recall"]) == 2
+    # 12 training tiles, batch 4: epochs end at steps 3; evaluation at 2, 3 (epoch end) and 4 (every 2, end)
+    assert [line.split("eval at step ")[1].split(" ")[0] for line in result.stdout.splitlines()
+            if "eval at step" in line] == ["2", "3", "4"]
+    records = read_metrics(root / "log")
+    assert [(r["kind"], r["step"]) for r in records] == [
+        ("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("eval", 3), ("train", 4), ("eval", 4)]
+    assert records[-1]["val_loss"] == summary["val_loss"] and records[0]["loss"] == summary["losses"][0]
+
+
+def test_evaluate_on_5_ranks_equals_one_process(trained, capsys):
+    root, data, _ = trained
+    from tests.support.mpirun import run_mpi
+
+    parallel = evaluation_record(run_mpi(5, "mpi4dl_nb", "evaluate", "--checkpoint", str(root / "ckpt"), *SP_LP,
+                                         *data, module=True, timeout=300).stdout)
+    assert evaluate_cmd.main(["--checkpoint", str(root / "ckpt"), "--split-size", "1", "--spatial-size", "0",
+                              *data]) == 0
+    serial = evaluation_record(capsys.readouterr().out)
+    summary = json_record(trained[2].stdout)
+    assert parallel["world_size"] == 5 and serial["world_size"] == 1 and parallel["dtype"] == "float64"
+    assert parallel["split"] == serial["split"] and parallel["split"].startswith("fraction 0.25, seed 0, 4 images")
+    assert abs(parallel["loss"] - serial["loss"]) < 1e-9 and abs(parallel["loss"] - summary["val_loss"]) < 1e-9
+    for key in ("accuracy", "confusion_matrix", "per_class_recall", "roc_auc", "count"):
+        assert parallel[key] == serial[key] == summary[f"val_{key}"], key
+
+
+def test_evaluate_refuses_another_model_and_another_split(trained, capsys):
+    root, data, _ = trained
+    one = ["--checkpoint", str(root / "ckpt"), "--split-size", "1", "--spatial-size", "0"]
+    with pytest.raises(SystemExit) as stop:
+        evaluate_cmd.main([*one, *data[:-2], "--num-classes", "3"])
+    assert stop.value.code == 2 and "checkpoint of another model (num_classes 2, not 3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate_cmd.main([*one, *data, "--model", "amoebanet"])
+    assert "holds a resnet network, not amoebanet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):                       # the training run's split, on other data
+        evaluate_cmd.main([*one, "--app", "synthetic", "--num-samples", "16"])
+    assert "held-out images differ from the training run's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--val-fraction", "0"], "--val-fraction: must lie strictly between 0 and 1"),
+    (["--val-fraction", "1"], "--val-fraction: must lie strictly between 0 and 1"),
+    (["--val-fraction", "0.2", "--val-datapath", "/x"], "not both"),
+    (["--eval-every", "5"], "--eval-every: needs validation data"),
+    (["--eval-every", "-1"], "--eval-every: must be a number >= 0"),
+    (["--val-datapath", "/x"], "--val-datapath: --app synthetic reads no files"),
+])
+def test_bad_evaluation_flags_refused(argv, words):
+    args = cli.build_parser().parse_args(argv)
+    with pytest.raises(ConfigError) as err:
+        cli.check_run_args(args)
+    assert words in str(err.value)
+
+
+def test_too_few_validation_samples_refused_before_training(capsys):
+    code = None
+    try:
+        code = cli.main([*MODEL, "--split-size", "1", "--spatial-size", "0", "--num-samples", "8",
+                         "--batch-size", "2", "--num-classes", "4", "--val-fraction", "0.1", "--no-progress"])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2 and "fewer than the 4 classes" in capsys.readouterr().err
