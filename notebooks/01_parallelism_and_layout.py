@@ -150,12 +150,12 @@ if (4, (2, 3)) in shares and (4, (4, 1)) in shares:
     assert shares[4, (4, 1)] < shares[4, (2, 3)], "cutting after the blocks should relieve the layer rank"
 
 # %% [markdown]
-# With the cut by layer count (`(2, 3)`, what `balance=None` does for this model today), the layer rank
-# receives the full-resolution output of block 1 and keeps the activations of every later block: it needs
-# about 95% of one process whatever the number of tiles, so the split buys almost nothing. With `(4, 1)`
-# the high-resolution layers are all on the tiles, each tile rank holds about `1/tiles` of them (plus
-# halos and weights), and the largest rank drops to about 0.57x (2 tiles) and 0.29x (4 tiles) of one
-# process. That is the rule: SP for the early, high-resolution layers, LP for the small late ones.
+# With the cut by layer count (`(2, 3)`), the layer rank receives the full-resolution output of block 1
+# and keeps the activations of every later block: it needs most of what one process needs (over 80% in
+# the table) whatever the number of tiles, so the split buys little. With `(4, 1)` the high-resolution
+# layers are all on the tiles, each tile rank holds about `1/tiles` of them (plus halos and weights), and
+# the largest rank drops to about half (2 tiles) and a quarter (4 tiles) of one process. That is the rule:
+# SP for the early, high-resolution layers, LP for the small late ones.
 #
 # ## Which scheme when: a decision guide
 #

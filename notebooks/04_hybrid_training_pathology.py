@@ -208,10 +208,10 @@ for size in (IMAGE, 2048):
               f"{max(ranks) / one_process:.2f}x")
 
 # %% [markdown]
-# With the cut after the blocks, each rank needs about a quarter to a third of one process at any size; cut
-# after block 1 and the layer rank receives a full-resolution feature map and needs ~95% of one process —
-# the split would buy almost nothing. Choose `balance` so that the spatial stages hold the high-resolution
-# layers.
+# With the cut after the blocks, the largest rank needs about a quarter of one process at any size; cut
+# after block 1 and the layer rank receives a full-resolution feature map and needs over 80% of one
+# process: the split would buy little. Choose `balance` so that the spatial stages hold the
+# high-resolution layers.
 #
 # ## Exercise: predict, change a knob, check
 #
