@@ -25,6 +25,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "scatter_tiles": ("spatial.tiles", "scatter_tiles"),
     "gather_tiles": ("spatial.tiles", "gather_tiles"),
     "HybridEngine": ("pipeline.engine", "HybridEngine"),
+    "serial_reference": ("pipeline.reference", "serial_reference"),
     "infer_slide": ("infer.api", "infer_slide"),
     "plot_learning_curves": ("notebook.curves", "plot_learning_curves"),
 }

@@ -15,6 +15,12 @@
 # windows; each window is split over 4 MPI ranks (halo exchanges between them), and windows overlap
 # by exactly the receptive field, so the heat map equals the same network run on the whole slide in
 # one process — no seams. (The same runs as `mpiexec -n 4 python -m mpi4dl_nb infer ...`.)
+#
+# **What you will learn**: how a tile classifier becomes a heat map over a whole slide, how the slide is
+# streamed in windows split over ranks, why the result has no seams, and how to read the heat map.
+#
+# **What you need**: notebooks 02 (halos) and 04 (training); 4 MPI ranks (started below); about a minute.
+# The model is trained here in a few seconds, so its heat map shows the mechanics, not a useful classifier.
 
 # %%
 import torch
@@ -115,6 +121,12 @@ from IPython.display import Image, display
 display(Image(filename=str(work / "overlay.png")))
 
 # %% [markdown]
+# Bright (yellow, in the `inferno` colour map) marks a high probability of "high DAB" (brown-stained tissue),
+# dark a low one; the bare glass strip on the right gets whatever the network says about white, which is why
+# `tissue_only=True` skips such windows. Each heat-map cell is one output of the trunk (`output_stride`
+# pixels apart), computed from the field printed above.
+
+# %% [markdown]
 # The heat map over the slide: pick the pyramid level, move the view, change the opacity; pick a cell
 # (`select(x, y)` in slide pixels, or the cell boxes) to see the pixels it reads and its probabilities.
 
@@ -144,6 +156,17 @@ with openslide.OpenSlide(str(work / "heat.tif")) as heatmap:
 from mpi4dl_nb.notebook.widgets import TimelineView
 
 TimelineView(summary["events"], measured=summary["peak_memory_bytes"])
+
+# %% [markdown]
+# One row per rank: every window is read (in a background thread, so reads overlap compute), computed on
+# the 4 tiles with halo exchanges between them, and written. Windows overlap by the receptive field, so
+# the more windows, the more pixels are computed twice: larger windows cost memory but waste less.
+#
+# ## What to try next
+#
+# * Change `window=128` to 256 in `infer` and predict the number of windows and the peak memory per rank.
+# * Train longer (`--steps 40`) and watch the heat map start to follow the brown stain.
+# * Run the same on your own slide from a shell: `mpiexec -n 4 python -m mpi4dl_nb infer --help`.
 
 # %%
 cluster.stop()

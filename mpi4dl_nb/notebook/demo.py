@@ -86,6 +86,10 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"r{r}: {m:.1f} MB (est. {e:.1f})" for r, (m, e) in
             enumerate(zip(summary["memory_measured_mb"], summary["memory_estimate_mb"]))),
     ]
+    if "serial_memory_mb" in summary:
+        serial_mb = summary["serial_memory_mb"]
+        lines.append(f"one process   : {summary['serial_images_per_second']:.2f} images/s, {serial_mb:.1f} MB "
+                     f"(largest rank: {max(summary['memory_measured_mb']) / serial_mb:.2f}x)")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.pipeline.reference import serial_step
 from tests.support.checks import Checks, run_checks
 from tests.support.engine_cases import CASES, random_cases, serial_chunks
 from tests.support.models import build, labels
@@ -49,17 +50,7 @@ def serial(model_name: str, data, chunks: list[list[int]]) -> tuple[list[float],
     model = nn.Sequential(*build(model_name))
     opt = sgd(model.parameters())
     loss_fn = nn.CrossEntropyLoss()
-    losses = []
-    for x, y in data:
-        opt.zero_grad()
-        total = 0.0
-        for rows in chunks:
-            index = torch.tensor(rows)
-            loss = loss_fn(model(x[index]), y[index]) * (len(rows) / x.shape[0])
-            loss.backward()
-            total += loss.item()
-        opt.step()
-        losses.append(total)
+    losses = [serial_step(model, opt, loss_fn, x, y, chunks) for x, y in data]
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

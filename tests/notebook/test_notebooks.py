@@ -126,6 +126,24 @@ def test_build_is_deterministic_and_keeps_edits_made_only_in_the_notebook(tmp_pa
     assert tutorials.build(tmp_path) == [path] and path.read_text(encoding="utf-8") == tutorials.render(source)
 
 
+TUTORIALS = [source for source in SOURCES if source.name[:2] in ("01", "02", "03", "04", "06", "07")]
+
+
+@pytest.mark.parametrize("source", TUTORIALS, ids=[s.stem for s in TUTORIALS])
+def test_tutorial_opens_with_goals_ends_with_next_steps_and_has_an_exercise(source):
+    """Every tutorial says what you learn and need, asks for a prediction it then checks, and ends with
+    what to try next (05 is the planner's notebook, checked with it)."""
+    cells = nbformat.reads(tutorials.render(source), as_version=4).cells
+    markdown = [c.source for c in cells if c.cell_type == "markdown"]
+    assert "**What you will learn**" in markdown[0] and "**What you need**" in markdown[0], source.name
+    last_heading = [m for m in markdown if "\n## " in f"\n{m}"][-1]
+    assert "## What to try next" in last_heading, source.name
+    assert all(c.cell_type == "markdown" or "cluster.stop()" in c.source for c in cells[cells.index(
+        next(c for c in cells if c.cell_type == "markdown" and c.source == last_heading)):]), source.name
+    if source.name[:2] != "07":
+        assert any("**Predict**" in m for m in markdown), f"{source.name}: no predict-and-check exercise"
+
+
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_runs_headless(path):
     start = time.monotonic()
@@ -133,11 +151,19 @@ def test_notebook_runs_headless(path):
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs) or path.name.startswith("06")
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     if path.name.startswith("04"):
-        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
         line = next(item for item in text.splitlines() if item.startswith("MPI4DL_SUMMARY "))
         summary = json.loads(line.split(" ", 1)[1])
         assert summary["exact"] and summary["world_size"] == 5
+        assert summary["serial_images_per_second"] > 0
+        assert max(summary["memory_measured_mb"]) <= 0.6 * summary["serial_memory_mb"]
+        # the exercise: each variant trained and compared with its own micro-batched serial reference
+        assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': (2, 3)}" in text
+    if path.name.startswith("06"):   # commands shown as run, with their return code; the rank table
+        assert f"$ {Path(sys.executable).parent / 'mpiexec'} -n 3 " in text
+        assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 3
+        assert "LayerNorm: ConfigError" in text and "EngineTimeout" in text and "after restart" in text
     print(f"{path.name}: {time.monotonic() - start:.1f} s")
 
 
@@ -155,7 +181,8 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
     summary = {"configuration": ParallelConfig().as_dict(), "world_size": 5, "image_size": 64,
                "batch_size": 2, "steps": 1, "exact": True, "max_loss_error": 0.0,
                "max_weight_error": 1e-16, "images_per_second": 1.5,
-               "memory_measured_mb": [1.0] * 5, "memory_estimate_mb": [1.1] * 5}
+               "memory_measured_mb": [1.0] * 5, "memory_estimate_mb": [1.1] * 5,
+               "serial_images_per_second": 2.0, "serial_memory_mb": 4.0}
     cell = new_code_cell("x", outputs=[
         new_output("display_data", data={"image/png": base64.b64encode(png).decode()}),
         new_output("stream", name="stdout", text="noise\n" + demo.SUMMARY_MARK + json.dumps(summary) + "\n")])
@@ -165,6 +192,7 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
     assert demo.find_summary(notebook) == summary
     text = demo.format_summary(summary)
     assert "EXACT" in text and "5 MPI ranks" in text and "r4: 1.0 MB (est. 1.1)" in text
+    assert "one process   : 2.00 images/s, 4.0 MB (largest rank: 0.25x)" in text
     html = demo.export_html(notebook, tmp_path / "nb.html").read_text()
     assert "<html" in html.lower() and "image/png" in html
     with pytest.raises(SystemExit):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from mpi4dl_nb.config import ParallelConfig
-from mpi4dl_nb.pipeline.schedules import chunk_index
+from mpi4dl_nb.pipeline.reference import serial_chunks  # noqa: F401  (the cases' serial reference)
 
 # name -> (ParallelConfig kwargs, model, global batch, image size)
 CASES: dict[str, tuple[dict, str, int, int]] = {
@@ -83,27 +83,6 @@ def cases_by_world_size() -> dict[int, list[str]]:
     for name in CASES:
         groups.setdefault(config_of(name).world_size, []).append(name)
     return groups
-
-
-def serial_chunks(cfg: ParallelConfig, batch: int) -> list[list[int]]:
-    """Sample indices of the serial reference's micro-batches, in order.
-
-    Without sync_batchnorm: the ``batch_divisor`` consecutive chunks. With it: per GEMS chunk
-    and micro-batch, the union of every full replica's and local-DP copy's chunk (they
-    normalise together), ordered as the engine replays them.
-    """
-    size = batch // cfg.batch_divisor
-    rows = [list(range(c * size, (c + 1) * size)) for c in range(cfg.batch_divisor)]
-    if not cfg.sync_batchnorm:
-        return rows
-    groups: dict[int, list[int]] = {}
-    pairs = max(cfg.times, 1)
-    for replica in ((0, 1) if cfg.gems else (0,)):
-        for micro_batch in range(pairs * cfg.parts):
-            key = chunk_index(cfg, 0, replica, micro_batch, 0)
-            groups[key] = [i for d in range(cfg.data_parallel) for k in range(cfg.local_dp)
-                           for i in rows[chunk_index(cfg, d, replica, micro_batch, k)]]
-    return [groups[k] for k in sorted(groups)]
 
 
 # ------------------------------------------------------------- random configurations
