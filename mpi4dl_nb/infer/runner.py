@@ -122,35 +122,17 @@ def agreed(ctx: Comm, build: Callable[[], T]) -> T:
 
 def check_halos(net: nn.Module, grid: TileGrid, sizes: Sequence[tuple[int, int]], channels: int = 3) -> None:
     """Refuse, before any window runs, window sizes whose tiles are thinner than some layer's halo."""
-    from ..spatial.conv import conv_windows
-    from ..spatial.geometry import LayerHalo
-    from ..spatial.pool import pool_windows
+    from ..spatial.fit import halo_checked
 
-    probe = copy.deepcopy(net).to("meta")
-    handles = []
-    for name, module in probe.named_modules():
-        if isinstance(module, nn.Conv2d):
-            windows = conv_windows(module)
-        elif isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
-            windows = pool_windows(module, getattr(module, "dilation", 1))
-        else:
-            continue
-
-        def plan(mod: nn.Module, inputs: tuple, windows: Any = windows, name: str = name) -> None:
-            height, width = inputs[0].shape[-2:]
-            LayerHalo.for_windows(grid, int(height), int(width), windows[0], windows[1], name=name)
-        handles.append(module.register_forward_pre_hook(plan))
-    dtype = next((p.dtype for p in probe.parameters()), torch.float32)
-    try:
-        for height, width in sorted(sizes):
-            with torch.no_grad():
-                probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype))
-    except ConfigError as err:
-        raise ConfigError("--window", f"{err.detail} -- a window is split over {grid.rows} x {grid.cols} ranks; "
-                          f"give each a larger --window or use fewer --num-spatial-parts") from err
-    finally:
-        for handle in handles:
-            handle.remove()
+    with halo_checked(net, grid) as probe:
+        dtype = next((p.dtype for p in probe.parameters()), torch.float32)
+        try:
+            for height, width in sorted(sizes):
+                with torch.no_grad():
+                    probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype))
+        except ConfigError as err:
+            raise ConfigError("--window", f"{err.detail} -- a window is split over {grid.rows} x {grid.cols} "
+                              f"ranks; give each a larger --window or use fewer --num-spatial-parts") from err
 
 
 def output_size(net: nn.Module, height: int, width: int, channels: int = 3) -> tuple[int, int]:

@@ -1,7 +1,6 @@
 """The training loop of batch jobs: region-aware inputs, steps with metrics, progress on rank 0, checkpoint/resume."""
 from __future__ import annotations
 
-import copy
 import json
 import math
 import sys
@@ -70,35 +69,20 @@ def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, ima
     if cfg.spatial_size == 0:
         return
     from ..pipeline.stages import split_layers
-    from ..spatial.conv import conv_windows
-    from ..spatial.geometry import LayerHalo, TileGrid
-    from ..spatial.pool import pool_windows
+    from ..spatial.fit import halo_checked
+    from ..spatial.geometry import TileGrid
 
     grid = TileGrid(*cfg.grid_shape)
     stages = split_layers(list(layers), cfg.split_size, cfg.balance)[:cfg.spatial_size]
     dtype = next((p.dtype for s in stages for p in s.parameters()), torch.float32)
     x: Any = torch.empty(1, channels, image_size, image_size, device="meta", dtype=dtype)
     for stage in stages:
-        probe = copy.deepcopy(stage).to("meta")
-        handles = []
-        for name, module in probe.named_modules():
-            if isinstance(module, nn.Conv2d):
-                windows = conv_windows(module)
-            elif isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
-                windows = pool_windows(module, getattr(module, "dilation", 1))
-            else:
-                continue
+        def label(name: str, offset: int = stage.offset) -> str:   # the layer's index in the whole model
             local, _, rest = name.partition(".")
-            full = f"{stage.offset + int(local)}" + (f".{rest}" if rest else "")
+            return f"{offset + int(local)}" + (f".{rest}" if rest else "")
 
-            def plan(mod: nn.Module, inputs: tuple, windows=windows, full=full) -> None:
-                height, width = inputs[0].shape[-2:]
-                LayerHalo.for_windows(grid, int(height), int(width), *windows, name=full)
-            handles.append(module.register_forward_pre_hook(plan))
-        with torch.no_grad():
+        with halo_checked(stage, grid, label) as probe, torch.no_grad():
             x = probe(x)
-        for handle in handles:
-            handle.remove()
 
 
 # ------------------------------------------------------------------------ inputs
