@@ -38,11 +38,11 @@ def test_join_refuses_replicated_tensors_and_wrong_tiles():
 
 def test_header_round_trip():
     payload = (torch.zeros(2, 3, 4, 5), torch.ones(7, dtype=torch.int64), torch.zeros((), dtype=torch.float16))
-    is_tuple, specs = decode_header(encode_header(payload, torch.device("cpu")))
-    assert is_tuple and specs == [(torch.float32, (2, 3, 4, 5)), (torch.int64, (7,)),
+    tag, is_tuple, specs = decode_header(encode_header(payload, torch.device("cpu"), tag=7))
+    assert tag == 7 and is_tuple and specs == [(torch.float32, (2, 3, 4, 5)), (torch.int64, (7,)),
                                   (torch.float16, ())]
-    single, specs = decode_header(encode_header(torch.zeros(3, dtype=torch.float64), torch.device("cpu")))
-    assert not single and specs == [(torch.float64, (3,))]
+    tag, single, specs = decode_header(encode_header(torch.zeros(3, dtype=torch.float64), torch.device("cpu")))
+    assert tag == 0 and not single and specs == [(torch.float64, (3,))]
     with pytest.raises(TypeError, match="tensors"):
         encode_header((torch.zeros(1), None), torch.device("cpu"))
 
