@@ -35,8 +35,26 @@ def test_lines_flushed_resume_without_duplicates_fresh_run_moves_old_aside(tmp_p
     assert read_metrics(tmp_path) == []
 
 
+def test_no_tensorboard_no_event_file_and_no_error(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_tensorboard(name, *args, **kwargs):
+        if name.split(".")[0] == "tensorboard" or name.startswith("torch.utils.tensorboard"):
+            raise ImportError(f"no module named {name!r} (hidden by the test)")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_tensorboard)
+    log = MetricsLog(tmp_path, "run1")
+    log.write("train", 1, {"loss": 0.7})
+    log.close()
+    assert [p.name for p in tmp_path.iterdir()] == [LOG_NAME]
+    assert len(read_metrics(tmp_path)) == 1
+
+
 def test_tensorboard_events_beside_the_log_when_installed(tmp_path):
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard")   # optional extra `[tensorboard]`; the test above covers its absence
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     log = MetricsLog(tmp_path, "run1")

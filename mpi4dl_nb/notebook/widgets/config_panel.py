@@ -54,7 +54,8 @@ class ConfigPanel:
         self.world = w.HTML()
         self.layout_view = FigureView()
         self.memory_view = FigureView()
-        self.memory_table = w.HTML()
+        # the per-rank breakdown can be long: it scrolls, so controls and figures stay on one screen
+        self.memory_table = w.HTML(layout=w.Layout(max_height="110px", max_width="560px", overflow="auto"))
         self.config: ParallelConfig | None = None
         self.error: str | None = None
         self.plan: planner.MemoryPlan | None = None
@@ -137,7 +138,7 @@ class ConfigPanel:
             self.plan = planner.estimate_memory(self._profiles_for(image_size), cfg, image_size,
                                                 batch, optimizer_states=self.optimizer_states)
             self.memory_view.show(viz.draw_memory_bars(estimate=self.plan.totals))
-            self.memory_table.value = f"<pre>{_escape(self.plan.table())}</pre>"
+            self.memory_table.value = f'<pre style="white-space: pre; margin: 0">{_escape(self.plan.table())}</pre>'
         for listener in self._listeners:
             listener(cfg)
 
