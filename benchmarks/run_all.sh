@@ -22,4 +22,4 @@ run yielding mpiexec -n 4 python benchmarks/bench_correctness.py models --size 2
 run python benchmarks/bench_planner.py --markdown
 run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100
-run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 256 --steps 3
+run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 384 --steps 5
