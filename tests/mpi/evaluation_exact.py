@@ -10,6 +10,8 @@ and every parameter, buffer, gradient, optimizer state and training flag is unch
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 from torch import nn
@@ -20,6 +22,7 @@ from mpi4dl_nb.evaluation.evaluator import Evaluator
 from mpi4dl_nb.evaluation.metrics import Records, summarize
 from tests.support.checks import Checks, run_checks
 from tests.support.models import small_resnet
+from tests.support.planes import split_backend
 
 SIZE, SAMPLES = 16, 13
 CONFIGS = {
@@ -72,11 +75,14 @@ def same(a: object, b: object) -> bool:
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    ctx = dl.init()
+    backend, names = split_backend(sys.argv[1:], default="auto")   # names: a subset of CONFIGS
+    ctx = dl.init(backend=backend)
     dataset = SyntheticDataset(SIZE, 2, SAMPLES, seed=3)
     train_images = torch.stack([dataset.read(i) for i in range(10)]).double()
     train_labels = torch.tensor([dataset.label(i) for i in range(10)])
     for name, (knobs, batch) in CONFIGS.items():
+        if names and name not in names:
+            continue
         cfg = dl.ParallelConfig(**knobs)
         engine = dl.HybridEngine(model(), cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
                                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
