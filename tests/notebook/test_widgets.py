@@ -212,3 +212,17 @@ def test_one_rank_timeline_legend_clear_of_the_axis_label():
     legend = ax.get_legend().get_window_extent(renderer)
     assert not legend.overlaps(ax.xaxis.label.get_window_extent(renderer))
     assert not legend.overlaps(ax.get_window_extent(renderer))
+
+
+def test_config_panel_has_balance_and_halo_d2():
+    panel = ConfigPanel(ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4),
+                        model=build_model("resnet", num_layers=11, num_filters=8, num_classes=2), image_size=128)
+    assert panel.config.balance is None and panel.controls["balance"].value == ""
+    default_totals = panel.plan.totals
+    panel.set(balance=(2, 3))
+    assert panel.config.balance == (2, 3) and panel.controls["balance"].value == "2,3"
+    assert panel.plan is not None and panel.plan.totals != default_totals   # the estimate follows the cut
+    panel.set(balance="4;1")
+    assert panel.config is None and panel.error.startswith("balance:") and panel.plan is None
+    panel.set(balance="", halo_d2=True)
+    assert panel.config.halo_d2 and panel.config.balance is None

@@ -16,6 +16,24 @@ INT_KNOBS = ("split_size", "spatial_size", "num_spatial_parts", "parts", "times"
              "data_parallel")
 CHOICE_KNOBS = {"slice_method": SLICE_METHODS, "schedule": SCHEDULES}
 DESCRIPTION_WIDTH = "125px"
+
+
+def balance_text(balance: Sequence[int] | str | None) -> str:
+    """``(4, 1)`` -> ``"4,1"``; None -> ``""`` (the default cut: by memory with spatial stages, else even)."""
+    if balance is None or isinstance(balance, str):
+        return balance or ""
+    return ",".join(str(int(b)) for b in balance)
+
+
+def parse_balance(text: str) -> tuple[int, ...] | None:
+    """``"4, 1"`` -> ``(4, 1)``; empty -> None; ConfigError naming ``balance`` otherwise."""
+    if not text.strip():
+        return None
+    try:
+        return tuple(int(part) for part in text.replace(" ", "").split(","))
+    except ValueError:
+        raise ConfigError("balance", f"{text!r} is not a list of layer counts per stage, e.g. 4,1 "
+                          f"(empty: the default cut, by memory when there are spatial stages)") from None
 CONTROL_WIDTH = "235px"
 
 
@@ -50,6 +68,11 @@ class ConfigPanel:
                                                        style=style, layout=w.Layout(width=CONTROL_WIDTH))
         self.controls["batch_size"] = w.BoundedIntText(value=batch_size, min=1, max=1 << 16, description="batch_size",
                                                        style=style, layout=w.Layout(width=CONTROL_WIDTH))
+        self.controls["balance"] = w.Text(value=balance_text(cfg.balance), description="balance",
+                                          placeholder="default", style=style,
+                                          layout=w.Layout(width=CONTROL_WIDTH))
+        self.controls["halo_d2"] = w.Checkbox(value=cfg.halo_d2, description="halo_d2", indent=False,
+                                              layout=w.Layout(width=CONTROL_WIDTH))
         self.status = w.HTML()
         self.world = w.HTML()
         self.layout_view = FigureView()
@@ -64,7 +87,7 @@ class ConfigPanel:
             control.observe(self._changed, names="value")
         knobs = list(self.controls.values())
         self.widget = w.VBox([
-            w.HBox([w.VBox(knobs[:6]), w.VBox(knobs[6:])]),
+            w.HBox([w.VBox(knobs[:6]), w.VBox(knobs[6:10]), w.VBox(knobs[10:])]),
             self.status, self.world,
             w.HBox([self.layout_view.widget, w.VBox([self.memory_view.widget, self.memory_table])],
                    layout=w.Layout(flex_flow="row wrap", align_items="flex-start")),
@@ -84,7 +107,7 @@ class ConfigPanel:
         self._quiet = True
         try:
             for name, value in knobs.items():
-                self.controls[name].value = value
+                self.controls[name].value = balance_text(value) if name == "balance" else value
         finally:
             self._quiet = False
         self.update()
@@ -107,6 +130,7 @@ class ConfigPanel:
         """The current knobs as a checked ParallelConfig; raises ConfigError naming the knob."""
         values = self.values
         image_size, batch_size = values.pop("image_size"), values.pop("batch_size")
+        values["balance"] = parse_balance(values["balance"])
         cfg = ParallelConfig(**values)
         cfg.validate(batch_size=batch_size, image_size=image_size,
                      num_layers=len(self.model) if self.model is not None else None)
