@@ -100,9 +100,10 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Any = None) -> Figure:
     ax.set_ylim(-0.3, cfg.data_parallel * replica_h + 0.6)
     ax.set_axis_off()
     gems = f", GEMS times={cfg.times}" if cfg.gems else ""
-    ax.set_title(f"{cfg.world_size} ranks: split {cfg.split_size}, spatial {cfg.spatial_size} "
-                 f"x {cfg.num_spatial_parts} parts ({cfg.slice_method}), local_dp {cfg.local_dp}, "
-                 f"dp {cfg.data_parallel}{gems}", fontsize=9)
+    spatial = (f"spatial {cfg.spatial_size} x {cfg.num_spatial_parts} tiles ({cfg.slice_method}), "
+               if cfg.spatial_size else "")
+    ax.set_title(f"{cfg.world_size} ranks: split {cfg.split_size}, {spatial}parts {cfg.parts}, "
+                 f"local_dp {cfg.local_dp}, dp {cfg.data_parallel}{gems}", fontsize=9)
     return fig
 
 

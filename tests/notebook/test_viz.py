@@ -90,3 +90,15 @@ def test_schedule_grid_marks_done_actions_and_current_p2p():
     assert len(done) == sum(1 for a in order[:send + 1] if a.kind in ("F", "B", "ALLREDUCE", "OPTIM"))
     arrows = viz.find_artists(fig, "p2p:")
     assert [a.get_gid() for a in arrows] == ["p2p:SEND_ACT:0->1"]
+
+
+def test_layout_title_names_micro_batches_and_only_real_spatial_stages():
+    from mpi4dl_nb import ParallelConfig
+    from mpi4dl_nb.notebook import viz
+
+    cfg = ParallelConfig(split_size=2, spatial_size=0, parts=2, data_parallel=2)
+    title = viz.draw_rank_layout(cfg).axes[0].get_title()
+    assert "parts 2" in title and "dp 2" in title and "spatial" not in title
+    cfg = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
+    title = viz.draw_rank_layout(cfg).axes[0].get_title()
+    assert "spatial 1 x 4 tiles (square)" in title and "parts 1" in title
