@@ -10,7 +10,8 @@ world size). On every rank: one warm-up and one measured ``HybridEngine.train_st
 the allocation profiler (memory), then ``--steps`` timed steps (each started together at a
 barrier; the step time is the slowest rank's, the median over steps). The planner predicts
 both from the layer list: memory shape-only on ``meta``, time from layer times profiled
-once on this process, a ping-pong calibration on the cluster and the real schedule.
+once on this process with the ranks' torch threads, a calibration on the cluster (ping-pong,
+the cost of a meeting of all ranks) and the real schedule.
 One line per configuration: ``worst ratio X`` (memory estimate/measured on the rank
 furthest from 1) and ``time ratio Y`` (predicted/measured step time). Step times depend on
 the machine's load: quote them with the load average printed at the end.
@@ -70,8 +71,8 @@ class Row:
         return self.predicted_time / self.measured_time
 
 
-def predict_time(layers, cfg, image_size, batch, network) -> float:
-    return planner.predict_step_time(layers, cfg, image_size, batch, network=network).seconds
+def predict_time(layers, cfg, image_size, batch, network, threads) -> float:
+    return planner.predict_step_time(layers, cfg, image_size, batch, network=network, threads=threads).seconds
 
 
 def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
@@ -84,12 +85,15 @@ def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
     rows = []
     for world, group in itertools.groupby(cases, key=lambda case: ParallelConfig(**case[1]).world_size):
         with clu.start(n=world, call_timeout=1800) as cluster:
-            network = planner.fit_network(cluster.run(tune.ping_pong_on_engine)[0])
+            calibration = cluster.run(tune.calibrate_job_on_engine)[0]
+            network = planner.network_of(calibration)
+            print(f"{world} ranks: {network.describe()}; {calibration.threads} torch thread(s) per rank",
+                  file=sys.stderr, flush=True)
             for name, knobs, batch in group:
                 cfg = ParallelConfig(**knobs)
                 plan = planner.estimate_memory(layers, cfg, image_size, batch)
                 measured = cluster.run(tune.measure_config_on_engine, spec, knobs, image_size, batch, steps)[0]
-                predicted = predict_time(layers, cfg, image_size, batch, network)
+                predicted = predict_time(layers, cfg, image_size, batch, network, calibration.threads)
                 rows.append(Row(label, name, world, batch, plan.totals, list(measured.peaks), predicted,
                                 measured.seconds))
                 print_row(rows[-1], markdown=False, file=sys.stderr)
@@ -117,11 +121,11 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=16, help="ResNet base width / AmoebaNet filters")
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
-    parser.add_argument("--configs", default=None, help="comma-separated configuration names")
+    parser.add_argument("--configs", default=None, help="';'-separated configuration names")
     parser.add_argument("--grid", action="store_true", help="every model size of the BENCHMARKS.md table")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args()
-    names = args.configs.split(",") if args.configs else None
+    names = args.configs.split(";") if args.configs else None
     models = GRID if args.grid else [(args.model, args.depth, args.width, args.image_size)]
     start = time.monotonic()
     rows = [row for model in models for row in run_model(*model, args.steps, names)]

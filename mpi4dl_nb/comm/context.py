@@ -27,8 +27,9 @@ import torch
 
 from .device import BACKENDS, check_backend_device, local_rank_from_env, select_device
 from .handles import Channel, Group, Request, Transfer
-from .mpi_plane import MpiPlane, load_mpi
+from .mpi_plane import MpiPlane, MpiRequests, load_mpi
 from .trace import DEFAULT_MAX_EVENTS, DEFAULT_WINDOW_STEPS, CudaClock, Tracer
+from .waiting import WaitMode, wait_mode_for
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -53,7 +54,7 @@ class Context:
     def __init__(self, backend: str = "auto", device: str | torch.device = "auto",
                  comm: MPI.Intracomm | None = None, trace: bool = True, *,
                  trace_window: int | None = DEFAULT_WINDOW_STEPS,
-                 trace_max_events: int | None = DEFAULT_MAX_EVENTS) -> None:
+                 trace_max_events: int | None = DEFAULT_MAX_EVENTS, wait: str | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
         mpi = load_mpi()
@@ -65,6 +66,7 @@ class Context:
         from_env = local_rank_from_env()
         self.local_rank: int = from_env[0] if from_env else shared.Get_rank()
         shared.Free()
+        self.wait_mode: WaitMode = wait_mode_for(self.local_size, requested=wait)
         if isinstance(device, torch.device):
             self.device = device
         else:
@@ -89,7 +91,7 @@ class Context:
 
     def _start_plane(self, backend: str) -> DataPlane:
         if backend == "mpi":
-            return MpiPlane(self.mpi_comm, self.device)
+            return MpiPlane(self.mpi_comm, self.device, wait_mode=self.wait_mode)
         from .torch_plane import TorchPlane
 
         return TorchPlane(backend, self.device, self.mpi_comm, self.local_size)
@@ -201,7 +203,8 @@ class Context:
         return tensor
 
     def barrier(self, group: Group | None = None) -> None:
-        (self.world if group is None else group).communicator().Barrier()
+        comm = (self.world if group is None else group).communicator()
+        MpiRequests([comm.Ibarrier()], self.wait_mode).wait()
 
     def all_gather_object(self, obj: Any, group: Group | None = None) -> list[Any]:
         return (self.world if group is None else group).communicator().allgather(obj)
@@ -232,7 +235,7 @@ _CURRENT: Context | None = None
 def init(backend: str = "auto", device: str | torch.device = "auto", *, threads: int | None = None,
          tune_malloc: bool = True, trace: bool = True,
          trace_window: int | None = DEFAULT_WINDOW_STEPS,
-         trace_max_events: int | None = DEFAULT_MAX_EVENTS) -> Context:
+         trace_max_events: int | None = DEFAULT_MAX_EVENTS, wait: str | None = None) -> Context:
     """Start (or return) this process's Context from MPI.
 
     ``backend``: ``auto`` (``mpi`` on CPU, ``nccl`` on GPU), ``mpi``, ``gloo`` (CPU) or
@@ -240,6 +243,9 @@ def init(backend: str = "auto", device: str | torch.device = "auto", *, threads:
     at once, naming what is missing, when no CUDA device can be used).
     ``trace_window``: steps whose events the trace keeps (None: every event, unbounded);
     ``trace_max_events``: cap on kept events (None: none).
+    ``wait``: how the mpi plane waits, ``auto`` (default; ``yield`` when the node's ranks
+    outnumber its cores), ``block`` or ``yield`` (``comm/waiting.py``; None: the
+    ``MPI4DL_NB_WAIT`` environment variable, else auto).
     ``threads``: torch threads per rank; default splits the node's cores among its ranks.
     ``tune_malloc``: keep freed large CPU buffers in the process (glibc mallopt), which
     spares page faults on every step of large CPU activations.
@@ -251,7 +257,7 @@ def init(backend: str = "auto", device: str | torch.device = "auto", *, threads:
                                f"asked for {backend!r} (one backend per process)")
         return _CURRENT
     ctx = Context(backend=backend, device=device, trace=trace, trace_window=trace_window,
-                  trace_max_events=trace_max_events)
+                  trace_max_events=trace_max_events, wait=wait)
     if threads is None and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, (os.cpu_count() or 1) // ctx.local_size)
     if threads is not None:

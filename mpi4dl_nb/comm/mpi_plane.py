@@ -11,6 +11,7 @@ import torch
 from .device import settle
 from .handles import Channel, Group, Request, Transfer
 from .staging import PinnedPool
+from .waiting import WaitMode, poll
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -36,6 +37,22 @@ def cuda_aware_mpi() -> bool:
     return os.environ.get("MV2_USE_CUDA") == "1" or os.environ.get("MPI4DL_CUDA_AWARE") == "1"
 
 
+class MpiRequests:
+    """mpi4py requests completed together: by ``Waitall`` (``WaitMode.BLOCK``) or by
+    ``Testall`` and short sleeps (``WaitMode.YIELD``: the core goes to ranks that compute)."""
+
+    def __init__(self, handles: Sequence[Any], mode: WaitMode) -> None:
+        self.handles = list(handles)
+        self.mode = mode
+
+    def wait(self) -> None:
+        if self.mode is WaitMode.YIELD:
+            poll(lambda: all(handle.Test() for handle in self.handles))
+        else:
+            for handle in self.handles:
+                handle.Wait()
+
+
 class MpiPlane:
     """Tensors travel through mpi4py, on the tensors' own memory.
 
@@ -56,8 +73,9 @@ class MpiPlane:
     name = "mpi"
 
     def __init__(self, comm: MPI.Comm, device: torch.device, *, staging: bool = False,
-                 pool: PinnedPool | None = None) -> None:
+                 pool: PinnedPool | None = None, wait_mode: WaitMode = WaitMode.BLOCK) -> None:
         self.comm = comm
+        self.wait_mode = wait_mode
         self.cuda_aware = device.type == "cuda" and cuda_aware_mpi()
         self.stage_everything = staging
         self.pool = PinnedPool() if pool is None else pool
@@ -107,21 +125,22 @@ class MpiPlane:
                 if not transfers[i].send:
                     transfers[i].tensor.detach().copy_(host)   # blocking: the buffer is reused next
                 self.pool.give(host)
-        return Request.all_of(handles, on_done=done if staged else None,
-                              keep=[t.tensor for t in transfers])
+        return Request(MpiRequests(handles, self.wait_mode), on_done=done if staged else None,
+                       keep=[t.tensor for t in transfers])
 
     # --------------------------------------------------------------- collectives
-    def _in_place(self, tensor: torch.Tensor, operation: Callable[[Any], object]) -> None:
-        """Run a blocking in-place MPI ``operation(buffer)`` on ``tensor`` (staged if needed)."""
+    def _in_place(self, tensor: torch.Tensor, operation: Callable[[Any], Any]) -> None:
+        """Run the non-blocking in-place MPI ``operation(buffer)`` on ``tensor`` (staged if
+        needed) and complete its request in this plane's wait mode."""
         if not self._staged(tensor):
             self._settle([tensor])
-            operation(self._buffer(tensor))
+            MpiRequests([operation(self._buffer(tensor))], self.wait_mode).wait()
             return
         host = self.pool.take(tensor)
         try:
             host.copy_(tensor.detach(), non_blocking=True)
             self._settle([tensor])
-            operation(self._buffer(host))
+            MpiRequests([operation(self._buffer(host))], self.wait_mode).wait()
             tensor.detach().copy_(host)
         finally:
             self.pool.give(host)
@@ -129,11 +148,11 @@ class MpiPlane:
     def all_reduce(self, tensor: torch.Tensor, group: Group) -> None:
         MPI = load_mpi()
         comm = group.communicator()
-        self._in_place(tensor, lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+        self._in_place(tensor, lambda buffer: comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
 
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None:
         comm, index = group.communicator(), group.rank_of(root)
-        self._in_place(tensor, lambda buffer: comm.Bcast(buffer, root=index))
+        self._in_place(tensor, lambda buffer: comm.Ibcast(buffer, root=index))
 
     # -------------------------------------------------------------------- groups
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:

@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -170,3 +171,59 @@ def ping_pong(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20),
             points.append((buf.numel() * buf.element_size(), sorted(runs[1:])[len(runs[1:]) // 2]))
     result = ctx.bcast_object(points, root=a)
     return list(result or [])
+
+
+def sync_cost(ctx: Comm, rounds: int = 30, work_seconds: float = 1e-3, repeats: int = 3) -> float:
+    """Seconds one meeting of all ranks costs beyond their work: ``rounds`` rounds of
+    ``work_seconds`` of compute per rank, free-running and then with a small all-reduce after
+    each round, alternated ``repeats`` times (best of each); collective, every rank gets it.
+
+    Ranks that share cores (more ranks than cores) lose time at every meeting - the last one
+    must be scheduled, the waiting ones woken - which a halo exchange or a BatchNorm sum of a
+    spatial stage pays once per layer; with a core (or GPU) per rank it is about the latency."""
+    if ctx.world_size < 2:
+        return 0.0
+    a = torch.randn(96, 96)
+
+    def work(count: int) -> None:
+        for _ in range(count):
+            a @ a
+
+    start = time.perf_counter()
+    work(20)
+    mine = torch.tensor([(time.perf_counter() - start) / 20], dtype=torch.float64)
+    per_product = float(ctx.all_reduce(mine).item()) / ctx.world_size
+    count = max(1, round(work_seconds / max(per_product, 1e-9)))
+    flag = torch.zeros(1)
+    free, meeting = float("inf"), float("inf")
+    for _ in range(repeats):
+        ctx.barrier()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            work(count)
+        ctx.barrier()
+        free = min(free, time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            work(count)
+            ctx.all_reduce(flag)
+        ctx.barrier()
+        meeting = min(meeting, time.perf_counter() - start)
+    result = ctx.bcast_object(max(0.0, (meeting - free) / rounds), root=0)
+    return float(result)
+
+
+@dataclass(frozen=True)
+class JobCalibration:
+    """What the time model takes from the running job: ping-pong (bytes, seconds) points,
+    the cost of one meeting of all ranks (``sync_cost``) and the torch threads of rank 0."""
+
+    points: tuple[tuple[int, float], ...]
+    sync_seconds: float
+    threads: int
+
+
+def calibrate_job(ctx: Comm) -> JobCalibration:
+    """``ping_pong`` + ``sync_cost`` + torch threads on the job of ``ctx`` (collective)."""
+    points = tuple(ping_pong(ctx))
+    return JobCalibration(points, sync_cost(ctx), int(ctx.bcast_object(torch.get_num_threads(), root=0)))

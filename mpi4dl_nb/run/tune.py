@@ -17,6 +17,7 @@ from torch import nn
 
 from ..comm.protocol import Comm
 from ..config import ParallelConfig
+from .measure import JobCalibration
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,9 @@ def measure_one_process_on_engine(spec: ModelSpec, image_size: int, batch_size: 
     return measure_one_process(init(), spec, image_size, batch_size, steps)
 
 
-def ping_pong_on_engine() -> list[tuple[int, float]]:
-    """``measure.ping_pong`` between ranks 0 and 1 of this job, for ``cluster.run``."""
+def calibrate_job_on_engine() -> JobCalibration:
+    """``measure.calibrate_job`` on this job (ping-pong, meeting cost, threads), for ``cluster.run``."""
     from ..comm.context import init
-    from .measure import ping_pong
+    from .measure import calibrate_job
 
-    return ping_pong(init())
+    return calibrate_job(init())

@@ -48,21 +48,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ..notebook.planner.memory import MB
     from ..notebook.planner.suggest import describe_config
-    from ..notebook.planner.timing import fit_network
+    from ..notebook.planner.timing import network_of
     from ..notebook.planner.tune import Tuner, TuneResult
     from . import tune
-    from .measure import ping_pong
+    from .measure import calibrate_job
 
     ctx = dl.init()
     spec = tune.ModelSpec(args.model, args.num_layers, args.num_filters, args.num_classes, dtype=args.dtype)
-    network = fit_network(ping_pong(ctx))
+    calibration = calibrate_job(ctx)
+    network = network_of(calibration)
     limit = args.memory_limit_mb * MB
 
     def local(function, *call_args):   # rank 0 drives; the measurements are collective
         return function(*call_args)
 
     tuner = Tuner(spec, args.image_size, args.batch_size, limit, ctx.world_size, local, top=args.top,
-                  steps=args.steps, suggest_options={"max_split": args.max_split})
+                  steps=args.steps, suggest_options={"max_split": args.max_split}, threads=calibration.threads)
     planned: TuneResult | None = None
     failure = None
     if ctx.rank == 0:

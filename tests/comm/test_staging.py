@@ -9,6 +9,7 @@ import torch
 from mpi4dl_nb.comm.handles import Group, Transfer
 from mpi4dl_nb.comm.mpi_plane import MpiPlane
 from mpi4dl_nb.comm.staging import MIN_BUFFER, PinnedPool, size_class
+from mpi4dl_nb.comm.waiting import WaitMode
 
 
 def test_size_classes_are_powers_of_two():
@@ -52,17 +53,24 @@ class _Recorder:
         buffer[...] = self.sent.pop(0)
         return _Done()
 
-    def Allreduce(self, flag, buffer, op):
-        self.log.append(("Allreduce",))
+    def Iallreduce(self, flag, buffer, op):
+        self.log.append(("Iallreduce",))
         buffer *= 2          # a world of two equal ranks
+        return _Done()
 
-    def Bcast(self, buffer, root):
-        self.log.append(("Bcast", root))
+    def Ibcast(self, buffer, root):
+        self.log.append(("Ibcast", root))
+        return _Done()
 
 
 class _Done:
-    def wait(self):
+    """A request that completed at once (both ways of waiting ask it)."""
+
+    def Wait(self):
         return None
+
+    def Test(self):
+        return True
 
 
 class _DevicePlane(MpiPlane):
@@ -81,10 +89,12 @@ class _DevicePlane(MpiPlane):
         super()._settle(tensors)
 
 
+@pytest.mark.parametrize("mode", list(WaitMode))
 @pytest.mark.parametrize("staging", [False, True], ids=["cuda-aware", "staged"])
-def test_mpi_plane_waits_for_the_stream_before_mpi_touches_device_memory(staging):
+def test_mpi_plane_waits_for_the_stream_before_mpi_touches_device_memory(staging, mode):
     log: list = []
     plane = _DevicePlane(log, staging)
+    plane.wait_mode = mode
     group = Group((0, 1), mpi_comm=plane.comm)
     data = torch.arange(6, dtype=torch.float64)
     got = torch.zeros(6, dtype=torch.float64)
@@ -93,8 +103,8 @@ def test_mpi_plane_waits_for_the_stream_before_mpi_touches_device_memory(staging
     plane.all_reduce(got, group)
     assert torch.equal(got, 2 * data)
     plane.broadcast(got, 1, group)
-    assert log == [("settle",), ("Isend", 1, 7), ("Irecv", 1, 7), ("settle",), ("Allreduce",),
-                   ("settle",), ("Bcast", 1)]
+    assert log == [("settle",), ("Isend", 1, 7), ("Irecv", 1, 7), ("settle",), ("Iallreduce",),
+                   ("settle",), ("Ibcast", 1)]
     assert plane.settles == 3
     if staging:   # one buffer per message in flight, all back in the pool, reused next time
         assert plane.pool.lent == 0 and plane.pool.created == 2

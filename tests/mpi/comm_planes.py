@@ -11,6 +11,7 @@ the planes are mpi (CUDA-aware or staged) and nccl (``benchmarks/gpu_check.sh``)
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
@@ -18,13 +19,14 @@ from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.comm.handles import Transfer
 from mpi4dl_nb.comm.messages import Mailbox, MessageOrderError, isend_payload, recv_payload
 from mpi4dl_nb.comm.mpi_plane import MpiPlane
+from mpi4dl_nb.comm.waiting import WaitMode
 from tests.support.checks import Checks, run_checks
 
 PLANES = {"cpu": ("mpi", "gloo"), "cuda": ("mpi", "nccl")}
 CHECKS = ("send/recv", "exchange both ways", "channel payloads in send order", "all_reduce world",
           "all_reduce group", "broadcast", "group broadcast", "1 MiB float32 message",
           "int64 all_reduce", "all_gather_object", "groups cached")
-MPI_ONLY = ("irecv two tags", "staged path")
+MPI_ONLY = ("irecv two tags", "staged path", "wait block", "wait yield")
 TORCH_ONLY = ("wrong order refused",)   # on the mpi plane a wrong tag is never matched: it hangs
 
 
@@ -175,6 +177,30 @@ def staged_path(ctx: Context, check: Checks) -> None:
         assert plane.pool.lent == 0 and plane.pool.created <= 2, plane.pool.created
 
 
+def wait_modes(ctx: Context, check: Checks) -> None:
+    """The mpi plane completes exchanges and collectives the same way blocking in MPI and
+    testing with pauses (the mode ranks sharing cores use)."""
+    rank, size = ctx.rank, ctx.world_size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for mode in WaitMode:
+        plane = MpiPlane(ctx.mpi_comm, ctx.device, wait_mode=mode)
+        with check(f"mpi wait {mode}"):
+            got = torch.empty(64, dtype=torch.float64)
+            if rank == 1:
+                time.sleep(0.05)             # the others wait for this one (the yield mode pauses)
+            request = plane.exchange([Transfer.into(got, left, 3),
+                                      Transfer.to(torch.full((64,), float(rank), dtype=torch.float64), right, 3)], None)
+            request.wait()
+            assert torch.equal(got, torch.full((64,), float(left), dtype=torch.float64))
+            total = torch.tensor([float(rank)], dtype=torch.float64)
+            plane.all_reduce(total, ctx.world)
+            assert total.item() == size * (size - 1) / 2, total
+            root = torch.tensor([float(rank)], dtype=torch.float64)
+            plane.broadcast(root, size - 1, ctx.world)
+            assert root.item() == size - 1, root
+            assert plane.wait_mode is mode
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     device = "cuda" if "--device=cuda" in sys.argv[1:] else "cpu"
@@ -183,6 +209,7 @@ def main(check: Checks) -> None:
     with torch.device(mpi_ctx.device):       # factory functions make tensors on the rank's device
         exercise(mpi_ctx, check)
         staged_path(mpi_ctx, check)
+        wait_modes(mpi_ctx, check)
         torch_ctx = Context(backend=torch_backend, device=device)
         exercise(torch_ctx, check)
     torch_ctx.close()

@@ -96,6 +96,37 @@ def test_predicted_time_adds_layers_schedule_and_network(resnet):
     assert sp.halo_seconds > 0 and sp.images_per_second == pytest.approx(2 / sp.seconds)
 
 
+def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
+    """Every halo exchange and collective of a spatial stage costs ``Network.sync`` more; a
+    layer-parallel configuration (no tile group) does not change."""
+    timer, node = FlopTimer(), planner.Node(cores=2, copy_bandwidth=1e12)
+    plain, meeting = planner.Network(1e-5, 1e9), planner.Network(1e-5, 1e9, sync=1e-3)
+    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
+    base = planner.predict_step_time(resnet, sp, 64, 2, timer=timer, node=node, network=plain)
+    slow = planner.predict_step_time(resnet, sp, 64, 2, timer=timer, node=node, network=meeting)
+    stage = base.stage_seconds[0]
+    extra = slow.stage_seconds[0] - stage
+    assert extra > 0 and slow.seconds - base.seconds == pytest.approx(extra, rel=1e-6)
+    # one ms per meeting: a whole number of meetings (forward halos + BatchNorm sums + backward)
+    assert extra / 1e-3 == pytest.approx(round(extra / 1e-3)) and round(extra / 1e-3) >= 10
+    lp = ParallelConfig(split_size=2, spatial_size=0)
+    assert planner.predict_step_time(resnet, lp, 64, 2, timer=timer, node=node, network=meeting).seconds == \
+        pytest.approx(planner.predict_step_time(resnet, lp, 64, 2, timer=timer, node=node, network=plain).seconds)
+    assert "per meeting" in meeting.describe() and "per meeting" not in plain.describe()
+
+
+def test_layer_times_use_the_ranks_threads_when_given(resnet):
+    from mpi4dl_nb.notebook.planner import step_time
+
+    node = planner.Node(cores=2, copy_bandwidth=1e12)
+    small = build_model("resnet", num_layers=11, num_filters=4, num_classes=2)
+    cfg = ParallelConfig(split_size=1, spatial_size=0)
+    step_time.DEFAULT_TIMERS.clear()
+    planner.predict_step_time(small, cfg, 16, 1, node=node)
+    planner.predict_step_time(small, cfg, 16, 1, node=node, threads=1)
+    assert sorted(key[2] for key in step_time.DEFAULT_TIMERS) == [1, 2]   # dl.init's split, then as given
+
+
 def test_suggest_lists_each_run_once_fastest_first_and_says_what_binds(resnet):
     timer, node = FlopTimer(), planner.Node(cores=2, copy_bandwidth=1e10)
     one = planner.estimate_memory(resnet, ParallelConfig(split_size=1, spatial_size=0), 64, 2).peak
@@ -138,6 +169,7 @@ def test_one_knob_variants_change_exactly_one_knob_on_the_same_ranks():
 def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest_that_fits():
     from mpi4dl_nb.notebook.planner.tune import Tuner
     from mpi4dl_nb.run import tune
+    from mpi4dl_nb.run.measure import JobCalibration
 
     spec = tune.ModelSpec("resnet", 11, 8)
     layers = spec.build()
@@ -146,15 +178,16 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
 
     def fake_run(function, *args):   # stands in for the ranks: seconds fall with the call count
         calls.append(function)
-        if function is tune.ping_pong_on_engine:
-            return [(0, 1e-5), (1 << 20, 1e-3)]
+        if function is tune.calibrate_job_on_engine:
+            return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 2e-4, 1)
         seconds = 1.0 / len(calls)
         return tune.Measured(seconds, (seconds,), (int(0.5 * one),) * 3)
 
     tuner = Tuner(spec, 32, 2, 0.9 * one, 3, fake_run, top=2, steps=1,
                   suggest_options=dict(timer=FlopTimer(), node=planner.Node(cores=2, copy_bandwidth=1e10)))
     result = tuner()
-    assert calls[:2] == [tune.ping_pong_on_engine, tune.measure_one_process_on_engine]
+    assert calls[:2] == [tune.calibrate_job_on_engine, tune.measure_one_process_on_engine]
+    assert tuner.threads == 1 and result.network.sync == 2e-4
     assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
     assert result.best is result.rows[-1] and "picked" in result.table()
     assert all(r.ratio is not None for r in result.rows)

@@ -21,11 +21,11 @@ from .suggest import (
     one_knob_variants,
     suggest,
 )
-from .timing import LayerTimer, Network, Node, calibrate_network, fit_network
+from .timing import LayerTimer, Network, Node, calibrate_network, fit_network, network_of
 
 __all__ = ["LayerProfile", "LayerTimer", "Network", "Node", "Refusal", "Suggestion", "Suggestions",
            "TimePlan", "calibrate_network", "candidate_configs", "canonical", "describe_config", "fit_network",
-           "one_knob_variants",
+           "network_of", "one_knob_variants",
            "predict_step_time", "suggest", "MemoryPlan", "Precision", "RankMemory", "Recompute", "estimate_memory",
            "measure_engine_step", "measure_peak_bytes", "measure_step_memory", "memory_table",
            "profile_layers", "time_engine_steps"]

@@ -42,14 +42,21 @@ class Traffic:
     message_bytes: int = 0
     collectives: int = 0
     collective_bytes: int = 0
+    exchanges: int = 0        # exchange calls that carried messages (each a meeting with neighbours)
 
     def copy(self) -> Traffic:
-        return Traffic(self.messages, self.message_bytes, self.collectives, self.collective_bytes)
+        return Traffic(self.messages, self.message_bytes, self.collectives, self.collective_bytes,
+                       self.exchanges)
 
     def minus(self, other: Traffic) -> Traffic:
         return Traffic(self.messages - other.messages, self.message_bytes - other.message_bytes,
                        self.collectives - other.collectives,
-                       self.collective_bytes - other.collective_bytes)
+                       self.collective_bytes - other.collective_bytes, self.exchanges - other.exchanges)
+
+    @property
+    def meetings(self) -> int:
+        """Times this rank waits for others: halo exchanges and collectives."""
+        return self.exchanges + self.collectives
 
 
 class FakeWorld:
@@ -165,6 +172,7 @@ class FakeComm:
         return tensor
 
     def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None = None) -> Request:
+        self.traffic.exchanges += bool(transfers)
         for transfer in transfers:
             (self.isend if transfer.send else self.irecv)(transfer.tensor, transfer.peer, transfer.tag)
         return Request(_Done())

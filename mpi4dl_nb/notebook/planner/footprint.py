@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -82,8 +82,7 @@ class LayerFootprint:
 
 
 def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
-    return Traffic(traffic.messages, traffic.message_bytes * samples, traffic.collectives,
-                   traffic.collective_bytes)
+    return replace(traffic, message_bytes=traffic.message_bytes * samples)
 
 
 @dataclass(frozen=True)

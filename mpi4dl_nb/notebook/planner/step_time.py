@@ -153,7 +153,7 @@ class _Costs:
         halo = traffic.messages * self.network.message(per_message) / 2   # sends overlap receives
         sums = traffic.collectives * self.network.all_reduce(
             traffic.collective_bytes / max(1, traffic.collectives), members)
-        return halo + sums
+        return halo + sums + traffic.meetings * self.network.sync
 
     def copy_seconds(self, nbytes: float) -> float:
         return nbytes / self.node.copy_bandwidth
@@ -217,7 +217,7 @@ def _size(dtype: torch.dtype) -> int:
 def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
                       image_size: int | tuple[int, int], batch_size: int, *,
                       network: Network | None = None, node: Node | None = None,
-                      timer: LayerTimer | None = None, in_channels: int = 3,
+                      timer: LayerTimer | None = None, threads: int | None = None, in_channels: int = 3,
                       dtype: torch.dtype = torch.float32, precision: Precision | None = None,
                       recompute: Recompute | str | None = None,
                       loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
@@ -227,7 +227,8 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
     ``network``: from ``calibrate_network`` on the cluster (default: a shared-memory guess);
     ``node``: the cores the ranks share (default: this machine's CPU cores); ``timer``:
     where layer times are measured and cached (default: this process, CPU, with the threads
-    each rank of ``cfg`` gets from ``dl.init`` on ``node``, ``rank_threads``).
+    each rank of ``cfg`` gets from ``dl.init`` on ``node``, ``rank_threads``; ``threads``: the
+    ranks' torch threads when they differ, e.g. cluster engines started with OMP_NUM_THREADS=1).
     ``precision``/``recompute`` None: from ``cfg``'s memory knobs (``memory.settings_of``).
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
@@ -238,7 +239,7 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
     stage_model = StageModel(cfg, profiles, balance, batch_size // cfg.batch_divisor, precision,
                              cache or DEFAULT_CACHE, loss_fn)
     node = node or Node.this_machine(timer.device if timer else "cpu")
-    timer = timer or default_timer(threads=rank_threads(node, cfg.world_size))
+    timer = timer or default_timer(threads=threads or rank_threads(node, cfg.world_size))
     network = network or Network()
     roles = layout(cfg)
     held = {role.rank: [slot.stage for slot in (role.primary, role.mirror) if slot is not None]

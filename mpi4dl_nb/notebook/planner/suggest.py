@@ -211,12 +211,14 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
             optimizer_states: int | None = None,
             loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
             network: Network | None = None, node: Node | None = None, timer: LayerTimer | None = None,
-            top: int | None = 10, max_split: int = 4, exact: bool = True,
+            threads: int | None = None, top: int | None = 10, max_split: int = 4, exact: bool = True,
             max_times: int = 1) -> Suggestions:
     """Configurations on ``devices`` ranks (exactly; ``exact=False``: at most) whose every
     rank fits ``memory_per_device`` bytes, fastest predicted first (ties: fewer ranks, lower
     peak), at most ``top``. The result also lists what was refused (``.refused``) and the
     one-process reference. ValueError naming what to change if nothing fits.
+    ``threads``: torch threads of each rank of the parallel configurations when they differ
+    from ``dl.init``'s split of the node's cores (the one-process reference uses every core).
     """
     if devices < 1:
         raise ValueError(f"devices={devices}: need at least 1")
@@ -248,7 +250,7 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
     serial_time = predict_step_time(profiles, serial_cfg, image_size, batch_size, **timing)
     ranked = []
     for cfg, plan in fitting:
-        time_plan = predict_step_time(profiles, cfg, image_size, batch_size, **timing)
+        time_plan = predict_step_time(profiles, cfg, image_size, batch_size, threads=threads, **timing)
         ranked.append(Suggestion(cfg, cfg.world_size, plan.peak, time_plan.seconds,
                                  serial_time.seconds / time_plan.seconds if time_plan.seconds else float("inf"),
                                  plan, time_plan))

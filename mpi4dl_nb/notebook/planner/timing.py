@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,15 +27,21 @@ from ...comm.messages import as_items
 from ...comm.protocol import Comm
 from ...spatial.geometry import TileGrid
 from .fake_world import FakeComm, SizeOracle
+
+if TYPE_CHECKING:
+    from ...run.measure import JobCalibration
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
 
 
 @dataclass(frozen=True)
 class Network:
-    """Point-to-point cost ``latency + bytes / bandwidth`` (seconds), and collectives from it."""
+    """Point-to-point cost ``latency + bytes / bandwidth`` (seconds), collectives from it, and
+    ``sync``: what each meeting of a rank group (a halo exchange, a BatchNorm sum) costs on
+    top when the ranks share cores (``run.measure.sync_cost``; 0 with a core per rank)."""
 
     latency: float = 20e-6
     bandwidth: float = 5e9
+    sync: float = 0.0
 
     def message(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
@@ -47,7 +53,8 @@ class Network:
         return 2 * (ranks - 1) * (self.latency + nbytes / ranks / self.bandwidth)
 
     def describe(self) -> str:
-        return f"latency {self.latency * 1e6:.1f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s"
+        text = f"latency {self.latency * 1e6:.1f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s"
+        return text + (f", {self.sync * 1e3:.2f} ms per meeting of ranks sharing cores" if self.sync else "")
 
 
 @dataclass(frozen=True)
@@ -90,26 +97,32 @@ def _sync(device: torch.device | str) -> None:
 
 def calibrate_network(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20),
                       repeats: int = 7) -> Network:
-    """The job's ``Network``: a ping-pong between ranks 0 and 1 of ``ctx`` (collective; every
-    rank gets the fit). One rank: the default guess."""
-    from ...run.measure import ping_pong
+    """The job's ``Network``: a ping-pong between ranks 0 and 1 of ``ctx`` and the cost of a
+    meeting of all ranks (collective; every rank gets the fit). One rank: the default guess."""
+    from ...run.measure import ping_pong, sync_cost
 
     points = ping_pong(ctx, sizes, repeats)
-    return fit_network(points) if points else Network()
+    return fit_network(points, sync_cost(ctx)) if points else Network()
 
 
-def fit_network(points: Sequence[tuple[float, float]]) -> Network:
-    """Least-squares ``time = latency + bytes / bandwidth`` over (bytes, seconds) points."""
+def network_of(calibration: JobCalibration) -> Network:
+    """The ``Network`` of a job's ``run.measure.JobCalibration``."""
+    return fit_network(calibration.points, calibration.sync_seconds)
+
+
+def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0) -> Network:
+    """Least-squares ``time = latency + bytes / bandwidth`` over (bytes, seconds) points;
+    ``sync``: the measured cost of a meeting of ranks (``Network.sync``)."""
     n = len(points)
     if n < 2:
-        return Network()
+        return Network(sync=sync)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n
     sxx = sum((x - mean_x) ** 2 for x, _ in points)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx if sxx else 0.0
     slope = max(slope, 1e-12)
     latency = max(1e-7, mean_y - slope * mean_x)
-    return Network(latency=latency, bandwidth=1.0 / slope)
+    return Network(latency=latency, bandwidth=1.0 / slope, sync=sync)
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ from ...config import ParallelConfig
 from ...run.tune import (
     Measured,
     ModelSpec,
+    calibrate_job_on_engine,
     measure_config_on_engine,
     measure_one_process_on_engine,
-    ping_pong_on_engine,
 )
 from .memory import MB, estimate_memory
 from .step_time import predict_step_time
 from .suggest import KNOB_VALUES, Suggestion, Suggestions, describe_config, one_knob_variants, suggest
-from .timing import Network, fit_network
+from .timing import Network, network_of
 
 Runner = Callable[..., Any]
 
@@ -126,6 +126,7 @@ class Tuner:
     steps: int = 2
     suggest_options: dict[str, Any] = field(default_factory=dict)
     result: TuneResult | None = None
+    threads: int | None = None      # torch threads of each rank, learnt by ``calibrate``
 
     @classmethod
     def on_cluster(cls, cluster: Any, spec: ModelSpec, image_size: int, batch_size: int,
@@ -139,7 +140,8 @@ class Tuner:
         """suggest with the calibrated network; the rows to measure (nothing measured yet)."""
         layers = self.spec.build()
         found = suggest(layers, self.image_size, self.memory_limit, self.devices, batch_size=self.batch_size,
-                        dtype=self.spec.torch_dtype, network=network, top=self.top, **self.suggest_options)
+                        dtype=self.spec.torch_dtype, network=network, top=self.top, threads=self.threads,
+                        **self.suggest_options)
         serial = found.serial_time
         rows = [TuneRow("one process", None, serial.seconds if serial else float("nan"),
                         found.serial_memory.peak)]
@@ -162,8 +164,9 @@ class Tuner:
                     for knob, value, cfg in one_knob_variants(base, len(layers), self.batch_size, knobs)]
         rows = []
         for label, cfg in configs:
+            threads = None if cfg is serial_cfg else self.threads
             seconds = predict_step_time(layers, cfg, self.image_size, self.batch_size, dtype=dtype,
-                                        network=network).seconds
+                                        network=network, threads=threads).seconds
             peak = estimate_memory(layers, cfg, self.image_size, self.batch_size, dtype=dtype).peak
             rows.append(TuneRow(label, None if cfg is serial_cfg else cfg, seconds, peak))
         self.result = TuneResult(self.memory_limit, rows, network)
@@ -178,7 +181,10 @@ class Tuner:
         return result
 
     def calibrate(self) -> Network:
-        return fit_network(self.run(ping_pong_on_engine))
+        """The ranks' network (ping-pong, meeting cost); remembers their torch threads."""
+        calibration = self.run(calibrate_job_on_engine)
+        self.threads = calibration.threads
+        return network_of(calibration)
 
     def measure(self, row: TuneRow) -> TuneRow:
         """Run one row on the ranks (fills ``row.measured``)."""
