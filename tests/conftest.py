@@ -29,3 +29,42 @@ def mpi_checks():
         return reports[key]
 
     return launch
+
+
+# Notebooks whose headless run checks only what the JupyterLab Run All checks too (no error,
+# figures shown); 04 and 06 also check their printed output headless, so they always run there.
+LAB_COVERS_HEADLESS = ("01", "02", "03", "05", "07")
+
+
+def _lab_runs(items: list[pytest.Item]) -> set[str]:
+    """Notebook numbers a collected browser test runs with Run All in this session."""
+    numbers = set()
+    for item in items:
+        if "tests/ui/test_notebooks_in_lab.py" not in item.nodeid.replace("\\", "/"):
+            continue
+        name = item.name
+        if name.startswith("test_0"):
+            numbers.add(name[5:7])
+        elif name.startswith("test_notebook_runs_clean_in_lab["):
+            numbers.add(name.split("[", 1)[1][:2])
+    return numbers
+
+
+@pytest.hookimpl(trylast=True)     # after -k/-m deselection: only browser tests that will run count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run each tutorial once when it runs anyway in real JupyterLab (CI: ~3 minutes saved):
+    the headless run of a notebook is skipped when this session's browser tests Run All of
+    it and can run (browser present), and its headless checks are only the generic ones."""
+    in_lab = _lab_runs(items) & set(LAB_COVERS_HEADLESS)
+    if not in_lab:
+        return
+    from tests.ui.lab import missing_requirements
+
+    if missing_requirements():
+        return
+    for item in items:
+        if item.name.startswith("test_notebook_runs_headless["):
+            number = item.name.split("[", 1)[1][:2]
+            if number in in_lab:
+                item.add_marker(pytest.mark.skip(reason=f"notebook {number} runs in JupyterLab in this "
+                                                        f"session (tests/ui), with the same checks"))
