@@ -59,7 +59,8 @@ def wait_mode_for(local_ranks: int, cores: int | None = None, requested: str | N
 
 def poll(test: Callable[[], bool], first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE) -> int:
     """Call ``test()`` until it returns True, sleeping between calls (``first`` seconds,
-    doubling up to ``longest``). Returns the number of pauses taken."""
+    doubling up to ``longest``; spinning first measured no faster here). Returns the number
+    of pauses taken."""
     pause, pauses = first, 0
     while not test():
         time.sleep(pause)

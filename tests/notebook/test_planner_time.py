@@ -97,21 +97,27 @@ def test_predicted_time_adds_layers_schedule_and_network(resnet):
 
 
 def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
-    """Every halo exchange and collective of a spatial stage costs ``Network.sync`` more; a
-    layer-parallel configuration (no tile group) does not change."""
-    timer, node = FlopTimer(), planner.Node(cores=2, copy_bandwidth=1e12)
+    """Every halo exchange and collective of a tile group costs ``Network.sync`` more while
+    more ranks compute than there are cores; with a core per computing rank, or without a
+    tile group, nothing changes."""
+    timer = FlopTimer()
     plain, meeting = planner.Network(1e-5, 1e9), planner.Network(1e-5, 1e9, sync=1e-3)
-    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
-    base = planner.predict_step_time(resnet, sp, 64, 2, timer=timer, node=node, network=plain)
-    slow = planner.predict_step_time(resnet, sp, 64, 2, timer=timer, node=node, network=meeting)
-    stage = base.stage_seconds[0]
-    extra = slow.stage_seconds[0] - stage
-    assert extra > 0 and slow.seconds - base.seconds == pytest.approx(extra, rel=1e-6)
-    # one ms per meeting: a whole number of meetings (forward halos + BatchNorm sums + backward)
-    assert extra / 1e-3 == pytest.approx(round(extra / 1e-3)) and round(extra / 1e-3) >= 10
-    lp = ParallelConfig(split_size=2, spatial_size=0)
-    assert planner.predict_step_time(resnet, lp, 64, 2, timer=timer, node=node, network=meeting).seconds == \
-        pytest.approx(planner.predict_step_time(resnet, lp, 64, 2, timer=timer, node=node, network=plain).seconds)
+
+    def extra(cfg, cores):
+        node = planner.Node(cores=cores, copy_bandwidth=1e12)
+        base = planner.predict_step_time(resnet, cfg, 64, 2, timer=timer, node=node, network=plain)
+        slow = planner.predict_step_time(resnet, cfg, 64, 2, timer=timer, node=node, network=meeting)
+        return slow.seconds - base.seconds
+
+    sp4 = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
+    crowded = extra(sp4, cores=2)            # 4 tiles on 2 cores: every meeting pays 1 ms
+    assert crowded / 1e-3 == pytest.approx(round(crowded / 1e-3)) and round(crowded / 1e-3) >= 10
+    assert extra(sp4, cores=4) == pytest.approx(0.0, abs=1e-12)
+    assert extra(sp4, cores=None) == pytest.approx(0.0, abs=1e-12)
+    sp2 = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
+    assert extra(sp2, cores=2) == pytest.approx(0.0, abs=1e-12)   # the LP rank waits meanwhile
+    assert extra(sp2, cores=1) > 0
+    assert extra(ParallelConfig(split_size=2, spatial_size=0), cores=1) == pytest.approx(0.0, abs=1e-12)
     assert "per meeting" in meeting.describe() and "per meeting" not in plain.describe()
 
 

@@ -6,7 +6,8 @@ node, at ``min(1, cores / computing ranks)`` of full speed (processor sharing: m
 than cores slow each other down; with ``cores=None`` every rank has its own device). A
 group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
 ranks reached it and ends for all of them together, after each rank's work and a fixed
-``delay`` (wire time; waiting ranks use no core). Sends cost their sender nothing and arrive
+``delay`` (wire time; waiting ranks use no core; plus ``crowded`` when the group starts
+while more ranks compute than there are cores). Sends cost their sender nothing and arrive
 ``delay`` later; a receive waits for its message. The result: when each rank finished, and
 how long it computed, waited and communicated.
 """
@@ -26,13 +27,16 @@ class Cost:
     """What one action costs its rank: ``work`` on a core, then ``delay`` of wire time.
 
     ``group``: a key shared by the ``members`` actions that run together on several ranks
-    (the tiles of one spatial op, an all-reduce); None for a rank's own action.
+    (the tiles of one spatial op, an all-reduce); None for a rank's own action. ``crowded``:
+    added to ``delay`` when the group starts while more ranks compute than there are cores
+    (its members then meet - halo exchanges, BatchNorm sums - with ranks descheduled).
     """
 
     work: float = 0.0
     delay: float = 0.0
     group: Hashable = None
     members: int = 1
+    crowded: float = 0.0      # extra delay when the group starts while ranks outnumber the cores
 
 
 @dataclass
@@ -115,11 +119,13 @@ class _Replay:
         self.blocked.add(rank)
         self.timelines[rank].spans.append((self.now, self.now, "gather"))
         if len(members) == c.members:
+            crowded = self.cores is not None and len(self.running) + len(members) > self.cores
             for member, act in members.items():
                 mc = self.cost(act)
                 self.blocked.discard(member)
                 self.timelines[member].spans.pop()
-                self.running[member] = _Running(member, act, mc.work, mc.delay, c.group, self.now)
+                delay = mc.delay + (mc.crowded if crowded else 0.0)
+                self.running[member] = _Running(member, act, mc.work, delay, c.group, self.now)
             del self.gathering[c.group]
         return True
 

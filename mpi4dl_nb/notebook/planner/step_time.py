@@ -10,7 +10,8 @@ Per action of ``schedules.build_schedule(cfg)``:
   footprint simulation: messages and bytes per tile);
 * sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival;
 * all-reduce: the ring formula over the stage's holders, plus flattening the gradients;
-* optimizer: reading and writing the parameters, gradients and state (5 passes).
+* optimizer: the stage's layers' measured bookkeeping (SGD-with-momentum update of their
+  parameters, replay of their BatchNorm running statistics), per stage the rank holds.
 
 ``simulate`` runs every rank's list with ranks sharing the node's cores, so bubbles, waits
 and oversubscribed cores come from the schedule itself. The result says what binds.
@@ -148,12 +149,30 @@ class _Costs:
             self._stage[key] = (fw, fd, bw, bd)
         return self._stage[key]
 
+    def meetings(self, stage: int, tile: int | None) -> tuple[int, int]:
+        """Halo exchanges and collectives of one chunk's forward and backward on a spatial stage
+        (each a meeting of the tile group: ``Network.sync`` when they share cores); 0 otherwise."""
+        if stage >= self.model.cfg.spatial_size:
+            return 0, 0
+        forward = backward = 0
+        for index in range(self.model.bounds[stage], self.model.bounds[stage + 1]):
+            fp = self.layer_time(stage, index, tile)[1]
+            forward += fp.forward_traffic.meetings
+            backward += fp.backward_traffic.meetings
+        return forward, backward
+
+    def bookkeeping(self, stage: int) -> float:
+        """Seconds of the step's tail on a holder of ``stage``: optimizer update + BatchNorm replay."""
+        tile = 0 if stage < self.model.cfg.spatial_size else None
+        return sum(self.layer_time(stage, index, tile)[0].bookkeeping
+                   for index in range(self.model.bounds[stage], self.model.bounds[stage + 1]))
+
     def _wire(self, traffic: Any, members: int) -> float:
         per_message = traffic.message_bytes / traffic.messages if traffic.messages else 0.0
         halo = traffic.messages * self.network.message(per_message) / 2   # sends overlap receives
         sums = traffic.collectives * self.network.all_reduce(
             traffic.collective_bytes / max(1, traffic.collectives), members)
-        return halo + sums + traffic.meetings * self.network.sync
+        return halo + sums
 
     def copy_seconds(self, nbytes: float) -> float:
         return nbytes / self.node.copy_bandwidth
@@ -176,7 +195,9 @@ class _Costs:
                 work, delay = bw, bd
             if spatial:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
-                return Cost(work, delay, group_key(action, ranks, "tiles"), len(ranks))
+                meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]
+                return Cost(work, delay, group_key(action, ranks, "tiles"), len(ranks),
+                            meetings * self.network.sync)
             return Cost(work, delay)
         if kind is ActionKind.ALLREDUCE:
             ranks = tuple(stage_holders(cfg, action.stage))
@@ -184,9 +205,8 @@ class _Costs:
             work = self.copy_seconds(3 * grad)
             delay = self.network.all_reduce(grad, len(ranks)) + self.network.latency * len(ranks)
             return Cost(work, delay, ("allreduce", action.dp, action.stage, ranks), len(ranks))
-        if kind is ActionKind.OPTIM:
-            held = sum(self.model.param_count(s) for s in self.held[action.rank])
-            return Cost(self.copy_seconds(5 * held * _size(self.model.precision.weight_dtype)))
+        if kind is ActionKind.OPTIM:       # the optimizer update and BatchNorm replay of every stage held
+            return Cost(sum(self.bookkeeping(s) for s in self.held[action.rank]))
         return Cost()
 
     def payload_bytes(self, action: Action) -> int:

@@ -25,6 +25,7 @@ from torch import nn
 
 from ...comm.messages import as_items
 from ...comm.protocol import Comm
+from ...pipeline.bn_replay import RunningStatsLedger
 from ...spatial.geometry import TileGrid
 from .fake_world import FakeComm, SizeOracle
 
@@ -127,10 +128,13 @@ def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0) -> Net
 
 @dataclass(frozen=True)
 class LayerTime:
-    """Seconds of one layer's forward and backward on one rank (one chunk)."""
+    """Seconds of one layer's forward and backward on one rank (one chunk), and of its share of
+    the step's bookkeeping: the optimizer update of its parameters (SGD with momentum) and the
+    replay of its BatchNorm running statistics (``pipeline.bn_replay``), as the engine runs them."""
 
     forward: float
     backward: float
+    bookkeeping: float = 0.0
 
 
 class LayerTimer:
@@ -183,11 +187,16 @@ class LayerTimer:
         inputs = [torch.randn(s, dtype=dtype, device=self.device, generator=generator).requires_grad_(True)
                   for s in shapes]
         x: Any = tuple(inputs) if len(inputs) > 1 else inputs[0]
-        forward, backward = [], []
+        ledger = RunningStatsLedger(module)             # the engine's BatchNorm hooks and replay
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=1e-6, momentum=0.9) if params else None
+        forward, backward, bookkeeping = [], [], []
         for _ in range(self.repeats + 1):
+            ledger.begin_step()
             _sync(self.device)
             start = time.perf_counter()
-            out = module(x)
+            with ledger.chunk(0):
+                out = module(x)
             if loss is not None:
                 out = loss(out)
             _sync(self.device)
@@ -199,13 +208,18 @@ class LayerTimer:
             torch.autograd.backward(outs, grads)
             _sync(self.device)
             end = time.perf_counter()
+            ledger.replay(ledger.terms)
+            if optimizer is not None:
+                optimizer.step()
+            _sync(self.device)
             forward.append(middle - start)
             backward.append(end - middle2)
+            bookkeeping.append(time.perf_counter() - end)
             for t in inputs:
                 t.grad = None
             module.zero_grad(set_to_none=True)
             del out, outs, grads
-        return LayerTime(statistics.median(forward[1:]), statistics.median(backward[1:]))
+        return LayerTime(*(statistics.median(runs[1:]) for runs in (forward, backward, bookkeeping)))
 
 
 def slowest_tile(role: StageRole, shapes: Sequence[Shape]) -> int:
