@@ -9,7 +9,7 @@ norm on fresh zero buffers (forward hooks swap them in and out), which leaves ex
 call's term ``f * batch_stat`` (``batch_stat`` when momentum is None). At the end of the step
 the holders of a stage exchange their terms and every holder replays all of them, chunk by
 chunk and call by call, from the running statistics the step started with. Terms stay on
-the device; the exchange moves them to the host in one transfer.
+the device; the exchange moves them as one tensor (``dataparallel.gather_terms``).
 """
 
 from __future__ import annotations
@@ -167,21 +167,3 @@ def merge_terms(collected: Sequence[dict[int, Term]]) -> dict[int, Term]:
         for chunk, term in terms.items():
             merged.setdefault(chunk, term)
     return merged
-
-
-def terms_to_cpu(terms: dict[int, Term]) -> dict[int, Term]:
-    """Terms with tensors on the CPU (for object collectives): one device-to-host transfer."""
-    tensors = [t for term in terms.values() for calls in term for call in calls for t in call]
-    if not tensors or all(t.device.type == "cpu" for t in tensors):
-        return terms
-    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
-    pieces = iter(torch.split(flat, [t.numel() for t in tensors]))
-    rebuilt: dict[int, Term] = {}
-    for chunk, term in terms.items():
-        rebuilt[chunk] = [[(_next(pieces, call[0]), _next(pieces, call[1])) for call in calls]
-                          for calls in term]
-    return rebuilt
-
-
-def _next(pieces: Iterator[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    return next(pieces).view(like.shape).to(like.dtype)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
 
-from mpi4dl_nb.pipeline.bn_replay import RunningStatsLedger, merge_terms, terms_to_cpu
+from mpi4dl_nb.pipeline.bn_replay import RunningStatsLedger, merge_terms
 
 
 class Twice(nn.Module):
@@ -44,7 +46,7 @@ def test_a_norm_used_twice_replays_like_serial(name, monkeypatch):
             with ledger.chunk(c):
                 out = holder(chunks[c].clone().requires_grad_(True))
             out.sum().backward()            # autograd's saved tensors were not disturbed
-    merged = merge_terms([terms_to_cpu(ledger.terms) for ledger in ledgers])
+    merged = merge_terms([ledger.terms for ledger in ledgers])
     assert all(len(calls) == 2 for term in merged.values() for calls in term)   # two calls per chunk
 
     def no_sync(*args, **kwargs):
@@ -60,11 +62,66 @@ def test_a_norm_used_twice_replays_like_serial(name, monkeypatch):
         assert torch.equal(holder.norm.num_batches_tracked, serial.norm.num_batches_tracked)
 
 
-def test_terms_to_cpu_keeps_values_and_dtypes():
-    terms = {3: [[(torch.arange(4.0), torch.ones(4, dtype=torch.float32) / 3)], []],
-             1: [[], [(torch.zeros(2, dtype=torch.float64), torch.full((2,), 1 / 7, dtype=torch.float64))]]}
-    back = terms_to_cpu(terms)
-    for chunk, term in terms.items():
-        for calls, got in zip(term, back[chunk]):
-            for (m, v), (gm, gv) in zip(calls, got):
-                assert torch.equal(m, gm) and torch.equal(v, gv) and gv.dtype == v.dtype
+class _ThreadGroup:
+    """Holders as threads of one process: object gathers and tensor sums meet at a barrier."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.slots = size, [None] * size
+        self.barrier = threading.Barrier(size)
+
+    def meet(self, rank: int, value):
+        self.barrier.wait()
+        self.slots[rank] = value
+        self.barrier.wait()
+        found = list(self.slots)
+        self.barrier.wait()
+        return found
+
+
+class _HolderComm:
+    def __init__(self, world: _ThreadGroup, rank: int) -> None:
+        self.world, self.rank = world, rank
+
+    def all_gather_object(self, obj, group=None):
+        return self.world.meet(self.rank, obj)
+
+    def all_reduce(self, tensor, group=None):
+        tensor.copy_(sum(self.world.meet(self.rank, tensor.clone())))
+        return tensor
+
+
+def test_gathered_terms_are_the_first_holders_in_group_order_moved_as_one_tensor():
+    from mpi4dl_nb.comm.handles import Group
+    from mpi4dl_nb.pipeline.dataparallel import gather_terms
+
+    norms = torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.BatchNorm2d(2).double())
+    ledger = RunningStatsLedger(norms)
+
+    def call(width, value, dtype):
+        return (torch.full((width,), value, dtype=dtype), torch.full((width,), -value / 3, dtype=dtype))
+
+    f32, f64 = torch.float32, torch.float64
+    held = [   # holder 0: chunks 0 and 2 (norm 1 called twice in chunk 2); holder 1: chunks 1 and 2
+        {0: [[call(3, 0.1, f32)], [call(2, 0.2, f64)]], 2: [[call(3, 0.3, f32)], [call(2, 0.4, f64)] * 2]},
+        {1: [[call(3, 1.1, f32)], [call(2, 1.2, f64)]], 2: [[call(3, 9.0, f32)], [call(2, 9.0, f64)] * 2]},
+    ]
+    world = _ThreadGroup(2)
+    group = Group((0, 1))
+    results = [None, None]
+
+    def run(rank):
+        results[rank] = gather_terms(_HolderComm(world, rank), held[rank], group, ledger)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = merge_terms(held)           # chunk 2 from holder 0, the first in group order
+    for got in results:
+        assert sorted(got) == [0, 1, 2]
+        for chunk, term in want.items():
+            assert [len(calls) for calls in got[chunk]] == [len(calls) for calls in term]
+            for calls, got_calls in zip(term, got[chunk]):
+                for (m, v), (gm, gv) in zip(calls, got_calls):
+                    assert torch.equal(m, gm) and torch.equal(v, gv) and gm.dtype == m.dtype

@@ -6,8 +6,8 @@ node, at ``min(1, cores / computing ranks)`` of full speed (processor sharing: m
 than cores slow each other down; with ``cores=None`` every rank has its own device). A
 group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
 ranks reached it and ends for all of them together, after each rank's work and a fixed
-``delay`` (wire time; waiting ranks use no core; plus ``crowded`` when the group starts
-while more ranks compute than there are cores). Sends cost their sender nothing and arrive
+``delay`` (wire time; waiting ranks use no core; plus the ``crowded`` share of the work
+done while more ranks compute than there are cores). Sends cost their sender nothing and arrive
 ``delay`` later; a receive waits for its message. The result: when each rank finished, and
 how long it computed, waited and communicated.
 """
@@ -28,8 +28,9 @@ class Cost:
 
     ``group``: a key shared by the ``members`` actions that run together on several ranks
     (the tiles of one spatial op, an all-reduce); None for a rank's own action. ``crowded``:
-    added to ``delay`` when the group starts while more ranks compute than there are cores
-    (its members then meet - halo exchanges, BatchNorm sums - with ranks descheduled).
+    added to ``delay`` in proportion to the share of ``work`` done while more ranks compute
+    than there are cores (the members' meetings - halo exchanges, BatchNorm sums - spread
+    over the work then find ranks descheduled).
     """
 
     work: float = 0.0
@@ -59,6 +60,7 @@ class _Running:
     delay: float
     group: Hashable
     start: float
+    crowded_per_work: float = 0.0     # extra delay per second of work done while cores are crowded
 
 
 class _Replay:
@@ -119,13 +121,12 @@ class _Replay:
         self.blocked.add(rank)
         self.timelines[rank].spans.append((self.now, self.now, "gather"))
         if len(members) == c.members:
-            crowded = self.cores is not None and len(self.running) + len(members) > self.cores
             for member, act in members.items():
                 mc = self.cost(act)
                 self.blocked.discard(member)
                 self.timelines[member].spans.pop()
-                delay = mc.delay + (mc.crowded if crowded else 0.0)
-                self.running[member] = _Running(member, act, mc.work, delay, c.group, self.now)
+                self.running[member] = _Running(member, act, mc.work, mc.delay, c.group, self.now,
+                                                mc.crowded / mc.work if mc.work > EPS else 0.0)
             del self.gathering[c.group]
         return True
 
@@ -149,8 +150,12 @@ class _Replay:
                      if self.position[r] < len(self.lists[r])]
             raise RuntimeError(f"simulated schedule stalled at {self.now:.6f} s: {stuck[:4]}")
         step_to = max(self.now, min(events))
+        crowded = self.cores is not None and len(computing) > self.cores
         for r in computing:
-            r.remaining -= (step_to - self.now) * rate
+            done = (step_to - self.now) * rate
+            r.remaining -= done
+            if crowded:      # the meetings of this share of the work found ranks descheduled
+                r.delay += done * r.crowded_per_work
         self.now = step_to
         for run in [r for r in computing if r.remaining <= EPS]:
             del self.running[run.rank]
