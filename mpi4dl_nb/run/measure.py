@@ -173,15 +173,20 @@ def ping_pong(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20),
     return list(result or [])
 
 
-def sync_cost(ctx: Comm, rounds: int = 30, work_seconds: float = 1e-3, repeats: int = 3) -> float:
-    """Seconds one meeting of all ranks costs beyond their work: ``rounds`` rounds of
-    ``work_seconds`` of compute per rank, free-running and then with a small all-reduce after
-    each round, alternated ``repeats`` times (best of each); collective, every rank gets it.
+def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30, work_seconds: float = 1e-3,
+                 repeats: int = 3) -> float:
+    """Seconds one meeting of ``ranks`` (default: all) costs beyond their work: ``rounds``
+    rounds of ``work_seconds`` of compute per rank, free-running and then with a small
+    all-reduce after each round, alternated ``repeats`` times (best of each); the other ranks
+    wait. Collective over the world; every rank gets the result.
 
-    Ranks that share cores (more ranks than cores) lose time at every meeting - the last one
-    must be scheduled, the waiting ones woken - which a halo exchange or a BatchNorm sum of a
-    spatial stage pays once per layer; with a core (or GPU) per rank it is about the latency."""
-    if ctx.world_size < 2:
+    Ranks that share cores (more ranks computing than cores) lose time at every meeting - the
+    last one must be scheduled, the waiting ones woken - which a halo exchange or a BatchNorm
+    sum of a spatial stage pays once per layer; with a core (or GPU) each it is the time to
+    notice the others arrived (the wait mode's pauses, the library's latency)."""
+    members = tuple(range(ctx.world_size)) if ranks is None else tuple(ranks)
+    group = ctx.new_group(members)
+    if len(members) < 2:
         return 0.0
     a = torch.randn(96, 96)
 
@@ -197,33 +202,36 @@ def sync_cost(ctx: Comm, rounds: int = 30, work_seconds: float = 1e-3, repeats: 
     flag = torch.zeros(1)
     free, meeting = float("inf"), float("inf")
     for _ in range(repeats):
-        ctx.barrier()
-        start = time.perf_counter()
-        for _ in range(rounds):
-            work(count)
-        ctx.barrier()
-        free = min(free, time.perf_counter() - start)
-        start = time.perf_counter()
-        for _ in range(rounds):
-            work(count)
-            ctx.all_reduce(flag)
-        ctx.barrier()
-        meeting = min(meeting, time.perf_counter() - start)
-    result = ctx.bcast_object(max(0.0, (meeting - free) / rounds), root=0)
-    return float(result)
+        for with_meetings in (False, True):
+            ctx.barrier()
+            start = time.perf_counter()
+            if ctx.rank in members:
+                for _ in range(rounds):
+                    work(count)
+                    if with_meetings:
+                        ctx.all_reduce(flag, group=group)
+            ctx.barrier()
+            took = time.perf_counter() - start
+            free, meeting = (free, min(meeting, took)) if with_meetings else (min(free, took), meeting)
+    return float(ctx.bcast_object(max(0.0, (meeting - free) / rounds), root=0))
 
 
 @dataclass(frozen=True)
 class JobCalibration:
     """What the time model takes from the running job: ping-pong (bytes, seconds) points,
-    the cost of one meeting of all ranks (``sync_cost``) and the torch threads of rank 0."""
+    the cost of a meeting of two ranks while the others wait (``pair_seconds``) and of all
+    ranks at once (``crowd_seconds``; ``meeting_cost``), and the torch threads of rank 0."""
 
     points: tuple[tuple[int, float], ...]
-    sync_seconds: float
+    pair_seconds: float
+    crowd_seconds: float
     threads: int
 
 
 def calibrate_job(ctx: Comm) -> JobCalibration:
-    """``ping_pong`` + ``sync_cost`` + torch threads on the job of ``ctx`` (collective)."""
+    """``ping_pong`` + ``meeting_cost`` (two ranks, all ranks) + torch threads on the job of
+    ``ctx`` (collective)."""
     points = tuple(ping_pong(ctx))
-    return JobCalibration(points, sync_cost(ctx), int(ctx.bcast_object(torch.get_num_threads(), root=0)))
+    pair = meeting_cost(ctx, ranks=(0, 1)) if ctx.world_size > 1 else 0.0
+    crowd = meeting_cost(ctx)
+    return JobCalibration(points, pair, crowd, int(ctx.bcast_object(torch.get_num_threads(), root=0)))

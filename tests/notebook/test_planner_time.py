@@ -119,6 +119,11 @@ def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
     assert extra(sp2, cores=1) > 0
     assert extra(ParallelConfig(split_size=2, spatial_size=0), cores=1) == pytest.approx(0.0, abs=1e-12)
     assert "per meeting" in meeting.describe() and "per meeting" not in plain.describe()
+    always = planner.Network(1e-5, 1e9, meeting=1e-3)      # a meeting costs this crowded or not
+    node = planner.Node(cores=None, copy_bandwidth=1e12)
+    base = planner.predict_step_time(resnet, sp2, 64, 2, timer=timer, node=node, network=plain).seconds
+    assert planner.predict_step_time(resnet, sp2, 64, 2, timer=timer, node=node, network=always).seconds > \
+        base + 10e-3
 
 
 def test_layer_times_use_the_ranks_threads_when_given(resnet):
@@ -185,7 +190,7 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     def fake_run(function, *args):   # stands in for the ranks: seconds fall with the call count
         calls.append(function)
         if function is tune.calibrate_job_on_engine:
-            return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 2e-4, 1)
+            return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 1e-4, 3e-4, 1)
         seconds = 1.0 / len(calls)
         return tune.Measured(seconds, (seconds,), (int(0.5 * one),) * 3)
 
@@ -193,7 +198,8 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
                   suggest_options=dict(timer=FlopTimer(), node=planner.Node(cores=2, copy_bandwidth=1e10)))
     result = tuner()
     assert calls[:2] == [tune.calibrate_job_on_engine, tune.measure_one_process_on_engine]
-    assert tuner.threads == 1 and result.network.sync == 2e-4
+    assert tuner.threads == 1 and result.network.sync == pytest.approx(2e-4)
+    assert result.network.meeting == pytest.approx(1e-4)
     assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
     assert result.best is result.rows[-1] and "picked" in result.table()
     assert all(r.ratio is not None for r in result.rows)
@@ -201,3 +207,9 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     assert [r.label for r in sweep.rows] == ["one process", "LP 3 stages", "parts=2", "times=1"]
     tuner.measure_all(sweep)
     assert all(r.measured is not None for r in sweep.rows) and "first choice" not in sweep.table()
+
+
+def test_job_calibration_on_three_ranks(mpirun):
+    from tests.mpi.calibration import CHECKS
+
+    mpirun(3, "calibration", timeout=120, checks=CHECKS)

@@ -196,8 +196,8 @@ class _Costs:
             if spatial:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
                 meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]
-                return Cost(work, delay, group_key(action, ranks, "tiles"), len(ranks),
-                            meetings * self.network.sync)
+                return Cost(work, delay + meetings * self.network.meeting, group_key(action, ranks, "tiles"),
+                            len(ranks), meetings * self.network.sync)
             return Cost(work, delay)
         if kind is ActionKind.ALLREDUCE:
             ranks = tuple(stage_holders(cfg, action.stage))

@@ -37,12 +37,14 @@ from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial
 @dataclass(frozen=True)
 class Network:
     """Point-to-point cost ``latency + bytes / bandwidth`` (seconds), collectives from it, and
-    ``sync``: what each meeting of a rank group (a halo exchange, a BatchNorm sum) costs on
-    top when the ranks share cores (``run.measure.sync_cost``; 0 with a core per rank)."""
+    what each meeting of a rank group (a halo exchange, a BatchNorm sum) costs on top:
+    ``meeting`` always (noticing the others arrived), ``sync`` more while the ranks computing
+    outnumber the cores (``run.measure.meeting_cost`` of two ranks and of all ranks)."""
 
     latency: float = 20e-6
     bandwidth: float = 5e9
     sync: float = 0.0
+    meeting: float = 0.0
 
     def message(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
@@ -55,7 +57,9 @@ class Network:
 
     def describe(self) -> str:
         text = f"latency {self.latency * 1e6:.1f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s"
-        return text + (f", {self.sync * 1e3:.2f} ms per meeting of ranks sharing cores" if self.sync else "")
+        if self.meeting:
+            text += f", {self.meeting * 1e3:.2f} ms per meeting"
+        return text + (f", {self.sync * 1e3:.2f} ms more per meeting of ranks sharing cores" if self.sync else "")
 
 
 @dataclass(frozen=True)
@@ -98,32 +102,34 @@ def _sync(device: torch.device | str) -> None:
 
 def calibrate_network(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20),
                       repeats: int = 7) -> Network:
-    """The job's ``Network``: a ping-pong between ranks 0 and 1 of ``ctx`` and the cost of a
-    meeting of all ranks (collective; every rank gets the fit). One rank: the default guess."""
-    from ...run.measure import ping_pong, sync_cost
+    """The job's ``Network``: a ping-pong between ranks 0 and 1 of ``ctx`` and the costs of
+    meetings (collective; every rank gets the fit). One rank: the default guess."""
+    from ...run.measure import calibrate_job
 
-    points = ping_pong(ctx, sizes, repeats)
-    return fit_network(points, sync_cost(ctx)) if points else Network()
+    calibration = calibrate_job(ctx)
+    return network_of(calibration) if calibration.points else Network()
 
 
 def network_of(calibration: JobCalibration) -> Network:
-    """The ``Network`` of a job's ``run.measure.JobCalibration``."""
-    return fit_network(calibration.points, calibration.sync_seconds)
+    """The ``Network`` of a job's ``run.measure.JobCalibration``: a meeting costs what two
+    ranks measured, crowded meetings what all ranks measured beyond that."""
+    pair, crowd = calibration.pair_seconds, calibration.crowd_seconds
+    return fit_network(calibration.points, sync=max(0.0, crowd - pair), meeting=pair)
 
 
-def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0) -> Network:
+def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0, meeting: float = 0.0) -> Network:
     """Least-squares ``time = latency + bytes / bandwidth`` over (bytes, seconds) points;
-    ``sync``: the measured cost of a meeting of ranks (``Network.sync``)."""
+    ``sync``/``meeting``: the measured costs of meetings of ranks (``Network``)."""
     n = len(points)
     if n < 2:
-        return Network(sync=sync)
+        return Network(sync=sync, meeting=meeting)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n
     sxx = sum((x - mean_x) ** 2 for x, _ in points)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx if sxx else 0.0
     slope = max(slope, 1e-12)
     latency = max(1e-7, mean_y - slope * mean_x)
-    return Network(latency=latency, bandwidth=1.0 / slope, sync=sync)
+    return Network(latency=latency, bandwidth=1.0 / slope, sync=sync, meeting=meeting)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,40 @@
+"""The job calibration the time model takes from the ranks: ping-pong points, the costs of a
+meeting of two ranks and of all ranks, the ranks' torch threads; every rank gets the same."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.notebook.planner.timing import network_of
+from mpi4dl_nb.run.measure import calibrate_job
+from tests.support.checks import Checks, run_checks
+
+CHECKS = ["calibration agreed by every rank", "calibration values", "network from calibration"]
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    ctx = dl.init()
+    calibration = calibrate_job(ctx)
+    with check("calibration agreed by every rank"):
+        everyone = ctx.all_gather_object(calibration)
+        assert all(c == everyone[0] for c in everyone), everyone
+    with check("calibration values"):
+        sizes = [size for size, _ in calibration.points]
+        assert sizes == sorted(sizes) and len(sizes) == 4, calibration.points
+        assert all(0 < seconds < 1 for _, seconds in calibration.points), calibration.points
+        for value in (calibration.pair_seconds, calibration.crowd_seconds):
+            assert math.isfinite(value) and 0 <= value < 0.1, calibration
+        assert calibration.threads == torch.get_num_threads() == 1
+    with check("network from calibration"):
+        network = network_of(calibration)
+        assert network.latency > 0 and network.bandwidth > 0
+        assert network.meeting == calibration.pair_seconds
+        assert network.sync == max(0.0, calibration.crowd_seconds - calibration.pair_seconds)
+
+
+if __name__ == "__main__":
+    run_checks(main)
