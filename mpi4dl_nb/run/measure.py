@@ -216,15 +216,20 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
     return float(ctx.bcast_object(max(0.0, (meeting - free) / rounds), root=0))
 
 
+LONG_WORK, SHORT_WORK = 1e-3, 0.25e-3    # seconds of work between the meetings ``calibrate_job`` times
+
+
 @dataclass(frozen=True)
 class JobCalibration:
     """What the time model takes from the running job: ping-pong (bytes, seconds) points,
     the cost of a meeting of two ranks while the others wait (``pair_seconds``) and of all
-    ranks at once (``crowd_seconds``; ``meeting_cost``), and the torch threads of rank 0."""
+    ranks at once with long and short work between meetings (``crowd_seconds``,
+    ``crowd_short_seconds``; ``meeting_cost``), and the torch threads of rank 0."""
 
     points: tuple[tuple[int, float], ...]
     pair_seconds: float
-    crowd_seconds: float
+    crowd_seconds: float           # with LONG_WORK seconds of work between meetings
+    crowd_short_seconds: float     # with SHORT_WORK
     threads: int
 
 
@@ -232,6 +237,7 @@ def calibrate_job(ctx: Comm) -> JobCalibration:
     """``ping_pong`` + ``meeting_cost`` (two ranks, all ranks) + torch threads on the job of
     ``ctx`` (collective)."""
     points = tuple(ping_pong(ctx))
-    pair = meeting_cost(ctx, ranks=(0, 1)) if ctx.world_size > 1 else 0.0
-    crowd = meeting_cost(ctx)
-    return JobCalibration(points, pair, crowd, int(ctx.bcast_object(torch.get_num_threads(), root=0)))
+    pair = meeting_cost(ctx, ranks=(0, 1), work_seconds=LONG_WORK) if ctx.world_size > 1 else 0.0
+    crowd = meeting_cost(ctx, work_seconds=LONG_WORK)
+    crowd_short = meeting_cost(ctx, work_seconds=SHORT_WORK, rounds=60)
+    return JobCalibration(points, pair, crowd, crowd_short, int(ctx.bcast_object(torch.get_num_threads(), root=0)))

@@ -26,7 +26,7 @@ def main(check: Checks) -> None:
         sizes = [size for size, _ in calibration.points]
         assert sizes == sorted(sizes) and len(sizes) == 4, calibration.points
         assert all(0 < seconds < 1 for _, seconds in calibration.points), calibration.points
-        for value in (calibration.pair_seconds, calibration.crowd_seconds):
+        for value in (calibration.pair_seconds, calibration.crowd_seconds, calibration.crowd_short_seconds):
             assert math.isfinite(value) and 0 <= value < 0.1, calibration
         assert calibration.threads == torch.get_num_threads() == 1
     with check("network from calibration"):
@@ -34,6 +34,7 @@ def main(check: Checks) -> None:
         assert network.latency > 0 and network.bandwidth > 0
         assert network.meeting == calibration.pair_seconds
         assert network.sync == max(0.0, calibration.crowd_seconds - calibration.pair_seconds)
+        assert network.sync_short == max(0.0, calibration.crowd_short_seconds - calibration.pair_seconds)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,14 @@ def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
         base + 10e-3
 
 
+def test_crowded_meeting_cost_follows_the_work_between_meetings():
+    net = planner.Network(sync=2e-3, sync_short=0.5e-3, sync_work=1e-3, short_work=0.25e-3)
+    assert net.crowded_meeting(5e-3) == 2e-3 and net.crowded_meeting(1e-3) == 2e-3
+    assert net.crowded_meeting(0.1e-3) == 0.5e-3 and net.crowded_meeting(0.25e-3) == 0.5e-3
+    assert net.crowded_meeting(0.625e-3) == pytest.approx(1.25e-3)
+    assert planner.Network(sync=2e-3).crowded_meeting(1e-6) == 2e-3       # one measurement: constant
+
+
 def test_layer_times_use_the_ranks_threads_when_given(resnet):
     from mpi4dl_nb.notebook.planner import step_time
 
@@ -190,7 +198,7 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     def fake_run(function, *args):   # stands in for the ranks: seconds fall with the call count
         calls.append(function)
         if function is tune.calibrate_job_on_engine:
-            return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 1e-4, 3e-4, 1)
+            return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 1e-4, 3e-4, 2e-4, 1)
         seconds = 1.0 / len(calls)
         return tune.Measured(seconds, (seconds,), (int(0.5 * one),) * 3)
 
@@ -199,7 +207,7 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     result = tuner()
     assert calls[:2] == [tune.calibrate_job_on_engine, tune.measure_one_process_on_engine]
     assert tuner.threads == 1 and result.network.sync == pytest.approx(2e-4)
-    assert result.network.meeting == pytest.approx(1e-4)
+    assert result.network.meeting == pytest.approx(1e-4) and result.network.sync_short == pytest.approx(1e-4)
     assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
     assert result.best is result.rows[-1] and "picked" in result.table()
     assert all(r.ratio is not None for r in result.rows)

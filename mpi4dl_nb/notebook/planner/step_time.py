@@ -47,7 +47,7 @@ HEADER_BYTES = 162 * 8
 DEFAULT_TIMERS: dict[tuple[str, int, int], LayerTimer] = {}
 
 
-def default_timer(device: torch.device | str = "cpu", repeats: int = 3, threads: int = 1) -> LayerTimer:
+def default_timer(device: torch.device | str = "cpu", repeats: int = 5, threads: int = 1) -> LayerTimer:
     """A LayerTimer shared by every prediction on ``device`` with ``threads`` torch threads
     (layer times measured once)."""
     key = (str(torch.device(device)), repeats, threads)
@@ -151,7 +151,8 @@ class _Costs:
 
     def meetings(self, stage: int, tile: int | None) -> tuple[int, int]:
         """Halo exchanges and collectives of one chunk's forward and backward on a spatial stage
-        (each a meeting of the tile group: ``Network.sync`` when they share cores); 0 otherwise."""
+        (each a meeting of the tile group, ``Network.meeting``, and ``crowded_meeting`` when the
+        ranks computing outnumber the cores); 0 otherwise."""
         if stage >= self.model.cfg.spatial_size:
             return 0, 0
         forward = backward = 0
@@ -196,8 +197,9 @@ class _Costs:
             if spatial:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
                 meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]
+                crowded = meetings * self.network.crowded_meeting(work / meetings) if meetings else 0.0
                 return Cost(work, delay + meetings * self.network.meeting, group_key(action, ranks, "tiles"),
-                            len(ranks), meetings * self.network.sync)
+                            len(ranks), crowded)
             return Cost(work, delay)
         if kind is ActionKind.ALLREDUCE:
             ranks = tuple(stage_holders(cfg, action.stage))

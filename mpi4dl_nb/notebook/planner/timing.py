@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,8 +43,21 @@ class Network:
 
     latency: float = 20e-6
     bandwidth: float = 5e9
-    sync: float = 0.0
+    sync: float = 0.0                  # crowded, with ``sync_work`` seconds of work between meetings
     meeting: float = 0.0
+    sync_short: float | None = None    # crowded, with ``short_work`` seconds between (None: ``sync``)
+    sync_work: float = 1e-3
+    short_work: float = 0.25e-3
+
+    def crowded_meeting(self, work: float) -> float:
+        """Extra seconds of a meeting while ranks outnumber cores, ``work`` seconds of compute
+        after the previous one: between the two measurements, linear in ``work``, clamped."""
+        if self.sync_short is None or work >= self.sync_work:
+            return self.sync
+        if work <= self.short_work:
+            return self.sync_short
+        share = (work - self.short_work) / (self.sync_work - self.short_work)
+        return self.sync_short + share * (self.sync - self.sync_short)
 
     def message(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
@@ -56,6 +69,7 @@ class Network:
         return 2 * (ranks - 1) * (self.latency + nbytes / ranks / self.bandwidth)
 
     def describe(self) -> str:
+        """One line: latency, bandwidth and the meeting costs."""
         text = f"latency {self.latency * 1e6:.1f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s"
         if self.meeting:
             text += f", {self.meeting * 1e3:.2f} ms per meeting"
@@ -113,8 +127,12 @@ def calibrate_network(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8
 def network_of(calibration: JobCalibration) -> Network:
     """The ``Network`` of a job's ``run.measure.JobCalibration``: a meeting costs what two
     ranks measured, crowded meetings what all ranks measured beyond that."""
-    pair, crowd = calibration.pair_seconds, calibration.crowd_seconds
-    return fit_network(calibration.points, sync=max(0.0, crowd - pair), meeting=pair)
+    from ...run.measure import LONG_WORK, SHORT_WORK
+
+    pair = calibration.pair_seconds
+    network = fit_network(calibration.points, sync=max(0.0, calibration.crowd_seconds - pair), meeting=pair)
+    return replace(network, sync_short=max(0.0, calibration.crowd_short_seconds - pair),
+                   sync_work=LONG_WORK, short_work=SHORT_WORK)
 
 
 def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0, meeting: float = 0.0) -> Network:
@@ -147,7 +165,7 @@ class LayerTimer:
     """Forward/backward seconds per (layer structure, input shapes, dtype, role), measured
     once on ``device`` with ``threads`` torch threads (the engines' setting)."""
 
-    def __init__(self, device: torch.device | str = "cpu", repeats: int = 3, threads: int = 1) -> None:
+    def __init__(self, device: torch.device | str = "cpu", repeats: int = 5, threads: int = 1) -> None:
         self.device = torch.device(device)
         self.repeats = repeats
         self.threads = threads
