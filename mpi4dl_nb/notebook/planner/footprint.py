@@ -68,6 +68,13 @@ class LayerFootprint:
     persistent: int         # what the layer keeps across steps (halo staging buffers, caches)
     forward_traffic: Traffic = field(default_factory=Traffic)
     backward_traffic: Traffic = field(default_factory=Traffic)
+    strips_received: int = 0   # halo strips the forward received (a recomputation log keeps them all)
+
+    @property
+    def replay_log(self) -> int:
+        """What ``spatial/replay.py`` keeps of this layer's first forward for its recomputation:
+        the received halo strips and the BatchNorm statistics (the forward's all-reduced sums)."""
+        return self.strips_received + self.forward_traffic.collective_bytes
 
     def times(self, samples: int) -> LayerFootprint:
         """This footprint (one sample) for ``samples``: every activation term scales with the
@@ -78,7 +85,8 @@ class LayerFootprint:
             n(self.input_bytes), n(self.output_bytes), n(self.forward_peak), n(self.kept), n(self.halo_kept),
             self.saves_input, self.saves_output, n(self.backward_peak - self.grad_bytes) + self.grad_bytes,
             n(self.input_grad_bytes), self.grad_bytes, n(self.persistent),
-            _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples))
+            _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples),
+            n(self.strips_received))
 
 
 def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
@@ -108,6 +116,7 @@ class StageFootprint:
     grad_bytes: int
     persistent: int
     layers: tuple[LayerFootprint, ...] = ()
+    recomputed: int = 0     # part of the backward peaks: activations of a recomputed forward
 
     @property
     def saved(self) -> int:
@@ -200,8 +209,14 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
 
     live = LiveBytes()
     before = comm.traffic.copy() if comm is not None else Traffic()
+    received = [0]
+
+    def on_receive(buf: torch.Tensor) -> None:
+        live.retag(buf, "halo")
+        received[0] += _nbytes([buf])
+
     if comm is not None:
-        comm.on_receive = lambda buf: live.retag(buf, "halo")
+        comm.on_receive = on_receive
     with live:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = module(x)
@@ -213,6 +228,7 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         output_ids = {storage_of(t)[0] for t in outs}
         output_bytes = _nbytes([t for t in outs if live.owns(t)])
         middle = comm.traffic.copy() if comm is not None else Traffic()
+        strips_received = received[0]
         live.tag = "backward"
         live.reset_peak()
         _backward(out)
@@ -235,7 +251,7 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         saves_input=bool(input_ids & packed), saves_output=bool(output_ids & packed),
         backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
         grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
-        backward_traffic=after.minus(middle))
+        backward_traffic=after.minus(middle), strips_received=strips_received)
 
 
 class StructureKeys:
@@ -361,11 +377,14 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
 
 
 # ------------------------------------------------------------------ composition
-def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False) -> StageFootprint:
+def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False,
+                  output_held: bool = False) -> StageFootprint:
     """One chunk of a stage from its layers' footprints (see the module docstring).
 
     ``grad_held``: the output gradient is a received buffer the runtime keeps for the
-    whole backward of the stage (every stage but the last), not one freed once used.
+    whole backward of the stage (every stage but the last), not one freed once used;
+    ``output_held``: the output too stays alive for the whole backward (a recomputed
+    segment's output, held by the backward that recomputed it).
     """
     count = len(layers)
     if count == 0:
@@ -391,8 +410,8 @@ def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False) -> 
         # a consumer's saved copy went with the consumer's backward
         alive = fp.saves_output or k == count - 1
         own = fp.backward_peak - (0 if alive else fp.output_bytes)
-        if grad_held and k < count - 1:
-            own += layers[-1].output_bytes
+        if k < count - 1:   # the held output gradient, the held output
+            own += layers[-1].output_bytes * (int(grad_held) + int(output_held))
         # the layer's own parameter gradients are inside backward_peak: for a later
         # chunk they are the accumulation temporaries, the resident ones counted outside
         first = max(first, earlier + own + grads_after)
