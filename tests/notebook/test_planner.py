@@ -176,7 +176,7 @@ def test_parallel_estimates_within_15_percent_of_measured_on_every_rank():
             assert all(abs(r - 1) < 0.15 for r in ratios), (knobs, model, ratios)
 
 
-def test_config_memory_knobs_switch_the_terms_and_unmodelled_recomputation_is_refused():
+def test_config_memory_knobs_switch_the_terms():
     from mpi4dl_nb.errors import ConfigError
 
     layers = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
@@ -187,8 +187,8 @@ def test_config_memory_knobs_switch_the_terms_and_unmodelled_recomputation_is_re
     assert bf16.totals == explicit.totals
     stage = planner.estimate_memory(layers, cfg, 64, 2, recompute="stage")
     assert stage.ranks[0].activations == 0 < planner.estimate_memory(layers, cfg, 64, 2).ranks[0].activations
-    with pytest.raises(ConfigError, match="whole stage only"):
-        planner.estimate_memory(layers, cfg.with_(checkpoint_activations="every"), 64, 2)
+    segments = planner.estimate_memory(layers, cfg.with_(checkpoint_activations="every"), 64, 2)
+    assert 0 < segments.ranks[0].activations < planner.estimate_memory(layers, cfg, 64, 2).ranks[0].activations
     assert planner.estimate_memory(layers, cfg.with_(checkpoint_activations="every"), 64, 2,
                                    recompute="stage").totals == stage.totals
     with pytest.raises(ConfigError, match="precision"):
