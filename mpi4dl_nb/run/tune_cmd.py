@@ -52,9 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..notebook.planner.timing import fit_network
     from ..notebook.planner.tune import Tuner, TuneResult
     from . import tune
-    from .measure import ping_pong
-
     from .layout_cmd import refuse
+    from .measure import ping_pong
 
     ctx = dl.init()
     if ctx.world_size < 2:   # every rank decides alike: no rank waits for another

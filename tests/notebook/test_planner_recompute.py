@@ -158,8 +158,6 @@ def _measure_on_engine(cfg_dict, image_size, batch, model, depth, width):
 RECOMPUTE_CASES = [   # all on 3 ranks: one cluster start
     (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
           checkpoint_activations="every"), 2, "amoebanet"),
-    (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
-          checkpoint_activations=2), 2, "amoebanet"),
     (dict(split_size=3, spatial_size=0, parts=2, checkpoint_activations="blocks"), 2, "resnet"),
 ]
 
