@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ipyparallel import interactive
 from torch import nn
 
 from mpi4dl_nb import ParallelConfig, planner
@@ -17,6 +16,7 @@ from mpi4dl_nb.notebook.planner.footprint import LayerFootprint, StageRole, comp
 from mpi4dl_nb.notebook.planner.memory import Recompute
 from mpi4dl_nb.notebook.planner.segments import no_graph_peak, recomputed_stage
 from mpi4dl_nb.pipeline.recompute import checkpointed, segment_bounds
+from tests.support.planner_checks import cluster_ratios, serial_peak
 
 MB = 2 ** 20
 SERIAL = ParallelConfig(split_size=1, spatial_size=0)
@@ -135,24 +135,8 @@ def test_serial_estimate_with_recomputation_within_15_percent_of_measured(settin
     torch.manual_seed(0)
     layers = build_model("resnet", num_layers=20, num_filters=8, num_classes=2)
     plan = planner.estimate_memory(layers, SERIAL.with_(checkpoint_activations=setting), 64, 4)
-    model = checkpointed(nn.Sequential(*layers), setting)    # the engine's recomputation
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 2, (4,))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    measured = planner.measure_step_memory(step, [model], opt, warmup=step)
+    measured = serial_peak(checkpointed(nn.Sequential(*layers), setting), 4, 64)   # the engine's recomputation
     assert abs(plan.peak / measured - 1) < 0.15, (setting, plan.peak / MB, measured / MB)
-
-
-@interactive  # shipped by value to the engines
-def _measure_on_engine(cfg_dict, image_size, batch, model, depth, width):
-    from mpi4dl_nb.run.tune import ModelSpec, measure_config_on_engine
-
-    return measure_config_on_engine(ModelSpec(model, depth, width), cfg_dict, image_size, batch, 1).peaks
 
 
 RECOMPUTE_CASES = [   # all on 3 ranks: one cluster start
@@ -163,14 +147,5 @@ RECOMPUTE_CASES = [   # all on 3 ranks: one cluster start
 
 
 def test_recomputation_estimates_within_15_percent_of_measured_on_every_rank():
-    from mpi4dl_nb import cluster as clu
-
-    sizes = {"resnet": (11, 8, 64), "amoebanet": (3, 16, 64)}
-    with clu.start(n=3, call_timeout=300) as cluster:
-        for knobs, batch, model in RECOMPUTE_CASES:
-            depth, width, size = sizes[model]
-            layers = build_model(model, num_layers=depth, num_filters=width, num_classes=2)
-            plan = planner.estimate_memory(layers, ParallelConfig(**knobs), size, batch)
-            measured = cluster.run(_measure_on_engine, knobs, size, batch, model, depth, width)[0]
-            ratios = [e / m for e, m in zip(plan.totals, measured)]
-            assert all(abs(r - 1) < 0.15 for r in ratios), (knobs, model, ratios)
+    for knobs, model, ratios in cluster_ratios(RECOMPUTE_CASES, {"resnet": (11, 8, 64), "amoebanet": (3, 16, 64)}):
+        assert all(abs(r - 1) < 0.15 for r in ratios), (knobs, model, ratios)
