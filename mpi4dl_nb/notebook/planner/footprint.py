@@ -185,10 +185,11 @@ def _backward(out: Any) -> None:
 
 
 def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
-              comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU) -> LayerFootprint:
+              comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU,
+              samples: int = 2) -> LayerFootprint:
     """One forward + backward of ``module`` on meta inputs of ``shapes``, counted (with the
-    backend's conv scratch, ``workspace``)."""
-    hooks = instrument(module, workspace)
+    backend's conv scratch, ``workspace``, for chunks of ``samples``)."""
+    hooks = instrument(module, workspace, samples)
     try:
         return _counted(module, shapes, dtype, comm, loss)
     finally:
@@ -284,10 +285,11 @@ class FootprintCache:
         samples = shapes[0][0] if shapes and len(shapes[0]) > 0 else 1
         one = [(1, *s[1:]) if len(s) > 0 and s[0] == samples else tuple(s) for s in shapes]
         key = (self._structure(layer), tuple(tuple(s) for s in one), dtype, role,
-               loss_key if loss is not None else None, tuple(elementwise), workspace)
+               loss_key if loss is not None else None, tuple(elementwise), workspace, min(samples, 2))
         found = self._found.get(key)
         if found is None:
-            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace)
+            # the conv scratch of one sample differs from that of a batch (workspace.py)
+            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace, min(samples, 2))
             self._found[key] = found
             self.simulated += 1
         return found if samples == 1 else [fp.times(samples) for fp in found]
@@ -343,14 +345,15 @@ def spatial_module(layer: nn.Module, grid: TileGrid, comm: Any, role: StageRole,
 
 def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
                    loss: Loss | None = None, elementwise: Sequence[type] = (),
-                   workspace: Workspace = Workspace.CPU) -> list[LayerFootprint]:
-    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps.
+                   workspace: Workspace = Workspace.CPU, samples: int = 2) -> list[LayerFootprint]:
+    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps;
+    ``samples``: the chunk size the conv scratch is chosen for (``workspace.conv_workspace``).
 
     Tiles run alone, answered by a ``SizeOracle`` (one per class of alike tiles); when the
     oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
     """
     if role.grid is None:
-        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace)]
+        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples)]
     grid = TileGrid(*role.grid)
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
@@ -362,7 +365,7 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
         for tile in sorted(set(classes.values())):
             comm = FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles, sizes=oracle)
             module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace)
+            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples)
         return [found[classes[tile]] for tile in range(grid.num_tiles)]
     except AmbiguousSize:
         pass
@@ -371,7 +374,7 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     def tile_run(rank: int) -> LayerFootprint:
         comm = world.comm(rank)
         module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace)
+        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples)
 
     return run_ranks(world, tile_run)
 
