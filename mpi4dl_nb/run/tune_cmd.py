@@ -7,7 +7,8 @@ Every rank takes part: a ping-pong calibrates the network model, rank 0 runs ``s
 this world size and the memory limit (the others wait), then the one-process reference and
 each of the ``--top`` configurations run ``--steps`` timed steps (after a warm-up and a
 memory-measured step) on the ranks. Rank 0 prints predicted next to measured and picks the
-fastest configuration whose measured peak fits; ``--json PATH`` writes the table.
+fastest configuration whose measured peak fits; ``--json PATH`` writes the table. One rank,
+or a memory limit no configuration fits, exits non-zero with one line.
 """
 
 from __future__ import annotations
@@ -51,9 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..notebook.planner.timing import network_of
     from ..notebook.planner.tune import Tuner, TuneResult
     from . import tune
+    from .layout_cmd import refuse
     from .measure import calibrate_job
 
     ctx = dl.init()
+    if ctx.world_size < 2:   # every rank decides alike: no rank waits for another
+        refuse("tune compares parallel configurations: run it on at least 2 ranks (mpiexec -n N, N >= 2)",
+               ctx.rank, ctx.world_size)
     spec = tune.ModelSpec(args.model, args.num_layers, args.num_filters, args.num_classes, dtype=args.dtype)
     calibration = calibrate_job(ctx)
     network = network_of(calibration)

@@ -68,6 +68,13 @@ class LayerFootprint:
     persistent: int         # what the layer keeps across steps (halo staging buffers, caches)
     forward_traffic: Traffic = field(default_factory=Traffic)
     backward_traffic: Traffic = field(default_factory=Traffic)
+    strips_received: int = 0   # halo strips the forward received (a recomputation log keeps them all)
+
+    @property
+    def replay_log(self) -> int:
+        """What ``spatial/replay.py`` keeps of this layer's first forward for its recomputation:
+        the received halo strips and the BatchNorm statistics (the forward's all-reduced sums)."""
+        return self.strips_received + self.forward_traffic.collective_bytes
 
     def times(self, samples: int) -> LayerFootprint:
         """This footprint (one sample) for ``samples``: every activation term scales with the
@@ -78,7 +85,8 @@ class LayerFootprint:
             n(self.input_bytes), n(self.output_bytes), n(self.forward_peak), n(self.kept), n(self.halo_kept),
             self.saves_input, self.saves_output, n(self.backward_peak - self.grad_bytes) + self.grad_bytes,
             n(self.input_grad_bytes), self.grad_bytes, n(self.persistent),
-            _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples))
+            _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples),
+            n(self.strips_received))
 
 
 def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
@@ -107,6 +115,7 @@ class StageFootprint:
     grad_bytes: int
     persistent: int
     layers: tuple[LayerFootprint, ...] = ()
+    recomputed: int = 0     # part of the backward peaks: activations of a recomputed forward
 
     @property
     def saved(self) -> int:
@@ -175,10 +184,11 @@ def _backward(out: Any) -> None:
 
 
 def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
-              comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU) -> LayerFootprint:
+              comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU,
+              samples: int = 2) -> LayerFootprint:
     """One forward + backward of ``module`` on meta inputs of ``shapes``, counted (with the
-    backend's conv scratch, ``workspace``)."""
-    hooks = instrument(module, workspace)
+    backend's conv scratch, ``workspace``, for chunks of ``samples``)."""
+    hooks = instrument(module, workspace, samples)
     try:
         return _counted(module, shapes, dtype, comm, loss)
     finally:
@@ -199,8 +209,14 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
 
     live = LiveBytes()
     before = comm.traffic.copy() if comm is not None else Traffic()
+    received = [0]
+
+    def on_receive(buf: torch.Tensor) -> None:
+        live.retag(buf, "halo")
+        received[0] += _nbytes([buf])
+
     if comm is not None:
-        comm.on_receive = lambda buf: live.retag(buf, "halo")
+        comm.on_receive = on_receive
     with live:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = module(x)
@@ -212,6 +228,7 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         output_ids = {storage_of(t)[0] for t in outs}
         output_bytes = _nbytes([t for t in outs if live.owns(t)])
         middle = comm.traffic.copy() if comm is not None else Traffic()
+        strips_received = received[0]
         live.tag = "backward"
         live.reset_peak()
         _backward(out)
@@ -234,7 +251,7 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         saves_input=bool(input_ids & packed), saves_output=bool(output_ids & packed),
         backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
         grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
-        backward_traffic=after.minus(middle))
+        backward_traffic=after.minus(middle), strips_received=strips_received)
 
 
 class StructureKeys:
@@ -267,10 +284,11 @@ class FootprintCache:
         samples = shapes[0][0] if shapes and len(shapes[0]) > 0 else 1
         one = [(1, *s[1:]) if len(s) > 0 and s[0] == samples else tuple(s) for s in shapes]
         key = (self._structure(layer), tuple(tuple(s) for s in one), dtype, role,
-               loss_key if loss is not None else None, tuple(elementwise), workspace)
+               loss_key if loss is not None else None, tuple(elementwise), workspace, min(samples, 2))
         found = self._found.get(key)
         if found is None:
-            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace)
+            # the conv scratch of one sample differs from that of a batch (workspace.py)
+            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace, min(samples, 2))
             self._found[key] = found
             self.simulated += 1
         return found if samples == 1 else [fp.times(samples) for fp in found]
@@ -326,14 +344,15 @@ def spatial_module(layer: nn.Module, grid: TileGrid, comm: Any, role: StageRole,
 
 def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
                    loss: Loss | None = None, elementwise: Sequence[type] = (),
-                   workspace: Workspace = Workspace.CPU) -> list[LayerFootprint]:
-    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps.
+                   workspace: Workspace = Workspace.CPU, samples: int = 2) -> list[LayerFootprint]:
+    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps;
+    ``samples``: the chunk size the conv scratch is chosen for (``workspace.conv_workspace``).
 
     Tiles run alone, answered by a ``SizeOracle`` (one per class of alike tiles); when the
     oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
     """
     if role.grid is None:
-        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace)]
+        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples)]
     grid = TileGrid(*role.grid)
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
@@ -345,7 +364,7 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
         for tile in sorted(set(classes.values())):
             comm = FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles, sizes=oracle)
             module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace)
+            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples)
         return [found[classes[tile]] for tile in range(grid.num_tiles)]
     except AmbiguousSize:
         pass
@@ -354,17 +373,20 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     def tile_run(rank: int) -> LayerFootprint:
         comm = world.comm(rank)
         module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace)
+        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples)
 
     return run_ranks(world, tile_run)
 
 
 # ------------------------------------------------------------------ composition
-def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False) -> StageFootprint:
+def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False,
+                  output_held: bool = False) -> StageFootprint:
     """One chunk of a stage from its layers' footprints (see the module docstring).
 
     ``grad_held``: the output gradient is a received buffer the runtime keeps for the
-    whole backward of the stage (every stage but the last), not one freed once used.
+    whole backward of the stage (every stage but the last), not one freed once used;
+    ``output_held``: the output too stays alive for the whole backward (a recomputed
+    segment's output, held by the backward that recomputed it).
     """
     count = len(layers)
     if count == 0:
@@ -390,8 +412,8 @@ def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False) -> 
         # a consumer's saved copy went with the consumer's backward
         alive = fp.saves_output or k == count - 1
         own = fp.backward_peak - (0 if alive else fp.output_bytes)
-        if grad_held and k < count - 1:
-            own += layers[-1].output_bytes
+        if k < count - 1:   # the held output gradient, the held output
+            own += layers[-1].output_bytes * (int(grad_held) + int(output_held))
         # the layer's own parameter gradients are inside backward_peak: for a later
         # chunk they are the accumulation temporaries, the resident ones counted outside
         first = max(first, earlier + own + grads_after)

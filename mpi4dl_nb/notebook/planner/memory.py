@@ -8,12 +8,16 @@ What a rank holds is assembled along its own action list of the real schedule
   state (simulated on meta with the real optimizer), ``persistent`` (halo staging buffers
   and caches the spatial layers keep), ``gradients`` once a stage's first backward made them;
 * **per chunk in flight** (a forward ran, its backward not yet): ``activations`` autograd
-  saves (with ``Recompute.STAGE`` none: the stage re-runs its forward at backward time),
-  ``halo`` strips the spatial convs keep, and ``boundary`` tensors: the stage input (the
+  saves (with ``Recompute.STAGE`` none: the stage re-runs its forward at backward time; with
+  ``Recompute.SEGMENTS``, the engine's ``checkpoint_activations``, the segments' inputs, see
+  segments.py), ``halo`` strips the spatial convs keep (all received ones and the BatchNorm
+  statistics with ``SEGMENTS``: the recomputation's log), and ``boundary`` tensors: the stage input (the
   chunk's images, the received activation, the joined map after the SP -> LP hand-off),
   the stage output held for its backward, the received output gradient;
 * ``sent``: input gradients sent back, kept by their non-blocking sends until the
   optimizer step (after the hand-off: one copy per tile box);
+* ``recompute``: during a backward with recomputation, the recomputed forward's activations
+  (the largest segment's; the rest of that backward is ``working``);
 * ``working``: what the running action allocates beyond that (forward and backward
   working memory, the hand-off join, the flat gradient of the all-reduce, the
   optimizer's temporaries).
@@ -36,24 +40,27 @@ from torch import nn
 from ...config import Choice, ParallelConfig
 from ...errors import ConfigError
 from ...layout import RankRole, layout
+from ...pipeline.recompute import segment_bounds
 from ...pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
 from ...pipeline.stages import LayerMemory, check_balance, default_balance, even_balance, probe_memory
 from .footprint import FootprintCache, StageFootprint, StageRole, compose_stage
 from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
 from .profile import LayerProfile, Layers, batched, profile_layers
+from .segments import recomputed_stage
 from .workspace import Workspace
 
 MB = 2 ** 20
 TERMS = ("weights", "buffers", "optimizer", "gradients", "persistent", "activations", "halo",
-         "boundary", "sent", "working")
+         "boundary", "sent", "recompute", "working")
 DEFAULT_CACHE = FootprintCache()
 
 
 class Recompute(Choice):
     """Which activations a stage keeps between a chunk's forward and its backward."""
 
-    NONE = "none"     # everything autograd saves
-    STAGE = "stage"   # only the stage input and output; the forward re-runs at backward time
+    NONE = "none"            # everything autograd saves
+    STAGE = "stage"          # only the stage input and output; the forward re-runs at backward time
+    SEGMENTS = "segments"    # the engine's: segment inputs, cut by ``cfg.checkpoint_activations``
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,7 @@ class RankMemory:
 
     @property
     def transient(self) -> int:
-        return self.terms["working"] + self.terms["sent"]
+        return self.terms["working"] + self.terms["recompute"] + self.terms["sent"]
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "role": self.role, **self.terms, "total": self.total,
@@ -183,6 +190,7 @@ class StageModel:
     elementwise: Sequence[type] = ()
     workspace: Workspace = Workspace.CPU
     _found: dict[tuple[int, int | None, bool], StageFootprint] = field(default_factory=dict)
+    _recomputed: dict[tuple[int, int | None], StageFootprint] = field(default_factory=dict)
 
     @property
     def bounds(self) -> list[int]:
@@ -222,6 +230,22 @@ class StageModel:
             self._found[key] = found
         return found
 
+    def segments(self, stage: int) -> list[tuple[int, int]]:
+        """The engine's recomputation segments of ``stage`` (layer ranges within the stage)."""
+        setting = self.cfg.checkpoint_activations
+        if setting is None:
+            raise ConfigError("checkpoint_activations", "per-segment recomputation needs the segment "
+                              "setting: set checkpoint_activations ('every', 'blocks' or N)")
+        return segment_bounds(self.balance[stage], setting)
+
+    def recomputed(self, stage: int, tile: int | None) -> StageFootprint:
+        """One chunk of ``stage`` on ``tile`` run with the engine's per-segment recomputation."""
+        key = (stage, tile)
+        if key not in self._recomputed:
+            grad_held = stage != self.cfg.split_size - 1
+            self._recomputed[key] = recomputed_stage(self.footprint(stage, tile), self.segments(stage), grad_held)
+        return self._recomputed[key]
+
     def param_count(self, stage: int) -> int:
         return sum(p.param_count for p in self.profiles[self.bounds[stage]:self.bounds[stage + 1]])
 
@@ -239,19 +263,20 @@ def settings_of(cfg: ParallelConfig, dtype: torch.dtype, precision: Precision | 
     """The element types and recomputation the models use: the explicit arguments if given,
     else ``cfg``'s memory knobs (``cfg.precision`` 'fp32': ``dtype`` throughout, today's
     engine; 'bf16'/'fp16': 16-bit activations with ``dtype`` master weights, gradients and
-    optimizer state). ``cfg.checkpoint_activations`` (the engine's per-segment recomputation) is
-    not modelled: refused unless ``recompute`` is given."""
+    optimizer state; ``cfg.checkpoint_activations`` set: ``Recompute.SEGMENTS``, the engine's
+    per-segment recomputation with that segment setting, else ``Recompute.NONE``).
+    ``Recompute.SEGMENTS`` takes its segments from ``cfg.checkpoint_activations``: refused without."""
     if precision is None:
         half = HALF_TYPES.get(str(cfg.precision))
         precision = Precision(dtype) if half is None else Precision(half, dtype)
     if recompute is None:
-        if cfg.checkpoint_activations is not None:
-            raise ConfigError("checkpoint_activations", f"the planner models recomputation of a whole "
-                              f"stage only (recompute='stage': a lower bound), not the engine's segments "
-                              f"({cfg.checkpoint_activations!r}); estimate with checkpoint_activations=None "
-                              f"(an upper bound) or pass recompute='stage'")
-        recompute = Recompute.NONE
-    return precision, Recompute(recompute)
+        recompute = Recompute.NONE if cfg.checkpoint_activations is None else Recompute.SEGMENTS
+    recompute = Recompute(recompute)
+    if recompute is Recompute.SEGMENTS and cfg.checkpoint_activations is None:
+        raise ConfigError("checkpoint_activations", "recompute='segments' models the engine's "
+                          "recomputation, whose segments checkpoint_activations sets ('every', "
+                          "'blocks' or N): set it, or use recompute='stage' or 'none'")
+    return precision, recompute
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -295,7 +320,11 @@ class _Walk:
         raise KeyError((replica, stage))
 
     def fp(self, action: Action) -> StageFootprint:
-        return self.model.footprint(action.stage, self.tile_of(action.replica, action.stage))
+        """The running chunk's stage footprint, as the stage runs (recomputed by segments or not)."""
+        tile = self.tile_of(action.replica, action.stage)
+        if self.recompute is Recompute.SEGMENTS:
+            return self.model.recomputed(action.stage, tile)
+        return self.model.footprint(action.stage, tile)
 
     def state(self) -> None:
         weight = _size(self.model.precision.weight_dtype)
@@ -318,9 +347,10 @@ class _Walk:
         held[name] += value
 
     def note(self, action: Action, working: int = 0, within: int | None = None,
-             key: tuple[int, int, int, int] | None = None) -> None:
+             key: tuple[int, int, int, int] | None = None, recomputed: int = 0) -> None:
         """A moment: everything held now + ``working``; or, with ``within``, a moment whose
-        peak ``within`` already counts chunk ``key``'s held tensors but its input."""
+        peak ``within`` already counts chunk ``key``'s held tensors but its input (and
+        ``recomputed`` bytes of recomputed activations, shown as their own term)."""
         terms = dict(self.resident)
         terms["gradients"] = sum(self.grads.values())
         inside = 0
@@ -330,7 +360,9 @@ class _Walk:
                 if chunk == key and name != "input":
                     inside += value
         terms["sent"] = self.sent
-        terms["working"] = working if within is None else max(0, within - inside)
+        working = working if within is None else max(0, within - inside)
+        terms["recompute"] = min(recomputed, working)
+        terms["working"] = working - terms["recompute"]
         total = sum(terms.values())
         if total > self.peak:
             self.peak, self.at_peak, self.moment = total, terms, action.describe()
@@ -381,7 +413,7 @@ class _Walk:
         self.note(action, working=joined + fp.forward_peak)
         if joined:   # the received tiles go once the forward returns; the joined map stays
             self.chunks[key]["input"] = joined
-        keep = self.recompute is Recompute.NONE
+        keep = self.recompute is not Recompute.STAGE
         self.hold(key, "activations", fp.saved - fp.halo_kept if keep else 0)
         self.hold(key, "halo", fp.halo_kept if keep else 0)
         self.hold(key, "output", fp.output_bytes)
@@ -392,12 +424,13 @@ class _Walk:
         grad_bytes = self.optimizer(action.stage).grad_bytes
         # the chunk's kept tensors, its output and received gradient are inside the
         # footprint's backward peak; its input stays alive in the runtime throughout
+        # (recomputed by segments: inside the footprint's backward peaks already)
         redo = fp.forward_peak if self.recompute is Recompute.STAGE else 0
         if slot not in self.grads:   # this backward creates the stage's gradients
             working = fp.backward_first - fp.grad_bytes + grad_bytes + redo
         else:
             working = fp.backward_later + redo
-        self.note(action, within=working, key=key)
+        self.note(action, within=working, key=key, recomputed=redo or fp.recomputed)
         self.grads[slot] = grad_bytes
         self.chunks.pop(key, None)
         if action.stage > 0:   # kept by the gradient's non-blocking send(s)

@@ -144,7 +144,7 @@ class _Costs:
                 if spatial:
                     fd += self._wire(fp.forward_traffic, members)
                     bd += self._wire(fp.backward_traffic, members)
-            if self.recompute is Recompute.STAGE:
+            if self.recompute is not Recompute.NONE:   # every layer's forward again; halo strips kept: no wire
                 bw += fw
             self._stage[key] = (fw, fd, bw, bd)
         return self._stage[key]

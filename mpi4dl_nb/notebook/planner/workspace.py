@@ -5,10 +5,12 @@ torch 2.13 CPU, see tests/notebook/test_planner.py):
 
 * ``Workspace.CPU``: float32 (and 16-bit) convs other than 1x1 stride 1 run through oneDNN, which
   reorders the input into a channel-blocked copy (channels padded to a multiple of 16)
-  in the forward, plus the input's size again in the backward; other dtypes (float64)
-  take PyTorch's own im2col path: a column buffer of ``C_in * kh * kw * H_out * W_out``
-  elements per sample in the forward and again in the backward, unless the conv is 1x1
-  with stride 1 and no padding.
+  in the forward, plus the input's size again in the backward - when PyTorch's CPU dispatch
+  picks oneDNN: a batch of 2 or more, a grouped conv, a kernel larger than 3 both ways, or an
+  input of more than 20480 elements; other float32 convs (one small sample, e.g. a stem on a
+  64 px micro-batch of 1) and other dtypes (float64) take PyTorch's own im2col path: a
+  column buffer of ``C_in * kh * kw * H_out * W_out`` elements per sample in the forward and
+  again in the backward, unless the conv is 1x1 with stride 1 and no padding.
   A training-mode BatchNorm's backward allocates an input-sized temporary next to its input
   gradient (when the input needs one).
 * ``Workspace.NONE``: nothing (e.g. CUDA, whose cuDNN workspace depends on the algorithm
@@ -27,6 +29,7 @@ from torch.utils.hooks import RemovableHandle
 from ...config import Choice
 
 BLOCK = 16
+ONEDNN_MIN_ELEMENTS = 20480   # a single sample's input up to this size takes the im2col path
 
 
 class Workspace(Choice):
@@ -46,13 +49,23 @@ def _one_by_one(conv: nn.Conv2d) -> bool:
             and tuple(padding) == (0, 0))
 
 
-def conv_workspace(conv: nn.Conv2d, x: torch.Tensor, out: torch.Tensor, kind: Workspace
-                   ) -> tuple[int, int]:
-    """(forward, backward) scratch bytes of ``conv`` on input ``x`` giving ``out``."""
+def _onednn(conv: nn.Conv2d, x: torch.Tensor, samples: int) -> bool:
+    """Whether PyTorch's CPU dispatch sends this (not 1x1 stride 1) conv to oneDNN."""
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    kh, kw = conv.kernel_size
+    return (samples > 1 or conv.groups > 1 or (kh > 3 and kw > 3)
+            or samples * x[0].numel() > ONEDNN_MIN_ELEMENTS)
+
+
+def conv_workspace(conv: nn.Conv2d, x: torch.Tensor, out: torch.Tensor, kind: Workspace,
+                   samples: int | None = None) -> tuple[int, int]:
+    """(forward, backward) scratch bytes of ``conv`` on input ``x`` giving ``out``; ``samples``:
+    the chunk size the backend sees (None: ``x``'s; the simulation runs one sample)."""
     if kind is Workspace.NONE or _one_by_one(conv):
         return (0, 0)
     size = x.element_size()
-    if x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if _onednn(conv, x, x.shape[0] if samples is None else samples):
         channels = x.shape[1]
         padded = x.numel() // channels * math.ceil(channels / BLOCK) * BLOCK * size
         weight = conv.weight.numel() * size
@@ -62,9 +75,10 @@ def conv_workspace(conv: nn.Conv2d, x: torch.Tensor, out: torch.Tensor, kind: Wo
     return (columns, columns)
 
 
-def instrument(module: nn.Module, kind: Workspace) -> list[RemovableHandle]:
-    """Hooks adding each conv's scratch to the memory alive during its forward (next to its
-    output) and its backward (next to its output gradient and input gradient)."""
+def instrument(module: nn.Module, kind: Workspace, samples: int | None = None) -> list[RemovableHandle]:
+    """Hooks adding each conv's scratch (for chunks of ``samples``, see ``conv_workspace``) to the
+    memory alive during its forward (next to its output) and its backward (next to its output
+    gradient and input gradient)."""
     if kind is Workspace.NONE:
         return []
 
@@ -72,7 +86,7 @@ def instrument(module: nn.Module, kind: Workspace) -> list[RemovableHandle]:
         if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
             return
         x = args[0]
-        forward, backward = conv_workspace(conv, x, out, kind)  # type: ignore[arg-type]
+        forward, backward = conv_workspace(conv, x, out, kind, samples)  # type: ignore[arg-type]
         if forward:
             del_soon = torch.empty(forward, dtype=torch.uint8, device=out.device)
             del del_soon

@@ -1,0 +1,63 @@
+"""`python -m mpi4dl_nb tune` under mpiexec: the predicted-vs-measured table, the pick (measured,
+fitting, fastest), and one-line refusals (no configuration fits, one rank)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.support.mpirun import run_mpi
+
+TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
+        "--batch-size", "2", "--top", "2", "--steps", "1")
+RANK_PREFIX = re.compile(r"^\[\d+\]\s?")
+
+
+def _lines(output: str) -> list[str]:
+    """The job's output lines without the launcher's rank prefix and the profiler's chatter."""
+    return [RANK_PREFIX.sub("", line) for line in output.splitlines() if "USDT:" not in line]
+
+
+def _errors(output: str) -> list[str]:
+    return [line for line in _lines(output) if line.startswith("mpi4dl_nb")]
+
+
+def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
+    path = tmp_path / "tune.json"
+    limit = 500.0
+    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", limit, "--json", path,
+                     module=True, timeout=150)
+    lines = _lines(result.stdout)
+    header = next(i for i, line in enumerate(lines) if line.startswith("#") and "meas s" in line)
+    assert lines[header].split() == ["#", "configuration", "ranks", "pred", "s", "meas", "s", "pred/meas",
+                                     "pred", "MB", "meas", "MB", "fits"]
+    rows = lines[header + 1:header + 4]
+    assert rows[0].startswith("-  one process") and [r.split()[0] for r in rows[1:]] == ["1", "2"], lines
+    for row in rows:   # measured: a number in every column, nothing pending
+        assert "..." not in row and row.split()[-1] == "yes", row
+    picked = next(line for line in lines if line.startswith("picked: "))
+    table = json.loads(path.read_text())
+    measured = [r for r in table["rows"] if r["config"] is not None]
+    assert len(measured) == 2 and all(r["measured_seconds"] is not None for r in measured)
+    chosen = next(r for r in measured if r["config"] == table["picked"])   # one of the measured ones
+    assert max(chosen["measured_peak_mb"]) <= limit and chosen["fits"]
+    assert chosen["measured_seconds"] == min(r["measured_seconds"] for r in measured if r["fits"])
+    assert picked.startswith(f"picked: {chosen['label']} ")
+    assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
+
+
+def test_memory_limit_below_every_configuration_exits_with_one_line():
+    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", "0.01", module=True,
+                     expect_failure=True, timeout=90)
+    assert result.returncode != 0 and not result.timed_out
+    errors = _errors(result.stdout)
+    assert len(errors) == 1 and "no configuration on 3 devices fits" in errors[0], result.stdout
+    assert not any("meas s" in line for line in _lines(result.stdout))   # nothing was run
+
+
+def test_one_rank_is_refused_with_one_line():
+    result = run_mpi(1, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", "100", module=True,
+                     expect_failure=True, timeout=60)
+    assert result.returncode == 2 and not result.timed_out
+    errors = _errors(result.stdout)
+    assert len(errors) == 1 and "at least 2 ranks" in errors[0], result.stdout
