@@ -294,8 +294,12 @@ class ConvPieces:
         conv = self.conv
         return F.conv2d(piece, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
 
-    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params,
-              padding: tuple[int, int], mask: list[bool]) -> tuple[torch.Tensor | None, list]:
+    def run_saving(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.run(piece, params, padding), None
+
+    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: tuple[int, int],
+              mask: list[bool], saved: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list]:
         weight, bias = params
         assert weight is not None
         conv, has_bias = self.conv, bias is not None

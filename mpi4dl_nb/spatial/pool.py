@@ -64,6 +64,15 @@ class _WindowedPool(SpatialLayer):
         """The window op with symmetric native ``padding`` (average: divided by the kernel area)."""
         raise NotImplementedError
 
+    def pool_saving(self, y: torch.Tensor, padding: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``pool``, and what ``pool_grad`` needs besides ``y`` (max pooling: the argmax)."""
+        return self.pool(y, padding), None
+
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+                  saved: torch.Tensor | None) -> torch.Tensor:
+        """Gradient of ``pool(y, padding)`` w.r.t. ``y``."""
+        raise NotImplementedError
+
     def _pooled(self, x: torch.Tensor) -> tuple[torch.Tensor, HaloExchange]:
         """``pool`` on the extended tile (by regions when it has an interior), and the exchange."""
         size = self.runtime.input_size(self, x)
@@ -78,8 +87,9 @@ class _WindowedPool(SpatialLayer):
 
 
 class PoolPieces:
-    """A spatial pool's window op on pieces of its extended input (a ``RegionOp``);
-    gradients by re-running the piece (max pooling: the same argmax, ties included)."""
+    """A spatial pool's window op on pieces of its extended input (a ``RegionOp``). Max pooling
+    keeps the interior's argmax (as autograd would) and recomputes the small bands' (the
+    same argmax: each window is scanned in the same order as on the extended tile)."""
 
     def __init__(self, layer: _WindowedPool) -> None:
         self.layer = layer
@@ -92,14 +102,13 @@ class PoolPieces:
     def run(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]) -> torch.Tensor:
         return self.layer.pool(piece, padding)
 
-    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params,
-              padding: tuple[int, int], mask: list[bool]) -> tuple[torch.Tensor | None, list]:
-        if not mask[0]:
-            return None, []
-        with torch.enable_grad():
-            leaf = piece.detach().requires_grad_()
-            (grad_in,) = torch.autograd.grad(self.layer.pool(leaf, padding), leaf, grad)
-        return grad_in, []
+    def run_saving(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.layer.pool_saving(piece, padding)
+
+    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: tuple[int, int],
+              mask: list[bool], saved: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list]:
+        return (self.layer.pool_grad(grad, piece, padding, saved) if mask[0] else None), []
 
 
 class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
@@ -120,6 +129,20 @@ class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
         rows, cols = self.windows
         return F.max_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), padding,
                             (rows.dilation, cols.dilation))
+
+    def _args(self, padding: tuple[int, int]) -> tuple[list[int], ...]:
+        rows, cols = self.windows
+        return ([rows.kernel, cols.kernel], [rows.stride, cols.stride], list(padding),
+                [rows.dilation, cols.dilation])
+
+    def pool_saving(self, y: torch.Tensor, padding: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, argmax = torch.ops.aten.max_pool2d_with_indices(y, *self._args(padding), False)
+        return out, argmax
+
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+                  saved: torch.Tensor | None) -> torch.Tensor:
+        argmax = saved if saved is not None else self.pool_saving(y, padding)[1]
+        return torch.ops.aten.max_pool2d_with_indices_backward(grad, y, *self._args(padding), False, argmax)
 
     def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
         """The pooling on an input that already holds its halo and -inf padding."""
@@ -158,6 +181,12 @@ class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
     def pool(self, y: torch.Tensor, padding: tuple[int, int] = (0, 0)) -> torch.Tensor:
         rows, cols = self.windows
         return F.avg_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), padding)
+
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+                  saved: torch.Tensor | None) -> torch.Tensor:
+        rows, cols = self.windows
+        return torch.ops.aten.avg_pool2d_backward(grad, y, [rows.kernel, cols.kernel],
+                                                  [rows.stride, cols.stride], list(padding), False, True, None)
 
     def divided(self, out: torch.Tensor, shape: tuple[int, int],
                 inside: tuple[int, int, int, int] | None) -> torch.Tensor:

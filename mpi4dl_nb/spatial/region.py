@@ -48,7 +48,8 @@ class AxisRegion:
     ``out``: the layer's output length on this tile; ``first``: the output the native run's
     first output is; ``native``: that run's output length; ``start``/``pad``: the tile
     position it starts from and its symmetric padding; ``interior``: outputs taken from it
-    (window inside the kept part), a non-empty range within ``[first, first + native)``.
+    (window inside the kept part, or in native padding standing for the image's padding),
+    a non-empty range within ``[first, first + native)``.
     """
 
     out: int
@@ -68,7 +69,7 @@ def plan_region_axis(plan: AxisExchange, span: int, stride: int, pad_cap: int | 
                      ) -> AxisRegion | None:
     """Region plan of one axis for a window of ``span`` and ``stride`` applied without padding
     to the extended tile; ``pad_cap`` bounds the native padding the op accepts (pools).
-    None when no output's window lies inside the kept part (tile too small)."""
+    None when no output can be taken from the tile (tile too small)."""
     out = (plan.needed_len - span) // stride + 1
     before = plan.owned[0] - plan.needed[0]          # halo before (negative: trimmed)
     keep0, keep1 = plan.keep[0] - plan.owned[0], plan.keep[1] - plan.owned[0]   # tile coordinates
@@ -77,8 +78,14 @@ def plan_region_axis(plan: AxisExchange, span: int, stride: int, pad_cap: int | 
     start = first * stride - before + pad             # positions [start + j*s - pad, ... + span)
     height = plan.owned[1] - plan.owned[0]
     native = (height - start + 2 * pad - span) // stride + 1
-    lo = max(first, -(-(max(keep0, start) + before) // stride))
-    hi = min(first + native, out, (keep1 + before - span) // stride + 1)
+    # windows may reach into the native padding where it stands for the image's padding
+    # (same value): before the tile when nothing is received or trimmed there, likewise after
+    low = -pad if start == 0 and keep0 == 0 and plan.recv_prev[1] <= plan.recv_prev[0] else max(keep0, start)
+    high = keep1
+    if keep1 == height and plan.recv_next[1] <= plan.recv_next[0]:
+        high = height + min(pad, plan.pad_after)
+    lo = max(first, -(-(low + before) // stride))
+    hi = min(first + native, out, (high + before - span) // stride + 1)
     if native < 1 or hi <= lo:
         return None
     return AxisRegion(out, first, native, start, pad, (lo, hi))

@@ -35,9 +35,15 @@ class RegionOp(Protocol):
         """The op on ``piece`` with symmetric native ``padding`` (zeros, -inf for max pooling)."""
         ...
 
-    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params,
-              padding: tuple[int, int], mask: list[bool]) -> tuple[torch.Tensor | None, Grads]:
-        """Gradients of ``run`` w.r.t. the piece (if ``mask[0]``) and the params (``mask[1:]``)."""
+    def run_saving(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``run``, and what ``grads`` needs besides the piece (max pooling: the argmax)."""
+        ...
+
+    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: tuple[int, int],
+              mask: list[bool], saved: torch.Tensor | None = None) -> tuple[torch.Tensor | None, Grads]:
+        """Gradients of ``run`` w.r.t. the piece (if ``mask[0]``) and the params (``mask[1:]``);
+        ``saved``: what ``run_saving`` returned for this piece, if it was kept."""
         ...
 
 
@@ -121,14 +127,14 @@ class _RegionWindowed(torch.autograd.Function):
         x = x.contiguous()
         native_pad = (plan.rows.pad, plan.cols.pad)
 
-        def interior() -> torch.Tensor:   # needs no strip: runs while the row messages fly
-            return op.run(_native_input(x, plan), params, native_pad)
+        def interior() -> tuple[torch.Tensor, torch.Tensor | None]:   # needs no strip: runs while
+            return op.run_saving(_native_input(x, plan), params, native_pad)   # the row messages fly
 
         if overlap:
-            strips, native = exchange.exchange_strips_overlapped(x, interior)
+            strips, (native, kept) = exchange.exchange_strips_overlapped(x, interior)
         else:
             strips = exchange.exchange_strips(x)
-            native = interior()
+            native, kept = interior()
         if plan.aligned:
             out = native
         else:   # the one output-sized temporary: the interior cropped into the output
@@ -140,7 +146,9 @@ class _RegionWindowed(torch.autograd.Function):
         fctx.op, fctx.exchange, fctx.plan = op, exchange, plan
         fctx.present = [s is not None for s in strips]
         fctx.params = [p is not None for p in params]
-        fctx.save_for_backward(x, *[p for p in params if p is not None], *[s for s in strips if s is not None])
+        fctx.kept = kept is not None
+        fctx.save_for_backward(x, *[p for p in params if p is not None], *[s for s in strips if s is not None],
+                               *([kept] if kept is not None else []))
         return out
 
     @staticmethod
@@ -150,13 +158,19 @@ class _RegionWindowed(torch.autograd.Function):
         found = iter(saved)
         params = [next(found) if present else None for present in fctx.params]
         strips = [next(found) if present else None for present in fctx.present]
+        kept = next(found) if fctx.kept else None
         mask = [fctx.needs_input_grad[0]] + [fctx.needs_input_grad[5 + i] for i in range(len(params))]
         grad = grad.contiguous()
         native_in = _native_input(x, plan)
-        grad_native = grad.new_zeros((*grad.shape[:-2], plan.rows.native, plan.cols.native))
-        grad_native[(..., *_out(_native_box(plan)))] = grad[(..., *_out(plan.interior))]
+        if plan.aligned:   # the native run's band outputs were replaced: no gradient through them
+            grad_native = grad.clone()
+            for out_box, _ in plan.bands:
+                grad_native[(..., *_out(out_box))] = 0
+        else:
+            grad_native = grad.new_zeros((*grad.shape[:-2], plan.rows.native, plan.cols.native))
+            grad_native[(..., *_out(_native_box(plan)))] = grad[(..., *_out(plan.interior))]
         grad_in, param_grads = op.grads(grad_native, native_in, params,
-                                        (plan.rows.pad, plan.cols.pad), mask)
+                                        (plan.rows.pad, plan.cols.pad), mask, kept)
         del grad_native
         grad_x = None
         if mask[0]:

@@ -64,8 +64,12 @@ def test_interior_windows_read_the_same_tile_positions_without_padding():
                     e = o * window.stride + t * window.dilation
                     source, image = labels[e]
                     tile = region.start + j * window.stride - region.pad + t * window.dilation
-                    assert source is Source.OWN and region.start <= tile < height
-                    assert plan.owned[0] + tile == image
+                    if source is Source.OWN:
+                        assert region.start <= tile < height and plan.owned[0] + tile == image
+                    else:   # native padding, standing for the image's padding (never tile data)
+                        assert source is Source.PAD
+                        assert (region.start == 0 and -region.pad <= tile < 0) or \
+                            height <= tile < height + region.pad
     assert checked > 500
 
 
@@ -96,3 +100,16 @@ def test_no_plan_when_the_tile_has_no_interior():
     plans = plan_window_axis(8, 4, Window1d(5, 1, 1, 2, 2))
     assert plan_region_axis(plans[1], 5, 1) is None
     assert region_plan(plans[1], plans[1], (5, 5), (1, 1)) is None
+
+
+def test_image_borders_are_interior_only_inner_borders_make_bands():
+    stem, pool = Window1d(7, 2, 1, 3, 3), Window1d(3, 2, 1, 1, 1)
+    whole = plan_window_axis(2048, 1, stem)[0]
+    region = plan_region_axis(whole, stem.span, stem.stride)
+    assert region is not None and region.aligned and region.interior == (0, 1024)
+    top, bottom = plan_window_axis(1024, 2, pool)
+    plan = region_plan(top, whole_pool := plan_window_axis(1024, 1, pool)[0], (3, 3), (2, 2), (1, 1))
+    assert plan is not None and plan.aligned and whole_pool.pad_before == 1
+    assert plan.bands == ()   # its windows end inside the tile: nothing received, all interior
+    plan = region_plan(bottom, whole_pool, (3, 3), (2, 2), (1, 1))
+    assert plan is not None and [out for out, _ in plan.bands] == [(0, 1, 0, 512)]
