@@ -7,7 +7,8 @@ every gradient bit-identical with the overlap on and off, and equal to serial.
 count_include_pad both ways) on 2x1, 1x2, 2x2, 3x1 grids with uneven tiles (grids of fewer
 than 4 tiles on a sub-group, the other ranks idle): the region path is taken by every
 windowed layer, outputs, input and weight gradients equal serial (float64, 1e-12), and are
-bit-identical with the overlap on and off.
+bit-identical with the overlap on and off; the old extended path (``REGIONS = False``)
+equals serial too.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def stem() -> nn.Module:
 
 
 def pools() -> nn.Module:
-    """Average pools (k2s2, ceil_mode, count_include_pad both ways) and a ceil-mode max pool."""
-    return nn.Sequential(nn.AvgPool2d(2, 2), nn.Conv2d(3, 3, 3, stride=2, padding=1), nn.ReLU(),
+    """Average pools (3x3/1 with divisor_override, k2s2, ceil_mode, count_include_pad both ways)
+    and a ceil-mode max pool."""
+    return nn.Sequential(nn.AvgPool2d(3, 1, padding=1, divisor_override=5), nn.AvgPool2d(2, 2), nn.Conv2d(3, 3, 3, stride=2, padding=1), nn.ReLU(),
                          nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
                          nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
                          nn.AvgPool2d(2, 2, ceil_mode=True))
@@ -57,11 +59,12 @@ def check_names() -> list[str]:
     return names + [f"regions {stack} {g.rows}x{g.cols}" for stack in STACKS for g in GRIDS]
 
 
-def run(model: nn.Module, x: torch.Tensor, grid: TileGrid, ctx, group, overlap: bool
+def run(model: nn.Module, x: torch.Tensor, grid: TileGrid, ctx, group, overlap: bool, regions: bool = True
         ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], nn.Module]:
-    """Output, input gradient and parameter gradients of ``model`` spatialized on ``grid``."""
+    """Output, input gradient and parameter gradients of ``model`` spatialized on ``grid``
+    (``regions=False``: strided convs and pools on the extended tile, the old path)."""
     model.zero_grad(set_to_none=True)
-    spatial_conv.HALO_OVERLAP = overlap
+    spatial_conv.HALO_OVERLAP, spatial_conv.REGIONS = overlap, regions
     try:
         net = spatialize(model, grid, ctx, group)
         tile = scatter_tiles(x, grid, ctx, group).requires_grad_()
@@ -71,7 +74,7 @@ def run(model: nn.Module, x: torch.Tensor, grid: TileGrid, ctx, group, overlap: 
         full = gather_tiles(out.detach(), grid, ctx, group)
         grad_x = gather_tiles(tile.grad, grid, ctx, group)
     finally:
-        spatial_conv.HALO_OVERLAP = False
+        spatial_conv.HALO_OVERLAP, spatial_conv.REGIONS = False, True
     return full, grad_x, [p.grad.clone() for p in model.parameters()], net
 
 
@@ -115,6 +118,7 @@ def check_regions(ctx, grid: TileGrid, stack: str) -> None:
     want_out, want_gx, want_gp = serial(model, x)
     on = run(model, x, grid, ctx, group, True)
     off = run(model, x, grid, ctx, group, False)
+    extended = run(model, x, grid, ctx, group, False, regions=False)
     missed = region_layers(on[3])
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
     assert all(torch.equal(a, b) for a, b in zip(on[2], off[2]))
@@ -122,6 +126,8 @@ def check_regions(ctx, grid: TileGrid, stack: str) -> None:
     assert close(on[1], want_gx), f"input grad: max err {(on[1] - want_gx).abs().max():.3g}"
     for a, b in zip(on[2], want_gp):
         assert close(a, b), f"weight grad: max err {(a - b).abs().max():.3g}"
+    assert close(extended[0], want_out) and close(extended[1], want_gx), "extended path"
+    assert all(close(a, b) for a, b in zip(extended[2], want_gp)), "extended path: weight grads"
     assert not missed, f"extended path taken by layers {missed}"
 
 
