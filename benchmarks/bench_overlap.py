@@ -15,7 +15,8 @@ side in one run, rounds alternating the configurations:
   small boxes), overlap off and on.
 
 Printed per configuration: best forward and forward+backward seconds (slowest rank) and the
-halo exchanges' own time per forward (trace, rank 0); for the stem, per windowed layer, the
+halo exchanges' own time per forward (trace, rank 0; it includes waiting for the
+neighbour) and the bytes autograd keeps for backward (rank 0); for the stem, per windowed layer, the
 time of the extended-tile build (``HaloExchange.extend``) against receiving the strips only
 (``exchange_strips``): the per-exchange copy the region path saves. Outputs are checked
 equal across configurations.
@@ -55,10 +56,30 @@ def stem_stack() -> torch.nn.Module:
                                torch.nn.Conv2d(16, 16, 3, stride=2, padding=1))
 
 
+class SavedBytes:
+    """Bytes of the distinct storages autograd saves for backward inside ``with`` (a forward)."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        self.storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.storages.values())
+
+
 def time_configs(ctx, net: torch.nn.Module, tile: torch.Tensor, configs: Sequence[Config],
                  rounds: int) -> list[dict[str, list[float]]]:
-    """Per rank, per config label: [best forward s, best forward+backward s, halo s in a forward]."""
-    best = {label: [float("inf"), float("inf"), 0.0] for label, _, _ in configs}
+    """Per rank, per config label: [best forward s, best forward+backward s, halo s in a forward,
+    bytes saved for backward]."""
+    best = {label: [float("inf"), float("inf"), 0.0, 0.0] for label, _, _ in configs}
     outputs = {}
     try:
         for _ in range(rounds):
@@ -67,8 +88,10 @@ def time_configs(ctx, net: torch.nn.Module, tile: torch.Tensor, configs: Sequenc
                 ctx.barrier()
                 halo = ctx.tracer.totals().get("halo")
                 halo_before = halo.seconds if halo else 0.0
+                saved = SavedBytes()
                 start = time.perf_counter()
-                out = net(tile)
+                with saved.hooks():
+                    out = net(tile)
                 forward = time.perf_counter() - start
                 halo = ctx.tracer.totals().get("halo")
                 halo_seconds = (halo.seconds if halo else 0.0) - halo_before
@@ -78,7 +101,7 @@ def time_configs(ctx, net: torch.nn.Module, tile: torch.Tensor, configs: Sequenc
                 outputs[label] = out.detach()
                 entry = best[label]
                 entry[0], entry[1] = min(entry[0], forward), min(entry[1], step)
-                entry[2] = halo_seconds
+                entry[2], entry[3] = halo_seconds, saved.nbytes
                 del out
     finally:
         spatial_conv.REGIONS, spatial_conv.HALO_OVERLAP = True, False
@@ -136,12 +159,14 @@ def main() -> None:
         if ctx.rank == 0:
             print(f"\n{name}: {args.size}x{args.size}, {ctx.world_size} ranks ({grid.rows}x1), "
                   f"plane {ctx.backend}, best of {args.rounds} (slowest rank)")
-            print("| configuration | forward s | forward+backward s | halo exchanges in a forward (rank 0) s |")
-            print("|---|---:|---:|---:|")
+            print("| configuration | forward s | forward+backward s | halo exchanges in a forward (rank 0) s "
+                  "| saved for backward (rank 0) MiB |")
+            print("|---|---:|---:|---:|---:|")
             for label, _, _ in configs:
                 forward = max(r[label][0] for r in rows)
                 step = max(r[label][1] for r in rows)
-                print(f"| {label} | {forward:.3f} | {step:.3f} | {rows[0][label][2]:.4f} |")
+                print(f"| {label} | {forward:.3f} | {step:.3f} | {rows[0][label][2]:.4f} "
+                      f"| {rows[0][label][3] / 2**20:.1f} |")
             if copies:
                 print("| layer (rank 0) | extended tile built (extend) ms | strips only ms | copy saved ms |")
                 print("|---|---:|---:|---:|")
