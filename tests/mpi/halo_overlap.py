@@ -44,7 +44,8 @@ def stem() -> nn.Module:
 def pools() -> nn.Module:
     """Average pools (3x3/1 with divisor_override, k2s2, ceil_mode, count_include_pad both ways)
     and a ceil-mode max pool."""
-    return nn.Sequential(nn.AvgPool2d(3, 1, padding=1, divisor_override=5), nn.AvgPool2d(2, 2), nn.Conv2d(3, 3, 3, stride=2, padding=1), nn.ReLU(),
+    return nn.Sequential(nn.AvgPool2d(3, 1, padding=1, divisor_override=5), nn.AvgPool2d(2, 2),
+                         nn.Conv2d(3, 3, 3, stride=2, padding=1), nn.ReLU(),
                          nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
                          nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
                          nn.AvgPool2d(2, 2, ceil_mode=True))
