@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+from bench_spatial import SavedBytes  # benchmarks/ is on the path when run as a script
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.spatial import conv as spatial_conv
@@ -56,25 +57,6 @@ def stem_stack() -> torch.nn.Module:
                                torch.nn.Conv2d(16, 16, 3, stride=2, padding=1))
 
 
-class SavedBytes:
-    """Bytes of the distinct storages autograd saves for backward inside ``with`` (a forward)."""
-
-    def __init__(self) -> None:
-        self.storages: dict[int, int] = {}
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        self.storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.storages.values())
-
-
 def time_configs(ctx, net: torch.nn.Module, tile: torch.Tensor, configs: Sequence[Config],
                  rounds: int) -> list[dict[str, list[float]]]:
     """Per rank, per config label: [best forward s, best forward+backward s, halo s in a forward,
@@ -90,7 +72,7 @@ def time_configs(ctx, net: torch.nn.Module, tile: torch.Tensor, configs: Sequenc
                 halo_before = halo.seconds if halo else 0.0
                 saved = SavedBytes()
                 start = time.perf_counter()
-                with saved.hooks():
+                with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
                     out = net(tile)
                 forward = time.perf_counter() - start
                 halo = ctx.tracer.totals().get("halo")
@@ -101,7 +83,7 @@ def time_configs(ctx, net: torch.nn.Module, tile: torch.Tensor, configs: Sequenc
                 outputs[label] = out.detach()
                 entry = best[label]
                 entry[0], entry[1] = min(entry[0], forward), min(entry[1], step)
-                entry[2], entry[3] = halo_seconds, saved.nbytes
+                entry[2], entry[3] = halo_seconds, saved.total
                 del out
     finally:
         spatial_conv.REGIONS, spatial_conv.HALO_OVERLAP = True, False
