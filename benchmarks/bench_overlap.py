@@ -1,28 +1,123 @@
-"""Halo overlap: a spatial conv stack's forward with the owned tile computed while the row halos fly, vs not.
+"""Halo overlap and region convs/pools: spatial stacks' forward with and without the extended-tile copy and the overlap.
 
     MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 OMP_NUM_THREADS=1 \\
         mpiexec -n 2 python benchmarks/bench_overlap.py --size 2048 --backend mpi
     (and --backend gloo: the torch plane, whose messages progress on gloo's own threads)
 
-A 3-layer 16-channel 3x3 conv stack on 2 ranks (2 tiles on top of each other: every conv
-exchanges rows, the copy-free banded path). Rounds alternate ``spatial.conv.HALO_OVERLAP``
-on and off, side by side in one run; printed: best forward and forward+backward seconds of
-each, and the halo exchanges' own time per forward (trace, rank 0) — what overlap can hide
-at most. Outputs are checked equal both ways.
+Two stacks on 2 ranks (2 tiles on top of each other: every layer exchanges rows), side by
+side in one run, rounds alternating the configurations:
+
+* ``conv3x3``: 3 layers of 16-channel 3x3 convs (the copy-free banded path), with
+  ``spatial.conv.HALO_OVERLAP`` on and off;
+* ``stem``: a ResNet stem (conv 7x7/2 + ReLU + max pool 3x3/2 + conv 3x3/2, 16 channels):
+  the old extended path (``spatial.conv.REGIONS = False``: the tile copied into an extended
+  buffer per exchange) against the region path (interior from the owned tile, bands from
+  small boxes), overlap off and on.
+
+Printed per configuration: best forward and forward+backward seconds (slowest rank) and the
+halo exchanges' own time per forward (trace, rank 0; it includes waiting for the
+neighbour) and the bytes autograd keeps for backward (rank 0); for the stem, per windowed layer, the
+time of the extended-tile build (``HaloExchange.extend``) against receiving the strips only
+(``exchange_strips``): the per-exchange copy the region path saves. Outputs are checked
+equal across configurations.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 import torch
+from bench_spatial import SavedBytes  # benchmarks/ is on the path when run as a script
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.spatial import conv as spatial_conv
+from mpi4dl_nb.spatial.conv import SpatialConv2d
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.pool import _WindowedPool
 from mpi4dl_nb.spatial.tiles import scatter_tiles
+
+Config = tuple[str, bool, bool]   # (label, regions, overlap)
+
+
+def conv_stack() -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    cin = 3
+    for _ in range(3):
+        layers += [torch.nn.Conv2d(cin, 16, 3, padding=1), torch.nn.ReLU()]
+        cin = 16
+    return torch.nn.Sequential(*layers)
+
+
+def stem_stack() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 7, stride=2, padding=3), torch.nn.ReLU(),
+                               torch.nn.MaxPool2d(3, stride=2, padding=1),
+                               torch.nn.Conv2d(16, 16, 3, stride=2, padding=1))
+
+
+def time_configs(ctx, net: torch.nn.Module, tile: torch.Tensor, configs: Sequence[Config],
+                 rounds: int) -> list[dict[str, list[float]]]:
+    """Per rank, per config label: [best forward s, best forward+backward s, halo s in a forward,
+    bytes saved for backward]."""
+    best = {label: [float("inf"), float("inf"), 0.0, 0.0] for label, _, _ in configs}
+    outputs = {}
+    try:
+        for _ in range(rounds):
+            for label, regions, overlap in configs:
+                spatial_conv.REGIONS, spatial_conv.HALO_OVERLAP = regions, overlap
+                ctx.barrier()
+                halo = ctx.tracer.totals().get("halo")
+                halo_before = halo.seconds if halo else 0.0
+                saved = SavedBytes()
+                start = time.perf_counter()
+                with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+                    out = net(tile)
+                forward = time.perf_counter() - start
+                halo = ctx.tracer.totals().get("halo")
+                halo_seconds = (halo.seconds if halo else 0.0) - halo_before
+                out.sum().backward()
+                step = time.perf_counter() - start
+                net.zero_grad(set_to_none=True)
+                outputs[label] = out.detach()
+                entry = best[label]
+                entry[0], entry[1] = min(entry[0], forward), min(entry[1], step)
+                entry[2], entry[3] = halo_seconds, saved.total
+                del out
+    finally:
+        spatial_conv.REGIONS, spatial_conv.HALO_OVERLAP = True, False
+    first = outputs[configs[0][0]]
+    assert all(torch.allclose(o, first, rtol=1e-5, atol=1e-5) for o in outputs.values())
+    return ctx.all_gather_object(best)
+
+
+def time_copies(ctx, net: torch.nn.Module, tile: torch.Tensor, rounds: int) -> list[tuple[str, float, float]]:
+    """Per windowed layer (rank 0): best seconds of ``extend`` (strips + extended tile) and of
+    ``exchange_strips`` (strips only) on that layer's input."""
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: inputs.__setitem__(n, a[0].detach()))
+             for n, m in net.named_modules() if isinstance(m, (SpatialConv2d, _WindowedPool))]
+    with torch.no_grad():
+        net(tile)
+    for h in hooks:
+        h.remove()
+    found = []
+    for name, layer in net.named_modules():
+        if name not in inputs:
+            continue
+        (exchange,) = layer._exchanges.values()
+        times = {}
+        for label, call in (("extend", exchange.extend), ("strips", exchange.exchange_strips)):
+            best = float("inf")
+            for _ in range(rounds):
+                ctx.barrier()
+                start = time.perf_counter()
+                call(inputs[name])
+                best = min(best, time.perf_counter() - start)
+            times[label] = best
+        found.append((f"{name} {type(layer).__name__[7:]}", times["extend"], times["strips"]))
+    return found
 
 
 def main() -> None:
@@ -34,45 +129,31 @@ def main() -> None:
     torch.set_num_threads(1)
     ctx = dl.init(backend=args.backend)
     torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    cin = 3
-    for _ in range(3):
-        layers += [torch.nn.Conv2d(cin, 16, 3, padding=1), torch.nn.ReLU()]
-        cin = 16
     grid = TileGrid(ctx.world_size, 1)
-    net = spatialize(torch.nn.Sequential(*layers), grid, ctx, image_size=(args.size, args.size))
     tile = scatter_tiles(torch.randn(1, 3, args.size, args.size), grid, ctx)
-    best = {True: [float("inf"), float("inf"), 0.0], False: [float("inf"), float("inf"), 0.0]}
-    outputs = {}
-    for _ in range(args.rounds):
-        for overlap in (True, False):
-            spatial_conv.HALO_OVERLAP = overlap
-            ctx.barrier()
-            halo = ctx.tracer.totals().get("halo")
-            halo_before = halo.seconds if halo else 0.0
-            start = time.perf_counter()
-            out = net(tile)
-            forward = time.perf_counter() - start
-            halo = ctx.tracer.totals().get("halo")
-            halo_seconds = (halo.seconds if halo else 0.0) - halo_before
-            out.sum().backward()
-            step = time.perf_counter() - start
-            net.zero_grad(set_to_none=True)
-            outputs[overlap] = out.detach()
-            entry = best[overlap]
-            entry[0], entry[1] = min(entry[0], forward), min(entry[1], step)
-            entry[2] = halo_seconds
-    assert torch.equal(outputs[True], outputs[False])
-    rows = ctx.all_gather_object({k: list(v) for k, v in best.items()})
-    if ctx.rank == 0:
-        print(f"conv stack 3x16ch 3x3, {args.size}x{args.size}, {ctx.world_size} ranks ({grid.rows}x1), "
-              f"plane {ctx.backend}, best of {args.rounds} (slowest rank)")
-        print("| halo overlap | forward s | forward+backward s | halo exchanges in a forward (rank 0) s |")
-        print("|---|---:|---:|---:|")
-        for overlap in (True, False):
-            forward = max(r[overlap][0] for r in rows)
-            step = max(r[overlap][1] for r in rows)
-            print(f"| {'on' if overlap else 'off'} | {forward:.3f} | {step:.3f} | {rows[0][overlap][2]:.4f} |")
+    stacks = {"conv3x3": (conv_stack(), [("overlap on", True, True), ("overlap off", True, False)]),
+              "stem": (stem_stack(), [("extended", False, False), ("regions", True, False),
+                                      ("regions + overlap", True, True)])}
+    for name, (model, configs) in stacks.items():
+        net = spatialize(model, grid, ctx, image_size=(args.size, args.size))
+        rows = time_configs(ctx, net, tile, configs, args.rounds)
+        copies = time_copies(ctx, net, tile, args.rounds) if name == "stem" else []
+        if ctx.rank == 0:
+            print(f"\n{name}: {args.size}x{args.size}, {ctx.world_size} ranks ({grid.rows}x1), "
+                  f"plane {ctx.backend}, best of {args.rounds} (slowest rank)")
+            print("| configuration | forward s | forward+backward s | halo exchanges in a forward (rank 0) s "
+                  "| saved for backward (rank 0) MiB |")
+            print("|---|---:|---:|---:|---:|")
+            for label, _, _ in configs:
+                forward = max(r[label][0] for r in rows)
+                step = max(r[label][1] for r in rows)
+                print(f"| {label} | {forward:.3f} | {step:.3f} | {rows[0][label][2]:.4f} "
+                      f"| {rows[0][label][3] / 2**20:.1f} |")
+            if copies:
+                print("| layer (rank 0) | extended tile built (extend) ms | strips only ms | copy saved ms |")
+                print("|---|---:|---:|---:|")
+                for label, extend, strips in copies:
+                    print(f"| {label} | {extend * 1e3:.1f} | {strips * 1e3:.1f} | {(extend - strips) * 1e3:.1f} |")
     ctx.barrier()
 
 

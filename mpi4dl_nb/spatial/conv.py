@@ -12,6 +12,7 @@ from ..config import ConfigError
 from .base import SpatialLayer, SpatialRuntime, adopt
 from .geometry import LayerHalo, Window1d
 from .halo import HaloExchange
+from .regional import Params, plan_for, windowed_by_regions
 
 
 def conv_windows(conv: nn.Conv2d) -> tuple[Window1d, Window1d]:
@@ -159,10 +160,14 @@ def _edge(out: torch.Tensor, edge: str, pr: int, pc: int) -> torch.Tensor:
     return out[..., :, out.shape[-1] - pc:]
 
 
-# Halo overlap: banded convs compute the owned tile while the row halos are in flight. Off by
-# default: on one node the messages are ~1-8% of a forward and measured no gain
-# (BENCHMARKS.md section 10); worth switching on where messages take longer (networks).
+# Halo overlap: banded convs compute the owned tile, region convs/pools their interior, while
+# the row halos are in flight. Off by default: on one node the messages are ~1-8% of a forward
+# and measured no gain (BENCHMARKS.md section 10); worth switching on where messages take
+# longer (networks).
 HALO_OVERLAP = False
+# Strided/dilated/asymmetric convs and max/avg pools by regions (spatial/regional.py), not on
+# a copied extended tile; False forces the extended path (benchmarks and tests compare both).
+REGIONS = True
 
 
 class _BandedHaloConv2d(torch.autograd.Function):
@@ -272,6 +277,40 @@ def autocast_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
 
 
+class ConvPieces:
+    """A SpatialConv2d's convolution on pieces of its extended input (a ``RegionOp``)."""
+
+    pad_caps: tuple[int | None, int | None] = (None, None)
+
+    def __init__(self, conv: SpatialConv2d) -> None:
+        self.conv = conv
+        self.spans = (conv.dilation[0] * (conv.kernel_size[0] - 1) + 1,
+                      conv.dilation[1] * (conv.kernel_size[1] - 1) + 1)
+        self.strides = (conv.stride[0], conv.stride[1])
+
+    def run(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]) -> torch.Tensor:
+        weight, bias = params
+        assert weight is not None
+        conv = self.conv
+        return F.conv2d(piece, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
+
+    def run_saving(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.run(piece, params, padding), None
+
+    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: tuple[int, int],
+              mask: list[bool], saved: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list]:
+        weight, bias = params
+        assert weight is not None
+        conv, has_bias = self.conv, bias is not None
+        wanted = [mask[0], mask[1], has_bias and mask[2]]
+        grad_in, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad, piece, weight, [weight.shape[0]] if has_bias else None, list(conv.stride),
+            list(padding), list(conv.dilation), False, [0, 0], conv.groups, wanted)
+        return (grad_in if wanted[0] else None,
+                [grad_w if wanted[1] else None, grad_b if wanted[2] else None])
+
+
 def conv_after_exchange(conv: SpatialConv2d, x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
     """``conv`` on the owned tile ``x`` through ``exchange`` (memory-lean autograd)."""
     if exchange.identity:
@@ -280,6 +319,11 @@ def conv_after_exchange(conv: SpatialConv2d, x: torch.Tensor, exchange: HaloExch
     pads = band_paddings(conv, exchange)
     if pads is not None:
         return _BandedHaloConv2d.apply(x, weight, bias, conv, exchange, pads)
+    if REGIONS:
+        op = ConvPieces(conv)
+        plan = plan_for(op, exchange)
+        if plan is not None:
+            return windowed_by_regions(x, op, exchange, plan, HALO_OVERLAP, (weight, bias))
     return _HaloConv2d.apply(x, weight, bias, conv, exchange)
 
 

@@ -16,9 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
+from . import conv as spatial_conv
 from .base import SpatialLayer, SpatialRuntime, adopt
 from .geometry import AxisExchange, Box, LayerHalo, Window1d, _pair
+from .halo import HaloExchange
 from .reduce import replicated_sum
+from .regional import Params, plan_for, windowed_by_regions
 
 
 def pool_windows(pool: nn.MaxPool2d | nn.AvgPool2d, dilation: int | Sequence[int] = 1
@@ -57,11 +60,55 @@ class _WindowedPool(SpatialLayer):
         rows, cols = self.sized_windows(height, width)
         return LayerHalo.for_windows(self.runtime.grid, height, width, rows, cols, self.layer_name)
 
-    def _exchanged(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    def pool(self, y: torch.Tensor, padding: tuple[int, int] = (0, 0)) -> torch.Tensor:
+        """The window op with symmetric native ``padding`` (average: divided by the kernel area)."""
+        raise NotImplementedError
+
+    def pool_saving(self, y: torch.Tensor, padding: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``pool``, and what ``pool_grad`` needs besides ``y`` (max pooling: the argmax)."""
+        return self.pool(y, padding), None
+
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+                  saved: torch.Tensor | None) -> torch.Tensor:
+        """Gradient of ``pool(y, padding)`` w.r.t. ``y``."""
+        raise NotImplementedError
+
+    def _pooled(self, x: torch.Tensor) -> tuple[torch.Tensor, HaloExchange]:
+        """``pool`` on the extended tile (by regions when it has an interior), and the exchange."""
         size = self.runtime.input_size(self, x)
         exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size),
                                                                     self.pad_value))
-        return exchange(x), size
+        if spatial_conv.REGIONS and not exchange.identity:
+            op = PoolPieces(self)
+            plan = plan_for(op, exchange)
+            if plan is not None:
+                return windowed_by_regions(x, op, exchange, plan, spatial_conv.HALO_OVERLAP), exchange
+        return self.pool(exchange(x)), exchange
+
+
+class PoolPieces:
+    """A spatial pool's window op on pieces of its extended input (a ``RegionOp``). Max pooling
+    keeps the interior's argmax (as autograd would) and recomputes the small bands' (the
+    same argmax: each window is scanned in the same order as on the extended tile)."""
+
+    def __init__(self, layer: _WindowedPool) -> None:
+        self.layer = layer
+        rows, cols = layer.windows
+        self.spans = (rows.span, cols.span)
+        self.strides = (rows.stride, cols.stride)
+        # PyTorch pools accept a native padding of at most half the kernel
+        self.pad_caps: tuple[int | None, int | None] = (rows.kernel // 2, cols.kernel // 2)
+
+    def run(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]) -> torch.Tensor:
+        return self.layer.pool(piece, padding)
+
+    def run_saving(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.layer.pool_saving(piece, padding)
+
+    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: tuple[int, int],
+              mask: list[bool], saved: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list]:
+        return (self.layer.pool_grad(grad, piece, padding, saved) if mask[0] else None), []
 
 
 class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
@@ -78,15 +125,31 @@ class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
         new.windows = pool_windows(pool, pool.dilation)
         return new
 
-    def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-        """The pooling on an input that already holds its halo and -inf padding."""
+    def pool(self, y: torch.Tensor, padding: tuple[int, int] = (0, 0)) -> torch.Tensor:
         rows, cols = self.windows
-        return F.max_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), 0,
+        return F.max_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), padding,
                             (rows.dilation, cols.dilation))
 
+    def _args(self, padding: tuple[int, int]) -> tuple[list[int], ...]:
+        rows, cols = self.windows
+        return ([rows.kernel, cols.kernel], [rows.stride, cols.stride], list(padding),
+                [rows.dilation, cols.dilation])
+
+    def pool_saving(self, y: torch.Tensor, padding: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, argmax = torch.ops.aten.max_pool2d_with_indices(y, *self._args(padding), False)
+        return out, argmax
+
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+                  saved: torch.Tensor | None) -> torch.Tensor:
+        argmax = saved if saved is not None else self.pool_saving(y, padding)[1]
+        return torch.ops.aten.max_pool2d_with_indices_backward(grad, y, *self._args(padding), False, argmax)
+
+    def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+        """The pooling on an input that already holds its halo and -inf padding."""
+        return self.pool(y)
+
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, _ = self._exchanged(x)
-        return self.apply_padded(y)
+        return self._pooled(x)[0]
 
 
 class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
@@ -115,22 +178,36 @@ class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
             self._counts[key] = counts
         return counts
 
+    def pool(self, y: torch.Tensor, padding: tuple[int, int] = (0, 0)) -> torch.Tensor:
+        rows, cols = self.windows
+        return F.avg_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), padding)
+
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+                  saved: torch.Tensor | None) -> torch.Tensor:
+        rows, cols = self.windows
+        return torch.ops.aten.avg_pool2d_backward(grad, y, [rows.kernel, cols.kernel],
+                                                  [rows.stride, cols.stride], list(padding), False, True, None)
+
+    def divided(self, out: torch.Tensor, shape: tuple[int, int],
+                inside: tuple[int, int, int, int] | None) -> torch.Tensor:
+        """``pool`` of an input of ``shape`` (halo and zero padding held) divided as the layer
+        divides: ``inside`` is the in-image part of the input (local coordinates)."""
+        rows, cols = self.windows
+        if self.divisor_override:
+            return out * (rows.kernel * cols.kernel / self.divisor_override)
+        if inside is not None and inside != (0, shape[0], 0, shape[1]):
+            return out / self._window_counts(shape, inside, out)
+        return out
+
     def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
         """The pooling on an input that already holds its halo and zero padding;
         ``inside`` is the in-image part of ``y`` (local coordinates), for the divisor."""
-        rows, cols = self.windows
-        out = F.avg_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), 0)
-        if self.divisor_override:
-            return out * (rows.kernel * cols.kernel / self.divisor_override)
-        height, width = y.shape[-2:]
-        if inside is not None and inside != (0, height, 0, width):
-            return out / self._window_counts((height, width), inside, out)
-        return out
+        return self.divided(self.pool(y), (y.shape[-2], y.shape[-1]), inside)
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, size = self._exchanged(x)
-        view = self._exchanges[size].geometry.tile(self.runtime.tile)
-        return self.apply_padded(y, self.counted_box(view.rows, view.cols))
+        out, exchange = self._pooled(x)
+        shape = (exchange.rows.needed_len, exchange.cols.needed_len)
+        return self.divided(out, shape, self.counted_box(exchange.rows, exchange.cols))
 
     def counted_box(self, rows: AxisExchange, cols: AxisExchange) -> tuple[int, int, int, int]:
         """The part of the exchanged input a window's divisor counts, in local coordinates:

@@ -1,12 +1,13 @@
-"""Halo overlap (banded convs computing the owned tile while row halos fly) is exact, on both planes."""
+"""Halo overlap and region convs/pools (strided, dilated, max/avg pools, ceil_mode) equal serial, on both planes."""
 
 from __future__ import annotations
 
 import pytest
 
-CHECKS = ["overlap 2x1", "overlap 1x2"]
+from tests.mpi import halo_overlap
 
 
 @pytest.mark.parametrize("backend", ["auto", "gloo"])
-def test_overlap_equals_plain_order_and_serial(mpirun, backend):
-    mpirun(2, "halo_overlap", f"--backend={backend}", timeout=200, checks=CHECKS)
+def test_overlap_and_regions_equal_serial(mpirun, backend):
+    mpirun(4, "halo_overlap", f"--backend={backend}", timeout=200,
+           checks=halo_overlap.check_names())
