@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ...comm.allocator import tune_malloc
 from ...comm.messages import as_items
 from ...comm.protocol import Comm
 from ...pipeline.bn_replay import RunningStatsLedger
@@ -188,6 +189,8 @@ class LayerTimer:
 
     def _measure(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
                  tile: int, loss: Loss | None) -> LayerTime:
+        if self.device.type == "cpu":
+            tune_malloc()    # as the engines run (dl.init): freed activations reused, no page faults
         threads = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
