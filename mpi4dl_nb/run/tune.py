@@ -121,6 +121,7 @@ def measure_one_process(ctx: Comm, spec: ModelSpec, image_size: int, batch_size:
             result = Measured(statistics.median(seconds), tuple(seconds), (peak,))
         finally:
             torch.set_num_threads(before)
+    ctx.barrier()   # the other ranks wait in the plane's wait mode, not polling a core rank 0 measures on
     measured = ctx.bcast_object(result, root=0)
     assert isinstance(measured, Measured)
     return measured

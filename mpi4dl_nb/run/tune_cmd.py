@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(planned.suggestions.table() if planned.suggestions is not None else "", flush=True)
         except ValueError as err:
             failure = str(err)
+    ctx.barrier()   # the others wait here in the plane's wait mode (an object broadcast would poll a core)
     knobs = ctx.bcast_object(None if planned is None else [r.cfg.as_dict() for r in planned.candidates
                                                               if r.cfg is not None])
     failure = ctx.bcast_object(failure)
