@@ -200,7 +200,7 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
     per_product = float(ctx.all_reduce(mine).item()) / ctx.world_size
     count = max(1, round(work_seconds / max(per_product, 1e-9)))
     flag = torch.zeros(1)
-    free, meeting = float("inf"), float("inf")
+    best = {False: float("inf"), True: float("inf")}     # with meetings? -> best seconds
     for _ in range(repeats):
         for with_meetings in (False, True):
             ctx.barrier()
@@ -211,8 +211,8 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
                     if with_meetings:
                         ctx.all_reduce(flag, group=group)
             ctx.barrier()
-            took = time.perf_counter() - start
-            free, meeting = (free, min(meeting, took)) if with_meetings else (min(free, took), meeting)
+            best[with_meetings] = min(best[with_meetings], time.perf_counter() - start)
+    free, meeting = best[False], best[True]
     return float(ctx.bcast_object(max(0.0, (meeting - free) / rounds), root=0))
 
 
