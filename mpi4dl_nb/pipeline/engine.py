@@ -290,9 +290,7 @@ class HybridEngine:
             raise
         chunk = batch // self.cfg.batch_divisor
         for inst in self.instances.values():
-            inst.canonical.train()
-            inst.module.train()
-            inst.canonical.zero_grad(set_to_none=True)
+            inst.start_training()
         self._step = self.runtime.steps(data, chunk)
 
     def next_action(self) -> Action | None:

@@ -43,6 +43,10 @@ class StageInstance:
     def __post_init__(self) -> None:
         self.ledger = RunningStatsLedger(self.module)
 
+    def start_training(self) -> None:
+        """Set this copy up for a training step (``start_training``)."""
+        start_training(self.canonical, self.module)
+
     def silent_parameters(self) -> set[int]:
         """Parameters whose gradient this copy must not add to the stage sum: on a spatial
         stage's tiles other than 0, those used on replicated tensors (full gradient on each tile)."""
@@ -51,6 +55,16 @@ class StageInstance:
         from ..spatial.convert import tile_replicated_parameters
 
         return {id(p) for p in tile_replicated_parameters(self.module)}
+
+
+def start_training(canonical: nn.Module, module: nn.Module) -> None:
+    """Train mode on a stage and its running twin, gradients dropped. ``train()`` walks and sets
+    every submodule (~2 ms for AmoebaNet's 500): it is called only when some module is not in
+    train mode already - the same result, without the walk on every step."""
+    for root in (canonical,) if module is canonical else (canonical, module):
+        if not all(m.training for m in root.modules()):
+            root.train()
+    canonical.zero_grad(set_to_none=True)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -219,25 +220,111 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
 LONG_WORK, SHORT_WORK = 1e-3, 0.25e-3    # seconds of work between the meetings ``calibrate_job`` times
 
 
+def _layer_work() -> Callable[[], None]:
+    """A few conv layers' forward and backward: work that touches memory like a stage does."""
+    generator = torch.Generator().manual_seed(0)
+    convs = [nn.Conv2d(16, 16, 3, padding=1) for _ in range(2)]
+    x = torch.randn(2, 16, 64, 64, generator=generator)
+
+    def run() -> None:
+        y = x
+        for conv in convs:
+            y = torch.relu(conv(y))
+        y.sum().backward()
+    return run
+
+
+def waiting_slowdown(ctx: Comm, work_seconds: float = 20e-3, repeats: int = 5) -> float:
+    """How much longer the ranks computing take while the others wait for them in the data
+    plane's wait mode (``ctx.barrier``) than while the others sleep. As many ranks compute as
+    the node has cores (leaving one rank at least to wait): >1 when the waiters' wake-ups and
+    tests displace computing ranks on shared cores, ~1 with a core per rank. Slowest computing
+    rank, median over ``repeats`` rounds of the two side by side. Collective; every rank gets it."""
+    from ..comm.waiting import node_cores
+
+    if ctx.world_size < 2:
+        return 1.0
+    computing = ctx.rank < min(node_cores(), ctx.world_size - 1)
+    work = _layer_work()
+    once = 0.0
+    if ctx.rank == 0:
+        work()
+        start = time.perf_counter()
+        work()
+        once = max(time.perf_counter() - start, 1e-6)
+    count, nap = ctx.bcast_object((max(1, round(work_seconds / once)) if once else 1, 3 * work_seconds), root=0)
+    if computing:
+        work()
+    rounds: list[tuple[float, float]] = []      # (others asleep, others waiting): this rank's seconds
+    for _ in range(repeats):
+        pair = []
+        for waiting in (False, True):
+            ctx.barrier()
+            if computing:
+                start = time.perf_counter()
+                for _ in range(count):
+                    work()
+                pair.append(time.perf_counter() - start)
+            elif not waiting:       # asleep well past the work: nothing polls meanwhile
+                time.sleep(nap)
+            ctx.barrier()
+        rounds.append((pair[0], pair[1]) if pair else (0.0, 0.0))
+    everyone = [r for r in ctx.all_gather_object(rounds if computing else None) if r is not None]
+    ratios = [max(r[i][1] for r in everyone) / max(r[i][0] for r in everyone) for i in range(repeats)]
+    return max(1.0, statistics.median(ratios))     # rounds side by side: a slow spell hits both halves
+
+
+def payload_seconds(ctx: Comm, repeats: int = 21, peers: tuple[int, int] = (0, 1)) -> float:
+    """One-way seconds of a one-element payload between ranks ``peers`` through the engine's
+    own hand-off path (``isend_payload``: header + tensor, ``recv_payload``), median of a
+    ping-pong: the fixed cost of every activation or gradient hand-off. Collective; every
+    rank gets it (0.0 on one rank)."""
+    from ..comm.messages import isend_payload, recv_payload
+
+    if ctx.world_size < 2:
+        return 0.0
+    a, b = peers
+    seconds = 0.0
+    if ctx.rank in (a, b):
+        other = b if ctx.rank == a else a
+        payload = torch.zeros(1, device=ctx.device)
+        runs = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for turn in (a, b):
+                if ctx.rank == turn:
+                    ctx.wait_all(isend_payload(ctx, payload, other, 11))
+                else:
+                    recv_payload(ctx, other, 11, ctx.device)
+            runs.append((time.perf_counter() - start) / 2)
+        seconds = statistics.median(runs[1:])
+    return float(ctx.bcast_object(seconds, root=a))
+
+
 @dataclass(frozen=True)
 class JobCalibration:
     """What the time model takes from the running job: ping-pong (bytes, seconds) points,
     the cost of a meeting of two ranks while the others wait (``pair_seconds``) and of all
     ranks at once with long and short work between meetings (``crowd_seconds``,
-    ``crowd_short_seconds``; ``meeting_cost``), and the torch threads of rank 0."""
+    ``crowd_short_seconds``; ``meeting_cost``), the torch threads of rank 0, and how much
+    slower the ranks filling the cores compute while the others wait (``waiting_slowdown``),
+    and the one-way time of a tiny payload through the engine's hand-off path (``payload_seconds``)."""
 
     points: tuple[tuple[int, float], ...]
     pair_seconds: float
     crowd_seconds: float           # with LONG_WORK seconds of work between meetings
     crowd_short_seconds: float     # with SHORT_WORK
     threads: int
+    waiting_slowdown: float = 1.0  # computing ranks beside the others waiting (``waiting_slowdown``)
+    payload_seconds: float = 0.0   # one-way time of a tiny hand-off payload (``payload_seconds``)
 
 
 def calibrate_job(ctx: Comm) -> JobCalibration:
-    """``ping_pong`` + ``meeting_cost`` (two ranks, all ranks) + torch threads on the job of
-    ``ctx`` (collective)."""
+    """``ping_pong`` + ``meeting_cost`` (two ranks, all ranks) + torch threads +
+    ``waiting_slowdown`` + ``payload_seconds`` on the job of ``ctx`` (collective)."""
     points = tuple(ping_pong(ctx))
     pair = meeting_cost(ctx, ranks=(0, 1), work_seconds=LONG_WORK) if ctx.world_size > 1 else 0.0
     crowd = meeting_cost(ctx, work_seconds=LONG_WORK)
     crowd_short = meeting_cost(ctx, work_seconds=SHORT_WORK, rounds=60)
-    return JobCalibration(points, pair, crowd, crowd_short, int(ctx.bcast_object(torch.get_num_threads(), root=0)))
+    return JobCalibration(points, pair, crowd, crowd_short, int(ctx.bcast_object(torch.get_num_threads(), root=0)),
+                          waiting_slowdown(ctx), payload_seconds(ctx))

@@ -1,5 +1,6 @@
 """The job calibration the time model takes from the ranks: ping-pong points, the costs of a
-meeting of two ranks and of all ranks, the ranks' torch threads; every rank gets the same."""
+meeting of two ranks and of all ranks, the ranks' torch threads, the slowdown of computing beside
+waiting ranks; every rank gets the same."""
 
 from __future__ import annotations
 
@@ -29,12 +30,16 @@ def main(check: Checks) -> None:
         for value in (calibration.pair_seconds, calibration.crowd_seconds, calibration.crowd_short_seconds):
             assert math.isfinite(value) and 0 <= value < 0.1, calibration
         assert calibration.threads == torch.get_num_threads() == 1
+        assert math.isfinite(calibration.waiting_slowdown) and 1.0 <= calibration.waiting_slowdown < 10, calibration
+        assert 0 < calibration.payload_seconds < 0.1, calibration
     with check("network from calibration"):
         network = network_of(calibration)
         assert network.latency > 0 and network.bandwidth > 0
         assert network.meeting == calibration.pair_seconds
         assert network.sync == max(0.0, calibration.crowd_seconds - calibration.pair_seconds)
         assert network.sync_short == max(0.0, calibration.crowd_short_seconds - calibration.pair_seconds)
+        assert network.waiting_slowdown == calibration.waiting_slowdown
+        assert 0 <= network.handoff < calibration.payload_seconds
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate
 from mpi4dl_nb.notebook.planner.suggest import one_knob_variants
 from mpi4dl_nb.notebook.planner.timing import LayerTime, LayerTimer
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
+from mpi4dl_nb.run.measure import JobCalibration
 
 
 def unit_costs(cfg, forward=1.0, backward=2.0):
@@ -110,8 +111,10 @@ def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
         return slow.seconds - base.seconds
 
     sp4 = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
-    crowded = extra(sp4, cores=2)            # 4 tiles on 2 cores: every meeting pays 1 ms
-    assert crowded / 1e-3 == pytest.approx(round(crowded / 1e-3)) and round(crowded / 1e-3) >= 10
+    crowded = extra(sp4, cores=2)            # 4 of the 5 ranks on 2 cores: a meeting pays 2/3 of 1 ms
+    meetings = crowded / (2 / 3 * 1e-3)
+    assert meetings == pytest.approx(round(meetings)) and round(meetings) >= 10
+    assert extra(sp4, cores=1) / meetings == pytest.approx(3 / 4 * 1e-3)    # 4 ranks, 3 beyond 1 core of 4
     assert extra(sp4, cores=4) == pytest.approx(0.0, abs=1e-12)
     assert extra(sp4, cores=None) == pytest.approx(0.0, abs=1e-12)
     sp2 = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
@@ -188,7 +191,6 @@ def test_one_knob_variants_change_exactly_one_knob_on_the_same_ranks():
 def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest_that_fits():
     from mpi4dl_nb.notebook.planner.tune import Tuner
     from mpi4dl_nb.run import tune
-    from mpi4dl_nb.run.measure import JobCalibration
 
     spec = tune.ModelSpec("resnet", 11, 8)
     layers = spec.build()
@@ -221,3 +223,114 @@ def test_job_calibration_on_three_ranks(mpirun):
     from tests.mpi.calibration import CHECKS
 
     mpirun(3, "calibration", timeout=120, checks=CHECKS)
+
+
+def test_computing_beside_waiting_ranks_is_slower_in_proportion_to_them():
+    def end(cfg, **kw):
+        return max(t.end for t in simulate(build_schedule(cfg), unit_costs(cfg), lambda a: 0.0, **kw))
+
+    lp = ParallelConfig(split_size=2, spatial_size=0)
+    assert end(lp, cores=2) == pytest.approx(6.0)
+    assert end(lp, cores=2, waiting_slowdown=2.0) == pytest.approx(12.0)   # one computes, the other waits
+    assert end(lp, cores=None, waiting_slowdown=2.0) == pytest.approx(6.0)  # a device each: no shared core
+    dp = ParallelConfig(split_size=1, spatial_size=0, data_parallel=2)     # both always compute: no change
+    assert end(dp, cores=2, waiting_slowdown=2.0) == pytest.approx(3.0)
+    lp4 = ParallelConfig(split_size=4, spatial_size=0)    # measured with 2 computing + 2 waiting on 2 cores
+    base = end(lp4, cores=2)
+    assert end(lp4, cores=2, waiting_slowdown=1.5) == pytest.approx(1.5 * base)   # 3 wait: capped at 1.5x
+
+
+def test_hand_offs_cost_each_side_its_own_work_before_and_after_the_wire():
+    lp = ParallelConfig(split_size=2, spatial_size=0)
+    base = unit_costs(lp)
+
+    def with_handoff(action):
+        return Cost(0.25) if action.kind.is_p2p else base(action)
+    ends = simulate(build_schedule(lp), with_handoff, lambda a: 0.5)
+    # F0, send (0.25), wire (0.5), receive (0.25), F1, B1, send, wire, receive, B0
+    assert max(t.end for t in ends) == pytest.approx(1 + 0.25 + 0.5 + 0.25 + 1 + 2 + 0.25 + 0.5 + 0.25 + 2)
+    assert ends[0].compute == pytest.approx(1 + 0.25 + 0.25 + 2) and ends[1].compute == pytest.approx(3.5)
+    net = planner.network_of(JobCalibration(((4, 1e-4), (1 << 20, 1e-3)), 0.0, 0.0, 0.0, 1, 1.0, 5e-4))
+    assert net.handoff == pytest.approx((5e-4 - 2 * net.message(4)) / 2)
+    assert "hand-off" in net.describe()
+
+
+def test_step_setup_delays_each_rank_and_counts_as_compute():
+    lp = ParallelConfig(split_size=2, spatial_size=0)
+    plain = simulate(build_schedule(lp), unit_costs(lp), lambda a: 0.0)
+    late = simulate(build_schedule(lp), unit_costs(lp), lambda a: 0.0, start=lambda rank: 0.5 * (rank + 1))
+    # rank 1 waits for rank 0's forward anyway (its own set-up fits in that wait): + 0.5 only
+    assert max(t.end for t in late) == pytest.approx(max(t.end for t in plain) + 0.5)
+    assert [t.compute - p.compute for t, p in zip(late, plain)] == pytest.approx([0.5, 1.0])
+    assert late[1].spans[0] == (0.0, 1.0, "setup")
+
+
+class BookkeepingTimer(FlopTimer):
+    """FlopTimer with fixed per-layer bookkeeping terms."""
+
+    def _measure(self, layer, shapes, dtype, role, tile, loss):
+        flops = super()._measure(layer, shapes, dtype, role, tile, loss)
+        return LayerTime(flops.forward, flops.backward, optimizer=1e-3, replay=2e-3, replay_chunk=0.5e-3,
+                         gradients=1e-3, setup=0.25e-3, terms_exchange=0.75e-3)
+
+
+def test_gradient_action_replays_every_chunk_and_exchanges_terms_between_holders(resnet):
+    """The engine's all-reduce action flattens the gradients of every copy of the stage a rank
+    holds and replays the BatchNorm terms of every chunk of the batch (exchanged first when
+    several ranks hold the stage); the optimizer step updates every copy; each copy is set up."""
+    from mpi4dl_nb.layout import stage_holders
+    from mpi4dl_nb.notebook.planner import step_time
+
+    one = LayerTime(0, 0, optimizer=1e-3, replay=2e-3, replay_chunk=0.5e-3, gradients=1e-3, terms_exchange=0.75e-3)
+    assert one.reduction(1) == pytest.approx(3e-3) and one.reduction(4) == pytest.approx(4.5e-3)
+    assert one.reduction(2, holders=2) == pytest.approx(3.5e-3 + 1.5e-3) and one.bookkeeping == 3e-3
+    captured = {}
+
+    def capture(schedule, cost, message, cores, start, *rest):
+        captured.update(cost=cost, schedule=schedule, start=start)
+        return simulate(schedule, cost, message, cores, start, *rest)
+
+    node, net = planner.Node(cores=None, copy_bandwidth=1e12), planner.Network(1e-5, 1e9)
+    for cfg, chunks, copies in ((ParallelConfig(split_size=3, spatial_size=0, parts=2), 2, 3),
+                                (ParallelConfig(split_size=3, spatial_size=0, times=1), 2, 6)):
+        real = step_time.simulate
+        step_time.simulate = capture
+        try:
+            planner.predict_step_time(resnet, cfg, 64, 2, timer=BookkeepingTimer(), node=node, network=net)
+        finally:
+            step_time.simulate = real
+        costs = captured["cost"]
+        for rank in range(cfg.world_size):
+            actions = captured["schedule"].actions(rank)
+            layers = {a.stage: costs.model.bounds[a.stage + 1] - costs.model.bounds[a.stage]
+                      for a in actions if a.kind is ActionKind.ALLREDUCE}
+            for action in (a for a in actions if a.kind is ActionKind.ALLREDUCE):
+                holders = len(stage_holders(cfg, action.stage))
+                per_layer = one.reduction(chunks, holders)
+                held = costs.held[rank].count(action.stage)
+                assert costs(action).work == pytest.approx(held * layers[action.stage] * per_layer)
+            optim = next(a for a in actions if a.kind is ActionKind.OPTIM)
+            held_layers = sum(costs.model.bounds[s + 1] - costs.model.bounds[s] for s in costs.held[rank])
+            assert costs(optim).work == pytest.approx(held_layers * 1e-3)
+            assert captured["start"](rank) == pytest.approx(held_layers * 0.25e-3)
+        assert sum(len(h) for h in costs.held.values()) == copies      # GEMS: every rank holds two copies
+
+
+def test_start_training_skips_the_walk_only_when_every_module_trains():
+    from mpi4dl_nb.pipeline.runtime import start_training
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.ReLU())
+    model(torch.randn(2, 1, 5, 5)).sum().backward()
+    model[1].eval()
+    start_training(model, model)
+    assert all(m.training for m in model.modules()) and all(p.grad is None for p in model.parameters())
+
+    class FrozenNorm(torch.nn.Sequential):      # a train() override keeps the norm in eval: still honoured
+        def train(self, mode=True):
+            super().train(mode)
+            self[1].eval()
+            return self
+    frozen = FrozenNorm(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+    frozen.eval()
+    start_training(frozen, frozen)
+    assert frozen.training and not frozen[1].training

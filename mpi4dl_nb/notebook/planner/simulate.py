@@ -7,9 +7,12 @@ than cores slow each other down; with ``cores=None`` every rank has its own devi
 group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
 ranks reached it and ends for all of them together, after each rank's work and a fixed
 ``delay`` (wire time; waiting ranks use no core; plus the ``crowded`` share of the work
-done while more ranks compute than there are cores). Sends cost their sender nothing and arrive
-``delay`` later; a receive waits for its message. The result: when each rank finished, and
-how long it computed, waited and communicated.
+done while more ranks compute than there are cores, scaled by how many more). A send costs
+its sender its ``work`` (the hand-off's own work; often 0), then arrives ``message`` later; a
+receive waits for its message, then costs its ``work``. Each rank may start late by
+``start(rank)`` (setting the step up). Computing beside waiting ranks is slower by the job's
+measured ``waiting_slowdown``, in proportion to the ranks waiting. The result: when each rank
+finished, and how long it computed, waited and communicated.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ class Cost:
     (the tiles of one spatial op, an all-reduce); None for a rank's own action. ``crowded``:
     added to ``delay`` in proportion to the share of ``work`` done while more ranks compute
     than there are cores (the members' meetings - halo exchanges, BatchNorm sums - spread
-    over the work then find ranks descheduled).
+    over the work then find ranks descheduled), as measured with every rank computing; fewer
+    ranks beyond the cores pay proportionally less (``_Replay.crowding``).
     """
 
     work: float = 0.0
@@ -67,13 +71,16 @@ class _Replay:
     """State of one simulated step (see ``simulate``)."""
 
     def __init__(self, schedule: Schedule, cost: Callable[[Action], Cost],
-                 message: Callable[[Action], float], cores: int | None) -> None:
+                 message: Callable[[Action], float], cores: int | None,
+                 start: Callable[[int], float] | None = None, waiting_slowdown: float = 1.0) -> None:
         self.lists = [schedule.actions(r) for r in range(len(schedule.per_rank))]
         self.cost, self.message, self.cores = cost, message, cores
+        self.waiting_slowdown = waiting_slowdown
         count = len(self.lists)
         self.position = [0] * count
-        self.free_at = [0.0] * count
-        self.timelines = [RankTimeline(r) for r in range(count)]
+        self.free_at = [start(r) if start is not None else 0.0 for r in range(count)]
+        self.timelines = [RankTimeline(r, compute=t, spans=[(0.0, t, "setup")] if t else [])
+                          for r, t in enumerate(self.free_at)]
         self.arrivals: dict[tuple[int | None, int | None, int], list[float]] = {}   # (from, to, tag)
         self.taken: dict[tuple[int | None, int | None, int], int] = {}
         self.gathering: dict[Hashable, dict[int, Action]] = {}
@@ -96,8 +103,11 @@ class _Replay:
         action = self.lists[rank][self.position[rank]]
         kind = action.kind
         if kind.is_p2p and kind.is_send:
-            self.arrivals.setdefault((rank, action.peer, action.tag), []).append(
-                self.now + self.message(action))
+            work = self.cost(action).work
+            if work > EPS:                         # the sender's own work, then the message leaves
+                self.running[rank] = _Running(rank, action, work, 0.0, None, self.now)
+                return True
+            self.send(action)
             self.position[rank] += 1
             return True
         if kind.is_p2p:
@@ -110,6 +120,10 @@ class _Replay:
                 self.wait(rank, sent[index])
                 return False
             self.taken[key] = index + 1
+            work = self.cost(action).work
+            if work > EPS:                         # the receiver's own work on the payload
+                self.running[rank] = _Running(rank, action, work, 0.0, None, self.now)
+                return True
             self.position[rank] += 1
             return True
         c = self.cost(action)
@@ -130,7 +144,14 @@ class _Replay:
             del self.gathering[c.group]
         return True
 
+    def send(self, action: Action) -> None:
+        """``action``'s message leaves now: it arrives ``message(action)`` later."""
+        self.arrivals.setdefault((action.rank, action.peer, action.tag), []).append(
+            self.now + self.message(action))
+
     def finish(self, run: _Running) -> None:
+        if run.action.kind.is_p2p and run.action.kind.is_send:
+            self.send(run.action)
         timeline = self.timelines[run.rank]
         timeline.compute += self.now - run.start
         timeline.wire += run.delay
@@ -138,9 +159,27 @@ class _Replay:
         self.free_at[run.rank] = self.now + run.delay
         self.position[run.rank] += 1
 
+    def crowding(self, computing: int) -> float:
+        """How crowded the cores are with ``computing`` ranks running: 0 up to one rank per core,
+        1 with every rank of the step running (where ``Cost.crowded`` was measured), linear between."""
+        if self.cores is None or computing <= self.cores:
+            return 0.0
+        return min(1.0, (computing - self.cores) / max(1, len(self.lists) - self.cores))
+
+    def beside_waiting(self, computing: int) -> float:
+        """Slowdown of the computing ranks from the others waiting on shared cores (their
+        wake-ups): ``waiting_slowdown`` was measured with the cores busy and every other rank
+        waiting; fewer waiting ranks cost proportionally less; a device per rank nothing."""
+        if self.cores is None or self.waiting_slowdown <= 1.0 or not computing:
+            return 1.0
+        count = len(self.lists)
+        measured_waiters = count - min(self.cores, count - 1)
+        return 1.0 + (self.waiting_slowdown - 1.0) * min(1.0, (count - computing) / max(1, measured_waiters))
+
     def advance(self) -> None:
         computing = list(self.running.values())
         rate = 1.0 if self.cores is None or len(computing) <= self.cores else self.cores / len(computing)
+        rate /= self.beside_waiting(len(computing))
         events = [self.now + r.remaining / rate for r in computing]
         events += [t for t in self.free_at if t > self.now + EPS]
         events += [a for key, times in self.arrivals.items() for a in times[self.taken.get(key, 0):]
@@ -150,12 +189,12 @@ class _Replay:
                      if self.position[r] < len(self.lists[r])]
             raise RuntimeError(f"simulated schedule stalled at {self.now:.6f} s: {stuck[:4]}")
         step_to = max(self.now, min(events))
-        crowded = self.cores is not None and len(computing) > self.cores
+        crowding = self.crowding(len(computing))
         for r in computing:
             done = (step_to - self.now) * rate
             r.remaining -= done
-            if crowded:      # the meetings of this share of the work found ranks descheduled
-                r.delay += done * r.crowded_per_work
+            if crowding:      # the meetings of this share of the work found ranks descheduled
+                r.delay += done * r.crowded_per_work * crowding
         self.now = step_to
         for run in [r for r in computing if r.remaining <= EPS]:
             del self.running[run.rank]
@@ -190,11 +229,15 @@ class _Replay:
 
 
 def simulate(schedule: Schedule, cost: Callable[[Action], Cost], message: Callable[[Action], float],
-             cores: int | None = None) -> list[RankTimeline]:
+             cores: int | None = None, start: Callable[[int], float] | None = None,
+             waiting_slowdown: float = 1.0) -> list[RankTimeline]:
     """Simulated step of ``schedule``: ``cost(action)`` of compute and collective actions,
     ``message(send)`` the seconds from a send to its arrival, ``cores`` shared by all ranks
-    (None: a device each). Returns every rank's timeline."""
-    return _Replay(schedule, cost, message, cores).run()
+    (None: a device each), ``start(rank)`` the seconds before a rank's first action (setting
+    the step up; default 0), ``waiting_slowdown`` how much slower the ranks filling the cores
+    compute while the rest wait (``Network.waiting_slowdown``; fewer waiting: proportionally less).
+    Returns every rank's timeline."""
+    return _Replay(schedule, cost, message, cores, start, waiting_slowdown).run()
 
 
 def group_key(action: Action, ranks: Sequence[int], what: str) -> tuple[Hashable, ...]:

@@ -8,10 +8,15 @@ Per action of ``schedules.build_schedule(cfg)``:
   hand-off) at the device's copy speed; on a spatial stage the tiles run as one group
   and add the wire time of their halo messages and BatchNorm sums (counted in the
   footprint simulation: messages and bytes per tile);
-* sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival;
-* all-reduce: the ring formula over the stage's holders, plus flattening the gradients;
-* optimizer: the stage's layers' measured bookkeeping (SGD-with-momentum update of their
-  parameters, replay of their BatchNorm running statistics), per stage the rank holds.
+* sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival, and
+  each side's own work per payload (``Network.handoff``, calibrated on the job);
+* all-reduce: the ring formula over the stage's holders, plus the engine's local work, timed
+  per layer on its own code: gradients flattened and copied back, the BatchNorm terms of
+  every chunk of the batch replayed (packed and unpacked first when several ranks hold the
+  stage), for every copy of the stage the rank holds;
+* optimizer: the SGD-with-momentum update of every stage copy the rank holds;
+* the step's set-up (train mode, gradients dropped, BatchNorm statistics remembered) before a
+  rank's first action, and the loss summed over every rank (a meeting) after the last.
 
 ``simulate`` runs every rank's list with ranks sharing the node's cores, so bubbles, waits
 and oversubscribed cores come from the schedule itself. The result says what binds.
@@ -162,11 +167,25 @@ class _Costs:
             backward += fp.backward_traffic.meetings
         return forward, backward
 
-    def bookkeeping(self, stage: int) -> float:
-        """Seconds of the step's tail on a holder of ``stage``: optimizer update + BatchNorm replay."""
+    def _stage_times(self, stage: int) -> list[LayerTime]:
         tile = 0 if stage < self.model.cfg.spatial_size else None
-        return sum(self.layer_time(stage, index, tile)[0].bookkeeping
-                   for index in range(self.model.bounds[stage], self.model.bounds[stage + 1]))
+        return [self.layer_time(stage, index, tile)[0]
+                for index in range(self.model.bounds[stage], self.model.bounds[stage + 1])]
+
+    def optimizer(self, stage: int) -> float:
+        """Seconds of the optimizer update of one copy of ``stage``."""
+        return sum(t.optimizer for t in self._stage_times(stage))
+
+    def reduction(self, stage: int, holders: int) -> float:
+        """Local seconds of one copy's gradient/statistics action: gradients flattened and copied
+        back, BatchNorm statistics of every chunk of the global batch (exchanged between the
+        ``holders`` of the stage, replayed)."""
+        return sum(t.reduction(self.model.cfg.batch_divisor, holders) for t in self._stage_times(stage))
+
+    def setup(self, rank: int) -> float:
+        """Seconds a rank spends starting a step: train mode, gradients dropped, BatchNorm
+        statistics remembered, for every stage copy it holds."""
+        return sum(t.setup for stage in self.held[rank] for t in self._stage_times(stage))
 
     def _wire(self, traffic: Any, members: int) -> float:
         per_message = traffic.message_bytes / traffic.messages if traffic.messages else 0.0
@@ -201,14 +220,16 @@ class _Costs:
                 return Cost(work, delay + meetings * self.network.meeting, group_key(action, ranks, "tiles"),
                             len(ranks), crowded)
             return Cost(work, delay)
-        if kind is ActionKind.ALLREDUCE:
+        if kind is ActionKind.ALLREDUCE:   # every copy of the stage this rank holds, then the holders' sum
             ranks = tuple(stage_holders(cfg, action.stage))
             grad = self.model.param_count(action.stage) * _size(self.model.precision.weight_dtype)
-            work = self.copy_seconds(3 * grad)
+            work = self.held[action.rank].count(action.stage) * self.reduction(action.stage, len(ranks))
             delay = self.network.all_reduce(grad, len(ranks)) + self.network.latency * len(ranks)
             return Cost(work, delay, ("allreduce", action.dp, action.stage, ranks), len(ranks))
-        if kind is ActionKind.OPTIM:       # the optimizer update and BatchNorm replay of every stage held
-            return Cost(sum(self.bookkeeping(s) for s in self.held[action.rank]))
+        if kind is ActionKind.OPTIM:       # the optimizer update of every stage copy held
+            return Cost(sum(self.optimizer(s) for s in self.held[action.rank]))
+        if kind.is_p2p:                    # a hand-off's own work on each side (the wire: ``message``)
+            return Cost(self.network.handoff)
         return Cost()
 
     def payload_bytes(self, action: Action) -> int:
@@ -268,8 +289,9 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
             for role in roles}
     costs = _Costs(stage_model, timer, network, node, recompute, stage_ranks(cfg, roles), held)
     schedule = build_schedule(cfg)
-    timelines = simulate(schedule, costs, costs.message, node.cores)
-    seconds = max(t.end for t in timelines) + network.all_reduce(8, cfg.world_size)
+    timelines = simulate(schedule, costs, costs.message, node.cores, costs.setup, network.waiting_slowdown)
+    finish = network.all_reduce(8, cfg.world_size) + (network.meeting if cfg.world_size > 1 else 0.0)
+    seconds = max(t.end for t in timelines) + finish      # the loss summed over every rank
     handoff = sum(costs.payload_bytes(a) for a in schedule.global_order() if a.kind.is_p2p and a.kind.is_send)
     halo = 0.0
     for stage in range(cfg.spatial_size):

@@ -24,15 +24,20 @@ import torch
 from torch import nn
 
 from ...comm.allocator import tune_malloc
+from ...comm.handles import Group
 from ...comm.messages import as_items
 from ...comm.protocol import Comm
 from ...pipeline.bn_replay import RunningStatsLedger
+from ...pipeline.dataparallel import gather_terms, sum_stage_gradients
+from ...pipeline.runtime import start_training
 from ...spatial.geometry import TileGrid
-from .fake_world import FakeComm, SizeOracle
+from .fake_world import FakeComm, FakeWorld, SizeOracle
 
 if TYPE_CHECKING:
     from ...run.measure import JobCalibration
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
+
+HANDOFF_PROBE_BYTES = 4     # the payload ``run.measure.payload_seconds`` sends
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,11 @@ class Network:
     """Point-to-point cost ``latency + bytes / bandwidth`` (seconds), collectives from it, and
     what each meeting of a rank group (a halo exchange, a BatchNorm sum) costs on top:
     ``meeting`` always (noticing the others arrived), ``sync`` more while the ranks computing
-    outnumber the cores (``run.measure.meeting_cost`` of two ranks and of all ranks)."""
+    outnumber the cores (``run.measure.meeting_cost`` of two ranks and of all ranks); and
+    ``waiting_slowdown``: how much slower the ranks filling the cores compute while the other
+    ranks of the job wait in their wait mode (``run.measure.waiting_slowdown``); ``handoff``:
+    what the sender and the receiver of a stage hand-off each spend on a payload beyond the
+    two messages' wire time (header, bookkeeping; from ``run.measure.payload_seconds``)."""
 
     latency: float = 20e-6
     bandwidth: float = 5e9
@@ -49,6 +58,8 @@ class Network:
     sync_short: float | None = None    # crowded, with ``short_work`` seconds between (None: ``sync``)
     sync_work: float = 1e-3
     short_work: float = 0.25e-3
+    waiting_slowdown: float = 1.0      # ranks filling the cores compute this much slower while the rest wait
+    handoff: float = 0.0               # each side's seconds per hand-off payload beyond the wire
 
     def crowded_meeting(self, work: float) -> float:
         """Extra seconds of a meeting while ranks outnumber cores, ``work`` seconds of compute
@@ -74,7 +85,12 @@ class Network:
         text = f"latency {self.latency * 1e6:.1f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s"
         if self.meeting:
             text += f", {self.meeting * 1e3:.2f} ms per meeting"
-        return text + (f", {self.sync * 1e3:.2f} ms more per meeting of ranks sharing cores" if self.sync else "")
+        if self.sync:
+            text += f", {self.sync * 1e3:.2f} ms more per meeting of ranks sharing cores"
+        if self.handoff:
+            text += f", {self.handoff * 1e6:.0f} us per hand-off side"
+        return text + (f", compute {self.waiting_slowdown:.2f}x slower beside waiting ranks"
+                       if self.waiting_slowdown > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -132,8 +148,10 @@ def network_of(calibration: JobCalibration) -> Network:
 
     pair = calibration.pair_seconds
     network = fit_network(calibration.points, sync=max(0.0, calibration.crowd_seconds - pair), meeting=pair)
+    handoff = max(0.0, calibration.payload_seconds - 2 * network.message(HANDOFF_PROBE_BYTES)) / 2
     return replace(network, sync_short=max(0.0, calibration.crowd_short_seconds - pair),
-                   sync_work=LONG_WORK, short_work=SHORT_WORK)
+                   sync_work=LONG_WORK, short_work=SHORT_WORK, waiting_slowdown=calibration.waiting_slowdown,
+                   handoff=handoff)
 
 
 def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0, meeting: float = 0.0) -> Network:
@@ -154,12 +172,33 @@ def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0, meetin
 @dataclass(frozen=True)
 class LayerTime:
     """Seconds of one layer's forward and backward on one rank (one chunk), and of its share of
-    the step's bookkeeping: the optimizer update of its parameters (SGD with momentum) and the
-    replay of its BatchNorm running statistics (``pipeline.bn_replay``), as the engine runs them."""
+    the engine's work around them, each timed on the engine's own code: ``setup`` (train mode,
+    gradients dropped, BatchNorm statistics remembered at the step start), ``gradients``
+    (flattened for the stage's all-reduce and copied back, one holder), ``replay`` (BatchNorm
+    running statistics replayed from one chunk's terms, ``pipeline.bn_replay``) and
+    ``replay_chunk`` (each further chunk), ``optimizer`` (SGD with momentum on its parameters),
+    ``terms_exchange`` (one chunk's BatchNorm terms packed for the holders' sum and unpacked,
+    ``dataparallel.gather_terms``, when several ranks hold the stage)."""
 
     forward: float
     backward: float
-    bookkeeping: float = 0.0
+    optimizer: float = 0.0
+    replay: float = 0.0
+    replay_chunk: float = 0.0
+    gradients: float = 0.0
+    setup: float = 0.0
+    terms_exchange: float = 0.0
+
+    @property
+    def bookkeeping(self) -> float:
+        """The step's tail for one chunk: optimizer update + BatchNorm replay."""
+        return self.optimizer + self.replay
+
+    def reduction(self, chunks: int, holders: int = 1) -> float:
+        """This layer's local share of a stage's gradient/statistics action over ``chunks`` chunks
+        (``holders`` ranks hold the stage: their BatchNorm terms are exchanged too)."""
+        exchange = chunks * self.terms_exchange if holders > 1 else 0.0
+        return self.gradients + self.replay + max(0, chunks - 1) * self.replay_chunk + exchange
 
 
 class LayerTimer:
@@ -217,36 +256,62 @@ class LayerTimer:
         ledger = RunningStatsLedger(module)             # the engine's BatchNorm hooks and replay
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=1e-6, momentum=0.9) if params else None
-        forward, backward, bookkeeping = [], [], []
+        alone = FakeWorld(1).comm(0, self.device)     # one holder: its collectives return at once
+        runs: dict[str, list[float]] = {name: [] for name in _PHASES}
         for _ in range(self.repeats + 1):
+            clock = _Clock(self.device)
+            start_training(module, module)
             ledger.begin_step()
-            _sync(self.device)
-            start = time.perf_counter()
+            clock.lap(runs["setup"])
             with ledger.chunk(0):
                 out = module(x)
             if loss is not None:
                 out = loss(out)
-            _sync(self.device)
-            middle = time.perf_counter()
+            clock.lap(runs["forward"])
             outs = [o for o in as_items(out) if isinstance(o, torch.Tensor) and o.requires_grad]
             grads = [torch.ones_like(o) for o in outs]
-            _sync(self.device)
-            middle2 = time.perf_counter()
+            clock.lap()
             torch.autograd.backward(outs, grads)
-            _sync(self.device)
-            end = time.perf_counter()
+            clock.lap(runs["backward"])
+            sum_stage_gradients(alone, [module], None)
+            clock.lap(runs["gradients"])
             ledger.replay(ledger.terms)
+            clock.lap(runs["replay"])
+            ledger.replay({0: ledger.terms.get(0, []), 1: ledger.terms.get(0, [])} if ledger.terms else {})
+            clock.lap(runs["two_chunks"])
+            if ledger.terms:
+                gather_terms(alone, ledger.terms, ONE_HOLDER, ledger)
+            clock.lap(runs["terms_exchange"])
             if optimizer is not None:
                 optimizer.step()
-            _sync(self.device)
-            forward.append(middle - start)
-            backward.append(end - middle2)
-            bookkeeping.append(time.perf_counter() - end)
+            clock.lap(runs["optimizer"])
             for t in inputs:
                 t.grad = None
-            module.zero_grad(set_to_none=True)
             del out, outs, grads
-        return LayerTime(*(statistics.median(runs[1:]) for runs in (forward, backward, bookkeeping)))
+        typical = {name: statistics.median(values[1:]) for name, values in runs.items()}
+        return LayerTime(typical["forward"], typical["backward"], typical["optimizer"], typical["replay"],
+                         max(0.0, typical["two_chunks"] - typical["replay"]), typical["gradients"],
+                         typical["setup"], typical["terms_exchange"])
+
+
+_PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer")
+ONE_HOLDER = Group((0,))
+
+
+class _Clock:
+    """Laps of wall time on ``device`` (synchronised before each reading)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        _sync(device)
+        self.last = time.perf_counter()
+
+    def lap(self, into: list[float] | None = None) -> None:
+        _sync(self.device)
+        now = time.perf_counter()
+        if into is not None:
+            into.append(now - self.last)
+        self.last = now
 
 
 def slowest_tile(role: StageRole, shapes: Sequence[Shape]) -> int:
