@@ -17,6 +17,7 @@ from .identity import parse_allowed
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
     from .checkpoint import Selection
+    from .data_check import DataRole
     from .monitor import JobMonitor
 
 EXIT_SETUP = 2
@@ -295,8 +296,9 @@ class Setup:
             prepare_directory(args.checkpoint_dir, estimate_checkpoint_bytes(
                 state, len(tensors), 1 if args.momentum > 0 else 0))
 
-    def open_data(self, exclude: Sequence[Path] = ()) -> None:
-        """The dataset (without ``exclude``), refusing one-class data unless --num-classes 1."""
+    def open_data(self, exclude: Sequence[Path] = (), exclude_held_out: Sequence[Path] = ()) -> None:
+        """The dataset (without ``exclude``; --val-datapath without ``exclude_held_out``), refusing one-class
+        data unless --num-classes 1."""
         from ..data import Batcher, make_dataset
         from ..data.validate import classes_found
 
@@ -313,7 +315,7 @@ class Setup:
                               f"the folder, or a single slide), so every label would be 0; put each "
                               f"class in its own sub-folder (<datapath>/<class>/...), or pass "
                               f"--num-classes 1 to train on one class anyway")
-        train, self.val_dataset, self.held_out = held_out_data(args, dataset)
+        train, self.val_dataset, self.held_out = held_out_data(args, dataset, exclude_held_out)
         self.batcher = Batcher(train, args.batch_size, seed=args.seed)
         self.steps = args.steps if args.steps is not None else \
             args.num_epochs * self.batcher.steps_per_epoch
@@ -385,9 +387,12 @@ def check_log_dir(path: str) -> None:
         raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
 
 
-def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str]:
-    """(training set, validation set or None, the split's identity text) for --val-fraction/--val-datapath."""
+def held_out_data(args: argparse.Namespace, dataset: Any,
+                  exclude: Sequence[Path] = ()) -> tuple[Any, Any, str]:
+    """(training set, validation set or None, the split's identity text) for --val-fraction/--val-datapath
+    (without the files ``exclude``)."""
     from ..data import make_dataset
+    from ..data.pathology import require_path
     from ..evaluation.split import Subset, split_listing, stratified_split
     from .identity import digest
 
@@ -398,8 +403,10 @@ def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str
                 f"[{digest(split_listing(dataset, val))}]")
         return Subset(dataset, train), Subset(dataset, val), text
     if args.val_datapath is not None:
+        require_path(args.val_datapath, "--val-datapath")
         held = make_dataset(args.app, args.image_size, args.num_classes, datapath=args.val_datapath,
-                            seed=args.seed, slide_level=args.slide_level, min_tissue=args.min_tissue)
+                            seed=args.seed, slide_level=args.slide_level, min_tissue=args.min_tissue,
+                            exclude=exclude)
         if len(held) < args.num_classes:
             raise ConfigError("--val-datapath", f"{args.val_datapath} holds {len(held)} images, fewer than "
                               f"the {args.num_classes} classes")
@@ -409,21 +416,30 @@ def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str
     return dataset, None, "none"
 
 
-def check_data_or_exit(setup: Setup, ctx: Comm) -> list[Path]:
-    """The data check (collective); exits with EXIT_SETUP on bad files unless --skip-bad-files."""
+def check_data_or_exit(setup: Setup, ctx: Comm) -> tuple[list[Path], list[Path]]:
+    """The data check of --datapath, then --val-datapath (collective); exits with EXIT_SETUP on a missing
+    path, or on bad files unless --skip-bad-files. Returns the files to leave out of each."""
+    from .data_check import DataRole
+
+    args = setup.args
+    return (check_one_or_exit(args, ctx, args.datapath, DataRole.TRAINING),
+            check_one_or_exit(args, ctx, args.val_datapath, DataRole.VALIDATION))
+
+
+def check_one_or_exit(args: argparse.Namespace, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
+    """One path's data check: the files to skip (none), or exit with one message naming ``role``'s flag."""
     from ..data.validate import find_sources
     from .data_check import check_data
 
-    args = setup.args
     found: list[Any] = []
-    agreed(ctx, lambda: found.append(find_sources(args.app, args.datapath)))
+    agreed(ctx, lambda: found.append(find_sources(args.app, datapath, role.flag)))
     report = check_data(ctx, found[0], args.image_size, args.slide_level, progress=args.progress)
     if not report.bad:
         return []
     if not args.skip_bad_files or len(report.bad) == report.total:
-        say_once(ctx, report.refusal(args.datapath))
+        say_once(ctx, report.refusal(datapath or "", role))
         raise SystemExit(EXIT_SETUP)
-    say_once(ctx, "warning: " + report.warning())
+    say_once(ctx, "warning: " + report.warning(role))
     return report.bad_paths
 
 
@@ -431,8 +447,8 @@ def prepare(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> Setup:
     """Set-up in stages that every rank agrees on: model and checkpoint dir, data check, dataset, resume."""
     setup = Setup(args, cfg, ctx)
     agreed(ctx, setup.build_model)
-    bad = check_data_or_exit(setup, ctx)
-    agreed(ctx, lambda: setup.open_data(bad))
+    bad, bad_held_out = check_data_or_exit(setup, ctx)
+    agreed(ctx, lambda: setup.open_data(bad, bad_held_out))
     agreed(ctx, setup.choose_resume)
     return setup
 
