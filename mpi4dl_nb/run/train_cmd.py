@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..comm.device import BACKENDS, DEVICES, cuda_unavailable_reason
 from ..config import ConfigError, ParallelConfig
-from .args import add_mpi4dl_args, config_from_args
+from .args import add_mpi4dl_args
 from .divergence import EXIT_NONFINITE, OnNonFinite
 from .identity import parse_allowed
 
@@ -200,11 +200,6 @@ def check_evaluation_args(args: argparse.Namespace) -> None:
         raise ConfigError("--eval-every", "needs validation data: add --val-fraction F or --val-datapath DIR")
 
 
-def say(rank: int, world: int, text: str) -> None:
-    prefix = f"[rank {rank}/{world}] " if world > 1 else ""
-    print(f"{prefix}mpi4dl_nb train: {text}", file=sys.stderr, flush=True)
-
-
 def say_once(ctx: Comm, text: str) -> None:
     """A message about the whole job, from rank 0."""
     if ctx.rank == 0:
@@ -275,7 +270,7 @@ class Setup:
 
         from ..models import build_model
         from .checkpoint import estimate_checkpoint_bytes, prepare_directory
-        from .train import check_spatial_geometry
+        from .setup import check_layout
 
         args = self.args
         self.dtype = getattr(torch, args.dtype)
@@ -285,9 +280,7 @@ class Setup:
                                   version=args.resnet_version, image_size=args.image_size)
         for layer in self.layers:
             layer.to(self.dtype)
-        self.cfg.validate(batch_size=args.batch_size, num_layers=len(self.layers),
-                          image_size=args.image_size)
-        check_spatial_geometry(self.layers, self.cfg, args.image_size)
+        check_layout(self.cfg, self.layers, args.batch_size, args.image_size)
         if args.log_dir is not None and self.ctx.rank == 0:
             check_log_dir(args.log_dir)
         if args.checkpoint_dir is not None and self.ctx.rank == 0:
@@ -299,14 +292,12 @@ class Setup:
     def open_data(self, exclude: Sequence[Path] = (), exclude_held_out: Sequence[Path] = ()) -> None:
         """The dataset (without ``exclude``; --val-datapath without ``exclude_held_out``), refusing one-class
         data unless --num-classes 1."""
-        from ..data import Batcher, make_dataset
+        from ..data import Batcher
         from ..data.validate import classes_found
+        from .setup import dataset_from
 
         args = self.args
-        dataset = make_dataset(args.app, args.image_size, args.num_classes, datapath=args.datapath,
-                               seed=args.seed, num_samples=args.num_samples,
-                               slide_level=args.slide_level, min_tissue=args.min_tissue,
-                               exclude=exclude)
+        dataset = dataset_from(args, args.datapath, exclude)
         if dataset.num_classes > args.num_classes:
             raise ConfigError("--num-classes", f"the data has {dataset.num_classes} classes; use "
                               f"--num-classes {dataset.num_classes}")
@@ -391,10 +382,10 @@ def held_out_data(args: argparse.Namespace, dataset: Any,
                   exclude: Sequence[Path] = ()) -> tuple[Any, Any, str]:
     """(training set, validation set or None, the split's identity text) for --val-fraction/--val-datapath
     (without the files ``exclude``)."""
-    from ..data import make_dataset
     from ..data.pathology import require_path
     from ..evaluation.split import Subset, split_listing, stratified_split
     from .identity import digest
+    from .setup import dataset_from
 
     if args.val_fraction is not None:
         labels = [dataset.label(i) for i in range(len(dataset))]
@@ -404,9 +395,7 @@ def held_out_data(args: argparse.Namespace, dataset: Any,
         return Subset(dataset, train), Subset(dataset, val), text
     if args.val_datapath is not None:
         require_path(args.val_datapath, "--val-datapath")
-        held = make_dataset(args.app, args.image_size, args.num_classes, datapath=args.val_datapath,
-                            seed=args.seed, slide_level=args.slide_level, min_tissue=args.min_tissue,
-                            exclude=exclude)
+        held = dataset_from(args, args.val_datapath, exclude)
         if len(held) < args.num_classes:
             raise ConfigError("--val-datapath", f"{args.val_datapath} holds {len(held)} images, fewer than "
                               f"the {args.num_classes} classes")
@@ -548,14 +537,7 @@ def train_main(args: argparse.Namespace, cfg: ParallelConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb train``."""
-    from .layout_cmd import check_world_size, launched_world, refuse
+    from .setup import parse_launch
 
-    args = build_parser().parse_args(argv)
-    rank, size, launched = launched_world()
-    try:
-        cfg = config_from_args(args)
-        check_run_args(args)
-    except ConfigError as err:
-        refuse(str(err), rank, size)
-    check_world_size(cfg, size, rank)
+    args, cfg = parse_launch(build_parser(), argv, check_run_args)
     return train_main(args, cfg)

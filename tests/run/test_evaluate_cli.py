@@ -103,3 +103,21 @@ def test_too_few_validation_samples_refused_before_training(capsys):
     except SystemExit as stop:
         code = stop.code
     assert code == 2 and "fewer than the 4 classes" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsys):
+    """The layout check train does (halos against tiles) runs in evaluate's agreed load stage too."""
+    from mpi4dl_nb.run.args import config_from_args
+
+    model = ["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8", "--image-size", "64"]
+    assert cli.main([*model, "--batch-size", "2", "--num-samples", "4", "--no-progress", "--split-size", "1",
+                     "--spatial-size", "0", "--steps", "1", "--checkpoint-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    for slicing, refused in (("square", False), ("vertical", True)):
+        args = evaluate_cmd.build_parser().parse_args(["--checkpoint", str(tmp_path), "--slice-method", slicing])
+        evaluation = evaluate_cmd.Evaluation(args, config_from_args(args), ctx=None)
+        if not refused:
+            evaluation.load()
+            continue
+        with pytest.raises(ConfigError, match="the halo is wider than a tile"):
+            evaluation.load()

@@ -142,7 +142,7 @@ def test_held_out_data_names_the_validation_flag(tmp_path):
     from argparse import Namespace
 
     args = Namespace(val_fraction=None, val_datapath=str(tmp_path / "gone"), app="medical", image_size=32,
-                     num_classes=2, seed=0, slide_level=0, min_tissue=0.5)
+                     num_classes=2, seed=0, num_samples=8, slide_level=0, min_tissue=0.5)
     with pytest.raises(FileNotFoundError, match="--val-datapath '.*gone' does not exist"):
         cli.held_out_data(args, dataset=None)
 
