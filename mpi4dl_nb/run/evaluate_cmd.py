@@ -105,8 +105,9 @@ class Evaluation:
         from .setup import check_layout
 
         dtype = getattr(torch, self.args.dtype) if self.args.dtype else None
+        # rank 0 checksums the file; a damaged one stops every rank in this agreed stage
         self.layers, self.description, self.data = load_trained(self.args.checkpoint, self.args.model,
-                                                                dtype or torch.float32)
+                                                                dtype or torch.float32, check=self.ctx.rank == 0)
         check_model_flags(self.args, self.data.get("run") or {}, f"--checkpoint {self.description.path}")
         self.settings = resolved(self.args, self.data, self.cfg)
         if dtype is None:
