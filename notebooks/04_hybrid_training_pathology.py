@@ -270,7 +270,8 @@ viz.show(viz.draw_timeline(events))
 # %%
 import tempfile
 
-LOG_DIR = tempfile.mkdtemp(prefix="mpi4dl-04-curves-")
+LOG_FOLDER = tempfile.TemporaryDirectory(prefix="mpi4dl-04-curves-")   # removed at the end (or with the kernel)
+LOG_DIR = LOG_FOLDER.name
 CURVE_STEPS, EVAL_EVERY, HELD_OUT = 6, 2, 0.02
 
 
@@ -334,3 +335,4 @@ assert memory_ratio <= 0.6, f"the largest rank needs {memory_ratio:.2f}x one pro
 
 # %%
 cluster.stop()
+LOG_FOLDER.cleanup()   # the learning-curve logs this notebook wrote

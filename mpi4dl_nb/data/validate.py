@@ -30,11 +30,14 @@ class DataSources:
     files: tuple[Path, ...] = ()
 
 
-def find_sources(app: str, datapath: str | Path | None) -> DataSources:
-    """The files ``--app``/``--datapath`` will read, found without opening them (as ``make_dataset`` finds them)."""
-    if app != "medical" or datapath is None:
+def find_sources(app: str, datapath: str | Path | None, knob: str = "--datapath") -> DataSources:
+    """The files ``--app``/``datapath`` will read, found without opening them (as ``make_dataset`` finds them);
+    FileNotFoundError naming ``knob`` when a path of an app that reads files does not exist."""
+    if datapath is None or app not in ("medical", "cifar"):
         return DataSources(None)
-    root = require_path(datapath)
+    root = require_path(datapath, knob)
+    if app != "medical":
+        return DataSources(None)
     if root.is_file():
         return DataSources(SourceKind.SLIDES, (root,))
     files, slides = folder_files(root)

@@ -73,13 +73,18 @@ def load_network(path: str | Path, expected_family: str | None = None,
     return layers, description
 
 
-def load_trained(path: str | Path, expected_family: str | None = None, dtype: torch.dtype = torch.float32
-                 ) -> tuple[list[nn.Module], ModelDescription, dict[str, Any]]:
-    """As ``load_network``, plus the rest of the loaded checkpoint (run info, identity, position)."""
+def load_trained(path: str | Path, expected_family: str | None = None, dtype: torch.dtype = torch.float32,
+                 check: bool = True) -> tuple[list[nn.Module], ModelDescription, dict[str, Any]]:
+    """As ``load_network``, plus the rest of the loaded checkpoint (run info, identity, position).
+
+    The file is memory-mapped: only the model's weights are read (never the optimizer state), straight into
+    the layers. ``check=False`` skips the checksum against the manifest, for a caller whose other process
+    checks the same file and stops this one too when it fails (every rank but rank 0 in an agreed stage).
+    """
     from ..run.checkpoint import load_checkpoint
 
     file = find_checkpoint(path)
-    data = load_checkpoint(file)
+    data = load_checkpoint(file, lazy=True, check=check)
     description, state = describe_checkpoint(data, file)
     if description.family not in MODEL_NAMES:
         raise ConfigError("--checkpoint", f"{file} holds a {description.family!r} network; inference "

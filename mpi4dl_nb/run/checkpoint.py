@@ -202,11 +202,14 @@ def list_checkpoints(directory: str | Path) -> list[Entry]:
     return [_entry(p, step, run_id) for step, run_id, p in sorted(found, key=lambda f: (f[0], f[2].name))]
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint (checked against its manifest when it has one); ValueError saying what is wrong."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, lazy: bool = False,
+                    check: bool = True) -> dict[str, Any]:
+    """Load a checkpoint (checked against its manifest when it has one and ``check``); ValueError saying what
+    is wrong. ``lazy``: tensors stay memory-mapped from the file, so only those the caller reads are paged in
+    (and processes on one node share those pages)."""
     path = Path(path)
     mpath = manifest_path(path)
-    if mpath.exists():
+    if check and mpath.exists():
         try:
             manifest = Manifest.read(mpath)
         except (OSError, ValueError, TypeError) as err:
@@ -215,7 +218,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if problem is not None:
             raise ValueError(f"checkpoint {path} is damaged: {problem}")
     try:
-        data = torch.load(path, map_location=map_location, weights_only=True)
+        data = torch.load(path, map_location=map_location, weights_only=True, mmap=lazy)
     except Exception as err:   # corrupted/foreign file: say which and why
         raise ValueError(f"cannot load checkpoint {path}: {err}") from err
     if not isinstance(data, dict) or "step" not in data or "format_version" not in data:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -15,6 +16,16 @@ if TYPE_CHECKING:
 SHOWN = 10                   # bad files named in the message
 PROGRESS_MIN_FILES = 200     # smaller datasets are checked without a progress line
 PROGRESS_SECONDS = 2.0
+
+
+class DataRole(Enum):
+    """Which data a check is about: the flag naming its path and what the run does with it."""
+
+    TRAINING = ("--datapath", "train", "trained", "training")
+    VALIDATION = ("--val-datapath", "validate", "validated", "validating")
+
+    def __init__(self, flag: str, verb: str, done: str, doing: str) -> None:
+        self.flag, self.verb, self.done, self.doing = flag, verb, done, doing
 
 
 @dataclass(frozen=True)
@@ -34,15 +45,16 @@ class DataReport:
             lines.append(f"  ... and {len(self.bad) - SHOWN} more")
         return "\n".join(lines)
 
-    def refusal(self, datapath: str | Path) -> str:
+    def refusal(self, datapath: str | Path, role: DataRole = DataRole.TRAINING) -> str:
         usable = self.total - len(self.bad)
-        way_out = (f"fix or remove them, or pass --skip-bad-files to train on the other {usable}"
-                   if usable else "none is usable; check --datapath, --image-size and --slide-level")
-        return (f"{len(self.bad)} of {self.total} files in --datapath {str(datapath)!r} cannot be "
-                f"trained on:\n{self.listing()}\n{way_out}")
+        way_out = (f"fix or remove them, or pass --skip-bad-files to {role.verb} on the other {usable}"
+                   if usable else f"none is usable; check {role.flag}, --image-size and --slide-level")
+        return (f"{len(self.bad)} of {self.total} files in {role.flag} {str(datapath)!r} cannot be "
+                f"{role.done} on:\n{self.listing()}\n{way_out}")
 
-    def warning(self) -> str:
-        return (f"skipping {len(self.bad)} of {self.total} files (--skip-bad-files); training on "
+    def warning(self, role: DataRole = DataRole.TRAINING) -> str:
+        where = "" if role is DataRole.TRAINING else f" in {role.flag}"
+        return (f"skipping {len(self.bad)} of {self.total} files{where} (--skip-bad-files); {role.doing} on "
                 f"the other {self.total - len(self.bad)}:\n{self.listing()}")
 
 

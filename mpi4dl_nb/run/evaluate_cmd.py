@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, ParallelConfig
-from .args import add_parallel_args, add_workload_args, config_from_args
+from .args import add_parallel_args, add_workload_args
 from .train_cmd import (
     DTYPES,
     QuietParser,
@@ -102,25 +102,25 @@ class Evaluation:
         import torch
 
         from ..infer.model import load_trained
+        from .setup import check_layout
 
         dtype = getattr(torch, self.args.dtype) if self.args.dtype else None
+        # rank 0 checksums the file; a damaged one stops every rank in this agreed stage
         self.layers, self.description, self.data = load_trained(self.args.checkpoint, self.args.model,
-                                                                dtype or torch.float32)
+                                                                dtype or torch.float32, check=self.ctx.rank == 0)
         check_model_flags(self.args, self.data.get("run") or {}, f"--checkpoint {self.description.path}")
         self.settings = resolved(self.args, self.data, self.cfg)
         if dtype is None:
             for layer in self.layers:
                 layer.to(getattr(torch, self.settings.dtype))
-        self.cfg.validate(batch_size=self.settings.batch_size, num_layers=len(self.layers),
-                          image_size=self.settings.image_size)
+        check_layout(self.cfg, self.layers, self.settings.batch_size, self.settings.image_size)
 
     def open_data(self) -> None:
         """The images to evaluate: the training run's held-out split (checked to be the same), or all."""
-        from ..data import make_dataset
+        from .setup import dataset_from
 
         s = self.settings
-        dataset = make_dataset(s.app, s.image_size, s.num_classes, datapath=s.datapath, seed=s.seed,
-                               num_samples=s.num_samples, slide_level=s.slide_level, min_tissue=s.min_tissue)
+        dataset = dataset_from(s, s.datapath)
         if dataset.num_classes > s.num_classes:
             raise ConfigError("--datapath", f"the data has {dataset.num_classes} classes, the checkpoint's "
                               f"model {s.num_classes}: a checkpoint of another model, or other data")
@@ -172,15 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb evaluate``."""
     import mpi4dl_nb as dl
 
-    from .layout_cmd import check_world_size, launched_world, refuse
+    from .setup import parse_launch
 
-    args = build_parser().parse_args(argv)
-    rank, size, _ = launched_world()
-    try:
-        cfg = config_from_args(args)
-        check_numbers(args)
-        check_evaluation_args(args)
-    except ConfigError as err:
-        refuse(str(err), rank, size)
-    check_world_size(cfg, size, rank)
+    args, cfg = parse_launch(build_parser(), argv, check_flags)
     return run_evaluation(args, cfg, dl.init(backend=args.backend))
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Errors in the numeric and held-out data flags, naming the flag (before any rank talks)."""
+    check_numbers(args)
+    check_evaluation_args(args)

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..comm.device import BACKENDS, DEVICES, cuda_unavailable_reason
 from ..config import ConfigError, ParallelConfig
-from .args import add_mpi4dl_args, config_from_args
+from .args import add_mpi4dl_args
 from .divergence import EXIT_NONFINITE, OnNonFinite
 from .identity import parse_allowed
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
     from .checkpoint import Selection
+    from .data_check import DataRole
     from .monitor import JobMonitor
 
 EXIT_SETUP = 2
@@ -199,11 +200,6 @@ def check_evaluation_args(args: argparse.Namespace) -> None:
         raise ConfigError("--eval-every", "needs validation data: add --val-fraction F or --val-datapath DIR")
 
 
-def say(rank: int, world: int, text: str) -> None:
-    prefix = f"[rank {rank}/{world}] " if world > 1 else ""
-    print(f"{prefix}mpi4dl_nb train: {text}", file=sys.stderr, flush=True)
-
-
 def say_once(ctx: Comm, text: str) -> None:
     """A message about the whole job, from rank 0."""
     if ctx.rank == 0:
@@ -274,7 +270,7 @@ class Setup:
 
         from ..models import build_model
         from .checkpoint import estimate_checkpoint_bytes, prepare_directory
-        from .train import check_spatial_geometry
+        from .setup import check_layout
 
         args = self.args
         self.dtype = getattr(torch, args.dtype)
@@ -284,9 +280,7 @@ class Setup:
                                   version=args.resnet_version, image_size=args.image_size)
         for layer in self.layers:
             layer.to(self.dtype)
-        self.cfg.validate(batch_size=args.batch_size, num_layers=len(self.layers),
-                          image_size=args.image_size)
-        check_spatial_geometry(self.layers, self.cfg, args.image_size)
+        check_layout(self.cfg, self.layers, args.batch_size, args.image_size)
         if args.log_dir is not None and self.ctx.rank == 0:
             check_log_dir(args.log_dir)
         if args.checkpoint_dir is not None and self.ctx.rank == 0:
@@ -295,16 +289,15 @@ class Setup:
             prepare_directory(args.checkpoint_dir, estimate_checkpoint_bytes(
                 state, len(tensors), 1 if args.momentum > 0 else 0))
 
-    def open_data(self, exclude: Sequence[Path] = ()) -> None:
-        """The dataset (without ``exclude``), refusing one-class data unless --num-classes 1."""
-        from ..data import Batcher, make_dataset
+    def open_data(self, exclude: Sequence[Path] = (), exclude_held_out: Sequence[Path] = ()) -> None:
+        """The dataset (without ``exclude``; --val-datapath without ``exclude_held_out``), refusing one-class
+        data unless --num-classes 1."""
+        from ..data import Batcher
         from ..data.validate import classes_found
+        from .setup import dataset_from
 
         args = self.args
-        dataset = make_dataset(args.app, args.image_size, args.num_classes, datapath=args.datapath,
-                               seed=args.seed, num_samples=args.num_samples,
-                               slide_level=args.slide_level, min_tissue=args.min_tissue,
-                               exclude=exclude)
+        dataset = dataset_from(args, args.datapath, exclude)
         if dataset.num_classes > args.num_classes:
             raise ConfigError("--num-classes", f"the data has {dataset.num_classes} classes; use "
                               f"--num-classes {dataset.num_classes}")
@@ -313,7 +306,7 @@ class Setup:
                               f"the folder, or a single slide), so every label would be 0; put each "
                               f"class in its own sub-folder (<datapath>/<class>/...), or pass "
                               f"--num-classes 1 to train on one class anyway")
-        train, self.val_dataset, self.held_out = held_out_data(args, dataset)
+        train, self.val_dataset, self.held_out = held_out_data(args, dataset, exclude_held_out)
         self.batcher = Batcher(train, args.batch_size, seed=args.seed)
         self.steps = args.steps if args.steps is not None else \
             args.num_epochs * self.batcher.steps_per_epoch
@@ -385,11 +378,14 @@ def check_log_dir(path: str) -> None:
         raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
 
 
-def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str]:
-    """(training set, validation set or None, the split's identity text) for --val-fraction/--val-datapath."""
-    from ..data import make_dataset
+def held_out_data(args: argparse.Namespace, dataset: Any,
+                  exclude: Sequence[Path] = ()) -> tuple[Any, Any, str]:
+    """(training set, validation set or None, the split's identity text) for --val-fraction/--val-datapath
+    (without the files ``exclude``)."""
+    from ..data.pathology import require_path
     from ..evaluation.split import Subset, split_listing, stratified_split
     from .identity import digest
+    from .setup import dataset_from
 
     if args.val_fraction is not None:
         labels = [dataset.label(i) for i in range(len(dataset))]
@@ -398,8 +394,8 @@ def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str
                 f"[{digest(split_listing(dataset, val))}]")
         return Subset(dataset, train), Subset(dataset, val), text
     if args.val_datapath is not None:
-        held = make_dataset(args.app, args.image_size, args.num_classes, datapath=args.val_datapath,
-                            seed=args.seed, slide_level=args.slide_level, min_tissue=args.min_tissue)
+        require_path(args.val_datapath, "--val-datapath")
+        held = dataset_from(args, args.val_datapath, exclude)
         if len(held) < args.num_classes:
             raise ConfigError("--val-datapath", f"{args.val_datapath} holds {len(held)} images, fewer than "
                               f"the {args.num_classes} classes")
@@ -409,21 +405,30 @@ def held_out_data(args: argparse.Namespace, dataset: Any) -> tuple[Any, Any, str
     return dataset, None, "none"
 
 
-def check_data_or_exit(setup: Setup, ctx: Comm) -> list[Path]:
-    """The data check (collective); exits with EXIT_SETUP on bad files unless --skip-bad-files."""
+def check_data_or_exit(setup: Setup, ctx: Comm) -> tuple[list[Path], list[Path]]:
+    """The data check of --datapath, then --val-datapath (collective); exits with EXIT_SETUP on a missing
+    path, or on bad files unless --skip-bad-files. Returns the files to leave out of each."""
+    from .data_check import DataRole
+
+    args = setup.args
+    return (check_one_or_exit(args, ctx, args.datapath, DataRole.TRAINING),
+            check_one_or_exit(args, ctx, args.val_datapath, DataRole.VALIDATION))
+
+
+def check_one_or_exit(args: argparse.Namespace, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
+    """One path's data check: the files to skip (none), or exit with one message naming ``role``'s flag."""
     from ..data.validate import find_sources
     from .data_check import check_data
 
-    args = setup.args
     found: list[Any] = []
-    agreed(ctx, lambda: found.append(find_sources(args.app, args.datapath)))
+    agreed(ctx, lambda: found.append(find_sources(args.app, datapath, role.flag)))
     report = check_data(ctx, found[0], args.image_size, args.slide_level, progress=args.progress)
     if not report.bad:
         return []
     if not args.skip_bad_files or len(report.bad) == report.total:
-        say_once(ctx, report.refusal(args.datapath))
+        say_once(ctx, report.refusal(datapath or "", role))
         raise SystemExit(EXIT_SETUP)
-    say_once(ctx, "warning: " + report.warning())
+    say_once(ctx, "warning: " + report.warning(role))
     return report.bad_paths
 
 
@@ -431,8 +436,8 @@ def prepare(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> Setup:
     """Set-up in stages that every rank agrees on: model and checkpoint dir, data check, dataset, resume."""
     setup = Setup(args, cfg, ctx)
     agreed(ctx, setup.build_model)
-    bad = check_data_or_exit(setup, ctx)
-    agreed(ctx, lambda: setup.open_data(bad))
+    bad, bad_held_out = check_data_or_exit(setup, ctx)
+    agreed(ctx, lambda: setup.open_data(bad, bad_held_out))
     agreed(ctx, setup.choose_resume)
     return setup
 
@@ -532,14 +537,7 @@ def train_main(args: argparse.Namespace, cfg: ParallelConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb train``."""
-    from .layout_cmd import check_world_size, launched_world, refuse
+    from .setup import parse_launch
 
-    args = build_parser().parse_args(argv)
-    rank, size, launched = launched_world()
-    try:
-        cfg = config_from_args(args)
-        check_run_args(args)
-    except ConfigError as err:
-        refuse(str(err), rank, size)
-    check_world_size(cfg, size, rank)
+    args, cfg = parse_launch(build_parser(), argv, check_run_args)
     return train_main(args, cfg)

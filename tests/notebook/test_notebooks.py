@@ -145,8 +145,10 @@ def test_tutorial_opens_with_goals_ends_with_next_steps_and_has_an_exercise(sour
 
 
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
-def test_notebook_runs_headless(path):
+def test_notebook_runs_headless(path, tmp_path, monkeypatch):
     start = time.monotonic()
+    if path.name.startswith("04"):
+        monkeypatch.setenv("TMPDIR", str(tmp_path))      # the kernel's temporary folders land here
     notebook = execute_notebook(path)
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -160,6 +162,7 @@ def test_notebook_runs_headless(path):
         assert max(summary["memory_measured_mb"]) <= 0.6 * summary["serial_memory_mb"]
         # the exercise: each variant trained and compared with its own micro-batched serial reference
         assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': (2, 3)}" in text
+        assert not list(tmp_path.glob("mpi4dl-04-curves-*")), "the learning-curve logs were left behind"
     if path.name.startswith("06"):   # commands shown as run, with their return code; the rank table
         assert f"$ {Path(sys.executable).parent / 'mpiexec'} -n 3 " in text
         assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 3

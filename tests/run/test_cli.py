@@ -12,7 +12,7 @@ import mpi4dl_nb.run.train as train_module
 from mpi4dl_nb.data import Cifar10Dataset, IHCSampleDataset, SyntheticDataset, TileFolderDataset
 from mpi4dl_nb.models.amoebanet import AmoebaCell
 from mpi4dl_nb.run import train_cmd as cli
-from mpi4dl_nb.run.args import PARALLEL_FLAGS, parse_balance
+from mpi4dl_nb.run.args import PARALLEL_FLAGS, config_from_args, parse_balance
 
 SMALL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
          "--image-size", "32", "--batch-size", "2", "--num-samples", "8"]
@@ -46,7 +46,7 @@ def launch(monkeypatch):
     """Run ``cli.main(argv)`` in-process as rank 0 of a job of the configuration's size."""
     def run(argv: list[str]) -> dict:
         seen: dict = {}
-        parsed_cfg = cli.config_from_args(cli.build_parser().parse_args(argv))
+        parsed_cfg = config_from_args(cli.build_parser().parse_args(argv))
         size = parsed_cfg.world_size
         monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, size, True))
         monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(size),
@@ -97,7 +97,7 @@ def test_parallel_table_covers_every_flag():
 @pytest.mark.parametrize("argv,field,value", PARALLEL_CASES,
                          ids=[" ".join(c[0]) for c in PARALLEL_CASES])
 def test_parallel_flag_reaches_engine(launch, argv, field, value):
-    default = getattr(cli.config_from_args(cli.build_parser().parse_args(SMALL)), field)
+    default = getattr(config_from_args(cli.build_parser().parse_args(SMALL)), field)
     assert default != value
     seen = launch(SMALL + argv)
     assert getattr(seen["engine"].cfg, field) == value

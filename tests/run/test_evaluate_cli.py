@@ -2,6 +2,8 @@
 ``evaluate`` of its checkpoint on 5 ranks (SP+LP) and in one process agree (float64); bad input refused."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mpi4dl_nb.errors import ConfigError
@@ -66,6 +68,63 @@ def test_evaluate_on_5_ranks_equals_one_process(trained, capsys):
         assert parallel[key] == serial[key] == summary[f"val_{key}"], key
 
 
+def test_memory_mapped_load_gives_the_eager_metrics(trained, capsys, monkeypatch):
+    """evaluate maps the checkpoint (reads only the model's weights): the same record as loading it whole."""
+    from mpi4dl_nb.run import checkpoint as ck
+
+    root, data, _ = trained
+    argv = ["--checkpoint", str(root / "ckpt"), "--split-size", "1", "--spatial-size", "0", *data]
+    assert evaluate_cmd.main(argv) == 0
+    mapped = evaluation_record(capsys.readouterr().out)
+    eager_load, calls = ck.load_checkpoint, []
+
+    def eager(path, map_location="cpu", *, lazy=False, check=True):
+        calls.append(lazy)
+        return eager_load(path, map_location, lazy=False, check=True)
+    monkeypatch.setattr(ck, "load_checkpoint", eager)
+    assert evaluate_cmd.main(argv) == 0
+    whole = evaluation_record(capsys.readouterr().out)
+    assert calls == [True]                        # evaluate asked for a mapped load; this run loaded it whole
+    mapped.pop("seconds"), whole.pop("seconds")
+    assert mapped == whole and mapped["count"] == 4
+
+
+def test_mapped_load_still_refuses_damaged_or_mismatched_checkpoints(trained, tmp_path, capsys):
+    """The checksum (rank 0) and the weights-fit-description check hold for the mapped load."""
+    import shutil
+
+    import torch
+
+    from mpi4dl_nb.infer.model import load_trained
+    from mpi4dl_nb.run import checkpoint as ck
+    from tests.support.bad_data import flip_bytes
+
+    root, data, _ = trained
+    source = ck.latest_checkpoint(root / "ckpt")
+    payload = ck.load_checkpoint(source)
+    assert "optimizer" in payload and payload["optimizer"]
+    maps = Path("/proc/self/maps")
+    if maps.exists():                              # mapped, not read: the file is in this process's address space
+        mapped = ck.load_checkpoint(source, lazy=True)
+        assert str(source) in maps.read_text()
+        del mapped
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for file in (source, ck.manifest_path(source)):
+        shutil.copy(file, damaged / file.name)
+    flip_bytes(damaged / source.name, at=0.5)
+    with pytest.raises(SystemExit) as stop:
+        evaluate_cmd.main(["--checkpoint", str(damaged), "--split-size", "1", "--spatial-size", "0", *data])
+    assert stop.value.code == 2 and "is damaged: checksum mismatch" in capsys.readouterr().err
+    lacking = dict(payload, model={k: v for k, v in payload["model"].items() if k != "0.conv.weight"})
+    for key in ("step", "run_id", "identity", "format_version"):
+        lacking.pop(key)
+    saved = ck.save_checkpoint(tmp_path / "lacking", int(payload["step"]), lacking, run_id="0123456789ab",
+                               identity=payload["identity"])
+    with pytest.raises(ValueError, match="weights do not fit its own description.*missing \\['0.conv.weight'\\]"):
+        load_trained(saved, dtype=torch.float64)
+
+
 def test_evaluate_refuses_another_model_and_another_split(trained, capsys):
     root, data, _ = trained
     one = ["--checkpoint", str(root / "ckpt"), "--split-size", "1", "--spatial-size", "0"]
@@ -103,3 +162,23 @@ def test_too_few_validation_samples_refused_before_training(capsys):
     except SystemExit as stop:
         code = stop.code
     assert code == 2 and "fewer than the 4 classes" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsys):
+    """The layout check train does (halos against tiles) runs in evaluate's agreed load stage too."""
+    from types import SimpleNamespace
+
+    from mpi4dl_nb.run.args import config_from_args
+
+    model = ["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8", "--image-size", "64"]
+    assert cli.main([*model, "--batch-size", "2", "--num-samples", "4", "--no-progress", "--split-size", "1",
+                     "--spatial-size", "0", "--steps", "1", "--checkpoint-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    for slicing, refused in (("square", False), ("vertical", True)):
+        args = evaluate_cmd.build_parser().parse_args(["--checkpoint", str(tmp_path), "--slice-method", slicing])
+        evaluation = evaluate_cmd.Evaluation(args, config_from_args(args), ctx=SimpleNamespace(rank=0))
+        if not refused:
+            evaluation.load()
+            continue
+        with pytest.raises(ConfigError, match="the halo is wider than a tile"):
+            evaluation.load()

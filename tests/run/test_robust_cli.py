@@ -103,6 +103,50 @@ def test_truncated_slide_in_a_folder_is_a_bad_slide(capsys, tmp_path):
     assert "fewer than one batch" not in err
 
 
+@pytest.mark.parametrize("app", ["medical", "cifar"])
+def test_missing_validation_path_refused_before_the_first_step(capsys, tmp_path, monkeypatch, app):
+    """--val-datapath that does not exist: one line naming that flag and the path, exit 2, no step taken."""
+    from mpi4dl_nb.run.train import Trainer
+
+    def never(self):
+        raise AssertionError("a training step ran")
+    monkeypatch.setattr(Trainer, "run", never)
+    write_tiles(tmp_path / "tiles", per_class=4)     # refused before the training data is opened
+    missing = str(tmp_path / "no-such-val")
+    code, out, err = train(capsys, ["--app", app, "--datapath", str(tmp_path / "tiles"), "--num-classes", "2",
+                                    "--steps", "1", "--val-datapath", missing])
+    assert code == 2 and not out, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"error: --val-datapath {missing!r} does not exist" in lines[0], err
+
+
+def test_bad_validation_files_refused_up_front_or_skipped(capsys, tmp_path):
+    """Bad files under --val-datapath are listed before training (naming the flag); --skip-bad-files leaves them out."""
+    write_tiles(tmp_path / "tiles", per_class=4)
+    held = write_tiles(tmp_path / "val", per_class=3)
+    truncate(held[4], 0.6)
+    argv = ["--app", "medical", "--datapath", str(tmp_path / "tiles"), "--num-classes", "2", "--steps", "1",
+            "--val-datapath", str(tmp_path / "val")]
+    code, out, err = train(capsys, argv)
+    assert code == 2 and not out, err
+    assert f"1 of 6 files in --val-datapath {str(tmp_path / 'val')!r} cannot be validated on" in err, err
+    assert str(held[4]) in err and "--skip-bad-files to validate on the other 5" in err
+    code, out, err = train(capsys, argv + ["--skip-bad-files"])
+    assert code == 0 and "skipping 1 of 6 files in --val-datapath" in err, err
+    record = json_record(out)
+    assert record["steps_run"] == 1 and record["val_count"] == 5
+
+
+def test_held_out_data_names_the_validation_flag(tmp_path):
+    """``evaluate`` shares held_out_data: a missing --val-datapath is named as such there too."""
+    from argparse import Namespace
+
+    args = Namespace(val_fraction=None, val_datapath=str(tmp_path / "gone"), app="medical", image_size=32,
+                     num_classes=2, seed=0, num_samples=8, slide_level=0, min_tissue=0.5)
+    with pytest.raises(FileNotFoundError, match="--val-datapath '.*gone' does not exist"):
+        cli.held_out_data(args, dataset=None)
+
+
 def test_resume_refuses_a_changed_configuration(capsys, tmp_path):
     """Item 4: another image size, batch size, seed, app or data does not resume unless allowed."""
     folder = str(tmp_path / "ck")
