@@ -96,9 +96,13 @@ def load_trained(path: str | Path, expected_family: str | None = None, dtype: to
                          num_filters=description.num_filters, num_classes=description.num_classes,
                          version=description.resnet_version or 2)
     model = nn.Sequential(*layers)
-    result = model.load_state_dict(state, strict=False)
+    unfit = f"--checkpoint {file}: weights do not fit its own description ({description.describe()})"
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:      # a tensor of another shape: say which, not a traceback
+        mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
+        raise ValueError(f"{unfit}: {mismatch}") from err
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"--checkpoint {file}: weights do not fit its own description ({description.describe()}): "
-                         f"missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
+        raise ValueError(f"{unfit}: missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
     model.to(dtype).eval()
     return list(model), description, {k: v for k, v in data.items() if k not in ("model", "optimizer")}

@@ -160,8 +160,8 @@ class Evaluation:
 
 def run_evaluation(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> int:
     evaluation = Evaluation(args, cfg, ctx)
-    agreed(ctx, evaluation.load)
-    agreed(ctx, evaluation.open_data)
+    agreed(ctx, evaluation.load, "evaluate")
+    agreed(ctx, evaluation.open_data, "evaluate")
     record = evaluation.run()
     if record is not None:
         print(json.dumps(record), flush=True)

@@ -200,14 +200,15 @@ def check_evaluation_args(args: argparse.Namespace) -> None:
         raise ConfigError("--eval-every", "needs validation data: add --val-fraction F or --val-datapath DIR")
 
 
-def say_once(ctx: Comm, text: str) -> None:
-    """A message about the whole job, from rank 0."""
+def say_once(ctx: Comm, text: str, command: str = "train") -> None:
+    """A message about the whole job, from rank 0, named after the ``command`` that says it."""
     if ctx.rank == 0:
-        print(f"mpi4dl_nb train: {text}", file=sys.stderr, flush=True)
+        print(f"mpi4dl_nb {command}: {text}", file=sys.stderr, flush=True)
 
 
-def agree_or_exit(ctx: Comm, error: BaseException | None) -> None:
-    """All ranks learn whether any rank failed in set-up; rank 0 says why once; all exit together (code 2)."""
+def agree_or_exit(ctx: Comm, error: BaseException | None, command: str = "train") -> None:
+    """All ranks learn whether any rank failed in set-up; rank 0 says why once (as ``command``);
+    all exit together (code 2)."""
     messages = ctx.all_gather_object(None if error is None else f"{error}")
     failed: dict[str, list[int]] = {}
     for rank, message in enumerate(messages):
@@ -216,22 +217,22 @@ def agree_or_exit(ctx: Comm, error: BaseException | None) -> None:
     if not failed:
         return
     if len(failed) == 1 and next(iter(failed.values())) in (list(range(len(messages))), [0]):
-        say_once(ctx, f"error: {next(iter(failed))}")     # every rank, or a rank-0 check
+        say_once(ctx, f"error: {next(iter(failed))}", command)     # every rank, or a rank-0 check
     else:
         for message, ranks in failed.items():
             where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
-            say_once(ctx, f"error on {where}: {message}")
+            say_once(ctx, f"error on {where}: {message}", command)
     raise SystemExit(EXIT_SETUP)
 
 
-def agreed(ctx: Comm, action: Callable[[], Any]) -> None:
+def agreed(ctx: Comm, action: Callable[[], Any], command: str = "train") -> None:
     """Run a set-up ``action`` on every rank; an input error on any rank stops all (see agree_or_exit)."""
     error = None
     try:
         action()
     except SETUP_ERRORS as err:
         error = err
-    agree_or_exit(ctx, error)
+    agree_or_exit(ctx, error, command)
 
 
 def model_fingerprint(args: argparse.Namespace, layers: Sequence[Any]) -> str:

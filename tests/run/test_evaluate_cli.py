@@ -115,13 +115,21 @@ def test_mapped_load_still_refuses_damaged_or_mismatched_checkpoints(trained, tm
     flip_bytes(damaged / source.name, at=0.5)
     with pytest.raises(SystemExit) as stop:
         evaluate_cmd.main(["--checkpoint", str(damaged), "--split-size", "1", "--spatial-size", "0", *data])
-    assert stop.value.code == 2 and "is damaged: checksum mismatch" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert stop.value.code == 2 and "is damaged: checksum mismatch" in said
+    assert "mpi4dl_nb evaluate: error:" in said and "mpi4dl_nb train" not in said, said   # the command that failed
     lacking = dict(payload, model={k: v for k, v in payload["model"].items() if k != "0.conv.weight"})
     for key in ("step", "run_id", "identity", "format_version"):
         lacking.pop(key)
     saved = ck.save_checkpoint(tmp_path / "lacking", int(payload["step"]), lacking, run_id="0123456789ab",
                                identity=payload["identity"])
     with pytest.raises(ValueError, match="weights do not fit its own description.*missing \\['0.conv.weight'\\]"):
+        load_trained(saved, dtype=torch.float64)
+    reshaped = dict(lacking, model=dict(payload["model"]))
+    reshaped["model"]["0.conv.weight"] = payload["model"]["0.conv.weight"][:1].clone()
+    saved = ck.save_checkpoint(tmp_path / "reshaped", int(payload["step"]), reshaped, run_id="0123456789ab",
+                               identity=payload["identity"])
+    with pytest.raises(ValueError, match="weights do not fit its own description.*size mismatch for 0.conv.weight"):
         load_trained(saved, dtype=torch.float64)
 
 
