@@ -141,6 +141,8 @@ def main() -> int:
     parser.add_argument("--grid", action="store_true", help="every model size of the BENCHMARKS.md table")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args()
+    if args.passes < 1 or args.steps < 1:
+        parser.error("--passes and --steps must be at least 1")
     names = args.configs.split(";") if args.configs else None
     models = GRID if args.grid else [(args.model, args.depth, args.width, args.image_size)]
     start = time.monotonic()
