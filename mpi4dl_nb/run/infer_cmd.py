@@ -106,5 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if size > 1:
             from mpi4py import MPI
 
-            MPI.COMM_WORLD.Abort(1)
+            from ..comm.context import abort_job
+
+            abort_job(MPI.COMM_WORLD, 1)
         return 1
