@@ -234,7 +234,7 @@ def _layer_work() -> Callable[[], None]:
     return run
 
 
-def waiting_slowdown(ctx: Comm, work_seconds: float = 20e-3, repeats: int = 5) -> float:
+def waiting_slowdown(ctx: Comm, work_seconds: float = 20e-3, repeats: int = 11) -> float:
     """How much longer the ranks computing take while the others wait for them in the data
     plane's wait mode (``ctx.barrier``) than while the others sleep. As many ranks compute as
     the node has cores (leaving one rank at least to wait): >1 when the waiters' wake-ups and
@@ -274,31 +274,42 @@ def waiting_slowdown(ctx: Comm, work_seconds: float = 20e-3, repeats: int = 5) -
     return max(1.0, statistics.median(ratios))     # rounds side by side: a slow spell hits both halves
 
 
-def payload_seconds(ctx: Comm, repeats: int = 21, peers: tuple[int, int] = (0, 1)) -> float:
-    """One-way seconds of a one-element payload between ranks ``peers`` through the engine's
-    own hand-off path (``isend_payload``: header + tensor, ``recv_payload``), median of a
-    ping-pong: the fixed cost of every activation or gradient hand-off. Collective; every
-    rank gets it (0.0 on one rank)."""
+def handoff_seconds(ctx: Comm, laps: int = 6, repeats: int = 9) -> float:
+    """Seconds one stage hand-off adds to a pipeline: a tiny payload relayed round every rank
+    through the engine's hand-off path (``isend_payload``, ``recv_payload``), each rank running
+    a few conv layers' forward and backward before passing it on - as a stage does - minus
+    the same work run back to back. Wire time, both sides' bookkeeping, the receiver noticing
+    its message and being scheduled again, and its work starting cold after the wait (on
+    shared cores, beside the other waiting ranks) are all in it. Median of ``repeats`` relays
+    of ``laps`` laps. Collective; every rank gets it (0.0 on one rank)."""
     from ..comm.messages import isend_payload, recv_payload
 
     if ctx.world_size < 2:
         return 0.0
-    a, b = peers
-    seconds = 0.0
-    if ctx.rank in (a, b):
-        other = b if ctx.rank == a else a
-        payload = torch.zeros(1, device=ctx.device)
-        runs = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            for turn in (a, b):
-                if ctx.rank == turn:
-                    ctx.wait_all(isend_payload(ctx, payload, other, 11))
-                else:
-                    recv_payload(ctx, other, 11, ctx.device)
-            runs.append((time.perf_counter() - start) / 2)
-        seconds = statistics.median(runs[1:])
-    return float(ctx.bcast_object(seconds, root=a))
+    rank, world = ctx.rank, ctx.world_size
+    work = _layer_work()
+    work()
+    payload = torch.zeros(1, device=ctx.device)
+    extra = []
+    for _ in range(repeats):
+        ctx.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            for _ in range(laps):
+                work()
+        alone = (time.perf_counter() - start) / laps
+        ctx.barrier()
+        start = time.perf_counter()
+        for lap in range(laps):
+            if rank > 0 or lap > 0:
+                recv_payload(ctx, (rank - 1) % world, 11, ctx.device)
+            work()
+            if rank < world - 1 or lap < laps - 1:
+                ctx.wait_all(isend_payload(ctx, payload, (rank + 1) % world, 11))
+        hop = (time.perf_counter() - start) / (laps * world)     # the last rank ends the relay
+        alone, hop = ctx.bcast_object(alone, root=0), ctx.bcast_object(hop, root=world - 1)
+        extra.append(max(0.0, hop - alone))
+    return float(statistics.median(extra))
 
 
 @dataclass(frozen=True)
@@ -308,7 +319,7 @@ class JobCalibration:
     ranks at once with long and short work between meetings (``crowd_seconds``,
     ``crowd_short_seconds``; ``meeting_cost``), the torch threads of rank 0, and how much
     slower the ranks filling the cores compute while the others wait (``waiting_slowdown``),
-    and the one-way time of a tiny payload through the engine's hand-off path (``payload_seconds``)."""
+    and what a stage hand-off adds to a relay through every rank (``handoff_seconds``)."""
 
     points: tuple[tuple[int, float], ...]
     pair_seconds: float
@@ -316,15 +327,15 @@ class JobCalibration:
     crowd_short_seconds: float     # with SHORT_WORK
     threads: int
     waiting_slowdown: float = 1.0  # computing ranks beside the others waiting (``waiting_slowdown``)
-    payload_seconds: float = 0.0   # one-way time of a tiny hand-off payload (``payload_seconds``)
+    handoff_seconds: float = 0.0   # one hand-off in a relay of every rank (``handoff_seconds``)
 
 
 def calibrate_job(ctx: Comm) -> JobCalibration:
     """``ping_pong`` + ``meeting_cost`` (two ranks, all ranks) + torch threads +
-    ``waiting_slowdown`` + ``payload_seconds`` on the job of ``ctx`` (collective)."""
+    ``waiting_slowdown`` + ``handoff_seconds`` on the job of ``ctx`` (collective)."""
     points = tuple(ping_pong(ctx))
     pair = meeting_cost(ctx, ranks=(0, 1), work_seconds=LONG_WORK) if ctx.world_size > 1 else 0.0
     crowd = meeting_cost(ctx, work_seconds=LONG_WORK)
     crowd_short = meeting_cost(ctx, work_seconds=SHORT_WORK, rounds=60)
     return JobCalibration(points, pair, crowd, crowd_short, int(ctx.bcast_object(torch.get_num_threads(), root=0)),
-                          waiting_slowdown(ctx), payload_seconds(ctx))
+                          waiting_slowdown(ctx), handoff_seconds(ctx))

@@ -31,7 +31,7 @@ def main(check: Checks) -> None:
             assert math.isfinite(value) and 0 <= value < 0.1, calibration
         assert calibration.threads == torch.get_num_threads() == 1
         assert math.isfinite(calibration.waiting_slowdown) and 1.0 <= calibration.waiting_slowdown < 10, calibration
-        assert 0 < calibration.payload_seconds < 0.1, calibration
+        assert 0 < calibration.handoff_seconds < 0.1, calibration
     with check("network from calibration"):
         network = network_of(calibration)
         assert network.latency > 0 and network.bandwidth > 0
@@ -39,7 +39,7 @@ def main(check: Checks) -> None:
         assert network.sync == max(0.0, calibration.crowd_seconds - calibration.pair_seconds)
         assert network.sync_short == max(0.0, calibration.crowd_short_seconds - calibration.pair_seconds)
         assert network.waiting_slowdown == calibration.waiting_slowdown
-        assert 0 <= network.handoff < calibration.payload_seconds
+        assert 0 <= network.handoff < calibration.handoff_seconds
 
 
 if __name__ == "__main__":

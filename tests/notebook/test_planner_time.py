@@ -316,6 +316,50 @@ def test_gradient_action_replays_every_chunk_and_exchanges_terms_between_holders
         assert sum(len(h) for h in costs.held.values()) == copies      # GEMS: every rank holds two copies
 
 
+def test_holders_all_reduce_is_one_meeting_per_collective_crowded_like_a_halo(resnet):
+    """Several holders of a stage (GEMS, tiles) sum gradients, gather BatchNorm term counts and
+    sum the terms: three collectives, each a meeting (crowded when ranks outnumber the cores);
+    a stage without BatchNorm has one; a stage held by one rank none."""
+    from torch import nn
+
+    from mpi4dl_nb.notebook.planner import step_time
+
+    captured = {}
+
+    def capture(schedule, cost, *rest):
+        captured.update(cost=cost, schedule=schedule)
+        return simulate(schedule, cost, *rest)
+
+    def allreduce_costs(layers, cfg, network):
+        real = step_time.simulate
+        step_time.simulate = capture
+        try:
+            planner.predict_step_time(layers, cfg, 64, 2, timer=FlopTimer(), network=network,
+                                      node=planner.Node(cores=2, copy_bandwidth=1e12))
+        finally:
+            step_time.simulate = real
+        schedule, costs = captured["schedule"], captured["cost"]
+        return {(a.rank, a.stage): costs(a) for r in range(cfg.world_size) for a in schedule.actions(r)
+                if a.kind is ActionKind.ALLREDUCE}
+
+    plain = planner.Network(1e-5, 1e9)
+    meeting = planner.Network(1e-5, 1e9, meeting=1e-3, sync=2e-3)
+    gems = ParallelConfig(split_size=3, spatial_size=0, times=1)
+    base, met = allreduce_costs(resnet, gems, plain), allreduce_costs(resnet, gems, meeting)
+    assert base.keys() == met.keys() and sorted(c.members for c in met.values()) == [1, 2, 2, 2, 2]
+    for key, cost in met.items():       # stages 0 and 2 on ranks 0 and 2; rank 1 holds both copies of stage 1
+        held_apart = cost.members == 2
+        assert cost.delay - base[key].delay == pytest.approx(3e-3 if held_apart else 0.0)   # ResNet has BatchNorm
+        assert cost.crowded == pytest.approx(3 * 2e-3 if held_apart else 0.0) and base[key].crowded == 0.0
+    lp = allreduce_costs(resnet, ParallelConfig(split_size=3, spatial_size=0, parts=2), meeting)
+    assert all(c.members == 1 and c.crowded == 0.0 for c in lp.values())
+    convs = [nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()), nn.Sequential(nn.Conv2d(4, 4, 3, padding=1)),
+             nn.Sequential(nn.Conv2d(4, 4, 3, padding=1)), nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                                                            nn.Linear(4, 2))]
+    no_norm = allreduce_costs(convs, gems, meeting)
+    assert all(c.crowded == pytest.approx(2e-3 if c.members == 2 else 0.0) for c in no_norm.values())  # gradients only
+
+
 def test_start_training_skips_the_walk_only_when_every_module_trains():
     from mpi4dl_nb.pipeline.runtime import start_training
 

@@ -10,10 +10,12 @@ Per action of ``schedules.build_schedule(cfg)``:
   footprint simulation: messages and bytes per tile);
 * sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival, and
   each side's own work per payload (``Network.handoff``, calibrated on the job);
-* all-reduce: the ring formula over the stage's holders, plus the engine's local work, timed
-  per layer on its own code: gradients flattened and copied back, the BatchNorm terms of
-  every chunk of the batch replayed (packed and unpacked first when several ranks hold the
-  stage), for every copy of the stage the rank holds;
+* all-reduce: the ring formula over the stage's holders and, when several ranks hold the
+  stage, one meeting per collective (the gradient sum; with BatchNorm the term counts gathered
+  and the terms summed), crowded like a halo exchange when ranks outnumber the cores; plus
+  the engine's local work, timed per layer on its own code: gradients flattened and copied
+  back, the BatchNorm terms of every chunk of the batch replayed (packed and unpacked first
+  when several ranks hold the stage), for every copy of the stage the rank holds;
 * optimizer: the SGD-with-momentum update of every stage copy the rank holds;
 * the step's set-up (train mode, gradients dropped, BatchNorm statistics remembered) before a
   rank's first action, and the loss summed over every rank (a meeting) after the last.
@@ -32,6 +34,7 @@ import torch
 
 from ...config import ParallelConfig
 from ...layout import layout, stage_holders
+from ...pipeline.bn_replay import running_stat_norms
 from ...pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
 from .footprint import FootprintCache
 from .memory import (
@@ -182,6 +185,13 @@ class _Costs:
         ``holders`` of the stage, replayed)."""
         return sum(t.reduction(self.model.cfg.batch_divisor, holders) for t in self._stage_times(stage))
 
+    def holder_meetings(self, stage: int) -> int:
+        """Collectives of the holders' gradient/statistics action (``pipeline.dataparallel``):
+        the gradient sum, and with BatchNorm the term counts gathered and the terms summed."""
+        layers = [self.model.profiles[i].layer for i in range(self.model.bounds[stage], self.model.bounds[stage + 1])]
+        norms = any(running_stat_norms(layer) for layer in layers if layer is not None)
+        return int(self.model.param_count(stage) > 0) + (2 if norms else 0)
+
     def setup(self, rank: int) -> float:
         """Seconds a rank spends starting a step: train mode, gradients dropped, BatchNorm
         statistics remembered, for every stage copy it holds."""
@@ -224,8 +234,10 @@ class _Costs:
             ranks = tuple(stage_holders(cfg, action.stage))
             grad = self.model.param_count(action.stage) * _size(self.model.precision.weight_dtype)
             work = self.held[action.rank].count(action.stage) * self.reduction(action.stage, len(ranks))
-            delay = self.network.all_reduce(grad, len(ranks)) + self.network.latency * len(ranks)
-            return Cost(work, delay, ("allreduce", action.dp, action.stage, ranks), len(ranks))
+            meetings = self.holder_meetings(action.stage) if len(ranks) > 1 else 0
+            delay = self.network.all_reduce(grad, len(ranks)) + meetings * self.network.meeting
+            crowded = meetings * self.network.crowded_meeting(work / meetings) if meetings else 0.0
+            return Cost(work, delay, ("allreduce", action.dp, action.stage, ranks), len(ranks), crowded)
         if kind is ActionKind.OPTIM:       # the optimizer update of every stage copy held
             return Cost(sum(self.optimizer(s) for s in self.held[action.rank]))
         if kind.is_p2p:                    # a hand-off's own work on each side (the wire: ``message``)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ...run.measure import JobCalibration
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
 
-HANDOFF_PROBE_BYTES = 4     # the payload ``run.measure.payload_seconds`` sends
+HANDOFF_PROBE_BYTES = 4     # the payload ``run.measure.handoff_seconds`` relays
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class Network:
     ``waiting_slowdown``: how much slower the ranks filling the cores compute while the other
     ranks of the job wait in their wait mode (``run.measure.waiting_slowdown``); ``handoff``:
     what the sender and the receiver of a stage hand-off each spend on a payload beyond the
-    two messages' wire time (header, bookkeeping; from ``run.measure.payload_seconds``)."""
+    two messages' wire time (bookkeeping, noticing the message, being scheduled again; from
+    ``run.measure.handoff_seconds``, a relay through every rank)."""
 
     latency: float = 20e-6
     bandwidth: float = 5e9
@@ -148,7 +149,7 @@ def network_of(calibration: JobCalibration) -> Network:
 
     pair = calibration.pair_seconds
     network = fit_network(calibration.points, sync=max(0.0, calibration.crowd_seconds - pair), meeting=pair)
-    handoff = max(0.0, calibration.payload_seconds - 2 * network.message(HANDOFF_PROBE_BYTES)) / 2
+    handoff = max(0.0, calibration.handoff_seconds - 2 * network.message(HANDOFF_PROBE_BYTES)) / 2
     return replace(network, sync_short=max(0.0, calibration.crowd_short_seconds - pair),
                    sync_work=LONG_WORK, short_work=SHORT_WORK, waiting_slowdown=calibration.waiting_slowdown,
                    handoff=handoff)
