@@ -24,6 +24,9 @@ from ..comm.protocol import Comm
 from .metrics import state_bytes
 
 STEP_MARK = "mpi4dl_nb.measured_step"
+# torch's profiler library prints two lines on stderr at every start and stop (35 lines in one
+# ``tune`` run) unless its log level is above them; a level the user set is kept
+KINETO_LOG_LEVEL, QUIET_PROFILER = "KINETO_LOG_LEVEL", "6"
 
 
 def _trace_events(prof: Any) -> list[dict[str, Any]]:
@@ -88,6 +91,7 @@ def measure_peak_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu"
         return result, torch.cuda.max_memory_allocated(device) - start
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    os.environ.setdefault(KINETO_LOG_LEVEL, QUIET_PROFILER)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         if before is not None:
             before()

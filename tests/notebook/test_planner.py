@@ -170,6 +170,23 @@ def test_config_memory_knobs_switch_the_terms():
         ParallelConfig(precision="fp8")
 
 
+def test_measuring_a_peak_prints_nothing_unless_the_user_asked_the_profiler_to():
+    """torch's profiler library printed 'USDT: ... profiler_start/stop' on stderr at every
+    measurement (35 lines in one ``tune`` run); a log level the user set still wins."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom mpi4dl_nb.run.measure import measure_peak_bytes\n"
+            "print(measure_peak_bytes(lambda: torch.ones(1000) * 2)[1])")
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert quiet.returncode == 0 and int(quiet.stdout) > 0 and quiet.stderr == "", quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, "KINETO_LOG_LEVEL": "0"})
+    assert loud.returncode == 0 and "profiler_start" in loud.stderr, loud.stderr
+
+
 def test_batchnorm_backward_temporary_on_cpu_is_measured_and_simulated():
     from mpi4dl_nb.run.measure import measure_peak_bytes
 
