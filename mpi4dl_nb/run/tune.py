@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,25 @@ class Measured:
     @property
     def peak(self) -> int:
         return max(self.peaks)
+
+
+def fastest_of_rounds(measurements: Sequence[Callable[[], Measured]], rounds: int = 1,
+                      done: Callable[[int, Measured], None] | None = None) -> list[Measured]:
+    """Run every measurement once per round, round-robin, for ``rounds`` rounds; keep each one's
+    fastest: a shared machine's slow spells only ever add time, and interleaving spreads them over
+    the configurations instead of landing on one. ``done(index, best so far)`` after each run."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: measure each configuration at least once")
+    best: list[Measured | None] = [None] * len(measurements)
+    for _ in range(rounds):
+        for index, measure in enumerate(measurements):
+            found = measure()
+            current = best[index]
+            if current is None or found.seconds < current.seconds:
+                best[index] = current = found
+            if done is not None:
+                done(index, current)
+    return [m for m in best if m is not None]
 
 
 def _sgd(params: Any) -> torch.optim.Optimizer:

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 from ..models import MODEL_NAMES
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bytes each rank may use, in MiB")
     parser.add_argument("--top", type=int, default=3, help="configurations to run (planner's best first)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per configuration")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="measure every configuration this many times, round-robin, and keep its fastest "
+                             "(slow spells of a shared machine only ever add time)")
     parser.add_argument("--max-split", dest="max_split", type=int, default=4)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--json", default=None, help="write the result as JSON to this path (rank 0)")
@@ -44,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.rounds < 1 or args.top < 1:
+        parser.error("--steps, --rounds and --top must be at least 1")
     import mpi4dl_nb as dl
 
     from ..notebook.planner.memory import MB
@@ -85,8 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ctx.rank == 0:
             print(f"mpi4dl_nb tune: {failure}", file=sys.stderr)
         return 1
-    reference = tune.measure_one_process(ctx, spec, args.image_size, args.batch_size, args.steps)
-    measured = [tune.measure_config(ctx, spec, k, args.image_size, args.batch_size, args.steps) for k in knobs]
+    runs = [partial(tune.measure_one_process, ctx, spec, args.image_size, args.batch_size, args.steps)]
+    runs += [partial(tune.measure_config, ctx, spec, k, args.image_size, args.batch_size, args.steps) for k in knobs]
+    reference, *measured = tune.fastest_of_rounds(runs, args.rounds)
     if ctx.rank != 0 or planned is None:
         return 0
     planned.rows[0].measured = reference

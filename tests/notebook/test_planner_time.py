@@ -217,6 +217,12 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     assert [r.label for r in sweep.rows] == ["one process", "LP 3 stages", "parts=2", "times=1"]
     tuner.measure_all(sweep)
     assert all(r.measured is not None for r in sweep.rows) and "first choice" not in sweep.table()
+    calls.clear()
+    tuner.rounds = 2          # every row once per round, round-robin; the second (faster here) kept
+    tuner.measure_all(sweep)
+    count = len(sweep.rows)
+    assert len(calls) == 2 * count
+    assert [r.measured.seconds for r in sweep.rows] == pytest.approx([1.0 / (count + i + 1) for i in range(count)])
 
 
 def test_job_calibration_on_three_ranks(mpirun):

@@ -14,8 +14,8 @@ RANK_PREFIX = re.compile(r"^\[\d+\]\s?")
 
 
 def _lines(output: str) -> list[str]:
-    """The job's output lines without the launcher's rank prefix and the profiler's chatter."""
-    return [RANK_PREFIX.sub("", line) for line in output.splitlines() if "USDT:" not in line]
+    """The job's output lines without the launcher's rank prefix."""
+    return [RANK_PREFIX.sub("", line) for line in output.splitlines()]
 
 
 def _errors(output: str) -> list[str]:
@@ -28,6 +28,7 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", limit, "--json", path,
                      module=True, timeout=150)
     lines = _lines(result.stdout)
+    assert not any("profiler_st" in line for line in lines), result.stdout    # torch profiler's chatter
     header = next(i for i, line in enumerate(lines) if line.startswith("#") and "meas s" in line)
     assert lines[header].split() == ["#", "configuration", "ranks", "pred", "s", "meas", "s", "pred/meas",
                                      "pred", "MB", "meas", "MB", "fits"]
@@ -44,6 +45,28 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     assert chosen["measured_seconds"] == min(r["measured_seconds"] for r in measured if r["fits"])
     assert picked.startswith(f"picked: {chosen['label']} ")
     assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
+
+
+def test_fastest_of_rounds_interleaves_the_configurations_and_keeps_each_one_s_fastest():
+    import pytest
+
+    from mpi4dl_nb.run.tune import Measured, fastest_of_rounds
+
+    order, seen = [], []
+    times = {"a": iter([0.30, 0.20, 0.25]), "b": iter([0.10, 0.40, 0.12])}
+
+    def run(name):
+        def measure():
+            order.append(name)
+            seconds = next(times[name])
+            return Measured(seconds, (seconds,), (1,))
+        return measure
+
+    best = fastest_of_rounds([run("a"), run("b")], 3, lambda i, m: seen.append((i, m.seconds)))
+    assert order == ["a", "b"] * 3 and [m.seconds for m in best] == [0.20, 0.10]
+    assert seen == [(0, 0.30), (1, 0.10), (0, 0.20), (1, 0.10), (0, 0.20), (1, 0.10)]
+    with pytest.raises(ValueError, match="at least once"):
+        fastest_of_rounds([run("a")], 0)
 
 
 def test_memory_limit_below_every_configuration_exits_with_one_line():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ...config import ParallelConfig
@@ -17,6 +18,7 @@ from ...run.tune import (
     Measured,
     ModelSpec,
     calibrate_job_on_engine,
+    fastest_of_rounds,
     measure_config_on_engine,
     measure_one_process_on_engine,
 )
@@ -114,7 +116,8 @@ class TuneResult:
 @dataclass
 class Tuner:
     """One auto-tune of ``spec`` at ``image_size``/``batch_size`` under ``memory_limit`` bytes
-    per rank on ``devices`` ranks: ``top`` candidates, ``steps`` timed steps each."""
+    per rank on ``devices`` ranks: ``top`` candidates, ``steps`` timed steps each, every row
+    measured ``rounds`` times round-robin and its fastest kept (``run.tune.fastest_of_rounds``)."""
 
     spec: ModelSpec
     image_size: int
@@ -124,6 +127,7 @@ class Tuner:
     run: Runner
     top: int = 3
     steps: int = 2
+    rounds: int = 1
     suggest_options: dict[str, Any] = field(default_factory=dict)
     result: TuneResult | None = None
     threads: int | None = None      # torch threads of each rank, learnt by ``calibrate``
@@ -173,11 +177,14 @@ class Tuner:
         return self.result
 
     def measure_all(self, result: TuneResult, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
-        """Measure every row of ``result`` on the ranks; ``progress(result)`` after each."""
-        for row in result.rows:
-            self.measure(row)
+        """Measure every row of ``result`` on the ranks, ``rounds`` times round-robin (the fastest
+        of each kept); ``progress(result)`` after each run."""
+        def record(index: int, measured: Measured) -> None:
+            result.rows[index].measured = measured
             if progress is not None:
                 progress(result)
+
+        fastest_of_rounds([partial(self._run_row, row) for row in result.rows], self.rounds, record)
         return result
 
     def calibrate(self) -> Network:
@@ -188,13 +195,14 @@ class Tuner:
 
     def measure(self, row: TuneRow) -> TuneRow:
         """Run one row on the ranks (fills ``row.measured``)."""
-        if row.cfg is None:
-            row.measured = self.run(measure_one_process_on_engine, self.spec, self.image_size, self.batch_size,
-                                    self.steps)
-        else:
-            row.measured = self.run(measure_config_on_engine, self.spec, row.cfg.as_dict(), self.image_size,
-                                    self.batch_size, self.steps)
+        row.measured = self._run_row(row)
         return row
+
+    def _run_row(self, row: TuneRow) -> Measured:
+        if row.cfg is None:
+            return self.run(measure_one_process_on_engine, self.spec, self.image_size, self.batch_size, self.steps)
+        return self.run(measure_config_on_engine, self.spec, row.cfg.as_dict(), self.image_size,
+                        self.batch_size, self.steps)
 
     def __call__(self, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
         """Calibrate, suggest, then measure every row; ``progress(result)`` after each."""
