@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, ParallelConfig
 from .args import add_parallel_args, add_workload_args
+from .device_flags import add_device_flags, check_device_flags
 from .train_cmd import (
     DTYPES,
     QuietParser,
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="images in the synthetic dataset")
     parser.add_argument("--slide-level", dest="slide_level", type=int, default=0)
     parser.add_argument("--min-tissue", dest="min_tissue", type=float, default=0.5)
-    parser.add_argument("--backend", choices=("auto", "mpi", "gloo", "nccl"), default="auto")
+    add_device_flags(parser)
     parser.add_argument("--all-data", dest="all_data", action="store_true",
                         help="evaluate every image of the data, not only the held-out ones")
     add_evaluation_args(parser, training=False)
@@ -175,10 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .setup import parse_launch
 
     args, cfg = parse_launch(build_parser(), argv, check_flags)
-    return run_evaluation(args, cfg, dl.init(backend=args.backend))
+    return run_evaluation(args, cfg, dl.init(backend=args.backend, device=args.device))
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """Errors in the numeric and held-out data flags, naming the flag (before any rank talks)."""
+    """Errors in the numeric, held-out data and device flags, naming the flag (before any rank talks)."""
     check_numbers(args)
     check_evaluation_args(args)
+    check_device_flags(args)

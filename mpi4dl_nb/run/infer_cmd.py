@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Sequence
 
 from ..config import SLICE_METHODS, ConfigError
+from .device_flags import add_device_flags, check_device_flags
 
 EXIT_SETUP = 2
 
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-window-rows", dest="max_window_rows", type=int, default=None,
                         help="stop after this many window rows (continue later with --resume)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    parser.add_argument("--backend", choices=("auto", "mpi", "gloo", "nccl"), default="auto", help="tensor data plane")
+    add_device_flags(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return parser
 
@@ -71,10 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..infer.runner import InferSettings, Runner, SetupFailed
     from .layout_cmd import launched_world
 
-    args = vars(build_parser().parse_args(argv))
-    backend = args.pop("backend")
+    parsed = build_parser().parse_args(argv)
+    args = vars(parsed).copy()
+    backend, device = args.pop("backend"), args.pop("device")
     rank, size, _ = launched_world()
     try:
+        check_device_flags(parsed)
         settings = InferSettings(outputs=tuple(args.pop("outputs")), **args)
         settings.check()
     except ConfigError as err:
@@ -84,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import mpi4dl_nb as dl
 
-        ctx = dl.init(backend=backend)
+        ctx = dl.init(backend=backend, device=device)
         try:
             runner = Runner(settings, ctx)
         except (SetupFailed, ConfigError) as err:

@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..comm.device import BACKENDS, DEVICES, cuda_unavailable_reason
 from ..config import ConfigError, ParallelConfig
 from .args import add_mpi4dl_args
+from .device_flags import add_device_flags, check_device_flags
 from .divergence import EXIT_NONFINITE, OnNonFinite
 from .identity import parse_allowed
 
@@ -63,13 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--app medical with slides: pyramid level the tiles are cut from")
     run.add_argument("--min-tissue", dest="min_tissue", type=float, default=0.5,
                      help="--app medical with slides: least tissue fraction of a kept tile")
-    run.add_argument("--backend", choices=BACKENDS, default="auto",
-                     help="tensor data plane: mpi (mpi4py; CUDA-aware MPI or staged on GPU), "
-                          "gloo (torch.distributed, CPU), nccl (torch.distributed, CUDA); "
-                          "auto: nccl on GPU, mpi on CPU")
-    run.add_argument("--device", choices=DEVICES, default="auto",
-                     help="where tensors live: cuda (refused at once, naming what is missing, "
-                          "when no GPU can be used), cpu, or auto (cuda when visible)")
+    add_device_flags(run)
     run.add_argument("--no-progress", dest="progress", action="store_false",
                      help="no progress bar on rank 0")
     run.add_argument("--skip-bad-files", dest="skip_bad_files", action="store_true",
@@ -170,15 +164,7 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError("--datapath", f"--app {args.app} does not read --datapath (it would train on "
                           f"generated images); use --app medical for tiles/slides or --app cifar for "
                           f"CIFAR-10 batches, or drop --datapath")
-    if args.device == "cuda" or args.backend == "nccl":
-        missing = cuda_unavailable_reason()
-        if missing is not None:
-            flag, value = ("--device", "cuda") if args.device == "cuda" else ("--backend", "nccl")
-            raise ConfigError(flag, f"{value} needs a CUDA GPU: {missing}; use --device cpu (or "
-                                    f"auto) with --backend mpi or gloo")
-    if args.backend == "gloo" and args.device == "cuda":
-        raise ConfigError("--backend", "gloo moves CPU tensors; with --device cuda use --backend "
-                                       "nccl or mpi")
+    check_device_flags(args)
     if args.resume == "latest" and args.checkpoint_dir is None:
         raise ConfigError("--resume", "'latest' looks in --checkpoint-dir; give --checkpoint-dir "
                           "or a checkpoint path")

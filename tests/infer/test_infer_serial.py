@@ -91,7 +91,7 @@ def test_command_summary_line(data, capsys):
     root, checkpoint, slide, _ = data
     step_file = next(checkpoint.glob("step-00000002*.pt"))    # a file, not the directory
     assert infer_main(["--checkpoint", str(step_file), "--slide", str(slide), "--output",
-                       str(root / "cli.npy"), "--window", "128", "--no-progress"]) == 0
+                       str(root / "cli.npy"), "--window", "128", "--no-progress", "--device", "cpu"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("megapixels_per_s", "peak_memory_bytes", "windows", "skipped_background"):
         assert key in summary
@@ -103,13 +103,15 @@ def test_memory_does_not_grow_with_slide_size(data):
     root, checkpoint, _, _ = data
     small = make_slide(root / "small.tif", 320, 448)
     large = make_slide(root / "large.tif", 960, 896)      # 6x the pixels
-    peaks = []
-    for name, slide in (("warm-up", small), ("s", small), ("l", large)):  # first run: kernel caches of the shape
+    peaks: dict[str, list[int]] = {"warm-up": [], "s": [], "l": []}
+    # first run: kernel caches of the shape; each size twice, the lower kept: the reader thread's
+    # prefetch lands before or after a sample by chance, which only ever adds to a peak
+    for name, slide in (("warm-up", small), ("s", small), ("l", large), ("s", small), ("l", large)):
         summary = run(checkpoint, slide, [root / f"m{name}.npy"], window=160, overwrite=True)
-        peaks.append(summary["peak_memory_bytes"][0])
-    peaks = peaks[1:]
+        peaks[name].append(summary["peak_memory_bytes"][0])
     assert summary["memory_source"] == "heap" and summary["windows"] >= 6 * 12
-    assert peaks[1] <= 1.3 * peaks[0], f"peak per rank {peaks[0]} -> {peaks[1]} bytes on a 6x larger slide"
+    small_peak, large_peak = min(peaks["s"]), min(peaks["l"])
+    assert large_peak <= 1.3 * small_peak, f"peak per rank {peaks['s']} -> {peaks['l']} bytes on a 6x larger slide"
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -58,7 +58,7 @@ def test_evaluate_on_5_ranks_equals_one_process(trained, capsys):
     parallel = evaluation_record(run_mpi(5, "mpi4dl_nb", "evaluate", "--checkpoint", str(root / "ckpt"), *SP_LP,
                                          *data, module=True, timeout=300).stdout)
     assert evaluate_cmd.main(["--checkpoint", str(root / "ckpt"), "--split-size", "1", "--spatial-size", "0",
-                              *data]) == 0
+                              "--device", "cpu", *data]) == 0
     serial = evaluation_record(capsys.readouterr().out)
     summary = json_record(trained[2].stdout)
     assert parallel["world_size"] == 5 and serial["world_size"] == 1 and parallel["dtype"] == "float64"
