@@ -165,6 +165,12 @@ def test_suggest_lists_each_run_once_fastest_first_and_says_what_binds(resnet):
             assert (s.cfg.num_spatial_parts, str(s.cfg.slice_method)) == (4, "square")
     assert all(r.memory.peak > 0.9 * one and "needs" in r.describe() for r in found.refused)
     assert found.serial_memory.peak == one and "one process" in found.table()
+    close = found.toss_up()
+    times = [s.est_step_time for s in found]
+    assert close == sum(t <= 1.1 * times[0] for t in times) >= 1
+    assert ("predicted within 10% of each other" in found.table()) == (close > 1)
+    assert close > 1        # mirror images (1x2 and 2x1 tiles of a square image) predict alike
+    assert found.toss_up(within=1e9) == len(found) and type(found)([]).toss_up() == 0
     # one stage on two ranks is data parallelism whichever knob says so: listed once
     two = planner.candidate_configs(2, 5, 2)
     assert ParallelConfig(split_size=1, spatial_size=0, data_parallel=2) in two

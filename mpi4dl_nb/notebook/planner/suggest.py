@@ -186,6 +186,9 @@ class Refusal:
         return f"{self.cfg.world_size} ranks: {describe_config(self.cfg)}: refused - {self.why()}"
 
 
+TOSS_UP = 0.10     # predicted this close to the first: only a measurement tells them apart
+
+
 class Suggestions(list[Suggestion]):
     """``suggest``'s ranked Suggestions (a list), with the refused configurations and the
     one-process reference (``serial_memory``, ``serial_time``)."""
@@ -194,11 +197,25 @@ class Suggestions(list[Suggestion]):
     serial_memory: MemoryPlan
     serial_time: TimePlan | None
 
+    def toss_up(self, within: float = TOSS_UP) -> int:
+        """How many of the first suggestions are predicted within ``within`` (a share) of the
+        first: closer than the time model's error on shared cores, so only measuring them
+        (the live auto-tune) can tell them apart. 0 without suggestions."""
+        if not self:
+            return 0
+        first = self[0].est_step_time
+        return sum(1 for s in self if s.est_step_time <= first * (1 + within))
+
     def table(self, refused: bool = True) -> str:
-        """Ranked rows, then the refused ones (one line each)."""
+        """Ranked rows (a note when the first ones are a toss-up), then the refused ones (one line each)."""
         lines = [f"one process: peak {self.serial_memory.peak / MB:.1f} MB"
                  + (f", {self.serial_time.seconds:.3f} s/step" if self.serial_time else "")]
         lines += [f"{i + 1:2d}. {s.describe()}" for i, s in enumerate(self)]
+        close = self.toss_up()
+        if close > 1:
+            lines.append(f"    the first {close} are predicted within {TOSS_UP:.0%} of each other, closer than "
+                         f"the step-time model's error where ranks share cores: measure them "
+                         f"(AutoTune, python -m mpi4dl_nb tune) to pick")
         if refused:
             lines += [f"  x  {r.describe()}" for r in self.refused]
         return "\n".join(lines)
