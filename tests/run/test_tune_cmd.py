@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
+from mpi4dl_nb.run.tune import Measured, fastest_of_rounds
 from tests.support.mpirun import run_mpi
 
 TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
@@ -48,9 +51,6 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
 
 
 def test_fastest_of_rounds_interleaves_the_configurations_and_keeps_each_one_s_fastest():
-    import pytest
-
-    from mpi4dl_nb.run.tune import Measured, fastest_of_rounds
 
     order, seen = [], []
     times = {"a": iter([0.30, 0.20, 0.25]), "b": iter([0.10, 0.40, 0.12])}
