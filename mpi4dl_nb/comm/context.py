@@ -222,19 +222,29 @@ class Context:
         comm = (self.world if group is None else group).communicator()
         MpiRequests([comm.Ibarrier()], self.wait_mode).wait()
 
+    def _all_arrived(self, group: Group | None) -> MPI.Comm:
+        """``group``'s communicator, once every member got here. The object collectives below
+        are the library's blocking ones, which poll a core while a member is late; in
+        ``WaitMode.YIELD`` the ranks first meet at a barrier in the wait mode (sleeping), so
+        the collective then finds everyone there."""
+        comm = (self.world if group is None else group).communicator()
+        if self.wait_mode is WaitMode.YIELD and comm.Get_size() > 1:
+            MpiRequests([comm.Ibarrier()], self.wait_mode).wait()
+        return comm
+
     def all_gather_object(self, obj: Any, group: Group | None = None) -> list[Any]:
-        return (self.world if group is None else group).communicator().allgather(obj)
+        return self._all_arrived(group).allgather(obj)
 
     def bcast_object(self, obj: Any, root: int = 0, group: Group | None = None) -> Any:
         group = self.world if group is None else group
-        return group.communicator().bcast(obj, root=group.rank_of(root))
+        return self._all_arrived(group).bcast(obj, root=group.rank_of(root))
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
-        return self.mpi_comm.gather(obj, root=root)
+        return self._all_arrived(None).gather(obj, root=root)
 
     def scatter_object(self, pieces: Sequence[Any] | None, root: int = 0) -> Any:
         """Rank ``root`` gives ``pieces[r]`` to each rank r (``pieces`` ignored elsewhere)."""
-        return self.mpi_comm.scatter(pieces, root=root)
+        return self._all_arrived(None).scatter(pieces, root=root)
 
     def abort(self, code: int = 1) -> None:
         """End every rank of the job (after an unrecoverable error on this one; output written before is kept)."""

@@ -26,7 +26,7 @@ PLANES = {"cpu": ("mpi", "gloo"), "cuda": ("mpi", "nccl")}
 CHECKS = ("send/recv", "exchange both ways", "channel payloads in send order", "all_reduce world",
           "all_reduce group", "broadcast", "group broadcast", "1 MiB float32 message",
           "int64 all_reduce", "all_gather_object", "groups cached")
-MPI_ONLY = ("irecv two tags", "staged path", "wait block", "wait yield")
+MPI_ONLY = ("irecv two tags", "staged path", "wait block", "wait yield", "object collectives wait asleep")
 TORCH_ONLY = ("wrong order refused",)   # on the mpi plane a wrong tag is never matched: it hangs
 
 
@@ -201,6 +201,29 @@ def wait_modes(ctx: Context, check: Checks) -> None:
             assert plane.wait_mode is mode
 
 
+LATE = 0.4      # seconds the last rank arrives after the others
+
+
+def object_waits(device: str, check: Checks) -> None:
+    """In the yield mode the object collectives (the library's blocking ones) do not poll a core
+    while a member is late: the early ranks wait asleep, then the collective finds everyone."""
+    ctx = Context(backend="mpi", device=device, wait="yield")
+    rank, size = ctx.rank, ctx.world_size
+    with check("mpi object collectives wait asleep"):
+        burnt = []
+        for collective in (lambda: ctx.all_gather_object(rank), lambda: ctx.bcast_object(rank, root=size - 1)):
+            ctx.barrier()
+            if rank == size - 1:
+                time.sleep(LATE)
+            start_cpu, start = time.process_time(), time.perf_counter()
+            found = collective()
+            burnt.append((time.process_time() - start_cpu, time.perf_counter() - start))
+            assert found in (list(range(size)), size - 1), found
+        if rank != size - 1:
+            for cpu, wall in burnt:
+                assert wall > LATE / 2 and cpu < 0.25 * wall, f"{cpu:.3f} s of CPU in {wall:.3f} s of waiting"
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     device = "cuda" if "--device=cuda" in sys.argv[1:] else "cpu"
@@ -210,6 +233,7 @@ def main(check: Checks) -> None:
         exercise(mpi_ctx, check)
         staged_path(mpi_ctx, check)
         wait_modes(mpi_ctx, check)
+        object_waits(device, check)
         torch_ctx = Context(backend=torch_backend, device=device)
         exercise(torch_ctx, check)
     torch_ctx.close()
