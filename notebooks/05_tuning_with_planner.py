@@ -54,9 +54,11 @@ panel = ConfigPanel(best.cfg, model=model, image_size=IMAGE, batch_size=BATCH, d
 panel.widget
 
 # %% [markdown]
-# Auto-tune on 5 MPI ranks: the one-process reference and the planner's top 3, a warm-up, a
-# memory-measured step and two timed steps each; predicted next to measured; the fastest
-# configuration whose measured peak fits the limit is picked.
+# Auto-tune on 5 MPI ranks: the one-process reference and the planner's top 3, built side by
+# side (a warm-up and a memory-measured step each), then two timed steps of each, one step of
+# every configuration in turn so a slow spell of the machine falls on all of them alike;
+# predicted next to measured; the fastest configuration whose measured peak fits the limit is
+# picked.
 
 # %%
 from mpi4dl_nb.notebook.widgets import AutoTune

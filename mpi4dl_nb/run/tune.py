@@ -1,12 +1,12 @@
-"""Measured runs for the auto-tuner: a configuration's step time and per-rank peak memory on the
-ranks of a live job, and the one-process reference. Every function here is collective (each
-rank calls it) and returns the same result on every rank; ``*_on_engine`` variants start
-from ``dl.init()`` so a notebook can call them on an ipyparallel cluster.
+"""Measured runs for the auto-tuner: configurations' step times and per-rank peak memory on the
+ranks of a live job, and the one-process reference, built side by side and their steps
+interleaved so the machine's slow spells fall on all of them alike. Every function here is
+collective (each rank calls it) and returns the same result on every rank; ``*_on_engine``
+variants start from ``dl.init()`` so a notebook can call them on an ipyparallel cluster.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -70,102 +70,172 @@ class Measured:
         return max(self.peaks)
 
 
-def fastest_of_rounds(measurements: Sequence[Callable[[], Measured]], rounds: int = 1,
-                      done: Callable[[int, Measured], None] | None = None) -> list[Measured]:
-    """Run every measurement once per round, round-robin, for ``rounds`` rounds; keep each one's
-    fastest: a shared machine's slow spells only ever add time, and interleaving spreads them over
-    the configurations instead of landing on one. ``done(index, best so far)`` after each run."""
-    if rounds < 1:
-        raise ValueError(f"rounds={rounds}: measure each configuration at least once")
-    best: list[Measured | None] = [None] * len(measurements)
-    for _ in range(rounds):
-        for index, measure in enumerate(measurements):
-            found = measure()
-            current = best[index]
-            if current is None or found.seconds < current.seconds:
-                best[index] = current = found
-            if done is not None:
-                done(index, current)
-    return [m for m in best if m is not None]
-
-
 def _sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
-def measure_config(ctx: Comm, spec: ModelSpec, knobs: dict[str, Any], image_size: int, batch_size: int,
-                   steps: int = 2) -> Measured:
-    """Run ``ParallelConfig(**knobs)`` on every rank of ``ctx``: one warm-up step and one
-    measured step under the allocation profiler (peak memory), then ``steps`` timed steps."""
-    from ..pipeline.engine import HybridEngine
-    from .measure import measure_engine_step, time_engine_steps
+@dataclass
+class Trial:
+    """One row of an auto-tune built on this rank: its training step (collective) and this
+    rank's measured peak bytes (None: the rank takes no part, e.g. off rank 0 for one process)."""
 
-    cfg = ParallelConfig(**knobs)
-    engine = HybridEngine(spec.build(), cfg, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=_sgd)
+    step: Callable[[], object]
+    peak: int | None
+
+
+def engine_trial(ctx: Comm, spec: ModelSpec, knobs: dict[str, Any], image_size: int, batch_size: int) -> Trial:
+    """``ParallelConfig(**knobs)`` built on every rank of ``ctx``: one warm-up step and one step
+    under the allocation profiler (its peak); then ready to step."""
+    from ..pipeline.engine import HybridEngine
+    from .measure import measure_engine_step
+
+    engine = HybridEngine(spec.build(), ParallelConfig(**knobs), ctx, loss_fn=nn.CrossEntropyLoss(),
+                          optimizer=_sgd)
     images, labels = spec.batch(image_size, batch_size)
     peak = measure_engine_step(engine, images, labels, warmup=1)
-    seconds = time_engine_steps(engine, images, labels, steps=steps, warmup=0)
-    gathered = ctx.all_gather_object((peak, seconds))
-    per_step = tuple(max(times) for times in zip(*(s for _, s in gathered)))
-    return Measured(statistics.median(per_step), per_step, tuple(p for p, _ in gathered))
+    return Trial(lambda: engine.train_step(images, labels), peak)
 
 
-def measure_one_process(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: int,
-                        steps: int = 2, threads: int | None = None) -> Measured:
-    """The same training on one process (rank 0, ``threads`` torch threads - default every
-    core, as ``dl.init`` gives a job of one rank - the others wait): the reference every
-    parallel configuration is compared with."""
+def one_process_trial(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: int) -> Trial:
+    """The same training on rank 0 alone with a torch thread per core (as ``dl.init`` gives a
+    job of one rank): the reference every configuration is compared with. The other ranks'
+    step does nothing (they wait at the next barrier, asleep)."""
+    from ..comm.waiting import node_cores
     from .measure import measure_step_memory
 
-    result = None
-    if ctx.rank == 0:
+    if ctx.rank != 0:
+        return Trial(lambda: None, None)
+    model = nn.Sequential(*spec.build())
+    optimizer = _sgd(model.parameters())
+    images, labels = spec.batch(image_size, batch_size)
+    loss_fn = nn.CrossEntropyLoss()
+    cores = node_cores()
+
+    def step() -> None:
         before = torch.get_num_threads()
-        torch.set_num_threads(threads or os.cpu_count() or 1)
+        torch.set_num_threads(cores)
         try:
-            model = nn.Sequential(*spec.build())
-            optimizer = _sgd(model.parameters())
-            images, labels = spec.batch(image_size, batch_size)
-            loss_fn = nn.CrossEntropyLoss()
-
-            def step() -> None:
-                optimizer.zero_grad(set_to_none=True)
-                loss_fn(model(images), labels).backward()
-                optimizer.step()
-
-            peak = measure_step_memory(step, [model], optimizer, warmup=step)
-            seconds = []
-            for _ in range(steps):
-                start = time.perf_counter()
-                step()
-                seconds.append(time.perf_counter() - start)
-            result = Measured(statistics.median(seconds), tuple(seconds), (peak,))
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(images), labels).backward()
+            optimizer.step()
         finally:
             torch.set_num_threads(before)
-    ctx.barrier()   # the other ranks wait in the plane's wait mode, not polling a core rank 0 measures on
-    measured = ctx.bcast_object(result, root=0)
-    assert isinstance(measured, Measured)
-    return measured
+
+    return Trial(step, measure_step_memory(step, [model], optimizer, warmup=step))
+
+
+Row = dict[str, Any] | None     # a configuration's knobs (``ParallelConfig.as_dict``); None: one process
+_HELD: list[Trial] = []          # this process's trials between ``build_trials`` and ``release_trials``
+
+
+def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: int,
+                 batch_size: int) -> list[tuple[int, ...]]:
+    """Build every row in turn on the ranks (``engine_trial``; None: ``one_process_trial``) and
+    hold them all, so ``time_trials`` can interleave their steps; the measured peaks of each
+    row, every rank's (one process: rank 0's). Each row's peak is measured while only its own
+    step runs; the rows held together keep their parameters and optimizer state meanwhile."""
+    release_trials()
+    for row in rows:
+        trial = one_process_trial(ctx, spec, image_size, batch_size) if row is None else \
+            engine_trial(ctx, spec, row, image_size, batch_size)
+        _HELD.append(trial)
+        ctx.barrier()
+    everyone = ctx.all_gather_object([trial.peak for trial in _HELD])
+    return [tuple(peaks[index] for peaks in everyone if peaks[index] is not None) for index in range(len(rows))]
+
+
+def time_trials(ctx: Comm, steps: int) -> list[tuple[float, ...]]:
+    """``steps`` timed steps of every held row, interleaved: one step of each row in turn,
+    each started together at a barrier, so a slow spell of the machine (seconds long on shared
+    cores: the same configuration measured 0.14 and 0.20 s a step in two jobs a minute apart)
+    falls on every row alike. Per row: each step's seconds on the slowest rank."""
+    if not _HELD:
+        raise RuntimeError("no trials held: call build_trials first")
+    seconds: list[list[float]] = [[] for _ in _HELD]
+    for _ in range(steps):
+        for index, trial in enumerate(_HELD):
+            ctx.barrier()
+            start = time.perf_counter()
+            trial.step()
+            seconds[index].append(time.perf_counter() - start)
+    everyone = ctx.all_gather_object(seconds)
+    return [tuple(max(times) for times in zip(*(rank[index] for rank in everyone))) for index in range(len(_HELD))]
+
+
+def release_trials() -> None:
+    """Drop the held rows (their engines and memory)."""
+    _HELD.clear()
+
+
+def measured(peaks: tuple[int, ...], step_seconds: Sequence[float]) -> Measured:
+    """A row's Measured: the median of its steps (slowest rank), its peaks."""
+    return Measured(statistics.median(step_seconds), tuple(step_seconds), peaks)
+
+
+def _engine_context() -> Comm:
+    from ..comm.context import init
+
+    return init()
+
+
+def build_trials_on_engine(spec: ModelSpec, rows: Sequence[Row], image_size: int,
+                           batch_size: int) -> list[tuple[int, ...]]:
+    """``build_trials`` on this process's ``dl.init()`` context."""
+    return build_trials(_engine_context(), spec, rows, image_size, batch_size)
+
+
+def time_trials_on_engine(steps: int) -> list[tuple[float, ...]]:
+    """``time_trials`` on this process's ``dl.init()`` context."""
+    return time_trials(_engine_context(), steps)
+
+
+def release_trials_on_engine() -> None:
+    """``release_trials`` on this process."""
+    release_trials()
+
+
+Runner = Callable[..., Any]     # run(function, *args): ``function`` on every rank, one rank's result
+
+
+def here(function: Callable[..., Any], *args: Any) -> Any:
+    """The Runner of a rank that is itself one of the ranks (``mpiexec``): call ``function``."""
+    return function(*args)
+
+
+def measure_interleaved(run: Runner, spec: ModelSpec, rows: Sequence[Row], image_size: int, batch_size: int,
+                        steps: int = 2, rounds: int = 1,
+                        done: Callable[[list[Measured]], None] | None = None) -> list[Measured]:
+    """Every row built side by side on the ranks (``build_trials``), one untimed interleaved
+    step each (all warm again after the others were built), then ``rounds`` rounds of ``steps``
+    interleaved timed steps (``time_trials``), then released. Each row's time: the median of its
+    steps so far; ``done(measured rows)`` after each round. ``run``: ``here`` on ranks started
+    by mpiexec, ``cluster.run`` (rank 0's result) from a notebook."""
+    if steps < 1 or rounds < 1:
+        raise ValueError(f"steps={steps}, rounds={rounds}: time each configuration at least once")
+    try:
+        peaks = run(build_trials_on_engine, spec, list(rows), image_size, batch_size)
+        run(time_trials_on_engine, 1)
+        seconds: list[list[float]] = [[] for _ in rows]
+        results: list[Measured] = []
+        for _ in range(rounds):
+            for mine, found in zip(seconds, run(time_trials_on_engine, steps)):
+                mine.extend(found)
+            results = [measured(p, s) for p, s in zip(peaks, seconds)]
+            if done is not None:
+                done(results)
+        return results
+    finally:
+        run(release_trials_on_engine)
 
 
 def measure_config_on_engine(spec: ModelSpec, knobs: dict[str, Any], image_size: int, batch_size: int,
                              steps: int = 2) -> Measured:
-    """``measure_config`` on this process's ``dl.init()`` context (for ``cluster.run``)."""
-    from ..comm.context import init
-
-    return measure_config(init(), spec, knobs, image_size, batch_size, steps)
-
-
-def measure_one_process_on_engine(spec: ModelSpec, image_size: int, batch_size: int,
-                                  steps: int = 2) -> Measured:
-    """``measure_one_process`` on this process's ``dl.init()`` context (for ``cluster.run``)."""
-    from ..comm.context import init
-
-    return measure_one_process(init(), spec, image_size, batch_size, steps)
+    """``ParallelConfig(**knobs)`` alone on this process's ``dl.init()`` job (for ``cluster.run``)."""
+    return measure_interleaved(here, spec, [knobs], image_size, batch_size, steps)[0]
 
 
 def calibrate_job_on_engine() -> JobCalibration:
     """``measure.calibrate_job`` on this job (ping-pong, meeting cost, threads), for ``cluster.run``."""
-    from ..comm.context import init
     from .measure import calibrate_job
 
-    return calibrate_job(init())
+    return calibrate_job(_engine_context())

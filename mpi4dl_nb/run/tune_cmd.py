@@ -5,10 +5,12 @@
 
 Every rank takes part: a ping-pong calibrates the network model, rank 0 runs ``suggest`` for
 this world size and the memory limit (the others wait), then the one-process reference and
-each of the ``--top`` configurations run ``--steps`` timed steps (after a warm-up and a
-memory-measured step) on the ranks. Rank 0 prints predicted next to measured and picks the
-fastest configuration whose measured peak fits; ``--json PATH`` writes the table. One rank,
-or a memory limit no configuration fits, exits non-zero with one line.
+each of the ``--top`` configurations are built side by side on the ranks (a warm-up and a
+memory-measured step each) and timed in ``--rounds`` rounds of ``--steps`` steps, one step of
+each in turn (a slow spell of the machine falls on all of them alike; each one's time is the
+median of its steps). Rank 0 prints predicted next to measured and picks the fastest
+configuration whose measured peak fits; ``--json PATH`` writes the table. One rank, or a
+memory limit no configuration fits, exits non-zero with one line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from functools import partial
 
 from ..models import MODEL_NAMES
 
@@ -37,10 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-limit-mb", dest="memory_limit_mb", type=float, required=True,
                         help="bytes each rank may use, in MiB")
     parser.add_argument("--top", type=int, default=3, help="configurations to run (planner's best first)")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per configuration")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per configuration and round")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="measure every configuration this many times, round-robin, and keep its fastest "
-                             "(slow spells of a shared machine only ever add time)")
+                        help="rounds of --steps steps, one step of every configuration in turn (the machine's "
+                             "slow spells fall on all of them alike); each one's time is the median of its steps")
     parser.add_argument("--max-split", dest="max_split", type=int, default=4)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--json", default=None, help="write the result as JSON to this path (rank 0)")
@@ -71,11 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     network = network_of(calibration)
     limit = args.memory_limit_mb * MB
 
-    def local(function, *call_args):   # rank 0 drives; the measurements are collective
-        return function(*call_args)
-
-    tuner = Tuner(spec, args.image_size, args.batch_size, limit, ctx.world_size, local, top=args.top,
-                  steps=args.steps, suggest_options={"max_split": args.max_split}, threads=calibration.threads)
+    tuner = Tuner(spec, args.image_size, args.batch_size, limit, ctx.world_size, tune.here, top=args.top,
+                  steps=args.steps, rounds=args.rounds, suggest_options={"max_split": args.max_split},
+                  threads=calibration.threads)
     planned: TuneResult | None = None
     failure = None
     if ctx.rank == 0:
@@ -84,7 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(planned.suggestions.table() if planned.suggestions is not None else "", flush=True)
         except ValueError as err:
             failure = str(err)
-    ctx.barrier()   # the others wait here in the plane's wait mode (an object broadcast would poll a core)
     knobs = ctx.bcast_object(None if planned is None else [r.cfg.as_dict() for r in planned.candidates
                                                               if r.cfg is not None])
     failure = ctx.bcast_object(failure)
@@ -92,9 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ctx.rank == 0:
             print(f"mpi4dl_nb tune: {failure}", file=sys.stderr)
         return 1
-    runs = [partial(tune.measure_one_process, ctx, spec, args.image_size, args.batch_size, args.steps)]
-    runs += [partial(tune.measure_config, ctx, spec, k, args.image_size, args.batch_size, args.steps) for k in knobs]
-    reference, *measured = tune.fastest_of_rounds(runs, args.rounds)
+    reference, *measured = tune.measure_interleaved(tune.here, spec, [None, *knobs], args.image_size,
+                                                    args.batch_size, args.steps, args.rounds)
     if ctx.rank != 0 or planned is None:
         return 0
     planned.rows[0].measured = reference

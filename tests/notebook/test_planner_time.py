@@ -202,18 +202,26 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     layers = spec.build()
     one = planner.estimate_memory(layers, ParallelConfig(split_size=1, spatial_size=0), 32, 2).peak
     calls = []
+    rows = []
 
-    def fake_run(function, *args):   # stands in for the ranks: seconds fall with the call count
+    def fake_run(function, *args):   # stands in for the ranks: each timed round faster than the last
         calls.append(function)
         if function is tune.calibrate_job_on_engine:
             return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 1e-4, 3e-4, 2e-4, 1)
-        seconds = 1.0 / len(calls)
-        return tune.Measured(seconds, (seconds,), (int(0.5 * one),) * 3)
+        if function is tune.build_trials_on_engine:
+            rows[:] = args[1]
+            return [(int(0.5 * one),) * 3 for _ in rows]
+        if function is tune.time_trials_on_engine:
+            seconds = 1.0 / len(calls)    # the last row fastest within a round: calls count up
+            return [(seconds * (len(rows) - i),) * args[0] for i in range(len(rows))]
+        return None
 
     tuner = Tuner(spec, 32, 2, 0.9 * one, 3, fake_run, top=2, steps=1,
                   suggest_options=dict(timer=FlopTimer(), node=planner.Node(cores=2, copy_bandwidth=1e10)))
     result = tuner()
-    assert calls[:2] == [tune.calibrate_job_on_engine, tune.measure_one_process_on_engine]
+    assert calls == [tune.calibrate_job_on_engine, tune.build_trials_on_engine, tune.time_trials_on_engine,
+                     tune.time_trials_on_engine, tune.release_trials_on_engine]
+    assert rows[0] is None and rows[1:] == [s.cfg.as_dict() for s in result.suggestions]   # all built together
     assert tuner.threads == 1 and result.network.sync == pytest.approx(2e-4)
     assert result.network.meeting == pytest.approx(1e-4) and result.network.sync_short == pytest.approx(1e-4)
     assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
@@ -221,14 +229,16 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     assert all(r.ratio is not None for r in result.rows)
     sweep = tuner.sweep(ParallelConfig(split_size=3, spatial_size=0), result.network, knobs=("parts", "times"))
     assert [r.label for r in sweep.rows] == ["one process", "LP 3 stages", "parts=2", "times=1"]
-    tuner.measure_all(sweep)
-    assert all(r.measured is not None for r in sweep.rows) and "first choice" not in sweep.table()
     calls.clear()
-    tuner.rounds = 2          # every row once per round, round-robin; the second (faster here) kept
-    tuner.measure_all(sweep)
+    tuner.rounds, tuner.steps = 2, 3     # two timed rounds of 3 steps each, after the warm round
+    shown = []
+    tuner.measure_all(sweep, lambda r: shown.append([row.measured.seconds for row in r.rows]))
     count = len(sweep.rows)
-    assert len(calls) == 2 * count
-    assert [r.measured.seconds for r in sweep.rows] == pytest.approx([1.0 / (count + i + 1) for i in range(count)])
+    assert calls == [tune.build_trials_on_engine] + [tune.time_trials_on_engine] * 3 + [tune.release_trials_on_engine]
+    assert len(shown) == 2 and "first choice" not in sweep.table()
+    # each row: the median of its 6 steps - 3 from the round at call 3, 3 from the round at call 4
+    assert shown[-1] == pytest.approx([(count - i) * (1 / 3 + 1 / 4) / 2 for i in range(count)])
+    assert all(len(row.measured.step_seconds) == 6 for row in sweep.rows)
 
 
 def test_job_calibration_on_three_ranks(mpirun):

@@ -8,7 +8,9 @@ import re
 
 import pytest
 
-from mpi4dl_nb.run.tune import Measured, fastest_of_rounds
+from mpi4dl_nb.notebook.planner.fake_world import FakeWorld
+from mpi4dl_nb.run import tune
+from mpi4dl_nb.run.tune import _HELD, Trial, release_trials, time_trials
 from tests.support.mpirun import run_mpi
 
 TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
@@ -50,23 +52,38 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
 
 
-def test_fastest_of_rounds_interleaves_the_configurations_and_keeps_each_one_s_fastest():
+def test_held_rows_step_in_turn_and_every_round_is_interleaved():
+    world = FakeWorld(1)
+    ctx = world.comm(0, "cpu")
+    order = []
+    release_trials()
+    try:
+        with pytest.raises(RuntimeError, match="build_trials first"):
+            time_trials(ctx, 1)
+        _HELD.extend(Trial(lambda name=name: order.append(name), 1) for name in "abc")
+        found = time_trials(ctx, 2)
+    finally:
+        release_trials()
+    assert order == ["a", "b", "c", "a", "b", "c"]             # one step of each row in turn
+    assert len(found) == 3 and all(len(steps) == 2 for steps in found) and not _HELD
 
-    order, seen = [], []
-    times = {"a": iter([0.30, 0.20, 0.25]), "b": iter([0.10, 0.40, 0.12])}
 
-    def run(name):
-        def measure():
-            order.append(name)
-            seconds = next(times[name])
-            return Measured(seconds, (seconds,), (1,))
-        return measure
+def test_measure_interleaved_releases_the_rows_when_a_round_fails():
+    calls = []
 
-    best = fastest_of_rounds([run("a"), run("b")], 3, lambda i, m: seen.append((i, m.seconds)))
-    assert order == ["a", "b"] * 3 and [m.seconds for m in best] == [0.20, 0.10]
-    assert seen == [(0, 0.30), (1, 0.10), (0, 0.20), (1, 0.10), (0, 0.20), (1, 0.10)]
+    def run(function, *args):
+        calls.append(function.__name__)
+        if function is tune.build_trials_on_engine:
+            return [(1,), (2,)]
+        if function is tune.time_trials_on_engine and len(calls) > 2:
+            raise RuntimeError("a rank failed")
+        return [(0.1,), (0.2,)]
+
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        tune.measure_interleaved(run, tune.ModelSpec(), [None, {"split_size": 2}], 32, 2, steps=1)
+    assert calls[-1] == "release_trials_on_engine"
     with pytest.raises(ValueError, match="at least once"):
-        fastest_of_rounds([run("a")], 0)
+        tune.measure_interleaved(run, tune.ModelSpec(), [None], 32, 2, steps=0)
 
 
 def test_memory_limit_below_every_configuration_exits_with_one_line():

@@ -1,33 +1,25 @@
 """Live auto-tune: the planner's top configurations run a few steps each on the live ranks,
-predicted next to measured, and the fastest one that fits is picked.
+side by side with their steps interleaved, predicted next to measured, and the fastest one
+that fits is picked.
 
 ``Tuner`` drives it through ``run(function, *args)``, which calls one of the collective
 functions of ``run.tune`` on every rank and returns rank 0's result - ``cluster.run`` from a
-notebook (``Tuner.on_cluster``), or the ranks themselves in ``python -m mpi4dl_nb tune``.
+notebook (``Tuner.on_cluster``), or the ranks themselves in ``python -m mpi4dl_nb tune``
+(``run.tune.here``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from ...config import ParallelConfig
-from ...run.tune import (
-    Measured,
-    ModelSpec,
-    calibrate_job_on_engine,
-    fastest_of_rounds,
-    measure_config_on_engine,
-    measure_one_process_on_engine,
-)
+from ...run.tune import Measured, ModelSpec, Runner, calibrate_job_on_engine, measure_interleaved
 from .memory import MB, estimate_memory
 from .step_time import predict_step_time
 from .suggest import KNOB_VALUES, Suggestion, Suggestions, describe_config, one_knob_variants, suggest
 from .timing import Network, network_of
-
-Runner = Callable[..., Any]
 
 
 @dataclass
@@ -116,8 +108,9 @@ class TuneResult:
 @dataclass
 class Tuner:
     """One auto-tune of ``spec`` at ``image_size``/``batch_size`` under ``memory_limit`` bytes
-    per rank on ``devices`` ranks: ``top`` candidates, ``steps`` timed steps each, every row
-    measured ``rounds`` times round-robin and its fastest kept (``run.tune.fastest_of_rounds``)."""
+    per rank on ``devices`` ranks: ``top`` candidates, built side by side and timed in
+    ``rounds`` rounds of ``steps`` interleaved steps each (``run.tune.measure_interleaved``:
+    the machine's slow spells fall on every row alike); a row's time is the median of its steps."""
 
     spec: ModelSpec
     image_size: int
@@ -177,14 +170,17 @@ class Tuner:
         return self.result
 
     def measure_all(self, result: TuneResult, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
-        """Measure every row of ``result`` on the ranks, ``rounds`` times round-robin (the fastest
-        of each kept); ``progress(result)`` after each run."""
-        def record(index: int, measured: Measured) -> None:
-            result.rows[index].measured = measured
+        """Measure every row of ``result`` on the ranks, side by side (``run.tune.measure_interleaved``);
+        ``progress(result)`` after each round."""
+        def record(found: list[Measured]) -> None:
+            for row, measured in zip(result.rows, found):
+                row.measured = measured
             if progress is not None:
                 progress(result)
 
-        fastest_of_rounds([partial(self._run_row, row) for row in result.rows], self.rounds, record)
+        measure_interleaved(self.run, self.spec, [row.cfg.as_dict() if row.cfg is not None else None
+                                                  for row in result.rows],
+                            self.image_size, self.batch_size, self.steps, self.rounds, record)
         return result
 
     def calibrate(self) -> Network:
@@ -192,17 +188,6 @@ class Tuner:
         calibration = self.run(calibrate_job_on_engine)
         self.threads = calibration.threads
         return network_of(calibration)
-
-    def measure(self, row: TuneRow) -> TuneRow:
-        """Run one row on the ranks (fills ``row.measured``)."""
-        row.measured = self._run_row(row)
-        return row
-
-    def _run_row(self, row: TuneRow) -> Measured:
-        if row.cfg is None:
-            return self.run(measure_one_process_on_engine, self.spec, self.image_size, self.batch_size, self.steps)
-        return self.run(measure_config_on_engine, self.spec, row.cfg.as_dict(), self.image_size,
-                        self.batch_size, self.steps)
 
     def __call__(self, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
         """Calibrate, suggest, then measure every row; ``progress(result)`` after each."""
