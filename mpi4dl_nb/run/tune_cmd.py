@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds of --steps steps, one step of every configuration in turn (the machine's "
                              "slow spells fall on all of them alike); each one's time is the median of its steps")
+    parser.add_argument("--headroom", type=float, default=None,
+                        help="share of --memory-limit-mb suggest leaves free for its estimate's error (default "
+                             "suggest's, 8%%; 0: none); the pick itself is by measured peak against the whole limit")
     parser.add_argument("--max-split", dest="max_split", type=int, default=4)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--json", default=None, help="write the result as JSON to this path (rank 0)")
@@ -53,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.top < 1:
         parser.error("--steps, --rounds and --top must be at least 1")
+    if args.headroom is not None and not 0 <= args.headroom < 1:
+        parser.error("--headroom is a share of the limit: from 0 to below 1")
     import mpi4dl_nb as dl
 
     from ..notebook.planner.memory import MB
@@ -73,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit = args.memory_limit_mb * MB
 
     tuner = Tuner(spec, args.image_size, args.batch_size, limit, ctx.world_size, tune.here, top=args.top,
-                  steps=args.steps, rounds=args.rounds, suggest_options={"max_split": args.max_split},
+                  steps=args.steps, rounds=args.rounds, suggest_options={"max_split": args.max_split,
+                                   **({} if args.headroom is None else {"headroom": args.headroom})},
                   threads=calibration.threads)
     planned: TuneResult | None = None
     failure = None

@@ -9,7 +9,7 @@ import torch
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
 from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate
-from mpi4dl_nb.notebook.planner.suggest import one_knob_variants
+from mpi4dl_nb.notebook.planner.suggest import HEADROOM, one_knob_variants
 from mpi4dl_nb.notebook.planner.timing import LayerTime, LayerTimer
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
 from mpi4dl_nb.run.measure import JobCalibration
@@ -163,7 +163,7 @@ def test_suggest_lists_each_run_once_fastest_first_and_says_what_binds(resnet):
         assert "time bound by" in text and "MB" in text
         if s.cfg.spatial_size == 0:
             assert (s.cfg.num_spatial_parts, str(s.cfg.slice_method)) == (4, "square")
-    assert all(r.memory.peak > 0.9 * one and "needs" in r.describe() for r in found.refused)
+    assert all(r.memory.peak > 0.9 * one * (1 - HEADROOM) and "needs" in r.describe() for r in found.refused)
     assert found.serial_memory.peak == one and "one process" in found.table()
     close = found.toss_up()
     times = [s.est_step_time for s in found]
@@ -177,6 +177,23 @@ def test_suggest_lists_each_run_once_fastest_first_and_says_what_binds(resnet):
     assert not any(c.split_size == 1 and c.local_dp > 1 for c in two)
     with pytest.raises(ValueError, match="raise devices or memory_per_device"):
         planner.suggest(resnet, 64, one / 1000, 2, batch_size=2, timer=timer)
+
+
+def test_suggest_leaves_headroom_below_the_limit_for_the_estimate_s_error(resnet):
+    timer, node = FlopTimer(), planner.Node(cores=2, copy_bandwidth=1e10)
+    every = planner.suggest(resnet, 64, 1e12, 5, batch_size=2, top=None, timer=timer, node=node, headroom=0)
+    peaks = sorted(s.peak_bytes for s in every)
+    limit = peaks[len(peaks) // 2] / (1 - HEADROOM / 2)    # the middle candidate: within the headroom
+    found = planner.suggest(resnet, 64, limit, 5, batch_size=2, top=None, timer=timer, node=node)
+    exact = planner.suggest(resnet, 64, limit, 5, batch_size=2, top=None, timer=timer, node=node, headroom=0)
+    budget = limit * (1 - HEADROOM)
+    assert all(s.peak_bytes <= budget for s in found) and all(s.peak_bytes <= limit for s in exact)
+    within = [r for r in found.refused if r.memory.peak <= limit]        # fit the limit, not the headroom
+    assert within and all("8% headroom" in r.describe() for r in within)
+    assert {s.cfg for s in exact} == {s.cfg for s in found} | {r.cfg for r in within}
+    assert all("headroom" not in r.describe() for r in exact.refused)
+    with pytest.raises(ValueError, match="headroom=1.0"):
+        planner.suggest(resnet, 64, limit, 5, batch_size=2, headroom=1.0)
 
 
 def test_one_knob_variants_change_exactly_one_knob_on_the_same_ranks():

@@ -101,3 +101,13 @@ def test_one_rank_is_refused_with_one_line():
     assert result.returncode == 2 and not result.timed_out
     errors = _errors(result.stdout)
     assert len(errors) == 1 and "at least 2 ranks" in errors[0], result.stdout
+
+
+@pytest.mark.parametrize("flag, value, says", [("--steps", "0", "at least 1"), ("--rounds", "0", "at least 1"),
+                                              ("--headroom", "1.5", "share of the limit")])
+def test_bad_measuring_flags_are_refused_before_any_rank_starts(capsys, flag, value, says):
+    from mpi4dl_nb.run.tune_cmd import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--memory-limit-mb", "100", flag, value])
+    assert stop.value.code == 2 and says in capsys.readouterr().err

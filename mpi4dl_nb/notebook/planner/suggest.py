@@ -169,18 +169,23 @@ class Suggestion:
                 f"{self.est_step_time:.3f} s/step, {self.speedup:.2f}x one process - {self.why()}")
 
 
+HEADROOM = 0.08   # share of the limit a suggestion leaves free: the estimate runs up to 7% under the measured peak
+
+
 @dataclass(frozen=True)
 class Refusal:
-    """A valid configuration that does not fit the memory limit, and why."""
+    """A valid configuration that does not fit the memory limit (less the headroom), and why."""
 
     cfg: ParallelConfig
     memory: MemoryPlan
     limit: float
+    headroom: float = 0.0
 
     def why(self) -> str:
         rank = self.memory.binding_rank
-        return (f"rank {rank.rank} ({rank.role}) needs {rank.total / MB:.1f} MB > "
-                f"{self.limit / MB:.1f} MB")
+        budget = self.limit * (1 - self.headroom)
+        kept = f" ({self.limit / MB:.1f} MB less {self.headroom:.0%} headroom)" if self.headroom else ""
+        return f"rank {rank.rank} ({rank.role}) needs {rank.total / MB:.1f} MB > {budget / MB:.1f} MB{kept}"
 
     def describe(self) -> str:
         return f"{self.cfg.world_size} ranks: {describe_config(self.cfg)}: refused - {self.why()}"
@@ -229,16 +234,21 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
             loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
             network: Network | None = None, node: Node | None = None, timer: LayerTimer | None = None,
             threads: int | None = None, top: int | None = 10, max_split: int = 4, exact: bool = True,
-            max_times: int = 1) -> Suggestions:
+            max_times: int = 1, headroom: float = HEADROOM) -> Suggestions:
     """Configurations on ``devices`` ranks (exactly; ``exact=False``: at most) whose every
-    rank fits ``memory_per_device`` bytes, fastest predicted first (ties: fewer ranks, lower
-    peak), at most ``top``. The result also lists what was refused (``.refused``) and the
-    one-process reference. ValueError naming what to change if nothing fits.
+    rank fits ``memory_per_device`` bytes less ``headroom`` (a share: the memory estimate runs
+    up to 7% under the measured peak on spatial ranks, BENCHMARKS.md §6; 0 trusts it exactly),
+    fastest predicted first (ties: fewer ranks, lower peak), at most ``top``. The result also
+    lists what was refused (``.refused``) and the one-process reference. ValueError naming what
+    to change if nothing fits.
     ``threads``: torch threads of each rank of the parallel configurations when they differ
     from ``dl.init``'s split of the node's cores (the one-process reference uses every core).
     """
     if devices < 1:
         raise ValueError(f"devices={devices}: need at least 1")
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom={headroom}: a share of the limit, from 0 (none) to below 1")
+    budget = memory_per_device * (1 - headroom)
     precision = precision or Precision(dtype)
     profiles = profile_layers(model, image_size, in_channels, precision.activations)
     common: dict[str, Any] = dict(precision=precision, recompute=recompute, loss_fn=loss_fn)
@@ -254,13 +264,14 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
                                    optimizer_states=optimizer_states, **common)
         except (ConfigError, ValueError):
             continue
-        if plan.peak > memory_per_device:
-            refused.append(Refusal(cfg, plan, memory_per_device))
+        if plan.peak > budget:
+            refused.append(Refusal(cfg, plan, memory_per_device, headroom))
         else:
             fitting.append((cfg, plan))
     if not fitting:
+        kept = f" less {headroom:.0%} headroom" if headroom else ""
         raise ValueError(f"no configuration on {devices} devices fits memory_per_device="
-                         f"{memory_per_device / MB:.1f} MB (one device needs "
+                         f"{memory_per_device / MB:.1f} MB{kept} (one device needs "
                          f"{serial_memory.peak / MB:.1f} MB); raise devices or memory_per_device, "
                          f"or lower batch_size/image_size")
     timing: dict[str, Any] = dict(network=network, node=node, timer=timer, **common)

@@ -190,7 +190,8 @@ class Tuner:
         return network_of(calibration)
 
     def __call__(self, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
-        """Calibrate, suggest, then measure every row; ``progress(result)`` after each."""
+        """Calibrate, suggest, then measure every row; ``progress(result)`` once planned and after
+        each measured round."""
         result = self.plan(self.calibrate())
         if progress is not None:
             progress(result)
