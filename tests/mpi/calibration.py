@@ -31,7 +31,8 @@ def main(check: Checks) -> None:
             assert math.isfinite(value) and 0 <= value < 0.1, calibration
         assert calibration.threads == torch.get_num_threads() == 1
         assert math.isfinite(calibration.waiting_slowdown) and 1.0 <= calibration.waiting_slowdown < 10, calibration
-        assert 0 < calibration.handoff_seconds < 0.1, calibration
+        # each relay's extra over the work alone is clamped at 0: on a loaded machine the median can be 0
+        assert 0 <= calibration.handoff_seconds < 0.1, calibration
     with check("network from calibration"):
         network = network_of(calibration)
         assert network.latency > 0 and network.bandwidth > 0
@@ -39,7 +40,8 @@ def main(check: Checks) -> None:
         assert network.sync == max(0.0, calibration.crowd_seconds - calibration.pair_seconds)
         assert network.sync_short == max(0.0, calibration.crowd_short_seconds - calibration.pair_seconds)
         assert network.waiting_slowdown == calibration.waiting_slowdown
-        assert 0 <= network.handoff < calibration.handoff_seconds
+        assert 0 <= network.handoff <= calibration.handoff_seconds
+        assert network.handoff < calibration.handoff_seconds or calibration.handoff_seconds == 0
 
 
 if __name__ == "__main__":
