@@ -15,7 +15,7 @@ from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
 from mpi4dl_nb.run.measure import JobCalibration
 
 
-def unit_costs(cfg, forward=1.0, backward=2.0):
+def unit_costs(cfg, forward=1.0, backward=2.0, lockstep=False, exposed=1.0):
     holders = stage_ranks(cfg)
 
     def cost(action):
@@ -23,7 +23,8 @@ def unit_costs(cfg, forward=1.0, backward=2.0):
             work = forward if action.kind is ActionKind.FORWARD else backward
             if action.stage < cfg.spatial_size:
                 ranks = holders[(action.dp, action.replica, action.stage)]
-                return Cost(work, 0.0, group_key(action, ranks, "tiles"), len(ranks))
+                return Cost(work, 0.0, group_key(action, ranks, "tiles"), len(ranks), lockstep=lockstep,
+                            exposed=exposed)
             return Cost(work)
         return Cost()
     return cost
@@ -277,6 +278,23 @@ def test_computing_beside_waiting_ranks_is_slower_in_proportion_to_them():
     lp4 = ParallelConfig(split_size=4, spatial_size=0)    # measured with 2 computing + 2 waiting on 2 cores
     base = end(lp4, cores=2)
     assert end(lp4, cores=2, waiting_slowdown=1.5) == pytest.approx(1.5 * base)   # 3 wait: capped at 1.5x
+
+
+def test_tiles_in_lockstep_are_stalled_by_every_member_s_interruptions_while_each_has_a_core():
+    def end(cfg, lockstep, exposed=1.0, **kw):
+        costs = unit_costs(cfg, lockstep=lockstep, exposed=exposed)
+        return max(t.end for t in simulate(build_schedule(cfg), costs, lambda a: 0.0, **kw))
+
+    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")   # 2 tiles + 1
+    # the tiles' F0 + B0 = 3 s while the third rank waits, then F1 + B1 = 3 s while both tiles wait
+    assert end(sp, False, cores=2, waiting_slowdown=1.5) == pytest.approx(3 * 1.5 + 3 * 1.5)
+    assert end(sp, True, cores=2, waiting_slowdown=1.5) == pytest.approx(3 * 1.5 ** 2 + 3 * 1.5)
+    # half their time waiting at meetings: only the other half is exposed to the waiting rank's wake-ups
+    assert end(sp, True, 0.5, cores=2, waiting_slowdown=1.5) == pytest.approx(3 * 1.25 ** 2 + 3 * 1.5)
+    assert end(sp, True, cores=None, waiting_slowdown=1.5) == pytest.approx(6.0)   # a device each
+    crowded = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)   # 4 tiles on 2 cores take turns
+    assert end(crowded, True, cores=2, waiting_slowdown=1.5) == pytest.approx(
+        end(crowded, False, cores=2, waiting_slowdown=1.5))
 
 
 def test_hand_offs_cost_each_side_its_own_work_before_and_after_the_wire():

@@ -11,8 +11,13 @@ done while more ranks compute than there are cores, scaled by how many more). A 
 its sender its ``work`` (the hand-off's own work; often 0), then arrives ``message`` later; a
 receive waits for its message, then costs its ``work``. Each rank may start late by
 ``start(rank)`` (setting the step up). Computing beside waiting ranks is slower by the job's
-measured ``waiting_slowdown``, in proportion to the ranks waiting. The result: when each rank
-finished, and how long it computed, waited and communicated.
+measured ``waiting_slowdown``, in proportion to the ranks waiting (their wake-ups take the
+computing ranks' cores), and only in the share of an action's time its rank computes
+(``Cost.exposed``: at a meeting its core is free for the wake-ups). The tiles of a spatial op
+meet every few layers, so a wake-up on any member's core holds them all up: while each member
+has a core, the group is slowed by every member's share (their product); when the ranks
+outnumber the cores the members take turns anyway and their meetings are ``crowded``. The
+result: when each rank finished, and how long it computed, waited and communicated.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ class Cost:
     added to ``delay`` in proportion to the share of ``work`` done while more ranks compute
     than there are cores (the members' meetings - halo exchanges, BatchNorm sums - spread
     over the work then find ranks descheduled), as measured with every rank computing; fewer
-    ranks beyond the cores pay proportionally less (``_Replay.crowding``).
+    ranks beyond the cores pay proportionally less (``_Replay.crowding``). ``lockstep`` and
+    ``exposed``: how waiting ranks' wake-ups slow the action (module docstring).
     """
 
     work: float = 0.0
@@ -42,6 +48,8 @@ class Cost:
     group: Hashable = None
     members: int = 1
     crowded: float = 0.0      # extra delay when the group starts while ranks outnumber the cores
+    lockstep: bool = False    # the members meet often: a wake-up on one member's core stalls them all
+    exposed: float = 1.0      # share of the action's time its rank computes (the rest: waiting at meetings)
 
 
 @dataclass
@@ -65,6 +73,8 @@ class _Running:
     group: Hashable
     start: float
     crowded_per_work: float = 0.0     # extra delay per second of work done while cores are crowded
+    stalled_by: int = 1               # members whose interruptions stall this one (lockstep groups)
+    exposed: float = 1.0              # share of its time exposed to waiting ranks' wake-ups
 
 
 class _Replay:
@@ -140,7 +150,8 @@ class _Replay:
                 self.blocked.discard(member)
                 self.timelines[member].spans.pop()
                 self.running[member] = _Running(member, act, mc.work, mc.delay, c.group, self.now,
-                                                mc.crowded / mc.work if mc.work > EPS else 0.0)
+                                                mc.crowded / mc.work if mc.work > EPS else 0.0,
+                                                mc.members if mc.lockstep else 1, mc.exposed)
             del self.gathering[c.group]
         return True
 
@@ -176,11 +187,19 @@ class _Replay:
         measured_waiters = count - min(self.cores, count - 1)
         return 1.0 + (self.waiting_slowdown - 1.0) * min(1.0, (count - computing) / max(1, measured_waiters))
 
+    def rate(self, run: _Running, computing: int) -> float:
+        """Share of full speed ``run`` computes at while ``computing`` ranks run: the cores shared,
+        slowed by the waiting ranks' wake-ups in its exposed share, and by every member's while
+        its lockstep group has a core per member (module docstring)."""
+        slowed = 1.0 + (self.beside_waiting(computing) - 1.0) * run.exposed
+        if self.cores is not None and computing > self.cores:
+            return self.cores / computing / slowed
+        return 1.0 / slowed ** run.stalled_by
+
     def advance(self) -> None:
         computing = list(self.running.values())
-        rate = 1.0 if self.cores is None or len(computing) <= self.cores else self.cores / len(computing)
-        rate /= self.beside_waiting(len(computing))
-        events = [self.now + r.remaining / rate for r in computing]
+        rates = {r.rank: self.rate(r, len(computing)) for r in computing}
+        events = [self.now + r.remaining / rates[r.rank] for r in computing]
         events += [t for t in self.free_at if t > self.now + EPS]
         events += [a for key, times in self.arrivals.items() for a in times[self.taken.get(key, 0):]
                    if a > self.now + EPS]
@@ -191,7 +210,7 @@ class _Replay:
         step_to = max(self.now, min(events))
         crowding = self.crowding(len(computing))
         for r in computing:
-            done = (step_to - self.now) * rate
+            done = (step_to - self.now) * rates[r.rank]
             r.remaining -= done
             if crowding:      # the meetings of this share of the work found ranks descheduled
                 r.delay += done * r.crowded_per_work * crowding

@@ -6,8 +6,10 @@ Per action of ``schedules.build_schedule(cfg)``:
 * forward/backward: the stage's layer times on that rank's tile and chunk (``LayerTimer``),
   the copies the runtime makes (cutting the input tile, joining tiles at the SP -> LP
   hand-off) at the device's copy speed; on a spatial stage the tiles run as one group
-  and add the wire time of their halo messages and BatchNorm sums (counted in the
-  footprint simulation: messages and bytes per tile);
+  in lockstep and add the wire time of their halo messages and BatchNorm sums (counted in the
+  footprint simulation: messages and bytes per tile) and a meeting each; the share of
+  their time spent computing rather than meeting is what waiting ranks' wake-ups slow down
+  (``simulate``);
 * sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival, and
   each side's own work per payload (``Network.handoff``, calibrated on the job);
 * all-reduce: the ring formula over the stage's holders and, when several ranks hold the
@@ -227,8 +229,9 @@ class _Costs:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
                 meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]
                 crowded = meetings * self.network.crowded_meeting(work / meetings) if meetings else 0.0
-                return Cost(work, delay + meetings * self.network.meeting, group_key(action, ranks, "tiles"),
-                            len(ranks), crowded)
+                delay += meetings * self.network.meeting
+                return Cost(work, delay, group_key(action, ranks, "tiles"), len(ranks), crowded, lockstep=True,
+                            exposed=work / (work + delay) if work > 0 else 1.0)
             return Cost(work, delay)
         if kind is ActionKind.ALLREDUCE:   # every copy of the stage this rank holds, then the holders' sum
             ranks = tuple(stage_holders(cfg, action.stage))
