@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mpi4dl_nb.notebook.cluster import find_mpiexec
+
 REPO = Path(__file__).resolve().parents[1]
 MONAI_SPEC = "monai"
 
@@ -153,7 +155,7 @@ def monai_run(checkpoint: Path, slide: Path, out: Path, roi: int, dtype: str) ->
 def ours(ranks: int, checkpoint: Path, slide: Path, out: Path, window: int, dtype: str, env: dict[str, str],
          extra: list[str] = ()) -> dict:
     method = "square" if int(ranks ** 0.5) ** 2 == ranks else "vertical"
-    command = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(ranks), sys.executable, "-m", "mpi4dl_nb",
+    command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4dl_nb",
                "infer", "--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(out),
                "--num-spatial-parts", str(ranks), "--slice-method", method, "--window", str(window),
                "--dtype", dtype, "--overwrite", "--no-progress", *extra]

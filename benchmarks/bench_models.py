@@ -23,12 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mpi4dl_nb.notebook.cluster import find_mpiexec
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def mpiexec() -> str:
-    local = Path(sys.executable).with_name("mpiexec")
-    return str(local) if local.exists() else "mpiexec"
 
 
 def model_flags(args: argparse.Namespace, model: str) -> list[str]:
@@ -53,7 +50,7 @@ def run_job(ranks: int, flags: list[str], timeout: float) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if ranks > (os.cpu_count() or 1):
         env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4dl_nb", "train", *flags]
+    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4dl_nb", "train", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mpi4dl_nb.notebook.cluster import find_mpiexec
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"sp_lp": 5, "pipeline": 2}
 MARK = "@@SOAK "
@@ -125,8 +127,7 @@ def launch(name: str, mode: str, steps: int, every: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if CONFIGS[name] > (os.cpu_count() or 1):
         env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(CONFIGS[name]), sys.executable,
+    cmd = [find_mpiexec(), "-n", str(CONFIGS[name]), sys.executable,
            "-m", "mpi4py", __file__, "--rank-program", name, mode, str(steps), str(every)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     for line in out.stdout.splitlines():

@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+from mpi4dl_nb.notebook.cluster import find_mpiexec
 
 WITHIN = 0.10
 WORLD = 5
@@ -80,17 +81,11 @@ class Run:
         return "does not fit as measured" if not self.first_fits else "yes" if self.within else "no"
 
 
-def mpiexec() -> str:
-    """The launcher beside this interpreter (the venv's MPICH wheel), else the one on PATH."""
-    local = Path(sys.executable).with_name("mpiexec")
-    return str(local) if local.exists() else "mpiexec"
-
-
 def tune_once(scenario: Scenario, top: int, steps: int, rounds: int) -> Run:
     """One ``python -m mpi4dl_nb tune`` job on 5 ranks; its JSON read back."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "tune.json")
-        command = [mpiexec(), "-n", str(WORLD), sys.executable, "-m", "mpi4dl_nb", "tune", *scenario.tune_args(),
+        command = [find_mpiexec(), "-n", str(WORLD), sys.executable, "-m", "mpi4dl_nb", "tune", *scenario.tune_args(),
                    "--top", str(top), "--steps", str(steps), "--rounds", str(rounds), "--json", path]
         env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)

@@ -195,7 +195,8 @@ def engine_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _default_mpiexec() -> str:
+def find_mpiexec() -> str:
+    """The MPI launcher beside this interpreter (the venv's MPICH wheel), else the one on PATH."""
     candidate = Path(sys.executable).parent / "mpiexec"
     if candidate.exists():
         return str(candidate)
@@ -322,7 +323,7 @@ class Cluster:
 
     def _engine_launcher_kwargs(self) -> dict[str, Any]:
         env = engine_env(self.env)
-        mpiexec = self.mpiexec or _default_mpiexec()
+        mpiexec = self.mpiexec or find_mpiexec()
         flavor = detect_mpi_flavor(mpiexec) if self.mpi == "auto" else self.mpi
         self.mpi = flavor
         bin_dir = str(Path(sys.executable).parent)
