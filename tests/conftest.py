@@ -31,9 +31,9 @@ def mpi_checks():
     return launch
 
 
-# Notebooks whose headless run checks only what the JupyterLab Run All checks too (no error,
-# figures shown); 04 and 06 also check their printed output headless, so they always run there.
-LAB_COVERS_HEADLESS = ("01", "02", "03", "05", "07")
+# Notebooks whose JupyterLab Run All checks everything their headless run checks (no error, figures
+# shown; for 04 and 06 also their printed output, through tests/support/notebook_output.py).
+LAB_COVERS_HEADLESS = ("01", "02", "03", "04", "05", "06", "07")
 
 
 def _lab_runs(items: list[pytest.Item]) -> set[str]:
@@ -52,7 +52,7 @@ def _lab_runs(items: list[pytest.Item]) -> set[str]:
 
 @pytest.hookimpl(trylast=True)     # after -k/-m deselection: only browser tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run each tutorial once when it runs anyway in real JupyterLab (CI: ~3 minutes saved):
+    """Run each tutorial once when it runs anyway in real JupyterLab (CI: ~4 minutes saved):
     the headless run of a notebook is skipped when this session's browser tests Run All of
     it and can run (browser present), and its headless checks are only the generic ones."""
     in_lab = _lab_runs(items) & set(LAB_COVERS_HEADLESS)

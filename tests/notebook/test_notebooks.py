@@ -14,6 +14,7 @@ import nbformat
 import pytest
 
 from mpi4dl_nb.notebook import tutorials
+from tests.support.notebook_output import check_printed_output
 
 NOTEBOOKS = tutorials.DIRECTORY          # the checkout's notebooks/, wherever this test file lives
 ALL = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -154,19 +155,7 @@ def test_notebook_runs_headless(path, tmp_path, monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs) or path.name.startswith("06")
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    if path.name.startswith("04"):
-        line = next(item for item in text.splitlines() if item.startswith("MPI4DL_SUMMARY "))
-        summary = json.loads(line.split(" ", 1)[1])
-        assert summary["exact"] and summary["world_size"] == 5
-        assert summary["serial_images_per_second"] > 0
-        assert max(summary["memory_measured_mb"]) <= 0.6 * summary["serial_memory_mb"]
-        # the exercise: each variant trained and compared with its own micro-batched serial reference
-        assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': (2, 3)}" in text
-        assert not list(tmp_path.glob("mpi4dl-04-curves-*")), "the learning-curve logs were left behind"
-    if path.name.startswith("06"):   # commands shown as run, with their return code; the rank table
-        assert f"$ {Path(sys.executable).parent / 'mpiexec'} -n 3 " in text
-        assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 3
-        assert "LayerNorm: ConfigError" in text and "EngineTimeout" in text and "after restart" in text
+    check_printed_output(path.name[:2], text, tmp_path)
     print(f"{path.name}: {time.monotonic() - start:.1f} s")
 
 

@@ -226,3 +226,12 @@ def test_config_panel_has_balance_and_halo_d2():
     assert panel.config is None and panel.error.startswith("balance:") and panel.plan is None
     panel.set(balance="", halo_d2=True)
     assert panel.config.halo_d2 and panel.config.balance is None
+
+
+def test_auto_tune_shows_the_memory_limit_as_a_user_would_type_it():
+    from mpi4dl_nb.notebook.widgets import AutoTune
+    from mpi4dl_nb.run.tune import ModelSpec
+
+    tuner = AutoTune(None, ModelSpec("resnet", 11, 8, num_classes=2), 64, 2, memory_limit_mb=0.6 * 83.26)
+    assert tuner.limit.value == 50.0 and tuner.best is None
+    assert tuner.widget.children[0].children[-1].description == "Run auto-tune"

@@ -73,6 +73,8 @@ class Lab:
         self.token = secrets.token_hex(16)
         self.marker = secrets.token_hex(8)
         self.url = f"http://127.0.0.1:{self.port}"
+        self.tmp = scratch / "tmp"                  # the kernels' TMPDIR, so a test can see what they leave there
+        self.tmp.mkdir()
         env = dict(os.environ)
         env.update({
             "JUPYTER_CONFIG_PATH": os.pathsep.join(filter(None, [str(LAB_CONFIG), env.get("JUPYTER_CONFIG_PATH")])),
@@ -82,6 +84,7 @@ class Lab:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             "MPI4DL_UI_MARK": self.marker,
+            "TMPDIR": str(self.tmp),
         })
         self.log = open(scratch / "lab.log", "w")   # noqa: SIM115 - closed in stop()
         command = [str(Path(sys.executable).parent / "jupyter-lab"), "--no-browser", f"--port={self.port}",

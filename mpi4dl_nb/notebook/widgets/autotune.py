@@ -50,6 +50,7 @@ class AutoTune:
     """Live auto-tune on an ipyparallel ``cluster``: calibrate the network, ``suggest`` for the
     cluster's ranks under the memory limit, run the top ``top`` configurations and the
     one-process reference for ``steps`` timed steps each, show predicted vs measured.
+    ``memory_limit_mb`` is shown and used rounded to 0.1 MB, as a user would type it.
 
     ``run()`` (or the Run button) tunes; then ``result`` (planner ``TuneResult``), ``best``
     (the fastest measured configuration that fits), ``table.value`` and ``view.figure``.
@@ -64,7 +65,7 @@ class AutoTune:
         self.batch_size = batch_size
         self.timeout = timeout
         self.suggest_options = suggest_options
-        self.limit = w.BoundedFloatText(value=memory_limit_mb, min=0.1, max=1e9, step=1.0,
+        self.limit = w.BoundedFloatText(value=round(memory_limit_mb, 1), min=0.1, max=1e9, step=1.0,
                                         description="memory limit (MB/rank)",
                                         style={"description_width": "initial"})
         self.top = w.BoundedIntText(value=top, min=1, max=32, description="candidates")

@@ -1,0 +1,25 @@
+"""What notebooks 04 and 06 must print, checked the same way after a headless run and a JupyterLab Run All."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+
+def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
+    """Assert notebook ``number``'s printed ``text``; ``kernel_tmpdir`` is the TMPDIR its kernel ran with."""
+    if number == "04":
+        assert "-> exact: True" in text
+        line = next(item for item in text.splitlines() if item.startswith("MPI4DL_SUMMARY "))
+        summary = json.loads(line.split(" ", 1)[1])
+        assert summary["exact"] and summary["world_size"] == 5
+        assert summary["serial_images_per_second"] > 0
+        assert max(summary["memory_measured_mb"]) <= 0.6 * summary["serial_memory_mb"]
+        # the exercise: each variant trained and compared with its own micro-batched serial reference
+        assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': (2, 3)}" in text
+        assert not list(kernel_tmpdir.glob("mpi4dl-04-curves-*")), "the learning-curve logs were left behind"
+    if number == "06":   # commands shown as run, with their return code; the rank table
+        assert re.search(r"^\$ \S*/mpiexec -n 3 ", text, re.MULTILINE), "the launch command is not shown"
+        assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 3
+        assert "LayerNorm: ConfigError" in text and "EngineTimeout" in text and "after restart" in text
