@@ -292,9 +292,17 @@ def test_tiles_in_lockstep_are_stalled_by_every_member_s_interruptions_while_eac
     # half their time waiting at meetings: only the other half is exposed to the waiting rank's wake-ups
     assert end(sp, True, 0.5, cores=2, waiting_slowdown=1.5) == pytest.approx(3 * 1.25 ** 2 + 3 * 1.5)
     assert end(sp, True, cores=None, waiting_slowdown=1.5) == pytest.approx(6.0)   # a device each
-    crowded = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)   # 4 tiles on 2 cores take turns
-    assert end(crowded, True, cores=2, waiting_slowdown=1.5) == pytest.approx(
-        end(crowded, False, cores=2, waiting_slowdown=1.5))
+    # 4 tiles on 2 cores take turns: 6 s of tile work on 2 cores. Independent, 4 compute beside the 1 waiting
+    # rank (1 + 0.5 * 1/3, the slowdown measured with 3 waiting); in lockstep the 2 tiles off the cores wait
+    # at their next meeting too: 2 compute beside 3 waiting. Then F1 + B1 = 3 s beside 4 waiting tiles.
+    crowded = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
+    assert end(crowded, False, cores=2, waiting_slowdown=1.5) == pytest.approx(6 * (1 + 0.5 / 3) + 3 * 1.5)
+    assert end(crowded, True, cores=2, waiting_slowdown=1.5) == pytest.approx(6 * 1.5 + 3 * 1.5)
+    # 3 tiles on 2 cores: one core runs two of them between meetings while the third tile's core idles at
+    # the meeting, so the 9 s of tile work take 2 turns of 3 s (4.5 s shared evenly when independent)
+    odd = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="horizontal")
+    assert end(odd, False, cores=2) == pytest.approx(4.5 + 3)
+    assert end(odd, True, cores=2) == pytest.approx(6 + 3)
 
 
 def test_hand_offs_cost_each_side_its_own_work_before_and_after_the_wire():
