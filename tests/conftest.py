@@ -54,7 +54,7 @@ def _lab_runs(items: list[pytest.Item]) -> set[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run each tutorial once when it runs anyway in real JupyterLab (CI: ~4 minutes saved):
     the headless run of a notebook is skipped when this session's browser tests Run All of
-    it and can run (browser present), and its headless checks are only the generic ones."""
+    it and can run (browser present); the Lab run makes the same checks."""
     in_lab = _lab_runs(items) & set(LAB_COVERS_HEADLESS)
     if not in_lab:
         return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import re
+import sys
 from pathlib import Path
 
 
@@ -20,6 +20,6 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': (2, 3)}" in text
         assert not list(kernel_tmpdir.glob("mpi4dl-04-curves-*")), "the learning-curve logs were left behind"
     if number == "06":   # commands shown as run, with their return code; the rank table
-        assert re.search(r"^\$ \S*/mpiexec -n 3 ", text, re.MULTILINE), "the launch command is not shown"
+        assert f"$ {Path(sys.executable).parent / 'mpiexec'} -n 3 " in text   # the kernel is this venv's python
         assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 3
         assert "LayerNorm: ConfigError" in text and "EngineTimeout" in text and "after restart" in text
