@@ -144,19 +144,40 @@ def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: in
     return [tuple(peaks[index] for peaks in everyone if peaks[index] is not None) for index in range(len(rows))]
 
 
-def time_trials(ctx: Comm, steps: int) -> list[tuple[float, ...]]:
-    """``steps`` timed steps of every held row, interleaved: one step of each row in turn,
-    each started together at a barrier, so a slow spell of the machine (seconds long on shared
-    cores: the same configuration measured 0.14 and 0.20 s a step in two jobs a minute apart)
-    falls on every row alike. Per row: each step's seconds on the slowest rank."""
+def pass_order(rows: int, index: int) -> list[int]:
+    """The order of the rows in interleaved pass ``index``: row ``index`` of a Williams design (a
+    Latin square balanced for carry-over; its n orders, 2n for odd n, are taken in turn), so over
+    a cycle every row comes right after every other row equally often, and every rank steps the
+    same row at the same time. In one fixed order the step after the one-process reference, which
+    ran 2.7% slower (11 of 12 jobs), was always suggest's first choice."""
+    first, low, high = [0], 1, rows - 1
+    while len(first) < rows:
+        if len(first) % 2:
+            first.append(low)
+            low += 1
+        else:
+            first.append(high)
+            high -= 1
+    orders = [[(row + shift) % rows for row in first] for shift in range(rows)]
+    if rows % 2:
+        orders += [order[::-1] for order in orders]
+    return orders[index % len(orders)]
+
+
+def time_trials(ctx: Comm, steps: int, first_pass: int = 0) -> list[tuple[float, ...]]:
+    """``steps`` timed passes over the held rows: one step of each row per pass, in the pass's own
+    order (``pass_order(rows, first_pass + k)``), each step started together at a barrier, so a
+    slow spell of the machine (seconds long on shared cores: the same configuration measured 0.14
+    and 0.20 s a step in two jobs a minute apart) falls on every row alike. Per row: each step's
+    seconds on the slowest rank."""
     if not _HELD:
         raise RuntimeError("no trials held: call build_trials first")
     seconds: list[list[float]] = [[] for _ in _HELD]
-    for _ in range(steps):
-        for index, trial in enumerate(_HELD):
+    for k in range(steps):
+        for index in pass_order(len(_HELD), first_pass + k):
             ctx.barrier()
             start = time.perf_counter()
-            trial.step()
+            _HELD[index].step()
             seconds[index].append(time.perf_counter() - start)
     everyone = ctx.all_gather_object(seconds)
     return [tuple(max(times) for times in zip(*(rank[index] for rank in everyone))) for index in range(len(_HELD))]
@@ -184,9 +205,9 @@ def build_trials_on_engine(spec: ModelSpec, rows: Sequence[Row], image_size: int
     return build_trials(_engine_context(), spec, rows, image_size, batch_size)
 
 
-def time_trials_on_engine(steps: int) -> list[tuple[float, ...]]:
+def time_trials_on_engine(steps: int, first_pass: int = 0) -> list[tuple[float, ...]]:
     """``time_trials`` on this process's ``dl.init()`` context."""
-    return time_trials(_engine_context(), steps)
+    return time_trials(_engine_context(), steps, first_pass)
 
 
 def release_trials_on_engine() -> None:
@@ -217,8 +238,8 @@ def measure_interleaved(run: Runner, spec: ModelSpec, rows: Sequence[Row], image
         run(time_trials_on_engine, 1)
         seconds: list[list[float]] = [[] for _ in rows]
         results: list[Measured] = []
-        for _ in range(rounds):
-            for mine, found in zip(seconds, run(time_trials_on_engine, steps)):
+        for round_index in range(rounds):
+            for mine, found in zip(seconds, run(time_trials_on_engine, steps, 1 + round_index * steps)):
                 mine.extend(found)
             results = [measured(p, s) for p, s in zip(peaks, seconds)]
             if done is not None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import pytest
 
 from mpi4dl_nb.notebook.planner.fake_world import FakeWorld
 from mpi4dl_nb.run import tune
-from mpi4dl_nb.run.tune import _HELD, Trial, release_trials, time_trials
+from mpi4dl_nb.run.tune import _HELD, Trial, pass_order, release_trials, time_trials
 from tests.support.mpirun import run_mpi
 
 TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
@@ -52,7 +53,7 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
 
 
-def test_held_rows_step_in_turn_and_every_round_is_interleaved():
+def test_held_rows_step_in_turn_each_pass_in_its_own_order():
     world = FakeWorld(1)
     ctx = world.comm(0, "cpu")
     order = []
@@ -61,11 +62,23 @@ def test_held_rows_step_in_turn_and_every_round_is_interleaved():
         with pytest.raises(RuntimeError, match="build_trials first"):
             time_trials(ctx, 1)
         _HELD.extend(Trial(lambda name=name: order.append(name), 1) for name in "abc")
-        found = time_trials(ctx, 2)
+        found = time_trials(ctx, 2, first_pass=3)
     finally:
         release_trials()
-    assert order == ["a", "b", "c", "a", "b", "c"]             # one step of each row in turn
+    passes = [order[:3], order[3:]]
+    assert all(sorted(steps) == ["a", "b", "c"] for steps in passes)       # one step of each row per pass
+    assert passes == [["abc"[i] for i in pass_order(3, k)] for k in (3, 4)] and passes[0] != passes[1]
     assert len(found) == 3 and all(len(steps) == 2 for steps in found) and not _HELD
+
+
+@pytest.mark.parametrize("rows", range(2, 8))
+def test_over_a_cycle_of_passes_every_row_comes_right_after_every_other_equally_often(rows):
+    cycle = 2 * rows if rows % 2 else rows
+    follows = Counter((before, after) for k in range(cycle)
+                      for before, after in zip(pass_order(rows, k), pass_order(rows, k)[1:]))
+    assert set(follows) == {(a, b) for a in range(rows) for b in range(rows) if a != b}
+    assert len(set(follows.values())) == 1                      # the first row (the reference) too
+    assert pass_order(rows, cycle + 1) == pass_order(rows, 1)   # the same order on every rank, from the index
 
 
 def test_measure_interleaved_releases_the_rows_when_a_round_fails():
