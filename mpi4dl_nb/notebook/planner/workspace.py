@@ -1,16 +1,17 @@
 """Convolution workspace: the scratch memory a backend allocates inside a conv, which ``meta``
 (shapes only) does not see. Added to the simulation as a short-lived allocation in each
-conv's forward and backward, by an explicit rule per backend (measured on this machine,
-torch 2.13 CPU, see tests/notebook/test_planner.py):
+conv's forward and backward, by an explicit rule per backend (measured on AVX2 and AVX-512
+machines, torch 2.13 CPU, see tests/notebook/test_planner*.py):
 
 * ``Workspace.CPU``: float32 (and 16-bit) convs other than 1x1 stride 1 run through oneDNN, which
-  reorders the input into a channel-blocked copy (channels padded to a multiple of 16)
-  in the forward, plus the input's size again in the backward - when PyTorch's CPU dispatch
-  picks oneDNN: a batch of 2 or more, a grouped conv, a kernel larger than 3 both ways, or an
-  input of more than 20480 elements; other float32 convs (one small sample, e.g. a stem on a
-  64 px micro-batch of 1) and other dtypes (float64) take PyTorch's own im2col path: a
-  column buffer of ``C_in * kh * kw * H_out * W_out`` elements per sample in the forward and
-  again in the backward, unless the conv is 1x1 with stride 1 and no padding.
+  reorders the input into a channel-blocked copy (channels padded to a multiple of the block
+  its kernels use: 16 where PyTorch runs AVX-512 code, 8 on AVX2 machines) in the forward,
+  plus the input's size again in the backward - when PyTorch's CPU dispatch picks oneDNN: a
+  batch of 2 or more, a grouped conv, a kernel larger than 3 both ways, or an input of more
+  than 20480 elements; other float32 convs (one small sample, e.g. a stem on a 64 px
+  micro-batch of 1) and other dtypes (float64) take PyTorch's own im2col path: a column
+  buffer of ``C_in * kh * kw * H_out * W_out`` elements per sample in the forward and again
+  in the backward, unless the conv is 1x1 with stride 1 and no padding.
   A training-mode BatchNorm's backward allocates an input-sized temporary next to its input
   gradient (when the input needs one).
 * ``Workspace.NONE``: nothing (e.g. CUDA, whose cuDNN workspace depends on the algorithm
@@ -28,7 +29,6 @@ from torch.utils.hooks import RemovableHandle
 
 from ...config import Choice
 
-BLOCK = 16
 ONEDNN_MIN_ELEMENTS = 20480   # a single sample's input up to this size takes the im2col path
 
 
@@ -41,6 +41,13 @@ class Workspace(Choice):
     @classmethod
     def for_device(cls, device: torch.device | str) -> Workspace:
         return cls.CPU if torch.device(device).type == "cpu" else cls.NONE
+
+
+def channel_block(capability: str | None = None) -> int:
+    """Channels per block of oneDNN's blocked layout on this CPU (``capability``: what
+    ``torch.backends.cpu.get_cpu_capability()`` reports; None: ask it)."""
+    found = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    return 16 if found.upper().startswith(("AVX512", "AMX")) else 8
 
 
 def _one_by_one(conv: nn.Conv2d) -> bool:
@@ -67,7 +74,8 @@ def conv_workspace(conv: nn.Conv2d, x: torch.Tensor, out: torch.Tensor, kind: Wo
     size = x.element_size()
     if _onednn(conv, x, x.shape[0] if samples is None else samples):
         channels = x.shape[1]
-        padded = x.numel() // channels * math.ceil(channels / BLOCK) * BLOCK * size
+        block = channel_block()
+        padded = x.numel() // channels * math.ceil(channels / block) * block * size
         weight = conv.weight.numel() * size
         return (padded + weight, padded + x.numel() * size)
     columns = (out.shape[0] * conv.in_channels // conv.groups * math.prod(conv.kernel_size)
