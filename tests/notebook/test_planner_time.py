@@ -3,6 +3,8 @@ shared cores, tile groups), the network fit, predicted step times, canonical can
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -101,9 +103,10 @@ def test_predicted_time_adds_layers_schedule_and_network(resnet):
 def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
     """Every halo exchange and collective of a tile group costs ``Network.sync`` more while
     more ranks compute than there are cores; with a core per computing rank, or without a
-    tile group, nothing changes."""
+    tile group, nothing changes. (No wire time: the tiles compute all their time, so each counts
+    as a whole rank on the cores.)"""
     timer = FlopTimer()
-    plain, meeting = planner.Network(1e-5, 1e9), planner.Network(1e-5, 1e9, sync=1e-3)
+    plain, meeting = planner.Network(0.0, 1e30), planner.Network(0.0, 1e30, sync=1e-3)
 
     def extra(cfg, cores):
         node = planner.Node(cores=cores, copy_bandwidth=1e12)
@@ -123,7 +126,7 @@ def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
     assert extra(sp2, cores=1) > 0
     assert extra(ParallelConfig(split_size=2, spatial_size=0), cores=1) == pytest.approx(0.0, abs=1e-12)
     assert "per meeting" in meeting.describe() and "per meeting" not in plain.describe()
-    always = planner.Network(1e-5, 1e9, meeting=1e-3)      # a meeting costs this crowded or not
+    always = planner.Network(0.0, 1e30, meeting=1e-3)      # a meeting costs this crowded or not
     node = planner.Node(cores=None, copy_bandwidth=1e12)
     base = planner.predict_step_time(resnet, sp2, 64, 2, timer=timer, node=node, network=plain).seconds
     assert planner.predict_step_time(resnet, sp2, 64, 2, timer=timer, node=node, network=always).seconds > \
@@ -303,6 +306,27 @@ def test_tiles_in_lockstep_are_stalled_by_every_member_s_interruptions_while_eac
     odd = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="horizontal")
     assert end(odd, False, cores=2) == pytest.approx(4.5 + 3)
     assert end(odd, True, cores=2) == pytest.approx(6 + 3)
+
+
+def test_a_lockstep_member_crowds_the_cores_only_by_its_exposed_share():
+    """2 tiles + 1 stage, 2 micro-batches: the tiles' second forward runs beside the last stage's
+    first micro-batch, 3 ranks on 2 cores. Tiles computing all their time crowd the cores, and
+    their meetings pay ``crowded``; tiles waiting half their time at meetings leave a core's worth
+    free for the stage, and their meetings pay nothing more."""
+    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2)
+
+    def end(exposed, crowded_per_work):
+        base = unit_costs(sp, lockstep=True, exposed=exposed)
+
+        def cost(action):
+            c = base(action)
+            return dataclasses.replace(c, crowded=crowded_per_work * c.work) if c.group is not None else c
+        return max(t.end for t in simulate(build_schedule(sp), cost, lambda a: 0.0, cores=2))
+
+    assert end(1.0, 0.5) > end(1.0, 0.0) + 0.1
+    assert end(0.5, 0.5) == pytest.approx(end(0.5, 0.0))
+    assert end(0.75, 0.5) > end(0.75, 0.0)       # 1.5 + 1 cores' worth on 2: crowded, less so
+    assert end(0.75, 0.5) - end(0.75, 0.0) < end(1.0, 0.5) - end(1.0, 0.0)
 
 
 def test_hand_offs_cost_each_side_its_own_work_before_and_after_the_wire():

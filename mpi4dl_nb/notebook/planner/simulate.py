@@ -7,7 +7,9 @@ than cores slow each other down; with ``cores=None`` every rank has its own devi
 group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
 ranks reached it and ends for all of them together, after each rank's work and a fixed
 ``delay`` (wire time; waiting ranks use no core; plus the ``crowded`` share of the work
-done while more ranks compute than there are cores, scaled by how many more). A send costs
+done while more ranks compute than there are cores, scaled by how many more; a lockstep
+member counts there as its exposed share of a rank: at its meetings its core is free, and a
+pipeline stage beside two AmoebaNet tiles, which wait half their time, fills those gaps). A send costs
 its sender its ``work`` (the hand-off's own work; often 0), then arrives ``message`` later; a
 receive waits for its message, then costs its ``work``. Each rank may start late by
 ``start(rank)`` (setting the step up). Computing beside waiting ranks is slower by the job's
@@ -176,12 +178,19 @@ class _Replay:
         self.free_at[run.rank] = self.now + run.delay
         self.position[run.rank] += 1
 
-    def crowding(self, computing: int) -> float:
-        """How crowded the cores are with ``computing`` ranks running: 0 up to one rank per core,
-        1 with every rank of the step running (where ``Cost.crowded`` was measured), linear between."""
-        if self.cores is None or computing <= self.cores:
+    def crowding(self, demand: float) -> float:
+        """How crowded the cores are with ``demand`` cores' worth of ranks computing: 0 up to one
+        rank per core, 1 with every rank of the step running (where ``Cost.crowded`` was
+        measured), linear between."""
+        if self.cores is None or demand <= self.cores:
             return 0.0
-        return min(1.0, (computing - self.cores) / max(1, len(self.lists) - self.cores))
+        return min(1.0, (demand - self.cores) / max(1, len(self.lists) - self.cores))
+
+    @staticmethod
+    def core_demand(computing: Sequence[_Running]) -> float:
+        """Cores' worth of the running actions: a lockstep member only its exposed share (the rest
+        of its time it waits at meetings, its core free for another rank), any other a whole core."""
+        return sum(r.exposed if r.stalled_by > 1 else 1.0 for r in computing)
 
     def beside_waiting(self, computing: int) -> float:
         """Slowdown of the computing ranks from the others waiting on shared cores (their
@@ -221,7 +230,7 @@ class _Replay:
                      if self.position[r] < len(self.lists[r])]
             raise RuntimeError(f"simulated schedule stalled at {self.now:.6f} s: {stuck[:4]}")
         step_to = max(self.now, min(events))
-        crowding = self.crowding(len(computing))
+        crowding = self.crowding(self.core_demand(computing))
         for r in computing:
             done = (step_to - self.now) * rates[r.rank]
             r.remaining -= done
