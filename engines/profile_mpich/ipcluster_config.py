@@ -15,3 +15,5 @@ c.MPILauncher.mpi_cmd = ["mpiexec"]
 c.MPILauncher.mpi_args = ["-prepend-rank"]
 c.MPILauncher.environment = ENGINE_ENV
 c.EngineLauncher.engine_args = ["--log-level=WARN"]
+# engines count as registered at their first heartbeat: ping every second (ipyparallel's 3 s held start-up ~2 s)
+c.Cluster.controller_args = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=30"]

@@ -8,11 +8,11 @@
 import os
 import shlex
 
-from mpi4dl_nb.notebook.cluster import ENGINE_ENV, slurm_batch_template
+from mpi4dl_nb.notebook.cluster import CONTROLLER_ARGS, ENGINE_ENV, slurm_batch_template
 
 c = get_config()  # noqa: F821 - provided by ipcluster
 
 c.Cluster.engine_launcher_class = "slurm"
-c.Cluster.controller_args = ["--ip=*"]
+c.Cluster.controller_args = ["--ip=*", *CONTROLLER_ARGS]     # heartbeat every second, as dl.cluster.start
 c.SlurmEngineSetLauncher.batch_template = slurm_batch_template(
     shlex.split(os.environ.get("MPI4DL_SLURM_OPTIONS", "--time=02:00:00")), ENGINE_ENV)

@@ -9,7 +9,6 @@ family (tests/mpi/)    cases on gloo                                            
 =====================  =========================================================  ===========
 spatial_exactness      2x2: resnet_classifier, avgpool3_s2_excl x 3 sizes        spatial/test_spatial.py
 halo_adjoint           3x3: every layer geometry, adjoint, resnet on a group     spatial/test_halo.py
-halo_fused             1x4: every fused chain x sizes, resnet fused              here
 engine_exact           2 ranks gems_pp, pp2_gpipe_m4 (pipeline/test_engine_      here and
                        exact.py); 3 ranks gems3_1f1b_m2 (payloads arrive ahead    pipeline/
                        of their receive), lp3; 5 ranks sp_lp_square, sp_gems_pp  test_engine_
@@ -31,17 +30,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.mpi import engine_misc, halo_fused, models_exact, spatial_correctness
+from tests.mpi import engine_misc, models_exact, spatial_correctness
 from tests.mpi.models_regions import LOSS, READS
 from tests.support.planes import backend_flag
 from tests.support.summary import json_record
 
 GLOO = backend_flag("gloo")
 ENGINE_CASES = {3: ["gems3_1f1b_m2", "lp3"], 5: ["sp_lp_square", "sp_gems_pp"]}
-
-
-def test_fused_halos_on_the_torch_plane(mpirun):
-    mpirun(4, "halo_fused", 1, 4, GLOO, timeout=300, checks=halo_fused.check_names())
 
 
 @pytest.mark.parametrize("nprocs", sorted(ENGINE_CASES))

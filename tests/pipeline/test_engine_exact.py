@@ -12,7 +12,7 @@ from tests.mpi.engine_exact import copies_name, round_trip_name
 from tests.support.engine_cases import CASES, cases_by_world_size, config_of, random_cases
 
 GROUPS = cases_by_world_size()
-RANDOM_PER_SIZE = {2: 6, 3: 6, 4: 6, 5: 6, 6: 6}    # 30 random configurations in all
+RANDOM_PER_SIZE = {2: 4, 3: 4, 4: 4, 5: 4, 6: 4}    # 20 random configurations in all
 RANDOM = {size: list(random_cases(size, count)) for size, count in RANDOM_PER_SIZE.items()}
 
 

@@ -60,6 +60,24 @@ def slurm_cmd(env, *args: str, timeout: float = 60, cwd: Path | None = None) -> 
     return done.stdout
 
 
+def run_batch_job(env, script: Path, *args: str, timeout: float, cwd: Path) -> str:
+    """Submit ``script`` and wait for it to end (state polled every 0.3 s: ``sbatch --wait`` polls with a
+    back-off up to 10 s and returned here ~25 s after the job had ended); its ``scontrol show job`` record."""
+    job = slurm_cmd(env, "sbatch", "--parsable", *args, str(script), timeout=60, cwd=cwd).strip()
+    deadline = time.monotonic() + timeout
+    while True:
+        record = slurm_cmd(env, "scontrol", "show", "job", "--oneliner", job)
+        state = record.split("JobState=", 1)[1].split()[0]
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            outputs = "\n".join(path.read_text()[-3000:] for path in cwd.glob("*.out"))
+            assert state == "COMPLETED" and " ExitCode=0:0" in record, f"job {job}: {state}\n{outputs}"
+            return record
+        if time.monotonic() > deadline:
+            slurm_cmd(env, "scancel", job)
+            pytest.fail(f"job {job} still {state} after {timeout} s")
+        time.sleep(0.3)
+
+
 def marked_ranks(env) -> list[str]:
     """Live python processes carrying this run's marker: the job's ranks (they inherit the submit environment)."""
     needle = f"MPI4DL_SLURM_MARK={env['MPI4DL_SLURM_MARK']}".encode()
@@ -85,7 +103,7 @@ def slurm_job_of(pid: int) -> str | None:
 
 def test_sbatch_runs_the_documented_sp_lp_job_and_it_is_exact(slurm, tmp_path):
     # --overcommit: 3 ranks on this machine's cores (a real partition has a core per rank)
-    slurm_cmd(slurm, "sbatch", "--wait", "--overcommit", str(BATCH), timeout=300, cwd=tmp_path)
+    run_batch_job(slurm, BATCH, "--overcommit", timeout=300, cwd=tmp_path)
     (output,) = tmp_path.glob("mpi4dl-train-*.out")
     text = output.read_text()
     summary = json.loads([line for line in text.splitlines() if line.startswith("{")][-1])

@@ -10,6 +10,9 @@ from typing import Any
 from .lab import UNTYPED_OUTPUT, WIDGET_VIEW, Lab
 
 RUN_ALL = "li[data-command='runmenu:run-all']"
+# Seconds with no cell queued or running (and the kernel idle) that count as done: Run All queues every
+# cell at once, so no gap between cells shows an empty queue.
+QUIET = 1.0
 ERROR_OUTPUT = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]'
 BROKEN_WIDGET_TEXTS = ("Error displaying widget", "Loading widget", "HBox(", "VBox(", "Image(value=")
 
@@ -68,7 +71,7 @@ class NotebookPage:
             time.sleep(0.3)
 
     def run_all(self, timeout: float = 600) -> float:
-        """Run > Run All Cells, then wait until no cell is queued or running for 3 s; returns seconds taken."""
+        """Run > Run All Cells, then wait until no cell is queued or running for QUIET s; returns seconds taken."""
         start = time.monotonic()
         try:
             self.page.click("li.lm-MenuBar-item:has-text('Run')", timeout=30_000)
@@ -90,7 +93,7 @@ class NotebookPage:
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = now
-            elif now - quiet_since >= 3 and self._kernel_status() == "idle":
+            elif now - quiet_since >= QUIET and self._kernel_status() == "idle":
                 return
             if now - start > timeout:
                 raise TimeoutError(f"{self.name}: cells still running after {timeout} s")
