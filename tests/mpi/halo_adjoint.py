@@ -1,9 +1,10 @@
 """Halo exchange: forward equals slicing the padded image (corners included), <Fx, y> = <x, F*y>,
 buffers reused, message counts as the geometry says; also a spatialized stack on a sub-group.
 
-Usage: python -m tests.mpi.halo_adjoint ROWS COLS BACKEND IDLE — the first IDLE world ranks
-hold no tile (the tiles live on a group of the remaining ranks, as in an engine's spatial stage).
-Named checks: ``check_names()``, reported by the tile ranks.
+Usage: python -m tests.mpi.halo_adjoint ROWS COLS BACKENDS IDLE — BACKENDS: planes run one after the
+other in this launch (e.g. ``mpi,gloo``); the first IDLE world ranks hold no tile (the tiles live on a
+group of the remaining ranks, as in an engine's spatial stage). Named checks: ``check_names(BACKENDS)``,
+reported by the tile ranks.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ LAYERS = [(24, 30, 3, 1, 1, 1), (37, 53, 5, 2, 2, 1), (36, 36, 1, 2, 0, 1),
 RESNET_ON_GROUP = "resnet on a group"
 
 
-def layer_check_name(spec: tuple) -> str:
-    return f"halo {spec}: forward, adjoint, buffers, messages"
+def layer_check_name(spec: tuple, backend: str) -> str:
+    return f"{backend}: halo {spec}: forward, adjoint, buffers, messages"
 
 
-def check_names() -> list[str]:
-    return [*map(layer_check_name, LAYERS), RESNET_ON_GROUP]
+def check_names(backends: str) -> list[str]:
+    return [name for backend in backends.split(",")
+            for name in [*(layer_check_name(spec, backend) for spec in LAYERS), f"{backend}: {RESNET_ON_GROUP}"]]
 
 
 def check_layer(ctx: Context, grid: TileGrid, group, ranks: list[int], tile: int,
@@ -75,23 +77,24 @@ def check_layer(ctx: Context, grid: TileGrid, group, ranks: list[int], tile: int
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    rows, cols, backend, idle = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    ctx = Context(backend=backend)
+    rows, cols, backends, idle = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     grid = TileGrid(rows, cols)
     ranks = list(range(idle, idle + grid.num_tiles))
-    assert ctx.world_size == idle + grid.num_tiles
-    group = ctx.new_group(ranks) if idle else None
-    if ctx.rank in ranks:
-        tile = ranks.index(ctx.rank)
-        for spec in LAYERS:
-            with check(layer_check_name(spec)):
-                check_layer(ctx, grid, group, ranks, tile, spec)
-        with check(RESNET_ON_GROUP):
-            torch.manual_seed(3)
-            model = resnet_stack(3, classes=4).double()
-            x = torch.randn(2, 3, 40, 44, dtype=torch.float64)
-            check_spatial_exact(model, grid, x, ctx, group, what="resnet on a group")
-    ctx.barrier()
+    for backend in backends.split(","):     # one launch for every plane: rank start-up is most of its time
+        ctx = Context(backend=backend)
+        assert ctx.world_size == idle + grid.num_tiles
+        group = ctx.new_group(ranks) if idle else None
+        if ctx.rank in ranks:
+            tile = ranks.index(ctx.rank)
+            for spec in LAYERS:
+                with check(layer_check_name(spec, backend)):
+                    check_layer(ctx, grid, group, ranks, tile, spec)
+            with check(f"{backend}: {RESNET_ON_GROUP}"):
+                torch.manual_seed(3)
+                model = resnet_stack(3, classes=4).double()
+                x = torch.randn(2, 3, 40, 44, dtype=torch.float64)
+                check_spatial_exact(model, grid, x, ctx, group, what=f"resnet on a group ({backend})")
+        ctx.barrier()
 
 
 if __name__ == "__main__":

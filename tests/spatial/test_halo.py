@@ -7,15 +7,15 @@ import torch
 
 from tests.mpi import halo_adjoint, halo_fused
 
-# 2x2 runs with an idle rank beside the grid (a sub-group); every check also runs with the whole world on 3x3.
-CASES = [(3, 3, "mpi", 0), (3, 3, "gloo", 0), (2, 2, "mpi", 1)]
+# 3x3: both planes in one launch, the whole world; 2x2: with an idle rank beside the grid (a sub-group).
+CASES = [(3, 3, "mpi,gloo", 0), (2, 2, "mpi", 1)]
 
 
-@pytest.mark.parametrize("rows,cols,backend,idle", CASES,
-                         ids=[f"{r}x{c}-{b}-idle{i}" for r, c, b, i in CASES])
-def test_halo_adjoint_and_forward(mpirun, rows, cols, backend, idle):
-    mpirun(rows * cols + idle, "halo_adjoint", rows, cols, backend, idle, timeout=300,
-           checks=halo_adjoint.check_names())
+@pytest.mark.parametrize("rows,cols,backends,idle", CASES,
+                         ids=[f"{r}x{c}-{b.replace(',', '+')}-idle{i}" for r, c, b, i in CASES])
+def test_halo_adjoint_and_forward(mpirun, rows, cols, backends, idle):
+    mpirun(rows * cols + idle, "halo_adjoint", rows, cols, backends, idle, timeout=300,
+           checks=halo_adjoint.check_names(backends))
 
 
 def test_buffer_pool_reuses_by_shape():
