@@ -21,7 +21,7 @@ infer_exact            4 ranks: both checks (command 2x2, infer_slide 1x4)      
                                                                                  infer_mpi.py
 engine_misc            3 ranks: hook order, manual stepping, kept grads, timeline here
 models_regions         5 ranks: region reads equal serial on whole tiles          here
-train CLI              5 ranks SP+LP float64: --backend gloo loss == --backend mpi here
+train CLI              3 ranks SP+LP+PP float64: --backend gloo loss == --backend mpi here
 =====================  =========================================================  ===========
 """
 
@@ -80,13 +80,14 @@ def test_region_reads_on_the_torch_plane(mpirun, tmp_path):
 
 TRAIN = ["train", "--model", "resnet", "--resnet-version", "1", "--num-layers", "8",
          "--num-filters", "4", "--image-size", "32", "--batch-size", "4", "--num-samples", "8",
-         "--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4", "--parts", "2",
+         "--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "2", "--slice-method", "vertical",
+         "--parts", "2",
          "--steps", "2", "--dtype", "float64", "--no-progress"]
 
 
 def test_train_cli_gloo_gives_the_mpi_loss(mpirun):
     """--backend gloo and --backend mpi train the same float64 model to the same losses."""
-    records = {backend: json_record(mpirun(5, "mpi4dl_nb", *TRAIN, "--backend", backend,
+    records = {backend: json_record(mpirun(3, "mpi4dl_nb", *TRAIN, "--backend", backend,
                                            module=True, timeout=300).stdout)
                for backend in ("mpi", "gloo")}
     mpi, gloo = records["mpi"]["losses"], records["gloo"]["losses"]
