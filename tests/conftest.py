@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.battery import REGISTERED, Job, encode, job_report
 from tests.support.checks import CheckReport
 from tests.support.mpirun import launch_mpi, run_mpi
 
@@ -29,6 +30,22 @@ def mpi_checks():
         return reports[key]
 
     return launch
+
+
+@pytest.fixture(scope="session")
+def shared_launch():
+    """``shared_launch(job)``: the CheckReport of a ``shared_job`` (tests/support/battery.py). The
+    first request for a world size and plane runs every job registered for them in one launch."""
+    reports: dict[tuple, CheckReport] = {}
+
+    def report(job: Job) -> CheckReport:
+        if job.launch not in reports:
+            jobs = REGISTERED[job.launch]
+            reports[job.launch] = launch_mpi(job.nprocs, "battery", encode(jobs),
+                                             timeout=sum(j.timeout for j in jobs)).checks
+        return job_report(reports[job.launch], job)
+
+    return report
 
 
 # Notebooks whose JupyterLab Run All checks everything their headless run checks (no error, figures

@@ -32,39 +32,44 @@ import pytest
 
 from tests.mpi import engine_misc, models_exact, spatial_correctness
 from tests.mpi.models_regions import LOSS, READS
+from tests.support.battery import shared_job
 from tests.support.planes import backend_flag
 from tests.support.summary import json_record
 
 GLOO = backend_flag("gloo")
 ENGINE_CASES = {3: ["gems3_1f1b_m2", "lp3"], 5: ["sp_lp_square", "sp_gems_pp"]}
+ENGINE = {n: shared_job(n, "engine_exact", GLOO, *cases, plane="gloo", timeout=400)
+          for n, cases in ENGINE_CASES.items()}
+MODELS = shared_job(5, "models_exact", GLOO, "--smallest", plane="gloo", timeout=600)
 
 
 @pytest.mark.parametrize("nprocs", sorted(ENGINE_CASES))
-def test_engine_exact_on_the_torch_plane(mpirun, nprocs):
-    mpirun(nprocs, "engine_exact", GLOO, *ENGINE_CASES[nprocs], timeout=400,
-           checks=ENGINE_CASES[nprocs])
+def test_engine_exact_on_the_torch_plane(shared_launch, nprocs):
+    shared_launch(ENGINE[nprocs]).require_clean(ENGINE_CASES[nprocs])
 
 
-def test_models_exact_on_the_torch_plane(mpirun):
+def test_models_exact_on_the_torch_plane(shared_launch):
     names = models_exact.check_names(smallest=True)
     assert len(names) == 3 + 3 + 3
-    mpirun(5, "models_exact", GLOO, "--smallest", timeout=600, checks=names)
+    shared_launch(MODELS).require_clean(names)
 
 
 CORRECTNESS_MODELS = ["se_resnet", "unet_groupnorm", "upsample_bilinear"]
 CORRECTNESS_FUZZ = 4
+CORRECTNESS = shared_job(4, "spatial_correctness", 2, 2, f"--fuzz={CORRECTNESS_FUZZ}", GLOO,
+                         "--only=" + ",".join([*CORRECTNESS_MODELS, "loss"]), plane="gloo", timeout=400)
+MISC = shared_job(3, "engine_misc", GLOO, plane="gloo", timeout=300)
 
 
-def test_spatial_correctness_on_the_torch_plane(mpirun):
+def test_spatial_correctness_on_the_torch_plane(shared_launch):
     names = [spatial_correctness.exact_name(model, size) for size in spatial_correctness.sizes(2, 2)
              for model in CORRECTNESS_MODELS]
     names += [spatial_correctness.LOSS, *spatial_correctness.fuzz_case_names(2, 2, CORRECTNESS_FUZZ, None)]
-    mpirun(4, "spatial_correctness", 2, 2, f"--fuzz={CORRECTNESS_FUZZ}", GLOO,
-           "--only=" + ",".join([*CORRECTNESS_MODELS, "loss"]), timeout=400, checks=names)
+    shared_launch(CORRECTNESS).require_clean(names)
 
 
-def test_engine_misc_on_the_torch_plane(mpirun):
-    mpirun(3, "engine_misc", GLOO, timeout=300, checks=engine_misc.CHECKS)
+def test_engine_misc_on_the_torch_plane(shared_launch):
+    shared_launch(MISC).require_clean(engine_misc.CHECKS)
 
 
 def test_region_reads_on_the_torch_plane(mpirun, tmp_path):

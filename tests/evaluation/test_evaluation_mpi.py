@@ -4,14 +4,18 @@ from __future__ import annotations
 import pytest
 
 from tests.mpi.evaluation_exact import CONFIGS
+from tests.support.battery import shared_job
+
+JOB = shared_job(5, "evaluation_exact", timeout=600)
+TORCH_PLANE = shared_job(5, "evaluation_exact", "--backend=gloo", "sp+lp", plane="gloo", timeout=600)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_evaluation_equals_serial_and_touches_no_state(mpi_checks, name):
-    mpi_checks(5, "evaluation_exact", timeout=600).require([f"{name} equals serial", f"{name} touches no state"])
+def test_evaluation_equals_serial_and_touches_no_state(shared_launch, name):
+    shared_launch(JOB).require([f"{name} equals serial", f"{name} touches no state"])
 
 
-def test_evaluation_on_the_torch_plane(mpi_checks):
+def test_evaluation_on_the_torch_plane(shared_launch):
     """The forward-only round on gloo (one-way channels, messages matched in posting order)."""
-    mpi_checks(5, "evaluation_exact", "--backend=gloo", "sp+lp", timeout=600).require(
+    shared_launch(TORCH_PLANE).require(
         ["sp+lp equals serial", "sp+lp touches no state"])

@@ -10,6 +10,7 @@ from mpi4dl_nb.models import ClassifierHead, amoebanet, build_model, resnet_v1, 
 from mpi4dl_nb.models.amoebanet import AmoebaCell, cell_plans
 from mpi4dl_nb.models.resnet import BasicBlock, PreActBottleneck, blocks_per_stage
 from tests.mpi import models_exact
+from tests.support.battery import shared_job
 
 SIZES = {
     "resnet_v1": [8, 14, 20],
@@ -118,8 +119,11 @@ def test_build_model_defaults_match_mpi4dl():
         build_model("vgg")
 
 
-def test_models_train_exactly_in_parallel(mpirun):
+EXACT = shared_job(5, "models_exact", timeout=600)
+
+
+def test_models_train_exactly_in_parallel(shared_launch):
     """Every family x 3 sizes: SP+LP (5 ranks) and LP+PP+GEMS equal serial in float64."""
     names = models_exact.check_names()
     assert len(names) == 12 + 3     # 9 SP+LP and 3 LP+PP+GEMS trainings, 3 spatial stages with D2 halos
-    mpirun(5, "models_exact", timeout=600, checks=names)
+    shared_launch(EXACT).require_clean(names)

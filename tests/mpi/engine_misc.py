@@ -33,6 +33,7 @@ def expect_config_error(fn, *words: str) -> None:
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init(backend=split_backend(sys.argv[1:])[0])
+    ctx.tracer.clear()       # the gathered timeline holds this program's two engines (a shared launch ran others)
     layers = build("resnet")
     loss_fn = nn.CrossEntropyLoss()
     wrong_world, uneven, hook, manual_step, kept_grads, timeline = CHECKS

@@ -1,7 +1,8 @@
 """HybridEngine == serial training (float64) for every LP/PP/GEMS/SP/DP mix, under mpiexec.
 
-One mpiexec launch per world size runs all cases of that size (see tests/support/engine_cases.py);
-each case is its own test, reading its named check from the shared launch.
+One job per world size runs all cases of that size (see tests/support/engine_cases.py), in the
+shared launch of that size (tests/support/battery.py); each case is its own test, reading its
+named check from the job's report.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.mpi.engine_exact import copies_name, round_trip_name
+from tests.support.battery import shared_job
 from tests.support.engine_cases import CASES, cases_by_world_size, config_of, random_cases
 
 GROUPS = cases_by_world_size()
@@ -16,28 +18,29 @@ RANDOM_PER_SIZE = {2: 4, 3: 4, 4: 4, 5: 4, 6: 4}    # 20 random configurations i
 RANDOM = {size: list(random_cases(size, count)) for size, count in RANDOM_PER_SIZE.items()}
 
 
-def exact_run(mpi_checks, nprocs: int):
-    """The one launch of every case on ``nprocs`` ranks (shared by this module's tests)."""
-    extra = [f"--random={RANDOM_PER_SIZE[nprocs]}"] if nprocs in RANDOM_PER_SIZE else []
-    return mpi_checks(nprocs, "engine_exact", *GROUPS[nprocs], *extra, timeout=600)
+JOBS = {size: shared_job(size, "engine_exact", *names,
+                         *([f"--random={RANDOM_PER_SIZE[size]}"] if size in RANDOM_PER_SIZE else []), timeout=600)
+        for size, names in GROUPS.items()}
+TORCH_PLANE_CASES = ["gems_pp", "pp2_gpipe_m4"]
+TORCH_PLANE = shared_job(2, "engine_exact", "--backend=gloo", *TORCH_PLANE_CASES, plane="gloo")
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_engine_matches_serial(mpi_checks, case):
+def test_engine_matches_serial(shared_launch, case):
     """Losses and the whole state (rank 0), and every rank's own copies of its stages."""
-    exact_run(mpi_checks, config_of(case).world_size).require([case, copies_name(case)])
+    shared_launch(JOBS[config_of(case).world_size]).require([case, copies_name(case)])
 
 
 @pytest.mark.parametrize("case", [(size, name) for size, names in RANDOM.items() for name in names],
                          ids=lambda case: case[1].replace(" ", "_"))
-def test_random_configuration_matches_serial(mpi_checks, case):
+def test_random_configuration_matches_serial(shared_launch, case):
     size, name = case
-    exact_run(mpi_checks, size).require([name, copies_name(name)])
+    shared_launch(JOBS[size]).require([name, copies_name(name)])
 
 
 @pytest.mark.parametrize("nprocs", sorted(GROUPS))
-def test_full_state_dict_round_trip(mpi_checks, nprocs):
-    exact_run(mpi_checks, nprocs).require([round_trip_name(GROUPS[nprocs][0])])
+def test_full_state_dict_round_trip(shared_launch, nprocs):
+    shared_launch(JOBS[nprocs]).require([round_trip_name(GROUPS[nprocs][0])])
 
 
 def test_acceptance_cases_are_covered():
@@ -77,7 +80,6 @@ def test_acceptance_cases_are_covered():
                    for n in CASES)
 
 
-def test_engine_on_torch_distributed_plane(mpirun):
+def test_engine_on_torch_distributed_plane(shared_launch):
     """Same exactness with tensors on torch.distributed (gloo) instead of mpi4py."""
-    mpirun(2, "engine_exact", "--backend=gloo", "gems_pp", "pp2_gpipe_m4", timeout=300,
-           checks=["gems_pp", "pp2_gpipe_m4"])
+    shared_launch(TORCH_PLANE).require_clean(TORCH_PLANE_CASES)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tests.mpi.engine_misc import CHECKS
+from tests.support.battery import shared_job
+
+JOB = shared_job(3, "engine_misc", timeout=180)
 
 
 @pytest.mark.parametrize("name", CHECKS)
-def test_errors_hook_grads_and_timeline(mpi_checks, name):
-    mpi_checks(3, "engine_misc", timeout=180).require([name])
+def test_errors_hook_grads_and_timeline(shared_launch, name):
+    shared_launch(JOB).require([name])
 
 
 def test_failure_on_one_rank_aborts_the_job(mpirun):

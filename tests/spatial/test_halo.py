@@ -6,16 +6,18 @@ import pytest
 import torch
 
 from tests.mpi import halo_adjoint, halo_fused
+from tests.support.battery import shared_job
 
 # 3x3: both planes in one launch, the whole world; 2x2: with an idle rank beside the grid (a sub-group).
 CASES = [(3, 3, "mpi,gloo", 0), (2, 2, "mpi", 1)]
+ADJOINT = {case: shared_job(case[0] * case[1] + case[3], "halo_adjoint", *case) for case in CASES}
+FUSED = {grid: shared_job(grid[0] * grid[1], "halo_fused", *grid) for grid in [(3, 3), (1, 4)]}
 
 
 @pytest.mark.parametrize("rows,cols,backends,idle", CASES,
                          ids=[f"{r}x{c}-{b.replace(',', '+')}-idle{i}" for r, c, b, i in CASES])
-def test_halo_adjoint_and_forward(mpirun, rows, cols, backends, idle):
-    mpirun(rows * cols + idle, "halo_adjoint", rows, cols, backends, idle, timeout=300,
-           checks=halo_adjoint.check_names(backends))
+def test_halo_adjoint_and_forward(shared_launch, rows, cols, backends, idle):
+    shared_launch(ADJOINT[(rows, cols, backends, idle)]).require_clean(halo_adjoint.check_names(backends))
 
 
 def test_buffer_pool_reuses_by_shape():
@@ -29,9 +31,9 @@ def test_buffer_pool_reuses_by_shape():
     assert pool.nbytes == 3 * 6 * 8
 
 
-@pytest.mark.parametrize("rows,cols", [(3, 3), (1, 4)], ids=["3x3", "1x4"])
-def test_fused_halos_equal_unfused_and_serial(mpirun, rows, cols):
-    mpirun(rows * cols, "halo_fused", rows, cols, timeout=300, checks=halo_fused.check_names())
+@pytest.mark.parametrize("rows,cols", list(FUSED), ids=["3x3", "1x4"])
+def test_fused_halos_equal_unfused_and_serial(shared_launch, rows, cols):
+    shared_launch(FUSED[(rows, cols)]).require_clean(halo_fused.check_names())
 
 
 def test_fused_blocks_group_windowed_layers():

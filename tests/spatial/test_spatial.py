@@ -7,25 +7,28 @@ import torch
 from torch import nn
 
 from tests.mpi.spatial_exactness import check_names
+from tests.support.battery import shared_job
 from tests.support.spatial_models import layer_models
 
 # 1x4 and 4x1 run end to end in tests/pipeline/test_engine_exact.py (SP 4 vertical/horizontal) and
 # in the fused-halo and correctness grids; here the 1-D case is 1x2/2x1 and 3x3 holds middle tiles.
 GRIDS = [(1, 2), (2, 1), (2, 2), (3, 3), (2, 3)]
+JOBS = {(rows, cols): shared_job(rows * cols, "spatial_exactness", rows, cols, timeout=400) for rows, cols in GRIDS}
+TORCH_PLANE_MODELS = ["resnet_classifier", "avgpool3_s2_excl"]
+TORCH_PLANE = shared_job(4, "spatial_exactness", 2, 2, "gloo", ",".join(TORCH_PLANE_MODELS), plane="gloo")
 
 
 @pytest.mark.parametrize("rows,cols", GRIDS, ids=[f"{r}x{c}" for r, c in GRIDS])
-def test_spatialize_equals_serial(mpirun, rows, cols):
+def test_spatialize_equals_serial(shared_launch, rows, cols):
     names = check_names(rows, cols)
     assert len(layer_models()) * 3 == 75 and len(names) >= 75   # 25 layer models x 3 image sizes
-    mpirun(rows * cols, "spatial_exactness", rows, cols, timeout=400, checks=names)
+    shared_launch(JOBS[(rows, cols)]).require_clean(names)
 
 
-def test_spatialize_equals_serial_on_the_torch_plane(mpirun):
-    models = ["resnet_classifier", "avgpool3_s2_excl"]
-    names = check_names(2, 2, models)
+def test_spatialize_equals_serial_on_the_torch_plane(shared_launch):
+    names = check_names(2, 2, TORCH_PLANE_MODELS)
     assert len(names) == 6 + 1    # 2 models x 3 sizes, 1 refusal
-    mpirun(4, "spatial_exactness", 2, 2, "gloo", ",".join(models), timeout=300, checks=names)
+    shared_launch(TORCH_PLANE).require_clean(names)
 
 
 # ---------------------------------------------------------------- in-process (one rank)

@@ -142,6 +142,7 @@ class Checks:
 
     grace: float = 120.0
     failed: int = 0
+    prefix: str = ""        # put before every name (the job's label in a shared launch)
     rank: int = field(init=False)
     _watchdog: threading.Timer | None = field(default=None, init=False, repr=False)
 
@@ -169,7 +170,7 @@ class Checks:
             self._arm_watchdog(name)
 
     def _emit(self, name: str, passed: bool, detail: str) -> None:
-        record = json.dumps({"name": name, "rank": self.rank, "passed": passed, "detail": detail})
+        record = json.dumps({"name": self.prefix + name, "rank": self.rank, "passed": passed, "detail": detail})
         sys.stdout.write(f"{MARK}{record}\n")   # one write: lines of ranks stay whole
         sys.stdout.flush()
 
