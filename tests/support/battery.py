@@ -13,7 +13,7 @@ report of its job alone, as if the job had run by itself:
   checks, or the launch was aborted, killed or timed out before the job ended. A later
   job's failure is not this job's.
 
-Every job starts from the random state of a fresh process. Jobs of one launch share one
+Every job starts from the torch random state its rank's process started with. Jobs of one launch share one
 process per rank, so one ``dl.init`` backend: the plane (``mpi`` or ``gloo``) is part of the
 launch's key. Programs that measure memory or need their own environment keep their own
 launch (``mpirun`` / ``mpi_checks``).

@@ -7,7 +7,7 @@ import pytest
 
 from tests.mpi.harness_probe import FAILS, PASSES, STALLS
 from tests.support.checks import RANK_PREFIX, CheckFailure, CheckReport, CheckResult, Outcome
-from tests.support.mpirun import MPIRunError, run_mpi
+from tests.support.mpirun import MPIRunError, launch_mpi, run_mpi
 
 
 def test_failing_rank_reports_its_traceback():
@@ -73,3 +73,30 @@ def test_report_parses_joined_lines_and_explains_job_failures():
         crashed.require(["a"])               # nothing explains the crash: every check fails
     CheckReport.parse(output.replace("false", "true")).require_clean(["a", "b"])
     assert Outcome().detail == ""
+
+
+def test_a_shared_launch_keeps_each_job_s_checks_and_failures_apart():
+    """Four jobs in one 2-rank launch (tests/mpi/battery.py): the same check name stays apart per
+    job, each job starts from a fresh process's random state, a failed check or a raise is its
+    own job's, and a launch that ended early fails only the jobs that did not end."""
+    from tests.mpi.battery_probe import NAME
+    from tests.support.battery import Job, encode, job_report
+
+    jobs = [Job(2, "mpi", "battery_probe", (mode,), 60) for mode in ("pass", "fail", "raise", "pass ")]
+    launch = launch_mpi(2, "battery", encode(jobs), timeout=60).checks
+    assert launch.job_error is not None                                   # exit code 1: failures
+    reports = [job_report(launch, job) for job in jobs]
+    assert [len(r.results) for r in reports] == [2, 2, 2, 2]               # one check x 2 ranks each
+    for rank in (0, 1):                      # every job draws the process's first random number
+        drawn = {r.detail.split(",")[0] for report in reports for r in report.results if r.rank == rank and r.passed}
+        assert len(drawn) == 1 and float(drawn.pop()) < 1, rank
+    reports[0].require_clean([NAME])
+    reports[3].require_clean([NAME])
+    with pytest.raises(CheckFailure, match=r"FAIL \[rank 1\] the same name in every job"):
+        reports[1].require([NAME])
+    with pytest.raises(CheckFailure, match="raised outside its checks.*deliberate failure"):
+        reports[2].require([NAME])           # its check passed, but a raise fails it as a crash would
+    cut = CheckReport([r for r in launch.results if "pass " not in r.name], "timed out after 60s", "", "")
+    with pytest.raises(CheckFailure, match="did not end on every rank .timed out after 60s"):
+        job_report(cut, jobs[3]).require([NAME])
+    job_report(cut, jobs[0]).require_clean([NAME])
