@@ -201,3 +201,20 @@ def test_batchnorm_backward_temporary_on_cpu_is_measured_and_simulated():
              for kind in Workspace}
     assert peaks[Workspace.CPU] - peaks[Workspace.NONE] == pytest.approx(unit, rel=0.01)
     assert peaks[Workspace.CPU] == pytest.approx(2 * unit + measured, rel=0.01)   # + the input and grad held
+
+
+def test_structure_keys_are_not_taken_over_by_a_layer_at_a_freed_address():
+    """The footprint and timing caches key layers by structure, remembered per live layer object:
+    a collected layer's entry goes, so a new layer that CPython puts at its address is keyed anew."""
+    import gc
+
+    from mpi4dl_nb.notebook.planner.footprint import StructureKeys, structure_key
+
+    keys = StructureKeys()
+    layer = nn.Conv2d(3, 4, 3)
+    assert keys(layer) == structure_key(layer) and len(keys) == 1
+    del layer
+    gc.collect()
+    assert len(keys) == 0
+    wider = nn.Conv2d(3, 8, 5)
+    assert keys(wider) == structure_key(wider) != structure_key(nn.Conv2d(3, 4, 3))

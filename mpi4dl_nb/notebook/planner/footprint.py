@@ -14,6 +14,7 @@ its input is alive; during its backward everything the earlier layers kept is al
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -255,17 +256,22 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
 
 
 class StructureKeys:
-    """``structure_key`` of layers, computed once per layer object."""
+    """``structure_key`` of layers, computed once per live layer object (held weakly: a layer
+    made later at a freed layer's address is not taken for it)."""
 
     def __init__(self) -> None:
-        self._keys: dict[int, Hashable] = {}
+        self._keys: weakref.WeakKeyDictionary[nn.Module, Hashable] = weakref.WeakKeyDictionary()
 
     def __call__(self, layer: nn.Module) -> Hashable:
-        key = self._keys.get(id(layer))
+        key = self._keys.get(layer)
         if key is None:
             key = structure_key(layer)
-            self._keys[id(layer)] = key
+            self._keys[layer] = key
         return key
+
+    def __len__(self) -> int:
+        """Live layers with a remembered key."""
+        return len(self._keys)
 
 
 class FootprintCache:
