@@ -59,6 +59,7 @@ CORRECTNESS_FUZZ = 4
 CORRECTNESS = shared_job(4, "spatial_correctness", 2, 2, f"--fuzz={CORRECTNESS_FUZZ}", GLOO,
                          "--only=" + ",".join([*CORRECTNESS_MODELS, "loss"]), plane="gloo", timeout=400)
 MISC = shared_job(3, "engine_misc", GLOO, plane="gloo", timeout=300)
+REGIONS = shared_job(5, "models_regions", GLOO, plane="gloo")
 
 
 def test_spatial_correctness_on_the_torch_plane(shared_launch):
@@ -72,15 +73,9 @@ def test_engine_misc_on_the_torch_plane(shared_launch):
     shared_launch(MISC).require_clean(engine_misc.CHECKS)
 
 
-def test_region_reads_on_the_torch_plane(mpirun, tmp_path):
+def test_region_reads_on_the_torch_plane(shared_launch):
     pytest.importorskip("tifffile")
-    from mpi4dl_nb.data import ihc_image
-    from tests.support.pyramid import write_pyramid
-
-    image = np.full((512, 512, 3), 255, np.uint8)
-    image[:256, :384] = ihc_image()[:256, :384]
-    write_pyramid(tmp_path / "slide.tif", image)
-    mpirun(5, "models_regions", str(tmp_path / "slide.tif"), GLOO, timeout=300, checks=[READS, LOSS])
+    shared_launch(REGIONS).require_clean([READS, LOSS])
 
 
 TRAIN = ["train", "--model", "resnet", "--resnet-version", "1", "--num-layers", "8",

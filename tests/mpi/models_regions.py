@@ -1,22 +1,28 @@
 """5 ranks (SP+LP): each spatial rank reads only its tile box of every slide tile; training on
 those region reads equals serial training on whole tiles.
-Usage: python -m tests.mpi.models_regions SLIDE.tif [--backend=gloo]. Named checks: READS, LOSS (every rank)."""
+Usage: python -m tests.mpi.models_regions [--backend=gloo]: rank 0 writes the test slide (``test_slide``)
+into a fresh directory and removes it at the end. Named checks: READS, LOSS (every rank)."""
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from mpi4py import MPI
 from torch import nn
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.data import Batcher, SlideDataset
+from mpi4dl_nb.data import Batcher, SlideDataset, ihc_image
 from mpi4dl_nb.models import resnet_v1
 from mpi4dl_nb.run.train import InputFeeder
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import relative_error
 from tests.support.planes import split_backend
+from tests.support.pyramid import write_pyramid
 from tests.support.slide_recorder import ReadRecorder
 
 SIZE, LEVEL, BATCH = 64, 1, 2
@@ -24,11 +30,23 @@ READS = "spatial ranks read only their tile box, other ranks nothing"
 LOSS = "loss on region reads equals serial on whole tiles"
 
 
+def test_slide() -> Path:
+    """A 512x512 pyramidal slide with tissue in its top-left 256x384, written by rank 0 into a fresh
+    directory; every rank gets its path."""
+    path = None
+    if MPI.COMM_WORLD.rank == 0:
+        image = np.full((512, 512, 3), 255, np.uint8)
+        image[:256, :384] = ihc_image()[:256, :384]
+        path = Path(tempfile.mkdtemp(prefix="models_regions_")) / "slide.tif"
+        write_pyramid(path, image)
+    return MPI.COMM_WORLD.bcast(path, root=0)
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    backend, args = split_backend(sys.argv[1:])
+    backend, _ = split_backend(sys.argv[1:])
     ctx = dl.init(backend=backend)
-    slide_path = Path(args[0])
+    slide_path = test_slide()
     data = SlideDataset([slide_path], SIZE, level=LEVEL, opener=ReadRecorder.open)
     recorder = data.slide(0)
     recorder.calls.clear()   # the tissue filter's read of the coarsest level
@@ -57,6 +75,8 @@ def main(check: Checks) -> None:
         err = relative_error(torch.tensor(loss, dtype=torch.float64), ref.detach())
         assert err <= 1e-10, f"loss {loss} != serial {ref.item()} (rel {err:.2e})"
     ctx.barrier()
+    if ctx.rank == 0:
+        shutil.rmtree(slide_path.parent)
 
 
 if __name__ == "__main__":

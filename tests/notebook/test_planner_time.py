@@ -15,6 +15,9 @@ from mpi4dl_nb.notebook.planner.suggest import HEADROOM, one_knob_variants
 from mpi4dl_nb.notebook.planner.timing import LayerTime, LayerTimer
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
 from mpi4dl_nb.run.measure import JobCalibration
+from tests.support.battery import shared_job
+
+CALIBRATION = shared_job(3, "calibration", timeout=120)
 
 
 def unit_costs(cfg, forward=1.0, backward=2.0, lockstep=False, exposed=1.0):
@@ -262,10 +265,10 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     assert all(len(row.measured.step_seconds) == 6 for row in sweep.rows)
 
 
-def test_job_calibration_on_three_ranks(mpirun):
+def test_job_calibration_on_three_ranks(shared_launch):
     from tests.mpi.calibration import CHECKS
 
-    mpirun(3, "calibration", timeout=120, checks=CHECKS)
+    shared_launch(CALIBRATION).require_clean(CHECKS)
 
 
 def test_computing_beside_waiting_ranks_is_slower_in_proportion_to_them():

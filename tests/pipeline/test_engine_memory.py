@@ -8,13 +8,15 @@ import torch
 from mpi4dl_nb.pipeline.step_input import ShardedImages, StepInput, resolve_batch_size, resolve_image_size
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.mpi.engine_memory import check_names
+from tests.support.battery import shared_job
 
 LAUNCHES = {3: ("gems3_t1", "pp3_1f1b_m4"), 5: ("sp_gems_pp", "sp_lp_square")}
+JOBS = {nprocs: shared_job(nprocs, "engine_memory", *cases) for nprocs, cases in LAUNCHES.items()}
 
 
 @pytest.mark.parametrize("nprocs,case", [(n, case) for n, cases in LAUNCHES.items() for case in cases])
-def test_ranks_hold_only_their_stages_and_take_their_input(mpi_checks, nprocs, case):
-    mpi_checks(nprocs, "engine_memory", *LAUNCHES[nprocs], timeout=300).require(check_names(case))
+def test_ranks_hold_only_their_stages_and_take_their_input(shared_launch, nprocs, case):
+    shared_launch(JOBS[nprocs]).require(check_names(case))
 
 
 def test_batch_size_comes_from_argument_images_or_labels():
