@@ -1,4 +1,5 @@
-"""Several test programs in one launch (tests/support/battery.py): each job's checks carry its label."""
+"""Several test programs in one launch (tests/support/battery.py): each job's checks carry its label,
+and a job that runs past its own time limit aborts the launch, naming itself."""
 
 from __future__ import annotations
 
@@ -6,22 +7,34 @@ import gc
 import importlib
 import json
 import sys
+import threading
 
 import torch
+from mpi4py import MPI
 
 from tests.support.battery import END, check_prefix
 from tests.support.checks import Checks, run_checks
 
 
+def over_time(label: str, seconds: float) -> None:
+    print(f"rank {MPI.COMM_WORLD.rank}: job {label!r} ran past its {seconds:.0f} s limit; aborting the launch",
+          file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Abort(1)
+
+
 def main(check: Checks) -> None:
     fresh_seed = torch.initial_seed()
-    for program, *args in json.loads(sys.argv[1]):
+    for program, timeout, *args in json.loads(sys.argv[1]):
         module = importlib.import_module(f"tests.mpi.{program}")
         sys.argv = [str(module.__file__), *args]
         torch.manual_seed(fresh_seed)            # the random state of a fresh process
         check.prefix = check_prefix(program, args)
+        limit = threading.Timer(timeout, over_time, args=(check.prefix.strip(), timeout))
+        limit.daemon = True
+        limit.start()
         with check(END):                         # raising outside its checks fails this check
             module.main(check)
+        limit.cancel()
         check.prefix = ""
         gc.collect()
 

@@ -1,7 +1,8 @@
-"""Shared-launch self-test: one named check ('pass'; 'fail': it fails on rank 1), or a raise outside
-any check ('raise'); the check's detail is the first random number of the job."""
+"""Shared-launch self-test: one named check ('pass'; 'fail': it fails on rank 1), then a raise outside
+any check ('raise') or a hang ('hang'); the check's detail is the job's first random number."""
 
 import sys
+import time
 
 import torch
 
@@ -17,6 +18,8 @@ def main(check: Checks) -> None:
         assert not (mode == "fail" and check.rank == 1), "rank 1 disagrees"
     if mode == "raise":
         raise RuntimeError("deliberate failure outside any check")
+    if mode == "hang":
+        time.sleep(3600)
 
 
 if __name__ == "__main__":

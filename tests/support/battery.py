@@ -5,18 +5,20 @@ Starting a rank costs ~4.6 CPU-seconds before any test work (``import torch``, t
 test module registers each program run it needs at import (``shared_job``), and the first
 test that asks for one (the ``shared_launch`` fixture in tests/conftest.py) runs every job
 registered for that world size and plane, one after the other, in one launch
-(tests/mpi/battery.py). Each job's checks carry its label; ``job_report`` gives a test the
-report of its job alone, as if the job had run by itself:
+(tests/mpi/battery.py). A job running past its own ``timeout`` aborts the launch, naming
+itself; the launch's limit is the sum of its jobs'. Each job's checks carry its label;
+``job_report`` gives a test the report of its job alone, as if the job had run by itself:
 
 * its named checks, without the label;
 * a job error only when the job did not end well on every rank: it raised outside its
   checks, or the launch was aborted, killed or timed out before the job ended. A later
   job's failure is not this job's.
 
-Every job starts from the torch random state its rank's process started with. Jobs of one launch share one
-process per rank, so one ``dl.init`` backend: the plane (``mpi`` or ``gloo``) is part of the
-launch's key. Programs that measure memory or need their own environment keep their own
-launch (``mpirun`` / ``mpi_checks``).
+Every job starts from the torch random state its rank's process started with. Jobs of one
+launch share one process per rank, so one ``dl.init`` backend: the plane (``mpi`` or
+``gloo``) is part of the launch's key. Programs that measure memory (RSS), take files made by
+a fixture, need their own environment, or close the torch plane keep their own launch
+(``mpirun`` / ``mpi_checks``).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def shared_job(nprocs: int, program: str, *args: object, plane: Plane = "mpi", t
 
 
 def encode(jobs: list[Job]) -> str:
-    return json.dumps([[job.program, *job.args] for job in jobs])
+    """The jobs as tests/mpi/battery.py reads them: [program, timeout, *args] each."""
+    return json.dumps([[job.program, job.timeout, *job.args] for job in jobs])
 
 
 def job_report(report: CheckReport, job: Job) -> CheckReport:

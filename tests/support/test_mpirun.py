@@ -100,3 +100,20 @@ def test_a_shared_launch_keeps_each_job_s_checks_and_failures_apart():
     with pytest.raises(CheckFailure, match="did not end on every rank .timed out after 60s"):
         job_report(cut, jobs[3]).require([NAME])
     job_report(cut, jobs[0]).require_clean([NAME])
+
+
+def test_a_job_past_its_own_limit_ends_the_shared_launch_naming_itself():
+    from tests.mpi.battery_probe import NAME
+    from tests.support.battery import Job, encode, job_report
+
+    jobs = [Job(2, "mpi", "battery_probe", ("pass",), 60), Job(2, "mpi", "battery_probe", ("hang",), 3),
+            Job(2, "mpi", "battery_probe", ("pass ",), 60)]
+    start = time.monotonic()
+    result = launch_mpi(2, "battery", encode(jobs), timeout=120)
+    assert time.monotonic() - start < 60 and not result.timed_out        # its own 3 s, not the launch's 120
+    assert "job '[battery_probe hang]' ran past its 3 s limit; aborting the launch" in result.stdout
+    job_report(result.checks, jobs[0]).require_clean([NAME])
+    with pytest.raises(CheckFailure, match="did not end on every rank"):
+        job_report(result.checks, jobs[1]).require([NAME])
+    with pytest.raises(CheckFailure, match="MISSING the same name"):
+        job_report(result.checks, jobs[2]).require([NAME])
