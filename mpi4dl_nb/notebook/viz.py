@@ -71,6 +71,7 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Any = None) -> Figure:
         y0 = (cfg.data_parallel - 1 - role.replica) * replica_h
         x0 = slot.stage * 2.0
         if slot.spatial:
+            assert slot.tile_row is not None and slot.tile_col is not None   # a tile's slot has its place
             w, h = 1.6 / cols_grid, cell_h / rows_grid
             x, y = x0 + slot.tile_col * w, y0 + (rows_grid - 1 - slot.tile_row) * h
         else:

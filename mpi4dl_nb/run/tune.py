@@ -125,7 +125,7 @@ def one_process_trial(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: i
 
 
 Row = dict[str, Any] | None     # a configuration's knobs (``ParallelConfig.as_dict``); None: one process
-_HELD: list[Trial] = []          # this process's trials between ``build_trials`` and ``release_trials``
+HELD_TRIALS: list[Trial] = []    # this process's trials between ``build_trials`` and ``release_trials``
 
 
 def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: int,
@@ -138,9 +138,9 @@ def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: in
     for row in rows:
         trial = one_process_trial(ctx, spec, image_size, batch_size) if row is None else \
             engine_trial(ctx, spec, row, image_size, batch_size)
-        _HELD.append(trial)
+        HELD_TRIALS.append(trial)
         ctx.barrier()
-    everyone = ctx.all_gather_object([trial.peak for trial in _HELD])
+    everyone = ctx.all_gather_object([trial.peak for trial in HELD_TRIALS])
     return [tuple(peaks[index] for peaks in everyone if peaks[index] is not None) for index in range(len(rows))]
 
 
@@ -170,22 +170,23 @@ def time_trials(ctx: Comm, steps: int, first_pass: int = 0) -> list[tuple[float,
     slow spell of the machine (seconds long on shared cores: the same configuration measured 0.14
     and 0.20 s a step in two jobs a minute apart) falls on every row alike. Per row: each step's
     seconds on the slowest rank."""
-    if not _HELD:
+    if not HELD_TRIALS:
         raise RuntimeError("no trials held: call build_trials first")
-    seconds: list[list[float]] = [[] for _ in _HELD]
+    seconds: list[list[float]] = [[] for _ in HELD_TRIALS]
     for k in range(steps):
-        for index in pass_order(len(_HELD), first_pass + k):
+        for index in pass_order(len(HELD_TRIALS), first_pass + k):
             ctx.barrier()
             start = time.perf_counter()
-            _HELD[index].step()
+            HELD_TRIALS[index].step()
             seconds[index].append(time.perf_counter() - start)
     everyone = ctx.all_gather_object(seconds)
-    return [tuple(max(times) for times in zip(*(rank[index] for rank in everyone))) for index in range(len(_HELD))]
+    return [tuple(max(times) for times in zip(*(rank[index] for rank in everyone)))
+            for index in range(len(HELD_TRIALS))]
 
 
 def release_trials() -> None:
     """Drop the held rows (their engines and memory)."""
-    _HELD.clear()
+    HELD_TRIALS.clear()
 
 
 def measured(peaks: tuple[int, ...], step_seconds: Sequence[float]) -> Measured:

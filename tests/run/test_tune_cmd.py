@@ -11,7 +11,7 @@ import pytest
 
 from mpi4dl_nb.notebook.planner.fake_world import FakeWorld
 from mpi4dl_nb.run import tune
-from mpi4dl_nb.run.tune import _HELD, Trial, pass_order, release_trials, time_trials
+from mpi4dl_nb.run.tune import HELD_TRIALS, Trial, pass_order, release_trials, time_trials
 from tests.support.mpirun import run_mpi
 
 TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
@@ -61,14 +61,14 @@ def test_held_rows_step_in_turn_each_pass_in_its_own_order():
     try:
         with pytest.raises(RuntimeError, match="build_trials first"):
             time_trials(ctx, 1)
-        _HELD.extend(Trial(lambda name=name: order.append(name), 1) for name in "abc")
+        HELD_TRIALS.extend(Trial(lambda name=name: order.append(name), 1) for name in "abc")
         found = time_trials(ctx, 2, first_pass=3)
     finally:
         release_trials()
     passes = [order[:3], order[3:]]
     assert all(sorted(steps) == ["a", "b", "c"] for steps in passes)       # one step of each row per pass
     assert passes == [["abc"[i] for i in pass_order(3, k)] for k in (3, 4)] and passes[0] != passes[1]
-    assert len(found) == 3 and all(len(steps) == 2 for steps in found) and not _HELD
+    assert len(found) == 3 and all(len(steps) == 2 for steps in found) and not HELD_TRIALS
 
 
 @pytest.mark.parametrize("rows", range(2, 8))

@@ -122,6 +122,7 @@ class ConfigPanel:
 
     # ------------------------------------------------------------------ update
     def _profiles_for(self, image_size: int) -> list[planner.LayerProfile]:
+        assert self.model is not None, "memory estimates need the panel's model"
         if image_size not in self._profiles:
             self._profiles[image_size] = planner.profile_layers(self.model, image_size)
         return self._profiles[image_size]

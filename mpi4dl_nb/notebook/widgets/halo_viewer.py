@@ -207,7 +207,7 @@ class HaloViewer:
 
     def describe(self) -> str:
         """Halo widths and messages of the selected tiles as text."""
-        assert self.halo is not None
+        assert self.halo is not None and self.grid is not None
         tiles = self.selected_tiles or list(range(self.grid.num_tiles))
         lines = []
         for t in tiles:
