@@ -12,7 +12,7 @@ import threading
 import torch
 from mpi4py import MPI
 
-from tests.support.battery import END, check_prefix
+from tests.support.battery import END, check_prefix, job_label
 from tests.support.checks import Checks, run_checks
 
 
@@ -29,7 +29,7 @@ def main(check: Checks) -> None:
         sys.argv = [str(module.__file__), *args]
         torch.manual_seed(fresh_seed)            # the random state of a fresh process
         check.prefix = check_prefix(program, args)
-        limit = threading.Timer(timeout, over_time, args=(check.prefix.strip(), timeout))
+        limit = threading.Timer(timeout, over_time, args=(job_label(program, args), timeout))
         limit.daemon = True
         limit.start()
         with check(END):                         # raising outside its checks fails this check

@@ -46,7 +46,7 @@ class Job:
 
     @property
     def label(self) -> str:
-        return " ".join((self.program, *self.args))
+        return job_label(self.program, self.args)
 
     @property
     def prefix(self) -> str:
@@ -57,9 +57,13 @@ class Job:
         return self.nprocs, self.plane
 
 
+def job_label(program: str, args: Sequence[str]) -> str:
+    return " ".join((program, *args))
+
+
 def check_prefix(program: str, args: Sequence[str]) -> str:
     """What a job's check names start with in the launch's output."""
-    return f"[{' '.join((program, *args))}] "
+    return f"[{job_label(program, args)}] "
 
 
 REGISTERED: dict[tuple[int, Plane], list[Job]] = {}
