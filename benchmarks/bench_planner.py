@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb import cluster as clu
-from mpi4dl_nb.notebook.planner.timing import LayerTimer
+from mpi4dl_nb.notebook.planner.layer_timer import LayerTimer
 from mpi4dl_nb.run import tune
 
 CASES = [

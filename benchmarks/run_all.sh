@@ -21,6 +21,7 @@ run mpiexec -n 2 python benchmarks/bench_correctness.py guard --size 256 --steps
 run yielding mpiexec -n 4 python benchmarks/bench_correctness.py models --size 256 --steps 2 --rounds 2
 run python benchmarks/bench_planner.py --markdown
 run python benchmarks/bench_suggest.py --repeats 2 --markdown
+run mpiexec -n 5 python benchmarks/bench_layer_timing.py --repeats 5
 run python benchmarks/bench_tune_order.py
 run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100

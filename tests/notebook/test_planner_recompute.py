@@ -110,8 +110,9 @@ def test_settings_follow_checkpoint_activations():
 
 
 def test_time_model_adds_the_recomputed_forward_without_wire_time():
+    from mpi4dl_nb.notebook.planner.layer_timer import LayerTime
     from mpi4dl_nb.notebook.planner.step_time import _Costs
-    from mpi4dl_nb.notebook.planner.timing import LayerTime, Network, Node
+    from mpi4dl_nb.notebook.planner.timing import Network, Node
 
     class FixedTimer:
         def layer(self, *args, **kwargs):

@@ -10,9 +10,9 @@ import torch
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
+from mpi4dl_nb.notebook.planner.layer_timer import LayerTime, LayerTimer
 from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate
 from mpi4dl_nb.notebook.planner.suggest import HEADROOM, one_knob_variants
-from mpi4dl_nb.notebook.planner.timing import LayerTime, LayerTimer
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
 from mpi4dl_nb.run.measure import JobCalibration
 from tests.support.battery import shared_job
@@ -76,7 +76,11 @@ def test_network_fit_recovers_latency_and_bandwidth():
 class FlopTimer(LayerTimer):
     """Deterministic layer 'times' (1 ns per output element and sample) instead of measuring."""
 
-    def _measure(self, layer, shapes, dtype, role, tile, loss):
+    def _time_together(self, pending):
+        return [self._flops(request.shapes, request.role) for request, _ in pending]
+
+    @staticmethod
+    def _flops(shapes, role):
         pixels = sum(torch.Size(s).numel() for s in shapes) / (role.tiles if role.grid else 1)
         return LayerTime(pixels * 1e-9 * 100, pixels * 2e-9 * 100)
 
@@ -360,8 +364,9 @@ def test_step_setup_delays_each_rank_and_counts_as_compute():
 class BookkeepingTimer(FlopTimer):
     """FlopTimer with fixed per-layer bookkeeping terms."""
 
-    def _measure(self, layer, shapes, dtype, role, tile, loss):
-        flops = super()._measure(layer, shapes, dtype, role, tile, loss)
+    @staticmethod
+    def _flops(shapes, role):
+        flops = FlopTimer._flops(shapes, role)
         return LayerTime(flops.forward, flops.backward, optimizer=1e-3, replay=2e-3, replay_chunk=0.5e-3,
                          gradients=1e-3, setup=0.25e-3, terms_exchange=0.75e-3)
 

@@ -8,6 +8,7 @@ memory model), ``timing`` + ``simulate`` + ``step_time`` (the time model), ``sug
 """
 
 from ...run.measure import measure_engine_step, measure_peak_bytes, measure_step_memory, time_engine_steps
+from .layer_timer import LayerTimer
 from .memory import MemoryPlan, Precision, RankMemory, Recompute, estimate_memory, memory_table
 from .profile import LayerProfile, profile_layers
 from .step_time import TimePlan, predict_step_time
@@ -21,7 +22,7 @@ from .suggest import (
     one_knob_variants,
     suggest,
 )
-from .timing import LayerTimer, Network, Node, calibrate_network, fit_network, network_of
+from .timing import Network, Node, calibrate_network, fit_network, network_of
 
 __all__ = ["LayerProfile", "LayerTimer", "Network", "Node", "Refusal", "Suggestion", "Suggestions",
            "TimePlan", "calibrate_network", "candidate_configs", "canonical", "describe_config", "fit_network",

@@ -28,7 +28,7 @@ and oversubscribed cores come from the schedule itself. The result says what bin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from ...layout import layout, stage_holders
 from ...pipeline.bn_replay import running_stat_norms
 from ...pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
 from .footprint import FootprintCache
+from .layer_timer import LayerTime, LayerTimer, TimingRequest
 from .memory import (
     DEFAULT_CACHE,
     Precision,
@@ -51,7 +52,7 @@ from .memory import (
 )
 from .profile import LayerProfile, Layers, batched
 from .simulate import Cost, RankTimeline, group_key, simulate
-from .timing import LayerTime, LayerTimer, Network, Node
+from .timing import Network, Node
 
 HEADER_BYTES = 162 * 8
 DEFAULT_TIMERS: dict[tuple[str, int, int], LayerTimer] = {}
@@ -126,18 +127,27 @@ class _Costs:
     held: dict[int, list[int]]            # rank -> stages it holds (a GEMS copy twice)
     _stage: dict[tuple[int, int | None], tuple[float, float, float, float]] = field(default_factory=dict)
 
-    def layer_time(self, stage: int, index: int, tile: int | None) -> tuple[LayerTime, Any]:
+    def request(self, stage: int, index: int) -> TimingRequest:
+        """Layer ``index`` as ``stage`` runs it: on one chunk, in the stage's role."""
         model = self.model
         profile = model.profiles[index]
-        role = model.role(stage)
-        last = index == len(model.profiles) - 1
-        loss = model._loss if last else None
-        shapes = [batched(s, model.chunk) for s in profile.in_shapes]
         assert profile.layer is not None
-        footprints = model.cache.layer(profile.layer, shapes, model.precision.activations, role,
-                                       loss=loss, loss_key=model.loss_fn, elementwise=model.elementwise)
-        timed = self.timer.layer(profile.layer, shapes, model.precision.activations, role,
-                                 loss=loss, loss_key=model.loss_fn)
+        last = index == len(model.profiles) - 1
+        return TimingRequest(profile.layer, tuple(batched(s, model.chunk) for s in profile.in_shapes),
+                             model.precision.activations, model.role(stage), model._loss if last else None,
+                             model.loss_fn)
+
+    def requests(self) -> list[TimingRequest]:
+        """Every layer of every stage this configuration times."""
+        bounds = self.model.bounds
+        return [self.request(stage, index) for stage in range(self.model.cfg.split_size)
+                for index in range(bounds[stage], bounds[stage + 1])]
+
+    def layer_time(self, stage: int, index: int, tile: int | None) -> tuple[LayerTime, Any]:
+        r = self.request(stage, index)
+        footprints = self.model.cache.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key,
+                                            elementwise=self.model.elementwise)
+        timed = self.timer.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key)
         return timed, footprints[tile or 0]
 
     def stage(self, stage: int, tile: int | None) -> tuple[float, float, float, float]:
@@ -272,15 +282,52 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
-                      image_size: int | tuple[int, int], batch_size: int, *,
-                      network: Network | None = None, node: Node | None = None,
-                      timer: LayerTimer | None = None, threads: int | None = None, in_channels: int = 3,
-                      dtype: torch.dtype = torch.float32, precision: Precision | None = None,
-                      recompute: Recompute | str | None = None,
-                      loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
-                      cache: FootprintCache | None = None) -> TimePlan:
-    """Predicted seconds of one ``train_step`` of ``cfg`` on ``batch_size`` images.
+@dataclass
+class StepModel:
+    """A configuration's step-time model, built but not yet run: its per-action costs (their
+    layers timed on first use, or all together by ``time_layers``) and schedule."""
+
+    cfg: ParallelConfig
+    batch_size: int
+    costs: _Costs
+    network: Network
+    node: Node
+
+    def requests(self) -> list[TimingRequest]:
+        """The layers its prediction times."""
+        return self.costs.requests()
+
+    def predict(self) -> TimePlan:
+        """The step replayed in simulated time (``predict_step_time``)."""
+        cfg, costs, network = self.cfg, self.costs, self.network
+        schedule = build_schedule(cfg)
+        timelines = simulate(schedule, costs, costs.message, self.node.cores, costs.setup, network.waiting_slowdown)
+        finish = network.all_reduce(8, cfg.world_size) + (network.meeting if cfg.world_size > 1 else 0.0)
+        seconds = max(t.end for t in timelines) + finish      # the loss summed over every rank
+        handoff = sum(costs.payload_bytes(a) for a in schedule.global_order() if a.kind.is_p2p and a.kind.is_send)
+        halo = 0.0
+        for stage in range(cfg.spatial_size):
+            _, fd, _, bd = costs.stage(stage, 0)
+            halo += (fd + bd) * cfg.parts * (2 * cfg.times if cfg.gems else 1) * cfg.local_dp
+        stage_seconds = {}
+        for stage in range(cfg.split_size):
+            fw, fd, bw, bd = costs.stage(stage, 0 if stage < cfg.spatial_size else None)
+            stage_seconds[stage] = fw + fd + bw + bd
+        weight_bytes = _size(costs.model.precision.weight_dtype)
+        allreduce = sum(network.all_reduce(costs.model.param_count(s) * weight_bytes, len(stage_holders(cfg, s)))
+                        for s in range(cfg.split_size))
+        return TimePlan(cfg, self.batch_size, seconds, timelines, halo, handoff, allreduce, stage_seconds)
+
+
+def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
+               image_size: int | tuple[int, int], batch_size: int, *,
+               network: Network | None = None, node: Node | None = None,
+               timer: LayerTimer | None = None, threads: int | None = None, in_channels: int = 3,
+               dtype: torch.dtype = torch.float32, precision: Precision | None = None,
+               recompute: Recompute | str | None = None,
+               loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
+               cache: FootprintCache | None = None) -> StepModel:
+    """``cfg``'s StepModel, nothing timed yet (``predict_step_time`` times and runs it).
 
     ``network``: from ``calibrate_network`` on the cluster (default: a shared-memory guess);
     ``node``: the cores the ranks share (default: this machine's CPU cores); ``timer``:
@@ -303,19 +350,26 @@ def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfi
     held = {role.rank: [slot.stage for slot in (role.primary, role.mirror) if slot is not None]
             for role in roles}
     costs = _Costs(stage_model, timer, network, node, recompute, stage_ranks(cfg, roles), held)
-    schedule = build_schedule(cfg)
-    timelines = simulate(schedule, costs, costs.message, node.cores, costs.setup, network.waiting_slowdown)
-    finish = network.all_reduce(8, cfg.world_size) + (network.meeting if cfg.world_size > 1 else 0.0)
-    seconds = max(t.end for t in timelines) + finish      # the loss summed over every rank
-    handoff = sum(costs.payload_bytes(a) for a in schedule.global_order() if a.kind.is_p2p and a.kind.is_send)
-    halo = 0.0
-    for stage in range(cfg.spatial_size):
-        _, fd, _, bd = costs.stage(stage, 0)
-        halo += (fd + bd) * cfg.parts * (2 * cfg.times if cfg.gems else 1) * cfg.local_dp
-    stage_seconds = {}
-    for stage in range(cfg.split_size):
-        fw, fd, bw, bd = costs.stage(stage, 0 if stage < cfg.spatial_size else None)
-        stage_seconds[stage] = fw + fd + bw + bd
-    allreduce = sum(network.all_reduce(stage_model.param_count(s) * _size(precision.weight_dtype),
-                                       len(stage_holders(cfg, s))) for s in range(cfg.split_size))
-    return TimePlan(cfg, batch_size, seconds, timelines, halo, handoff, allreduce, stage_seconds)
+    return StepModel(cfg, batch_size, costs, network, node)
+
+
+def time_layers(models: Iterable[StepModel]) -> None:
+    """Time the layers of all ``models`` together, each timer's in one interleaved measurement
+    (``LayerTimer.measure``): a slow spell of the machine then falls on every configuration alike,
+    not on the one whose layers were being timed."""
+    by_timer: dict[int, tuple[LayerTimer, list[TimingRequest]]] = {}
+    for model in models:
+        timer = model.costs.timer
+        by_timer.setdefault(id(timer), (timer, []))[1].extend(model.requests())
+    for timer, requests in by_timer.values():
+        timer.measure(requests)
+
+
+def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
+                      image_size: int | tuple[int, int], batch_size: int, **options: Any) -> TimePlan:
+    """Predicted seconds of one ``train_step`` of ``cfg`` on ``batch_size`` images (``options``:
+    those of ``step_model``). Several configurations: ``step_model`` each, ``time_layers`` them
+    together, then ``predict`` each."""
+    found = step_model(model, cfg, image_size, batch_size, **options)
+    time_layers([found])
+    return found.predict()

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from ...config import ConfigError, ParallelConfig, ScheduleKind, SliceMethod
+from .layer_timer import LayerTimer
 from .memory import MB, MemoryPlan, Precision, Recompute, default_loss, estimate_memory
 from .profile import Layers, profile_layers
-from .step_time import TimePlan, predict_step_time
-from .timing import LayerTimer, Network, Node
+from .step_time import TimePlan, step_model, time_layers
+from .timing import Network, Node
 
 
 def describe_config(cfg: ParallelConfig) -> str:
@@ -274,11 +275,15 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
                          f"{memory_per_device / MB:.1f} MB{kept} (one device needs "
                          f"{serial_memory.peak / MB:.1f} MB); raise devices or memory_per_device, "
                          f"or lower batch_size/image_size")
+    node = node or Node.this_machine(timer.device if timer else "cpu")   # copy speed measured once, for all
     timing: dict[str, Any] = dict(network=network, node=node, timer=timer, **common)
-    serial_time = predict_step_time(profiles, serial_cfg, image_size, batch_size, **timing)
+    serial_model = step_model(profiles, serial_cfg, image_size, batch_size, **timing)
+    models = [step_model(profiles, cfg, image_size, batch_size, threads=threads, **timing) for cfg, _ in fitting]
+    time_layers([serial_model, *models])     # every candidate's layers timed together: ranked alike
+    serial_time = serial_model.predict()
     ranked = []
-    for cfg, plan in fitting:
-        time_plan = predict_step_time(profiles, cfg, image_size, batch_size, threads=threads, **timing)
+    for (cfg, plan), found in zip(fitting, models):
+        time_plan = found.predict()
         ranked.append(Suggestion(cfg, cfg.world_size, plan.peak, time_plan.seconds,
                                  serial_time.seconds / time_plan.seconds if time_plan.seconds else float("inf"),
                                  plan, time_plan))

@@ -17,9 +17,9 @@ from typing import Any
 from ...config import ParallelConfig
 from ...run.tune import Measured, ModelSpec, Runner, calibrate_job_on_engine, measure_interleaved
 from .memory import MB, estimate_memory
-from .step_time import predict_step_time
+from .step_time import step_model, time_layers
 from .suggest import KNOB_VALUES, Suggestion, Suggestions, describe_config, one_knob_variants, suggest
-from .timing import Network, network_of
+from .timing import Network, Node, network_of
 
 
 @dataclass
@@ -159,13 +159,14 @@ class Tuner:
         configs = [("one process", serial_cfg), (describe_config(base), base)]
         configs += [(f"{knob}={value}", cfg)
                     for knob, value, cfg in one_knob_variants(base, len(layers), self.batch_size, knobs)]
+        node = Node.this_machine()       # copy speed measured once, for every row
+        models = [step_model(layers, cfg, self.image_size, self.batch_size, dtype=dtype, network=network,
+                             node=node, threads=None if cfg is serial_cfg else self.threads) for _, cfg in configs]
+        time_layers(models)     # every row's layers timed together: a slow spell falls on all alike
         rows = []
-        for label, cfg in configs:
-            threads = None if cfg is serial_cfg else self.threads
-            seconds = predict_step_time(layers, cfg, self.image_size, self.batch_size, dtype=dtype,
-                                        network=network, threads=threads).seconds
+        for (label, cfg), found in zip(configs, models):
             peak = estimate_memory(layers, cfg, self.image_size, self.batch_size, dtype=dtype).peak
-            rows.append(TuneRow(label, None if cfg is serial_cfg else cfg, seconds, peak))
+            rows.append(TuneRow(label, None if cfg is serial_cfg else cfg, found.predict().seconds, peak))
         self.result = TuneResult(self.memory_limit, rows, network)
         return self.result
 
