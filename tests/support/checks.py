@@ -185,7 +185,9 @@ class Checks:
     def _abort(self, last: str) -> None:
         print(f"rank {self.rank}: no check completed for {self.grace:.0f}s after a failure (last: "
               f"{last!r}); the ranks are out of step, aborting the job", file=sys.stderr, flush=True)
-        self._comm.Abort(1)
+        from mpi4dl_nb.comm.context import abort_job
+
+        abort_job(self._comm, 1)     # the launcher forwards the line first
 
     def finish(self) -> NoReturn:
         """Wait for every rank, then exit 1 if a check of this rank failed (0 otherwise)."""
