@@ -62,6 +62,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=4, help="fresh timings per method")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1 (timings per way)")
     ctx = dl.init()
     calibration = calibrate_job(ctx)
     network = network_of(calibration)

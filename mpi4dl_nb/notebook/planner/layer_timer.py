@@ -101,7 +101,7 @@ class LayerTimer:
         """Time of ``layer`` on the slowest tile of ``role`` (whole maps: the only one); measured
         now, alone, unless ``measure`` timed it already."""
         request = TimingRequest(layer, tuple(tuple(s) for s in shapes), dtype, role, loss, loss_key)
-        key = self._key(request)
+        key = self._key(request, slowest_tile(role, request.shapes))
         if key not in self._found:
             self.measure([request])
         return self._found[key]
@@ -109,21 +109,20 @@ class LayerTimer:
     def measure(self, requests: Iterable[TimingRequest]) -> None:
         """Time every request not timed yet, all of them together in interleaved rounds (module
         docstring); ``layer`` then answers them from memory."""
-        pending: dict[Hashable, TimingRequest] = {}
+        pending: dict[Hashable, tuple[TimingRequest, int]] = {}
         for request in requests:
-            key = self._key(request)
+            tile = slowest_tile(request.role, request.shapes)
+            key = self._key(request, tile)
             if key not in self._found:
-                pending.setdefault(key, request)
+                pending.setdefault(key, (request, tile))
         if not pending:
             return
-        times = self._time_together([(request, slowest_tile(request.role, request.shapes))
-                                     for request in pending.values()])
+        times = self._time_together(list(pending.values()))
         for key, found in zip(pending, times):
             self._found[key] = found
         self.profiled += len(pending)
 
-    def _key(self, request: TimingRequest) -> Hashable:
-        tile = slowest_tile(request.role, request.shapes)
+    def _key(self, request: TimingRequest, tile: int) -> Hashable:
         return (self._structure(request.layer), request.shapes, request.dtype, request.role, tile,
                 request.loss_key if request.loss is not None else None)
 
