@@ -77,6 +77,15 @@ assert [row.cfg for row in result.candidates] == [s.cfg for s in result.suggesti
 # The first row is one process on every core, the reference each parallel configuration is
 # compared with; the candidates are exactly the ones `suggest` listed above, in its order.
 #
+# When a prediction is off, `result.explain()` (the closed section under the widget) says
+# where: each rank's predicted and traced seconds per step by action - forward, backward,
+# waiting for a stage's input or gradient, the gradient all-reduce - and the largest gap.
+
+# %%
+print(result.explain())
+assert result.explain().count("largest gap: rank ") == len(result.candidates)
+
+# %% [markdown]
 # One knob at a time: around the picked configuration, every valid change of a single knob
 # on the same 5 ranks (`planner.one_knob_variants`), predicted next to measured, so each
 # difference in the table has one cause.

@@ -17,7 +17,9 @@ import torch
 from torch import nn
 
 from ..comm.protocol import Comm
+from ..comm.trace import Event
 from ..config import ParallelConfig
+from ..pipeline.schedules import ActionKind
 from .measure import JobCalibration
 
 
@@ -59,11 +61,13 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Measured:
-    """A configuration as run: median step seconds (slowest rank) and each rank's peak bytes."""
+    """A configuration as run: median step seconds (slowest rank), each rank's peak bytes, and
+    each rank's traced seconds per step by action kind (``phases``; empty for one process)."""
 
     seconds: float
     step_seconds: tuple[float, ...]
     peaks: tuple[int, ...]
+    phases: tuple[dict[str, float], ...] = ()
 
     @property
     def peak(self) -> int:
@@ -126,6 +130,8 @@ def one_process_trial(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: i
 
 Row = dict[str, Any] | None     # a configuration's knobs (``ParallelConfig.as_dict``); None: one process
 HELD_TRIALS: list[Trial] = []    # this process's trials between ``build_trials`` and ``release_trials``
+HELD_PHASES: list[list[dict[str, float]]] = []   # per held trial: this rank's traced phases of each timed step
+ACTION_OPS = frozenset(kind.value for kind in ActionKind)   # the runtime's one span per schedule action
 
 
 def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: int,
@@ -135,6 +141,7 @@ def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: in
     row, every rank's (one process: rank 0's). Each row's peak is measured while only its own
     step runs; the rows held together keep their parameters and optimizer state meanwhile."""
     release_trials()
+    HELD_PHASES.extend([] for _ in rows)
     for row in rows:
         trial = one_process_trial(ctx, spec, image_size, batch_size) if row is None else \
             engine_trial(ctx, spec, row, image_size, batch_size)
@@ -173,25 +180,56 @@ def time_trials(ctx: Comm, steps: int, first_pass: int = 0) -> list[tuple[float,
     if not HELD_TRIALS:
         raise RuntimeError("no trials held: call build_trials first")
     seconds: list[list[float]] = [[] for _ in HELD_TRIALS]
+    tracer = ctx.tracer
     for k in range(steps):
         for index in pass_order(len(HELD_TRIALS), first_pass + k):
             ctx.barrier()
+            position = tracer.recorded
             start = time.perf_counter()
             HELD_TRIALS[index].step()
             seconds[index].append(time.perf_counter() - start)
+            if index < len(HELD_PHASES):
+                HELD_PHASES[index].append(_phases(tracer.since(position)))
     everyone = ctx.all_gather_object(seconds)
     return [tuple(max(times) for times in zip(*(rank[index] for rank in everyone)))
             for index in range(len(HELD_TRIALS))]
 
 
+def _phases(events: Sequence[Event]) -> dict[str, float]:
+    """Seconds per action kind among ``events`` (the runtime's action spans; halo exchanges and
+    other spans inside them are part of their action's time)."""
+    found: dict[str, float] = {}
+    for event in events:
+        if event.op in ACTION_OPS:
+            found[event.op] = found.get(event.op, 0.0) + event.duration
+    return found
+
+
+def trial_phases(ctx: Comm, skip: int = 0) -> list[tuple[dict[str, float], ...]]:
+    """Per held row, every rank's mean traced seconds per step by action kind over its timed
+    steps but the first ``skip`` (``measure_interleaved``: the warm pass). Collective."""
+    mine = []
+    for samples in HELD_PHASES:
+        kept = samples[skip:]
+        total: dict[str, float] = {}
+        for sample in kept:
+            for op, seconds in sample.items():
+                total[op] = total.get(op, 0.0) + seconds / len(kept)
+        mine.append(total)
+    everyone = ctx.all_gather_object(mine)
+    return [tuple(rank[index] for rank in everyone) for index in range(len(mine))]
+
+
 def release_trials() -> None:
-    """Drop the held rows (their engines and memory)."""
+    """Drop the held rows (their engines and memory) and their traced phases."""
     HELD_TRIALS.clear()
+    HELD_PHASES.clear()
 
 
-def measured(peaks: tuple[int, ...], step_seconds: Sequence[float]) -> Measured:
-    """A row's Measured: the median of its steps (slowest rank), its peaks."""
-    return Measured(statistics.median(step_seconds), tuple(step_seconds), peaks)
+def measured(peaks: tuple[int, ...], step_seconds: Sequence[float],
+             phases: tuple[dict[str, float], ...] = ()) -> Measured:
+    """A row's Measured: the median of its steps (slowest rank), its peaks, its ranks' phases."""
+    return Measured(statistics.median(step_seconds), tuple(step_seconds), peaks, phases)
 
 
 def _engine_context() -> Comm:
@@ -209,6 +247,11 @@ def build_trials_on_engine(spec: ModelSpec, rows: Sequence[Row], image_size: int
 def time_trials_on_engine(steps: int, first_pass: int = 0) -> list[tuple[float, ...]]:
     """``time_trials`` on this process's ``dl.init()`` context."""
     return time_trials(_engine_context(), steps, first_pass)
+
+
+def trial_phases_on_engine(skip: int = 0) -> list[tuple[dict[str, float], ...]]:
+    """``trial_phases`` on this process's ``dl.init()`` context."""
+    return trial_phases(_engine_context(), skip)
 
 
 def release_trials_on_engine() -> None:
@@ -230,8 +273,9 @@ def measure_interleaved(run: Runner, spec: ModelSpec, rows: Sequence[Row], image
     """Every row built side by side on the ranks (``build_trials``), one untimed interleaved
     step each (all warm again after the others were built), then ``rounds`` rounds of ``steps``
     interleaved timed steps (``time_trials``), then released. Each row's time: the median of its
-    steps so far; ``done(measured rows)`` after each round. ``run``: ``here`` on ranks started
-    by mpiexec, ``cluster.run`` (rank 0's result) from a notebook."""
+    steps so far, with each rank's mean traced phases of them (``trial_phases``);
+    ``done(measured rows)`` after each round. ``run``: ``here`` on ranks started by mpiexec,
+    ``cluster.run`` (rank 0's result) from a notebook."""
     if steps < 1 or rounds < 1:
         raise ValueError(f"steps={steps}, rounds={rounds}: time each configuration at least once")
     try:
@@ -242,7 +286,8 @@ def measure_interleaved(run: Runner, spec: ModelSpec, rows: Sequence[Row], image
         for round_index in range(rounds):
             for mine, found in zip(seconds, run(time_trials_on_engine, steps, 1 + round_index * steps)):
                 mine.extend(found)
-            results = [measured(p, s) for p, s in zip(peaks, seconds)]
+            phases = run(trial_phases_on_engine, 1) or [() for _ in rows]   # the warm pass left out
+            results = [measured(p, s, ph) for p, s, ph in zip(peaks, seconds, phases)]
             if done is not None:
                 done(results)
         return results

@@ -9,7 +9,9 @@ each of the ``--top`` configurations are built side by side on the ranks (a warm
 memory-measured step each) and timed in ``--rounds`` rounds of ``--steps`` steps, one step of
 each in turn (a slow spell of the machine falls on all of them alike; each one's time is the
 median of its steps). Rank 0 prints predicted next to measured and picks the fastest
-configuration whose measured peak fits; ``--json PATH`` writes the table. One rank, or a
+configuration whose measured peak fits; ``--explain`` adds each rank's predicted and traced
+seconds per action kind (which part of a prediction is off); ``--json PATH`` writes the table
+(with those phases). One rank, or a
 memory limit no configuration fits, exits non-zero with one line.
 """
 
@@ -47,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "suggest's, 8%%; 0: none); the pick itself is by measured peak against the whole limit")
     parser.add_argument("--max-split", dest="max_split", type=int, default=4)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--explain", action="store_true",
+                        help="also print, per configuration, each rank's predicted and traced seconds per step by "
+                             "action kind (forward, backward, receives, all-reduce ...) and the largest gap")
     parser.add_argument("--json", default=None, help="write the result as JSON to this path (rank 0)")
     return parser
 
@@ -105,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         row.measured = result
     print(f"\nnetwork: {network.describe()}; memory limit {args.memory_limit_mb:.1f} MB per rank\n")
     print(planned.table())
+    if args.explain:
+        print(f"\n{planned.explain() or 'no configuration was traced (tracing is off on these ranks)'}")
     if planned.best is not None and planned.best.cfg is not None:
         print(f"\nuse: {describe_config(planned.best.cfg)}  ({json.dumps(planned.best.cfg.as_dict())})")
     if args.json:

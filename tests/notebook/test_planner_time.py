@@ -45,6 +45,28 @@ def test_simulated_gpipe_is_the_bubble_formula_and_messages_add_latency():
     assert max(t.end for t in ends) == pytest.approx(1 + 0.5 + 1 + 2 + 0.5 + 2)
 
 
+def test_each_rank_s_phases_tile_its_step_and_waits_count_in_the_action_that_waits():
+    lp = ParallelConfig(split_size=2, spatial_size=0)
+    ranks = simulate(build_schedule(lp), unit_costs(lp), lambda a: 0.5, start=lambda r: 0.25 * r)
+    first, second = (t.phases for t in ranks)
+    # stage 1 waits from its set-up (0.25) for stage 0's forward (1) and the message (0.5)
+    assert second["RECV_ACT"] == pytest.approx(1.5 - 0.25)
+    assert second["F"] == pytest.approx(1.0) and second["B"] == pytest.approx(2.0)
+    # stage 0 waits from its forward's end (1) for the gradient: stage 1 runs F + B (3), then the wire (0.5)
+    assert first["RECV_GRAD"] == pytest.approx(1.5 + 3.0 + 0.5 - 1.0) and first["SEND_ACT"] == 0.0
+    for rank, timeline in enumerate(ranks):     # from each rank's set-up to its end, nothing left out
+        assert 0.25 * rank + sum(timeline.phases.values()) == pytest.approx(timeline.end)
+    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
+    base = unit_costs(sp)
+
+    def late_tile(action):      # tile 1 starts 1 s late: tile 0's forward waits for it in the group
+        c = base(action)
+        return Cost(c.work, 0.25 if c.group else 0.0, c.group, c.members)
+    tiles = simulate(build_schedule(sp), late_tile, lambda a: 0.0, start=lambda r: 1.0 if r == 1 else 0.0)
+    assert tiles[0].phases["F"] == pytest.approx(1.0 + 1.0 + 0.25) and tiles[1].phases["F"] == pytest.approx(1.25)
+    assert all(sum(t.phases.values()) + (1.0 if t.rank == 1 else 0.0) == pytest.approx(t.end) for t in tiles)
+
+
 def test_ranks_sharing_cores_slow_each_other_and_tiles_run_as_a_group():
     dp = ParallelConfig(split_size=1, spatial_size=0, data_parallel=2)
     alone = simulate(build_schedule(dp), unit_costs(dp), lambda a: 0.0, cores=None)
@@ -242,19 +264,32 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
         if function is tune.time_trials_on_engine:
             seconds = 1.0 / len(calls)    # the last row fastest within a round: calls count up
             return [(seconds * (len(rows) - i),) * args[0] for i in range(len(rows))]
+        if function is tune.trial_phases_on_engine:    # every rank's traced phases: F 0.125 s, the rest waiting
+            assert args == (1,)            # the warm pass left out
+            return [tuple({"F": 0.125, "RECV_GRAD": 0.5} for _ in range(3)) for _ in rows]
         return None
 
     tuner = Tuner(spec, 32, 2, 0.9 * one, 3, fake_run, top=2, steps=1,
                   suggest_options=dict(timer=FlopTimer(), node=planner.Node(cores=2, copy_bandwidth=1e10)))
     result = tuner()
     assert calls == [tune.calibrate_job_on_engine, tune.build_trials_on_engine, tune.time_trials_on_engine,
-                     tune.time_trials_on_engine, tune.release_trials_on_engine]
+                     tune.time_trials_on_engine, tune.trial_phases_on_engine, tune.release_trials_on_engine]
     assert rows[0] is None and rows[1:] == [s.cfg.as_dict() for s in result.suggestions]   # all built together
     assert tuner.threads == 1 and result.network.sync == pytest.approx(2e-4)
     assert result.network.meeting == pytest.approx(1e-4) and result.network.sync_short == pytest.approx(1e-4)
     assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
     assert result.best is result.rows[-1] and "picked" in result.table()
     assert all(r.ratio is not None for r in result.rows)
+    explained = result.explain().split("\n\n")      # a block per candidate: header, a line per rank, the gap
+    assert len(explained) == len(result.candidates)
+    for block, row in zip(explained, result.candidates):
+        lines = block.splitlines()
+        assert lines[0].startswith(f"{row.label}: {row.predicted_seconds:.3f} s predicted")
+        assert lines[1].split()[0] == "rank" and "F" in lines[1].split() and lines[1].split()[-1] == "sum"
+        assert [line.split()[0] for line in lines[2:5]] == ["0", "1", "2"]
+        first = row.plan.ranks[0].phases
+        assert lines[2].split()[lines[1].split().index("F")] == f"{first['F']:.3f}/0.125"
+        assert lines[5].startswith("largest gap: rank ")
     sweep = tuner.sweep(ParallelConfig(split_size=3, spatial_size=0), result.network, knobs=("parts", "times"))
     assert [r.label for r in sweep.rows] == ["one process", "LP 3 stages", "parts=2", "times=1"]
     calls.clear()
@@ -262,10 +297,11 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     shown = []
     tuner.measure_all(sweep, lambda r: shown.append([row.measured.seconds for row in r.rows]))
     count = len(sweep.rows)
-    assert calls == [tune.build_trials_on_engine] + [tune.time_trials_on_engine] * 3 + [tune.release_trials_on_engine]
+    assert calls == [tune.build_trials_on_engine, tune.time_trials_on_engine] + [
+        tune.time_trials_on_engine, tune.trial_phases_on_engine] * 2 + [tune.release_trials_on_engine]
     assert len(shown) == 2 and "first choice" not in sweep.table()
-    # each row: the median of its 6 steps - 3 from the round at call 3, 3 from the round at call 4
-    assert shown[-1] == pytest.approx([(count - i) * (1 / 3 + 1 / 4) / 2 for i in range(count)])
+    # each row: the median of its 6 steps - 3 from the round at call 3, 3 from the round at call 5
+    assert shown[-1] == pytest.approx([(count - i) * (1 / 3 + 1 / 5) / 2 for i in range(count)])
     assert all(len(row.measured.step_seconds) == 6 for row in sweep.rows)
 
 

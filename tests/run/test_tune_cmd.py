@@ -11,7 +11,7 @@ import pytest
 
 from mpi4dl_nb.notebook.planner.fake_world import FakeWorld
 from mpi4dl_nb.run import tune
-from mpi4dl_nb.run.tune import HELD_TRIALS, Trial, pass_order, release_trials, time_trials
+from mpi4dl_nb.run.tune import HELD_PHASES, HELD_TRIALS, Trial, pass_order, release_trials, time_trials, trial_phases
 from tests.support.mpirun import run_mpi
 
 TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
@@ -31,7 +31,7 @@ def _errors(output: str) -> list[str]:
 def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     path = tmp_path / "tune.json"
     limit = 500.0
-    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", limit, "--json", path,
+    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", limit, "--json", path, "--explain",
                      module=True, timeout=150)
     lines = _lines(result.stdout)
     assert not any("profiler_st" in line for line in lines), result.stdout    # torch profiler's chatter
@@ -51,6 +51,14 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     assert chosen["measured_seconds"] == min(r["measured_seconds"] for r in measured if r["fits"])
     assert picked.startswith(f"picked: {chosen['label']} ")
     assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
+    for row in measured:      # --explain: every rank's predicted and traced phases, which tile its step
+        block = lines.index(next(line for line in lines if line.startswith(f"{row['label']}: ")))
+        assert [line.split()[0] for line in lines[block + 1:block + 5]] == ["rank", "0", "1", "2"]
+        assert lines[block + 5].startswith("largest gap: rank ")
+        assert len(row["measured_phases"]) == len(row["predicted_phases"]) == 3
+        for traced, predicted in zip(row["measured_phases"], row["predicted_phases"]):
+            assert traced["F"] > 0 and traced["B"] > 0 and predicted["F"] > 0
+            assert sum(traced.values()) <= max(row["measured_step_seconds"]) + 1e-3   # inside each step
 
 
 def test_held_rows_step_in_turn_each_pass_in_its_own_order():
@@ -69,6 +77,33 @@ def test_held_rows_step_in_turn_each_pass_in_its_own_order():
     assert all(sorted(steps) == ["a", "b", "c"] for steps in passes)       # one step of each row per pass
     assert passes == [["abc"[i] for i in pass_order(3, k)] for k in (3, 4)] and passes[0] != passes[1]
     assert len(found) == 3 and all(len(steps) == 2 for steps in found) and not HELD_TRIALS
+
+
+def test_each_timed_step_s_action_spans_are_kept_per_row_and_averaged_past_the_warm_pass():
+    world = FakeWorld(1)
+    ctx = world.comm(0, "cpu")
+    ctx.tracer.enabled = True
+    steps = Counter()
+
+    def step(name, forward):
+        steps[name] += 1
+        seconds = 1.0 if steps[name] == 1 else forward      # the first (warm) step of each row is slow
+        ctx.tracer.record("F", 0.0, seconds)
+        ctx.tracer.record("halo", 0.0, 0.1)                # inside F: not an action of its own
+        ctx.tracer.record("RECV_GRAD", seconds, seconds + 0.5)
+
+    release_trials()
+    try:
+        tune.build_trials(ctx, tune.ModelSpec(), [], 32, 2)     # no rows: nothing built, the phases reset
+        HELD_TRIALS.extend([Trial(lambda: step("a", 0.25), 1), Trial(lambda: step("b", 0.75), 1)])
+        HELD_PHASES.extend([[], []])
+        time_trials(ctx, 3)
+        found = trial_phases(ctx, skip=1)
+        everything = trial_phases(ctx)
+    finally:
+        release_trials()
+    assert found == [({"F": 0.25, "RECV_GRAD": 0.5},), ({"F": 0.75, "RECV_GRAD": 0.5},)]
+    assert everything[0][0]["F"] == pytest.approx((1.0 + 0.25 + 0.25) / 3) and not HELD_PHASES
 
 
 @pytest.mark.parametrize("rows", range(2, 8))

@@ -70,6 +70,10 @@ class RankTimeline:
     wire: float = 0.0         # fixed delays: halo and collective wire time
     waiting: float = 0.0      # idle until the step's end: bubbles, messages, other ranks
     spans: list[tuple[float, float, str]] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)   # action kind -> seconds, as a trace shows them
+
+    def add_phase(self, kind: str, seconds: float) -> None:
+        self.phases[kind] = self.phases.get(kind, 0.0) + seconds
 
 
 @dataclass
@@ -106,6 +110,7 @@ class _Replay:
         self.running: dict[int, _Running] = {}
         self.blocked: set[int] = set()
         self.now = 0.0
+        self.last_done = list(self.free_at)   # when each rank's previous action ended (its phases tile the step)
 
     def done(self) -> bool:
         return (all(p >= len(lst) for p, lst in zip(self.position, self.lists))
@@ -126,7 +131,7 @@ class _Replay:
                 self.running[rank] = _Running(rank, action, work, 0.0, None, self.now)
                 return True
             self.send(action)
-            self.position[rank] += 1
+            self.completed(rank, kind.value, self.now)
             return True
         if kind.is_p2p:
             key = (action.peer, rank, action.tag)
@@ -142,7 +147,7 @@ class _Replay:
             if work > EPS:                         # the receiver's own work on the payload
                 self.running[rank] = _Running(rank, action, work, 0.0, None, self.now)
                 return True
-            self.position[rank] += 1
+            self.completed(rank, kind.value, self.now)
             return True
         c = self.cost(action)
         if c.group is None or c.members <= 1:
@@ -176,7 +181,14 @@ class _Replay:
         timeline.wire += run.delay
         timeline.spans.append((run.start, self.now, run.action.kind.value))
         self.free_at[run.rank] = self.now + run.delay
-        self.position[run.rank] += 1
+        self.completed(run.rank, run.action.kind.value, self.now + run.delay)
+
+    def completed(self, rank: int, kind: str, at: float) -> None:
+        """``rank``'s current action of ``kind`` ends ``at``: its phase runs from the end of the
+        rank's previous action (waits for partners and messages included, as a trace shows them)."""
+        self.timelines[rank].add_phase(kind, at - self.last_done[rank])
+        self.last_done[rank] = at
+        self.position[rank] += 1
 
     def crowding(self, demand: float) -> float:
         """How crowded the cores are with ``demand`` cores' worth of ranks computing: 0 up to one

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config import ParallelConfig
+from ...pipeline.schedules import ActionKind
 from ...run.tune import Measured, ModelSpec, Runner, calibrate_job_on_engine, measure_interleaved
 from .memory import MB, estimate_memory
-from .step_time import step_model, time_layers
+from .step_time import TimePlan, step_model, time_layers
 from .suggest import KNOB_VALUES, Suggestion, Suggestions, describe_config, one_knob_variants, suggest
 from .timing import Network, Node, network_of
 
@@ -32,6 +33,7 @@ class TuneRow:
     predicted_peak: int
     measured: Measured | None = None
     suggestion: Suggestion | None = None
+    plan: TimePlan | None = None       # the prediction per rank (``explain``)
 
     @property
     def ratio(self) -> float | None:
@@ -94,15 +96,53 @@ class TuneResult:
             lines.append(f"no candidate fits {self.limit / MB:.1f} MB as measured")
         return "\n".join(lines)
 
+    def explain(self) -> str:
+        """Per measured configuration, each rank's predicted and traced seconds per step by action
+        kind (a phase runs from the end of the rank's previous action, so waits for partners and
+        messages count in it), and the largest gap: which part of a prediction is off."""
+        blocks = [explain_row(row) for row in self.candidates if row.measured is not None and row.plan is not None]
+        return "\n\n".join(block for block in blocks if block)
+
     def as_dict(self) -> dict[str, Any]:
         return {"limit_mb": self.limit / MB, "network": {"latency": self.network.latency,
                                                           "bandwidth": self.network.bandwidth},
                 "rows": [{"label": r.label, "config": r.cfg.as_dict() if r.cfg else None,
                           "predicted_seconds": r.predicted_seconds, "predicted_peak_mb": r.predicted_peak / MB,
                           "measured_seconds": r.measured.seconds if r.measured else None,
+                          "measured_step_seconds": list(r.measured.step_seconds) if r.measured else None,
                           "measured_peak_mb": [p / MB for p in r.measured.peaks] if r.measured else None,
+                          "predicted_phases": [t.phases for t in r.plan.ranks] if r.plan else None,
+                          "measured_phases": list(r.measured.phases) if r.measured else None,
                           "fits": r.fits(self.limit)} for r in self.rows],
                 "picked": self.best.cfg.as_dict() if self.best and self.best.cfg else None}
+
+
+SHOWN_PHASE = 5e-4     # seconds: a phase shorter than this on every rank, predicted and traced, is left out
+
+
+def explain_row(row: TuneRow) -> str:
+    """``TuneResult.explain`` of one row: a table of ``predicted/traced`` seconds per rank and
+    action kind, then the largest gap; empty when the row has no plan, or was not traced."""
+    if row.plan is None or row.measured is None or not row.measured.phases:
+        return ""
+    predicted = [t.phases for t in row.plan.ranks]
+    traced = row.measured.phases
+    kinds = [kind.value for kind in ActionKind
+             if any(max(p.get(kind.value, 0.0), m.get(kind.value, 0.0)) >= SHOWN_PHASE
+                    for p, m in zip(predicted, traced))]
+    headers = ["rank", *kinds, "sum"]
+    cells = [[str(rank), *(f"{p.get(k, 0.0):.3f}/{m.get(k, 0.0):.3f}" for k in kinds),
+              f"{sum(p.values()):.3f}/{sum(m.values()):.3f}"] for rank, (p, m) in enumerate(zip(predicted, traced))]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    lines = [f"{row.label}: {row.predicted_seconds:.3f} s predicted, {row.measured.seconds:.3f} s measured "
+             "(predicted/traced seconds per step)"]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [headers, *cells]]
+    if kinds:
+        _, rank, kind = max((abs(p.get(k, 0.0) - m.get(k, 0.0)), r, k)
+                            for r, (p, m) in enumerate(zip(predicted, traced)) for k in kinds)
+        p, m = predicted[rank].get(kind, 0.0), traced[rank].get(kind, 0.0)
+        lines.append(f"largest gap: rank {rank} {kind}, {p:.3f} s predicted against {m:.3f} s traced")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -142,7 +182,7 @@ class Tuner:
         serial = found.serial_time
         rows = [TuneRow("one process", None, serial.seconds if serial else float("nan"),
                         found.serial_memory.peak)]
-        rows += [TuneRow(describe_config(s.cfg), s.cfg, s.est_step_time, s.peak_bytes, suggestion=s)
+        rows += [TuneRow(describe_config(s.cfg), s.cfg, s.est_step_time, s.peak_bytes, suggestion=s, plan=s.time)
                  for s in found]
         self.result = TuneResult(self.memory_limit, rows, network, found)
         return self.result
@@ -166,7 +206,8 @@ class Tuner:
         rows = []
         for (label, cfg), found in zip(configs, models):
             peak = estimate_memory(layers, cfg, self.image_size, self.batch_size, dtype=dtype).peak
-            rows.append(TuneRow(label, None if cfg is serial_cfg else cfg, found.predict().seconds, peak))
+            plan = found.predict()
+            rows.append(TuneRow(label, None if cfg is serial_cfg else cfg, plan.seconds, peak, plan=plan))
         self.result = TuneResult(self.memory_limit, rows, network)
         return self.result
 

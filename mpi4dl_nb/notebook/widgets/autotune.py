@@ -53,7 +53,8 @@ class AutoTune:
     ``memory_limit_mb`` is shown and used rounded to 0.1 MB, as a user would type it.
 
     ``run()`` (or the Run button) tunes; then ``result`` (planner ``TuneResult``), ``best``
-    (the fastest measured configuration that fits), ``table.value`` and ``view.figure``.
+    (the fastest measured configuration that fits), ``table.value``, ``view.figure`` and, in a
+    closed section, ``phases.value``: each rank's predicted and traced seconds per action kind.
     """
 
     def __init__(self, cluster: Any, spec: ModelSpec, image_size: int, batch_size: int, *,
@@ -73,11 +74,13 @@ class AutoTune:
         self.button = w.Button(description="Run auto-tune", button_style="primary")
         self.status = w.HTML()
         self.table = w.HTML()
+        self.phases = w.HTML()     # each rank's predicted and traced phases (``TuneResult.explain``)
+        self.details = w.Accordion(children=[self.phases], titles=("per rank: predicted / traced seconds by action",))
         self.view = FigureView()
         self.result: TuneResult | None = None
         self.button.on_click(lambda _: self.run())
         self.widget = w.VBox([w.HBox([self.limit, self.top, self.steps, self.button]), self.status,
-                              self.table, self.view.widget])
+                              self.table, self.view.widget, self.details])
 
     @property
     def best(self) -> Any:
@@ -88,6 +91,7 @@ class AutoTune:
     def _show(self, result: TuneResult) -> None:
         self.result = result
         self.table.value = f"<pre>{html.escape(result.table())}</pre>"
+        self.phases.value = f"<pre>{html.escape(result.explain())}</pre>"
         self.view.show(draw_tune_result(result))
         done = sum(1 for row in result.rows if row.measured is not None)
         self.status.value = f"measured {done} of {len(result.rows)}"
