@@ -22,6 +22,7 @@ run yielding mpiexec -n 4 python benchmarks/bench_correctness.py models --size 2
 run python benchmarks/bench_planner.py --markdown
 run python benchmarks/bench_suggest.py --repeats 2 --markdown
 run mpiexec -n 5 python benchmarks/bench_layer_timing.py --repeats 5
+run yielding mpiexec -n 5 python benchmarks/bench_meetings.py
 run python benchmarks/bench_tune_order.py
 run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100

@@ -179,19 +179,22 @@ def ping_pong(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20),
 
 
 def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30, work_seconds: float = 1e-3,
-                 repeats: int = 3) -> float:
+                 repeats: int = 3, groups: Sequence[Sequence[int]] | None = None) -> float:
     """Seconds one meeting of ``ranks`` (default: all) costs beyond their work: ``rounds``
     rounds of ``work_seconds`` of compute per rank, free-running and then with a small
     all-reduce after each round, alternated ``repeats`` times (best of each); the other ranks
-    wait. Collective over the world; every rank gets the result.
+    wait. ``groups``: several disjoint groups instead, each meeting among its own members at
+    once (GEMS's two tile groups). Collective over the world; every rank gets the result.
 
     Ranks that share cores (more ranks computing than cores) lose time at every meeting - the
     last one must be scheduled, the waiting ones woken - which a halo exchange or a BatchNorm
     sum of a spatial stage pays once per layer; with a core (or GPU) each it is the time to
     notice the others arrived (the wait mode's pauses, the library's latency)."""
-    members = tuple(range(ctx.world_size)) if ranks is None else tuple(ranks)
-    group = ctx.new_group(members)
-    if len(members) < 2:
+    if groups is None:
+        groups = [tuple(range(ctx.world_size)) if ranks is None else tuple(ranks)]
+    made = [(tuple(members), ctx.new_group(tuple(members))) for members in groups]
+    own = next(((members, group) for members, group in made if ctx.rank in members), None)
+    if all(len(members) < 2 for members, _ in made):
         return 0.0
     a = torch.randn(96, 96)
 
@@ -210,11 +213,11 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
         for with_meetings in (False, True):
             ctx.barrier()
             start = time.perf_counter()
-            if ctx.rank in members:
+            if own is not None:
                 for _ in range(rounds):
                     work(count)
-                    if with_meetings:
-                        ctx.all_reduce(flag, group=group)
+                    if with_meetings and len(own[0]) > 1:
+                        ctx.all_reduce(flag, group=own[1])
             ctx.barrier()
             best[with_meetings] = min(best[with_meetings], time.perf_counter() - start)
     free, meeting = best[False], best[True]
@@ -332,6 +335,7 @@ class JobCalibration:
     threads: int
     waiting_slowdown: float = 1.0  # computing ranks beside the others waiting (``waiting_slowdown``)
     handoff_seconds: float = 0.0   # one hand-off in a relay of every rank (``handoff_seconds``)
+    ranks: int = 0                 # ranks of the job (the crowd of ``crowd_seconds``; 0: not recorded)
 
 
 def calibrate_job(ctx: Comm) -> JobCalibration:
@@ -342,4 +346,4 @@ def calibrate_job(ctx: Comm) -> JobCalibration:
     crowd = meeting_cost(ctx, work_seconds=LONG_WORK)
     crowd_short = meeting_cost(ctx, work_seconds=SHORT_WORK, rounds=60)
     return JobCalibration(points, pair, crowd, crowd_short, int(ctx.bcast_object(torch.get_num_threads(), root=0)),
-                          waiting_slowdown(ctx), handoff_seconds(ctx))
+                          waiting_slowdown(ctx), handoff_seconds(ctx), ctx.world_size)

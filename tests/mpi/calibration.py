@@ -10,10 +10,11 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.notebook.planner.timing import network_of
-from mpi4dl_nb.run.measure import calibrate_job
+from mpi4dl_nb.run.measure import calibrate_job, meeting_cost
 from tests.support.checks import Checks, run_checks
 
-CHECKS = ["calibration agreed by every rank", "calibration values", "network from calibration"]
+CHECKS = ["calibration agreed by every rank", "calibration values", "network from calibration",
+          "meetings of several groups at once"]
 
 
 def main(check: Checks) -> None:
@@ -29,7 +30,7 @@ def main(check: Checks) -> None:
         assert all(0 < seconds < 1 for _, seconds in calibration.points), calibration.points
         for value in (calibration.pair_seconds, calibration.crowd_seconds, calibration.crowd_short_seconds):
             assert math.isfinite(value) and 0 <= value < 0.1, calibration
-        assert calibration.threads == torch.get_num_threads() == 1
+        assert calibration.threads == torch.get_num_threads() == 1 and calibration.ranks == ctx.world_size == 3
         assert math.isfinite(calibration.waiting_slowdown) and 1.0 <= calibration.waiting_slowdown < 10, calibration
         # each relay's extra over the work alone is clamped at 0: on a loaded machine the median can be 0
         assert 0 <= calibration.handoff_seconds < 0.1, calibration
@@ -39,9 +40,15 @@ def main(check: Checks) -> None:
         assert network.meeting == calibration.pair_seconds
         assert network.sync == max(0.0, calibration.crowd_seconds - calibration.pair_seconds)
         assert network.sync_short == max(0.0, calibration.crowd_short_seconds - calibration.pair_seconds)
-        assert network.waiting_slowdown == calibration.waiting_slowdown
+        assert network.waiting_slowdown == calibration.waiting_slowdown and network.crowd_members == 3
         assert 0 <= network.handoff <= calibration.handoff_seconds
         assert network.handoff < calibration.handoff_seconds or calibration.handoff_seconds == 0
+
+    with check("meetings of several groups at once"):     # each group meets among its own members
+        apart = meeting_cost(ctx, rounds=10, work_seconds=0.2e-3, repeats=1, groups=[(0, 1), (2,)])
+        assert math.isfinite(apart) and 0 <= apart < 0.1 and ctx.all_gather_object(apart) == [apart] * 3
+        alone = meeting_cost(ctx, rounds=10, work_seconds=0.2e-3, repeats=1, groups=[(0,), (1,), (2,)])
+        assert alone == 0.0          # nobody to meet: no timing, and no rank waits for another
 
 
 if __name__ == "__main__":

@@ -131,9 +131,10 @@ def test_predicted_time_adds_layers_schedule_and_network(resnet):
 
 def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
     """Every halo exchange and collective of a tile group costs ``Network.sync`` more while
-    more ranks compute than there are cores; with a core per computing rank, or without a
-    tile group, nothing changes. (No wire time: the tiles compute all their time, so each counts
-    as a whole rank on the cores.)"""
+    more ranks compute than there are cores - in its meeting cost (``group_meeting``) when the
+    tiles themselves outnumber the cores; with a core per computing rank, or without a tile
+    group, nothing changes. (No wire time: the tiles compute all their time, so each counts as a
+    whole rank on the cores.)"""
     timer = FlopTimer()
     plain, meeting = planner.Network(0.0, 1e30), planner.Network(0.0, 1e30, sync=1e-3)
 
@@ -160,6 +161,33 @@ def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
     base = planner.predict_step_time(resnet, sp2, 64, 2, timer=timer, node=node, network=plain).seconds
     assert planner.predict_step_time(resnet, sp2, 64, 2, timer=timer, node=node, network=always).seconds > \
         base + 10e-3
+
+
+def test_a_meeting_costs_a_pair_s_while_each_tile_has_a_core_and_rises_to_the_crowd_s_beyond():
+    net = planner.Network(meeting=0.2e-3, sync=1.2e-3, crowd_members=5)
+    assert net.group_meeting(2, 1e-3, cores=2, ranks=5) == 0.2e-3
+    assert net.group_meeting(4, 1e-3, cores=4, ranks=5) == 0.2e-3          # a core each
+    assert net.group_meeting(4, 1e-3, cores=None, ranks=5) == 0.2e-3       # a device each
+    assert net.group_meeting(4, 1e-3, cores=2, ranks=5) == pytest.approx(0.2e-3 + 1.2e-3 * 2 / 3)
+    assert net.group_meeting(5, 1e-3, cores=2, ranks=5) == pytest.approx(1.4e-3)   # the crowd as measured
+    assert net.group_meeting(9, 1e-3, cores=2, ranks=9) == pytest.approx(1.4e-3)   # never beyond it
+    unknown = planner.Network(meeting=0.2e-3, sync=1.2e-3)                 # crowd's ranks: the configuration's
+    assert unknown.group_meeting(4, 1e-3, cores=2, ranks=8) == pytest.approx(0.2e-3 + 1.2e-3 * 2 / 6)
+    calibration = JobCalibration(((4, 1e-4), (1 << 20, 1e-3)), 2e-4, 1.4e-3, 1e-3, 1, 1.0, 0.0, 5)
+    assert planner.network_of(calibration).crowd_members == 5
+
+
+def test_a_batchnorm_sum_s_latency_is_in_its_meeting_not_again_on_the_wire(resnet):
+    from mpi4dl_nb.notebook.planner.step_time import step_model
+
+    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
+    found = step_model(resnet, sp, 64, 2, timer=FlopTimer(), node=planner.Node(cores=None, copy_bandwidth=1e12),
+                       network=planner.Network(latency=1e-3, bandwidth=1e30))
+    costs = found.costs
+    first, last = costs.model.bounds[0], costs.model.bounds[1]
+    traffic = [costs.layer_time(0, i, 0)[1].forward_traffic for i in range(first, last)]
+    assert sum(t.collectives for t in traffic) > 0 and sum(t.messages for t in traffic) > 0
+    assert costs.stage(0, 0)[1] == pytest.approx(sum(t.messages for t in traffic) * 1e-3 / 2)   # the halo messages'
 
 
 def test_crowded_meeting_cost_follows_the_work_between_meetings():

@@ -18,13 +18,16 @@ computing ranks' cores), and only in the share of an action's time its rank comp
 (``Cost.exposed``: at a meeting its core is free for the wake-ups). The tiles of a spatial op
 meet every few layers, so a wake-up on any member's core holds them all up: while each member
 has a core, the group is slowed by every member's share (their product); when the ranks
-outnumber the cores the members take turns anyway and their meetings are ``crowded``, and the
+outnumber the cores the members take turns anyway and their meetings cost more (the cost model's
+``delay``, or ``crowded``), and the
 members off the cores wait at their next meeting like waiting ranks (with 4 tiles on 2 cores,
 2 compute beside 3 waiting, not 4 beside 1: traced, the tiles burn 1.2x the CPU time of the
 layers timed alone). A group with more members than cores leaves some core running
 ``ceil(members / cores)`` of them between two meetings while the others finish early and wait:
 3 tiles on 2 cores take 2 turns of work per meeting, not 1.5. The
-result: when each rank finished, and how long it computed, waited and communicated.
+result: when each rank finished, how long it computed, waited and communicated, and its
+``phases``: seconds per action kind, each from the end of the rank's previous action (waits for
+partners and messages included), as the runtime's trace of the action shows them.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ Per action of ``schedules.build_schedule(cfg)``:
 * forward/backward: the stage's layer times on that rank's tile and chunk (``LayerTimer``),
   the copies the runtime makes (cutting the input tile, joining tiles at the SP -> LP
   hand-off) at the device's copy speed; on a spatial stage the tiles run as one group
-  in lockstep and add the wire time of their halo messages and BatchNorm sums (counted in the
-  footprint simulation: messages and bytes per tile) and a meeting each; the share of
+  in lockstep and add the wire time of their halo messages and the bytes of their BatchNorm
+  sums (counted in the footprint simulation: messages and bytes per tile) and a meeting each
+  (``Network.group_meeting``: a small all-reduce's latency included; more tiles than cores
+  crowd their own meetings, fewer are crowded by other ranks computing); the share of
   their time spent computing rather than meeting is what waiting ranks' wake-ups slow down
   (``simulate``);
 * sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival, and
@@ -212,7 +214,7 @@ class _Costs:
     def _wire(self, traffic: Any, members: int) -> float:
         per_message = traffic.message_bytes / traffic.messages if traffic.messages else 0.0
         halo = traffic.messages * self.network.message(per_message) / 2   # sends overlap receives
-        sums = traffic.collectives * self.network.all_reduce(
+        sums = traffic.collectives * self.network.reduction_bytes(    # each a meeting: its latency counted there
             traffic.collective_bytes / max(1, traffic.collectives), members)
         return halo + sums
 
@@ -238,8 +240,12 @@ class _Costs:
             if spatial:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
                 meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]
-                crowded = meetings * self.network.crowded_meeting(work / meetings) if meetings else 0.0
-                delay += meetings * self.network.meeting
+                crowded = 0.0
+                if meetings:      # more tiles than cores crowd their own meetings (group_meeting); fewer: by others
+                    cores = self.node.cores
+                    delay += meetings * self.network.group_meeting(len(ranks), work / meetings, cores, cfg.world_size)
+                    if cores is None or len(ranks) <= cores:
+                        crowded = meetings * self.network.crowded_meeting(work / meetings)
                 return Cost(work, delay, group_key(action, ranks, "tiles"), len(ranks), crowded, lockstep=True,
                             exposed=work / (work + delay) if work > 0 else 1.0)
             return Cost(work, delay)

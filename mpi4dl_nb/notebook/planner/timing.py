@@ -47,6 +47,7 @@ class Network:
     short_work: float = 0.25e-3
     waiting_slowdown: float = 1.0      # ranks filling the cores compute this much slower while the rest wait
     handoff: float = 0.0               # each side's seconds per hand-off payload beyond the wire
+    crowd_members: int = 0             # ranks of the crowded measurement (``sync``; 0: the configuration's)
 
     def crowded_meeting(self, work: float) -> float:
         """Extra seconds of a meeting while ranks outnumber cores, ``work`` seconds of compute
@@ -58,8 +59,25 @@ class Network:
         share = (work - self.short_work) / (self.sync_work - self.short_work)
         return self.sync_short + share * (self.sync - self.sync_short)
 
+    def group_meeting(self, members: int, work: float, cores: int | None, ranks: int) -> float:
+        """Seconds one meeting of ``members`` ranks costs (its small all-reduce's latency included)
+        while the other ranks of a job of ``ranks`` wait, ``work`` seconds of compute after the
+        previous one. Members on a core each (``cores`` None: a device each): ``meeting``, as two
+        ranks measured it. More members than cores take turns, and each meeting waits for some to
+        be scheduled: linearly towards ``meeting + crowded_meeting(work)`` at the crowded
+        measurement's ranks (``crowd_members``, else ``ranks``)."""
+        crowd = self.crowd_members or ranks
+        if cores is None or members <= cores or crowd <= cores:
+            return self.meeting
+        return self.meeting + self.crowded_meeting(work) * min(1.0, (members - cores) / (crowd - cores))
+
     def message(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
+
+    def reduction_bytes(self, nbytes: float, ranks: int) -> float:
+        """Seconds of a ring all-reduce's ``2(p-1)/p`` share of ``nbytes`` on the wire, without its
+        latency (a meeting's cost, measured, holds that)."""
+        return 2 * (ranks - 1) * nbytes / ranks / self.bandwidth if ranks > 1 else 0.0
 
     def all_reduce(self, nbytes: float, ranks: int) -> float:
         """Ring all-reduce: 2(p-1) steps of ``bytes/p``."""
@@ -133,7 +151,7 @@ def network_of(calibration: JobCalibration) -> Network:
     handoff = max(0.0, calibration.handoff_seconds - 2 * network.message(HANDOFF_PROBE_BYTES)) / 2
     return replace(network, sync_short=max(0.0, calibration.crowd_short_seconds - pair),
                    sync_work=LONG_WORK, short_work=SHORT_WORK, waiting_slowdown=calibration.waiting_slowdown,
-                   handoff=handoff)
+                   handoff=handoff, crowd_members=calibration.ranks)
 
 
 def fit_network(points: Sequence[tuple[float, float]], sync: float = 0.0, meeting: float = 0.0) -> Network:

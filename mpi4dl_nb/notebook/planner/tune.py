@@ -82,9 +82,7 @@ class TuneResult:
                 f"{row.ratio:.2f}" if row.ratio is not None else "",
                 f"{row.predicted_peak / MB:.1f}", f"{measured.peak / MB:.1f}" if measured else "...",
                 ("yes" if row.fits(self.limit) else "no") if measured else ""])
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-        lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                 for r in [headers, *rows]]
+        lines = aligned([headers, *rows], left=1)
         best, first = self.best, self.suggested
         if best is not None and best.measured is not None:
             lines.append(f"picked: {best.label} ({best.measured.seconds:.3f} s/step measured, "
@@ -117,6 +115,14 @@ class TuneResult:
                 "picked": self.best.cfg.as_dict() if self.best and self.best.cfg else None}
 
 
+def aligned(rows: list[list[str]], left: int | None = None) -> list[str]:
+    """``rows`` of cells (the first: headers) as lines of aligned columns, column ``left``
+    left-aligned and the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i == left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+            for row in rows]
+
+
 SHOWN_PHASE = 5e-4     # seconds: a phase shorter than this on every rank, predicted and traced, is left out
 
 
@@ -133,10 +139,8 @@ def explain_row(row: TuneRow) -> str:
     headers = ["rank", *kinds, "sum"]
     cells = [[str(rank), *(f"{p.get(k, 0.0):.3f}/{m.get(k, 0.0):.3f}" for k in kinds),
               f"{sum(p.values()):.3f}/{sum(m.values()):.3f}"] for rank, (p, m) in enumerate(zip(predicted, traced))]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     lines = [f"{row.label}: {row.predicted_seconds:.3f} s predicted, {row.measured.seconds:.3f} s measured "
-             "(predicted/traced seconds per step)"]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [headers, *cells]]
+             "(predicted/traced seconds per step)", *aligned([headers, *cells])]
     if kinds:
         _, rank, kind = max((abs(p.get(k, 0.0) - m.get(k, 0.0)), r, k)
                             for r, (p, m) in enumerate(zip(predicted, traced)) for k in kinds)
