@@ -192,6 +192,10 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
     notice the others arrived (the wait mode's pauses, the library's latency)."""
     if groups is None:
         groups = [tuple(range(ctx.world_size)) if ranks is None else tuple(ranks)]
+    everyone = [rank for members in groups for rank in members]
+    if len(set(everyone)) != len(everyone) or not all(0 <= rank < ctx.world_size for rank in everyone):
+        raise ValueError(f"meeting_cost groups={[tuple(g) for g in groups]}: give disjoint groups of ranks "
+                         f"0..{ctx.world_size - 1} (a rank in two groups would leave the other waiting)")
     made = [(tuple(members), ctx.new_group(tuple(members))) for members in groups]
     own = next(((members, group) for members, group in made if ctx.rank in members), None)
     if all(len(members) < 2 for members, _ in made):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -80,11 +80,13 @@ def _sgd(params: Any) -> torch.optim.Optimizer:
 
 @dataclass
 class Trial:
-    """One row of an auto-tune built on this rank: its training step (collective) and this
-    rank's measured peak bytes (None: the rank takes no part, e.g. off rank 0 for one process)."""
+    """One row of an auto-tune built on this rank: its training step (collective), this rank's
+    measured peak bytes (None: the rank takes no part, e.g. off rank 0 for one process), and this
+    rank's traced phases of each timed step (``time_trials``)."""
 
     step: Callable[[], object]
     peak: int | None
+    phases: list[dict[str, float]] = field(default_factory=list)
 
 
 def engine_trial(ctx: Comm, spec: ModelSpec, knobs: dict[str, Any], image_size: int, batch_size: int) -> Trial:
@@ -130,7 +132,6 @@ def one_process_trial(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: i
 
 Row = dict[str, Any] | None     # a configuration's knobs (``ParallelConfig.as_dict``); None: one process
 HELD_TRIALS: list[Trial] = []    # this process's trials between ``build_trials`` and ``release_trials``
-HELD_PHASES: list[list[dict[str, float]]] = []   # per held trial: this rank's traced phases of each timed step
 ACTION_OPS = frozenset(kind.value for kind in ActionKind)   # the runtime's one span per schedule action
 
 
@@ -141,7 +142,6 @@ def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: in
     row, every rank's (one process: rank 0's). Each row's peak is measured while only its own
     step runs; the rows held together keep their parameters and optimizer state meanwhile."""
     release_trials()
-    HELD_PHASES.extend([] for _ in rows)
     for row in rows:
         trial = one_process_trial(ctx, spec, image_size, batch_size) if row is None else \
             engine_trial(ctx, spec, row, image_size, batch_size)
@@ -188,8 +188,7 @@ def time_trials(ctx: Comm, steps: int, first_pass: int = 0) -> list[tuple[float,
             start = time.perf_counter()
             HELD_TRIALS[index].step()
             seconds[index].append(time.perf_counter() - start)
-            if index < len(HELD_PHASES):
-                HELD_PHASES[index].append(_phases(tracer.since(position)))
+            HELD_TRIALS[index].phases.append(_phases(tracer.since(position)))
     everyone = ctx.all_gather_object(seconds)
     return [tuple(max(times) for times in zip(*(rank[index] for rank in everyone)))
             for index in range(len(HELD_TRIALS))]
@@ -209,8 +208,8 @@ def trial_phases(ctx: Comm, skip: int = 0) -> list[tuple[dict[str, float], ...]]
     """Per held row, every rank's mean traced seconds per step by action kind over its timed
     steps but the first ``skip`` (``measure_interleaved``: the warm pass). Collective."""
     mine = []
-    for samples in HELD_PHASES:
-        kept = samples[skip:]
+    for trial in HELD_TRIALS:
+        kept = trial.phases[skip:]
         total: dict[str, float] = {}
         for sample in kept:
             for op, seconds in sample.items():
@@ -221,9 +220,8 @@ def trial_phases(ctx: Comm, skip: int = 0) -> list[tuple[dict[str, float], ...]]
 
 
 def release_trials() -> None:
-    """Drop the held rows (their engines and memory) and their traced phases."""
+    """Drop the held rows (their engines, memory and traced phases)."""
     HELD_TRIALS.clear()
-    HELD_PHASES.clear()
 
 
 def measured(peaks: tuple[int, ...], step_seconds: Sequence[float],

@@ -49,6 +49,13 @@ def main(check: Checks) -> None:
         assert math.isfinite(apart) and 0 <= apart < 0.1 and ctx.all_gather_object(apart) == [apart] * 3
         alone = meeting_cost(ctx, rounds=10, work_seconds=0.2e-3, repeats=1, groups=[(0,), (1,), (2,)])
         assert alone == 0.0          # nobody to meet: no timing, and no rank waits for another
+        for bad in ([(0, 1), (1, 2)], [(0, 3)]):     # a rank in two groups, a rank not in the job
+            try:
+                meeting_cost(ctx, groups=bad)
+            except ValueError as err:      # every rank refuses alike, before any meets: nobody waits
+                assert "disjoint groups of ranks 0..2" in str(err), err
+            else:
+                raise AssertionError(f"groups={bad} accepted")
 
 
 if __name__ == "__main__":
