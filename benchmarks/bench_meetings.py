@@ -10,20 +10,36 @@ model's (``Network.group_meeting`` plus the sum's bytes, ``Network.reduction_byt
 earlier model's (``Network.meeting`` plus a ring all-reduce's latency and bytes,
 ``Network.all_reduce``), each as a ratio to measured. The model's figure for two pairs leaves out
 the crowding by the other pair, which the simulator adds in proportion to the ranks computing.
+
+A second table times what a spatial stage's tiles do between and at their meetings: each round,
+a group of ranks runs conv layers' forward and backward (``run.measure.layer_work``; about 1 and
+4 ms per round timed on one rank alone) and then meets, the rest of the ranks waiting. Printed:
+the measured seconds per round next to the simulator's (``planner.simulate``: the tiles as one
+lockstep group with that work and one ``group_meeting`` per round, beside the waiting ranks), and
+the simulator's before more tiles than cores were slowed by the waiting ranks in all their time.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import torch  # noqa: E402
+
 import mpi4dl_nb as dl  # noqa: E402
+from mpi4dl_nb.comm.protocol import Comm  # noqa: E402
 from mpi4dl_nb.comm.waiting import node_cores  # noqa: E402
-from mpi4dl_nb.notebook.planner.timing import network_of  # noqa: E402
-from mpi4dl_nb.run.measure import LONG_WORK, SHORT_WORK, calibrate_job, meeting_cost  # noqa: E402
+from mpi4dl_nb.config import ParallelConfig  # noqa: E402
+from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate  # noqa: E402
+from mpi4dl_nb.notebook.planner.timing import Network, network_of  # noqa: E402
+from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule  # noqa: E402
+from mpi4dl_nb.run.measure import LONG_WORK, SHORT_WORK, calibrate_job, layer_work, meeting_cost  # noqa: E402
 
 FLAG_BYTES = 4
 
@@ -36,6 +52,64 @@ def groups_of(world: int) -> dict[str, list[tuple[int, ...]]]:
     if world >= 4:
         found["two pairs at once"] = [(0, 1), (world - 2, world - 1)]
     return found
+
+
+def alone_seconds(ctx: Comm, work: Callable[[], None], repeats: int = 20) -> float:
+    """Seconds of one ``work`` on rank 0 while the other ranks sleep (as the planner times layers)."""
+    seconds = None
+    if ctx.rank == 0:
+        work()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            work()
+        seconds = (time.perf_counter() - start) / repeats
+    else:
+        time.sleep(1.0)
+    return float(ctx.bcast_object(seconds, root=0))
+
+
+def round_seconds(ctx: Comm, members: int, work: Callable[[], None], count: int, rounds: int,
+                  repeats: int) -> float:
+    """Best seconds per round of ``count`` works and a small all-reduce on ranks ``0..members-1``,
+    the other ranks waiting (collective; every rank gets it)."""
+    group = ctx.new_group(tuple(range(members)))
+    flag = torch.zeros(1)
+    best = math.inf
+    for _ in range(repeats):
+        ctx.barrier()
+        start = time.perf_counter()
+        if ctx.rank < members:
+            for _ in range(rounds):
+                for _ in range(count):
+                    work()
+                ctx.all_reduce(flag, group=group)
+        ctx.barrier()
+        best = min(best, time.perf_counter() - start)
+    return float(ctx.bcast_object(best / rounds, root=0))
+
+
+def modelled_round(network: Network, members: int, world: int, cores: int, work: float,
+                   earlier: bool = False) -> float:
+    """The simulator's seconds per round: ``members`` tiles in lockstep (one stage), ``work`` each
+    and one meeting, beside the ``world - members`` ranks of the stages after them waiting.
+    ``earlier``: as the simulator had it before tiles outnumbering the cores were slowed by the
+    waiting ranks in all their time - only in their exposed share (computing, not meeting)."""
+    cfg = ParallelConfig(split_size=1 + world - members, spatial_size=1, num_spatial_parts=members,
+                         slice_method="horizontal")
+    meeting = network.group_meeting(members, work, cores, world) + network.reduction_bytes(FLAG_BYTES, members)
+    crowded = network.crowded_meeting(work) if members <= cores else 0.0
+    exposed = work / (work + meeting)
+    slowdown = network.waiting_slowdown
+    if earlier and members > cores:     # the exposed share folded into the slowdown, as it was applied
+        slowdown, exposed = 1.0 + (slowdown - 1.0) * exposed, 1.0
+
+    def cost(action):
+        if action.kind is ActionKind.FORWARD and action.stage == 0:
+            return Cost(work, meeting, group_key(action, tuple(range(members)), "tiles"), members, crowded,
+                        lockstep=True, exposed=exposed)
+        return Cost()
+    timelines = simulate(build_schedule(cfg), cost, lambda action: 0.0, cores=cores, waiting_slowdown=slowdown)
+    return timelines[0].phases[ActionKind.FORWARD.value]
 
 
 def main() -> None:
@@ -59,6 +133,16 @@ def main() -> None:
                 network.reduction_bytes(FLAG_BYTES, members)
             earlier = network.meeting + network.all_reduce(FLAG_BYTES, members)
             rows.append((work, name, measured, model, earlier))
+    unit = layer_work(side=32, batch=1)
+    alone = alone_seconds(ctx, unit)
+    layer_rows = []
+    for count in (1, 4):
+        for members in (2, *range(cores + 1, ctx.world_size)):
+            rounds = max(10, round(0.3 / (count * alone * max(1.0, members / cores))))
+            measured = round_seconds(ctx, members, unit, count, rounds, args.repeats)
+            layer_rows.append((count * alone, members, measured,
+                               *(modelled_round(network, members, ctx.world_size, cores, count * alone, earlier)
+                                 for earlier in (False, True))))
     if ctx.rank != 0:
         return
     print(f"{ctx.world_size} ranks on {cores} cores; network: {network.describe()}\n")
@@ -67,6 +151,13 @@ def main() -> None:
     for work, name, measured, model, earlier in rows:
         print(f"| {work * 1e3:.2f} ms | {name} | {measured * 1e3:.3f} | {model * 1e3:.3f} ({model / measured:.2f}) | "
               f"{earlier * 1e3:.3f} ({earlier / measured:.2f}) |")
+    print(f"\nlayer work and a meeting per round ({alone * 1e3:.2f} ms per work alone), "
+          f"the other ranks waiting:\n")
+    print("| work per round (alone) | group | measured ms per round | model ms (ratio) | earlier model ms (ratio) |")
+    print("|---|---|---:|---:|---:|")
+    for work, members, measured, model, earlier in layer_rows:
+        print(f"| {work * 1e3:.2f} ms | {members} ranks | {measured * 1e3:.3f} | {model * 1e3:.3f} "
+              f"({model / measured:.2f}) | {earlier * 1e3:.3f} ({earlier / measured:.2f}) |")
 
 
 if __name__ == "__main__":

@@ -231,11 +231,12 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
 LONG_WORK, SHORT_WORK = 1e-3, 0.25e-3    # seconds of work between the meetings ``calibrate_job`` times
 
 
-def _layer_work() -> Callable[[], None]:
-    """A few conv layers' forward and backward: work that touches memory like a stage does."""
+def layer_work(side: int = 64, batch: int = 2) -> Callable[[], None]:
+    """A few conv layers' forward and backward on ``batch`` maps of ``side`` x ``side``: work
+    that touches memory like a stage does."""
     generator = torch.Generator().manual_seed(0)
     convs = [nn.Conv2d(16, 16, 3, padding=1) for _ in range(2)]
-    x = torch.randn(2, 16, 64, 64, generator=generator)
+    x = torch.randn(batch, 16, side, side, generator=generator)
 
     def run() -> None:
         y = x
@@ -256,7 +257,7 @@ def waiting_slowdown(ctx: Comm, work_seconds: float = 20e-3, repeats: int = 11) 
     if ctx.world_size < 2:
         return 1.0
     computing = ctx.rank < min(node_cores(), ctx.world_size - 1)
-    work = _layer_work()
+    work = layer_work()
     once = 0.0
     if ctx.rank == 0:
         work()
@@ -298,7 +299,7 @@ def handoff_seconds(ctx: Comm, laps: int = 6, repeats: int = 9) -> float:
     if ctx.world_size < 2:
         return 0.0
     rank, world = ctx.rank, ctx.world_size
-    work = _layer_work()
+    work = layer_work()
     work()
     payload = torch.zeros(1, device=ctx.device)
     extra = []

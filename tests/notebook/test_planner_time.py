@@ -372,6 +372,8 @@ def test_tiles_in_lockstep_are_stalled_by_every_member_s_interruptions_while_eac
     crowded = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
     assert end(crowded, False, cores=2, waiting_slowdown=1.5) == pytest.approx(6 * (1 + 0.5 / 3) + 3 * 1.5)
     assert end(crowded, True, cores=2, waiting_slowdown=1.5) == pytest.approx(6 * 1.5 + 3 * 1.5)
+    # waiting half their time at meetings does not spare them: the core each leaves runs another tile
+    assert end(crowded, True, 0.5, cores=2, waiting_slowdown=1.5) == pytest.approx(6 * 1.5 + 3 * 1.5)
     # 3 tiles on 2 cores: one core runs two of them between meetings while the third tile's core idles at
     # the meeting, so the 9 s of tile work take 2 turns of 3 s (4.5 s shared evenly when independent)
     odd = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="horizontal")

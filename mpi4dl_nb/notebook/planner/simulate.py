@@ -15,19 +15,21 @@ receive waits for its message, then costs its ``work``. Each rank may start late
 ``start(rank)`` (setting the step up). Computing beside waiting ranks is slower by the job's
 measured ``waiting_slowdown``, in proportion to the ranks waiting (their wake-ups take the
 computing ranks' cores), and only in the share of an action's time its rank computes
-(``Cost.exposed``: at a meeting its core is free for the wake-ups). The tiles of a spatial op
-meet every few layers, so a wake-up on any member's core holds them all up: while each member
-has a core, the group is slowed by every member's share (their product); when the ranks
-outnumber the cores the members take turns anyway and their meetings cost more (the cost model's
-``delay``, or ``crowded``), and the
-members off the cores wait at their next meeting like waiting ranks (with 4 tiles on 2 cores,
-2 compute beside 3 waiting, not 4 beside 1: traced, the tiles burn 1.2x the CPU time of the
-layers timed alone). A group with more members than cores leaves some core running
+(``Cost.exposed``: at a meeting its core is free for the wake-ups - unless its group has more
+members than cores, when another member takes that core: such a group is slowed in all its time;
+``benchmarks/bench_meetings.py`` times rounds of layer work and a meeting of 3 and 4 ranks on 2
+cores beside the waiting ranks). The tiles of a spatial op meet every few layers, so a wake-up
+on any member's core holds them all up: while each member has a core, the group is slowed by
+every member's share (their product); when the ranks outnumber the cores the members take turns
+anyway and their meetings cost more (the cost model's ``delay``, or ``crowded``), and the
+members off the cores wait at their next meeting like waiting ranks (with 4 tiles on 2 cores, 2
+compute beside 3 waiting, not 4 beside 1: traced, the tiles burn 1.2x the CPU time of the layers
+timed alone). A group with more members than cores leaves some core running
 ``ceil(members / cores)`` of them between two meetings while the others finish early and wait:
-3 tiles on 2 cores take 2 turns of work per meeting, not 1.5. The
-result: when each rank finished, how long it computed, waited and communicated, and its
-``phases``: seconds per action kind, each from the end of the rank's previous action (waits for
-partners and messages included), as the runtime's trace of the action shows them.
+3 tiles on 2 cores take 2 turns of work per meeting, not 1.5. The result: when each rank finished, how long it
+computed, waited and communicated, and its ``phases``: seconds per action kind, each from the
+end of the rank's previous action (waits for partners and messages included), as the runtime's
+trace of the action shows them.
 """
 
 from __future__ import annotations
@@ -219,13 +221,18 @@ class _Replay:
 
     def rate(self, run: _Running, computing: int) -> float:
         """Share of full speed ``run`` computes at while ``computing`` ranks run: the cores shared,
-        slowed by the waiting ranks' wake-ups in its exposed share, and by every member's while
-        its lockstep group has a core per member; a lockstep member's partners off the cores wait
-        at their next meeting, so beside it only the cores' worth of ranks compute (module docstring)."""
+        slowed by the waiting ranks' wake-ups in its exposed share (all its time in a group with
+        more members than cores: at a meeting its core runs another member), and by every
+        member's while its lockstep group has a core per member; a lockstep member's partners off
+        the cores wait at their next meeting, so beside it only the cores' worth of ranks compute
+        (module docstring)."""
         on_cores = computing
         if self.cores is not None and run.stalled_by > 1:
             on_cores = min(computing, self.cores)
-        slowed = 1.0 + (self.beside_waiting(on_cores) - 1.0) * run.exposed
+        exposed = run.exposed
+        if self.cores is not None and run.stalled_by > self.cores:
+            exposed = 1.0     # a member waiting at a meeting yields its core to another member: never free
+        slowed = 1.0 + (self.beside_waiting(on_cores) - 1.0) * exposed
         if self.cores is not None and computing > self.cores:
             share = self.cores / computing
             if run.stalled_by > self.cores:   # between two meetings some core runs ceil(members / cores) of them
