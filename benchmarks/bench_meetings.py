@@ -37,6 +37,7 @@ from mpi4dl_nb.comm.protocol import Comm  # noqa: E402
 from mpi4dl_nb.comm.waiting import node_cores  # noqa: E402
 from mpi4dl_nb.config import ParallelConfig  # noqa: E402
 from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate  # noqa: E402
+from mpi4dl_nb.notebook.planner.step_time import tile_cost  # noqa: E402
 from mpi4dl_nb.notebook.planner.timing import Network, network_of  # noqa: E402
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule  # noqa: E402
 from mpi4dl_nb.run.measure import LONG_WORK, SHORT_WORK, calibrate_job, layer_work, meeting_cost  # noqa: E402
@@ -96,17 +97,17 @@ def modelled_round(network: Network, members: int, world: int, cores: int, work:
     waiting ranks in all their time - only in their exposed share (computing, not meeting)."""
     cfg = ParallelConfig(split_size=1 + world - members, spatial_size=1, num_spatial_parts=members,
                          slice_method="horizontal")
-    meeting = network.group_meeting(members, work, cores, world) + network.reduction_bytes(FLAG_BYTES, members)
-    crowded = network.crowded_meeting(work) if members <= cores else 0.0
-    exposed = work / (work + meeting)
+    wire = network.reduction_bytes(FLAG_BYTES, members)
     slowdown = network.waiting_slowdown
     if earlier and members > cores:     # the exposed share folded into the slowdown, as it was applied
-        slowdown, exposed = 1.0 + (slowdown - 1.0) * exposed, 1.0
+        # (such a group's own exposed share no longer counts: the simulator slows it in all its time)
+        share = tile_cost(network, None, members, work, wire, 1, cores, world).exposed
+        slowdown = 1.0 + (slowdown - 1.0) * share
 
     def cost(action):
         if action.kind is ActionKind.FORWARD and action.stage == 0:
-            return Cost(work, meeting, group_key(action, tuple(range(members)), "tiles"), members, crowded,
-                        lockstep=True, exposed=exposed)
+            return tile_cost(network, group_key(action, tuple(range(members)), "tiles"), members, work, wire, 1,
+                             cores, world)
         return Cost()
     timelines = simulate(build_schedule(cfg), cost, lambda action: 0.0, cores=cores, waiting_slowdown=slowdown)
     return timelines[0].phases[ActionKind.FORWARD.value]

@@ -30,7 +30,7 @@ and oversubscribed cores come from the schedule itself. The result says what bin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +114,21 @@ class TimePlan:
         if wire > 0.25 * self.seconds:
             return f"communication ({wire / self.seconds:.0%} of the step on the wire)"
         return f"compute of rank {busiest.rank} ({busiest.compute / self.seconds:.0%} of the step)"
+
+
+def tile_cost(network: Network, group: Hashable, members: int, work: float, wire: float, meetings: int,
+              cores: int | None, world: int) -> Cost:
+    """One tile's cost of a spatial op of ``members`` tiles (``group``): ``work``, then ``wire``
+    seconds and ``meetings`` meetings of the group (``Network.group_meeting``: more tiles than
+    cores crowd their own meetings; fewer are crowded by other ranks computing, ``Cost.crowded``),
+    in lockstep, exposed to waiting ranks' wake-ups in the share of its time it computes."""
+    delay, crowded = wire, 0.0
+    if meetings:
+        delay += meetings * network.group_meeting(members, work / meetings, cores, world)
+        if cores is None or members <= cores:
+            crowded = meetings * network.crowded_meeting(work / meetings)
+    return Cost(work, delay, group, members, crowded, lockstep=True,
+                exposed=work / (work + delay) if work > 0 else 1.0)
 
 
 @dataclass
@@ -240,14 +255,8 @@ class _Costs:
             if spatial:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
                 meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]
-                crowded = 0.0
-                if meetings:      # more tiles than cores crowd their own meetings (group_meeting); fewer: by others
-                    cores = self.node.cores
-                    delay += meetings * self.network.group_meeting(len(ranks), work / meetings, cores, cfg.world_size)
-                    if cores is None or len(ranks) <= cores:
-                        crowded = meetings * self.network.crowded_meeting(work / meetings)
-                return Cost(work, delay, group_key(action, ranks, "tiles"), len(ranks), crowded, lockstep=True,
-                            exposed=work / (work + delay) if work > 0 else 1.0)
+                return tile_cost(self.network, group_key(action, ranks, "tiles"), len(ranks), work, delay,
+                                 meetings, self.node.cores, cfg.world_size)
             return Cost(work, delay)
         if kind is ActionKind.ALLREDUCE:   # every copy of the stage this rank holds, then the holders' sum
             ranks = tuple(stage_holders(cfg, action.stage))
