@@ -15,7 +15,7 @@ and C over A (goal: C under 3%) and how many torch operations the mode saw per f
 models: SE-ResNet (3 SE blocks, width x4) and a two-level U-Net (transposed conv + bilinear
 up-sampling + skip concatenation, width x4) with a per-pixel loss on tiles, on 1 tile (rank 0
 alone), 2 tiles (1x2) and 4 tiles (2x2) in one run: best seconds/step (slowest rank) and peak
-activation bytes per rank (saved for backward, ``run.metrics.ActivationMeter``), with ratios
+activation bytes per rank (saved for backward, ``measure.usage.ActivationMeter``), with ratios
 to the 1-tile run.
 """
 
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.measure.usage import ActivationMeter
 from mpi4dl_nb.models import resnet
-from mpi4dl_nb.run.metrics import ActivationMeter
 from mpi4dl_nb.spatial.convert import reduce_tile_gradients, runtime_of, spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.guard import SpatialGuard

@@ -123,8 +123,8 @@ def monai_run(checkpoint: Path, slide: Path, out: Path, roi: int, dtype: str) ->
     import torch.nn.functional as F
     from monai.inferers import sliding_window_inference
 
-    from mpi4dl_nb.infer.memory import PeakMeter
     from mpi4dl_nb.infer.reader import SlideReader
+    from mpi4dl_nb.measure.heap import PeakMeter
 
     torch.set_num_threads(1)
     net, _ = network(checkpoint, dtype)

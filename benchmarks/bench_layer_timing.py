@@ -23,12 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import mpi4dl_nb as dl  # noqa: E402
 from mpi4dl_nb.config import ParallelConfig  # noqa: E402
-from mpi4dl_nb.notebook.planner.layer_timer import LayerTimer  # noqa: E402
-from mpi4dl_nb.notebook.planner.step_time import step_model, time_layers  # noqa: E402
-from mpi4dl_nb.notebook.planner.suggest import describe_config  # noqa: E402
-from mpi4dl_nb.notebook.planner.timing import network_of  # noqa: E402
-from mpi4dl_nb.run import tune  # noqa: E402
-from mpi4dl_nb.run.measure import calibrate_job  # noqa: E402
+from mpi4dl_nb.measure import trials  # noqa: E402
+from mpi4dl_nb.measure.calibration import calibrate_job
+from mpi4dl_nb.planner.layer_timer import LayerTimer
+from mpi4dl_nb.planner.step_time import step_model, time_layers
+from mpi4dl_nb.planner.suggest import describe_config
+from mpi4dl_nb.planner.timing import network_of
 
 SP1X4 = dict(split_size=2, spatial_size=1, num_spatial_parts=4, slice_method="vertical")
 CONFIGS = [
@@ -43,7 +43,7 @@ METHODS = ("alone", "together")
 
 
 def predict_all(method: str, network, threads: int) -> list[float]:
-    layers = tune.ModelSpec("resnet", 11, 8).build()
+    layers = trials.ModelSpec("resnet", 11, 8).build()
     timer = LayerTimer("cpu", 5, threads)
     models = [step_model(layers, cfg, 384, 2, network=network, timer=timer) for cfg in CONFIGS]
     if method == "together":

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 MPIR_CVAR_ENABLE_HEAVY_YIELD=1 mpiexec -n 5 .venv/bin/python benchmarks/bench_meetings.py
 
 A spatial stage's tiles meet at every halo exchange and BatchNorm sum. Here groups of ranks do
-rounds of work with a small all-reduce after each (``run.measure.meeting_cost``, the rest of the
+rounds of work with a small all-reduce after each (``measure.calibration.meeting_cost``, the rest of the
 ranks waiting): 2 ranks, 3, 4, all of them, and two pairs at once (GEMS's two tile groups), with
 short and long work between meetings. Printed per group: the measured seconds per meeting, the
 model's (``Network.group_meeting`` plus the sum's bytes, ``Network.reduction_bytes``) and the
@@ -12,7 +12,7 @@ earlier model's (``Network.meeting`` plus a ring all-reduce's latency and bytes,
 the crowding by the other pair, which the simulator adds in proportion to the ranks computing.
 
 A second table times what a spatial stage's tiles do between and at their meetings: each round,
-a group of ranks runs conv layers' forward and backward (``run.measure.layer_work``; about 1 and
+a group of ranks runs conv layers' forward and backward (``measure.calibration.layer_work``; about 1 and
 4 ms per round timed on one rank alone) and then meets, the rest of the ranks waiting. Printed:
 the measured seconds per round next to the simulator's (``planner.simulate``: the tiles as one
 lockstep group with that work and one ``group_meeting`` per round, beside the waiting ranks), and
@@ -36,11 +36,11 @@ import mpi4dl_nb as dl  # noqa: E402
 from mpi4dl_nb.comm.protocol import Comm  # noqa: E402
 from mpi4dl_nb.comm.waiting import node_cores  # noqa: E402
 from mpi4dl_nb.config import ParallelConfig  # noqa: E402
-from mpi4dl_nb.notebook.planner.simulate import Cost, group_key, simulate  # noqa: E402
-from mpi4dl_nb.notebook.planner.step_time import tile_cost  # noqa: E402
-from mpi4dl_nb.notebook.planner.timing import Network, network_of  # noqa: E402
+from mpi4dl_nb.measure.calibration import LONG_WORK, SHORT_WORK, calibrate_job, layer_work, meeting_cost
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule  # noqa: E402
-from mpi4dl_nb.run.measure import LONG_WORK, SHORT_WORK, calibrate_job, layer_work, meeting_cost  # noqa: E402
+from mpi4dl_nb.planner.simulate import Cost, group_key, simulate
+from mpi4dl_nb.planner.step_time import tile_cost
+from mpi4dl_nb.planner.timing import Network, network_of
 
 FLAG_BYTES = 4
 

@@ -8,7 +8,7 @@ Side by side in one run (``mpiexec -n 4``; every rank one thread):
   only block boundaries are kept; the halo exchanges are re-done in the recomputation);
 * ``SP 4 + recompute + bf16``: the same under bf16 autocast (float32 weights).
 
-Memory is *counted*, not read from RSS: ``run.metrics.ActivationMeter``, the meter the train
+Memory is *counted*, not read from RSS: ``measure.usage.ActivationMeter``, the meter the train
 command reports (bytes autograd saves for backward, each storage once, parameters excluded),
 around one whole step (forward, backward, and so the recomputation inside backward). A size
 fits when the largest rank's peak is within ``--budget-mib``. The search is a bisection over
@@ -41,8 +41,8 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.comm.protocol import Comm
+from mpi4dl_nb.measure.usage import ActivationMeter
 from mpi4dl_nb.pipeline.recompute import checkpointed
-from mpi4dl_nb.run.metrics import ActivationMeter
 from mpi4dl_nb.spatial.convert import runtime_of
 
 GRID = (2, 2)

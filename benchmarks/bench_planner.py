@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb import cluster as clu
-from mpi4dl_nb.notebook.planner.layer_timer import LayerTimer
-from mpi4dl_nb.run import tune
+from mpi4dl_nb.measure import trials
+from mpi4dl_nb.planner.layer_timer import LayerTimer
 
 CASES = [
     ("serial", dict(split_size=1, spatial_size=0), 2),
@@ -80,7 +80,7 @@ def predict_time(layers, cfg, image_size, batch, network, timer: LayerTimer) -> 
 
 def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
               names: list[str] | None, passes: int) -> list[Row]:
-    spec = tune.ModelSpec(model, depth, width, num_classes=2)
+    spec = trials.ModelSpec(model, depth, width, num_classes=2)
     layers = spec.build()
     label = f"{model}-{depth} w{width} {image_size}px"
     cases = [c for c in CASES if names is None or c[0] in names]
@@ -89,7 +89,7 @@ def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
     for world, group in itertools.groupby(cases, key=lambda case: ParallelConfig(**case[1]).world_size):
         group = list(group)
         with clu.start(n=world, call_timeout=1800) as cluster:
-            calibration = cluster.run(tune.calibrate_job_on_engine)[0]
+            calibration = cluster.run(trials.calibrate_job_on_engine)[0]
             network = planner.network_of(calibration)
             print(f"{world} ranks: {network.describe()}; {calibration.threads} torch thread(s) per rank",
                   file=sys.stderr, flush=True)
@@ -98,7 +98,7 @@ def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
                 timer = LayerTimer(threads=calibration.threads)
                 for name, knobs, batch in group:
                     cfg = ParallelConfig(**knobs)
-                    measured = cluster.run(tune.measure_config_on_engine, spec, knobs, image_size, batch, steps)[0]
+                    measured = cluster.run(trials.measure_config_on_engine, spec, knobs, image_size, batch, steps)[0]
                     predicted = predict_time(layers, cfg, image_size, batch, network, timer)
                     if done == 0:
                         plan = planner.estimate_memory(layers, cfg, image_size, batch)

@@ -8,7 +8,7 @@ For each ``--checkpoint-activations`` setting (every, blocks, N) and configurati
 planner's estimate (``estimate_memory``: the engine's per-segment recomputation, segments cut
 by ``pipeline.recompute.segment_bounds``) next to the peak measured on every rank of a local
 MPI cluster (one warm-up and one ``HybridEngine.train_step`` under the allocation profiler,
-``run.tune.measure_config``). One line per case: ``worst ratio`` (estimate/measured, the rank
+``measure.trials.measure_config``). One line per case: ``worst ratio`` (estimate/measured, the rank
 furthest from 1), then each rank; ``--tables`` also prints the estimate's terms per rank.
 """
 
@@ -21,7 +21,7 @@ import time
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb import cluster as clu
-from mpi4dl_nb.run import tune
+from mpi4dl_nb.measure import trials
 
 CASES = {
     "serial": (dict(split_size=1, spatial_size=0), 2),
@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--tables", action="store_true", help="print each estimate's terms per rank")
     args = parser.parse_args()
-    spec = tune.ModelSpec(args.model, args.depth, args.width, num_classes=2)
+    spec = trials.ModelSpec(args.model, args.depth, args.width, num_classes=2)
     layers = spec.build()
     settings = [setting(s) for s in args.settings.split(",")]
     names = args.configs.split(",")
@@ -64,7 +64,7 @@ def main() -> int:
                 for checkpoint in settings:
                     knobs = dict(base, checkpoint_activations=checkpoint)
                     plan = planner.estimate_memory(layers, ParallelConfig(**knobs), args.image_size, batch)
-                    measured = cluster.run(tune.measure_config_on_engine, spec, knobs, args.image_size, batch, 1)[0]
+                    measured = cluster.run(trials.measure_config_on_engine, spec, knobs, args.image_size, batch, 1)[0]
                     ratios = [e / m for e, m in zip(plan.totals, measured.peaks)]
                     worst = max(ratios, key=lambda r: abs(r - 1))
                     worst_all.append(worst)

@@ -47,7 +47,7 @@ def config_flags(name: str) -> list[str]:
 def rank_program(name: str, mode: str, steps: int, every: int) -> None:
     import torch
 
-    from mpi4dl_nb.run.metrics import live_tensor_bytes, rss_bytes
+    from mpi4dl_nb.measure.usage import live_tensor_bytes, rss_bytes
 
     torch.set_num_threads(1)
     samples: list[tuple[int, int, int, int]] = []
@@ -71,9 +71,9 @@ def api_run(name: str, steps: int, sample):
     from torch import nn
 
     import mpi4dl_nb as dl
+    from mpi4dl_nb.cli.args import config_from_args
+    from mpi4dl_nb.cli.train_cmd import build_parser
     from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.run.args import config_from_args
-    from mpi4dl_nb.run.train_cmd import build_parser
 
     args = build_parser().parse_args(config_flags(name))
     cfg = config_from_args(args)
@@ -93,9 +93,9 @@ def api_run(name: str, steps: int, sample):
 
 
 def train_run(name: str, steps: int, sample):
+    from mpi4dl_nb.cli import train_cmd
     from mpi4dl_nb.comm.context import current
-    from mpi4dl_nb.run import train as train_module
-    from mpi4dl_nb.run import train_cmd
+    from mpi4dl_nb.run import trainer as train_module
 
     original = train_module.Trainer.train_one
 
@@ -118,7 +118,7 @@ def train_run(name: str, steps: int, sample):
 
 # ------------------------------------------------------------------------------ driver
 def slope_per_1000(points: list[tuple[int, int]]) -> float:
-    from mpi4dl_nb.run.metrics import growth_per_step
+    from mpi4dl_nb.measure.usage import growth_per_step
 
     return 1000 * growth_per_step([(s, float(v)) for s, v in points])
 

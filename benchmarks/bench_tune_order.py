@@ -6,11 +6,11 @@
 Each job is what ``python -m mpi4dl_nb tune`` measures on 5 ranks (``OMP_NUM_THREADS=1``): the
 one-process reference and four rows, the same configuration A (AmoebaNet-3 w64, 256 px, SP 2x1 on
 1 stage + LP 3 stages) as rows 1 and 3 and its mirror image B (1x2 tiles) as rows 2 and 4, built
-side by side and timed interleaved (``run.tune.measure_interleaved``, 2 rounds of 8 steps). Row 1
+side by side and timed interleaved (``measure.trials.measure_interleaved``, 2 rounds of 8 steps). Row 1
 and row 3 are one configuration, so their medians differ only by where they stand. Per job:
 row 1's median over row 3's. ``fixed``: every pass in the order reference, 1, 2, 3, 4 (as
 before 6db2e24), so row 1 always runs right after the reference. ``balanced``: each pass in
-its own order (``run.tune.pass_order``, a Williams design), as tune does now.
+its own order (``measure.trials.pass_order``, a Williams design), as tune does now.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ ORDERS = ("fixed", "balanced")
 def child(order: str, steps: int, rounds: int) -> None:
     """One job's rank: measure ROWS interleaved; rank 0 prints the medians as JSON."""
     import mpi4dl_nb as dl
-    from mpi4dl_nb.run import tune
+    from mpi4dl_nb.measure import trials
 
     if order == "fixed":
-        tune.pass_order = lambda rows, index: list(range(rows))   # the order before 6db2e24
+        trials.pass_order = lambda rows, index: list(range(rows))   # the order before 6db2e24
     ctx = dl.init()
-    measured = tune.measure_interleaved(tune.here, tune.ModelSpec("amoebanet", 3, 64), ROWS, 256, 2, steps, rounds)
+    spec = trials.ModelSpec("amoebanet", 3, 64)
+    measured = trials.measure_interleaved(trials.here, spec, ROWS, 256, 2, steps, rounds)
     if ctx.rank == 0:
         print("MEDIANS " + json.dumps([m.seconds for m in measured]), flush=True)
 

@@ -22,9 +22,9 @@ from torch import nn
 from mpi4dl_nb import ParallelConfig
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.comm.waiting import WaitMode, node_cores
+from mpi4dl_nb.measure.steps import time_engine_steps
+from mpi4dl_nb.measure.trials import ModelSpec
 from mpi4dl_nb.pipeline.engine import HybridEngine
-from mpi4dl_nb.run.measure import time_engine_steps
-from mpi4dl_nb.run.tune import ModelSpec
 
 CASES = {
     3: [("SP2v+LP", dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical"), 2),

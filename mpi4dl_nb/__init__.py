@@ -33,7 +33,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 # Sub-modules reachable as attributes (``dl.planner.estimate(...)``, ``dl.cluster.start(...)``).
 _MODULES: dict[str, str] = {
     "cluster": "notebook.cluster",
-    "planner": "notebook.planner",
+    "planner": "planner",
     "viz": "notebook.viz",
     "widgets": "notebook.widgets",
     "models": "models",

@@ -9,6 +9,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from .errors import ConfigError
+from .layout import RankRole, layout
 
 
 class Choice(str, Enum):
@@ -204,10 +205,8 @@ class ParallelConfig:
         gems_chunks = 2 * self.times if self.gems else 1
         return self.data_parallel * gems_chunks * self.local_dp * self.parts
 
-    def layout(self) -> list:
+    def layout(self) -> list[RankRole]:
         """The role of every rank (see ``mpi4dl_nb.layout.layout``)."""
-        from .layout import layout
-
         return layout(self)
 
     def with_(self, **changes: Any) -> ParallelConfig:

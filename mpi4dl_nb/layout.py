@@ -1,12 +1,30 @@
-"""Rank layout: the role every rank plays in a ParallelConfig (pure, no MPI)."""
+"""Rank layout: the role every rank plays in a configuration (pure, no MPI)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .config import ParallelConfig
+
+class LayoutKnobs(Protocol):
+    """What the layout reads of a configuration (``ParallelConfig`` has it; this module stays below config)."""
+
+    @property
+    def split_size(self) -> int: ...
+    @property
+    def spatial_size(self) -> int: ...
+    @property
+    def num_spatial_parts(self) -> int: ...
+    @property
+    def local_dp(self) -> int: ...
+    @property
+    def data_parallel(self) -> int: ...
+    @property
+    def ranks_per_replica(self) -> int: ...
+    @property
+    def gems(self) -> bool: ...
+    @property
+    def grid_shape(self) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True)
@@ -60,7 +78,7 @@ class RankRole:
         return text
 
 
-def _replica_slots(cfg: ParallelConfig, base: int) -> list[StageSlot]:
+def _replica_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
     """Primary slots of the ranks of one replica, in in-replica index order."""
     rows, cols = cfg.grid_shape
     slots: list[StageSlot] = []
@@ -78,7 +96,7 @@ def _replica_slots(cfg: ParallelConfig, base: int) -> list[StageSlot]:
     return slots
 
 
-def _mirror_slots(cfg: ParallelConfig, base: int) -> list[StageSlot]:
+def _mirror_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
     """Mirror slots: in-replica index i plays the primary role of index R-1-i."""
     primary = _replica_slots(cfg, base)
     size = len(primary)
@@ -92,7 +110,7 @@ def _mirror_slots(cfg: ParallelConfig, base: int) -> list[StageSlot]:
     return mirrored
 
 
-def layout(cfg: ParallelConfig) -> list[RankRole]:
+def layout(cfg: LayoutKnobs) -> list[RankRole]:
     """The role of every rank of ``cfg``, indexed by global rank."""
     roles: list[RankRole] = []
     size = cfg.ranks_per_replica
@@ -105,7 +123,7 @@ def layout(cfg: ParallelConfig) -> list[RankRole]:
     return roles
 
 
-def stage_holders(cfg: ParallelConfig, stage: int) -> list[int]:
+def stage_holders(cfg: LayoutKnobs, stage: int) -> list[int]:
     """Every rank that holds ``stage``'s parameters in any role (the gradient-sum group)."""
     holders = set()
     for role in layout(cfg):
@@ -115,7 +133,7 @@ def stage_holders(cfg: ParallelConfig, stage: int) -> list[int]:
     return sorted(holders)
 
 
-def layout_table(cfg: ParallelConfig) -> str:
+def layout_table(cfg: LayoutKnobs) -> str:
     """The rank table as aligned text (what ``python -m mpi4dl_nb layout`` prints)."""
     header = ["rank", "replica", "stage", "kind", "tile", "grid pos", "copy"]
     if cfg.gems:

@@ -169,7 +169,7 @@ from mpi4dl_nb.pipeline.reference import serial_step
 
 
 def measure(images, labels):
-    from mpi4dl_nb.notebook.planner import measure_engine_step
+    from mpi4dl_nb.planner import measure_engine_step
     return measure_engine_step(eng, images, labels, warmup=0)
 
 measured = cluster.run(measure, *batches[0], timeout=300)
@@ -285,7 +285,7 @@ def curves_run(log_dir, steps, every, fraction):
     from mpi4dl_nb.evaluation.evaluator import Evaluator
     from mpi4dl_nb.evaluation.log import MetricsLog
     from mpi4dl_nb.evaluation.split import Subset, stratified_split
-    from mpi4dl_nb.run.train import Trainer, TrainSettings
+    from mpi4dl_nb.run.trainer import Trainer, TrainSettings
 
     ctx = dl.init()
     crops = IHCSampleDataset(IMAGE, num_classes=2)

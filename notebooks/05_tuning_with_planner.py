@@ -25,7 +25,7 @@ torch.set_num_threads(1)
 
 # %%
 from mpi4dl_nb import planner
-from mpi4dl_nb.run.tune import ModelSpec
+from mpi4dl_nb.measure.trials import ModelSpec
 
 spec = ModelSpec("resnet", num_layers=11, num_filters=16, num_classes=2)
 model = spec.build()

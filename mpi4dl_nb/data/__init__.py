@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from .base import Batcher, Box, RegionDataset, full_box
 from .cifar import Cifar10Dataset
+from .dataset import Batcher, Box, RegionDataset, full_box
 from .pathology import SlideDataset, TileFolderDataset, open_pathology
 from .sample import IHCSampleDataset, ihc_image
 from .synthetic import SyntheticDataset

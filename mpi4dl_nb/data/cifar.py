@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Box, check_box
+from .dataset import Box, check_box
 from .pathology import require_path
 
 SIDE = 32

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import Box, check_box, to_tensor
+from .dataset import Box, check_box, to_tensor
 
 TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Box, check_box, to_tensor
+from .dataset import Box, check_box, to_tensor
 
 SAMPLE_SIDE = 512
 TRANSFORMS = 8  # the dihedral group: 4 rotations x optional flip

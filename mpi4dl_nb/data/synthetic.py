@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Box, check_box
+from .dataset import Box, check_box
 
 BLOCK = 32  # pixels per side of one independently seeded noise block
 

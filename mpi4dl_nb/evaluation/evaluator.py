@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..comm.messages import as_items
-from ..data.base import Box, RegionDataset
+from ..data.dataset import Box, RegionDataset
 from ..pipeline.schedules import ActionKind
 from ..pipeline.step_input import ShardedImages
 from .metrics import Records, merge, summarize

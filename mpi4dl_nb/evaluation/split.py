@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.base import Box, RegionDataset
+from ..data.dataset import Box, RegionDataset
 from ..errors import ConfigError
 
 

@@ -34,7 +34,7 @@ class ModelDescription:
 
 def find_checkpoint(path: str | Path) -> Path:
     """``--checkpoint``: a checkpoint file, or a directory (its newest ``step-*.pt``)."""
-    from ..run.checkpoint import latest_checkpoint
+    from ..checkpoint.files import latest_checkpoint
 
     target = Path(path).expanduser()
     if target.is_dir():
@@ -81,7 +81,7 @@ def load_trained(path: str | Path, expected_family: str | None = None, dtype: to
     the layers. ``check=False`` skips the checksum against the manifest, for a caller whose other process
     checks the same file and stops this one too when it fails (every rank but rank 0 in an agreed stage).
     """
-    from ..run.checkpoint import load_checkpoint
+    from ..checkpoint.files import load_checkpoint
 
     file = find_checkpoint(path)
     data = load_checkpoint(file, lazy=True, check=check)

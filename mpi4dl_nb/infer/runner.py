@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
+from ..measure.heap import PeakMeter, state_bytes
 from ..spatial.geometry import Box, TileGrid
 from .fully_conv import FullyConvolutional, fully_convolutional, measure_field
-from .memory import PeakMeter, state_bytes
 from .model import ModelDescription, load_network
 from .reader import Prefetcher, SlideReader
 from .tissue import OVERVIEW_SIDE, TissueMap
@@ -398,7 +398,7 @@ class Runner:
         self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
         complete = rows_done >= plan.out_shape[1]
         if settings.keep_trace:
-            from ..comm.trace import gather_timeline
+            from ..comm.timeline import gather_timeline
 
             self.stats.events = [e.as_dict() for e in gather_timeline(ctx) or []]
         tracer.enabled = tracing

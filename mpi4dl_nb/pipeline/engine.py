@@ -13,7 +13,8 @@ from torch import nn
 
 from ..comm.handles import Group
 from ..comm.protocol import Comm
-from ..comm.trace import Event, gather_timeline
+from ..comm.timeline import gather_timeline
+from ..comm.trace import Event
 from ..config import ParallelConfig, ScheduleKind
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid

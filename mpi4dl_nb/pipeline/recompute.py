@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from ..comm.messages import Payload, as_items
-from ..spatial.base import SpatialRuntime, shallow_copy
 from ..spatial.guard import is_tiled, mark_tiled
+from ..spatial.layer import SpatialRuntime, shallow_copy
 from ..spatial.replay import ForwardLog
 from .bn_replay import running_stat_norms
 

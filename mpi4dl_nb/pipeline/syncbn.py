@@ -17,7 +17,7 @@ from torch import nn
 
 from ..comm.handles import Group
 from ..comm.protocol import Comm
-from ..spatial.base import shallow_copy
+from ..spatial.layer import shallow_copy
 from ..spatial.norm import batch_norm_factor, moments, update_running
 
 

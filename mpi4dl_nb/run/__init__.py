@@ -1,1 +1,1 @@
-"""Batch jobs: the ``python -m mpi4dl_nb`` commands, the training loop, checkpoints and metrics."""
+"""Training runs: the loop with checkpoints and evaluation, resume policy, job monitor, divergence and data checks."""

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from .base import SpatialLayer, SpatialRuntime, adopt
 from .geometry import LayerHalo, Window1d
 from .halo import HaloExchange
+from .layer import SpatialLayer, SpatialRuntime, adopt
 from .regional import Params, plan_for, windowed_by_regions
 
 

@@ -19,8 +19,9 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..config import ConfigError
-from .base import SpatialRuntime, shallow_copy
+from . import interpolate  # noqa: F401  (registers the guard's F.interpolate handler)
 from .geometry import Box, TileGrid
+from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, SPATIAL_LAYERS
 
 

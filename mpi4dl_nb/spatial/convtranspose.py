@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .base import SpatialLayer, SpatialRuntime, adopt
 from .geometry import AxisExchange, LayerHalo, plan_axis, split_ranges
+from .layer import SpatialLayer, SpatialRuntime, adopt
 
 
 def contribution_plan(size: int, parts: int, kernel: int, stride: int, dilation: int,

@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from .base import SpatialLayer, SpatialRuntime
 from .conv import SpatialConv2d, conv_after_exchange, conv_after_padding
 from .geometry import FusedLevel, LayerHalo, plan_fused_axis
 from .guard import is_tiled, mark_tiled
 from .halo import HaloExchange
+from .layer import SpatialLayer, SpatialRuntime
 from .norm import SpatialBatchNorm2d
 from .pool import SpatialAvgPool2d, SpatialMaxPool2d
 from .registry import ELEMENTWISE

@@ -13,7 +13,9 @@ operation outside the handled spatial layers and
   after a global pool (whose backward rule, "replicated consumer", stays right for both);
 * with ``check_ops`` (the default) refuses, with a ConfigError naming the module, the op and
   the way out, every operation on a tile that is not exact on tiles (see ``ops.py``);
-* computes ``F.interpolate`` on tiles exactly (halo from the geometry module).
+* hands the ops of a family that computes them on tiles itself to the handler that family
+  registered (``register_handler``; ``interpolate.py`` for ``F.interpolate``): the guard
+  imports no family.
 
 Handled layers (SpatialConv2d, ...) run with the mode suspended, as do modules registered
 with ``spatialize(..., elementwise=(Cls,))`` and functions wrapped in ``exact_function``.
@@ -24,8 +26,9 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -37,8 +40,34 @@ from ..errors import ConfigError
 from . import ops
 from .ops import OpKind
 
-if TYPE_CHECKING:
-    from .base import SpatialRuntime
+
+class GuardedModel(Protocol):
+    """What the guard needs of a spatialized model's runtime (``layer.SpatialRuntime`` has it)."""
+
+    ctx: Comm
+    group: Group | None
+    ranks: list[int]
+    module_names: dict[int, str]
+
+    def note_use(self, layer: nn.Module, tiled: bool) -> None: ...
+    def serially(self, layer: nn.Module) -> AbstractContextManager[None]: ...
+
+
+class OpHandler(Protocol):
+    """An op family's own computation on tiles: called for each op of its kind that touches a tile."""
+
+    def __call__(self, guard: SpatialGuard, func: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any: ...
+
+
+HANDLERS: dict[OpKind, OpHandler] = {}
+
+
+def register_handler(kind: OpKind, handler: OpHandler) -> None:
+    """Let ``handler`` compute every op of ``kind`` on tiles (one handler per kind; the family's module
+    registers it when imported, e.g. ``interpolate.py`` for ``OpKind.RESAMPLE``)."""
+    HANDLERS[kind] = handler
+
 
 MARK = "_mpi4dl_tile"
 _ACTIVE: list[SpatialGuard] = []
@@ -88,7 +117,7 @@ class _SumGradOverTiles(torch.autograd.Function):
 class SpatialGuard(TorchFunctionMode):
     """Placement tracking (always) and op checks (``check_ops``) for one spatialized model."""
 
-    def __init__(self, runtime: SpatialRuntime, check_ops: bool = True) -> None:
+    def __init__(self, runtime: GuardedModel, check_ops: bool = True) -> None:
         super().__init__()
         self.runtime = runtime
         self.check_ops = check_ops
@@ -170,8 +199,9 @@ class SpatialGuard(TorchFunctionMode):
         kind = ops.kind_of(func)
         if kind is OpKind.METADATA:
             return _mark_tensors(func(*args, **kwargs))
-        if kind is OpKind.RESAMPLE:
-            return self._resample(func, args, kwargs)
+        handler = HANDLERS.get(kind) if kind is not None else None
+        if handler is not None:
+            return handler(self, func, args, kwargs)
         if kind is OpKind.ITERATE:
             return iter(mark_tiled(tuple(args[0].unbind(0))))
         if self.check_ops:
@@ -255,19 +285,6 @@ class SpatialGuard(TorchFunctionMode):
             return a
 
         return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
-
-    def _resample(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from .interpolate import FUNCTIONAL, ResampleArgs, interpolate_tile
-
-        spec = ResampleArgs.from_call(ops.op_name(func), args, kwargs)
-        x = args[0] if args else kwargs["input"]
-        if x.dim() != 4:
-            raise self.error(func, f"resamples a {x.dim()}-d tile; only (N, C, H, W) is supported")
-        if spec.size is not None:   # e.g. size=skip.shape[-2:]: a tile's size, not the image's
-            raise self.error(func, "with size= on a tile is ambiguous (a size read from a tile's "
-                             "shape is the tile's, not the image's); use scale_factor=, or an "
-                             "nn.Upsample(size=...) module with the image's output size")
-        return mark_tiled(interpolate_tile(self.runtime, FUNCTIONAL, x, spec))
 
     # ---------------------------------------------------------------- errors
     def error(self, func: Callable[..., Any], reason: str) -> ConfigError:

@@ -12,10 +12,10 @@ exchange, then each axis is a gather of rows times weights.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +23,10 @@ from torch import nn
 
 from ..errors import ConfigError
 from .geometry import LayerHalo, plan_axis, split_ranges
+from .guard import SpatialGuard, mark_tiled, register_handler
 from .halo import HaloExchange
-
-if TYPE_CHECKING:
-    from .base import SpatialRuntime
+from .layer import SpatialRuntime
+from .ops import OpKind, op_name
 
 FUNCTIONAL = object()   # input_size key of F.interpolate calls made inside custom forwards
 _PROBE_ELEMENTS = 1 << 22
@@ -182,3 +182,23 @@ def interpolate_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
         plan = TilePlan(runtime, spec, height, width, name)
         runtime.plans[key] = plan
     return plan.apply(x)
+
+
+def resample_on_tiles(guard: SpatialGuard, func: Callable[..., Any], args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> torch.Tensor:
+    """The guard's handler of ``F.interpolate`` (and its aliases) on a tile: this tile's part of the result."""
+    spec = ResampleArgs.from_call(op_name(func), args, kwargs)
+    x = args[0] if args else kwargs["input"]
+    if x.dim() != 4:
+        raise guard.error(func, f"resamples a {x.dim()}-d tile; only (N, C, H, W) is supported")
+    if spec.size is not None:   # e.g. size=skip.shape[-2:]: a tile's size, not the image's
+        raise guard.error(func, "with size= on a tile is ambiguous (a size read from a tile's "
+                          "shape is the tile's, not the image's); use scale_factor=, or an "
+                          "nn.Upsample(size=...) module with the image's output size")
+    runtime = guard.runtime
+    if not isinstance(runtime, SpatialRuntime):
+        raise TypeError(f"F.interpolate on tiles needs a SpatialRuntime, got {type(runtime).__name__}")
+    return mark_tiled(interpolate_tile(runtime, FUNCTIONAL, x, spec))
+
+
+register_handler(OpKind.RESAMPLE, resample_on_tiles)

@@ -19,8 +19,8 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..errors import ConfigError
-from .base import SpatialLayer, SpatialRuntime, adopt
 from .batchnorm_fn import LOW_PRECISION, tile_batch_norm
+from .layer import SpatialLayer, SpatialRuntime, adopt
 from .reduce import partitioned_sum
 
 

@@ -17,9 +17,9 @@ from torch import nn
 
 from ..config import ConfigError
 from . import conv as spatial_conv
-from .base import SpatialLayer, SpatialRuntime, adopt
 from .geometry import AxisExchange, Box, LayerHalo, Window1d, _pair
 from .halo import HaloExchange
+from .layer import SpatialLayer, SpatialRuntime, adopt
 from .reduce import replicated_sum
 from .regional import Params, plan_for, windowed_by_regions
 

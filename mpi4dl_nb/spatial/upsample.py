@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import SpatialLayer, SpatialRuntime, adopt
 from .interpolate import ResampleArgs, interpolate_tile
+from .layer import SpatialLayer, SpatialRuntime, adopt
 
 
 class SpatialUpsample(SpatialLayer, nn.Upsample):

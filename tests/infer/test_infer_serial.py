@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from mpi4dl_nb.cli.infer_cmd import main as infer_main
 from mpi4dl_nb.infer.api import infer_slide
 from mpi4dl_nb.infer.writers import pyramid_levels
-from mpi4dl_nb.run.infer_cmd import main as infer_main
 from tests.support.infer_data import make_slide, relative_difference, whole_slide_reference
 
 

@@ -9,8 +9,8 @@ import math
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.notebook.planner.timing import network_of
-from mpi4dl_nb.run.measure import calibrate_job, meeting_cost
+from mpi4dl_nb.measure.calibration import calibrate_job, meeting_cost
+from mpi4dl_nb.planner.timing import network_of
 from tests.support.checks import Checks, run_checks
 
 CHECKS = ["calibration agreed by every rank", "calibration values", "network from calibration",

@@ -30,7 +30,7 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.run.metrics import ActivationMeter
+from mpi4dl_nb.measure.usage import ActivationMeter
 from tests.mpi.engine_exact import RTOL, batches, serial, sgd, state_error
 from tests.support.checks import Checks, run_checks
 from tests.support.engine_cases import serial_chunks

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.run.infer_cmd import main as infer_main
+from mpi4dl_nb.cli.infer_cmd import main as infer_main
 from tests.support.checks import Checks, run_checks
 from tests.support.infer_data import relative_difference, whole_slide_reference
 from tests.support.planes import split_backend

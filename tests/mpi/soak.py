@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.run.metrics import growth_per_step, live_tensor_bytes, rss_bytes
+from mpi4dl_nb.measure.usage import growth_per_step, live_tensor_bytes, rss_bytes
 from tests.support.checks import Checks, run_checks
 from tests.support.models import build
 from tests.support.planes import split_backend

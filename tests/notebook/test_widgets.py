@@ -229,8 +229,8 @@ def test_config_panel_has_balance_and_halo_d2():
 
 
 def test_auto_tune_shows_the_memory_limit_as_a_user_would_type_it():
+    from mpi4dl_nb.measure.trials import ModelSpec
     from mpi4dl_nb.notebook.widgets import AutoTune
-    from mpi4dl_nb.run.tune import ModelSpec
 
     tuner = AutoTune(None, ModelSpec("resnet", 11, 8, num_classes=2), 64, 2, memory_limit_mb=0.6 * 83.26)
     assert tuner.limit.value == 50.0 and tuner.best is None

@@ -11,9 +11,9 @@ from torch import nn
 import mpi4dl_nb as dl
 from mpi4dl_nb.config import as_checkpoint_setting
 from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.measure.usage import ActivationMeter
 from mpi4dl_nb.pipeline import recompute
 from mpi4dl_nb.pipeline.recompute import checkpointed, segment_bounds
-from mpi4dl_nb.run.metrics import ActivationMeter
 from tests.support.models import build
 
 

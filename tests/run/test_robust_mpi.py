@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpi4dl_nb.run import checkpoint as ck
-from mpi4dl_nb.run import train_cmd as cli
+from mpi4dl_nb.checkpoint import files as ck
+from mpi4dl_nb.cli import train_cmd as cli
 from tests.support.bad_data import flip_bytes, png_with_bad_pixel_data, write_tiles
 from tests.support.mpirun import REPO, command, launch_mpi, mpi_env
 from tests.support.procs import command_line, descendants, mpi_rank, wait_gone

@@ -163,7 +163,7 @@ def test_ipcluster_slurm_profile_runs_an_exact_spatial_step(slurm, tmp_path):
 
 
 def test_scancel_stops_every_rank_and_leaves_a_loadable_checkpoint(slurm, tmp_path):
-    from mpi4dl_nb.run.checkpoint import latest_checkpoint, load_checkpoint
+    from mpi4dl_nb.checkpoint.files import latest_checkpoint, load_checkpoint
 
     checkpoints = tmp_path / "ck"
     env = dict(slurm, MPI4DL_CHECK_SERIAL="0")

@@ -5,7 +5,7 @@ from torch import nn
 
 from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.run.train import check_spatial_geometry
+from mpi4dl_nb.run.trainer import check_spatial_geometry
 from mpi4dl_nb.spatial.fit import halo_checked
 from mpi4dl_nb.spatial.geometry import TileGrid
 

@@ -20,7 +20,7 @@ TRAIN_FLAGS = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8"
 
 def make_checkpoint(directory: Path, *extra: str) -> Path:
     """Train a small ResNet v1 two steps on the bundled tissue sample (one process) and checkpoint it."""
-    from mpi4dl_nb.run.train_cmd import main
+    from mpi4dl_nb.cli.train_cmd import main
 
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([*TRAIN_FLAGS, *extra, "--checkpoint-dir", str(directory)]) == 0

@@ -31,7 +31,7 @@ def serial_peak(model: nn.Module, batch: int, size: int) -> int:
 @interactive  # shipped by value to the engines
 def _measure_on_engine(cfg_dict: dict[str, Any], image_size: int, batch: int, model: str, depth: int,
                        width: int) -> Any:
-    from mpi4dl_nb.run.tune import ModelSpec, measure_config_on_engine
+    from mpi4dl_nb.measure.trials import ModelSpec, measure_config_on_engine
 
     return measure_config_on_engine(ModelSpec(model, depth, width), cfg_dict, image_size, batch, 1).peaks
 

@@ -9,9 +9,9 @@ from typing import Any
 import ipywidgets as w
 from matplotlib.figure import Figure
 
-from ...run.tune import ModelSpec
-from ..planner.memory import MB
-from ..planner.tune import Tuner, TuneResult
+from ...measure.trials import ModelSpec
+from ...planner.memory import MB
+from ...planner.tune import Tuner, TuneResult
 from .figure_view import FigureView, display_widget
 
 

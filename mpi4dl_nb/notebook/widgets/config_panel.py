@@ -8,8 +8,9 @@ from typing import Any
 import ipywidgets as w
 from torch import nn
 
+from ... import planner
 from ...config import SCHEDULES, SLICE_METHODS, ConfigError, ParallelConfig
-from .. import planner, viz
+from .. import viz
 from .figure_view import FigureView, display_widget
 
 INT_KNOBS = ("split_size", "spatial_size", "num_spatial_parts", "parts", "times", "local_dp",

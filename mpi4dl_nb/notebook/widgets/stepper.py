@@ -15,8 +15,8 @@ from typing import Any
 
 import ipywidgets as w
 
+from ...measure.usage import is_communication
 from ...pipeline.schedules import COMPUTE_KINDS, Action, Schedule
-from ...run.metrics import is_communication
 from .. import viz
 from .figure_view import FigureView, display_widget
 from .step_agent import action_key

@@ -1,0 +1,238 @@
+"""The checkpoint format: atomic files with a checksummed manifest, rotation within a run, listing and loading.
+
+A checkpoint is two files in the checkpoint directory::
+
+    step-00000006-1a2b3c4d5e6f.pt     torch.save payload (model, optimizer, position, identity)
+    step-00000006-1a2b3c4d5e6f.json   manifest: step, run id, identity, size and sha256 of the .pt
+
+The ``.pt`` is written to a temporary file, fsynced and renamed; then the manifest, the
+same way. The manifest is the commit record: a ``.pt`` without one is an interrupted write,
+one whose size or checksum differs is damaged. The run id (a *lineage*: a fresh run draws
+one, a resumed run continues its checkpoint's) is part of every name, so runs sharing a
+directory never overwrite or rotate away each other's checkpoints.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 2
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8})(?:-([0-9a-f]{6,32}))?\.pt$")
+MANIFEST_SUFFIX = ".json"
+HASH_CHUNK = 1 << 22
+
+
+def new_run_id() -> str:
+    """A fresh lineage id (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
+
+
+def checkpoint_path(directory: str | Path, step: int, run_id: str | None = None) -> Path:
+    """Where the checkpoint of ``run_id`` after ``step`` optimizer steps lives (no id: the format-1 name)."""
+    suffix = f"-{run_id}" if run_id else ""
+    return Path(directory) / f"step-{step:08d}{suffix}.pt"
+
+
+def manifest_path(checkpoint: str | Path) -> Path:
+    return Path(checkpoint).with_suffix(MANIFEST_SUFFIX)
+
+
+def file_sha256(path: str | Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(HASH_CHUNK):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The commit record of one checkpoint file."""
+
+    step: int
+    run_id: str
+    file: str
+    bytes: int
+    sha256: str
+    created: float
+    identity: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        data = json.loads(path.read_text())
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A checkpoint file found in a directory: its manifest, or why it cannot be trusted."""
+
+    path: Path
+    step: int
+    run_id: str | None
+    manifest: Manifest | None = None
+    problem: str | None = None
+
+    @property
+    def created(self) -> float:
+        """When it was written: the manifest's time, else the file's modification time."""
+        if self.manifest is not None:
+            return self.manifest.created
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+
+# ------------------------------------------------------------------------------ writing
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(final: Path, write: Callable[[Any], None]) -> None:
+    """``write(handle)`` into a temporary file beside ``final``, fsync, rename; no temporary file is left."""
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def save_checkpoint(directory: str | Path, step: int, payload: dict[str, Any], *, run_id: str,
+                    identity: Mapping[str, Any] | None = None, keep: int = 2) -> Path:
+    """Write ``payload`` as checkpoint ``step`` of run ``run_id``; keep that run's newest ``keep``.
+
+    Never overwrites a file (FileExistsError) and deletes only older checkpoints of the same
+    run, after the new one is on disk and its checksum read back matches.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(folder, step, run_id)
+    manifest_file = manifest_path(final)
+    for existing in (final, manifest_file):
+        if existing.exists():
+            raise FileExistsError(f"{existing} exists already; a checkpoint is never overwritten")
+    data = dict(payload, step=step, run_id=run_id, identity=dict(identity or {}),
+                format_version=FORMAT_VERSION)
+    _write_atomically(final, lambda handle: torch.save(data, handle))
+    manifest = Manifest(step=step, run_id=run_id, file=final.name, bytes=final.stat().st_size,
+                        sha256=file_sha256(final), created=time.time(), identity=dict(identity or {}))
+    text = json.dumps(asdict(manifest), indent=1).encode()
+    _write_atomically(manifest_file, lambda handle: handle.write(text))
+    _fsync_directory(folder)
+    problem = verify(final, manifest)
+    if problem is not None:
+        raise OSError(f"checkpoint {final} reads back damaged ({problem}); older checkpoints kept")
+    own = [e for e in list_checkpoints(folder) if e.run_id == run_id and e.problem is None]
+    for old in own[:-keep]:
+        manifest_path(old.path).unlink(missing_ok=True)   # uncommit first, then drop the data
+        old.path.unlink(missing_ok=True)
+    return final
+
+
+# ------------------------------------------------------------------------------ reading
+def verify(path: Path, manifest: Manifest) -> str | None:
+    """Why the checkpoint file does not match its manifest (None: intact)."""
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        return f"cannot read it: {err.strerror or err}"
+    if size != manifest.bytes:
+        return f"{size} bytes, the manifest says {manifest.bytes} (truncated or replaced)"
+    if file_sha256(path) != manifest.sha256:
+        return "checksum mismatch (the file was modified or damaged)"
+    return None
+
+
+def _entry(path: Path, step: int, run_id: str | None) -> Entry:
+    if run_id is None:
+        return Entry(path, step, None, problem="written without a run identity (an older mpi4dl_nb "
+                                                "version); resume it by its path")
+    mpath = manifest_path(path)
+    if not mpath.exists():
+        return Entry(path, step, run_id, problem="no manifest: its write did not finish")
+    try:
+        manifest = Manifest.read(mpath)
+    except (OSError, ValueError, TypeError) as err:
+        return Entry(path, step, run_id, problem=f"unreadable manifest {mpath.name}: {err}")
+    return Entry(path, step, run_id, manifest)
+
+
+def list_checkpoints(directory: str | Path) -> list[Entry]:
+    """Every checkpoint file in ``directory`` (any run; not yet checksummed), oldest first by step."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), m.group(2), p) for p in folder.iterdir()
+             if (m := CHECKPOINT_NAME.match(p.name))]
+    return [_entry(p, step, run_id) for step, run_id, p in sorted(found, key=lambda f: (f[0], f[2].name))]
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, lazy: bool = False,
+                    check: bool = True) -> dict[str, Any]:
+    """Load a checkpoint (checked against its manifest when it has one and ``check``); ValueError saying what
+    is wrong. ``lazy``: tensors stay memory-mapped from the file, so only those the caller reads are paged in
+    (and processes on one node share those pages)."""
+    path = Path(path)
+    mpath = manifest_path(path)
+    if check and mpath.exists():
+        try:
+            manifest = Manifest.read(mpath)
+        except (OSError, ValueError, TypeError) as err:
+            raise ValueError(f"checkpoint {path}: unreadable manifest {mpath.name}: {err}") from err
+        problem = verify(path, manifest)
+        if problem is not None:
+            raise ValueError(f"checkpoint {path} is damaged: {problem}")
+    try:
+        data = torch.load(path, map_location=map_location, weights_only=True, mmap=lazy)
+    except Exception as err:   # corrupted/foreign file: say which and why
+        raise ValueError(f"cannot load checkpoint {path}: {err}") from err
+    if not isinstance(data, dict) or "step" not in data or "format_version" not in data:
+        raise ValueError(f"{path} is not an mpi4dl_nb checkpoint (no step/format_version)")
+    return data
+
+
+def saved_identity(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The identity stored in a loaded checkpoint; format 1 files give what they recorded."""
+    if data.get("format_version", 1) >= 2:
+        return dict(data.get("identity") or {})
+    run = dict(data.get("run") or {})
+    legacy = {k: run[k] for k in ("image_size", "batch_size", "app", "dtype") if k in run}
+    if "data_seed" in data:
+        legacy["seed"] = data["data_seed"]
+    return legacy
+
+
+def latest_checkpoint(directory: str | Path, run_id: str | None = None) -> Path | None:
+    """The newest committed checkpoint in ``directory`` (of run ``run_id`` if given; not checksummed), or None."""
+    found = [e for e in list_checkpoints(directory)
+             if e.problem is None and (run_id is None or e.run_id == run_id)]
+    return max(found, key=lambda e: (e.created, e.step)).path if found else None

@@ -1,0 +1,51 @@
+"""The command table of ``python -m mpi4dl_nb``: each command's module and one-line summary, and the dispatch."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import import_module
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``python -m mpi4dl_nb <name>`` command: the module whose ``main(argv)`` runs it."""
+
+    name: str
+    module: str
+    summary: str
+
+    def entry(self) -> Callable[[Sequence[str]], int]:
+        main: Callable[[Sequence[str]], int] = import_module(self.module, __package__).main
+        return main
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("layout", ".layout_cmd", "show which rank does what for the MPI4DL flags, and how many ranks they need"),
+    Command("train", ".train_cmd", "train a model (mpiexec -n <ranks> python -m mpi4dl_nb train --model ...)"),
+    Command("evaluate", ".evaluate_cmd", "a checkpoint on its held-out images, any rank layout: one JSON line"),
+    Command("infer", ".infer_cmd", "a trained checkpoint over a whole slide (mpiexec -n <parts> ... infer --slide)"),
+    Command("tune", ".tune_cmd", "run the planner's best configurations on this job, pick the fastest that fits"),
+)
+
+
+def usage() -> str:
+    names = ",".join(c.name for c in COMMANDS)
+    lines = [f"usage: python -m mpi4dl_nb {{{names}}} [flags]", ""]
+    lines += [f"  {c.name:<8} {c.summary}" for c in COMMANDS]
+    lines += ["", "'python -m mpi4dl_nb <command> --help' lists the flags of a command."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command named by the first argument with the rest; usage on none, -h or an unknown name."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    by_name = {c.name: c for c in COMMANDS}
+    command = by_name.get(args[0])
+    if command is None:
+        print(f"unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    return command.entry()(args[1:])

@@ -1,0 +1,433 @@
+"""Footprints: what one layer, and one stage, allocates for one chunk on one rank.
+
+A layer runs shape-only on the ``meta`` device under ``LiveBytes`` - spatialized on a
+simulated tile group (``fake_world``) when it belongs to a spatial stage - so the numbers
+come from the very code the engine runs: the tensors autograd saves, the halo strips a
+spatial conv keeps, working buffers, gradients; no memory is used, any image size works.
+Layers that look alike (same structure and input shapes) are simulated once.
+
+A stage's footprint is composed from its layers': between two layers the hand-on tensor
+is kept if the producer or the consumer saved it for backward; during a layer's forward
+its input is alive; during its backward everything the earlier layers kept is alive.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.handles import Group
+from ..comm.messages import as_items
+from ..spatial.geometry import TileGrid
+from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
+from .live_bytes import LiveBytes, storage_of
+from .workspace import Workspace, instrument
+
+Shape = tuple[int, ...]
+Loss = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StageRole:
+    """How a stage runs on its ranks: whole maps, or tiles of ``grid`` (rows, cols)."""
+
+    grid: tuple[int, int] | None = None
+    halo_d2: bool = False
+    fused_layers: int = 1
+
+    @property
+    def tiles(self) -> int:
+        return self.grid[0] * self.grid[1] if self.grid is not None else 1
+
+
+@dataclass(frozen=True)
+class LayerFootprint:
+    """One layer, one chunk, one rank (bytes; activations in the simulated dtype).
+
+    ``forward_peak`` counts what the forward allocates (its output included) at its
+    worst moment; ``kept`` what it holds for its backward besides its input and output;
+    ``backward_peak`` the worst moment of its backward counting ``kept``, its output, the
+    output gradient and what backward allocates (its parameter gradients included).
+    """
+
+    input_bytes: int
+    output_bytes: int
+    forward_peak: int
+    kept: int
+    halo_kept: int          # part of ``kept``: received halo strips saved for backward
+    saves_input: bool
+    saves_output: bool
+    backward_peak: int
+    input_grad_bytes: int
+    grad_bytes: int
+    persistent: int         # what the layer keeps across steps (halo staging buffers, caches)
+    forward_traffic: Traffic = field(default_factory=Traffic)
+    backward_traffic: Traffic = field(default_factory=Traffic)
+    strips_received: int = 0   # halo strips the forward received (a recomputation log keeps them all)
+
+    @property
+    def replay_log(self) -> int:
+        """What ``spatial/replay.py`` keeps of this layer's first forward for its recomputation:
+        the received halo strips and the BatchNorm statistics (the forward's all-reduced sums)."""
+        return self.strips_received + self.forward_traffic.collective_bytes
+
+    def times(self, samples: int) -> LayerFootprint:
+        """This footprint (one sample) for ``samples``: every activation term scales with the
+        batch; parameter gradients do not (per-channel statistics are neglected)."""
+        def n(value: int) -> int:
+            return value * samples
+        return LayerFootprint(
+            n(self.input_bytes), n(self.output_bytes), n(self.forward_peak), n(self.kept), n(self.halo_kept),
+            self.saves_input, self.saves_output, n(self.backward_peak - self.grad_bytes) + self.grad_bytes,
+            n(self.input_grad_bytes), self.grad_bytes, n(self.persistent),
+            _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples),
+            n(self.strips_received))
+
+
+def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
+    return replace(traffic, message_bytes=traffic.message_bytes * samples)
+
+
+@dataclass(frozen=True)
+class StageFootprint:
+    """One chunk of one stage on one rank, composed from its layers (see module docstring).
+
+    ``retained``: kept from the forward to the backward (the output included, the input
+    not); ``backward_first``/``backward_later``: worst moment of the backward, gradients of
+    the stage's parameters excluded, for the first chunk (the layers after the running one
+    have created theirs: included) and a later one (all exist: counted by the caller).
+    """
+
+    input_bytes: int
+    output_bytes: int
+    forward_peak: int
+    retained: int
+    kept_by_layer: tuple[int, ...]
+    halo_kept: int
+    backward_first: int
+    backward_later: int
+    input_grad_bytes: int
+    grad_bytes: int
+    persistent: int
+    layers: tuple[LayerFootprint, ...] = ()
+    recomputed: int = 0     # part of the backward peaks: activations of a recomputed forward
+
+    @property
+    def saved(self) -> int:
+        """Retained bytes other than the stage output."""
+        return self.retained - self.output_bytes
+
+
+# ----------------------------------------------------------------- simulation
+def structure_key(module: nn.Module) -> Hashable:
+    """What decides a layer's footprint besides its input: its modules and plain settings."""
+    settings = []
+    for name, sub in module.named_modules():
+        plain = tuple(sorted((k, v) for k, v in vars(sub).items()
+                             if not k.startswith("_") and k != "training"
+                             and isinstance(v, (bool, int, float, str, tuple))
+                             and all(isinstance(x, (bool, int, float, str)) for x in
+                                     (v if isinstance(v, tuple) else (v,)))))
+        settings.append((name, type(sub).__qualname__, plain))
+    return (repr(module), tuple(settings))
+
+
+def meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """A ``meta`` copy of ``module`` (no memory; the original is untouched), in training mode."""
+    copied = copy.deepcopy(module).to(device="meta")
+    if dtype is not None:
+        copied.to(dtype=dtype)
+    return copied.train()
+
+
+def tile_shapes(shapes: Sequence[Shape], grid: TileGrid | None, tile: int) -> list[Shape]:
+    """Each item's shape on tile ``tile`` (4-d maps are cut, other tensors stay whole)."""
+    if grid is None:
+        return [tuple(s) for s in shapes]
+    out: list[Shape] = []
+    for shape in shapes:
+        if len(shape) == 4:
+            h, w = grid.tile_of_size(tile, shape[-2], shape[-1])
+            out.append((*shape[:-2], h, w))
+        else:
+            out.append(tuple(shape))
+    return out
+
+
+def _nbytes(items: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in items)
+
+
+class _Seed(torch.autograd.Function):
+    """A scalar whose backward hands ``x`` a fresh gradient the engine frees once used (as
+    a received gradient is), instead of one the caller would keep alive."""
+
+    @staticmethod
+    def forward(fctx: Any, x: torch.Tensor) -> torch.Tensor:
+        fctx.shape = x.shape
+        return x.new_zeros(())
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.new_ones(fctx.shape)
+
+
+def _backward(out: Any) -> None:
+    outs = [o for o in as_items(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if outs:
+        torch.autograd.backward([_Seed.apply(o) for o in outs])
+
+
+def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
+              comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU,
+              samples: int = 2) -> LayerFootprint:
+    """One forward + backward of ``module`` on meta inputs of ``shapes``, counted (with the
+    backend's conv scratch, ``workspace``, for chunks of ``samples``)."""
+    hooks = instrument(module, workspace, samples)
+    try:
+        return _counted(module, shapes, dtype, comm, loss)
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
+def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
+             comm: FakeComm | None, loss: Loss | None) -> LayerFootprint:
+    inputs = [torch.empty(shape, dtype=dtype, device="meta").requires_grad_(True) for shape in shapes]
+    x = tuple(inputs) if len(inputs) > 1 else inputs[0]
+    input_ids = {storage_of(t)[0] for t in inputs}
+    packed: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        packed.add(storage_of(t)[0])
+        return t
+
+    live = LiveBytes()
+    before = comm.traffic.copy() if comm is not None else Traffic()
+    received = [0]
+
+    def on_receive(buf: torch.Tensor) -> None:
+        live.retag(buf, "halo")
+        received[0] += _nbytes([buf])
+
+    if comm is not None:
+        comm.on_receive = on_receive
+    with live:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = module(x)
+            if loss is not None:
+                out = loss(out)
+        forward_peak, after_forward = live.peak, live.current
+        halo_kept = live.by_tag().get("halo", 0)
+        outs = [t for t in as_items(out) if isinstance(t, torch.Tensor)]
+        output_ids = {storage_of(t)[0] for t in outs}
+        output_bytes = _nbytes([t for t in outs if live.owns(t)])
+        middle = comm.traffic.copy() if comm is not None else Traffic()
+        strips_received = received[0]
+        live.tag = "backward"
+        live.reset_peak()
+        _backward(out)
+        backward_peak = live.peak
+        input_grad_bytes = _nbytes([t.grad for t in inputs if t.grad is not None])
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        grad_bytes = _nbytes(grads)
+        del out, outs
+        for t in inputs:
+            t.grad = None
+        remaining = live.by_tag()
+        from_backward = max(0, remaining.pop("backward", 0) - grad_bytes)
+        from_forward = sum(remaining.values())
+    if comm is not None:
+        comm.on_receive = None
+    after = comm.traffic.copy() if comm is not None else Traffic()
+    return LayerFootprint(
+        input_bytes=_nbytes(inputs), output_bytes=output_bytes, forward_peak=forward_peak,
+        kept=after_forward - output_bytes - from_forward, halo_kept=halo_kept,
+        saves_input=bool(input_ids & packed), saves_output=bool(output_ids & packed),
+        backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
+        grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
+        backward_traffic=after.minus(middle), strips_received=strips_received)
+
+
+class StructureKeys:
+    """``structure_key`` of layers, computed once per live layer object (held weakly: a layer
+    made later at a freed layer's address is not taken for it)."""
+
+    def __init__(self) -> None:
+        self._keys: weakref.WeakKeyDictionary[nn.Module, Hashable] = weakref.WeakKeyDictionary()
+
+    def __call__(self, layer: nn.Module) -> Hashable:
+        key = self._keys.get(layer)
+        if key is None:
+            key = structure_key(layer)
+            self._keys[layer] = key
+        return key
+
+    def __len__(self) -> int:
+        """Live layers with a remembered key."""
+        return len(self._keys)
+
+
+class FootprintCache:
+    """Layer footprints by (structure, input shapes, dtype, role, loss): each simulated once,
+    for one sample (a chunk's footprint is the sample's times the chunk size)."""
+
+    def __init__(self) -> None:
+        self._found: dict[Hashable, list[LayerFootprint]] = {}
+        self._structure = StructureKeys()
+        self.simulated = 0
+
+    def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
+              loss: Loss | None = None, loss_key: Hashable = None, elementwise: Sequence[type] = (),
+              workspace: Workspace = Workspace.CPU) -> list[LayerFootprint]:
+        """Footprint of ``layer`` on inputs ``shapes`` (whole maps), one per tile of ``role``."""
+        samples = shapes[0][0] if shapes and len(shapes[0]) > 0 else 1
+        one = [(1, *s[1:]) if len(s) > 0 and s[0] == samples else tuple(s) for s in shapes]
+        key = (self._structure(layer), tuple(tuple(s) for s in one), dtype, role,
+               loss_key if loss is not None else None, tuple(elementwise), workspace, min(samples, 2))
+        found = self._found.get(key)
+        if found is None:
+            # the conv scratch of one sample differs from that of a batch (workspace.py)
+            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace, min(samples, 2))
+            self._found[key] = found
+            self.simulated += 1
+        return found if samples == 1 else [fp.times(samples) for fp in found]
+
+
+def map_sizes(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype) -> frozenset[tuple[int, int]]:
+    """Every (H, W) of a 4-d tensor going into or out of ``layer``'s modules on whole maps (meta)."""
+    found: set[tuple[int, int]] = set()
+
+    def note(value: Any) -> None:
+        for t in as_items(value) if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(t, torch.Tensor) and t.dim() == 4:
+                found.add((int(t.shape[-2]), int(t.shape[-1])))
+
+    def hook(module: nn.Module, args: Any, out: Any) -> None:
+        note(args)
+        note(out)
+
+    module = meta_copy(layer, dtype)
+    handles = [m.register_forward_hook(hook) for m in module.modules()]
+    inputs = [torch.empty(s, dtype=dtype, device="meta") for s in shapes]
+    with torch.no_grad():
+        module(tuple(inputs) if len(inputs) > 1 else inputs[0])
+    for handle in handles:
+        handle.remove()
+    return frozenset(found)
+
+
+def tile_classes(grid: TileGrid, shapes: Sequence[Shape]) -> dict[int, int]:
+    """tile -> the first tile with the same input shapes and as many neighbours along each
+    axis (such tiles allocate the same bytes: one of them is simulated)."""
+    first: dict[tuple[Any, ...], int] = {}
+    out = {}
+    for tile in range(grid.num_tiles):
+        sides = grid.neighbors(tile)
+        counts = (sum(s in sides for s in ("top", "bottom")), sum(s in sides for s in ("left", "right")))
+        key = (tuple(tile_shapes(shapes, grid, tile)), counts)
+        out[tile] = first.setdefault(key, tile)
+    return out
+
+
+def spatial_module(layer: nn.Module, grid: TileGrid, comm: Any, role: StageRole, full: Shape,
+                   dtype: torch.dtype | None, elementwise: Sequence[type] = (), device: str = "meta") -> nn.Module:
+    """``layer`` (copied to ``device``) spatialized for ``comm``'s tile of ``grid``."""
+    from ..spatial.convert import spatialize
+
+    copied = meta_copy(layer, dtype) if device == "meta" else \
+        copy.deepcopy(layer).to(device=device, dtype=dtype).train()
+    return spatialize(nn.Sequential(copied), grid, comm, Group(tuple(range(grid.num_tiles))),
+                      image_size=(full[-2], full[-1]), halo_d2=role.halo_d2,
+                      fused_layers=role.fused_layers, elementwise=tuple(elementwise))
+
+
+def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
+                   loss: Loss | None = None, elementwise: Sequence[type] = (),
+                   workspace: Workspace = Workspace.CPU, samples: int = 2) -> list[LayerFootprint]:
+    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps;
+    ``samples``: the chunk size the conv scratch is chosen for (``workspace.conv_workspace``).
+
+    Tiles run alone, answered by a ``SizeOracle`` (one per class of alike tiles); when the
+    oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
+    """
+    if role.grid is None:
+        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples)]
+    grid = TileGrid(*role.grid)
+    full = next((s for s in shapes if len(s) == 4), None)
+    if full is None:
+        raise ValueError(f"{type(layer).__name__}: a spatial stage needs 4-d (N, C, H, W) inputs")
+    oracle = SizeOracle(grid.rows, grid.cols, map_sizes(layer, shapes, dtype))
+    try:
+        classes = tile_classes(grid, shapes)
+        found: dict[int, LayerFootprint] = {}
+        for tile in sorted(set(classes.values())):
+            comm = FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles, sizes=oracle)
+            module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
+            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples)
+        return [found[classes[tile]] for tile in range(grid.num_tiles)]
+    except AmbiguousSize:
+        pass
+    world = FakeWorld(grid.num_tiles)
+
+    def tile_run(rank: int) -> LayerFootprint:
+        comm = world.comm(rank)
+        module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
+        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples)
+
+    return run_ranks(world, tile_run)
+
+
+# ------------------------------------------------------------------ composition
+def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False,
+                  output_held: bool = False) -> StageFootprint:
+    """One chunk of a stage from its layers' footprints (see the module docstring).
+
+    ``grad_held``: the output gradient is a received buffer the runtime keeps for the
+    whole backward of the stage (every stage but the last), not one freed once used;
+    ``output_held``: the output too stays alive for the whole backward (a recomputed
+    segment's output, held by the backward that recomputed it).
+    """
+    count = len(layers)
+    if count == 0:
+        raise ValueError("a stage needs at least one layer")
+    # hand-on tensor after layer k kept until backward: saved by its producer or consumer;
+    # the stage output (last layer) is held by the runtime until the chunk's backward.
+    keeps = [layers[k].saves_output or (k + 1 < count and layers[k + 1].saves_input) or k == count - 1
+             for k in range(count)]
+    kept = [fp.kept + (fp.output_bytes if keep else 0) for fp, keep in zip(layers, keeps)]
+    forward_peak = 0
+    before = 0                              # kept by the layers before the running one
+    for k, fp in enumerate(layers):
+        alive_input = layers[k - 1].output_bytes if k > 0 and not keeps[k - 1] else 0
+        forward_peak = max(forward_peak, before + alive_input + fp.forward_peak)
+        before += kept[k]
+    grads_after = 0
+    first = later = 0
+    for k in range(count - 1, -1, -1):
+        fp = layers[k]
+        earlier = sum(kept[:k])
+        # backward_peak counts the layer's output as alive: during the layer's backward it
+        # is only if the layer saved it or it is the stage output (held by the runtime);
+        # a consumer's saved copy went with the consumer's backward
+        alive = fp.saves_output or k == count - 1
+        own = fp.backward_peak - (0 if alive else fp.output_bytes)
+        if k < count - 1:   # the held output gradient, the held output
+            own += layers[-1].output_bytes * (int(grad_held) + int(output_held))
+        # the layer's own parameter gradients are inside backward_peak: for a later
+        # chunk they are the accumulation temporaries, the resident ones counted outside
+        first = max(first, earlier + own + grads_after)
+        later = max(later, earlier + own)
+        grads_after += fp.grad_bytes
+    return StageFootprint(
+        input_bytes=layers[0].input_bytes, output_bytes=layers[-1].output_bytes,
+        forward_peak=forward_peak, retained=sum(kept), kept_by_layer=tuple(kept),
+        halo_kept=sum(fp.halo_kept for fp in layers), backward_first=first, backward_later=later,
+        input_grad_bytes=layers[0].input_grad_bytes, grad_bytes=sum(fp.grad_bytes for fp in layers),
+        persistent=sum(fp.persistent for fp in layers), layers=tuple(layers))

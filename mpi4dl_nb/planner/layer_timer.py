@@ -1,0 +1,272 @@
+"""Layer times measured on the rank's device, many layers in interleaved rounds.
+
+``LayerTimer`` runs a layer per input shape and role with real tensors - a spatial layer
+spatialized for one tile alone (``fake_world``'s size oracle), so its halo packing and
+decomposed BatchNorm are timed, the wire time is not - together with the engine's work around
+it, and keeps the median of each phase over its runs. ``LayerTimer.measure`` times many layers
+together: each round runs every layer once, so a slow spell of the machine (seconds long where
+ranks share cores) falls on a round or two of every layer alike and the median leaves it out.
+Timed one layer after another, a spell could take all of one layer's runs: the same stage's
+layers summed to 0.146 and 0.191 s in one job a minute apart (BENCHMARKS.md §6).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.allocator import tune_malloc
+from ..comm.handles import Group
+from ..comm.messages import as_items
+from ..comm.protocol import Comm
+from ..pipeline.bn_replay import RunningStatsLedger
+from ..pipeline.dataparallel import gather_terms, sum_stage_gradients
+from ..pipeline.runtime import start_training
+from ..spatial.geometry import TileGrid
+from .fake_world import FakeComm, FakeWorld, SizeOracle
+from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
+
+_PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer")
+ONE_HOLDER = Group((0,))
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds of one layer's forward and backward on one rank (one chunk), and of its share of
+    the engine's work around them, each timed on the engine's own code: ``setup`` (train mode,
+    gradients dropped, BatchNorm statistics remembered at the step start), ``gradients``
+    (flattened for the stage's all-reduce and copied back, one holder), ``replay`` (BatchNorm
+    running statistics replayed from one chunk's terms, ``pipeline.bn_replay``) and
+    ``replay_chunk`` (each further chunk), ``optimizer`` (SGD with momentum on its parameters),
+    ``terms_exchange`` (one chunk's BatchNorm terms packed for the holders' sum and unpacked,
+    ``dataparallel.gather_terms``, when several ranks hold the stage)."""
+
+    forward: float
+    backward: float
+    optimizer: float = 0.0
+    replay: float = 0.0
+    replay_chunk: float = 0.0
+    gradients: float = 0.0
+    setup: float = 0.0
+    terms_exchange: float = 0.0
+
+    @property
+    def bookkeeping(self) -> float:
+        """The step's tail for one chunk: optimizer update + BatchNorm replay."""
+        return self.optimizer + self.replay
+
+    def reduction(self, chunks: int, holders: int = 1) -> float:
+        """This layer's local share of a stage's gradient/statistics action over ``chunks`` chunks
+        (``holders`` ranks hold the stage: their BatchNorm terms are exchanged too)."""
+        exchange = chunks * self.terms_exchange if holders > 1 else 0.0
+        return self.gradients + self.replay + max(0, chunks - 1) * self.replay_chunk + exchange
+
+
+@dataclass(frozen=True)
+class TimingRequest:
+    """A layer to time: on inputs of ``shapes`` in ``dtype``, in ``role`` (a spatial stage's tile
+    or whole maps), with the ``loss`` applied to its output when it is the model's last layer
+    (``loss_key`` names that loss for the cache)."""
+
+    layer: nn.Module
+    shapes: tuple[Shape, ...]
+    dtype: torch.dtype
+    role: StageRole
+    loss: Loss | None = None
+    loss_key: Hashable = None
+
+
+class LayerTimer:
+    """Forward/backward seconds per (layer structure, input shapes, dtype, role), measured
+    once on ``device`` with ``threads`` torch threads (the engines' setting), ``repeats`` runs
+    after a warm-up, each layer's median kept."""
+
+    def __init__(self, device: torch.device | str = "cpu", repeats: int = 5, threads: int = 1) -> None:
+        self.device = torch.device(device)
+        self.repeats = repeats
+        self.threads = threads
+        self._found: dict[Hashable, LayerTime] = {}
+        self._structure = StructureKeys()
+        self.profiled = 0
+
+    def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
+              loss: Loss | None = None, loss_key: Hashable = None) -> LayerTime:
+        """Time of ``layer`` on the slowest tile of ``role`` (whole maps: the only one); measured
+        now, alone, unless ``measure`` timed it already."""
+        request = TimingRequest(layer, tuple(tuple(s) for s in shapes), dtype, role, loss, loss_key)
+        key = self._key(request, slowest_tile(role, request.shapes))
+        if key not in self._found:
+            self.measure([request])
+        return self._found[key]
+
+    def measure(self, requests: Iterable[TimingRequest]) -> None:
+        """Time every request not timed yet, all of them together in interleaved rounds (module
+        docstring); ``layer`` then answers them from memory."""
+        pending: dict[Hashable, tuple[TimingRequest, int]] = {}
+        for request in requests:
+            tile = slowest_tile(request.role, request.shapes)
+            key = self._key(request, tile)
+            if key not in self._found:
+                pending.setdefault(key, (request, tile))
+        if not pending:
+            return
+        times = self._time_together(list(pending.values()))
+        for key, found in zip(pending, times):
+            self._found[key] = found
+        self.profiled += len(pending)
+
+    def _key(self, request: TimingRequest, tile: int) -> Hashable:
+        return (self._structure(request.layer), request.shapes, request.dtype, request.role, tile,
+                request.loss_key if request.loss is not None else None)
+
+    def _time_together(self, pending: Sequence[tuple[TimingRequest, int]]) -> list[LayerTime]:
+        """Each (request, tile)'s LayerTime: every layer built, then run once per round."""
+        if self.device.type == "cpu":
+            tune_malloc()    # as the engines run (dl.init): freed activations reused, no page faults
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            benches = [_Bench.build(request, tile, self.device) for request, tile in pending]
+            inputs = _RandomInputs(self.device, benches)
+            for _ in range(self.repeats + 1):
+                for bench in benches:
+                    bench.run_once(inputs)
+            return [bench.result() for bench in benches]
+        finally:
+            torch.set_num_threads(threads)
+
+
+class _RandomInputs:
+    """Inputs for every bench: views of one random buffer per dtype, as long as the largest input
+    (made once, so the rounds hold no per-layer inputs and spend no time drawing numbers)."""
+
+    def __init__(self, device: torch.device, benches: Sequence[_Bench]) -> None:
+        generator = torch.Generator(device=device).manual_seed(0)
+        longest: dict[torch.dtype, int] = {}
+        for bench in benches:
+            for shape in bench.shapes:
+                longest[bench.dtype] = max(longest.get(bench.dtype, 0), torch.Size(shape).numel())
+        self.buffers = {dtype: torch.randn(count, dtype=dtype, device=device, generator=generator)
+                        for dtype, count in longest.items()}
+
+    def leaves(self, shapes: Sequence[Shape], dtype: torch.dtype) -> list[torch.Tensor]:
+        """Fresh leaf tensors of ``shapes`` (requiring gradients) over the random buffer."""
+        buffer = self.buffers[dtype]
+        return [buffer[:torch.Size(s).numel()].view(s).detach().requires_grad_(True) for s in shapes]
+
+
+@dataclass
+class _Bench:
+    """One layer built to be timed: the module on the device (spatialized for its tile), the
+    engine's BatchNorm ledger and optimizer for it, and its runs per phase so far."""
+
+    module: nn.Module
+    shapes: list[Shape]
+    dtype: torch.dtype
+    loss: Loss | None
+    device: torch.device
+    ledger: RunningStatsLedger
+    optimizer: torch.optim.Optimizer | None
+    alone: Comm                      # one holder: its collectives return at once
+    runs: dict[str, list[float]]
+
+    @classmethod
+    def build(cls, request: TimingRequest, tile: int, device: torch.device) -> _Bench:
+        layer, shapes, dtype, role = request.layer, list(request.shapes), request.dtype, request.role
+        if role.grid is None:
+            module: nn.Module = copy.deepcopy(layer).to(device=device, dtype=dtype).train()
+        else:
+            grid = TileGrid(*role.grid)
+            full = next(s for s in shapes if len(s) == 4)
+            comm = FakeComm(tile, None, device, world_size=grid.num_tiles,
+                            sizes=SizeOracle(grid.rows, grid.cols, map_sizes(layer, shapes, dtype)))
+            module = spatial_module(layer, grid, comm, role, full, dtype, device=str(device))
+            shapes = tile_shapes(shapes, grid, tile)
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=1e-6, momentum=0.9) if params else None
+        return cls(module, shapes, dtype, request.loss, device, RunningStatsLedger(module), optimizer,
+                   FakeWorld(1).comm(0, device), {name: [] for name in _PHASES})
+
+    def run_once(self, inputs: _RandomInputs) -> None:
+        """One training step of the layer alone, each phase's seconds recorded."""
+        leaves = inputs.leaves(self.shapes, self.dtype)
+        x: Any = tuple(leaves) if len(leaves) > 1 else leaves[0]
+        runs, ledger, module, alone = self.runs, self.ledger, self.module, self.alone
+        clock = _Clock(self.device)
+        start_training(module, module)
+        ledger.begin_step()
+        clock.lap(runs["setup"])
+        with ledger.chunk(0):
+            out = module(x)
+        if self.loss is not None:
+            out = self.loss(out)
+        clock.lap(runs["forward"])
+        outs = [o for o in as_items(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        grads = [torch.ones_like(o) for o in outs]
+        clock.lap()
+        torch.autograd.backward(outs, grads)
+        clock.lap(runs["backward"])
+        sum_stage_gradients(alone, [module], None)
+        clock.lap(runs["gradients"])
+        ledger.replay(ledger.terms)
+        clock.lap(runs["replay"])
+        ledger.replay({0: ledger.terms.get(0, []), 1: ledger.terms.get(0, [])} if ledger.terms else {})
+        clock.lap(runs["two_chunks"])
+        if ledger.terms:
+            gather_terms(alone, ledger.terms, ONE_HOLDER, ledger)
+        clock.lap(runs["terms_exchange"])
+        if self.optimizer is not None:
+            self.optimizer.step()
+        clock.lap(runs["optimizer"])
+
+    def result(self) -> LayerTime:
+        """Each phase's median over the runs after the first (the warm-up)."""
+        typical = {name: statistics.median(values[1:] or values) for name, values in self.runs.items()}
+        return LayerTime(typical["forward"], typical["backward"], typical["optimizer"], typical["replay"],
+                         max(0.0, typical["two_chunks"] - typical["replay"]), typical["gradients"],
+                         typical["setup"], typical["terms_exchange"])
+
+
+class _Clock:
+    """Laps of wall time on ``device`` (synchronised before each reading)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        sync_device(device)
+        self.last = time.perf_counter()
+
+    def lap(self, into: list[float] | None = None) -> None:
+        sync_device(self.device)
+        now = time.perf_counter()
+        if into is not None:
+            into.append(now - self.last)
+        self.last = now
+
+
+def sync_device(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA); nothing on CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def slowest_tile(role: StageRole, shapes: Sequence[Shape]) -> int:
+    """The tile with the largest input area, most neighbours among equals (0 for whole maps)."""
+    if role.grid is None:
+        return 0
+    grid = TileGrid(*role.grid)
+    full = next((s for s in shapes if len(s) == 4), None)
+    if full is None:
+        return 0
+
+    def weight(tile: int) -> tuple[int, int]:
+        h, w = grid.tile_of_size(tile, full[-2], full[-1])
+        return (h * w, len(grid.neighbors(tile)))
+
+    return max(range(grid.num_tiles), key=weight)

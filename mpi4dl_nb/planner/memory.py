@@ -1,0 +1,513 @@
+"""Memory model: every rank's peak over one training step, term by term, from first principles.
+
+What a rank holds is assembled along its own action list of the real schedule
+(``schedules.build_schedule``), from stage footprints simulated on ``meta`` (footprint.py):
+
+* **resident** for the whole step: ``weights`` (master copy; plus a compute copy when
+  activations use another precision), ``buffers`` (BatchNorm statistics), ``optimizer``
+  state (simulated on meta with the real optimizer), ``persistent`` (halo staging buffers
+  and caches the spatial layers keep), ``gradients`` once a stage's first backward made them;
+* **per chunk in flight** (a forward ran, its backward not yet): ``activations`` autograd
+  saves (with ``Recompute.STAGE`` none: the stage re-runs its forward at backward time; with
+  ``Recompute.SEGMENTS``, the engine's ``checkpoint_activations``, the segments' inputs, see
+  segments.py), ``halo`` strips the spatial convs keep (all received ones and the BatchNorm
+  statistics with ``SEGMENTS``: the recomputation's log), and ``boundary`` tensors: the stage input (the
+  chunk's images, the received activation, the joined map after the SP -> LP hand-off),
+  the stage output held for its backward, the received output gradient;
+* ``sent``: input gradients sent back, kept by their non-blocking sends until the
+  optimizer step (after the hand-off: one copy per tile box);
+* ``recompute``: during a backward with recomputation, the recomputed forward's activations
+  (the largest segment's; the rest of that backward is ``working``);
+* ``working``: what the running action allocates beyond that (forward and backward
+  working memory, the hand-off join, the flat gradient of the all-reduce, the
+  optimizer's temporaries).
+
+The peak is the largest sum over the rank's actions; ``RankMemory`` keeps the terms at
+that moment, so a wrong estimate says which term is wrong. Activation terms use
+``Precision.activations``' element size, state terms ``Precision.weights``'.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import Choice, ParallelConfig
+from ..errors import ConfigError
+from ..layout import RankRole, layout
+from ..pipeline.recompute import segment_bounds
+from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
+from ..pipeline.stages import LayerMemory, check_balance, default_balance, even_balance, probe_memory
+from .footprint import FootprintCache, StageFootprint, StageRole, compose_stage
+from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
+from .profile import LayerProfile, Layers, batched, profile_layers
+from .segments import recomputed_stage
+from .workspace import Workspace
+
+MB = 2 ** 20
+TERMS = ("weights", "buffers", "optimizer", "gradients", "persistent", "activations", "halo",
+         "boundary", "sent", "recompute", "working")
+DEFAULT_CACHE = FootprintCache()
+
+
+class Recompute(Choice):
+    """Which activations a stage keeps between a chunk's forward and its backward."""
+
+    NONE = "none"            # everything autograd saves
+    STAGE = "stage"          # only the stage input and output; the forward re-runs at backward time
+    SEGMENTS = "segments"    # the engine's: segment inputs, cut by ``cfg.checkpoint_activations``
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Element types: ``activations`` (what layers compute in), ``weights`` (master weights,
+    gradients, optimizer state; None: as activations)."""
+
+    activations: torch.dtype = torch.float32
+    weights: torch.dtype | None = None
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.weights if self.weights is not None else self.activations
+
+    @property
+    def mixed(self) -> bool:
+        return self.weight_dtype != self.activations
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's estimated peak (bytes) and the terms that make it, at its peak moment."""
+
+    rank: int
+    role: str
+    terms: dict[str, int]
+    moment: str = ""           # the action running at the peak
+
+    @property
+    def total(self) -> int:
+        return sum(self.terms.values())
+
+    def __getattr__(self, name: str) -> int:
+        terms = self.__dict__.get("terms", {})
+        if name in terms:
+            return terms[name]
+        raise AttributeError(name)
+
+    # names of the first planner (widgets and notebooks read them)
+    @property
+    def params(self) -> int:
+        return self.terms["weights"] + self.terms["buffers"]
+
+    @property
+    def grads(self) -> int:
+        return self.terms["gradients"]
+
+    @property
+    def transient(self) -> int:
+        return self.terms["working"] + self.terms["recompute"] + self.terms["sent"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "role": self.role, **self.terms, "total": self.total,
+                "moment": self.moment}
+
+
+@dataclass
+class MemoryPlan:
+    """The estimate of one configuration: per-rank memory plus what it was computed from."""
+
+    cfg: ParallelConfig
+    batch_size: int
+    image_size: tuple[int, int]
+    balance: tuple[int, ...]
+    ranks: list[RankMemory]
+    chunk_samples: int
+    stages: dict[tuple[int, int | None, bool], StageFootprint] = field(default_factory=dict, repr=False)
+
+    @property
+    def totals(self) -> list[int]:
+        return [r.total for r in self.ranks]
+
+    @property
+    def peak(self) -> int:
+        return max(self.totals)
+
+    @property
+    def binding_rank(self) -> RankMemory:
+        """The rank with the largest peak."""
+        return max(self.ranks, key=lambda r: r.total)
+
+    def table(self, terms: Sequence[str] | None = None) -> str:
+        """Aligned text table in MB: one row per rank, one column per term, the total."""
+        return memory_table(self.ranks, terms)
+
+
+def memory_table(ranks: Sequence[RankMemory], terms: Sequence[str] | None = None) -> str:
+    """Rows of ``ranks`` (MB), columns wide enough for any value (no merged columns)."""
+    shown = [t for t in (terms or TERMS) if terms or any(r.terms.get(t, 0) for r in ranks)]
+    headers = ["rank", "role", *shown, "total"]
+    rows = [[str(r.rank), r.role, *(f"{r.terms.get(t, 0) / MB:.1f}" for t in shown),
+             f"{r.total / MB:.1f}"] for r in ranks]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    lines = []
+    for row in [headers, *rows]:
+        cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1])]
+        cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:])]
+        lines.append("  ".join(cells))
+    lines[0] += "   (MB)"
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- the model
+def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output, target)
+
+
+def _profiles(model: Layers | Sequence[LayerProfile], image_size: tuple[int, int], in_channels: int,
+              dtype: torch.dtype) -> list[LayerProfile]:
+    items = list(model)
+    if all(isinstance(item, LayerProfile) for item in items) and items:
+        return [item for item in items if isinstance(item, LayerProfile)]
+    return profile_layers([item for item in items if isinstance(item, nn.Module)], image_size, in_channels, dtype)
+
+
+@dataclass
+class StageModel:
+    """Footprints of every (stage, tile) of a configuration for one chunk size."""
+
+    cfg: ParallelConfig
+    profiles: list[LayerProfile]
+    balance: tuple[int, ...]
+    chunk: int
+    precision: Precision
+    cache: FootprintCache
+    loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss
+    elementwise: Sequence[type] = ()
+    workspace: Workspace = Workspace.CPU
+    _found: dict[tuple[int, int | None, bool], StageFootprint] = field(default_factory=dict)
+    _recomputed: dict[tuple[int, int | None], StageFootprint] = field(default_factory=dict)
+
+    @property
+    def bounds(self) -> list[int]:
+        return list(itertools.accumulate((0, *self.balance)))
+
+    def role(self, stage: int) -> StageRole:
+        if stage < self.cfg.spatial_size:
+            return StageRole(self.cfg.grid_shape, self.cfg.halo_d2, self.cfg.fused_layers)
+        return StageRole()
+
+    def _loss(self, output: Any) -> torch.Tensor:
+        target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
+        return self.loss_fn(output, target) * 1.0
+
+    def footprint(self, stage: int, tile: int | None, grad_held: bool | None = None) -> StageFootprint:
+        """One chunk of ``stage`` on the rank holding ``tile`` (None: whole maps)."""
+        last = stage == self.cfg.split_size - 1
+        held = (not last) if grad_held is None else grad_held
+        key = (stage, tile, held)
+        found = self._found.get(key)
+        if found is None:
+            start, stop = self.bounds[stage], self.bounds[stage + 1]
+            role = self.role(stage)
+            per_layer = []
+            for index in range(start, stop):
+                profile = self.profiles[index]
+                if profile.layer is None:
+                    raise ValueError("the memory model simulates the layers: pass the layer list "
+                                     "(or profiles made by profile_layers from it)")
+                loss = self._loss if last and index == stop - 1 else None
+                shapes = [batched(s, self.chunk) for s in profile.in_shapes]
+                tiles = self.cache.layer(profile.layer, shapes, self.precision.activations, role,
+                                         loss=loss, loss_key=self.loss_fn, elementwise=self.elementwise,
+                                         workspace=self.workspace)
+                per_layer.append(tiles[tile or 0])
+            found = compose_stage(per_layer, grad_held=held)
+            self._found[key] = found
+        return found
+
+    def segments(self, stage: int) -> list[tuple[int, int]]:
+        """The engine's recomputation segments of ``stage`` (layer ranges within the stage)."""
+        setting = self.cfg.checkpoint_activations
+        if setting is None:
+            raise ConfigError("checkpoint_activations", "per-segment recomputation needs the segment "
+                              "setting: set checkpoint_activations ('every', 'blocks' or N)")
+        return segment_bounds(self.balance[stage], setting)
+
+    def recomputed(self, stage: int, tile: int | None) -> StageFootprint:
+        """One chunk of ``stage`` on ``tile`` run with the engine's per-segment recomputation."""
+        key = (stage, tile)
+        if key not in self._recomputed:
+            grad_held = stage != self.cfg.split_size - 1
+            self._recomputed[key] = recomputed_stage(self.footprint(stage, tile), self.segments(stage), grad_held)
+        return self._recomputed[key]
+
+    def param_count(self, stage: int) -> int:
+        return sum(p.param_count for p in self.profiles[self.bounds[stage]:self.bounds[stage + 1]])
+
+    def buffer_bytes(self, stage: int) -> int:
+        scale = _size(self.precision.weight_dtype) / 4
+        return int(sum(p.buffer_bytes for p in self.profiles[self.bounds[stage]:self.bounds[stage + 1]])
+                   * scale)
+
+
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def settings_of(cfg: ParallelConfig, dtype: torch.dtype, precision: Precision | None,
+                recompute: Recompute | str | None) -> tuple[Precision, Recompute]:
+    """The element types and recomputation the models use: the explicit arguments if given,
+    else ``cfg``'s memory knobs (``cfg.precision`` 'fp32': ``dtype`` throughout, today's
+    engine; 'bf16'/'fp16': 16-bit activations with ``dtype`` master weights, gradients and
+    optimizer state; ``cfg.checkpoint_activations`` set: ``Recompute.SEGMENTS``, the engine's
+    per-segment recomputation with that segment setting, else ``Recompute.NONE``).
+    ``Recompute.SEGMENTS`` takes its segments from ``cfg.checkpoint_activations``: refused without."""
+    if precision is None:
+        half = HALF_TYPES.get(str(cfg.precision))
+        precision = Precision(dtype) if half is None else Precision(half, dtype)
+    if recompute is None:
+        recompute = Recompute.NONE if cfg.checkpoint_activations is None else Recompute.SEGMENTS
+    recompute = Recompute(recompute)
+    if recompute is Recompute.SEGMENTS and cfg.checkpoint_activations is None:
+        raise ConfigError("checkpoint_activations", "recompute='segments' models the engine's "
+                          "recomputation, whose segments checkpoint_activations sets ('every', "
+                          "'blocks' or N): set it, or use recompute='stage' or 'none'")
+    return precision, recompute
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+CHUNK_TERMS = {"activations": "activations", "halo": "halo", "input": "boundary",
+               "output": "boundary", "grad_in": "boundary"}
+
+
+@dataclass
+class _Walk:
+    """One rank's memory along its actions (see the module docstring)."""
+
+    model: StageModel
+    role: RankRole
+    schedule: Schedule
+    optimizer: Callable[[int], OptimizerFootprint]
+    recompute: Recompute
+    holders: dict[tuple[int, int, int], tuple[int, ...]]
+    resident: dict[str, int] = field(default_factory=dict)
+    chunks: dict[tuple[int, int, int, int], dict[str, int]] = field(default_factory=dict)
+    grads: dict[tuple[int, int], int] = field(default_factory=dict)
+    sent: int = 0
+    pending: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
+    sends: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
+    peak: int = -1
+    at_peak: dict[str, int] = field(default_factory=dict)
+    moment: str = ""
+
+    def slots(self) -> list[tuple[int, Any]]:
+        out = [(0, self.role.primary)]
+        if self.role.mirror is not None:
+            out.append((1, self.role.mirror))
+        return out
+
+    def tile_of(self, replica: int, stage: int) -> int | None:
+        for r, slot in self.slots():
+            if r == replica and slot.stage == stage:
+                return slot.tile
+        raise KeyError((replica, stage))
+
+    def fp(self, action: Action) -> StageFootprint:
+        """The running chunk's stage footprint, as the stage runs (recomputed by segments or not)."""
+        tile = self.tile_of(action.replica, action.stage)
+        if self.recompute is Recompute.SEGMENTS:
+            return self.model.recomputed(action.stage, tile)
+        return self.model.footprint(action.stage, tile)
+
+    def state(self) -> None:
+        weight = _size(self.model.precision.weight_dtype)
+        act = _size(self.model.precision.activations)
+        terms = dict.fromkeys(TERMS, 0)
+        for _, slot in self.slots():
+            count = self.model.param_count(slot.stage)
+            terms["weights"] += count * weight + (count * act if self.model.precision.mixed else 0)
+            terms["buffers"] += self.model.buffer_bytes(slot.stage)
+            terms["optimizer"] += self.optimizer(slot.stage).state_bytes
+            terms["persistent"] += self.model.footprint(slot.stage, slot.tile).persistent
+        self.resident = terms
+
+    @staticmethod
+    def key(action: Action) -> tuple[int, int, int, int]:
+        return (action.replica, action.stage, action.micro_batch, action.copy)
+
+    def hold(self, key: tuple[int, int, int, int], name: str, value: int) -> None:
+        held = self.chunks.setdefault(key, dict.fromkeys(CHUNK_TERMS, 0))
+        held[name] += value
+
+    def note(self, action: Action, working: int = 0, within: int | None = None,
+             key: tuple[int, int, int, int] | None = None, recomputed: int = 0) -> None:
+        """A moment: everything held now + ``working``; or, with ``within``, a moment whose
+        peak ``within`` already counts chunk ``key``'s held tensors but its input (and
+        ``recomputed`` bytes of recomputed activations, shown as their own term)."""
+        terms = dict(self.resident)
+        terms["gradients"] = sum(self.grads.values())
+        inside = 0
+        for chunk, held in self.chunks.items():
+            for name, value in held.items():
+                terms[CHUNK_TERMS[name]] += value
+                if chunk == key and name != "input":
+                    inside += value
+        terms["sent"] = self.sent
+        working = working if within is None else max(0, within - inside)
+        terms["recompute"] = min(recomputed, working)
+        terms["working"] = working - terms["recompute"]
+        total = sum(terms.values())
+        if total > self.peak:
+            self.peak, self.at_peak, self.moment = total, terms, action.describe()
+
+    def handoff(self, stage: int) -> bool:
+        """Whether ``stage`` joins the tiles of the spatial stage before it (SP -> LP)."""
+        return 0 < stage and stage - 1 < self.model.cfg.spatial_size <= stage
+
+    def tile_piece(self, action: Action) -> int:
+        """Bytes of the previous (spatial) stage's output on the peer's tile."""
+        ranks = self.holders[(action.dp, action.replica, action.stage - 1)]
+        return self.model.footprint(action.stage - 1, ranks.index(action.peer)).output_bytes
+
+    def run(self) -> RankMemory:
+        self.state()
+        for action in self.schedule.actions(self.role.rank):
+            self.step(action)
+        return RankMemory(self.role.rank, self.role.describe(), self.at_peak, self.moment)
+
+    def step(self, action: Action) -> None:
+        kind, key = action.kind, self.key(action)
+        if kind is ActionKind.RECV_ACT:
+            piece = self.tile_piece(action) if self.handoff(action.stage) else self.fp(action).input_bytes
+            self.hold(key, "input", piece)
+            self.note(action)
+        elif kind is ActionKind.FORWARD:
+            self.forward(action, key)
+        elif kind is ActionKind.RECV_GRAD:
+            self.hold(key, "grad_in", self.fp(action).output_bytes)
+            self.note(action)
+        elif kind is ActionKind.BACKWARD:
+            self.backward(action, key)
+        elif kind is ActionKind.SEND_GRAD and self.handoff(action.stage):
+            self.send_tile_grad(action, key)
+        elif kind is ActionKind.ALLREDUCE:
+            copies = sum(1 for _, slot in self.slots() if slot.stage == action.stage)
+            self.note(action, working=self.optimizer(action.stage).grad_bytes * copies)
+        elif kind is ActionKind.OPTIM:
+            self.sent = 0     # the sends are waited for, their buffers released
+            self.pending.clear()
+            self.note(action, working=sum(self.optimizer(slot.stage).step_bytes for _, slot in self.slots()))
+
+    def forward(self, action: Action, key: tuple[int, int, int, int]) -> None:
+        fp = self.fp(action)
+        if action.stage == 0:
+            self.hold(key, "input", fp.input_bytes)
+        joined = fp.input_bytes if self.handoff(action.stage) else 0
+        self.note(action, working=joined + fp.forward_peak)
+        if joined:   # the received tiles go once the forward returns; the joined map stays
+            self.chunks[key]["input"] = joined
+        keep = self.recompute is not Recompute.STAGE
+        self.hold(key, "activations", fp.saved - fp.halo_kept if keep else 0)
+        self.hold(key, "halo", fp.halo_kept if keep else 0)
+        self.hold(key, "output", fp.output_bytes)
+
+    def backward(self, action: Action, key: tuple[int, int, int, int]) -> None:
+        fp = self.fp(action)
+        slot = (action.replica, action.stage)
+        grad_bytes = self.optimizer(action.stage).grad_bytes
+        # the chunk's kept tensors, its output and received gradient are inside the
+        # footprint's backward peak; its input stays alive in the runtime throughout
+        # (recomputed by segments: inside the footprint's backward peaks already)
+        redo = fp.forward_peak if self.recompute is Recompute.STAGE else 0
+        if slot not in self.grads:   # this backward creates the stage's gradients
+            working = fp.backward_first - fp.grad_bytes + grad_bytes + redo
+        else:
+            working = fp.backward_later + redo
+        self.note(action, within=working, key=key, recomputed=redo or fp.recomputed)
+        self.grads[slot] = grad_bytes
+        self.chunks.pop(key, None)
+        if action.stage > 0:   # kept by the gradient's non-blocking send(s)
+            self.sent += fp.input_grad_bytes
+            self.pending[key] = fp.input_grad_bytes
+
+    def send_tile_grad(self, action: Action, key: tuple[int, int, int, int]) -> None:
+        """SP <- LP: a contiguous copy of each tile's box; the whole gradient goes after the last."""
+        self.sent += self.tile_piece(action)
+        self.note(action)
+        self.sends[key] = self.sends.get(key, 0) + 1
+        if self.sends[key] == len(self.holders[(action.dp, action.replica, action.stage - 1)]):
+            self.sent -= self.pending.pop(key, 0)
+
+
+def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
+                    image_size: int | tuple[int, int], batch_size: int, *,
+                    in_channels: int = 3, dtype: torch.dtype = torch.float32,
+                    precision: Precision | None = None, recompute: Recompute | str | None = None,
+                    optimizer: OptimizerFactory | None = None, optimizer_states: int | None = None,
+                    loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
+                    elementwise: Sequence[type] = (), cache: FootprintCache | None = None,
+                    device: torch.device | str = "cpu") -> MemoryPlan:
+    """Per-rank peak memory of ``cfg`` training ``model`` on ``batch_size`` images, by term.
+
+    ``model``: the layer list, or ``profile_layers`` of it. ``dtype`` (or ``precision``):
+    element types; ``precision``/``recompute`` None: from ``cfg.precision`` and
+    ``cfg.checkpoint_activations`` (see ``settings_of``). ``optimizer``: the factory the
+    engine gets (default SGD with momentum; simulated on meta for its state and step
+    temporaries); ``optimizer_states`` instead says how many parameter-sized tensors it
+    keeps (SGD momentum 1, Adam 2). ``recompute``: which activations a stage keeps (see
+    ``Recompute``). The stage cut is the engine's
+    (``pipeline.stages.default_balance``). ``device``: where the ranks train (the conv
+    scratch memory of its backend is added, see ``workspace``).
+    """
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    precision, recompute = settings_of(cfg, dtype, precision, recompute)
+    profiles = _profiles(model, (height, width), in_channels, precision.activations)
+    cfg.validate(batch_size=batch_size, num_layers=len(profiles))
+    balance = balance_of(profiles, cfg)
+    chunk = batch_size // cfg.batch_divisor
+    stage_model = StageModel(cfg, profiles, balance, chunk, precision, cache or DEFAULT_CACHE,
+                             loss_fn, tuple(elementwise), Workspace.for_device(device))
+    states: dict[int, OptimizerFootprint] = {}
+
+    def optimizer_of(stage: int) -> OptimizerFootprint:
+        if stage not in states:
+            start, stop = stage_model.bounds[stage], stage_model.bounds[stage + 1]
+            states[stage] = optimizer_footprint([p.layer for p in profiles[start:stop] if p.layer is not None],
+                                                precision.weight_dtype, optimizer, optimizer_states)
+        return states[stage]
+
+    schedule = build_schedule(cfg)
+    roles = layout(cfg)
+    holders = stage_ranks(cfg, roles)
+    ranks = [_Walk(stage_model, role, schedule, optimizer_of, recompute, holders).run()
+             for role in roles]
+    return MemoryPlan(cfg, batch_size, (height, width), balance, ranks, chunk, dict(stage_model._found))
+
+
+_PROBES: list[tuple[list[Any], list[LayerMemory] | None]] = []
+
+
+def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig) -> tuple[int, ...]:
+    """The stage cut the engine makes for ``cfg`` (``stages.default_balance``), its memory
+    probe of the layers computed once per layer list."""
+    layers = [p.layer for p in profiles if p.layer is not None]
+    if len(layers) < len(profiles):
+        if cfg.balance is not None:
+            return check_balance(cfg.balance, len(profiles), cfg.split_size)
+        return even_balance(len(profiles), cfg.split_size)
+    if cfg.balance is not None or cfg.spatial_size == 0:
+        return default_balance(layers, cfg)
+    for known, probed in _PROBES:
+        if len(known) == len(layers) and all(a is b for a, b in zip(known, layers)):
+            return default_balance(layers, cfg, probed=probed)
+    probed = probe_memory(layers)
+    _PROBES.insert(0, (layers, probed))
+    del _PROBES[8:]
+    return default_balance(layers, cfg, probed=probed)

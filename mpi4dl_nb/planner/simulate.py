@@ -1,0 +1,309 @@
+"""Replay a Schedule in simulated time: every rank's actions, messages, collectives, shared cores.
+
+Each rank executes its own action list in order, as the runtime does. A compute action has
+``work`` (seconds at full speed) and runs, together with every other computing rank of the
+node, at ``min(1, cores / computing ranks)`` of full speed (processor sharing: more ranks
+than cores slow each other down; with ``cores=None`` every rank has its own device). A
+group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
+ranks reached it and ends for all of them together, after each rank's work and a fixed
+``delay`` (wire time; waiting ranks use no core; plus the ``crowded`` share of the work
+done while more ranks compute than there are cores, scaled by how many more; a lockstep
+member counts there as its exposed share of a rank: at its meetings its core is free, and a
+pipeline stage beside two AmoebaNet tiles, which wait half their time, fills those gaps). A send costs
+its sender its ``work`` (the hand-off's own work; often 0), then arrives ``message`` later; a
+receive waits for its message, then costs its ``work``. Each rank may start late by
+``start(rank)`` (setting the step up). Computing beside waiting ranks is slower by the job's
+measured ``waiting_slowdown``, in proportion to the ranks waiting (their wake-ups take the
+computing ranks' cores), and only in the share of an action's time its rank computes
+(``Cost.exposed``: at a meeting its core is free for the wake-ups - unless its group has more
+members than cores, when another member takes that core: such a group is slowed in all its time;
+``benchmarks/bench_meetings.py`` times rounds of layer work and a meeting of 3 and 4 ranks on 2
+cores beside the waiting ranks). The tiles of a spatial op meet every few layers, so a wake-up
+on any member's core holds them all up: while each member has a core, the group is slowed by
+every member's share (their product); when the ranks outnumber the cores the members take turns
+anyway and their meetings cost more (the cost model's ``delay``, or ``crowded``), and the
+members off the cores wait at their next meeting like waiting ranks (with 4 tiles on 2 cores, 2
+compute beside 3 waiting, not 4 beside 1: traced, the tiles burn 1.2x the CPU time of the layers
+timed alone). A group with more members than cores leaves some core running
+``ceil(members / cores)`` of them between two meetings while the others finish early and wait:
+3 tiles on 2 cores take 2 turns of work per meeting, not 1.5. The result: when each rank finished, how long it
+computed, waited and communicated, and its ``phases``: seconds per action kind, each from the
+end of the rank's previous action (waits for partners and messages included), as the runtime's
+trace of the action shows them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from ..pipeline.schedules import Action, Schedule
+
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one action costs its rank: ``work`` on a core, then ``delay`` of wire time.
+
+    ``group``: a key shared by the ``members`` actions that run together on several ranks
+    (the tiles of one spatial op, an all-reduce); None for a rank's own action. ``crowded``:
+    added to ``delay`` in proportion to the share of ``work`` done while more ranks compute
+    than there are cores (the members' meetings - halo exchanges, BatchNorm sums - spread
+    over the work then find ranks descheduled), as measured with every rank computing; fewer
+    ranks beyond the cores pay proportionally less (``_Replay.crowding``). ``lockstep`` and
+    ``exposed``: how waiting ranks' wake-ups slow the action (module docstring).
+    """
+
+    work: float = 0.0
+    delay: float = 0.0
+    group: Hashable = None
+    members: int = 1
+    crowded: float = 0.0      # extra delay when the group starts while ranks outnumber the cores
+    lockstep: bool = False    # the members meet often: a wake-up on one member's core stalls them all
+    exposed: float = 1.0      # share of the action's time its rank computes (the rest: waiting at meetings)
+
+
+@dataclass
+class RankTimeline:
+    """One rank's simulated step: end time and where its time went (seconds)."""
+
+    rank: int
+    end: float = 0.0
+    compute: float = 0.0      # running actions (slowed down when ranks share cores)
+    wire: float = 0.0         # fixed delays: halo and collective wire time
+    waiting: float = 0.0      # idle until the step's end: bubbles, messages, other ranks
+    spans: list[tuple[float, float, str]] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)   # action kind -> seconds, as a trace shows them
+
+    def add_phase(self, kind: str, seconds: float) -> None:
+        self.phases[kind] = self.phases.get(kind, 0.0) + seconds
+
+
+@dataclass
+class _Running:
+    rank: int
+    action: Action
+    remaining: float
+    delay: float
+    group: Hashable
+    start: float
+    crowded_per_work: float = 0.0     # extra delay per second of work done while cores are crowded
+    stalled_by: int = 1               # members whose interruptions stall this one (lockstep groups)
+    exposed: float = 1.0              # share of its time exposed to waiting ranks' wake-ups
+
+
+class _Replay:
+    """State of one simulated step (see ``simulate``)."""
+
+    def __init__(self, schedule: Schedule, cost: Callable[[Action], Cost],
+                 message: Callable[[Action], float], cores: int | None,
+                 start: Callable[[int], float] | None = None, waiting_slowdown: float = 1.0) -> None:
+        self.lists = [schedule.actions(r) for r in range(len(schedule.per_rank))]
+        self.cost, self.message, self.cores = cost, message, cores
+        self.waiting_slowdown = waiting_slowdown
+        count = len(self.lists)
+        self.position = [0] * count
+        self.free_at = [start(r) if start is not None else 0.0 for r in range(count)]
+        self.timelines = [RankTimeline(r, compute=t, spans=[(0.0, t, "setup")] if t else [])
+                          for r, t in enumerate(self.free_at)]
+        self.arrivals: dict[tuple[int | None, int | None, int], list[float]] = {}   # (from, to, tag)
+        self.taken: dict[tuple[int | None, int | None, int], int] = {}
+        self.gathering: dict[Hashable, dict[int, Action]] = {}
+        self.finishing: dict[Hashable, list[_Running]] = {}
+        self.running: dict[int, _Running] = {}
+        self.blocked: set[int] = set()
+        self.now = 0.0
+        self.last_done = list(self.free_at)   # when each rank's previous action ended (its phases tile the step)
+
+    def done(self) -> bool:
+        return (all(p >= len(lst) for p, lst in zip(self.position, self.lists))
+                and not self.running and not self.blocked)
+
+    def wait(self, rank: int, until: float) -> None:
+        self.free_at[rank] = until
+
+    def try_start(self, rank: int) -> bool:
+        if (self.position[rank] >= len(self.lists[rank]) or rank in self.running
+                or rank in self.blocked or self.free_at[rank] > self.now + EPS):
+            return False
+        action = self.lists[rank][self.position[rank]]
+        kind = action.kind
+        if kind.is_p2p and kind.is_send:
+            work = self.cost(action).work
+            if work > EPS:                         # the sender's own work, then the message leaves
+                self.running[rank] = _Running(rank, action, work, 0.0, None, self.now)
+                return True
+            self.send(action)
+            self.completed(rank, kind.value, self.now)
+            return True
+        if kind.is_p2p:
+            key = (action.peer, rank, action.tag)
+            index = self.taken.get(key, 0)
+            sent = self.arrivals.get((action.peer, rank, action.tag), [])
+            if index >= len(sent):
+                return False                       # not sent yet: an event will wake us
+            if sent[index] > self.now + EPS:
+                self.wait(rank, sent[index])
+                return False
+            self.taken[key] = index + 1
+            work = self.cost(action).work
+            if work > EPS:                         # the receiver's own work on the payload
+                self.running[rank] = _Running(rank, action, work, 0.0, None, self.now)
+                return True
+            self.completed(rank, kind.value, self.now)
+            return True
+        c = self.cost(action)
+        if c.group is None or c.members <= 1:
+            self.running[rank] = _Running(rank, action, c.work, c.delay, None, self.now)
+            return True
+        members = self.gathering.setdefault(c.group, {})
+        members[rank] = action
+        self.blocked.add(rank)
+        self.timelines[rank].spans.append((self.now, self.now, "gather"))
+        if len(members) == c.members:
+            for member, act in members.items():
+                mc = self.cost(act)
+                self.blocked.discard(member)
+                self.timelines[member].spans.pop()
+                self.running[member] = _Running(member, act, mc.work, mc.delay, c.group, self.now,
+                                                mc.crowded / mc.work if mc.work > EPS else 0.0,
+                                                mc.members if mc.lockstep else 1, mc.exposed)
+            del self.gathering[c.group]
+        return True
+
+    def send(self, action: Action) -> None:
+        """``action``'s message leaves now: it arrives ``message(action)`` later."""
+        self.arrivals.setdefault((action.rank, action.peer, action.tag), []).append(
+            self.now + self.message(action))
+
+    def finish(self, run: _Running) -> None:
+        if run.action.kind.is_p2p and run.action.kind.is_send:
+            self.send(run.action)
+        timeline = self.timelines[run.rank]
+        timeline.compute += self.now - run.start
+        timeline.wire += run.delay
+        timeline.spans.append((run.start, self.now, run.action.kind.value))
+        self.free_at[run.rank] = self.now + run.delay
+        self.completed(run.rank, run.action.kind.value, self.now + run.delay)
+
+    def completed(self, rank: int, kind: str, at: float) -> None:
+        """``rank``'s current action of ``kind`` ends ``at``: its phase runs from the end of the
+        rank's previous action (waits for partners and messages included, as a trace shows them)."""
+        self.timelines[rank].add_phase(kind, at - self.last_done[rank])
+        self.last_done[rank] = at
+        self.position[rank] += 1
+
+    def crowding(self, demand: float) -> float:
+        """How crowded the cores are with ``demand`` cores' worth of ranks computing: 0 up to one
+        rank per core, 1 with every rank of the step running (where ``Cost.crowded`` was
+        measured), linear between."""
+        if self.cores is None or demand <= self.cores:
+            return 0.0
+        return min(1.0, (demand - self.cores) / max(1, len(self.lists) - self.cores))
+
+    @staticmethod
+    def core_demand(computing: Sequence[_Running]) -> float:
+        """Cores' worth of the running actions: a lockstep member only its exposed share (the rest
+        of its time it waits at meetings, its core free for another rank), any other a whole core."""
+        return sum(r.exposed if r.stalled_by > 1 else 1.0 for r in computing)
+
+    def beside_waiting(self, computing: int) -> float:
+        """Slowdown of the computing ranks from the others waiting on shared cores (their
+        wake-ups): ``waiting_slowdown`` was measured with the cores busy and every other rank
+        waiting; fewer waiting ranks cost proportionally less; a device per rank nothing."""
+        if self.cores is None or self.waiting_slowdown <= 1.0 or not computing:
+            return 1.0
+        count = len(self.lists)
+        measured_waiters = count - min(self.cores, count - 1)
+        return 1.0 + (self.waiting_slowdown - 1.0) * min(1.0, (count - computing) / max(1, measured_waiters))
+
+    def rate(self, run: _Running, computing: int) -> float:
+        """Share of full speed ``run`` computes at while ``computing`` ranks run: the cores shared,
+        slowed by the waiting ranks' wake-ups in its exposed share (all its time in a group with
+        more members than cores: at a meeting its core runs another member), and by every
+        member's while its lockstep group has a core per member; a lockstep member's partners off
+        the cores wait at their next meeting, so beside it only the cores' worth of ranks compute
+        (module docstring)."""
+        on_cores = computing
+        if self.cores is not None and run.stalled_by > 1:
+            on_cores = min(computing, self.cores)
+        exposed = run.exposed
+        if self.cores is not None and run.stalled_by > self.cores:
+            exposed = 1.0     # a member waiting at a meeting yields its core to another member: never free
+        slowed = 1.0 + (self.beside_waiting(on_cores) - 1.0) * exposed
+        if self.cores is not None and computing > self.cores:
+            share = self.cores / computing
+            if run.stalled_by > self.cores:   # between two meetings some core runs ceil(members / cores) of them
+                share *= run.stalled_by / (self.cores * math.ceil(run.stalled_by / self.cores))
+            return share / slowed
+        return 1.0 / slowed ** run.stalled_by
+
+    def advance(self) -> None:
+        computing = list(self.running.values())
+        rates = {r.rank: self.rate(r, len(computing)) for r in computing}
+        events = [self.now + r.remaining / rates[r.rank] for r in computing]
+        events += [t for t in self.free_at if t > self.now + EPS]
+        events += [a for key, times in self.arrivals.items() for a in times[self.taken.get(key, 0):]
+                   if a > self.now + EPS]
+        if not events:
+            stuck = [self.lists[r][self.position[r]].describe() for r in range(len(self.lists))
+                     if self.position[r] < len(self.lists[r])]
+            raise RuntimeError(f"simulated schedule stalled at {self.now:.6f} s: {stuck[:4]}")
+        step_to = max(self.now, min(events))
+        crowding = self.crowding(self.core_demand(computing))
+        for r in computing:
+            done = (step_to - self.now) * rates[r.rank]
+            r.remaining -= done
+            if crowding:      # the meetings of this share of the work found ranks descheduled
+                r.delay += done * r.crowded_per_work * crowding
+        self.now = step_to
+        for run in [r for r in computing if r.remaining <= EPS]:
+            del self.running[run.rank]
+            if run.group is None:
+                self.finish(run)
+                continue
+            group = self.finishing.setdefault(run.group, [])
+            group.append(run)
+            self.blocked.add(run.rank)
+            if len(group) == self.cost(run.action).members:
+                for member in group:
+                    self.blocked.discard(member.rank)
+                    self.finish(member)
+                del self.finishing[run.group]
+
+    def run(self) -> list[RankTimeline]:
+        while True:
+            progressed = True
+            while progressed:
+                progressed = False
+                for rank in range(len(self.lists)):
+                    while self.try_start(rank):
+                        progressed = True
+            if self.done():
+                break
+            self.advance()
+        end = max(self.free_at, default=0.0)
+        for timeline in self.timelines:
+            timeline.end = self.free_at[timeline.rank]
+            timeline.waiting = max(0.0, end - timeline.compute - timeline.wire)
+        return self.timelines
+
+
+def simulate(schedule: Schedule, cost: Callable[[Action], Cost], message: Callable[[Action], float],
+             cores: int | None = None, start: Callable[[int], float] | None = None,
+             waiting_slowdown: float = 1.0) -> list[RankTimeline]:
+    """Simulated step of ``schedule``: ``cost(action)`` of compute and collective actions,
+    ``message(send)`` the seconds from a send to its arrival, ``cores`` shared by all ranks
+    (None: a device each), ``start(rank)`` the seconds before a rank's first action (setting
+    the step up; default 0), ``waiting_slowdown`` how much slower the ranks filling the cores
+    compute while the rest wait (``Network.waiting_slowdown``; fewer waiting: proportionally less).
+    Returns every rank's timeline."""
+    return _Replay(schedule, cost, message, cores, start, waiting_slowdown).run()
+
+
+def group_key(action: Action, ranks: Sequence[int], what: str) -> tuple[Hashable, ...]:
+    """The key shared by the ranks ``ranks`` running ``action`` together."""
+    return (what, action.kind.value, action.dp, action.replica, action.stage, action.micro_batch,
+            action.copy, tuple(ranks))

@@ -1,0 +1,82 @@
+"""Resume policy: the checkpoint a resumed run continues from (a file, or the newest intact one that fits)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.files import list_checkpoints, load_checkpoint, saved_identity, verify
+from ..errors import ConfigError
+
+
+@dataclass
+class Selection:
+    """The checkpoint to resume from, its loaded payload, and the newer ones passed over (with why)."""
+
+    path: Path
+    data: dict[str, Any]
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+    def report(self) -> str:
+        """What was chosen and skipped, for the log."""
+        lines = [f"resuming from {self.path} (step {self.data['step']})"]
+        lines += [f"  skipped newer {p.name}: {why}" for p, why in self.skipped]
+        return "\n".join(lines)
+
+
+Accept = Callable[[Mapping[str, Any]], str | None]   # saved identity -> why it does not fit (None: fits)
+
+
+def select_resume(resume: str | Path, checkpoint_dir: str | Path | None, accept: Accept) -> Selection:
+    """``--resume``: a checkpoint file (must be intact and fit), or a directory / ``latest``
+    (in ``checkpoint_dir``): the newest intact checkpoint that fits, saying which newer ones
+    were skipped and why. ``accept`` judges a saved identity. FileNotFoundError/ValueError
+    explain a failure."""
+    text = str(resume)
+    if text == "latest":
+        if checkpoint_dir is None:
+            raise ConfigError("--resume", "'latest' looks in --checkpoint-dir; give --checkpoint-dir "
+                              "or a checkpoint path")
+        target = Path(checkpoint_dir)
+    else:
+        target = Path(text).expanduser()
+    if target.is_file():
+        data = load_checkpoint(target)
+        why = accept(saved_identity(data))
+        if why is not None:
+            raise ValueError(f"--resume {target}: {why}")
+        return Selection(target, data)
+    if not target.is_dir():
+        if text == "latest":
+            raise FileNotFoundError(f"--resume latest: --checkpoint-dir {str(target)!r} does not exist "
+                                    f"(no checkpoint to resume)")
+        raise FileNotFoundError(f"--resume {text!r}: no such checkpoint file or directory")
+    return newest_fitting(target, accept)
+
+
+def newest_fitting(folder: Path, accept: Accept) -> Selection:
+    """The newest (by write time, then step) intact checkpoint in ``folder`` that ``accept`` takes."""
+    entries = sorted(list_checkpoints(folder), key=lambda e: (e.created, e.step), reverse=True)
+    if not entries:
+        raise FileNotFoundError(f"--resume: no checkpoint step-*.pt in {str(folder)!r}")
+    skipped: list[tuple[Path, str]] = []
+    for entry in entries:
+        why = entry.problem
+        if why is None and entry.manifest is not None:
+            why = accept(entry.manifest.identity)
+            if why is None:
+                why = verify(entry.path, entry.manifest)
+        data = None
+        if why is None:
+            try:
+                data = load_checkpoint(entry.path)
+            except ValueError as err:
+                why = str(err)
+        if data is not None:
+            return Selection(entry.path, data, skipped)
+        skipped.append((entry.path, why or "unusable"))
+    listing = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+    raise ValueError(f"--resume: no checkpoint in {str(folder)!r} fits this run ({listing})")
+
+

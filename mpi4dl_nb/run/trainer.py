@@ -1,0 +1,472 @@
+"""The training loop of batch jobs: region-aware inputs, steps with metrics, progress on rank 0, checkpoint/resume."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import torch
+from torch import nn
+
+from ..checkpoint.files import new_run_id, save_checkpoint
+from ..config import ParallelConfig
+from ..data import Batcher
+from ..layout import stage_holders
+from ..measure.usage import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
+from ..pipeline.schedules import Action, ActionKind
+from ..pipeline.step_input import ShardedImages
+from ..spatial.geometry import Box
+from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
+from .monitor import JobMonitor, StepTimer
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+    from ..evaluation.evaluator import Evaluator
+    from ..evaluation.log import MetricsLog
+    from ..pipeline.engine import HybridEngine
+    from ..pipeline.runtime import StageInstance
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How long to train and when to checkpoint."""
+
+    steps: int                          # total optimizer steps of the run (resumed or not)
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0           # 0: at the end of every epoch and of the run
+    keep_checkpoints: int = 2
+    progress: bool = True
+    verbose: bool = False
+    dtype: torch.dtype = torch.float32
+    keep_trace: bool = False            # True: keep every trace event (unbounded), not a window
+    step_timeout: float | None = None   # seconds without progress that abort the job; None/0: off
+    auto_step_timeout: bool = False     # derive the timeout from the first steps (batch jobs)
+    eval_every: int = 0                 # with an evaluator: every N steps (0: epoch ends only) and at the end
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (every rank raises it; the older checkpoints are intact)."""
+
+
+EXIT_CHECKPOINT = 5
+
+
+# --------------------------------------------------------------------- pre-flight
+def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int,
+                           channels: int = 3) -> None:
+    """Refuse, before any rank starts, a spatial split whose halos would not fit the tiles.
+
+    Runs the spatial stages on shape-only ``meta`` tensors and plans every conv/pool's halo
+    on the tile grid, which raises ``ConfigError`` (naming the layer) when a tile is thinner
+    than the layer's reach. The stage cut is the engine's (``balance`` or even).
+    """
+    if cfg.spatial_size == 0:
+        return
+    from ..pipeline.stages import split_layers
+    from ..spatial.fit import halo_checked
+    from ..spatial.geometry import TileGrid
+
+    grid = TileGrid(*cfg.grid_shape)
+    stages = split_layers(list(layers), cfg.split_size, cfg.balance)[:cfg.spatial_size]
+    dtype = next((p.dtype for s in stages for p in s.parameters()), torch.float32)
+    x: Any = torch.empty(1, channels, image_size, image_size, device="meta", dtype=dtype)
+    for stage in stages:
+        def label(name: str, offset: int = stage.offset) -> str:   # the layer's index in the whole model
+            local, _, rest = name.partition(".")
+            return f"{offset + int(local)}" + (f".{rest}" if rest else "")
+
+        with halo_checked(stage, grid, label) as probe, torch.no_grad():
+            x = probe(x)
+
+
+# ------------------------------------------------------------------------ inputs
+class InputFeeder:
+    """Builds each rank's ``images``/``labels`` arguments for ``HybridEngine.train_step`` from a Batcher.
+
+    A rank running stage 0 gets a ``ShardedImages``: the engine asks it for each chunk's rows
+    cut to the rank's tile box, and it reads exactly that from the dataset (for slides: one
+    OpenSlide ``read_region`` of the box per image), so a spatial rank never allocates a
+    full-size image. Other ranks get ``None`` (no memory, no reads). Labels are tiny: every
+    rank gets the global labels (they also tell the engine the global batch size).
+    """
+
+    def __init__(self, engine: HybridEngine, batcher: Batcher, rank: int, dtype: torch.dtype) -> None:
+        self.batcher = batcher
+        self.dtype = dtype
+        self.size = batcher.dataset.image_size
+        self.batch = batcher.batch_size
+        self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0
+                                for a in engine.schedule.actions(rank))
+
+    def images(self, epoch: int, step: int) -> ShardedImages | None:
+        if not self.reads_images:
+            return None
+
+        def read(rows: slice, box: Box | None) -> torch.Tensor:
+            chosen = list(range(*rows.indices(self.batch)))
+            return self.batcher.images(epoch, step, box, chosen).to(self.dtype)
+        return ShardedImages(read, self.batch, (self.size, self.size))
+
+    def labels(self, epoch: int, step: int) -> torch.Tensor:
+        return self.batcher.labels(epoch, step)
+
+
+# --------------------------------------------------------------- optimizer state
+def _owned_instances(engine: HybridEngine, rank: int) -> list[StageInstance]:
+    """One instance per stage this rank reports (the stage's lowest holder rank)."""
+    seen, out = set(), []
+    for (_, stage), inst in sorted(engine.instances.items()):
+        if stage not in seen and min(stage_holders(engine.cfg, stage)) == rank:
+            seen.add(stage)
+            out.append(inst)
+    return out
+
+
+def _portable(value: Any) -> Any:
+    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+
+
+def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> dict[str, dict[str, Any]] | None:
+    """Per-parameter optimizer state keyed by whole-model parameter name, on rank 0 (collective).
+
+    Names make it independent of the parallel layout: a run may resume on another one.
+    """
+    mine: dict[str, dict[str, Any]] = {}
+    optimizer = engine.optimizer
+    if optimizer is not None:
+        for inst in _owned_instances(engine, ctx.rank):
+            for name, param in inst.canonical.named_parameters():
+                state = optimizer.state.get(param)
+                if state:
+                    mine[inst.canonical.full_key(name)] = {k: _portable(v) for k, v in state.items()}
+    gathered = ctx.gather_object(mine, root=0)
+    if gathered is None:
+        return None
+    merged: dict[str, dict[str, Any]] = {}
+    for part in gathered:
+        merged.update(part)
+    return merged
+
+
+def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: dict[str, dict[str, Any]] | None) -> None:
+    """Inverse of :func:`gather_optimizer_state`: each holder receives its stages' entries of rank 0's ``state``."""
+    state = engine.scatter_to_holders(state if ctx.rank == 0 else None)
+    optimizer = engine.optimizer
+    if optimizer is None or not state:
+        return
+    for inst in engine.instances.values():
+        for name, param in inst.canonical.named_parameters():
+            entry = state.get(inst.canonical.full_key(name))
+            if entry is not None:
+                optimizer.state[param] = {k: _placed(k, v, param) for k, v in entry.items()}
+
+
+def _placed(key: str, value: Any, param: torch.Tensor) -> Any:
+    """An optimizer state entry on its parameter's device and dtype (step counters stay as saved)."""
+    if not isinstance(value, torch.Tensor) or key == "step":
+        return value.clone() if isinstance(value, torch.Tensor) else value
+    return value.to(param.device, param.dtype)
+
+
+# --------------------------------------------------------------------- progress
+class ProgressBar:
+    """A one-line progress bar on a terminal, or one line per update otherwise (rank 0 only)."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, width: int = 30) -> None:
+        self.total = max(1, total)
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def update(self, step: int, loss: float, images_per_s: float, extra: str = "") -> None:
+        if not self.enabled:
+            return
+        filled = int(self.width * step / self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        text = f"[{bar}] step {step}/{self.total} loss {loss:.4f} {images_per_s:.2f} img/s{extra}"
+        if self.tty:
+            self.stream.write("\r" + text + ("\n" if step >= self.total else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """A line of its own (an evaluation's figures), not overwritten by the bar."""
+        if self.enabled:
+            self.stream.write(("\n" if self.tty else "") + text + "\n")
+            self.stream.flush()
+
+
+def evaluation_line(step: int, metrics: dict[str, Any]) -> str:
+    """``eval at step 20 (98 images): val_loss 0.4123 val_accuracy 0.8163 ...`` (the figures that exist)."""
+    shown = [f"{name} {metrics[name]:.4f}" for name in
+             ("val_loss", "val_accuracy", "val_balanced_accuracy", "val_roc_auc")
+             if isinstance(metrics.get(name), float)]
+    return f"eval at step {step} ({metrics.get('val_count')} images): " + " ".join(shown)
+
+
+# ---------------------------------------------------------------------- trainer
+class Trainer:
+    """Runs ``settings.steps`` optimizer steps of ``engine`` on ``batcher``'s data; all ranks call it."""
+
+    def __init__(self, engine: HybridEngine, batcher: Batcher, ctx: Comm, settings: TrainSettings,
+                 run_info: dict[str, Any] | None = None, *, identity: dict[str, Any] | None = None,
+                 run_id: str | None = None, monitor: JobMonitor | None = None,
+                 guard: NonFiniteGuard | None = None, evaluator: Evaluator | None = None,
+                 log: MetricsLog | None = None) -> None:
+        self.engine = engine
+        self.evaluator = evaluator
+        self.log = log                     # rank 0's metrics log (None: none, or another rank)
+        self.validation: dict[str, Any] = {}   # the latest evaluation, val_-prefixed
+        self.batcher = batcher
+        self.ctx = ctx
+        self.settings = settings
+        self.run_info = dict(run_info or {})
+        self.identity = dict(identity or {})
+        self.run_id = run_id or new_run_id()
+        self.guard = guard
+        self.timer = StepTimer(given=None if settings.auto_step_timeout else (settings.step_timeout or 0))
+        self._own_monitor = monitor is None and self.timer.timeout() is not None
+        self.monitor = JobMonitor.start(ctx) if self._own_monitor else monitor
+        self.feeder = InputFeeder(engine, batcher, ctx.rank, settings.dtype)
+        self.metrics = RunMetrics()
+        self.step = 0
+        self.skipped_steps: list[int] = []
+        self.last_checkpoint: Path | None = None
+        params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
+        self.meter = ActivationMeter(exclude=params)
+        if settings.keep_trace:
+            ctx.tracer.configure(window_steps=None, max_events=None)
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.batcher.steps_per_epoch
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, step in epoch) of global step ``step``."""
+        return divmod(step, self.steps_per_epoch)
+
+    # ------------------------------------------------------------ checkpointing
+    def checkpoint_due(self, step: int) -> bool:
+        if self.settings.checkpoint_dir is None:
+            return False
+        if step == self.settings.steps:
+            return True
+        every = self.settings.checkpoint_every
+        return step % every == 0 if every > 0 else step % self.steps_per_epoch == 0
+
+    def save(self) -> Path | None:
+        """Write the checkpoint of the current step (collective; rank 0 writes atomically).
+
+        A non-finite state is never written; a failed write leaves the older checkpoints as
+        they were. Either way every rank raises the same error (NonFiniteError or
+        CheckpointWriteError), so the job stops together.
+        """
+        model = self.engine.full_state_dict()
+        optimizer = gather_optimizer_state(self.engine, self.ctx)
+        path, error, kind = None, None, None
+        if self.ctx.rank == 0:
+            bad = first_nonfinite([("model", model or {}), ("optimizer", optimizer or {})])
+            if bad is not None:
+                error, kind = f"step {self.step}: {bad} is not finite; this state is not saved.", "nonfinite"
+            else:
+                error, path = self._write(model, optimizer)
+                kind = "write" if error else None
+        error, kind = self.ctx.bcast_object((error, kind), root=0)
+        if error is not None:
+            raise (NonFiniteError(self.step, error) if kind == "nonfinite" else CheckpointWriteError(error))
+        self.last_checkpoint = path
+        return path
+
+    def _write(self, model: Any, optimizer: Any) -> tuple[str | None, Path | None]:
+        """Rank 0: write the checkpoint; (error text, None) when the file system refuses it."""
+        assert self.settings.checkpoint_dir is not None
+        epoch, in_epoch = self.position(self.step)
+        payload = {"model": model, "optimizer": optimizer, "epoch": epoch,
+                   "step_in_epoch": in_epoch, "batch_size": self.batcher.batch_size,
+                   "data_seed": self.batcher.seed, "config": self.engine.cfg.as_dict(),
+                   "run": self.run_info}
+        phase = self.monitor.phase("writing a checkpoint", exempt=True) if self.monitor else nullcontext()
+        try:
+            with phase:
+                path = save_checkpoint(self.settings.checkpoint_dir, self.step, payload,
+                                       run_id=self.run_id, identity=self.identity,
+                                       keep=self.settings.keep_checkpoints)
+        except OSError as err:
+            return (f"could not write the checkpoint of step {self.step} to "
+                    f"{self.settings.checkpoint_dir}: {err}; the older checkpoints are intact "
+                    f"(last: {self.last_checkpoint}); free space or fix the directory, then "
+                    f"rerun with --resume latest"), None
+        if self.settings.verbose:
+            print(f"checkpoint of step {self.step}: {path}", file=sys.stderr, flush=True)
+        return None, path
+
+    def restore(self, checkpoint: dict[str, Any] | None) -> int:
+        """Load a checkpoint given on rank 0 (None elsewhere) into every rank; returns its step."""
+        root = checkpoint if self.ctx.rank == 0 else None
+        self.engine.load_full_state_dict(root["model"] if root is not None else None)
+        load_optimizer_state(self.engine, self.ctx, root.get("optimizer") if root else None)
+        self.step = int(self.ctx.bcast_object(root["step"] if root is not None else None, root=0))
+        return self.step
+
+    # --------------------------------------------------------------- evaluation
+    def evaluation_due(self, step: int) -> bool:
+        if self.evaluator is None:
+            return False
+        every = self.settings.eval_every
+        return step == self.settings.steps or step % self.steps_per_epoch == 0 or (every > 0 and step % every == 0)
+
+    def evaluate(self) -> dict[str, Any]:
+        """Evaluate the current weights on the validation set (collective); records and returns the figures."""
+        from ..evaluation.metrics import prefixed
+
+        assert self.evaluator is not None
+        phase = self.monitor.phase("evaluating", exempt=True) if self.monitor else nullcontext()
+        start = time.perf_counter()
+        with phase:
+            metrics = prefixed(self.evaluator.run())
+        self.validation = {"val_step": self.step, **metrics,
+                           "val_seconds": time.perf_counter() - start}
+        if self.log is not None:
+            self.log.write("eval", self.step, {"epoch": self.position(self.step - 1)[0], **self.validation})
+        return self.validation
+
+    # ----------------------------------------------------------------- training
+    def _on_action(self, action: Action) -> None:
+        if self.monitor is not None:
+            checked = self.guard is not None and action.kind is ActionKind.OPTIM
+            self.monitor.progress(action.describe() + (" (first: the all-gather of the non-finite "
+                                                        "check)" if checked else ""))
+        if self.guard is not None:
+            self.guard.on_action(action)
+
+    def train_one(self) -> float:
+        """One optimizer step at the current position; returns the global loss (NaN when skipped)."""
+        epoch, in_epoch = self.position(self.step)
+        if self.monitor is not None:
+            self.monitor.begin_step(self.step + 1)
+        if self.guard is not None:
+            self.guard.begin_step(self.step + 1)
+        images = self.feeder.images(epoch, in_epoch)
+        labels = self.feeder.labels(epoch, in_epoch)
+        tracer = self.ctx.tracer
+        device = self.ctx.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        with self.meter:
+            loss = self.engine.train_step(images, labels, on_action=self._on_action)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+        traced = tracer.last_step()   # the engine's step, summarised by the (bounded) trace
+        comm = traced.comm_seconds if traced is not None else 0.0
+        self.step += 1
+        if self.guard is not None and self.guard.end_step(loss):
+            self.skipped_steps.append(self.step)
+        self.metrics.add_step(self.batcher.batch_size, seconds, comm, loss)
+        self.timer.add(seconds)
+        if self.monitor is not None:
+            self.monitor.arm(self.timer.timeout())
+        return loss
+
+    def run(self, stream: TextIO | None = None) -> dict[str, Any] | None:
+        """Train up to ``settings.steps``; returns the summary on rank 0 (None elsewhere)."""
+        bar = ProgressBar(self.settings.steps, self.settings.progress and self.ctx.rank == 0,
+                          stream)
+        wall = time.perf_counter()
+        start_step = self.step
+        if self.monitor is not None:
+            self.monitor.arm(self.timer.timeout())
+        try:
+            while self.step < self.settings.steps:
+                loss = self.train_one()
+                recent = self.metrics.seconds / max(1, self.metrics.steps)
+                rate = self.batcher.batch_size / max(recent, 1e-12)
+                if self.log is not None:
+                    self.log.write("train", self.step, {"epoch": self.position(self.step - 1)[0],
+                                                        "loss": loss, "images_per_s": rate,
+                                                        "seconds": self.metrics.step_seconds[-1]})
+                if self.evaluation_due(self.step):
+                    line = evaluation_line(self.step, self.evaluate())
+                    if bar.enabled:
+                        bar.note(line)
+                    elif self.ctx.rank == 0:     # results, shown without the bar too
+                        print(line, file=stream or sys.stderr, flush=True)
+                accuracy = self.validation.get("val_accuracy")
+                bar.update(self.step, loss, rate, "" if accuracy is None else f" val_acc {accuracy:.3f}")
+                if self.checkpoint_due(self.step):
+                    self.save()
+            return self.summary(start_step, time.perf_counter() - wall)
+        finally:
+            if self.log is not None:
+                self.log.close()
+            if self.monitor is not None:
+                self.monitor.arm(None)
+                if self._own_monitor:
+                    self.monitor.close()
+
+    def rank_metrics(self) -> dict[str, Any]:
+        """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
+        params = {id(p): p for inst in self.engine.instances.values()
+                  for p in inst.canonical.parameters()}
+        buffers = {id(b): b for inst in self.engine.instances.values()
+                   for b in inst.canonical.buffers()}
+        fixed = state_bytes(params.values(), self.engine.optimizer, buffers.values())
+        peak = cuda_peak_bytes(self.ctx.device)
+        out = self.metrics.as_dict()
+        out.update(rank=self.ctx.rank, state_bytes=fixed, activation_peak_bytes=self.meter.peak,
+                   peak_bytes=peak if peak is not None else fixed + self.meter.peak,
+                   memory_source="cuda-allocator" if peak is not None else "counted")
+        return out
+
+    def summary(self, start_step: int, wall: float) -> dict[str, Any] | None:
+        """The run's JSON summary on rank 0 (collective)."""
+        per_rank = self.ctx.gather_object(self.rank_metrics(), root=0)
+        if per_rank is None:
+            return None
+        warm = 1 if self.metrics.steps >= 3 else 0
+        measured = self.metrics.seconds_after(warm)
+        images = (self.metrics.steps - warm) * self.batcher.batch_size
+        return {
+            **self.run_info,
+            "world_size": self.ctx.world_size,
+            "start_step": start_step,
+            "steps": self.step,
+            "steps_run": self.metrics.steps,
+            "warmup_steps": warm,
+            "images_per_s": images / measured if measured > 0 else None,
+            "loss": finite_or_none(self.metrics.last_loss) if self.metrics.last_loss is not None else None,
+            "losses": [finite_or_none(v) for v in self.metrics.losses],
+            "skipped_steps": self.skipped_steps,
+            "run_id": self.run_id,
+            "wall_seconds": wall,
+            "peak_memory_bytes": [m["peak_bytes"] for m in per_rank],
+            "activation_peak_bytes": [m["activation_peak_bytes"] for m in per_rank],
+            "state_bytes": [m["state_bytes"] for m in per_rank],
+            "memory_source": per_rank[0]["memory_source"],
+            "compute_seconds": [m["compute_seconds"] for m in per_rank],
+            "comm_seconds": [m["comm_seconds"] for m in per_rank],
+            "train_seconds": [m["seconds"] for m in per_rank],
+            "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            **self.validation,
+        }
+
+
+def finite_or_none(value: float) -> float | None:
+    """``value``, or None for NaN/inf (JSON has no NaN)."""
+    return value if math.isfinite(value) else None
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The final one-line JSON record."""
+    return json.dumps(summary, sort_keys=False)

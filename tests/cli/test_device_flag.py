@@ -1,0 +1,81 @@
+"""``--device``/``--backend`` for the train, evaluate and infer commands: cuda (or nccl) on a machine
+without a usable GPU exits non-zero at once, naming what is missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mpi4dl_nb.cli import device_flags, evaluate_cmd, infer_cmd
+from mpi4dl_nb.cli import train_cmd as cli
+from mpi4dl_nb.comm import device
+from mpi4dl_nb.config import ConfigError
+from tests.support.mpirun import REPO, mpi_env
+
+SMALL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
+         "--image-size", "32", "--batch-size", "2", "--num-samples", "8", "--split-size", "1",
+         "--spatial-size", "0", "--steps", "1"]
+
+
+def parse(*extra: str):
+    return cli.build_parser().parse_args(SMALL + list(extra))
+
+
+@pytest.mark.parametrize("reason", ["this torch (2.13.0+cpu) was built without CUDA; install ...",
+                                    "torch 2.13.0 has CUDA 12.6 but no CUDA device is visible"])
+def test_cuda_device_or_nccl_refused_naming_what_is_missing(monkeypatch, reason):
+    monkeypatch.setattr(device_flags, "cuda_unavailable_reason", lambda: reason)
+    for flags, knob in ((("--device", "cuda"), "--device"), (("--backend", "nccl"), "--backend")):
+        with pytest.raises(ConfigError) as error:
+            cli.check_run_args(parse(*flags))
+        assert error.value.knob == knob and reason in str(error.value) and "--device cpu" in str(error.value)
+    cli.check_run_args(parse("--device", "auto", "--backend", "gloo"))     # CPU choices pass
+
+
+def test_gloo_with_cuda_refused(monkeypatch):
+    monkeypatch.setattr(device_flags, "cuda_unavailable_reason", lambda: None)   # as if a GPU were there
+    cli.check_run_args(parse("--device", "cuda", "--backend", "nccl"))
+    with pytest.raises(ConfigError, match="gloo moves CPU tensors"):
+        cli.check_run_args(parse("--device", "cuda", "--backend", "gloo"))
+
+
+@pytest.mark.skipif(device.cuda_unavailable_reason() is None, reason="this machine has a usable GPU")
+def test_train_with_cuda_is_refused_before_any_work_here():
+    proc = subprocess.run([sys.executable, "-m", "mpi4dl_nb", "train", *SMALL, "--device", "cuda"],
+                          capture_output=True, text=True, env=mpi_env(1), cwd=REPO, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--device" in proc.stderr and device.cuda_unavailable_reason() in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
+
+
+def test_context_refuses_cuda_and_mismatched_backends_here():
+    from mpi4dl_nb.comm.context import Context
+
+    reason = device.cuda_unavailable_reason()
+    if reason is not None:
+        with pytest.raises(RuntimeError, match="no CUDA device can be used"):
+            Context(device="cuda")
+    with pytest.raises(ValueError, match="backend 'nccl' moves CUDA tensors"):
+        Context(backend="nccl", device="cpu")
+
+
+def test_evaluate_and_infer_take_the_same_device_flags():
+    """The three commands share one definition: same choices, defaults and check."""
+    for build in (cli.build_parser, evaluate_cmd.build_parser, infer_cmd.build_parser):
+        actions = {a.dest: a for a in build()._actions}
+        assert actions["device"].choices == device.DEVICES and actions["device"].default == "auto"
+        assert actions["backend"].choices == device.BACKENDS and actions["backend"].default == "auto"
+
+
+@pytest.mark.skipif(device.cuda_unavailable_reason() is None, reason="this machine has a usable GPU")
+@pytest.mark.parametrize("command", [["evaluate", "--checkpoint", "missing.pt"],
+                                     ["infer", "--checkpoint", "missing.pt", "--slide", "missing.png",
+                                      "--output", "out.npy"]])
+def test_evaluate_and_infer_with_cuda_are_refused_before_any_work_here(command, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mpi4dl_nb", *command, "--device", "cuda"],
+                          capture_output=True, text=True, env=mpi_env(1), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "--device" in proc.stderr and device.cuda_unavailable_reason() in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)

@@ -1,0 +1,159 @@
+"""`python -m mpi4dl_nb tune` under mpiexec: the predicted-vs-measured table, the pick (measured,
+fitting, fastest), and one-line refusals (no configuration fits, one rank)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from mpi4dl_nb.measure import trials
+from mpi4dl_nb.measure.trials import HELD_TRIALS, Trial, pass_order, release_trials, time_trials, trial_phases
+from mpi4dl_nb.planner.fake_world import FakeWorld
+from tests.support.mpirun import run_mpi
+
+TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
+        "--batch-size", "2", "--top", "2", "--steps", "1")
+RANK_PREFIX = re.compile(r"^\[\d+\]\s?")
+
+
+def _lines(output: str) -> list[str]:
+    """The job's output lines without the launcher's rank prefix."""
+    return [RANK_PREFIX.sub("", line) for line in output.splitlines()]
+
+
+def _errors(output: str) -> list[str]:
+    return [line for line in _lines(output) if line.startswith("mpi4dl_nb")]
+
+
+def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
+    path = tmp_path / "trials.json"
+    limit = 500.0
+    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", limit, "--json", path, "--explain",
+                     module=True, timeout=150)
+    lines = _lines(result.stdout)
+    assert not any("profiler_st" in line for line in lines), result.stdout    # torch profiler's chatter
+    header = next(i for i, line in enumerate(lines) if line.startswith("#") and "meas s" in line)
+    assert lines[header].split() == ["#", "configuration", "ranks", "pred", "s", "meas", "s", "pred/meas",
+                                     "pred", "MB", "meas", "MB", "fits"]
+    rows = lines[header + 1:header + 4]
+    assert rows[0].startswith("-  one process") and [r.split()[0] for r in rows[1:]] == ["1", "2"], lines
+    for row in rows:   # measured: a number in every column, nothing pending
+        assert "..." not in row and row.split()[-1] == "yes", row
+    picked = next(line for line in lines if line.startswith("picked: "))
+    table = json.loads(path.read_text())
+    measured = [r for r in table["rows"] if r["config"] is not None]
+    assert len(measured) == 2 and all(r["measured_seconds"] is not None for r in measured)
+    chosen = next(r for r in measured if r["config"] == table["picked"])   # one of the measured ones
+    assert max(chosen["measured_peak_mb"]) <= limit and chosen["fits"]
+    assert chosen["measured_seconds"] == min(r["measured_seconds"] for r in measured if r["fits"])
+    assert picked.startswith(f"picked: {chosen['label']} ")
+    assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
+    for row in measured:      # --explain: every rank's predicted and traced phases, which tile its step
+        block = lines.index(next(line for line in lines if line.startswith(f"{row['label']}: ")))
+        assert [line.split()[0] for line in lines[block + 1:block + 5]] == ["rank", "0", "1", "2"]
+        assert lines[block + 5].startswith("largest gap: rank ")
+        assert len(row["measured_phases"]) == len(row["predicted_phases"]) == 3
+        for traced, predicted in zip(row["measured_phases"], row["predicted_phases"]):
+            assert traced["F"] > 0 and traced["B"] > 0 and predicted["F"] > 0
+            assert sum(traced.values()) <= max(row["measured_step_seconds"]) + 1e-3   # inside each step
+
+
+def test_held_rows_step_in_turn_each_pass_in_its_own_order():
+    world = FakeWorld(1)
+    ctx = world.comm(0, "cpu")
+    order = []
+    release_trials()
+    try:
+        with pytest.raises(RuntimeError, match="build_trials first"):
+            time_trials(ctx, 1)
+        HELD_TRIALS.extend(Trial(lambda name=name: order.append(name), 1) for name in "abc")
+        found = time_trials(ctx, 2, first_pass=3)
+    finally:
+        release_trials()
+    passes = [order[:3], order[3:]]
+    assert all(sorted(steps) == ["a", "b", "c"] for steps in passes)       # one step of each row per pass
+    assert passes == [["abc"[i] for i in pass_order(3, k)] for k in (3, 4)] and passes[0] != passes[1]
+    assert len(found) == 3 and all(len(steps) == 2 for steps in found) and not HELD_TRIALS
+
+
+def test_each_timed_step_s_action_spans_are_kept_per_row_and_averaged_past_the_warm_pass():
+    world = FakeWorld(1)
+    ctx = world.comm(0, "cpu")
+    ctx.tracer.enabled = True
+    steps = Counter()
+
+    def step(name, forward):
+        steps[name] += 1
+        seconds = 1.0 if steps[name] == 1 else forward      # the first (warm) step of each row is slow
+        ctx.tracer.record("F", 0.0, seconds)
+        ctx.tracer.record("halo", 0.0, 0.1)                # inside F: not an action of its own
+        ctx.tracer.record("RECV_GRAD", seconds, seconds + 0.5)
+
+    release_trials()
+    try:
+        HELD_TRIALS.extend([Trial(lambda: step("a", 0.25), 1), Trial(lambda: step("b", 0.75), 1)])
+        time_trials(ctx, 3)
+        found = trial_phases(ctx, skip=1)
+        everything = trial_phases(ctx)
+    finally:
+        release_trials()
+    assert found == [({"F": 0.25, "RECV_GRAD": 0.5},), ({"F": 0.75, "RECV_GRAD": 0.5},)]
+    assert everything[0][0]["F"] == pytest.approx((1.0 + 0.25 + 0.25) / 3) and not HELD_TRIALS
+
+
+@pytest.mark.parametrize("rows", range(2, 8))
+def test_over_a_cycle_of_passes_every_row_comes_right_after_every_other_equally_often(rows):
+    cycle = 2 * rows if rows % 2 else rows
+    follows = Counter((before, after) for k in range(cycle)
+                      for before, after in zip(pass_order(rows, k), pass_order(rows, k)[1:]))
+    assert set(follows) == {(a, b) for a in range(rows) for b in range(rows) if a != b}
+    assert len(set(follows.values())) == 1                      # the first row (the reference) too
+    assert pass_order(rows, cycle + 1) == pass_order(rows, 1)   # the same order on every rank, from the index
+
+
+def test_measure_interleaved_releases_the_rows_when_a_round_fails():
+    calls = []
+
+    def run(function, *args):
+        calls.append(function.__name__)
+        if function is trials.build_trials_on_engine:
+            return [(1,), (2,)]
+        if function is trials.time_trials_on_engine and len(calls) > 2:
+            raise RuntimeError("a rank failed")
+        return [(0.1,), (0.2,)]
+
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        trials.measure_interleaved(run, trials.ModelSpec(), [None, {"split_size": 2}], 32, 2, steps=1)
+    assert calls[-1] == "release_trials_on_engine"
+    with pytest.raises(ValueError, match="at least once"):
+        trials.measure_interleaved(run, trials.ModelSpec(), [None], 32, 2, steps=0)
+
+
+def test_memory_limit_below_every_configuration_exits_with_one_line():
+    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", "0.01", module=True,
+                     expect_failure=True, timeout=90)
+    assert result.returncode != 0 and not result.timed_out
+    errors = _errors(result.stdout)
+    assert len(errors) == 1 and "no configuration on 3 devices fits" in errors[0], result.stdout
+    assert not any("meas s" in line for line in _lines(result.stdout))   # nothing was run
+
+
+def test_one_rank_is_refused_with_one_line():
+    result = run_mpi(1, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", "100", module=True,
+                     expect_failure=True, timeout=60)
+    assert result.returncode == 2 and not result.timed_out
+    errors = _errors(result.stdout)
+    assert len(errors) == 1 and "at least 2 ranks" in errors[0], result.stdout
+
+
+@pytest.mark.parametrize("flag, value, says", [("--steps", "0", "at least 1"), ("--rounds", "0", "at least 1"),
+                                              ("--headroom", "1.5", "share of the limit")])
+def test_bad_measuring_flags_are_refused_before_any_rank_starts(capsys, flag, value, says):
+    from mpi4dl_nb.cli.tune_cmd import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--memory-limit-mb", "100", flag, value])
+    assert stop.value.code == 2 and says in capsys.readouterr().err

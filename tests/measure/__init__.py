@@ -1,0 +1,1 @@
+"""Tests of mpi4dl_nb.measure."""

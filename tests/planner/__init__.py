@@ -1,0 +1,1 @@
+"""Tests of mpi4dl_nb.planner: memory and time models, suggest, live auto-tune."""
