@@ -11,7 +11,7 @@ STAMP      := $(VENV)/.mpi4dl-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test lint lab notebooks bench clean ci-deps slurm-up slurm-down
+.PHONY: install demo test lint lab notebooks bench clean ci-deps slurm-up slurm-down readme-outputs
 
 install: $(STAMP)
 
@@ -29,6 +29,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(PY) .ci/any_budget.py
 
 test: lint
 	$(PY) -m pytest -q --durations=30 tests
@@ -45,6 +46,11 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	bash benchmarks/run_all.sh
+
+# README.md's sample outputs, run and written between their markers (docs/readme_outputs.py; the demo takes
+# minutes). SAMPLES="layout train" writes some of them.
+readme-outputs: $(STAMP)
+	$(PY) docs/readme_outputs.py $(SAMPLES)
 
 # System packages of the browser (tests/ui) and Slurm (tests/slurm) tests: chromium, fontconfig, slurm-wlm, munge (apt).
 ci-deps:

@@ -22,11 +22,15 @@ to the 1-tile run.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from support.dense_models import Sequence, se_resnet_layers, unet_layers
+from support.machine import Footer
+from support.tables import Table
+from support.timing import best_of
+from support.world import require_world
 from torch import nn
 
 from mpi4dl_nb.comm.context import Context
@@ -37,33 +41,22 @@ from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.guard import SpatialGuard
 from mpi4dl_nb.spatial.loss import tile_mean
 from mpi4dl_nb.spatial.tiles import scatter_tiles
-from tests.support.dense_models import Sequence, se_resnet_layers, unet_layers
-
-
-def best_time(run: Callable[[], None], steps: int) -> float:
-    best = float("inf")
-    for _ in range(steps):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def op_overhead(checker: SpatialGuard, repeats: int = 5000) -> float:
     """Seconds the guard adds to one point-wise op on a tile (mode dispatch + checks + marking)."""
     x = torch.ones(1, 1, 1, 1)
-    plain = best_time(lambda: [x + 1 for _ in range(repeats)], 5)
+    plain = best_of(lambda: [x + 1 for _ in range(repeats)], 5)
     checker.begin((x,))
     try:
-        guarded = best_time(lambda: [x + 1 for _ in range(repeats)], 5)
+        guarded = best_of(lambda: [x + 1 for _ in range(repeats)], 5)
     finally:
         checker.end()
     return max(0.0, guarded - plain) / repeats
 
 
 def guard(ctx: Context, size: int, steps: int, rounds: int) -> None:
-    if ctx.world_size != 2:
-        raise SystemExit("guard: run with mpiexec -n 2")
+    require_world(ctx, 2, "guard")
     grid = TileGrid(1, 2)
     torch.manual_seed(0)
     image = torch.randn(2, 3, size, size)
@@ -89,7 +82,7 @@ def guard(ctx: Context, size: int, steps: int, rounds: int) -> None:
     for _ in range(rounds):
         for key, net in variants.items():
             ctx.barrier()
-            best[key] = min(best[key], best_time(step(net), steps))
+            best[key] = min(best[key], best_of(step(net), steps))
     checker = runtime_of(variants["C"]).guard
     seen = checker.ops_seen
     per_op = op_overhead(checker)
@@ -101,11 +94,11 @@ def guard(ctx: Context, size: int, steps: int, rounds: int) -> None:
               f"{100 * seen * per_op / a:.3f}% of A's step")
         print(f"ResNet-20 v1 width 16 + classifier, {size}x{size}, batch 2, 2 tiles (1x2), fwd+bwd, "
               f"best of {rounds}x{steps} steps; the mode saw {seen} torch ops per forward")
-        print("| run | seconds/step | overhead vs A |")
-        print("|---|---:|---:|")
-        print(f"| A: no guard (measurement only) | {a:.4f} | - |")
-        print(f"| B: check_ops=False (placement tracking) | {b:.4f} | {100 * (b / a - 1):+.2f}% |")
-        print(f"| C: default guard (tracking + op checks) | {c:.4f} | {100 * (c / a - 1):+.2f}% |")
+        table = Table(["run", ">seconds/step", ">overhead vs A"])
+        table.add("A: no guard (measurement only)", f"{a:.4f}", "-")
+        table.add("B: check_ops=False (placement tracking)", f"{b:.4f}", f"{100 * (b / a - 1):+.2f}%")
+        table.add("C: default guard (tracking + op checks)", f"{c:.4f}", f"{100 * (c / a - 1):+.2f}%")
+        print(table.markdown())
 
 
 def _model_step(name: str, net: nn.Module, tile: torch.Tensor, target: torch.Tensor,
@@ -124,8 +117,7 @@ def _model_step(name: str, net: nn.Module, tile: torch.Tensor, target: torch.Ten
 
 
 def models(ctx: Context, size: int, steps: int, rounds: int) -> None:
-    if ctx.world_size < 4:
-        raise SystemExit("models: run with mpiexec -n 4")
+    require_world(ctx, 4, "models", at_least=True)
     torch.manual_seed(0)
     image = torch.randn(2, 3, size, size)
     builders = {"SE-ResNet": (lambda: Sequence(se_resnet_layers(width=4)), torch.randint(0, 5, (2,))),
@@ -143,23 +135,23 @@ def models(ctx: Context, size: int, steps: int, rounds: int) -> None:
                 run = _model_step(name, net, tile, tiled_target, meter)
                 run()   # warm-up
                 meter.peak = meter.current
-                seconds = min(best_time(run, steps) for _ in range(rounds))
+                seconds = min(best_of(run, steps) for _ in range(rounds))
                 results[(name, parts)] = (seconds, meter.peak)
             ctx.barrier()
     gathered = ctx.all_gather_object(results)
     if ctx.rank == 0:
         print(f"{size}x{size}, batch 2, float32, fwd+bwd (+ per-pixel loss on tiles for U-Net), "
               f"best of {rounds}x{steps} steps; slowest rank's time, largest rank's activations")
-        print("| model | tiles | seconds/step | speed-up vs 1 tile | activation MiB/rank | ratio vs 1 tile |")
-        print("|---|---:|---:|---:|---:|---:|")
+        table = Table(["model", ">tiles", ">seconds/step", ">speed-up vs 1 tile", ">activation MiB/rank",
+                       ">ratio vs 1 tile"])
         for name in builders:
             base_t = gathered[0][(name, 1)][0]
             base_m = gathered[0][(name, 1)][1]
             for parts in grids:
                 t = max(gathered[r][(name, parts)][0] for r in range(parts))
                 m = max(gathered[r][(name, parts)][1] for r in range(parts))
-                print(f"| {name} | {parts} | {t:.3f} | {base_t / t:.2f} | {m / 2**20:.1f} | "
-                      f"{m / base_m:.3f} |")
+                table.add(name, parts, f"{t:.3f}", f"{base_t / t:.2f}", f"{m / 2**20:.1f}", f"{m / base_m:.3f}")
+        print(table.markdown())
 
 
 def main() -> None:
@@ -169,9 +161,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     ctx = Context(trace=False)
     (guard if args.what == "guard" else models)(ctx, args.size, args.steps, args.rounds)
+    if ctx.rank == 0:
+        footer.print()
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ Grid: vertical cuts (1 x P). Times are the median over ``--repeats``.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
-from torch import nn
+from support.machine import Footer
+from support.models import conv_stack
+from support.tables import Table
+from support.timing import median_of, slowest_rank
 
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.comm.tags import USER
@@ -33,15 +34,9 @@ from mpi4dl_nb.spatial.halo import HaloExchange
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 
 
-def median_time(ctx: Context, run: Callable[[], None], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        ctx.barrier()
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    # the slowest rank defines a collective step
-    return max(ctx.all_gather_object(statistics.median(times)))
+def median_time(ctx: Context, run: Callable[[], object], repeats: int) -> float:
+    """The slowest rank's median (each run started at a barrier): the slowest rank defines a collective step."""
+    return slowest_rank(ctx, median_of(run, repeats, ctx))
 
 
 def raw_exchange(ctx: Context, exchange: HaloExchange, dtype: torch.dtype, channels: int):
@@ -86,7 +81,7 @@ def halo_vs_raw(ctx: Context, size: int, channels: int, repeats: int) -> None:
     t_raw = median_time(ctx, raw, repeats)
     t_pad = median_time(ctx, lambda: torch.nn.functional.pad(x, (1, 1, 1, 1)), repeats)
     t_fwd = median_time(ctx, lambda: exchange.forward_tensor(x), repeats)
-    t_strips = median_time(ctx, lambda: exchange.extend(x, build=False), repeats)
+    t_strips = median_time(ctx, lambda: exchange.exchange_strips(x), repeats)
     t_both = median_time(ctx, lambda: exchange.backward_tensor(exchange.forward_tensor(x)),
                          repeats)
     nbytes = sum(m.elements for m in geometry.messages(ctx.rank) if m.src == ctx.rank) \
@@ -94,30 +89,23 @@ def halo_vs_raw(ctx: Context, size: int, channels: int, repeats: int) -> None:
     if ctx.rank == 0:
         print(f"(a) 3x3 halo, tile {channels}x{h}x{w} float32, {grid}, {ctx.backend} plane, "
               f"{nbytes / 1024:.0f} KiB sent per rank per exchange")
-        print("| operation | median ms | ratio to raw send/recv |")
-        print("|---|---:|---:|")
-        print(f"| raw isend/irecv of the same messages | {t_raw * 1e3:.3f} | 1.00 |")
-        print(f"| F.pad of the tile (the copy a padded conv makes anyway) | {t_pad * 1e3:.3f} | "
-              f"{t_pad / t_raw:.2f} |")
-        print(f"| halo strips only (what a stride-1 SpatialConv2d exchanges) | "
-              f"{t_strips * 1e3:.3f} | {t_strips / t_raw:.2f} |")
-        print(f"| halo exchange forward, extended tile built | {t_fwd * 1e3:.3f} | {t_fwd / t_raw:.2f} "
-              f"(vs raw + F.pad: {t_fwd / (t_raw + t_pad):.2f}) |")
-        print(f"| halo forward + adjoint backward, extended tile | {t_both * 1e3:.3f} | "
-              f"{t_both / (2 * t_raw):.2f} (vs 2x raw) |")
-
-
-def chain(layers: int, channels: int) -> nn.Module:
-    modules: list[nn.Module] = [nn.Conv2d(3, channels, 3, padding=1), nn.ReLU()]
-    for _ in range(layers - 1):
-        modules += [nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU()]
-    return nn.Sequential(*modules)
+        table = Table(["operation", ">median ms", ">ratio to raw send/recv"])
+        table.add("raw isend/irecv of the same messages", f"{t_raw * 1e3:.3f}", "1.00")
+        table.add("F.pad of the tile (the copy a padded conv makes anyway)", f"{t_pad * 1e3:.3f}",
+                  f"{t_pad / t_raw:.2f}")
+        table.add("halo strips only (what a stride-1 SpatialConv2d exchanges)", f"{t_strips * 1e3:.3f}",
+                  f"{t_strips / t_raw:.2f}")
+        table.add("halo exchange forward, extended tile built", f"{t_fwd * 1e3:.3f}",
+                  f"{t_fwd / t_raw:.2f} (vs raw + F.pad: {t_fwd / (t_raw + t_pad):.2f})")
+        table.add("halo forward + adjoint backward, extended tile", f"{t_both * 1e3:.3f}",
+                  f"{t_both / (2 * t_raw):.2f} (vs 2x raw)")
+        print(table.markdown())
 
 
 def fused_vs_unfused(ctx: Context, size: int, channels: int, layers: int, repeats: int) -> None:
     grid = TileGrid(1, ctx.world_size)
     torch.manual_seed(0)
-    model = chain(layers, channels)
+    model = conv_stack(channels, layers)
     image = torch.randn(1, 3, size, size)
     tile = scatter_tiles(image, grid, ctx)
     rows = []
@@ -126,7 +114,7 @@ def fused_vs_unfused(ctx: Context, size: int, channels: int, layers: int, repeat
                            {"halo_d2": True, "fused_layers": layers})):
         net = spatialize(model, grid, ctx, image_size=(size, size), **kwargs)
 
-        def step(net: nn.Module = net) -> None:
+        def step(net: torch.nn.Module = net) -> None:
             net.zero_grad(set_to_none=True)
             net(tile).sum().backward()
 
@@ -139,10 +127,10 @@ def fused_vs_unfused(ctx: Context, size: int, channels: int, layers: int, repeat
         rows.append((label, total, seconds))
     if ctx.rank == 0:
         print(f"(b) {layers} x (3x3 conv {channels}ch + ReLU), {size}x{size}, {grid}, fwd+bwd")
-        print("| halos | forward messages (all ranks) | seconds/step | time ratio |")
-        print("|---|---:|---:|---:|")
+        table = Table(["halos", ">forward messages (all ranks)", ">seconds/step", ">time ratio"])
         for label, total, seconds in rows:
-            print(f"| {label} | {total} | {seconds:.3f} | {seconds / rows[0][2]:.2f} |")
+            table.add(label, total, f"{seconds:.3f}", f"{seconds / rows[0][2]:.2f}")
+        print(table.markdown())
 
 
 def main() -> None:
@@ -154,10 +142,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--backend", default="mpi")
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     ctx = Context(backend=args.backend, trace=False)
     halo_vs_raw(ctx, args.size, args.channels, args.repeats)
     fused_vs_unfused(ctx, args.chain_size, args.channels, args.fused, max(3, args.repeats // 5))
+    if ctx.rank == 0:
+        footer.print()
 
 
 if __name__ == "__main__":

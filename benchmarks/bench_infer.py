@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from support.launch import run_job
+from support.machine import REPO, Footer
+from support.tables import Table
 
-from mpi4dl_nb.notebook.cluster import find_mpiexec
-
-REPO = Path(__file__).resolve().parents[1]
 MONAI_SPEC = "monai"
 
 
@@ -152,15 +152,14 @@ def monai_run(checkpoint: Path, slide: Path, out: Path, roi: int, dtype: str) ->
             "peak_memory_bytes": [meter.peak], "stride": stride}
 
 
-def ours(ranks: int, checkpoint: Path, slide: Path, out: Path, window: int, dtype: str, env: dict[str, str],
+def ours(ranks: int, checkpoint: Path, slide: Path, out: Path, window: int, dtype: str,
          extra: list[str] = ()) -> dict:
+    """``python -m mpi4dl_nb infer`` on ``ranks`` ranks (one window split over them); its JSON summary."""
     method = "square" if int(ranks ** 0.5) ** 2 == ranks else "vertical"
-    command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4dl_nb",
-               "infer", "--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(out),
-               "--num-spatial-parts", str(ranks), "--slice-method", method, "--window", str(window),
-               "--dtype", dtype, "--overwrite", "--no-progress", *extra]
-    run_env = dict(env, MPIR_CVAR_ENABLE_HEAVY_YIELD="1") if ranks > (os.cpu_count() or 1) else env
-    done = subprocess.run(command, check=True, env=run_env, capture_output=True, text=True)
+    argv = [sys.executable, "-m", "mpi4dl_nb", "infer", "--checkpoint", str(checkpoint), "--slide", str(slide),
+            "--output", str(out), "--num-spatial-parts", str(ranks), "--slice-method", method, "--window", str(window),
+            "--dtype", dtype, "--overwrite", "--no-progress", *extra]
+    done = run_job(ranks, argv)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -214,6 +213,7 @@ def main() -> None:
         reference(args.checkpoint, args.slide, args.out, args.dtype)
         return
 
+    footer = Footer()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
@@ -241,14 +241,15 @@ def main() -> None:
                      result["peak_memory_bytes"], max_difference(out, ref)))
     for ranks in args.ranks:
         out = work / f"ours-{ranks}.npy"
-        result = ours(ranks, checkpoint, slide, out, args.window, args.dtype, env)
+        result = ours(ranks, checkpoint, slide, out, args.window, args.dtype)
         rows.append((f"mpi4dl_nb infer ({result['grid'][0]}x{result['grid'][1]} ranks per window)", ranks,
                      result["megapixels_per_s"], result["peak_memory_bytes"], max_difference(out, ref)))
     base = next((r[2] for r in rows if r[1] == 1 and r[0].startswith("mpi4dl")), rows[0][2])
-    print("| method | ranks | MP/s | vs ours on 1 rank | peak memory per rank (MB) | max abs diff to whole-slide |")
-    print("|---|---:|---:|---:|---|---:|")
+    table = Table(["method", ">ranks", ">MP/s", ">vs ours on 1 rank", "peak memory per rank (MB)",
+                   ">max abs diff to whole-slide"])
     for name, ranks, rate, peaks, diff in rows:
-        print(f"| {name} | {ranks} | {rate:.3f} | {rate / base:.2f}x | {fmt_mb(peaks)} | {diff:.2e} |")
+        table.add(name, ranks, f"{rate:.3f}", f"{rate / base:.2f}x", fmt_mb(peaks), f"{diff:.2e}")
+    print(table.markdown())
     if args.big:
         big = work / f"synthetic-{args.big}.tif"
         if not big.exists():
@@ -256,11 +257,12 @@ def main() -> None:
             synthetic_slide(big, args.big)
             print(f"\nwrote {big} in {time.perf_counter() - start:.0f} s")
         ranks = max(args.ranks)
-        result = ours(ranks, checkpoint, big, work / "big.tif", args.window * 2, args.dtype, env, ["--tissue-only"])
+        result = ours(ranks, checkpoint, big, work / "big.tif", args.window * 2, args.dtype, ["--tissue-only"])
         print(f"\n{args.big} x {args.big} px slide, {ranks} ranks, --window {args.window * 2} --tissue-only: "
               f"{result['seconds']:.0f} s, {result['megapixels_per_s']:.2f} MP/s, windows {result['windows']} "
               f"({result['skipped_background']} background skipped), peak memory per rank "
               f"{fmt_mb(result['peak_memory_bytes'])} MB, output {result['output_shape']} -> {work / 'big.tif'}")
+    footer.print()
 
 
 if __name__ == "__main__":

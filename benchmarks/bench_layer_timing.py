@@ -1,7 +1,7 @@
 """Layer timing inside a live job: each layer timed alone (its runs in a row) vs every layer timed
 together in interleaved rounds (``LayerTimer.measure``), side by side.
 
-    OMP_NUM_THREADS=1 mpiexec -n 5 .venv/bin/python benchmarks/bench_layer_timing.py --repeats 4
+    OMP_NUM_THREADS=1 mpiexec -n 5 python benchmarks/bench_layer_timing.py --repeats 5
 
 Rank 0 predicts the same configurations (suggest's candidates of the hardest ``bench_suggest``
 scenario, ResNet-11 width 8 at 384 px, 5 ranks) ``--repeats`` times per method with a fresh
@@ -14,16 +14,14 @@ less on when each layer happened to be timed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from support.machine import Footer
 
-import mpi4dl_nb as dl  # noqa: E402
-from mpi4dl_nb.config import ParallelConfig  # noqa: E402
-from mpi4dl_nb.measure import trials  # noqa: E402
+import mpi4dl_nb as dl
+from mpi4dl_nb.config import ParallelConfig
+from mpi4dl_nb.measure import trials
 from mpi4dl_nb.measure.calibration import calibrate_job
 from mpi4dl_nb.planner.layer_timer import LayerTimer
 from mpi4dl_nb.planner.step_time import step_model, time_layers
@@ -64,6 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1 (timings per way)")
+    footer = Footer()
     ctx = dl.init()
     calibration = calibrate_job(ctx)
     network = network_of(calibration)
@@ -92,7 +91,8 @@ def main() -> int:
         print(f"{method:9s} spread median {statistics.median(spreads):.2f}, worst {max(spreads):.2f}; "
               f"relative to the timing's mean: median {statistics.median(relative):.3f}, worst {max(relative):.3f}; "
               f"first choice per timing: {firsts}")
-    print(f"{time.perf_counter() - began:.0f} s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{time.perf_counter() - began:.0f} s")
+    footer.print()
     return 0
 
 

@@ -1,6 +1,6 @@
 """The cost of one meeting of a tile group, measured on the job, next to the time model's.
 
-    OMP_NUM_THREADS=1 MPIR_CVAR_ENABLE_HEAVY_YIELD=1 mpiexec -n 5 .venv/bin/python benchmarks/bench_meetings.py
+    OMP_NUM_THREADS=1 MPIR_CVAR_ENABLE_HEAVY_YIELD=1 mpiexec -n 5 python benchmarks/bench_meetings.py
 
 A spatial stage's tiles meet at every halo exchange and BatchNorm sum. Here groups of ranks do
 rounds of work with a small all-reduce after each (``measure.calibration.meeting_cost``, the rest of the
@@ -23,21 +23,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch
+from support.machine import Footer
+from support.tables import Table
 
-import torch  # noqa: E402
-
-import mpi4dl_nb as dl  # noqa: E402
-from mpi4dl_nb.comm.protocol import Comm  # noqa: E402
-from mpi4dl_nb.comm.waiting import node_cores  # noqa: E402
-from mpi4dl_nb.config import ParallelConfig  # noqa: E402
+import mpi4dl_nb as dl
+from mpi4dl_nb.comm.protocol import Comm
+from mpi4dl_nb.comm.waiting import node_cores
+from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.measure.calibration import LONG_WORK, SHORT_WORK, calibrate_job, layer_work, meeting_cost
-from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule  # noqa: E402
+from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule
 from mpi4dl_nb.planner.simulate import Cost, group_key, simulate
 from mpi4dl_nb.planner.step_time import tile_cost
 from mpi4dl_nb.planner.timing import Network, network_of
@@ -120,6 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1 or args.repeats < 1:
         parser.error("--rounds and --repeats must be at least 1")
+    footer = Footer()
     ctx = dl.init()
     if ctx.world_size < 3:
         parser.error("run on at least 3 ranks (mpiexec -n 5 for the table in BENCHMARKS.md)")
@@ -147,19 +146,20 @@ def main() -> None:
     if ctx.rank != 0:
         return
     print(f"{ctx.world_size} ranks on {cores} cores; network: {network.describe()}\n")
-    print("| work between meetings | group | measured ms | model ms (ratio) | earlier model ms (ratio) |")
-    print("|---|---|---:|---:|---:|")
+    table = Table(["work between meetings", "group", ">measured ms", ">model ms (ratio)", ">earlier model ms (ratio)"])
     for work, name, measured, model, earlier in rows:
-        print(f"| {work * 1e3:.2f} ms | {name} | {measured * 1e3:.3f} | {model * 1e3:.3f} ({model / measured:.2f}) | "
-              f"{earlier * 1e3:.3f} ({earlier / measured:.2f}) |")
+        table.add(f"{work * 1e3:.2f} ms", name, f"{measured * 1e3:.3f}", f"{model * 1e3:.3f} ({model / measured:.2f})",
+                  f"{earlier * 1e3:.3f} ({earlier / measured:.2f})")
+    print(table.markdown())
     print(f"\nlayer work and a meeting per round ({alone * 1e3:.2f} ms per work alone), "
           f"the other ranks waiting:\n")
-    print("| work per round (alone) | group | measured ms per round | model ms (ratio) | earlier model ms (ratio) |")
-    print("|---|---|---:|---:|---:|")
+    table = Table(["work per round (alone)", "group", ">measured ms per round", ">model ms (ratio)",
+                   ">earlier model ms (ratio)"])
     for work, members, measured, model, earlier in layer_rows:
-        print(f"| {work * 1e3:.2f} ms | {members} ranks | {measured * 1e3:.3f} | {model * 1e3:.3f} "
-              f"({model / measured:.2f}) | {earlier * 1e3:.3f} ({earlier / measured:.2f}) |")
-
+        table.add(f"{work * 1e3:.2f} ms", f"{members} ranks", f"{measured * 1e3:.3f}",
+                  f"{model * 1e3:.3f} ({model / measured:.2f})", f"{earlier * 1e3:.3f} ({earlier / measured:.2f})")
+    print(table.markdown())
+    footer.print()
 
 if __name__ == "__main__":
     main()

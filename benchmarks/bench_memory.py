@@ -4,7 +4,7 @@ Before the release every rank kept the whole model (``model bytes``); now a rank
 the parameters/buffers of its stages (``held``). Also prints each rank's resident set size
 (VmRSS) before and after building the engine (after ``malloc_trim``). No training step runs.
 
-    MPIR_CVAR_ENABLE_HEAVY_YIELD=1 OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 4 .venv/bin/python \
+    MPIR_CVAR_ENABLE_HEAVY_YIELD=1 OMP_NUM_THREADS=1 mpiexec -n 4 python \
         benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 
 (``--spatial-size 1 --num-spatial-parts 4`` etc. are accepted as in the CLI's config keys.)
@@ -17,22 +17,13 @@ import ctypes
 import gc
 
 import torch
+from support.machine import Footer
+from support.tables import Table
 from torch import nn
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.measure.usage import rss_bytes
 from mpi4dl_nb.models import build_model
-
-
-def rss_bytes() -> int:
-    """This process's resident set size (Linux; 0 elsewhere)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def return_freed_memory() -> None:
@@ -54,6 +45,7 @@ def main() -> None:
     parser.add_argument("--num-spatial-parts", type=int, default=4)
     parser.add_argument("--times", type=int, default=0)
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     ctx = dl.init()
     cfg = dl.ParallelConfig(split_size=args.split_size, spatial_size=args.spatial_size,
@@ -63,20 +55,23 @@ def main() -> None:
     model_bytes = sum(t.numel() * t.element_size() for layer in layers
                       for t in [*layer.parameters(), *layer.buffers()])
     return_freed_memory()
-    rss_before = rss_bytes()
+    rss_before = rss_bytes() or 0
     engine = dl.HybridEngine(layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss())
     return_freed_memory()
     row = (ctx.rank, engine.held_stages(), engine.held_parameter_bytes(include_buffers=True),
-           model_bytes, rss_before, rss_bytes())
+           model_bytes, rss_before, rss_bytes() or 0)
     rows = ctx.gather_object(row, root=0)
     if ctx.rank == 0:
         mib = 2.0 ** 20
         print(f"{args.model} {args.num_layers}x{args.num_filters}, {cfg.world_size} ranks, "
               f"split_size={cfg.split_size} spatial_size={cfg.spatial_size} times={cfg.times}")
-        print("rank | stages   | held MiB | before (whole model) MiB | ratio | RSS before -> after engine MiB")
+        table = Table([">rank", "stages", ">held MiB", ">before (whole model) MiB", ">ratio",
+                       ">RSS before -> after engine MiB"])
         for rank, stages, held, whole, before, after in rows:
-            print(f"{rank:4d} | {str(stages):8s} | {held / mib:8.1f} | {whole / mib:24.1f} | "
-                  f"{whole / max(held, 1):5.2f} | {before / mib:.0f} -> {after / mib:.0f}")
+            table.add(rank, stages, f"{held / mib:.1f}", f"{whole / mib:.1f}", f"{whole / max(held, 1):.2f}",
+                      f"{before / mib:.0f} -> {after / mib:.0f}")
+        print(table.markdown())
+        footer.print()
     ctx.barrier()
 
 

@@ -4,7 +4,7 @@ Each configuration is a real batch job (``mpiexec -n N python -m mpi4dl_nb train
 after another, same machine, same model, same global batch and image size); the table gives
 every job's throughput and largest per-rank peak memory as ratios to the serial job.
 
-    .venv/bin/python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
+    python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
 
 Memory is counted, not RSS (CPU): parameters + gradients + optimizer state + the peak of
 bytes autograd keeps for backward (CUDA: the allocator peak). Images/s excludes the first
@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-from mpi4dl_nb.notebook.cluster import find_mpiexec
-
-REPO = Path(__file__).resolve().parent.parent
+from support.launch import last_json, run_job
+from support.machine import REPO, Footer
+from support.tables import Table
 
 
 def model_flags(args: argparse.Namespace, model: str) -> list[str]:
@@ -45,21 +42,10 @@ def configurations(args: argparse.Namespace) -> list[tuple[str, int, list[str]]]
             (f"SP+PP(m={args.parts})", args.spatial_parts + 1, spatial + ["--parts", str(args.parts)])]
 
 
-def run_job(ranks: int, flags: list[str], timeout: float) -> dict:
-    """One batch job; returns its JSON summary (raises with the output on failure)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if ranks > (os.cpu_count() or 1):
-        env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
-    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4dl_nb", "train", *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(lines[-1])
-
-
-def megabytes(n: float) -> str:
-    return f"{n / 2**20:9.1f}"
+def train_job(ranks: int, flags: list[str], timeout: float) -> dict:
+    """One ``python -m mpi4dl_nb train`` job; its JSON summary."""
+    done = run_job(ranks, [sys.executable, "-m", "mpi4dl_nb", "train", *flags], timeout=timeout, cwd=str(REPO))
+    return last_json(done.stdout)
 
 
 def main() -> int:
@@ -83,28 +69,26 @@ def main() -> int:
     common = ["--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
               "--steps", str(args.steps), "--num-samples", str(args.batch_size * args.steps),
               "--no-progress"]
-    print(f"image {args.image_size}^2, global batch {args.batch_size}, {args.steps} steps per job "
-          f"(1 warm-up), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
-          f"(other work on the machine skews every ratio)")
-    header = (f"{'model':10} {'config':12} {'ranks':>5} {'img/s':>8} {'x serial':>8} "
-              f"{'peak MB':>9} {'x serial':>8} {'comm %':>7}")
-    print(header)
-    print("-" * len(header))
+    footer = Footer()
+    print(f"image {args.image_size}^2, global batch {args.batch_size}, {args.steps} steps per job (1 warm-up)")
+    table = Table(["model", "config", ">ranks", ">img/s", ">x serial", ">peak MB", ">x serial", ">comm %"])
     for model in args.models.split(","):
         base = None
         for name, ranks, flags in configurations(args):
-            record = run_job(ranks, model_flags(args, model) + flags + common, args.timeout)
+            record = train_job(ranks, model_flags(args, model) + flags + common, args.timeout)
             peak = max(record["peak_memory_bytes"])
             comm = sum(record["comm_seconds"]) / max(1e-12, sum(record["train_seconds"]))
             if base is None:
                 base = record["images_per_s"], peak
-            print(f"{model:10} {name:12} {ranks:5d} {record['images_per_s']:8.3f} "
-                  f"{record['images_per_s'] / base[0]:8.2f} {megabytes(peak)} "
-                  f"{peak / base[1]:8.2f} {100 * comm:6.1f}%", flush=True)
+            table.add(model, name, ranks, f"{record['images_per_s']:.3f}", f"{record['images_per_s'] / base[0]:.2f}",
+                      f"{peak / 2**20:.1f}", f"{peak / base[1]:.2f}", f"{100 * comm:.1f}%")
+            print(f"  {model} {name}: done", file=sys.stderr, flush=True)
             if args.json:
                 print(json.dumps(record))
+    print(table.markdown())
     print("peak MB: largest per-rank peak; comm %: share of step time in communication "
           "(incl. waiting), over all ranks")
+    footer.print()
     return 0
 
 

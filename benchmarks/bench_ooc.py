@@ -37,6 +37,9 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
+from support.machine import Footer
+from support.tables import Table
+from support.world import require_world
 from torch import nn
 
 import mpi4dl_nb as dl
@@ -198,10 +201,10 @@ def main() -> None:
     parser.add_argument("--time-size", type=int, default=512, help="side of the step-time comparison")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     ctx = dl.init()
-    if ctx.world_size != GRID[0] * GRID[1]:
-        raise SystemExit(f"run with mpiexec -n {GRID[0] * GRID[1]}")
+    require_world(ctx, GRID[0] * GRID[1])
     say = print if ctx.rank == 0 else (lambda *_: None)
     budget = args.budget_mib * MIB
     settings = [Setting("serial", False, False, False), Setting("SP 4", True, False, False),
@@ -216,19 +219,25 @@ def main() -> None:
         rows.append((setting.name, side, peak, evaluations))
         del net
     serial_pixels = rows[0][1] ** 2
-    say("\nconfiguration             | largest side | pixels vs serial | peak MiB | steps measured")
+    table = Table([f"configuration (width {args.width}, {args.budget_mib:g} MiB per rank)", ">largest side",
+                   ">pixels vs serial", ">counted peak MiB", ">steps measured"])
     for name, side, peak, evaluations in rows:
-        say(f"{name:25s} | {side:12d} | {side * side / serial_pixels:15.1f}x | {peak / MIB:8.1f} | {evaluations}")
+        table.add(name, side, f"{side * side / serial_pixels:.1f}x", f"{peak / MIB:.1f}", evaluations)
+    say("\n" + table.markdown())
     timed = settings[1:3] + [Setting("SP 4 + bf16", True, False, True)]   # recomputation; bf16 vs fp32
     nets = [setting.build(ctx, args.width) for setting in timed]
     timing = [(setting.name, *result) for setting, result in
               zip(timed, step_times(ctx, [n for n in nets if n is not None], timed, args.time_size, args.steps))]
     say(f"\nSP 4 step at {args.time_size} px (median of {args.steps}, alternating; halo exchanges of rank 0 per step)")
+    table = Table(["setting", ">step s", ">halo exchanges", ">their ms"])
     for name, seconds, halos, halo_seconds in timing:
-        say(f"{name:25s} | {seconds:7.3f} s | {halos:4d} halo exchanges, {halo_seconds * 1e3:7.1f} ms")
+        table.add(name, f"{seconds:.3f}", halos, f"{halo_seconds * 1e3:.1f}")
+    say(table.markdown())
     say(f"recomputation cost: {timing[1][1] / timing[0][1]:.2f}x step time (goal < 1.35x)")
     say(f"bf16 vs fp32 (no recomputation): {timing[2][1] / timing[0][1]:.2f}x step time")
     ctx.barrier()
+    if ctx.rank == 0:
+        footer.print()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,10 @@ import time
 from collections.abc import Sequence
 
 import torch
-from bench_spatial import SavedBytes  # benchmarks/ is on the path when run as a script
+from support.machine import Footer
+from support.memory import SavedBytes
+from support.models import conv_stack
+from support.tables import Table
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.spatial import conv as spatial_conv
@@ -40,15 +43,6 @@ from mpi4dl_nb.spatial.pool import _WindowedPool
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 
 Config = tuple[str, bool, bool]   # (label, regions, overlap)
-
-
-def conv_stack() -> torch.nn.Module:
-    layers: list[torch.nn.Module] = []
-    cin = 3
-    for _ in range(3):
-        layers += [torch.nn.Conv2d(cin, 16, 3, padding=1), torch.nn.ReLU()]
-        cin = 16
-    return torch.nn.Sequential(*layers)
 
 
 def stem_stack() -> torch.nn.Module:
@@ -126,6 +120,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backend", default="auto")
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     ctx = dl.init(backend=args.backend)
     torch.manual_seed(0)
@@ -141,20 +136,23 @@ def main() -> None:
         if ctx.rank == 0:
             print(f"\n{name}: {args.size}x{args.size}, {ctx.world_size} ranks ({grid.rows}x1), "
                   f"plane {ctx.backend}, best of {args.rounds} (slowest rank)")
-            print("| configuration | forward s | forward+backward s | halo exchanges in a forward (rank 0) s "
-                  "| saved for backward (rank 0) MiB |")
-            print("|---|---:|---:|---:|---:|")
+            table = Table(["configuration", ">forward s", ">forward+backward s",
+                           ">halo exchanges in a forward (rank 0) s", ">saved for backward (rank 0) MiB"])
             for label, _, _ in configs:
                 forward = max(r[label][0] for r in rows)
                 step = max(r[label][1] for r in rows)
-                print(f"| {label} | {forward:.3f} | {step:.3f} | {rows[0][label][2]:.4f} "
-                      f"| {rows[0][label][3] / 2**20:.1f} |")
+                table.add(label, f"{forward:.3f}", f"{step:.3f}", f"{rows[0][label][2]:.4f}",
+                          f"{rows[0][label][3] / 2**20:.1f}")
+            print(table.markdown())
             if copies:
-                print("| layer (rank 0) | extended tile built (extend) ms | strips only ms | copy saved ms |")
-                print("|---|---:|---:|---:|")
+                table = Table(["layer (rank 0)", ">extended tile built (extend) ms", ">strips only ms",
+                               ">copy saved ms"])
                 for label, extend, strips in copies:
-                    print(f"| {label} | {extend * 1e3:.1f} | {strips * 1e3:.1f} | {(extend - strips) * 1e3:.1f} |")
+                    table.add(label, f"{extend * 1e3:.1f}", f"{strips * 1e3:.1f}", f"{(extend - strips) * 1e3:.1f}")
+                print(table.markdown())
     ctx.barrier()
+    if ctx.rank == 0:
+        footer.print()
 
 
 if __name__ == "__main__":

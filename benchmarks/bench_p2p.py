@@ -16,6 +16,9 @@ import argparse
 import time
 
 import torch
+from support.machine import Footer
+from support.tables import Table
+from support.world import require_world
 
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.comm.handles import Transfer
@@ -48,12 +51,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--device", choices=sorted(PLANES), default="cpu")
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     first, second = PLANES[args.device]
     planes = {name: Context(backend=name, device=args.device) for name in (first, second)}
     ctx0 = planes[first]
-    if ctx0.world_size != 2:
-        raise SystemExit("run with mpiexec -n 2")
+    require_world(ctx0, 2)
     rows = []
     for kib in SIZES_KIB:
         row: list[float] = [kib]
@@ -64,12 +67,14 @@ def main() -> None:
     if ctx0.rank == 0:
         staged = " (staged)" if args.device == "cuda" and not ctx0.cuda_aware else ""
         a, b = f"{first}{staged}", second
-        print(f"device {ctx0.device}")
-        print(f"| message | {a} latency (us) | {a} GB/s | {b} latency (us) | {b} GB/s | {b}/{first} time |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        table = Table(["message", f">{a} latency (us)", f">{a} GB/s", f">{b} latency (us)", f">{b} GB/s",
+                       f">{b}/{first} time"])
         for kib, mt, mb, gt, gb in rows:
             size = f"{int(kib)} KiB" if kib < 1024 else f"{int(kib) // 1024} MiB"
-            print(f"| {size} | {mt:.1f} | {mb:.2f} | {gt:.1f} | {gb:.2f} | {gt / mt:.2f} |")
+            table.add(size, f"{mt:.1f}", f"{mb:.2f}", f"{gt:.1f}", f"{gb:.2f}", f"{gt / mt:.2f}")
+        print(f"device {ctx0.device}, ping-pong, median one-way time of {args.repeats}")
+        print(table.markdown())
+        footer.print()
     planes[second].close()
 
 

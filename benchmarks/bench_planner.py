@@ -1,9 +1,9 @@
 """Planner predictions vs measurements per rank: peak memory and step time, configurations side by side.
 
-    .venv/bin/python benchmarks/bench_planner.py                                   # ResNet-11 v2 w16 128 px
-    .venv/bin/python benchmarks/bench_planner.py --model resnet --depth 20 --width 8 --image-size 256
-    .venv/bin/python benchmarks/bench_planner.py --model amoebanet --depth 6 --width 32 --image-size 128
-    .venv/bin/python benchmarks/bench_planner.py --grid --markdown                 # the BENCHMARKS.md table
+    python benchmarks/bench_planner.py                                   # ResNet-11 v2 w16 128 px
+    python benchmarks/bench_planner.py --model resnet --depth 20 --width 8 --image-size 256
+    python benchmarks/bench_planner.py --model amoebanet --depth 6 --width 32 --image-size 128
+    python benchmarks/bench_planner.py --grid --markdown                 # the BENCHMARKS.md table
 
 Each configuration runs on a local MPI cluster of its world size (one cluster start per
 world size). On every rank: one warm-up and one measured ``HybridEngine.train_step`` under
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 import time
 from dataclasses import dataclass
+
+from support.machine import Footer
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb import cluster as clu
@@ -145,6 +146,7 @@ def main() -> int:
         parser.error("--passes and --steps must be at least 1")
     names = args.configs.split(";") if args.configs else None
     models = GRID if args.grid else [(args.model, args.depth, args.width, args.image_size)]
+    footer = Footer()
     start = time.monotonic()
     rows = [row for model in models for row in run_model(*model, args.steps, names, args.passes)]
     if args.markdown:
@@ -155,10 +157,9 @@ def main() -> int:
         print_row(row, args.markdown)
     memory_ok = sum(all(abs(r - 1) <= 0.15 for r in row.ratios) for row in rows)
     time_ok = sum(abs(row.time_ratio - 1) <= 0.30 for row in rows)
-    load = os.getloadavg()
     print(f"\nmemory within 15% on every rank: {memory_ok}/{len(rows)}; step time within 30%: "
-          f"{time_ok}/{len(rows)} (float32; {time.monotonic() - start:.0f} s; load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
+          f"{time_ok}/{len(rows)} (float32; {time.monotonic() - start:.0f} s)")
+    footer.print()
     return 0
 
 

@@ -1,8 +1,8 @@
 """Planner memory estimate vs measured peak per rank with activation recomputation on.
 
-    .venv/bin/python benchmarks/bench_planner_recompute.py                  # ResNet-20 v2 w8 256 px
-    .venv/bin/python benchmarks/bench_planner_recompute.py --model amoebanet --depth 6 --width 32 --image-size 128
-    .venv/bin/python benchmarks/bench_planner_recompute.py --settings none,every --configs serial,SP4+LP
+    python benchmarks/bench_planner_recompute.py                  # ResNet-20 v2 w8 256 px
+    python benchmarks/bench_planner_recompute.py --model amoebanet --depth 6 --width 32 --image-size 128
+    python benchmarks/bench_planner_recompute.py --settings none,every --configs serial,SP4+LP
 
 For each ``--checkpoint-activations`` setting (every, blocks, N) and configuration, the
 planner's estimate (``estimate_memory``: the engine's per-segment recomputation, segments cut
@@ -18,6 +18,8 @@ import argparse
 import itertools
 import sys
 import time
+
+from support.machine import Footer
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb import cluster as clu
@@ -54,6 +56,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown configuration(s) {unknown}; choose from {list(CASES)}")
     label = f"{args.model}-{args.depth} w{args.width} {args.image_size}px"
+    footer = Footer()
     start = time.monotonic()
     worst_all = []
     names.sort(key=lambda n: ParallelConfig(**CASES[n][0]).world_size)
@@ -76,6 +79,7 @@ def main() -> int:
                         print(plan.table(), flush=True)
     within = sum(abs(w - 1) <= 0.15 for w in worst_all)
     print(f"\nwithin 15% on every rank: {within}/{len(worst_all)} ({time.monotonic() - start:.0f} s)")
+    footer.print()
     return 0 if within == len(worst_all) else 1
 
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
-from mpi4dl_nb.notebook.cluster import find_mpiexec
+from support.launch import last_json, run_job
+from support.machine import REPO, Footer
+from support.tables import Table
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"sp_lp": 5, "pipeline": 2}
 MARK = "@@SOAK "
 MODEL = dict(depth=11, width=8, image=64, classes=10)
@@ -124,30 +123,20 @@ def slope_per_1000(points: list[tuple[int, int]]) -> float:
 
 
 def launch(name: str, mode: str, steps: int, every: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if CONFIGS[name] > (os.cpu_count() or 1):
-        env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
-    cmd = [find_mpiexec(), "-n", str(CONFIGS[name]), sys.executable,
-           "-m", "mpi4py", __file__, "--rank-program", name, mode, str(steps), str(every)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    for line in out.stdout.splitlines():
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
-    raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    done = run_job(CONFIGS[name], [sys.executable, "-m", "mpi4py", __file__, "--rank-program", name, mode, str(steps),
+                                   str(every)], cwd=str(REPO))
+    return last_json(done.stdout, MARK)
 
 
-def report(result: dict) -> list[str]:
-    rows = []
+def report(result: dict, table: Table) -> None:
     for rank, samples in enumerate(result["ranks"]):
         late = samples[len(samples) // 2:]
         rss = slope_per_1000([(s, r) for s, r, _, _ in late])
         tensors = slope_per_1000([(s, t) for s, _, t, _ in late])
         events = [e for *_, e in samples]
         mib = 2.0 ** 20
-        rows.append(f"| {result['config']} | {result['mode']} | {rank} | {late[0][1] / mib:.1f} | "
-                    f"{samples[-1][1] / mib:.1f} | {rss / 1024:+.1f} | {tensors / 1024:+.2f} | "
-                    f"{min(events)}-{max(events)} |")
-    return rows
+        table.add(result["config"], result["mode"], rank, f"{late[0][1] / mib:.1f}", f"{samples[-1][1] / mib:.1f}",
+                  f"{rss / 1024:+.1f}", f"{tensors / 1024:+.2f}", f"{min(events)}-{max(events)}")
 
 
 def main() -> None:
@@ -157,15 +146,17 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--modes", default="api,train")
     args = parser.parse_args()
+    footer = Footer()
     print(f"# ResNet v2-{MODEL['depth']} width {MODEL['width']}, {MODEL['image']} px, float32; "
           f"{args.steps} steps, sampled every {args.sample_every}; growth = slope over the 2nd half")
-    print("| config | mode | rank | RSS at half MiB | RSS at end MiB | RSS growth KiB/1000 steps | "
-          "tensor bytes growth KiB/1000 steps | trace events (min-max) |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+    table = Table(["config", "mode", ">rank", ">RSS at half MiB", ">RSS at end MiB", ">RSS growth KiB/1000 steps",
+                   ">tensor bytes growth KiB/1000 steps", "trace events (min-max)"])
     for name in args.configs.split(","):
         for mode in args.modes.split(","):
-            for row in report(launch(name, mode, args.steps, args.sample_every)):
-                print(row, flush=True)
+            report(launch(name, mode, args.steps, args.sample_every), table)
+            print(f"  {name} {mode}: done", file=sys.stderr, flush=True)
+    print(table.markdown())
+    footer.print()
 
 
 if __name__ == "__main__":

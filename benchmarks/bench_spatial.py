@@ -19,11 +19,14 @@ Ideal ratio to serial: 1/P. RSS is not used (the tuned allocator keeps freed mem
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import torch
-from torch import nn
+from support.machine import Footer
+from support.memory import activation_bytes
+from support.models import conv_stack
+from support.tables import Table
+from support.timing import best_of
+from support.world import require_world
 
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.spatial.convert import reduce_tile_gradients, spatialize
@@ -31,27 +34,8 @@ from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 
 
-def conv_stack(channels: int = 16, layers: int = 3) -> nn.Module:
-    modules: list[nn.Module] = []
-    cin = 3
-    for _ in range(layers):
-        modules += [nn.Conv2d(cin, channels, 3, padding=1), nn.ReLU()]
-        cin = channels
-    return nn.Sequential(*modules)
-
-
-def step_time(run: Callable[[], None], steps: int) -> float:
-    best = float("inf")
-    for _ in range(steps):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def speed(ctx: Context, size: int, steps: int, rounds: int, slice_method: str) -> None:
-    if ctx.world_size != 2:
-        raise SystemExit("speed: run with mpiexec -n 2")
+    require_world(ctx, 2, "speed")
     torch.manual_seed(0)
     model = conv_stack()
     image = torch.randn(1, 3, size, size)
@@ -74,11 +58,11 @@ def speed(ctx: Context, size: int, steps: int, rounds: int, slice_method: str) -
     for _ in range(rounds):
         ctx.barrier()
         if ctx.rank == 0:
-            best["A"] = min(best["A"], step_time(serial, steps))
+            best["A"] = min(best["A"], best_of(serial, steps))
         ctx.barrier()
-        best["B"] = min(best["B"], step_time(spatial, steps))
+        best["B"] = min(best["B"], best_of(spatial, steps))
         ctx.barrier()
-        best["C"] = min(best["C"], step_time(serial, steps))
+        best["C"] = min(best["C"], best_of(serial, steps))
     times = torch.tensor([best["A"], best["B"], best["C"]], dtype=torch.float64)
     slowest = ctx.all_gather_object(times.tolist())
     if ctx.rank == 0:
@@ -87,46 +71,19 @@ def speed(ctx: Context, size: int, steps: int, rounds: int, slice_method: str) -
         c = max(r[2] for r in slowest)
         print(f"conv stack 3x16ch 3x3, {size}x{size}, fwd+bwd, 1 thread/rank, best of "
               f"{rounds}x{steps} steps")
-        print("| run | seconds/step | speed-up vs 1 rank | efficiency (ideal 2.0) |")
-        print("|---|---:|---:|---:|")
-        print(f"| A: serial, 1 rank | {a:.3f} | 1.00 | - |")
-        print(f"| B: spatial, 2 ranks ({grid.rows}x{grid.cols} tiles) | {b:.3f} | {a / b:.2f} | {a / b / 2:.2f} |")
-        print(f"| C: 2 independent serial ranks (ceiling) | {c:.3f} | {2 * a / c:.2f} "
-              f"(throughput) | {a / c:.2f} |")
+        table = Table(["run", ">seconds/step", ">speed-up vs 1 rank", ">efficiency (ideal 2.0)"])
+        table.add("A: serial, 1 rank", f"{a:.3f}", "1.00", "-")
+        table.add(f"B: spatial, 2 ranks ({grid.rows}x{grid.cols} tiles)", f"{b:.3f}", f"{a / b:.2f}",
+                  f"{a / b / 2:.2f}")
+        table.add("C: 2 independent serial ranks (ceiling)", f"{c:.3f}", f"{2 * a / c:.2f} (throughput)",
+                  f"{a / c:.2f}")
+        print(table.markdown())
         print(f"efficiency of spatial vs this machine's 2-process ceiling: "
               f"{(a / b) / (2 * a / c):.2f}")
 
 
-class SavedBytes:
-    """Unique storage bytes of tensors autograd saves inside the context."""
-
-    def __init__(self) -> None:
-        self.storages: dict[int, int] = {}
-
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        self.storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    def add(self, tensor: torch.Tensor) -> None:
-        self.pack(tensor)
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
-
-
-def activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
-    counter = SavedBytes()
-    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-        out = module(x)
-    counter.add(out)
-    return counter.total
-
-
 def memory(ctx: Context, size: int) -> None:
-    if ctx.world_size < 4:
-        raise SystemExit("memory: run with mpiexec -n 4")
+    require_world(ctx, 4, "memory", at_least=True)
     torch.manual_seed(0)
     model = conv_stack()
     image = torch.randn(1, 3, size, size)
@@ -146,15 +103,15 @@ def memory(ctx: Context, size: int) -> None:
     if ctx.rank == 0:
         serial = gathered[0]["serial"]
         print(f"activation bytes per rank, conv stack 3x16ch, {size}x{size}, batch 1, float32")
-        print("| tiles P | max bytes/rank (MiB) | ratio to serial | ideal 1/P | goal <= 1.15/P |")
-        print("|---:|---:|---:|---:|---:|")
-        print(f"| serial | {serial / 2**20:.1f} | 1.000 | 1.000 | - |")
+        table = Table([">tiles P", ">max bytes/rank (MiB)", ">ratio to serial", ">ideal 1/P", ">goal <= 1.15/P"])
+        table.add("serial", f"{serial / 2**20:.1f}", "1.000", "1.000", "-")
         for key, parts, label in ((1, 1, "1"), (2, 2, "2"), (4, 4, "4"),
                                   ("4f", 4, "4, fused halos (3 layers)")):
             worst = max(r[key] for r in gathered[:parts])
             ratio = worst / serial
-            print(f"| {label} | {worst / 2**20:.1f} | {ratio:.3f} | {1 / parts:.3f} | "
-                  f"{'yes' if ratio <= 1.15 / parts else 'NO'} |")
+            table.add(label, f"{worst / 2**20:.1f}", f"{ratio:.3f}", f"{1 / parts:.3f}",
+                      "yes" if ratio <= 1.15 / parts else "NO")
+        print(table.markdown())
 
 
 def main() -> None:
@@ -167,12 +124,15 @@ def main() -> None:
     parser.add_argument("--slice-method", default="vertical", choices=["vertical", "horizontal"],
                         help="speed: how the 2 tiles cut the image")
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     ctx = Context(backend=args.backend, trace=False)
     if args.what == "speed":
         speed(ctx, args.size, args.steps, args.rounds, args.slice_method)
     else:
         memory(ctx, args.size)
+    if ctx.rank == 0:
+        footer.print()
 
 
 if __name__ == "__main__":

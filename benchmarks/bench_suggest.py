@@ -1,7 +1,7 @@
 """suggest's first choice against the fastest measured of the candidates it ranked, scenario by scenario.
 
-    .venv/bin/python benchmarks/bench_suggest.py                      # every scenario, twice (~10 min)
-    .venv/bin/python benchmarks/bench_suggest.py --scenarios resnet-11 --repeats 3 --markdown
+    python benchmarks/bench_suggest.py                      # every scenario, twice (~10 min)
+    python benchmarks/bench_suggest.py --scenarios resnet-11 --repeats 3 --markdown
 
 Each run is the live auto-tune a user starts (``python -m mpi4dl_nb tune`` under
 ``mpiexec -n 5``, ``OMP_NUM_THREADS=1``): the job calibrates itself, ``suggest`` ranks every
@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
-from mpi4dl_nb.notebook.cluster import find_mpiexec
+from support.launch import run_job
+from support.machine import Footer
 
 WITHIN = 0.10
 WORLD = 5
@@ -85,12 +85,10 @@ def tune_once(scenario: Scenario, top: int, steps: int, rounds: int) -> Run:
     """One ``python -m mpi4dl_nb tune`` job on 5 ranks; its JSON read back."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "tune.json")
-        command = [find_mpiexec(), "-n", str(WORLD), sys.executable, "-m", "mpi4dl_nb", "tune", *scenario.tune_args(),
-                   "--top", str(top), "--steps", str(steps), "--rounds", str(rounds), "--json", path]
-        env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
-        if done.returncode != 0 or not os.path.exists(path):
-            raise RuntimeError(f"{scenario.name}: tune failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        done = run_job(WORLD, [sys.executable, "-m", "mpi4dl_nb", "tune", *scenario.tune_args(), "--top", str(top),
+                               "--steps", str(steps), "--rounds", str(rounds), "--json", path], timeout=3600)
+        if not os.path.exists(path):
+            raise RuntimeError(f"{scenario.name}: tune wrote no {path}:\n{done.stderr[-2000:]}")
         with open(path) as handle:
             result = json.load(handle)
     candidates = [row for row in result["rows"] if row["config"] is not None]
@@ -133,6 +131,7 @@ def main() -> int:
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}: use {', '.join(known)}")
+    footer = Footer()
     start = time.monotonic()
     if args.markdown:
         print("| scenario (5 ranks, limit per rank) | suggest's first choice | measured s | fastest measured | "
@@ -144,10 +143,10 @@ def main() -> int:
             run = tune_once(known[name], args.top, args.steps, args.rounds)
             runs.append(run)
             print_run(run, args.markdown)
-    load = os.getloadavg()
     print(f"\nfirst choice within 10% of the fastest measured: {sum(r.within for r in runs)}/{len(runs)} runs "
           f"(worst {max(r.ratio for r in runs):.2f}x; --top {args.top} --steps {args.steps} --rounds {args.rounds}; "
-          f"{time.monotonic() - start:.0f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
+          f"{time.monotonic() - start:.0f} s)")
+    footer.print()
     return 0
 
 

@@ -1,7 +1,7 @@
 """The auto-tune's order of steps: does the row stepped right after the one-process reference run slower?
 
-    .venv/bin/python benchmarks/bench_tune_order.py                  # 5 jobs per order (~8 min)
-    .venv/bin/python benchmarks/bench_tune_order.py --jobs 3
+    python benchmarks/bench_tune_order.py                  # 5 jobs per order (~8 min)
+    python benchmarks/bench_tune_order.py --jobs 3
 
 Each job is what ``python -m mpi4dl_nb tune`` measures on 5 ranks (``OMP_NUM_THREADS=1``): the
 one-process reference and four rows, the same configuration A (AmoebaNet-3 w64, 256 px, SP 2x1 on
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
-from mpi4dl_nb.notebook.cluster import find_mpiexec
+from support.launch import run_job
+from support.machine import Footer
 
 WORLD = 5
 TILES = {"split_size": 4, "spatial_size": 1, "num_spatial_parts": 2}
@@ -48,13 +47,11 @@ def child(order: str, steps: int, rounds: int) -> None:
 
 def job(order: str, steps: int, rounds: int) -> list[float]:
     """One mpiexec job of ``child``; the rows' median step seconds."""
-    command = [find_mpiexec(), "-n", str(WORLD), sys.executable, __file__, "--child", order,
-               "--steps", str(steps), "--rounds", str(rounds)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    done = run_job(WORLD, [sys.executable, __file__, "--child", order, "--steps", str(steps), "--rounds", str(rounds)],
+                   timeout=900)
     line = next((line for line in done.stdout.splitlines() if "MEDIANS " in line), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"{order} job failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    if line is None:
+        raise RuntimeError(f"{order} job printed no medians:\n{done.stderr[-2000:]}")
     return json.loads(line.split("MEDIANS ", 1)[1])
 
 
@@ -70,6 +67,7 @@ def main() -> int:
         return 0
     if min(args.jobs, args.steps, args.rounds) < 1:
         parser.error("--jobs, --steps and --rounds must be at least 1")
+    footer = Footer()
     start = time.monotonic()
     ratios: dict[str, list[float]] = {order: [] for order in ORDERS}
     for index in range(args.jobs):
@@ -83,8 +81,8 @@ def main() -> int:
         found = ratios[order]
         print(f"{order:8s} row 1 / row 3: mean {statistics.mean(found):.3f}, slower in {sum(r > 1 for r in found)} "
               f"of {len(found)} jobs (range {min(found):.3f}-{max(found):.3f})")
-    load = os.getloadavg()
-    print(f"{time.monotonic() - start:.0f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"{time.monotonic() - start:.0f} s")
+    footer.print()
     return 0
 
 

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
 import torch
+from support.machine import Footer
+from support.tables import Table
 from torch import nn
 
 from mpi4dl_nb import ParallelConfig
@@ -43,6 +46,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
+    footer = Footer()
     torch.set_num_threads(1)
     contexts = {mode: Context(wait=mode.value) for mode in WaitMode}
     world = contexts[WaitMode.BLOCK].world_size
@@ -51,7 +55,8 @@ def main() -> None:
     if rank0:
         print(f"{world} ranks on {node_cores()} cores, ResNet-{args.depth} v2 w{args.width} {args.image_size} px; "
               f"median step (slowest rank), {args.rounds} rounds x {args.steps} steps per mode")
-        print(f"{'configuration':26s} {'block s':>8s} {'yield s':>8s} {'yield speed-up':>15s}")
+    table = Table([f"configuration (ResNet-{args.depth} v2 w{args.width}, {args.image_size} px)", ">block s",
+                   ">yield s", ">yield speed-up"])
     for name, knobs, batch in CASES.get(world, []):
         images, labels = spec.batch(args.image_size, batch)
         engines = {mode: HybridEngine(spec.build(), ParallelConfig(**knobs), ctx, loss_fn=nn.CrossEntropyLoss(),
@@ -65,9 +70,13 @@ def main() -> None:
                 times[mode] += [max(step) for step in zip(*everyone)]
         if rank0:
             block, yielded = (statistics.median(times[m]) for m in (WaitMode.BLOCK, WaitMode.YIELD))
-            print(f"{name:26s} {block:8.3f} {yielded:8.3f} {block / yielded:14.2f}x", flush=True)
+            table.add(name, f"{block:.3f}", f"{yielded:.3f}", f"{block / yielded:.2f}x")
+            print(f"  {name}: done", file=sys.stderr, flush=True)
     if rank0 and world not in CASES:
         print(f"no configurations for {world} ranks: run with 3 or 5")
+    elif rank0:
+        print(table.markdown())
+        footer.print()
 
 
 if __name__ == "__main__":

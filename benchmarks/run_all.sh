@@ -1,29 +1,67 @@
 #!/usr/bin/env bash
-# Run every benchmark behind BENCHMARKS.md, one after another, on a quiet machine.
-# Usage: bash benchmarks/run_all.sh [venv]   (prints each command, then its output)
-set -euo pipefail
+# Run every benchmark command that BENCHMARKS.md shows, one after another (tests/test_benchmarks_doc.py checks
+# that each of its commands is here).
+# Usage: bash benchmarks/run_all.sh [venv]
+#   BENCH_ONLY=REGEX   run only the commands matching REGEX (grep -E), e.g. BENCH_ONLY='soak|ooc'
+#   BENCH_SKIP=REGEX   leave out the commands matching REGEX
+#   BENCH_LOGS=DIR     also write each command's output to DIR/NN-<script>.log
+# A failing command is reported and the others still run; the exit status says whether any failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 export PATH="$PWD/$VENV/bin:$PATH" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000
-run() { echo; echo "\$ $*"; "$@"; }
+FAILED=()
+COUNT=0
+run() {
+  COUNT=$((COUNT + 1))
+  if [ -n "${BENCH_ONLY:-}" ] && ! grep -qE -e "$BENCH_ONLY" <<<"$*"; then return; fi
+  if [ -n "${BENCH_SKIP:-}" ] && grep -qE -e "$BENCH_SKIP" <<<"$*"; then return; fi
+  local log=/dev/null
+  if [ -n "${BENCH_LOGS:-}" ]; then
+    mkdir -p "$BENCH_LOGS"
+    log="$BENCH_LOGS/$(printf %02d "$COUNT")-$(grep -oE 'bench_[a-z0-9_]+' <<<"$*" | head -1).log"
+  fi
+  echo; echo "\$ $*" | tee "$log"
+  "$@" 2>&1 | tee -a "$log" || FAILED+=("$*")
+}
 # MPICH busy-polls: yield only when ranks outnumber cores (it costs latency otherwise)
 yielding() { MPIR_CVAR_ENABLE_HEAVY_YIELD=1 "$@"; }
+
+# 1. point-to-point and halos
 run mpiexec -n 2 python benchmarks/bench_p2p.py --repeats 50
 run mpiexec -n 2 python benchmarks/bench_halo.py --size 2048
+# 2. spatial speed and memory; overlap and regions
 run mpiexec -n 2 python benchmarks/bench_spatial.py speed --size 2048 --steps 3 --rounds 3
-run mpiexec -n 2 python benchmarks/bench_spatial.py speed --size 2048 --steps 3 --rounds 3 --slice-method horizontal
 run yielding mpiexec -n 4 python benchmarks/bench_spatial.py memory --size 2048
+run mpiexec -n 2 python benchmarks/bench_overlap.py --size 2048 --backend mpi
+run mpiexec -n 2 python benchmarks/bench_overlap.py --size 2048 --backend gloo
+# 3. pipeline and GEMS (with torch.distributed.pipelining beside them)
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule gpipe
+run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule 1f1b
+# 4. weights per rank; models as batch jobs
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
-run python benchmarks/bench_models.py --image-size 512 --batch-size 2 --steps 5
+run python benchmarks/bench_models.py --image-size 256 --batch-size 2 --steps 4
+# 5. cost of exactness
 run mpiexec -n 2 python benchmarks/bench_correctness.py guard --size 256 --steps 3 --rounds 3
 run yielding mpiexec -n 4 python benchmarks/bench_correctness.py models --size 256 --steps 2 --rounds 2
-run python benchmarks/bench_planner.py --markdown
-run python benchmarks/bench_suggest.py --repeats 2 --markdown
-run mpiexec -n 5 python benchmarks/bench_layer_timing.py --repeats 5
+# 6. waiting ranks
+run yielding mpiexec -n 3 python benchmarks/bench_wait.py
+run yielding mpiexec -n 5 python benchmarks/bench_wait.py
+# 7. planner and auto-tune
+run python benchmarks/bench_planner.py --grid --passes 1 --markdown
+run python benchmarks/bench_planner_recompute.py
 run yielding mpiexec -n 5 python benchmarks/bench_meetings.py
-run python benchmarks/bench_tune_order.py
-run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 20000
+run mpiexec -n 5 python benchmarks/bench_layer_timing.py --repeats 2
+run python benchmarks/bench_suggest.py --scenarios resnet-11,resnet-20,amoebanet-3 --repeats 1 --markdown
+run python benchmarks/bench_suggest.py --scenarios resnet-29,resnet-11-384,amoebanet-6 --repeats 1 --markdown
+run python benchmarks/bench_tune_order.py --jobs 2
+# 8. inference, soak, out of core
+run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 10000
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100
+run python benchmarks/bench_soak.py --steps 6000 --sample-every 200 --configs sp_lp --modes api
 run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 384 --steps 5
+
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1
+fi

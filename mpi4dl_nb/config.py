@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .errors import ConfigError
 from .layout import RankRole, layout
@@ -76,24 +76,35 @@ class PrecisionMode(Choice):
     FP16 = "fp16"   # autocast to float16 with a gradient scaler (GPU only)
 
 
+class CheckpointGranularity(Choice):
+    """How ``checkpoint_activations`` cuts a stage into segments, when not given a layer count."""
+
+    EVERY = "every"     # each layer a segment
+    BLOCKS = "blocks"   # segments of ceil(sqrt(layers)) layers (the memory-optimal cut for equal layers)
+
+
+CheckpointSetting = CheckpointGranularity | int   # a granularity, or N >= 1 layers per segment
+Knob = int | str | list[int] | None               # a knob's JSON-friendly value (``as_dict``)
+
 SLICE_METHODS = SliceMethod.values()
 SCHEDULES = ScheduleKind.values()
 PRECISIONS = PrecisionMode.values()
-CHECKPOINT_GRANULARITIES = ("every", "blocks")
+CHECKPOINT_GRANULARITIES = CheckpointGranularity.values()
 
 
-def as_checkpoint_setting(value: object) -> str | int | None:
-    """``checkpoint_activations`` normalised: None/"none"/0 -> None, "every", "blocks" or N >= 1."""
+def as_checkpoint_setting(value: object) -> CheckpointSetting | None:
+    """``checkpoint_activations`` normalised: None/"none"/0/False -> None, True -> EVERY,
+    "every"/"blocks" -> their CheckpointGranularity, N or "N" (N >= 1) -> N."""
     if value is None or value is False or value == "none" or value == 0:
         return None
     if value is True:
-        return "every"
+        return CheckpointGranularity.EVERY
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, int) and value >= 1:
         return value
     if value in CHECKPOINT_GRANULARITIES:
-        return str(value)
+        return CheckpointGranularity(value)
     raise ConfigError("checkpoint_activations", f"{value!r} is not 'every' (each layer), 'blocks' "
                       f"(segments of about sqrt(layers) layers), a number N >= 1 of layers per "
                       f"segment, or None")
@@ -155,7 +166,7 @@ class ParallelConfig:
     check_ops: bool = True
     # memory knobs (issue 14): activation recomputation per stage (None: off; 'every', 'blocks' or N
     # layers per segment) and the compute precision; the planner's models read them too
-    checkpoint_activations: str | int | None = None
+    checkpoint_activations: CheckpointSetting | None = None   # 'every', 'blocks' or N accepted
     precision: PrecisionMode = PrecisionMode.FP32
 
     def __post_init__(self) -> None:
@@ -209,20 +220,24 @@ class ParallelConfig:
         """The role of every rank (see ``mpi4dl_nb.layout.layout``)."""
         return layout(self)
 
-    def with_(self, **changes: Any) -> ParallelConfig:
-        """A copy with some knobs changed (validated again)."""
-        return replace(self, **changes)
+    def with_(self, **changes: object) -> ParallelConfig:
+        """A copy with some knobs changed, validated again (in the forms the constructor takes and
+        normalises, e.g. ``slice_method="square"``; an unknown knob is a TypeError, as there)."""
+        knobs = {f.name: getattr(self, f.name) for f in fields(self)}
+        knobs.update(changes)
+        return ParallelConfig(**knobs)
 
-    def as_dict(self) -> dict[str, Any]:
-        """Knobs as a plain dict (JSON-friendly)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["balance"] is not None:
-            out["balance"] = list(out["balance"])
-        if out["grid"] is not None:
-            out["grid"] = list(out["grid"])
-        for name in ("slice_method", "schedule", "precision"):
-            out[name] = str(out[name])
-        return out
+    def as_dict(self) -> dict[str, Knob]:
+        """Knobs as a plain dict (JSON-friendly: tuples as lists, choices as their strings)."""
+        def plain(value: object) -> Knob:
+            if isinstance(value, Choice):
+                return str(value)
+            if isinstance(value, tuple):
+                return list(value)
+            assert value is None or isinstance(value, (int, str)), value
+            return value
+
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
 
     # ------------------------------------------------------------------ validation
     def _check_own_knobs(self) -> None:

@@ -1,4 +1,5 @@
-"""Shared pytest set-up: the MPI launcher as fixtures (one launch per job, shared by a module's tests)."""
+"""Shared pytest set-up: the MPI launcher as fixtures (one launch per job, shared by a module's tests), the
+``mpi`` marker (tests/support/mpi_marker.py: every test that launches, so ``pytest -m "not mpi"`` is the fast loop)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 from tests.support.battery import REGISTERED, Job, encode, job_report
 from tests.support.checks import CheckReport
 from tests.support.mpirun import launch_mpi, run_mpi
+
+pytest_plugins = ["tests.support.mpi_marker", "pytester"]
 
 
 @pytest.fixture

@@ -1,18 +1,23 @@
-"""The package's shape: the ``dl.`` facade survives importing every submodule, no import cycle, a small root."""
+"""The package's shape: the ``dl.`` facade survives importing every submodule, a small root, and the layers of
+docs/architecture.md's ``## Package order``: no import from a layer above, no import cycle, every module in a layer."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import mpi4dl_nb
 from tests.support.mpirun import REPO
 
 PACKAGE = Path(mpi4dl_nb.__file__).resolve().parent
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+FACADE = "facade"    # the layer of the package's __init__.py and __main__.py: the top
 PUBLIC_CALLABLES = ("spatialize", "scatter_tiles", "gather_tiles", "HybridEngine",
                     "reduce_tile_gradients", "init", "layout", "TileGrid")
 
@@ -53,7 +58,41 @@ def test_package_root_has_at_most_12_modules():
     assert len(root) <= 12, f"{len(root)} modules at the package root: {root}; move some into a subpackage"
 
 
+# ----------------------------------------------------------------- the package order
+def package_order(text: str) -> list[str]:
+    """The layers of the ``## Package order`` section's one ```text block, bottom first."""
+    section = re.search(r"^## Package order\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert section, "docs/architecture.md has no '## Package order' section"
+    blocks = re.findall(r"^```text\n(.*?)^```", section.group(1), re.S | re.M)
+    assert len(blocks) == 1, f"'## Package order' needs exactly one ```text block, found {len(blocks)}"
+    layers = [line.strip() for line in blocks[0].splitlines() if line.strip()]
+    assert len(set(layers)) == len(layers), f"a layer listed twice: {layers}"
+    assert layers and layers[-1] == FACADE, f"the last layer must be {FACADE!r} (the package's __init__ and __main__)"
+    return layers
+
+
+def layer_of(module: str, layers: Iterable[str]) -> str | None:
+    """The listed layer of a dotted module name: its sub-package or root module, FACADE for the package's
+    ``__init__`` and ``__main__``; None when no listed layer holds it."""
+    parts = module.split(".")
+    name = FACADE if parts[1:] in ([], ["__main__"]) else parts[1]
+    return name if name in layers else None
+
+
 # ----------------------------------------------------------------- import graph
+@dataclass(frozen=True)
+class Import:
+    """One import statement's edge: ``module`` (``path`` from the package's folder, ``line``) imports ``target``."""
+
+    module: str
+    path: Path
+    line: int
+    target: str
+
+    def where(self) -> str:
+        return f"{self.path.as_posix()}:{self.line}"
+
+
 def module_files(package_dir: Path) -> Iterator[tuple[str, Path]]:
     """(dotted module name, file) of every module under ``package_dir`` (packages by their __init__)."""
     base = package_dir.parent
@@ -64,43 +103,50 @@ def module_files(package_dir: Path) -> Iterator[tuple[str, Path]]:
         yield ".".join(parts), path
 
 
-def is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+def imported_names(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: set[str]) -> list[str]:
+    """The package modules one import statement names: ``from pkg import submodule`` means the submodule,
+    ``from pkg import name`` the package itself (``from .. import x`` at the top: the package's __init__)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    source = node.module or ""
+    if node.level:
+        anchor = module.split(".")
+        anchor = anchor[:len(anchor) - node.level + (1 if is_package else 0)]
+        source = ".".join(anchor + ([node.module] if node.module else []))
+    return [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names]
 
 
-def runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement, at module or function level, outside ``if TYPE_CHECKING:`` blocks."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, ast.If) and is_type_checking(node.test):
-            for child in node.orelse:
-                yield from runtime_imports(ast.Module(body=[child], type_ignores=[]))
-        else:
-            yield from runtime_imports(node)
+def package_imports(package_dir: Path) -> list[Import]:
+    """Every import of a package module by another, wherever it stands: module level, in functions, under
+    ``if TYPE_CHECKING:``."""
+    modules = dict(module_files(package_dir))
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in imported_names(node, name, path.name == "__init__.py", set(modules)):
+                    if target in modules and target != name:
+                        found.append(Import(name, path.relative_to(package_dir.parent), node.lineno, target))
+    return found
 
 
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    """Module -> the package modules it imports (``from pkg import submodule`` means the submodule)."""
-    modules = dict(module_files(package_dir))
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        is_package = path.name == "__init__.py"
-        for node in runtime_imports(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                if node.level:
-                    anchor = name.split(".")
-                    anchor = anchor[:len(anchor) - node.level + (1 if is_package else 0)]
-                    source = ".".join(anchor + ([node.module] if node.module else []))
-                else:
-                    source = node.module or ""
-                targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
-                           for alias in node.names]
-            graph[name] |= {t for t in targets if t in modules and t != name}
+    """Module -> the package modules it imports (every import statement, see ``package_imports``)."""
+    graph: dict[str, set[str]] = {name: set() for name, _ in module_files(package_dir)}
+    for edge in package_imports(package_dir):
+        graph[edge.module].add(edge.target)
     return graph
+
+
+def upward_imports(imports: Iterable[Import], layers: list[str]) -> list[str]:
+    """One line per import from a layer above the importing module's own (modules in no layer are left out)."""
+    problems = []
+    for edge in imports:
+        own, theirs = layer_of(edge.module, layers), layer_of(edge.target, layers)
+        if own and theirs and layers.index(theirs) > layers.index(own):
+            problems.append(f"{edge.where()}: {edge.module} (layer {own}) imports {edge.target} "
+                            f"(layer {theirs}, above {own})")
+    return problems
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -148,6 +194,31 @@ def cycle_through(graph: dict[str, set[str]], component: set[str], start: str) -
     return paths[start]
 
 
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+# ----------------------------------------------------------------- the rules, on mpi4dl_nb
+def test_package_order_names_existing_layers():
+    layers = package_order(ARCHITECTURE.read_text())
+    missing = [layer for layer in layers[:-1]
+               if not (PACKAGE / f"{layer}.py").is_file() and not (PACKAGE / layer / "__init__.py").is_file()]
+    assert not missing, f"docs/architecture.md's package order lists layers that do not exist: {missing}"
+
+
+def test_every_module_belongs_to_a_listed_layer():
+    layers = package_order(ARCHITECTURE.read_text())
+    orphans = [name for name, _ in module_files(PACKAGE) if layer_of(name, layers) is None]
+    assert not orphans, (f"modules in no layer of docs/architecture.md's '## Package order': {orphans}; "
+                         f"list their package there, in its place")
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    layers = package_order(ARCHITECTURE.read_text())
+    problems = upward_imports(package_imports(PACKAGE), layers)
+    assert not problems, ("imports from a layer above (order: " + " < ".join(layers) + "):\n" + "\n".join(problems))
+
+
 def test_no_import_cycle_among_package_modules():
     graph = import_graph(PACKAGE)
     assert len(graph) > 40 and graph["mpi4dl_nb.spatial.fused"] >= {"mpi4dl_nb.spatial.registry"}
@@ -155,20 +226,57 @@ def test_no_import_cycle_among_package_modules():
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
 
 
-def test_cycle_finder_sees_function_level_and_relative_imports(tmp_path):
-    pkg = tmp_path / "pkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from .a import thing\n")
-    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                              "    from .c import C\nthing = 1\n")
-    (pkg / "c.py").write_text("from pkg import a\n")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a\n    return a\n")
+def test_only_the_notebook_package_imports_it():
+    notebook = f"{PACKAGE.name}.notebook"
+    problems = [f"{edge.where()}: {edge.module} imports {edge.target}" for edge in package_imports(PACKAGE)
+                if in_package(edge.target, notebook) and not in_package(edge.module, notebook)]
+    assert not problems, "only mpi4dl_nb/notebook/ may import mpi4dl_nb.notebook:\n" + "\n".join(problems)
+
+
+def test_inference_imports_neither_the_training_loop_nor_the_cli():
+    above = (f"{PACKAGE.name}.run", f"{PACKAGE.name}.cli")
+    problems = [f"{edge.where()}: {edge.module} imports {edge.target}" for edge in package_imports(PACKAGE)
+                if in_package(edge.module, f"{PACKAGE.name}.infer") and any(in_package(edge.target, p) for p in above)]
+    assert not problems, "mpi4dl_nb/infer/ imports the training loop or the CLI:\n" + "\n".join(problems)
+
+
+# ----------------------------------------------------------------- the checker, on a made-up package
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / "pkg"
+
+
+def test_import_finder_sees_type_checking_function_level_and_relative_imports(tmp_path):
+    pkg = write_package(tmp_path, {
+        "pkg/__init__.py": "from .a import thing\n",
+        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import C\nthing = 1\n",
+        "pkg/c.py": "from pkg import a\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "def f():\n    from .. import a\n    import pkg as p\n    return a, p\n",
+    })
     graph = import_graph(pkg)
-    assert graph == {"pkg": {"pkg.a"}, "pkg.a": set(), "pkg.c": {"pkg.a"}, "pkg.sub": set(),
-                     "pkg.sub.b": {"pkg.a"}}
-    assert cycles(graph) == []
+    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.c"}, "pkg.c": {"pkg.a"}, "pkg.sub": set(),
+                     "pkg.sub.b": {"pkg.a", "pkg"}}
+    assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.a"]]
     (pkg / "a.py").write_text("thing = 1\ndef g():\n    from .sub.b import f\n    return f\n")
     (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import thing\n    return thing\n")
+    (pkg / "c.py").write_text("")
     assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
 
+
+def test_layer_check_names_module_line_import_and_both_layers(tmp_path):
+    pkg = write_package(tmp_path, {
+        "pkg/__init__.py": "from .low import x\n",
+        "pkg/low.py": "x = 1\ndef late():\n    from .high import run\n    return run\n",
+        "pkg/high/__init__.py": "",
+        "pkg/high/run.py": "from ..low import x\nimport pkg as dl\n",
+        "pkg/stray.py": "",
+    })
+    layers = package_order("## Package order\n\n```text\nlow\nhigh\nfacade\n```\n\n## Next\n")
+    assert layers == ["low", "high", FACADE]
+    assert sorted(upward_imports(package_imports(pkg), layers)) == [
+        "pkg/high/run.py:2: pkg.high.run (layer high) imports pkg (layer facade, above high)",
+        "pkg/low.py:3: pkg.low (layer low) imports pkg.high.run (layer high, above low)"]
+    assert [name for name, _ in module_files(pkg) if layer_of(name, layers) is None] == ["pkg.stray"]

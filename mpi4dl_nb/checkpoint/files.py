@@ -2,7 +2,7 @@
 
 A checkpoint is two files in the checkpoint directory::
 
-    step-00000006-1a2b3c4d5e6f.pt     torch.save payload (model, optimizer, position, identity)
+    step-00000006-1a2b3c4d5e6f.pt     torch.save payload (model, optimizer, the run's record: record.py)
     step-00000006-1a2b3c4d5e6f.json   manifest: step, run id, identity, size and sha256 of the .pt
 
 The ``.pt`` is written to a temporary file, fsynced and renamed; then the manifest, the
@@ -22,11 +22,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 import torch
 
-FORMAT_VERSION = 2
+# 3: the run's record under "record" (record.py); 2: a flat "run" dict; 1: no run id or identity
+FORMAT_VERSION = 3
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})(?:-([0-9a-f]{6,32}))?\.pt$")
 MANIFEST_SUFFIX = ".json"
 HASH_CHUNK = 1 << 22
@@ -65,7 +66,7 @@ class Manifest:
     bytes: int
     sha256: str
     created: float
-    identity: dict[str, Any] = field(default_factory=dict)
+    identity: dict[str, object] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     @classmethod
@@ -110,7 +111,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomically(final: Path, write: Callable[[Any], None]) -> None:
+def _write_atomically(final: Path, write: Callable[[BinaryIO], object]) -> None:
     """``write(handle)`` into a temporary file beside ``final``, fsync, rename; no temporary file is left."""
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     try:
@@ -124,8 +125,8 @@ def _write_atomically(final: Path, write: Callable[[Any], None]) -> None:
             tmp.unlink()
 
 
-def save_checkpoint(directory: str | Path, step: int, payload: dict[str, Any], *, run_id: str,
-                    identity: Mapping[str, Any] | None = None, keep: int = 2) -> Path:
+def save_checkpoint(directory: str | Path, step: int, payload: Mapping[str, object], *, run_id: str,
+                    identity: Mapping[str, object] | None = None, keep: int = 2) -> Path:
     """Write ``payload`` as checkpoint ``step`` of run ``run_id``; keep that run's newest ``keep``.
 
     Never overwrites a file (FileExistsError) and deletes only older checkpoints of the same
@@ -197,7 +198,7 @@ def list_checkpoints(directory: str | Path) -> list[Entry]:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, lazy: bool = False,
-                    check: bool = True) -> dict[str, Any]:
+                    check: bool = True) -> dict[str, object]:
     """Load a checkpoint (checked against its manifest when it has one and ``check``); ValueError saying what
     is wrong. ``lazy``: tensors stay memory-mapped from the file, so only those the caller reads are paged in
     (and processes on one node share those pages)."""
@@ -218,17 +219,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if not isinstance(data, dict) or "step" not in data or "format_version" not in data:
         raise ValueError(f"{path} is not an mpi4dl_nb checkpoint (no step/format_version)")
     return data
-
-
-def saved_identity(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The identity stored in a loaded checkpoint; format 1 files give what they recorded."""
-    if data.get("format_version", 1) >= 2:
-        return dict(data.get("identity") or {})
-    run = dict(data.get("run") or {})
-    legacy = {k: run[k] for k in ("image_size", "batch_size", "app", "dtype") if k in run}
-    if "data_seed" in data:
-        legacy["seed"] = data["data_seed"]
-    return legacy
 
 
 def latest_checkpoint(directory: str | Path, run_id: str | None = None) -> Path | None:

@@ -15,9 +15,7 @@ from ..config import (
     SliceMethod,
     as_checkpoint_setting,
 )
-
-APP_NAMES = {"1": "medical", "2": "cifar", "3": "synthetic",
-             "medical": "medical", "cifar": "cifar", "synthetic": "synthetic"}
+from ..data.apps import AppKind
 
 # flag -> ParallelConfig field, in the order MPI4DL documents them
 PARALLEL_FLAGS: dict[str, str] = {
@@ -58,13 +56,12 @@ def parse_balance(text: str | None) -> tuple[int, ...] | None:
     return tuple(value)
 
 
-def parse_app(text: str) -> str:
+def parse_app(text: str) -> AppKind:
     """Normalise ``--app``: medical/cifar/synthetic or MPI4DL's numbers 1/2/3."""
-    key = str(text).strip().lower()
-    if key not in APP_NAMES:
-        raise argparse.ArgumentTypeError(
-            f"--app {text!r}: choose medical, cifar or synthetic (or 1, 2, 3)")
-    return APP_NAMES[key]
+    try:
+        return AppKind.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_slice_method(text: str) -> str:
@@ -134,7 +131,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--num-filters", dest="num_filters", type=int, default=None,
                    help="AmoebaNet: filters (default 416); ResNet: base width (default 16)")
     g.add_argument("--num-classes", dest="num_classes", type=int, default=10, help="number of classes")
-    g.add_argument("--app", dest="app", type=parse_app, default="synthetic",
+    g.add_argument("--app", dest="app", type=parse_app, default=AppKind.SYNTHETIC,
                    help="data: medical (1), cifar (2) or synthetic (3)")
     g.add_argument("--datapath", dest="datapath", default=None,
                    help="dataset path: tile folder / slide file(s) for medical, "

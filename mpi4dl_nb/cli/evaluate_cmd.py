@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from ..checkpoint.record import RunRecord
 from ..config import ConfigError, ParallelConfig
+from ..evaluation.metrics import Metrics
+from ..models.spec import ModelFamily
 from .args import add_parallel_args, add_workload_args
 from .device_flags import add_device_flags, check_device_flags
 from .train_cmd import (
@@ -20,12 +24,44 @@ from .train_cmd import (
 )
 
 if TYPE_CHECKING:
-    from ..comm.protocol import Comm
+    from torch import nn
 
-# flag, run-info key, attribute: a flag given on the command line must match the checkpoint's model
-MODEL_FLAGS = (("--model", "model", "model"), ("--resnet-version", "resnet_version", "resnet_version"),
+    from ..comm.protocol import Comm
+    from ..data.dataset import RegionDataset
+    from ..infer.model import ModelDescription
+
+# flag, ModelSpec field, attribute: a flag given on the command line must match the checkpoint's model
+MODEL_FLAGS = (("--model", "family", "model"), ("--resnet-version", "resnet_version", "resnet_version"),
                ("--num-layers", "num_layers", "num_layers"), ("--num-filters", "num_filters", "num_filters"),
                ("--num-classes", "num_classes", "num_classes"))
+
+
+@dataclass(frozen=True)
+class EvaluationSummary:
+    """``evaluate``'s result on rank 0: which checkpoint on which images, with which layout, and the metrics."""
+
+    checkpoint: str
+    step: int
+    model: str
+    split: str
+    app: str
+    image_size: int
+    batch_size: int
+    dtype: str
+    world_size: int
+    metrics: Metrics
+    seconds: float
+    config: Mapping[str, object] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"checkpoint": self.checkpoint, "step": self.step, "model": self.model, "split": self.split,
+                "app": self.app, "image_size": self.image_size, "batch_size": self.batch_size, "dtype": self.dtype,
+                "world_size": self.world_size, **self.metrics.as_dict(), "seconds": self.seconds,
+                "config": dict(self.config)}
+
+    def to_json(self) -> str:
+        """The command's one JSON line."""
+        return json.dumps(self.as_dict())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoint's.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="a checkpoint file, or a directory (its newest)")
-    parser.add_argument("--model", choices=("resnet", "amoebanet"), default=None,
+    parser.add_argument("--model", choices=ModelFamily.values(), default=None,
                         help="refuse the checkpoint unless it holds this network")
     parser.add_argument("--resnet-version", dest="resnet_version", type=int, choices=(1, 2), default=None)
     add_parallel_args(parser)
@@ -58,30 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_model_flags(args: argparse.Namespace, run: dict[str, Any], where: str) -> None:
+def check_model_flags(args: argparse.Namespace, record: RunRecord, where: str) -> None:
     """ConfigError when a model flag given names another model than the checkpoint's."""
+    saved = record.model.to_dict()
     for flag, key, attribute in MODEL_FLAGS:
         wanted = getattr(args, attribute, None)
-        if wanted is not None and key in run and run[key] is not None and wanted != run[key]:
-            raise ConfigError(flag, f"{where} holds a checkpoint of another model ({key} {run[key]!r}, "
+        if wanted is not None and saved.get(key) is not None and wanted != saved[key]:
+            raise ConfigError(flag, f"{where} holds a checkpoint of another model ({key} {saved[key]!r}, "
                               f"not {wanted!r}); drop {flag} or pass a checkpoint of that model")
 
 
-def resolved(args: argparse.Namespace, data: dict[str, Any], cfg: ParallelConfig) -> argparse.Namespace:
-    """``args`` with every unset data flag taken from the checkpoint (run info and identity)."""
-    run, identity = data.get("run") or {}, data.get("identity") or {}
+def resolved(args: argparse.Namespace, record: RunRecord, cfg: ParallelConfig) -> argparse.Namespace:
+    """``args`` with every unset data flag taken from the checkpoint's record."""
+    data = record.data
     out = argparse.Namespace(**vars(args))
-    out.app = args.app or run.get("app", "synthetic")
-    out.image_size = args.image_size or run["image_size"]
-    out.num_classes = run["num_classes"]
-    out.dtype = args.dtype or run.get("dtype", "float32")
-    out.seed = args.seed if args.seed is not None else int(identity.get("seed", 0))
+    out.app = args.app or data.app
+    out.image_size = args.image_size or data.image_size
+    out.num_classes = record.model.num_classes
+    out.dtype = args.dtype or data.dtype
+    out.seed = args.seed if args.seed is not None else record.seed
     if args.val_datapath is None and args.val_fraction is None and not args.all_data:
-        out.val_fraction = run.get("val_fraction")
-        out.val_datapath = run.get("val_datapath")
+        out.val_fraction = data.val_fraction
+        out.val_datapath = data.val_datapath
     if args.all_data:
         out.val_fraction = out.val_datapath = None
-    batch = args.batch_size or int(run.get("batch_size", cfg.batch_divisor))
+    batch = args.batch_size or data.batch_size
     out.batch_size = -(-batch // cfg.batch_divisor) * cfg.batch_divisor
     return out
 
@@ -91,11 +128,11 @@ class Evaluation:
 
     def __init__(self, args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> None:
         self.args, self.cfg, self.ctx = args, cfg, ctx
-        self.layers: list[Any] = []
-        self.data: dict[str, Any] = {}
-        self.description: Any = None
+        self.layers: list[nn.Module] = []
+        self.record: RunRecord | None = None
+        self.description: ModelDescription | None = None
         self.settings = args
-        self.dataset: Any = None
+        self.dataset: RegionDataset | None = None
         self.split = "all"
 
     def load(self) -> None:
@@ -107,10 +144,10 @@ class Evaluation:
 
         dtype = getattr(torch, self.args.dtype) if self.args.dtype else None
         # rank 0 checksums the file; a damaged one stops every rank in this agreed stage
-        self.layers, self.description, self.data = load_trained(self.args.checkpoint, self.args.model,
-                                                                dtype or torch.float32, check=self.ctx.rank == 0)
-        check_model_flags(self.args, self.data.get("run") or {}, f"--checkpoint {self.description.path}")
-        self.settings = resolved(self.args, self.data, self.cfg)
+        self.layers, self.description, self.record = load_trained(self.args.checkpoint, self.args.model,
+                                                                  dtype or torch.float32, check=self.ctx.rank == 0)
+        check_model_flags(self.args, self.record, f"--checkpoint {self.description.path}")
+        self.settings = resolved(self.args, self.record, self.cfg)
         if dtype is None:
             for layer in self.layers:
                 layer.to(getattr(torch, self.settings.dtype))
@@ -126,7 +163,8 @@ class Evaluation:
             raise ConfigError("--datapath", f"the data has {dataset.num_classes} classes, the checkpoint's "
                               f"model {s.num_classes}: a checkpoint of another model, or other data")
         _, held, self.split = held_out_data(s, dataset)
-        saved = (self.data.get("identity") or {}).get("val_split")
+        assert self.record is not None, "load() read the record"
+        saved = self.record.identity.get("val_split")
         explicit = self.args.val_fraction is not None or self.args.val_datapath is not None or self.args.all_data
         if held is not None and saved not in (None, "none") and saved != self.split and not explicit:
             raise ConfigError("--datapath", f"the held-out images differ from the training run's "
@@ -135,48 +173,45 @@ class Evaluation:
                               f"to evaluate other images on purpose")
         self.dataset = held if held is not None else dataset
 
-    def run(self) -> dict[str, Any] | None:
-        """Evaluate (collective); the JSON record on rank 0."""
+    def run(self) -> EvaluationSummary | None:
+        """Evaluate (collective); the summary on rank 0."""
         import time
 
         import torch
         from torch import nn
 
-        import mpi4dl_nb as dl
-
         from ..evaluation.evaluator import Evaluator
+        from ..pipeline.engine import HybridEngine
 
+        assert self.description is not None and self.dataset is not None, "load() and open_data() ran"
         s = self.settings
-        engine = dl.HybridEngine(self.layers, self.cfg, self.ctx, loss_fn=nn.CrossEntropyLoss())
+        engine = HybridEngine(self.layers, self.cfg, self.ctx, loss_fn=nn.CrossEntropyLoss())
         start = time.perf_counter()
         metrics = Evaluator(engine, self.dataset, self.ctx, s.batch_size, getattr(torch, s.dtype)).run()
         if self.ctx.rank != 0:
             return None
-        return {"checkpoint": self.description.path, "step": self.description.step,
-                "model": self.description.describe(), "split": self.split, "app": s.app,
-                "image_size": s.image_size, "batch_size": s.batch_size, "dtype": s.dtype,
-                "world_size": self.ctx.world_size, **metrics,
-                "seconds": time.perf_counter() - start, "config": self.cfg.as_dict()}
+        return EvaluationSummary(self.description.path, self.description.step, self.description.describe(),
+                                 self.split, str(s.app), s.image_size, s.batch_size, s.dtype, self.ctx.world_size,
+                                 metrics, time.perf_counter() - start, self.cfg.as_dict())
 
 
 def run_evaluation(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> int:
     evaluation = Evaluation(args, cfg, ctx)
     agreed(ctx, evaluation.load, "evaluate")
     agreed(ctx, evaluation.open_data, "evaluate")
-    record = evaluation.run()
-    if record is not None:
-        print(json.dumps(record), flush=True)
+    summary = evaluation.run()
+    if summary is not None:
+        print(summary.to_json(), flush=True)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb evaluate``."""
-    import mpi4dl_nb as dl
-
+    from ..comm.context import init
     from .setup import parse_launch
 
     args, cfg = parse_launch(build_parser(), argv, check_flags)
-    return run_evaluation(args, cfg, dl.init(backend=args.backend, device=args.device))
+    return run_evaluation(args, cfg, init(backend=args.backend, device=args.device))
 
 
 def check_flags(args: argparse.Namespace) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 from collections.abc import Sequence
 
 from ..config import SLICE_METHODS, ConfigError
+from ..models.spec import ModelFamily
 from .device_flags import add_device_flags, check_device_flags
 
 EXIT_SETUP = 2
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="class drawn in .tif/.png (default: the last)")
     parser.add_argument("--overlay-side", dest="overlay_side", type=int, default=OVERLAY_SIDE,
                         help="largest side of the .png overlay (pixels)")
-    parser.add_argument("--model", choices=("resnet", "amoebanet"), default=None,
+    parser.add_argument("--model", choices=ModelFamily.values(), default=None,
                         help="refuse a checkpoint of another model family")
     parser.add_argument("--tissue-only", dest="tissue_only", action="store_true",
                         help="skip windows without tissue (judged on a low-resolution overview); their cells are NaN")
@@ -85,9 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(0, size, f"configuration error: {err}")
         return EXIT_SETUP
     try:
-        import mpi4dl_nb as dl
+        from ..comm.context import init
 
-        ctx = dl.init(backend=backend, device=device)
+        ctx = init(backend=backend, device=device)
         try:
             runner = Runner(settings, ctx)
         except (SetupFailed, ConfigError) as err:
@@ -96,10 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_SETUP
         summary = runner.run()
         if summary is not None:
-            if not summary["complete"]:
-                say(0, size, f"stopped after output row {summary['rows_done']} of {summary['output_shape'][1]}; "
+            if not summary.complete:
+                say(0, size, f"stopped after output row {summary.rows_done} of {summary.output_shape[1]}; "
                     f"continue with --resume")
-            print(json.dumps(summary), flush=True)
+            print(summary.to_json(), flush=True)
         return 0
     except SystemExit:
         raise

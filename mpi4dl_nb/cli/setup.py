@@ -4,13 +4,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import ConfigError, ParallelConfig
 from .args import config_from_args
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from ..data.dataset import RegionDataset
 
 
 def parse_launch(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
@@ -38,7 +40,7 @@ def check_layout(cfg: ParallelConfig, layers: Sequence[nn.Module], batch_size: i
     check_spatial_geometry(layers, cfg, image_size)
 
 
-def dataset_from(args: argparse.Namespace, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> Any:
+def dataset_from(args: argparse.Namespace, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
     """The dataset the data flags in ``args`` name, read from ``datapath`` (without the files ``exclude``)."""
     from ..data import make_dataset
 

@@ -4,25 +4,32 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..checkpoint.record import DataRecord, RunRecord
 from ..config import ConfigError, ParallelConfig
+from ..data.apps import AppKind
+from ..models.spec import ModelFamily, ModelSpec
 from ..run.divergence import EXIT_NONFINITE, OnNonFinite
 from ..run.identity import parse_allowed
 from .args import add_mpi4dl_args
 from .device_flags import add_device_flags, check_device_flags
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+    from torch import nn
+
     from ..comm.protocol import Comm
+    from ..data.dataset import Batcher, RegionDataset
     from ..run.data_check import DataRole
     from ..run.monitor import JobMonitor
     from ..run.resume import Selection
 
 EXIT_SETUP = 2
 DTYPES = ("float32", "float64")
-APPS_READING_DATAPATH = ("medical", "cifar")
 # errors of set-up that are the user's input, reported as one message (anything else is a crash)
 SETUP_ERRORS = (ConfigError, ValueError, FileNotFoundError, KeyError, OSError)
 
@@ -30,7 +37,7 @@ SETUP_ERRORS = (ConfigError, ValueError, FileNotFoundError, KeyError, OSError)
 class QuietParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage/errors print on rank 0 only (every rank parses the same line)."""
 
-    def _print_message(self, message: str, file: Any = None) -> None:
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         from .layout_cmd import world_rank_from_env
 
         if world_rank_from_env() in (None, 0):
@@ -45,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "parallelism, exactly like one process. Launch with mpiexec -n <ranks>; "
                     "'python -m mpi4dl_nb layout <flags>' tells how many.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", choices=("resnet", "amoebanet"), default="resnet",
+    parser.add_argument("--model", choices=ModelFamily.values(), default=ModelFamily.RESNET.value,
                         help="network to train")
     parser.add_argument("--resnet-version", dest="resnet_version", type=int, choices=(1, 2),
                         default=2, help="ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2)")
@@ -108,19 +115,17 @@ def add_evaluation_args(parser: argparse.ArgumentParser, training: bool = True) 
                         "tensorboard installed, TensorBoard events here")
 
 
-def run_info(args: argparse.Namespace) -> dict[str, Any]:
-    """What identifies the run in checkpoints and the JSON summary."""
-    from ..models import DEFAULT_NUM_FILTERS, DEFAULT_NUM_LAYERS
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The network the model flags name (family defaults for depth and width not given)."""
+    return ModelSpec.of(args.model, num_layers=args.num_layers, num_filters=args.num_filters,
+                        num_classes=args.num_classes, resnet_version=args.resnet_version)
 
-    return {"model": args.model,
-            "resnet_version": args.resnet_version if args.model == "resnet" else None,
-            "num_layers": args.num_layers if args.num_layers is not None
-            else DEFAULT_NUM_LAYERS[args.model],
-            "num_filters": args.num_filters if args.num_filters is not None
-            else DEFAULT_NUM_FILTERS[args.model],
-            "num_classes": args.num_classes, "image_size": args.image_size,
-            "batch_size": args.batch_size, "app": args.app, "dtype": args.dtype,
-            "val_fraction": getattr(args, "val_fraction", None), "val_datapath": getattr(args, "val_datapath", None)}
+
+def run_record(args: argparse.Namespace, cfg: ParallelConfig) -> RunRecord:
+    """What the run is, as checkpoints store it and the JSON summary begins (its identity comes later)."""
+    data = DataRecord(AppKind.parse(args.app), args.image_size, args.batch_size, args.dtype,
+                      None if args.datapath is None else str(args.datapath), args.val_fraction, args.val_datapath)
+    return RunRecord(model_spec(args), data, seed=args.seed, config=cfg.as_dict())
 
 
 # flag, attribute, least value, largest value (None: unbounded), whether the least is allowed
@@ -160,7 +165,7 @@ def check_numbers(args: argparse.Namespace) -> None:
 def check_run_args(args: argparse.Namespace) -> None:
     """Errors in the non-parallel flags, naming the flag and what works (before any rank talks)."""
     check_numbers(args)
-    if args.datapath is not None and args.app not in APPS_READING_DATAPATH:
+    if args.datapath is not None and not AppKind.parse(args.app).reads_datapath:
         raise ConfigError("--datapath", f"--app {args.app} does not read --datapath (it would train on "
                           f"generated images); use --app medical for tiles/slides or --app cifar for "
                           f"CIFAR-10 batches, or drop --datapath")
@@ -180,7 +185,7 @@ def check_evaluation_args(args: argparse.Namespace) -> None:
     if fraction is not None and args.val_datapath is not None:
         raise ConfigError("--val-fraction", "give --val-fraction (held out of --datapath) or --val-datapath "
                           "(another folder), not both")
-    if args.val_datapath is not None and args.app is not None and args.app not in APPS_READING_DATAPATH:
+    if args.val_datapath is not None and args.app is not None and not AppKind.parse(args.app).reads_datapath:
         raise ConfigError("--val-datapath", f"--app {args.app} reads no files; use --val-fraction")
     if getattr(args, "eval_every", 0) and fraction is None and args.val_datapath is None:
         raise ConfigError("--eval-every", "needs validation data: add --val-fraction F or --val-datapath DIR")
@@ -211,7 +216,7 @@ def agree_or_exit(ctx: Comm, error: BaseException | None, command: str = "train"
     raise SystemExit(EXIT_SETUP)
 
 
-def agreed(ctx: Comm, action: Callable[[], Any], command: str = "train") -> None:
+def agreed(ctx: Comm, action: Callable[[], object], command: str = "train") -> None:
     """Run a set-up ``action`` on every rank; an input error on any rank stops all (see agree_or_exit)."""
     error = None
     try:
@@ -221,16 +226,16 @@ def agreed(ctx: Comm, action: Callable[[], Any], command: str = "train") -> None
     agree_or_exit(ctx, error, command)
 
 
-def model_fingerprint(args: argparse.Namespace, layers: Sequence[Any]) -> str:
-    """The model part of the run identity: its flags and a hash of every tensor's name, shape and dtype."""
+def model_fingerprint(spec: ModelSpec, layers: Sequence[nn.Module]) -> str:
+    """The model part of the run identity: its spec and a hash of every tensor's name, shape and dtype
+    (the text checkpoints on disk compare against: keep it as it is)."""
     from ..run.identity import digest
 
-    info = run_info(args)
     shapes = [(f"{i}.{k}", list(v.shape), str(v.dtype)) for i, layer in enumerate(layers)
               for k, v in layer.state_dict().items()]
-    version = f" v{info['resnet_version']}" if info["resnet_version"] else ""
-    return (f"{info['model']}{version}, {info['num_layers']} layers, {info['num_filters']} filters, "
-            f"{info['num_classes']} classes [{digest(shapes)}]")
+    version = f" v{spec.resnet_version}" if spec.resnet_version else ""
+    return (f"{spec.family}{version}, {spec.num_layers} layers, {spec.num_filters} filters, "
+            f"{spec.num_classes} classes [{digest(shapes)}]")
 
 
 class Setup:
@@ -240,13 +245,13 @@ class Setup:
         self.args = args
         self.cfg = cfg
         self.ctx = ctx
-        self.info = run_info(args)
-        self.layers: list[Any] = []
-        self.batcher: Any = None
-        self.val_dataset: Any = None
+        self.record = run_record(args, cfg)
+        self.layers: list[nn.Module] = []
+        self.batcher: Batcher | None = None
+        self.val_dataset: RegionDataset | None = None
         self.held_out: str = "none"
         self.steps = 0
-        self.identity: dict[str, Any] = {}
+        self.identity: dict[str, object] = {}
         self.allowed = parse_allowed(args.allow_config_change)
         self.selection: Selection | None = None
         self.run_id: str | None = None
@@ -255,16 +260,13 @@ class Setup:
         """The model, the configuration against it, and (rank 0) the checkpoint directory."""
         import torch
 
-        from ..models import build_model
         from ..run.checkpoint_space import estimate_checkpoint_bytes, prepare_directory
         from .setup import check_layout
 
         args = self.args
         self.dtype = getattr(torch, args.dtype)
         torch.manual_seed(args.seed)
-        self.layers = build_model(args.model, num_layers=args.num_layers,
-                                  num_filters=args.num_filters, num_classes=args.num_classes,
-                                  version=args.resnet_version, image_size=args.image_size)
+        self.layers = self.record.model.build(args.image_size)
         for layer in self.layers:
             layer.to(self.dtype)
         check_layout(self.cfg, self.layers, args.batch_size, args.image_size)
@@ -300,16 +302,16 @@ class Setup:
         if self.ctx.rank == 0:
             self.identity = self.make_identity(dataset)
 
-    def make_identity(self, dataset: Any) -> dict[str, Any]:
+    def make_identity(self, dataset: RegionDataset) -> dict[str, object]:
         from ..data.validate import fingerprint
         from ..run.identity import digest
 
         args = self.args
         data = fingerprint(dataset)
         text = f"{data['kind']}, {len(dataset)} images [{digest(data)}]"
-        return {"model": model_fingerprint(args, self.layers), "dtype": args.dtype,
+        return {"model": model_fingerprint(self.record.model, self.layers), "dtype": args.dtype,
                 "image_size": args.image_size, "batch_size": args.batch_size, "seed": args.seed,
-                "app": args.app, "data": text, "lr": args.lr, "momentum": args.momentum,
+                "app": str(args.app), "data": text, "lr": args.lr, "momentum": args.momentum,
                 "val_split": self.held_out}
 
     def choose_resume(self) -> None:
@@ -326,19 +328,20 @@ class Setup:
             self.run_id = new_run_id()
             return
 
-        def accept(saved: Any) -> str | None:
+        def accept(saved: Mapping[str, object]) -> str | None:
             refused = current.refused_changes(RunIdentity.from_dict(saved), self.allowed)
             if not refused:
                 return None
             return (f"another configuration: {describe_changes(refused)}; pass --allow-config-change "
                     f"{','.join(c.name for c in refused)} to resume it anyway")
         selection = select_resume(args.resume, args.checkpoint_dir, accept)
-        step = int(selection.data["step"])
+        saved = selection.checkpoint.record
+        step = saved.step
         if step > self.steps:
             raise ConfigError("--steps", f"the checkpoint is at step {step}, past --steps "
                               f"{self.steps}; use --steps >= {step}")
-        changed = current.changes_from(RunIdentity.from_dict(selection.data.get("identity")))
-        lineage = selection.data.get("run_id")
+        changed = current.changes_from(RunIdentity.from_dict(saved.identity))
+        lineage = saved.run_id
         if args.checkpoint_dir is not None and lineage is not None:
             ahead = [e for e in list_checkpoints(args.checkpoint_dir)
                      if e.run_id == lineage and e.step > step]
@@ -366,8 +369,8 @@ def check_log_dir(path: str) -> None:
         raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
 
 
-def held_out_data(args: argparse.Namespace, dataset: Any,
-                  exclude: Sequence[Path] = ()) -> tuple[Any, Any, str]:
+def held_out_data(args: argparse.Namespace, dataset: RegionDataset,
+                  exclude: Sequence[Path] = ()) -> tuple[RegionDataset, RegionDataset | None, str]:
     """(training set, validation set or None, the split's identity text) for --val-fraction/--val-datapath
     (without the files ``exclude``)."""
     from ..data.pathology import require_path
@@ -405,10 +408,10 @@ def check_data_or_exit(setup: Setup, ctx: Comm) -> tuple[list[Path], list[Path]]
 
 def check_one_or_exit(args: argparse.Namespace, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
     """One path's data check: the files to skip (none), or exit with one message naming ``role``'s flag."""
-    from ..data.validate import find_sources
+    from ..data.validate import DataSources, find_sources
     from ..run.data_check import check_data
 
-    found: list[Any] = []
+    found: list[DataSources] = []
     agreed(ctx, lambda: found.append(find_sources(args.app, datapath, role.flag)))
     report = check_data(ctx, found[0], args.image_size, args.slide_level, progress=args.progress)
     if not report.bad:
@@ -435,14 +438,14 @@ def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: J
     import torch
     from torch import nn
 
-    import mpi4dl_nb as dl
-
+    from ..pipeline.engine import HybridEngine
     from ..run.divergence import LossWatch, NonFiniteError, NonFiniteGuard
-    from ..run.trainer import EXIT_CHECKPOINT, CheckpointWriteError, Trainer, TrainSettings, summary_line
+    from ..run.trainer import EXIT_CHECKPOINT, CheckpointWriteError, Trainer, TrainSettings
 
     setup = prepare(args, cfg, ctx)
+    assert setup.batcher is not None, "prepare opened the data"
     loss = LossWatch(nn.CrossEntropyLoss())
-    engine = dl.HybridEngine(setup.layers, cfg, ctx, loss_fn=loss, abort_on_error=False,
+    engine = HybridEngine(setup.layers, cfg, ctx, loss_fn=loss, abort_on_error=False,
                              optimizer=lambda params: torch.optim.SGD(params, lr=args.lr,
                                                                        momentum=args.momentum))
     guard = NonFiniteGuard(engine, ctx, loss, OnNonFinite(args.on_nonfinite),
@@ -460,16 +463,16 @@ def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: J
         from ..evaluation.evaluator import Evaluator
 
         evaluator = Evaluator(engine, setup.val_dataset, ctx, args.batch_size, setup.dtype)
-    trainer = Trainer(engine, setup.batcher, ctx, settings, setup.info, identity=setup.identity,
+    trainer = Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),
                       run_id=run_id, monitor=monitor, guard=guard, evaluator=evaluator)
     if args.resume is not None:
-        step = trainer.restore(setup.selection.data if setup.selection is not None else None)
+        step = trainer.restore(setup.selection.checkpoint if setup.selection is not None else None)
         if step >= setup.steps:
             say_once(ctx, f"the checkpoint is at step {step} = --steps: nothing to train")
     if args.log_dir is not None and ctx.rank == 0:
         from ..evaluation.log import MetricsLog
 
-        trainer.log = MetricsLog(args.log_dir, run_id, start_step=trainer.step)
+        trainer.log = MetricsLog(args.log_dir, trainer.run_id, start_step=trainer.step)
         if trainer.log.moved_aside is not None:
             say_once(ctx, f"{args.log_dir}: the earlier metrics.jsonl is now {trainer.log.moved_aside.name}")
     try:
@@ -481,34 +484,18 @@ def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: J
         say_once(ctx, f"stopped: {err}")
         return EXIT_CHECKPOINT
     if summary is not None:
-        summary["config"] = engine.cfg.as_dict()
         if args.verbose:
-            print(verbose_report(summary), file=sys.stderr, flush=True)
-        print(summary_line(summary), flush=True)
+            print(summary.report(), file=sys.stderr, flush=True)
+        print(summary.to_json(), flush=True)
     return 0
-
-
-def verbose_report(summary: dict[str, Any]) -> str:
-    """Human-readable per-rank table for ``-v``."""
-    rate, loss = summary["images_per_s"], summary["loss"]
-    lines = [f"{summary['model']}: {summary['steps_run']} steps, "
-             f"{'n/a' if rate is None else f'{rate:.3f}'} images/s, final loss "
-             f"{'n/a' if loss is None else f'{loss:.4f}'}",
-             "rank  peak MB  activations MB  compute s  comm s"]
-    for rank, (peak, act, comp, comm) in enumerate(zip(
-            summary["peak_memory_bytes"], summary["activation_peak_bytes"],
-            summary["compute_seconds"], summary["comm_seconds"])):
-        lines.append(f"{rank:4d}  {peak / 2**20:7.1f}  {act / 2**20:14.1f}  {comp:9.2f}  {comm:6.2f}")
-    return "\n".join(lines)
 
 
 def train_main(args: argparse.Namespace, cfg: ParallelConfig) -> int:
     """Start MPI and the job monitor, run the job; any other failure ends the job with one message."""
-    import mpi4dl_nb as dl
-
+    from ..comm.context import init
     from ..run.monitor import EXIT_FAILED, JobMonitor
 
-    ctx = dl.init(backend=args.backend, device=args.device)
+    ctx = init(backend=args.backend, device=args.device)
     monitor = JobMonitor.start(ctx, verbose=args.verbose,
                                log_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
     try:

@@ -22,14 +22,14 @@ import json
 import sys
 from collections.abc import Sequence
 
-from ..models import MODEL_NAMES
+from ..models.spec import ModelFamily
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mpi4dl_nb tune",
                                      description="Run the planner's best configurations on this job; pick the fastest "
                                                  "that fits the memory limit.")
-    parser.add_argument("--model", choices=MODEL_NAMES, default="resnet")
+    parser.add_argument("--model", choices=ModelFamily.values(), default=ModelFamily.RESNET.value)
     parser.add_argument("--num-layers", dest="num_layers", type=int, default=None,
                         help="ResNet depth (v2: 9n+2) / AmoebaNet normal cells")
     parser.add_argument("--num-filters", dest="num_filters", type=int, default=None,
@@ -63,8 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--steps, --rounds and --top must be at least 1")
     if args.headroom is not None and not 0 <= args.headroom < 1:
         parser.error("--headroom is a share of the limit: from 0 to below 1")
-    import mpi4dl_nb as dl
-
+    from ..comm.context import init
     from ..measure import trials
     from ..measure.calibration import calibrate_job
     from ..planner.memory import MB
@@ -73,11 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..planner.tune import Tuner, TuneResult
     from .layout_cmd import refuse
 
-    ctx = dl.init()
+    ctx = init()
     if ctx.world_size < 2:   # every rank decides alike: no rank waits for another
         refuse("tune compares parallel configurations: run it on at least 2 ranks (mpiexec -n N, N >= 2)",
                ctx.rank, ctx.world_size)
-    spec = trials.ModelSpec(args.model, args.num_layers, args.num_filters, args.num_classes, dtype=args.dtype)
+    spec = trials.trial_model(args.model, args.num_layers, args.num_filters, args.num_classes, dtype=args.dtype)
     calibration = calibrate_job(ctx)
     network = network_of(calibration)
     limit = args.memory_limit_mb * MB
@@ -101,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ctx.rank == 0:
             print(f"mpi4dl_nb tune: {failure}", file=sys.stderr)
         return 1
+    assert knobs is not None, "rank 0 planned (no failure)"
     reference, *measured = trials.measure_interleaved(trials.here, spec, [None, *knobs], args.image_size,
                                                     args.batch_size, args.steps, args.rounds)
     if ctx.rank != 0 or planned is None:

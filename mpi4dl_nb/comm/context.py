@@ -22,13 +22,13 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from .device import BACKENDS, check_backend_device, local_rank_from_env, select_device
 from .handles import Channel, Group, Request, Transfer
-from .mpi_plane import MpiPlane, MpiRequests, load_mpi
+from .mpi_plane import MpiPlane, MpiRequests
 from .trace import DEFAULT_MAX_EVENTS, DEFAULT_WINDOW_STEPS, CudaClock, Tracer
 from .waiting import WaitMode, wait_mode_for
 
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from .protocol import DataPlane
 
 __all__ = ["BACKENDS", "Channel", "Context", "Group", "Request", "Transfer", "abort_job", "current", "init"]
+
+T = TypeVar("T")   # a picklable object an object collective carries
 
 OUTPUT_FORWARD_SECONDS = 0.5   # before an abort: the launcher forwards what the rank just wrote
 
@@ -73,7 +75,8 @@ class Context:
                  trace_max_events: int | None = DEFAULT_MAX_EVENTS, wait: str | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
-        mpi = load_mpi()
+        from mpi4py import MPI as mpi  # imported on first use: importing it starts MPI
+
         self.mpi_comm: MPI.Intracomm = comm if comm is not None else mpi.COMM_WORLD
         self.rank: int = self.mpi_comm.Get_rank()
         self.world_size: int = self.mpi_comm.Get_size()
@@ -140,7 +143,9 @@ class Context:
         mpi_group = self.mpi_comm.Get_group().Incl(list(members))
         sub = self.mpi_comm.Create(mpi_group)
         mpi_group.Free()
-        group = Group(members, sub if sub != load_mpi().COMM_NULL else None,
+        from mpi4py import MPI as mpi
+
+        group = Group(members, sub if sub != mpi.COMM_NULL else None,
                       self.data_plane.process_group(members))
         self._groups[members] = group
         return group
@@ -232,17 +237,17 @@ class Context:
             MpiRequests([comm.Ibarrier()], self.wait_mode).wait()
         return comm
 
-    def all_gather_object(self, obj: Any, group: Group | None = None) -> list[Any]:
+    def all_gather_object(self, obj: T, group: Group | None = None) -> list[T]:
         return self._all_arrived(group).allgather(obj)
 
-    def bcast_object(self, obj: Any, root: int = 0, group: Group | None = None) -> Any:
+    def bcast_object(self, obj: T, root: int = 0, group: Group | None = None) -> T:
         group = self.world if group is None else group
         return self._all_arrived(group).bcast(obj, root=group.rank_of(root))
 
-    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+    def gather_object(self, obj: T, root: int = 0) -> list[T] | None:
         return self._all_arrived(None).gather(obj, root=root)
 
-    def scatter_object(self, pieces: Sequence[Any] | None, root: int = 0) -> Any:
+    def scatter_object(self, pieces: Sequence[T] | None, root: int = 0) -> T:
         """Rank ``root`` gives ``pieces[r]`` to each rank r (``pieces`` ignored elsewhere)."""
         return self._all_arrived(None).scatter(pieces, root=root)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +86,7 @@ class Transfer:
 class Waitable(Protocol):
     """A library's own request object (mpi4py ``Request``, torch.distributed ``Work``)."""
 
-    def wait(self) -> Any: ...
+    def wait(self) -> object: ...   # what it returns is not used
 
 
 class Request:
@@ -96,7 +96,7 @@ class Request:
     tensor); ``keep`` holds buffers that must outlive the transfer.
     """
 
-    def __init__(self, handle: Waitable, on_done: Callable[[], Any] | None = None,
+    def __init__(self, handle: Waitable, on_done: Callable[[], object] | None = None,
                  keep: object = None) -> None:
         self._handle = handle
         self._on_done = on_done
@@ -104,7 +104,7 @@ class Request:
         self.done = False
 
     @classmethod
-    def all_of(cls, handles: Sequence[Waitable], on_done: Callable[[], Any] | None = None,
+    def all_of(cls, handles: Sequence[Waitable], on_done: Callable[[], object] | None = None,
                keep: object = None) -> Request:
         """One request that completes when every handle of ``handles`` has."""
         return cls(_AllOf(tuple(handles)), on_done, keep)

@@ -11,7 +11,7 @@ payloads swapped) fails loudly instead of training on the wrong micro-batch.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,7 +20,9 @@ from .handles import Channel, Group, Request, Transfer
 if TYPE_CHECKING:
     from .protocol import Comm
 
-Payload = Any   # a tensor or a tuple (or list) of tensors: what crosses a stage boundary
+# what crosses a stage boundary: a tensor or a tuple of tensors (skip connections); lists are
+# accepted where a payload is read (``as_items``, ``like``) and travel as tuples
+Payload = torch.Tensor | tuple[torch.Tensor, ...]
 
 MAX_TENSORS = 16
 MAX_DIMS = 8
@@ -31,17 +33,17 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
-def as_items(payload: Payload) -> tuple[Any, ...]:
+def as_items(payload: Payload | list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """The tensors of a payload as a tuple."""
     return tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
 
 
-def like(template: Payload, items: Sequence[Any]) -> Payload:
+def like(template: Payload | list[torch.Tensor], items: Sequence[torch.Tensor]) -> Payload:
     """``items`` shaped like ``template`` (tuple or single tensor)."""
     return tuple(items) if isinstance(template, (tuple, list)) else items[0]
 
 
-def checked_items(payload: Payload) -> tuple[torch.Tensor, ...]:
+def checked_items(payload: Payload | list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """``as_items(payload)``; TypeError/ValueError unless it is at most MAX_TENSORS tensors."""
     items = as_items(payload)
     if not all(isinstance(t, torch.Tensor) for t in items):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,19 +15,16 @@ from .waiting import WaitMode, poll
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+    from mpi4py.typing import Buffer
     from torch.distributed import ProcessGroup
 
-
-def load_mpi() -> Any:
-    """The ``mpi4py.MPI`` module (imported on first use: importing it starts MPI)."""
-    from mpi4py import MPI
-
-    return MPI
+# ``mpi4py.MPI`` is imported where it is first used, never at module import: importing it starts MPI
 
 
 def cuda_aware_mpi() -> bool:
     """Whether the MPI library says it can read and write CUDA memory."""
-    MPI = load_mpi()
+    from mpi4py import MPI
+
     query = getattr(MPI, "Query_cuda_support", None)
     if query is not None:
         try:
@@ -41,7 +38,7 @@ class MpiRequests:
     """mpi4py requests completed together: by ``Waitall`` (``WaitMode.BLOCK``) or by
     ``Testall`` and short sleeps (``WaitMode.YIELD``: the core goes to ranks that compute)."""
 
-    def __init__(self, handles: Sequence[Any], mode: WaitMode) -> None:
+    def __init__(self, handles: Sequence[MPI.Request], mode: WaitMode) -> None:
         self.handles = list(handles)
         self.mode = mode
 
@@ -82,7 +79,7 @@ class MpiPlane:
         self.settles = 0   # stream waits so far (each before MPI touched device memory)
 
     # ---------------------------------------------------------------- buffers
-    def _buffer(self, tensor: torch.Tensor) -> Any:
+    def _buffer(self, tensor: torch.Tensor) -> Buffer:
         """The memory mpi4py reads/writes: the tensor's own where possible."""
         if tensor.device.type == "cpu":
             if tensor.dtype == torch.bfloat16:
@@ -129,7 +126,7 @@ class MpiPlane:
                        keep=[t.tensor for t in transfers])
 
     # --------------------------------------------------------------- collectives
-    def _in_place(self, tensor: torch.Tensor, operation: Callable[[Any], Any]) -> None:
+    def _in_place(self, tensor: torch.Tensor, operation: Callable[[Buffer], MPI.Request]) -> None:
         """Run the non-blocking in-place MPI ``operation(buffer)`` on ``tensor`` (staged if
         needed) and complete its request in this plane's wait mode."""
         if not self._staged(tensor):
@@ -146,7 +143,8 @@ class MpiPlane:
             self.pool.give(host)
 
     def all_reduce(self, tensor: torch.Tensor, group: Group) -> None:
-        MPI = load_mpi()
+        from mpi4py import MPI
+
         comm = group.communicator()
         self._in_place(tensor, lambda buffer: comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
 

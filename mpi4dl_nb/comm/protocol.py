@@ -13,7 +13,7 @@ stays in ``Context``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -22,6 +22,8 @@ from .trace import Tracer
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
+
+T = TypeVar("T")   # a picklable object an object collective carries
 
 
 class Comm(Protocol):
@@ -71,13 +73,15 @@ class Comm(Protocol):
 
     def barrier(self, group: Group | None = None) -> None: ...
 
-    def all_gather_object(self, obj: Any, group: Group | None = None) -> list[Any]: ...
+    # object collectives: every rank passes the same kind of object ``T`` (``T | None`` where
+    # only the root has one; the receivers narrow what they get)
+    def all_gather_object(self, obj: T, group: Group | None = None) -> list[T]: ...
 
-    def bcast_object(self, obj: Any, root: int = 0, group: Group | None = None) -> Any: ...
+    def bcast_object(self, obj: T, root: int = 0, group: Group | None = None) -> T: ...
 
-    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None: ...
+    def gather_object(self, obj: T, root: int = 0) -> list[T] | None: ...
 
-    def scatter_object(self, pieces: Sequence[Any] | None, root: int = 0) -> Any: ...
+    def scatter_object(self, pieces: Sequence[T] | None, root: int = 0) -> T: ...
 
     def abort(self, code: int = 1) -> None: ...
 

@@ -19,10 +19,13 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     import torch
+
+Stamp: TypeAlias = "float | torch.cuda.Event"   # a point in time: host seconds, or a CUDA event
+TraceValue = int | float | str | tuple[int, ...] | None   # the value of an event's field
 
 DEFAULT_WINDOW_STEPS = 4        # steps whose events the trace keeps
 DEFAULT_MAX_EVENTS = 20_000     # hard cap, also for events recorded outside any step
@@ -68,13 +71,13 @@ class Event:
     replica: int | None = None
     bytes: int = 0
     peer: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, TraceValue] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:
         return self.end - self.start
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, TraceValue | dict[str, TraceValue]]:
         return asdict(self)
 
 
@@ -120,11 +123,11 @@ class StepSummary:
 class Clock(Protocol):
     """Where a tracer's times come from."""
 
-    def stamp(self) -> Any:
+    def stamp(self) -> Stamp:
         """A point in time, taken without waiting for the device."""
         ...
 
-    def seconds(self, stamp: Any) -> float:
+    def seconds(self, stamp: Stamp) -> float:
         """``stamp`` as seconds since the tracer's origin (may wait for the device)."""
         ...
 
@@ -151,7 +154,9 @@ class HostClock:
     def stamp(self) -> float:
         return self.now()
 
-    def seconds(self, stamp: Any) -> float:
+    def seconds(self, stamp: Stamp) -> float:
+        if not isinstance(stamp, (int, float)):
+            raise TypeError(f"a host clock's stamps are seconds, got {type(stamp).__name__}")
         return float(stamp)
 
     def settle(self) -> None:
@@ -179,12 +184,14 @@ class CudaClock:
     def now(self) -> float:
         return time.perf_counter() - self.origin
 
-    def stamp(self) -> Any:
+    def stamp(self) -> torch.cuda.Event:
         event = self.torch.cuda.Event(enable_timing=True)
         event.record(self.torch.cuda.current_stream(self.device))
         return event
 
-    def seconds(self, stamp: Any) -> float:
+    def seconds(self, stamp: Stamp) -> float:
+        if isinstance(stamp, (int, float)):   # host seconds since the origin (``record``'s floats)
+            return float(stamp)
         stamp.synchronize()
         return self.reference_time + self.reference.elapsed_time(stamp) / 1e3
 
@@ -214,7 +221,7 @@ class Tracer:
         self.max_events = max_events
         self._buckets: deque[list[Event]] = deque([[]])   # oldest first; the last is current
         self._count = 0
-        self._pending: list[tuple[str, Any, Any, dict[str, Any]]] = []
+        self._pending: list[tuple[str, Stamp, Stamp, dict[str, TraceValue]]] = []
         self._in_step = False
         self.recorded = 0                 # events ever recorded (a position for ``since``)
         self.steps_begun = 0
@@ -242,24 +249,24 @@ class Tracer:
         """Host seconds since the tracer started."""
         return self.clock.now()
 
-    def stamp(self) -> Any:
+    def stamp(self) -> Stamp:
         """A point in time for ``record`` (a CUDA event on GPU, seconds on CPU)."""
         return self.clock.stamp()
 
     @contextmanager
-    def span(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
+    def span(self, op: str, **fields: TraceValue) -> Iterator[dict[str, TraceValue]]:
         """Time the body as one event; the yielded dict may add fields (e.g. bytes)."""
         if not self.enabled:
             yield {}
             return
-        extra: dict[str, Any] = {}
+        extra: dict[str, TraceValue] = {}
         start = self.clock.stamp()
         try:
             yield extra
         finally:
             self.record(op, start, self.clock.stamp(), **fields, **extra)
 
-    def record(self, op: str, start: Any, end: Any, **fields: Any) -> None:
+    def record(self, op: str, start: Stamp, end: Stamp, **fields: TraceValue) -> None:
         """Add a finished event between two stamps (``stamp()``, or seconds on a host clock)."""
         if not self.enabled:
             return
@@ -268,10 +275,15 @@ class Tracer:
             return
         self._add(op, self.clock.seconds(start), self.clock.seconds(end), fields)
 
-    def _add(self, op: str, start: float, end: float, fields: dict[str, Any]) -> None:
-        known = {k: fields.pop(k) for k in ("stage", "micro_batch", "replica", "bytes", "peer")
-                 if k in fields}
-        event = Event(self.rank, op, start, end, **known, extra=fields)
+    def _add(self, op: str, start: float, end: float, fields: dict[str, TraceValue]) -> None:
+        def index(name: str) -> int | None:   # the named fields are numbers (or None)
+            value = fields.pop(name, None)
+            if isinstance(value, tuple):
+                raise TypeError(f"trace field {name}={value!r}: give a number")
+            return None if value is None else int(value)
+
+        event = Event(self.rank, op, start, end, stage=index("stage"), micro_batch=index("micro_batch"),
+                      replica=index("replica"), bytes=index("bytes") or 0, peer=index("peer"), extra=fields)
         self._buckets[-1].append(event)
         self._count += 1
         self.recorded += 1

@@ -4,35 +4,35 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
+from .apps import AppKind
 from .cifar import Cifar10Dataset
 from .dataset import Batcher, Box, RegionDataset, full_box
 from .pathology import SlideDataset, TileFolderDataset, open_pathology
 from .sample import IHCSampleDataset, ihc_image
 from .synthetic import SyntheticDataset
 
-APPS = ("medical", "cifar", "synthetic")
+APPS = AppKind.values()
 
 
-def make_dataset(app: str, image_size: int, num_classes: int, *, datapath: str | Path | None = None,
+def make_dataset(app: AppKind | str, image_size: int, num_classes: int, *, datapath: str | Path | None = None,
                  seed: int = 0, num_samples: int = 1024, slide_level: int = 0,
                  min_tissue: float = 0.5, exclude: Collection[Path] = ()) -> RegionDataset:
     """The dataset of ``--app``: ``medical`` (``datapath`` tiles/slides, else the IHC sample),
     ``cifar`` (binary batches in ``datapath``) or ``synthetic``; ``exclude`` drops files."""
-    if app == "synthetic":
+    app = AppKind.parse(app)
+    if app is AppKind.SYNTHETIC:
         return SyntheticDataset(image_size, num_classes, num_samples, seed=seed)
-    if app == "medical":
+    if app is AppKind.MEDICAL:
         if datapath is None:
             return IHCSampleDataset(image_size, num_classes=num_classes)
         return open_pathology(datapath, image_size, level=slide_level, min_tissue=min_tissue,
                               num_classes=num_classes, exclude=exclude)
-    if app == "cifar":
-        if datapath is None:
-            raise FileNotFoundError("--app cifar needs --datapath: a folder with the CIFAR-10 "
-                                    "binary batches (data_batch_1.bin ...)")
-        return Cifar10Dataset(datapath, image_size, num_classes=num_classes)
-    raise ValueError(f"unknown --app {app!r}; choose one of {', '.join(APPS)}")
+    if datapath is None:
+        raise FileNotFoundError("--app cifar needs --datapath: a folder with the CIFAR-10 "
+                                "binary batches (data_batch_1.bin ...)")
+    return Cifar10Dataset(datapath, image_size, num_classes=num_classes)
 
 
-__all__ = ["APPS", "Batcher", "Box", "Cifar10Dataset", "IHCSampleDataset", "RegionDataset",
+__all__ = ["APPS", "AppKind", "Batcher", "Box", "Cifar10Dataset", "IHCSampleDataset", "RegionDataset",
            "SlideDataset", "SyntheticDataset", "TileFolderDataset", "full_box", "ihc_image",
            "make_dataset", "open_pathology"]

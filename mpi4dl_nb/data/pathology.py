@@ -6,17 +6,39 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from .dataset import Box, check_box, to_tensor
 
+if TYPE_CHECKING:
+    from PIL import Image
+
 TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")
 SATURATION_TISSUE = 0.07   # HSV saturation above which a pixel counts as stained tissue
 DARKEST_BACKGROUND = 20    # max channel below this is void/black, not tissue
+
+
+class Slide(Protocol):
+    """What the data and inference code use of an ``openslide.OpenSlide`` (or ``ImageSlide``)."""
+
+    @property
+    def level_count(self) -> int: ...
+
+    @property
+    def level_dimensions(self) -> Sequence[tuple[int, int]]: ...
+
+    @property
+    def level_downsamples(self) -> Sequence[float]: ...
+
+    def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int]) -> Image.Image: ...
+
+    def get_thumbnail(self, size: tuple[int, int]) -> Image.Image: ...
+
+    def close(self) -> None: ...
 
 
 def require_path(path: str | Path, knob: str = "--datapath") -> Path:
@@ -44,7 +66,7 @@ def tissue_mask(rgb: np.ndarray) -> np.ndarray:
     return (saturation > SATURATION_TISSUE) & (high > DARKEST_BACKGROUND)
 
 
-def rgba_to_rgb(image: Any) -> np.ndarray:
+def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
     """OpenSlide's RGBA region composited on white (transparent = outside the scanned area)."""
     pixels = np.asarray(image, dtype=np.float32)
     alpha = pixels[:, :, 3:4] / 255.0
@@ -105,15 +127,16 @@ def check_classes(found: int, requested: int | None, where: str | Path) -> int:
     return requested
 
 
-def open_slide(path: Path) -> Any:
+def open_slide(path: Path) -> Slide:
     """An ``openslide.OpenSlide`` for ``path``, or ValueError saying it is not a readable slide."""
     import openslide
 
     try:
-        return openslide.OpenSlide(str(path))
+        slide: Slide = openslide.OpenSlide(str(path))
     except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError, OSError) as err:
         raise ValueError(f"cannot read slide {path}: {err or type(err).__name__}; OpenSlide reads "
                          f"pyramidal .tif/.svs/.ndpi/.mrxs/.scn/... files") from err
+    return slide
 
 
 @dataclass(frozen=True)
@@ -139,7 +162,7 @@ class SlideDataset:
     def __init__(self, slides: Sequence[str | Path], image_size: int, *, level: int = 0,
                  min_tissue: float = 0.5, root: str | Path | None = None,
                  num_classes: int | None = None, max_tiles_per_slide: int | None = None,
-                 opener: Callable[[Path], Any] = open_slide) -> None:
+                 opener: Callable[[Path], Slide] = open_slide) -> None:
         if image_size < 1:
             raise ValueError(f"--image-size must be >= 1, got {image_size}")
         if not 0.0 <= min_tissue <= 1.0:
@@ -156,7 +179,7 @@ class SlideDataset:
                                            else ([0] * len(self.paths), [""]))
         self.num_classes = check_classes(len(self.classes), num_classes, base)
         self._opener = opener
-        self._open: dict[int, Any] = {}
+        self._open: dict[int, Slide] = {}
         self.downsample: list[float] = []
         self.tiles: list[SlideTile] = []
         for number, path in enumerate(self.paths):
@@ -176,7 +199,7 @@ class SlideDataset:
             raise ValueError(f"no {image_size}px tile at level {level} has {min_tissue:.0%} tissue "
                              f"in {', '.join(map(str, self.paths))}; lower min_tissue")
 
-    def slide(self, number: int) -> Any:
+    def slide(self, number: int) -> Slide:
         """The (lazily opened, cached) OpenSlide of slide ``number``."""
         if number not in self._open:
             self._open[number] = self._opener(self.paths[number])

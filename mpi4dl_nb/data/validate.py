@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
+from .apps import AppKind
+from .dataset import RegionDataset
 from .pathology import SLIDE_ONLY_EXTENSIONS, folder_files, quiet_tifffile, require_path
 
 # PIL modes a tile may have: 8 bits per channel, converted to RGB on read
@@ -30,13 +31,14 @@ class DataSources:
     files: tuple[Path, ...] = ()
 
 
-def find_sources(app: str, datapath: str | Path | None, knob: str = "--datapath") -> DataSources:
+def find_sources(app: AppKind | str, datapath: str | Path | None, knob: str = "--datapath") -> DataSources:
     """The files ``--app``/``datapath`` will read, found without opening them (as ``make_dataset`` finds them);
     FileNotFoundError naming ``knob`` when a path of an app that reads files does not exist."""
-    if datapath is None or app not in ("medical", "cifar"):
+    kind = AppKind.parse(app)
+    if datapath is None or not kind.reads_datapath:
         return DataSources(None)
     root = require_path(datapath, knob)
-    if app != "medical":
+    if kind is not AppKind.MEDICAL:
         return DataSources(None)
     if root.is_file():
         return DataSources(SourceKind.SLIDES, (root,))
@@ -137,7 +139,7 @@ def _check_slide(path: Path, image_size: int, level: int) -> str | None:
 
 
 def check_files(paths: Collection[Path], kind: SourceKind, image_size: int, level: int = 0,
-                progress: Any = None) -> list[tuple[Path, str]]:
+                progress: Callable[[int, int], object] | None = None) -> list[tuple[Path, str]]:
     """``(path, reason)`` of every unusable file among ``paths``; ``progress(done, total)`` after each."""
     bad = []
     for done, path in enumerate(paths, 1):
@@ -149,13 +151,13 @@ def check_files(paths: Collection[Path], kind: SourceKind, image_size: int, leve
     return bad
 
 
-def classes_found(dataset: Any) -> int | None:
+def classes_found(dataset: RegionDataset) -> int | None:
     """How many classes the files of ``dataset`` show (None: labels are not taken from files)."""
     classes = getattr(dataset, "classes", None)
     return len(classes) if isinstance(classes, (list, tuple)) else None
 
 
-def fingerprint(dataset: Any) -> dict[str, Any]:
+def fingerprint(dataset: RegionDataset) -> dict[str, object]:
     """What identifies a dataset's content cheaply: file names relative to its root, sizes, labels, count."""
     files = getattr(dataset, "files", None) or getattr(dataset, "paths", None)
     if files:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -12,7 +12,7 @@ from ..comm.messages import as_items
 from ..data.dataset import Box, RegionDataset
 from ..pipeline.schedules import ActionKind
 from ..pipeline.step_input import ShardedImages
-from .metrics import Records, merge, summarize
+from .metrics import Metrics, Records, merge, summarize
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -92,8 +92,10 @@ class Evaluator:
             raise RuntimeError(f"evaluation saw {len(merged)} of {len(self.dataset)} images")
         return merged
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Metrics:
         """The metrics of the whole dataset (see ``metrics.summarize``), on every rank (collective)."""
         records = self.records()
         result = summarize(records, self.num_classes) if records is not None else None
-        return self.ctx.bcast_object(result, root=0)
+        summary = self.ctx.bcast_object(result, root=0)
+        assert summary is not None   # rank 0 holds every record
+        return summary

@@ -10,14 +10,28 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..config import Choice
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 LOG_NAME = "metrics.jsonl"
 SCALARS = ("loss", "accuracy", "balanced_accuracy", "roc_auc")
+LogRecord = dict[str, Any]    # one parsed line: JSON values by name ("kind", "step", "run_id", figures)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+class RecordKind(Choice):
+    """What a line of the log records: a training step or an evaluation."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+def read_metrics(path: str | Path) -> list[LogRecord]:
     """The records of a ``metrics.jsonl`` (or of a log directory); a torn last line is ignored."""
     target = Path(path)
     if target.is_dir():
@@ -31,7 +45,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> object:
     """JSON has no NaN/inf: such numbers become None."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -64,24 +78,25 @@ class MetricsLog:
             partial.write_text("".join(json.dumps(r) + "\n" for r in kept))
             os.replace(partial, self.path)
 
-    def _tensorboard(self, start_step: int) -> Any:
+    def _tensorboard(self, start_step: int) -> SummaryWriter | None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:     # the optional extra: pip install mpi4dl-nb[tensorboard]
             return None
         return SummaryWriter(str(self.directory), purge_step=start_step + 1 if start_step else None)
 
-    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+    def write(self, kind: RecordKind | str, step: int, values: Mapping[str, object]) -> None:
         """One record: ``kind`` 'train' or 'eval', the global step, the values (JSON-ready)."""
-        record = {"kind": kind, "step": step, "run_id": self.run_id,
+        kind = RecordKind(kind)
+        record = {"kind": kind.value, "step": step, "run_id": self.run_id,
                   **{k: _clean(v) for k, v in values.items()}}
         self.stream.write(json.dumps(record) + "\n")
         self.stream.flush()
         if self.writer is not None:
             for name in SCALARS:
-                value = record.get(name if kind == "train" else f"val_{name}")
+                value = record.get(name if kind is RecordKind.TRAIN else f"val_{name}")
                 if isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"{kind}/{name}", value, step)
+                    self.writer.add_scalar(f"{kind.value}/{name}", value, step)
             self.writer.flush()
 
     def close(self) -> None:

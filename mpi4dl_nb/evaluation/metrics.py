@@ -7,8 +7,7 @@ average of per-rank averages — and the same for any rank layout.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -84,8 +83,26 @@ def roc_auc(score: np.ndarray, positive: np.ndarray) -> float | None:
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
-def summarize(records: Records, num_classes: int) -> dict[str, Any]:
-    """The metrics of a merged set of records, as JSON-ready values (None where undefined)."""
+@dataclass(frozen=True)
+class Metrics:
+    """The figures of an evaluation, JSON-ready (None where undefined: no samples, a class absent, AUC past 2
+    classes)."""
+
+    count: int
+    loss: float | None
+    accuracy: float | None
+    balanced_accuracy: float | None
+    per_class_recall: list[float | None]
+    roc_auc: float | None
+    confusion_matrix: list[list[int]]
+
+    def as_dict(self, prefix: str = "") -> dict[str, object]:
+        """``{'loss': ..}``, or with ``prefix="val_"`` ``{'val_loss': ..}`` (the names summaries use)."""
+        return {prefix + key: value for key, value in asdict(self).items()}
+
+
+def summarize(records: Records, num_classes: int) -> Metrics:
+    """The metrics of a merged set of records."""
     count = len(records)
     matrix = confusion_matrix(records.label, records.predicted, num_classes)
     support = matrix.sum(axis=1)
@@ -94,17 +111,12 @@ def summarize(records: Records, num_classes: int) -> dict[str, Any]:
     auc = None
     if num_classes == 2 and count:
         auc = roc_auc(records.logits[:, 1] - records.logits[:, 0], records.label == 1)
-    return {
-        "count": count,
-        "loss": float(records.loss.sum() / count) if count else None,
-        "accuracy": float(np.trace(matrix) / count) if count else None,
-        "balanced_accuracy": float(sum(present) / len(present)) if present else None,
-        "per_class_recall": recall,
-        "roc_auc": auc,
-        "confusion_matrix": matrix.tolist(),
-    }
-
-
-def prefixed(metrics: dict[str, Any], prefix: str = "val_") -> dict[str, Any]:
-    """``{'loss': ..}`` -> ``{'val_loss': ..}``: the names the progress line and summaries use."""
-    return {prefix + key: value for key, value in metrics.items()}
+    return Metrics(
+        count=count,
+        loss=float(records.loss.sum() / count) if count else None,
+        accuracy=float(np.trace(matrix) / count) if count else None,
+        balanced_accuracy=float(sum(present) / len(present)) if present else None,
+        per_class_recall=recall,
+        roc_auc=auc,
+        confusion_matrix=matrix.tolist(),
+    )

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -64,7 +63,7 @@ class Subset:
         return self.dataset.read(self.indices[index], box)
 
 
-def item_names(dataset: Any, indices: Sequence[int]) -> list[Any]:
+def item_names(dataset: RegionDataset, indices: Sequence[int]) -> list[list[str]] | list[int]:
     """What names the images ``indices``: their files when the dataset has one file per image, else positions."""
     files = getattr(dataset, "files", None) or getattr(dataset, "paths", None)
     if files is not None and len(files) == len(dataset):
@@ -72,6 +71,6 @@ def item_names(dataset: Any, indices: Sequence[int]) -> list[Any]:
     return list(indices)
 
 
-def split_listing(dataset: Any, indices: Sequence[int]) -> list[Any]:
+def split_listing(dataset: RegionDataset, indices: Sequence[int]) -> list[list[list[str]] | list[int]]:
     """What the validation images are (names and labels): the value the run identity hashes."""
     return [item_names(dataset, indices), [dataset.label(i) for i in indices]]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | Sequence[str | Path], *,
-                ctx: Comm | None = None, **options: Any) -> dict[str, Any] | None:
+                ctx: Comm | None = None, **options: Any) -> dict[str, object] | None:
     """Run the checkpoint's network over ``slide``, writing ``output`` (.npy / .tif / .png, or a list of them).
 
     Collective: call it on every rank of a world of ``num_spatial_parts`` ranks (one process:
@@ -33,4 +33,5 @@ def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | 
         from ..comm.context import init
 
         ctx = init()
-    return Runner(settings, ctx).run()
+    summary = Runner(settings, ctx).run()
+    return summary.as_dict() if summary is not None else None

@@ -17,7 +17,6 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -62,7 +61,8 @@ def _strides(module: nn.Module, channels: int, dtype: torch.dtype) -> list[int]:
 
     def hook(mod: nn.Module, inputs: tuple) -> None:
         width = int(inputs[0].shape[-1])
-        own: Any = mod.stride if mod.stride is not None else mod.kernel_size
+        stride = getattr(mod, "stride", None)
+        own = getattr(mod, "kernel_size", 1) if stride is None else stride   # a pool's stride defaults to its kernel
         own = own[-1] if isinstance(own, (tuple, list)) else own
         found.append(max(1, round(PROBE_SIDE / max(width, 1))) * int(own))
 

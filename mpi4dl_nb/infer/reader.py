@@ -6,15 +6,17 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from ..config import ConfigError
-from ..data.pathology import rgba_to_rgb
+from ..data.pathology import Slide, rgba_to_rgb
 from ..spatial.geometry import Box
 
 TILE_CACHE_BYTES = 8 << 20   # OpenSlide's decoded-tile cache until the runner sizes it to the window
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 class SlideReader:
@@ -32,7 +34,7 @@ class SlideReader:
         if not self.path.is_file():
             raise FileNotFoundError(f"--slide {str(path)!r}: no such file")
         try:
-            self.slide: Any = openslide.open_slide(str(self.path))
+            self.slide: Slide = openslide.open_slide(str(self.path))
             self.slide.level_dimensions   # noqa: B018 - an ImageSlide decodes lazily: fail here
         except Exception as err:   # OpenSlide/Pillow raise many kinds
             raise ValueError(f"--slide {self.path}: cannot be opened as a slide or an image "
@@ -51,8 +53,9 @@ class SlideReader:
         """Cap OpenSlide's decoded-tile cache at ``capacity`` bytes (the runner: a few windows' worth)."""
         import openslide
 
-        if hasattr(self.slide, "set_cache") and hasattr(openslide, "OpenSlideCache"):
-            self.slide.set_cache(openslide.OpenSlideCache(max(1, int(capacity))))
+        set_cache = getattr(self.slide, "set_cache", None)
+        if set_cache is not None and hasattr(openslide, "OpenSlideCache"):
+            set_cache(openslide.OpenSlideCache(max(1, int(capacity))))
 
     @property
     def levels(self) -> list[tuple[int, int]]:
@@ -79,35 +82,34 @@ class SlideReader:
         self.slide.close()
 
 
-class Prefetcher:
+class Prefetcher(Generic[Item, Result]):
     """Runs ``load(item)`` for each item in a background thread, at most ``depth`` results ahead.
 
     Iterating yields ``(item, result)`` in order; an exception in the thread is raised in the
     consumer. Reads then overlap the consumer's compute (OpenSlide and numpy release the GIL).
     """
 
-    _DONE = object()
-
-    def __init__(self, items: Iterable[Any], load: Callable[[Any], Any], depth: int = 1) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+    def __init__(self, items: Iterable[Item], load: Callable[[Item], Result], depth: int = 1) -> None:
+        # (item, result) in order, then None at the end; an exception in the thread travels as itself
+        self._queue: queue.Queue[tuple[Item, Result] | BaseException | None] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self.wait_seconds = 0.0
         self._thread = threading.Thread(target=self._run, args=(iter(items), load), daemon=True,
                                         name="mpi4dl-prefetch")
         self._thread.start()
 
-    def _run(self, items: Iterator[Any], load: Callable[[Any], Any]) -> None:
+    def _run(self, items: Iterator[Item], load: Callable[[Item], Result]) -> None:
         try:
             for item in items:
                 if self._stop.is_set():
                     return
-                self._put((item, load(item), None))
+                self._put((item, load(item)))
         except BaseException as err:   # handed to the consumer
-            self._put((None, None, err))
+            self._put(err)
             return
-        self._put(self._DONE)
+        self._put(None)
 
-    def _put(self, value: Any) -> None:
+    def _put(self, value: tuple[Item, Result] | BaseException | None) -> None:
         while not self._stop.is_set():
             try:
                 self._queue.put(value, timeout=0.1)
@@ -115,19 +117,18 @@ class Prefetcher:
             except queue.Full:
                 continue
 
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+    def __iter__(self) -> Iterator[tuple[Item, Result]]:
         import time
 
         while True:
             start = time.perf_counter()
             value = self._queue.get()
             self.wait_seconds += time.perf_counter() - start
-            if value is self._DONE:
+            if value is None:
                 return
-            item, result, error = value
-            if error is not None:
-                raise error
-            yield item, result
+            if isinstance(value, BaseException):
+                raise value
+            yield value
 
     def close(self) -> None:
         """Stop the thread (also when the consumer stopped early)."""

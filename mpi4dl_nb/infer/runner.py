@@ -10,21 +10,24 @@ the rows above are final (``--resume`` continues from there).
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..comm.trace import TraceValue
 from ..config import ConfigError
 from ..measure.heap import PeakMeter, state_bytes
+from ..models.spec import ModelFamily
 from ..spatial.geometry import Box, TileGrid
 from .fully_conv import FullyConvolutional, fully_convolutional, measure_field
 from .model import ModelDescription, load_network
@@ -32,6 +35,7 @@ from .reader import Prefetcher, SlideReader
 from .tissue import OVERVIEW_SIDE, TissueMap
 from .windows import AxisField, Window, WindowPlan, batches, intersect, padded_extent, round_up
 from .writers import (
+    Fingerprint,
     HeatmapStore,
     check_outputs,
     load_progress,
@@ -71,7 +75,7 @@ class InferSettings:
     overwrite: bool = False
     output_stride: int | None = None
     heat_class: int | None = None
-    model: str | None = None
+    model: ModelFamily | str | None = None
     max_window_rows: int | None = None
     memory_budget: int = DEFAULT_BUDGET
     overlay_side: int = OVERLAY_SIDE
@@ -105,10 +109,10 @@ class SetupFailed(ValueError):
 
 def agreed(ctx: Comm, build: Callable[[], T]) -> T:
     """``build()`` on this rank; if it failed on any rank, raise SetupFailed everywhere (first failure's text)."""
-    result: Any = None
+    built: list[T] = []
     error: str | None = None
     try:
-        result = build()
+        built.append(build())
     except Exception as err:   # any failure: the other ranks must not wait for this one
         error = str(err) if isinstance(err, (ValueError, OSError)) else f"{type(err).__name__}: {err}"
     messages = ctx.all_gather_object(error)
@@ -117,7 +121,7 @@ def agreed(ctx: Comm, build: Callable[[], T]) -> T:
         rank, text = failed[0]
         everywhere = len(failed) == len(messages) and len({t for _, t in failed}) == 1
         raise SetupFailed(text if everywhere or ctx.world_size == 1 else f"(rank {rank}) {text}")
-    return result
+    return built[0]
 
 
 def check_halos(net: nn.Module, grid: TileGrid, sizes: Sequence[tuple[int, int]], channels: int = 3) -> None:
@@ -178,14 +182,14 @@ class Plan:
     plan: WindowPlan
     skipped: set[tuple[int, int]]
     rows_done: int
-    fingerprint: dict[str, Any]
+    fingerprint: Fingerprint
     out_shape: tuple[int, int, int]
     fields: tuple[AxisField, AxisField]
     window: int
 
 
 def fingerprint(settings: InferSettings, description: ModelDescription, reader: SlideReader,
-                net: FullyConvolutional) -> dict[str, Any]:
+                net: FullyConvolutional) -> Fingerprint:
     """What a partial output must share with this run to be resumed."""
     checkpoint = Path(description.path)
     return {"checkpoint": str(checkpoint.resolve()), "checkpoint_bytes": checkpoint.stat().st_size,
@@ -211,12 +215,12 @@ def decide(settings: InferSettings, net: FullyConvolutional, reader: SlideReader
     rows_done = 0
     if settings.resume:
         if progress is not None and work.is_file():
-            if progress["fingerprint"] != stamp:
-                changed = [k for k in stamp if progress["fingerprint"].get(k) != stamp[k]]
+            if progress.fingerprint != stamp:
+                changed = [k for k in stamp if progress.fingerprint.get(k) != stamp[k]]
                 raise ConfigError("--resume", f"the partial output {work} was made with other {', '.join(changed)}; "
                                   f"rerun with the same checkpoint, slide and options, or drop --resume "
                                   f"and pass --overwrite")
-            rows_done = int(progress["rows_done"])
+            rows_done = progress.rows_done
         check_outputs([p for p in outputs if p != work], settings.overwrite)
     else:
         if work.exists() and not settings.overwrite:
@@ -263,7 +267,71 @@ class RankStats:
     peak_bytes: int = 0
     state_bytes: int = 0
     windows: int = 0
-    events: list[Any] = field(default_factory=list)
+
+
+TimelineEvent = dict[str, TraceValue | dict[str, TraceValue]]   # an Event as ``Event.as_dict`` gives it
+
+
+@dataclass(frozen=True)
+class InferSummary:
+    """The run's result on rank 0: the command's JSON line (``dl.infer_slide`` returns ``as_dict()``)."""
+
+    slide: str
+    level: int
+    slide_size: tuple[int, int]                  # (width, height) of the level
+    model: str
+    checkpoint: str
+    output_shape: tuple[int, int, int]           # classes, output rows, output columns
+    output_stride: int
+    fields: tuple[AxisField, AxisField]          # rows, columns
+    world_size: int
+    grid: tuple[int, int]
+    window: int
+    window_grid: tuple[int, int]
+    dtype: str
+    windows: int
+    skipped_background: int
+    computed_windows: int
+    first_row: int
+    rows_done: int
+    complete: bool
+    megapixels: float
+    ranks: Sequence[RankStats]
+    memory_source: str
+    outputs: list[str]
+    events: list[TimelineEvent] | None = None    # every rank's timeline (``keep_trace``)
+
+    @property
+    def seconds(self) -> float:
+        return max(r.seconds for r in self.ranks)
+
+    def as_dict(self) -> dict[str, object]:
+        rows, cols = self.fields
+        seconds = self.seconds
+        return {
+            "slide": self.slide, "level": self.level, "slide_size": list(self.slide_size),
+            "model": self.model, "checkpoint": self.checkpoint,
+            "output_shape": list(self.output_shape), "output_stride": self.output_stride,
+            "field": {"rows": [rows.before, rows.after], "cols": [cols.before, cols.after],
+                      "text": cols.describe()},
+            "world_size": self.world_size, "grid": list(self.grid),
+            "window": self.window, "window_grid": list(self.window_grid), "dtype": self.dtype,
+            "windows": self.windows, "skipped_background": self.skipped_background,
+            "computed_windows": self.computed_windows,
+            "first_row": self.first_row, "rows_done": self.rows_done, "complete": self.complete,
+            "seconds": seconds, "megapixels": self.megapixels,
+            "megapixels_per_s": self.megapixels / seconds if seconds > 0 else None,
+            "peak_memory_bytes": [r.peak_bytes for r in self.ranks],
+            "memory_source": self.memory_source,
+            "compute_seconds": [r.compute_seconds for r in self.ranks],
+            "read_seconds": [r.read_seconds for r in self.ranks],
+            "read_wait_seconds": [r.read_wait_seconds for r in self.ranks],
+            "outputs": self.outputs,
+            **({"events": self.events} if self.events is not None else {}),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict())
 
 
 class Runner:
@@ -289,7 +357,9 @@ class Runner:
         self.net, self.description, self.reader = agreed(ctx, load)
         decided = agreed(ctx, lambda: decide(settings, self.net, self.reader, self.grid, self.description)
                          if ctx.rank == 0 else None)
-        self.plan: Plan = ctx.bcast_object(decided, root=0)
+        plan = ctx.bcast_object(decided, root=0)
+        assert plan is not None   # rank 0 decided (else every rank raised in agreed)
+        self.plan: Plan = plan
         agreed(ctx, lambda: check_halos(self.net, self.grid, sorted(self.plan.plan.input_sizes())))
         # decoded tiles kept for the overlap with the next window: twice this rank's RGBA box
         self.reader.limit_cache(CACHE_WINDOWS * 4 * max(h * w for h, w in self.plan.plan.input_sizes())
@@ -337,7 +407,7 @@ class Runner:
         return tensor
 
     # ---------------------------------------------------------------- run
-    def run(self) -> dict[str, Any] | None:
+    def run(self) -> InferSummary | None:
         """Stream every window row (or ``max_window_rows`` of them); the summary on rank 0, None elsewhere."""
         from ..spatial.convert import spatialize
 
@@ -397,14 +467,15 @@ class Runner:
         self.meter.unwatch()
         self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
         complete = rows_done >= plan.out_shape[1]
+        events = None
         if settings.keep_trace:
             from ..comm.timeline import gather_timeline
 
-            self.stats.events = [e.as_dict() for e in gather_timeline(ctx) or []]
+            events = [e.as_dict() for e in gather_timeline(ctx) or []]
         tracer.enabled = tracing
         ctx.barrier()
         outputs = self._finalize() if complete and ctx.rank == 0 else []
-        return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done)
+        return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done, events)
 
     def _collect(self, pieces: list[tuple[Box, np.ndarray]]) -> None:
         gathered = self.ctx.gather_object(pieces, root=0)
@@ -456,7 +527,7 @@ class Runner:
         progress_path(work).unlink(missing_ok=True)
         return [str(p) for p in outputs]
 
-    def describe(self, heat: int) -> dict[str, Any]:
+    def describe(self, heat: int) -> dict[str, object]:
         """What the heat map shows (stored in the .tif and the summary)."""
         rows, cols = self.plan.fields
         return {"slide": str(self.reader.path), "level": self.reader.level, "class": heat,
@@ -464,36 +535,17 @@ class Runner:
                 "field_cols": [cols.before, cols.after], "model": self.description.describe()}
 
     def _summary(self, windows: int, skipped: int, pixels: float, complete: bool, outputs: list[str],
-                 rows_done: int) -> dict[str, Any] | None:
-        stats = asdict(self.stats)
-        events = stats.pop("events")
-        per_rank = self.ctx.gather_object(stats, root=0)
+                 rows_done: int, events: list[TimelineEvent] | None) -> InferSummary | None:
+        per_rank = self.ctx.gather_object(self.stats, root=0)
         if per_rank is None:
             return None
-        seconds = max(s["seconds"] for s in per_rank)
-        rows, cols = self.plan.fields
         plan = self.plan.plan
-        return {
-            "slide": str(self.reader.path), "level": self.reader.level,
-            "slide_size": [self.reader.width, self.reader.height],
-            "model": self.description.describe(), "checkpoint": self.description.path,
-            "output_shape": list(self.plan.out_shape), "output_stride": self.net.shape.stride,
-            "field": {"rows": [rows.before, rows.after], "cols": [cols.before, cols.after],
-                      "text": cols.describe()},
-            "world_size": self.ctx.world_size, "grid": [self.grid.rows, self.grid.cols],
-            "window": self.plan.window, "window_grid": list(plan.shape), "dtype": self.settings.dtype,
-            "windows": windows, "skipped_background": skipped, "computed_windows": self.stats.windows,
-            "first_row": self.plan.rows_done, "rows_done": rows_done, "complete": complete,
-            "seconds": seconds, "megapixels": pixels / 1e6,
-            "megapixels_per_s": pixels / 1e6 / seconds if seconds > 0 else None,
-            "peak_memory_bytes": [s["peak_bytes"] for s in per_rank],
-            "memory_source": self.meter.source,
-            "compute_seconds": [s["compute_seconds"] for s in per_rank],
-            "read_seconds": [s["read_seconds"] for s in per_rank],
-            "read_wait_seconds": [s["read_wait_seconds"] for s in per_rank],
-            "outputs": outputs,
-            **({"events": events} if self.settings.keep_trace else {}),
-        }
+        return InferSummary(
+            str(self.reader.path), self.reader.level, (self.reader.width, self.reader.height),
+            self.description.describe(), self.description.path, self.plan.out_shape, self.net.shape.stride,
+            self.plan.fields, self.ctx.world_size, (self.grid.rows, self.grid.cols), self.plan.window,
+            plan.shape, self.settings.dtype, windows, skipped, self.stats.windows, self.plan.rows_done, rows_done,
+            complete, pixels / 1e6, per_rank, self.meter.source, outputs, events)
 
 
 def slide_share(window: Window, plan: WindowPlan, slide_pixels: int) -> float:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -17,6 +17,7 @@ OUTPUT_KINDS = (".npy", ".tif", ".tiff", ".png")
 TIFF_TILE = 256
 COLORMAP = "inferno"
 BACKGROUND = (255, 255, 255)   # cells not computed (background windows): white, as slide glass
+Fingerprint = dict[str, object]  # JSON values a partial output must share with the run that continues it
 
 
 def check_outputs(paths: list[Path], overwrite: bool) -> None:
@@ -77,7 +78,15 @@ class HeatmapStore:
         del self.array
 
 
-def save_progress(path: Path, fingerprint: dict[str, Any], rows_done: int) -> None:
+@dataclass(frozen=True)
+class Progress:
+    """A partial output's resume record: what made it, and the output rows ``[0, rows_done)`` that are final."""
+
+    fingerprint: Fingerprint
+    rows_done: int
+
+
+def save_progress(path: Path, fingerprint: Fingerprint, rows_done: int) -> None:
     """Record atomically that output rows ``[0, rows_done)`` are final (temporary file, fsync, rename)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as handle:
@@ -87,11 +96,12 @@ def save_progress(path: Path, fingerprint: dict[str, Any], rows_done: int) -> No
     os.replace(tmp, path)
 
 
-def load_progress(path: Path) -> dict[str, Any] | None:
+def load_progress(path: Path) -> Progress | None:
     if not path.is_file():
         return None
     with open(path) as handle:
-        return json.load(handle)
+        data = json.load(handle)
+    return Progress(dict(data["fingerprint"]), int(data["rows_done"]))
 
 
 # ------------------------------------------------------------------ images
@@ -142,7 +152,7 @@ def _strip_rows(plane: np.ndarray, rows: int) -> Iterator[tuple[int, np.ndarray]
         yield r0, np.asarray(plane[r0:r0 + rows], dtype=np.float32)
 
 
-def write_tiff(path: Path, plane: np.ndarray, *, description: dict[str, Any], tile: int = TIFF_TILE) -> None:
+def write_tiff(path: Path, plane: np.ndarray, *, description: Mapping[str, object], tile: int = TIFF_TILE) -> None:
     """A pyramidal tiled RGB TIFF of one probability plane (H' x W', memory-mapped is fine).
 
     Level 0 has one pixel per output cell; each further level halves it (2 x 2 means), each

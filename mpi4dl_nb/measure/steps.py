@@ -13,28 +13,57 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
 
 from .usage import state_bytes
 
+if TYPE_CHECKING:
+    from torch.profiler import profile
+
+    from ..pipeline.engine import HybridEngine
+    from ..pipeline.step_input import Images, Labels
+
 STEP_MARK = "mpi4dl_nb.measured_step"
 # torch's profiler library prints two lines on stderr at every start and stop (35 lines in one
 # ``tune`` run) unless its log level is above them; a level the user set is kept
 KINETO_LOG_LEVEL, QUIET_PROFILER = "KINETO_LOG_LEVEL", "6"
+Result = TypeVar("Result")
 
 
-def _trace_events(prof: Any) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ProfiledEvent:
+    """One event of the profiler's trace: its name, start and length (us), and for a ``[memory]`` event the
+    address and bytes (negative: freed) on device type ``device`` (0: CPU)."""
+
+    name: str
+    start: float
+    duration: float | None = None
+    address: int = 0
+    nbytes: int = 0
+    device: int = 0
+
+
+def _trace_events(prof: profile) -> list[ProfiledEvent]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as handle:
-            return list(json.load(handle).get("traceEvents", []))
+            raw = json.load(handle).get("traceEvents", [])
+    events = []
+    for event in raw:
+        args = event.get("args") or {}
+        duration = event.get("dur")
+        events.append(ProfiledEvent(str(event.get("name", "")), float(event.get("ts", 0)),
+                                    None if duration is None else float(duration), int(args.get("Addr", 0)),
+                                    int(args.get("Bytes", 0)), int(args.get("Device Type", 0))))
+    return events
 
 
-def _allocated_peak(events: list[dict[str, Any]], window: tuple[float, float] | None) -> int:
+def _allocated_peak(events: list[ProfiledEvent], window: tuple[float, float] | None) -> int:
     """Most CPU bytes alive at once among those allocated during the profile (inside
     ``window``, in us, if given).
 
@@ -44,31 +73,27 @@ def _allocated_peak(events: list[dict[str, Any]], window: tuple[float, float] | 
     """
     live: dict[int, int] = {}
     current = peak = 0
-    memory = sorted((e for e in events if e.get("name") == "[memory]"
-                     and e.get("args", {}).get("Device Type", 0) == 0), key=lambda e: float(e.get("ts", 0)))
+    memory = sorted((e for e in events if e.name == "[memory]" and e.device == 0), key=lambda e: e.start)
     for e in memory:
-        args = e["args"]
-        address, nbytes = int(args.get("Addr", 0)), int(args.get("Bytes", 0))
-        if nbytes > 0:
-            current += nbytes - live.get(address, 0)
-            live[address] = nbytes
-        elif address in live:
-            current -= live.pop(address)
-        if window is None or window[0] <= float(e.get("ts", 0)) <= window[1]:
+        if e.nbytes > 0:
+            current += e.nbytes - live.get(e.address, 0)
+            live[e.address] = e.nbytes
+        elif e.address in live:
+            current -= live.pop(e.address)
+        if window is None or window[0] <= e.start <= window[1]:
             peak = max(peak, current)
     return peak
 
 
-def _window(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+def _window(events: list[ProfiledEvent]) -> tuple[float, float] | None:
     for e in events:
-        if e.get("name") == STEP_MARK and "dur" in e:
-            start = float(e["ts"])
-            return (start, start + float(e["dur"]))
+        if e.name == STEP_MARK and e.duration is not None:
+            return (e.start, e.start + e.duration)
     return None
 
 
-def measure_peak_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu",
-                       before: Callable[[], Any] | None = None) -> tuple[Any, int]:
+def measure_peak_bytes(fn: Callable[[], Result], device: torch.device | str = "cpu",
+                       before: Callable[[], object] | None = None) -> tuple[Result, int]:
     """Run ``before()`` (if given) then ``fn()``; return (``fn``'s result, the most bytes
     allocated during ``fn`` above what was allocated when the measurement began).
 
@@ -98,8 +123,9 @@ def measure_peak_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu"
     return result, _allocated_peak(events, _window(events))
 
 
-def measure_step_memory(step: Callable[[], Any], modules: Iterable[nn.Module], optimizer: Any = None,
-                        device: torch.device | str = "cpu", warmup: Callable[[], Any] | None = None) -> int:
+def measure_step_memory(step: Callable[[], object], modules: Iterable[nn.Module],
+                        optimizer: torch.optim.Optimizer | None = None, device: torch.device | str = "cpu",
+                        warmup: Callable[[], object] | None = None) -> int:
     """Measured peak of one training step, comparable to the planner's ``RankMemory.total``.
 
     Gradients are set to None first (a step creates them). Without ``warmup``: parameters,
@@ -117,31 +143,30 @@ def measure_step_memory(step: Callable[[], Any], modules: Iterable[nn.Module], o
     return resident + peak
 
 
-def measure_engine_step(engine: Any, images: Any, labels: Any, warmup: int = 1, **step_kw: Any) -> int:
+def measure_engine_step(engine: HybridEngine, images: Images, labels: Labels, warmup: int = 1) -> int:
     """This rank's measured peak bytes for one ``HybridEngine.train_step`` after ``warmup``
     steps (run inside the measurement, so the optimizer state and the buffers the spatial
     layers keep across steps are counted); comparable to ``RankMemory.total``."""
     def run_warmup() -> None:
         for _ in range(warmup):
-            engine.train_step(images, labels, **step_kw)
+            engine.train_step(images, labels)
 
     modules = [inst.canonical for inst in engine.instances.values()]
-    device = getattr(engine.ctx, "device", "cpu")
-    return measure_step_memory(lambda: engine.train_step(images, labels, **step_kw), modules,
-                               engine.optimizer, device, warmup=run_warmup if warmup else None)
+    return measure_step_memory(lambda: engine.train_step(images, labels), modules,
+                               engine.optimizer, engine.ctx.device, warmup=run_warmup if warmup else None)
 
 
-def time_engine_steps(engine: Any, images: Any, labels: Any, steps: int = 2, warmup: int = 1,
-                      **step_kw: Any) -> list[float]:
+def time_engine_steps(engine: HybridEngine, images: Images, labels: Labels, steps: int = 2,
+                      warmup: int = 1) -> list[float]:
     """Seconds of each of ``steps`` ``train_step`` calls on this rank (collective: every rank
     calls it; a barrier starts each step together), after ``warmup`` untimed steps."""
     ctx = engine.ctx
     for _ in range(warmup):
-        engine.train_step(images, labels, **step_kw)
+        engine.train_step(images, labels)
     seconds = []
     for _ in range(steps):
         ctx.barrier()
         start = time.perf_counter()
-        engine.train_step(images, labels, **step_kw)
+        engine.train_step(images, labels)
         seconds.append(time.perf_counter() - start)
     return seconds

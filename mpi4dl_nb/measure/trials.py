@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -19,20 +19,21 @@ from torch import nn
 from ..comm.protocol import Comm
 from ..comm.trace import Event
 from ..config import ParallelConfig
+from ..models import spec as model_spec
+from ..models.spec import ModelFamily
 from ..pipeline.schedules import ActionKind
 from .calibration import JobCalibration
 
+Knobs = dict[str, Any]       # ``ParallelConfig(**knobs)``: a configuration as ``ParallelConfig.as_dict`` gives it
+Result = TypeVar("Result")
+
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """How every rank builds the model (``models.build_model`` arguments): a layer list is
-    never shipped, each rank builds its own, seeded identically."""
+class TrialModel:
+    """How every rank builds a trial's model: its spec, dtype and seed (a layer list is never shipped,
+    each rank builds its own, seeded identically)."""
 
-    name: str = "resnet"
-    num_layers: int | None = None
-    num_filters: int | None = None
-    num_classes: int = 2
-    in_channels: int = 3
+    model: model_spec.ModelSpec
     dtype: str = "float32"
     seed: int = 0
 
@@ -44,19 +45,28 @@ class ModelSpec:
         return dtype
 
     def build(self) -> list[nn.Module]:
-        from ..models import build_model
-
         torch.manual_seed(self.seed)
-        layers = build_model(self.name, num_layers=self.num_layers, num_filters=self.num_filters,
-                             num_classes=self.num_classes, in_channels=self.in_channels)
-        return [layer.to(self.torch_dtype) for layer in layers]
+        return [layer.to(self.torch_dtype) for layer in self.model.build()]
 
     def batch(self, image_size: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed(self.seed + 1)
-        images = torch.randn(batch_size, self.in_channels, image_size, image_size, generator=generator,
+        images = torch.randn(batch_size, self.model.in_channels, image_size, image_size, generator=generator,
                              dtype=self.torch_dtype)
-        labels = torch.randint(0, self.num_classes, (batch_size,), generator=generator)
+        labels = torch.randint(0, self.model.num_classes, (batch_size,), generator=generator)
         return images, labels
+
+
+def trial_model(name: ModelFamily | str = ModelFamily.RESNET, num_layers: int | None = None,
+                num_filters: int | None = None, num_classes: int = 2, in_channels: int = 3,
+                dtype: str = "float32", seed: int = 0) -> TrialModel:
+    """A trial of model ``name`` (``build_model``'s arguments; family defaults for sizes not given)."""
+    spec = model_spec.ModelSpec.of(name, num_layers=num_layers, num_filters=num_filters, num_classes=num_classes,
+                        in_channels=in_channels)
+    return TrialModel(spec, dtype, seed)
+
+
+# the name notebook 05 and earlier scripts build a trial by: ModelSpec("resnet", num_layers=11, ...)
+ModelSpec = trial_model
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,7 @@ class Measured:
         return max(self.peaks)
 
 
-def _sgd(params: Any) -> torch.optim.Optimizer:
+def _sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
@@ -89,7 +99,7 @@ class Trial:
     phases: list[dict[str, float]] = field(default_factory=list)
 
 
-def engine_trial(ctx: Comm, spec: ModelSpec, knobs: dict[str, Any], image_size: int, batch_size: int) -> Trial:
+def engine_trial(ctx: Comm, spec: TrialModel, knobs: Knobs, image_size: int, batch_size: int) -> Trial:
     """``ParallelConfig(**knobs)`` built on every rank of ``ctx``: one warm-up step and one step
     under the allocation profiler (its peak); then ready to step."""
     from ..pipeline.engine import HybridEngine
@@ -102,7 +112,7 @@ def engine_trial(ctx: Comm, spec: ModelSpec, knobs: dict[str, Any], image_size: 
     return Trial(lambda: engine.train_step(images, labels), peak)
 
 
-def one_process_trial(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: int) -> Trial:
+def one_process_trial(ctx: Comm, spec: TrialModel, image_size: int, batch_size: int) -> Trial:
     """The same training on rank 0 alone with a torch thread per core (as ``dl.init`` gives a
     job of one rank): the reference every configuration is compared with. The other ranks'
     step does nothing (they wait at the next barrier, asleep)."""
@@ -130,12 +140,12 @@ def one_process_trial(ctx: Comm, spec: ModelSpec, image_size: int, batch_size: i
     return Trial(step, measure_step_memory(step, [model], optimizer, warmup=step))
 
 
-Row = dict[str, Any] | None     # a configuration's knobs (``ParallelConfig.as_dict``); None: one process
+Row = Knobs | None     # a configuration's knobs; None: one process
 HELD_TRIALS: list[Trial] = []    # this process's trials between ``build_trials`` and ``release_trials``
 ACTION_OPS = frozenset(kind.value for kind in ActionKind)   # the runtime's one span per schedule action
 
 
-def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: int,
+def build_trials(ctx: Comm, spec: TrialModel, rows: Sequence[Row], image_size: int,
                  batch_size: int) -> list[tuple[int, ...]]:
     """Build every row in turn on the ranks (``engine_trial``; None: ``one_process_trial``) and
     hold them all, so ``time_trials`` can interleave their steps; the measured peaks of each
@@ -148,7 +158,7 @@ def build_trials(ctx: Comm, spec: ModelSpec, rows: Sequence[Row], image_size: in
         HELD_TRIALS.append(trial)
         ctx.barrier()
     everyone = ctx.all_gather_object([trial.peak for trial in HELD_TRIALS])
-    return [tuple(peaks[index] for peaks in everyone if peaks[index] is not None) for index in range(len(rows))]
+    return [tuple(peak for peaks in everyone if (peak := peaks[index]) is not None) for index in range(len(rows))]
 
 
 def pass_order(rows: int, index: int) -> list[int]:
@@ -236,7 +246,7 @@ def _engine_context() -> Comm:
     return init()
 
 
-def build_trials_on_engine(spec: ModelSpec, rows: Sequence[Row], image_size: int,
+def build_trials_on_engine(spec: TrialModel, rows: Sequence[Row], image_size: int,
                            batch_size: int) -> list[tuple[int, ...]]:
     """``build_trials`` on this process's ``dl.init()`` context."""
     return build_trials(_engine_context(), spec, rows, image_size, batch_size)
@@ -257,15 +267,18 @@ def release_trials_on_engine() -> None:
     release_trials()
 
 
-Runner = Callable[..., Any]     # run(function, *args): ``function`` on every rank, one rank's result
+class Runner(Protocol):
+    """``run(function, *args)``: ``function`` on every rank, one rank's result (``here``, or ``cluster.run``'s)."""
+
+    def __call__(self, function: Callable[..., Result], /, *args: object) -> Result: ...
 
 
-def here(function: Callable[..., Any], *args: Any) -> Any:
+def here(function: Callable[..., Result], /, *args: object) -> Result:
     """The Runner of a rank that is itself one of the ranks (``mpiexec``): call ``function``."""
     return function(*args)
 
 
-def measure_interleaved(run: Runner, spec: ModelSpec, rows: Sequence[Row], image_size: int, batch_size: int,
+def measure_interleaved(run: Runner, spec: TrialModel, rows: Sequence[Row], image_size: int, batch_size: int,
                         steps: int = 2, rounds: int = 1,
                         done: Callable[[list[Measured]], None] | None = None) -> list[Measured]:
     """Every row built side by side on the ranks (``build_trials``), one untimed interleaved
@@ -293,7 +306,7 @@ def measure_interleaved(run: Runner, spec: ModelSpec, rows: Sequence[Row], image
         run(release_trials_on_engine)
 
 
-def measure_config_on_engine(spec: ModelSpec, knobs: dict[str, Any], image_size: int, batch_size: int,
+def measure_config_on_engine(spec: TrialModel, knobs: Knobs, image_size: int, batch_size: int,
                              steps: int = 2) -> Measured:
     """``ParallelConfig(**knobs)`` alone on this process's ``dl.init()`` job (for ``cluster.run``)."""
     return measure_interleaved(here, spec, [knobs], image_size, batch_size, steps)[0]

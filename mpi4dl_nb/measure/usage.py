@@ -7,7 +7,6 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -62,9 +61,9 @@ class ActivationMeter:
         self.current = 0
         self.peak = 0
         self._exclude = {storage_key(t) for t in exclude}
-        self._hooks: Any = None
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
 
-    def _pack(self, t: torch.Tensor) -> Any:
+    def _pack(self, t: torch.Tensor) -> torch.Tensor | _Saved:
         key = storage_key(t)
         if key in self._exclude or t.device.type == "meta":
             return t
@@ -77,7 +76,7 @@ class ActivationMeter:
         return _Saved(t, self, key)
 
     @staticmethod
-    def _unpack(packed: Any) -> torch.Tensor:
+    def _unpack(packed: torch.Tensor | _Saved) -> torch.Tensor:
         return packed.tensor if isinstance(packed, _Saved) else packed
 
     def _release(self, key: tuple[int, int]) -> None:
@@ -97,8 +96,9 @@ class ActivationMeter:
         self._hooks.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._hooks.__exit__(*exc)
+    def __exit__(self, *exc: object) -> None:
+        if self._hooks is not None:
+            self._hooks.__exit__(*exc)
         self._hooks = None
 
 
@@ -190,7 +190,7 @@ class RunMetrics:
     def compute_seconds(self) -> float:
         return max(0.0, self.seconds - self.comm_seconds)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, float]:
         return {"steps": self.steps, "images": self.images, "seconds": self.seconds,
                 "compute_seconds": self.compute_seconds, "comm_seconds": self.comm_seconds}
 

@@ -1,48 +1,20 @@
-"""Layer-list models (ResNet v1/v2, AmoebaNet-D) and ``build_model`` used by the CLI."""
+"""Layer-list models (ResNet v1/v2, AmoebaNet-D), ``build_model`` and ``ModelSpec`` (which model a run builds)."""
 from __future__ import annotations
-
-from torch import nn
 
 from .amoebanet import IMAGE_MULTIPLE as AMOEBANET_IMAGE_MULTIPLE
 from .amoebanet import amoebanet
+from .build import (
+    DEFAULT_NUM_FILTERS,
+    DEFAULT_NUM_LAYERS,
+    MODEL_NAMES,
+    RESNET_IMAGE_MULTIPLE,
+    build_model,
+    image_multiple,
+)
 from .head import ClassifierHead
 from .resnet import resnet, resnet_v1, resnet_v2
+from .spec import ModelFamily, ModelSpec
 
-MODEL_NAMES = ("resnet", "amoebanet")
-RESNET_IMAGE_MULTIPLE = 4  # two stride-2 stages
-DEFAULT_NUM_LAYERS = {"resnet": 110, "amoebanet": 18}
-DEFAULT_NUM_FILTERS = {"resnet": 16, "amoebanet": 416}
-
-
-def image_multiple(name: str) -> int:
-    """Images given to model ``name`` must have sides divisible by this."""
-    return {"resnet": RESNET_IMAGE_MULTIPLE, "amoebanet": AMOEBANET_IMAGE_MULTIPLE}[name]
-
-
-def build_model(name: str, *, num_layers: int | None = None, num_filters: int | None = None,
-                num_classes: int = 10, version: int = 2, in_channels: int = 3,
-                image_size: int | None = None) -> list[nn.Module]:
-    """Build model ``name`` as a list of splittable layers.
-
-    ResNet: ``num_layers`` is the depth (v1 6n+2, v2 9n+2; default 110), ``num_filters`` the
-    base width (default 16). AmoebaNet-D: ``num_layers`` normal cells (multiple of 3; default 18),
-    ``num_filters`` (default 416). ``image_size`` (optional) is checked against the downsampling.
-    """
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    layers_arg = DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers
-    filters = DEFAULT_NUM_FILTERS[name] if num_filters is None else num_filters
-    if image_size is not None:
-        multiple = image_multiple(name)
-        if image_size < multiple or image_size % multiple:
-            fit = max(multiple, multiple * round(image_size / multiple))
-            raise ValueError(f"image_size={image_size}: {name} downsamples by {multiple}, so "
-                             f"the image side must be a multiple of {multiple}; use e.g. {fit}")
-    if name == "resnet":
-        return resnet(layers_arg, num_classes, version=version, width=filters,
-                      in_channels=in_channels)
-    return amoebanet(layers_arg, filters, num_classes, in_channels=in_channels)
-
-
-__all__ = ["ClassifierHead", "MODEL_NAMES", "amoebanet", "build_model", "image_multiple",
+__all__ = ["AMOEBANET_IMAGE_MULTIPLE", "ClassifierHead", "DEFAULT_NUM_FILTERS", "DEFAULT_NUM_LAYERS", "MODEL_NAMES",
+           "ModelFamily", "ModelSpec", "RESNET_IMAGE_MULTIPLE", "amoebanet", "build_model", "image_multiple",
            "resnet", "resnet_v1", "resnet_v2"]

@@ -1,11 +1,11 @@
-"""Notebook-side MPI cluster: start/connect ipyparallel MPI engines, run calls with timeouts."""
+"""Notebook-side MPI cluster: start/connect ipyparallel MPI engines (mpiexec as ``comm.launcher`` builds it), run
+calls with timeouts."""
 
 from __future__ import annotations
 
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,18 +15,23 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Generic, NoReturn, TypedDict, TypeVar, Unpack
 
-#: Environment every engine gets: one thread per rank, MPI yielding when ranks > cores,
-#: and a glibc malloc that keeps freed activation memory (no page faults every step).
-ENGINE_ENV: dict[str, str] = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
-    "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_TRIM_THRESHOLD_": "100000000000",
-    "PYTHONUNBUFFERED": "1",
-}
+from ..comm.launcher import RANK_ENV, YIELD_ENV, Launcher, MPIFlavor, check_allowed, rank_environment
+from ..config import Choice
+
+if TYPE_CHECKING:     # ipyparallel loads when a cluster starts (it carries no type information)
+    from ipyparallel import AsyncResult, Client, DirectView
+    from ipyparallel import Cluster as IpyCluster
+    from ipyparallel.cluster.launcher import BaseLauncher
+    from ipyparallel.error import CompositeError
+
+R = TypeVar("R")   # what a function called on the engines returns
+
+#: Environment every engine gets (``comm.launcher``'s rank environment): one thread per rank, a glibc
+#: malloc that keeps freed activation memory, and MPICH yielding its core while it waits - always, as the
+#: notebook's kernel and the controller share the cores with the engines.
+ENGINE_ENV: dict[str, str] = {**RANK_ENV, **YIELD_ENV}
 
 #: The controller pings engines every second (ipyparallel's default, 3 s, held every start-up
 #: ~2 s: an engine counts as registered only after its first heartbeat) and drops an engine
@@ -37,8 +42,13 @@ CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonito
 #: remote engines (hostfile, Slurm) outlive a dead driver no longer than that (local ones end at once).
 ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=20"]
 
-MPI_FLAVORS = ("mpich", "openmpi")
-LAUNCHERS = ("local", "hostfile", "slurm")
+
+class EnginePlacement(Choice):
+    """Where the engines run: this machine, the hosts of a hostfile, or a Slurm job."""
+
+    LOCAL = "local"
+    HOSTFILE = "hostfile"
+    SLURM = "slurm"
 
 
 class EngineError(RuntimeError):
@@ -74,47 +84,19 @@ class RemoteTaskError(EngineError):
 
 
 # --------------------------------------------------------------------- launch arguments
-def detect_mpi_flavor(mpiexec: str) -> str:
-    """'mpich' or 'openmpi' from ``mpiexec --version``."""
+def mpi_flavor(name: MPIFlavor | str) -> MPIFlavor:
+    """``"mpich"``/``"openmpi"`` as an MPIFlavor; ValueError naming both otherwise."""
     try:
-        text = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                              timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"cannot run {mpiexec!r} --version: {exc}; pass mpi='mpich' or "
-                           f"mpi='openmpi' and mpiexec=<path>") from exc
-    lowered = text.lower()
-    if "open mpi" in lowered or "openrte" in lowered or "open-mpi" in lowered:
-        return "openmpi"
-    if "hydra" in lowered or "mpich" in lowered or "intel" in lowered:
-        return "mpich"
-    raise RuntimeError(f"{mpiexec} --version names neither MPICH nor Open MPI:\n{text[:300]}\n"
-                       f"pass mpi='mpich' or mpi='openmpi' explicitly")
+        return MPIFlavor(name)
+    except ValueError:
+        raise ValueError(f"mpi={name!r}: use one of {', '.join(f.value for f in MPIFlavor)}") from None
 
 
-def mpi_launch_args(flavor: str, env: Mapping[str, str], *, as_root: bool | None = None,
+def mpi_launch_args(flavor: MPIFlavor | str, env: Mapping[str, str], *, as_root: bool | None = None,
                     hostfile: str | None = None, oversubscribe: bool = True) -> list[str]:
-    """mpiexec flags for the engine set (rank-tagged output, env export, oversubscription)."""
-    if flavor not in MPI_FLAVORS:
-        raise ValueError(f"mpi={flavor!r}: use one of {', '.join(MPI_FLAVORS)}")
-    as_root = (os.geteuid() == 0) if as_root is None else as_root
-    if flavor == "mpich":
-        args = ["-prepend-rank"]
-        if hostfile:
-            args += ["-f", hostfile]
-        # hydra exports the whole environment by default; -genv makes remote hosts agree.
-        for name, value in env.items():
-            args += ["-genv", name, value]
-        return args
-    args = ["--tag-output"]
-    if oversubscribe:
-        args.append("--oversubscribe")
-    if as_root:
-        args.append("--allow-run-as-root")
-    if hostfile:
-        args += ["--hostfile", hostfile]
-    for name, value in env.items():
-        args += ["-x", f"{name}={value}"]
-    return args
+    """mpiexec flags for the engine set (rank-tagged output, env export, oversubscription): ``comm.launcher``'s."""
+    return Launcher("mpiexec", mpi_flavor(flavor)).flags(env, as_root=as_root, hostfile=hostfile,
+                                                        oversubscribe=oversubscribe)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -190,26 +172,11 @@ def deaths_in_log(output: str) -> dict[int, str]:
     return {rank: how for rank, when in sorted(ended.items()) if when - first <= FIRST_DEATH_WINDOW}
 
 
-def engine_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """ENGINE_ENV plus PYTHONPATH so engines import this checkout, plus ``extra``."""
-    env = dict(ENGINE_ENV)
-    package_root = str(Path(__file__).resolve().parents[2])   # the folder holding mpi4dl_nb/
-    paths = [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env.update(extra or {})
-    return env
-
-
-def find_mpiexec() -> str:
-    """The MPI launcher beside this interpreter (the venv's MPICH wheel), else the one on PATH."""
-    candidate = Path(sys.executable).parent / "mpiexec"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("no mpiexec found next to this Python nor on PATH; install an MPI "
-                           "(pip install mpich) or pass mpiexec=<path>")
-    return found
+def engine_env(extra: Mapping[str, str] | None = None, n: int = 1) -> dict[str, str]:
+    """ENGINE_ENV plus PYTHONPATH so the ``n`` engines import this checkout, plus ``extra``
+    (``comm.launcher.rank_environment`` on nothing but this process's PYTHONPATH)."""
+    base = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+    return rank_environment(n, {**YIELD_ENV, **(extra or {})}, base=base)
 
 
 class Reaper:
@@ -241,6 +208,15 @@ class Reaper:
                 pass
 
 
+@dataclass(frozen=True)
+class PendingCall(Generic[R]):
+    """A call running on some engines (``Cluster.submit``): ipyparallel's handle of it, and the MPI
+    ranks it runs on (its results come back in that order)."""
+
+    result: AsyncResult
+    ranks: tuple[int, ...]
+
+
 @dataclass
 class RankInfo:
     """What the notebook knows about one engine: MPI rank, ipyparallel id, pid, host."""
@@ -260,6 +236,14 @@ def _engine_identity() -> tuple[int, int, int, str]:
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), _os.getpid(), socket.gethostname()
 
 
+def _ranks_of(client: Client, timeout: float) -> tuple[list[RankInfo], set[int]]:
+    """Every engine's MPI rank, engine id, pid and host (by rank), and the MPI world sizes they report."""
+    identities: list[tuple[int, int, int, str]] = client[:].apply_async(_engine_identity).get(timeout=timeout)
+    ranks = sorted((RankInfo(rank, eid, pid, host) for eid, (rank, _, pid, host) in zip(client.ids, identities)),
+                   key=lambda info: info.rank)
+    return ranks, {size for _, size, _, _ in identities}
+
+
 # ------------------------------------------------------------------------- the cluster
 @dataclass
 class Cluster:
@@ -271,9 +255,9 @@ class Cluster:
     """
 
     n: int = 4
-    mpi: str = "auto"
+    mpi: MPIFlavor | str = "auto"                  # 'auto' (ask mpiexec), 'mpich' or 'openmpi'
     mpiexec: str | None = None
-    launcher: str = "local"
+    launcher: EnginePlacement | str = EnginePlacement.LOCAL
     hostfile: str | None = None
     slurm_options: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -284,15 +268,19 @@ class Cluster:
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n={self.n!r}: the number of engines must be an integer >= 1")
-        if self.launcher not in LAUNCHERS:
-            raise ValueError(f"launcher={self.launcher!r}: use one of {', '.join(LAUNCHERS)}")
-        if self.launcher == "hostfile" and not self.hostfile:
+        if self.launcher not in EnginePlacement.values():
+            raise ValueError(f"launcher={self.launcher!r}: use one of {', '.join(EnginePlacement.values())}")
+        self.launcher = EnginePlacement(self.launcher)
+        if self.launcher is EnginePlacement.HOSTFILE and not self.hostfile:
             raise ValueError("launcher='hostfile' needs hostfile=<path> (one host per line)")
-        if self.mpi not in ("auto",) + MPI_FLAVORS:
-            raise ValueError(f"mpi={self.mpi!r}: use 'auto', 'mpich' or 'openmpi'")
-        self._ipp_cluster: Any = None
-        self._client: Any = None
-        self._view: Any = None
+        if self.mpi != "auto":
+            try:
+                self.mpi = mpi_flavor(self.mpi)
+            except ValueError:
+                raise ValueError(f"mpi={self.mpi!r}: use 'auto', 'mpich' or 'openmpi'") from None
+        self._ipp_cluster: IpyCluster | None = None
+        self._client: Client | None = None
+        self._view: DirectView | None = None
         self._owned = True
         self._tmp_profile: tempfile.TemporaryDirectory | None = None
         self._reaper: Reaper | None = None
@@ -301,7 +289,10 @@ class Cluster:
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> Cluster:
-        """Start the controller and the MPI engine set; wait until all ranks registered."""
+        """Start the controller and the MPI engine set; wait until all ranks registered.
+
+        ``comm.launcher.LaunchForbidden`` before anything starts where no MPI job may (``MPI4DL_NB_NO_MPIEXEC``)."""
+        check_allowed()
         import ipyparallel as ipp
 
         if self._ipp_cluster is not None:
@@ -309,66 +300,61 @@ class Cluster:
         if self.profile_dir is None:
             self._tmp_profile = tempfile.TemporaryDirectory(prefix="mpi4dl-ipp-")
             self.profile_dir = self._tmp_profile.name
-        engines = "slurm" if self.launcher == "slurm" else "mpi"
-        controller_args = (["--ip=*"] if self.launcher != "local" else []) + CONTROLLER_ARGS
-        self._ipp_cluster = ipp.Cluster(engines=engines, n=self.n, profile_dir=self.profile_dir,
-                                        controller_args=controller_args, log_level=40,
-                                        engine_timeout=self.start_timeout)
+        engines = "slurm" if self.launcher is EnginePlacement.SLURM else "mpi"
+        controller_args = (["--ip=*"] if self.launcher is not EnginePlacement.LOCAL else []) + CONTROLLER_ARGS
+        cluster = self._ipp_cluster = ipp.Cluster(engines=engines, n=self.n, profile_dir=self.profile_dir,
+                                                  controller_args=controller_args, log_level=40,
+                                                  engine_timeout=self.start_timeout)
         self._died = None
         if self._reaper is None:
             self._reaper = Reaper()
         try:
-            self._ipp_cluster.start_controller_sync()
-            self._reaper.watch([self._ipp_cluster.controller.process.pid])
-            self._start_engines()
+            cluster.start_controller_sync()
+            self._reaper.watch([cluster.controller.process.pid])
+            self._start_engines(cluster)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _engine_launcher_kwargs(self) -> dict[str, Any]:
-        env = engine_env(self.env)
-        mpiexec = self.mpiexec or find_mpiexec()
-        flavor = detect_mpi_flavor(mpiexec) if self.mpi == "auto" else self.mpi
-        self.mpi = flavor
+    def _engine_launcher_kwargs(self) -> dict[str, object]:
+        """ipyparallel's engine-set settings: the environment, and ``comm.launcher``'s mpiexec and flags
+        (an sbatch script under Slurm)."""
+        env = engine_env(self.env, self.n)
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
-        if self.launcher == "slurm":
+        if self.launcher is EnginePlacement.SLURM:
             return {"environment": env, "engine_args": ENGINE_ARGS,
                     "batch_template": slurm_batch_template(self.slurm_options, env)}
-        args = mpi_launch_args(flavor, env, hostfile=self.hostfile)
-        return {"mpi_cmd": [mpiexec], "mpi_args": args, "environment": env, "engine_args": ENGINE_ARGS}
+        launcher = Launcher.find(self.mpiexec, None if self.mpi == "auto" else self.mpi)
+        self.mpi = launcher.flavor
+        return {"mpi_cmd": [launcher.executable], "mpi_args": launcher.flags(env, hostfile=self.hostfile),
+                "environment": env, "engine_args": ENGINE_ARGS}
 
-    def _start_engines(self) -> None:
-        cluster = self._ipp_cluster
+    def _start_engines(self, cluster: IpyCluster) -> None:
         cluster.start_engines_sync(self.n, **self._engine_launcher_kwargs())
         if self._reaper is not None:
             self._reaper.watch([s.process.pid for s in cluster.engines.values()
                                 if getattr(s, "process", None) is not None])
-        self._client = cluster.connect_client_sync()
+        client = self._client = cluster.connect_client_sync()
         deadline = time.monotonic() + self.start_timeout
-        while len(self._client.ids) < self.n:
+        while len(client.ids) < self.n:
             if self._engine_set_stopped():
                 raise EngineDied(f"the MPI engine job exited during start-up "
-                                 f"({len(self._client.ids)} of {self.n} engines registered)",
+                                 f"({len(client.ids)} of {self.n} engines registered)",
                                  range(self.n), self._outputs_by_rank(range(self.n)))
             if time.monotonic() > deadline:
-                raise EngineTimeout(f"only {len(self._client.ids)} of {self.n} engines "
+                raise EngineTimeout(f"only {len(client.ids)} of {self.n} engines "
                                     f"registered within start_timeout={self.start_timeout}s; "
                                     f"raise start_timeout or use fewer engines",
                                     range(self.n), self._outputs_by_rank(range(self.n)))
             time.sleep(0.1)
-        self._view = self._client[:]
-        identities = self._view.apply_async(_engine_identity).get(timeout=self.start_timeout)
-        sizes = {size for _, size, _, _ in identities}
+        self.ranks, sizes = _ranks_of(client, self.start_timeout)
         if sizes != {self.n}:
             raise EngineError(f"engines report MPI world sizes {sorted(sizes)}, expected {self.n}; "
                               f"are they MPI-launched (mpi4py built for this mpiexec)?")
-        self.ranks = sorted((RankInfo(rank, eid, pid, host)
-                             for eid, (rank, _, pid, host) in zip(self._client.ids, identities)),
-                            key=lambda info: info.rank)
         # Engine ids in MPI rank order, so results come back indexed by rank.
-        self._view = self._client[[info.engine_id for info in self.ranks]]
+        self._view = client[[info.engine_id for info in self.ranks]]
         here = socket.gethostname()
         if self._reaper is not None:
             self._reaper.watch([info.pid for info in self.ranks if info.host == here])
@@ -420,12 +406,13 @@ class Cluster:
             self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"Cluster(n={self.n}, mpi={self.mpi!r}, launcher={self.launcher!r}, {state})"
+        mpi = self.mpi.value if isinstance(self.mpi, MPIFlavor) else self.mpi
+        return f"Cluster(n={self.n}, mpi={mpi!r}, launcher={str(self.launcher)!r}, {state})"
 
     # ------------------------------------------------------------------- status
     @property
@@ -439,15 +426,14 @@ class Cluster:
         return [info.pid for info in self.ranks]
 
     @property
-    def client(self) -> Any:
+    def client(self) -> Client | None:
         """The ipyparallel Client (for advanced use: load-balanced views, %px magics)."""
         return self._client
 
     @property
-    def view(self) -> Any:
+    def view(self) -> DirectView:
         """DirectView on all engines, in MPI rank order."""
-        self._require_running()
-        return self._view
+        return self._running_view()
 
     def _engine_set_stopped(self) -> bool:
         cluster = self._ipp_cluster
@@ -472,7 +458,7 @@ class Cluster:
         """The launcher log lines of one MPI rank."""
         return rank_lines(self.launcher_output(), rank)
 
-    def _outputs_by_rank(self, ranks: Sequence[int], result: Any = None) -> dict[int, str]:
+    def _outputs_by_rank(self, ranks: Sequence[int], result: AsyncResult | None = None) -> dict[int, str]:
         log = self.launcher_output()
         outputs = {}
         for rank in ranks:
@@ -485,66 +471,75 @@ class Cluster:
             outputs[rank] = text
         return outputs
 
-    def _require_running(self) -> None:
+    def _running_view(self) -> DirectView:
+        """The view on every engine; RuntimeError/EngineDied saying what to do when there is none."""
         if self._view is None:
             raise RuntimeError("the cluster is not running; call start() (or use "
                                "`with dl.cluster.start(n=...) as cluster:`)")
         if self._died is not None:
             raise EngineDied(f"the engines are gone ({self._died}); call cluster.restart() to get a "
                              f"working cluster")
+        return self._view
+
+    def _everyone(self) -> tuple[int, ...]:
+        """Every MPI rank of the cluster, in order."""
+        return tuple(range(self.n))
+
+    def _registered(self) -> list[int]:
+        """Engine ids the controller lists now (none once the client is gone)."""
+        return list(self._client.ids) if self._client is not None else []
 
     # -------------------------------------------------------------------- calls
-    def run(self, func: Callable[..., Any], *args: Any, timeout: float | None = None,
-            **kwargs: Any) -> list[Any]:
+    def run(self, func: Callable[..., R], *args: object, timeout: float | None = None,
+            **kwargs: object) -> list[R]:
         """Call ``func(*args, **kwargs)`` on every engine; results indexed by MPI rank."""
         return self.wait(self.submit(func, *args, **kwargs), timeout=timeout)
 
-    def run_on(self, ranks: Sequence[int], func: Callable[..., Any], *args: Any,
-               timeout: float | None = None, **kwargs: Any) -> list[Any]:
+    def run_on(self, ranks: Sequence[int], func: Callable[..., R], *args: object,
+               timeout: float | None = None, **kwargs: object) -> list[R]:
         """Like :meth:`run` on a subset of ranks (no collectives among others!)."""
-        self._require_running()
+        self._running_view()
+        assert self._client is not None       # a running cluster has its client
         view = self._client[[self.ranks[r].engine_id for r in ranks]]
-        return self.wait(view.apply_async(func, *args, **kwargs), timeout=timeout,
-                         ranks=list(ranks))
+        return self.wait(PendingCall[R](view.apply_async(func, *args, **kwargs), tuple(ranks)), timeout=timeout)
 
-    def submit(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def submit(self, func: Callable[..., R], *args: object, **kwargs: object) -> PendingCall[R]:
         """Start ``func`` on every engine without waiting; pass the handle to :meth:`wait`."""
-        self._require_running()
-        return self._view.apply_async(func, *args, **kwargs)
+        view = self._running_view()
+        return PendingCall[R](view.apply_async(func, *args, **kwargs), self._everyone())
 
-    def wait(self, handle: Any, timeout: float | None = None,
-             ranks: Sequence[int] | None = None) -> list[Any]:
+    def wait(self, handle: PendingCall[R], timeout: float | None = None) -> list[R]:
         """Results of a submitted call; raises EngineDied/EngineTimeout/RemoteTaskError."""
         import ipyparallel as ipp
 
         timeout = self.call_timeout if timeout is None else timeout
-        ranks = list(range(self.n)) if ranks is None else list(ranks)
+        result, ranks = handle.result, list(handle.ranks)
         deadline = time.monotonic() + timeout
-        while not handle.ready():
-            if self._engine_set_stopped() or len(self._client.ids) < self.n:
-                self._raise_died(handle, ranks)
+        while not result.ready():
+            if self._engine_set_stopped() or len(self._registered()) < self.n:
+                self._raise_died(result, ranks)
             if time.monotonic() > deadline:
                 raise EngineTimeout(
                     f"remote call did not finish within timeout={timeout}s (a rank may wait in "
                     f"a collective another rank never joined); the engines are blocked: call "
                     f"cluster.restart() to get a working cluster", ranks,
-                    self._outputs_by_rank(ranks, handle))
-            handle.wait(0.05)
+                    self._outputs_by_rank(ranks, result))
+            result.wait(0.05)
         try:
-            return handle.get(timeout=1)
+            return result.get(timeout=1)
         except ipp.error.CompositeError as exc:
             dead = [e for e in exc.elist if e[0] == "EngineError"]
             if dead:
-                self._raise_died(handle, ranks)
-            raise RemoteTaskError(self._describe_remote_errors(exc, ranks), ranks,
-                                  self._outputs_by_rank(ranks, handle)) from None
+                self._raise_died(result, ranks)
+            raise RemoteTaskError(self._describe_remote_errors(exc), ranks,
+                                  self._outputs_by_rank(ranks, result)) from None
         except ipp.error.RemoteError as exc:
             raise RemoteTaskError(f"{exc.ename}: {exc.evalue}\n{strip_ansi(exc.traceback or '')}", ranks,
-                                  self._outputs_by_rank(ranks, handle)) from None
+                                  self._outputs_by_rank(ranks, result)) from None
         except ipp.error.EngineError:
-            self._raise_died(handle, ranks)
+            self._raise_died(result, ranks)
 
-    def _describe_remote_errors(self, exc: Any, ranks: Sequence[int]) -> str:
+    def _describe_remote_errors(self, exc: CompositeError) -> str:
         by_engine = {info.engine_id: info.rank for info in self.ranks}
         lines = ["the function raised on the engines:"]
         for ename, evalue, _tb, info in exc.elist:
@@ -555,7 +550,7 @@ class Cluster:
             lines.append("first traceback:\n" + strip_ansi(str(first_tb)))
         return "\n".join(lines)
 
-    def _raise_died(self, handle: Any, ranks: Sequence[int]) -> NoReturn:
+    def _raise_died(self, result: AsyncResult, ranks: Sequence[int]) -> NoReturn:
         # Give the launcher a moment to end the job and log the death.
         for _ in range(30):
             if self._engine_set_stopped():
@@ -563,7 +558,7 @@ class Cluster:
             time.sleep(0.1)
         time.sleep(0.3)
         how = deaths_in_log(self.launcher_output())
-        alive = set(self._client.ids) if self._client is not None else set()
+        alive = set(self._registered())
         dead = sorted(how) or [info.rank for info in self.ranks if info.engine_id not in alive] \
             or list(ranks)
         codes = self._launcher_exit_codes()
@@ -572,25 +567,25 @@ class Cluster:
         self._died = f"rank{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} died: {details}"
         raise EngineDied(f"engine(s) of MPI rank(s) {dead} died during the call ({details}); the MPI "
                          f"job is gone: call cluster.restart() to get a working cluster", dead,
-                         self._outputs_by_rank(dead, handle))
+                         self._outputs_by_rank(dead, result))
 
     def execute(self, code: str, timeout: float | None = None) -> None:
         """Run Python source on every engine (like ``%px``), with a timeout."""
-        self._require_running()
-        self.wait(self._view.execute(code, block=False), timeout=timeout)
+        view = self._running_view()
+        self.wait(PendingCall[None](view.execute(code, block=False), self._everyone()), timeout=timeout)
 
-    def push(self, namespace: Mapping[str, Any], timeout: float | None = None) -> None:
+    def push(self, namespace: Mapping[str, object], timeout: float | None = None) -> None:
         """Set variables in every engine's namespace."""
-        self._require_running()
-        self.wait(self._view.push(dict(namespace), block=False), timeout=timeout)
+        view = self._running_view()
+        self.wait(PendingCall[None](view.push(dict(namespace), block=False), self._everyone()), timeout=timeout)
 
-    def pull(self, name: str, timeout: float | None = None) -> list[Any]:
+    def pull(self, name: str, timeout: float | None = None) -> list[object]:
         """A variable from every engine's namespace, indexed by MPI rank."""
-        self._require_running()
-        return self.wait(self._view.pull(name, block=False), timeout=timeout)
+        view = self._running_view()
+        return self.wait(PendingCall[object](view.pull(name, block=False), self._everyone()), timeout=timeout)
 
 
-def launcher_exit_code(launcher: Any) -> int | None:
+def launcher_exit_code(launcher: BaseLauncher) -> int | None:
     """Exit code of a launcher's local process (mpiexec), None while it runs or if it has none here."""
     popen = getattr(launcher, "_popen_process", None)
     if popen is None:
@@ -611,7 +606,21 @@ def slurm_batch_template(options: Sequence[str], env: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def start(n: int = 4, **options: Any) -> Cluster:
+class ClusterOptions(TypedDict, total=False):
+    """The :class:`Cluster` fields ``start`` takes besides ``n``."""
+
+    mpi: MPIFlavor | str
+    mpiexec: str | None
+    launcher: EnginePlacement | str
+    hostfile: str | None
+    slurm_options: Sequence[str]
+    env: Mapping[str, str]
+    start_timeout: float
+    call_timeout: float
+    profile_dir: str | None
+
+
+def start(n: int = 4, **options: Unpack[ClusterOptions]) -> Cluster:
     """Start a local (or hostfile/Slurm) MPI cluster of ``n`` engines; use as a context manager.
 
     Options are :class:`Cluster` fields: ``mpi`` ('auto'|'mpich'|'openmpi'), ``mpiexec``,
@@ -629,7 +638,7 @@ def connect(n: int | None = None, *, profile_dir: str | None = None, cluster_id:
     """
     import ipyparallel as ipp
 
-    kwargs: dict[str, Any] = {"cluster_id": cluster_id}
+    kwargs: dict[str, str] = {"cluster_id": cluster_id}
     if profile_dir is not None:
         kwargs["profile_dir"] = profile_dir
     client = ipp.Client(**kwargs)
@@ -641,10 +650,6 @@ def connect(n: int | None = None, *, profile_dir: str | None = None, cluster_id:
     cluster = Cluster(n=count, call_timeout=call_timeout, profile_dir=profile_dir)
     cluster._owned = False
     cluster._client = client
-    cluster._view = client[:]
-    identities = cluster._view.apply_async(_engine_identity).get(timeout=timeout)
-    cluster.ranks = sorted((RankInfo(rank, eid, pid, host)
-                            for eid, (rank, _, pid, host) in zip(client.ids, identities)),
-                           key=lambda info: info.rank)
+    cluster.ranks, _ = _ranks_of(client, timeout)
     cluster._view = client[[info.engine_id for info in cluster.ranks]]
     return cluster

@@ -1,19 +1,19 @@
 """Learning curves from metrics logs (pure matplotlib): loss and accuracy vs step, train and validation, overlaid."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from matplotlib.figure import Figure
 
 from ..evaluation.log import read_metrics
 
-Run = str | Path | Sequence[dict[str, Any]]   # a log directory, a metrics.jsonl, or its records
+Record = Mapping[str, object]                   # one line of a metrics log (``evaluation.log``)
+Run = str | Path | Sequence[Record]             # a log directory, a metrics.jsonl, or its records
 
 
-def _records(run: Run) -> list[dict[str, Any]]:
-    return read_metrics(run) if isinstance(run, (str, Path)) else list(run)
+def _records(run: Run) -> Sequence[Record]:
+    return read_metrics(run) if isinstance(run, (str, Path)) else run
 
 
 def _name(run: Run, number: int) -> str:
@@ -23,10 +23,11 @@ def _name(run: Run, number: int) -> str:
     return f"run {number + 1}"
 
 
-def series(records: Sequence[dict[str, Any]], kind: str, key: str) -> tuple[list[int], list[float]]:
+def series(records: Sequence[Record], kind: str, key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of ``key`` in the records of ``kind`` ('train' or 'eval'), skipping missing values."""
-    points = [(int(r["step"]), float(r[key])) for r in records
-              if r.get("kind") == kind and isinstance(r.get(key), (int, float))]
+    points = [(int(step), float(value)) for r in records
+              if r.get("kind") == kind and isinstance(value := r.get(key), (int, float))
+              and isinstance(step := r.get("step"), (int, float))]
     return [s for s, _ in points], [v for _, v in points]
 
 

@@ -11,12 +11,43 @@ import base64
 import json
 import sys
 import time
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
 
 ROOT = Path(__file__).resolve().parents[2]   # the checkout: mpi4dl_nb/notebook/demo.py -> ../..
 FLAGSHIP = ROOT / "notebooks" / "04_hybrid_training_pathology.ipynb"
 SUMMARY_MARK = "MPI4DL_SUMMARY "
+
+
+@dataclass(frozen=True)
+class DemoSummary:
+    """What the flagship notebook prints after ``MPI4DL_SUMMARY`` (one JSON line): its run in figures."""
+
+    configuration: dict[str, object]
+    world_size: int
+    image_size: int
+    batch_size: int
+    steps: int
+    exact: bool
+    max_loss_error: float
+    max_weight_error: float
+    images_per_second: float
+    memory_measured_mb: list[float]
+    memory_estimate_mb: list[float]
+    serial_images_per_second: float | None = None    # the one-process reference, when the notebook ran it
+    serial_memory_mb: float | None = None
+    memory_ratio: float | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> DemoSummary:
+        """The summary in ``text`` (keys this reader does not know are left out)."""
+        record = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in record.items() if key in known})
 
 
 def _kernel_name(requested: str | None) -> str:
@@ -28,7 +59,7 @@ def _kernel_name(requested: str | None) -> str:
     return "mpi4dl-nb" if "mpi4dl-nb" in KernelSpecManager().find_kernel_specs() else "python3"
 
 
-def execute(path: Path, timeout: int, kernel: str) -> Any:
+def execute(path: Path, timeout: int, kernel: str) -> NotebookNode:
     """Run the notebook top to bottom (raises nbclient's CellExecutionError on a failing cell)."""
     import nbformat
     from nbclient import NotebookClient
@@ -39,7 +70,7 @@ def execute(path: Path, timeout: int, kernel: str) -> Any:
     return notebook
 
 
-def save_figures(notebook: Any, directory: Path, stem: str) -> list[Path]:
+def save_figures(notebook: NotebookNode, directory: Path, stem: str) -> list[Path]:
     """Every PNG output of the notebook as ``<stem>_cell<k>_<j>.png``."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
@@ -53,17 +84,17 @@ def save_figures(notebook: Any, directory: Path, stem: str) -> list[Path]:
     return written
 
 
-def find_summary(notebook: Any) -> dict[str, Any] | None:
-    """The JSON the flagship prints after ``MPI4DL_SUMMARY``."""
+def find_summary(notebook: NotebookNode) -> DemoSummary | None:
+    """The summary the flagship prints after ``MPI4DL_SUMMARY``."""
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
             for line in str(output.get("text", "")).splitlines():
                 if line.startswith(SUMMARY_MARK):
-                    return json.loads(line[len(SUMMARY_MARK):])
+                    return DemoSummary.from_json(line[len(SUMMARY_MARK):])
     return None
 
 
-def export_html(notebook: Any, path: Path) -> Path:
+def export_html(notebook: NotebookNode, path: Path) -> Path:
     from nbconvert import HTMLExporter
 
     body, _ = HTMLExporter().from_notebook_node(notebook)
@@ -71,25 +102,24 @@ def export_html(notebook: Any, path: Path) -> Path:
     return path
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    cfg = summary["configuration"]
-    knobs = ", ".join(f"{k}={v}" for k, v in cfg.items() if v not in (None, False))
+def format_summary(summary: DemoSummary) -> str:
+    knobs = ", ".join(f"{k}={v}" for k, v in summary.configuration.items() if v not in (None, False))
     lines = [
         f"configuration : {knobs}",
-        f"world size    : {summary['world_size']} MPI ranks, image {summary['image_size']}px, "
-        f"batch {summary['batch_size']}, {summary['steps']} steps (float64)",
-        f"exactness     : {'EXACT' if summary['exact'] else 'NOT EXACT'} vs one process "
-        f"(max |loss diff| {summary['max_loss_error']:.1e}, max |weight diff| "
-        f"{summary['max_weight_error']:.1e})",
-        f"throughput    : {summary['images_per_second']:.2f} images/s (shared 2-core machine)",
+        f"world size    : {summary.world_size} MPI ranks, image {summary.image_size}px, "
+        f"batch {summary.batch_size}, {summary.steps} steps (float64)",
+        f"exactness     : {'EXACT' if summary.exact else 'NOT EXACT'} vs one process "
+        f"(max |loss diff| {summary.max_loss_error:.1e}, max |weight diff| "
+        f"{summary.max_weight_error:.1e})",
+        f"throughput    : {summary.images_per_second:.2f} images/s (shared 2-core machine)",
         "memory / rank : " + "  ".join(
             f"r{r}: {m:.1f} MB (est. {e:.1f})" for r, (m, e) in
-            enumerate(zip(summary["memory_measured_mb"], summary["memory_estimate_mb"]))),
+            enumerate(zip(summary.memory_measured_mb, summary.memory_estimate_mb))),
     ]
-    if "serial_memory_mb" in summary:
-        serial_mb = summary["serial_memory_mb"]
-        lines.append(f"one process   : {summary['serial_images_per_second']:.2f} images/s, {serial_mb:.1f} MB "
-                     f"(largest rank: {max(summary['memory_measured_mb']) / serial_mb:.2f}x)")
+    serial_mb = summary.serial_memory_mb
+    if serial_mb is not None:
+        lines.append(f"one process   : {summary.serial_images_per_second or 0.0:.2f} images/s, {serial_mb:.1f} MB "
+                     f"(largest rank: {max(summary.memory_measured_mb) / serial_mb:.2f}x)")
     return "\n".join(lines)
 
 
@@ -127,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     if summary is None:
         print("no MPI4DL_SUMMARY line found in the notebook output", file=sys.stderr)
         return 1
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     print(format_summary(summary))
-    return 0 if summary["exact"] else 2
+    return 0 if summary.exact else 2
 
 
 if __name__ == "__main__":

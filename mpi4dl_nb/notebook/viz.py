@@ -8,14 +8,24 @@ widgets can find what was drawn.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from ..comm.trace import Event
 from ..config import ParallelConfig
 from ..layout import layout
 from ..pipeline.schedules import COMPUTE_KINDS, Action, ActionKind, Schedule
+from ..spatial.geometry import LayerHalo, TileGrid, TileHalo
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+TraceRecord = Event | Mapping[str, object]   # a trace Event, or one as a dict (``Event.as_dict``, JSON)
 
 STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860",
                 "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
@@ -46,15 +56,18 @@ def op_color(op: str) -> str:
     return "#999999"
 
 
-def _axes(ax: Any, figsize: tuple[float, float]) -> tuple[Figure, Any]:
+def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     if ax is not None:
-        return ax.figure, ax
+        figure = ax.get_figure(root=True)
+        if figure is None:
+            raise ValueError("ax belongs to no figure: draw on an Axes of a matplotlib Figure")
+        return figure, ax
     fig = Figure(figsize=figsize)
     return fig, fig.add_subplot(1, 1, 1)
 
 
 # ------------------------------------------------------------------------ rank layout
-def draw_rank_layout(cfg: ParallelConfig, ax: Any = None) -> Figure:
+def draw_rank_layout(cfg: ParallelConfig, ax: Axes | None = None) -> Figure:
     """Every rank as a box coloured by its stage, grouped by replica; tiles drawn as a grid.
 
     Columns are stages left to right; spatial stages show their tile grid, LP stages their
@@ -109,7 +122,7 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Any = None) -> Figure:
 
 
 # ------------------------------------------------------------------- tiles and halos
-def halo_bands(tile_halo: Any, height: int, width: int) -> dict[str, tuple[int, int, int, int]]:
+def halo_bands(tile_halo: TileHalo, height: int, width: int) -> dict[str, tuple[int, int, int, int]]:
     """Per side, the box (r0, r1, c0, c1) of rows/cols a tile receives (inside the image).
 
     Top/bottom bands span the owned columns; left/right bands span the full needed rows,
@@ -135,19 +148,16 @@ def halo_bands(tile_halo: Any, height: int, width: int) -> dict[str, tuple[int, 
     return bands
 
 
-def draw_tiles_and_halos(image: Any, grid: Any, halo: Any = None, *, tiles: Sequence[int] | None = None,
-                         show_messages: bool = True, ax: Any = None) -> Figure:
+def draw_tiles_and_halos(image: np.ndarray | torch.Tensor, grid: TileGrid, halo: LayerHalo | None = None, *,
+                         tiles: Sequence[int] | None = None, show_messages: bool = True,
+                         ax: Axes | None = None) -> Figure:
     """An image with the tile grid, the halo bands of ``halo`` (a geometry.LayerHalo) for the
     chosen ``tiles`` (default all), and arrows of what each rank sends where.
 
     The halo geometry lives on the layer's feature map (``halo.height x halo.width``); it is
     scaled onto the image. Image is HxW or HxWxC (numpy or torch CHW).
     """
-    import numpy as np
-
-    picture = np.asarray(image.detach().cpu().permute(1, 2, 0) if hasattr(image, "permute")
-                         and getattr(image, "ndim", 0) == 3 and image.shape[0] in (1, 3)
-                         else image)
+    picture = as_picture(image)
     img_h, img_w = picture.shape[:2]
     fig, ax = _axes(ax, (6, 6))
     ax.imshow(picture, extent=(0, img_w, img_h, 0), gid="image")
@@ -198,42 +208,69 @@ def draw_tiles_and_halos(image: Any, grid: Any, halo: Any = None, *, tiles: Sequ
     return fig
 
 
+def as_picture(image: np.ndarray | torch.Tensor) -> np.ndarray:
+    """An HxW(xC) array of ``image``: an array as it is, a tensor on the CPU (CxHxW with 1 or 3 channels
+    turned to HxWxC)."""
+    import numpy as np
+
+    if isinstance(image, np.ndarray):
+        return image
+    tensor = image.detach().cpu()
+    return np.asarray(tensor.permute(1, 2, 0) if tensor.ndim == 3 and tensor.shape[0] in (1, 3) else tensor)
+
+
 # --------------------------------------------------------------------------- timeline
-def _event_fields(event: Any) -> dict[str, Any]:
-    if isinstance(event, Mapping):
-        return dict(event)
-    return {k: getattr(event, k, None) for k in ("rank", "op", "start", "end", "stage",
-                                                 "micro_batch", "replica", "bytes", "peer")}
+def as_event(record: TraceRecord) -> Event:
+    """``record`` as a trace Event (a dict's missing or non-numeric fields at their defaults)."""
+    if isinstance(record, Event):
+        return record
+
+    def whole(key: str) -> int | None:
+        value = record.get(key)
+        return int(value) if isinstance(value, (int, float)) else None
+
+    def seconds(key: str) -> float:
+        value = record.get(key)
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    extra = record.get("extra")
+    return Event(rank=whole("rank") or 0, op=str(record.get("op", "")), start=seconds("start"), end=seconds("end"),
+                 stage=whole("stage"), micro_batch=whole("micro_batch"), replica=whole("replica"),
+                 bytes=whole("bytes") or 0, peer=whole("peer"),
+                 extra={str(k): v for k, v in extra.items()} if isinstance(extra, Mapping) else {})
 
 
-def draw_timeline(events: Sequence[Any], ax: Any = None, *, highlight: int | None = None) -> Figure:
+def op_key(op: str) -> str:
+    """The op's family in legends and filters: ``halo:top`` -> ``halo``."""
+    return op.split(":")[0]
+
+
+def draw_timeline(events: Sequence[TraceRecord], ax: Axes | None = None, *, highlight: int | None = None) -> Figure:
     """Gantt chart: one row per rank, one bar per event (Event objects or dicts), coloured by op.
 
     ``highlight``: index into ``events`` drawn with a thick outline (the stepper's cursor).
     """
-    rows = [_event_fields(e) for e in events]
-    ranks = sorted({r["rank"] for r in rows}) or [0]
+    rows = [as_event(e) for e in events]
+    ranks = sorted({r.rank for r in rows}) or [0]
     fig, ax = _axes(ax, (9, 0.5 * len(ranks) + 1.5))
-    t0 = min((r["start"] for r in rows), default=0.0)
+    t0 = min((r.start for r in rows), default=0.0)
     seen_ops: dict[str, str] = {}
     for index, r in enumerate(rows):
-        key = str(r["op"]).split(":")[0]
-        color = op_color(str(r["op"]))
-        seen_ops.setdefault(key, color)
-        width = max(r["end"] - r["start"], 1e-9)
-        edge = ({"edgecolor": "black", "linewidth": 2.5} if index == highlight
-                else {"edgecolor": "white", "linewidth": 0.3})
-        ax.broken_barh([(r["start"] - t0, width)], (r["rank"] - 0.4, 0.8), facecolors=color,
-                       gid=f"event:{index}:{r['rank']}:{r['op']}", **edge)
-        mb = r.get("micro_batch")
-        if mb is not None and mb >= 0 and r["op"] in COMPUTE_KINDS:
-            ax.text(r["start"] - t0 + width / 2, r["rank"], str(mb), ha="center", va="center",
+        color = op_color(r.op)
+        seen_ops.setdefault(op_key(r.op), color)
+        width = max(r.end - r.start, 1e-9)
+        outline = ("black", 2.5) if index == highlight else ("white", 0.3)
+        ax.broken_barh([(r.start - t0, width)], (r.rank - 0.4, 0.8), facecolors=color, edgecolor=outline[0],
+                       linewidth=outline[1], gid=f"event:{index}:{r.rank}:{r.op}")
+        mb = r.micro_batch
+        if mb is not None and mb >= 0 and r.op in COMPUTE_KINDS:
+            ax.text(r.start - t0 + width / 2, r.rank, str(mb), ha="center", va="center",
                     fontsize=6, color="white", gid=f"event-label:{index}")
     for key, color in seen_ops.items():
         ax.bar(0, 0, color=color, label=key)
     if seen_ops:   # right of the plot: below it the legend would cover the x-axis label on a short (1-rank) chart
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False, borderaxespad=0.0)
-    end = max((r["end"] - t0 for r in rows), default=1.0)
+    end = max((r.end - t0 for r in rows), default=1.0)
     ax.set_xlim(0, end * 1.02 if end > 0 else 1.0)
     ax.set_yticks(ranks)
     ax.set_yticklabels([f"rank {r}" for r in ranks])
@@ -250,7 +287,7 @@ SCHEDULE_COLORS = {ActionKind.FORWARD: "#4C72B0", ActionKind.BACKWARD: "#DD8452"
                    ActionKind.SEND_GRAD: "#C44E52", ActionKind.RECV_GRAD: "#C44E52"}
 
 
-def draw_schedule(schedule: Schedule, done: int = 0, ax: Any = None) -> Figure:
+def draw_schedule(schedule: Schedule, done: int = 0, ax: Axes | None = None) -> Figure:
     """A schedule as a grid (ticks across, ranks down): F/B/AR/OPT cells, solid when among
     the first ``done`` actions of ``schedule.global_order()``, pale otherwise; the last done
     action is outlined and, if it is a send/receive, drawn as an arrow to its peer.
@@ -299,7 +336,7 @@ def draw_schedule(schedule: Schedule, done: int = 0, ax: Any = None) -> Figure:
 
 # ------------------------------------------------------------------------ memory bars
 def draw_memory_bars(measured: Sequence[float] | None = None, estimate: Sequence[float] | None = None,
-                     *, labels: Sequence[str] | None = None, ax: Any = None,
+                     *, labels: Sequence[str] | None = None, ax: Axes | None = None,
                      unit: str = "MB") -> Figure:
     """Per-rank memory bars (bytes): measured peak and/or planner estimate side by side."""
     scale = {"B": 1, "KB": 2 ** 10, "MB": 2 ** 20, "GB": 2 ** 30}[unit]
@@ -324,7 +361,7 @@ def draw_memory_bars(measured: Sequence[float] | None = None, estimate: Sequence
     return fig
 
 
-def find_artists(fig: Figure, prefix: str) -> list[Any]:
+def find_artists(fig: Figure, prefix: str) -> list[Artist]:
     """Artists of ``fig`` whose gid starts with ``prefix`` (for tests and widgets)."""
     found = []
     for ax in fig.axes:

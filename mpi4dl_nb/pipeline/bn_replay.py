@@ -14,9 +14,9 @@ the device; the exchange moves them as one tensor (``dataparallel.gather_terms``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -96,8 +96,8 @@ class RunningStatsLedger:
         if any(record):
             self.terms[chunk] = record
 
-    def _before_hook(self, index: int) -> Any:
-        def before(module: nn.Module, args: Any) -> None:
+    def _before_hook(self, index: int) -> Callable[[nn.Module, tuple[object, ...]], None]:
+        def before(module: nn.Module, args: tuple[object, ...]) -> None:
             m = self.norms[index]
             if self._recording is None or not (m.training and getattr(m, "track_running_stats", True)):
                 return
@@ -109,8 +109,8 @@ class RunningStatsLedger:
                 m.num_batches_tracked = torch.zeros_like(tracked)
         return before
 
-    def _after_hook(self, index: int) -> Any:
-        def after(module: nn.Module, args: Any, output: Any) -> None:
+    def _after_hook(self, index: int) -> Callable[[nn.Module, tuple[object, ...], object], None]:
+        def after(module: nn.Module, args: tuple[object, ...], output: object) -> None:
             if not self._saved or self._saved[-1][0] != index:
                 return
             _, mean, var, tracked = self._saved.pop()

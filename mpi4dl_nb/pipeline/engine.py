@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 import sys
 import traceback
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from ..comm.handles import Group
+from ..comm.messages import Payload
 from ..comm.protocol import Comm
 from ..comm.timeline import gather_timeline
 from ..comm.trace import Event
@@ -22,12 +23,13 @@ from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
 from .stages import Stage, auto_balance, default_balance, split_layers
-from .step_input import StepInput, resolve_batch_size, resolve_image_size
+from .step_input import Images, Labels, StepInput, resolve_batch_size, resolve_image_size
 
+T = TypeVar("T")   # a value of a whole-model key (a tensor, an optimizer state entry)
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
-def auto_balanced_config(cfg: ParallelConfig, layers: list[nn.Module], sample: Any,
+def auto_balanced_config(cfg: ParallelConfig, layers: list[nn.Module], sample: Payload,
                          ctx: Comm | None = None, by: str = "time", repeats: int = 3) -> ParallelConfig:
     """``cfg`` with ``balance`` from profiling ``layers`` on ``sample`` by 'time' or 'memory'.
 
@@ -54,7 +56,7 @@ def _tensors(module: nn.Module) -> list[torch.Tensor]:
 
 def _released_hook(layer: int, stage: int, rank: int) -> Callable[..., None]:
     """A forward pre-hook refusing to run a layer whose weights the engine released."""
-    def refuse(module: nn.Module, inputs: Any) -> None:
+    def refuse(module: nn.Module, inputs: tuple[object, ...]) -> None:
         raise RuntimeError(f"layer {layer} (stage {stage}) was released on rank {rank} by "
                            f"HybridEngine, which owns the layers passed to it: its parameters "
                            f"are on the meta device. Use engine.full_state_dict() (rank 0) to "
@@ -235,11 +237,11 @@ class HybridEngine:
         return params
 
     # ---------------------------------------------------------------- training
-    def batch_size_of(self, images: Any) -> int:
+    def batch_size_of(self, images: Images) -> int:
         """The global batch size of a step's ``images`` argument (see ``train_step``)."""
         return resolve_batch_size(images, None, None)
 
-    def train_step(self, images: Any, labels: Any,
+    def train_step(self, images: Images, labels: Labels,
                    on_action: Callable[[Action], None] | None = None, *,
                    batch_size: int | None = None,
                    image_size: int | tuple[int, int] | None = None) -> float:
@@ -269,7 +271,7 @@ class HybridEngine:
             raise
         return self.finish_step()
 
-    def start_step(self, images: Any, labels: Any, *, batch_size: int | None = None,
+    def start_step(self, images: Images, labels: Labels, *, batch_size: int | None = None,
                    image_size: int | tuple[int, int] | None = None) -> None:
         """Begin a step without running it: ``advance()`` then runs one action at a time.
 
@@ -328,8 +330,8 @@ class HybridEngine:
             self._step = None
         return float(total.item())
 
-    def evaluate_batch(self, images: Any, labels: Any = None, *, batch_size: int | None = None,
-                       image_size: int | tuple[int, int] | None = None) -> list[tuple[slice, Any]]:
+    def evaluate_batch(self, images: Images, labels: Labels = None, *, batch_size: int | None = None,
+                       image_size: int | tuple[int, int] | None = None) -> list[tuple[slice, Payload]]:
         """Forward only, with this layout (spatial ranks run the spatial forward), in eval mode.
 
         Arguments as for ``train_step`` (labels are not needed). Every module this rank runs is
@@ -418,13 +420,13 @@ class HybridEngine:
                 return stage.index
         return None
 
-    def scatter_to_holders(self, entries: dict[str, Any] | None,
-                           error: str | None = None) -> dict[str, Any]:
+    def scatter_to_holders(self, entries: Mapping[str, T] | None,
+                           error: str | None = None) -> dict[str, T]:
         """Collective: rank 0's ``entries`` (whole-model keys) split so each rank gets its stages' keys.
 
         ``error`` (decided on rank 0) is raised as ValueError on every rank instead.
         """
-        pieces: list[tuple[str | None, dict[str, Any]]] | None = None
+        pieces: list[tuple[str | None, dict[str, T]]] | None = None
         if self.ctx.rank == 0:
             holds = [{slot.stage for slot in (role.primary, role.mirror) if slot is not None}
                      for role in self.roles]

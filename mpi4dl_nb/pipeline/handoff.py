@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -11,13 +10,13 @@ from ..comm.messages import Payload, as_items, like
 from ..spatial.geometry import Box, TileGrid
 
 
-def _is_tiled(t: Any) -> bool:
+def _is_tiled(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() == 4
 
 
 def input_tile(x: Payload, grid: TileGrid, tile: int) -> Payload:
     """Tile ``tile`` of a full input (every tensor of >= 2 dims is cut on its last two)."""
-    def cut(t: Any) -> Any:
+    def cut(t: torch.Tensor) -> torch.Tensor:
         if not _is_tiled(t):
             return t
         r0, r1, c0, c1 = grid.tile_box(tile, t.shape[-2], t.shape[-1])

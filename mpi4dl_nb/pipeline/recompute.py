@@ -30,21 +30,21 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from ..comm.messages import Payload, as_items
+from ..config import CheckpointGranularity, CheckpointSetting
+from ..spatial.function_ctx import FunctionContext
 from ..spatial.guard import is_tiled, mark_tiled
-from ..spatial.layer import SpatialRuntime, shallow_copy
+from ..spatial.layer import ForwardState, SpatialRuntime, shallow_copy
 from ..spatial.replay import ForwardLog
-from .bn_replay import running_stat_norms
-
-Setting = str | int
+from .bn_replay import RunningStatsNorm, running_stat_norms
 
 
-def segment_bounds(num_layers: int, setting: Setting) -> list[tuple[int, int]]:
+def segment_bounds(num_layers: int, setting: CheckpointSetting) -> list[tuple[int, int]]:
     """Half-open layer ranges of the segments of a stage of ``num_layers`` layers.
 
     >>> segment_bounds(5, 2)
@@ -52,9 +52,9 @@ def segment_bounds(num_layers: int, setting: Setting) -> list[tuple[int, int]]:
     >>> segment_bounds(9, "blocks")
     [(0, 3), (3, 6), (6, 9)]
     """
-    if setting == "every":
+    if setting == CheckpointGranularity.EVERY:   # == (not is): the strings 'every'/'blocks' work too
         size = 1
-    elif setting == "blocks":
+    elif setting == CheckpointGranularity.BLOCKS:
         size = max(1, math.ceil(math.sqrt(num_layers)))
     elif isinstance(setting, int) and setting >= 1:
         size = setting
@@ -64,7 +64,7 @@ def segment_bounds(num_layers: int, setting: Setting) -> list[tuple[int, int]]:
 
 
 @contextmanager
-def spare_running_stats(norms: Sequence[Any]) -> Iterator[None]:
+def spare_running_stats(norms: Sequence[RunningStatsNorm]) -> Iterator[None]:
     """Inside, ``norms`` update throw-away copies of their running statistics (restored after)."""
     saved = [(m, m.running_mean, m.running_var, getattr(m, "num_batches_tracked", None)) for m in norms]
     try:
@@ -85,9 +85,9 @@ class _Replay:
     """What a segment's recomputation needs to repeat its first forward exactly."""
 
     run: Callable[[Payload], Payload]
-    norms: list[Any]
+    norms: list[RunningStatsNorm]
     runtime: SpatialRuntime | None
-    spatial_state: Any
+    spatial_state: ForwardState | None
     tuple_payload: bool
     tiled_inputs: list[bool]
     tiled_outputs: list[bool]
@@ -109,7 +109,7 @@ class _Replay:
             enabled, dtype = self.autocast
             stack.enter_context(torch.autocast(self.device.type, dtype=dtype, enabled=enabled))
             stack.enter_context(spare_running_stats(self.norms))
-            if self.runtime is not None:
+            if self.runtime is not None and self.spatial_state is not None:
                 tiles = tuple(t for t, tiled in zip(inputs, self.tiled_inputs) if tiled)
                 stack.enter_context(self.runtime.replaying(self.spatial_state, tiles))
                 stack.enter_context(self.received.replaying_entries())
@@ -125,11 +125,17 @@ def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype]:
     return torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
 
 
+class _RecomputeCtx(FunctionContext, Protocol):
+    replay: _Replay
+    inputs: int      # how many of the saved tensors are the segment's inputs
+    single: bool     # whether the segment returned one tensor (else a tuple)
+
+
 class _Recompute(torch.autograd.Function):
     """A segment run without a graph; backward recomputes it with one and back-propagates."""
 
     @staticmethod
-    def forward(fctx: Any, replay: _Replay, anchor: torch.Tensor, *inputs: torch.Tensor) -> Any:
+    def forward(fctx: _RecomputeCtx, replay: _Replay, anchor: torch.Tensor, *inputs: torch.Tensor) -> Payload:
         with replay.received.recording():
             out = replay.run(_payload(replay, list(inputs)))
         items = as_items(out)
@@ -144,7 +150,7 @@ class _Recompute(torch.autograd.Function):
         return out if fctx.single else tuple(items)
 
     @staticmethod
-    def backward(fctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+    def backward(fctx: _RecomputeCtx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         replay: _Replay = fctx.replay
         inputs = [t.detach().requires_grad_(t.is_floating_point() and needs)
                   for t, needs in zip(fctx.saved_tensors[:fctx.inputs], fctx.needs_input_grad[2:])]
@@ -160,7 +166,7 @@ class _Recompute(torch.autograd.Function):
         return (None, None, *[t.grad if t.requires_grad else None for t in inputs])
 
 
-def run_recomputed(run: Callable[[Payload], Payload], x: Payload, norms: list[Any],
+def run_recomputed(run: Callable[[Payload], Payload], x: Payload, norms: list[RunningStatsNorm],
                    runtime: SpatialRuntime | None) -> Payload:
     """``run(x)`` keeping only ``x`` for backward (``run`` is recomputed there)."""
     inputs = as_items(x)
@@ -188,12 +194,12 @@ class RecomputedSequential(nn.Sequential):
     segments: list[tuple[int, int]]
     recompute_runtime: SpatialRuntime | None
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Payload) -> Payload:
         layers = list(self)
         for start, stop in self.segments:
             segment = layers[start:stop]
 
-            def run(value: Any, segment: list[nn.Module] = segment) -> Any:
+            def run(value: Payload, segment: list[nn.Module] = segment) -> Payload:
                 for layer in segment:
                     value = layer(value)
                 return value
@@ -206,7 +212,7 @@ class RecomputedSequential(nn.Sequential):
         return x
 
 
-def checkpointed(module: nn.Module, setting: Setting, runtime: SpatialRuntime | None = None) -> nn.Module:
+def checkpointed(module: nn.Module, setting: CheckpointSetting, runtime: SpatialRuntime | None = None) -> nn.Module:
     """``module`` (an nn.Sequential of layers) run with activation recomputation.
 
     A shallow copy sharing children, parameters, buffers and hooks (a spatialized stage's

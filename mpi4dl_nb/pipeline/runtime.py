@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
@@ -22,7 +21,7 @@ from .stages import Stage
 from .step_input import StepInput
 
 Key = tuple[int, int, int, int]   # (replica, stage, micro_batch, copy)
-LossFn = Callable[[Any, Any], torch.Tensor]
+LossFn = Callable[[Payload, Payload], torch.Tensor]   # (last stage's output, labels) -> loss
 
 
 @dataclass
@@ -289,6 +288,7 @@ class PipelineRuntime:
         # the sends are complete: release their buffers now rather than at the step's end
         self.ctx.wait_all(state.act_sends.pop(key, []))
         if self._last(action.stage):
+            assert isinstance(out, torch.Tensor)   # the last stage keeps its scaled loss
             (self.scaler.scaled(out) if self.scaler is not None else out).backward()
         else:
             (grads,) = state.inbox.pop((False, key)).values()

@@ -134,11 +134,10 @@ def _float_tensors(value: Activation) -> list[torch.Tensor]:
 
 
 def _detach_input(value: Activation) -> Activation:
-    if isinstance(value, (tuple, list)):
-        return type(value)(_detach_input(v) for v in value)
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.detach().requires_grad_(True)
-    return value
+    """``value`` with each float tensor a fresh leaf that requires grad (others as they are)."""
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().requires_grad_(True) if t.is_floating_point() else t
+    return like(value, [leaf(t) if isinstance(t, torch.Tensor) else t for t in as_items(value)])
 
 
 def _backward_all(output: Activation) -> None:

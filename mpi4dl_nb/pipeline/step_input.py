@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from ..comm.messages import as_items, like
+from ..comm.messages import Payload, as_items, like
 from ..spatial.geometry import Box, TileGrid
 from .handoff import input_tile
 
-ImageReader = Callable[[slice, "Box | None"], Any]
-LabelReader = Callable[[slice], Any]
+Batch = Payload | list[torch.Tensor]                 # rows of the global batch: a tensor or tensors
+ImageReader = Callable[[slice, Box | None], Batch]   # (sample_slice, box) -> those rows, cut to box
+LabelReader = Callable[[slice], Batch]               # sample_slice -> those labels
+Images = Batch | ImageReader | None                  # what ``train_step`` takes for ``images``
+Labels = Batch | LabelReader | None                  # ... and for ``labels``
 
 
 @dataclass(frozen=True)
@@ -37,28 +39,28 @@ class ShardedImages:
     batch_size: int
     image_size: tuple[int, int]
 
-    def __call__(self, sample_slice: slice, box: Box | None) -> Any:
+    def __call__(self, sample_slice: slice, box: Box | None) -> Batch:
         return self.read(sample_slice, box)
 
 
-def _is_batch(value: Any) -> bool:
+def _is_batch(value: object) -> bool:
     return isinstance(value, (torch.Tensor, tuple, list))
 
 
-def _leading_size(value: Any) -> int:
+def _leading_size(value: Batch) -> int:
     return int(as_items(value)[0].shape[0])
 
 
-def resolve_batch_size(images: Any, labels: Any, batch_size: int | None) -> int:
+def resolve_batch_size(images: Images, labels: Labels, batch_size: int | None) -> int:
     """The global batch size from the argument, the images or the labels; ValueError if unknown or inconsistent."""
     found: dict[str, int] = {}
     if batch_size is not None:
         found["batch_size"] = int(batch_size)
-    if _is_batch(images):
+    if isinstance(images, (torch.Tensor, tuple, list)):
         found["images"] = _leading_size(images)
-    elif getattr(images, "batch_size", None) is not None:
-        found["images.batch_size"] = int(images.batch_size)
-    if _is_batch(labels):
+    elif (declared := getattr(images, "batch_size", None)) is not None:
+        found["images.batch_size"] = int(declared)
+    if isinstance(labels, (torch.Tensor, tuple, list)):
         found["labels"] = _leading_size(labels)
     if not found:
         raise ValueError("train_step cannot tell the global batch size: pass batch_size=N "
@@ -69,7 +71,7 @@ def resolve_batch_size(images: Any, labels: Any, batch_size: int | None) -> int:
     return next(iter(found.values()))
 
 
-def resolve_image_size(images: Any, image_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+def resolve_image_size(images: Images, image_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
     """(height, width) of the full images, if given or known by the images object."""
     size = image_size if image_size is not None else getattr(images, "image_size", None)
     if size is None:
@@ -84,8 +86,8 @@ def resolve_image_size(images: Any, image_size: int | tuple[int, int] | None) ->
 class StepInput:
     """This rank's view of one step's data (what the runtime reads for stage 0 and the loss)."""
 
-    images: Any
-    labels: Any
+    images: Images
+    labels: Labels
     batch_size: int
     image_size: tuple[int, int] | None = None
 
@@ -106,23 +108,29 @@ class StepInput:
                              f"global labels or a callable labels(sample_slice)")
 
     def images_for(self, rows: slice, tile: int | None, grid: TileGrid | None,
-                   device: torch.device) -> Any:
+                   device: torch.device) -> Payload:
         """Rows ``rows`` of the images, cut to tile ``tile`` (None: whole), on ``device``."""
         if tile is not None and grid is None:
             raise ValueError(f"images of tile {tile} need the tile grid")
-        if callable(self.images) and not _is_batch(self.images):
-            box = None
-            if tile is not None and grid is not None:
-                if self.image_size is None:
-                    raise ValueError(f"tile {tile} of images from a callable needs image_size")
-                box = grid.tile_box(tile, *self.image_size)
-            data = self.images(rows, box)
-            return like(data, [t.to(device) for t in as_items(data)])
-        data = like(self.images, [t[rows].to(device) for t in as_items(self.images)])
-        return input_tile(data, grid, tile) if tile is not None and grid is not None else data
+        images = self.images
+        if isinstance(images, (torch.Tensor, tuple, list)):
+            data = like(images, [t[rows].to(device) for t in as_items(images)])
+            return input_tile(data, grid, tile) if tile is not None and grid is not None else data
+        if images is None:
+            raise ValueError("this rank has no images (None); see StepInput.check")
+        box = None
+        if tile is not None and grid is not None:
+            if self.image_size is None:
+                raise ValueError(f"tile {tile} of images from a callable needs image_size")
+            box = grid.tile_box(tile, *self.image_size)
+        read = images(rows, box)
+        return like(read, [t.to(device) for t in as_items(read)])
 
-    def labels_for(self, rows: slice, device: torch.device) -> Any:
+    def labels_for(self, rows: slice, device: torch.device) -> Payload:
         """Rows ``rows`` of the labels on ``device``."""
-        data = self.labels(rows) if callable(self.labels) and not _is_batch(self.labels) \
-            else like(self.labels, [t[rows] for t in as_items(self.labels)])
+        labels = self.labels
+        if labels is None:
+            raise ValueError("this rank has no labels (None); see StepInput.check")
+        data = like(labels, [t[rows] for t in as_items(labels)]) \
+            if isinstance(labels, (torch.Tensor, tuple, list)) else labels(rows)
         return like(data, [t.to(device) for t in as_items(data)])

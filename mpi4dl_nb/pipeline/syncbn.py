@@ -9,7 +9,7 @@ statistics are updated from the combined statistics, identically on every copy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,7 @@ class _SyncBatchNorm:
     sync_copies: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bn: Any = self
+        bn = cast(nn.modules.batchnorm._BatchNorm, self)   # the mixin is only ever over a BatchNorm class
         bn._check_input_dim(x)
         if not bn.training and bn.running_mean is not None:
             return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
@@ -41,7 +41,7 @@ class _SyncBatchNorm:
         shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
         if bn.affine:
             y = y * bn.weight.view(shape) + bn.bias.view(shape)
-        if bn.training and bn.track_running_stats and bn.running_mean is not None:
+        if bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None:
             update_running(bn.running_mean, bn.running_var, mean, var, count, factor)
         return y
 

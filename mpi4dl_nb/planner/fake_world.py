@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar, cast
 
 import torch
 
@@ -25,6 +25,10 @@ from ..comm.handles import Channel, Group, Request, Transfer
 from ..comm.trace import Tracer
 
 RENDEZVOUS_SECONDS = 120.0
+
+T = TypeVar("T")   # what an object collective carries
+R = TypeVar("R")   # what a simulated rank's body returns
+MeetingKey = tuple[tuple[int, ...], int]   # (the ranks that meet, how many times they met before)
 
 
 class _Done:
@@ -65,13 +69,13 @@ class FakeWorld:
     def __init__(self, size: int) -> None:
         self.size = size
         self._cond = threading.Condition()
-        self._slots: dict[tuple[Any, ...], dict[int, Any]] = {}
+        self._slots: dict[MeetingKey, dict[int, object]] = {}
         self.failed = False
 
     def comm(self, rank: int, device: torch.device | str = "meta") -> FakeComm:
         return FakeComm(rank, self, torch.device(device))
 
-    def meet(self, key: tuple[Any, ...], ranks: Sequence[int], rank: int, obj: Any) -> list[Any]:
+    def meet(self, key: MeetingKey, ranks: Sequence[int], rank: int, obj: T) -> list[T]:
         """Every rank of ``ranks`` contributes ``obj`` under ``key``; all get the list."""
         with self._cond:
             slot = self._slots.setdefault(key, {})
@@ -85,7 +89,7 @@ class FakeWorld:
                 raise RuntimeError(f"simulated ranks {list(ranks)}: rank {rank} waited "
                                    f"{RENDEZVOUS_SECONDS:.0f} s for a collective the others never "
                                    f"joined (the simulated stage diverged between tiles)")
-            return [slot[r] for r in ranks]
+            return [cast(T, slot[r]) for r in ranks]   # every rank of a meeting passes the same kind
 
     def fail(self) -> None:
         """Wake every waiting rank with an error (one rank raised)."""
@@ -107,7 +111,7 @@ class SizeOracle:
     cols: int
     maps: frozenset[tuple[int, int]]
 
-    def all_tiles(self, tile: int, local: Any) -> list[tuple[int, int]]:
+    def all_tiles(self, tile: int, local: object) -> list[tuple[int, int]]:
         from ..spatial.geometry import TileGrid
 
         grid = TileGrid(self.rows, self.cols)
@@ -200,44 +204,47 @@ class FakeComm:
     def _ranks(self, group: Group | None) -> tuple[int, ...]:
         return tuple(group.ranks) if group is not None else tuple(range(self._world_size))
 
-    def _meet(self, obj: Any, group: Group | None) -> list[Any]:
+    def _meet(self, obj: T, group: Group | None) -> list[T]:
         ranks = self._ranks(group)
-        if self._sizes is not None:
-            return list(self._sizes.all_tiles(ranks.index(self._rank), obj))
+        if self._sizes is not None:   # the one gather a spatialized layer makes: tile sizes
+            return cast(list[T], self._sizes.all_tiles(ranks.index(self._rank), obj))
         if self.world is None:
             raise RuntimeError("a FakeComm without a world answers collectives only with sizes=")
         count = self._calls.get(ranks, 0)
         self._calls[ranks] = count + 1
-        return list(self.world.meet((ranks, count), ranks, self._rank, obj))
+        return self.world.meet((ranks, count), ranks, self._rank, obj)
 
     def barrier(self, group: Group | None = None) -> None:
         if self._sizes is None:
             self._meet(None, group)
 
-    def all_gather_object(self, obj: Any, group: Group | None = None) -> list[Any]:
+    def all_gather_object(self, obj: T, group: Group | None = None) -> list[T]:
         return self._meet(obj, group)
 
-    def bcast_object(self, obj: Any, root: int = 0, group: Group | None = None) -> Any:
+    def bcast_object(self, obj: T, root: int = 0, group: Group | None = None) -> T:
         ranks = self._ranks(group)
         return self._meet(obj, group)[ranks.index(root)]
 
-    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+    def gather_object(self, obj: T, root: int = 0) -> list[T] | None:
         gathered = self._meet(obj, None)
         return gathered if self._rank == root else None
 
-    def scatter_object(self, pieces: Sequence[Any] | None, root: int = 0) -> Any:
-        return self._meet(pieces, None)[root][self._rank]
+    def scatter_object(self, pieces: Sequence[T] | None, root: int = 0) -> T:
+        gathered = self._meet(pieces, None)[root]
+        if gathered is None:
+            raise RuntimeError(f"simulated rank {root} scattered nothing (pieces=None on the root)")
+        return gathered[self._rank]
 
     def abort(self, code: int = 1) -> None:
         raise RuntimeError(f"simulated rank {self._rank} aborted (code {code})")
 
 
-def run_ranks(world: FakeWorld, body: Callable[[int], Any]) -> list[Any]:
+def run_ranks(world: FakeWorld, body: Callable[[int], R]) -> list[R]:
     """``body(rank)`` for every rank of ``world``, each in its own thread; results by rank.
 
     The first exception any rank raised is re-raised here (after every thread ended).
     """
-    results: list[Any] = [None] * world.size
+    results: list[R | None] = [None] * world.size
     errors: list[BaseException | None] = [None] * world.size
 
     def run(rank: int) -> None:
@@ -259,7 +266,7 @@ def run_ranks(world: FakeWorld, body: Callable[[int], Any]) -> list[Any]:
     first = first or next((e for e in errors if e is not None), None)
     if first is not None:
         raise first
-    return results
+    return cast(list[R], results)   # every rank returned: none is left None
 
 
 def _secondary(error: BaseException) -> bool:

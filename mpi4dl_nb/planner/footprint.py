@@ -17,20 +17,21 @@ import copy
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from ..comm.handles import Group
-from ..comm.messages import as_items
+from ..comm.messages import Payload, as_items
+from ..comm.protocol import Comm
 from ..spatial.geometry import TileGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .live_bytes import LiveBytes, storage_of
 from .workspace import Workspace, instrument
 
 Shape = tuple[int, ...]
-Loss = Callable[[Any], torch.Tensor]
+Loss = Callable[[torch.Tensor], torch.Tensor]   # the last layer's output -> the loss whose backward runs
 
 
 @dataclass(frozen=True)
@@ -164,21 +165,27 @@ def _nbytes(items: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in items)
 
 
+class _ShapeContext(Protocol):
+    """The autograd context of ``_Seed``: it carries the seeded tensor's shape."""
+
+    shape: torch.Size
+
+
 class _Seed(torch.autograd.Function):
     """A scalar whose backward hands ``x`` a fresh gradient the engine frees once used (as
     a received gradient is), instead of one the caller would keep alive."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(fctx: _ShapeContext, x: torch.Tensor) -> torch.Tensor:
         fctx.shape = x.shape
         return x.new_zeros(())
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(fctx: _ShapeContext, grad: torch.Tensor) -> torch.Tensor:
         return grad.new_ones(fctx.shape)
 
 
-def _backward(out: Any) -> None:
+def _backward(out: Payload) -> None:
     outs = [o for o in as_items(out) if isinstance(o, torch.Tensor) and o.requires_grad]
     if outs:
         torch.autograd.backward([_Seed.apply(o) for o in outs])
@@ -304,12 +311,12 @@ def map_sizes(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype) -> 
     """Every (H, W) of a 4-d tensor going into or out of ``layer``'s modules on whole maps (meta)."""
     found: set[tuple[int, int]] = set()
 
-    def note(value: Any) -> None:
-        for t in as_items(value) if isinstance(value, (tuple, list)) else (value,):
+    def note(value: object) -> None:
+        for t in value if isinstance(value, (tuple, list)) else (value,):
             if isinstance(t, torch.Tensor) and t.dim() == 4:
                 found.add((int(t.shape[-2]), int(t.shape[-1])))
 
-    def hook(module: nn.Module, args: Any, out: Any) -> None:
+    def hook(module: nn.Module, args: tuple[object, ...], out: object) -> None:
         note(args)
         note(out)
 
@@ -326,7 +333,7 @@ def map_sizes(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype) -> 
 def tile_classes(grid: TileGrid, shapes: Sequence[Shape]) -> dict[int, int]:
     """tile -> the first tile with the same input shapes and as many neighbours along each
     axis (such tiles allocate the same bytes: one of them is simulated)."""
-    first: dict[tuple[Any, ...], int] = {}
+    first: dict[tuple[tuple[Shape, ...], tuple[int, int]], int] = {}
     out = {}
     for tile in range(grid.num_tiles):
         sides = grid.neighbors(tile)
@@ -336,7 +343,7 @@ def tile_classes(grid: TileGrid, shapes: Sequence[Shape]) -> dict[int, int]:
     return out
 
 
-def spatial_module(layer: nn.Module, grid: TileGrid, comm: Any, role: StageRole, full: Shape,
+def spatial_module(layer: nn.Module, grid: TileGrid, comm: Comm, role: StageRole, full: Shape,
                    dtype: torch.dtype | None, elementwise: Sequence[type] = (), device: str = "meta") -> nn.Module:
     """``layer`` (copied to ``device``) spatialized for ``comm``'s tile of ``grid``."""
     from ..spatial.convert import spatialize

@@ -7,7 +7,7 @@ it, and keeps the median of each phase over its runs. ``LayerTimer.measure`` tim
 together: each round runs every layer once, so a slow spell of the machine (seconds long where
 ranks share cores) falls on a round or two of every layer alike and the median leaves it out.
 Timed one layer after another, a spell could take all of one layer's runs: the same stage's
-layers summed to 0.146 and 0.191 s in one job a minute apart (BENCHMARKS.md §6).
+layers summed to 0.146 and 0.191 s in one job a minute apart (2026-11-23; the git history of BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import statistics
 import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..comm.allocator import tune_malloc
 from ..comm.handles import Group
-from ..comm.messages import as_items
+from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
 from ..pipeline.bn_replay import RunningStatsLedger
 from ..pipeline.dataparallel import gather_terms, sum_stage_gradients
@@ -197,7 +196,7 @@ class _Bench:
     def run_once(self, inputs: _RandomInputs) -> None:
         """One training step of the layer alone, each phase's seconds recorded."""
         leaves = inputs.leaves(self.shapes, self.dtype)
-        x: Any = tuple(leaves) if len(leaves) > 1 else leaves[0]
+        x: Payload = tuple(leaves) if len(leaves) > 1 else leaves[0]
         runs, ledger, module, alone = self.runs, self.ledger, self.module, self.alone
         clock = _Clock(self.device)
         start_training(module, module)

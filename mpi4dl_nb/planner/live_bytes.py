@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -40,7 +39,7 @@ class LiveBytes(TorchDispatchMode):
         super().__init__()
         self._lock = threading.Lock()
         self._live: dict[int, tuple[int, str]] = {}     # storage id -> (bytes, tag)
-        self._refs: dict[int, Any] = {}
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.current = 0
         self.peak = 0
         self.tag = ""
@@ -60,8 +59,8 @@ class LiveBytes(TorchDispatchMode):
             self.peak = max(self.peak, self.current)
         self._refs[key] = weakref.ref(storage, self._release_callback(key))
 
-    def _release_callback(self, key: int) -> Callable[[Any], None]:
-        def release(_: Any) -> None:
+    def _release_callback(self, key: int) -> Callable[[weakref.ref[torch.UntypedStorage]], None]:
+        def release(_: weakref.ref[torch.UntypedStorage]) -> None:
             with self._lock:
                 entry = self._live.pop(key, None)
                 if entry is not None:
@@ -69,7 +68,8 @@ class LiveBytes(TorchDispatchMode):
                 self._refs.pop(key, None)
         return release
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Collection[type],
+                           args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None) -> object:
         out = func(*args, **(kwargs or {}))
         inputs = {_storage_id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:

@@ -32,14 +32,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..config import Choice, ParallelConfig
 from ..errors import ConfigError
-from ..layout import RankRole, layout
+from ..layout import RankRole, StageSlot, layout
 from ..pipeline.recompute import segment_bounds
 from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
 from ..pipeline.stages import LayerMemory, check_balance, default_balance, even_balance, probe_memory
@@ -53,6 +52,7 @@ MB = 2 ** 20
 TERMS = ("weights", "buffers", "optimizer", "gradients", "persistent", "activations", "halo",
          "boundary", "sent", "recompute", "working")
 DEFAULT_CACHE = FootprintCache()
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]   # (the model's output, labels) -> the loss
 
 
 class Recompute(Choice):
@@ -112,7 +112,7 @@ class RankMemory:
     def transient(self) -> int:
         return self.terms["working"] + self.terms["recompute"] + self.terms["sent"]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int | str]:
         return {"rank": self.rank, "role": self.role, **self.terms, "total": self.total,
                 "moment": self.moment}
 
@@ -186,7 +186,7 @@ class StageModel:
     chunk: int
     precision: Precision
     cache: FootprintCache
-    loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss
+    loss_fn: LossFn = default_loss
     elementwise: Sequence[type] = ()
     workspace: Workspace = Workspace.CPU
     _found: dict[tuple[int, int | None, bool], StageFootprint] = field(default_factory=dict)
@@ -201,7 +201,7 @@ class StageModel:
             return StageRole(self.cfg.grid_shape, self.cfg.halo_d2, self.cfg.fused_layers)
         return StageRole()
 
-    def _loss(self, output: Any) -> torch.Tensor:
+    def _loss(self, output: torch.Tensor) -> torch.Tensor:
         target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
         return self.loss_fn(output, target) * 1.0
 
@@ -307,7 +307,7 @@ class _Walk:
     at_peak: dict[str, int] = field(default_factory=dict)
     moment: str = ""
 
-    def slots(self) -> list[tuple[int, Any]]:
+    def slots(self) -> list[tuple[int, StageSlot]]:
         out = [(0, self.role.primary)]
         if self.role.mirror is not None:
             out.append((1, self.role.mirror))
@@ -451,7 +451,7 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
                     in_channels: int = 3, dtype: torch.dtype = torch.float32,
                     precision: Precision | None = None, recompute: Recompute | str | None = None,
                     optimizer: OptimizerFactory | None = None, optimizer_states: int | None = None,
-                    loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
+                    loss_fn: LossFn = default_loss,
                     elementwise: Sequence[type] = (), cache: FootprintCache | None = None,
                     device: torch.device | str = "cpu") -> MemoryPlan:
     """Per-rank peak memory of ``cfg`` training ``model`` on ``batch_size`` images, by term.
@@ -491,7 +491,7 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     return MemoryPlan(cfg, batch_size, (height, width), balance, ranks, chunk, dict(stage_model._found))
 
 
-_PROBES: list[tuple[list[Any], list[LayerMemory] | None]] = []
+_PROBES: list[tuple[list[nn.Module], list[LayerMemory] | None]] = []
 
 
 def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig) -> tuple[int, ...]:

@@ -5,18 +5,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..comm.messages import as_items
 from ..measure.usage import tensor_bytes
 from ..pipeline.stages import layer_memory
 
 Layers = Sequence[nn.Module] | nn.Sequential
 Shape = tuple[int, ...]
+Windowed = nn.modules.conv._ConvNd | nn.modules.pooling._MaxPoolNd | nn.modules.pooling._AvgPoolNd   # has a window
 
 
 @dataclass(frozen=True)
@@ -57,27 +56,28 @@ def as_layer_list(model: Layers) -> list[nn.Module]:
     return layers
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in as_items(value) if isinstance(t, torch.Tensor)]
+def _tensors(value: object) -> list[torch.Tensor]:
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    return [t for t in items if isinstance(t, torch.Tensor)]
 
 
 def _flop_hooks(model: nn.Module, counter: list[float]) -> list[RemovableHandle]:
     """Hooks adding ``model``'s forward FLOPs to ``counter[0]`` and the bytes of the inputs
     of its windowed convs/pools (window > 1) to ``counter[1]``."""
-    def conv_hook(module: Any, inputs: Any, output: torch.Tensor) -> None:
+    def conv_hook(module: nn.modules.conv._ConvNd, inputs: tuple[object, ...], output: torch.Tensor) -> None:
         k = math.prod(module.kernel_size) * module.in_channels // module.groups
         counter[0] += 2.0 * output.numel() * k
 
-    def linear_hook(module: Any, inputs: Any, output: torch.Tensor) -> None:
+    def linear_hook(module: nn.Linear, inputs: tuple[object, ...], output: torch.Tensor) -> None:
         counter[0] += 2.0 * output.numel() * module.in_features
 
-    def other_hook(module: nn.Module, inputs: Any, output: Any) -> None:
+    def other_hook(module: nn.Module, inputs: tuple[object, ...], output: object) -> None:
         if not list(module.children()):
             counter[0] += float(sum(t.numel() for t in _tensors(output)))
 
-    def window_hook(module: Any, inputs: Any, output: Any) -> None:
+    def window_hook(module: Windowed, inputs: tuple[object, ...], output: object) -> None:
         kernel = module.kernel_size if isinstance(module.kernel_size, tuple) else (module.kernel_size,)
-        if any(k > 1 for k in kernel):
+        if any(isinstance(k, int) and k > 1 for k in kernel):
             counter[1] += float(sum(tensor_bytes(t) for t in _tensors(inputs)))
 
     handles = []

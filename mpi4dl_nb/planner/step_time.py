@@ -30,9 +30,9 @@ and oversubscribed cores come from the schedule itself. The result says what bin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, Unpack
 
 import torch
 
@@ -40,10 +40,12 @@ from ..config import ParallelConfig
 from ..layout import layout, stage_holders
 from ..pipeline.bn_replay import running_stat_norms
 from ..pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
-from .footprint import FootprintCache
+from .fake_world import Traffic
+from .footprint import FootprintCache, LayerFootprint
 from .layer_timer import LayerTime, LayerTimer, TimingRequest
 from .memory import (
     DEFAULT_CACHE,
+    LossFn,
     Precision,
     Recompute,
     StageModel,
@@ -160,7 +162,7 @@ class _Costs:
         return [self.request(stage, index) for stage in range(self.model.cfg.split_size)
                 for index in range(bounds[stage], bounds[stage + 1])]
 
-    def layer_time(self, stage: int, index: int, tile: int | None) -> tuple[LayerTime, Any]:
+    def layer_time(self, stage: int, index: int, tile: int | None) -> tuple[LayerTime, LayerFootprint]:
         r = self.request(stage, index)
         footprints = self.model.cache.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key,
                                             elementwise=self.model.elementwise)
@@ -226,7 +228,7 @@ class _Costs:
         statistics remembered, for every stage copy it holds."""
         return sum(t.setup for stage in self.held[rank] for t in self._stage_times(stage))
 
-    def _wire(self, traffic: Any, members: int) -> float:
+    def _wire(self, traffic: Traffic, members: int) -> float:
         per_message = traffic.message_bytes / traffic.messages if traffic.messages else 0.0
         halo = traffic.messages * self.network.message(per_message) / 2   # sends overlap receives
         sums = traffic.collectives * self.network.reduction_bytes(    # each a meeting: its latency counted there
@@ -340,7 +342,7 @@ def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
                timer: LayerTimer | None = None, threads: int | None = None, in_channels: int = 3,
                dtype: torch.dtype = torch.float32, precision: Precision | None = None,
                recompute: Recompute | str | None = None,
-               loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
+               loss_fn: LossFn = default_loss,
                cache: FootprintCache | None = None) -> StepModel:
     """``cfg``'s StepModel, nothing timed yet (``predict_step_time`` times and runs it).
 
@@ -368,6 +370,22 @@ def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     return StepModel(cfg, batch_size, costs, network, node)
 
 
+
+class StepOptions(TypedDict, total=False):
+    """``step_model``'s keyword options, as ``predict_step_time`` passes them on."""
+
+    network: Network | None
+    node: Node | None
+    timer: LayerTimer | None
+    threads: int | None
+    in_channels: int
+    dtype: torch.dtype
+    precision: Precision | None
+    recompute: Recompute | str | None
+    loss_fn: LossFn
+    cache: FootprintCache | None
+
+
 def time_layers(models: Iterable[StepModel]) -> None:
     """Time the layers of all ``models`` together, each timer's in one interleaved measurement
     (``LayerTimer.measure``): a slow spell of the machine then falls on every configuration alike,
@@ -381,7 +399,7 @@ def time_layers(models: Iterable[StepModel]) -> None:
 
 
 def predict_step_time(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
-                      image_size: int | tuple[int, int], batch_size: int, **options: Any) -> TimePlan:
+                      image_size: int | tuple[int, int], batch_size: int, **options: Unpack[StepOptions]) -> TimePlan:
     """Predicted seconds of one ``train_step`` of ``cfg`` on ``batch_size`` images (``options``:
     those of ``step_model``). Several configurations: ``step_model`` each, ``time_layers`` them
     together, then ``predict`` each."""

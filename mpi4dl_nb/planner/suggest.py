@@ -13,15 +13,16 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import torch
 
 from ..config import ConfigError, ParallelConfig, ScheduleKind, SliceMethod
 from .layer_timer import LayerTimer
-from .memory import MB, MemoryPlan, Precision, Recompute, default_loss, estimate_memory
+from .memory import MB, LossFn, MemoryPlan, Precision, Recompute, default_loss, estimate_memory
+from .optimizer import OptimizerFactory
 from .profile import Layers, profile_layers
-from .step_time import TimePlan, step_model, time_layers
+from .step_time import StepModel, TimePlan, step_model, time_layers
 from .timing import Network, Node
 
 
@@ -54,7 +55,7 @@ def describe_config(cfg: ParallelConfig) -> str:
 
 def canonical(cfg: ParallelConfig) -> ParallelConfig:
     """``cfg`` with the knobs that change nothing at their defaults."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     if cfg.spatial_size == 0:
         changes.update(num_spatial_parts=4, slice_method=SliceMethod.SQUARE, halo_d2=False,
                        fused_layers=1, grid=None)
@@ -104,7 +105,9 @@ def candidate_configs(devices: int, num_layers: int, batch_size: int, *, max_spl
     return list(found)
 
 
-KNOB_VALUES: dict[str, Callable[[int, int], list[Any]]] = {
+KnobValue = int | SliceMethod | ScheduleKind    # a value ``one_knob_variants`` tries (bool knobs are ints)
+
+KNOB_VALUES: dict[str, Callable[[int, int], list[KnobValue]]] = {
     # knob -> its values to try, from (devices, batch_size)
     "split_size": lambda devices, batch: list(range(1, devices + 1)),
     "spatial_size": lambda devices, batch: list(range(0, devices)),
@@ -120,12 +123,12 @@ KNOB_VALUES: dict[str, Callable[[int, int], list[Any]]] = {
 
 
 def one_knob_variants(base: ParallelConfig, num_layers: int, batch_size: int,
-                      knobs: Sequence[str] = tuple(KNOB_VALUES)) -> list[tuple[str, Any, ParallelConfig]]:
+                      knobs: Sequence[str] = tuple(KNOB_VALUES)) -> list[tuple[str, KnobValue, ParallelConfig]]:
     """Every valid configuration on ``base``'s ranks that differs from ``base`` in exactly one
     knob of ``knobs``, as (knob, value, config): a sweep where each row changes one thing
     (changes that make no difference, e.g. a schedule with one micro-batch, are left out)."""
     base = canonical(base)
-    found: list[tuple[str, Any, ParallelConfig]] = []
+    found: list[tuple[str, KnobValue, ParallelConfig]] = []
     seen = {base}
     for knob in knobs:
         for value in KNOB_VALUES[knob](base.world_size, batch_size):
@@ -227,12 +230,30 @@ class Suggestions(list[Suggestion]):
         return "\n".join(lines)
 
 
+class SuggestOptions(TypedDict, total=False):
+    """``suggest``'s keyword options besides the ones a live auto-tune sets itself (``Tuner``'s
+    network, top, threads, batch size and dtype)."""
+
+    in_channels: int
+    precision: Precision | None
+    recompute: Recompute | str | None
+    optimizer: OptimizerFactory | None
+    optimizer_states: int | None
+    loss_fn: LossFn
+    node: Node | None
+    timer: LayerTimer | None
+    max_split: int
+    exact: bool
+    max_times: int
+    headroom: float
+
+
 def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device: float,
             devices: int, *, batch_size: int = 1, in_channels: int = 3,
             dtype: torch.dtype = torch.float32, precision: Precision | None = None,
-            recompute: Recompute | str | None = None, optimizer: Any = None,
+            recompute: Recompute | str | None = None, optimizer: OptimizerFactory | None = None,
             optimizer_states: int | None = None,
-            loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
+            loss_fn: LossFn = default_loss,
             network: Network | None = None, node: Node | None = None, timer: LayerTimer | None = None,
             threads: int | None = None, top: int | None = 10, max_split: int = 4, exact: bool = True,
             max_times: int = 1, headroom: float = HEADROOM) -> Suggestions:
@@ -252,17 +273,19 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
     budget = memory_per_device * (1 - headroom)
     precision = precision or Precision(dtype)
     profiles = profile_layers(model, image_size, in_channels, precision.activations)
-    common: dict[str, Any] = dict(precision=precision, recompute=recompute, loss_fn=loss_fn)
+
+    def memory_of(cfg: ParallelConfig) -> MemoryPlan:
+        return estimate_memory(profiles, cfg, image_size, batch_size, precision=precision, recompute=recompute,
+                               loss_fn=loss_fn, optimizer=optimizer, optimizer_states=optimizer_states)
+
     serial_cfg = ParallelConfig(split_size=1, spatial_size=0)
-    serial_memory = estimate_memory(profiles, serial_cfg, image_size, batch_size, optimizer=optimizer,
-                                    optimizer_states=optimizer_states, **common)
+    serial_memory = memory_of(serial_cfg)
     fitting: list[tuple[ParallelConfig, MemoryPlan]] = []
     refused: list[Refusal] = []
     for cfg in candidate_configs(devices, len(profiles), batch_size, max_split=max_split, exact=exact,
                                  max_times=max_times):
         try:
-            plan = estimate_memory(profiles, cfg, image_size, batch_size, optimizer=optimizer,
-                                   optimizer_states=optimizer_states, **common)
+            plan = memory_of(cfg)
         except (ConfigError, ValueError):
             continue
         if plan.peak > budget:
@@ -276,9 +299,13 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
                          f"{serial_memory.peak / MB:.1f} MB); raise devices or memory_per_device, "
                          f"or lower batch_size/image_size")
     node = node or Node.this_machine(timer.device if timer else "cpu")   # copy speed measured once, for all
-    timing: dict[str, Any] = dict(network=network, node=node, timer=timer, **common)
-    serial_model = step_model(profiles, serial_cfg, image_size, batch_size, **timing)
-    models = [step_model(profiles, cfg, image_size, batch_size, threads=threads, **timing) for cfg, _ in fitting]
+
+    def timed(cfg: ParallelConfig, rank_threads: int | None) -> StepModel:
+        return step_model(profiles, cfg, image_size, batch_size, network=network, node=node, timer=timer,
+                          threads=rank_threads, precision=precision, recompute=recompute, loss_fn=loss_fn)
+
+    serial_model = timed(serial_cfg, None)
+    models = [timed(cfg, threads) for cfg, _ in fitting]
     time_layers([serial_model, *models])     # every candidate's layers timed together: ranked alike
     serial_time = serial_model.predict()
     ranked = []

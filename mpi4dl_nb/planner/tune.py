@@ -12,15 +12,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, TypedDict, TypeVar, Unpack
 
 from ..config import ParallelConfig
-from ..measure.trials import Measured, ModelSpec, Runner, calibrate_job_on_engine, measure_interleaved
+from ..measure.trials import Measured, Runner, TrialModel, calibrate_job_on_engine, measure_interleaved
 from ..pipeline.schedules import ActionKind
 from .memory import MB, estimate_memory
 from .step_time import TimePlan, step_model, time_layers
-from .suggest import KNOB_VALUES, Suggestion, Suggestions, describe_config, one_knob_variants, suggest
+from .suggest import KNOB_VALUES, Suggestion, Suggestions, SuggestOptions, describe_config, one_knob_variants, suggest
 from .timing import Network, Node, network_of
+
+R = TypeVar("R")   # what a function run on every rank returns
+
+
+class EngineCluster(Protocol):
+    """What a live auto-tune needs of a notebook cluster (``notebook.cluster.Cluster``): its
+    ranks, and a call of a function on every one of them, results by rank."""
+
+    @property
+    def ranks(self) -> Sequence[object]: ...
+
+    def run(self, func: Callable[..., R], *args: object, timeout: float | None = None) -> list[R]: ...
+
+
+class TunerOptions(TypedDict, total=False):
+    """``Tuner``'s settings besides what it tunes (``Tuner.on_cluster`` passes them on)."""
+
+    top: int
+    steps: int
+    rounds: int
+    suggest_options: SuggestOptions
+    threads: int | None
 
 
 @dataclass
@@ -61,7 +83,7 @@ class TuneResult:
     def best(self) -> TuneRow | None:
         """The fastest measured candidate whose every rank fits the limit."""
         fitting = [row for row in self.candidates if row.fits(self.limit)]
-        return min(fitting, key=lambda row: row.measured.seconds) if fitting else None   # type: ignore[union-attr]
+        return min(fitting, key=lambda row: row.measured.seconds if row.measured else float("inf")) if fitting else None
 
     @property
     def suggested(self) -> TuneRow | None:
@@ -101,7 +123,7 @@ class TuneResult:
         blocks = [explain_row(row) for row in self.candidates if row.measured is not None and row.plan is not None]
         return "\n\n".join(block for block in blocks if block)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"limit_mb": self.limit / MB, "network": {"latency": self.network.latency,
                                                           "bandwidth": self.network.bandwidth},
                 "rows": [{"label": r.label, "config": r.cfg.as_dict() if r.cfg else None,
@@ -156,7 +178,7 @@ class Tuner:
     ``rounds`` rounds of ``steps`` interleaved steps each (``measure.trials.measure_interleaved``:
     the machine's slow spells fall on every row alike); a row's time is the median of its steps."""
 
-    spec: ModelSpec
+    spec: TrialModel
     image_size: int
     batch_size: int
     memory_limit: float
@@ -165,15 +187,15 @@ class Tuner:
     top: int = 3
     steps: int = 2
     rounds: int = 1
-    suggest_options: dict[str, Any] = field(default_factory=dict)
+    suggest_options: SuggestOptions = field(default_factory=SuggestOptions)
     result: TuneResult | None = None
     threads: int | None = None      # torch threads of each rank, learnt by ``calibrate``
 
     @classmethod
-    def on_cluster(cls, cluster: Any, spec: ModelSpec, image_size: int, batch_size: int,
-                   memory_limit: float, timeout: float = 1800.0, **options: Any) -> Tuner:
+    def on_cluster(cls, cluster: EngineCluster, spec: TrialModel, image_size: int, batch_size: int,
+                   memory_limit: float, timeout: float = 1800.0, **options: Unpack[TunerOptions]) -> Tuner:
         """A Tuner whose measurements run on an ipyparallel ``cluster`` (all its engines)."""
-        def run(function: Callable[..., Any], *args: Any) -> Any:
+        def run(function: Callable[..., R], *args: object) -> R:
             return cluster.run(function, *args, timeout=timeout)[0]
         return cls(spec, image_size, batch_size, memory_limit, len(cluster.ranks), run, **options)
 

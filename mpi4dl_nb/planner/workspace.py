@@ -21,7 +21,6 @@ machines, torch 2.13 CPU, see tests/planner/test_planner*.py):
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
@@ -90,11 +89,11 @@ def instrument(module: nn.Module, kind: Workspace, samples: int | None = None) -
     if kind is Workspace.NONE:
         return []
 
-    def hook(conv: nn.Module, args: Any, out: Any) -> None:
+    def hook(conv: nn.Conv2d, args: tuple[object, ...], out: object) -> None:
         if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
             return
         x = args[0]
-        forward, backward = conv_workspace(conv, x, out, kind, samples)  # type: ignore[arg-type]
+        forward, backward = conv_workspace(conv, x, out, kind, samples)
         if forward:
             del_soon = torch.empty(forward, dtype=torch.uint8, device=out.device)
             del del_soon
@@ -106,7 +105,7 @@ def instrument(module: nn.Module, kind: Workspace, samples: int | None = None) -
                 del scratch
             out.register_hook(at_backward)
 
-    def norm_hook(norm: nn.Module, args: Any, out: Any) -> None:
+    def norm_hook(norm: nn.modules.batchnorm._BatchNorm, args: tuple[object, ...], out: object) -> None:
         if not (norm.training and isinstance(out, torch.Tensor) and out.requires_grad and args
                 and isinstance(args[0], torch.Tensor) and args[0].requires_grad):
             return

@@ -5,13 +5,14 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..pipeline.schedules import Action, ActionKind
 
 if TYPE_CHECKING:
+    from ..comm.messages import Payload
     from ..comm.protocol import Comm
     from ..pipeline.engine import HybridEngine
 
@@ -37,11 +38,11 @@ class NonFiniteError(RuntimeError):
 class LossWatch:
     """Wraps a loss function and remembers this step's first non-finite chunk loss on this rank."""
 
-    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
+    def __init__(self, loss_fn: Callable[[Payload, Payload], torch.Tensor]) -> None:
         self.loss_fn = loss_fn
         self.bad: float | None = None
 
-    def __call__(self, output: Any, target: Any) -> torch.Tensor:
+    def __call__(self, output: Payload, target: Payload) -> torch.Tensor:
         loss = self.loss_fn(output, target)
         value = float(loss.detach())
         if self.bad is None and not math.isfinite(value):
@@ -52,7 +53,7 @@ class LossWatch:
         self.bad = None
 
 
-def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
+def first_nonfinite(named: Iterable[tuple[str, object]]) -> str | None:
     """Name of the first floating tensor with a NaN/inf among ``named`` (nested dicts searched), else None."""
     for name, value in named:
         if isinstance(value, Mapping):
@@ -145,8 +146,8 @@ class NonFiniteGuard:
         return True
 
     @staticmethod
-    def describe(bad_loss: Sequence[tuple[int, Any]], bad_grad: Sequence[tuple[int, Any]],
-                 bad_stats: Sequence[tuple[int, Any]] = ()) -> str:
+    def describe(bad_loss: Sequence[tuple[int, object]], bad_grad: Sequence[tuple[int, object]],
+                 bad_stats: Sequence[tuple[int, object]] = ()) -> str:
         parts = []
         if bad_loss:
             parts.append(f"non-finite loss ({bad_loss[0][1]} on {_ranks([r for r, _ in bad_loss])}, "

@@ -5,7 +5,6 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import ConfigError
 
@@ -24,7 +23,7 @@ FIELD_FLAGS: dict[str, str] = {
 }
 
 
-def digest(value: Any, length: int = 12) -> str:
+def digest(value: object, length: int = 12) -> str:
     """A short stable hash of a JSON-serialisable value (sorted keys)."""
     text = json.dumps(value, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
@@ -51,8 +50,8 @@ class Change:
     """One field whose value differs between a checkpoint and this run."""
 
     name: str
-    saved: Any
-    current: Any
+    saved: object
+    current: object
 
     def __str__(self) -> str:
         return f"{self.name} {self.saved!r} -> {self.current!r}"
@@ -66,13 +65,13 @@ class RunIdentity:
     a field missing on one side (an older checkpoint, or a field added later) is not a change.
     """
 
-    fields: Mapping[str, Any]
+    fields: Mapping[str, object]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return dict(self.fields)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> RunIdentity:
+    def from_dict(cls, data: Mapping[str, object] | None) -> RunIdentity:
         return cls(dict(data or {}))
 
     def changes_from(self, saved: RunIdentity) -> list[Change]:

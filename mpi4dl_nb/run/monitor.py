@@ -25,9 +25,11 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+from ..config import Choice
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -73,7 +75,7 @@ class RankState:
         return f"step {self.step}: {self.action or self.phase}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Failure:
     """An exception on one rank, as reported to the monitors."""
 
@@ -81,6 +83,56 @@ class Failure:
     summary: str
     trace: str = ""
     log: str | None = None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A rank's periodic news: its step, phase and action, seconds since its last progress, its timeout."""
+
+    rank: int
+    step: int | None
+    phase: str
+    action: str
+    idle: float
+    exempt: bool
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Goodbye:
+    """A rank closed its monitor: its silence from now on is no stall."""
+
+    rank: int
+
+
+class MessageKind(Choice):
+    """What a monitor datagram carries (its ``"t"`` field)."""
+
+    HEARTBEAT = "hb"
+    BYE = "bye"
+    FAIL = "fail"
+
+
+Message = Heartbeat | Goodbye | Failure
+MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
+    MessageKind.HEARTBEAT: Heartbeat, MessageKind.BYE: Goodbye, MessageKind.FAIL: Failure}
+
+
+def encode(message: Message, key: str) -> bytes:
+    """One datagram: the message's kind, its fields and the job's ``key``."""
+    kind = next(k for k, cls in MESSAGE_TYPES.items() if isinstance(message, cls))
+    return json.dumps({"t": kind.value, **asdict(message), "key": key}).encode()
+
+
+def decode(data: bytes, key: str) -> Message | None:
+    """The message of a datagram of this job (``key``); None for anything else."""
+    try:
+        raw = json.loads(data.decode())
+        if not isinstance(raw, dict) or raw.pop("key", None) != key:
+            return None
+        return MESSAGE_TYPES[MessageKind(raw.pop("t", None))](**raw)
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def describe_ranks(ranks: list[int]) -> str:
@@ -155,7 +207,7 @@ class JobMonitor:
         """Stop heartbeats (say goodbye, so monitors do not take the silence for a stall)."""
         if self._stop.is_set():
             return
-        self._send_monitors({"t": "bye", "rank": self.rank})
+        self._send_monitors(Goodbye(self.rank))
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval + 1)
@@ -197,20 +249,19 @@ class JobMonitor:
         self.interval = min(self.interval, max(0.2, timeout / 8)) if timeout else self.interval
 
     # --------------------------------------------------------------- datagrams
-    def _send_monitors(self, message: dict[str, Any]) -> None:
+    def _send_monitors(self, message: Message) -> None:
         if self.sock is None:
             return
-        data = json.dumps({**message, "key": self.key}).encode()
+        data = encode(message, self.key)
         for rank in self.monitors:
             try:
                 self.sock.sendto(data, self.peers[rank])
             except OSError:
                 pass
 
-    def _heartbeat(self) -> dict[str, Any]:
-        return {"t": "hb", "rank": self.rank, "step": self.step, "phase": self.phase_name,
-                "action": self.action, "idle": time.monotonic() - self.last_progress,
-                "exempt": self.exempt, "timeout": self.timeout}
+    def _heartbeat(self) -> Heartbeat:
+        return Heartbeat(self.rank, self.step, self.phase_name, self.action, time.monotonic() - self.last_progress,
+                         self.exempt, self.timeout)
 
     def _loop(self) -> None:
         assert self.sock is not None
@@ -244,26 +295,22 @@ class JobMonitor:
             except (TimeoutError, BlockingIOError, OSError):
                 return
             blocking = False
-            try:
-                self._receive(json.loads(data.decode()))
-            except (ValueError, TypeError):
-                continue
+            message = decode(data, self.key)
+            if message is not None:
+                self._receive(message)
 
-    def _receive(self, message: dict[str, Any]) -> None:
-        kind, rank = message.get("t"), int(message.get("rank", -1))
-        if rank not in self.states or message.get("key", "") != self.key:
+    def _receive(self, message: Message) -> None:
+        state = self.states.get(message.rank)
+        if state is None:
             return
-        state = self.states[rank]
-        if kind == "hb":
+        if isinstance(message, Heartbeat):
             state.heard = time.monotonic()
-            state.step, state.phase = message.get("step"), str(message.get("phase", ""))
-            state.action, state.idle = str(message.get("action", "")), float(message.get("idle", 0.0))
-            state.exempt, state.timeout = bool(message.get("exempt")), message.get("timeout")
-        elif kind == "bye":
+            state.step, state.phase, state.action = message.step, message.phase, message.action
+            state.idle, state.exempt, state.timeout = message.idle, message.exempt, message.timeout
+        elif isinstance(message, Goodbye):
             state.closed = True
-        elif kind == "fail" and all(f.rank != rank for f in self.failures):
-            self.failures.append(Failure(rank, str(message.get("summary", "")),
-                                         str(message.get("trace", "")), message.get("log")))
+        elif all(f.rank != message.rank for f in self.failures):
+            self.failures.append(message)
             if self.first_failure is None:
                 self.first_failure = time.monotonic()
 
@@ -362,10 +409,8 @@ class JobMonitor:
             self.failures = [failure]
             self._write(self.failure_message(job=False))
             return
-        message = {"t": "fail", "rank": self.rank, "summary": summary, "trace": failure.trace,
-                   "log": failure.log}
         for _ in range(3):
-            self._send_monitors(message)
+            self._send_monitors(failure)
             time.sleep(0.05)
         time.sleep(FAIL_GRACE_SECONDS)   # a monitor aborts the job meanwhile
         self.failures = self.failures or [failure]

@@ -4,28 +4,31 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..checkpoint.files import list_checkpoints, load_checkpoint, saved_identity, verify
+from ..checkpoint.files import list_checkpoints, verify
+from ..checkpoint.record import LoadedCheckpoint, read_checkpoint
 from ..errors import ConfigError
 
 
 @dataclass
 class Selection:
-    """The checkpoint to resume from, its loaded payload, and the newer ones passed over (with why)."""
+    """The checkpoint to resume from (loaded), and the newer ones passed over (with why)."""
 
-    path: Path
-    data: dict[str, Any]
+    checkpoint: LoadedCheckpoint
     skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.checkpoint.path
 
     def report(self) -> str:
         """What was chosen and skipped, for the log."""
-        lines = [f"resuming from {self.path} (step {self.data['step']})"]
+        lines = [f"resuming from {self.path} (step {self.checkpoint.record.step})"]
         lines += [f"  skipped newer {p.name}: {why}" for p, why in self.skipped]
         return "\n".join(lines)
 
 
-Accept = Callable[[Mapping[str, Any]], str | None]   # saved identity -> why it does not fit (None: fits)
+Accept = Callable[[Mapping[str, object]], str | None]   # saved identity -> why it does not fit (None: fits)
 
 
 def select_resume(resume: str | Path, checkpoint_dir: str | Path | None, accept: Accept) -> Selection:
@@ -42,11 +45,11 @@ def select_resume(resume: str | Path, checkpoint_dir: str | Path | None, accept:
     else:
         target = Path(text).expanduser()
     if target.is_file():
-        data = load_checkpoint(target)
-        why = accept(saved_identity(data))
+        checkpoint = read_checkpoint(target)
+        why = accept(checkpoint.record.identity)
         if why is not None:
             raise ValueError(f"--resume {target}: {why}")
-        return Selection(target, data)
+        return Selection(checkpoint)
     if not target.is_dir():
         if text == "latest":
             raise FileNotFoundError(f"--resume latest: --checkpoint-dir {str(target)!r} does not exist "
@@ -67,16 +70,11 @@ def newest_fitting(folder: Path, accept: Accept) -> Selection:
             why = accept(entry.manifest.identity)
             if why is None:
                 why = verify(entry.path, entry.manifest)
-        data = None
         if why is None:
             try:
-                data = load_checkpoint(entry.path)
+                return Selection(read_checkpoint(entry.path), skipped)
             except ValueError as err:
                 why = str(err)
-        if data is not None:
-            return Selection(entry.path, data, skipped)
         skipped.append((entry.path, why or "unusable"))
     listing = "; ".join(f"{p.name}: {why}" for p, why in skipped)
     raise ValueError(f"--resume: no checkpoint in {str(folder)!r} fits this run ({listing})")
-
-

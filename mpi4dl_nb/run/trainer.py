@@ -1,20 +1,19 @@
 """The training loop of batch jobs: region-aware inputs, steps with metrics, progress on rank 0, checkpoint/resume."""
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 from torch import nn
 
-from ..checkpoint.files import new_run_id, save_checkpoint
+from ..checkpoint.files import new_run_id
+from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, write_checkpoint
 from ..config import ParallelConfig
 from ..data import Batcher
 from ..layout import stage_holders
@@ -24,6 +23,7 @@ from ..pipeline.step_input import ShardedImages
 from ..spatial.geometry import Box
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
 from .monitor import JobMonitor, StepTimer
+from .summary import RankMetrics, TrainSummary, Validation, finite_or_none
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -75,7 +75,7 @@ def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, ima
     grid = TileGrid(*cfg.grid_shape)
     stages = split_layers(list(layers), cfg.split_size, cfg.balance)[:cfg.spatial_size]
     dtype = next((p.dtype for s in stages for p in s.parameters()), torch.float32)
-    x: Any = torch.empty(1, channels, image_size, image_size, device="meta", dtype=dtype)
+    x = torch.empty(1, channels, image_size, image_size, device="meta", dtype=dtype)
     for stage in stages:
         def label(name: str, offset: int = stage.offset) -> str:   # the layer's index in the whole model
             local, _, rest = name.partition(".")
@@ -128,16 +128,16 @@ def _owned_instances(engine: HybridEngine, rank: int) -> list[StageInstance]:
     return out
 
 
-def _portable(value: Any) -> Any:
+def _portable(value: object) -> object:
     return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
 
 
-def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> dict[str, dict[str, Any]] | None:
+def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> OptimizerState | None:
     """Per-parameter optimizer state keyed by whole-model parameter name, on rank 0 (collective).
 
     Names make it independent of the parallel layout: a run may resume on another one.
     """
-    mine: dict[str, dict[str, Any]] = {}
+    mine: OptimizerState = {}
     optimizer = engine.optimizer
     if optimizer is not None:
         for inst in _owned_instances(engine, ctx.rank):
@@ -148,13 +148,13 @@ def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> dict[str, dict[st
     gathered = ctx.gather_object(mine, root=0)
     if gathered is None:
         return None
-    merged: dict[str, dict[str, Any]] = {}
+    merged: OptimizerState = {}
     for part in gathered:
         merged.update(part)
     return merged
 
 
-def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: dict[str, dict[str, Any]] | None) -> None:
+def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: OptimizerState | None) -> None:
     """Inverse of :func:`gather_optimizer_state`: each holder receives its stages' entries of rank 0's ``state``."""
     state = engine.scatter_to_holders(state if ctx.rank == 0 else None)
     optimizer = engine.optimizer
@@ -167,7 +167,7 @@ def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: dict[str, dict[
                 optimizer.state[param] = {k: _placed(k, v, param) for k, v in entry.items()}
 
 
-def _placed(key: str, value: Any, param: torch.Tensor) -> Any:
+def _placed(key: str, value: object, param: torch.Tensor) -> object:
     """An optimizer state entry on its parameter's device and dtype (step counters stay as saved)."""
     if not isinstance(value, torch.Tensor) or key == "step":
         return value.clone() if isinstance(value, torch.Tensor) else value
@@ -204,32 +204,29 @@ class ProgressBar:
             self.stream.flush()
 
 
-def evaluation_line(step: int, metrics: dict[str, Any]) -> str:
-    """``eval at step 20 (98 images): val_loss 0.4123 val_accuracy 0.8163 ...`` (the figures that exist)."""
-    shown = [f"{name} {metrics[name]:.4f}" for name in
-             ("val_loss", "val_accuracy", "val_balanced_accuracy", "val_roc_auc")
-             if isinstance(metrics.get(name), float)]
-    return f"eval at step {step} ({metrics.get('val_count')} images): " + " ".join(shown)
-
-
 # ---------------------------------------------------------------------- trainer
 class Trainer:
-    """Runs ``settings.steps`` optimizer steps of ``engine`` on ``batcher``'s data; all ranks call it."""
+    """Runs ``settings.steps`` optimizer steps of ``engine`` on ``batcher``'s data; all ranks call it.
+
+    ``record`` (what the run is: model, data, layout, seed, identity) goes into every checkpoint
+    and starts the summary; a Trainer that writes checkpoints needs one.
+    """
 
     def __init__(self, engine: HybridEngine, batcher: Batcher, ctx: Comm, settings: TrainSettings,
-                 run_info: dict[str, Any] | None = None, *, identity: dict[str, Any] | None = None,
-                 run_id: str | None = None, monitor: JobMonitor | None = None,
+                 record: RunRecord | None = None, *, run_id: str | None = None, monitor: JobMonitor | None = None,
                  guard: NonFiniteGuard | None = None, evaluator: Evaluator | None = None,
                  log: MetricsLog | None = None) -> None:
+        if settings.checkpoint_dir is not None and record is None:
+            raise ValueError("a Trainer that writes checkpoints needs the run's record (RunRecord: model spec, "
+                             "data, seed), so that evaluate, infer and resume can read them")
         self.engine = engine
         self.evaluator = evaluator
         self.log = log                     # rank 0's metrics log (None: none, or another rank)
-        self.validation: dict[str, Any] = {}   # the latest evaluation, val_-prefixed
+        self.validation: Validation | None = None   # the latest evaluation
         self.batcher = batcher
         self.ctx = ctx
         self.settings = settings
-        self.run_info = dict(run_info or {})
-        self.identity = dict(identity or {})
+        self.record = record
         self.run_id = run_id or new_run_id()
         self.guard = guard
         self.timer = StepTimer(given=None if settings.auto_step_timeout else (settings.step_timeout or 0))
@@ -279,7 +276,7 @@ class Trainer:
             if bad is not None:
                 error, kind = f"step {self.step}: {bad} is not finite; this state is not saved.", "nonfinite"
             else:
-                error, path = self._write(model, optimizer)
+                error, path = self._write(model or {}, optimizer)
                 kind = "write" if error else None
         error, kind = self.ctx.bcast_object((error, kind), root=0)
         if error is not None:
@@ -287,20 +284,16 @@ class Trainer:
         self.last_checkpoint = path
         return path
 
-    def _write(self, model: Any, optimizer: Any) -> tuple[str | None, Path | None]:
+    def _write(self, model: dict[str, torch.Tensor],
+               optimizer: OptimizerState | None) -> tuple[str | None, Path | None]:
         """Rank 0: write the checkpoint; (error text, None) when the file system refuses it."""
-        assert self.settings.checkpoint_dir is not None
-        epoch, in_epoch = self.position(self.step)
-        payload = {"model": model, "optimizer": optimizer, "epoch": epoch,
-                   "step_in_epoch": in_epoch, "batch_size": self.batcher.batch_size,
-                   "data_seed": self.batcher.seed, "config": self.engine.cfg.as_dict(),
-                   "run": self.run_info}
+        assert self.settings.checkpoint_dir is not None and self.record is not None
+        record = replace(self.record, config=self.engine.cfg.as_dict()).at(self.step, self.run_id)
         phase = self.monitor.phase("writing a checkpoint", exempt=True) if self.monitor else nullcontext()
         try:
             with phase:
-                path = save_checkpoint(self.settings.checkpoint_dir, self.step, payload,
-                                       run_id=self.run_id, identity=self.identity,
-                                       keep=self.settings.keep_checkpoints)
+                path = write_checkpoint(self.settings.checkpoint_dir, record, model, optimizer,
+                                        keep=self.settings.keep_checkpoints)
         except OSError as err:
             return (f"could not write the checkpoint of step {self.step} to "
                     f"{self.settings.checkpoint_dir}: {err}; the older checkpoints are intact "
@@ -310,12 +303,12 @@ class Trainer:
             print(f"checkpoint of step {self.step}: {path}", file=sys.stderr, flush=True)
         return None, path
 
-    def restore(self, checkpoint: dict[str, Any] | None) -> int:
+    def restore(self, checkpoint: LoadedCheckpoint | None) -> int:
         """Load a checkpoint given on rank 0 (None elsewhere) into every rank; returns its step."""
         root = checkpoint if self.ctx.rank == 0 else None
-        self.engine.load_full_state_dict(root["model"] if root is not None else None)
-        load_optimizer_state(self.engine, self.ctx, root.get("optimizer") if root else None)
-        self.step = int(self.ctx.bcast_object(root["step"] if root is not None else None, root=0))
+        self.engine.load_full_state_dict(root.model_state if root is not None else None)
+        load_optimizer_state(self.engine, self.ctx, root.optimizer_state if root is not None else None)
+        self.step = int(self.ctx.bcast_object(root.record.step if root is not None else None, root=0) or 0)
         return self.step
 
     # --------------------------------------------------------------- evaluation
@@ -325,19 +318,17 @@ class Trainer:
         every = self.settings.eval_every
         return step == self.settings.steps or step % self.steps_per_epoch == 0 or (every > 0 and step % every == 0)
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self) -> Validation:
         """Evaluate the current weights on the validation set (collective); records and returns the figures."""
-        from ..evaluation.metrics import prefixed
-
         assert self.evaluator is not None
         phase = self.monitor.phase("evaluating", exempt=True) if self.monitor else nullcontext()
         start = time.perf_counter()
         with phase:
-            metrics = prefixed(self.evaluator.run())
-        self.validation = {"val_step": self.step, **metrics,
-                           "val_seconds": time.perf_counter() - start}
+            metrics = self.evaluator.run()
+        self.validation = Validation(self.step, metrics, time.perf_counter() - start)
         if self.log is not None:
-            self.log.write("eval", self.step, {"epoch": self.position(self.step - 1)[0], **self.validation})
+            self.log.write("eval", self.step, {"epoch": self.position(self.step - 1)[0],
+                                               **self.validation.as_dict()})
         return self.validation
 
     # ----------------------------------------------------------------- training
@@ -379,7 +370,7 @@ class Trainer:
             self.monitor.arm(self.timer.timeout())
         return loss
 
-    def run(self, stream: TextIO | None = None) -> dict[str, Any] | None:
+    def run(self, stream: TextIO | None = None) -> TrainSummary | None:
         """Train up to ``settings.steps``; returns the summary on rank 0 (None elsewhere)."""
         bar = ProgressBar(self.settings.steps, self.settings.progress and self.ctx.rank == 0,
                           stream)
@@ -397,12 +388,12 @@ class Trainer:
                                                         "loss": loss, "images_per_s": rate,
                                                         "seconds": self.metrics.step_seconds[-1]})
                 if self.evaluation_due(self.step):
-                    line = evaluation_line(self.step, self.evaluate())
+                    line = self.evaluate().line()
                     if bar.enabled:
                         bar.note(line)
                     elif self.ctx.rank == 0:     # results, shown without the bar too
                         print(line, file=stream or sys.stderr, flush=True)
-                accuracy = self.validation.get("val_accuracy")
+                accuracy = self.validation.metrics.accuracy if self.validation is not None else None
                 bar.update(self.step, loss, rate, "" if accuracy is None else f" val_acc {accuracy:.3f}")
                 if self.checkpoint_due(self.step):
                     self.save()
@@ -415,7 +406,7 @@ class Trainer:
                 if self._own_monitor:
                     self.monitor.close()
 
-    def rank_metrics(self) -> dict[str, Any]:
+    def rank_metrics(self) -> RankMetrics:
         """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
         params = {id(p): p for inst in self.engine.instances.values()
                   for p in inst.canonical.parameters()}
@@ -423,50 +414,27 @@ class Trainer:
                    for b in inst.canonical.buffers()}
         fixed = state_bytes(params.values(), self.engine.optimizer, buffers.values())
         peak = cuda_peak_bytes(self.ctx.device)
-        out = self.metrics.as_dict()
-        out.update(rank=self.ctx.rank, state_bytes=fixed, activation_peak_bytes=self.meter.peak,
-                   peak_bytes=peak if peak is not None else fixed + self.meter.peak,
-                   memory_source="cuda-allocator" if peak is not None else "counted")
-        return out
+        m = self.metrics
+        return RankMetrics(rank=self.ctx.rank, steps=m.steps, seconds=m.seconds, compute_seconds=m.compute_seconds,
+                           comm_seconds=m.comm_seconds, state_bytes=fixed, activation_peak_bytes=self.meter.peak,
+                           peak_bytes=peak if peak is not None else fixed + self.meter.peak,
+                           memory_source="cuda-allocator" if peak is not None else "counted")
 
-    def summary(self, start_step: int, wall: float) -> dict[str, Any] | None:
-        """The run's JSON summary on rank 0 (collective)."""
+    def summary(self, start_step: int, wall: float) -> TrainSummary | None:
+        """The run's summary on rank 0 (collective)."""
         per_rank = self.ctx.gather_object(self.rank_metrics(), root=0)
         if per_rank is None:
             return None
         warm = 1 if self.metrics.steps >= 3 else 0
         measured = self.metrics.seconds_after(warm)
         images = (self.metrics.steps - warm) * self.batcher.batch_size
-        return {
-            **self.run_info,
-            "world_size": self.ctx.world_size,
-            "start_step": start_step,
-            "steps": self.step,
-            "steps_run": self.metrics.steps,
-            "warmup_steps": warm,
-            "images_per_s": images / measured if measured > 0 else None,
-            "loss": finite_or_none(self.metrics.last_loss) if self.metrics.last_loss is not None else None,
-            "losses": [finite_or_none(v) for v in self.metrics.losses],
-            "skipped_steps": self.skipped_steps,
-            "run_id": self.run_id,
-            "wall_seconds": wall,
-            "peak_memory_bytes": [m["peak_bytes"] for m in per_rank],
-            "activation_peak_bytes": [m["activation_peak_bytes"] for m in per_rank],
-            "state_bytes": [m["state_bytes"] for m in per_rank],
-            "memory_source": per_rank[0]["memory_source"],
-            "compute_seconds": [m["compute_seconds"] for m in per_rank],
-            "comm_seconds": [m["comm_seconds"] for m in per_rank],
-            "train_seconds": [m["seconds"] for m in per_rank],
-            "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
-            **self.validation,
-        }
-
-
-def finite_or_none(value: float) -> float | None:
-    """``value``, or None for NaN/inf (JSON has no NaN)."""
-    return value if math.isfinite(value) else None
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    """The final one-line JSON record."""
-    return json.dumps(summary, sort_keys=False)
+        last = self.metrics.last_loss
+        return TrainSummary(
+            record=self.record, world_size=self.ctx.world_size, start_step=start_step, steps=self.step,
+            steps_run=self.metrics.steps, warmup_steps=warm,
+            images_per_s=images / measured if measured > 0 else None,
+            loss=finite_or_none(last) if last is not None else None,
+            losses=[finite_or_none(v) for v in self.metrics.losses], skipped_steps=list(self.skipped_steps),
+            run_id=self.run_id, wall_seconds=wall, ranks=per_rank,
+            checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None,
+            validation=self.validation, config=self.engine.cfg.as_dict())

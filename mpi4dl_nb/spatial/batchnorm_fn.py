@@ -15,12 +15,13 @@ over the tiles by the engine like every spatial parameter.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from ..comm.handles import Group
 from ..comm.protocol import Comm
+from .function_ctx import FunctionContext
 from .replay import active_log
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -32,7 +33,7 @@ def _statistics(wide: torch.Tensor, count: float, comm: Comm, group: Group | Non
     """(centred tile, mean, biased var): from the active log's replay, else two all-reduces."""
     log = active_log()
     if log is not None and log.replaying:
-        mean, var = log.next()
+        mean, var = log.next_statistics()
         return wide - _channels(mean), mean, var
     mean = _all_reduce(wide.sum(dim=DIMS), comm, group) / count
     centered = wide - _channels(mean)
@@ -55,11 +56,18 @@ def _all_reduce(t: torch.Tensor, comm: Comm, group: Group | None) -> torch.Tenso
     return comm.all_reduce(t.contiguous(), group=group)
 
 
+class _TileBatchNormCtx(FunctionContext, Protocol):
+    comm: Comm
+    group: Group | None
+    count: float
+    bias_dtype: torch.dtype | None
+
+
 class _TileBatchNorm(torch.autograd.Function):
     """Training-mode BatchNorm of a tile with statistics over the group; see the module docstring."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+    def forward(fctx: _TileBatchNormCtx, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 count: float, eps: float, comm: Comm, group: Group | None) -> tuple[torch.Tensor, ...]:
         centered, mean, var = _statistics(_wide(x), count, comm, group)
         rstd = torch.rsqrt(var + eps)
@@ -75,7 +83,8 @@ class _TileBatchNorm(torch.autograd.Function):
         return y.to(x.dtype), mean, var
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:
+    def backward(fctx: _TileBatchNormCtx, grad: torch.Tensor, *_: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, ...]:
         x, weight, mean, rstd = fctx.saved_tensors
         bias_dtype = fctx.bias_dtype
         wide = _wide(x)

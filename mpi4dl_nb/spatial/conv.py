@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
+from .function_ctx import FunctionContext
 from .geometry import LayerHalo, Window1d
-from .halo import HaloExchange
+from .halo import HaloExchange, Strips
 from .layer import SpatialLayer, SpatialRuntime, adopt
 from .regional import Params, plan_for, windowed_by_regions
 
@@ -60,8 +62,16 @@ class SpatialConv2d(SpatialLayer, nn.Conv2d):
         return conv_after_exchange(self, x, exchange)
 
 
-def _save_halo_conv(fctx: Any, conv: SpatialConv2d, exchange: HaloExchange, x: torch.Tensor,
-                    weight: torch.Tensor, bias: torch.Tensor | None, strips: list) -> None:
+class _HaloConvCtx(FunctionContext, Protocol):
+    conv: SpatialConv2d
+    exchange: HaloExchange
+    present: list[bool]             # which of the four strips were received
+    has_bias: bool
+    pads: tuple[int, int]           # _BandedHaloConv2d: the per-axis halo
+
+
+def _save_halo_conv(fctx: _HaloConvCtx, conv: SpatialConv2d, exchange: HaloExchange, x: torch.Tensor,
+                    weight: torch.Tensor, bias: torch.Tensor | None, strips: Strips) -> None:
     """Keep what a halo conv's backward needs: the owned tile, the weight, the strips."""
     fctx.conv, fctx.exchange = conv, exchange
     fctx.present = [s is not None for s in strips]
@@ -69,7 +79,7 @@ def _save_halo_conv(fctx: Any, conv: SpatialConv2d, exchange: HaloExchange, x: t
     fctx.save_for_backward(x, weight, *[s for s in strips if s is not None])
 
 
-def _load_halo_conv(fctx: Any) -> tuple[torch.Tensor, torch.Tensor, list, list[bool]]:
+def _load_halo_conv(fctx: _HaloConvCtx) -> tuple[torch.Tensor, torch.Tensor, Strips, list[bool]]:
     """(owned tile, weight, strips, [needs grad of x, weight, bias]) saved by ``_save_halo_conv``."""
     x, weight, *saved = fctx.saved_tensors
     found = iter(saved)
@@ -85,7 +95,7 @@ class _HaloConv2d(torch.autograd.Function):
     layer's saved output); backward rebuilds the extended tile without messages."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    def forward(fctx: _HaloConvCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 conv: SpatialConv2d, exchange: HaloExchange) -> torch.Tensor:
         extended, strips = exchange.extend(x)
         out = F.conv2d(extended, weight, bias, conv.stride, 0, conv.dilation, conv.groups)
@@ -93,7 +103,7 @@ class _HaloConv2d(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(fctx: _HaloConvCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, strips, mask = _load_halo_conv(fctx)
         extended = fctx.exchange.rebuild(x, strips)
         conv = fctx.conv
@@ -123,25 +133,45 @@ def band_paddings(conv: SpatialConv2d, exchange: HaloExchange) -> tuple[int, int
     return halos[0], halos[1]
 
 
-def _bands(x: torch.Tensor, strips: list, pr: int, pc: int) -> list[tuple[str, torch.Tensor]]:
+class Edge(Enum):
+    """A side of a tile; its value is the index of that side's strip in ``Strips``."""
+
+    TOP = 0
+    BOTTOM = 1
+    LEFT = 2
+    RIGHT = 3
+
+    @property
+    def spans_rows(self) -> bool:
+        """Whether the side's band is rows (top, bottom) rather than columns (left, right)."""
+        return self in (Edge.TOP, Edge.BOTTOM)
+
+    @property
+    def trailing(self) -> int:
+        """0 for the leading side (top, left), 1 for the trailing one (bottom, right)."""
+        return self.value % 2
+
+
+def _bands(x: torch.Tensor, strips: Strips, pr: int, pc: int) -> list[tuple[Edge, torch.Tensor]]:
     """The halo-only input split into edge bands (corners in the row bands), each just wide
     enough (3p) for the p boundary outputs it changes: (edge, band) for edges with a strip."""
     lead, height, width = x.shape[:-2], x.shape[-2], x.shape[-1]
+    left, right = strips[Edge.LEFT.value], strips[Edge.RIGHT.value]
     bands = []
-    for edge, strip, rows in (("top", strips[0], slice(0, pr)),
-                              ("bottom", strips[1], slice(2 * pr, 3 * pr))):
+    for edge, rows in ((Edge.TOP, slice(0, pr)), (Edge.BOTTOM, slice(2 * pr, 3 * pr))):
+        strip = strips[edge.value]
         if strip is None:
             continue
         band = x.new_zeros((*lead, 3 * pr, width + 2 * pc))
         band[..., rows, pc:pc + width] = strip
-        source = slice(0, pr) if edge == "top" else slice(height + pr, height + 2 * pr)
-        if strips[2] is not None:
-            band[..., rows, 0:pc] = strips[2][..., source, :]
-        if strips[3] is not None:
-            band[..., rows, pc + width:] = strips[3][..., source, :]
+        source = slice(0, pr) if edge is Edge.TOP else slice(height + pr, height + 2 * pr)
+        if left is not None:
+            band[..., rows, 0:pc] = left[..., source, :]
+        if right is not None:
+            band[..., rows, pc + width:] = right[..., source, :]
         bands.append((edge, band))
-    for edge, strip, cols in (("left", strips[2], slice(0, pc)),
-                              ("right", strips[3], slice(2 * pc, 3 * pc))):
+    for edge, cols in ((Edge.LEFT, slice(0, pc)), (Edge.RIGHT, slice(2 * pc, 3 * pc))):
+        strip = strips[edge.value]
         if strip is not None:
             band = x.new_zeros((*lead, height + 2 * pr, 3 * pc))
             band[..., pr:pr + height, cols] = strip[..., pr:pr + height, :]
@@ -149,20 +179,20 @@ def _bands(x: torch.Tensor, strips: list, pr: int, pc: int) -> list[tuple[str, t
     return bands
 
 
-def _edge(out: torch.Tensor, edge: str, pr: int, pc: int) -> torch.Tensor:
+def _edge(out: torch.Tensor, edge: Edge, pr: int, pc: int) -> torch.Tensor:
     """The boundary outputs of ``out`` that one edge band changes (a view)."""
-    if edge == "top":
+    if edge is Edge.TOP:
         return out[..., :pr, :]
-    if edge == "bottom":
+    if edge is Edge.BOTTOM:
         return out[..., out.shape[-2] - pr:, :]
-    if edge == "left":
+    if edge is Edge.LEFT:
         return out[..., :, :pc]
     return out[..., :, out.shape[-1] - pc:]
 
 
 # Halo overlap: banded convs compute the owned tile, region convs/pools their interior, while
 # the row halos are in flight. Off by default: on one node the messages are ~1-8% of a forward
-# and measured no gain (BENCHMARKS.md section 10); worth switching on where messages take
+# and measured no gain (BENCHMARKS.md §2d); worth switching on where messages take
 # longer (networks).
 HALO_OVERLAP = False
 # Strided/dilated/asymmetric convs and max/avg pools by regions (spatial/regional.py), not on
@@ -179,7 +209,7 @@ class _BandedHaloConv2d(torch.autograd.Function):
     strips' gradients (sent back) and the weight-gradient correction."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    def forward(fctx: _HaloConvCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 conv: SpatialConv2d, exchange: HaloExchange, pads: tuple[int, int]) -> torch.Tensor:
         x = x.contiguous()
         pr, pc = pads
@@ -200,7 +230,7 @@ class _BandedHaloConv2d(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(fctx: _HaloConvCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, strips, mask = _load_halo_conv(fctx)
         conv, exchange, (pr, pc) = fctx.conv, fctx.exchange, fctx.pads
         grad = grad.contiguous()
@@ -208,10 +238,10 @@ class _BandedHaloConv2d(torch.autograd.Function):
             grad, x, weight, [weight.shape[0]] if fctx.has_bias else None, [1, 1], [pr, pc],
             list(conv.dilation), False, [0, 0], conv.groups, mask)
         lead, height, width = x.shape[:-2], x.shape[-2], x.shape[-1]
-        col_grads: list = [None, None]
-        row_grads: list = [None, None]
+        col_grads: Strips = [None, None]
+        row_grads: Strips = [None, None]
         for side in range(2):
-            if strips[2 + side] is not None and mask[0]:
+            if strips[Edge.LEFT.value + side] is not None and mask[0]:
                 col_grads[side] = x.new_zeros((*lead, height + 2 * pr, pc))
         for edge, band in _bands(x, strips, pr, pc):
             grad_band, grad_wb, _ = torch.ops.aten.convolution_backward(
@@ -221,20 +251,28 @@ class _BandedHaloConv2d(torch.autograd.Function):
                 grad_w += grad_wb
             if not mask[0]:
                 continue
-            if edge in ("top", "bottom"):
-                rows = slice(0, pr) if edge == "top" else slice(2 * pr, 3 * pr)
-                target = slice(0, pr) if edge == "top" else slice(height + pr, height + 2 * pr)
-                row_grads[0 if edge == "top" else 1] = grad_band[..., rows, pc:pc + width].contiguous()
-                for side, cols in ((0, slice(0, pc)), (1, slice(pc + width, width + 2 * pc))):
-                    if col_grads[side] is not None:
-                        col_grads[side][..., target, :] = grad_band[..., rows, cols]
+            if edge.spans_rows:
+                rows = slice(0, pr) if edge is Edge.TOP else slice(2 * pr, 3 * pr)
+                target = slice(0, pr) if edge is Edge.TOP else slice(height + pr, height + 2 * pr)
+                row_grads[edge.trailing] = grad_band[..., rows, pc:pc + width].contiguous()
+                for col_grad, cols in zip(col_grads, (slice(0, pc), slice(pc + width, width + 2 * pc))):
+                    if col_grad is not None:
+                        col_grad[..., target, :] = grad_band[..., rows, cols]
             else:
-                side, cols = (0, slice(0, pc)) if edge == "left" else (1, slice(2 * pc, 3 * pc))
-                col_grads[side][..., pr:pr + height, :] = grad_band[..., pr:pr + height, cols]
+                col_grad = col_grads[edge.trailing]
+                assert col_grad is not None   # made above for every column strip received
+                cols = slice(0, pc) if edge is Edge.LEFT else slice(2 * pc, 3 * pc)
+                col_grad[..., pr:pr + height, :] = grad_band[..., pr:pr + height, cols]
         if mask[0]:
             grad_x = exchange.return_gradients(grad_x, col_grads, row_grads)
         return (grad_x if mask[0] else None, grad_w if mask[1] else None,
                 grad_b if mask[2] else None, None, None, None)
+
+
+class _PaddedConvCtx(FunctionContext, Protocol):
+    conv: SpatialConv2d
+    pads: tuple[int, int, int, int]   # (left, right, top, bottom)
+    has_bias: bool
 
 
 class _PaddedConv2d(torch.autograd.Function):
@@ -242,14 +280,14 @@ class _PaddedConv2d(torch.autograd.Function):
     used inside fused halo blocks where intermediate layers pad only at image borders."""
 
     @staticmethod
-    def forward(fctx: Any, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    def forward(fctx: _PaddedConvCtx, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 conv: SpatialConv2d, pads: tuple[int, int, int, int]) -> torch.Tensor:
         fctx.conv, fctx.pads, fctx.has_bias = conv, pads, bias is not None
         fctx.save_for_backward(y, weight)
         return F.conv2d(F.pad(y, pads), weight, bias, conv.stride, 0, conv.dilation, conv.groups)
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(fctx: _PaddedConvCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         y, weight = fctx.saved_tensors
         conv, (left, right, top, bottom) = fctx.conv, fctx.pads
         mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],

@@ -51,7 +51,7 @@ class _Converter:
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
         if kind in SPATIAL_LAYERS:
-            converted = SPATIAL_LAYERS[kind].from_module(module, runtime, name)
+            converted = SPATIAL_LAYERS[kind](module, runtime, name)
             runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
             return converted
         if isinstance(module, (nn.Dropout, nn.Dropout2d)):

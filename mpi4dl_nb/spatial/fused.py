@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -130,7 +129,7 @@ class FusedBlock:
                 y = member(y)
         return y
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> FusedBlock:
+    def __deepcopy__(self, memo: dict[int, object]) -> FusedBlock:
         return self
 
 

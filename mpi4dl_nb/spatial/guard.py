@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from types import FrameType
-from typing import Any, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeGuard, TypeVar
 
 import torch
 from torch import nn
@@ -38,7 +38,11 @@ from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..errors import ConfigError
 from . import ops
-from .ops import OpKind
+from .ops import Args, Kwargs, OpKind, TorchOp
+from .reduce import GroupSumCtx
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class GuardedModel(Protocol):
@@ -56,8 +60,8 @@ class GuardedModel(Protocol):
 class OpHandler(Protocol):
     """An op family's own computation on tiles: called for each op of its kind that touches a tile."""
 
-    def __call__(self, guard: SpatialGuard, func: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any: ...
+    def __call__(self, guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
+                 kwargs: dict[str, object]) -> object: ...
 
 
 HANDLERS: dict[OpKind, OpHandler] = {}
@@ -75,12 +79,12 @@ _ACTIVE: list[SpatialGuard] = []
 _TEMPLATE_ONLY = {"to", "type_as", "new_empty", "new_full", "new_ones", "new_tensor", "new_zeros"}
 
 
-def is_tiled(t: object) -> bool:
+def is_tiled(t: object) -> TypeGuard[torch.Tensor]:
     """Whether ``t`` holds this rank's tile of an image-sized tensor (set during a spatial forward)."""
     return isinstance(t, torch.Tensor) and t.__dict__.get(MARK, False)
 
 
-def mark_tiled(obj: Any) -> Any:
+def mark_tiled(obj: T) -> T:
     """Mark every tensor in ``obj`` (a tensor or nested tuples/lists) as a tile; returns ``obj``."""
     if isinstance(obj, torch.Tensor):
         obj.__dict__[MARK] = True
@@ -90,7 +94,8 @@ def mark_tiled(obj: Any) -> Any:
     return obj
 
 
-def any_tiled(obj: Any) -> bool:
+def any_tiled(obj: object) -> bool:
+    """Whether ``obj`` (a tensor, or nested tuples/lists/dicts of them) holds a tile."""
     if isinstance(obj, torch.Tensor):
         return is_tiled(obj)
     if isinstance(obj, (tuple, list)):
@@ -104,12 +109,12 @@ class _SumGradOverTiles(torch.autograd.Function):
     """Identity whose backward sums the gradient over the tile group (a replicated operand of a tile op)."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, comm: Comm, group: Group | None) -> torch.Tensor:
+    def forward(fctx: GroupSumCtx, x: torch.Tensor, comm: Comm, group: Group | None) -> torch.Tensor:
         fctx.comm, fctx.group = comm, group
         return x.view_as(x)
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(fctx: GroupSumCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         out = grad.detach().clone(memory_format=torch.contiguous_format)
         return fctx.comm.all_reduce(out, group=fctx.group), None, None
 
@@ -122,7 +127,7 @@ class SpatialGuard(TorchFunctionMode):
         self.runtime = runtime
         self.check_ops = check_ops
         self.depth = 0
-        self._suspended: list[tuple[Any, bool]] = []
+        self._suspended: list[tuple[AbstractContextManager[None], bool]] = []
         self.combined = 0     # replicated operands whose gradient was summed over tiles (last forward)
         self.ops_seen = 0     # torch operations the mode saw (last forward)
         self.enabled = True   # False only to measure the guard's cost (SE gates are then wrong)
@@ -132,7 +137,7 @@ class SpatialGuard(TorchFunctionMode):
     def active(self) -> bool:
         return self.depth > 0
 
-    def begin(self, args: tuple[Any, ...]) -> None:
+    def begin(self, args: tuple[object, ...]) -> None:
         """Root forward pre-hook: the inputs are tiles; enter the mode (outermost call only)."""
         mark_tiled(args)
         if not self.enabled:
@@ -152,12 +157,12 @@ class SpatialGuard(TorchFunctionMode):
             _ACTIVE.remove(self)
             self.__exit__(None, None, None)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> SpatialGuard:
+    def __deepcopy__(self, memo: dict[int, object]) -> SpatialGuard:
         return self
 
     # ----------------------------------------------------------- handled layers
-    def call_handled(self, layer: nn.Module, call: Callable[..., Any], args: tuple[Any, ...],
-                     kwargs: dict[str, Any], tiled_output: bool = True) -> Any:
+    def call_handled(self, layer: nn.Module, call: Callable[..., T], args: tuple[object, ...],
+                     kwargs: dict[str, object], tiled_output: bool = True) -> T:
         """Run a handled spatial layer: on tiles with the mode suspended, else serially."""
         if any_tiled(args):
             self.runtime.note_use(layer, tiled=True)
@@ -168,7 +173,7 @@ class SpatialGuard(TorchFunctionMode):
         with self.runtime.serially(layer):
             return call(*args, **kwargs)
 
-    def suspend(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+    def suspend(self, module: nn.Module, args: tuple[object, ...]) -> None:
         """Forward pre-hook of a module registered as exact: run it unchecked."""
         if not self.active:
             return
@@ -178,7 +183,7 @@ class SpatialGuard(TorchFunctionMode):
         disable.__enter__()
         self._suspended.append((disable, tiled))
 
-    def resume(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def resume(self, module: nn.Module, args: tuple[object, ...], output: object) -> None:
         """Forward hook (always called) of a module registered as exact."""
         if not self._suspended:
             return
@@ -188,8 +193,8 @@ class SpatialGuard(TorchFunctionMode):
             mark_tiled(output)
 
     # --------------------------------------------------------------- every op
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(self, func: TorchOp, types: Collection[type], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         kwargs = kwargs or {}
         self.ops_seen += 1
         tensors = ops.tensors_in(args, kwargs)
@@ -202,8 +207,8 @@ class SpatialGuard(TorchFunctionMode):
         handler = HANDLERS.get(kind) if kind is not None else None
         if handler is not None:
             return handler(self, func, args, kwargs)
-        if kind is OpKind.ITERATE:
-            return iter(mark_tiled(tuple(args[0].unbind(0))))
+        if kind is OpKind.ITERATE:   # iter(tile): its only argument is the tile
+            return iter(mark_tiled(tuple(tiles[0].unbind(0))))
         if self.check_ops:
             reason = self._refusal(kind, func, args, kwargs, tensors)
             if reason is not None:
@@ -224,8 +229,8 @@ class SpatialGuard(TorchFunctionMode):
                 raise self.error(func, reason)
         return _mark_tensors(out)
 
-    def _refusal(self, kind: OpKind | None, func: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> str | None:
+    def _refusal(self, kind: OpKind | None, func: TorchOp, args: Args, kwargs: Kwargs,
+                 tensors: list[torch.Tensor]) -> str | None:
         name = ops.op_name(func)
         first = args[0] if args else None
         if _in_place(name) and isinstance(first, torch.Tensor) and not is_tiled(first):
@@ -241,7 +246,8 @@ class SpatialGuard(TorchFunctionMode):
                 return ops.check_pointwise(tensors, is_tiled)
             if name in ("cat", "concat", "concatenate", "stack"):
                 joined = args[0] if args else kwargs.get("tensors", ())
-                if any(isinstance(t, torch.Tensor) and not is_tiled(t) for t in joined):
+                if isinstance(joined, (list, tuple)) and any(
+                        isinstance(t, torch.Tensor) and not is_tiled(t) for t in joined):
                     return (f"{name} joins a tile with a replicated tensor; make it a tile first "
                             f"(e.g. t.expand_as(tile) for a per-channel value)")
             tile = ops.first_tiled(args, is_tiled)
@@ -270,13 +276,13 @@ class SpatialGuard(TorchFunctionMode):
                     "which spatialize makes exact")
         return ops.refusal_hint(func)
 
-    def _sum_replicated_gradients(self, func: Callable[..., Any], args: tuple[Any, ...],
-                                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _sum_replicated_gradients(self, func: TorchOp, args: tuple[object, ...], kwargs: dict[str, object]
+                                  ) -> tuple[tuple[object, ...], dict[str, object]]:
         """Replicated operands that require grad go through ``_SumGradOverTiles``."""
         if not torch.is_grad_enabled() or len(self.runtime.ranks) == 1:
             return args, kwargs
 
-        def swap(a: Any) -> Any:
+        def swap(a: object) -> object:
             if isinstance(a, torch.Tensor) and a.requires_grad and not is_tiled(a):
                 self.combined += 1
                 return _SumGradOverTiles.apply(a, self.runtime.ctx, self.runtime.group)
@@ -287,7 +293,7 @@ class SpatialGuard(TorchFunctionMode):
         return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
     # ---------------------------------------------------------------- errors
-    def error(self, func: Callable[..., Any], reason: str) -> ConfigError:
+    def error(self, func: TorchOp, reason: str) -> ConfigError:
         where = self.module_path()
         return ConfigError("model", f"{where}: {ops.display_name(func)} {reason}. Spatial "
                            f"parallelism splits the image into tiles, so this would silently differ "
@@ -313,7 +319,7 @@ def _in_place(name: str) -> bool:
         or name == "__setitem__"
 
 
-def _tensor_outputs(out: Any) -> list[torch.Tensor]:
+def _tensor_outputs(out: object) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, (tuple, list)):
@@ -321,24 +327,21 @@ def _tensor_outputs(out: Any) -> list[torch.Tensor]:
     return []
 
 
-def _mark_tensors(out: Any) -> Any:
+def _mark_tensors(out: T) -> T:
     for t in _tensor_outputs(out):
         t.__dict__[MARK] = True
     return out
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def exact_function(fn: F) -> F:
+def exact_function(fn: Callable[P, T]) -> Callable[P, T]:
     """Decorator: ``fn`` is exact on tiles as it is; during a spatial forward it runs unchecked
     and its outputs are tiles when an input is."""
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         if not _ACTIVE:
             return fn(*args, **kwargs)
         tiled = any_tiled(args) or any_tiled(kwargs)
         with torch._C.DisableTorchFunction():
             out = fn(*args, **kwargs)
         return mark_tiled(out) if tiled else out
-    return wrapper  # type: ignore[return-value]
+    return wrapper

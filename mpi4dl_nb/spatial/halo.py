@@ -15,23 +15,25 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
 from ..comm.handles import Transfer
 from ..comm.protocol import Comm
 from ..comm.tags import HALO
-from ..comm.trace import Tracer
+from ..comm.trace import Stamp, Tracer
+from .function_ctx import FunctionContext
 from .geometry import AxisExchange, LayerHalo
-from .replay import active_log
+from .replay import Strips, active_log
 
 T = TypeVar("T")
 
 # (phase, forward/backward) -> first of its two tags (+1: the message towards the next tile)
 _ROWS_F, _COLS_F, _ROWS_B, _COLS_B = (HALO.tag(offset) for offset in (0, 2, 4, 6))
 
-Strips = list  # [rows from prev, rows from next, cols from prev, cols from next] (or None)
+# Strips: [rows from prev, rows from next, cols from prev, cols from next] (None: nothing received)
+PoolKey = tuple[str, tuple[int, ...], torch.dtype, torch.device]   # role, shape, dtype, device
 
 
 class BufferPool:
@@ -43,10 +45,10 @@ class BufferPool:
 
     def __init__(self, max_entries: int = 32) -> None:
         self.max_entries = max_entries
-        self._buffers: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
+        self._buffers: OrderedDict[PoolKey, torch.Tensor] = OrderedDict()
 
     def get(self, role: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-        key = (role, tuple(shape), like.dtype, like.device)
+        key: PoolKey = (role, tuple(shape), like.dtype, like.device)
         buf = self._buffers.get(key)
         if buf is None:
             buf = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
@@ -61,7 +63,7 @@ class BufferPool:
         self._buffers.clear()
 
     @property
-    def buffers(self) -> Mapping[tuple[Any, ...], torch.Tensor]:
+    def buffers(self) -> Mapping[PoolKey, torch.Tensor]:
         """Read-only view of the staging buffers by key (role, shape, dtype, device)."""
         return MappingProxyType(self._buffers)
 
@@ -139,13 +141,13 @@ class HaloExchange:
         self.identity = self.rows.is_trivial and self.cols.is_trivial
         self.messages_sent = 0
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> HaloExchange:
+    def __deepcopy__(self, memo: dict[int, object]) -> HaloExchange:
         return self   # holds the communicator: never copied
 
     def _count(self, plan: AxisExchange) -> int:
         return sum(1 for r in (plan.send_prev, plan.send_next) if _len(r))
 
-    def _tracing(self) -> tuple[Tracer, Any]:
+    def _tracing(self) -> tuple[Tracer, Stamp | None]:
         tracer = self.comm.tracer
         return tracer, (tracer.stamp() if tracer.enabled else None)
 
@@ -200,7 +202,7 @@ class HaloExchange:
         x = x.contiguous()
         log = active_log()
         if log is not None and log.replaying:   # recomputation: the strips the first forward received
-            kept: Strips = log.next()
+            kept = log.next_strips()
             if during is not None:
                 during()
             return (self.rebuild(x, kept) if build else None), kept
@@ -213,8 +215,8 @@ class HaloExchange:
         for slot, rng, peer, tag in ((0, rows.recv_prev, self.row_peers.prev, _ROWS_F + 1),
                                      (1, rows.recv_next, self.row_peers.next, _ROWS_F)):
             if _len(rng):
-                strips[slot] = x.new_empty((*lead, _len(rng), width))
-                transfers.append(Transfer.into(strips[slot], _neighbour(peer), tag))
+                strips[slot] = strip = x.new_empty((*lead, _len(rng), width))
+                transfers.append(Transfer.into(strip, _neighbour(peer), tag))
         for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_F),
                                (rows.send_next, self.row_peers.next, _ROWS_F + 1)):
             if _len(rng):
@@ -239,8 +241,8 @@ class HaloExchange:
         for slot, rng, peer, tag in ((2, cols.recv_prev, self.col_peers.prev, _COLS_F + 1),
                                      (3, cols.recv_next, self.col_peers.next, _COLS_F)):
             if _len(rng):
-                strips[slot] = x.new_empty((*lead, rows.needed_len, _len(rng)))
-                transfers.append(Transfer.into(strips[slot], _neighbour(peer), tag))
+                strips[slot] = strip = x.new_empty((*lead, rows.needed_len, _len(rng)))
+                transfers.append(Transfer.into(strip, _neighbour(peer), tag))
         for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_F),
                                (cols.send_next, self.col_peers.next, _COLS_F + 1)):
             if _len(rng):
@@ -335,9 +337,9 @@ class HaloExchange:
             if kr1 > kr0:
                 grad_x[..., kr0:kr1, s0:s1] += buf[..., rows.offset(rows.keep[0]):
                                                     rows.offset(rows.keep[1]), :]
-            for slot, rr in ((0, rows.recv_prev), (1, rows.recv_next)):
-                if row_grads[slot] is not None:
-                    row_grads[slot][..., s0:s1] += buf[..., rows.offset(rr[0]):rows.offset(rr[1]), :]
+            for row_grad, rr in zip(row_grads, (rows.recv_prev, rows.recv_next)):
+                if row_grad is not None:
+                    row_grad[..., s0:s1] += buf[..., rows.offset(rr[0]):rows.offset(rr[1]), :]
         # phase 1 adjoint: row strips' gradients (corners included) back to their owners
         transfers, from_rows = [], []
         for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_B),
@@ -368,16 +370,21 @@ class HaloExchange:
         return _HaloFunction.apply(needed, self, True)
 
 
+class _HaloCtx(FunctionContext, Protocol):
+    exchange: HaloExchange
+    adjoint: bool
+
+
 class _HaloFunction(torch.autograd.Function):
     """The exchange (owned -> needed tile) or, with ``adjoint``, its adjoint; backward is the other."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, exchange: HaloExchange, adjoint: bool) -> torch.Tensor:
+    def forward(fctx: _HaloCtx, x: torch.Tensor, exchange: HaloExchange, adjoint: bool) -> torch.Tensor:
         fctx.exchange, fctx.adjoint = exchange, adjoint
         return exchange.backward_tensor(x) if adjoint else exchange.forward_tensor(x)
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(fctx: _HaloCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         if fctx.adjoint:
             return fctx.exchange.forward_tensor(grad.contiguous()), None, None
         return fctx.exchange.backward_tensor(grad), None, None

@@ -12,10 +12,8 @@ exchange, then each axis is a gather of rows times weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,25 +24,28 @@ from .geometry import LayerHalo, plan_axis, split_ranges
 from .guard import SpatialGuard, mark_tiled, register_handler
 from .halo import HaloExchange
 from .layer import SpatialRuntime
-from .ops import OpKind, op_name
+from .ops import Args, Kwargs, OpKind, TorchOp, op_name
 
 FUNCTIONAL = object()   # input_size key of F.interpolate calls made inside custom forwards
 _PROBE_ELEMENTS = 1 << 22
+
+Size = int | tuple[int, ...]         # an output size: one for both axes, or per axis
+Scale = float | tuple[float, ...]    # a scale factor: one for both axes, or per axis
 
 
 @dataclass(frozen=True)
 class ResampleArgs:
     """The arguments of one ``F.interpolate`` call that decide its weights."""
 
-    size: Any = None
-    scale_factor: Any = None
+    size: Size | None = None
+    scale_factor: Scale | None = None
     mode: str = "nearest"
     align_corners: bool | None = None
     recompute_scale_factor: bool | None = None
     antialias: bool = False
 
     @classmethod
-    def from_call(cls, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ResampleArgs:
+    def from_call(cls, name: str, args: Args, kwargs: Kwargs) -> ResampleArgs:
         """From a call of F.interpolate / F.upsample / F.upsample_nearest / F.upsample_bilinear."""
         keys: tuple[str, ...] = ("input", "size", "scale_factor", "mode", "align_corners",
                                  "recompute_scale_factor", "antialias")
@@ -52,19 +53,20 @@ class ResampleArgs:
             keys, kwargs = keys[:3], {**kwargs, "mode": "nearest"}
         elif name == "upsample_bilinear":
             keys, kwargs = keys[:3], {**kwargs, "mode": "bilinear", "align_corners": True}
-        values = dict(zip(keys, args))
+        values: dict[str, object] = dict(zip(keys, args))
         values.update(kwargs)
-        values.pop("input", None)
-        return cls(**{k: _hashable(v) for k, v in values.items()})
+        return cls(_size(values.get("size")), _scale(values.get("scale_factor")),
+                   str(values.get("mode", "nearest")), _flag(values.get("align_corners")),
+                   _flag(values.get("recompute_scale_factor")), bool(values.get("antialias", False)))
 
     @classmethod
     def of(cls, up: nn.Upsample) -> ResampleArgs:
-        return cls(_hashable(up.size), _hashable(up.scale_factor), up.mode, up.align_corners,
+        return cls(_size(up.size), _scale(up.scale_factor), up.mode, up.align_corners,
                    up.recompute_scale_factor)
 
     def axis(self, axis: int) -> ResampleArgs:
         """The same call restricted to one axis of a (1, B, n, 1) probe."""
-        size = _pair(self.size)[axis] if self.size is not None else None
+        size = int(_pair(self.size)[axis]) if self.size is not None else None
         scale = _pair(self.scale_factor)[axis] if self.scale_factor is not None else None
         return ResampleArgs((size, 1) if size is not None else None,
                             (scale, 1.0) if scale is not None else None, self.mode,
@@ -75,12 +77,30 @@ class ResampleArgs:
                              self.recompute_scale_factor, self.antialias)
 
 
-def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+def _size(value: object) -> Size | None:
+    """A ``size`` argument, hashable (sequences as tuples)."""
+    if value is None or isinstance(value, int):
+        return value
+    if isinstance(value, (tuple, list, torch.Size)):
+        return tuple(int(v) for v in value)
+    raise TypeError(f"interpolate size={value!r}: give an int or a sequence of ints")
 
 
-def _pair(value: Any) -> tuple[Any, Any]:
-    return (value[0], value[1]) if isinstance(value, (tuple, list)) else (value, value)
+def _scale(value: object) -> Scale | None:
+    """A ``scale_factor`` argument, hashable (sequences as tuples)."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(float(v) for v in value)
+    raise TypeError(f"interpolate scale_factor={value!r}: give a number or a sequence of numbers")
+
+
+def _flag(value: object) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _pair(value: Size | Scale) -> tuple[float, float]:
+    return (value[0], value[1]) if isinstance(value, tuple) else (value, value)
 
 
 @lru_cache(maxsize=256)
@@ -178,17 +198,19 @@ def interpolate_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
     height, width = runtime.input_size(owner, x)
     key = ("resample", spec, height, width)
     plan = runtime.plans.get(key)
-    if plan is None:
+    if not isinstance(plan, TilePlan):
         plan = TilePlan(runtime, spec, height, width, name)
         runtime.plans[key] = plan
     return plan.apply(x)
 
 
-def resample_on_tiles(guard: SpatialGuard, func: Callable[..., Any], args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> torch.Tensor:
+def resample_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
+                      kwargs: dict[str, object]) -> torch.Tensor:
     """The guard's handler of ``F.interpolate`` (and its aliases) on a tile: this tile's part of the result."""
     spec = ResampleArgs.from_call(op_name(func), args, kwargs)
     x = args[0] if args else kwargs["input"]
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op_name(func)} resamples a tensor, got {type(x).__name__}")
     if x.dim() != 4:
         raise guard.error(func, f"resamples a {x.dim()}-d tile; only (N, C, H, W) is supported")
     if spec.size is not None:   # e.g. size=skip.shape[-2:]: a tile's size, not the image's

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -27,6 +27,8 @@ from .geometry import LayerHalo, TileGrid
 from .guard import SpatialGuard
 from .halo import HaloExchange
 from .tiles import tile_ranks
+
+ForwardState = tuple[tuple[int, int] | None, dict[int, int]]   # (image size, per-layer call counts)
 
 
 class SpatialRuntime:
@@ -55,7 +57,7 @@ class SpatialRuntime:
         self._tiled_users: set[int] = set()
         self._serial_users: dict[int, nn.Module] = {}
         self._serial_now: set[int] = set()
-        self.plans: dict[Hashable, Any] = {}
+        self.plans: dict[Hashable, object] = {}   # per-size plans an op family caches (its own types)
 
     # --------------------------------------------------------- placements
     def note_use(self, module: nn.Module, tiled: bool) -> None:
@@ -98,7 +100,7 @@ class SpatialRuntime:
         return id(layer) in self._serial_now
 
     # --------------------------------------------------------------- root hooks
-    def begin_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+    def begin_forward(self, module: nn.Module, args: tuple[object, ...]) -> None:
         """Forward pre-hook of the spatialized root: inputs are tiles; learn the global input size."""
         self.guard.begin(args)
         self._calls.clear()
@@ -116,19 +118,18 @@ class SpatialRuntime:
         else:
             self.root_size = self.gather_size(x)
 
-    def end_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+    def end_forward(self, module: nn.Module, args: tuple[object, ...], output: object) -> None:
         """Forward hook of the root (also called after an exception): leave the guard."""
         self.root_size = None
         self.guard.end()
 
     # ------------------------------------------------ activation recomputation
-    def forward_state(self) -> tuple[tuple[int, int] | None, dict[int, int]]:
+    def forward_state(self) -> ForwardState:
         """Where the running forward stands (image size, per-layer call counts), to replay from."""
         return (self.root_size, dict(self._calls))
 
     @contextmanager
-    def replaying(self, state: tuple[tuple[int, int] | None, dict[int, int]],
-                  tiles: tuple[torch.Tensor, ...]) -> Iterator[None]:
+    def replaying(self, state: ForwardState, tiles: tuple[torch.Tensor, ...]) -> Iterator[None]:
         """Run part of a forward again (recomputation during backward) from ``forward_state``:
         same cached sizes and call ordinals, the guard tracking ``tiles`` as tiles."""
         saved = (self.root_size, self._calls, self.guard.combined)
@@ -172,7 +173,7 @@ class SpatialRuntime:
     def exchange(self, geometry: LayerHalo, pad_value: float) -> HaloExchange:
         return HaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> SpatialRuntime:
+    def __deepcopy__(self, memo: dict[int, object]) -> SpatialRuntime:
         return self   # holds the communicator: never copied
 
     def __repr__(self) -> str:
@@ -218,7 +219,9 @@ class SpatialLayer:
     _exchanges: dict[Hashable, HaloExchange]
     tiled_output = True    # False for layers whose output is replicated (global pool)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    tile_forward: Callable[..., torch.Tensor]   # the layer on this rank's tile (each subclass's own)
+
+    def __call__(self, *args: object, **kwargs: object) -> torch.Tensor:
         guard = self.runtime.guard
         call = super().__call__   # type: ignore[misc]
         if not guard.active:   # called directly, or the root itself (its hook enters the guard)
@@ -226,13 +229,10 @@ class SpatialLayer:
                 return call(*args, **kwargs)
         return guard.call_handled(self, call, args, kwargs, self.tiled_output)  # type: ignore[arg-type]
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
         if self.runtime.runs_serially(self):  # type: ignore[arg-type]
             return self.serial_class.forward(self, *args, **kwargs)
         return self.tile_forward(*args, **kwargs)
-
-    def tile_forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
 
     def _halo(self, key: Hashable, build: Callable[[], HaloExchange]) -> HaloExchange:
         exchange = self._exchanges.get(key)

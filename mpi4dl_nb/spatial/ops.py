@@ -15,14 +15,17 @@ other than the serial model, so ``check_op`` returns the reason to refuse it.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
-from typing import Any
+from typing import SupportsIndex
 
 import torch
 import torch.nn.functional as F
 
 IsTiled = Callable[[torch.Tensor], bool]
+TorchOp = Callable[..., object]   # a torch function or Tensor method, as the op guard sees it
+Args = Sequence[object]           # its positional arguments (tensors, numbers, sizes, lists of tensors)
+Kwargs = Mapping[str, object]     # ... and keyword arguments
 
 
 class OpKind(Enum):
@@ -109,7 +112,7 @@ _REFUSED_HINTS = {
 # name -> (position, keyword, default) of the dimension argument; ALL: default reduces every dim
 ALL = "all"
 REQUIRED = "required"
-_DIM_ARGS: dict[str, tuple[int, str, Any]] = {}
+_DIM_ARGS: dict[str, tuple[int, str, int | str]] = {}
 for _names, _spec in (
         ("sum nansum mean nanmean prod amax amin argmax argmin std var std_mean var_mean all any "
          "count_nonzero max min aminmax", (1, "dim", ALL)),
@@ -160,20 +163,20 @@ for _name in list(_POINTWISE):   # in-place variants: relu_, add_, ...
 
 _GETTERS_REFUSED = {"T", "mT", "H", "mH"}
 
-_registered: dict[Callable[..., Any], OpKind] = {}
+_registered: dict[TorchOp, OpKind] = {}
 
 
-def register_op(func: Callable[..., Any], kind: OpKind = OpKind.POINTWISE) -> None:
+def register_op(func: TorchOp, kind: OpKind = OpKind.POINTWISE) -> None:
     """Declare a torch function exact on tiles as ``kind`` (e.g. a point-wise op the table lacks)."""
     _registered[func] = kind
 
 
-def unregister_op(func: Callable[..., Any]) -> None:
+def unregister_op(func: TorchOp) -> None:
     """Undo ``register_op``."""
     _registered.pop(func, None)
 
 
-def op_name(func: Callable[..., Any]) -> str:
+def op_name(func: TorchOp) -> str:
     """The name rules are keyed by: a property's name for getters, else the function's name."""
     name = getattr(func, "__name__", "")
     if name in ("__get__", "__set__"):
@@ -182,7 +185,7 @@ def op_name(func: Callable[..., Any]) -> str:
     return name
 
 
-def display_name(func: Callable[..., Any]) -> str:
+def display_name(func: TorchOp) -> str:
     """``F.max_pool2d``, ``Tensor.__getitem__``, ``torch.flip``: how the error names the op."""
     name = op_name(func)
     module = getattr(func, "__module__", "") or ""
@@ -196,7 +199,7 @@ def display_name(func: Callable[..., Any]) -> str:
     return f"torch.{name}"
 
 
-def kind_of(func: Callable[..., Any]) -> OpKind | None:
+def kind_of(func: TorchOp) -> OpKind | None:
     """The OpKind of ``func`` (registered first), or None for an unknown operation."""
     kind = _registered.get(func)
     if kind is not None:
@@ -207,22 +210,28 @@ def kind_of(func: Callable[..., Any]) -> OpKind | None:
     return _KINDS.get(name)
 
 
-def refusal_hint(func: Callable[..., Any]) -> str:
+def refusal_hint(func: TorchOp) -> str:
     return _REFUSED_HINTS.get(op_name(func), "mixes pixels of a tile")
 
 
 # ---------------------------------------------------------------------- argument helpers
-def argument(args: Sequence[Any], kwargs: dict[str, Any], position: int, keyword: str,
-             default: Any = None) -> Any:
+def argument(args: Args, kwargs: Kwargs, position: int, keyword: str, default: object = None) -> object:
     if keyword in kwargs:
         return kwargs[keyword]
     return args[position] if len(args) > position else default
 
 
-def _as_dims(value: Any) -> list[int]:
+def _dim(value: object) -> int:
+    """A dimension argument as an int (TypeError, as ``operator.index`` raises, for anything else)."""
+    if not isinstance(value, SupportsIndex):
+        raise TypeError(f"{type(value).__name__!r} object cannot be interpreted as a dimension")
+    return operator.index(value)
+
+
+def _as_dims(value: object) -> list[int]:
     if isinstance(value, (list, tuple, torch.Size)):
-        return [int(v) for v in value]
-    return [operator.index(value)]
+        return [_dim(v) for v in value]
+    return [_dim(value)]
 
 
 def _spatial_dims(ndim: int) -> set[int]:
@@ -233,7 +242,7 @@ def _normalized(dims: Sequence[int], ndim: int) -> list[int]:
     return [d + ndim if d < 0 else d for d in dims]
 
 
-def first_tiled(args: Sequence[Any], is_tiled: IsTiled) -> torch.Tensor | None:
+def first_tiled(args: Args, is_tiled: IsTiled) -> torch.Tensor | None:
     for a in args:
         if isinstance(a, torch.Tensor) and is_tiled(a):
             return a
@@ -244,7 +253,7 @@ def first_tiled(args: Sequence[Any], is_tiled: IsTiled) -> torch.Tensor | None:
     return None
 
 
-def tensors_in(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+def tensors_in(args: Args, kwargs: Kwargs) -> list[torch.Tensor]:
     """Tensors among the arguments (one level into lists/tuples)."""
     found = []
     for a in (*args, *kwargs.values()):
@@ -277,14 +286,13 @@ def check_pointwise(operands: Sequence[torch.Tensor], is_tiled: IsTiled) -> str 
     return None
 
 
-def is_binary_extremum(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+def is_binary_extremum(name: str, args: Args, kwargs: Kwargs) -> bool:
     """``torch.max(a, b)`` / ``torch.min(a, b)``: point-wise, unlike ``x.max(dim)``."""
     return name in ("max", "min") and (len(args) > 1 and isinstance(args[1], torch.Tensor)
                                        or "other" in kwargs)
 
 
-def check_dims(name: str, args: Sequence[Any], kwargs: dict[str, Any], tile: torch.Tensor
-               ) -> str | None:
+def check_dims(name: str, args: Args, kwargs: Kwargs, tile: torch.Tensor) -> str | None:
     """Dimension-wise ops: refuse when the dims include a spatial one (or default to all)."""
     position, keyword, default = _DIM_ARGS[name]
     ndim = tile.dim()
@@ -299,13 +307,14 @@ def check_dims(name: str, args: Sequence[Any], kwargs: dict[str, Any], tile: tor
         touched = set(_normalized(_as_dims(first) + _as_dims(second), ndim))
         return "moves the spatial dimensions" if touched & _spatial_dims(ndim) else None
     if name == "flatten":
-        end = _normalized([argument(args, kwargs, 2, "end_dim", -1)], ndim)[0]
+        end = _normalized([_dim(argument(args, kwargs, 2, "end_dim", -1))], ndim)[0]
         return "flattens the spatial dimensions" if end >= ndim - 2 else None
     value = argument(args, kwargs, position, keyword, default)
     if value is None:    # explicit None: every dim (sum), or the implicit channel dim (softmax)
         value = default if isinstance(default, int) else ALL
     if name in ("cat", "concat", "concatenate", "stack"):
-        tiles = [t for t in args[0] if isinstance(t, torch.Tensor)] if args else []
+        joined = args[0] if args else ()
+        tiles = [t for t in joined if isinstance(t, torch.Tensor)] if isinstance(joined, (list, tuple)) else []
         error = check_pointwise_shapes_for_cat(tiles, tile, name)
         if error:
             return error
@@ -338,21 +347,21 @@ def check_pointwise_shapes_for_cat(tensors: Sequence[torch.Tensor], tile: torch.
             f"every input must be a tile of the same image size")
 
 
-def check_index(tile: torch.Tensor, index: Any) -> str | None:
+def check_index(tile: torch.Tensor, index: object) -> str | None:
     """``tile[index]``: items reaching the two spatial dims must be full slices ``:``, and no
     new dimension may appear between or after them."""
     items = index if isinstance(index, tuple) else (index,)
     ndim = tile.dim()
     spatial_from = ndim - 2
 
-    def width(item: Any) -> int:
+    def width(item: object) -> int:
         if item is None or item is Ellipsis:
             return 0
         if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
             return item.dim()
         return 1
 
-    def is_full(item: Any) -> bool:
+    def is_full(item: object) -> bool:
         return isinstance(item, slice) and item == slice(None, None, None)
 
     cut = next((i for i, item in enumerate(items) if item is Ellipsis), len(items))
@@ -379,7 +388,7 @@ def check_index(tile: torch.Tensor, index: Any) -> str | None:
     return None
 
 
-def check_conv(args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+def check_conv(args: Args, kwargs: Kwargs) -> str | None:
     """A functional convolution is exact on tiles only as a 1x1, stride-1, unpadded one."""
     weight = argument(args, kwargs, 1, "weight")
     stride = argument(args, kwargs, 3, "stride", 1)
@@ -393,7 +402,7 @@ def check_conv(args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
             f"module")
 
 
-def check_dropout(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+def check_dropout(func: TorchOp, args: Args, kwargs: Kwargs) -> str | None:
     p = argument(args, kwargs, 1, "p", 0.5)
     training = argument(args, kwargs, 2, "training" if "train" not in kwargs else "train", True)
     if p and training:
@@ -401,7 +410,7 @@ def check_dropout(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[st
     return None
 
 
-def check_channel(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+def check_channel(func: TorchOp, args: Args, kwargs: Kwargs) -> str | None:
     if op_name(func) == "batch_norm":
         if func is not F.batch_norm:
             return "batch_norm called below the nn.functional level; use an nn.BatchNorm2d module"

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
+from .function_ctx import FunctionContext
 from .geometry import AxisExchange, Box
 from .halo import HaloExchange, Strips
 from .region import RegionPlan, Source, region_plan, segments
@@ -93,15 +94,19 @@ def gather_box(exchange: HaloExchange, x: torch.Tensor, strips: Strips, box: Box
         if source is None:
             piece[..., rows, cols] = exchange.pad_value
         else:
-            piece[..., rows, cols] = sources[source][..., src_rows, src_cols]
+            held = sources[source]
+            assert held is not None   # the plan reads only strips that were received
+            piece[..., rows, cols] = held[..., src_rows, src_cols]
     return piece
 
 
-def scatter_box(exchange: HaloExchange, grad: torch.Tensor, box: Box, targets: list) -> None:
+def scatter_box(exchange: HaloExchange, grad: torch.Tensor, box: Box, targets: Grads) -> None:
     """Adjoint of ``gather_box``: add ``grad`` of the box into ``targets`` (tile, strips 0..3)."""
     for rows, cols, source, src_rows, src_cols in _blocks(exchange, box):
         if source is not None:
-            targets[source][..., src_rows, src_cols] += grad[..., rows, cols]
+            target = targets[source]
+            assert target is not None   # a gradient buffer for every source the plan reads
+            target[..., src_rows, src_cols] += grad[..., rows, cols]
 
 
 def _out(box: Box) -> tuple[slice, slice]:
@@ -118,11 +123,20 @@ def _native_box(plan: RegionPlan) -> Box:
     return (r0 - plan.rows.first, r1 - plan.rows.first, c0 - plan.cols.first, c1 - plan.cols.first)
 
 
+class _RegionCtx(FunctionContext, Protocol):
+    op: RegionOp
+    exchange: HaloExchange
+    plan: RegionPlan
+    present: list[bool]   # which strips were received
+    params: list[bool]    # which params were given
+    kept: bool            # whether ``run_saving`` kept something (max pooling: the argmax)
+
+
 class _RegionWindowed(torch.autograd.Function):
     """``op`` on the extended tile of ``exchange``, by regions (see module doc)."""
 
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, op: RegionOp, exchange: HaloExchange, plan: RegionPlan,
+    def forward(fctx: _RegionCtx, x: torch.Tensor, op: RegionOp, exchange: HaloExchange, plan: RegionPlan,
                 overlap: bool, *params: torch.Tensor | None) -> torch.Tensor:
         x = x.contiguous()
         native_pad = (plan.rows.pad, plan.cols.pad)
@@ -152,7 +166,7 @@ class _RegionWindowed(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(fctx: _RegionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, exchange, plan = fctx.op, fctx.exchange, fctx.plan
         x, *saved = fctx.saved_tensors
         found = iter(saved)
@@ -174,22 +188,23 @@ class _RegionWindowed(torch.autograd.Function):
         del grad_native
         grad_x = None
         if mask[0]:
+            assert grad_in is not None   # asked for by mask[0]
             if plan.rows.start or plan.cols.start:
                 grad_x = x.new_zeros(x.shape)
                 grad_x[..., plan.rows.start:, plan.cols.start:] = grad_in
             else:
                 grad_x = grad_in
-        targets: list = [grad_x] + [None if s is None or not mask[0] else torch.zeros_like(s) for s in strips]
+        targets: Grads = [grad_x] + [None if s is None or not mask[0] else torch.zeros_like(s) for s in strips]
         for out_box, box in plan.bands:
             piece = gather_box(exchange, x, strips, box)
             grad_piece, band_grads = op.grads(grad[(..., *_out(out_box))].contiguous(), piece, params,
                                               (0, 0), mask)
-            for i, g in enumerate(band_grads):
+            for i, (g, total) in enumerate(zip(band_grads, param_grads)):
                 if g is not None:
-                    param_grads[i] = g if param_grads[i] is None else param_grads[i] + g
+                    param_grads[i] = g if total is None else total + g
             if grad_piece is not None:
                 scatter_box(exchange, grad_piece, box, targets)
-        if mask[0]:
+        if grad_x is not None:   # mask[0]
             grad_x = exchange.return_gradients(grad_x, targets[3:5], targets[1:3])
         return (grad_x, None, None, None, None, *[g if m else None for g, m in zip(param_grads, mask[1:])])
 

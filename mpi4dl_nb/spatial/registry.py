@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from torch import nn
 
@@ -12,16 +12,18 @@ from .norm import SpatialBatchNorm2d, SpatialGroupNorm, SpatialInstanceNorm2d
 from .pool import SpatialAvgPool2d, SpatialGlobalAvgPool2d, SpatialMaxPool2d
 from .upsample import SpatialUpsample
 
-SPATIAL_LAYERS: dict[type, Any] = {
-    nn.Conv2d: SpatialConv2d,
-    nn.ConvTranspose2d: SpatialConvTranspose2d,
-    nn.MaxPool2d: SpatialMaxPool2d,
-    nn.AvgPool2d: SpatialAvgPool2d,
-    nn.BatchNorm2d: SpatialBatchNorm2d,
-    nn.GroupNorm: SpatialGroupNorm,
-    nn.InstanceNorm2d: SpatialInstanceNorm2d,
-    nn.AdaptiveAvgPool2d: SpatialGlobalAvgPool2d,
-    nn.Upsample: SpatialUpsample,
+# torch layer type -> ``from_module(layer, runtime, name)`` of its spatial version, which is built
+# around the torch layer's own parameters and buffers
+SPATIAL_LAYERS: dict[type[nn.Module], Callable[..., nn.Module]] = {
+    nn.Conv2d: SpatialConv2d.from_module,
+    nn.ConvTranspose2d: SpatialConvTranspose2d.from_module,
+    nn.MaxPool2d: SpatialMaxPool2d.from_module,
+    nn.AvgPool2d: SpatialAvgPool2d.from_module,
+    nn.BatchNorm2d: SpatialBatchNorm2d.from_module,
+    nn.GroupNorm: SpatialGroupNorm.from_module,
+    nn.InstanceNorm2d: SpatialInstanceNorm2d.from_module,
+    nn.AdaptiveAvgPool2d: SpatialGlobalAvgPool2d.from_module,
+    nn.Upsample: SpatialUpsample.from_module,
 }
 
 # Layers that act on each pixel (or on replicated, already pooled tensors) independently.

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+
+import torch
+
+Strips = list[torch.Tensor | None]              # a halo exchange's received strips (None: no neighbour)
+Statistics = tuple[torch.Tensor, torch.Tensor]   # a tile BatchNorm's received (mean, var)
 
 _ACTIVE: list[ForwardLog] = []
 
@@ -21,20 +25,34 @@ class ForwardLog:
     """Received halo strips and BatchNorm statistics of one forward, in call order."""
 
     def __init__(self) -> None:
-        self.entries: list[Any] = []
-        self._replay: Iterator[Any] | None = None
+        self.entries: list[Strips | Statistics] = []
+        self._replay: Iterator[Strips | Statistics] | None = None
 
     @property
     def replaying(self) -> bool:
         return self._replay is not None
 
-    def record(self, entry: Any) -> None:
+    def record(self, entry: Strips | Statistics) -> None:
         self.entries.append(entry)
 
-    def next(self) -> Any:
+    def next(self) -> Strips | Statistics:
         """The next recorded entry (replaying only)."""
         assert self._replay is not None
         return next(self._replay)
+
+    def next_strips(self) -> Strips:
+        """The next entry, a halo exchange's strips (replaying only)."""
+        entry = self.next()
+        if not isinstance(entry, list):
+            raise RuntimeError("replayed forward asked for halo strips where BatchNorm statistics were logged")
+        return entry
+
+    def next_statistics(self) -> Statistics:
+        """The next entry, a BatchNorm's (mean, var) (replaying only)."""
+        entry = self.next()
+        if not isinstance(entry, tuple):
+            raise RuntimeError("replayed forward asked for BatchNorm statistics where halo strips were logged")
+        return entry
 
     @contextmanager
     def recording(self) -> Iterator[None]:

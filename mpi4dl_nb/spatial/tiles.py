@@ -10,12 +10,14 @@ loss from it (so holds the same full gradient) and gives each tile its slice, no
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from types import EllipsisType
+from typing import Protocol
 
 import torch
 
 from ..comm.handles import Group
 from ..comm.protocol import Comm
+from .function_ctx import FunctionContext
 from .geometry import Box, TileGrid
 
 
@@ -32,7 +34,7 @@ def tile_ranks(grid: TileGrid, ctx: Comm, group: Group | None = None) -> tuple[l
     return ranks, ranks.index(ctx.rank)
 
 
-def _box_slice(box: Box) -> tuple[Any, ...]:
+def _box_slice(box: Box) -> tuple[EllipsisType, slice, slice]:
     r0, r1, c0, c1 = box
     return (Ellipsis, slice(r0, r1), slice(c0, c1))
 
@@ -46,29 +48,37 @@ def _assemble(tile: torch.Tensor, boxes: Sequence[Box], mine: int, full_shape: S
     return full
 
 
+class _ScatterCtx(FunctionContext, Protocol):
+    args: tuple[list[Box], int, Comm, Group | None, tuple[int, ...]]   # boxes, mine, comm, group, full shape
+
+
 class _Scatter(torch.autograd.Function):
     @staticmethod
-    def forward(fctx: Any, x: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
+    def forward(fctx: _ScatterCtx, x: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
                 group: Group | None) -> torch.Tensor:
         fctx.args = (boxes, mine, comm, group, tuple(x.shape))
         return x[_box_slice(boxes[mine])].contiguous()
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(fctx: _ScatterCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         boxes, mine, comm, group, shape = fctx.args
         full = _assemble(grad.contiguous(), boxes, mine, shape, comm, group)
         return full, None, None, None, None
 
 
+class _GatherCtx(FunctionContext, Protocol):
+    box: Box
+
+
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(fctx: Any, tile: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
+    def forward(fctx: _GatherCtx, tile: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
                 group: Group | None, full_shape: tuple[int, ...]) -> torch.Tensor:
         fctx.box = boxes[mine]
         return _assemble(tile.contiguous(), boxes, mine, full_shape, comm, group)
 
     @staticmethod
-    def backward(fctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(fctx: _GatherCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return grad[_box_slice(fctx.box)].contiguous(), None, None, None, None, None
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,12 +11,17 @@ import pytest
 import torch
 
 from mpi4dl_nb.checkpoint import files as ck
+from mpi4dl_nb.checkpoint.record import DataRecord, RunRecord, read_checkpoint, write_checkpoint
+from mpi4dl_nb.cli import evaluate_cmd
 from mpi4dl_nb.cli import train_cmd as cli
+from mpi4dl_nb.data.apps import AppKind
 from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.infer.model import load_network
+from mpi4dl_nb.models.spec import ModelFamily, ModelSpec
 from mpi4dl_nb.run import checkpoint_space as space
 from mpi4dl_nb.run import resume
 from tests.support.bad_data import truncate
-from tests.support.mpirun import REPO, mpi_env, mpiexec
+from tests.support.mpirun import start_mpi
 from tests.support.procs import command_line, descendants, wait_gone
 from tests.support.summary import json_record
 
@@ -31,11 +35,39 @@ PARALLEL = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "
 
 
 IDENTITY = {"model": "m", "image_size": 32, "batch_size": 4, "seed": 0}
+RECORD = RunRecord(ModelSpec.of("resnet", num_layers=8, num_filters=4, num_classes=2, resnet_version=1),
+                   DataRecord(AppKind.SYNTHETIC, 32, 4), seed=0, identity=IDENTITY)
 
 
-def save(folder, step, run_id="aaaaaaaaaaaa", keep=2, **payload):
-    return ck.save_checkpoint(folder, step, payload or {"x": step}, run_id=run_id,
-                              identity=IDENTITY, keep=keep)
+def save(folder, step, run_id="aaaaaaaaaaaa", keep=2, model=None, record=RECORD):
+    weights = model if model is not None else {"w": torch.full((2,), float(step))}
+    return write_checkpoint(folder, record.at(step, run_id), weights, None, keep=keep)
+
+
+def test_record_round_trips_and_names_what_is_missing(tmp_path):
+    """The record a checkpoint stores reads back equal; a file without one is refused, saying so."""
+    record = RunRecord(ModelSpec.of("amoebanet", num_layers=3, num_filters=8, num_classes=2),
+                       DataRecord(AppKind.MEDICAL, 64, 2, "float64", "/data/tiles", 0.25, None),
+                       seed=3, config={"split_size": 2}, step=5, run_id="0123456789ab", identity=IDENTITY)
+    assert record.model.family is ModelFamily.AMOEBANET and record.model.resnet_version is None
+    assert RunRecord.from_payload(record.to_payload(), "x.pt") == record
+    loaded = read_checkpoint(write_checkpoint(tmp_path, record, {"w": torch.ones(1)}, None))
+    assert loaded.record == record and torch.equal(loaded.model_state["w"], torch.ones(1))
+    assert loaded.optimizer_state is None
+    foreign = ck.save_checkpoint(tmp_path / "foreign", 1, {"x": 1}, run_id="cccccccccccc")
+    with pytest.raises(ValueError, match="holds no model description"):
+        read_checkpoint(foreign)
+    broken = record.to_payload()
+    broken["record"]["model"].pop("num_layers")
+    with pytest.raises(ValueError, match="incomplete run record .*'num_layers' is missing"):
+        RunRecord.from_payload(broken, "x.pt")
+    # format 1 (no run id, no identity): the identity is what those files recorded
+    old = {"step": 2, "format_version": 1, "data_seed": 7, "batch_size": 4, "model": {}, "run": {
+        "model": "resnet", "resnet_version": 1, "num_layers": 8, "num_filters": 4, "num_classes": 2,
+        "image_size": 32, "batch_size": 4, "app": "synthetic", "dtype": "float32"}}
+    legacy = RunRecord.from_payload(old, "step-00000002.pt")
+    assert legacy.seed == 7 and legacy.run_id is None and legacy.model == RECORD.model
+    assert legacy.identity == {"image_size": 32, "batch_size": 4, "app": "synthetic", "dtype": "float32", "seed": 7}
 
 
 def test_save_is_atomic_and_keeps_newest(tmp_path, monkeypatch):
@@ -56,7 +88,8 @@ def test_save_is_atomic_and_keeps_newest(tmp_path, monkeypatch):
     for step in (2, 3, 4):
         save(tmp_path, step, keep=2)
     assert [e.step for e in ck.list_checkpoints(tmp_path)] == [3, 4]
-    assert resume.select_resume("latest", tmp_path, lambda saved: None).data["x"] == 4
+    chosen = resume.select_resume("latest", tmp_path, lambda saved: None).checkpoint
+    assert chosen.record.step == 4 and torch.equal(chosen.model_state["w"], torch.full((2,), 4.0))
     assert resume.select_resume(str(tmp_path), None, lambda saved: None).path.name.startswith("step-00000004")
     with pytest.raises(FileExistsError, match="never overwritten"):
         save(tmp_path, 4)
@@ -69,8 +102,8 @@ def test_rotation_and_latest_consider_only_this_run(tmp_path):
     assert earlier.exists() and ours[1].exists() and not ours[0].exists()
     assert resume.select_resume("latest", tmp_path, lambda saved: None).path == ours[1]   # newest written
     # a newer checkpoint of another configuration is passed over, saying why
-    other = ck.save_checkpoint(tmp_path, 200, {"x": 0}, run_id="cccccccccccc",
-                               identity={**IDENTITY, "image_size": 64})
+    other = save(tmp_path, 200, run_id="cccccccccccc",
+                 record=RunRecord(RECORD.model, RECORD.data, identity={**IDENTITY, "image_size": 64}))
     chosen = resume.select_resume("latest", tmp_path,
                               lambda saved: None if saved == IDENTITY else "another configuration")
     assert chosen.path == ours[1] and chosen.skipped == [(other, "another configuration")]
@@ -84,7 +117,7 @@ def test_latest_falls_back_past_damaged_checkpoints(tmp_path):
     orphan = tmp_path / "step-00000006-aaaaaaaaaaaa.pt"          # written, never committed
     orphan.write_bytes(good.read_bytes())
     chosen = resume.select_resume("latest", tmp_path, lambda saved: None)
-    assert chosen.path == good and chosen.data["step"] == 2
+    assert chosen.path == good and chosen.checkpoint.record.step == 2
     reasons = dict(chosen.skipped)
     assert "truncated" in reasons[newest] and "no manifest" in reasons[orphan]
     assert newest.name in chosen.report() and orphan.name in chosen.report()
@@ -202,13 +235,12 @@ def test_mpi_resume_equals_straight_run_and_moves_layouts(mpirun, tmp_path, caps
     assert_same_training(final_state(tmp_path / "a"), final_state(tmp_path / "c"), rtol=1e-9)
 
 
+@pytest.mark.mpi
 def test_killed_rank_ends_job_and_checkpoint_survives(tmp_path):
     folder = tmp_path / "ck"
-    cmd = [*mpiexec(), "-n", "3", sys.executable, "-m", "mpi4dl_nb", "train", *MODEL, *PARALLEL,
-           "--steps", "100000", "--checkpoint-every", "1", "--checkpoint-dir", str(folder)]
     log = open(tmp_path / "log.txt", "w")
-    job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=mpi_env(3),
-                           cwd=REPO, start_new_session=True)
+    job = start_mpi(3, "mpi4dl_nb", "train", *MODEL, *PARALLEL, "--steps", "100000", "--checkpoint-every", "1",
+                    "--checkpoint-dir", folder, module=True, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
         while len([e for e in ck.list_checkpoints(folder) if e.problem is None]) < 2:
@@ -233,3 +265,41 @@ def test_killed_rank_ends_job_and_checkpoint_survives(tmp_path):
     latest = ck.latest_checkpoint(folder)
     data = ck.load_checkpoint(latest)
     assert data["step"] >= 1 and data["model"] and data["optimizer"]
+
+
+def format_2(payload: dict) -> dict:
+    """A current checkpoint's payload in the layout format 2 wrote (the run's flags flat under "run")."""
+    record = RunRecord.from_payload(payload, "x.pt")
+    old = {k: v for k, v in payload.items() if k not in ("record", "format_version", "step", "run_id", "identity")}
+    old.update(epoch=0, step_in_epoch=record.step, batch_size=record.data.batch_size, data_seed=record.seed,
+               config=dict(record.config), run=record.summary_fields())
+    return old
+
+
+def test_format_2_checkpoints_still_evaluate_infer_and_resume(tmp_path, capsys, monkeypatch):
+    """A checkpoint in the old layout (format 2, a flat "run" dict) reads as the same record, and evaluate,
+    infer and --resume use it as they use a current one."""
+    run_serial(capsys, ["--steps", "3", "--checkpoint-dir", str(tmp_path / "new")])
+    (new,) = [e.path for e in ck.list_checkpoints(tmp_path / "new")]
+    payload = ck.load_checkpoint(new)
+    monkeypatch.setattr(ck, "FORMAT_VERSION", 2)
+    old = ck.save_checkpoint(tmp_path / "old", 3, format_2(payload), run_id=str(payload["run_id"]),
+                             identity=payload["identity"])
+    monkeypatch.undo()
+    assert ck.load_checkpoint(old)["format_version"] == 2 and "record" not in ck.load_checkpoint(old)
+    was, now = read_checkpoint(old).record, read_checkpoint(new).record
+    assert was == now, (was, now)                   # nothing lost (no --datapath: None in both)
+    one = ["--split-size", "1", "--spatial-size", "0", "--all-data", "--num-samples", "16"]
+    figures = []
+    for folder in ("old", "new"):
+        assert evaluate_cmd.main(["--checkpoint", str(tmp_path / folder), *one]) == 0
+        figures.append(json_record(capsys.readouterr().out, '{"checkpoint"'))
+    for record in figures:
+        record.pop("seconds"), record.pop("checkpoint")
+    assert figures[0] == figures[1] and figures[0]["model"].startswith("resnet v1 8 layers x 4 filters, 10 classes")
+    layers, description = load_network(tmp_path / "old", dtype=torch.float64)
+    assert description.image_size == 32 and description.step == 3 and len(layers) > 2
+    resumed = [run_serial(capsys, ["--steps", "5", "--checkpoint-dir", str(tmp_path / folder), "--resume", "latest"])
+               for folder in ("old", "new")]
+    assert resumed[0]["start_step"] == 3 and resumed[0]["losses"] == resumed[1]["losses"]
+    assert resumed[0]["run_id"] == payload["run_id"]         # the lineage continues

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-import mpi4dl_nb
 import mpi4dl_nb.cli.layout_cmd as cli_layout
+import mpi4dl_nb.comm.context as comm_context
+import mpi4dl_nb.pipeline.engine as engine_module
 import mpi4dl_nb.run.monitor as monitor_module
 import mpi4dl_nb.run.trainer as train_module
 from mpi4dl_nb.cli import train_cmd as cli
@@ -49,9 +50,9 @@ def launch(monkeypatch):
         parsed_cfg = config_from_args(cli.build_parser().parse_args(argv))
         size = parsed_cfg.world_size
         monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, size, True))
-        monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(size),
+        monkeypatch.setattr(comm_context, "init", lambda backend="auto", device="auto": FakeContext(size),
                             raising=False)
-        monkeypatch.setattr(mpi4dl_nb, "HybridEngine", RecordingEngine, raising=False)
+        monkeypatch.setattr(engine_module, "HybridEngine", RecordingEngine)
         monkeypatch.setattr(monitor_module.JobMonitor, "start",
                             classmethod(lambda cls, ctx, **options: cls(ctx, [], None)))
 
@@ -129,7 +130,7 @@ def test_workload_flags_reach_trainer(launch, tmp_path):
     assert settings.keep_checkpoints == 3 and settings.dtype == torch.float64
     opt = seen["engine"].optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
     assert opt.defaults["lr"] == 0.25 and opt.defaults["momentum"] == 0.5
-    assert seen["info"]["num_layers"] == 14 and seen["info"]["app"] == "synthetic"
+    assert seen["info"].model.num_layers == 14 and seen["info"].data.app == "synthetic"
 
     assert launch(base + ["--steps", "5"] + SMALL)["settings"].steps == 5
     amoeba = launch(base + ["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8",
@@ -171,13 +172,13 @@ def test_clear_errors(capsys, monkeypatch, tmp_path):
     assert "needs 5 ranks" in capsys.readouterr().err
     # set-up errors (missing path, too small tiles) are agreed on and reported once
     monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, 1, True))
-    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(1), raising=False)
+    monkeypatch.setattr(comm_context, "init", lambda backend="auto", device="auto": FakeContext(1), raising=False)
     serial = ["--split-size", "1", "--spatial-size", "0"]
     with pytest.raises(SystemExit):
         cli.main(serial + SMALL + ["--app", "medical", "--datapath", str(tmp_path / "nope")])
     assert "--datapath" in capsys.readouterr().err
     monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, 5, True))
-    monkeypatch.setattr(mpi4dl_nb, "init", lambda backend="auto", device="auto": FakeContext(5), raising=False)
+    monkeypatch.setattr(comm_context, "init", lambda backend="auto", device="auto": FakeContext(5), raising=False)
     with pytest.raises(SystemExit):
         cli.main(["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8",
                   "--image-size", "64", "--slice-method", "vertical", "--batch-size", "2"])

@@ -11,8 +11,9 @@ import pytest
 from mpi4dl_nb.cli import device_flags, evaluate_cmd, infer_cmd
 from mpi4dl_nb.cli import train_cmd as cli
 from mpi4dl_nb.comm import device
+from mpi4dl_nb.comm.launcher import rank_environment
 from mpi4dl_nb.config import ConfigError
-from tests.support.mpirun import REPO, mpi_env
+from tests.support.mpirun import REPO
 
 SMALL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
          "--image-size", "32", "--batch-size", "2", "--num-samples", "8", "--split-size", "1",
@@ -44,7 +45,7 @@ def test_gloo_with_cuda_refused(monkeypatch):
 @pytest.mark.skipif(device.cuda_unavailable_reason() is None, reason="this machine has a usable GPU")
 def test_train_with_cuda_is_refused_before_any_work_here():
     proc = subprocess.run([sys.executable, "-m", "mpi4dl_nb", "train", *SMALL, "--device", "cuda"],
-                          capture_output=True, text=True, env=mpi_env(1), cwd=REPO, timeout=120)
+                          capture_output=True, text=True, env=rank_environment(1), cwd=REPO, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "--device" in proc.stderr and device.cuda_unavailable_reason() in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
@@ -75,7 +76,7 @@ def test_evaluate_and_infer_take_the_same_device_flags():
                                       "--output", "out.npy"]])
 def test_evaluate_and_infer_with_cuda_are_refused_before_any_work_here(command, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mpi4dl_nb", *command, "--device", "cuda"],
-                          capture_output=True, text=True, env=mpi_env(1), cwd=tmp_path, timeout=120)
+                          capture_output=True, text=True, env=rank_environment(1), cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "--device" in proc.stderr and device.cuda_unavailable_reason() in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)

@@ -36,6 +36,7 @@ def trained(tmp_path_factory, request):
     return root, data, result
 
 
+@pytest.mark.mpi
 def test_train_reports_validation_and_logs_every_step(trained):
     root, _, result = trained
     summary = json_record(result.stdout)
@@ -51,6 +52,7 @@ def test_train_reports_validation_and_logs_every_step(trained):
     assert records[-1]["val_loss"] == summary["val_loss"] and records[0]["loss"] == summary["losses"][0]
 
 
+@pytest.mark.mpi
 def test_evaluate_on_5_ranks_equals_one_process(trained, capsys):
     root, data, _ = trained
     from tests.support.mpirun import run_mpi
@@ -68,6 +70,7 @@ def test_evaluate_on_5_ranks_equals_one_process(trained, capsys):
         assert parallel[key] == serial[key] == summary[f"val_{key}"], key
 
 
+@pytest.mark.mpi
 def test_memory_mapped_load_gives_the_eager_metrics(trained, capsys, monkeypatch):
     """evaluate maps the checkpoint (reads only the model's weights): the same record as loading it whole."""
     from mpi4dl_nb.checkpoint import files as ck
@@ -89,6 +92,7 @@ def test_memory_mapped_load_gives_the_eager_metrics(trained, capsys, monkeypatch
     assert mapped == whole and mapped["count"] == 4
 
 
+@pytest.mark.mpi
 def test_mapped_load_still_refuses_damaged_or_mismatched_checkpoints(trained, tmp_path, capsys):
     """The checksum (rank 0) and the weights-fit-description check hold for the mapped load."""
     import shutil
@@ -133,6 +137,7 @@ def test_mapped_load_still_refuses_damaged_or_mismatched_checkpoints(trained, tm
         load_trained(saved, dtype=torch.float64)
 
 
+@pytest.mark.mpi
 def test_evaluate_refuses_another_model_and_another_split(trained, capsys):
     root, data, _ = trained
     one = ["--checkpoint", str(root / "ckpt"), "--split-size", "1", "--spatial-size", "0"]

@@ -4,17 +4,21 @@ import subprocess
 import sys
 import time
 
-from tests.support.mpirun import REPO, mpi_env, run_mpi
+import pytest
+
+from mpi4dl_nb.comm.launcher import rank_environment
+from tests.support.mpirun import REPO, run_mpi
 
 
 def test_layout_prints_table_and_world_size():
     out = subprocess.run([sys.executable, "-m", "mpi4dl_nb", "layout", "--split-size", "3",
                           "--spatial-size", "2", "--num-spatial-parts", "4"],
-                         capture_output=True, text=True, cwd=REPO, env=mpi_env(1), check=True).stdout
+                         capture_output=True, text=True, cwd=REPO, env=rank_environment(1), check=True).stdout
     assert "world size: 9 ranks" in out
     assert len([item for item in out.splitlines() if "spatial" in item and item.split()[0].isdigit()]) == 8
 
 
+@pytest.mark.mpi
 def test_wrong_rank_count_exits_all_ranks_fast():
     start = time.monotonic()
     result = run_mpi(4, "mpi4dl_nb", "layout", "--split-size", "2", "--spatial-size", "1",
@@ -28,6 +32,7 @@ def test_wrong_rank_count_exits_all_ranks_fast():
           f"(job start included)")
 
 
+@pytest.mark.mpi
 def test_right_rank_count_runs():
     result = run_mpi(5, "mpi4dl_nb", "layout", "--split-size", "2", "--spatial-size", "1",
                      "--num-spatial-parts", "4", module=True, timeout=60)

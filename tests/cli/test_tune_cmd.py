@@ -28,6 +28,7 @@ def _errors(output: str) -> list[str]:
     return [line for line in _lines(output) if line.startswith("mpi4dl_nb")]
 
 
+@pytest.mark.mpi
 def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     path = tmp_path / "trials.json"
     limit = 500.0
@@ -126,12 +127,13 @@ def test_measure_interleaved_releases_the_rows_when_a_round_fails():
         return [(0.1,), (0.2,)]
 
     with pytest.raises(RuntimeError, match="a rank failed"):
-        trials.measure_interleaved(run, trials.ModelSpec(), [None, {"split_size": 2}], 32, 2, steps=1)
+        trials.measure_interleaved(run, trials.trial_model(), [None, {"split_size": 2}], 32, 2, steps=1)
     assert calls[-1] == "release_trials_on_engine"
     with pytest.raises(ValueError, match="at least once"):
-        trials.measure_interleaved(run, trials.ModelSpec(), [None], 32, 2, steps=0)
+        trials.measure_interleaved(run, trials.trial_model(), [None], 32, 2, steps=0)
 
 
+@pytest.mark.mpi
 def test_memory_limit_below_every_configuration_exits_with_one_line():
     result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", "0.01", module=True,
                      expect_failure=True, timeout=90)
@@ -141,6 +143,7 @@ def test_memory_limit_below_every_configuration_exits_with_one_line():
     assert not any("meas s" in line for line in _lines(result.stdout))   # nothing was run
 
 
+@pytest.mark.mpi
 def test_one_rank_is_refused_with_one_line():
     result = run_mpi(1, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", "100", module=True,
                      expect_failure=True, timeout=60)

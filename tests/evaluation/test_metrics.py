@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mpi4dl_nb.evaluation.metrics import Records, average_ranks, merge, prefixed, roc_auc, summarize
+from mpi4dl_nb.evaluation.metrics import Records, average_ranks, merge, roc_auc, summarize
 
 
 def pairwise_auc(score, positive) -> float:
@@ -42,13 +42,14 @@ def test_summary_counts_over_all_samples():
     # true 0,0,0,1 ; predicted 0,1,0,1 -> recall 2/3 and 1, accuracy 3/4
     r = records([0, 0, 0, 1], [[1, 0], [0, 1], [2, 0], [0, 3]], losses=[1, 2, 3, 6])
     m = summarize(r, 2)
-    assert m["count"] == 4 and m["loss"] == 3.0 and m["accuracy"] == 0.75
-    assert m["per_class_recall"] == [2 / 3, 1.0] and m["balanced_accuracy"] == pytest.approx(5 / 6)
-    assert m["confusion_matrix"] == [[2, 1], [0, 1]] and m["roc_auc"] == 1.0
+    assert m.count == 4 and m.loss == 3.0 and m.accuracy == 0.75
+    assert m.per_class_recall == [2 / 3, 1.0] and m.balanced_accuracy == pytest.approx(5 / 6)
+    assert m.confusion_matrix == [[2, 1], [0, 1]] and m.roc_auc == 1.0
     # a class without samples has no recall and does not enter the balanced accuracy; no AUC past 2 classes
     m3 = summarize(records([0, 2], [[1, 0, 0], [0, 0, 1]]), 3)
-    assert m3["per_class_recall"] == [1.0, None, 1.0] and m3["balanced_accuracy"] == 1.0 and m3["roc_auc"] is None
-    assert prefixed({"loss": 1})["val_loss"] == 1
+    assert m3.per_class_recall == [1.0, None, 1.0] and m3.balanced_accuracy == 1.0 and m3.roc_auc is None
+    named = m.as_dict("val_")       # the names summaries and logs use, in the summary's order
+    assert list(named)[:3] == ["val_count", "val_loss", "val_accuracy"] and named["val_loss"] == 3.0
 
 
 def test_merge_is_a_sum_not_an_average_of_averages():
@@ -57,7 +58,7 @@ def test_merge_is_a_sum_not_an_average_of_averages():
     b = records([1, 1, 0], [[0, 1], [1, 0], [1, 0]], losses=[0.0, 0.0, 0.0], start=0)
     merged = merge([a, b], 2)
     assert merged.index.tolist() == [0, 1, 2, 3] and merged.loss.tolist() == [0, 0, 0, 4]
-    assert summarize(merged, 2)["loss"] == 1.0               # average of averages would say 2.0
+    assert summarize(merged, 2).loss == 1.0               # average of averages would say 2.0
     with pytest.raises(ValueError, match="twice"):
         merge([a, a], 2)
     assert len(merge([], 2)) == 0

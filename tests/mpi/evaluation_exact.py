@@ -101,9 +101,9 @@ def main(check: Checks) -> None:
                 err = float(np.abs(records.loss - serial.loss).max())
                 assert err < 1e-12, f"per-sample loss differs by {err}"
                 result.detail = f"max per-sample loss error {err:.1e}"
-            assert abs(metrics["loss"] - expected["loss"]) < 1e-9
-            assert {k: v for k, v in metrics.items() if k != "loss"} == \
-                {k: v for k, v in expected.items() if k != "loss"}
+            assert abs(metrics.loss - expected.loss) < 1e-9
+            assert {k: v for k, v in metrics.as_dict().items() if k != "loss"} == \
+                {k: v for k, v in expected.as_dict().items() if k != "loss"}
             assert evaluator.run() == metrics
         with check(f"{name} touches no state"):
             after = snapshot(engine)

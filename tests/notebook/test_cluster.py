@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
 from ipyparallel import interactive
 
 from mpi4dl_nb import cluster as clu
+from mpi4dl_nb.comm.launcher import FORBID_VARIABLE, YIELD_ENV, Launcher, LaunchForbidden, MPIFlavor
 from tests.support.mpirun import REPO
 
 
@@ -38,6 +40,8 @@ def test_bad_knobs_name_the_alternative():
         clu.Cluster(n=2, launcher="pbs")
     with pytest.raises(ValueError, match="n=0"):
         clu.Cluster(n=0)
+    with pytest.raises(ValueError, match="'auto', 'mpich' or 'openmpi'"):
+        clu.Cluster(n=2, mpi="lam")
 
 
 def test_rank_lines_split_mpich_and_openmpi_logs():
@@ -54,6 +58,35 @@ def test_engine_env_has_oversubscription_settings_and_checkout_on_path():
     import mpi4dl_nb
     assert os.path.dirname(os.path.dirname(mpi4dl_nb.__file__)) in env["PYTHONPATH"].split(os.pathsep)
     assert env["X"] == "y"
+    assert set(env) == {*clu.ENGINE_ENV, "PYTHONPATH", "X"}      # nothing else of this process's environment
+    assert clu.engine_env(n=1)["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"    # yields even with a core per engine
+
+
+def test_engines_launch_through_the_one_launcher():
+    """mpiexec and its flags come from comm.launcher; the engines' environment is exported to every rank."""
+    cluster = clu.Cluster(n=3, mpi="mpich", mpiexec="/opt/mpi/bin/mpiexec", env={"X": "y"})
+    assert cluster.mpi is MPIFlavor.MPICH and cluster.launcher is clu.EnginePlacement.LOCAL
+    settings = cluster._engine_launcher_kwargs()
+    env = settings["environment"]
+    assert settings["mpi_cmd"] == ["/opt/mpi/bin/mpiexec"]
+    assert settings["mpi_args"] == Launcher("/opt/mpi/bin/mpiexec", MPIFlavor.MPICH).flags(env)
+    assert env["X"] == "y" and env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == YIELD_ENV["MPIR_CVAR_ENABLE_HEAVY_YIELD"]
+    assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    assert "mpi='mpich'" in repr(cluster) and "launcher='local'" in repr(cluster)
+
+
+def test_start_where_no_mpi_job_may_start_raises_before_anything_starts(monkeypatch):
+    def started(*args, **kwargs):
+        raise AssertionError("something started")
+
+    monkeypatch.setenv(FORBID_VARIABLE, "1")
+    monkeypatch.setattr(clu, "Reaper", started)
+    import ipyparallel
+    monkeypatch.setattr(ipyparallel, "Cluster", started)
+    with pytest.raises(LaunchForbidden, match=FORBID_VARIABLE):
+        clu.start(n=2)
+    with pytest.raises(LaunchForbidden):
+        clu.Cluster(n=2, launcher="slurm").start()
 
 
 def test_slurm_template_has_ntasks_and_srun():
@@ -96,6 +129,7 @@ def _hang_in_collective():
     return 1
 
 
+@pytest.mark.mpi
 def test_real_cluster_calls_errors_kill_and_restart():
     """One cluster start for all live checks (start-up costs ~7 s on 2 cores)."""
     with clu.start(n=3, call_timeout=60) as cluster:
@@ -169,6 +203,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.mpi
 def test_killed_driver_takes_its_cluster_along(tmp_path):
     """Item 7 (acceptance): SIGKILL the notebook's process; no controller, mpiexec or engine of its
     cluster is left 30 s later."""
@@ -205,6 +240,7 @@ def test_calls_on_stopped_cluster_say_how_to_start():
         cluster.run(_allreduce, 0)
 
 
+@pytest.mark.mpi
 def test_connect_to_engines_started_from_the_mpich_profile(tmp_path):
     """ipcluster with engines/profile_mpich, then dl.cluster.connect(); stop() only disconnects."""
     import shutil

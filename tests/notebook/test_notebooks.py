@@ -145,6 +145,7 @@ def test_tutorial_opens_with_goals_ends_with_next_steps_and_has_an_exercise(sour
         assert any("**Predict**" in m for m in markdown), f"{source.name}: no predict-and-check exercise"
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_runs_headless(path, tmp_path, monkeypatch):
     start = time.monotonic()
@@ -181,8 +182,9 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
     notebook = new_notebook(cells=[cell])
     figures = demo.save_figures(notebook, tmp_path / "figures", "nb")
     assert [f.name for f in figures] == ["nb_cell00_0.png"] and figures[0].read_bytes() == png
-    assert demo.find_summary(notebook) == summary
-    text = demo.format_summary(summary)
+    found = demo.find_summary(notebook)
+    assert found == demo.DemoSummary(**summary)
+    text = demo.format_summary(found)
     assert "EXACT" in text and "5 MPI ranks" in text and "r4: 1.0 MB (est. 1.1)" in text
     assert "one process   : 2.00 images/s, 4.0 MB (largest rank: 0.25x)" in text
     html = demo.export_html(notebook, tmp_path / "nb.html").read_text()

@@ -194,8 +194,8 @@ def test_stepper_text_is_plain_and_buttons_use_common_glyphs():
 def test_step_event_lines_split_compute_from_waiting_for_peers():
     from mpi4dl_nb.notebook.widgets.stepper import event_lines
 
-    events = [{"op": "halo", "start": 0.010, "end": 2.010, "layer": "0.conv", "peer": 1, "bytes": 512},
-              {"op": "F", "start": 0.0, "end": 2.030, "stage": 0, "micro_batch": 0}]
+    events = [Event(0, "halo", 0.010, 2.010, peer=1, bytes=512, extra={"layer": "0.conv"}),
+              Event(0, "F", 0.0, 2.030, stage=0, micro_batch=0)]
     halo, forward = event_lines(events)
     assert "halo" in halo and "2000.0 ms" in halo and "peer 1" in halo
     assert "compute 30.0 ms" in forward and "waiting for peers 2000.0 ms" in forward

@@ -3,6 +3,7 @@ engine's runtime reaches exactly those actions; the stepped step equals the seri
 
 from __future__ import annotations
 
+import pytest
 import torch
 from ipyparallel import interactive
 from torch import nn
@@ -11,6 +12,8 @@ from mpi4dl_nb import ParallelConfig
 from mpi4dl_nb import cluster as clu
 from mpi4dl_nb.notebook.widgets import ClusterStepAgent, StepThrough
 from mpi4dl_nb.notebook.widgets.step_agent import action_key
+
+pytestmark = pytest.mark.mpi    # a 3-engine notebook cluster
 
 KNOBS = dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2)
 
@@ -70,19 +73,20 @@ def test_step_through_matches_engine_schedule_and_serial_loss():
         first = stepper.forward()                 # rank 0's forward of its tile: needs a halo
         assert first is order[0] and first.kind == "F" and first.rank == 0
         report = stepper.reports[0]
-        assert report["rank"] == 0 and report["mismatches"] == []
-        if not report["settled"]:                 # waits for tile 1's halo, as it should
+        assert report is not None and report.rank == 0 and report.mismatches == []
+        if not report.settled:                 # waits for tile 1's halo, as it should
             assert "waits for peers" in stepper.details.value
         while stepper.position < len(order) and not (order[stepper.position].rank == 1
                                                      and order[stepper.position].kind == "F"):
             stepper.forward()
         stepper.forward()                         # tile 1's forward: both tiles complete
         tile1 = stepper.reports[stepper.position - 1]
-        ops = [e["op"] for e in tile1["events"]]
+        assert tile1 is not None
+        ops = [e.op for e in tile1.events]
         assert "halo" in ops and "F" in ops
-        stage_out = dict(tile1["shapes"])["stage 0"]   # the tile's output: the vertical half of a square map
+        stage_out = dict(tile1.shapes)["stage 0"]   # the tile's output: the vertical half of a square map
         assert stage_out[-2] == 2 * stage_out[-1] and stage_out[0] == 1
-        layers = [name for name, _ in tile1["shapes"] if "layer" in name]
+        layers = [name for name, _ in tile1.shapes if "layer" in name]
         assert layers[:2] == ["stage 0 layer 0 (ResNetStem)", "stage 0 layer 1 (PreActBottleneck)"]
         assert "halo" in stepper.details.value and "output shape" in stepper.details.value
 
@@ -90,7 +94,7 @@ def test_step_through_matches_engine_schedule_and_serial_loss():
         assert stepper.position == stepper.executed == len(order)
         assert stepper.error is None
         for rank, final in enumerate(stepper.final):
-            assert final["mismatches"] == [] and final["error"] is None
-            assert final["executed"] == [action_key(a) for a in schedule.actions(rank)]
-            assert abs(final["loss"] - serial_loss) < 1e-12
+            assert final.mismatches == [] and final.error is None
+            assert final.executed == [action_key(a) for a in schedule.actions(rank)]
+            assert final.loss is not None and abs(final.loss - serial_loss) < 1e-12
         assert "step finished on every rank" in stepper.details.value

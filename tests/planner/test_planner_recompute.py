@@ -147,6 +147,7 @@ RECOMPUTE_CASES = [   # all on 3 ranks: one cluster start
 ]
 
 
+@pytest.mark.mpi
 def test_recomputation_estimates_within_15_percent_of_measured_on_every_rank():
     for knobs, model, ratios in cluster_ratios(RECOMPUTE_CASES, {"resnet": (11, 8, 64), "amoebanet": (3, 16, 64)}):
         assert all(abs(r - 1) < 0.15 for r in ratios), (knobs, model, ratios)

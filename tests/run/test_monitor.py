@@ -5,7 +5,7 @@ import io
 
 import torch
 
-from mpi4dl_nb.run.monitor import JobMonitor, StepTimer
+from mpi4dl_nb.run.monitor import Failure, Goodbye, Heartbeat, JobMonitor, StepTimer, decode, encode
 
 
 class Ctx:
@@ -78,10 +78,9 @@ def test_a_monitor_defers_to_a_lower_live_one():
 
 def test_failures_of_several_ranks_give_one_message():
     mon, aborted = monitor(4)
-    mon._receive({"t": "fail", "rank": 2, "summary": "ValueError: bad tile", "trace": "Traceback ...",
-                  "log": "/x/rank2.log"})
-    mon._receive({"t": "fail", "rank": 3, "summary": "ValueError: bad tile", "trace": "T", "log": None})
-    mon._receive({"t": "fail", "rank": 2, "summary": "again", "trace": "", "log": None})   # repeated datagram
+    mon._receive(Failure(2, "ValueError: bad tile", "Traceback ...", "/x/rank2.log"))
+    mon._receive(Failure(3, "ValueError: bad tile", "T", None))
+    mon._receive(Failure(2, "again", "", None))   # repeated datagram
     assert mon.first_failure is not None
     mon._decide(mon.first_failure + 1.0)
     text = mon.stream.getvalue()
@@ -90,6 +89,20 @@ def test_failures_of_several_ranks_give_one_message():
     assert "traceback: /x/rank2.log" in text and "Traceback ..." not in text
     mon.verbose = True
     assert "Traceback ..." in mon.failure_message()
+
+
+def test_datagrams_round_trip_and_other_jobs_are_not_heard():
+    messages = [Heartbeat(1, 7, "training", "rank 1: recv", 0.5, False, 60.0), Goodbye(2),
+                Failure(3, "ValueError: x", "Traceback ...", None)]
+    for message in messages:
+        assert decode(encode(message, "k1"), "k1") == message
+        assert decode(encode(message, "k1"), "k2") is None          # another job's key
+    assert decode(b"not json", "k1") is None and decode(b'{"t": "other", "key": "k1"}', "k1") is None
+    mon, _ = monitor(3)
+    mon._receive(decode(encode(messages[0], ""), ""))
+    assert mon.states[1].action == "rank 1: recv" and mon.states[1].timeout == 60.0
+    mon._receive(messages[1])
+    assert mon.states[2].closed
 
 
 def test_default_timeout_from_the_first_steps():

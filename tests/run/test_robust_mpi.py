@@ -13,12 +13,14 @@ import torch
 from mpi4dl_nb.checkpoint import files as ck
 from mpi4dl_nb.cli import train_cmd as cli
 from tests.support.bad_data import flip_bytes, png_with_bad_pixel_data, write_tiles
-from tests.support.mpirun import REPO, command, launch_mpi, mpi_env
+from tests.support.mpirun import launch_mpi, start_mpi
 from tests.support.procs import command_line, descendants, mpi_rank, wait_gone
 from tests.support.summary import json_record
 
 MODEL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
          "--image-size", "32", "--batch-size", "4", "--num-samples", "16", "--no-progress"]
+pytestmark = pytest.mark.mpi    # every test here runs `python -m mpi4dl_nb train` on 3 ranks
+
 PARALLEL = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "2",
             "--slice-method", "vertical", "--parts", "2"]
 
@@ -97,11 +99,10 @@ def test_a_failing_rank_ends_the_job_with_one_message(tmp_path):
 def test_stalled_rank_is_named_and_the_job_ends(tmp_path):
     """Item 6: SIGSTOP one rank mid-run: --step-timeout aborts the job, naming it and its action."""
     folder = tmp_path / "ck"
-    cmd = command(3, "mpi4dl_nb", "train", *MODEL, *PARALLEL, "--steps", "100000", "--step-timeout", "3",
-                  "--checkpoint-every", "2", "--checkpoint-dir", folder, module=True)
     log = open(tmp_path / "log.txt", "w")
-    job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=mpi_env(3), cwd=REPO,
-                           start_new_session=True)
+    job = start_mpi(3, "mpi4dl_nb", "train", *MODEL, *PARALLEL, "--steps", "100000", "--step-timeout", "3",
+                    "--checkpoint-every", "2", "--checkpoint-dir", folder, module=True, stdout=log,
+                    stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
         while ck.latest_checkpoint(folder) is None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Iterable
-from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
+from mpi4dl_nb.comm.launcher import Launcher, rank_environment
 
 from .checks import CheckFailure, CheckReport
 
@@ -31,39 +32,24 @@ class MPIResult(subprocess.CompletedProcess):
         self.timed_out = timed_out
 
 
-@lru_cache(maxsize=1)
-def mpiexec() -> list[str]:
-    """The mpiexec beside this interpreter (the venv's mpich wheel), else the one on PATH."""
-    local = Path(sys.executable).with_name("mpiexec")
-    exe = str(local) if local.exists() else shutil.which("mpiexec")
-    if exe is None:
-        raise MPIRunError("no mpiexec found: install the 'mpich' wheel into this environment "
-                          "(make test does) or put an MPI launcher on PATH")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    if "HYDRA" in version:
-        return [exe, "-prepend-rank"]
-    if "Open MPI" in version or "OpenRTE" in version:
-        return [exe, "--oversubscribe", "--allow-run-as-root", "--tag-output"]
-    return [exe]
-
-
-def mpi_env(nprocs: int, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for oversubscribed ranks: one thread each, yielding MPI progress."""
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if nprocs > (os.cpu_count() or 1):
-        env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
-    env.update(extra or {})
-    return env
-
-
 def command(nprocs: int, program: str, *args: object, module: bool = False) -> list[str]:
-    """``tests.mpi.<program>`` through mpi4py's runner (an uncaught exception aborts every rank),
-    or, with ``module=True``, ``python -m <program>`` as a user would run it."""
+    """The ``mpiexec`` command line (mpi4dl_nb/comm/launcher.py: rank-prefixed output, Open MPI's flags) of
+    ``tests.mpi.<program>`` through mpi4py's runner (an uncaught exception aborts every rank), or, with
+    ``module=True``, ``python -m <program>`` as a user would run it. LaunchForbidden in the fast loop."""
     target = ["-m", program] if module else ["-m", "mpi4py", "-m", f"{MPI_PROGRAMS}.{program}"]
-    return [*mpiexec(), "-n", str(nprocs), sys.executable, *target, *map(str, args)]
+    return Launcher.find().command(nprocs, [sys.executable, *target, *map(str, args)])
+
+
+def start_mpi(nprocs: int, program: str, *args: object, env: dict[str, str] | None = None,
+              module: bool = False, **popen: Any) -> subprocess.Popen:
+    """Start the job (see ``command``) in a session of its own (``os.killpg`` ends every rank), with the ranks'
+    environment (``rank_environment``: one thread each, MPICH yielding beyond the cores, this checkout first
+    on PYTHONPATH) plus ``env``; ``popen``: further ``subprocess.Popen`` arguments (its output, by default)."""
+    return _popen(command(nprocs, program, *args, module=module), nprocs, env, **popen)
+
+
+def _popen(cmd: list[str], nprocs: int, env: dict[str, str] | None, **popen: Any) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=rank_environment(nprocs, env), cwd=REPO, start_new_session=True, **popen)
 
 
 def launch_mpi(nprocs: int, program: str, *args: object, timeout: float = 180,
@@ -71,8 +57,7 @@ def launch_mpi(nprocs: int, program: str, *args: object, timeout: float = 180,
     """Run the job to its end (killed after ``timeout`` seconds); never raises for its outcome:
     ``result.checks.job_error`` says how it failed (None: exit code 0)."""
     cmd = command(nprocs, program, *args, module=module)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=mpi_env(nprocs, env), cwd=REPO, start_new_session=True)
+    proc = _popen(cmd, nprocs, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
         timed_out, error = False, f"failed with exit code {proc.returncode}" if proc.returncode else None

@@ -10,6 +10,7 @@ from tests.support.checks import RANK_PREFIX, CheckFailure, CheckReport, CheckRe
 from tests.support.mpirun import MPIRunError, launch_mpi, run_mpi
 
 
+@pytest.mark.mpi
 def test_failing_rank_reports_its_traceback():
     with pytest.raises(MPIRunError) as info:
         run_mpi(3, "harness_probe", "fail", timeout=60)
@@ -20,6 +21,7 @@ def test_failing_rank_reports_its_traceback():
     assert "[1]" in text  # output lines carry the rank prefix
 
 
+@pytest.mark.mpi
 def test_hang_is_killed_and_reported():
     start = time.monotonic()
     with pytest.raises(MPIRunError, match="timed out after 5s and was killed"):
@@ -27,6 +29,7 @@ def test_hang_is_killed_and_reported():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.mpi
 def test_failed_and_missing_checks_are_named_with_their_rank():
     with pytest.raises(MPIRunError) as info:
         run_mpi(2, "harness_probe", "checks", timeout=60, checks=[PASSES, FAILS, "never runs"])
@@ -38,6 +41,7 @@ def test_failed_and_missing_checks_are_named_with_their_rank():
     assert "job: " in text and "failed with exit code" in text
 
 
+@pytest.mark.mpi
 def test_out_of_step_ranks_are_aborted_soon_after_a_failure():
     start = time.monotonic()
     with pytest.raises(MPIRunError) as info:
@@ -75,6 +79,7 @@ def test_report_parses_joined_lines_and_explains_job_failures():
     assert Outcome().detail == ""
 
 
+@pytest.mark.mpi
 def test_a_shared_launch_keeps_each_job_s_checks_and_failures_apart():
     """Four jobs in one 2-rank launch (tests/mpi/battery.py): the same check name stays apart per
     job, each job starts from a fresh process's random state, a failed check or a raise is its
@@ -102,6 +107,7 @@ def test_a_shared_launch_keeps_each_job_s_checks_and_failures_apart():
     job_report(cut, jobs[0]).require_clean([NAME])
 
 
+@pytest.mark.mpi
 def test_a_job_past_its_own_limit_ends_the_shared_launch_naming_itself():
     from tests.mpi.battery_probe import NAME
     from tests.support.battery import Job, encode, job_report

@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:     # the widgets load on first use (ipywidgets is heavy); type checkers see them here
+    from .autotune import AutoTune as AutoTune
+    from .config_panel import ConfigPanel as ConfigPanel
+    from .figure_view import FigureView as FigureView
+    from .halo_viewer import HaloViewer as HaloViewer
+    from .halo_viewer import windowed_layers as windowed_layers
+    from .learning_curves import LearningCurves as LearningCurves
+    from .stepper import ClusterStepAgent as ClusterStepAgent
+    from .stepper import StepThrough as StepThrough
+    from .timeline import TimelineView as TimelineView
+    from .timeline import TrainingProgress as TrainingProgress
 
 _EXPORTS = {
     "FigureView": "figure_view",
@@ -21,7 +33,7 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value

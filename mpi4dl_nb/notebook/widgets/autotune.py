@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Unpack
 
 import ipywidgets as w
 from matplotlib.figure import Figure
 
-from ...measure.trials import ModelSpec
+from ...config import ParallelConfig
+from ...measure.trials import TrialModel
 from ...planner.memory import MB
-from ...planner.tune import Tuner, TuneResult
+from ...planner.suggest import SuggestOptions
+from ...planner.tune import Tuner, TuneResult, TuneRow
+from ..cluster import Cluster
 from .figure_view import FigureView, display_widget
+
+RowValue = Callable[[TuneRow], float]   # what a bar of the tune figure shows of a row
 
 
 def draw_tune_result(result: TuneResult) -> Figure:
@@ -20,8 +25,9 @@ def draw_tune_result(result: TuneResult) -> Figure:
     fig = Figure(figsize=(10, 0.45 * len(result.rows) + 1.6))
     labels = [f"{i}. {row.label}" if row.cfg is not None else row.label for i, row in enumerate(result.rows)]
     positions = list(range(len(result.rows)))[::-1]
-    panels = (("seconds per step", lambda r: r.predicted_seconds, lambda r: r.measured.seconds, 1.0),
-              ("largest rank peak (MB)", lambda r: r.predicted_peak, lambda r: r.measured.peak, MB))
+    panels: tuple[tuple[str, RowValue, RowValue, float], ...] = (
+        ("seconds per step", lambda r: r.predicted_seconds, lambda r: r.measured.seconds if r.measured else 0.0, 1.0),
+        ("largest rank peak (MB)", lambda r: r.predicted_peak, lambda r: r.measured.peak if r.measured else 0, MB))
     for k, (title, predicted, measured, scale) in enumerate(panels):
         ax = fig.add_subplot(1, 2, k + 1)
         for y, row in zip(positions, result.rows):
@@ -57,9 +63,9 @@ class AutoTune:
     closed section, ``phases.value``: each rank's predicted and traced seconds per action kind.
     """
 
-    def __init__(self, cluster: Any, spec: ModelSpec, image_size: int, batch_size: int, *,
+    def __init__(self, cluster: Cluster, spec: TrialModel, image_size: int, batch_size: int, *,
                  memory_limit_mb: float, top: int = 3, steps: int = 2, timeout: float = 1800.0,
-                 **suggest_options: Any) -> None:
+                 **suggest_options: Unpack[SuggestOptions]) -> None:
         self.cluster = cluster
         self.spec = spec
         self.image_size = image_size
@@ -83,7 +89,7 @@ class AutoTune:
                               self.table, self.view.widget, self.details])
 
     @property
-    def best(self) -> Any:
+    def best(self) -> ParallelConfig | None:
         """The picked ParallelConfig (None before a run, or if nothing fits)."""
         row = self.result.best if self.result is not None else None
         return row.cfg if row is not None else None
@@ -99,9 +105,9 @@ class AutoTune:
     def _tuner(self) -> Tuner:
         return Tuner.on_cluster(self.cluster, self.spec, self.image_size, self.batch_size,
                                 self.limit.value * MB, timeout=self.timeout, top=self.top.value,
-                                steps=self.steps.value, suggest_options=dict(self.suggest_options))
+                                steps=self.steps.value, suggest_options=self.suggest_options.copy())
 
-    def sweep(self, base: Any = None, knobs: Sequence[str] | None = None) -> TuneResult:
+    def sweep(self, base: ParallelConfig | None = None, knobs: Sequence[str] | None = None) -> TuneResult:
         """Run a one-knob sweep around ``base`` (default: the picked configuration): one
         process, ``base`` and every valid change of one knob on the same ranks, predicted
         next to measured (the network calibrated by the last run, else now)."""
@@ -111,8 +117,7 @@ class AutoTune:
         self.status.value = "planning the sweep..."
         tuner = self._tuner()
         network = self.result.network if self.result is not None else None
-        options = {} if knobs is None else {"knobs": tuple(knobs)}
-        result = tuner.sweep(base, network, **options)
+        result = tuner.sweep(base, network) if knobs is None else tuner.sweep(base, network, tuple(knobs))
         self._show(result)
         return tuner.measure_all(result, self._show)
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import ipywidgets as w
 from torch import nn
@@ -19,11 +18,14 @@ CHOICE_KNOBS = {"slice_method": SLICE_METHODS, "schedule": SCHEDULES}
 DESCRIPTION_WIDTH = "125px"
 
 
-def balance_text(balance: Sequence[int] | str | None) -> str:
-    """``(4, 1)`` -> ``"4,1"``; None -> ``""`` (the default cut: by memory with spatial stages, else even)."""
+def balance_text(balance: object) -> str:
+    """``(4, 1)`` -> ``"4,1"``; None -> ``""`` (the default cut: by memory with spatial stages, else even);
+    text stays as it is; ConfigError naming ``balance`` for anything else."""
     if balance is None or isinstance(balance, str):
         return balance or ""
-    return ",".join(str(int(b)) for b in balance)
+    if isinstance(balance, Iterable):
+        return ",".join(str(int(b)) for b in balance)
+    raise ConfigError("balance", f"{balance!r} is not a list of layer counts per stage, e.g. (4, 1)")
 
 
 def parse_balance(text: str) -> tuple[int, ...] | None:
@@ -97,10 +99,10 @@ class ConfigPanel:
 
     # ------------------------------------------------------------------ values
     @property
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, object]:
         return {name: control.value for name, control in self.controls.items()}
 
-    def set(self, **knobs: Any) -> None:
+    def set(self, **knobs: object) -> None:
         """Set several knobs at once (one validation at the end), as a user would."""
         unknown = set(knobs) - set(self.controls)
         if unknown:
@@ -117,7 +119,7 @@ class ConfigPanel:
         """Call ``callback(config_or_None)`` after each validation."""
         self._listeners.append(callback)
 
-    def _changed(self, change: Any) -> None:
+    def _changed(self, change: Mapping[str, object]) -> None:
         if not self._quiet:
             self.update()
 
@@ -130,10 +132,11 @@ class ConfigPanel:
 
     def validate(self) -> ParallelConfig:
         """The current knobs as a checked ParallelConfig; raises ConfigError naming the knob."""
-        values = self.values
-        image_size, batch_size = values.pop("image_size"), values.pop("batch_size")
-        values["balance"] = parse_balance(values["balance"])
-        cfg = ParallelConfig(**values)
+        image_size: int = self.controls["image_size"].value
+        batch_size: int = self.controls["batch_size"].value
+        knobs = {name: value for name, value in self.values.items() if name not in ("image_size", "batch_size")}
+        knobs["balance"] = parse_balance(self.controls["balance"].value)
+        cfg = ParallelConfig().with_(**knobs)
         cfg.validate(batch_size=batch_size, image_size=image_size,
                      num_layers=len(self.model) if self.model is not None else None)
         if self.devices is not None and cfg.world_size > self.devices:

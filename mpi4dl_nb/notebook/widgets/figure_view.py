@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any
 
 import ipywidgets as w
 from matplotlib.figure import Figure
@@ -84,7 +83,7 @@ def png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-def display_widget(widget: Any) -> None:
+def display_widget(widget: w.DOMWidget) -> None:
     """Display an ipywidget (no-op outside IPython)."""
     try:
         from IPython.display import display

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ipywidgets as w
 import torch
@@ -16,6 +16,11 @@ from ...config import SLICE_METHODS, ConfigError, SliceMethod
 from ...spatial.geometry import LayerHalo, TileGrid
 from .. import viz
 from .figure_view import FigureView, display_widget
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Windowed = nn.Conv2d | nn.MaxPool2d | nn.AvgPool2d     # the layers whose halos the viewer draws
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,13 @@ class WindowedLayer:
                                self.dilation, name=self.name)
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def _pair(value: object) -> tuple[int, int]:
+    """A layer's kernel/stride/padding/dilation as (rows, cols)."""
     if isinstance(value, int):
         return (value, value)
-    return (int(value[0]), int(value[1]))
+    if isinstance(value, tuple) and len(value) == 2:
+        return (int(value[0]), int(value[1]))
+    raise TypeError(f"{value!r} is neither an int nor a pair of ints")
 
 
 def windowed_layers(layers: Sequence[nn.Module] | nn.Module, image_size: int | tuple[int, int],
@@ -51,9 +59,11 @@ def windowed_layers(layers: Sequence[nn.Module] | nn.Module, image_size: int | t
     found: list[WindowedLayer] = []
     handles = []
 
-    def hook_for(name: str):
-        def hook(module: nn.Module, inputs: Any) -> None:
+    def hook_for(name: str) -> Callable[[Windowed, tuple[object, ...]], None]:
+        def hook(module: Windowed, inputs: tuple[object, ...]) -> None:
             x = inputs[0]
+            if not isinstance(x, torch.Tensor):
+                return
             kernel = _pair(module.kernel_size)
             stride = _pair(module.stride if module.stride is not None else module.kernel_size)
             padding = module.padding
@@ -77,9 +87,9 @@ def windowed_layers(layers: Sequence[nn.Module] | nn.Module, image_size: int | t
     return found
 
 
-def _image_side(image: Any) -> int:
+def _image_side(image: np.ndarray | torch.Tensor) -> int:
     """Height of an HxW(xC) array or a CxHxW tensor."""
-    is_chw = hasattr(image, "permute") and getattr(image, "ndim", 0) == 3
+    is_chw = isinstance(image, torch.Tensor) and image.ndim == 3
     return int(image.shape[1] if is_chw else image.shape[0])
 
 
@@ -122,17 +132,20 @@ class HaloViewer:
     carry that layer), ``view.figure``, ``info`` (messages as text).
     """
 
-    def __init__(self, image: Any, layers: Sequence[Any] | None = None, *, image_size: int | None = None,
+    def __init__(self, image: np.ndarray | torch.Tensor, layers: Sequence[WindowedLayer | nn.Module] | None = None,
+                 *, image_size: int | None = None,
                  slice_method: SliceMethod | str = SliceMethod.SQUARE, num_spatial_parts: int = 4) -> None:
         self.image = image
         size = image_size or _image_side(image)
         if layers is None:
             self.layers = [WindowedLayer(item.name, size, size, item.kernel, item.stride, item.padding,
                                          item.dilation) for item in DEFAULT_LAYERS]
-        elif all(isinstance(item, WindowedLayer) for item in layers):
-            self.layers = list(layers)
         else:
-            self.layers = windowed_layers(layers, size)
+            specs = [item for item in layers if isinstance(item, WindowedLayer)]
+            modules = [item for item in layers if isinstance(item, nn.Module)]
+            if len(specs) < len(layers) and len(modules) < len(layers):
+                raise TypeError("layers: a list of WindowedLayer specs, or a model's layer list (nn.Module)")
+            self.layers = specs if specs else windowed_layers(modules, size)
         if not self.layers:
             raise ValueError("no conv/pool layer with a window found; pass WindowedLayer specs")
         names = [f"{i}: {item.name} ({item.height}x{item.width}, k{item.kernel[0]} s{item.stride[0]} "
@@ -172,7 +185,7 @@ class HaloViewer:
         self.tile_choice.value = current if current is not None and current < parts else -1
         self._updating = False
 
-    def _grid_changed(self, change: Any) -> None:
+    def _grid_changed(self, change: Mapping[str, object]) -> None:
         self._refresh_tiles(self.parts_choice.value)
         self.update()
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import ipywidgets as w
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from .figure_view import FigureView, display_widget
 
@@ -155,7 +155,5 @@ class SlideViewer:
         display_widget(self.widget)
 
 
-def _rectangle(x: float, y: float, width: float, height: float) -> Any:
-    from matplotlib.patches import Rectangle
-
+def _rectangle(x: float, y: float, width: float, height: float) -> Rectangle:
     return Rectangle((x, y), width, height, fill=False, edgecolor="#22d3ee", linewidth=1.5)

@@ -13,13 +13,43 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
-from ...pipeline.schedules import Action, ActionKind
+from ...comm.trace import Event
+from ...pipeline.schedules import Action, ActionKind, Schedule
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from ...pipeline.engine import HybridEngine
+    from ...pipeline.step_input import Images, Labels
 
 ActionKey = tuple[ActionKind, int, int, int, int, int, int, "int | None"]
+PLAIN = (int, str, float)     # the trace extras a report carries (what every process can unpickle)
+
+
+@dataclass
+class StepReport:
+    """What one rank reports to the notebook after a release: the action it holds, what it ran, the
+    trace events finished since the last report and the output shape of every layer and stage it ran."""
+
+    rank: int
+    waiting: ActionKey | None           # the action held at the gate (None: running, or done)
+    queued: int                         # released actions not yet reached
+    executed: list[ActionKey]
+    mismatches: list[tuple[ActionKey, ActionKey]]   # (released, what the engine ran instead)
+    running: bool
+    finished: bool
+    loss: float | None
+    error: str | None
+    events: list[Event] = field(default_factory=list)
+    shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    settled: bool = True                # the rank got to its next gate within the settle time
 
 
 def action_key(action: Action) -> ActionKey:
@@ -37,7 +67,7 @@ class EngineStepAgent:
     ``mismatches`` (the engine always runs its own order, so the job never hangs on it).
     """
 
-    def __init__(self, engine: Any, images: Any, labels: Any, settle: float = 2.0) -> None:
+    def __init__(self, engine: HybridEngine, images: Images, labels: Labels, settle: float = 2.0) -> None:
         self.engine = engine
         self.images = images
         self.labels = labels
@@ -45,14 +75,14 @@ class EngineStepAgent:
         self.waiting: Action | None = None   # the action held at the gate, None when running/done
         self.loss: float | None = None
         self.error: str | None = None
-        self.executed: list[tuple] = []
-        self.mismatches: list[tuple[tuple, tuple]] = []
-        self._pending: deque[tuple] = deque()
+        self.executed: list[ActionKey] = []
+        self.mismatches: list[tuple[ActionKey, ActionKey]] = []
+        self._pending: deque[ActionKey] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._events_seen = 0
         self._shapes: list[tuple[str, tuple[int, ...]]] = []
-        self._hooks: list[Any] = []
+        self._hooks: list[RemovableHandle] = []
 
     # ---------------------------------------------------------------- engine thread
     def _on_action(self, action: Action) -> None:
@@ -63,8 +93,8 @@ class EngineStepAgent:
             while not self._pending:
                 self._cond.wait()
             expected = self._pending.popleft()
-            if tuple(expected) != key:
-                self.mismatches.append((tuple(expected), key))
+            if expected != key:
+                self.mismatches.append((expected, key))
             self.executed.append(key)
             self.waiting = None
             self._cond.notify_all()
@@ -96,8 +126,8 @@ class EngineStepAgent:
                 self._cond.wait(min(remaining, 0.05))
         return True
 
-    def _shape_hook(self, name: str):
-        def hook(module: Any, inputs: Any, output: Any) -> None:
+    def _shape_hook(self, name: str) -> Callable[[nn.Module, tuple[object, ...], object], None]:
+        def hook(module: nn.Module, inputs: tuple[object, ...], output: object) -> None:
             outs = output if isinstance(output, (tuple, list)) else (output,)
             for out in outs:
                 if isinstance(out, torch.Tensor):
@@ -105,7 +135,7 @@ class EngineStepAgent:
         return hook
 
     # ------------------------------------------------------------------ notebook side
-    def start(self) -> dict[str, Any]:
+    def start(self) -> StepReport:
         """Start the step thread; returns the report with the first action it holds."""
         for (replica, stage), module in self.engine.local_modules().items():
             label = f"stage {stage}{' mirror' if replica else ''}"
@@ -120,45 +150,34 @@ class EngineStepAgent:
         self._wait_settled(self.settle)
         return self.report()
 
-    def release(self, expected: tuple, settle: float | None = None) -> dict[str, Any]:
+    def release(self, expected: ActionKey, settle: float | None = None) -> StepReport:
         """Queue the next action (``action_key``) and let the rank run up to the one after
         (waiting at most ``settle`` seconds, default the agent's)."""
         if not self._running:
             raise RuntimeError(f"rank {self.engine.ctx.rank} has no step running "
                                f"(finished: loss={self.loss}, error={self.error})")
         with self._cond:
-            self._pending.append(tuple(expected))
+            self._pending.append(expected)
             self._cond.notify_all()
         settled = self._wait_settled(self.settle if settle is None else settle)
-        report = self.report()
-        report["settled"] = settled
-        return report
+        return replace(self.report(), settled=settled)
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> StepReport:
         """Status of this rank: held action, new trace events and output shapes since last."""
         tracer = self.engine.ctx.tracer
         new = tracer.since(self._events_seen)   # the trace is a bounded window: count, not index
         self._events_seen = tracer.recorded
         shapes, self._shapes = self._shapes, []
         running = self._running
-        return {
-            "rank": self.engine.ctx.rank,
-            "waiting": action_key(self.waiting) if self.waiting is not None else None,
-            "queued": len(self._pending),
-            "executed": list(self.executed),
-            "mismatches": list(self.mismatches),
-            "running": running,
-            "finished": self._thread is not None and not running,
-            "loss": self.loss,
-            "error": self.error,
-            "events": [{"op": e.op, "start": e.start, "end": e.end, "bytes": e.bytes,
-                        "peer": e.peer, "stage": e.stage, "micro_batch": e.micro_batch,
-                        **{k: v for k, v in e.extra.items() if isinstance(v, (int, str, float))}}
-                       for e in new],
-            "shapes": shapes,
-        }
+        return StepReport(
+            rank=self.engine.ctx.rank,
+            waiting=action_key(self.waiting) if self.waiting is not None else None,
+            queued=len(self._pending), executed=list(self.executed), mismatches=list(self.mismatches),
+            running=running, finished=self._thread is not None and not running, loss=self.loss, error=self.error,
+            events=[replace(e, extra={k: v for k, v in e.extra.items() if isinstance(v, PLAIN)}) for e in new],
+            shapes=shapes)
 
-    def join(self, timeout: float = 60.0) -> dict[str, Any]:
+    def join(self, timeout: float = 60.0) -> StepReport:
         """Wait for the step to end (after every action was released); remove hooks."""
         if self._thread is not None:
             self._thread.join(timeout)
@@ -173,7 +192,7 @@ class EngineStepAgent:
 _CURRENT: list[EngineStepAgent] = []
 
 
-def start_agent(engine: Any, images: Any, labels: Any, settle: float = 2.0) -> dict[str, Any]:
+def start_agent(engine: HybridEngine, images: Images, labels: Labels, settle: float = 2.0) -> StepReport:
     """Create and start this engine's agent (replacing a finished one)."""
     if _CURRENT and _CURRENT[0]._running:
         raise RuntimeError("a step-through is still running on this engine; release its "
@@ -190,18 +209,18 @@ def _agent() -> EngineStepAgent:
     return agent
 
 
-def release_action(expected: tuple, settle: float | None = None) -> dict[str, Any]:
+def release_action(expected: ActionKey, settle: float | None = None) -> StepReport:
     return _agent().release(expected, settle)
 
 
-def agent_report() -> dict[str, Any]:
+def agent_report() -> StepReport:
     return _agent().report()
 
 
-def join_agent(timeout: float = 60.0) -> dict[str, Any]:
+def join_agent(timeout: float = 60.0) -> StepReport:
     return _agent().join(timeout)
 
 
-def _schedule_of(engine: Any) -> Any:
+def _schedule_of(engine: HybridEngine) -> Schedule:
     """The Schedule a HybridEngine executes."""
     return engine.schedule

@@ -11,30 +11,38 @@ already executed are not re-run.
 from __future__ import annotations
 
 import html
-from typing import Any
+from collections.abc import Sequence
 
 import ipywidgets as w
 
+from ...comm.trace import Event
 from ...measure.usage import is_communication
 from ...pipeline.schedules import COMPUTE_KINDS, Action, Schedule
 from .. import viz
+from ..cluster import Cluster
 from .figure_view import FigureView, display_widget
-from .step_agent import action_key
+from .step_agent import StepReport, action_key
 
 
-def event_lines(events: list[dict[str, Any]]) -> list[str]:
+def _where(event: Event) -> str:
+    """`` stage 0 micro_batch 1 layer 2 peer 3``: what an event is tied to (-1: no micro-batch)."""
+    tied = {"stage": event.stage, "micro_batch": event.micro_batch, "layer": event.extra.get("layer"),
+            "peer": event.peer}
+    return "".join(f" {key} {value}" for key, value in tied.items() if value not in (None, "", -1))
+
+
+def event_lines(events: Sequence[Event]) -> list[str]:
     """Trace events of one release as text; a forward/backward's time is split into its own compute and the
     time it waited inside for peers (halo exchanges, which finish only when the neighbour's action is released)."""
-    comm = [e for e in events if is_communication(str(e["op"]))]
+    comm = [e for e in events if is_communication(e.op)]
     lines = []
     for event in events:
-        op = str(event["op"])
-        total = event["end"] - event["start"]
-        where = "".join(f" {key} {event[key]}" for key in ("stage", "micro_batch", "layer", "peer")
-                        if event.get(key) not in (None, "", -1))      # -1: not tied to a micro-batch
-        moved = f", {event['bytes']} bytes" if event.get("bytes") else ""
+        op = event.op
+        total = event.end - event.start
+        where = _where(event)
+        moved = f", {event.bytes} bytes" if event.bytes else ""
         if op in COMPUTE_KINDS:
-            inside = [(max(c["start"], event["start"]), min(c["end"], event["end"])) for c in comm]
+            inside = [(max(c.start, event.start), min(c.end, event.end)) for c in comm]
             waited = _covered([span for span in inside if span[1] > span[0]])
             lines.append(f"{op}{where}: compute {(total - waited) * 1e3:.1f} ms, waiting for peers "
                          f"{waited * 1e3:.1f} ms{moved}")
@@ -62,7 +70,7 @@ class ClusterStepAgent:
     HybridEngine and the global batch, as created by ``cluster.run``/``execute``).
     """
 
-    def __init__(self, cluster: Any, engine: str = "eng", images: str = "images",
+    def __init__(self, cluster: Cluster, engine: str = "eng", images: str = "images",
                  labels: str = "labels", settle: float = 2.0, timeout: float = 60.0) -> None:
         self.cluster = cluster
         self.names = (engine, images, labels)
@@ -79,7 +87,7 @@ class ClusterStepAgent:
         return self.cluster.run_on([0], _schedule_of, Reference(self.names[0]),
                                    timeout=self.timeout)[0]
 
-    def start(self) -> list[dict[str, Any]]:
+    def start(self) -> list[StepReport]:
         from ipyparallel import Reference
 
         from .step_agent import start_agent
@@ -89,14 +97,14 @@ class ClusterStepAgent:
         self.started = True
         return reports
 
-    def release(self, action: Action, settle: float | None = None) -> dict[str, Any]:
+    def release(self, action: Action, settle: float | None = None) -> StepReport:
         """Release ``action`` on its rank; wait up to ``settle`` s for it to get through."""
         from .step_agent import release_action
 
         return self.cluster.run_on([action.rank], release_action, action_key(action), settle,
                                    timeout=self.timeout)[0]
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[StepReport]:
         from .step_agent import join_agent
 
         self.started = False
@@ -117,9 +125,9 @@ class StepThrough:
         self.agent = agent
         self.position = 0
         self.executed = 0
-        self.reports: list[dict[str, Any] | None] = []
+        self.reports: list[StepReport | None] = []
         self.history: list[Action] = []
-        self.final: list[dict[str, Any]] | None = None
+        self.final: list[StepReport] | None = None
         self.error: str | None = None
         self.back_button = w.Button(description="◀ back")
         self.forward_button = w.Button(description="forward ▶")
@@ -173,17 +181,16 @@ class StepThrough:
             if not self.agent.started:
                 self.agent.start()
             report = self.agent.release(action, settle)
-            if report.get("mismatches"):
-                self.error = f"rank {report['rank']} mismatches: {report['mismatches']}"
+            if report.mismatches:
+                self.error = f"rank {report.rank} mismatches: {report.mismatches}"
         self.reports.append(report)
         self.history.append(action)
         self.executed += 1
         if self.agent is not None and self.executed == len(self.actions):
             self.final = self.agent.finish()
-            bad = [r for r in self.final if r.get("mismatches") or r.get("error")]
+            bad = [r for r in self.final if r.mismatches or r.error]
             if bad:
-                self.error = "; ".join(f"rank {r['rank']}: {r.get('mismatches') or r.get('error')}"
-                                       for r in bad)
+                self.error = "; ".join(f"rank {r.rank}: {r.mismatches or r.error}" for r in bad)
 
     # -------------------------------------------------------------------- display
     @property
@@ -217,20 +224,20 @@ class StepThrough:
         lines: list[tuple[str, bool]] = []
         at_end = self.finished and self.position == len(self.actions)
         if report is not None:
-            if report.get("error"):
-                lines.append((f"error on rank {report['rank']}: {report['error']}", True))
-            if report.get("mismatches"):
-                lines.append((f"rank {report['rank']} ran a different action than the schedule: "
-                              f"{report['mismatches']}", True))
-            if not report.get("settled", True) and not at_end:
-                lines.append((f"rank {report['rank']} waits for peers (halo exchange, hand-off or collective); "
-                              f"{report.get('queued', 0)} released action(s) queued there run as soon as the "
+            if report.error:
+                lines.append((f"error on rank {report.rank}: {report.error}", True))
+            if report.mismatches:
+                lines.append((f"rank {report.rank} ran a different action than the schedule: "
+                              f"{report.mismatches}", True))
+            if not report.settled and not at_end:
+                lines.append((f"rank {report.rank} waits for peers (halo exchange, hand-off or collective); "
+                              f"{report.queued} released action(s) queued there run as soon as the "
                               f"peers arrive", False))
-            for name, shape in report.get("shapes", []):
+            for name, shape in report.shapes:
                 lines.append((f"{name} output shape {tuple(shape)}", False))
-            lines += [(line, False) for line in event_lines(report.get("events", []))]
+            lines += [(line, False) for line in event_lines(report.events)]
         if at_end:
-            losses = sorted({r["loss"] for r in self.final or []})
+            losses = sorted({r.loss for r in self.final or [] if r.loss is not None})
             lines.append((f"step finished on every rank, loss {losses}", False))
         return lines
 

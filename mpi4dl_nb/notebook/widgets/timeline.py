@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import ipywidgets as w
 
+from ...comm.trace import Event
 from .. import viz
 from .figure_view import FigureView, display_widget
 
@@ -19,11 +19,11 @@ class TimelineView:
     peak bytes. State: ``visible`` (events drawn), ``view.figure``, ``memory_view.figure``.
     """
 
-    def __init__(self, events: Sequence[Any], measured: Sequence[float] | None = None,
+    def __init__(self, events: Sequence[viz.TraceRecord], measured: Sequence[float] | None = None,
                  estimate: Sequence[float] | None = None) -> None:
-        self.events = list(events)
-        ranks = sorted({viz._event_fields(e)["rank"] for e in self.events})
-        ops = sorted({str(viz._event_fields(e)["op"]).split(":")[0] for e in self.events})
+        self.events = [viz.as_event(e) for e in events]
+        ranks = sorted({e.rank for e in self.events})
+        ops = sorted({viz.op_key(e.op) for e in self.events})
         self.rank_filter = w.SelectMultiple(options=ranks, value=tuple(ranks), description="ranks",
                                             rows=min(6, max(2, len(ranks))))
         self.op_filter = w.SelectMultiple(options=ops, value=tuple(ops), description="ops",
@@ -31,10 +31,10 @@ class TimelineView:
         self.summary = w.HTML()
         self.view = FigureView()
         self.memory_view = FigureView()
-        self.visible: list[Any] = []
+        self.visible: list[Event] = []
         for control in (self.rank_filter, self.op_filter):
             control.observe(lambda change: self.update(), names="value")
-        parts: list[Any] = [w.HBox([self.rank_filter, self.op_filter]), self.summary, self.view.widget]
+        parts: list[w.DOMWidget] = [w.HBox([self.rank_filter, self.op_filter]), self.summary, self.view.widget]
         if measured is not None or estimate is not None:
             self.memory_view.show(viz.draw_memory_bars(measured, estimate))
             parts.append(self.memory_view.widget)
@@ -43,15 +43,12 @@ class TimelineView:
 
     def update(self) -> None:
         ranks, ops = set(self.rank_filter.value), set(self.op_filter.value)
-        self.visible = [e for e in self.events
-                        if viz._event_fields(e)["rank"] in ranks
-                        and str(viz._event_fields(e)["op"]).split(":")[0] in ops]
+        self.visible = [e for e in self.events if e.rank in ranks and viz.op_key(e.op) in ops]
         self.view.show(viz.draw_timeline(self.visible))
         totals: dict[str, float] = {}
         for e in self.visible:
-            f = viz._event_fields(e)
-            key = str(f["op"]).split(":")[0]
-            totals[key] = totals.get(key, 0.0) + f["end"] - f["start"]
+            key = viz.op_key(e.op)
+            totals[key] = totals.get(key, 0.0) + e.duration
         self.summary.value = " &nbsp; ".join(f"{op}: {secs * 1e3:.1f} ms" for op, secs in
                                              sorted(totals.items(), key=lambda kv: -kv[1]))
 

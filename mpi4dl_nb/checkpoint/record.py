@@ -1,0 +1,196 @@
+"""RunRecord: what a training run stores in its checkpoints (model, layout, data, seed, position), read back typed.
+
+The one place that knows a checkpoint's payload: ``write_checkpoint`` puts a run's record and
+its tensors into a file (``files.py`` makes the write atomic and checksummed), ``read_checkpoint``
+gives them back typed. Training writes; resume, evaluate and infer read through here only.
+Files of format 2 (the run's flags as a flat ``"run"`` dict) and format 1 (no run id, no
+identity) still read: their fields are mapped onto the record, nothing is lost.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from ..data.apps import AppKind
+from ..models.spec import ModelFamily, ModelSpec, optional_whole, whole
+from . import files
+from .files import FORMAT_VERSION, save_checkpoint
+
+RECORD_KEY = "record"          # format 3: RunRecord.to_payload()'s section
+LEGACY_KEY = "run"             # formats 1-2: the run's flags, flat
+MODEL_STATE = "model"          # whole-model state dict (parameter and buffer names of the layer list)
+OPTIMIZER_STATE = "optimizer"  # per parameter name: its optimizer state (OptimizerState)
+LEGACY_IDENTITY = ("image_size", "batch_size", "app", "dtype")   # what format 1 files identify a run by
+WRITTEN_BY = "use a checkpoint written by 'python -m mpi4dl_nb train --checkpoint-dir'"
+
+OptimizerState = dict[str, dict[str, object]]
+
+
+@dataclass(frozen=True)
+class DataRecord:
+    """The data a run trained on, as its flags named it (``datapath``: None for generated data or unknown)."""
+
+    app: AppKind
+    image_size: int
+    batch_size: int
+    dtype: str = "float32"
+    datapath: str | None = None
+    val_fraction: float | None = None
+    val_datapath: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"app": str(self.app), "image_size": self.image_size, "batch_size": self.batch_size,
+                "dtype": self.dtype, "datapath": self.datapath, "val_fraction": self.val_fraction,
+                "val_datapath": self.val_datapath}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> DataRecord:
+        """The data ``to_dict`` (or a format-2 ``run`` dict) stored; ValueError naming a bad field."""
+        return cls(AppKind.parse(text(data, "app", "synthetic")), whole(data, "image_size"),
+                   whole(data, "batch_size"), text(data, "dtype", "float32"), optional_text(data, "datapath"),
+                   optional_number(data, "val_fraction"), optional_text(data, "val_datapath"))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a training run is and where it stands: written into each checkpoint, read by resume/evaluate/infer.
+
+    ``config`` is the writing run's ``ParallelConfig.as_dict()`` (a checkpoint resumes on any
+    layout; it says where it came from). ``identity`` holds the fields a resume compares
+    (``run/identity.py``), ``step`` the optimizer steps done, ``run_id`` the lineage.
+    """
+
+    model: ModelSpec
+    data: DataRecord
+    seed: int = 0
+    config: Mapping[str, object] = field(default_factory=dict)
+    step: int = 0
+    run_id: str | None = None
+    identity: Mapping[str, object] = field(default_factory=dict)
+
+    def at(self, step: int, run_id: str) -> RunRecord:
+        """This record after ``step`` optimizer steps of lineage ``run_id``."""
+        return replace(self, step=step, run_id=run_id)
+
+    def summary_fields(self) -> dict[str, object]:
+        """The flat fields a training summary starts with (what format 2 stored as ``run``)."""
+        model, data = self.model, self.data
+        return {"model": str(model.family), "resnet_version": model.resnet_version,
+                "num_layers": model.num_layers, "num_filters": model.num_filters,
+                "num_classes": model.num_classes, "image_size": data.image_size, "batch_size": data.batch_size,
+                "app": str(data.app), "dtype": data.dtype, "val_fraction": data.val_fraction,
+                "val_datapath": data.val_datapath}
+
+    def to_payload(self) -> dict[str, object]:
+        """The record's entries of a checkpoint payload: plain values only (the file loads with ``weights_only``)."""
+        return {RECORD_KEY: {"model": self.model.to_dict(), "data": self.data.to_dict(), "seed": self.seed,
+                             "config": dict(self.config)},
+                "step": self.step, "run_id": self.run_id, "identity": dict(self.identity),
+                "format_version": FORMAT_VERSION}
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, object], path: str | Path) -> RunRecord:
+        """The record of a loaded checkpoint (any format); ValueError for a file that is not a checkpoint of
+        ours or lacks a model description."""
+        if "step" not in data or "format_version" not in data:
+            raise ValueError(f"{path} is not an mpi4dl_nb checkpoint (no step/format_version)")
+        record, legacy = data.get(RECORD_KEY), data.get(LEGACY_KEY)
+        try:
+            if isinstance(record, Mapping):
+                return cls(ModelSpec.from_dict(section(record, "model")), DataRecord.from_dict(section(record, "data")),
+                           whole(record, "seed", 0), section(record, "config"), whole(data, "step"),
+                           optional_text(data, "run_id"), section(data, "identity"))
+            if isinstance(legacy, Mapping) and "model" in legacy:
+                return cls.from_legacy(legacy, data)
+        except ValueError as err:
+            raise ValueError(f"checkpoint {path}: incomplete run record ({err}); {WRITTEN_BY}") from err
+        raise ValueError(f"checkpoint {path} holds no model description; {WRITTEN_BY}")
+
+    @classmethod
+    def from_legacy(cls, run: Mapping[str, object], data: Mapping[str, object]) -> RunRecord:
+        """A format 1-2 checkpoint: ``run`` (the flags, flat) beside ``data_seed``, ``config``, ``batch_size``."""
+        model = ModelSpec(ModelFamily.parse(text(run, "model")), whole(run, "num_layers"), whole(run, "num_filters"),
+                          whole(run, "num_classes"), optional_whole(run, "resnet_version"))
+        flags = dict(run)
+        flags.setdefault("batch_size", data.get("batch_size"))
+        identity = section(data, "identity")
+        if whole(data, "format_version") < 2:
+            identity = {k: run[k] for k in LEGACY_IDENTITY if k in run}
+            if "data_seed" in data:
+                identity["seed"] = data["data_seed"]
+        seed = optional_whole(data, "data_seed")
+        if seed is None:
+            seed = optional_whole(identity, "seed")
+        return cls(model, DataRecord.from_dict(flags), seed or 0, section(data, "config"), whole(data, "step"),
+                   optional_text(data, "run_id"), identity)
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint read back: where it is, its record, the model's tensors and the optimizer's state."""
+
+    path: Path
+    record: RunRecord
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: OptimizerState | None
+
+
+def write_checkpoint(directory: str | Path, record: RunRecord, model_state: Mapping[str, torch.Tensor],
+                     optimizer_state: OptimizerState | None, *, keep: int = 2) -> Path:
+    """Write checkpoint ``record.step`` of lineage ``record.run_id`` (see ``files.save_checkpoint``)."""
+    if record.run_id is None:
+        raise ValueError("a checkpoint is written with a run id (RunRecord.at(step, run_id))")
+    payload = {**record.to_payload(), MODEL_STATE: dict(model_state), OPTIMIZER_STATE: optimizer_state}
+    return save_checkpoint(directory, record.step, payload, run_id=record.run_id, identity=record.identity,
+                           keep=keep)
+
+
+def read_checkpoint(path: str | Path, *, lazy: bool = False, check: bool = True) -> LoadedCheckpoint:
+    """Load and check a checkpoint (``files.load_checkpoint``) and read its record; ValueError saying what is wrong."""
+    file = Path(path)
+    data = files.load_checkpoint(file, lazy=lazy, check=check)   # looked up on the module: tests replace it
+    record = RunRecord.from_payload(data, file)
+    model = data.get(MODEL_STATE)
+    if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        raise ValueError(f"checkpoint {file} holds no model weights; {WRITTEN_BY}")
+    optimizer = data.get(OPTIMIZER_STATE)
+    return LoadedCheckpoint(file, record, model, optimizer if isinstance(optimizer, dict) else None)
+
+
+# ----------------------------------------------------------------- typed fields
+def section(data: Mapping[str, object], key: str) -> dict[str, object]:
+    """``data[key]`` as a dict with string keys (empty when missing); ValueError for another type."""
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"field {key!r}: expected a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def optional_text(data: Mapping[str, object], key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"field {key!r}: expected text, got {value!r}")
+    return value
+
+
+def text(data: Mapping[str, object], key: str, default: str | None = None) -> str:
+    value = optional_text(data, key)
+    if value is None:
+        value = default
+    if value is None:
+        raise ValueError(f"field {key!r} is missing")
+    return value
+
+
+def optional_number(data: Mapping[str, object], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"field {key!r}: expected a number, got {value!r}")
+    return float(value)

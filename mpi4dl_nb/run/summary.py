@@ -1,0 +1,125 @@
+"""What a training run reports: each rank's figures, the latest evaluation, and the run's one-line JSON summary."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..checkpoint.record import RunRecord
+from ..evaluation.metrics import Metrics
+
+
+def finite_or_none(value: float) -> float | None:
+    """``value``, or None for NaN/inf (JSON has no NaN)."""
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    """One rank's time split and memory over the run (peak: the CUDA allocator's, or counted on CPU)."""
+
+    rank: int
+    steps: int
+    seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    state_bytes: int
+    activation_peak_bytes: int
+    peak_bytes: int
+    memory_source: str          # "cuda-allocator" or "counted"
+
+
+@dataclass(frozen=True)
+class Validation:
+    """An evaluation of the weights after ``step`` optimizer steps, and how long it took."""
+
+    step: int
+    metrics: Metrics
+    seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        """``val_step``, the ``val_``-prefixed metrics, ``val_seconds``: the names logs and summaries use."""
+        return {"val_step": self.step, **self.metrics.as_dict("val_"), "val_seconds": self.seconds}
+
+    def line(self) -> str:
+        """``eval at step 20 (98 images): val_loss 0.4123 val_accuracy 0.8163 ...`` (the figures that exist)."""
+        m = self.metrics
+        figures = (("val_loss", m.loss), ("val_accuracy", m.accuracy), ("val_balanced_accuracy", m.balanced_accuracy),
+                   ("val_roc_auc", m.roc_auc))
+        shown = [f"{name} {value:.4f}" for name, value in figures if isinstance(value, float)]
+        return f"eval at step {self.step} ({m.count} images): " + " ".join(shown)
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    """A run's result on rank 0: what it trained (``record``; None when the caller gave none), its steps and
+    losses, every rank's figures, the latest evaluation. ``to_json`` is the command's last line."""
+
+    record: RunRecord | None
+    world_size: int
+    start_step: int
+    steps: int
+    steps_run: int
+    warmup_steps: int
+    images_per_s: float | None
+    loss: float | None
+    losses: list[float | None]
+    skipped_steps: list[int]
+    run_id: str
+    wall_seconds: float
+    ranks: Sequence[RankMetrics]
+    checkpoint: str | None
+    validation: Validation | None = None
+    config: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def peak_memory_bytes(self) -> list[int]:
+        return [r.peak_bytes for r in self.ranks]
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON record, its keys in their documented order."""
+        return {
+            **(self.record.summary_fields() if self.record is not None else {}),
+            "world_size": self.world_size,
+            "start_step": self.start_step,
+            "steps": self.steps,
+            "steps_run": self.steps_run,
+            "warmup_steps": self.warmup_steps,
+            "images_per_s": self.images_per_s,
+            "loss": self.loss,
+            "losses": self.losses,
+            "skipped_steps": self.skipped_steps,
+            "run_id": self.run_id,
+            "wall_seconds": self.wall_seconds,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "activation_peak_bytes": [r.activation_peak_bytes for r in self.ranks],
+            "state_bytes": [r.state_bytes for r in self.ranks],
+            "memory_source": self.ranks[0].memory_source,
+            "compute_seconds": [r.compute_seconds for r in self.ranks],
+            "comm_seconds": [r.comm_seconds for r in self.ranks],
+            "train_seconds": [r.seconds for r in self.ranks],
+            "checkpoint": self.checkpoint,
+            **(self.validation.as_dict() if self.validation is not None else {}),
+            "config": dict(self.config),
+        }
+
+    def __getitem__(self, key: str) -> object:
+        """A figure by its JSON name (``summary["val_loss"]``), as code that read the summary dict does."""
+        return self.as_dict()[key]
+
+    def to_json(self) -> str:
+        """The final one-line JSON record."""
+        return json.dumps(self.as_dict(), sort_keys=False)
+
+    def report(self) -> str:
+        """Human-readable per-rank table (``-v``)."""
+        model = str(self.record.model.family) if self.record is not None else "model"
+        rate = "n/a" if self.images_per_s is None else f"{self.images_per_s:.3f}"
+        loss = "n/a" if self.loss is None else f"{self.loss:.4f}"
+        lines = [f"{model}: {self.steps_run} steps, {rate} images/s, final loss {loss}",
+                 "rank  peak MB  activations MB  compute s  comm s"]
+        for r in self.ranks:
+            lines.append(f"{r.rank:4d}  {r.peak_bytes / 2**20:7.1f}  {r.activation_peak_bytes / 2**20:14.1f}  "
+                         f"{r.compute_seconds:9.2f}  {r.comm_seconds:6.2f}")
+        return "\n".join(lines)
