@@ -176,13 +176,18 @@ def line_shape(line: str) -> str:
 
 
 def shape(text: str) -> list[str]:
-    """The shape of an output: its lines' shapes in order, runs of alike lines (rank rows, steps) as one."""
+    """The shape of an output: its lines' shapes in order, runs of alike lines (rank rows, steps) as one, then
+    its JSON lines' shapes (JSON goes to stdout and the report to stderr: under mpiexec the two interleave in
+    either order)."""
     shapes: list[str] = []
+    json_shapes: list[str] = []
     for line in text.splitlines():
         masked = line_shape(line)
-        if masked and (not shapes or shapes[-1] != masked):
+        if masked.startswith("json:"):
+            json_shapes.append(masked)
+        elif masked and (not shapes or shapes[-1] != masked):
             shapes.append(masked)
-    return shapes
+    return shapes + json_shapes
 
 
 # ---------------------------------------------------------------------- README's blocks
