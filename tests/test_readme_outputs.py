@@ -53,10 +53,11 @@ SAMPLE_PARAMS = [pytest.param(sample, id=sample.name, marks=[pytest.mark.mpi] if
                  for sample in outputs.SAMPLES]
 
 
-def test_shape_masks_figures_and_keeps_order() -> None:
+def test_shape_masks_figures_keeps_order_and_puts_json_last() -> None:
     text = ('[###.......] step 1/3 loss 2.0278 0.48 img/s\n[##########] step 3/3 loss 2.3352 0.68 img/s\n'
             '{"model": "amoebanet", "loss": 2.3, ...}\n   0      7.6    1.95\n   1     10.2   12.75\nend')
-    assert outputs.shape(text) == ["[bar] step #/# loss # # img/s", "json: model, loss", "# # #", "end"]
+    assert outputs.shape(text) == ["[bar] step #/# loss # # img/s", "# # #", "end", "json: model, loss"]
+    assert outputs.shape(text.replace("end", "done")) != outputs.shape(text)
     assert outputs.abridged('{"a": 1, "b": [2], "c": 3}', ("a", "c")) == '{"a": 1, "c": 3, ...}'
     assert outputs.terminal_lines("step 1\rstep 2\nend  \n\n") == ["step 2", "end"]
 
