@@ -1,11 +1,13 @@
 # Two commands on a fresh machine with Python 3.11: `make demo` and `make test`.
 PYTHON     ?= python3
 VENV       ?= .venv
-# Default: the pinned CPU-friendly torch. Override, e.g. TORCH_SPEC="torch==2.13.0+cu126"
-# TORCH_INDEX=https://download.pytorch.org/whl/cu126, or TORCH_SPEC= to keep what is installed.
-TORCH_SPEC ?= torch==2.13.0
+# Default: the pinned torch, and the torchvision and timm that go with it (the `models` extra: torchvision:/timm:
+# models). Override, e.g. TORCH_SPEC="torch==2.14.1+cu126" TORCH_INDEX=https://download.pytorch.org/whl/cu126, or
+# TORCH_SPEC= MODELS_SPEC= to keep what is installed.
+TORCH_SPEC ?= torch==2.14.1
+MODELS_SPEC ?= torchvision==0.29.1 timm==1.0.31
 TORCH_INDEX ?=
-EXTRAS     ?= local-mpi,slides,notebook,dev
+EXTRAS     ?= local-mpi,slides,notebook,dev,models
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.mpi4dl-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -18,7 +20,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
-		$(if $(TORCH_SPEC),"$(TORCH_SPEC)") -e ".[$(EXTRAS)]"
+		$(if $(TORCH_SPEC),"$(TORCH_SPEC)") $(MODELS_SPEC) -e ".[$(EXTRAS)]"
 	$(PY) -m ipykernel install --sys-prefix --name mpi4dl-nb --display-name "Python (mpi4dl-nb)" >/dev/null
 	$(PY) -c "import torch, mpi4py, ipyparallel; print('installed: torch', torch.__version__)"
 	@touch $(STAMP)
@@ -35,9 +37,10 @@ test: lint
 	$(PY) -m pytest -q --durations=30 tests
 
 # notebooks/.lab/labconfig turns Lab's autosave off, so a run never writes outputs into the tracked notebooks.
+# As root, Jupyter refuses to start without --allow-root: added then.
 lab: $(STAMP)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/notebooks/.lab$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS) \
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) \
 		--MappingKernelManager.default_kernel_name=mpi4dl-nb
 
 # Write notebooks/NN_name.ipynb from their jupytext sources NN_name.py (deterministic; see docs/notebooks.md).
@@ -52,7 +55,8 @@ bench: $(STAMP)
 readme-outputs: $(STAMP)
 	$(PY) docs/readme_outputs.py $(SAMPLES)
 
-# System packages of the browser (tests/ui) and Slurm (tests/slurm) tests: chromium, fontconfig, slurm-wlm, munge (apt).
+# System packages of the browser (tests/ui), Slurm (tests/slurm) and multihost (tests/multihost) tests: chromium,
+# fontconfig, slurm-wlm, munge, iproute2 (apt).
 ci-deps:
 	bash .ci/deps
 

@@ -7,7 +7,7 @@ network run on the whole slide level in one process): ours should be float round
 the seam error of tiles that pad at their own edges. ``--big N`` also streams an N x N synthetic
 slide end to end (ours only: MONAI holds the whole slide in memory).
 
-MONAI is installed into its own environment (``--bench-venv``, default ``.bench-venv``): a venv
+MONAI is installed into its own environment (``--monai-venv``, default ``.bench-venv``): a venv
 that sees the project's packages through a ``.pth`` file and adds ``monai`` only; the project's
 environment is never changed.
 
@@ -17,18 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from support.launch import run_job
-from support.machine import REPO, Footer
+from support.machine import Footer
+from support.monai_peer import (
+    add_peer_arguments,
+    child_environment,
+    max_difference,
+    ours,
+    peer_python,
+    ran_internal_part,
+)
 from support.tables import Table
-
-MONAI_SPEC = "monai"
 
 
 # ----------------------------------------------------------------------------- data
@@ -152,40 +156,6 @@ def monai_run(checkpoint: Path, slide: Path, out: Path, roi: int, dtype: str) ->
             "peak_memory_bytes": [meter.peak], "stride": stride}
 
 
-def ours(ranks: int, checkpoint: Path, slide: Path, out: Path, window: int, dtype: str,
-         extra: list[str] = ()) -> dict:
-    """``python -m mpi4dl_nb infer`` on ``ranks`` ranks (one window split over them); its JSON summary."""
-    method = "square" if int(ranks ** 0.5) ** 2 == ranks else "vertical"
-    argv = [sys.executable, "-m", "mpi4dl_nb", "infer", "--checkpoint", str(checkpoint), "--slide", str(slide),
-            "--output", str(out), "--num-spatial-parts", str(ranks), "--slice-method", method, "--window", str(window),
-            "--dtype", dtype, "--overwrite", "--no-progress", *extra]
-    done = run_job(ranks, argv)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def max_difference(result: Path, ref: np.ndarray) -> float:
-    values = np.load(result)
-    h, w = ref.shape[1:]
-    return float(np.nanmax(np.abs(values[:, :h, :w].astype(np.float64) - ref)))
-
-
-# ------------------------------------------------------------------------ MONAI venv
-def bench_python(venv: Path) -> Path:
-    """A venv seeing the project's packages (a .pth) plus MONAI; created and filled on first use."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        base = getattr(sys, "_base_executable", sys.executable)
-        subprocess.run([base, "-m", "venv", str(venv)], check=True)
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
-        ours_site = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   check=True, capture_output=True, text=True).stdout.strip()
-        Path(site, "mpi4dl_project.pth").write_text(ours_site + "\n")
-    if subprocess.run([str(python), "-c", "import monai"], capture_output=True).returncode:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", MONAI_SPEC], check=True)
-    return python
-
-
 # ----------------------------------------------------------------------------- main
 def fmt_mb(values: list[int]) -> str:
     return " / ".join(f"{v / 2**20:.0f}" for v in values)
@@ -195,29 +165,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=2048, help="side of the comparison slide (pixels)")
     parser.add_argument("--window", type=int, default=256, help="our --window and MONAI's ROI side per rank")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--big", type=int, default=0, help="also stream a BIG x BIG synthetic slide on the most ranks")
-    parser.add_argument("--workdir", type=Path, default=REPO / "out" / "bench_infer")
-    parser.add_argument("--bench-venv", type=Path, default=REPO / ".bench-venv")
-    parser.add_argument("--skip-monai", action="store_true")
-    parser.add_argument("--internal", choices=("monai", "reference"), help=argparse.SUPPRESS)
-    parser.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--slide", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    add_peer_arguments(parser, "bench_infer", [1, 2, 4])
     args = parser.parse_args()
-    if args.internal == "monai":
-        print(json.dumps(monai_run(args.checkpoint, args.slide, args.out, args.window, args.dtype)))
+    if ran_internal_part(args, sys.modules[__name__], args.window):
         return
-    if args.internal == "reference":
-        reference(args.checkpoint, args.slide, args.out, args.dtype)
-        return
-
     footer = Footer()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
-                                                                                          os.environ.get("PYTHONPATH")])))
+    env = child_environment()
     checkpoint = make_checkpoint(work / "ck", env)
     slide = work / f"synthetic-{args.size}.tif"
     if not slide.exists():
@@ -232,7 +188,7 @@ def main() -> None:
           f"reference: the FCN on the whole slide in one process, output {tuple(ref.shape)}\n")
     rows = []
     if not args.skip_monai:
-        python = bench_python(args.bench_venv)
+        python = peer_python(args.monai_venv)
         out = work / "monai.npy"
         done = subprocess.run([str(python), *me[1:], "--internal", "monai", "--out", str(out)], check=True, env=env,
                               capture_output=True, text=True)
@@ -257,7 +213,7 @@ def main() -> None:
             synthetic_slide(big, args.big)
             print(f"\nwrote {big} in {time.perf_counter() - start:.0f} s")
         ranks = max(args.ranks)
-        result = ours(ranks, checkpoint, big, work / "big.tif", args.window * 2, args.dtype, ["--tissue-only"])
+        result = ours(ranks, checkpoint, big, work / "big.tif", args.window * 2, args.dtype, ("--tissue-only",))
         print(f"\n{args.big} x {args.big} px slide, {ranks} ranks, --window {args.window * 2} --tissue-only: "
               f"{result['seconds']:.0f} s, {result['megapixels_per_s']:.2f} MP/s, windows {result['windows']} "
               f"({result['skipped_background']} background skipped), peak memory per rank "

@@ -4,6 +4,8 @@
     python benchmarks/bench_planner.py --model resnet --depth 20 --width 8 --image-size 256
     python benchmarks/bench_planner.py --model amoebanet --depth 6 --width 32 --image-size 128
     python benchmarks/bench_planner.py --grid --markdown                 # the BENCHMARKS.md table
+    python benchmarks/bench_planner.py --model torchvision:resnet50 --image-size 256 --configs "SP4+LP"
+    python benchmarks/bench_planner.py --byom --image-size 256 --memory-only --markdown   # torchvision models
 
 Each configuration runs on a local MPI cluster of its world size (one cluster start per
 world size). On every rank: one warm-up and one measured ``HybridEngine.train_step`` under
@@ -17,12 +19,17 @@ the cost of a meeting of all ranks) and the real schedule.
 One line per configuration: ``worst ratio X`` (memory estimate/measured on the rank
 furthest from 1) and ``time ratio Y`` (predicted/measured step time). Step times depend on
 the machine's load: quote them with the load average printed at the end.
+``--model`` takes any model spec the CLI takes (``torchvision:NAME``, ``timm:NAME``: cut into pieces
+by ``models/cut.py``; their depth and width come with the name). ``--byom``: ResNet-50, DenseNet-121,
+EfficientNet-B0 and ConvNeXt-T from torchvision in four layouts (``BYOM_CASES``); ``--memory-only``
+leaves out the time prediction (the layers are not timed).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -49,6 +56,9 @@ GRID = [
     ("resnet", 11, 16, 128), ("resnet", 20, 8, 256), ("resnet", 11, 8, 384),
     ("resnet", 29, 16, 128), ("amoebanet", 6, 32, 128), ("amoebanet", 3, 64, 256),
 ]
+# --byom: models nobody here wrote, in one process, SP+LP with micro-batches, LP with micro-batches, SP 2x2 + LP
+BYOM = ["torchvision:resnet50", "torchvision:densenet121", "torchvision:efficientnet_b0", "torchvision:convnext_tiny"]
+BYOM_CASES = ["serial", "SP2v+LP, 2 micro-batches", "LP3, GPipe m=2", "SP4+LP"]
 
 
 @dataclass
@@ -80,10 +90,10 @@ def predict_time(layers, cfg, image_size, batch, network, timer: LayerTimer) -> 
 
 
 def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
-              names: list[str] | None, passes: int) -> list[Row]:
+              names: list[str] | None, passes: int, time_it: bool = True) -> list[Row]:
     spec = trials.ModelSpec(model, depth, width, num_classes=2)
     layers = spec.build()
-    label = f"{model}-{depth} w{width} {image_size}px"
+    label = f"{model} {image_size}px" if spec.model.family.named else f"{model}-{depth} w{width} {image_size}px"
     cases = [c for c in CASES if names is None or c[0] in names]
     cases.sort(key=lambda case: ParallelConfig(**case[1]).world_size)
     rows = []
@@ -100,7 +110,8 @@ def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
                 for name, knobs, batch in group:
                     cfg = ParallelConfig(**knobs)
                     measured = cluster.run(trials.measure_config_on_engine, spec, knobs, image_size, batch, steps)[0]
-                    predicted = predict_time(layers, cfg, image_size, batch, network, timer)
+                    predicted = predict_time(layers, cfg, image_size, batch, network, timer) if time_it \
+                        else float("nan")
                     if done == 0:
                         plan = planner.estimate_memory(layers, cfg, image_size, batch)
                         found[name] = Row(label, name, world, batch, plan.totals, list(measured.peaks), predicted,
@@ -118,19 +129,22 @@ def print_row(row: Row, markdown: bool, file=sys.stdout) -> None:
     mb = 2 ** 20
     cells = "; ".join(f"r{r}: {e / mb:.1f}/{m / mb:.1f} ({e / m:.2f})"
                       for r, (e, m) in enumerate(zip(row.estimate, row.measured)))
-    time_text = f"{row.predicted_time:.3f}/{row.measured_time:.3f} s"
+    timed = not math.isnan(row.predicted_time)    # --memory-only: no prediction
+    time_text = f"{row.predicted_time:.3f}/{row.measured_time:.3f} s" if timed else f"-/{row.measured_time:.3f} s"
+    ratio = f"{row.time_ratio:.2f}" if timed else "-"
     if markdown:
         print(f"| {row.model} | {row.name} | {row.world} | {row.batch} | {row.worst:.2f} | "
-              f"{row.time_ratio:.2f} | {time_text} | {cells} |", file=file)
+              f"{ratio} | {time_text} | {cells} |", file=file)
     else:
         print(f"{row.model:24s} {row.name:26s} ranks {row.world} batch {row.batch}  worst ratio "
-              f"{row.worst:.2f}  time ratio {row.time_ratio:.2f} ({time_text})  | {cells}",
+              f"{row.worst:.2f}  time ratio {ratio} ({time_text})  | {cells}",
               file=file, flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("resnet", "amoebanet"), default="resnet")
+    parser.add_argument("--model", default="resnet",
+                        help="resnet, amoebanet, or a named model: torchvision:NAME, timm:NAME")
     parser.add_argument("--depth", type=int, default=11, help="ResNet depth / AmoebaNet normal cells")
     parser.add_argument("--width", type=int, default=16, help="ResNet base width / AmoebaNet filters")
     parser.add_argument("--image-size", type=int, default=128)
@@ -140,15 +154,20 @@ def main() -> int:
                              "keep the fastest of each (a shared machine's slow spells only ever add time)")
     parser.add_argument("--configs", default=None, help="';'-separated configuration names")
     parser.add_argument("--grid", action="store_true", help="every model size of the BENCHMARKS.md table")
+    parser.add_argument("--byom", action="store_true",
+                        help="torchvision ResNet-50, DenseNet-121, EfficientNet-B0, ConvNeXt-T in BYOM_CASES")
+    parser.add_argument("--memory-only", action="store_true", help="memory only: no layer timing, no time ratio")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args()
     if args.passes < 1 or args.steps < 1:
         parser.error("--passes and --steps must be at least 1")
-    names = args.configs.split(";") if args.configs else None
-    models = GRID if args.grid else [(args.model, args.depth, args.width, args.image_size)]
+    names = args.configs.split(";") if args.configs else (BYOM_CASES if args.byom else None)
+    models = GRID if args.grid else [(name, 0, 0, args.image_size) for name in BYOM] if args.byom else \
+        [(args.model, args.depth, args.width, args.image_size)]
     footer = Footer()
     start = time.monotonic()
-    rows = [row for model in models for row in run_model(*model, args.steps, names, args.passes)]
+    rows = [row for model in models
+            for row in run_model(*model, args.steps, names, args.passes, time_it=not args.memory_only)]
     if args.markdown:
         print("| model | configuration | ranks | batch | memory worst ratio | time ratio | "
               "step time predicted/measured | per rank: estimate/measured MB (ratio) |")
@@ -157,8 +176,10 @@ def main() -> int:
         print_row(row, args.markdown)
     memory_ok = sum(all(abs(r - 1) <= 0.15 for r in row.ratios) for row in rows)
     time_ok = sum(abs(row.time_ratio - 1) <= 0.30 for row in rows)
-    print(f"\nmemory within 15% on every rank: {memory_ok}/{len(rows)}; step time within 30%: "
-          f"{time_ok}/{len(rows)} (float32; {time.monotonic() - start:.0f} s)")
+    timed = "step time not predicted (--memory-only)" if args.memory_only else \
+        f"step time within 30%: {time_ok}/{len(rows)}"
+    print(f"\nmemory within 15% on every rank: {memory_ok}/{len(rows)}; {timed} "
+          f"(float32; {time.monotonic() - start:.0f} s)")
     footer.print()
     return 0
 

@@ -36,21 +36,26 @@ run mpiexec -n 2 python benchmarks/bench_spatial.py speed --size 2048 --steps 3 
 run yielding mpiexec -n 4 python benchmarks/bench_spatial.py memory --size 2048
 run mpiexec -n 2 python benchmarks/bench_overlap.py --size 2048 --backend mpi
 run mpiexec -n 2 python benchmarks/bench_overlap.py --size 2048 --backend gloo
+# across test hosts (root: network namespaces)
+run python benchmarks/bench_hosts.py --rates unlimited,10gbit,1gbit
 # 3. pipeline and GEMS (with torch.distributed.pipelining beside them)
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule gpipe
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule 1f1b
-# 4. weights per rank; models as batch jobs
+# 4. weights per rank; models as batch jobs; models nobody here wrote (torchvision)
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 run python benchmarks/bench_models.py --image-size 256 --batch-size 2 --steps 4
+run yielding mpiexec -n 5 python benchmarks/bench_byom.py --size 512 --markdown
 # 5. cost of exactness
 run mpiexec -n 2 python benchmarks/bench_correctness.py guard --size 256 --steps 3 --rounds 3
 run yielding mpiexec -n 4 python benchmarks/bench_correctness.py models --size 256 --steps 2 --rounds 2
+run yielding mpiexec -n 4 python benchmarks/bench_unet.py --size 1024 --markdown
 # 6. waiting ranks
 run yielding mpiexec -n 3 python benchmarks/bench_wait.py
 run yielding mpiexec -n 5 python benchmarks/bench_wait.py
 # 7. planner and auto-tune
 run python benchmarks/bench_planner.py --grid --passes 1 --markdown
 run python benchmarks/bench_planner_recompute.py
+run python benchmarks/bench_planner.py --byom --image-size 256 --memory-only --passes 1 --steps 1 --markdown
 run yielding mpiexec -n 5 python benchmarks/bench_meetings.py
 run mpiexec -n 5 python benchmarks/bench_layer_timing.py --repeats 2
 run python benchmarks/bench_suggest.py --scenarios resnet-11,resnet-20,amoebanet-3 --repeats 1 --markdown
@@ -58,6 +63,8 @@ run python benchmarks/bench_suggest.py --scenarios resnet-29,resnet-11-384,amoeb
 run python benchmarks/bench_tune_order.py --jobs 2
 # 8. inference, soak, out of core
 run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --big 10000
+run python benchmarks/bench_infer_dense.py --size 1024 --roi 256 --ranks 1 4
+run python benchmarks/bench_infer_memory.py --side 1024 --window 256 --ranks 4 --dtype float64
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100
 run python benchmarks/bench_soak.py --steps 6000 --sample-every 200 --configs sp_lp --modes api
 run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 384 --steps 5

@@ -49,8 +49,9 @@ class Sample:
 TRAIN_FLAGS = ("--model amoebanet --num-layers 6 --num-filters 16 --image-size 256 --num-spatial-parts 4 "
                "--slice-method vertical --split-size 2 --spatial-size 1 --batch-size 2 --steps 3 -v")
 EVAL_TRAIN_FLAGS = ("--app medical --num-classes 2 --image-size 128 --batch-size 8 --num-layers 11 --num-filters 8 "
-                    "--steps 80 --val-fraction 0.25 --eval-every 20 --log-dir runs/ihc --checkpoint-dir runs/ihc/ckpt")
-EVALUATE_FLAGS = "--checkpoint runs/ihc/ckpt --app medical --split-size 1 --spatial-size 0"
+                    "--steps 80 --val-fraction 0.25 --eval-every 20 --log-dir runs/ihc --checkpoint-dir runs/ihc/ckpt "
+                    "--keep-best val_loss")
+EVALUATE_FLAGS = "--checkpoint runs/ihc/ckpt --checkpoint-select best --app medical --split-size 1 --spatial-size 0"
 
 SAMPLES: tuple[Sample, ...] = (
     Sample("demo", "make demo", "`make demo`", run="python -m mpi4dl_nb.notebook.demo", hide=r"^\[IPKernelApp\]",
@@ -66,13 +67,15 @@ SAMPLES: tuple[Sample, ...] = (
     Sample("evaluation-train", f"mpiexec -n 5 python -m mpi4dl_nb train {EVAL_TRAIN_FLAGS}",
            "the `train` command above (its last line)", tail=1,
            json_keys=("steps_run", "loss", "val_step", "val_count", "val_loss", "val_accuracy",
-                      "val_balanced_accuracy", "val_roc_auc"),
+                      "val_balanced_accuracy", "val_roc_auc", "best"),
            quick=("mpiexec -n 2 python -m mpi4dl_nb train --app medical --num-classes 2 --image-size 64 "
                   "--batch-size 4 --num-layers 11 --num-filters 4 --steps 2 --val-fraction 0.25 --eval-every 2 "
-                  "--log-dir runs/ihc --checkpoint-dir runs/ihc/ckpt --split-size 2 --spatial-size 0",)),
+                  "--log-dir runs/ihc --checkpoint-dir runs/ihc/ckpt --keep-best val_loss --split-size 2 "
+                  "--spatial-size 0",)),
     Sample("evaluate", f"python -m mpi4dl_nb evaluate {EVALUATE_FLAGS}", "the `evaluate` command above",
-           needs="evaluation-train", json_keys=("step", "model", "split", "world_size", "count", "loss", "accuracy",
-                                                "balanced_accuracy", "roc_auc", "confusion_matrix"),
+           needs="evaluation-train", json_keys=("checkpoint_select", "best", "step", "model", "split", "world_size",
+                                                "count", "loss", "accuracy", "balanced_accuracy", "roc_auc",
+                                                "confusion_matrix"),
            quick=(f"python -m mpi4dl_nb evaluate {EVALUATE_FLAGS}",)),
 )
 BY_NAME = {sample.name: sample for sample in SAMPLES}

@@ -27,6 +27,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "HybridEngine": ("pipeline.engine", "HybridEngine"),
     "serial_reference": ("pipeline.reference", "serial_reference"),
     "infer_slide": ("infer.api", "infer_slide"),
+    "layer_list": ("models.cut", "layer_list"),
+    "load_weights": ("models.weights", "load_weights"),
+    "read_weights": ("models.weights", "read_weights"),
+    "model_state_dict": ("infer.model", "model_state_dict"),
+    "Trainer": ("run.trainer", "Trainer"),
+    "TrainSettings": ("run.trainer", "TrainSettings"),
+    "split_dataset": ("run.python_run", "split_dataset"),
+    "evaluate": ("run.evaluate", "evaluate"),
     "plot_learning_curves": ("notebook.curves", "plot_learning_curves"),
 }
 

@@ -194,6 +194,11 @@ class ParallelConfig:
         return self.ranks_per_replica * self.data_parallel
 
     @property
+    def all_spatial(self) -> bool:
+        """Every stage spatial (``spatial_size == split_size``): tiles from the input to the loss, nothing joined."""
+        return self.spatial_size == self.split_size
+
+    @property
     def gems(self) -> bool:
         """Whether the bidirectional GEMS mirror replica is used."""
         return self.times > 0
@@ -270,11 +275,15 @@ class ParallelConfig:
                               "would repeat BatchNorm reductions across data-parallel copies whose "
                               "backwards do not run in lockstep; use one of checkpoint_activations "
                               "or sync_batchnorm")
-        if self.spatial_size > 0 and self.spatial_size >= self.split_size:
-            raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages need at least one "
-                              f"layer-parallel stage after them to join the tiles, but split_size="
-                              f"{self.split_size}; use spatial_size <= {self.split_size - 1} or "
-                              f"split_size >= {self.spatial_size + 1}")
+        if self.spatial_size > self.split_size:
+            raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages do not fit in split_size="
+                              f"{self.split_size} stages; use spatial_size <= {self.split_size} (equal: every "
+                              f"stage spatial, the loss on tiles: dense models) or split_size >= "
+                              f"{self.spatial_size + 1}")
+        if self.all_spatial and self.local_dp > 1:
+            raise ConfigError("local_dp", f"local_dp copies the layer-parallel stages, and with spatial_size = "
+                              f"split_size = {self.split_size} every stage is spatial; use local_dp=1 (and "
+                              f"data_parallel for more replicas)")
         if self.spatial_size > 0 and self.num_spatial_parts < 2 and self.grid is None:
             raise ConfigError("num_spatial_parts", "a spatial stage needs at least 2 tiles; "
                               "use num_spatial_parts >= 2 or spatial_size=0")

@@ -40,7 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-work = Path(tempfile.mkdtemp(prefix="mpi4dl-infer-"))
+scratch = tempfile.TemporaryDirectory(prefix="mpi4dl-infer-")   # removed at the end (and when the kernel exits)
+work = Path(scratch.name)
 env = dict(os.environ, **dl.cluster.ENGINE_ENV)
 train = [sys.executable, "-m", "mpi4dl_nb", "train", "--model", "resnet", "--resnet-version", "1",
          "--num-layers", "8", "--num-filters", "4", "--image-size", "32", "--batch-size", "4",
@@ -140,13 +141,27 @@ viewer.select(200, 150)
 viewer
 
 # %% [markdown]
-# The pyramidal `.tif` heat map opens in OpenSlide (and slide viewers such as QuPath or ASAP):
+# The pyramidal `.tif` is **slide-aligned**: it covers the slide's extent from its origin, one pixel per output
+# stride, each cell on the pixels it describes, with one 8-bit sample per class (`P x 255`). OpenSlide opens it,
+# and QuPath or ASAP lay it over the slide (with MPP tags when the slide has an MPP; this one has none). Drawn
+# here in slide coordinates over the slide itself: the map needs no shift or scaling beyond its stride.
 
 # %%
+import matplotlib.pyplot as plt
 import openslide
 
 with openslide.OpenSlide(str(work / "heat.tif")) as heatmap:
-    print(heatmap.level_dimensions, heatmap.properties["openslide.vendor"])
+    print("levels:", heatmap.level_dimensions, "| vendor:", heatmap.properties["openslide.vendor"])
+probabilities = tifffile.imread(work / "heat.tif")[..., 1] / 255.0       # sample 1: P(high DAB)
+stride = summary["output_stride"]
+rows, cols = probabilities.shape
+figure, axis = plt.subplots(figsize=(8, 5))
+axis.imshow(image, extent=(0, image.shape[1], image.shape[0], 0))
+shown = axis.imshow(probabilities, extent=(0, cols * stride, rows * stride, 0), cmap="inferno", alpha=0.55,
+                    vmin=0, vmax=1)
+figure.colorbar(shown, ax=axis, label="P(high DAB)")
+axis.set(title="heat.tif over the slide, in slide pixels", xlabel="x (px)", ylabel="y (px)")
+plt.show()
 
 # %% [markdown]
 # Per-rank timeline of the windows: reads (prefetched in a thread), computes and the halo exchanges
@@ -170,3 +185,4 @@ TimelineView(summary["events"], measured=summary["peak_memory_bytes"])
 
 # %%
 cluster.stop()
+scratch.cleanup()

@@ -15,6 +15,8 @@ from mpi4dl_nb import ConfigError, ParallelConfig
     (dict(split_size=2, spatial_size=0, times=2), 2),
     (dict(split_size=3, spatial_size=1, num_spatial_parts=3, slice_method="horizontal",
           local_dp=2, data_parallel=2), 14),
+    (dict(split_size=1, spatial_size=1, num_spatial_parts=4), 4),       # every stage spatial (dense models)
+    (dict(split_size=2, spatial_size=2, num_spatial_parts=2, slice_method="vertical", times=1), 4),
 ])
 def test_world_size(kwargs, world):
     assert ParallelConfig(**kwargs).world_size == world
@@ -23,8 +25,8 @@ def test_world_size(kwargs, world):
 @pytest.mark.parametrize("kwargs, knob, fragment", [
     (dict(num_spatial_parts=6, slice_method="square"), "num_spatial_parts",
      "perfect square number of parts, got 6; use num_spatial_parts=4"),
-    (dict(split_size=2, spatial_size=3), "spatial_size", "use spatial_size <= 1 or split_size >= 4"),
-    (dict(split_size=2, spatial_size=2), "spatial_size", "at least one layer-parallel stage"),
+    (dict(split_size=2, spatial_size=3), "spatial_size", "use spatial_size <= 2 (equal: every stage spatial"),
+    (dict(split_size=2, spatial_size=2, local_dp=2), "local_dp", "every stage is spatial; use local_dp=1"),
     (dict(slice_method="diagonal"), "slice_method", "square, vertical, horizontal"),
     (dict(split_size=0), "split_size", "integer >= 1"),
     (dict(parts=0), "parts", "integer >= 1"),

@@ -15,4 +15,6 @@ c.MPILauncher.mpi_cmd = ["mpiexec"]
 c.MPILauncher.mpi_args = args
 # engines on other hosts must reach the controller: listen on every interface
 # engines count as registered at their first heartbeat: ping every second (ipyparallel's 3 s held start-up ~2 s)
-c.Cluster.controller_args = ["--ip=*", "--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=30"]
+# (The launcher's setting: ipcluster replaces Cluster.controller_args with its own command line.)
+c.LocalControllerLauncher.controller_args = ["--ip=*", "--HeartMonitor.period=1000",
+                                             "--HeartMonitor.max_heartmonitor_misses=30"]

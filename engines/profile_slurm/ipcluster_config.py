@@ -13,6 +13,8 @@ from mpi4dl_nb.notebook.cluster import CONTROLLER_ARGS, ENGINE_ENV, slurm_batch_
 c = get_config()  # noqa: F821 - provided by ipcluster
 
 c.Cluster.engine_launcher_class = "slurm"
-c.Cluster.controller_args = ["--ip=*", *CONTROLLER_ARGS]     # heartbeat every second, as dl.cluster.start
+# engines on other nodes reach the controller on every interface; heartbeat every second, as dl.cluster.start.
+# (The launcher's setting: ipcluster replaces Cluster.controller_args with its own command line.)
+c.LocalControllerLauncher.controller_args = ["--ip=*", *CONTROLLER_ARGS]
 c.SlurmEngineSetLauncher.batch_template = slurm_batch_template(
     shlex.split(os.environ.get("MPI4DL_SLURM_OPTIONS", "--time=02:00:00")), ENGINE_ENV)

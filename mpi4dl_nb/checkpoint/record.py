@@ -15,9 +15,13 @@ from pathlib import Path
 import torch
 
 from ..data.apps import AppKind
+from ..data.augment import AugmentSpec
+from ..data.classes import numbered
+from ..data.task import Task
 from ..models.spec import ModelFamily, ModelSpec, optional_whole, whole
+from ..pipeline.optim import LRSchedule, OptimizerSpec
 from . import files
-from .files import FORMAT_VERSION, save_checkpoint
+from .files import FORMAT_VERSION, BestMark, save_checkpoint
 
 RECORD_KEY = "record"          # format 3: RunRecord.to_payload()'s section
 LEGACY_KEY = "run"             # formats 1-2: the run's flags, flat
@@ -40,18 +44,65 @@ class DataRecord:
     datapath: str | None = None
     val_fraction: float | None = None
     val_datapath: str | None = None
+    classes: tuple[str, ...] | None = None      # the class names in label order (None: not recorded)
+    mpp: float | None = None                    # µm per pixel the run trained at (None: unknown)
 
     def to_dict(self) -> dict[str, object]:
         return {"app": str(self.app), "image_size": self.image_size, "batch_size": self.batch_size,
                 "dtype": self.dtype, "datapath": self.datapath, "val_fraction": self.val_fraction,
-                "val_datapath": self.val_datapath}
+                "val_datapath": self.val_datapath, "classes": None if self.classes is None else list(self.classes),
+                "mpp": self.mpp}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> DataRecord:
         """The data ``to_dict`` (or a format-2 ``run`` dict) stored; ValueError naming a bad field."""
         return cls(AppKind.parse(text(data, "app", "synthetic")), whole(data, "image_size"),
                    whole(data, "batch_size"), text(data, "dtype", "float32"), optional_text(data, "datapath"),
-                   optional_number(data, "val_fraction"), optional_text(data, "val_datapath"))
+                   optional_number(data, "val_fraction"), optional_text(data, "val_datapath"),
+                   optional_names(data, "classes"), optional_number(data, "mpp"))
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """How a run trains: optimizer, learning-rate schedule, augmentation, class weights (None: unweighted)."""
+
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    schedule: LRSchedule = field(default_factory=LRSchedule)
+    augment: AugmentSpec = field(default_factory=AugmentSpec)
+    class_weights: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"optimizer": self.optimizer.to_dict(), "schedule": self.schedule.to_dict(),
+                "augment": self.augment.to_dict(),
+                "class_weights": None if self.class_weights is None else list(self.class_weights)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> TrainingRecord:
+        """The settings ``to_dict`` stored; ValueError naming a bad field."""
+        weights = data.get("class_weights")
+        if weights is not None and (not isinstance(weights, list) or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)):
+            raise ValueError(f"field 'class_weights': expected a list of numbers, got {weights!r}")
+        return cls(OptimizerSpec.from_dict(section(data, "optimizer")), LRSchedule.from_dict(section(data, "schedule")),
+                   AugmentSpec.from_dict(section(data, "augment")),
+                   None if weights is None else tuple(float(w) for w in weights))
+
+
+@dataclass(frozen=True)
+class SegmentationRecord:
+    """How a segmentation run counts its pixels: the loss (``ce``, ``dice``, ``ce+dice``; class weights in
+    ``TrainingRecord``) and the mask value no pixel is scored at (None: every pixel scored)."""
+
+    loss: str = "ce"
+    ignore_index: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"loss": self.loss, "ignore_index": self.ignore_index}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> SegmentationRecord:
+        """The settings ``to_dict`` stored; ValueError naming a bad field."""
+        return cls(text(data, "loss", "ce"), optional_whole(data, "ignore_index"))
 
 
 @dataclass(frozen=True)
@@ -60,7 +111,10 @@ class RunRecord:
 
     ``config`` is the writing run's ``ParallelConfig.as_dict()`` (a checkpoint resumes on any
     layout; it says where it came from). ``identity`` holds the fields a resume compares
-    (``run/identity.py``), ``step`` the optimizer steps done, ``run_id`` the lineage.
+    (``run/identity.py``), ``step`` the optimizer steps done, ``run_id`` the lineage. ``training``
+    (None: written before it was recorded) how it trains, ``best`` the best evaluation so far
+    of a run with ``--keep-best`` (None: none yet, or not kept). ``task``: what the model predicts (one class
+    per image, or per pixel); a segmentation run's pixel settings in ``segmentation``.
     """
 
     model: ModelSpec
@@ -70,24 +124,38 @@ class RunRecord:
     step: int = 0
     run_id: str | None = None
     identity: Mapping[str, object] = field(default_factory=dict)
+    training: TrainingRecord | None = None
+    best: BestMark | None = None
+    task: Task = Task.CLASSIFICATION
+    segmentation: SegmentationRecord | None = None
 
     def at(self, step: int, run_id: str) -> RunRecord:
         """This record after ``step`` optimizer steps of lineage ``run_id``."""
         return replace(self, step=step, run_id=run_id)
 
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The model's class names in output order: the recorded ones, else ``0``, ``1``, ..."""
+        if self.data.classes is not None and len(self.data.classes) == self.model.num_classes:
+            return self.data.classes
+        return numbered(self.model.num_classes)
+
     def summary_fields(self) -> dict[str, object]:
         """The flat fields a training summary starts with (what format 2 stored as ``run``)."""
         model, data = self.model, self.data
-        return {"model": str(model.family), "resnet_version": model.resnet_version,
+        return {"model": model.label, "resnet_version": model.resnet_version,
                 "num_layers": model.num_layers, "num_filters": model.num_filters,
                 "num_classes": model.num_classes, "image_size": data.image_size, "batch_size": data.batch_size,
                 "app": str(data.app), "dtype": data.dtype, "val_fraction": data.val_fraction,
-                "val_datapath": data.val_datapath}
+                "val_datapath": data.val_datapath, "classes": list(self.class_names), "task": str(self.task)}
 
     def to_payload(self) -> dict[str, object]:
         """The record's entries of a checkpoint payload: plain values only (the file loads with ``weights_only``)."""
         return {RECORD_KEY: {"model": self.model.to_dict(), "data": self.data.to_dict(), "seed": self.seed,
-                             "config": dict(self.config)},
+                             "config": dict(self.config),
+                             "training": None if self.training is None else self.training.to_dict(),
+                             "best": None if self.best is None else self.best.to_dict(), "task": str(self.task),
+                             "segmentation": None if self.segmentation is None else self.segmentation.to_dict()},
                 "step": self.step, "run_id": self.run_id, "identity": dict(self.identity),
                 "format_version": FORMAT_VERSION}
 
@@ -100,9 +168,14 @@ class RunRecord:
         record, legacy = data.get(RECORD_KEY), data.get(LEGACY_KEY)
         try:
             if isinstance(record, Mapping):
+                training, best, pixels = record.get("training"), record.get("best"), record.get("segmentation")
                 return cls(ModelSpec.from_dict(section(record, "model")), DataRecord.from_dict(section(record, "data")),
                            whole(record, "seed", 0), section(record, "config"), whole(data, "step"),
-                           optional_text(data, "run_id"), section(data, "identity"))
+                           optional_text(data, "run_id"), section(data, "identity"),
+                           None if training is None else TrainingRecord.from_dict(section(record, "training")),
+                           None if best is None else BestMark.from_dict(section(record, "best")),
+                           Task.parse(text(record, "task", Task.CLASSIFICATION.value)),
+                           None if pixels is None else SegmentationRecord.from_dict(section(record, "segmentation")))
             if isinstance(legacy, Mapping) and "model" in legacy:
                 return cls.from_legacy(legacy, data)
         except ValueError as err:
@@ -139,13 +212,16 @@ class LoadedCheckpoint:
 
 
 def write_checkpoint(directory: str | Path, record: RunRecord, model_state: Mapping[str, torch.Tensor],
-                     optimizer_state: OptimizerState | None, *, keep: int = 2) -> Path:
-    """Write checkpoint ``record.step`` of lineage ``record.run_id`` (see ``files.save_checkpoint``)."""
+                     optimizer_state: OptimizerState | None, *, keep: int = 2, best: bool = False) -> Path:
+    """Write checkpoint ``record.step`` of lineage ``record.run_id`` (see ``files.save_checkpoint``); ``best``:
+    as the run's best checkpoint, marked with ``record.best``."""
     if record.run_id is None:
         raise ValueError("a checkpoint is written with a run id (RunRecord.at(step, run_id))")
+    if best and record.best is None:
+        raise ValueError("a best checkpoint is written with the record's best mark (RunRecord.best)")
     payload = {**record.to_payload(), MODEL_STATE: dict(model_state), OPTIMIZER_STATE: optimizer_state}
     return save_checkpoint(directory, record.step, payload, run_id=record.run_id, identity=record.identity,
-                           keep=keep)
+                           keep=keep, best=record.best if best else None)
 
 
 def read_checkpoint(path: str | Path, *, lazy: bool = False, check: bool = True) -> LoadedCheckpoint:
@@ -185,6 +261,15 @@ def text(data: Mapping[str, object], key: str, default: str | None = None) -> st
     if value is None:
         raise ValueError(f"field {key!r} is missing")
     return value
+
+
+def optional_names(data: Mapping[str, object], key: str) -> tuple[str, ...] | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"field {key!r}: expected a list of names, got {value!r}")
+    return tuple(value)
 
 
 def optional_number(data: Mapping[str, object], key: str) -> float | None:

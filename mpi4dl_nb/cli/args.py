@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+from dataclasses import replace
 from typing import Any
 
 from ..config import (
@@ -130,7 +131,9 @@ def add_workload_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "ResNet: depth (default 110; v1 6n+2, v2 9n+2)")
     g.add_argument("--num-filters", dest="num_filters", type=int, default=None,
                    help="AmoebaNet: filters (default 416); ResNet: base width (default 16)")
-    g.add_argument("--num-classes", dest="num_classes", type=int, default=10, help="number of classes")
+    g.add_argument("--num-classes", dest="num_classes", type=int, default=None,
+                   help="number of classes (default: the data's: its class folders, CIFAR-10's 10; else 10); "
+                        "refused when it disagrees with the data")
     g.add_argument("--app", dest="app", type=parse_app, default=AppKind.SYNTHETIC,
                    help="data: medical (1), cifar (2) or synthetic (3)")
     g.add_argument("--datapath", dest="datapath", default=None,
@@ -166,3 +169,29 @@ def validate_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for ``ParallelConfig.validate`` available from parsed workload flags."""
     return {name: getattr(args, name) for name in ("batch_size", "image_size")
             if getattr(args, name, None) is not None}
+
+
+def parallel_flags(cfg: ParallelConfig) -> list[str]:
+    """The parallelism flags that give ``cfg`` (those that differ from the defaults), inverse of
+    ``config_from_args``; ConfigError for a tile grid no ``--slice-method`` makes."""
+    parser = add_parallel_args(argparse.ArgumentParser())
+    defaults = vars(parser.parse_args([]))
+    actions = {option: action for action in parser._actions for option in action.option_strings}
+    if cfg.grid is not None:
+        method = next((m for m in SliceMethod if m.grid_shape(cfg.num_spatial_parts) == cfg.grid), None)
+        if method is None:
+            raise ConfigError("grid", f"a {cfg.grid[0]}x{cfg.grid[1]} tile grid has no --slice-method; set "
+                                      f"ParallelConfig(grid=...) from Python")
+        cfg = replace(cfg, grid=None, slice_method=method)
+    out: list[str] = []
+    for flag, name in PARALLEL_FLAGS.items():
+        value, default = getattr(cfg, name), defaults[name]
+        if isinstance(value, tuple):
+            value = ",".join(map(str, value))
+            default = None if default is None else ",".join(map(str, default))
+        elif value is not None and not isinstance(value, (bool, int)):
+            value = str(value)
+        if value == default:
+            continue
+        out += [flag] if actions[flag].nargs == 0 else [flag, str(value)]
+    return out

@@ -1,4 +1,4 @@
-"""``python -m mpi4dl_nb infer``: a trained checkpoint over a whole slide on spatial ranks; heat map out."""
+"""``python -m mpi4dl_nb infer``: a trained checkpoint over a whole slide (or a cohort) on spatial ranks; maps out."""
 
 from __future__ import annotations
 
@@ -8,28 +8,42 @@ import traceback
 from collections.abc import Sequence
 
 from ..config import SLICE_METHODS, ConfigError
-from ..models.spec import ModelFamily
+from .checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
 from .device_flags import add_device_flags, check_device_flags
+from .model_flags import model_arg
+from .parser import CommandParser, DefaultsHelpFormatter
+from .resolution_flags import add_resolution_flags
 
 EXIT_SETUP = 2
+EXIT_SLIDES_FAILED = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``infer`` flags."""
+    from ..data.task import Task
+    from ..infer.outputs import HELP as OUTPUT_HELP
     from ..infer.runner import DEFAULT_BUDGET, DTYPES, OVERLAY_SIDE
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m mpi4dl_nb infer",
         description="Apply a checkpoint of 'train' fully convolutionally to a whole slide, window by window, "
                     "each window split over --num-spatial-parts ranks (mpiexec -n <parts>). The output equals "
-                    "the same network run on the whole slide level in one process.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint file, or a checkpoint directory (its newest)")
-    parser.add_argument("--slide", required=True, help="anything OpenSlide opens, or a plain image")
-    parser.add_argument("--slide-level", dest="level", type=int, default=0, help="pyramid level to read (0: full)")
+                    "the same network run on the whole slide in one process. Exit status: 0 done, 2 refused "
+                    "before any work, 3 some slides of --slides failed (named on stderr; the others are done).",
+        formatter_class=DefaultsHelpFormatter)
+    add_checkpoint_flags(parser)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--slide", help="anything OpenSlide opens, or a plain image")
+    where.add_argument("--slides", help="many slides: a folder of slide files, or a text file with one path per "
+                                        "line; every --output then names one file per slide with {slide}")
+    parser.add_argument("--summary", default=None,
+                        help="with --slides: the summary table (CSV; default summary.csv beside the outputs)")
     parser.add_argument("--output", dest="outputs", action="append", required=True,
-                        help=".npy (probabilities, classes x H' x W'), .tif (pyramidal heat map), .png (overlay); "
-                             "repeat for several")
+                        help=f"repeat for several; {OUTPUT_HELP}")
+    res = parser.add_argument_group("resolution")
+    add_resolution_flags(res, "default: the checkpoint's training MPP when it records one, else --slide-level")
+    res.add_argument("--slide-level", dest="level", type=int, default=None,
+                     help="pyramid level to read as it is (default 0; not with --mpp)")
     parser.add_argument("--num-spatial-parts", dest="num_spatial_parts", type=int, default=1,
                         help="ranks that share each window (= ranks to launch)")
     parser.add_argument("--slice-method", dest="slice_method", choices=SLICE_METHODS, default="square",
@@ -40,20 +54,33 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bytes per rank one window may take when --window is not given")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
     parser.add_argument("--output-stride", dest="output_stride", type=int, default=None,
-                        help="pixels per output cell (a multiple of the trunk's stride; default: the trunk's)")
+                        help="pixels per output cell of a classifier (a multiple of the trunk's stride; default: "
+                             "the trunk's)")
+    parser.add_argument("--task", choices=Task.values(), default=None,
+                        help="refuse a checkpoint of the other task (default: run what the checkpoint holds)")
     parser.add_argument("--heat-class", dest="heat_class", type=int, default=None,
-                        help="class drawn in .tif/.png (default: the last)")
+                        help="class drawn by the .png and .tif:preview of a classifier (default: the last)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help=".geojson: least probability of a region's class (default: 0.5 for a classifier, "
+                             "the label map's most probable class for a segmentation network)")
+    parser.add_argument("--min-area", dest="min_area", type=float, default=0.0,
+                        help=".geojson: drop regions and holes smaller than this (level-0 pixels squared)")
+    parser.add_argument("--exclude-class", dest="exclude_classes", action="append", default=[],
+                        help=".geojson: a class not to trace (name or index; repeat for several), e.g. background")
     parser.add_argument("--overlay-side", dest="overlay_side", type=int, default=OVERLAY_SIDE,
                         help="largest side of the .png overlay (pixels)")
-    parser.add_argument("--model", choices=ModelFamily.values(), default=None,
-                        help="refuse a checkpoint of another model family")
+    parser.add_argument("--model", type=model_arg, default=None, metavar="MODEL",
+                        help="refuse a checkpoint of another model (resnet, torchvision:resnet50, ...); the "
+                             "checkpoint names the network it holds")
     parser.add_argument("--tissue-only", dest="tissue_only", action="store_true",
                         help="skip windows without tissue (judged on a low-resolution overview); their cells are NaN")
     parser.add_argument("--min-tissue", dest="min_tissue", type=float, default=0.0,
                         help="with --tissue-only: skip windows whose tissue share is at most this")
     parser.add_argument("--batch-windows", dest="batch_windows", type=int, default=1,
                         help="windows of equal size per forward")
-    parser.add_argument("--resume", action="store_true", help="continue a partial output from its last finished row")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a partial output from its last finished row; with --slides also skip the "
+                             "slides whose outputs are all written")
     parser.add_argument("--max-window-rows", dest="max_window_rows", type=int, default=None,
                         help="stop after this many window rows (continue later with --resume)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
@@ -69,16 +96,26 @@ def say(rank: int, world: int, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb infer``; the JSON summary is the last line on stdout (rank 0)."""
-    from ..infer.runner import InferSettings, Runner, SetupFailed
+    import json
+
+    from ..infer.cohort import print_table, run_cohort
+    from ..infer.runner import InferSettings, Runner, SetupFailed, SlideFailed
     from .layout_cmd import launched_world
 
     parsed = build_parser().parse_args(argv)
     args = vars(parsed).copy()
     backend, device = args.pop("backend"), args.pop("device")
+    slides, summary_path = args.pop("slides"), args.pop("summary")
+    args.pop("checkpoint_select")
     rank, size, _ = launched_world()
     try:
         check_device_flags(parsed)
-        settings = InferSettings(outputs=tuple(args.pop("outputs")), **args)
+        args["checkpoint"] = chosen_checkpoint(parsed)     # before the rank count: a missing checkpoint first
+        if summary_path is not None and slides is None:
+            raise ConfigError("--summary", "is for --slides (a cohort); drop it with --slide")
+        settings = InferSettings(outputs=tuple(args.pop("outputs")), slide=args.pop("slide") or "",
+                                 exclude_classes=tuple(args.pop("exclude_classes")), cohort=slides is not None,
+                                 **args)
         settings.check()
     except ConfigError as err:
         if rank == 0:
@@ -88,13 +125,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..comm.context import init
 
         ctx = init(backend=backend, device=device)
+        if slides is not None:
+            try:
+                cohort = run_cohort(settings, slides, ctx, summary=summary_path)
+            except (SetupFailed, ConfigError) as err:
+                if ctx.rank == 0:
+                    say(0, size, f"error: {err}")
+                return EXIT_SETUP
+            if cohort is None:
+                return 0
+            print_table(cohort.results, sys.stdout)
+            print(json.dumps(cohort.as_dict()), flush=True)
+            if cohort.failed:
+                say(0, size, f"{len(cohort.failed)} of {len(cohort.results)} slides failed: "
+                    f"{', '.join(cohort.failed)} (see {cohort.table}); the others are done")
+                return EXIT_SLIDES_FAILED
+            return 0
         try:
             runner = Runner(settings, ctx)
         except (SetupFailed, ConfigError) as err:
             if ctx.rank == 0:
                 say(0, size, f"error: {err}")
             return EXIT_SETUP
-        summary = runner.run()
+        try:
+            summary = runner.run()
+        except SlideFailed as err:
+            if ctx.rank == 0:
+                say(0, size, f"error: {err}; the rows done so far are kept: fix the slide and continue with --resume")
+            return EXIT_SETUP
         if summary is not None:
             if not summary.complete:
                 say(0, size, f"stopped after output row {summary.rows_done} of {summary.output_shape[1]}; "

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -13,20 +11,10 @@ from ..comm.device import local_rank_from_env
 from ..config import ConfigError, ParallelConfig
 from ..layout import layout, layout_table
 from .args import add_parallel_args, config_from_args
+from .model_flags import add_model_cut_args, model_cut
+from .parser import CommandParser, DefaultsHelpFormatter
 
 EXIT_CONFIG = 2
-# launcher variables holding this process's rank in the whole job, most specific first
-WORLD_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
-                        "PALS_RANKID", "SLURM_PROCID")
-
-
-def world_rank_from_env() -> int | None:
-    """This process's rank from the launcher's environment (None: not launched by one), without MPI."""
-    for name in WORLD_RANK_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
 
 
 def launched_world() -> tuple[int, int, bool]:
@@ -60,10 +48,11 @@ def check_world_size(cfg: ParallelConfig, world_size: int, rank: int = 0) -> Non
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the rank layout (or JSON with ``--json``); under mpiexec, check the rank count."""
-    parser = argparse.ArgumentParser(
-        prog="python -m mpi4dl_nb layout",
+    parser = CommandParser(
+        prog="python -m mpi4dl_nb layout", formatter_class=DefaultsHelpFormatter,
         description="Show which rank does what for a configuration, and how many ranks it needs.")
     add_parallel_args(parser)
+    add_model_cut_args(parser)
     parser.add_argument("--json", action="store_true", help="print the layout as JSON")
     args = parser.parse_args(argv)
     rank, size, launched = launched_world()
@@ -84,6 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(layout_table(cfg))
         print(f"world size: {cfg.world_size} ranks ({cfg.describe_world()})")
+    if args.model is not None:
+        try:
+            print(f"\nstage cut of {args.model}:\n{model_cut(args, cfg)}")
+        except ConfigError as err:
+            refuse(str(err))
     return 0
 
 

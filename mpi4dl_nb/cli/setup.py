@@ -41,9 +41,15 @@ def check_layout(cfg: ParallelConfig, layers: Sequence[nn.Module], batch_size: i
 
 
 def dataset_from(args: argparse.Namespace, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
-    """The dataset the data flags in ``args`` name, read from ``datapath`` (without the files ``exclude``)."""
+    """The dataset the data flags in ``args`` name, read from ``datapath`` (without the files ``exclude``; class
+    folders labelled in the order of ``args.class_order`` when set)."""
     from ..data import make_dataset
+    from .resolution_flags import resolution_of
+    from .segmentation_flags import segmentation_dataset, task_of
 
+    if task_of(args).dense:
+        return segmentation_dataset(args, datapath, exclude)
+    mpp, source_mpp = resolution_of(args)
     return make_dataset(args.app, args.image_size, args.num_classes, datapath=datapath, seed=args.seed,
                         num_samples=args.num_samples, slide_level=args.slide_level, min_tissue=args.min_tissue,
-                        exclude=exclude)
+                        exclude=exclude, classes=getattr(args, "class_order", None), mpp=mpp, source_mpp=source_mpp)

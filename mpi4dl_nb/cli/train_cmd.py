@@ -12,21 +12,42 @@ from typing import TYPE_CHECKING
 from ..checkpoint.record import DataRecord, RunRecord
 from ..config import ConfigError, ParallelConfig
 from ..data.apps import AppKind
+from ..evaluation.metrics import MetricName
 from ..models.spec import ModelFamily, ModelSpec
 from ..run.divergence import EXIT_NONFINITE, OnNonFinite
 from ..run.identity import parse_allowed
 from .args import add_mpi4dl_args
 from .device_flags import add_device_flags, check_device_flags
+from .model_flags import VERSION_HELP, add_model_flag, add_pretrained_flags, check_model_flags, model_spec
+from .parser import CommandParser, DefaultsHelpFormatter
+from .resolution_flags import add_resolution_flags, check_resolution_flags
+from .segmentation_flags import (
+    add_task_args,
+    check_task_args,
+    check_task_classes,
+    data_sources,
+    label_counts,
+    saved_task,
+    segmentation_record,
+    task_identity,
+    task_mismatch,
+    task_of,
+)
+from .training_flags import add_training_args, check_keep_best, check_training_args, optimizer_spec, training_record
 
 if TYPE_CHECKING:
-    from _typeshed import SupportsWrite
     from torch import nn
 
     from ..comm.protocol import Comm
     from ..data.dataset import Batcher, RegionDataset
+    from ..data.validate import DataSources
+    from ..evaluation.evaluator import Evaluator
+    from ..evaluation.pixel_evaluator import SegmentationEvaluator
     from ..run.data_check import DataRole
     from ..run.monitor import JobMonitor
     from ..run.resume import Selection
+    from ..run.trainer import Trainer
+    from .segmentation_flags import Checker
 
 EXIT_SETUP = 2
 DTYPES = ("float32", "float64")
@@ -34,40 +55,30 @@ DTYPES = ("float32", "float64")
 SETUP_ERRORS = (ConfigError, ValueError, FileNotFoundError, KeyError, OSError)
 
 
-class QuietParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage/errors print on rank 0 only (every rank parses the same line)."""
-
-    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
-        from .layout_cmd import world_rank_from_env
-
-        if world_rank_from_env() in (None, 0):
-            super()._print_message(message, file)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``train`` parser: every MPI4DL benchmark flag plus model, checkpoint and run options."""
-    parser = QuietParser(
+    parser = CommandParser(
         prog="python -m mpi4dl_nb train",
-        description="Train ResNet or AmoebaNet-D with hybrid spatial/layer/pipeline/GEMS/data "
+        description="Train ResNet, AmoebaNet-D or your own CNN (torchvision:, timm:, package.module:callable) "
+                    "with hybrid spatial/layer/pipeline/GEMS/data "
                     "parallelism, exactly like one process. Launch with mpiexec -n <ranks>; "
                     "'python -m mpi4dl_nb layout <flags>' tells how many.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", choices=ModelFamily.values(), default=ModelFamily.RESNET.value,
-                        help="network to train")
+        formatter_class=DefaultsHelpFormatter)
+    add_model_flag(parser, ModelFamily.RESNET.value)
+    add_pretrained_flags(parser)
     parser.add_argument("--resnet-version", dest="resnet_version", type=int, choices=(1, 2),
-                        default=2, help="ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2)")
+                        default=None, help=VERSION_HELP)
     add_mpi4dl_args(parser)
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=None,
                      help="total optimizer steps (default: num-epochs x batches per epoch)")
-    run.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
-    run.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     run.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
     run.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter/activation dtype")
     run.add_argument("--num-samples", dest="num_samples", type=int, default=256,
                      help="images in the synthetic dataset")
     run.add_argument("--slide-level", dest="slide_level", type=int, default=0,
                      help="--app medical with slides: pyramid level the tiles are cut from")
+    add_resolution_flags(run, "--app medical; recorded in the checkpoint as infer's default")
     run.add_argument("--min-tissue", dest="min_tissue", type=float, default=0.5,
                      help="--app medical with slides: least tissue fraction of a kept tile")
     add_device_flags(run)
@@ -88,13 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="checkpoint every N steps (0: at each epoch end and at the end)")
     ckpt.add_argument("--keep-checkpoints", dest="keep_checkpoints", type=int, default=2,
                       help="how many newest checkpoints of this run to keep")
+    ckpt.add_argument("--keep-best", dest="keep_best", choices=MetricName.values(), default=None, metavar="METRIC",
+                      help=f"also keep the checkpoint of the best evaluation by METRIC "
+                           f"({', '.join(MetricName.values())}; lower val_loss, higher others is better) as "
+                           f"best-step-*.pt, never rotated away")
     ckpt.add_argument("--resume", default=None,
                       help="continue from a checkpoint file, a directory, or 'latest' "
                            "(in --checkpoint-dir): the newest intact one of this configuration")
     ckpt.add_argument("--allow-config-change", dest="allow_config_change", action="append",
                       default=None, metavar="FIELDS",
                       help="resume although these fields changed (comma-separated: model, dtype, "
-                           "image_size, batch_size, seed, app, data, lr, momentum, val_split, or all)")
+                           "image_size, batch_size, seed, app, data, lr, momentum, val_split, optimizer, "
+                           "lr_schedule, augment, class_weights, classes, or all)")
+    add_training_args(parser)
+    add_task_args(parser)
     add_evaluation_args(parser)
     return parser
 
@@ -115,17 +133,14 @@ def add_evaluation_args(parser: argparse.ArgumentParser, training: bool = True) 
                         "tensorboard installed, TensorBoard events here")
 
 
-def model_spec(args: argparse.Namespace) -> ModelSpec:
-    """The network the model flags name (family defaults for depth and width not given)."""
-    return ModelSpec.of(args.model, num_layers=args.num_layers, num_filters=args.num_filters,
-                        num_classes=args.num_classes, resnet_version=args.resnet_version)
-
-
 def run_record(args: argparse.Namespace, cfg: ParallelConfig) -> RunRecord:
-    """What the run is, as checkpoints store it and the JSON summary begins (its identity comes later)."""
+    """What the run is, as checkpoints store it and the JSON summary begins (its identity and how it trains
+    come with the data)."""
     data = DataRecord(AppKind.parse(args.app), args.image_size, args.batch_size, args.dtype,
-                      None if args.datapath is None else str(args.datapath), args.val_fraction, args.val_datapath)
-    return RunRecord(model_spec(args), data, seed=args.seed, config=cfg.as_dict())
+                      None if args.datapath is None else str(args.datapath), args.val_fraction, args.val_datapath,
+                      getattr(args, "class_names", None))
+    return RunRecord(model_spec(args), data, seed=args.seed, config=cfg.as_dict(), task=task_of(args),
+                     segmentation=segmentation_record(args))
 
 
 # flag, attribute, least value, largest value (None: unbounded), whether the least is allowed
@@ -143,6 +158,9 @@ NUMERIC_FLAGS: tuple[tuple[str, str, float, float | None, bool], ...] = (
     ("--min-tissue", "min_tissue", 0, 1, True),
     ("--lr", "lr", 0, None, False),
     ("--momentum", "momentum", 0, 1, True),
+    ("--weight-decay", "weight_decay", 0, None, True),
+    ("--lr-gamma", "lr_gamma", 0, 1, False),
+    ("--lr-step-size", "lr_step_size", 1, None, True),
     ("--keep-checkpoints", "keep_checkpoints", 1, None, True),
     ("--checkpoint-every", "checkpoint_every", 0, None, True),
     ("--step-timeout", "step_timeout", 0, None, True),
@@ -165,16 +183,24 @@ def check_numbers(args: argparse.Namespace) -> None:
 def check_run_args(args: argparse.Namespace) -> None:
     """Errors in the non-parallel flags, naming the flag and what works (before any rank talks)."""
     check_numbers(args)
+    check_task_args(args)
     if args.datapath is not None and not AppKind.parse(args.app).reads_datapath:
         raise ConfigError("--datapath", f"--app {args.app} does not read --datapath (it would train on "
                           f"generated images); use --app medical for tiles/slides or --app cifar for "
                           f"CIFAR-10 batches, or drop --datapath")
     check_device_flags(args)
+    check_model_flags(args)
+    check_resolution_flags(args)
     if args.resume == "latest" and args.checkpoint_dir is None:
         raise ConfigError("--resume", "'latest' looks in --checkpoint-dir; give --checkpoint-dir "
                           "or a checkpoint path")
+    if args.resume not in (None, "latest") and not Path(args.resume).expanduser().exists():
+        raise ConfigError("--resume", f"{args.resume!r}: no such checkpoint file or directory")
     parse_allowed(args.allow_config_change)
     check_evaluation_args(args)
+    check_training_args(args)
+    check_keep_best(args)
+    check_task_classes(args)
 
 
 def check_evaluation_args(args: argparse.Namespace) -> None:
@@ -233,6 +259,8 @@ def model_fingerprint(spec: ModelSpec, layers: Sequence[nn.Module]) -> str:
 
     shapes = [(f"{i}.{k}", list(v.shape), str(v.dtype)) for i, layer in enumerate(layers)
               for k, v in layer.state_dict().items()]
+    if spec.family.named:
+        return f"{spec.label}, {spec.num_classes} classes [{digest(shapes)}]"
     version = f" v{spec.resnet_version}" if spec.resnet_version else ""
     return (f"{spec.family}{version}, {spec.num_layers} layers, {spec.num_filters} filters, "
             f"{spec.num_classes} classes [{digest(shapes)}]")
@@ -267,6 +295,12 @@ class Setup:
         self.dtype = getattr(torch, args.dtype)
         torch.manual_seed(args.seed)
         self.layers = self.record.model.build(args.image_size)
+        if args.weights is not None:
+            from ..models.weights import load_weights, read_weights
+
+            note = load_weights(self.layers, read_weights(args.weights), model=self.record.model.label)
+            if note is not None:
+                say_once(self.ctx, note)
         for layer in self.layers:
             layer.to(self.dtype)
         check_layout(self.cfg, self.layers, args.batch_size, args.image_size)
@@ -275,18 +309,22 @@ class Setup:
         if args.checkpoint_dir is not None and self.ctx.rank == 0:
             tensors = [t for layer in self.layers for t in layer.state_dict().values()]
             state = sum(t.numel() * t.element_size() for t in tensors)
-            prepare_directory(args.checkpoint_dir, estimate_checkpoint_bytes(
-                state, len(tensors), 1 if args.momentum > 0 else 0))
+            files = 2 if args.keep_best else 1        # the newest and the best one
+            prepare_directory(args.checkpoint_dir, files * estimate_checkpoint_bytes(
+                state, len(tensors), optimizer_spec(args).state_slots))
 
     def open_data(self, exclude: Sequence[Path] = (), exclude_held_out: Sequence[Path] = ()) -> None:
         """The dataset (without ``exclude``; --val-datapath without ``exclude_held_out``), refusing one-class
         data unless --num-classes 1."""
         from ..data import Batcher
+        from ..data.classes import class_counts
+        from ..data.resolution import dataset_mpp
         from ..data.validate import classes_found
         from .setup import dataset_from
 
         args = self.args
         dataset = dataset_from(args, args.datapath, exclude)
+        self.record = replace(self.record, data=replace(self.record.data, mpp=dataset_mpp(dataset)))
         if dataset.num_classes > args.num_classes:
             raise ConfigError("--num-classes", f"the data has {dataset.num_classes} classes; use "
                               f"--num-classes {dataset.num_classes}")
@@ -296,9 +334,13 @@ class Setup:
                               f"class in its own sub-folder (<datapath>/<class>/...), or pass "
                               f"--num-classes 1 to train on one class anyway")
         train, self.val_dataset, self.held_out = held_out_data(args, dataset, exclude_held_out)
-        self.batcher = Batcher(train, args.batch_size, seed=args.seed)
-        self.steps = args.steps if args.steps is not None else \
-            args.num_epochs * self.batcher.steps_per_epoch
+        steps = args.steps if args.steps is not None else args.num_epochs * (len(train) // args.batch_size)
+        pixels = label_counts(args, train)      # segmentation: pixels per class (None: count images)
+        training = training_record(args, steps, class_counts(train, args.num_classes) if pixels is None else pixels)
+        training.augment.check_channels(train.channels)
+        self.record = replace(self.record, training=training)
+        self.batcher = Batcher(train, args.batch_size, seed=args.seed, augment=training.augment)
+        self.steps = steps
         if self.ctx.rank == 0:
             self.identity = self.make_identity(dataset)
 
@@ -309,10 +351,16 @@ class Setup:
         args = self.args
         data = fingerprint(dataset)
         text = f"{data['kind']}, {len(dataset)} images [{digest(data)}]"
+        training = self.record.training
+        assert training is not None, "open_data made the training record"
+        weights = training.class_weights
         return {"model": model_fingerprint(self.record.model, self.layers), "dtype": args.dtype,
                 "image_size": args.image_size, "batch_size": args.batch_size, "seed": args.seed,
-                "app": str(args.app), "data": text, "lr": args.lr, "momentum": args.momentum,
-                "val_split": self.held_out}
+                "app": str(args.app), "data": text, "lr": args.lr, "momentum": training.optimizer.momentum,
+                "val_split": self.held_out, "optimizer": training.optimizer.describe(),
+                "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
+                "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
+                "classes": ",".join(self.record.class_names), **task_identity(args)}
 
     def choose_resume(self) -> None:
         """Rank 0: the checkpoint to resume from (checked against this run) and the lineage to continue."""
@@ -329,6 +377,9 @@ class Setup:
             return
 
         def accept(saved: Mapping[str, object]) -> str | None:
+            other_task = task_mismatch(saved_task(saved), task_of(args))
+            if other_task is not None:
+                return other_task
             refused = current.refused_changes(RunIdentity.from_dict(saved), self.allowed)
             if not refused:
                 return None
@@ -380,14 +431,15 @@ def held_out_data(args: argparse.Namespace, dataset: RegionDataset,
 
     if args.val_fraction is not None:
         labels = [dataset.label(i) for i in range(len(dataset))]
-        train, val = stratified_split(labels, args.val_fraction, args.seed, args.num_classes)
+        dense = task_of(args).dense       # masks: images are not split by class (every label 0)
+        train, val = stratified_split(labels, args.val_fraction, args.seed, 1 if dense else args.num_classes)
         text = (f"fraction {args.val_fraction:g}, seed {args.seed}, {len(val)} images "
                 f"[{digest(split_listing(dataset, val))}]")
         return Subset(dataset, train), Subset(dataset, val), text
     if args.val_datapath is not None:
         require_path(args.val_datapath, "--val-datapath")
         held = dataset_from(args, args.val_datapath, exclude)
-        if len(held) < args.num_classes:
+        if len(held) < args.num_classes and not task_of(args).dense:
             raise ConfigError("--val-datapath", f"{args.val_datapath} holds {len(held)} images, fewer than "
                               f"the {args.num_classes} classes")
         text = (f"--val-datapath {Path(args.val_datapath).name}, {len(held)} images "
@@ -408,12 +460,12 @@ def check_data_or_exit(setup: Setup, ctx: Comm) -> tuple[list[Path], list[Path]]
 
 def check_one_or_exit(args: argparse.Namespace, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
     """One path's data check: the files to skip (none), or exit with one message naming ``role``'s flag."""
-    from ..data.validate import DataSources, find_sources
     from ..run.data_check import check_data
 
-    found: list[DataSources] = []
-    agreed(ctx, lambda: found.append(find_sources(args.app, datapath, role.flag)))
-    report = check_data(ctx, found[0], args.image_size, args.slide_level, progress=args.progress)
+    found: list[tuple[DataSources, Checker | None]] = []
+    agreed(ctx, lambda: found.append(data_sources(args, datapath, role.flag)))
+    sources, checker = found[0]
+    report = check_data(ctx, sources, args.image_size, args.slide_level, progress=args.progress, checker=checker)
     if not report.bad:
         return []
     if not args.skip_bad_files or len(report.bad) == report.total:
@@ -427,27 +479,30 @@ def prepare(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> Setup:
     """Set-up in stages that every rank agrees on: model and checkpoint dir, data check, dataset, resume."""
     setup = Setup(args, cfg, ctx)
     agreed(ctx, setup.build_model)
+    if args.checkpoint_dir is not None:           # every host must see it (collective)
+        from ..run.checkpoint_space import require_shared
+
+        agreed(ctx, lambda: require_shared(ctx, args.checkpoint_dir))
     bad, bad_held_out = check_data_or_exit(setup, ctx)
     agreed(ctx, lambda: setup.open_data(bad, bad_held_out))
     agreed(ctx, setup.choose_resume)
     return setup
 
 
-def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: JobMonitor) -> int:
-    """Set up, train, print the JSON summary on rank 0; a divergence or a failed save stops every rank together."""
-    import torch
-    from torch import nn
-
+def build_trainer(setup: Setup, monitor: JobMonitor | None) -> Trainer:
+    """The engine (optimizer, loss), evaluator and Trainer of a prepared run, as the flags name them (collective)."""
     from ..pipeline.engine import HybridEngine
-    from ..run.divergence import LossWatch, NonFiniteError, NonFiniteGuard
-    from ..run.trainer import EXIT_CHECKPOINT, CheckpointWriteError, Trainer, TrainSettings
+    from ..run.divergence import NonFiniteGuard, watch
+    from ..run.loss import classification_loss
+    from ..run.trainer import Trainer, TrainSettings
+    from .segmentation_flags import dense_loss
 
-    setup = prepare(args, cfg, ctx)
-    assert setup.batcher is not None, "prepare opened the data"
-    loss = LossWatch(nn.CrossEntropyLoss())
-    engine = HybridEngine(setup.layers, cfg, ctx, loss_fn=loss, abort_on_error=False,
-                             optimizer=lambda params: torch.optim.SGD(params, lr=args.lr,
-                                                                       momentum=args.momentum))
+    args, cfg, ctx, training = setup.args, setup.cfg, setup.ctx, setup.record.training
+    assert setup.batcher is not None and training is not None, "prepare opened the data"
+    dense = task_of(args).dense
+    loss = watch(dense_loss(setup.record) if dense else classification_loss(training.class_weights))
+    engine = HybridEngine(setup.layers, cfg, ctx, loss_fn=loss, abort_on_error=False, image_size=args.image_size,
+                          optimizer=training.optimizer.build)
     guard = NonFiniteGuard(engine, ctx, loss, OnNonFinite(args.on_nonfinite),
                            hint="Lower --lr, or pass --on-nonfinite skip-step to skip such steps.")
     settings = TrainSettings(steps=setup.steps,
@@ -456,15 +511,30 @@ def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: J
                              keep_checkpoints=args.keep_checkpoints, progress=args.progress,
                              verbose=args.verbose, dtype=setup.dtype,
                              step_timeout=args.step_timeout, auto_step_timeout=args.step_timeout is None,
-                             eval_every=args.eval_every)
+                             eval_every=args.eval_every, lr_schedule=training.schedule,
+                             keep_best=MetricName(args.keep_best) if args.keep_best else None, task=task_of(args))
     run_id = ctx.bcast_object(setup.run_id, root=0)
-    evaluator = None
-    if setup.val_dataset is not None:
+    evaluator: Evaluator | SegmentationEvaluator | None = None
+    if setup.val_dataset is not None and dense:
+        from .segmentation_flags import evaluator as segmentation_evaluator
+
+        evaluator = segmentation_evaluator(engine, setup.val_dataset, ctx, args.batch_size, setup.record, setup.dtype)
+    elif setup.val_dataset is not None:
         from ..evaluation.evaluator import Evaluator
 
-        evaluator = Evaluator(engine, setup.val_dataset, ctx, args.batch_size, setup.dtype)
-    trainer = Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),
-                      run_id=run_id, monitor=monitor, guard=guard, evaluator=evaluator)
+        evaluator = Evaluator(engine, setup.val_dataset, ctx, args.batch_size, setup.dtype,
+                              classes=setup.record.class_names)
+    return Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),
+                   run_id=run_id, monitor=monitor, guard=guard, evaluator=evaluator)
+
+
+def run_job(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm, monitor: JobMonitor) -> int:
+    """Set up, train, print the JSON summary on rank 0; a divergence or a failed save stops every rank together."""
+    from ..run.divergence import NonFiniteError
+    from ..run.trainer import EXIT_CHECKPOINT, CheckpointWriteError
+
+    setup = prepare(args, cfg, ctx)
+    trainer = build_trainer(setup, monitor)
     if args.resume is not None:
         step = trainer.restore(setup.selection.checkpoint if setup.selection is not None else None)
         if step >= setup.steps:
@@ -496,8 +566,8 @@ def train_main(args: argparse.Namespace, cfg: ParallelConfig) -> int:
     from ..run.monitor import EXIT_FAILED, JobMonitor
 
     ctx = init(backend=args.backend, device=args.device)
-    monitor = JobMonitor.start(ctx, verbose=args.verbose,
-                               log_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
+    errors_to = args.log_dir or args.checkpoint_dir      # tracebacks: the run's directory, else the temporary one
+    monitor = JobMonitor.start(ctx, verbose=args.verbose, log_dir=Path(errors_to) if errors_to else None)
     try:
         code = run_job(args, cfg, ctx, monitor)
     except SystemExit:

@@ -19,17 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 
+from ..config import ConfigError, ParallelConfig
 from ..models.spec import ModelFamily
+from .args import parallel_flags
+from .model_flags import add_model_flag
+from .parser import CommandParser, DefaultsHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi4dl_nb tune",
-                                     description="Run the planner's best configurations on this job; pick the fastest "
-                                                 "that fits the memory limit.")
-    parser.add_argument("--model", choices=ModelFamily.values(), default=ModelFamily.RESNET.value)
+    parser = CommandParser(prog="python -m mpi4dl_nb tune", formatter_class=DefaultsHelpFormatter,
+                           description="Run the planner's best configurations on this job; pick the fastest "
+                                       "that fits the memory limit.")
+    add_model_flag(parser, ModelFamily.RESNET.value)
     parser.add_argument("--num-layers", dest="num_layers", type=int, default=None,
                         help="ResNet depth (v2: 9n+2) / AmoebaNet normal cells")
     parser.add_argument("--num-filters", dest="num_filters", type=int, default=None,
@@ -56,6 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def train_command(args: argparse.Namespace, cfg: ParallelConfig) -> str:
+    """The ``train`` command line of the pick: this job's model, sizes and dtype, and ``cfg``'s flags."""
+    model = ["--model", args.model, "--num-classes", str(args.num_classes), "--image-size", str(args.image_size),
+             "--batch-size", str(args.batch_size)]
+    for flag, value in (("--num-layers", args.num_layers), ("--num-filters", args.num_filters)):
+        model += [flag, str(value)] if value is not None else []
+    model += ["--dtype", args.dtype] if args.dtype != "float32" else []
+    try:
+        flags = parallel_flags(cfg)
+    except ConfigError as err:
+        return f"(no train flags: {err})"
+    return shlex.join(["mpiexec", "-n", str(cfg.world_size), "python", "-m", "mpi4dl_nb", "train", *model, *flags])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -63,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--steps, --rounds and --top must be at least 1")
     if args.headroom is not None and not 0 <= args.headroom < 1:
         parser.error("--headroom is a share of the limit: from 0 to below 1")
+    if ModelFamily.parse(args.model).dense:
+        parser.error(f"--model {args.model}: tune times classifiers (a class per image); a segmentation model's "
+                     f"layouts are chosen by hand for now (docs/segmentation.md)")
     from ..comm.context import init
     from ..measure import trials
     from ..measure.calibration import calibrate_job
@@ -114,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{planned.explain() or 'no configuration was traced (tracing is off on these ranks)'}")
     if planned.best is not None and planned.best.cfg is not None:
         print(f"\nuse: {describe_config(planned.best.cfg)}  ({json.dumps(planned.best.cfg.as_dict())})")
+        print(f"train with: {train_command(args, planned.best.cfg)}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(planned.as_dict(), handle, indent=2)

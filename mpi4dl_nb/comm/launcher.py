@@ -1,7 +1,9 @@
 """The MPI launcher: which ``mpiexec`` (the environment's, else PATH's), its flavour, its flags, the ranks' environment.
 
 One module builds every ``mpiexec`` command line of the project: the notebook cluster's engines, the
-test suite's multi-rank jobs and the benchmarks' launches. It starts nothing itself.
+test suite's multi-rank jobs and the benchmarks' launches, on this machine or over hosts (``hosts``: the
+host of each slot, ranks filling the slots in order and cycling, as MPICH's ``-hosts h1:2,h2:1`` does).
+It starts nothing itself.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
 
 #: Set in an environment where no MPI job may start (the suite's fast loop, ``pytest -m "not mpi"``).
@@ -97,14 +100,20 @@ class Launcher:
         return cls(executable, kind)
 
     def flags(self, env: Mapping[str, str] | None = None, *, tag_output: bool = True, as_root: bool | None = None,
-              hostfile: str | None = None, oversubscribe: bool = True) -> list[str]:
+              hostfile: str | None = None, oversubscribe: bool = True, hosts: Sequence[str] | None = None) -> list[str]:
         """Flags of one launch: rank-tagged output, ``env`` exported to every rank (also on other hosts),
-        more ranks than cores allowed, a hostfile; Open MPI also needs ``--allow-run-as-root`` as root."""
+        more ranks than cores allowed, a hostfile or ``hosts`` (one name per slot, see ``host_slots``); Open MPI
+        also needs ``--allow-run-as-root`` as root."""
         env = env or {}
+        if hostfile and hosts:
+            raise ValueError("give a hostfile or hosts, not both")
+        slots = host_slots(hosts) if hosts else ""
         if self.flavor is MPIFlavor.MPICH:
             args = ["-prepend-rank"] if tag_output else []
             if hostfile:
                 args += ["-f", hostfile]
+            if slots:
+                args += ["-hosts", slots]
             for name, value in env.items():      # hydra exports the environment; -genv makes remote hosts agree
                 args += ["-genv", name, value]
             return args
@@ -116,18 +125,20 @@ class Launcher:
             args.append("--allow-run-as-root")
         if hostfile:
             args += ["--hostfile", hostfile]
+        if slots:
+            args += ["--host", slots, "--map-by", "slot"]
         for name, value in env.items():
             args += ["-x", f"{name}={value}"]
         return args
 
     def command(self, nprocs: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                tag_output: bool = True, hostfile: str | None = None) -> list[str]:
+                tag_output: bool = True, hostfile: str | None = None, hosts: Sequence[str] | None = None) -> list[str]:
         """``mpiexec <flags> -n nprocs argv...``; LaunchForbidden where no MPI job may start."""
         if nprocs < 1:
             raise ValueError(f"nprocs must be at least 1, got {nprocs}")
         check_allowed()
-        return [self.executable, *self.flags(env, tag_output=tag_output, hostfile=hostfile), "-n", str(nprocs),
-                *argv]
+        return [self.executable, *self.flags(env, tag_output=tag_output, hostfile=hostfile, hosts=hosts),
+                "-n", str(nprocs), *argv]
 
 
 @lru_cache(maxsize=1)
@@ -136,14 +147,37 @@ def _default_launcher() -> Launcher:
     return Launcher(executable, detect_mpi_flavor(executable))
 
 
+def host_slots(hosts: Sequence[str]) -> str:
+    """``["h1", "h1", "h2"]`` (one name per slot) as ``"h1:2,h2:1"``, the host list MPICH and Open MPI take."""
+    for name in hosts:
+        if not name or any(c in name for c in ":, "):
+            raise ValueError(f"host name {name!r}: give plain host names, one per slot (repeat a name for more slots)")
+    return ",".join(f"{name}:{len(list(slots))}" for name, slots in groupby(hosts))
+
+
+def placement(nprocs: int, hosts: Sequence[str]) -> list[str]:
+    """The host of each of ``nprocs`` ranks: the slots of ``hosts`` in order, cycling when ranks outnumber them."""
+    if not hosts:
+        raise ValueError("placement needs at least one host")
+    return [hosts[rank % len(hosts)] for rank in range(nprocs)]
+
+
+def ranks_per_node(nprocs: int, hosts: Sequence[str] | None = None) -> int:
+    """The most ranks any one node runs: all ``nprocs`` on this machine, else the busiest host of the placement."""
+    if not hosts:
+        return nprocs
+    ranks = placement(nprocs, hosts)
+    return max(ranks.count(host) for host in set(ranks))
+
+
 def rank_environment(nprocs: int, extra: Mapping[str, str] | None = None, *, cores: int | None = None,
-                     base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of ``nprocs`` ranks on one node of ``cores`` cores (default: this machine's): ``base``
-    (default: this process's) with ``RANK_ENV``, MPICH yielding when ranks outnumber cores, the package on
-    PYTHONPATH, then ``extra``."""
+                     base: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None) -> dict[str, str]:
+    """The environment of ``nprocs`` ranks on nodes of ``cores`` cores (default: this machine's), all on this node
+    or placed over ``hosts`` (one name per slot): ``base`` (default: this process's) with ``RANK_ENV``, MPICH
+    yielding when a node's ranks outnumber its cores, the package on PYTHONPATH, then ``extra``."""
     env = dict(os.environ if base is None else base)
     env.update(RANK_ENV)
-    if nprocs > (cores or os.cpu_count() or 1):
+    if ranks_per_node(nprocs, hosts) > (cores or os.cpu_count() or 1):
         env.update(YIELD_ENV)
     paths = [str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from .device import check_backend_device
 from .handles import Channel, Group, Request, Transfer
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-    from torch.distributed import ProcessGroup
 
 # dtypes NCCL reduces and moves (bool travels as uint8); no int16/uint16/complex
 NCCL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
@@ -108,11 +108,11 @@ class TorchPlane:
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:
         if ranks is None:
             return dist.group.WORLD
-        return dist.new_group(list(ranks))
+        return _member_group(dist.new_group(list(ranks)))
 
     def channel_group(self, src: int, dst: int) -> ProcessGroup | None:
         """A process group of its own for the one-way channel ``src -> dst`` (collective)."""
-        return dist.new_group(sorted((src, dst)))
+        return _member_group(dist.new_group(sorted((src, dst))))
 
     def close(self) -> None:
         """Tear down the torch.distributed process group (the MPI world stays up)."""
@@ -123,3 +123,9 @@ class TorchPlane:
 class _Done:
     def wait(self) -> None:
         return None
+
+
+def _member_group(group: ProcessGroup | int) -> ProcessGroup | None:
+    """``new_group``'s result on this rank: the group, or None where this rank is not a member (torch gives
+    ranks outside the group a sentinel number)."""
+    return group if isinstance(group, ProcessGroup) else None

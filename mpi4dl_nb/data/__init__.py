@@ -1,7 +1,7 @@
 """Datasets with region reads (synthetic, pathology tiles/slides, CIFAR-10, the IHC sample) and ``make_dataset``."""
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from .apps import AppKind
@@ -16,9 +16,12 @@ APPS = AppKind.values()
 
 def make_dataset(app: AppKind | str, image_size: int, num_classes: int, *, datapath: str | Path | None = None,
                  seed: int = 0, num_samples: int = 1024, slide_level: int = 0,
-                 min_tissue: float = 0.5, exclude: Collection[Path] = ()) -> RegionDataset:
+                 min_tissue: float = 0.5, exclude: Collection[Path] = (),
+                 classes: Sequence[str] | None = None, mpp: float | None = None,
+                 source_mpp: float | None = None) -> RegionDataset:
     """The dataset of ``--app``: ``medical`` (``datapath`` tiles/slides, else the IHC sample),
-    ``cifar`` (binary batches in ``datapath``) or ``synthetic``; ``exclude`` drops files."""
+    ``cifar`` (binary batches in ``datapath``) or ``synthetic``; ``exclude`` drops files; ``classes``
+    names the class folders of ``medical`` data in label order (default: sorted)."""
     app = AppKind.parse(app)
     if app is AppKind.SYNTHETIC:
         return SyntheticDataset(image_size, num_classes, num_samples, seed=seed)
@@ -26,7 +29,8 @@ def make_dataset(app: AppKind | str, image_size: int, num_classes: int, *, datap
         if datapath is None:
             return IHCSampleDataset(image_size, num_classes=num_classes)
         return open_pathology(datapath, image_size, level=slide_level, min_tissue=min_tissue,
-                              num_classes=num_classes, exclude=exclude)
+                              num_classes=num_classes, exclude=exclude, classes=classes, mpp=mpp,
+                              source_mpp=source_mpp)
     if datapath is None:
         raise FileNotFoundError("--app cifar needs --datapath: a folder with the CIFAR-10 "
                                 "binary batches (data_batch_1.bin ...)")

@@ -8,6 +8,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from .augment import AugmentSpec, Draw
+
 Box = tuple[int, int, int, int]  # half-open (r0, r1, c0, c1), as geometry.TileGrid.tile_box
 
 
@@ -56,12 +58,15 @@ class Batcher:
 
     ``batch(epoch, step)`` is a pure function of its arguments, so a resumed run sees the very
     batches an uninterrupted one would. The last incomplete batch of an epoch is dropped.
+    ``augment``: each image is augmented by its draw keyed by ``(seed, epoch, step, index)``
+    (``data/augment.py``), a box of it read through the draw.
     """
 
     dataset: RegionDataset
     batch_size: int
     seed: int = 0
     shuffle: bool = True
+    augment: AugmentSpec | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -97,4 +102,18 @@ class Batcher:
         chosen = self.indices(epoch, step)
         if rows is not None:
             chosen = [chosen[r] for r in rows]
-        return torch.stack([self.dataset.read(i, box) for i in chosen])
+        return torch.stack([self.read(epoch, step, i, box) for i in chosen])
+
+    def augmentation(self, epoch: int, step: int, index: int) -> Draw | None:
+        """Image ``index``'s augmentation in batch ``step`` of ``epoch`` (None: not augmented)."""
+        if not self.augment:
+            return None
+        return self.augment.draw(self.seed, epoch, step, index)
+
+    def read(self, epoch: int, step: int, index: int, box: Box | None = None) -> torch.Tensor:
+        """Image ``index`` as batch ``step`` of ``epoch`` sees it (augmented), only ``box`` of it."""
+        draw = self.augmentation(epoch, step, index)
+        if draw is None:
+            return self.dataset.read(index, box)
+        size = self.dataset.image_size
+        return draw.apply(self.dataset.read(index, draw.source_box(check_box(box, size), size)))

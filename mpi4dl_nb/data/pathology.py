@@ -1,6 +1,7 @@
 """Pathology data: a folder of image tiles, or whole-slide images cut into tiles read region by region via OpenSlide."""
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
+from .resolution import LevelChoice
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -50,11 +53,17 @@ def require_path(path: str | Path, knob: str = "--datapath") -> Path:
     return p
 
 
-def class_of(paths: Sequence[Path], root: Path) -> tuple[list[int], list[str]]:
-    """Labels from the first folder below ``root`` (sorted names); one class when files sit in root."""
+def class_of(paths: Sequence[Path], root: Path, order: Sequence[str] | None = None) -> tuple[list[int], list[str]]:
+    """Labels from the first folder below ``root`` (sorted names, or the class names ``order`` in their order:
+    ValueError for a folder not among them); one class when files sit in root."""
     names = [p.relative_to(root).parts[0] if len(p.relative_to(root).parts) > 1 else ""
              for p in paths]
-    classes = sorted(set(names))
+    classes = list(order) if order else sorted(set(names))
+    unknown = sorted(set(names) - set(classes))
+    if unknown:
+        shown = ", ".join(repr(n) if n else "files directly in the folder" for n in unknown)
+        raise ValueError(f"{root} holds {shown}, not among the classes {', '.join(classes)}; put each image in "
+                         f"the folder of its class")
     return [classes.index(n) for n in names], classes
 
 
@@ -76,11 +85,17 @@ def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
 class TileFolderDataset:
     """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``.
 
-    ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones.
+    ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones. ``mpp``
+    (``--mpp``): each tile is first shrunk from its own MPP (resolution tags, or ``source_mpp``) to it
+    (``data/crops.py``; refused for a tile without MPP, or too small then). ``self.mpp``: the resolution
+    read at (None: unknown or mixed).
     """
 
     def __init__(self, root: str | Path, image_size: int, *, num_classes: int | None = None,
-                 files: Sequence[Path] | None = None) -> None:
+                 files: Sequence[Path] | None = None, classes: Sequence[str] | None = None,
+                 mpp: float | None = None, source_mpp: float | None = None) -> None:
+        from .resolution import image_choice
+
         self.root = require_path(root)
         self.image_size = image_size
         self.channels = 3
@@ -89,8 +104,39 @@ class TileFolderDataset:
         if not self.files:
             raise FileNotFoundError(f"--datapath {str(root)!r} holds no image tiles "
                                     f"({', '.join(TILE_EXTENSIONS)})")
-        self.labels, self.classes = class_of(self.files, self.root)
+        self.labels, self.classes = class_of(self.files, self.root, classes)
         self.num_classes = check_classes(len(self.classes), num_classes, root)
+        self.source_mpp = source_mpp
+        # per tile, the shrink to --mpp (None: every tile as it is)
+        self.choices = None if mpp is None else [image_choice(p, mpp, source_mpp) for p in self.files]
+        if self.choices is not None:
+            self._check_sizes()
+
+    @functools.cached_property
+    def mpp(self) -> float | None:
+        """µm per pixel the tiles are read at (None: unknown, or they differ); reads tiles' headers once."""
+        from .crops import folder_mpp
+        from .resolution import common_mpp
+
+        return folder_mpp(self.files, self.source_mpp) if self.choices is None else common_mpp(
+            c.mpp for c in self.choices)
+
+    def crop(self, index: int, width: int, height: int) -> CentreCrop:
+        """How tile ``index`` (``width x height`` pixels) is read: its centre crop at the run's resolution."""
+        return CentreCrop(width, height, self.image_size, NATIVE if self.choices is None else self.choices[index])
+
+    def _check_sizes(self) -> None:
+        """ValueError naming the first tile too small for ``image_size`` at the run's resolution (before work)."""
+        from PIL import Image
+
+        for index, path in enumerate(self.files):
+            try:
+                with Image.open(path) as img:
+                    problem = self.crop(index, *img.size).problem()
+            except OSError as err:
+                raise ValueError(f"cannot read tile {path}: {err}") from err
+            if problem is not None:
+                raise ValueError(f"tile {path} {problem}")
 
     def __len__(self) -> int:
         return len(self.files)
@@ -104,24 +150,21 @@ class TileFolderDataset:
         path = self.files[index]
         try:
             with Image.open(path) as img:
-                width, height = img.size
-                if min(width, height) < self.image_size:
-                    raise ValueError(f"tile {path} is {width}x{height}, smaller than --image-size "
-                                     f"{self.image_size}; use --image-size <= {min(width, height)}")
-                r0, r1, c0, c1 = check_box(box, self.image_size)
-                top = (height - self.image_size) // 2
-                left = (width - self.image_size) // 2
-                crop = img.convert("RGB").crop((left + c0, top + r0, left + c1, top + r1))
-                return to_tensor(np.asarray(crop))
+                crop = self.crop(index, *img.size)
+                problem = crop.problem()
+                if problem is not None:
+                    raise ValueError(f"tile {path} {problem}")
+                rgb = img.convert("RGB")
+                return to_tensor(crop.pixels(lambda b: np.asarray(rgb.crop((b[2], b[0], b[3], b[1]))), box))
         except OSError as err:
             raise ValueError(f"cannot read tile {path}: {err}") from err
 
 
 def check_classes(found: int, requested: int | None, where: str | Path) -> int:
-    """Number of classes: ``requested`` if given and large enough for the data, else ``found``."""
+    """Number of classes: ``found``; ``requested`` must equal it when the data has class folders (two or more)."""
     if requested is None:
         return max(found, 1)
-    if requested < found:
+    if requested < found or (found > 1 and requested != found):
         raise ValueError(f"--datapath {str(where)!r} has {found} classes but --num-classes is "
                          f"{requested}; use --num-classes {found}")
     return requested
@@ -162,7 +205,11 @@ class SlideDataset:
     def __init__(self, slides: Sequence[str | Path], image_size: int, *, level: int = 0,
                  min_tissue: float = 0.5, root: str | Path | None = None,
                  num_classes: int | None = None, max_tiles_per_slide: int | None = None,
-                 opener: Callable[[Path], Slide] = open_slide) -> None:
+                 classes: Sequence[str] | None = None,
+                 opener: Callable[[Path], Slide] = open_slide, mpp: float | None = None,
+                 source_mpp: float | None = None) -> None:
+        from .resolution import common_mpp, slide_choice
+
         if image_size < 1:
             raise ValueError(f"--image-size must be >= 1, got {image_size}")
         if not 0.0 <= min_tissue <= 1.0:
@@ -175,29 +222,33 @@ class SlideDataset:
         self.level = level
         self.min_tissue = min_tissue
         base = Path(root) if root is not None else self.paths[0].parent
-        self.slide_labels, self.classes = (class_of(self.paths, base) if root is not None
+        self.slide_labels, self.classes = (class_of(self.paths, base, classes) if root is not None
                                            else ([0] * len(self.paths), [""]))
         self.num_classes = check_classes(len(self.classes), num_classes, base)
         self._opener = opener
         self._open: dict[int, Slide] = {}
         self.downsample: list[float] = []
+        self.choices: list[LevelChoice] = []      # per slide: the level read and the resampling to --mpp
         self.tiles: list[SlideTile] = []
         for number, path in enumerate(self.paths):
             slide = self.slide(number)
             if not 0 <= level < slide.level_count:
                 raise ValueError(f"slide level {level} does not exist in {path} (levels 0.."
                                  f"{slide.level_count - 1}); choose a level in that range")
-            width, height = slide.level_dimensions[level]
+            choice = slide_choice(slide, path, level, mpp, source_mpp)
+            self.choices.append(choice)
+            width, height = choice.extent(slide.level_dimensions[choice.level])
             if image_size > min(width, height):
                 raise ValueError(f"--image-size {image_size} is larger than slide {path} at level "
                                  f"{level} ({width}x{height}); use --image-size <= "
                                  f"{min(width, height)} or a finer level")
-            self.downsample.append(float(slide.level_downsamples[level]))
+            self.downsample.append(float(slide.level_downsamples[choice.level]))
             kept = self._tissue_tiles(number, width, height)
             self.tiles += kept[:max_tiles_per_slide] if max_tiles_per_slide else kept
         if not self.tiles:
             raise ValueError(f"no {image_size}px tile at level {level} has {min_tissue:.0%} tissue "
                              f"in {', '.join(map(str, self.paths))}; lower min_tissue")
+        self.mpp = common_mpp(c.mpp for c in self.choices)      # µm per pixel trained at (None: unknown, mixed)
 
     def slide(self, number: int) -> Slide:
         """The (lazily opened, cached) OpenSlide of slide ``number``."""
@@ -233,10 +284,21 @@ class SlideDataset:
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         tile = self.tiles[index]
         r0, r1, c0, c1 = check_box(box, self.image_size)
-        ds = self.downsample[tile.slide]
-        location = (int(round((tile.x + c0) * ds)), int(round((tile.y + r0) * ds)))
-        region = self.slide(tile.slide).read_region(location, self.level, (c1 - c0, r1 - r0))
-        return to_tensor(rgba_to_rgb(region))
+        choice = self.choices[tile.slide]
+        if choice.resampled:       # --mpp between two levels: the level's pixels shrunk, exact box by box
+            from .resolution import AreaResampler
+
+            target = (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)
+            return to_tensor(AreaResampler(choice.scale).read(lambda b: self._level_pixels(tile.slide, b), target))
+        return to_tensor(self._level_pixels(tile.slide, (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)))
+
+    def _level_pixels(self, number: int, box: Box) -> np.ndarray:
+        """RGB pixels of ``box`` at slide ``number``'s level read (one ``read_region``)."""
+        r0, r1, c0, c1 = box
+        ds = self.downsample[number]
+        location = (int(round(c0 * ds)), int(round(r0 * ds)))
+        region = self.slide(number).read_region(location, self.choices[number].level, (c1 - c0, r1 - r0))
+        return rgba_to_rgb(region)
 
     def close(self) -> None:
         """Close every open slide."""
@@ -303,17 +365,21 @@ def folder_files(root: Path, exclude: Collection[Path] = ()) -> tuple[list[Path]
 
 def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0,
                    min_tissue: float = 0.5, num_classes: int | None = None,
-                   exclude: Collection[Path] = ()) -> TileFolderDataset | SlideDataset:
-    """``--app medical --datapath``: a slide file, a folder with slides (by class folder), or a tile folder."""
+                   exclude: Collection[Path] = (),
+                   classes: Sequence[str] | None = None, mpp: float | None = None,
+                   source_mpp: float | None = None) -> TileFolderDataset | SlideDataset:
+    """``--app medical --datapath``: a slide file, a folder with slides (by class folder), or a tile folder;
+    ``classes``: the class folders' names in label order (default: sorted)."""
     path = require_path(datapath)
     if path.is_file():
         if path.suffix.lower() not in SLIDE_ONLY_EXTENSIONS + (".tif", ".tiff"):
             raise ValueError(f"--datapath {str(path)!r} is a file but not a slide "
                              f"({', '.join(SLIDE_ONLY_EXTENSIONS)}, .tif); give a slide or a folder")
         return SlideDataset([path], image_size, level=level, min_tissue=min_tissue,
-                            num_classes=num_classes)
+                            num_classes=num_classes, mpp=mpp, source_mpp=source_mpp)
     files, slides = folder_files(path, exclude)
     if slides:
         return SlideDataset(files, image_size, level=level, min_tissue=min_tissue, root=path,
-                            num_classes=num_classes)
-    return TileFolderDataset(path, image_size, num_classes=num_classes, files=files)
+                            num_classes=num_classes, classes=classes, mpp=mpp, source_mpp=source_mpp)
+    return TileFolderDataset(path, image_size, num_classes=num_classes, files=files, classes=classes, mpp=mpp,
+                             source_mpp=source_mpp)

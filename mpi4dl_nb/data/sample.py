@@ -1,4 +1,5 @@
-"""The bundled real pathology sample: scikit-image's IHC-stained tissue image (512x512 RGB), cut into tiles."""
+"""The bundled real pathology sample: scikit-image's IHC-stained tissue image (512x512 RGB), cut into tiles, and its
+DAB-positive stand-in mask for segmentation."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,8 @@ from .dataset import Box, check_box, to_tensor
 
 SAMPLE_SIDE = 512
 TRANSFORMS = 8  # the dihedral group: 4 rotations x optional flip
+DAB_SMOOTHING = 2.0   # Gaussian sigma (pixels) of the DAB density before thresholding: regions, not speckle
+DAB_CLASSES = ("background", "DAB")   # the classes of the stand-in mask, in label order
 
 
 def ihc_image() -> np.ndarray:
@@ -25,8 +28,25 @@ def dab_density(rgb: np.ndarray) -> float:
     return float(rgb2hed(rgb)[:, :, 2].mean())
 
 
+def dab_mask(rgb: np.ndarray, threshold: float | None = None, sigma: float = DAB_SMOOTHING) -> np.ndarray:
+    """A stand-in per-pixel label of an RGB image: 1 where colour deconvolution finds DAB (brown) stain, else 0.
+
+    The DAB optical density (``skimage.color.rgb2hed``), smoothed by a Gaussian of ``sigma`` pixels, above
+    ``threshold`` (default: Otsu's threshold of the smoothed density). uint8 ``(H, W)``. It marks where the
+    stain is, which is not a pathologist's annotation: use it to try segmentation, not to judge a model.
+    """
+    from skimage.color import rgb2hed
+    from skimage.filters import gaussian, threshold_otsu
+
+    density = rgb2hed(rgb)[:, :, 2]
+    if sigma > 0:
+        density = gaussian(density, sigma=sigma)
+    cut = threshold_otsu(density) if threshold is None else threshold
+    return (density > cut).astype(np.uint8)
+
+
 def dihedral(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Transform ``k`` (0..7) of a C,H,W tensor: ``k % 4`` quarter turns, flipped when ``k >= 4``."""
+    """Transform ``k`` (0..7) of a (C,) H, W tensor: ``k % 4`` quarter turns, flipped when ``k >= 4``."""
     if k >= 4:
         x = x.flip(-1)
     return torch.rot90(x, k % 4, dims=(-2, -1))
@@ -74,3 +94,21 @@ class IHCSampleDataset:
         y, x = self.corners[index // TRANSFORMS]
         crop = to_tensor(self.pixels[y:y + self.image_size, x:x + self.image_size])
         return dihedral(crop, index % TRANSFORMS)[:, r0:r1, c0:c1].contiguous()
+
+
+class IHCMaskDataset(IHCSampleDataset):
+    """The IHC sample's tiles (as :class:`IHCSampleDataset`) with the stand-in mask of :func:`dab_mask`:
+    class 1 DAB-positive, 0 not (``DAB_CLASSES``). The mask is made once for the whole image and cropped
+    and turned with it."""
+
+    def __init__(self, image_size: int = 256, *, stride: int | None = None, threshold: float | None = None) -> None:
+        super().__init__(image_size, num_classes=1, stride=stride)
+        self.num_classes = 2
+        self.mask = dab_mask(self.pixels, threshold)
+
+    def read_mask(self, index: int, box: Box | None = None) -> torch.Tensor:
+        """The mask of tile ``index`` (int64 ``(h, w)``), only ``box`` of it."""
+        r0, r1, c0, c1 = check_box(box, self.image_size)
+        y, x = self.corners[index // TRANSFORMS]
+        crop = torch.from_numpy(self.mask[y:y + self.image_size, x:x + self.image_size].astype(np.int64))
+        return dihedral(crop, index % TRANSFORMS)[r0:r1, c0:c1].contiguous()

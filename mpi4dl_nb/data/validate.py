@@ -139,11 +139,13 @@ def _check_slide(path: Path, image_size: int, level: int) -> str | None:
 
 
 def check_files(paths: Collection[Path], kind: SourceKind, image_size: int, level: int = 0,
-                progress: Callable[[int, int], object] | None = None) -> list[tuple[Path, str]]:
-    """``(path, reason)`` of every unusable file among ``paths``; ``progress(done, total)`` after each."""
+                progress: Callable[[int, int], object] | None = None,
+                checker: Callable[[Path], str | None] | None = None) -> list[tuple[Path, str]]:
+    """``(path, reason)`` of every unusable file among ``paths``; ``progress(done, total)`` after each.
+    ``checker(path)`` (default ``check_file``) says why a file is unusable (e.g. an image and its mask)."""
     bad = []
     for done, path in enumerate(paths, 1):
-        reason = check_file(path, kind, image_size, level)
+        reason = checker(path) if checker is not None else check_file(path, kind, image_size, level)
         if reason is not None:
             bad.append((path, reason))
         if progress is not None:

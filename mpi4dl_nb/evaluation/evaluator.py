@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,19 +20,16 @@ if TYPE_CHECKING:
     from ..pipeline.engine import HybridEngine
 
 
-class Evaluator:
-    """Runs ``engine.evaluate_batch`` over every image of ``dataset`` once, in dataset order.
+class HeldOutBatches:
+    """Every image of ``dataset`` once, in dataset order, as batches of the engine's batch size ``batch_size``.
 
-    Batches have the engine's batch size ``batch_size`` (any size the layout accepts); the
-    last one is filled up with repeats of the first images, whose results are dropped, so
-    every image counts exactly once whatever the layout. A stage-0 rank reads only its tile
-    box of each image. Each last-stage rank keeps per-sample records (position, label,
-    loss, logits); rank 0 merges them in sample order and computes the metrics from the
-    merged set (sums of counts and losses, never averages of averages); every rank gets them.
+    Batches have any size the layout accepts; the last one is filled up with repeats of the
+    first images, whose results are dropped, so every image counts exactly once whatever the
+    layout. A stage-0 rank reads only its tile box of each image (``images(batch)``).
     """
 
     def __init__(self, engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch_size: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, classes: Sequence[str] = ()) -> None:
         if len(dataset) == 0:
             raise ValueError("the validation set is empty")
         self.engine = engine
@@ -40,6 +38,7 @@ class Evaluator:
         self.batch_size = batch_size
         self.dtype = dtype
         self.num_classes = dataset.num_classes
+        self.classes = tuple(classes)       # the class names the metrics carry (empty: none)
         self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0
                                 for a in engine.schedule.actions(ctx.rank))
 
@@ -52,7 +51,8 @@ class Evaluator:
         start = batch * self.batch_size
         return [(start + r) % len(self.dataset) for r in range(self.batch_size)]
 
-    def _images(self, batch: int) -> ShardedImages | None:
+    def images(self, batch: int) -> ShardedImages | None:
+        """Batch ``batch``'s images as this rank reads them (None: it runs no stage-0 forward)."""
         if not self.reads_images:
             return None
         chosen = self.positions(batch)
@@ -63,11 +63,18 @@ class Evaluator:
             return torch.stack([self.dataset.read(i, box) for i in picked]).to(self.dtype)
         return ShardedImages(read, self.batch_size, (size, size))
 
+
+class Evaluator(HeldOutBatches):
+    """Runs ``engine.evaluate_batch`` over the held-out batches (``HeldOutBatches``): each last-stage rank keeps
+    per-sample records (position, label, loss, logits); rank 0 merges them in sample order and computes the
+    metrics from the merged set (sums of counts and losses, never averages of averages); every rank gets them.
+    """
+
     def local_records(self) -> Records:
         """This rank's records: every last-stage output it computes, real rows only (collective)."""
         parts = []
         for batch in range(self.batches):
-            outputs = self.engine.evaluate_batch(self._images(batch), batch_size=self.batch_size)
+            outputs = self.engine.evaluate_batch(self.images(batch), batch_size=self.batch_size)
             first = batch * self.batch_size
             for rows, out in outputs:
                 logits = as_items(out)[0].detach().to("cpu", torch.float64)
@@ -95,7 +102,7 @@ class Evaluator:
     def run(self) -> Metrics:
         """The metrics of the whole dataset (see ``metrics.summarize``), on every rank (collective)."""
         records = self.records()
-        result = summarize(records, self.num_classes) if records is not None else None
+        result = summarize(records, self.num_classes, self.classes) if records is not None else None
         summary = self.ctx.bcast_object(result, root=0)
         assert summary is not None   # rank 0 holds every record
         return summary

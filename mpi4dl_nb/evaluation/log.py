@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 LOG_NAME = "metrics.jsonl"
-SCALARS = ("loss", "accuracy", "balanced_accuracy", "roc_auc")
+SCALARS = ("loss", "accuracy", "balanced_accuracy", "roc_auc", "pixel_accuracy", "mean_dice", "mean_iou")
 LogRecord = dict[str, Any]    # one parsed line: JSON values by name ("kind", "step", "run_id", figures)
 
 

@@ -6,10 +6,14 @@ average of per-rank averages — and the same for any rank layout.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from ..config import Choice
+from .pixel_metrics import SegmentationMetrics
 
 
 @dataclass(frozen=True)
@@ -95,14 +99,45 @@ class Metrics:
     per_class_recall: list[float | None]
     roc_auc: float | None
     confusion_matrix: list[list[int]]
+    classes: tuple[str, ...] = ()        # the class names, in label order (empty: not known)
 
     def as_dict(self, prefix: str = "") -> dict[str, object]:
-        """``{'loss': ..}``, or with ``prefix="val_"`` ``{'val_loss': ..}`` (the names summaries use)."""
-        return {prefix + key: value for key, value in asdict(self).items()}
+        """``{'loss': ..}``, or with ``prefix="val_"`` ``{'val_loss': ..}`` (the names summaries use); with class
+        names, ``classes`` and ``recall_by_class`` (name -> recall) too."""
+        figures = asdict(self)
+        names = figures.pop("classes")
+        if names:
+            figures["classes"] = list(names)
+            figures["recall_by_class"] = dict(zip(names, self.per_class_recall))
+        return {prefix + key: value for key, value in figures.items()}
 
 
-def summarize(records: Records, num_classes: int) -> Metrics:
-    """The metrics of a merged set of records."""
+class MetricName(Choice):
+    """A validation figure a run may keep its best checkpoint by (``--keep-best``), and which way is better."""
+
+    VAL_LOSS = "val_loss"
+    VAL_ACCURACY = "val_accuracy"
+    VAL_BALANCED_ACCURACY = "val_balanced_accuracy"
+    VAL_ROC_AUC = "val_roc_auc"
+    VAL_MEAN_DICE = "val_mean_dice"      # segmentation (pixel_metrics.SegmentationMetrics)
+    VAL_MEAN_IOU = "val_mean_iou"        # segmentation
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self is MetricName.VAL_LOSS
+
+    def of(self, metrics: Metrics | SegmentationMetrics) -> float | None:
+        """This figure of ``metrics`` (None: undefined, not finite, or not a figure of that task)."""
+        value = getattr(metrics, self.value.removeprefix("val_"), None)
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    def better(self, value: float, than: float | None) -> bool:
+        """Whether ``value`` is strictly better than ``than`` (None: nothing yet)."""
+        return than is None or (value < than if self.lower_is_better else value > than)
+
+
+def summarize(records: Records, num_classes: int, classes: Sequence[str] = ()) -> Metrics:
+    """The metrics of a merged set of records (``classes``: their names, in label order)."""
     count = len(records)
     matrix = confusion_matrix(records.label, records.predicted, num_classes)
     support = matrix.sum(axis=1)
@@ -119,4 +154,5 @@ def summarize(records: Records, num_classes: int) -> Metrics:
         per_class_recall=recall,
         roc_auc=auc,
         confusion_matrix=matrix.tolist(),
+        classes=tuple(classes),
     )

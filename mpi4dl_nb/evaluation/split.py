@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..data.dataset import Box, RegionDataset
+from ..data.masks import MaskDataset
 from ..errors import ConfigError
 
 
@@ -61,6 +62,12 @@ class Subset:
 
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         return self.dataset.read(self.indices[index], box)
+
+    def read_mask(self, index: int, box: Box | None = None) -> torch.Tensor:
+        """The mask of image ``index`` (a MaskDataset's subset; TypeError otherwise)."""
+        if not isinstance(self.dataset, MaskDataset):
+            raise TypeError(f"{type(self.dataset).__name__} has no masks")
+        return self.dataset.read_mask(self.indices[index], box)
 
 
 def item_names(dataset: RegionDataset, indices: Sequence[int]) -> list[list[str]] | list[int]:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import Choice
 from .runner import InferSettings, Runner
 
 if TYPE_CHECKING:
@@ -14,19 +15,26 @@ if TYPE_CHECKING:
 
 def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | Sequence[str | Path], *,
                 ctx: Comm | None = None, **options: Any) -> dict[str, object] | None:
-    """Run the checkpoint's network over ``slide``, writing ``output`` (.npy / .tif / .png, or a list of them).
+    """Run the checkpoint's network over ``slide``, writing ``output`` (.npy / .tif / .geojson / .csv / .png, or a list
+    of them; ``PATH.tif:labels|probabilities|preview`` chooses a TIFF's content, see ``infer/outputs.py``).
 
     Collective: call it on every rank of a world of ``num_spatial_parts`` ranks (one process:
     ``num_spatial_parts=1``). ``options`` are :class:`InferSettings` fields: ``level``,
     ``num_spatial_parts``, ``slice_method``, ``window``, ``dtype``, ``tissue_only``,
     ``min_tissue``, ``batch_windows``, ``resume``, ``overwrite``, ``output_stride``,
-    ``heat_class``, ``model``, ``max_window_rows``, ``memory_budget``, ``overlay_side``, ``progress``,
-    ``keep_trace`` (the per-rank timeline in ``summary["events"]``). Returns the summary
+    ``heat_class``, ``model`` (a family to refuse others; or the model object of a run built in Python, an
+    nn.Module or its layer list), ``max_window_rows``, ``memory_budget``, ``overlay_side``, ``progress``,
+    ``keep_trace`` (the per-rank timeline in ``summary["events"]``), ``mpp`` / ``magnification`` / ``source_mpp``
+    (resolution), ``task``, ``threshold``, ``min_area``, ``exclude_classes`` (.geojson). Returns the summary
     (the command's JSON line) on rank 0, None on the other ranks; bad input raises
     ``ConfigError``/``ValueError``/``FileNotFoundError`` (``SetupFailed`` when one rank refused) on every rank.
     """
     outputs = [output] if isinstance(output, (str, Path)) else list(output)
     options.setdefault("progress", False)
+    network = options.pop("model", None)    # a family name to check against, or the model object itself
+    if network is not None and not isinstance(network, (str, Choice)):
+        return infer_with_model(checkpoint, network, slide, outputs, ctx, options)
+    options["model"] = network
     settings = InferSettings(checkpoint=str(checkpoint), slide=str(slide),
                              outputs=tuple(str(p) for p in outputs), **options)
     if ctx is None:
@@ -34,4 +42,26 @@ def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | 
 
         ctx = init()
     summary = Runner(settings, ctx).run()
+    return summary.as_dict() if summary is not None else None
+
+
+def infer_with_model(checkpoint: str | Path, model: object, slide: str | Path, outputs: Sequence[str | Path],
+                     ctx: Comm | None, options: dict[str, Any]) -> dict[str, object] | None:
+    """``infer_slide`` with the model object a run built in Python (its weights taken from ``checkpoint``)."""
+    from torch import nn
+
+    from .trained import load_network
+
+    if not isinstance(model, nn.Module) and not (isinstance(model, (list, tuple))
+                                                 and all(isinstance(m, nn.Module) for m in model)):
+        raise TypeError(f"model: a family name, an nn.Module or a layer list, not a {type(model).__name__}")
+    settings = InferSettings(checkpoint=str(checkpoint), slide=str(slide),
+                             outputs=tuple(str(p) for p in outputs), **options)
+    trained = load_network(settings.checkpoint, dtype=settings.torch_dtype, output_stride=settings.output_stride,
+                           task=settings.task, model=model)
+    if ctx is None:
+        from ..comm.context import init
+
+        ctx = init()
+    summary = Runner(settings, ctx, trained).run()
     return summary.as_dict() if summary is not None else None

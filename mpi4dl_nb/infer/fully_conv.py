@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..models.head import ClassifierHead
+from .pooled_head import head_on_cells, pooled_head
 from .windows import AxisField
 
 PROBE_CHUNK = 4          # probe images per forward (bounds the probe's memory)
@@ -39,10 +40,21 @@ class NetworkShape:
     classes: int
 
 
+@dataclass(frozen=True)
+class WindowPool:
+    """Where a classifier's FCN pools: module ``index`` pools ``window`` x ``window`` feature cells every ``step``;
+    the modules before it and the ones after it act on each cell alone."""
+
+    index: int
+    window: int
+    step: int
+
+
 class FullyConvolutional(nn.Sequential):
     """``trunk..., head..., Softmax(dim=1)``: probabilities per class for every output cell."""
 
     shape: NetworkShape
+    pool: WindowPool | None = None     # a classifier's window pool (None: a dense network)
 
 
 def _meta_out(module: nn.Module, channels: int, height: int, width: int, dtype: torch.dtype) -> torch.Size:
@@ -61,6 +73,8 @@ def _strides(module: nn.Module, channels: int, dtype: torch.dtype) -> list[int]:
 
     def hook(mod: nn.Module, inputs: tuple) -> None:
         width = int(inputs[0].shape[-1])
+        if width == 1 == int(inputs[0].shape[-2]):     # a pooled vector (a squeeze-excitation gate): no grid
+            return
         stride = getattr(mod, "stride", None)
         own = getattr(mod, "kernel_size", 1) if stride is None else stride   # a pool's stride defaults to its kernel
         own = own[-1] if isinstance(own, (tuple, list)) else own
@@ -89,13 +103,15 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
                         output_stride: int | None = None) -> FullyConvolutional:
     """The FCN of a layer list (in eval mode, sharing its weights).
 
-    Classifiers (last layer a ``ClassifierHead``) need ``patch``, the training image side;
+    Classifiers (last layer a ``ClassifierHead``, or a cut model's pooled head: ``pooled_head.py``) need
+    ``patch``, the training image side;
     ``output_stride`` (pixels per cell, a multiple of the trunk's stride; default the trunk's)
     sets the pooling stride. Dense models give per-pixel probabilities.
     """
     layers = list(layers)
     dtype = next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
-    if isinstance(layers[-1], ClassifierHead):
+    head = pooled_head(layers)
+    if isinstance(layers[-1], ClassifierHead) or head is not None:
         trunk = nn.Sequential(*layers[:-1])
         if patch is None or patch < 1:
             raise ConfigError("--checkpoint", "a classifier's checkpoint must record the training image size")
@@ -109,21 +125,29 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
         if output_stride is not None and (output_stride % trunk_stride or step < 1):
             raise ConfigError("--output-stride", f"must be a multiple of the trunk's stride {trunk_stride}, "
                               f"got {output_stride}")
-        modules = [*layers[:-1], *head_as_convolution(layers[-1], side, step)]
+        last = layers[-1]
+        if isinstance(last, ClassifierHead):
+            modules, classes = [*layers[:-1], *head_as_convolution(last, side, step)], last.fc.out_features
+        else:
+            assert head is not None, "a classifier ends in a ClassifierHead or a pooled head"
+            modules = [*layers[:-1], *head_on_cells(head, side, step)]
+            classes = int(_meta_out(nn.Sequential(*layers), channels, patch, patch, dtype)[1])
         min_side = patch
-        classes = layers[-1].fc.out_features
+        pool = WindowPool(next(i for i, m in enumerate(modules) if isinstance(m, (nn.AvgPool2d, nn.MaxPool2d))
+                               and i >= len(layers) - 1), side, step)
     else:
         modules = layers
         out = _meta_out(nn.Sequential(*layers), channels, 256, 256, dtype)
         if len(out) != 4:
             raise ConfigError("--checkpoint", f"the network's output has shape {tuple(out)}: it pools the "
                               f"whole image but its last layer is not a ClassifierHead (global pool + "
-                              f"linear), so it cannot be made fully convolutional")
+                              f"linear) or a cut model's pooled head, so it cannot be made fully convolutional")
         if output_stride is not None:
             raise ConfigError("--output-stride", "applies to classifiers only; a dense model's stride is its own")
-        min_side, classes = 1, int(out[1])
+        min_side, classes, pool = 1, int(out[1]), None
     net = FullyConvolutional(*modules, nn.Softmax(dim=1)).eval()
     net.shape = network_shape(net, channels, min_side, classes, dtype)
+    net.pool = pool
     return net
 
 
@@ -152,37 +176,56 @@ def _contaminated(net: nn.Module, images: torch.Tensor, axis: int) -> torch.Tens
     return torch.cat(rows)
 
 
+def _last_true(low: int, high: int, holds: Callable[[int], bool]) -> int:
+    """The largest ``r`` in ``[low, high]`` with ``holds(r)``, ``holds`` true up to some point (``holds(low)``)."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if holds(middle) else (low, middle - 1)
+    return low
+
+
 def _probe_axis(net: nn.Module, shape: NetworkShape, channels: int, axis: int, dtype: torch.dtype,
                 device: torch.device) -> AxisField:
+    """The field along ``axis`` from NaN edges at ``boundary + r`` (``r`` below the stride): how far the first
+    clean cell after a NaN part and the last clean cell before one lie. Both move monotonically with ``r``,
+    so the shifts where they move are found by bisection: about ``2 log2(stride) + 4`` probe images."""
     s, unit = shape.stride, math.lcm(shape.stride, shape.align)
     thickness = shape.min_side
     length = round_up_to(4 * max(shape.min_side, 64), unit)
+
+    def bad_cells(r: int, nan_before: bool) -> torch.Tensor:
+        image = torch.zeros(1, channels, thickness, length, dtype=dtype, device=device)
+        if nan_before:
+            image[..., :boundary + r] = float("nan")
+        else:
+            image[..., boundary + r:] = float("nan")
+        return _contaminated(net, image.transpose(-1, -2) if axis == -2 else image, axis)[0]
+
+    def first_clean(r: int) -> int:          # the first cell that sees no NaN before boundary + r
+        clean = ~bad_cells(r, True)
+        return int(clean.nonzero()[0]) if clean.any() else len(clean)
+
+    def clean_count(r: int) -> int:          # cells before the first that sees NaN from boundary + r on
+        bad = bad_cells(r, False)
+        return int(bad.nonzero()[0]) if bad.any() else len(bad)
+
     while True:
         boundary = round_up_to(length // 2, unit)
-        images = torch.zeros(2 * s, channels, thickness, length, dtype=dtype, device=device)
-        for r in range(s):
-            images[r, ..., :boundary + r] = float("nan")          # NaN before the edge
-            images[s + r, ..., boundary + r:] = float("nan")      # NaN from the edge on
-        if axis == -2:
-            images = images.transpose(-1, -2)
-        bad = _contaminated(net, images, axis)
-        cells = bad.shape[-1]
-        first_clean = [int((~bad[r]).nonzero()[0]) if (~bad[r]).any() else cells for r in range(s)]
-        clean_count = [int(bad[s + r].nonzero()[0]) if bad[s + r].any() else cells for r in range(s)]
-        inside = all(0 < g < cells - 1 for g in first_clean) and all(0 < h < cells - 1 for h in clean_count)
-        if inside:
+        cells = len(bad_cells(0, True))
+        ends = (first_clean(0), first_clean(s - 1), clean_count(0), clean_count(s - 1))
+        if all(0 < end < cells - 1 for end in ends):
             break
         if length * thickness * 2 > PROBE_MAX_PIXELS * 1024:
             raise ConfigError("--checkpoint", "the network's receptive field is larger than a "
                               f"{length}-pixel probe; it cannot be streamed in windows")
         length *= 2
     b_cells = boundary // s
-    lead = first_clean[0] - b_cells                       # ceil(before / s)
-    extra = sum(1 for g in first_clean if g == first_clean[0]) - 1
+    first, last = ends[0], ends[3]
+    lead = first - b_cells                                  # ceil(before / s)
+    extra = _last_true(0, s - 1, lambda r: first_clean(r) == first)
     before = lead * s - extra
-    last = clean_count[-1]
     a = b_cells + 1 - last
-    rem = sum(1 for h in clean_count if h < last)
+    rem = 0 if ends[2] == last else _last_true(0, s - 1, lambda r: clean_count(r) < last) + 1
     after = a * s + rem
     return AxisField(stride=s, before=before, after=after, align=shape.align)
 
@@ -193,8 +236,29 @@ def round_up_to(value: int, multiple: int) -> int:
 
 def measure_field(net: FullyConvolutional, channels: int = 3, device: torch.device | None = None
                   ) -> tuple[AxisField, AxisField]:
-    """The field of one output cell along rows and columns (NaN probes on ``device``, float32)."""
+    """The field of one output cell along rows and columns (NaN probes on ``device``, float32).
+
+    A classifier's field is its trunk's (probed on images a trunk cell wide, not a training patch) widened by
+    the window pool: cell ``j`` pools trunk cells ``j*step .. j*step+window-1``.
+    """
     device = device or torch.device("cpu")
     probe = copy.deepcopy(net).to(device=device, dtype=torch.float32).eval()
-    return (_probe_axis(probe, net.shape, channels, -2, torch.float32, device),
-            _probe_axis(probe, net.shape, channels, -1, torch.float32, device))
+    if net.pool is None:
+        return (_probe_axis(probe, net.shape, channels, -2, torch.float32, device),
+                _probe_axis(probe, net.shape, channels, -1, torch.float32, device))
+    trunk = nn.Sequential(*list(probe)[:net.pool.index])
+    shape = network_shape(trunk, channels, 1, net.shape.classes, torch.float32)
+    rows, cols = (pooled_field(_probe_axis(trunk, shape, channels, axis, torch.float32, device), net.pool,
+                               net.shape.align) for axis in (-2, -1))
+    return rows, cols
+
+
+def pooled_field(cell: AxisField, pool: WindowPool, align: int) -> AxisField:
+    """The field of a window-pool cell over trunk cells of field ``cell`` (``align``: the whole network's)."""
+    return AxisField(stride=cell.stride * pool.step, before=cell.before,
+                     after=(pool.window - 1) * cell.stride + cell.after, align=align)
+
+
+def classifies(layers: Sequence[nn.Module]) -> bool:
+    """Whether ``layers`` classify whole images (a ``ClassifierHead`` or a cut model's pooled head last)."""
+    return bool(layers) and (isinstance(layers[-1], ClassifierHead) or pooled_head(layers) is not None)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..data.pathology import Slide, rgba_to_rgb
+from ..data.resolution import AreaResampler, image_mpp, properties_mpp, resolve_read
 from ..spatial.geometry import Box
 
 TILE_CACHE_BYTES = 8 << 20   # OpenSlide's decoded-tile cache until the runner sizes it to the window
@@ -20,14 +21,17 @@ Result = TypeVar("Result")
 
 
 class SlideReader:
-    """One level of a slide: ``read(box)`` gives ``box``'s RGB pixels (uint8 H x W x 3), zeros past the edges.
+    """A slide at one resolution: ``read(box)`` gives ``box``'s RGB pixels (uint8 H x W x 3), zeros past the edges.
 
     Anything OpenSlide opens, or a plain image (PNG/JPEG/TIFF through Pillow, loaded whole:
-    keep those small, convert big ones to a pyramidal TIFF). Reads are in pixels of ``level``.
-    OpenSlide's tile cache is capped (``limit_cache``), so memory does not grow with the slide.
+    keep those small, convert big ones to a pyramidal TIFF). The pixels are those of pyramid
+    level ``choice.level``, shrunk by ``choice.scale`` when a resolution between levels is asked
+    for (``data/resolution.py``: exact box by box). OpenSlide's tile cache is capped
+    (``limit_cache``), so memory does not grow with the slide.
     """
 
-    def __init__(self, path: str | Path, level: int = 0) -> None:
+    def __init__(self, path: str | Path, level: int | None = None, *, mpp: float | None = None,
+                 trained_at: float | None = None, source_mpp: float | None = None) -> None:
         import openslide
 
         self.path = Path(path).expanduser()
@@ -40,14 +44,31 @@ class SlideReader:
             raise ValueError(f"--slide {self.path}: cannot be opened as a slide or an image "
                              f"({type(err).__name__}: {err}); OpenSlide reads .svs/.ndpi/.mrxs/.scn/pyramidal "
                              f".tif..., Pillow reads .png/.jpg/.tif") from err
-        if not 0 <= level < self.slide.level_count:
+        if level is not None and not 0 <= level < self.slide.level_count:
             count = self.slide.level_count
             raise ConfigError("--slide-level", f"{self.path} has levels 0..{count - 1}, not {level}; "
                               f"choose a level in that range")
         self.limit_cache(TILE_CACHE_BYTES)
-        self.level = level
-        self.width, self.height = (int(v) for v in self.slide.level_dimensions[level])
-        self.downsample = float(self.slide.level_downsamples[level])
+        self.base_mpp = source_mpp if source_mpp is not None else self.file_mpp()
+        downsamples = [float(d) for d in self.slide.level_downsamples]
+        self.choice = resolve_read(self.base_mpp, downsamples, str(self.path), target=mpp, level=level,
+                                   trained_at=trained_at)
+        self.level = self.choice.level
+        self.level_width, self.level_height = (int(v) for v in self.slide.level_dimensions[self.level])
+        self.level_downsample = downsamples[self.level]
+        self.resampler = AreaResampler(self.choice.scale) if self.choice.resampled else None
+        if self.resampler is None:
+            self.width, self.height = self.level_width, self.level_height
+        else:
+            self.width, self.height = self.resampler.extent(self.level_width), self.resampler.extent(self.level_height)
+        self.downsample = self.level_downsample * self.choice.scale   # level-0 pixels per pixel read
+        self.mpp = self.choice.mpp
+
+    def file_mpp(self) -> float | None:
+        """Level 0's MPP as the file says (OpenSlide properties; a plain image's resolution tags)."""
+        properties = getattr(self.slide, "properties", {})
+        found = properties_mpp(properties, str(self.path))
+        return found if found is not None or properties else image_mpp(self.path)
 
     def limit_cache(self, capacity: int) -> None:
         """Cap OpenSlide's decoded-tile cache at ``capacity`` bytes (the runner: a few windows' worth)."""
@@ -62,13 +83,30 @@ class SlideReader:
         """(width, height) of every level."""
         return [(int(w), int(h)) for w, h in self.slide.level_dimensions]
 
+    @property
+    def level0_size(self) -> tuple[int, int]:
+        """(height, width) of level 0."""
+        width, height = self.slide.level_dimensions[0]
+        return int(height), int(width)
+
     def read(self, box: Box) -> np.ndarray:
-        """RGB uint8 pixels of ``box`` (r0, r1, c0, c1) at this level; zero outside the slide."""
+        """RGB uint8 pixels of ``box`` (r0, r1, c0, c1) at this resolution; zero outside the slide."""
+        if self.resampler is None:
+            return self.read_level(box)
+        r0, r1, c0, c1 = box
+        out = self.resampler.read(self.read_level, box)
+        out[max(0, min(r1, self.height) - r0):] = 0          # past the resampled extent: zero, as past a level
+        out[:, max(0, min(c1, self.width) - c0):] = 0
+        return out
+
+    def read_level(self, box: Box) -> np.ndarray:
+        """RGB uint8 pixels of ``box`` at the pyramid level read; zero outside it."""
         r0, r1, c0, c1 = box
         out = np.zeros((r1 - r0, c1 - c0, 3), dtype=np.uint8)
-        y0, y1, x0, x1 = max(r0, 0), min(r1, self.height), max(c0, 0), min(c1, self.width)
+        y0, y1 = max(r0, 0), min(r1, self.level_height)
+        x0, x1 = max(c0, 0), min(c1, self.level_width)
         if y0 < y1 and x0 < x1:
-            location = (int(round(x0 * self.downsample)), int(round(y0 * self.downsample)))
+            location = (int(round(x0 * self.level_downsample)), int(round(y0 * self.level_downsample)))
             region = self.slide.read_region(location, self.level, (x1 - x0, y1 - y0))
             out[y0 - r0:y1 - r0, x0 - c0:x1 - c0] = rgba_to_rgb(region)
         return out

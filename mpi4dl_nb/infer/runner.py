@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,25 +25,21 @@ from torch import nn
 
 from ..comm.trace import TraceValue
 from ..config import ConfigError
+from ..data.resolution import target_mpp
+from ..data.task import Task
 from ..measure.heap import PeakMeter, state_bytes
 from ..models.spec import ModelFamily
 from ..spatial.geometry import Box, TileGrid
-from .fully_conv import FullyConvolutional, fully_convolutional, measure_field
-from .model import ModelDescription, load_network
+from .finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
+from .fully_conv import FullyConvolutional, measure_field
+from .model import ModelDescription
+from .outputs import OutputKind, OutputSpec, check_outputs, npy_base, parse_outputs
+from .placement import CellPlacement
 from .reader import Prefetcher, SlideReader
+from .store import Fingerprint, HeatmapStore, load_progress, progress_path, save_progress, work_path
 from .tissue import OVERVIEW_SIDE, TissueMap
+from .trained import TrainedNetwork, load_network
 from .windows import AxisField, Window, WindowPlan, batches, intersect, padded_extent, round_up
-from .writers import (
-    Fingerprint,
-    HeatmapStore,
-    check_outputs,
-    load_progress,
-    progress_path,
-    save_progress,
-    work_path,
-    write_overlay,
-    write_tiff,
-)
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -63,7 +58,10 @@ class InferSettings:
     checkpoint: str
     slide: str
     outputs: tuple[str, ...]
-    level: int = 0
+    level: int | None = None               # --slide-level (None: level 0, or chosen by resolution)
+    mpp: float | None = None               # --mpp: µm per pixel to run at (default: the checkpoint's)
+    magnification: float | None = None     # --magnification: the same as MAGNIFICATION_MPP / M
+    source_mpp: float | None = None        # --source-mpp: level 0's µm per pixel when the slide carries none
     num_spatial_parts: int = 1
     slice_method: str = "square"
     window: int | None = None
@@ -76,11 +74,16 @@ class InferSettings:
     output_stride: int | None = None
     heat_class: int | None = None
     model: ModelFamily | str | None = None
+    task: Task | str | None = None         # --task: refuse a checkpoint of the other task
+    threshold: float | None = None         # .geojson: least probability of a region's class (default below)
+    min_area: float = 0.0                  # .geojson: regions and holes smaller than this (level-0 px²) dropped
+    exclude_classes: tuple[str, ...] = ()  # .geojson: classes not traced (names or indices)
     max_window_rows: int | None = None
     memory_budget: int = DEFAULT_BUDGET
     overlay_side: int = OVERLAY_SIDE
     progress: bool = True
     keep_trace: bool = False
+    cohort: bool = False                   # outputs are ``{slide}`` templates (``--slides``)
 
     def check(self) -> None:
         """Errors in the flags alone, naming the flag and what works."""
@@ -91,12 +94,28 @@ class InferSettings:
                                    ("--window", self.window, 1), ("--output-stride", self.output_stride, 1),
                                    ("--max-window-rows", self.max_window_rows, 1),
                                    ("--heat-class", self.heat_class, 0), ("--memory-budget", self.memory_budget, 1),
-                                   ("--overlay-side", self.overlay_side, 16)):
+                                   ("--overlay-side", self.overlay_side, 16), ("--min-area", self.min_area, 0)):
             if value is not None and value < least:
                 raise ConfigError(flag, f"must be >= {least}, got {value}")
         if not 0.0 <= self.min_tissue < 1.0:
             raise ConfigError("--min-tissue", f"must be in [0, 1), got {self.min_tissue}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError("--threshold", f"must be a probability in [0, 1], got {self.threshold}")
+        if self.source_mpp is not None and not self.source_mpp > 0:
+            raise ConfigError("--source-mpp", f"must be > 0 (µm per pixel), got {self.source_mpp}")
+        if self.task is not None:
+            Task.parse(self.task)
+        target_mpp(self.mpp, self.magnification)
         TileGrid.from_slice_method(self.slice_method, self.num_spatial_parts)
+        self.specs()
+
+    def specs(self) -> tuple[OutputSpec, ...]:
+        """The ``--output`` values parsed (kinds of bare .tif outputs not yet resolved)."""
+        return parse_outputs(self.outputs, self.cohort)
+
+    @property
+    def target_mpp(self) -> float | None:
+        return target_mpp(self.mpp, self.magnification)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -177,7 +196,7 @@ def default_window(net: FullyConvolutional, fields: tuple[AxisField, AxisField],
 # --------------------------------------------------------------------------- set-up
 @dataclass
 class Plan:
-    """Rank 0's decisions, sent to every rank: the window plan, skipped windows, resume point."""
+    """Rank 0's decisions, sent to every rank: the window plan, skipped windows, resume point, outputs."""
 
     plan: WindowPlan
     skipped: set[tuple[int, int]]
@@ -186,6 +205,7 @@ class Plan:
     out_shape: tuple[int, int, int]
     fields: tuple[AxisField, AxisField]
     window: int
+    outputs: tuple[OutputSpec, ...]
 
 
 def fingerprint(settings: InferSettings, description: ModelDescription, reader: SlideReader,
@@ -194,14 +214,43 @@ def fingerprint(settings: InferSettings, description: ModelDescription, reader: 
     checkpoint = Path(description.path)
     return {"checkpoint": str(checkpoint.resolve()), "checkpoint_bytes": checkpoint.stat().st_size,
             "checkpoint_step": description.step, "slide": str(reader.path.resolve()), "level": reader.level,
-            "slide_size": [reader.height, reader.width], "stride": net.shape.stride, "dtype": settings.dtype,
-            "tissue_only": settings.tissue_only, "min_tissue": settings.min_tissue}
+            "scale": reader.choice.scale, "slide_size": [reader.height, reader.width], "stride": net.shape.stride,
+            "dtype": settings.dtype, "tissue_only": settings.tissue_only, "min_tissue": settings.min_tissue}
 
 
-def decide(settings: InferSettings, net: FullyConvolutional, reader: SlideReader, grid: TileGrid,
-           description: ModelDescription) -> Plan:
+def resolve_outputs(settings: InferSettings, trained: TrainedNetwork) -> tuple[OutputSpec, ...]:
+    """The outputs with their kinds settled by the task; what a task cannot give is refused."""
+    dense = trained.task is Task.SEGMENTATION
+    specs = tuple(spec.resolved(dense) for spec in settings.specs())
+    for spec in specs:
+        if spec.kind is OutputKind.CSV and dense:
+            raise ConfigError("--output", f"{spec.path}: a .csv has one row per output cell, here per pixel of the "
+                                          f"slide; write the label map (.tif), the regions (.geojson) or the "
+                                          f"probabilities (.npy) instead")
+    if settings.heat_class is not None and settings.heat_class >= trained.net.shape.classes:
+        raise ConfigError("--heat-class", f"the network has {trained.net.shape.classes} classes; use "
+                                          f"0..{trained.net.shape.classes - 1}")
+    class_indices(settings.exclude_classes, trained.classes)
+    return specs
+
+
+def class_indices(names: Sequence[str], classes: Sequence[str]) -> list[int]:
+    """``--exclude-class`` values (names, or indices) as class indices."""
+    found = []
+    for name in names:
+        if name in classes:
+            found.append(list(classes).index(name))
+        elif name.isdigit() and int(name) < len(classes):
+            found.append(int(name))
+        else:
+            raise ConfigError("--exclude-class", f"{name!r} is not a class of this network ({', '.join(classes)})")
+    return found
+
+
+def decide(settings: InferSettings, trained: TrainedNetwork, reader: SlideReader, grid: TileGrid) -> Plan:
     """Rank 0: field, window, plan, resume point and background windows (collective errors via ``agreed``)."""
-    outputs = [Path(p) for p in settings.outputs]
+    net = trained.net
+    specs = resolve_outputs(settings, trained)
     fields = measure_field(net)
     height, width = padded_extent(reader.height, fields[0].unit), padded_extent(reader.width, fields[1].unit)
     if min(height, width) < net.shape.min_side:
@@ -209,8 +258,8 @@ def decide(settings: InferSettings, net: FullyConvolutional, reader: SlideReader
                           f"smaller than one output cell's patch ({net.shape.min_side} px); use a finer level")
     out_h, out_w = output_size(net, height, width)
     out_shape = (net.shape.classes, out_h, out_w)
-    stamp = fingerprint(settings, description, reader, net)
-    work = work_path(outputs)
+    stamp = fingerprint(settings, trained.description, reader, net)
+    work = work_path(npy_base(specs))
     progress = load_progress(progress_path(work))
     rows_done = 0
     if settings.resume:
@@ -221,12 +270,12 @@ def decide(settings: InferSettings, net: FullyConvolutional, reader: SlideReader
                                   f"rerun with the same checkpoint, slide and options, or drop --resume "
                                   f"and pass --overwrite")
             rows_done = progress.rows_done
-        check_outputs([p for p in outputs if p != work], settings.overwrite)
+        check_outputs([p for p in specs if p.path != work], settings.overwrite)
     else:
         if work.exists() and not settings.overwrite:
             raise ConfigError("--resume", f"a partial output {work} exists; pass --resume to continue it, "
                               f"or --overwrite to start again")
-        check_outputs(outputs, settings.overwrite)
+        check_outputs(specs, settings.overwrite)
     window = settings.window or default_window(net, fields, grid, settings.memory_budget,
                                                settings.torch_dtype, (reader.height, reader.width))
     plan = WindowPlan(height, width, out_h, out_w, fields[0], fields[1], grid, window, first_row=rows_done)
@@ -235,7 +284,7 @@ def decide(settings: InferSettings, net: FullyConvolutional, reader: SlideReader
         tissue = TissueMap.from_overview(reader.thumbnail(OVERVIEW_SIDE), reader.height, reader.width)
         skipped = {(w.row, w.col) for w in plan.windows()
                    if tissue.fraction(w.core_footprint()) <= settings.min_tissue}
-    return Plan(plan, skipped, rows_done, stamp, out_shape, fields, window)
+    return Plan(plan, skipped, rows_done, stamp, out_shape, fields, window, specs)
 
 
 # ---------------------------------------------------------------------------- loop
@@ -278,9 +327,14 @@ class InferSummary:
 
     slide: str
     level: int
-    slide_size: tuple[int, int]                  # (width, height) of the level
+    slide_size: tuple[int, int]                  # (width, height) of the pixels read
     model: str
     checkpoint: str
+    task: str
+    classes: tuple[str, ...]
+    mpp: float | None                            # µm per pixel read (None: unknown)
+    scale: float                                 # resampling of the level read (1.0: none)
+    placement: CellPlacement
     output_shape: tuple[int, int, int]           # classes, output rows, output columns
     output_stride: int
     fields: tuple[AxisField, AxisField]          # rows, columns
@@ -299,6 +353,7 @@ class InferSummary:
     ranks: Sequence[RankStats]
     memory_source: str
     outputs: list[str]
+    report: OutputReport | None = None           # per-class figures of the finished map (rank 0, complete runs)
     events: list[TimelineEvent] | None = None    # every rank's timeline (``keep_trace``)
 
     @property
@@ -310,10 +365,12 @@ class InferSummary:
         seconds = self.seconds
         return {
             "slide": self.slide, "level": self.level, "slide_size": list(self.slide_size),
-            "model": self.model, "checkpoint": self.checkpoint,
+            "mpp": self.mpp, "scale": self.scale, "model": self.model, "checkpoint": self.checkpoint,
+            "task": self.task, "classes": list(self.classes),
             "output_shape": list(self.output_shape), "output_stride": self.output_stride,
             "field": {"rows": [rows.before, rows.after], "cols": [cols.before, cols.after],
                       "text": cols.describe()},
+            "map": self.placement.describe(),
             "world_size": self.world_size, "grid": list(self.grid),
             "window": self.window, "window_grid": list(self.window_grid), "dtype": self.dtype,
             "windows": self.windows, "skipped_background": self.skipped_background,
@@ -327,6 +384,7 @@ class InferSummary:
             "read_seconds": [r.read_seconds for r in self.ranks],
             "read_wait_seconds": [r.read_wait_seconds for r in self.ranks],
             "outputs": self.outputs,
+            **(self.report.as_dict() if self.report is not None else {}),
             **({"events": self.events} if self.events is not None else {}),
         }
 
@@ -334,10 +392,17 @@ class InferSummary:
         return json.dumps(self.as_dict())
 
 
-class Runner:
-    """Set up on every rank (errors agreed), then stream the windows; rank 0 writes and summarizes."""
+class SlideFailed(RuntimeError):
+    """A slide could not be read during the run; every rank raises it with the same message."""
 
-    def __init__(self, settings: InferSettings, ctx: Comm) -> None:
+
+class Runner:
+    """Set up on every rank (errors agreed), then stream the windows; rank 0 writes and summarizes.
+
+    ``trained``: the network, when the caller loaded it already (a cohort loads it once).
+    """
+
+    def __init__(self, settings: InferSettings, ctx: Comm, trained: TrainedNetwork | None = None) -> None:
         settings.check()
         self.settings, self.ctx = settings, ctx
         self.grid = TileGrid.from_slice_method(settings.slice_method, settings.num_spatial_parts)
@@ -345,18 +410,13 @@ class Runner:
             raise ConfigError("--num-spatial-parts", f"{self.grid.num_tiles} ranks share each window "
                               f"({self.grid.rows} x {self.grid.cols}) but {ctx.world_size} were launched; run "
                               f"with mpiexec -n {self.grid.num_tiles}")
-
-        def load() -> tuple[FullyConvolutional, ModelDescription, SlideReader]:
-            layers, description = load_network(settings.checkpoint, settings.model, settings.torch_dtype)
-            net = fully_convolutional(layers, description.image_size, output_stride=settings.output_stride)
-            if settings.heat_class is not None and settings.heat_class >= net.shape.classes:
-                raise ConfigError("--heat-class", f"the network has {net.shape.classes} classes; use "
-                                  f"0..{net.shape.classes - 1}")
-            return net, description, SlideReader(settings.slide, settings.level)
-
-        self.net, self.description, self.reader = agreed(ctx, load)
-        decided = agreed(ctx, lambda: decide(settings, self.net, self.reader, self.grid, self.description)
-                         if ctx.rank == 0 else None)
+        self.trained = trained if trained is not None else agreed(ctx, lambda: load_network(
+            settings.checkpoint, family=settings.model, dtype=settings.torch_dtype,
+            output_stride=settings.output_stride, task=settings.task))
+        self.net, self.description = self.trained.net, self.trained.description
+        self.reader = agreed(ctx, lambda: SlideReader(settings.slide, settings.level, mpp=settings.target_mpp,
+                                                      trained_at=self.trained.mpp, source_mpp=settings.source_mpp))
+        decided = agreed(ctx, lambda: decide(settings, self.trained, self.reader, self.grid) if ctx.rank == 0 else None)
         plan = ctx.bcast_object(decided, root=0)
         assert plan is not None   # rank 0 decided (else every rank raised in agreed)
         self.plan: Plan = plan
@@ -364,12 +424,16 @@ class Runner:
         # decoded tiles kept for the overlap with the next window: twice this rank's RGBA box
         self.reader.limit_cache(CACHE_WINDOWS * 4 * max(h * w for h, w in self.plan.plan.input_sizes())
                                 // self.grid.num_tiles)
+        self.placement = CellPlacement(self.net.shape.stride, self.trained.cell_extent, self.plan.out_shape[1:],
+                                       (self.reader.height, self.reader.width), self.reader.downsample,
+                                       self.reader.mpp)
         self.store: HeatmapStore | None = None
         if ctx.rank == 0:
-            work = work_path([Path(p) for p in settings.outputs])
+            work = work_path(npy_base(self.plan.outputs))
             dtype = np.float64 if settings.dtype == "float64" else np.float32
             self.store = HeatmapStore(work, self.plan.out_shape, np.dtype(dtype), create=self.plan.rows_done == 0)
         self._out_sizes: dict[tuple[int, int], tuple[int, int]] = {}
+        self.read_error: str | None = None
 
     # ------------------------------------------------------------- pieces
     def window_output_size(self, window: Window) -> tuple[int, int]:
@@ -394,21 +458,41 @@ class Runner:
         return (r0 + dy, r1 + dy, c0 + dx, c1 + dx), values
 
     def read(self, window: Window) -> torch.Tensor:
-        """This rank's box of ``window`` as a (3, h, w) tensor in [0, 1] (called in the prefetch thread)."""
+        """This rank's box of ``window`` as a (3, h, w) tensor in [0, 1] (called in the prefetch thread).
+
+        A read that fails gives zeros and is remembered: the ranks agree on it after the window row
+        (``_check_reads``), so all stop together instead of some waiting for a halo forever.
+        """
         start = time.perf_counter()
-        pixels = self.reader.read(window.rank_box(self.grid, self.ctx.rank) if self.grid.num_tiles > 1
-                                  else window.input)
+        box = window.rank_box(self.grid, self.ctx.rank) if self.grid.num_tiles > 1 else window.input
+        try:
+            pixels = self.reader.read(box)
+        except Exception as err:   # OpenSlide, Pillow and codecs raise many kinds
+            if self.read_error is None:
+                self.read_error = (f"--slide {self.reader.path}: reading pixels {box} (rows, then columns, at "
+                                   f"level {self.reader.level}) failed: {type(err).__name__}: {err}")
+            pixels = np.zeros((box[1] - box[0], box[3] - box[2], 3), dtype=np.uint8)
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).to(self.settings.torch_dtype).div_(255.0)
         self.stats.read_seconds += time.perf_counter() - start
-        self.meter.sample()
         if self.settings.keep_trace:
             self.ctx.tracer.record("read", start - self.ctx.tracer.origin, self.ctx.tracer.now(),
                                    window=(window.row, window.col))
         return tensor
 
+    def _check_reads(self) -> None:
+        """Collective: stop every rank at once, with the first rank's message, if any read failed."""
+        errors = [e for e in self.ctx.all_gather_object(self.read_error) if e is not None]
+        if errors:
+            raise SlideFailed(errors[0])
+
     # ---------------------------------------------------------------- run
     def run(self) -> InferSummary | None:
-        """Stream every window row (or ``max_window_rows`` of them); the summary on rank 0, None elsewhere."""
+        """Stream every window row (or ``max_window_rows`` of them); the summary on rank 0, None elsewhere.
+
+        Memory is sampled after every layer and after taking each prefetched window, on the main thread only,
+        so the peak is the same on every run of the same window size (a sample from the reading thread would
+        land inside an operator of the forward at random).
+        """
         from ..spatial.convert import spatialize
 
         settings, ctx, plan = self.settings, self.ctx, self.plan
@@ -441,6 +525,7 @@ class Runner:
                 active = [w for w in row if (w.row, w.col) not in plan.skipped]
                 for group in batches(active, settings.batch_windows):
                     tiles = [next(stream)[1] for _ in group]
+                    self.meter.sample()
                     start = time.perf_counter()
                     with torch.no_grad(), tracer.span("compute", windows=len(group)):
                         out = net(torch.stack(tiles).to(ctx.device))
@@ -451,6 +536,7 @@ class Runner:
                     self._collect([p for p in pieces if p is not None])
                     self.stats.windows += len(group)
                     computed_pixels += sum(slide_share(w, plan.plan, slide_pixels) for w in group)
+                self._check_reads()
                 skipped += len(row) - len(active)
                 rows_done = row[0].core[1]
                 self._finish_row(row, rows_done)
@@ -465,7 +551,6 @@ class Runner:
         self.stats.seconds = time.perf_counter() - wall
         self.meter.sample()
         self.meter.unwatch()
-        self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
         complete = rows_done >= plan.out_shape[1]
         events = None
         if settings.keep_trace:
@@ -474,8 +559,10 @@ class Runner:
             events = [e.as_dict() for e in gather_timeline(ctx) or []]
         tracer.enabled = tracing
         ctx.barrier()
-        outputs = self._finalize() if complete and ctx.rank == 0 else []
-        return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done, events)
+        report = self._finalize() if complete and ctx.rank == 0 else None
+        self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
+        outputs = [str(s.path) for s in plan.outputs] if report is not None else []
+        return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done, report, events)
 
     def _collect(self, pieces: list[tuple[Box, np.ndarray]]) -> None:
         gathered = self.ctx.gather_object(pieces, root=0)
@@ -485,6 +572,8 @@ class Runner:
         for part in gathered:
             for box, values in part:
                 self.store.write(box, values)
+        del gathered
+        self.meter.sample()
         self.ctx.tracer.record("write", start - self.ctx.tracer.origin, self.ctx.tracer.now())
 
     def _finish_row(self, row: list[Window], rows_done: int) -> None:
@@ -494,58 +583,53 @@ class Runner:
             if (window.row, window.col) in self.plan.skipped:
                 self.store.fill(window.core)
         self.store.flush()
-        work = self.store.path
-        save_progress(progress_path(work), self.plan.fingerprint, rows_done)
+        save_progress(progress_path(self.store.path), self.plan.fingerprint, rows_done)
 
-    def _finalize(self) -> list[str]:
-        """Rank 0, all rows done: the .npy in place, then the .tif/.png made from it; partial files removed."""
+    def _finalize(self) -> OutputReport:
+        """Rank 0, all rows done: the outputs from the probability array (streaming, sampled by the meter)."""
         assert self.store is not None
-        store, settings = self.store, self.settings
-        work = store.path
-        store.close()
-        outputs = [Path(p) for p in settings.outputs]
-        npy = [p for p in outputs if p.suffix.lower() == ".npy"]
-        final = npy[0] if npy else work
-        if npy:
-            os.replace(work, final)
-        probs = np.load(final, mmap_mode="r")
-        for extra in npy[1:]:
-            np.save(extra, probs)
-        heat = settings.heat_class if settings.heat_class is not None else probs.shape[0] - 1
-        field = self.plan.fields
-        offset = (field[1].after - field[1].before - field[1].stride) / 2   # cell blocks centred on their fields
-        for path in outputs:
-            if path.suffix.lower() in (".tif", ".tiff"):
-                write_tiff(path, probs[heat], description=self.describe(heat))
-            elif path.suffix.lower() == ".png":
-                write_overlay(path, self.reader.thumbnail(settings.overlay_side), probs[heat],
-                              stride=self.net.shape.stride, offset=offset,
-                              slide_size=(self.reader.height, self.reader.width))
-        del probs
-        if not npy:
-            work.unlink(missing_ok=True)
+        work = self.store.path
+        self.store.close()
+        settings, trained = self.settings, self.trained
+        heat = settings.heat_class if settings.heat_class is not None else self.net.shape.classes - 1
+        threshold = settings.threshold
+        if threshold is None and trained.task is Task.CLASSIFICATION:
+            threshold = CLASSIFIER_THRESHOLD
+        request = OutputRequest(
+            specs=self.plan.outputs, classes=trained.classes, placement=self.placement, heat_class=heat,
+            threshold=threshold, excluded=tuple(class_indices(settings.exclude_classes, trained.classes)),
+            min_area=settings.min_area, labels=trained.task is Task.SEGMENTATION, overlay_side=settings.overlay_side,
+            description=self.describe(heat))
+        report = write_outputs(work, request, self.reader, tick=self.meter.sample)
         progress_path(work).unlink(missing_ok=True)
-        return [str(p) for p in outputs]
+        return report
 
     def describe(self, heat: int) -> dict[str, object]:
-        """What the heat map shows (stored in the .tif and the summary)."""
+        """What the map shows (stored in the .tif and the summary)."""
         rows, cols = self.plan.fields
-        return {"slide": str(self.reader.path), "level": self.reader.level, "class": heat,
-                "stride": self.net.shape.stride, "field_rows": [rows.before, rows.after],
-                "field_cols": [cols.before, cols.after], "model": self.description.describe()}
+        return {"slide": str(self.reader.path), "level": self.reader.level, "scale": self.reader.choice.scale,
+                "slide_mpp": self.reader.base_mpp, "heat_class": heat, "stride": self.net.shape.stride,
+                "field_rows": [rows.before, rows.after], "field_cols": [cols.before, cols.after],
+                "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe()}
 
     def _summary(self, windows: int, skipped: int, pixels: float, complete: bool, outputs: list[str],
-                 rows_done: int, events: list[TimelineEvent] | None) -> InferSummary | None:
+                 rows_done: int, report: OutputReport | None,
+                 events: list[TimelineEvent] | None) -> InferSummary | None:
         per_rank = self.ctx.gather_object(self.stats, root=0)
         if per_rank is None:
             return None
         plan = self.plan.plan
         return InferSummary(
             str(self.reader.path), self.reader.level, (self.reader.width, self.reader.height),
-            self.description.describe(), self.description.path, self.plan.out_shape, self.net.shape.stride,
+            self.description.describe(), self.description.path, str(self.trained.task), self.trained.classes,
+            self.reader.mpp, self.reader.choice.scale, self.placement, self.plan.out_shape, self.net.shape.stride,
             self.plan.fields, self.ctx.world_size, (self.grid.rows, self.grid.cols), self.plan.window,
             plan.shape, self.settings.dtype, windows, skipped, self.stats.windows, self.plan.rows_done, rows_done,
-            complete, pixels / 1e6, per_rank, self.meter.source, outputs, events)
+            complete, pixels / 1e6, per_rank, self.meter.source, outputs, report, events)
+
+    def close(self) -> None:
+        """Release the slide (a cohort opens many)."""
+        self.reader.close()
 
 
 def slide_share(window: Window, plan: WindowPlan, slide_pixels: int) -> float:

@@ -180,12 +180,19 @@ class WindowPlan:
     def col_cores(self) -> list[Range]:
         return self._cores(0, self.out_width, self.cols, self.grid.cols)
 
+    def full_length(self, field: AxisField, parts: int, extent: int) -> int:
+        """Every window's input length along an axis: all ``parts`` ranks' pixels (unit-aligned), or the slide."""
+        return min(extent, parts * self.window // field.unit * field.unit)
+
     def window_rows(self) -> Iterator[list[Window]]:
         """The windows, one list per window row, top to bottom."""
         col_cores = self.col_cores
-        col_inputs = uniform_inputs(col_cores, self.cols, self.width)
+        col_inputs = uniform_inputs(col_cores, self.cols, self.width,
+                                    self.full_length(self.cols, self.grid.cols, self.width))
         row_cores = self.row_cores
-        for i, (rc, ry) in enumerate(zip(row_cores, uniform_inputs(row_cores, self.rows, self.height))):
+        row_inputs = uniform_inputs(row_cores, self.rows, self.height,
+                                    self.full_length(self.rows, self.grid.rows, self.height))
+        for i, (rc, ry) in enumerate(zip(row_cores, row_inputs)):
             yield [Window(i, j, (*rc, *cc), (*ry, *cx), (self.rows.stride, self.cols.stride))
                    for j, (cc, cx) in enumerate(zip(col_cores, col_inputs))]
 
@@ -202,14 +209,17 @@ class WindowPlan:
         return {w.input_size for w in self.windows()}
 
 
-def uniform_inputs(cores: Sequence[Range], field: AxisField, extent: int) -> list[Range]:
-    """Each core's input range, widened inwards so that all have the longest one's length.
+def uniform_inputs(cores: Sequence[Range], field: AxisField, extent: int, least: int = 0) -> list[Range]:
+    """Each core's input range, widened inwards so that all have the longest one's length (at least ``least``).
 
     More context never changes a core cell (its field is inside either way), and one input
-    size means one set of halo plans, kernel caches and batches for the whole slide.
+    size means one set of halo plans, kernel caches and batches for the whole slide; with
+    ``least`` the window's full size, a rank's memory is the same on every slide larger than
+    a window (a small slide's few windows are not shrunk to fit it).
     """
     natural = [field.input_range(core, extent) for core in cores]
     length = max((stop - start for start, stop in natural), default=0)
+    length = max(length, least) if natural else length
     out = []
     for start, stop in natural:
         stop = min(extent, max(stop, start + length))

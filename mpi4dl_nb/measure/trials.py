@@ -106,7 +106,7 @@ def engine_trial(ctx: Comm, spec: TrialModel, knobs: Knobs, image_size: int, bat
     from .steps import measure_engine_step
 
     engine = HybridEngine(spec.build(), ParallelConfig(**knobs), ctx, loss_fn=nn.CrossEntropyLoss(),
-                          optimizer=_sgd)
+                          optimizer=_sgd, image_size=image_size)
     images, labels = spec.batch(image_size, batch_size)
     peak = measure_engine_step(engine, images, labels, warmup=1)
     return Trial(lambda: engine.train_step(images, labels), peak)

@@ -6,34 +6,40 @@ from torch import nn
 from .amoebanet import IMAGE_MULTIPLE as AMOEBANET_IMAGE_MULTIPLE
 from .amoebanet import amoebanet
 from .resnet import resnet
+from .unet import unet
 
-MODEL_NAMES = ("resnet", "amoebanet")
+MODEL_NAMES = ("resnet", "amoebanet", "unet")
 RESNET_IMAGE_MULTIPLE = 4  # two stride-2 stages
-DEFAULT_NUM_LAYERS = {"resnet": 110, "amoebanet": 18}
-DEFAULT_NUM_FILTERS = {"resnet": 16, "amoebanet": 416}
+DEFAULT_NUM_LAYERS = {"resnet": 110, "amoebanet": 18, "unet": 4}       # U-Net: depth (levels)
+DEFAULT_NUM_FILTERS = {"resnet": 16, "amoebanet": 416, "unet": 16}     # U-Net: channels of the first level
 IMAGE_MULTIPLES = {"resnet": RESNET_IMAGE_MULTIPLE, "amoebanet": AMOEBANET_IMAGE_MULTIPLE}
 
 
-def image_multiple(name: str) -> int:
-    """Images given to model ``name`` must have sides divisible by this."""
+def image_multiple(name: str, num_layers: int | None = None) -> int:
+    """Images given to model ``name`` (a U-Net: of depth ``num_layers``) must have sides divisible by this."""
+    if name == "unet":
+        return 2 ** (DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers)
     return IMAGE_MULTIPLES[name]
 
 
 def build_model(name: str, *, num_layers: int | None = None, num_filters: int | None = None,
                 num_classes: int = 10, version: int = 2, in_channels: int = 3,
-                image_size: int | None = None) -> list[nn.Module]:
+                image_size: int | None = None, norm: str | None = None,
+                upsampling: str | None = None) -> list[nn.Module]:
     """Build model ``name`` as a list of splittable layers.
 
     ResNet: ``num_layers`` is the depth (v1 6n+2, v2 9n+2; default 110), ``num_filters`` the
     base width (default 16). AmoebaNet-D: ``num_layers`` normal cells (multiple of 3; default 18),
-    ``num_filters`` (default 416). ``image_size`` (optional) is checked against the downsampling.
+    ``num_filters`` (default 416). U-Net: ``num_layers`` levels (default 4), ``num_filters`` channels
+    at the first level (default 16), ``norm`` 'batch'/'group', ``upsampling`` 'bilinear'/'transposed'
+    (``models/unet.py``). ``image_size`` (optional) is checked against the downsampling.
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     layers_arg = DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers
     filters = DEFAULT_NUM_FILTERS[name] if num_filters is None else num_filters
     if image_size is not None:
-        multiple = image_multiple(name)
+        multiple = image_multiple(name, layers_arg)
         if image_size < multiple or image_size % multiple:
             fit = max(multiple, multiple * round(image_size / multiple))
             raise ValueError(f"image_size={image_size}: {name} downsamples by {multiple}, so "
@@ -41,4 +47,7 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     if name == "resnet":
         return resnet(layers_arg, num_classes, version=version, width=filters,
                       in_channels=in_channels)
+    if name == "unet":
+        return unet(layers_arg, filters, num_classes, in_channels=in_channels, norm=norm or "batch",
+                    upsampling=upsampling or "bilinear")
     return amoebanet(layers_arg, filters, num_classes, in_channels=in_channels)

@@ -7,6 +7,7 @@ from torch import nn
 from .head import ClassifierHead
 
 STAGES = 3  # three stages of n blocks, the second and third start with stride 2
+IMAGENET_DEPTHS = (18, 34, 50, 101, 152)   # torchvision's ResNets, which a depth here may be mistaken for
 
 
 def conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
@@ -82,6 +83,17 @@ class PreActBottleneck(nn.Module):
         return y + self.shortcut(x)
 
 
+def version_for_depth(depth: int | None, version: int | None) -> int:
+    """The ResNet version to build: the one asked for, else v2 unless ``depth`` is a v1 depth only (8, 14, 26...);
+    never v1 for an ImageNet depth (50, 152): those are refused with the way to torchvision's model."""
+    if version is not None:
+        return version
+    v1_only = (depth - 2) % 6 == 0 and depth >= 8 and ((depth - 2) % 9 or depth < 11) if depth is not None else False
+    if v1_only and depth not in IMAGENET_DEPTHS:
+        return 1
+    return 2
+
+
 def blocks_per_stage(depth: int, version: int) -> int:
     """n for a CIFAR ResNet of ``depth`` (v1: 6n+2, v2: 9n+2); ValueError naming valid depths."""
     per_block = {1: 6, 2: 9}.get(version)
@@ -91,8 +103,10 @@ def blocks_per_stage(depth: int, version: int) -> int:
     if depth < per_block + 2 or rest:
         near = max(1, round((depth - 2) / per_block))
         valid = sorted({per_block * max(1, near + d) + 2 for d in (-1, 0, 1)})
+        imagenet = (f"; for the ImageNet ResNet-{depth} use --model torchvision:resnet{depth} (this is MPI4DL's "
+                    f"CIFAR-style ResNet: 3 stages, stride 4)") if depth in IMAGENET_DEPTHS else ""
         raise ValueError(f"depth {depth} is not a ResNet v{version} depth ({per_block}n+2); "
-                         f"use e.g. {', '.join(map(str, valid))}")
+                         f"use e.g. {', '.join(map(str, valid))}{imagenet}")
     return n
 
 

@@ -8,6 +8,8 @@ from torch import nn
 
 from ..config import Choice
 from .build import DEFAULT_NUM_FILTERS, DEFAULT_NUM_LAYERS, build_model, image_multiple
+from .external import external_layers
+from .normalize import Normalization
 
 
 class ModelFamily(Choice):
@@ -15,14 +17,32 @@ class ModelFamily(Choice):
 
     RESNET = "resnet"
     AMOEBANET = "amoebanet"
+    UNET = "unet"          # dense: per-pixel logits as large as the input (--task segmentation)
+    TORCHVISION = "torchvision"   # torchvision:NAME, cut into pieces by models/cut.py (ModelSpec.source: NAME)
+    TIMM = "timm"                 # timm:NAME
+    MODULE = "module"             # package.module:callable (source): an nn.Module (cut) or a layer list
+    PYTHON = "python"             # a model object built in Python (source: its class): rebuilt from that object
 
     @classmethod
     def parse(cls, text: str) -> ModelFamily:
-        """``"resnet"`` (any case) -> ``ModelFamily.RESNET``; ValueError naming the families."""
+        """``"resnet"`` (any case) -> ``ModelFamily.RESNET``, ``"timm:NAME"`` -> ``TIMM``; ValueError naming the
+        families."""
+        if ":" in str(text):
+            return split_model(text)[0]
         try:
             return cls(str(text).strip().lower())
         except ValueError:
-            raise ValueError(f"unknown model {text!r}; choose one of {', '.join(cls.values())}") from None
+            raise ValueError(f"unknown model {text!r}; {FORMS}") from None
+
+    @property
+    def named(self) -> bool:
+        """Whether the family's model comes from elsewhere by a name (``ModelSpec.source``), not from its sizes."""
+        return self in NAMED
+
+    @property
+    def dense(self) -> bool:
+        """Whether the family outputs a class map as large as its input (segmentation), not one per image."""
+        return self is ModelFamily.UNET
 
     @property
     def versioned(self) -> bool:
@@ -44,32 +64,65 @@ class ModelSpec:
     num_classes: int = 10
     resnet_version: int | None = None      # ResNet only (1 or 2); None for the other families
     in_channels: int = 3
+    norm: str | None = None                # U-Net only: 'batch' or 'group'
+    upsampling: str | None = None          # U-Net only: 'bilinear' or 'transposed'
+    source: str | None = None              # named families: torchvision/timm model name, package.module:callable
+    normalize: Normalization | None = None   # the input normalisation the model starts with (named families)
+    weights: str | None = None             # the pretrained weights file the run started from (provenance only)
 
     @classmethod
     def of(cls, family: ModelFamily | str = ModelFamily.RESNET, *, num_layers: int | None = None,
            num_filters: int | None = None, num_classes: int = 10, resnet_version: int = 2,
-           in_channels: int = 3) -> ModelSpec:
-        """``family`` with its default depth and width where not given (the version kept for ResNet only)."""
-        kind = ModelFamily.parse(family)
+           in_channels: int = 3, norm: str | None = None, upsampling: str | None = None,
+           normalize: Normalization | None = None, weights: str | None = None) -> ModelSpec:
+        """``family`` with its default depth and width where not given (the version kept for ResNet only, the
+        norm and up-sampling for the U-Net only: default 'batch' and 'bilinear'). ``family`` may name a model
+        (``torchvision:resnet50``, ``timm:NAME``, ``package.module:callable``): it has no sizes, it may start with
+        a ``normalize`` step and record the ``weights`` file it started from."""
+        kind, source = (family, None) if isinstance(family, ModelFamily) else split_model(family)
+        if kind.named:
+            return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
+                       weights=weights)
+        dense = kind.dense
         return cls(kind, DEFAULT_NUM_LAYERS[kind] if num_layers is None else num_layers,
                    DEFAULT_NUM_FILTERS[kind] if num_filters is None else num_filters, num_classes,
-                   resnet_version if kind.versioned else None, in_channels)
+                   resnet_version if kind.versioned else None, in_channels,
+                   (norm or "batch") if dense else None, (upsampling or "bilinear") if dense else None)
 
     @property
     def image_multiple(self) -> int:
-        """Image sides must be multiples of this (the network's total downsampling)."""
-        return image_multiple(self.family)
+        """Image sides must be multiples of this (the network's total downsampling; 1 for named models, whose
+        ``build`` checks an image size by running it)."""
+        return 1 if self.family.named else image_multiple(self.family, self.num_layers)
+
+    @property
+    def label(self) -> str:
+        """What ``--model`` calls it: ``resnet``, ``torchvision:resnet50``, ``package.module:callable``."""
+        if not self.family.named:
+            return str(self.family)
+        return (self.source or "") if self.family is ModelFamily.MODULE else f"{self.family}:{self.source}"
 
     def build(self, image_size: int | None = None) -> list[nn.Module]:
         """The layer list (torch's current seed draws the weights); ``image_size`` checked against the downsampling."""
+        if self.family.named:
+            return external_layers(str(self.family), self.source or "", self.num_classes, self.in_channels,
+                                   self.normalize, image_size)
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
-                           in_channels=self.in_channels, image_size=image_size)
+                           in_channels=self.in_channels, image_size=image_size, norm=self.norm,
+                           upsampling=self.upsampling)
 
     def describe(self) -> str:
         """``resnet v1 8 layers x 4 filters, 2 classes``."""
         version = f" v{self.resnet_version}" if self.resnet_version else ""
         channels = f", {self.in_channels} input channels" if self.in_channels != 3 else ""
+        if self.family.named:
+            start = f", from {self.weights}" if self.weights else ""
+            normal = f", {self.normalize.describe()} normalisation" if self.normalize else ""
+            return f"{self.label}, {self.num_classes} classes{channels}{normal}{start}"
+        if self.family.dense:
+            return (f"{self.family} depth {self.num_layers} width {self.num_filters} ({self.norm} norm, "
+                    f"{self.upsampling}), {self.num_classes} classes{channels}")
         return (f"{self.family}{version} {self.num_layers} layers x {self.num_filters} filters, "
                 f"{self.num_classes} classes{channels}")
 
@@ -77,7 +130,9 @@ class ModelSpec:
         """Plain values for a checkpoint (loadable with ``weights_only``) or JSON."""
         return {"family": str(self.family), "num_layers": self.num_layers, "num_filters": self.num_filters,
                 "num_classes": self.num_classes, "resnet_version": self.resnet_version,
-                "in_channels": self.in_channels}
+                "in_channels": self.in_channels, "norm": self.norm, "upsampling": self.upsampling,
+                "source": self.source, "normalize": None if self.normalize is None else self.normalize.to_dict(),
+                "weights": self.weights}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
@@ -87,7 +142,46 @@ class ModelSpec:
             raise ValueError(f"model field 'family': expected a name, got {family!r}")
         return cls(ModelFamily.parse(family), whole(data, "num_layers"), whole(data, "num_filters"),
                    whole(data, "num_classes"), optional_whole(data, "resnet_version"),
-                   whole(data, "in_channels", 3))
+                   whole(data, "in_channels", 3), _optional_name(data, "norm"), _optional_name(data, "upsampling"),
+                   _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"))
+
+
+NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)
+FORMS = (f"choose one of {', '.join(f.value for f in ModelFamily if f not in NAMED)}, or torchvision:NAME, timm:NAME, "
+         f"package.module:callable")
+
+
+def split_model(text: str) -> tuple[ModelFamily, str | None]:
+    """``--model``: ``resnet`` -> (RESNET, None), ``torchvision:resnet50`` -> (TORCHVISION, ``resnet50``), ``timm:NAME``
+    likewise, ``package.module:callable`` -> (MODULE, the whole text); ValueError naming the forms."""
+    raw = str(text).strip()
+    prefix, sep, name = raw.partition(":")
+    if not sep:
+        family = ModelFamily.parse(raw)
+        if family.named:
+            raise ValueError(f"--model {family}: name the model ({family}:NAME); {FORMS}")
+        return family, None
+    if not name:
+        raise ValueError(f"--model {text!r}: the name after ':' is missing; {FORMS}")
+    library = next((f for f in NAMED if f.value == prefix.lower() and f is not ModelFamily.MODULE), None)
+    return (library, name) if library is not None else (ModelFamily.MODULE, raw)
+
+
+def normalization_of(data: Mapping[str, object]) -> Normalization | None:
+    """The ``normalize`` field ``to_dict`` wrote (None when missing)."""
+    value = data.get("normalize")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"field 'normalize': expected a mapping, got {value!r}")
+    return Normalization.from_dict(value)
+
+
+def _optional_name(data: Mapping[str, object], key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"field {key!r}: expected a name, got {value!r}")
+    return value
 
 
 def optional_whole(data: Mapping[str, object], key: str) -> int | None:

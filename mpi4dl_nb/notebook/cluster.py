@@ -44,9 +44,10 @@ ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=20"]
 
 
 class EnginePlacement(Choice):
-    """Where the engines run: this machine, the hosts of a hostfile, or a Slurm job."""
+    """Where the engines run: this machine, named hosts (``hosts=``), the hosts of a hostfile, or a Slurm job."""
 
     LOCAL = "local"
+    HOSTS = "hosts"
     HOSTFILE = "hostfile"
     SLURM = "slurm"
 
@@ -172,6 +173,22 @@ def deaths_in_log(output: str) -> dict[int, str]:
     return {rank: how for rank, when in sorted(ended.items()) if when - first <= FIRST_DEATH_WINDOW}
 
 
+def controller_address(hosts: Sequence[str]) -> str:
+    """This machine's address on the way to ``hosts`` (the first that resolves): where a controller must listen
+    for engines there to reach it. ValueError naming the hosts when none resolves or none is reachable."""
+    problems = []
+    for host in hosts:
+        try:
+            target = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))        # no packet is sent: the kernel picks the route and source
+                return str(probe.getsockname()[0])
+        except OSError as err:
+            problems.append(f"{host}: {err}")
+    raise ValueError(f"hosts={list(hosts)!r}: no route from this machine to any of them ({'; '.join(problems)}); "
+                     f"check the names (they must resolve here) and the network")
+
+
 def engine_env(extra: Mapping[str, str] | None = None, n: int = 1) -> dict[str, str]:
     """ENGINE_ENV plus PYTHONPATH so the ``n`` engines import this checkout, plus ``extra``
     (``comm.launcher.rank_environment`` on nothing but this process's PYTHONPATH)."""
@@ -198,6 +215,10 @@ class Reaper:
     def watch(self, pids: Sequence[int]) -> None:
         for pid in pids:
             self._send(f"watch {int(pid)}")
+
+    def remove(self, folder: str) -> None:
+        """Have ``folder`` (a temporary profile: connection files, keys) removed if the driver dies."""
+        self._send(f"remove {folder}")
 
     def close(self) -> None:
         """After a stop: close the pipe, so the watcher ends whatever is left of the cluster and exits."""
@@ -258,6 +279,7 @@ class Cluster:
     mpi: MPIFlavor | str = "auto"                  # 'auto' (ask mpiexec), 'mpich' or 'openmpi'
     mpiexec: str | None = None
     launcher: EnginePlacement | str = EnginePlacement.LOCAL
+    hosts: Sequence[str] = ()                      # one name per slot, ranks round-robin: engines on other hosts
     hostfile: str | None = None
     slurm_options: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -271,6 +293,14 @@ class Cluster:
         if self.launcher not in EnginePlacement.values():
             raise ValueError(f"launcher={self.launcher!r}: use one of {', '.join(EnginePlacement.values())}")
         self.launcher = EnginePlacement(self.launcher)
+        self.hosts = tuple(self.hosts)
+        if self.hosts and self.launcher is EnginePlacement.LOCAL:
+            self.launcher = EnginePlacement.HOSTS
+        if self.hosts and self.launcher is not EnginePlacement.HOSTS:
+            raise ValueError(f"hosts= places the engines with mpiexec; launcher={str(self.launcher)!r} takes its "
+                             f"hosts from {'the hostfile' if self.launcher is EnginePlacement.HOSTFILE else 'Slurm'}")
+        if self.launcher is EnginePlacement.HOSTS and not self.hosts:
+            raise ValueError("launcher='hosts' needs hosts=[...] (the host of each engine slot)")
         if self.launcher is EnginePlacement.HOSTFILE and not self.hostfile:
             raise ValueError("launcher='hostfile' needs hostfile=<path> (one host per line)")
         if self.mpi != "auto":
@@ -301,13 +331,20 @@ class Cluster:
             self._tmp_profile = tempfile.TemporaryDirectory(prefix="mpi4dl-ipp-")
             self.profile_dir = self._tmp_profile.name
         engines = "slurm" if self.launcher is EnginePlacement.SLURM else "mpi"
-        controller_args = (["--ip=*"] if self.launcher is not EnginePlacement.LOCAL else []) + CONTROLLER_ARGS
+        where: dict[str, str] = {}
+        if self.launcher is EnginePlacement.HOSTS:      # listen where the engines' hosts reach this machine
+            address = controller_address(self.hosts)
+            where = {"controller_ip": address, "controller_location": address}
+        wide = self.launcher in (EnginePlacement.HOSTFILE, EnginePlacement.SLURM)
+        controller_args = (["--ip=*"] if wide else []) + CONTROLLER_ARGS
         cluster = self._ipp_cluster = ipp.Cluster(engines=engines, n=self.n, profile_dir=self.profile_dir,
                                                   controller_args=controller_args, log_level=40,
-                                                  engine_timeout=self.start_timeout)
+                                                  engine_timeout=self.start_timeout, **where)
         self._died = None
         if self._reaper is None:
             self._reaper = Reaper()
+        if self._tmp_profile is not None:
+            self._reaper.remove(self._tmp_profile.name)
         try:
             cluster.start_controller_sync()
             self._reaper.watch([cluster.controller.process.pid])
@@ -328,7 +365,8 @@ class Cluster:
                     "batch_template": slurm_batch_template(self.slurm_options, env)}
         launcher = Launcher.find(self.mpiexec, None if self.mpi == "auto" else self.mpi)
         self.mpi = launcher.flavor
-        return {"mpi_cmd": [launcher.executable], "mpi_args": launcher.flags(env, hostfile=self.hostfile),
+        return {"mpi_cmd": [launcher.executable],
+                "mpi_args": launcher.flags(env, hostfile=self.hostfile, hosts=self.hosts or None),
                 "environment": env, "engine_args": ENGINE_ARGS}
 
     def _start_engines(self, cluster: IpyCluster) -> None:
@@ -612,6 +650,7 @@ class ClusterOptions(TypedDict, total=False):
     mpi: MPIFlavor | str
     mpiexec: str | None
     launcher: EnginePlacement | str
+    hosts: Sequence[str]
     hostfile: str | None
     slurm_options: Sequence[str]
     env: Mapping[str, str]
@@ -621,10 +660,11 @@ class ClusterOptions(TypedDict, total=False):
 
 
 def start(n: int = 4, **options: Unpack[ClusterOptions]) -> Cluster:
-    """Start a local (or hostfile/Slurm) MPI cluster of ``n`` engines; use as a context manager.
+    """Start a local (or hosts/hostfile/Slurm) MPI cluster of ``n`` engines; use as a context manager.
 
     Options are :class:`Cluster` fields: ``mpi`` ('auto'|'mpich'|'openmpi'), ``mpiexec``,
-    ``launcher`` ('local'|'hostfile'|'slurm'), ``hostfile``, ``slurm_options``, ``env``,
+    ``launcher`` ('local'|'hosts'|'hostfile'|'slurm'), ``hosts`` (engines round-robin over these hosts; the
+    controller listens on this machine's address towards them), ``hostfile``, ``slurm_options``, ``env``,
     ``start_timeout``, ``call_timeout``, ``profile_dir``.
     """
     return Cluster(n=n, **options).start()

@@ -4,11 +4,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..evaluation.log import read_metrics
 
 Record = Mapping[str, object]                   # one line of a metrics log (``evaluation.log``)
+# the right panel's validation figures: key, line style, marker, legend text (segmentation runs: pixel accuracy, Dice)
+RIGHT_PANEL = (("val_accuracy", "--", "o", "accuracy"), ("val_balanced_accuracy", ":", "s", "balanced"),
+               ("val_pixel_accuracy", "--", "o", "pixel accuracy"), ("val_mean_dice", "-.", "D", "Dice"))
 Run = str | Path | Sequence[Record]             # a log directory, a metrics.jsonl, or its records
 
 
@@ -31,12 +35,31 @@ def series(records: Sequence[Record], kind: str, key: str) -> tuple[list[int], l
     return [s for s, _ in points], [v for _, v in points]
 
 
+def _mark_best(records: Sequence[Record], colour: str, name: str, loss_ax: Axes, acc_ax: Axes) -> None:
+    """A star on the evaluation whose checkpoint a run kept as its best (``--keep-best``), in the panel of its
+    metric (ROC AUC has none: the star goes on the validation loss)."""
+    marks = [r for r in records if r.get("kind") == "eval" and isinstance(r.get("best"), Mapping)]
+    if not marks:
+        return
+    last = marks[-1]
+    best = last["best"]
+    assert isinstance(best, Mapping)
+    metric = str(best.get("metric"))
+    ax, key = (acc_ax, metric) if metric in [key for key, *_ in RIGHT_PANEL] else (loss_ax, "val_loss")
+    value, step = last.get(key), last.get("step")
+    if isinstance(value, (int, float)) and isinstance(step, (int, float)):
+        ax.plot([step], [value], color=colour, marker="*", ms=14, ls="none", markeredgecolor="black",
+                label=f"{name} best ({metric}), kept")
+
+
 def plot_learning_curves(*runs: Run, labels: Sequence[str] | None = None, show_train: bool = True,
                          show_validation: bool = True, figure: Figure | None = None) -> Figure:
     """Loss (left) and accuracy (right) against the step for each run, one colour per run.
 
     Train loss is drawn per step (thin line), validation loss and accuracy at each evaluation
-    (markers, dashed); the right panel also shows the balanced accuracy (dotted). ``runs``:
+    (markers, dashed); the right panel also shows the balanced accuracy (dotted), for segmentation runs the pixel
+    accuracy and the mean Dice over the classes (dash-dot); a star marks the evaluation
+    whose checkpoint ``--keep-best`` kept. ``runs``:
     log directories (``--log-dir``), ``metrics.jsonl`` files, or lists of their records.
     """
     fig = figure if figure is not None else Figure(figsize=(9, 3.4))
@@ -52,12 +75,14 @@ def plot_learning_curves(*runs: Run, labels: Sequence[str] | None = None, show_t
         if show_validation:
             loss_ax.plot(*series(records, "eval", "val_loss"), color=colour, ls="--", marker="o", ms=4,
                          label=f"{name} validation")
-            acc_ax.plot(*series(records, "eval", "val_accuracy"), color=colour, ls="--", marker="o", ms=4,
-                        label=f"{name} accuracy")
-            acc_ax.plot(*series(records, "eval", "val_balanced_accuracy"), color=colour, ls=":",
-                        marker="s", ms=3, label=f"{name} balanced")
+            for key, style, marker, what in RIGHT_PANEL:
+                steps, values = series(records, "eval", key)
+                if steps:
+                    acc_ax.plot(steps, values, color=colour, ls=style, marker=marker, ms=3 if marker != "o" else 4,
+                                label=f"{name} {what}")
+            _mark_best(records, colour, name, loss_ax, acc_ax)
     loss_ax.set(xlabel="step", ylabel="loss", title="loss")
-    acc_ax.set(xlabel="step", ylabel="validation accuracy", title="validation accuracy", ylim=(0, 1.02))
+    acc_ax.set(xlabel="step", ylabel="validation accuracy / Dice", title="validation accuracy / Dice", ylim=(0, 1.02))
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
         if ax.lines:

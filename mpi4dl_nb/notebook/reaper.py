@@ -2,10 +2,11 @@
 
 The driver (a notebook kernel or script) starts this file as its own process, in its own
 session, with a pipe on stdin, and writes ``watch <pid>`` for the controller, ``mpiexec``
-and engines it starts. When the pipe reaches end-of-file, because the driver exited or was
-killed (kernel crash, ``kill -9``, ``scancel`` of the driver alone), every watched process
-and every process that descended from one is terminated (SIGTERM, then SIGKILL after a
-grace period), and the watcher exits. ``forget`` drops the watch list (after a clean stop);
+and engines it starts, and ``remove <dir>`` for its temporary profile (connection files and
+keys). When the pipe reaches end-of-file, because the driver exited or was killed (kernel
+crash, ``kill -9``, ``scancel`` of the driver alone), every watched process and every process
+that descended from one is terminated (SIGTERM, then SIGKILL after a grace period), the
+directories are removed, and the watcher exits. ``forget`` drops the watch list (after a clean stop);
 ``quit`` exits without touching anything. Process identity is checked by start time, so a
 recycled process id is never signalled. Runs without importing mpi4dl_nb (only psutil).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
 
@@ -64,13 +66,15 @@ def reap(processes: dict[int, float], grace: float = GRACE_SECONDS) -> None:
     psutil.wait_procs(left, timeout=grace)
 
 
-def handle(line: str, watched: dict[int, float], known: dict[int, float]) -> bool:
+def handle(line: str, watched: dict[int, float], known: dict[int, float], folders: list[str] | None = None) -> bool:
     """Apply one command; False means quit."""
-    words = line.split()
+    words = line.split(maxsplit=1)
     if not words:
         return True
-    if words[0] == "watch" and len(words) == 2 and words[1].isdigit():
-        pid = int(words[1])
+    if words[0] == "remove" and len(words) == 2 and folders is not None:
+        folders.append(words[1].strip())
+    elif words[0] == "watch" and len(words) == 2 and words[1].strip().isdigit():
+        pid = int(words[1].strip())
         try:
             watched[pid] = psutil.Process(pid).create_time()
         except psutil.Error:
@@ -78,6 +82,8 @@ def handle(line: str, watched: dict[int, float], known: dict[int, float]) -> boo
     elif words[0] == "forget":
         watched.clear()
         known.clear()
+        if folders is not None:
+            folders.clear()
     elif words[0] == "quit":
         return False
     return True
@@ -87,6 +93,7 @@ def main() -> int:
     fd = sys.stdin.fileno()
     watched: dict[int, float] = {}
     known: dict[int, float] = {}
+    folders: list[str] = []
     pending = b""
     while True:
         ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
@@ -97,11 +104,13 @@ def main() -> int:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                if not handle(line.decode(errors="replace"), watched, known):
+                if not handle(line.decode(errors="replace"), watched, known, folders):
                     return 0
         known = with_descendants({**known, **watched})   # learn engines before mpiexec dies
         known = {pid: t for pid, t in known.items() if same_process(pid, t) is not None}
     reap(with_descendants({**known, **watched}))
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

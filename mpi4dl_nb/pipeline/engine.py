@@ -17,12 +17,15 @@ from ..comm.protocol import Comm
 from ..comm.timeline import gather_timeline
 from ..comm.trace import Event
 from ..config import ParallelConfig, ScheduleKind
+from ..errors import ConfigError
 from ..layout import RankRole, layout, stage_holders
+from ..spatial.dense_loss import TileLoss
 from ..spatial.geometry import TileGrid
+from .default_cut import default_balance
 from .precision import check_precision
-from .runtime import LossFn, PipelineRuntime, StageInstance, StepRun
+from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
-from .stages import Stage, auto_balance, default_balance, split_layers
+from .stages import Stage, auto_balance, split_layers
 from .step_input import Images, Labels, StepInput, resolve_batch_size, resolve_image_size
 
 T = TypeVar("T")   # a value of a whole-model key (a tensor, an optimizer state entry)
@@ -75,26 +78,37 @@ class HybridEngine:
 
     ``loss_fn(output, labels)`` must be mean-reduced over the samples (e.g.
     ``nn.CrossEntropyLoss()``); each chunk's loss is scaled by ``chunk / global batch`` so
-    the summed gradients are those of the mean loss over the global batch.
+    the summed gradients are those of the mean loss over the global batch. With every stage
+    spatial (``cfg.all_spatial``: dense models) the loss runs on the last stage's tiles and must
+    be a ``TileLoss`` (``spatial.dense_loss.DenseLoss``); labels are then per-pixel masks.
     ``optimizer(params)`` returns a torch optimizer for this rank's parameters (None: no
     step; gradients stay in the parameters). ``schedule``: 'gpipe' or '1f1b' (default
     ``cfg.schedule``). ``abort_on_error``: an exception on one rank prints its traceback
     and aborts the whole MPI job instead of leaving the other ranks waiting forever.
+    ``image_size`` (int or (height, width)): the images' size, so that the default stage cut
+    keeps every layer whose halo is wider than a tile off the spatial stages (None: not checked).
     """
 
     def __init__(self, layers: list[nn.Module], cfg: ParallelConfig, ctx: Comm, *,
                  loss_fn: LossFn,
                  optimizer: OptimizerFactory | None = None, schedule: ScheduleKind | str | None = None,
-                 abort_on_error: bool = True, elementwise: Iterable[type] = ()) -> None:
+                 abort_on_error: bool = True, elementwise: Iterable[type] = (),
+                 image_size: int | tuple[int, int] | None = None) -> None:
         layers = list(layers)
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
+        if cfg.all_spatial and not isinstance(loss_fn, TileLoss):
+            raise ConfigError("spatial_size", f"spatial_size = split_size = {cfg.split_size} makes every stage "
+                              f"spatial, so the loss runs on tiles, and {type(loss_fn).__name__} cannot: use a "
+                              f"per-pixel loss computed on tiles (mpi4dl_nb.spatial.dense_loss.DenseLoss) for a "
+                              f"dense model, or spatial_size <= {cfg.split_size - 1} to join the tiles for a "
+                              f"classifier")
         self.cfg = cfg
         self.ctx = ctx
         self.loss_fn = loss_fn
         self.abort_on_error = abort_on_error
         self.roles: list[RankRole] = layout(cfg)
         self.role = self.roles[ctx.rank]
-        self.balance = default_balance(layers, cfg)   # cfg.balance, or the rule for cfg
+        self.balance = default_balance(layers, cfg, image_size=image_size)   # cfg.balance, or the rule
         self.stages: list[Stage] = split_layers(layers, cfg.split_size, self.balance)
         self.grid = TileGrid(*cfg.grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
@@ -182,8 +196,9 @@ class HybridEngine:
                 from .recompute import checkpointed
 
                 module = checkpointed(module, self.cfg.checkpoint_activations, spatial_runtime)
-            instances[(replica, slot.stage)] = StageInstance(slot.stage, replica, stage, module,
-                                                             slot.tile)
+            instances[(replica, slot.stage)] = StageInstance(
+                slot.stage, replica, stage, module, slot.tile,
+                spatial_groups[slot.stage_ranks] if slot.spatial else None)
         return instances
 
     def held_stages(self) -> list[int]:
@@ -332,13 +347,21 @@ class HybridEngine:
 
     def evaluate_batch(self, images: Images, labels: Labels = None, *, batch_size: int | None = None,
                        image_size: int | tuple[int, int] | None = None) -> list[tuple[slice, Payload]]:
+        """Forward only, with this layout, in eval mode: this rank's last-stage outputs as ``(rows of the
+        global batch, output)`` pairs (on a spatial last stage, its tiles: see ``evaluate_tiles``)."""
+        return [(out.rows, out.output) for out in self.evaluate_tiles(images, labels, batch_size=batch_size,
+                                                                      image_size=image_size)]
+
+    def evaluate_tiles(self, images: Images, labels: Labels = None, *, batch_size: int | None = None,
+                       image_size: int | tuple[int, int] | None = None) -> list[StageOutput]:
         """Forward only, with this layout (spatial ranks run the spatial forward), in eval mode.
 
         Arguments as for ``train_step`` (labels are not needed). Every module this rank runs is
         put in eval mode (BatchNorm uses its running statistics, dropout is off) and back in
         its previous mode afterwards; no gradient, buffer or optimizer state is touched.
-        Returns this rank's last-stage outputs as ``(rows of the global batch, output)``
-        pairs (empty on ranks without a last-stage forward); collective over every rank.
+        Returns this rank's last-stage outputs, each with its rows of the global batch and its tile
+        (a spatial last stage's tile of the output; None: the whole output), empty on ranks without a
+        last-stage forward; collective over every rank.
         """
         batch = resolve_batch_size(images, labels, batch_size)
         self.cfg.validate(batch_size=batch)

@@ -14,10 +14,11 @@ def _is_tiled(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() == 4
 
 
-def input_tile(x: Payload, grid: TileGrid, tile: int) -> Payload:
-    """Tile ``tile`` of a full input (every tensor of >= 2 dims is cut on its last two)."""
+def input_tile(x: Payload, grid: TileGrid, tile: int, min_dim: int = 4) -> Payload:
+    """Tile ``tile`` of a full input: every tensor of ``min_dim`` dims or more (images (N, C, H, W); masks
+    (N, H, W) with ``min_dim=3``) is cut on its last two."""
     def cut(t: torch.Tensor) -> torch.Tensor:
-        if not _is_tiled(t):
+        if t.dim() < min_dim:
             return t
         r0, r1, c0, c1 = grid.tile_box(tile, t.shape[-2], t.shape[-1])
         return t[..., r0:r1, c0:c1].contiguous()

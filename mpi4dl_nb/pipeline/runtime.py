@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -11,7 +12,9 @@ from torch import nn
 from ..comm.handles import Channel, Group, Request
 from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
+from ..spatial.dense_loss import TileLoss
 from ..spatial.geometry import Box, TileGrid
+from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .handoff import join_tiles, split_grad
@@ -22,6 +25,15 @@ from .step_input import StepInput
 
 Key = tuple[int, int, int, int]   # (replica, stage, micro_batch, copy)
 LossFn = Callable[[Payload, Payload], torch.Tensor]   # (last stage's output, labels) -> loss
+
+
+class StageOutput(NamedTuple):
+    """A last-stage output of an evaluation: its rows of the global batch, the output, and its tile (on a
+    spatial last stage: this rank's tile of the output; None: the whole output)."""
+
+    rows: slice
+    output: Payload
+    tile: int | None
 
 
 @dataclass
@@ -37,6 +49,7 @@ class StageInstance:
     canonical: Stage
     module: nn.Module
     tile: int | None = None
+    tile_group: Group | None = None    # a spatial stage's tile group (the sums of a loss on tiles)
     ledger: RunningStatsLedger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -270,13 +283,25 @@ class PipelineRuntime:
         with inst.ledger.chunk(self._stats_key(action)), autocast(self.cfg.precision, self.ctx.device):
             out = inst.module(x)
             if self._last(action.stage):
-                target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device)
-                out = self.loss_fn(out, target)
+                target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device, action.tile,
+                                               self.grid)
+                out = self._loss(inst, out, target)
         if self._last(action.stage):
             loss = out * (state.chunk_size / state.batch_size)
-            state.loss_sum += float(loss.detach())
+            if action.tile in (None, 0):   # the tiles of a spatial last stage hold the same loss: count it once
+                state.loss_sum += float(loss.detach())
             out = loss
         state.outputs[key] = out
+
+    def _loss(self, inst: StageInstance, out: Payload, target: Payload) -> torch.Tensor:
+        """The chunk's loss: on a spatial last stage from the tiles, its sums all-reduced over the tile group
+        (the same value on every tile; backward gives each tile its share)."""
+        if inst.tile is None:
+            return self.loss_fn(out, target)
+        if not isinstance(self.loss_fn, TileLoss):
+            raise TypeError("a spatial last stage needs a loss computed on tiles (a TileLoss, e.g. DenseLoss)")
+        group = inst.tile_group
+        return self.loss_fn.on_tiles(out, target, lambda t: replicated_sum(t, self.ctx, group))
 
     def _backward(self, action: Action, state: _StepState) -> None:
         if self._merged(action):
@@ -354,17 +379,17 @@ class PipelineRuntime:
         return self.scaler.unscale(self.ctx, params, self.ctx.device)
 
     # --------------------------------------------------------------- evaluation
-    def forward_only(self, data: StepInput, chunk_size: int) -> list[tuple[slice, Payload]]:
+    def forward_only(self, data: StepInput, chunk_size: int) -> list[StageOutput]:
         """Evaluation with the training layout: this rank's forwards and activation transfers of
         the schedule, without autograd, the BatchNorm ledger, gradients or the optimizer.
 
-        Returns this rank's last-stage outputs, each with its rows of the global batch (modules
+        Returns this rank's last-stage outputs, each with its rows of the global batch and its tile (modules
         are run as they are: the caller puts them in eval mode). Dropping the backward, gradient
         and optimizer actions of a deadlock-free schedule keeps it deadlock-free: sends never
         block, and every receive's sender runs a subset of what it ran before.
         """
         state = _StepState(data, chunk_size, data.batch_size)
-        results: list[tuple[slice, Payload]] = []
+        results: list[StageOutput] = []
         self.forward_mailbox.begin()
         with torch.no_grad():
             for action in self.actions:
@@ -372,7 +397,7 @@ class PipelineRuntime:
                 if kind is ActionKind.FORWARD:
                     out = self._instance(action).module(self._stage_input(action, state))
                     if self._last(action.stage):
-                        results.append((self._rows(state, action.chunk), out))
+                        results.append(StageOutput(self._rows(state, action.chunk), out, action.tile))
                     else:
                         state.outputs[self._key(action)] = out
                 elif kind.is_p2p and kind.carries_activation and kind.is_send:

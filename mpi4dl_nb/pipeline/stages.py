@@ -4,8 +4,7 @@ Automatic balance profiles each layer once on a sample batch, either by **time**
 (forward + backward wall time, median of a few runs) or by **memory** (bytes autograd
 saves for backward plus the layer's parameters, counted by ``layer_memory``'s rule, which
 the memory planner uses too), then cuts the list into contiguous stages that minimise the
-largest stage cost. ``default_balance`` is the cut a configuration gets without ``balance``:
-even by layer count, or by memory per rank when it has spatial stages.
+largest stage cost. The cut a configuration gets without ``balance`` is ``default_cut.default_balance``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..comm.messages import Payload, as_items, like
-from ..config import ConfigError, ParallelConfig
+from ..config import ConfigError
+from ..spatial.fit import meta_copy
 
 Activation = Payload  # a tensor or a tuple of tensors (skip connections)
 
@@ -211,7 +211,7 @@ def layer_memory(layers: Sequence[nn.Module], sample: Activation, *,
     seen: dict[int, torch.Tensor] = {}     # keeps counted tensors alive, so ids stay unique
     found = []
     for index, layer in enumerate(layers):
-        meta_layer = copy.deepcopy(layer).to(device="meta")
+        meta_layer = meta_copy(layer)
         if dtype is not None:
             meta_layer.to(dtype=dtype)
         meta_layer.train()
@@ -259,9 +259,6 @@ def auto_balance(layers: Sequence[nn.Module], sample: Activation, split_size: in
     return partition_costs(profilers[by](), split_size)
 
 
-PROBE_SIZE = 256   # image side default_balance profiles at (shape-only, on meta)
-
-
 def partition_stages(num_layers: int, split_size: int,
                      cost: Callable[[int, int, int], float]) -> tuple[int, ...]:
     """Contiguous cut of ``num_layers`` layers into ``split_size`` non-empty stages minimising
@@ -286,75 +283,3 @@ def partition_stages(num_layers: int, split_size: int,
         raise ConfigError("balance", f"no cut of {num_layers} layers into {split_size} stages "
                           f"is allowed; give balance explicitly")
     return _counts_from_cuts(cut, split_size, num_layers)
-
-
-def _first_in_channels(layers: Sequence[nn.Module]) -> int | None:
-    for module in layers[0].modules():
-        channels = getattr(module, "in_channels", None)
-        if isinstance(channels, int):
-            return channels
-    return None
-
-
-def probe_memory(layers: Sequence[nn.Module], probe_size: int = PROBE_SIZE) -> list[LayerMemory] | None:
-    """``layer_memory`` of ``layers`` on a ``probe_size`` square image (meta), or None if the
-    input channels cannot be told (no conv) or the layers fail at that size."""
-    channels = _first_in_channels(layers)
-    if channels is None:
-        return None
-    dtype = next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
-    sample = torch.empty(1, channels, probe_size, probe_size, dtype=dtype, device="meta")
-    try:
-        return layer_memory(layers, sample)
-    except (RuntimeError, ValueError, TypeError):
-        return None
-
-
-def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size: int = PROBE_SIZE,
-                    probed: Sequence[LayerMemory] | None = None) -> tuple[int, ...]:
-    """The balance ``cfg`` trains with: ``cfg.balance`` if given, else a rule.
-
-    Without spatial stages: even by layer count (``even_balance``). With spatial stages the
-    rank that holds the first layer-parallel stage must not end up with the full-resolution
-    activations the tiles were meant to share, so the cut is by memory per rank: each
-    layer's saved-activation bytes (``layer_memory``, shape-only on ``meta`` at
-    ``probe_size`` pixels square - activations of a conv net scale with the pixel count, so
-    the proportions hold at any image size) divided by the tiles on a spatial stage, plus
-    3x its parameter bytes (weights, gradients, momentum), plus on a layer-parallel stage
-    its received input (twice after the hand-off: the joined map and its gradient's tile
-    copies); the contiguous cut minimising the largest rank's bytes, with spatial stages
-    ending on 4-d feature maps. Layers that cannot be probed (no conv to tell the input
-    channels, or an error at that size) fall back to the even cut. ``probed``: the
-    ``probe_memory`` of ``layers``, if already known.
-    """
-    if cfg.balance is not None:
-        return check_balance(cfg.balance, len(layers), cfg.split_size)
-    if cfg.spatial_size == 0:
-        return even_balance(len(layers), cfg.split_size)
-    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
-    if memory is None:
-        return even_balance(len(layers), cfg.split_size)
-    saved = [0.0] + [float(m.saved_bytes) for m in memory]
-    params = [0.0] + [3.0 * m.param_bytes for m in memory]
-    for values in (saved, params):
-        for k in range(1, len(values)):
-            values[k] += values[k - 1]
-    out_bytes = [float(sum(_nbytes(t) for t in m.outputs)) for m in memory]
-    is_map = [bool(m.outputs) and all(t.dim() == 4 for t in m.outputs) for m in memory]
-
-    def cost(stage: int, start: int, stop: int) -> float:
-        state = params[stop] - params[start]
-        activations = saved[stop] - saved[start]
-        if stage < cfg.spatial_size:
-            if not is_map[stop - 1]:
-                return float("inf")
-            return activations / cfg.num_spatial_parts + state
-        received = out_bytes[start - 1] if start > 0 else 0.0
-        if stage == cfg.spatial_size:
-            received *= 2
-        return activations + state + received
-
-    try:
-        return partition_stages(len(layers), cfg.split_size, cost)
-    except ConfigError:
-        return even_balance(len(layers), cfg.split_size)

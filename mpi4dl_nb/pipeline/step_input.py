@@ -8,9 +8,11 @@
   spatial stage-0 rank and whole (``box=None``) on a layer-parallel stage-0 rank, or
 * ``None`` on ranks that do not run stage 0,
 
-and for ``labels`` the global labels, a callable ``labels(sample_slice)``, or ``None`` on
-ranks that do not run the last stage. :class:`ShardedImages` is such a callable that also
-knows the global batch size and image size, so no extra arguments are needed.
+and for ``labels`` the global labels, a callable ``labels(sample_slice)``, a :class:`ShardedMasks`
+(per-pixel labels read by box), or ``None`` on ranks that do not run the last stage.
+:class:`ShardedImages` is such a callable that also knows the global batch size and image size, so
+no extra arguments are needed. On a spatial last stage (every stage spatial, the loss on tiles) a
+rank's labels are its tile of the masks: cut from the global masks ``(N, H, W)``, or read by box.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ Batch = Payload | list[torch.Tensor]                 # rows of the global batch:
 ImageReader = Callable[[slice, Box | None], Batch]   # (sample_slice, box) -> those rows, cut to box
 LabelReader = Callable[[slice], Batch]               # sample_slice -> those labels
 Images = Batch | ImageReader | None                  # what ``train_step`` takes for ``images``
-Labels = Batch | LabelReader | None                  # ... and for ``labels``
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,14 @@ class ShardedImages:
 
     def __call__(self, sample_slice: slice, box: Box | None) -> Batch:
         return self.read(sample_slice, box)
+
+
+class ShardedMasks(ShardedImages):
+    """Per-pixel labels: ``read(sample_slice, box)`` gives rows of the masks ``(n, h, w)`` cut to ``box``
+    (a spatial last stage's tile of the output; None: whole masks); ``image_size`` is the masks' (h, w)."""
+
+
+Labels = Batch | LabelReader | ShardedMasks | None   # ... and for ``labels``
 
 
 def _is_batch(value: object) -> bool:
@@ -62,6 +71,8 @@ def resolve_batch_size(images: Images, labels: Labels, batch_size: int | None) -
         found["images.batch_size"] = int(declared)
     if isinstance(labels, (torch.Tensor, tuple, list)):
         found["labels"] = _leading_size(labels)
+    elif isinstance(labels, ShardedMasks):
+        found["labels.batch_size"] = labels.batch_size
     if not found:
         raise ValueError("train_step cannot tell the global batch size: pass batch_size=N "
                          "(or the global images/labels tensor, or a ShardedImages)")
@@ -126,11 +137,21 @@ class StepInput:
         read = images(rows, box)
         return like(read, [t.to(device) for t in as_items(read)])
 
-    def labels_for(self, rows: slice, device: torch.device) -> Payload:
-        """Rows ``rows`` of the labels on ``device``."""
+    def labels_for(self, rows: slice, device: torch.device, tile: int | None = None,
+                   grid: TileGrid | None = None) -> Payload:
+        """Rows ``rows`` of the labels on ``device``; on a spatial last stage (``tile``) that tile of the masks."""
         labels = self.labels
         if labels is None:
             raise ValueError("this rank has no labels (None); see StepInput.check")
-        data = like(labels, [t[rows] for t in as_items(labels)]) \
-            if isinstance(labels, (torch.Tensor, tuple, list)) else labels(rows)
+        if isinstance(labels, ShardedMasks):
+            data = labels(rows, grid.tile_box(tile, *labels.image_size)
+                          if tile is not None and grid is not None else None)
+        else:
+            if isinstance(labels, (torch.Tensor, tuple, list)):
+                data = like(labels, [t[rows] for t in as_items(labels)])
+            else:
+                read = labels(rows)
+                data = like(read, as_items(read))
+            if tile is not None and grid is not None:
+                data = input_tile(data, grid, tile, min_dim=3)
         return like(data, [t.to(device) for t in as_items(data)])

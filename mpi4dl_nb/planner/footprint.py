@@ -25,8 +25,10 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
+from ..spatial.fit import meta_copy as spatial_meta_copy
 from ..spatial.geometry import TileGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
+from .layouts import BackendLayouts
 from .live_bytes import LiveBytes, storage_of
 from .workspace import Workspace, instrument
 
@@ -71,6 +73,8 @@ class LayerFootprint:
     forward_traffic: Traffic = field(default_factory=Traffic)
     backward_traffic: Traffic = field(default_factory=Traffic)
     strips_received: int = 0   # halo strips the forward received (a recomputation log keeps them all)
+    forward_fixed: int = 0     # of ``forward_peak``, bytes that do not grow with the batch (backend scratch)
+    backward_fixed: int = 0    # of ``backward_peak``, the same
 
     @property
     def replay_log(self) -> int:
@@ -80,15 +84,18 @@ class LayerFootprint:
 
     def times(self, samples: int) -> LayerFootprint:
         """This footprint (one sample) for ``samples``: every activation term scales with the
-        batch; parameter gradients do not (per-channel statistics are neglected)."""
+        batch; parameter gradients and the backend's fixed scratch do not (per-channel statistics
+        are neglected)."""
         def n(value: int) -> int:
             return value * samples
+        fixed_backward = self.grad_bytes + self.backward_fixed
         return LayerFootprint(
-            n(self.input_bytes), n(self.output_bytes), n(self.forward_peak), n(self.kept), n(self.halo_kept),
-            self.saves_input, self.saves_output, n(self.backward_peak - self.grad_bytes) + self.grad_bytes,
+            n(self.input_bytes), n(self.output_bytes), n(self.forward_peak - self.forward_fixed) + self.forward_fixed,
+            n(self.kept), n(self.halo_kept), self.saves_input, self.saves_output,
+            n(self.backward_peak - fixed_backward) + fixed_backward,
             n(self.input_grad_bytes), self.grad_bytes, n(self.persistent),
             _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples),
-            n(self.strips_received))
+            n(self.strips_received), self.forward_fixed, self.backward_fixed)
 
 
 def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
@@ -141,7 +148,7 @@ def structure_key(module: nn.Module) -> Hashable:
 
 def meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """A ``meta`` copy of ``module`` (no memory; the original is untouched), in training mode."""
-    copied = copy.deepcopy(module).to(device="meta")
+    copied = spatial_meta_copy(module)
     if dtype is not None:
         copied.to(dtype=dtype)
     return copied.train()
@@ -193,20 +200,28 @@ def _backward(out: Payload) -> None:
 
 def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
               comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU,
-              samples: int = 2) -> LayerFootprint:
-    """One forward + backward of ``module`` on meta inputs of ``shapes``, counted (with the
-    backend's conv scratch, ``workspace``, for chunks of ``samples``)."""
+              samples: int = 2, layouts: Sequence[bool] = ()) -> LayerFootprint:
+    """One forward + backward of ``module`` on meta inputs of ``shapes`` (channels-last where
+    ``layouts`` says so), counted (with the backend's conv scratch, ``workspace``, for chunks of
+    ``samples``)."""
     hooks = instrument(module, workspace, samples)
     try:
-        return _counted(module, shapes, dtype, comm, loss)
+        return _counted(module, shapes, dtype, comm, loss, layouts)
     finally:
         for handle in hooks:
             handle.remove()
 
 
+def meta_input(shape: Shape, dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
+    """An empty ``meta`` tensor of ``shape``, laid out channels-last if asked (4-d only)."""
+    layout = torch.channels_last if channels_last and len(shape) == 4 else torch.contiguous_format
+    return torch.empty(shape, dtype=dtype, device="meta", memory_format=layout)
+
+
 def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
-             comm: FakeComm | None, loss: Loss | None) -> LayerFootprint:
-    inputs = [torch.empty(shape, dtype=dtype, device="meta").requires_grad_(True) for shape in shapes]
+             comm: FakeComm | None, loss: Loss | None, layouts: Sequence[bool] = ()) -> LayerFootprint:
+    flags = [*layouts, *([False] * (len(shapes) - len(layouts)))]
+    inputs = [meta_input(shape, dtype, last).requires_grad_(True) for shape, last in zip(shapes, flags)]
     x = tuple(inputs) if len(inputs) > 1 else inputs[0]
     input_ids = {storage_of(t)[0] for t in inputs}
     packed: set[int] = set()
@@ -225,12 +240,12 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
 
     if comm is not None:
         comm.on_receive = on_receive
-    with live:
+    with BackendLayouts(), live:   # the layouts the ranks' convolutions give (outside the counter)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = module(x)
             if loss is not None:
                 out = loss(out)
-        forward_peak, after_forward = live.peak, live.current
+        forward_peak, after_forward, forward_fixed = live.peak, live.current, live.fixed_at_peak
         halo_kept = live.by_tag().get("halo", 0)
         outs = [t for t in as_items(out) if isinstance(t, torch.Tensor)]
         output_ids = {storage_of(t)[0] for t in outs}
@@ -240,7 +255,7 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         live.tag = "backward"
         live.reset_peak()
         _backward(out)
-        backward_peak = live.peak
+        backward_peak, backward_fixed = live.peak, live.fixed_at_peak
         input_grad_bytes = _nbytes([t.grad for t in inputs if t.grad is not None])
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         grad_bytes = _nbytes(grads)
@@ -259,7 +274,8 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         saves_input=bool(input_ids & packed), saves_output=bool(output_ids & packed),
         backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
         grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
-        backward_traffic=after.minus(middle), strips_received=strips_received)
+        backward_traffic=after.minus(middle), strips_received=strips_received, forward_fixed=forward_fixed,
+        backward_fixed=backward_fixed)
 
 
 class StructureKeys:
@@ -292,16 +308,19 @@ class FootprintCache:
 
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
               loss: Loss | None = None, loss_key: Hashable = None, elementwise: Sequence[type] = (),
-              workspace: Workspace = Workspace.CPU) -> list[LayerFootprint]:
-        """Footprint of ``layer`` on inputs ``shapes`` (whole maps), one per tile of ``role``."""
+              workspace: Workspace = Workspace.CPU, layouts: Sequence[bool] = ()) -> list[LayerFootprint]:
+        """Footprint of ``layer`` on inputs ``shapes`` (whole maps; channels-last where ``layouts``
+        says so), one per tile of ``role``."""
         samples = shapes[0][0] if shapes and len(shapes[0]) > 0 else 1
         one = [(1, *s[1:]) if len(s) > 0 and s[0] == samples else tuple(s) for s in shapes]
         key = (self._structure(layer), tuple(tuple(s) for s in one), dtype, role,
-               loss_key if loss is not None else None, tuple(elementwise), workspace, min(samples, 2))
+               loss_key if loss is not None else None, tuple(elementwise), workspace, min(samples, 2),
+               tuple(layouts))
         found = self._found.get(key)
         if found is None:
             # the conv scratch of one sample differs from that of a batch (workspace.py)
-            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace, min(samples, 2))
+            found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace, min(samples, 2),
+                                   layouts)
             self._found[key] = found
             self.simulated += 1
         return found if samples == 1 else [fp.times(samples) for fp in found]
@@ -357,15 +376,17 @@ def spatial_module(layer: nn.Module, grid: TileGrid, comm: Comm, role: StageRole
 
 def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
                    loss: Loss | None = None, elementwise: Sequence[type] = (),
-                   workspace: Workspace = Workspace.CPU, samples: int = 2) -> list[LayerFootprint]:
-    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps;
-    ``samples``: the chunk size the conv scratch is chosen for (``workspace.conv_workspace``).
+                   workspace: Workspace = Workspace.CPU, samples: int = 2,
+                   layouts: Sequence[bool] = ()) -> list[LayerFootprint]:
+    """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps
+    (channels-last where ``layouts`` says so); ``samples``: the chunk size the conv scratch is
+    chosen for (``workspace.conv_workspace``).
 
     Tiles run alone, answered by a ``SizeOracle`` (one per class of alike tiles); when the
     oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
     """
     if role.grid is None:
-        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples)]
+        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples, layouts)]
     grid = TileGrid(*role.grid)
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
@@ -377,7 +398,8 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
         for tile in sorted(set(classes.values())):
             comm = FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles, sizes=oracle)
             module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples)
+            found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples,
+                                    layouts)
         return [found[classes[tile]] for tile in range(grid.num_tiles)]
     except AmbiguousSize:
         pass
@@ -386,7 +408,7 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     def tile_run(rank: int) -> LayerFootprint:
         comm = world.comm(rank)
         module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples)
+        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples, layouts)
 
     return run_ranks(world, tile_run)
 

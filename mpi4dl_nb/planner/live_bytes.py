@@ -6,6 +6,10 @@ once (views share it), with the current ``tag`` (e.g. the layer running), and re
 when the storage dies (a weak reference on it). Storages that existed before are not
 counted, nor their release. This is how the planner counts what a stage allocates,
 forward and backward, without allocating it.
+
+Storages marked *fixed* (``mark_fixed``: a backend's scratch that does not grow with the batch,
+e.g. reordered weights) are counted too, and ``fixed_at_peak`` says how many of the peak's bytes
+they were, so a one-sample simulation can be scaled to a batch (``LayerFootprint.times``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return None
 
 
+FIXED = "fixed"                  # the tag of storages that do not grow with the batch
+_ACTIVE = threading.local()      # per thread: the counters entered, innermost last
+
+
 class LiveBytes(TorchDispatchMode):
     """Counts live bytes of the storages operators create while it is active (thread-local)."""
 
@@ -43,6 +51,24 @@ class LiveBytes(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         self.tag = ""
+        self.fixed = 0              # live bytes marked fixed
+        self.fixed_at_peak = 0      # of them, at the peak moment
+
+    # ------------------------------------------------------------ the active counter
+    def __enter__(self) -> LiveBytes:
+        _ACTIVE.stack = [*getattr(_ACTIVE, "stack", []), self]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        _ACTIVE.stack = getattr(_ACTIVE, "stack", [])[:-1]
+
+    @staticmethod
+    def active() -> LiveBytes | None:
+        """The counter this thread runs under (the innermost), if any."""
+        stack = getattr(_ACTIVE, "stack", [])
+        return stack[-1] if stack else None
 
     # ------------------------------------------------------------------ charging
     def _charge(self, t: torch.Tensor) -> None:
@@ -56,7 +82,8 @@ class LiveBytes(TorchDispatchMode):
                 return
             self._live[key] = (nbytes, self.tag)
             self.current += nbytes
-            self.peak = max(self.peak, self.current)
+            if self.current > self.peak:
+                self.peak, self.fixed_at_peak = self.current, self.fixed
         self._refs[key] = weakref.ref(storage, self._release_callback(key))
 
     def _release_callback(self, key: int) -> Callable[[weakref.ref[torch.UntypedStorage]], None]:
@@ -65,6 +92,8 @@ class LiveBytes(TorchDispatchMode):
                 entry = self._live.pop(key, None)
                 if entry is not None:
                     self.current -= entry[0]
+                    if entry[1] == FIXED:
+                        self.fixed -= entry[0]
                 self._refs.pop(key, None)
         return release
 
@@ -83,7 +112,15 @@ class LiveBytes(TorchDispatchMode):
         key, _ = storage_of(t)
         with self._lock:
             if key in self._live:
-                self._live[key] = (self._live[key][0], tag)
+                nbytes, old = self._live[key]
+                self._live[key] = (nbytes, tag)
+                self.fixed += nbytes * ((tag == FIXED) - (old == FIXED))
+                if self.current == self.peak:   # the peak moment is now
+                    self.fixed_at_peak = self.fixed
+
+    def mark_fixed(self, t: torch.Tensor) -> None:
+        """``t``'s storage does not grow with the batch (see the module docstring)."""
+        self.retag(t, FIXED)
 
     def owns(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage was created under this counter and is alive."""
@@ -98,4 +135,4 @@ class LiveBytes(TorchDispatchMode):
         return out
 
     def reset_peak(self) -> None:
-        self.peak = self.current
+        self.peak, self.fixed_at_peak = self.current, self.fixed

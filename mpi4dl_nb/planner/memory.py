@@ -39,9 +39,10 @@ from torch import nn
 from ..config import Choice, ParallelConfig
 from ..errors import ConfigError
 from ..layout import RankRole, StageSlot, layout
+from ..pipeline.default_cut import default_balance
 from ..pipeline.recompute import segment_bounds
 from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
-from ..pipeline.stages import LayerMemory, check_balance, default_balance, even_balance, probe_memory
+from ..pipeline.stages import check_balance, even_balance
 from .footprint import FootprintCache, StageFootprint, StageRole, compose_stage
 from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
 from .profile import LayerProfile, Layers, batched, profile_layers
@@ -222,9 +223,12 @@ class StageModel:
                                      "(or profiles made by profile_layers from it)")
                 loss = self._loss if last and index == stop - 1 else None
                 shapes = [batched(s, self.chunk) for s in profile.in_shapes]
+                # a stage's input arrives contiguous (images, a received buffer, joined tiles); later
+                # layers get their predecessor's layout (channels-last after a permute back, e.g. ConvNeXt)
+                layouts = profile.in_channels_last if index > start else ()
                 tiles = self.cache.layer(profile.layer, shapes, self.precision.activations, role,
                                          loss=loss, loss_key=self.loss_fn, elementwise=self.elementwise,
-                                         workspace=self.workspace)
+                                         workspace=self.workspace, layouts=layouts)
                 per_layer.append(tiles[tile or 0])
             found = compose_stage(per_layer, grad_held=held)
             self._found[key] = found
@@ -463,14 +467,14 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     temporaries); ``optimizer_states`` instead says how many parameter-sized tensors it
     keeps (SGD momentum 1, Adam 2). ``recompute``: which activations a stage keeps (see
     ``Recompute``). The stage cut is the engine's
-    (``pipeline.stages.default_balance``). ``device``: where the ranks train (the conv
+    (``pipeline.default_cut.default_balance``). ``device``: where the ranks train (the conv
     scratch memory of its backend is added, see ``workspace``).
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     precision, recompute = settings_of(cfg, dtype, precision, recompute)
     profiles = _profiles(model, (height, width), in_channels, precision.activations)
     cfg.validate(batch_size=batch_size, num_layers=len(profiles))
-    balance = balance_of(profiles, cfg)
+    balance = balance_of(profiles, cfg, (height, width), in_channels)
     chunk = batch_size // cfg.batch_divisor
     stage_model = StageModel(cfg, profiles, balance, chunk, precision, cache or DEFAULT_CACHE,
                              loss_fn, tuple(elementwise), Workspace.for_device(device))
@@ -491,23 +495,13 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     return MemoryPlan(cfg, batch_size, (height, width), balance, ranks, chunk, dict(stage_model._found))
 
 
-_PROBES: list[tuple[list[nn.Module], list[LayerMemory] | None]] = []
-
-
-def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig) -> tuple[int, ...]:
-    """The stage cut the engine makes for ``cfg`` (``stages.default_balance``), its memory
-    probe of the layers computed once per layer list."""
+def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig,
+               image_size: int | tuple[int, int] | None = None, in_channels: int | None = None) -> tuple[int, ...]:
+    """The stage cut the engine makes for ``cfg`` on ``image_size`` images (``default_cut.default_balance``,
+    which keeps layers whose halo is wider than a tile off the spatial stages)."""
     layers = [p.layer for p in profiles if p.layer is not None]
     if len(layers) < len(profiles):
         if cfg.balance is not None:
             return check_balance(cfg.balance, len(profiles), cfg.split_size)
         return even_balance(len(profiles), cfg.split_size)
-    if cfg.balance is not None or cfg.spatial_size == 0:
-        return default_balance(layers, cfg)
-    for known, probed in _PROBES:
-        if len(known) == len(layers) and all(a is b for a, b in zip(known, layers)):
-            return default_balance(layers, cfg, probed=probed)
-    probed = probe_memory(layers)
-    _PROBES.insert(0, (layers, probed))
-    del _PROBES[8:]
-    return default_balance(layers, cfg, probed=probed)
+    return default_balance(layers, cfg, image_size=image_size, in_channels=in_channels)

@@ -12,6 +12,8 @@ from torch.utils.hooks import RemovableHandle
 
 from ..measure.usage import tensor_bytes
 from ..pipeline.stages import layer_memory
+from .layouts import BackendLayouts
+from .workspace import channels_last
 
 Layers = Sequence[nn.Module] | nn.Sequential
 Shape = tuple[int, ...]
@@ -36,6 +38,7 @@ class LayerProfile:
     window_in_bytes: int = 0  # per sample, inputs of convs/pools with a window > 1
     in_shapes: tuple[Shape, ...] = ()
     in_dtypes: tuple[torch.dtype, ...] = ()
+    in_channels_last: tuple[bool, ...] = ()   # per input: laid out channels-last (e.g. after a permute back)
     param_count: int = 0
     buffer_bytes: int = 0
     layer: nn.Module | None = field(default=None, compare=False, repr=False)
@@ -106,8 +109,9 @@ def profile_layers(model: Layers, image_size: int | tuple[int, int], in_channels
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     sample = torch.empty(1, in_channels, height, width, device="meta", dtype=dtype)
     counters = [[0.0, 0.0] for _ in layers]      # per layer: FLOPs, windowed-input bytes
-    memory = layer_memory(layers, sample, dtype=dtype,
-                          instrument=lambda index, layer: _flop_hooks(layer, counters[index]))
+    with BackendLayouts():   # each layer's input laid out as on the ranks (channels-last after a permute back)
+        memory = layer_memory(layers, sample, dtype=dtype,
+                              instrument=lambda index, layer: _flop_hooks(layer, counters[index]))
     profiles = []
     previous: tuple[torch.Tensor, ...] = (sample,)
     for index, (layer, mem, (flops, window_in)) in enumerate(zip(layers, memory, counters)):
@@ -118,7 +122,7 @@ def profile_layers(model: Layers, image_size: int | tuple[int, int], in_channels
             index, type(layer).__name__, tuple(tuple(t.shape) for t in mem.outputs),
             mem.param_bytes, mem.saved_bytes, sum(tensor_bytes(t) for t in mem.outputs), flops, dims,
             int(window_in), in_shapes=tuple(tuple(t.shape) for t in previous),
-            in_dtypes=tuple(t.dtype for t in previous),
+            in_dtypes=tuple(t.dtype for t in previous), in_channels_last=tuple(map(channels_last, previous)),
             param_count=sum(p.numel() for p in layer.parameters()),
             buffer_bytes=sum(tensor_bytes(b) for b in layer.buffers()), layer=layer))
         previous = mem.outputs

@@ -357,7 +357,7 @@ def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     precision, recompute = settings_of(cfg, dtype, precision, recompute)
     profiles = _profiles(model, (height, width), in_channels, precision.activations)
     cfg.validate(batch_size=batch_size, num_layers=len(profiles))
-    balance = balance_of(profiles, cfg)
+    balance = balance_of(profiles, cfg, (height, width), in_channels)
     stage_model = StageModel(cfg, profiles, balance, batch_size // cfg.batch_divisor, precision,
                              cache or DEFAULT_CACHE, loss_fn)
     node = node or Node.this_machine(timer.device if timer else "cpu")

@@ -1,11 +1,19 @@
-"""The checkpoint directory checked before the first step: it can be created, takes a file, has room for one."""
+"""The checkpoint directory checked before the first step: it can be created, takes a file, has room for one,
+and every host of the job sees it."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import socket
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
 
 SPACE_MARGIN = 1.1            # free space wanted per checkpoint, over its estimated size
 SPACE_BASE = 8 << 10          # the archive's fixed part and the manifest
@@ -60,3 +68,53 @@ def prepare_directory(directory: str | Path, needed_bytes: int) -> Path:
     return folder
 
 
+def sees_marker(marker: Path, token: str, tries: int = 5, pause: float = 0.2) -> bool:
+    """Whether ``marker`` holds ``token`` here, looked for a few times (a network file system may show a new
+    file to other hosts a moment late)."""
+    for attempt in range(tries):
+        try:
+            if marker.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if attempt + 1 < tries:
+            time.sleep(pause)
+    return False
+
+
+def require_shared(ctx: Comm, directory: str | Path, knob: str = "--checkpoint-dir") -> None:
+    """ConfigError on every rank unless every host of the job sees ``directory`` as one directory (collective).
+
+    Rank 0 (which writes checkpoints) leaves a marker file there and every rank looks for it: a host
+    that does not see it has the path on a disk of its own (node-local), and a resume whose rank 0
+    runs there would not find the checkpoints. A job on one host passes without a marker.
+    """
+    folder = Path(directory).expanduser()
+    hosts = ctx.all_gather_object(socket.gethostname())
+    if len(set(hosts)) == 1:
+        return
+    written: str | None = None
+    if ctx.rank == 0:
+        written = secrets.token_hex(8)
+        try:
+            (folder / f".mpi4dl-shared-{written}").write_text(written)
+        except OSError:
+            written = None
+    token = ctx.bcast_object(written, root=0)
+    if token is None:
+        raise ConfigError(knob, f"{str(folder)!r}: rank 0 cannot write there; choose a writable directory")
+    marker = folder / f".mpi4dl-shared-{token}"
+    try:
+        seen = ctx.all_gather_object(sees_marker(marker, token))
+    finally:
+        if ctx.rank == 0:
+            marker.unlink(missing_ok=True)
+    blind = sorted({host for host, ok in zip(hosts, seen) if not ok})
+    if blind:
+        ranks = [str(rank) for rank, ok in enumerate(seen) if not ok]
+        who = (f"host {blind[0]}" if len(blind) == 1 else f"hosts {', '.join(blind)}") + \
+            (f" (rank {ranks[0]}) does not" if len(ranks) == 1 else f" (ranks {', '.join(ranks)}) do not")
+        raise ConfigError(knob, f"{str(folder)!r} is not shared between the job's hosts: {who} see the file rank 0 "
+                                f"wrote there on {hosts[0]} (a node-local disk?); a resume whose rank 0 runs on "
+                                f"another host would not find the checkpoints. Choose a directory every host mounts "
+                                f"(a shared file system)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -78,14 +79,16 @@ class Progress:
 
 
 def check_data(ctx: Comm, sources: DataSources, image_size: int, level: int = 0,
-               progress: bool = True, stream: TextIO | None = None) -> DataReport:
-    """Collective: each rank checks every ``world``-th file; every rank gets the same report."""
+               progress: bool = True, stream: TextIO | None = None,
+               checker: Callable[[Path], str | None] | None = None) -> DataReport:
+    """Collective: each rank checks every ``world``-th file (``checker``: how, default ``check_file``); every rank
+    gets the same report."""
     if sources.kind is None or not sources.files:
         return DataReport(len(sources.files), ())
     mine = list(sources.files[ctx.rank::ctx.world_size])
     bar = Progress(len(sources.files), ctx.world_size, progress and ctx.rank == 0,
                    stream if stream is not None else sys.stderr)
-    found = check_files(mine, sources.kind, image_size, level, progress=bar)
+    found = check_files(mine, sources.kind, image_size, level, progress=bar, checker=checker)
     gathered = ctx.all_gather_object([(str(p), why) for p, why in found])
     bad = tuple(sorted(item for part in gathered for item in part))
     return DataReport(len(sources.files), bad)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..pipeline.schedules import Action, ActionKind
+from ..spatial.dense_loss import GroupSum, TileLoss
 
 if TYPE_CHECKING:
     from ..comm.messages import Payload
@@ -43,7 +44,10 @@ class LossWatch:
         self.bad: float | None = None
 
     def __call__(self, output: Payload, target: Payload) -> torch.Tensor:
-        loss = self.loss_fn(output, target)
+        return self.seen(self.loss_fn(output, target))
+
+    def seen(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss``, remembered when it is the step's first non-finite one."""
         value = float(loss.detach())
         if self.bad is None and not math.isfinite(value):
             self.bad = value
@@ -51,6 +55,22 @@ class LossWatch:
 
     def reset(self) -> None:
         self.bad = None
+
+
+class TileLossWatch(LossWatch):
+    """A LossWatch of a loss the engine also computes on tiles (a ``TileLoss``: every stage spatial)."""
+
+    def __init__(self, loss_fn: TileLoss) -> None:
+        super().__init__(loss_fn)
+        self.tile_loss = loss_fn
+
+    def on_tiles(self, output: Payload, target: Payload, total: GroupSum) -> torch.Tensor:
+        return self.seen(self.tile_loss.on_tiles(output, target, total))
+
+
+def watch(loss_fn: Callable[[Payload, Payload], torch.Tensor]) -> LossWatch:
+    """The LossWatch of ``loss_fn`` (one that runs on tiles too when ``loss_fn`` does)."""
+    return TileLossWatch(loss_fn) if isinstance(loss_fn, TileLoss) else LossWatch(loss_fn)
 
 
 def first_nonfinite(named: Iterable[tuple[str, object]]) -> str | None:

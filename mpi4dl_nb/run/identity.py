@@ -20,6 +20,11 @@ FIELD_FLAGS: dict[str, str] = {
     "lr": "--lr",
     "momentum": "--momentum",
     "val_split": "--val-fraction/--val-datapath (and --seed)",
+    "optimizer": "--optimizer/--lr/--momentum/--weight-decay",
+    "lr_schedule": "--lr-schedule/--warmup-steps/--lr-step-size/--lr-gamma (cosine and step: --steps)",
+    "augment": "--augment",
+    "class_weights": "--class-weights",
+    "classes": "--classes (and the class folders)",
 }
 
 

@@ -13,6 +13,8 @@ ranks are blocked in communication, and it cannot itself hang the job.
   heartbeats stopped (a stopped or frozen process), else those not waiting in communication,
   with the action each rank is in. Ranks in an exempt phase (writing a checkpoint) hold the
   watchdog off.
+* Across hosts, the monitors sit on different hosts, and a host whose ranks all fall silent is
+  lost (``lost_host.py``): the job ends naming it, armed or not (exit code 6).
 """
 from __future__ import annotations
 
@@ -20,23 +22,26 @@ import json
 import secrets
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..config import Choice
+from .lost_host import LOST_HOST_SECONDS, choose_monitors, describe_lost, lost_hosts
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
 
 EXIT_FAILED = 1
 EXIT_STALLED = 4
-MONITORS = 3                 # ranks 0..2 watch the job (the lowest live one reports)
+EXIT_HOST_LOST = 6
+MONITORS = 3                 # ranks watching the job, on different hosts where there are (the lowest live reports)
 COLLECT_SECONDS = 0.5        # gather failures from several ranks into one message
 FAIL_GRACE_SECONDS = 10.0    # a failing rank aborts by itself when no monitor did by then
 MAX_TEXT = 12000             # bytes of traceback carried in one datagram
@@ -145,7 +150,7 @@ class JobMonitor:
     def __init__(self, ctx: Comm, peers: list[tuple[str, int]], sock: socket.socket | None, *,
                  verbose: bool = False, log_dir: Path | None = None, interval: float = 1.0,
                  stream: TextIO | None = None, abort: Callable[[int], None] | None = None,
-                 key: str = "") -> None:
+                 key: str = "", hosts: Sequence[str] | None = None) -> None:
         self.ctx = ctx
         self.key = key
         self.rank = ctx.rank
@@ -157,7 +162,8 @@ class JobMonitor:
         self.interval = interval
         self.stream = stream if stream is not None else sys.stderr
         self._abort_with = abort
-        self.monitors = list(range(min(MONITORS, self.world)))
+        self.hosts = list(hosts) if hosts else [""] * self.world     # each rank's host ("": one node)
+        self.monitors = choose_monitors(self.hosts, MONITORS)
         self.is_monitor = self.rank in self.monitors
         # this rank's own state
         self.step: int | None = None
@@ -187,6 +193,7 @@ class JobMonitor:
         """
         sock = None
         peers: list[tuple[str, int]] = []
+        hosts: list[str] = []
         key = ""
         if ctx.world_size > 1:
             hosts = ctx.all_gather_object(socket.gethostname())
@@ -197,7 +204,7 @@ class JobMonitor:
             ports = ctx.all_gather_object(sock.getsockname()[1])
             peers = [("127.0.0.1" if one_node else host, port) for host, port in zip(hosts, ports)]
         monitor = cls(ctx, peers, sock, verbose=verbose, log_dir=log_dir, interval=interval,
-                      stream=stream, key=key)
+                      stream=stream, key=key, hosts=hosts if len(set(hosts)) > 1 else None)
         if sock is not None:
             monitor._thread = threading.Thread(target=monitor._loop, name="mpi4dl-monitor", daemon=True)
             monitor._thread.start()
@@ -334,11 +341,45 @@ class JobMonitor:
                 self._write(self.failure_message())
                 self._abort(EXIT_FAILED)
             return
+        lost = self.lost_host(now)
+        if lost is not None:
+            self.acted = True
+            self._write(lost)
+            self._abort(EXIT_HOST_LOST)
+            return
         stalled = self.stall(now)
         if stalled is not None:
             self.acted = True
             self._write(stalled)
             self._abort(EXIT_STALLED)
+
+    def who(self, rank: int) -> str:
+        """``rank 1``, with its host across hosts: ``rank 1 (h2)``."""
+        return f"rank {rank} ({self.hosts[rank]})" if self.hosts[rank] else f"rank {rank}"
+
+    def silent_hosts(self, now: float, limit: float) -> dict[str, list[int]]:
+        """Other hosts whose every rank has been silent longer than ``limit`` seconds, with their ranks."""
+        def silent_for(rank: int) -> float | None:
+            state = self.states[rank]
+            return None if state.closed else (0.0 if rank == self.rank else now - state.heard)
+        return lost_hosts(self.hosts, self.hosts[self.rank], silent_for, limit)
+
+    def lost_host(self, now: float) -> str | None:
+        """The message when every rank of another host has been silent past ``LOST_HOST_SECONDS`` (or the armed
+        step timeout, if shorter); None while every host is heard, or when another monitor speaks."""
+        self._refresh_own(now)
+        limits = [s.timeout for s in self.states.values() if s.timeout]
+        lost = self.silent_hosts(now, min([LOST_HOST_SECONDS, *limits]))
+        if not lost or not self.reporter(now):
+            return None
+        silence = min(now - self.states[r].heard for ranks in lost.values() for r in ranks)
+        lines = [f"mpi4dl_nb train: {describe_lost(lost, silence)}; aborting the job"]
+        gone = {r for ranks in lost.values() for r in ranks}
+        for s in sorted(self.states.values(), key=lambda s: s.rank):
+            how = "lost with its host, last" if s.rank in gone else "alive,"
+            lines.append(f"  {self.who(s.rank)}: {how} in {s.doing()}")
+        lines.append("  the last complete checkpoint stays on disk; rerun with --resume latest on the remaining hosts")
+        return "\n".join(lines)
 
     def stall(self, now: float) -> str | None:
         """The stall message when an armed rank has made no progress past the timeout (None: all is well).
@@ -354,6 +395,9 @@ class JobMonitor:
         if any(s.exempt and self.live(s.rank, now) for s in states):
             return None
         silent = [s.rank for s in states if not self.live(s.rank, now)]
+        quiet_hosts = self.silent_hosts(now, self.silent_after())
+        if silent and set(silent) <= {r for ranks in quiet_hosts.values() for r in ranks}:
+            return None          # whole hosts fell silent: lost_host speaks for them, naming the host
         late = [s for s in states if s.idle_now(now) > timeout and (s.timeout or s.rank in silent)]
         if not late or not self.reporter(now):
             return None
@@ -364,7 +408,7 @@ class JobMonitor:
         for s in sorted(states, key=lambda s: s.rank):
             how = "no heartbeat (stopped or frozen)" if s.rank in silent else \
                 ("stalled" if s.rank in stalled else "waiting")
-            lines.append(f"  rank {s.rank}: {how}, idle {s.idle_now(now):.0f} s, in {s.doing()}")
+            lines.append(f"  {self.who(s.rank)}: {how}, idle {s.idle_now(now):.0f} s, in {s.doing()}")
         lines.append("  the last complete checkpoint stays on disk; rerun with --resume latest")
         return "\n".join(lines)
 
@@ -385,7 +429,8 @@ class JobMonitor:
         if self.verbose and first.trace:
             lines.append(first.trace.rstrip())
         elif first.log:
-            lines.append(f"  traceback: {first.log} (or rerun with -v)")
+            where = f" on {self.hosts[first.rank]}" if self.hosts[first.rank] else ""
+            lines.append(f"  traceback: {first.log}{where} (or rerun with -v)")
         lines.append(f"  {'the job is aborted; ' if job else ''}checkpoints on disk are untouched")
         return "\n".join(lines)
 
@@ -400,7 +445,8 @@ class JobMonitor:
     def fail(self, error: BaseException) -> None:
         """Report ``error`` (being handled) once for the whole job and end it; returns only with one rank."""
         trace = traceback.format_exc()
-        summary = f"{type(error).__name__}: {error}".strip()
+        notes = " ".join(str(note) for note in getattr(error, "__notes__", ()))   # e.g. the guard's way out
+        summary = f"{type(error).__name__}: {error} {notes}".strip()
         if len(summary) > 2000:
             summary = summary[:2000] + " ..."
         log = write_log(self.log_dir, self.rank, trace)
@@ -419,9 +465,10 @@ class JobMonitor:
 
 
 def write_log(folder: Path | None, rank: int, text: str) -> Path | None:
-    """Write a rank's traceback to ``folder`` (default: the working directory); None if it cannot."""
+    """Write a rank's traceback to ``folder`` (the run's log or checkpoint directory), else to the temporary
+    directory (never the working directory); the file's path, None if it cannot be written anywhere."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for base in ([folder] if folder is not None else []) + [Path.cwd()]:
+    for base in ([folder] if folder is not None else []) + [Path(tempfile.gettempdir())]:
         path = Path(base) / f"mpi4dl_nb-error-{stamp}-rank{rank}.log"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

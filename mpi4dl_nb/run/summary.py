@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..checkpoint.files import BestMark
 from ..checkpoint.record import RunRecord
 from ..evaluation.metrics import Metrics
+from ..evaluation.pixel_metrics import SegmentationMetrics
 
 
 def finite_or_none(value: float) -> float | None:
@@ -28,6 +31,7 @@ class RankMetrics:
     activation_peak_bytes: int
     peak_bytes: int
     memory_source: str          # "cuda-allocator" or "counted"
+    host: str = field(default_factory=socket.gethostname)     # made on the rank itself: its host
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class Validation:
     """An evaluation of the weights after ``step`` optimizer steps, and how long it took."""
 
     step: int
-    metrics: Metrics
+    metrics: Metrics | SegmentationMetrics
     seconds: float
 
     def as_dict(self) -> dict[str, object]:
@@ -45,8 +49,9 @@ class Validation:
     def line(self) -> str:
         """``eval at step 20 (98 images): val_loss 0.4123 val_accuracy 0.8163 ...`` (the figures that exist)."""
         m = self.metrics
-        figures = (("val_loss", m.loss), ("val_accuracy", m.accuracy), ("val_balanced_accuracy", m.balanced_accuracy),
-                   ("val_roc_auc", m.roc_auc))
+        figures = m.headline() if isinstance(m, SegmentationMetrics) else (
+            ("val_loss", m.loss), ("val_accuracy", m.accuracy), ("val_balanced_accuracy", m.balanced_accuracy),
+            ("val_roc_auc", m.roc_auc))
         shown = [f"{name} {value:.4f}" for name, value in figures if isinstance(value, float)]
         return f"eval at step {self.step} ({m.count} images): " + " ".join(shown)
 
@@ -72,6 +77,8 @@ class TrainSummary:
     checkpoint: str | None
     validation: Validation | None = None
     config: Mapping[str, object] = field(default_factory=dict)
+    best: BestMark | None = None             # the best evaluation of a run with --keep-best
+    best_checkpoint: str | None = None       # its checkpoint, when this run wrote it
 
     @property
     def peak_memory_bytes(self) -> list[int]:
@@ -82,6 +89,7 @@ class TrainSummary:
         return {
             **(self.record.summary_fields() if self.record is not None else {}),
             "world_size": self.world_size,
+            "hosts": [r.host for r in self.ranks],
             "start_step": self.start_step,
             "steps": self.steps,
             "steps_run": self.steps_run,
@@ -101,6 +109,7 @@ class TrainSummary:
             "train_seconds": [r.seconds for r in self.ranks],
             "checkpoint": self.checkpoint,
             **(self.validation.as_dict() if self.validation is not None else {}),
+            **({"best": self.best.to_dict(), "best_checkpoint": self.best_checkpoint} if self.best is not None else {}),
             "config": dict(self.config),
         }
 
@@ -114,12 +123,15 @@ class TrainSummary:
 
     def report(self) -> str:
         """Human-readable per-rank table (``-v``)."""
-        model = str(self.record.model.family) if self.record is not None else "model"
+        model = self.record.model.label if self.record is not None else "model"
         rate = "n/a" if self.images_per_s is None else f"{self.images_per_s:.3f}"
         loss = "n/a" if self.loss is None else f"{self.loss:.4f}"
+        hosts = len({r.host for r in self.ranks}) > 1          # a host column across hosts
+        width = max(len(r.host) for r in self.ranks) if hosts else 0
         lines = [f"{model}: {self.steps_run} steps, {rate} images/s, final loss {loss}",
-                 "rank  peak MB  activations MB  compute s  comm s"]
+                 "rank  " + (f"{'host':<{width}}  " if hosts else "") + "peak MB  activations MB  compute s  comm s"]
         for r in self.ranks:
-            lines.append(f"{r.rank:4d}  {r.peak_bytes / 2**20:7.1f}  {r.activation_peak_bytes / 2**20:14.1f}  "
+            host = f"{r.host:<{width}}  " if hosts else ""
+            lines.append(f"{r.rank:4d}  {host}{r.peak_bytes / 2**20:7.1f}  {r.activation_peak_bytes / 2**20:14.1f}  "
                          f"{r.compute_seconds:9.2f}  {r.comm_seconds:6.2f}")
         return "\n".join(lines)

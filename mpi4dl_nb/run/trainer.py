@@ -12,14 +12,18 @@ from typing import TYPE_CHECKING, TextIO
 import torch
 from torch import nn
 
-from ..checkpoint.files import new_run_id
+from ..checkpoint.files import BestMark, new_run_id
 from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, write_checkpoint
 from ..config import ParallelConfig
-from ..data import Batcher
+from ..data import Batcher, RegionDataset
+from ..data.masks import batch_masks
+from ..data.task import Task
+from ..evaluation.metrics import MetricName
 from ..layout import stage_holders
 from ..measure.usage import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
+from ..pipeline.optim import LRSchedule
 from ..pipeline.schedules import Action, ActionKind
-from ..pipeline.step_input import ShardedImages
+from ..pipeline.step_input import ShardedImages, ShardedMasks
 from ..spatial.geometry import Box
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
 from .monitor import JobMonitor, StepTimer
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
     from ..comm.protocol import Comm
     from ..evaluation.evaluator import Evaluator
     from ..evaluation.log import MetricsLog
+    from ..evaluation.pixel_evaluator import SegmentationEvaluator
+    from ..models.spec import ModelSpec
     from ..pipeline.engine import HybridEngine
     from ..pipeline.runtime import StageInstance
 
@@ -48,6 +54,9 @@ class TrainSettings:
     step_timeout: float | None = None   # seconds without progress that abort the job; None/0: off
     auto_step_timeout: bool = False     # derive the timeout from the first steps (batch jobs)
     eval_every: int = 0                 # with an evaluator: every N steps (0: epoch ends only) and at the end
+    lr_schedule: LRSchedule | None = None   # the learning rate of every step (None: the optimizer's, constant)
+    keep_best: MetricName | None = None     # with an evaluator and checkpoint_dir: keep the best checkpoint apart
+    task: Task = Task.CLASSIFICATION        # segmentation: the labels are masks, read by box where the loss runs
 
 
 class CheckpointWriteError(RuntimeError):
@@ -59,30 +68,18 @@ EXIT_CHECKPOINT = 5
 
 # --------------------------------------------------------------------- pre-flight
 def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int,
-                           channels: int = 3) -> None:
+                           channels: int | None = None) -> None:
     """Refuse, before any rank starts, a spatial split whose halos would not fit the tiles.
 
     Runs the spatial stages on shape-only ``meta`` tensors and plans every conv/pool's halo
     on the tile grid, which raises ``ConfigError`` (naming the layer) when a tile is thinner
-    than the layer's reach. The stage cut is the engine's (``balance`` or even).
+    than the layer's reach. The stage cut is the engine's at this image size
+    (``pipeline.default_cut.check_fit``: ``balance``, or the default cut that fits the tiles);
+    ``channels``: the images' (None: what the first conv takes).
     """
-    if cfg.spatial_size == 0:
-        return
-    from ..pipeline.stages import split_layers
-    from ..spatial.fit import halo_checked
-    from ..spatial.geometry import TileGrid
+    from ..pipeline.default_cut import check_fit
 
-    grid = TileGrid(*cfg.grid_shape)
-    stages = split_layers(list(layers), cfg.split_size, cfg.balance)[:cfg.spatial_size]
-    dtype = next((p.dtype for s in stages for p in s.parameters()), torch.float32)
-    x = torch.empty(1, channels, image_size, image_size, device="meta", dtype=dtype)
-    for stage in stages:
-        def label(name: str, offset: int = stage.offset) -> str:   # the layer's index in the whole model
-            local, _, rest = name.partition(".")
-            return f"{offset + int(local)}" + (f".{rest}" if rest else "")
-
-        with halo_checked(stage, grid, label) as probe, torch.no_grad():
-            x = probe(x)
+    check_fit(list(layers), cfg, image_size, in_channels=channels)
 
 
 # ------------------------------------------------------------------------ inputs
@@ -93,16 +90,22 @@ class InputFeeder:
     cut to the rank's tile box, and it reads exactly that from the dataset (for slides: one
     OpenSlide ``read_region`` of the box per image), so a spatial rank never allocates a
     full-size image. Other ranks get ``None`` (no memory, no reads). Labels are tiny: every
-    rank gets the global labels (they also tell the engine the global batch size).
+    rank gets the global labels (they also tell the engine the global batch size). Masks
+    (``dense``) are not: a rank running the last stage gets a ``ShardedMasks`` that reads its
+    chunk's rows cut to its tile box (whole masks on a layer-parallel last stage), others None.
     """
 
-    def __init__(self, engine: HybridEngine, batcher: Batcher, rank: int, dtype: torch.dtype) -> None:
+    def __init__(self, engine: HybridEngine, batcher: Batcher, rank: int, dtype: torch.dtype,
+                 dense: bool = False) -> None:
         self.batcher = batcher
         self.dtype = dtype
         self.size = batcher.dataset.image_size
         self.batch = batcher.batch_size
-        self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0
-                                for a in engine.schedule.actions(rank))
+        self.dense = dense
+        actions = engine.schedule.actions(rank)
+        self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0 for a in actions)
+        self.reads_masks = dense and any(a.kind is ActionKind.FORWARD and a.stage == engine.cfg.split_size - 1
+                                         for a in actions)
 
     def images(self, epoch: int, step: int) -> ShardedImages | None:
         if not self.reads_images:
@@ -113,8 +116,15 @@ class InputFeeder:
             return self.batcher.images(epoch, step, box, chosen).to(self.dtype)
         return ShardedImages(read, self.batch, (self.size, self.size))
 
-    def labels(self, epoch: int, step: int) -> torch.Tensor:
-        return self.batcher.labels(epoch, step)
+    def labels(self, epoch: int, step: int) -> torch.Tensor | ShardedMasks | None:
+        if not self.dense:
+            return self.batcher.labels(epoch, step)
+        if not self.reads_masks:
+            return None
+
+        def read(rows: slice, box: Box | None) -> torch.Tensor:
+            return batch_masks(self.batcher, epoch, step, box, list(range(*rows.indices(self.batch))))
+        return ShardedMasks(read, self.batch, (self.size, self.size))
 
 
 # --------------------------------------------------------------- optimizer state
@@ -214,11 +224,14 @@ class Trainer:
 
     def __init__(self, engine: HybridEngine, batcher: Batcher, ctx: Comm, settings: TrainSettings,
                  record: RunRecord | None = None, *, run_id: str | None = None, monitor: JobMonitor | None = None,
-                 guard: NonFiniteGuard | None = None, evaluator: Evaluator | None = None,
+                 guard: NonFiniteGuard | None = None, evaluator: Evaluator | SegmentationEvaluator | None = None,
                  log: MetricsLog | None = None) -> None:
         if settings.checkpoint_dir is not None and record is None:
             raise ValueError("a Trainer that writes checkpoints needs the run's record (RunRecord: model spec, "
                              "data, seed), so that evaluate, infer and resume can read them")
+        if settings.keep_best is not None and (settings.checkpoint_dir is None or evaluator is None):
+            raise ValueError("keep_best needs a checkpoint_dir to keep the best checkpoint in and an evaluator "
+                             "to measure it")
         self.engine = engine
         self.evaluator = evaluator
         self.log = log                     # rank 0's metrics log (None: none, or another rank)
@@ -232,17 +245,59 @@ class Trainer:
         self.timer = StepTimer(given=None if settings.auto_step_timeout else (settings.step_timeout or 0))
         self._own_monitor = monitor is None and self.timer.timeout() is not None
         self.monitor = JobMonitor.start(ctx) if self._own_monitor else monitor
-        self.feeder = InputFeeder(engine, batcher, ctx.rank, settings.dtype)
+        self.feeder = InputFeeder(engine, batcher, ctx.rank, settings.dtype, settings.task.dense)
         self.metrics = RunMetrics()
         self.step = 0
         self.skipped_steps: list[int] = []
         self.last_checkpoint: Path | None = None
+        self.best: BestMark | None = None           # the best evaluation so far (settings.keep_best)
+        self.best_checkpoint: Path | None = None
         params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
         self.meter = ActivationMeter(exclude=params)
         if settings.keep_trace:
             ctx.tracer.configure(window_steps=None, max_events=None)
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
+
+    @classmethod
+    def for_data(cls, engine: HybridEngine, data: RegionDataset, ctx: Comm, settings: TrainSettings, *,
+                 batch_size: int, model: ModelSpec | nn.Module | Sequence[nn.Module] | str, seed: int = 0,
+                 val_fraction: float | None = None, validation: RegionDataset | None = None,
+                 log_dir: str | Path | None = None) -> Trainer:
+        """A Trainer of ``engine`` on ``data``, set up from Python as ``train`` sets one up from its flags (every
+        rank calls it alike, after building the same engine).
+
+        Batches of ``batch_size`` images in an order seeded by ``seed``; ``val_fraction`` of each class held out
+        (seeded, stratified: ``train --val-fraction``) or ``validation`` (other images) evaluated at each epoch
+        end, every ``settings.eval_every`` steps and at the end; ``metrics.jsonl`` in ``log_dir`` (rank 0).
+        Checkpoints (``settings.checkpoint_dir``) record ``model``: a ``ModelSpec`` (``evaluate`` and ``infer``
+        rebuild it), or the model object (an nn.Module or its layer list) or a name for it, recorded as
+        ``python:<name>``: their readers then take the model object as ``model=...`` (``dl.model_state_dict``,
+        ``dl.evaluate``, ``dl.infer_slide``).
+        """
+        from ..evaluation.evaluator import Evaluator
+        from ..evaluation.log import MetricsLog
+        from .python_run import record_for, split_dataset
+
+        if val_fraction is not None and validation is not None:
+            raise ValueError("give val_fraction (held out of data) or validation (other images), not both")
+        train, held = split_dataset(data, val_fraction, seed) if val_fraction is not None else (data, validation)
+        record = record_for(model, data, batch_size, seed=seed, dtype=settings.dtype, val_fraction=val_fraction,
+                            validation=validation)
+        evaluator = None if held is None else Evaluator(engine, held, ctx, batch_size, settings.dtype,
+                                                        classes=record.class_names)
+        run_id = ctx.bcast_object(new_run_id() if ctx.rank == 0 else None, root=0)
+        trainer = cls(engine, Batcher(train, batch_size, seed=seed), ctx, settings, record, run_id=run_id,
+                      evaluator=evaluator)
+        if log_dir is not None and ctx.rank == 0:
+            trainer.log = MetricsLog(log_dir, trainer.run_id)
+        return trainer
+
+    @property
+    def validation_data(self) -> RegionDataset | None:
+        """The held-out images the evaluator measures (None: no evaluation)."""
+        dataset = getattr(self.evaluator, "dataset", None)
+        return dataset if isinstance(dataset, RegionDataset) else None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -261,8 +316,9 @@ class Trainer:
         every = self.settings.checkpoint_every
         return step % every == 0 if every > 0 else step % self.steps_per_epoch == 0
 
-    def save(self) -> Path | None:
-        """Write the checkpoint of the current step (collective; rank 0 writes atomically).
+    def save(self, best: bool = False) -> Path | None:
+        """Write the checkpoint of the current step (collective; rank 0 writes atomically); ``best``: as the
+        run's best checkpoint (outside the rotation, replacing the previous best).
 
         A non-finite state is never written; a failed write leaves the older checkpoints as
         they were. Either way every rank raises the same error (NonFiniteError or
@@ -276,24 +332,27 @@ class Trainer:
             if bad is not None:
                 error, kind = f"step {self.step}: {bad} is not finite; this state is not saved.", "nonfinite"
             else:
-                error, path = self._write(model or {}, optimizer)
+                error, path = self._write(model or {}, optimizer, best)
                 kind = "write" if error else None
         error, kind = self.ctx.bcast_object((error, kind), root=0)
         if error is not None:
             raise (NonFiniteError(self.step, error) if kind == "nonfinite" else CheckpointWriteError(error))
-        self.last_checkpoint = path
+        if best:
+            self.best_checkpoint = path
+        else:
+            self.last_checkpoint = path
         return path
 
-    def _write(self, model: dict[str, torch.Tensor],
-               optimizer: OptimizerState | None) -> tuple[str | None, Path | None]:
+    def _write(self, model: dict[str, torch.Tensor], optimizer: OptimizerState | None,
+               best: bool = False) -> tuple[str | None, Path | None]:
         """Rank 0: write the checkpoint; (error text, None) when the file system refuses it."""
         assert self.settings.checkpoint_dir is not None and self.record is not None
-        record = replace(self.record, config=self.engine.cfg.as_dict()).at(self.step, self.run_id)
+        record = replace(self.record, config=self.engine.cfg.as_dict(), best=self.best).at(self.step, self.run_id)
         phase = self.monitor.phase("writing a checkpoint", exempt=True) if self.monitor else nullcontext()
         try:
             with phase:
                 path = write_checkpoint(self.settings.checkpoint_dir, record, model, optimizer,
-                                        keep=self.settings.keep_checkpoints)
+                                        keep=self.settings.keep_checkpoints, best=best)
         except OSError as err:
             return (f"could not write the checkpoint of step {self.step} to "
                     f"{self.settings.checkpoint_dir}: {err}; the older checkpoints are intact "
@@ -309,6 +368,9 @@ class Trainer:
         self.engine.load_full_state_dict(root.model_state if root is not None else None)
         load_optimizer_state(self.engine, self.ctx, root.optimizer_state if root is not None else None)
         self.step = int(self.ctx.bcast_object(root.record.step if root is not None else None, root=0) or 0)
+        mark = self.ctx.bcast_object(root.record.best if root is not None else None, root=0)
+        metric = self.settings.keep_best
+        self.best = mark if metric is not None and mark is not None and mark.metric == metric.value else None
         return self.step
 
     # --------------------------------------------------------------- evaluation
@@ -319,17 +381,31 @@ class Trainer:
         return step == self.settings.steps or step % self.steps_per_epoch == 0 or (every > 0 and step % every == 0)
 
     def evaluate(self) -> Validation:
-        """Evaluate the current weights on the validation set (collective); records and returns the figures."""
+        """Evaluate the current weights on the validation set (collective); records and returns the figures and,
+        when they are the best so far by ``settings.keep_best``, writes the best checkpoint."""
         assert self.evaluator is not None
         phase = self.monitor.phase("evaluating", exempt=True) if self.monitor else nullcontext()
         start = time.perf_counter()
         with phase:
             metrics = self.evaluator.run()
         self.validation = Validation(self.step, metrics, time.perf_counter() - start)
+        kept = self.improved(self.validation)
         if self.log is not None:
+            best = {"best": self.best.to_dict()} if kept and self.best is not None else {}
             self.log.write("eval", self.step, {"epoch": self.position(self.step - 1)[0],
-                                               **self.validation.as_dict()})
+                                               **self.validation.as_dict(), **best})
+        if kept:
+            self.save(best=True)
         return self.validation
+
+    def improved(self, validation: Validation) -> bool:
+        """Whether ``validation`` beats the best so far by ``settings.keep_best`` (then it is the best)."""
+        metric = self.settings.keep_best
+        value = metric.of(validation.metrics) if metric is not None else None
+        if metric is None or value is None or not metric.better(value, self.best.value if self.best else None):
+            return False
+        self.best = BestMark(metric.value, value, validation.step)
+        return True
 
     # ----------------------------------------------------------------- training
     def _on_action(self, action: Action) -> None:
@@ -349,13 +425,16 @@ class Trainer:
             self.guard.begin_step(self.step + 1)
         images = self.feeder.images(epoch, in_epoch)
         labels = self.feeder.labels(epoch, in_epoch)
+        if self.settings.lr_schedule is not None:
+            self.settings.lr_schedule.apply(self.engine.optimizer, self.step)
         tracer = self.ctx.tracer
         device = self.ctx.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         with self.meter:
-            loss = self.engine.train_step(images, labels, on_action=self._on_action)
+            loss = self.engine.train_step(images, labels, on_action=self._on_action,
+                                          batch_size=self.batcher.batch_size)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
@@ -386,9 +465,12 @@ class Trainer:
                 if self.log is not None:
                     self.log.write("train", self.step, {"epoch": self.position(self.step - 1)[0],
                                                         "loss": loss, "images_per_s": rate,
-                                                        "seconds": self.metrics.step_seconds[-1]})
+                                                        "seconds": self.metrics.step_seconds[-1], "lr": self.lr})
                 if self.evaluation_due(self.step):
-                    line = self.evaluate().line()
+                    validation = self.evaluate()
+                    line = validation.line()
+                    if self.best is not None and self.best.step == validation.step:
+                        line += f" (the best {self.best.metric} so far: kept)"
                     if bar.enabled:
                         bar.note(line)
                     elif self.ctx.rank == 0:     # results, shown without the bar too
@@ -405,6 +487,12 @@ class Trainer:
                 self.monitor.arm(None)
                 if self._own_monitor:
                     self.monitor.close()
+
+    @property
+    def lr(self) -> float | None:
+        """The learning rate of the last step taken (None: no optimizer)."""
+        optimizer = self.engine.optimizer
+        return float(optimizer.param_groups[0]["lr"]) if optimizer is not None and optimizer.param_groups else None
 
     def rank_metrics(self) -> RankMetrics:
         """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
@@ -437,4 +525,5 @@ class Trainer:
             losses=[finite_or_none(v) for v in self.metrics.losses], skipped_steps=list(self.skipped_steps),
             run_id=self.run_id, wall_seconds=wall, ranks=per_rank,
             checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None,
-            validation=self.validation, config=self.engine.cfg.as_dict())
+            validation=self.validation, config=self.engine.cfg.as_dict(), best=self.best,
+            best_checkpoint=str(self.best_checkpoint) if self.best_checkpoint else None)

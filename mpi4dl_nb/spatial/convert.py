@@ -19,17 +19,31 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..config import ConfigError
-from . import interpolate  # noqa: F401  (registers the guard's F.interpolate handler)
+
+# the op families that register their handlers with the guard when imported
+from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout  # noqa: F401
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
-from .registry import ELEMENTWISE, SPATIAL_LAYERS
+from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS
 
 
-def _check_dropout(module: nn.modules.dropout._DropoutNd, name: str) -> None:
-    if module.p > 0:
-        raise ConfigError("model", f"layer {name!r} ({type(module).__name__}, p={module.p}) "
-                          f"draws random masks per tile, which differ from the serial model; "
-                          f"use p=0 or move it after the spatial stage")
+def _check_guarded(module: nn.Module, name: str) -> None:
+    """Refuse up front what the guard would refuse at the first forward of a GUARDED layer."""
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        shape = tuple(module.normalized_shape or ())
+        if len(shape) > 1:   # the last dims of any tile it could see hold a row or column
+            raise ConfigError("model", f"layer {name!r} ({type(module).__name__}, normalized_shape="
+                              f"{list(shape)}) normalises over the image's rows or columns of each tile; "
+                              f"normalise over channels only (permute the channels last first, as "
+                              f"ConvNeXt does), use GroupNorm or BatchNorm2d (whose statistics span every "
+                              f"tile), or put it after the spatial stage")
+    if isinstance(module, nn.AdaptiveMaxPool2d):
+        size = module.output_size
+        if (tuple(size) if isinstance(size, (tuple, list)) else (size, size)) != (1, 1) or module.return_indices:
+            raise ConfigError("model", f"layer {name!r} (AdaptiveMaxPool2d, output_size="
+                              f"{module.output_size}, return_indices={module.return_indices}): only "
+                              f"output_size 1 without indices is supported on tiles; use "
+                              f"AdaptiveMaxPool2d(1) or a MaxPool2d")
 
 
 class _Converter:
@@ -54,8 +68,8 @@ class _Converter:
             converted = SPATIAL_LAYERS[kind](module, runtime, name)
             runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
             return converted
-        if isinstance(module, (nn.Dropout, nn.Dropout2d)):
-            _check_dropout(module, name)
+        if kind in GUARDED:
+            _check_guarded(module, name)
             return module
         if kind in ELEMENTWISE:
             return module
@@ -66,7 +80,8 @@ class _Converter:
             runtime.partial_parameters.extend(p for p in module.parameters())
             return new
         children = list(module.named_children())
-        if not children and type(module).__module__.startswith("torch."):
+        if not children and type(module).__module__.startswith("torch.") and kind is not nn.Sequential:
+            # (an empty nn.Sequential is the identity: ShuffleNetV2's and GhostNet's shortcuts)
             supported = ", ".join(t.__name__ for t in SPATIAL_LAYERS)
             raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not "
                               f"supported by spatial parallelism; supported: {supported}, "

@@ -123,14 +123,25 @@ class FusedBlock:
                 y = member.apply_padded(y, counted)
                 level += 1
             elif isinstance(member, SpatialBatchNorm2d):
-                rows, cols = plan.owned(level)
-                y = member.normalize(y, y[..., rows, cols])
+                y = _normalized(member, y, *plan.owned(level))
             else:
                 y = member(y)
         return y
 
     def __deepcopy__(self, memo: dict[int, object]) -> FusedBlock:
         return self
+
+
+def _normalized(bn: SpatialBatchNorm2d, x: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
+    """``bn`` on an extended tile with the statistics of its owned window, between ``bn``'s forward pre-hooks and
+    forward hooks as ``bn(x)`` runs them: the engine records the running-statistic update through those hooks
+    (``pipeline/bn_replay.py``), which a bare ``normalize`` call would skip."""
+    for pre_hook in list(bn._forward_pre_hooks.values()):
+        pre_hook(bn, (x,))
+    y = bn.normalize(x, x[..., rows, cols])
+    for hook in list(bn._forward_hooks.values()):
+        hook(bn, (x,), y)
+    return y
 
 
 class FusedSequential(nn.Sequential):

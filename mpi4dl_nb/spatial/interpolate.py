@@ -8,11 +8,18 @@ axis is probed with one-hot inputs, so the tile computes what the serial kernel 
 index rounding included. A tile owning output rows ``[o0, o1)`` needs the input rows those
 weights touch; the halo comes from the geometry module's ``plan_axis`` and the usual
 exchange, then each axis is a gather of rows times weights.
+
+A size read from a tile's shape (``F.interpolate(x, size=skip.shape[-2:])`` in torchvision's
+segmentation heads) holds the tile's lengths as ``TileDim``: the image's lengths replace them (one
+small gather at the first forward of an image size). A replicated input resampled to such a size (a
+pooled 1x1 map, DeepLabV3's ASPP pooling branch) becomes a tile: each tile computes its own rows and
+columns of the output from the whole input. Plain numbers as ``size=`` on a tile stay refused: whether
+they mean the tile's size or the image's cannot be known.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -21,12 +28,13 @@ from torch import nn
 
 from ..errors import ConfigError
 from .geometry import LayerHalo, plan_axis, split_ranges
-from .guard import SpatialGuard, mark_tiled, register_handler
+from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
 from .halo import HaloExchange
-from .layer import SpatialRuntime
+from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, op_name
+from .tile_layout import Axis, TileDim
 
-FUNCTIONAL = object()   # input_size key of F.interpolate calls made inside custom forwards
+FUNCTIONAL = SizeKey("F.interpolate")   # input_size key of F.interpolate calls in custom forwards
 _PROBE_ELEMENTS = 1 << 22
 
 Size = int | tuple[int, ...]         # an output size: one for both axes, or per axis
@@ -175,18 +183,22 @@ class TilePlan:
         return cast
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.exchange(x)
-        for axis, (index, weight) in zip((-2, -1), self.taps_for(y)):
-            if self.nearest:
-                y = y.index_select(axis, index[:, 0])
-                continue
-            shape = [1] * y.dim()
-            shape[axis] = index.shape[0]
-            total = y.index_select(axis, index[:, 0]) * weight[:, 0].reshape(shape)
-            for k in range(1, index.shape[1]):
-                total = total + y.index_select(axis, index[:, k]) * weight[:, k].reshape(shape)
-            y = total
-        return y
+        return apply_taps(self.exchange(x), self.taps_for(x), self.nearest)
+
+
+def apply_taps(y: torch.Tensor, taps: list[tuple[torch.Tensor, torch.Tensor]], nearest: bool) -> torch.Tensor:
+    """Rows, then columns of ``y`` resampled: output ``o`` = sum_k weight[o, k] * y[index[o, k]] per axis."""
+    for axis, (index, weight) in zip((-2, -1), taps):
+        if nearest:
+            y = y.index_select(axis, index[:, 0])
+            continue
+        shape = [1] * y.dim()
+        shape[axis] = index.shape[0]
+        total = y.index_select(axis, index[:, 0]) * weight[:, 0].reshape(shape)
+        for k in range(1, index.shape[1]):
+            total = total + y.index_select(axis, index[:, k]) * weight[:, k].reshape(shape)
+        y = total
+    return y
 
 
 def interpolate_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
@@ -204,23 +216,71 @@ def interpolate_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
     return plan.apply(x)
 
 
+def resample_replicated(runtime: SpatialRuntime, x: torch.Tensor, spec: ResampleArgs) -> torch.Tensor:
+    """This tile's part of ``F.interpolate(x, **spec)`` for a replicated ``x`` (the whole input on every
+    tile, e.g. a pooled 1x1 map) resampled to an image-sized output."""
+    taps = [axis_taps(spec.axis(axis), int(x.shape[-2 + axis])) for axis in (0, 1)]
+    r0, r1, c0, c1 = runtime.grid.tile_box(runtime.tile, taps[0][0].shape[0], taps[1][0].shape[0])
+    local = [(index[o0:o1].to(x.device), weight[o0:o1].to(x.device, x.dtype))
+             for (index, weight), (o0, o1) in zip(taps, ((r0, r1), (c0, c1)))]
+    nearest = all(w.shape[1] == 1 and bool((w == 1).all()) for _, w in taps)
+    return apply_taps(x, local, nearest)
+
+
+RESAMPLE_SIZE = SizeKey("size read from a tile")   # the image lengths of sizes read from tiles
+
+
+def _raw_size(args: Args, kwargs: Kwargs) -> object:
+    return kwargs.get("size", args[1] if len(args) > 1 else None)
+
+
+def _image_size(runtime: SpatialRuntime, size: object) -> Size | None:
+    """``size`` with every ``TileDim`` (a tile's row or column count) resolved to the image's; None
+    unless every length in it is one (plain ints on tiles are ambiguous)."""
+    lengths = list(size) if isinstance(size, (tuple, list, torch.Size)) else [size]
+    if not lengths or not all(isinstance(n, TileDim) for n in lengths):
+        return None
+    resolved = []
+    for length in lengths:
+        assert isinstance(length, TileDim)
+        local = (int(length), None) if length.axis is Axis.ROWS else (None, int(length))
+        rows, cols = runtime.image_axes_of(RESAMPLE_SIZE, local)
+        full = rows if length.axis is Axis.ROWS else cols
+        assert full is not None
+        resolved.append(full)
+    return tuple(resolved) if isinstance(size, (tuple, list, torch.Size)) else resolved[0]
+
+
 def resample_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
-                      kwargs: dict[str, object]) -> torch.Tensor:
-    """The guard's handler of ``F.interpolate`` (and its aliases) on a tile: this tile's part of the result."""
-    spec = ResampleArgs.from_call(op_name(func), args, kwargs)
+                      kwargs: dict[str, object]) -> object:
+    """The guard's handler of ``F.interpolate`` (and its aliases) on a tile, or of a replicated tensor
+    resampled to a size read from a tile: this tile's part of the result."""
+    name = op_name(func)
     x = args[0] if args else kwargs["input"]
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op_name(func)} resamples a tensor, got {type(x).__name__}")
+        raise TypeError(f"{name} resamples a tensor, got {type(x).__name__}")
+    runtime = guard_runtime(guard, "F.interpolate")
+    raw = _raw_size(args, kwargs)
+    full = _image_size(runtime, raw) if raw is not None else None
+    if not is_tiled(x) and full is None:
+        return DECLINED   # a replicated tensor resampled to a fixed size: replicated, as serial
     if x.dim() != 4:
-        raise guard.error(func, f"resamples a {x.dim()}-d tile; only (N, C, H, W) is supported")
-    if spec.size is not None:   # e.g. size=skip.shape[-2:]: a tile's size, not the image's
-        raise guard.error(func, "with size= on a tile is ambiguous (a size read from a tile's "
-                          "shape is the tile's, not the image's); use scale_factor=, or an "
-                          "nn.Upsample(size=...) module with the image's output size")
-    runtime = guard.runtime
-    if not isinstance(runtime, SpatialRuntime):
-        raise TypeError(f"F.interpolate on tiles needs a SpatialRuntime, got {type(runtime).__name__}")
+        raise guard.error(func, f"resamples a {x.dim()}-d tensor to tiles; only (N, C, H, W) is supported")
+    spec = ResampleArgs.from_call(name, args, kwargs)
+    if full is not None:
+        spec = replace(spec, size=full)
+    if not is_tiled(x):
+        return mark_tiled(resample_replicated(runtime, guard.shared(x), spec))
+    if not layout_of(x).standard:
+        raise guard.error(func, f"resamples a tile with its {layout_of(x).describe()}; permute the "
+                          f"rows and columns back last first")
+    if raw is not None and full is None:   # e.g. size=(h * 2, w * 2): from a tile's shape, or the image's?
+        raise guard.error(func, "with size= of plain numbers on a tile is ambiguous (a size computed "
+                          "from a tile's shape is the tile's, not the image's); pass a size read "
+                          "from a tensor's shape as it is (size=skip.shape[-2:]), use "
+                          "scale_factor=, or an nn.Upsample(size=...) module with the image's size")
     return mark_tiled(interpolate_tile(runtime, FUNCTIONAL, x, spec))
 
 
 register_handler(OpKind.RESAMPLE, resample_on_tiles)
+register_handler(OpKind.RESAMPLE, resample_on_tiles, untiled=True)

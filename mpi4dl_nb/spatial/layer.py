@@ -46,7 +46,7 @@ class SpatialRuntime:
             self.image_size = (int(height), int(width))
         self.root_size: tuple[int, int] | None = None
         self._calls: dict[int, int] = {}
-        self._sizes: dict[tuple[tuple[int, int], int, int], tuple[int, int]] = {}
+        self._sizes: dict[tuple[tuple[int, int], int, int], tuple[int | None, int | None]] = {}
         self.partial_parameters: list[nn.Parameter] = []
         self.module_names: dict[int, str] = {}
         self.guard = SpatialGuard(self, check_ops)
@@ -58,6 +58,8 @@ class SpatialRuntime:
         self._serial_users: dict[int, nn.Module] = {}
         self._serial_now: set[int] = set()
         self.plans: dict[Hashable, object] = {}   # per-size plans an op family caches (its own types)
+        self._tile_shares: set[int] = set()        # parameters custom forwards use on tiles (shares)
+        self._replicated_uses: set[int] = set()    # ... used on replicated values first (full gradients)
 
     # --------------------------------------------------------- placements
     def note_use(self, module: nn.Module, tiled: bool) -> None:
@@ -86,6 +88,26 @@ class SpatialRuntime:
                     seen.add(id(p))
                     out.append(p)
         return out
+
+    def claim_tile_share(self, parameter: nn.Parameter) -> bool:
+        """Whether ``parameter``, used by a custom forward in an op on tiles, takes this tile's share of
+        its gradient (summed over the tiles with the spatial layers': one sum at the end, not one per
+        use); False when it was used on replicated values first (then its gradient is full on every
+        tile and the guard sums each tile use at once)."""
+        key = id(parameter)
+        if key in self._replicated_uses:
+            return False
+        if key not in self._tile_shares:
+            self._tile_shares.add(key)
+            self.partial_parameters.append(parameter)
+        return True
+
+    def takes_tile_share(self, parameter: nn.Parameter) -> bool:
+        """Whether ``parameter`` was claimed as a tile share; else note it as used on replicated values."""
+        if id(parameter) in self._tile_shares:
+            return True
+        self._replicated_uses.add(id(parameter))
+        return False
 
     @contextmanager
     def serially(self, layer: nn.Module) -> Iterator[None]:
@@ -144,29 +166,55 @@ class SpatialRuntime:
     # ----------------------------------------------------------------- sizes
     def gather_size(self, x: torch.Tensor) -> tuple[int, int]:
         """Global (H, W) of a tiled tensor from every tile's local size (one object gather)."""
-        local = (int(x.shape[-2]), int(x.shape[-1]))
+        return self.gather_lengths((int(x.shape[-2]), int(x.shape[-1])))
+
+    def gather_lengths(self, local: tuple[int, int]) -> tuple[int, int]:
+        """Global (rows, cols) of a tiled tensor whose tile here is ``local`` long (one object gather)."""
+        rows, cols = self.gather_axes((local[0], local[1]))
+        assert rows is not None and cols is not None
+        return (rows, cols)
+
+    def gather_axes(self, local: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
+        """``gather_lengths`` for the axes given (None: not asked; the same on every tile)."""
         if len(self.ranks) == 1:
             return local
         sizes = self.ctx.all_gather_object(local, group=self.group)
         grid = self.grid
-        height, width = grid.full_size(sizes)
+        rows = cols = None
+        if local[0] is not None:
+            rows = sum(int(sizes[row * grid.cols][0] or 0) for row in range(grid.rows))
+        if local[1] is not None:
+            cols = sum(int(sizes[col][1] or 0) for col in range(grid.cols))
         for tile, size in enumerate(sizes):
-            if tuple(size) != grid.tile_of_size(tile, height, width):
+            expected = grid.tile_of_size(tile, rows or 0, cols or 0)
+            if any(given is not None and given != want for given, want in zip(size, expected)):
                 raise ValueError(f"tile sizes {sizes} do not follow the balanced split of "
-                                 f"{height}x{width} over {grid}; scatter inputs with "
+                                 f"{rows}x{cols} over {grid}; scatter inputs with "
                                  f"dl.scatter_tiles")
-        return (height, width)
+        return (rows, cols)
 
     def input_size(self, layer: object, x: torch.Tensor) -> tuple[int, int]:
         """Global input size of ``layer`` at this call (cached per image size and call order)."""
+        return self.image_size_of(layer, (int(x.shape[-2]), int(x.shape[-1])))
+
+    def image_size_of(self, owner: object, local: tuple[int, int]) -> tuple[int, int]:
+        """Global (rows, cols) of a tiled tensor whose tile here is ``local`` long, for this call of
+        ``owner`` (a layer, or a functional op family's key): cached per image size and call order."""
+        rows, cols = self.image_axes_of(owner, (local[0], local[1]))
+        assert rows is not None and cols is not None
+        return (rows, cols)
+
+    def image_axes_of(self, owner: object, local: tuple[int | None, int | None]
+                      ) -> tuple[int | None, int | None]:
+        """``image_size_of`` for the axes given (None: not asked)."""
         if self.root_size is None:
-            return self.gather_size(x)
-        ordinal = self._calls.get(id(layer), 0)
-        self._calls[id(layer)] = ordinal + 1
-        key = (self.root_size, id(layer), ordinal)
+            return self.gather_axes(local)
+        ordinal = self._calls.get(id(owner), 0)
+        self._calls[id(owner)] = ordinal + 1
+        key = (self.root_size, id(owner), ordinal)
         size = self._sizes.get(key)
         if size is None:
-            size = self.gather_size(x)
+            size = self.gather_axes(local)
             self._sizes[key] = size
         return size
 
@@ -178,6 +226,25 @@ class SpatialRuntime:
 
     def __repr__(self) -> str:
         return f"SpatialRuntime({self.grid}, tile={self.tile}, ranks={self.ranks})"
+
+
+class SizeKey:
+    """What a functional op family caches image sizes under in the runtime, as a layer caches its own
+    (``image_size_of(key, ...)``: one entry per image size and call order)."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+
+    def __repr__(self) -> str:
+        return f"SizeKey({self.family!r})"
+
+
+def guard_runtime(guard: SpatialGuard, what: str) -> SpatialRuntime:
+    """The SpatialRuntime behind ``guard``: what op handlers use (grid, tile, sizes, communicator)."""
+    runtime = guard.runtime
+    if not isinstance(runtime, SpatialRuntime):
+        raise TypeError(f"{what} on tiles needs a SpatialRuntime, got {type(runtime).__name__}")
+    return runtime
 
 
 M = TypeVar("M", bound=nn.Module)

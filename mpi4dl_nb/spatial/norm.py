@@ -108,6 +108,34 @@ class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
         return y
 
 
+def group_norm_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor, groups: int,
+                    weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``F.group_norm`` of the whole image, on this (N, C, H, W) tile (``owner``: the runtime's size key)."""
+    if x.dtype in LOW_PRECISION:   # statistics accumulate in float32 (mixed precision)
+        return group_norm_tile(runtime, owner, x.float(), groups, weight, bias, eps).to(x.dtype)
+    n, c = x.shape[:2]
+    height, width = runtime.input_size(owner, x)
+    grouped = x.reshape(n, groups, c // groups, *x.shape[2:])
+    count = float(c // groups * height * width)
+    centered, _, var = moments(grouped, grouped, (2, 3, 4), count, runtime.ctx, runtime.group)
+    y = (centered * torch.rsqrt(var + eps)).reshape(x.shape)
+    return _affine(y, weight, bias)
+
+
+def instance_norm_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
+                       running: tuple[torch.Tensor, torch.Tensor] | None, weight: torch.Tensor | None,
+                       bias: torch.Tensor | None, momentum: float, eps: float) -> torch.Tensor:
+    """``F.instance_norm`` with input statistics of the whole image, on this (N, C, H, W) tile; the running
+    statistics (when given) updated as the serial call does."""
+    height, width = runtime.input_size(owner, x)
+    count = float(height * width)
+    centered, mean, var = moments(x, x, (2, 3), count, runtime.ctx, runtime.group)
+    y = _affine(centered * torch.rsqrt(var + eps), weight, bias)
+    if running is not None:
+        update_running(running[0], running[1], mean.mean(0), var.mean(0), count, momentum)
+    return y
+
+
 class SpatialGroupNorm(SpatialLayer, nn.GroupNorm):
     """GroupNorm with per-sample, per-group statistics over the whole image (every tile)."""
 
@@ -119,17 +147,8 @@ class SpatialGroupNorm(SpatialLayer, nn.GroupNorm):
         if x.dim() != 4:
             raise ConfigError("model", f"{self.layer_name}: spatial GroupNorm needs (N, C, H, W) "
                               f"tiles, got {x.dim()}-d")
-        if x.dtype in LOW_PRECISION:   # statistics accumulate in float32 (mixed precision)
-            return self.tile_forward(x.float()).to(x.dtype)
-        n, c = x.shape[:2]
-        groups = self.num_groups
-        height, width = self.runtime.input_size(self, x)
-        grouped = x.reshape(n, groups, c // groups, *x.shape[2:])
-        count = float(c // groups * height * width)
-        centered, _, var = moments(grouped, grouped, (2, 3, 4), count, self.runtime.ctx,
-                                   self.runtime.group)
-        y = (centered * torch.rsqrt(var + self.eps)).reshape(x.shape)
-        return _affine(y, self.weight if self.affine else None, self.bias if self.affine else None)
+        return group_norm_tile(self.runtime, self, x, self.num_groups, self.weight if self.affine else None,
+                               self.bias if self.affine else None, self.eps)
 
 
 class SpatialInstanceNorm2d(SpatialLayer, nn.InstanceNorm2d):
@@ -153,13 +172,9 @@ class SpatialInstanceNorm2d(SpatialLayer, nn.InstanceNorm2d):
         if not use_input_stats:
             return F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                                    False, 0.0, self.eps)
-        height, width = self.runtime.input_size(self, x)
-        count = float(height * width)
-        centered, mean, var = moments(x, x, (2, 3), count, self.runtime.ctx, self.runtime.group)
-        y = _affine(centered * torch.rsqrt(var + self.eps), self.weight if self.affine else None,
-                    self.bias if self.affine else None)
+        running = None
         if self.training and self.running_mean is not None and self.running_var is not None:
-            factor = 0.0 if self.momentum is None else self.momentum
-            update_running(self.running_mean, self.running_var, mean.mean(0), var.mean(0), count,
-                           factor)
-        return y
+            running = (self.running_mean, self.running_var)
+        return instance_norm_tile(self.runtime, self, x, running, self.weight if self.affine else None,
+                                  self.bias if self.affine else None,
+                                  0.0 if self.momentum is None else self.momentum, self.eps)

@@ -9,7 +9,10 @@ spatial dimensions), work along the batch or channel dimensions (reductions, sof
 concatenation, slicing, views that keep the spatial dimensions last), 1x1 convolutions.
 Anything else (windows, padding, resampling, reductions or index shuffles over the spatial
 dimensions, random numbers, reading values into Python) would silently compute something
-other than the serial model, so ``check_op`` returns the reason to refuse it.
+other than the serial model, so the checks return the reason to refuse it, unless an op family
+computes it on tiles itself (the guard's handlers: resampling, reductions over the whole image,
+dropout, functional norms and pools, channels-last tiles; their kinds are ``RESAMPLE``, ``DIMS``,
+``WINDOW``, ``DROPOUT``, ``RANDOM``, ``NORM``, ``CHANNEL``, ``TRAILING``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class OpKind(Enum):
     CONV = "conv"                # functional convolution: fine for 1x1, stride 1, no padding
     DROPOUT = "dropout"          # fine with p=0 or not training
     RESAMPLE = "resample"        # F.interpolate / upsample: computed exactly by the guard
+    TRAILING = "trailing"        # acts along the last dims (F.linear, F.layer_norm): per pixel if no image dim is one
+    RANDOM = "random"            # draws random numbers: refused on tiles; the tiles' random states must agree
+    NORM = "norm"                # functional group/instance norm: statistics over the image by its handler
     ITERATE = "iterate"          # iterating over the batch dimension
     WINDOW = "window"            # functional pools etc.: use the module form
     REFUSED = "refused"          # known to mix pixels or be data/rank dependent
@@ -56,7 +62,7 @@ isposinf le leaky_relu lerp less less_equal lgamma log log10 log1p log2 log_sigm
 logaddexp2 logical_and logical_not logical_or logical_xor logit logsigmoid long lt masked_fill
 maximum minimum mish mul multiply mvlgamma nan_to_num ne neg negative new_empty new_full new_ones
 new_tensor new_zeros nextafter not_equal ones_like pin_memory polygamma positive pow rad2deg
-reciprocal relu relu6 remainder requires_grad_ round rrelu rsqrt rsub selu sgn short sigmoid
+reciprocal relu relu6 remainder requires_grad_ round rsqrt rsub selu sgn short sigmoid
 sign signbit silu sin sinc sinh softplus softshrink softsign sqrt square sub subtract tan tanh
 tanhshrink threshold to true_divide trunc type_as where xlogy zero_ zeros_like
 __abs__ __add__ __and__ __div__ __eq__ __floordiv__ __ge__ __gt__ __iadd__ __iand__ __idiv__
@@ -83,13 +89,7 @@ max_pool3d_with_indices max_unpool1d max_unpool2d max_unpool3d
 _REFUSED_HINTS = {
     "pad": "pads each tile instead of the image; put the padding into the Conv2d/pool "
            "(padding=...) or move it after the spatial stage",
-    "layer_norm": "normalises over the spatial dimensions of each tile; use GroupNorm or "
-                  "BatchNorm2d (whose statistics span every tile) or move it after the spatial stage",
-    "group_norm": "functional group_norm sees one tile; use the nn.GroupNorm module",
-    "instance_norm": "functional instance_norm sees one tile; use the nn.InstanceNorm2d module",
     "local_response_norm": "normalises over a window of each tile",
-    "linear": "acts on the last (width) dimension of a tile; flatten after a global pool, or "
-              "move it after the spatial stage",
     "pixel_shuffle": "moves channels into the spatial dimensions of each tile",
     "pixel_unshuffle": "moves the spatial dimensions of each tile into channels",
     "unfold": "extracts windows from each tile without halos",
@@ -108,6 +108,28 @@ _REFUSED_HINTS = {
     "T": "transposes the spatial dimensions", "mT": "transposes the spatial dimensions",
     "H": "transposes the spatial dimensions", "mH": "transposes the spatial dimensions",
 }
+
+# ops along the trailing dims, refused when an image dim is among them
+_TRAILING_HINTS = {
+    "layer_norm": "normalises over the image rows or columns of each tile; use GroupNorm or "
+                  "BatchNorm2d (whose statistics span every tile), normalise over channels only "
+                  "(permute to channels-last first, as ConvNeXt does) or move it after the spatial stage",
+    "rms_norm": "normalises over the image rows or columns of each tile; normalise over channels "
+                "only (permute to channels-last first) or move it after the spatial stage",
+    "linear": "acts on the last (width) dimension of a tile; flatten after a global pool, permute "
+              "the channels last first, or move it after the spatial stage",
+}
+
+# functional norms computed on tiles by their handler (norm_calls.py); what it does not take is refused
+_NORM_HINTS = {
+    "group_norm": "needs an (N, C, H, W) tile in the plain layout; use the nn.GroupNorm module",
+    "instance_norm": "needs an (N, C, H, W) tile in the plain layout; use the nn.InstanceNorm2d module",
+}
+
+_RANDOM = """
+bernoulli bernoulli_ rand rand_like randn randn_like randint randint_like normal normal_ uniform_
+exponential_ geometric_ cauchy_ log_normal_ random_ multinomial randperm poisson rrelu rrelu_
+""".split()
 
 # name -> (position, keyword, default) of the dimension argument; ALL: default reduces every dim
 ALL = "all"
@@ -152,7 +174,8 @@ for _kind, _group in ((OpKind.POINTWISE, _POINTWISE), (OpKind.METADATA, _METADAT
                       (OpKind.WINDOW, _WINDOW), (OpKind.REFUSED, list(_REFUSED_HINTS)),
                       (OpKind.DIMS, list(_DIM_ARGS)), (OpKind.SHAPE, _SHAPE),
                       (OpKind.CHANNEL, _CHANNEL), (OpKind.CONV, _CONV), (OpKind.DROPOUT, _DROPOUT),
-                      (OpKind.RESAMPLE, _RESAMPLE)):
+                      (OpKind.RESAMPLE, _RESAMPLE), (OpKind.TRAILING, list(_TRAILING_HINTS)),
+                      (OpKind.RANDOM, _RANDOM), (OpKind.NORM, list(_NORM_HINTS))):
     for _name in _group:
         _KINDS[_name] = _kind
 _KINDS["__getitem__"] = _KINDS["__setitem__"] = OpKind.INDEX
@@ -211,7 +234,9 @@ def kind_of(func: TorchOp) -> OpKind | None:
 
 
 def refusal_hint(func: TorchOp) -> str:
-    return _REFUSED_HINTS.get(op_name(func), "mixes pixels of a tile")
+    name = op_name(func)
+    return (_REFUSED_HINTS.get(name) or _TRAILING_HINTS.get(name) or _NORM_HINTS.get(name)
+            or "mixes pixels of a tile")
 
 
 # ---------------------------------------------------------------------- argument helpers
@@ -265,21 +290,27 @@ def tensors_in(args: Args, kwargs: Kwargs) -> list[torch.Tensor]:
 
 
 # -------------------------------------------------------------------------- the checks
-def check_pointwise(operands: Sequence[torch.Tensor], is_tiled: IsTiled) -> str | None:
-    """Replicated operands must be size 1 along the spatial dims; tiles must not be broadcast."""
+def check_pointwise(operands: Sequence[torch.Tensor], is_tiled: IsTiled,
+                    offsets: Sequence[int] = (-2, -1)) -> str | None:
+    """Replicated operands must be size 1 along the image dims (``offsets``, from the end); tiles must
+    not be broadcast against each other."""
     tiles = [t for t in operands if is_tiled(t)]
     if not tiles:
         return None
-    spatial = tuple(tiles[0].shape[-2:])
+    reach = -min(offsets)
+
+    def image_sizes(t: torch.Tensor) -> tuple[int, ...]:
+        return tuple(t.shape[o] for o in offsets)
+
+    spatial = image_sizes(tiles[0]) if tiles[0].dim() >= reach else ()
     for t in tiles:
-        if t.dim() < 2 or tuple(t.shape[-2:]) != spatial:
-            return (f"broadcasts tile tensors of spatial sizes {spatial} and "
-                    f"{tuple(t.shape[-2:])} against each other")
+        if t.dim() < reach or image_sizes(t) != spatial:
+            shown = image_sizes(t) if t.dim() >= reach else tuple(t.shape)
+            return (f"broadcasts tile tensors of spatial sizes {spatial} and {shown} against each other")
     for t in operands:
         if is_tiled(t):
             continue
-        trailing = tuple(t.shape[-2:]) if t.dim() >= 2 else tuple(t.shape)
-        if any(size != 1 for size in trailing):
+        if any(t.shape[o] != 1 for o in offsets if t.dim() >= -o):
             return (f"combines a tile with a replicated tensor of shape {tuple(t.shape)} that "
                     f"varies along the spatial dimensions (it is not split like the image); "
                     f"give it size 1 there (broadcast) or compute it from the tile")

@@ -1,4 +1,5 @@
-"""What ``spatialize`` knows: torch layers with a spatial version, and layers that act per pixel."""
+"""What ``spatialize`` knows: torch layers with a spatial version, layers that act per pixel, and layers
+whose functional op the op guard computes on tiles."""
 
 from __future__ import annotations
 
@@ -32,4 +33,13 @@ ELEMENTWISE: tuple[type, ...] = (
     nn.Identity, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU,
     nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh,
     nn.Softplus, nn.Flatten, nn.Linear, nn.PReLU, nn.Softmax, nn.LogSoftmax, nn.ChannelShuffle,
+)
+
+# Torch layers that run as they are: the op guard computes their functional op exactly on tiles
+# (dropout: the serial mask's slice; LayerNorm/RMSNorm over channels-last tiles; a max pool to 1x1:
+# over the whole image; a Conv1d on pooled values, as ECA's gate) or refuses it, naming the layer.
+# Never fused into halo-D2 blocks.
+GUARDED: tuple[type, ...] = (
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+    nn.LayerNorm, nn.RMSNorm, nn.AdaptiveMaxPool2d, nn.Conv1d,
 )

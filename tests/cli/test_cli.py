@@ -12,6 +12,7 @@ import mpi4dl_nb.run.monitor as monitor_module
 import mpi4dl_nb.run.trainer as train_module
 from mpi4dl_nb.cli import train_cmd as cli
 from mpi4dl_nb.cli.args import PARALLEL_FLAGS, config_from_args, parse_balance
+from mpi4dl_nb.comm.handles import Group
 from mpi4dl_nb.data import Cifar10Dataset, IHCSampleDataset, SyntheticDataset, TileFolderDataset
 from mpi4dl_nb.models.amoebanet import AmoebaCell
 
@@ -34,6 +35,13 @@ class FakeContext:
 
     def bcast_object(self, obj, root=0):
         return obj
+
+    def new_group(self, ranks):
+        """A group without communicators: the engine only keeps it until a step runs."""
+        return Group(tuple(ranks))
+
+    def abort(self, code):
+        self.aborted = code
 
 
 class RecordingEngine:
@@ -179,8 +187,11 @@ def test_clear_errors(capsys, monkeypatch, tmp_path):
     assert "--datapath" in capsys.readouterr().err
     monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, 5, True))
     monkeypatch.setattr(comm_context, "init", lambda backend="auto", device="auto": FakeContext(5), raising=False)
-    with pytest.raises(SystemExit):
-        cli.main(["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8",
+    # no monitor thread (none may outlive the test) and no grace period: the other ranks are not there
+    monkeypatch.setattr(monitor_module.JobMonitor, "start", classmethod(lambda cls, ctx, **options: cls(ctx, [], None)))
+    monkeypatch.setattr(monitor_module, "FAIL_GRACE_SECONDS", 0.0)
+    with pytest.raises(SystemExit):      # a stage cut whose spatial stage runs past where the tiles fit
+        cli.main(["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8", "--balance", "8,1",
                   "--image-size", "64", "--slice-method", "vertical", "--batch-size", "2"])
     assert "use fewer spatial parts or a larger image_size" in capsys.readouterr().err
     with pytest.raises(SystemExit):

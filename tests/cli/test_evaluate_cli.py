@@ -178,7 +178,9 @@ def test_too_few_validation_samples_refused_before_training(capsys):
 
 
 def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsys):
-    """The layout check train does (halos against tiles) runs in evaluate's agreed load stage too."""
+    """The layout check train does (halos against tiles) runs in evaluate's agreed load stage too: on 1x4
+    columns of 16 px the default cut keeps the cells wider than a tile on the layer rank (2,7), and a
+    ``--balance`` that puts them on the tiles is refused, naming that cut."""
     from types import SimpleNamespace
 
     from mpi4dl_nb.cli.args import config_from_args
@@ -187,11 +189,12 @@ def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsy
     assert cli.main([*model, "--batch-size", "2", "--num-samples", "4", "--no-progress", "--split-size", "1",
                      "--spatial-size", "0", "--steps", "1", "--checkpoint-dir", str(tmp_path)]) == 0
     capsys.readouterr()
-    for slicing, refused in (("square", False), ("vertical", True)):
-        args = evaluate_cmd.build_parser().parse_args(["--checkpoint", str(tmp_path), "--slice-method", slicing])
+    for flags, refused in ((["--slice-method", "square"], False), (["--slice-method", "vertical"], False),
+                           (["--slice-method", "vertical", "--balance", "6,3"], True)):
+        args = evaluate_cmd.build_parser().parse_args(["--checkpoint", str(tmp_path), *flags])
         evaluation = evaluate_cmd.Evaluation(args, config_from_args(args), ctx=SimpleNamespace(rank=0))
         if not refused:
             evaluation.load()
             continue
-        with pytest.raises(ConfigError, match="the halo is wider than a tile"):
+        with pytest.raises(ConfigError, match="the halo is wider than a tile.*--balance 2,7 fits"):
             evaluation.load()

@@ -113,7 +113,8 @@ def test_missing_validation_path_refused_before_the_first_step(capsys, tmp_path,
     monkeypatch.setattr(Trainer, "run", never)
     write_tiles(tmp_path / "tiles", per_class=4)     # refused before the training data is opened
     missing = str(tmp_path / "no-such-val")
-    code, out, err = train(capsys, ["--app", app, "--datapath", str(tmp_path / "tiles"), "--num-classes", "2",
+    classes = "2" if app == "medical" else "10"      # CIFAR-10 has ten (another count is refused first)
+    code, out, err = train(capsys, ["--app", app, "--datapath", str(tmp_path / "tiles"), "--num-classes", classes,
                                     "--steps", "1", "--val-datapath", missing])
     assert code == 2 and not out, err
     lines = err.strip().splitlines()

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections import Counter
 
 import pytest
 
+from mpi4dl_nb.cli import train_cmd
+from mpi4dl_nb.cli.args import config_from_args
 from mpi4dl_nb.measure import trials
 from mpi4dl_nb.measure.trials import HELD_TRIALS, Trial, pass_order, release_trials, time_trials, trial_phases
 from mpi4dl_nb.planner.fake_world import FakeWorld
@@ -52,6 +55,12 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     assert chosen["measured_seconds"] == min(r["measured_seconds"] for r in measured if r["fits"])
     assert picked.startswith(f"picked: {chosen['label']} ")
     assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
+    command = shlex.split(next(line for line in lines if line.startswith("train with: "))[len("train with: "):])
+    assert command[:3] == ["mpiexec", "-n", "3"]             # the pick as train flags, which parse back to it
+    back = config_from_args(train_cmd.build_parser().parse_args(command[command.index("train") + 1:])).as_dict()
+    layout_only = ("grid", "slice_method")     # a grid the tuner names as rows x cols comes back as its slice method
+    assert {k: v for k, v in back.items() if k not in layout_only} == \
+        {k: v for k, v in table["picked"].items() if k not in layout_only}
     for row in measured:      # --explain: every rank's predicted and traced phases, which tile its step
         block = lines.index(next(line for line in lines if line.startswith(f"{row['label']}: ")))
         assert [line.split()[0] for line in lines[block + 1:block + 5]] == ["rank", "0", "1", "2"]

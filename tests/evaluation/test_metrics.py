@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mpi4dl_nb.evaluation.metrics import Records, average_ranks, merge, roc_auc, summarize
+from mpi4dl_nb.evaluation.metrics import MetricName, Records, average_ranks, merge, roc_auc, summarize
 
 
 def pairwise_auc(score, positive) -> float:
@@ -62,3 +62,19 @@ def test_merge_is_a_sum_not_an_average_of_averages():
     with pytest.raises(ValueError, match="twice"):
         merge([a, a], 2)
     assert len(merge([], 2)) == 0
+
+
+def test_class_names_name_the_recalls_and_metric_directions():
+    records = Records(np.arange(4), np.array([0, 0, 1, 1]), np.array([0.1, 0.2, 0.3, 0.4]),
+                      np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [0.0, 2.0]]))
+    named = summarize(records, 2, ("benign", "tumour")).as_dict("val_")
+    assert named["val_classes"] == ["benign", "tumour"]
+    assert named["val_recall_by_class"] == {"benign": 0.5, "tumour": 1.0}
+    assert "val_classes" not in summarize(records, 2).as_dict("val_")      # no names, no extra keys
+    metrics = summarize(records, 2)
+    assert MetricName.VAL_LOSS.of(metrics) == pytest.approx(0.25) and MetricName.VAL_ACCURACY.of(metrics) == 0.75
+    assert MetricName.VAL_LOSS.lower_is_better and not MetricName.VAL_ROC_AUC.lower_is_better
+    assert MetricName.VAL_LOSS.better(0.2, 0.25) and not MetricName.VAL_LOSS.better(0.25, 0.25)
+    assert MetricName.VAL_ACCURACY.better(0.8, 0.75) and MetricName.VAL_ACCURACY.better(0.1, None)
+    three = summarize(Records(np.arange(3), np.array([0, 1, 2]), np.zeros(3), np.eye(3)), 3)
+    assert MetricName.VAL_ROC_AUC.of(three) is None                        # undefined past two classes

@@ -15,7 +15,7 @@ def report(infer_data, mpi_checks, tmp_path_factory):
     return mpi_checks(4, "infer_exact", checkpoint, slide, out, timeout=600)
 
 
-@pytest.mark.parametrize("name", [infer_exact.SQUARE, infer_exact.VERTICAL])
+@pytest.mark.parametrize("name", [infer_exact.SQUARE, infer_exact.VERTICAL, infer_exact.SEGMENTATION])
 def test_four_ranks_equal_one_process(report, name):
     report.require([name])
 
@@ -24,4 +24,4 @@ def test_four_ranks_on_the_torch_plane(infer_data, mpi_checks, tmp_path):
     """The same checks on gloo: the code path NCCL takes (one batch_isend_irecv group per exchange)."""
     _, checkpoint, slide, _ = infer_data
     mpi_checks(4, "infer_exact", checkpoint, slide, tmp_path, backend_flag("gloo"), timeout=600).require(
-        [infer_exact.SQUARE, infer_exact.VERTICAL])
+        [infer_exact.SQUARE, infer_exact.VERTICAL, infer_exact.SEGMENTATION])

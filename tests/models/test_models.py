@@ -8,7 +8,7 @@ from torch import nn
 
 from mpi4dl_nb.models import ClassifierHead, amoebanet, build_model, resnet_v1, resnet_v2
 from mpi4dl_nb.models.amoebanet import AmoebaCell, cell_plans
-from mpi4dl_nb.models.resnet import BasicBlock, PreActBottleneck, blocks_per_stage
+from mpi4dl_nb.models.resnet import BasicBlock, PreActBottleneck, blocks_per_stage, version_for_depth
 from tests.mpi import models_exact
 from tests.support.battery import shared_job
 
@@ -59,6 +59,10 @@ def test_resnet_depths():
     assert conv_count(resnet_v1(32)) == 32
     assert [b.conv1.stride for b in resnet_v1(20) if isinstance(b, BasicBlock)].count((2, 2)) == 2
     assert blocks_per_stage(110, 2) == 12 and blocks_per_stage(56, 1) == 9
+    # without --resnet-version: v2, unless the depth is one only v1 has (the issue's `--num-layers 8`)
+    assert [version_for_depth(d, None) for d in (8, 11, 14, 20, 26, 110, None)] == [1, 2, 1, 2, 1, 2, 2]
+    assert version_for_depth(8, 2) == 2                  # asked for: kept (and refused by the builder)
+    assert version_for_depth(50, None) == 2               # ImageNet depth: refused, pointing to torchvision
     with pytest.raises(ValueError, match=r"9n\+2.*101, 110"):
         resnet_v2(108)
     with pytest.raises(ValueError, match="version must be 1 or 2"):

@@ -1,6 +1,7 @@
 """4 ranks share each window: the streamed output equals the whole-slide network in one process (float64).
 Usage: python -m tests.mpi.infer_exact CHECKPOINT SLIDE OUTDIR [--backend=NAME]. Named checks (every rank):
-SQUARE (the command, 2x2 grid, .npy + .tif), VERTICAL (dl.infer_slide, 1x4 grid, two windows per forward)."""
+SQUARE (the command, 2x2 grid, .npy + .tif), VERTICAL (dl.infer_slide, 1x4 grid, two windows per forward),
+SEGMENTATION (the command on a U-Net checkpoint, 2x2 grid: probabilities, label map, polygons)."""
 from __future__ import annotations
 
 import sys
@@ -12,11 +13,19 @@ import torch
 import mpi4dl_nb as dl
 from mpi4dl_nb.cli.infer_cmd import main as infer_main
 from tests.support.checks import Checks, run_checks
-from tests.support.infer_data import relative_difference, whole_slide_reference
+from tests.support.infer_data import (
+    relative_difference,
+    tissue_image,
+    unet_checkpoint,
+    whole_reference,
+    whole_slide_reference,
+    write_slide,
+)
 from tests.support.planes import split_backend
 
 SQUARE = "command on a 2x2 grid equals the whole-slide network in one process"
 VERTICAL = "infer_slide on a 1x4 grid, batched windows, equals the whole-slide network"
+SEGMENTATION = "a U-Net on a 2x2 grid: probabilities equal the whole slide's, label map and polygons written"
 
 
 def main(check: Checks) -> None:
@@ -36,8 +45,9 @@ def main(check: Checks) -> None:
 
             err = relative_difference(np.load(out / "sq.npy"), reference)
             assert err <= 1e-9, f"relative difference {err:.2e}"
-            with openslide.OpenSlide(str(out / "sq.tif")) as heat:
-                assert heat.level_dimensions[0] == (reference.shape[2], reference.shape[1])
+            with openslide.OpenSlide(str(slide)) as source, openslide.OpenSlide(str(out / "sq.tif")) as heat:
+                width, height = source.dimensions                       # the map covers the slide, 4 px a pixel
+                assert heat.level_dimensions[0] == (-(-width // 4), -(-height // 4))
             result.detail = f"rel {err:.1e}"
 
     with check(VERTICAL) as result:
@@ -51,6 +61,30 @@ def main(check: Checks) -> None:
             result.detail = f"rel {err:.1e}, {summary['windows']} windows"
         else:
             assert summary is None
+    with check(SEGMENTATION) as result:
+        dense = out / "dense"
+        if ctx.rank == 0:
+            dense.mkdir()
+            unet_checkpoint(dense / "ck", mpp=0.5)
+            write_slide(dense / "s.tif", tissue_image(160, 224), mpp=0.5)
+        ctx.barrier()
+        code = infer_main(["--checkpoint", str(dense / "ck"), "--slide", str(dense / "s.tif"), "--output",
+                           str(dense / "m.npy"), "--output", str(dense / "m.tif"), "--output", str(dense / "m.geojson"),
+                           "--num-spatial-parts", "4", "--dtype", "float64", "--window", "96", "--no-progress"])
+        assert code == 0, f"exit code {code}"
+        if ctx.rank == 0:
+            import json
+
+            import openslide
+
+            err = relative_difference(np.load(dense / "m.npy"), whole_reference(dense / "ck", dense / "s.tif"))
+            assert err <= 1e-9, f"relative difference {err:.2e}"
+            with openslide.OpenSlide(str(dense / "m.tif")) as labels:
+                assert labels.level_dimensions[0] == (224, 160)
+            collection = json.loads((dense / "m.geojson").read_text())
+            names = {f["properties"]["classification"]["name"] for f in collection["features"]}
+            assert collection["type"] == "FeatureCollection" and names and names <= {"background", "tumor", "stroma"}
+            result.detail = f"rel {err:.1e}, {len(collection['features'])} regions"
     ctx.barrier()
 
 

@@ -46,7 +46,7 @@ def test_config_panel_validates_live_and_redraws(small_resnet):
 
     panel.set(num_spatial_parts=9, slice_method="square")          # 9 + 1 > 8 devices
     assert "only 8 devices" in panel.error
-    panel.set(num_spatial_parts=4, spatial_size=2)
+    panel.set(num_spatial_parts=4, spatial_size=3)                 # more spatial stages than stages
     assert panel.config is None and panel.error.startswith("spatial_size")
     seen = []
     panel.on_change(seen.append)

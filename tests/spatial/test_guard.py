@@ -54,35 +54,41 @@ EXACT = {
     "iterate the batch": lambda m, y: torch.stack([t * 2 for t in y]),
     "index batch and channels": lambda m, y: y[..., :, :] + y[0:2, None].squeeze(1),
     "templates (to, new_zeros)": lambda m, y: y * m.scale.to(y) + y.new_zeros(y.shape) + y.new_ones(1),
+    "channels-last LayerNorm and Linear": lambda m, y: F.linear(
+        F.layer_norm(y.permute(0, 2, 3, 1), (4,)), torch.eye(4)).permute(0, 3, 1, 2),
+    "flattened and back": lambda m, y: y.flatten(2).transpose(1, 2).transpose(1, 2).reshape(y.shape),
+    "global reductions": lambda m, y: y * (y.mean((-1, 2), keepdim=True) + y.amax((2, 3))[..., None, None]
+                                           + F.adaptive_max_pool2d(y, 1) + y.flatten(2).sum(-1)[..., None, None]),
+    "dropout in training": lambda m, y: F.dropout(y, 0.5) + F.dropout2d(y, 0.5),
+    "training batch_norm": lambda m, y: F.batch_norm(y, None, None, m.scale.view(4), None, training=True),
+    "interpolate to a tile's size": lambda m, y: F.interpolate(y, size=y.shape[-2:], mode="bilinear"),
 }
 
 
 @pytest.mark.parametrize("name", list(EXACT))
 def test_exact_ops_pass_and_stay_tiles(ctx, name):
-    if name == "pooled gate (expand_as)":   # the functional pool is refused, by design
-        op = EXACT[name]
-        with pytest.raises(ConfigError, match="F.adaptive_avg_pool2d"):
-            run(ctx, op)
-        return
     _, out = run(ctx, EXACT[name])
     assert out.shape[-2:] == (8, 6)
+    assert is_tiled(out)
 
 
 REFUSED = {
-    "F.max_pool2d": lambda m, y: F.max_pool2d(y, 3, 1, 1),
+    "F.lp_pool2d": lambda m, y: F.lp_pool2d(y, 2, 3, 1),     # (F.max_pool2d / F.avg_pool2d are exact)
     "F.interpolate (nearest-to-bigger, then sliced)": lambda m, y: F.interpolate(y, scale_factor=2)[..., ::2, ::2],
     "torch.flip": lambda m, y: torch.flip(y, (2,)),
-    "Tensor.sum": lambda m, y: y - y.sum((2, 3), keepdim=True),
+    "Tensor.sum": lambda m, y: y - y.sum(2, keepdim=True),                # over one image axis only
     "F.pad": lambda m, y: F.pad(y, (1, 1, 1, 1)),
-    "Tensor.permute": lambda m, y: y.permute(0, 2, 3, 1).permute(0, 3, 1, 2),
-    "Tensor.view": lambda m, y: y.view(2, 4, 48).view(2, 4, 8, 6),
+    "Tensor.flatten": lambda m, y: y.flatten(1).sum(1),                     # mixes channels and pixels
+    "Tensor.view": lambda m, y: y.view(2, 4, 6, 8),                         # rows and columns mixed
     "F.linear": lambda m, y: F.linear(y, torch.ones(6, 6)),
     "conv2d": lambda m, y: F.conv2d(y, torch.ones(4, 4, 3, 3), padding=1),
-    "F.dropout": lambda m, y: F.dropout(y, 0.5, training=True),
-    "Tensor.item": lambda m, y: y * float(y.max()),
+    "F.alpha_dropout": lambda m, y: F.alpha_dropout(y, 0.5, training=True),
+    "torch.rand_like": lambda m, y: y * torch.rand_like(y),
+    "Tensor.__getitem__ (channels-last)": lambda m, y: y.permute(0, 2, 3, 1)[:, 1:].sum(),
+    "Tensor.item": lambda m, y: y * y[:1].sum(1).tolist()[0][0][0],       # a global y.max() is fine
     "Tensor.T": lambda m, y: y.mT,
     "torch.cat": lambda m, y: torch.cat([y, torch.ones(2, 1, 8, 6)], dim=1),
-    "F.interpolate": lambda m, y: F.interpolate(y, size=y.shape[-2:]),   # a tile's size, not the image's
+    "F.interpolate": lambda m, y: F.interpolate(y, size=(y.shape[-2] * 2, y.shape[-1])),   # tile's or image's?
     "Tensor.add (arange)": lambda m, y: y + torch.arange(6.0),             # varies along the width
 }
 

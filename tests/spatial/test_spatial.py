@@ -72,8 +72,10 @@ def test_unsupported_layers_are_named(ctx):
     bad = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Sequential(nn.PixelShuffle(2)))
     with pytest.raises(ConfigError, match=r"'1\.0' \(PixelShuffle\)"):
         spatialize(bad, grid, ctx)
-    with pytest.raises(ConfigError, match="p=0"):
-        spatialize(nn.Sequential(nn.Dropout(0.5)), grid, ctx)
+    with pytest.raises(ConfigError, match=r"'0' \(AdaptiveMaxPool2d, output_size=2"):
+        spatialize(nn.Sequential(nn.AdaptiveMaxPool2d(2)), grid, ctx)
+    with pytest.raises(ConfigError, match=r"'1' \(LayerNorm, normalized_shape=\[3, 8, 8\]\) normalises over the"):
+        spatialize(nn.Sequential(nn.Conv2d(3, 3, 3), nn.LayerNorm([3, 8, 8])), grid, ctx)
     with pytest.raises(ConfigError, match="return_indices"):
         spatialize(nn.MaxPool2d(2, return_indices=True), grid, ctx)
     with pytest.raises(ConfigError, match="padding_mode='zeros'"):

@@ -73,11 +73,12 @@ class FunctionalOp(nn.Module):
 def functional_ops() -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], str]]:
     """Ops that are not exact on tiles: name -> (op(y, x), the name the refusal must contain)."""
     return {
-        "max_pool2d": (lambda y, x: F.max_pool2d(y, 3, 1, 1) + x, "F.max_pool2d"),
-        "avg_pool2d": (lambda y, x: F.avg_pool2d(y, 3, 1, 1) + x, "F.avg_pool2d"),
-        "mean_hw": (lambda y, x: y * y.mean((2, 3), keepdim=True) + x, "mean"),
-        "adaptive_avg_pool2d": (lambda y, x: y * torch.sigmoid(F.adaptive_avg_pool2d(y, 1)) + x,
-                                "F.adaptive_avg_pool2d"),
+        "lp_pool2d": (lambda y, x: F.lp_pool2d(y, 2, 3, 1) + x, "F.lp_pool2d"),   # F.max/avg_pool2d: exact
+        "max_pool2d_indices": (lambda y, x: F.max_pool2d(y, 3, 1, 1, return_indices=True)[0] + x,
+                               "F.max_pool2d"),
+        "mean_h": (lambda y, x: y * y.mean(2, keepdim=True) + x, "mean"),   # over the whole image: exact
+        "adaptive_avg_pool2d_2x2": (lambda y, x: y * F.adaptive_avg_pool2d(y, 2).mean((2, 3), keepdim=True) + x,
+                                    "F.adaptive_avg_pool2d"),
         "flip": (lambda y, x: torch.flip(y, dims=(3,)) + x, "flip"),
         "roll": (lambda y, x: torch.roll(y, 1, dims=2) + x, "roll"),
         "pad": (lambda y, x: F.pad(y, (1, 0, 0, 0))[..., :-1] + x, "F.pad"),

@@ -17,6 +17,7 @@ from torch import nn
 
 from mpi4dl_nb.spatial.convert import reduce_tile_gradients, spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.guard import is_tiled
 from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
 
 
@@ -43,7 +44,8 @@ def _is_replicated(y_ref: torch.Tensor, grid: TileGrid) -> bool:
 def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: Any,
                         group: Any = None, *, rtol: float = 1e-10, train: bool = True,
                         eval_after: bool = True, seed: int = 1234, what: str = "",
-                        grad_floor: float | None = None, **spatialize_kwargs: Any) -> dict[str, float]:
+                        grad_floor: float | None = None, forward_seed: int | None = None,
+                        reference_rank: int | None = None, **spatialize_kwargs: Any) -> dict[str, float]:
     """Compare ``spatialize(model)`` on tiles with ``model`` on the full ``x`` (same on all ranks).
 
     ``grad_floor``: parameter gradients are compared relative to at least this fraction of
@@ -52,35 +54,83 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
 
     The serial reference runs where ``x`` is (CPU); the tiles run on ``ctx.device`` (a GPU
     when the context has one: what ``benchmarks/gpu_check.sh`` exercises).
+
+    ``forward_seed``: every forward (serial and spatial) starts from ``torch.manual_seed(forward_seed)``,
+    so models that draw random numbers (dropout, stochastic depth) draw the same. ``reference_rank``:
+    only that rank runs the serial model and compares (the others run their tiles and check that their
+    copies of the gradients and buffers equal every other rank's): for large models.
     """
     label = what or type(model).__name__
     device = getattr(ctx, "device", x.device)
-    reference = copy.deepcopy(model).train(train)
+    compares = reference_rank is None or ctx.rank == reference_rank
+    reference = copy.deepcopy(model).train(train) if compares else None
     net = spatialize(copy.deepcopy(model).to(device).train(train), grid, ctx, group,
                      **spatialize_kwargs)
     errors: dict[str, float] = {}
+    failures: list[str] = []   # raised at the end: a rank that stopped early would leave the others in a collective
 
     def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, floor: float = 1e-4) -> None:
-        err = relative_error(actual, expected, floor)
+        try:
+            err = relative_error(actual, expected, floor)
+        except AssertionError as error:   # shapes differ
+            failures.append(f"rank {ctx.rank}: {label}: {name}: {error}")
+            return
         errors[name] = err
         if not err <= rtol:
-            raise AssertionError(f"rank {ctx.rank}: {label}: {name} relative error {err:.3e} > "
-                                 f"{rtol:.1e}")
+            failures.append(f"rank {ctx.rank}: {label}: {name} relative error {err:.3e} > {rtol:.1e}")
 
-    x_ref = x.detach().clone().requires_grad_(True)
-    y_ref = reference(x_ref)
-    generator = torch.Generator().manual_seed(seed)
-    grad_out = torch.randn(y_ref.shape, generator=generator, dtype=y_ref.dtype)
-    (y_ref * grad_out).sum().backward()
+    def seeded() -> None:
+        if forward_seed is not None:
+            torch.manual_seed(forward_seed)
+
+    y_ref = x_ref = None
+    if reference is not None:
+        x_ref = x.detach().clone().requires_grad_(True)
+        seeded()
+        y_ref = reference(x_ref)
 
     x_sp = x.detach().to(device, copy=True).requires_grad_(True)
+    seeded()
     y_tile = net(scatter_tiles(x_sp, grid, ctx, group))
-    replicated = _is_replicated(y_ref, grid)
-    y = y_tile if replicated else gather_tiles(y_tile, grid, ctx, group, full_shape=y_ref.shape)
-    compare("output", y, y_ref)
+    if reference_rank is None:
+        assert y_ref is not None
+        replicated = _is_replicated(y_ref, grid)
+        full_shape = y_ref.shape
+    else:   # the same decision on every rank, without the serial output
+        replicated = not is_tiled(y_tile)
+        full_shape = None
+    y = y_tile if replicated else gather_tiles(y_tile, grid, ctx, group, full_shape=full_shape)
+    generator = torch.Generator().manual_seed(seed)
+    grad_out = torch.randn(y.shape, generator=generator, dtype=y.dtype, device="cpu")
     (y * grad_out.to(device)).sum().backward()
-    compare("input grad", x_sp.grad, x_ref.grad)
     reduce_tile_gradients(net)
+    if reference is not None:
+        assert x_ref is not None and y_ref is not None
+        (y_ref * grad_out).sum().backward()
+        compare("output", y, y_ref)
+        compare("input grad", x_sp.grad, x_ref.grad)
+        failures += _compare_state(net, reference, compare, label, ctx.rank, grad_floor)
+    if reference_rank is not None:
+        _same_on_every_rank(net, ctx, group, compare)
+    if eval_after:
+        net.eval()
+        with torch.no_grad():
+            seeded()
+            y_tile = net(scatter_tiles(x.to(device), grid, ctx, group))
+            y = y_tile if replicated else gather_tiles(y_tile, grid, ctx, group, full_shape=y.shape)
+            if reference is not None:
+                reference.eval()
+                seeded()
+                compare("eval output", y, reference(x))
+    if failures:
+        raise AssertionError(failures[0] + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""))
+    return errors
+
+
+def _compare_state(net: nn.Module, reference: nn.Module, compare: Any, label: str, rank: int,
+                   grad_floor: float | None) -> list[str]:
+    """Every parameter gradient and buffer of ``net`` against ``reference``'s; what is missing or extra."""
+    problems = []
     ref_params = dict(reference.named_parameters())
     floor = 1e-4
     if grad_floor is not None:
@@ -89,21 +139,22 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
     for name, param in net.named_parameters():
         if ref_params[name].grad is None:
             if param.grad is not None and param.grad.abs().max() > 0:
-                raise AssertionError(f"{label}: {name} has a gradient the serial model lacks")
+                problems.append(f"rank {rank}: {label}: {name} has a gradient the serial model lacks")
             continue
         if param.grad is None:
-            raise AssertionError(f"rank {ctx.rank}: {label}: {name} got no gradient")
+            problems.append(f"rank {rank}: {label}: {name} got no gradient")
+            continue
         compare(f"grad {name}", param.grad, ref_params[name].grad, floor)
     ref_buffers = dict(reference.named_buffers())
     for name, buf in net.named_buffers():
         compare(f"buffer {name}", buf.double(), ref_buffers[name].double())
-    if eval_after:
-        reference.eval()
-        net.eval()
-        with torch.no_grad():
-            y_ref = reference(x)
-            y_tile = net(scatter_tiles(x.to(device), grid, ctx, group))
-            y = y_tile if replicated else gather_tiles(y_tile, grid, ctx, group,
-                                                       full_shape=y_ref.shape)
-        compare("eval output", y, y_ref)
-    return errors
+    return problems
+
+
+def _same_on_every_rank(net: nn.Module, ctx: Any, group: Any, compare: Any) -> None:
+    """This rank's gradients and buffers equal the mean over the group's ranks (so all ranks agree)."""
+    mine = [p.grad for p in net.parameters() if p.grad is not None] + list(net.buffers())
+    flat = torch.cat([t.detach().double().reshape(-1) for t in mine])
+    total = ctx.all_reduce(flat.clone(), group=group)
+    ranks = ctx.world_size if group is None else group.size
+    compare("gradients and buffers equal on every rank", flat, total / ranks)

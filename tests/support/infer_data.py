@@ -65,3 +65,107 @@ def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0) -> np.n
 def relative_difference(actual: np.ndarray, expected: np.ndarray) -> float:
     assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
     return float(np.abs(actual - expected).max() / max(np.abs(expected).max(), 1e-12))
+
+
+# --------------------------------------------------------------------- hand-made checkpoints
+def write_network(directory: Path, layers, spec, image_size: int, classes, mpp: float | None = None,
+                  dtype: str = "float64") -> Path:
+    """A checkpoint of ``layers`` (built from ``spec``) as ``train`` writes them: record, weights, manifest."""
+    from mpi4dl_nb.checkpoint.record import DataRecord, RunRecord, write_checkpoint
+    from mpi4dl_nb.data.apps import AppKind
+    from mpi4dl_nb.infer.trained import task_of
+
+    model = torch.nn.Sequential(*layers)
+    record = RunRecord(spec, DataRecord(AppKind.MEDICAL, image_size, 2, dtype, classes=tuple(classes), mpp=mpp),
+                       task=task_of(layers))
+    write_checkpoint(directory, record.at(1, "a0b1c2d3e4f5"), model.state_dict(), None)
+    return directory
+
+
+def bright_detector(directory: Path, classes=("dark", "bright"), mpp: float | None = None) -> Path:
+    """A ResNet v1 (8 layers, width 4, 32 px patches) whose class 1 probability is ~1 on bright patches
+    (mean brightness > 0.6) and ~0 on dark ones: the stem passes the pixels' brightness, every block its
+    shortcut only (last BatchNorm zeroed), the head thresholds the patch mean."""
+    from mpi4dl_nb.models.spec import ModelSpec
+
+    spec = ModelSpec.of("resnet", num_layers=8, num_filters=4, num_classes=2, resnet_version=1)
+    torch.manual_seed(0)
+    layers = spec.build(32)
+    with torch.no_grad():
+        for module in torch.nn.Sequential(*layers).modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.zero_()
+                module.running_var.fill_(1.0)
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+        stem = layers[0].conv
+        stem.weight.zero_()
+        stem.weight[:, :, 1, 1] = 1.0 / 3.0
+        for block in layers[1:-1]:
+            block.bn2.weight.zero_()
+            if not isinstance(block.shortcut, torch.nn.Identity):
+                conv = block.shortcut[0]
+                conv.weight.zero_()
+                for c in range(conv.in_channels):
+                    conv.weight[c, c, 0, 0] = 1.0
+        fc = layers[-1].fc
+        fc.weight.zero_()
+        fc.bias.zero_()
+        fc.weight[1, 0] = 60.0
+        fc.bias[1] = -36.0          # logit 60 * (brightness - 0.6)
+    return write_network(directory, layers, spec, 32, classes, mpp)
+
+
+def unet_checkpoint(directory: Path, classes=("background", "tumor", "stroma"), mpp: float | None = None,
+                    depth: int = 2, width: int = 4, seed: int = 0) -> Path:
+    """A small U-Net (BatchNorm with non-trivial running statistics, bilinear up-sampling) as a checkpoint."""
+    from mpi4dl_nb.models.spec import ModelSpec
+
+    spec = ModelSpec.of("unet", num_layers=depth, num_filters=width, num_classes=len(classes))
+    torch.manual_seed(seed)
+    layers = spec.build(32)
+    with torch.no_grad():
+        for module in torch.nn.Sequential(*layers).modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 1.5)
+    return write_network(directory, [layer.double() for layer in layers], spec, 32, classes, mpp)
+
+
+def write_slide(path: Path, image: np.ndarray, *, levels: int = 3, tile: int = 64, mpp: float | None = None) -> Path:
+    """A pyramidal tiled TIFF (one page per level, as OpenSlide reads them) with resolution tags when ``mpp``."""
+    import tifffile
+
+    with tifffile.TiffWriter(path) as tw:
+        level = image
+        for index in range(levels):
+            res = {} if mpp is None else {"resolution": (1e4 / (mpp * 2 ** index),) * 2, "resolutionunit": "CENTIMETER"}
+            tw.write(np.ascontiguousarray(level), tile=(tile, tile), compression="zlib", photometric="rgb",
+                     subfiletype=1 if index else 0, metadata=None, **res)
+            level = level[::2, ::2]
+    return path
+
+
+def square_slide(path: Path, height: int, width: int, square: tuple[int, int, int, int],
+                 mpp: float | None = None) -> Path:
+    """Dark tissue-coloured glass with one bright square (rows r0:r1, columns c0:c1 of level 0)."""
+    image = np.full((height, width, 3), (90, 60, 110), dtype=np.uint8)
+    r0, r1, c0, c1 = square
+    image[r0:r1, c0:c1] = 250
+    return write_slide(path, image, mpp=mpp)
+
+
+def whole_reference(checkpoint: Path, slide: Path, **read) -> np.ndarray:
+    """As ``whole_slide_reference`` for any network (dense too) and any resolution (``SlideReader`` options)."""
+    from mpi4dl_nb.infer.reader import SlideReader
+    from mpi4dl_nb.infer.trained import load_network as load_trained_network
+    from mpi4dl_nb.infer.windows import padded_extent
+
+    trained = load_trained_network(str(checkpoint), dtype=torch.float64)
+    net = trained.net
+    reader = SlideReader(slide, read.pop("level", None), trained_at=trained.mpp, **read)
+    unit = math.lcm(net.shape.stride, net.shape.align)
+    height, width = padded_extent(reader.height, unit), padded_extent(reader.width, unit)
+    x = torch.from_numpy(reader.read((0, height, 0, width))).permute(2, 0, 1).double().div(255.0)
+    with torch.no_grad():
+        return net(x[None])[0].numpy()

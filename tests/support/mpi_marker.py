@@ -3,7 +3,8 @@
 A test is marked ``mpi`` when it
 
 * uses a launch fixture (``LAUNCH_FIXTURES``, tests/conftest.py), directly or through its own fixtures;
-* carries a marker whose tests start jobs (``ui``: JupyterLab runs notebooks on a cluster; ``slurm``);
+* carries a marker whose tests start jobs (``ui``: JupyterLab runs notebooks on a cluster; ``slurm``;
+  ``multihost``: jobs on test hosts);
 * or declares it (``@pytest.mark.mpi``, or ``pytestmark = pytest.mark.mpi`` in a module): tests that call
   tests/support/mpirun.py's ``run_mpi``/``launch_mpi``/``start_mpi`` or start a notebook cluster.
 
@@ -30,8 +31,9 @@ from mpi4dl_nb.comm.launcher import FORBID_VARIABLE, LaunchForbidden
 MARKER = "mpi"
 #: Fixtures that launch ``mpiexec`` (tests/conftest.py).
 LAUNCH_FIXTURES = frozenset({"mpirun", "mpi_checks", "shared_launch"})
-#: Markers whose tests start MPI jobs: browser tests run notebooks that start a cluster; Slurm tests submit jobs.
-LAUNCHING_MARKERS = ("ui", "slurm")
+#: Markers whose tests start MPI jobs: browser tests run notebooks that start a cluster; Slurm tests submit jobs;
+#: multihost tests run jobs on test hosts.
+LAUNCHING_MARKERS = ("ui", "slurm", "multihost")
 #: Programs that start MPI jobs or engine sets; refused in the fast loop (a version query is allowed).
 LAUNCH_PROGRAMS = frozenset({"mpiexec", "mpirun", "mpiexec.hydra", "orterun", "srun", "sbatch", "salloc",
                              "ipcluster"})

@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,14 @@ class MPIResult(subprocess.CompletedProcess):
         self.timed_out = timed_out
 
 
-def command(nprocs: int, program: str, *args: object, module: bool = False) -> list[str]:
+def command(nprocs: int, program: str, *args: object, module: bool = False, launcher: Launcher | None = None,
+            hosts: Sequence[str] | None = None) -> list[str]:
     """The ``mpiexec`` command line (mpi4dl_nb/comm/launcher.py: rank-prefixed output, Open MPI's flags) of
     ``tests.mpi.<program>`` through mpi4py's runner (an uncaught exception aborts every rank), or, with
-    ``module=True``, ``python -m <program>`` as a user would run it. LaunchForbidden in the fast loop."""
+    ``module=True``, ``python -m <program>`` as a user would run it; ``launcher`` (default: this machine's
+    mpiexec) and ``hosts`` (one name per slot) place the ranks elsewhere. LaunchForbidden in the fast loop."""
     target = ["-m", program] if module else ["-m", "mpi4py", "-m", f"{MPI_PROGRAMS}.{program}"]
-    return Launcher.find().command(nprocs, [sys.executable, *target, *map(str, args)])
+    return (launcher or Launcher.find()).command(nprocs, [sys.executable, *target, *map(str, args)], hosts=hosts)
 
 
 def start_mpi(nprocs: int, program: str, *args: object, env: dict[str, str] | None = None,
@@ -48,16 +50,19 @@ def start_mpi(nprocs: int, program: str, *args: object, env: dict[str, str] | No
     return _popen(command(nprocs, program, *args, module=module), nprocs, env, **popen)
 
 
-def _popen(cmd: list[str], nprocs: int, env: dict[str, str] | None, **popen: Any) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=rank_environment(nprocs, env), cwd=REPO, start_new_session=True, **popen)
+def _popen(cmd: list[str], nprocs: int, env: dict[str, str] | None, hosts: Sequence[str] | None = None,
+           **popen: Any) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=rank_environment(nprocs, env, hosts=hosts), cwd=REPO, start_new_session=True,
+                            **popen)
 
 
 def launch_mpi(nprocs: int, program: str, *args: object, timeout: float = 180,
-               env: dict[str, str] | None = None, module: bool = False) -> MPIResult:
+               env: dict[str, str] | None = None, module: bool = False, launcher: Launcher | None = None,
+               hosts: Sequence[str] | None = None) -> MPIResult:
     """Run the job to its end (killed after ``timeout`` seconds); never raises for its outcome:
-    ``result.checks.job_error`` says how it failed (None: exit code 0)."""
-    cmd = command(nprocs, program, *args, module=module)
-    proc = _popen(cmd, nprocs, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ``result.checks.job_error`` says how it failed (None: exit code 0). ``launcher``, ``hosts``: see ``command``."""
+    cmd = command(nprocs, program, *args, module=module, launcher=launcher, hosts=hosts)
+    proc = _popen(cmd, nprocs, env, hosts, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
         timed_out, error = False, f"failed with exit code {proc.returncode}" if proc.returncode else None

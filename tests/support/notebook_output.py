@@ -1,4 +1,4 @@
-"""What notebooks 04 and 06 must print, checked the same way after a headless run and a JupyterLab Run All."""
+"""What notebooks 04, 06, 08 and 09 must print, checked the same way after a headless run and a JupyterLab Run All."""
 
 from __future__ import annotations
 
@@ -23,3 +23,12 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         assert f"$ {Path(sys.executable).parent / 'mpiexec'} -n 3 " in text   # the kernel is this venv's python
         assert "rank  replica  stage" in text and text.count("--- return code 0 ---") == 3
         assert "LayerNorm: ConfigError" in text and "EngineTimeout" in text and "after restart" in text
+    if number == "08":   # the classifier replaced; both models exact per layer and over an SP+LP step
+        assert "the classifier fc has 1000 outputs in the file and 2 here" in text
+        assert text.count("-> exact: True") == 2 and "refused" not in text
+        assert "<All keys matched successfully>" in text
+        assert not list(kernel_tmpdir.glob("mpi4dl-08-*")), "the saved weights were left behind"
+    if number == "09":   # 4 tiles equal one process; QuPath-ready polygons of the DAB class; the scratch folder gone
+        assert "-> exact: True" in text and "exact: False" not in text
+        assert "FeatureCollection with " in text and "classes: ['DAB']" in text
+        assert not list(kernel_tmpdir.glob("mpi4dl-09-*")), "the notebook's temporary folder was left behind"

@@ -14,9 +14,10 @@ from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
 
 
-def serial_peak(model: nn.Module, batch: int, size: int) -> int:
+def serial_peak(model: nn.Module, batch: int, size: int, profile_warmup: bool = True) -> int:
     """Measured peak bytes of one SGD-with-momentum step of ``model`` on random images
-    (``planner.measure_step_memory``, after a warm-up step)."""
+    (``planner.measure_step_memory``, after a warm-up step: profiled too, or, ``profile_warmup=False``,
+    run before and its optimizer state counted as held: half the profiling of a large model)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 2, (batch,))
 
@@ -25,6 +26,9 @@ def serial_peak(model: nn.Module, batch: int, size: int) -> int:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
+    if not profile_warmup:
+        step()
+        return planner.measure_step_memory(step, [model], opt)
     return planner.measure_step_memory(step, [model], opt, warmup=step)
 
 

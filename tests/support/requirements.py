@@ -1,17 +1,27 @@
-"""Tests that need system software (a browser, Slurm): skipped with how to enable them, failing under CI=true."""
+"""Tests that need system software (a browser, Slurm) or optional packages (torchvision, timm): skipped with how
+to enable them, failing under CI=true."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 
 
-def require_or_skip(missing: list[str], what: str) -> None:
+def require_or_skip(missing: list[str], what: str, install: str = "run `make ci-deps` to install") -> None:
     """Skip with one line saying how to enable ``what``; under CI (CI=true) fail instead: CI must run it."""
     if not missing:
         return
-    message = f"{what} need {', '.join(missing)}: run `make ci-deps` to install"
+    message = f"{what} need {', '.join(missing)}: {install}"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true and {message}", pytrace=False)
     pytest.skip(message)
+
+
+MODELS_EXTRA = "pip install -e '.[models]' (`make test` installs it)"
+
+
+def missing_modules(*names: str) -> list[str]:
+    """The Python packages among ``names`` that cannot be imported here."""
+    return [name for name in names if importlib.util.find_spec(name) is None]

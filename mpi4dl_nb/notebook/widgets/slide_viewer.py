@@ -1,4 +1,5 @@
-"""SlideViewer: an inference heat map over its slide, zoomable by pyramid level, with a cell inspector."""
+"""SlideViewer: an inference heat map over its slide, zoomable by pyramid level, with a cell inspector and, optionally,
+GeoJSON polygons outlined over the tissue."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import ipywidgets as w
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -23,11 +25,15 @@ class SlideViewer:
     ``[i*stride - before, i*stride + after)`` (rows; columns alike). Controls: pyramid level,
     centre of the view (fractions of the slide), opacity, class; ``select(x, y)`` (slide pixels)
     or the cell boxes pick the cell whose patch and class probabilities are shown; ``cell`` is
-    the picked ``(row, col)``.
+    the picked ``(row, col)``. ``polygons``: a GeoJSON FeatureCollection (``infer --output m.geojson``, or
+    QuPath's export; level-0 pixel coordinates) whose regions are outlined over the slide, each class in its
+    colour among ``classes`` (the order ``infer`` colours them by); ``show_polygons`` switches them off.
     """
 
     def __init__(self, slide: str | Path, probabilities: str | Path | np.ndarray, *, stride: int,
-                 field: tuple[int, int] = (0, 0), slide_level: int = 0, classes: list[str] | None = None) -> None:
+                 field: tuple[int, int] = (0, 0), slide_level: int = 0, classes: list[str] | None = None,
+                 polygons: str | Path | None = None) -> None:
+        from ...data.geojson import read_annotations
         from ...infer.reader import SlideReader
 
         self.reader = SlideReader(slide, slide_level)
@@ -49,14 +55,17 @@ class SlideViewer:
         self.cell_col = w.BoundedIntText(value=self.probs.shape[2] // 2, min=0, max=self.probs.shape[2] - 1,
                                          description="cell col")
         self.info = w.HTML()
+        self.regions = () if polygons is None else read_annotations(polygons).regions
+        self.show_polygons = w.Checkbox(value=bool(self.regions), description=f"polygons ({len(self.regions)})",
+                                        disabled=not self.regions)
         self.view, self.inspector = FigureView(), FigureView()
-        for control in (self.level, self.center_x, self.center_y, self.opacity, self.heat_class):
+        for control in (self.level, self.center_x, self.center_y, self.opacity, self.heat_class, self.show_polygons):
             control.observe(lambda change: self.draw(), names="value")
         self._picking = False
         for control in (self.cell_row, self.cell_col):
             control.observe(lambda change: None if self._picking else self.inspect(), names="value")
         self.widget = w.VBox([w.HBox([self.level, self.heat_class, self.opacity]),
-                              w.HBox([self.center_x, self.center_y]),
+                              w.HBox([self.center_x, self.center_y, self.show_polygons]),
                               w.HBox([self.view.widget, w.VBox([w.HBox([self.cell_row, self.cell_col]),
                                                                 self.info, self.inspector.widget])])])
         self.draw()
@@ -100,8 +109,8 @@ class SlideViewer:
 
     # ------------------------------------------------------------------ drawing
     def draw(self) -> Figure:
+        from ...infer.colors import colorize, colormap_lut
         from ...infer.reader import SlideReader
-        from ...infer.writers import colorize, colormap_lut
 
         level = self.level.value
         x0, y0, vw, vh = self.viewport()
@@ -125,11 +134,31 @@ class SlideViewer:
                   interpolation="nearest")
         bx0, by0, bx1, by1 = (v / k for v in self.cell_box(*self.cell))
         ax.add_patch(_rectangle(bx0, by0, bx1 - bx0, by1 - by0))
+        if self.show_polygons.value:
+            self._outline(ax)
         ax.set_xlim(x0, x0 + vw)
         ax.set_ylim(y0 + vh, y0)
         ax.set_title(f"{self.classes[self.heat_class.value]} probability, level {level}", fontsize=9)
         self.view.show(figure)
         return figure
+
+    def _outline(self, ax: Axes) -> None:
+        """The polygons' rings (level-0 pixels) drawn at the displayed level, one colour and legend entry per class."""
+        from ...infer.colors import class_color
+
+        level0_per_shown = self.base.levels[0][0] / self.base.levels[self.level.value][0]
+        names = list(dict.fromkeys([*self.classes, *(r.name for r in self.regions)]))
+        labelled: set[str] = set()
+        for region in self.regions:
+            colour = tuple(c / 255 for c in class_color(names.index(region.name)))
+            for ring in region.rings:
+                closed = ring if np.array_equal(ring[0], ring[-1]) else np.vstack([ring, ring[:1]])
+                shown = closed / level0_per_shown
+                ax.plot(shown[:, 0], shown[:, 1], color=colour, linewidth=1.2,
+                        label=None if region.name in labelled else region.name)
+                labelled.add(region.name)
+        if labelled:
+            ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
 
     def inspect(self) -> Figure:
         """The picked cell's field (slide pixels) and its class probabilities."""

@@ -1,0 +1,75 @@
+"""The argument parser every command uses: errors on rank 0 only, "did you mean" for a misspelt flag, help that
+shows the defaults of flags that take a value (not of on/off switches such as ``--no-progress``)."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+# launcher variables holding this process's rank in the whole job, most specific first
+WORLD_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+                        "PALS_RANKID", "SLURM_PROCID")
+SUGGESTIONS = 3          # at most this many close flag names per misspelt one
+CLOSENESS = 0.6          # difflib's similarity cut-off for a suggestion
+
+
+def world_rank_from_env() -> int | None:
+    """This process's rank from the launcher's environment (None: not launched by one), without MPI."""
+    for name in WORLD_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: X)`` after the help of flags that take a value and have a default; none after a switch
+    (``--no-progress`` would say "(default: True)": the default of the setting, not of the flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default is None or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser for commands every rank of a job parses alike: usage and errors print on rank 0 only,
+    and an unknown flag is answered with the closest known ones (pass ``formatter_class=DefaultsHelpFormatter``
+    to show defaults)."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        if world_rank_from_env() in (None, 0):
+            super()._print_message(message, file)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # argparse's overloads
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, remembering the words given (``parse_args`` comes through here)."""
+        self._given = list(sys.argv[1:] if args is None else args)     # what error() looks for misspellings in
+        return super().parse_known_args(args, namespace)
+
+    def flag_names(self) -> list[str]:
+        """Every long flag this parser knows."""
+        return [option for action in self._actions for option in action.option_strings if option.startswith("--")]
+
+    def unknown_flags(self) -> list[str]:
+        """The flags given that this parser does not know (nor as an abbreviation)."""
+        known = self.flag_names()
+        given = [word.split("=", 1)[0] for word in getattr(self, "_given", []) if word.startswith("--")]
+        return [flag for flag in given if not any(name.startswith(flag) for name in known)]
+
+    def suggest(self, flag: str) -> list[str]:
+        """The known flags closest to a misspelt ``flag``, best first."""
+        return difflib.get_close_matches(flag, self.flag_names(), n=SUGGESTIONS, cutoff=CLOSENESS)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's error (usage, message, exit 2), with "did you mean" for each unknown flag given (also when
+        the message is another one, e.g. a required flag missing because it was misspelt)."""
+        hints = [f"{flag}: did you mean {' or '.join(close)}?" for flag in self.unknown_flags()
+                 if (close := self.suggest(flag))]
+        super().error("\n".join([message, *hints]))

@@ -1,0 +1,87 @@
+"""What slide inference needs of a trained network: its fully convolutional form, whether it classifies patches or
+segments pixels, its class names and the resolution it trained at; refusals for what cannot stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..checkpoint.record import WRITTEN_BY
+from ..config import ConfigError
+from ..data.task import Task
+from ..models.spec import ModelFamily
+from .fully_conv import FullyConvolutional, classifies, fully_convolutional
+from .model import ModelDescription, ModelObject, load_trained
+
+
+def task_of(layers: Sequence[nn.Module]) -> Task:
+    """What a network's output cells are: a classifier (a ``ClassifierHead`` or a pooled head last,
+    ``fully_conv.classifies``) gives each cell the probabilities of the patch under it; anything else is dense
+    (per-pixel probabilities): segmentation."""
+    return Task.CLASSIFICATION if classifies(layers) else Task.SEGMENTATION
+
+
+@dataclass(frozen=True)
+class TrainedNetwork:
+    """A trained network ready to stream: the FCN, its task, class names (output order) and training MPP."""
+
+    net: FullyConvolutional
+    description: ModelDescription
+    task: Task
+    classes: tuple[str, ...]
+    mpp: float | None
+
+    @property
+    def cell_extent(self) -> int:
+        """Input pixels one output cell describes per axis: the training patch (classifier) or its own stride."""
+        return self.description.image_size if self.task is Task.CLASSIFICATION else self.net.shape.stride
+
+    def check_task(self, expected: Task | str | None) -> None:
+        """Refuse a checkpoint of the other task (``--task``), before any work."""
+        if expected is None or Task.parse(expected) is self.task:
+            return
+        other = {Task.CLASSIFICATION: "a classifier (its last layer pools the image into one prediction)",
+                 Task.SEGMENTATION: "a dense network (one prediction per pixel)"}[self.task]
+        raise ConfigError("--task", f"{self.description.path} holds {other}, not a {expected} network; pass a "
+                                    f"{expected} checkpoint, or drop --task {expected} to run it as what it is")
+
+
+WHOLE_IMAGE_NORMS = (nn.GroupNorm, nn.LayerNorm)
+
+
+def check_streamable(layers: Sequence[nn.Module]) -> None:
+    """Refuse layers whose output at a pixel depends on the whole image (a window cannot equal the whole slide)."""
+    for name, module in nn.Sequential(*layers).named_modules():
+        instance = isinstance(module, nn.modules.instancenorm._InstanceNorm) and not module.track_running_stats
+        if isinstance(module, WHOLE_IMAGE_NORMS) or instance:
+            raise ConfigError("--checkpoint", f"layer {name} ({type(module).__name__}) normalises over the whole "
+                                              f"image, so no window can compute what the network gives on the whole "
+                                              f"slide; slide inference needs normalisation per pixel (BatchNorm, "
+                                              f"which runs on its running statistics, or none): train with BatchNorm")
+
+
+def load_network(checkpoint: str, *, family: ModelFamily | str | None = None, dtype: torch.dtype = torch.float32,
+                 output_stride: int | None = None, task: Task | str | None = None,
+                 check: bool = True, model: ModelObject | None = None) -> TrainedNetwork:
+    """The checkpoint's network as inference runs it; ConfigError/ValueError naming the flag for what does not fit.
+    ``model``: the model object of a run built in Python (``model.load_trained``)."""
+    layers, description, record = load_trained(checkpoint, family, dtype, check=check, model=model)
+    if task_of(layers) is not record.task:
+        raise ValueError(f"--checkpoint {description.path}: its record says {record.task} but its network is a "
+                         f"{task_of(layers)} network; {WRITTEN_BY}")
+    return prepare(layers, description, record.class_names, record.data.mpp, output_stride=output_stride, task=task)
+
+
+def prepare(layers: Sequence[nn.Module], description: ModelDescription, classes: Sequence[str], mpp: float | None,
+            *, output_stride: int | None = None, task: Task | str | None = None) -> TrainedNetwork:
+    """A trained layer list (eval mode) as inference runs it: checked, made fully convolutional."""
+    check_streamable(layers)
+    kind = task_of(layers)
+    net = fully_convolutional(layers, description.image_size, output_stride=output_stride)
+    names = tuple(classes) if len(classes) == net.shape.classes else tuple(str(c) for c in range(net.shape.classes))
+    trained = TrainedNetwork(net, description, kind, names, mpp)
+    trained.check_task(task)
+    return trained

@@ -1,0 +1,137 @@
+"""U-Net (depth, width, BatchNorm or GroupNorm, bilinear or transposed-conv up-sampling) as a layer list.
+
+Skip connections travel between layers as tuples, so the list can be cut into stages anywhere
+(every stage's output is a tensor or a tuple of tensors, which the engine passes on as a payload):
+
+* ``Down``        ``(x, *skips) -> (pool(y), *skips, y)`` with ``y = double_conv(x)``: pushes a skip;
+* ``Bottleneck``  ``(x, *skips) -> (double_conv(x), *skips)``;
+* ``Up``          ``(x, *skips, skip) -> (double_conv(cat(up(x), skip)), *skips)``: pops the last skip,
+  a plain tensor once none is left;
+* the head, a 1x1 convolution to the class logits ``(N, classes, H, W)``, as large as the input.
+
+The first layer also takes a plain tensor (the images). Every operation is one ``spatialize`` makes
+exact on tiles (3x3 convolutions, max pooling, BatchNorm/GroupNorm, bilinear ``Upsample``,
+``ConvTranspose2d``, channel concatenation), so a U-Net trains on tiles from the input to the loss.
+Image sides must be multiples of ``2 ** depth``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..config import Choice, parse_choice
+
+State = torch.Tensor | tuple[torch.Tensor, ...]
+GROUPS = 8      # GroupNorm groups (fewer when the channels are not a multiple)
+
+
+class UNetNorm(Choice):
+    """The normalisation after each convolution."""
+
+    BATCH = "batch"
+    GROUP = "group"
+
+
+class Upsampling(Choice):
+    """How the decoder doubles the resolution."""
+
+    BILINEAR = "bilinear"       # nn.Upsample(scale_factor=2, mode="bilinear")
+    TRANSPOSED = "transposed"   # nn.ConvTranspose2d(kernel 2, stride 2)
+
+
+def _norm(kind: UNetNorm, channels: int) -> nn.Module:
+    if kind is UNetNorm.BATCH:
+        return nn.BatchNorm2d(channels)
+    return nn.GroupNorm(math.gcd(GROUPS, channels), channels)
+
+
+def _parts(state: State) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    x, *skips = state if isinstance(state, tuple) else (state,)
+    return x, skips
+
+
+class DoubleConv(nn.Module):
+    """Two 3x3 convolutions, each followed by the norm and a ReLU."""
+
+    def __init__(self, cin: int, cout: int, norm: UNetNorm) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1, bias=False), _norm(norm, cout), nn.ReLU(),
+                                  nn.Conv2d(cout, cout, 3, 1, 1, bias=False), _norm(norm, cout), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class Down(nn.Module):
+    """An encoder level: ``(x, *skips) -> (pool(y), *skips, y)``."""
+
+    def __init__(self, cin: int, cout: int, norm: UNetNorm) -> None:
+        super().__init__()
+        self.conv = DoubleConv(cin, cout, norm)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, state: State) -> tuple[torch.Tensor, ...]:
+        x, skips = _parts(state)
+        y = self.conv(x)
+        return (self.pool(y), *skips, y)
+
+
+class Bottleneck(nn.Module):
+    """The lowest level: ``(x, *skips) -> (double_conv(x), *skips)``."""
+
+    def __init__(self, cin: int, cout: int, norm: UNetNorm) -> None:
+        super().__init__()
+        self.conv = DoubleConv(cin, cout, norm)
+
+    def forward(self, state: State) -> State:
+        x, skips = _parts(state)
+        return (self.conv(x), *skips) if skips else self.conv(x)
+
+
+class Up(nn.Module):
+    """A decoder level: ``(x, *skips, skip) -> (double_conv(cat(up(x), skip)), *skips)``."""
+
+    def __init__(self, cin: int, cskip: int, cout: int, upsampling: Upsampling, norm: UNetNorm) -> None:
+        super().__init__()
+        if upsampling is Upsampling.TRANSPOSED:
+            self.up: nn.Module = nn.ConvTranspose2d(cin, cskip, 2, 2)
+            merged = 2 * cskip
+        else:
+            self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+            merged = cin + cskip
+        self.conv = DoubleConv(merged, cout, norm)
+
+    def forward(self, state: State) -> State:
+        x, skips = _parts(state)
+        if not skips:
+            raise ValueError("Up needs a skip connection: give it the (x, *skips) tuple of the level above")
+        *rest, skip = skips
+        y = self.conv(torch.cat([self.up(x), skip], dim=1))
+        return (y, *rest) if rest else y
+
+
+def unet(depth: int = 4, width: int = 16, num_classes: int = 2, *, in_channels: int = 3,
+         norm: UNetNorm | str = UNetNorm.BATCH,
+         upsampling: Upsampling | str = Upsampling.BILINEAR) -> list[nn.Module]:
+    """A U-Net of ``depth`` levels as ``2 * depth + 2`` layers: ``depth`` Down, the Bottleneck, ``depth`` Up, the head.
+
+    Level ``i`` has ``width * 2**i`` channels; the bottleneck ``width * 2**depth``.
+    """
+    if depth < 1 or width < 1 or num_classes < 1 or in_channels < 1:
+        raise ValueError(f"a U-Net needs depth, width, classes and input channels >= 1, got {depth}, {width}, "
+                         f"{num_classes}, {in_channels}")
+    kind = parse_choice(UNetNorm, norm, "norm", f"one of {', '.join(UNetNorm.values())}")
+    up = parse_choice(Upsampling, upsampling, "upsampling", f"one of {', '.join(Upsampling.values())}")
+    channels = [width * 2 ** i for i in range(depth + 1)]
+    layers: list[nn.Module] = []
+    cin = in_channels
+    for level in range(depth):
+        layers.append(Down(cin, channels[level], kind))
+        cin = channels[level]
+    layers.append(Bottleneck(cin, channels[depth], kind))
+    for level in reversed(range(depth)):
+        layers.append(Up(channels[level + 1], channels[level], channels[level], up, kind))
+    layers.append(nn.Conv2d(channels[0], num_classes, 1))
+    return layers

@@ -1,0 +1,101 @@
+"""Pretrained weights: the original model's state dict loaded into its layer list (the classifier replaced when the
+classes differ), anything else that does not fit refused with the keys and shapes."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .pieces import engine_keys
+
+WRAPPERS = ("state_dict", "model_state_dict", "model")   # keys training scripts keep a state dict under
+SHOWN = 3                      # keys named in a refusal
+OPTIONAL = ("num_batches_tracked",)   # older files lack BatchNorm's step counter: the model keeps its own
+
+
+def read_weights(path: str | Path, flag: str = "--weights") -> dict[str, torch.Tensor]:
+    """The state dict in ``path`` (``torch.save(model.state_dict())``, or one under ``state_dict``/``model``;
+    a ``module.`` prefix of DataParallel dropped), loaded to the CPU without running code from the file."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(flag, f"{str(path)!r}: no such file")
+    try:
+        data = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:     # a pickle of anything else: torch raises many kinds
+        raise ConfigError(flag, f"{file} is not a torch state dict ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    for key in WRAPPERS:
+        if isinstance(data, Mapping) and isinstance(data.get(key), Mapping):
+            data = data[key]
+    if not isinstance(data, Mapping) or not data or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()):
+        raise ConfigError(flag, f"{file} holds no state dict (names -> tensors); save one with "
+                                f"torch.save(model.state_dict(), path)")
+    if all(k.startswith("module.") for k in data):
+        data = {k.removeprefix("module."): v for k, v in data.items()}
+    return dict(data)
+
+
+def classifier_keys(layers: Sequence[nn.Module]) -> list[str]:
+    """The original keys of the classifier's tensors: those of the last module holding parameters of its own."""
+    keys = engine_keys(layers)
+    by_engine = {engine: original for original, engine in keys.items()}
+    net = nn.Sequential(*layers)
+    last = None
+    for name, module in net.named_modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            last = name
+    if last is None:
+        return []
+    return [by_engine[f"{last}.{name}"] for name, _ in net.get_submodule(last).named_parameters(recurse=False)]
+
+
+def shape_text(t: torch.Tensor) -> str:
+    return str(list(t.shape))
+
+
+def listed(keys: Sequence[str]) -> str:
+    shown = ", ".join(keys[:SHOWN])
+    return shown + (f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
+
+
+def load_weights(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, model: str,
+                 source: str = "--weights") -> str | None:
+    """Load ``weights`` (keys of the original model ``model`` names) into ``layers``; the note to print when the
+    classifier was replaced because its classes differ (None otherwise). ConfigError naming what does not fit:
+    the first key of another shape with both shapes, else the first missing and unexpected keys."""
+    net = nn.Sequential(*layers)
+    keys = engine_keys(layers)
+    own = net.state_dict()
+    mine = {original: own[engine] for original, engine in keys.items()}
+    missing = [k for k in mine if k not in weights and not k.endswith(OPTIONAL)]
+    unexpected = [k for k in weights if k not in mine]
+    if len(unexpected) == len(weights):
+        raise ConfigError(source, f"none of its {len(weights)} keys is a key of {model} (its first: "
+                                  f"{next(iter(weights))}; the model's first: {next(iter(mine), '-')}): a state dict "
+                                  f"of another architecture?")
+    mismatched = [k for k in mine if k in weights and weights[k].shape != mine[k].shape]
+    classifier = classifier_keys(layers)
+    replaced = bool(mismatched) and set(mismatched) == set(classifier) and not missing and not unexpected and all(
+        weights[k].shape[1:] == mine[k].shape[1:] for k in classifier)
+    if mismatched and not replaced:
+        first = mismatched[0]
+        extra = f"; and {len(missing)} of the model's keys are not in it ({listed(missing)})" if missing else ""
+        raise ConfigError(source, f"does not fit {model} (a state dict of another architecture?): {first} has shape "
+                                  f"{shape_text(weights[first])} in the file, {shape_text(mine[first])} in the "
+                                  f"model{extra}")
+    if missing or unexpected:
+        parts = [f"missing {listed(missing)}" if missing else "", f"unexpected {listed(unexpected)}"
+                 if unexpected else ""]
+        raise ConfigError(source, f"does not fit {model}: {'; '.join(p for p in parts if p)}")
+    loaded = {keys[k]: v for k, v in weights.items() if not (replaced and k in classifier)}
+    net.load_state_dict({**own, **loaded}, strict=True)
+    if not replaced:
+        return None
+    head = classifier[0].rsplit(".", 1)[0]
+    before, after = int(weights[classifier[0]].shape[0]), int(mine[classifier[0]].shape[0])
+    return (f"{source}: the classifier {head} has {before} outputs in the file and {after} here (--num-classes "
+            f"{after}); it is replaced by a new one")

@@ -1,0 +1,154 @@
+"""Training-mode dropout on tiles, exact: each tile takes its slice of the mask one process draws.
+
+``F.dropout`` (``nn.Dropout`` in a spatial stage, the dropout of torchvision's segmentation heads)
+draws one random number per element. A tile draws the mask of the *whole* image from the same random
+state as one process (``F.dropout`` of ones of the full shape, laid out in memory like the tile, so
+the device's kernel walks it as the serial one walks the image) and multiplies its own slice in: the
+serial mask, exactly, and the random state advances as in one process. This costs the full mask's
+memory (one full activation) while the op runs: for very large images put dropout after the spatial
+stage. Channel dropout (``dropout2d``, ...) draws one number per sample and channel, so every tile
+draws the serial mask itself as long as the image dims are not among the first two.
+
+Random numbers drawn in a spatial forward (dropout, stochastic depth's ``bernoulli_`` on a per-sample
+tensor) equal the serial ones only if every tile's rank holds the same random state: the first draw of
+each forward checks that (tile 0's digest broadcast, a flag summed) and refuses, naming the op, when
+they differ.
+Other random ops on a tile (``torch.rand_like(tile)``, training-mode ``rrelu``) stay refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
+from .layer import SizeKey, SpatialRuntime, guard_runtime
+from .ops import Args, Kwargs, OpKind, TorchOp, argument, display_name, kind_of, op_name, tensors_in
+from .tile_layout import TileLayout
+
+_ELEMENTWISE = {"dropout"}
+_FEATURE = {"dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout", "feature_dropout"}
+_STATE_CHECKED = "random state"
+
+
+DROPOUT = SizeKey("dropout")
+
+
+def _training(name: str, args: Args, kwargs: Kwargs) -> bool:
+    position = 3 if name.startswith("rrelu") else 2
+    default = not name.startswith("rrelu")
+    keyword = "train" if "train" in kwargs else "training"
+    return bool(argument(args, kwargs, position, keyword, default))
+
+
+def _device(args: Args, kwargs: Kwargs) -> torch.device:
+    tensors = tensors_in(args, kwargs)
+    if tensors:
+        return tensors[0].device
+    device = kwargs.get("device")
+    if isinstance(device, (str, torch.device)):
+        return torch.device(device)
+    return torch.get_default_device()
+
+
+def random_state_digest(device: torch.device) -> list[int]:
+    """Two 48-bit numbers digesting the random state ops on ``device`` draw from (exact in float64 too)."""
+    state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    digest = hashlib.sha1(state.numpy().tobytes()).digest()
+    return [int.from_bytes(digest[:6], "little"), int.from_bytes(digest[6:12], "little")]
+
+
+def check_random_state(guard: SpatialGuard, func: TorchOp, device: torch.device) -> None:
+    """Once per forward: every tile's rank must draw from the same random state (ConfigError if not).
+
+    Tile 0's digest is broadcast and each tile compares its own; a flag summed over the tiles makes
+    every tile refuse together (tensor collectives, which the planner's simulated tiles answer too).
+    """
+    runtime = guard_runtime(guard, "dropout")
+    if len(runtime.ranks) == 1 or device.type == "meta" or not guard.once_per_forward(_STATE_CHECKED):
+        return
+    mine = torch.tensor(random_state_digest(device), dtype=torch.int64, device=runtime.ctx.device)
+    first = runtime.ctx.broadcast(mine.clone(), runtime.ranks[0], group=runtime.group)
+    differs = runtime.ctx.all_reduce((first != mine).any().to(torch.int64).reshape(1), group=runtime.group)
+    if int(differs.item()):
+        raise ConfigError("model", f"{guard.module_path()}: {display_name(func)} draws random numbers, "
+                          f"but the ranks of the tiles hold different random states, so each tile "
+                          f"would draw another mask than one process does. Seed every rank alike "
+                          f"before the forward (torch.manual_seed(seed) on each rank; the command "
+                          f"line's --seed does), or make the op deterministic (p=0, eval mode)")
+
+
+def drawn_without_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
+                        kwargs: dict[str, object]) -> object:
+    """A random draw on replicated tensors (stochastic depth, dropout in a head): check the state, run it."""
+    name = op_name(func)
+    if kind_of(func) is OpKind.DROPOUT and (not _training(name, args, kwargs)
+                                            or not argument(args, kwargs, 1, "p", 0.5)):
+        return DECLINED
+    if name.startswith("rrelu") and not _training(name, args, kwargs):
+        return DECLINED
+    check_random_state(guard, func, _device(args, kwargs))
+    return DECLINED
+
+
+def dropout_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
+                     kwargs: dict[str, object]) -> object:
+    """The guard's handler of dropout (and eval-mode rrelu) on a tile (see the module docstring)."""
+    name = op_name(func)
+    x = args[0] if args else kwargs.get("input")
+    if not (isinstance(x, torch.Tensor) and is_tiled(x)):
+        return DECLINED
+    layout = layout_of(x)
+    if name.startswith("rrelu"):
+        return DECLINED if _training(name, args, kwargs) else mark_tiled(func(*args, **kwargs), layout)
+    if kind_of(func) is OpKind.RANDOM:
+        return DECLINED   # refused by the guard: a random draw for one tile
+    p = float(argument(args, kwargs, 1, "p", 0.5))   # type: ignore[arg-type]
+    if not _training(name, args, kwargs) or p == 0:
+        return mark_tiled(func(*args, **kwargs), layout)
+    check_random_state(guard, func, x.device)
+    if name in _FEATURE:
+        if any(position < 2 for position in layout.positions(x.dim())):
+            raise guard.error(func, f"drops whole rows of dims 0-1 of a tile with its "
+                              f"{layout.describe()}: its mask would depend on the tile's size")
+        return mark_tiled(func(*args, **kwargs), layout)
+    if name not in _ELEMENTWISE:
+        raise guard.error(func, f"(p={p}) on a tile is not supported (its noise is not a mask one "
+                          f"can slice); use F.dropout or move it after the spatial stage")
+    noise = serial_noise_tile(guard_runtime(guard, "dropout"), x, layout, p)
+    inplace = bool(argument(args, kwargs, 3, "inplace", False))
+    return mark_tiled(x.mul_(noise) if inplace else x * noise, layout)
+
+
+def serial_noise_tile(runtime: SpatialRuntime, x: torch.Tensor, layout: TileLayout, p: float) -> torch.Tensor:
+    """This tile's slice of ``F.dropout(ones of the whole image's shape, p)`` (0 or 1/(1-p))."""
+    height, width = runtime.image_size_of(DROPOUT, layout.lengths(x.shape))
+    r0, r1, c0, c1 = runtime.grid.tile_box(runtime.tile, height, width)
+    positions = layout.positions(x.dim())
+    shape = list(x.shape)
+    if layout.flat:
+        shape[positions[0]] = height * width
+    else:
+        shape[positions[0]], shape[positions[1]] = height, width
+    noise = F.dropout(_ones_laid_out_like(x, shape), p, True)
+    if layout.flat:
+        rows = torch.arange(r0, r1, device=x.device)
+        cols = torch.arange(c0, c1, device=x.device)
+        return noise.index_select(positions[0], (rows[:, None] * width + cols[None, :]).reshape(-1))
+    return noise.narrow(positions[0], r0, r1 - r0).narrow(positions[1], c0, c1 - c0)
+
+
+def _ones_laid_out_like(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """Ones of ``shape`` whose dims lie in memory in the order of ``x``'s (outermost first)."""
+    strides = x.stride()
+    order = sorted(range(x.dim()), key=lambda d: -strides[d])
+    physical = torch.ones([shape[d] for d in order], dtype=x.dtype, device=x.device)
+    return physical.permute([order.index(d) for d in range(x.dim())])
+
+
+for _kind in (OpKind.DROPOUT, OpKind.RANDOM):
+    register_handler(_kind, dropout_on_tiles)
+    register_handler(_kind, drawn_without_tiles, untiled=True)

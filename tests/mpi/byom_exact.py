@@ -1,0 +1,139 @@
+"""MPI (5 ranks): your own model through ``train``: a torchvision ResNet-18 from a weights file of another number
+of classes, SP 2x2 + LP in float64, equals one process, and its checkpoint gives the model's own state dict; then
+the script of docs/your-own-model.md runs as written there (small: ``--steps 2 --image-size 64``) and ends with
+a slide map.
+
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``prepare``, ``build_trainer`` of
+cli/train_cmd.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a 1000-class
+state dict rank 0 writes first); rank 0 trains the same model in one process (the flags' spec, the weights
+loaded by the original keys, ImageNet normalisation, the same optimizer and batches); ``dl.model_state_dict`` of
+the checkpoint loads into ``torchvision.models.resnet18(num_classes=2)`` strictly. ``evaluate`` and ``infer`` on
+such a checkpoint without model flags: tests/cli/test_byom_cli.py (one process) and the docs script (5 ranks, a
+model object). The acceptance command itself (ResNet-50, 256 px, batch 32) is too heavy for the suite: run by
+hand (docs/your-own-model.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.cli.setup import parse_launch
+from mpi4dl_nb.cli.train_cmd import Setup, build_parser, build_trainer, check_run_args, prepare
+from mpi4dl_nb.data.dataset import Batcher
+from mpi4dl_nb.models.weights import load_weights, read_weights
+from tests.support.checks import Checks, run_checks
+from tests.support.planes import split_backend
+from tests.support.scratch import shared_temp_folder
+from tests.support.serial_training import train_one_process
+
+STEPS = 2
+SIDE = 64
+FLAGS = (f"--model torchvision:resnet18 --num-classes 2 --image-size {SIDE} --batch-size 2 --num-samples 4 "
+         f"--dtype float64 --steps {STEPS} --no-progress --step-timeout 0 --lr 0.01").split()
+SP_LP = "--split-size 2 --spatial-size 1 --num-spatial-parts 4".split()
+TOLERANCE = 1e-9
+CHECKS = ("losses equal one process", "model_state_dict loads into torchvision strictly",
+          "the docs script runs as written and ends with a slide map")
+DOC = Path(__file__).resolve().parents[2] / "docs" / "your-own-model.md"
+SCRIPT_MARK = "<!-- script: your_own_model.py -->"
+
+
+def one_process(setup: Setup, weights: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The run in one process: the flags' spec, the weights by the model's keys, the optimizer, the batches."""
+    torch.manual_seed(setup.args.seed)
+    layers = setup.record.model.build(setup.args.image_size)
+    load_weights(layers, read_weights(weights), model=setup.record.model.label)
+    model = torch.nn.Sequential(*layers).to(torch.float64)
+    losses = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
+    return losses, model.state_dict()
+
+
+def docs_script() -> str:
+    """The script of docs/your-own-model.md, as written there."""
+    text = DOC.read_text()
+    block = text.split(SCRIPT_MARK, 1)[1].split("```python\n", 1)[1]
+    return block.split("\n```", 1)[0]
+
+
+def write_small_data(folder: Path) -> None:
+    """Six 64-px tiles per class and a 192x256 slide, cut from the IHC sample (the script's own sample data is
+    the whole 512-px image: larger than a test needs)."""
+    from PIL import Image
+
+    image = dl.data.ihc_image()
+    for name, rows in (("blue", slice(0, 64)), ("brown", slice(448, 512))):
+        (folder / "tiles" / name).mkdir(parents=True)
+        for index in range(6):
+            Image.fromarray(image[rows, index * 64:(index + 1) * 64]).save(folder / "tiles" / name / f"{index}.png")
+    Image.fromarray(image[:192, :256]).save(folder / "slide.png")
+
+
+def run_docs_script(ctx: dl.Context, argv: list[str]) -> list[str]:
+    """Run the docs script on every rank with ``argv``; rank 0's printed lines."""
+    printed = io.StringIO()
+    saved = sys.argv
+    sys.argv = ["your_own_model.py", *argv]
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(docs_script(), "your_own_model.py", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.argv = saved
+    ctx.barrier()
+    return printed.getvalue().splitlines()
+
+
+def main(check: Checks) -> None:
+    import torchvision
+
+
+    torch.set_num_threads(1)
+    backend, _ = split_backend(sys.argv[1:])
+    ctx = dl.init(backend=backend)
+    with shared_temp_folder(ctx, "byom-") as folder:
+        weights, checkpoint = folder / "W.pth", folder / "ck"
+        if ctx.rank == 0:
+            torch.manual_seed(1)
+            torch.save(torchvision.models.resnet18().state_dict(), weights)   # 1000 classes, as published ones
+        ctx.barrier()
+        argv = [*FLAGS, *SP_LP, "--weights", str(weights), "--checkpoint-dir", str(checkpoint)]
+        args, cfg = parse_launch(build_parser(), argv, check_run_args)
+        setup = prepare(args, cfg, ctx)
+        summary = build_trainer(setup, None).run()
+        with check("losses equal one process") as result:
+            if ctx.rank == 0:
+                assert summary is not None
+                serial, serial_state = one_process(setup, weights)
+                parallel = [float(v) for v in summary.losses if v is not None]
+                worst = max(abs(a - b) for a, b in zip(parallel, serial))
+                assert len(parallel) == STEPS and worst < TOLERANCE, f"losses {parallel} vs one process {serial}"
+                result.detail = f"max loss error {worst:.1e}"
+                saved = dl.model_state_dict(checkpoint)
+                assert max((saved[k[k.index(".") + 1:]] - v).abs().max().item()
+                           for k, v in serial_state.items()) < TOLERANCE, "the checkpoint's weights differ"
+        with check("model_state_dict loads into torchvision strictly"):
+            if ctx.rank == 0:
+                model = torchvision.models.resnet18(num_classes=2).double()
+                model.load_state_dict(dl.model_state_dict(checkpoint), strict=True)
+        with check("the docs script runs as written and ends with a slide map") as result:
+            if ctx.rank == 0:
+                write_small_data(folder)
+            ctx.barrier()
+            lines = run_docs_script(ctx, [str(folder / "tiles"), str(folder / "slide.png"), str(folder / "run"),
+                                          "--steps", "2", "--image-size", "64"])
+            if ctx.rank == 0:
+                assert lines[-1].startswith("slide map: [2, "), lines
+                assert any(line.startswith("evaluate: 4 held-out tiles") for line in lines), lines
+                probabilities = np.load(folder / "run" / "map.npy")
+                assert np.allclose(probabilities.sum(axis=0), 1.0) and (folder / "run" / "map.png").is_file()
+                result.detail = lines[-1]
+
+
+if __name__ == "__main__":
+    run_checks(main)

@@ -1,0 +1,90 @@
+"""A host lost mid-run: `train` over h1 and h2, h2 killed during step 3 (its link cut first, as a crash): every rank
+left exits within the stall-watchdog time with one message naming h2, and the last checkpoint, on the shared
+directory, resumes exactly with rank 0 on another host (h3, h1: a different host layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpi4dl_nb.comm.launcher import rank_environment
+from mpi4dl_nb.run.monitor import EXIT_HOST_LOST
+
+pytestmark = pytest.mark.multihost
+
+MODEL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4", "--image-size",
+         "32", "--batch-size", "2", "--dtype", "float64", "--seed", "3"]
+PARALLEL = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "2", "--slice-method", "vertical"]
+SERIAL = ["--split-size", "1", "--spatial-size", "0", "--num-spatial-parts", "1"]
+STEP_TIMEOUT = 10          # the stall watchdog's time, and so how long a silent host may take to count as lost
+RESUMED_STEPS = 5
+
+
+def train(*flags: str) -> list[str]:
+    return [sys.executable, "-m", "mpi4dl_nb", "train", *MODEL, *flags]
+
+
+def summary(output: str) -> dict[str, object]:
+    """The run's JSON summary: its last line starting with ``{``."""
+    return dict(json.loads([line for line in output.splitlines() if line.startswith("{")][-1]))
+
+
+def wait_for(proc: subprocess.Popen[str], text: str, timeout: float) -> str:
+    """Read ``proc``'s output until a line holds ``text``; everything read so far."""
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{''.join(seen)}"
+    pytest.fail(f"the job ended before {text!r}:\n{''.join(seen)}")
+
+
+def test_a_killed_host_ends_the_job_naming_it_and_the_last_checkpoint_resumes_exactly(test_hosts, tmp_path):
+    checkpoints = test_hosts.shared / "lost-host-ck"
+    serial = subprocess.Popen(train(*SERIAL, "--steps", str(RESUMED_STEPS), "--no-progress"), cwd=tmp_path,
+                              env=rank_environment(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = test_hosts.launcher.command(3, train(*PARALLEL, "--steps", "40", "--checkpoint-dir", str(checkpoints),
+                                               "--checkpoint-every", "1", "--step-timeout", str(STEP_TIMEOUT)),
+                                      hosts=["h1", "h2"], tag_output=False)     # ranks 0, 2 on h1, rank 1 on h2
+    proc = subprocess.Popen(job, cwd=tmp_path, env=rank_environment(3, test_hosts.selection, hosts=["h1", "h2"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        before = wait_for(proc, "step 2/40", timeout=240)             # step 3 is under way
+        test_hosts.kill("h2")
+        killed = time.monotonic()
+        rest, _ = proc.communicate(timeout=STEP_TIMEOUT + 45)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        test_hosts.revive("h2")
+    output = before + rest
+    print(f"\n[batch-jobs table] a lost host: exit {proc.returncode} after {took:.1f} s "
+          f"(--step-timeout {STEP_TIMEOUT})")
+    assert proc.returncode == EXIT_HOST_LOST, output
+    assert took < STEP_TIMEOUT + 30, f"the job took {took:.0f} s to end after the kill:\n{output}"
+    assert output.count("lost host h2 (rank 1)") == 1, output
+    assert not test_hosts.pids("h1"), "ranks left on h1 after the job ended"
+    resumed = test_hosts.launcher.command(3, train(*PARALLEL, "--steps", str(RESUMED_STEPS), "--checkpoint-dir",
+                                                   str(checkpoints), "--resume", "latest", "--no-progress"),
+                                          hosts=["h3", "h1"], tag_output=False)     # rank 0 now on h3
+    done = subprocess.run(resumed, cwd=tmp_path, env=rank_environment(3, test_hosts.selection, hosts=["h3", "h1"]),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout
+    resumed_run = summary(done.stdout)
+    reference, _ = serial.communicate(timeout=300)
+    assert serial.returncode == 0, reference
+    start, tail, want = resumed_run["start_step"], resumed_run["losses"], summary(reference)["losses"]
+    assert isinstance(start, int) and isinstance(tail, list) and isinstance(want, list)
+    assert start >= 2 and len(tail) == RESUMED_STEPS - start, done.stdout
+    assert max(abs(a - b) for a, b in zip(tail, want[start:])) < 1e-9, (tail, want)
+    assert resumed_run["hosts"] == ["h3", "h1", "h3"]
