@@ -1,7 +1,7 @@
 """Models nobody here wrote on 2x2 tiles + a layer rank against one process: activation memory per rank and step time.
 
     MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 OMP_NUM_THREADS=1 MPIR_CVAR_ENABLE_HEAVY_YIELD=1 \\
-        mpiexec -n 5 python benchmarks/bench_byom.py --size 512
+        mpiexec -n 5 python benchmarks/bench_byom.py --size 1024
 
 torchvision's ResNet-50, ConvNeXt-T and EfficientNet-B0 (no weights, 2 classes; cut into pieces by
 ``models/cut.py`` as ``--model torchvision:NAME`` does), one after the other, each trained two ways side by
@@ -82,7 +82,7 @@ def compare(ctx: dl.Context, name: str, size: int, rounds: int) -> tuple[list[in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=int, default=512, help="image side (a multiple of 32)")
+    parser.add_argument("--size", type=int, default=1024, help="image side (a multiple of 32)")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after one warm-up round")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model specs")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")

@@ -44,7 +44,7 @@ run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 
 # 4. weights per rank; models as batch jobs; models nobody here wrote (torchvision)
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 run python benchmarks/bench_models.py --image-size 256 --batch-size 2 --steps 4
-run yielding mpiexec -n 5 python benchmarks/bench_byom.py --size 512 --markdown
+run yielding mpiexec -n 5 python benchmarks/bench_byom.py --size 1024 --markdown
 # 5. cost of exactness
 run mpiexec -n 2 python benchmarks/bench_correctness.py guard --size 256 --steps 3 --rounds 3
 run yielding mpiexec -n 4 python benchmarks/bench_correctness.py models --size 256 --steps 2 --rounds 2
