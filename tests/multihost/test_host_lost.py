@@ -73,7 +73,10 @@ def test_a_killed_host_ends_the_job_naming_it_and_the_last_checkpoint_resumes_ex
     assert proc.returncode == EXIT_HOST_LOST, output
     assert took < STEP_TIMEOUT + 30, f"the job took {took:.0f} s to end after the kill:\n{output}"
     assert output.count("lost host h2 (rank 1)") == 1, output
-    assert not test_hosts.pids("h1"), "ranks left on h1 after the job ended"
+    settled = time.monotonic() + 15                 # ranks that mpiexec's abort killed may take a moment to go
+    while test_hosts.pids("h1") and time.monotonic() < settled:
+        time.sleep(0.2)
+    assert not test_hosts.pids("h1"), f"ranks left on h1 15 s after the job ended: {test_hosts.pids('h1')}"
     resumed = test_hosts.launcher.command(3, train(*PARALLEL, "--steps", str(RESUMED_STEPS), "--checkpoint-dir",
                                                    str(checkpoints), "--resume", "latest", "--no-progress"),
                                           hosts=["h3", "h1"], tag_output=False)     # rank 0 now on h3
