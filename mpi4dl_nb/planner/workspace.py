@@ -14,9 +14,10 @@ machines, torch 2.13 CPU, see tests/planner/test_planner*.py):
   in the backward, unless the conv is 1x1 with stride 1 and no padding.
   A channels-last input (a map laid out channels-last, as ConvNeXt's blocks leave it after their
   permute back) goes to oneDNN as it is: no blocked input copy, only the reordered weight in the
-  forward and the backward - and in the backward of a depthwise conv whose kernel is larger than
-  3 both ways, 256 more weight-sized buffers (oneDNN's partial weight gradients; measured the same
-  for kernels 4-9, 64-768 channels, batches 1-4, maps 8-64 px, 1 and 2 threads).
+  forward and the backward (beside the input gradient) - and in the backward of a depthwise conv
+  whose kernel is larger than 3 both ways, more weight-sized buffers (oneDNN's partial weight
+  gradients): how many depends on the oneDNN build (256 with torch 2.13, 65 with torch 2.14 on
+  the same AVX2 machine), so it is measured once per process on a small probe conv (``depthwise_weight_copies``).
   A training-mode BatchNorm's backward allocates an input-sized temporary next to its input
   gradient (when the input needs one).
 * ``Workspace.NONE``: nothing (e.g. CUDA, whose cuDNN workspace depends on the algorithm
@@ -25,6 +26,7 @@ machines, torch 2.13 CPU, see tests/planner/test_planner*.py):
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -37,7 +39,6 @@ from .live_bytes import LiveBytes
 
 ONEDNN_MIN_ELEMENTS = 20480   # a single sample's input up to this size takes the im2col path
 ONEDNN_TYPES = (torch.float32, torch.bfloat16, torch.float16)
-DEPTHWISE_WEIGHT_COPIES = 256  # oneDNN's channels-last depthwise backward (kernel > 3): partial weight gradients
 
 
 class Workspace(Choice):
@@ -78,6 +79,22 @@ def channels_last(x: torch.Tensor) -> bool:
     return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
+@functools.cache
+def depthwise_weight_copies() -> int:
+    """How many weight-sized partial gradients oneDNN's channels-last depthwise backward (kernel > 3)
+    holds beside its reordered weight, measured once in this process on a 7x7 probe conv (first asked
+    for by ``instrument``, before a simulation's meta tensors and dispatch modes exist)."""
+    from ..measure.steps import measure_peak_bytes
+
+    conv = nn.Conv2d(32, 32, 7, padding=3, groups=32)
+    x = torch.zeros(2, 32, 16, 16).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    out = conv(x)
+    grad = torch.ones_like(out)
+    _, peak = measure_peak_bytes(lambda: out.backward(grad))
+    weight = conv.weight.numel() * conv.weight.element_size()
+    return max(0, round((peak - x.numel() * x.element_size()) / weight) - 1)
+
+
 def _large_depthwise(conv: nn.Conv2d) -> bool:
     kh, kw = conv.kernel_size
     return conv.groups == conv.in_channels == conv.out_channels and kh > 3 and kw > 3
@@ -105,8 +122,8 @@ def conv_workspace(conv: nn.Conv2d, x: torch.Tensor, out: torch.Tensor, kind: Wo
     again = x.numel() * size if x.requires_grad else 0
     weight = conv.weight.numel() * size
     if channels_last(x) and x.dtype in ONEDNN_TYPES:
-        backward = weight * (1 + (DEPTHWISE_WEIGHT_COPIES if _large_depthwise(conv) else 0))
-        return ConvScratch(weight, backward, weight, backward)
+        fixed = weight * (1 + (depthwise_weight_copies() if _large_depthwise(conv) else 0))
+        return ConvScratch(weight, fixed + again, weight, fixed)
     if _onednn(conv, x, x.shape[0] if samples is None else samples):
         channels = x.shape[1]
         block = channel_block()
@@ -133,6 +150,8 @@ def instrument(module: nn.Module, kind: Workspace, samples: int | None = None) -
     gradient and input gradient)."""
     if kind is Workspace.NONE:
         return []
+    if any(isinstance(m, nn.Conv2d) and _large_depthwise(m) for m in module.modules()):
+        depthwise_weight_copies()          # measured now, outside the simulation that will ask for it
 
     def hook(conv: nn.Conv2d, args: tuple[object, ...], out: object) -> None:
         if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):

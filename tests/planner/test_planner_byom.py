@@ -72,18 +72,19 @@ def test_shape_only_convolutions_keep_a_channels_last_layout_and_fixed_scratch_s
 
 
 def test_a_depthwise_conv_on_a_channels_last_map_allocates_in_its_backward_what_the_simulation_says():
-    """oneDNN's backward of a depthwise 7x7 conv on a channels-last map (ConvNeXt's) holds 256 partial weight
-    gradients at once: 1.6 MB here beside a 64 KB input gradient."""
+    """oneDNN's backward of a depthwise conv on a channels-last map (ConvNeXt's) holds many partial weight
+    gradients at once (65 with torch 2.14 here, 256 with 2.13): the count measured on the 7x7 probe predicts
+    a 5x5 conv of other channels, batch and map size."""
     from mpi4dl_nb.measure.steps import measure_peak_bytes
     from mpi4dl_nb.planner.footprint import StageRole, simulate_layer
 
     torch.manual_seed(0)
-    conv = nn.Conv2d(32, 32, 7, padding=3, groups=32)
-    x = torch.randn(2, 32, 16, 16).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    conv = nn.Conv2d(48, 48, 5, padding=2, groups=48)
+    x = torch.randn(3, 48, 24, 24).contiguous(memory_format=torch.channels_last).requires_grad_(True)
     out = conv(x)
     grad = torch.ones_like(out)
     _, measured = measure_peak_bytes(lambda: out.backward(grad))
-    (fp,) = simulate_layer(conv, [(2, 32, 16, 16)], torch.float32, StageRole(), layouts=(True,))
+    (fp,) = simulate_layer(conv, [(3, 48, 24, 24)], torch.float32, StageRole(), layouts=(True,))
     simulated = fp.backward_peak - 2 * fp.output_bytes       # the output and its gradient existed before
     assert abs(simulated / measured - 1) < 0.1, (simulated, measured)
-    assert fp.backward_fixed >= 256 * conv.weight.numel() * 4   # it does not grow with the batch
+    assert fp.backward_fixed >= 16 * conv.weight.numel() * 4    # the partial gradients do not grow with the batch
