@@ -88,9 +88,9 @@ def network(checkpoint: Path, dtype: str):
     import torch
 
     from mpi4dl_nb.infer.fully_conv import fully_convolutional
-    from mpi4dl_nb.infer.model import load_network
+    from mpi4dl_nb.infer.model import load_layers
 
-    layers, description = load_network(checkpoint, dtype=getattr(torch, dtype))
+    layers, description = load_layers(checkpoint, dtype=getattr(torch, dtype))
     return fully_convolutional(layers, description.image_size), description
 
 

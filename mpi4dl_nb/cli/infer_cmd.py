@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``infer`` flags."""
     from ..data.task import Task
     from ..infer.outputs import HELP as OUTPUT_HELP
-    from ..infer.runner import DEFAULT_BUDGET, DTYPES, OVERLAY_SIDE
+    from ..infer.settings import DEFAULT_BUDGET, DTYPES, OVERLAY_SIDE
 
     parser = CommandParser(
         prog="python -m mpi4dl_nb infer",
@@ -98,8 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb infer``; the JSON summary is the last line on stdout (rank 0)."""
     import json
 
+    from ..comm.agreement import SetupFailed
     from ..infer.cohort import print_table, run_cohort
-    from ..infer.runner import InferSettings, Runner, SetupFailed, SlideFailed
+    from ..infer.runner import Runner, SlideFailed
+    from ..infer.settings import InferSettings
     from .layout_cmd import launched_world
 
     parsed = build_parser().parse_args(argv)

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import Choice
-from .runner import InferSettings, Runner
+from .runner import Runner
+from .settings import InferSettings
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
 from ..data.pathology import SLIDE_ONLY_EXTENSIONS
 from .finish import report_columns
 from .outputs import SLIDE_FIELD, OutputSpec, check_outputs
-from .runner import InferSettings, Runner, SetupFailed, SlideFailed, agreed
+from .runner import Runner, SlideFailed
+from .settings import InferSettings
 from .store import work_path
 from .trained import TrainedNetwork, load_network
 

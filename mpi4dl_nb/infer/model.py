@@ -51,10 +51,11 @@ def find_checkpoint(path: str | Path) -> Path:
     return select_checkpoint(path)
 
 
-def load_network(path: str | Path, expected_family: ModelFamily | str | None = None,
-                 dtype: torch.dtype = torch.float32,
-                 model: ModelObject | None = None) -> tuple[list[nn.Module], ModelDescription]:
-    """The checkpoint's layers (eval mode, ``dtype``) and description; clear errors for anything else."""
+def load_layers(path: str | Path, expected_family: ModelFamily | str | None = None,
+                dtype: torch.dtype = torch.float32,
+                model: ModelObject | None = None) -> tuple[list[nn.Module], ModelDescription]:
+    """The checkpoint's layers (eval mode, ``dtype``) and description, as trained (not yet fully convolutional:
+    ``trained.load_network`` gives the network inference runs); clear errors for anything else."""
     layers, description, _ = load_trained(path, expected_family, dtype, model=model)
     return layers, description
 
@@ -91,7 +92,7 @@ def check_family(expected: ModelFamily | str, spec: ModelSpec, file: Path) -> No
 def load_trained(path: str | Path, expected_family: ModelFamily | str | None = None,
                  dtype: torch.dtype = torch.float32, check: bool = True,
                  model: ModelObject | None = None) -> tuple[list[nn.Module], ModelDescription, RunRecord]:
-    """As ``load_network``, plus the run's record (data, seed, identity, position).
+    """As ``load_layers``, plus the run's record (data, seed, identity, position).
 
     The file is memory-mapped: only the model's weights are read (never the optimizer state), straight into
     the layers. ``check=False`` skips the checksum against the manifest, for a caller whose other process

@@ -9,387 +9,35 @@ the rows above are final (``--resume`` continues from there).
 
 from __future__ import annotations
 
-import copy
-import json
-import math
-import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..comm.trace import TraceValue
+from ..comm.agreement import agreed
 from ..config import ConfigError
-from ..data.resolution import target_mpp
 from ..data.task import Task
 from ..measure.heap import PeakMeter, state_bytes
-from ..models.spec import ModelFamily
+from ..measure.progress import ProgressLine
 from ..spatial.geometry import Box, TileGrid
+from .decisions import Plan, class_indices, decide
 from .finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
-from .fully_conv import FullyConvolutional, measure_field
-from .model import ModelDescription
-from .outputs import OutputKind, OutputSpec, check_outputs, npy_base, parse_outputs
+from .outputs import npy_base
 from .placement import CellPlacement
+from .probes import check_halos, output_size
 from .reader import Prefetcher, SlideReader
-from .store import Fingerprint, HeatmapStore, load_progress, progress_path, save_progress, work_path
-from .tissue import OVERVIEW_SIDE, TissueMap
+from .settings import InferSettings
+from .store import HeatmapStore, progress_path, save_progress, work_path
+from .summary import InferSummary, RankStats, TimelineEvent
 from .trained import TrainedNetwork, load_network
-from .windows import AxisField, Window, WindowPlan, batches, intersect, padded_extent, round_up
+from .windows import Window, WindowPlan, batches, intersect
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
 
-DTYPES = ("float32", "float64")
-DEFAULT_BUDGET = 1 << 30          # bytes per rank for one window when --window is not given
-OVERLAY_SIDE = 1600
 CACHE_WINDOWS = 2                 # OpenSlide's tile cache holds this many of a rank's window boxes
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class InferSettings:
-    """Everything ``infer`` is asked to do (the command's flags, ``dl.infer_slide``'s arguments)."""
-
-    checkpoint: str
-    slide: str
-    outputs: tuple[str, ...]
-    level: int | None = None               # --slide-level (None: level 0, or chosen by resolution)
-    mpp: float | None = None               # --mpp: µm per pixel to run at (default: the checkpoint's)
-    magnification: float | None = None     # --magnification: the same as MAGNIFICATION_MPP / M
-    source_mpp: float | None = None        # --source-mpp: level 0's µm per pixel when the slide carries none
-    num_spatial_parts: int = 1
-    slice_method: str = "square"
-    window: int | None = None
-    dtype: str = "float32"
-    tissue_only: bool = False
-    min_tissue: float = 0.0
-    batch_windows: int = 1
-    resume: bool = False
-    overwrite: bool = False
-    output_stride: int | None = None
-    heat_class: int | None = None
-    model: ModelFamily | str | None = None
-    task: Task | str | None = None         # --task: refuse a checkpoint of the other task
-    threshold: float | None = None         # .geojson: least probability of a region's class (default below)
-    min_area: float = 0.0                  # .geojson: regions and holes smaller than this (level-0 px²) dropped
-    exclude_classes: tuple[str, ...] = ()  # .geojson: classes not traced (names or indices)
-    max_window_rows: int | None = None
-    memory_budget: int = DEFAULT_BUDGET
-    overlay_side: int = OVERLAY_SIDE
-    progress: bool = True
-    keep_trace: bool = False
-    cohort: bool = False                   # outputs are ``{slide}`` templates (``--slides``)
-
-    def check(self) -> None:
-        """Errors in the flags alone, naming the flag and what works."""
-        if self.dtype not in DTYPES:
-            raise ConfigError("--dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for flag, value, least in (("--batch-windows", self.batch_windows, 1), ("--slide-level", self.level, 0),
-                                   ("--num-spatial-parts", self.num_spatial_parts, 1),
-                                   ("--window", self.window, 1), ("--output-stride", self.output_stride, 1),
-                                   ("--max-window-rows", self.max_window_rows, 1),
-                                   ("--heat-class", self.heat_class, 0), ("--memory-budget", self.memory_budget, 1),
-                                   ("--overlay-side", self.overlay_side, 16), ("--min-area", self.min_area, 0)):
-            if value is not None and value < least:
-                raise ConfigError(flag, f"must be >= {least}, got {value}")
-        if not 0.0 <= self.min_tissue < 1.0:
-            raise ConfigError("--min-tissue", f"must be in [0, 1), got {self.min_tissue}")
-        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
-            raise ConfigError("--threshold", f"must be a probability in [0, 1], got {self.threshold}")
-        if self.source_mpp is not None and not self.source_mpp > 0:
-            raise ConfigError("--source-mpp", f"must be > 0 (µm per pixel), got {self.source_mpp}")
-        if self.task is not None:
-            Task.parse(self.task)
-        target_mpp(self.mpp, self.magnification)
-        TileGrid.from_slice_method(self.slice_method, self.num_spatial_parts)
-        self.specs()
-
-    def specs(self) -> tuple[OutputSpec, ...]:
-        """The ``--output`` values parsed (kinds of bare .tif outputs not yet resolved)."""
-        return parse_outputs(self.outputs, self.cohort)
-
-    @property
-    def target_mpp(self) -> float | None:
-        return target_mpp(self.mpp, self.magnification)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
-
-class SetupFailed(ValueError):
-    """A rank refused the run during set-up; every rank raises it with the same message."""
-
-
-def agreed(ctx: Comm, build: Callable[[], T]) -> T:
-    """``build()`` on this rank; if it failed on any rank, raise SetupFailed everywhere (first failure's text)."""
-    built: list[T] = []
-    error: str | None = None
-    try:
-        built.append(build())
-    except Exception as err:   # any failure: the other ranks must not wait for this one
-        error = str(err) if isinstance(err, (ValueError, OSError)) else f"{type(err).__name__}: {err}"
-    messages = ctx.all_gather_object(error)
-    failed = [(rank, text) for rank, text in enumerate(messages) if text is not None]
-    if failed:
-        rank, text = failed[0]
-        everywhere = len(failed) == len(messages) and len({t for _, t in failed}) == 1
-        raise SetupFailed(text if everywhere or ctx.world_size == 1 else f"(rank {rank}) {text}")
-    return built[0]
-
-
-def check_halos(net: nn.Module, grid: TileGrid, sizes: Sequence[tuple[int, int]], channels: int = 3) -> None:
-    """Refuse, before any window runs, window sizes whose tiles are thinner than some layer's halo."""
-    from ..spatial.fit import halo_checked
-
-    with halo_checked(net, grid) as probe:
-        dtype = next((p.dtype for p in probe.parameters()), torch.float32)
-        try:
-            for height, width in sorted(sizes):
-                with torch.no_grad():
-                    probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype))
-        except ConfigError as err:
-            raise ConfigError("--window", f"{err.detail} -- a window is split over {grid.rows} x {grid.cols} "
-                              f"ranks; give each a larger --window or use fewer --num-spatial-parts") from err
-
-
-def output_size(net: nn.Module, height: int, width: int, channels: int = 3) -> tuple[int, int]:
-    """The network's output cells for an input of ``height x width`` (meta device)."""
-    probe = copy.deepcopy(net).to("meta")
-    dtype = next((p.dtype for p in probe.parameters()), torch.float32)
-    with torch.no_grad():
-        out = probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype))
-    return int(out.shape[-2]), int(out.shape[-1])
-
-
-def default_window(net: FullyConvolutional, fields: tuple[AxisField, AxisField], grid: TileGrid,
-                   budget: int, dtype: torch.dtype, slide: tuple[int, int]) -> int:
-    """Pixels per rank per window so one window's forward stays within ``budget`` bytes per rank.
-
-    Measures the heap peak of one serial forward on a small probe (bytes per input pixel,
-    overestimated by fixed costs: safe), then takes the largest square window in budget;
-    at least the smallest useful window, at most what covers the slide.
-    """
-    unit = max(f.unit for f in fields)
-    side = round_up(max(256, 2 * net.shape.min_side), unit)
-    meter = PeakMeter(torch.device("cpu"))
-    meter.watch(net.modules())
-    x = torch.rand(1, 3, side, side, dtype=dtype)
-    meter.start()
-    with torch.no_grad():
-        net(x)
-    meter.sample()
-    meter.unwatch()
-    per_pixel = max(meter.peak, 1) / (side * side) if meter.source != "none" else 64 * dtype.itemsize
-    window = int(math.sqrt(budget / per_pixel)) // unit * unit
-    smallest = max(-(-f.min_input() // p) for f, p in zip(fields, (grid.rows, grid.cols)))
-    largest = max(-(-s // p) for s, p in zip(slide, (grid.rows, grid.cols)))
-    largest = max(largest, *(f.min_input() for f in fields))
-    return int(min(max(window, round_up(smallest, unit)), round_up(largest, unit)))
-
-
-# --------------------------------------------------------------------------- set-up
-@dataclass
-class Plan:
-    """Rank 0's decisions, sent to every rank: the window plan, skipped windows, resume point, outputs."""
-
-    plan: WindowPlan
-    skipped: set[tuple[int, int]]
-    rows_done: int
-    fingerprint: Fingerprint
-    out_shape: tuple[int, int, int]
-    fields: tuple[AxisField, AxisField]
-    window: int
-    outputs: tuple[OutputSpec, ...]
-
-
-def fingerprint(settings: InferSettings, description: ModelDescription, reader: SlideReader,
-                net: FullyConvolutional) -> Fingerprint:
-    """What a partial output must share with this run to be resumed."""
-    checkpoint = Path(description.path)
-    return {"checkpoint": str(checkpoint.resolve()), "checkpoint_bytes": checkpoint.stat().st_size,
-            "checkpoint_step": description.step, "slide": str(reader.path.resolve()), "level": reader.level,
-            "scale": reader.choice.scale, "slide_size": [reader.height, reader.width], "stride": net.shape.stride,
-            "dtype": settings.dtype, "tissue_only": settings.tissue_only, "min_tissue": settings.min_tissue}
-
-
-def resolve_outputs(settings: InferSettings, trained: TrainedNetwork) -> tuple[OutputSpec, ...]:
-    """The outputs with their kinds settled by the task; what a task cannot give is refused."""
-    dense = trained.task is Task.SEGMENTATION
-    specs = tuple(spec.resolved(dense) for spec in settings.specs())
-    for spec in specs:
-        if spec.kind is OutputKind.CSV and dense:
-            raise ConfigError("--output", f"{spec.path}: a .csv has one row per output cell, here per pixel of the "
-                                          f"slide; write the label map (.tif), the regions (.geojson) or the "
-                                          f"probabilities (.npy) instead")
-    if settings.heat_class is not None and settings.heat_class >= trained.net.shape.classes:
-        raise ConfigError("--heat-class", f"the network has {trained.net.shape.classes} classes; use "
-                                          f"0..{trained.net.shape.classes - 1}")
-    class_indices(settings.exclude_classes, trained.classes)
-    return specs
-
-
-def class_indices(names: Sequence[str], classes: Sequence[str]) -> list[int]:
-    """``--exclude-class`` values (names, or indices) as class indices."""
-    found = []
-    for name in names:
-        if name in classes:
-            found.append(list(classes).index(name))
-        elif name.isdigit() and int(name) < len(classes):
-            found.append(int(name))
-        else:
-            raise ConfigError("--exclude-class", f"{name!r} is not a class of this network ({', '.join(classes)})")
-    return found
-
-
-def decide(settings: InferSettings, trained: TrainedNetwork, reader: SlideReader, grid: TileGrid) -> Plan:
-    """Rank 0: field, window, plan, resume point and background windows (collective errors via ``agreed``)."""
-    net = trained.net
-    specs = resolve_outputs(settings, trained)
-    fields = measure_field(net)
-    height, width = padded_extent(reader.height, fields[0].unit), padded_extent(reader.width, fields[1].unit)
-    if min(height, width) < net.shape.min_side:
-        raise ConfigError("--slide", f"{reader.path} level {reader.level} is {reader.width}x{reader.height} px, "
-                          f"smaller than one output cell's patch ({net.shape.min_side} px); use a finer level")
-    out_h, out_w = output_size(net, height, width)
-    out_shape = (net.shape.classes, out_h, out_w)
-    stamp = fingerprint(settings, trained.description, reader, net)
-    work = work_path(npy_base(specs))
-    progress = load_progress(progress_path(work))
-    rows_done = 0
-    if settings.resume:
-        if progress is not None and work.is_file():
-            if progress.fingerprint != stamp:
-                changed = [k for k in stamp if progress.fingerprint.get(k) != stamp[k]]
-                raise ConfigError("--resume", f"the partial output {work} was made with other {', '.join(changed)}; "
-                                  f"rerun with the same checkpoint, slide and options, or drop --resume "
-                                  f"and pass --overwrite")
-            rows_done = progress.rows_done
-        check_outputs([p for p in specs if p.path != work], settings.overwrite)
-    else:
-        if work.exists() and not settings.overwrite:
-            raise ConfigError("--resume", f"a partial output {work} exists; pass --resume to continue it, "
-                              f"or --overwrite to start again")
-        check_outputs(specs, settings.overwrite)
-    window = settings.window or default_window(net, fields, grid, settings.memory_budget,
-                                               settings.torch_dtype, (reader.height, reader.width))
-    plan = WindowPlan(height, width, out_h, out_w, fields[0], fields[1], grid, window, first_row=rows_done)
-    skipped: set[tuple[int, int]] = set()
-    if settings.tissue_only:
-        tissue = TissueMap.from_overview(reader.thumbnail(OVERVIEW_SIDE), reader.height, reader.width)
-        skipped = {(w.row, w.col) for w in plan.windows()
-                   if tissue.fraction(w.core_footprint()) <= settings.min_tissue}
-    return Plan(plan, skipped, rows_done, stamp, out_shape, fields, window, specs)
-
-
-# ---------------------------------------------------------------------------- loop
-class ProgressLine:
-    """``[####....] windows 12/40 rows 3/10 2.1 MP/s`` on stderr (rank 0): one line per update off a terminal."""
-
-    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, width: int = 30) -> None:
-        self.total, self.enabled, self.width = max(1, total), enabled, width
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def update(self, done: int, rows: str, rate: float) -> None:
-        if not self.enabled:
-            return
-        filled = int(self.width * done / self.total)
-        text = f"[{'#' * filled}{'.' * (self.width - filled)}] windows {done}/{self.total} rows {rows} {rate:.2f} MP/s"
-        self.stream.write(("\r" + text + ("\n" if done >= self.total else "")) if self.tty else text + "\n")
-        self.stream.flush()
-
-
-@dataclass
-class RankStats:
-    """What one rank measured."""
-
-    seconds: float = 0.0
-    compute_seconds: float = 0.0
-    read_seconds: float = 0.0
-    read_wait_seconds: float = 0.0
-    peak_bytes: int = 0
-    state_bytes: int = 0
-    windows: int = 0
-
-
-TimelineEvent = dict[str, TraceValue | dict[str, TraceValue]]   # an Event as ``Event.as_dict`` gives it
-
-
-@dataclass(frozen=True)
-class InferSummary:
-    """The run's result on rank 0: the command's JSON line (``dl.infer_slide`` returns ``as_dict()``)."""
-
-    slide: str
-    level: int
-    slide_size: tuple[int, int]                  # (width, height) of the pixels read
-    model: str
-    checkpoint: str
-    task: str
-    classes: tuple[str, ...]
-    mpp: float | None                            # µm per pixel read (None: unknown)
-    scale: float                                 # resampling of the level read (1.0: none)
-    placement: CellPlacement
-    output_shape: tuple[int, int, int]           # classes, output rows, output columns
-    output_stride: int
-    fields: tuple[AxisField, AxisField]          # rows, columns
-    world_size: int
-    grid: tuple[int, int]
-    window: int
-    window_grid: tuple[int, int]
-    dtype: str
-    windows: int
-    skipped_background: int
-    computed_windows: int
-    first_row: int
-    rows_done: int
-    complete: bool
-    megapixels: float
-    ranks: Sequence[RankStats]
-    memory_source: str
-    outputs: list[str]
-    report: OutputReport | None = None           # per-class figures of the finished map (rank 0, complete runs)
-    events: list[TimelineEvent] | None = None    # every rank's timeline (``keep_trace``)
-
-    @property
-    def seconds(self) -> float:
-        return max(r.seconds for r in self.ranks)
-
-    def as_dict(self) -> dict[str, object]:
-        rows, cols = self.fields
-        seconds = self.seconds
-        return {
-            "slide": self.slide, "level": self.level, "slide_size": list(self.slide_size),
-            "mpp": self.mpp, "scale": self.scale, "model": self.model, "checkpoint": self.checkpoint,
-            "task": self.task, "classes": list(self.classes),
-            "output_shape": list(self.output_shape), "output_stride": self.output_stride,
-            "field": {"rows": [rows.before, rows.after], "cols": [cols.before, cols.after],
-                      "text": cols.describe()},
-            "map": self.placement.describe(),
-            "world_size": self.world_size, "grid": list(self.grid),
-            "window": self.window, "window_grid": list(self.window_grid), "dtype": self.dtype,
-            "windows": self.windows, "skipped_background": self.skipped_background,
-            "computed_windows": self.computed_windows,
-            "first_row": self.first_row, "rows_done": self.rows_done, "complete": self.complete,
-            "seconds": seconds, "megapixels": self.megapixels,
-            "megapixels_per_s": self.megapixels / seconds if seconds > 0 else None,
-            "peak_memory_bytes": [r.peak_bytes for r in self.ranks],
-            "memory_source": self.memory_source,
-            "compute_seconds": [r.compute_seconds for r in self.ranks],
-            "read_seconds": [r.read_seconds for r in self.ranks],
-            "read_wait_seconds": [r.read_wait_seconds for r in self.ranks],
-            "outputs": self.outputs,
-            **(self.report.as_dict() if self.report is not None else {}),
-            **({"events": self.events} if self.events is not None else {}),
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_dict())
 
 
 class SlideFailed(RuntimeError):
@@ -542,7 +190,8 @@ class Runner:
                 self._finish_row(row, rows_done)
                 done += len(row)
                 elapsed = time.perf_counter() - wall
-                bar.update(done, f"{row[0].row + 1}/{len(rows)}", computed_pixels / 1e6 / max(elapsed, 1e-9))
+                rate = computed_pixels / 1e6 / max(elapsed, 1e-9)
+                bar.update(done, f"windows {done}/{total} rows {row[0].row + 1}/{len(rows)} {rate:.2f} MP/s")
                 if not settings.keep_trace:
                     tracer.clear()
         finally:

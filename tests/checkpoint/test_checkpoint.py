@@ -17,7 +17,7 @@ from mpi4dl_nb.cli import evaluate_cmd
 from mpi4dl_nb.cli import train_cmd as cli
 from mpi4dl_nb.data.apps import AppKind
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.infer.model import load_network
+from mpi4dl_nb.infer.model import load_layers
 from mpi4dl_nb.models.spec import ModelFamily, ModelSpec
 from mpi4dl_nb.run import checkpoint_space as space
 from mpi4dl_nb.run import resume
@@ -300,7 +300,7 @@ def test_format_2_checkpoints_still_evaluate_infer_and_resume(tmp_path, capsys, 
     for record in figures:
         record.pop("seconds"), record.pop("checkpoint")
     assert figures[0] == figures[1] and figures[0]["model"].startswith("resnet v1 8 layers x 4 filters, 10 classes")
-    layers, description = load_network(tmp_path / "old", dtype=torch.float64)
+    layers, description = load_layers(tmp_path / "old", dtype=torch.float64)
     assert description.image_size == 32 and description.step == 3 and len(layers) > 2
     resumed = [run_serial(capsys, ["--steps", "5", "--checkpoint-dir", str(tmp_path / folder), "--resume", "latest"])
                for folder in ("old", "new")]

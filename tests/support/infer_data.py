@@ -48,11 +48,11 @@ def make_slide(path: Path, height: int, width: int, levels: int = 3) -> Path:
 def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0) -> np.ndarray:
     """The fully convolutional network on the whole (zero-extended) slide level in one process, float64."""
     from mpi4dl_nb.infer.fully_conv import fully_convolutional
-    from mpi4dl_nb.infer.model import load_network
+    from mpi4dl_nb.infer.model import load_layers
     from mpi4dl_nb.infer.reader import SlideReader
     from mpi4dl_nb.infer.windows import padded_extent
 
-    layers, description = load_network(checkpoint, dtype=torch.float64)
+    layers, description = load_layers(checkpoint, dtype=torch.float64)
     net = fully_convolutional(layers, description.image_size)
     reader = SlideReader(slide, level)
     unit = math.lcm(net.shape.stride, net.shape.align)
