@@ -29,7 +29,7 @@ CROSSING_BLOCK = 256      # edges tested together in one vectorised block of the
 
 
 @dataclass(frozen=True)
-class Region:
+class AnnotatedPolygon:
     """One polygon of one feature: its class name and rings (outer first, then holes), each ``(k, 2)`` x, y."""
 
     name: str
@@ -42,7 +42,7 @@ class Annotations:
     """The areas a GeoJSON file annotates, and the features it skipped (no area) by geometry type."""
 
     path: Path
-    regions: tuple[Region, ...]
+    regions: tuple[AnnotatedPolygon, ...]
     skipped: Mapping[str, int] = field(default_factory=dict)
 
     @property
@@ -150,7 +150,7 @@ def parse_annotations(data: object, path: Path) -> Annotations:
     if not isinstance(features, list):
         raise AnnotationError(f"{path}: expected a GeoJSON FeatureCollection (QuPath: File > Object data > "
                               f"Export as GeoJSON), got {type(data).__name__}")
-    regions: list[Region] = []
+    regions: list[AnnotatedPolygon] = []
     skipped: dict[str, int] = {}
     for number, feature in enumerate(features):
         if not isinstance(feature, Mapping) or feature.get("type") != "Feature":
@@ -167,7 +167,7 @@ def parse_annotations(data: object, path: Path) -> Annotations:
             continue
         label = _class_name(feature, where)
         for polygon in polygons:
-            regions.append(Region(label, tuple(_ring(ring, where) for ring in polygon), name))
+            regions.append(AnnotatedPolygon(label, tuple(_ring(ring, where) for ring in polygon), name))
     return Annotations(path, tuple(regions), skipped)
 
 

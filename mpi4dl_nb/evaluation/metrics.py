@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..config import Choice
-from .pixel_metrics import SegmentationMetrics
+from .pixel_metrics import SegmentationMetrics, confusion_counts
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,6 @@ def merge(parts: Sequence[Records], num_classes: int) -> Records:
     return Records(index[order], np.concatenate([p.label for p in parts])[order],
                    np.concatenate([p.loss for p in parts])[order],
                    np.concatenate([p.logits for p in parts])[order])
-
-
-def confusion_matrix(label: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
-    """``m[t, p]``: how many samples of true class ``t`` were predicted as ``p``."""
-    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
-    np.add.at(matrix, (label, predicted), 1)
-    return matrix
 
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
@@ -139,7 +132,7 @@ class MetricName(Choice):
 def summarize(records: Records, num_classes: int, classes: Sequence[str] = ()) -> Metrics:
     """The metrics of a merged set of records (``classes``: their names, in label order)."""
     count = len(records)
-    matrix = confusion_matrix(records.label, records.predicted, num_classes)
+    matrix = confusion_counts(records.label, records.predicted, num_classes)
     support = matrix.sum(axis=1)
     recall = [float(matrix[c, c] / support[c]) if support[c] else None for c in range(num_classes)]
     present = [r for r in recall if r is not None]

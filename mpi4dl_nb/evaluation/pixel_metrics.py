@@ -32,7 +32,8 @@ class PixelRecords:
 
 def confusion_counts(label: np.ndarray, predicted: np.ndarray, num_classes: int,
                      ignore_index: int | None = None) -> np.ndarray:
-    """``m[t, p]``: pixels of true class ``t`` predicted ``p`` (pixels labelled ``ignore_index`` left out)."""
+    """``m[t, p]``: how many samples (or pixels) of true class ``t`` were predicted ``p``, those labelled
+    ``ignore_index`` left out: the one confusion matrix of classifier and segmentation evaluations."""
     label, predicted = np.asarray(label).reshape(-1), np.asarray(predicted).reshape(-1)
     if ignore_index is not None:
         keep = label != ignore_index

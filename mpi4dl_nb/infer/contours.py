@@ -30,7 +30,7 @@ Vertex = tuple[int, int, "np.ndarray | None"]   # x, y, the sums of the run star
 
 
 @dataclass(frozen=True)
-class Region:
+class TracedRegion:
     """One traced region of a class: its outer ring, its holes (vertex arrays, map pixel corners) and sums."""
 
     label: int
@@ -109,7 +109,7 @@ class RegionTracer:
     """Feed a label map strip by strip (``feed``), then ``finish``; each yields the regions that closed.
 
     ``labels``: int array, ``classes`` labels ``0..classes-1`` traced, anything else (e.g. -1) is
-    no region. ``values``: float channels per pixel summed over each region (the ``Region.sums``).
+    no region. ``values``: float channels per pixel summed over each region (the ``TracedRegion.sums``).
     ``min_area``: regions and holes of fewer pixels are dropped (a dropped hole becomes part of its
     region).
     """
@@ -123,7 +123,7 @@ class RegionTracer:
     def key(self, x: int, y: int) -> int:
         return y * (self.width + 1) + x
 
-    def feed(self, labels: np.ndarray, values: np.ndarray) -> Iterator[Region]:
+    def feed(self, labels: np.ndarray, values: np.ndarray) -> Iterator[TracedRegion]:
         """Rows ``[row, row + len(labels))``; ``values`` (channels, rows, width)."""
         rows = labels.shape[0]
         if rows == 0:
@@ -136,7 +136,7 @@ class RegionTracer:
         self.above = labels[-1].astype(np.int64)
         self.row += rows
 
-    def finish(self) -> Iterator[Region]:
+    def finish(self) -> Iterator[TracedRegion]:
         """Close every region at the map's lower edge."""
         empty = np.zeros((self.channels + 1, 0, self.width + 1))
         for label in range(self.classes):
@@ -145,7 +145,7 @@ class RegionTracer:
                 raise RuntimeError(f"class {label}: boundary paths left open at the map's end")
 
     # ------------------------------------------------------------------ one class, one strip
-    def _strip(self, label: int, mask: np.ndarray, above: np.ndarray, prefix: np.ndarray) -> Iterator[Region]:
+    def _strip(self, label: int, mask: np.ndarray, above: np.ndarray, prefix: np.ndarray) -> Iterator[TracedRegion]:
         y0 = self.row
         rows = mask.shape[0]
         items: list[_Path] = list(self.state[label].pending)
@@ -226,7 +226,7 @@ class RegionTracer:
             (rings if closed else open_paths).append(joined)
         return open_paths, rings
 
-    def _close(self, label: int, loops: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[Region]:
+    def _close(self, label: int, loops: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[TracedRegion]:
         """Simple loops closed in one strip: holes first (they wait), then outer rings take their holes."""
         state = self.state[label]
         for ring, sums in loops:
@@ -241,7 +241,7 @@ class RegionTracer:
             mine = state.take(ring)
             total = sums + sum((h.sums for h in mine), np.zeros_like(sums))
             if total[-1] >= self.min_area:
-                yield Region(label, ring, tuple(h.ring for h in mine), total[:-1], float(total[-1]))
+                yield TracedRegion(label, ring, tuple(h.ring for h in mine), total[:-1], float(total[-1]))
 
 
 def _loops(points: deque[Vertex], channels: int) -> list[tuple[np.ndarray, np.ndarray]]:

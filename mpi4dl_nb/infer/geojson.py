@@ -16,7 +16,7 @@ from typing import TextIO
 import numpy as np
 
 from .colors import class_color
-from .contours import Region, RegionTracer
+from .contours import RegionTracer, TracedRegion
 from .pyramid import MapPyramid
 
 STRIP_CELLS = 1 << 14     # map pixels traced at once (rows of the map, at least one)
@@ -35,7 +35,7 @@ def labels_of(block: np.ndarray, threshold: float | None, excluded: Collection[i
     return labels
 
 
-def feature(region: Region, class_names: Sequence[str], cell: float, mpp: float | None) -> dict[str, object]:
+def feature(region: TracedRegion, class_names: Sequence[str], cell: float, mpp: float | None) -> dict[str, object]:
     """One region as a QuPath GeoJSON feature (map pixel corners scaled to level-0 pixels)."""
     def ring(points: np.ndarray) -> list[list[float]]:
         return np.round(points * cell, 3).tolist()
@@ -68,7 +68,7 @@ def write_geojson(path: Path, pyramid: MapPyramid, *, class_names: Sequence[str]
         handle.write('{"type": "FeatureCollection", "features": [')
         first = True
 
-        def emit(regions: Iterable[Region]) -> None:
+        def emit(regions: Iterable[TracedRegion]) -> None:
             nonlocal first
             for region in regions:
                 _write(handle, feature(region, class_names, cell, mpp), first)
