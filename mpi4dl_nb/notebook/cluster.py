@@ -1,14 +1,10 @@
 """Notebook-side MPI cluster: start/connect ipyparallel MPI engines (mpiexec as ``comm.launcher`` builds it), run
-calls with timeouts."""
+calls with timeouts (``dl.cluster``: the launch settings, errors and log helpers re-exported from their modules)."""
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -17,216 +13,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, NoReturn, TypedDict, TypeVar, Unpack
 
-from ..comm.launcher import RANK_ENV, YIELD_ENV, Launcher, MPIFlavor, check_allowed, rank_environment
-from ..config import Choice
+from ..comm.launcher import Launcher, MPIFlavor, check_allowed
+from .engine_errors import EngineDied, EngineError, EngineTimeout, RemoteTaskError
+from .engine_launch import (
+    CONTROLLER_ARGS,
+    ENGINE_ARGS,
+    ENGINE_ENV,
+    EnginePlacement,
+    controller_address,
+    engine_env,
+    mpi_flavor,
+    mpi_launch_args,
+    slurm_batch_template,
+)
+from .launcher_log import deaths_in_log, launcher_exit_code, rank_lines, strip_ansi
+from .reaper_client import Reaper
 
 if TYPE_CHECKING:     # ipyparallel loads when a cluster starts (it carries no type information)
     from ipyparallel import AsyncResult, Client, DirectView
     from ipyparallel import Cluster as IpyCluster
-    from ipyparallel.cluster.launcher import BaseLauncher
     from ipyparallel.error import CompositeError
 
+__all__ = ["CONTROLLER_ARGS", "ENGINE_ARGS", "ENGINE_ENV", "Cluster", "ClusterOptions", "EngineDied", "EngineError",
+           "EnginePlacement", "EngineTimeout", "PendingCall", "RankInfo", "Reaper", "RemoteTaskError", "connect",
+           "controller_address", "deaths_in_log", "engine_env", "mpi_flavor", "mpi_launch_args", "rank_lines",
+           "slurm_batch_template", "start"]
+
 R = TypeVar("R")   # what a function called on the engines returns
-
-#: Environment every engine gets (``comm.launcher``'s rank environment): one thread per rank, a glibc
-#: malloc that keeps freed activation memory, and MPICH yielding its core while it waits - always, as the
-#: notebook's kernel and the controller share the cores with the engines.
-ENGINE_ENV: dict[str, str] = {**RANK_ENV, **YIELD_ENV}
-
-#: The controller pings engines every second (ipyparallel's default, 3 s, held every start-up
-#: ~2 s: an engine counts as registered only after its first heartbeat) and drops an engine
-#: after 30 missed pings; the engines' heart answers from a thread outside the GIL.
-CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=30"]
-
-#: Engines end themselves when the controller is gone for 20 heartbeat checks (1.5 s each, ~30 s):
-#: remote engines (hostfile, Slurm) outlive a dead driver no longer than that (local ones end at once).
-ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=20"]
-
-
-class EnginePlacement(Choice):
-    """Where the engines run: this machine, named hosts (``hosts=``), the hosts of a hostfile, or a Slurm job."""
-
-    LOCAL = "local"
-    HOSTS = "hosts"
-    HOSTFILE = "hostfile"
-    SLURM = "slurm"
-
-
-class EngineError(RuntimeError):
-    """A remote call failed: an engine died, hung past its timeout or raised.
-
-    ``ranks`` are the MPI ranks concerned, ``outputs`` maps rank -> that engine's output
-    (launcher log lines of that rank plus what the call printed).
-    """
-
-    def __init__(self, message: str, ranks: Sequence[int] = (),
-                 outputs: Mapping[int, str] | None = None) -> None:
-        self.ranks = list(ranks)
-        self.outputs = dict(outputs or {})
-        text = message
-        for rank in self.ranks:
-            out = self.outputs.get(rank, "").strip()
-            if out:
-                tail = "\n".join(out.splitlines()[-25:])
-                text += f"\n--- output of rank {rank} (last lines) ---\n{tail}"
-        super().__init__(text)
-
-
-class EngineDied(EngineError):
-    """An engine process exited during a call (the MPI job is gone: restart the cluster)."""
-
-
-class EngineTimeout(EngineError):
-    """A call did not finish within its timeout (likely a hung collective)."""
-
-
-class RemoteTaskError(EngineError):
-    """The function raised on one or more engines; the message holds their tracebacks."""
-
-
-# --------------------------------------------------------------------- launch arguments
-def mpi_flavor(name: MPIFlavor | str) -> MPIFlavor:
-    """``"mpich"``/``"openmpi"`` as an MPIFlavor; ValueError naming both otherwise."""
-    try:
-        return MPIFlavor(name)
-    except ValueError:
-        raise ValueError(f"mpi={name!r}: use one of {', '.join(f.value for f in MPIFlavor)}") from None
-
-
-def mpi_launch_args(flavor: MPIFlavor | str, env: Mapping[str, str], *, as_root: bool | None = None,
-                    hostfile: str | None = None, oversubscribe: bool = True) -> list[str]:
-    """mpiexec flags for the engine set (rank-tagged output, env export, oversubscription): ``comm.launcher``'s."""
-    return Launcher("mpiexec", mpi_flavor(flavor)).flags(env, as_root=as_root, hostfile=hostfile,
-                                                        oversubscribe=oversubscribe)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def strip_ansi(text: str) -> str:
-    """Text without terminal colour codes (IPython colours remote tracebacks)."""
-    return _ANSI.sub("", text)
-
-
-def rank_lines(output: str, rank: int) -> str:
-    """Lines of a rank-tagged launcher log that belong to ``rank`` (MPICH or Open MPI tags)."""
-    mine = []
-    mpich = re.compile(r"^\[(\d+)\]\s?")
-    ompi = re.compile(r"^\[\d+,(\d+)\]<\w+>:?\s?")
-    for line in output.splitlines():
-        for pattern in (mpich, ompi):
-            match = pattern.match(line)
-            if match:
-                if int(match.group(1)) == rank:
-                    mine.append(line[match.end():])
-                break
-    return "\n".join(mine)
-
-
-_MPICH_EXIT = re.compile(r"EXIT CODE: (\d+)")
-_MPICH_EXIT_STRING = re.compile(r"EXIT STRING: ([^\n]+)")
-_OMPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
-_OMPI_CODE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
-# an engine's nanny logs the moment its engine's pipe closes (MPICH prefixes the MPI rank)
-_NANNY_SAW_EXIT = re.compile(r"^\[(\d+)\] \d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d\.\d+) \[KernelNanny\.\d+\] "
-                             r"(?:Pipe closed|Parent \d+ exited)", re.M)
-FIRST_DEATH_WINDOW = 0.005   # seconds: engines ending later were ended by the launcher's clean-up
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def deaths_in_log(output: str) -> dict[int, str]:
-    """Ranks that died first, with how (exit code or signal), from the engine job's log.
-
-    Open MPI names the rank. MPICH ends every other rank when one dies and reports the exit
-    status but not reliably which rank, so the rank comes from the engines' nannies: each
-    logs when its engine ended, and those ending first died on their own.
-    """
-    found: dict[int, str] = {}
-    for match in _OMPI_SIGNAL.finditer(output):
-        number = int(match.group(2))
-        found[int(match.group(1))] = f"killed by signal {number} ({signal_name(number)})"
-    for match in _OMPI_CODE.finditer(output):
-        found.setdefault(int(match.group(1)), f"exit code {match.group(2)}")
-    if found:
-        return found
-    ended: dict[int, float] = {}
-    for match in _NANNY_SAW_EXIT.finditer(output):
-        hours, minutes, seconds = int(match.group(2)), int(match.group(3)), float(match.group(4))
-        ended.setdefault(int(match.group(1)), hours * 3600 + minutes * 60 + seconds)
-    if not ended:
-        return {}
-    code = _MPICH_EXIT.search(output)
-    text = _MPICH_EXIT_STRING.search(output)
-    if code is None:
-        how = "exited"
-    elif text is not None and "signal" in text.group(1).lower():
-        how = f"killed by signal {code.group(1)} ({signal_name(int(code.group(1)))})"
-    else:
-        how = f"exit code {code.group(1)}"
-    first = min(ended.values())
-    return {rank: how for rank, when in sorted(ended.items()) if when - first <= FIRST_DEATH_WINDOW}
-
-
-def controller_address(hosts: Sequence[str]) -> str:
-    """This machine's address on the way to ``hosts`` (the first that resolves): where a controller must listen
-    for engines there to reach it. ValueError naming the hosts when none resolves or none is reachable."""
-    problems = []
-    for host in hosts:
-        try:
-            target = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((target, 9))        # no packet is sent: the kernel picks the route and source
-                return str(probe.getsockname()[0])
-        except OSError as err:
-            problems.append(f"{host}: {err}")
-    raise ValueError(f"hosts={list(hosts)!r}: no route from this machine to any of them ({'; '.join(problems)}); "
-                     f"check the names (they must resolve here) and the network")
-
-
-def engine_env(extra: Mapping[str, str] | None = None, n: int = 1) -> dict[str, str]:
-    """ENGINE_ENV plus PYTHONPATH so the ``n`` engines import this checkout, plus ``extra``
-    (``comm.launcher.rank_environment`` on nothing but this process's PYTHONPATH)."""
-    base = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
-    return rank_environment(n, {**YIELD_ENV, **(extra or {})}, base=base)
-
-
-class Reaper:
-    """The driver's end of ``reaper.py``: a watcher process that ends the cluster's processes if the driver dies."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("reaper.py"))],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-
-    def _send(self, line: str) -> None:
-        if self.proc.poll() is None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.write(f"{line}\n".encode())
-                self.proc.stdin.flush()
-            except OSError:
-                pass
-
-    def watch(self, pids: Sequence[int]) -> None:
-        for pid in pids:
-            self._send(f"watch {int(pid)}")
-
-    def remove(self, folder: str) -> None:
-        """Have ``folder`` (a temporary profile: connection files, keys) removed if the driver dies."""
-        self._send(f"remove {folder}")
-
-    def close(self) -> None:
-        """After a stop: close the pipe, so the watcher ends whatever is left of the cluster and exits."""
-        if self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
 
 
 @dataclass(frozen=True)
@@ -621,27 +434,6 @@ class Cluster:
         """A variable from every engine's namespace, indexed by MPI rank."""
         view = self._running_view()
         return self.wait(PendingCall[object](view.pull(name, block=False), self._everyone()), timeout=timeout)
-
-
-def launcher_exit_code(launcher: BaseLauncher) -> int | None:
-    """Exit code of a launcher's local process (mpiexec), None while it runs or if it has none here."""
-    popen = getattr(launcher, "_popen_process", None)
-    if popen is None:
-        return None
-    try:
-        return popen.poll()
-    except Exception:
-        return None
-
-
-def slurm_batch_template(options: Sequence[str], env: Mapping[str, str]) -> str:
-    """sbatch script that starts the engines as one ``srun`` MPI job (ipyparallel template)."""
-    lines = ["#!/bin/bash", "#SBATCH --job-name=mpi4dl-engines", "#SBATCH --ntasks={n}"]
-    lines += [f"#SBATCH {opt}" for opt in options]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()
-              if name != "PATH"]
-    lines.append("srun {program_and_args} --mpi")
-    return "\n".join(lines) + "\n"
 
 
 class ClusterOptions(TypedDict, total=False):
