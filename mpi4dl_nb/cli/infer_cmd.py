@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ..comm.agreement import SetupFailed
     from ..infer.cohort import print_table, run_cohort
-    from ..infer.runner import Runner, SlideFailed
+    from ..infer.runner import SlideFailed, SlideRunner
     from ..infer.settings import InferSettings
     from .layout_cmd import launched_world
 
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return EXIT_SLIDES_FAILED
             return 0
         try:
-            runner = Runner(settings, ctx)
+            runner = SlideRunner(settings, ctx)
         except (SetupFailed, ConfigError) as err:
             if ctx.rank == 0:
                 say(0, size, f"error: {err}")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import Choice
-from .runner import Runner
+from .runner import SlideRunner
 from .settings import InferSettings
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | 
         from ..comm.context import init
 
         ctx = init()
-    summary = Runner(settings, ctx).run()
+    summary = SlideRunner(settings, ctx).run()
     return summary.as_dict() if summary is not None else None
 
 
@@ -64,5 +64,5 @@ def infer_with_model(checkpoint: str | Path, model: object, slide: str | Path, o
         from ..comm.context import init
 
         ctx = init()
-    summary = Runner(settings, ctx, trained).run()
+    summary = SlideRunner(settings, ctx, trained).run()
     return summary.as_dict() if summary is not None else None

@@ -17,7 +17,7 @@ from ..config import ConfigError
 from ..data.pathology import SLIDE_ONLY_EXTENSIONS
 from .finish import report_columns
 from .outputs import SLIDE_FIELD, OutputSpec, check_outputs
-from .runner import Runner, SlideFailed
+from .runner import SlideFailed, SlideRunner
 from .settings import InferSettings
 from .store import work_path
 from .trained import TrainedNetwork, load_network
@@ -134,7 +134,7 @@ def run_cohort(settings: InferSettings, slides_source: str, ctx: Comm, *, summar
                       outputs=tuple(text.replace(SLIDE_FIELD, slide.stem) for text in settings.outputs))
         start = time.perf_counter()
         try:
-            runner = Runner(one, ctx, trained)
+            runner = SlideRunner(one, ctx, trained)
             try:
                 result = runner.run()
             finally:

@@ -44,7 +44,7 @@ class SlideFailed(RuntimeError):
     """A slide could not be read during the run; every rank raises it with the same message."""
 
 
-class Runner:
+class SlideRunner:
     """Set up on every rank (errors agreed), then stream the windows; rank 0 writes and summarizes.
 
     ``trained``: the network, when the caller loaded it already (a cohort loads it once).

@@ -53,7 +53,7 @@ class HeatmapStore:
 
 
 @dataclass(frozen=True)
-class Progress:
+class ResumeRecord:
     """A partial output's resume record: what made it, and the output rows ``[0, rows_done)`` that are final."""
 
     fingerprint: Fingerprint
@@ -70,9 +70,9 @@ def save_progress(path: Path, fingerprint: Fingerprint, rows_done: int) -> None:
     os.replace(tmp, path)
 
 
-def load_progress(path: Path) -> Progress | None:
+def load_progress(path: Path) -> ResumeRecord | None:
     if not path.is_file():
         return None
     with open(path) as handle:
         data = json.load(handle)
-    return Progress(dict(data["fingerprint"]), int(data["rows_done"]))
+    return ResumeRecord(dict(data["fingerprint"]), int(data["rows_done"]))
