@@ -5,7 +5,10 @@
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh   # the same rows on CPU (gloo for nccl):
 #                                                       # checks the script itself, proves nothing about GPUs
 #
-# Every rank uses cuda:<local rank % GPUs> (one GPU per rank is best; fewer GPUs are shared).
+# Every rank uses cuda:<local rank % GPUs>. NCCL refuses two ranks on one GPU: with fewer GPUs than
+# a row's ranks, its nccl rows are marked SKIP ("needs one GPU per rank") and the mpi plane's rows run
+# with ranks sharing GPUs; with one GPU per rank everything runs (the rows and this choice:
+# benchmarks/support/gpu_rows.py).
 # Rows: the device and MPI facts, then spatial exactness (2x2 tiles, float64), engine exactness
 # (5 ranks SP+LP/PP/GEMS, float64), both data planes (exchanges, channels, collectives on CUDA
 # tensors; mpi plane CUDA-aware or staged through the pinned pool), each on the mpi and nccl
@@ -37,11 +40,13 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {'.'.join(map
       f"{torch.cuda.device_count()} GPU(s): {names}; CUDA-aware MPI: {cuda_aware_mpi()}")
 EOF
 
+if [ "$DEVICE" = cuda ]; then GPUS=$(python -c 'import torch; print(torch.cuda.device_count())'); else GPUS=0; fi
+
 # row NAME NPROCS ARGS...: run an MPI test program (tests/mpi/<prog>) and count its named checks
 row() {
   local name=$1 n=$2; shift 2
   local out="$LOG/$(echo "$name" | tr ' /' '__').log" start=$SECONDS
-  mpiexec -n "$n" python -m mpi4py -m "$@" >"$out" 2>&1
+  mpiexec -n "$n" python -m mpi4py -m "$@" >"$out" 2>&1 </dev/null
   local rc=$? secs=$((SECONDS - start))
   local pass fail
   pass=$(grep -c '"passed": true' "$out")
@@ -55,35 +60,15 @@ row() {
 cmd() {
   local name=$1 n=$2; shift 2
   local out="$LOG/$(echo "$name" | tr ' /' '__').log" start=$SECONDS
-  mpiexec -n "$n" "$@" >"$out" 2>&1
+  mpiexec -n "$n" "$@" >"$out" 2>&1 </dev/null
   local rc=$? secs=$((SECONDS - start))
   local verdict=PASS
   [ "$rc" -ne 0 ] && verdict=FAIL
   ROWS+=("| $name | $verdict | exit $rc | ${secs}s | $out |")
 }
 
-SPATIAL_MODELS=resnet_classifier,avgpool3_s2_excl,maxpool3_s2_p1,bn_relu_conv
-for plane in mpi "$TORCH_PLANE"; do
-  row "spatial exactness 2x2 ($plane)" 4 tests.mpi.spatial_exactness 2 2 "$plane" "$SPATIAL_MODELS"
-done
-for plane in mpi "$TORCH_PLANE"; do
-  row "engine exactness 5 ranks ($plane)" 5 tests.mpi.engine_exact "--backend=$plane" \
-      sp_lp_square sp_pp sp_gems_pp
-  row "engine exactness 3 ranks GEMS 1F1B ($plane)" 3 tests.mpi.engine_exact "--backend=$plane" \
-      gems3_1f1b_m2 lp3
-done
-row "both planes, 2 ranks (mpi, $TORCH_PLANE)" 2 tests.mpi.comm_planes "--device=$DEVICE"
-row "both planes, 4 ranks (mpi, $TORCH_PLANE)" 4 tests.mpi.comm_planes "--device=$DEVICE"
-row "soak: trace and memory flat ($TORCH_PLANE)" 5 tests.mpi.soak sp_lp 300 "--backend=$TORCH_PLANE"
-
-cmd "p2p benchmark" 2 python benchmarks/bench_p2p.py --device "$DEVICE" --repeats 20
-TRAIN=(python -m mpi4dl_nb train --model resnet --resnet-version 1 --num-layers 8 --num-filters 8
-       --image-size 64 --batch-size 4 --num-samples 8 --split-size 2 --spatial-size 1
-       --num-spatial-parts 4 --parts 2 --steps 3 --dtype float64 --device "$DEVICE" --no-progress -v)
-cmd "train CLI 5 ranks (torch plane)" 5 "${TRAIN[@]}" --backend "$TORCH_PLANE"
-cmd "train CLI 5 ranks (mpi)" 5 "${TRAIN[@]}" --backend mpi
-
-# the two CLI runs: same float64 losses, memory from the CUDA allocator on GPU
+# compare: the two CLI runs give the same float64 losses, memory from the CUDA allocator on GPU
+compare() {
 python - "$LOG" "$DEVICE" <<'EOF' && ROWS+=("$(cat "$LOG/train_compare.row")")
 import json, pathlib, sys
 log = pathlib.Path(sys.argv[1])
@@ -106,6 +91,24 @@ else:
            f"{mpi['images_per_s']:.2f} img/s | | |")
 (log / "train_compare.row").write_text(row)
 EOF
+}
+
+# the rows and which run here (kind, name, ranks, skip reason or -, arguments; tab-separated)
+mapfile -t PLAN < <(python -m benchmarks.support.gpu_rows --device "$DEVICE" --gpus "$GPUS")
+[ "${#PLAN[@]}" -gt 0 ] || { echo "gpu_check: no rows planned (benchmarks/support/gpu_rows.py failed)"; exit 2; }
+for line in "${PLAN[@]}"; do
+  IFS=$'\t' read -r kind name n reason command <<<"$line"
+  if [ "$reason" != - ]; then
+    ROWS+=("| $name | SKIP | $reason | | |")
+    continue
+  fi
+  eval "args=($command)"     # shell-quoted by gpu_rows.py (shlex.join)
+  case $kind in
+    checks) row "$name" "$n" "${args[@]}" ;;
+    command) cmd "$name" "$n" "${args[@]}" ;;
+    train-compare) compare ;;
+  esac
+done
 
 echo
 echo "| check | result | detail | time | log |"
