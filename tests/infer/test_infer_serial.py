@@ -4,6 +4,7 @@ bounded memory and bad input (the command's code path, in this process)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -86,9 +87,15 @@ def test_resume_continues_from_the_last_finished_window_row(data, capsys):
     assert relative_difference(np.load(root / "r.npy"), reference) <= 1e-12
 
 
-def test_tissue_only_skips_background_windows(data):
+def test_tissue_only_skips_background_windows(data, capsys):
     root, checkpoint, slide, reference = data
-    summary = run(checkpoint, slide, [root / "t.npy"], tissue_only=True)
+    capsys.readouterr()
+    summary = run(checkpoint, slide, [root / "t.npy"], tissue_only=True, progress=True)
+    bars = capsys.readouterr().err.splitlines()            # measure/progress.ProgressLine: a line a window row
+    rows = summary["window_grid"][0]
+    assert len(bars) == rows and all(re.fullmatch(r"\[[#.]{30}\] windows \d+/\d+ rows \d+/\d+ \d+\.\d\d MP/s", b)
+                                     for b in bars), bars
+    assert bars[-1].startswith(f"[{'#' * 30}] windows {summary['windows']}/{summary['windows']} rows {rows}/{rows} ")
     result = np.load(root / "t.npy")
     assert summary["skipped_background"] > 0
     assert summary["computed_windows"] + summary["skipped_background"] == summary["windows"]
