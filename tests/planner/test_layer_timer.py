@@ -12,8 +12,8 @@ from torch import nn
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
-from mpi4dl_nb.planner.footprint import StageRole
 from mpi4dl_nb.planner.device import TimingRequest
+from mpi4dl_nb.planner.footprint import StageRole
 from mpi4dl_nb.planner.layer_timer import LayerTimer
 from mpi4dl_nb.planner.step_time import step_model, time_layers
 from tests.planner.recording import flop_timer
