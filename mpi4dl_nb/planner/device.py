@@ -10,7 +10,6 @@ the one-knob sweep), or the device a caller names for an offline ``suggest`` (de
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Hashable, Sequence
@@ -94,11 +93,6 @@ def sync_device(device: torch.device | str) -> None:
     """Wait for the device's queued work (CUDA); nothing on CPU."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def machine_cores() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def measure_copy_bandwidth(device: torch.device | str, nbytes: int = 16 * 2 ** 20, repeats: int = 5) -> float:

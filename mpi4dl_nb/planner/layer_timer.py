@@ -27,11 +27,12 @@ from ..comm.device import select_device
 from ..comm.handles import Group
 from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
+from ..comm.waiting import node_cores
 from ..pipeline.bn_replay import RunningStatsLedger
 from ..pipeline.dataparallel import gather_terms, sum_stage_gradients
 from ..pipeline.runtime import start_training
 from ..spatial.geometry import TileGrid
-from .device import LayerTime, MeasuringDevice, TimingRequest, machine_cores, measure_copy_bandwidth, sync_device
+from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth, sync_device
 from .fake_world import FakeComm, FakeWorld, SizeOracle
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
 
@@ -113,7 +114,7 @@ class TorchDevice:
         return measure_copy_bandwidth(self.device)
 
     def cores(self) -> int | None:
-        return machine_cores() if self.device.type == "cpu" else None
+        return node_cores() if self.device.type == "cpu" else None
 
 
 def measuring_device(device: MeasuringDevice | torch.device | str) -> MeasuringDevice:
