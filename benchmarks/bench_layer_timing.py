@@ -40,9 +40,9 @@ CONFIGS = [
 METHODS = ("alone", "together")
 
 
-def predict_all(method: str, network, threads: int) -> list[float]:
+def predict_all(method: str, network, threads: int, device: str) -> list[float]:
     layers = trials.ModelSpec("resnet", 11, 8).build()
-    timer = LayerTimer("cpu", 5, threads)
+    timer = LayerTimer(device, 5, threads)     # the job's device, where its ranks run
     models = [step_model(layers, cfg, 384, 2, network=network, timer=timer) for cfg in CONFIGS]
     if method == "together":
         time_layers(models)
@@ -71,7 +71,7 @@ def main() -> int:
     for _ in range(args.repeats):
         for method in METHODS:
             if ctx.rank == 0:
-                found[method].append(predict_all(method, network, calibration.threads))
+                found[method].append(predict_all(method, network, calibration.threads, calibration.device))
             ctx.barrier()
     if ctx.rank != 0:
         return 0

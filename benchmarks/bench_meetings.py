@@ -6,7 +6,7 @@ A spatial stage's tiles meet at every halo exchange and BatchNorm sum. Here grou
 rounds of work with a small all-reduce after each (``measure.calibration.meeting_cost``, the rest of the
 ranks waiting): 2 ranks, 3, 4, all of them, and two pairs at once (GEMS's two tile groups), with
 short and long work between meetings. Printed per group: the measured seconds per meeting, the
-model's (``Network.group_meeting`` plus the sum's bytes, ``Network.reduction_bytes``) and the
+model's (``Network.meeting`` and ``Crowding.meeting_extra`` plus the sum's bytes, ``Network.reduction_bytes``) and the
 earlier model's (``Network.meeting`` plus a ring all-reduce's latency and bytes,
 ``Network.all_reduce``), each as a ratio to measured. The model's figure for two pairs leaves out
 the crowding by the other pair, which the simulator adds in proportion to the ranks computing.
@@ -15,7 +15,7 @@ A second table times what a spatial stage's tiles do between and at their meetin
 a group of ranks runs conv layers' forward and backward (``measure.calibration.layer_work``; about 1 and
 4 ms per round timed on one rank alone) and then meets, the rest of the ranks waiting. Printed:
 the measured seconds per round next to the simulator's (``planner.simulate``: the tiles as one
-lockstep group with that work and one ``group_meeting`` per round, beside the waiting ranks), and
+lockstep group with that work and one meeting (``Crowding.meeting_extra``) per round, beside the waiting ranks), and
 the simulator's before more tiles than cores were slowed by the waiting ranks in all their time.
 """
 
@@ -96,16 +96,16 @@ def modelled_round(network: Network, members: int, world: int, cores: int, work:
     cfg = ParallelConfig(split_size=1 + world - members, spatial_size=1, num_spatial_parts=members,
                          slice_method="horizontal")
     wire = network.reduction_bytes(FLAG_BYTES, members)
-    slowdown = network.waiting_slowdown
+    slowdown = network.crowding.waiting_slowdown
     if earlier and members > cores:     # the exposed share folded into the slowdown, as it was applied
         # (such a group's own exposed share no longer counts: the simulator slows it in all its time)
-        share = tile_cost(network, None, members, work, wire, 1, cores, world).exposed
+        share = tile_cost(network, None, members, work, wire, 1, cores, world, network.crowding).exposed
         slowdown = 1.0 + (slowdown - 1.0) * share
 
     def cost(action):
         if action.kind is ActionKind.FORWARD and action.stage == 0:
             return tile_cost(network, group_key(action, tuple(range(members)), "tiles"), members, work, wire, 1,
-                             cores, world)
+                             cores, world, network.crowding)
         return Cost()
     timelines = simulate(build_schedule(cfg), cost, lambda action: 0.0, cores=cores, waiting_slowdown=slowdown)
     return timelines[0].phases[ActionKind.FORWARD.value]
@@ -129,7 +129,7 @@ def main() -> None:
         for name, groups in groups_of(ctx.world_size).items():
             measured = meeting_cost(ctx, rounds=args.rounds, work_seconds=work, repeats=args.repeats, groups=groups)
             members = len(groups[0])
-            model = network.group_meeting(members, work, cores, ctx.world_size) + \
+            model = network.meeting + network.crowding.meeting_extra(members, work, cores, ctx.world_size) + \
                 network.reduction_bytes(FLAG_BYTES, members)
             earlier = network.meeting + network.all_reduce(FLAG_BYTES, members)
             rows.append((work, name, measured, model, earlier))

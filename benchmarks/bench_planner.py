@@ -106,7 +106,7 @@ def run_model(model: str, depth: int, width: int, image_size: int, steps: int,
                   file=sys.stderr, flush=True)
             found: dict[str, Row] = {}
             for done in range(passes):     # each pass times the layers afresh, at another moment
-                timer = LayerTimer(threads=calibration.threads)
+                timer = LayerTimer(calibration.device, threads=calibration.threads)   # the ranks' device
                 for name, knobs, batch in group:
                     cfg = ParallelConfig(**knobs)
                     measured = cluster.run(trials.measure_config_on_engine, spec, knobs, image_size, batch, steps)[0]

@@ -3,15 +3,16 @@
     mpiexec -n 5 python -m mpi4dl_nb tune --model resnet --num-layers 20 --num-filters 8 \\
         --image-size 256 --batch-size 2 --memory-limit-mb 200 --top 3 --steps 2
 
-Every rank takes part: a ping-pong calibrates the network model, rank 0 runs ``suggest`` for
-this world size and the memory limit (the others wait), then the one-process reference and
-each of the ``--top`` configurations are built side by side on the ranks (a warm-up and a
-memory-measured step each) and timed in ``--rounds`` rounds of ``--steps`` steps, one step of
-each in turn (a slow spell of the machine falls on all of them alike; each one's time is the
-median of its steps). Rank 0 prints predicted next to measured and picks the fastest
-configuration whose measured peak fits; ``--explain`` adds each rank's predicted and traced
-seconds per action kind (which part of a prediction is off); ``--json PATH`` writes the table
-(with those phases). One rank, or a
+Every rank takes part: a ping-pong calibrates the network model (the crowded-core rounds too
+when the ranks outnumber a CPU node's cores), rank 0 runs ``suggest`` for this world size and
+the memory limit on the ranks' device (layer times and copy speed measured there; the others
+wait), then the one-process reference and each of the ``--top`` configurations are built side
+by side on the ranks (a warm-up and a memory-measured step each) and timed in ``--rounds``
+rounds of ``--steps`` steps, one step of each in turn (a slow spell of the machine falls on all
+of them alike; each one's time is the median of its steps). Rank 0 prints predicted next to
+measured and picks the fastest configuration whose measured peak fits; ``--explain`` adds each
+rank's predicted and traced seconds per action kind (which part of a prediction is off);
+``--json PATH`` writes the table (with those phases). One rank, or a
 memory limit no configuration fits, exits non-zero with one line.
 """
 
@@ -90,7 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..measure.calibration import calibrate_job
     from ..planner.memory import MB
     from ..planner.suggest import describe_config
-    from ..planner.timing import network_of
     from ..planner.tune import Tuner, TuneResult
     from .layout_cmd import refuse
 
@@ -99,14 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         refuse("tune compares parallel configurations: run it on at least 2 ranks (mpiexec -n N, N >= 2)",
                ctx.rank, ctx.world_size)
     spec = trials.trial_model(args.model, args.num_layers, args.num_filters, args.num_classes, dtype=args.dtype)
-    calibration = calibrate_job(ctx)
-    network = network_of(calibration)
     limit = args.memory_limit_mb * MB
-
     tuner = Tuner(spec, args.image_size, args.batch_size, limit, ctx.world_size, trials.here, top=args.top,
                   steps=args.steps, rounds=args.rounds, suggest_options={"max_split": args.max_split,
-                                   **({} if args.headroom is None else {"headroom": args.headroom})},
-                  threads=calibration.threads)
+                                   **({} if args.headroom is None else {"headroom": args.headroom})})
+    network = tuner.calibrated(calibrate_job(ctx))     # the ranks' device: where the planner measures
     planned: TuneResult | None = None
     failure = None
     if ctx.rank == 0:

@@ -1,5 +1,7 @@
-"""Calibrating the time model on the running job: ping-pong, the cost of a meeting, compute beside
-waiting ranks, a stage hand-off in a relay; ``calibrate_job`` gathers them into a ``JobCalibration``."""
+"""Calibrating the time model on the running job: ping-pong, the cost of a meeting, a stage
+hand-off in a relay, and - only while the ranks outnumber a CPU node's cores - the crowded-core
+rounds (crowded meetings, compute beside waiting ranks); ``calibrate_job`` gathers them into a
+``JobCalibration``."""
 
 from __future__ import annotations
 
@@ -189,30 +191,56 @@ def handoff_seconds(ctx: Comm, laps: int = 6, repeats: int = 9) -> float:
 
 
 @dataclass(frozen=True)
+class CrowdedRounds:
+    """The crowded-core rounds of a calibration, run only while the job's ranks outnumber a CPU
+    node's cores (``crowded_job``): the cost of a meeting of all ranks with long and short work
+    between meetings (``meeting_cost``), and how much slower the ranks filling the cores compute
+    while the others wait (``waiting_slowdown``)."""
+
+    crowd_seconds: float           # with LONG_WORK seconds of work between meetings
+    crowd_short_seconds: float     # with SHORT_WORK
+    waiting_slowdown: float = 1.0
+
+
+@dataclass(frozen=True)
 class JobCalibration:
     """What the time model takes from the running job: ping-pong (bytes, seconds) points,
-    the cost of a meeting of two ranks while the others wait (``pair_seconds``) and of all
-    ranks at once with long and short work between meetings (``crowd_seconds``,
-    ``crowd_short_seconds``; ``meeting_cost``), the torch threads of rank 0, and how much
-    slower the ranks filling the cores compute while the others wait (``waiting_slowdown``),
-    and what a stage hand-off adds to a relay through every rank (``handoff_seconds``)."""
+    the cost of a meeting of two ranks while the others wait (``pair_seconds``), the torch
+    threads of rank 0, the ranks' device (where the planner measures layer times and copy
+    speed), what a stage hand-off adds to a relay through every rank (``handoff_seconds``), the
+    job's ranks, and its crowded-core rounds (None: not run, the ranks have a core or GPU each)."""
 
     points: tuple[tuple[int, float], ...]
     pair_seconds: float
-    crowd_seconds: float           # with LONG_WORK seconds of work between meetings
-    crowd_short_seconds: float     # with SHORT_WORK
     threads: int
-    waiting_slowdown: float = 1.0  # computing ranks beside the others waiting (``waiting_slowdown``)
+    device: str
     handoff_seconds: float = 0.0   # one hand-off in a relay of every rank (``handoff_seconds``)
-    ranks: int = 0                 # ranks of the job (the crowd of ``crowd_seconds``; 0: not recorded)
+    ranks: int = 0                 # ranks of the job (the crowd of ``crowded``; 0: not recorded)
+    crowded: CrowdedRounds | None = None
+
+
+def crowded_job(ctx: Comm) -> bool:
+    """Whether the job's ranks outnumber the cores they share: a CPU job of more ranks than rank
+    0's node has cores (rank 0 decides for all, so every rank runs the same rounds)."""
+    from ..comm.waiting import node_cores
+
+    return bool(ctx.bcast_object(ctx.device.type == "cpu" and ctx.world_size > node_cores(), root=0))
+
+
+def crowded_rounds(ctx: Comm) -> CrowdedRounds:
+    """``meeting_cost`` of all ranks with long and short work between meetings, and
+    ``waiting_slowdown`` (collective)."""
+    crowd = meeting_cost(ctx, work_seconds=LONG_WORK)
+    crowd_short = meeting_cost(ctx, work_seconds=SHORT_WORK, rounds=60)
+    return CrowdedRounds(crowd, crowd_short, waiting_slowdown(ctx))
 
 
 def calibrate_job(ctx: Comm) -> JobCalibration:
-    """``ping_pong`` + ``meeting_cost`` (two ranks, all ranks) + torch threads +
-    ``waiting_slowdown`` + ``handoff_seconds`` on the job of ``ctx`` (collective)."""
+    """``ping_pong`` + ``meeting_cost`` of two ranks + torch threads + the device +
+    ``handoff_seconds`` on the job of ``ctx``, and the crowded rounds when its ranks outnumber
+    a CPU node's cores (``crowded_job``; collective)."""
     points = tuple(ping_pong(ctx))
     pair = meeting_cost(ctx, ranks=(0, 1), work_seconds=LONG_WORK) if ctx.world_size > 1 else 0.0
-    crowd = meeting_cost(ctx, work_seconds=LONG_WORK)
-    crowd_short = meeting_cost(ctx, work_seconds=SHORT_WORK, rounds=60)
-    return JobCalibration(points, pair, crowd, crowd_short, int(ctx.bcast_object(torch.get_num_threads(), root=0)),
-                          waiting_slowdown(ctx), handoff_seconds(ctx), ctx.world_size)
+    crowded = crowded_rounds(ctx) if crowded_job(ctx) else None
+    threads = int(ctx.bcast_object(torch.get_num_threads(), root=0))
+    return JobCalibration(points, pair, threads, str(ctx.device), handoff_seconds(ctx), ctx.world_size, crowded)

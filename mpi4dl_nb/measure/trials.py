@@ -317,3 +317,8 @@ def calibrate_job_on_engine() -> JobCalibration:
     from .calibration import calibrate_job
 
     return calibrate_job(_engine_context())
+
+
+def device_on_engine() -> str:
+    """This job's device (``ctx.device``: where the planner measures for it), for ``cluster.run``."""
+    return str(_engine_context().device)

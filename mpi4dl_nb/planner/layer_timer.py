@@ -1,7 +1,8 @@
-"""Layer times measured on the rank's device, many layers in interleaved rounds.
+"""Layer times measured on the job's device, many layers in interleaved rounds.
 
-``LayerTimer`` runs a layer per input shape and role with real tensors - a spatial layer
-spatialized for one tile alone (``fake_world``'s size oracle), so its halo packing and
+``LayerTimer`` has its ``device.MeasuringDevice`` (``TorchDevice``: a real ``torch.device``)
+run a layer per input shape and role with real tensors - a spatial layer spatialized for one
+tile alone (``fake_world``'s size oracle), so its halo packing and
 decomposed BatchNorm are timed, the wire time is not - together with the engine's work around
 it, and keeps the median of each phase over its runs. ``LayerTimer.measure`` times many layers
 together: each round runs every layer once, so a slow spell of the machine (seconds long where
@@ -22,13 +23,16 @@ import torch
 from torch import nn
 
 from ..comm.allocator import tune_malloc
+from ..comm.device import select_device
 from ..comm.handles import Group
 from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
+from ..comm.waiting import node_cores
 from ..pipeline.bn_replay import RunningStatsLedger
 from ..pipeline.dataparallel import gather_terms, sum_stage_gradients
 from ..pipeline.runtime import start_training
 from ..spatial.geometry import TileGrid
+from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth, sync_device
 from .fake_world import FakeComm, FakeWorld, SizeOracle
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
 
@@ -36,59 +40,15 @@ _PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", 
 ONE_HOLDER = Group((0,))
 
 
-@dataclass(frozen=True)
-class LayerTime:
-    """Seconds of one layer's forward and backward on one rank (one chunk), and of its share of
-    the engine's work around them, each timed on the engine's own code: ``setup`` (train mode,
-    gradients dropped, BatchNorm statistics remembered at the step start), ``gradients``
-    (flattened for the stage's all-reduce and copied back, one holder), ``replay`` (BatchNorm
-    running statistics replayed from one chunk's terms, ``pipeline.bn_replay``) and
-    ``replay_chunk`` (each further chunk), ``optimizer`` (SGD with momentum on its parameters),
-    ``terms_exchange`` (one chunk's BatchNorm terms packed for the holders' sum and unpacked,
-    ``dataparallel.gather_terms``, when several ranks hold the stage)."""
-
-    forward: float
-    backward: float
-    optimizer: float = 0.0
-    replay: float = 0.0
-    replay_chunk: float = 0.0
-    gradients: float = 0.0
-    setup: float = 0.0
-    terms_exchange: float = 0.0
-
-    @property
-    def bookkeeping(self) -> float:
-        """The step's tail for one chunk: optimizer update + BatchNorm replay."""
-        return self.optimizer + self.replay
-
-    def reduction(self, chunks: int, holders: int = 1) -> float:
-        """This layer's local share of a stage's gradient/statistics action over ``chunks`` chunks
-        (``holders`` ranks hold the stage: their BatchNorm terms are exchanged too)."""
-        exchange = chunks * self.terms_exchange if holders > 1 else 0.0
-        return self.gradients + self.replay + max(0, chunks - 1) * self.replay_chunk + exchange
-
-
-@dataclass(frozen=True)
-class TimingRequest:
-    """A layer to time: on inputs of ``shapes`` in ``dtype``, in ``role`` (a spatial stage's tile
-    or whole maps), with the ``loss`` applied to its output when it is the model's last layer
-    (``loss_key`` names that loss for the cache)."""
-
-    layer: nn.Module
-    shapes: tuple[Shape, ...]
-    dtype: torch.dtype
-    role: StageRole
-    loss: Loss | None = None
-    loss_key: Hashable = None
-
-
 class LayerTimer:
     """Forward/backward seconds per (layer structure, input shapes, dtype, role), measured
-    once on ``device`` with ``threads`` torch threads (the engines' setting), ``repeats`` runs
+    once on ``device`` (the job's: a ``MeasuringDevice``, or a ``torch.device`` / name measured
+    by ``TorchDevice``) with ``threads`` torch threads (the engines' setting), ``repeats`` runs
     after a warm-up, each layer's median kept."""
 
-    def __init__(self, device: torch.device | str = "cpu", repeats: int = 5, threads: int = 1) -> None:
-        self.device = torch.device(device)
+    def __init__(self, device: MeasuringDevice | torch.device | str, repeats: int = 5, threads: int = 1) -> None:
+        self.bench = measuring_device(device)
+        self.device = self.bench.device
         self.repeats = repeats
         self.threads = threads
         self._found: dict[Hashable, LayerTime] = {}
@@ -107,7 +67,7 @@ class LayerTimer:
 
     def measure(self, requests: Iterable[TimingRequest]) -> None:
         """Time every request not timed yet, all of them together in interleaved rounds (module
-        docstring); ``layer`` then answers them from memory."""
+        docstring) on the device; ``layer`` then answers them from memory."""
         pending: dict[Hashable, tuple[TimingRequest, int]] = {}
         for request in requests:
             tile = slowest_tile(request.role, request.shapes)
@@ -116,7 +76,7 @@ class LayerTimer:
                 pending.setdefault(key, (request, tile))
         if not pending:
             return
-        times = self._time_together(list(pending.values()))
+        times = self.bench.time_layers(list(pending.values()), self.repeats, self.threads)
         for key, found in zip(pending, times):
             self._found[key] = found
         self.profiled += len(pending)
@@ -125,21 +85,44 @@ class LayerTimer:
         return (self._structure(request.layer), request.shapes, request.dtype, request.role, tile,
                 request.loss_key if request.loss is not None else None)
 
-    def _time_together(self, pending: Sequence[tuple[TimingRequest, int]]) -> list[LayerTime]:
+
+@dataclass(frozen=True)
+class TorchDevice:
+    """A real ``torch.device`` to measure on (``device.MeasuringDevice``): layers built and run
+    there, copies timed there; a CPU's ranks share this machine's cores, a GPU is one rank's."""
+
+    device: torch.device
+
+    def time_layers(self, pending: Sequence[tuple[TimingRequest, int]], repeats: int,
+                    threads: int) -> list[LayerTime]:
         """Each (request, tile)'s LayerTime: every layer built, then run once per round."""
         if self.device.type == "cpu":
             tune_malloc()    # as the engines run (dl.init): freed activations reused, no page faults
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
         try:
             benches = [_Bench.build(request, tile, self.device) for request, tile in pending]
             inputs = _RandomInputs(self.device, benches)
-            for _ in range(self.repeats + 1):
+            for _ in range(repeats + 1):
                 for bench in benches:
                     bench.run_once(inputs)
             return [bench.result() for bench in benches]
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(before)
+
+    def copy_bandwidth(self) -> float:
+        return measure_copy_bandwidth(self.device)
+
+    def cores(self) -> int | None:
+        return node_cores() if self.device.type == "cpu" else None
+
+
+def measuring_device(device: MeasuringDevice | torch.device | str) -> MeasuringDevice:
+    """Where to measure: ``device`` itself when it measures, else a ``TorchDevice`` on it
+    (``"auto"``: the device ``dl.init()`` would give this process, CUDA when visible)."""
+    if isinstance(device, (torch.device, str)):
+        return TorchDevice(select_device(0) if device == "auto" else torch.device(device))
+    return device
 
 
 class _RandomInputs:
@@ -247,12 +230,6 @@ class _Clock:
         if into is not None:
             into.append(now - self.last)
         self.last = now
-
-
-def sync_device(device: torch.device | str) -> None:
-    """Wait for the device's queued work (CUDA); nothing on CPU."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def slowest_tile(role: StageRole, shapes: Sequence[Shape]) -> int:

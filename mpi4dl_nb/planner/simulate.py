@@ -3,7 +3,8 @@
 Each rank executes its own action list in order, as the runtime does. A compute action has
 ``work`` (seconds at full speed) and runs, together with every other computing rank of the
 node, at ``min(1, cores / computing ranks)`` of full speed (processor sharing: more ranks
-than cores slow each other down; with ``cores=None`` every rank has its own device). A
+than cores slow each other down: ``crowding.SharedCores``, the crowded-core model; with
+``cores=None`` every rank has its own device and runs at full speed). A
 group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
 ranks reached it and ends for all of them together, after each rank's work and a fixed
 ``delay`` (wire time; waiting ranks use no core; plus the ``crowded`` share of the work
@@ -34,11 +35,11 @@ trace of the action shows them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from ..pipeline.schedules import Action, Schedule
+from .crowding import SharedCores
 
 EPS = 1e-12
 
@@ -101,9 +102,9 @@ class _Replay:
                  message: Callable[[Action], float], cores: int | None,
                  start: Callable[[int], float] | None = None, waiting_slowdown: float = 1.0) -> None:
         self.lists = [schedule.actions(r) for r in range(len(schedule.per_rank))]
-        self.cost, self.message, self.cores = cost, message, cores
-        self.waiting_slowdown = waiting_slowdown
+        self.cost, self.message = cost, message
         count = len(self.lists)
+        self.sharing = SharedCores(cores, count, waiting_slowdown) if cores is not None else None
         self.position = [0] * count
         self.free_at = [start(r) if start is not None else 0.0 for r in range(count)]
         self.timelines = [RankTimeline(r, compute=t, spans=[(0.0, t, "setup")] if t else [])
@@ -196,12 +197,8 @@ class _Replay:
         self.position[rank] += 1
 
     def crowding(self, demand: float) -> float:
-        """How crowded the cores are with ``demand`` cores' worth of ranks computing: 0 up to one
-        rank per core, 1 with every rank of the step running (where ``Cost.crowded`` was
-        measured), linear between."""
-        if self.cores is None or demand <= self.cores:
-            return 0.0
-        return min(1.0, (demand - self.cores) / max(1, len(self.lists) - self.cores))
+        """How crowded the cores are (``SharedCores.crowding``; a device each: never)."""
+        return self.sharing.crowding(demand) if self.sharing is not None else 0.0
 
     @staticmethod
     def core_demand(computing: Sequence[_Running]) -> float:
@@ -209,36 +206,12 @@ class _Replay:
         of its time it waits at meetings, its core free for another rank), any other a whole core."""
         return sum(r.exposed if r.stalled_by > 1 else 1.0 for r in computing)
 
-    def beside_waiting(self, computing: int) -> float:
-        """Slowdown of the computing ranks from the others waiting on shared cores (their
-        wake-ups): ``waiting_slowdown`` was measured with the cores busy and every other rank
-        waiting; fewer waiting ranks cost proportionally less; a device per rank nothing."""
-        if self.cores is None or self.waiting_slowdown <= 1.0 or not computing:
-            return 1.0
-        count = len(self.lists)
-        measured_waiters = count - min(self.cores, count - 1)
-        return 1.0 + (self.waiting_slowdown - 1.0) * min(1.0, (count - computing) / max(1, measured_waiters))
-
     def rate(self, run: _Running, computing: int) -> float:
-        """Share of full speed ``run`` computes at while ``computing`` ranks run: the cores shared,
-        slowed by the waiting ranks' wake-ups in its exposed share (all its time in a group with
-        more members than cores: at a meeting its core runs another member), and by every
-        member's while its lockstep group has a core per member; a lockstep member's partners off
-        the cores wait at their next meeting, so beside it only the cores' worth of ranks compute
-        (module docstring)."""
-        on_cores = computing
-        if self.cores is not None and run.stalled_by > 1:
-            on_cores = min(computing, self.cores)
-        exposed = run.exposed
-        if self.cores is not None and run.stalled_by > self.cores:
-            exposed = 1.0     # a member waiting at a meeting yields its core to another member: never free
-        slowed = 1.0 + (self.beside_waiting(on_cores) - 1.0) * exposed
-        if self.cores is not None and computing > self.cores:
-            share = self.cores / computing
-            if run.stalled_by > self.cores:   # between two meetings some core runs ceil(members / cores) of them
-                share *= run.stalled_by / (self.cores * math.ceil(run.stalled_by / self.cores))
-            return share / slowed
-        return 1.0 / slowed ** run.stalled_by
+        """Share of full speed ``run`` computes at while ``computing`` ranks run (``SharedCores.rate``;
+        a device each: full speed)."""
+        if self.sharing is None:
+            return 1.0
+        return self.sharing.rate(computing, run.stalled_by, run.exposed)
 
     def advance(self) -> None:
         computing = list(self.running.values())
@@ -298,7 +271,7 @@ def simulate(schedule: Schedule, cost: Callable[[Action], Cost], message: Callab
     ``message(send)`` the seconds from a send to its arrival, ``cores`` shared by all ranks
     (None: a device each), ``start(rank)`` the seconds before a rank's first action (setting
     the step up; default 0), ``waiting_slowdown`` how much slower the ranks filling the cores
-    compute while the rest wait (``Network.waiting_slowdown``; fewer waiting: proportionally less).
+    compute while the rest wait (``crowding.Crowding.waiting_slowdown``; fewer waiting: proportionally less).
     Returns every rank's timeline."""
     return _Replay(schedule, cost, message, cores, start, waiting_slowdown).run()
 

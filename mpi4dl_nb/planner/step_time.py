@@ -8,8 +8,9 @@ Per action of ``schedules.build_schedule(cfg)``:
   hand-off) at the device's copy speed; on a spatial stage the tiles run as one group
   in lockstep and add the wire time of their halo messages and the bytes of their BatchNorm
   sums (counted in the footprint simulation: messages and bytes per tile) and a meeting each
-  (``Network.group_meeting``: a small all-reduce's latency included; more tiles than cores
-  crowd their own meetings, fewer are crowded by other ranks computing); the share of
+  (``Network.meeting``: a small all-reduce's latency included; while the ranks outnumber a
+  CPU node's cores, ``crowding``: more tiles than cores crowd their own meetings, fewer are
+  crowded by other ranks computing); the share of
   their time spent computing rather than meeting is what waiting ranks' wake-ups slow down
   (``simulate``);
 * sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival, and
@@ -24,8 +25,9 @@ Per action of ``schedules.build_schedule(cfg)``:
 * the step's set-up (train mode, gradients dropped, BatchNorm statistics remembered) before a
   rank's first action, and the loss summed over every rank (a meeting) after the last.
 
-``simulate`` runs every rank's list with ranks sharing the node's cores, so bubbles, waits
-and oversubscribed cores come from the schedule itself. The result says what binds.
+``simulate`` runs every rank's list - with the ranks sharing the node's cores when they
+outnumber them on a CPU (``crowding``; on a GPU, or a core each, no crowded-core term) - so
+bubbles, waits and oversubscribed cores come from the schedule itself. The result says what binds.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from ..config import ParallelConfig
 from ..layout import layout, stage_holders
 from ..pipeline.bn_replay import running_stat_norms
 from ..pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
+from .crowding import Crowding, crowds
+from .device import LayerTime, MeasuringDevice, TimingRequest
 from .fake_world import Traffic
 from .footprint import FootprintCache, LayerFootprint
-from .layer_timer import LayerTime, LayerTimer, TimingRequest
+from .layer_timer import LayerTimer, measuring_device
 from .memory import (
     DEFAULT_CACHE,
     LossFn,
@@ -59,15 +63,15 @@ from .simulate import Cost, RankTimeline, group_key, simulate
 from .timing import Network, Node
 
 HEADER_BYTES = 162 * 8
-DEFAULT_TIMERS: dict[tuple[str, int, int], LayerTimer] = {}
+DEFAULT_TIMERS: dict[tuple[MeasuringDevice, int, int], LayerTimer] = {}
 
 
-def default_timer(device: torch.device | str = "cpu", repeats: int = 5, threads: int = 1) -> LayerTimer:
+def default_timer(device: MeasuringDevice | torch.device | str, repeats: int = 5, threads: int = 1) -> LayerTimer:
     """A LayerTimer shared by every prediction on ``device`` with ``threads`` torch threads
     (layer times measured once)."""
-    key = (str(torch.device(device)), repeats, threads)
+    key = (measuring_device(device), repeats, threads)
     if key not in DEFAULT_TIMERS:
-        DEFAULT_TIMERS[key] = LayerTimer(device, repeats, threads)
+        DEFAULT_TIMERS[key] = LayerTimer(key[0], repeats, threads)
     return DEFAULT_TIMERS[key]
 
 
@@ -119,16 +123,19 @@ class TimePlan:
 
 
 def tile_cost(network: Network, group: Hashable, members: int, work: float, wire: float, meetings: int,
-              cores: int | None, world: int) -> Cost:
+              cores: int | None, world: int, crowding: Crowding | None) -> Cost:
     """One tile's cost of a spatial op of ``members`` tiles (``group``): ``work``, then ``wire``
-    seconds and ``meetings`` meetings of the group (``Network.group_meeting``: more tiles than
-    cores crowd their own meetings; fewer are crowded by other ranks computing, ``Cost.crowded``),
+    seconds and ``meetings`` meetings of the group (``Network.meeting``; with ``crowding``, while
+    the ``world`` ranks outnumber the ``cores``: more tiles than cores crowd their own meetings,
+    ``Crowding.meeting_extra``, fewer are crowded by other ranks computing, ``Cost.crowded``),
     in lockstep, exposed to waiting ranks' wake-ups in the share of its time it computes."""
     delay, crowded = wire, 0.0
     if meetings:
-        delay += meetings * network.group_meeting(members, work / meetings, cores, world)
-        if cores is None or members <= cores:
-            crowded = meetings * network.crowded_meeting(work / meetings)
+        delay += meetings * network.meeting
+        if crowding is not None and cores is not None:
+            delay += meetings * crowding.meeting_extra(members, work / meetings, cores, world)
+            if members <= cores:
+                crowded = meetings * crowding.crowded_meeting(work / meetings)
     return Cost(work, delay, group, members, crowded, lockstep=True,
                 exposed=work / (work + delay) if work > 0 else 1.0)
 
@@ -144,6 +151,7 @@ class _Costs:
     recompute: Recompute
     holders: dict[tuple[int, int, int], tuple[int, ...]]
     held: dict[int, list[int]]            # rank -> stages it holds (a GEMS copy twice)
+    crowding: Crowding | None = None      # the crowded-core terms, when the ranks outnumber the cores
     _stage: dict[tuple[int, int | None], tuple[float, float, float, float]] = field(default_factory=dict)
 
     def request(self, stage: int, index: int) -> TimingRequest:
@@ -190,8 +198,8 @@ class _Costs:
 
     def meetings(self, stage: int, tile: int | None) -> tuple[int, int]:
         """Halo exchanges and collectives of one chunk's forward and backward on a spatial stage
-        (each a meeting of the tile group, ``Network.meeting``, and ``crowded_meeting`` when the
-        ranks computing outnumber the cores); 0 otherwise."""
+        (each a meeting of the tile group, ``Network.meeting``, and ``Crowding.crowded_meeting`` when
+        the ranks computing outnumber the cores); 0 otherwise."""
         if stage >= self.model.cfg.spatial_size:
             return 0, 0
         forward = backward = 0
@@ -235,6 +243,12 @@ class _Costs:
             traffic.collective_bytes / max(1, traffic.collectives), members)
         return halo + sums
 
+    @property
+    def cores(self) -> int | None:
+        """The cores the ranks share when they outnumber them (``crowding``); None otherwise: a
+        core or device each, no crowded-core term."""
+        return self.node.cores if self.crowding is not None else None
+
     def copy_seconds(self, nbytes: float) -> float:
         return nbytes / self.node.copy_bandwidth
 
@@ -258,7 +272,7 @@ class _Costs:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
                 meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]
                 return tile_cost(self.network, group_key(action, ranks, "tiles"), len(ranks), work, delay,
-                                 meetings, self.node.cores, cfg.world_size)
+                                 meetings, self.cores, cfg.world_size, self.crowding)
             return Cost(work, delay)
         if kind is ActionKind.ALLREDUCE:   # every copy of the stage this rank holds, then the holders' sum
             ranks = tuple(stage_holders(cfg, action.stage))
@@ -266,7 +280,7 @@ class _Costs:
             work = self.held[action.rank].count(action.stage) * self.reduction(action.stage, len(ranks))
             meetings = self.holder_meetings(action.stage) if len(ranks) > 1 else 0
             delay = self.network.all_reduce(grad, len(ranks)) + meetings * self.network.meeting
-            crowded = meetings * self.network.crowded_meeting(work / meetings) if meetings else 0.0
+            crowded = meetings * self.crowding.crowded_meeting(work / meetings) if meetings and self.crowding else 0.0
             return Cost(work, delay, ("allreduce", action.dp, action.stage, ranks), len(ranks), crowded)
         if kind is ActionKind.OPTIM:       # the optimizer update of every stage copy held
             return Cost(sum(self.optimizer(s) for s in self.held[action.rank]))
@@ -318,7 +332,8 @@ class StepModel:
         """The step replayed in simulated time (``predict_step_time``)."""
         cfg, costs, network = self.cfg, self.costs, self.network
         schedule = build_schedule(cfg)
-        timelines = simulate(schedule, costs, costs.message, self.node.cores, costs.setup, network.waiting_slowdown)
+        slowdown = costs.crowding.waiting_slowdown if costs.crowding is not None else 1.0
+        timelines = simulate(schedule, costs, costs.message, costs.cores, costs.setup, slowdown)
         finish = network.all_reduce(8, cfg.world_size) + (network.meeting if cfg.world_size > 1 else 0.0)
         seconds = max(t.end for t in timelines) + finish      # the loss summed over every rank
         handoff = sum(costs.payload_bytes(a) for a in schedule.global_order() if a.kind.is_p2p and a.kind.is_send)
@@ -339,6 +354,7 @@ class StepModel:
 def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
                image_size: int | tuple[int, int], batch_size: int, *,
                network: Network | None = None, node: Node | None = None,
+               device: MeasuringDevice | torch.device | str = "auto",
                timer: LayerTimer | None = None, threads: int | None = None, in_channels: int = 3,
                dtype: torch.dtype = torch.float32, precision: Precision | None = None,
                recompute: Recompute | str | None = None,
@@ -347,10 +363,15 @@ def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     """``cfg``'s StepModel, nothing timed yet (``predict_step_time`` times and runs it).
 
     ``network``: from ``calibrate_network`` on the cluster (default: a shared-memory guess);
-    ``node``: the cores the ranks share (default: this machine's CPU cores); ``timer``:
-    where layer times are measured and cached (default: this process, CPU, with the threads
-    each rank of ``cfg`` gets from ``dl.init`` on ``node``, ``rank_threads``; ``threads``: the
-    ranks' torch threads when they differ, e.g. cluster engines started with OMP_NUM_THREADS=1).
+    ``device``: the job's device, where layer times and copy speed are measured (a
+    ``MeasuringDevice`` or a torch device; ``"auto"``: the one ``dl.init()`` would give this
+    process, CUDA when visible); ``node``: the cores the ranks share and the copy speed
+    (default: measured on ``timer``'s device, else ``device``: a CPU's cores, a GPU per rank);
+    ``timer``: where layer times are measured and cached (default: this process, on ``device``,
+    with the threads each rank of ``cfg`` gets from ``dl.init`` on ``node``, ``rank_threads``;
+    ``threads``: the ranks' torch threads when they differ, e.g. cluster engines started with
+    OMP_NUM_THREADS=1). The crowded-core terms of ``network`` apply only when ``cfg``'s ranks
+    outnumber ``node``'s cores (``crowding.crowds``).
     ``precision``/``recompute`` None: from ``cfg``'s memory knobs (``memory.settings_of``).
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
@@ -360,13 +381,14 @@ def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     balance = balance_of(profiles, cfg, (height, width), in_channels)
     stage_model = StageModel(cfg, profiles, balance, batch_size // cfg.batch_divisor, precision,
                              cache or DEFAULT_CACHE, loss_fn)
-    node = node or Node.this_machine(timer.device if timer else "cpu")
-    timer = timer or default_timer(threads=threads or rank_threads(node, cfg.world_size))
+    node = node or Node.measured(timer.bench if timer else device)
+    timer = timer or default_timer(device, threads=threads or rank_threads(node, cfg.world_size))
     network = network or Network()
+    crowding = network.crowding if crowds(node.cores, cfg.world_size) else None
     roles = layout(cfg)
     held = {role.rank: [slot.stage for slot in (role.primary, role.mirror) if slot is not None]
             for role in roles}
-    costs = _Costs(stage_model, timer, network, node, recompute, stage_ranks(cfg, roles), held)
+    costs = _Costs(stage_model, timer, network, node, recompute, stage_ranks(cfg, roles), held, crowding)
     return StepModel(cfg, batch_size, costs, network, node)
 
 
@@ -376,6 +398,7 @@ class StepOptions(TypedDict, total=False):
 
     network: Network | None
     node: Node | None
+    device: MeasuringDevice | torch.device | str
     timer: LayerTimer | None
     threads: int | None
     in_channels: int

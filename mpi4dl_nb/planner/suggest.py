@@ -18,7 +18,8 @@ from typing import TypedDict
 import torch
 
 from ..config import ConfigError, ParallelConfig, ScheduleKind, SliceMethod
-from .layer_timer import LayerTimer
+from .device import MeasuringDevice
+from .layer_timer import LayerTimer, measuring_device
 from .memory import MB, LossFn, MemoryPlan, Precision, Recompute, default_loss, estimate_memory
 from .optimizer import OptimizerFactory
 from .profile import Layers, profile_layers
@@ -232,7 +233,7 @@ class Suggestions(list[Suggestion]):
 
 class SuggestOptions(TypedDict, total=False):
     """``suggest``'s keyword options besides the ones a live auto-tune sets itself (``Tuner``'s
-    network, top, threads, batch size and dtype)."""
+    network, device, top, threads, batch size and dtype)."""
 
     in_channels: int
     precision: Precision | None
@@ -254,7 +255,8 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
             recompute: Recompute | str | None = None, optimizer: OptimizerFactory | None = None,
             optimizer_states: int | None = None,
             loss_fn: LossFn = default_loss,
-            network: Network | None = None, node: Node | None = None, timer: LayerTimer | None = None,
+            network: Network | None = None, device: MeasuringDevice | torch.device | str = "auto",
+            node: Node | None = None, timer: LayerTimer | None = None,
             threads: int | None = None, top: int | None = 10, max_split: int = 4, exact: bool = True,
             max_times: int = 1, headroom: float = HEADROOM) -> Suggestions:
     """Configurations on ``devices`` ranks (exactly; ``exact=False``: at most) whose every
@@ -265,6 +267,9 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
     to change if nothing fits.
     ``threads``: torch threads of each rank of the parallel configurations when they differ
     from ``dl.init``'s split of the node's cores (the one-process reference uses every core).
+    ``device``: the job's device, where layer times and copy speed are measured (``step_model``;
+    ``"auto"``: the one ``dl.init()`` would give this process); ``timer``/``node``, when given,
+    say where instead.
     """
     if devices < 1:
         raise ValueError(f"devices={devices}: need at least 1")
@@ -298,11 +303,12 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
                          f"{memory_per_device / MB:.1f} MB{kept} (one device needs "
                          f"{serial_memory.peak / MB:.1f} MB); raise devices or memory_per_device, "
                          f"or lower batch_size/image_size")
-    node = node or Node.this_machine(timer.device if timer else "cpu")   # copy speed measured once, for all
+    bench = timer.bench if timer else measuring_device(device)
+    node = node or Node.measured(bench)   # copy speed measured once, for all
 
     def timed(cfg: ParallelConfig, rank_threads: int | None) -> StepModel:
-        return step_model(profiles, cfg, image_size, batch_size, network=network, node=node, timer=timer,
-                          threads=rank_threads, precision=precision, recompute=recompute, loss_fn=loss_fn)
+        return step_model(profiles, cfg, image_size, batch_size, network=network, node=node, device=bench,
+                          timer=timer, threads=rank_threads, precision=precision, recompute=recompute, loss_fn=loss_fn)
 
     serial_model = timed(serial_cfg, None)
     models = [timed(cfg, threads) for cfg, _ in fitting]

@@ -15,8 +15,18 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypedDict, TypeVar, Unpack
 
 from ..config import ParallelConfig
-from ..measure.trials import Measured, Runner, TrialModel, calibrate_job_on_engine, measure_interleaved
+from ..measure.calibration import JobCalibration
+from ..measure.trials import (
+    Measured,
+    Runner,
+    TrialModel,
+    calibrate_job_on_engine,
+    device_on_engine,
+    measure_interleaved,
+)
 from ..pipeline.schedules import ActionKind
+from .device import MeasuringDevice
+from .layer_timer import measuring_device
 from .memory import MB, estimate_memory
 from .step_time import TimePlan, step_model, time_layers
 from .suggest import KNOB_VALUES, Suggestion, Suggestions, SuggestOptions, describe_config, one_knob_variants, suggest
@@ -176,7 +186,9 @@ class Tuner:
     """One auto-tune of ``spec`` at ``image_size``/``batch_size`` under ``memory_limit`` bytes
     per rank on ``devices`` ranks: ``top`` candidates, built side by side and timed in
     ``rounds`` rounds of ``steps`` interleaved steps each (``measure.trials.measure_interleaved``:
-    the machine's slow spells fall on every row alike); a row's time is the median of its steps."""
+    the machine's slow spells fall on every row alike); a row's time is the median of its steps.
+    Predictions measure layer times and copy speed on the ranks' device (``device``: learnt by
+    ``calibrate``, else asked of the ranks), through ``measure_on`` (``layer_timer.measuring_device``)."""
 
     spec: TrialModel
     image_size: int
@@ -190,6 +202,8 @@ class Tuner:
     suggest_options: SuggestOptions = field(default_factory=SuggestOptions)
     result: TuneResult | None = None
     threads: int | None = None      # torch threads of each rank, learnt by ``calibrate``
+    device: str | None = None       # the ranks' device, learnt by ``calibrate``
+    measure_on: Callable[[str], MeasuringDevice] = measuring_device
 
     @classmethod
     def on_cluster(cls, cluster: EngineCluster, spec: TrialModel, image_size: int, batch_size: int,
@@ -203,8 +217,8 @@ class Tuner:
         """suggest with the calibrated network; the rows to measure (nothing measured yet)."""
         layers = self.spec.build()
         found = suggest(layers, self.image_size, self.memory_limit, self.devices, batch_size=self.batch_size,
-                        dtype=self.spec.torch_dtype, network=network, top=self.top, threads=self.threads,
-                        **self.suggest_options)
+                        dtype=self.spec.torch_dtype, network=network, device=self.measuring(), top=self.top,
+                        threads=self.threads, **self.suggest_options)
         serial = found.serial_time
         rows = [TuneRow("one process", None, serial.seconds if serial else float("nan"),
                         found.serial_memory.peak)]
@@ -225,9 +239,11 @@ class Tuner:
         configs = [("one process", serial_cfg), (describe_config(base), base)]
         configs += [(f"{knob}={value}", cfg)
                     for knob, value, cfg in one_knob_variants(base, len(layers), self.batch_size, knobs)]
-        node = Node.this_machine()       # copy speed measured once, for every row
+        bench = self.measuring()
+        node = Node.measured(bench)       # copy speed measured once, for every row
         models = [step_model(layers, cfg, self.image_size, self.batch_size, dtype=dtype, network=network,
-                             node=node, threads=None if cfg is serial_cfg else self.threads) for _, cfg in configs]
+                             node=node, device=bench, threads=None if cfg is serial_cfg else self.threads)
+                  for _, cfg in configs]
         time_layers(models)     # every row's layers timed together: a slow spell falls on all alike
         rows = []
         for (label, cfg), found in zip(configs, models):
@@ -252,10 +268,20 @@ class Tuner:
         return result
 
     def calibrate(self) -> Network:
-        """The ranks' network (ping-pong, meeting cost); remembers their torch threads."""
-        calibration = self.run(calibrate_job_on_engine)
-        self.threads = calibration.threads
+        """The ranks' network (ping-pong, meeting cost); remembers their torch threads and device."""
+        return self.calibrated(self.run(calibrate_job_on_engine))
+
+    def calibrated(self, calibration: JobCalibration) -> Network:
+        """The network of the ranks' ``calibration``; remembers their torch threads and device."""
+        self.threads, self.device = calibration.threads, calibration.device
         return network_of(calibration)
+
+    def measuring(self) -> MeasuringDevice:
+        """Where this tune's predictions measure: the ranks' device (asked of them when no
+        calibration said it)."""
+        if self.device is None:
+            self.device = self.run(device_on_engine)
+        return self.measure_on(self.device)
 
     def __call__(self, progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
         """Calibrate, suggest, then measure every row; ``progress(result)`` once planned and after

@@ -9,7 +9,9 @@ import math
 import torch
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.comm.waiting import node_cores
 from mpi4dl_nb.measure.calibration import calibrate_job, meeting_cost
+from mpi4dl_nb.planner.crowding import Crowding
 from mpi4dl_nb.planner.timing import network_of
 from tests.support.checks import Checks, run_checks
 
@@ -28,19 +30,28 @@ def main(check: Checks) -> None:
         sizes = [size for size, _ in calibration.points]
         assert sizes == sorted(sizes) and len(sizes) == 4, calibration.points
         assert all(0 < seconds < 1 for _, seconds in calibration.points), calibration.points
-        for value in (calibration.pair_seconds, calibration.crowd_seconds, calibration.crowd_short_seconds):
+        crowded = calibration.crowded      # the crowded-core rounds: only while 3 ranks outnumber the CPU cores
+        assert (crowded is not None) == (ctx.device.type == "cpu" and ctx.world_size > node_cores()), calibration
+        assert calibration.device == str(ctx.device), calibration
+        for value in (calibration.pair_seconds, *((crowded.crowd_seconds, crowded.crowd_short_seconds)
+                                                  if crowded else ())):
             assert math.isfinite(value) and 0 <= value < 0.1, calibration
         assert calibration.threads == torch.get_num_threads() == 1 and calibration.ranks == ctx.world_size == 3
-        assert math.isfinite(calibration.waiting_slowdown) and 1.0 <= calibration.waiting_slowdown < 10, calibration
+        if crowded is not None:
+            assert math.isfinite(crowded.waiting_slowdown) and 1.0 <= crowded.waiting_slowdown < 10, calibration
         # each relay's extra over the work alone is clamped at 0: on a loaded machine the median can be 0
         assert 0 <= calibration.handoff_seconds < 0.1, calibration
     with check("network from calibration"):
         network = network_of(calibration)
         assert network.latency > 0 and network.bandwidth > 0
         assert network.meeting == calibration.pair_seconds
-        assert network.sync == max(0.0, calibration.crowd_seconds - calibration.pair_seconds)
-        assert network.sync_short == max(0.0, calibration.crowd_short_seconds - calibration.pair_seconds)
-        assert network.waiting_slowdown == calibration.waiting_slowdown and network.crowd_members == 3
+        crowding = network.crowding
+        if crowded is None:
+            assert crowding == Crowding(), crowding
+        else:
+            assert crowding.sync == max(0.0, crowded.crowd_seconds - calibration.pair_seconds)
+            assert crowding.sync_short == max(0.0, crowded.crowd_short_seconds - calibration.pair_seconds)
+            assert crowding.waiting_slowdown == crowded.waiting_slowdown and crowding.crowd_members == 3
         assert 0 <= network.handoff <= calibration.handoff_seconds
         assert network.handoff < calibration.handoff_seconds or calibration.handoff_seconds == 0
 

@@ -12,9 +12,11 @@ from torch import nn
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
+from mpi4dl_nb.planner.device import TimingRequest
 from mpi4dl_nb.planner.footprint import StageRole
-from mpi4dl_nb.planner.layer_timer import LayerTime, LayerTimer, TimingRequest
+from mpi4dl_nb.planner.layer_timer import LayerTimer
 from mpi4dl_nb.planner.step_time import step_model, time_layers
+from tests.planner.recording import flop_timer
 
 BASE, SPELL = 0.002, 0.03      # seconds a forward takes; extra seconds during a slow spell
 
@@ -50,7 +52,7 @@ def test_layers_timed_together_run_in_rounds_and_a_slow_spell_is_left_out():
     calls = Calls()
     spell = range(6, 10)                       # forward calls 6-9: two rounds of three layers
     layers = [Sleeper(name, calls, spell, width) for name, width in (("a", 2), ("b", 3), ("c", 5))]
-    timer = LayerTimer(repeats=5)
+    timer = LayerTimer("cpu", repeats=5)
     timer.measure(requests(layers))
     assert calls == ["a", "b", "c"] * 6 and timer.profiled == 3      # warm-up round + 5 rounds, interleaved
     together = [timer.layer(r.layer, r.shapes, r.dtype, r.role) for r in requests(layers)]
@@ -59,22 +61,10 @@ def test_layers_timed_together_run_in_rounds_and_a_slow_spell_is_left_out():
 
     # the same spell on layers timed one after another falls on all of one layer's runs but one
     calls.clear()
-    alone = LayerTimer(repeats=5)
+    alone = LayerTimer("cpu", repeats=5)
     found = {r.layer.name: alone.layer(r.layer, r.shapes, r.dtype, r.role) for r in requests(layers)}
     assert calls == ["a"] * 6 + ["b"] * 6 + ["c"] * 6
     assert found["b"].forward > BASE + SPELL / 2 and found["a"].forward < BASE + SPELL / 2
-
-
-class CountingTimer(LayerTimer):
-    """Layer 'times' from sizes; remembers how many layers each measurement timed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[int] = []
-
-    def _time_together(self, pending):
-        self.batches.append(len(pending))
-        return [LayerTime(sum(torch.Size(s).numel() for s in r.shapes) * 1e-9, 2e-9) for r, _ in pending]
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +73,14 @@ def resnet():
 
 
 def test_suggest_times_every_candidate_s_layers_in_one_measurement(resnet):
-    timer, node = CountingTimer(), planner.Node(cores=2, copy_bandwidth=1e10)
+    timer, node = flop_timer(), planner.Node(cores=2, copy_bandwidth=1e10)
     one = planner.estimate_memory(resnet, ParallelConfig(split_size=1, spatial_size=0), 64, 2).peak
     found = planner.suggest(resnet, 64, 0.9 * one, 5, batch_size=2, top=None, timer=timer, node=node)
-    assert len(found) > 3 and timer.batches == [timer.profiled]      # one measurement, nothing timed after
+    assert len(found) > 3 and timer.bench.layer_batches == [timer.profiled]   # one measurement, none after
     models = [step_model(resnet, s.cfg, 64, 2, node=node, timer=timer) for s in found]
     time_layers(models)
-    assert timer.batches == [timer.profiled]                          # all known: nothing measured again
+    assert timer.bench.layer_batches == [timer.profiled]                       # all known: nothing measured again
     assert [m.predict().seconds for m in models] == [s.est_step_time for s in found]
-    fresh = CountingTimer()
+    fresh = flop_timer()
     alone = planner.predict_step_time(resnet, found[0].cfg, 64, 2, node=node, timer=fresh)
-    assert len(fresh.batches) == 1 and alone.seconds == found[0].est_step_time
+    assert len(fresh.bench.layer_batches) == 1 and alone.seconds == found[0].est_step_time

@@ -110,7 +110,7 @@ def test_settings_follow_checkpoint_activations():
 
 
 def test_time_model_adds_the_recomputed_forward_without_wire_time():
-    from mpi4dl_nb.planner.layer_timer import LayerTime
+    from mpi4dl_nb.planner.device import LayerTime
     from mpi4dl_nb.planner.step_time import _Costs
     from mpi4dl_nb.planner.timing import Network, Node
 
@@ -125,7 +125,7 @@ def test_time_model_adds_the_recomputed_forward_without_wire_time():
         plan = planner.estimate_memory(layers, cfg.with_(**knobs), 64, 2)
         model = planner.memory.StageModel(plan.cfg, planner.profile_layers(layers, (64, 64)), plan.balance, 2,
                                           planner.Precision(), planner.memory.DEFAULT_CACHE)
-        cost = _Costs(model, FixedTimer(), Network(), Node.this_machine("cpu"), recompute, {}, {})
+        cost = _Costs(model, FixedTimer(), Network(), Node(cores=2, copy_bandwidth=1e10), recompute, {}, {})
         costs[recompute] = cost.stage(0, 0)
     (fw, fd, bw, bd), (fw2, fd2, bw2, bd2) = costs[Recompute.NONE], costs[Recompute.SEGMENTS]
     assert fd > 0 and (fw2, fd2, bd2) == (fw, fd, bd) and bw2 == bw + fw

@@ -9,12 +9,15 @@ import pytest
 import torch
 
 from mpi4dl_nb import ParallelConfig, planner
-from mpi4dl_nb.measure.calibration import JobCalibration
+from mpi4dl_nb.measure.calibration import CrowdedRounds, JobCalibration
 from mpi4dl_nb.models import build_model
 from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
-from mpi4dl_nb.planner.layer_timer import LayerTime, LayerTimer
+from mpi4dl_nb.planner.crowding import Crowding
+from mpi4dl_nb.planner.device import LayerTime
+from mpi4dl_nb.planner.layer_timer import LayerTimer
 from mpi4dl_nb.planner.simulate import Cost, group_key, simulate
 from mpi4dl_nb.planner.suggest import HEADROOM, one_knob_variants
+from tests.planner.recording import RecordingDevice, flop_timer, flops
 from tests.support.battery import shared_job
 
 CALIBRATION = shared_job(3, "calibration", timeout=120)
@@ -95,16 +98,7 @@ def test_network_fit_recovers_latency_and_bandwidth():
     assert planner.fit_network([]) == planner.Network()
 
 
-class FlopTimer(LayerTimer):
-    """Deterministic layer 'times' (1 ns per output element and sample) instead of measuring."""
-
-    def _time_together(self, pending):
-        return [self._flops(request.shapes, request.role) for request, _ in pending]
-
-    @staticmethod
-    def _flops(shapes, role):
-        pixels = sum(torch.Size(s).numel() for s in shapes) / (role.tiles if role.grid else 1)
-        return LayerTime(pixels * 1e-9 * 100, pixels * 2e-9 * 100)
+FlopTimer = flop_timer   # deterministic layer "times" (tests/planner/recording.py), nothing measured
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +124,13 @@ def test_predicted_time_adds_layers_schedule_and_network(resnet):
 
 
 def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
-    """Every halo exchange and collective of a tile group costs ``Network.sync`` more while
-    more ranks compute than there are cores - in its meeting cost (``group_meeting``) when the
+    """Every halo exchange and collective of a tile group costs ``Crowding.sync`` more while
+    more ranks compute than there are cores - in its meeting cost (``meeting_extra``) when the
     tiles themselves outnumber the cores; with a core per computing rank, or without a tile
     group, nothing changes. (No wire time: the tiles compute all their time, so each counts as a
     whole rank on the cores.)"""
     timer = FlopTimer()
-    plain, meeting = planner.Network(0.0, 1e30), planner.Network(0.0, 1e30, sync=1e-3)
+    plain, meeting = planner.Network(0.0, 1e30), planner.Network(0.0, 1e30, crowding=Crowding(sync=1e-3))
 
     def extra(cfg, cores):
         node = planner.Node(cores=cores, copy_bandwidth=1e12)
@@ -164,17 +158,20 @@ def test_meetings_of_ranks_sharing_cores_cost_sync_each(resnet):
 
 
 def test_a_meeting_costs_a_pair_s_while_each_tile_has_a_core_and_rises_to_the_crowd_s_beyond():
-    net = planner.Network(meeting=0.2e-3, sync=1.2e-3, crowd_members=5)
-    assert net.group_meeting(2, 1e-3, cores=2, ranks=5) == 0.2e-3
-    assert net.group_meeting(4, 1e-3, cores=4, ranks=5) == 0.2e-3          # a core each
-    assert net.group_meeting(4, 1e-3, cores=None, ranks=5) == 0.2e-3       # a device each
-    assert net.group_meeting(4, 1e-3, cores=2, ranks=5) == pytest.approx(0.2e-3 + 1.2e-3 * 2 / 3)
-    assert net.group_meeting(5, 1e-3, cores=2, ranks=5) == pytest.approx(1.4e-3)   # the crowd as measured
-    assert net.group_meeting(9, 1e-3, cores=2, ranks=9) == pytest.approx(1.4e-3)   # never beyond it
-    unknown = planner.Network(meeting=0.2e-3, sync=1.2e-3)                 # crowd's ranks: the configuration's
-    assert unknown.group_meeting(4, 1e-3, cores=2, ranks=8) == pytest.approx(0.2e-3 + 1.2e-3 * 2 / 6)
-    calibration = JobCalibration(((4, 1e-4), (1 << 20, 1e-3)), 2e-4, 1.4e-3, 1e-3, 1, 1.0, 0.0, 5)
-    assert planner.network_of(calibration).crowd_members == 5
+    crowd = Crowding(sync=1.2e-3, crowd_members=5)
+    assert crowd.meeting_extra(2, 1e-3, cores=2, ranks=5) == 0.0
+    assert crowd.meeting_extra(4, 1e-3, cores=4, ranks=5) == 0.0          # a core each
+    assert crowd.meeting_extra(4, 1e-3, cores=2, ranks=5) == pytest.approx(1.2e-3 * 2 / 3)
+    assert crowd.meeting_extra(5, 1e-3, cores=2, ranks=5) == pytest.approx(1.2e-3)   # the crowd as measured
+    assert crowd.meeting_extra(9, 1e-3, cores=2, ranks=9) == pytest.approx(1.2e-3)   # never beyond it
+    unknown = Crowding(sync=1.2e-3)                 # crowd's ranks: the configuration's
+    assert unknown.meeting_extra(4, 1e-3, cores=2, ranks=8) == pytest.approx(1.2e-3 * 2 / 6)
+    calibration = JobCalibration(((4, 1e-4), (1 << 20, 1e-3)), 2e-4, 1, "cpu", 0.0, 5, CrowdedRounds(1.4e-3, 1e-3))
+    network = planner.network_of(calibration)
+    assert network.meeting == 2e-4 and network.crowding.crowd_members == 5
+    assert network.crowding.sync == pytest.approx(1.2e-3) and network.crowding.sync_short == pytest.approx(0.8e-3)
+    uncrowded = planner.network_of(dataclasses.replace(calibration, crowded=None))    # the rounds did not run
+    assert uncrowded.crowding == Crowding() and uncrowded.meeting == 2e-4
 
 
 def test_a_batchnorm_sum_s_latency_is_in_its_meeting_not_again_on_the_wire(resnet):
@@ -191,11 +188,11 @@ def test_a_batchnorm_sum_s_latency_is_in_its_meeting_not_again_on_the_wire(resne
 
 
 def test_crowded_meeting_cost_follows_the_work_between_meetings():
-    net = planner.Network(sync=2e-3, sync_short=0.5e-3, sync_work=1e-3, short_work=0.25e-3)
+    net = Crowding(sync=2e-3, sync_short=0.5e-3, sync_work=1e-3, short_work=0.25e-3)
     assert net.crowded_meeting(5e-3) == 2e-3 and net.crowded_meeting(1e-3) == 2e-3
     assert net.crowded_meeting(0.1e-3) == 0.5e-3 and net.crowded_meeting(0.25e-3) == 0.5e-3
     assert net.crowded_meeting(0.625e-3) == pytest.approx(1.25e-3)
-    assert planner.Network(sync=2e-3).crowded_meeting(1e-6) == 2e-3       # one measurement: constant
+    assert Crowding(sync=2e-3).crowded_meeting(1e-6) == 2e-3       # one measurement: constant
 
 
 def test_layer_times_use_the_ranks_threads_when_given(resnet):
@@ -285,7 +282,7 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     def fake_run(function, *args):   # stands in for the ranks: each timed round faster than the last
         calls.append(function)
         if function is trials.calibrate_job_on_engine:
-            return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 1e-4, 3e-4, 2e-4, 1)
+            return JobCalibration(((0, 1e-5), (1 << 20, 1e-3)), 1e-4, 1, "cpu", 0.0, 3, CrowdedRounds(3e-4, 2e-4))
         if function is trials.build_trials_on_engine:
             rows[:] = args[1]
             return [(int(0.5 * one),) * 3 for _ in rows]
@@ -303,8 +300,8 @@ def test_tuner_measures_suggest_order_and_a_one_knob_sweep_and_picks_the_fastest
     assert calls == [trials.calibrate_job_on_engine, trials.build_trials_on_engine, trials.time_trials_on_engine,
                      trials.time_trials_on_engine, trials.trial_phases_on_engine, trials.release_trials_on_engine]
     assert rows[0] is None and rows[1:] == [s.cfg.as_dict() for s in result.suggestions]   # all built together
-    assert tuner.threads == 1 and result.network.sync == pytest.approx(2e-4)
-    assert result.network.meeting == pytest.approx(1e-4) and result.network.sync_short == pytest.approx(1e-4)
+    assert tuner.threads == 1 and tuner.device == "cpu" and result.network.crowding.sync == pytest.approx(2e-4)
+    assert result.network.meeting == pytest.approx(1e-4) and result.network.crowding.sync_short == pytest.approx(1e-4)
     assert [r.cfg for r in result.candidates] == [s.cfg for s in result.suggestions]
     assert result.best is result.rows[-1] and "picked" in result.table()
     assert all(r.ratio is not None for r in result.rows)
@@ -412,7 +409,7 @@ def test_hand_offs_cost_each_side_its_own_work_before_and_after_the_wire():
     # F0, send (0.25), wire (0.5), receive (0.25), F1, B1, send, wire, receive, B0
     assert max(t.end for t in ends) == pytest.approx(1 + 0.25 + 0.5 + 0.25 + 1 + 2 + 0.25 + 0.5 + 0.25 + 2)
     assert ends[0].compute == pytest.approx(1 + 0.25 + 0.25 + 2) and ends[1].compute == pytest.approx(3.5)
-    net = planner.network_of(JobCalibration(((4, 1e-4), (1 << 20, 1e-3)), 0.0, 0.0, 0.0, 1, 1.0, 5e-4))
+    net = planner.network_of(JobCalibration(((4, 1e-4), (1 << 20, 1e-3)), 0.0, 1, "cpu", 5e-4))
     assert net.handoff == pytest.approx((5e-4 - 2 * net.message(4)) / 2)
     assert "hand-off" in net.describe()
 
@@ -427,14 +424,16 @@ def test_step_setup_delays_each_rank_and_counts_as_compute():
     assert late[1].spans[0] == (0.0, 1.0, "setup")
 
 
-class BookkeepingTimer(FlopTimer):
-    """FlopTimer with fixed per-layer bookkeeping terms."""
+class BookkeepingDevice(RecordingDevice):
+    """Layer times from sizes (``flops``) with fixed per-layer bookkeeping terms."""
 
-    @staticmethod
-    def _flops(shapes, role):
-        flops = FlopTimer._flops(shapes, role)
-        return LayerTime(flops.forward, flops.backward, optimizer=1e-3, replay=2e-3, replay_chunk=0.5e-3,
-                         gradients=1e-3, setup=0.25e-3, terms_exchange=0.75e-3)
+    def time_layers(self, pending, repeats, threads):
+        return [dataclasses.replace(flops(request), optimizer=1e-3, replay=2e-3, replay_chunk=0.5e-3, gradients=1e-3,
+                                    setup=0.25e-3, terms_exchange=0.75e-3) for request, _ in pending]
+
+
+def BookkeepingTimer():
+    return LayerTimer(BookkeepingDevice())
 
 
 def test_gradient_action_replays_every_chunk_and_exchanges_terms_between_holders(resnet):
@@ -506,7 +505,7 @@ def test_holders_all_reduce_is_one_meeting_per_collective_crowded_like_a_halo(re
                 if a.kind is ActionKind.ALLREDUCE}
 
     plain = planner.Network(1e-5, 1e9)
-    meeting = planner.Network(1e-5, 1e9, meeting=1e-3, sync=2e-3)
+    meeting = planner.Network(1e-5, 1e9, meeting=1e-3, crowding=Crowding(sync=2e-3))
     gems = ParallelConfig(split_size=3, spatial_size=0, times=1)
     base, met = allreduce_costs(resnet, gems, plain), allreduce_costs(resnet, gems, meeting)
     assert base.keys() == met.keys() and sorted(c.members for c in met.values()) == [1, 2, 2, 2, 2]
