@@ -53,7 +53,9 @@ class DemoSummary:
     def learns(self) -> bool:
         """Whether the last held-out accuracy is above chance and above the first evaluation's."""
         accuracy, chance = self.held_out_accuracy, self.chance_accuracy
-        return bool(accuracy) and chance is not None and accuracy[-1] > max(chance, accuracy[0])
+        if not accuracy or chance is None:
+            return False
+        return accuracy[-1] > max(chance, accuracy[0])
 
     @classmethod
     def from_json(cls, text: str) -> DemoSummary:
