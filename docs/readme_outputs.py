@@ -251,7 +251,9 @@ def write_stand_in_flagship(path: Path) -> None:
     summary = {"configuration": cfg.as_dict(), "world_size": ranks, "image_size": 128, "batch_size": 2,
                "steps": 3, "exact": True, "max_loss_error": 0.0, "max_weight_error": 1e-15,
                "images_per_second": 1.0, "serial_images_per_second": 1.0, "serial_memory_mb": 1.0,
-               "memory_ratio": 1.0, "memory_measured_mb": [1.0] * ranks, "memory_estimate_mb": [1.0] * ranks}
+               "memory_ratio": 1.0, "memory_measured_mb": [1.0] * ranks, "memory_estimate_mb": [1.0] * ranks,
+               "held_out_steps": [4, 24], "held_out_accuracy": [0.5, 1.0], "chance_accuracy": 0.5,
+               "held_out_images": 32, "held_out_crops": 4, "curve_steps": 24, "curve_batch_size": 4}
     cell = nbformat.v4.new_code_cell(f"print('MPI4DL_SUMMARY ' + {json.dumps(summary)!r})")
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), path)
 

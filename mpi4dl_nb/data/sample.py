@@ -2,6 +2,8 @@
 DAB-positive stand-in mask for segmentation."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -88,6 +90,11 @@ class IHCSampleDataset:
 
     def label(self, index: int) -> int:
         return self.crop_labels[index // TRANSFORMS]
+
+    def items(self, crops: Sequence[int]) -> list[int]:
+        """The indices of every rotation/flip of ``crops`` (positions in ``corners``), ascending: hold out whole
+        crops, so that no held-out crop is seen turned in training."""
+        return sorted(crop * TRANSFORMS + k for crop in crops for k in range(TRANSFORMS))
 
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         r0, r1, c0, c1 = check_box(box, self.image_size)

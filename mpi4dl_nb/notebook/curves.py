@@ -6,6 +6,7 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..evaluation.log import read_metrics
 
@@ -59,11 +60,12 @@ def plot_learning_curves(*runs: Run, labels: Sequence[str] | None = None, show_t
     Train loss is drawn per step (thin line), validation loss and accuracy at each evaluation
     (markers, dashed); the right panel also shows the balanced accuracy (dotted), for segmentation runs the pixel
     accuracy and the mean Dice over the classes (dash-dot); a star marks the evaluation
-    whose checkpoint ``--keep-best`` kept. ``runs``:
+    whose checkpoint ``--keep-best`` kept. Each panel's legend sits below it, clear of the lines. ``runs``:
     log directories (``--log-dir``), ``metrics.jsonl`` files, or lists of their records.
     """
-    fig = figure if figure is not None else Figure(figsize=(9, 3.4))
+    fig = figure if figure is not None else Figure(figsize=(9, 4.2))
     fig.clear()
+    fig.set_layout_engine("constrained")   # makes room for the legends below the panels
     loss_ax, acc_ax = fig.subplots(1, 2)
     for number, run in enumerate(runs):
         records = _records(run)
@@ -85,7 +87,7 @@ def plot_learning_curves(*runs: Run, labels: Sequence[str] | None = None, show_t
     acc_ax.set(xlabel="step", ylabel="validation accuracy / Dice", title="validation accuracy / Dice", ylim=(0, 1.02))
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # steps are whole
+        if ax.lines:   # below the panel, outside the axes: it covers no line however many runs are drawn
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=2, frameon=False)
     return fig

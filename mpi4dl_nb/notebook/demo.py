@@ -1,5 +1,5 @@
 """``make demo``: run the flagship notebook headless on a local MPI cluster, write the executed
-notebook, an HTML export and its figures to ``out/``, and print a summary.
+notebook, an HTML export and its figures to ``out/``, and print a summary (exit 2: not exact, 3: does not learn).
 
 ``python -m mpi4dl_nb.notebook.demo [--notebook PATH] [--out DIR] [--timeout SECONDS] [--kernel NAME]``
 """
@@ -41,6 +41,21 @@ class DemoSummary:
     serial_images_per_second: float | None = None    # the one-process reference, when the notebook ran it
     serial_memory_mb: float | None = None
     memory_ratio: float | None = None
+    held_out_steps: list[int] | None = None       # the learning-curve run: the steps it evaluated at,
+    held_out_accuracy: list[float] | None = None  # the held-out accuracy at each,
+    chance_accuracy: float | None = None          # and what always guessing the larger class scores
+    held_out_images: int | None = None
+    held_out_crops: int | None = None
+    curve_steps: int | None = None
+    curve_batch_size: int | None = None
+
+    @property
+    def learns(self) -> bool:
+        """Whether the last held-out accuracy is above chance and above the first evaluation's."""
+        accuracy, chance = self.held_out_accuracy, self.chance_accuracy
+        if not accuracy or chance is None:
+            return False
+        return accuracy[-1] > max(chance, accuracy[0])
 
     @classmethod
     def from_json(cls, text: str) -> DemoSummary:
@@ -120,7 +135,19 @@ def format_summary(summary: DemoSummary) -> str:
     if serial_mb is not None:
         lines.append(f"one process   : {summary.serial_images_per_second or 0.0:.2f} images/s, {serial_mb:.1f} MB "
                      f"(largest rank: {max(summary.memory_measured_mb) / serial_mb:.2f}x)")
+    lines.append(held_out_line(summary))
     return "\n".join(lines)
+
+
+def held_out_line(summary: DemoSummary) -> str:
+    """The learning-curve run in one line: held-out accuracy first and last, against chance."""
+    accuracy, steps = summary.held_out_accuracy, summary.held_out_steps
+    if not accuracy or not steps or summary.chance_accuracy is None:
+        return "held-out      : no learning-curve run in the notebook's summary"
+    verdict = "LEARNS" if summary.learns else "DOES NOT LEARN"
+    return (f"held-out      : accuracy {accuracy[-1]:.2f} after {steps[-1]} steps (first evaluation, step {steps[0]}: "
+            f"{accuracy[0]:.2f}; chance {summary.chance_accuracy:.2f}) on {summary.held_out_images} images of "
+            f"{summary.held_out_crops} crops never trained on: {verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     print(format_summary(summary))
-    return 0 if summary.exact else 2
+    return exit_code(summary)
+
+
+EXIT_NOT_EXACT, EXIT_NOT_LEARNING = 2, 3
+
+
+def exit_code(summary: DemoSummary) -> int:
+    """0 when the run is exact and the model learns; else why not (not exact first)."""
+    if not summary.exact:
+        return EXIT_NOT_EXACT
+    return 0 if summary.learns else EXIT_NOT_LEARNING
 
 
 if __name__ == "__main__":

@@ -7,13 +7,15 @@ widgets can find what was drawn.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, Rectangle
+from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from ..comm.trace import Event
 from ..config import ParallelConfig
@@ -29,9 +31,6 @@ TraceRecord = Event | Mapping[str, object]   # a trace Event, or one as a dict (
 
 STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860",
                 "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
-OP_COLORS = {"F": "#4C72B0", "forward": "#4C72B0", "B": "#DD8452", "backward": "#DD8452",
-             "send": "#55A868", "recv": "#8172B3", "halo": "#C44E52", "allreduce": "#937860",
-             "optimizer": "#8C8C8C", "wait": "#DDDDDD"}
 SIDES = ("top", "bottom", "left", "right")
 
 
@@ -39,21 +38,77 @@ def stage_color(stage: int) -> str:
     return STAGE_COLORS[stage % len(STAGE_COLORS)]
 
 
-OP_PREFIXES = (("send", "send"), ("recv", "recv"), ("halo", "halo"), ("allreduce", "allreduce"),
-               ("all_reduce", "allreduce"), ("optim", "optimizer"), ("forward", "F"),
-               ("backward", "B"), ("wait", "wait"))
+@dataclass(frozen=True)
+class OpStyle:
+    """How a family of trace ops is drawn: its name in legends and filters, its bar colour."""
+
+    label: str
+    color: str
+
+
+class OpFamily(Enum):
+    """The families of trace ops a timeline tells apart, each with its own colour (in legend order)."""
+
+    FORWARD = OpStyle("forward", "#4C72B0")
+    BACKWARD = OpStyle("backward", "#DD8452")
+    HALO_FORWARD = OpStyle("halo forward", "#C44E52")
+    HALO_BACKWARD = OpStyle("halo backward", "#F2A7B5")
+    SEND_ACTIVATION = OpStyle("send activation", "#55A868")
+    RECEIVE_ACTIVATION = OpStyle("receive activation", "#8172B3")
+    SEND_GRADIENT = OpStyle("send gradient", "#64B5CD")
+    RECEIVE_GRADIENT = OpStyle("receive gradient", "#CCB974")
+    ALLREDUCE = OpStyle("all-reduce", "#937860")
+    OPTIMIZER = OpStyle("optimizer", "#8C8C8C")
+    WAIT = OpStyle("wait", "#DDDDDD")
+
+    @property
+    def label(self) -> str:
+        return self.value.label
+
+    @property
+    def color(self) -> str:
+        return self.value.color
+
+
+ACTION_FAMILIES = {ActionKind.FORWARD: OpFamily.FORWARD, ActionKind.BACKWARD: OpFamily.BACKWARD,
+                   ActionKind.SEND_ACT: OpFamily.SEND_ACTIVATION, ActionKind.RECV_ACT: OpFamily.RECEIVE_ACTIVATION,
+                   ActionKind.SEND_GRAD: OpFamily.SEND_GRADIENT, ActionKind.RECV_GRAD: OpFamily.RECEIVE_GRADIENT,
+                   ActionKind.ALLREDUCE: OpFamily.ALLREDUCE, ActionKind.OPTIM: OpFamily.OPTIMIZER}
+ACTION_OPS = {kind.value: family for kind, family in ACTION_FAMILIES.items()}   # trace ops of actions: kind values
+# other op names, by prefix (lower case, the first match wins): the halo exchange's (spatial/halo.py) and older ones
+OP_PREFIXES = (("halo_backward", OpFamily.HALO_BACKWARD), ("halo", OpFamily.HALO_FORWARD),
+               ("allreduce", OpFamily.ALLREDUCE), ("all_reduce", OpFamily.ALLREDUCE),
+               ("optim", OpFamily.OPTIMIZER), ("forward", OpFamily.FORWARD), ("backward", OpFamily.BACKWARD),
+               ("wait", OpFamily.WAIT))
+OTHER_OP_COLOR = "#333333"   # an op of no family: drawn dark, named by its own key
+
+
+def op_key(op: str) -> str:
+    """The op's name without its detail: ``halo:top`` -> ``halo``."""
+    return op.split(":")[0]
+
+
+def op_family(op: str) -> OpFamily | None:
+    """The family of a trace op: a schedule action's by its kind (``RECV_GRAD``), a halo exchange's
+    (``halo``, ``halo_backward``) or an older name by prefix; None for any other op."""
+    key = op_key(op).split(" ")[0]
+    by_action = ACTION_OPS.get(key)
+    if by_action is not None:
+        return by_action
+    lowered = key.lower()
+    return next((family for prefix, family in OP_PREFIXES if lowered.startswith(prefix)), None)
 
 
 def op_color(op: str) -> str:
-    """Colour of an event op: F/B, or by prefix (SEND_ACT -> send, halo_backward -> halo)."""
-    key = op.split(":")[0].split(" ")[0]
-    if key in COMPUTE_KINDS:   # trace ops of actions are their kinds' values
-        return OP_COLORS[key]
-    lowered = key.lower()
-    for prefix, name in OP_PREFIXES:
-        if lowered.startswith(prefix):
-            return OP_COLORS[name]
-    return "#999999"
+    """Colour of a trace op: its family's, else a dark grey."""
+    family = op_family(op)
+    return OTHER_OP_COLOR if family is None else family.color
+
+
+def op_label(op: str) -> str:
+    """The name a legend and a filter give a trace op: its family's (``halo backward``), else its key."""
+    family = op_family(op)
+    return op_key(op) if family is None else family.label
 
 
 def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
@@ -240,13 +295,21 @@ def as_event(record: TraceRecord) -> Event:
                  extra={str(k): v for k, v in extra.items()} if isinstance(extra, Mapping) else {})
 
 
-def op_key(op: str) -> str:
-    """The op's family in legends and filters: ``halo:top`` -> ``halo``."""
-    return op.split(":")[0]
+def legend_entries(ops: Iterable[str]) -> dict[str, str]:
+    """Legend name -> colour of the ops drawn: families in ``OpFamily`` order, then other ops as they come."""
+    drawn = list(ops)
+    families = {op_family(op) for op in drawn}
+    entries = {family.label: family.color for family in OpFamily if family in families}
+    for op in drawn:
+        if op_family(op) is None:
+            entries.setdefault(op_key(op), OTHER_OP_COLOR)
+    return entries
 
 
 def draw_timeline(events: Sequence[TraceRecord], ax: Axes | None = None, *, highlight: int | None = None) -> Figure:
-    """Gantt chart: one row per rank, one bar per event (Event objects or dicts), coloured by op.
+    """Gantt chart: one row per rank, one bar per event (Event objects or dicts), coloured by its op's family
+    (``OpFamily``: halo forward and backward, activation and gradient sends and receives each their own), with a
+    legend naming the families drawn, right of the plot.
 
     ``highlight``: index into ``events`` drawn with a thick outline (the stepper's cursor).
     """
@@ -254,22 +317,19 @@ def draw_timeline(events: Sequence[TraceRecord], ax: Axes | None = None, *, high
     ranks = sorted({r.rank for r in rows}) or [0]
     fig, ax = _axes(ax, (9, 0.5 * len(ranks) + 1.5))
     t0 = min((r.start for r in rows), default=0.0)
-    seen_ops: dict[str, str] = {}
     for index, r in enumerate(rows):
-        color = op_color(r.op)
-        seen_ops.setdefault(op_key(r.op), color)
         width = max(r.end - r.start, 1e-9)
         outline = ("black", 2.5) if index == highlight else ("white", 0.3)
-        ax.broken_barh([(r.start - t0, width)], (r.rank - 0.4, 0.8), facecolors=color, edgecolor=outline[0],
+        ax.broken_barh([(r.start - t0, width)], (r.rank - 0.4, 0.8), facecolors=op_color(r.op), edgecolor=outline[0],
                        linewidth=outline[1], gid=f"event:{index}:{r.rank}:{r.op}")
         mb = r.micro_batch
         if mb is not None and mb >= 0 and r.op in COMPUTE_KINDS:
             ax.text(r.start - t0 + width / 2, r.rank, str(mb), ha="center", va="center",
                     fontsize=6, color="white", gid=f"event-label:{index}")
-    for key, color in seen_ops.items():
-        ax.bar(0, 0, color=color, label=key)
-    if seen_ops:   # right of the plot: below it the legend would cover the x-axis label on a short (1-rank) chart
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False, borderaxespad=0.0)
+    legend = legend_entries(r.op for r in rows)
+    if legend:   # right of the plot: below it the legend would cover the x-axis label on a short (1-rank) chart
+        ax.legend(handles=[Patch(facecolor=color, label=label) for label, color in legend.items()], loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False, borderaxespad=0.0)
     end = max((r.end - t0 for r in rows), default=1.0)
     ax.set_xlim(0, end * 1.02 if end > 0 else 1.0)
     ax.set_yticks(ranks)
@@ -281,10 +341,7 @@ def draw_timeline(events: Sequence[TraceRecord], ax: Axes | None = None, *, high
 
 
 # --------------------------------------------------------------------------- schedule
-SCHEDULE_COLORS = {ActionKind.FORWARD: "#4C72B0", ActionKind.BACKWARD: "#DD8452",
-                   ActionKind.ALLREDUCE: "#937860", ActionKind.OPTIM: "#8C8C8C",
-                   ActionKind.SEND_ACT: "#55A868", ActionKind.RECV_ACT: "#55A868",
-                   ActionKind.SEND_GRAD: "#C44E52", ActionKind.RECV_GRAD: "#C44E52"}
+SCHEDULE_COLORS = {kind: family.color for kind, family in ACTION_FAMILIES.items()}   # as in the timeline
 
 
 def draw_schedule(schedule: Schedule, done: int = 0, ax: Axes | None = None) -> Figure:

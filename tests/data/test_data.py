@@ -188,6 +188,20 @@ def test_ihc_sample_default_medical():
     assert IHCSampleDataset(1024).read(0).shape == (3, 1024, 1024)
 
 
+def test_ihc_sample_whole_crops_held_out_share_no_pixel_with_training():
+    """Non-overlapping crops (stride = size) held out with every rotation: no held-out pixel is trained on."""
+    data = IHCSampleDataset(128, num_classes=2, stride=128)
+    assert len(data.corners) == 16 and sorted(data.crop_labels) == [0] * 8 + [1] * 8   # split at the median crop
+    held = data.items([2, 5])
+    assert held == list(range(16, 24)) + list(range(40, 48))
+    assert {data.label(i) for i in data.items([2])} == {data.crop_labels[2]}
+    rest = sorted(set(range(len(data))) - set(held))
+    assert data.items([c for c in range(16) if c not in (2, 5)]) == rest
+    taken = {data.corners[i // 8] for i in rest}
+    assert all(abs(y - y2) >= 128 or abs(x - x2) >= 128 for y, x in (data.corners[2], data.corners[5])
+               for y2, x2 in taken)
+
+
 def test_batcher_is_deterministic_and_region_aware():
     data = SyntheticDataset(32, 4, 10)
     batcher = Batcher(data, 4, seed=1)

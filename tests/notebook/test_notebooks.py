@@ -3,6 +3,7 @@ local MPI cluster; the git filter and JupyterLab saves cannot put outputs or chu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -175,7 +176,9 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
                "batch_size": 2, "steps": 1, "exact": True, "max_loss_error": 0.0,
                "max_weight_error": 1e-16, "images_per_second": 1.5,
                "memory_measured_mb": [1.0] * 5, "memory_estimate_mb": [1.1] * 5,
-               "serial_images_per_second": 2.0, "serial_memory_mb": 4.0}
+               "serial_images_per_second": 2.0, "serial_memory_mb": 4.0, "held_out_steps": [4, 8, 12],
+               "held_out_accuracy": [0.5, 0.5, 0.75], "chance_accuracy": 0.5, "held_out_images": 32,
+               "held_out_crops": 4, "curve_steps": 12, "curve_batch_size": 4}
     cell = new_code_cell("x", outputs=[
         new_output("display_data", data={"image/png": base64.b64encode(png).decode()}),
         new_output("stream", name="stdout", text="noise\n" + demo.SUMMARY_MARK + json.dumps(summary) + "\n")])
@@ -187,6 +190,16 @@ def test_demo_extracts_figures_summary_and_html(tmp_path):
     text = demo.format_summary(found)
     assert "EXACT" in text and "5 MPI ranks" in text and "r4: 1.0 MB (est. 1.1)" in text
     assert "one process   : 2.00 images/s, 4.0 MB (largest rank: 0.25x)" in text
+    assert ("held-out      : accuracy 0.75 after 12 steps (first evaluation, step 4: 0.50; chance 0.50) on 32 "
+            "images of 4 crops never trained on: LEARNS") in text
+    assert found.learns and demo.exit_code(found) == 0
+    flat = dataclasses.replace(found, held_out_accuracy=[0.5, 0.75, 0.5])      # back to chance at the end
+    assert not flat.learns and demo.exit_code(flat) == demo.EXIT_NOT_LEARNING
+    assert "DOES NOT LEARN" in demo.format_summary(flat)
+    assert not dataclasses.replace(found, held_out_accuracy=[0.75, 0.75]).learns   # no better than its start
+    older = dataclasses.replace(found, held_out_accuracy=None, chance_accuracy=None)
+    assert "no learning-curve run" in demo.format_summary(older) and demo.exit_code(older) == demo.EXIT_NOT_LEARNING
+    assert demo.exit_code(dataclasses.replace(found, exact=False)) == demo.EXIT_NOT_EXACT
     html = demo.export_html(notebook, tmp_path / "nb.html").read_text()
     assert "<html" in html.lower() and "image/png" in html
     with pytest.raises(SystemExit):

@@ -102,3 +102,31 @@ def test_layout_title_names_micro_batches_and_only_real_spatial_stages():
     cfg = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4)
     title = viz.draw_rank_layout(cfg).axes[0].get_title()
     assert "spatial 1 x 4 tiles (square)" in title and "parts 1" in title
+
+
+def test_timeline_colours_halo_directions_and_receive_kinds_apart_and_names_them():
+    ops = ["F", "halo", "halo_backward", "RECV_ACT", "RECV_GRAD", "SEND_ACT", "SEND_GRAD", "B", "ALLREDUCE", "OPTIM"]
+    events = [Event(0, op, i * 1.0, i * 1.0 + 0.5) for i, op in enumerate(ops)] + [Event(1, "halo:top", 0.0, 0.2)]
+    fig = viz.draw_timeline(events)
+    bars = {bar.get_gid().split(":", 3)[3]: tuple(bar.get_facecolor()[0]) for bar in viz.find_artists(fig, "event:")}
+    four = [bars[op] for op in ("halo", "halo_backward", "RECV_ACT", "RECV_GRAD")]
+    assert len(set(four)) == 4, "halo forward/backward and activation/gradient receives share a colour"
+    assert len({bars[op] for op in ops}) == len(ops)                # every family its own colour
+    assert bars["halo:top"] == bars["halo"]                          # the detail after ':' keeps the family
+    legend = fig.axes[0].get_legend()
+    names = [text.get_text() for text in legend.get_texts()]
+    assert names == ["forward", "backward", "halo forward", "halo backward", "send activation",
+                     "receive activation", "send gradient", "receive gradient", "all-reduce", "optimizer"]
+    swatches = dict(zip(names, (tuple(h.get_facecolor()) for h in legend.legend_handles)))
+    assert swatches["halo backward"] == bars["halo_backward"] and swatches["receive gradient"] == bars["RECV_GRAD"]
+
+
+def test_op_families_by_name_and_unknown_ops_named_by_their_key():
+    assert viz.op_family("RECV_ACT") is viz.OpFamily.RECEIVE_ACTIVATION
+    assert viz.op_family("halo_backward:left") is viz.OpFamily.HALO_BACKWARD
+    assert viz.op_family("all_reduce grads") is viz.OpFamily.ALLREDUCE
+    assert viz.op_family("read") is None and viz.op_label("read:level0") == "read"
+    assert viz.op_color("read") == viz.OTHER_OP_COLOR
+    assert len({family.color for family in viz.OpFamily} | {viz.OTHER_OP_COLOR}) == len(viz.OpFamily) + 1
+    entries = viz.legend_entries(["write", "B", "F", "write"])
+    assert list(entries) == ["forward", "backward", "write"]

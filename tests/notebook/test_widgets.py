@@ -122,9 +122,10 @@ def test_timeline_filters_and_memory_bars():
     assert len(viz.find_artists(view.view.figure, "event:")) == 9
     view.rank_filter.value = (1,)
     assert len(view.visible) == 3 and all(e.rank == 1 for e in view.visible)
-    view.op_filter.value = ("halo",)
+    assert view.op_filter.options == ("backward", "forward", "halo forward")   # the legend's names
+    view.op_filter.value = ("halo forward",)
     assert [e.op for e in view.visible] == ["halo"]
-    assert "halo: 400.0 ms" in view.summary.value
+    assert "halo forward: 400.0 ms" in view.summary.value
     assert len(viz.find_artists(view.memory_view.figure, "mem:")) == 6
 
     progress = TrainingProgress(3)

@@ -16,6 +16,12 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         assert summary["exact"] and summary["world_size"] == 5
         assert summary["serial_images_per_second"] > 0
         assert max(summary["memory_measured_mb"]) <= 0.6 * summary["serial_memory_mb"]
+        # it learns: the held-out accuracy ends above chance and above its first evaluation (what `make demo` prints)
+        accuracy, chance = summary["held_out_accuracy"], summary["chance_accuracy"]
+        assert len(accuracy) == len(summary["held_out_steps"]) >= 2 and chance >= 0.5
+        assert accuracy[-1] > max(chance, accuracy[0]), f"held-out accuracy {accuracy} (chance {chance})"
+        assert summary["held_out_images"] == 8 * summary["held_out_crops"] > 0
+        assert "-> learns (above chance 0.50 and above the first evaluation): True" in text
         # the exercise: each variant trained and compared with its own micro-batched serial reference
         assert "{'parts': 2}" in text and "{'times': 1}" in text and "{'balance': (2, 3)}" in text
         assert not list(kernel_tmpdir.glob("mpi4dl-04-curves-*")), "the learning-curve logs were left behind"

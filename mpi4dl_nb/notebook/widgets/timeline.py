@@ -23,7 +23,7 @@ class TimelineView:
                  estimate: Sequence[float] | None = None) -> None:
         self.events = [viz.as_event(e) for e in events]
         ranks = sorted({e.rank for e in self.events})
-        ops = sorted({viz.op_key(e.op) for e in self.events})
+        ops = sorted({viz.op_label(e.op) for e in self.events})
         self.rank_filter = w.SelectMultiple(options=ranks, value=tuple(ranks), description="ranks",
                                             rows=min(6, max(2, len(ranks))))
         self.op_filter = w.SelectMultiple(options=ops, value=tuple(ops), description="ops",
@@ -43,11 +43,11 @@ class TimelineView:
 
     def update(self) -> None:
         ranks, ops = set(self.rank_filter.value), set(self.op_filter.value)
-        self.visible = [e for e in self.events if e.rank in ranks and viz.op_key(e.op) in ops]
+        self.visible = [e for e in self.events if e.rank in ranks and viz.op_label(e.op) in ops]
         self.view.show(viz.draw_timeline(self.visible))
         totals: dict[str, float] = {}
         for e in self.visible:
-            key = viz.op_key(e.op)
+            key = viz.op_label(e.op)
             totals[key] = totals.get(key, 0.0) + e.duration
         self.summary.value = " &nbsp; ".join(f"{op}: {secs * 1e3:.1f} ms" for op, secs in
                                              sorted(totals.items(), key=lambda kv: -kv[1]))
