@@ -99,10 +99,10 @@ print("peak memory per rank (MB):", [round(b / 2**20, 1) for b in summary["peak_
 
 # %%
 from mpi4dl_nb.infer.fully_conv import fully_convolutional
-from mpi4dl_nb.infer.model import load_network
+from mpi4dl_nb.infer.model import load_layers
 from mpi4dl_nb.infer.reader import SlideReader
 
-layers, description = load_network(work / "ck", dtype=torch.float64)
+layers, description = load_layers(work / "ck", dtype=torch.float64)
 net = fully_convolutional(layers, description.image_size)
 reader = SlideReader(slide)
 x = torch.from_numpy(reader.read((0, 384, 0, 640))).permute(2, 0, 1).double().div(255.0)

@@ -89,6 +89,13 @@ class Waitable(Protocol):
     def wait(self) -> object: ...   # what it returns is not used
 
 
+class _Completed:
+    """A library handle with nothing left to wait for."""
+
+    def wait(self) -> None:
+        return None
+
+
 class Request:
     """A pending non-blocking send or receive; ``wait()`` completes it.
 
@@ -108,6 +115,11 @@ class Request:
                keep: object = None) -> Request:
         """One request that completes when every handle of ``handles`` has."""
         return cls(_AllOf(tuple(handles)), on_done, keep)
+
+    @classmethod
+    def completed(cls) -> Request:
+        """A request that is complete on creation (nothing to send: a self-message, a simulated rank)."""
+        return cls(_Completed())
 
     def wait(self) -> None:
         if self.done:

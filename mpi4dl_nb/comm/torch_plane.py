@@ -84,7 +84,7 @@ class TorchPlane:
     def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None) -> Request:
         """Post every transfer as one ``batch_isend_irecv`` group on ``via``'s process group."""
         if not transfers:
-            return Request(_Done())
+            return Request.completed()
         group = None if via is None else via.torch_group
         ops = []
         for t in transfers:
@@ -118,11 +118,6 @@ class TorchPlane:
         """Tear down the torch.distributed process group (the MPI world stays up)."""
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class _Done:
-    def wait(self) -> None:
-        return None
 
 
 def _member_group(group: ProcessGroup | int) -> ProcessGroup | None:

@@ -31,13 +31,6 @@ R = TypeVar("R")   # what a simulated rank's body returns
 MeetingKey = tuple[tuple[int, ...], int]   # (the ranks that meet, how many times they met before)
 
 
-class _Done:
-    """A request that is complete on creation."""
-
-    def wait(self) -> None:
-        return None
-
-
 @dataclass
 class Traffic:
     """What one simulated rank sent: point-to-point messages and collectives (bytes)."""
@@ -159,14 +152,14 @@ class FakeComm:
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
         self.traffic.messages += 1
         self.traffic.message_bytes += tensor.numel() * tensor.element_size()
-        return Request(_Done())
+        return Request.completed()
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Request:
         if tensor.device.type != "meta":
             tensor.zero_()
         if self.on_receive is not None:
             self.on_receive(tensor)
-        return Request(_Done())
+        return Request.completed()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self.isend(tensor, dst, tag)
@@ -179,7 +172,7 @@ class FakeComm:
         self.traffic.exchanges += bool(transfers)
         for transfer in transfers:
             (self.isend if transfer.send else self.irecv)(transfer.tensor, transfer.peer, transfer.tag)
-        return Request(_Done())
+        return Request.completed()
 
     def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
         return {(int(src), int(dst)): Channel(int(src), int(dst)) for src, dst in pairs}

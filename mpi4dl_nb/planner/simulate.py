@@ -53,7 +53,7 @@ class Cost:
     added to ``delay`` in proportion to the share of ``work`` done while more ranks compute
     than there are cores (the members' meetings - halo exchanges, BatchNorm sums - spread
     over the work then find ranks descheduled), as measured with every rank computing; fewer
-    ranks beyond the cores pay proportionally less (``_Replay.crowding``). ``lockstep`` and
+    ranks beyond the cores pay proportionally less (``_ScheduleReplay.crowding``). ``lockstep`` and
     ``exposed``: how waiting ranks' wake-ups slow the action (module docstring).
     """
 
@@ -95,7 +95,7 @@ class _Running:
     exposed: float = 1.0              # share of its time exposed to waiting ranks' wake-ups
 
 
-class _Replay:
+class _ScheduleReplay:
     """State of one simulated step (see ``simulate``)."""
 
     def __init__(self, schedule: Schedule, cost: Callable[[Action], Cost],
@@ -273,7 +273,7 @@ def simulate(schedule: Schedule, cost: Callable[[Action], Cost], message: Callab
     the step up; default 0), ``waiting_slowdown`` how much slower the ranks filling the cores
     compute while the rest wait (``crowding.Crowding.waiting_slowdown``; fewer waiting: proportionally less).
     Returns every rank's timeline."""
-    return _Replay(schedule, cost, message, cores, start, waiting_slowdown).run()
+    return _ScheduleReplay(schedule, cost, message, cores, start, waiting_slowdown).run()
 
 
 def group_key(action: Action, ranks: Sequence[int], what: str) -> tuple[Hashable, ...]:
