@@ -12,7 +12,7 @@ from torch import nn
 from ..comm.handles import Channel, Group, Request
 from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
-from ..spatial.dense_loss import TileLoss
+from ..spatial.loss import TileLoss
 from ..spatial.geometry import Box, TileGrid
 from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger

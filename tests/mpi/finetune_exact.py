@@ -23,7 +23,7 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.cli.setup import parse_launch
 from mpi4dl_nb.cli.train_cmd import Setup, build_parser, build_trainer, check_run_args, prepare
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
-from mpi4dl_nb.run.loss import classification_loss
+from mpi4dl_nb.spatial.loss import classification_loss
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
 from tests.support.scratch import shared_temp_folder
