@@ -19,8 +19,8 @@ from ..comm.trace import Event
 from ..config import ParallelConfig, ScheduleKind
 from ..errors import ConfigError
 from ..layout import RankRole, layout, stage_holders
-from ..spatial.loss import TileLoss
 from ..spatial.geometry import TileGrid
+from ..spatial.loss import TileLoss
 from .default_cut import default_balance
 from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun

@@ -17,8 +17,8 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.data import Batcher, SlideDataset, ihc_image
-from mpi4dl_nb.models import resnet_v1
 from mpi4dl_nb.evaluation.batch_inputs import BatchInputs
+from mpi4dl_nb.models import resnet_v1
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import relative_error
 from tests.support.planes import split_backend
