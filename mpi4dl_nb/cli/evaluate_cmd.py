@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from .model_flags import model_arg
 from .parser import CommandParser, DefaultsHelpFormatter
 from .resolution_flags import add_resolution_flags, check_resolution_flags, resolution_of
 from .segmentation_flags import add_task_args
+from .setup import exit_refused
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 # checked by infer.model.load_trained, which knows named models such as torchvision:resnet50)
 MODEL_FLAGS = (("--resnet-version", "resnet_version"), ("--num-layers", "num_layers"),
                ("--num-filters", "num_filters"), ("--num-classes", "num_classes"))
-EXIT_SETUP = 2
 
 
 @dataclass(frozen=True)
@@ -264,9 +263,7 @@ def run_evaluation(job: EvaluateJob, ctx: Comm) -> int:
         agreed(ctx, evaluation.load)
         agreed(ctx, evaluation.open_data)
     except SetupFailed as err:
-        if ctx.rank == 0:
-            print(f"mpi4dl_nb evaluate: error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_SETUP) from None
+        exit_refused(ctx, "evaluate", err)
     summary = evaluation.run()
     if summary is not None:
         print(summary.to_json(), flush=True)

@@ -16,13 +16,6 @@ if TYPE_CHECKING:
     from ..run.monitor import JobMonitor
 
 __all__ = ["build_parser", "check_run_args", "main"]
-EXIT_SETUP = 2
-
-
-def say_once(ctx: Comm, text: str) -> None:
-    """A message about the whole job, from rank 0."""
-    if ctx.rank == 0:
-        print(f"mpi4dl_nb train: {text}", file=sys.stderr, flush=True)
 
 
 def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor) -> int:
@@ -30,14 +23,14 @@ def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor) -> int:
     every rank together with one message."""
     from ..comm.agreement import SetupFailed
     from ..run.divergence import EXIT_NONFINITE, NonFiniteError
-    from ..run.job_run import start
+    from ..run.job_run import say_once, start
     from ..run.trainer import EXIT_CHECKPOINT, CheckpointWriteError
+    from .setup import exit_refused
 
     try:
         trainer = start(job, ctx, monitor)
     except SetupFailed as err:
-        say_once(ctx, f"error: {err}")
-        raise SystemExit(EXIT_SETUP) from None
+        exit_refused(ctx, "train", err)
     try:
         summary = trainer.run()
     except NonFiniteError as err:
