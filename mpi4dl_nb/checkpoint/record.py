@@ -20,6 +20,7 @@ from ..data.classes import numbered
 from ..data.task import Task
 from ..models.spec import ModelFamily, ModelSpec, optional_whole, whole
 from ..pipeline.optim import LRSchedule, OptimizerSpec
+from ..spatial.loss import ClassCrossEntropy, DenseLoss, LossKind
 from . import files
 from .files import FORMAT_VERSION, BestMark, save_checkpoint
 
@@ -139,6 +140,15 @@ class RunRecord:
         if self.data.classes is not None and len(self.data.classes) == self.model.num_classes:
             return self.data.classes
         return numbered(self.model.num_classes)
+
+    def loss(self) -> ClassCrossEntropy | DenseLoss:
+        """The loss the run trains with, and its evaluations score with: cross-entropy of a class per image, or the
+        segmentation loss per pixel (its kind and ignore index), with the run's class weights."""
+        weights = self.training.class_weights if self.training is not None else None
+        if not self.task.dense:
+            return ClassCrossEntropy(weights)
+        pixels = self.segmentation or SegmentationRecord()
+        return DenseLoss(LossKind(pixels.loss), weights, pixels.ignore_index)
 
     def summary_fields(self) -> dict[str, object]:
         """The flat fields a training summary starts with (what format 2 stored as ``run``)."""

@@ -151,7 +151,8 @@ def add_mpi4dl_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def config_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The ``ParallelConfig`` keyword arguments carried by parsed ``args``."""
-    return {field: getattr(args, field) for field in PARALLEL_FLAGS.values() if hasattr(args, field)}
+    given = vars(args)
+    return {field: given[field] for field in PARALLEL_FLAGS.values() if field in given}
 
 
 def config_from_args(args: argparse.Namespace) -> ParallelConfig:
@@ -167,8 +168,8 @@ def config_from_args(args: argparse.Namespace) -> ParallelConfig:
 
 def validate_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for ``ParallelConfig.validate`` available from parsed workload flags."""
-    return {name: getattr(args, name) for name in ("batch_size", "image_size")
-            if getattr(args, name, None) is not None}
+    given = vars(args)
+    return {name: given[name] for name in ("batch_size", "image_size") if given.get(name) is not None}
 
 
 def parallel_flags(cfg: ParallelConfig) -> list[str]:

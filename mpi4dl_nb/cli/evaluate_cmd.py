@@ -9,25 +9,23 @@ from typing import TYPE_CHECKING
 
 from ..checkpoint.files import BestMark
 from ..checkpoint.record import RunRecord
+from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError, ParallelConfig
+from ..data.apps import AppKind
 from ..data.classes import folder_classes, label_order
+from ..data.task import Task
 from ..evaluation.metrics import Metrics
 from ..evaluation.pixel_metrics import SegmentationMetrics
+from ..run.job import DataSpec, EvaluateJob, HeldOutSpec, RunOptions
 from .args import add_parallel_args, add_workload_args
 from .checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
 from .device_flags import add_device_flags, check_device_flags
+from .evaluation_flags import DTYPES, add_evaluation_args, check_held_out_flags, check_numbers
 from .model_flags import model_arg
 from .parser import CommandParser, DefaultsHelpFormatter
-from .resolution_flags import add_resolution_flags, check_resolution_flags, checkpoint_resolution
-from .segmentation_flags import add_task_args, check_checkpoint_task, dense_loss
-from .train_cmd import (
-    DTYPES,
-    add_evaluation_args,
-    agreed,
-    check_evaluation_args,
-    check_numbers,
-    held_out_data,
-)
+from .resolution_flags import add_resolution_flags, check_resolution_flags, resolution_of
+from .segmentation_flags import add_task_args
+from .setup import exit_refused
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,11 +34,10 @@ if TYPE_CHECKING:
     from ..data.dataset import RegionDataset
     from ..infer.model import ModelDescription
 
-# flag, ModelSpec field, attribute: a flag given on the command line must match the checkpoint's model
-# (--model itself is checked by infer.model.load_trained, which knows named models such as torchvision:resnet50)
-MODEL_FLAGS = (("--resnet-version", "resnet_version", "resnet_version"),
-               ("--num-layers", "num_layers", "num_layers"), ("--num-filters", "num_filters", "num_filters"),
-               ("--num-classes", "num_classes", "num_classes"))
+# flag, ModelSpec field: a flag given on the command line must match the checkpoint's model (--model itself is
+# checked by infer.model.load_trained, which knows named models such as torchvision:resnet50)
+MODEL_FLAGS = (("--resnet-version", "resnet_version"), ("--num-layers", "num_layers"),
+               ("--num-filters", "num_filters"), ("--num-classes", "num_classes"))
 
 
 @dataclass(frozen=True)
@@ -61,12 +58,14 @@ class EvaluationSummary:
     config: Mapping[str, object] = field(default_factory=dict)
     selected: str = "latest"                # --checkpoint-select
     best: BestMark | None = None            # what a best checkpoint is best at
+    loss_of: str = "cross-entropy"          # what ``loss`` is: the run's training loss (its class weights included)
 
     def as_dict(self) -> dict[str, object]:
         chosen = {"checkpoint_select": self.selected, **({"best": self.best.to_dict()} if self.best else {})}
         return {"checkpoint": self.checkpoint, **chosen, "step": self.step, "model": self.model, "split": self.split,
                 "app": self.app, "image_size": self.image_size, "batch_size": self.batch_size, "dtype": self.dtype,
-                "world_size": self.world_size, **self.metrics.as_dict(), "seconds": self.seconds,
+                "world_size": self.world_size, **self.metrics.as_dict(), "loss_of": self.loss_of,
+                "seconds": self.seconds,
                 "config": dict(self.config)}
 
     def to_json(self) -> str:
@@ -108,87 +107,122 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_model_flags(args: argparse.Namespace, record: RunRecord, where: str) -> None:
+def evaluate_job(args: argparse.Namespace, cfg: ParallelConfig) -> EvaluateJob:
+    """The evaluation the checked flags name (None where the checkpoint's settings apply): a line per flag."""
+    mpp, source_mpp = resolution_of(args)
+    given = vars(args)
+    return EvaluateJob(
+        checkpoint=args.checkpoint, config=cfg, checkpoint_select=args.checkpoint_select,
+        app=None if args.app is None else AppKind.parse(args.app),
+        datapath=None if args.datapath is None else str(args.datapath), image_size=args.image_size,
+        num_samples=args.num_samples, slide_level=args.slide_level, mpp=mpp, source_mpp=source_mpp,
+        min_tissue=args.min_tissue, held_out=HeldOutSpec(args.val_fraction, args.val_datapath),
+        all_data=args.all_data, batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
+        task=None if args.task is None else Task.parse(args.task), model=args.model,
+        model_flags=tuple((flag, key, given[key]) for flag, key in MODEL_FLAGS if given[key] is not None),
+        options=RunOptions(backend=args.backend, device=args.device))
+
+
+def check_model_flags(job: EvaluateJob, record: RunRecord, where: str) -> None:
     """ConfigError when a model flag given names another model than the checkpoint's."""
     saved = record.model.to_dict()
-    for flag, key, attribute in MODEL_FLAGS:
-        wanted = getattr(args, attribute, None)
-        if wanted is not None and saved.get(key) is not None and wanted != saved[key]:
+    for flag, key, wanted in job.model_flags:
+        if saved.get(key) is not None and wanted != saved[key]:
             raise ConfigError(flag, f"{where} holds a checkpoint of another model ({key} {saved[key]!r}, "
                               f"not {wanted!r}); drop {flag} or pass a checkpoint of that model")
 
 
-def resolved(args: argparse.Namespace, record: RunRecord, cfg: ParallelConfig) -> argparse.Namespace:
-    """``args`` with every unset data flag taken from the checkpoint's record."""
+def check_checkpoint_task(job: EvaluateJob, record: RunRecord, where: str) -> None:
+    """ConfigError when ``--task`` names the other task than the checkpoint's."""
+    from ..run.identity import task_mismatch
+
+    problem = task_mismatch(record.task, job.task, where) if job.task is not None else None
+    if problem is not None:
+        raise ConfigError("--task", problem)
+
+
+def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
+    """The data to read: the flags given, the checkpoint's settings for the rest (its training resolution unless
+    ``--slide-level`` or ``--mpp``/``--magnification``)."""
     data = record.data
-    out = argparse.Namespace(**vars(args))
-    out.app = args.app or data.app
-    out.image_size = args.image_size or data.image_size
-    out.num_classes = record.model.num_classes
+    app = job.app or data.app
+    mpp = None if job.slide_level is not None else (data.mpp if job.mpp is None else job.mpp)
     # the training run's class names order the labels of class folders (masks carry their labels as values)
-    out.class_order = None if record.task.dense else label_order(folder_classes(out.app, args.datapath),
-                                                                 record.data.classes)
-    out.task = str(record.task)
-    out.ignore_index = record.segmentation.ignore_index if record.segmentation is not None else None
-    out.dtype = args.dtype or data.dtype
-    out.mpp, out.slide_level = checkpoint_resolution(args, data.mpp)      # the training resolution by default
-    out.magnification = None
-    out.seed = args.seed if args.seed is not None else record.seed
-    if args.val_datapath is None and args.val_fraction is None and not args.all_data:
-        out.val_fraction = data.val_fraction
-        out.val_datapath = data.val_datapath
-    if args.all_data:
-        out.val_fraction = out.val_datapath = None
-    batch = args.batch_size or data.batch_size
-    out.batch_size = -(-batch // cfg.batch_divisor) * cfg.batch_divisor
-    return out
+    order = None if record.task.dense else label_order(folder_classes(app, job.datapath), data.classes)
+    return DataSpec(app=app, datapath=job.datapath, image_size=job.image_size or data.image_size,
+                    num_samples=job.num_samples, slide_level=job.slide_level or 0, min_tissue=job.min_tissue,
+                    mpp=mpp, source_mpp=job.source_mpp, num_classes=record.model.num_classes,
+                    class_names=record.class_names, class_order=order, task=record.task,
+                    ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None)
+
+
+def resolved_held_out(job: EvaluateJob, record: RunRecord) -> HeldOutSpec:
+    """The images to evaluate: the flags' held-out images, every image (``--all-data``), else the run's split."""
+    if job.all_data:
+        return HeldOutSpec()
+    if job.held_out.given:
+        return job.held_out
+    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath)
 
 
 class Evaluation:
     """Set-up of ``evaluate`` in agreed stages (every rank the same verdict), then the run."""
 
-    def __init__(self, args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> None:
-        self.args, self.cfg, self.ctx = args, cfg, ctx
+    def __init__(self, job: EvaluateJob, ctx: Comm) -> None:
+        self.job, self.ctx = job, ctx
         self.layers: list[nn.Module] = []
         self.record: RunRecord | None = None
         self.description: ModelDescription | None = None
-        self.settings = args
+        self.data = DataSpec()
+        self.held_out = HeldOutSpec()
+        self.batch_size = 0
+        self.dtype = "float32"
         self.dataset: RegionDataset | None = None
         self.split = "all"
+
+    @property
+    def seed(self) -> int:
+        assert self.record is not None, "load() read the record"
+        return self.job.seed if self.job.seed is not None else self.record.seed
 
     def load(self) -> None:
         """The checkpoint's network (refused if another model than the flags name) and data settings."""
         import torch
 
         from ..infer.model import load_trained
-        from .setup import check_layout
+        from ..run.trainer import check_layout
 
-        dtype = getattr(torch, self.args.dtype) if self.args.dtype else None
+        job = self.job
+        dtype = getattr(torch, job.dtype) if job.dtype else None
         # rank 0 checksums the file; a damaged one stops every rank in this agreed stage. Without --dtype the
         # layers come in float64 (which holds either dtype exactly) and go to the checkpoint's dtype below
-        self.layers, self.description, self.record = load_trained(self.args.checkpoint, self.args.model,
-                                                                  dtype or torch.float64, check=self.ctx.rank == 0)
-        check_model_flags(self.args, self.record, f"--checkpoint {self.description.path}")
-        check_checkpoint_task(self.args, self.record, f"--checkpoint {self.description.path}")
-        self.settings = resolved(self.args, self.record, self.cfg)
+        self.layers, self.description, self.record = load_trained(job.checkpoint, job.model, dtype or torch.float64,
+                                                                  check=self.ctx.rank == 0)
+        where = f"--checkpoint {self.description.path}"
+        check_model_flags(job, self.record, where)
+        check_checkpoint_task(job, self.record, where)
+        self.data, self.held_out = resolved_data(job, self.record), resolved_held_out(job, self.record)
+        self.dtype = job.dtype or self.record.data.dtype
+        batch = job.batch_size or self.record.data.batch_size
+        self.batch_size = -(-batch // job.config.batch_divisor) * job.config.batch_divisor
         if dtype is None:
             for layer in self.layers:
-                layer.to(getattr(torch, self.settings.dtype))
-        check_layout(self.cfg, self.layers, self.settings.batch_size, self.settings.image_size)
+                layer.to(getattr(torch, self.dtype))
+        check_layout(job.config, self.layers, self.batch_size, self.data.image_size)
 
     def open_data(self) -> None:
         """The images to evaluate: the training run's held-out split (checked to be the same), or all."""
-        from .setup import dataset_from
+        from ..run.job_data import dataset_from, held_out_data
 
-        s = self.settings
-        dataset = dataset_from(s, s.datapath)
-        if dataset.num_classes > s.num_classes:
+        data = self.data
+        dataset = dataset_from(data, self.seed, data.datapath)
+        if dataset.num_classes > data.num_classes:
             raise ConfigError("--datapath", f"the data has {dataset.num_classes} classes, the checkpoint's "
-                              f"model {s.num_classes}: a checkpoint of another model, or other data")
-        _, held, self.split = held_out_data(s, dataset)
+                              f"model {data.num_classes}: a checkpoint of another model, or other data")
+        _, held, self.split = held_out_data(data, self.held_out, self.seed, dataset)
         assert self.record is not None, "load() read the record"
         saved = self.record.identity.get("val_split")
-        explicit = self.args.val_fraction is not None or self.args.val_datapath is not None or self.args.all_data
+        explicit = self.job.held_out.given or self.job.all_data
         if held is not None and saved not in (None, "none") and saved != self.split and not explicit:
             raise ConfigError("--datapath", f"the held-out images differ from the training run's "
                               f"({self.split!r}, trained with {saved!r}): give the same --app/--datapath/--num-samples/"
@@ -197,44 +231,39 @@ class Evaluation:
         self.dataset = held if held is not None else dataset
 
     def run(self) -> EvaluationSummary | None:
-        """Evaluate (collective); the summary on rank 0."""
+        """Evaluate (collective) with the run's loss; the summary on rank 0."""
         import time
 
         import torch
-        from torch import nn
 
-        from ..evaluation.evaluator import Evaluator
         from ..pipeline.engine import HybridEngine
+        from ..run.held_out import evaluator_for
 
         assert self.description is not None and self.dataset is not None, "load() and open_data() ran"
-        s = self.settings
         assert self.record is not None, "load() read the record"
-        dense = self.record.task.dense
-        engine = HybridEngine(self.layers, self.cfg, self.ctx, image_size=s.image_size,
-                              loss_fn=dense_loss(self.record) if dense else nn.CrossEntropyLoss())
+        job, dtype = self.job, getattr(torch, self.dtype)
+        engine = HybridEngine(self.layers, job.config, self.ctx, image_size=self.data.image_size,
+                              loss_fn=self.record.loss())
         start = time.perf_counter()
-        metrics: Metrics | SegmentationMetrics
-        if dense:
-            from .segmentation_flags import evaluator
-
-            metrics = evaluator(engine, self.dataset, self.ctx, s.batch_size, self.record,
-                                getattr(torch, s.dtype)).run()
-        else:
-            metrics = Evaluator(engine, self.dataset, self.ctx, s.batch_size, getattr(torch, s.dtype),
-                                classes=self.record.class_names).run()
+        metrics = evaluator_for(engine, self.dataset, self.ctx, self.batch_size, self.record, dtype).run()
         if self.ctx.rank != 0:
             return None
-        assert self.record is not None, "load() read the record"
+        best = self.record.best if job.checkpoint_select == "best" else None
         return EvaluationSummary(self.description.path, self.description.step, self.description.describe(),
-                                 self.split, str(s.app), s.image_size, s.batch_size, s.dtype, self.ctx.world_size,
-                                 metrics, time.perf_counter() - start, self.cfg.as_dict(), self.args.checkpoint_select,
-                                 self.record.best if self.args.checkpoint_select == "best" else None)
+                                 self.split, str(self.data.app), self.data.image_size, self.batch_size, self.dtype,
+                                 self.ctx.world_size, metrics, time.perf_counter() - start, job.config.as_dict(),
+                                 job.checkpoint_select, best, self.record.loss().describe())
 
 
-def run_evaluation(args: argparse.Namespace, cfg: ParallelConfig, ctx: Comm) -> int:
-    evaluation = Evaluation(args, cfg, ctx)
-    agreed(ctx, evaluation.load, "evaluate")
-    agreed(ctx, evaluation.open_data, "evaluate")
+def run_evaluation(job: EvaluateJob, ctx: Comm) -> int:
+    """Set up in agreed stages, evaluate, print the JSON line on rank 0; a refused set-up exits 2 on every rank
+    with one message."""
+    evaluation = Evaluation(job, ctx)
+    try:
+        agreed(ctx, evaluation.load)
+        agreed(ctx, evaluation.open_data)
+    except SetupFailed as err:
+        exit_refused(ctx, "evaluate", err)
     summary = evaluation.run()
     if summary is not None:
         print(summary.to_json(), flush=True)
@@ -247,14 +276,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .setup import parse_launch
 
     args, cfg = parse_launch(build_parser(), argv, check_flags)
-    return run_evaluation(args, cfg, init(backend=args.backend, device=args.device))
+    job = evaluate_job(args, cfg)
+    return run_evaluation(job, init(backend=job.options.backend, device=job.options.device))
 
 
 def check_flags(args: argparse.Namespace) -> None:
     """Errors in the checkpoint, numeric, held-out data and device flags, naming the flag (before any rank talks);
     ``args.checkpoint`` becomes the file chosen."""
     check_numbers(args)
-    check_evaluation_args(args)
+    check_held_out_flags(args)
     check_device_flags(args)
     check_resolution_flags(args)
+    if args.slide_level is not None and (args.mpp is not None or args.magnification is not None):
+        raise ConfigError("--slide-level", "give --slide-level or --mpp/--magnification, not both")
     args.checkpoint = chosen_checkpoint(args)

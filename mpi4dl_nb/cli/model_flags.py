@@ -53,23 +53,22 @@ def add_pretrained_flags(parser: argparse.ArgumentParser | argparse._ArgumentGro
 def normalization(args: argparse.Namespace) -> Normalization | None:
     """The normalisation ``--normalize`` names (``auto`` resolved against ``--model`` and ``--weights``)."""
     family, source = split_model(args.model)
-    text = getattr(args, "normalize", "none")
-    if text == AUTO:
-        if getattr(args, "weights", None) is None or not family.named:
+    if args.normalize == AUTO:
+        if args.weights is None or not family.named:
             return None
         return pretrained_normalization(str(family), source or "")
-    return Normalization.parse(text, getattr(args, "in_channels", 3))
+    return Normalization.parse(args.normalize)
 
 
 def check_model_flags(args: argparse.Namespace) -> None:
     """ConfigError for model flags that do not fit together (a size flag or --normalize with the wrong family)."""
     family, _ = split_model(args.model)
     if family.named:
-        for flag, name in SIZE_FLAGS:
-            if getattr(args, name, None) is not None:
+        for flag, value in ((flag, vars(args)[name]) for flag, name in SIZE_FLAGS):
+            if value is not None:
                 raise ConfigError(flag, f"sizes this project's resnet/amoebanet/unet; {args.model} has its own "
                                         f"(drop {flag})")
-    elif getattr(args, "normalize", AUTO) not in (AUTO, "none"):
+    elif args.normalize not in (AUTO, "none"):
         raise ConfigError("--normalize", f"applies to named models (torchvision:, timm:, package.module:callable); "
                                          f"--model {args.model} takes pixels in [0, 1]: drop --normalize")
     normalization(args)
@@ -80,8 +79,8 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec.of(args.model, num_layers=args.num_layers, num_filters=args.num_filters,
                         num_classes=args.num_classes,
                         resnet_version=version_for_depth(args.num_layers, args.resnet_version),
-                        norm=getattr(args, "norm", None), upsampling=getattr(args, "upsampling", None),
-                        normalize=normalization(args), weights=getattr(args, "weights", None))
+                        norm=args.norm, upsampling=args.upsampling, normalize=normalization(args),
+                        weights=args.weights)
 
 
 def add_model_cut_args(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +93,7 @@ def add_model_cut_args(parser: argparse.ArgumentParser) -> None:
                    help=VERSION_HELP)
     g.add_argument("--num-classes", dest="num_classes", type=int, default=10, help="number of classes")
     g.add_argument("--image-size", dest="image_size", type=int, default=32, help="image side in pixels")
+    parser.set_defaults(normalize="none", weights=None, norm=None, upsampling=None)   # train's, for model_spec
 
 
 def model_cut(args: argparse.Namespace, cfg: ParallelConfig) -> str:

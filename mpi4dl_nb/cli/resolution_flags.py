@@ -24,28 +24,17 @@ def resolution_of(args: argparse.Namespace) -> tuple[float | None, float | None]
     ``--source-mpp``; ConfigError naming a bad one."""
     from ..data.resolution import target_mpp
 
-    source = getattr(args, "source_mpp", None)
+    source = args.source_mpp
     if source is not None and not source > 0:
         raise ConfigError("--source-mpp", f"must be > 0 (µm per pixel), got {source}")
-    return target_mpp(getattr(args, "mpp", None), getattr(args, "magnification", None)), source
+    return target_mpp(args.mpp, args.magnification), source
 
 
 def check_resolution_flags(args: argparse.Namespace) -> None:
     """``train``, before any rank talks: the resolution flags valid, and given only with images to apply to."""
     target, source = resolution_of(args)
     if (target is not None or source is not None) and args.datapath is None:
-        flag = next(f for f, name in (("--mpp", "mpp"), ("--magnification", "magnification"),
-                                      ("--source-mpp", "source_mpp")) if getattr(args, name, None) is not None)
+        flag = next(f for f, value in (("--mpp", args.mpp), ("--magnification", args.magnification),
+                                       ("--source-mpp", args.source_mpp)) if value is not None)
         raise ConfigError(flag, "applies to images read from --datapath (tiles, images with masks, slides); the "
                                 "bundled IHC sample and generated images carry no resolution")
-
-
-def checkpoint_resolution(args: argparse.Namespace, trained_at: float | None) -> tuple[float | None, int]:
-    """``evaluate``: (µm per pixel, slide level) to read the data at: ``--slide-level`` as it is, else ``--mpp`` /
-    ``--magnification``, else the checkpoint's training MPP (``trained_at``; None: the data as it is)."""
-    target, _ = resolution_of(args)
-    if args.slide_level is not None:
-        if target is not None:
-            raise ConfigError("--slide-level", "give --slide-level or --mpp/--magnification, not both")
-        return None, args.slide_level
-    return (trained_at if target is None else target), 0

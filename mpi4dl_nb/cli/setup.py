@@ -1,18 +1,21 @@
-"""Set-up steps the ``train`` and ``evaluate`` commands share: flags to a checked layout, model fit, dataset."""
+"""Set-up the ``train`` and ``evaluate`` commands share: flags to a checked layout (and the model fit it needs)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ..config import ConfigError, ParallelConfig
+from ..run.trainer import check_layout
 from .args import config_from_args
 
 if TYPE_CHECKING:
-    from torch import nn
+    from ..comm.agreement import SetupFailed
+    from ..comm.protocol import Comm
 
-    from ..data.dataset import RegionDataset
+__all__ = ["EXIT_SETUP", "check_layout", "exit_refused", "parse_launch"]
+EXIT_SETUP = 2      # a set-up refused: the exit code of every rank
 
 
 def parse_launch(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
@@ -32,24 +35,8 @@ def parse_launch(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     return args, cfg
 
 
-def check_layout(cfg: ParallelConfig, layers: Sequence[nn.Module], batch_size: int, image_size: int) -> None:
-    """ConfigError unless ``cfg`` fits this model, batch and image: stage count, batch split, spatial halos."""
-    from ..run.trainer import check_spatial_geometry
-
-    cfg.validate(batch_size=batch_size, num_layers=len(layers), image_size=image_size)
-    check_spatial_geometry(layers, cfg, image_size)
-
-
-def dataset_from(args: argparse.Namespace, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
-    """The dataset the data flags in ``args`` name, read from ``datapath`` (without the files ``exclude``; class
-    folders labelled in the order of ``args.class_order`` when set)."""
-    from ..data import make_dataset
-    from .resolution_flags import resolution_of
-    from .segmentation_flags import segmentation_dataset, task_of
-
-    if task_of(args).dense:
-        return segmentation_dataset(args, datapath, exclude)
-    mpp, source_mpp = resolution_of(args)
-    return make_dataset(args.app, args.image_size, args.num_classes, datapath=datapath, seed=args.seed,
-                        num_samples=args.num_samples, slide_level=args.slide_level, min_tissue=args.min_tissue,
-                        exclude=exclude, classes=getattr(args, "class_order", None), mpp=mpp, source_mpp=source_mpp)
+def exit_refused(ctx: Comm, command: str, failure: SetupFailed) -> NoReturn:
+    """A set-up every rank refused (comm/agreement.SetupFailed): rank 0 says why once, every rank exits 2."""
+    if ctx.rank == 0:
+        print(f"mpi4dl_nb {command}: error: {failure}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_SETUP) from None

@@ -1,15 +1,12 @@
 """How ``train`` trains: the optimizer, schedule, class, weight and augmentation flags, checked before any rank
-talks, and the TrainingRecord and class names they make."""
+talks, and the class names they resolve."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 
-from ..checkpoint.record import TrainingRecord
 from ..config import ConfigError
 from ..data.augment import AugmentSpec
 from ..data.classes import (
-    class_weights,
     folder_classes,
     label_order,
     parse_class_weights,
@@ -60,7 +57,8 @@ def check_training_args(args: argparse.Namespace) -> None:
     optimizer_spec(args)
     if args.warmup_steps < 0:
         raise ConfigError("--warmup-steps", f"must be >= 0, got {args.warmup_steps}")
-    schedule(args, args.steps if args.steps is not None else args.warmup_steps + 1)   # epochs: checked again
+    LRSchedule(LRScheduleKind(args.lr_schedule), args.steps if args.steps is not None else args.warmup_steps + 1,
+               args.warmup_steps, args.lr_step_size, args.lr_gamma)   # with epochs: checked again once they are known
     AugmentSpec.parse(args.augment)
     weights = parse_class_weights(args.class_weights)
     given = parse_names(args.classes)
@@ -90,15 +88,3 @@ def check_keep_best(args: argparse.Namespace) -> None:
 def optimizer_spec(args: argparse.Namespace) -> OptimizerSpec:
     """The optimizer the flags name (momentum and weight decay default per optimizer)."""
     return OptimizerSpec.of(args.optimizer, args.lr, args.momentum, args.weight_decay)
-
-
-def schedule(args: argparse.Namespace, steps: int) -> LRSchedule:
-    """The learning-rate schedule of a run of ``steps`` steps."""
-    return LRSchedule(LRScheduleKind(args.lr_schedule), steps, args.warmup_steps, args.lr_step_size, args.lr_gamma)
-
-
-def training_record(args: argparse.Namespace, steps: int, counts: Sequence[int]) -> TrainingRecord:
-    """How the run trains, with ``counts`` training images per class (for ``--class-weights balanced``)."""
-    given = parse_class_weights(args.class_weights)
-    return TrainingRecord(optimizer_spec(args), schedule(args, steps), AugmentSpec.parse(args.augment),
-                          None if given is None else class_weights(given, counts))

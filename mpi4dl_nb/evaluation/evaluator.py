@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..comm.messages import as_items
-from ..data.dataset import Box, RegionDataset
-from ..pipeline.schedules import ActionKind
+from ..data.dataset import RegionDataset
 from ..pipeline.step_input import ShardedImages
+from ..spatial.loss import ClassCrossEntropy
+from .batch_inputs import BatchInputs
 from .metrics import Metrics, Records, merge, summarize
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class HeldOutBatches:
 
     Batches have any size the layout accepts; the last one is filled up with repeats of the
     first images, whose results are dropped, so every image counts exactly once whatever the
-    layout. A stage-0 rank reads only its tile box of each image (``images(batch)``).
+    layout. A stage-0 rank reads only its tile box of each image (``images(batch)``, ``BatchInputs``).
     """
 
     def __init__(self, engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch_size: int,
@@ -39,8 +39,7 @@ class HeldOutBatches:
         self.dtype = dtype
         self.num_classes = dataset.num_classes
         self.classes = tuple(classes)       # the class names the metrics carry (empty: none)
-        self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0
-                                for a in engine.schedule.actions(ctx.rank))
+        self.inputs = BatchInputs(engine, ctx.rank, dataset.image_size, batch_size, dtype)
 
     @property
     def batches(self) -> int:
@@ -53,22 +52,22 @@ class HeldOutBatches:
 
     def images(self, batch: int) -> ShardedImages | None:
         """Batch ``batch``'s images as this rank reads them (None: it runs no stage-0 forward)."""
-        if not self.reads_images:
-            return None
         chosen = self.positions(batch)
-        size = self.dataset.image_size
-
-        def read(rows: slice, box: Box | None) -> torch.Tensor:
-            picked = chosen[rows]
-            return torch.stack([self.dataset.read(i, box) for i in picked]).to(self.dtype)
-        return ShardedImages(read, self.batch_size, (size, size))
+        return self.inputs.images(lambda rows, box: torch.stack([self.dataset.read(chosen[r], box) for r in rows]))
 
 
 class Evaluator(HeldOutBatches):
     """Runs ``engine.evaluate_batch`` over the held-out batches (``HeldOutBatches``): each last-stage rank keeps
     per-sample records (position, label, loss, logits); rank 0 merges them in sample order and computes the
     metrics from the merged set (sums of counts and losses, never averages of averages); every rank gets them.
+    The loss is the run's (``loss``: its class weights included), so ``val_loss`` is what training minimises.
     """
+
+    def __init__(self, engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch_size: int,
+                 dtype: torch.dtype = torch.float32, classes: Sequence[str] = (),
+                 loss: ClassCrossEntropy | None = None) -> None:
+        super().__init__(engine, dataset, ctx, batch_size, dtype, classes)
+        self.loss = loss if loss is not None else ClassCrossEntropy()
 
     def local_records(self) -> Records:
         """This rank's records: every last-stage output it computes, real rows only (collective)."""
@@ -84,7 +83,7 @@ class Evaluator(HeldOutBatches):
                     continue
                 labels = torch.tensor([self.dataset.label(int(p)) for p in position[keep]])
                 kept = logits[torch.from_numpy(keep)]
-                loss = F.cross_entropy(kept, labels, reduction="none")
+                loss = self.loss.per_sample(kept, labels)
                 parts.append(Records(position[keep].astype(np.int64), labels.numpy().astype(np.int64),
                                      loss.numpy(), kept.numpy()))
         return merge(parts, self.num_classes)

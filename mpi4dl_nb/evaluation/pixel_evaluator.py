@@ -19,7 +19,7 @@ import torch
 from ..comm.messages import as_items
 from ..data.masks import MaskDataset
 from ..pipeline.runtime import StageOutput
-from ..spatial.dense_loss import DenseLoss, PixelSums
+from ..spatial.loss import DenseLoss, PixelSums
 from .evaluator import HeldOutBatches
 from .pixel_metrics import PixelRecords, SegmentationMetrics, confusion_counts, merge_pixels, summarize_pixels
 

@@ -19,8 +19,8 @@ from ..comm.trace import Event
 from ..config import ParallelConfig, ScheduleKind
 from ..errors import ConfigError
 from ..layout import RankRole, layout, stage_holders
-from ..spatial.dense_loss import TileLoss
 from ..spatial.geometry import TileGrid
+from ..spatial.loss import TileLoss
 from .default_cut import default_balance
 from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun
@@ -80,7 +80,7 @@ class HybridEngine:
     ``nn.CrossEntropyLoss()``); each chunk's loss is scaled by ``chunk / global batch`` so
     the summed gradients are those of the mean loss over the global batch. With every stage
     spatial (``cfg.all_spatial``: dense models) the loss runs on the last stage's tiles and must
-    be a ``TileLoss`` (``spatial.dense_loss.DenseLoss``); labels are then per-pixel masks.
+    be a ``TileLoss`` (``spatial.loss.DenseLoss``); labels are then per-pixel masks.
     ``optimizer(params)`` returns a torch optimizer for this rank's parameters (None: no
     step; gradients stay in the parameters). ``schedule``: 'gpipe' or '1f1b' (default
     ``cfg.schedule``). ``abort_on_error``: an exception on one rank prints its traceback
@@ -99,7 +99,7 @@ class HybridEngine:
         if cfg.all_spatial and not isinstance(loss_fn, TileLoss):
             raise ConfigError("spatial_size", f"spatial_size = split_size = {cfg.split_size} makes every stage "
                               f"spatial, so the loss runs on tiles, and {type(loss_fn).__name__} cannot: use a "
-                              f"per-pixel loss computed on tiles (mpi4dl_nb.spatial.dense_loss.DenseLoss) for a "
+                              f"per-pixel loss computed on tiles (mpi4dl_nb.spatial.loss.DenseLoss) for a "
                               f"dense model, or spatial_size <= {cfg.split_size - 1} to join the tiles for a "
                               f"classifier")
         self.cfg = cfg

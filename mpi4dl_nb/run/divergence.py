@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..pipeline.schedules import Action, ActionKind
-from ..spatial.dense_loss import GroupSum, TileLoss
+from ..spatial.loss import GroupSum, TileLoss
 
 if TYPE_CHECKING:
     from ..comm.messages import Payload

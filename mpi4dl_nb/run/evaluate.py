@@ -1,8 +1,8 @@
 """``dl.evaluate``: a checkpoint's network (or a model object and its checkpoint) on a dataset, any layout, in Python.
 
 The same measurement as the ``evaluate`` command: every image once, forward only, with the layout of
-``config``, exact sums across ranks (``evaluation/evaluator.py``); the checkpoint's network rebuilt
-from its record, or the model object a run built in Python (``model=``).
+``config``, scored with the run's loss, exact sums across ranks (``evaluation/evaluator.py``); the checkpoint's
+network rebuilt from its record, or the model object a run built in Python (``model=``).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ..data.dataset import RegionDataset
 from ..evaluation.evaluator import Evaluator
 from ..evaluation.metrics import Metrics
 from ..infer.model import load_trained
+from ..spatial.loss import ClassCrossEntropy
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -46,5 +47,9 @@ def evaluate(checkpoint: str | Path, dataset: RegionDataset, *, ctx: Comm | None
         layer.to(run_dtype)
     batch = batch_size or record.data.batch_size
     batch = -(-batch // cfg.batch_divisor) * cfg.batch_divisor
-    engine = HybridEngine(layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss(), image_size=dataset.image_size)
-    return Evaluator(engine, dataset, ctx, batch, run_dtype, classes=record.class_names).run()
+    loss = record.loss()     # the run's: val_loss as training reported it (its class weights included)
+    if not isinstance(loss, ClassCrossEntropy):
+        raise ValueError(f"{checkpoint} holds a segmentation model; evaluate it with 'python -m mpi4dl_nb evaluate "
+                         f"--checkpoint {checkpoint}' (pixel metrics)")
+    engine = HybridEngine(layers, cfg, ctx, loss_fn=loss, image_size=dataset.image_size)
+    return Evaluator(engine, dataset, ctx, batch, run_dtype, classes=record.class_names, loss=loss).run()

@@ -5,8 +5,15 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from ..data.task import Task
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..models.spec import ModelSpec
 
 # field -> the flags that set it (named in messages); a later issue may add fields here
 FIELD_FLAGS: dict[str, str] = {
@@ -103,3 +110,28 @@ def refuse_changes(where: str, changes: Sequence[Change]) -> ConfigError:
                        f"{describe_changes(changes)}. Resume with the same flags, or pass "
                        f"--allow-config-change {names} to continue anyway (then the run is no "
                        f"longer equal to an uninterrupted one)")
+
+
+def model_fingerprint(spec: ModelSpec, layers: Sequence[nn.Module]) -> str:
+    """The model part of the run identity: its spec and a hash of every tensor's name, shape and dtype
+    (the text checkpoints on disk compare against: keep it as it is)."""
+    shapes = [(f"{i}.{k}", list(v.shape), str(v.dtype)) for i, layer in enumerate(layers)
+              for k, v in layer.state_dict().items()]
+    if spec.family.named:
+        return f"{spec.label}, {spec.num_classes} classes [{digest(shapes)}]"
+    version = f" v{spec.resnet_version}" if spec.resnet_version else ""
+    return (f"{spec.family}{version}, {spec.num_layers} layers, {spec.num_filters} filters, "
+            f"{spec.num_classes} classes [{digest(shapes)}]")
+
+
+def saved_task(identity: Mapping[str, object]) -> Task:
+    """The task of a checkpoint whose identity is ``identity`` (classification when it predates tasks)."""
+    return Task.parse(str(identity.get("task") or Task.CLASSIFICATION.value))
+
+
+def task_mismatch(theirs: Task, task: Task, where: str = "the checkpoint") -> str | None:
+    """Why a checkpoint of task ``theirs`` cannot continue or be evaluated as ``task`` (None: it can)."""
+    if theirs is task:
+        return None
+    return (f"{where} is a {theirs} checkpoint, not {task}: use --task {theirs} with it (its model predicts "
+            f"{'a class per pixel' if theirs.dense else 'a class per image'})")

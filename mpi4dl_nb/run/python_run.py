@@ -1,6 +1,6 @@
 """A run set up in Python: its record from a model spec or model object and a dataset, a held-out split.
 
-What the command line derives from its flags, derived here from objects, so that ``Trainer.for_data``
+What a TrainJob records (``run/job.py``), derived here from objects, so that ``Trainer.for_data``
 writes checkpoints that ``evaluate``, ``infer``, ``dl.model_state_dict`` and resume read like a
 command's: the model (a ``ModelSpec``, or a model object recorded as ``python:<its class>``, which
 the readers then take back as ``model=...``), the data (its kind, size and folder), the seed.
@@ -18,8 +18,9 @@ from ..data.apps import AppKind
 from ..data.cifar import Cifar10Dataset
 from ..data.dataset import RegionDataset
 from ..data.synthetic import SyntheticDataset
-from ..evaluation.split import Subset, stratified_split
+from ..evaluation.split import Subset
 from ..models.spec import ModelFamily, ModelSpec
+from .job_data import held_out_split
 
 ModelObject = nn.Module | Sequence[nn.Module]
 
@@ -29,9 +30,7 @@ def split_dataset(dataset: RegionDataset, fraction: float, seed: int = 0) -> tup
     --val-fraction F --seed S`` does (every rank gets the same split)."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"fraction must lie strictly between 0 and 1, got {fraction:g}")
-    labels = [dataset.label(i) for i in range(len(dataset))]
-    train, held = stratified_split(labels, fraction, seed, dataset.num_classes)
-    return Subset(dataset, train), Subset(dataset, held)
+    return held_out_split(dataset, fraction, seed, dataset.num_classes)
 
 
 def base_of(dataset: RegionDataset) -> RegionDataset:

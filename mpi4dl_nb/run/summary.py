@@ -41,10 +41,13 @@ class Validation:
     step: int
     metrics: Metrics | SegmentationMetrics
     seconds: float
+    loss_of: str = "cross-entropy"      # what val_loss is: the run's training loss (its class weights included)
 
     def as_dict(self) -> dict[str, object]:
-        """``val_step``, the ``val_``-prefixed metrics, ``val_seconds``: the names logs and summaries use."""
-        return {"val_step": self.step, **self.metrics.as_dict("val_"), "val_seconds": self.seconds}
+        """``val_step``, the ``val_``-prefixed metrics, ``val_loss_of``, ``val_seconds``: the names logs and
+        summaries use."""
+        return {"val_step": self.step, **self.metrics.as_dict("val_"), "val_loss_of": self.loss_of,
+                "val_seconds": self.seconds}
 
     def line(self) -> str:
         """``eval at step 20 (98 images): val_loss 0.4123 val_accuracy 0.8163 ...`` (the figures that exist)."""

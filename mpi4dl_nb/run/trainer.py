@@ -13,18 +13,19 @@ import torch
 from torch import nn
 
 from ..checkpoint.files import BestMark, new_run_id
+from ..checkpoint.optimizer_state import gather_optimizer_state, load_optimizer_state
 from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, write_checkpoint
 from ..config import ParallelConfig
 from ..data import Batcher, RegionDataset
 from ..data.masks import batch_masks
 from ..data.task import Task
+from ..evaluation.batch_inputs import BatchInputs
 from ..evaluation.metrics import MetricName
-from ..layout import stage_holders
+from ..measure.progress import ProgressLine
 from ..measure.usage import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
 from ..pipeline.optim import LRSchedule
 from ..pipeline.schedules import Action, ActionKind
 from ..pipeline.step_input import ShardedImages, ShardedMasks
-from ..spatial.geometry import Box
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
 from .monitor import JobMonitor, StepTimer
 from .summary import RankMetrics, TrainSummary, Validation, finite_or_none
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from ..evaluation.pixel_evaluator import SegmentationEvaluator
     from ..models.spec import ModelSpec
     from ..pipeline.engine import HybridEngine
-    from ..pipeline.runtime import StageInstance
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,12 @@ EXIT_CHECKPOINT = 5
 
 
 # --------------------------------------------------------------------- pre-flight
+def check_layout(cfg: ParallelConfig, layers: Sequence[nn.Module], batch_size: int, image_size: int) -> None:
+    """ConfigError unless ``cfg`` fits this model, batch and image: stage count, batch split, spatial halos."""
+    cfg.validate(batch_size=batch_size, num_layers=len(layers), image_size=image_size)
+    check_spatial_geometry(layers, cfg, image_size)
+
+
 def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int,
                            channels: int | None = None) -> None:
     """Refuse, before any rank starts, a spatial split whose halos would not fit the tiles.
@@ -82,136 +88,10 @@ def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, ima
     check_fit(list(layers), cfg, image_size, in_channels=channels)
 
 
-# ------------------------------------------------------------------------ inputs
-class InputFeeder:
-    """Builds each rank's ``images``/``labels`` arguments for ``HybridEngine.train_step`` from a Batcher.
-
-    A rank running stage 0 gets a ``ShardedImages``: the engine asks it for each chunk's rows
-    cut to the rank's tile box, and it reads exactly that from the dataset (for slides: one
-    OpenSlide ``read_region`` of the box per image), so a spatial rank never allocates a
-    full-size image. Other ranks get ``None`` (no memory, no reads). Labels are tiny: every
-    rank gets the global labels (they also tell the engine the global batch size). Masks
-    (``dense``) are not: a rank running the last stage gets a ``ShardedMasks`` that reads its
-    chunk's rows cut to its tile box (whole masks on a layer-parallel last stage), others None.
-    """
-
-    def __init__(self, engine: HybridEngine, batcher: Batcher, rank: int, dtype: torch.dtype,
-                 dense: bool = False) -> None:
-        self.batcher = batcher
-        self.dtype = dtype
-        self.size = batcher.dataset.image_size
-        self.batch = batcher.batch_size
-        self.dense = dense
-        actions = engine.schedule.actions(rank)
-        self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0 for a in actions)
-        self.reads_masks = dense and any(a.kind is ActionKind.FORWARD and a.stage == engine.cfg.split_size - 1
-                                         for a in actions)
-
-    def images(self, epoch: int, step: int) -> ShardedImages | None:
-        if not self.reads_images:
-            return None
-
-        def read(rows: slice, box: Box | None) -> torch.Tensor:
-            chosen = list(range(*rows.indices(self.batch)))
-            return self.batcher.images(epoch, step, box, chosen).to(self.dtype)
-        return ShardedImages(read, self.batch, (self.size, self.size))
-
-    def labels(self, epoch: int, step: int) -> torch.Tensor | ShardedMasks | None:
-        if not self.dense:
-            return self.batcher.labels(epoch, step)
-        if not self.reads_masks:
-            return None
-
-        def read(rows: slice, box: Box | None) -> torch.Tensor:
-            return batch_masks(self.batcher, epoch, step, box, list(range(*rows.indices(self.batch))))
-        return ShardedMasks(read, self.batch, (self.size, self.size))
-
-
-# --------------------------------------------------------------- optimizer state
-def _owned_instances(engine: HybridEngine, rank: int) -> list[StageInstance]:
-    """One instance per stage this rank reports (the stage's lowest holder rank)."""
-    seen, out = set(), []
-    for (_, stage), inst in sorted(engine.instances.items()):
-        if stage not in seen and min(stage_holders(engine.cfg, stage)) == rank:
-            seen.add(stage)
-            out.append(inst)
-    return out
-
-
-def _portable(value: object) -> object:
-    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
-
-
-def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> OptimizerState | None:
-    """Per-parameter optimizer state keyed by whole-model parameter name, on rank 0 (collective).
-
-    Names make it independent of the parallel layout: a run may resume on another one.
-    """
-    mine: OptimizerState = {}
-    optimizer = engine.optimizer
-    if optimizer is not None:
-        for inst in _owned_instances(engine, ctx.rank):
-            for name, param in inst.canonical.named_parameters():
-                state = optimizer.state.get(param)
-                if state:
-                    mine[inst.canonical.full_key(name)] = {k: _portable(v) for k, v in state.items()}
-    gathered = ctx.gather_object(mine, root=0)
-    if gathered is None:
-        return None
-    merged: OptimizerState = {}
-    for part in gathered:
-        merged.update(part)
-    return merged
-
-
-def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: OptimizerState | None) -> None:
-    """Inverse of :func:`gather_optimizer_state`: each holder receives its stages' entries of rank 0's ``state``."""
-    state = engine.scatter_to_holders(state if ctx.rank == 0 else None)
-    optimizer = engine.optimizer
-    if optimizer is None or not state:
-        return
-    for inst in engine.instances.values():
-        for name, param in inst.canonical.named_parameters():
-            entry = state.get(inst.canonical.full_key(name))
-            if entry is not None:
-                optimizer.state[param] = {k: _placed(k, v, param) for k, v in entry.items()}
-
-
-def _placed(key: str, value: object, param: torch.Tensor) -> object:
-    """An optimizer state entry on its parameter's device and dtype (step counters stay as saved)."""
-    if not isinstance(value, torch.Tensor) or key == "step":
-        return value.clone() if isinstance(value, torch.Tensor) else value
-    return value.to(param.device, param.dtype)
-
-
-# --------------------------------------------------------------------- progress
-class ProgressBar:
-    """A one-line progress bar on a terminal, or one line per update otherwise (rank 0 only)."""
-
-    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, width: int = 30) -> None:
-        self.total = max(1, total)
-        self.enabled = enabled
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def update(self, step: int, loss: float, images_per_s: float, extra: str = "") -> None:
-        if not self.enabled:
-            return
-        filled = int(self.width * step / self.total)
-        bar = "#" * filled + "." * (self.width - filled)
-        text = f"[{bar}] step {step}/{self.total} loss {loss:.4f} {images_per_s:.2f} img/s{extra}"
-        if self.tty:
-            self.stream.write("\r" + text + ("\n" if step >= self.total else ""))
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def note(self, text: str) -> None:
-        """A line of its own (an evaluation's figures), not overwritten by the bar."""
-        if self.enabled:
-            self.stream.write(("\n" if self.tty else "") + text + "\n")
-            self.stream.flush()
+def progress_text(step: int, steps: int, loss: float, images_per_s: float, accuracy: float | None) -> str:
+    """``step 3/10 loss 0.6931 12.50 img/s val_acc 0.750``: what the progress line shows after a step."""
+    shown = "" if accuracy is None else f" val_acc {accuracy:.3f}"
+    return f"step {step}/{steps} loss {loss:.4f} {images_per_s:.2f} img/s{shown}"
 
 
 # ---------------------------------------------------------------------- trainer
@@ -245,7 +125,8 @@ class Trainer:
         self.timer = StepTimer(given=None if settings.auto_step_timeout else (settings.step_timeout or 0))
         self._own_monitor = monitor is None and self.timer.timeout() is not None
         self.monitor = JobMonitor.start(ctx) if self._own_monitor else monitor
-        self.feeder = InputFeeder(engine, batcher, ctx.rank, settings.dtype, settings.task.dense)
+        self.inputs = BatchInputs(engine, ctx.rank, batcher.dataset.image_size, batcher.batch_size, settings.dtype,
+                                  settings.task.dense)
         self.metrics = RunMetrics()
         self.step = 0
         self.skipped_steps: list[int] = []
@@ -275,8 +156,8 @@ class Trainer:
         ``python:<name>``: their readers then take the model object as ``model=...`` (``dl.model_state_dict``,
         ``dl.evaluate``, ``dl.infer_slide``).
         """
-        from ..evaluation.evaluator import Evaluator
         from ..evaluation.log import MetricsLog
+        from .held_out import evaluator_for, shared_run_id
         from .python_run import record_for, split_dataset
 
         if val_fraction is not None and validation is not None:
@@ -284,9 +165,8 @@ class Trainer:
         train, held = split_dataset(data, val_fraction, seed) if val_fraction is not None else (data, validation)
         record = record_for(model, data, batch_size, seed=seed, dtype=settings.dtype, val_fraction=val_fraction,
                             validation=validation)
-        evaluator = None if held is None else Evaluator(engine, held, ctx, batch_size, settings.dtype,
-                                                        classes=record.class_names)
-        run_id = ctx.bcast_object(new_run_id() if ctx.rank == 0 else None, root=0)
+        evaluator = None if held is None else evaluator_for(engine, held, ctx, batch_size, record, settings.dtype)
+        run_id = shared_run_id(ctx)
         trainer = cls(engine, Batcher(train, batch_size, seed=seed), ctx, settings, record, run_id=run_id,
                       evaluator=evaluator)
         if log_dir is not None and ctx.rank == 0:
@@ -388,7 +268,7 @@ class Trainer:
         start = time.perf_counter()
         with phase:
             metrics = self.evaluator.run()
-        self.validation = Validation(self.step, metrics, time.perf_counter() - start)
+        self.validation = Validation(self.step, metrics, time.perf_counter() - start, self.evaluator.loss.describe())
         kept = self.improved(self.validation)
         if self.log is not None:
             best = {"best": self.best.to_dict()} if kept and self.best is not None else {}
@@ -416,6 +296,14 @@ class Trainer:
         if self.guard is not None:
             self.guard.on_action(action)
 
+    def batch(self, epoch: int, step: int) -> tuple[ShardedImages | None, torch.Tensor | ShardedMasks | None]:
+        """This rank's images and labels of batch ``step`` of ``epoch`` (``BatchInputs``: masks read by box)."""
+        batcher = self.batcher
+        images = self.inputs.images(lambda rows, box: batcher.images(epoch, step, box, rows))
+        if not self.settings.task.dense:
+            return images, batcher.labels(epoch, step)
+        return images, self.inputs.masks(lambda rows, box: batch_masks(batcher, epoch, step, box, rows))
+
     def train_one(self) -> float:
         """One optimizer step at the current position; returns the global loss (NaN when skipped)."""
         epoch, in_epoch = self.position(self.step)
@@ -423,8 +311,7 @@ class Trainer:
             self.monitor.begin_step(self.step + 1)
         if self.guard is not None:
             self.guard.begin_step(self.step + 1)
-        images = self.feeder.images(epoch, in_epoch)
-        labels = self.feeder.labels(epoch, in_epoch)
+        images, labels = self.batch(epoch, in_epoch)
         if self.settings.lr_schedule is not None:
             self.settings.lr_schedule.apply(self.engine.optimizer, self.step)
         tracer = self.ctx.tracer
@@ -451,8 +338,7 @@ class Trainer:
 
     def run(self, stream: TextIO | None = None) -> TrainSummary | None:
         """Train up to ``settings.steps``; returns the summary on rank 0 (None elsewhere)."""
-        bar = ProgressBar(self.settings.steps, self.settings.progress and self.ctx.rank == 0,
-                          stream)
+        bar = ProgressLine(self.settings.steps, self.settings.progress and self.ctx.rank == 0, stream)
         wall = time.perf_counter()
         start_step = self.step
         if self.monitor is not None:
@@ -476,7 +362,7 @@ class Trainer:
                     elif self.ctx.rank == 0:     # results, shown without the bar too
                         print(line, file=stream or sys.stderr, flush=True)
                 accuracy = self.validation.metrics.accuracy if self.validation is not None else None
-                bar.update(self.step, loss, rate, "" if accuracy is None else f" val_acc {accuracy:.3f}")
+                bar.update(self.step, progress_text(self.step, self.settings.steps, loss, rate, accuracy))
                 if self.checkpoint_due(self.step):
                     self.save()
             return self.summary(start_step, time.perf_counter() - wall)

@@ -192,7 +192,8 @@ def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsy
     for flags, refused in ((["--slice-method", "square"], False), (["--slice-method", "vertical"], False),
                            (["--slice-method", "vertical", "--balance", "6,3"], True)):
         args = evaluate_cmd.build_parser().parse_args(["--checkpoint", str(tmp_path), *flags])
-        evaluation = evaluate_cmd.Evaluation(args, config_from_args(args), ctx=SimpleNamespace(rank=0))
+        evaluation = evaluate_cmd.Evaluation(evaluate_cmd.evaluate_job(args, config_from_args(args)),
+                                             ctx=SimpleNamespace(rank=0))
         if not refused:
             evaluation.load()
             continue

@@ -140,12 +140,13 @@ def test_bad_validation_files_refused_up_front_or_skipped(capsys, tmp_path):
 
 def test_held_out_data_names_the_validation_flag(tmp_path):
     """``evaluate`` shares held_out_data: a missing --val-datapath is named as such there too."""
-    from argparse import Namespace
+    from mpi4dl_nb.data.apps import AppKind
+    from mpi4dl_nb.run.job import DataSpec, HeldOutSpec
+    from mpi4dl_nb.run.job_data import held_out_data
 
-    args = Namespace(val_fraction=None, val_datapath=str(tmp_path / "gone"), app="medical", image_size=32,
-                     num_classes=2, seed=0, num_samples=8, slide_level=0, min_tissue=0.5)
+    data = DataSpec(app=AppKind.MEDICAL, num_classes=2, num_samples=8)
     with pytest.raises(FileNotFoundError, match="--val-datapath '.*gone' does not exist"):
-        cli.held_out_data(args, dataset=None)
+        held_out_data(data, HeldOutSpec(val_datapath=str(tmp_path / "gone")), 0, dataset=None)  # type: ignore[arg-type]
 
 
 def test_resume_refuses_a_changed_configuration(capsys, tmp_path):

@@ -1,14 +1,11 @@
 """Metrics behind the CLI's JSON line: counted activation/state memory, communication time, progress bar."""
 from __future__ import annotations
 
-import io
-
 import torch
 from torch import nn
 
 from mpi4dl_nb.comm.trace import Event
 from mpi4dl_nb.measure.usage import ActivationMeter, RunMetrics, comm_seconds, is_communication, state_bytes
-from mpi4dl_nb.run.trainer import ProgressBar
 
 
 def test_activation_meter_counts_saved_tensors_once_and_releases_them():
@@ -63,15 +60,3 @@ def test_run_metrics_keep_constant_memory_over_long_runs():
     assert m.steps == 10_000 and m.images == 20_000 and m.seconds == 10_001.0
     assert m.losses == [float(s) for s in range(9_990, 10_000)] and len(m.step_seconds) == 10
     assert m.seconds_after(1) == 9_999.0 and m.comm_seconds == 2_500.0
-
-
-def test_progress_bar_lines_when_not_a_terminal():
-    out = io.StringIO()
-    bar = ProgressBar(4, enabled=True, stream=out, width=8)
-    bar.update(1, 2.5, 3.0)
-    bar.update(4, 1.25, 3.5)
-    assert out.getvalue().splitlines() == ["[##......] step 1/4 loss 2.5000 3.00 img/s",
-                                           "[########] step 4/4 loss 1.2500 3.50 img/s"]
-    silent = io.StringIO()
-    ProgressBar(4, enabled=False, stream=silent).update(1, 1.0, 1.0)
-    assert silent.getvalue() == ""

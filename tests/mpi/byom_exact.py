@@ -3,14 +3,14 @@ of classes, SP 2x2 + LP in float64, equals one process, and its checkpoint gives
 the script of docs/your-own-model.md runs as written there (small: ``--steps 2 --image-size 64``) and ends with
 a slide map.
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``prepare``, ``build_trainer`` of
-cli/train_cmd.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a 1000-class
-state dict rank 0 writes first); rank 0 trains the same model in one process (the flags' spec, the weights
-loaded by the original keys, ImageNet normalisation, the same optimizer and batches); ``dl.model_state_dict`` of
-the checkpoint loads into ``torchvision.models.resnet18(num_classes=2)`` strictly. ``evaluate`` and ``infer`` on
-such a checkpoint without model flags: tests/cli/test_byom_cli.py (one process) and the docs script (5 ranks, a
-model object). The acceptance command itself (ResNet-50, 256 px, batch 32) is too heavy for the suite: run by
-hand (docs/your-own-model.md).
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, then ``prepare``,
+``build_trainer`` of run/job_run.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a
+1000-class state dict rank 0 writes first); rank 0 trains the same model in one process (the flags' spec, the weights
+loaded by the original keys, ImageNet normalisation, the same optimizer and batches); ``dl.model_state_dict`` of the
+checkpoint loads into ``torchvision.models.resnet18(num_classes=2)`` strictly. ``evaluate`` and ``infer`` on such a
+checkpoint without model flags: tests/cli/test_byom_cli.py (one process) and the docs script (5 ranks, a model
+object). The acceptance command itself (ResNet-50, 256 px, batch 32) is too heavy for the suite: run by hand
+(docs/your-own-model.md).
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import Setup, build_parser, build_trainer, check_run_args, prepare
+from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
+from mpi4dl_nb.cli.train_job import train_job
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.models.weights import load_weights, read_weights
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
 from tests.support.scratch import shared_temp_folder
@@ -45,10 +47,10 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "your-own-model.md"
 SCRIPT_MARK = "<!-- script: your_own_model.py -->"
 
 
-def one_process(setup: Setup, weights: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
+def one_process(setup: JobSetup, weights: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The run in one process: the flags' spec, the weights by the model's keys, the optimizer, the batches."""
-    torch.manual_seed(setup.args.seed)
-    layers = setup.record.model.build(setup.args.image_size)
+    torch.manual_seed(setup.job.training.seed)
+    layers = setup.record.model.build(setup.job.data.image_size)
     load_weights(layers, read_weights(weights), model=setup.record.model.label)
     model = torch.nn.Sequential(*layers).to(torch.float64)
     losses = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
@@ -104,7 +106,7 @@ def main(check: Checks) -> None:
         ctx.barrier()
         argv = [*FLAGS, *SP_LP, "--weights", str(weights), "--checkpoint-dir", str(checkpoint)]
         args, cfg = parse_launch(build_parser(), argv, check_run_args)
-        setup = prepare(args, cfg, ctx)
+        setup = prepare(train_job(args, cfg), ctx)
         summary = build_trainer(setup, None).run()
         with check("losses equal one process") as result:
             if ctx.rank == 0:

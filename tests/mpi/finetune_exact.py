@@ -1,7 +1,7 @@
 """MPI (5 ranks): train's fine-tuning flags are exact against one process, in float64.
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``prepare`` and
-``build_trainer`` of cli/train_cmd.py from the command line below) with ``--optimizer adamw --lr-schedule
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare`` and
+``build_trainer`` of run/job_run.py from the command line below) with ``--optimizer adamw --lr-schedule
 cosine --warmup-steps 2 --augment flip,rot90,color,hed --class-weights balanced`` and train 4 steps; rank 0
 trains the same model in one process from the same flags' optimizer, schedule, loss and augmented batches
 (whole images, ``serial_step`` over the layout's chunks). Layouts: SP 2x2 + LP (``sp+lp``) and GEMS on 5
@@ -21,9 +21,11 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import Setup, build_parser, build_trainer, check_run_args, prepare
+from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
+from mpi4dl_nb.cli.train_job import train_job
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
-from mpi4dl_nb.run.loss import classification_loss
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.spatial.loss import classification_loss
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
 from tests.support.scratch import shared_temp_folder
@@ -38,20 +40,20 @@ LAYOUTS = {"sp+lp": "--split-size 2 --spatial-size 1 --num-spatial-parts 4".spli
 TOLERANCE = 1e-9
 
 
-def set_up(argv: list[str], ctx: dl.Context) -> Setup:
+def set_up(argv: list[str], ctx: dl.Context) -> JobSetup:
     args, cfg = parse_launch(build_parser(), argv, check_run_args)
-    return prepare(args, cfg, ctx)
+    return prepare(train_job(args, cfg), ctx)
 
 
-def one_process(setup: Setup) -> tuple[list[float], dict[str, torch.Tensor]]:
+def one_process(setup: JobSetup) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The run in one process: the flags' model, optimizer, schedule, loss and (whole, augmented) batches."""
-    args, training, batcher = setup.args, setup.record.training, setup.batcher
+    job, training, batcher = setup.job, setup.record.training, setup.batcher
     assert training is not None and batcher is not None
-    torch.manual_seed(args.seed)
-    model = torch.nn.Sequential(*setup.record.model.build(args.image_size)).to(torch.float64)
+    torch.manual_seed(job.training.seed)
+    model = torch.nn.Sequential(*setup.record.model.build(job.data.image_size)).to(torch.float64)
     optimizer = training.optimizer.build(model.parameters())
     loss_fn = classification_loss(training.class_weights)
-    chunks = serial_chunks(setup.cfg, args.batch_size)
+    chunks = serial_chunks(job.config, job.training.batch_size)
     losses = []
     for step in range(STEPS):
         epoch, in_epoch = divmod(step, batcher.steps_per_epoch)

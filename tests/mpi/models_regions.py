@@ -17,8 +17,8 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.data import Batcher, SlideDataset, ihc_image
+from mpi4dl_nb.evaluation.batch_inputs import BatchInputs
 from mpi4dl_nb.models import resnet_v1
-from mpi4dl_nb.run.trainer import InputFeeder
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import relative_error
 from tests.support.planes import split_backend
@@ -55,8 +55,8 @@ def main(check: Checks) -> None:
     torch.manual_seed(0)
     layers = [layer.double() for layer in resnet_v1(8, 2, width=4)]
     engine = dl.HybridEngine(copy.deepcopy(layers), cfg, ctx, loss_fn=nn.CrossEntropyLoss())
-    feeder = InputFeeder(engine, batcher, ctx.rank, torch.float64)
-    loss = engine.train_step(feeder.images(0, 0), feeder.labels(0, 0))
+    inputs = BatchInputs(engine, ctx.rank, SIZE, BATCH, torch.float64)
+    loss = engine.train_step(inputs.images(lambda rows, box: batcher.images(0, 0, box, rows)), batcher.labels(0, 0))
 
     with check(READS):
         if ctx.rank < 4:

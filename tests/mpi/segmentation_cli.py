@@ -1,7 +1,7 @@
 """MPI (4 ranks): ``train --task segmentation`` on 4 tiles (every stage spatial) equals one process (float64).
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``prepare``, ``build_trainer``
-of cli/train_cmd.py) on a folder of 8 image/mask pairs that rank 0 writes (3 classes, a band of ignored
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, then ``prepare``,
+``build_trainer`` of run/job_run.py) on a folder of 8 image/mask pairs that rank 0 writes (3 classes, a band of ignored
 pixels), with ``--loss ce+dice --class-weights 1,2,3 --ignore-index 255``; rank 0 trains the same model in one
 process (whole images and masks, ``serial_step``) and evaluates its held-out images.
 
@@ -20,12 +20,14 @@ import torch
 import mpi4dl_nb as dl
 from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli import evaluate_cmd
-from mpi4dl_nb.cli.segmentation_flags import dense_loss
 from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import Setup, agreed, build_parser, build_trainer, check_run_args, prepare
+from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
+from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.comm.agreement import agreed
 from mpi4dl_nb.data.masks import batch_masks
 from mpi4dl_nb.data.task import Task
 from mpi4dl_nb.evaluation.pixel_metrics import confusion_counts
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
 from tests.support.segmentation_data import IGNORED, write_pairs
@@ -39,14 +41,14 @@ TILES = "--split-size 1 --spatial-size 1 --num-spatial-parts 4".split()
 TOLERANCE = 1e-9
 
 
-def one_process(setup: Setup) -> tuple[list[float], torch.nn.Module]:
+def one_process(setup: JobSetup) -> tuple[list[float], torch.nn.Module]:
     """The run in one process: the record's model, optimizer and loss on whole images and masks."""
-    torch.manual_seed(setup.args.seed)
-    model = torch.nn.Sequential(*setup.record.model.build(setup.args.image_size)).to(torch.float64)
-    return train_one_process(setup, model, dense_loss(setup.record), batch_masks, STEPS), model
+    torch.manual_seed(setup.job.training.seed)
+    model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size)).to(torch.float64)
+    return train_one_process(setup, model, setup.record.loss(), batch_masks, STEPS), model
 
 
-def serial_evaluation(setup: Setup, model: torch.nn.Module) -> tuple[list[list[int]], float]:
+def serial_evaluation(setup: JobSetup, model: torch.nn.Module) -> tuple[list[list[int]], float]:
     """The held-out confusion matrix and loss of ``model`` in one process."""
     held = setup.val_dataset
     assert held is not None
@@ -55,7 +57,7 @@ def serial_evaluation(setup: Setup, model: torch.nn.Module) -> tuple[list[list[i
         images = torch.stack([held.read(i) for i in range(len(held))]).to(torch.float64)
         masks = torch.stack([held.read_mask(i) for i in range(len(held))])  # type: ignore[attr-defined]
         logits = model(images)
-    loss = float(dense_loss(setup.record)(logits, masks))
+    loss = float(setup.record.loss()(logits, masks))
     matrix = confusion_counts(masks.numpy(), logits.argmax(1).numpy(), 3, IGNORED)
     return matrix.tolist(), loss
 
@@ -69,7 +71,7 @@ def main(check: Checks) -> None:
         ctx.barrier()
         argv = [*FLAGS, *TILES, "--datapath", str(Path(folder) / "pairs"), "--checkpoint-dir", str(Path(folder) / "c")]
         args, cfg = parse_launch(build_parser(), argv, check_run_args)
-        setup = prepare(args, cfg, ctx)
+        setup = prepare(train_job(args, cfg), ctx)
         trainer = build_trainer(setup, None)
         summary = trainer.run()
         state = trainer.engine.full_state_dict()
@@ -98,9 +100,9 @@ def main(check: Checks) -> None:
             eval_args = evaluate_cmd.build_parser().parse_args(
                 ["--checkpoint", str(Path(folder) / "c"), "--datapath", str(Path(folder) / "pairs"), *TILES])
             eval_args.checkpoint = evaluate_cmd.chosen_checkpoint(eval_args)
-            evaluation = evaluate_cmd.Evaluation(eval_args, cfg, ctx)
-            agreed(ctx, evaluation.load, "evaluate")
-            agreed(ctx, evaluation.open_data, "evaluate")
+            evaluation = evaluate_cmd.Evaluation(evaluate_cmd.evaluate_job(eval_args, cfg), ctx)
+            agreed(ctx, evaluation.load)
+            agreed(ctx, evaluation.open_data)
             got = evaluation.run()
             if ctx.rank == 0:
                 assert got is not None and wanted is not None

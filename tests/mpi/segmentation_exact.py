@@ -19,7 +19,7 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.models.unet import unet
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
-from mpi4dl_nb.spatial.dense_loss import DenseLoss
+from mpi4dl_nb.spatial.loss import DenseLoss
 from tests.mpi.engine_exact import state_error
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend

@@ -5,20 +5,20 @@ from collections.abc import Callable
 
 import torch
 
-from mpi4dl_nb.cli.train_cmd import Setup
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
+from mpi4dl_nb.run.job_run import JobSetup
 
 Targets = Callable[[Batcher, int, int], torch.Tensor]
 
 
-def train_one_process(setup: Setup, model: torch.nn.Module, loss: torch.nn.Module, targets: Targets,
+def train_one_process(setup: JobSetup, model: torch.nn.Module, loss: torch.nn.Module, targets: Targets,
                       steps: int) -> list[float]:
     """``steps`` steps of ``model`` (float64) with the run's optimizer, batches and micro-batch chunks; the losses."""
     training, batcher = setup.record.training, setup.batcher
     assert training is not None and batcher is not None
     optimizer = training.optimizer.build(model.parameters())
-    chunks = serial_chunks(setup.cfg, setup.args.batch_size)
+    chunks = serial_chunks(setup.job.config, setup.job.training.batch_size)
     losses = []
     for step in range(steps):
         epoch, in_epoch = divmod(step, batcher.steps_per_epoch)

@@ -1,0 +1,121 @@
+"""The data of a job: the dataset its DataSpec names (images with class labels, or with masks), the files the data
+check reads, the held-out split, the pixel counts of balanced weights."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..config import ConfigError
+from ..data.apps import AppKind
+from ..data.dataset import RegionDataset
+from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
+from ..data.pathology import folder_files, require_path
+from ..data.validate import DataSources, SourceKind, find_sources
+from ..evaluation.split import Subset, split_listing, stratified_split
+from .identity import digest
+from .job import ClassWeights, DataSpec, HeldOutSpec
+
+Checker = Callable[[Path], str | None]
+
+
+def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
+    """The dataset ``data`` names, read from ``datapath`` (without the files ``exclude``; class folders labelled
+    in the order of ``data.class_order`` when set; generated images seeded by ``seed``)."""
+    from ..data import make_dataset
+
+    if data.task.dense:
+        return segmentation_dataset(data, datapath, exclude)
+    return make_dataset(data.app, data.image_size, data.num_classes, datapath=datapath, seed=seed,
+                        num_samples=data.num_samples, slide_level=data.slide_level, min_tissue=data.min_tissue,
+                        exclude=exclude, classes=data.class_order, mpp=data.mpp, source_mpp=data.source_mpp)
+
+
+def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> MaskDataset:
+    """The images with masks ``datapath`` names (without the files ``exclude``)."""
+    from ..data.annotated_slides import AnnotatedSlideDataset
+    from ..data.masks import MaskFolderDataset, image_files
+    from ..data.sample import IHCMaskDataset
+    from ..data.validate import excluded
+
+    if datapath is None:
+        return IHCMaskDataset(data.image_size)
+    root = require_path(datapath)
+    if is_mask_folder(root):
+        return MaskFolderDataset(root, data.image_size, data.num_classes, files=excluded(image_files(root), exclude),
+                                 mpp=data.mpp, source_mpp=data.source_mpp)
+    slides = [root] if root.is_file() else slide_files(root, exclude)
+    return AnnotatedSlideDataset(slides, data.image_size, data.class_names, level=data.slide_level,
+                                 min_tissue=data.min_tissue, mpp=data.mpp, source_mpp=data.source_mpp)
+
+
+def slide_files(root: Path, exclude: Sequence[Path]) -> list[Path]:
+    """The slides of a folder of annotated slides; ConfigError when it holds neither slides nor images/ + masks/."""
+    files, slides = folder_files(root, exclude)
+    if not slides:
+        raise ConfigError("--datapath", f"{root} holds neither images/ with masks/ nor slides with QuPath "
+                                        f"annotations (<slide>.geojson beside each) for --task segmentation")
+    return files
+
+
+def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataSources, Checker | None]:
+    """The files the data check reads and how it checks each: images with their masks, slides with their
+    annotations (segmentation), or the tiles/slides of ``find_sources`` (classification, checker None)."""
+    if not data.task.dense:
+        return find_sources(data.app, datapath, knob), None
+    if datapath is None:
+        return DataSources(None), None
+    from ..data.annotated_slides import annotation_problems
+    from ..data.masks import check_pair, image_files
+    from ..data.validate import check_file
+
+    root = require_path(datapath, knob)
+    size, classes, ignore = data.image_size, data.num_classes, data.ignore_index
+    if is_mask_folder(root):
+        return (DataSources(SourceKind.TILES, tuple(image_files(root))),
+                lambda image: check_pair(image, size, classes, ignore))
+    sources = find_sources(AppKind.MEDICAL, datapath, knob)
+    if sources.kind is not SourceKind.SLIDES:
+        raise ConfigError(knob, f"{datapath} holds neither images/ with masks/ nor slides with QuPath annotations "
+                                f"(<slide>.geojson beside each) for --task segmentation")
+    names, level = data.class_names, data.slide_level
+    return sources, lambda slide: (check_file(slide, SourceKind.SLIDES, size, level)
+                                   or annotation_problems(slide, names))
+
+
+def label_counts(data: DataSpec, weights: ClassWeights, dataset: RegionDataset) -> list[int] | None:
+    """A segmentation run's pixels per class when ``balanced`` weights need them (reads every mask), zeros when
+    they do not; None for classification (the caller counts images)."""
+    if not data.task.dense:
+        return None
+    if not isinstance(weights, str) or not isinstance(dataset, MaskDataset):
+        return [0] * data.num_classes
+    return pixel_counts(dataset, data.num_classes, data.ignore_index)
+
+
+def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: int) -> tuple[Subset, Subset]:
+    """(training images, held-out images): a seeded share ``fraction`` of each of ``classes`` classes held out."""
+    labels = [dataset.label(i) for i in range(len(dataset))]
+    train, held = stratified_split(labels, fraction, seed, classes)
+    return Subset(dataset, train), Subset(dataset, held)
+
+
+def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset,
+                  exclude: Sequence[Path] = ()) -> tuple[RegionDataset, RegionDataset | None, str]:
+    """(training set, validation set or None, the split's identity text) for ``held_out`` (a share of ``dataset``
+    seeded by ``seed``, or ``val_datapath`` without the files ``exclude``)."""
+    if held_out.val_fraction is not None:
+        classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
+        train, val = held_out_split(dataset, held_out.val_fraction, seed, classes)
+        text = (f"fraction {held_out.val_fraction:g}, seed {seed}, {len(val)} images "
+                f"[{digest(split_listing(dataset, val.indices))}]")
+        return train, val, text
+    if held_out.val_datapath is not None:
+        require_path(held_out.val_datapath, "--val-datapath")
+        held = dataset_from(data, seed, held_out.val_datapath, exclude)
+        if len(held) < data.num_classes and not data.task.dense:
+            raise ConfigError("--val-datapath", f"{held_out.val_datapath} holds {len(held)} images, fewer than "
+                              f"the {data.num_classes} classes")
+        text = (f"--val-datapath {Path(held_out.val_datapath).name}, {len(held)} images "
+                f"[{digest(split_listing(held, range(len(held))))}]")
+        return dataset, held, text
+    return dataset, None, "none"

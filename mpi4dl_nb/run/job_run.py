@@ -1,0 +1,282 @@
+"""A TrainJob turned into its run, the same from the command line and from Python: the model, checkpoint directory,
+data check, dataset and held-out split, record and identity, resume, run id, then engine, evaluator and Trainer."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..checkpoint.record import RunRecord
+from ..comm.agreement import SetupFailed, agreed
+from ..config import ConfigError
+from .job import TrainJob
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..comm.protocol import Comm
+    from ..data.dataset import Batcher, RegionDataset
+    from .data_check import DataRole
+    from .monitor import JobMonitor
+    from .resume import Selection
+    from .summary import TrainSummary
+    from .trainer import Trainer
+
+COMMAND = "train"
+
+
+def say_once(ctx: Comm, text: str) -> None:
+    """A message about the whole job, from rank 0."""
+    if ctx.rank == 0:
+        print(f"mpi4dl_nb {COMMAND}: {text}", file=sys.stderr, flush=True)
+
+
+class JobSetup:
+    """Everything a run needs, built before any training collective, in stages every rank agrees on."""
+
+    def __init__(self, job: TrainJob, ctx: Comm) -> None:
+        self.job = job
+        self.ctx = ctx
+        self.record: RunRecord = job.record()
+        self.layers: list[nn.Module] = []
+        self.batcher: Batcher | None = None
+        self.val_dataset: RegionDataset | None = None
+        self.held_out: str = "none"
+        self.steps = 0
+        self.identity: dict[str, object] = {}
+        self.selection: Selection | None = None
+        self.run_id: str | None = None
+
+    def build_model(self) -> None:
+        """The model, the configuration against it, and (rank 0) the log and checkpoint directories."""
+        import torch
+
+        from .checkpoint_space import estimate_checkpoint_bytes, prepare_directory
+        from .trainer import check_layout
+
+        job = self.job
+        torch.manual_seed(job.training.seed)
+        self.layers = self.record.model.build(job.data.image_size)
+        if job.model.weights is not None:
+            from ..models.weights import load_weights, read_weights
+
+            note = load_weights(self.layers, read_weights(job.model.weights), model=self.record.model.label)
+            if note is not None:
+                say_once(self.ctx, note)
+        for layer in self.layers:
+            layer.to(job.training.torch_dtype)
+        check_layout(job.config, self.layers, job.training.batch_size, job.data.image_size)
+        if job.held_out.log_dir is not None and self.ctx.rank == 0:
+            check_log_dir(job.held_out.log_dir)
+        directory = job.checkpoints.directory
+        if directory is not None and self.ctx.rank == 0:
+            tensors = [t for layer in self.layers for t in layer.state_dict().values()]
+            state = sum(t.numel() * t.element_size() for t in tensors)
+            files = 2 if job.checkpoints.keep_best else 1        # the newest and the best one
+            prepare_directory(directory, files * estimate_checkpoint_bytes(
+                state, len(tensors), job.training.optimizer.state_slots))
+
+    def open_data(self, exclude: Sequence[Path] = (), exclude_held_out: Sequence[Path] = ()) -> None:
+        """The dataset (without ``exclude``; the held-out folder without ``exclude_held_out``), its split, the
+        training record; refusing one-class data unless one class is asked for."""
+        from ..data import Batcher
+        from ..data.classes import class_counts
+        from ..data.resolution import dataset_mpp
+        from ..data.validate import classes_found
+        from .job_data import dataset_from, held_out_data, label_counts
+
+        job, data, training = self.job, self.job.data, self.job.training
+        dataset = dataset_from(data, training.seed, data.datapath, exclude)
+        self.record = replace(self.record, data=replace(self.record.data, mpp=dataset_mpp(dataset)))
+        if dataset.num_classes > data.num_classes:
+            raise ConfigError("--num-classes", f"the data has {dataset.num_classes} classes; use "
+                              f"--num-classes {dataset.num_classes}")
+        if classes_found(dataset) == 1 and data.num_classes != 1:
+            raise ConfigError("--datapath", f"{data.datapath} holds one class only (files directly in "
+                              f"the folder, or a single slide), so every label would be 0; put each "
+                              f"class in its own sub-folder (<datapath>/<class>/...), or pass "
+                              f"--num-classes 1 to train on one class anyway")
+        train, self.val_dataset, self.held_out = held_out_data(data, job.held_out, training.seed, dataset,
+                                                               exclude_held_out)
+        steps = training.steps if training.steps is not None else (
+            training.num_epochs * (len(train) // training.batch_size))
+        pixels = label_counts(data, training.class_weights, train)   # segmentation: pixels per class
+        counted = class_counts(train, data.num_classes) if pixels is None else pixels
+        self.record = replace(self.record, training=training.record(steps, counted))
+        training.augment.check_channels(train.channels)
+        self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment)
+        self.steps = steps
+        if self.ctx.rank == 0:
+            self.identity = self.make_identity(dataset)
+
+    def make_identity(self, dataset: RegionDataset) -> dict[str, object]:
+        """The fields a resume compares (``run/identity.py``)."""
+        from ..data.validate import fingerprint
+        from .identity import digest, model_fingerprint
+
+        job, training = self.job, self.record.training
+        assert training is not None, "open_data made the training record"
+        found = fingerprint(dataset)
+        text = f"{found['kind']}, {len(dataset)} images [{digest(found)}]"
+        weights = training.class_weights
+        return {"model": model_fingerprint(self.record.model, self.layers), "dtype": job.training.dtype,
+                "image_size": job.data.image_size, "batch_size": job.training.batch_size, "seed": job.training.seed,
+                "app": str(job.data.app), "data": text, "lr": job.training.optimizer.lr,
+                "momentum": training.optimizer.momentum,
+                "val_split": self.held_out, "optimizer": training.optimizer.describe(),
+                "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
+                "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
+                "classes": ",".join(self.record.class_names), **job.task_identity()}
+
+    def choose_resume(self) -> None:
+        """Rank 0: the checkpoint to resume from (checked against this run) and the lineage to continue."""
+        from ..checkpoint.files import new_run_id
+        from .identity import RunIdentity, describe_changes, saved_task, task_mismatch
+        from .resume import select_resume
+
+        checkpoints = self.job.checkpoints
+        if self.ctx.rank != 0:
+            return
+        current = RunIdentity(self.identity)
+        if checkpoints.resume is None:
+            self.run_id = new_run_id()
+            return
+
+        def accept(saved: Mapping[str, object]) -> str | None:
+            other_task = task_mismatch(saved_task(saved), self.job.data.task)
+            if other_task is not None:
+                return other_task
+            refused = current.refused_changes(RunIdentity.from_dict(saved), checkpoints.allow_config_change)
+            if not refused:
+                return None
+            return (f"another configuration: {describe_changes(refused)}; pass --allow-config-change "
+                    f"{','.join(c.name for c in refused)} to resume it anyway")
+        selection = select_resume(checkpoints.resume, checkpoints.directory, accept)
+        self.selection = selection
+        self.continue_lineage(selection, current)
+
+    def continue_lineage(self, selection: Selection, current: object) -> None:
+        """Rank 0: the run id of a resumed run (its checkpoint's lineage, unless it forks or changed)."""
+        from ..checkpoint.files import list_checkpoints, new_run_id
+        from .identity import RunIdentity, describe_changes
+
+        assert isinstance(current, RunIdentity)
+        saved = selection.checkpoint.record
+        step = saved.step
+        if step > self.steps:
+            raise ConfigError("--steps", f"the checkpoint is at step {step}, past --steps "
+                              f"{self.steps}; use --steps >= {step}")
+        changed = current.changes_from(RunIdentity.from_dict(saved.identity))
+        lineage = saved.run_id
+        directory = self.job.checkpoints.directory
+        if directory is not None and lineage is not None:
+            ahead = [e for e in list_checkpoints(directory) if e.run_id == lineage and e.step > step]
+            if ahead:   # resuming an older checkpoint forks: the newer ones are never rotated away
+                lineage = None
+        self.run_id = lineage if lineage and not changed else new_run_id()
+        if changed:
+            say_once(self.ctx, f"resuming with {describe_changes(changed)} (--allow-config-change); "
+                               f"the run no longer equals an uninterrupted one")
+        if selection.skipped or self.job.options.verbose:
+            say_once(self.ctx, selection.report())
+
+
+def check_log_dir(path: str) -> None:
+    """--log-dir: a directory rank 0 can create and write in (checked before the first step)."""
+    import os
+
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError("--log-dir", f"cannot create {path}: {err}") from err
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
+
+
+def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
+    """One path's data check (collective): the files to leave out (none), or SetupFailed naming ``role``'s flag
+    (a missing path; bad files unless ``skip_bad_files``)."""
+    from .data_check import check_data
+    from .job_data import data_sources
+
+    sources, checker = agreed(ctx, lambda: data_sources(job.data, datapath, role.flag))
+    report = check_data(ctx, sources, job.data.image_size, job.data.slide_level, progress=job.options.progress,
+                        checker=checker)
+    if not report.bad:
+        return []
+    if not job.data.skip_bad_files or len(report.bad) == report.total:
+        raise SetupFailed(report.refusal(datapath or "", role))
+    say_once(ctx, "warning: " + report.warning(role))
+    return report.bad_paths
+
+
+def prepare(job: TrainJob, ctx: Comm) -> JobSetup:
+    """Set-up in stages that every rank agrees on (SetupFailed on every rank otherwise): model and checkpoint
+    directory, data check, dataset, resume."""
+    from .data_check import DataRole
+
+    setup = JobSetup(job, ctx)
+    agreed(ctx, setup.build_model)
+    if job.checkpoints.directory is not None:           # every host must see it (collective)
+        from .checkpoint_space import require_shared
+
+        directory = job.checkpoints.directory
+        agreed(ctx, lambda: require_shared(ctx, directory))
+    bad = checked_files(job, ctx, job.data.datapath, DataRole.TRAINING)
+    bad_held_out = checked_files(job, ctx, job.held_out.val_datapath, DataRole.VALIDATION)
+    agreed(ctx, lambda: setup.open_data(bad, bad_held_out))
+    agreed(ctx, setup.choose_resume)
+    return setup
+
+
+def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
+    """The engine (optimizer, the run's loss), evaluator and Trainer of a prepared run (collective)."""
+    from ..pipeline.engine import HybridEngine
+    from .divergence import NonFiniteGuard, watch
+    from .held_out import evaluator_for, shared_run_id
+    from .trainer import Trainer, TrainSettings
+
+    job, ctx, training = setup.job, setup.ctx, setup.record.training
+    assert setup.batcher is not None and training is not None, "prepare opened the data"
+    loss = watch(setup.record.loss())
+    engine = HybridEngine(setup.layers, job.config, ctx, loss_fn=loss, abort_on_error=False,
+                          image_size=job.data.image_size, optimizer=training.optimizer.build)
+    guard = NonFiniteGuard(engine, ctx, loss, job.options.on_nonfinite,
+                           hint="Lower --lr, or pass --on-nonfinite skip-step to skip such steps.")
+    checkpoints, options = job.checkpoints, job.options
+    settings = TrainSettings(steps=setup.steps, checkpoint_dir=checkpoints.path, checkpoint_every=checkpoints.every,
+                             keep_checkpoints=checkpoints.keep, progress=options.progress, verbose=options.verbose,
+                             dtype=job.training.torch_dtype, step_timeout=options.step_timeout,
+                             auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
+                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task)
+    evaluator = None if setup.val_dataset is None else evaluator_for(
+        engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype)
+    return Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),
+                   run_id=shared_run_id(ctx, setup.run_id), monitor=monitor, guard=guard, evaluator=evaluator)
+
+
+def start(job: TrainJob, ctx: Comm, monitor: JobMonitor | None) -> Trainer:
+    """The job's Trainer, set up (collective): restored from the checkpoint it resumes, its metrics log open."""
+    setup = prepare(job, ctx)
+    trainer = build_trainer(setup, monitor)
+    if job.checkpoints.resume is not None:
+        step = trainer.restore(setup.selection.checkpoint if setup.selection is not None else None)
+        if step >= setup.steps:
+            say_once(ctx, f"the checkpoint is at step {step} = --steps: nothing to train")
+    log_dir = job.held_out.log_dir
+    if log_dir is not None and ctx.rank == 0:
+        from ..evaluation.log import MetricsLog
+
+        trainer.log = MetricsLog(log_dir, trainer.run_id, start_step=trainer.step)
+        if trainer.log.moved_aside is not None:
+            say_once(ctx, f"{log_dir}: the earlier metrics.jsonl is now {trainer.log.moved_aside.name}")
+    return trainer
+
+
+def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor | None = None) -> TrainSummary | None:
+    """Set up and train (collective); the summary on rank 0. SetupFailed (every rank, one message) when set-up
+    is refused; NonFiniteError or CheckpointWriteError (every rank) when the run stops."""
+    return start(job, ctx, monitor).run()
