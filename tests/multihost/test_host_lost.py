@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,15 @@ def wait_for(proc: subprocess.Popen[str], text: str, timeout: float) -> str:
     pytest.fail(f"the job ended before {text!r}:\n{''.join(seen)}")
 
 
+def wait_for_file(folder: Path, pattern: str, timeout: float) -> None:
+    """Wait until a file matching ``pattern`` is in ``folder`` (the progress line of a step comes before its
+    checkpoint is written: a kill right after it may otherwise land during that save)."""
+    deadline = time.monotonic() + timeout
+    while not list(folder.glob(pattern)):
+        assert time.monotonic() < deadline, f"no {pattern} in {folder} within {timeout} s"
+        time.sleep(0.1)
+
+
 def test_a_killed_host_ends_the_job_naming_it_and_the_last_checkpoint_resumes_exactly(test_hosts, tmp_path):
     checkpoints = test_hosts.shared / "lost-host-ck"
     serial = subprocess.Popen(train(*SERIAL, "--steps", str(RESUMED_STEPS), "--no-progress"), cwd=tmp_path,
@@ -58,7 +68,8 @@ def test_a_killed_host_ends_the_job_naming_it_and_the_last_checkpoint_resumes_ex
     proc = subprocess.Popen(job, cwd=tmp_path, env=rank_environment(3, test_hosts.selection, hosts=["h1", "h2"]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        before = wait_for(proc, "step 2/40", timeout=240)             # step 3 is under way
+        before = wait_for(proc, "step 2/40", timeout=240)
+        wait_for_file(checkpoints, "step-00000002-*.json", timeout=60)  # step 2 committed: step 3 under way
         test_hosts.kill("h2")
         killed = time.monotonic()
         rest, _ = proc.communicate(timeout=STEP_TIMEOUT + 45)
