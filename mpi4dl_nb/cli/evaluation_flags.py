@@ -7,7 +7,6 @@ import math
 
 from ..config import ConfigError
 from ..data.apps import AppKind
-from ..data.groups import group_pattern
 
 DTYPES = ("float32", "float64")
 
@@ -40,11 +39,7 @@ def add_evaluation_args(parser: argparse.ArgumentParser, training: bool = True) 
     """Held-out data flags (and, for ``train``, when to evaluate and where to log metrics)."""
     g = parser.add_argument_group("evaluation")
     g.add_argument("--val-fraction", dest="val_fraction", type=float, default=None, metavar="F",
-                   help="hold out this share of each class (seeded by --seed, stratified) for validation, whole "
-                        "slides or patients at a time (never one on both sides) when the data says them")
-    g.add_argument("--group-by", dest="group_by", default=None, metavar="REGEX",
-                   help="the slide or patient of each tile file: the regex's first group of its name (default: "
-                        "the slide of tiles cut here, a TCGA barcode, or <slide>_<x>_<y>)")
+                   help="hold out this share of each class (seeded by --seed, stratified) for validation")
     g.add_argument("--val-datapath", dest="val_datapath", default=None, metavar="DIR",
                    help="validation images from another folder/slide(s) (same layout as --datapath)")
     if not training:
@@ -77,9 +72,6 @@ def check_held_out_flags(args: argparse.Namespace) -> None:
     if fraction is not None and args.val_datapath is not None:
         raise ConfigError("--val-fraction", "give --val-fraction (held out of --datapath) or --val-datapath "
                           "(another folder), not both")
-    group_pattern(args.group_by)
-    if args.group_by is not None and fraction is None:
-        raise ConfigError("--group-by", "groups the split of --val-fraction: add --val-fraction F")
     if args.val_datapath is not None and args.app is not None and not AppKind.parse(args.app).reads_datapath:
         raise ConfigError("--val-datapath", f"--app {args.app} reads no files; use --val-fraction")
 

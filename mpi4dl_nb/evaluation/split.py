@@ -39,43 +39,6 @@ def stratified_split(labels: Sequence[int], fraction: float, seed: int,
     return sorted(train), sorted(val)
 
 
-def grouped_split(labels: Sequence[int], groups: Sequence[str], fraction: float, seed: int,
-                  num_classes: int) -> tuple[list[int], list[int]] | None:
-    """(train indices, validation indices) with every group's images on one side: whole groups held out, a share
-    ``fraction`` of each class's images as near as whole groups allow (a group counts for its commonest label).
-
-    Deterministic in (labels, groups, fraction, seed): class ``c``'s groups, sorted, are shuffled by a generator
-    seeded with ``(seed, c)`` and held out in that order while that brings the class's held-out images nearer
-    the share (at least one group, never all of them). None when some class has a single group, or fewer
-    held-out images than classes result: such data cannot be split by group.
-    """
-    members: dict[str, list[int]] = {}
-    for index, key in enumerate(groups):
-        members.setdefault(key, []).append(index)
-    by_class: dict[int, list[str]] = {}
-    for key in sorted(members):
-        votes = [int(labels[i]) for i in members[key]]
-        by_class.setdefault(max(sorted(set(votes)), key=votes.count), []).append(key)
-    val: list[int] = []
-    for c in sorted(by_class):
-        keys = by_class[c]
-        if len(keys) < 2:
-            return None
-        order = [keys[i] for i in np.random.default_rng([seed, c]).permutation(len(keys))]
-        target = fraction * sum(len(members[k]) for k in keys)
-        held = 0
-        for taken, key in enumerate(order[:-1]):
-            size = len(members[key])
-            if taken and abs(held + size - target) >= abs(held - target):
-                break
-            val += members[key]
-            held += size
-    if len(val) < num_classes:
-        return None
-    chosen = set(val)
-    return [i for i in range(len(labels)) if i not in chosen], sorted(val)
-
-
 @dataclass
 class Subset:
     """Some images of a dataset (``indices``), read through it: a RegionDataset itself."""

@@ -50,7 +50,6 @@ class HeldOutSpec:
     val_datapath: str | None = None
     eval_every: int = 0
     log_dir: str | None = None
-    group_by: str | None = None          # --group-by: the regex naming each tile's slide/patient (None: found)
 
     @property
     def given(self) -> bool:
@@ -136,8 +135,7 @@ class TrainJob:
         it trains and its identity come once the data is open)."""
         data, training = self.data, self.training
         record = DataRecord(data.app, data.image_size, training.batch_size, training.dtype, data.datapath,
-                            self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None,
-                            group_by=self.held_out.group_by)
+                            self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None)
         pixels = SegmentationRecord(str(training.loss), data.ignore_index) if data.task.dense else None
         return RunRecord(self.model, record, seed=training.seed, config=self.config.as_dict(), task=data.task,
                          segmentation=pixels)

@@ -3,18 +3,15 @@ check reads, the held-out split, the pixel counts of balanced weights."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from ..config import ConfigError
 from ..data.apps import AppKind
 from ..data.dataset import RegionDataset
-from ..data.groups import GroupKind, Groups, dataset_groups, group_pattern
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.validate import DataSources, SourceKind, find_sources
-from ..evaluation.split import Subset, grouped_split, split_listing, stratified_split
+from ..evaluation.split import Subset, split_listing, stratified_split
 from .identity import digest
 from .job import ClassWeights, DataSpec, HeldOutSpec
 
@@ -95,74 +92,23 @@ def label_counts(data: DataSpec, weights: ClassWeights, dataset: RegionDataset) 
     return pixel_counts(dataset, data.num_classes, data.ignore_index)
 
 
-def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: int,
-                   group_by: str | None = None) -> tuple[Subset, Subset]:
-    """(training images, held-out images): a seeded share ``fraction`` of each of ``classes`` classes held out,
-    whole slides or patients at a time when the data says them (``split_held_out``)."""
-    split = split_held_out(dataset, fraction, seed, classes, group_by)
-    return split.train, split.val
-
-
-@dataclass(frozen=True)
-class HeldOutSplit:
-    """A held-out split: both sides, the groups it kept whole (or why it could not) and each side's groups."""
-
-    train: Subset
-    val: Subset
-    groups: Groups
-
-    def side_groups(self, subset: Subset) -> list[str]:
-        """The groups with images on ``subset``'s side, sorted (none when ungrouped)."""
-        keys = self.groups.keys
-        return [] if keys is None else sorted({keys[i] for i in subset.indices})
-
-    def describe(self) -> str:
-        """``grouped by slide (6 slides): 2 held out, 4 trained on`` (or why the images are split one by one)."""
-        if not self.groups.grouped:
-            return self.groups.describe()
-        return (f"{self.groups.describe()}: {len(self.side_groups(self.val))} held out, "
-                f"{len(self.side_groups(self.train))} trained on")
-
-
-def split_held_out(dataset: RegionDataset, fraction: float, seed: int, classes: int,
-                   group_by: str | None = None) -> HeldOutSplit:
-    """The held-out split of ``dataset``: whole groups (``data/groups.py``) when every class has two or more, else
-    a share of each class's images (stratified_split), the reason said in ``groups``."""
+def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: int) -> tuple[Subset, Subset]:
+    """(training images, held-out images): a seeded share ``fraction`` of each of ``classes`` classes held out."""
     labels = [dataset.label(i) for i in range(len(dataset))]
-    groups = dataset_groups(dataset, group_pattern(group_by))
-    if groups.keys is not None:
-        found = grouped_split(labels, groups.keys, fraction, seed, classes)
-        if found is not None:
-            return HeldOutSplit(Subset(dataset, found[0]), Subset(dataset, found[1]), groups)
-        groups = Groups(GroupKind.NONE, why_not=f"{groups.describe()}, too few to hold out whole ones of every "
-                                                f"class at --val-fraction {fraction:g}")
     train, held = stratified_split(labels, fraction, seed, classes)
-    return HeldOutSplit(Subset(dataset, train), Subset(dataset, held), groups)
-
-
-class HeldOutData(NamedTuple):
-    """The training set, the validation set (None: no evaluation), the split's identity text (what a resume
-    compares) and what to tell the user of it (how it was grouped, images per class on each side)."""
-
-    train: RegionDataset
-    val: RegionDataset | None
-    identity: str
-    report: str
+    return Subset(dataset, train), Subset(dataset, held)
 
 
 def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset,
-                  exclude: Sequence[Path] = ()) -> HeldOutData:
-    """The held-out data ``held_out`` names: a share of ``dataset`` seeded by ``seed`` (whole slides or patients at
-    a time where the data says them), or ``val_datapath`` without the files ``exclude``."""
-    classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
+                  exclude: Sequence[Path] = ()) -> tuple[RegionDataset, RegionDataset | None, str]:
+    """(training set, validation set or None, the split's identity text) for ``held_out`` (a share of ``dataset``
+    seeded by ``seed``, or ``val_datapath`` without the files ``exclude``)."""
     if held_out.val_fraction is not None:
-        split = split_held_out(dataset, held_out.val_fraction, seed, classes, held_out.group_by)
-        text = (f"fraction {held_out.val_fraction:g}, seed {seed}, {len(split.val)} images "
-                f"[{digest(split_listing(dataset, split.val.indices))}]")
-        if split.groups.grouped:      # a split of whole groups is another split: its identity says so
-            text += f", {split.describe()}; held out: {', '.join(short_names(split.side_groups(split.val)))}"
-        report = f"{split.describe()}; {side_counts(split.train, split.val, data)}"
-        return HeldOutData(split.train, split.val, text, report)
+        classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
+        train, val = held_out_split(dataset, held_out.val_fraction, seed, classes)
+        text = (f"fraction {held_out.val_fraction:g}, seed {seed}, {len(val)} images "
+                f"[{digest(split_listing(dataset, val.indices))}]")
+        return train, val, text
     if held_out.val_datapath is not None:
         require_path(held_out.val_datapath, "--val-datapath")
         held = dataset_from(data, seed, held_out.val_datapath, exclude)
@@ -171,22 +117,5 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
                               f"the {data.num_classes} classes")
         text = (f"--val-datapath {Path(held_out.val_datapath).name}, {len(held)} images "
                 f"[{digest(split_listing(held, range(len(held))))}]")
-        return HeldOutData(dataset, held, text, f"{held_out.val_datapath}; {side_counts(dataset, held, data)}")
-    return HeldOutData(dataset, None, "none", "")
-
-
-def side_counts(train: RegionDataset, val: RegionDataset, data: DataSpec) -> str:
-    """``train 30 images (12, 18), held out 10 (4, 6)``: images per class on each side (images only, for masks)."""
-    def counted(side: RegionDataset) -> str:
-        if data.task.dense:
-            return f"{len(side)}"
-        per_class = [0] * data.num_classes
-        for index in range(len(side)):
-            per_class[side.label(index)] += 1
-        return f"{len(side)} ({', '.join(map(str, per_class))} per class)"
-    return f"train {counted(train)} images, held out {counted(val)}"
-
-
-def short_names(groups: Sequence[str]) -> list[str]:
-    """Group keys as a person reads them: a slide's file name without its folder."""
-    return [Path(key).name if "/" in key else key for key in groups]
+        return dataset, held, text
+    return dataset, None, "none"

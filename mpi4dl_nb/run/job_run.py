@@ -98,10 +98,8 @@ class JobSetup:
                               f"the folder, or a single slide), so every label would be 0; put each "
                               f"class in its own sub-folder (<datapath>/<class>/...), or pass "
                               f"--num-classes 1 to train on one class anyway")
-        train, self.val_dataset, self.held_out, report = held_out_data(data, job.held_out, training.seed, dataset,
-                                                                       exclude_held_out)
-        if report:
-            say_once(self.ctx, f"held-out split: {report}")
+        train, self.val_dataset, self.held_out = held_out_data(data, job.held_out, training.seed, dataset,
+                                                               exclude_held_out)
         steps = training.steps if training.steps is not None else (
             training.num_epochs * (len(train) // training.batch_size))
         pixels = label_counts(data, training.class_weights, train)   # segmentation: pixels per class

@@ -27,8 +27,7 @@ ModelObject = nn.Module | Sequence[nn.Module]
 
 def split_dataset(dataset: RegionDataset, fraction: float, seed: int = 0) -> tuple[Subset, Subset]:
     """(training images, held-out images): a seeded share ``fraction`` of each class held out, as ``train
-    --val-fraction F --seed S`` does (every rank gets the same split): whole slides or patients at a time when the
-    data says them (``data/groups.py``), so that no slide is on both sides."""
+    --val-fraction F --seed S`` does (every rank gets the same split)."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"fraction must lie strictly between 0 and 1, got {fraction:g}")
     return held_out_split(dataset, fraction, seed, dataset.num_classes)
