@@ -116,7 +116,8 @@ def evaluate_job(args: argparse.Namespace, cfg: ParallelConfig) -> EvaluateJob:
         app=None if args.app is None else AppKind.parse(args.app),
         datapath=None if args.datapath is None else str(args.datapath), image_size=args.image_size,
         num_samples=args.num_samples, slide_level=args.slide_level, mpp=mpp, source_mpp=source_mpp,
-        min_tissue=args.min_tissue, held_out=HeldOutSpec(args.val_fraction, args.val_datapath),
+        min_tissue=args.min_tissue, held_out=HeldOutSpec(args.val_fraction, args.val_datapath,
+                                                               group_by=args.group_by),
         all_data=args.all_data, batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
         task=None if args.task is None else Task.parse(args.task), model=args.model,
         model_flags=tuple((flag, key, given[key]) for flag, key in MODEL_FLAGS if given[key] is not None),
@@ -162,7 +163,8 @@ def resolved_held_out(job: EvaluateJob, record: RunRecord) -> HeldOutSpec:
         return HeldOutSpec()
     if job.held_out.given:
         return job.held_out
-    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath)
+    group_by = job.held_out.group_by or (record.split.group_by if record.split is not None else None)
+    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath, group_by=group_by)
 
 
 class Evaluation:
@@ -219,7 +221,7 @@ class Evaluation:
         if dataset.num_classes > data.num_classes:
             raise ConfigError("--datapath", f"the data has {dataset.num_classes} classes, the checkpoint's "
                               f"model {data.num_classes}: a checkpoint of another model, or other data")
-        _, held, self.split = held_out_data(data, self.held_out, self.seed, dataset)
+        _, held, self.split, _ = held_out_data(data, self.held_out, self.seed, dataset)
         assert self.record is not None, "load() read the record"
         saved = self.record.identity.get("val_split")
         explicit = self.job.held_out.given or self.job.all_data

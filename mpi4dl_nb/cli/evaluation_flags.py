@@ -39,9 +39,13 @@ def add_evaluation_args(parser: argparse.ArgumentParser, training: bool = True) 
     """Held-out data flags (and, for ``train``, when to evaluate and where to log metrics)."""
     g = parser.add_argument_group("evaluation")
     g.add_argument("--val-fraction", dest="val_fraction", type=float, default=None, metavar="F",
-                   help="hold out this share of each class (seeded by --seed, stratified) for validation")
+                   help="hold out this share of the patients (slides, tiles) of each class for validation: whole "
+                        "groups on one side, seeded by --seed, stratified by label")
     g.add_argument("--val-datapath", dest="val_datapath", default=None, metavar="DIR",
                    help="validation images from another folder/slide(s) (same layout as --datapath)")
+    g.add_argument("--group-by", dest="group_by", default=None, metavar="REGEX",
+                   help="tile folders: the slide of each tile file, the first group of REGEX on its name (default: "
+                        "TCGA slide ids and <slide>_<x>_<y> names); a slide's tiles stay on one side")
     if not training:
         return
     g.add_argument("--eval-every", dest="eval_every", type=int, default=0, metavar="N",

@@ -50,6 +50,7 @@ class HeldOutSpec:
     val_datapath: str | None = None
     eval_every: int = 0
     log_dir: str | None = None
+    group_by: str | None = None          # --group-by REGEX: tile file names' slide (None: default patterns)
 
     @property
     def given(self) -> bool:

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..checkpoint.record import SplitRecord
 from ..config import ConfigError
 from ..data.apps import AppKind
 from ..data.dataset import RegionDataset
+from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.validate import DataSources, SourceKind, find_sources
-from ..evaluation.split import Subset, split_listing, stratified_split
+from ..evaluation.grouped import GroupedSplit, split_grouped
+from ..evaluation.split import Subset, split_listing
 from .identity import digest
 from .job import ClassWeights, DataSpec, HeldOutSpec
 
@@ -92,23 +95,40 @@ def label_counts(data: DataSpec, weights: ClassWeights, dataset: RegionDataset) 
     return pixel_counts(dataset, data.num_classes, data.ignore_index)
 
 
-def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: int) -> tuple[Subset, Subset]:
-    """(training images, held-out images): a seeded share ``fraction`` of each of ``classes`` classes held out."""
+def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: int,
+                   groups: Groups | None = None) -> tuple[Subset, Subset]:
+    """(training images, held-out images): a seeded share ``fraction`` of the groups of each of ``classes`` classes
+    held out (``groups``: default the dataset's own, ``groups_of``)."""
+    return grouped_held_out(dataset, fraction, seed, classes, groups).subsets(dataset)
+
+
+def grouped_held_out(dataset: RegionDataset, fraction: float, seed: int, classes: int,
+                     groups: Groups | None = None) -> GroupedSplit:
+    """The leak-free split of ``dataset``: whole groups (patients, slides) on one side."""
     labels = [dataset.label(i) for i in range(len(dataset))]
-    train, held = stratified_split(labels, fraction, seed, classes)
-    return Subset(dataset, train), Subset(dataset, held)
+    return split_grouped(labels, groups or groups_of(dataset), fraction, seed, classes)
+
+
+def split_record(split: GroupedSplit, held_out: HeldOutSpec, seed: int) -> SplitRecord:
+    """What a checkpoint records of ``split``: its grouping, seed, share and the groups of each side."""
+    return SplitRecord(split.groups.kind.value, seed, split.side_groups(split.train), split.side_groups(split.val),
+                       held_out.val_fraction, group_by=held_out.group_by)
 
 
 def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset,
-                  exclude: Sequence[Path] = ()) -> tuple[RegionDataset, RegionDataset | None, str]:
-    """(training set, validation set or None, the split's identity text) for ``held_out`` (a share of ``dataset``
-    seeded by ``seed``, or ``val_datapath`` without the files ``exclude``)."""
+                  exclude: Sequence[Path] = ()) -> tuple[RegionDataset, RegionDataset | None, str, GroupedSplit | None]:
+    """(training set, validation set or None, the split's identity text, the split of ``dataset`` or None) for
+    ``held_out`` (a share of the groups of ``dataset`` seeded by ``seed``, or ``val_datapath`` without the files
+    ``exclude``)."""
     if held_out.val_fraction is not None:
         classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
-        train, val = held_out_split(dataset, held_out.val_fraction, seed, classes)
-        text = (f"fraction {held_out.val_fraction:g}, seed {seed}, {len(val)} images "
+        split = grouped_held_out(dataset, held_out.val_fraction, seed, classes,
+                                 groups_of(dataset, held_out.group_by))
+        train, val = split.subsets(dataset)
+        grouped = "" if split.groups.kind is GroupKind.UNGROUPED else f", by {split.groups.kind.value}"
+        text = (f"fraction {held_out.val_fraction:g}, seed {seed}{grouped}, {len(val)} images "
                 f"[{digest(split_listing(dataset, val.indices))}]")
-        return train, val, text
+        return train, val, text, split
     if held_out.val_datapath is not None:
         require_path(held_out.val_datapath, "--val-datapath")
         held = dataset_from(data, seed, held_out.val_datapath, exclude)
@@ -117,5 +137,5 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
                               f"the {data.num_classes} classes")
         text = (f"--val-datapath {Path(held_out.val_datapath).name}, {len(held)} images "
                 f"[{digest(split_listing(held, range(len(held))))}]")
-        return dataset, held, text
-    return dataset, None, "none"
+        return dataset, held, text, None
+    return dataset, None, "none", None
