@@ -47,12 +47,13 @@ class DataRecord:
     val_datapath: str | None = None
     classes: tuple[str, ...] | None = None      # the class names in label order (None: not recorded)
     mpp: float | None = None                    # µm per pixel the run trained at (None: unknown)
+    cohort: str | None = None                   # --cohort: the manifest's path (None: none)
 
     def to_dict(self) -> dict[str, object]:
         return {"app": str(self.app), "image_size": self.image_size, "batch_size": self.batch_size,
                 "dtype": self.dtype, "datapath": self.datapath, "val_fraction": self.val_fraction,
                 "val_datapath": self.val_datapath, "classes": None if self.classes is None else list(self.classes),
-                "mpp": self.mpp}
+                "mpp": self.mpp, "cohort": self.cohort}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> DataRecord:
@@ -60,7 +61,7 @@ class DataRecord:
         return cls(AppKind.parse(text(data, "app", "synthetic")), whole(data, "image_size"),
                    whole(data, "batch_size"), text(data, "dtype", "float32"), optional_text(data, "datapath"),
                    optional_number(data, "val_fraction"), optional_text(data, "val_datapath"),
-                   optional_names(data, "classes"), optional_number(data, "mpp"))
+                   optional_names(data, "classes"), optional_number(data, "mpp"), optional_text(data, "cohort"))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from ..config import ParallelConfig
 from ..data.apps import AppKind
 from ..data.augment import AugmentSpec
 from ..data.classes import class_weights
+from ..data.manifest import Cohort
 from ..data.task import Task
 from ..evaluation.metrics import MetricName
 from ..models.spec import ModelSpec
@@ -40,6 +41,7 @@ class DataSpec:
     task: Task = Task.CLASSIFICATION
     ignore_index: int | None = None      # segmentation: the mask value no pixel is scored at
     skip_bad_files: bool = False         # train on the usable files when the data check finds bad ones
+    cohort: Cohort | None = None         # --cohort: the checked manifest (its slides, labels, patients)
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,8 @@ class TrainJob:
         it trains and its identity come once the data is open)."""
         data, training = self.data, self.training
         record = DataRecord(data.app, data.image_size, training.batch_size, training.dtype, data.datapath,
-                            self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None)
+                            self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None,
+                            cohort=None if data.cohort is None else str(data.cohort.source))
         pixels = SegmentationRecord(str(training.loss), data.ignore_index) if data.task.dense else None
         return RunRecord(self.model, record, seed=training.seed, config=self.config.as_dict(), task=data.task,
                          segmentation=pixels)

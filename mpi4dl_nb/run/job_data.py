@@ -28,6 +28,11 @@ def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude
 
     if data.task.dense:
         return segmentation_dataset(data, datapath, exclude)
+    if data.cohort is not None and datapath == data.datapath:    # the cohort's slides (not --val-datapath)
+        from ..data.cohort_slides import CohortSlides
+
+        return CohortSlides(data.cohort, data.image_size, level=data.slide_level, min_tissue=data.min_tissue,
+                            mpp=data.mpp, source_mpp=data.source_mpp)
     return make_dataset(data.app, data.image_size, data.num_classes, datapath=datapath, seed=seed,
                         num_samples=data.num_samples, slide_level=data.slide_level, min_tissue=data.min_tissue,
                         exclude=exclude, classes=data.class_order, mpp=data.mpp, source_mpp=data.source_mpp)
@@ -63,6 +68,8 @@ def slide_files(root: Path, exclude: Sequence[Path]) -> list[Path]:
 def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataSources, Checker | None]:
     """The files the data check reads and how it checks each: images with their masks, slides with their
     annotations (segmentation), or the tiles/slides of ``find_sources`` (classification, checker None)."""
+    if data.cohort is not None and datapath == data.datapath:    # read_cohort opened every slide's header
+        return DataSources(None), None
     if not data.task.dense:
         return find_sources(data.app, datapath, knob), None
     if datapath is None:

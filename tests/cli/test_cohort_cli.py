@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mpi4dl_nb.checkpoint.files import list_checkpoints
 from mpi4dl_nb.checkpoint.record import RunRecord, read_checkpoint
@@ -74,3 +75,78 @@ def test_group_by_that_misses_a_file_is_refused_before_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--group-by" in err and "does not match 24 of 24" in err
     assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------- --cohort FILE.csv
+def cohort_slides(folder: Path, count: int = 12) -> list[Path]:
+    """``count`` small pyramidal slides that OpenSlide opens (64x64, two levels, all tissue-coloured)."""
+    from tests.support.pyramid import write_pyramid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    paths = []
+    for s in range(count):
+        pixels = rng.integers(60, 200, (64, 64, 3), dtype=np.uint8)
+        pixels[..., 1] //= 2                                          # pink enough to count as tissue
+        path = folder / f"s{s}.tif"
+        write_pyramid(path, pixels, levels=2, tile=32)
+        paths.append(path)
+    return paths
+
+
+def cohort_rows() -> list[str]:
+    """12 slides of 6 patients (2 each, one label per patient: 3 neg and 3 pos patients), folds by patient."""
+    return [f"wsi/s{s}.tif,{('neg', 'pos')[(s // 2) % 2]},P{s // 2},{(s // 2) % 3}" for s in range(12)]
+
+
+def write_cohort(folder: Path, rows: list[str]) -> Path:
+    path = folder / "cohort.csv"
+    path.write_text("slide,label,patient,fold\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def slides_folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cohort")
+    cohort_slides(root / "wsi")
+    return root
+
+
+def test_a_bad_cohort_is_refused_before_the_first_step_naming_its_lines(slides_folder, capsys):
+    rows = cohort_rows()
+    rows[3] = "wsi/gone.tif,pos,P1,1"                 # line 5: a missing file
+    rows[6] = "wsi/s6.tif,maybe,P3,0"                 # line 8: a label not among --classes
+    rows[10] = "wsi/s10.tif,neg,P5,0"                 # line 12: P5's slides in folds 0 and 2
+    path = write_cohort(slides_folder, rows)
+    code = run_train(["--cohort", str(path), "--classes", "neg,pos", "--val-fraction", "0.34"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--cohort" in err and "3 problems" in err, err
+    assert "line 5" in err and "gone.tif" in err and "line 8" in err and "maybe" in err and "line 12" in err
+    assert "step 1" not in err and "Traceback" not in err
+
+
+def test_val_fraction_on_a_cohort_keeps_every_patient_on_one_side(slides_folder, tmp_path, capsys):
+    from mpi4dl_nb.data.cohort_slides import CohortSlides
+    from mpi4dl_nb.data.groups import groups_of
+    from mpi4dl_nb.data.manifest import read_cohort
+    from mpi4dl_nb.run.job_data import grouped_held_out
+
+    path = write_cohort(slides_folder, cohort_rows())
+    code = run_train(["--cohort", str(path), "--val-fraction", "0.34", "--checkpoint-dir", str(tmp_path / "ckpt")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    record = saved_record(tmp_path / "ckpt")
+    split = record.split
+    assert split is not None and split.grouping == "patient" and record.data.cohort == str(path.resolve())
+    assert sorted(split.train + split.val) == [f"P{p}" for p in range(6)] and len(split.val) == 2
+    assert record.class_names == ("neg", "pos")
+    assert "held-out split grouped by patient" in err and "val: 2 patients, 4 slides" in err
+    # every tile cut from a patient's slides is on its patient's side, labelled by its slide
+    data = CohortSlides(read_cohort(path), 32, min_tissue=0.0)
+    groups = groups_of(data)
+    again = grouped_held_out(data, 0.34, 0, 2, groups)
+    assert {groups.names[i] for i in again.val} == set(split.val)
+    assert {groups.names[i] for i in again.train} == set(split.train)
+    assert {groups.slides[i] for i in again.val}.isdisjoint(groups.slides[i] for i in again.train)
+    labels = {s.name: s.label for s in read_cohort(path)}
+    assert all(data.classes[data.label(i)] == labels[groups.slides[i]] for i in range(len(data)))
