@@ -117,7 +117,8 @@ def evaluate_job(args: argparse.Namespace, cfg: ParallelConfig) -> EvaluateJob:
         datapath=None if args.datapath is None else str(args.datapath), image_size=args.image_size,
         num_samples=args.num_samples, slide_level=args.slide_level, mpp=mpp, source_mpp=source_mpp,
         min_tissue=args.min_tissue, held_out=HeldOutSpec(args.val_fraction, args.val_datapath,
-                                                               group_by=args.group_by),
+                                                               group_by=args.group_by, folds=args.folds,
+                                                               fold=args.fold),
         all_data=args.all_data, batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
         task=None if args.task is None else Task.parse(args.task), model=args.model,
         model_flags=tuple((flag, key, given[key]) for flag, key in MODEL_FLAGS if given[key] is not None),
@@ -163,8 +164,11 @@ def resolved_held_out(job: EvaluateJob, record: RunRecord) -> HeldOutSpec:
         return HeldOutSpec()
     if job.held_out.given:
         return job.held_out
-    group_by = job.held_out.group_by or (record.split.group_by if record.split is not None else None)
-    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath, group_by=group_by)
+    split = record.split
+    if split is None:
+        return HeldOutSpec(record.data.val_fraction, record.data.val_datapath)
+    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath, group_by=split.group_by,
+                       folds=split.folds, fold=split.fold)
 
 
 class Evaluation:

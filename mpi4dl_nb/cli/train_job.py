@@ -46,7 +46,7 @@ def train_job(args: argparse.Namespace, cfg: ParallelConfig) -> TrainJob:
                               augment=AugmentSpec.parse(args.augment), loss=LossKind(args.loss)),
         held_out=HeldOutSpec(val_fraction=args.val_fraction, val_datapath=text_of(args.val_datapath),
                              eval_every=args.eval_every, log_dir=text_of(args.log_dir),
-                             group_by=args.group_by),
+                             group_by=args.group_by, folds=args.folds, fold=args.fold),
         checkpoints=CheckpointSpec(directory=text_of(args.checkpoint_dir), every=args.checkpoint_every,
                                    keep=args.keep_checkpoints,
                                    keep_best=None if args.keep_best is None else MetricName(args.keep_best),

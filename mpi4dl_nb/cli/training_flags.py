@@ -79,7 +79,7 @@ def check_keep_best(args: argparse.Namespace) -> None:
         return
     if args.checkpoint_dir is None:
         raise ConfigError("--keep-best", "keeps the best checkpoint in --checkpoint-dir: give one")
-    if args.val_fraction is None and args.val_datapath is None:
+    if args.val_fraction is None and args.val_datapath is None and args.folds is None:
         raise ConfigError("--keep-best", "measures checkpoints on validation data: add --val-fraction F or "
                                          "--val-datapath DIR")
     if args.keep_best == MetricName.VAL_ROC_AUC and args.num_classes != 2:

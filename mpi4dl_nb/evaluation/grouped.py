@@ -2,12 +2,13 @@
 and the counts a run prints (groups, slides, images per class per side)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from ..data.dataset import RegionDataset
 from ..data.groups import GroupKind, Groups
-from .split import Subset, grouped_split
+from ..errors import ConfigError
+from .split import Subset, fold_split, group_folds, grouped_split
 
 
 @dataclass(frozen=True)
@@ -50,4 +51,23 @@ def split_grouped(labels: Sequence[int], groups: Groups, fraction: float, seed: 
                   num_classes: int) -> GroupedSplit:
     """The seeded split holding out a share ``fraction`` of the groups of each class (``grouped_split``)."""
     train, val = grouped_split(labels, groups.names, fraction, seed, num_classes)
+    return GroupedSplit(groups, tuple(train), tuple(val))
+
+
+def split_fold(labels: Sequence[int], groups: Groups, folds: int, fold: int, seed: int,
+               given: dict[str, int] | None = None) -> GroupedSplit:
+    """Fold ``fold`` of a grouped stratified ``folds``-fold split (``given``: each group's fold, e.g. a manifest's
+    ``fold`` column, instead of dealt ones); ConfigError for a fold outside 0..folds-1 or an empty side."""
+    if not 0 <= fold < folds:
+        raise ConfigError("--fold", f"{fold} is not one of the folds 0..{folds - 1} of --folds {folds}")
+    folds_of: dict[Hashable, int] = ({k: v for k, v in given.items()} if given
+                                     else group_folds(labels, groups.names, folds, seed))
+    beyond = sorted({f for f in folds_of.values() if not 0 <= f < folds})
+    if beyond:
+        raise ConfigError("--folds", f"{folds} folds, but the manifest's fold column has {beyond[0]}; give --folds "
+                                     f"{max(folds_of.values()) + 1}")
+    train, val = fold_split(groups.names, folds_of, fold)
+    if not train or not val:
+        raise ConfigError("--fold", f"fold {fold} of {folds} leaves {'no training' if not train else 'no held-out'} "
+                                    f"images; give more groups or fewer folds")
     return GroupedSplit(groups, tuple(train), tuple(val))

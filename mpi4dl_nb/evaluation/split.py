@@ -55,6 +55,37 @@ def grouped_split(labels: Sequence[int], groups: Sequence[Hashable], fraction: f
     return [i for i in range(len(labels)) if i not in chosen], val
 
 
+def group_folds(labels: Sequence[int], groups: Sequence[Hashable], folds: int, seed: int) -> dict[Hashable, int]:
+    """Each group's fold (0 .. ``folds`` - 1): stratified K-fold of whole groups. Class by class (a group's class
+    as in ``grouped_split``), its groups shuffled by a generator seeded with ``(seed, c)`` are dealt to the folds
+    in turn, the turn going on from class to class so the folds differ in size by one group at most.
+    ConfigError for fewer groups than folds."""
+    members: dict[Hashable, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(int(labels[index]))
+    if folds < 2 or len(members) < folds:
+        raise ConfigError("--folds", f"{folds} folds of {len(members)} groups (patients, slides or images): give "
+                                     f"2 <= --folds <= {len(members)}")
+    by_class: dict[int, list[Hashable]] = {}
+    for group, group_labels in members.items():
+        by_class.setdefault(group_label(group_labels), []).append(group)
+    assigned: dict[Hashable, int] = {}
+    turn = 0
+    for c in sorted(by_class):
+        ordered = by_class[c]
+        for i in np.random.default_rng([seed, c]).permutation(len(ordered)):
+            assigned[ordered[i]] = turn % folds
+            turn += 1
+    return assigned
+
+
+def fold_split(groups: Sequence[Hashable], folds_of: dict[Hashable, int], fold: int) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices): the images of the groups in fold ``fold`` held out."""
+    val = [i for i, g in enumerate(groups) if folds_of[g] == fold]
+    held = set(val)
+    return [i for i in range(len(groups)) if i not in held], val
+
+
 def group_label(labels: Sequence[int]) -> int:
     """The label a group is stratified by: its most frequent one (ties: the smallest)."""
     return min(set(labels), key=lambda v: (-labels.count(v), v))

@@ -53,10 +53,17 @@ class HeldOutSpec:
     eval_every: int = 0
     log_dir: str | None = None
     group_by: str | None = None          # --group-by REGEX: tile file names' slide (None: default patterns)
+    folds: int | None = None             # --folds K: grouped stratified K-fold
+    fold: int | None = None              # --fold I: the fold held out (None with folds: every fold in turn)
 
     @property
     def given(self) -> bool:
-        return self.val_fraction is not None or self.val_datapath is not None
+        return self.val_fraction is not None or self.val_datapath is not None or self.folds is not None
+
+    @property
+    def every_fold(self) -> bool:
+        """``--folds K`` without ``--fold``: K runs, fold by fold."""
+        return self.folds is not None and self.fold is None
 
 
 @dataclass(frozen=True)

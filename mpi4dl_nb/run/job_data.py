@@ -13,7 +13,7 @@ from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.validate import DataSources, SourceKind, find_sources
-from ..evaluation.grouped import GroupedSplit, split_grouped
+from ..evaluation.grouped import GroupedSplit, split_fold, split_grouped
 from ..evaluation.split import Subset, split_listing
 from .identity import digest
 from .job import ClassWeights, DataSpec, HeldOutSpec
@@ -116,10 +116,24 @@ def grouped_held_out(dataset: RegionDataset, fraction: float, seed: int, classes
     return split_grouped(labels, groups or groups_of(dataset), fraction, seed, classes)
 
 
+def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset) -> GroupedSplit:
+    """The held-out split ``held_out`` names: a share of the groups of each class, or one fold of K (a cohort's
+    ``fold`` column when it has one)."""
+    classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
+    groups = groups_of(dataset, held_out.group_by)
+    if held_out.folds is None:
+        assert held_out.val_fraction is not None, "a share or folds"
+        return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups)
+    labels = [dataset.label(i) for i in range(len(dataset))]
+    cohort = data.cohort
+    given = {s.patient: s.fold for s in cohort if s.fold is not None} if cohort is not None else None
+    return split_fold(labels, groups, held_out.folds, held_out.fold or 0, seed, given or None)
+
+
 def split_record(split: GroupedSplit, held_out: HeldOutSpec, seed: int) -> SplitRecord:
     """What a checkpoint records of ``split``: its grouping, seed, share and the groups of each side."""
     return SplitRecord(split.groups.kind.value, seed, split.side_groups(split.train), split.side_groups(split.val),
-                       held_out.val_fraction, group_by=held_out.group_by)
+                       held_out.val_fraction, held_out.folds, held_out.fold, held_out.group_by)
 
 
 def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset,
@@ -127,14 +141,13 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     """(training set, validation set or None, the split's identity text, the split of ``dataset`` or None) for
     ``held_out`` (a share of the groups of ``dataset`` seeded by ``seed``, or ``val_datapath`` without the files
     ``exclude``)."""
-    if held_out.val_fraction is not None:
-        classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
-        split = grouped_held_out(dataset, held_out.val_fraction, seed, classes,
-                                 groups_of(dataset, held_out.group_by))
+    if held_out.val_fraction is not None or held_out.folds is not None:
+        split = dataset_split(data, held_out, seed, dataset)
         train, val = split.subsets(dataset)
         grouped = "" if split.groups.kind is GroupKind.UNGROUPED else f", by {split.groups.kind.value}"
-        text = (f"fraction {held_out.val_fraction:g}, seed {seed}{grouped}, {len(val)} images "
-                f"[{digest(split_listing(dataset, val.indices))}]")
+        share = (f"fraction {held_out.val_fraction:g}" if held_out.folds is None
+                 else f"fold {held_out.fold} of {held_out.folds}")
+        text = f"{share}, seed {seed}{grouped}, {len(val)} images [{digest(split_listing(dataset, val.indices))}]"
         return train, val, text, split
     if held_out.val_datapath is not None:
         require_path(held_out.val_datapath, "--val-datapath")

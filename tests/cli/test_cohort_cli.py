@@ -150,3 +150,33 @@ def test_val_fraction_on_a_cohort_keeps_every_patient_on_one_side(slides_folder,
     assert {groups.slides[i] for i in again.val}.isdisjoint(groups.slides[i] for i in again.train)
     labels = {s.name: s.label for s in read_cohort(path)}
     assert all(data.classes[data.label(i)] == labels[groups.slides[i]] for i in range(len(data)))
+
+
+def test_folds_run_every_fold_and_partition_the_patients(slides_folder, tmp_path, capsys):
+    import json
+
+    path = write_cohort(slides_folder, cohort_rows())
+    code = run_train(["--cohort", str(path), "--folds", "3", "--checkpoint-dir", str(tmp_path / "ckpt")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    held: list[str] = []
+    for fold in range(3):
+        split = saved_record(tmp_path / "ckpt" / f"fold-{fold}").split
+        assert split is not None and (split.folds, split.fold, split.grouping) == (3, fold, "patient")
+        assert not set(split.train) & set(split.val) and len(split.train + split.val) == 6
+        assert split.val == tuple(f"P{p}" for p in range(6) if p % 3 == fold)     # the manifest's fold column
+        held += split.val
+    assert sorted(held) == [f"P{p}" for p in range(6)]                          # the folds partition the patients
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["folds"] == 3 and len(report["metrics"]["val_accuracy"]["values"]) == 3
+    assert "val_accuracy" in err and "over 3 folds" in err
+
+
+def test_fold_flags_are_checked_before_work(slides_folder, capsys):
+    path = write_cohort(slides_folder, cohort_rows())
+    for argv, words in ((["--fold", "1"], "--fold: picks one of --folds K"),
+                        (["--folds", "3", "--fold", "3"], "--fold: must be one of 0..2"),
+                        (["--folds", "3", "--val-fraction", "0.3"], "--folds: holds out each fold in turn"),
+                        (["--folds", "2"], "the manifest's fold column has 2; give --folds 3")):
+        assert run_train(["--cohort", str(path), *argv]) == 2
+        assert words in capsys.readouterr().err

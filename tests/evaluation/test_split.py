@@ -97,3 +97,21 @@ def test_split_dataset_takes_groups_and_keeps_its_old_signature():
     train, val = dl.split_dataset(data, 0.25, seed=1, groups=patients)
     assert sorted(train.indices + val.indices) == list(range(24))
     assert not {patients[i] for i in train.indices} & {patients[i] for i in val.indices}
+
+
+def test_group_folds_partition_the_groups_stratified_and_seeded():
+    from mpi4dl_nb.evaluation.split import fold_split, group_folds
+
+    groups = [f"p{i // 3}" for i in range(36)]              # 12 groups of 3 images, 6 per class
+    labels = [int(g[1:]) % 2 for g in groups]
+    folds = group_folds(labels, groups, 3, seed=5)
+    assert sorted(folds) == sorted(set(groups)) and set(folds.values()) == {0, 1, 2}
+    for fold in range(3):
+        members = [g for g, f in folds.items() if f == fold]
+        assert sorted(int(g[1:]) % 2 for g in members) == [0, 0, 1, 1]     # 2 groups of each class per fold
+        train, val = fold_split(groups, folds, fold)
+        assert sorted(train + val) == list(range(36))
+        assert not {groups[i] for i in train} & {groups[i] for i in val}
+    assert group_folds(labels, groups, 3, seed=5) == folds and group_folds(labels, groups, 3, seed=6) != folds
+    with pytest.raises(ConfigError, match="--folds: 13 folds of 12 groups"):
+        group_folds(labels, groups, 13, 0)
