@@ -3,6 +3,7 @@ before any work (every problem at once, each with its line); its classes are the
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ..config import ConfigError
@@ -17,6 +18,35 @@ def add_cohort_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cohort", default=None, metavar="FILE.csv",
                         help="slides from a manifest: columns slide (path, relative to the file), label, optional "
                              "patient, fold, split; tiles labelled by their slide, split by patient")
+    parser.set_defaults(cohort_data=None)        # the checked manifest, once check_cohort_args has read it
+
+
+def add_level_args(parser: argparse.ArgumentParser) -> None:
+    """``evaluate``'s slide- and patient-level flags: the manifest, how tiles aggregate, the per-slide CSV."""
+    add_cohort_args(parser)
+    parser.add_argument("--aggregate", default="mean", metavar="mean|max|top-k",
+                        help="a slide's probability per class from its tiles': their mean, max, or the mean of the "
+                             "k highest (top-k: 5, or top-N); a patient's from its slides' the same way")
+    parser.add_argument("--slide-csv", dest="slide_csv", default=None, metavar="FILE.csv",
+                        help="write each slide's patient, label, prediction, tiles and class probabilities here")
+
+
+def check_evaluate_cohort(args: argparse.Namespace) -> None:
+    """``evaluate --cohort``: the manifest read and its slides opened (labels are checked against the checkpoint's
+    classes once it is loaded): ``args.cohort_data``; ``--aggregate`` parsed."""
+    from ..evaluation.aggregate import Aggregation
+
+    Aggregation.parse(args.aggregate)
+    if args.slide_csv is not None:
+        folder = Path(args.slide_csv).expanduser().absolute().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ConfigError("--slide-csv", f"{folder} is not a writable folder; choose another path")
+    args.cohort_data = None
+    if args.cohort is None:
+        return
+    if args.datapath is not None or args.app is not None and args.app is not AppKind.MEDICAL:
+        raise ConfigError(KNOB, "gives the slides; drop --datapath/--app")
+    args.cohort_data = cohort_of(args.cohort, None, 1, 0)
 
 
 def check_cohort_args(args: argparse.Namespace) -> None:

@@ -63,7 +63,7 @@ def check_training_args(args: argparse.Namespace) -> None:
     weights = parse_class_weights(args.class_weights)
     given = parse_names(args.classes)
     found = task_classes(args) if task_of(args).dense else folder_classes(args.app, args.datapath)
-    cohort = vars(args).get("cohort_data")                  # --cohort: the manifest's classes
+    cohort = args.cohort_data                               # --cohort: the manifest's classes
     found = found if cohort is None else cohort.classes
     args.class_names = resolve_names(args.app, found, given, args.num_classes, "--cohort" if cohort else "--datapath")
     args.class_order = None if task_of(args).dense else label_order(found, args.class_names)   # masks: values

@@ -14,6 +14,7 @@ from ..data.augment import AugmentSpec
 from ..data.classes import class_weights
 from ..data.manifest import Cohort
 from ..data.task import Task
+from ..evaluation.aggregate import Aggregation
 from ..evaluation.metrics import MetricName
 from ..models.spec import ModelSpec
 from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerSpec
@@ -185,3 +186,6 @@ class EvaluateJob:
     model: str | None = None             # refuse a checkpoint of another network
     model_flags: tuple[tuple[str, str, object], ...] = ()   # (flag, ModelSpec field, value given): must match
     options: RunOptions = field(default_factory=RunOptions)
+    cohort: Cohort | None = None         # --cohort: the slides to evaluate (labels checked once the model is known)
+    aggregate: Aggregation = field(default_factory=Aggregation)    # slide/patient level: how tiles aggregate
+    slide_csv: str | None = None         # --slide-csv: the per-slide table

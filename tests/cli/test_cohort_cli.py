@@ -125,24 +125,37 @@ def test_a_bad_cohort_is_refused_before_the_first_step_naming_its_lines(slides_f
     assert "step 1" not in err and "Traceback" not in err
 
 
-def test_val_fraction_on_a_cohort_keeps_every_patient_on_one_side(slides_folder, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def trained_cohort(slides_folder, tmp_path_factory):
+    """One process, 2 steps on the 12-slide cohort, a third of the patients held out."""
+    import contextlib
+    import io
+
+    path = write_cohort(slides_folder, cohort_rows())
+    ckpt = tmp_path_factory.mktemp("cohort-run") / "ckpt"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = run_train(["--cohort", str(path), "--val-fraction", "0.34", "--checkpoint-dir", str(ckpt),
+                          "--dtype", "float64", "--steps", "2"])
+    assert code == 0, err.getvalue()
+    return path, ckpt, err.getvalue()
+
+
+def test_val_fraction_on_a_cohort_keeps_every_patient_on_one_side(trained_cohort):
     from mpi4dl_nb.data.cohort_slides import CohortSlides
     from mpi4dl_nb.data.groups import groups_of
     from mpi4dl_nb.data.manifest import read_cohort
     from mpi4dl_nb.run.job_data import grouped_held_out
 
-    path = write_cohort(slides_folder, cohort_rows())
-    code = run_train(["--cohort", str(path), "--val-fraction", "0.34", "--checkpoint-dir", str(tmp_path / "ckpt")])
-    err = capsys.readouterr().err
-    assert code == 0, err
-    record = saved_record(tmp_path / "ckpt")
+    path, ckpt, err = trained_cohort
+    record = saved_record(ckpt)
     split = record.split
     assert split is not None and split.grouping == "patient" and record.data.cohort == str(path.resolve())
     assert sorted(split.train + split.val) == [f"P{p}" for p in range(6)] and len(split.val) == 2
     assert record.class_names == ("neg", "pos")
     assert "held-out split grouped by patient" in err and "val: 2 patients, 4 slides" in err
     # every tile cut from a patient's slides is on its patient's side, labelled by its slide
-    data = CohortSlides(read_cohort(path), 32, min_tissue=0.0)
+    data = CohortSlides(read_cohort(path), 32)
     groups = groups_of(data)
     again = grouped_held_out(data, 0.34, 0, 2, groups)
     assert {groups.names[i] for i in again.val} == set(split.val)
@@ -150,6 +163,51 @@ def test_val_fraction_on_a_cohort_keeps_every_patient_on_one_side(slides_folder,
     assert {groups.slides[i] for i in again.val}.isdisjoint(groups.slides[i] for i in again.train)
     labels = {s.name: s.label for s in read_cohort(path)}
     assert all(data.classes[data.label(i)] == labels[groups.slides[i]] for i in range(len(data)))
+
+
+def hand_auc(scores: list[float], positive: list[bool]) -> float:
+    """AUC as the share of (positive, negative) pairs ranked right, ties half."""
+    pairs = [(p, n) for p, yp in zip(scores, positive) if yp for n, yn in zip(scores, positive) if not yn]
+    return sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs) / len(pairs)
+
+
+def test_evaluate_cohort_reports_tile_slide_and_patient_levels(trained_cohort, tmp_path, capsys):
+    import csv
+    import json
+
+    from mpi4dl_nb.cli import evaluate_cmd
+
+    path, ckpt, _ = trained_cohort
+    table = tmp_path / "slides.csv"
+    code = evaluate_cmd.main(["--checkpoint", str(ckpt), "--cohort", str(path), "--slide-csv", str(table),
+                              "--split-size", "1", "--spatial-size", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    record = saved_record(ckpt)
+    assert record.split is not None
+    rows = list(csv.DictReader(table.open()))
+    assert sorted({r["patient"] for r in rows}) == sorted(record.split.val)        # the held-out patients only
+    assert len(rows) == 4 and result["slide"]["count"] == 4 and result["patient"]["count"] == 2
+    assert result["aggregate"] == "mean" and "roc_auc" in result
+    by_hand = hand_auc([float(r["prob_pos"]) for r in rows], [r["label"] == "pos" for r in rows])
+    assert result["slide"]["roc_auc"] == pytest.approx(by_hand, abs=1e-12)
+    assert all(r["predicted"] == ("pos" if float(r["prob_pos"]) > float(r["prob_neg"]) else "neg") for r in rows)
+    assert "tile" in err and "slide" in err and "patient" in err                # the table before the JSON
+
+
+def test_evaluate_without_data_flags_uses_the_recorded_cohort(trained_cohort, capsys):
+    import json
+
+    from mpi4dl_nb.cli import evaluate_cmd
+
+    _, ckpt, _ = trained_cohort
+    code = evaluate_cmd.main(["--checkpoint", str(ckpt), "--aggregate", "max", "--split-size", "1",
+                              "--spatial-size", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["app"] == "medical" and result["slide"]["count"] == 4 and result["aggregate"] == "max"
 
 
 def test_folds_run_every_fold_and_partition_the_patients(slides_folder, tmp_path, capsys):
