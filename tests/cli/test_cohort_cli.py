@@ -53,6 +53,14 @@ def test_a_tile_folder_exported_from_slides_splits_by_slide(tmp_path, capsys):
     assert sorted(split.train + split.val) == [f"slide{s}" for s in range(6)]
     assert len(split.val) == 2                                       # one slide of each class: round(0.34 * 3)
     assert "held-out split grouped by slide" in err and "val: 2 slides, 8 images (neg 4, pos 4)" in err
+    # evaluate without data flags: the recorded folder and split (not the bundled sample), slides from tile names
+    import json
+
+    from mpi4dl_nb.cli import evaluate_cmd
+
+    assert evaluate_cmd.main(["--checkpoint", str(tmp_path / "ckpt"), "--split-size", "1", "--spatial-size", "0"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["count"] == 8 and result["slide"]["count"] == 2 and "patient" not in result
 
 
 def test_tiles_without_slide_names_are_named_ungrouped(tmp_path, capsys):
