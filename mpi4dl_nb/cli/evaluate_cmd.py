@@ -173,9 +173,9 @@ def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
     """The data to read: the flags given, the checkpoint's settings for the rest (its training resolution unless
     ``--slide-level`` or ``--mpp``/``--magnification``)."""
     data = record.data
-    app = job.app or data.app
-    mpp = None if job.slide_level is not None else (data.mpp if job.mpp is None else job.mpp)
     cohort = cohort_to_read(job, record)
+    app = AppKind.MEDICAL if cohort is not None else job.app or data.app
+    mpp = None if job.slide_level is not None else (data.mpp if job.mpp is None else job.mpp)
     # no data flags: the data the checkpoint records (its folder or cohort), not the bundled sample
     datapath = job.datapath if job.app is not None or job.datapath is not None or cohort else data.datapath
     # the training run's class names order the labels of class folders (masks carry their labels as values)
