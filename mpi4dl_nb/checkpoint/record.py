@@ -47,12 +47,13 @@ class DataRecord:
     val_datapath: str | None = None
     classes: tuple[str, ...] | None = None      # the class names in label order (None: not recorded)
     mpp: float | None = None                    # µm per pixel the run trained at (None: unknown)
+    cohort: str | None = None                   # --cohort: the manifest's path (None: none)
 
     def to_dict(self) -> dict[str, object]:
         return {"app": str(self.app), "image_size": self.image_size, "batch_size": self.batch_size,
                 "dtype": self.dtype, "datapath": self.datapath, "val_fraction": self.val_fraction,
                 "val_datapath": self.val_datapath, "classes": None if self.classes is None else list(self.classes),
-                "mpp": self.mpp}
+                "mpp": self.mpp, "cohort": self.cohort}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> DataRecord:
@@ -60,7 +61,33 @@ class DataRecord:
         return cls(AppKind.parse(text(data, "app", "synthetic")), whole(data, "image_size"),
                    whole(data, "batch_size"), text(data, "dtype", "float32"), optional_text(data, "datapath"),
                    optional_number(data, "val_fraction"), optional_text(data, "val_datapath"),
-                   optional_names(data, "classes"), optional_number(data, "mpp"))
+                   optional_names(data, "classes"), optional_number(data, "mpp"), optional_text(data, "cohort"))
+
+
+@dataclass(frozen=True)
+class SplitRecord:
+    """A held-out split as made: how its images were grouped (patient, slide, or ungrouped), its seed and share or
+    fold, and the groups on each side (the keys ``train`` and ``val`` of its dict)."""
+
+    grouping: str
+    seed: int
+    train: tuple[str, ...]
+    val: tuple[str, ...]
+    fraction: float | None = None
+    folds: int | None = None
+    fold: int | None = None
+    group_by: str | None = None                  # --group-by's regex (None: default patterns)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"grouping": self.grouping, "seed": self.seed, "fraction": self.fraction, "folds": self.folds,
+                "fold": self.fold, "group_by": self.group_by, "train": list(self.train), "val": list(self.val)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> SplitRecord:
+        """The split ``to_dict`` stored; ValueError naming a bad field."""
+        return cls(text(data, "grouping", "ungrouped"), whole(data, "seed", 0), optional_names(data, "train") or (),
+                   optional_names(data, "val") or (), optional_number(data, "fraction"),
+                   optional_whole(data, "folds"), optional_whole(data, "fold"), optional_text(data, "group_by"))
 
 
 @dataclass(frozen=True)
@@ -129,6 +156,7 @@ class RunRecord:
     best: BestMark | None = None
     task: Task = Task.CLASSIFICATION
     segmentation: SegmentationRecord | None = None
+    split: SplitRecord | None = None             # the held-out split with the groups of each side (None: none)
 
     def at(self, step: int, run_id: str) -> RunRecord:
         """This record after ``step`` optimizer steps of lineage ``run_id``."""
@@ -165,7 +193,8 @@ class RunRecord:
                              "config": dict(self.config),
                              "training": None if self.training is None else self.training.to_dict(),
                              "best": None if self.best is None else self.best.to_dict(), "task": str(self.task),
-                             "segmentation": None if self.segmentation is None else self.segmentation.to_dict()},
+                             "segmentation": None if self.segmentation is None else self.segmentation.to_dict(),
+                             "split": None if self.split is None else self.split.to_dict()},
                 "step": self.step, "run_id": self.run_id, "identity": dict(self.identity),
                 "format_version": FORMAT_VERSION}
 
@@ -179,13 +208,15 @@ class RunRecord:
         try:
             if isinstance(record, Mapping):
                 training, best, pixels = record.get("training"), record.get("best"), record.get("segmentation")
+                split = record.get("split")
                 return cls(ModelSpec.from_dict(section(record, "model")), DataRecord.from_dict(section(record, "data")),
                            whole(record, "seed", 0), section(record, "config"), whole(data, "step"),
                            optional_text(data, "run_id"), section(data, "identity"),
                            None if training is None else TrainingRecord.from_dict(section(record, "training")),
                            None if best is None else BestMark.from_dict(section(record, "best")),
                            Task.parse(text(record, "task", Task.CLASSIFICATION.value)),
-                           None if pixels is None else SegmentationRecord.from_dict(section(record, "segmentation")))
+                           None if pixels is None else SegmentationRecord.from_dict(section(record, "segmentation")),
+                           None if split is None else SplitRecord.from_dict(section(record, "split")))
             if isinstance(legacy, Mapping) and "model" in legacy:
                 return cls.from_legacy(legacy, data)
         except ValueError as err:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -14,11 +15,14 @@ from ..config import ConfigError, ParallelConfig
 from ..data.apps import AppKind
 from ..data.classes import folder_classes, label_order
 from ..data.task import Task
-from ..evaluation.metrics import Metrics
+from ..evaluation.aggregate import Aggregation, LevelMetrics
+from ..evaluation.evaluator import Evaluator
+from ..evaluation.metrics import Metrics, Records, summarize
 from ..evaluation.pixel_metrics import SegmentationMetrics
 from ..run.job import DataSpec, EvaluateJob, HeldOutSpec, RunOptions
 from .args import add_parallel_args, add_workload_args
 from .checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
+from .cohort_flags import add_level_args, check_evaluate_cohort
 from .device_flags import add_device_flags, check_device_flags
 from .evaluation_flags import DTYPES, add_evaluation_args, check_held_out_flags, check_numbers
 from .model_flags import model_arg
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 
     from ..comm.protocol import Comm
     from ..data.dataset import RegionDataset
+    from ..data.manifest import Cohort
     from ..infer.model import ModelDescription
 
 # flag, ModelSpec field: a flag given on the command line must match the checkpoint's model (--model itself is
@@ -59,18 +64,37 @@ class EvaluationSummary:
     selected: str = "latest"                # --checkpoint-select
     best: BestMark | None = None            # what a best checkpoint is best at
     loss_of: str = "cross-entropy"          # what ``loss`` is: the run's training loss (its class weights included)
+    levels: tuple[LevelMetrics, ...] = ()   # slide and patient level (images of known slides)
+    aggregate: str = "mean"                 # how tiles were aggregated into the levels
 
     def as_dict(self) -> dict[str, object]:
         chosen = {"checkpoint_select": self.selected, **({"best": self.best.to_dict()} if self.best else {})}
+        levels: dict[str, object] = {m.level: m.as_dict() for m in self.levels}
         return {"checkpoint": self.checkpoint, **chosen, "step": self.step, "model": self.model, "split": self.split,
                 "app": self.app, "image_size": self.image_size, "batch_size": self.batch_size, "dtype": self.dtype,
                 "world_size": self.world_size, **self.metrics.as_dict(), "loss_of": self.loss_of,
+                **({"aggregate": self.aggregate, **levels} if levels else {}),
                 "seconds": self.seconds,
                 "config": dict(self.config)}
+
+    def table(self) -> str:
+        """Tile-, slide- and patient-level figures, a line each (``evaluate`` prints it before its JSON)."""
+        tile = self.metrics
+        rows = [("level", "count", "accuracy", "balanced_acc", "roc_auc")]
+        if isinstance(tile, Metrics):
+            rows.append(("tile", str(tile.count), figure(tile.accuracy), figure(tile.balanced_accuracy),
+                         figure(tile.roc_auc)))
+        rows += [(m.level, str(m.count), figure(m.accuracy), figure(m.balanced_accuracy), figure(m.roc_auc))
+                 for m in self.levels]
+        return "\n".join("  ".join(cell.ljust(12) for cell in row).rstrip() for row in rows)
 
     def to_json(self) -> str:
         """The command's one JSON line."""
         return json.dumps(self.as_dict())
+
+
+def figure(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--all-data", dest="all_data", action="store_true",
                         help="evaluate every image of the data, not only the held-out ones")
     add_evaluation_args(parser, training=False)
+    add_level_args(parser)
     add_task_args(parser, training=False)
     parser.set_defaults(image_size=None, batch_size=None, num_classes=None, app=None, num_epochs=1)
     return parser
@@ -116,11 +141,14 @@ def evaluate_job(args: argparse.Namespace, cfg: ParallelConfig) -> EvaluateJob:
         app=None if args.app is None else AppKind.parse(args.app),
         datapath=None if args.datapath is None else str(args.datapath), image_size=args.image_size,
         num_samples=args.num_samples, slide_level=args.slide_level, mpp=mpp, source_mpp=source_mpp,
-        min_tissue=args.min_tissue, held_out=HeldOutSpec(args.val_fraction, args.val_datapath),
+        min_tissue=args.min_tissue, held_out=HeldOutSpec(args.val_fraction, args.val_datapath,
+                                                               group_by=args.group_by, folds=args.folds,
+                                                               fold=args.fold),
         all_data=args.all_data, batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
         task=None if args.task is None else Task.parse(args.task), model=args.model,
         model_flags=tuple((flag, key, given[key]) for flag, key in MODEL_FLAGS if given[key] is not None),
-        options=RunOptions(backend=args.backend, device=args.device))
+        options=RunOptions(backend=args.backend, device=args.device), cohort=args.cohort_data,
+        aggregate=Aggregation.parse(args.aggregate), slide_csv=args.slide_csv)
 
 
 def check_model_flags(job: EvaluateJob, record: RunRecord, where: str) -> None:
@@ -145,24 +173,49 @@ def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
     """The data to read: the flags given, the checkpoint's settings for the rest (its training resolution unless
     ``--slide-level`` or ``--mpp``/``--magnification``)."""
     data = record.data
-    app = job.app or data.app
+    cohort = cohort_to_read(job, record)
+    app = AppKind.MEDICAL if cohort is not None else job.app or data.app
     mpp = None if job.slide_level is not None else (data.mpp if job.mpp is None else job.mpp)
+    # no data flags: the data the checkpoint records (its folder or cohort), not the bundled sample
+    datapath = job.datapath if job.app is not None or job.datapath is not None or cohort else data.datapath
     # the training run's class names order the labels of class folders (masks carry their labels as values)
-    order = None if record.task.dense else label_order(folder_classes(app, job.datapath), data.classes)
-    return DataSpec(app=app, datapath=job.datapath, image_size=job.image_size or data.image_size,
+    order = None if record.task.dense else label_order(folder_classes(app, datapath), data.classes)
+    return DataSpec(app=app, datapath=datapath, image_size=job.image_size or data.image_size,
                     num_samples=job.num_samples, slide_level=job.slide_level or 0, min_tissue=job.min_tissue,
                     mpp=mpp, source_mpp=job.source_mpp, num_classes=record.model.num_classes,
                     class_names=record.class_names, class_order=order, task=record.task,
-                    ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None)
+                    ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None,
+                    cohort=cohort)
+
+
+def cohort_to_read(job: EvaluateJob, record: RunRecord) -> Cohort | None:
+    """The cohort to evaluate: ``--cohort``'s, else (no data flags) the one the checkpoint records; its labels
+    checked against the checkpoint's classes (ConfigError listing every line with another label)."""
+    from ..data.manifest import read_cohort
+
+    if job.cohort is not None:
+        return read_cohort(job.cohort.source, record.class_names, probe=None)
+    if job.app is None and job.datapath is None and record.data.cohort is not None:
+        return read_cohort(record.data.cohort, record.class_names)
+    return None
+
+
+def other_cohort(job: EvaluateJob, record: RunRecord) -> bool:
+    """Whether ``--cohort`` names another manifest than the one the checkpoint was trained on."""
+    return job.cohort is not None and str(job.cohort.source) != record.data.cohort
 
 
 def resolved_held_out(job: EvaluateJob, record: RunRecord) -> HeldOutSpec:
     """The images to evaluate: the flags' held-out images, every image (``--all-data``), else the run's split."""
-    if job.all_data:
+    if job.all_data or other_cohort(job, record):      # another cohort: every slide of it
         return HeldOutSpec()
     if job.held_out.given:
         return job.held_out
-    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath)
+    split = record.split
+    if split is None:
+        return HeldOutSpec(record.data.val_fraction, record.data.val_datapath)
+    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath, group_by=split.group_by,
+                       folds=split.folds, fold=split.fold)
 
 
 class Evaluation:
@@ -219,16 +272,19 @@ class Evaluation:
         if dataset.num_classes > data.num_classes:
             raise ConfigError("--datapath", f"the data has {dataset.num_classes} classes, the checkpoint's "
                               f"model {data.num_classes}: a checkpoint of another model, or other data")
-        _, held, self.split = held_out_data(data, self.held_out, self.seed, dataset)
+        _, held, self.split, _ = held_out_data(data, self.held_out, self.seed, dataset)
         assert self.record is not None, "load() read the record"
         saved = self.record.identity.get("val_split")
-        explicit = self.job.held_out.given or self.job.all_data
+        explicit = self.job.held_out.given or self.job.all_data or other_cohort(self.job, self.record)
         if held is not None and saved not in (None, "none") and saved != self.split and not explicit:
             raise ConfigError("--datapath", f"the held-out images differ from the training run's "
                               f"({self.split!r}, trained with {saved!r}): give the same --app/--datapath/--num-samples/"
                               f"--image-size as the training run, or --val-fraction/--val-datapath/--all-data "
                               f"to evaluate other images on purpose")
         self.dataset = held if held is not None else dataset
+        if self.job.slide_csv is not None and (data.task.dense or self.slide_groups() is None):
+            raise ConfigError("--slide-csv", "tabulates slides, and these images come from none known; evaluate "
+                                             "a --cohort, slides, or tiles named <slide>_<x>_<y> (--group-by)")
 
     def run(self) -> EvaluationSummary | None:
         """Evaluate (collective) with the run's loss; the summary on rank 0."""
@@ -245,14 +301,61 @@ class Evaluation:
         engine = HybridEngine(self.layers, job.config, self.ctx, image_size=self.data.image_size,
                               loss_fn=self.record.loss())
         start = time.perf_counter()
-        metrics = evaluator_for(engine, self.dataset, self.ctx, self.batch_size, self.record, dtype).run()
+        evaluator = evaluator_for(engine, self.dataset, self.ctx, self.batch_size, self.record, dtype)
+        levels: tuple[LevelMetrics, ...] = ()
+        if isinstance(evaluator, Evaluator) and self.slide_groups() is not None:
+            records = evaluator.records()          # rank 0: every tile's record, merged exactly
+            if records is None:
+                return None
+            metrics: Metrics | SegmentationMetrics = summarize(records, evaluator.num_classes, evaluator.classes)
+            levels = self.levels(records)
+        else:
+            metrics = evaluator.run()
         if self.ctx.rank != 0:
             return None
         best = self.record.best if job.checkpoint_select == "best" else None
         return EvaluationSummary(self.description.path, self.description.step, self.description.describe(),
                                  self.split, str(self.data.app), self.data.image_size, self.batch_size, self.dtype,
                                  self.ctx.world_size, metrics, time.perf_counter() - start, job.config.as_dict(),
-                                 job.checkpoint_select, best, self.record.loss().describe())
+                                 job.checkpoint_select, best, self.record.loss().describe(), levels,
+                                 job.aggregate.describe())
+
+    def slide_groups(self) -> tuple[list[str], list[str], bool] | None:
+        """The slide and patient of each evaluated image, and whether patients are known (None: the images come
+        from no known slide)."""
+        from ..data.groups import GroupKind, groups_of
+        from ..evaluation.split import Subset
+
+        dataset = self.dataset
+        assert dataset is not None, "open_data() ran"
+        indices = list(range(len(dataset)))
+        while isinstance(dataset, Subset):
+            indices, dataset = [dataset.indices[i] for i in indices], dataset.dataset
+        groups = groups_of(dataset, self.held_out.group_by)
+        if groups.kind not in (GroupKind.SLIDE, GroupKind.PATIENT):
+            return None
+        return ([groups.slides[i] for i in indices], [groups.names[i] for i in indices],
+                groups.kind is GroupKind.PATIENT)
+
+    def levels(self, records: Records) -> tuple[LevelMetrics, ...]:
+        """Rank 0: slide- (and, with patients, patient-) level figures of the merged tile ``records``; the
+        per-slide CSV when asked for."""
+        from ..evaluation.aggregate import by_patient, by_slide, level_metrics
+        from ..evaluation.slide_table import write_slide_csv
+
+        found = self.slide_groups()
+        assert found is not None and self.record is not None
+        slides, patients, known_patients = found
+        rule = self.job.aggregate
+        per_slide = by_slide(records, [slides[int(i)] for i in records.index],
+                             [patients[int(i)] for i in records.index], rule)
+        classes = self.record.class_names
+        if self.job.slide_csv is not None:
+            write_slide_csv(self.job.slide_csv, per_slide, classes)
+        levels = [level_metrics("slide", per_slide, len(classes))]
+        if known_patients:
+            levels.append(level_metrics("patient", by_patient(per_slide, rule), len(classes)))
+        return tuple(levels)
 
 
 def run_evaluation(job: EvaluateJob, ctx: Comm) -> int:
@@ -266,6 +369,8 @@ def run_evaluation(job: EvaluateJob, ctx: Comm) -> int:
         exit_refused(ctx, "evaluate", err)
     summary = evaluation.run()
     if summary is not None:
+        if summary.levels:
+            print(summary.table(), file=sys.stderr, flush=True)
         print(summary.to_json(), flush=True)
     return 0
 
@@ -285,6 +390,7 @@ def check_flags(args: argparse.Namespace) -> None:
     ``args.checkpoint`` becomes the file chosen."""
     check_numbers(args)
     check_held_out_flags(args)
+    check_evaluate_cohort(args)
     check_device_flags(args)
     check_resolution_flags(args)
     if args.slide_level is not None and (args.mpp is not None or args.magnification is not None):

@@ -39,9 +39,19 @@ def add_evaluation_args(parser: argparse.ArgumentParser, training: bool = True) 
     """Held-out data flags (and, for ``train``, when to evaluate and where to log metrics)."""
     g = parser.add_argument_group("evaluation")
     g.add_argument("--val-fraction", dest="val_fraction", type=float, default=None, metavar="F",
-                   help="hold out this share of each class (seeded by --seed, stratified) for validation")
+                   help="hold out this share of the patients (slides, tiles) of each class for validation: whole "
+                        "groups on one side, seeded by --seed, stratified by label")
     g.add_argument("--val-datapath", dest="val_datapath", default=None, metavar="DIR",
                    help="validation images from another folder/slide(s) (same layout as --datapath)")
+    g.add_argument("--group-by", dest="group_by", default=None, metavar="REGEX",
+                   help="tile folders: the slide of each tile file, the first group of REGEX on its name (default: "
+                        "TCGA slide ids and <slide>_<x>_<y> names); a slide's tiles stay on one side")
+    g.add_argument("--folds", type=int, default=None, metavar="K",
+                   help="K-fold cross-validation by patient (slide, image), stratified by label, seeded; a cohort's "
+                        "fold column when it has one")
+    g.add_argument("--fold", type=int, default=None, metavar="I",
+                   help="the fold held out (0..K-1); train without it runs every fold in turn, each in "
+                        "<checkpoint-dir>/fold-I")
     if not training:
         return
     g.add_argument("--eval-every", dest="eval_every", type=int, default=0, metavar="N",
@@ -69,6 +79,7 @@ def check_held_out_flags(args: argparse.Namespace) -> None:
     fraction = args.val_fraction
     if fraction is not None and not (0.0 < fraction < 1.0):
         raise ConfigError("--val-fraction", f"must lie strictly between 0 and 1, got {fraction:g}")
+    check_fold_args(args)
     if fraction is not None and args.val_datapath is not None:
         raise ConfigError("--val-fraction", "give --val-fraction (held out of --datapath) or --val-datapath "
                           "(another folder), not both")
@@ -79,5 +90,20 @@ def check_held_out_flags(args: argparse.Namespace) -> None:
 def check_evaluation_args(args: argparse.Namespace) -> None:
     """``train``: the held-out flags, and --eval-every only with held-out data."""
     check_held_out_flags(args)
-    if args.eval_every and args.val_fraction is None and args.val_datapath is None:
+    if args.eval_every and args.val_fraction is None and args.val_datapath is None and args.folds is None:
         raise ConfigError("--eval-every", "needs validation data: add --val-fraction F or --val-datapath DIR")
+
+
+def check_fold_args(args: argparse.Namespace) -> None:
+    """``--folds K`` (>= 2, instead of --val-fraction/--val-datapath) and ``--fold I`` (0..K-1, with --folds)."""
+    folds, fold = args.folds, args.fold
+    if fold is not None and folds is None:
+        raise ConfigError("--fold", "picks one of --folds K; add --folds")
+    if folds is None:
+        return
+    if folds < 2:
+        raise ConfigError("--folds", f"must be >= 2, got {folds}")
+    if fold is not None and not 0 <= fold < folds:
+        raise ConfigError("--fold", f"must be one of 0..{folds - 1} for --folds {folds}, got {fold}")
+    if args.val_fraction is not None or args.val_datapath is not None:
+        raise ConfigError("--folds", "holds out each fold in turn; drop --val-fraction/--val-datapath")

@@ -14,13 +14,14 @@ if TYPE_CHECKING:
     from ..comm.protocol import Comm
     from ..run.job import TrainJob
     from ..run.monitor import JobMonitor
+    from ..run.summary import TrainSummary
 
 __all__ = ["build_parser", "check_run_args", "main"]
 
 
-def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor) -> int:
-    """Set up and train, print the JSON summary on rank 0; a refused set-up, a divergence or a failed save stops
-    every rank together with one message."""
+def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor, results: list[TrainSummary] | None = None) -> int:
+    """Set up and train, print the JSON summary on rank 0 (kept in ``results`` when given); a refused set-up, a
+    divergence or a failed save stops every rank together with one message."""
     from ..comm.agreement import SetupFailed
     from ..run.divergence import EXIT_NONFINITE, NonFiniteError
     from ..run.job_run import say_once, start
@@ -43,10 +44,12 @@ def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor) -> int:
         if job.options.verbose:
             print(summary.report(), file=sys.stderr, flush=True)
         print(summary.to_json(), flush=True)
+        if results is not None:
+            results.append(summary)
     return 0
 
 
-def train_main(job: TrainJob) -> int:
+def train_main(job: TrainJob, results: list[TrainSummary] | None = None) -> int:
     """Start MPI and the job monitor, run the job; any other failure ends the job with one message."""
     from ..comm.context import init
     from ..run.monitor import EXIT_FAILED, JobMonitor
@@ -55,7 +58,7 @@ def train_main(job: TrainJob) -> int:
     errors_to = job.held_out.log_dir or job.checkpoints.directory   # tracebacks: the run's directory, else temp
     monitor = JobMonitor.start(ctx, verbose=job.options.verbose, log_dir=Path(errors_to) if errors_to else None)
     try:
-        code = run_job(job, ctx, monitor)
+        code = run_job(job, ctx, monitor, results)
     except SystemExit:
         monitor.close()
         raise
@@ -75,6 +78,26 @@ def parsed_job(argv: Sequence[str] | None) -> TrainJob:
     return train_job(args, cfg)
 
 
+def folds_main(job: TrainJob) -> int:
+    """``--folds K`` without ``--fold``: every fold in turn, then (rank 0) each figure's mean and spread over the
+    folds, its JSON last."""
+    import json
+
+    from ..run.folds import fold_jobs, fold_report, report_lines
+
+    results: list[TrainSummary] = []
+    for fold in fold_jobs(job):
+        code = train_main(fold, results)
+        if code != 0:
+            return code
+    if results:                                  # rank 0
+        report = fold_report(results)
+        print("\n".join(report_lines(report)), file=sys.stderr, flush=True)
+        print(json.dumps(report), flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb train``."""
-    return train_main(parsed_job(argv))
+    job = parsed_job(argv)
+    return folds_main(job) if job.held_out.every_fold else train_main(job)

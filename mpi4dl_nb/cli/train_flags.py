@@ -12,6 +12,7 @@ from ..models.spec import ModelFamily
 from ..run.divergence import OnNonFinite
 from ..run.identity import parse_allowed
 from .args import add_mpi4dl_args
+from .cohort_flags import add_cohort_args, check_cohort_args
 from .device_flags import add_device_flags, check_device_flags
 from .evaluation_flags import DTYPES, add_evaluation_args, check_evaluation_args, check_numbers
 from .model_flags import VERSION_HELP, add_model_flag, add_pretrained_flags, check_model_flags
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_args(parser)
     add_task_args(parser)
     add_evaluation_args(parser)
+    add_cohort_args(parser)
     return parser
 
 
@@ -101,6 +103,7 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError("--resume", f"{args.resume!r}: no such checkpoint file or directory")
     parse_allowed(args.allow_config_change)
     check_evaluation_args(args)
+    check_cohort_args(args)
     check_training_args(args)
     check_keep_best(args)
     check_task_classes(args)

@@ -63,7 +63,9 @@ def check_training_args(args: argparse.Namespace) -> None:
     weights = parse_class_weights(args.class_weights)
     given = parse_names(args.classes)
     found = task_classes(args) if task_of(args).dense else folder_classes(args.app, args.datapath)
-    args.class_names = resolve_names(args.app, found, given, args.num_classes)
+    cohort = args.cohort_data                               # --cohort: the manifest's classes
+    found = found if cohort is None else cohort.classes
+    args.class_names = resolve_names(args.app, found, given, args.num_classes, "--cohort" if cohort else "--datapath")
     args.class_order = None if task_of(args).dense else label_order(found, args.class_names)   # masks: values
     args.num_classes = len(args.class_names)
     if isinstance(weights, tuple) and len(weights) != args.num_classes:
@@ -77,7 +79,7 @@ def check_keep_best(args: argparse.Namespace) -> None:
         return
     if args.checkpoint_dir is None:
         raise ConfigError("--keep-best", "keeps the best checkpoint in --checkpoint-dir: give one")
-    if args.val_fraction is None and args.val_datapath is None:
+    if args.val_fraction is None and args.val_datapath is None and args.folds is None:
         raise ConfigError("--keep-best", "measures checkpoints on validation data: add --val-fraction F or "
                                          "--val-datapath DIR")
     if args.keep_best == MetricName.VAL_ROC_AUC and args.num_classes != 2:

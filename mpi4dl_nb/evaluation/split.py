@@ -1,7 +1,7 @@
 """Held-out data: a seeded stratified split of a dataset, subsets with region reads, the split's fingerprint."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,29 +14,81 @@ from ..errors import ConfigError
 
 def stratified_split(labels: Sequence[int], fraction: float, seed: int,
                      num_classes: int) -> tuple[list[int], list[int]]:
-    """(train indices, validation indices), both ascending: a share ``fraction`` of each class held out.
+    """(train indices, validation indices), both ascending: a share ``fraction`` of each class held out, image by
+    image (``grouped_split`` with every image its own group)."""
+    return grouped_split(labels, range(len(labels)), fraction, seed, num_classes)
 
-    Deterministic in (labels, fraction, seed): class ``c``'s indices are shuffled by a
-    generator seeded with ``(seed, c)`` and the first ``round(fraction * n_c)`` go to
-    validation (at least one when the class has two or more samples, never all of them).
-    ConfigError for ``fraction`` outside (0, 1) or fewer validation samples than classes.
+
+def grouped_split(labels: Sequence[int], groups: Sequence[Hashable], fraction: float, seed: int,
+                  num_classes: int) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices), both ascending: whole groups held out, a share ``fraction`` of the
+    groups of each class, so that no group has images on both sides.
+
+    A group's class is its images' most frequent label (ties: the smallest). Deterministic in (labels, groups,
+    fraction, seed): class ``c``'s groups, in order of first appearance, are shuffled by a generator seeded with
+    ``(seed, c)`` and the first ``round(fraction * n_c)`` go to validation (at least one when the class has two or
+    more groups, never all of them). With one group per image this is the per-class split of images.
+    ConfigError for ``fraction`` outside (0, 1) or fewer validation images than classes.
     """
     if not (0.0 < fraction < 1.0):
         raise ConfigError("--val-fraction", f"must lie strictly between 0 and 1, got {fraction:g}")
     labels = [int(v) for v in labels]
-    train: list[int] = []
-    val: list[int] = []
-    for c in sorted(set(labels)):
-        members = np.array([i for i, v in enumerate(labels) if v == c], dtype=np.int64)
-        members = members[np.random.default_rng([seed, c]).permutation(len(members))]
-        take = int(round(fraction * len(members)))
-        take = min(max(take, 1 if len(members) > 1 else 0), len(members) - 1)
-        val += members[:take].tolist()
-        train += members[take:].tolist()
+    if len(groups) != len(labels):
+        raise ValueError(f"{len(groups)} groups for {len(labels)} labels")
+    members: dict[Hashable, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    by_class: dict[int, list[Hashable]] = {}
+    for group, indices in members.items():
+        by_class.setdefault(group_label([labels[i] for i in indices]), []).append(group)
+    held: list[Hashable] = []
+    for c in sorted(by_class):
+        ordered = by_class[c]
+        shuffled = [ordered[i] for i in np.random.default_rng([seed, c]).permutation(len(ordered))]
+        take = int(round(fraction * len(shuffled)))
+        held += shuffled[:min(max(take, 1 if len(shuffled) > 1 else 0), len(shuffled) - 1)]
+    val = sorted(i for g in held for i in members[g])
+    chosen = set(val)
     if len(val) < num_classes:
         raise ConfigError("--val-fraction", f"{fraction:g} of {len(labels)} images holds out {len(val)}, "
                           f"fewer than the {num_classes} classes; raise --val-fraction or use more data")
-    return sorted(train), sorted(val)
+    return [i for i in range(len(labels)) if i not in chosen], val
+
+
+def group_folds(labels: Sequence[int], groups: Sequence[Hashable], folds: int, seed: int) -> dict[Hashable, int]:
+    """Each group's fold (0 .. ``folds`` - 1): stratified K-fold of whole groups. Class by class (a group's class
+    as in ``grouped_split``), its groups shuffled by a generator seeded with ``(seed, c)`` are dealt to the folds
+    in turn, the turn going on from class to class so the folds differ in size by one group at most.
+    ConfigError for fewer groups than folds."""
+    members: dict[Hashable, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(int(labels[index]))
+    if folds < 2 or len(members) < folds:
+        raise ConfigError("--folds", f"{folds} folds of {len(members)} groups (patients, slides or images): give "
+                                     f"2 <= --folds <= {len(members)}")
+    by_class: dict[int, list[Hashable]] = {}
+    for group, group_labels in members.items():
+        by_class.setdefault(group_label(group_labels), []).append(group)
+    assigned: dict[Hashable, int] = {}
+    turn = 0
+    for c in sorted(by_class):
+        ordered = by_class[c]
+        for i in np.random.default_rng([seed, c]).permutation(len(ordered)):
+            assigned[ordered[i]] = turn % folds
+            turn += 1
+    return assigned
+
+
+def fold_split(groups: Sequence[Hashable], folds_of: dict[Hashable, int], fold: int) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices): the images of the groups in fold ``fold`` held out."""
+    val = [i for i, g in enumerate(groups) if folds_of[g] == fold]
+    held = set(val)
+    return [i for i in range(len(groups)) if i not in held], val
+
+
+def group_label(labels: Sequence[int]) -> int:
+    """The label a group is stratified by: its most frequent one (ties: the smallest)."""
+    return min(set(labels), key=lambda v: (-labels.count(v), v))
 
 
 @dataclass

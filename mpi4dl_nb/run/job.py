@@ -12,7 +12,9 @@ from ..config import ParallelConfig
 from ..data.apps import AppKind
 from ..data.augment import AugmentSpec
 from ..data.classes import class_weights
+from ..data.manifest import Cohort
 from ..data.task import Task
+from ..evaluation.aggregate import Aggregation
 from ..evaluation.metrics import MetricName
 from ..models.spec import ModelSpec
 from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerSpec
@@ -40,6 +42,7 @@ class DataSpec:
     task: Task = Task.CLASSIFICATION
     ignore_index: int | None = None      # segmentation: the mask value no pixel is scored at
     skip_bad_files: bool = False         # train on the usable files when the data check finds bad ones
+    cohort: Cohort | None = None         # --cohort: the checked manifest (its slides, labels, patients)
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,18 @@ class HeldOutSpec:
     val_datapath: str | None = None
     eval_every: int = 0
     log_dir: str | None = None
+    group_by: str | None = None          # --group-by REGEX: tile file names' slide (None: default patterns)
+    folds: int | None = None             # --folds K: grouped stratified K-fold
+    fold: int | None = None              # --fold I: the fold held out (None with folds: every fold in turn)
 
     @property
     def given(self) -> bool:
-        return self.val_fraction is not None or self.val_datapath is not None
+        return self.val_fraction is not None or self.val_datapath is not None or self.folds is not None
+
+    @property
+    def every_fold(self) -> bool:
+        """``--folds K`` without ``--fold``: K runs, fold by fold."""
+        return self.folds is not None and self.fold is None
 
 
 @dataclass(frozen=True)
@@ -135,7 +146,8 @@ class TrainJob:
         it trains and its identity come once the data is open)."""
         data, training = self.data, self.training
         record = DataRecord(data.app, data.image_size, training.batch_size, training.dtype, data.datapath,
-                            self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None)
+                            self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None,
+                            cohort=None if data.cohort is None else str(data.cohort.source))
         pixels = SegmentationRecord(str(training.loss), data.ignore_index) if data.task.dense else None
         return RunRecord(self.model, record, seed=training.seed, config=self.config.as_dict(), task=data.task,
                          segmentation=pixels)
@@ -174,3 +186,6 @@ class EvaluateJob:
     model: str | None = None             # refuse a checkpoint of another network
     model_flags: tuple[tuple[str, str, object], ...] = ()   # (flag, ModelSpec field, value given): must match
     options: RunOptions = field(default_factory=RunOptions)
+    cohort: Cohort | None = None         # --cohort: the slides to evaluate (labels checked once the model is known)
+    aggregate: Aggregation = field(default_factory=Aggregation)    # slide/patient level: how tiles aggregate
+    slide_csv: str | None = None         # --slide-csv: the per-slide table

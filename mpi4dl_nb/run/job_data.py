@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..checkpoint.record import SplitRecord
 from ..config import ConfigError
 from ..data.apps import AppKind
 from ..data.dataset import RegionDataset
+from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.validate import DataSources, SourceKind, find_sources
-from ..evaluation.split import Subset, split_listing, stratified_split
+from ..evaluation.grouped import GroupedSplit, split_fold, split_grouped
+from ..evaluation.split import Subset, split_listing
 from .identity import digest
 from .job import ClassWeights, DataSpec, HeldOutSpec
 
@@ -25,6 +28,11 @@ def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude
 
     if data.task.dense:
         return segmentation_dataset(data, datapath, exclude)
+    if data.cohort is not None and datapath == data.datapath:    # the cohort's slides (not --val-datapath)
+        from ..data.cohort_slides import CohortSlides
+
+        return CohortSlides(data.cohort, data.image_size, level=data.slide_level, min_tissue=data.min_tissue,
+                            mpp=data.mpp, source_mpp=data.source_mpp)
     return make_dataset(data.app, data.image_size, data.num_classes, datapath=datapath, seed=seed,
                         num_samples=data.num_samples, slide_level=data.slide_level, min_tissue=data.min_tissue,
                         exclude=exclude, classes=data.class_order, mpp=data.mpp, source_mpp=data.source_mpp)
@@ -60,6 +68,8 @@ def slide_files(root: Path, exclude: Sequence[Path]) -> list[Path]:
 def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataSources, Checker | None]:
     """The files the data check reads and how it checks each: images with their masks, slides with their
     annotations (segmentation), or the tiles/slides of ``find_sources`` (classification, checker None)."""
+    if data.cohort is not None and datapath == data.datapath:    # read_cohort opened every slide's header
+        return DataSources(None), None
     if not data.task.dense:
         return find_sources(data.app, datapath, knob), None
     if datapath is None:
@@ -92,23 +102,53 @@ def label_counts(data: DataSpec, weights: ClassWeights, dataset: RegionDataset) 
     return pixel_counts(dataset, data.num_classes, data.ignore_index)
 
 
-def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: int) -> tuple[Subset, Subset]:
-    """(training images, held-out images): a seeded share ``fraction`` of each of ``classes`` classes held out."""
+def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: int,
+                   groups: Groups | None = None) -> tuple[Subset, Subset]:
+    """(training images, held-out images): a seeded share ``fraction`` of the groups of each of ``classes`` classes
+    held out (``groups``: default the dataset's own, ``groups_of``)."""
+    return grouped_held_out(dataset, fraction, seed, classes, groups).subsets(dataset)
+
+
+def grouped_held_out(dataset: RegionDataset, fraction: float, seed: int, classes: int,
+                     groups: Groups | None = None) -> GroupedSplit:
+    """The leak-free split of ``dataset``: whole groups (patients, slides) on one side."""
     labels = [dataset.label(i) for i in range(len(dataset))]
-    train, held = stratified_split(labels, fraction, seed, classes)
-    return Subset(dataset, train), Subset(dataset, held)
+    return split_grouped(labels, groups or groups_of(dataset), fraction, seed, classes)
+
+
+def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset) -> GroupedSplit:
+    """The held-out split ``held_out`` names: a share of the groups of each class, or one fold of K (a cohort's
+    ``fold`` column when it has one)."""
+    classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
+    groups = groups_of(dataset, held_out.group_by)
+    if held_out.folds is None:
+        assert held_out.val_fraction is not None, "a share or folds"
+        return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups)
+    labels = [dataset.label(i) for i in range(len(dataset))]
+    cohort = data.cohort
+    given = {s.patient: s.fold for s in cohort if s.fold is not None} if cohort is not None else None
+    return split_fold(labels, groups, held_out.folds, held_out.fold or 0, seed, given or None)
+
+
+def split_record(split: GroupedSplit, held_out: HeldOutSpec, seed: int) -> SplitRecord:
+    """What a checkpoint records of ``split``: its grouping, seed, share and the groups of each side."""
+    return SplitRecord(split.groups.kind.value, seed, split.side_groups(split.train), split.side_groups(split.val),
+                       held_out.val_fraction, held_out.folds, held_out.fold, held_out.group_by)
 
 
 def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset,
-                  exclude: Sequence[Path] = ()) -> tuple[RegionDataset, RegionDataset | None, str]:
-    """(training set, validation set or None, the split's identity text) for ``held_out`` (a share of ``dataset``
-    seeded by ``seed``, or ``val_datapath`` without the files ``exclude``)."""
-    if held_out.val_fraction is not None:
-        classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
-        train, val = held_out_split(dataset, held_out.val_fraction, seed, classes)
-        text = (f"fraction {held_out.val_fraction:g}, seed {seed}, {len(val)} images "
-                f"[{digest(split_listing(dataset, val.indices))}]")
-        return train, val, text
+                  exclude: Sequence[Path] = ()) -> tuple[RegionDataset, RegionDataset | None, str, GroupedSplit | None]:
+    """(training set, validation set or None, the split's identity text, the split of ``dataset`` or None) for
+    ``held_out`` (a share of the groups of ``dataset`` seeded by ``seed``, or ``val_datapath`` without the files
+    ``exclude``)."""
+    if held_out.val_fraction is not None or held_out.folds is not None:
+        split = dataset_split(data, held_out, seed, dataset)
+        train, val = split.subsets(dataset)
+        grouped = "" if split.groups.kind is GroupKind.UNGROUPED else f", by {split.groups.kind.value}"
+        share = (f"fraction {held_out.val_fraction:g}" if held_out.folds is None
+                 else f"fold {held_out.fold} of {held_out.folds}")
+        text = f"{share}, seed {seed}{grouped}, {len(val)} images [{digest(split_listing(dataset, val.indices))}]"
+        return train, val, text, split
     if held_out.val_datapath is not None:
         require_path(held_out.val_datapath, "--val-datapath")
         held = dataset_from(data, seed, held_out.val_datapath, exclude)
@@ -117,5 +157,5 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
                               f"the {data.num_classes} classes")
         text = (f"--val-datapath {Path(held_out.val_datapath).name}, {len(held)} images "
                 f"[{digest(split_listing(held, range(len(held))))}]")
-        return dataset, held, text
-    return dataset, None, "none"
+        return dataset, held, text, None
+    return dataset, None, "none", None

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from ..comm.protocol import Comm
     from ..data.dataset import Batcher, RegionDataset
+    from ..evaluation.grouped import GroupedSplit
     from .data_check import DataRole
     from .monitor import JobMonitor
     from .resume import Selection
@@ -98,8 +99,10 @@ class JobSetup:
                               f"the folder, or a single slide), so every label would be 0; put each "
                               f"class in its own sub-folder (<datapath>/<class>/...), or pass "
                               f"--num-classes 1 to train on one class anyway")
-        train, self.val_dataset, self.held_out = held_out_data(data, job.held_out, training.seed, dataset,
-                                                               exclude_held_out)
+        train, self.val_dataset, self.held_out, split = held_out_data(data, job.held_out, training.seed, dataset,
+                                                                      exclude_held_out)
+        if split is not None:
+            self.record_split(split, dataset)
         steps = training.steps if training.steps is not None else (
             training.num_epochs * (len(train) // training.batch_size))
         pixels = label_counts(data, training.class_weights, train)   # segmentation: pixels per class
@@ -110,6 +113,15 @@ class JobSetup:
         self.steps = steps
         if self.ctx.rank == 0:
             self.identity = self.make_identity(dataset)
+
+    def record_split(self, split: GroupedSplit, dataset: RegionDataset) -> None:
+        """The split's groups per side into the record; its counts printed (rank 0)."""
+        from .job_data import split_record
+
+        self.record = replace(self.record, split=split_record(split, self.job.held_out, self.job.training.seed))
+        labels = [dataset.label(i) for i in range(len(dataset))]
+        names = () if self.job.data.task.dense else self.record.class_names     # masks: labels are pixel values
+        say_once(self.ctx, split.summary(labels, names))
 
     def make_identity(self, dataset: RegionDataset) -> dict[str, object]:
         """The fields a resume compares (``run/identity.py``)."""

@@ -17,6 +17,7 @@ from ..checkpoint.record import DataRecord, RunRecord
 from ..data.apps import AppKind
 from ..data.cifar import Cifar10Dataset
 from ..data.dataset import RegionDataset
+from ..data.groups import given_groups, groups_of
 from ..data.synthetic import SyntheticDataset
 from ..evaluation.split import Subset
 from ..models.spec import ModelFamily, ModelSpec
@@ -25,12 +26,16 @@ from .job_data import held_out_split
 ModelObject = nn.Module | Sequence[nn.Module]
 
 
-def split_dataset(dataset: RegionDataset, fraction: float, seed: int = 0) -> tuple[Subset, Subset]:
-    """(training images, held-out images): a seeded share ``fraction`` of each class held out, as ``train
-    --val-fraction F --seed S`` does (every rank gets the same split)."""
+def split_dataset(dataset: RegionDataset, fraction: float, seed: int = 0, *,
+                  groups: Sequence[object] | None = None, group_by: str | None = None) -> tuple[Subset, Subset]:
+    """(training images, held-out images): a seeded share ``fraction`` of the groups of each class held out, as
+    ``train --val-fraction F --seed S`` does (every rank gets the same split). The groups: ``groups`` (one name
+    per image, e.g. its patient), else the dataset's own (a slide's tiles; tile files named after their slide,
+    by ``group_by`` or the default patterns), else every image alone."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"fraction must lie strictly between 0 and 1, got {fraction:g}")
-    return held_out_split(dataset, fraction, seed, dataset.num_classes)
+    found = given_groups(groups, len(dataset)) if groups is not None else groups_of(dataset, group_by)
+    return held_out_split(dataset, fraction, seed, dataset.num_classes, found)
 
 
 def base_of(dataset: RegionDataset) -> RegionDataset:

@@ -1,0 +1,73 @@
+"""A dataset's leak-free held-out split: whole groups (patients, slides) on one side, the groups of each side,
+and the counts a run prints (groups, slides, images per class per side)."""
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from ..data.dataset import RegionDataset
+from ..data.groups import GroupKind, Groups
+from ..errors import ConfigError
+from .split import Subset, fold_split, group_folds, grouped_split
+
+
+@dataclass(frozen=True)
+class GroupedSplit:
+    """The two sides of a split (image indices, ascending) and the groups of the dataset's images."""
+
+    groups: Groups
+    train: tuple[int, ...]
+    val: tuple[int, ...]
+
+    def side_groups(self, indices: Sequence[int]) -> tuple[str, ...]:
+        """The groups of the images ``indices``, sorted."""
+        return tuple(sorted({self.groups.names[i] for i in indices}))
+
+    def subsets(self, dataset: RegionDataset) -> tuple[Subset, Subset]:
+        """(training images, held-out images) of ``dataset``."""
+        return Subset(dataset, list(self.train)), Subset(dataset, list(self.val))
+
+    def summary(self, labels: Sequence[int], class_names: Sequence[str]) -> str:
+        """One line per side: its groups, slides and images per class; ungrouped splits say so."""
+        kind = self.groups.kind
+        head = ("ungrouped: tiles split one by one (no patient or slide known; --cohort or --group-by REGEX "
+                "groups them)" if kind is GroupKind.UNGROUPED else f"grouped by {kind.value}")
+        lines = [f"held-out split {head}"]
+        for side, indices in (("train", self.train), ("val", self.val)):
+            lines.append(f"  {side}: {self.side_counts(indices, labels, class_names)}")
+        return "\n".join(lines)
+
+    def side_counts(self, indices: Sequence[int], labels: Sequence[int], class_names: Sequence[str]) -> str:
+        kind = self.groups.kind
+        per_class = ", ".join(f"{name} {sum(1 for i in indices if labels[i] == c)}"
+                              for c, name in enumerate(class_names))
+        parts = [] if kind is GroupKind.UNGROUPED else [f"{len(self.side_groups(indices))} {kind.plural}"]
+        if kind is GroupKind.PATIENT:
+            parts.append(f"{len({self.groups.slides[i] for i in indices})} slides")
+        return ", ".join([*parts, f"{len(indices)} images" + (f" ({per_class})" if per_class else "")])
+
+
+def split_grouped(labels: Sequence[int], groups: Groups, fraction: float, seed: int,
+                  num_classes: int) -> GroupedSplit:
+    """The seeded split holding out a share ``fraction`` of the groups of each class (``grouped_split``)."""
+    train, val = grouped_split(labels, groups.names, fraction, seed, num_classes)
+    return GroupedSplit(groups, tuple(train), tuple(val))
+
+
+def split_fold(labels: Sequence[int], groups: Groups, folds: int, fold: int, seed: int,
+               given: dict[str, int] | None = None) -> GroupedSplit:
+    """Fold ``fold`` of a grouped stratified ``folds``-fold split (``given``: each group's fold, e.g. a manifest's
+    ``fold`` column, instead of dealt ones); ConfigError for a fold outside 0..folds-1 or an empty side."""
+    if not 0 <= fold < folds:
+        raise ConfigError("--fold", f"{fold} is not one of the folds 0..{folds - 1} of --folds {folds}")
+    folds_of: dict[Hashable, int] = ({k: v for k, v in given.items()} if given
+                                     else group_folds(labels, groups.names, folds, seed))
+    beyond = sorted({f for f in folds_of.values() if not 0 <= f < folds})
+    if beyond:
+        raise ConfigError("--folds", f"{folds} folds, but the manifest's fold column has {beyond[0]}; give --folds "
+                                     f"{max(folds_of.values()) + 1}")
+    train, val = fold_split(groups.names, folds_of, fold)
+    if not train or not val:
+        raise ConfigError("--fold", f"fold {fold} of {folds} leaves {'no training' if not train else 'no held-out'} "
+                                    f"images; give more groups or fewer folds")
+    return GroupedSplit(groups, tuple(train), tuple(val))
