@@ -64,7 +64,20 @@ def class_of(paths: Sequence[Path], root: Path, order: Sequence[str] | None = No
         shown = ", ".join(repr(n) if n else "files directly in the folder" for n in unknown)
         raise ValueError(f"{root} holds {shown}, not among the classes {', '.join(classes)}; put each image in "
                          f"the folder of its class")
+    if any(names):
+        check_no_empty_class(root, classes, set(names))
     return [classes.index(n) for n in names], classes
+
+
+def check_no_empty_class(root: Path, classes: Sequence[str], found: Collection[str]) -> None:
+    """ValueError naming every class folder below ``root`` (or class named) that holds none of the images read:
+    an empty class would otherwise be dropped without a word."""
+    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} if root.is_dir() else set()
+    empty = sorted((folders | set(classes)) - set(found))
+    if empty:
+        shown = ", ".join(str(root / name) for name in empty)
+        raise ValueError(f"class folder {shown} holds no images this run reads; add images to it, or remove it "
+                         f"(with --classes: drop its name)")
 
 
 def tissue_mask(rgb: np.ndarray) -> np.ndarray:
