@@ -148,6 +148,8 @@ class ParallelConfig:
     segment): a stage keeps only its segments' inputs and recomputes inside on backward.
     ``precision``: 'fp32' (the parameters' dtype), 'bf16' or 'fp16' (GPU, gradient scaler):
     forward under autocast, master weights and BatchNorm statistics in float32.
+    ``virtual_stages``: with ``schedule='interleaved'``, the chunks each rank holds: the
+    ``split_size`` stages lie on ``split_size / virtual_stages`` ranks, stage s on s mod that.
     """
 
     split_size: int = 2
