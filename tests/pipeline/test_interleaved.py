@@ -119,3 +119,22 @@ def test_stage_table_names_each_chunks_ranks():
     rows = stage_table(build("resnet"), cfg, 16).splitlines()[2:6]
     assert [row.split()[:3] for row in rows] == [["0", "spatial", "0-1"], ["1", "layer", "2"],
                                                  ["2", "layer", "0"], ["3", "layer", "2"]]
+
+
+def test_planner_estimates_each_rank_with_its_chunks():
+    from mpi4dl_nb import planner
+    from mpi4dl_nb.models import build_model
+    from tests.planner.recording import flop_timer
+
+    layers = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
+    profiles = planner.profile_layers(layers, 64)
+    cfg = interleaved_cfg()
+    memory = planner.estimate_memory(profiles, cfg, 64, 4)
+    starts = [sum(memory.balance[:s]) for s in range(cfg.split_size + 1)]
+    for rank, role in zip(memory.ranks, layout(cfg)):
+        held = [p for s in role.stages for p in profiles[starts[s]:starts[s + 1]]]
+        assert rank.weights == sum(p.param_bytes for p in held) > 0
+    plan = planner.predict_step_time(layers, cfg, 64, 4, timer=flop_timer(),
+                                     node=planner.Node(cores=None, copy_bandwidth=1e12),
+                                     network=planner.Network(1e-4, 1e9))
+    assert plan.seconds > 0 and 0 < plan.idle_fraction < 1
