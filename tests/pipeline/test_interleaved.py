@@ -138,3 +138,13 @@ def test_planner_estimates_each_rank_with_its_chunks():
                                      node=planner.Node(cores=None, copy_bandwidth=1e12),
                                      network=planner.Network(1e-4, 1e9))
     assert plan.seconds > 0 and 0 < plan.idle_fraction < 1
+
+
+def test_tune_and_suggest_consider_interleaving():
+    from mpi4dl_nb import planner
+
+    found = planner.candidate_configs(2, 5, 4)
+    want = interleaved_cfg(parts=4)
+    assert want in found and interleaved_cfg(parts=2) in found
+    assert planner.describe_config(want) == "LP 4 stages + 4 micro-batches (interleaved) + 2 chunks per rank"
+    assert all(c.world_size == 2 for c in found)
