@@ -97,5 +97,8 @@ def test_interleaved_acceptance_cases_are_covered():
         for m in (4, 8):
             assert has(lambda c, ranks=ranks, m=m: interleaved(c) and c.world_size == ranks and c.parts == m
                        and c.spatial_size == 0 and c.data_parallel == 1)
-    assert has(lambda c: interleaved(c) and c.spatial_size == 1 and c.num_spatial_parts == 2)
+    for ranks in (3, 4):
+        assert has(lambda c, ranks=ranks: interleaved(c) and c.world_size == ranks and c.spatial_size == 1
+                   and c.num_spatial_parts == 2)
+    assert has(lambda c: interleaved(c) and c.spatial_size == 1 and c.checkpoint_activations is not None)
     assert has(lambda c: interleaved(c) and c.data_parallel == 2)

@@ -84,6 +84,8 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
                    schedule="interleaved", virtual_stages=2, balance=(2, 1, 1, 1)), "resnet", 4, 16),
     "il_dp2": (dict(split_size=4, spatial_size=0, data_parallel=2, parts=2, schedule="interleaved",
                     virtual_stages=2), "cells", 8, 16),
+    "il4_sp": (dict(split_size=6, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=3,
+                    schedule="interleaved", virtual_stages=2, balance=(1, 1, 2, 1, 2, 1)), "cells8", 6, 16),
     "il_sp_recompute": (dict(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
                              parts=4, schedule="interleaved", virtual_stages=2, balance=(2, 1, 1, 1),
                              checkpoint_activations="every"), "resnet", 4, 16),
