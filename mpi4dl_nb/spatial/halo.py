@@ -370,8 +370,15 @@ class HaloExchange:
         return _HaloFunction.apply(needed, self, True)
 
 
+class LinearExchange(Protocol):
+    """A halo exchange as a linear map owned tile -> needed tile, and its adjoint."""
+
+    def forward_tensor(self, x: torch.Tensor) -> torch.Tensor: ...
+    def backward_tensor(self, grad: torch.Tensor) -> torch.Tensor: ...
+
+
 class _HaloCtx(FunctionContext, Protocol):
-    exchange: HaloExchange
+    exchange: LinearExchange
     adjoint: bool
 
 
@@ -379,7 +386,7 @@ class _HaloFunction(torch.autograd.Function):
     """The exchange (owned -> needed tile) or, with ``adjoint``, its adjoint; backward is the other."""
 
     @staticmethod
-    def forward(fctx: _HaloCtx, x: torch.Tensor, exchange: HaloExchange, adjoint: bool) -> torch.Tensor:
+    def forward(fctx: _HaloCtx, x: torch.Tensor, exchange: LinearExchange, adjoint: bool) -> torch.Tensor:
         fctx.exchange, fctx.adjoint = exchange, adjoint
         return exchange.backward_tensor(x) if adjoint else exchange.forward_tensor(x)
 
@@ -388,6 +395,12 @@ class _HaloFunction(torch.autograd.Function):
         if fctx.adjoint:
             return fctx.exchange.forward_tensor(grad.contiguous()), None, None
         return fctx.exchange.backward_tensor(grad), None, None
+
+
+def apply_exchange(x: torch.Tensor, exchange: LinearExchange, adjoint: bool) -> torch.Tensor:
+    """``exchange`` (or, with ``adjoint``, its adjoint) as a differentiable map; backward is the other."""
+    out: torch.Tensor = _HaloFunction.apply(x, exchange, adjoint)
+    return out
 
 
 def halo_exchange(x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
