@@ -2,8 +2,9 @@
 
 Leaves are converted in a copy of the tree (containers are shallow copies, parameters and
 buffers are the same objects): Conv2d, ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d,
-GroupNorm, InstanceNorm2d, Upsample and AdaptiveAvgPool2d(1) become their spatial versions;
-element-wise layers stay as they are. Custom containers keep their own ``forward`` —
+GroupNorm, InstanceNorm2d, Upsample and AdaptiveAvgPool2d(1) become their spatial versions (on a
+volume's grid, a TileGrid with depth: Conv3d, MaxPool3d, AvgPool3d, BatchNorm3d); element-wise layers
+stay as they are. Custom containers keep their own ``forward`` —
 residual adds, gates, channel concatenation and element-wise ops work tile by tile because
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.
@@ -110,7 +111,8 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     """A copy of ``module`` that computes on this rank's tile exactly what ``module`` computes
     on the whole image (same Parameter objects, so optimizer and state dict are shared).
 
-    Input: this rank's tile ``(N, C, h, w)`` (``dl.scatter_tiles``); output: the owned tile
+    Input: this rank's tile ``(N, C, h, w)``, on a volume's grid ``(N, C, d, h, w)``
+    (``dl.scatter_tiles``); output: the owned tile
     of the output (``grid.tile_box`` of the output size), or the replicated result after a
     global average pool. ``group``: the tile ranks (``group.ranks[t]`` holds tile ``t``);
     None means the world. Only tile neighbours and ``group`` collectives communicate.
