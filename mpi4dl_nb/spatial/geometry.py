@@ -119,15 +119,16 @@ class AxisExchange:
     @property
     def is_trivial(self) -> bool:
         """Nothing to do: the tile needs exactly what it owns and sends nothing."""
-        return (self.needed == self.owned and _length(self.send_prev) == 0
-                and _length(self.send_next) == 0)
+        return (self.needed == self.owned and range_length(self.send_prev) == 0
+                and range_length(self.send_next) == 0)
 
     def offset(self, position: int) -> int:
         """Index inside the exchanged (needed) tensor of image row ``position``."""
         return position - self.needed[0]
 
 
-def _length(r: Range) -> int:
+def range_length(r: Range) -> int:
+    """How many positions the half-open range ``r`` holds (0 when empty)."""
     return max(0, r[1] - r[0])
 
 
@@ -161,12 +162,12 @@ def plan_axis(size: int, owned: Sequence[Range], needed: Sequence[Range], *,
         if keep[1] <= keep[0]:
             keep = (s, s)
         next_r = (max(e, lo), hi) if hi > e else (e, e)
-        if _length(prev_r) and (index == 0 or prev_r[0] < owned[index - 1][0]):
+        if range_length(prev_r) and (index == 0 or prev_r[0] < owned[index - 1][0]):
             raise ConfigError(knob, f"{what}: tile {index} of {parts} along an axis of {size} "
                               f"needs rows {prev_r} but its previous neighbour owns only "
                               f"{owned[index - 1] if index else 'nothing'}; the halo is wider "
                               f"than a tile — use fewer spatial parts or a larger image_size")
-        if _length(next_r) and (index == parts - 1 or next_r[1] > owned[index + 1][1]):
+        if range_length(next_r) and (index == parts - 1 or next_r[1] > owned[index + 1][1]):
             raise ConfigError(knob, f"{what}: tile {index} of {parts} along an axis of {size} "
                               f"needs rows {next_r} but its next neighbour owns only "
                               f"{owned[index + 1] if index < parts - 1 else 'nothing'}; the halo "
@@ -413,7 +414,7 @@ class Message:
     @property
     def elements(self) -> int:
         r0, r1, c0, c1 = self.box
-        slices = 1 if self.depth is None else _length(self.depth)
+        slices = 1 if self.depth is None else range_length(self.depth)
         return slices * max(0, r1 - r0) * max(0, c1 - c0)
 
 
@@ -552,7 +553,7 @@ class LayerHalo:
             for k, phase in enumerate(phases):
                 for step, sent in ((-1, axes[k].send_prev), (1, axes[k].send_next)):
                     peer = self.grid.axis_neighbor(t, k, step)
-                    if peer is None or not _length(sent):
+                    if peer is None or not range_length(sent):
                         continue
                     extent = [_data(a) if j < k else a.owned for j, a in enumerate(axes)]
                     extent[k] = sent

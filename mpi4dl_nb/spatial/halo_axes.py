@@ -21,22 +21,12 @@ import torch
 from ..comm.handles import Transfer
 from ..comm.protocol import Comm
 from ..comm.tags import HALO
-from .geometry import AxisExchange, LayerHalo
-from .halo import AxisPeers, apply_exchange
+from .geometry import AxisExchange, LayerHalo, range_length
+from .halo import AxisPeers, apply_exchange, neighbour_rank
 from .replay import Strips, active_log
 
 _FORWARD = {3: HALO.tag(0), 2: HALO.tag(0), 1: HALO.tag(2)}    # axes left to the end -> first tag
 _BACKWARD = {3: HALO.tag(4), 2: HALO.tag(4), 1: HALO.tag(6)}
-
-
-def _len(r: tuple[int, int]) -> int:
-    return max(0, r[1] - r[0])
-
-
-def _peer(rank: int | None) -> int:
-    if rank is None:
-        raise RuntimeError("halo message across the image border: the exchange plan is inconsistent")
-    return rank
 
 
 class AxesHaloExchange:
@@ -71,7 +61,7 @@ class AxesHaloExchange:
 
     # ------------------------------------------------------------------ forward
     def forward_tensor(self, x: torch.Tensor) -> torch.Tensor:
-        expected = tuple(_len(plan.owned) for plan in self.axes)
+        expected = tuple(range_length(plan.owned) for plan in self.axes)
         if tuple(x.shape[-len(expected):]) != expected:
             raise ValueError(f"{self.geometry.name}: tile {self.tile} got a {tuple(x.shape)} tile, expected "
                              f"{expected} in its last dims (scatter inputs with dl.scatter_tiles)")
@@ -93,15 +83,15 @@ class AxesHaloExchange:
         transfers = []
         for slot, rng, peer, their_tag in ((0, plan.recv_prev, peers.prev, tag + 1),
                                            (1, plan.recv_next, peers.next, tag)):
-            if _len(rng):
+            if range_length(rng):
                 shape = list(x.shape)
-                shape[dim] = _len(rng)
+                shape[dim] = range_length(rng)
                 strips[slot] = strip = x.new_empty(shape)
-                transfers.append(Transfer.into(strip, _peer(peer), their_tag))
+                transfers.append(Transfer.into(strip, neighbour_rank(peer), their_tag))
         for rng, peer, my_tag in ((plan.send_prev, peers.prev, tag), (plan.send_next, peers.next, tag + 1)):
-            if _len(rng):
-                part = x.narrow(dim, rng[0] - plan.owned[0], _len(rng)).contiguous()
-                transfers.append(Transfer.to(part, _peer(peer), my_tag))
+            if range_length(rng):
+                part = x.narrow(dim, rng[0] - plan.owned[0], range_length(rng)).contiguous()
+                transfers.append(Transfer.to(part, neighbour_rank(peer), my_tag))
                 self.messages_sent += 1
         if transfers:
             self.comm.exchange(transfers).wait()
@@ -119,8 +109,8 @@ class AxesHaloExchange:
         pieces = [padding(plan.pad_before)] if plan.pad_before else []
         if strips[0] is not None:
             pieces.append(strips[0])
-        if _len(plan.keep):
-            pieces.append(x.narrow(dim, plan.keep[0] - plan.owned[0], _len(plan.keep)))
+        if range_length(plan.keep):
+            pieces.append(x.narrow(dim, plan.keep[0] - plan.owned[0], range_length(plan.keep)))
         if strips[1] is not None:
             pieces.append(strips[1])
         if plan.pad_after:
@@ -138,26 +128,26 @@ class AxesHaloExchange:
         """Adjoint of phase ``k``: the strips' gradients back to their owners, theirs added in."""
         dim, tag, peers = self._dim(k), _BACKWARD[len(self.axes) - k], self.peers[k]
         shape = list(grad.shape)
-        shape[dim] = _len(plan.owned)
+        shape[dim] = range_length(plan.owned)
         own = grad.new_zeros(shape)
-        if _len(plan.keep):
-            own.narrow(dim, plan.keep[0] - plan.owned[0], _len(plan.keep)).copy_(
-                grad.narrow(dim, plan.offset(plan.keep[0]), _len(plan.keep)))
+        if range_length(plan.keep):
+            own.narrow(dim, plan.keep[0] - plan.owned[0], range_length(plan.keep)).copy_(
+                grad.narrow(dim, plan.offset(plan.keep[0]), range_length(plan.keep)))
         transfers, returned = [], []
         for rng, peer, their_tag in ((plan.send_prev, peers.prev, tag + 1), (plan.send_next, peers.next, tag)):
-            if _len(rng):
-                shape[dim] = _len(rng)
+            if range_length(rng):
+                shape[dim] = range_length(rng)
                 buf = grad.new_empty(shape)
-                transfers.append(Transfer.into(buf, _peer(peer), their_tag))
+                transfers.append(Transfer.into(buf, neighbour_rank(peer), their_tag))
                 returned.append((rng, buf))
         for rng, peer, my_tag in ((plan.recv_prev, peers.prev, tag), (plan.recv_next, peers.next, tag + 1)):
-            if _len(rng):
-                part = grad.narrow(dim, plan.offset(rng[0]), _len(rng)).contiguous()
-                transfers.append(Transfer.to(part, _peer(peer), my_tag))
+            if range_length(rng):
+                part = grad.narrow(dim, plan.offset(rng[0]), range_length(rng)).contiguous()
+                transfers.append(Transfer.to(part, neighbour_rank(peer), my_tag))
         if transfers:
             self.comm.exchange(transfers).wait()
         for rng, buf in returned:
-            own.narrow(dim, rng[0] - plan.owned[0], _len(rng)).add_(buf)
+            own.narrow(dim, rng[0] - plan.owned[0], range_length(rng)).add_(buf)
         return own
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -210,17 +210,20 @@ class SpatialRuntime:
     def image_axes_of(self, owner: object, local: tuple[int | None, int | None]
                       ) -> tuple[int | None, int | None]:
         """``image_size_of`` for the axes given (None: not asked)."""
+        rows, cols = self._cached(owner, lambda: self.gather_axes(local))
+        return (rows, cols)
+
+    def _cached(self, owner: object, gather: Callable[[], tuple[int | None, ...]]) -> tuple[int | None, ...]:
+        """``gather()`` (global sizes), cached per image size and call order of ``owner`` in this forward."""
         if self.root_size is None:
-            return self.gather_axes(local)
+            return gather()
         ordinal = self._calls.get(id(owner), 0)
         self._calls[id(owner)] = ordinal + 1
         key = (self.root_size, id(owner), ordinal)
         size = self._sizes.get(key)
         if size is None:
-            size = self.gather_axes(local)
-            self._sizes[key] = size
-        rows, cols = size
-        return (rows, cols)
+            size = self._sizes[key] = gather()
+        return size
 
     def gather_lengths_all(self, x: torch.Tensor) -> tuple[int, ...]:
         """Lengths of every tiled axis of the full tensor whose tile here is ``x`` (one object gather)."""
@@ -238,16 +241,7 @@ class SpatialRuntime:
     def tiled_sizes(self, owner: object, x: torch.Tensor) -> tuple[int, ...]:
         """``gather_lengths_all`` for this call of ``owner`` (a volume's layer): cached per image size and
         call order, as ``image_size_of``."""
-        if self.root_size is None:
-            return self.gather_lengths_all(x)
-        ordinal = self._calls.get(id(owner), 0)
-        self._calls[id(owner)] = ordinal + 1
-        key = (self.root_size, id(owner), ordinal)
-        size = self._sizes.get(key)
-        if size is None:
-            size = self.gather_lengths_all(x)
-            self._sizes[key] = size
-        return tuple(int(n or 0) for n in size)
+        return tuple(int(n or 0) for n in self._cached(owner, lambda: self.gather_lengths_all(x)))
 
     def exchange(self, geometry: LayerHalo, pad_value: float) -> HaloExchange:
         return HaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)

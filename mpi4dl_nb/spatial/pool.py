@@ -46,6 +46,13 @@ def pool_windows(pool: nn.MaxPool2d | nn.AvgPool2d, dilation: int | Sequence[int
     return rows, cols
 
 
+def refuse_indices(pool: nn.MaxPool2d | nn.MaxPool3d, name: str) -> None:
+    """ConfigError for a max pool returning its indices (they would be tile-local)."""
+    if pool.return_indices:
+        raise ConfigError("model", f"{name or type(pool).__name__}: return_indices=True is not supported by "
+                          f"spatial parallelism (indices would be tile-local); use return_indices=False")
+
+
 def ceil_window(window: Window1d, size: int) -> Window1d:
     """``window`` in ceil mode on an input of ``size``: extra padding after the input so
     that floor-mode counting gives PyTorch's ceil-mode output length."""
@@ -130,9 +137,7 @@ class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
 
     @classmethod
     def from_module(cls, pool: nn.MaxPool2d, runtime: SpatialRuntime, name: str = "") -> SpatialMaxPool2d:
-        if pool.return_indices:
-            raise ConfigError("model", f"{name or 'MaxPool2d'}: return_indices=True is not "
-                              f"supported by spatial parallelism (indices would be tile-local)")
+        refuse_indices(pool, name)
         new = adopt(cls, pool, runtime, name)
         new.windows = pool_windows(pool, pool.dilation)
         return new

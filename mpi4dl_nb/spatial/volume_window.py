@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
 from .conv import autocast_operands, conv_axis_windows
 from .geometry import AxisExchange, LayerHalo, Window1d
 from .halo_axes import AxesHaloExchange
 from .layer import SpatialLayer, SpatialRuntime, adopt
-from .pool import ceil_window, pool_axis_windows
+from .pool import ceil_window, pool_axis_windows, refuse_indices
 
 
 class _VolumeWindowed(SpatialLayer):
@@ -72,9 +71,7 @@ class SpatialMaxPool3d(_VolumeWindowed, nn.MaxPool3d):
 
     @classmethod
     def from_module(cls, pool: nn.MaxPool3d, runtime: SpatialRuntime, name: str = "") -> SpatialMaxPool3d:
-        if pool.return_indices:
-            raise ConfigError("model", f"layer {name!r} (MaxPool3d): return_indices=True is not supported "
-                              f"by spatial parallelism (indices would be tile-local); use return_indices=False")
+        refuse_indices(pool, name)
         new = adopt(cls, pool, runtime, name)
         _bound(new, pool_axis_windows(pool, 3, pool.dilation))
         return new
