@@ -8,6 +8,7 @@ from pathlib import Path
 from ..checkpoint.record import SplitRecord
 from ..config import ConfigError
 from ..data.apps import AppKind
+from ..data.canvas import SlideCanvases
 from ..data.dataset import RegionDataset
 from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
@@ -28,6 +29,8 @@ def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude
 
     if data.task.dense:
         return segmentation_dataset(data, datapath, exclude)
+    if data.whole_slide:
+        return canvas_dataset(data, datapath, exclude)
     if data.cohort is not None and datapath == data.datapath:    # the cohort's slides (not --val-datapath)
         from ..data.cohort_slides import CohortSlides
 
@@ -36,6 +39,22 @@ def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude
     return make_dataset(data.app, data.image_size, data.num_classes, datapath=datapath, seed=seed,
                         num_samples=data.num_samples, slide_level=data.slide_level, min_tissue=data.min_tissue,
                         exclude=exclude, classes=data.class_order, mpp=data.mpp, source_mpp=data.source_mpp)
+
+
+def canvas_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> SlideCanvases:
+    """``--whole-slide``: a canvas per slide of the cohort (when ``datapath`` is its own) or of the class folders of
+    slides ``datapath`` names (without the files ``exclude``)."""
+    from ..data.canvas import cohort_canvases, folder_canvases
+
+    if data.cohort is not None and datapath == data.datapath:
+        return cohort_canvases(data.cohort, data.image_size, level=data.slide_level, mpp=data.mpp,
+                               source_mpp=data.source_mpp)
+    if datapath is None:
+        raise ConfigError("--whole-slide", "needs slides with labels: --cohort FILE.csv or class folders of slides")
+    root = require_path(datapath)
+    files, _ = folder_files(root, exclude)
+    return folder_canvases(root, files, data.image_size, classes=data.class_order, level=data.slide_level,
+                           mpp=data.mpp, source_mpp=data.source_mpp)
 
 
 def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> MaskDataset:
