@@ -27,6 +27,19 @@ class GroupedSplit:
         """(training images, held-out images) of ``dataset``."""
         return Subset(dataset, list(self.train)), Subset(dataset, list(self.val))
 
+    def check_classes(self, labels: Sequence[int], class_names: Sequence[str]) -> None:
+        """ConfigError naming every class with no image on one side (a class of one patient or slide cannot be on
+        both sides; training would not see it, or no figure could score it)."""
+        found = set(labels)
+        empty = [f"{name!r} on the {side} side" for c, name in enumerate(class_names) if c in found
+                 for side, indices in (("train", self.train), ("val", self.val))
+                 if not any(labels[i] == c for i in indices)]
+        if empty:
+            kind = self.groups.kind.plural
+            raise ConfigError("--val-fraction", f"the split leaves no images of class {', '.join(empty)} (its "
+                                                f"{kind} are too few to put on both sides); add {kind} of that "
+                                                f"class, change --val-fraction or --folds, or --seed")
+
     def summary(self, labels: Sequence[int], class_names: Sequence[str]) -> str:
         """One line per side: its groups, slides and images per class; ungrouped splits say so."""
         kind = self.groups.kind

@@ -162,6 +162,8 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     ``exclude``)."""
     if held_out.val_fraction is not None or held_out.folds is not None:
         split = dataset_split(data, held_out, seed, dataset)
+        if not data.task.dense:                   # masks: images are not split by class
+            split.check_classes([dataset.label(i) for i in range(len(dataset))], data.class_names)
         train, val = split.subsets(dataset)
         grouped = "" if split.groups.kind is GroupKind.UNGROUPED else f", by {split.groups.kind.value}"
         share = (f"fraction {held_out.val_fraction:g}" if held_out.folds is None
