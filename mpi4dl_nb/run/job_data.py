@@ -14,7 +14,7 @@ from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.validate import DataSources, SourceKind, find_sources
-from ..evaluation.grouped import GroupedSplit, split_fold, split_grouped
+from ..evaluation.grouped import GroupedSplit, split_by_side, split_fold, split_grouped
 from ..evaluation.split import Subset, split_listing
 from .identity import digest
 from .job import ClassWeights, DataSpec, HeldOutSpec
@@ -140,6 +140,9 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     ``fold`` column when it has one)."""
     classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
     groups = groups_of(dataset, held_out.group_by)
+    if held_out.folds is None and held_out.val_fraction is None:
+        assert data.cohort is not None and data.cohort.has_splits, "a share, folds or the manifest's sides"
+        return split_by_side(groups, {s.patient: s.split for s in data.cohort})
     if held_out.folds is None:
         assert held_out.val_fraction is not None, "a share or folds"
         return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups)
@@ -147,6 +150,11 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     cohort = data.cohort
     given = {s.patient: s.fold for s in cohort if s.fold is not None} if cohort is not None else None
     return split_fold(labels, groups, held_out.folds, held_out.fold or 0, seed, given or None)
+
+
+def manifest_sides(data: DataSpec, datapath: str | Path | None) -> bool:
+    """Whether the held-out side comes from the cohort's ``split`` column (its own slides, no share or folds)."""
+    return data.cohort is not None and data.cohort.has_splits and datapath == data.datapath
 
 
 def split_record(split: GroupedSplit, held_out: HeldOutSpec, seed: int) -> SplitRecord:
@@ -160,14 +168,17 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     """(training set, validation set or None, the split's identity text, the split of ``dataset`` or None) for
     ``held_out`` (a share of the groups of ``dataset`` seeded by ``seed``, or ``val_datapath`` without the files
     ``exclude``)."""
-    if held_out.val_fraction is not None or held_out.folds is not None:
+    if held_out.val_fraction is not None or held_out.folds is not None or manifest_sides(data, data.datapath):
         split = dataset_split(data, held_out, seed, dataset)
         if not data.task.dense:                   # masks: images are not split by class
-            split.check_classes([dataset.label(i) for i in range(len(dataset))], data.class_names)
+            knob = ("--cohort" if held_out.val_fraction is None and held_out.folds is None
+                    else "--folds" if held_out.folds is not None else "--val-fraction")
+            split.check_classes([dataset.label(i) for i in range(len(dataset))], data.class_names, knob)
         train, val = split.subsets(dataset)
         grouped = "" if split.groups.kind is GroupKind.UNGROUPED else f", by {split.groups.kind.value}"
-        share = (f"fraction {held_out.val_fraction:g}" if held_out.folds is None
-                 else f"fold {held_out.fold} of {held_out.folds}")
+        share = (f"fold {held_out.fold} of {held_out.folds}" if held_out.folds is not None
+                 else f"fraction {held_out.val_fraction:g}" if held_out.val_fraction is not None
+                 else "the manifest's split column")
         text = f"{share}, seed {seed}{grouped}, {len(val)} images [{digest(split_listing(dataset, val.indices))}]"
         return train, val, text, split
     if held_out.val_datapath is not None:
