@@ -28,7 +28,7 @@ from mpi4dl_nb.evaluation.split import Subset
 from mpi4dl_nb.run.job_run import build_trainer, prepare
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
-from tests.support.serial_training import train_one_process
+from tests.support.serial_training import matches_one_process, train_one_process
 from tests.support.slide_recorder import ReadRecorder
 
 STEPS = 2
@@ -76,12 +76,7 @@ def main(check: Checks) -> None:
                 torch.manual_seed(setup.job.training.seed)
                 model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size)).to(torch.float64)
                 serial = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
-                worst = max(abs(a - b) for a, b in zip([float(v) for v in summary.losses if v is not None], serial))
-                assert len(summary.losses) == STEPS and worst < TOLERANCE, f"{summary.losses} vs {serial}"
-                drift = max((state[k] - v).abs().max().item() for k, v in model.state_dict().items()
-                            if v.is_floating_point())
-                assert drift < TOLERANCE, f"weights differ by {drift}"
-                result.detail = f"losses {[round(v, 6) for v in serial]}, max error {worst:.1e}, weights {drift:.1e}"
+                result.detail = matches_one_process(summary.losses, state, serial, model, TOLERANCE)
         with check("patients on one side") as result:
             if ctx.rank == 0:
                 assert summary is not None and summary.checkpoint is not None

@@ -1,7 +1,7 @@
 """The training a CLI run does, done in one process on whole images: the reference of the MPI exactness programs."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -25,3 +25,14 @@ def train_one_process(setup: JobSetup, model: torch.nn.Module, loss: torch.nn.Mo
         images = batcher.images(epoch, in_epoch).to(torch.float64)
         losses.append(serial_step(model, optimizer, loss, images, targets(batcher, epoch, in_epoch), chunks))
     return losses
+
+
+def matches_one_process(losses: Sequence[float | None], state: Mapping[str, torch.Tensor], serial: Sequence[float],
+                        model: torch.nn.Module, tolerance: float) -> str:
+    """Assert a run's ``losses`` and final ``state`` equal one process's (``serial`` losses, ``model``'s weights)
+    within ``tolerance``; the detail line of the check."""
+    worst = max(abs(a - b) for a, b in zip([float(v) for v in losses if v is not None], serial))
+    assert len(losses) == len(serial) and worst < tolerance, f"{list(losses)} vs {list(serial)}"
+    drift = max((state[k] - v).abs().max().item() for k, v in model.state_dict().items() if v.is_floating_point())
+    assert drift < tolerance, f"weights differ by {drift}"
+    return f"losses {[round(v, 6) for v in serial]}, max error {worst:.1e}, weights {drift:.1e}"
