@@ -19,6 +19,7 @@ from .model_flags import VERSION_HELP, add_model_flag, add_pretrained_flags, che
 from .parser import CommandParser, DefaultsHelpFormatter
 from .resolution_flags import add_resolution_flags, check_resolution_flags
 from .segmentation_flags import add_task_args, check_task_args, check_task_classes
+from .stain_flags import add_stain_args, check_stain_args
 from .training_flags import add_training_args, check_keep_best, check_training_args
 
 
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_task_args(parser)
     add_evaluation_args(parser)
     add_cohort_args(parser)
+    add_stain_args(parser)
     return parser
 
 
@@ -104,6 +106,7 @@ def check_run_args(args: argparse.Namespace) -> None:
     parse_allowed(args.allow_config_change)
     check_evaluation_args(args)
     check_cohort_args(args)
+    check_stain_args(args)
     check_training_args(args)
     check_keep_best(args)
     check_task_classes(args)

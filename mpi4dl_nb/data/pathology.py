@@ -15,6 +15,7 @@ import torch
 from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
 from .resolution import LevelChoice
+from .stain_reads import StainedReads
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -23,6 +24,7 @@ TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")
 SATURATION_TISSUE = 0.07   # HSV saturation above which a pixel counts as stained tissue
 DARKEST_BACKGROUND = 20    # max channel below this is void/black, not tissue
+OVERVIEW_SIDE = 1024       # a slide's overview (its stain estimated from it) is at most this wide or high
 
 
 class Slide(Protocol):
@@ -82,7 +84,7 @@ def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
     return np.round(pixels[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
 
 
-class TileFolderDataset:
+class TileFolderDataset(StainedReads):
     """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``.
 
     ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones. ``mpp``
@@ -144,7 +146,7 @@ class TileFolderDataset:
     def label(self, index: int) -> int:
         return self.labels[index]
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         from PIL import Image
 
         path = self.files[index]
@@ -191,7 +193,13 @@ class SlideTile:
     y: int
 
 
-class SlideDataset:
+def slide_overview(slide: Slide) -> np.ndarray:
+    """A slide's RGB thumbnail (H, W, 3) uint8 at most ``OVERVIEW_SIDE`` wide or high: what its stain is estimated
+    from, in training and in inference alike."""
+    return np.asarray(slide.get_thumbnail((OVERVIEW_SIDE, OVERVIEW_SIDE)).convert("RGB"))
+
+
+class SlideDataset(StainedReads):
     """Whole-slide images cut into ``image_size`` tiles at pyramid ``level``, keeping tiles with tissue.
 
     ``read(i, box)`` asks OpenSlide for exactly ``box`` of tile ``i`` (one ``read_region`` call),
@@ -281,7 +289,14 @@ class SlideDataset:
     def label(self, index: int) -> int:
         return self.slide_labels[self.tiles[index].slide]
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def stain_key(self, index: int) -> tuple[str, int]:
+        """A slide's tiles share its stain (estimated from its overview, as inference does)."""
+        return ("slide", self.tiles[index].slide)
+
+    def stain_pixels(self, index: int) -> np.ndarray:
+        return slide_overview(self.slide(self.tiles[index].slide))
+
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         tile = self.tiles[index]
         r0, r1, c0, c1 = check_box(box, self.image_size)
         choice = self.choices[tile.slide]

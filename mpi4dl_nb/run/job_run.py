@@ -140,7 +140,8 @@ class JobSetup:
                 "val_split": self.held_out, "optimizer": training.optimizer.describe(),
                 "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
-                "classes": ",".join(self.record.class_names), **job.task_identity()}
+                "classes": ",".join(self.record.class_names), **job.task_identity(),
+                "stain": "none" if job.data.stain is None else job.data.stain.describe()}
 
     def choose_resume(self) -> None:
         """Rank 0: the checkpoint to resume from (checked against this run) and the lineage to continue."""
@@ -225,12 +226,21 @@ def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole
     return report.bad_paths
 
 
+def fitted_stain(job: TrainJob, ctx: Comm) -> TrainJob:
+    """``job`` with its stain normaliser fitted once, on rank 0, and broadcast (collective; unchanged without one)."""
+    request = job.data.stain_request
+    if request is None:
+        return job
+    fitted = agreed(ctx, lambda: request.fit() if ctx.rank == 0 else None)
+    return replace(job, data=replace(job.data, stain=ctx.bcast_object(fitted, root=0)))
+
+
 def prepare(job: TrainJob, ctx: Comm) -> JobSetup:
     """Set-up in stages that every rank agrees on (SetupFailed on every rank otherwise): model and checkpoint
     directory, data check, dataset, resume."""
     from .data_check import DataRole
 
-    setup = JobSetup(job, ctx)
+    setup = JobSetup(fitted_stain(job, ctx), ctx)
     agreed(ctx, setup.build_model)
     if job.checkpoints.directory is not None:           # every host must see it (collective)
         from .checkpoint_space import require_shared
