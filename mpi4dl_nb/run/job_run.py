@@ -231,8 +231,10 @@ def fitted_stain(job: TrainJob, ctx: Comm) -> TrainJob:
     request = job.data.stain_request
     if request is None:
         return job
-    fitted = agreed(ctx, lambda: request.fit() if ctx.rank == 0 else None)
-    return replace(job, data=replace(job.data, stain=ctx.bcast_object(fitted, root=0)))
+    fitted = ctx.bcast_object(agreed(ctx, lambda: request.fit() if ctx.rank == 0 else None), root=0)
+    assert fitted is not None, "rank 0 fitted it (else every rank raised in agreed)"
+    say_once(ctx, f"stain normalised: {fitted.describe()}")
+    return replace(job, data=replace(job.data, stain=fitted))
 
 
 def prepare(job: TrainJob, ctx: Comm) -> JobSetup:
