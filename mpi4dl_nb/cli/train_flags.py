@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                       default=None, metavar="FIELDS",
                       help="resume although these fields changed (comma-separated: model, dtype, "
                            "image_size, batch_size, seed, app, data, lr, momentum, val_split, optimizer, "
-                           "lr_schedule, augment, class_weights, classes, or all)")
+                           "lr_schedule, augment, class_weights, classes, stain, or all)")
     add_training_args(parser)
     add_task_args(parser)
     add_evaluation_args(parser)

@@ -93,6 +93,11 @@ class AnnotatedSlideDataset:
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         return self.slides.read(index, box)
 
+    @property
+    def stain(self) -> StainNormalizer | None:
+        """The normaliser the images are read through (None: none)."""
+        return self.slides.stain
+
     def use_stain(self, normalizer: StainNormalizer | None) -> None:
         """Normalise the images' stains with ``normalizer`` (None: as stored)."""
         self.slides.use_stain(normalizer)

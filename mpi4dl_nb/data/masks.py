@@ -144,6 +144,11 @@ class MaskFolderDataset:
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         return self.images.read(index, box)
 
+    @property
+    def stain(self) -> StainNormalizer | None:
+        """The normaliser the images are read through (None: none)."""
+        return self.images.stain
+
     def use_stain(self, normalizer: StainNormalizer | None) -> None:
         """Normalise the images' stains with ``normalizer`` (None: as stored)."""
         self.images.use_stain(normalizer)

@@ -65,9 +65,17 @@ images of one ``stain_key``."""
 
 @runtime_checkable
 class StainAware(Protocol):
-    """A dataset that can normalise its images' stains."""
+    """A dataset that can normalise its images' stains (``stain``: the normaliser it reads through, None: none)."""
+
+    @property
+    def stain(self) -> StainNormalizer | None: ...
 
     def use_stain(self, normalizer: StainNormalizer | None) -> None: ...
+
+
+def stain_of(dataset: RegionDataset) -> StainNormalizer | None:
+    """The normaliser ``dataset`` reads its images through (None: none, or data without stains)."""
+    return dataset.stain if isinstance(dataset, StainAware) else None
 
 
 def with_stain(dataset: RegionDataset, normalizer: StainNormalizer | None) -> RegionDataset:
@@ -76,7 +84,8 @@ def with_stain(dataset: RegionDataset, normalizer: StainNormalizer | None) -> Re
     if normalizer is None:
         return dataset
     if not isinstance(dataset, StainAware):
-        raise ConfigError("--stain-normalize", f"applies to pathology images (--app medical), not to "
-                                               f"{type(dataset).__name__}; drop --stain-normalize")
+        raise ConfigError("--stain-normalize", f"{normalizer.method} normalises the stain of pathology images "
+                                               f"(--app medical, --cohort); {type(dataset).__name__} has none: use "
+                                               f"pathology data, or a run without --stain-normalize")
     dataset.use_stain(normalizer)
     return dataset

@@ -160,8 +160,20 @@ def stitched_slide(dataset, index: int) -> torch.Tensor:
 
 def test_generated_images_are_refused():
     normalizer = StainNormalizer(StainMethod.REINHARD, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
-    with pytest.raises(ConfigError, match="--stain-normalize.*--app medical"):
+    with pytest.raises(ConfigError, match="--stain-normalize: reinhard normalises .*SyntheticDataset has none"):
         with_stain(SyntheticDataset(16, 2, 4), normalizer)
+
+
+def test_a_python_run_records_the_normaliser_its_data_reads_through(normalizers):
+    from mpi4dl_nb.data.sample import IHCMaskDataset
+    from mpi4dl_nb.evaluation.split import Subset
+    from mpi4dl_nb.run.python_run import record_for
+
+    spec = ModelSpec(ModelFamily.RESNET, 8, 4, 2, 1)
+    for dataset in (IHCSampleDataset(48, num_classes=2), IHCMaskDataset(48)):
+        assert record_for(spec, dataset, 2).stain is None
+        normalised = with_stain(dataset, normalizers[StainMethod.MACENKO])
+        assert record_for(spec, Subset(normalised, [0, 1]), 2).stain == normalizers[StainMethod.MACENKO]
 
 
 def test_the_checkpoint_record_keeps_the_normaliser(normalizers):
