@@ -15,7 +15,7 @@ import torch
 from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
 from .resolution import LevelChoice
-from .stain_reads import StainedReads
+from .stain_reads import OVERVIEW_SIDE, StainedReads
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -24,7 +24,6 @@ TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")
 SATURATION_TISSUE = 0.07   # HSV saturation above which a pixel counts as stained tissue
 DARKEST_BACKGROUND = 20    # max channel below this is void/black, not tissue
-OVERVIEW_SIDE = 1024       # a slide's overview (its stain estimated from it) is at most this wide or high
 
 
 class Slide(Protocol):

@@ -12,6 +12,8 @@ from ..config import ConfigError
 from .dataset import Box, RegionDataset
 from .stain import PixelMap, StainNormalizer
 
+OVERVIEW_SIDE = 1024     # an image's stain is estimated from at most this many pixels per side (a fixed overview)
+
 
 def as_values(image: torch.Tensor) -> np.ndarray:
     """A (C, H, W) image in [0, 1] as (H, W, C) float64 values 0..255."""
@@ -41,8 +43,10 @@ images of one ``stain_key``."""
         return ("image", index)
 
     def stain_pixels(self, index: int) -> np.ndarray:
-        """The pixels (H, W, 3), values 0..255, image ``index``'s stain is estimated from: the whole image."""
-        return as_values(self.read_pixels(index))
+        """The pixels (H, W, 3), values 0..255, image ``index``'s stain is estimated from: the whole image, or every
+        k-th pixel of every k-th row of an image larger than ``OVERVIEW_SIDE``."""
+        step = -(-self.image_size // OVERVIEW_SIDE)
+        return as_values(self.read_pixels(index)[:, ::step, ::step])
 
     def use_stain(self, normalizer: StainNormalizer | None) -> None:
         """Normalise every read with ``normalizer`` from now on (None: read as stored)."""

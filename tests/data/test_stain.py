@@ -222,3 +222,15 @@ def test_flags_give_the_request(tmp_path):
     none = build_parser().parse_args([])
     check_stain_args(none)
     assert none.stain_request is None
+
+
+def test_a_large_image_is_estimated_from_a_fixed_overview(normalizers):
+    from mpi4dl_nb.data.stain_reads import as_values, normalized
+
+    dataset = with_stain(IHCSampleDataset(1100, num_classes=1), normalizers[StainMethod.REINHARD])
+    stored = dataset.read_pixels(0)
+    overview = dataset.stain_pixels(0)
+    assert overview.shape == (550, 550, 3) and np.array_equal(overview, as_values(stored)[::2, ::2])
+    whole = dataset.read(0)
+    assert torch.equal(whole, normalized(stored, normalizers[StainMethod.REINHARD].map_for(overview)))
+    assert torch.equal(dataset.read(0, (300, 1100, 0, 700)), whole[:, 300:, :700])
