@@ -16,6 +16,7 @@ import torch
 
 from ..data.apps import AppKind
 from ..data.augment import AugmentSpec
+from ..data.canvas import CanvasPlacement
 from ..data.classes import numbered
 from ..data.stain import StainNormalizer
 from ..data.task import Task
@@ -49,12 +50,15 @@ class DataRecord:
     classes: tuple[str, ...] | None = None      # the class names in label order (None: not recorded)
     mpp: float | None = None                    # µm per pixel the run trained at (None: unknown)
     cohort: str | None = None                   # --cohort: the manifest's path (None: none)
+    whole_slide: bool = False                   # --whole-slide: a sample per slide (its tissue on a canvas)
+    canvases: tuple[CanvasPlacement, ...] = ()  # --whole-slide: where each slide's canvas lay
 
     def to_dict(self) -> dict[str, object]:
         return {"app": str(self.app), "image_size": self.image_size, "batch_size": self.batch_size,
                 "dtype": self.dtype, "datapath": self.datapath, "val_fraction": self.val_fraction,
                 "val_datapath": self.val_datapath, "classes": None if self.classes is None else list(self.classes),
-                "mpp": self.mpp, "cohort": self.cohort}
+                "mpp": self.mpp, "cohort": self.cohort, "whole_slide": self.whole_slide,
+                "canvases": [c.to_dict() for c in self.canvases]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> DataRecord:
@@ -62,7 +66,15 @@ class DataRecord:
         return cls(AppKind.parse(text(data, "app", "synthetic")), whole(data, "image_size"),
                    whole(data, "batch_size"), text(data, "dtype", "float32"), optional_text(data, "datapath"),
                    optional_number(data, "val_fraction"), optional_text(data, "val_datapath"),
-                   optional_names(data, "classes"), optional_number(data, "mpp"), optional_text(data, "cohort"))
+                   optional_names(data, "classes"), optional_number(data, "mpp"), optional_text(data, "cohort"),
+                   data.get("whole_slide") is True, canvases_of(data.get("canvases", [])))
+
+
+def canvases_of(value: object) -> tuple[CanvasPlacement, ...]:
+    """The canvases a record lists; ValueError for another shape."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ValueError(f"checkpoint record field 'canvases' must be a list of objects, got {value!r}")
+    return tuple(CanvasPlacement.from_dict(item) for item in value)
 
 
 @dataclass(frozen=True)

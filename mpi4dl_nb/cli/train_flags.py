@@ -21,6 +21,7 @@ from .resolution_flags import add_resolution_flags, check_resolution_flags
 from .segmentation_flags import add_task_args, check_task_args, check_task_classes
 from .stain_flags import add_stain_args, check_stain_args
 from .training_flags import add_training_args, check_keep_best, check_training_args
+from .whole_slide_flags import add_whole_slide_args, check_whole_slide_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluation_args(parser)
     add_cohort_args(parser)
     add_stain_args(parser)
+    add_whole_slide_args(parser)
     return parser
 
 
@@ -105,6 +107,7 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError("--resume", f"{args.resume!r}: no such checkpoint file or directory")
     parse_allowed(args.allow_config_change)
     check_evaluation_args(args)
+    check_whole_slide_args(args)
     check_cohort_args(args)
     check_stain_args(args)
     check_training_args(args)

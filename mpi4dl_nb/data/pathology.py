@@ -65,7 +65,20 @@ def class_of(paths: Sequence[Path], root: Path, order: Sequence[str] | None = No
         shown = ", ".join(repr(n) if n else "files directly in the folder" for n in unknown)
         raise ValueError(f"{root} holds {shown}, not among the classes {', '.join(classes)}; put each image in "
                          f"the folder of its class")
+    if any(names):
+        check_no_empty_class(root, classes, set(names))
     return [classes.index(n) for n in names], classes
+
+
+def check_no_empty_class(root: Path, classes: Sequence[str], found: Collection[str]) -> None:
+    """ValueError naming every class folder below ``root`` (or class named) that holds none of the images read:
+    an empty class would otherwise be dropped without a word."""
+    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} if root.is_dir() else set()
+    empty = sorted((folders | set(classes)) - set(found))
+    if empty:
+        shown = ", ".join(str(root / name) for name in empty)
+        raise ValueError(f"class folder {shown} holds no images this run reads; add images to it, or remove it "
+                         f"(with --classes: drop its name)")
 
 
 def tissue_mask(rgb: np.ndarray) -> np.ndarray:
@@ -74,6 +87,13 @@ def tissue_mask(rgb: np.ndarray) -> np.ndarray:
     high, low = rgb.max(axis=2), rgb.min(axis=2)
     saturation = (high - low) / np.maximum(high, 1.0)
     return (saturation > SATURATION_TISSUE) & (high > DARKEST_BACKGROUND)
+
+
+def coarse_tissue(slide: Slide) -> np.ndarray:
+    """The tissue mask of ``slide``'s coarsest level (a boolean image of the whole slide)."""
+    coarse = slide.level_count - 1
+    width, height = slide.level_dimensions[coarse]
+    return tissue_mask(rgba_to_rgb(slide.read_region((0, 0), coarse, (width, height))))
 
 
 def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
@@ -169,6 +189,24 @@ def check_classes(found: int, requested: int | None, where: str | Path) -> int:
         raise ValueError(f"--datapath {str(where)!r} has {found} classes but --num-classes is "
                          f"{requested}; use --num-classes {found}")
     return requested
+
+
+def resolved_pixels(slide: Slide, choice: LevelChoice, box: Box) -> np.ndarray:
+    """RGB pixels of ``box`` (r0, r1, c0, c1) at the resolution ``choice`` reads ``slide`` at: its level's pixels
+    (one ``read_region``), shrunk to ``--mpp`` when it lies between two levels (exact box by box)."""
+    level = choice.level
+    downsample = float(slide.level_downsamples[level])
+
+    def level_pixels(part: Box) -> np.ndarray:
+        r0, r1, c0, c1 = part
+        location = (int(round(c0 * downsample)), int(round(r0 * downsample)))
+        return rgba_to_rgb(slide.read_region(location, level, (c1 - c0, r1 - r0)))
+
+    if choice.resampled:
+        from .resolution import AreaResampler
+
+        return AreaResampler(choice.scale).read(level_pixels, box)
+    return level_pixels(box)
 
 
 def open_slide(path: Path) -> Slide:
@@ -269,10 +307,8 @@ class SlideDataset(StainedReads):
                    for x in range(0, width - size + 1, size)]
         if self.min_tissue <= 0:
             return [SlideTile(number, x, y) for x, y in corners]
-        slide = self.slide(number)
-        coarse = slide.level_count - 1
-        cw, ch = slide.level_dimensions[coarse]
-        mask = tissue_mask(rgba_to_rgb(slide.read_region((0, 0), coarse, (cw, ch))))
+        mask = coarse_tissue(self.slide(number))
+        ch, cw = mask.shape
         sx, sy = cw / width, ch / height
         kept = []
         for x, y in corners:
@@ -298,21 +334,8 @@ class SlideDataset(StainedReads):
     def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         tile = self.tiles[index]
         r0, r1, c0, c1 = check_box(box, self.image_size)
-        choice = self.choices[tile.slide]
-        if choice.resampled:       # --mpp between two levels: the level's pixels shrunk, exact box by box
-            from .resolution import AreaResampler
-
-            target = (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)
-            return to_tensor(AreaResampler(choice.scale).read(lambda b: self._level_pixels(tile.slide, b), target))
-        return to_tensor(self._level_pixels(tile.slide, (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)))
-
-    def _level_pixels(self, number: int, box: Box) -> np.ndarray:
-        """RGB pixels of ``box`` at slide ``number``'s level read (one ``read_region``)."""
-        r0, r1, c0, c1 = box
-        ds = self.downsample[number]
-        location = (int(round(c0 * ds)), int(round(r0 * ds)))
-        region = self.slide(number).read_region(location, self.choices[number].level, (c1 - c0, r1 - r0))
-        return rgba_to_rgb(region)
+        target = (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)
+        return to_tensor(resolved_pixels(self.slide(tile.slide), self.choices[tile.slide], target))
 
     def close(self) -> None:
         """Close every open slide."""

@@ -166,10 +166,7 @@ class HybridEngine:
                         elementwise: tuple[type, ...]) -> dict[tuple[int, int], StageInstance]:
         instances: dict[tuple[int, int], StageInstance] = {}
         used: set[int] = set()
-        slots = [(0, self.role.primary)]
-        if self.role.mirror is not None:
-            slots.append((1, self.role.mirror))
-        for replica, slot in slots:
+        for replica, slot in self.role.slots():
             stage = self.stages[slot.stage]
             if slot.stage in used:
                 stage = copy.deepcopy(stage)
@@ -451,8 +448,7 @@ class HybridEngine:
         """
         pieces: list[tuple[str | None, dict[str, T]]] | None = None
         if self.ctx.rank == 0:
-            holds = [{slot.stage for slot in (role.primary, role.mirror) if slot is not None}
-                     for role in self.roles]
+            holds = [set(role.stages) for role in self.roles]
             pieces = [(error, {}) for _ in holds]
             for key, value in (entries or {}).items() if error is None else ():
                 stage = self.stage_of_key(key)   # keys of no layer are ignored, as by load

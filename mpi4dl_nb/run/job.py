@@ -44,6 +44,7 @@ class DataSpec:
     ignore_index: int | None = None      # segmentation: the mask value no pixel is scored at
     skip_bad_files: bool = False         # train on the usable files when the data check finds bad ones
     cohort: Cohort | None = None         # --cohort: the checked manifest (its slides, labels, patients)
+    whole_slide: bool = False            # --whole-slide: a sample per slide, its tissue on one canvas
     stain_request: StainRequest | None = None    # --stain-normalize/--stain-reference (fitted once, on rank 0)
     stain: StainNormalizer | None = None         # the fitted normaliser every image is read through (None: none)
 
@@ -150,7 +151,8 @@ class TrainJob:
         data, training = self.data, self.training
         record = DataRecord(data.app, data.image_size, training.batch_size, training.dtype, data.datapath,
                             self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None,
-                            cohort=None if data.cohort is None else str(data.cohort.source))
+                            cohort=None if data.cohort is None else str(data.cohort.source),
+                            whole_slide=data.whole_slide)
         pixels = SegmentationRecord(str(training.loss), data.ignore_index) if data.task.dense else None
         return RunRecord(self.model, record, seed=training.seed, config=self.config.as_dict(), task=data.task,
                          segmentation=pixels, stain=data.stain)

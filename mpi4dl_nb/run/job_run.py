@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.record import RunRecord
 from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
+from ..data.canvas import SlideCanvases
 from .job import TrainJob
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ class JobSetup:
         job, data, training = self.job, self.job.data, self.job.training
         dataset = dataset_from(data, training.seed, data.datapath, exclude)
         self.record = replace(self.record, data=replace(self.record.data, mpp=dataset_mpp(dataset)))
+        if isinstance(dataset, SlideCanvases):
+            self.record_canvases(dataset)
         if dataset.num_classes > data.num_classes:
             raise ConfigError("--num-classes", f"the data has {dataset.num_classes} classes; use "
                               f"--num-classes {dataset.num_classes}")
@@ -113,6 +116,11 @@ class JobSetup:
         self.steps = steps
         if self.ctx.rank == 0:
             self.identity = self.make_identity(dataset)
+
+    def record_canvases(self, canvases: SlideCanvases) -> None:
+        """Each slide's canvas into the record; a line per slide printed (rank 0)."""
+        self.record = replace(self.record, data=replace(self.record.data, canvases=tuple(canvases.placements)))
+        say_once(self.ctx, "whole-slide canvases:\n  " + "\n  ".join(canvases.report()))
 
     def record_split(self, split: GroupedSplit, dataset: RegionDataset) -> None:
         """The split's groups per side into the record; its counts printed (rank 0)."""
@@ -216,8 +224,8 @@ def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole
     from .job_data import data_sources
 
     sources, checker = agreed(ctx, lambda: data_sources(job.data, datapath, role.flag))
-    report = check_data(ctx, sources, job.data.image_size, job.data.slide_level, progress=job.options.progress,
-                        checker=checker)
+    size = 1 if job.data.whole_slide else job.data.image_size      # a canvas may be larger than its slide
+    report = check_data(ctx, sources, size, job.data.slide_level, progress=job.options.progress, checker=checker)
     if not report.bad:
         return []
     if not job.data.skip_bad_files or len(report.bad) == report.total:
@@ -277,7 +285,7 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                              auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
                              lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task)
     evaluator = None if setup.val_dataset is None else evaluator_for(
-        engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype)
+        engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype, job.held_out.group_by)
     return Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),
                    run_id=shared_run_id(ctx, setup.run_id), monitor=monitor, guard=guard, evaluator=evaluator)
 

@@ -151,6 +151,22 @@ def test_a_slides_tiles_share_the_stain_of_its_overview(tmp_path, normalizers):
     assert list(dataset.stain_maps) == [("slide", 0)]
 
 
+def test_a_whole_slide_canvas_is_normalised_by_its_slides_overview(tmp_path, normalizers):
+    from mpi4dl_nb.data.canvas import SlideCanvases
+    from mpi4dl_nb.data.pathology import slide_overview
+    from mpi4dl_nb.data.stain_reads import normalized
+    from tests.support.pyramid import write_pyramid
+
+    image = np.full((256, 256, 3), 245, np.uint8)
+    image[32:200, 40:220] = ihc_image()[:168, :180]
+    write_pyramid(tmp_path / "slide.tif", image)
+    canvases = with_stain(SlideCanvases([tmp_path / "slide.tif"], [0], ["a"], 64), normalizers[StainMethod.REINHARD])
+    pixel_map = normalizers[StainMethod.REINHARD].map_for(slide_overview(canvases.slide(0)))
+    whole = canvases.read(0)
+    assert torch.equal(whole, normalized(canvases.read_pixels(0), pixel_map))
+    assert torch.equal(stitched_slide(canvases, 0), whole)
+
+
 def stitched_slide(dataset, index: int) -> torch.Tensor:
     out = torch.zeros(3, 64, 64)
     for r0, r1, c0, c1 in [(0, 21, 0, 40), (0, 21, 40, 64), (21, 64, 0, 40), (21, 64, 40, 64)]:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpi4dl_nb.data.slide_writer import write_slide  # noqa: F401  (re-exported to the tests)
+
 from .pyramid import write_pyramid
 
 TRAIN_FLAGS = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
@@ -140,20 +142,6 @@ def unet_checkpoint(directory: Path, classes=("background", "tumor", "stroma"), 
                 module.running_mean.uniform_(-0.2, 0.2)
                 module.running_var.uniform_(0.5, 1.5)
     return write_network(directory, [layer.double() for layer in layers], spec, 32, classes, mpp)
-
-
-def write_slide(path: Path, image: np.ndarray, *, levels: int = 3, tile: int = 64, mpp: float | None = None) -> Path:
-    """A pyramidal tiled TIFF (one page per level, as OpenSlide reads them) with resolution tags when ``mpp``."""
-    import tifffile
-
-    with tifffile.TiffWriter(path) as tw:
-        level = image
-        for index in range(levels):
-            res = {} if mpp is None else {"resolution": (1e4 / (mpp * 2 ** index),) * 2, "resolutionunit": "CENTIMETER"}
-            tw.write(np.ascontiguousarray(level), tile=(tile, tile), compression="zlib", photometric="rgb",
-                     subfiletype=1 if index else 0, metadata=None, **res)
-            level = level[::2, ::2]
-    return path
 
 
 def square_slide(path: Path, height: int, width: int, square: tuple[int, int, int, int],
