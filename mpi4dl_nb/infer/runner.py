@@ -264,11 +264,12 @@ class SlideRunner:
     def describe(self, heat: int) -> dict[str, object]:
         """What the map shows (stored in the .tif and the summary)."""
         rows, cols = self.plan.fields
-        return {"slide": str(self.reader.path), "level": self.reader.level, "scale": self.reader.choice.scale,
+        stain = "none" if self.stain is None or self.trained.stain is None else self.trained.stain.describe()
+        return {"slide": str(self.reader.path), "stain": stain, "level": self.reader.level,
+                "scale": self.reader.choice.scale,
                 "slide_mpp": self.reader.base_mpp, "heat_class": heat, "stride": self.net.shape.stride,
                 "field_rows": [rows.before, rows.after], "field_cols": [cols.before, cols.after],
-                "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe(),
-                "stain": "none" if self.stain is None or self.trained.stain is None else self.trained.stain.describe()}
+                "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe()}
 
     def _summary(self, windows: int, skipped: int, pixels: float, complete: bool, outputs: list[str],
                  rows_done: int, report: OutputReport | None,
