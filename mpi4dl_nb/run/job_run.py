@@ -144,12 +144,12 @@ class JobSetup:
         return {"model": model_fingerprint(self.record.model, self.layers), "dtype": job.training.dtype,
                 "image_size": job.data.image_size, "batch_size": job.training.batch_size, "seed": job.training.seed,
                 "app": str(job.data.app), "data": text, "lr": job.training.optimizer.lr,
+                "stain": "none" if job.data.stain is None else job.data.stain.describe(),
                 "momentum": training.optimizer.momentum,
                 "val_split": self.held_out, "optimizer": training.optimizer.describe(),
                 "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
-                "classes": ",".join(self.record.class_names), **job.task_identity(),
-                "stain": "none" if job.data.stain is None else job.data.stain.describe()}
+                "classes": ",".join(self.record.class_names), **job.task_identity()}
 
     def choose_resume(self) -> None:
         """Rank 0: the checkpoint to resume from (checked against this run) and the lineage to continue."""
