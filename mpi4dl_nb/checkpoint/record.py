@@ -18,6 +18,7 @@ from ..data.apps import AppKind
 from ..data.augment import AugmentSpec
 from ..data.canvas import CanvasPlacement
 from ..data.classes import numbered
+from ..data.stain import StainNormalizer
 from ..data.task import Task
 from ..models.spec import ModelFamily, ModelSpec, optional_whole, whole
 from ..pipeline.optim import LRSchedule, OptimizerSpec
@@ -169,6 +170,7 @@ class RunRecord:
     task: Task = Task.CLASSIFICATION
     segmentation: SegmentationRecord | None = None
     split: SplitRecord | None = None             # the held-out split with the groups of each side (None: none)
+    stain: StainNormalizer | None = None         # the stain normaliser every image was read through (None: none)
 
     def at(self, step: int, run_id: str) -> RunRecord:
         """This record after ``step`` optimizer steps of lineage ``run_id``."""
@@ -206,7 +208,8 @@ class RunRecord:
                              "training": None if self.training is None else self.training.to_dict(),
                              "best": None if self.best is None else self.best.to_dict(), "task": str(self.task),
                              "segmentation": None if self.segmentation is None else self.segmentation.to_dict(),
-                             "split": None if self.split is None else self.split.to_dict()},
+                             "split": None if self.split is None else self.split.to_dict(),
+                             "stain": None if self.stain is None else self.stain.to_dict()},
                 "step": self.step, "run_id": self.run_id, "identity": dict(self.identity),
                 "format_version": FORMAT_VERSION}
 
@@ -220,7 +223,7 @@ class RunRecord:
         try:
             if isinstance(record, Mapping):
                 training, best, pixels = record.get("training"), record.get("best"), record.get("segmentation")
-                split = record.get("split")
+                split, stain = record.get("split"), record.get("stain")
                 return cls(ModelSpec.from_dict(section(record, "model")), DataRecord.from_dict(section(record, "data")),
                            whole(record, "seed", 0), section(record, "config"), whole(data, "step"),
                            optional_text(data, "run_id"), section(data, "identity"),
@@ -228,7 +231,8 @@ class RunRecord:
                            None if best is None else BestMark.from_dict(section(record, "best")),
                            Task.parse(text(record, "task", Task.CLASSIFICATION.value)),
                            None if pixels is None else SegmentationRecord.from_dict(section(record, "segmentation")),
-                           None if split is None else SplitRecord.from_dict(section(record, "split")))
+                           None if split is None else SplitRecord.from_dict(section(record, "split")),
+                           None if stain is None else StainNormalizer.from_dict(section(record, "stain")))
             if isinstance(legacy, Mapping) and "model" in legacy:
                 return cls.from_legacy(legacy, data)
         except ValueError as err:

@@ -190,7 +190,8 @@ def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
                     mpp=mpp, source_mpp=job.source_mpp, num_classes=record.model.num_classes,
                     class_names=record.class_names, class_order=order, task=record.task,
                     ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None,
-                    cohort=cohort, whole_slide=data.whole_slide)
+                    cohort=cohort, whole_slide=data.whole_slide,
+                    stain=record.stain)     # images read as the run read them
 
 
 def cohort_to_read(job: EvaluateJob, record: RunRecord) -> Cohort | None:

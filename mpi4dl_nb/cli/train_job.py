@@ -37,7 +37,7 @@ def train_job(args: argparse.Namespace, cfg: ParallelConfig) -> TrainJob:
                       mpp=mpp, source_mpp=source_mpp, num_classes=args.num_classes,
                       class_names=tuple(args.class_names), class_order=args.class_order, task=task_of(args),
                       ignore_index=args.ignore_index, skip_bad_files=args.skip_bad_files,
-                      cohort=args.cohort_data, whole_slide=args.whole_slide),
+                      cohort=args.cohort_data, whole_slide=args.whole_slide, stain_request=args.stain_request),
         training=TrainingSpec(batch_size=args.batch_size, steps=args.steps, num_epochs=args.num_epochs,
                               seed=args.seed, dtype=args.dtype, optimizer=optimizer_spec(args),
                               lr_schedule=LRScheduleKind(args.lr_schedule), warmup_steps=args.warmup_steps,

@@ -18,8 +18,9 @@ import torch
 
 from .dataset import Box, check_box, to_tensor
 from .manifest import Cohort
-from .pathology import Slide, class_of, coarse_tissue, open_slide, require_path, resolved_pixels
+from .pathology import Slide, class_of, coarse_tissue, open_slide, require_path, resolved_pixels, slide_overview
 from .resolution import LevelChoice, common_mpp, slide_choice
+from .stain_reads import StainedReads
 
 BACKGROUND = 255        # white: what a brightfield canvas shows beyond the slide's edge
 
@@ -93,7 +94,7 @@ def place_canvas(name: str, mask: np.ndarray, extent: tuple[int, int], size: int
                            cut_share=1.0 - kept / total)
 
 
-class SlideCanvases:
+class SlideCanvases(StainedReads):
     """One sample per slide: its tissue on a ``image_size`` canvas at the resolution ``mpp`` (or ``level``) reads.
 
     ``labels``: each slide's class (index into ``classes``); ``patients``: each slide's patient (None: the slide
@@ -148,7 +149,11 @@ class SlideCanvases:
     def label(self, index: int) -> int:
         return self.slide_labels[index]
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def stain_pixels(self, index: int) -> np.ndarray:
+        """A canvas's stain is its slide's, estimated from the slide's overview (as tiles of slides and inference)."""
+        return slide_overview(self.slide(index))
+
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         """``box`` of slide ``index``'s canvas (C, H, W) in [0, 1]: the slide's pixels where the canvas covers the
         slide, white beyond its edges."""
         box = check_box(box, self.image_size)

@@ -15,6 +15,7 @@ import torch
 from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
 from .resolution import LevelChoice
+from .stain_reads import OVERVIEW_SIDE, StainedReads
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -102,7 +103,7 @@ def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
     return np.round(pixels[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
 
 
-class TileFolderDataset:
+class TileFolderDataset(StainedReads):
     """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``.
 
     ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones. ``mpp``
@@ -164,7 +165,7 @@ class TileFolderDataset:
     def label(self, index: int) -> int:
         return self.labels[index]
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         from PIL import Image
 
         path = self.files[index]
@@ -229,7 +230,13 @@ class SlideTile:
     y: int
 
 
-class SlideDataset:
+def slide_overview(slide: Slide) -> np.ndarray:
+    """A slide's RGB thumbnail (H, W, 3) uint8 at most ``OVERVIEW_SIDE`` wide or high: what its stain is estimated
+    from, in training and in inference alike."""
+    return np.asarray(slide.get_thumbnail((OVERVIEW_SIDE, OVERVIEW_SIDE)).convert("RGB"))
+
+
+class SlideDataset(StainedReads):
     """Whole-slide images cut into ``image_size`` tiles at pyramid ``level``, keeping tiles with tissue.
 
     ``read(i, box)`` asks OpenSlide for exactly ``box`` of tile ``i`` (one ``read_region`` call),
@@ -317,7 +324,14 @@ class SlideDataset:
     def label(self, index: int) -> int:
         return self.slide_labels[self.tiles[index].slide]
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def stain_key(self, index: int) -> tuple[str, int]:
+        """A slide's tiles share its stain (estimated from its overview, as inference does)."""
+        return ("slide", self.tiles[index].slide)
+
+    def stain_pixels(self, index: int) -> np.ndarray:
+        return slide_overview(self.slide(self.tiles[index].slide))
+
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         tile = self.tiles[index]
         r0, r1, c0, c1 = check_box(box, self.image_size)
         target = (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)

@@ -18,6 +18,9 @@ from torch import nn
 
 from ..comm.agreement import agreed
 from ..config import ConfigError
+from ..data.pathology import slide_overview
+from ..data.stain import PixelMap
+from ..data.stain_reads import normalized
 from ..data.task import Task
 from ..measure.heap import PeakMeter, state_bytes
 from ..measure.progress import ProgressLine
@@ -64,6 +67,9 @@ class SlideRunner:
         self.net, self.description = self.trained.net, self.trained.description
         self.reader = agreed(ctx, lambda: SlideReader(settings.slide, settings.level, mpp=settings.target_mpp,
                                                       trained_at=self.trained.mpp, source_mpp=settings.source_mpp))
+        stain = self.trained.stain if settings.stain_normalize else None    # as training read its images
+        self.stain: PixelMap | None = None if stain is None else agreed(
+            ctx, lambda: stain.map_for(slide_overview(self.reader.slide)))
         decided = agreed(ctx, lambda: decide(settings, self.trained, self.reader, self.grid) if ctx.rank == 0 else None)
         plan = ctx.bcast_object(decided, root=0)
         assert plan is not None   # rank 0 decided (else every rank raised in agreed)
@@ -121,6 +127,8 @@ class SlideRunner:
                                    f"level {self.reader.level}) failed: {type(err).__name__}: {err}")
             pixels = np.zeros((box[1] - box[0], box[3] - box[2], 3), dtype=np.uint8)
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).to(self.settings.torch_dtype).div_(255.0)
+        if self.stain is not None:
+            tensor = normalized(tensor, self.stain)
         self.stats.read_seconds += time.perf_counter() - start
         if self.settings.keep_trace:
             self.ctx.tracer.record("read", start - self.ctx.tracer.origin, self.ctx.tracer.now(),
@@ -256,7 +264,9 @@ class SlideRunner:
     def describe(self, heat: int) -> dict[str, object]:
         """What the map shows (stored in the .tif and the summary)."""
         rows, cols = self.plan.fields
-        return {"slide": str(self.reader.path), "level": self.reader.level, "scale": self.reader.choice.scale,
+        stain = "none" if self.stain is None or self.trained.stain is None else self.trained.stain.describe()
+        return {"slide": str(self.reader.path), "stain": stain, "level": self.reader.level,
+                "scale": self.reader.choice.scale,
                 "slide_mpp": self.reader.base_mpp, "heat_class": heat, "stride": self.net.shape.stride,
                 "field_rows": [rows.before, rows.after], "field_cols": [cols.before, cols.after],
                 "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe()}

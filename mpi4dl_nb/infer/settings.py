@@ -51,6 +51,7 @@ class InferSettings:
     progress: bool = True
     keep_trace: bool = False
     cohort: bool = False                   # outputs are ``{slide}`` templates (``--slides``)
+    stain_normalize: bool = True           # the checkpoint's stain normaliser, when it has one (--no-stain-normalize)
 
     def check(self) -> None:
         """Errors in the flags alone, naming the flag and what works."""

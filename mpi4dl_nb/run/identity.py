@@ -32,6 +32,7 @@ FIELD_FLAGS: dict[str, str] = {
     "augment": "--augment",
     "class_weights": "--class-weights",
     "classes": "--classes (and the class folders)",
+    "stain": "--stain-normalize/--stain-reference",
 }
 
 

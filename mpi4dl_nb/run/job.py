@@ -13,6 +13,7 @@ from ..data.apps import AppKind
 from ..data.augment import AugmentSpec
 from ..data.classes import class_weights
 from ..data.manifest import Cohort
+from ..data.stain import StainNormalizer, StainRequest
 from ..data.task import Task
 from ..evaluation.aggregate import Aggregation
 from ..evaluation.metrics import MetricName
@@ -44,6 +45,8 @@ class DataSpec:
     skip_bad_files: bool = False         # train on the usable files when the data check finds bad ones
     cohort: Cohort | None = None         # --cohort: the checked manifest (its slides, labels, patients)
     whole_slide: bool = False            # --whole-slide: a sample per slide, its tissue on one canvas
+    stain_request: StainRequest | None = None    # --stain-normalize/--stain-reference (fitted once, on rank 0)
+    stain: StainNormalizer | None = None         # the fitted normaliser every image is read through (None: none)
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,7 @@ class TrainJob:
                             whole_slide=data.whole_slide)
         pixels = SegmentationRecord(str(training.loss), data.ignore_index) if data.task.dense else None
         return RunRecord(self.model, record, seed=training.seed, config=self.config.as_dict(), task=data.task,
-                         segmentation=pixels)
+                         segmentation=pixels, stain=data.stain)
 
     def task_identity(self) -> dict[str, object]:
         """The run identity's task fields: the task, and a segmentation run's loss."""

@@ -13,6 +13,7 @@ from ..data.dataset import RegionDataset
 from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
+from ..data.stain_reads import with_stain
 from ..data.validate import DataSources, SourceKind, find_sources
 from ..evaluation.grouped import GroupedSplit, split_by_side, split_fold, split_grouped
 from ..evaluation.split import Subset, split_listing
@@ -24,7 +25,14 @@ Checker = Callable[[Path], str | None]
 
 def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
     """The dataset ``data`` names, read from ``datapath`` (without the files ``exclude``; class folders labelled
-    in the order of ``data.class_order`` when set; generated images seeded by ``seed``)."""
+    in the order of ``data.class_order`` when set; generated images seeded by ``seed``), its images read through
+    ``data.stain`` when set."""
+    return with_stain(unstained_dataset(data, seed, datapath, exclude), data.stain)
+
+
+def unstained_dataset(data: DataSpec, seed: int, datapath: str | Path | None,
+                      exclude: Sequence[Path] = ()) -> RegionDataset:
+    """The dataset ``data`` names, its images as stored."""
     from ..data import make_dataset
 
     if data.task.dense:

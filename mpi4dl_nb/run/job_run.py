@@ -144,6 +144,7 @@ class JobSetup:
         return {"model": model_fingerprint(self.record.model, self.layers), "dtype": job.training.dtype,
                 "image_size": job.data.image_size, "batch_size": job.training.batch_size, "seed": job.training.seed,
                 "app": str(job.data.app), "data": text, "lr": job.training.optimizer.lr,
+                "stain": "none" if job.data.stain is None else job.data.stain.describe(),
                 "momentum": training.optimizer.momentum,
                 "val_split": self.held_out, "optimizer": training.optimizer.describe(),
                 "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
@@ -233,12 +234,23 @@ def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole
     return report.bad_paths
 
 
+def fitted_stain(job: TrainJob, ctx: Comm) -> TrainJob:
+    """``job`` with its stain normaliser fitted once, on rank 0, and broadcast (collective; unchanged without one)."""
+    request = job.data.stain_request
+    if request is None:
+        return job
+    fitted = ctx.bcast_object(agreed(ctx, lambda: request.fit() if ctx.rank == 0 else None), root=0)
+    assert fitted is not None, "rank 0 fitted it (else every rank raised in agreed)"
+    say_once(ctx, f"stain normalised: {fitted.describe()}")
+    return replace(job, data=replace(job.data, stain=fitted))
+
+
 def prepare(job: TrainJob, ctx: Comm) -> JobSetup:
     """Set-up in stages that every rank agrees on (SetupFailed on every rank otherwise): model and checkpoint
     directory, data check, dataset, resume."""
     from .data_check import DataRole
 
-    setup = JobSetup(job, ctx)
+    setup = JobSetup(fitted_stain(job, ctx), ctx)
     agreed(ctx, setup.build_model)
     if job.checkpoints.directory is not None:           # every host must see it (collective)
         from .checkpoint_space import require_shared

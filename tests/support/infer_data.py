@@ -47,8 +47,9 @@ def make_slide(path: Path, height: int, width: int, levels: int = 3) -> Path:
     return path
 
 
-def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0) -> np.ndarray:
-    """The fully convolutional network on the whole (zero-extended) slide level in one process, float64."""
+def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0, *, stain: bool = False) -> np.ndarray:
+    """The fully convolutional network on the whole (zero-extended) slide level in one process, float64 (``stain``:
+    the pixels normalised by the checkpoint's stain normaliser, from the slide's overview)."""
     from mpi4dl_nb.infer.fully_conv import fully_convolutional
     from mpi4dl_nb.infer.model import load_layers
     from mpi4dl_nb.infer.reader import SlideReader
@@ -60,6 +61,15 @@ def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0) -> np.n
     unit = math.lcm(net.shape.stride, net.shape.align)
     height, width = padded_extent(reader.height, unit), padded_extent(reader.width, unit)
     x = torch.from_numpy(reader.read((0, height, 0, width))).permute(2, 0, 1).double().div(255.0)
+    if stain:
+        from mpi4dl_nb.checkpoint.record import read_checkpoint
+        from mpi4dl_nb.data.pathology import slide_overview
+        from mpi4dl_nb.data.stain_reads import normalized
+        from mpi4dl_nb.infer.model import find_checkpoint
+
+        normalizer = read_checkpoint(find_checkpoint(checkpoint)).record.stain
+        assert normalizer is not None, f"{checkpoint} records no stain normaliser"
+        x = normalized(x, normalizer.map_for(slide_overview(reader.slide)))
     with torch.no_grad():
         return net(x[None])[0].numpy()
 
