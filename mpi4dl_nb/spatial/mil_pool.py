@@ -63,12 +63,12 @@ class _TiledSoftmaxPool(torch.autograd.Function):
         pooled = (slots[:, :, 2:] * scale[..., None]).sum(0) / total[:, None]
         fctx.dtype = h.dtype
         fctx.save_for_backward(h, scores, top, total, pooled)
-        return pooled.to(h.dtype)
+        return pooled   # in the working dtype: float32 for bf16/fp16 features, as softmax's float32 weights make it
 
     @staticmethod
     def backward(fctx: _PoolCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         h, scores, top, total, pooled = fctx.saved_tensors
-        g = _working(grad)[..., None, None]                                      # (N, C, 1, 1)
+        g = grad[..., None, None]                                      # (N, C, 1, 1)
         attention = torch.exp(_working(scores) - top[:, None, None, None]) / total[:, None, None, None]
         grad_h = attention * g
         along = (g * _working(h)).sum(1, keepdim=True) - (g[..., 0, 0] * pooled).sum(1)[:, None, None, None]
