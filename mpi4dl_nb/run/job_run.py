@@ -140,6 +140,7 @@ class JobSetup:
                 "val_split": self.held_out, "optimizer": training.optimizer.describe(),
                 "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
+                "pool": str(job.model.pool), "accumulate": job.training.accumulate,
                 "classes": ",".join(self.record.class_names), **job.task_identity()}
 
     def choose_resume(self) -> None:
