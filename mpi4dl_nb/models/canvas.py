@@ -1,5 +1,5 @@
-"""What a whole-slide canvas asks of the layout: sides that cut into tiles of whole trunk strides, and a spatial stage
-in front of a slide-level pool (checks the canvas validation calls before any work)."""
+"""What a whole-slide canvas asks of the layout and the data: sides that cut into tiles of whole trunk strides, a
+spatial stage in front of a slide-level pool, a tissue channel for tissue-mean (checks made before any work)."""
 from __future__ import annotations
 
 import math
@@ -40,3 +40,14 @@ def check_pool_layout(pool: PoolKind, cfg: ParallelConfig, *, whole_slide: bool)
                                 f"spatial ranks, but --spatial-size 0 puts it whole on one rank: set "
                                 f"--spatial-size 1 and --num-spatial-parts N (e.g. 4) so the trunk runs on tiles "
                                 f"in front of the pool (or train tiles, not --whole-slide)")
+
+
+def check_tissue_input(pool: PoolKind, in_channels: int, data_channels: int) -> None:
+    """ConfigError (``--pool``) when tissue-mean pooling gets samples without their tissue mask as the last channel
+    (``in_channels`` image channels + 1)."""
+    if not PoolKind(pool).tissue or data_channels == in_channels + 1:
+        return
+    raise ConfigError("--pool", f"--pool tissue-mean averages the positions a tissue mask marks, so every sample must "
+                                f"carry the mask as its last channel ({in_channels} image channels + 1: whole-slide "
+                                f"canvases do), but the data has {data_channels} channels; use --pool avg, max or "
+                                f"attention for this data")

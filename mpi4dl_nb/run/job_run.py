@@ -109,6 +109,9 @@ class JobSetup:
         counted = class_counts(train, data.num_classes) if pixels is None else pixels
         self.record = replace(self.record, training=training.record(steps, counted))
         training.augment.check_channels(train.channels)
+        from ..models.canvas import check_tissue_input
+
+        check_tissue_input(job.model.pool, job.model.in_channels, train.channels)
         self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment)
         self.steps = steps
         if self.ctx.rank == 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mpi4dl_nb.config import ConfigError, ParallelConfig
-from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_pool_layout
+from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_pool_layout, check_tissue_input
 from mpi4dl_nb.models.pools import PoolKind
 from mpi4dl_nb.spatial.geometry import TileGrid
 
@@ -36,3 +36,10 @@ def test_a_slide_level_pool_without_a_spatial_stage_is_refused_on_whole_slides()
     check_pool_layout(PoolKind.AVG, lp, whole_slide=True)
     check_pool_layout(PoolKind.MAX, lp, whole_slide=False)
     check_pool_layout(PoolKind.TISSUE_MEAN, ParallelConfig(split_size=2, spatial_size=1), whole_slide=True)
+
+
+def test_tissue_mean_needs_the_mask_as_the_last_channel():
+    check_tissue_input(PoolKind.TISSUE_MEAN, 3, 4)
+    check_tissue_input(PoolKind.ATTENTION, 3, 3)
+    with pytest.raises(ConfigError, match="--pool tissue-mean .* the data has 3 channels"):
+        check_tissue_input(PoolKind.TISSUE_MEAN, 3, 3)

@@ -1,6 +1,7 @@
-"""``train --accumulate N --pool KIND`` in one process (issue 43): N batches per optimizer step (an epoch of 4 batches
-is 2 steps, one loss each, the checkpoint at the step boundary), the pool recorded in the checkpoint and rebuilt by
-``evaluate``; bad values refused naming the flag."""
+"""``train --accumulate N --pool KIND`` (issue 43): in one process, N batches per optimizer step (an epoch of 4
+batches is 2 steps, one loss each, the checkpoint at the step boundary), the pool recorded in the checkpoint and
+rebuilt by ``evaluate``, bad values refused naming the flag; on 5 ranks (SP 2x2 + LP) equal to one process
+(tests/mpi/mil_train.py, in the shared 5-rank launch)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,18 @@ from mpi4dl_nb.cli.train_job import job_from_keywords
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.models.pools import PoolKind
 from mpi4dl_nb.models.spec import ModelSpec
+from tests.mpi.mil_train import CHECKS
+from tests.support.battery import shared_job
 from tests.support.summary import json_record
 
 MODEL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4", "--image-size", "32",
          "--dtype", "float64", "--split-size", "1", "--spatial-size", "0"]
 DATA = ["--app", "synthetic", "--num-samples", "8", "--num-classes", "2"]
+JOB = shared_job(5, "mil_train", timeout=300)
+
+
+def test_train_with_pool_and_accumulate_on_five_ranks_equals_one_process(shared_launch):
+    shared_launch(JOB).require(CHECKS)
 
 
 def test_accumulated_steps_checkpoint_at_step_boundaries_and_keep_the_pool(tmp_path, capsys):
