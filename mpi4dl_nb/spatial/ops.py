@@ -210,9 +210,12 @@ def op_name(func: TorchOp) -> str:
 
 
 def display_name(func: TorchOp) -> str:
-    """``F.max_pool2d``, ``Tensor.__getitem__``, ``torch.flip``: how the error names the op."""
+    """``F.max_pool2d``, ``Tensor.__getitem__``, ``torch.flip``, ``mil_pool.softmax_pool`` (this package's own ops):
+    how the error names the op."""
     name = op_name(func)
     module = getattr(func, "__module__", "") or ""
+    if module.startswith("mpi4dl_nb."):
+        return f"{module.rsplit('.', 1)[-1]}.{name}"
     qualname = getattr(func, "__qualname__", name) or name
     if getattr(func, "__name__", "") == "__get__":
         return f"Tensor.{name}"

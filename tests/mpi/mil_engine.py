@@ -11,15 +11,17 @@ Named checks (``CHECKS``):
 * ``<pool> pooled on tiles acc 2``: the pool the last layer of the spatial stage, its (N, C) vector handed to a
   Linear on the layer rank.
 * ``accumulate <layout>``: accumulation on the other layouts (LP + PP, GEMS, DP with local copies, SP + PP).
-* ``attention recompute``: the pooled-on-tiles attention model with ``checkpoint_activations='every'``.
-* ``attention bf16``: the same model in float32 under bf16 autocast against serial float32: losses within 1e-2
-  relative and not equal to them (autocast applied).
+* ``<pool> recompute``: the pooled-on-tiles model with ``checkpoint_activations='every'``, accumulate 2.
+* ``<pool> bf16``: the same model in float32 under bf16 autocast against serial float32: losses within 5% (as
+  engine_recompute's bf16 vs fp32; the max head's un-normalised maxima give logits of ~2 whose bf16 rounding is
+  ~1%) and not equal to them (autocast applied).
 """
 
 from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -44,6 +46,12 @@ LAYOUTS: dict[str, tuple[dict, int]] = {      # name -> (config, global batch); 
 }
 
 
+def gentle(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """Plain SGD at 0.01 for the bf16 runs: momentum 0.9 at 0.1 drives the max head's loss up within two steps,
+    where bf16's rounding is no longer small against the change."""
+    return torch.optim.SGD(params, lr=0.01)
+
+
 def head_name(kind: PoolKind, accumulate: int) -> str:
     return f"{kind} head acc {accumulate}"
 
@@ -53,7 +61,8 @@ def tiles_name(kind: PoolKind) -> str:
 
 
 CHECKS = [*(head_name(k, n) for k in POOLS for n in (1, 2)), *(tiles_name(k) for k in POOLS),
-          *(f"accumulate {name}" for name in LAYOUTS), "attention recompute", "attention bf16"]
+          *(f"accumulate {name}" for name in LAYOUTS),
+          *(f"{k} {what}" for k in POOLS for what in ("recompute", "bf16"))]
 
 
 def built(kind: PoolKind) -> list[nn.Module]:
@@ -83,19 +92,21 @@ def data(kind: PoolKind, batch: int, count: int, seed: int) -> list[tuple[torch.
 
 
 def compare(ctx, layers: list[nn.Module], kwargs: dict, batches: list, accumulate: int, name: str,
-            dtype: torch.dtype = torch.float64, rtol: float = RTOL, bf16: bool = False) -> str:
+            dtype: torch.dtype = torch.float64, rtol: float = RTOL, bf16: bool = False,
+            optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = sgd) -> str:
     """Train the engine (``bf16``: under bf16 autocast) and the serial reference (in ``dtype``) alike; raise on a
     difference above ``rtol`` (``bf16``: of the losses only, which must differ from the serial ones)."""
     serial_layers = copy.deepcopy(layers)
     cfg = dl.ParallelConfig(**kwargs, precision="bf16" if bf16 else "fp32")
-    engine = dl.HybridEngine([m.to(dtype) for m in layers], cfg, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    engine = dl.HybridEngine([m.to(dtype) for m in layers], cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
+                             optimizer=optimizer)
     cast = [(x.to(dtype), y) for x, y in batches]
     losses = [engine.train_accumulated(cast[i:i + accumulate]) for i in range(0, len(cast), accumulate)]
     state = engine.full_state_dict()
     if ctx.rank != 0:
         return "rank 0 compares"
     run = serial_reference(cfg, [m.to(dtype) for m in serial_layers], cast, loss_fn=nn.CrossEntropyLoss(),
-                           optimizer=sgd, accumulate=accumulate)
+                           optimizer=optimizer, accumulate=accumulate)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, run.losses))
     if len(losses) != len(run.losses) or worst > rtol or (bf16 and losses == run.losses):
         raise AssertionError(f"{name}: losses {losses} vs serial {run.losses}")
@@ -130,17 +141,16 @@ def main(check: Checks) -> None:
             with check(f"accumulate {name}") as result:
                 result.detail = compare(ctx, built(PoolKind.ATTENTION), kwargs,
                                         data(PoolKind.ATTENTION, batch, 2 * STEPS, seed=9), 2, name)
-    attention = pooled_on_tiles(PoolKind.ATTENTION)
     tiles_kwargs = dict(SP_LP, balance=(5, 1))
-    if wanted("attention recompute"):
-        with check("attention recompute") as result:
-            result.detail = compare(ctx, attention, dict(tiles_kwargs, checkpoint_activations="every"),
-                                    data(PoolKind.ATTENTION, 2, 2 * STEPS, seed=13), 2, "attention recompute")
-    if wanted("attention bf16"):
-        with check("attention bf16") as result:
-            result.detail = compare(ctx, pooled_on_tiles(PoolKind.ATTENTION), tiles_kwargs,
-                                    data(PoolKind.ATTENTION, 2, 2 * STEPS, seed=13), 2, "attention bf16",
-                                    dtype=torch.float32, rtol=1e-2, bf16=True)
+    for kind in POOLS:
+        if wanted(f"{kind} recompute"):
+            with check(f"{kind} recompute") as result:
+                result.detail = compare(ctx, pooled_on_tiles(kind), dict(tiles_kwargs, checkpoint_activations="every"),
+                                        data(kind, 2, 2 * STEPS, seed=13), 2, f"{kind} recompute")
+        if wanted(f"{kind} bf16"):
+            with check(f"{kind} bf16") as result:
+                result.detail = compare(ctx, pooled_on_tiles(kind), tiles_kwargs, data(kind, 2, 2 * STEPS, seed=13), 2,
+                                        f"{kind} bf16", dtype=torch.float32, rtol=5e-2, bf16=True, optimizer=gentle)
     ctx.barrier()
 
 

@@ -32,6 +32,7 @@ TIES = "max pool: ties across tiles go to the first maximum in row-major order"
 MANY_TIES = "max pool: every channel tied many times"
 PEAKED = "attention pool: peaked scores (softmax merged across tiles without overflow)"
 REFUSED = "refuses softmax_pool with replicated scores"
+BY_HAND = "refuses a softmax over the positions written by hand (not silently wrong)"
 
 
 def trunk() -> list[nn.Module]:
@@ -62,7 +63,7 @@ def exact_name(kind: PoolKind) -> str:
 
 
 def check_names() -> list[str]:
-    return [*(exact_name(k) for k in PoolKind if k is not PoolKind.AVG), TIES, MANY_TIES, PEAKED, REFUSED]
+    return [*(exact_name(k) for k in PoolKind if k is not PoolKind.AVG), TIES, MANY_TIES, PEAKED, REFUSED, BY_HAND]
 
 
 def exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: Context, what: str) -> str:
@@ -86,13 +87,20 @@ class ReplicatedScores(nn.Module):
         return softmax_pool(y, y.mean((2, 3), keepdim=True)[:, :1])
 
 
-def check_refused(ctx: Context, grid: TileGrid) -> str:
-    net = spatialize(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), ReplicatedScores()).double(), grid, ctx)
+class HandWritten(nn.Module):
+    """Attention pooling written with torch ops: the softmax over the flattened positions of a tile."""
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return (y.flatten(2) * torch.softmax(y[:, :1].flatten(2), -1)).sum(-1)
+
+
+def check_refused(ctx: Context, grid: TileGrid, module: nn.Module, shown: str) -> str:
+    net = spatialize(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), module).double(), grid, ctx)
     x = torch.randn(2, 3, *SIZE, dtype=torch.float64)
     try:
         net(scatter_tiles(x, grid, ctx))
     except ConfigError as error:
-        assert "softmax_pool" in str(error) and "ReplicatedScores" in str(error), str(error)
+        assert shown in str(error) and type(module).__name__ in str(error), str(error)
         return f"ConfigError: {str(error)[:100]}..."
     raise AssertionError("no ConfigError")
 
@@ -122,7 +130,9 @@ def main(check: Checks) -> None:
             model, x = make()
             result.detail = exact(model, grid, x, ctx, name)
     with check(REFUSED) as result:
-        result.detail = check_refused(ctx, grid)
+        result.detail = check_refused(ctx, grid, ReplicatedScores(), "mil_pool.softmax_pool")
+    with check(BY_HAND) as result:
+        result.detail = check_refused(ctx, grid, HandWritten(), "softmax")
     ctx.barrier()
 
 

@@ -1,7 +1,7 @@
 """Slide-level pools and gradient accumulation through HybridEngine (issue 43): 2x2 tiles + a layer rank equal one
 process for max, tissue-mean and attention heads with BatchNorm in the trunk, with and without ``--accumulate 2``;
 the pooled vector handed from the tiles to the layer rank; accumulation on LP+PP, GEMS, DP and SP+PP; recomputation
-and bf16 with the attention pool (tests/mpi/mil_engine.py, in the shared 5-rank launch)."""
+and bf16 with each pool on tiles (tests/mpi/mil_engine.py, in the shared 5-rank launch)."""
 
 from __future__ import annotations
 
