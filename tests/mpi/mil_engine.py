@@ -10,7 +10,8 @@ Named checks (``CHECKS``):
   ``serial_reference(..., accumulate=N)``.
 * ``<pool> pooled on tiles acc 2``: the pool the last layer of the spatial stage, its (N, C) vector handed to a
   Linear on the layer rank.
-* ``accumulate <layout>``: accumulation on the other layouts (LP + PP, GEMS, DP with local copies, SP + PP).
+* ``accumulate <layout>``: accumulation on the other layouts (LP + PP, GEMS, DP, SP + PP; SP + GEMS with the
+  attention pool on the tiles, its vector handed to the layer rank in both directions).
 * ``<pool> recompute``: the pooled-on-tiles model with ``checkpoint_activations='every'``, accumulate 2.
 * ``<pool> bf16``: the same model in float32 under bf16 autocast against serial float32: losses within 5% (as
   engine_recompute's bf16 vs fp32; the max head's un-normalised maxima give logits of ~2 whose bf16 rounding is
@@ -43,6 +44,7 @@ LAYOUTS: dict[str, tuple[dict, int]] = {      # name -> (config, global batch); 
     "gems pp2": (dict(split_size=5, spatial_size=0, times=1, parts=2, schedule="1f1b"), 4),
     "dp5": (dict(split_size=1, spatial_size=0, data_parallel=5), 5),
     "sp pp2": (dict(SP_LP, parts=2, schedule="1f1b", balance=(4, 1)), 4),
+    "sp gems pooled on tiles": (dict(SP_LP, times=1, balance=(5, 1)), 2),
 }
 
 
@@ -139,7 +141,8 @@ def main(check: Checks) -> None:
     for name, (kwargs, batch) in LAYOUTS.items():
         if wanted(f"accumulate {name}"):
             with check(f"accumulate {name}") as result:
-                result.detail = compare(ctx, built(PoolKind.ATTENTION), kwargs,
+                model = pooled_on_tiles if "pooled" in name else built
+                result.detail = compare(ctx, model(PoolKind.ATTENTION), kwargs,
                                         data(PoolKind.ATTENTION, batch, 2 * STEPS, seed=9), 2, name)
     tiles_kwargs = dict(SP_LP, balance=(5, 1))
     for kind in POOLS:
