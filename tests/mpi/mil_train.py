@@ -12,13 +12,11 @@ from __future__ import annotations
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
 from mpi4dl_nb.comm.agreement import SetupFailed
 from mpi4dl_nb.pipeline.reference import serial_accumulated_step, serial_chunks
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer
 from mpi4dl_nb.spatial.loss import classification_loss
+from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
 
 STEPS, ACCUMULATE = 2, 2
@@ -29,11 +27,6 @@ POOLS = ("max", "attention")
 TOLERANCE = 1e-9
 CHECKS = [*(f"train --pool {pool} --accumulate 2 equals one process" for pool in POOLS),
           "train --pool tissue-mean refused on 3-channel data"]
-
-
-def set_up(argv: list[str], ctx: dl.Context) -> JobSetup:
-    args, cfg = parse_launch(build_parser(), argv, check_run_args)
-    return prepare(train_job(args, cfg), ctx)
 
 
 def one_process(setup: JobSetup) -> tuple[list[float], dict[str, torch.Tensor]]:
