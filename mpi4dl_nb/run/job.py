@@ -88,6 +88,7 @@ class TrainingSpec:
     class_weights: ClassWeights = None
     augment: AugmentSpec = field(default_factory=AugmentSpec)
     loss: LossKind = LossKind.CE         # segmentation's per-pixel loss
+    accumulate: int = 1                  # batches per optimizer step (gradient accumulation, --accumulate)
 
     @property
     def torch_dtype(self) -> torch.dtype:

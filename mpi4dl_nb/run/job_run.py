@@ -106,12 +106,15 @@ class JobSetup:
                                                                       exclude_held_out)
         if split is not None:
             self.record_split(split, dataset)
-        steps = training.steps if training.steps is not None else (
-            training.num_epochs * (len(train) // training.batch_size))
+        steps = training.steps if training.steps is not None else max(1, (
+            training.num_epochs * (len(train) // training.batch_size)) // training.accumulate)
         pixels = label_counts(data, training.class_weights, train)   # segmentation: pixels per class
         counted = class_counts(train, data.num_classes) if pixels is None else pixels
         self.record = replace(self.record, training=training.record(steps, counted))
         training.augment.check_channels(train.channels)
+        from ..models.canvas import check_tissue_input
+
+        check_tissue_input(job.model.pool, job.model.in_channels, train.channels)
         self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment)
         self.steps = steps
         if self.ctx.rank == 0:
@@ -149,6 +152,7 @@ class JobSetup:
                 "val_split": self.held_out, "optimizer": training.optimizer.describe(),
                 "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
+                "pool": str(job.model.pool), "accumulate": job.training.accumulate,
                 "classes": ",".join(self.record.class_names), **job.task_identity()}
 
     def choose_resume(self) -> None:
@@ -283,7 +287,8 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                              keep_checkpoints=checkpoints.keep, progress=options.progress, verbose=options.verbose,
                              dtype=job.training.torch_dtype, step_timeout=options.step_timeout,
                              auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
-                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task)
+                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task,
+                             accumulate=job.training.accumulate)
     evaluator = None if setup.val_dataset is None else evaluator_for(
         engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype, job.held_out.group_by)
     return Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),

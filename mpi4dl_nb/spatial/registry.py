@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from . import mil_pool  # noqa: F401  (registers softmax_pool with the op guard)
 from .conv import SpatialConv2d
 from .convtranspose import SpatialConvTranspose2d
 from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d, SpatialGroupNorm, SpatialInstanceNorm2d
