@@ -191,6 +191,7 @@ def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
                     class_names=record.class_names, class_order=order, task=record.task,
                     ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None,
                     cohort=cohort, whole_slide=data.whole_slide,
+                    tissue_channel=data.whole_slide and record.model.pool.tissue,
                     stain=record.stain)     # images read as the run read them
 
 

@@ -99,12 +99,14 @@ class SlideCanvases(StainedReads):
 
     ``labels``: each slide's class (index into ``classes``); ``patients``: each slide's patient (None: the slide
     itself), the group a held-out split keeps on one side. ``opener`` opens a slide file (OpenSlide by default).
+    ``tissue_channel``: each sample carries its tissue mask (1 on tissue, 0 elsewhere and beyond the slide) as a
+    fourth channel (``--pool tissue-mean``), looked up in the slide's coarse mask pixel by pixel (any box alone).
     """
 
     def __init__(self, slides: Sequence[str | Path], labels: Sequence[int], classes: Sequence[str],
                  image_size: int, *, patients: Sequence[str] | None = None, level: int = 0,
                  mpp: float | None = None, source_mpp: float | None = None,
-                 opener: Callable[[Path], Slide] = open_slide) -> None:
+                 opener: Callable[[Path], Slide] = open_slide, tissue_channel: bool = False) -> None:
         if image_size < 1:
             raise ValueError(f"--image-size must be >= 1, got {image_size}")
         self.paths = [require_path(p, "--cohort") for p in slides]
@@ -113,7 +115,8 @@ class SlideCanvases(StainedReads):
         if len(labels) != len(self.paths):
             raise ValueError(f"{len(labels)} labels for {len(self.paths)} slides; give one per slide")
         self.image_size = image_size
-        self.channels = 3
+        self.tissue_channel = tissue_channel
+        self.channels = 4 if tissue_channel else 3
         self.classes = list(classes)
         self.num_classes = len(self.classes)
         self.slide_labels = [int(v) for v in labels]
@@ -123,13 +126,15 @@ class SlideCanvases(StainedReads):
         self._open: dict[int, Slide] = {}
         self.choices: list[LevelChoice] = []
         self.placements: list[CanvasPlacement] = []
+        self.masks: list[np.ndarray] = []         # each slide's coarse tissue mask
         problems: list[str] = []
         for number, path in enumerate(self.paths):
             slide = self.slide(number)
             choice = slide_choice(slide, path, level, mpp, source_mpp)
             self.choices.append(choice)
+            self.masks.append(coarse_tissue(slide))
             try:
-                self.placements.append(place_canvas(self.names[number], coarse_tissue(slide),
+                self.placements.append(place_canvas(self.names[number], self.masks[-1],
                                                     choice.extent(slide.level_dimensions[choice.level]), image_size))
             except ValueError as err:
                 problems.append(str(err))
@@ -167,6 +172,28 @@ class SlideCanvases(StainedReads):
                 self.slide(index), self.choices[index], inside)
         return to_tensor(pixels)
 
+    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+        """``box`` of slide ``index``'s canvas, stain normalised when asked, its tissue mask as a last channel when
+        ``tissue_channel``."""
+        image = super().read(index, box)
+        if not self.tissue_channel:
+            return image
+        return torch.cat([image, self.tissue(index, box).to(image.dtype)[None]])
+
+    def tissue(self, index: int, box: Box | None = None) -> torch.Tensor:
+        """``box`` of slide ``index``'s canvas as its tissue mask (H, W), 1.0 on tissue: each pixel's coarse mask
+        pixel (nearest), 0 beyond the slide's edges."""
+        r0, r1, c0, c1 = self.placements[index].source_box(check_box(box, self.image_size))
+        width, height = self.placements[index].extent
+        mask = self.masks[index]
+        rows, cols = np.arange(r0, r1), np.arange(c0, c1)
+        on_r = (rows >= 0) & (rows < height)
+        on_c = (cols >= 0) & (cols < width)
+        pick_r = np.clip(rows * mask.shape[0] // height, 0, mask.shape[0] - 1)
+        pick_c = np.clip(cols * mask.shape[1] // width, 0, mask.shape[1] - 1)
+        found = mask[np.ix_(pick_r, pick_c)] & on_r[:, None] & on_c[None, :]
+        return torch.from_numpy(found.astype(np.float32))
+
     def report(self) -> list[str]:
         """A line per slide: its tissue and canvas (printed before training)."""
         return [p.summary(c.mpp) for p, c in zip(self.placements, self.choices, strict=True)]
@@ -179,14 +206,17 @@ class SlideCanvases(StainedReads):
 
 
 def cohort_canvases(cohort: Cohort, image_size: int, *, level: int = 0, mpp: float | None = None,
-                    source_mpp: float | None = None) -> SlideCanvases:
+                    source_mpp: float | None = None, tissue_channel: bool = False) -> SlideCanvases:
     """The canvases of a cohort's slides, labelled and grouped by its manifest."""
     return SlideCanvases([s.path for s in cohort], cohort.labels, cohort.classes, image_size,
-                         patients=[s.patient for s in cohort], level=level, mpp=mpp, source_mpp=source_mpp)
+                         patients=[s.patient for s in cohort], level=level, mpp=mpp, source_mpp=source_mpp,
+                         tissue_channel=tissue_channel)
 
 
 def folder_canvases(root: Path, slides: Sequence[Path], image_size: int, *, classes: Sequence[str] | None = None,
-                    level: int = 0, mpp: float | None = None, source_mpp: float | None = None) -> SlideCanvases:
+                    level: int = 0, mpp: float | None = None, source_mpp: float | None = None,
+                    tissue_channel: bool = False) -> SlideCanvases:
     """The canvases of ``slides`` in class folders below ``root`` (labels by folder, ``classes`` ordering them)."""
     labels, names = class_of(slides, root, classes)
-    return SlideCanvases(slides, labels, names, image_size, level=level, mpp=mpp, source_mpp=source_mpp)
+    return SlideCanvases(slides, labels, names, image_size, level=level, mpp=mpp, source_mpp=source_mpp,
+                         tissue_channel=tissue_channel)

@@ -45,6 +45,7 @@ class DataSpec:
     skip_bad_files: bool = False         # train on the usable files when the data check finds bad ones
     cohort: Cohort | None = None         # --cohort: the checked manifest (its slides, labels, patients)
     whole_slide: bool = False            # --whole-slide: a sample per slide, its tissue on one canvas
+    tissue_channel: bool = False         # canvases carry their tissue mask as a last channel (--pool tissue-mean)
     stain_request: StainRequest | None = None    # --stain-normalize/--stain-reference (fitted once, on rank 0)
     stain: StainNormalizer | None = None         # the fitted normaliser every image is read through (None: none)
 

@@ -56,13 +56,13 @@ def canvas_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequenc
 
     if data.cohort is not None and datapath == data.datapath:
         return cohort_canvases(data.cohort, data.image_size, level=data.slide_level, mpp=data.mpp,
-                               source_mpp=data.source_mpp)
+                               source_mpp=data.source_mpp, tissue_channel=data.tissue_channel)
     if datapath is None:
         raise ConfigError("--whole-slide", "needs slides with labels: --cohort FILE.csv or class folders of slides")
     root = require_path(datapath)
     files, _ = folder_files(root, exclude)
     return folder_canvases(root, files, data.image_size, classes=data.class_order, level=data.slide_level,
-                           mpp=data.mpp, source_mpp=data.source_mpp)
+                           mpp=data.mpp, source_mpp=data.source_mpp, tissue_channel=data.tissue_channel)
 
 
 def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> MaskDataset:

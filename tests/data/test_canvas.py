@@ -18,6 +18,7 @@ from mpi4dl_nb.data.groups import GroupKind, groups_of
 from mpi4dl_nb.data.manifest import read_cohort
 from mpi4dl_nb.data.synthetic_cohort import STRUCTURE, write_synthetic_cohort
 from mpi4dl_nb.errors import ConfigError
+from tests.mpi.whole_slide_cli import CASES, case_name
 from tests.support.battery import shared_job
 from tests.support.infer_data import write_slide
 
@@ -61,6 +62,12 @@ def test_boxes_read_alone_equal_the_whole_canvas_at_any_resolution(cohort):
         beyond = canvases.placements[0]
         if beyond.top < 0:                                   # the canvas reaches above the slide: white there
             assert torch.all(canvases.read(0, (0, -beyond.top, 0, size)) == 1.0)
+    masked = cohort_canvases(found, 300, mpp=0.75, tissue_channel=True)       # --pool tissue-mean's fourth channel
+    whole = masked.read(1)
+    assert masked.channels == 4 and whole.shape == (4, 300, 300) and set(whole[3].unique().tolist()) == {0.0, 1.0}
+    assert torch.equal(masked.read(1, (37, 300, 101, 300)), whole[:, 37:, 101:])
+    glass = whole[:3].amin(0) > 0.9                          # the mask is the coarse level's: edges are rough
+    assert 0.1 < float(whole[3].mean()) < 0.9 and float(whole[3][glass].mean()) < 0.1 < float(whole[3][~glass].mean())
 
 
 def test_canvases_are_grouped_by_patient_and_labelled_by_the_manifest(cohort):
@@ -135,6 +142,17 @@ def test_train_and_evaluate_whole_slides_from_a_cohort(cohort, tmp_path, capsys)
     assert figures["slide"]["count"] == figures["count"] >= 2                                   # a sample per slide
 
 
-def test_five_ranks_train_whole_slides_as_one_process(shared_launch):
-    shared_launch(JOB).require_clean(["canvases read by tile", "losses equal one process", "patients on one side",
-                                      "canvases recorded"])
+def test_five_ranks_train_whole_slides_as_one_process_with_every_pool(shared_launch):
+    shared_launch(JOB).require_clean(["canvases read by tile", *(case_name(*case) for case in CASES),
+                                      "patients on one side", "canvases recorded"])
+
+
+def test_a_slide_level_pool_without_tiles_in_front_is_refused_before_work(cohort, capsys):
+    manifest, _ = cohort
+    flags = ["--whole-slide", "--cohort", str(manifest), "--image-size", "64", "--mpp", "2", *SMALL, "--steps", "1",
+             "--pool", "attention"]
+    with pytest.raises(SystemExit) as stop:
+        cli.main(flags)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    assert "--pool attention pools a whole-slide canvas" in err and "--spatial-size 1" in err and "step 1" not in err

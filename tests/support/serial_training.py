@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from mpi4dl_nb.data.dataset import Batcher
-from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
+from mpi4dl_nb.pipeline.reference import serial_accumulated_step, serial_chunks, serial_step
 from mpi4dl_nb.run.job_run import JobSetup
 
 Targets = Callable[[Batcher, int, int], torch.Tensor]
@@ -14,16 +14,23 @@ Targets = Callable[[Batcher, int, int], torch.Tensor]
 
 def train_one_process(setup: JobSetup, model: torch.nn.Module, loss: torch.nn.Module, targets: Targets,
                       steps: int) -> list[float]:
-    """``steps`` steps of ``model`` (float64) with the run's optimizer, batches and micro-batch chunks; the losses."""
+    """``steps`` optimizer steps of ``model`` (float64) with the run's optimizer, batches, micro-batch chunks and
+    accumulation (``--accumulate N``: batches ``N s .. N s + N - 1`` make step ``s``); the losses."""
     training, batcher = setup.record.training, setup.batcher
     assert training is not None and batcher is not None
     optimizer = training.optimizer.build(model.parameters())
     chunks = serial_chunks(setup.job.config, setup.job.training.batch_size)
+    accumulate = setup.job.training.accumulate
     losses = []
     for step in range(steps):
-        epoch, in_epoch = divmod(step, batcher.steps_per_epoch)
-        images = batcher.images(epoch, in_epoch).to(torch.float64)
-        losses.append(serial_step(model, optimizer, loss, images, targets(batcher, epoch, in_epoch), chunks))
+        batches = []
+        for micro in range(step * accumulate, (step + 1) * accumulate):
+            epoch, in_epoch = divmod(micro, batcher.steps_per_epoch)
+            batches.append((batcher.images(epoch, in_epoch).to(torch.float64), targets(batcher, epoch, in_epoch)))
+        if accumulate == 1:
+            losses.append(serial_step(model, optimizer, loss, *batches[0], chunks))
+        else:
+            losses.append(serial_accumulated_step(model, optimizer, loss, batches, chunks))
     return losses
 
 
