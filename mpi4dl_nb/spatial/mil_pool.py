@@ -25,7 +25,7 @@ from .function_ctx import FunctionContext
 from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, register_handler
 from .layer import SpatialRuntime, guard_runtime
 from .ops import OpKind, TorchOp, register_op
-from .reductions import _gathered
+from .reductions import tile_slots
 
 
 def softmax_pool(h: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -56,7 +56,7 @@ class _TiledSoftmaxPool(torch.autograd.Function):
         peak = logits.amax(-1)                                    # (N, 1): this tile's running maximum
         weights = torch.exp(logits - peak[..., None])             # (N, 1, n)
         local = torch.cat([peak, weights.sum(-1), (features * weights).sum(-1)], 1)   # (N, 2 + C)
-        slots = _gathered(local.contiguous(), runtime)            # (tiles, N, 2 + C), tile order
+        slots = tile_slots(local.contiguous(), runtime)            # (tiles, N, 2 + C), tile order
         top = slots[:, :, 0].amax(0)                              # (N,)
         scale = torch.exp(slots[:, :, 0] - top)                   # (tiles, N)
         total = (slots[:, :, 1] * scale).sum(0)                   # (N,)

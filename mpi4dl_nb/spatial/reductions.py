@@ -155,7 +155,7 @@ class _ExtremumCtx(FunctionContext, Protocol):
     group: Group | None
 
 
-def _gathered(local: torch.Tensor, runtime: SpatialRuntime) -> torch.Tensor:
+def tile_slots(local: torch.Tensor, runtime: SpatialRuntime) -> torch.Tensor:
     """Every tile's ``local`` (same shape on each), stacked in tile order on every tile."""
     slots = local.new_zeros((len(runtime.ranks), *local.shape))
     slots[runtime.tile] = local
@@ -169,7 +169,7 @@ class _GlobalExtremum(torch.autograd.Function):
     def forward(fctx: _ExtremumCtx, x: torch.Tensor, dims: Dims, largest: bool,
                 runtime: SpatialRuntime) -> torch.Tensor:
         local = x.amax(dims, keepdim=True) if largest else x.amin(dims, keepdim=True)
-        slots = _gathered(local.detach(), runtime)
+        slots = tile_slots(local.detach(), runtime)
         result = slots.amax(0) if largest else slots.amin(0)
         fctx.dims, fctx.comm, fctx.group = dims, runtime.ctx, runtime.group
         fctx.save_for_backward(x, result)
@@ -204,7 +204,7 @@ class _GlobalArgmax(torch.autograd.Function):
         w = x.shape[-1]
         values, index = x.detach().flatten(-2).max(-1)           # first maximum of this tile
         position = (r0 + index // w) * width + (c0 + index % w)  # in the whole image, row-major
-        slots = _gathered(torch.stack([values.double(), position.double()]), runtime)
+        slots = tile_slots(torch.stack([values.double(), position.double()]), runtime)
         best = slots[:, 0].amax(0)
         first = torch.where(slots[:, 0] == best, slots[:, 1], math.inf).amin(0)
         mine = (position.double() == first)
