@@ -19,6 +19,7 @@ class OutputKind(Choice):
     PROBABILITIES = "probabilities"  # .tif: slide-aligned pyramid, one 8-bit sample per class (p x 255)
     LABELS = "labels"                # .tif: slide-aligned pyramid of class indices (255: no data)
     PREVIEW = "preview"              # .tif: slide-aligned colour-mapped pyramid of one class (RGB)
+    OME = "ome"                      # .ome.tif: pyramidal OME-TIFF, one named float32 channel per class (NaN: no data)
     GEOJSON = "geojson"              # regions per class as polygons, level-0 pixels (QuPath imports it)
     CSV = "csv"                      # one row per cell: centre in level-0 pixels, class, probabilities
     PNG = "png"                      # the map over the slide's overview, with a legend
@@ -31,6 +32,7 @@ class OutputKind(Choice):
 BY_SUFFIX = {".npy": OutputKind.NPY, ".geojson": OutputKind.GEOJSON, ".json": OutputKind.GEOJSON,
              ".csv": OutputKind.CSV, ".png": OutputKind.PNG}
 TIFF_SUFFIXES = (".tif", ".tiff")
+OME_SUFFIXES = (".ome.tif", ".ome.tiff")
 TIFF_KINDS = (OutputKind.PROBABILITIES, OutputKind.LABELS, OutputKind.PREVIEW)
 HELP = ("KIND by suffix: .npy (probabilities per cell), .tif (slide-aligned pyramid: per-class probabilities for a "
         "classifier, the label map for a segmentation network; PATH.tif:probabilities|labels|preview to choose), "
@@ -56,6 +58,8 @@ class OutputSpec:
             return cls(path, kind)
         path = Path(text)
         suffix = path.suffix.lower()
+        if path.name.lower().endswith(OME_SUFFIXES):
+            return cls(path, OutputKind.OME)
         if suffix in TIFF_SUFFIXES:
             return cls(path, None)
         if suffix not in BY_SUFFIX:

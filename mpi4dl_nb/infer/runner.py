@@ -43,6 +43,8 @@ CACHE_WINDOWS = 2                 # OpenSlide's tile cache holds this many of a 
 class SlideFailed(RuntimeError):
     """A slide could not be read during the run; every rank raises it with the same message."""
 
+COORDINATES = "level-0 pixels of QuPath's image: OpenSlide's level 0 minus the slide's bounds origin"
+
 
 class SlideRunner:
     """Set up on every rank (errors agreed), then stream the windows; rank 0 writes and summarizes.
@@ -259,7 +261,8 @@ class SlideRunner:
         return {"slide": str(self.reader.path), "level": self.reader.level, "scale": self.reader.choice.scale,
                 "slide_mpp": self.reader.base_mpp, "heat_class": heat, "stride": self.net.shape.stride,
                 "field_rows": [rows.before, rows.after], "field_cols": [cols.before, cols.after],
-                "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe()}
+                "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe(),
+                "bounds": self.reader.bounds.describe(), "coordinates": COORDINATES}
 
     def _summary(self, windows: int, skipped: int, pixels: float, complete: bool, outputs: list[str],
                  rows_done: int, report: OutputReport | None,
