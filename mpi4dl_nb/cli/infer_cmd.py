@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", choices=Task.values(), default=None,
                         help="refuse a checkpoint of the other task (default: run what the checkpoint holds)")
     parser.add_argument("--heat-class", dest="heat_class", type=int, default=None,
-                        help="class drawn by the .png and .tif:preview of a classifier (default: the last)")
+                        help="class drawn by the .png and .tif:preview of a classifier (default: the first positive "
+                             "class after class 0, not background/normal/negative/'no ...'; printed)")
     parser.add_argument("--threshold", type=float, default=None,
                         help=".geojson: least probability of a region's class (default: 0.5 for a classifier, "
                              "the label map's most probable class for a segmentation network)")
@@ -153,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = runner.run()
         except SlideFailed as err:
             if ctx.rank == 0:
-                say(0, size, f"error: {err}; the rows done so far are kept: fix the slide and continue with --resume")
+                kept = "the rows done so far are kept: fix the slide and continue with --resume" if err.kept else \
+                    "nothing was written: fix the slide and run again"
+                say(0, size, f"error: {err}; {kept}")
             return EXIT_SETUP
         if summary is not None:
             if not summary.complete:

@@ -16,7 +16,7 @@ from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
 from ..data.pathology import SLIDE_ONLY_EXTENSIONS
 from .finish import report_columns
-from .outputs import SLIDE_FIELD, OutputSpec, check_outputs
+from .outputs import SLIDE_FIELD, OutputSpec, check_folders, check_outputs, summary_folder
 from .runner import SlideFailed, SlideRunner
 from .settings import InferSettings
 from .store import work_path
@@ -106,13 +106,14 @@ def run_cohort(settings: InferSettings, slides_source: str, ctx: Comm, *, summar
     out = stream if stream is not None else sys.stderr
     slides = agreed(ctx, lambda: list_slides(slides_source))
     specs = settings.specs()
-    table = Path(summary) if summary is not None else specs[0].path.parent / SUMMARY_NAME
-    if "{" in str(table.parent) or not table.parent.is_dir():
+    per_slide = [[s.for_slide(slide.stem) for s in specs] for slide in slides]
+    agreed(ctx, lambda: check_folders([s.path for outputs in per_slide for s in outputs]))
+    table = Path(summary) if summary is not None else summary_folder(specs[0]) / SUMMARY_NAME
+    if summary is not None and ("{" in str(table.parent) or not table.parent.is_dir()):
         raise ConfigError("--summary", f"{table}: give --summary FILE.csv in an existing folder")
     trained: TrainedNetwork = agreed(ctx, lambda: load_network(
         settings.checkpoint, family=settings.model, dtype=settings.torch_dtype, output_stride=settings.output_stride,
         task=settings.task))
-    per_slide = [[s.for_slide(slide.stem) for s in specs] for slide in slides]
     if not (settings.resume or settings.overwrite):
         agreed(ctx, lambda: check_all(per_slide))
     results: list[SlideResult] = []

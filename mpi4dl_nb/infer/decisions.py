@@ -82,8 +82,9 @@ def decide(settings: InferSettings, trained: TrainedNetwork, reader: SlideReader
     fields = measure_field(net)
     height, width = padded_extent(reader.height, fields[0].unit), padded_extent(reader.width, fields[1].unit)
     if min(height, width) < net.shape.min_side:
-        raise ConfigError("--slide", f"{reader.path} level {reader.level} is {reader.width}x{reader.height} px, "
-                          f"smaller than one output cell's patch ({net.shape.min_side} px); use a finer level")
+        raise ConfigError("--slide", f"{reader.path} is {reader.width}x{reader.height} px as read "
+                          f"({reader.read_description()}), smaller than one output cell's patch "
+                          f"({net.shape.min_side} px); use a finer level or --mpp, or a larger slide")
     out_h, out_w = output_size(net, height, width)
     out_shape = (net.shape.classes, out_h, out_w)
     stamp = fingerprint(settings, trained.description, reader, net)

@@ -70,6 +70,13 @@ class SlideReader:
         self.downsample = self.level_downsample * self.choice.scale   # level-0 pixels per pixel read
         self.mpp = self.choice.mpp
 
+    def read_description(self) -> str:
+        """How the pixels read come from the slide: the level, its size, the shrink and the resolution."""
+        text = f"level {self.level}, {self.level_width}x{self.level_height} px"
+        if self.resampler is not None:
+            text += f", shrunk by {self.choice.scale:g}"
+        return text + ("" if self.mpp is None else f", {self.mpp:g} µm/px")
+
     def file_mpp(self) -> float | None:
         """Level 0's MPP as the file says (OpenSlide properties; a plain image's resolution tags)."""
         properties = getattr(self.slide, "properties", {})

@@ -9,6 +9,7 @@ the rows above are final (``--resume`` continues from there).
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,8 @@ from ..measure.progress import ProgressLine
 from ..spatial.geometry import Box, TileGrid
 from .decisions import Plan, class_indices, decide
 from .finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
-from .outputs import npy_base
+from .heat import default_heat_class
+from .outputs import OutputKind, npy_base
 from .placement import CellPlacement
 from .probes import check_halos, output_size
 from .reader import Prefetcher, SlideReader
@@ -41,7 +43,12 @@ CACHE_WINDOWS = 2                 # OpenSlide's tile cache holds this many of a 
 
 
 class SlideFailed(RuntimeError):
-    """A slide could not be read during the run; every rank raises it with the same message."""
+    """A slide could not be read during the run; every rank raises it with the same message. ``kept``: rows are
+    saved for ``--resume`` (else no partial output is left behind)."""
+
+    def __init__(self, message: str, kept: bool = False) -> None:
+        super().__init__(message)
+        self.kept = kept
 
 COORDINATES = "level-0 pixels of QuPath's image: OpenSlide's level 0 minus the slide's bounds origin"
 
@@ -196,6 +203,9 @@ class SlideRunner:
                 bar.update(done, f"windows {done}/{total} rows {row[0].row + 1}/{len(rows)} {rate:.2f} MP/s")
                 if not settings.keep_trace:
                     tracer.clear()
+        except SlideFailed as err:
+            self._drop_empty_partial(rows_done)
+            raise SlideFailed(str(err), kept=rows_done > 0) from None
         finally:
             prefetch.close()
         self.stats.read_wait_seconds = prefetch.wait_seconds
@@ -214,6 +224,16 @@ class SlideRunner:
         self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
         outputs = [str(s.path) for s in plan.outputs] if report is not None else []
         return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done, report, events)
+
+    def _drop_empty_partial(self, rows_done: int) -> None:
+        """Rank 0, the slide failed before any row was saved: no partial output stays behind (nothing to resume)."""
+        if self.store is None or rows_done > 0:
+            return
+        self.store.close()
+        self.store = None
+        work = work_path(npy_base(self.plan.outputs))
+        work.unlink(missing_ok=True)
+        progress_path(work).unlink(missing_ok=True)
 
     def _collect(self, pieces: list[tuple[Box, np.ndarray]]) -> None:
         gathered = self.ctx.gather_object(pieces, root=0)
@@ -242,7 +262,11 @@ class SlideRunner:
         work = self.store.path
         self.store.close()
         settings, trained = self.settings, self.trained
-        heat = settings.heat_class if settings.heat_class is not None else self.net.shape.classes - 1
+        heat = settings.heat_class if settings.heat_class is not None else default_heat_class(trained.classes)
+        drawn = {OutputKind.PREVIEW} | ({OutputKind.PNG} if trained.task is Task.CLASSIFICATION else set())
+        if settings.heat_class is None and any(s.kind in drawn for s in self.plan.outputs):
+            print(f"mpi4dl_nb infer: the .png/.tif:preview draw P({trained.classes[heat]}) (class {heat}); "
+                  f"--heat-class N draws another", file=sys.stderr, flush=True)
         threshold = settings.threshold
         if threshold is None and trained.task is Task.CLASSIFICATION:
             threshold = CLASSIFIER_THRESHOLD
