@@ -35,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--slide", help="anything OpenSlide opens, or a plain image")
     where.add_argument("--slides", help="many slides: a folder of slide files, or a text file with one path per "
-                                        "line; every --output then names one file per slide with {slide}")
+                                        "line, or a cohort manifest FILE.csv (as --cohort); every --output "
+                                        "then names one file per slide with {slide}")
+    where.add_argument("--cohort", dest="cohort_file", metavar="FILE.csv",
+                       help="a cohort manifest (columns slide,label[,patient,...]; paths relative to the file): its "
+                            "slides, each one's label and patient in the summary table")
     parser.add_argument("--summary", default=None,
                         help="with --slides: the summary table (CSV; default summary.csv beside the outputs)")
     parser.add_argument("--output", dest="outputs", action="append", required=True,
@@ -108,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parsed = build_parser().parse_args(argv)
     args = vars(parsed).copy()
     backend, device = args.pop("backend"), args.pop("device")
-    slides, summary_path = args.pop("slides"), args.pop("summary")
+    cohort_file = args.pop("cohort_file")
+    slides, summary_path = args.pop("slides") or cohort_file, args.pop("summary")
     args.pop("checkpoint_select")
     rank, size, _ = launched_world()
     try:

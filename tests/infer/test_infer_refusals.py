@@ -116,3 +116,32 @@ def test_annotations_without_areas_are_refused_naming_the_file(tmp_path, capsys)
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert f"{folder / 's1.geojson'}: no areas to draw a mask from (1 Point, 1 LineString)" in captured.err
+
+
+def test_a_cohort_manifest_drives_inference_and_its_table_lines_up_with_evaluate(bright, tmp_path, capsys):
+    import csv
+
+    from mpi4dl_nb.data.cohort_slides import CohortSlides
+    from mpi4dl_nb.data.groups import groups_of
+    from mpi4dl_nb.data.manifest import read_cohort
+
+    _, checkpoint, _ = bright
+    (tmp_path / "scans").mkdir()
+    for name, side in (("s1", 96), ("s2", 128)):
+        write_slide(tmp_path / "scans" / f"{name}.tif", tissue_image(side, side), mpp=0.5)
+    manifest = tmp_path / "cohort.csv"
+    manifest.write_text("slide,label,patient,site\nscans/s1.tif,bright,P1,lab A\nscans/s2.tif,dark,P2,lab B\n")
+    (tmp_path / "out").mkdir()
+    code, err = run(capsys, "--checkpoint", checkpoint, "--cohort", manifest, "--output",
+                    tmp_path / "out" / "{slide}.npy")
+    assert code == 0, err
+    with open(tmp_path / "out" / "summary.csv") as handle:
+        rows = {r["slide"]: r for r in csv.DictReader(handle)}
+    assert {k: (r["label"], r["patient"], r["status"]) for k, r in rows.items()} == {
+        "s1": ("bright", "P1", "done"), "s2": ("dark", "P2", "done")}
+    evaluated = groups_of(CohortSlides(read_cohort(manifest), 32, min_tissue=0.0))   # as evaluate --cohort names them
+    assert set(evaluated.slides) == set(rows)
+    manifest.write_text("slide,label\nscans/s1.tif,tumour\n")
+    code, err = run(capsys, "--checkpoint", checkpoint, "--slides", manifest, "--output",
+                    tmp_path / "out" / "{slide}.npy", "--overwrite")
+    assert code == 2 and "line 2" in err and "tumour" in err and "Traceback" not in err
