@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "the trunk's)")
     parser.add_argument("--task", choices=Task.values(), default=None,
                         help="refuse a checkpoint of the other task (default: run what the checkpoint holds)")
+    parser.add_argument("--map-mode", dest="map_mode", choices=("dense", "tiles"), default="dense",
+                        help="classifiers: dense computes every cell fully convolutionally (fast; a cell's features "
+                             "see the slide around its tile); tiles applies the classifier to exactly the tile each "
+                             "cell names, as trained (slower by about (patch / --output-stride)^2; use --output-stride "
+                             "= the patch size for non-overlapping tiles)")
     parser.add_argument("--heat-class", dest="heat_class", type=int, default=None,
                         help="class drawn by the .png and .tif:preview of a classifier (default: the first positive "
                              "class after class 0, not background/normal/negative/'no ...'; printed)")

@@ -17,6 +17,7 @@ from .probes import default_window, output_size
 from .reader import SlideReader
 from .settings import InferSettings
 from .store import Fingerprint, load_progress, progress_path, work_path
+from .tile_map import MapMode
 from .tissue import OVERVIEW_SIDE, TissueMap
 from .trained import TrainedNetwork
 from .windows import AxisField, WindowPlan, padded_extent
@@ -55,6 +56,9 @@ def resolve_outputs(settings: InferSettings, trained: TrainedNetwork) -> tuple[O
             raise ConfigError("--output", f"{spec.path}: a .csv has one row per output cell, here per pixel of the "
                                           f"slide; write the label map (.tif), the regions (.geojson) or the "
                                           f"probabilities (.npy) instead")
+    if settings.map_mode == MapMode.TILES and dense:
+        raise ConfigError("--map-mode", "tiles classifies each tile alone, but this network predicts every pixel; "
+                                        "use --map-mode dense (the default) for a segmentation network")
     if settings.heat_class is not None and settings.heat_class >= trained.net.shape.classes:
         raise ConfigError("--heat-class", f"the network has {trained.net.shape.classes} classes; use "
                                           f"0..{trained.net.shape.classes - 1}")

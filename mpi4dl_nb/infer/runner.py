@@ -33,6 +33,7 @@ from .reader import Prefetcher, SlideReader
 from .settings import InferSettings
 from .store import HeatmapStore, progress_path, save_progress, work_path
 from .summary import InferSummary, RankStats, TimelineEvent
+from .tile_map import MapMode, TileClassifier, TileGeometry
 from .trained import TrainedNetwork, load_network
 from .windows import Window, WindowPlan, batches, intersect
 
@@ -50,6 +51,7 @@ class SlideFailed(RuntimeError):
         super().__init__(message)
         self.kept = kept
 
+BATCH_TILES = 16       # tiles per forward in --map-mode tiles (times --batch-windows)
 COORDINATES = "level-0 pixels of QuPath's image: OpenSlide's level 0 minus the slide's bounds origin"
 
 
@@ -152,6 +154,8 @@ class SlideRunner:
         """
         from ..spatial.convert import spatialize
 
+        if self.settings.map_mode == MapMode.TILES:
+            return self._run_tiles()
         settings, ctx, plan = self.settings, self.ctx, self.plan
         net: nn.Module = self.net
         if self.grid.num_tiles > 1:
@@ -224,6 +228,37 @@ class SlideRunner:
         self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
         outputs = [str(s.path) for s in plan.outputs] if report is not None else []
         return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done, report, events)
+
+    def _run_tiles(self) -> InferSummary | None:
+        """``--map-mode tiles``: each rank classifies every ``world``-th row of cells tile by tile; rank 0 stores
+        the rows (cells without a whole tile stay NaN) and writes the outputs."""
+        ctx, plan = self.ctx, self.plan
+        geometry = TileGeometry(self.trained.cell_extent, self.net.shape.stride, plan.out_shape[1:],
+                                (self.reader.height, self.reader.width))
+        classifier = TileClassifier(self.trained.layers, self.settings.torch_dtype, ctx.device)
+        self.stats = RankStats(state_bytes=state_bytes(self.net))
+        self.meter = PeakMeter(ctx.device)
+        if self.store is not None:
+            self.store.fill((0, plan.out_shape[1], 0, plan.out_shape[2]))
+        rows = geometry.whole(0)
+        bar = ProgressLine(rows, self.settings.progress and ctx.rank == 0)
+        wall = time.perf_counter()
+        for first in range(0, rows, ctx.world_size):
+            row = first + ctx.rank
+            start = time.perf_counter()
+            pieces = [] if row >= rows else [((row, row + 1, 0, plan.out_shape[2]), classifier.row(
+                self.reader, geometry, row, plan.out_shape[0], self.settings.batch_windows * BATCH_TILES))]
+            self.stats.compute_seconds += time.perf_counter() - start
+            self.stats.windows += geometry.whole(1) if pieces else 0
+            self._collect(pieces)
+            bar.update(min(first + ctx.world_size, rows), f"tile rows {min(first + ctx.world_size, rows)}/{rows}")
+        self.stats.seconds = time.perf_counter() - wall
+        ctx.barrier()
+        report = self._finalize() if ctx.rank == 0 else None
+        self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
+        outputs = [str(s.path) for s in plan.outputs] if report is not None else []
+        pixels = float(self.reader.height * self.reader.width)
+        return self._summary(self.stats.windows, 0, pixels, True, outputs, plan.out_shape[1], report, None)
 
     def _drop_empty_partial(self, rows_done: int) -> None:
         """Rank 0, the slide failed before any row was saved: no partial output stays behind (nothing to resume)."""

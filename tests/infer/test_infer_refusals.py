@@ -145,3 +145,23 @@ def test_a_cohort_manifest_drives_inference_and_its_table_lines_up_with_evaluate
     code, err = run(capsys, "--checkpoint", checkpoint, "--slides", manifest, "--output",
                     tmp_path / "out" / "{slide}.npy", "--overwrite")
     assert code == 2 and "line 2" in err and "tumour" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--map-mode", "tiles", "--resume"], "--map-mode: tiles runs the whole slide in one go; drop --resume"),
+    (["--map-mode", "tiles", "--tissue-only"], "drop --tissue-only, or use --map-mode dense"),
+])
+def test_tile_mode_refuses_what_it_cannot_do(bright, tmp_path, capsys, extra, fragment):
+    _, checkpoint, slide = bright
+    code, err = run(capsys, "--checkpoint", checkpoint, "--slide", slide, "--output", tmp_path / "m.npy", *extra)
+    assert code == 2 and fragment in one_line(err)
+
+
+def test_tile_mode_refuses_a_segmentation_network(tmp_path, capsys):
+    from tests.support.infer_data import unet_checkpoint
+
+    checkpoint = unet_checkpoint(tmp_path / "ck", mpp=0.5)
+    slide = write_slide(tmp_path / "s.tif", tissue_image(64, 64), mpp=0.5)
+    code, err = run(capsys, "--checkpoint", checkpoint, "--slide", slide, "--output", tmp_path / "m.npy",
+                    "--map-mode", "tiles")
+    assert code == 2 and "use --map-mode dense (the default) for a segmentation network" in one_line(err)
