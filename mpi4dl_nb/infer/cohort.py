@@ -46,12 +46,17 @@ def list_slides(source: str | Path) -> list[Path]:
             raise ConfigError("--slides", f"{path} lists no slides (one path per line)")
     else:
         raise ConfigError("--slides", f"{str(source)!r}: no such folder or list file")
+    check_unique_names(slides, "--slides")
+    return slides
+
+
+def check_unique_names(slides: Sequence[Path], knob: str) -> None:
+    """Refuse slides sharing a file name without suffix: their outputs (named by ``{slide}``) would collide."""
     stems = [s.stem for s in slides]
     twice = sorted({s for s in stems if stems.count(s) > 1})
     if twice:
-        raise ConfigError("--slides", f"several slides are named {', '.join(twice)}: outputs are named by "
-                                      f"{SLIDE_FIELD} (the file name without suffix); rename them or run them apart")
-    return slides
+        raise ConfigError(knob, f"several slides are named {', '.join(twice)}: outputs are named by {SLIDE_FIELD} "
+                                f"(the file name without suffix); rename them or run them apart")
 
 
 def is_manifest(source: str | Path) -> bool:
@@ -63,11 +68,7 @@ def read_manifest(source: str | Path, classes: Sequence[str] | None) -> Cohort:
     """A cohort manifest given to ``infer`` (data/manifest.py; labels among ``classes`` when given); its slide
     names must differ, as outputs are named by them."""
     cohort = read_cohort(source, classes)
-    names = [entry.name for entry in cohort]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError("--cohort", f"several slides are named {', '.join(twice)}: outputs are named by "
-                                      f"{SLIDE_FIELD} (the file name without suffix); rename them")
+    check_unique_names([entry.path for entry in cohort], "--cohort")
     return cohort
 
 
