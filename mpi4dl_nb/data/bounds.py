@@ -9,7 +9,7 @@ use that image's coordinates.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 BOUNDS_KEYS = ("openslide.bounds-x", "openslide.bounds-y", "openslide.bounds-width", "openslide.bounds-height")
@@ -38,13 +38,13 @@ class SlideBounds:
         return {"x": self.x, "y": self.y, "width": self.width, "height": self.height}
 
 
-def slide_bounds(properties: Mapping[str, str], level0: tuple[int, int]) -> SlideBounds:
+def slide_bounds(properties: Mapping[str, str], level0: Sequence[int]) -> SlideBounds:
     """QuPath's image of a slide with OpenSlide ``properties`` and level-0 ``(width, height)``: the bounds when all
     four are given as integers (as QuPath requires), else the whole frame."""
     try:
         x, y, width, height = (int(properties[key]) for key in BOUNDS_KEYS)
     except (KeyError, ValueError):
-        return SlideBounds(0, 0, *level0)
+        return SlideBounds(0, 0, int(level0[0]), int(level0[1]))
     if width <= 0 or height <= 0:
-        return SlideBounds(0, 0, *level0)
+        return SlideBounds(0, 0, int(level0[0]), int(level0[1]))
     return SlideBounds(x, y, width, height)

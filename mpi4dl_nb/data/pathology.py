@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from .bounds import SlideBounds, slide_bounds
 from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
 from .resolution import LevelChoice
@@ -229,6 +230,7 @@ class SlideDataset:
         self._open: dict[int, Slide] = {}
         self.downsample: list[float] = []
         self.choices: list[LevelChoice] = []      # per slide: the level read and the resampling to --mpp
+        self.bounds: list[SlideBounds] = []       # per slide: OpenSlide's bounds (QuPath's image), data/bounds.py
         self.tiles: list[SlideTile] = []
         for number, path in enumerate(self.paths):
             slide = self.slide(number)
@@ -237,7 +239,9 @@ class SlideDataset:
                                  f"{slide.level_count - 1}); choose a level in that range")
             choice = slide_choice(slide, path, level, mpp, source_mpp)
             self.choices.append(choice)
-            width, height = choice.extent(slide.level_dimensions[choice.level])
+            bounds = slide_bounds(getattr(slide, "properties", {}), tuple(slide.level_dimensions[0]))
+            self.bounds.append(bounds)        # QuPath's image of the slide: tiles and annotations in its pixels
+            width, height = choice.extent(bounds.level_size(float(slide.level_downsamples[choice.level])))
             if image_size > min(width, height):
                 raise ValueError(f"--image-size {image_size} is larger than slide {path} at level "
                                  f"{level} ({width}x{height}); use --image-size <= "
@@ -264,8 +268,9 @@ class SlideDataset:
             return [SlideTile(number, x, y) for x, y in corners]
         slide = self.slide(number)
         coarse = slide.level_count - 1
-        cw, ch = slide.level_dimensions[coarse]
-        mask = tissue_mask(rgba_to_rgb(slide.read_region((0, 0), coarse, (cw, ch))))
+        bounds = self.bounds[number]
+        cw, ch = bounds.level_size(float(slide.level_downsamples[coarse]))
+        mask = tissue_mask(rgba_to_rgb(slide.read_region((bounds.x, bounds.y), coarse, (cw, ch))))
         sx, sy = cw / width, ch / height
         kept = []
         for x, y in corners:
@@ -295,8 +300,8 @@ class SlideDataset:
     def _level_pixels(self, number: int, box: Box) -> np.ndarray:
         """RGB pixels of ``box`` at slide ``number``'s level read (one ``read_region``)."""
         r0, r1, c0, c1 = box
-        ds = self.downsample[number]
-        location = (int(round(c0 * ds)), int(round(r0 * ds)))
+        ds, bounds = self.downsample[number], self.bounds[number]
+        location = (bounds.x + int(round(c0 * ds)), bounds.y + int(round(r0 * ds)))
         region = self.slide(number).read_region(location, self.choices[number].level, (c1 - c0, r1 - r0))
         return rgba_to_rgb(region)
 

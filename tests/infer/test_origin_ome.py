@@ -130,3 +130,31 @@ def test_ome_tiff_carries_physical_sizes_channel_names_and_its_pyramid(bounded, 
     fields = subprocess.run(["vipsheader", "-a", str(out)], capture_output=True, text=True, check=True).stdout
     assert f"width: {BOUNDS.width // STRIDE}" in fields and "bands: 1" in fields and "format: float" in fields
     assert "n-pages: 2" in fields                   # one page per class: data, not grey + alpha
+
+
+def test_training_tiles_and_annotation_masks_use_qupath_coordinates_too(tmp_path):
+    """Annotated slides for training: tiles cut from the bounds, QuPath's polygons drawn where the pixels are."""
+    from mpi4dl_nb.data.annotated_slides import AnnotatedSlideDataset, annotation_problems
+    from mpi4dl_nb.data.pathology import open_slide
+
+    r0, r1, c0, c1 = SQUARE
+    path = square_slide(tmp_path / "s.tif", BOUNDS.y + BOUNDS.height + 12, BOUNDS.x + BOUNDS.width + 16,
+                        (r0 + BOUNDS.y, r1 + BOUNDS.y, c0 + BOUNDS.x, c1 + BOUNDS.x))
+    ring = [[c0, r0], [c1, r0], [c1, r1], [c0, r1], [c0, r0]]              # QuPath's coordinates of the square
+    (tmp_path / "s.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": [
+        {"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [ring]},
+         "properties": {"classification": {"name": "bright"}}}]}))
+
+    def opener(slide):
+        return BoundedSlide(open_slide(slide), BOUNDS)
+
+    assert annotation_problems(path, ["background", "bright"], opener) is None
+    data = AnnotatedSlideDataset([path], 64, ["background", "bright"], min_tissue=0.0, opener=opener)
+    assert len(data) == (BOUNDS.height // 64) * (BOUNDS.width // 64)
+    drawn = 0
+    for index in range(len(data)):
+        bright = data.read(index).mean(dim=0) > 0.9
+        mask = data.read_mask(index) == 1
+        assert bool((mask == bright).all()), index
+        drawn += int(mask.sum())
+    assert drawn == (r1 - r0) * (c1 - c0)
