@@ -23,14 +23,18 @@ class SlideBounds:
     y: int
     width: int
     height: int
+    whole: bool = False      # the bounds are OpenSlide's whole frame (no bounds reported)
 
     @property
     def offset(self) -> bool:
         """Whether QuPath's image starts elsewhere than OpenSlide's (0, 0)."""
         return (self.x, self.y) != (0, 0)
 
-    def level_size(self, downsample: float) -> tuple[int, int]:
-        """(width, height) of the bounded image at a level of ``downsample`` (rounded up: nothing cut)."""
+    def level_size(self, downsample: float, stored: Sequence[int]) -> tuple[int, int]:
+        """(width, height) of the bounded image at a level of ``downsample`` whose file size is ``stored``: that
+        size for the whole frame, else the bounds shrunk by the downsample (rounded up: nothing cut)."""
+        if self.whole:
+            return int(stored[0]), int(stored[1])
         return (max(1, -int(-self.width // downsample)), max(1, -int(-self.height // downsample)))
 
     def describe(self) -> dict[str, int]:
@@ -44,7 +48,7 @@ def slide_bounds(properties: Mapping[str, str], level0: Sequence[int]) -> SlideB
     try:
         x, y, width, height = (int(properties[key]) for key in BOUNDS_KEYS)
     except (KeyError, ValueError):
-        return SlideBounds(0, 0, int(level0[0]), int(level0[1]))
+        return SlideBounds(0, 0, int(level0[0]), int(level0[1]), whole=True)
     if width <= 0 or height <= 0:
-        return SlideBounds(0, 0, int(level0[0]), int(level0[1]))
-    return SlideBounds(x, y, width, height)
+        return SlideBounds(0, 0, int(level0[0]), int(level0[1]), whole=True)
+    return SlideBounds(x, y, width, height, whole=(x, y, width, height) == (0, 0, level0[0], level0[1]))

@@ -241,7 +241,8 @@ class SlideDataset:
             self.choices.append(choice)
             bounds = slide_bounds(getattr(slide, "properties", {}), tuple(slide.level_dimensions[0]))
             self.bounds.append(bounds)        # QuPath's image of the slide: tiles and annotations in its pixels
-            width, height = choice.extent(bounds.level_size(float(slide.level_downsamples[choice.level])))
+            width, height = choice.extent(bounds.level_size(float(slide.level_downsamples[choice.level]),
+                                                            slide.level_dimensions[choice.level]))
             if image_size > min(width, height):
                 raise ValueError(f"--image-size {image_size} is larger than slide {path} at level "
                                  f"{level} ({width}x{height}); use --image-size <= "
@@ -269,7 +270,7 @@ class SlideDataset:
         slide = self.slide(number)
         coarse = slide.level_count - 1
         bounds = self.bounds[number]
-        cw, ch = bounds.level_size(float(slide.level_downsamples[coarse]))
+        cw, ch = bounds.level_size(float(slide.level_downsamples[coarse]), slide.level_dimensions[coarse])
         mask = tissue_mask(rgba_to_rgb(slide.read_region((bounds.x, bounds.y), coarse, (cw, ch))))
         sx, sy = cw / width, ch / height
         kept = []

@@ -61,7 +61,8 @@ class SlideReader:
         self.level = self.choice.level
         self.bounds: SlideBounds = slide_bounds(getattr(self.slide, "properties", {}), self.frame_size)
         self.level_downsample = downsamples[self.level]
-        self.level_width, self.level_height = self.bounds.level_size(self.level_downsample)
+        self.level_width, self.level_height = self.bounds.level_size(self.level_downsample,
+                                                                     self.slide.level_dimensions[self.level])
         self.resampler = AreaResampler(self.choice.scale) if self.choice.resampled else None
         if self.resampler is None:
             self.width, self.height = self.level_width, self.level_height
@@ -93,8 +94,9 @@ class SlideReader:
 
     @property
     def levels(self) -> list[tuple[int, int]]:
-        """(width, height) of every level."""
-        return [(int(w), int(h)) for w, h in self.slide.level_dimensions]
+        """(width, height) of every level of QuPath's image (the bounds)."""
+        return [self.bounds.level_size(float(d), size)
+                for d, size in zip(self.slide.level_downsamples, self.slide.level_dimensions)]
 
     @property
     def frame_size(self) -> tuple[int, int]:

@@ -61,13 +61,14 @@ def cli(*argv: object) -> int:
 
 def test_bounds_are_read_as_qupath_reads_them():
     frame = (900, 700)
-    assert slide_bounds({}, frame) == SlideBounds(0, 0, 900, 700)
+    assert slide_bounds({}, frame) == SlideBounds(0, 0, 900, 700, whole=True)
+    assert slide_bounds({}, frame).level_size(4.0, (226, 175)) == (226, 175)     # the file's own level size
     properties = {"openslide.bounds-x": "30", "openslide.bounds-y": "12", "openslide.bounds-width": "500",
                   "openslide.bounds-height": "401"}
     bounds = slide_bounds(properties, frame)
     assert bounds == SlideBounds(30, 12, 500, 401) and bounds.offset
-    assert bounds.level_size(4.0) == (125, 101)                     # rounded up: the last partial pixel kept
-    assert slide_bounds({**properties, "openslide.bounds-x": "n/a"}, frame) == SlideBounds(0, 0, 900, 700)
+    assert bounds.level_size(4.0, (225, 175)) == (125, 101)        # rounded up: the last partial pixel kept
+    assert slide_bounds({**properties, "openslide.bounds-x": "n/a"}, frame) == SlideBounds(0, 0, 900, 700, True)
 
 
 def test_outputs_of_an_offset_slide_land_where_qupath_shows_the_pattern(bounded, reports_bounds):
