@@ -55,6 +55,7 @@ class ScheduleKind(Choice):
 
     GPIPE = "gpipe"         # all forwards, then all backwards
     ONE_F_ONE_B = "1f1b"    # warm-up forwards, then one forward one backward, then drain
+    INTERLEAVED = "interleaved"   # 1F1B over virtual_stages chunks per rank (Megatron's interleaving)
 
 
 C = TypeVar("C", bound=Choice)
@@ -147,6 +148,8 @@ class ParallelConfig:
     segment): a stage keeps only its segments' inputs and recomputes inside on backward.
     ``precision``: 'fp32' (the parameters' dtype), 'bf16' or 'fp16' (GPU, gradient scaler):
     forward under autocast, master weights and BatchNorm statistics in float32.
+    ``virtual_stages``: with ``schedule='interleaved'``, the chunks each rank holds: the
+    ``split_size`` stages lie on ``split_size / virtual_stages`` ranks, stage s on s mod that.
     """
 
     split_size: int = 2
@@ -168,6 +171,9 @@ class ParallelConfig:
     # layers per segment) and the compute precision; the planner's models read them too
     checkpoint_activations: CheckpointSetting | None = None   # 'every', 'blocks' or N accepted
     precision: PrecisionMode = PrecisionMode.FP32
+    # interleaved schedule (issue 44): the split_size stages lie on split_size / virtual_stages
+    # pipeline positions, stage s on position s mod positions (each rank holds virtual_stages chunks)
+    virtual_stages: int = 1
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):
@@ -183,10 +189,15 @@ class ParallelConfig:
         return self.num_spatial_parts if self.spatial_size > 0 else 1
 
     @property
+    def pipeline_positions(self) -> int:
+        """Ranks (or tile / copy groups) along the pipeline: split_size / virtual_stages."""
+        return self.split_size // self.virtual_stages
+
+    @property
     def ranks_per_replica(self) -> int:
-        """Ranks one model replica occupies (GEMS mirrors share them)."""
+        """Ranks one model replica occupies (GEMS mirrors and later virtual stages share them)."""
         return (self.spatial_size * self.num_spatial_parts
-                + (self.split_size - self.spatial_size) * self.local_dp)
+                + (self.pipeline_positions - self.spatial_size) * self.local_dp)
 
     @property
     def world_size(self) -> int:
@@ -259,6 +270,7 @@ class ParallelConfig:
         positive("local_dp")
         positive("fused_layers")
         positive("data_parallel")
+        positive("virtual_stages")
         # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
@@ -306,6 +318,7 @@ class ParallelConfig:
         if self.gems and self.split_size < 2:
             raise ConfigError("times", "GEMS (times >= 1) mirrors the stages and needs "
                               "split_size >= 2; use times=0 or split_size=2")
+        self._check_virtual_stages()
         if self.balance is not None:
             if len(self.balance) != self.split_size:
                 raise ConfigError("balance", f"has {len(self.balance)} entries but split_size="
@@ -313,6 +326,37 @@ class ParallelConfig:
             if any(b < 1 for b in self.balance):
                 raise ConfigError("balance", f"every stage needs at least one layer, got "
                                   f"{list(self.balance)}")
+
+    def _check_virtual_stages(self) -> None:
+        """The interleaved schedule's knobs: what it can lay out and order (refused with the way out)."""
+        interleaved = self.schedule is ScheduleKind.INTERLEAVED
+        v = self.virtual_stages
+        if interleaved != (v > 1):
+            raise ConfigError("virtual_stages", f"virtual_stages={v} with schedule='{self.schedule}': "
+                              "the interleaved schedule needs virtual_stages >= 2 and is the only one that "
+                              "places several chunks per rank; use schedule='interleaved' with "
+                              "virtual_stages >= 2, or virtual_stages=1")
+        if not interleaved:
+            return
+        positions = self.split_size // v
+        if self.split_size % v or positions < 2:
+            raise ConfigError("virtual_stages", f"split_size={self.split_size} stages do not lie as "
+                              f"{v} chunks on each of >= 2 pipeline positions; use split_size a multiple "
+                              f"of virtual_stages with split_size >= {2 * v}")
+        if self.spatial_size > positions:
+            raise ConfigError("spatial_size", f"interleaved: spatial stages lie in the first chunk only, "
+                              f"{positions} positions hold {self.spatial_size} spatial stages; use "
+                              f"spatial_size <= {positions}")
+        for knob, off, why in (("times", self.gems, "GEMS mirrors"), ("local_dp", self.local_dp > 1,
+                               "local-DP copies"), ("sync_batchnorm", self.sync_batchnorm,
+                               "synchronised BatchNorm across copies")):
+            if off:
+                raise ConfigError(knob, f"the interleaved schedule does not combine with {why} yet; "
+                                  f"use schedule='1f1b' for them, or data_parallel for replicas")
+        if self.parts % positions:
+            raise ConfigError("parts", f"the interleaved schedule runs micro-batches in groups of the "
+                              f"{positions} pipeline positions, parts={self.parts} is not a multiple; "
+                              f"use parts in {[positions * k for k in (1, 2, 4)]}")
 
     def validate(self, *, world_size: int | None = None, batch_size: int | None = None,
                  num_layers: int | None = None, image_size: int | Sequence[int] | None = None,
@@ -349,9 +393,11 @@ class ParallelConfig:
     def describe_world(self) -> str:
         """The rank-count formula with this configuration's numbers."""
         sp = self.spatial_size * self.num_spatial_parts
-        lp = (self.split_size - self.spatial_size) * self.local_dp
+        lp = (self.pipeline_positions - self.spatial_size) * self.local_dp
+        positions = (f"split_size {self.split_size}" if self.virtual_stages == 1 else
+                     f"split_size {self.split_size} / virtual_stages {self.virtual_stages}")
         text = (f"spatial_size {self.spatial_size} x num_spatial_parts {self.num_spatial_parts}"
-                f" + (split_size {self.split_size} - spatial_size {self.spatial_size}) x local_dp "
+                f" + ({positions} - spatial_size {self.spatial_size}) x local_dp "
                 f"{self.local_dp} = {sp} + {lp}")
         if self.data_parallel > 1:
             text = f"({text}) x data_parallel {self.data_parallel}"

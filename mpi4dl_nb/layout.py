@@ -25,6 +25,8 @@ class LayoutKnobs(Protocol):
     def gems(self) -> bool: ...
     @property
     def grid_shape(self) -> tuple[int, int]: ...
+    @property
+    def pipeline_positions(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,17 @@ class RankRole:
     index_in_replica: int
     primary: StageSlot
     mirror: StageSlot | None   # the GEMS mirror replica's slot on this rank
+    chunks: tuple[StageSlot, ...] = ()   # interleaved: the later virtual stages' slots on this rank
+
+    def slots(self) -> list[tuple[int, StageSlot]]:
+        """Every (direction, slot) this rank holds: primary, later virtual stages, then the mirror (1)."""
+        out = [(0, self.primary)] + [(0, slot) for slot in self.chunks]
+        return out + ([(1, self.mirror)] if self.mirror is not None else [])
+
+    @property
+    def stages(self) -> list[int]:
+        """The stages whose parameters this rank holds, ascending."""
+        return sorted({slot.stage for _, slot in self.slots()})
 
     @property
     def stage(self) -> int:
@@ -72,7 +85,7 @@ class RankRole:
             if slot.spatial:
                 return f"stage {slot.stage} tile {slot.tile} (r{slot.tile_row},c{slot.tile_col})"
             return f"stage {slot.stage}" + (f" copy {slot.copy}" if len(slot.stage_ranks) > 1 else "")
-        text = slot_text(self.primary)
+        text = ", ".join(slot_text(slot) for slot in (self.primary, *self.chunks))
         if self.mirror is not None:
             text += f" | mirror {slot_text(self.mirror)}"
         return text
@@ -83,7 +96,7 @@ def _replica_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
     rows, cols = cfg.grid_shape
     slots: list[StageSlot] = []
     offset = 0
-    for stage in range(cfg.split_size):
+    for stage in range(cfg.pipeline_positions):
         spatial = stage < cfg.spatial_size
         count = cfg.num_spatial_parts if spatial else cfg.local_dp
         ranks = tuple(base + offset + k for k in range(count))
@@ -94,6 +107,20 @@ def _replica_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
                 slots.append(StageSlot(stage, False, None, None, None, k, ranks))
         offset += count
     return slots
+
+
+def _chunk_slots(cfg: LayoutKnobs, primary: list[StageSlot]) -> list[tuple[StageSlot, ...]]:
+    """Interleaved: in-replica index i also holds stage ``position + v * positions`` for v >= 1, a
+    layer stage (spatial stages lie in the first chunk); on a spatial position its tile 0 holds it."""
+    positions = cfg.pipeline_positions
+    later = range(1, cfg.split_size // positions)
+    out = []
+    for slot in primary:
+        holder = slot.stage_ranks[:1] if slot.spatial else slot.stage_ranks
+        held = slot.tile in (None, 0)
+        out.append(tuple(StageSlot(slot.stage + v * positions, False, None, None, None, slot.copy, holder)
+                         for v in later) if held else ())
+    return out
 
 
 def _mirror_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
@@ -118,26 +145,25 @@ def layout(cfg: LayoutKnobs) -> list[RankRole]:
         base = replica * size
         primary = _replica_slots(cfg, base)
         mirror = _mirror_slots(cfg, base) if cfg.gems else [None] * size
+        chunks = _chunk_slots(cfg, primary)
         for i in range(size):
-            roles.append(RankRole(base + i, replica, i, primary[i], mirror[i]))
+            roles.append(RankRole(base + i, replica, i, primary[i], mirror[i], chunks[i]))
     return roles
 
 
 def stage_holders(cfg: LayoutKnobs, stage: int) -> list[int]:
     """Every rank that holds ``stage``'s parameters in any role (the gradient-sum group)."""
-    holders = set()
-    for role in layout(cfg):
-        for slot in (role.primary, role.mirror):
-            if slot is not None and slot.stage == stage:
-                holders.add(role.rank)
-    return sorted(holders)
+    return sorted({role.rank for role in layout(cfg) if stage in role.stages})
 
 
 def layout_table(cfg: LayoutKnobs) -> str:
     """The rank table as aligned text (what ``python -m mpi4dl_nb layout`` prints)."""
     header = ["rank", "replica", "stage", "kind", "tile", "grid pos", "copy"]
+    interleaved = cfg.split_size > cfg.pipeline_positions
     if cfg.gems:
         header += ["mirror stage", "mirror tile"]
+    if interleaved:
+        header.append("later chunks")
     rows = [header]
     for role in layout(cfg):
         p = role.primary
@@ -150,6 +176,8 @@ def layout_table(cfg: LayoutKnobs) -> str:
             m = role.mirror
             assert m is not None
             row += [str(m.stage), "-" if m.tile is None else str(m.tile)]
+        if interleaved:
+            row.append(",".join(str(c.stage) for c in role.chunks) or "-")
         rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]

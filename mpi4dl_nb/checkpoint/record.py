@@ -16,7 +16,9 @@ import torch
 
 from ..data.apps import AppKind
 from ..data.augment import AugmentSpec
+from ..data.canvas import CanvasPlacement
 from ..data.classes import numbered
+from ..data.stain import StainNormalizer
 from ..data.task import Task
 from ..models.spec import ModelFamily, ModelSpec, optional_whole, whole
 from ..pipeline.optim import LRSchedule, OptimizerSpec
@@ -48,12 +50,15 @@ class DataRecord:
     classes: tuple[str, ...] | None = None      # the class names in label order (None: not recorded)
     mpp: float | None = None                    # µm per pixel the run trained at (None: unknown)
     cohort: str | None = None                   # --cohort: the manifest's path (None: none)
+    whole_slide: bool = False                   # --whole-slide: a sample per slide (its tissue on a canvas)
+    canvases: tuple[CanvasPlacement, ...] = ()  # --whole-slide: where each slide's canvas lay
 
     def to_dict(self) -> dict[str, object]:
         return {"app": str(self.app), "image_size": self.image_size, "batch_size": self.batch_size,
                 "dtype": self.dtype, "datapath": self.datapath, "val_fraction": self.val_fraction,
                 "val_datapath": self.val_datapath, "classes": None if self.classes is None else list(self.classes),
-                "mpp": self.mpp, "cohort": self.cohort}
+                "mpp": self.mpp, "cohort": self.cohort, "whole_slide": self.whole_slide,
+                "canvases": [c.to_dict() for c in self.canvases]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> DataRecord:
@@ -61,7 +66,15 @@ class DataRecord:
         return cls(AppKind.parse(text(data, "app", "synthetic")), whole(data, "image_size"),
                    whole(data, "batch_size"), text(data, "dtype", "float32"), optional_text(data, "datapath"),
                    optional_number(data, "val_fraction"), optional_text(data, "val_datapath"),
-                   optional_names(data, "classes"), optional_number(data, "mpp"), optional_text(data, "cohort"))
+                   optional_names(data, "classes"), optional_number(data, "mpp"), optional_text(data, "cohort"),
+                   data.get("whole_slide") is True, canvases_of(data.get("canvases", [])))
+
+
+def canvases_of(value: object) -> tuple[CanvasPlacement, ...]:
+    """The canvases a record lists; ValueError for another shape."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ValueError(f"checkpoint record field 'canvases' must be a list of objects, got {value!r}")
+    return tuple(CanvasPlacement.from_dict(item) for item in value)
 
 
 @dataclass(frozen=True)
@@ -157,6 +170,7 @@ class RunRecord:
     task: Task = Task.CLASSIFICATION
     segmentation: SegmentationRecord | None = None
     split: SplitRecord | None = None             # the held-out split with the groups of each side (None: none)
+    stain: StainNormalizer | None = None         # the stain normaliser every image was read through (None: none)
 
     def at(self, step: int, run_id: str) -> RunRecord:
         """This record after ``step`` optimizer steps of lineage ``run_id``."""
@@ -194,7 +208,8 @@ class RunRecord:
                              "training": None if self.training is None else self.training.to_dict(),
                              "best": None if self.best is None else self.best.to_dict(), "task": str(self.task),
                              "segmentation": None if self.segmentation is None else self.segmentation.to_dict(),
-                             "split": None if self.split is None else self.split.to_dict()},
+                             "split": None if self.split is None else self.split.to_dict(),
+                             "stain": None if self.stain is None else self.stain.to_dict()},
                 "step": self.step, "run_id": self.run_id, "identity": dict(self.identity),
                 "format_version": FORMAT_VERSION}
 
@@ -208,7 +223,7 @@ class RunRecord:
         try:
             if isinstance(record, Mapping):
                 training, best, pixels = record.get("training"), record.get("best"), record.get("segmentation")
-                split = record.get("split")
+                split, stain = record.get("split"), record.get("stain")
                 return cls(ModelSpec.from_dict(section(record, "model")), DataRecord.from_dict(section(record, "data")),
                            whole(record, "seed", 0), section(record, "config"), whole(data, "step"),
                            optional_text(data, "run_id"), section(data, "identity"),
@@ -216,7 +231,8 @@ class RunRecord:
                            None if best is None else BestMark.from_dict(section(record, "best")),
                            Task.parse(text(record, "task", Task.CLASSIFICATION.value)),
                            None if pixels is None else SegmentationRecord.from_dict(section(record, "segmentation")),
-                           None if split is None else SplitRecord.from_dict(section(record, "split")))
+                           None if split is None else SplitRecord.from_dict(section(record, "split")),
+                           None if stain is None else StainNormalizer.from_dict(section(record, "stain")))
             if isinstance(legacy, Mapping) and "model" in legacy:
                 return cls.from_legacy(legacy, data)
         except ValueError as err:

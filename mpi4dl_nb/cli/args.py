@@ -32,6 +32,7 @@ PARALLEL_FLAGS: dict[str, str] = {
     "--balance": "balance",
     "--data-parallel": "data_parallel",
     "--schedule": "schedule",
+    "--virtual-stages": "virtual_stages",
     "--sync-batchnorm": "sync_batchnorm",
     "--no-check-ops": "check_ops",
     "--checkpoint-activations": "checkpoint_activations",
@@ -101,7 +102,11 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--data-parallel", dest="data_parallel", type=int, default=1,
                    help="number of full model replicas trained data-parallel")
     g.add_argument("--schedule", dest="schedule", choices=SCHEDULES, default=ScheduleKind.GPIPE.value,
-                   help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe)")
+                   help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe; "
+                        "interleaved: with --virtual-stages)")
+    g.add_argument("--virtual-stages", dest="virtual_stages", type=int, default=1,
+                   help="with --schedule interleaved: chunks per rank; the --split-size stages lie on "
+                        "split-size / virtual-stages ranks, stage s on rank s mod that (Megatron)")
     g.add_argument("--sync-batchnorm", dest="sync_batchnorm", action="store_true",
                    help="BatchNorm over the combined samples of the data-parallel copies of a "
                         "micro-batch (with --parts 1 and no GEMS: one full-batch serial run; GEMS "

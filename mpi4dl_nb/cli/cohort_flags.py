@@ -63,7 +63,14 @@ def check_cohort_args(args: argparse.Namespace) -> None:
         raise ConfigError(KNOB, "labels whole slides (classification); for --task segmentation give annotated "
                                 "slides with --datapath")
     args.app = AppKind.MEDICAL
-    args.cohort_data = cohort_of(args.cohort, args.classes, args.image_size, args.slide_level)
+    size = 1 if args.whole_slide else args.image_size         # a canvas may be larger than its slide
+    args.cohort_data = cohort_of(args.cohort, args.classes, size, args.slide_level)
+    if args.cohort_data.has_splits:
+        for flag, value in (("--val-fraction", args.val_fraction), ("--folds", args.folds),
+                            ("--val-datapath", args.val_datapath)):
+            if value is not None:
+                raise ConfigError(flag, "the cohort's split column already places each patient (train, val, "
+                                        f"test); drop {flag}, or drop the column to split by {flag}")
 
 
 def cohort_of(path: str | Path, classes: str | None, image_size: int, level: int) -> Cohort:

@@ -15,10 +15,12 @@ from ..config import ConfigError, ParallelConfig
 from ..data.apps import AppKind
 from ..data.classes import folder_classes, label_order
 from ..data.task import Task
-from ..evaluation.aggregate import Aggregation, LevelMetrics
+from ..evaluation.aggregate import Aggregation
 from ..evaluation.evaluator import Evaluator
-from ..evaluation.metrics import Metrics, Records, summarize
+from ..evaluation.levels import sample_groups
+from ..evaluation.metrics import LevelMetrics, Metrics
 from ..evaluation.pixel_metrics import SegmentationMetrics
+from ..evaluation.slide_table import write_slide_csv
 from ..run.job import DataSpec, EvaluateJob, HeldOutSpec, RunOptions
 from .args import add_parallel_args, add_workload_args
 from .checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
@@ -64,16 +66,19 @@ class EvaluationSummary:
     selected: str = "latest"                # --checkpoint-select
     best: BestMark | None = None            # what a best checkpoint is best at
     loss_of: str = "cross-entropy"          # what ``loss`` is: the run's training loss (its class weights included)
-    levels: tuple[LevelMetrics, ...] = ()   # slide and patient level (images of known slides)
-    aggregate: str = "mean"                 # how tiles were aggregated into the levels
+    aggregate: str = "mean"                 # how tiles were aggregated into the slide and patient levels
+
+    @property
+    def levels(self) -> tuple[LevelMetrics, ...]:
+        """Slide and patient level (images of known slides; empty otherwise)."""
+        return self.metrics.levels if isinstance(self.metrics, Metrics) else ()
 
     def as_dict(self) -> dict[str, object]:
         chosen = {"checkpoint_select": self.selected, **({"best": self.best.to_dict()} if self.best else {})}
-        levels: dict[str, object] = {m.level: m.as_dict() for m in self.levels}
         return {"checkpoint": self.checkpoint, **chosen, "step": self.step, "model": self.model, "split": self.split,
                 "app": self.app, "image_size": self.image_size, "batch_size": self.batch_size, "dtype": self.dtype,
                 "world_size": self.world_size, **self.metrics.as_dict(), "loss_of": self.loss_of,
-                **({"aggregate": self.aggregate, **levels} if levels else {}),
+                **({"aggregate": self.aggregate} if self.levels else {}),
                 "seconds": self.seconds,
                 "config": dict(self.config)}
 
@@ -185,7 +190,9 @@ def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
                     mpp=mpp, source_mpp=job.source_mpp, num_classes=record.model.num_classes,
                     class_names=record.class_names, class_order=order, task=record.task,
                     ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None,
-                    cohort=cohort)
+                    cohort=cohort, whole_slide=data.whole_slide,
+                    tissue_channel=data.whole_slide and record.model.pool.tissue,
+                    stain=record.stain)     # images read as the run read them
 
 
 def cohort_to_read(job: EvaluateJob, record: RunRecord) -> Cohort | None:
@@ -282,7 +289,8 @@ class Evaluation:
                               f"--image-size as the training run, or --val-fraction/--val-datapath/--all-data "
                               f"to evaluate other images on purpose")
         self.dataset = held if held is not None else dataset
-        if self.job.slide_csv is not None and (data.task.dense or self.slide_groups() is None):
+        if self.job.slide_csv is not None and (data.task.dense or sample_groups(self.dataset, self.held_out.group_by)
+                                               is None):
             raise ConfigError("--slide-csv", "tabulates slides, and these images come from none known; evaluate "
                                              "a --cohort, slides, or tiles named <slide>_<x>_<y> (--group-by)")
 
@@ -301,14 +309,16 @@ class Evaluation:
         engine = HybridEngine(self.layers, job.config, self.ctx, image_size=self.data.image_size,
                               loss_fn=self.record.loss())
         start = time.perf_counter()
-        evaluator = evaluator_for(engine, self.dataset, self.ctx, self.batch_size, self.record, dtype)
-        levels: tuple[LevelMetrics, ...] = ()
-        if isinstance(evaluator, Evaluator) and self.slide_groups() is not None:
+        evaluator = evaluator_for(engine, self.dataset, self.ctx, self.batch_size, self.record, dtype,
+                                  self.held_out.group_by, job.aggregate)
+        if isinstance(evaluator, Evaluator) and evaluator.groups is not None:
             records = evaluator.records()          # rank 0: every tile's record, merged exactly
             if records is None:
                 return None
-            metrics: Metrics | SegmentationMetrics = summarize(records, evaluator.num_classes, evaluator.classes)
-            levels = self.levels(records)
+            metrics: Metrics | SegmentationMetrics = evaluator.summary(records)
+            if job.slide_csv is not None:
+                write_slide_csv(job.slide_csv, evaluator.groups.slide_predictions(records, job.aggregate),
+                                self.record.class_names)
         else:
             metrics = evaluator.run()
         if self.ctx.rank != 0:
@@ -317,45 +327,8 @@ class Evaluation:
         return EvaluationSummary(self.description.path, self.description.step, self.description.describe(),
                                  self.split, str(self.data.app), self.data.image_size, self.batch_size, self.dtype,
                                  self.ctx.world_size, metrics, time.perf_counter() - start, job.config.as_dict(),
-                                 job.checkpoint_select, best, self.record.loss().describe(), levels,
+                                 job.checkpoint_select, best, self.record.loss().describe(),
                                  job.aggregate.describe())
-
-    def slide_groups(self) -> tuple[list[str], list[str], bool] | None:
-        """The slide and patient of each evaluated image, and whether patients are known (None: the images come
-        from no known slide)."""
-        from ..data.groups import GroupKind, groups_of
-        from ..evaluation.split import Subset
-
-        dataset = self.dataset
-        assert dataset is not None, "open_data() ran"
-        indices = list(range(len(dataset)))
-        while isinstance(dataset, Subset):
-            indices, dataset = [dataset.indices[i] for i in indices], dataset.dataset
-        groups = groups_of(dataset, self.held_out.group_by)
-        if groups.kind not in (GroupKind.SLIDE, GroupKind.PATIENT):
-            return None
-        return ([groups.slides[i] for i in indices], [groups.names[i] for i in indices],
-                groups.kind is GroupKind.PATIENT)
-
-    def levels(self, records: Records) -> tuple[LevelMetrics, ...]:
-        """Rank 0: slide- (and, with patients, patient-) level figures of the merged tile ``records``; the
-        per-slide CSV when asked for."""
-        from ..evaluation.aggregate import by_patient, by_slide, level_metrics
-        from ..evaluation.slide_table import write_slide_csv
-
-        found = self.slide_groups()
-        assert found is not None and self.record is not None
-        slides, patients, known_patients = found
-        rule = self.job.aggregate
-        per_slide = by_slide(records, [slides[int(i)] for i in records.index],
-                             [patients[int(i)] for i in records.index], rule)
-        classes = self.record.class_names
-        if self.job.slide_csv is not None:
-            write_slide_csv(self.job.slide_csv, per_slide, classes)
-        levels = [level_metrics("slide", per_slide, len(classes))]
-        if known_patients:
-            levels.append(level_metrics("patient", by_patient(per_slide, rule), len(classes)))
-        return tuple(levels)
 
 
 def run_evaluation(job: EvaluateJob, ctx: Comm) -> int:

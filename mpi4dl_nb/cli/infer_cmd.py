@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-window-rows", dest="max_window_rows", type=int, default=None,
                         help="stop after this many window rows (continue later with --resume)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    parser.add_argument("--no-stain-normalize", dest="stain_normalize", action="store_false",
+                        help="read the slide as stored, without the stain normalisation the checkpoint records")
     add_device_flags(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return parser

@@ -7,6 +7,7 @@ import argparse
 from ..config import ConfigError, ParallelConfig
 from ..models.external import pretrained_normalization
 from ..models.normalize import Normalization
+from ..models.pools import PoolKind
 from ..models.resnet import version_for_depth
 from ..models.spec import ModelFamily, ModelSpec, split_model
 
@@ -80,7 +81,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
                         num_classes=args.num_classes,
                         resnet_version=version_for_depth(args.num_layers, args.resnet_version),
                         norm=args.norm, upsampling=args.upsampling, normalize=normalization(args),
-                        weights=args.weights)
+                        weights=args.weights, pool=vars(args).get("pool", PoolKind.AVG))
 
 
 def add_model_cut_args(parser: argparse.ArgumentParser) -> None:

@@ -33,8 +33,8 @@ def resolution_of(args: argparse.Namespace) -> tuple[float | None, float | None]
 def check_resolution_flags(args: argparse.Namespace) -> None:
     """``train``, before any rank talks: the resolution flags valid, and given only with images to apply to."""
     target, source = resolution_of(args)
-    if (target is not None or source is not None) and args.datapath is None:
+    if (target is not None or source is not None) and args.datapath is None and args.cohort is None:
         flag = next(f for f, value in (("--mpp", args.mpp), ("--magnification", args.magnification),
                                        ("--source-mpp", args.source_mpp)) if value is not None)
-        raise ConfigError(flag, "applies to images read from --datapath (tiles, images with masks, slides); the "
-                                "bundled IHC sample and generated images carry no resolution")
+        raise ConfigError(flag, "applies to images read from --datapath or --cohort (tiles, images with masks, "
+                                "slides); the bundled IHC sample and generated images carry no resolution")

@@ -13,11 +13,13 @@ names the file. A checkpoint of one task is refused where the other is asked for
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..checkpoint.record import RunRecord
 from ..config import ConfigError
 from ..data.apps import AppKind
 from ..data.masks import is_mask_folder
+from ..data.pathology import folder_files
 from ..data.task import Task
 from ..evaluation.metrics import MetricName
 from ..models.spec import ModelFamily
@@ -91,12 +93,27 @@ def check_task_args(args: argparse.Namespace) -> None:
         raise ConfigError("--task", "segmentation needs per-pixel labels: --datapath D (D/images/ with D/masks/, "
                                     "or slides with their QuPath GeoJSON beside them), or --app medical for the IHC "
                                     "sample with its DAB-positive stand-in mask")
+    if args.datapath is not None:
+        check_dense_labels(args.datapath)
     if annotated_slides(args) and args.classes is None:
         raise ConfigError("--classes", "annotated slides name their classes: give --classes in label order, the "
                                        "first for the pixels no annotation covers, e.g. background,tumor,stroma")
     if args.datapath is not None and not annotated_slides(args) and args.num_classes is None and args.classes is None:
         raise ConfigError("--num-classes", "masks hold class indices, not names: give --num-classes N (or "
                                            "--classes a,b,... in label order)")
+
+
+def check_dense_labels(datapath: str) -> None:
+    """ConfigError when ``--datapath`` holds image tiles (class folders) rather than images with masks or slides
+    with annotations: segmentation would find no per-pixel labels there."""
+    root = Path(datapath).expanduser()
+    if not root.is_dir() or is_mask_folder(root):
+        return
+    files, slides = folder_files(root)
+    if files and not slides:
+        raise ConfigError("--task", f"{datapath} holds image tiles (class folders: one label per image), not "
+                                    f"per-pixel labels; to classify them drop --task segmentation, to segment give "
+                                    f"a folder with images/ and masks/ or slides with their QuPath GeoJSON beside them")
 
 
 PER_TASK_METRICS = {Task.CLASSIFICATION: (MetricName.VAL_BALANCED_ACCURACY, MetricName.VAL_ROC_AUC),

@@ -40,7 +40,7 @@ def stage_table(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: in
     for stage, count in enumerate(balance):
         stop = start + count
         kind = "spatial" if stage < cfg.spatial_size else "layer"
-        ranks = [r.rank for r in roles if r.stage == stage]
+        ranks = [r.rank for r in roles if any(d == 0 and slot.stage == stage for d, slot in r.slots())]
         first, last = layer_label(layers[start]), layer_label(layers[stop - 1])
         names = first if count == 1 else f"{first.split(' .. ')[0]} .. {last.split(' .. ')[-1]}"
         output = "x".join(str(d) for d in shapes[stop - 1][1:])

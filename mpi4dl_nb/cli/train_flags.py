@@ -19,7 +19,9 @@ from .model_flags import VERSION_HELP, add_model_flag, add_pretrained_flags, che
 from .parser import CommandParser, DefaultsHelpFormatter
 from .resolution_flags import add_resolution_flags, check_resolution_flags
 from .segmentation_flags import add_task_args, check_task_args, check_task_classes
+from .stain_flags import add_stain_args, check_stain_args
 from .training_flags import add_training_args, check_keep_best, check_training_args
+from .whole_slide_flags import add_whole_slide_args, check_whole_slide_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,11 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
                       default=None, metavar="FIELDS",
                       help="resume although these fields changed (comma-separated: model, dtype, "
                            "image_size, batch_size, seed, app, data, lr, momentum, val_split, optimizer, "
-                           "lr_schedule, augment, class_weights, classes, or all)")
+                           "lr_schedule, augment, class_weights, classes, stain, or all)")
     add_training_args(parser)
     add_task_args(parser)
     add_evaluation_args(parser)
     add_cohort_args(parser)
+    add_stain_args(parser)
+    add_whole_slide_args(parser)
     return parser
 
 
@@ -103,7 +107,9 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError("--resume", f"{args.resume!r}: no such checkpoint file or directory")
     parse_allowed(args.allow_config_change)
     check_evaluation_args(args)
+    check_whole_slide_args(args)
     check_cohort_args(args)
+    check_stain_args(args)
     check_training_args(args)
     check_keep_best(args)
     check_task_classes(args)

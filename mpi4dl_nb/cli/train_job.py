@@ -29,21 +29,24 @@ from .training_flags import optimizer_spec
 def train_job(args: argparse.Namespace, cfg: ParallelConfig) -> TrainJob:
     """The job ``train``'s flags name, after ``check_run_args`` (which resolves the classes): a line per flag."""
     mpp, source_mpp = resolution_of(args)
+    model = model_spec(args)
     return TrainJob(
         config=cfg,
-        model=model_spec(args),
+        model=model,
         data=DataSpec(app=AppKind.parse(args.app), datapath=text_of(args.datapath), image_size=args.image_size,
                       num_samples=args.num_samples, slide_level=args.slide_level, min_tissue=args.min_tissue,
                       mpp=mpp, source_mpp=source_mpp, num_classes=args.num_classes,
                       class_names=tuple(args.class_names), class_order=args.class_order, task=task_of(args),
                       ignore_index=args.ignore_index, skip_bad_files=args.skip_bad_files,
-                      cohort=args.cohort_data),
+                      cohort=args.cohort_data, whole_slide=args.whole_slide, stain_request=args.stain_request,
+                      tissue_channel=args.whole_slide and model.pool.tissue),
         training=TrainingSpec(batch_size=args.batch_size, steps=args.steps, num_epochs=args.num_epochs,
                               seed=args.seed, dtype=args.dtype, optimizer=optimizer_spec(args),
                               lr_schedule=LRScheduleKind(args.lr_schedule), warmup_steps=args.warmup_steps,
                               lr_step_size=args.lr_step_size, lr_gamma=args.lr_gamma,
                               class_weights=parse_class_weights(args.class_weights),
-                              augment=AugmentSpec.parse(args.augment), loss=LossKind(args.loss)),
+                              augment=AugmentSpec.parse(args.augment), loss=LossKind(args.loss),
+                              accumulate=args.accumulate),
         held_out=HeldOutSpec(val_fraction=args.val_fraction, val_datapath=text_of(args.val_datapath),
                              eval_every=args.eval_every, log_dir=text_of(args.log_dir),
                              group_by=args.group_by, folds=args.folds, fold=args.fold),

@@ -14,6 +14,8 @@ from ..data.classes import (
     resolve_names,
 )
 from ..evaluation.metrics import MetricName
+from ..models.pools import PoolKind
+from ..models.spec import split_model
 from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerKind, OptimizerSpec
 from .segmentation_flags import task_classes, task_of
 
@@ -45,6 +47,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--class-weights", dest="class_weights", default=None, metavar="W1,W2,...|balanced",
                    help="weight of each class in the training loss (a per-sample weighted cross-entropy averaged "
                         "over the samples); balanced: N/(K*n_c) from the training images per class")
+    g.add_argument("--pool", choices=PoolKind.values(), default=PoolKind.AVG.value,
+                   help="the classifier head's global pool (resnet, amoebanet): avg; max (per channel over every "
+                        "position); tissue-mean (over the positions the input's last channel, a tissue mask, "
+                        "marks); attention (gated attention-MIL); exact on tiles")
+    g.add_argument("--accumulate", type=int, default=1, metavar="N",
+                   help="gradient accumulation: N batches (micro-steps) per optimizer step, which uses their mean "
+                        "gradient; --steps counts optimizer steps")
     g.add_argument("--augment", default=None, metavar="flip,rot90,color,hed",
                    help="augment the training images (any subset): flips, 90-degree turns, colour jitter, stain "
                         "(HED) jitter; drawn per (--seed, step, image), tiles see the augmented whole image")
@@ -55,6 +64,12 @@ def check_training_args(args: argparse.Namespace) -> None:
     ``args.class_names``, ``args.num_classes`` and ``args.class_order`` (the names ordering the class folders'
     labels, None for other data) from the data and ``--classes``."""
     optimizer_spec(args)
+    if args.accumulate < 1:
+        raise ConfigError("--accumulate", f"must be >= 1 (batches per optimizer step), got {args.accumulate}")
+    family, _ = split_model(args.model)
+    if PoolKind(args.pool) is not PoolKind.AVG and (family.named or family.dense):
+        raise ConfigError("--pool", f"--pool {args.pool} replaces the head of this project's classifiers (--model "
+                                    f"resnet or amoebanet); --model {args.model} keeps its own: drop --pool")
     if args.warmup_steps < 0:
         raise ConfigError("--warmup-steps", f"must be >= 0, got {args.warmup_steps}")
     LRSchedule(LRScheduleKind(args.lr_schedule), args.steps if args.steps is not None else args.warmup_steps + 1,

@@ -19,6 +19,7 @@ from .dataset import Box, check_box
 from .geojson import AnnotationError, Annotations, read_annotations
 from .pathology import Slide, SlideDataset, open_slide
 from .rasterize import label_map
+from .stain import StainNormalizer
 
 ANNOTATION_SUFFIXES = (".geojson", ".json")
 SHOWN_PROBLEMS = 3
@@ -93,6 +94,15 @@ class AnnotatedSlideDataset:
 
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         return self.slides.read(index, box)
+
+    @property
+    def stain(self) -> StainNormalizer | None:
+        """The normaliser the images are read through (None: none)."""
+        return self.slides.stain
+
+    def use_stain(self, normalizer: StainNormalizer | None) -> None:
+        """Normalise the images' stains with ``normalizer`` (None: as stored)."""
+        self.slides.use_stain(normalizer)
 
     def read_mask(self, index: int, box: Box | None = None) -> torch.Tensor:
         tile = self.slides.tiles[index]

@@ -49,7 +49,10 @@ def folder_classes(app: AppKind | str, datapath: str | Path | None) -> tuple[str
     root = Path(datapath).expanduser()
     if root.is_file() or not sources.files:
         return ("",)
-    return tuple(class_of(sources.files, root)[1])
+    try:
+        return tuple(class_of(sources.files, root)[1])
+    except ValueError as err:
+        raise ConfigError("--datapath", str(err)) from None
 
 
 def resolve_names(app: AppKind | str, found: tuple[str, ...] | None, given: tuple[str, ...] | None,

@@ -62,9 +62,13 @@ def groups_of(dataset: RegionDataset, pattern: str | None = None) -> Groups:
     """The groups of ``dataset``'s images: a cohort's patients, a slide dataset's slides, tile files' slides by
     ``pattern`` (``--group-by REGEX``, first group the slide; None: the default patterns when every file matches
     one), else ungrouped. ConfigError for a ``pattern`` that is no regex or does not match a file."""
+    from .canvas import SlideCanvases
     from .cohort_slides import CohortSlides
     from .pathology import SlideDataset, TileFolderDataset
 
+    if isinstance(dataset, SlideCanvases):            # a sample per slide
+        kind = GroupKind.SLIDE if dataset.patients == dataset.names else GroupKind.PATIENT
+        return Groups(kind, tuple(dataset.patients), tuple(dataset.names))
     if isinstance(dataset, SlideDataset):
         slides = tuple(dataset.paths[t.slide].stem for t in dataset.tiles)
         if not isinstance(dataset, CohortSlides):

@@ -20,6 +20,7 @@ from .crops import NATIVE, CentreCrop
 from .dataset import Batcher, Box, RegionDataset, check_box
 from .pathology import TILE_EXTENSIONS, TileFolderDataset, require_path
 from .resolution import LevelChoice
+from .stain import StainNormalizer
 
 MASK_EXTENSIONS = (".png", ".tif", ".tiff")
 MASK_MODES = ("1", "L", "P", "I;16", "I;16L", "I;16B", "I")   # one channel of integers
@@ -142,6 +143,15 @@ class MaskFolderDataset:
 
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         return self.images.read(index, box)
+
+    @property
+    def stain(self) -> StainNormalizer | None:
+        """The normaliser the images are read through (None: none)."""
+        return self.images.stain
+
+    def use_stain(self, normalizer: StainNormalizer | None) -> None:
+        """Normalise the images' stains with ``normalizer`` (None: as stored)."""
+        self.images.use_stain(normalizer)
 
     @property
     def mpp(self) -> float | None:

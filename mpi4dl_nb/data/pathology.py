@@ -16,6 +16,7 @@ from .bounds import SlideBounds, slide_bounds
 from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
 from .resolution import LevelChoice
+from .stain_reads import OVERVIEW_SIDE, StainedReads
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -65,7 +66,20 @@ def class_of(paths: Sequence[Path], root: Path, order: Sequence[str] | None = No
         shown = ", ".join(repr(n) if n else "files directly in the folder" for n in unknown)
         raise ValueError(f"{root} holds {shown}, not among the classes {', '.join(classes)}; put each image in "
                          f"the folder of its class")
+    if any(names):
+        check_no_empty_class(root, classes, set(names))
     return [classes.index(n) for n in names], classes
+
+
+def check_no_empty_class(root: Path, classes: Sequence[str], found: Collection[str]) -> None:
+    """ValueError naming every class folder below ``root`` (or class named) that holds none of the images read:
+    an empty class would otherwise be dropped without a word."""
+    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} if root.is_dir() else set()
+    empty = sorted((folders | set(classes)) - set(found))
+    if empty:
+        shown = ", ".join(str(root / name) for name in empty)
+        raise ValueError(f"class folder {shown} holds no images this run reads; add images to it, or remove it "
+                         f"(with --classes: drop its name)")
 
 
 def tissue_mask(rgb: np.ndarray) -> np.ndarray:
@@ -76,6 +90,19 @@ def tissue_mask(rgb: np.ndarray) -> np.ndarray:
     return (saturation > SATURATION_TISSUE) & (high > DARKEST_BACKGROUND)
 
 
+def bounds_of(slide: Slide) -> SlideBounds:
+    """QuPath's image of ``slide``: OpenSlide's bounds when it reports them, else the whole level-0 frame."""
+    return slide_bounds(getattr(slide, "properties", {}), slide.level_dimensions[0])
+
+
+def coarse_tissue(slide: Slide) -> np.ndarray:
+    """The tissue mask of ``slide``'s coarsest level (a boolean image of the whole slide, within its bounds)."""
+    coarse = slide.level_count - 1
+    bounds = bounds_of(slide)
+    width, height = bounds.level_size(float(slide.level_downsamples[coarse]), slide.level_dimensions[coarse])
+    return tissue_mask(rgba_to_rgb(slide.read_region((bounds.x, bounds.y), coarse, (width, height))))
+
+
 def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
     """OpenSlide's RGBA region composited on white (transparent = outside the scanned area)."""
     pixels = np.asarray(image, dtype=np.float32)
@@ -83,7 +110,7 @@ def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
     return np.round(pixels[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
 
 
-class TileFolderDataset:
+class TileFolderDataset(StainedReads):
     """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``.
 
     ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones. ``mpp``
@@ -145,7 +172,7 @@ class TileFolderDataset:
     def label(self, index: int) -> int:
         return self.labels[index]
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         from PIL import Image
 
         path = self.files[index]
@@ -171,6 +198,25 @@ def check_classes(found: int, requested: int | None, where: str | Path) -> int:
     return requested
 
 
+def resolved_pixels(slide: Slide, choice: LevelChoice, box: Box) -> np.ndarray:
+    """RGB pixels of ``box`` (r0, r1, c0, c1) at the resolution ``choice`` reads ``slide`` at: its level's pixels
+    (one ``read_region``), shrunk to ``--mpp`` when it lies between two levels (exact box by box)."""
+    level = choice.level
+    downsample = float(slide.level_downsamples[level])
+    bounds = bounds_of(slide)      # boxes are in QuPath's image: offset by the bounds' origin
+
+    def level_pixels(part: Box) -> np.ndarray:
+        r0, r1, c0, c1 = part
+        location = (bounds.x + int(round(c0 * downsample)), bounds.y + int(round(r0 * downsample)))
+        return rgba_to_rgb(slide.read_region(location, level, (c1 - c0, r1 - r0)))
+
+    if choice.resampled:
+        from .resolution import AreaResampler
+
+        return AreaResampler(choice.scale).read(level_pixels, box)
+    return level_pixels(box)
+
+
 def open_slide(path: Path) -> Slide:
     """An ``openslide.OpenSlide`` for ``path``, or ValueError saying it is not a readable slide."""
     import openslide
@@ -192,7 +238,13 @@ class SlideTile:
     y: int
 
 
-class SlideDataset:
+def slide_overview(slide: Slide) -> np.ndarray:
+    """A slide's RGB thumbnail (H, W, 3) uint8 at most ``OVERVIEW_SIDE`` wide or high: what its stain is estimated
+    from, in training and in inference alike."""
+    return np.asarray(slide.get_thumbnail((OVERVIEW_SIDE, OVERVIEW_SIDE)).convert("RGB"))
+
+
+class SlideDataset(StainedReads):
     """Whole-slide images cut into ``image_size`` tiles at pyramid ``level``, keeping tiles with tissue.
 
     ``read(i, box)`` asks OpenSlide for exactly ``box`` of tile ``i`` (one ``read_region`` call),
@@ -267,11 +319,8 @@ class SlideDataset:
                    for x in range(0, width - size + 1, size)]
         if self.min_tissue <= 0:
             return [SlideTile(number, x, y) for x, y in corners]
-        slide = self.slide(number)
-        coarse = slide.level_count - 1
-        bounds = self.bounds[number]
-        cw, ch = bounds.level_size(float(slide.level_downsamples[coarse]), slide.level_dimensions[coarse])
-        mask = tissue_mask(rgba_to_rgb(slide.read_region((bounds.x, bounds.y), coarse, (cw, ch))))
+        mask = coarse_tissue(self.slide(number))
+        ch, cw = mask.shape
         sx, sy = cw / width, ch / height
         kept = []
         for x, y in corners:
@@ -287,24 +336,18 @@ class SlideDataset:
     def label(self, index: int) -> int:
         return self.slide_labels[self.tiles[index].slide]
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def stain_key(self, index: int) -> tuple[str, int]:
+        """A slide's tiles share its stain (estimated from its overview, as inference does)."""
+        return ("slide", self.tiles[index].slide)
+
+    def stain_pixels(self, index: int) -> np.ndarray:
+        return slide_overview(self.slide(self.tiles[index].slide))
+
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         tile = self.tiles[index]
         r0, r1, c0, c1 = check_box(box, self.image_size)
-        choice = self.choices[tile.slide]
-        if choice.resampled:       # --mpp between two levels: the level's pixels shrunk, exact box by box
-            from .resolution import AreaResampler
-
-            target = (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)
-            return to_tensor(AreaResampler(choice.scale).read(lambda b: self._level_pixels(tile.slide, b), target))
-        return to_tensor(self._level_pixels(tile.slide, (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)))
-
-    def _level_pixels(self, number: int, box: Box) -> np.ndarray:
-        """RGB pixels of ``box`` at slide ``number``'s level read (one ``read_region``)."""
-        r0, r1, c0, c1 = box
-        ds, bounds = self.downsample[number], self.bounds[number]
-        location = (bounds.x + int(round(c0 * ds)), bounds.y + int(round(r0 * ds)))
-        region = self.slide(number).read_region(location, self.choices[number].level, (c1 - c0, r1 - r0))
-        return rgba_to_rgb(region)
+        target = (tile.y + r0, tile.y + r1, tile.x + c0, tile.x + c1)
+        return to_tensor(resolved_pixels(self.slide(tile.slide), self.choices[tile.slide], target))
 
     def close(self) -> None:
         """Close every open slide."""

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .dataset import Box, check_box, to_tensor
+from .stain_reads import StainedReads
 
 SAMPLE_SIDE = 512
 TRANSFORMS = 8  # the dihedral group: 4 rotations x optional flip
@@ -54,7 +55,7 @@ def dihedral(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.rot90(x, k % 4, dims=(-2, -1))
 
 
-class IHCSampleDataset:
+class IHCSampleDataset(StainedReads):
     """Tiles of the IHC sample labelled by how much DAB stain they hold (quantile classes).
 
     ``image_size <= 512``: crops on a grid of ``stride`` (default half a tile); larger sizes use
@@ -96,7 +97,7 @@ class IHCSampleDataset:
         crops, so that no held-out crop is seen turned in training."""
         return sorted(crop * TRANSFORMS + k for crop in crops for k in range(TRANSFORMS))
 
-    def read(self, index: int, box: Box | None = None) -> torch.Tensor:
+    def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
         r0, r1, c0, c1 = check_box(box, self.image_size)
         y, x = self.corners[index // TRANSFORMS]
         crop = to_tensor(self.pixels[y:y + self.image_size, x:x + self.image_size])

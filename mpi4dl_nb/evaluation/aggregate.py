@@ -11,7 +11,7 @@ from enum import Enum
 import numpy as np
 
 from ..errors import ConfigError
-from .metrics import Records, roc_auc
+from .metrics import LevelMetrics, Records, roc_auc
 from .pixel_metrics import confusion_counts
 from .split import group_label
 
@@ -57,6 +57,9 @@ class Aggregation:
         return top.mean(axis=0)
 
 
+MEAN = Aggregation()          # the default: a slide's probabilities are its tiles' mean
+
+
 @dataclass(frozen=True)
 class GroupPrediction:
     """A slide's (or patient's) aggregated prediction: its name, patient, label, tiles and class probabilities."""
@@ -70,23 +73,6 @@ class GroupPrediction:
     @property
     def predicted(self) -> int:
         return int(np.argmax(self.probabilities))
-
-
-@dataclass(frozen=True)
-class LevelMetrics:
-    """The figures of one level (``slide``, ``patient``): count, accuracy, balanced accuracy, AUC (2 classes: of
-    the second class's aggregated probability), confusion matrix; None where undefined."""
-
-    level: str
-    count: int
-    accuracy: float | None
-    balanced_accuracy: float | None
-    roc_auc: float | None
-    confusion_matrix: list[list[int]]
-
-    def as_dict(self) -> dict[str, object]:
-        return {"count": self.count, "accuracy": self.accuracy, "balanced_accuracy": self.balanced_accuracy,
-                "roc_auc": self.roc_auc, "confusion_matrix": self.confusion_matrix}
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,7 +13,9 @@ from ..comm.messages import as_items
 from ..data.dataset import RegionDataset
 from ..pipeline.step_input import ShardedImages
 from ..spatial.loss import ClassCrossEntropy
+from .aggregate import MEAN, Aggregation
 from .batch_inputs import BatchInputs
+from .levels import SampleGroups
 from .metrics import Metrics, Records, merge, summarize
 
 if TYPE_CHECKING:
@@ -65,9 +68,12 @@ class Evaluator(HeldOutBatches):
 
     def __init__(self, engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch_size: int,
                  dtype: torch.dtype = torch.float32, classes: Sequence[str] = (),
-                 loss: ClassCrossEntropy | None = None) -> None:
+                 loss: ClassCrossEntropy | None = None, groups: SampleGroups | None = None,
+                 rule: Aggregation = MEAN) -> None:
         super().__init__(engine, dataset, ctx, batch_size, dtype, classes)
         self.loss = loss if loss is not None else ClassCrossEntropy()
+        self.groups = groups            # each image's slide and patient: slide/patient-level figures too
+        self.rule = rule                # how a slide's tiles (and a patient's slides) aggregate
 
     def local_records(self) -> Records:
         """This rank's records: every last-stage output it computes, real rows only (collective)."""
@@ -99,9 +105,18 @@ class Evaluator(HeldOutBatches):
         return merged
 
     def run(self) -> Metrics:
-        """The metrics of the whole dataset (see ``metrics.summarize``), on every rank (collective)."""
+        """The metrics of the whole dataset (see ``metrics.summarize``; with ``groups``, at slide and patient level
+        too), on every rank (collective)."""
         records = self.records()
-        result = summarize(records, self.num_classes, self.classes) if records is not None else None
+        result = self.summary(records) if records is not None else None
         summary = self.ctx.bcast_object(result, root=0)
         assert summary is not None   # rank 0 holds every record
         return summary
+
+    def summary(self, records: Records) -> Metrics:
+        """The metrics of the merged ``records``, with the slide and patient levels when the groups are known."""
+        metrics = summarize(records, self.num_classes, self.classes)
+        if self.groups is None:
+            return metrics
+        per_slide = self.groups.slide_predictions(records, self.rule)
+        return replace(metrics, levels=self.groups.levels(per_slide, self.rule, self.num_classes))

@@ -2,11 +2,12 @@
 and the counts a run prints (groups, slides, images per class per side)."""
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..data.dataset import RegionDataset
 from ..data.groups import GroupKind, Groups
+from ..data.manifest import Side
 from ..errors import ConfigError
 from .split import Subset, fold_split, group_folds, grouped_split
 
@@ -26,6 +27,19 @@ class GroupedSplit:
     def subsets(self, dataset: RegionDataset) -> tuple[Subset, Subset]:
         """(training images, held-out images) of ``dataset``."""
         return Subset(dataset, list(self.train)), Subset(dataset, list(self.val))
+
+    def check_classes(self, labels: Sequence[int], class_names: Sequence[str], knob: str = "--val-fraction") -> None:
+        """ConfigError naming every class with no image on one side (a class of one patient or slide cannot be on
+        both sides; training would not see it, or no figure could score it)."""
+        found = set(labels)
+        empty = [f"{name!r} on the {side} side" for c, name in enumerate(class_names) if c in found
+                 for side, indices in (("train", self.train), ("val", self.val))
+                 if not any(labels[i] == c for i in indices)]
+        if empty:
+            kind = self.groups.kind.plural
+            raise ConfigError(knob, f"the split leaves no images of class {', '.join(empty)} (its "
+                                                f"{kind} are too few to put on both sides); add {kind} of that "
+                                                f"class, change --val-fraction or --folds, or --seed")
 
     def summary(self, labels: Sequence[int], class_names: Sequence[str]) -> str:
         """One line per side: its groups, slides and images per class; ungrouped splits say so."""
@@ -71,3 +85,14 @@ def split_fold(labels: Sequence[int], groups: Groups, folds: int, fold: int, see
         raise ConfigError("--fold", f"fold {fold} of {folds} leaves {'no training' if not train else 'no held-out'} "
                                     f"images; give more groups or fewer folds")
     return GroupedSplit(groups, tuple(train), tuple(val))
+
+
+def split_by_side(groups: Groups, sides: Mapping[str, Side | None]) -> GroupedSplit:
+    """The split a manifest's ``split`` column gives (``sides``: each group's side): ``train`` groups trained on,
+    ``val`` groups held out, ``test`` groups in neither; ConfigError for an empty side."""
+    train = tuple(i for i, g in enumerate(groups.names) if sides.get(g) is Side.TRAIN)
+    val = tuple(i for i, g in enumerate(groups.names) if sides.get(g) is Side.VAL)
+    if not train or not val:
+        raise ConfigError("--cohort", f"its split column puts no slide on the {'train' if not train else 'val'} side; "
+                                      f"give some patients that side, or drop the column and use --val-fraction")
+    return GroupedSplit(groups, train, val)

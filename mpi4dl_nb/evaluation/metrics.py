@@ -81,6 +81,23 @@ def roc_auc(score: np.ndarray, positive: np.ndarray) -> float | None:
 
 
 @dataclass(frozen=True)
+class LevelMetrics:
+    """The figures of one level (``slide``, ``patient``): count, accuracy, balanced accuracy, AUC (2 classes: of
+    the second class's aggregated probability), confusion matrix; None where undefined."""
+
+    level: str
+    count: int
+    accuracy: float | None
+    balanced_accuracy: float | None
+    roc_auc: float | None
+    confusion_matrix: list[list[int]]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"count": self.count, "accuracy": self.accuracy, "balanced_accuracy": self.balanced_accuracy,
+                "roc_auc": self.roc_auc, "confusion_matrix": self.confusion_matrix}
+
+
+@dataclass(frozen=True)
 class Metrics:
     """The figures of an evaluation, JSON-ready (None where undefined: no samples, a class absent, AUC past 2
     classes)."""
@@ -93,15 +110,19 @@ class Metrics:
     roc_auc: float | None
     confusion_matrix: list[list[int]]
     classes: tuple[str, ...] = ()        # the class names, in label order (empty: not known)
+    levels: tuple[LevelMetrics, ...] = ()  # slide and patient level (images of known slides; empty: none)
 
     def as_dict(self, prefix: str = "") -> dict[str, object]:
         """``{'loss': ..}``, or with ``prefix="val_"`` ``{'val_loss': ..}`` (the names summaries use); with class
-        names, ``classes`` and ``recall_by_class`` (name -> recall) too."""
+        names, ``classes`` and ``recall_by_class`` (name -> recall) too; each level under its name (``slide``,
+        ``patient``)."""
         figures = asdict(self)
         names = figures.pop("classes")
+        figures.pop("levels")
         if names:
             figures["classes"] = list(names)
             figures["recall_by_class"] = dict(zip(names, self.per_class_recall))
+        figures.update({level.level: level.as_dict() for level in self.levels})
         return {prefix + key: value for key, value in figures.items()}
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..models.head import ClassifierHead
+from ..models.pools import PoolKind
 from .pooled_head import head_on_cells, pooled_head
 from .windows import AxisField
 
@@ -126,6 +127,10 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
             raise ConfigError("--output-stride", f"must be a multiple of the trunk's stride {trunk_stride}, "
                               f"got {output_stride}")
         last = layers[-1]
+        if isinstance(last, ClassifierHead) and last.pool_kind is not PoolKind.AVG:
+            raise ConfigError("--checkpoint", f"its head pools the whole canvas by {last.pool_kind.value} (--pool), "
+                                              f"which a map of cells cannot reproduce; slide-level inference of such "
+                                              f"a model is not there yet: evaluate it with `evaluate --checkpoint`")
         if isinstance(last, ClassifierHead):
             modules, classes = [*layers[:-1], *head_as_convolution(last, side, step)], last.fc.out_features
         else:

@@ -19,6 +19,9 @@ from torch import nn
 
 from ..comm.agreement import agreed
 from ..config import ConfigError
+from ..data.pathology import slide_overview
+from ..data.stain import PixelMap
+from ..data.stain_reads import normalized
 from ..data.task import Task
 from ..measure.heap import PeakMeter, state_bytes
 from ..measure.progress import ProgressLine
@@ -75,6 +78,9 @@ class SlideRunner:
         self.net, self.description = self.trained.net, self.trained.description
         self.reader = agreed(ctx, lambda: SlideReader(settings.slide, settings.level, mpp=settings.target_mpp,
                                                       trained_at=self.trained.mpp, source_mpp=settings.source_mpp))
+        stain = self.trained.stain if settings.stain_normalize else None    # as training read its images
+        self.stain: PixelMap | None = None if stain is None else agreed(
+            ctx, lambda: stain.map_for(slide_overview(self.reader.slide)))
         decided = agreed(ctx, lambda: decide(settings, self.trained, self.reader, self.grid) if ctx.rank == 0 else None)
         plan = ctx.bcast_object(decided, root=0)
         assert plan is not None   # rank 0 decided (else every rank raised in agreed)
@@ -124,6 +130,16 @@ class SlideRunner:
         """
         start = time.perf_counter()
         box = window.rank_box(self.grid, self.ctx.rank) if self.grid.num_tiles > 1 else window.input
+        tensor = self.read_box(box)
+        self.stats.read_seconds += time.perf_counter() - start
+        if self.settings.keep_trace:
+            self.ctx.tracer.record("read", start - self.ctx.tracer.origin, self.ctx.tracer.now(),
+                                   window=(window.row, window.col))
+        return tensor
+
+    def read_box(self, box: Box) -> torch.Tensor:
+        """``box``'s pixels as a (3, h, w) tensor in [0, 1], stain-normalised as in training; a failed read gives
+        zeros and is remembered for ``_check_reads``."""
         try:
             pixels = self.reader.read(box)
         except Exception as err:   # OpenSlide, Pillow and codecs raise many kinds
@@ -132,11 +148,7 @@ class SlideRunner:
                                    f"level {self.reader.level}) failed: {type(err).__name__}: {err}")
             pixels = np.zeros((box[1] - box[0], box[3] - box[2], 3), dtype=np.uint8)
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).to(self.settings.torch_dtype).div_(255.0)
-        self.stats.read_seconds += time.perf_counter() - start
-        if self.settings.keep_trace:
-            self.ctx.tracer.record("read", start - self.ctx.tracer.origin, self.ctx.tracer.now(),
-                                   window=(window.row, window.col))
-        return tensor
+        return tensor if self.stain is None else normalized(tensor, self.stain)
 
     def _check_reads(self) -> None:
         """Collective: stop every rank at once, with the first rank's message, if any read failed."""
@@ -247,10 +259,15 @@ class SlideRunner:
             row = first + ctx.rank
             start = time.perf_counter()
             pieces = [] if row >= rows else [((row, row + 1, 0, plan.out_shape[2]), classifier.row(
-                self.reader, geometry, row, plan.out_shape[0], self.settings.batch_windows * BATCH_TILES))]
+                self.read_box, geometry, row, plan.out_shape[0], self.settings.batch_windows * BATCH_TILES))]
             self.stats.compute_seconds += time.perf_counter() - start
             self.stats.windows += geometry.whole(1) if pieces else 0
             self._collect(pieces)
+            try:
+                self._check_reads()
+            except SlideFailed as err:
+                self._drop_empty_partial(0)        # a tile-mode run keeps nothing to resume
+                raise SlideFailed(str(err), kept=False) from None
             bar.update(min(first + ctx.world_size, rows), f"tile rows {min(first + ctx.world_size, rows)}/{rows}")
         self.stats.seconds = time.perf_counter() - wall
         ctx.barrier()
@@ -317,7 +334,9 @@ class SlideRunner:
     def describe(self, heat: int) -> dict[str, object]:
         """What the map shows (stored in the .tif and the summary)."""
         rows, cols = self.plan.fields
-        return {"slide": str(self.reader.path), "level": self.reader.level, "scale": self.reader.choice.scale,
+        stain = "none" if self.stain is None or self.trained.stain is None else self.trained.stain.describe()
+        return {"slide": str(self.reader.path), "stain": stain, "level": self.reader.level,
+                "scale": self.reader.choice.scale,
                 "slide_mpp": self.reader.base_mpp, "heat_class": heat, "stride": self.net.shape.stride,
                 "field_rows": [rows.before, rows.after], "field_cols": [cols.before, cols.after],
                 "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe(),

@@ -53,6 +53,7 @@ class InferSettings:
     keep_trace: bool = False
     cohort: bool = False                   # outputs are ``{slide}`` templates (``--slides``)
     map_mode: MapMode | str = MapMode.DENSE   # --map-mode: cells fully convolutional, or each tile alone
+    stain_normalize: bool = True           # the checkpoint's stain normaliser, when it has one (--no-stain-normalize)
 
     def check(self) -> None:
         """Errors in the flags alone, naming the flag and what works."""

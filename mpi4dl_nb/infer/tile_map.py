@@ -10,7 +10,7 @@ at the resolution read), so every output lines up the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,6 @@ from torch import nn
 
 from ..config import Choice
 from ..spatial.geometry import Box
-from .reader import SlideReader
 
 
 class MapMode(Choice):
@@ -60,12 +59,14 @@ class TileClassifier:
         self.net = nn.Sequential(*layers).to(device=device, dtype=dtype).eval()
         self.dtype, self.device = dtype, device
 
-    def row(self, reader: SlideReader, geometry: TileGeometry, row: int, classes: int, batch: int) -> np.ndarray:
-        """Cell row ``row``: (classes, 1, cells) probabilities, NaN where the tile leaves the image."""
+    def row(self, read: Callable[[Box], torch.Tensor], geometry: TileGeometry, row: int, classes: int,
+            batch: int) -> np.ndarray:
+        """Cell row ``row``: (classes, 1, cells) probabilities, NaN where the tile leaves the image. ``read``: a
+        box's pixels as the network takes them ((3, h, w) in [0, 1], stain-normalised as in training)."""
         out = np.full((classes, 1, geometry.cells[1]), np.nan, dtype=np.float64)
         for start, stop in _chunks(geometry.whole(1), batch):
-            tiles = [reader.read(geometry.tile(row, col)) for col in range(start, stop)]
-            pixels = torch.from_numpy(np.stack(tiles)).permute(0, 3, 1, 2).to(self.device, self.dtype).div_(255.0)
+            pixels = torch.stack([read(geometry.tile(row, col)) for col in range(start, stop)])
+            pixels = pixels.to(self.device, self.dtype)
             with torch.no_grad():
                 probabilities = torch.softmax(self.net(pixels), dim=1).double().cpu().numpy()
             out[:, 0, start:stop] = probabilities.T

@@ -4,13 +4,14 @@ segments pixels, its class names and the resolution it trained at; refusals for 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from ..checkpoint.record import WRITTEN_BY
 from ..config import ConfigError
+from ..data.stain import StainNormalizer
 from ..data.task import Task
 from ..models.spec import ModelFamily
 from .fully_conv import FullyConvolutional, classifies, fully_convolutional
@@ -26,7 +27,8 @@ def task_of(layers: Sequence[nn.Module]) -> Task:
 
 @dataclass(frozen=True)
 class TrainedNetwork:
-    """A trained network ready to stream: the FCN, its task, class names (output order) and training MPP."""
+    """A trained network ready to stream: the FCN, its task, class names (output order), training MPP and the stain
+    normaliser its images were read through (None: none)."""
 
     net: FullyConvolutional
     description: ModelDescription
@@ -34,6 +36,7 @@ class TrainedNetwork:
     classes: tuple[str, ...]
     mpp: float | None
     layers: tuple[nn.Module, ...] = ()     # the layers as trained (``--map-mode tiles`` runs them on lone tiles)
+    stain: StainNormalizer | None = None
 
     @property
     def cell_extent(self) -> int:
@@ -73,7 +76,8 @@ def load_network(checkpoint: str, *, family: ModelFamily | str | None = None, dt
     if task_of(layers) is not record.task:
         raise ValueError(f"--checkpoint {description.path}: its record says {record.task} but its network is a "
                          f"{task_of(layers)} network; {WRITTEN_BY}")
-    return prepare(layers, description, record.class_names, record.data.mpp, output_stride=output_stride, task=task)
+    trained = prepare(layers, description, record.class_names, record.data.mpp, output_stride=output_stride, task=task)
+    return replace(trained, stain=record.stain)
 
 
 def prepare(layers: Sequence[nn.Module], description: ModelDescription, classes: Sequence[str], mpp: float | None,

@@ -5,7 +5,10 @@ from torch import nn
 
 from .amoebanet import IMAGE_MULTIPLE as AMOEBANET_IMAGE_MULTIPLE
 from .amoebanet import amoebanet
+from .head import ClassifierHead
+from .pools import PoolKind
 from .resnet import resnet
+from .tissue import carry_tissue
 from .unet import unet
 
 MODEL_NAMES = ("resnet", "amoebanet", "unet")
@@ -25,14 +28,15 @@ def image_multiple(name: str, num_layers: int | None = None) -> int:
 def build_model(name: str, *, num_layers: int | None = None, num_filters: int | None = None,
                 num_classes: int = 10, version: int = 2, in_channels: int = 3,
                 image_size: int | None = None, norm: str | None = None,
-                upsampling: str | None = None) -> list[nn.Module]:
+                upsampling: str | None = None, pool: PoolKind = PoolKind.AVG) -> list[nn.Module]:
     """Build model ``name`` as a list of splittable layers.
 
     ResNet: ``num_layers`` is the depth (v1 6n+2, v2 9n+2; default 110), ``num_filters`` the
     base width (default 16). AmoebaNet-D: ``num_layers`` normal cells (multiple of 3; default 18),
     ``num_filters`` (default 416). U-Net: ``num_layers`` levels (default 4), ``num_filters`` channels
     at the first level (default 16), ``norm`` 'batch'/'group', ``upsampling`` 'bilinear'/'transposed'
-    (``models/unet.py``). ``image_size`` (optional) is checked against the downsampling.
+    (``models/unet.py``). ``image_size`` (optional) is checked against the downsampling. ``pool``: the
+    classifier head's global pool (``with_pool``).
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
@@ -45,9 +49,29 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
             raise ValueError(f"image_size={image_size}: {name} downsamples by {multiple}, so "
                              f"the image side must be a multiple of {multiple}; use e.g. {fit}")
     if name == "resnet":
-        return resnet(layers_arg, num_classes, version=version, width=filters,
-                      in_channels=in_channels)
+        return with_pool(resnet(layers_arg, num_classes, version=version, width=filters,
+                                in_channels=in_channels), pool, in_channels, image_multiple(name))
     if name == "unet":
+        if PoolKind(pool) is not PoolKind.AVG:
+            raise ValueError(f"--pool {pool}: a U-Net outputs a class per pixel and pools nothing; --pool is for "
+                             f"classifiers (resnet, amoebanet)")
         return unet(layers_arg, filters, num_classes, in_channels=in_channels, norm=norm or "batch",
                     upsampling=upsampling or "bilinear")
-    return amoebanet(layers_arg, filters, num_classes, in_channels=in_channels)
+    return with_pool(amoebanet(layers_arg, filters, num_classes, in_channels=in_channels), pool, in_channels,
+                     image_multiple(name))
+
+
+def with_pool(layers: list[nn.Module], pool: PoolKind, in_channels: int, multiple: int) -> list[nn.Module]:
+    """``layers`` (a trunk and its ClassifierHead) with the head pooling as ``pool``: average keeps them as they
+    are; tissue-mean also wraps every trunk layer so the tissue mask (an input channel after the image's
+    ``in_channels``) travels to the head (``models/tissue.py``)."""
+    kind = PoolKind(pool)
+    if kind is PoolKind.AVG:
+        return layers
+    *trunk, head = layers
+    assert isinstance(head, ClassifierHead), "resnet and amoebanet end in a ClassifierHead"
+    new_head = ClassifierHead(head.fc.in_features, head.fc.out_features, norm=isinstance(head.norm, nn.BatchNorm2d),
+                              relu=isinstance(head.relu, nn.ReLU), pool=kind).to(head.fc.weight.dtype)
+    if kind.tissue:
+        trunk = carry_tissue(trunk, in_channels, 2 * multiple)
+    return [*trunk, new_head]

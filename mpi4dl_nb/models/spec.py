@@ -10,6 +10,7 @@ from ..config import Choice
 from .build import DEFAULT_NUM_FILTERS, DEFAULT_NUM_LAYERS, build_model, image_multiple
 from .external import external_layers
 from .normalize import Normalization
+from .pools import PoolKind
 
 
 class ModelFamily(Choice):
@@ -69,17 +70,24 @@ class ModelSpec:
     source: str | None = None              # named families: torchvision/timm model name, package.module:callable
     normalize: Normalization | None = None   # the input normalisation the model starts with (named families)
     weights: str | None = None             # the pretrained weights file the run started from (provenance only)
+    pool: PoolKind = PoolKind.AVG          # the classifier head's global pool (--pool); tissue-mean: +1 input channel
 
     @classmethod
     def of(cls, family: ModelFamily | str = ModelFamily.RESNET, *, num_layers: int | None = None,
            num_filters: int | None = None, num_classes: int = 10, resnet_version: int = 2,
            in_channels: int = 3, norm: str | None = None, upsampling: str | None = None,
-           normalize: Normalization | None = None, weights: str | None = None) -> ModelSpec:
+           normalize: Normalization | None = None, weights: str | None = None,
+           pool: PoolKind | str = PoolKind.AVG) -> ModelSpec:
         """``family`` with its default depth and width where not given (the version kept for ResNet only, the
         norm and up-sampling for the U-Net only: default 'batch' and 'bilinear'). ``family`` may name a model
         (``torchvision:resnet50``, ``timm:NAME``, ``package.module:callable``): it has no sizes, it may start with
-        a ``normalize`` step and record the ``weights`` file it started from."""
+        a ``normalize`` step and record the ``weights`` file it started from. ``pool`` (the head's global pool)
+        other than average: ResNet and AmoebaNet only (ValueError naming them)."""
         kind, source = (family, None) if isinstance(family, ModelFamily) else split_model(family)
+        pooling = PoolKind(pool)
+        if pooling is not PoolKind.AVG and (kind.named or kind.dense):
+            raise ValueError(f"--pool {pooling}: only the built-in classifiers (--model resnet or amoebanet) take "
+                             f"another head pool; {kind} keeps its own head (use --pool avg)")
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
                        weights=weights)
@@ -87,13 +95,19 @@ class ModelSpec:
         return cls(kind, DEFAULT_NUM_LAYERS[kind] if num_layers is None else num_layers,
                    DEFAULT_NUM_FILTERS[kind] if num_filters is None else num_filters, num_classes,
                    resnet_version if kind.versioned else None, in_channels,
-                   (norm or "batch") if dense else None, (upsampling or "bilinear") if dense else None)
+                   (norm or "batch") if dense else None, (upsampling or "bilinear") if dense else None,
+                   pool=pooling)
 
     @property
     def image_multiple(self) -> int:
         """Image sides must be multiples of this (the network's total downsampling; 1 for named models, whose
         ``build`` checks an image size by running it)."""
         return 1 if self.family.named else image_multiple(self.family, self.num_layers)
+
+    @property
+    def input_channels(self) -> int:
+        """Channels of the network's input: the image's, and the tissue mask last for ``--pool tissue-mean``."""
+        return self.in_channels + (1 if self.pool.tissue else 0)
 
     @property
     def label(self) -> str:
@@ -110,7 +124,7 @@ class ModelSpec:
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
                            in_channels=self.in_channels, image_size=image_size, norm=self.norm,
-                           upsampling=self.upsampling)
+                           upsampling=self.upsampling, pool=self.pool)
 
     def describe(self) -> str:
         """``resnet v1 8 layers x 4 filters, 2 classes``."""
@@ -123,8 +137,9 @@ class ModelSpec:
         if self.family.dense:
             return (f"{self.family} depth {self.num_layers} width {self.num_filters} ({self.norm} norm, "
                     f"{self.upsampling}), {self.num_classes} classes{channels}")
+        pooled = f", {self.pool} pool" if self.pool is not PoolKind.AVG else ""
         return (f"{self.family}{version} {self.num_layers} layers x {self.num_filters} filters, "
-                f"{self.num_classes} classes{channels}")
+                f"{self.num_classes} classes{channels}{pooled}")
 
     def to_dict(self) -> dict[str, object]:
         """Plain values for a checkpoint (loadable with ``weights_only``) or JSON."""
@@ -132,7 +147,7 @@ class ModelSpec:
                 "num_classes": self.num_classes, "resnet_version": self.resnet_version,
                 "in_channels": self.in_channels, "norm": self.norm, "upsampling": self.upsampling,
                 "source": self.source, "normalize": None if self.normalize is None else self.normalize.to_dict(),
-                "weights": self.weights}
+                "weights": self.weights, "pool": str(self.pool)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
@@ -143,7 +158,8 @@ class ModelSpec:
         return cls(ModelFamily.parse(family), whole(data, "num_layers"), whole(data, "num_filters"),
                    whole(data, "num_classes"), optional_whole(data, "resnet_version"),
                    whole(data, "in_channels", 3), _optional_name(data, "norm"), _optional_name(data, "upsampling"),
-                   _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"))
+                   _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"),
+                   pool_of(data))
 
 
 NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)
@@ -175,6 +191,15 @@ def normalization_of(data: Mapping[str, object]) -> Normalization | None:
     if not isinstance(value, Mapping):
         raise ValueError(f"field 'normalize': expected a mapping, got {value!r}")
     return Normalization.from_dict(value)
+
+
+def pool_of(data: Mapping[str, object]) -> PoolKind:
+    """The ``pool`` field ``to_dict`` wrote (average when missing: checkpoints from before it)."""
+    value = _optional_name(data, "pool")
+    try:
+        return PoolKind(value or PoolKind.AVG)
+    except ValueError:
+        raise ValueError(f"field 'pool': {value!r} is not one of {', '.join(PoolKind.values())}") from None
 
 
 def _optional_name(data: Mapping[str, object], key: str) -> str | None:

@@ -151,6 +151,8 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Axes | None = None) -> Figure:
         label = f"r{role.rank}"
         if slot.spatial:
             label += f"\nt{slot.tile}"
+        if role.chunks:   # interleaved: the later chunks this rank also holds
+            label += "\n+" + ",".join(f"S{chunk.stage}" for chunk in role.chunks)
         if role.mirror is not None:
             label += f"\nm:S{role.mirror.stage}"
         ax.text(x + w * 0.48, y + h * 0.47, label, ha="center", va="center", fontsize=8,
@@ -353,7 +355,7 @@ def draw_schedule(schedule: Schedule, done: int = 0, ax: Axes | None = None) -> 
     done_ids = {id(a) for a in order[:done]}
     current = order[done - 1] if 0 < done <= len(order) else None
     fig, ax = _axes(ax, (max(6, 0.55 * schedule.num_ticks + 1.5), 0.5 * schedule.world_size + 1.5))
-    local_dp = schedule.cfg.local_dp
+    local_dp, show_stage = schedule.cfg.local_dp, schedule.cfg.virtual_stages > 1
     for rank, actions in enumerate(schedule.per_rank):
         by_tick: dict[int, list[Action]] = {}
         for action in actions:
@@ -370,8 +372,8 @@ def draw_schedule(schedule: Schedule, done: int = 0, ax: Axes | None = None) -> 
                                        edgecolor="black" if is_current else "white",
                                        linewidth=2.5 if is_current else 0.5,
                                        gid=f"cell:{'done' if solid else 'todo'}:{rank}:{tick}:"
-                                           f"{action.label(local_dp)}"))
-                ax.text(tick + 0.05 + (k + 0.5) * width, rank, action.label(local_dp),
+                                           f"{action.label(local_dp, show_stage)}"))
+                ax.text(tick + 0.05 + (k + 0.5) * width, rank, action.label(local_dp, show_stage),
                         ha="center", va="center", fontsize=6,
                         color="white" if solid else "#555555")
     if current is not None and current.peer is not None:

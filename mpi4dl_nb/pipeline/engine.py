@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import torch
@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..layout import RankRole, layout, stage_holders
 from ..spatial.geometry import TileGrid
 from ..spatial.loss import TileLoss
+from .accumulate import GradientSum
 from .default_cut import default_balance
 from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun
@@ -166,10 +167,7 @@ class HybridEngine:
                         elementwise: tuple[type, ...]) -> dict[tuple[int, int], StageInstance]:
         instances: dict[tuple[int, int], StageInstance] = {}
         used: set[int] = set()
-        slots = [(0, self.role.primary)]
-        if self.role.mirror is not None:
-            slots.append((1, self.role.mirror))
-        for replica, slot in slots:
+        for replica, slot in self.role.slots():
             stage = self.stages[slot.stage]
             if slot.stage in used:
                 stage = copy.deepcopy(stage)
@@ -285,6 +283,43 @@ class HybridEngine:
             self._fail()
             raise
         return self.finish_step()
+
+    def train_accumulated(self, batches: Sequence[tuple[Images, Labels]],
+                          on_action: Callable[[Action], None] | None = None, *, batch_size: int | None = None,
+                          image_size: int | tuple[int, int] | None = None) -> float:
+        """One optimizer step over ``len(batches)`` micro-steps (gradient accumulation); their mean loss.
+
+        Each ``(images, labels)`` pair is a step's global batch as ``train_step`` takes it, run as one whole
+        schedule without the optimizer (BatchNorm in training mode normalises each micro-step's batch by its
+        own statistics and updates the running statistics once per micro-step, as ``serial_reference`` with
+        ``accumulate`` does); the optimizer then steps once on the mean of their gradients: with equal
+        micro-batches, the gradient of the mean loss over all of them. A micro-step whose update the
+        non-finite guard dropped (every gradient gone, on every rank) ends the step there without an update.
+        """
+        if len(batches) == 1:
+            ((images, labels),) = batches
+            return self.train_step(images, labels, on_action, batch_size=batch_size, image_size=image_size)
+        optimizer, self.runtime.optimizer = self.runtime.optimizer, None
+        sums = GradientSum(self._unique_parameters())
+        losses = []
+        try:
+            for images, labels in batches:
+                losses.append(self.train_step(images, labels, on_action, batch_size=batch_size,
+                                              image_size=image_size))
+                if not self._agreed(sums.add()):
+                    sums.drop()
+                    return sum(losses) / len(losses)
+        finally:
+            self.runtime.optimizer = optimizer
+        sums.apply()
+        if optimizer is not None and self.runtime.gradients_usable():
+            optimizer.step()
+        return sum(losses) / len(losses)
+
+    def _agreed(self, kept: bool) -> bool:
+        """Whether every rank kept its micro-step's gradients (one small all-reduce)."""
+        dropped = torch.tensor([0.0 if kept else 1.0], dtype=torch.float64, device=self.ctx.device)
+        return float(self.ctx.all_reduce(dropped).item()) == 0.0
 
     def start_step(self, images: Images, labels: Labels, *, batch_size: int | None = None,
                    image_size: int | tuple[int, int] | None = None) -> None:
@@ -451,8 +486,7 @@ class HybridEngine:
         """
         pieces: list[tuple[str | None, dict[str, T]]] | None = None
         if self.ctx.rank == 0:
-            holds = [{slot.stage for slot in (role.primary, role.mirror) if slot is not None}
-                     for role in self.roles]
+            holds = [set(role.stages) for role in self.roles]
             pieces = [(error, {}) for _ in holds]
             for key, value in (entries or {}).items() if error is None else ():
                 stage = self.stage_of_key(key)   # keys of no layer are ignored, as by load

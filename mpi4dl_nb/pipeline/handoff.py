@@ -14,6 +14,16 @@ def _is_tiled(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() == 4
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tiles' copies of a replicated tensor agree (up to the rounding of an all-reduce's order)."""
+    if a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    scale = float(b.detach().abs().max()) if b.numel() else 0.0
+    return b.numel() == 0 or float((a.detach() - b.detach()).abs().max()) <= 1e-3 * scale + 1e-30
+
+
 def input_tile(x: Payload, grid: TileGrid, tile: int, min_dim: int = 4) -> Payload:
     """Tile ``tile`` of a full input: every tensor of ``min_dim`` dims or more (images (N, C, H, W); masks
     (N, H, W) with ``min_dim=3``) is cut on its last two."""
@@ -40,8 +50,9 @@ def boxes_from_tiles(shapes: Sequence[Sequence[int]], grid: TileGrid) -> tuple[l
 def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[list[Box] | None]]:
     """One full payload from every tile's payload (tile order); also the boxes used.
 
-    Every tensor crossing the hand-off must be a 4-d (N, C, h, w) tile: a replicated
-    result (after a global pool) would need a different gradient rule, so it is refused.
+    A 4-d (N, C, h, w) tensor is a tile of a feature map; any other (a pooled (N, C) vector after a global
+    pool on tiles) is replicated: the same on every tile, taken once (its boxes None), and its gradient goes
+    whole to every tile (``split_grad``), the rule of a replicated result's consumer.
     """
     per_tile = [as_items(t) for t in tiles]
     joined: list[torch.Tensor] = []
@@ -49,10 +60,14 @@ def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[
     for position, first in enumerate(per_tile[0]):
         parts = [items[position] for items in per_tile]
         if not _is_tiled(first):
-            raise ValueError(f"a spatial stage passes a {first.dim()}-d tensor to the next "
-                             f"stage; spatial stages must end on 4-d feature-map tiles. Move "
-                             f"the global pool / classifier into a layer-parallel stage "
-                             f"(smaller spatial_size or another balance)")
+            if any(not _same(part, first) for part in parts[1:]):
+                raise ValueError(f"a spatial stage passes a {first.dim()}-d tensor that differs between its "
+                                 f"tiles to the next stage; a tensor other than 4-d feature-map tiles must be "
+                                 f"replicated (a global pool's result). Move the layer that makes it into a "
+                                 f"layer-parallel stage (smaller spatial_size or another balance)")
+            joined.append(first)
+            all_boxes.append(None)
+            continue
         boxes, (height, width) = boxes_from_tiles([p.shape for p in parts], grid)
         full = first.new_empty((*first.shape[:-2], height, width))
         for part, (r0, r1, c0, c1) in zip(parts, boxes):

@@ -371,7 +371,7 @@ class PipelineRuntime:
         sync_running_stats(self.ctx, [i.ledger for i in mine], group)
         return moved
 
-    def _gradients_usable(self) -> bool:
+    def gradients_usable(self) -> bool:
         """fp16: unscale the gradients; False (step skipped on every rank) when any is not finite."""
         if self.scaler is None or self.optimizer is None:
             return True
@@ -449,7 +449,7 @@ class PipelineRuntime:
             for pending in state.act_sends.values():
                 self.ctx.wait_all(pending)
             state.act_sends.clear()
-            if self.optimizer is not None and self._gradients_usable():
+            if self.optimizer is not None and self.gradients_usable():
                 self.optimizer.step()
         else:
             raise ValueError(f"unknown action kind {kind!r}")

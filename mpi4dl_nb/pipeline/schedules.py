@@ -1,4 +1,4 @@
-"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS).
+"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved).
 
 A :class:`Schedule` is built from a :class:`~mpi4dl_nb.config.ParallelConfig` and the rank
 layout. Every rank gets an ordered list of :class:`Action` s; the runtime executes exactly
@@ -23,8 +23,28 @@ step-through widget drives the same object). GPipe, 3 stages, 4 micro-batches::
       11 | B0     |        |
       12 | AR OPT | AR OPT | AR OPT
 
+Interleaved (Megatron): 4 stages on 2 ranks, each holding 2 non-consecutive chunks of the
+layer list (``virtual_stages=2``), 2 micro-batches::
+
+    >>> print(interleaved(2, 2, virtual_stages=2).table())
+    tick | rank 0    | rank 1
+         | s0,s2     | s1,s3
+    -----+-----------+----------
+       0 | F0@s0     |
+       1 | F1@s0     | F0@s1
+       2 | F0@s2     | F1@s1
+       3 | F1@s2     | F0@s3
+       4 |           | B0@s3
+       5 | B0@s2     | F1@s3
+       6 |           | B1@s3
+       7 | B1@s2     | B0@s1
+       8 | B0@s0     | B1@s1
+       9 | B1@s0     |
+      10 | AR AR OPT | AR AR OPT
+
 Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``.k`` appended:
-local-DP copy ``k``; a trailing ``'``: the GEMS mirror replica). ``AR`` is the gradient
+local-DP copy ``k``; a trailing ``'``: the GEMS mirror replica; ``@s<j>``: of stage ``j``, where
+a rank holds several). ``AR`` is the gradient
 (and BatchNorm statistics) all-reduce of the rank's stages, ``OPT`` the optimizer step.
 
 Work unit ("chunk"): the global batch is cut into ``data_parallel x G x parts x local_dp``
@@ -43,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from ..comm.tags import PIPELINE, PIPELINE_SPAN
 from ..config import Choice, ParallelConfig, ScheduleKind, as_schedule_kind
 from ..layout import RankRole, StageSlot, layout, stage_holders
+from .interleaved import interleaved_order
 
 
 class ActionKind(Choice):
@@ -105,13 +126,13 @@ class Action:
     group: tuple[int, ...] = ()
     tile: int | None = None
 
-    def label(self, local_dp: int = 1) -> str:
-        """Short text for tables: ``F2``, ``B0.1'``, ``AR``, ``OPT``, ``>3 act``."""
+    def label(self, local_dp: int = 1, show_stage: bool = False) -> str:
+        """Short text for tables: ``F2``, ``B0.1'``, ``F1@s3`` (``show_stage``), ``AR``, ``OPT``, ``>3 act``."""
         if self.kind.is_compute:
             text = f"{self.kind}{self.micro_batch}"
             if local_dp > 1:
                 text += f".{self.copy}"
-            return text + ("'" if self.replica else "")
+            return text + ("'" if self.replica else "") + (f"@s{self.stage}" if show_stage else "")
         if self.kind is ActionKind.ALLREDUCE:
             return "AR"
         if self.kind is ActionKind.OPTIM:
@@ -208,7 +229,7 @@ class Schedule:
             for rank in range(self.world_size):
                 acts = [a for a in self.per_rank[rank] if a.tick == tick
                         and (show_comm or not a.kind.is_p2p)]
-                cells.append(" ".join(a.label(self.cfg.local_dp) for a in acts))
+                cells.append(" ".join(a.label(self.cfg.local_dp, self.cfg.virtual_stages > 1) for a in acts))
             rows.append([str(tick)] + cells)
         widths = [max(len("tick"), *(len(r[0]) for r in rows))]
         for c in range(self.world_size):
@@ -220,6 +241,18 @@ class Schedule:
                "-+-".join("-" * w for w in widths)]
         out += [line(r[1:], r[0]) for r in rows]
         return "\n".join(out)
+
+    def bubble_share(self) -> float:
+        """Idle share of the compute ticks (every op one tick; the final all-reduce tick left out):
+        ``idle / (ticks x ranks)``. Chunks of an interleaved schedule are 1/V of a stage, so
+        the share compares across schedules when the stages are equal."""
+        compute = [a for actions in self.per_rank for a in actions if a.kind.is_compute]
+        if not compute:
+            return 0.0
+        ticks = 1 + max(a.tick for a in compute)
+        busy = {(a.rank, a.tick) for a in compute}
+        slots = ticks * self.world_size
+        return (slots - len(busy)) / slots
 
     def stepper(self, ranks: Iterable[int] | None = None) -> Stepper:
         """A Stepper over this schedule (all ranks, or only ``ranks``)."""
@@ -234,7 +267,7 @@ class Schedule:
 def _role_text(role: RankRole) -> str:
     def slot(s: StageSlot, mark: str) -> str:
         return f"s{s.stage}{mark}" + (f"t{s.tile}" if s.spatial else "")
-    text = slot(role.primary, "")
+    text = ",".join(slot(s, "") for s in (role.primary, *role.chunks))
     if role.mirror is not None:
         text += "," + slot(role.mirror, "'")
     return text
@@ -321,6 +354,8 @@ def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: ScheduleKind) -> 
     m, copies, stages = cfg.parts, cfg.local_dp, cfg.split_size
     holders = stage_ranks(cfg, roles)
     workers: dict[WorkerKey, _Worker] = {}
+    if kind is ScheduleKind.INTERLEAVED:
+        return _interleaved_workers(cfg, holders)
     if cfg.sync_batchnorm:
         return _synchronised_workers(cfg, holders, kind)
     for d in range(cfg.data_parallel):
@@ -359,15 +394,29 @@ def _synchronised_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int
     return workers
 
 
+def _interleaved_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int], tuple[int, ...]]
+                         ) -> dict[WorkerKey, _Worker]:
+    """Interleaved: one worker per (replica, pipeline position) over all its stages (Megatron's order)."""
+    F, B = ActionKind.FORWARD, ActionKind.BACKWARD
+    positions = cfg.pipeline_positions
+    chunks = cfg.split_size // positions
+    workers: dict[WorkerKey, _Worker] = {}
+    for d in range(cfg.data_parallel):
+        for p in range(positions):
+            order = [_Op(F if op.forward else B, d, 0, op.stage, op.micro_batch, 0)
+                     for op in interleaved_order(p, positions, chunks, cfg.parts)]
+            workers[(d, 0, p, 0)] = _Worker(holders[(d, 0, p)], order)
+    return workers
+
+
 def stage_ranks(cfg: ParallelConfig, roles: list[RankRole] | None = None
                 ) -> dict[tuple[int, int, int], tuple[int, ...]]:
     """(dp, replica, stage) -> ranks of that stage, by tile (spatial) or local-DP copy."""
     roles = layout(cfg) if roles is None else roles
     out: dict[tuple[int, int, int], tuple[int, ...]] = {}
     for role in roles:
-        for r, slot in ((0, role.primary), (1, role.mirror)):
-            if slot is not None:
-                out[(role.replica, r, slot.stage)] = slot.stage_ranks
+        for r, slot in role.slots():
+            out[(role.replica, r, slot.stage)] = slot.stage_ranks
     return out
 
 
@@ -382,10 +431,10 @@ def _dependencies(op: _Op, num_stages: int) -> list[_Op]:
     return [_Op(B, op.dp, op.replica, op.stage + 1, op.micro_batch, op.copy)]
 
 
-def _simulate(workers: dict[WorkerKey, _Worker], num_stages: int) -> dict[_Op, tuple[int, tuple[int, ...]]]:
-    """Greedy list scheduling, one op per rank per tick: op -> (tick, ranks)."""
+def _simulate(workers: dict[WorkerKey, _Worker], num_stages: int) -> dict[_Op, int]:
+    """Greedy list scheduling, one op per rank per tick (a worker's ranks all busy): op -> tick."""
     finished: dict[_Op, int] = {}
-    placed: dict[_Op, tuple[int, tuple[int, ...]]] = {}
+    placed: dict[_Op, int] = {}
     total = sum(len(w.order) for w in workers.values())
     tick = 0
     while len(placed) < total:
@@ -405,7 +454,7 @@ def _simulate(workers: dict[WorkerKey, _Worker], num_stages: int) -> dict[_Op, t
             busy.update(worker.ranks)
             worker.position += 1
             finished[op] = tick
-            placed[op] = (tick, worker.ranks)
+            placed[op] = tick
         if not busy:
             stuck = [w.order[w.position] for w in workers.values() if w.position < len(w.order)]
             raise RuntimeError(f"schedule deadlock at tick {tick}; waiting ops: {stuck[:6]}")
@@ -413,10 +462,19 @@ def _simulate(workers: dict[WorkerKey, _Worker], num_stages: int) -> dict[_Op, t
     return placed
 
 
-def _tag(activation: bool, replica: int, micro_batch: int, copy: int, copies: int) -> int:
-    """Tag of a stage-to-stage message (see ``comm/tags.py``): class, then micro-batch x copy."""
+def _tag(activation: bool, replica: int, micro_batch: int, copy: int, copies: int, lane: int = 0,
+         micro_batches: int = 0) -> int:
+    """Tag of a stage-to-stage message (see ``comm/tags.py``): class, then (virtual-stage lane x
+    micro-batch) x copy (``lane``: the sender's chunk of an interleaved rank, of ``micro_batches`` each)."""
     klass = 2 * replica + (0 if activation else 1)
-    return PIPELINE.tag(klass * PIPELINE_SPAN + (micro_batch * copies + copy) % PIPELINE_SPAN)
+    unit = lane * micro_batches + micro_batch
+    return PIPELINE.tag(klass * PIPELINE_SPAN + (unit * copies + copy) % PIPELINE_SPAN)
+
+
+def _message_tag(cfg: ParallelConfig, op: _Op, neighbour: int) -> int:
+    """The tag of op's message with stage ``neighbour``; its lane: the interleaved chunk of the lower stage."""
+    lane = min(op.stage, neighbour) // cfg.pipeline_positions
+    return _tag(op.kind is ActionKind.FORWARD, op.replica, op.micro_batch, op.copy, cfg.local_dp, lane, cfg.parts)
 
 
 def chunk_index(cfg: ParallelConfig, dp: int, replica: int, micro_batch: int, copy: int) -> int:
@@ -428,7 +486,7 @@ def chunk_index(cfg: ParallelConfig, dp: int, replica: int, micro_batch: int, co
 
 
 def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) -> Schedule:
-    """The whole step for ``cfg``: ``kind`` 'gpipe' or '1f1b' (default ``cfg.schedule``).
+    """The whole step for ``cfg``: ``kind`` 'gpipe', '1f1b' or 'interleaved' (default ``cfg.schedule``).
 
     With ``cfg.times >= 1`` both GEMS directions run this per-direction policy at once
     on the same ranks, the ``times`` pairs one after another.
@@ -462,8 +520,13 @@ def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) 
                 ranks = holders[(d, op.replica, op.stage)]
                 yield sub, (ranks if spatial(op.stage) else (ranks[k],))
 
-    expanded = [(sub, tick, sub_ranks) for op, (tick, ranks) in placed.items()
-                for sub, sub_ranks in (synchronised(op) if op.dp == -1 else [(op, ranks)])]
+    def own_ranks(op: _Op) -> tuple[int, ...]:
+        """The ranks that run op: every tile of a spatial stage, else its copy's rank."""
+        ranks = holders[(op.dp, op.replica, op.stage)]
+        return ranks if spatial(op.stage) else (ranks[op.copy],)
+
+    expanded = [(sub, tick, sub_ranks) for op, tick in placed.items()
+                for sub, sub_ranks in (synchronised(op) if op.dp == -1 else [(op, own_ranks(op))])]
     for op, tick, ranks in expanded:
         chunk = chunk_index(cfg, op.dp, op.replica, op.micro_batch, op.copy)
         for rank in ranks:
@@ -481,20 +544,20 @@ def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) 
                 before = op.stage + 1 if op.stage < num_stages - 1 else None
                 after = op.stage - 1 if op.stage > 0 else None
                 recv_kind, send_kind = ActionKind.RECV_GRAD, ActionKind.SEND_GRAD
-            tag = _tag(forward, op.replica, op.micro_batch, op.copy, copies)
             seq = per_rank[rank]
             if before is not None:
+                tag = _message_tag(cfg, op, before)
                 for peer in peers(op, rank, before):
                     seq.append((tick, 0, replace(common, kind=recv_kind, peer=peer, tag=tag)))
             seq.append((tick, 1, common))
             if after is not None:
+                tag = _message_tag(cfg, op, after)
                 for peer in peers(op, rank, after):
                     seq.append((tick, 2, replace(common, kind=send_kind, peer=peer, tag=tag)))
 
-    final = 1 + max(tick for tick, _ in placed.values())
+    final = 1 + max(placed.values())
     for role in roles:
-        held = sorted({slot.stage for slot in (role.primary, role.mirror) if slot is not None})
-        for s in held:
+        for s in role.stages:
             per_rank[role.rank].append((final, 3 + s, Action(
                 ActionKind.ALLREDUCE, role.rank, final, stage=s, dp=role.replica,
                 group=tuple(stage_holders(cfg, s)))))
@@ -525,6 +588,13 @@ def gems(num_stages: int, num_micro_batches: int = 1, times: int = 1,
          kind: ScheduleKind | str = ScheduleKind.GPIPE) -> Schedule:
     """GEMS bidirectional: a mirror replica on the same ranks in reverse stage order."""
     return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, as_schedule_kind(kind), times))
+
+
+def interleaved(num_positions: int, num_micro_batches: int, virtual_stages: int = 2) -> Schedule:
+    """Interleaved 1F1B: ``virtual_stages`` chunks per rank, stage s on rank s mod ``num_positions``."""
+    return build_schedule(ParallelConfig(split_size=num_positions * virtual_stages, spatial_size=0,
+                                         parts=num_micro_batches, schedule=ScheduleKind.INTERLEAVED,
+                                         virtual_stages=virtual_stages))
 
 
 def ideal_bubble_fraction(num_stages: int, num_micro_batches: int) -> float:

@@ -312,10 +312,7 @@ class _Walk:
     moment: str = ""
 
     def slots(self) -> list[tuple[int, StageSlot]]:
-        out = [(0, self.role.primary)]
-        if self.role.mirror is not None:
-            out.append((1, self.role.mirror))
-        return out
+        return self.role.slots()
 
     def tile_of(self, replica: int, stage: int) -> int | None:
         for r, slot in self.slots():

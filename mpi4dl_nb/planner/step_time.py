@@ -386,8 +386,7 @@ def step_model(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     network = network or Network()
     crowding = network.crowding if crowds(node.cores, cfg.world_size) else None
     roles = layout(cfg)
-    held = {role.rank: [slot.stage for slot in (role.primary, role.mirror) if slot is not None]
-            for role in roles}
+    held = {role.rank: [slot.stage for _, slot in role.slots()] for role in roles}   # a copy per slot
     costs = _Costs(stage_model, timer, network, node, recompute, stage_ranks(cfg, roles), held, crowding)
     return StepModel(cfg, batch_size, costs, network, node)
 

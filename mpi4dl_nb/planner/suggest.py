@@ -45,6 +45,8 @@ def describe_config(cfg: ParallelConfig) -> str:
         parts.append(f"local DP x{cfg.local_dp}")
     if cfg.parts > 1:
         parts.append(f"{cfg.parts} micro-batches ({cfg.schedule})")
+    if cfg.virtual_stages > 1:
+        parts.append(f"{cfg.virtual_stages} chunks per rank")
     if cfg.gems:
         parts.append(f"GEMS x{cfg.times}")
     if cfg.data_parallel > 1:
@@ -82,14 +84,15 @@ def candidate_configs(devices: int, num_layers: int, batch_size: int, *, max_spl
                 for (tiles, method), local_dp, parts, times, dp in itertools.product(
                         grids, range(1, devices + 1), divisors, range(0, max_times + 1),
                         range(1, devices + 1)):
-                    schedules = [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B] if parts > 1 and split > 1 \
-                        else [ScheduleKind.GPIPE]
+                    schedules = list(ScheduleKind) if parts > 1 and split > 1 else [ScheduleKind.GPIPE]
                     for schedule in schedules:
+                        # interleaved: `split` ranks along the pipeline, each holding 2 chunks
+                        chunks = 2 if schedule is ScheduleKind.INTERLEAVED else 1
                         try:
-                            cfg = ParallelConfig(split_size=split, spatial_size=spatial,
+                            cfg = ParallelConfig(split_size=split * chunks, spatial_size=spatial,
                                                  num_spatial_parts=tiles, slice_method=method,
                                                  parts=parts, times=times, local_dp=local_dp,
-                                                 data_parallel=dp, schedule=schedule)
+                                                 data_parallel=dp, schedule=schedule, virtual_stages=chunks)
                         except ConfigError:
                             continue
                         yield cfg

@@ -10,7 +10,9 @@ from ..checkpoint.files import new_run_id
 from ..checkpoint.record import RunRecord
 from ..data.dataset import RegionDataset
 from ..data.masks import MaskDataset
+from ..evaluation.aggregate import MEAN, Aggregation
 from ..evaluation.evaluator import Evaluator
+from ..evaluation.levels import sample_groups
 from ..evaluation.pixel_evaluator import SegmentationEvaluator
 from ..spatial.loss import ClassCrossEntropy
 
@@ -20,12 +22,15 @@ if TYPE_CHECKING:
 
 
 def evaluator_for(engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch_size: int, record: RunRecord,
-                  dtype: torch.dtype) -> Evaluator | SegmentationEvaluator:
+                  dtype: torch.dtype, group_by: str | None = None,
+                  rule: Aggregation = MEAN) -> Evaluator | SegmentationEvaluator:
     """The evaluator of ``dataset`` with the loss ``record`` trains with (class weights included): images with a
-    class each, or (segmentation) pixels counted on the tiles."""
+    class each (at slide and patient level too when their slides are known: ``group_by``, ``rule``), or
+    (segmentation) pixels counted on the tiles."""
     loss = record.loss()
     if isinstance(loss, ClassCrossEntropy):
-        return Evaluator(engine, dataset, ctx, batch_size, dtype, classes=record.class_names, loss=loss)
+        return Evaluator(engine, dataset, ctx, batch_size, dtype, classes=record.class_names, loss=loss,
+                         groups=sample_groups(dataset, group_by), rule=rule)
     if not isinstance(dataset, MaskDataset):
         raise TypeError(f"a segmentation evaluation needs images with masks, not {type(dataset).__name__}")
     return SegmentationEvaluator(engine, dataset, ctx, batch_size, loss, dtype, classes=record.class_names)

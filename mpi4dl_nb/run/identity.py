@@ -30,8 +30,11 @@ FIELD_FLAGS: dict[str, str] = {
     "optimizer": "--optimizer/--lr/--momentum/--weight-decay",
     "lr_schedule": "--lr-schedule/--warmup-steps/--lr-step-size/--lr-gamma (cosine and step: --steps)",
     "augment": "--augment",
+    "pool": "--pool",
+    "accumulate": "--accumulate",
     "class_weights": "--class-weights",
     "classes": "--classes (and the class folders)",
+    "stain": "--stain-normalize/--stain-reference",
 }
 
 

@@ -13,6 +13,7 @@ from ..data.apps import AppKind
 from ..data.augment import AugmentSpec
 from ..data.classes import class_weights
 from ..data.manifest import Cohort
+from ..data.stain import StainNormalizer, StainRequest
 from ..data.task import Task
 from ..evaluation.aggregate import Aggregation
 from ..evaluation.metrics import MetricName
@@ -43,6 +44,10 @@ class DataSpec:
     ignore_index: int | None = None      # segmentation: the mask value no pixel is scored at
     skip_bad_files: bool = False         # train on the usable files when the data check finds bad ones
     cohort: Cohort | None = None         # --cohort: the checked manifest (its slides, labels, patients)
+    whole_slide: bool = False            # --whole-slide: a sample per slide, its tissue on one canvas
+    tissue_channel: bool = False         # canvases carry their tissue mask as a last channel (--pool tissue-mean)
+    stain_request: StainRequest | None = None    # --stain-normalize/--stain-reference (fitted once, on rank 0)
+    stain: StainNormalizer | None = None         # the fitted normaliser every image is read through (None: none)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class TrainingSpec:
     class_weights: ClassWeights = None
     augment: AugmentSpec = field(default_factory=AugmentSpec)
     loss: LossKind = LossKind.CE         # segmentation's per-pixel loss
+    accumulate: int = 1                  # batches per optimizer step (gradient accumulation, --accumulate)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -147,10 +153,11 @@ class TrainJob:
         data, training = self.data, self.training
         record = DataRecord(data.app, data.image_size, training.batch_size, training.dtype, data.datapath,
                             self.held_out.val_fraction, self.held_out.val_datapath, data.class_names or None,
-                            cohort=None if data.cohort is None else str(data.cohort.source))
+                            cohort=None if data.cohort is None else str(data.cohort.source),
+                            whole_slide=data.whole_slide)
         pixels = SegmentationRecord(str(training.loss), data.ignore_index) if data.task.dense else None
         return RunRecord(self.model, record, seed=training.seed, config=self.config.as_dict(), task=data.task,
-                         segmentation=pixels)
+                         segmentation=pixels, stain=data.stain)
 
     def task_identity(self) -> dict[str, object]:
         """The run identity's task fields: the task, and a segmentation run's loss."""

@@ -8,12 +8,14 @@ from pathlib import Path
 from ..checkpoint.record import SplitRecord
 from ..config import ConfigError
 from ..data.apps import AppKind
+from ..data.canvas import SlideCanvases
 from ..data.dataset import RegionDataset
 from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
+from ..data.stain_reads import with_stain
 from ..data.validate import DataSources, SourceKind, find_sources
-from ..evaluation.grouped import GroupedSplit, split_fold, split_grouped
+from ..evaluation.grouped import GroupedSplit, split_by_side, split_fold, split_grouped
 from ..evaluation.split import Subset, split_listing
 from .identity import digest
 from .job import ClassWeights, DataSpec, HeldOutSpec
@@ -23,11 +25,20 @@ Checker = Callable[[Path], str | None]
 
 def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
     """The dataset ``data`` names, read from ``datapath`` (without the files ``exclude``; class folders labelled
-    in the order of ``data.class_order`` when set; generated images seeded by ``seed``)."""
+    in the order of ``data.class_order`` when set; generated images seeded by ``seed``), its images read through
+    ``data.stain`` when set."""
+    return with_stain(unstained_dataset(data, seed, datapath, exclude), data.stain)
+
+
+def unstained_dataset(data: DataSpec, seed: int, datapath: str | Path | None,
+                      exclude: Sequence[Path] = ()) -> RegionDataset:
+    """The dataset ``data`` names, its images as stored."""
     from ..data import make_dataset
 
     if data.task.dense:
         return segmentation_dataset(data, datapath, exclude)
+    if data.whole_slide:
+        return canvas_dataset(data, datapath, exclude)
     if data.cohort is not None and datapath == data.datapath:    # the cohort's slides (not --val-datapath)
         from ..data.cohort_slides import CohortSlides
 
@@ -36,6 +47,22 @@ def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude
     return make_dataset(data.app, data.image_size, data.num_classes, datapath=datapath, seed=seed,
                         num_samples=data.num_samples, slide_level=data.slide_level, min_tissue=data.min_tissue,
                         exclude=exclude, classes=data.class_order, mpp=data.mpp, source_mpp=data.source_mpp)
+
+
+def canvas_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> SlideCanvases:
+    """``--whole-slide``: a canvas per slide of the cohort (when ``datapath`` is its own) or of the class folders of
+    slides ``datapath`` names (without the files ``exclude``)."""
+    from ..data.canvas import cohort_canvases, folder_canvases
+
+    if data.cohort is not None and datapath == data.datapath:
+        return cohort_canvases(data.cohort, data.image_size, level=data.slide_level, mpp=data.mpp,
+                               source_mpp=data.source_mpp, tissue_channel=data.tissue_channel)
+    if datapath is None:
+        raise ConfigError("--whole-slide", "needs slides with labels: --cohort FILE.csv or class folders of slides")
+    root = require_path(datapath)
+    files, _ = folder_files(root, exclude)
+    return folder_canvases(root, files, data.image_size, classes=data.class_order, level=data.slide_level,
+                           mpp=data.mpp, source_mpp=data.source_mpp, tissue_channel=data.tissue_channel)
 
 
 def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> MaskDataset:
@@ -121,6 +148,9 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     ``fold`` column when it has one)."""
     classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
     groups = groups_of(dataset, held_out.group_by)
+    if held_out.folds is None and held_out.val_fraction is None:
+        assert data.cohort is not None and data.cohort.has_splits, "a share, folds or the manifest's sides"
+        return split_by_side(groups, {s.patient: s.split for s in data.cohort})
     if held_out.folds is None:
         assert held_out.val_fraction is not None, "a share or folds"
         return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups)
@@ -128,6 +158,11 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     cohort = data.cohort
     given = {s.patient: s.fold for s in cohort if s.fold is not None} if cohort is not None else None
     return split_fold(labels, groups, held_out.folds, held_out.fold or 0, seed, given or None)
+
+
+def manifest_sides(data: DataSpec, datapath: str | Path | None) -> bool:
+    """Whether the held-out side comes from the cohort's ``split`` column (its own slides, no share or folds)."""
+    return data.cohort is not None and data.cohort.has_splits and datapath == data.datapath
 
 
 def split_record(split: GroupedSplit, held_out: HeldOutSpec, seed: int) -> SplitRecord:
@@ -141,12 +176,17 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     """(training set, validation set or None, the split's identity text, the split of ``dataset`` or None) for
     ``held_out`` (a share of the groups of ``dataset`` seeded by ``seed``, or ``val_datapath`` without the files
     ``exclude``)."""
-    if held_out.val_fraction is not None or held_out.folds is not None:
+    if held_out.val_fraction is not None or held_out.folds is not None or manifest_sides(data, data.datapath):
         split = dataset_split(data, held_out, seed, dataset)
+        if not data.task.dense:                   # masks: images are not split by class
+            knob = ("--cohort" if held_out.val_fraction is None and held_out.folds is None
+                    else "--folds" if held_out.folds is not None else "--val-fraction")
+            split.check_classes([dataset.label(i) for i in range(len(dataset))], data.class_names, knob)
         train, val = split.subsets(dataset)
         grouped = "" if split.groups.kind is GroupKind.UNGROUPED else f", by {split.groups.kind.value}"
-        share = (f"fraction {held_out.val_fraction:g}" if held_out.folds is None
-                 else f"fold {held_out.fold} of {held_out.folds}")
+        share = (f"fold {held_out.fold} of {held_out.folds}" if held_out.folds is not None
+                 else f"fraction {held_out.val_fraction:g}" if held_out.val_fraction is not None
+                 else "the manifest's split column")
         text = f"{share}, seed {seed}{grouped}, {len(val)} images [{digest(split_listing(dataset, val.indices))}]"
         return train, val, text, split
     if held_out.val_datapath is not None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.record import RunRecord
 from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
+from ..data.canvas import SlideCanvases
 from .job import TrainJob
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ class JobSetup:
         job, data, training = self.job, self.job.data, self.job.training
         dataset = dataset_from(data, training.seed, data.datapath, exclude)
         self.record = replace(self.record, data=replace(self.record.data, mpp=dataset_mpp(dataset)))
+        if isinstance(dataset, SlideCanvases):
+            self.record_canvases(dataset)
         if dataset.num_classes > data.num_classes:
             raise ConfigError("--num-classes", f"the data has {dataset.num_classes} classes; use "
                               f"--num-classes {dataset.num_classes}")
@@ -103,16 +106,32 @@ class JobSetup:
                                                                       exclude_held_out)
         if split is not None:
             self.record_split(split, dataset)
-        steps = training.steps if training.steps is not None else (
-            training.num_epochs * (len(train) // training.batch_size))
+        steps = training.steps if training.steps is not None else max(1, (
+            training.num_epochs * (len(train) // training.batch_size)) // training.accumulate)
         pixels = label_counts(data, training.class_weights, train)   # segmentation: pixels per class
         counted = class_counts(train, data.num_classes) if pixels is None else pixels
         self.record = replace(self.record, training=training.record(steps, counted))
         training.augment.check_channels(train.channels)
+        from ..models.canvas import check_tissue_input
+
+        check_tissue_input(job.model.pool, job.model.in_channels, train.channels)
         self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment)
         self.steps = steps
         if self.ctx.rank == 0:
             self.identity = self.make_identity(dataset)
+
+    def record_canvases(self, canvases: SlideCanvases) -> None:
+        """The canvas checked against the layout and the pool; each slide's canvas into the record; a line per slide
+        printed (rank 0)."""
+        from ..models.canvas import check_canvas, check_pool_layout
+        from ..spatial.geometry import TileGrid
+
+        config, model = self.job.config, self.job.model
+        check_pool_layout(model.pool, config, whole_slide=True)
+        if config.spatial_size > 0:
+            check_canvas(canvases.image_size, TileGrid(*config.grid_shape), model.image_multiple)
+        self.record = replace(self.record, data=replace(self.record.data, canvases=tuple(canvases.placements)))
+        say_once(self.ctx, "whole-slide canvases:\n  " + "\n  ".join(canvases.report()))
 
     def record_split(self, split: GroupedSplit, dataset: RegionDataset) -> None:
         """The split's groups per side into the record; its counts printed (rank 0)."""
@@ -136,10 +155,12 @@ class JobSetup:
         return {"model": model_fingerprint(self.record.model, self.layers), "dtype": job.training.dtype,
                 "image_size": job.data.image_size, "batch_size": job.training.batch_size, "seed": job.training.seed,
                 "app": str(job.data.app), "data": text, "lr": job.training.optimizer.lr,
+                "stain": "none" if job.data.stain is None else job.data.stain.describe(),
                 "momentum": training.optimizer.momentum,
                 "val_split": self.held_out, "optimizer": training.optimizer.describe(),
                 "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
+                "pool": str(job.model.pool), "accumulate": job.training.accumulate,
                 "classes": ",".join(self.record.class_names), **job.task_identity()}
 
     def choose_resume(self) -> None:
@@ -215,8 +236,8 @@ def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole
     from .job_data import data_sources
 
     sources, checker = agreed(ctx, lambda: data_sources(job.data, datapath, role.flag))
-    report = check_data(ctx, sources, job.data.image_size, job.data.slide_level, progress=job.options.progress,
-                        checker=checker)
+    size = 1 if job.data.whole_slide else job.data.image_size      # a canvas may be larger than its slide
+    report = check_data(ctx, sources, size, job.data.slide_level, progress=job.options.progress, checker=checker)
     if not report.bad:
         return []
     if not job.data.skip_bad_files or len(report.bad) == report.total:
@@ -225,12 +246,23 @@ def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole
     return report.bad_paths
 
 
+def fitted_stain(job: TrainJob, ctx: Comm) -> TrainJob:
+    """``job`` with its stain normaliser fitted once, on rank 0, and broadcast (collective; unchanged without one)."""
+    request = job.data.stain_request
+    if request is None:
+        return job
+    fitted = ctx.bcast_object(agreed(ctx, lambda: request.fit() if ctx.rank == 0 else None), root=0)
+    assert fitted is not None, "rank 0 fitted it (else every rank raised in agreed)"
+    say_once(ctx, f"stain normalised: {fitted.describe()}")
+    return replace(job, data=replace(job.data, stain=fitted))
+
+
 def prepare(job: TrainJob, ctx: Comm) -> JobSetup:
     """Set-up in stages that every rank agrees on (SetupFailed on every rank otherwise): model and checkpoint
     directory, data check, dataset, resume."""
     from .data_check import DataRole
 
-    setup = JobSetup(job, ctx)
+    setup = JobSetup(fitted_stain(job, ctx), ctx)
     agreed(ctx, setup.build_model)
     if job.checkpoints.directory is not None:           # every host must see it (collective)
         from .checkpoint_space import require_shared
@@ -263,9 +295,10 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                              keep_checkpoints=checkpoints.keep, progress=options.progress, verbose=options.verbose,
                              dtype=job.training.torch_dtype, step_timeout=options.step_timeout,
                              auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
-                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task)
+                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task,
+                             accumulate=job.training.accumulate)
     evaluator = None if setup.val_dataset is None else evaluator_for(
-        engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype)
+        engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype, job.held_out.group_by)
     return Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),
                    run_id=shared_run_id(ctx, setup.run_id), monitor=monitor, guard=guard, evaluator=evaluator)
 

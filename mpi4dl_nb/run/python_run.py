@@ -18,6 +18,7 @@ from ..data.apps import AppKind
 from ..data.cifar import Cifar10Dataset
 from ..data.dataset import RegionDataset
 from ..data.groups import given_groups, groups_of
+from ..data.stain_reads import stain_of
 from ..data.synthetic import SyntheticDataset
 from ..evaluation.split import Subset
 from ..models.spec import ModelFamily, ModelSpec
@@ -68,10 +69,10 @@ def record_for(model: ModelSpec | ModelObject | str, dataset: RegionDataset, bat
                dtype: torch.dtype = torch.float32, val_fraction: float | None = None,
                validation: RegionDataset | None = None, classes: Sequence[str] | None = None) -> RunRecord:
     """The record a Python run writes into its checkpoints: model, data (``dataset`` before any split; held out
-    by ``val_fraction``, or ``validation`` read from another folder), seed."""
+    by ``val_fraction``, or ``validation`` read from another folder), seed, the stain normaliser it reads through."""
     app, path = source_of(dataset)
     named = classes if classes is not None else getattr(base_of(dataset), "classes", None)
     data = DataRecord(app, dataset.image_size, batch_size, dtype=str(dtype).removeprefix("torch."), datapath=path,
                       val_fraction=val_fraction, val_datapath=None if validation is None else source_of(validation)[1],
                       classes=tuple(named) if named else None)
-    return RunRecord(model_record(model, dataset.num_classes), data, seed=seed)
+    return RunRecord(model_record(model, dataset.num_classes), data, seed=seed, stain=stain_of(base_of(dataset)))

@@ -55,7 +55,10 @@ class Validation:
         figures = m.headline() if isinstance(m, SegmentationMetrics) else (
             ("val_loss", m.loss), ("val_accuracy", m.accuracy), ("val_balanced_accuracy", m.balanced_accuracy),
             ("val_roc_auc", m.roc_auc))
-        shown = [f"{name} {value:.4f}" for name, value in figures if isinstance(value, float)]
+        levels = () if isinstance(m, SegmentationMetrics) else tuple(
+            (f"{level.level}_{name}", value) for level in m.levels
+            for name, value in (("balanced_accuracy", level.balanced_accuracy), ("roc_auc", level.roc_auc)))
+        shown = [f"{name} {value:.4f}" for name, value in (*figures, *levels) if isinstance(value, float)]
         return f"eval at step {self.step} ({m.count} images): " + " ".join(shown)
 
 

@@ -57,6 +57,7 @@ class TrainSettings:
     lr_schedule: LRSchedule | None = None   # the learning rate of every step (None: the optimizer's, constant)
     keep_best: MetricName | None = None     # with an evaluator and checkpoint_dir: keep the best checkpoint apart
     task: Task = Task.CLASSIFICATION        # segmentation: the labels are masks, read by box where the loss runs
+    accumulate: int = 1                     # batches (micro-steps) per optimizer step: gradient accumulation
 
 
 class CheckpointWriteError(RuntimeError):
@@ -181,11 +182,17 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.batcher.steps_per_epoch
+        """Optimizer steps per epoch: the batches of an epoch over ``settings.accumulate`` (at least 1)."""
+        return max(1, self.batcher.steps_per_epoch // self.settings.accumulate)
+
+    @property
+    def images_per_step(self) -> int:
+        """Images one optimizer step trains on (``accumulate`` batches)."""
+        return self.batcher.batch_size * self.settings.accumulate
 
     def position(self, step: int) -> tuple[int, int]:
-        """(epoch, step in epoch) of global step ``step``."""
-        return divmod(step, self.steps_per_epoch)
+        """(epoch, batch in epoch) of the first batch of optimizer step ``step``."""
+        return divmod(step * self.settings.accumulate, self.batcher.steps_per_epoch)
 
     # ------------------------------------------------------------ checkpointing
     def checkpoint_due(self, step: int) -> bool:
@@ -305,13 +312,15 @@ class Trainer:
         return images, self.inputs.masks(lambda rows, box: batch_masks(batcher, epoch, step, box, rows))
 
     def train_one(self) -> float:
-        """One optimizer step at the current position; returns the global loss (NaN when skipped)."""
-        epoch, in_epoch = self.position(self.step)
+        """One optimizer step at the current position (``accumulate`` batches); returns the global loss (their
+        mean; NaN when skipped)."""
         if self.monitor is not None:
             self.monitor.begin_step(self.step + 1)
         if self.guard is not None:
             self.guard.begin_step(self.step + 1)
-        images, labels = self.batch(epoch, in_epoch)
+        first = self.step * self.settings.accumulate
+        batches = [self.batch(*divmod(first + k, self.batcher.steps_per_epoch))
+                   for k in range(self.settings.accumulate)]
         if self.settings.lr_schedule is not None:
             self.settings.lr_schedule.apply(self.engine.optimizer, self.step)
         tracer = self.ctx.tracer
@@ -320,8 +329,8 @@ class Trainer:
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         with self.meter:
-            loss = self.engine.train_step(images, labels, on_action=self._on_action,
-                                          batch_size=self.batcher.batch_size)
+            loss = self.engine.train_accumulated(batches, on_action=self._on_action,
+                                                 batch_size=self.batcher.batch_size)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
@@ -330,7 +339,7 @@ class Trainer:
         self.step += 1
         if self.guard is not None and self.guard.end_step(loss):
             self.skipped_steps.append(self.step)
-        self.metrics.add_step(self.batcher.batch_size, seconds, comm, loss)
+        self.metrics.add_step(self.images_per_step, seconds, comm, loss)
         self.timer.add(seconds)
         if self.monitor is not None:
             self.monitor.arm(self.timer.timeout())
@@ -347,7 +356,7 @@ class Trainer:
             while self.step < self.settings.steps:
                 loss = self.train_one()
                 recent = self.metrics.seconds / max(1, self.metrics.steps)
-                rate = self.batcher.batch_size / max(recent, 1e-12)
+                rate = self.images_per_step / max(recent, 1e-12)
                 if self.log is not None:
                     self.log.write("train", self.step, {"epoch": self.position(self.step - 1)[0],
                                                         "loss": loss, "images_per_s": rate,
@@ -401,7 +410,7 @@ class Trainer:
             return None
         warm = 1 if self.metrics.steps >= 3 else 0
         measured = self.metrics.seconds_after(warm)
-        images = (self.metrics.steps - warm) * self.batcher.batch_size
+        images = (self.metrics.steps - warm) * self.images_per_step
         last = self.metrics.last_loss
         return TrainSummary(
             record=self.record, world_size=self.ctx.world_size, start_step=start_step, steps=self.step,

@@ -17,13 +17,13 @@ from .layer import SpatialLayer, SpatialRuntime, adopt
 from .regional import Params, plan_for, windowed_by_regions
 
 
-def conv_windows(conv: nn.Conv2d) -> tuple[Window1d, Window1d]:
-    """Row and column windows of a Conv2d (explicit, 'valid' or 'same' padding)."""
+def conv_axis_windows(conv: nn.Conv2d | nn.Conv3d) -> tuple[Window1d, ...]:
+    """The window of a Conv2d/Conv3d along each of its spatial axes (explicit, 'valid' or 'same' padding)."""
     if conv.padding_mode != "zeros":
-        raise ConfigError("model", f"Conv2d padding_mode={conv.padding_mode!r} is not supported "
-                          f"by spatial parallelism; use padding_mode='zeros'")
+        raise ConfigError("model", f"{type(conv).__name__} padding_mode={conv.padding_mode!r} is not "
+                          f"supported by spatial parallelism; use padding_mode='zeros'")
     windows = []
-    for axis in range(2):
+    for axis in range(len(conv.kernel_size)):
         k, s, d = conv.kernel_size[axis], conv.stride[axis], conv.dilation[axis]
         if isinstance(conv.padding, str):
             total = d * (k - 1) if conv.padding == "same" else 0
@@ -31,7 +31,13 @@ def conv_windows(conv: nn.Conv2d) -> tuple[Window1d, Window1d]:
         else:
             before = after = conv.padding[axis]
         windows.append(Window1d(k, s, d, before, after))
-    return windows[0], windows[1]
+    return tuple(windows)
+
+
+def conv_windows(conv: nn.Conv2d) -> tuple[Window1d, Window1d]:
+    """Row and column windows of a Conv2d (explicit, 'valid' or 'same' padding)."""
+    rows, cols = conv_axis_windows(conv)
+    return rows, cols
 
 
 class SpatialConv2d(SpatialLayer, nn.Conv2d):

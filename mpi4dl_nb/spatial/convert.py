@@ -2,8 +2,9 @@
 
 Leaves are converted in a copy of the tree (containers are shallow copies, parameters and
 buffers are the same objects): Conv2d, ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d,
-GroupNorm, InstanceNorm2d, Upsample and AdaptiveAvgPool2d(1) become their spatial versions;
-element-wise layers stay as they are. Custom containers keep their own ``forward`` —
+GroupNorm, InstanceNorm2d, Upsample and AdaptiveAvgPool2d(1) become their spatial versions (on a
+volume's grid, a TileGrid with depth: Conv3d, MaxPool3d, AvgPool3d, BatchNorm3d); element-wise layers
+stay as they are. Custom containers keep their own ``forward`` —
 residual adds, gates, channel concatenation and element-wise ops work tile by tile because
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.
@@ -24,7 +25,7 @@ from ..config import ConfigError
 from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout  # noqa: F401
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
-from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS
+from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, VOLUME_LAYERS
 
 
 def _check_guarded(module: nn.Module, name: str) -> None:
@@ -64,10 +65,16 @@ class _Converter:
 
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
-        if kind in SPATIAL_LAYERS:
-            converted = SPATIAL_LAYERS[kind](module, runtime, name)
+        layers = VOLUME_LAYERS if runtime.grid.volumetric else SPATIAL_LAYERS
+        if kind in layers:
+            converted = layers[kind](module, runtime, name)
             runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
             return converted
+        if kind in SPATIAL_LAYERS or kind in VOLUME_LAYERS:
+            what = "a volume's tiles (a TileGrid with depth)" if runtime.grid.volumetric else "image tiles"
+            raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not supported on "
+                              f"{what}; supported there: {', '.join(t.__name__ for t in layers)}, "
+                              f"element-wise layers and containers of them; or put it after the spatial stage")
         if kind in GUARDED:
             _check_guarded(module, name)
             return module
@@ -82,7 +89,7 @@ class _Converter:
         children = list(module.named_children())
         if not children and type(module).__module__.startswith("torch.") and kind is not nn.Sequential:
             # (an empty nn.Sequential is the identity: ShuffleNetV2's and GhostNet's shortcuts)
-            supported = ", ".join(t.__name__ for t in SPATIAL_LAYERS)
+            supported = ", ".join(t.__name__ for t in layers)
             raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not "
                               f"supported by spatial parallelism; supported: {supported}, "
                               f"element-wise layers, and containers of them. If it is exact on "
@@ -104,7 +111,8 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     """A copy of ``module`` that computes on this rank's tile exactly what ``module`` computes
     on the whole image (same Parameter objects, so optimizer and state dict are shared).
 
-    Input: this rank's tile ``(N, C, h, w)`` (``dl.scatter_tiles``); output: the owned tile
+    Input: this rank's tile ``(N, C, h, w)``, on a volume's grid ``(N, C, d, h, w)``
+    (``dl.scatter_tiles``); output: the owned tile
     of the output (``grid.tile_box`` of the output size), or the replicated result after a
     global average pool. ``group``: the tile ranks (``group.ranks[t]`` holds tile ``t``);
     None means the world. Only tile neighbours and ``group`` collectives communicate.
@@ -125,6 +133,10 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     Parameters used on replicated data (a classifier after the global pool, an SE gate's
     layers) get the full gradient on every tile (``tile_replicated_parameters``).
     """
+    if grid.volumetric and (image_size or halo_d2):
+        raise ConfigError("halo_d2" if halo_d2 else "image_size",
+                          f"{grid}: a volume's tiles take neither image_size nor halo_d2 yet; leave them out "
+                          f"(the sizes are learnt at the first forward, each layer exchanges its own halo)")
     runtime = SpatialRuntime(grid, ctx, group, (image_size[0], image_size[1]) if image_size else None,
                              check_ops=check_ops)
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):

@@ -119,16 +119,25 @@ class AxisExchange:
     @property
     def is_trivial(self) -> bool:
         """Nothing to do: the tile needs exactly what it owns and sends nothing."""
-        return (self.needed == self.owned and _length(self.send_prev) == 0
-                and _length(self.send_next) == 0)
+        return (self.needed == self.owned and range_length(self.send_prev) == 0
+                and range_length(self.send_next) == 0)
 
     def offset(self, position: int) -> int:
         """Index inside the exchanged (needed) tensor of image row ``position``."""
         return position - self.needed[0]
 
 
-def _length(r: Range) -> int:
+def range_length(r: Range) -> int:
+    """How many positions the half-open range ``r`` holds (0 when empty)."""
     return max(0, r[1] - r[0])
+
+
+def _data(plan: AxisExchange) -> Range:
+    """The part of ``plan``'s needed range inside the tensor (the rest is padding)."""
+    return (max(plan.needed[0], 0), min(plan.needed[1], plan.size))
+
+
+AXIS_NAMES = ("depth", "rows", "cols")   # a grid's axes, outermost first (2-D grids: the last two)
 
 
 def _range(r: Sequence[int]) -> Range:
@@ -153,12 +162,12 @@ def plan_axis(size: int, owned: Sequence[Range], needed: Sequence[Range], *,
         if keep[1] <= keep[0]:
             keep = (s, s)
         next_r = (max(e, lo), hi) if hi > e else (e, e)
-        if _length(prev_r) and (index == 0 or prev_r[0] < owned[index - 1][0]):
+        if range_length(prev_r) and (index == 0 or prev_r[0] < owned[index - 1][0]):
             raise ConfigError(knob, f"{what}: tile {index} of {parts} along an axis of {size} "
                               f"needs rows {prev_r} but its previous neighbour owns only "
                               f"{owned[index - 1] if index else 'nothing'}; the halo is wider "
                               f"than a tile — use fewer spatial parts or a larger image_size")
-        if _length(next_r) and (index == parts - 1 or next_r[1] > owned[index + 1][1]):
+        if range_length(next_r) and (index == parts - 1 or next_r[1] > owned[index + 1][1]):
             raise ConfigError(knob, f"{what}: tile {index} of {parts} along an axis of {size} "
                               f"needs rows {next_r} but its next neighbour owns only "
                               f"{owned[index + 1] if index < parts - 1 else 'nothing'}; the halo "
@@ -193,19 +202,34 @@ def plan_window_axis(size: int, parts: int, window: Window1d, *,
 
 
 class TileGrid:
-    """A rows x cols grid of tiles, numbered row-major (tile ``t`` at ``(t // cols, t % cols)``).
+    """A rows x cols grid of tiles (or, with ``depth``, a depth x rows x cols grid of a volume's
+    tiles), numbered row-major over its axes (2-D: tile ``t`` at ``(t // cols, t % cols)``).
 
     ``TileGrid.from_slice_method``: ``"square"`` is sqrt(P) x sqrt(P) (P a perfect square),
     ``"vertical"`` is 1 row x P columns (vertical cuts), ``"horizontal"`` is P rows x 1 column
-    (horizontal cuts).
+    (horizontal cuts). A grid made with ``depth`` (even ``depth=1``) tiles the last three dims
+    ``(D, H, W)`` of its tensors; without it, the last two.
     """
 
-    def __init__(self, rows: int, cols: int) -> None:
-        if int(rows) != rows or int(cols) != cols or rows < 1 or cols < 1:
-            raise ConfigError("num_spatial_parts", f"a tile grid needs rows >= 1 and cols >= 1, "
-                              f"got {rows} x {cols}")
+    def __init__(self, rows: int, cols: int, depth: int | None = None) -> None:
+        counts = (rows, cols) if depth is None else (depth, rows, cols)
+        if any(int(n) != n or n < 1 for n in counts):
+            shown = " x ".join(str(n) for n in counts)
+            raise ConfigError("num_spatial_parts", f"a tile grid needs at least one tile along every "
+                              f"axis (depth, rows, cols), got {shown}")
         self.rows = int(rows)
         self.cols = int(cols)
+        self.depth = 1 if depth is None else int(depth)
+        self.shape: tuple[int, ...] = tuple(int(n) for n in counts)
+
+    @property
+    def ndim(self) -> int:
+        """How many trailing dims of a tensor the grid tiles: 2 (rows, cols) or 3 (depth, rows, cols)."""
+        return len(self.shape)
+
+    @property
+    def volumetric(self) -> bool:
+        return self.ndim == 3
 
     @classmethod
     def from_slice_method(cls, method: SliceMethod | str, num_parts: int) -> TileGrid:
@@ -224,23 +248,47 @@ class TileGrid:
     # ----------------------------------------------------------------- topology
     @property
     def num_tiles(self) -> int:
-        return self.rows * self.cols
+        return math.prod(self.shape)
 
     def position(self, tile: int) -> tuple[int, int]:
-        """``(row, col)`` of ``tile``."""
+        """``(row, col)`` of ``tile`` (in a volume's grid: within its depth slice)."""
         self._check_tile(tile)
-        return divmod(tile, self.cols)
+        return divmod(tile % (self.rows * self.cols), self.cols)
+
+    def coords(self, tile: int) -> tuple[int, ...]:
+        """``tile``'s index along every axis of the grid (``(depth, row, col)`` or ``(row, col)``)."""
+        self._check_tile(tile)
+        found = []
+        for count in reversed(self.shape):
+            tile, index = divmod(tile, count)
+            found.append(index)
+        return tuple(reversed(found))
+
+    def tile_at_coords(self, coords: Sequence[int]) -> int | None:
+        """Tile at ``coords`` (one index per axis), or None outside the grid."""
+        tile = 0
+        for index, count in zip(coords, self.shape):
+            if not 0 <= index < count:
+                return None
+            tile = tile * count + index
+        return tile
+
+    def axis_neighbor(self, tile: int, axis: int, step: int) -> int | None:
+        """Tile ``step`` places from ``tile`` along grid ``axis`` (None outside the grid)."""
+        coords = list(self.coords(tile))
+        coords[axis] += step
+        return self.tile_at_coords(coords)
 
     def tile_at(self, row: int, col: int) -> int | None:
-        """Tile at ``(row, col)``, or None outside the grid."""
+        """Tile at ``(row, col)`` of a 2-D grid (of a volume's grid: in depth slice 0), or None outside it."""
         if 0 <= row < self.rows and 0 <= col < self.cols:
             return row * self.cols + col
         return None
 
     def neighbor(self, tile: int, d_row: int, d_col: int) -> int | None:
-        """Tile at offset ``(d_row, d_col)`` from ``tile`` (None outside the grid)."""
-        row, col = self.position(tile)
-        return self.tile_at(row + d_row, col + d_col)
+        """Tile at offset ``(d_row, d_col)`` from ``tile``, in its depth slice (None outside the grid)."""
+        *depth, row, col = self.coords(tile)
+        return self.tile_at_coords((*depth, row + d_row, col + d_col))
 
     def neighbors(self, tile: int) -> dict[str, int]:
         """Existing neighbours by side: keys among 'top', 'bottom', 'left', 'right' and corners."""
@@ -285,6 +333,36 @@ class TileGrid:
         r0, r1, c0, c1 = self.tile_box(tile, height, width)
         return (r1 - r0, c1 - c0)
 
+    def extent(self, tile: int, sizes: Sequence[int]) -> tuple[Range, ...]:
+        """The range ``tile`` owns along every tiled axis of a tensor whose tiled axes are ``sizes``."""
+        self._check_axes(sizes)
+        return tuple(split_ranges(int(size), count)[index]
+                     for size, count, index in zip(sizes, self.shape, self.coords(tile)))
+
+    def extents(self, sizes: Sequence[int]) -> list[tuple[Range, ...]]:
+        return [self.extent(t, sizes) for t in range(self.num_tiles)]
+
+    def full_lengths(self, tile_sizes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+        """Lengths of the tiled axes from every tile's ``(..., *tiled)`` size, in tile order."""
+        lengths = []
+        for axis, count in enumerate(self.shape):
+            along = [self.tile_at_coords([i if a == axis else 0 for a in range(self.ndim)])
+                     for i in range(count)]
+            lengths.append(sum(int(tile_sizes[t][axis - self.ndim]) for t in along if t is not None))
+        return tuple(lengths)
+
+    def check_sizes(self, sizes: Sequence[int]) -> None:
+        """ConfigError unless every tile owns at least one position along every tiled axis."""
+        self._check_axes(sizes)
+        if any(size < count for size, count in zip(sizes, self.shape)):
+            raise ConfigError("image_size", f"{'x'.join(map(str, sizes))} cannot be split into "
+                              f"{' x '.join(map(str, self.shape))} non-empty tiles; use a larger "
+                              f"image_size or fewer num_spatial_parts")
+
+    def _check_axes(self, sizes: Sequence[int]) -> None:
+        if len(sizes) != self.ndim:
+            raise ValueError(f"{self} tiles {self.ndim} axes, got sizes {tuple(sizes)}")
+
     def check_size(self, height: int, width: int) -> None:
         """ConfigError unless every tile owns at least one row and column."""
         if height < self.rows or width < self.cols:
@@ -303,13 +381,14 @@ class TileGrid:
         return LayerHalo.for_windows(self, height, width, rows, cols, name)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TileGrid) and (self.rows, self.cols) == (other.rows, other.cols)
+        return isinstance(other, TileGrid) and self.shape == other.shape
 
     def __hash__(self) -> int:
-        return hash((self.rows, self.cols))
+        return hash(self.shape)
 
     def __repr__(self) -> str:
-        return f"TileGrid(rows={self.rows}, cols={self.cols})"
+        depth = f"depth={self.depth}, " if self.volumetric else ""
+        return f"TileGrid({depth}rows={self.rows}, cols={self.cols})"
 
 
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
@@ -323,17 +402,20 @@ def _pair(value: int | Sequence[int]) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Message:
     """One halo message: ``src`` tile sends the ``box`` (image coordinates of the exchanged
-    tensor) to ``dst`` in ``phase`` 'rows' (first) or 'cols' (second, corners included)."""
+    tensor) to ``dst`` in ``phase`` 'depth' (volumes: first), 'rows', then 'cols' (edges and
+    corners included); ``depth`` is the box's depth range in a volume's exchange."""
 
     phase: str
     src: int
     dst: int
     box: Box
+    depth: Range | None = None
 
     @property
     def elements(self) -> int:
         r0, r1, c0, c1 = self.box
-        return max(0, r1 - r0) * max(0, c1 - c0)
+        slices = 1 if self.depth is None else range_length(self.depth)
+        return slices * max(0, r1 - r0) * max(0, c1 - c0)
 
 
 @dataclass(frozen=True)
@@ -344,6 +426,21 @@ class TileHalo:
     rows: AxisExchange
     cols: AxisExchange
     out_box: Box | None = None
+    depth: AxisExchange | None = None    # a volume's exchange: the depth axis
+    out_depth: Range | None = None
+
+    @property
+    def axes(self) -> tuple[AxisExchange, ...]:
+        """The plan along every tiled axis, outermost first (depth, rows, cols or rows, cols)."""
+        return (self.rows, self.cols) if self.depth is None else (self.depth, self.rows, self.cols)
+
+    @property
+    def owned_extent(self) -> tuple[Range, ...]:
+        return tuple(axis.owned for axis in self.axes)
+
+    @property
+    def needed_extent(self) -> tuple[Range, ...]:
+        return tuple(axis.needed for axis in self.axes)
 
     @property
     def owned_box(self) -> Box:
@@ -372,7 +469,10 @@ class LayerHalo:
 
     Exchange is two-phase: rows first (to top/bottom neighbours, over the owned columns),
     then columns (to left/right neighbours, over the full needed row range, so the
-    corners travel in the second phase without diagonal messages).
+    corners travel in the second phase without diagonal messages). A volume's exchange
+    (``grid.volumetric``, made by ``for_axis_windows``) has three: depth (over the owned rows
+    and columns), rows (over the needed depth), columns (over the needed depth and rows), so
+    edges and corners travel without diagonal messages.
     """
 
     grid: TileGrid
@@ -384,6 +484,39 @@ class LayerHalo:
     name: str = "layer"
     row_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
     col_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
+    in_depth: int = 1      # a volume's exchange: input and output depth
+    out_depth: int = 1
+    depth_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Lengths of the exchanged tensor's tiled axes (``(D, H, W)`` or ``(H, W)``)."""
+        return (self.in_depth, self.height, self.width) if self.grid.volumetric else (self.height, self.width)
+
+    @property
+    def out_sizes(self) -> tuple[int, ...]:
+        plane = (self.out_height, self.out_width)
+        return (self.out_depth, *plane) if self.grid.volumetric else plane
+
+    @classmethod
+    def for_axis_windows(cls, grid: TileGrid, sizes: Sequence[int], windows: Sequence[Window1d],
+                         name: str = "layer") -> LayerHalo:
+        """Halo geometry of a windowed layer along every tiled axis (2-D or a volume's 3-D grid)."""
+        grid.check_sizes(sizes)
+        if len(windows) != grid.ndim:
+            raise ValueError(f"{name}: {len(windows)} windows for the {grid.ndim} axes of {grid}")
+        if not grid.volumetric:
+            return cls.for_windows(grid, sizes[0], sizes[1], windows[0], windows[1], name)
+        plans = [plan_window_axis(size, count, window, what=f"{name} ({axis})")
+                 for size, count, window, axis in zip(sizes, grid.shape, windows, AXIS_NAMES)]
+        outs = [window.out_size(size) for size, window in zip(sizes, windows)]
+        tiles = []
+        for tile in range(grid.num_tiles):
+            (d, r, c), (out_d, *out_plane) = grid.coords(tile), grid.extent(tile, outs)
+            out_box = (*out_plane[0], *out_plane[1])
+            tiles.append(TileHalo(tile, plans[1][r], plans[2][c], out_box, plans[0][d], out_d))
+        return cls(grid, sizes[1], sizes[2], outs[1], outs[2], tuple(tiles), name, tuple(plans[1]),
+                   tuple(plans[2]), sizes[0], outs[0], tuple(plans[0]))
 
     @classmethod
     def for_windows(cls, grid: TileGrid, height: int, width: int, rows: Window1d,
@@ -410,23 +543,22 @@ class LayerHalo:
         return self.tiles[tile]
 
     def messages(self, tile: int | None = None) -> list[Message]:
-        """Every message of the exchange (or only those ``tile`` sends or receives)."""
+        """Every message of the exchange (or only those ``tile`` sends or receives): one phase per
+        axis, outermost first; a phase sends its axis' strips over the data range (the needed range
+        inside the tensor) of the axes already exchanged and the owned range of the others."""
         found = []
+        phases = AXIS_NAMES[-self.grid.ndim:]
         for t in range(self.grid.num_tiles):
-            th = self.tiles[t]
-            row, col = self.grid.position(t)
-            r, c = th.rows, th.cols
-            up, down = self.grid.tile_at(row - 1, col), self.grid.tile_at(row + 1, col)
-            left, right = self.grid.tile_at(row, col - 1), self.grid.tile_at(row, col + 1)
-            if up is not None and _length(r.send_prev):
-                found.append(Message("rows", t, up, (*r.send_prev, *c.owned)))
-            if down is not None and _length(r.send_next):
-                found.append(Message("rows", t, down, (*r.send_next, *c.owned)))
-            data_rows = (max(r.needed[0], 0), min(r.needed[1], self.height))
-            if left is not None and _length(c.send_prev):
-                found.append(Message("cols", t, left, (*data_rows, *c.send_prev)))
-            if right is not None and _length(c.send_next):
-                found.append(Message("cols", t, right, (*data_rows, *c.send_next)))
+            axes = self.tiles[t].axes
+            for k, phase in enumerate(phases):
+                for step, sent in ((-1, axes[k].send_prev), (1, axes[k].send_next)):
+                    peer = self.grid.axis_neighbor(t, k, step)
+                    if peer is None or not range_length(sent):
+                        continue
+                    extent = [_data(a) if j < k else a.owned for j, a in enumerate(axes)]
+                    extent[k] = sent
+                    depth = extent[0] if self.grid.volumetric else None
+                    found.append(Message(phase, t, peer, (*extent[-2], *extent[-1]), depth))
         if tile is not None:
             found = [m for m in found if tile in (m.src, m.dst)]
         return found
@@ -437,13 +569,22 @@ class LayerHalo:
 
     def describe(self) -> str:
         """Human-readable table: per tile, owned/needed boxes, halo per side, messages."""
-        lines = [f"{self.name}: {self.height}x{self.width} -> {self.out_height}x{self.out_width} "
-                 f"on {self.grid.rows}x{self.grid.cols} tiles, {self.message_count} messages"]
+        def joined(values: Sequence[int]) -> str:
+            return "x".join(map(str, values))
+
+        lines = [f"{self.name}: {joined(self.sizes)} -> {joined(self.out_sizes)} on "
+                 f"{joined(self.grid.shape)} tiles, {self.message_count} messages"]
         for th in self.tiles:
-            lines.append(f"  tile {th.tile}: owns {th.owned_box} needs {th.needed_box} "
-                         f"halo {th.halo} outputs {th.out_box}")
+            if th.depth is None:
+                lines.append(f"  tile {th.tile}: owns {th.owned_box} needs {th.needed_box} "
+                             f"halo {th.halo} outputs {th.out_box}")
+            else:
+                lines.append(f"  tile {th.tile}: owns {th.owned_extent} needs {th.needed_extent} "
+                             f"halo {th.halo} depth {th.depth.halo_before, th.depth.halo_after} "
+                             f"outputs {(th.out_depth, th.out_box)}")
         for m in self.messages():
-            lines.append(f"  {m.phase}: {m.src} -> {m.dst} box {m.box}")
+            depth = "" if m.depth is None else f" depth {m.depth}"
+            lines.append(f"  {m.phase}: {m.src} -> {m.dst} box {m.box}{depth}")
         return "\n".join(lines)
 
     def __iter__(self) -> Iterator[TileHalo]:

@@ -48,6 +48,7 @@ from ..comm.protocol import Comm
 from ..errors import ConfigError
 from . import ops
 from .function_ctx import FunctionContext
+from .geometry import TileGrid
 from .ops import Args, Kwargs, OpKind, TorchOp
 from .reduce import GroupSumCtx
 from .tile_layout import STANDARD, Axis, TileDim, TileLayout
@@ -63,6 +64,7 @@ class GuardedModel(Protocol):
     group: Group | None
     ranks: list[int]
     module_names: dict[int, str]
+    grid: TileGrid
 
     def note_use(self, layer: nn.Module, tiled: bool) -> None: ...
     def claim_tile_share(self, parameter: nn.Parameter) -> bool: ...
@@ -123,6 +125,7 @@ MARK = "_mpi4dl_tile"
 TILE_FAILURE = "mpi4dl_nb: raised in"   # the start of the note a model's own error on a tile gets
 _ACTIVE: list[SpatialGuard] = []
 
+VOLUME_OFFSETS = (-3, -2, -1)   # the tiled dims of a volume's tile (depth, rows, cols)
 TEMPLATE_ONLY = {"to", "type_as", "new_empty", "new_full", "new_ones", "new_tensor", "new_zeros"}
 
 
@@ -376,6 +379,8 @@ class SpatialGuard(TorchFunctionMode):
                     return out
             args, kwargs = self._replicated_uses(args, kwargs, tensors)
             return func(*args, **kwargs)
+        if self.runtime.grid.volumetric:
+            return self._volume_op(func, kind, args, kwargs, tensors, tiles[0])
         if kind is OpKind.METADATA:
             return self._metadata(func, args, kwargs)
         handlers = HANDLERS.get(kind) if kind is not None else None
@@ -407,6 +412,33 @@ class SpatialGuard(TorchFunctionMode):
             if reason is not None:
                 raise self.error(func, reason)
         return _mark_tensors(out)
+
+    def _volume_op(self, func: TorchOp, kind: OpKind | None, args: tuple[object, ...], kwargs: dict[str, object],
+                   tensors: list[torch.Tensor], tile: torch.Tensor) -> object:
+        """An op on a volume's tile: sizes, iteration over the batch and per-voxel maths; anything else is
+        refused (the op families' rules, reductions, dropout, functional pools, are for images so far)."""
+        if kind is OpKind.METADATA:
+            return func(*args, **kwargs)
+        if kind is OpKind.ITERATE:
+            return iter(mark_tiled(tuple(tile.unbind(0))))
+        name, first = ops.op_name(func), args[0] if args else None
+        if self.check_ops:
+            if in_place(name) and isinstance(first, torch.Tensor) and not is_tiled(first):
+                reason: str | None = "writes tile values into a replicated tensor (one not split like the volume)"
+            elif kind is OpKind.POINTWISE:
+                operands = [first] if name in TEMPLATE_ONLY and isinstance(first, torch.Tensor) else tensors
+                reason = ops.check_pointwise(operands, is_tiled, VOLUME_OFFSETS)
+            else:
+                reason = ("is not known to be exact on a volume's tiles (a TileGrid with depth): only per-voxel "
+                          "maths and the layers spatialize converts are, so far")
+            if reason is not None:
+                raise self.error(func, reason)
+        args, kwargs = self.shared_operands(func, args, kwargs)
+        out = func(*args, **kwargs)
+        for t in _tensor_outputs(out):
+            if t.shape[-3:] == tile.shape[-3:]:
+                mark_tiled(t)
+        return out
 
     def _metadata(self, func: TorchOp, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         """Sizes and flags; a tile's own ``shape``/``size()`` give its row and column counts as TileDim."""

@@ -76,7 +76,7 @@ def _len(r: tuple[int, int]) -> int:
     return max(0, r[1] - r[0])
 
 
-def _neighbour(peer: int | None) -> int:
+def neighbour_rank(peer: int | None) -> int:
     """The rank across an inner tile border (halo geometry never crosses the image border)."""
     if peer is None:
         raise RuntimeError("halo message across the image border: the exchange plan is inconsistent")
@@ -216,12 +216,12 @@ class HaloExchange:
                                      (1, rows.recv_next, self.row_peers.next, _ROWS_F)):
             if _len(rng):
                 strips[slot] = strip = x.new_empty((*lead, _len(rng), width))
-                transfers.append(Transfer.into(strip, _neighbour(peer), tag))
+                transfers.append(Transfer.into(strip, neighbour_rank(peer), tag))
         for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_F),
                                (rows.send_next, self.row_peers.next, _ROWS_F + 1)):
             if _len(rng):
                 part = x.narrow(-2, rng[0] - rows.owned[0], _len(rng))
-                transfers.append(Transfer.to(self._staged(f"sr{tag}", part), _neighbour(peer), tag))
+                transfers.append(Transfer.to(self._staged(f"sr{tag}", part), neighbour_rank(peer), tag))
         request = comm.exchange(transfers)
         out = block = None
         if build:
@@ -242,7 +242,7 @@ class HaloExchange:
                                      (3, cols.recv_next, self.col_peers.next, _COLS_F)):
             if _len(rng):
                 strips[slot] = strip = x.new_empty((*lead, rows.needed_len, _len(rng)))
-                transfers.append(Transfer.into(strip, _neighbour(peer), tag))
+                transfers.append(Transfer.into(strip, neighbour_rank(peer), tag))
         for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_F),
                                (cols.send_next, self.col_peers.next, _COLS_F + 1)):
             if _len(rng):
@@ -250,7 +250,7 @@ class HaloExchange:
                 piece = self.pool.get(f"sc{tag}", (*lead, rows.needed_len, s1 - s0), x)
                 _fill_rows_own(piece, x, rows, s0, s1, self.pad_value)
                 _fill_rows_strips(piece, strips, rows, s0, s1)
-                transfers.append(Transfer.to(piece, _neighbour(peer), tag))
+                transfers.append(Transfer.to(piece, neighbour_rank(peer), tag))
         comm.exchange(transfers).wait()
         if out is not None:
             self._fill_cols(out, strips)
@@ -325,12 +325,12 @@ class HaloExchange:
                                (cols.send_next, self.col_peers.next, _COLS_B + 1)):
             if _len(rng):
                 buf = self.pool.get(f"gc{tag}", (*lead, rows.needed_len, _len(rng)), grad_x)
-                transfers.append(Transfer.into(buf, _neighbour(peer), tag))
+                transfers.append(Transfer.into(buf, neighbour_rank(peer), tag))
                 from_cols.append((rng, buf))
         for part, peer, tag in ((col_grads[0], self.col_peers.prev, _COLS_B + 1),
                                 (col_grads[1], self.col_peers.next, _COLS_B)):
             if part is not None:
-                transfers.append(Transfer.to(self._staged(f"bc{tag}", part), _neighbour(peer), tag))
+                transfers.append(Transfer.to(self._staged(f"bc{tag}", part), neighbour_rank(peer), tag))
         comm.exchange(transfers).wait()
         for rng, buf in from_cols:
             s0, s1 = rng[0] - cols.owned[0], rng[1] - cols.owned[0]
@@ -346,12 +346,12 @@ class HaloExchange:
                                (rows.send_next, self.row_peers.next, _ROWS_B + 1)):
             if _len(rng):
                 buf = self.pool.get(f"gr{tag}", (*lead, _len(rng), width), grad_x)
-                transfers.append(Transfer.into(buf, _neighbour(peer), tag))
+                transfers.append(Transfer.into(buf, neighbour_rank(peer), tag))
                 from_rows.append((rng, buf))
         for g, peer, tag in ((row_grads[0], self.row_peers.prev, _ROWS_B + 1),
                              (row_grads[1], self.row_peers.next, _ROWS_B)):
             if g is not None:
-                transfers.append(Transfer.to(self._staged(f"br{tag}", g), _neighbour(peer), tag))
+                transfers.append(Transfer.to(self._staged(f"br{tag}", g), neighbour_rank(peer), tag))
         comm.exchange(transfers).wait()
         for rng, buf in from_rows:
             grad_x[..., rng[0] - rows.owned[0]:rng[1] - rows.owned[0], :] += buf
@@ -370,8 +370,15 @@ class HaloExchange:
         return _HaloFunction.apply(needed, self, True)
 
 
+class LinearExchange(Protocol):
+    """A halo exchange as a linear map owned tile -> needed tile, and its adjoint."""
+
+    def forward_tensor(self, x: torch.Tensor) -> torch.Tensor: ...
+    def backward_tensor(self, grad: torch.Tensor) -> torch.Tensor: ...
+
+
 class _HaloCtx(FunctionContext, Protocol):
-    exchange: HaloExchange
+    exchange: LinearExchange
     adjoint: bool
 
 
@@ -379,7 +386,7 @@ class _HaloFunction(torch.autograd.Function):
     """The exchange (owned -> needed tile) or, with ``adjoint``, its adjoint; backward is the other."""
 
     @staticmethod
-    def forward(fctx: _HaloCtx, x: torch.Tensor, exchange: HaloExchange, adjoint: bool) -> torch.Tensor:
+    def forward(fctx: _HaloCtx, x: torch.Tensor, exchange: LinearExchange, adjoint: bool) -> torch.Tensor:
         fctx.exchange, fctx.adjoint = exchange, adjoint
         return exchange.backward_tensor(x) if adjoint else exchange.forward_tensor(x)
 
@@ -388,6 +395,12 @@ class _HaloFunction(torch.autograd.Function):
         if fctx.adjoint:
             return fctx.exchange.forward_tensor(grad.contiguous()), None, None
         return fctx.exchange.backward_tensor(grad), None, None
+
+
+def apply_exchange(x: torch.Tensor, exchange: LinearExchange, adjoint: bool) -> torch.Tensor:
+    """``exchange`` (or, with ``adjoint``, its adjoint) as a differentiable map; backward is the other."""
+    out: torch.Tensor = _HaloFunction.apply(x, exchange, adjoint)
+    return out
 
 
 def halo_exchange(x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:

@@ -26,9 +26,10 @@ from ..errors import ConfigError
 from .geometry import LayerHalo, TileGrid
 from .guard import SpatialGuard
 from .halo import HaloExchange
+from .halo_axes import AxesHaloExchange
 from .tiles import tile_ranks
 
-ForwardState = tuple[tuple[int, int] | None, dict[int, int]]   # (image size, per-layer call counts)
+ForwardState = tuple[tuple[int, ...] | None, dict[int, int]]   # (image size, per-layer call counts)
 
 
 class SpatialRuntime:
@@ -44,9 +45,9 @@ class SpatialRuntime:
         if image_size is not None:
             height, width = image_size
             self.image_size = (int(height), int(width))
-        self.root_size: tuple[int, int] | None = None
+        self.root_size: tuple[int, ...] | None = None   # (H, W), a volume grid's (D, H, W)
         self._calls: dict[int, int] = {}
-        self._sizes: dict[tuple[tuple[int, int], int, int], tuple[int | None, int | None]] = {}
+        self._sizes: dict[tuple[tuple[int, ...], int, int], tuple[int | None, ...]] = {}
         self.partial_parameters: list[nn.Parameter] = []
         self.module_names: dict[int, str] = {}
         self.guard = SpatialGuard(self, check_ops)
@@ -127,10 +128,12 @@ class SpatialRuntime:
         self.guard.begin(args)
         self._calls.clear()
         x = args[0] if args else None
-        if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        if not isinstance(x, torch.Tensor) or x.dim() < self.grid.ndim:
             self.root_size = None
             return
-        if self.image_size is not None:
+        if self.grid.volumetric:
+            self.root_size = self.gather_lengths_all(x)
+        elif self.image_size is not None:
             expected = self.grid.tile_of_size(self.tile, *self.image_size)
             if tuple(x.shape[-2:]) != expected:
                 raise ValueError(f"spatialized model built for image_size {self.image_size}: "
@@ -207,19 +210,45 @@ class SpatialRuntime:
     def image_axes_of(self, owner: object, local: tuple[int | None, int | None]
                       ) -> tuple[int | None, int | None]:
         """``image_size_of`` for the axes given (None: not asked)."""
+        rows, cols = self._cached(owner, lambda: self.gather_axes(local))
+        return (rows, cols)
+
+    def _cached(self, owner: object, gather: Callable[[], tuple[int | None, ...]]) -> tuple[int | None, ...]:
+        """``gather()`` (global sizes), cached per image size and call order of ``owner`` in this forward."""
         if self.root_size is None:
-            return self.gather_axes(local)
+            return gather()
         ordinal = self._calls.get(id(owner), 0)
         self._calls[id(owner)] = ordinal + 1
         key = (self.root_size, id(owner), ordinal)
         size = self._sizes.get(key)
         if size is None:
-            size = self.gather_axes(local)
-            self._sizes[key] = size
+            size = self._sizes[key] = gather()
         return size
+
+    def gather_lengths_all(self, x: torch.Tensor) -> tuple[int, ...]:
+        """Lengths of every tiled axis of the full tensor whose tile here is ``x`` (one object gather)."""
+        local = tuple(int(n) for n in x.shape[-self.grid.ndim:])
+        if len(self.ranks) == 1:
+            return local
+        sizes = [tuple(size) for size in self.ctx.all_gather_object(local, group=self.group)]
+        full = self.grid.full_lengths(sizes)
+        owned = [tuple(stop - start for start, stop in extent) for extent in self.grid.extents(full)]
+        if sizes != owned:
+            raise ValueError(f"tile sizes {sizes} do not follow the balanced split of {full} over "
+                             f"{self.grid}; scatter inputs with dl.scatter_tiles")
+        return full
+
+    def tiled_sizes(self, owner: object, x: torch.Tensor) -> tuple[int, ...]:
+        """``gather_lengths_all`` for this call of ``owner`` (a volume's layer): cached per image size and
+        call order, as ``image_size_of``."""
+        return tuple(int(n or 0) for n in self._cached(owner, lambda: self.gather_lengths_all(x)))
 
     def exchange(self, geometry: LayerHalo, pad_value: float) -> HaloExchange:
         return HaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)
+
+    def axes_exchange(self, geometry: LayerHalo, pad_value: float) -> AxesHaloExchange:
+        """The halo exchange along every tiled axis (a volume's layers)."""
+        return AxesHaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)
 
     def __deepcopy__(self, memo: dict[int, object]) -> SpatialRuntime:
         return self   # holds the communicator: never copied

@@ -10,6 +10,7 @@ mode with running statistics needs no communication.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -63,12 +64,38 @@ def batch_norm_factor(bn: nn.modules.batchnorm._NormBase) -> float:
     return 0.0 if bn.momentum is None else bn.momentum
 
 
-class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
-    """BatchNorm2d whose batch statistics cover every tile of the image (and, with
-    sync_batchnorm, every data-parallel copy: ``runtime.stats_group``/``stats_copies``).
+def train_batch_norm(bn: nn.modules.batchnorm._BatchNorm, runtime: SpatialRuntime, x: torch.Tensor,
+                     pixels: int) -> torch.Tensor:
+    """``bn`` on the tile ``x`` of an image (or volume) of ``pixels`` positions: batch statistics over every
+    tile (and, with sync_batchnorm, every data-parallel copy: ``runtime.stats_group``/``stats_copies``),
+    running mean/var (unbiased, N = batch x all pixels) updated in place exactly as serial; eval mode with
+    running statistics needs no communication."""
+    if not bn.training and bn.running_mean is not None and bn.running_var is not None:
+        return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
+    # one Function saving only the input tile (statistics in float32 for bf16/fp16 tiles)
+    factor = batch_norm_factor(bn)
+    count = float(x.shape[0] * pixels * runtime.stats_copies)
+    y, mean, var = tile_batch_norm(x, bn.weight if bn.affine else None, bn.bias if bn.affine else None,
+                                   count, bn.eps, runtime.ctx, runtime.stats_group)
+    if bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None:
+        update_running(bn.running_mean, bn.running_var, mean, var, count, factor)
+    return y
 
-    Running mean/var (unbiased, N = batch x all pixels) update in place exactly as serial.
-    """
+
+class SpatialBatchNorm3d(SpatialLayer, nn.BatchNorm3d):
+    """BatchNorm3d on a volume's tile, statistics over the whole volume (see ``train_batch_norm``)."""
+
+    @classmethod
+    def from_module(cls, bn: nn.BatchNorm3d, runtime: SpatialRuntime, name: str = "") -> SpatialBatchNorm3d:
+        return adopt(cls, bn, runtime, name)
+
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        return train_batch_norm(self, self.runtime, x, math.prod(self.runtime.tiled_sizes(self, x)))
+
+
+class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
+    """BatchNorm2d whose batch statistics cover every tile of the image (see ``train_batch_norm``)."""
 
     @classmethod
     def from_module(cls, bn: nn.BatchNorm2d, runtime: SpatialRuntime, name: str = "") -> SpatialBatchNorm2d:
@@ -76,17 +103,8 @@ class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        if not self.training and self.running_mean is not None and self.running_var is not None:
-            return self.normalize(x, x)
-        # one Function saving only the input tile (statistics in float32 for bf16/fp16 tiles)
-        factor = batch_norm_factor(self)
         height, width = self.runtime.input_size(self, x)
-        count = float(x.shape[0] * height * width * self.runtime.stats_copies)
-        y, mean, var = tile_batch_norm(x, self.weight if self.affine else None, self.bias if self.affine else None,
-                                       count, self.eps, self.runtime.ctx, self.runtime.stats_group)
-        if self.track_running_stats and self.running_mean is not None and self.running_var is not None:
-            update_running(self.running_mean, self.running_var, mean, var, count, factor)
-        return y
+        return train_batch_norm(self, self.runtime, x, height * width)
 
     def normalize(self, x: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` with batch statistics of ``sample`` (this tile's owned part of

@@ -11,8 +11,8 @@ Anything else (windows, padding, resampling, reductions or index shuffles over t
 dimensions, random numbers, reading values into Python) would silently compute something
 other than the serial model, so the checks return the reason to refuse it, unless an op family
 computes it on tiles itself (the guard's handlers: resampling, reductions over the whole image,
-dropout, functional norms and pools, channels-last tiles; their kinds are ``RESAMPLE``, ``DIMS``,
-``WINDOW``, ``DROPOUT``, ``RANDOM``, ``NORM``, ``CHANNEL``, ``TRAILING``).
+dropout, functional norms and pools, channels-last tiles, attention-MIL pooling; their kinds are ``RESAMPLE``,
+``DIMS``, ``WINDOW``, ``DROPOUT``, ``RANDOM``, ``NORM``, ``CHANNEL``, ``TRAILING``, ``POOLING``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class OpKind(Enum):
     NORM = "norm"                # functional group/instance norm: statistics over the image by its handler
     ITERATE = "iterate"          # iterating over the batch dimension
     WINDOW = "window"            # functional pools etc.: use the module form
+    POOLING = "pooling"          # pooling over the whole image (attention-MIL softmax_pool): computed by its handler
     REFUSED = "refused"          # known to mix pixels or be data/rank dependent
 
 
@@ -209,9 +210,12 @@ def op_name(func: TorchOp) -> str:
 
 
 def display_name(func: TorchOp) -> str:
-    """``F.max_pool2d``, ``Tensor.__getitem__``, ``torch.flip``: how the error names the op."""
+    """``F.max_pool2d``, ``Tensor.__getitem__``, ``torch.flip``, ``mil_pool.softmax_pool`` (this package's own ops):
+    how the error names the op."""
     name = op_name(func)
     module = getattr(func, "__module__", "") or ""
+    if module.startswith("mpi4dl_nb."):
+        return f"{module.rsplit('.', 1)[-1]}.{name}"
     qualname = getattr(func, "__qualname__", name) or name
     if getattr(func, "__name__", "") == "__get__":
         return f"Tensor.{name}"

@@ -17,21 +17,40 @@ from torch import nn
 
 from ..config import ConfigError
 from . import conv as spatial_conv
-from .geometry import AxisExchange, Box, LayerHalo, Window1d, _pair
+from .geometry import AxisExchange, Box, LayerHalo, Window1d
 from .halo import HaloExchange
 from .layer import SpatialLayer, SpatialRuntime, adopt
 from .reduce import replicated_sum
 from .regional import Params, plan_for, windowed_by_regions
 
 
+def pool_axis_windows(pool: nn.MaxPool2d | nn.AvgPool2d | nn.MaxPool3d | nn.AvgPool3d, axes: int,
+                      dilation: int | Sequence[int] = 1) -> tuple[Window1d, ...]:
+    """The window of a max/avg pool along each of its ``axes`` spatial axes (floor mode; see ``ceil_window``)."""
+    def per_axis(value: int | Sequence[int] | None, default: int | Sequence[int]) -> tuple[int, ...]:
+        value = default if value is None else value
+        values = (value,) * axes if isinstance(value, int) else tuple(int(v) for v in value)
+        if len(values) != axes:
+            raise ValueError(f"expected an int or {axes} values, got {values}")
+        return values
+
+    k = per_axis(pool.kernel_size, 1)
+    s, p, d = per_axis(pool.stride or None, k), per_axis(pool.padding, 0), per_axis(dilation, 1)
+    return tuple(Window1d(k[a], s[a], d[a], p[a], p[a]) for a in range(axes))
+
+
 def pool_windows(pool: nn.MaxPool2d | nn.AvgPool2d, dilation: int | Sequence[int] = 1
                  ) -> tuple[Window1d, Window1d]:
     """Row and column windows of a MaxPool2d/AvgPool2d (floor mode; see ``ceil_window``)."""
-    k = _pair(pool.kernel_size)
-    s = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
-    p = _pair(pool.padding)
-    d = _pair(dilation)
-    return (Window1d(k[0], s[0], d[0], p[0], p[0]), Window1d(k[1], s[1], d[1], p[1], p[1]))
+    rows, cols = pool_axis_windows(pool, 2, dilation)
+    return rows, cols
+
+
+def refuse_indices(pool: nn.MaxPool2d | nn.MaxPool3d, name: str) -> None:
+    """ConfigError for a max pool returning its indices (they would be tile-local)."""
+    if pool.return_indices:
+        raise ConfigError("model", f"{name or type(pool).__name__}: return_indices=True is not supported by "
+                          f"spatial parallelism (indices would be tile-local); use return_indices=False")
 
 
 def ceil_window(window: Window1d, size: int) -> Window1d:
@@ -118,9 +137,7 @@ class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
 
     @classmethod
     def from_module(cls, pool: nn.MaxPool2d, runtime: SpatialRuntime, name: str = "") -> SpatialMaxPool2d:
-        if pool.return_indices:
-            raise ConfigError("model", f"{name or 'MaxPool2d'}: return_indices=True is not "
-                              f"supported by spatial parallelism (indices would be tile-local)")
+        refuse_indices(pool, name)
         new = adopt(cls, pool, runtime, name)
         new.windows = pool_windows(pool, pool.dilation)
         return new

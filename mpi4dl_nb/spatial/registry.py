@@ -7,11 +7,13 @@ from collections.abc import Callable
 
 from torch import nn
 
+from . import mil_pool  # noqa: F401  (registers softmax_pool with the op guard)
 from .conv import SpatialConv2d
 from .convtranspose import SpatialConvTranspose2d
-from .norm import SpatialBatchNorm2d, SpatialGroupNorm, SpatialInstanceNorm2d
+from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d, SpatialGroupNorm, SpatialInstanceNorm2d
 from .pool import SpatialAvgPool2d, SpatialGlobalAvgPool2d, SpatialMaxPool2d
 from .upsample import SpatialUpsample
+from .volume_window import SpatialAvgPool3d, SpatialConv3d, SpatialMaxPool3d
 
 # torch layer type -> ``from_module(layer, runtime, name)`` of its spatial version, which is built
 # around the torch layer's own parameters and buffers
@@ -25,6 +27,14 @@ SPATIAL_LAYERS: dict[type[nn.Module], Callable[..., nn.Module]] = {
     nn.InstanceNorm2d: SpatialInstanceNorm2d.from_module,
     nn.AdaptiveAvgPool2d: SpatialGlobalAvgPool2d.from_module,
     nn.Upsample: SpatialUpsample.from_module,
+}
+
+# The same for a volume's tiles (a TileGrid with depth): the layers made exact on 3-D tiles so far
+VOLUME_LAYERS: dict[type[nn.Module], Callable[..., nn.Module]] = {
+    nn.Conv3d: SpatialConv3d.from_module,
+    nn.MaxPool3d: SpatialMaxPool3d.from_module,
+    nn.AvgPool3d: SpatialAvgPool3d.from_module,
+    nn.BatchNorm3d: SpatialBatchNorm3d.from_module,
 }
 
 # Layers that act on each pixel (or on replicated, already pooled tensors) independently.

@@ -18,7 +18,9 @@ import torch
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from .function_ctx import FunctionContext
-from .geometry import Box, TileGrid
+from .geometry import Range, TileGrid
+
+Extent = tuple[Range, ...]   # a tile's range along every tiled axis
 
 
 def tile_ranks(grid: TileGrid, ctx: Comm, group: Group | None = None) -> tuple[list[int], int]:
@@ -34,12 +36,11 @@ def tile_ranks(grid: TileGrid, ctx: Comm, group: Group | None = None) -> tuple[l
     return ranks, ranks.index(ctx.rank)
 
 
-def _box_slice(box: Box) -> tuple[EllipsisType, slice, slice]:
-    r0, r1, c0, c1 = box
-    return (Ellipsis, slice(r0, r1), slice(c0, c1))
+def _box_slice(extent: Extent) -> tuple[EllipsisType | slice, ...]:
+    return (Ellipsis, *(slice(start, stop) for start, stop in extent))
 
 
-def _assemble(tile: torch.Tensor, boxes: Sequence[Box], mine: int, full_shape: Sequence[int],
+def _assemble(tile: torch.Tensor, boxes: Sequence[Extent], mine: int, full_shape: Sequence[int],
               ctx: Comm, group: Group | None) -> torch.Tensor:
     """Full tensor on every rank: own tile placed into zeros, then an all-reduce sum."""
     full = tile.new_zeros(tuple(full_shape))
@@ -49,12 +50,12 @@ def _assemble(tile: torch.Tensor, boxes: Sequence[Box], mine: int, full_shape: S
 
 
 class _ScatterCtx(FunctionContext, Protocol):
-    args: tuple[list[Box], int, Comm, Group | None, tuple[int, ...]]   # boxes, mine, comm, group, full shape
+    args: tuple[list[Extent], int, Comm, Group | None, tuple[int, ...]]   # boxes, mine, comm, group, full shape
 
 
 class _Scatter(torch.autograd.Function):
     @staticmethod
-    def forward(fctx: _ScatterCtx, x: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
+    def forward(fctx: _ScatterCtx, x: torch.Tensor, boxes: list[Extent], mine: int, comm: Comm,
                 group: Group | None) -> torch.Tensor:
         fctx.args = (boxes, mine, comm, group, tuple(x.shape))
         return x[_box_slice(boxes[mine])].contiguous()
@@ -67,12 +68,12 @@ class _Scatter(torch.autograd.Function):
 
 
 class _GatherCtx(FunctionContext, Protocol):
-    box: Box
+    box: Extent
 
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(fctx: _GatherCtx, tile: torch.Tensor, boxes: list[Box], mine: int, comm: Comm,
+    def forward(fctx: _GatherCtx, tile: torch.Tensor, boxes: list[Extent], mine: int, comm: Comm,
                 group: Group | None, full_shape: tuple[int, ...]) -> torch.Tensor:
         fctx.box = boxes[mine]
         return _assemble(tile.contiguous(), boxes, mine, full_shape, comm, group)
@@ -83,11 +84,12 @@ class _Gather(torch.autograd.Function):
 
 
 def scatter_tiles(x: torch.Tensor, grid: TileGrid, ctx: Comm, group: Group | None = None) -> torch.Tensor:
-    """This rank's tile of ``x`` (``(..., H, W)``, identical on every rank of the group)."""
+    """This rank's tile of ``x`` (``(..., H, W)``, a volume grid's ``(..., D, H, W)``; identical on
+    every rank of the group)."""
     ranks, mine = tile_ranks(grid, ctx, group)
-    height, width = x.shape[-2:]
-    grid.check_size(height, width)
-    boxes = grid.tile_boxes(height, width)
+    sizes = tuple(x.shape[-grid.ndim:])
+    grid.check_sizes(sizes)
+    boxes = grid.extents(sizes)
     if len(ranks) == 1:
         return x
     return _Scatter.apply(x, boxes, mine, ctx, group)
@@ -97,18 +99,20 @@ def gather_tiles(tile: torch.Tensor, grid: TileGrid, ctx: Comm, group: Group | N
                  full_shape: Sequence[int] | None = None) -> torch.Tensor:
     """The full tensor on every rank of the group, from each rank's owned ``tile``.
 
-    ``full_shape`` (``(..., H, W)``) spares one small object all-gather to learn the sizes.
+    ``full_shape`` (``(..., H, W)``; a volume grid's ``(..., D, H, W)``) spares one small object
+    all-gather to learn the sizes.
     """
     ranks, mine = tile_ranks(grid, ctx, group)
     if len(ranks) == 1:
         return tile
+    axes = grid.ndim
     if full_shape is None:
-        sizes = ctx.all_gather_object(tuple(tile.shape[-2:]), group=group)
-        full_shape = (*tile.shape[:-2], *grid.full_size(sizes))
+        sizes = ctx.all_gather_object(tuple(tile.shape[-axes:]), group=group)
+        full_shape = (*tile.shape[:-axes], *grid.full_lengths(sizes))
     full_shape = tuple(int(s) for s in full_shape)
-    boxes = grid.tile_boxes(*full_shape[-2:])
-    r0, r1, c0, c1 = boxes[mine]
-    if tuple(tile.shape[-2:]) != (r1 - r0, c1 - c0):
-        raise ValueError(f"gather_tiles: tile {mine} has spatial shape {tuple(tile.shape[-2:])}, "
-                         f"but owns {(r1 - r0, c1 - c0)} of {full_shape[-2:]} under {grid}")
+    boxes = grid.extents(full_shape[-axes:])
+    owned = tuple(stop - start for start, stop in boxes[mine])
+    if tuple(tile.shape[-axes:]) != owned:
+        raise ValueError(f"gather_tiles: tile {mine} has spatial shape {tuple(tile.shape[-axes:])}, "
+                         f"but owns {owned} of {full_shape[-axes:]} under {grid}")
     return _Gather.apply(tile, boxes, mine, ctx, group, full_shape)

@@ -90,6 +90,8 @@ PARALLEL_CASES = [
     (["--balance", "[1, 4]"], "balance", (1, 4)),
     (["--data-parallel", "2", "--batch-size", "4"], "data_parallel", 2),
     (["--schedule", "1f1b", "--parts", "2", "--batch-size", "4"], "schedule", "1f1b"),
+    (["--schedule", "interleaved", "--virtual-stages", "2", "--split-size", "4", "--spatial-size", "0",
+      "--parts", "2", "--batch-size", "4"], "virtual_stages", 2),
     (["--sync-batchnorm", "--data-parallel", "2", "--batch-size", "4"], "sync_batchnorm", True),
     (["--no-check-ops"], "check_ops", False),
     (["--checkpoint-activations"], "checkpoint_activations", "every"),

@@ -144,7 +144,7 @@ def trained_cohort(slides_folder, tmp_path_factory):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = run_train(["--cohort", str(path), "--val-fraction", "0.34", "--checkpoint-dir", str(ckpt),
-                          "--dtype", "float64", "--steps", "2"])
+                          "--dtype", "float64", "--steps", "2", "--log-dir", str(ckpt.parent / "log")])
     assert code == 0, err.getvalue()
     return path, ckpt, err.getvalue()
 
@@ -204,6 +204,24 @@ def test_evaluate_cohort_reports_tile_slide_and_patient_levels(trained_cohort, t
     assert "tile" in err and "slide" in err and "patient" in err                # the table before the JSON
 
 
+def test_training_logs_slide_and_patient_levels_as_evaluate_reports_them(trained_cohort, capsys):
+    import json
+
+    from mpi4dl_nb.cli import evaluate_cmd
+
+    _, ckpt, err = trained_cohort
+    logged = [json.loads(line) for line in (ckpt.parent / "log" / "metrics.jsonl").read_text().splitlines()]
+    last = [row for row in logged if row["kind"] == "eval"][-1]
+    assert last["step"] == 2 and last["val_slide"]["count"] == 4 and last["val_patient"]["count"] == 2
+    assert "slide_roc_auc" in err and "patient_balanced_accuracy" in err             # the eval line says them
+    assert evaluate_cmd.main(["--checkpoint", str(ckpt), "--split-size", "1", "--spatial-size", "0"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for level in ("slide", "patient"):
+        got, logged_level = dict(result[level]), dict(last[f"val_{level}"])
+        assert got.pop("confusion_matrix") == logged_level.pop("confusion_matrix"), level
+        assert got == pytest.approx(logged_level, abs=1e-12), level
+
+
 def test_evaluate_without_data_flags_uses_the_recorded_cohort(trained_cohort, capsys):
     import json
 
@@ -246,3 +264,18 @@ def test_fold_flags_are_checked_before_work(slides_folder, capsys):
                         (["--folds", "2"], "the manifest's fold column has 2; give --folds 3")):
         assert run_train(["--cohort", str(path), *argv]) == 2
         assert words in capsys.readouterr().err
+
+
+def test_the_manifest_split_column_gives_the_sides(slides_folder, tmp_path, capsys):
+    sides = {0: "train", 1: "train", 2: "val", 3: "val", 4: "test", 5: "test"}    # by patient (P0 neg, P1 pos, ..)
+    rows = [f"wsi/s{s}.tif,{('neg', 'pos')[(s // 2) % 2]},P{s // 2},{sides[s // 2]}" for s in range(12)]
+    path = slides_folder / "sides.csv"
+    path.write_text("slide,label,patient,split\n" + "\n".join(rows) + "\n")
+    assert run_train(["--cohort", str(path), "--val-fraction", "0.3"]) == 2
+    assert "--val-fraction: the cohort's split column already places each patient" in capsys.readouterr().err
+    ckpt = tmp_path / "ckpt"
+    assert run_train(["--cohort", str(path), "--checkpoint-dir", str(ckpt), "--steps", "1"]) == 0
+    err = capsys.readouterr().err
+    split = saved_record(ckpt).split
+    assert split is not None and split.train == ("P0", "P1") and split.val == ("P2", "P3")   # test patients: neither
+    assert "train: 2 patients, 4 slides" in err and "val: 2 patients, 4 slides" in err

@@ -11,6 +11,7 @@ from PIL import Image
 
 from mpi4dl_nb.cli import train_cmd as cli
 from mpi4dl_nb.errors import ConfigError
+from tests.support.bad_data import write_tiles
 from tests.support.battery import shared_job
 from tests.support.pyramid import write_pyramid
 from tests.support.segmentation_data import write_pairs
@@ -102,12 +103,33 @@ def test_bad_segmentation_flags_are_refused(argv, flag, fragment):
 
 def test_a_mask_folder_or_annotated_slides_need_their_class_flags(tmp_path):
     data = write_pairs(tmp_path / "pairs", count=1, size=16)
-    for argv, flag in (([*UNET, "--datapath", str(data)], "--num-classes"),
-                       ([*UNET, "--datapath", str(tmp_path)], "--classes"),
-                       (["--datapath", str(data), "--app", "medical"], "--datapath")):
+    slides = tmp_path / "slides"
+    slides.mkdir()
+    write_pyramid(slides / "s1.tif", np.full((128, 128, 3), 200, dtype=np.uint8), levels=2)
+    for argv, flag, fragment in (([*UNET, "--datapath", str(data)], "--num-classes", "masks hold class indices"),
+                                 ([*UNET, "--datapath", str(slides)], "--classes", "annotated slides"),
+                                 (["--datapath", str(data), "--app", "medical"], "--datapath", "--task segmentation")):
         with pytest.raises(ConfigError) as err:
             cli.check_run_args(cli.build_parser().parse_args(argv))
-        assert err.value.knob == flag
+        assert err.value.knob == flag and fragment in str(err.value)
+
+
+def test_class_folders_for_segmentation_say_they_hold_one_label_per_image(tmp_path):
+    write_tiles(tmp_path, per_class=2, classes=("a", "b"))
+    with pytest.raises(ConfigError) as err:
+        cli.check_run_args(cli.build_parser().parse_args([*UNET, "--datapath", str(tmp_path)]))
+    assert err.value.knob == "--task" and "drop --task segmentation" in str(err.value)
+    assert "--classes" not in str(err.value)
+
+
+def test_a_suggested_keep_best_metric_is_accepted():
+    argv = [*UNET, "--app", "medical", "--val-fraction", "0.5", "--checkpoint-dir", "x"]
+    with pytest.raises(ConfigError) as err:
+        cli.check_run_args(cli.build_parser().parse_args([*argv, "--keep-best", "val_roc_auc"]))
+    suggested = str(err.value).split("use one of ")[1].split(", ")
+    assert suggested and "val_balanced_accuracy" not in suggested
+    for metric in suggested:
+        cli.check_run_args(cli.build_parser().parse_args([*argv, "--keep-best", metric]))
 
 
 def test_a_checkpoint_of_one_task_is_refused_by_the_other(tmp_path, capsys):

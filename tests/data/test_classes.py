@@ -32,6 +32,18 @@ def test_folder_names_are_the_classes_and_a_disagreeing_count_is_refused(tmp_pat
         folder_classes("medical", tmp_path / "gone")
 
 
+def test_an_empty_class_folder_is_refused_naming_it(tmp_path):
+    write_tiles(tmp_path, per_class=2, classes=("a", "b"))
+    (tmp_path / "c").mkdir()
+    (tmp_path / ".ipynb_checkpoints").mkdir()                      # hidden folders are no classes
+    with pytest.raises(ConfigError, match=r"--datapath: class folder .*/c holds no images"):
+        folder_classes("medical", tmp_path)
+    (tmp_path / "c").rmdir()
+    assert folder_classes("medical", tmp_path) == ("a", "b")
+    with pytest.raises(ValueError, match=r"class folder .*/z holds no images"):
+        TileFolderDataset(tmp_path, 8, classes=("a", "b", "z"))
+
+
 def test_given_names_order_the_labels_and_must_match_the_folders(tmp_path):
     write_tiles(tmp_path, per_class=2, classes=("a", "b"))
     found = ("a", "b")

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from mpi4dl_nb.data import SyntheticDataset
+from mpi4dl_nb.data.groups import GroupKind, Groups
 from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.evaluation.grouped import split_grouped
 from mpi4dl_nb.evaluation.split import Subset, split_listing, stratified_split
 
 LABELS = [0] * 40 + [1] * 20 + [2] * 8 + [3]
@@ -115,3 +117,13 @@ def test_group_folds_partition_the_groups_stratified_and_seeded():
     assert group_folds(labels, groups, 3, seed=5) == folds and group_folds(labels, groups, 3, seed=6) != folds
     with pytest.raises(ConfigError, match="--folds: 13 folds of 12 groups"):
         group_folds(labels, groups, 13, 0)
+
+
+def test_a_class_left_without_images_on_a_side_is_refused_naming_it():
+    labels = [0, 0, 0, 0, 1, 1]                       # class 1: both slides of one patient
+    groups = Groups(GroupKind.PATIENT, ("p1", "p1", "p2", "p3", "p4", "p4"), ("a", "b", "c", "d", "e", "f"))
+    split = split_grouped(labels, groups, 0.5, 0, 2)
+    with pytest.raises(ConfigError, match=r"no images of class 'tumour' on the val side .* add patients"):
+        split.check_classes(labels, ("normal", "tumour"))
+    both = Groups(GroupKind.PATIENT, ("p1", "p1", "p2", "p3", "p4", "p5"), ("a", "b", "c", "d", "e", "f"))
+    split_grouped(labels, both, 0.5, 0, 2).check_classes(labels, ("normal", "tumour"))   # a patient on each side

@@ -83,3 +83,10 @@ def test_dense_models_get_per_pixel_probabilities_and_pooled_ones_are_refused():
     pooled = [nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2)]
     with pytest.raises(ConfigError, match="not a ClassifierHead"):
         fully_convolutional(pooled, 32)
+
+
+@pytest.mark.parametrize("pool", ["max", "attention"])
+def test_a_head_pooling_the_whole_canvas_is_refused_not_mapped_as_an_average(pool):
+    layers = build_model("resnet", num_layers=8, num_filters=4, num_classes=2, version=1, pool=pool)
+    with pytest.raises(ConfigError, match=f"pools the whole canvas by {pool}"):
+        fully_convolutional(layers, 32)

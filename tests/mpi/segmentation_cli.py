@@ -31,7 +31,7 @@ from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
 from tests.support.segmentation_data import IGNORED, write_pairs
-from tests.support.serial_training import train_one_process
+from tests.support.serial_training import matches_one_process, train_one_process
 
 STEPS = 2
 FLAGS = ("--task segmentation --model unet --num-layers 2 --num-filters 4 --num-classes 3 --image-size 64 "
@@ -80,12 +80,7 @@ def main(check: Checks) -> None:
             if ctx.rank == 0:
                 assert summary is not None and state is not None
                 serial, serial_model = one_process(setup)
-                worst = max(abs(a - b) for a, b in zip([float(v) for v in summary.losses if v is not None], serial))
-                assert len(summary.losses) == STEPS and worst < TOLERANCE, f"{summary.losses} vs {serial}"
-                drift = max((state[k] - v).abs().max().item() for k, v in serial_model.state_dict().items()
-                            if v.is_floating_point())
-                assert drift < TOLERANCE, f"weights differ by {drift}"
-                result.detail = f"losses {[round(v, 6) for v in serial]}, max error {worst:.1e}, weights {drift:.1e}"
+                result.detail = matches_one_process(summary.losses, state, serial, serial_model, TOLERANCE)
         with check("evaluation equals one process") as result:
             if ctx.rank == 0:
                 assert summary is not None and summary.validation is not None and serial_model is not None

@@ -34,6 +34,16 @@ def test_gems_layout_labels_the_mirror_stage():
     assert "m:S1" in labels["rank-label:0"] and "m:S0" in labels["rank-label:2"]
 
 
+def test_interleaved_layout_and_schedule_name_each_ranks_chunks():
+    cfg = ParallelConfig(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
+                         schedule="interleaved", virtual_stages=2)
+    labels = {t.get_gid(): t.get_text() for t in viz.find_artists(viz.draw_rank_layout(cfg), "rank-label:")}
+    assert labels["rank-label:0"].endswith("+S2") and labels["rank-label:2"].endswith("+S3")
+    assert "+" not in labels["rank-label:1"]                  # tile 1 holds stage 0 only
+    cells = [b.get_gid().split(":")[-1] for b in viz.find_artists(viz.draw_schedule(build_schedule(cfg)), "cell:")]
+    assert {"F0@s0", "F0@s2", "B1@s3"} <= set(cells)
+
+
 def test_halo_bands_include_corners_from_geometry():
     grid = TileGrid(2, 2)
     halo = grid.layer_halo(64, 64, kernel=5, padding=2)

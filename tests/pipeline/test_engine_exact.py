@@ -83,3 +83,22 @@ def test_acceptance_cases_are_covered():
 def test_engine_on_torch_distributed_plane(shared_launch):
     """Same exactness with tensors on torch.distributed (gloo) instead of mpi4py."""
     shared_launch(TORCH_PLANE).require_clean(TORCH_PLANE_CASES)
+
+
+def test_interleaved_acceptance_cases_are_covered():
+    """Issue 44: interleaved V=2 on 2 and 4 ranks with m = 4 and 8, with a spatial first stage, with replicas."""
+    def has(pred) -> bool:
+        return any(pred(config_of(n)) for n in CASES)
+
+    def interleaved(c) -> bool:
+        return c.schedule == "interleaved" and c.virtual_stages == 2
+
+    for ranks in (2, 4):
+        for m in (4, 8):
+            assert has(lambda c, ranks=ranks, m=m: interleaved(c) and c.world_size == ranks and c.parts == m
+                       and c.spatial_size == 0 and c.data_parallel == 1)
+    for ranks in (3, 4):
+        assert has(lambda c, ranks=ranks: interleaved(c) and c.world_size == ranks and c.spatial_size == 1
+                   and c.num_spatial_parts == 2)
+    assert has(lambda c: interleaved(c) and c.spatial_size == 1 and c.checkpoint_activations is not None)
+    assert has(lambda c: interleaved(c) and c.data_parallel == 2)

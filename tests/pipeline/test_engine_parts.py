@@ -28,10 +28,15 @@ def test_join_and_split_are_inverse_and_adjoint(rows, cols, h, w):
     assert torch.allclose(lhs, rhs, rtol=1e-12)
 
 
-def test_join_refuses_replicated_tensors_and_wrong_tiles():
+def test_join_takes_a_replicated_tensor_once_and_refuses_differing_copies_and_wrong_tiles():
     grid = TileGrid(1, 2)
+    pooled = torch.randn(2, 5)
+    joined, boxes = join_tiles([pooled, pooled.clone()], grid)
+    assert torch.equal(joined, pooled) and boxes == [None]
+    grad = torch.randn(2, 5)
+    assert all(split_grad([grad], boxes, t)[0] is grad for t in range(2))   # whole to every tile
     with pytest.raises(ValueError, match="global pool"):
-        join_tiles([torch.zeros(2, 5), torch.zeros(2, 5)], grid)
+        join_tiles([torch.zeros(2, 5), torch.ones(2, 5)], grid)
     with pytest.raises(ValueError, match="balanced tile split"):
         join_tiles([torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 4)], grid)
 

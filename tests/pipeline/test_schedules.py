@@ -135,6 +135,12 @@ CONFIGS = [
          local_dp=2, times=1, parts=2, data_parallel=2, sync_batchnorm=True),
     dict(split_size=3, spatial_size=2, num_spatial_parts=2, slice_method="vertical", local_dp=2,
          parts=2, data_parallel=2, sync_batchnorm=True),
+    # interleaved (issue 44): chunks of several stages on one rank, a spatial first stage, replicas
+    dict(split_size=4, spatial_size=0, parts=4, schedule="interleaved", virtual_stages=2),
+    dict(split_size=6, spatial_size=0, parts=4, schedule="interleaved", virtual_stages=3),
+    dict(split_size=8, spatial_size=0, parts=8, schedule="interleaved", virtual_stages=2),
+    dict(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
+         schedule="interleaved", virtual_stages=2, data_parallel=2),
 ]
 
 

@@ -70,6 +70,25 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
                        "resnet", 8, 16),
     "sync_gems_localdp2": (dict(split_size=2, spatial_size=0, times=1, local_dp=2, sync_batchnorm=True),
                            "cells", 8, 16),
+    # interleaved (issue 44): split_size stages on split_size / virtual_stages ranks, each holding
+    # virtual_stages non-consecutive chunks; with a spatial first stage (its tile 0 holds stage 2)
+    "il2_m4": (dict(split_size=4, spatial_size=0, parts=4, schedule="interleaved", virtual_stages=2),
+               "cells", 4, 16),
+    "il2_m8": (dict(split_size=4, spatial_size=0, parts=8, schedule="interleaved", virtual_stages=2),
+               "resnet", 8, 16),
+    "il4_m4": (dict(split_size=8, spatial_size=0, parts=4, schedule="interleaved", virtual_stages=2),
+               "cells8", 4, 16),
+    "il4_m8": (dict(split_size=8, spatial_size=0, parts=8, schedule="interleaved", virtual_stages=2),
+               "cells8", 8, 16),
+    "il_sp": (dict(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
+                   schedule="interleaved", virtual_stages=2, balance=(2, 1, 1, 1)), "resnet", 4, 16),
+    "il_dp2": (dict(split_size=4, spatial_size=0, data_parallel=2, parts=2, schedule="interleaved",
+                    virtual_stages=2), "cells", 8, 16),
+    "il4_sp": (dict(split_size=6, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=3,
+                    schedule="interleaved", virtual_stages=2, balance=(1, 1, 2, 1, 2, 1)), "cells8", 6, 16),
+    "il_sp_recompute": (dict(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
+                             parts=4, schedule="interleaved", virtual_stages=2, balance=(2, 1, 1, 1),
+                             checkpoint_activations="every"), "resnet", 4, 16),
 }
 
 

@@ -38,7 +38,8 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor, floor: float = 
 
 
 def _is_replicated(y_ref: torch.Tensor, grid: TileGrid) -> bool:
-    return y_ref.dim() != 4 or y_ref.shape[-2] < grid.rows or y_ref.shape[-1] < grid.cols
+    axes = grid.ndim   # 2, or 3 for a volume's grid
+    return y_ref.dim() != 2 + axes or any(n < count for n, count in zip(y_ref.shape[-axes:], grid.shape))
 
 
 def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: Any,

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpi4dl_nb.data.slide_writer import write_slide  # noqa: F401  (re-exported to the tests)
+
 from .pyramid import write_pyramid
 
 TRAIN_FLAGS = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
@@ -45,8 +47,9 @@ def make_slide(path: Path, height: int, width: int, levels: int = 3) -> Path:
     return path
 
 
-def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0) -> np.ndarray:
-    """The fully convolutional network on the whole (zero-extended) slide level in one process, float64."""
+def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0, *, stain: bool = False) -> np.ndarray:
+    """The fully convolutional network on the whole (zero-extended) slide level in one process, float64 (``stain``:
+    the pixels normalised by the checkpoint's stain normaliser, from the slide's overview)."""
     from mpi4dl_nb.infer.fully_conv import fully_convolutional
     from mpi4dl_nb.infer.model import load_layers
     from mpi4dl_nb.infer.reader import SlideReader
@@ -58,6 +61,15 @@ def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0) -> np.n
     unit = math.lcm(net.shape.stride, net.shape.align)
     height, width = padded_extent(reader.height, unit), padded_extent(reader.width, unit)
     x = torch.from_numpy(reader.read((0, height, 0, width))).permute(2, 0, 1).double().div(255.0)
+    if stain:
+        from mpi4dl_nb.checkpoint.record import read_checkpoint
+        from mpi4dl_nb.data.pathology import slide_overview
+        from mpi4dl_nb.data.stain_reads import normalized
+        from mpi4dl_nb.infer.model import find_checkpoint
+
+        normalizer = read_checkpoint(find_checkpoint(checkpoint)).record.stain
+        assert normalizer is not None, f"{checkpoint} records no stain normaliser"
+        x = normalized(x, normalizer.map_for(slide_overview(reader.slide)))
     with torch.no_grad():
         return net(x[None])[0].numpy()
 
@@ -130,20 +142,6 @@ def unet_checkpoint(directory: Path, classes=("background", "tumor", "stroma"), 
                 module.running_mean.uniform_(-0.2, 0.2)
                 module.running_var.uniform_(0.5, 1.5)
     return write_network(directory, [layer.double() for layer in layers], spec, 32, classes, mpp)
-
-
-def write_slide(path: Path, image: np.ndarray, *, levels: int = 3, tile: int = 64, mpp: float | None = None) -> Path:
-    """A pyramidal tiled TIFF (one page per level, as OpenSlide reads them) with resolution tags when ``mpp``."""
-    import tifffile
-
-    with tifffile.TiffWriter(path) as tw:
-        level = image
-        for index in range(levels):
-            res = {} if mpp is None else {"resolution": (1e4 / (mpp * 2 ** index),) * 2, "resolutionunit": "CENTIMETER"}
-            tw.write(np.ascontiguousarray(level), tile=(tile, tile), compression="zlib", photometric="rgb",
-                     subfiletype=1 if index else 0, metadata=None, **res)
-            level = level[::2, ::2]
-    return path
 
 
 def square_slide(path: Path, height: int, width: int, square: tuple[int, int, int, int],

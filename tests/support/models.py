@@ -78,6 +78,13 @@ def cell_stack(seed: int = 0, channels: int = 4, num_classes: int = 5,
             Cell(channels), Cell(channels, reduction=True), CellHead(channels, num_classes)]
 
 
+def deep_cell_stack(seed: int = 0, channels: int = 4, num_classes: int = 5) -> list[nn.Module]:
+    """Stem, six cells (reductions at the 3rd and 6th), head: 8 layers (8 stages of an interleaved pipeline)."""
+    torch.manual_seed(seed)
+    cells = [Cell(channels, reduction=i in (2, 5)) for i in range(6)]
+    return [CellStem(3, channels), *cells, CellHead(channels, num_classes)]
+
+
 def _dense_models() -> dict:
     from tests.support import dense_models
 
@@ -85,7 +92,7 @@ def _dense_models() -> dict:
             "norms": dense_models.norm_layers, "reused_bn": dense_models.reused_bn_layers}
 
 
-MODELS = {"resnet": small_resnet, "cells": cell_stack, **_dense_models()}
+MODELS = {"resnet": small_resnet, "cells": cell_stack, "cells8": deep_cell_stack, **_dense_models()}
 SEGMENTATION = {"unet": 3}    # per-pixel models: name -> classes (labels are (B, H, W))
 
 

@@ -1,12 +1,12 @@
 """The training a CLI run does, done in one process on whole images: the reference of the MPI exactness programs."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from mpi4dl_nb.data.dataset import Batcher
-from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
+from mpi4dl_nb.pipeline.reference import serial_accumulated_step, serial_chunks, serial_step
 from mpi4dl_nb.run.job_run import JobSetup
 
 Targets = Callable[[Batcher, int, int], torch.Tensor]
@@ -14,14 +14,32 @@ Targets = Callable[[Batcher, int, int], torch.Tensor]
 
 def train_one_process(setup: JobSetup, model: torch.nn.Module, loss: torch.nn.Module, targets: Targets,
                       steps: int) -> list[float]:
-    """``steps`` steps of ``model`` (float64) with the run's optimizer, batches and micro-batch chunks; the losses."""
+    """``steps`` optimizer steps of ``model`` (float64) with the run's optimizer, batches, micro-batch chunks and
+    accumulation (``--accumulate N``: batches ``N s .. N s + N - 1`` make step ``s``); the losses."""
     training, batcher = setup.record.training, setup.batcher
     assert training is not None and batcher is not None
     optimizer = training.optimizer.build(model.parameters())
     chunks = serial_chunks(setup.job.config, setup.job.training.batch_size)
+    accumulate = setup.job.training.accumulate
     losses = []
     for step in range(steps):
-        epoch, in_epoch = divmod(step, batcher.steps_per_epoch)
-        images = batcher.images(epoch, in_epoch).to(torch.float64)
-        losses.append(serial_step(model, optimizer, loss, images, targets(batcher, epoch, in_epoch), chunks))
+        batches = []
+        for micro in range(step * accumulate, (step + 1) * accumulate):
+            epoch, in_epoch = divmod(micro, batcher.steps_per_epoch)
+            batches.append((batcher.images(epoch, in_epoch).to(torch.float64), targets(batcher, epoch, in_epoch)))
+        if accumulate == 1:
+            losses.append(serial_step(model, optimizer, loss, *batches[0], chunks))
+        else:
+            losses.append(serial_accumulated_step(model, optimizer, loss, batches, chunks))
     return losses
+
+
+def matches_one_process(losses: Sequence[float | None], state: Mapping[str, torch.Tensor], serial: Sequence[float],
+                        model: torch.nn.Module, tolerance: float) -> str:
+    """Assert a run's ``losses`` and final ``state`` equal one process's (``serial`` losses, ``model``'s weights)
+    within ``tolerance``; the detail line of the check."""
+    worst = max(abs(a - b) for a, b in zip([float(v) for v in losses if v is not None], serial))
+    assert len(losses) == len(serial) and worst < tolerance, f"{list(losses)} vs {list(serial)}"
+    drift = max((state[k] - v).abs().max().item() for k, v in model.state_dict().items() if v.is_floating_point())
+    assert drift < tolerance, f"weights differ by {drift}"
+    return f"losses {[round(v, 6) for v in serial]}, max error {worst:.1e}, weights {drift:.1e}"

@@ -1,0 +1,53 @@
+"""What a whole-slide canvas asks of the layout and the data: sides that cut into tiles of whole trunk strides, a
+spatial stage in front of a slide-level pool, a tissue channel for tissue-mean (checks made before any work)."""
+from __future__ import annotations
+
+import math
+
+from ..config import ConfigError, ParallelConfig
+from ..spatial.geometry import TileGrid
+from .pools import PoolKind
+
+
+def canvas_multiples(grid: TileGrid, stride: int) -> tuple[int, int]:
+    """What a canvas's (rows, columns) must be multiples of so that every tile of ``grid`` is whole strides of a
+    trunk down-sampling by ``stride`` (its stride product, ``ModelSpec.image_multiple``)."""
+    return grid.rows * stride, grid.cols * stride
+
+
+def check_canvas(image_size: int | tuple[int, int], grid: TileGrid, stride: int) -> None:
+    """ConfigError (``--image-size``) unless the canvas cuts into ``grid``'s tiles of whole ``stride``s (the tissue
+    mask's area pooling and the pooled feature grid are then exact on tiles), naming the sizes that work."""
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    rows, cols = canvas_multiples(grid, stride)
+    if height % rows == 0 and width % cols == 0 and height > 0 and width > 0:
+        return
+    side = math.lcm(rows, cols)
+    below = (min(height, width) // side) * side
+    fits = " or ".join(str(n) for n in (below, below + side) if n > 0)
+    raise ConfigError("--image-size", f"a {height}x{width} canvas on {grid.rows}x{grid.cols} tiles of a trunk "
+                                      f"down-sampling by {stride} leaves tiles that are not whole strides: its "
+                                      f"height must be a multiple of {rows} and its width of {cols}; e.g. "
+                                      f"--image-size {fits}")
+
+
+def check_pool_layout(pool: PoolKind, cfg: ParallelConfig, *, whole_slide: bool) -> None:
+    """ConfigError (``--pool``) for a slide-level pool of a whole-slide canvas without a spatial stage in front of
+    it (one rank would hold the whole canvas), naming the flags that put the trunk on tiles."""
+    if not (whole_slide and PoolKind(pool).multiple_instance and cfg.spatial_size == 0):
+        return
+    raise ConfigError("--pool", f"--pool {pool} pools a whole-slide canvas, which is meant to be held in tiles by "
+                                f"spatial ranks, but --spatial-size 0 puts it whole on one rank: set "
+                                f"--spatial-size 1 and --num-spatial-parts N (e.g. 4) so the trunk runs on tiles "
+                                f"in front of the pool (or train tiles, not --whole-slide)")
+
+
+def check_tissue_input(pool: PoolKind, in_channels: int, data_channels: int) -> None:
+    """ConfigError (``--pool``) when tissue-mean pooling gets samples without their tissue mask as the last channel
+    (``in_channels`` image channels + 1)."""
+    if not PoolKind(pool).tissue or data_channels == in_channels + 1:
+        return
+    raise ConfigError("--pool", f"--pool tissue-mean averages the positions a tissue mask marks, so every sample must "
+                                f"carry the mask as its last channel ({in_channels} image channels + 1: whole-slide "
+                                f"canvases do), but the data has {data_channels} channels; use --pool avg, max or "
+                                f"attention for this data")

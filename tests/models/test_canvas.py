@@ -1,0 +1,45 @@
+"""Whole-slide canvas checks (issue 43): sides in whole trunk strides per tile, a spatial stage in front of a
+slide-level pool; refused before any work with the sizes and flags that work."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpi4dl_nb.config import ConfigError, ParallelConfig
+from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_pool_layout, check_tissue_input
+from mpi4dl_nb.models.pools import PoolKind
+from mpi4dl_nb.spatial.geometry import TileGrid
+
+
+def test_canvas_sides_are_multiples_of_tiles_times_stride():
+    assert canvas_multiples(TileGrid(2, 2), 4) == (8, 8)
+    assert canvas_multiples(TileGrid(3, 1), 4) == (12, 4)
+    check_canvas(256, TileGrid(2, 2), 4)
+    check_canvas((36, 8), TileGrid(3, 1), 4)
+
+
+@pytest.mark.parametrize("size,grid,shown", [(260, TileGrid(2, 2), "--image-size 256 or 264"),
+                                             (250, TileGrid(1, 4), "--image-size 240 or 256"),
+                                             (10, TileGrid(3, 1), "--image-size 12")])
+def test_a_canvas_off_the_stride_grid_is_refused_with_sizes_that_work(size, grid, shown):
+    with pytest.raises(ConfigError, match="--image-size") as error:
+        check_canvas(size, grid, 4)
+    assert shown in str(error.value) and "multiple of" in str(error.value)
+    for fit in (int(n) for n in shown.split("--image-size ")[1].split(" or ")):
+        check_canvas(fit, grid, 4)
+
+
+def test_a_slide_level_pool_without_a_spatial_stage_is_refused_on_whole_slides():
+    lp = ParallelConfig(split_size=2, spatial_size=0)
+    with pytest.raises(ConfigError, match="--spatial-size 1 and --num-spatial-parts"):
+        check_pool_layout(PoolKind.ATTENTION, lp, whole_slide=True)
+    check_pool_layout(PoolKind.AVG, lp, whole_slide=True)
+    check_pool_layout(PoolKind.MAX, lp, whole_slide=False)
+    check_pool_layout(PoolKind.TISSUE_MEAN, ParallelConfig(split_size=2, spatial_size=1), whole_slide=True)
+
+
+def test_tissue_mean_needs_the_mask_as_the_last_channel():
+    check_tissue_input(PoolKind.TISSUE_MEAN, 3, 4)
+    check_tissue_input(PoolKind.ATTENTION, 3, 3)
+    with pytest.raises(ConfigError, match="--pool tissue-mean .* the data has 3 channels"):
+        check_tissue_input(PoolKind.TISSUE_MEAN, 3, 3)

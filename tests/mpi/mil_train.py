@@ -1,0 +1,80 @@
+"""MPI (5 ranks): ``train --pool max|attention --accumulate 2`` on SP 2x2 + LP equals one process in float64 (issue 43).
+
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare``,
+``build_trainer``) on synthetic images and train 2 optimizer steps of 2 batches each; rank 0 trains the flags' model
+in one process on the same batches (each optimizer step over batches ``2s`` and ``2s + 1`` of the Batcher:
+``serial_accumulated_step``). Checks per pool: the losses (one per optimizer step) and the final weights (BatchNorm
+statistics included) within 1e-9; ``--pool tissue-mean`` on 3-channel data refused before any step, naming --pool.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.comm.agreement import SetupFailed
+from mpi4dl_nb.pipeline.reference import serial_accumulated_step, serial_chunks
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer
+from mpi4dl_nb.spatial.loss import classification_loss
+from tests.mpi.finetune_exact import set_up
+from tests.support.checks import Checks, run_checks
+
+STEPS, ACCUMULATE = 2, 2
+FLAGS = ("--model resnet --resnet-version 1 --num-layers 8 --num-filters 4 --image-size 32 --batch-size 2 "
+         "--num-samples 8 --num-classes 2 --dtype float64 --steps 2 --accumulate 2 --no-progress --step-timeout 0 "
+         "--lr 0.1 --split-size 2 --spatial-size 1 --num-spatial-parts 4 --balance 4,1").split()
+POOLS = ("max", "attention")
+TOLERANCE = 1e-9
+CHECKS = [*(f"train --pool {pool} --accumulate 2 equals one process" for pool in POOLS),
+          "train --pool tissue-mean refused on 3-channel data"]
+
+
+def one_process(setup: JobSetup) -> tuple[list[float], dict[str, torch.Tensor]]:
+    job, training, batcher = setup.job, setup.record.training, setup.batcher
+    assert training is not None and batcher is not None
+    torch.manual_seed(job.training.seed)
+    model = torch.nn.Sequential(*setup.record.model.build(job.data.image_size)).to(torch.float64)
+    optimizer = training.optimizer.build(model.parameters())
+    chunks = serial_chunks(job.config, job.training.batch_size)
+    losses = []
+    for step in range(STEPS):
+        batches = []
+        for k in range(ACCUMULATE):
+            epoch, in_epoch = divmod(step * ACCUMULATE + k, batcher.steps_per_epoch)
+            batches.append((batcher.images(epoch, in_epoch).to(torch.float64), batcher.labels(epoch, in_epoch)))
+        losses.append(serial_accumulated_step(model, optimizer, classification_loss(None), batches, chunks))
+    return losses, model.state_dict()
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    ctx = dl.init()
+    for pool in POOLS:
+        with check(f"train --pool {pool} --accumulate 2 equals one process") as result:
+            setup = set_up([*FLAGS, "--pool", pool], ctx)
+            trainer = build_trainer(setup, None)
+            summary = trainer.run()
+            state = trainer.engine.full_state_dict()
+            if ctx.rank == 0:
+                assert summary is not None and state is not None
+                serial, serial_state = one_process(setup)
+                parallel = [float(v) for v in summary.losses if v is not None]
+                assert len(parallel) == STEPS, parallel
+                worst = max(abs(a - b) for a, b in zip(parallel, serial))
+                assert worst < TOLERANCE, f"losses {parallel} vs one process {serial}"
+                drift = max((state[k].double() - v.double()).abs().max().item() for k, v in serial_state.items())
+                assert drift < TOLERANCE, f"weights differ by {drift}"
+                result.detail = f"max loss error {worst:.1e}, weights {drift:.1e}"
+    with check("train --pool tissue-mean refused on 3-channel data") as result:
+        try:
+            set_up([*FLAGS, "--pool", "tissue-mean"], ctx)
+        except (SetupFailed, dl.ConfigError) as error:
+            assert "--pool tissue-mean" in str(error) and "3 channels" in str(error), str(error)
+            result.detail = str(error)[:120]
+        else:
+            raise AssertionError("no refusal")
+    ctx.barrier()
+
+
+if __name__ == "__main__":
+    run_checks(main)

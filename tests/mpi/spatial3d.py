@@ -1,0 +1,151 @@
+"""Volumes on 3-D tile grids: the three-phase halo exchange (forward = slicing the padded volume, edges and
+corners included; <Fx, y> = <x, F*y>; message counts as the geometry says) and every 3-D layer made exact so
+far (Conv3d kernels 1/3/5 strides 1/2, MaxPool3d / AvgPool3d ceil_mode both ways, BatchNorm3d) and a small
+3-D network, float64, equal to one process within 1e-10: output, input gradient, every parameter gradient
+and buffer.
+
+Usage (8 ranks, one launch): python -m tests.mpi.spatial3d. Grids: 2x2x2 on all ranks, the uneven 3x2x1 on
+ranks 0-5, 1x1x4 on ranks 0-3 while 4x1x1 runs on ranks 4-7 (both at once). The halo is checked on the
+``mpi`` and ``gloo`` planes on 2x2x2, the layers on ``mpi``. Named checks: ``check_names()``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d
+from mpi4dl_nb.spatial.halo_axes import AxesHaloExchange
+from tests.support.checks import Checks, run_checks
+from tests.support.exactness import check_spatial_exact
+
+WORLD = 8
+# grid (depth, rows, cols) -> its ranks; grids in the same step run at once on disjoint ranks
+STEPS: list[list[tuple[tuple[int, int, int], list[int]]]] = [
+    [((2, 2, 2), list(range(8)))],
+    [((3, 2, 1), list(range(6)))],
+    [((1, 1, 4), list(range(4))), ((4, 1, 1), list(range(4, 8)))],
+]
+SIZES = (12, 11, 13)   # the volume (D, H, W): uneven on every grid here
+STACK_SIZES = (16, 12, 16)   # the conv stack's input: its smallest activation still has 4 positions per axis
+HALOS = [(3, 1, 1), (5, 2, 2), (1, 2, 0), (2, 2, 0)]   # (kernel, stride, padding) on every axis
+PLANES = {(2, 2, 2): ("mpi", "gloo")}
+
+
+def layers() -> dict[str, nn.Module]:
+    """Every 3-D layer case, float64 (seeded, so equal on every rank)."""
+    torch.manual_seed(5)
+    cases: dict[str, nn.Module] = {}
+    for kernel in (1, 3, 5):
+        for stride in (1, 2):
+            cases[f"Conv3d k{kernel} s{stride}"] = nn.Conv3d(2, 3, kernel, stride, kernel // 2)
+    cases["Conv3d (3,1,3) s(1,2,1) dilation 2 groups 2"] = nn.Conv3d(2, 4, (3, 1, 3), (1, 2, 1), (2, 0, 2), 2, 2)
+    cases["Conv3d 'same' k4 no bias"] = nn.Conv3d(2, 2, 4, padding="same", bias=False)
+    for ceil in (False, True):
+        cases[f"MaxPool3d k3 s2 p1 ceil={ceil}"] = nn.MaxPool3d(3, 2, 1, ceil_mode=ceil)
+        cases[f"MaxPool3d k2 ceil={ceil}"] = nn.MaxPool3d(2, ceil_mode=ceil)
+        cases[f"AvgPool3d k3 s2 p1 ceil={ceil}"] = nn.AvgPool3d(3, 2, 1, ceil_mode=ceil)
+        cases[f"AvgPool3d k3 s2 p1 ceil={ceil} no pad count"] = nn.AvgPool3d(3, 2, 1, ceil_mode=ceil,
+                                                                             count_include_pad=False)
+        cases[f"AvgPool3d k2 ceil={ceil}"] = nn.AvgPool3d(2, ceil_mode=ceil)
+    cases["AvgPool3d k3 s1 divisor 5"] = nn.AvgPool3d(3, 1, 1, divisor_override=5)
+    cases["BatchNorm3d"] = nn.BatchNorm3d(2)
+    return {name: layer.double() for name, layer in cases.items()}
+
+
+class Residual(nn.Module):
+    """A custom forward: a residual add on tiles (the guard checks it in 3-D)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(channels, channels, 3, padding=1, bias=False)   # (a bias before BN: gradient 0)
+        self.bn = nn.BatchNorm3d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.bn(self.conv(x)))
+
+
+def conv_stack() -> nn.Module:
+    """A small 3-D network: conv, BN, ReLU, ceil-mode max pool, residual block, strided conv, avg pool."""
+    torch.manual_seed(9)
+    return nn.Sequential(nn.Conv3d(2, 4, 3, padding=1, bias=False), nn.BatchNorm3d(4), nn.ReLU(),
+                         nn.MaxPool3d(3, 2, 1, ceil_mode=True), Residual(4),
+                         nn.Conv3d(4, 3, 3, stride=2, padding=1), nn.AvgPool3d(3, 1, 1)).double()
+
+
+def grid_name(shape: tuple[int, int, int]) -> str:
+    return "x".join(map(str, shape))
+
+
+def check_names() -> list[str]:
+    names = []
+    for step in STEPS:
+        for shape, _ in step:
+            for plane in PLANES.get(shape, ("mpi",)):
+                names += [f"{grid_name(shape)} {plane}: halo k{k} s{s} p{p}" for k, s, p in HALOS]
+            names += [f"{grid_name(shape)}: {name}" for name in layers()]
+            names.append(f"{grid_name(shape)}: conv stack")
+    return names
+
+
+def check_halo(ctx: Context, grid: TileGrid, group, ranks: list[int], tile: int, spec: tuple[int, int, int]) -> None:
+    kernel, stride, padding = spec
+    geometry = LayerHalo.for_axis_windows(grid, SIZES, [Window1d(kernel, stride, 1, padding, padding)] * 3,
+                                          name=f"k{kernel}s{stride}p{padding}")
+    exchange = AxesHaloExchange(geometry, tile, ranks, ctx, pad_value=0.0)
+    full = torch.randn(2, 3, *SIZES, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    view = geometry.tile(tile)
+    owned = tuple(slice(*r) for r in view.owned_extent)
+    x = full[(Ellipsis, *owned)].clone().requires_grad_(True)
+    y = exchange(x)
+    padded = F.pad(full, (padding,) * 6)
+    needed = tuple(slice(a + padding, b + padding) for a, b in view.needed_extent)
+    assert torch.equal(y.detach(), padded[(Ellipsis, *needed)]), f"rank {ctx.rank}: forward values"
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(100 + tile), dtype=torch.float64)
+    sent = exchange.messages_sent
+    y.backward(w)
+    both = torch.stack([(y.detach() * w).sum(), (x.detach() * x.grad).sum()])
+    ctx.all_reduce(both, group=group)
+    assert abs(both[0] - both[1]) <= 1e-12 * abs(both[0]), f"adjoint: {both[0].item()} vs {both[1].item()}"
+    mine = [m for m in geometry.messages() if m.src == tile]
+    assert sent == len(mine), f"rank {ctx.rank}: sent {sent} messages, the geometry says {len(mine)}"
+
+
+def run_grid(check: Checks, ctx: Context, plane: str, shape: tuple[int, int, int], ranks: list[int], group) -> None:
+    grid = TileGrid(depth=shape[0], rows=shape[1], cols=shape[2])
+    tile = ranks.index(ctx.rank)
+    for spec in HALOS:
+        with check(f"{grid_name(shape)} {plane}: halo k{spec[0]} s{spec[1]} p{spec[2]}"):
+            check_halo(ctx, grid, group, ranks, tile, spec)
+    if plane != "mpi":
+        return
+    x = torch.randn(2, 2, *SIZES, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for name, layer in layers().items():
+        with check(f"{grid_name(shape)}: {name}") as result:
+            errors = check_spatial_exact(layer, grid, x, ctx, group, what=name)
+            result.detail = f"max rel err {max(errors.values()):.1e}"
+    with check(f"{grid_name(shape)}: conv stack") as result:
+        volume = torch.randn(2, 2, *STACK_SIZES, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        errors = check_spatial_exact(conv_stack(), grid, volume, ctx, group, what="conv stack", grad_floor=1e-6)
+        result.detail = f"max rel err {max(errors.values()):.1e}"
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    for plane in ("mpi", "gloo"):
+        ctx = Context(backend=plane)
+        assert ctx.world_size == WORLD, f"run with {WORLD} ranks"
+        groups = {shape: (ranks, ctx.new_group(ranks) if len(ranks) < WORLD else None)
+                  for step in STEPS for shape, ranks in step}   # every rank creates every group, in order
+        for step in STEPS:
+            for shape, _ in step:
+                ranks, group = groups[shape]
+                if ctx.rank in ranks and plane in PLANES.get(shape, ("mpi",)):
+                    run_grid(check, ctx, plane, shape, ranks, group)
+            ctx.barrier()
+
+
+if __name__ == "__main__":
+    run_checks(main)

@@ -1,0 +1,123 @@
+"""MPI (5 ranks): ``train --whole-slide --cohort`` on 4 tiles (2x2) + 1 layer rank equals one process (float64).
+
+Rank 0 writes a synthetic cohort (6 pyramidal slides with MPP, 4 patients, ``data/synthetic_cohort.py``); the ranks
+set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare``,
+``build_trainer``) with ``--whole-slide --image-size 64 --mpp 2`` (a ResNet with BatchNorm in the spatial trunk, its
+pooled head on the layer rank); rank 0 trains the same model in one process on whole canvases.
+
+Checks: ``canvases read by tile`` (a spatial rank's slide reads are at most its tile, the layer rank reads none);
+``--pool P --accumulate N equals one process`` for avg, max, tissue-mean (the canvases carry their tissue mask) and
+attention, each with 1 and 2 micro-steps per optimizer step (losses and final weights, 1e-9); ``patients on one
+side`` (the split recorded in the checkpoint keeps each patient's slides on one side); ``canvases recorded``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.checkpoint.record import read_checkpoint
+from mpi4dl_nb.cli.setup import parse_launch
+from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
+from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.comm.protocol import Comm
+from mpi4dl_nb.data.canvas import SlideCanvases
+from mpi4dl_nb.data.dataset import Batcher
+from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
+from mpi4dl_nb.evaluation.split import Subset
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from tests.support.checks import Checks, run_checks
+from tests.support.scratch import shared_temp_folder
+from tests.support.serial_training import matches_one_process, train_one_process
+from tests.support.slide_recorder import ReadRecorder
+
+STEPS = 2
+FLAGS = ("--whole-slide --image-size 64 --mpp 2 --model resnet --resnet-version 1 --num-layers 8 --num-filters 4 "
+         "--batch-size 1 --dtype float64 --steps 2 --val-fraction 0.34 --no-progress --step-timeout 0 "
+         "--split-size 2 --spatial-size 1 --num-spatial-parts 4 --slice-method square").split()
+CASES = [(pool, accumulate) for pool in ("avg", "max", "tissue-mean", "attention") for accumulate in (1, 2)]
+TOLERANCE = 1e-9
+
+
+def case_name(pool: str, accumulate: int) -> str:
+    return f"--pool {pool} --accumulate {accumulate} equals one process"
+
+
+def set_up(root: Path, pool: str, accumulate: int, ctx: Comm) -> JobSetup:
+    """The run ``train`` sets up for one case (its own checkpoint folder)."""
+    argv = [*FLAGS, "--pool", pool, "--accumulate", str(accumulate), "--cohort", str(root / "cohort" / "cohort.csv"),
+            "--checkpoint-dir", str(root / f"c-{pool}-{accumulate}")]
+    args, cfg = parse_launch(build_parser(), argv, check_run_args)
+    return prepare(train_job(args, cfg), ctx)
+
+
+def recorded_reads(setup: JobSetup) -> list[ReadRecorder]:
+    """Record every slide read the training canvases make from now on."""
+    subset = setup.batcher.dataset if setup.batcher is not None else None
+    assert isinstance(subset, Subset) and isinstance(subset.dataset, SlideCanvases)
+    canvases = subset.dataset
+    canvases.close()
+    recorders: list[ReadRecorder] = []
+
+    def recording(path: Path) -> ReadRecorder:
+        recorders.append(ReadRecorder.open(path))
+        return recorders[-1]
+
+    canvases._opener = recording
+    return recorders
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    ctx = dl.init()
+    with shared_temp_folder(ctx, "whole-slide-") as folder:
+        root = Path(folder)
+        if ctx.rank == 0:
+            write_synthetic_cohort(root / "cohort", slides=6, side_um=160.0, mpp=1.0, levels=3)
+        ctx.barrier()
+        summary = None
+        for pool, accumulate in CASES:
+            setup = set_up(root, pool, accumulate, ctx)
+            recorders = recorded_reads(setup) if (pool, accumulate) == CASES[0] else []
+            trainer = build_trainer(setup, None)
+            run = trainer.run()
+            state = trainer.engine.full_state_dict()
+            summary = summary or run
+            if recorders:
+                with check("canvases read by tile") as result:   # 32 px tiles (2x2 of 64), level 1 is 2 µm/px
+                    reads = [size for recorder in recorders for _, _, size in recorder.calls]
+                    if ctx.rank < 4:
+                        assert reads and max(max(s) for s in reads) <= 32, f"rank {ctx.rank} read {sorted(set(reads))}"
+                    else:
+                        assert not reads, f"the layer rank read {reads}"
+                    result.detail = f"{len(reads)} reads, largest {max((max(s) for s in reads), default=0)} px"
+            with check(case_name(pool, accumulate)) as result:
+                if ctx.rank == 0:
+                    assert run is not None and state is not None
+                    assert setup.batcher is not None and setup.batcher.dataset.channels == (4 if pool == "tissue-mean"
+                                                                                            else 3)
+                    torch.manual_seed(setup.job.training.seed)
+                    model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size))
+                    model = model.to(torch.float64)
+                    serial = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
+                    result.detail = matches_one_process(run.losses, state, serial, model, TOLERANCE)
+        with check("patients on one side") as result:
+            if ctx.rank == 0:
+                assert summary is not None and summary.checkpoint is not None
+                split = read_checkpoint(summary.checkpoint).record.split
+                assert split is not None and split.grouping == "patient"
+                assert split.train and split.val and not set(split.train) & set(split.val)
+                result.detail = f"train {list(split.train)}, val {list(split.val)}"
+        with check("canvases recorded") as result:
+            if ctx.rank == 0:
+                assert summary is not None and summary.checkpoint is not None
+                data = read_checkpoint(summary.checkpoint).record.data
+                assert data.whole_slide and [c.slide for c in data.canvases] == [f"slide-{i:02d}" for i in range(6)]
+                assert all(c.size == 64 for c in data.canvases)
+                result.detail = f"{len(data.canvases)} canvases"
+
+
+if __name__ == "__main__":
+    run_checks(main)
