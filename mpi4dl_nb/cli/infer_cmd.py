@@ -35,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--slide", help="anything OpenSlide opens, or a plain image")
     where.add_argument("--slides", help="many slides: a folder of slide files, or a text file with one path per "
-                                        "line; every --output then names one file per slide with {slide}")
+                                        "line, or a cohort manifest FILE.csv (as --cohort); every --output "
+                                        "then names one file per slide with {slide}")
+    where.add_argument("--cohort", dest="cohort_file", metavar="FILE.csv",
+                       help="a cohort manifest (columns slide,label[,patient,...]; paths relative to the file): its "
+                            "slides, each one's label and patient in the summary table")
     parser.add_argument("--summary", default=None,
                         help="with --slides: the summary table (CSV; default summary.csv beside the outputs)")
     parser.add_argument("--output", dest="outputs", action="append", required=True,
@@ -58,8 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "the trunk's)")
     parser.add_argument("--task", choices=Task.values(), default=None,
                         help="refuse a checkpoint of the other task (default: run what the checkpoint holds)")
+    parser.add_argument("--map-mode", dest="map_mode", choices=("dense", "tiles"), default="dense",
+                        help="classifiers: dense computes every cell fully convolutionally (fast; a cell's features "
+                             "see the slide around its tile); tiles applies the classifier to exactly the tile each "
+                             "cell names, as trained (slower by about (patch / --output-stride)^2; use --output-stride "
+                             "= the patch size for non-overlapping tiles)")
     parser.add_argument("--heat-class", dest="heat_class", type=int, default=None,
-                        help="class drawn by the .png and .tif:preview of a classifier (default: the last)")
+                        help="class drawn by the .png and .tif:preview of a classifier (default: the first positive "
+                             "class after class 0, not background/normal/negative/'no ...'; printed)")
     parser.add_argument("--threshold", type=float, default=None,
                         help=".geojson: least probability of a region's class (default: 0.5 for a classifier, "
                              "the label map's most probable class for a segmentation network)")
@@ -109,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parsed = build_parser().parse_args(argv)
     args = vars(parsed).copy()
     backend, device = args.pop("backend"), args.pop("device")
-    slides, summary_path = args.pop("slides"), args.pop("summary")
+    cohort_file = args.pop("cohort_file")
+    slides, summary_path = args.pop("slides") or cohort_file, args.pop("summary")
     args.pop("checkpoint_select")
     rank, size, _ = launched_world()
     try:
@@ -155,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = runner.run()
         except SlideFailed as err:
             if ctx.rank == 0:
-                say(0, size, f"error: {err}; the rows done so far are kept: fix the slide and continue with --resume")
+                kept = "the rows done so far are kept: fix the slide and continue with --resume" if err.kept else \
+                    "nothing was written: fix the slide and run again"
+                say(0, size, f"error: {err}; {kept}")
             return EXIT_SETUP
         if summary is not None:
             if not summary.complete:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .bounds import slide_bounds
 from .dataset import Box, check_box
 from .geojson import AnnotationError, Annotations, read_annotations
 from .pathology import Slide, SlideDataset, open_slide
@@ -46,8 +47,9 @@ def annotation_problems(slide: Path, classes: Sequence[str],
     try:
         annotations = read_annotations(annotation_of(slide))
         handle = opener(slide)
-        try:
-            width, height = handle.level_dimensions[0]
+        try:       # QuPath's image: the slide's bounds, where its annotations' coordinates start
+            bounds = slide_bounds(getattr(handle, "properties", {}), tuple(handle.level_dimensions[0]))
+            width, height = bounds.width, bounds.height
         finally:
             handle.close()
     except (AnnotationError, ValueError, OSError) as err:

@@ -56,6 +56,10 @@ class Annotations:
 
     def problems(self, classes: Sequence[str], width: float, height: float) -> list[str]:
         """What makes these annotations unusable for ``classes`` on a ``width x height`` (level 0) slide."""
+        if not self.regions:
+            held = ", ".join(f"{count} {kind}" for kind, count in self.skipped.items()) or "no features"
+            return [f"{self.path}: no areas to draw a mask from ({held}); annotate regions as polygons in QuPath "
+                    f"(points and lines mark no area), or leave the slide out"]
         found = []
         for region in self.regions:
             if region.name not in classes:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from .bounds import SlideBounds, slide_bounds
 from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
 from .resolution import LevelChoice
@@ -89,11 +90,17 @@ def tissue_mask(rgb: np.ndarray) -> np.ndarray:
     return (saturation > SATURATION_TISSUE) & (high > DARKEST_BACKGROUND)
 
 
+def bounds_of(slide: Slide) -> SlideBounds:
+    """QuPath's image of ``slide``: OpenSlide's bounds when it reports them, else the whole level-0 frame."""
+    return slide_bounds(getattr(slide, "properties", {}), slide.level_dimensions[0])
+
+
 def coarse_tissue(slide: Slide) -> np.ndarray:
-    """The tissue mask of ``slide``'s coarsest level (a boolean image of the whole slide)."""
+    """The tissue mask of ``slide``'s coarsest level (a boolean image of the whole slide, within its bounds)."""
     coarse = slide.level_count - 1
-    width, height = slide.level_dimensions[coarse]
-    return tissue_mask(rgba_to_rgb(slide.read_region((0, 0), coarse, (width, height))))
+    bounds = bounds_of(slide)
+    width, height = bounds.level_size(float(slide.level_downsamples[coarse]), slide.level_dimensions[coarse])
+    return tissue_mask(rgba_to_rgb(slide.read_region((bounds.x, bounds.y), coarse, (width, height))))
 
 
 def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
@@ -196,10 +203,11 @@ def resolved_pixels(slide: Slide, choice: LevelChoice, box: Box) -> np.ndarray:
     (one ``read_region``), shrunk to ``--mpp`` when it lies between two levels (exact box by box)."""
     level = choice.level
     downsample = float(slide.level_downsamples[level])
+    bounds = bounds_of(slide)      # boxes are in QuPath's image: offset by the bounds' origin
 
     def level_pixels(part: Box) -> np.ndarray:
         r0, r1, c0, c1 = part
-        location = (int(round(c0 * downsample)), int(round(r0 * downsample)))
+        location = (bounds.x + int(round(c0 * downsample)), bounds.y + int(round(r0 * downsample)))
         return rgba_to_rgb(slide.read_region(location, level, (c1 - c0, r1 - r0)))
 
     if choice.resampled:
@@ -274,6 +282,7 @@ class SlideDataset(StainedReads):
         self._open: dict[int, Slide] = {}
         self.downsample: list[float] = []
         self.choices: list[LevelChoice] = []      # per slide: the level read and the resampling to --mpp
+        self.bounds: list[SlideBounds] = []       # per slide: OpenSlide's bounds (QuPath's image), data/bounds.py
         self.tiles: list[SlideTile] = []
         for number, path in enumerate(self.paths):
             slide = self.slide(number)
@@ -282,7 +291,10 @@ class SlideDataset(StainedReads):
                                  f"{slide.level_count - 1}); choose a level in that range")
             choice = slide_choice(slide, path, level, mpp, source_mpp)
             self.choices.append(choice)
-            width, height = choice.extent(slide.level_dimensions[choice.level])
+            bounds = slide_bounds(getattr(slide, "properties", {}), tuple(slide.level_dimensions[0]))
+            self.bounds.append(bounds)        # QuPath's image of the slide: tiles and annotations in its pixels
+            width, height = choice.extent(bounds.level_size(float(slide.level_downsamples[choice.level]),
+                                                            slide.level_dimensions[choice.level]))
             if image_size > min(width, height):
                 raise ValueError(f"--image-size {image_size} is larger than slide {path} at level "
                                  f"{level} ({width}x{height}); use --image-size <= "

@@ -1,6 +1,7 @@
-"""Many slides in one run (``infer --slides DIR_OR_LIST``): the network loaded once, one output set per slide, a
-summary table, progress per slide and overall, finished slides skipped on ``--resume``, and a slide that fails
-reported and skipped without losing the others."""
+"""Many slides in one run (``infer --slides DIR_OR_LIST``, or a cohort manifest ``--cohort FILE.csv`` whose label and
+patient join each slide's row so that ``evaluate --cohort`` of the file lines up): the network loaded once, one
+output set per slide, a summary table, progress per slide and overall, finished slides skipped on ``--resume``, and
+a slide that fails reported and skipped without losing the others."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
+from ..data.manifest import Cohort, read_cohort
 from ..data.pathology import SLIDE_ONLY_EXTENSIONS
 from .finish import report_columns
-from .outputs import SLIDE_FIELD, OutputSpec, check_outputs
+from .outputs import SLIDE_FIELD, OutputSpec, check_folders, check_outputs, summary_folder
 from .runner import SlideFailed, SlideRunner
 from .settings import InferSettings
 from .store import work_path
@@ -44,12 +46,30 @@ def list_slides(source: str | Path) -> list[Path]:
             raise ConfigError("--slides", f"{path} lists no slides (one path per line)")
     else:
         raise ConfigError("--slides", f"{str(source)!r}: no such folder or list file")
+    check_unique_names(slides, "--slides")
+    return slides
+
+
+def check_unique_names(slides: Sequence[Path], knob: str) -> None:
+    """Refuse slides sharing a file name without suffix: their outputs (named by ``{slide}``) would collide."""
     stems = [s.stem for s in slides]
     twice = sorted({s for s in stems if stems.count(s) > 1})
     if twice:
-        raise ConfigError("--slides", f"several slides are named {', '.join(twice)}: outputs are named by "
-                                      f"{SLIDE_FIELD} (the file name without suffix); rename them or run them apart")
-    return slides
+        raise ConfigError(knob, f"several slides are named {', '.join(twice)}: outputs are named by {SLIDE_FIELD} "
+                                f"(the file name without suffix); rename them or run them apart")
+
+
+def is_manifest(source: str | Path) -> bool:
+    """Whether ``--slides`` names a cohort manifest (a .csv file) rather than a folder or a list of paths."""
+    return Path(source).suffix.lower() == ".csv"
+
+
+def read_manifest(source: str | Path, classes: Sequence[str] | None) -> Cohort:
+    """A cohort manifest given to ``infer`` (data/manifest.py; labels among ``classes`` when given); its slide
+    names must differ, as outputs are named by them."""
+    cohort = read_cohort(source, classes)
+    check_unique_names([entry.path for entry in cohort], "--cohort")
+    return cohort
 
 
 @dataclass
@@ -104,19 +124,29 @@ def run_cohort(settings: InferSettings, slides_source: str, ctx: Comm, *, summar
     settings = replace(settings, cohort=True)
     settings.check()
     out = stream if stream is not None else sys.stderr
-    slides = agreed(ctx, lambda: list_slides(slides_source))
+    manifest = is_manifest(slides_source)
+    cohort = agreed(ctx, lambda: read_manifest(slides_source, None)) if manifest else None
+    slides = [e.path for e in cohort] if cohort is not None else agreed(ctx, lambda: list_slides(slides_source))
+    rows = {e.path: {"patient": e.patient, "label": e.label} for e in cohort} if cohort is not None else {}
     specs = settings.specs()
-    table = Path(summary) if summary is not None else specs[0].path.parent / SUMMARY_NAME
-    if "{" in str(table.parent) or not table.parent.is_dir():
+    per_slide = [[s.for_slide(slide.stem) for s in specs] for slide in slides]
+    agreed(ctx, lambda: check_folders([s.path for outputs in per_slide for s in outputs]))
+    table = Path(summary) if summary is not None else summary_folder(specs[0]) / SUMMARY_NAME
+    if summary is not None and ("{" in str(table.parent) or not table.parent.is_dir()):
         raise ConfigError("--summary", f"{table}: give --summary FILE.csv in an existing folder")
     trained: TrainedNetwork = agreed(ctx, lambda: load_network(
         settings.checkpoint, family=settings.model, dtype=settings.torch_dtype, output_stride=settings.output_stride,
         task=settings.task))
-    per_slide = [[s.for_slide(slide.stem) for s in specs] for slide in slides]
+    if cohort is not None:
+        agreed(ctx, lambda: read_manifest(slides_source, trained.classes))   # labels among the checkpoint's classes
     if not (settings.resume or settings.overwrite):
         agreed(ctx, lambda: check_all(per_slide))
     results: list[SlideResult] = []
     wall = time.perf_counter()
+
+    def shown(slide: Path) -> str:
+        """The slide's name in the table: a manifest's as ``evaluate --cohort`` names it, else the file's."""
+        return slide.stem if manifest else slide.name
 
     def say(text: str) -> None:
         if ctx.rank == 0:
@@ -126,7 +156,7 @@ def run_cohort(settings: InferSettings, slides_source: str, ctx: Comm, *, summar
     for number, (slide, outputs) in enumerate(zip(slides, per_slide), start=1):
         head = f"[slide {number}/{len(slides)}] {slide.name}"
         if settings.resume and finished(outputs):
-            results.append(SlideResult(slide.name, "finished before"))
+            results.append(SlideResult(shown(slide), "finished before", columns=dict(rows.get(slide, {}))))
             say(f"{head}: finished before, skipped")
             continue
         say(f"{head}: started ({time.perf_counter() - wall:.0f} s into the cohort)")
@@ -140,18 +170,20 @@ def run_cohort(settings: InferSettings, slides_source: str, ctx: Comm, *, summar
             finally:
                 runner.close()
         except (SetupFailed, SlideFailed, ConfigError, FileNotFoundError) as err:
-            results.append(SlideResult(slide.name, "failed", time.perf_counter() - start, message=str(err)))
+            results.append(SlideResult(shown(slide), "failed", time.perf_counter() - start, message=str(err),
+                                       columns=dict(rows.get(slide, {}))))
             say(f"{head}: FAILED, skipped: {err}")
             continue
         seconds = time.perf_counter() - start
         if result is not None:
             rate = result.as_dict().get("megapixels_per_s")
-            results.append(SlideResult(slide.name, "done", seconds, rate if isinstance(rate, float) else None,
-                                       columns=report_columns(result.report, trained.classes)))
+            results.append(SlideResult(shown(slide), "done", seconds, rate if isinstance(rate, float) else None,
+                                       columns={**rows.get(slide, {}),
+                                                **report_columns(result.report, trained.classes)}))
             say(f"{head}: done in {seconds:.1f} s, {result.megapixels:.1f} MP "
                 f"({len(results)}/{len(slides)} slides, {time.perf_counter() - wall:.0f} s)")
         else:
-            results.append(SlideResult(slide.name, "done", seconds))
+            results.append(SlideResult(shown(slide), "done", seconds, columns=dict(rows.get(slide, {}))))
     if ctx.rank != 0:
         return None
     write_table(table, results)

@@ -3,9 +3,12 @@
 The boundary of a class's region runs along pixel edges. Each unit edge between a pixel of
 the class and one that is not is directed with the region on its left (x right, y down):
 outer rings then have a positive enclosed pixel count, holes a negative one. At a vertex
-where the region's pixels touch only diagonally the path turns right, so diagonal pixels
-belong to one region (8-connected regions, 4-connected holes); rings never cross or repeat a
-vertex, and holes may touch their ring at a point (valid polygons). Edges are collapsed into
+where the region's pixels touch only diagonally the path turns left, so regions are
+4-connected (pixels sharing an edge; diagonal ones are regions of their own, touching at a
+point) and the rest 8-connected: a region's interior is then connected, as a valid polygon's
+must be. A path passing a vertex twice is cut there into simple rings (a shell and a hole
+touching it at that point, or two holes touching), so rings never cross or repeat a vertex
+and every polygon is valid by the OGC rules (shapely, QuPath's JTS). Edges are collapsed into
 straight runs; runs are linked into paths; a path still open at the strip's lower edge waits
 for the next strip, so memory holds one strip and the paths crossing it, whatever the map's
 height. A ring closing is emitted at once: a hole waits for the outer ring around it, which
@@ -192,7 +195,7 @@ class RegionTracer:
 
     @staticmethod
     def _link(items: list[_Path]) -> tuple[list[_Path], list[_Path]]:
-        """Join paths end to start (right turn at a vertex with two ways on): (open paths, closed rings)."""
+        """Join paths end to start (left turn at a vertex with two ways on): (open paths, closed rings)."""
         outgoing: dict[int, list[int]] = {}
         for index, item in enumerate(items):
             outgoing.setdefault(item.start, []).append(index)
@@ -204,7 +207,7 @@ class RegionTracer:
             if len(ways) == 1:
                 successor[index] = ways[0]
             else:
-                turn = (item.last + 1) % 4
+                turn = (item.last + 3) % 4           # left: the region's diagonal pixels stay apart
                 successor[index] = next(w for w in ways if items[w].first == turn)
         has_predecessor = set(successor.values())
         seen: set[int] = set()

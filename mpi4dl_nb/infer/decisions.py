@@ -17,6 +17,7 @@ from .probes import default_window, output_size
 from .reader import SlideReader
 from .settings import InferSettings
 from .store import Fingerprint, load_progress, progress_path, work_path
+from .tile_map import MapMode
 from .tissue import OVERVIEW_SIDE, TissueMap
 from .trained import TrainedNetwork
 from .windows import AxisField, WindowPlan, padded_extent
@@ -55,6 +56,9 @@ def resolve_outputs(settings: InferSettings, trained: TrainedNetwork) -> tuple[O
             raise ConfigError("--output", f"{spec.path}: a .csv has one row per output cell, here per pixel of the "
                                           f"slide; write the label map (.tif), the regions (.geojson) or the "
                                           f"probabilities (.npy) instead")
+    if settings.map_mode == MapMode.TILES and dense:
+        raise ConfigError("--map-mode", "tiles classifies each tile alone, but this network predicts every pixel; "
+                                        "use --map-mode dense (the default) for a segmentation network")
     if settings.heat_class is not None and settings.heat_class >= trained.net.shape.classes:
         raise ConfigError("--heat-class", f"the network has {trained.net.shape.classes} classes; use "
                                           f"0..{trained.net.shape.classes - 1}")
@@ -82,8 +86,9 @@ def decide(settings: InferSettings, trained: TrainedNetwork, reader: SlideReader
     fields = measure_field(net)
     height, width = padded_extent(reader.height, fields[0].unit), padded_extent(reader.width, fields[1].unit)
     if min(height, width) < net.shape.min_side:
-        raise ConfigError("--slide", f"{reader.path} level {reader.level} is {reader.width}x{reader.height} px, "
-                          f"smaller than one output cell's patch ({net.shape.min_side} px); use a finer level")
+        raise ConfigError("--slide", f"{reader.path} is {reader.width}x{reader.height} px as read "
+                          f"({reader.read_description()}), smaller than one output cell's patch "
+                          f"({net.shape.min_side} px); use a finer level or --mpp, or a larger slide")
     out_h, out_w = output_size(net, height, width)
     out_shape = (net.shape.classes, out_h, out_w)
     stamp = fingerprint(settings, trained.description, reader, net)

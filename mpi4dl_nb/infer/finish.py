@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .geojson import write_geojson
+from .ome import write_ome_tiff
 from .outputs import OutputKind, OutputSpec
 from .overlay import write_overlay
 from .placement import CellPlacement
@@ -122,6 +123,8 @@ def write_outputs(work: Path, request: OutputRequest, reader: SlideReader, *,
                 if kind.tiff:
                     write_map_tiff(tmp, pyramid, kind, heat_class=request.heat_class, description=request.description,
                                    class_names=request.classes)
+                elif kind is OutputKind.OME:
+                    write_ome_tiff(tmp, pyramid, class_names=request.classes, description=request.description)
                 elif kind is OutputKind.PNG:
                     write_overlay(tmp, reader.thumbnail(request.overlay_side), pyramid, reader.level0_size,
                                   labels=request.labels, heat_class=request.heat_class, class_names=request.classes)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +20,7 @@ class OutputKind(Choice):
     PROBABILITIES = "probabilities"  # .tif: slide-aligned pyramid, one 8-bit sample per class (p x 255)
     LABELS = "labels"                # .tif: slide-aligned pyramid of class indices (255: no data)
     PREVIEW = "preview"              # .tif: slide-aligned colour-mapped pyramid of one class (RGB)
+    OME = "ome"                      # .ome.tif: pyramidal OME-TIFF, one named float32 channel per class (NaN: no data)
     GEOJSON = "geojson"              # regions per class as polygons, level-0 pixels (QuPath imports it)
     CSV = "csv"                      # one row per cell: centre in level-0 pixels, class, probabilities
     PNG = "png"                      # the map over the slide's overview, with a legend
@@ -31,6 +33,7 @@ class OutputKind(Choice):
 BY_SUFFIX = {".npy": OutputKind.NPY, ".geojson": OutputKind.GEOJSON, ".json": OutputKind.GEOJSON,
              ".csv": OutputKind.CSV, ".png": OutputKind.PNG}
 TIFF_SUFFIXES = (".tif", ".tiff")
+OME_SUFFIXES = (".ome.tif", ".ome.tiff")
 TIFF_KINDS = (OutputKind.PROBABILITIES, OutputKind.LABELS, OutputKind.PREVIEW)
 HELP = ("KIND by suffix: .npy (probabilities per cell), .tif (slide-aligned pyramid: per-class probabilities for a "
         "classifier, the label map for a segmentation network; PATH.tif:probabilities|labels|preview to choose), "
@@ -56,6 +59,8 @@ class OutputSpec:
             return cls(path, kind)
         path = Path(text)
         suffix = path.suffix.lower()
+        if path.name.lower().endswith(OME_SUFFIXES):
+            return cls(path, OutputKind.OME)
         if suffix in TIFF_SUFFIXES:
             return cls(path, None)
         if suffix not in BY_SUFFIX:
@@ -92,16 +97,45 @@ def parse_outputs(texts: Sequence[str], cohort: bool) -> tuple[OutputSpec, ...]:
     return specs
 
 
+def check_folder(path: Path) -> None:
+    """Refuse an output whose folder is missing, is a file, or cannot take a new file (one line naming it)."""
+    folder = path.parent
+    blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError("--output", f"{path}: {blocking} is a file, not a folder; choose another folder")
+    if not folder.is_dir():
+        raise ConfigError("--output", f"{path}: folder {folder} does not exist; create it first")
+    try:
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".mpi4dl-probe-")
+    except OSError as err:
+        raise ConfigError("--output", f"{path}: cannot write in {folder} ({err.strerror or err}); choose a "
+                                      f"writable folder") from None
+    probe.close()
+
+
+def check_folders(paths: Sequence[Path]) -> None:
+    """``check_folder`` for each of ``paths`` (each folder probed once)."""
+    for path in {p.parent: p for p in paths}.values():
+        check_folder(path)
+
+
 def check_outputs(specs: Sequence[OutputSpec], overwrite: bool) -> None:
-    """Refuse duplicates, missing directories and (without ``overwrite``) existing files."""
+    """Refuse duplicates, folders that cannot take the files and (without ``overwrite``) existing files."""
     paths = [s.path for s in specs]
     for path in paths:
         if path.exists() and not overwrite:
             raise ConfigError("--output", f"{path} exists; pass --overwrite to replace it, or another name")
-        if not path.parent.is_dir():
-            raise ConfigError("--output", f"{path}: directory {path.parent} does not exist")
+        check_folder(path)
     if len({p.resolve() for p in paths}) != len(paths):
         raise ConfigError("--output", "the same file is named twice")
+
+
+def summary_folder(spec: OutputSpec) -> Path:
+    """Where a cohort's summary table goes by default: the output's folder above any ``{slide}`` part."""
+    folder = spec.path.parent
+    while SLIDE_FIELD in str(folder):
+        folder = folder.parent
+    return folder
 
 
 def npy_base(specs: Sequence[OutputSpec]) -> Path:

@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from ..config import ConfigError
+from ..data.bounds import SlideBounds, slide_bounds
 from ..data.pathology import Slide, rgba_to_rgb
 from ..data.resolution import AreaResampler, image_mpp, properties_mpp, resolve_read
 from ..spatial.geometry import Box
@@ -22,6 +23,10 @@ Result = TypeVar("Result")
 
 class SlideReader:
     """A slide at one resolution: ``read(box)`` gives ``box``'s RGB pixels (uint8 H x W x 3), zeros past the edges.
+
+    Coordinates are those of QuPath's image of the slide: within OpenSlide's bounds
+    (``data/bounds.py``; the whole frame when the format reports none), so every output
+    made from these reads lines up with QuPath's view and its annotations.
 
     Anything OpenSlide opens, or a plain image (PNG/JPEG/TIFF through Pillow, loaded whole:
     keep those small, convert big ones to a pyramidal TIFF). The pixels are those of pyramid
@@ -54,8 +59,10 @@ class SlideReader:
         self.choice = resolve_read(self.base_mpp, downsamples, str(self.path), target=mpp, level=level,
                                    trained_at=trained_at)
         self.level = self.choice.level
-        self.level_width, self.level_height = (int(v) for v in self.slide.level_dimensions[self.level])
+        self.bounds: SlideBounds = slide_bounds(getattr(self.slide, "properties", {}), self.frame_size)
         self.level_downsample = downsamples[self.level]
+        self.level_width, self.level_height = self.bounds.level_size(self.level_downsample,
+                                                                     self.slide.level_dimensions[self.level])
         self.resampler = AreaResampler(self.choice.scale) if self.choice.resampled else None
         if self.resampler is None:
             self.width, self.height = self.level_width, self.level_height
@@ -63,6 +70,13 @@ class SlideReader:
             self.width, self.height = self.resampler.extent(self.level_width), self.resampler.extent(self.level_height)
         self.downsample = self.level_downsample * self.choice.scale   # level-0 pixels per pixel read
         self.mpp = self.choice.mpp
+
+    def read_description(self) -> str:
+        """How the pixels read come from the slide: the level, its size, the shrink and the resolution."""
+        text = f"level {self.level}, {self.level_width}x{self.level_height} px"
+        if self.resampler is not None:
+            text += f", shrunk by {self.choice.scale:g}"
+        return text + ("" if self.mpp is None else f", {self.mpp:g} µm/px")
 
     def file_mpp(self) -> float | None:
         """Level 0's MPP as the file says (OpenSlide properties; a plain image's resolution tags)."""
@@ -80,14 +94,20 @@ class SlideReader:
 
     @property
     def levels(self) -> list[tuple[int, int]]:
-        """(width, height) of every level."""
-        return [(int(w), int(h)) for w, h in self.slide.level_dimensions]
+        """(width, height) of every level of QuPath's image (the bounds)."""
+        return [self.bounds.level_size(float(d), size)
+                for d, size in zip(self.slide.level_downsamples, self.slide.level_dimensions)]
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(width, height) of OpenSlide's level-0 frame (the bounds lie inside it)."""
+        width, height = self.slide.level_dimensions[0]
+        return int(width), int(height)
 
     @property
     def level0_size(self) -> tuple[int, int]:
-        """(height, width) of level 0."""
-        width, height = self.slide.level_dimensions[0]
-        return int(height), int(width)
+        """(height, width) of level 0 of QuPath's image (the bounds)."""
+        return self.bounds.height, self.bounds.width
 
     def read(self, box: Box) -> np.ndarray:
         """RGB uint8 pixels of ``box`` (r0, r1, c0, c1) at this resolution; zero outside the slide."""
@@ -106,15 +126,23 @@ class SlideReader:
         y0, y1 = max(r0, 0), min(r1, self.level_height)
         x0, x1 = max(c0, 0), min(c1, self.level_width)
         if y0 < y1 and x0 < x1:
-            location = (int(round(x0 * self.level_downsample)), int(round(y0 * self.level_downsample)))
+            location = (self.bounds.x + int(round(x0 * self.level_downsample)),
+                        self.bounds.y + int(round(y0 * self.level_downsample)))
             region = self.slide.read_region(location, self.level, (x1 - x0, y1 - y0))
             out[y0 - r0:y1 - r0, x0 - c0:x1 - c0] = rgba_to_rgb(region)
         return out
 
     def thumbnail(self, max_side: int) -> np.ndarray:
-        """An RGB overview of the whole slide at most ``max_side`` pixels wide or high (from a coarse level)."""
-        image = self.slide.get_thumbnail((max_side, max_side)).convert("RGB")
-        return np.asarray(image)
+        """An RGB overview of the slide's bounds at most ``max_side`` pixels wide or high (from a coarse level)."""
+        frame_width, frame_height = self.frame_size
+        bounds = self.bounds
+        scale = max_side / max(bounds.width, bounds.height)
+        side = max(1, min(int(round(max(frame_width, frame_height) * scale)), 8 * max_side))
+        image = np.asarray(self.slide.get_thumbnail((side, side)).convert("RGB"))
+        sy, sx = image.shape[0] / frame_height, image.shape[1] / frame_width
+        top, left = int(round(bounds.y * sy)), int(round(bounds.x * sx))
+        rows, cols = max(1, int(round(bounds.height * sy))), max(1, int(round(bounds.width * sx)))
+        return image[top:top + rows, left:left + cols]
 
     def close(self) -> None:
         self.slide.close()

@@ -9,6 +9,7 @@ the rows above are final (``--resume`` continues from there).
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -27,13 +28,15 @@ from ..measure.progress import ProgressLine
 from ..spatial.geometry import Box, TileGrid
 from .decisions import Plan, class_indices, decide
 from .finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
-from .outputs import npy_base
+from .heat import default_heat_class
+from .outputs import OutputKind, npy_base
 from .placement import CellPlacement
 from .probes import check_halos, output_size
 from .reader import Prefetcher, SlideReader
 from .settings import InferSettings
 from .store import HeatmapStore, progress_path, save_progress, work_path
 from .summary import InferSummary, RankStats, TimelineEvent
+from .tile_map import MapMode, TileClassifier, TileGeometry
 from .trained import TrainedNetwork, load_network
 from .windows import Window, WindowPlan, batches, intersect
 
@@ -44,7 +47,15 @@ CACHE_WINDOWS = 2                 # OpenSlide's tile cache holds this many of a 
 
 
 class SlideFailed(RuntimeError):
-    """A slide could not be read during the run; every rank raises it with the same message."""
+    """A slide could not be read during the run; every rank raises it with the same message. ``kept``: rows are
+    saved for ``--resume`` (else no partial output is left behind)."""
+
+    def __init__(self, message: str, kept: bool = False) -> None:
+        super().__init__(message)
+        self.kept = kept
+
+BATCH_TILES = 16       # tiles per forward in --map-mode tiles (times --batch-windows)
+COORDINATES = "level-0 pixels of QuPath's image: OpenSlide's level 0 minus the slide's bounds origin"
 
 
 class SlideRunner:
@@ -119,6 +130,16 @@ class SlideRunner:
         """
         start = time.perf_counter()
         box = window.rank_box(self.grid, self.ctx.rank) if self.grid.num_tiles > 1 else window.input
+        tensor = self.read_box(box)
+        self.stats.read_seconds += time.perf_counter() - start
+        if self.settings.keep_trace:
+            self.ctx.tracer.record("read", start - self.ctx.tracer.origin, self.ctx.tracer.now(),
+                                   window=(window.row, window.col))
+        return tensor
+
+    def read_box(self, box: Box) -> torch.Tensor:
+        """``box``'s pixels as a (3, h, w) tensor in [0, 1], stain-normalised as in training; a failed read gives
+        zeros and is remembered for ``_check_reads``."""
         try:
             pixels = self.reader.read(box)
         except Exception as err:   # OpenSlide, Pillow and codecs raise many kinds
@@ -127,13 +148,7 @@ class SlideRunner:
                                    f"level {self.reader.level}) failed: {type(err).__name__}: {err}")
             pixels = np.zeros((box[1] - box[0], box[3] - box[2], 3), dtype=np.uint8)
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).to(self.settings.torch_dtype).div_(255.0)
-        if self.stain is not None:
-            tensor = normalized(tensor, self.stain)
-        self.stats.read_seconds += time.perf_counter() - start
-        if self.settings.keep_trace:
-            self.ctx.tracer.record("read", start - self.ctx.tracer.origin, self.ctx.tracer.now(),
-                                   window=(window.row, window.col))
-        return tensor
+        return tensor if self.stain is None else normalized(tensor, self.stain)
 
     def _check_reads(self) -> None:
         """Collective: stop every rank at once, with the first rank's message, if any read failed."""
@@ -151,6 +166,8 @@ class SlideRunner:
         """
         from ..spatial.convert import spatialize
 
+        if self.settings.map_mode == MapMode.TILES:
+            return self._run_tiles()
         settings, ctx, plan = self.settings, self.ctx, self.plan
         net: nn.Module = self.net
         if self.grid.num_tiles > 1:
@@ -202,6 +219,9 @@ class SlideRunner:
                 bar.update(done, f"windows {done}/{total} rows {row[0].row + 1}/{len(rows)} {rate:.2f} MP/s")
                 if not settings.keep_trace:
                     tracer.clear()
+        except SlideFailed as err:
+            self._drop_empty_partial(rows_done)
+            raise SlideFailed(str(err), kept=rows_done > 0) from None
         finally:
             prefetch.close()
         self.stats.read_wait_seconds = prefetch.wait_seconds
@@ -220,6 +240,52 @@ class SlideRunner:
         self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
         outputs = [str(s.path) for s in plan.outputs] if report is not None else []
         return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done, report, events)
+
+    def _run_tiles(self) -> InferSummary | None:
+        """``--map-mode tiles``: each rank classifies every ``world``-th row of cells tile by tile; rank 0 stores
+        the rows (cells without a whole tile stay NaN) and writes the outputs."""
+        ctx, plan = self.ctx, self.plan
+        geometry = TileGeometry(self.trained.cell_extent, self.net.shape.stride, plan.out_shape[1:],
+                                (self.reader.height, self.reader.width))
+        classifier = TileClassifier(self.trained.layers, self.settings.torch_dtype, ctx.device)
+        self.stats = RankStats(state_bytes=state_bytes(self.net))
+        self.meter = PeakMeter(ctx.device)
+        if self.store is not None:
+            self.store.fill((0, plan.out_shape[1], 0, plan.out_shape[2]))
+        rows = geometry.whole(0)
+        bar = ProgressLine(rows, self.settings.progress and ctx.rank == 0)
+        wall = time.perf_counter()
+        for first in range(0, rows, ctx.world_size):
+            row = first + ctx.rank
+            start = time.perf_counter()
+            pieces = [] if row >= rows else [((row, row + 1, 0, plan.out_shape[2]), classifier.row(
+                self.read_box, geometry, row, plan.out_shape[0], self.settings.batch_windows * BATCH_TILES))]
+            self.stats.compute_seconds += time.perf_counter() - start
+            self.stats.windows += geometry.whole(1) if pieces else 0
+            self._collect(pieces)
+            try:
+                self._check_reads()
+            except SlideFailed as err:
+                self._drop_empty_partial(0)        # a tile-mode run keeps nothing to resume
+                raise SlideFailed(str(err), kept=False) from None
+            bar.update(min(first + ctx.world_size, rows), f"tile rows {min(first + ctx.world_size, rows)}/{rows}")
+        self.stats.seconds = time.perf_counter() - wall
+        ctx.barrier()
+        report = self._finalize() if ctx.rank == 0 else None
+        self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
+        outputs = [str(s.path) for s in plan.outputs] if report is not None else []
+        pixels = float(self.reader.height * self.reader.width)
+        return self._summary(self.stats.windows, 0, pixels, True, outputs, plan.out_shape[1], report, None)
+
+    def _drop_empty_partial(self, rows_done: int) -> None:
+        """Rank 0, the slide failed before any row was saved: no partial output stays behind (nothing to resume)."""
+        if self.store is None or rows_done > 0:
+            return
+        self.store.close()
+        self.store = None
+        work = work_path(npy_base(self.plan.outputs))
+        work.unlink(missing_ok=True)
+        progress_path(work).unlink(missing_ok=True)
 
     def _collect(self, pieces: list[tuple[Box, np.ndarray]]) -> None:
         gathered = self.ctx.gather_object(pieces, root=0)
@@ -248,7 +314,11 @@ class SlideRunner:
         work = self.store.path
         self.store.close()
         settings, trained = self.settings, self.trained
-        heat = settings.heat_class if settings.heat_class is not None else self.net.shape.classes - 1
+        heat = settings.heat_class if settings.heat_class is not None else default_heat_class(trained.classes)
+        drawn = {OutputKind.PREVIEW} | ({OutputKind.PNG} if trained.task is Task.CLASSIFICATION else set())
+        if settings.heat_class is None and any(s.kind in drawn for s in self.plan.outputs):
+            print(f"mpi4dl_nb infer: the .png/.tif:preview draw P({trained.classes[heat]}) (class {heat}); "
+                  f"--heat-class N draws another", file=sys.stderr, flush=True)
         threshold = settings.threshold
         if threshold is None and trained.task is Task.CLASSIFICATION:
             threshold = CLASSIFIER_THRESHOLD
@@ -269,7 +339,8 @@ class SlideRunner:
                 "scale": self.reader.choice.scale,
                 "slide_mpp": self.reader.base_mpp, "heat_class": heat, "stride": self.net.shape.stride,
                 "field_rows": [rows.before, rows.after], "field_cols": [cols.before, cols.after],
-                "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe()}
+                "model": self.description.describe(), "task": str(self.trained.task), **self.placement.describe(),
+                "bounds": self.reader.bounds.describe(), "coordinates": COORDINATES}
 
     def _summary(self, windows: int, skipped: int, pixels: float, complete: bool, outputs: list[str],
                  rows_done: int, report: OutputReport | None,

@@ -12,6 +12,7 @@ from ..data.task import Task
 from ..models.spec import ModelFamily
 from ..spatial.geometry import TileGrid
 from .outputs import OutputSpec, parse_outputs
+from .tile_map import MapMode
 
 DTYPES = ("float32", "float64")
 DEFAULT_BUDGET = 1 << 30          # bytes per rank for one window when --window is not given
@@ -51,6 +52,7 @@ class InferSettings:
     progress: bool = True
     keep_trace: bool = False
     cohort: bool = False                   # outputs are ``{slide}`` templates (``--slides``)
+    map_mode: MapMode | str = MapMode.DENSE   # --map-mode: cells fully convolutional, or each tile alone
     stain_normalize: bool = True           # the checkpoint's stain normaliser, when it has one (--no-stain-normalize)
 
     def check(self) -> None:
@@ -74,8 +76,21 @@ class InferSettings:
         if self.task is not None:
             Task.parse(self.task)
         target_mpp(self.mpp, self.magnification)
+        self.check_map_mode()
         TileGrid.from_slice_method(self.slice_method, self.num_spatial_parts)
         self.specs()
+
+    def check_map_mode(self) -> None:
+        """``--map-mode`` is one of its values; ``tiles`` runs whole slides only (no resume, stops, tissue skips)."""
+        if self.map_mode not in MapMode.values():
+            raise ConfigError("--map-mode", f"must be one of {', '.join(MapMode.values())}, got {self.map_mode!r}")
+        if self.map_mode != MapMode.TILES:
+            return
+        for flag, given in (("--resume", self.resume), ("--max-window-rows", self.max_window_rows is not None),
+                            ("--tissue-only", self.tissue_only)):
+            if given:
+                raise ConfigError("--map-mode", f"tiles runs the whole slide in one go; drop {flag}, or use "
+                                                f"--map-mode dense")
 
     def specs(self) -> tuple[OutputSpec, ...]:
         """The ``--output`` values parsed (kinds of bare .tif outputs not yet resolved)."""

@@ -35,6 +35,7 @@ class TrainedNetwork:
     task: Task
     classes: tuple[str, ...]
     mpp: float | None
+    layers: tuple[nn.Module, ...] = ()     # the layers as trained (``--map-mode tiles`` runs them on lone tiles)
     stain: StainNormalizer | None = None
 
     @property
@@ -86,6 +87,6 @@ def prepare(layers: Sequence[nn.Module], description: ModelDescription, classes:
     kind = task_of(layers)
     net = fully_convolutional(layers, description.image_size, output_stride=output_stride)
     names = tuple(classes) if len(classes) == net.shape.classes else tuple(str(c) for c in range(net.shape.classes))
-    trained = TrainedNetwork(net, description, kind, names, mpp)
+    trained = TrainedNetwork(net, description, kind, names, mpp, tuple(layers))
     trained.check_task(task)
     return trained

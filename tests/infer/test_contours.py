@@ -52,6 +52,37 @@ def test_polygons_cover_exactly_each_class_in_any_strips(seed):
         for ring in (region.outer, *region.holes):
             corners = [tuple(p) for p in ring[:-1]]
             assert len(corners) == len(set(corners)) and tuple(ring[0]) == tuple(ring[-1]), "a simple closed ring"
+    assert_valid(regions)
+
+
+def assert_valid(regions):
+    """Every region a valid polygon by shapely (OGC rules: simple rings, holes inside, a connected interior)."""
+    import shapely
+    from shapely.geometry import Polygon
+
+    for region in regions:
+        polygon = Polygon(region.outer, region.holes)
+        assert polygon.is_valid, shapely.is_valid_reason(polygon)
+        assert polygon.area == region.area
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_holes_touching_their_shell_or_each_other_at_a_vertex_give_valid_polygons(seed):
+    rng = np.random.default_rng(100 + seed)
+    labels = (rng.random((40, 48)) < 0.62).astype(np.int64)       # dense speckle: pinches everywhere
+    regions = trace(labels, 2, int(rng.integers(1, 9)))
+    assert np.array_equal(raster(regions, labels.shape, 1), labels == 1)
+    assert_valid(regions)
+
+
+def test_a_hole_pinched_to_its_shell_twice_splits_the_region():
+    labels = np.ones((6, 6), dtype=np.int64)
+    labels[0, :] = labels[-1, :] = labels[:, 0] = labels[:, -1] = 0
+    labels[2:4, 2:4] = 0                 # a hole ...
+    labels[1, 1] = labels[4, 4] = 0      # ... whose corners touch the outside at two vertices: two regions
+    regions = [r for r in trace(labels, 2, 3) if r.label == 1]
+    assert sorted(r.area for r in regions) == [5, 5] and all(r.holes == () for r in regions)
+    assert_valid(regions)
 
 
 def test_a_ring_with_a_hole_and_diagonal_pixels():

@@ -15,7 +15,8 @@ def report(infer_data, mpi_checks, tmp_path_factory):
     return mpi_checks(4, "infer_exact", checkpoint, slide, out, timeout=600)
 
 
-@pytest.mark.parametrize("name", [infer_exact.SQUARE, infer_exact.VERTICAL, infer_exact.SEGMENTATION])
+@pytest.mark.parametrize("name", [infer_exact.SQUARE, infer_exact.VERTICAL, infer_exact.SEGMENTATION,
+                                  infer_exact.TILES])
 def test_four_ranks_equal_one_process(report, name):
     report.require([name])
 

@@ -26,6 +26,7 @@ from tests.support.planes import split_backend
 SQUARE = "command on a 2x2 grid equals the whole-slide network in one process"
 VERTICAL = "infer_slide on a 1x4 grid, batched windows, equals the whole-slide network"
 SEGMENTATION = "a U-Net on a 2x2 grid: probabilities equal the whole slide's, label map and polygons written"
+TILES = "--map-mode tiles on 4 ranks: every cell the classifier on its lone tile, NaN where no whole tile"
 
 
 def main(check: Checks) -> None:
@@ -85,7 +86,38 @@ def main(check: Checks) -> None:
             names = {f["properties"]["classification"]["name"] for f in collection["features"]}
             assert collection["type"] == "FeatureCollection" and names and names <= {"background", "tumor", "stroma"}
             result.detail = f"rel {err:.1e}, {len(collection['features'])} regions"
+    with check(TILES) as result:
+        code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(out / "t.npy"),
+                           "--map-mode", "tiles", "--output-stride", "16", "--num-spatial-parts", "4",
+                           "--dtype", "float64", "--no-progress"])
+        assert code == 0, f"exit code {code}"
+        if ctx.rank == 0:
+            cells = np.load(out / "t.npy")
+            expected = lone_tiles(checkpoint, slide, stride=16, shape=cells.shape)
+            assert np.array_equal(np.isnan(cells), np.isnan(expected)), "no-data cells differ"
+            err = relative_difference(np.nan_to_num(cells), np.nan_to_num(expected))
+            assert err <= 1e-12, f"relative difference {err:.2e}"
+            result.detail = f"rel {err:.1e}, {int(np.isfinite(cells[0]).sum())} tiles"
     ctx.barrier()
+
+
+def lone_tiles(checkpoint: Path, slide: Path, *, stride: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The trained classifier on every whole tile of the slide, one at a time (float64), NaN elsewhere."""
+    from mpi4dl_nb.infer.reader import SlideReader
+    from mpi4dl_nb.infer.trained import load_network
+
+    trained = load_network(str(checkpoint), dtype=torch.float64, output_stride=stride)
+    net = torch.nn.Sequential(*trained.layers).eval()
+    reader = SlideReader(slide)
+    extent = trained.cell_extent
+    out = np.full(shape, np.nan)
+    for row in range(min(shape[1], (reader.height - extent) // stride + 1)):
+        for col in range(min(shape[2], (reader.width - extent) // stride + 1)):
+            pixels = reader.read((row * stride, row * stride + extent, col * stride, col * stride + extent))
+            with torch.no_grad():
+                logits = net(torch.from_numpy(pixels).permute(2, 0, 1)[None].double() / 255.0)
+            out[:, row, col] = torch.softmax(logits, dim=1)[0].numpy()
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""``--map-mode tiles``: every output cell is the classifier applied to exactly the tile the cell names, as it was
+trained (the tile alone, zero padding at its own borders), rows of cells shared among the ranks; a cell whose tile
+does not lie wholly on the slide holds no data (NaN).
+
+The dense mode (the default) computes the same cells fully convolutionally: faster (each pixel's
+features computed once), but a cell's features see the slide around its tile, which no training
+tile had. Both modes share the cell grid (cell ``j`` covers pixels ``[j*stride, j*stride + extent)``
+at the resolution read), so every output lines up the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import Choice
+from ..spatial.geometry import Box
+
+
+class MapMode(Choice):
+    """How output cells are computed: ``dense`` (fully convolutional) or ``tiles`` (each tile alone)."""
+
+    DENSE = "dense"
+    TILES = "tiles"
+
+
+@dataclass(frozen=True)
+class TileGeometry:
+    """The cells of a ``read_shape`` image: ``extent``-pixel tiles every ``stride`` pixels, ``cells`` per axis."""
+
+    extent: int
+    stride: int
+    cells: tuple[int, int]
+    read_shape: tuple[int, int]
+
+    def whole(self, axis: int) -> int:
+        """Cells along ``axis`` whose tile lies wholly on the image."""
+        fits = (self.read_shape[axis] - self.extent) // self.stride + 1
+        return max(0, min(self.cells[axis], fits))
+
+    def tile(self, row: int, col: int) -> Box:
+        """The pixels (rows, then columns) of cell ``(row, col)``'s tile."""
+        r0, c0 = row * self.stride, col * self.stride
+        return (r0, r0 + self.extent, c0, c0 + self.extent)
+
+    def my_rows(self, rank: int, world: int) -> list[int]:
+        """The cell rows with whole tiles that ``rank`` of ``world`` computes (every ``world``-th)."""
+        return list(range(rank, self.whole(0), world))
+
+
+class TileClassifier:
+    """The trained classifier on lone tiles: probabilities per class (softmax of its logits)."""
+
+    def __init__(self, layers: Sequence[nn.Module], dtype: torch.dtype, device: torch.device) -> None:
+        self.net = nn.Sequential(*layers).to(device=device, dtype=dtype).eval()
+        self.dtype, self.device = dtype, device
+
+    def row(self, read: Callable[[Box], torch.Tensor], geometry: TileGeometry, row: int, classes: int,
+            batch: int) -> np.ndarray:
+        """Cell row ``row``: (classes, 1, cells) probabilities, NaN where the tile leaves the image. ``read``: a
+        box's pixels as the network takes them ((3, h, w) in [0, 1], stain-normalised as in training)."""
+        out = np.full((classes, 1, geometry.cells[1]), np.nan, dtype=np.float64)
+        for start, stop in _chunks(geometry.whole(1), batch):
+            pixels = torch.stack([read(geometry.tile(row, col)) for col in range(start, stop)])
+            pixels = pixels.to(self.device, self.dtype)
+            with torch.no_grad():
+                probabilities = torch.softmax(self.net(pixels), dim=1).double().cpu().numpy()
+            out[:, 0, start:stop] = probabilities.T
+        return out
+
+
+def _chunks(count: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, count, max(1, size)):
+        yield start, min(start + size, count)
