@@ -18,7 +18,16 @@ import torch
 
 from .dataset import Box, check_box, to_tensor
 from .manifest import Cohort
-from .pathology import Slide, class_of, coarse_tissue, open_slide, require_path, resolved_pixels, slide_overview
+from .pathology import (
+    Slide,
+    class_of,
+    coarse_tissue,
+    open_slide,
+    read_extent,
+    require_path,
+    resolved_pixels,
+    slide_overview,
+)
 from .resolution import LevelChoice, common_mpp, slide_choice
 from .stain_reads import StainedReads
 
@@ -135,7 +144,7 @@ class SlideCanvases(StainedReads):
             self.masks.append(coarse_tissue(slide))
             try:
                 self.placements.append(place_canvas(self.names[number], self.masks[-1],
-                                                    choice.extent(slide.level_dimensions[choice.level]), image_size))
+                                                    read_extent(slide, choice), image_size))
             except ValueError as err:
                 problems.append(str(err))
         if problems:
@@ -220,3 +229,4 @@ def folder_canvases(root: Path, slides: Sequence[Path], image_size: int, *, clas
     labels, names = class_of(slides, root, classes)
     return SlideCanvases(slides, labels, names, image_size, level=level, mpp=mpp, source_mpp=source_mpp,
                          tissue_channel=tissue_channel)
+

@@ -95,6 +95,13 @@ def bounds_of(slide: Slide) -> SlideBounds:
     return slide_bounds(getattr(slide, "properties", {}), slide.level_dimensions[0])
 
 
+def read_extent(slide: Slide, choice: LevelChoice) -> tuple[int, int]:
+    """(width, height) of ``slide`` at the resolution ``choice`` reads, within its bounds (QuPath's image)."""
+    level = choice.level
+    return choice.extent(bounds_of(slide).level_size(float(slide.level_downsamples[level]),
+                                                     slide.level_dimensions[level]))
+
+
 def coarse_tissue(slide: Slide) -> np.ndarray:
     """The tissue mask of ``slide``'s coarsest level (a boolean image of the whole slide, within its bounds)."""
     coarse = slide.level_count - 1
@@ -291,10 +298,8 @@ class SlideDataset(StainedReads):
                                  f"{slide.level_count - 1}); choose a level in that range")
             choice = slide_choice(slide, path, level, mpp, source_mpp)
             self.choices.append(choice)
-            bounds = slide_bounds(getattr(slide, "properties", {}), tuple(slide.level_dimensions[0]))
-            self.bounds.append(bounds)        # QuPath's image of the slide: tiles and annotations in its pixels
-            width, height = choice.extent(bounds.level_size(float(slide.level_downsamples[choice.level]),
-                                                            slide.level_dimensions[choice.level]))
+            self.bounds.append(bounds_of(slide))   # QuPath's image of the slide: tiles and annotations in its pixels
+            width, height = read_extent(slide, choice)
             if image_size > min(width, height):
                 raise ValueError(f"--image-size {image_size} is larger than slide {path} at level "
                                  f"{level} ({width}x{height}); use --image-size <= "
