@@ -18,6 +18,7 @@ from mpi4dl_nb.run.job_run import JobSetup, build_trainer
 from mpi4dl_nb.spatial.loss import classification_loss
 from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
+from tests.support.serial_training import matches_one_process
 
 STEPS, ACCUMULATE = 2, 2
 FLAGS = ("--model resnet --resnet-version 1 --num-layers 8 --num-filters 4 --image-size 32 --batch-size 2 "
@@ -58,13 +59,7 @@ def main(check: Checks) -> None:
             if ctx.rank == 0:
                 assert summary is not None and state is not None
                 serial, serial_state = one_process(setup)
-                parallel = [float(v) for v in summary.losses if v is not None]
-                assert len(parallel) == STEPS, parallel
-                worst = max(abs(a - b) for a, b in zip(parallel, serial))
-                assert worst < TOLERANCE, f"losses {parallel} vs one process {serial}"
-                drift = max((state[k].double() - v.double()).abs().max().item() for k, v in serial_state.items())
-                assert drift < TOLERANCE, f"weights differ by {drift}"
-                result.detail = f"max loss error {worst:.1e}, weights {drift:.1e}"
+                result.detail = matches_one_process(summary.losses, state, serial, serial_state, TOLERANCE)
     with check("train --pool tissue-mean refused on 3-channel data") as result:
         try:
             set_up([*FLAGS, "--pool", "tissue-mean"], ctx)

@@ -35,11 +35,13 @@ def train_one_process(setup: JobSetup, model: torch.nn.Module, loss: torch.nn.Mo
 
 
 def matches_one_process(losses: Sequence[float | None], state: Mapping[str, torch.Tensor], serial: Sequence[float],
-                        model: torch.nn.Module, tolerance: float) -> str:
-    """Assert a run's ``losses`` and final ``state`` equal one process's (``serial`` losses, ``model``'s weights)
-    within ``tolerance``; the detail line of the check."""
+                        reference: torch.nn.Module | Mapping[str, torch.Tensor], tolerance: float) -> str:
+    """Assert a run's ``losses`` and final ``state`` equal one process's (``serial`` losses, ``reference``: its model
+    or state dict) within ``tolerance``; the detail line of the check."""
     worst = max(abs(a - b) for a, b in zip([float(v) for v in losses if v is not None], serial))
     assert len(losses) == len(serial) and worst < tolerance, f"{list(losses)} vs {list(serial)}"
-    drift = max((state[k] - v).abs().max().item() for k, v in model.state_dict().items() if v.is_floating_point())
+    weights = reference.state_dict() if isinstance(reference, torch.nn.Module) else reference
+    drift = max((state[k].double() - v.double()).abs().max().item()
+                for k, v in weights.items() if v.is_floating_point())
     assert drift < tolerance, f"weights differ by {drift}"
     return f"losses {[round(v, 6) for v in serial]}, max error {worst:.1e}, weights {drift:.1e}"
