@@ -13,12 +13,12 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.comm.agreement import SetupFailed
-from mpi4dl_nb.pipeline.reference import serial_accumulated_step, serial_chunks
+from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer
 from mpi4dl_nb.spatial.loss import classification_loss
 from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
-from tests.support.serial_training import matches_one_process
+from tests.support.serial_training import matches_one_process, train_one_process
 
 STEPS, ACCUMULATE = 2, 2
 FLAGS = ("--model resnet --resnet-version 1 --num-layers 8 --num-filters 4 --image-size 32 --batch-size 2 "
@@ -31,19 +31,10 @@ CHECKS = [*(f"train --pool {pool} --accumulate 2 equals one process" for pool in
 
 
 def one_process(setup: JobSetup) -> tuple[list[float], dict[str, torch.Tensor]]:
-    job, training, batcher = setup.job, setup.record.training, setup.batcher
-    assert training is not None and batcher is not None
-    torch.manual_seed(job.training.seed)
-    model = torch.nn.Sequential(*setup.record.model.build(job.data.image_size)).to(torch.float64)
-    optimizer = training.optimizer.build(model.parameters())
-    chunks = serial_chunks(job.config, job.training.batch_size)
-    losses = []
-    for step in range(STEPS):
-        batches = []
-        for k in range(ACCUMULATE):
-            epoch, in_epoch = divmod(step * ACCUMULATE + k, batcher.steps_per_epoch)
-            batches.append((batcher.images(epoch, in_epoch).to(torch.float64), batcher.labels(epoch, in_epoch)))
-        losses.append(serial_accumulated_step(model, optimizer, classification_loss(None), batches, chunks))
+    """The run in one process on whole images, ``--accumulate 2`` as one optimizer step over two batches."""
+    torch.manual_seed(setup.job.training.seed)
+    model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size)).to(torch.float64)
+    losses = train_one_process(setup, model, classification_loss(None), Batcher.labels, STEPS)
     return losses, model.state_dict()
 
 

@@ -3,7 +3,8 @@
 Rank 0 writes a synthetic cohort (6 pyramidal slides with MPP, 4 patients, ``data/synthetic_cohort.py``); the ranks
 set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare``,
 ``build_trainer``) with ``--whole-slide --image-size 64 --mpp 2`` (a ResNet with BatchNorm in the spatial trunk, its
-pooled head on the layer rank); rank 0 trains the same model in one process on whole canvases.
+pooled head on the layer rank); rank 0 trains the same model in one process on whole canvases, full batch (one
+micro-batch), ``--accumulate N`` as one optimizer step over N batches (``train_one_process``).
 
 Checks: ``canvases read by tile`` (a spatial rank's slide reads are at most its tile, the layer rank reads none);
 ``--pool P --accumulate N equals one process`` for avg, max, tissue-mean (the canvases carry their tissue mask) and
@@ -19,15 +20,12 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.checkpoint.record import read_checkpoint
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
-from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.data.canvas import SlideCanvases
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
 from mpi4dl_nb.evaluation.split import Subset
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer
+from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
 from tests.support.serial_training import matches_one_process, train_one_process
@@ -45,12 +43,10 @@ def case_name(pool: str, accumulate: int) -> str:
     return f"--pool {pool} --accumulate {accumulate} equals one process"
 
 
-def set_up(root: Path, pool: str, accumulate: int, ctx: Comm) -> JobSetup:
-    """The run ``train`` sets up for one case (its own checkpoint folder)."""
-    argv = [*FLAGS, "--pool", pool, "--accumulate", str(accumulate), "--cohort", str(root / "cohort" / "cohort.csv"),
+def case_argv(root: Path, pool: str, accumulate: int) -> list[str]:
+    """``train``'s flags for one case (its own checkpoint folder)."""
+    return [*FLAGS, "--pool", pool, "--accumulate", str(accumulate), "--cohort", str(root / "cohort" / "cohort.csv"),
             "--checkpoint-dir", str(root / f"c-{pool}-{accumulate}")]
-    args, cfg = parse_launch(build_parser(), argv, check_run_args)
-    return prepare(train_job(args, cfg), ctx)
 
 
 def recorded_reads(setup: JobSetup) -> list[ReadRecorder]:
@@ -79,7 +75,7 @@ def main(check: Checks) -> None:
         ctx.barrier()
         summary = None
         for pool, accumulate in CASES:
-            setup = set_up(root, pool, accumulate, ctx)
+            setup = set_up(case_argv(root, pool, accumulate), ctx)
             recorders = recorded_reads(setup) if (pool, accumulate) == CASES[0] else []
             trainer = build_trainer(setup, None)
             run = trainer.run()
