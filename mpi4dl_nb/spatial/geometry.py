@@ -510,6 +510,15 @@ class LayerHalo:
         plans = [plan_window_axis(size, count, window, what=f"{name} ({axis})")
                  for size, count, window, axis in zip(sizes, grid.shape, windows, AXIS_NAMES)]
         outs = [window.out_size(size) for size, window in zip(sizes, windows)]
+        return cls.from_axis_plans(grid, sizes, outs, plans, name)
+
+    @classmethod
+    def from_axis_plans(cls, grid: TileGrid, sizes: Sequence[int], outs: Sequence[int],
+                        plans: Sequence[Sequence[AxisExchange]], name: str = "layer") -> LayerHalo:
+        """The exchange made of each axis' per-tile plans (input lengths ``sizes``, output lengths ``outs``),
+        on an image's grid or a volume's (``plans[k][i]``: tile index ``i`` along axis ``k``)."""
+        if not grid.volumetric:
+            return cls.from_plans(grid, sizes[0], sizes[1], outs[0], outs[1], plans[0], plans[1], name)
         tiles = []
         for tile in range(grid.num_tiles):
             (d, r, c), (out_d, *out_plane) = grid.coords(tile), grid.extent(tile, outs)
