@@ -12,6 +12,8 @@ volume's three axes (``AxesHaloExchange``).
 
 from __future__ import annotations
 
+from typing import Self
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,14 +37,14 @@ def contribution_plan(size: int, parts: int, kernel: int, stride: int, dilation:
     return out, plan_axis(out, split_ranges(out, parts), needed, what=what)
 
 
-class _TransposedConv(SpatialLayer):
+class _TransposedConv(SpatialLayer, nn.Module):
     """A transposed convolution on this rank's tile, over the grid's 2 or 3 axes; its output is the owned
     tile of the full output."""
 
     kernel_size: tuple[int, ...]
     stride: tuple[int, ...]
     dilation: tuple[int, ...]
-    padding: tuple[int, ...]
+    padding: str | tuple[int, ...]
     output_padding: tuple[int, ...]
     groups: int
     weight: torch.Tensor
@@ -50,7 +52,7 @@ class _TransposedConv(SpatialLayer):
 
     @classmethod
     def from_module(cls, conv: nn.ConvTranspose2d | nn.ConvTranspose3d, runtime: SpatialRuntime,
-                    name: str = "") -> _TransposedConv:
+                    name: str = "") -> Self:
         if conv.padding_mode != "zeros":
             raise ConfigError("model", f"{name}: {type(conv).__name__} padding_mode={conv.padding_mode!r} "
                               f"is not supported; use 'zeros'")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -177,7 +178,7 @@ def tile_shape(runtime: SpatialRuntime) -> str:
     return "(N, C, D, H, W)" if runtime.grid.volumetric else "(N, C, H, W)"
 
 
-class _InstanceNormTile(SpatialLayer):
+class _InstanceNormTile(SpatialLayer, nn.Module):
     """InstanceNorm with per-sample, per-channel statistics over the whole image (or volume).
 
     ``track_running_stats``: running mean/var are the batch means of the per-sample
@@ -190,14 +191,14 @@ class _InstanceNormTile(SpatialLayer):
     affine: bool
     running_mean: torch.Tensor | None
     running_var: torch.Tensor | None
-    weight: torch.Tensor | None
-    bias: torch.Tensor | None
+    weight: nn.Parameter
+    bias: nn.Parameter
     momentum: float | None
     eps: float
 
     @classmethod
     def from_module(cls, norm: nn.InstanceNorm2d | nn.InstanceNorm3d, runtime: SpatialRuntime,
-                    name: str = "") -> _InstanceNormTile:
+                    name: str = "") -> Self:
         return adopt(cls, norm, runtime, name)
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:

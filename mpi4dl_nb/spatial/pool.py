@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -249,7 +250,7 @@ def check_pooled_to_one(pool: nn.Module, output_size: object, axes: int, name: s
                           f"{kind.replace('Adaptive', '')} with a window")
 
 
-class _GlobalAvgPool(SpatialLayer):
+class _GlobalAvgPool(SpatialLayer, nn.Module):
     """An adaptive average pool to 1 over the whole image (or volume): tile sums all-reduced over the tile
     group.
 
@@ -260,11 +261,10 @@ class _GlobalAvgPool(SpatialLayer):
     """
 
     tiled_output = False
-    output_size: object
 
     @classmethod
     def from_module(cls, pool: nn.AdaptiveAvgPool2d | nn.AdaptiveAvgPool3d, runtime: SpatialRuntime,
-                    name: str = "") -> _GlobalAvgPool:
+                    name: str = "") -> Self:
         check_pooled_to_one(pool, pool.output_size, runtime.grid.ndim, name)
         return adopt(cls, pool, runtime, name)
 

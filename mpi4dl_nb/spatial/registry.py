@@ -10,10 +10,14 @@ from torch import nn
 from . import mil_pool  # noqa: F401  (registers softmax_pool with the op guard)
 from .conv import SpatialConv2d
 from .convtranspose import SpatialConvTranspose2d, SpatialConvTranspose3d
-from .norm import (SpatialBatchNorm2d, SpatialBatchNorm3d, SpatialGroupNorm, SpatialInstanceNorm2d,
-                   SpatialInstanceNorm3d)
-from .pool import (SpatialAvgPool2d, SpatialGlobalAvgPool2d, SpatialGlobalAvgPool3d, SpatialGlobalMaxPool3d,
-                   SpatialMaxPool2d)
+from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d, SpatialGroupNorm, SpatialInstanceNorm2d, SpatialInstanceNorm3d
+from .pool import (
+                   SpatialAvgPool2d,
+                   SpatialGlobalAvgPool2d,
+                   SpatialGlobalAvgPool3d,
+                   SpatialGlobalMaxPool3d,
+                   SpatialMaxPool2d,
+)
 from .upsample import SpatialUpsample
 from .volume_window import SpatialAvgPool3d, SpatialConv3d, SpatialMaxPool3d
 

@@ -30,8 +30,8 @@ STEPS: list[list[tuple[tuple[int, int, int], list[int]]]] = [
     [((1, 1, 4), list(range(4))), ((4, 1, 1), list(range(4, 8)))],
 ]
 SIZES = (12, 11, 13)   # the volume (D, H, W): uneven on every grid here
-STACK_SIZES = (16, 12, 16)
-DECODER_SIZES = (12, 8, 10)   # even (the decoder's up path restores the size), 2 positions per tile after the down conv   # the conv stack's input: its smallest activation still has 4 positions per axis
+STACK_SIZES = (16, 12, 16)   # the conv stack's input: its smallest activation still has 4 positions per axis
+DECODER_SIZES = (12, 8, 10)   # even (the decoder's up path restores the size)
 HALOS = [(3, 1, 1), (5, 2, 2), (1, 2, 0), (2, 2, 0)]   # (kernel, stride, padding) on every axis
 PLANES = {(2, 2, 2): ("mpi", "gloo")}
 
