@@ -7,7 +7,9 @@ weights are read from PyTorch itself, once per (input size, output size, argumen
 axis is probed with one-hot inputs, so the tile computes what the serial kernel computes,
 index rounding included. A tile owning output rows ``[o0, o1)`` needs the input rows those
 weights touch; the halo comes from the geometry module's ``plan_axis`` and the usual
-exchange, then each axis is a gather of rows times weights.
+exchange, then each axis is a gather of rows times weights. On a volume's grid ``nn.Upsample`` resamples
+depth, rows and columns the same way (nearest, nearest-exact, trilinear: bilinear's weights along each
+axis, area); functional calls on a volume's tiles are refused by the guard so far.
 
 A size read from a tile's shape (``F.interpolate(x, size=skip.shape[-2:])`` in torchvision's
 segmentation heads) holds the tile's lengths as ``TileDim``: the image's lengths replace them (one
