@@ -52,16 +52,21 @@ def layers() -> dict[str, nn.Module]:
         cases[f"AvgPool3d k3 s2 p1 ceil={ceil} no pad count"] = nn.AvgPool3d(3, 2, 1, ceil_mode=ceil,
                                                                              count_include_pad=False)
         cases[f"AvgPool3d k2 ceil={ceil}"] = nn.AvgPool3d(2, ceil_mode=ceil)
+        for pool in (nn.MaxPool3d, nn.AvgPool3d):   # kernels 1 and 5 (3 above), strides 2 and 1
+            cases[f"{pool.__name__} k1 s2 ceil={ceil}"] = pool(1, 2, ceil_mode=ceil)
+            cases[f"{pool.__name__} k5 s2 p2 ceil={ceil}"] = pool(5, 2, 2, ceil_mode=ceil)
+            cases[f"{pool.__name__} k3 s1 p1 ceil={ceil}"] = pool(3, 1, 1, ceil_mode=ceil)
     cases["AvgPool3d k3 s1 divisor 5"] = nn.AvgPool3d(3, 1, 1, divisor_override=5)
     cases["BatchNorm3d"] = nn.BatchNorm3d(2)
     cases["GroupNorm 2 groups"] = nn.GroupNorm(2, 2)
     cases["GroupNorm 1 group no affine"] = nn.GroupNorm(1, 2, affine=False)
     cases["InstanceNorm3d"] = nn.InstanceNorm3d(2)
     cases["InstanceNorm3d affine running stats"] = nn.InstanceNorm3d(2, affine=True, track_running_stats=True)
-    cases["ConvTranspose3d k1 s2 output_padding 1"] = nn.ConvTranspose3d(2, 3, 1, 2, output_padding=1)
+    for kernel in (1, 3, 5):
+        for stride in (1, 2):
+            cases[f"ConvTranspose3d k{kernel} s{stride} p{kernel // 2} output_padding {stride - 1}"] = \
+                nn.ConvTranspose3d(2, 3, kernel, stride, kernel // 2, stride - 1, bias=kernel != 5)
     cases["ConvTranspose3d k2 s2"] = nn.ConvTranspose3d(2, 3, 2, 2)
-    cases["ConvTranspose3d k3 s2 p1 output_padding 1"] = nn.ConvTranspose3d(2, 3, 3, 2, 1, 1)
-    cases["ConvTranspose3d k5 s1 p2 no bias"] = nn.ConvTranspose3d(2, 2, 5, 1, 2, bias=False)
     cases["ConvTranspose3d (3,1,5) s(2,1,2) p(1,0,2) op(1,0,0) groups 2"] = nn.ConvTranspose3d(
         2, 4, (3, 1, 5), (2, 1, 2), (1, 0, 2), (1, 0, 0), groups=2)
     cases["Upsample nearest x2"] = nn.Upsample(scale_factor=2)
