@@ -454,6 +454,8 @@ class SpatialGuard(TorchFunctionMode):
                 reason = ops.check_pointwise(operands, is_tiled, VOLUME_OFFSETS)
             elif kind is OpKind.DIMS:   # along batch or channels only (a channel concatenation, a softmax)
                 reason = _dims_refusal(name, args, kwargs, tensors, VOLUME_OFFSETS)
+            elif kind is OpKind.CHANNEL:   # per channel (prelu, eval-mode batch_norm)
+                reason = ops.check_channel(func, args, kwargs)
             else:
                 reason = ("is not known to be exact on a volume's tiles (a TileGrid with depth): only per-voxel "
                           "maths and the layers spatialize converts are, so far")

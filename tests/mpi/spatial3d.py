@@ -2,8 +2,8 @@
 corners included; <Fx, y> = <x, F*y>; message counts as the geometry says) and every 3-D layer (Conv3d
 kernels 1/3/5 strides 1/2, MaxPool3d / AvgPool3d ceil_mode both ways, BatchNorm3d, GroupNorm, InstanceNorm3d,
 ConvTranspose3d, Upsample nearest/trilinear with align_corners both ways, adaptive avg/max pools to 1,
-dropout and dropout3d with the serial mask) and two small 3-D networks, float64, equal to one process within
-1e-10: output, input gradient, every parameter gradient and buffer.
+dropout and dropout3d with the serial mask, functional norms in a custom forward) and two small 3-D
+networks, float64, equal to one process within 1e-10: output, input gradient, every parameter gradient and buffer.
 
 Usage (8 ranks, one launch): python -m tests.mpi.spatial3d. Grids: 2x2x2 on all ranks, the uneven 3x2x1 on
 ranks 0-5, 1x1x4 on ranks 0-3 while 4x1x1 runs on ranks 4-7 (both at once). The halo is checked on the
@@ -79,6 +79,7 @@ def layers() -> dict[str, nn.Module]:
             size=(19, 14, 21), mode="trilinear", align_corners=corners)
     cases["AdaptiveAvgPool3d(1)"] = nn.AdaptiveAvgPool3d(1)
     cases["AdaptiveMaxPool3d((1,1,1))"] = nn.AdaptiveMaxPool3d((1, 1, 1))
+    cases["functional norms (F.group_norm, F.instance_norm, F.batch_norm, F.prelu)"] = FunctionalNorms(2)
     cases["Dropout p0.3"] = nn.Dropout(0.3)
     cases["Dropout3d p0.5"] = nn.Dropout3d(0.5)
     return {name: layer.double() for name, layer in cases.items()}
@@ -94,6 +95,24 @@ class Residual(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x + self.bn(self.conv(x)))
+
+
+class FunctionalNorms(nn.Module):
+    """Norms called in a custom forward on volume tiles (as timm's BatchNormAct does on images)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(channels) + 0.5)
+        self.bias = nn.Parameter(torch.randn(channels))
+        self.slope = nn.Parameter(torch.full((channels,), 0.2))
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.ones(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.group_norm(x, 2, self.weight, self.bias)
+        x = F.instance_norm(x * x, weight=self.weight)
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training, 0.3)
+        return F.prelu(x, self.slope)
 
 
 class SkipDecoder(nn.Module):
