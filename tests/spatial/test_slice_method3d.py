@@ -63,3 +63,5 @@ def test_volume_grid_round_trips_through_the_flags_and_is_kept_from_image_stages
     assert parsed(*flags) == cfg and cfg.with_(parts=2).volume_grid == (2, 2, 2)
     with pytest.raises(ConfigError, match="slice_method: 2x2x2 tiles volumes"):
         _ = cfg.grid_shape   # the engine's image stages do not take a volume's grid
+    with pytest.raises(ConfigError, match="slice_method: 2x2x2 tiles volumes"):
+        cfg.validate(world_size=cfg.world_size, batch_size=2, image_size=32)   # refused before any work
