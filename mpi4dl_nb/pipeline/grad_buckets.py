@@ -37,6 +37,7 @@ WEIGHT_GRADIENT_KINDS: tuple[ActionKind, ...] = (ActionKind.BACKWARD,)
 class _Slot:
     """One parameter of the stage: its object on each copy, and whether each copy contributes it."""
 
+    index: int
     params: tuple[nn.Parameter, ...]
     contributes: tuple[bool, ...]
 
@@ -47,10 +48,11 @@ class _Slot:
 
 @dataclass
 class Bucket:
-    """Consecutive slots reduced as one flat tensor."""
+    """Consecutive slots reduced as one flat tensor (``deferred``: posted by ``finish`` only)."""
 
     index: int
     slots: list[_Slot]
+    deferred: bool = False
     arrivals_left: int = 0
     flat: torch.Tensor | None = None
     request: Request | None = None
@@ -87,8 +89,9 @@ class Bucket:
             offset += slot.numel
 
 
-def make_buckets(slots: Sequence[_Slot], cap_bytes: float) -> list[Bucket]:
-    """``slots`` (in reduction order) cut into buckets of at most ``cap_bytes`` (one slot at least), one dtype each."""
+def make_buckets(slots: Sequence[_Slot], cap_bytes: float, first: int = 0, deferred: bool = False) -> list[Bucket]:
+    """``slots`` (in reduction order) cut into buckets of at most ``cap_bytes`` (one slot at least), one
+    dtype each, numbered from ``first``."""
     buckets: list[Bucket] = []
     current: list[_Slot] = []
     size = 0
@@ -96,40 +99,56 @@ def make_buckets(slots: Sequence[_Slot], cap_bytes: float) -> list[Bucket]:
         param = slot.params[0]
         nbytes = param.numel() * param.element_size()
         if current and (size + nbytes > cap_bytes or current[0].params[0].dtype != param.dtype):
-            buckets.append(Bucket(len(buckets), current))
+            buckets.append(Bucket(first + len(buckets), current, deferred))
             current, size = [], 0
         current.append(slot)
         size += nbytes
     if current:
-        buckets.append(Bucket(len(buckets), current))
+        buckets.append(Bucket(first + len(buckets), current, deferred))
     return buckets
 
 
 @dataclass
 class StageBuckets:
-    """One stage's buckets on this rank, reduced over ``group`` (every holder of the stage)."""
+    """One stage's buckets on this rank, reduced over ``group`` (every holder of the stage).
+
+    The first step's buckets follow reverse registration order; at its end the buckets are cut
+    again in the order the gradients actually completed (rank ``group.ranks[0]``'s order, so
+    every holder has the same buckets), and parameters that got no gradient go to a deferred
+    last bucket (unused layers, e.g. a branch the head never reads), as DDP rebuilds its buckets.
+    """
 
     ctx: Comm
     stage: int
     group: Group
-    buckets: list[Bucket]
+    slots: list[_Slot]
+    cap_bytes: float
     copies: int
+    buckets: list[Bucket] = field(init=False)
     passes: list[int] = field(default_factory=list)   # backward passes of each copy this step
     posted: int = 0   # buckets posted so far this step (always a prefix)
     active: bool = False
-    _arrivals: dict[int, tuple[Bucket, int]] = field(default_factory=dict)   # param id -> (bucket, copy)
+    learned: bool = False
+    _slot_of: dict[int, int] = field(default_factory=dict)   # param id -> slot index
+    _bucket_of: dict[int, Bucket] = field(default_factory=dict)   # slot index -> bucket
+    _last_arrival: dict[int, int] = field(default_factory=dict)   # slot index -> arrival number
+    _arrivals: int = 0
 
     def __post_init__(self) -> None:
-        for bucket in self.buckets:
-            for slot in bucket.slots:
-                for copy, param in enumerate(slot.params):
-                    self._arrivals[id(param)] = (bucket, copy)
+        self._slot_of = {id(p): slot.index for slot in self.slots for p in slot.params}
+        self._use(make_buckets(self.slots, self.cap_bytes))
+
+    def _use(self, buckets: list[Bucket]) -> None:
+        self.buckets = buckets
+        self._bucket_of = {slot.index: bucket for bucket in buckets for slot in bucket.slots}
 
     def begin_step(self, passes: Sequence[int]) -> None:
         """A training step starts: copy ``i`` of the stage runs ``passes[i]`` weight-gradient passes."""
         self.passes = list(passes)
         self.posted = 0
         self.active = True
+        self._arrivals = 0
+        self._last_arrival.clear()
         for bucket in self.buckets:
             bucket.arrivals_left = len(bucket.slots) * sum(self.passes)   # every copy's passes, per slot
             bucket.flat = bucket.request = None
@@ -139,19 +158,27 @@ class StageBuckets:
         that writes ``.grad`` itself calls it too)."""
         if not self.active:
             return
-        bucket, copy = self._arrivals[id(param)]
+        slot = self._slot_of[id(param)]
+        self._arrivals += 1
+        self._last_arrival[slot] = self._arrivals
+        bucket = self._bucket_of[slot]
+        if bucket.deferred:
+            return
         if bucket.index < self.posted:
             raise RuntimeError(f"stage {self.stage}: a gradient of a parameter of bucket {bucket.index} arrived "
                                f"after the bucket's all-reduce was posted (more backward passes than the "
-                               f"schedule's {self.passes[copy]} for copy {copy}); set grad_bucket_mb=None "
-                               f"to reduce after all backwards")
+                               f"schedule's {self.passes}); set grad_bucket_mb=None to reduce after all "
+                               f"backwards")
         bucket.arrivals_left -= 1
         self._post_ready()
         self._progress()
 
     def _post_ready(self) -> None:
-        while self.posted < len(self.buckets) and self.buckets[self.posted].arrivals_left <= 0:
-            self._post(self.buckets[self.posted])
+        while self.posted < len(self.buckets):
+            bucket = self.buckets[self.posted]
+            if bucket.deferred or bucket.arrivals_left > 0:
+                return
+            self._post(bucket)
 
     def _post(self, bucket: Bucket) -> None:
         tracer = self.ctx.tracer
@@ -160,7 +187,7 @@ class StageBuckets:
         bucket.request = self.ctx.iall_reduce(bucket.flat, self.group)
         self.posted += 1
         tracer.record("allreduce-post", now, tracer.now(), stage=self.stage, bytes=bucket.nbytes,
-                      bucket=bucket.index, ready=int(bucket.arrivals_left <= 0))
+                      bucket=bucket.index, during_backward=int(self.active))
 
     def _progress(self) -> None:
         """Let the posted reductions advance (MPI progresses only inside MPI calls)."""
@@ -170,9 +197,9 @@ class StageBuckets:
 
     def finish(self) -> int:
         """Post the buckets still open, wait for all, write the sums into every copy; bytes reduced."""
+        self.active = False
         while self.posted < len(self.buckets):
             self._post(self.buckets[self.posted])
-        self.active = False
         with self.ctx.tracer.span("allreduce-wait", stage=self.stage) as extra:
             moved = 0
             for bucket in self.buckets:
@@ -182,7 +209,18 @@ class StageBuckets:
                 moved += bucket.nbytes
                 bucket.flat = bucket.request = None
             extra["bytes"] = moved
+        if not self.learned:
+            self._relearn()
         return moved
+
+    def _relearn(self) -> None:
+        """Cut the buckets again in the order this step's gradients completed (see the class docstring)."""
+        self.learned = True
+        order = sorted(self._last_arrival, key=self._last_arrival.__getitem__)
+        unused = [slot.index for slot in self.slots if slot.index not in self._last_arrival]
+        order, unused = self.ctx.bcast_object((order, unused), root=self.group.ranks[0], group=self.group)
+        buckets = make_buckets([self.slots[i] for i in order], self.cap_bytes)
+        self._use(buckets + make_buckets([self.slots[i] for i in unused], self.cap_bytes, len(buckets), True))
 
 
 class GradientReducer:
@@ -200,12 +238,11 @@ class GradientReducer:
         ``silent[i]``: ids of copy ``i``'s parameters whose gradient it does not contribute."""
         per_copy = [[p for p in m.parameters() if p.requires_grad] for m in copies]
         quiet = list(silent) + [()] * (len(copies) - len(silent))
-        slots = [_Slot(tuple(params), tuple(id(p) not in q for p, q in zip(params, quiet)))
-                 for params in zip(*per_copy)]
-        slots.reverse()   # backward produces the last layers' gradients first
-        if not slots:
+        slots = [_Slot(index, tuple(params), tuple(id(p) not in q for p, q in zip(params, quiet)))
+                 for index, params in enumerate(reversed(list(zip(*per_copy))))]
+        if not slots:   # reversed: backward produces the last layers' gradients first
             return
-        buckets = StageBuckets(self.ctx, stage, group, make_buckets(slots, self.cap_bytes), len(copies))
+        buckets = StageBuckets(self.ctx, stage, group, slots, self.cap_bytes, len(copies))
         self.stages[stage] = buckets
         for slot in slots:
             for param in slot.params:
