@@ -35,11 +35,10 @@ WEIGHT_GRADIENT_KINDS: tuple[ActionKind, ...] = (ActionKind.BACKWARD,)
 
 @dataclass
 class _Slot:
-    """One parameter of the stage: its object on each copy, and whether each copy contributes it."""
+    """One parameter of the stage: its object on each copy."""
 
     index: int
     params: tuple[nn.Parameter, ...]
-    contributes: tuple[bool, ...]
 
     @property
     def numel(self) -> int:
@@ -62,13 +61,14 @@ class Bucket:
         first = self.slots[0].params[0]
         return sum(s.numel for s in self.slots) * first.element_size()
 
-    def contribution(self) -> torch.Tensor:
-        """This rank's sum of its copies' gradients, flat (zeros for a missing or silent gradient)."""
+    def contribution(self, silent: Sequence[Collection[int]]) -> torch.Tensor:
+        """This rank's sum of its copies' gradients, flat (zeros for a missing gradient, or a silent one:
+        ``silent[i]`` holds the ids of copy ``i``'s parameters it does not contribute)."""
         pieces = []
         for slot in self.slots:
             total: torch.Tensor | None = None
-            for param, contributes in zip(slot.params, slot.contributes):
-                if not contributes or param.grad is None:
+            for param, quiet in zip(slot.params, silent):
+                if id(param) in quiet or param.grad is None:
                     continue
                 grad = param.grad.reshape(-1)
                 total = grad.clone() if total is None else total + grad
@@ -124,6 +124,8 @@ class StageBuckets:
     slots: list[_Slot]
     cap_bytes: float
     copies: int
+    silent: Callable[[], Sequence[Collection[int]]]   # per copy, asked at each post (spatial layers learn
+    # in forward which parameters ran on replicated tensors)
     buckets: list[Bucket] = field(init=False)
     passes: list[int] = field(default_factory=list)   # backward passes of each copy this step
     posted: int = 0   # buckets posted so far this step (always a prefix)
@@ -183,7 +185,7 @@ class StageBuckets:
     def _post(self, bucket: Bucket) -> None:
         tracer = self.ctx.tracer
         now = tracer.now()
-        bucket.flat = bucket.contribution()
+        bucket.flat = bucket.contribution(self.silent())
         bucket.request = self.ctx.iall_reduce(bucket.flat, self.group)
         self.posted += 1
         tracer.record("allreduce-post", now, tracer.now(), stage=self.stage, bytes=bucket.nbytes,
@@ -233,16 +235,16 @@ class GradientReducer:
         self._hooks: list[RemovableHandle] = []
 
     def add_stage(self, stage: int, copies: Sequence[nn.Module], group: Group,
-                  silent: Sequence[Collection[int]] = ()) -> None:
+                  silent: Callable[[], Sequence[Collection[int]]] | None = None) -> None:
         """Bucket ``copies`` (this rank's copies of ``stage``, parameters aligned) and hook their parameters.
-        ``silent[i]``: ids of copy ``i``'s parameters whose gradient it does not contribute."""
+        ``silent()[i]``: ids of copy ``i``'s parameters whose gradient it does not contribute (now)."""
         per_copy = [[p for p in m.parameters() if p.requires_grad] for m in copies]
-        quiet = list(silent) + [()] * (len(copies) - len(silent))
-        slots = [_Slot(index, tuple(params), tuple(id(p) not in q for p, q in zip(params, quiet)))
-                 for index, params in enumerate(reversed(list(zip(*per_copy))))]
+        nothing: list[Collection[int]] = [()] * len(copies)
+        slots = [_Slot(index, tuple(params)) for index, params in enumerate(reversed(list(zip(*per_copy))))]
         if not slots:   # reversed: backward produces the last layers' gradients first
             return
-        buckets = StageBuckets(self.ctx, stage, group, slots, self.cap_bytes, len(copies))
+        buckets = StageBuckets(self.ctx, stage, group, slots, self.cap_bytes, len(copies),
+                               silent if silent is not None else lambda: nothing)
         self.stages[stage] = buckets
         for slot in slots:
             for param in slot.params:

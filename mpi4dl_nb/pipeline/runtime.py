@@ -70,6 +70,11 @@ class StageInstance:
         return {id(p) for p in tile_replicated_parameters(self.module)}
 
 
+def _silent_of(copies: list[StageInstance]) -> Callable[[], list[set[int]]]:
+    """Each copy's silent parameters, asked when needed (spatial layers learn them in forward)."""
+    return lambda: [inst.silent_parameters() for inst in copies]
+
+
 def start_training(canonical: nn.Module, module: nn.Module) -> None:
     """Train mode on a stage and its running twin, gradients dropped. ``train()`` walks and sets
     every submodule (~2 ms for AmoebaNet's 500): it is called only when some module is not in
@@ -182,7 +187,7 @@ class PipelineRuntime:
         for stage, group in sorted(self.stage_groups.items()):
             if group is not None and group.size > 1:
                 copies = self._stage_copies(stage)
-                reducer.add_stage(stage, [i.module for i in copies], group, [i.silent_parameters() for i in copies])
+                reducer.add_stage(stage, [i.module for i in copies], group, _silent_of(copies))
         return reducer
 
     def weight_gradient_passes(self) -> dict[int, list[int]]:
