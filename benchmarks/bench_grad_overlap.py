@@ -73,7 +73,7 @@ def main() -> None:
     for name, layout in LAYOUTS.items():
         engines = {mb: make_engine(ctx, args, layout, mb) for mb in buckets}
         figures: dict[float | None, list[tuple[float, float, int, int]]] = {mb: [] for mb in buckets}
-        for mb, engine in engines.items():   # warm-up (and the first step's bucket re-cut)
+        for engine in engines.values():   # warm-up (and the first step's bucket re-cut)
             engine.train_step(images, labels)
         for _ in range(args.rounds):
             for mb, engine in engines.items():
