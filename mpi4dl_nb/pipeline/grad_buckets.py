@@ -11,7 +11,9 @@ all-reduces strictly in bucket order (so every holder posts them in the same ord
 ``finish`` posts the rest, waits and writes the sums into every copy's ``.grad`` - what
 ``dataparallel.sum_stage_gradients`` does in one piece. A parameter no backward reached
 (unused this step) simply keeps its bucket until ``finish``; a gradient arriving after its
-bucket was posted is refused (it would be missing from the sum).
+bucket was posted is refused (it would be missing from the sum). After the first step the buckets
+are cut again in the order the gradients completed (``StageBuckets``). docs/engine.md, "Gradient
+all-reduce overlapped with backward".
 """
 
 from __future__ import annotations
@@ -63,16 +65,19 @@ class Bucket:
 
     def contribution(self, silent: Sequence[Collection[int]]) -> torch.Tensor:
         """This rank's sum of its copies' gradients, flat (zeros for a missing gradient, or a silent one:
-        ``silent[i]`` holds the ids of copy ``i``'s parameters it does not contribute)."""
+        ``silent[i]`` holds the ids of copy ``i``'s parameters it does not contribute). Copies are added
+        in copy order, as ``dataparallel.sum_stage_gradients`` does; one copy's gradient goes in as is."""
         pieces = []
         for slot in self.slots:
-            total: torch.Tensor | None = None
-            for param, quiet in zip(slot.params, silent):
-                if id(param) in quiet or param.grad is None:
-                    continue
-                grad = param.grad.reshape(-1)
-                total = grad.clone() if total is None else total + grad
-            pieces.append(total if total is not None else torch.zeros_like(slot.params[0]).reshape(-1))
+            grads = [param.grad.reshape(-1) for param, quiet in zip(slot.params, silent)
+                     if id(param) not in quiet and param.grad is not None]
+            if not grads:
+                pieces.append(torch.zeros_like(slot.params[0]).reshape(-1))
+                continue
+            total = grads[0]
+            for grad in grads[1:]:
+                total = total + grad
+            pieces.append(total)
         return torch.cat(pieces)
 
     def write_back(self) -> None:
