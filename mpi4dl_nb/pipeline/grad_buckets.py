@@ -31,8 +31,9 @@ from .schedules import Action, ActionKind
 
 MB = 1 << 20
 
-# Actions in which weight gradients arrive: a split backward's weight-gradient action belongs here.
-WEIGHT_GRADIENT_KINDS: tuple[ActionKind, ...] = (ActionKind.BACKWARD,)
+# Actions in which weight gradients arrive: the backward ``B`` and, once the schedules split the backward, its
+# weight-gradient action ``W`` (by value, so that the kind counts the day it exists; ``I`` brings none).
+WEIGHT_GRADIENT_KINDS: tuple[ActionKind, ...] = tuple(kind for kind in ActionKind if kind.value in ("B", "W"))
 
 
 @dataclass
@@ -135,6 +136,7 @@ class StageBuckets:
     passes: list[int] = field(default_factory=list)   # backward passes of each copy this step
     posted: int = 0   # buckets posted so far this step (always a prefix)
     active: bool = False
+    counting: bool = False   # passes were counted: buckets may be posted during backward
     learned: bool = False
     _slot_of: dict[int, int] = field(default_factory=dict)   # param id -> slot index
     _bucket_of: dict[int, Bucket] = field(default_factory=dict)   # slot index -> bucket
@@ -150,10 +152,13 @@ class StageBuckets:
         self._bucket_of = {slot.index: bucket for bucket in buckets for slot in bucket.slots}
 
     def begin_step(self, passes: Sequence[int]) -> None:
-        """A training step starts: copy ``i`` of the stage runs ``passes[i]`` weight-gradient passes."""
+        """A training step starts: copy ``i`` of the stage runs ``passes[i]`` weight-gradient passes (none
+        counted, e.g. a schedule whose weight-gradient action is not in WEIGHT_GRADIENT_KINDS: every bucket
+        waits for ``finish``, the result is the same)."""
         self.passes = list(passes)
         self.posted = 0
         self.active = True
+        self.counting = sum(self.passes) > 0
         self._arrivals = 0
         self._last_arrival.clear()
         for bucket in self.buckets:
@@ -169,7 +174,7 @@ class StageBuckets:
         self._arrivals += 1
         self._last_arrival[slot] = self._arrivals
         bucket = self._bucket_of[slot]
-        if bucket.deferred:
+        if bucket.deferred or not self.counting:
             return
         if bucket.index < self.posted:
             raise RuntimeError(f"stage {self.stage}: a gradient of a parameter of bucket {bucket.index} arrived "

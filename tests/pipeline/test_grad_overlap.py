@@ -154,6 +154,18 @@ def test_a_gradient_after_its_bucket_was_posted_is_refused():
         backward(net, 2)
 
 
+def test_without_counted_passes_every_bucket_waits_for_finish():
+    """A schedule whose weight-gradient actions are not counted: nothing posted early, same sums."""
+    net = tiny_net()
+    reducer, posts = reducer_for([net], cap_bytes=8 * 40)
+    reducer.begin_step({0: [0]})
+    backward(net, 1)
+    assert posts.posted == []
+    grads = {name: 2 * p.grad for name, p in net.named_parameters()}
+    reducer.finish(0)
+    assert all(torch.equal(p.grad, grads[name]) for name, p in net.named_parameters())
+
+
 def test_hooks_are_quiet_outside_a_step_and_removable():
     net = tiny_net()
     reducer, posts = reducer_for([net], cap_bytes=MB)
