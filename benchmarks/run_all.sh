@@ -41,6 +41,9 @@ run python benchmarks/bench_hosts.py --rates unlimited,10gbit,1gbit
 # 3. pipeline and GEMS (with torch.distributed.pipelining beside them)
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule gpipe
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule 1f1b
+# 11. gradient all-reduce overlapped with backward (data_parallel=2, local_dp=2)
+run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend mpi --markdown
+run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend gloo --markdown
 # 4. weights per rank; models as batch jobs; models nobody here wrote (torchvision)
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 run python benchmarks/bench_models.py --image-size 256 --batch-size 2 --steps 4

@@ -85,7 +85,7 @@ class CheckpointGranularity(Choice):
 
 
 CheckpointSetting = CheckpointGranularity | int   # a granularity, or N >= 1 layers per segment
-Knob = int | str | list[int] | None               # a knob's JSON-friendly value (``as_dict``)
+Knob = int | float | str | list[int] | None             # a knob's JSON-friendly value (``as_dict``)
 
 SLICE_METHODS = SliceMethod.values()
 SCHEDULES = ScheduleKind.values()
@@ -164,6 +164,9 @@ class ParallelConfig:
     forward under autocast, master weights and BatchNorm statistics in float32.
     ``virtual_stages``: with ``schedule='interleaved'``, the chunks each rank holds: the
     ``split_size`` stages lie on ``split_size / virtual_stages`` ranks, stage s on s mod that.
+    ``grad_bucket_mb``: the size cap of the gradient buckets whose all-reduce over a stage's holders
+    starts during backward, as soon as the bucket's gradients of the step are complete (None: one
+    all-reduce per stage after all backwards, no overlap).
     """
 
     split_size: int = 2
@@ -190,6 +193,10 @@ class ParallelConfig:
     # interleaved schedule (issue 44): the split_size stages lie on split_size / virtual_stages
     # pipeline positions, stage s on position s mod positions (each rank holds virtual_stages chunks)
     virtual_stages: int = 1
+    # gradient all-reduce overlapped with backward (issue 44): a stage's gradients are summed over its
+    # holders in buckets of about this many MB, each posted as soon as its last gradient of the step
+    # arrived (None: one all-reduce per stage after every backward)
+    grad_bucket_mb: float | None = 25.0
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):
@@ -282,7 +289,7 @@ class ParallelConfig:
                 return str(value)
             if isinstance(value, tuple):
                 return list(value)
-            assert value is None or isinstance(value, (int, str)), value
+            assert value is None or isinstance(value, (int, float, str)), value
             return value
 
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
@@ -303,6 +310,11 @@ class ParallelConfig:
         positive("fused_layers")
         positive("data_parallel")
         positive("virtual_stages")
+        bucket = self.grad_bucket_mb
+        if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, (int, float))
+                                   or not bucket > 0):
+            raise ConfigError("grad_bucket_mb", f"must be a size in MB > 0 (25 is DDP's), or None for one "
+                              f"all-reduce per stage after all backwards; got {bucket!r}")
         # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))

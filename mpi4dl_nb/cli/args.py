@@ -38,7 +38,18 @@ PARALLEL_FLAGS: dict[str, str] = {
     "--no-check-ops": "check_ops",
     "--checkpoint-activations": "checkpoint_activations",
     "--precision": "precision",
+    "--grad-bucket-mb": "grad_bucket_mb",
 }
+
+
+def parse_bucket_mb(text: str) -> float | None:
+    """Parse ``--grad-bucket-mb``: a size in MB, or ``none`` (one all-reduce per stage after all backwards)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MB (e.g. 25) or 'none'") from None
 
 
 def parse_balance(text: str | None) -> tuple[int, ...] | None:
@@ -128,6 +139,11 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--precision", dest="precision", choices=PRECISIONS, default="fp32",
                    help="compute precision: autocast to bf16 (CPU/GPU) or fp16 (GPU, gradient "
                         "scaler); master weights and normalisation statistics stay float32")
+    g.add_argument("--grad-bucket-mb", dest="grad_bucket_mb", type=parse_bucket_mb, default=25.0,
+                   metavar="MB|none",
+                   help="gradient all-reduce overlapped with backward: buckets of about MB megabytes, each "
+                        "summed over the stage's holders as soon as its gradients are complete (default 25, "
+                        "DDP's; none: one all-reduce per stage after all backwards)")
     return parser
 
 
