@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,6 @@ from mpi4dl_nb.models.spec import ModelSpec
 TILES = 4
 RESNET_STRIDE = 4          # the built-in ResNet down-samples by 4
 MEMORY = "resolution-memory:"
-PATIENT_AUC = re.compile(r"patient_roc_auc ([0-9.]+)")
 
 
 @dataclass(frozen=True)
@@ -86,9 +84,10 @@ def train(cohort: Path, network: Network, mpp: float, side: int, steps: int, see
     done = run_job(processes(TILES), argv)
     summary = last_json(done.stdout)
     slide = summary.get("val_roc_auc")   # one sample per slide: the slide AUC
-    patient = PATIENT_AUC.findall(done.stdout)   # the evaluation line's patient level
+    level = summary.get("val_patient")
+    patient = level.get("roc_auc") if isinstance(level, dict) else None
     return Trained(float(slide) if isinstance(slide, (int, float)) else None,
-                   float(patient[-1]) if patient else None, int(summary.get("val_count", 0)),
+                   float(patient) if isinstance(patient, (int, float)) else None, int(summary.get("val_count", 0)),
                    float(summary.get("seconds", 0.0)))
 
 

@@ -13,10 +13,10 @@ optimizer state plus the most the step allocates on top; the planner's "measured
 freed pages. A canvas fits when the largest rank's measured peak is within the budget. Every rank reads only
 its tile of the canvas (``ShardedImages``; random pixels: memory does not depend on them).
 
-Search, on measured peaks only: a probe, then from every side that fits the side the last two fitting sides
-predict (peak = fixed + bytes per pixel x pixels), at most double and at least one canvas multiple more, until a
-side does not fit; then a bisection between the largest side that fits and the smallest that does not (both
-measured). Sides are
+Search (``support.whole_slide.largest_side``), on measured peaks only: a probe, then from every side that fits
+the side the last two fitting sides predict (peak = fixed + bytes per pixel x pixels), at most double and at
+least one canvas multiple more, until a side does not fit; then a bisection between the largest side that fits
+and the smallest that does not (both measured). Sides are
 multiples of the trunk's stride (32) times the tile grid's rows and columns (square canvas: 32, 64, 128).
 
     python benchmarks/bench_whole_slide_memory.py --budget-mib 256,448      # ResNet-18, -50: minutes on 2 cores
@@ -37,7 +37,7 @@ import torch
 from support.launch import last_json, mpi_command
 from support.machine import Footer
 from support.tables import Table
-from support.whole_slide import GRIDS, MIB, canvas_multiple, layout_name, processes, step_peaks
+from support.whole_slide import GRIDS, MIB, Found, canvas_multiple, largest_side, layout_name, processes, step_peaks
 from torch import nn
 
 import mpi4dl_nb as dl
@@ -87,54 +87,14 @@ class Job:
         return [*trunk, ClassifierHead(TRUNK_CHANNELS[self.trunk], 2, pool=PoolKind(self.pool))]
 
 
-@dataclass(frozen=True)
-class Found:
-    """A search's answer: the largest side that fits, its measured peak per rank (bytes, each rank), the smallest
-    side measured not to fit (None: none measured), and how many sides were measured."""
-
-    side: int
-    peaks: list[int]
-    too_big: int | None
-    measured: int
-
-
 def search(job: Job, measure: Callable[[int], list[int]], log: Callable[[str], None]) -> Found:
-    """The largest side (a multiple of ``job.multiple``) whose largest measured peak is within the budget."""
-    budget, step = job.budget_mib * MIB, job.multiple
-    seen: dict[int, int] = {}
-    peaks_at: dict[int, list[int]] = {}
+    """The largest side (a multiple of ``job.multiple``) whose largest measured peak is within the budget, from
+    ``job.probe`` px (times sqrt(tiles) on tiles: as many pixels per rank)."""
+    def heard(side: int, peak: int, fits: bool) -> None:
+        log(f"  {job.trunk} on {job.layout}: {side} px -> {peak / MIB:.1f} MiB ({'fits' if fits else 'over'})")
 
-    def fits(side: int) -> bool:
-        peaks_at[side] = measure(side)
-        seen[side] = max(peaks_at[side])
-        log(f"  {job.trunk} on {job.layout}: {side} px -> {seen[side] / MIB:.1f} MiB "
-            f"({'fits' if seen[side] <= budget else 'over'})")
-        return seen[side] <= budget
-
-    lo = max(step, int(job.probe * math.sqrt(job.tiles)) // step * step)   # tiles: as many pixels per rank
-    if not fits(lo):
-        raise SystemExit(f"{job.trunk} on {job.layout}: the probe {lo} px needs {seen[lo] / MIB:.0f} MiB, over "
-                         f"--budget-mib {job.budget_mib:g}; raise the budget or lower --probe")
-    hi: int | None = None
-    side = 2 * lo
-    while hi is None:
-        if fits(side):
-            lo = side
-            fitting = sorted(s for s in seen if seen[s] <= budget)
-            a, b = fitting[-2], fitting[-1]
-            per_pixel = (seen[b] - seen[a]) / max(1, b * b - a * a)
-            fixed = seen[b] - per_pixel * b * b
-            predicted = math.sqrt(max(0.0, budget - fixed) / per_pixel) if per_pixel > 0 else 2.0 * lo
-            side = max(lo + step, min(2 * lo, int(predicted) // step * step))
-        else:
-            hi = side
-    while hi - lo > step:
-        mid = (lo + hi) // 2 // step * step
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return Found(lo, peaks_at[lo], hi, len(seen))
+    start = int(job.probe * math.sqrt(job.tiles))
+    return largest_side(job.budget_mib * MIB, job.multiple, start, measure, heard)
 
 
 def worker(job: Job) -> None:

@@ -1,10 +1,12 @@
 """Whole-slide training steps measured per rank: one process or tiles + the layer rank of the pool head, a canvas
-each rank reads only its tile of, and one engine step's measured peak bytes on every rank."""
+each rank reads only its tile of, one engine step's measured peak bytes on every rank, the largest canvas in a
+budget."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -73,3 +75,53 @@ def step_peaks(ctx: Comm, build: Callable[[], list[nn.Module]], tiles: int, side
     peak = measure_engine_step(engine, canvas_reader(side), torch.tensor([1]), warmup=1)
     del engine, layers
     return [int(p) for p in ctx.all_gather_object(peak)]
+
+
+@dataclass(frozen=True)
+class Found:
+    """A search's answer: the largest side that fits, its measured peak per rank (bytes, each rank), the smallest
+    side measured not to fit (None: none measured), and how many sides were measured."""
+
+    side: int
+    peaks: list[int]
+    too_big: int | None
+    measured: int
+
+
+def largest_side(budget: float, multiple: int, start: int, measure: Callable[[int], list[int]],
+                 log: Callable[[int, int, bool], None] = lambda side, peak, fits: None) -> Found:
+    """The largest side (a multiple of ``multiple``) whose largest measured peak (``measure(side)``: bytes per
+    rank) is within ``budget`` bytes, from measurements only: ``start``, then from every side that fits the side
+    the last two fitting sides predict (peak = fixed + bytes per pixel x pixels), at most double and at least one
+    multiple more, until one does not fit; then a bisection between the largest side that fits and the smallest
+    that does not. ``log(side, peak, fits)`` hears every measurement. SystemExit when ``start`` does not fit."""
+    seen: dict[int, list[int]] = {}
+
+    def fits(side: int) -> bool:
+        seen[side] = measure(side)
+        log(side, max(seen[side]), max(seen[side]) <= budget)
+        return max(seen[side]) <= budget
+
+    lo = max(multiple, start // multiple * multiple)
+    if not fits(lo):
+        raise SystemExit(f"the first side measured, {lo} px, needs {max(seen[lo]) / MIB:.0f} MiB per rank, over "
+                         f"the budget of {budget / MIB:g} MiB; raise the budget or start smaller")
+    hi: int | None = None
+    side = 2 * lo
+    while hi is None:
+        if fits(side):
+            lo = side
+            a, b = sorted(s for s in seen if max(seen[s]) <= budget)[-2:]
+            per_pixel = (max(seen[b]) - max(seen[a])) / (b * b - a * a)
+            fixed = max(seen[b]) - per_pixel * b * b
+            predicted = math.sqrt(max(0.0, budget - fixed) / per_pixel) if per_pixel > 0 else 2.0 * lo
+            side = max(lo + multiple, min(2 * lo, int(predicted) // multiple * multiple))
+        else:
+            hi = side
+    while hi - lo > multiple:
+        mid = (lo + hi) // 2 // multiple * multiple
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return Found(lo, seen[lo], hi, len(seen))
