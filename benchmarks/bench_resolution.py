@@ -125,12 +125,14 @@ def figure(path: Path, mpps: list[float], aucs: list[float | None], sides: list[
     left.set(xscale="log", xlabel="µm per pixel (canvas fixed in µm)", ylabel="held-out slide AUC", ylim=(0, 1.05),
              title="what resolution buys")
     left.set_xticks(mpps, [f"{m:g}" for m in mpps])
+    left.minorticks_off()
     left.invert_xaxis()
     right.plot(mpps, one, "s-", label="one process")
     right.plot(mpps, tiled, "o-", label="per rank, 2x2 tiles + layer rank")
     right.set(xscale="log", yscale="log", xlabel="µm per pixel", ylabel="measured peak MiB per rank",
               title="memory of one step")
     right.set_xticks(mpps, [f"{m:g}\n{s} px" for m, s in zip(mpps, sides)])
+    right.minorticks_off()
     right.invert_xaxis()
     right.legend(fontsize=8)
     fig.suptitle(caption, fontsize=8)
