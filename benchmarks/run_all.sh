@@ -71,6 +71,9 @@ run python benchmarks/bench_infer_memory.py --side 1024 --window 256 --ranks 4 -
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100
 run python benchmarks/bench_soak.py --steps 6000 --sample-every 200 --configs sp_lp --modes api
 run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 384 --steps 5
+# 9. whole slides: the largest canvas per rank budget (each job its own mpiexec), what resolution buys
+run python benchmarks/bench_whole_slide_memory.py --budget-mib 256,448
+run python benchmarks/bench_resolution.py --seeds 2 --figure docs/images/whole_slide_resolution.png
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1
