@@ -48,9 +48,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="weight of each class in the training loss (a per-sample weighted cross-entropy averaged "
                         "over the samples); balanced: N/(K*n_c) from the training images per class")
     g.add_argument("--pool", choices=PoolKind.values(), default=PoolKind.AVG.value,
-                   help="the classifier head's global pool (resnet, amoebanet): avg; max (per channel over every "
-                        "position); tissue-mean (over the positions the input's last channel, a tissue mask, "
-                        "marks); attention (gated attention-MIL); exact on tiles")
+                   help="the classifier head's global pool (a named model's global average pool replaced): avg; "
+                        "max (per channel over every position); tissue-mean (over the positions the input's last "
+                        "channel, a tissue mask, marks; resnet, amoebanet only); attention (gated attention-MIL); exact on tiles")
     g.add_argument("--accumulate", type=int, default=1, metavar="N",
                    help="gradient accumulation: N batches (micro-steps) per optimizer step, which uses their mean "
                         "gradient; --steps counts optimizer steps")
@@ -67,9 +67,14 @@ def check_training_args(args: argparse.Namespace) -> None:
     if args.accumulate < 1:
         raise ConfigError("--accumulate", f"must be >= 1 (batches per optimizer step), got {args.accumulate}")
     family, _ = split_model(args.model)
-    if PoolKind(args.pool) is not PoolKind.AVG and (family.named or family.dense):
-        raise ConfigError("--pool", f"--pool {args.pool} replaces the head of this project's classifiers (--model "
-                                    f"resnet or amoebanet); --model {args.model} keeps its own: drop --pool")
+    pool = PoolKind(args.pool)
+    if pool is not PoolKind.AVG and family.dense:
+        raise ConfigError("--pool", f"--pool {args.pool} replaces a classifier's global pool; --model {args.model} "
+                                    f"outputs a class per pixel and pools nothing: drop --pool")
+    if pool.tissue and family.named:
+        raise ConfigError("--pool", f"--pool tissue-mean needs the tissue mask carried through the trunk, which only "
+                                    f"this project's classifiers do (--model resnet or amoebanet); --model "
+                                    f"{args.model} takes --pool max or attention (its global average pool replaced)")
     if args.warmup_steps < 0:
         raise ConfigError("--warmup-steps", f"must be >= 0, got {args.warmup_steps}")
     LRSchedule(LRScheduleKind(args.lr_schedule), args.steps if args.steps is not None else args.warmup_steps + 1,

@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
+from ..models.named_pool import global_pool_kind as pool_kind
 from ..models.pieces import Functional, Piece
 
-GLOBAL_POOLS = {nn.AdaptiveAvgPool2d: "avg", nn.AdaptiveMaxPool2d: "max"}
-POOL_CALLS = {"adaptive_avg_pool2d": "avg", "adaptive_max_pool2d": "max", "mean": "avg", "amax": "max"}
 DROPPED = (nn.Flatten, nn.Identity, nn.modules.dropout._DropoutNd)
 # modules that act on each value alone: the same on a cell's vector as on the pooled one
 PER_VALUE = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU,
@@ -35,32 +34,6 @@ class PooledHead:
 
     pool: str
     steps: tuple[tuple[str, nn.Module], ...]
-
-
-def _whole_image(value: object) -> bool:
-    return value in (1, (1, 1), [1, 1])
-
-
-def _spatial_dims(value: object) -> bool:
-    dims = {value} if isinstance(value, int) else set(value) if isinstance(value, (tuple, list)) else set()
-    return dims in ({2, 3}, {-2, -1})
-
-
-def pool_kind(module: nn.Module) -> str | None:
-    """``avg``/``max`` when ``module`` pools a 4-D map to one value per channel, else None."""
-    kind = GLOBAL_POOLS.get(type(module))
-    if kind is not None:
-        return kind if _whole_image(getattr(module, "output_size", None)) else None
-    if not isinstance(module, Functional):
-        return None
-    call = module.call
-    kind = POOL_CALLS.get(call.name)
-    if kind is None:
-        return None
-    rest = [*call.args[1:], *call.kwargs.values()]
-    if call.name.startswith("adaptive"):
-        return kind if rest and _whole_image(rest[0]) else None
-    return kind if rest and _spatial_dims(rest[0]) else None
 
 
 def pooled_head(layers: Sequence[nn.Module]) -> PooledHead | None:

@@ -9,6 +9,7 @@ from torch import nn
 from ..config import Choice
 from .build import DEFAULT_NUM_FILTERS, DEFAULT_NUM_LAYERS, build_model, image_multiple
 from .external import external_layers
+from .named_pool import with_named_pool
 from .normalize import Normalization
 from .pools import PoolKind
 
@@ -82,15 +83,19 @@ class ModelSpec:
         norm and up-sampling for the U-Net only: default 'batch' and 'bilinear'). ``family`` may name a model
         (``torchvision:resnet50``, ``timm:NAME``, ``package.module:callable``): it has no sizes, it may start with
         a ``normalize`` step and record the ``weights`` file it started from. ``pool`` (the head's global pool)
-        other than average: ResNet and AmoebaNet only (ValueError naming them)."""
+        other than average: any classifier (a named one's global average pool is replaced, ``models/named_pool.py``);
+        tissue-mean: ResNet and AmoebaNet only (ValueError naming them)."""
         kind, source = (family, None) if isinstance(family, ModelFamily) else split_model(family)
         pooling = PoolKind(pool)
-        if pooling is not PoolKind.AVG and (kind.named or kind.dense):
-            raise ValueError(f"--pool {pooling}: only the built-in classifiers (--model resnet or amoebanet) take "
-                             f"another head pool; {kind} keeps its own head (use --pool avg)")
+        if pooling is not PoolKind.AVG and kind.dense:
+            raise ValueError(f"--pool {pooling}: a {kind} outputs a class per pixel and pools nothing; --pool is for "
+                             f"classifiers (use --pool avg)")
+        if pooling.tissue and kind.named:
+            raise ValueError(f"--pool {pooling}: only the built-in classifiers (--model resnet or amoebanet) carry "
+                             f"the tissue mask through their trunk; a {kind} model takes --pool max or attention")
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
-                       weights=weights)
+                       weights=weights, pool=pooling)
         dense = kind.dense
         return cls(kind, DEFAULT_NUM_LAYERS[kind] if num_layers is None else num_layers,
                    DEFAULT_NUM_FILTERS[kind] if num_filters is None else num_filters, num_classes,
@@ -119,8 +124,9 @@ class ModelSpec:
     def build(self, image_size: int | None = None) -> list[nn.Module]:
         """The layer list (torch's current seed draws the weights); ``image_size`` checked against the downsampling."""
         if self.family.named:
-            return external_layers(str(self.family), self.source or "", self.num_classes, self.in_channels,
-                                   self.normalize, image_size)
+            layers = external_layers(str(self.family), self.source or "", self.num_classes, self.in_channels,
+                                     self.normalize, image_size)
+            return with_named_pool(layers, self.pool, self.label, self.in_channels)
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
                            in_channels=self.in_channels, image_size=image_size, norm=self.norm,
@@ -133,7 +139,8 @@ class ModelSpec:
         if self.family.named:
             start = f", from {self.weights}" if self.weights else ""
             normal = f", {self.normalize.describe()} normalisation" if self.normalize else ""
-            return f"{self.label}, {self.num_classes} classes{channels}{normal}{start}"
+            pooled = f", {self.pool} pool" if self.pool is not PoolKind.AVG else ""
+            return f"{self.label}, {self.num_classes} classes{channels}{normal}{pooled}{start}"
         if self.family.dense:
             return (f"{self.family} depth {self.num_layers} width {self.num_filters} ({self.norm} norm, "
                     f"{self.upsampling}), {self.num_classes} classes{channels}")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .named_pool import fresh_keys
 from .pieces import engine_keys
 
 WRAPPERS = ("state_dict", "model_state_dict", "model")   # keys training scripts keep a state dict under
@@ -71,7 +72,8 @@ def load_weights(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor
     keys = engine_keys(layers)
     own = net.state_dict()
     mine = {original: own[engine] for original, engine in keys.items()}
-    missing = [k for k in mine if k not in weights and not k.endswith(OPTIONAL)]
+    fresh = fresh_keys(layers)      # a replaced head pool's own tensors (--pool attention): new, kept as drawn
+    missing = [k for k in mine if k not in weights and not k.endswith(OPTIONAL) and keys[k] not in fresh]
     unexpected = [k for k in weights if k not in mine]
     if len(unexpected) == len(weights):
         raise ConfigError(source, f"none of its {len(weights)} keys is a key of {model} (its first: "
