@@ -50,7 +50,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pool", choices=PoolKind.values(), default=PoolKind.AVG.value,
                    help="the classifier head's global pool (a named model's global average pool replaced): avg; "
                         "max (per channel over every position); tissue-mean (over the positions the input's last "
-                        "channel, a tissue mask, marks; resnet, amoebanet only); attention (gated attention-MIL); exact on tiles")
+                        "channel, a tissue mask, marks; resnet, amoebanet only); attention (gated "
+                        "attention-MIL); exact on tiles")
     g.add_argument("--accumulate", type=int, default=1, metavar="N",
                    help="gradient accumulation: N batches (micro-steps) per optimizer step, which uses their mean "
                         "gradient; --steps counts optimizer steps")
