@@ -47,16 +47,18 @@ def test_pool_and_accumulate_reach_the_job():
 
 
 @pytest.mark.parametrize("keywords,flag", [(dict(accumulate=0), "--accumulate"),
-                                           (dict(pool="attention", model="timm:resnet18"), "--pool")])
+                                           (dict(pool="tissue-mean", model="timm:resnet18"), "--pool")])
 def test_bad_pool_or_accumulate_is_refused_naming_the_flag(keywords, flag):
     with pytest.raises(ConfigError, match=flag):
         job_from_keywords(**keywords)
 
 
-def test_a_dense_or_named_model_keeps_its_own_head():
-    for family in ("unet", "torchvision:resnet18"):
-        with pytest.raises(ValueError, match="--pool max: only the built-in classifiers"):
-            ModelSpec.of(family, pool="max")
+def test_a_dense_model_pools_nothing_and_a_named_one_carries_no_tissue_mask():
+    with pytest.raises(ValueError, match="--pool max: a unet outputs a class per pixel"):
+        ModelSpec.of("unet", pool="max")
+    with pytest.raises(ValueError, match="--pool tissue-mean: only the built-in classifiers"):
+        ModelSpec.of("torchvision:resnet18", pool="tissue-mean")
+    assert ModelSpec.of("torchvision:resnet18", pool="max").pool is PoolKind.MAX
     spec = ModelSpec.of("resnet", pool="max")
     assert ModelSpec.from_dict(spec.to_dict()) == spec
     old = {k: v for k, v in spec.to_dict().items() if k != "pool"}   # a checkpoint from before the field
