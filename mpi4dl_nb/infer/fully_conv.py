@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..models.head import ClassifierHead
+from ..models.named_pool import replaced_pool
 from ..models.pools import PoolKind
 from .pooled_head import head_on_cells, pooled_head
 from .windows import AxisField
@@ -112,6 +113,11 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
     layers = list(layers)
     dtype = next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
     head = pooled_head(layers)
+    slide_pool = layers[-1].pool_kind if isinstance(layers[-1], ClassifierHead) else replaced_pool(layers)
+    if slide_pool is not None and slide_pool is not PoolKind.AVG:
+        raise ConfigError("--checkpoint", f"its head pools the whole canvas by {slide_pool.value} (--pool), "
+                                          f"which a map of cells cannot reproduce; slide-level inference of such "
+                                          f"a model is not there yet: evaluate it with `evaluate --checkpoint`")
     if isinstance(layers[-1], ClassifierHead) or head is not None:
         trunk = nn.Sequential(*layers[:-1])
         if patch is None or patch < 1:
@@ -127,10 +133,6 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
             raise ConfigError("--output-stride", f"must be a multiple of the trunk's stride {trunk_stride}, "
                               f"got {output_stride}")
         last = layers[-1]
-        if isinstance(last, ClassifierHead) and last.pool_kind is not PoolKind.AVG:
-            raise ConfigError("--checkpoint", f"its head pools the whole canvas by {last.pool_kind.value} (--pool), "
-                                              f"which a map of cells cannot reproduce; slide-level inference of such "
-                                              f"a model is not there yet: evaluate it with `evaluate --checkpoint`")
         if isinstance(last, ClassifierHead):
             modules, classes = [*layers[:-1], *head_as_convolution(last, side, step)], last.fc.out_features
         else:

@@ -9,7 +9,7 @@ from torch import nn
 from ..errors import ConfigError
 from .external import layer_shapes
 from .pieces import Functional, Piece
-from .pools import AttentionMILPool, PoolKind
+from .pools import AttentionMILPool, GlobalMaxPool, PoolKind
 
 GLOBAL_POOLS = {nn.AdaptiveAvgPool2d: "avg", nn.AdaptiveMaxPool2d: "max"}
 POOL_CALLS = {"adaptive_avg_pool2d": "avg", "adaptive_max_pool2d": "max", "mean": "avg", "amax": "max"}
@@ -49,8 +49,9 @@ class PooledMap(nn.Module):
     """A pool to (N, C) given the shape of the average pool it replaces, (N, C, 1, 1): the model's own flatten,
     LayerNorm2d or Linear after it see what they saw before."""
 
-    def __init__(self, pool: nn.Module) -> None:
+    def __init__(self, kind: PoolKind, pool: nn.Module) -> None:
         super().__init__()
+        self.kind = kind
         self.pool = pool
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,13 +59,13 @@ class PooledMap(nn.Module):
 
 
 def replacement(kind: PoolKind, channels: int) -> nn.Module:
-    """The step taking the average pool's place: a global max pool (``F.adaptive_max_pool2d(x, 1)``: the first
+    """The step taking the average pool's place: a global max pool (``GlobalMaxPool``: the first
     maximum in row-major order takes the gradient) or gated attention-MIL over ``channels`` features (new
     parameters, drawn from torch's current seed)."""
     if kind is PoolKind.MAX:
-        return nn.AdaptiveMaxPool2d(1)
+        return PooledMap(kind, GlobalMaxPool())
     if kind is PoolKind.ATTENTION:
-        return PooledMap(AttentionMILPool(channels))
+        return PooledMap(kind, AttentionMILPool(channels))
     raise ValueError(f"--pool {kind}: a named model's average pool is replaced by max or attention only")
 
 
@@ -97,3 +98,10 @@ def fresh_keys(layers: Sequence[nn.Module]) -> set[str]:
     net = nn.Sequential(*layers)
     return {f"{name}.{key}" for name, module in net.named_modules() if isinstance(module, PooledMap)
             for key in module.state_dict()}
+
+
+def replaced_pool(layers: Sequence[nn.Module]) -> PoolKind | None:
+    """The pool ``with_named_pool`` put in the last piece of ``layers`` (None: the model pools as it came)."""
+    last = layers[-1] if layers else None
+    steps = last.steps() if isinstance(last, Piece) else []
+    return steps[0][1].kind if steps and isinstance(steps[0][1], PooledMap) else None

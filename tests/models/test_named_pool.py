@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.models.named_pool import PooledMap, with_named_pool
+from mpi4dl_nb.infer.fully_conv import fully_convolutional
+from mpi4dl_nb.models.named_pool import PooledMap, replaced_pool, with_named_pool
 from mpi4dl_nb.models.pieces import Piece
 from mpi4dl_nb.models.pools import AttentionMILPool, PoolKind
 from mpi4dl_nb.models.spec import ModelSpec
@@ -44,9 +45,9 @@ def test_the_average_pool_is_replaced_and_the_rest_kept(libraries, model, pool):
     head = head_of(pooled)
     path = MODELS[model]
     assert head.paths == head_of(plain).paths and head.paths[0] == path
-    expected = nn.AdaptiveMaxPool2d if pool == "max" else PooledMap
-    assert isinstance(head.get_submodule(path), expected)
-    assert not isinstance(head.get_submodule(path), nn.AdaptiveAvgPool2d)
+    replaced = head.get_submodule(path)
+    assert isinstance(replaced, PooledMap) and replaced.kind is PoolKind(pool)
+    assert replaced_pool(pooled) is replaced.kind and replaced_pool(plain) is None
     before, after = nn.Sequential(*plain).state_dict(), nn.Sequential(*pooled).state_dict()
     new = [k for k in after if k not in before]
     assert all(torch.equal(before[k], after[k]) for k in before)        # trunk and classifier drawn alike
@@ -108,6 +109,12 @@ def test_a_model_without_the_expected_pool_or_tissue_mean_is_refused(libraries):
         ModelSpec.of("torchvision:resnet18", pool="tissue-mean")
     with pytest.raises(ValueError, match="--pool max: a unet outputs a class per pixel"):
         ModelSpec.of("unet", pool="max")
+
+
+def test_infer_refuses_a_replaced_pool_as_it_does_the_built_in_ones(libraries):
+    layers = ModelSpec.of("torchvision:resnet18", num_classes=2, pool="max").build()
+    with pytest.raises(ConfigError, match=r"its head pools the whole canvas by max \(--pool\)"):
+        fully_convolutional(layers, 64)
 
 
 def test_five_ranks_train_a_pooled_torchvision_resnet_as_one_process(shared_launch):

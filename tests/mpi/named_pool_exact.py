@@ -6,7 +6,7 @@ The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``
 rank 0 trains the same model in one process on whole images (``train_one_process``).
 
 Checks: ``--pool P equals one process`` for max and attention (losses and final weights within 1e-9), the pool
-replaced in the built network (``AdaptiveMaxPool2d`` / ``AttentionMILPool`` at ``avgpool``).
+replaced in the built network (``GlobalMaxPool`` / ``AttentionMILPool`` at ``avgpool``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.data.dataset import Batcher
-from mpi4dl_nb.models.pools import AttentionMILPool
+from mpi4dl_nb.models.pools import AttentionMILPool, GlobalMaxPool
 from mpi4dl_nb.run.job_run import build_trainer
 from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
@@ -25,7 +25,7 @@ STEPS = 2
 FLAGS = ("--model torchvision:resnet18 --image-size 64 --batch-size 2 --num-samples 4 --num-classes 2 "
          "--dtype float64 --steps 2 --lr 0.001 --no-progress --step-timeout 0 "
          "--split-size 2 --spatial-size 1 --num-spatial-parts 4 --slice-method square").split()
-POOLS = {"max": torch.nn.AdaptiveMaxPool2d, "attention": AttentionMILPool}
+POOLS = {"max": GlobalMaxPool, "attention": AttentionMILPool}
 TOLERANCE = 1e-9
 
 
