@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from mpi4dl_nb.cli.train_job import job_from_keywords
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.infer.fully_conv import fully_convolutional
 from mpi4dl_nb.models.named_pool import PooledMap, replaced_pool, with_named_pool
@@ -57,6 +58,15 @@ def test_the_average_pool_is_replaced_and_the_rest_kept(libraries, model, pool):
         out, average = nn.Sequential(*pooled).eval()(x), nn.Sequential(*plain).eval()(x)
     assert out.shape == (2, 3) and not torch.allclose(out, average)
     assert f"{pool} pool" in spec.describe() and ModelSpec.from_dict(spec.to_dict()) == spec
+    rebuilt = nn.Sequential(*ModelSpec.from_dict(spec.to_dict()).build())      # what evaluate and infer build
+    rebuilt.load_state_dict(nn.Sequential(*pooled).state_dict(), strict=True)
+
+
+def test_the_train_flags_take_max_and_attention_for_a_named_model(libraries):
+    job = job_from_keywords(model="torchvision:resnet18", pool="attention", num_classes=2)
+    assert job.model.pool is PoolKind.ATTENTION and job.model.input_channels == 3
+    with pytest.raises(ConfigError, match="--pool: --pool tissue-mean needs the tissue mask carried through the trunk"):
+        job_from_keywords(model="torchvision:resnet18", pool="tissue-mean")
 
 
 def test_max_is_the_global_maximum_and_attention_weights_positions(libraries):
