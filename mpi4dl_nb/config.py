@@ -56,6 +56,8 @@ class ScheduleKind(Choice):
     GPIPE = "gpipe"         # all forwards, then all backwards
     ONE_F_ONE_B = "1f1b"    # warm-up forwards, then one forward one backward, then drain
     INTERLEAVED = "interleaved"   # 1F1B over virtual_stages chunks per rank (Megatron's interleaving)
+    ZB1 = "zb1"             # zero bubble ZB-H1: backward split into I (input grad) and W (weight grad)
+    ZBV = "zbv"             # V-shaped zero bubble: 2 chunks per rank, down then back up, split backward
 
 
 C = TypeVar("C", bound=Choice)

@@ -71,6 +71,8 @@ class ActionKind(Choice):
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "I"       # split backward: the stage input's gradient only (zero-bubble schedules)
+    BACKWARD_WEIGHT = "W"      # split backward: the parameter gradients, deferred (zero-bubble schedules)
     SEND_ACT = "SEND_ACT"      # send a stage output to the next stage
     RECV_ACT = "RECV_ACT"
     SEND_GRAD = "SEND_GRAD"    # send an input gradient back to the previous stage
