@@ -183,12 +183,11 @@ class PipelineRuntime:
 
     def _splits(self, stage: int) -> bool:
         """Whether this stage's I and W are computed apart (see ``split_backward``); else I runs the
-        whole backward and W nothing: spatial stages (their halo convolutions and BatchNorm sums are
-        custom autograd Functions that exchange in backward), recomputed stages (the graph is rebuilt
-        inside the backward) and synchronised BatchNorm."""
+        whole backward and W nothing: recomputed stages (the graph is rebuilt inside the backward) and
+        synchronised BatchNorm. On spatial stages W runs the halo convolutions' and tile BatchNorms'
+        backwards for their parameters only: no halo return, no sum over the tiles."""
         cfg = self.cfg
-        return (self.schedule.kind.splits_backward and not self._spatial(stage)
-                and cfg.checkpoint_activations is None and not cfg.sync_batchnorm)
+        return self.schedule.kind.splits_backward and cfg.checkpoint_activations is None and not cfg.sync_batchnorm
 
     def _last(self, stage: int) -> bool:
         return stage == self.cfg.split_size - 1

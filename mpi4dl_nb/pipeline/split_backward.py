@@ -25,6 +25,7 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from ..comm.messages import as_items
+from ..spatial.backward_half import weight_half
 
 
 @dataclass
@@ -45,6 +46,11 @@ class WeightWork:
 
     def run(self) -> None:
         """Add each layer's parameter gradients to ``.grad`` (nothing exchanged: only local autograd nodes run)."""
+        with weight_half():
+            self._run()
+        self.layers.clear()
+
+    def _run(self) -> None:
         for layer, grads in self.layers:
             pairs = [(edge, grad) for edge, grad in zip(layer.edges, grads) if grad is not None]
             if not pairs:
@@ -52,7 +58,6 @@ class WeightWork:
             found = torch.autograd.grad([e for e, _ in pairs], layer.params, [g for _, g in pairs],
                                         retain_graph=True, allow_unused=True)
             accumulate(layer.params, found)
-        self.layers.clear()
 
 
 def accumulate(params: Sequence[nn.Parameter], grads: Sequence[torch.Tensor | None]) -> None:
