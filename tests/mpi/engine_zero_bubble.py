@@ -1,6 +1,6 @@
-"""MPI (2 ranks): the zero-bubble schedule's split backward on the ranks: memory and work moved to W.
+"""MPI (2 or 3 ranks): the zero-bubble schedule's split backward on the ranks: memory, work moved to W.
 
-Usage: python -m tests.mpi.engine_zero_bubble
+Usage: mpiexec -n 2|3 python -m tests.mpi.engine_zero_bubble (2 ranks: the first two checks; 3: the last)
 
 Named checks:
 
@@ -11,6 +11,9 @@ Named checks:
   every rank's figures (stage 1 holds up to S micro-batches with zb1, S-1 with 1F1B).
 * ``zb1 W does the weight work``: on every rank, after micro-batch 0's I no parameter has a
   gradient, after its W every one has (the split is real, not a whole backward in I).
+* ``zb1 spatial W exchanges nothing``: SP (2 tiles) + LP, zb1, m=2: on the tile ranks the W actions
+  make no exchange and no all-reduce (calls counted on the rank's Comm), the I actions do (the halo
+  returns, the tile BatchNorms' sums), and W gives the stage's parameters their gradients.
 """
 
 from __future__ import annotations
@@ -75,9 +78,52 @@ def check_weight_work(ctx) -> str:
     return f"{len(params)} parameters: none with a gradient after I0, all after W0"
 
 
+def check_spatial_weight_half(ctx) -> str:
+    cfg = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
+                            schedule="zb1", balance=(2, 3))
+    engine = dl.HybridEngine(build("resnet"), cfg, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    (x, y), = batches("resnet", 4, 16, seed=6)[:1]
+    calls = [0]
+    for name in ("exchange", "all_reduce"):
+        method = getattr(ctx, name)
+
+        def counted(*args, method=method, **kwargs):
+            calls[0] += 1
+            return method(*args, **kwargs)
+        setattr(ctx, name, counted)
+    params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
+    moved = {IN: 0, W: 0}
+    last: list[tuple[Action, int]] = []
+    graded_by_w = [0]
+
+    def look(action: Action) -> None:
+        if last and last[-1][0].kind in moved:
+            moved[last[-1][0].kind] += calls[0] - last[-1][1]
+        if last and last[-1][0].kind is W and last[-1][0].micro_batch == 0:
+            graded_by_w[0] = sum(p.grad is not None for p in params)
+        last.append((action, calls[0]))
+
+    try:
+        engine.train_step(x, y, look)
+    finally:
+        for name in ("exchange", "all_reduce"):
+            delattr(ctx, name)
+    if engine.held_stages() != [0]:
+        return f"layer rank: {moved}"
+    if moved[W] or not moved[IN] or graded_by_w[0] != len(params):
+        raise AssertionError(f"tile rank: exchanges/all-reduces in I {moved[IN]}, in W {moved[W]} (want > 0 and 0); "
+                             f"{graded_by_w[0]} of {len(params)} parameters with a gradient after W0")
+    return f"tile rank: {moved[IN]} exchanges/all-reduces in I, none in W; W0 gave {len(params)} parameters gradients"
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
+    if ctx.world_size == 3:
+        with check("zb1 spatial W exchanges nothing") as result:
+            result.detail = check_spatial_weight_half(ctx)
+        ctx.barrier()
+        return
     with check("zb1 activation peak") as result:
         result.detail = check_peak(ctx)
     with check("zb1 W does the weight work") as result:

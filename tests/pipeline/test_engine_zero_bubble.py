@@ -1,4 +1,4 @@
-"""The zero-bubble split backward on 2 ranks: activation peak against 1F1B's, W really does the weight work.
+"""The zero-bubble split backward on 2 and 3 ranks: activation peak against 1F1B's, W does the weight work, no exchange.
 
 See tests/mpi/engine_zero_bubble.py for what each named check measures.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 from tests.support.battery import shared_job
 
 JOB = shared_job(2, "engine_zero_bubble", timeout=300)
+SPATIAL_JOB = shared_job(3, "engine_zero_bubble", timeout=300)
 
 
 def test_zb1_activation_peak_is_1f1b_peak(shared_launch):
@@ -17,3 +18,8 @@ def test_zb1_activation_peak_is_1f1b_peak(shared_launch):
 
 def test_zb1_weight_gradients_come_in_W(shared_launch):
     shared_launch(JOB).require(["zb1 W does the weight work"])
+
+
+def test_zb1_spatial_W_makes_no_exchange(shared_launch):
+    """SP (2 tiles) + LP: the tile ranks' W actions call no exchange and no all-reduce; their I actions do."""
+    shared_launch(SPATIAL_JOB).require(["zb1 spatial W exchanges nothing"])
