@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..checkpoint.record import RunRecord, read_checkpoint
+from ..comm.agreement import agreed
 from ..config import ConfigError
 from ..data.canvas import SlideCanvases
 from ..models.canvas import check_canvas
@@ -137,7 +138,8 @@ class CanvasNetwork:
 
     def predict(self, canvases: SlideCanvases, index: int) -> SlidePrediction | None:
         """Collective: canvas ``index`` through the network; the prediction on rank 0, None on the other ranks."""
-        image = canvases.read(index, self.box()).to(self.dtype)
+        box = self.box()
+        image = agreed(self.ctx, lambda: canvases.read(index, box)).to(self.dtype)   # a failed read stops all
         self.kept.clear()
         with torch.no_grad():
             logits = self.net(image[None].to(self.ctx.device))

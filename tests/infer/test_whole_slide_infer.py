@@ -254,3 +254,41 @@ def test_a_tile_map_of_a_slide_level_pool_is_refused_naming_slide_level_inferenc
     with pytest.raises(ConfigError) as err:
         fully_convolutional(spec_of("max").build(32), 32)
     assert err.value.knob == "--checkpoint" and "infer --slides A,B --output DIR" in str(err.value)
+
+
+def test_a_slide_without_tissue_is_reported_and_the_others_go_on(cohort, tmp_path, capsys):
+    from mpi4dl_nb.data.slide_writer import write_slide
+    from mpi4dl_nb.data.synthetic_cohort import GLASS
+
+    _, slides = cohort
+    blank = write_slide(tmp_path / "blank.tif", np.full((256, 256, 3), GLASS, np.uint8), mpp=MPP)
+    checkpoint = structure_detector(tmp_path / "c", "max", SIZE, MPP)
+    argv = ["--checkpoint", str(checkpoint), "--slides", f"{blank},{slides[1].path}", "--output",
+            str(tmp_path / "out"), "--dtype", "float64", "--no-progress"]
+    assert infer_cmd.main(argv) == infer_cmd.EXIT_SLIDES_FAILED
+    captured = capsys.readouterr()
+    assert "blank.tif: FAILED, skipped" in captured.err and "shows no tissue" in captured.err
+    assert "1 of 2 slides failed: blank" in captured.err
+    assert [r["slide"] for r in rows_of(tmp_path / "out" / SLIDES_CSV)] == ["slide-01"]
+
+
+def test_a_checkpoint_of_train_whole_slide_runs_end_to_end(cohort, tmp_path, capsys):
+    """A real ``train --whole-slide`` checkpoint (one process, --pool avg: the slide-level pools need spatial ranks
+    in training) through ``infer --slide``: slides.csv from the record's canvas size and MPP, no map for avg."""
+    from mpi4dl_nb.cli import train_cmd
+
+    manifest, slides = cohort
+    flags = ["--whole-slide", "--cohort", str(manifest), "--image-size", "64", "--mpp", "2", "--model", "resnet",
+             "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4", "--batch-size", "1",
+             "--split-size", "1", "--spatial-size", "0", "--no-progress", "--steps", "1", "--dtype", "float64",
+             "--checkpoint-dir", str(tmp_path / "c")]
+    assert train_cmd.main(flags) == 0
+    capsys.readouterr()
+    assert infer_cmd.main(["--checkpoint", str(tmp_path / "c"), "--slide", str(slides[0].path), "--output",
+                           str(tmp_path / "out"), "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "on 1x1 tiles of its 64 px canvas" in out.err
+    rows = rows_of(tmp_path / "out" / SLIDES_CSV)
+    assert [r["slide"] for r in rows] == ["slide-00"] and rows[0]["predicted"] in ("negative", "positive")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [SLIDES_CSV]
+    assert json.loads(out.out.strip().splitlines()[-1])["done"] == 1
