@@ -96,15 +96,18 @@ def open_canvas(model: WholeSlideModel, slide: SlideSource, level: int, mpp: flo
 
 def finish_slide(settings: SlideLevelSettings, model: WholeSlideModel, canvases: SlideCanvases,
                  prediction: SlidePrediction) -> dict[str, object]:
-    """Rank 0: the slide's map written (attention/max heads); its columns of the summary table."""
-    if prediction.cells is None:
-        return {}
-    name = MAP_NAMES[model.pool]
+    """Rank 0: the slide's map written (attention/max heads); its columns of the summary table (the canvas's tissue
+    share and the share of the tissue it cut, as training reports them, and the map's)."""
     placement = canvases.placements[0]
+    shares: dict[str, object] = {"tissue_share": round(placement.tissue_share, 4),
+                                 "cut_share": round(placement.cut_share, 4)}
+    if prediction.cells is None:
+        return shares
+    name = MAP_NAMES[model.pool]
     looked = on_slide(prediction.cells, placement)
     level0_per_pixel = bounds_of(canvases.slide(0)).width / placement.extent[0]
     cells = slide_placement(placement, looked.stride, level0_per_pixel, canvases.choices[0].mpp)
-    return write_slide_map(settings.output, canvases.names[0], name, looked, cells)
+    return {**shares, **write_slide_map(settings.output, canvases.names[0], name, looked, cells)}
 
 
 def predict_slide(settings: SlideLevelSettings, network: CanvasNetwork, slide: SlideSource,
