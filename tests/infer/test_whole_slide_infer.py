@@ -242,8 +242,9 @@ def test_a_canvas_map_lands_on_the_slide_at_its_corner_in_strides():
 
 
 def test_the_four_rank_inference_equals_one_process(shared_launch):
-    names = [f"--pool {pool}: probabilities equal one process" for pool in POOLS]
-    names += [f"--pool {pool}: map equals one process" for pool in POOLS if pool != "tissue-mean"]
+    names = [f"--pool {pool}: {what}" for pool in POOLS for what in ("each rank reads its tile",
+                                                                      "probabilities equal one process")]
+    names += [f"--pool {pool}: map equals one process" for pool in POOLS]
     shared_launch(JOB).require_clean(names)
 
 
@@ -292,3 +293,25 @@ def test_a_checkpoint_of_train_whole_slide_runs_end_to_end(cohort, tmp_path, cap
     assert [r["slide"] for r in rows] == ["slide-00"] and rows[0]["predicted"] in ("negative", "positive")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [SLIDES_CSV]
     assert json.loads(out.out.strip().splitlines()[-1])["done"] == 1
+
+
+def test_a_tissue_mean_head_reads_its_tissue_channel_and_gives_probabilities_only(cohort, tmp_path):
+    """One process against the network on the whole canvas with its tissue mask (4 channels), float64."""
+    from mpi4dl_nb.infer.slide_level import open_canvas, slide_sources
+    from tests.mpi.whole_slide_infer import reference
+    from tests.support.whole_slide_model import random_whole_slide
+
+    manifest, _ = cohort
+    checkpoint = random_whole_slide(tmp_path / "c", "tissue-mean", 64, 2.0)
+    assert infer_cmd.main(["--checkpoint", str(checkpoint), "--cohort", str(manifest), "--output",
+                           str(tmp_path / "out"), "--dtype", "float64", "--no-progress"]) == 0
+    model = load_whole_slide(checkpoint, torch.float64)
+    written = {r["slide"]: [float(r["prob_negative"]), float(r["prob_positive"])]
+               for r in rows_of(tmp_path / "out" / SLIDES_CSV)}
+    for slide in slide_sources(str(manifest), model.classes):
+        canvases = open_canvas(model, slide, 0, 2.0, None)
+        assert canvases.channels == 4
+        expected, looked = reference(model, canvases)
+        canvases.close()
+        assert looked is None and np.abs(np.array(written[slide.path.stem]) - expected).max() < 1e-12
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [SLIDES_CSV]
