@@ -34,15 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m mpi4dl_nb infer",
         description="Apply a checkpoint of 'train' fully convolutionally to a whole slide, window by window, "
                     "each window split over --num-spatial-parts ranks (mpiexec -n <parts>). The output equals "
-                    "the same network run on the whole slide in one process. Exit status: 0 done, 2 refused "
+                    "the same network run on the whole slide in one process. A checkpoint of 'train --whole-slide' "
+                    "instead gives one prediction per slide from its canvas (--slides A,B or --cohort FILE.csv, "
+                    "--output DIR: slides.csv, and for attention/max heads a slide-aligned OME-TIFF and GeoJSON "
+                    "of where it looked). Exit status: 0 done, 2 refused "
                     "before any work, 3 some slides of --slides failed (named on stderr; the others are done).",
         formatter_class=DefaultsHelpFormatter)
     add_checkpoint_flags(parser)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--slide", help="anything OpenSlide opens, or a plain image")
-    where.add_argument("--slides", help="many slides: a folder of slide files, or a text file with one path per "
-                                        "line, or a cohort manifest FILE.csv (as --cohort); every --output "
-                                        "then names one file per slide with {slide}")
+    where.add_argument("--slides", help="many slides: a folder of slide files, a text file with one path per "
+                                        "line, slide files separated by commas, or a cohort manifest FILE.csv (as "
+                                        "--cohort); every --output then names one file per slide with {slide} "
+                                        "(a whole-slide model: --output DIR)")
     where.add_argument("--cohort", dest="cohort_file", metavar="FILE.csv",
                        help="a cohort manifest (columns slide,label[,patient,...]; paths relative to the file): its "
                             "slides, each one's label and patient in the summary table")
