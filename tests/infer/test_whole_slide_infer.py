@@ -315,3 +315,14 @@ def test_a_tissue_mean_head_reads_its_tissue_channel_and_gives_probabilities_onl
         canvases.close()
         assert looked is None and np.abs(np.array(written[slide.path.stem]) - expected).max() < 1e-12
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [SLIDES_CSV]
+
+
+def test_slide_level_inference_from_python(cohort, tmp_path):
+    from mpi4dl_nb.infer.api import infer_slides
+
+    _, slides = cohort
+    checkpoint = structure_detector(tmp_path / "c", "max", SIZE, MPP)
+    summary = infer_slides(checkpoint, [s.path for s in slides], tmp_path / "out", dtype="float64")
+    assert summary is not None and summary["done"] == 2 and not summary["failed"]
+    assert [r["predicted"] for r in rows_of(summary["summary"])] == ["negative", "positive"]
+    assert map_paths(tmp_path / "out", "slide-01", "max share")[0].exists()
