@@ -41,6 +41,9 @@ run python benchmarks/bench_hosts.py --rates unlimited,10gbit,1gbit
 # 3. pipeline and GEMS (with torch.distributed.pipelining beside them)
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule gpipe
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule 1f1b
+# 11. gradient all-reduce overlapped with backward (data_parallel=2, local_dp=2)
+run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend mpi --markdown
+run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend gloo --markdown
 # 4. weights per rank; models as batch jobs; models nobody here wrote (torchvision)
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 run python benchmarks/bench_models.py --image-size 256 --batch-size 2 --steps 4
@@ -68,6 +71,9 @@ run python benchmarks/bench_infer_memory.py --side 1024 --window 256 --ranks 4 -
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100
 run python benchmarks/bench_soak.py --steps 6000 --sample-every 200 --configs sp_lp --modes api
 run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 384 --steps 5
+# 9. whole slides: the largest canvas per rank budget (each job its own mpiexec), what resolution buys
+run python benchmarks/bench_whole_slide_memory.py --budget-mib 256,448
+run python benchmarks/bench_resolution.py --seeds 2 --figure docs/images/whole_slide_resolution.png
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1

@@ -92,7 +92,7 @@ class CheckpointGranularity(Choice):
 
 
 CheckpointSetting = CheckpointGranularity | int   # a granularity, or N >= 1 layers per segment
-Knob = int | str | list[int] | None               # a knob's JSON-friendly value (``as_dict``)
+Knob = int | float | str | list[int] | None             # a knob's JSON-friendly value (``as_dict``)
 
 SLICE_METHODS = SliceMethod.values()
 SCHEDULES = ScheduleKind.values()
@@ -120,7 +120,21 @@ def as_checkpoint_setting(value: object) -> CheckpointSetting | None:
 
 def as_slice_method(value: object) -> SliceMethod:
     """``value`` (``"square"`` or a member) as a SliceMethod; ConfigError naming the choices."""
-    return parse_choice(SliceMethod, value, "slice_method", f"one of {', '.join(SLICE_METHODS)}")
+    return parse_choice(SliceMethod, value, "slice_method", f"one of {', '.join(SLICE_METHODS)} or DxRxC "
+                        f"(a volume's depth x rows x cols tiles, e.g. 2x2x2)")
+
+
+def volume_slices(value: object) -> tuple[int, int, int] | None:
+    """``"DxRxC"`` (``--slice-method 2x2x2``: a volume's depth x rows x cols tiles) as ``(D, R, C)``; None
+    for anything else (the image slice methods); ConfigError for a DxRxC with a count below 1."""
+    parts = str(value).strip().lower().split("x") if isinstance(value, str) else []
+    if len(parts) != 3 or not all(part.strip().isdigit() for part in parts):
+        return None
+    depth, rows, cols = (int(part) for part in parts)
+    if min(depth, rows, cols) < 1:
+        raise ConfigError("slice_method", f"{value!r}: a volume's grid needs at least one tile along depth, "
+                          f"rows and cols, e.g. 2x2x2")
+    return (depth, rows, cols)
 
 
 def as_schedule_kind(value: object) -> ScheduleKind:
@@ -157,6 +171,9 @@ class ParallelConfig:
     forward under autocast, master weights and BatchNorm statistics in float32.
     ``virtual_stages``: with ``schedule='interleaved'``, the chunks each rank holds: the
     ``split_size`` stages lie on ``split_size / virtual_stages`` ranks, stage s on s mod that.
+    ``grad_bucket_mb``: the size cap of the gradient buckets whose all-reduce over a stage's holders
+    starts during backward, as soon as the bucket's gradients of the step are complete (None: one
+    all-reduce per stage after all backwards, no overlap).
     """
 
     split_size: int = 2
@@ -172,6 +189,8 @@ class ParallelConfig:
     data_parallel: int = 1
     schedule: ScheduleKind = ScheduleKind.GPIPE
     grid: tuple[int, int] | None = field(default=None)
+    # a volume's depth x rows x cols tiles (``slice_method="DxRxC"`` sets it; issue 45)
+    volume_grid: tuple[int, int, int] | None = field(default=None)
     sync_batchnorm: bool = False
     check_ops: bool = True
     # memory knobs (issue 14): activation recomputation per stage (None: off; 'every', 'blocks' or N
@@ -181,12 +200,22 @@ class ParallelConfig:
     # interleaved schedule (issue 44): the split_size stages lie on split_size / virtual_stages
     # pipeline positions, stage s on position s mod positions (each rank holds virtual_stages chunks)
     virtual_stages: int = 1
+    # gradient all-reduce overlapped with backward (issue 44): a stage's gradients are summed over its
+    # holders in buckets of about this many MB, each posted as soon as its last gradient of the step
+    # arrived (None: one all-reduce per stage after every backward)
+    grad_bucket_mb: float | None = 25.0
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):
             object.__setattr__(self, "balance", tuple(int(b) for b in self.balance))
         if self.grid is not None and not isinstance(self.grid, tuple):
             object.__setattr__(self, "grid", tuple(int(g) for g in self.grid))
+        volume = volume_slices(self.slice_method)
+        if volume is not None:   # slice_method="2x2x2": a volume's grid; the image slice method stays default
+            object.__setattr__(self, "volume_grid", volume)
+            object.__setattr__(self, "slice_method", SliceMethod.SQUARE)
+        elif self.volume_grid is not None and not isinstance(self.volume_grid, tuple):
+            object.__setattr__(self, "volume_grid", tuple(int(g) for g in self.volume_grid))
         self._check_own_knobs()
 
     # ----------------------------------------------------------------- derived sizes
@@ -223,10 +252,20 @@ class ParallelConfig:
 
     @property
     def grid_shape(self) -> tuple[int, int]:
-        """(rows, cols) of the tile grid of the spatial stages."""
+        """(rows, cols) of the tile grid of the spatial stages (an image's grid; see ``tile_grid_shape``)."""
+        if self.volume_grid is not None:
+            shown = "x".join(map(str, self.volume_grid))
+            raise ConfigError("slice_method", f"{shown} tiles volumes (depth x rows x cols): spatialize and "
+                              f"TileGrid(depth=...) take it, the training engine's image stages do not yet; use "
+                              f"square, vertical or horizontal for images")
         if self.grid is not None:
             return self.grid
         return self.slice_method.grid_shape(self.num_spatial_parts)
+
+    @property
+    def tile_grid_shape(self) -> tuple[int, ...]:
+        """The tile grid's counts along every axis: ``(rows, cols)``, a volume's ``(depth, rows, cols)``."""
+        return self.volume_grid if self.volume_grid is not None else self.grid_shape
 
     @property
     def micro_batches_per_replica(self) -> int:
@@ -257,7 +296,7 @@ class ParallelConfig:
                 return str(value)
             if isinstance(value, tuple):
                 return list(value)
-            assert value is None or isinstance(value, (int, str)), value
+            assert value is None or isinstance(value, (int, float, str)), value
             return value
 
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
@@ -278,6 +317,11 @@ class ParallelConfig:
         positive("fused_layers")
         positive("data_parallel")
         positive("virtual_stages")
+        bucket = self.grad_bucket_mb
+        if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, (int, float))
+                                   or not bucket > 0):
+            raise ConfigError("grad_bucket_mb", f"must be a size in MB > 0 (25 is DDP's), or None for one "
+                              f"all-reduce per stage after all backwards; got {bucket!r}")
         # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
@@ -306,7 +350,14 @@ class ParallelConfig:
         if self.spatial_size > 0 and self.num_spatial_parts < 2 and self.grid is None:
             raise ConfigError("num_spatial_parts", "a spatial stage needs at least 2 tiles; "
                               "use num_spatial_parts >= 2 or spatial_size=0")
-        if self.grid is not None:
+        if self.volume_grid is not None:
+            tiles = math.prod(self.volume_grid)
+            if len(self.volume_grid) != 3 or min(self.volume_grid) < 1 or tiles != self.num_spatial_parts:
+                shown = "x".join(map(str, self.volume_grid))
+                raise ConfigError("slice_method", f"{shown} has {tiles} tiles but num_spatial_parts="
+                                  f"{self.num_spatial_parts}; use num_spatial_parts={tiles} or a DxRxC whose "
+                                  f"product is {self.num_spatial_parts}")
+        elif self.grid is not None:
             rows, cols = self.grid
             if rows < 1 or cols < 1 or rows * cols != self.num_spatial_parts:
                 raise ConfigError("grid", f"grid {rows}x{cols} has {rows * cols} tiles but "

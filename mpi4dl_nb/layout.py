@@ -24,7 +24,7 @@ class LayoutKnobs(Protocol):
     @property
     def gems(self) -> bool: ...
     @property
-    def grid_shape(self) -> tuple[int, int]: ...
+    def tile_grid_shape(self) -> tuple[int, ...]: ...
     @property
     def pipeline_positions(self) -> int: ...
 
@@ -40,6 +40,15 @@ class StageSlot:
     tile_col: int | None
     copy: int                 # local-DP copy index for non-spatial stages, 0 for tiles
     stage_ranks: tuple[int, ...]   # every rank holding this stage in this replica/direction
+    tile_depth: int | None = None   # a volume's grid (``--slice-method DxRxC``): the tile's depth slice
+
+    @property
+    def grid_position(self) -> str:
+        """Where the tile lies in its grid: ``(row,col)``, a volume's ``(depth,row,col)``; "-" for no tile."""
+        if self.tile is None:
+            return "-"
+        depth = "" if self.tile_depth is None else f"{self.tile_depth},"
+        return f"({depth}{self.tile_row},{self.tile_col})"
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,8 @@ class RankRole:
         """One-line human description of the role."""
         def slot_text(slot: StageSlot) -> str:
             if slot.spatial:
-                return f"stage {slot.stage} tile {slot.tile} (r{slot.tile_row},c{slot.tile_col})"
+                depth = "" if slot.tile_depth is None else f"d{slot.tile_depth},"
+                return f"stage {slot.stage} tile {slot.tile} ({depth}r{slot.tile_row},c{slot.tile_col})"
             return f"stage {slot.stage}" + (f" copy {slot.copy}" if len(slot.stage_ranks) > 1 else "")
         text = ", ".join(slot_text(slot) for slot in (self.primary, *self.chunks))
         if self.mirror is not None:
@@ -93,7 +103,8 @@ class RankRole:
 
 def _replica_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
     """Primary slots of the ranks of one replica, in in-replica index order."""
-    rows, cols = cfg.grid_shape
+    shape = cfg.tile_grid_shape   # (rows, cols), a volume's (depth, rows, cols); numbered row-major
+    cols, per_slice = shape[-1], shape[-2] * shape[-1]
     slots: list[StageSlot] = []
     offset = 0
     for stage in range(cfg.pipeline_positions):
@@ -102,7 +113,8 @@ def _replica_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
         ranks = tuple(base + offset + k for k in range(count))
         for k in range(count):
             if spatial:
-                slots.append(StageSlot(stage, True, k, k // cols, k % cols, 0, ranks))
+                depth = k // per_slice if len(shape) == 3 else None
+                slots.append(StageSlot(stage, True, k, k % per_slice // cols, k % cols, 0, ranks, depth))
             else:
                 slots.append(StageSlot(stage, False, None, None, None, k, ranks))
         offset += count
@@ -133,7 +145,7 @@ def _mirror_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
         slot = primary[size - 1 - i]
         ranks = tuple(flip[r] for r in slot.stage_ranks)
         mirrored.append(StageSlot(slot.stage, slot.spatial, slot.tile, slot.tile_row,
-                                  slot.tile_col, slot.copy, ranks))
+                                  slot.tile_col, slot.copy, ranks, slot.tile_depth))
     return mirrored
 
 
@@ -170,7 +182,7 @@ def layout_table(cfg: LayoutKnobs) -> str:
         row = [str(role.rank), str(role.replica), str(p.stage),
                "spatial" if p.spatial else "layer",
                "-" if p.tile is None else str(p.tile),
-               "-" if p.tile is None else f"({p.tile_row},{p.tile_col})",
+               p.grid_position,
                "-" if p.spatial else str(p.copy)]
         if cfg.gems:
             m = role.mirror

@@ -15,6 +15,7 @@ from ..config import (
     ScheduleKind,
     SliceMethod,
     as_checkpoint_setting,
+    volume_slices,
 )
 from ..data.apps import AppKind
 
@@ -37,7 +38,18 @@ PARALLEL_FLAGS: dict[str, str] = {
     "--no-check-ops": "check_ops",
     "--checkpoint-activations": "checkpoint_activations",
     "--precision": "precision",
+    "--grad-bucket-mb": "grad_bucket_mb",
 }
+
+
+def parse_bucket_mb(text: str) -> float | None:
+    """Parse ``--grad-bucket-mb``: a size in MB, or ``none`` (one all-reduce per stage after all backwards)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MB (e.g. 25) or 'none'") from None
 
 
 def parse_balance(text: str | None) -> tuple[int, ...] | None:
@@ -67,12 +79,18 @@ def parse_app(text: str) -> AppKind:
 
 
 def parse_slice_method(text: str) -> str:
-    """Validate ``--slice-method`` early, with the valid choices in the message."""
+    """Validate ``--slice-method`` early, with the valid choices in the message: an image's layout or a
+    volume's ``DxRxC`` (depth x rows x cols tiles, e.g. ``2x2x2``; ``--num-spatial-parts`` = D*R*C)."""
     key = str(text).strip().strip('"').strip("'").lower()
-    if key not in SLICE_METHODS:
+    try:
+        volume = volume_slices(key)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(f"--slice-method {text!r}: {err.detail}") from None
+    if key not in SLICE_METHODS and volume is None:
         raise argparse.ArgumentTypeError(
-            f"--slice-method {text!r}: choose one of {', '.join(SLICE_METHODS)}")
-    return key
+            f"--slice-method {text!r}: choose one of {', '.join(SLICE_METHODS)}, or DxRxC for a volume's "
+            f"depth x rows x cols tiles (e.g. 2x2x2)")
+    return key if volume is None else "x".join(map(str, volume))
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -86,7 +104,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="number of image tiles (ranks) per spatial stage")
     g.add_argument("--slice-method", dest="slice_method", type=parse_slice_method,
                    default=SliceMethod.SQUARE.value,
-                   help=f"tile layout: {', '.join(SLICE_METHODS[:-1])} or {SLICE_METHODS[-1]}")
+                   help=f"tile layout: {', '.join(SLICE_METHODS)}, or DxRxC for a volume's depth x rows x "
+                        f"cols tiles (e.g. 2x2x2, with --num-spatial-parts D*R*C)")
     g.add_argument("--parts", dest="parts", type=int, default=1,
                    help="number of micro-batches for pipeline parallelism")
     g.add_argument("--times", dest="times", type=int, default=0,
@@ -121,6 +140,11 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--precision", dest="precision", choices=PRECISIONS, default="fp32",
                    help="compute precision: autocast to bf16 (CPU/GPU) or fp16 (GPU, gradient "
                         "scaler); master weights and normalisation statistics stay float32")
+    g.add_argument("--grad-bucket-mb", dest="grad_bucket_mb", type=parse_bucket_mb, default=25.0,
+                   metavar="MB|none",
+                   help="gradient all-reduce overlapped with backward: buckets of about MB megabytes, each "
+                        "summed over the stage's holders as soon as its gradients are complete (default 25, "
+                        "DDP's; none: one all-reduce per stage after all backwards)")
     return parser
 
 
@@ -193,6 +217,8 @@ def parallel_flags(cfg: ParallelConfig) -> list[str]:
     out: list[str] = []
     for flag, name in PARALLEL_FLAGS.items():
         value, default = getattr(cfg, name), defaults[name]
+        if name == "slice_method" and cfg.volume_grid is not None:   # --slice-method DxRxC
+            value = "x".join(map(str, cfg.volume_grid))
         if isinstance(value, tuple):
             value = ",".join(map(str, value))
             default = None if default is None else ",".join(map(str, default))

@@ -215,6 +215,15 @@ class Context:
             self.data_plane.all_reduce(tensor, group)
         return tensor
 
+    def iall_reduce(self, tensor: torch.Tensor, group: Group | None = None) -> Request:
+        """Post an in-place sum of ``tensor`` over ``group`` (default: the world); the sum is there after
+        ``wait()``. Every member posts its non-blocking reductions of one group in the same order."""
+        group = self.world if group is None else group
+        _require_contiguous(tensor, "iall_reduce")
+        if group.size > 1:
+            return self.data_plane.iall_reduce(tensor, group)
+        return Request.completed()
+
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group | None = None) -> torch.Tensor:
         """Overwrite ``tensor`` on every member of ``group`` with global rank ``root``'s copy."""
         group = self.world if group is None else group

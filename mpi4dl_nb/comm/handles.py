@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -89,6 +89,13 @@ class Waitable(Protocol):
     def wait(self) -> object: ...   # what it returns is not used
 
 
+@runtime_checkable
+class Testable(Protocol):
+    """A library request that can say, without blocking, whether it completed (mpi4py's ``Test``)."""
+
+    def test(self) -> bool: ...
+
+
 class _Completed:
     """A library handle with nothing left to wait for."""
 
@@ -121,6 +128,14 @@ class Request:
         """A request that is complete on creation (nothing to send: a self-message, a simulated rank)."""
         return cls(_Completed())
 
+    def test(self) -> bool:
+        """Whether the transfer completed (then finished as by ``wait``); never blocks. On MPI this also
+        drives the library's progress, so a posted collective advances while this rank computes; handles
+        that progress on their own (torch.distributed's) answer False until waited."""
+        if not self.done and isinstance(self._handle, Testable) and self._handle.test():
+            self.wait()
+        return self.done
+
     def wait(self) -> None:
         if self.done:
             return
@@ -136,6 +151,9 @@ class _AllOf:
 
     def __init__(self, handles: tuple[Waitable, ...]) -> None:
         self.handles = handles
+
+    def test(self) -> bool:
+        return all(isinstance(h, Testable) and h.test() for h in self.handles)
 
     def wait(self) -> None:
         for handle in self.handles:

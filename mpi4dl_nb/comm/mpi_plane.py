@@ -49,6 +49,10 @@ class MpiRequests:
             for handle in self.handles:
                 handle.Wait()
 
+    def test(self) -> bool:
+        """Whether every request has completed; drives MPI's progress once and never blocks."""
+        return all(handle.Test() for handle in self.handles)
+
 
 class MpiPlane:
     """Tensors travel through mpi4py, on the tensors' own memory.
@@ -147,6 +151,26 @@ class MpiPlane:
 
         comm = group.communicator()
         self._in_place(tensor, lambda buffer: comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+
+    def iall_reduce(self, tensor: torch.Tensor, group: Group) -> Request:
+        """``MPI_Iallreduce`` in place on ``tensor`` (through a host buffer when staged), left pending:
+        MPI progresses it whenever this rank calls MPI (``Request.test`` does so without waiting)."""
+        from mpi4py import MPI
+
+        comm = group.communicator()
+        if not self._staged(tensor):
+            self._settle([tensor])
+            handle = comm.Iallreduce(MPI.IN_PLACE, self._buffer(tensor), op=MPI.SUM)
+            return Request(MpiRequests([handle], self.wait_mode), keep=tensor)
+        host = self.pool.take(tensor)
+        host.copy_(tensor.detach(), non_blocking=True)
+        self._settle([tensor])
+        handle = comm.Iallreduce(MPI.IN_PLACE, self._buffer(host), op=MPI.SUM)
+
+        def done() -> None:
+            tensor.detach().copy_(host)
+            self.pool.give(host)
+        return Request(MpiRequests([handle], self.wait_mode), on_done=done, keep=tensor)
 
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None:
         comm, index = group.communicator(), group.rank_of(root)

@@ -100,6 +100,12 @@ class TorchPlane:
         self._check(tensor)
         dist.all_reduce(tensor.detach(), group=group.torch_group)
 
+    def iall_reduce(self, tensor: torch.Tensor, group: Group) -> Request:
+        """``all_reduce`` posted asynchronously (gloo runs it on its own threads, nccl on its stream)."""
+        self._check(tensor)
+        work = dist.all_reduce(tensor.detach(), group=group.torch_group, async_op=True)
+        return Request.all_of([work] if work is not None else [], keep=tensor)
+
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None:
         self._check(tensor)
         dist.broadcast(tensor.detach(), src=root, group=group.torch_group)

@@ -129,8 +129,9 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
         last = layers[-1]
         if isinstance(last, ClassifierHead) and last.pool_kind is not PoolKind.AVG:
             raise ConfigError("--checkpoint", f"its head pools the whole canvas by {last.pool_kind.value} (--pool), "
-                                              f"which a map of cells cannot reproduce; slide-level inference of such "
-                                              f"a model is not there yet: evaluate it with `evaluate --checkpoint`")
+                                              f"which a map of cells cannot reproduce; a whole-slide model (train "
+                                              f"--whole-slide) gets one prediction per slide with `infer --slides "
+                                              f"A,B --output DIR`; evaluate others with `evaluate --checkpoint`")
         if isinstance(last, ClassifierHead):
             modules, classes = [*layers[:-1], *head_as_convolution(last, side, step)], last.fc.out_features
         else:

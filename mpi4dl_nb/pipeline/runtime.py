@@ -18,6 +18,7 @@ from ..spatial.loss import TileLoss
 from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
+from .grad_buckets import MB, GradientReducer, weight_gradient_passes
 from .handoff import join_tiles, split_grad
 from .precision import LossScaler, autocast
 from .schedules import Action, ActionKind, Schedule, Stepper, chunk_index, stage_ranks
@@ -69,6 +70,11 @@ class StageInstance:
         from ..spatial.convert import tile_replicated_parameters
 
         return {id(p) for p in tile_replicated_parameters(self.module)}
+
+
+def _silent_of(copies: list[StageInstance]) -> Callable[[], list[set[int]]]:
+    """Each copy's silent parameters, asked when needed (spatial layers learn them in forward)."""
+    return lambda: [inst.silent_parameters() for inst in copies]
 
 
 def start_training(canonical: nn.Module, module: nn.Module) -> None:
@@ -173,6 +179,32 @@ class PipelineRuntime:
         self.forward_mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank, True), inbound)
         self.recorders = {key: LayerRecorder(inst.module) for key, inst in instances.items()
                           if self._splits(inst.stage)}
+        self.reducer = self._gradient_reducer()
+
+    def _stage_copies(self, stage: int) -> list[StageInstance]:
+        """This rank's copies of ``stage`` (GEMS directions), in replica order."""
+        return [inst for (_, s), inst in sorted(self.instances.items()) if s == stage]
+
+    def _gradient_reducer(self) -> GradientReducer | None:
+        """``grad_bucket_mb``: buckets whose all-reduce starts during backward, on every stage this rank
+        shares with other holders (None: one all-reduce per stage at its ALLREDUCE action)."""
+        if self.cfg.grad_bucket_mb is None:
+            return None
+        reducer = GradientReducer(self.ctx, self.cfg.grad_bucket_mb * MB)
+        for stage, group in sorted(self.stage_groups.items()):
+            if group is not None and group.size > 1:
+                copies = self._stage_copies(stage)
+                reducer.add_stage(stage, [i.module for i in copies], group, _silent_of(copies))
+        return reducer
+
+    def weight_gradient_passes(self) -> dict[int, list[int]]:
+        """For each stage this rank holds, the backward passes of each of its copies this step."""
+        passes: dict[int, list[int]] = {}
+        for stage in sorted({s for _, s in self.instances}):
+            merged = self.cfg.local_dp if (self.cfg.sync_batchnorm and self._spatial(stage)) else 1
+            passes[stage] = [weight_gradient_passes(self.actions, inst.replica, stage, merged)
+                             for inst in self._stage_copies(stage)]
+        return passes
 
     # ----------------------------------------------------------------- helpers
     def _instance(self, action: Action) -> StageInstance:
@@ -400,10 +432,13 @@ class PipelineRuntime:
         return payload_bytes(payload)
 
     def _allreduce(self, action: Action) -> int:
-        mine = [inst for (_, s), inst in sorted(self.instances.items()) if s == action.stage]
+        mine = self._stage_copies(action.stage)
         group = self.stage_groups.get(action.stage)
-        moved = sum_stage_gradients(self.ctx, [i.module for i in mine], group,
-                                    [i.silent_parameters() for i in mine])
+        if self.reducer is not None and self.reducer.covers(action.stage):
+            moved = self.reducer.finish(action.stage)   # buckets posted during backward: the rest, then wait
+        else:
+            moved = sum_stage_gradients(self.ctx, [i.module for i in mine], group,
+                                        [i.silent_parameters() for i in mine])
         sync_running_stats(self.ctx, [i.ledger for i in mine], group)
         return moved
 
@@ -510,6 +545,8 @@ class StepRun:
         runtime.mailbox.begin()
         for inst in runtime.instances.values():
             inst.ledger.begin_step()
+        if runtime.reducer is not None:
+            runtime.reducer.begin_step(runtime.weight_gradient_passes())
 
     @property
     def next_action(self) -> Action | None:

@@ -188,6 +188,10 @@ class FakeComm:
         self.traffic.collective_bytes += tensor.numel() * tensor.element_size()
         return tensor
 
+    def iall_reduce(self, tensor: torch.Tensor, group: Group | None = None) -> Request:
+        self.all_reduce(tensor, group)
+        return Request.completed()
+
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group | None = None) -> torch.Tensor:
         return self.all_reduce(tensor, group)
 

@@ -3,8 +3,9 @@
 Leaves are converted in a copy of the tree (containers are shallow copies, parameters and
 buffers are the same objects): Conv2d, ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d,
 GroupNorm, InstanceNorm2d, Upsample and AdaptiveAvgPool2d(1) become their spatial versions (on a
-volume's grid, a TileGrid with depth: Conv3d, MaxPool3d, AvgPool3d, BatchNorm3d); element-wise layers
-stay as they are. Custom containers keep their own ``forward`` —
+volume's grid, a TileGrid with depth: Conv3d, ConvTranspose3d, MaxPool3d, AvgPool3d, BatchNorm3d, GroupNorm,
+InstanceNorm3d, Upsample, AdaptiveAvgPool3d(1), AdaptiveMaxPool3d(1)); element-wise layers stay as they are.
+Custom containers keep their own ``forward`` —
 residual adds, gates, channel concatenation and element-wise ops work tile by tile because
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.

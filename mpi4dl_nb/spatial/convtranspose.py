@@ -1,4 +1,4 @@
-"""SpatialConvTranspose2d: a transposed convolution on tiles (any stride, padding, output_padding).
+"""SpatialConvTranspose2d/3d: a transposed convolution on tiles (any stride, padding, output_padding).
 
 A transposed convolution scatters each input pixel into a ``d*(k-1)+1`` window of the output
 at stride ``s``. Each tile computes its full local contribution (a transposed conv with no
@@ -6,17 +6,20 @@ padding), which covers output rows ``[i0*s - p, (i1-1)*s - p + d*(k-1) + 1)`` fo
 ``[i0, i1)``. The rows that fall in a neighbour's owned output range are sent there and added;
 rows outside the image (the padding) are dropped. That is exactly the adjoint of a halo
 exchange whose "needed" range is the contribution range, so forward runs the halo
-exchange's adjoint and backward its forward (the gradient's halo).
+exchange's adjoint and backward its forward (the gradient's halo). The same code serves a
+volume's three axes (``AxesHaloExchange``).
 """
 
 from __future__ import annotations
+
+from typing import Self
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .geometry import AxisExchange, LayerHalo, plan_axis, split_ranges
+from .geometry import AXIS_NAMES, AxisExchange, LayerHalo, plan_axis, split_ranges
 from .layer import SpatialLayer, SpatialRuntime, adopt
 
 
@@ -34,40 +37,58 @@ def contribution_plan(size: int, parts: int, kernel: int, stride: int, dilation:
     return out, plan_axis(out, split_ranges(out, parts), needed, what=what)
 
 
-class SpatialConvTranspose2d(SpatialLayer, nn.ConvTranspose2d):
-    """ConvTranspose2d on this rank's tile; its output is the owned tile of the full output."""
+class _TransposedConv(SpatialLayer, nn.Module):
+    """A transposed convolution on this rank's tile, over the grid's 2 or 3 axes; its output is the owned
+    tile of the full output."""
+
+    kernel_size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    padding: str | tuple[int, ...]
+    output_padding: tuple[int, ...]
+    groups: int
+    weight: torch.Tensor
+    bias: torch.Tensor | None
 
     @classmethod
-    def from_module(cls, conv: nn.ConvTranspose2d, runtime: SpatialRuntime,
-                    name: str = "") -> SpatialConvTranspose2d:
+    def from_module(cls, conv: nn.ConvTranspose2d | nn.ConvTranspose3d, runtime: SpatialRuntime,
+                    name: str = "") -> Self:
         if conv.padding_mode != "zeros":
-            raise ConfigError("model", f"{name}: ConvTranspose2d padding_mode={conv.padding_mode!r} "
+            raise ConfigError("model", f"{name}: {type(conv).__name__} padding_mode={conv.padding_mode!r} "
                               f"is not supported; use 'zeros'")
         return adopt(cls, conv, runtime, name)
 
-    def geometry(self, height: int, width: int) -> LayerHalo:
+    def geometry(self, sizes: tuple[int, ...]) -> LayerHalo:
         grid = self.runtime.grid
-        axes = []
-        padding = (int(self.padding[0]), int(self.padding[1]))
-        for axis, (size, parts) in enumerate(((height, grid.rows), (width, grid.cols))):
-            axes.append(contribution_plan(
+        axis_names = AXIS_NAMES[-grid.ndim:]
+        outs, plans = [], []
+        for axis, (size, parts) in enumerate(zip(sizes, grid.shape)):
+            out, plan = contribution_plan(
                 size, parts, self.kernel_size[axis], self.stride[axis], self.dilation[axis],
-                padding[axis], self.output_padding[axis],
-                f"{self.layer_name} ({'rows' if axis == 0 else 'cols'})"))
-        (out_h, row_plans), (out_w, col_plans) = axes
-        return LayerHalo.from_plans(grid, out_h, out_w, out_h, out_w, row_plans, col_plans,
-                                    self.layer_name)
+                int(self.padding[axis]), self.output_padding[axis], f"{self.layer_name} ({axis_names[axis]})")
+            outs.append(out)
+            plans.append(plan)
+        return LayerHalo.from_axis_plans(grid, sizes, outs, plans, self.layer_name)
 
     def tile_forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if output_size is not None:
-            raise ConfigError("model", f"{self.layer_name}: ConvTranspose2d(output_size=...) is "
+            raise ConfigError("model", f"{self.layer_name}: {self.serial_class.__name__}(output_size=...) is "
                               f"not supported on tiles (a tile's size is not the image's); set "
                               f"output_padding on the layer instead")
-        size = self.runtime.input_size(self, x)
-        exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size), 0.0))
-        local = F.conv_transpose2d(x, self.weight, None, self.stride, 0, 0, self.groups,
-                                   self.dilation)
+        runtime = self.runtime
+        sizes = runtime.axis_sizes(self, x)
+        exchange = self._halo(sizes, lambda: runtime.axes_exchange_for(self.geometry(sizes), 0.0))
+        transposed = F.conv_transpose3d if runtime.grid.volumetric else F.conv_transpose2d
+        local = transposed(x, self.weight, None, self.stride, 0, 0, self.groups, self.dilation)
         out = exchange.adjoint(local)
         if self.bias is not None:
-            out = out + self.bias[None, :, None, None]
+            out = out + self.bias.reshape(-1, *[1] * runtime.grid.ndim)
         return out
+
+
+class SpatialConvTranspose2d(_TransposedConv, nn.ConvTranspose2d):
+    """ConvTranspose2d on this rank's tile; its output is the owned tile of the full output."""
+
+
+class SpatialConvTranspose3d(_TransposedConv, nn.ConvTranspose3d):
+    """ConvTranspose3d on a volume's tile (depth, rows and columns exchanged as in 2-D)."""

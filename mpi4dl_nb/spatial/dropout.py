@@ -14,6 +14,10 @@ tensor) equal the serial ones only if every tile's rank holds the same random st
 each forward checks that (tile 0's digest broadcast, a flag summed) and refuses, naming the op, when
 they differ.
 Other random ops on a tile (``torch.rand_like(tile)``, training-mode ``rrelu``) stay refused.
+
+A volume's tiles (a TileGrid with depth) take the same rules: ``(N, C, d, h, w)`` tiles, the element-wise
+mask drawn for the whole volume and sliced along depth, rows and columns; ``dropout3d`` draws per
+sample and channel as one process does.
 """
 
 from __future__ import annotations
@@ -110,6 +114,10 @@ def dropout_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...
     if not _training(name, args, kwargs) or p == 0:
         return mark_tiled(func(*args, **kwargs), layout)
     check_random_state(guard, func, x.device)
+    runtime = guard_runtime(guard, "dropout")
+    if runtime.grid.volumetric and x.dim() != 2 + runtime.grid.ndim:
+        raise guard.error(func, f"on a {x.dim()}-d volume tile: only batched (N, C, D, H, W) tiles are "
+                          f"supported (their mask is drawn per sample and channel, or per voxel)")
     if name in _FEATURE:
         if any(position < 2 for position in layout.positions(x.dim())):
             raise guard.error(func, f"drops whole rows of dims 0-1 of a tile with its "
@@ -118,13 +126,15 @@ def dropout_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...
     if name not in _ELEMENTWISE:
         raise guard.error(func, f"(p={p}) on a tile is not supported (its noise is not a mask one "
                           f"can slice); use F.dropout or move it after the spatial stage")
-    noise = serial_noise_tile(guard_runtime(guard, "dropout"), x, layout, p)
+    noise = serial_noise_tile(runtime, x, layout, p)
     inplace = bool(argument(args, kwargs, 3, "inplace", False))
     return mark_tiled(x.mul_(noise) if inplace else x * noise, layout)
 
 
 def serial_noise_tile(runtime: SpatialRuntime, x: torch.Tensor, layout: TileLayout, p: float) -> torch.Tensor:
     """This tile's slice of ``F.dropout(ones of the whole image's shape, p)`` (0 or 1/(1-p))."""
+    if runtime.grid.volumetric:
+        return volume_noise_tile(runtime, x, p)
     height, width = runtime.image_size_of(DROPOUT, layout.lengths(x.shape))
     r0, r1, c0, c1 = runtime.grid.tile_box(runtime.tile, height, width)
     positions = layout.positions(x.dim())
@@ -141,6 +151,16 @@ def serial_noise_tile(runtime: SpatialRuntime, x: torch.Tensor, layout: TileLayo
     return noise.narrow(positions[0], r0, r1 - r0).narrow(positions[1], c0, c1 - c0)
 
 
+def volume_noise_tile(runtime: SpatialRuntime, x: torch.Tensor, p: float) -> torch.Tensor:
+    """This volume tile's (``(N, C, d, h, w)``) slice of ``F.dropout(ones of the whole volume's shape, p)``."""
+    axes = runtime.grid.ndim
+    sizes = runtime.tiled_sizes(DROPOUT, x)
+    noise = F.dropout(_ones_laid_out_like(x, [*x.shape[:-axes], *sizes]), p, True)
+    for dim, (start, stop) in zip(range(-axes, 0), runtime.grid.extent(runtime.tile, sizes)):
+        noise = noise.narrow(dim, start, stop - start)
+    return noise
+
+
 def _ones_laid_out_like(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
     """Ones of ``shape`` whose dims lie in memory in the order of ``x``'s (outermost first)."""
     strides = x.stride()
@@ -151,4 +171,5 @@ def _ones_laid_out_like(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
 
 for _kind in (OpKind.DROPOUT, OpKind.RANDOM):
     register_handler(_kind, dropout_on_tiles)
+    register_handler(_kind, dropout_on_tiles, volume=True)
     register_handler(_kind, drawn_without_tiles, untiled=True)

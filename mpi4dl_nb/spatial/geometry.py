@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..config import ConfigError, SliceMethod, as_slice_method
+from ..config import ConfigError, SliceMethod, as_slice_method, volume_slices
 
 Range = tuple[int, int]   # half-open [start, stop)
 Box = tuple[int, int, int, int]   # half-open (r0, r1, c0, c1)
@@ -233,9 +233,17 @@ class TileGrid:
 
     @classmethod
     def from_slice_method(cls, method: SliceMethod | str, num_parts: int) -> TileGrid:
-        """The grid MPI4DL's ``--slice-method`` and ``--num-spatial-parts`` describe."""
+        """The grid MPI4DL's ``--slice-method`` and ``--num-spatial-parts`` describe (``"DxRxC"``: a volume's
+        depth x rows x cols grid, D*R*C = ``num_parts``)."""
         if num_parts < 1:
             raise ConfigError("num_spatial_parts", f"must be >= 1, got {num_parts}")
+        volume = volume_slices(method)
+        if volume is not None:
+            depth, rows, cols = volume
+            if depth * rows * cols != num_parts:
+                raise ConfigError("slice_method", f"{depth}x{rows}x{cols} has {depth * rows * cols} tiles but "
+                                  f"num_spatial_parts={num_parts}; use num_spatial_parts={depth * rows * cols}")
+            return cls(rows, cols, depth)
         kind = as_slice_method(method)
         root = math.isqrt(num_parts)
         if kind is SliceMethod.SQUARE and root * root != num_parts:
@@ -510,6 +518,15 @@ class LayerHalo:
         plans = [plan_window_axis(size, count, window, what=f"{name} ({axis})")
                  for size, count, window, axis in zip(sizes, grid.shape, windows, AXIS_NAMES)]
         outs = [window.out_size(size) for size, window in zip(sizes, windows)]
+        return cls.from_axis_plans(grid, sizes, outs, plans, name)
+
+    @classmethod
+    def from_axis_plans(cls, grid: TileGrid, sizes: Sequence[int], outs: Sequence[int],
+                        plans: Sequence[Sequence[AxisExchange]], name: str = "layer") -> LayerHalo:
+        """The exchange made of each axis' per-tile plans (input lengths ``sizes``, output lengths ``outs``),
+        on an image's grid or a volume's (``plans[k][i]``: tile index ``i`` along axis ``k``)."""
+        if not grid.volumetric:
+            return cls.from_plans(grid, sizes[0], sizes[1], outs[0], outs[1], plans[0], plans[1], name)
         tiles = []
         for tile in range(grid.num_tiles):
             (d, r, c), (out_d, *out_plane) = grid.coords(tile), grid.extent(tile, outs)

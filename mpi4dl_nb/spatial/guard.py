@@ -92,15 +92,17 @@ class OpHandler(Protocol):
 
 HANDLERS: dict[OpKind, list[OpHandler]] = {}
 UNTILED_HANDLERS: dict[OpKind, list[OpHandler]] = {}
+VOLUME_HANDLERS: dict[OpKind, list[OpHandler]] = {}
 LAYOUT_HANDLERS: list[OpHandler] = []
 
 
-def register_handler(kind: OpKind, handler: OpHandler, *, untiled: bool = False) -> None:
+def register_handler(kind: OpKind, handler: OpHandler, *, untiled: bool = False, volume: bool = False) -> None:
     """Let ``handler`` compute ops of ``kind`` on tiles; the family's module registers it when imported
     (e.g. ``interpolate.py`` for ``OpKind.RESAMPLE``). Handlers of a kind are asked in registration
     order. ``untiled``: also ask it about ops of ``kind`` that touch no tile (random draws, whose
-    random state must agree on every tile; a resampling to a size read from a tile)."""
-    registry = UNTILED_HANDLERS if untiled else HANDLERS
+    random state must agree on every tile; a resampling to a size read from a tile). ``volume``: ask it
+    about ops of ``kind`` on a volume's tiles (a TileGrid with depth) instead of an image's."""
+    registry = UNTILED_HANDLERS if untiled else VOLUME_HANDLERS if volume else HANDLERS
     if handler not in registry.setdefault(kind, []):
         registry[kind].append(handler)
 
@@ -215,6 +217,22 @@ class _ShareOfTiles(torch.autograd.Function):
 
 class _SharesCtx(FunctionContext, Protocol):
     tiles: int
+
+
+def _dims_refusal(name: str, args: Args, kwargs: Kwargs, tensors: list[torch.Tensor],
+                  offsets: tuple[int, ...]) -> str | None:
+    """Why a dimension-wise op on a tile is not exact (None when it is): it works along a tiled dim (the
+    last ``len(offsets)``) or joins a tile with a replicated tensor."""
+    if ops.is_binary_extremum(name, args, kwargs):
+        return ops.check_pointwise(tensors, is_tiled, offsets)
+    if name in ("cat", "concat", "concatenate", "stack"):
+        joined = args[0] if args else kwargs.get("tensors", ())
+        if isinstance(joined, (list, tuple)) and any(
+                isinstance(t, torch.Tensor) and not is_tiled(t) for t in joined):
+            return (f"{name} joins a tile with a replicated tensor; make it a tile first "
+                    f"(e.g. t.expand_as(tile) for a per-channel value)")
+    tile = ops.first_tiled(args, is_tiled)
+    return None if tile is None else ops.check_dims(name, args, kwargs, tile, len(offsets))
 
 
 class SpatialGuard(TorchFunctionMode):
@@ -415,12 +433,18 @@ class SpatialGuard(TorchFunctionMode):
 
     def _volume_op(self, func: TorchOp, kind: OpKind | None, args: tuple[object, ...], kwargs: dict[str, object],
                    tensors: list[torch.Tensor], tile: torch.Tensor) -> object:
-        """An op on a volume's tile: sizes, iteration over the batch and per-voxel maths; anything else is
-        refused (the op families' rules, reductions, dropout, functional pools, are for images so far)."""
+        """An op on a volume's tile: sizes, iteration over the batch, per-voxel maths and the op families
+        registered for volumes (dropout); anything else is refused (the other families' rules, reductions,
+        functional pools and interpolation, are for images so far)."""
         if kind is OpKind.METADATA:
             return func(*args, **kwargs)
         if kind is OpKind.ITERATE:
             return iter(mark_tiled(tuple(tile.unbind(0))))
+        handlers = VOLUME_HANDLERS.get(kind) if kind is not None else None
+        if handlers:
+            handled = _handled(handlers, self, func, args, kwargs)
+            if handled is not DECLINED:
+                return handled
         name, first = ops.op_name(func), args[0] if args else None
         if self.check_ops:
             if in_place(name) and isinstance(first, torch.Tensor) and not is_tiled(first):
@@ -428,6 +452,10 @@ class SpatialGuard(TorchFunctionMode):
             elif kind is OpKind.POINTWISE:
                 operands = [first] if name in TEMPLATE_ONLY and isinstance(first, torch.Tensor) else tensors
                 reason = ops.check_pointwise(operands, is_tiled, VOLUME_OFFSETS)
+            elif kind is OpKind.DIMS:   # along batch or channels only (a channel concatenation, a softmax)
+                reason = _dims_refusal(name, args, kwargs, tensors, VOLUME_OFFSETS)
+            elif kind is OpKind.CHANNEL:   # per channel (prelu, eval-mode batch_norm)
+                reason = ops.check_channel(func, args, kwargs)
             else:
                 reason = ("is not known to be exact on a volume's tiles (a TileGrid with depth): only per-voxel "
                           "maths and the layers spatialize converts are, so far")
@@ -478,16 +506,7 @@ class SpatialGuard(TorchFunctionMode):
             operands = [first] if name in TEMPLATE_ONLY and isinstance(first, torch.Tensor) else tensors
             return ops.check_pointwise(operands, is_tiled)
         if kind is OpKind.DIMS:
-            if ops.is_binary_extremum(name, args, kwargs):
-                return ops.check_pointwise(tensors, is_tiled)
-            if name in ("cat", "concat", "concatenate", "stack"):
-                joined = args[0] if args else kwargs.get("tensors", ())
-                if isinstance(joined, (list, tuple)) and any(
-                        isinstance(t, torch.Tensor) and not is_tiled(t) for t in joined):
-                    return (f"{name} joins a tile with a replicated tensor; make it a tile first "
-                            f"(e.g. t.expand_as(tile) for a per-channel value)")
-            tile = ops.first_tiled(args, is_tiled)
-            return None if tile is None else ops.check_dims(name, args, kwargs, tile)
+            return _dims_refusal(name, args, kwargs, tensors, (-2, -1))
         if kind is OpKind.SHAPE:
             if isinstance(first, torch.Tensor) and not is_tiled(first):
                 return ops.check_pointwise([first, *(t for t in tensors if is_tiled(t))], is_tiled)

@@ -7,7 +7,9 @@ weights are read from PyTorch itself, once per (input size, output size, argumen
 axis is probed with one-hot inputs, so the tile computes what the serial kernel computes,
 index rounding included. A tile owning output rows ``[o0, o1)`` needs the input rows those
 weights touch; the halo comes from the geometry module's ``plan_axis`` and the usual
-exchange, then each axis is a gather of rows times weights.
+exchange, then each axis is a gather of rows times weights. On a volume's grid ``nn.Upsample`` resamples
+depth, rows and columns the same way (nearest, nearest-exact, trilinear: bilinear's weights along each
+axis, area); functional calls on a volume's tiles are refused by the guard so far.
 
 A size read from a tile's shape (``F.interpolate(x, size=skip.shape[-2:])`` in torchvision's
 segmentation heads) holds the tile's lengths as ``TileDim``: the image's lengths replace them (one
@@ -27,9 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .geometry import LayerHalo, plan_axis, split_ranges
+from .geometry import AXIS_NAMES, LayerHalo, plan_axis, split_ranges
 from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
-from .halo import HaloExchange
 from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, op_name
 from .tile_layout import Axis, TileDim
@@ -72,12 +73,13 @@ class ResampleArgs:
         return cls(_size(up.size), _scale(up.scale_factor), up.mode, up.align_corners,
                    up.recompute_scale_factor)
 
-    def axis(self, axis: int) -> ResampleArgs:
-        """The same call restricted to one axis of a (1, B, n, 1) probe."""
-        size = int(_pair(self.size)[axis]) if self.size is not None else None
-        scale = _pair(self.scale_factor)[axis] if self.scale_factor is not None else None
+    def axis(self, axis: int, axes: int = 2) -> ResampleArgs:
+        """The same call (on ``axes`` spatial axes) restricted to its axis ``axis``, as a (1, B, n, 1) probe:
+        trilinear resampling is linear along each axis, so its weights are bilinear's along one."""
+        size = int(_per_axis(self.size, axes)[axis]) if self.size is not None else None
+        scale = _per_axis(self.scale_factor, axes)[axis] if self.scale_factor is not None else None
         return ResampleArgs((size, 1) if size is not None else None,
-                            (scale, 1.0) if scale is not None else None, self.mode,
+                            (scale, 1.0) if scale is not None else None, _PROBE_MODES.get(self.mode, self.mode),
                             self.align_corners, self.recompute_scale_factor, self.antialias)
 
     def call(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,8 +109,18 @@ def _flag(value: object) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _pair(value: Size | Scale) -> tuple[float, float]:
-    return (value[0], value[1]) if isinstance(value, tuple) else (value, value)
+def _per_axis(value: Size | Scale, axes: int) -> tuple[float, ...]:
+    """One size or scale per axis of a call on ``axes`` spatial axes."""
+    if isinstance(value, tuple):
+        if len(value) != axes:
+            raise ConfigError("model", f"interpolation given {len(value)} values ({value}) for {axes} axes")
+        return value
+    return (value,) * axes
+
+
+_PROBE_MODES = {"trilinear": "bilinear"}   # the mode whose one-axis weights a mode's are
+MODES = {2: ("nearest", "nearest-exact", "bilinear", "bicubic", "area"),
+         3: ("nearest", "nearest-exact", "trilinear", "area")}   # modes computed on tiles, per axis count
 
 
 @lru_cache(maxsize=256)
@@ -140,14 +152,15 @@ def axis_taps(spec: ResampleArgs, size: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 class TilePlan:
-    """One tile's exchange and local taps for one resampling at one input size."""
+    """One tile's exchange and local taps for one resampling at one input size (an image's or a volume's)."""
 
-    def __init__(self, runtime: SpatialRuntime, spec: ResampleArgs, height: int, width: int,
+    def __init__(self, runtime: SpatialRuntime, spec: ResampleArgs, in_sizes: tuple[int, ...],
                  name: str) -> None:
         grid = runtime.grid
         plans, taps, sizes = [], [], []
-        for axis, (size, parts) in enumerate(((height, grid.rows), (width, grid.cols))):
-            index, weight = axis_taps(spec.axis(axis), size)
+        axis_names = AXIS_NAMES[-grid.ndim:]
+        for axis, (size, parts) in enumerate(zip(in_sizes, grid.shape)):
+            index, weight = axis_taps(spec.axis(axis, grid.ndim), size)
             out = index.shape[0]
             if out < parts:
                 raise ConfigError("num_spatial_parts", f"{name}: output length {out} cannot be "
@@ -158,19 +171,15 @@ class TilePlan:
                 touched = index[o0:o1][weight[o0:o1] != 0]
                 needed.append((int(touched.min()), int(touched.max()) + 1) if touched.numel()
                               else (o0, o0))
-            plans.append(plan_axis(size, split_ranges(size, parts),
-                                   needed, what=f"{name} ({'rows' if axis == 0 else 'cols'})"))
+            plans.append(plan_axis(size, split_ranges(size, parts), needed, what=f"{name} ({axis_names[axis]})"))
             taps.append((index, weight))
             sizes.append(out)
-        geometry = LayerHalo.from_plans(grid, height, width, sizes[0], sizes[1], plans[0],
-                                        plans[1], name)
-        self.exchange = HaloExchange(geometry, runtime.tile, runtime.ranks, runtime.ctx, 0.0)
+        geometry = LayerHalo.from_axis_plans(grid, in_sizes, sizes, plans, name)
+        self.exchange = runtime.axes_exchange_for(geometry, 0.0)
         view = geometry.tile(runtime.tile)
-        r0, r1, c0, c1 = geometry.grid.tile_box(runtime.tile, sizes[0], sizes[1])
         self.local: list[tuple[torch.Tensor, torch.Tensor]] = [
             (index[o0:o1] - axis_plan.needed[0], weight[o0:o1])
-            for (index, weight), axis_plan, (o0, o1) in zip(taps, (view.rows, view.cols),
-                                                            ((r0, r1), (c0, c1)))]
+            for (index, weight), axis_plan, (o0, o1) in zip(taps, view.axes, grid.extent(runtime.tile, sizes))]
         self.nearest = all(w.shape[1] == 1 and bool((w == 1).all()) for _, w in taps)
         self._cast: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
@@ -187,8 +196,9 @@ class TilePlan:
 
 
 def apply_taps(y: torch.Tensor, taps: list[tuple[torch.Tensor, torch.Tensor]], nearest: bool) -> torch.Tensor:
-    """Rows, then columns of ``y`` resampled: output ``o`` = sum_k weight[o, k] * y[index[o, k]] per axis."""
-    for axis, (index, weight) in zip((-2, -1), taps):
+    """Each tiled axis of ``y`` resampled in turn (depth, rows, columns; ``taps`` one per axis): output
+    ``o`` = sum_k weight[o, k] * y[index[o, k]] along the axis."""
+    for axis, (index, weight) in zip(range(-len(taps), 0), taps):
         if nearest:
             y = y.index_select(axis, index[:, 0])
             continue
@@ -203,15 +213,17 @@ def apply_taps(y: torch.Tensor, taps: list[tuple[torch.Tensor, torch.Tensor]], n
 
 def interpolate_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
                      spec: ResampleArgs, name: str = "F.interpolate") -> torch.Tensor:
-    """This tile's part of ``F.interpolate(full image, **spec)``."""
-    if spec.mode not in ("nearest", "nearest-exact", "bilinear", "bicubic", "area"):
-        raise ConfigError("model", f"{name}: interpolation mode {spec.mode!r} on tiles is not "
-                          f"supported; use nearest, nearest-exact, bilinear, bicubic or area")
-    height, width = runtime.input_size(owner, x)
-    key = ("resample", spec, height, width)
+    """This tile's part of ``F.interpolate(full image, **spec)`` (of the full volume on a volume's grid)."""
+    modes = MODES[runtime.grid.ndim]
+    if spec.mode not in modes:
+        what = "a volume's tiles" if runtime.grid.volumetric else "tiles"
+        raise ConfigError("model", f"{name}: interpolation mode {spec.mode!r} on {what} is not "
+                          f"supported; use {', '.join(modes[:-1])} or {modes[-1]}")
+    sizes = runtime.axis_sizes(owner, x)
+    key = ("resample", spec, sizes)
     plan = runtime.plans.get(key)
     if not isinstance(plan, TilePlan):
-        plan = TilePlan(runtime, spec, height, width, name)
+        plan = TilePlan(runtime, spec, sizes, name)
         runtime.plans[key] = plan
     return plan.apply(x)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
@@ -243,6 +243,19 @@ class SpatialRuntime:
         call order, as ``image_size_of``."""
         return tuple(int(n or 0) for n in self._cached(owner, lambda: self.gather_lengths_all(x)))
 
+    def axis_sizes(self, owner: object, x: torch.Tensor) -> tuple[int, ...]:
+        """Global lengths of every tiled axis for this call of ``owner``: ``(H, W)`` as ``input_size``, a
+        volume grid's ``(D, H, W)`` as ``tiled_sizes`` (layers written once for images and volumes)."""
+        if self.grid.volumetric:
+            return self.tiled_sizes(owner, x)
+        return self.input_size(owner, x)
+
+    def axes_exchange_for(self, geometry: LayerHalo, pad_value: float) -> HaloExchange | AxesHaloExchange:
+        """The exchange of ``geometry`` on this grid: two-phase on an image's, three-phase on a volume's."""
+        if self.grid.volumetric:
+            return self.axes_exchange(geometry, pad_value)
+        return self.exchange(geometry, pad_value)
+
     def exchange(self, geometry: LayerHalo, pad_value: float) -> HaloExchange:
         return HaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)
 
@@ -277,6 +290,7 @@ def guard_runtime(guard: SpatialGuard, what: str) -> SpatialRuntime:
 
 
 M = TypeVar("M", bound=nn.Module)
+Exchange = TypeVar("Exchange", bound=HaloExchange | AxesHaloExchange)   # a layer's cached halo exchange
 
 
 def shallow_copy(module: nn.Module, cls: type[M]) -> M:
@@ -312,7 +326,7 @@ class SpatialLayer:
     runtime: SpatialRuntime
     layer_name: str
     serial_class: type[nn.Module]
-    _exchanges: dict[Hashable, HaloExchange]
+    _exchanges: dict[Hashable, HaloExchange | AxesHaloExchange]
     tiled_output = True    # False for layers whose output is replicated (global pool)
 
     tile_forward: Callable[..., torch.Tensor]   # the layer on this rank's tile (each subclass's own)
@@ -330,9 +344,9 @@ class SpatialLayer:
             return self.serial_class.forward(self, *args, **kwargs)
         return self.tile_forward(*args, **kwargs)
 
-    def _halo(self, key: Hashable, build: Callable[[], HaloExchange]) -> HaloExchange:
+    def _halo(self, key: Hashable, build: Callable[[], Exchange]) -> Exchange:
         exchange = self._exchanges.get(key)
         if exchange is None:
             exchange = build()
             self._exchanges[key] = exchange
-        return exchange
+        return cast(Exchange, exchange)

@@ -1,4 +1,4 @@
-"""Normalisation over the whole image across tiles: BatchNorm2d, GroupNorm, InstanceNorm2d.
+"""Normalisation over the whole image across tiles: BatchNorm2d/3d, GroupNorm, InstanceNorm2d/3d.
 
 Each computes its statistics exactly as the serial layer does, but over every tile: two
 passes (sum, then sum of squared deviations), each one all-reduce over the tile group
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +40,12 @@ def moments(x: torch.Tensor, sample: torch.Tensor, dims: Sequence[int], count: f
 
 
 def _affine(y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """Per-channel scale and shift of an ``(N, C, *spatial)`` tile."""
+    shape = (-1, *[1] * (y.dim() - 2))
     if weight is not None:
-        y = y * weight[None, :, None, None]
+        y = y * weight.reshape(shape)
     if bias is not None:
-        y = y + bias[None, :, None, None]
+        y = y + bias.reshape(shape)
     return y
 
 
@@ -128,14 +131,16 @@ class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
 
 def group_norm_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor, groups: int,
                     weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``F.group_norm`` of the whole image, on this (N, C, H, W) tile (``owner``: the runtime's size key)."""
+    """``F.group_norm`` of the whole image, on this (N, C, H, W) tile (a volume's: (N, C, D, H, W); ``owner``:
+    the runtime's size key)."""
     if x.dtype in LOW_PRECISION:   # statistics accumulate in float32 (mixed precision)
         return group_norm_tile(runtime, owner, x.float(), groups, weight, bias, eps).to(x.dtype)
     n, c = x.shape[:2]
-    height, width = runtime.input_size(owner, x)
+    positions = math.prod(runtime.axis_sizes(owner, x))
     grouped = x.reshape(n, groups, c // groups, *x.shape[2:])
-    count = float(c // groups * height * width)
-    centered, _, var = moments(grouped, grouped, (2, 3, 4), count, runtime.ctx, runtime.group)
+    count = float(c // groups * positions)
+    centered, _, var = moments(grouped, grouped, tuple(range(2, grouped.dim())), count, runtime.ctx,
+                               runtime.group)
     y = (centered * torch.rsqrt(var + eps)).reshape(x.shape)
     return _affine(y, weight, bias)
 
@@ -143,11 +148,10 @@ def group_norm_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor, gro
 def instance_norm_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor,
                        running: tuple[torch.Tensor, torch.Tensor] | None, weight: torch.Tensor | None,
                        bias: torch.Tensor | None, momentum: float, eps: float) -> torch.Tensor:
-    """``F.instance_norm`` with input statistics of the whole image, on this (N, C, H, W) tile; the running
-    statistics (when given) updated as the serial call does."""
-    height, width = runtime.input_size(owner, x)
-    count = float(height * width)
-    centered, mean, var = moments(x, x, (2, 3), count, runtime.ctx, runtime.group)
+    """``F.instance_norm`` with input statistics of the whole image, on this (N, C, H, W) tile (a volume's:
+    (N, C, D, H, W)); the running statistics (when given) updated as the serial call does."""
+    count = float(math.prod(runtime.axis_sizes(owner, x)))
+    centered, mean, var = moments(x, x, tuple(range(2, x.dim())), count, runtime.ctx, runtime.group)
     y = _affine(centered * torch.rsqrt(var + eps), weight, bias)
     if running is not None:
         update_running(running[0], running[1], mean.mean(0), var.mean(0), count, momentum)
@@ -162,30 +166,45 @@ class SpatialGroupNorm(SpatialLayer, nn.GroupNorm):
         return adopt(cls, gn, runtime, name)
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4:
-            raise ConfigError("model", f"{self.layer_name}: spatial GroupNorm needs (N, C, H, W) "
+        if x.dim() != 2 + self.runtime.grid.ndim:
+            raise ConfigError("model", f"{self.layer_name}: spatial GroupNorm needs {tile_shape(self.runtime)} "
                               f"tiles, got {x.dim()}-d")
         return group_norm_tile(self.runtime, self, x, self.num_groups, self.weight if self.affine else None,
                                self.bias if self.affine else None, self.eps)
 
 
-class SpatialInstanceNorm2d(SpatialLayer, nn.InstanceNorm2d):
-    """InstanceNorm2d with per-sample, per-channel statistics over the whole image.
+def tile_shape(runtime: SpatialRuntime) -> str:
+    """The shape a layer's tiles have on ``runtime``'s grid, for messages."""
+    return "(N, C, D, H, W)" if runtime.grid.volumetric else "(N, C, H, W)"
+
+
+class _InstanceNormTile(SpatialLayer, nn.Module):
+    """InstanceNorm with per-sample, per-channel statistics over the whole image (or volume).
 
     ``track_running_stats``: running mean/var are the batch means of the per-sample
     statistics (unbiased variance), updated with ``momentum`` (None counts as 0, as in
     PyTorch); eval mode then uses them with no communication.
     """
 
+    training: bool
+    track_running_stats: bool
+    affine: bool
+    running_mean: torch.Tensor | None
+    running_var: torch.Tensor | None
+    weight: nn.Parameter
+    bias: nn.Parameter
+    momentum: float | None
+    eps: float
+
     @classmethod
-    def from_module(cls, norm: nn.InstanceNorm2d, runtime: SpatialRuntime,
-                    name: str = "") -> SpatialInstanceNorm2d:
+    def from_module(cls, norm: nn.InstanceNorm2d | nn.InstanceNorm3d, runtime: SpatialRuntime,
+                    name: str = "") -> Self:
         return adopt(cls, norm, runtime, name)
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4:
-            raise ConfigError("model", f"{self.layer_name}: spatial InstanceNorm2d needs batched "
-                              f"(N, C, H, W) tiles, got {x.dim()}-d")
+        if x.dim() != 2 + self.runtime.grid.ndim:
+            raise ConfigError("model", f"{self.layer_name}: spatial {self.serial_class.__name__} needs batched "
+                              f"{tile_shape(self.runtime)} tiles, got {x.dim()}-d")
         use_input_stats = self.training or not self.track_running_stats
         if not use_input_stats:
             return F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
@@ -196,3 +215,11 @@ class SpatialInstanceNorm2d(SpatialLayer, nn.InstanceNorm2d):
         return instance_norm_tile(self.runtime, self, x, running, self.weight if self.affine else None,
                                   self.bias if self.affine else None,
                                   0.0 if self.momentum is None else self.momentum, self.eps)
+
+
+class SpatialInstanceNorm2d(_InstanceNormTile, nn.InstanceNorm2d):
+    """InstanceNorm2d with per-sample, per-channel statistics over the whole image."""
+
+
+class SpatialInstanceNorm3d(_InstanceNormTile, nn.InstanceNorm3d):
+    """InstanceNorm3d with per-sample, per-channel statistics over the whole volume."""

@@ -10,10 +10,13 @@ updates them (unbiased variance over all pixels, the ``momentum`` the call passe
 it, cumulative averages included). What follows in the module (activation, drop path) is per pixel and
 checked by the guard as usual. The weight and bias are replicated operands of a tile op: the guard's
 ``shared`` makes their gradients tile shares summed with the spatial layers' (or sums them at once).
-Eval-mode batch norm (running statistics) needs no handling.
+Eval-mode batch norm (running statistics) needs no handling. A volume's tiles (``(N, C, D, H, W)``) take the
+same three norms, statistics over the whole volume.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 from .batchnorm_fn import tile_batch_norm
 from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
 from .layer import SizeKey, guard_runtime
-from .norm import group_norm_tile, instance_norm_tile, update_running
+from .norm import group_norm_tile, instance_norm_tile, tile_shape, update_running
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, op_name
 
 NORM_CALL = SizeKey("norm call")
@@ -47,10 +50,10 @@ def norm_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
     x = args[0] if args else kwargs.get("input")
     if not (isinstance(x, torch.Tensor) and is_tiled(x)):
         return DECLINED
-    if x.dim() != 4 or not layout_of(x).standard:
-        raise guard.error(func, f"needs an (N, C, H, W) tile, got a {x.dim()}-d one with its "
-                          f"{layout_of(x).describe()}")
     runtime = guard_runtime(guard, f"F.{name}")
+    if x.dim() != 2 + runtime.grid.ndim or not layout_of(x).standard:
+        raise guard.error(func, f"needs an {tile_shape(runtime)} tile, got a {x.dim()}-d one with its "
+                          f"{layout_of(x).describe()}")
     if name == "group_norm":
         groups = argument(args, kwargs, 1, "num_groups")
         if not isinstance(groups, int):
@@ -67,13 +70,21 @@ def norm_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
     running = (running_mean, running_var) if running_mean is not None and running_var is not None else None
     if name == "instance_norm":
         return mark_tiled(instance_norm_tile(runtime, NORM_CALL, x, running, weight, bias, momentum, eps))
-    height, width = runtime.image_size_of(NORM_CALL, (int(x.shape[-2]), int(x.shape[-1])))
-    count = float(x.shape[0] * height * width * runtime.stats_copies)
+    count = float(x.shape[0] * math.prod(runtime.axis_sizes(NORM_CALL, x)) * runtime.stats_copies)
     y, mean, var = tile_batch_norm(x, weight, bias, count, eps, runtime.ctx, runtime.stats_group)
     if running is not None:
         update_running(running[0], running[1], mean, var, count, momentum)
     return mark_tiled(y)
 
 
+def norm_on_volume_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
+                         kwargs: dict[str, object]) -> object:
+    """``norm_on_tiles`` on a volume's tiles, for the three norms only (other per-channel ops are the guard's)."""
+    return norm_on_tiles(guard, func, args, kwargs) if op_name(func) in _NORMS else DECLINED
+
+
+_NORMS = {"batch_norm", "group_norm", "instance_norm"}
+
 for _kind in (OpKind.CHANNEL, OpKind.NORM):
     register_handler(_kind, norm_on_tiles)
+    register_handler(_kind, norm_on_volume_tiles, volume=True)

@@ -263,8 +263,9 @@ def _as_dims(value: object) -> list[int]:
     return [_dim(value)]
 
 
-def _spatial_dims(ndim: int) -> set[int]:
-    return {ndim - 2, ndim - 1}
+def _spatial_dims(ndim: int, axes: int = 2) -> set[int]:
+    """The tiled dims of an ``ndim``-d tile whose last ``axes`` dims are tiled (3 on a volume's grid)."""
+    return set(range(ndim - axes, ndim))
 
 
 def _normalized(dims: Sequence[int], ndim: int) -> list[int]:
@@ -327,30 +328,31 @@ def is_binary_extremum(name: str, args: Args, kwargs: Kwargs) -> bool:
                                        or "other" in kwargs)
 
 
-def check_dims(name: str, args: Args, kwargs: Kwargs, tile: torch.Tensor) -> str | None:
-    """Dimension-wise ops: refuse when the dims include a spatial one (or default to all)."""
+def check_dims(name: str, args: Args, kwargs: Kwargs, tile: torch.Tensor, axes: int = 2) -> str | None:
+    """Dimension-wise ops: refuse when the dims include a spatial one (or default to all); ``axes``: how
+    many trailing dims of the tile are spatial (3 on a volume's grid)."""
     position, keyword, default = _DIM_ARGS[name]
     ndim = tile.dim()
     if name == "permute":
         dims = _as_dims(args[1] if len(args) == 2 else args[1:]) if len(args) > 1 \
             else _as_dims(kwargs["dims"])
         order = _normalized(dims, ndim)
-        return None if order[-2:] == [ndim - 2, ndim - 1] else "moves the spatial dimensions"
+        return None if order[-axes:] == list(range(ndim - axes, ndim)) else "moves the spatial dimensions"
     if name in ("transpose", "swapaxes", "swapdims", "movedim", "moveaxis"):
         first = argument(args, kwargs, 1, keyword)
         second = argument(args, kwargs, 2, "dim1" if keyword == "dim0" else "destination")
         touched = set(_normalized(_as_dims(first) + _as_dims(second), ndim))
-        return "moves the spatial dimensions" if touched & _spatial_dims(ndim) else None
+        return "moves the spatial dimensions" if touched & _spatial_dims(ndim, axes) else None
     if name == "flatten":
         end = _normalized([_dim(argument(args, kwargs, 2, "end_dim", -1))], ndim)[0]
-        return "flattens the spatial dimensions" if end >= ndim - 2 else None
+        return "flattens the spatial dimensions" if end >= ndim - axes else None
     value = argument(args, kwargs, position, keyword, default)
     if value is None:    # explicit None: every dim (sum), or the implicit channel dim (softmax)
         value = default if isinstance(default, int) else ALL
     if name in ("cat", "concat", "concatenate", "stack"):
         joined = args[0] if args else ()
         tiles = [t for t in joined if isinstance(t, torch.Tensor)] if isinstance(joined, (list, tuple)) else []
-        error = check_pointwise_shapes_for_cat(tiles, tile, name)
+        error = check_pointwise_shapes_for_cat(tiles, tile, name, axes)
         if error:
             return error
     if value is ALL:
@@ -362,23 +364,23 @@ def check_dims(name: str, args: Args, kwargs: Kwargs, tile: torch.Tensor) -> str
     dims = _as_dims(value)
     if name in _INSERTING:
         dims = _normalized(dims, ndim + 1)
-        return None if all(d <= ndim - 2 for d in dims) else "inserts a dimension after the spatial ones"
-    return ("works along a spatial dimension" if set(_normalized(dims, ndim)) & _spatial_dims(ndim)
+        return None if all(d <= ndim - axes for d in dims) else "inserts a dimension after the spatial ones"
+    return ("works along a spatial dimension" if set(_normalized(dims, ndim)) & _spatial_dims(ndim, axes)
             else None)
 
 
-def _other_spatial_size(tile: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """The first of ``tensors`` whose last two sizes differ from ``tile``'s, if any."""
-    spatial = tuple(tile.shape[-2:])
-    return next((t for t in tensors if tuple(t.shape[-2:]) != spatial), None)
+def _other_spatial_size(tile: torch.Tensor, tensors: Sequence[torch.Tensor], axes: int = 2) -> torch.Tensor | None:
+    """The first of ``tensors`` whose last ``axes`` sizes differ from ``tile``'s, if any."""
+    spatial = tuple(tile.shape[-axes:])
+    return next((t for t in tensors if tuple(t.shape[-axes:]) != spatial), None)
 
 
 def check_pointwise_shapes_for_cat(tensors: Sequence[torch.Tensor], tile: torch.Tensor,
-                                   name: str) -> str | None:
-    other = _other_spatial_size(tile, tensors)
+                                   name: str, axes: int = 2) -> str | None:
+    other = _other_spatial_size(tile, tensors, axes)
     if other is None:
         return None
-    return (f"{name} joins a tile with a tensor of spatial size {tuple(other.shape[-2:])}; "
+    return (f"{name} joins a tile with a tensor of spatial size {tuple(other.shape[-axes:])}; "
             f"every input must be a tile of the same image size")
 
 

@@ -1,5 +1,5 @@
 """Spatial max/avg pooling (padding, stride != kernel, dilation, ceil_mode, count_include_pad
-both ways, divisor_override) and global average pooling.
+both ways, divisor_override) and global average pooling (images and volumes; a volume's global max).
 
 ``ceil_mode`` adds a last output whose window may run past the padded input: geometrically
 that is extra padding after the image (-inf for max pooling, which then ignores it), and
@@ -9,7 +9,9 @@ input (``count_include_pad``) or inside the image, exactly as PyTorch does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,7 @@ from .geometry import AxisExchange, Box, LayerHalo, Window1d
 from .halo import HaloExchange
 from .layer import SpatialLayer, SpatialRuntime, adopt
 from .reduce import replicated_sum
+from .reductions import global_argmax
 from .regional import Params, plan_for, windowed_by_regions
 
 
@@ -237,29 +240,62 @@ class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
         return (box[0], box[1], box[2], box[3])
 
 
-class SpatialGlobalAvgPool2d(SpatialLayer, nn.AdaptiveAvgPool2d):
-    """AdaptiveAvgPool2d(1) over the whole image: tile sums all-reduced over the tile group.
+def check_pooled_to_one(pool: nn.Module, output_size: object, axes: int, name: str) -> None:
+    """ConfigError unless an adaptive pool's ``output_size`` is 1 along each of its ``axes`` axes."""
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * axes
+    if sizes != (1,) * axes or getattr(pool, "return_indices", False):
+        kind = type(pool).__name__
+        raise ConfigError("model", f"{name or kind}: only output_size 1 without indices is supported by "
+                          f"spatial parallelism, got output_size={output_size}; use {kind}(1) or a "
+                          f"{kind.replace('Adaptive', '')} with a window")
 
-    The (N, C, 1, 1) result is replicated on every tile; backward assumes a replicated
-    consumer (every rank holds the same output gradient) and needs no message: a consumer
-    that combines it with tiles again (an SE gate) has its gradient summed over the tiles
-    by the guard first, so the rule holds there too.
+
+class _GlobalAvgPool(SpatialLayer, nn.Module):
+    """An adaptive average pool to 1 over the whole image (or volume): tile sums all-reduced over the tile
+    group.
+
+    The (N, C, 1, 1) result ((N, C, 1, 1, 1) for a volume) is replicated on every tile; backward assumes a
+    replicated consumer (every rank holds the same output gradient) and needs no message: a consumer
+    that combines it with tiles again (an SE gate) has its gradient summed over the tiles by the guard
+    first, so the rule holds there too.
     """
 
     tiled_output = False
 
     @classmethod
-    def from_module(cls, pool: nn.AdaptiveAvgPool2d, runtime: SpatialRuntime,
-                    name: str = "") -> SpatialGlobalAvgPool2d:
-        size = pool.output_size
-        if (tuple(size) if isinstance(size, (tuple, list)) else (size, size)) != (1, 1):
-            raise ConfigError("model", f"{name or 'AdaptiveAvgPool2d'}: only output_size 1 is "
-                              f"supported by spatial parallelism, got {pool.output_size}; "
-                              f"use AdaptiveAvgPool2d(1) or an AvgPool2d")
+    def from_module(cls, pool: nn.AdaptiveAvgPool2d | nn.AdaptiveAvgPool3d, runtime: SpatialRuntime,
+                    name: str = "") -> Self:
+        check_pooled_to_one(pool, pool.output_size, runtime.grid.ndim, name)
         return adopt(cls, pool, runtime, name)
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        height, width = self.runtime.input_size(self, x)
-        total = replicated_sum(x.sum(dim=(-2, -1), keepdim=True), self.runtime.ctx,
-                               self.runtime.group)
-        return total / float(height * width)
+        positions = math.prod(self.runtime.axis_sizes(self, x))
+        dims = tuple(range(-self.runtime.grid.ndim, 0))
+        total = replicated_sum(x.sum(dim=dims, keepdim=True), self.runtime.ctx, self.runtime.group)
+        return total / float(positions)
+
+
+class SpatialGlobalAvgPool2d(_GlobalAvgPool, nn.AdaptiveAvgPool2d):
+    """AdaptiveAvgPool2d(1) over the whole image (see ``_GlobalAvgPool``)."""
+
+
+class SpatialGlobalAvgPool3d(_GlobalAvgPool, nn.AdaptiveAvgPool3d):
+    """AdaptiveAvgPool3d(1) over the whole volume (see ``_GlobalAvgPool``)."""
+
+
+class SpatialGlobalMaxPool3d(SpatialLayer, nn.AdaptiveMaxPool3d):
+    """AdaptiveMaxPool3d(1) over the whole volume: the tiles' maxima compared on every tile, the first
+    maximum in the volume's row-major order takes the gradient (as the serial kernel picks it); the
+    result is replicated as the global average pool's. (On an image's grid ``AdaptiveMaxPool2d(1)`` runs
+    as the functional reduction the op guard computes, ``reductions.py``.)"""
+
+    tiled_output = False
+
+    @classmethod
+    def from_module(cls, pool: nn.AdaptiveMaxPool3d, runtime: SpatialRuntime,
+                    name: str = "") -> SpatialGlobalMaxPool3d:
+        check_pooled_to_one(pool, pool.output_size, 3, name)
+        return adopt(cls, pool, runtime, name)
+
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return global_argmax(self.runtime, x, self)

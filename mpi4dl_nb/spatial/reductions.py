@@ -21,6 +21,7 @@ A reduction over one image axis only is not a global one and stays refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -192,37 +193,53 @@ def global_extremum(runtime: SpatialRuntime, x: torch.Tensor, dims: Dims, larges
 
 class _ArgmaxCtx(FunctionContext, Protocol):
     shape: torch.Size
+    axes: int
+
+
+def _first_positions(index: torch.Tensor, local: Sequence[int], extent: Sequence[tuple[int, int]],
+                     sizes: Sequence[int]) -> torch.Tensor:
+    """Row-major positions in the whole image (volume) of ``index``, positions in a tile of lengths
+    ``local`` that owns ``extent`` of an image of lengths ``sizes``."""
+    position = torch.zeros_like(index)
+    rest, stride = index, 1
+    for length, (start, _), size in reversed(list(zip(local, extent, sizes))):
+        position = position + (start + rest % length) * stride
+        rest, stride = rest // length, stride * size
+    return position
 
 
 class _GlobalArgmax(torch.autograd.Function):
-    """adaptive_max_pool2d(x, 1) of the whole image: the first maximum in row-major order takes the gradient."""
+    """An adaptive max pool to 1 of the whole image (or volume): the first maximum in row-major order
+    takes the gradient."""
 
     @staticmethod
-    def forward(fctx: _ArgmaxCtx, x: torch.Tensor, runtime: SpatialRuntime) -> torch.Tensor:
-        height, width = runtime.image_size_of(REDUCTION, (int(x.shape[-2]), int(x.shape[-1])))
-        r0, _, c0, _ = runtime.grid.tile_box(runtime.tile, height, width)
-        w = x.shape[-1]
-        values, index = x.detach().flatten(-2).max(-1)           # first maximum of this tile
-        position = (r0 + index // w) * width + (c0 + index % w)  # in the whole image, row-major
+    def forward(fctx: _ArgmaxCtx, x: torch.Tensor, runtime: SpatialRuntime, owner: object) -> torch.Tensor:
+        axes = runtime.grid.ndim
+        sizes = runtime.axis_sizes(owner, x)
+        extent = runtime.grid.extent(runtime.tile, sizes)
+        values, index = x.detach().flatten(-axes).max(-1)           # first maximum of this tile
+        position = _first_positions(index, x.shape[-axes:], extent, sizes)
         slots = tile_slots(torch.stack([values.double(), position.double()]), runtime)
         best = slots[:, 0].amax(0)
         first = torch.where(slots[:, 0] == best, slots[:, 1], math.inf).amin(0)
         mine = (position.double() == first)
-        fctx.shape = x.shape
+        fctx.shape, fctx.axes = x.shape, axes
         fctx.save_for_backward(index, mine)
-        return best.to(x.dtype)[..., None, None]
+        return best.to(x.dtype).reshape(*best.shape, *[1] * axes)
 
     @staticmethod
     def backward(fctx: _ArgmaxCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         index, mine = fctx.saved_tensors
-        flat = grad.new_zeros((*fctx.shape[:-2], fctx.shape[-2] * fctx.shape[-1]))
-        flat.scatter_(-1, index[..., None], (grad[..., 0, 0] * mine)[..., None])
-        return flat.view(fctx.shape), None
+        axes, shape = fctx.axes, fctx.shape
+        flat = grad.new_zeros((*shape[:-axes], math.prod(shape[-axes:])))
+        flat.scatter_(-1, index[..., None], (grad.flatten(-axes)[..., 0] * mine)[..., None])
+        return flat.view(shape), None, None
 
 
-def global_argmax(runtime: SpatialRuntime, x: torch.Tensor) -> torch.Tensor:
-    """``F.adaptive_max_pool2d(x, 1)`` of the whole image, on every tile."""
-    result: torch.Tensor = _GlobalArgmax.apply(x, runtime)
+def global_argmax(runtime: SpatialRuntime, x: torch.Tensor, owner: object = REDUCTION) -> torch.Tensor:
+    """``F.adaptive_max_pool2d(x, 1)`` of the whole image (``adaptive_max_pool3d`` of a volume), on every
+    tile; ``owner``: the runtime's size key of this call."""
+    result: torch.Tensor = _GlobalArgmax.apply(x, runtime, owner)
     return result
 
 

@@ -9,9 +9,15 @@ from torch import nn
 
 from . import mil_pool  # noqa: F401  (registers softmax_pool with the op guard)
 from .conv import SpatialConv2d
-from .convtranspose import SpatialConvTranspose2d
-from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d, SpatialGroupNorm, SpatialInstanceNorm2d
-from .pool import SpatialAvgPool2d, SpatialGlobalAvgPool2d, SpatialMaxPool2d
+from .convtranspose import SpatialConvTranspose2d, SpatialConvTranspose3d
+from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d, SpatialGroupNorm, SpatialInstanceNorm2d, SpatialInstanceNorm3d
+from .pool import (
+                   SpatialAvgPool2d,
+                   SpatialGlobalAvgPool2d,
+                   SpatialGlobalAvgPool3d,
+                   SpatialGlobalMaxPool3d,
+                   SpatialMaxPool2d,
+)
 from .upsample import SpatialUpsample
 from .volume_window import SpatialAvgPool3d, SpatialConv3d, SpatialMaxPool3d
 
@@ -29,12 +35,19 @@ SPATIAL_LAYERS: dict[type[nn.Module], Callable[..., nn.Module]] = {
     nn.Upsample: SpatialUpsample.from_module,
 }
 
-# The same for a volume's tiles (a TileGrid with depth): the layers made exact on 3-D tiles so far
+# The same for a volume's tiles (a TileGrid with depth); dropout runs as on images (GUARDED: the guard
+# computes each tile's slice of the serial mask)
 VOLUME_LAYERS: dict[type[nn.Module], Callable[..., nn.Module]] = {
     nn.Conv3d: SpatialConv3d.from_module,
+    nn.ConvTranspose3d: SpatialConvTranspose3d.from_module,
     nn.MaxPool3d: SpatialMaxPool3d.from_module,
     nn.AvgPool3d: SpatialAvgPool3d.from_module,
     nn.BatchNorm3d: SpatialBatchNorm3d.from_module,
+    nn.GroupNorm: SpatialGroupNorm.from_module,
+    nn.InstanceNorm3d: SpatialInstanceNorm3d.from_module,
+    nn.AdaptiveAvgPool3d: SpatialGlobalAvgPool3d.from_module,
+    nn.AdaptiveMaxPool3d: SpatialGlobalMaxPool3d.from_module,
+    nn.Upsample: SpatialUpsample.from_module,
 }
 
 # Layers that act on each pixel (or on replicated, already pooled tensors) independently.

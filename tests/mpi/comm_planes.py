@@ -25,7 +25,7 @@ from tests.support.checks import Checks, run_checks
 PLANES = {"cpu": ("mpi", "gloo"), "cuda": ("mpi", "nccl")}
 CHECKS = ("send/recv", "exchange both ways", "channel payloads in send order", "all_reduce world",
           "all_reduce group", "broadcast", "group broadcast", "1 MiB float32 message",
-          "int64 all_reduce", "all_gather_object", "groups cached")
+          "int64 all_reduce", "all_gather_object", "groups cached", "iall_reduce while computing")
 MPI_ONLY = ("irecv two tags", "staged path", "wait block", "wait yield", "object collectives wait asleep")
 TORCH_ONLY = ("wrong order refused",)   # on the mpi plane a wrong tag is never matched: it hangs
 
@@ -147,6 +147,20 @@ def exercise(ctx: Context, check: Checks) -> None:
         expect = torch.randn(1 << 18, generator=torch.Generator().manual_seed(left),
                              device="cpu").float().to(ctx.device)
         assert torch.equal(recv_big, expect), f"{name} 1 MiB float32 message"
+    # non-blocking all-reduces (the gradient buckets'): two posted on a group and the world, tested
+    # while this rank computes, waited in posting order; the sum is there after wait
+    with check(f"{name} iall_reduce while computing"):
+        first = torch.full((1000,), float(rank), dtype=dtype)
+        second = torch.tensor([float(rank + 1)], dtype=dtype)
+        pending = [ctx.iall_reduce(first, group=mine), ctx.iall_reduce(second)]
+        busy = torch.randn(64, 64, dtype=dtype)
+        for _ in range(5):
+            busy = busy @ busy.t() / 64
+            for request in pending:
+                request.test()
+        ctx.wait_all(pending)
+        assert torch.equal(first, torch.full((1000,), float(sum(mine.ranks)), dtype=dtype)), f"{name} group"
+        assert second.item() == size * (size + 1) / 2, f"{name} world iall_reduce gave {second.item()}"
     with check(f"{name} int64 all_reduce"):
         ints = torch.tensor([rank], dtype=torch.int64)
         ctx.all_reduce(ints)
@@ -174,6 +188,10 @@ def staged_path(ctx: Context, check: Checks) -> None:
             total = torch.tensor([float(rank)])
             plane.all_reduce(total, ctx.world)
             assert total.item() == size * (size - 1) / 2
+            later = torch.tensor([float(rank), 1.0])
+            request = plane.iall_reduce(later, ctx.world)
+            request.wait()
+            assert later.tolist() == [size * (size - 1) / 2, float(size)], later
         assert plane.pool.lent == 0 and plane.pool.created <= 2, plane.pool.created
 
 

@@ -64,7 +64,9 @@ def test_volume_op_that_cannot_be_exact_is_refused_naming_module_and_op(module, 
 
 
 @pytest.mark.parametrize("layer,grid", [(nn.Conv2d(1, 1, 3), TileGrid(depth=2, rows=1, cols=1)),
-                                        (nn.ConvTranspose3d(1, 1, 2), TileGrid(depth=2, rows=1, cols=1)),
+                                        (nn.ConvTranspose2d(1, 1, 2), TileGrid(depth=2, rows=1, cols=1)),
+                                        (nn.InstanceNorm2d(1), TileGrid(depth=2, rows=1, cols=1)),
+                                        (nn.AdaptiveMaxPool3d(1), TileGrid(2, 1)),
                                         (nn.Conv3d(1, 1, 3), TileGrid(2, 1))])
 def test_layers_of_the_other_dimension_are_refused_before_work(layer, grid):
     class World:
@@ -83,3 +85,67 @@ def test_max_pool_ties_and_padding_follow_torch_on_one_tile():
     tiled = spatialize(nn.MaxPool3d(3, 2, 1, ceil_mode=True), TileGrid(depth=1, rows=1, cols=1), OneRank())
     x = torch.zeros(1, 1, 5, 6, 7)
     assert torch.equal(tiled(x), F.max_pool3d(x, 3, 2, 1, ceil_mode=True))
+
+
+class Mean3d(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean((2, 3, 4), keepdim=True)    # a global mean in a custom forward: not computed on volumes yet
+
+
+class Resampled(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=2, mode="trilinear")   # functional: not computed on volumes yet
+
+
+class AlphaDropped(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.alpha_dropout(x, 0.5, True)    # its noise is not a mask one can slice
+
+
+class ChannelSoftmaxCat(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x.softmax(dim=1)], dim=1)   # along channels: exact
+
+
+@pytest.mark.parametrize("module,op", [(Mean3d(), "mean"), (Resampled(), "interpolate"),
+                                       (AlphaDropped(), "alpha_dropout")])
+def test_volume_functional_ops_not_made_exact_are_refused(module, op):
+    tiled = spatialize(nn.Sequential(nn.Conv3d(1, 1, 1), module), TileGrid(depth=1, rows=1, cols=1), OneRank())
+    with pytest.raises(ConfigError) as refused:
+        tiled(torch.randn(1, 1, 4, 4, 4))
+    message = str(refused.value)
+    assert type(module).__name__ in message and op in message, message
+
+
+def test_volume_channel_ops_run_on_tiles():
+    net = nn.Sequential(nn.Conv3d(1, 2, 1), ChannelSoftmaxCat()).double()
+    x = torch.randn(1, 1, 4, 5, 6, dtype=torch.float64)
+    tiled = spatialize(net, TileGrid(depth=1, rows=1, cols=1), OneRank())
+    torch.testing.assert_close(tiled(x), net(x), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("layer,knob", [
+    (nn.Conv3d(1, 1, 3, padding=1, padding_mode="reflect"), "padding_mode"),
+    (nn.ConvTranspose3d(1, 1, 3, padding_mode="zeros", dilation=1), None),
+    (nn.AdaptiveAvgPool3d(2), "output_size"),
+    (nn.AdaptiveMaxPool3d(1, return_indices=True), "output_size"),
+])
+def test_volume_layer_arguments_not_exact_are_refused_when_converted(layer, knob):
+    grid = TileGrid(depth=1, rows=1, cols=1)
+    if knob is None:   # supported: converted
+        assert type(spatialize(layer, grid, OneRank())).__name__.startswith("Spatial")
+        return
+    with pytest.raises(ConfigError, match=knob):
+        spatialize(layer, grid, OneRank())
+
+
+def test_volume_upsampling_mode_of_images_is_refused_naming_the_modes():
+    up = spatialize(nn.Upsample(scale_factor=2, mode="bilinear"), TileGrid(depth=1, rows=1, cols=1), OneRank())
+    with pytest.raises(ConfigError, match="trilinear"):
+        up(torch.randn(1, 1, 4, 4, 4))
+
+
+def test_volume_transposed_conv_refuses_output_size():
+    conv = spatialize(nn.ConvTranspose3d(1, 1, 3, 2), TileGrid(depth=1, rows=1, cols=1), OneRank())
+    with pytest.raises(ConfigError, match="output_padding"):
+        conv(torch.randn(1, 1, 4, 4, 4), output_size=[9, 9, 9])

@@ -89,8 +89,8 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "il_sp_recompute": (dict(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
                              parts=4, schedule="interleaved", virtual_stages=2, balance=(2, 1, 1, 1),
                              checkpoint_activations="every"), "resnet", 4, 16),
-    # zero bubble ZB-H1 (issue 44): backward split into I and W, W deferred; a spatial first stage (its I
-    # runs the whole backward), replicas, recomputation (whole backward in I), a module called twice
+    # zero bubble ZB-H1 (issue 44): backward split into I and W, W deferred; a spatial first stage (its W
+    # exchanges nothing), replicas, recomputation (whole backward in I), a module called twice
     # per forward (its parameters' gradients in I, the others' in W)
     "zb1_pp2_m4": (dict(split_size=2, spatial_size=0, parts=4, schedule="zb1"), "resnet", 4, 16),
     "zb1_pp3_m4": (dict(split_size=3, spatial_size=0, parts=4, schedule="zb1"), "cells", 8, 16),
@@ -100,6 +100,18 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "zb1_recompute": (dict(split_size=2, spatial_size=0, parts=2, schedule="zb1",
                            checkpoint_activations="every"), "resnet", 4, 16),
     "zb1_bn_reuse": (dict(split_size=2, spatial_size=0, parts=2, schedule="zb1"), "reused_bn", 4, 16),
+    # gradient all-reduce overlapped with backward (issue 44): buckets of ~2 KB, several per stage, posted
+    # during the last backward of the step (tests/mpi/grad_overlap.py checks the order and today's path)
+    "dp2_buckets": (dict(split_size=1, spatial_size=0, data_parallel=2, parts=2, schedule="1f1b",
+                         grad_bucket_mb=0.002), "resnet", 4, 16),
+    "localdp2_buckets": (dict(split_size=1, spatial_size=0, local_dp=2, parts=2, grad_bucket_mb=0.002),
+                         "cells", 4, 16),
+    "sync_dp2_buckets": (dict(split_size=1, spatial_size=0, data_parallel=2, sync_batchnorm=True,
+                              grad_bucket_mb=0.002), "resnet", 4, 16),
+    "gems_buckets": (dict(split_size=2, spatial_size=0, times=1, parts=2, schedule="1f1b",
+                          grad_bucket_mb=0.002), "resnet", 4, 16),
+    "sp_se_buckets": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical",
+                           balance=(3, 2), grad_bucket_mb=0.002), "se_resnet", 2, 16),
 }
 
 
