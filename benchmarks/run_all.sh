@@ -41,6 +41,8 @@ run python benchmarks/bench_hosts.py --rates unlimited,10gbit,1gbit
 # 3. pipeline and GEMS (with torch.distributed.pipelining beside them)
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule gpipe
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule 1f1b
+run mpiexec -n 2 python benchmarks/bench_pipeline.py --new-schedules
+run yielding mpiexec -n 4 python benchmarks/bench_pipeline.py --new-schedules
 # 4. weights per rank; models as batch jobs; models nobody here wrote (torchvision)
 run yielding mpiexec -n 4 python benchmarks/bench_memory.py --model amoebanet --num-layers 18 --num-filters 416 --split-size 4
 run python benchmarks/bench_models.py --image-size 256 --batch-size 2 --steps 4
