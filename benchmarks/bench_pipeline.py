@@ -207,7 +207,9 @@ def peer_refusal(schedule: str, ranks: int, micro_batches: int, batch: int) -> s
     """Why torch.distributed.pipelining refuses (None: it runs): the limits its schedules check."""
     if batch % micro_batches:
         return f"peer: batch {batch} does not split into {micro_batches} micro-batches"
-    if schedule != "1f1b" and micro_batches % ranks and schedule != "zbv":
+    if micro_batches < ranks:
+        return f"peer {schedule}: {micro_batches} micro-batches, fewer than its {ranks} ranks (it refuses them)"
+    if schedule != "1f1b" and micro_batches % ranks:
         return f"peer {schedule}: {micro_batches} micro-batches are not a multiple of {ranks} ranks"
     return None
 
