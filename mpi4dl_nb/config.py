@@ -321,6 +321,7 @@ class ParallelConfig:
             raise ConfigError("times", "GEMS (times >= 1) mirrors the stages and needs "
                               "split_size >= 2; use times=0 or split_size=2")
         self._check_virtual_stages()
+        self._check_zero_bubble()
         if self.balance is not None:
             if len(self.balance) != self.split_size:
                 raise ConfigError("balance", f"has {len(self.balance)} entries but split_size="
@@ -359,6 +360,23 @@ class ParallelConfig:
             raise ConfigError("parts", f"the interleaved schedule runs micro-batches in groups of the "
                               f"{positions} pipeline positions, parts={self.parts} is not a multiple; "
                               f"use parts in {[positions * k for k in (1, 2, 4)]}")
+
+    def _check_zero_bubble(self) -> None:
+        """The zero-bubble schedules' limits (refused with the way out)."""
+        if self.schedule is ScheduleKind.ZBV:
+            raise ConfigError("schedule", "schedule='zbv' (the V-shaped zero-bubble schedule) is not built "
+                              "yet; use schedule='zb1' (split backward, one chunk per rank) or "
+                              "schedule='interleaved' with virtual_stages=2")
+        if self.schedule is not ScheduleKind.ZB1:
+            return
+        if self.gems:
+            raise ConfigError("times", "schedule='zb1' does not combine with GEMS mirrors; use times=0 "
+                              "(data_parallel for replicas) or schedule='1f1b' with GEMS")
+        if self.parts < self.split_size:
+            raise ConfigError("parts", f"schedule='zb1' fills the pipeline's drain with the deferred weight "
+                              f"gradients of other micro-batches and needs at least one micro-batch per "
+                              f"stage: parts={self.parts} < split_size={self.split_size}; use "
+                              f"parts >= {self.split_size} or schedule='1f1b'")
 
     def validate(self, *, world_size: int | None = None, batch_size: int | None = None,
                  num_layers: int | None = None, image_size: int | Sequence[int] | None = None,
