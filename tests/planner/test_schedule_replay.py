@@ -7,13 +7,19 @@ import math
 
 import pytest
 
+from mpi4dl_nb import ParallelConfig, planner
+from mpi4dl_nb.config import ScheduleKind
 from mpi4dl_nb.pipeline.schedules import (
+    COSTS_SPLIT_EQUAL,
     Action,
     ActionKind,
+    Schedule,
+    gems,
     gpipe,
     ideal_bubble_fraction,
     interleaved,
     one_f_one_b,
+    zb1,
 )
 from mpi4dl_nb.planner import schedule_replay
 from mpi4dl_nb.planner.schedule_replay import PhaseCosts, held_activations, replay_schedule
@@ -80,3 +86,36 @@ def test_phase_costs_of_each_kind_and_refuse_negative_time() -> None:
     assert costs.of(ActionKind.SEND_ACT) == 0.0
     with pytest.raises(ValueError, match="negative"):
         PhaseCosts(forward=-1.0)
+
+
+def test_zb1_two_ranks_four_micro_batches_idles_a_third_of_1f1b() -> None:
+    """Acceptance line of issue 44 for zb1 (S=2, m=4, F = I = W): idle rank-time (S-1) F against 1F1B's 3 (S-1) F.
+    As a share of the (shorter) step that is 1/13 against 1/5: 0.38 of 1F1B's share, not a third."""
+    split, whole = replay_schedule(zb1(2, 4)), replay_schedule(one_f_one_b(2, 4))
+    assert split.idle_seconds <= whole.idle_seconds / 3 + 1e-12
+    assert (split.idle_seconds, whole.idle_seconds) == (2.0, 6.0)
+    assert math.isclose(split.bubble_share, 1 / 13) and math.isclose(whole.bubble_share, 1 / 5)
+    assert split.seconds < whole.seconds
+
+
+@pytest.mark.parametrize("schedule", [gpipe(3, 4), one_f_one_b(3, 6), gems(2, 2), interleaved(2, 4), interleaved(4, 8),
+                                      zb1(2, 4), zb1(3, 6), zb1(4, 8)], ids=lambda s: f"{s.kind}-{s.world_size}")
+def test_replay_and_schedule_bubble_share_agree(schedule: Schedule) -> None:
+    """The simulator (messages, every rank's list in order) and ``Schedule.bubble_share(costs)`` (the tick
+    table's order, dependencies) give one share with the zero-bubble paper's costs."""
+    assert math.isclose(replay_schedule(schedule).bubble_share, schedule.bubble_share(COSTS_SPLIT_EQUAL),
+                        abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (3, 6), (4, 8)])
+def test_zb1_holds_no_more_activations_than_1f1b_on_its_busiest_rank(stages: int, micro_batches: int) -> None:
+    split, whole = replay_schedule(zb1(stages, micro_batches)), replay_schedule(one_f_one_b(stages, micro_batches))
+    assert max(split.peak_held) <= max(whole.peak_held) == stages
+    assert split.bubble_share < whole.bubble_share
+
+
+def test_suggest_and_tune_candidates_include_interleaved_and_zb1() -> None:
+    found = planner.candidate_configs(2, 5, 4)
+    kinds = {(cfg.schedule, cfg.virtual_stages) for cfg in found}
+    assert {(ScheduleKind.INTERLEAVED, 2), (ScheduleKind.ZB1, 1), (ScheduleKind.ONE_F_ONE_B, 1)} <= kinds
+    assert ParallelConfig(split_size=2, spatial_size=0, parts=4, schedule="zb1") in found
