@@ -9,7 +9,7 @@ from matplotlib.colors import to_rgb
 from mpi4dl_nb import ParallelConfig, viz
 from mpi4dl_nb.comm.trace import Event
 from mpi4dl_nb.config import ScheduleKind
-from mpi4dl_nb.pipeline.schedules import Action, ActionKind, Schedule, build_schedule, interleaved, one_f_one_b
+from mpi4dl_nb.pipeline.schedules import Action, ActionKind, Schedule, build_schedule, interleaved, one_f_one_b, zb1
 from mpi4dl_nb.spatial.geometry import TileGrid
 
 
@@ -195,3 +195,15 @@ def test_timeline_names_the_stage_of_compute_bars_where_a_rank_ran_several():
     assert labels == ["1@s0", "1@s2"]
     single = [Event(0, "F", 0.0, 1.0, stage=0, micro_batch=1), Event(1, "F", 1.0, 2.0, stage=1, micro_batch=1)]
     assert [t.get_text() for t in viz.find_artists(viz.draw_timeline(single), "event-label:")] == ["1", "1"]
+
+
+def test_zb1_schedule_draws_its_input_and_weight_gradients_apart():
+    schedule = zb1(2, 4)
+    fig = viz.draw_schedule(schedule, len(schedule.global_order()))
+    assert _legend_names(fig) == ["forward", "input gradient", "weight gradient", "all-reduce", "optimizer"]
+    cells = viz.find_artists(fig, "cell:")
+    colours = {cell.get_gid().split(":")[-1][0]: to_rgb(cell.get_facecolor()) for cell in cells}
+    assert len({colours["F"], colours["I"], colours["W"]}) == 3
+    assert colours["I"] == to_rgb(viz.OpFamily.INPUT_GRADIENT.color)
+    labels = {cell.get_gid().split(":")[-1] for cell in cells}
+    assert {f"{kind}{u}" for kind in "FIW" for u in range(4)} <= labels
