@@ -59,6 +59,11 @@ class ScheduleKind(Choice):
     ZB1 = "zb1"             # zero bubble ZB-H1: backward split into I (input grad) and W (weight grad)
     ZBV = "zbv"             # V-shaped zero bubble: 2 chunks per rank, down then back up, split backward
 
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the schedule runs each backward as I (input gradient) and W (weight gradient) actions."""
+        return self in (ScheduleKind.ZB1, ScheduleKind.ZBV)
+
 
 C = TypeVar("C", bound=Choice)
 

@@ -187,7 +187,7 @@ class PipelineRuntime:
         custom autograd Functions that exchange in backward), recomputed stages (the graph is rebuilt
         inside the backward) and synchronised BatchNorm."""
         cfg = self.cfg
-        return (any(a.kind is ActionKind.BACKWARD_WEIGHT for a in self.actions) and not self._spatial(stage)
+        return (self.schedule.kind.splits_backward and not self._spatial(stage)
                 and cfg.checkpoint_activations is None and not cfg.sync_batchnorm)
 
     def _last(self, stage: int) -> bool:

@@ -1,4 +1,4 @@
-"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved).
+"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved, zero bubble).
 
 A :class:`Schedule` is built from a :class:`~mpi4dl_nb.config.ParallelConfig` and the rank
 layout. Every rank gets an ordered list of :class:`Action` s; the runtime executes exactly
@@ -42,7 +42,32 @@ layer list (``virtual_stages=2``), 2 micro-batches::
        9 | B1@s0     |
       10 | AR AR OPT | AR AR OPT
 
-Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``.k`` appended:
+Zero bubble ZB-H1 (``schedule='zb1'``, ``pipeline/zero_bubble.py``): each backward is split into
+``I`` (the stage input's gradient, sent back at once) and ``W`` (the parameter gradients, deferred
+by ``stage`` places to fill the drain), 3 stages, 4 micro-batches::
+
+    >>> print(zb1(3, 4).table())
+    tick | rank 0 | rank 1 | rank 2
+         | s0     | s1     | s2
+    -----+--------+--------+-------
+       0 | F0     |        |
+       1 | F1     | F0     |
+       2 | F2     | F1     | F0
+       3 |        |        | I0
+       4 |        | I0     | F1
+       5 | I0     | F2     | I1
+       6 | W0     | I1     | F2
+       7 | F3     | W0     | I2
+       8 | I1     | F3     | W0
+       9 | W1     | I2     | F3
+      10 | I2     | W1     | I3
+      11 | W2     | I3     | W1
+      12 | I3     | W2     | W2
+      13 | W3     | W3     | W3
+      14 | AR OPT | AR OPT | AR OPT
+
+Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``I<i>`` / ``W<i>``: its
+input-gradient / weight-gradient half; ``.k`` appended:
 local-DP copy ``k``; a trailing ``'``: the GEMS mirror replica; ``@s<j>``: of stage ``j``, where
 a rank holds several). ``AR`` is the gradient
 (and BatchNorm statistics) all-reduce of the rank's stages, ``OPT`` the optimizer step.

@@ -1,0 +1,19 @@
+"""The zero-bubble split backward on 2 ranks: activation peak against 1F1B's, W really does the weight work.
+
+See tests/mpi/engine_zero_bubble.py for what each named check measures.
+"""
+
+from __future__ import annotations
+
+from tests.support.battery import shared_job
+
+JOB = shared_job(2, "engine_zero_bubble", timeout=300)
+
+
+def test_zb1_activation_peak_is_1f1b_peak(shared_launch):
+    """Stage 0 within 5% of its 1F1B peak, the pipeline's peak within 5% of 1F1B's (counted saved bytes)."""
+    shared_launch(JOB).require(["zb1 activation peak"])
+
+
+def test_zb1_weight_gradients_come_in_W(shared_launch):
+    shared_launch(JOB).require(["zb1 W does the weight work"])
