@@ -87,9 +87,8 @@ def candidate_configs(devices: int, num_layers: int, batch_size: int, *, max_spl
                 for (tiles, method), local_dp, parts, times, dp in itertools.product(
                         grids, range(1, devices + 1), divisors, range(0, max_times + 1),
                         range(1, devices + 1)):
-                    # the zero-bubble schedules wait for the time model to cost their I and W actions
-                    schedules = ([k for k in ScheduleKind if not k.splits_backward] if parts > 1 and split > 1
-                                 else [ScheduleKind.GPIPE])
+                    # every schedule, zb1/zbv too (the time model costs their I and W: step_time.py)
+                    schedules = list(ScheduleKind) if parts > 1 and split > 1 else [ScheduleKind.GPIPE]
                     for schedule in schedules:
                         # interleaved, zbv: `split` ranks along the pipeline, each holding 2 chunks
                         chunks = 2 if schedule in CHUNKED_SCHEDULES else 1
