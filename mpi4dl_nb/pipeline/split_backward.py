@@ -104,8 +104,8 @@ def input_backward(calls: Sequence[LayerCall], outputs: Sequence[torch.Tensor],
     split = [c for c in calls if c.calls == 1 and c.edges]
     whole = [p for c in calls if not (c.calls == 1 and c.edges) for p in c.params]
     targets = [*map(get_gradient_edge, inputs), *(e for c in split for e in c.edges), *map(get_gradient_edge, whole)]
-    if not targets:
-        return [], WeightWork([])
+    if not outputs or not targets:   # nothing differentiable came out: no gradient anywhere
+        return [None] * len(inputs), WeightWork([])
     found: list[torch.Tensor | None] = list(torch.autograd.grad(
         list(outputs), targets, list(grad_outputs), retain_graph=bool(split), allow_unused=True))
     input_grads, found = found[:len(inputs)], found[len(inputs):]

@@ -175,3 +175,12 @@ def test_a_stage_input_that_feeds_nothing_differentiable_gets_no_gradient():
     assert grads == [None] and layer.weight.grad is None
     work.run()
     assert layer.weight.grad is not None
+
+
+def test_no_differentiable_output_means_no_gradients_and_no_W():
+    layer = nn.Linear(3, 3, dtype=torch.float64)
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    with LayerRecorder(layer).recording() as calls:
+        layer(x)
+    grads, work = input_backward(calls, [], [], [x])
+    assert grads == [None] and work.layers == [] and layer.weight.grad is None
