@@ -1,8 +1,9 @@
-"""What notebooks 04, 06, 08 and 09 must print, checked the same way after a headless run and a JupyterLab Run All."""
+"""What notebooks 04, 06, 08, 09 and 10 must print, checked alike after a headless run and a JupyterLab Run All."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -39,3 +40,9 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         assert "-> exact: True" in text and "exact: False" not in text
         assert "FeatureCollection with " in text and "classes: ['DAB']" in text
         assert not list(kernel_tmpdir.glob("mpi4dl-09-*")), "the notebook's temporary folder was left behind"
+    if number == "10":   # whole slides on 4 tiles + 1 equal one process; the same held-out AUC on the ranks; cleaned up
+        assert "-> exact: True" in text and "exact: False" not in text
+        auc = re.search(r"slide-level AUC in one process: (\S+)", text)
+        assert auc and f"slide-level AUC on 4 tiles + 1 rank: {auc.group(1)} over 6 slides" in text
+        assert "of the cells lie near a dot and hold" in text
+        assert not list(kernel_tmpdir.glob("mpi4dl-10-*")), "the notebook's temporary folder was left behind"
