@@ -164,12 +164,12 @@ plt.show()
 # would sum N slides' gradients into one step).
 #
 # Half of the patients (two of each class, six slides) are held out by `--val-fraction 0.5`; the other six
-# slides train for 36 steps (six epochs) in float64.
+# slides train for 24 steps (four epochs) in float64.
 
 # %%
 viz.show(viz.draw_rank_layout(cfg))
 
-POOL, STEPS, VAL_FRACTION = "attention", 36, 0.5
+POOL, STEPS, VAL_FRACTION = "attention", 24, 0.5
 RUN = ["train", "--whole-slide", "--cohort", str(manifest), "--image-size", str(CANVAS), "--mpp", str(MPP),
        "--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
        "--pool", POOL, "--batch-size", "1", "--steps", str(STEPS), "--val-fraction", str(VAL_FRACTION),
@@ -232,13 +232,13 @@ print(f"max |loss difference| = {loss_error:.1e}, max |weight difference| = {wei
 assert loss_error < 1e-9 and weight_error < 1e-9
 
 # %% [markdown]
-# The differences are float64 rounding, around 1e-12 on values of order 1: the tiles add the same products
-# in a different order (BatchNorm's sums over four tiles, the softmax's four partial sums merged), and 36 SGD
+# The differences are float64 rounding, 1e-13 or so on values of order 1: the tiles add the same products
+# in a different order (BatchNorm's sums over four tiles, the softmax's four partial sums merged), and 24 SGD
 # steps (momentum 0.9) carry those last digits along. Nothing is approximated: no tile sees a cropped context
 # (the halos), no tile normalises by its own statistics, and the attention weights of one tile are normalised
 # by the sum over all four. A difference of 1e-3 would mean a real error, such as a missing halo or a per-tile
 # softmax. (A larger learning rate lets the rounding grow faster from step to step: with `--lr 0.05` the
-# weights here differ by about 6e-10 after 36 steps, still rounding, but closer to the 1e-9 this check allows.)
+# weights here differed by about 6e-10 after 36 steps, still rounding, but closer to the 1e-9 this check allows.)
 #
 # ## Where the model looked
 #
@@ -296,7 +296,7 @@ print(f"P(positive) = {probability:.2f}; {near.mean():.0%} of the cells lie near
 # %% [markdown]
 # Each output cell of the trunk covers 8 x 8 canvas pixels (three stride-2 stages). A model that had found the
 # label's evidence would put more of its attention near the dots than their share of the canvas. This one does
-# not: the cells near a dot hold about their share of the weight, spread over the tissue. Thirty-six steps on six
+# not: the cells near a dot hold about their share of the weight, spread over the tissue. Twenty-four steps on six
 # slides have not taught a 4-filter ResNet what the dots mean: the map shows what the model uses, not what it
 # should use. A real cohort needs hundreds of slides and tens of epochs before the map is worth reading (and
 # the exercise below shows the information is there at this resolution).
@@ -342,11 +342,12 @@ assert abs(parallel_auc - auc) < 1e-12
 # Both AUCs are the same number: the evaluation on tiles gives each slide the probability one process gives it,
 # so the ranking of the slides is the same. Read the probabilities before the AUC: they all lie within a few
 # hundredths of each other, so the model barely separates the slides, and with three positive and three negative
-# slides the AUC moves in steps of 1/9 (one slide ranked differently changes it by up to a third). On six slides
-# an AUC says little (0.5 is chance; a confidence interval needs dozens of slides): this one tells you the
-# pipeline scores slides, not that the model works. `train` scores the held-out slides on its own with
-# `--eval-every N` (slide and patient AUC in `metrics.jsonl`), and `evaluate --checkpoint DIR` rebuilds the
-# recorded held-out canvases and scores them at slide and patient level.
+# slides the AUC moves in steps of 1/9 (one slide ranked differently changes it by up to a third): an AUC of 0 or
+# 1 from probabilities this close is where the coin fell, not a finding. On six slides an AUC says little (0.5 is
+# chance; a confidence interval needs dozens of slides): this one tells you the pipeline scores slides, not that
+# the model works. `train` scores the held-out slides on its own with `--eval-every N` (slide and patient AUC in
+# `metrics.jsonl`), and `evaluate --checkpoint DIR` rebuilds the recorded held-out canvases and scores them at
+# slide and patient level.
 #
 # ## Exercise: what resolution buys
 #
@@ -356,12 +357,12 @@ assert abs(parallel_auc - auc) < 1e-12
 
 # %%
 my_guess = {"1 µm/px": "much darker on positives", "4 µm/px": "?"}
-for mpp, side in ((1.0, CANVAS), (4.0, CANVAS // 4)):
-    read = cohort_canvases(read_cohort(manifest), side, mpp=mpp)
+coarse_canvases = cohort_canvases(read_cohort(manifest), CANVAS // 4, mpp=4.0)    # the same 128 µm at 4 µm/px
+for mpp, read in ((MPP, canvases), (4.0, coarse_canvases)):
     darkest = {name: [] for name in read.classes}
     for i in range(len(read)):
         darkest[read.classes[read.label(i)]].append(float(read.read(i).mean(0).min()) * 255)
-    print(f"{mpp:g} µm/px ({side} px canvas): darkest pixel (grey level) "
+    print(f"{mpp:g} µm/px ({read.image_size} px canvas): darkest pixel (grey level) "
           + ", ".join(f"{name} {np.mean(values):.0f} ± {np.std(values):.0f}" for name, values in darkest.items()))
 
 # %% [markdown]
@@ -388,6 +389,7 @@ for mpp, side in ((1.0, CANVAS), (4.0, CANVAS // 4)):
 # %%
 hook.remove()
 canvases.close()
+coarse_canvases.close()
 with_dots.close()
 cluster.stop()
 scratch.cleanup()
