@@ -25,7 +25,7 @@
 # **The cohort is synthetic** (`mpi4dl_nb.data.synthetic_cohort`): each slide is glass with an ellipse of pink
 # stroma and purple nuclei (about 6 µm); `positive` slides also carry a few clusters of dark dots about 2 µm
 # across. The label hangs on those dots, which only a fine resolution shows. The canvases here are 128 px at
-# 1 µm per pixel so the notebook runs in a minute on a laptop; a real cohort is trained on canvases of 8192 px
+# 1 µm per pixel so the notebook runs in two minutes on a laptop; a real cohort is trained on canvases of 8192 px
 # and more at 0.5 µm per pixel, on as many tiles as that takes, for tens of epochs.
 
 # %%
@@ -245,7 +245,9 @@ assert loss_error < 1e-9 and weight_error < 1e-9
 # The attention pool scores every position `i` of the trunk's output, `s_i = w^T (tanh(V h_i) * sigmoid(U h_i))`,
 # and pools `z = sum_i a_i h_i` with `a = softmax(s)`. The weights `a_i` over the canvas are the model's map of
 # where the slide's evidence is. There is no `infer` output for them yet, so we compute them here with the
-# trained model's own `AttentionMILPool`: its input is caught with a forward hook, its `scores` give `s`.
+# trained model's own `AttentionMILPool`: its input is caught with a forward hook, its `scores` give `s`. Drawn
+# over a held-out positive slide at 4 µm/px (left, where the canvas lies on the slide) and over its canvas at
+# 1 µm/px (right, with the slide's dots circled):
 
 # %%
 from mpi4dl_nb.models.pools import AttentionMILPool
@@ -278,14 +280,22 @@ dots = dots_on_canvas(shown)
 near = np.zeros(weights.shape, dtype=bool)                     # output cells within one cell of a dot
 for r, c in dots // stride:
     near[max(r - 1, 0):r + 2, max(c - 1, 0):c + 2] = True
+placement = canvases.placements[shown]
+whole = canvases.slide(shown)
+overview = np.asarray(whole.read_region((0, 0), level, whole.level_dimensions[level]).convert("RGB"))
+top, start, side = placement.top / scale, placement.left / scale, placement.size / scale
 figure, (left, right) = plt.subplots(1, 2, figsize=(9, 4.6))
-left.imshow(canvases.read(shown).permute(1, 2, 0).numpy())
-left.scatter(dots[:, 1], dots[:, 0], s=30, facecolors="none", edgecolors="cyan", lw=1)
-left.set_title(f"{canvases.names[shown]} (held out, positive): the dots circled", fontsize=10)
+left.imshow(overview)
+left.imshow(weights.numpy(), cmap="magma", alpha=0.6, extent=(start - 0.5, start + side - 0.5, top + side - 0.5,
+                                                              top - 0.5))
+draw_canvas(left, placement, scale)
+left.set(xlim=(-0.5, overview.shape[1] - 0.5), ylim=(overview.shape[0] - 0.5, -0.5))
+left.set_title(f"{placement.slide} (held out, positive) at 4 µm/px", fontsize=10)
 right.imshow(canvases.read(shown).permute(1, 2, 0).numpy())
 shade = right.imshow(weights.numpy(), cmap="magma", alpha=0.6, extent=(-0.5, CANVAS - 0.5, CANVAS - 0.5, -0.5))
+right.scatter(dots[:, 1], dots[:, 0], s=30, facecolors="none", edgecolors="cyan", lw=1)
 figure.colorbar(shade, ax=right, fraction=0.046, label="attention weight")
-right.set_title(f"attention over the {weights.shape[0]}x{weights.shape[1]} output cells", fontsize=10)
+right.set_title(f"its canvas: {weights.shape[0]}x{weights.shape[1]} output cells, dots circled", fontsize=10)
 for axis in (left, right):
     axis.axis("off")
 plt.show()
