@@ -304,12 +304,14 @@ print(f"P(positive) = {probability:.2f}; {near.mean():.0%} of the cells lie near
       f"{near.mean():.0%})")
 
 # %% [markdown]
-# Each output cell of the trunk covers 8 x 8 canvas pixels (three stride-2 stages). A model that had found the
-# label's evidence would put more of its attention near the dots than their share of the canvas. This one does
-# not: the cells near a dot hold about their share of the weight, spread over the tissue. Twenty-four steps on six
-# slides have not taught a 4-filter ResNet what the dots mean: the map shows what the model uses, not what it
-# should use. A real cohort needs hundreds of slides and tens of epochs before the map is worth reading (and
-# the exercise below shows the information is there at this resolution).
+# Each output cell of the trunk covers 4 x 4 canvas pixels (its two stride-2 stages), so the map has 32 x 32
+# cells. A model that had found the label's evidence would put more of its attention near the dots than their
+# share of the canvas. This one does not: its weights are nearly uniform (the colour bar spans a narrow band
+# around 1/1024, the uniform weight), the cells near a dot hold about their share, and the darkest spots get
+# slightly less, not more. Twenty-four steps on six slides have not taught a 4-filter ResNet what the dots mean:
+# the map shows what the model uses, not what it should use. A real cohort needs hundreds of slides and tens of
+# epochs before the map is worth reading (the exercise below shows the information is there at this
+# resolution).
 #
 # ## Slide-level AUC on the held-out slides
 #
