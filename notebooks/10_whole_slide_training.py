@@ -7,17 +7,18 @@
 # ---
 
 # %% [markdown]
-# # 10 — Whole-slide training from slide labels: one canvas per slide on 4 tiles, attention-MIL, exact
+# # 10 — Whole-slide training from slide labels: one canvas per slide on 4 tiles, a slide-level pool, exact
 #
 # Pathology labels belong to slides (tumour or not), and the evidence can be a few cells somewhere in the tissue.
 # Here every training sample is a whole slide: its tissue placed on one square canvas at a chosen resolution,
-# cut 2 x 2 over four spatial ranks, with a gated attention-MIL pool over every position of every tile and the
+# cut 2 x 2 over four spatial ranks, with a slide-level max pool over every position of every tile and the
 # classifier on a fifth rank. The run is checked against the same training on whole canvases in one process,
-# then we look at where the trained model's attention falls on a slide and score the held-out slides.
+# then we look at where the trained model looked on a slide and score the held-out slides.
 #
 # **What you will learn**: what `train --whole-slide --cohort` makes of a slide (the canvas, its tissue box, what
-# is cut or padded), how a slide-level pool (`--pool attention`) runs exactly on tiles, how to draw the attention
-# map of a trained model over the slide, and how to read a slide-level AUC on a handful of held-out slides.
+# is cut or padded), how a slide-level pool (`--pool max`, and `--pool attention` in the exercise) runs exactly on
+# tiles, how to draw the map of where a trained model looked over the slide, and how to read a slide-level AUC on
+# a handful of held-out slides.
 #
 # **What you need**: notebooks 02 (halos) and 04 (exactness against one process); 5 MPI ranks (started below);
 # about two minutes.
@@ -157,23 +158,24 @@ plt.show()
 # ## Training on 4 tiles + a layer rank
 #
 # `--split-size 2 --spatial-size 1 --num-spatial-parts 4`: stage 0 (the ResNet trunk) on a 2 x 2 grid of ranks
-# 0-3, stage 1 (the attention pool and the classifier) on rank 4. Each tile convolves its quarter with halos
-# from its neighbours, BatchNorm sums its statistics over the four tiles, and the attention pool's softmax runs
-# over every position of every tile: each tile's scores are merged with a running maximum and sum, exactly
-# as one softmax over the whole canvas (docs/whole-slide.md). Whole slides train at batch 1 (`--accumulate N`
-# would sum N slides' gradients into one step).
+# 0-3, stage 1 (the max pool and the classifier) on rank 4. Each tile convolves its quarter with halos from its
+# neighbours, BatchNorm sums its statistics over the four tiles, and `--pool max` takes each feature's maximum
+# over every position of every tile: the four tiles' maxima are merged into the canvas's maximum, and its
+# gradient goes back to the one position (on one tile) that one process would pick (docs/whole-slide.md). A
+# max pool suits a label that one small structure decides: one dark dot anywhere makes a slide positive. Whole
+# slides train at batch 1 (`--accumulate N` would sum N slides' gradients into one step).
 #
 # Half of the patients (two of each class, six slides) are held out by `--val-fraction 0.5`; the other six
-# slides train for 24 steps (four epochs) in float64.
+# slides train for 30 steps (five epochs) in float64 with AdamW at a learning rate of 0.003.
 
 # %%
 viz.show(viz.draw_rank_layout(cfg))
 
-POOL, STEPS, VAL_FRACTION = "attention", 24, 0.5
+POOL, STEPS, VAL_FRACTION = "max", 30, 0.5
 RUN = ["train", "--whole-slide", "--cohort", str(manifest), "--image-size", str(CANVAS), "--mpp", str(MPP),
        "--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
        "--pool", POOL, "--batch-size", "1", "--steps", str(STEPS), "--val-fraction", str(VAL_FRACTION),
-       "--dtype", "float64", "--lr", "0.02", "--no-progress", "--step-timeout", "0"]
+       "--dtype", "float64", "--optimizer", "adamw", "--lr", "0.003", "--no-progress", "--step-timeout", "0"]
 TILES = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4", "--slice-method", "square"]
 
 
@@ -195,8 +197,8 @@ print("exit codes:", cluster.run(run_command, tiles, timeout=600))
 # The reference is the plain model, `nn.Sequential(*layers)`, trained in this notebook on whole 128 px canvases:
 # the same initial weights (the run's seed), the same six training slides in the same order (`dl.split_dataset`
 # splits as `--val-fraction` does; `Batcher` orders the epochs as `train` does), the same optimizer, one slide a
-# step. `train` refuses `--pool attention` with `--spatial-size 0` (a whole-slide canvas is meant for tiles), so
-# this is also the only way to see the one-process run.
+# step. `train` refuses `--pool max` (any slide-level pool) of a whole-slide canvas with `--spatial-size 0` (the
+# canvas is meant for tiles), so this is also the only way to see the one-process run.
 
 # %%
 from torch import nn
@@ -232,37 +234,38 @@ print(f"max |loss difference| = {loss_error:.1e}, max |weight difference| = {wei
 assert loss_error < 1e-9 and weight_error < 1e-9
 
 # %% [markdown]
-# The differences are float64 rounding, 1e-13 or so on values of order 1: the tiles add the same products
-# in a different order (BatchNorm's sums over four tiles, the softmax's four partial sums merged), and 24 SGD
-# steps (momentum 0.9) carry those last digits along. Nothing is approximated: no tile sees a cropped context
-# (the halos), no tile normalises by its own statistics, and the attention weights of one tile are normalised
-# by the sum over all four. A difference of 1e-3 would mean a real error, such as a missing halo or a per-tile
-# softmax. (A larger learning rate lets the rounding grow faster from step to step: with `--lr 0.05` the
-# weights here differed by about 6e-10 after 36 steps, still rounding, but closer to the 1e-9 this check allows.)
+# The differences are float64 rounding, 1e-12 or less on values of order 1 to 10: the tiles add the same products
+# in a different order (BatchNorm's sums over four tiles), and 30 AdamW steps carry those last digits along.
+# Nothing is approximated: no tile sees a cropped context (the halos), no tile normalises by its own statistics,
+# and each feature's maximum is taken over all four tiles, its gradient sent to the tile that holds it. A
+# difference of 1e-3 would mean a real error, such as a missing halo or a per-tile maximum.
 #
 # ## Where the model looked
 #
-# The attention pool scores every position `i` of the trunk's output, `s_i = w^T (tanh(V h_i) * sigmoid(U h_i))`,
-# and pools `z = sum_i a_i h_i` with `a = softmax(s)`. The weights `a_i` over the canvas are the model's map of
-# where the slide's evidence is. There is no `infer` output for them yet, so we compute them here with the
-# trained model's own `AttentionMILPool`: its input is caught with a forward hook, its `scores` give `s`. Drawn
-# over a held-out positive slide at 4 µm/px (left, where the canvas lies on the slide) and over its canvas at
-# 1 µm/px (right, with the slide's dots circled):
+# The max pool keeps, for each of the trunk's 16 output features, its largest value over the canvas: the
+# classifier sees one position per feature. The map of where the model looked is therefore, for every output
+# cell, the share of the features whose maximum falls in it. There is no `infer` output for it yet, so we compute
+# it here with the trained model: the pool's input is caught with a forward hook, and the arg-max of each feature
+# over the positions is counted per cell. Drawn over a held-out positive slide at 4 µm/px (left, where the canvas
+# lies on the slide) and over its canvas at 1 µm/px (right, with the slide's dots circled):
 
 # %%
-from mpi4dl_nb.models.pools import AttentionMILPool
+from mpi4dl_nb.models.pools import GlobalMaxPool
 
-pool = next(m for m in trained.modules() if isinstance(m, AttentionMILPool))
+pool = next(m for m in trained.modules() if isinstance(m, GlobalMaxPool))
 caught = {}
 hook = pool.register_forward_hook(lambda module, inputs, output: caught.update(features=inputs[0]))
 
 
-def attention_map(index):
-    """(probability of `positive`, attention weights over the trunk's output grid) of canvas ``index``."""
+def max_map(index):
+    """(probability of `positive`, share of the features whose maximum lies in each output cell) of canvas
+    ``index``."""
     with torch.no_grad():
         logits = trained(canvases.read(index)[None].to(torch.float64))
-        scores = pool.scores(caught["features"])[0, 0]
-    return float(torch.softmax(logits, 1)[0, 1]), torch.softmax(scores.flatten(), 0).reshape(scores.shape)
+    features = caught["features"][0]                              # (features, rows, columns)
+    cells = features.shape[1] * features.shape[2]
+    counts = torch.bincount(features.flatten(1).argmax(1), minlength=cells)
+    return float(torch.softmax(logits, 1)[0, 1]), (counts / len(features)).reshape(features.shape[1:])
 
 
 def dots_on_canvas(index):
@@ -273,45 +276,53 @@ def dots_on_canvas(index):
     return found[inside]
 
 
+def near_dots(index, grid):
+    """The output cells (``grid`` rows x columns) within one cell of a dot of slide ``index``."""
+    near = np.zeros(grid, dtype=bool)
+    for r, c in dots_on_canvas(index) // (CANVAS // grid[0]):
+        near[max(r - 1, 0):r + 2, max(c - 1, 0):c + 2] = True
+    return near
+
+
 shown = [i for i in held_out.indices if canvases.label(i) == 1][0]          # a held-out positive slide
-probability, weights = attention_map(shown)
-stride = CANVAS // weights.shape[0]
+probability, share = max_map(shown)
+looked = np.ma.masked_equal(share.numpy(), 0.0)              # cells holding no maximum stay clear
 dots = dots_on_canvas(shown)
-near = np.zeros(weights.shape, dtype=bool)                     # output cells within one cell of a dot
-for r, c in dots // stride:
-    near[max(r - 1, 0):r + 2, max(c - 1, 0):c + 2] = True
+near = near_dots(shown, tuple(share.shape))
 placement = canvases.placements[shown]
 whole = canvases.slide(shown)
 overview = np.asarray(whole.read_region((0, 0), level, whole.level_dimensions[level]).convert("RGB"))
 top, start, side = placement.top / scale, placement.left / scale, placement.size / scale
 figure, (left, right) = plt.subplots(1, 2, figsize=(9, 4.6))
 left.imshow(overview)
-left.imshow(weights.numpy(), cmap="magma", alpha=0.6, extent=(start - 0.5, start + side - 0.5, top + side - 0.5,
-                                                              top - 0.5))
+left.imshow(looked, cmap="magma", alpha=0.9, vmin=0.0, extent=(start - 0.5, start + side - 0.5, top + side - 0.5,
+                                                            top - 0.5))
 draw_canvas(left, placement, scale)
 left.set(xlim=(-0.5, overview.shape[1] - 0.5), ylim=(overview.shape[0] - 0.5, -0.5))
 left.set_title(f"{placement.slide} (held out, positive) at 4 µm/px", fontsize=10)
 right.imshow(canvases.read(shown).permute(1, 2, 0).numpy())
-shade = right.imshow(weights.numpy(), cmap="magma", alpha=0.6, extent=(-0.5, CANVAS - 0.5, CANVAS - 0.5, -0.5))
+shade = right.imshow(looked, cmap="magma", alpha=0.9, vmin=0.0, extent=(-0.5, CANVAS - 0.5, CANVAS - 0.5, -0.5))
 right.scatter(dots[:, 1], dots[:, 0], s=30, facecolors="none", edgecolors="cyan", lw=1)
-figure.colorbar(shade, ax=right, fraction=0.046, label="attention weight")
-right.set_title(f"its canvas: {weights.shape[0]}x{weights.shape[1]} output cells, dots circled", fontsize=10)
+figure.colorbar(shade, ax=right, fraction=0.046, label="share of the features' maxima")
+right.set_title(f"its canvas: {share.shape[0]}x{share.shape[1]} output cells, dots circled", fontsize=10)
 for axis in (left, right):
     axis.axis("off")
 plt.show()
 print(f"P(positive) = {probability:.2f}; {near.mean():.0%} of the cells lie near a dot and hold "
-      f"{float(weights[torch.from_numpy(near)].sum()):.0%} of the attention (uniform attention would give "
-      f"{near.mean():.0%})")
+      f"{float(share[torch.from_numpy(near)].sum()):.0%} of the features' maxima (a model blind to the dots "
+      f"would put about {near.mean():.0%} there)")
+for i in held_out.indices:
+    if canvases.label(i) == 1 and i != shown:
+        grid = near_dots(i, tuple(share.shape))
+        print(f"  {canvases.names[i]}: {grid.mean():.0%} of the cells near a dot hold "
+              f"{float(max_map(i)[1][torch.from_numpy(grid)].sum()):.0%} of the maxima")
 
 # %% [markdown]
 # Each output cell of the trunk covers 4 x 4 canvas pixels (its two stride-2 stages), so the map has 32 x 32
-# cells. A model that had found the label's evidence would put more of its attention near the dots than their
-# share of the canvas. This one does not: its weights are nearly uniform (the colour bar spans a narrow band
-# around 1/1024, the uniform weight), the cells near a dot hold about their share, and the darkest spots get
-# slightly less, not more. Twenty-four steps on six slides have not taught a 4-filter ResNet what the dots mean:
-# the map shows what the model uses, not what it should use. A real cohort needs hundreds of slides and tens of
-# epochs before the map is worth reading (the exercise below shows the information is there at this
-# resolution).
+# cells; only the cells that hold some feature's maximum are coloured. Most features take their maximum on a
+# dot: the coloured cells sit on the circled clusters, and on every held-out positive slide the cells near a dot,
+# about a quarter of the canvas, hold more than nine in ten of the maxima. The model has found the label's
+# evidence from slide labels alone: nobody told it where the dots are.
 #
 # ## Slide-level AUC on the held-out slides
 #
@@ -322,7 +333,7 @@ print(f"P(positive) = {probability:.2f}; {near.mean():.0%} of the cells lie near
 # %%
 from mpi4dl_nb.evaluation.metrics import roc_auc
 
-held_probabilities = np.array([attention_map(i)[0] for i in held_out.indices])
+held_probabilities = np.array([max_map(i)[0] for i in held_out.indices])
 held_labels = np.array([canvases.label(i) for i in held_out.indices])
 for i, p, y in zip(held_out.indices, held_probabilities, held_labels, strict=True):
     print(f"  {canvases.names[i]}  {canvases.patients[i]}  {canvases.classes[y]:<9} P(positive) = {p:.3f}")
@@ -352,13 +363,13 @@ assert abs(parallel_auc - auc) < 1e-12
 
 # %% [markdown]
 # Both AUCs are the same number: the evaluation on tiles gives each slide the probability one process gives it,
-# so the ranking of the slides is the same. Read the probabilities before the AUC: they all lie within a few
-# hundredths of each other, so the model barely separates the slides, and with three positive and three negative
-# slides the AUC moves in steps of 1/9 (one slide ranked differently changes it by up to a third): an AUC of 0 or
-# 1 from probabilities this close is where the coin fell, not a finding. On six slides an AUC says little (0.5 is
-# chance; a confidence interval needs dozens of slides): this one tells you the pipeline scores slides, not that
-# the model works. `train` scores the held-out slides on its own with `--eval-every N` (slide and patient AUC in
-# `metrics.jsonl`), and `evaluate --checkpoint DIR` rebuilds the recorded held-out canvases and scores them at
+# so the ranking of the slides is the same. Read the probabilities before the AUC: every held-out positive slide
+# gets a higher probability than every held-out negative one, with a clear gap between the classes, so the AUC
+# is 1. The probabilities are not calibrated (the negatives sit above 0.5: thirty steps on six slides, with
+# BatchNorm's running statistics at evaluation), and on six slides an AUC says little beyond "it separates these"
+# (it moves in steps of 1/9; a confidence interval needs dozens of slides). `train` scores the held-out slides on
+# its own with `--eval-every N` (slide and patient AUC in `metrics.jsonl`), and `evaluate --checkpoint DIR`
+# rebuilds the recorded held-out canvases and scores them at
 # slide and patient level.
 #
 # ## Exercise: what resolution buys
@@ -381,17 +392,19 @@ for mpp, read in ((MPP, canvases), (4.0, coarse_canvases)):
 # At 1 µm per pixel the dots' pixels are far darker than anything on a negative slide (grey 50 against 113, where
 # nuclei are darkest), on every slide: a single position tells the classes apart, which is what max and attention
 # pools are for. At 4 µm per pixel a 2 µm dot shares its pixel with fifteen pixels' worth of stroma and nuclei:
-# the positives' darkest pixels (around 105) fall within a few grey levels of the negatives' (113), and on some
+# the positives' darkest pixels (102 ± 7) come within about ten grey levels of the negatives' (113), and on some
 # positive slides they are the same, so no pool can find the label there. That is the reason to train whole
 # slides at fine resolution, and the reason they need spatial parallelism: the same 128 µm at 0.25 µm per pixel
 # is a 512 px canvas, and a 2 cm section at 0.5 µm per pixel is 40000 px on a side.
 #
 # ## What to try next
 #
-# * **Predict**, then check: with `POOL = "max"` (the maximum of each feature over every position; its gradient
-#   goes to the one position one process picks), are the losses still those of one process? The map then is
-#   where each feature takes its maximum: count the features per output cell (`caught["features"][0].flatten(1)
-#   .argmax(1)`) and draw them like the weights above.
+# * **Predict**, then check: with `POOL = "attention"` (a gated attention-MIL pool, `z = sum_i a_i h_i` with
+#   `a = softmax(w^T (tanh(V h_i) * sigmoid(U h_i)))`; on tiles each tile's scores merge with a running maximum
+#   and sum into one softmax), are the losses still those of one process? Does the model learn in 30 steps?
+#   Draw the attention weights like the map above: catch the `AttentionMILPool`'s input with a hook and take
+#   `torch.softmax(pool.scores(features).flatten(), 0)`. (On this cohort it learns far more slowly than the max
+#   pool: its average over a thousand positions dilutes a few dots, and its weights start nearly uniform.)
 # * `--pool tissue-mean` (each canvas carries its tissue mask as a fourth channel, the mean runs over tissue
 #   only) and `--accumulate 2` (two slides per optimizer step: pass `accumulate=2` to `dl.serial_reference`).
 # * Your own cohort: a `cohort.csv` with slide, label and patient columns beside your slides, `--mpp` at the
