@@ -16,7 +16,7 @@
 # then we look at where the trained model looked on a slide and score the held-out slides.
 #
 # **What you will learn**: what `train --whole-slide --cohort` makes of a slide (the canvas, its tissue box, what
-# is cut or padded), how a slide-level pool (`--pool max`, and `--pool attention` in the exercise) runs exactly on
+# is cut or padded), how a slide-level pool (`--pool max`; `--pool attention` in the next steps) runs exactly on
 # tiles, how to draw the map of where a trained model looked over the slide, and how to read a slide-level AUC on
 # a handful of held-out slides.
 #
@@ -166,7 +166,10 @@ plt.show()
 # slides train at batch 1 (`--accumulate N` would sum N slides' gradients into one step).
 #
 # Half of the patients (two of each class, six slides) are held out by `--val-fraction 0.5`; the other six
-# slides train for 30 steps (five epochs) in float64 with AdamW at a learning rate of 0.003.
+# slides train for 30 steps (five epochs) in float64 with AdamW at a learning rate of 0.003. (A gated
+# attention-MIL pool, `--pool attention`, runs just as exactly on tiles, but with these settings it does not learn
+# this cohort: its held-out probabilities stay within 0.05 of each other and its weights nearly uniform. It is
+# the first of the next steps below.)
 
 # %%
 viz.show(viz.draw_rank_layout(cfg))
@@ -246,26 +249,33 @@ assert loss_error < 1e-9 and weight_error < 1e-9
 # classifier sees one position per feature. The map of where the model looked is therefore, for every output
 # cell, the share of the features whose maximum falls in it. There is no `infer` output for it yet, so we compute
 # it here with the trained model: the pool's input is caught with a forward hook, and the arg-max of each feature
-# over the positions is counted per cell. Drawn over a held-out positive slide at 4 µm/px (left, where the canvas
-# lies on the slide) and over its canvas at 1 µm/px (right, with the slide's dots circled):
+# over the positions is counted per cell (with `POOL = "attention"` the same cell draws the attention weights).
+# Drawn over a held-out positive slide at 4 µm/px (left, where the canvas lies on the slide) and over its canvas
+# at 1 µm/px (right, with the slide's dots circled):
 
 # %%
-from mpi4dl_nb.models.pools import GlobalMaxPool
+from mpi4dl_nb.models.pools import AttentionMILPool, GlobalMaxPool
 
-pool = next(m for m in trained.modules() if isinstance(m, GlobalMaxPool))
+pool = next(m for m in trained.modules() if isinstance(m, (GlobalMaxPool, AttentionMILPool)))
 caught = {}
 hook = pool.register_forward_hook(lambda module, inputs, output: caught.update(features=inputs[0]))
+WHAT = "the features' maxima" if isinstance(pool, GlobalMaxPool) else "the attention"
 
 
-def max_map(index):
-    """(probability of `positive`, share of the features whose maximum lies in each output cell) of canvas
-    ``index``."""
+def where_it_looked(index):
+    """(probability of `positive`, the pool's map over the output cells) of canvas ``index``: per cell, the share
+    of the features whose maximum lies there (max pool) or the attention weight (attention pool)."""
     with torch.no_grad():
         logits = trained(canvases.read(index)[None].to(torch.float64))
-    features = caught["features"][0]                              # (features, rows, columns)
-    cells = features.shape[1] * features.shape[2]
-    counts = torch.bincount(features.flatten(1).argmax(1), minlength=cells)
-    return float(torch.softmax(logits, 1)[0, 1]), (counts / len(features)).reshape(features.shape[1:])
+        features = caught["features"][0]                          # (features, rows, columns)
+        if isinstance(pool, AttentionMILPool):
+            scores = pool.scores(features[None])[0, 0]
+            share = torch.softmax(scores.flatten(), 0).reshape(scores.shape)
+        else:
+            cells = features.shape[1] * features.shape[2]
+            counts = torch.bincount(features.flatten(1).argmax(1), minlength=cells)
+            share = (counts / len(features)).reshape(features.shape[1:])
+    return float(torch.softmax(logits, 1)[0, 1]), share
 
 
 def dots_on_canvas(index):
@@ -285,7 +295,7 @@ def near_dots(index, grid):
 
 
 shown = [i for i in held_out.indices if canvases.label(i) == 1][0]          # a held-out positive slide
-probability, share = max_map(shown)
+probability, share = where_it_looked(shown)
 looked = np.ma.masked_equal(share.numpy(), 0.0)              # cells holding no maximum stay clear
 dots = dots_on_canvas(shown)
 near = near_dots(shown, tuple(share.shape))
@@ -295,27 +305,27 @@ overview = np.asarray(whole.read_region((0, 0), level, whole.level_dimensions[le
 top, start, side = placement.top / scale, placement.left / scale, placement.size / scale
 figure, (left, right) = plt.subplots(1, 2, figsize=(9, 4.6))
 left.imshow(overview)
-left.imshow(looked, cmap="magma", alpha=0.9, vmin=0.0, extent=(start - 0.5, start + side - 0.5, top + side - 0.5,
+left.imshow(looked, cmap="autumn", alpha=0.9, vmin=0.0, extent=(start - 0.5, start + side - 0.5, top + side - 0.5,
                                                             top - 0.5))
 draw_canvas(left, placement, scale)
 left.set(xlim=(-0.5, overview.shape[1] - 0.5), ylim=(overview.shape[0] - 0.5, -0.5))
 left.set_title(f"{placement.slide} (held out, positive) at 4 µm/px", fontsize=10)
 right.imshow(canvases.read(shown).permute(1, 2, 0).numpy())
-shade = right.imshow(looked, cmap="magma", alpha=0.9, vmin=0.0, extent=(-0.5, CANVAS - 0.5, CANVAS - 0.5, -0.5))
+shade = right.imshow(looked, cmap="autumn", alpha=0.9, vmin=0.0, extent=(-0.5, CANVAS - 0.5, CANVAS - 0.5, -0.5))
 right.scatter(dots[:, 1], dots[:, 0], s=30, facecolors="none", edgecolors="cyan", lw=1)
-figure.colorbar(shade, ax=right, fraction=0.046, label="share of the features' maxima")
+figure.colorbar(shade, ax=right, fraction=0.046, label=f"share of {WHAT}")
 right.set_title(f"its canvas: {share.shape[0]}x{share.shape[1]} output cells, dots circled", fontsize=10)
 for axis in (left, right):
     axis.axis("off")
 plt.show()
 print(f"P(positive) = {probability:.2f}; {near.mean():.0%} of the cells lie near a dot and hold "
-      f"{float(share[torch.from_numpy(near)].sum()):.0%} of the features' maxima (a model blind to the dots "
-      f"would put about {near.mean():.0%} there)")
+      f"{float(share[torch.from_numpy(near)].sum()):.0%} of {WHAT} (a model blind to the dots would put about "
+      f"{near.mean():.0%} there)")
 for i in held_out.indices:
     if canvases.label(i) == 1 and i != shown:
         grid = near_dots(i, tuple(share.shape))
         print(f"  {canvases.names[i]}: {grid.mean():.0%} of the cells near a dot hold "
-              f"{float(max_map(i)[1][torch.from_numpy(grid)].sum()):.0%} of the maxima")
+              f"{float(where_it_looked(i)[1][torch.from_numpy(grid)].sum()):.0%} of {WHAT}")
 
 # %% [markdown]
 # Each output cell of the trunk covers 4 x 4 canvas pixels (its two stride-2 stages), so the map has 32 x 32
@@ -333,7 +343,7 @@ for i in held_out.indices:
 # %%
 from mpi4dl_nb.evaluation.metrics import roc_auc
 
-held_probabilities = np.array([max_map(i)[0] for i in held_out.indices])
+held_probabilities = np.array([where_it_looked(i)[0] for i in held_out.indices])
 held_labels = np.array([canvases.label(i) for i in held_out.indices])
 for i, p, y in zip(held_out.indices, held_probabilities, held_labels, strict=True):
     print(f"  {canvases.names[i]}  {canvases.patients[i]}  {canvases.classes[y]:<9} P(positive) = {p:.3f}")
@@ -402,9 +412,9 @@ for mpp, read in ((MPP, canvases), (4.0, coarse_canvases)):
 # * **Predict**, then check: with `POOL = "attention"` (a gated attention-MIL pool, `z = sum_i a_i h_i` with
 #   `a = softmax(w^T (tanh(V h_i) * sigmoid(U h_i)))`; on tiles each tile's scores merge with a running maximum
 #   and sum into one softmax), are the losses still those of one process? Does the model learn in 30 steps?
-#   Draw the attention weights like the map above: catch the `AttentionMILPool`'s input with a hook and take
-#   `torch.softmax(pool.scores(features).flatten(), 0)`. (On this cohort it learns far more slowly than the max
-#   pool: its average over a thousand positions dilutes a few dots, and its weights start nearly uniform.)
+#   The map cell then draws the attention weights (`torch.softmax` of the `AttentionMILPool`'s `scores`). (On
+#   this cohort it learns far more slowly than the max pool: its average over a thousand positions dilutes a few
+#   dots, and its weights start nearly uniform. What would you change: the learning rate, the steps, the dots?)
 # * `--pool tissue-mean` (each canvas carries its tissue mask as a fourth channel, the mean runs over tissue
 #   only) and `--accumulate 2` (two slides per optimizer step: pass `accumulate=2` to `dl.serial_reference`).
 # * Your own cohort: a `cohort.csv` with slide, label and patient columns beside your slides, `--mpp` at the
