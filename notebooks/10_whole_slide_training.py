@@ -330,8 +330,9 @@ for i in held_out.indices:
 # %% [markdown]
 # Each output cell of the trunk covers 4 x 4 canvas pixels (its two stride-2 stages), so the map has 32 x 32
 # cells; only the cells that hold some feature's maximum are coloured. Most features take their maximum on a
-# dot: the coloured cells sit on the circled clusters, and on every held-out positive slide the cells near a dot,
-# about a quarter of the canvas, hold more than nine in ten of the maxima. The model has found the label's
+# dot: all but one of the coloured cells sit on or beside the circled clusters (the other, in a corner of the
+# canvas, holds one feature), and on every held-out positive slide the cells near a dot, about a quarter of the
+# canvas, hold more than nine in ten of the maxima. The model has found the label's
 # evidence from slide labels alone: nobody told it where the dots are.
 #
 # ## Slide-level AUC on the held-out slides
