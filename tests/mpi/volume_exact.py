@@ -27,11 +27,11 @@ IGNORE = 255
 CLASSES = 2
 SIDE = 16      # a 16^3 volume: 8^3 tiles on 2x2x2, 2^3 at the U-Net's lowest level
 
-# name -> (ParallelConfig knobs, batch, 3-D U-Net options, loss); the 8-rank cases first, then the 4-rank ones
+# name -> (ParallelConfig knobs, batch, 3-D U-Net options, loss): one 8-rank case (2x2x2), then 4-rank ones
 CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss]] = {
     "vol_sp8": (dict(split_size=1, spatial_size=1, num_spatial_parts=8, slice_method="2x2x2"), 2,
                 dict(norm="batch", upsampling="trilinear"), DenseLoss("ce+dice", None, IGNORE)),
-    "vol_sp8_recompute": (dict(split_size=1, spatial_size=1, num_spatial_parts=8, slice_method="2x2x2",
+    "vol_sp4_recompute": (dict(split_size=1, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2",
                                checkpoint_activations="every"), 2,
                           dict(norm="group", upsampling="transposed"), DenseLoss("ce", (1.0, 2.0), None)),
     "vol_sp3_lp_1f1b": (dict(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="3x1x1",
