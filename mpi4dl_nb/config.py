@@ -255,9 +255,10 @@ class ParallelConfig:
         """(rows, cols) of the tile grid of the spatial stages (an image's grid; see ``tile_grid_shape``)."""
         if self.volume_grid is not None:
             shown = "x".join(map(str, self.volume_grid))
-            raise ConfigError("slice_method", f"{shown} tiles volumes (depth x rows x cols): spatialize and "
-                              f"TileGrid(depth=...) take it, the training engine's image stages do not yet; use "
-                              f"square, vertical or horizontal for images")
+            raise ConfigError("slice_method", f"{shown} tiles volumes (depth x rows x cols): the training engine, "
+                              f"spatialize and TileGrid(depth=...) take it, this image path (rows x cols: the "
+                              f"planner, image data, the viewer) does not; use square, vertical or horizontal "
+                              f"for images")
         if self.grid is not None:
             return self.grid
         return self.slice_method.grid_shape(self.num_spatial_parts)
@@ -501,6 +502,9 @@ class ParallelConfig:
                           f"{' x '.join(pieces)} = {divisor} pieces; {hint}")
 
     def _check_tiles(self, image_size: int | Sequence[int], min_tile: int | Sequence[int]) -> None:
+        if self.volume_grid is not None:
+            self._check_volume_tiles(image_size, min_tile)
+            return
         height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
         need_h, need_w = (min_tile, min_tile) if isinstance(min_tile, int) else min_tile
         rows, cols = self.grid_shape
@@ -514,3 +518,20 @@ class ParallelConfig:
                                   f"{need} px the layers' receptive field needs; use at most "
                                   f"{fit} tile {name}, a larger image_size, or another "
                                   f"slice_method")
+
+    def _check_volume_tiles(self, image_size: int | Sequence[int], min_tile: int | Sequence[int]) -> None:
+        """Each 3-D tile of a ``(depth, height, width)`` volume (an int: a cube) at least ``min_tile`` per axis."""
+        sizes = (image_size,) * 3 if isinstance(image_size, int) else tuple(image_size)
+        needs = (min_tile,) * 3 if isinstance(min_tile, int) else tuple(min_tile)
+        assert self.volume_grid is not None
+        shown_grid = "x".join(map(str, self.volume_grid))
+        if len(sizes) != 3 or len(needs) != 3:
+            raise ConfigError("image_size", f"slice_method {shown_grid} tiles volumes: give image_size as "
+                              f"depth,height,width (or one side of a cube), got {image_size!r}")
+        shown = "x".join(map(str, sizes))
+        for size, need, count, name in zip(sizes, needs, self.volume_grid, ("depth", "rows", "cols")):
+            if size // count < max(1, need):
+                raise ConfigError("num_spatial_parts", f"{count} tiles along {name} of a {shown} volume are "
+                                  f"{size // count} voxels, fewer than the {max(1, need)} the layers need; use at "
+                                  f"most {max(1, size // max(1, need))} tiles along {name} in slice_method "
+                                  f"{shown_grid}, or a larger image_size")

@@ -13,13 +13,13 @@ from torch import nn
 from ..comm.handles import Channel, Group, Request
 from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
-from ..spatial.geometry import Box, TileGrid
+from ..spatial.geometry import TileGrid
 from ..spatial.loss import TileLoss
 from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .grad_buckets import MB, GradientReducer, weight_gradient_passes
-from .handoff import join_tiles, split_grad
+from .handoff import Region, join_tiles, split_grad
 from .precision import LossScaler, autocast
 from .schedules import Action, ActionKind, Schedule, Stepper, chunk_index, stage_ranks
 from .split_backward import LayerCall, LayerRecorder, WeightWork, input_backward
@@ -95,7 +95,7 @@ class _StepState:
     inputs: dict[Key, Payload] = field(default_factory=dict)
     outputs: dict[Key, Payload] = field(default_factory=dict)
     input_grads: dict[Key, list[torch.Tensor | None]] = field(default_factory=dict)
-    boxes: dict[Key, list[list[Box] | None]] = field(default_factory=dict)
+    boxes: dict[Key, list[list[Region] | None]] = field(default_factory=dict)
     inbox: dict[tuple[bool, Key], dict[int, Payload]] = field(default_factory=dict)   # (activation?, key)
     sends_left: dict[Key, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
