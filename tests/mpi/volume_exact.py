@@ -18,8 +18,8 @@ from mpi4dl_nb.models.unet3d import unet3d
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.loss import DenseLoss
-from tests.mpi.engine_exact import state_error
 from tests.support.checks import Checks, run_checks
+from tests.support.dense_exact import check_copies, dense_batches, final_error, momentum_sgd
 
 RTOL = 1e-9
 STEPS = 3
@@ -53,22 +53,6 @@ def layers(options: dict[str, object], seed: int = 0) -> list[nn.Module]:
     return [layer.double() for layer in unet3d(2, 2, CLASSES, in_channels=1, **options)]   # type: ignore[arg-type]
 
 
-def batches(batch: int, seed: int, ignore: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(STEPS):
-        x = torch.randn(batch, 1, SIDE, SIDE, SIDE, generator=gen, dtype=torch.float64)
-        y = torch.randint(0, CLASSES, (batch, SIDE, SIDE, SIDE), generator=gen)
-        if ignore is not None:
-            y[torch.rand(y.shape, generator=gen) < 0.1] = ignore
-        out.append((x, y))
-    return out
-
-
-def sgd(params):
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-
 def tile_of(t: torch.Tensor, grid: TileGrid, tile: int) -> torch.Tensor:
     """``tile``'s part of a full (..., D, H, W) tensor (the serial reference of a rank's output)."""
     region = grid.extent(tile, t.shape[-3:])
@@ -82,7 +66,7 @@ def serial_reference(name: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -
     """One process: the case's steps on whole volumes (its micro-batch chunks), then the eval-mode output."""
     knobs, batch, options, loss = CASES[name]
     serial = nn.Sequential(*layers(options))
-    opt = sgd(serial.parameters())
+    opt = momentum_sgd(serial.parameters())
     chunks = serial_chunks(dl.ParallelConfig(**knobs), batch)
     losses = [serial_step(serial, opt, loss, x, y, chunks) for x, y in data]
     state = {k: v.detach().clone() for k, v in serial.state_dict().items()}
@@ -94,21 +78,15 @@ def serial_reference(name: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -
 def run_case(ctx, name: str, check: Checks) -> str:
     knobs, batch, options, loss = CASES[name]
     cfg = dl.ParallelConfig(**knobs)
-    data = batches(batch, len(name), loss.ignore_index)
-    engine = dl.HybridEngine(layers(options), cfg, ctx, loss_fn=loss, optimizer=sgd)
+    data = dense_batches(STEPS, batch, 1, (SIDE, SIDE, SIDE), CLASSES, len(name), loss.ignore_index)
+    engine = dl.HybridEngine(layers(options), cfg, ctx, loss_fn=loss, optimizer=momentum_sgd)
     grid = engine.grid
     assert grid is not None and grid.volumetric, grid
     losses = [engine.train_step(x, y) for x, y in data]
     state = engine.full_state_dict()
     # the reference once (rank 0) rather than on every rank: 8 ranks share 2 cores
     want_losses, want_state, want = ctx.bcast_object(serial_reference(name, data) if ctx.rank == 0 else None, root=0)
-    with check(f"{name} copies") as result:
-        mine = engine.scatter_to_holders(want_state if ctx.rank == 0 else None)
-        worst = 0.0
-        for inst in engine.instances.values():
-            held = inst.canonical.full_state_dict()
-            worst = max(worst, state_error(held, {k: mine[k] for k in held}, f"{name} rank {ctx.rank}", RTOL))
-        result.detail = f"stages {engine.held_stages()}, max rel err {worst:.2e}"
+    check_copies(check, ctx, engine, name, want_state, RTOL)
     with check(f"{name} eval tiles") as result:
         for out in engine.evaluate_tiles(data[0][0]):
             expected = want[out.rows] if out.tile is None else tile_of(want[out.rows], grid, out.tile)
@@ -116,13 +94,8 @@ def run_case(ctx, name: str, check: Checks) -> str:
             err = (out.output - expected).abs().max().item() / expected.abs().max().item()
             assert err < RTOL, f"rows {out.rows} tile {out.tile}: relative error {err:.2e}"
         result.detail = "3-D tiles" if cfg.all_spatial else "whole outputs"
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
-    if worst > RTOL:
-        raise AssertionError(f"{name}: losses {losses} != serial {want_losses}")
-    if ctx.rank == 0:
-        worst = max(worst, state_error(state, want_state, name, RTOL))
-        moved = state_error(want_state, nn.Sequential(*layers(options)).state_dict(), name, None)
-        assert moved > 1e-4, f"{name}: training barely moved the weights ({moved:.1e})"
+    worst = final_error(ctx, name, losses, want_losses, state, want_state,
+                        nn.Sequential(*layers(options)).state_dict(), RTOL)
     return f"grid {'x'.join(map(str, grid.shape))}, losses {[round(v, 6) for v in losses]}, max rel err {worst:.2e}"
 
 
