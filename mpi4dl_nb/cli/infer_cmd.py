@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ from .resolution_flags import add_resolution_flags
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
+    from ..infer.cohort import CohortSummary
     from ..infer.slide_level import SlideLevelSettings
 
 EXIT_SETUP = 2
@@ -165,14 +166,20 @@ def optional_float(value: object) -> float | None:
 
 def slide_level(settings: SlideLevelSettings, ctx: Comm, size: int) -> int:
     """Slide-level inference of a whole-slide model: the summary table and JSON line on stdout (rank 0)."""
+    from ..infer.slide_level import run_slide_level
+
+    return report_slides(lambda: run_slide_level(settings, ctx), ctx, size)
+
+
+def report_slides(run: Callable[[], CohortSummary | None], ctx: Comm, size: int) -> int:
+    """Run many slides; rank 0 prints the summary table and the JSON line; exit code 3 when some slides failed."""
     import json
 
     from ..comm.agreement import SetupFailed
     from ..infer.cohort import print_table
-    from ..infer.slide_level import run_slide_level
 
     try:
-        summary = run_slide_level(settings, ctx)
+        summary = run()
     except (SetupFailed, ConfigError) as err:
         if ctx.rank == 0:
             say(0, size, f"error: {err}")
@@ -183,7 +190,7 @@ def slide_level(settings: SlideLevelSettings, ctx: Comm, size: int) -> int:
     print(json.dumps(summary.as_dict()), flush=True)
     if summary.failed:
         say(0, size, f"{len(summary.failed)} of {len(summary.results)} slides failed: {', '.join(summary.failed)} "
-            f"(named above); the others are in {summary.table}")
+            f"(named above; see {summary.table}); the others are done")
         return EXIT_SLIDES_FAILED
     return 0
 
@@ -195,10 +202,9 @@ def say(rank: int, world: int, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb infer``; the JSON summary is the last line on stdout (rank 0)."""
-    import json
 
     from ..comm.agreement import SetupFailed
-    from ..infer.cohort import print_table, run_cohort
+    from ..infer.cohort import run_cohort
     from ..infer.runner import SlideFailed, SlideRunner
     from ..infer.settings import InferSettings
     from .layout_cmd import launched_world
@@ -234,21 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return slide_level(level_settings, ctx, size)
         assert settings is not None
         if slides is not None:
-            try:
-                cohort = run_cohort(settings, slides, ctx, summary=summary_path)
-            except (SetupFailed, ConfigError) as err:
-                if ctx.rank == 0:
-                    say(0, size, f"error: {err}")
-                return EXIT_SETUP
-            if cohort is None:
-                return 0
-            print_table(cohort.results, sys.stdout)
-            print(json.dumps(cohort.as_dict()), flush=True)
-            if cohort.failed:
-                say(0, size, f"{len(cohort.failed)} of {len(cohort.results)} slides failed: "
-                    f"{', '.join(cohort.failed)} (see {cohort.table}); the others are done")
-                return EXIT_SLIDES_FAILED
-            return 0
+            return report_slides(lambda: run_cohort(settings, slides, ctx, summary=summary_path), ctx, size)
         try:
             runner = SlideRunner(settings, ctx)
         except (SetupFailed, ConfigError) as err:
