@@ -12,6 +12,7 @@ from mpi4dl_nb.data.apps import AppKind
 from mpi4dl_nb.data.synthetic_cohort import CLASSES
 from mpi4dl_nb.data.task import Task
 from mpi4dl_nb.models.spec import ModelSpec
+from tests.support.infer_data import neutral_batchnorms
 
 DARK = 0.7       # darkness (1 - mean RGB) above which a cell is a structure: structures 0.80, nuclei 0.56, stroma 0.24
 
@@ -40,12 +41,7 @@ def structure_detector(directory: Path, pool: str = "attention", image_size: int
     torch.manual_seed(0)
     layers = [layer.double() for layer in spec.build(image_size)]
     with torch.no_grad():
-        for module in torch.nn.Sequential(*layers).modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.running_mean.zero_()
-                module.running_var.fill_(1.0)
-                module.weight.fill_(1.0)
-                module.bias.zero_()
+        neutral_batchnorms(layers)
         stem = layers[0]
         stem.conv.weight.zero_()
         stem.conv.weight[:, :, 1, 1] = -1.0 / 3.0
