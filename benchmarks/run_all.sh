@@ -41,6 +41,8 @@ run python benchmarks/bench_hosts.py --rates unlimited,10gbit,1gbit
 # 3. pipeline and GEMS (with torch.distributed.pipelining beside them)
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule gpipe
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule 1f1b
+run mpiexec -n 2 python benchmarks/bench_pipeline.py --new-schedules
+run yielding mpiexec -n 4 python benchmarks/bench_pipeline.py --new-schedules
 # 11. gradient all-reduce overlapped with backward (data_parallel=2, local_dp=2)
 run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend mpi --markdown
 run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend gloo --markdown

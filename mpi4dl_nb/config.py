@@ -56,6 +56,13 @@ class ScheduleKind(Choice):
     GPIPE = "gpipe"         # all forwards, then all backwards
     ONE_F_ONE_B = "1f1b"    # warm-up forwards, then one forward one backward, then drain
     INTERLEAVED = "interleaved"   # 1F1B over virtual_stages chunks per rank (Megatron's interleaving)
+    ZB1 = "zb1"             # zero bubble ZB-H1: backward split into I (input grad) and W (weight grad)
+    ZBV = "zbv"             # V-shaped zero bubble: 2 chunks per rank, down then back up, split backward
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the schedule runs each backward as I (input gradient) and W (weight gradient) actions."""
+        return self in (ScheduleKind.ZB1, ScheduleKind.ZBV)
 
 
 C = TypeVar("C", bound=Choice)
@@ -248,9 +255,10 @@ class ParallelConfig:
         """(rows, cols) of the tile grid of the spatial stages (an image's grid; see ``tile_grid_shape``)."""
         if self.volume_grid is not None:
             shown = "x".join(map(str, self.volume_grid))
-            raise ConfigError("slice_method", f"{shown} tiles volumes (depth x rows x cols): spatialize and "
-                              f"TileGrid(depth=...) take it, the training engine's image stages do not yet; use "
-                              f"square, vertical or horizontal for images")
+            raise ConfigError("slice_method", f"{shown} tiles volumes (depth x rows x cols): the training engine, "
+                              f"spatialize and TileGrid(depth=...) take it, this image path (rows x cols: the "
+                              f"planner, image data, the viewer) does not; use square, vertical or horizontal "
+                              f"for images")
         if self.grid is not None:
             return self.grid
         return self.slice_method.grid_shape(self.num_spatial_parts)
@@ -370,6 +378,7 @@ class ParallelConfig:
             raise ConfigError("times", "GEMS (times >= 1) mirrors the stages and needs "
                               "split_size >= 2; use times=0 or split_size=2")
         self._check_virtual_stages()
+        self._check_zero_bubble()
         if self.balance is not None:
             if len(self.balance) != self.split_size:
                 raise ConfigError("balance", f"has {len(self.balance)} entries but split_size="
@@ -408,6 +417,23 @@ class ParallelConfig:
             raise ConfigError("parts", f"the interleaved schedule runs micro-batches in groups of the "
                               f"{positions} pipeline positions, parts={self.parts} is not a multiple; "
                               f"use parts in {[positions * k for k in (1, 2, 4)]}")
+
+    def _check_zero_bubble(self) -> None:
+        """The zero-bubble schedules' limits (refused with the way out)."""
+        if self.schedule is ScheduleKind.ZBV:
+            raise ConfigError("schedule", "schedule='zbv' (the V-shaped zero-bubble schedule) is not built "
+                              "yet; use schedule='zb1' (split backward, one chunk per rank) or "
+                              "schedule='interleaved' with virtual_stages=2")
+        if self.schedule is not ScheduleKind.ZB1:
+            return
+        if self.gems:
+            raise ConfigError("times", "schedule='zb1' does not combine with GEMS mirrors; use times=0 "
+                              "(data_parallel for replicas) or schedule='1f1b' with GEMS")
+        if self.parts < self.split_size:
+            raise ConfigError("parts", f"schedule='zb1' fills the pipeline's drain with the deferred weight "
+                              f"gradients of other micro-batches and needs at least one micro-batch per "
+                              f"stage: parts={self.parts} < split_size={self.split_size}; use "
+                              f"parts >= {self.split_size} or schedule='1f1b'")
 
     def validate(self, *, world_size: int | None = None, batch_size: int | None = None,
                  num_layers: int | None = None, image_size: int | Sequence[int] | None = None,
@@ -476,6 +502,9 @@ class ParallelConfig:
                           f"{' x '.join(pieces)} = {divisor} pieces; {hint}")
 
     def _check_tiles(self, image_size: int | Sequence[int], min_tile: int | Sequence[int]) -> None:
+        if self.volume_grid is not None:
+            self._check_volume_tiles(image_size, min_tile)
+            return
         height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
         need_h, need_w = (min_tile, min_tile) if isinstance(min_tile, int) else min_tile
         rows, cols = self.grid_shape
@@ -489,3 +518,20 @@ class ParallelConfig:
                                   f"{need} px the layers' receptive field needs; use at most "
                                   f"{fit} tile {name}, a larger image_size, or another "
                                   f"slice_method")
+
+    def _check_volume_tiles(self, image_size: int | Sequence[int], min_tile: int | Sequence[int]) -> None:
+        """Each 3-D tile of a ``(depth, height, width)`` volume (an int: a cube) at least ``min_tile`` per axis."""
+        sizes = (image_size,) * 3 if isinstance(image_size, int) else tuple(image_size)
+        needs = (min_tile,) * 3 if isinstance(min_tile, int) else tuple(min_tile)
+        assert self.volume_grid is not None
+        shown_grid = "x".join(map(str, self.volume_grid))
+        if len(sizes) != 3 or len(needs) != 3:
+            raise ConfigError("image_size", f"slice_method {shown_grid} tiles volumes: give image_size as "
+                              f"depth,height,width (or one side of a cube), got {image_size!r}")
+        shown = "x".join(map(str, sizes))
+        for size, need, count, name in zip(sizes, needs, self.volume_grid, ("depth", "rows", "cols")):
+            if size // count < max(1, need):
+                raise ConfigError("num_spatial_parts", f"{count} tiles along {name} of a {shown} volume are "
+                                  f"{size // count} voxels, fewer than the {max(1, need)} the layers need; use at "
+                                  f"most {max(1, size // max(1, need))} tiles along {name} in slice_method "
+                                  f"{shown_grid}, or a larger image_size")

@@ -37,7 +37,7 @@ def test_as_dict_is_plain_json_and_round_trips():
 
 def test_one_list_of_choices():
     assert SLICE_METHODS == ("square", "vertical", "horizontal")
-    assert SCHEDULES == ("gpipe", "1f1b", "interleaved")
+    assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb1", "zbv")
     with pytest.raises(ConfigError, match="'spiral' is not one of square, vertical, horizontal"):
         ParallelConfig(slice_method="spiral")
     with pytest.raises(ConfigError, match="'gpipe' or '1f1b'"):

@@ -122,7 +122,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="number of full model replicas trained data-parallel")
     g.add_argument("--schedule", dest="schedule", choices=SCHEDULES, default=ScheduleKind.GPIPE.value,
                    help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe; "
-                        "interleaved: with --virtual-stages)")
+                        "interleaved: with --virtual-stages; zb1: zero bubble, each backward split into "
+                        "input- and weight-gradient halves, --parts >= --split-size; zbv: not built yet)")
     g.add_argument("--virtual-stages", dest="virtual_stages", type=int, default=1,
                    help="with --schedule interleaved: chunks per rank; the --split-size stages lie on "
                         "split-size / virtual-stages ranks, stage s on rank s mod that (Megatron)")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import SLICE_METHODS, ConfigError
 from .checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
@@ -13,6 +15,11 @@ from .device_flags import add_device_flags, check_device_flags
 from .model_flags import model_arg
 from .parser import CommandParser, DefaultsHelpFormatter
 from .resolution_flags import add_resolution_flags
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+    from ..infer.cohort import CohortSummary
+    from ..infer.slide_level import SlideLevelSettings
 
 EXIT_SETUP = 2
 EXIT_SLIDES_FAILED = 3
@@ -28,15 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m mpi4dl_nb infer",
         description="Apply a checkpoint of 'train' fully convolutionally to a whole slide, window by window, "
                     "each window split over --num-spatial-parts ranks (mpiexec -n <parts>). The output equals "
-                    "the same network run on the whole slide in one process. Exit status: 0 done, 2 refused "
+                    "the same network run on the whole slide in one process. A checkpoint of 'train --whole-slide' "
+                    "instead gives one prediction per slide from its canvas (--slides A,B or --cohort FILE.csv, "
+                    "--output DIR: slides.csv, and for attention/max heads a slide-aligned OME-TIFF and GeoJSON "
+                    "of where it looked). Exit status: 0 done, 2 refused "
                     "before any work, 3 some slides of --slides failed (named on stderr; the others are done).",
         formatter_class=DefaultsHelpFormatter)
     add_checkpoint_flags(parser)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--slide", help="anything OpenSlide opens, or a plain image")
-    where.add_argument("--slides", help="many slides: a folder of slide files, or a text file with one path per "
-                                        "line, or a cohort manifest FILE.csv (as --cohort); every --output "
-                                        "then names one file per slide with {slide}")
+    where.add_argument("--slides", help="many slides: a folder of slide files, a text file with one path per "
+                                        "line, slide files separated by commas, or a cohort manifest FILE.csv (as "
+                                        "--cohort); every --output then names one file per slide with {slide} "
+                                        "(a whole-slide model: --output DIR)")
     where.add_argument("--cohort", dest="cohort_file", metavar="FILE.csv",
                        help="a cohort manifest (columns slide,label[,patient,...]; paths relative to the file): its "
                             "slides, each one's label and patient in the summary table")
@@ -101,6 +112,89 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the flags of the window-by-window maps, which a whole-slide model (one prediction per canvas) does not take
+WINDOW_ONLY = ("window", "memory_budget", "output_stride", "map_mode", "heat_class", "threshold", "min_area",
+               "exclude_classes", "overlay_side", "tissue_only", "min_tissue", "batch_windows", "resume",
+               "max_window_rows", "task", "model")
+
+
+def whole_slide_checkpoint(checkpoint: str) -> bool:
+    """Whether the checkpoint holds a ``train --whole-slide`` model (an unreadable one: no; the map path says why)."""
+    from ..infer.whole_slide import is_whole_slide
+
+    try:
+        return is_whole_slide(checkpoint)
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+def slide_level_settings(args: dict[str, object], slides: str | None, summary: str | None) -> SlideLevelSettings:
+    """The flags of slide-level inference (a whole-slide checkpoint), refusing those of window-by-window maps."""
+    from ..infer.slide_level import SlideLevelSettings
+
+    defaults = build_parser()
+    given = [name for name in WINDOW_ONLY if args[name] != defaults.get_default(name)]
+    if summary is not None:
+        given.append("summary")
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(flags.split(", ")[0], f"{flags}: not for a whole-slide model (one prediction per slide "
+                                                f"from its canvas, as trained); drop {flags}")
+    outputs = args["outputs"]
+    assert isinstance(outputs, list)
+    if len(outputs) != 1:
+        raise ConfigError("--output", f"a whole-slide model writes one folder (slides.csv and a map per slide): give "
+                                      f"--output DIR once, not {len(outputs)} times")
+    source = slides if slides is not None else str(args["slide"])
+    settings = SlideLevelSettings(
+        checkpoint=str(args["checkpoint"]), slides=source, output=Path(outputs[0]).expanduser(),
+        num_spatial_parts=int(str(args["num_spatial_parts"])), slice_method=str(args["slice_method"]),
+        dtype=str(args["dtype"]), level=optional_int(args["level"]), mpp=optional_float(args["mpp"]),
+        magnification=optional_float(args["magnification"]), source_mpp=optional_float(args["source_mpp"]),
+        overwrite=bool(args["overwrite"]), stain_normalize=bool(args["stain_normalize"]))
+    settings.check()
+    return settings
+
+
+def optional_int(value: object) -> int | None:
+    return None if value is None else int(str(value))
+
+
+def optional_float(value: object) -> float | None:
+    return None if value is None else float(str(value))
+
+
+def slide_level(settings: SlideLevelSettings, ctx: Comm, size: int) -> int:
+    """Slide-level inference of a whole-slide model: the summary table and JSON line on stdout (rank 0)."""
+    from ..infer.slide_level import run_slide_level
+
+    return report_slides(lambda: run_slide_level(settings, ctx), ctx, size)
+
+
+def report_slides(run: Callable[[], CohortSummary | None], ctx: Comm, size: int) -> int:
+    """Run many slides; rank 0 prints the summary table and the JSON line; exit code 3 when some slides failed."""
+    import json
+
+    from ..comm.agreement import SetupFailed
+    from ..infer.cohort import print_table
+
+    try:
+        summary = run()
+    except (SetupFailed, ConfigError) as err:
+        if ctx.rank == 0:
+            say(0, size, f"error: {err}")
+        return EXIT_SETUP
+    if summary is None:
+        return 0
+    print_table(summary.results, sys.stdout)
+    print(json.dumps(summary.as_dict()), flush=True)
+    if summary.failed:
+        say(0, size, f"{len(summary.failed)} of {len(summary.results)} slides failed: {', '.join(summary.failed)} "
+            f"(named above; see {summary.table}); the others are done")
+        return EXIT_SLIDES_FAILED
+    return 0
+
+
 def say(rank: int, world: int, text: str) -> None:
     prefix = f"[rank {rank}/{world}] " if world > 1 else ""
     print(f"{prefix}mpi4dl_nb infer: {text}", file=sys.stderr, flush=True)
@@ -108,10 +202,9 @@ def say(rank: int, world: int, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb infer``; the JSON summary is the last line on stdout (rank 0)."""
-    import json
 
     from ..comm.agreement import SetupFailed
-    from ..infer.cohort import print_table, run_cohort
+    from ..infer.cohort import run_cohort
     from ..infer.runner import SlideFailed, SlideRunner
     from ..infer.settings import InferSettings
     from .layout_cmd import launched_world
@@ -126,12 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_device_flags(parsed)
         args["checkpoint"] = chosen_checkpoint(parsed)     # before the rank count: a missing checkpoint first
-        if summary_path is not None and slides is None:
+        level_settings = slide_level_settings(args, slides, summary_path) \
+            if whole_slide_checkpoint(args["checkpoint"]) else None
+        if level_settings is None and summary_path is not None and slides is None:
             raise ConfigError("--summary", "is for --slides (a cohort); drop it with --slide")
-        settings = InferSettings(outputs=tuple(args.pop("outputs")), slide=args.pop("slide") or "",
-                                 exclude_classes=tuple(args.pop("exclude_classes")), cohort=slides is not None,
-                                 **args)
-        settings.check()
+        settings = None if level_settings is not None else InferSettings(
+            outputs=tuple(args.pop("outputs")), slide=args.pop("slide") or "",
+            exclude_classes=tuple(args.pop("exclude_classes")), cohort=slides is not None, **args)
+        if settings is not None:
+            settings.check()
     except ConfigError as err:
         if rank == 0:
             say(0, size, f"configuration error: {err}")
@@ -140,22 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..comm.context import init
 
         ctx = init(backend=backend, device=device)
+        if level_settings is not None:
+            return slide_level(level_settings, ctx, size)
+        assert settings is not None
         if slides is not None:
-            try:
-                cohort = run_cohort(settings, slides, ctx, summary=summary_path)
-            except (SetupFailed, ConfigError) as err:
-                if ctx.rank == 0:
-                    say(0, size, f"error: {err}")
-                return EXIT_SETUP
-            if cohort is None:
-                return 0
-            print_table(cohort.results, sys.stdout)
-            print(json.dumps(cohort.as_dict()), flush=True)
-            if cohort.failed:
-                say(0, size, f"{len(cohort.failed)} of {len(cohort.results)} slides failed: "
-                    f"{', '.join(cohort.failed)} (see {cohort.table}); the others are done")
-                return EXIT_SLIDES_FAILED
-            return 0
+            return report_slides(lambda: run_cohort(settings, slides, ctx, summary=summary_path), ctx, size)
         try:
             runner = SlideRunner(settings, ctx)
         except (SetupFailed, ConfigError) as err:

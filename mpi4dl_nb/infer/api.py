@@ -1,4 +1,5 @@
-"""``dl.infer_slide``: a trained checkpoint over a whole slide, from Python, a notebook cluster or the command."""
+"""``dl.infer_slide``: a trained checkpoint over a whole slide, from Python, a notebook cluster or the command;
+``infer_slides``: slide-level inference of a whole-slide model."""
 
 from __future__ import annotations
 
@@ -66,3 +67,28 @@ def infer_with_model(checkpoint: str | Path, model: object, slide: str | Path, o
         ctx = init()
     summary = SlideRunner(settings, ctx, trained).run()
     return summary.as_dict() if summary is not None else None
+
+
+def infer_slides(checkpoint: str | Path, slides: str | Path | Sequence[str | Path], output: str | Path, *,
+                 ctx: Comm | None = None, **options: Any) -> dict[str, object] | None:
+    """Slide-level inference of a ``train --whole-slide`` checkpoint (``infer --slides A,B --output DIR``): one
+    prediction per slide in ``output/slides.csv`` and, for attention/max heads, each slide's map (slide-aligned
+    OME-TIFF and GeoJSON); see docs/inference.md, "Slide-level inference".
+
+    ``slides``: slide paths, a folder, a list file or a cohort manifest ``FILE.csv`` (labels and patients joined).
+    Collective over ``num_spatial_parts`` ranks (default 1: one process). ``options`` are
+    :class:`SlideLevelSettings` fields: ``num_spatial_parts``, ``slice_method``, ``dtype``, ``level``, ``mpp``,
+    ``magnification``, ``source_mpp``, ``overwrite``, ``stain_normalize``. Returns the summary (slides, done,
+    failed, the table's path) on rank 0, None elsewhere; bad input raises ``ConfigError``/``SetupFailed``.
+    """
+    from .slide_level import SlideLevelSettings, run_slide_level
+
+    source = ",".join(str(s) for s in slides) if not isinstance(slides, (str, Path)) else str(slides)
+    settings = SlideLevelSettings(checkpoint=str(checkpoint), slides=source, output=Path(output), **options)
+    if ctx is None:
+        from ..comm.context import init
+
+        ctx = init()
+    summary = run_slide_level(settings, ctx)
+    return summary.as_dict() if summary is not None else None
+

@@ -32,10 +32,18 @@ SUMMARY_NAME = "summary.csv"
 
 
 def list_slides(source: str | Path) -> list[Path]:
-    """``--slides``: a folder (its slide files, sorted; not its sub-folders) or a text file with one path a line
-    (relative to the file's folder; blank lines and ``#`` comments skipped)."""
+    """``--slides``: a folder (its slide files, sorted; not its sub-folders), a text file with one path a line
+    (relative to the file's folder; blank lines and ``#`` comments skipped), one slide file, or slide files
+    separated by commas (``A.svs,B.svs``)."""
     path = Path(source).expanduser()
-    if path.is_dir():
+    if not path.exists() and "," in str(source):
+        slides = [Path(part.strip()).expanduser() for part in str(source).split(",") if part.strip()]
+        missing = [str(s) for s in slides if not s.is_file()]
+        if missing:
+            raise ConfigError("--slides", f"no such slide file: {', '.join(missing)}")
+    elif path.is_file() and path.suffix.lower() in SLIDE_SUFFIXES:
+        slides = [path]
+    elif path.is_dir():
         slides = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SLIDE_SUFFIXES)
         if not slides:
             raise ConfigError("--slides", f"{path} holds no slide files ({', '.join(SLIDE_SUFFIXES)})")

@@ -116,8 +116,9 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
     slide_pool = layers[-1].pool_kind if isinstance(layers[-1], ClassifierHead) else replaced_pool(layers)
     if slide_pool is not None and slide_pool is not PoolKind.AVG:
         raise ConfigError("--checkpoint", f"its head pools the whole canvas by {slide_pool.value} (--pool), "
-                                          f"which a map of cells cannot reproduce; slide-level inference of such "
-                                          f"a model is not there yet: evaluate it with `evaluate --checkpoint`")
+                                          f"which a map of cells cannot reproduce; a whole-slide model (train "
+                                          f"--whole-slide) gets one prediction per slide with `infer --slides "
+                                          f"A,B --output DIR`; evaluate others with `evaluate --checkpoint`")
     if isinstance(layers[-1], ClassifierHead) or head is not None:
         trunk = nn.Sequential(*layers[:-1])
         if patch is None or patch < 1:

@@ -73,7 +73,9 @@ class ActivationMeter:
                 self.current += key[1]
                 self.peak = max(self.peak, self.current)
             self._refs[key] = count + 1
-        return _Saved(t, self, key)
+        # detached: a node saving its own output would otherwise hold itself through the tensor's grad_fn,
+        # a cycle no garbage collection sees, kept once a backward retains the graph (zero-bubble's I)
+        return _Saved(t.detach(), self, key)
 
     @staticmethod
     def _unpack(packed: torch.Tensor | _Saved) -> torch.Tensor:

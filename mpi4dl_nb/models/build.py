@@ -10,17 +10,23 @@ from .pools import PoolKind
 from .resnet import resnet
 from .tissue import carry_tissue
 from .unet import unet
+from .unet3d import DEPTH as UNET3D_DEPTH
+from .unet3d import WIDTH as UNET3D_WIDTH
+from .unet3d import unet3d
 
-MODEL_NAMES = ("resnet", "amoebanet", "unet")
+MODEL_NAMES = ("resnet", "amoebanet", "unet", "unet3d")
+DENSE_MODELS = ("unet", "unet3d")   # a class per pixel (voxel): levels of 2x downsampling, no head pool
 RESNET_IMAGE_MULTIPLE = 4  # two stride-2 stages
-DEFAULT_NUM_LAYERS = {"resnet": 110, "amoebanet": 18, "unet": 4}       # U-Net: depth (levels)
-DEFAULT_NUM_FILTERS = {"resnet": 16, "amoebanet": 416, "unet": 16}     # U-Net: channels of the first level
+DEFAULT_NUM_LAYERS = {"resnet": 110, "amoebanet": 18, "unet": 4,       # U-Net: depth (levels)
+                      "unet3d": UNET3D_DEPTH}
+DEFAULT_NUM_FILTERS = {"resnet": 16, "amoebanet": 416, "unet": 16,     # U-Net: channels of the first level
+                       "unet3d": UNET3D_WIDTH}
 IMAGE_MULTIPLES = {"resnet": RESNET_IMAGE_MULTIPLE, "amoebanet": AMOEBANET_IMAGE_MULTIPLE}
 
 
 def image_multiple(name: str, num_layers: int | None = None) -> int:
     """Images given to model ``name`` (a U-Net: of depth ``num_layers``) must have sides divisible by this."""
-    if name == "unet":
+    if name in DENSE_MODELS:
         return 2 ** (DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers)
     return IMAGE_MULTIPLES[name]
 
@@ -35,8 +41,9 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     base width (default 16). AmoebaNet-D: ``num_layers`` normal cells (multiple of 3; default 18),
     ``num_filters`` (default 416). U-Net: ``num_layers`` levels (default 4), ``num_filters`` channels
     at the first level (default 16), ``norm`` 'batch'/'group', ``upsampling`` 'bilinear'/'transposed'
-    (``models/unet.py``). ``image_size`` (optional) is checked against the downsampling. ``pool``: the
-    classifier head's global pool (``with_pool``).
+    (``models/unet.py``). ``unet3d``: the 3-D U-Net on volumes (N, C, D, H, W) (``models/unet3d.py``; default 2
+    levels of 8 filters, ``upsampling`` 'trilinear'/'transposed'). ``image_size`` (optional) is checked against
+    the downsampling. ``pool``: the classifier head's global pool (``with_pool``).
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
@@ -51,10 +58,13 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     if name == "resnet":
         return with_pool(resnet(layers_arg, num_classes, version=version, width=filters,
                                 in_channels=in_channels), pool, in_channels, image_multiple(name))
-    if name == "unet":
+    if name in DENSE_MODELS:
         if PoolKind(pool) is not PoolKind.AVG:
             raise ValueError(f"--pool {pool}: a U-Net outputs a class per pixel and pools nothing; --pool is for "
                              f"classifiers (resnet, amoebanet)")
+        if name == "unet3d":
+            return unet3d(layers_arg, filters, num_classes, in_channels=in_channels, norm=norm or "batch",
+                          upsampling=upsampling or "trilinear")
         return unet(layers_arg, filters, num_classes, in_channels=in_channels, norm=norm or "batch",
                     upsampling=upsampling or "bilinear")
     return with_pool(amoebanet(layers_arg, filters, num_classes, in_channels=in_channels), pool, in_channels,

@@ -32,6 +32,7 @@ TraceRecord = Event | Mapping[str, object]   # a trace Event, or one as a dict (
 STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860",
                 "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
 SIDES = ("top", "bottom", "left", "right")
+CHUNK_COLORS = ("#1B9E77", "#E7298A", "#E6AB02", "#66A61E")   # a rank's chunks: apart from the action colours
 
 
 def stage_color(stage: int) -> str:
@@ -51,6 +52,8 @@ class OpFamily(Enum):
 
     FORWARD = OpStyle("forward", "#4C72B0")
     BACKWARD = OpStyle("backward", "#DD8452")
+    INPUT_GRADIENT = OpStyle("input gradient", "#A6361C")     # a split backward's I (zero-bubble schedules)
+    WEIGHT_GRADIENT = OpStyle("weight gradient", "#7A0177")   # a split backward's W
     HALO_FORWARD = OpStyle("halo forward", "#C44E52")
     HALO_BACKWARD = OpStyle("halo backward", "#F2A7B5")
     SEND_ACTIVATION = OpStyle("send activation", "#55A868")
@@ -71,6 +74,8 @@ class OpFamily(Enum):
 
 
 ACTION_FAMILIES = {ActionKind.FORWARD: OpFamily.FORWARD, ActionKind.BACKWARD: OpFamily.BACKWARD,
+                   ActionKind.BACKWARD_INPUT: OpFamily.INPUT_GRADIENT,
+                   ActionKind.BACKWARD_WEIGHT: OpFamily.WEIGHT_GRADIENT,
                    ActionKind.SEND_ACT: OpFamily.SEND_ACTIVATION, ActionKind.RECV_ACT: OpFamily.RECEIVE_ACTIVATION,
                    ActionKind.SEND_GRAD: OpFamily.SEND_GRADIENT, ActionKind.RECV_GRAD: OpFamily.RECEIVE_GRADIENT,
                    ActionKind.ALLREDUCE: OpFamily.ALLREDUCE, ActionKind.OPTIM: OpFamily.OPTIMIZER}
@@ -313,10 +318,18 @@ def draw_timeline(events: Sequence[TraceRecord], ax: Axes | None = None, *, high
     (``OpFamily``: halo forward and backward, activation and gradient sends and receives each their own), with a
     legend naming the families drawn, right of the plot.
 
+    A compute bar is labelled with its micro-batch and, where a rank ran several stages (interleaved,
+    V-shaped: its chunks), the stage: ``2@s3``.
+
     ``highlight``: index into ``events`` drawn with a thick outline (the stepper's cursor).
     """
     rows = [as_event(e) for e in events]
     ranks = sorted({r.rank for r in rows}) or [0]
+    stages_of: dict[int, set[int | None]] = {}
+    for r in rows:
+        if r.op in COMPUTE_KINDS:
+            stages_of.setdefault(r.rank, set()).add(r.stage)
+    chunked = any(len(stages) > 1 for stages in stages_of.values())
     fig, ax = _axes(ax, (9, 0.5 * len(ranks) + 1.5))
     t0 = min((r.start for r in rows), default=0.0)
     for index, r in enumerate(rows):
@@ -326,7 +339,8 @@ def draw_timeline(events: Sequence[TraceRecord], ax: Axes | None = None, *, high
                        linewidth=outline[1], gid=f"event:{index}:{r.rank}:{r.op}")
         mb = r.micro_batch
         if mb is not None and mb >= 0 and r.op in COMPUTE_KINDS:
-            ax.text(r.start - t0 + width / 2, r.rank, str(mb), ha="center", va="center",
+            text = f"{mb}@s{r.stage}" if chunked and r.stage is not None else str(mb)
+            ax.text(r.start - t0 + width / 2, r.rank, text, ha="center", va="center",
                     fontsize=6, color="white", gid=f"event-label:{index}")
     legend = legend_entries(r.op for r in rows)
     if legend:   # right of the plot: below it the legend would cover the x-axis label on a short (1-rank) chart
@@ -346,10 +360,32 @@ def draw_timeline(events: Sequence[TraceRecord], ax: Axes | None = None, *, high
 SCHEDULE_COLORS = {kind: family.color for kind, family in ACTION_FAMILIES.items()}   # as in the timeline
 
 
+def schedule_legend(schedule: Schedule) -> dict[str, str]:
+    """Legend name -> colour of a schedule drawing: the action kinds it has (forward, backward or its
+    input- and weight-gradient parts, all-reduce, optimizer), then, where a rank holds several
+    stages (interleaved, V-shaped), each stage's chunk colour (the strip under its cells)."""
+    kinds = {a.kind for actions in schedule.per_rank for a in actions if not a.kind.is_p2p}
+    entries = {ACTION_FAMILIES[kind].label: SCHEDULE_COLORS[kind] for kind in ActionKind if kind in kinds}
+    if schedule.cfg.virtual_stages > 1:
+        positions = schedule.cfg.pipeline_positions
+        stages = sorted({a.stage for actions in schedule.per_rank for a in actions if a.kind.is_compute})
+        for chunk in sorted({stage // positions for stage in stages}):
+            mine = ",".join(f"s{stage}" for stage in stages if stage // positions == chunk)
+            entries[f"chunk {chunk} ({mine})"] = chunk_color(chunk)
+    return entries
+
+
+def chunk_color(chunk: int) -> str:
+    """Colour of a rank's ``chunk``-th stage (interleaved, V-shaped: stage // pipeline positions)."""
+    return CHUNK_COLORS[chunk % len(CHUNK_COLORS)]
+
+
 def draw_schedule(schedule: Schedule, done: int = 0, ax: Axes | None = None) -> Figure:
-    """A schedule as a grid (ticks across, ranks down): F/B/AR/OPT cells, solid when among
+    """A schedule as a grid (ticks across, ranks down): F/B (or I/W)/AR/OPT cells, solid when among
     the first ``done`` actions of ``schedule.global_order()``, pale otherwise; the last done
-    action is outlined and, if it is a send/receive, drawn as an arrow to its peer.
+    action is outlined and, if it is a send/receive, drawn as an arrow to its peer. Where a rank
+    holds several stages, a strip in the stage's colour under each compute cell says which; a
+    legend right of the grid names the colours (``schedule_legend``).
     """
     order = schedule.global_order()
     done_ids = {id(a) for a in order[:done]}
@@ -376,6 +412,11 @@ def draw_schedule(schedule: Schedule, done: int = 0, ax: Axes | None = None) -> 
                 ax.text(tick + 0.05 + (k + 0.5) * width, rank, action.label(local_dp, show_stage),
                         ha="center", va="center", fontsize=6,
                         color="white" if solid else "#555555")
+                if show_stage and action.kind.is_compute:   # which of the rank's chunks
+                    chunk = action.stage // schedule.cfg.pipeline_positions
+                    ax.add_patch(Rectangle((tick + 0.05 + k * width, rank + 0.28), width, 0.12,
+                                           facecolor=chunk_color(chunk), alpha=0.95 if solid else 0.3,
+                                           linewidth=0, gid=f"chunk:{rank}:{tick}:{chunk}:s{action.stage}"))
     if current is not None and current.peer is not None:
         src, dst = (current.rank, current.peer) if current.kind.is_send else \
             (current.peer, current.rank)
@@ -388,6 +429,9 @@ def draw_schedule(schedule: Schedule, done: int = 0, ax: Axes | None = None) -> 
     ax.set_yticks(range(schedule.world_size))
     ax.set_yticklabels([f"rank {r}" for r in range(schedule.world_size)], fontsize=8)
     ax.set_xlabel("tick")
+    legend = schedule_legend(schedule)
+    ax.legend(handles=[Patch(facecolor=color, label=label) for label, color in legend.items()], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     text = current.describe() if current is not None else "not started"
     ax.set_title(f"{schedule.kind} step: {done}/{len(order)} actions - {text}", fontsize=8)
     return fig

@@ -85,7 +85,7 @@ def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size
                     in_channels: int | None = None) -> tuple[int, ...]:
     """The balance ``cfg`` trains with: ``cfg.balance`` if given, else a rule.
 
-    Without spatial stages: even by layer count (``even_balance``). With spatial stages the
+    Without spatial stages, or on a volume's grid: even by layer count (``even_balance``). With spatial stages the
     rank that holds the first layer-parallel stage must not end up with the full-resolution
     activations the tiles were meant to share, so the cut is by memory per rank: each
     layer's saved-activation bytes (``layer_memory``, shape-only on ``meta`` at
@@ -106,7 +106,7 @@ def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size
     """
     if cfg.balance is not None:
         return check_balance(cfg.balance, len(layers), cfg.split_size)
-    if cfg.spatial_size == 0:
+    if cfg.spatial_size == 0 or cfg.volume_grid is not None:   # volumes: the memory probe and tile fit are 2-D
         return even_balance(len(layers), cfg.split_size)
     memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
     reach = None if image_size is None else spatial_reach(

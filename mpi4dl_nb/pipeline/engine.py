@@ -111,7 +111,7 @@ class HybridEngine:
         self.role = self.roles[ctx.rank]
         self.balance = default_balance(layers, cfg, image_size=image_size)   # cfg.balance, or the rule
         self.stages: list[Stage] = split_layers(layers, cfg.split_size, self.balance)
-        self.grid = TileGrid(*cfg.grid_shape) if cfg.spatial_size > 0 else None
+        self.grid = TileGrid.of_shape(cfg.tile_grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
         self.stage_groups, spatial_groups = self._make_groups()
         self.sync_groups = self._make_sync_groups()

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import EllipsisType
 
 import torch
 
 from ..comm.messages import Payload, as_items, like
-from ..spatial.geometry import Box, TileGrid
+from ..spatial.geometry import Range, TileGrid
+
+Region = tuple[Range, ...]   # a tile's half-open range along every tiled axis, outermost first
 
 
-def _is_tiled(t: object) -> bool:
-    return isinstance(t, torch.Tensor) and t.dim() == 4
+def _is_tiled(t: object, grid: TileGrid) -> bool:
+    """Whether ``t`` is a tile of a feature map: ``(N, C, *tiled)`` with one tiled dim per grid axis."""
+    return isinstance(t, torch.Tensor) and t.dim() == 2 + grid.ndim
+
+
+def _window(region: Region) -> tuple[EllipsisType | slice, ...]:
+    """The index selecting ``region`` of a tensor's last ``len(region)`` dims."""
+    return (Ellipsis, *(slice(start, stop) for start, stop in region))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -24,60 +33,64 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return b.numel() == 0 or float((a.detach() - b.detach()).abs().max()) <= 1e-3 * scale + 1e-30
 
 
-def input_tile(x: Payload, grid: TileGrid, tile: int, min_dim: int = 4) -> Payload:
-    """Tile ``tile`` of a full input: every tensor of ``min_dim`` dims or more (images (N, C, H, W); masks
-    (N, H, W) with ``min_dim=3``) is cut on its last two."""
+def input_tile(x: Payload, grid: TileGrid, tile: int, leading: int = 2) -> Payload:
+    """Tile ``tile`` of a full input: every tensor of ``leading`` + ``grid.ndim`` dims or more is cut on its
+    last ``grid.ndim`` (images (N, C, H, W) or volumes (N, C, D, H, W): ``leading=2``; masks (N, H, W) or
+    label volumes (N, D, H, W): ``leading=1``)."""
     def cut(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() < min_dim:
+        if t.dim() < leading + grid.ndim:
             return t
-        r0, r1, c0, c1 = grid.tile_box(tile, t.shape[-2], t.shape[-1])
-        return t[..., r0:r1, c0:c1].contiguous()
+        return t[_window(grid.extent(tile, t.shape[-grid.ndim:]))].contiguous()
     return like(x, [cut(t) for t in as_items(x)])
 
 
-def boxes_from_tiles(shapes: Sequence[Sequence[int]], grid: TileGrid) -> tuple[list[Box], tuple[int, int]]:
-    """Tile boxes and full (height, width) from the tiles' shapes, checked against ownership."""
-    height, width = grid.full_size(shapes)
-    boxes = grid.tile_boxes(height, width)
-    for tile, (shape, (r0, r1, c0, c1)) in enumerate(zip(shapes, boxes)):
-        if (shape[-2], shape[-1]) != (r1 - r0, c1 - c0):
-            raise ValueError(f"tile {tile} has spatial shape {tuple(shape[-2:])} but owns "
-                             f"{r1 - r0}x{c1 - c0} of a {height}x{width} map: the spatial stage "
+def boxes_from_tiles(shapes: Sequence[Sequence[int]], grid: TileGrid) -> tuple[list[Region], tuple[int, ...]]:
+    """Tile regions and the full tiled lengths ((height, width), a volume's (depth, height, width)) from the
+    tiles' shapes, checked against ownership."""
+    lengths = grid.full_lengths(shapes)
+    regions = grid.extents(lengths)
+    shown = "x".join(map(str, lengths))
+    for tile, (shape, region) in enumerate(zip(shapes, regions)):
+        owned = tuple(stop - start for start, stop in region)
+        if tuple(shape[-grid.ndim:]) != owned:
+            raise ValueError(f"tile {tile} has spatial shape {tuple(shape[-grid.ndim:])} but owns "
+                             f"{'x'.join(map(str, owned))} of a {shown} map: the spatial stage "
                              f"must output exactly the balanced tile split")
-    return boxes, (height, width)
+    return regions, lengths
 
 
-def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[list[Box] | None]]:
+def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[list[Region] | None]]:
     """One full payload from every tile's payload (tile order); also the boxes used.
 
-    A 4-d (N, C, h, w) tensor is a tile of a feature map; any other (a pooled (N, C) vector after a global
-    pool on tiles) is replicated: the same on every tile, taken once (its boxes None), and its gradient goes
-    whole to every tile (``split_grad``), the rule of a replicated result's consumer.
+    A 4-d (N, C, h, w) tensor (on a volume's grid a 5-d (N, C, d, h, w)) is a tile of a feature map; any
+    other (a pooled (N, C) vector after a global pool on tiles) is replicated: the same on every tile, taken
+    once (its boxes None), and its gradient goes whole to every tile (``split_grad``), the rule of a
+    replicated result's consumer.
     """
     per_tile = [as_items(t) for t in tiles]
     joined: list[torch.Tensor] = []
-    all_boxes: list[list[Box] | None] = []
+    all_boxes: list[list[Region] | None] = []
     for position, first in enumerate(per_tile[0]):
         parts = [items[position] for items in per_tile]
-        if not _is_tiled(first):
+        if not _is_tiled(first, grid):
             if any(not _same(part, first) for part in parts[1:]):
                 raise ValueError(f"a spatial stage passes a {first.dim()}-d tensor that differs between its "
-                                 f"tiles to the next stage; a tensor other than 4-d feature-map tiles must be "
+                                 f"tiles to the next stage; a tensor other than feature-map tiles must be "
                                  f"replicated (a global pool's result). Move the layer that makes it into a "
                                  f"layer-parallel stage (smaller spatial_size or another balance)")
             joined.append(first)
             all_boxes.append(None)
             continue
-        boxes, (height, width) = boxes_from_tiles([p.shape for p in parts], grid)
-        full = first.new_empty((*first.shape[:-2], height, width))
-        for part, (r0, r1, c0, c1) in zip(parts, boxes):
-            full[..., r0:r1, c0:c1] = part
+        boxes, lengths = boxes_from_tiles([p.shape for p in parts], grid)
+        full = first.new_empty((*first.shape[:-grid.ndim], *lengths))
+        for part, region in zip(parts, boxes):
+            full[_window(region)] = part
         joined.append(full)
         all_boxes.append(boxes)
     return like(tiles[0], joined), all_boxes
 
 
-def split_grad(grads: Sequence[torch.Tensor | None], boxes: Sequence[list[Box] | None],
+def split_grad(grads: Sequence[torch.Tensor | None], boxes: Sequence[list[Region] | None],
                tile: int) -> list[torch.Tensor | None]:
     """Tile ``tile``'s part of the full-tensor gradients (None stays None)."""
     out = []
@@ -85,6 +98,5 @@ def split_grad(grads: Sequence[torch.Tensor | None], boxes: Sequence[list[Box] |
         if grad is None or tile_boxes is None:
             out.append(grad)
             continue
-        r0, r1, c0, c1 = tile_boxes[tile]
-        out.append(grad[..., r0:r1, c0:c1].contiguous())
+        out.append(grad[_window(tile_boxes[tile])].contiguous())
     return out

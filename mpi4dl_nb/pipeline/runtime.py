@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -12,15 +13,16 @@ from torch import nn
 from ..comm.handles import Channel, Group, Request
 from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
-from ..spatial.geometry import Box, TileGrid
+from ..spatial.geometry import TileGrid
 from ..spatial.loss import TileLoss
 from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .grad_buckets import MB, GradientReducer, weight_gradient_passes
-from .handoff import join_tiles, split_grad
+from .handoff import Region, join_tiles, split_grad
 from .precision import LossScaler, autocast
 from .schedules import Action, ActionKind, Schedule, Stepper, chunk_index, stage_ranks
+from .split_backward import LayerCall, LayerRecorder, WeightWork, input_backward
 from .stages import Stage
 from .step_input import StepInput
 
@@ -93,7 +95,7 @@ class _StepState:
     inputs: dict[Key, Payload] = field(default_factory=dict)
     outputs: dict[Key, Payload] = field(default_factory=dict)
     input_grads: dict[Key, list[torch.Tensor | None]] = field(default_factory=dict)
-    boxes: dict[Key, list[list[Box] | None]] = field(default_factory=dict)
+    boxes: dict[Key, list[list[Region] | None]] = field(default_factory=dict)
     inbox: dict[tuple[bool, Key], dict[int, Payload]] = field(default_factory=dict)   # (activation?, key)
     sends_left: dict[Key, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
@@ -102,6 +104,9 @@ class _StepState:
     # sync_batchnorm on a spatial stage with local-DP copies: one forward for all copies
     merged: dict[tuple[int, int, int], tuple[Payload, Payload]] = field(default_factory=dict)
     merged_grads: dict[tuple[int, int, int], dict[int, Payload]] = field(default_factory=dict)
+    # split backward (zero-bubble schedules): the layers' calls of a forward, the W an I left
+    layer_calls: dict[Key, list[LayerCall]] = field(default_factory=dict)
+    weight_work: dict[Key, WeightWork] = field(default_factory=dict)
 
 
 MessageKey = tuple[bool, int, int, int, int, int]   # (activation?, dp, replica, sender stage, micro-batch, copy)
@@ -172,6 +177,8 @@ class PipelineRuntime:
         self.mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank), inbound)
         # an evaluation's round carries the activations only: its own send order per channel
         self.forward_mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank, True), inbound)
+        self.recorders = {key: LayerRecorder(inst.module) for key, inst in instances.items()
+                          if self._splits(inst.stage)}
         self.reducer = self._gradient_reducer()
 
     def _stage_copies(self, stage: int) -> list[StageInstance]:
@@ -205,6 +212,14 @@ class PipelineRuntime:
 
     def _spatial(self, stage: int) -> bool:
         return stage < self.cfg.spatial_size
+
+    def _splits(self, stage: int) -> bool:
+        """Whether this stage's I and W are computed apart (see ``split_backward``); else I runs the
+        whole backward and W nothing: recomputed stages (the graph is rebuilt inside the backward) and
+        synchronised BatchNorm. On spatial stages W runs the halo convolutions' and tile BatchNorms'
+        backwards for their parameters only: no halo return, no sum over the tiles."""
+        cfg = self.cfg
+        return self.schedule.kind.splits_backward and cfg.checkpoint_activations is None and not cfg.sync_batchnorm
 
     def _last(self, stage: int) -> bool:
         return stage == self.cfg.split_size - 1
@@ -312,7 +327,12 @@ class PipelineRuntime:
         if action.stage > 0:
             x = _leaf(x)
         state.inputs[key] = x
-        with inst.ledger.chunk(self._stats_key(action)), autocast(self.cfg.precision, self.ctx.device):
+        recorder = self.recorders.get((action.replica, action.stage))
+        with ExitStack() as scope:
+            scope.enter_context(inst.ledger.chunk(self._stats_key(action)))
+            scope.enter_context(autocast(self.cfg.precision, self.ctx.device))
+            if recorder is not None:
+                state.layer_calls[key] = scope.enter_context(recorder.recording())
             out = inst.module(x)
             if self._last(action.stage):
                 target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device, action.tile,
@@ -344,20 +364,36 @@ class PipelineRuntime:
         # the consumer received these activations before sending the gradient back, so
         # the sends are complete: release their buffers now rather than at the step's end
         self.ctx.wait_all(state.act_sends.pop(key, []))
+        outputs: list[torch.Tensor]
+        grad_outputs: list[torch.Tensor | None]
         if self._last(action.stage):
             assert isinstance(out, torch.Tensor)   # the last stage keeps its scaled loss
-            (self.scaler.scaled(out) if self.scaler is not None else out).backward()
+            outputs, grad_outputs = [self.scaler.scaled(out) if self.scaler is not None else out], [None]
         else:
             (grads,) = state.inbox.pop((False, key)).values()
             floats = [o for o in as_items(out) if o.is_floating_point()]
             pairs = [(o, g) for o, g in zip(floats, as_items(grads)) if o.requires_grad]
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            outputs, grad_outputs = [o for o, _ in pairs], [g for _, g in pairs]
         x = state.inputs.pop(key)
+        calls = state.layer_calls.pop(key, None)
+        if calls is None:    # the whole backward (B, or the I of a stage that is not split)
+            if outputs:
+                torch.autograd.backward(outputs, grad_outputs)
+            found = {id(t): t.grad for t in as_items(x) if t.is_floating_point()}
+        else:                # I now, W at this micro-batch's W action
+            wanted = [t for t in as_items(x) if t.is_floating_point() and t.requires_grad] if action.stage else []
+            grads_in, state.weight_work[key] = input_backward(calls, outputs, grad_outputs, wanted)
+            found = {id(t): g for t, g in zip(wanted, grads_in)}
         if action.stage > 0:
             state.input_grads[key] = [
-                (t.grad if t.grad is not None else torch.zeros_like(t)) if t.is_floating_point()
+                (g if (g := found.get(id(t))) is not None else torch.zeros_like(t)) if t.is_floating_point()
                 else None for t in as_items(x)]
+
+    def _backward_weight(self, action: Action, state: _StepState) -> None:
+        """W: the parameter gradients the micro-batch's I left (nothing when its stage is not split)."""
+        work = state.weight_work.pop(self._key(action), None)
+        if work is not None:
+            work.run()
 
     def _send(self, action: Action, state: _StepState) -> int:
         key = self._key(action)
@@ -470,8 +506,10 @@ class PipelineRuntime:
         kind = action.kind
         if kind is ActionKind.FORWARD:
             self._forward(action, state)
-        elif kind is ActionKind.BACKWARD:
+        elif kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT):
             self._backward(action, state)
+        elif kind is ActionKind.BACKWARD_WEIGHT:
+            self._backward_weight(action, state)
         elif kind.is_p2p and kind.is_send:
             return self._send(action, state)
         elif kind.is_p2p:

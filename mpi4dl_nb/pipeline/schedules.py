@@ -1,4 +1,4 @@
-"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved).
+"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved, zero bubble).
 
 A :class:`Schedule` is built from a :class:`~mpi4dl_nb.config.ParallelConfig` and the rank
 layout. Every rank gets an ordered list of :class:`Action` s; the runtime executes exactly
@@ -42,7 +42,32 @@ layer list (``virtual_stages=2``), 2 micro-batches::
        9 | B1@s0     |
       10 | AR AR OPT | AR AR OPT
 
-Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``.k`` appended:
+Zero bubble ZB-H1 (``schedule='zb1'``, ``pipeline/zero_bubble.py``): each backward is split into
+``I`` (the stage input's gradient, sent back at once) and ``W`` (the parameter gradients, deferred
+by ``stage`` places to fill the drain), 3 stages, 4 micro-batches::
+
+    >>> print(zb1(3, 4).table())
+    tick | rank 0 | rank 1 | rank 2
+         | s0     | s1     | s2
+    -----+--------+--------+-------
+       0 | F0     |        |
+       1 | F1     | F0     |
+       2 | F2     | F1     | F0
+       3 |        |        | I0
+       4 |        | I0     | F1
+       5 | I0     | F2     | I1
+       6 | W0     | I1     | F2
+       7 | F3     | W0     | I2
+       8 | I1     | F3     | W0
+       9 | W1     | I2     | F3
+      10 | I2     | W1     | I3
+      11 | W2     | I3     | W1
+      12 | I3     | W2     | W2
+      13 | W3     | W3     | W3
+      14 | AR OPT | AR OPT | AR OPT
+
+Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``I<i>`` / ``W<i>``: its
+input-gradient / weight-gradient half; ``.k`` appended:
 local-DP copy ``k``; a trailing ``'``: the GEMS mirror replica; ``@s<j>``: of stage ``j``, where
 a rank holds several). ``AR`` is the gradient
 (and BatchNorm statistics) all-reduce of the rank's stages, ``OPT`` the optimizer step.
@@ -57,13 +82,14 @@ separately, so every stage sees exactly one chunk per forward.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..comm.tags import PIPELINE, PIPELINE_SPAN
 from ..config import Choice, ParallelConfig, ScheduleKind, as_schedule_kind
 from ..layout import RankRole, StageSlot, layout, stage_holders
 from .interleaved import interleaved_order
+from .zero_bubble import ZeroBubbleOp, zb1_order
 
 
 class ActionKind(Choice):
@@ -71,6 +97,8 @@ class ActionKind(Choice):
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "I"       # split backward: the stage input's gradient only (zero-bubble schedules)
+    BACKWARD_WEIGHT = "W"      # split backward: the parameter gradients, deferred (zero-bubble schedules)
     SEND_ACT = "SEND_ACT"      # send a stage output to the next stage
     RECV_ACT = "RECV_ACT"
     SEND_GRAD = "SEND_GRAD"    # send an input gradient back to the previous stage
@@ -96,7 +124,13 @@ class ActionKind(Choice):
         return self in (ActionKind.SEND_ACT, ActionKind.RECV_ACT)
 
 
-COMPUTE_KINDS = (ActionKind.FORWARD, ActionKind.BACKWARD)
+ZERO_BUBBLE_KINDS = {ZeroBubbleOp.FORWARD: ActionKind.FORWARD, ZeroBubbleOp.INPUT: ActionKind.BACKWARD_INPUT,
+                     ZeroBubbleOp.WEIGHT: ActionKind.BACKWARD_WEIGHT}
+COMPUTE_KINDS = (ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT)
+GRADIENT_KINDS = (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT)   # the backwards that send an input gradient
+COSTS_SPLIT_EQUAL: dict[ActionKind, float] = {
+    ActionKind.FORWARD: 1.0, ActionKind.BACKWARD: 2.0, ActionKind.BACKWARD_INPUT: 1.0, ActionKind.BACKWARD_WEIGHT: 1.0}
+"""The zero-bubble paper's cost model: forward, input-gradient and weight-gradient ops take equal time."""
 P2P_KINDS = (ActionKind.SEND_ACT, ActionKind.RECV_ACT, ActionKind.SEND_GRAD, ActionKind.RECV_GRAD)
 KINDS = tuple(ActionKind)
 
@@ -146,7 +180,7 @@ class Action:
         who = f"rank {self.rank} tick {self.tick}: "
         mirror = " (mirror)" if self.replica else ""
         if self.kind.is_compute:
-            verb = "forward" if self.kind is ActionKind.FORWARD else "backward"
+            verb = VERBS[self.kind]
             return (who + f"{verb} stage {self.stage}{mirror} micro-batch {self.micro_batch}"
                     f" copy {self.copy} (chunk {self.chunk})")
         if self.kind.is_p2p:
@@ -157,6 +191,10 @@ class Action:
         if self.kind is ActionKind.ALLREDUCE:
             return who + f"all-reduce stage {self.stage} gradients over ranks {list(self.group)}"
         return who + "optimizer step"
+
+
+VERBS = {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward",
+         ActionKind.BACKWARD_INPUT: "input-gradient backward", ActionKind.BACKWARD_WEIGHT: "weight-gradient backward"}
 
 
 @dataclass(frozen=True)
@@ -242,10 +280,16 @@ class Schedule:
         out += [line(r[1:], r[0]) for r in rows]
         return "\n".join(out)
 
-    def bubble_share(self) -> float:
-        """Idle share of the compute ticks (every op one tick; the final all-reduce tick left out):
-        ``idle / (ticks x ranks)``. Chunks of an interleaved schedule are 1/V of a stage, so
-        the share compares across schedules when the stages are equal."""
+    def bubble_share(self, costs: Mapping[ActionKind, float] | None = None) -> float:
+        """Idle share of the compute time (the final all-reduce left out): ``idle / (span x ranks)``.
+
+        Without ``costs`` every op is one tick. With ``costs`` (time per compute kind, e.g.
+        ``COSTS_SPLIT_EQUAL``: F = I = W = 1, B = I + W = 2) each rank's ops are replayed in its order,
+        each starting when its rank is free and its inputs are done. Chunks of an interleaved schedule
+        are 1/V of a stage, so the share compares across schedules when the stages are equal."""
+        if costs is not None:
+            span, idle = self.replay(costs)
+            return idle / (span * self.world_size) if span else 0.0
         compute = [a for actions in self.per_rank for a in actions if a.kind.is_compute]
         if not compute:
             return 0.0
@@ -253,6 +297,28 @@ class Schedule:
         busy = {(a.rank, a.tick) for a in compute}
         slots = ticks * self.world_size
         return (slots - len(busy)) / slots
+
+    def replay(self, costs: Mapping[ActionKind, float]) -> tuple[float, float]:
+        """(span, idle time summed over the ranks) of the compute ops timed by ``costs``.
+
+        A forward waits for the previous stage's forward of its chunk, a B or I for the next
+        stage's (the last stage: its own forward), a W for its I; every rank runs its ops in order."""
+        done: dict[tuple[ActionKind, int, int, int, int, int], float] = {}
+        free = [0.0] * self.world_size
+        busy = [0.0] * self.world_size
+        for action in self.global_order():
+            if not action.kind.is_compute:
+                continue
+            op = _Op(action.kind, action.dp, action.replica, action.stage, action.micro_batch, action.copy)
+            ready = max((done.get((d.kind, d.dp, d.replica, d.stage, d.micro_batch, d.copy), 0.0)
+                         for d in _dependencies(op, self.cfg.split_size)), default=0.0)
+            finish = max(ready, free[action.rank]) + costs[action.kind]
+            free[action.rank] = finish
+            busy[action.rank] += costs[action.kind]
+            key = (op.kind, op.dp, op.replica, op.stage, op.micro_batch, op.copy)
+            done[key] = max(done.get(key, 0.0), finish)
+        span = max(free, default=0.0)
+        return span, sum(span - b for b in busy)
 
     def stepper(self, ranks: Iterable[int] | None = None) -> Stepper:
         """A Stepper over this schedule (all ranks, or only ``ranks``)."""
@@ -327,6 +393,8 @@ def _direction_order(kind: ScheduleKind, stage: int, num_stages: int, items: lis
                      warmup_scale: int) -> list[tuple[ActionKind, int, int]]:
     """One worker's F/B order over ``items`` (micro_batch, copy) for one GEMS pair."""
     F, B = ActionKind.FORWARD, ActionKind.BACKWARD
+    if kind is ScheduleKind.ZB1:
+        return [(ZERO_BUBBLE_KINDS[op], u, k) for op, (u, k) in zb1_order(stage, num_stages, items, warmup_scale)]
     if kind is ScheduleKind.GPIPE:
         return [(F, u, k) for u, k in items] + [(B, u, k) for u, k in reversed(items)]
     count = len(items)
@@ -421,14 +489,18 @@ def stage_ranks(cfg: ParallelConfig, roles: list[RankRole] | None = None
 
 
 def _dependencies(op: _Op, num_stages: int) -> list[_Op]:
-    F, B = ActionKind.FORWARD, ActionKind.BACKWARD
+    """The ops ``op`` waits for: the previous stage's forward, the next stage's backward (the same
+    kind: B or I), a W its own I."""
+    F = ActionKind.FORWARD
     if op.kind is F:
         if op.stage == 0:
             return []
         return [_Op(F, op.dp, op.replica, op.stage - 1, op.micro_batch, op.copy)]
+    if op.kind is ActionKind.BACKWARD_WEIGHT:
+        return [replace(op, kind=ActionKind.BACKWARD_INPUT)]
     if op.stage == num_stages - 1:
         return [_Op(F, op.dp, op.replica, op.stage, op.micro_batch, op.copy)]
-    return [_Op(B, op.dp, op.replica, op.stage + 1, op.micro_batch, op.copy)]
+    return [_Op(op.kind, op.dp, op.replica, op.stage + 1, op.micro_batch, op.copy)]
 
 
 def _simulate(workers: dict[WorkerKey, _Worker], num_stages: int) -> dict[_Op, int]:
@@ -443,7 +515,7 @@ def _simulate(workers: dict[WorkerKey, _Worker], num_stages: int) -> dict[_Op, i
             if worker.position < len(worker.order):
                 op = worker.order[worker.position]
                 if all(finished.get(dep, tick) < tick for dep in _dependencies(op, num_stages)):
-                    ready.append((0 if op.kind is ActionKind.BACKWARD else 1, op.micro_batch, op.replica,
+                    ready.append((0 if op.kind in GRADIENT_KINDS else 1, op.micro_batch, op.replica,
                                   op.stage, op.copy, worker))
         ready.sort(key=lambda item: item[:5])
         busy: set[int] = set()
@@ -536,10 +608,15 @@ def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) 
                             micro_batch=op.micro_batch, replica=op.replica, copy=op.copy,
                             dp=op.dp, chunk=chunk, tile=tile)
             forward = op.kind is ActionKind.FORWARD
+            before: int | None
+            after: int | None
             if forward:
                 before = op.stage - 1 if op.stage > 0 else None
                 after = op.stage + 1 if op.stage < num_stages - 1 else None
                 recv_kind, send_kind = ActionKind.RECV_ACT, ActionKind.SEND_ACT
+            elif op.kind is ActionKind.BACKWARD_WEIGHT:   # parameter gradients: nothing moves
+                before = after = None
+                recv_kind, send_kind = ActionKind.RECV_GRAD, ActionKind.SEND_GRAD
             else:
                 before = op.stage + 1 if op.stage < num_stages - 1 else None
                 after = op.stage - 1 if op.stage > 0 else None
@@ -588,6 +665,11 @@ def gems(num_stages: int, num_micro_batches: int = 1, times: int = 1,
          kind: ScheduleKind | str = ScheduleKind.GPIPE) -> Schedule:
     """GEMS bidirectional: a mirror replica on the same ranks in reverse stage order."""
     return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, as_schedule_kind(kind), times))
+
+
+def zb1(num_stages: int, num_micro_batches: int) -> Schedule:
+    """Zero-bubble ZB-H1 on a plain pipeline: 1F1B with each backward split into I and W (W deferred)."""
+    return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, ScheduleKind.ZB1))
 
 
 def interleaved(num_positions: int, num_micro_batches: int, virtual_stages: int = 2) -> Schedule:

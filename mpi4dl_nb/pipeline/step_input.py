@@ -13,6 +13,8 @@ and for ``labels`` the global labels, a callable ``labels(sample_slice)``, a :cl
 :class:`ShardedImages` is such a callable that also knows the global batch size and image size, so
 no extra arguments are needed. On a spatial last stage (every stage spatial, the loss on tiles) a
 rank's labels are its tile of the masks: cut from the global masks ``(N, H, W)``, or read by box.
+On a volume's grid (``slice_method="DxRxC"``) the images ``(N, C, D, H, W)`` and label volumes
+``(N, D, H, W)`` are global tensors, each rank cutting its 3-D tile (readers by box are for images).
 """
 
 from __future__ import annotations
@@ -93,6 +95,14 @@ def resolve_image_size(images: Images, image_size: int | tuple[int, int] | None)
     return (int(height), int(width))
 
 
+def _whole_volumes_only(grid: TileGrid, argument: str) -> None:
+    """ValueError for a reader on a volume's tile grid: its tiles are cut from the global batch for now."""
+    if grid.volumetric:
+        raise ValueError(f"{argument} from a reader (sample_slice, box) on a volume's {grid}: a box names rows and "
+                         f"columns only; pass the global {argument} tensor (N, ..., D, H, W) and every rank cuts "
+                         f"its 3-D tile")
+
+
 @dataclass
 class StepInput:
     """This rank's view of one step's data (what the runtime reads for stage 0 and the loss)."""
@@ -131,6 +141,7 @@ class StepInput:
             raise ValueError("this rank has no images (None); see StepInput.check")
         box = None
         if tile is not None and grid is not None:
+            _whole_volumes_only(grid, "images")
             if self.image_size is None:
                 raise ValueError(f"tile {tile} of images from a callable needs image_size")
             box = grid.tile_box(tile, *self.image_size)
@@ -144,6 +155,8 @@ class StepInput:
         if labels is None:
             raise ValueError("this rank has no labels (None); see StepInput.check")
         if isinstance(labels, ShardedMasks):
+            if tile is not None and grid is not None:
+                _whole_volumes_only(grid, "labels")
             data = labels(rows, grid.tile_box(tile, *labels.image_size)
                           if tile is not None and grid is not None else None)
         else:
@@ -153,5 +166,5 @@ class StepInput:
                 read = labels(rows)
                 data = like(read, as_items(read))
             if tile is not None and grid is not None:
-                data = input_tile(data, grid, tile, min_dim=3)
+                data = input_tile(data, grid, tile, leading=1)
         return like(data, [t.to(device) for t in as_items(data)])

@@ -7,7 +7,9 @@ What a rank holds is assembled along its own action list of the real schedule
   activations use another precision), ``buffers`` (BatchNorm statistics), ``optimizer``
   state (simulated on meta with the real optimizer), ``persistent`` (halo staging buffers
   and caches the spatial layers keep), ``gradients`` once a stage's first backward made them;
-* **per chunk in flight** (a forward ran, its backward not yet): ``activations`` autograd
+* **per chunk in flight** (a forward ran, its backward not yet; with a split backward, until its
+  weight-gradient part ``W``: the input-gradient part ``I`` is costed as a backward that keeps them):
+  ``activations`` autograd
   saves (with ``Recompute.STAGE`` none: the stage re-runs its forward at backward time; with
   ``Recompute.SEGMENTS``, the engine's ``checkpoint_activations``, the segments' inputs, see
   segments.py), ``halo`` strips the spatial convs keep (all received ones and the BatchNorm
@@ -396,6 +398,10 @@ class _Walk:
             self.note(action)
         elif kind is ActionKind.BACKWARD:
             self.backward(action, key)
+        elif kind is ActionKind.BACKWARD_INPUT:
+            self.backward(action, key, keep=True)
+        elif kind is ActionKind.BACKWARD_WEIGHT:
+            self.weight_gradient(action, key)
         elif kind is ActionKind.SEND_GRAD and self.handoff(action.stage):
             self.send_tile_grad(action, key)
         elif kind is ActionKind.ALLREDUCE:
@@ -419,7 +425,8 @@ class _Walk:
         self.hold(key, "halo", fp.halo_kept if keep else 0)
         self.hold(key, "output", fp.output_bytes)
 
-    def backward(self, action: Action, key: tuple[int, int, int, int]) -> None:
+    def backward(self, action: Action, key: tuple[int, int, int, int], keep: bool = False) -> None:
+        """A chunk's backward; ``keep``: only its input-gradient part (``I``), the chunk's tensors kept for ``W``."""
         fp = self.fp(action)
         slot = (action.replica, action.stage)
         grad_bytes = self.optimizer(action.stage).grad_bytes
@@ -433,10 +440,17 @@ class _Walk:
             working = fp.backward_later + redo
         self.note(action, within=working, key=key, recomputed=redo or fp.recomputed)
         self.grads[slot] = grad_bytes
-        self.chunks.pop(key, None)
+        if not keep:
+            self.chunks.pop(key, None)
         if action.stage > 0:   # kept by the gradient's non-blocking send(s)
             self.sent += fp.input_grad_bytes
             self.pending[key] = fp.input_grad_bytes
+
+    def weight_gradient(self, action: Action, key: tuple[int, int, int, int]) -> None:
+        """A split backward's weight-gradient part (``W``): the gradients accumulate in place, then the
+        chunk's kept tensors (activations, input, received gradient) go."""
+        self.note(action)
+        self.chunks.pop(key, None)
 
     def send_tile_grad(self, action: Action, key: tuple[int, int, int, int]) -> None:
         """SP <- LP: a contiguous copy of each tile's box; the whole gradient goes after the last."""

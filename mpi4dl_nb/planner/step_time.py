@@ -3,7 +3,11 @@ the real schedule replayed in simulated time.
 
 Per action of ``schedules.build_schedule(cfg)``:
 
-* forward/backward: the stage's layer times on that rank's tile and chunk (``LayerTimer``),
+* forward/backward: the stage's layer times on that rank's tile and chunk (``LayerTimer``);
+  a split backward (the zero-bubble schedules' ``I`` and ``W``) splits the timed backward:
+  a layer with parameters gives ``WEIGHT_GRADIENT_SHARE`` of it to the weight-gradient part ``W``
+  (a documented split, not measured), a layer without any all to the input-gradient part ``I``, which
+  also keeps the halo wire and meetings and any recomputed forward (``W`` exchanges nothing: a rank's own work);
   the copies the runtime makes (cutting the input tile, joining tiles at the SP -> LP
   hand-off) at the device's copy speed; on a spatial stage the tiles run as one group
   in lockstep and add the wire time of their halo messages and the bytes of their BatchNorm
@@ -63,6 +67,10 @@ from .simulate import Cost, RankTimeline, group_key, simulate
 from .timing import Network, Node
 
 HEADER_BYTES = 162 * 8
+# Share of a layer-with-parameters' backward that is its weight gradient: a conv's or linear's
+# backward is two products of the forward's size (input gradient, weight gradient), so half each.
+# BatchNorm/ReLU/pooling without parameters: all input gradient. A documented split, not measured.
+WEIGHT_GRADIENT_SHARE = 0.5
 DEFAULT_TIMERS: dict[tuple[MeasuringDevice, int, int], LayerTimer] = {}
 
 
@@ -196,6 +204,12 @@ class _Costs:
             self._stage[key] = (fw, fd, bw, bd)
         return self._stage[key]
 
+    def weight_gradient(self, stage: int, tile: int | None) -> float:
+        """Seconds of one chunk's weight-gradient part of the backward (``W``; module docstring)."""
+        start, stop = self.model.bounds[stage], self.model.bounds[stage + 1]
+        return WEIGHT_GRADIENT_SHARE * sum(self.layer_time(stage, index, tile)[0].backward
+                                           for index in range(start, stop) if self.model.profiles[index].param_count)
+
     def meetings(self, stage: int, tile: int | None) -> tuple[int, int]:
         """Halo exchanges and collectives of one chunk's forward and backward on a spatial stage
         (each a meeting of the tile group, ``Network.meeting``, and ``Crowding.crowded_meeting`` when
@@ -255,7 +269,9 @@ class _Costs:
     def __call__(self, action: Action) -> Cost:
         kind = action.kind
         cfg = self.model.cfg
-        if kind in (ActionKind.FORWARD, ActionKind.BACKWARD):
+        if kind is ActionKind.BACKWARD_WEIGHT:   # no halo, no meeting: the rank's own work
+            return Cost(self.weight_gradient(action.stage, action.tile))
+        if kind in (ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT):
             tile = action.tile
             fw, fd, bw, bd = self.stage(action.stage, tile)
             fp = self.model.footprint(action.stage, tile)
@@ -268,6 +284,8 @@ class _Costs:
                     work += self.copy_seconds(fp.input_bytes)           # joining the tiles
             else:
                 work, delay = bw, bd
+                if kind is ActionKind.BACKWARD_INPUT:
+                    work -= self.weight_gradient(action.stage, tile)
             if spatial:
                 ranks = self.holders[(action.dp, action.replica, action.stage)]
                 meetings = self.meetings(action.stage, tile)[0 if kind is ActionKind.FORWARD else 1]

@@ -69,6 +69,9 @@ def canonical(cfg: ParallelConfig) -> ParallelConfig:
     return cfg.with_(**changes) if changes else cfg
 
 
+CHUNKED_SCHEDULES = (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV)   # several stages (chunks) per rank
+
+
 def candidate_configs(devices: int, num_layers: int, batch_size: int, *, max_split: int = 4,
                       exact: bool = True, max_times: int = 1) -> list[ParallelConfig]:
     """Every valid canonical configuration on ``devices`` ranks (at most, if not ``exact``)."""
@@ -84,10 +87,11 @@ def candidate_configs(devices: int, num_layers: int, batch_size: int, *, max_spl
                 for (tiles, method), local_dp, parts, times, dp in itertools.product(
                         grids, range(1, devices + 1), divisors, range(0, max_times + 1),
                         range(1, devices + 1)):
+                    # every schedule, zb1/zbv too (the time model costs their I and W: step_time.py)
                     schedules = list(ScheduleKind) if parts > 1 and split > 1 else [ScheduleKind.GPIPE]
                     for schedule in schedules:
-                        # interleaved: `split` ranks along the pipeline, each holding 2 chunks
-                        chunks = 2 if schedule is ScheduleKind.INTERLEAVED else 1
+                        # interleaved, zbv: `split` ranks along the pipeline, each holding 2 chunks
+                        chunks = 2 if schedule in CHUNKED_SCHEDULES else 1
                         try:
                             cfg = ParallelConfig(split_size=split * chunks, spatial_size=spatial,
                                                  num_spatial_parts=tiles, slice_method=method,

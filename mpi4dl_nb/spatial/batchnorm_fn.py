@@ -21,6 +21,7 @@ import torch
 
 from ..comm.handles import Group
 from ..comm.protocol import Comm
+from .backward_half import input_gradient_wanted
 from .function_ctx import FunctionContext
 from .replay import active_log
 
@@ -100,7 +101,7 @@ class _TileBatchNorm(torch.autograd.Function):
         grad_weight = sum_g_xhat.to(weight.dtype) if weight is not None and fctx.needs_input_grad[1] else None
         grad_bias = sum_g.to(grad.dtype if bias_dtype is None else bias_dtype) if fctx.needs_input_grad[2] else None
         grad_x = None
-        if fctx.needs_input_grad[0]:
+        if input_gradient_wanted(fctx.needs_input_grad[0]):
             total = _all_reduce(torch.stack([sum_g, sum_g_xhat]), fctx.comm, fctx.group) / fctx.count
             scale = rstd * weight.to(rstd.dtype) if weight is not None else rstd
             ndim = g.dim()

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
+from .backward_half import input_gradient_wanted
 from .function_ctx import FunctionContext
 from .geometry import LayerHalo, Window1d
 from .halo import HaloExchange, Strips
@@ -90,7 +91,7 @@ def _load_halo_conv(fctx: _HaloConvCtx) -> tuple[torch.Tensor, torch.Tensor, Str
     x, weight, *saved = fctx.saved_tensors
     found = iter(saved)
     strips = [next(found) if present else None for present in fctx.present]
-    mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],
+    mask = [input_gradient_wanted(fctx.needs_input_grad[0]), fctx.needs_input_grad[1],
             fctx.has_bias and fctx.needs_input_grad[2]]
     return x, weight, strips, mask
 
@@ -296,7 +297,7 @@ class _PaddedConv2d(torch.autograd.Function):
     def backward(fctx: _PaddedConvCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         y, weight = fctx.saved_tensors
         conv, (left, right, top, bottom) = fctx.conv, fctx.pads
-        mask = [fctx.needs_input_grad[0], fctx.needs_input_grad[1],
+        mask = [input_gradient_wanted(fctx.needs_input_grad[0]), fctx.needs_input_grad[1],
                 fctx.has_bias and fctx.needs_input_grad[2]]
         grad_ext, grad_w, grad_b = torch.ops.aten.convolution_backward(
             grad.contiguous(), F.pad(y, fctx.pads), weight,

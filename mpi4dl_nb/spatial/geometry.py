@@ -253,6 +253,14 @@ class TileGrid:
                               f"slice_method 'vertical'/'horizontal'")
         return cls(*kind.grid_shape(num_parts))
 
+    @classmethod
+    def of_shape(cls, shape: Sequence[int]) -> TileGrid:
+        """The grid of ``shape``: ``(rows, cols)`` or a volume's ``(depth, rows, cols)`` (``tile_grid_shape``)."""
+        if len(shape) not in (2, 3):
+            raise ValueError(f"a tile grid has 2 or 3 axes, got the shape {tuple(shape)}")
+        *depth, rows, cols = shape
+        return cls(rows, cols, depth[0] if depth else None)
+
     # ----------------------------------------------------------------- topology
     @property
     def num_tiles(self) -> int:

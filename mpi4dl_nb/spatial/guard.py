@@ -433,9 +433,10 @@ class SpatialGuard(TorchFunctionMode):
 
     def _volume_op(self, func: TorchOp, kind: OpKind | None, args: tuple[object, ...], kwargs: dict[str, object],
                    tensors: list[torch.Tensor], tile: torch.Tensor) -> object:
-        """An op on a volume's tile: sizes, iteration over the batch, per-voxel maths and the op families
-        registered for volumes (dropout); anything else is refused (the other families' rules, reductions,
-        functional pools and interpolation, are for images so far)."""
+        """An op on a volume's tile: sizes, iteration over the batch, per-voxel maths, views keeping the voxel
+        dims last (activation recomputation's ``view_as``) and the op families registered for volumes (dropout);
+        anything else is refused (the other families' rules, reductions, functional pools and interpolation, are
+        for images so far)."""
         if kind is OpKind.METADATA:
             return func(*args, **kwargs)
         if kind is OpKind.ITERATE:
@@ -456,6 +457,8 @@ class SpatialGuard(TorchFunctionMode):
                 reason = _dims_refusal(name, args, kwargs, tensors, VOLUME_OFFSETS)
             elif kind is OpKind.CHANNEL:   # per channel (prelu, eval-mode batch_norm)
                 reason = ops.check_channel(func, args, kwargs)
+            elif kind is OpKind.SHAPE:   # view/reshape: checked on its outputs (the voxel dims stay last)
+                reason = None
             else:
                 reason = ("is not known to be exact on a volume's tiles (a TileGrid with depth): only per-voxel "
                           "maths and the layers spatialize converts are, so far")
@@ -463,6 +466,10 @@ class SpatialGuard(TorchFunctionMode):
                 raise self.error(func, reason)
         args, kwargs = self.shared_operands(func, args, kwargs)
         out = func(*args, **kwargs)
+        if self.check_ops and kind is OpKind.SHAPE and isinstance(first, torch.Tensor) and is_tiled(first):
+            reason = ops.check_shape(first, _tensor_outputs(out), axes=3)
+            if reason is not None:
+                raise self.error(func, reason)
         for t in _tensor_outputs(out):
             if t.shape[-3:] == tile.shape[-3:]:
                 mark_tiled(t)

@@ -185,13 +185,16 @@ class DenseLoss:
         return self.value(mine.unflat(total(mine.flat())))
 
     def sums(self, logits: torch.Tensor, mask: torch.Tensor) -> PixelSums:
-        """The per-sample sums of ``kind`` over the pixels of ``logits`` (N, C, h, w) and ``mask`` (N, h, w)."""
-        if logits.dim() != 4 or mask.dim() != 3 or logits.shape[0] != mask.shape[0] \
+        """The per-sample sums of ``kind`` over the pixels of ``logits`` (N, C, h, w) and ``mask`` (N, h, w), or
+        over the voxels of a volume's ``logits`` (N, C, d, h, w) and ``mask`` (N, d, h, w)."""
+        if logits.dim() not in (4, 5) or mask.dim() != logits.dim() - 1 or logits.shape[0] != mask.shape[0] \
                 or logits.shape[2:] != mask.shape[1:]:
             raise ValueError(f"logits {tuple(logits.shape)} and mask {tuple(mask.shape)} do not match: a "
-                             f"segmentation model must output (N, classes, H, W) for masks (N, H, W)")
+                             f"segmentation model must output (N, classes, H, W) for masks (N, H, W), or "
+                             f"(N, classes, D, H, W) for label volumes (N, D, H, W)")
         count, classes = logits.shape[:2]
         self.check_classes(classes)
+        positions = tuple(range(1, mask.dim()))   # the mask's pixel (voxel) dims; the logits' are one further
         valid = mask != self.ignore_index if self.ignore_index is not None else torch.ones_like(mask, dtype=torch.bool)
         labels = torch.where(valid, mask, torch.zeros_like(mask))
         none = logits.new_zeros((count, 0))
@@ -201,12 +204,13 @@ class DenseLoss:
             pixel_weight = valid.to(logits.dtype)
             if self.class_weights is not None:
                 pixel_weight = self._weights(logits)[labels] * pixel_weight
-            nll, weight = (per_pixel * pixel_weight).sum((1, 2))[:, None], pixel_weight.sum((1, 2))[:, None]
+            nll, weight = (per_pixel * pixel_weight).sum(positions)[:, None], pixel_weight.sum(positions)[:, None]
         if self.kind.dice:
             keep = valid.unsqueeze(1).to(logits.dtype)
             prob = torch.softmax(logits, dim=1) * keep
-            truth = F.one_hot(labels, classes).permute(0, 3, 1, 2).to(logits.dtype) * keep
-            overlap, size = (prob * truth).sum((2, 3)), (prob + truth).sum((2, 3))
+            truth = F.one_hot(labels, classes).movedim(-1, 1).to(logits.dtype) * keep
+            pixels = tuple(p + 1 for p in positions)
+            overlap, size = (prob * truth).sum(pixels), (prob + truth).sum(pixels)
         return PixelSums(nll, weight, overlap, size)
 
     def value(self, sums: PixelSums) -> torch.Tensor:

@@ -457,10 +457,11 @@ def check_channel(func: TorchOp, args: Args, kwargs: Kwargs) -> str | None:
     return None
 
 
-def check_shape(tile: torch.Tensor, outputs: Sequence[torch.Tensor]) -> str | None:
-    """After a view/reshape/expand/repeat: every output keeps the tile's spatial sizes last."""
-    other = _other_spatial_size(tile, outputs)
+def check_shape(tile: torch.Tensor, outputs: Sequence[torch.Tensor], axes: int = 2) -> str | None:
+    """After a view/reshape/expand/repeat: every output keeps the tile's spatial sizes (``axes``: 3 on a volume's
+    tile) last."""
+    other = _other_spatial_size(tile, outputs, axes)
     if other is None:
         return None
-    return (f"reshapes a tile of spatial size {tuple(tile.shape[-2:])} into {tuple(other.shape)}, "
+    return (f"reshapes a tile of spatial size {tuple(tile.shape[-axes:])} into {tuple(other.shape)}, "
             f"mixing the spatial dimensions")

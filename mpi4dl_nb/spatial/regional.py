@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from .backward_half import input_gradient_wanted
 from .function_ctx import FunctionContext
 from .geometry import AxisExchange, Box
 from .halo import HaloExchange, Strips
@@ -173,7 +174,8 @@ class _RegionWindowed(torch.autograd.Function):
         params = [next(found) if present else None for present in fctx.params]
         strips = [next(found) if present else None for present in fctx.present]
         kept = next(found) if fctx.kept else None
-        mask = [fctx.needs_input_grad[0]] + [fctx.needs_input_grad[5 + i] for i in range(len(params))]
+        mask = [input_gradient_wanted(fctx.needs_input_grad[0])] + [fctx.needs_input_grad[5 + i]
+                                                                     for i in range(len(params))]
         grad = grad.contiguous()
         native_in = _native_input(x, plan)
         if plan.aligned:   # the native run's band outputs were replaced: no gradient through them

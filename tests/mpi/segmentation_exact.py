@@ -20,8 +20,8 @@ from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.models.unet import unet
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.spatial.loss import DenseLoss
-from tests.mpi.engine_exact import state_error
 from tests.support.checks import Checks, run_checks
+from tests.support.dense_exact import check_copies, dense_batches, final_error, momentum_sgd
 from tests.support.planes import split_backend
 
 RTOL = 1e-9
@@ -56,41 +56,19 @@ def layers(options: dict[str, object], seed: int = 0) -> list[nn.Module]:
     return [layer.double() for layer in unet(2, 2, CLASSES, **options)]   # type: ignore[arg-type]
 
 
-def batches(batch: int, seed: int, ignore: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(STEPS):
-        x = torch.randn(batch, 3, IMAGE, IMAGE, generator=gen, dtype=torch.float64)
-        y = torch.randint(0, CLASSES, (batch, IMAGE, IMAGE), generator=gen)
-        if ignore is not None:
-            y[torch.rand(y.shape, generator=gen) < 0.1] = ignore
-        out.append((x, y))
-    return out
-
-
-def sgd(params):
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-
 def run_case(ctx, name: str, check: Checks) -> str:
     knobs, batch, options, loss = CASES[name]
     cfg = dl.ParallelConfig(**knobs)
-    data = batches(batch, len(name), loss.ignore_index)
-    engine = dl.HybridEngine(layers(options), cfg, ctx, loss_fn=loss, optimizer=sgd)
+    data = dense_batches(STEPS, batch, 3, (IMAGE, IMAGE), CLASSES, len(name), loss.ignore_index)
+    engine = dl.HybridEngine(layers(options), cfg, ctx, loss_fn=loss, optimizer=momentum_sgd)
     losses = [engine.train_step(x, y) for x, y in data]
     state = engine.full_state_dict()
     serial = nn.Sequential(*layers(options))
-    opt = sgd(serial.parameters())
+    opt = momentum_sgd(serial.parameters())
     chunks = serial_chunks(cfg, batch)
     want_losses = [serial_step(serial, opt, loss, x, y, chunks) for x, y in data]
     want_state = {k: v.detach().clone() for k, v in serial.state_dict().items()}
-    with check(f"{name} copies") as result:
-        mine = engine.scatter_to_holders(want_state if ctx.rank == 0 else None)
-        worst = 0.0
-        for inst in engine.instances.values():
-            held = inst.canonical.full_state_dict()
-            worst = max(worst, state_error(held, {k: mine[k] for k in held}, f"{name} rank {ctx.rank}", RTOL))
-        result.detail = f"stages {engine.held_stages()}, max rel err {worst:.2e}"
+    check_copies(check, ctx, engine, name, want_state, RTOL)
     with check(f"{name} eval tiles") as result:
         x = data[0][0]
         serial.eval()
@@ -107,13 +85,8 @@ def run_case(ctx, name: str, check: Checks) -> str:
             err = (got - expected).abs().max().item() / expected.abs().max().item()
             assert err < RTOL, f"rows {out.rows} tile {out.tile}: relative error {err:.2e}"
         result.detail = "tiles" if cfg.all_spatial else "whole outputs"
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
-    if worst > RTOL:
-        raise AssertionError(f"{name}: losses {losses} != serial {want_losses}")
-    if ctx.rank == 0:
-        worst = max(worst, state_error(state, want_state, name, RTOL))
-        moved = state_error(want_state, nn.Sequential(*layers(options)).state_dict(), name, None)
-        assert moved > 1e-4, f"{name}: training barely moved the weights ({moved:.1e})"
+    worst = final_error(ctx, name, losses, want_losses, state, want_state,
+                        nn.Sequential(*layers(options)).state_dict(), RTOL)
     return f"losses {[round(v, 6) for v in losses]}, max rel err {worst:.2e}"
 
 

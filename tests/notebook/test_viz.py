@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
 
 from mpi4dl_nb import ParallelConfig, viz
 from mpi4dl_nb.comm.trace import Event
-from mpi4dl_nb.pipeline.schedules import build_schedule
+from mpi4dl_nb.config import ScheduleKind
+from mpi4dl_nb.pipeline.schedules import Action, ActionKind, Schedule, build_schedule, interleaved, one_f_one_b, zb1
 from mpi4dl_nb.spatial.geometry import TileGrid
 
 
@@ -140,3 +142,68 @@ def test_op_families_by_name_and_unknown_ops_named_by_their_key():
     assert len({family.color for family in viz.OpFamily} | {viz.OTHER_OP_COLOR}) == len(viz.OpFamily) + 1
     entries = viz.legend_entries(["write", "B", "F", "write"])
     assert list(entries) == ["forward", "backward", "write"]
+
+
+def _legend_names(fig) -> list[str]:
+    return [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+
+
+def test_interleaved_schedule_strips_each_cell_with_its_chunk_and_names_the_chunks():
+    schedule = interleaved(2, 4, virtual_stages=2)
+    fig = viz.draw_schedule(schedule, 10)
+    assert _legend_names(fig) == ["forward", "backward", "all-reduce", "optimizer", "chunk 0 (s0,s1)",
+                                  "chunk 1 (s2,s3)"]
+    strips = viz.find_artists(fig, "chunk:")
+    compute = [a for actions in schedule.per_rank for a in actions if a.kind.is_compute]
+    assert len(strips) == len(compute)
+    for strip in strips:                       # chunk:<rank>:<tick>:<chunk>:s<stage>
+        _, rank, _, chunk, stage = strip.get_gid().split(":")
+        assert int(chunk) == int(stage[1:]) // 2 and int(stage[1:]) % 2 == int(rank)
+        assert strip.get_facecolor()[:3] == to_rgb(viz.chunk_color(int(chunk)))
+    action_colors = {to_rgb(color) for color in viz.SCHEDULE_COLORS.values()}
+    assert not action_colors & {to_rgb(viz.chunk_color(c)) for c in range(2)}
+    assert not viz.find_artists(viz.draw_schedule(one_f_one_b(2, 4)), "chunk:")   # one stage per rank: no strips
+    assert "chunk 0 (s0)" not in _legend_names(viz.draw_schedule(one_f_one_b(2, 4)))
+
+
+def _split_backward_schedule() -> Schedule:
+    """Two stages, one micro-batch, the backward split into I and W (drawn from hand-made actions)."""
+    kinds = [[ActionKind.FORWARD, None, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT],
+             [None, ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT]]
+    per_rank = [[Action(kind, rank=rank, tick=tick, stage=rank, micro_batch=0) for tick, kind in enumerate(row)
+                 if kind is not None] for rank, row in enumerate(kinds)]
+    return Schedule(ParallelConfig(split_size=2, spatial_size=0), ScheduleKind.GPIPE, 4, per_rank)
+
+
+def test_split_backward_cells_and_bars_in_their_own_two_colours_with_a_legend():
+    fig = viz.draw_schedule(_split_backward_schedule(), 8)
+    cells = {cell.get_gid().split(":")[-1]: to_rgb(cell.get_facecolor()) for cell in viz.find_artists(fig, "cell:")}
+    assert {"F0", "I0", "W0"} <= set(cells)
+    assert len({cells["F0"], cells["I0"], cells["W0"], to_rgb(viz.SCHEDULE_COLORS[ActionKind.BACKWARD])}) == 4
+    assert _legend_names(fig) == ["forward", "input gradient", "weight gradient"]
+    events = [Event(0, op, i * 1.0, i * 1.0 + 0.5, stage=0, micro_batch=0) for i, op in enumerate("FBIW")]
+    timeline = viz.draw_timeline(events)
+    bars = {bar.get_gid(): tuple(bar.get_facecolor()[0]) for bar in viz.find_artists(timeline, "event:")}
+    assert len(set(bars.values())) == 4                          # F, B, I, W: four colours
+    assert _legend_names(timeline) == ["forward", "backward", "input gradient", "weight gradient"]
+    assert viz.op_family("I") is viz.OpFamily.INPUT_GRADIENT and viz.op_family("W") is viz.OpFamily.WEIGHT_GRADIENT
+
+
+def test_timeline_names_the_stage_of_compute_bars_where_a_rank_ran_several():
+    chunked = [Event(0, "F", 0.0, 1.0, stage=0, micro_batch=1), Event(0, "F", 1.0, 2.0, stage=2, micro_batch=1)]
+    labels = [t.get_text() for t in viz.find_artists(viz.draw_timeline(chunked), "event-label:")]
+    assert labels == ["1@s0", "1@s2"]
+    single = [Event(0, "F", 0.0, 1.0, stage=0, micro_batch=1), Event(1, "F", 1.0, 2.0, stage=1, micro_batch=1)]
+    assert [t.get_text() for t in viz.find_artists(viz.draw_timeline(single), "event-label:")] == ["1", "1"]
+
+
+def test_zb1_schedule_draws_its_input_and_weight_gradients_apart():
+    schedule = zb1(2, 4)
+    fig = viz.draw_schedule(schedule, len(schedule.global_order()))
+    assert _legend_names(fig) == ["forward", "input gradient", "weight gradient", "all-reduce", "optimizer"]
+    cells = viz.find_artists(fig, "cell:")
+    colours = {cell.get_gid().split(":")[-1][0]: to_rgb(cell.get_facecolor()) for cell in cells}
+    assert len({colours["F"], colours["I"], colours["W"]}) == 3
+    assert colours["I"] == to_rgb(viz.OpFamily.INPUT_GRADIENT.color)
+    labels = {cell.get_gid().split(":")[-1] for cell in cells}
+    assert {f"{kind}{u}" for kind in "FIW" for u in range(4)} <= labels

@@ -10,7 +10,7 @@ from mpi4dl_nb.comm.trace import Event
 from mpi4dl_nb.models import build_model
 from mpi4dl_nb.notebook.widgets import ConfigPanel, HaloViewer, StepThrough, TimelineView, TrainingProgress
 from mpi4dl_nb.notebook.widgets.halo_viewer import WindowedLayer, windowed_layers
-from mpi4dl_nb.pipeline.schedules import build_schedule
+from mpi4dl_nb.pipeline.schedules import build_schedule, interleaved
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +236,17 @@ def test_auto_tune_shows_the_memory_limit_as_a_user_would_type_it():
     tuner = AutoTune(None, ModelSpec("resnet", 11, 8, num_classes=2), 64, 2, memory_limit_mb=0.6 * 83.26)
     assert tuner.limit.value == 50.0 and tuner.best is None
     assert tuner.widget.children[0].children[-1].description == "Run auto-tune"
+
+
+def test_stepper_names_the_chunk_of_an_interleaved_action():
+    stepper = StepThrough(interleaved(2, 2, virtual_stages=2))
+    while (action := stepper.forward(render=False)) is not None and not (action.kind.is_compute and action.stage == 2):
+        pass
+    assert action is not None and action.kind == "F"
+    assert stepper.heading().endswith("the rank's chunk 1 of 2")
+    stepper.reset()
+    assert stepper.forward() is not None and stepper.current is not None and stepper.current.kind == "F"
+    assert stepper.heading().endswith("the rank's chunk 0 of 2")
+    plain = StepThrough(build_schedule(ParallelConfig(split_size=2, spatial_size=0, parts=2)))
+    assert plain.forward() is not None and "the rank's chunk" not in plain.heading()
+    assert viz.find_artists(stepper.view.figure, "chunk:")

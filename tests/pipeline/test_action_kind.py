@@ -16,12 +16,13 @@ def test_members_behave_like_their_values():
     assert json.dumps([forward]) == '["F"]'
     assert pickle.loads(pickle.dumps(forward)) is forward
     assert ActionKind("SEND_GRAD") is ActionKind.SEND_GRAD
-    assert [str(k) for k in KINDS] == ["F", "B", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD",
+    assert [str(k) for k in KINDS] == ["F", "B", "I", "W", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD",
                                        "ALLREDUCE", "OPTIM"]
 
 
 def test_kind_properties_partition_the_kinds():
-    assert {k for k in ActionKind if k.is_compute} == {ActionKind.FORWARD, ActionKind.BACKWARD}
+    assert {k for k in ActionKind if k.is_compute} == {ActionKind.FORWARD, ActionKind.BACKWARD,
+                                                        ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT}
     assert {k for k in ActionKind if k.is_p2p} == set(P2P_KINDS)
     assert {k for k in ActionKind if k.is_send} == {ActionKind.SEND_ACT, ActionKind.SEND_GRAD}
     assert {k for k in P2P_KINDS if k.carries_activation} == {ActionKind.SEND_ACT, ActionKind.RECV_ACT}

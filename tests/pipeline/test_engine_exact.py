@@ -102,3 +102,19 @@ def test_interleaved_acceptance_cases_are_covered():
                    and c.num_spatial_parts == 2)
     assert has(lambda c: interleaved(c) and c.spatial_size == 1 and c.checkpoint_activations is not None)
     assert has(lambda c: interleaved(c) and c.data_parallel == 2)
+
+
+def test_zero_bubble_acceptance_cases_are_covered():
+    """Issue 44: zb1 on 2 and 3 ranks, with a spatial first stage (2 tiles), data_parallel=2, recomputation."""
+    def has(pred) -> bool:
+        return any(pred(config_of(n)) for n in CASES)
+
+    def zb1(c) -> bool:
+        return c.schedule == "zb1"
+
+    for ranks in (2, 3):
+        assert has(lambda c, ranks=ranks: zb1(c) and c.world_size == ranks and c.spatial_size == 0
+                   and c.data_parallel == 1)
+    assert has(lambda c: zb1(c) and c.spatial_size == 1 and c.num_spatial_parts == 2)
+    assert has(lambda c: zb1(c) and c.data_parallel == 2)
+    assert has(lambda c: zb1(c) and c.checkpoint_activations is not None)

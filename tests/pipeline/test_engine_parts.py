@@ -12,10 +12,11 @@ from mpi4dl_nb.pipeline.handoff import input_tile, join_tiles, split_grad
 from mpi4dl_nb.spatial.geometry import TileGrid
 
 
-@pytest.mark.parametrize("rows,cols,h,w", [(2, 2, 7, 9), (1, 4, 6, 10), (3, 1, 8, 5)])
-def test_join_and_split_are_inverse_and_adjoint(rows, cols, h, w):
-    grid = TileGrid(rows, cols)
-    full = torch.randn(2, 3, h, w, dtype=torch.float64)
+@pytest.mark.parametrize("shape,sizes", [((2, 2), (7, 9)), ((1, 4), (6, 10)), ((3, 1), (8, 5)),
+                                         ((2, 2, 2), (5, 7, 9)), ((3, 2, 1), (7, 4, 5)), ((1, 1, 4), (3, 4, 9))])
+def test_join_and_split_are_inverse_and_adjoint(shape, sizes):
+    grid = TileGrid.of_shape(shape)   # images (rows, cols) and volumes (depth, rows, cols), uneven tiles
+    full = torch.randn(2, 3, *sizes, dtype=torch.float64)
     pair = (full, full * 2)
     tiles = [input_tile(pair, grid, t) for t in range(grid.num_tiles)]
     joined, boxes = join_tiles(tiles, grid)
@@ -26,6 +27,17 @@ def test_join_and_split_are_inverse_and_adjoint(rows, cols, h, w):
     rhs = sum((a * b).sum() for t in range(grid.num_tiles)
               for a, b in zip(tiles[t], split_grad(g, boxes, t)))
     assert torch.allclose(lhs, rhs, rtol=1e-12)
+
+
+def test_volume_tiles_cut_images_and_label_volumes_on_their_last_three_dims():
+    grid = TileGrid(depth=2, rows=1, cols=2)
+    volumes, labels = torch.randn(2, 1, 5, 3, 4), torch.randint(0, 3, (2, 5, 3, 4))
+    assert grid.extent(3, (5, 3, 4)) == ((3, 5), (0, 3), (2, 4))
+    assert torch.equal(input_tile(volumes, grid, 3), volumes[..., 3:5, 0:3, 2:4])
+    assert torch.equal(input_tile(labels, grid, 3, leading=1), labels[..., 3:5, 0:3, 2:4])
+    assert torch.equal(input_tile(labels, grid, 3), labels)   # (N, D, H, W) as images: too few dims, whole
+    with pytest.raises(ValueError, match="balanced tile split"):   # a tile of the wrong depth
+        join_tiles([torch.zeros(1, 1, d, 3, 2) for d in (2, 3, 3, 3)], grid)
 
 
 def test_join_takes_a_replicated_tensor_once_and_refuses_differing_copies_and_wrong_tiles():

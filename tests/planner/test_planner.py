@@ -219,3 +219,19 @@ def test_structure_keys_are_not_taken_over_by_a_layer_at_a_freed_address():
     assert len(keys) == 0
     wider = nn.Conv2d(3, 8, 5)
     assert keys(wider) == structure_key(wider) != structure_key(nn.Conv2d(3, 4, 3))
+
+
+def test_split_backward_keeps_a_chunk_until_its_weight_gradient():
+    """zb1 in the memory walk: an I keeps the chunk's tensors, its W releases them. Rank 0 holds what 1F1B's
+    does (its W follows its I at once); the last stage, whose W0 runs after F1, holds two chunks where 1F1B
+    holds one, and the estimate says so."""
+    model = build_model("resnet", num_layers=11, num_filters=8, num_classes=2)
+    plans = {kind: planner.estimate_memory(model, ParallelConfig(split_size=2, spatial_size=0, parts=4,
+                                                                 schedule=kind), 64, 8)
+             for kind in ("1f1b", "zb1")}
+    whole, split = ([rank.total for rank in plans[kind].ranks] for kind in ("1f1b", "zb1"))
+    assert split[0] == whole[0]
+    assert split[1] > whole[1]
+    assert "input-gradient backward stage 1" in plans["zb1"].ranks[1].moment
+    held = plans["zb1"].ranks[1].activations - plans["1f1b"].ranks[1].activations
+    assert held > 0            # the extra chunk in flight is activations, not working memory

@@ -540,3 +540,43 @@ def test_start_training_skips_the_walk_only_when_every_module_trains():
     frozen.eval()
     start_training(frozen, frozen)
     assert frozen.training and not frozen[1].training
+
+
+def test_split_backward_costs_weight_gradients_apart_and_without_wire(resnet):
+    """I + W = B; W = WEIGHT_GRADIENT_SHARE of the parametered layers' backward, no tile group, no wire;
+    a parameterless layer's backward all in I, as are the halo wire and meetings of a spatial stage."""
+    from mpi4dl_nb.pipeline.schedules import Action
+    from mpi4dl_nb.planner.step_time import WEIGHT_GRADIENT_SHARE, step_model
+
+    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
+    found = step_model(resnet, sp, 64, 2, timer=FlopTimer(), node=planner.Node(cores=None, copy_bandwidth=1e12),
+                       network=planner.Network(latency=1e-3, bandwidth=1e9))
+    costs = found.costs
+    for stage, tile in ((0, 0), (1, None)):
+        whole, first, weights = (costs(Action(kind, rank=0, tick=0, stage=stage, micro_batch=0, tile=tile))
+                                 for kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT,
+                                              ActionKind.BACKWARD_WEIGHT))
+        assert first.work + weights.work == pytest.approx(whole.work)
+        assert first.delay == whole.delay and first.members == whole.members == (2 if stage == 0 else 1)
+        assert weights.delay == 0.0 and weights.group is None
+        bounds = range(costs.model.bounds[stage], costs.model.bounds[stage + 1])
+        parametered = [i for i in bounds if costs.model.profiles[i].param_count]
+        assert parametered
+        assert weights.work == pytest.approx(WEIGHT_GRADIENT_SHARE * sum(
+            costs.layer_time(stage, i, tile)[0].backward for i in parametered))
+        assert 0 < weights.work < whole.work
+    assert costs(Action(ActionKind.BACKWARD, rank=0, tick=0, stage=0, micro_batch=0, tile=0)).delay > 0
+
+
+def test_time_model_ranks_zb1_and_interleaved_ahead_of_1f1b(resnet):
+    """The prediction suggest and tune rank by: the deferred W fill 1F1B's bubbles, interleaving shrinks them."""
+    timer, node, net = FlopTimer(), planner.Node(cores=None, copy_bandwidth=1e12), planner.Network(1e-5, 1e10)
+
+    def predicted(schedule: str, chunks: int = 1) -> planner.TimePlan:
+        cfg = ParallelConfig(split_size=2 * chunks, spatial_size=0, parts=4, schedule=schedule, virtual_stages=chunks)
+        return planner.predict_step_time(resnet, cfg, 64, 8, timer=timer, node=node, network=net)
+
+    whole, split, chunked = predicted("1f1b"), predicted("zb1"), predicted("interleaved", 2)
+    assert split.seconds < whole.seconds and split.idle_fraction < whole.idle_fraction
+    assert chunked.seconds < whole.seconds
+    assert sum(split.ranks[0].phases.get(kind, 0.0) for kind in ("I", "W")) > 0 and "B" not in split.ranks[0].phases

@@ -63,5 +63,8 @@ def test_volume_grid_round_trips_through_the_flags_and_is_kept_from_image_stages
     assert parsed(*flags) == cfg and cfg.with_(parts=2).volume_grid == (2, 2, 2)
     with pytest.raises(ConfigError, match="slice_method: 2x2x2 tiles volumes"):
         _ = cfg.grid_shape   # the engine's image stages do not take a volume's grid
-    with pytest.raises(ConfigError, match="slice_method: 2x2x2 tiles volumes"):
-        cfg.validate(world_size=cfg.world_size, batch_size=2, image_size=32)   # refused before any work
+    assert cfg.validate(world_size=cfg.world_size, batch_size=2, image_size=(4, 32, 32)) is cfg   # 2x16x16 tiles
+    with pytest.raises(ConfigError, match="2 tiles along depth of a 1x32x32 volume are 0 voxels"):
+        cfg.validate(world_size=cfg.world_size, batch_size=2, image_size=(1, 32, 32))   # refused before any work
+    with pytest.raises(ConfigError, match="image_size: slice_method 2x2x2 tiles volumes"):
+        cfg.validate(image_size=(32, 32))

@@ -104,12 +104,7 @@ def bright_detector(directory: Path, classes=("dark", "bright"), mpp: float | No
     torch.manual_seed(0)
     layers = spec.build(32)
     with torch.no_grad():
-        for module in torch.nn.Sequential(*layers).modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.running_mean.zero_()
-                module.running_var.fill_(1.0)
-                module.weight.fill_(1.0)
-                module.bias.zero_()
+        neutral_batchnorms(layers)
         stem = layers[0].conv
         stem.weight.zero_()
         stem.weight[:, :, 1, 1] = 1.0 / 3.0
@@ -167,3 +162,13 @@ def whole_reference(checkpoint: Path, slide: Path, **read) -> np.ndarray:
     x = torch.from_numpy(reader.read((0, height, 0, width))).permute(2, 0, 1).double().div(255.0)
     with torch.no_grad():
         return net(x[None])[0].numpy()
+
+
+def neutral_batchnorms(layers: list[torch.nn.Module]) -> None:
+    """Every BatchNorm2d of ``layers`` the identity in eval mode (mean 0, variance 1, weight 1, bias 0)."""
+    for module in torch.nn.Sequential(*layers).modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.zero_()
+            module.running_var.fill_(1.0)
+            module.weight.fill_(1.0)
+            module.bias.zero_()

@@ -1,8 +1,9 @@
-"""What notebooks 04, 06, 08 and 09 must print, checked the same way after a headless run and a JupyterLab Run All."""
+"""What notebooks 04, 06, 08, 09 and 10 must print, checked alike after a headless run and a JupyterLab Run All."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -39,3 +40,17 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         assert "-> exact: True" in text and "exact: False" not in text
         assert "FeatureCollection with " in text and "classes: ['DAB']" in text
         assert not list(kernel_tmpdir.glob("mpi4dl-09-*")), "the notebook's temporary folder was left behind"
+    if number == "10":   # whole slides on 4 tiles + 1 equal one process with margin; the model learns; cleaned up
+        assert "-> exact: True" in text and "exact: False" not in text
+        differences = re.search(r"max \|loss difference\| = (\S+), max \|weight difference\| = (\S+) over", text)
+        assert differences and max(float(v) for v in differences.groups()) < 1e-11, "the exactness margin shrank"
+        auc = re.search(r"slide-level AUC in one process: (\S+)", text)
+        assert auc and float(auc.group(1)) > 0.5, "the model did not learn to rank the held-out slides"
+        assert f"slide-level AUC on 4 tiles + 1 rank: {auc.group(1)} over 6 slides" in text
+        held = re.findall(r"(negative|positive)\s+P\(positive\) = (\S+)", text)
+        assert len(held) == 6, held
+        assert (min(float(p) for label, p in held if label == "positive")
+                > max(float(p) for label, p in held if label == "negative")), f"classes not separated: {held}"
+        looked = re.search(r"(\d+)% of the cells lie near a dot and hold (\d+)% of the features' maxima", text)
+        assert looked and int(looked.group(2)) > 2 * int(looked.group(1)), "the maxima do not fall on the dots"
+        assert not list(kernel_tmpdir.glob("mpi4dl-10-*")), "the notebook's temporary folder was left behind"

@@ -1,5 +1,5 @@
-"""SlideViewer: an inference heat map over its slide, zoomable by pyramid level, with a cell inspector and, optionally,
-GeoJSON polygons outlined over the tissue."""
+"""SlideViewer: an inference heat map (or a whole-slide model's attention map, ``from_map``) over its slide,
+zoomable by pyramid level, with a cell inspector and, optionally, GeoJSON polygons outlined over the tissue."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ class SlideViewer:
     colour among ``classes`` (the order ``infer`` colours them by); ``show_polygons`` switches them off.
     """
 
-    def __init__(self, slide: str | Path, probabilities: str | Path | np.ndarray, *, stride: int,
-                 field: tuple[int, int] = (0, 0), slide_level: int = 0, classes: list[str] | None = None,
+    def __init__(self, slide: str | Path, probabilities: str | Path | np.ndarray, *, stride: float,
+                 field: tuple[float, float] = (0, 0), slide_level: int = 0, classes: list[str] | None = None,
                  polygons: str | Path | None = None) -> None:
         from ...data.geojson import read_annotations
         from ...infer.reader import SlideReader
@@ -40,7 +40,7 @@ class SlideViewer:
         self.base = SlideReader(slide, 0)
         self.probs = np.load(probabilities, mmap_mode="r") if isinstance(probabilities, (str, Path)) \
             else np.asarray(probabilities)
-        self.stride, self.before, self.after = stride, int(field[0]), int(field[1])
+        self.stride, self.before, self.after = stride, field[0], field[1]
         count = self.probs.shape[0]
         self.classes = classes or [f"class {c}" for c in range(count)]
         levels = [(f"{i}: {w_}x{h}", i) for i, (w_, h) in enumerate(self.base.levels)]
@@ -70,6 +70,27 @@ class SlideViewer:
                                                                 self.info, self.inspector.widget])])])
         self.draw()
         self.inspect()
+
+    @classmethod
+    def from_map(cls, slide: str | Path, map_tiff: str | Path, *, polygons: str | Path | None = None) -> SlideViewer:
+        """A slide-aligned map OME-TIFF of ``infer --slides ... --output DIR`` with a whole-slide model
+        (``DIR/<slide>.attention.ome.tif``, ``.max-share.ome.tif``) laid over its ``slide`` at level 0, each channel
+        shown relative to its highest cell (attention weights sum to 1 over the canvas, so they are small);
+        ``polygons``: the map's ``.geojson`` regions. Map pixel ``(i, j)`` covers level-0 pixels
+        ``[i*s, (i+1)*s)``, ``s`` the map's MPP over the slide's (else the ratio of their widths)."""
+        from ...infer.reader import SlideReader
+        from ...infer.slide_outputs import read_slide_map
+
+        stored = read_slide_map(map_tiff)
+        base = SlideReader(slide, 0)
+        try:
+            level0_mpp, width = base.base_mpp, base.width
+        finally:
+            base.close()
+        stride = stored.mpp / level0_mpp if stored.mpp is not None and level0_mpp else width / stored.values.shape[-1]
+        peak = np.nanmax(stored.values, axis=(1, 2), keepdims=True)
+        shown = stored.values / np.where(peak > 0, peak, 1.0)
+        return cls(slide, shown, stride=stride, field=(0, stride), classes=list(stored.names), polygons=polygons)
 
     # ----------------------------------------------------------------- geometry
     @property

@@ -210,6 +210,9 @@ class StepThrough:
         state = "executed on the cluster" if self.agent is not None else "schedule only"
         current = self.current
         text = current.describe() if current else "press forward to start"
+        cfg = self.schedule.cfg
+        if current is not None and current.kind.is_compute and cfg.virtual_stages > 1:
+            text += f", the rank's chunk {current.stage // cfg.pipeline_positions} of {cfg.virtual_stages}"
         return f"action {self.position}/{len(self.actions)} ({state}): {text}"
 
     def text(self) -> str:

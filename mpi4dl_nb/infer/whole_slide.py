@@ -1,0 +1,182 @@
+"""A whole-slide model on one slide: its canvas placed as training placed it, the network on the canvas's tiles (one per
+rank) or whole (one process), the slide's class probabilities and, for attention and max heads, the map of where it
+looked, gathered on rank 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..checkpoint.record import RunRecord, read_checkpoint
+from ..comm.agreement import agreed
+from ..config import ConfigError
+from ..data.canvas import SlideCanvases
+from ..models.canvas import check_canvas
+from ..models.head import ClassifierHead
+from ..models.pools import PoolKind
+from ..spatial.geometry import TileGrid
+from .attention_map import (
+    attention_weights,
+    canvas_positions,
+    first_maxima,
+    looks,
+    max_shares,
+    tile_extrema,
+)
+from .model import ModelDescription, find_checkpoint, load_trained
+
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+
+
+def is_whole_slide(checkpoint: str | Path) -> bool:
+    """Whether ``checkpoint`` (a file, or a directory: its newest) holds a ``train --whole-slide`` model."""
+    return read_checkpoint(find_checkpoint(checkpoint), lazy=True, check=False).record.data.whole_slide
+
+
+@dataclass(frozen=True)
+class WholeSlideModel:
+    """A trained whole-slide network (eval mode) and what its record says of its canvases."""
+
+    layers: tuple[nn.Module, ...]
+    description: ModelDescription
+    record: RunRecord
+
+    @property
+    def pool(self) -> PoolKind:
+        return self.record.model.pool
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.record.class_names
+
+    @property
+    def image_size(self) -> int:
+        return self.record.data.image_size
+
+    @property
+    def head(self) -> ClassifierHead:
+        head = self.layers[-1]
+        assert isinstance(head, ClassifierHead), "load_whole_slide checked the head"
+        return head
+
+
+def load_whole_slide(checkpoint: str | Path, dtype: torch.dtype, check: bool = True) -> WholeSlideModel:
+    """The checkpoint's whole-slide network in ``dtype``; ConfigError when it is not one."""
+    layers, description, record = load_trained(checkpoint, None, dtype, check=check)
+    if not record.data.whole_slide:
+        raise ConfigError("--checkpoint", f"{description.path} was not trained with --whole-slide: slide-level "
+                                          f"inference needs a whole-slide model; run it with --slide/--slides and "
+                                          f"{{slide}} outputs (maps of tiles) instead")
+    if not isinstance(layers[-1], ClassifierHead):
+        raise ConfigError("--checkpoint", f"{description.path}: a whole-slide model ends in its classifier head, "
+                                          f"this one in a {type(layers[-1]).__name__}")
+    return WholeSlideModel(tuple(layers), description, record)
+
+
+@dataclass(frozen=True)
+class TilePart:
+    """One rank's share of the map: its tile's cell count and either its attention logits or its channel maxima."""
+
+    tile: int
+    shape: tuple[int, int]
+    scores: np.ndarray | None = None                       # (h, w) attention logits
+    extrema: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None   # per channel: max, its first position, min
+
+
+@dataclass(frozen=True)
+class SlidePrediction:
+    """A slide's class probabilities and (attention/max heads) the map over its canvas's trunk cells."""
+
+    probabilities: np.ndarray        # (classes,) float64
+    cells: np.ndarray | None         # (H', W') float64, or None for a head without a map
+
+
+class CanvasNetwork:
+    """The network on canvases: spatialized over ``grid`` when it has several tiles (one per rank of ``ctx``), with
+    hooks on the head that keep what the map needs of this rank's tile."""
+
+    def __init__(self, model: WholeSlideModel, grid: TileGrid, ctx: Comm, dtype: torch.dtype) -> None:
+        from ..spatial.convert import spatialize
+
+        self.model, self.grid, self.ctx, self.dtype = model, grid, ctx, dtype
+        if ctx.world_size != grid.num_tiles:
+            raise ConfigError("--num-spatial-parts", f"{grid.num_tiles} ranks share each canvas ({grid.rows} x "
+                                                     f"{grid.cols}) but {ctx.world_size} were launched; run with "
+                                                     f"mpiexec -n {grid.num_tiles}")
+        size = model.image_size
+        if grid.num_tiles > 1:
+            try:
+                check_canvas(size, grid, model.record.model.image_multiple)
+            except ConfigError as err:
+                raise ConfigError("--num-spatial-parts", f"the checkpoint's canvas does not cut into these tiles "
+                                                         f"({err.detail}); the canvas size is the checkpoint's, so "
+                                                         f"choose a grid that divides it (the one it trained on) "
+                                                         f"or run one process") from None
+        net: nn.Module = nn.Sequential(*model.layers)
+        if grid.num_tiles > 1:
+            net = spatialize(net, grid, ctx, image_size=(size, size))
+        self.net = net.to(ctx.device).eval()
+        self.kept: list[torch.Tensor] = []
+        head = list(self.net.children())[-1]
+        assert isinstance(head, ClassifierHead) and isinstance(head.pool, nn.Module)
+        if model.pool is PoolKind.ATTENTION:
+            score = head.pool.get_submodule("w")        # AttentionMILPool's last 1x1 conv: the logits per cell
+            score.register_forward_hook(lambda module, inputs, output: self.kept.append(output.detach()))
+        elif model.pool is PoolKind.MAX:
+            head.pool.register_forward_pre_hook(lambda module, inputs: self.kept.append(inputs[0].detach()))
+
+    def box(self) -> tuple[int, int, int, int] | None:
+        """This rank's box of the canvas (None: the whole canvas, one process)."""
+        size = self.model.image_size
+        return self.grid.tile_box(self.ctx.rank, size, size) if self.grid.num_tiles > 1 else None
+
+    def predict(self, canvases: SlideCanvases, index: int) -> SlidePrediction | None:
+        """Collective: canvas ``index`` through the network; the prediction on rank 0, None on the other ranks."""
+        box = self.box()
+        image = agreed(self.ctx, lambda: canvases.read(index, box)).to(self.dtype)   # a failed read stops all
+        self.kept.clear()
+        with torch.no_grad():
+            logits = self.net(image[None].to(self.ctx.device))
+        probabilities = torch.softmax(logits.to(torch.float64), 1)[0].cpu().numpy()
+        part = self.part()
+        parts = self.ctx.gather_object(part, root=0)
+        if parts is None:
+            return None
+        return SlidePrediction(probabilities, self.assemble(parts))
+
+    def part(self) -> TilePart | None:
+        """What this rank's tile gives the map (None: the head has no map)."""
+        if not looks(self.model.pool):
+            return None
+        found = self.kept[-1][0].cpu()
+        shape = (int(found.shape[-2]), int(found.shape[-1]))
+        if self.model.pool is PoolKind.ATTENTION:
+            return TilePart(self.ctx.rank, shape, scores=found[0].to(torch.float64).numpy())
+        return TilePart(self.ctx.rank, shape, extrema=tile_extrema(found))
+
+    def assemble(self, parts: list[TilePart | None]) -> np.ndarray | None:
+        """Rank 0: the map over the whole canvas from every tile's part."""
+        tiles = [p for p in parts if p is not None]
+        if not tiles:
+            return None
+        tiles.sort(key=lambda p: p.tile)
+        height, width = self.grid.full_size([p.shape for p in tiles]) if len(tiles) > 1 else tiles[0].shape
+        boxes = [self.grid.tile_box(p.tile, height, width) if len(tiles) > 1 else (0, height, 0, width)
+                 for p in tiles]
+        if self.model.pool is PoolKind.ATTENTION:
+            scores = np.empty((height, width))
+            for (r0, r1, c0, c1), p in zip(boxes, tiles):
+                assert p.scores is not None
+                scores[r0:r1, c0:c1] = p.scores
+            return attention_weights(torch.from_numpy(scores))
+        extrema = [(box, p.extrema) for box, p in zip(boxes, tiles) if p.extrema is not None]
+        values = np.stack([found[0] for _, found in extrema])
+        positions = np.stack([canvas_positions(found[1], box, width) for box, found in extrema])
+        informative = values.max(axis=0) > np.stack([found[2] for _, found in extrema]).min(axis=0)
+        return max_shares(first_maxima(values, positions), informative, (height, width))

@@ -1,0 +1,122 @@
+"""Split backward of a stage copy: I (input gradient; layer output gradients kept) now, W (parameter gradients) later.
+
+A forward under :class:`LayerRecorder` notes, for every module that owns parameters directly (a
+"layer"), the gradient edges of its outputs (taken before any later in-place op rebases them).
+:func:`input_backward` then runs one ``torch.autograd.grad`` from the stage output to the stage
+input and to those edges (``retain_graph``): the previous stage gets its gradient, and each layer's
+output gradient is kept. :meth:`WeightWork.run` computes each layer's parameter gradients from its
+own output edge and output gradient: the autograd engine runs only the nodes between the layer's
+output and its parameters (a convolution's weight gradient from its saved input), nothing upstream.
+
+Exact: the gradient reaching a layer's output is the same sum in both, and a parameter used only
+inside one call of its layer gets all its gradient through that output. A layer called more
+than once in a forward (a shared module) is not split: its parameters get their gradients in I,
+in the same ``torch.autograd.grad`` call (correct, it only fills less of the bubble).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from ..comm.messages import as_items
+from ..spatial.backward_half import weight_half
+
+
+@dataclass
+class LayerCall:
+    """One layer's forward of a micro-batch: its own parameters and its outputs' gradient edges."""
+
+    module: nn.Module
+    params: tuple[nn.Parameter, ...]
+    edges: list[GradientEdge] = field(default_factory=list)
+    calls: int = 0
+
+
+@dataclass
+class WeightWork:
+    """The deferred W of one micro-batch on one stage copy: per layer, its output edges and their gradients."""
+
+    layers: list[tuple[LayerCall, list[torch.Tensor | None]]]
+
+    def run(self) -> None:
+        """Add each layer's parameter gradients to ``.grad`` (nothing exchanged: only local autograd nodes run)."""
+        with weight_half():
+            self._run()
+        self.layers.clear()
+
+    def _run(self) -> None:
+        for layer, grads in self.layers:
+            pairs = [(edge, grad) for edge, grad in zip(layer.edges, grads) if grad is not None]
+            if not pairs:
+                continue
+            found = torch.autograd.grad([e for e, _ in pairs], layer.params, [g for _, g in pairs],
+                                        retain_graph=True, allow_unused=True)
+            accumulate(layer.params, found)
+
+
+def accumulate(params: Sequence[nn.Parameter], grads: Sequence[torch.Tensor | None]) -> None:
+    """``p.grad += g`` for each parameter that got a gradient (set when it has none yet)."""
+    for p, g in zip(params, grads):
+        if g is None:
+            continue
+        if p.grad is None:
+            p.grad = g.detach()
+        else:
+            p.grad.add_(g)
+
+
+class LayerRecorder:
+    """Records the layers' calls of forwards run inside :meth:`recording` (forward hooks, removed after)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.layers = [m for m in module.modules()
+                       if any(p.requires_grad for p in m.parameters(recurse=False))]
+
+    @contextmanager
+    def recording(self) -> Iterator[list[LayerCall]]:
+        calls = [LayerCall(m, tuple(p for p in m.parameters(recurse=False) if p.requires_grad))
+                 for m in self.layers]
+
+        def hook_for(call: LayerCall) -> Callable[[nn.Module, object, object], None]:
+            def hook(module: nn.Module, args: object, output: object) -> None:
+                call.calls += 1
+                items = as_items(output) if isinstance(output, (torch.Tensor, tuple, list)) else []
+                call.edges = [get_gradient_edge(t) for t in items
+                              if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+            return hook
+
+        handles = [call.module.register_forward_hook(hook_for(call)) for call in calls]
+        try:
+            yield calls
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def input_backward(calls: Sequence[LayerCall], outputs: Sequence[torch.Tensor],
+                   grad_outputs: Sequence[torch.Tensor | None], inputs: Sequence[torch.Tensor]
+                   ) -> tuple[list[torch.Tensor | None], WeightWork]:
+    """I: the gradients of ``inputs`` (the stage input's float tensors) and the deferred W.
+
+    Layers called exactly once with a differentiable output are split (their output gradients kept for
+    W); every other parameter gets its gradient here."""
+    split = [c for c in calls if c.calls == 1 and c.edges]
+    whole = [p for c in calls if not (c.calls == 1 and c.edges) for p in c.params]
+    targets = [*map(get_gradient_edge, inputs), *(e for c in split for e in c.edges), *map(get_gradient_edge, whole)]
+    if not outputs or not targets:   # nothing differentiable came out: no gradient anywhere
+        return [None] * len(inputs), WeightWork([])
+    found: list[torch.Tensor | None] = list(torch.autograd.grad(
+        list(outputs), targets, list(grad_outputs), retain_graph=bool(split), allow_unused=True))
+    input_grads, found = found[:len(inputs)], found[len(inputs):]
+    layers: list[tuple[LayerCall, list[torch.Tensor | None]]] = []
+    for call in split:
+        layers.append((call, found[:len(call.edges)]))
+        found = found[len(call.edges):]
+    accumulate(whole, found)
+    return input_grads, WeightWork(layers)

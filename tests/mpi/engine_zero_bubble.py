@@ -1,0 +1,135 @@
+"""MPI (2 or 3 ranks): the zero-bubble schedule's split backward on the ranks: memory, work moved to W.
+
+Usage: mpiexec -n 2|3 python -m tests.mpi.engine_zero_bubble (2 ranks: the first two checks; 3: the last)
+
+Named checks:
+
+* ``zb1 activation peak``: S=2, m=4, float64 ResNet on 32x32 images, one step with 1F1B and one
+  with zb1: the counted activation peak (ActivationMeter: bytes saved for backward) of rank 0
+  (stage 0, which holds 1F1B's peak number of micro-batches in both) with zb1 is at most 1.05x its
+  1F1B peak, and the pipeline's peak (the larger rank's) at most 1.05x 1F1B's; the detail gives
+  every rank's figures (stage 1 holds up to S micro-batches with zb1, S-1 with 1F1B).
+* ``zb1 W does the weight work``: on every rank, after micro-batch 0's I no parameter has a
+  gradient, after its W every one has (the split is real, not a whole backward in I).
+* ``zb1 spatial W exchanges nothing``: SP (2 tiles) + LP, zb1, m=2: on the tile ranks the W actions
+  make no exchange and no all-reduce (calls counted on the rank's Comm), the I actions do (the halo
+  returns, the tile BatchNorms' sums), and W gives the stage's parameters their gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.measure.usage import ActivationMeter
+from mpi4dl_nb.pipeline.schedules import Action, ActionKind
+from tests.mpi.engine_exact import batches, sgd
+from tests.support.checks import Checks, run_checks
+from tests.support.models import build
+
+KNOBS = dict(split_size=2, spatial_size=0, parts=4)
+SLACK = 1.05
+IN, W = ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT
+
+
+def peak(ctx, schedule: str) -> tuple[int, dl.HybridEngine]:
+    layers = build("resnet")
+    meter = ActivationMeter(exclude=[p for layer in layers for p in layer.parameters()])
+    engine = dl.HybridEngine(layers, dl.ParallelConfig(**KNOBS, schedule=schedule), ctx,
+                             loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    (x, y), = batches("resnet", 8, 32, seed=4)[:1]
+    with meter:
+        engine.train_step(x, y)
+    return meter.peak, engine
+
+
+def check_peak(ctx) -> str:
+    mine = {kind: peak(ctx, kind)[0] for kind in ("1f1b", "zb1")}
+    every = ctx.all_gather_object(mine)
+    ratio = mine["zb1"] / mine["1f1b"]
+    pipeline = max(r["zb1"] for r in every) / max(r["1f1b"] for r in every)
+    detail = "; ".join(f"rank {r}: 1f1b {p['1f1b'] / 2**10:.0f} KiB, zb1 {p['zb1'] / 2**10:.0f} KiB"
+                       for r, p in enumerate(every)) + f"; pipeline peak {pipeline:.3f}x"
+    if ctx.rank == 0 and ratio > SLACK:
+        raise AssertionError(f"stage 0: zb1 peak {mine['zb1']} B > {SLACK}x 1F1B's {mine['1f1b']} B ({detail})")
+    if pipeline > SLACK:
+        raise AssertionError(f"pipeline peak {pipeline:.3f}x 1F1B's > {SLACK}x ({detail})")
+    return detail
+
+
+def check_weight_work(ctx) -> str:
+    engine = dl.HybridEngine(build("resnet"), dl.ParallelConfig(**KNOBS, schedule="zb1"), ctx,
+                             loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    (x, y), = batches("resnet", 8, 16, seed=5)[:1]
+    params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
+    previous: list[Action] = []
+    with_grad: dict[ActionKind, int] = {}
+
+    def look(action: Action) -> None:   # called before each action: the previous one has run
+        if previous and previous[-1].micro_batch == 0 and previous[-1].kind in (IN, W):
+            with_grad[previous[-1].kind] = sum(p.grad is not None for p in params)
+        previous.append(action)
+
+    engine.train_step(x, y, look)
+    if with_grad.get(IN) != 0 or with_grad.get(W) != len(params):
+        raise AssertionError(f"parameters with a gradient after micro-batch 0's I: {with_grad.get(IN)}, after "
+                             f"its W: {with_grad.get(W)} of {len(params)} (want 0 and all)")
+    return f"{len(params)} parameters: none with a gradient after I0, all after W0"
+
+
+def check_spatial_weight_half(ctx) -> str:
+    cfg = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
+                            schedule="zb1", balance=(2, 3))
+    engine = dl.HybridEngine(build("resnet"), cfg, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    (x, y), = batches("resnet", 4, 16, seed=6)[:1]
+    calls = [0]
+    for name in ("exchange", "all_reduce"):
+        method = getattr(ctx, name)
+
+        def counted(*args, method=method, **kwargs):
+            calls[0] += 1
+            return method(*args, **kwargs)
+        setattr(ctx, name, counted)
+    params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
+    moved = {IN: 0, W: 0}
+    last: list[tuple[Action, int]] = []
+    graded_by_w = [0]
+
+    def look(action: Action) -> None:
+        if last and last[-1][0].kind in moved:
+            moved[last[-1][0].kind] += calls[0] - last[-1][1]
+        if last and last[-1][0].kind is W and last[-1][0].micro_batch == 0:
+            graded_by_w[0] = sum(p.grad is not None for p in params)
+        last.append((action, calls[0]))
+
+    try:
+        engine.train_step(x, y, look)
+    finally:
+        for name in ("exchange", "all_reduce"):
+            delattr(ctx, name)
+    if engine.held_stages() != [0]:
+        return f"layer rank: {moved}"
+    if moved[W] or not moved[IN] or graded_by_w[0] != len(params):
+        raise AssertionError(f"tile rank: exchanges/all-reduces in I {moved[IN]}, in W {moved[W]} (want > 0 and 0); "
+                             f"{graded_by_w[0]} of {len(params)} parameters with a gradient after W0")
+    return f"tile rank: {moved[IN]} exchanges/all-reduces in I, none in W; W0 gave {len(params)} parameters gradients"
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    ctx = dl.init()
+    if ctx.world_size == 3:
+        with check("zb1 spatial W exchanges nothing") as result:
+            result.detail = check_spatial_weight_half(ctx)
+        ctx.barrier()
+        return
+    with check("zb1 activation peak") as result:
+        result.detail = check_peak(ctx)
+    with check("zb1 W does the weight work") as result:
+        result.detail = check_weight_work(ctx)
+    ctx.barrier()
+
+
+if __name__ == "__main__":
+    run_checks(main)

@@ -1,0 +1,112 @@
+"""MPI: the 3-D U-Net on volume tiles == one process (float64, 3 SGD-momentum steps), with the engine's layouts.
+
+Usage: python -m tests.mpi.volume_exact CASE [CASE ...] (each case needs exactly this many ranks).
+Named checks: each CASE (losses and the whole state on rank 0 equal the serial reference of its chunks),
+``<CASE> copies`` (every rank's own copy of every stage it holds) and ``<CASE> eval tiles`` (the
+forward-only outputs of ``evaluate_tiles`` equal the serial model's in eval mode, each rank's 3-D tile).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.models.unet3d import unet3d
+from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.loss import DenseLoss
+from tests.support.checks import Checks, run_checks
+from tests.support.dense_exact import check_copies, dense_batches, final_error, momentum_sgd
+
+RTOL = 1e-9
+STEPS = 3
+IGNORE = 255
+CLASSES = 2
+SIDE = 16      # a 16^3 volume: 8^3 tiles on 2x2x2, 2^3 at the U-Net's lowest level
+
+# name -> (ParallelConfig knobs, batch, 3-D U-Net options, loss): one 8-rank case (2x2x2), then 4-rank ones
+CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss]] = {
+    "vol_sp8": (dict(split_size=1, spatial_size=1, num_spatial_parts=8, slice_method="2x2x2"), 2,
+                dict(norm="batch", upsampling="trilinear"), DenseLoss("ce+dice", None, IGNORE)),
+    "vol_sp4_recompute": (dict(split_size=1, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2",
+                               checkpoint_activations="every"), 2,
+                          dict(norm="group", upsampling="transposed"), DenseLoss("ce", (1.0, 2.0), None)),
+    "vol_sp3_lp_1f1b": (dict(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="3x1x1",
+                             balance=(1, 5), parts=2, schedule="1f1b"), 4,
+                        dict(norm="batch", upsampling="transposed"), DenseLoss("ce+dice", (1.0, 2.0), IGNORE)),
+    "vol_sp2_sp2_gems": (dict(split_size=2, spatial_size=2, num_spatial_parts=2, slice_method="2x1x1", times=1,
+                              balance=(2, 4)), 2,
+                         dict(norm="group", upsampling="trilinear"), DenseLoss("dice", None, None)),
+    "vol_sp2_dp2": (dict(split_size=1, spatial_size=1, num_spatial_parts=2, slice_method="1x1x2",
+                         data_parallel=2), 4,
+                    dict(norm="batch", upsampling="trilinear"), DenseLoss("ce+dice", None, IGNORE)),
+}
+EIGHT_RANKS = tuple(name for name, (knobs, *_) in CASES.items() if dl.ParallelConfig(**knobs).world_size == 8)
+FOUR_RANKS = tuple(name for name in CASES if name not in EIGHT_RANKS)
+
+
+def layers(options: dict[str, object], seed: int = 0) -> list[nn.Module]:
+    torch.manual_seed(seed)
+    return [layer.double() for layer in unet3d(2, 2, CLASSES, in_channels=1, **options)]   # type: ignore[arg-type]
+
+
+def tile_of(t: torch.Tensor, grid: TileGrid, tile: int) -> torch.Tensor:
+    """``tile``'s part of a full (..., D, H, W) tensor (the serial reference of a rank's output)."""
+    region = grid.extent(tile, t.shape[-3:])
+    return t[(..., *(slice(a, b) for a, b in region))]
+
+
+Reference = tuple[list[float], dict[str, torch.Tensor], torch.Tensor]   # losses, final state, eval output
+
+
+def serial_reference(name: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -> Reference:
+    """One process: the case's steps on whole volumes (its micro-batch chunks), then the eval-mode output."""
+    knobs, batch, options, loss = CASES[name]
+    serial = nn.Sequential(*layers(options))
+    opt = momentum_sgd(serial.parameters())
+    chunks = serial_chunks(dl.ParallelConfig(**knobs), batch)
+    losses = [serial_step(serial, opt, loss, x, y, chunks) for x, y in data]
+    state = {k: v.detach().clone() for k, v in serial.state_dict().items()}
+    serial.eval()
+    with torch.no_grad():
+        return losses, state, serial(data[0][0])
+
+
+def run_case(ctx, name: str, check: Checks) -> str:
+    knobs, batch, options, loss = CASES[name]
+    cfg = dl.ParallelConfig(**knobs)
+    data = dense_batches(STEPS, batch, 1, (SIDE, SIDE, SIDE), CLASSES, len(name), loss.ignore_index)
+    engine = dl.HybridEngine(layers(options), cfg, ctx, loss_fn=loss, optimizer=momentum_sgd)
+    grid = engine.grid
+    assert grid is not None and grid.volumetric, grid
+    losses = [engine.train_step(x, y) for x, y in data]
+    state = engine.full_state_dict()
+    # the reference once (rank 0) rather than on every rank: 8 ranks share 2 cores
+    want_losses, want_state, want = ctx.bcast_object(serial_reference(name, data) if ctx.rank == 0 else None, root=0)
+    check_copies(check, ctx, engine, name, want_state, RTOL)
+    with check(f"{name} eval tiles") as result:
+        for out in engine.evaluate_tiles(data[0][0]):
+            expected = want[out.rows] if out.tile is None else tile_of(want[out.rows], grid, out.tile)
+            assert out.output.shape == expected.shape, (out.output.shape, expected.shape)
+            err = (out.output - expected).abs().max().item() / expected.abs().max().item()
+            assert err < RTOL, f"rows {out.rows} tile {out.tile}: relative error {err:.2e}"
+        result.detail = "3-D tiles" if cfg.all_spatial else "whole outputs"
+    worst = final_error(ctx, name, losses, want_losses, state, want_state,
+                        nn.Sequential(*layers(options)).state_dict(), RTOL)
+    return f"grid {'x'.join(map(str, grid.shape))}, losses {[round(v, 6) for v in losses]}, max rel err {worst:.2e}"
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    ctx = dl.init()
+    for name in sys.argv[1:]:
+        with check(name) as result:
+            result.detail = run_case(ctx, name, check)
+    ctx.barrier()
+
+
+if __name__ == "__main__":
+    run_checks(main)

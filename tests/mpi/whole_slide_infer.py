@@ -1,0 +1,156 @@
+"""MPI (4 ranks, 2x2 tiles): slide-level inference of whole-slide models equals one process (float64).
+
+Rank 0 writes two synthetic slides (``data/synthetic_cohort.py``, 1 µm/px) and, for each of ``--pool attention``
+and ``max``, a whole-slide checkpoint of a random ResNet v1 (BatchNorm running statistics random,
+64 px canvas at 1 µm/px). Every rank runs ``CanvasNetwork.predict`` on 2x2 tiles of each canvas (slide reads
+recorded), and for attention also the command's loop ``run_slide_level`` (slides.csv, the OME-TIFF maps). Rank 0
+computes the reference independently, in one process: the network on the whole canvas, the softmax of its logits,
+for attention the softmax over the whole canvas of the head's scores, for max the share of the non-constant
+channels whose first maximum lies in each cell.
+
+Checks, per pool: ``--pool P: each rank reads its tile`` (its largest slide read is at most the 32 px tile);
+``--pool P: probabilities equal one process`` (the gathered prediction and, for attention, slides.csv written with
+repr: 1e-12); ``--pool P: map equals one process`` (attention and max: the gathered map, 1e-12; for attention also
+the map read back from the slide-aligned OME-TIFF, float32, 1e-6, no data exactly where the canvas is not).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.data.canvas import SlideCanvases
+from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
+from mpi4dl_nb.infer.attention_map import MAP_NAMES, on_slide
+from mpi4dl_nb.infer.slide_level import SlideLevelSettings, open_canvas, run_slide_level, slide_sources
+from mpi4dl_nb.infer.slide_outputs import SLIDES_CSV, map_paths
+from mpi4dl_nb.infer.whole_slide import CanvasNetwork, WholeSlideModel, load_whole_slide
+from mpi4dl_nb.models.pools import PoolKind
+from mpi4dl_nb.spatial.geometry import TileGrid
+from tests.support.checks import Checks, run_checks
+from tests.support.scratch import shared_temp_folder
+from tests.support.slide_recorder import ReadRecorder
+from tests.support.whole_slide_model import random_whole_slide
+
+POOLS = ("attention", "max")   # tissue-mean: its first model build costs ~10 s a rank (meta probes); same code path
+COMMAND = "attention"       # the pool run through the command's loop too (run_slide_level: slides.csv, OME-TIFF)
+SIZE, MPP = 64, 1.0
+TOLERANCE = 1e-12
+
+
+def reference(model: WholeSlideModel, canvases: SlideCanvases) -> tuple[np.ndarray, np.ndarray | None]:
+    """One process, whole canvas: the class probabilities and the map (None for tissue-mean)."""
+    image = canvases.read(0).to(torch.float64)[None]
+    layers = list(model.layers)
+    with torch.no_grad():
+        probabilities = torch.softmax(torch.nn.Sequential(*layers)(image), 1)[0].numpy()
+        head = model.head
+        features = head.relu(head.norm(torch.nn.Sequential(*layers[:-1])(image)))[0]
+    if model.pool is PoolKind.ATTENTION:
+        with torch.no_grad():
+            scores = head.pool.scores(features[None])[0, 0]
+        return probabilities, torch.softmax(scores.flatten(), 0).view(scores.shape).numpy()
+    if model.pool is PoolKind.MAX:
+        flat = features.flatten(1)
+        first = flat.argmax(1).numpy()          # the first maximum in row-major order
+        informative = (flat.amax(1) > flat.amin(1)).numpy()
+        counts = np.bincount(first[informative], minlength=flat.shape[1]).astype(np.float64)
+        return probabilities, (counts / max(informative.sum(), 1)).reshape(features.shape[1:])
+    return probabilities, None
+
+
+def read_probabilities(table: Path) -> dict[str, np.ndarray]:
+    import csv
+
+    with table.open() as handle:
+        return {row["slide"]: np.array([float(row[k]) for k in row if k.startswith("prob_")])
+                for row in csv.DictReader(handle)}
+
+
+def main(check: Checks) -> None:
+    torch.set_num_threads(1)
+    ctx = dl.init()
+    started = time.perf_counter()
+    grid = TileGrid.from_slice_method("square", 4)
+    with shared_temp_folder(ctx, "whole-slide-infer-") as folder:
+        root = Path(folder)
+        if ctx.rank == 0:
+            write_synthetic_cohort(root / "cohort", slides=2, side_um=80.0, mpp=MPP, levels=2)
+            for number, pool in enumerate(POOLS):
+                random_whole_slide(root / f"c-{pool}", pool, SIZE, MPP, seed=number)
+        ctx.barrier()
+        manifest = str(root / "cohort" / "cohort.csv")
+        for pool in POOLS:
+            settings = SlideLevelSettings(checkpoint=str(root / f"c-{pool}"), slides=manifest,
+                                          output=root / f"out-{pool}", num_spatial_parts=4, dtype="float64")
+            summary = run_slide_level(settings, ctx) if pool == COMMAND else None
+            model = load_whole_slide(settings.checkpoint, torch.float64)
+            network = CanvasNetwork(model, grid, ctx, torch.float64)
+            slides = slide_sources(manifest, model.classes)
+            gathered = []
+            recorders: list[ReadRecorder] = []
+
+            def recording(path: Path, recorders: list[ReadRecorder] = recorders) -> ReadRecorder:
+                recorders.append(ReadRecorder.open(path))
+                return recorders[-1]
+
+            for slide in slides:
+                canvases = open_canvas(model, slide, 0, MPP, None)
+                canvases.close()                        # reopened through a recorder: only the canvas's reads
+                canvases._opener = recording
+                prediction = network.predict(canvases, 0)
+                canvases.close()
+                expected = None
+                if ctx.rank == 0:                       # the reference reads its own, whole canvas
+                    whole = open_canvas(model, slide, 0, MPP, None)
+                    expected = reference(model, whole)
+                    whole.close()
+                gathered.append((slide.path.stem, canvases.placements[0], prediction, expected))
+            reads = [size for recorder in recorders for _, _, size in recorder.calls]
+            largest = ctx.all_gather_object(max((max(size) for size in reads), default=0))
+            with check(f"--pool {pool}: each rank reads its tile") as result:
+                if ctx.rank == 0:       # 32 px tiles of the 64 px canvas
+                    assert 0 < max(largest) <= SIZE // 2, largest
+                    result.detail = f"largest read per rank {largest} px"
+            with check(f"--pool {pool}: probabilities equal one process") as result:
+                if ctx.rank == 0:
+                    errors = [float(np.abs(prediction.probabilities - expected[0]).max())
+                              for _, _, prediction, expected in gathered if prediction is not None and expected]
+                    if pool == COMMAND:
+                        assert summary is not None and not summary.failed, summary
+                        written = read_probabilities(settings.output / SLIDES_CSV)
+                        errors += [float(np.abs(written[stem] - expected[0]).max())
+                                   for stem, _, _, expected in gathered if expected is not None]
+                    assert len(errors) == len(slides) * (2 if pool == COMMAND else 1), errors
+                    assert max(errors) < TOLERANCE, errors
+                    result.detail = (f"largest error {max(errors):.1e} over {len(slides)} slides"
+                                     f"{' (and slides.csv)' if pool == COMMAND else ''}; "
+                                     f"{time.perf_counter() - started:.1f} s into the job")
+            with check(f"--pool {pool}: map equals one process") as result:
+                if ctx.rank == 0:
+                    import tifffile
+
+                    worst = stored_worst = 0.0
+                    for stem, placement, prediction, expected in gathered:
+                        assert prediction is not None and prediction.cells is not None and expected is not None
+                        assert expected[1] is not None and prediction.cells.shape == expected[1].shape
+                        worst = max(worst, float(np.abs(prediction.cells - expected[1]).max()))
+                        if pool != COMMAND:
+                            continue
+                        tiff, _ = map_paths(settings.output, stem, MAP_NAMES[model.pool])
+                        stored = tifffile.imread(tiff)
+                        placed = on_slide(expected[1], placement).values
+                        assert stored.shape == placed.shape and (np.isnan(stored) == np.isnan(placed)).all()
+                        known = np.isfinite(placed)
+                        stored_worst = max(stored_worst, float(np.abs(stored[known] - placed[known]).max()))
+                    assert worst < TOLERANCE and stored_worst < 1e-6, (worst, stored_worst)
+                    result.detail = f"largest error {worst:.1e} (gathered)" + (
+                        f", {stored_worst:.1e} (float32 OME-TIFF)" if pool == COMMAND else "")
+
+
+if __name__ == "__main__":
+    run_checks(main)

@@ -1,0 +1,25 @@
+"""The zero-bubble split backward on 2 and 3 ranks: activation peak against 1F1B's, W does the weight work, no exchange.
+
+See tests/mpi/engine_zero_bubble.py for what each named check measures.
+"""
+
+from __future__ import annotations
+
+from tests.support.battery import shared_job
+
+JOB = shared_job(2, "engine_zero_bubble", timeout=300)
+SPATIAL_JOB = shared_job(3, "engine_zero_bubble", timeout=300)
+
+
+def test_zb1_activation_peak_is_1f1b_peak(shared_launch):
+    """Stage 0 within 5% of its 1F1B peak, the pipeline's peak within 5% of 1F1B's (counted saved bytes)."""
+    shared_launch(JOB).require(["zb1 activation peak"])
+
+
+def test_zb1_weight_gradients_come_in_W(shared_launch):
+    shared_launch(JOB).require(["zb1 W does the weight work"])
+
+
+def test_zb1_spatial_W_makes_no_exchange(shared_launch):
+    """SP (2 tiles) + LP: the tile ranks' W actions call no exchange and no all-reduce; their I actions do."""
+    shared_launch(SPATIAL_JOB).require(["zb1 spatial W exchanges nothing"])

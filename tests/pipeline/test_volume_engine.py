@@ -1,0 +1,60 @@
+"""HybridEngine on volumes: the 3-D U-Net on 3-D tiles == one process (float64) in the shared 8-rank launch (2x2x2)
+and the 4-rank one (1x2x2 with recomputation; a 3x1x1 spatial encoder before a layer stage with 1F1B
+micro-batches; two spatial stages of 2x1x1 tiles with GEMS; 1x1x2 tiles with data_parallel=2, as 2x2x2 x 2 would
+need 16 ranks) (tests/mpi/volume_exact.py);
+the volume tile cut of a step's input (one process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mpi4dl_nb import ParallelConfig
+from mpi4dl_nb.pipeline.step_input import ShardedMasks, StepInput
+from mpi4dl_nb.spatial.geometry import TileGrid
+from tests.mpi.volume_exact import CASES, EIGHT_RANKS, FOUR_RANKS
+from tests.support.battery import shared_job
+
+EIGHT = shared_job(8, "volume_exact", *EIGHT_RANKS, timeout=300)
+FOUR = shared_job(4, "volume_exact", *FOUR_RANKS, timeout=300)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_unet3d_on_volume_tiles_matches_one_process(shared_launch, case):
+    """Losses and the whole state on rank 0 (1e-9), every rank's copies, forward-only 3-D tiles in eval mode."""
+    shared_launch(EIGHT if case in EIGHT_RANKS else FOUR).require([case, f"{case} copies", f"{case} eval tiles"])
+
+
+def test_the_cases_cover_the_layouts():
+    configs = {name: ParallelConfig(**knobs) for name, (knobs, *_) in CASES.items()}
+    assert all(c.volume_grid is not None for c in configs.values())
+    assert any(c.volume_grid == (2, 2, 2) and c.all_spatial and c.checkpoint_activations is None
+               and CASES[name][2]["norm"] == "batch" for name, c in configs.items())
+    assert any(c.checkpoint_activations is not None for c in configs.values())
+    assert any(not c.all_spatial and c.spatial_size == 1 and c.parts > 1 for c in configs.values())
+    assert any(c.data_parallel == 2 for c in configs.values())
+    assert {CASES[name][2]["upsampling"] for name in CASES} == {"trilinear", "transposed"}
+    assert any(c.all_spatial and c.gems for c in configs.values())
+    assert sorted(c.world_size for c in configs.values()) == [4, 4, 4, 4, 8]
+
+
+def test_a_step_cuts_volumes_and_label_volumes_into_each_rank_s_3d_tile():
+    grid = TileGrid(depth=2, rows=2, cols=1)
+    x, y = torch.randn(3, 1, 6, 4, 5), torch.randint(0, 2, (3, 6, 4, 5))
+    data = StepInput(x, y, 3)
+    cpu = torch.device("cpu")
+    for tile in range(grid.num_tiles):
+        (d0, d1), (r0, r1), (c0, c1) = grid.extent(tile, (6, 4, 5))
+        assert torch.equal(data.images_for(slice(1, 3), tile, grid, cpu), x[1:3, :, d0:d1, r0:r1, c0:c1])
+        assert torch.equal(data.labels_for(slice(1, 3), cpu, tile, grid), y[1:3, d0:d1, r0:r1, c0:c1])
+
+
+def test_readers_by_box_are_refused_on_a_volume_grid_naming_the_way_out():
+    grid = TileGrid(depth=2, rows=1, cols=1)
+    cpu = torch.device("cpu")
+    reader = StepInput(lambda rows, box: torch.zeros(1), None, 2, (4, 4))
+    with pytest.raises(ValueError, match="pass the global images tensor"):
+        reader.images_for(slice(0, 1), 0, grid, cpu)
+    masks = StepInput(None, ShardedMasks(lambda rows, box: torch.zeros(1), 2, (4, 4)), 2)
+    with pytest.raises(ValueError, match="pass the global labels tensor"):
+        masks.labels_for(slice(0, 1), cpu, 0, grid)
