@@ -18,6 +18,8 @@ from ..config import ConfigError
 from ..data.canvas import SlideCanvases
 from ..models.canvas import check_canvas
 from ..models.head import ClassifierHead
+from ..models.named_pool import PooledMap
+from ..models.pieces import Piece
 from ..models.pools import PoolKind
 from ..spatial.geometry import TileGrid
 from .attention_map import (
@@ -60,10 +62,18 @@ class WholeSlideModel:
         return self.record.data.image_size
 
     @property
-    def head(self) -> ClassifierHead:
-        head = self.layers[-1]
-        assert isinstance(head, ClassifierHead), "load_whole_slide checked the head"
-        return head
+    def pool_module(self) -> nn.Module | None:
+        """The module that pools the trunk's cells (see ``slide_pool``)."""
+        return slide_pool(self.layers[-1])
+
+
+def slide_pool(last: nn.Module) -> nn.Module | None:
+    """The pooling module in a whole-slide network's last layer: a built-in ClassifierHead's pool, or the pool
+    ``--pool`` put in place of a torchvision/timm model's average pool (models/named_pool.py); None: neither."""
+    if isinstance(last, ClassifierHead):
+        return last.pool if isinstance(last.pool, nn.Module) else None
+    steps = last.steps() if isinstance(last, Piece) else []
+    return steps[0][1].pool if steps and isinstance(steps[0][1], PooledMap) else None
 
 
 def load_whole_slide(checkpoint: str | Path, dtype: torch.dtype, check: bool = True) -> WholeSlideModel:
@@ -73,9 +83,9 @@ def load_whole_slide(checkpoint: str | Path, dtype: torch.dtype, check: bool = T
         raise ConfigError("--checkpoint", f"{description.path} was not trained with --whole-slide: slide-level "
                                           f"inference needs a whole-slide model; run it with --slide/--slides and "
                                           f"{{slide}} outputs (maps of tiles) instead")
-    if not isinstance(layers[-1], ClassifierHead):
-        raise ConfigError("--checkpoint", f"{description.path}: a whole-slide model ends in its classifier head, "
-                                          f"this one in a {type(layers[-1]).__name__}")
+    if record.model.pool.multiple_instance and slide_pool(layers[-1]) is None:
+        raise ConfigError("--checkpoint", f"{description.path}: its record says --pool {record.model.pool} but its "
+                                          f"last layer ({type(layers[-1]).__name__}) holds no such pool")
     return WholeSlideModel(tuple(layers), description, record)
 
 
@@ -123,13 +133,12 @@ class CanvasNetwork:
             net = spatialize(net, grid, ctx, image_size=(size, size))
         self.net = net.to(ctx.device).eval()
         self.kept: list[torch.Tensor] = []
-        head = list(self.net.children())[-1]
-        assert isinstance(head, ClassifierHead) and isinstance(head.pool, nn.Module)
-        if model.pool is PoolKind.ATTENTION:
-            score = head.pool.get_submodule("w")        # AttentionMILPool's last 1x1 conv: the logits per cell
+        pool = slide_pool(list(self.net.children())[-1])
+        if model.pool is PoolKind.ATTENTION and pool is not None:
+            score = pool.get_submodule("w")        # AttentionMILPool's last 1x1 conv: the logits per cell
             score.register_forward_hook(lambda module, inputs, output: self.kept.append(output.detach()))
-        elif model.pool is PoolKind.MAX:
-            head.pool.register_forward_pre_hook(lambda module, inputs: self.kept.append(inputs[0].detach()))
+        elif model.pool is PoolKind.MAX and pool is not None:
+            pool.register_forward_pre_hook(lambda module, inputs: self.kept.append(inputs[0].detach()))
 
     def box(self) -> tuple[int, int, int, int] | None:
         """This rank's box of the canvas (None: the whole canvas, one process)."""

@@ -326,3 +326,36 @@ def test_slide_level_inference_from_python(cohort, tmp_path):
     assert summary is not None and summary["done"] == 2 and not summary["failed"]
     assert [r["predicted"] for r in rows_of(summary["summary"])] == ["negative", "positive"]
     assert map_paths(tmp_path / "out", "slide-01", "max share")[0].exists()
+
+
+@pytest.mark.parametrize("pool", ["attention", "max"])
+def test_a_torchvision_model_with_a_slide_pool_predicts_and_maps_as_one_forward(cohort, tmp_path, pool):
+    """``--model torchvision:resnet18 --pool attention|max`` (models/named_pool.py): slide-level inference finds the
+    pool inside the model's last piece; probabilities and map equal the network on the whole canvas (float64)."""
+    pytest.importorskip("torchvision")
+    from mpi4dl_nb.infer.slide_level import open_canvas, slide_sources
+    from mpi4dl_nb.models.spec import ModelSpec
+    from tests.mpi.whole_slide_infer import reference
+    from tests.support.whole_slide_model import write_whole_slide
+
+    spec = ModelSpec.of("torchvision:resnet18", num_classes=2, pool=pool)
+    torch.manual_seed(0)
+    layers = [layer.double().eval() for layer in spec.build(64)]
+    checkpoint = write_whole_slide(tmp_path / "c", layers, spec, 64, 2.0)
+    manifest, _ = cohort
+    assert infer_cmd.main(["--checkpoint", str(checkpoint), "--cohort", str(manifest), "--output",
+                           str(tmp_path / "out"), "--dtype", "float64", "--no-progress"]) == 0
+    model = load_whole_slide(checkpoint, torch.float64)
+    assert model.pool_module is not None
+    written = {r["slide"]: [float(r["prob_negative"]), float(r["prob_positive"])]
+               for r in rows_of(tmp_path / "out" / SLIDES_CSV)}
+    label = "attention" if pool == "attention" else "max share"
+    for slide in slide_sources(str(manifest), model.classes):
+        canvases = open_canvas(model, slide, 0, 2.0, None)
+        expected, looked = reference(model, canvases)
+        canvases.close()
+        assert np.abs(np.array(written[slide.path.stem]) - expected).max() < 1e-12
+        assert looked is not None and looked.shape == (2, 2)
+        mapped = read_slide_map(map_paths(tmp_path / "out", slide.path.stem, label)[0]).values[0]
+        values = np.sort(mapped[np.isfinite(mapped)])           # the 2x2 cells on the slide, float32
+        assert values.shape == (4,) and np.abs(values - np.sort(looked.ravel())).max() < 1e-6

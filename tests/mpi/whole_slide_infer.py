@@ -45,14 +45,18 @@ TOLERANCE = 1e-12
 def reference(model: WholeSlideModel, canvases: SlideCanvases) -> tuple[np.ndarray, np.ndarray | None]:
     """One process, whole canvas: the class probabilities and the map (None for tissue-mean)."""
     image = canvases.read(0).to(torch.float64)[None]
-    layers = list(model.layers)
+    pool = model.pool_module
+    kept: list[torch.Tensor] = []                # what the pool is given: the trunk's cells (after any norm)
+    hook = pool.register_forward_pre_hook(lambda module, inputs: kept.append(inputs[0])) if pool else None
     with torch.no_grad():
-        probabilities = torch.softmax(torch.nn.Sequential(*layers)(image), 1)[0].numpy()
-        head = model.head
-        features = head.relu(head.norm(torch.nn.Sequential(*layers[:-1])(image)))[0]
+        probabilities = torch.softmax(torch.nn.Sequential(*model.layers)(image), 1)[0].numpy()
+    if hook is not None:
+        hook.remove()
+    features = kept[0][0] if kept else torch.empty(0)
     if model.pool is PoolKind.ATTENTION:
+        assert pool is not None
         with torch.no_grad():
-            scores = head.pool.scores(features[None])[0, 0]
+            scores = pool.scores(features[None])[0, 0]
         return probabilities, torch.softmax(scores.flatten(), 0).view(scores.shape).numpy()
     if model.pool is PoolKind.MAX:
         flat = features.flatten(1)
