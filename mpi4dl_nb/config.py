@@ -203,7 +203,7 @@ class ParallelConfig:
     # gradient all-reduce overlapped with backward (issue 44): a stage's gradients are summed over its
     # holders in buckets of about this many MB, each posted as soon as its last gradient of the step
     # arrived (None: one all-reduce per stage after every backward)
-    grad_bucket_mb: float | None = 25.0
+    grad_bucket_mb: float | None = None
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):
