@@ -1,9 +1,11 @@
-"""MPI: the 3-D U-Net on volume tiles == one process (float64, 3 SGD-momentum steps), with the engine's layouts.
+"""MPI: the 3-D U-Net and the 3-D ResNet on volume tiles == one process (float64, 3 SGD-momentum steps), with the
+engine's layouts.
 
 Usage: python -m tests.mpi.volume_exact CASE [CASE ...] (each case needs exactly this many ranks).
 Named checks: each CASE (losses and the whole state on rank 0 equal the serial reference of its chunks),
 ``<CASE> copies`` (every rank's own copy of every stage it holds) and ``<CASE> eval tiles`` (the
-forward-only outputs of ``evaluate_tiles`` equal the serial model's in eval mode, each rank's 3-D tile).
+forward-only outputs of ``evaluate_tiles`` equal the serial model's in eval mode, each rank's 3-D tile; the
+ResNet's logits whole). A case's model options name the model (``"model": "resnet3d"``; the U-Net otherwise).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.models.resnet3d import resnet3d
 from mpi4dl_nb.models.unet3d import unet3d
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.spatial.geometry import TileGrid
@@ -27,10 +30,16 @@ IGNORE = 255
 CLASSES = 2
 SIDE = 16      # a 16^3 volume: 8^3 tiles on 2x2x2, 2^3 at the U-Net's lowest level
 
-# name -> (ParallelConfig knobs, batch, 3-D U-Net options, loss): one 8-rank case (2x2x2), then 4-rank ones
-CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss]] = {
+RESNET = dict(model="resnet3d", width=4, stages=2)   # ResNet-10's first 2 stages: 16^3 -> 8^3 (stem) -> 4^3
+
+# name -> (ParallelConfig knobs, batch, model options, loss): 8-rank cases (2x2x2), then 4-rank ones
+CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss | nn.CrossEntropyLoss]] = {
     "vol_sp8": (dict(split_size=1, spatial_size=1, num_spatial_parts=8, slice_method="2x2x2"), 2,
                 dict(norm="batch", upsampling="trilinear"), DenseLoss("ce+dice", None, IGNORE)),
+    "vol_resnet_sp4_ldp4": (dict(split_size=2, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2",
+                                 balance=(2, 2), local_dp=4), 4, RESNET, nn.CrossEntropyLoss()),
+    "vol_resnet_sp3_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="1x3x1",
+                               balance=(2, 2), parts=2), 4, RESNET, nn.CrossEntropyLoss()),
     "vol_sp4_recompute": (dict(split_size=1, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2",
                                checkpoint_activations="every"), 2,
                           dict(norm="group", upsampling="transposed"), DenseLoss("ce", (1.0, 2.0), None)),
@@ -50,7 +59,22 @@ FOUR_RANKS = tuple(name for name in CASES if name not in EIGHT_RANKS)
 
 def layers(options: dict[str, object], seed: int = 0) -> list[nn.Module]:
     torch.manual_seed(seed)
-    return [layer.double() for layer in unet3d(2, 2, CLASSES, in_channels=1, **options)]   # type: ignore[arg-type]
+    kwargs = {k: v for k, v in options.items() if k != "model"}
+    if options.get("model") == "resnet3d":
+        built = resnet3d(10, CLASSES, in_channels=1, **kwargs)   # type: ignore[arg-type]
+    else:
+        built = unet3d(2, 2, CLASSES, in_channels=1, **kwargs)   # type: ignore[arg-type]
+    return [layer.double() for layer in built]
+
+
+def batches(name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The case's seeded volumes with a label per voxel (the U-Net) or per volume (the ResNet)."""
+    _, batch, options, loss = CASES[name]
+    if isinstance(loss, DenseLoss):
+        return dense_batches(STEPS, batch, 1, (SIDE, SIDE, SIDE), CLASSES, len(name), loss.ignore_index)
+    gen = torch.Generator().manual_seed(len(name))
+    return [(torch.randn(batch, 1, SIDE, SIDE, SIDE, generator=gen, dtype=torch.float64),
+             torch.randint(0, CLASSES, (batch,), generator=gen)) for _ in range(STEPS)]
 
 
 def tile_of(t: torch.Tensor, grid: TileGrid, tile: int) -> torch.Tensor:
@@ -78,7 +102,7 @@ def serial_reference(name: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -
 def run_case(ctx, name: str, check: Checks) -> str:
     knobs, batch, options, loss = CASES[name]
     cfg = dl.ParallelConfig(**knobs)
-    data = dense_batches(STEPS, batch, 1, (SIDE, SIDE, SIDE), CLASSES, len(name), loss.ignore_index)
+    data = batches(name)
     engine = dl.HybridEngine(layers(options), cfg, ctx, loss_fn=loss, optimizer=momentum_sgd)
     grid = engine.grid
     assert grid is not None and grid.volumetric, grid
@@ -89,7 +113,8 @@ def run_case(ctx, name: str, check: Checks) -> str:
     check_copies(check, ctx, engine, name, want_state, RTOL)
     with check(f"{name} eval tiles") as result:
         for out in engine.evaluate_tiles(data[0][0]):
-            expected = want[out.rows] if out.tile is None else tile_of(want[out.rows], grid, out.tile)
+            whole = out.tile is None or want.dim() == 2   # a classifier's logits are whole on every tile
+            expected = want[out.rows] if whole else tile_of(want[out.rows], grid, out.tile)
             assert out.output.shape == expected.shape, (out.output.shape, expected.shape)
             err = (out.output - expected).abs().max().item() / expected.abs().max().item()
             assert err < RTOL, f"rows {out.rows} tile {out.tile}: relative error {err:.2e}"

@@ -1,7 +1,8 @@
 """HybridEngine on volumes: the 3-D U-Net on 3-D tiles == one process (float64) in the shared 8-rank launch (2x2x2)
 and the 4-rank one (1x2x2 with recomputation; a 3x1x1 spatial encoder before a layer stage with 1F1B
 micro-batches; two spatial stages of 2x1x1 tiles with GEMS; 1x1x2 tiles with data_parallel=2, as 2x2x2 x 2 would
-need 16 ranks) (tests/mpi/volume_exact.py);
+need 16 ranks) (tests/mpi/volume_exact.py); the 3-D ResNet trunk (2 stages of ResNet-10) likewise, its spatial part
+on 1x2x2 tiles before a layer stage with local_dp=4 (8 ranks) and on uneven 1x3x1 tiles before a layer stage (4 ranks);
 the volume tile cut of a step's input (one process)."""
 
 from __future__ import annotations
@@ -20,22 +21,25 @@ FOUR = shared_job(4, "volume_exact", *FOUR_RANKS, timeout=300)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_unet3d_on_volume_tiles_matches_one_process(shared_launch, case):
+def test_volume_models_on_volume_tiles_match_one_process(shared_launch, case):
     """Losses and the whole state on rank 0 (1e-9), every rank's copies, forward-only 3-D tiles in eval mode."""
     shared_launch(EIGHT if case in EIGHT_RANKS else FOUR).require([case, f"{case} copies", f"{case} eval tiles"])
 
 
 def test_the_cases_cover_the_layouts():
     configs = {name: ParallelConfig(**knobs) for name, (knobs, *_) in CASES.items()}
+    unets = {name for name in CASES if CASES[name][2].get("model") != "resnet3d"}
     assert all(c.volume_grid is not None for c in configs.values())
     assert any(c.volume_grid == (2, 2, 2) and c.all_spatial and c.checkpoint_activations is None
-               and CASES[name][2]["norm"] == "batch" for name, c in configs.items())
+               and CASES[name][2]["norm"] == "batch" for name, c in configs.items() if name in unets)
+    resnets = [configs[name] for name in CASES if name not in unets]
+    assert any(c.volume_grid == (1, 2, 2) for c in resnets) and all(c.spatial_size == 1 < c.split_size for c in resnets)
     assert any(c.checkpoint_activations is not None for c in configs.values())
     assert any(not c.all_spatial and c.spatial_size == 1 and c.parts > 1 for c in configs.values())
     assert any(c.data_parallel == 2 for c in configs.values())
-    assert {CASES[name][2]["upsampling"] for name in CASES} == {"trilinear", "transposed"}
+    assert {CASES[name][2]["upsampling"] for name in unets} == {"trilinear", "transposed"}
     assert any(c.all_spatial and c.gems for c in configs.values())
-    assert sorted(c.world_size for c in configs.values()) == [4, 4, 4, 4, 8]
+    assert sorted(c.world_size for c in configs.values()) == [4, 4, 4, 4, 4, 8, 8]
 
 
 def test_a_step_cuts_volumes_and_label_volumes_into_each_rank_s_3d_tile():
