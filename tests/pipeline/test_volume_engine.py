@@ -4,8 +4,8 @@ float64: the 3-D U-Net on 2x2x2 tiles (8 ranks); 1x2x2 with recomputation, a 3x1
 stage with 1F1B micro-batches, two spatial stages of 2x1x1 tiles with GEMS, 1x1x2 tiles with data_parallel=2 (as
 2x2x2 x 2 would need 16 ranks) (4 ranks). The 3-D ResNet trunk (2 stages of ResNet-10): its spatial part on 1x2x2
 tiles before a layer stage with local_dp=4 (8 ranks) and on uneven 1x3x1 tiles before a layer stage (4 ranks).
-bf16 (4 ranks): 1x2x2 all spatial with BatchNorm3d and trilinear up-sampling, and with GroupNorm and
-ConvTranspose3d; a 3x1x1 GroupNorm encoder before a layer stage. One process: the volume tile cut of a step's input.
+bf16 (4 ranks): 1x2x2 all spatial with BatchNorm3d and trilinear up-sampling or ConvTranspose3d; a 3x1x1
+GroupNorm encoder before a layer stage. One process: the volume tile cut of a step's input.
 """
 
 from __future__ import annotations
