@@ -20,6 +20,7 @@ class ModelFamily(Choice):
     RESNET = "resnet"
     AMOEBANET = "amoebanet"
     UNET = "unet"          # dense: per-pixel logits as large as the input (--task segmentation)
+    RESNET3D = "resnet3d"  # volumes (N, C, D, H, W): a 3-D ResNet trunk and a global-pool head (models/resnet3d.py)
     TORCHVISION = "torchvision"   # torchvision:NAME, cut into pieces by models/cut.py (ModelSpec.source: NAME)
     TIMM = "timm"                 # timm:NAME
     MODULE = "module"             # package.module:callable (source): an nn.Module (cut) or a layer list
