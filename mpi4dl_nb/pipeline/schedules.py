@@ -90,6 +90,7 @@ from ..config import Choice, ParallelConfig, ScheduleKind, as_schedule_kind
 from ..layout import RankRole, StageSlot, layout, stage_holders
 from .interleaved import interleaved_order
 from .zero_bubble import ZeroBubbleOp, zb1_order
+from .zero_bubble_v import zbv_order
 
 
 class ActionKind(Choice):
@@ -422,8 +423,8 @@ def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: ScheduleKind) -> 
     m, copies, stages = cfg.parts, cfg.local_dp, cfg.split_size
     holders = stage_ranks(cfg, roles)
     workers: dict[WorkerKey, _Worker] = {}
-    if kind is ScheduleKind.INTERLEAVED:
-        return _interleaved_workers(cfg, holders)
+    if kind.places_chunks:
+        return _chunked_workers(cfg, holders, kind)
     if cfg.sync_batchnorm:
         return _synchronised_workers(cfg, holders, kind)
     for d in range(cfg.data_parallel):
@@ -462,17 +463,22 @@ def _synchronised_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int
     return workers
 
 
-def _interleaved_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int], tuple[int, ...]]
-                         ) -> dict[WorkerKey, _Worker]:
-    """Interleaved: one worker per (replica, pipeline position) over all its stages (Megatron's order)."""
+def _chunked_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int], tuple[int, ...]],
+                     kind: ScheduleKind) -> dict[WorkerKey, _Worker]:
+    """Interleaved, zbv: one worker per (replica, pipeline position) over all its stages (Megatron's
+    order, or the V's ``zbv_order``)."""
     F, B = ActionKind.FORWARD, ActionKind.BACKWARD
     positions = cfg.pipeline_positions
     chunks = cfg.split_size // positions
     workers: dict[WorkerKey, _Worker] = {}
     for d in range(cfg.data_parallel):
         for p in range(positions):
-            order = [_Op(F if op.forward else B, d, 0, op.stage, op.micro_batch, 0)
-                     for op in interleaved_order(p, positions, chunks, cfg.parts)]
+            if kind is ScheduleKind.ZBV:
+                order = [_Op(ZERO_BUBBLE_KINDS[step.op], d, 0, step.stage, step.micro_batch, 0)
+                         for step in zbv_order(p, positions, cfg.parts)]
+            else:
+                order = [_Op(F if op.forward else B, d, 0, op.stage, op.micro_batch, 0)
+                         for op in interleaved_order(p, positions, chunks, cfg.parts)]
             workers[(d, 0, p, 0)] = _Worker(holders[(d, 0, p)], order)
     return workers
 
@@ -670,6 +676,12 @@ def gems(num_stages: int, num_micro_batches: int = 1, times: int = 1,
 def zb1(num_stages: int, num_micro_batches: int) -> Schedule:
     """Zero-bubble ZB-H1 on a plain pipeline: 1F1B with each backward split into I and W (W deferred)."""
     return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, ScheduleKind.ZB1))
+
+
+def zbv(num_positions: int, num_micro_batches: int) -> Schedule:
+    """Zero-bubble ZB-V: 2 chunks per rank, rank r holding stages r and 2P-1-r, backward split into I and W."""
+    return build_schedule(ParallelConfig(split_size=2 * num_positions, spatial_size=0, parts=num_micro_batches,
+                                         schedule=ScheduleKind.ZBV))
 
 
 def interleaved(num_positions: int, num_micro_batches: int, virtual_stages: int = 2) -> Schedule:
