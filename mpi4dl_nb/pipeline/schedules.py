@@ -1,4 +1,4 @@
-"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved, zero bubble).
+"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved, zero bubble, V).
 
 A :class:`Schedule` is built from a :class:`~mpi4dl_nb.config.ParallelConfig` and the rank
 layout. Every rank gets an ordered list of :class:`Action` s; the runtime executes exactly
@@ -65,6 +65,29 @@ by ``stage`` places to fill the drain), 3 stages, 4 micro-batches::
       12 | I3     | W2     | W2
       13 | W3     | W3     | W3
       14 | AR OPT | AR OPT | AR OPT
+
+Zero bubble ZB-V (``schedule='zbv'``, ``pipeline/zero_bubble_v.py``): 4 stages on 2 ranks, rank r
+holding stages r and 3-r (down, then back up: the loss on rank 0, where the backward starts; rank
+1 hands stage 1's output to its own stage 2), each backward split into ``I`` and ``W``, 2 micro-batches::
+
+    >>> print(zbv(2, 2).table())
+    tick | rank 0    | rank 1
+         | s0,s3     | s1,s2
+    -----+-----------+----------
+       0 | F0@s0     |
+       1 | F1@s0     | F0@s1
+       2 |           | F0@s2
+       3 | F0@s3     | F1@s1
+       4 | I0@s3     | F1@s2
+       5 | W0@s3     | I0@s2
+       6 | F1@s3     | W0@s2
+       7 | I1@s3     | I0@s1
+       8 | W1@s3     | I1@s2
+       9 | I0@s0     | I1@s1
+      10 | W0@s0     | W0@s1
+      11 | I1@s0     | W1@s2
+      12 | W1@s0     | W1@s1
+      13 | AR AR OPT | AR AR OPT
 
 Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``I<i>`` / ``W<i>``: its
 input-gradient / weight-gradient half; ``.k`` appended:

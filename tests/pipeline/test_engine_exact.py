@@ -80,6 +80,20 @@ def test_acceptance_cases_are_covered():
                    for n in CASES)
 
 
+def test_zbv_acceptance_cases_are_covered():
+    """Issue 44: zbv on 2 ranks (4 stages), with a spatial first stage (2 tiles), with data_parallel=2."""
+
+    def zbv(c) -> bool:
+        return c.schedule == "zbv" and c.split_size == 2 * c.pipeline_positions
+
+    def has(pred) -> bool:
+        return any(pred(config_of(n)) for n in CASES)
+
+    assert has(lambda c: zbv(c) and c.world_size == 2 and c.split_size == 4)
+    assert has(lambda c: zbv(c) and c.spatial_size == 1 and c.num_spatial_parts == 2)
+    assert has(lambda c: zbv(c) and c.data_parallel == 2)
+
+
 def test_engine_on_torch_distributed_plane(shared_launch):
     """Same exactness with tensors on torch.distributed (gloo) instead of mpi4py."""
     shared_launch(TORCH_PLANE).require_clean(TORCH_PLANE_CASES)
