@@ -81,7 +81,7 @@ def test_acceptance_cases_are_covered():
 
 
 def test_zbv_acceptance_cases_are_covered():
-    """Issue 44: zbv on 2 ranks (4 stages), with a spatial first stage (2 tiles), with data_parallel=2."""
+    """Issue 44: zbv on 2 ranks (4 stages), with a spatial first stage (2 tiles), data_parallel=2, recomputation."""
 
     def zbv(c) -> bool:
         return c.schedule == "zbv" and c.split_size == 2 * c.pipeline_positions
@@ -92,6 +92,7 @@ def test_zbv_acceptance_cases_are_covered():
     assert has(lambda c: zbv(c) and c.world_size == 2 and c.split_size == 4)
     assert has(lambda c: zbv(c) and c.spatial_size == 1 and c.num_spatial_parts == 2)
     assert has(lambda c: zbv(c) and c.data_parallel == 2)
+    assert has(lambda c: zbv(c) and c.checkpoint_activations is not None)
 
 
 def test_engine_on_torch_distributed_plane(shared_launch):
