@@ -415,8 +415,9 @@ class PipelineRuntime:
             if state.sends_left[key] == 0:
                 state.input_grads.pop(key)
                 state.boxes.pop(key, None)
-        if peer == self.ctx.rank:   # zbv's turn: the next stage is on this rank, a copy as a receive would give
-            state.loopback[message_key(action)] = like(payload, [t.detach().clone() for t in as_items(payload)])
+        if peer == self.ctx.rank:   # zbv's turn: the next stage is on this rank, the same tensors detached
+            # (no copy: an in-place op on a stage input is refused by autograd - the input is a leaf requiring grad)
+            state.loopback[message_key(action)] = like(payload, [t.detach() for t in as_items(payload)])
             return 0
         requests = isend_payload(self.ctx, payload, peer, action.tag, self.outbound[peer])
         if action.kind.carries_activation:
