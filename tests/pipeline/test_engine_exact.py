@@ -21,7 +21,7 @@ RANDOM = {size: list(random_cases(size, count)) for size, count in RANDOM_PER_SI
 JOBS = {size: shared_job(size, "engine_exact", *names,
                          *([f"--random={RANDOM_PER_SIZE[size]}"] if size in RANDOM_PER_SIZE else []), timeout=600)
         for size, names in GROUPS.items()}
-TORCH_PLANE_CASES = ["gems_pp", "pp2_gpipe_m4"]
+TORCH_PLANE_CASES = ["gems_pp", "pp2_gpipe_m4", "zbv_pp2_m4"]   # zbv: a rank hands itself a payload (no channel)
 TORCH_PLANE = shared_job(2, "engine_exact", "--backend=gloo", *TORCH_PLANE_CASES, plane="gloo")
 
 
