@@ -1,4 +1,4 @@
-"""Volumes on tiles: activation bytes per rank of a 3-D conv stack and of the 3-D U-Net, P = 2, 4, 8 against one process.
+"""Volumes on tiles: activation bytes per rank of a 3-D conv stack and the 3-D U-Net, P = 2, 4, 8 vs one process.
 
     OMP_NUM_THREADS=1 mpiexec -n 8 python benchmarks/bench_volume_memory.py              # ~1.3 GiB in all, minutes
     OMP_NUM_THREADS=1 mpiexec -n 8 python benchmarks/bench_volume_memory.py --stack-side 64 --unet-side 48   # quick
