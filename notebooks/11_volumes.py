@@ -110,7 +110,7 @@ from mpi4dl_nb.notebook.widgets import VolumeHaloViewer, volume_layers
 
 first = volume_layers(unet3d(2, 4, 2), SIDE)[0]
 halo = first.halo(grid)
-figure, (own, behind) = plt.subplots(1, 2, figsize=(9, 4.4))
+figure, (own, behind) = plt.subplots(1, 2, figsize=(10, 5.2))
 viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=7, tiles=[0], ax=own)
 viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=8, tiles=[0], ax=behind)
 plt.show()

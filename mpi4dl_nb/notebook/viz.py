@@ -279,9 +279,9 @@ def volume_slice(volume: np.ndarray | torch.Tensor, depth_index: int) -> np.ndar
     depth = volume_depth(volume)
     if not 0 <= depth_index < depth:
         raise ValueError(f"depth_index {depth_index} outside a volume of {depth} slices (0..{depth - 1})")
-    if isinstance(volume, np.ndarray):
-        return volume[depth_index]
-    return as_picture(volume[depth_index] if volume.ndim == 3 else volume[:, depth_index])
+    picture = volume[depth_index] if isinstance(volume, np.ndarray) else as_picture(
+        volume[depth_index] if volume.ndim == 3 else volume[:, depth_index])
+    return picture[..., 0] if picture.ndim == 3 and picture.shape[-1] == 1 else picture   # one channel: grey
 
 
 def volume_depth(volume: np.ndarray | torch.Tensor) -> int:
@@ -352,8 +352,8 @@ def draw_volume_tiles_and_halos(volume: np.ndarray | torch.Tensor, grid: TileGri
         if tiles is not None and len(tiles) == 1:
             widths = face_halos(halo.tile(tiles[0]))
             faces = f"\ntile {tiles[0]}'s halo per face: " + ", ".join(f"{face} {widths[face]}" for face in FACES)
-        ax.set_title(f"{halo.name}: {where} (feature slice {z} of {feat_d}) on {shape} tiles, "
-                     f"{halo.message_count} messages{faces}", fontsize=9)
+        ax.set_title(f"{halo.name}: {where} (feature slice {z} of {feat_d})\non {shape} tiles, "
+                     f"{halo.message_count} messages{faces}", fontsize=8)
     ax.set_xlim(0, img_w)
     ax.set_ylim(img_h, 0)
     return fig
@@ -373,8 +373,8 @@ def _draw_volume_halo(ax: Axes, tile_halo: TileHalo, z: int, plane: tuple[int, i
     prefix = "" if face is None else f"{face}_"
     if face is not None:
         r0, r1, c0, c1 = tile_halo.owned_box
-        ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, facecolor=color, alpha=0.45,
-                               edgecolor=color, gid=f"halo:tile{tile_halo.tile}:{face}"))
+        ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, facecolor=color, alpha=0.6,
+                               edgecolor=color, linewidth=2, gid=f"halo:tile{tile_halo.tile}:{face}"))
     for side, (r0, r1, c0, c1) in halo_bands(tile_halo, feat_h, feat_w).items():
         hatched = face is not None or side.endswith("corner")
         ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, facecolor=color,

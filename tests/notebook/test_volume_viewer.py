@@ -29,12 +29,13 @@ def test_a_slice_shows_the_tiles_owning_it_and_a_tiles_bands_or_face_by_where_th
     inside = viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=4, tiles=[0])   # feature slice 2
     assert sorted(int(a.get_gid().split(":")[1]) for a in viz.find_artists(inside, "tile:")) == [0, 1, 2, 3]
     image = viz.find_artists(inside, "image")[0].get_array()
-    assert np.array_equal(image, volume[0, 4].numpy())                    # the slice itself is the picture
+    assert np.array_equal(image, volume[0, 4].numpy())       # the slice itself is the picture, one channel: grey
+    assert viz.find_artists(inside, "image")[0].get_cmap().name == "gray"
     assert halo_gids(inside) == {"halo:tile0:bottom", "halo:tile0:right", "halo:tile0:bottom_right_corner"}
     bottom = viz.find_artists(inside, "halo:tile0:bottom")[0]
     assert (bottom.get_y(), bottom.get_height(), bottom.get_width()) == (16, 4, 16)   # 2 rows of 8, scaled 2x
     title = inside.axes[0].get_title()
-    assert "slice 4 of 32 (feature slice 2 of 16)" in title
+    assert "slice 4 of 32 (feature slice 2 of 16)\non 2x2x2 tiles" in title
     assert "front 2, back 2, top 2, bottom 2, left 2, right 2" in title   # padding on the border faces too
 
     face = viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=18, tiles=[0])   # feature slice 9
