@@ -232,7 +232,10 @@ for row, (image, truth) in zip(axes, volumes[2:]):
 plt.show()
 
 # %% [markdown]
-# Ten steps on two small volumes find most of the cells; the edges of the smallest ones are where it errs.
+# Ten steps on two small volumes find the cells, roughly: on the first held-out volume the predicted cells have
+# the labels' shapes (Dice 0.84); on the second, one cell comes out too large and the cell at the slice's right
+# edge is missed (Dice 0.68). More steps and more volumes sharpen it; the point here is that the 8 tiles trained
+# exactly the model one process trains.
 #
 # ## Exercise: what a tile receives
 #
