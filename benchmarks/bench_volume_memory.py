@@ -1,7 +1,7 @@
 """Volumes on tiles: activation bytes per rank of a 3-D conv stack and the 3-D U-Net, P = 2, 4, 8 vs one process.
 
-    OMP_NUM_THREADS=1 mpiexec -n 8 python benchmarks/bench_volume_memory.py              # ~1.3 GiB in all, minutes
-    OMP_NUM_THREADS=1 mpiexec -n 8 python benchmarks/bench_volume_memory.py --stack-side 64 --unet-side 48   # quick
+    OMP_NUM_THREADS=1 mpiexec -n 8 python benchmarks/bench_volume_memory.py        # 64^3 and 48^3: under a minute
+    OMP_NUM_THREADS=1 mpiexec -n 8 python benchmarks/bench_volume_memory.py --stack-side 128 --unet-side 96
 
 What is measured: the bytes autograd keeps during one training step's forward and backward (loss: the output's
 sum), each storage once (``ActivationMeter``: the count the training loop and bench_unet.py use; not RSS, the
@@ -14,9 +14,14 @@ Printed per network and P: the largest rank's peak, its ratio to one process and
 keeps for backward is the one-voxel shell its neighbours send (``SpatialConv3d`` keeps the owned tile and the
 received strips, not the needed tile), so the ratio tends to 1/P as the tiles grow.
 
-Sizes: the defaults (a 128^3 volume through the conv stack, 8 channels; 96^3 through the 3-D U-Net, depth 2,
-width 8; float32) are the largest this project's 2-core, 24 GiB machine, shared with other jobs, holds
-comfortably: one process keeps ~0.3 GiB for the stack and ~0.5 GiB for the U-Net.
+Sizes: the defaults (a 64^3 volume through the conv stack, 8 channels; 48^3 through the 3-D U-Net, depth 2,
+width 8; float32) keep the job near 2 GiB beyond its eight processes' own ~2.1 GiB on this project's 2-core,
+24 GiB machine, shared with other jobs (the machine's available memory fell by ~4.4 GiB during a run, by ~2.1 GiB
+with 16^3 volumes). The activations themselves are small (one process keeps 33 MiB for the stack at 64^3,
+264 MiB at 128^3); what the processes hold beyond them grows faster (with 96^3 and 64^3 the available memory
+fell by 8-10 GiB; with 128^3 and 96^3 the ranks' peak RSS summed to ~10.6 GiB, 1.0-1.9 GiB each, the ranks of
+the 2x2x1 grid growing most; not yet explained: the conv kernels' work buffers and the allocator keeping freed
+pages are suspects), so the larger sizes of the second command need a machine to themselves.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stack-side", type=int, default=128, help="the conv stack's volume side (even)")
-    parser.add_argument("--unet-side", type=int, default=96, help="the U-Net's volume side (a multiple of 8)")
+    parser.add_argument("--stack-side", type=int, default=64, help="the conv stack's volume side (even)")
+    parser.add_argument("--unet-side", type=int, default=48, help="the U-Net's volume side (a multiple of 8)")
     parser.add_argument("--channels", type=int, default=8, help="the conv stack's and the U-Net's first width")
     parser.add_argument("--convs", type=int, default=4, help="Conv3d + ReLU pairs in the conv stack")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
