@@ -20,8 +20,11 @@ width 8; float32) keep the job near 2 GiB beyond its eight processes' own ~2.1 G
 with 16^3 volumes). The activations themselves are small (one process keeps 33 MiB for the stack at 64^3,
 264 MiB at 128^3); what the processes hold beyond them grows faster (with 96^3 and 64^3 the available memory
 fell by 8-10 GiB; with 128^3 and 96^3 the ranks' peak RSS summed to ~10.6 GiB, 1.0-1.9 GiB each, the ranks of
-the 2x2x1 grid growing most; not yet explained: the conv kernels' work buffers and the allocator keeping freed
-pages are suspects), so the larger sizes of the second command need a machine to themselves.
+the 2x2x1 grid growing most), so the larger sizes of the second command need a machine to themselves. The growth
+is in the tile path and depends on the tile's shape: a 48x48x96 tile through the stack raises a rank's peak RSS by
+0.8-1.2 GiB (the same shape in one process: 0.26 GiB; a 96x48x48 tile: 0.13 GiB), before this benchmark's
+saved-strips change to SpatialConv3d as after it; not explained yet (the exchange's per-phase copies and the conv
+kernel's choice on unpadded inputs are suspects).
 """
 
 from __future__ import annotations
