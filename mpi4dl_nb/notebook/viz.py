@@ -21,7 +21,7 @@ from ..comm.trace import Event
 from ..config import ParallelConfig
 from ..layout import layout
 from ..pipeline.schedules import COMPUTE_KINDS, Action, ActionKind, Schedule
-from ..spatial.geometry import LayerHalo, TileGrid, TileHalo
+from ..spatial.geometry import LayerHalo, Message, TileGrid, TileHalo
 
 if TYPE_CHECKING:
     import numpy as np
@@ -130,12 +130,14 @@ def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
 def draw_rank_layout(cfg: ParallelConfig, ax: Axes | None = None) -> Figure:
     """Every rank as a box coloured by its stage, grouped by replica; tiles drawn as a grid.
 
-    Columns are stages left to right; spatial stages show their tile grid, LP stages their
+    Columns are stages left to right; spatial stages show their tile grid (a volume's: its depth
+    slices side by side, each box labelled with its depth slice ``d``), LP stages their
     local-DP copies stacked; data-parallel replicas are stacked vertically. Under GEMS
     each box also names its mirror stage.
     """
     roles = layout(cfg)
-    rows_grid, cols_grid = cfg.grid_shape
+    *depth_grid, rows_grid, cols_grid = cfg.tile_grid_shape
+    slabs = depth_grid[0] if depth_grid else 1       # a volume's grid: its depth slices side by side
     cell_h = max(rows_grid, cfg.local_dp, 1)
     fig, ax = _axes(ax, (2.2 * cfg.split_size + 1, 1.4 * cell_h * cfg.data_parallel + 1))
     replica_h = cell_h + 0.8
@@ -145,8 +147,9 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Axes | None = None) -> Figure:
         x0 = slot.stage * 2.0
         if slot.spatial:
             assert slot.tile_row is not None and slot.tile_col is not None   # a tile's slot has its place
-            w, h = 1.6 / cols_grid, cell_h / rows_grid
-            x, y = x0 + slot.tile_col * w, y0 + (rows_grid - 1 - slot.tile_row) * h
+            w, h = 1.6 / (cols_grid * slabs), cell_h / rows_grid
+            column = (slot.tile_depth or 0) * cols_grid + slot.tile_col
+            x, y = x0 + column * w, y0 + (rows_grid - 1 - slot.tile_row) * h
         else:
             w, h = 1.6, cell_h / cfg.local_dp
             x, y = x0, y0 + (cfg.local_dp - 1 - slot.copy) * h
@@ -155,7 +158,7 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Axes | None = None) -> Figure:
         ax.add_patch(box)
         label = f"r{role.rank}"
         if slot.spatial:
-            label += f"\nt{slot.tile}"
+            label += f"\nt{slot.tile}" + ("" if slot.tile_depth is None else f"\nd{slot.tile_depth}")
         if role.chunks:   # interleaved: the later chunks this rank also holds
             label += "\n+" + ",".join(f"S{chunk.stage}" for chunk in role.chunks)
         if role.mirror is not None:
@@ -176,7 +179,8 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Axes | None = None) -> Figure:
     ax.set_ylim(-0.3, cfg.data_parallel * replica_h + 0.6)
     ax.set_axis_off()
     gems = f", GEMS times={cfg.times}" if cfg.gems else ""
-    spatial = (f"spatial {cfg.spatial_size} x {cfg.num_spatial_parts} tiles ({cfg.slice_method}), "
+    cut = "x".join(map(str, cfg.tile_grid_shape)) if depth_grid else cfg.slice_method
+    spatial = (f"spatial {cfg.spatial_size} x {cfg.num_spatial_parts} tiles ({cut}), "
                if cfg.spatial_size else "")
     ax.set_title(f"{cfg.world_size} ranks: split {cfg.split_size}, {spatial}parts {cfg.parts}, "
                  f"local_dp {cfg.local_dp}, dp {cfg.data_parallel}{gems}", fontsize=9)
@@ -242,24 +246,9 @@ def draw_tiles_and_halos(image: np.ndarray | torch.Tensor, grid: TileGrid, halo:
                                        edgecolor=color, hatch="//" if corner else None,
                                        gid=f"halo:tile{tile}:{side}"))
         if show_messages:
-            centers = [((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy)
-                       for r0, r1, c0, c1 in grid.tile_boxes(feat_h, feat_w)]
-            for msg in halo.messages():
-                if tiles is not None and msg.dst not in tiles and msg.src not in tiles:
-                    continue
-                (x0, y0), (x1, y1) = centers[msg.src], centers[msg.dst]
-                shift = 0.06 * (img_w if msg.phase == "rows" else img_h)
-                offset = (shift, 0) if msg.phase == "rows" else (0, shift)
-                sign = 1 if msg.src < msg.dst else -1
-                start = (x0 + sign * offset[0], y0 + sign * offset[1])
-                end = (x1 + sign * offset[0], y1 + sign * offset[1])
-                ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
-                                             color="yellow" if msg.phase == "rows" else "cyan",
-                                             linewidth=1.5, gid=f"msg:{msg.phase}:{msg.src}->{msg.dst}"))
-                ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2, f"{msg.elements}",
-                        fontsize=7, color="black", ha="center",
-                        bbox={"facecolor": "white", "alpha": 0.7, "pad": 1},
-                        gid=f"msg-label:{msg.phase}:{msg.src}->{msg.dst}")
+            centers = {tile: ((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy)
+                       for tile, (r0, r1, c0, c1) in enumerate(grid.tile_boxes(feat_h, feat_w))}
+            _draw_messages(ax, halo.messages(), centers, tiles, (img_h, img_w))
         title = (f"{halo.name}: {feat_h}x{feat_w} map on {grid.rows}x{grid.cols} tiles, "
                  f"{halo.message_count} messages (rows: yellow, cols+corners: cyan)")
     else:
@@ -268,6 +257,154 @@ def draw_tiles_and_halos(image: np.ndarray | torch.Tensor, grid: TileGrid, halo:
     ax.set_xlim(0, img_w)
     ax.set_ylim(img_h, 0)
     return fig
+
+
+# ------------------------------------------------------------ volumes: a slice through the grid
+FACES = ("front", "back", "top", "bottom", "left", "right")   # a volume tile's faces: along depth, then in-plane
+
+
+def face_halos(tile_halo: TileHalo) -> dict[str, int]:
+    """A volume tile's halo depth on each of its six faces (``FACES``: front/back along depth, then
+    top/bottom/left/right), padding counted in, negative = trimmed (as ``TileHalo.halo`` counts)."""
+    if tile_halo.depth is None:
+        raise ValueError(f"tile {tile_halo.tile} belongs to an image's grid: it has four sides, not six faces")
+    return {"front": tile_halo.depth.halo_before, "back": tile_halo.depth.halo_after, **tile_halo.halo}
+
+
+def volume_slice(volume: np.ndarray | torch.Tensor, depth_index: int) -> np.ndarray:
+    """Slice ``depth_index`` of a volume as an HxW(xC) picture: a tensor ``(D, H, W)`` or ``(C, D, H, W)``,
+    an array ``(D, H, W)`` or ``(D, H, W, C)``."""
+    import numpy as np
+
+    depth = volume_depth(volume)
+    if not 0 <= depth_index < depth:
+        raise ValueError(f"depth_index {depth_index} outside a volume of {depth} slices (0..{depth - 1})")
+    picture = volume[depth_index] if isinstance(volume, np.ndarray) else as_picture(
+        volume[depth_index] if volume.ndim == 3 else volume[:, depth_index])
+    return picture[..., 0] if picture.ndim == 3 and picture.shape[-1] == 1 else picture   # one channel: grey
+
+
+def volume_depth(volume: np.ndarray | torch.Tensor) -> int:
+    """How many slices ``volume`` has (see ``volume_slice`` for its layouts)."""
+    import numpy as np
+
+    if volume.ndim not in (3, 4):
+        raise ValueError(f"a volume is (D, H, W), (C, D, H, W) (tensor) or (D, H, W, C) (array); got the "
+                         f"shape {tuple(volume.shape)}")
+    channels_first = not isinstance(volume, np.ndarray) and volume.ndim == 4
+    return int(volume.shape[1] if channels_first else volume.shape[0])
+
+
+def slice_tiles(grid: TileGrid, sizes: Sequence[int], depth: int) -> list[int]:
+    """The tiles of a volume's ``grid`` that own feature slice ``depth`` of a ``sizes`` (D, H, W) map."""
+    return [tile for tile in range(grid.num_tiles) if grid.extent(tile, sizes)[0][0] <= depth
+            < grid.extent(tile, sizes)[0][1]]
+
+
+def draw_volume_tiles_and_halos(volume: np.ndarray | torch.Tensor, grid: TileGrid, halo: LayerHalo | None = None,
+                                *, depth_index: int = 0, tiles: Sequence[int] | None = None,
+                                show_messages: bool = True, ax: Axes | None = None) -> Figure:
+    """Slice ``depth_index`` of a volume with the tiles of a volume's ``grid`` that own it and, for the chosen
+    ``tiles`` (default all), the halo of ``halo`` (a volume's geometry.LayerHalo) that lies in this slice.
+
+    A tile whose own slices hold this one draws its in-plane bands (``halo:tile<t>:top``...; corners hatched);
+    a tile for which this slice is in its depth halo draws its face (``halo:tile<t>:front`` or ``:back``, the
+    owned rows x columns, sent by the depth neighbour in the first phase) and the face's edges
+    (``halo:tile<t>:front_top``..., hatched: they come in the later phases). Arrows: the in-plane messages of
+    this slice's tiles. The title names the chosen tile's six faces' halo depths. The halo geometry lives on the
+    layer's feature map (``halo.sizes``), scaled onto the volume.
+    """
+    if not grid.volumetric:
+        raise ValueError(f"{grid} tiles images: draw it with draw_tiles_and_halos")
+    picture = volume_slice(volume, depth_index)
+    img_h, img_w = picture.shape[:2]
+    vol_d = volume_depth(volume)
+    sizes = halo.sizes if halo is not None else (vol_d, img_h, img_w)
+    if halo is not None and not halo.grid.volumetric:
+        raise ValueError(f"{halo.name}: an image's halo; draw a volume's (grid with depth)")
+    feat_d, feat_h, feat_w = sizes
+    z = depth_index * feat_d // vol_d                          # the feature slice this volume slice falls in
+    sy, sx = img_h / feat_h, img_w / feat_w
+    fig, ax = _axes(ax, (6, 6))
+    ax.imshow(picture, extent=(0, img_w, img_h, 0), gid="image", cmap="gray" if picture.ndim == 2 else None)
+    here = slice_tiles(grid, sizes, z)
+    centers: dict[int, tuple[float, float]] = {}
+    for tile in here:
+        _, (r0, r1), (c0, c1) = grid.extent(tile, sizes)
+        centers[tile] = ((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy)
+        ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, fill=False,
+                               edgecolor="white", linewidth=1.5, gid=f"tile:{tile}"))
+        ax.text(*centers[tile], f"rank tile {tile}", color="white", ha="center", va="center", fontsize=9,
+                gid=f"tile-label:{tile}", bbox={"facecolor": "black", "alpha": 0.4, "pad": 2})
+    shape = "x".join(map(str, grid.shape))
+    where = f"slice {depth_index} of {vol_d}"
+    if halo is None:
+        ax.set_title(f"{where}: {vol_d}x{img_h}x{img_w} volume on {shape} tiles (here: {here})", fontsize=9)
+    else:
+        chosen = range(grid.num_tiles) if tiles is None else tiles
+        for tile in chosen:
+            _draw_volume_halo(ax, halo.tile(tile), z, (feat_h, feat_w), (sy, sx))
+        if show_messages:
+            in_plane = [m for m in halo.messages() if m.phase != "depth" and m.depth is not None
+                        and m.depth[0] <= z < m.depth[1]]
+            _draw_messages(ax, in_plane, centers, tiles, (img_h, img_w))
+        faces = ""
+        if tiles is not None and len(tiles) == 1:
+            widths = face_halos(halo.tile(tiles[0]))
+            faces = f"\ntile {tiles[0]}'s halo per face: " + ", ".join(f"{face} {widths[face]}" for face in FACES)
+        ax.set_title(f"{halo.name}: {where} (feature slice {z} of {feat_d})\non {shape} tiles, "
+                     f"{halo.message_count} messages{faces}", fontsize=8)
+    ax.set_xlim(0, img_w)
+    ax.set_ylim(img_h, 0)
+    return fig
+
+
+def _draw_volume_halo(ax: Axes, tile_halo: TileHalo, z: int, plane: tuple[int, int],
+                      scale: tuple[float, float]) -> None:
+    """What ``tile_halo``'s tile receives in feature slice ``z``: in-plane bands, or a depth face and its edges."""
+    assert tile_halo.depth is not None
+    (own0, own1), (need0, need1) = tile_halo.depth.owned, tile_halo.depth.needed
+    if not max(need0, 0) <= z < min(need1, tile_halo.depth.size):
+        return                                          # this slice is neither the tile's nor its halo's
+    feat_h, feat_w = plane
+    sy, sx = scale
+    color = stage_color(tile_halo.tile)
+    face = None if own0 <= z < own1 else ("front" if z < own0 else "back")
+    prefix = "" if face is None else f"{face}_"
+    if face is not None:
+        r0, r1, c0, c1 = tile_halo.owned_box
+        ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, facecolor=color, alpha=0.6,
+                               edgecolor=color, linewidth=2, gid=f"halo:tile{tile_halo.tile}:{face}"))
+    for side, (r0, r1, c0, c1) in halo_bands(tile_halo, feat_h, feat_w).items():
+        hatched = face is not None or side.endswith("corner")
+        ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, facecolor=color,
+                               alpha=0.25 if hatched else 0.45, edgecolor=color, hatch="//" if hatched else None,
+                               gid=f"halo:tile{tile_halo.tile}:{prefix}{side}"))
+
+
+def _draw_messages(ax: Axes, messages: Iterable[Message], centers: Mapping[int, tuple[float, float]],
+                   tiles: Sequence[int] | None, picture_size: tuple[int, int]) -> None:
+    """An arrow (rows phase: yellow, cols phase: cyan) from each message's sender's centre to its receiver's,
+    labelled with its element count; only messages of ``tiles`` (default all) between tiles in ``centers``."""
+    img_h, img_w = picture_size
+    for msg in messages:
+        if tiles is not None and msg.dst not in tiles and msg.src not in tiles:
+            continue
+        if msg.src not in centers or msg.dst not in centers:
+            continue
+        (x0, y0), (x1, y1) = centers[msg.src], centers[msg.dst]
+        shift = 0.06 * (img_w if msg.phase == "rows" else img_h)
+        offset = (shift, 0) if msg.phase == "rows" else (0, shift)
+        sign = 1 if msg.src < msg.dst else -1
+        start = (x0 + sign * offset[0], y0 + sign * offset[1])
+        end = (x1 + sign * offset[0], y1 + sign * offset[1])
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
+                                     color="yellow" if msg.phase == "rows" else "cyan",
+                                     linewidth=1.5, gid=f"msg:{msg.phase}:{msg.src}->{msg.dst}"))
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2, f"{msg.elements}",
+                fontsize=7, color="black", ha="center",
+                bbox={"facecolor": "white", "alpha": 0.7, "pad": 1},
+                gid=f"msg-label:{msg.phase}:{msg.src}->{msg.dst}")
 
 
 def as_picture(image: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -61,6 +61,11 @@ class AxesHaloExchange:
 
     # ------------------------------------------------------------------ forward
     def forward_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        return self.extend(x)[0]
+
+    def extend(self, x: torch.Tensor) -> tuple[torch.Tensor, Strips]:
+        """The needed tile from the owned one, and the received strips (two per axis, each cut from the tile
+        as widened by the earlier phases: kept for ``rebuild``, they hold no padding and no owned position)."""
         expected = tuple(range_length(plan.owned) for plan in self.axes)
         if tuple(x.shape[-len(expected):]) != expected:
             raise ValueError(f"{self.geometry.name}: tile {self.tile} got a {tuple(x.shape)} tile, expected "
@@ -74,6 +79,12 @@ class AxesHaloExchange:
             x = self._joined(x, k, plan, strips)
         if log is not None and kept is None:
             log.record(received)
+        return x, received
+
+    def rebuild(self, x: torch.Tensor, strips: Strips) -> torch.Tensor:
+        """``extend(x)[0]`` again from the owned tile and the saved strips, with no communication."""
+        for k, plan in enumerate(self.axes):
+            x = self._joined(x, k, plan, strips[2 * k:2 * k + 2])
         return x
 
     def _receive(self, x: torch.Tensor, k: int, plan: AxisExchange) -> Strips:

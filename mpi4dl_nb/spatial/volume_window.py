@@ -11,12 +11,15 @@ input that already holds its halo and padding (a fused block's, ``spatial/fused.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .backward_half import input_gradient_wanted
 from .conv import autocast_operands, conv_axis_windows
+from .function_ctx import FunctionContext
 from .geometry import AxisExchange, LayerHalo, Window1d
 from .halo_axes import AxesHaloExchange
 from .layer import SpatialLayer, SpatialRuntime, adopt
@@ -36,14 +39,19 @@ class _VolumeWindowed(SpatialLayer):
             return tuple(ceil_window(w, n) for w, n in zip(self.windows, sizes))
         return self.windows
 
-    def exchanged(self, x: torch.Tensor) -> tuple[torch.Tensor, AxesHaloExchange]:
-        """The needed tile of ``x`` (halo and padding along every axis) and its exchange."""
+    def axes_exchange(self, x: torch.Tensor) -> AxesHaloExchange:
+        """The exchange of the tile ``x`` (one per input size, cached)."""
         sizes = self.runtime.tiled_sizes(self, x)
         exchange = self.axes_exchanges.get(sizes)
         if exchange is None:
             geometry = LayerHalo.for_axis_windows(self.runtime.grid, sizes, self.sized_windows(sizes),
                                                   self.layer_name)
             exchange = self.axes_exchanges[sizes] = self.runtime.axes_exchange(geometry, self.pad_value)
+        return exchange
+
+    def exchanged(self, x: torch.Tensor) -> tuple[torch.Tensor, AxesHaloExchange]:
+        """The needed tile of ``x`` (halo and padding along every axis) and its exchange."""
+        exchange = self.axes_exchange(x)
         return exchange(x), exchange
 
 
@@ -63,13 +71,55 @@ class SpatialConv3d(_VolumeWindowed, nn.Conv3d):
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
         x, weight, bias = autocast_operands(x, self.weight, self.bias)
-        needed, _ = self.exchanged(x)
-        return F.conv3d(needed, weight, bias, self.stride, 0, self.dilation, self.groups)
+        exchange = self.axes_exchange(x)
+        if exchange.identity:
+            return F.conv3d(x, weight, bias, self.stride, 0, self.dilation, self.groups)
+        out: torch.Tensor = _HaloConv3d.apply(x, weight, bias, self, exchange)
+        return out
 
     def apply_padded(self, y: torch.Tensor, inside: tuple[int, ...] | None = None) -> torch.Tensor:
         """The convolution on an input that already holds its halo and zero padding."""
         y, weight, bias = autocast_operands(y, self.weight, self.bias)
         return F.conv3d(y, weight, bias, self.stride, 0, self.dilation, self.groups)
+
+
+class _HaloConv3dCtx(FunctionContext, Protocol):
+    conv: SpatialConv3d
+    exchange: AxesHaloExchange
+    present: list[bool]             # which of the six strips were received
+    has_bias: bool
+
+
+class _HaloConv3d(torch.autograd.Function):
+    """Halo exchange + Conv3d that saves only the owned tile and the received strips, not the needed tile (which
+    would double the activation bytes next to the previous layer's saved output, as ``_HaloConv2d`` avoids in
+    2-D); backward rebuilds the needed tile without messages."""
+
+    @staticmethod
+    def forward(fctx: _HaloConv3dCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                conv: SpatialConv3d, exchange: AxesHaloExchange) -> torch.Tensor:
+        needed, strips = exchange.extend(x)
+        out = F.conv3d(needed, weight, bias, conv.stride, 0, conv.dilation, conv.groups)
+        fctx.conv, fctx.exchange, fctx.has_bias = conv, exchange, bias is not None
+        fctx.present = [strip is not None for strip in strips]
+        fctx.save_for_backward(x, weight, *[strip for strip in strips if strip is not None])
+        return out
+
+    @staticmethod
+    def backward(fctx: _HaloConv3dCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, *saved = fctx.saved_tensors
+        found = iter(saved)
+        strips = [next(found) if present else None for present in fctx.present]
+        mask = [input_gradient_wanted(fctx.needs_input_grad[0]), fctx.needs_input_grad[1],
+                fctx.has_bias and fctx.needs_input_grad[2]]
+        needed = fctx.exchange.rebuild(x, strips)
+        conv = fctx.conv
+        grad_needed, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad.contiguous(), needed, weight, [weight.shape[0]] if fctx.has_bias else None,
+            list(conv.stride), [0, 0, 0], list(conv.dilation), False, [0, 0, 0], conv.groups, mask)
+        del needed
+        grad_x = fctx.exchange.backward_tensor(grad_needed) if mask[0] else None
+        return grad_x, grad_w if mask[1] else None, grad_b if mask[2] else None, None, None
 
 
 class SpatialMaxPool3d(_VolumeWindowed, nn.MaxPool3d):

@@ -1,4 +1,4 @@
-"""What notebooks 04, 06, 08, 09 and 10 must print, checked alike after a headless run and a JupyterLab Run All."""
+"""What notebooks 04, 06, 08, 09, 10 and 11 must print, checked alike after a headless run and a JupyterLab Run All."""
 
 from __future__ import annotations
 
@@ -54,3 +54,11 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         looked = re.search(r"(\d+)% of the cells lie near a dot and hold (\d+)% of the features' maxima", text)
         assert looked and int(looked.group(2)) > 2 * int(looked.group(1)), "the maxima do not fall on the dots"
         assert not list(kernel_tmpdir.glob("mpi4dl-10-*")), "the notebook's temporary folder was left behind"
+    if number == "11":   # the 3-D U-Net on 2x2x2 tiles equals one process; it finds the cells; the halo counted
+        assert "-> exact: True" in text and "exact: False" not in text
+        differences = re.search(r"max \|loss difference\| = (\S+), max \|weight difference\| = (\S+) over", text)
+        assert differences and max(float(v) for v in differences.groups()) < 1e-9
+        assert "tiles (depth, row, col) by rank: [(0, 0, 0), (0, 0, 1)" in text
+        dice = [float(v) for v in re.findall(r"Dice of the cell class over all 4096 voxels = (\S+)", text)]
+        assert len(dice) == 2 and min(dice) > 0.5, f"the U-Net did not find the cells: Dice {dice}"
+        assert "tile 0: receives 217 voxels" in text and "tile 7: receives 217 voxels" in text

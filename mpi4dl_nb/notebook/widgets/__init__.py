@@ -16,6 +16,8 @@ if TYPE_CHECKING:     # the widgets load on first use (ipywidgets is heavy); typ
     from .stepper import StepThrough as StepThrough
     from .timeline import TimelineView as TimelineView
     from .timeline import TrainingProgress as TrainingProgress
+    from .volume_halo_viewer import VolumeHaloViewer as VolumeHaloViewer
+    from .volume_halo_viewer import volume_layers as volume_layers
 
 _EXPORTS = {
     "FigureView": "figure_view",
@@ -28,6 +30,8 @@ _EXPORTS = {
     "TrainingProgress": "timeline",
     "AutoTune": "autotune",
     "LearningCurves": "learning_curves",
+    "VolumeHaloViewer": "volume_halo_viewer",
+    "volume_layers": "volume_halo_viewer",
 }
 
 __all__ = list(_EXPORTS)

@@ -20,7 +20,6 @@ from .figure_view import FigureView, display_widget
 if TYPE_CHECKING:
     import numpy as np
 
-Windowed = nn.Conv2d | nn.MaxPool2d | nn.AvgPool2d     # the layers whose halos the viewer draws
 
 
 @dataclass(frozen=True)
@@ -40,13 +39,69 @@ class WindowedLayer:
                                self.dilation, name=self.name)
 
 
+def axis_values(value: object, count: int = 2) -> tuple[int, ...]:
+    """A layer's kernel/stride/padding/dilation as one int per spatial axis (``count``: 2 or 3)."""
+    if isinstance(value, int):
+        return (value,) * count
+    if isinstance(value, tuple) and len(value) == count:
+        return tuple(int(item) for item in value)
+    raise TypeError(f"{value!r} is neither an int nor {count} ints")
+
+
 def _pair(value: object) -> tuple[int, int]:
     """A layer's kernel/stride/padding/dilation as (rows, cols)."""
-    if isinstance(value, int):
-        return (value, value)
-    if isinstance(value, tuple) and len(value) == 2:
-        return (int(value[0]), int(value[1]))
-    raise TypeError(f"{value!r} is neither an int nor a pair of ints")
+    rows, cols = axis_values(value, 2)
+    return (rows, cols)
+
+
+@dataclass(frozen=True)
+class WindowCall:
+    """One call of a conv/pool layer with a window: its input's spatial sizes and its window per axis."""
+
+    name: str
+    sizes: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+
+WindowModule = nn.modules.conv._ConvNd | nn.modules.pooling._MaxPoolNd | nn.modules.pooling._AvgPoolNd   # a window
+
+
+def window_calls(model: nn.Module, input_shape: Sequence[int],
+                 kinds: tuple[type[WindowModule], ...]) -> list[WindowCall]:
+    """Every call of a ``kinds`` layer in ``model`` with a window > 1 or a stride, with its input's sizes (one
+    forward pass of a ``input_shape`` (N, C, *spatial) input on the meta device); string padding is skipped."""
+    model = copy.deepcopy(model).to("meta")
+    count = len(input_shape) - 2
+    found: list[WindowCall] = []
+    handles = []
+
+    def hook_for(name: str) -> Callable[[WindowModule, tuple[object, ...]], None]:
+        def hook(module: WindowModule, inputs: tuple[object, ...]) -> None:
+            x = inputs[0]
+            padding = module.padding
+            if not isinstance(x, torch.Tensor) or isinstance(padding, str):
+                return      # 'same'/'valid' string padding: not a windowed-halo layer we draw
+            kernel = axis_values(module.kernel_size, count)
+            stride_value = module.stride
+            stride = axis_values(stride_value if stride_value is not None else kernel, count)
+            if kernel == (1,) * count and stride == (1,) * count:
+                return
+            found.append(WindowCall(name, tuple(int(n) for n in x.shape[-count:]), kernel, stride,
+                                    axis_values(padding, count), axis_values(getattr(module, "dilation", 1), count)))
+        return hook
+
+    for name, module in model.named_modules():
+        if isinstance(module, kinds):
+            handles.append(module.register_forward_pre_hook(hook_for(name)))
+    try:
+        model(torch.empty(*input_shape, device="meta"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
 
 
 def windowed_layers(layers: Sequence[nn.Module] | nn.Module, image_size: int | tuple[int, int],
@@ -54,37 +109,10 @@ def windowed_layers(layers: Sequence[nn.Module] | nn.Module, image_size: int | t
     """Every Conv2d / MaxPool2d / AvgPool2d with a window > 1 or a stride, with its input size
     (found by one forward pass on the meta device)."""
     model = nn.Sequential(*layers) if not isinstance(layers, nn.Module) else layers
-    model = copy.deepcopy(model).to("meta")
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-    found: list[WindowedLayer] = []
-    handles = []
-
-    def hook_for(name: str) -> Callable[[Windowed, tuple[object, ...]], None]:
-        def hook(module: Windowed, inputs: tuple[object, ...]) -> None:
-            x = inputs[0]
-            if not isinstance(x, torch.Tensor):
-                return
-            kernel = _pair(module.kernel_size)
-            stride = _pair(module.stride if module.stride is not None else module.kernel_size)
-            padding = module.padding
-            if isinstance(padding, str):
-                return      # 'same'/'valid' string padding: not a windowed-halo layer we draw
-            dilation = _pair(getattr(module, "dilation", 1))
-            if kernel == (1, 1) and stride == (1, 1):
-                return
-            found.append(WindowedLayer(name, int(x.shape[-2]), int(x.shape[-1]), kernel, stride,
-                                       _pair(padding), dilation))
-        return hook
-
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)):
-            handles.append(module.register_forward_pre_hook(hook_for(name)))
-    try:
-        model(torch.empty(1, in_channels, height, width, device="meta"))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found
+    calls = window_calls(model, (1, in_channels, height, width), (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d))
+    return [WindowedLayer(call.name, call.sizes[0], call.sizes[1], _pair(call.kernel), _pair(call.stride),
+                          _pair(call.padding), _pair(call.dilation)) for call in calls]
 
 
 def _image_side(image: np.ndarray | torch.Tensor) -> int:
