@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from .dataset import AnyBox, is_volume_box
 from .masks import IMAGES, MASKS, SHOWN_LABELS
 from .pathology import require_path
 from .volume_files import VolumeInfo, is_volume_file, read_volume, volume_info, volume_stem
@@ -89,14 +90,13 @@ class VolumePatch:
         """``box`` of the patch (default: all of it) in voxels of the volume as read."""
         box = check_volume_box(box, self.size)
         offsets = [(e - s) // 2 for e, s in zip(self.extent, self.size, strict=True)]
-        d, r, c = ((o + a, o + b) for o, (a, b) in zip(offsets, box, strict=True))
-        return d, r, c
+        return tuple((o + a, o + b) for o, (a, b) in zip(offsets, box, strict=True))
 
     def source(self, path: Path, box: VolumeBox) -> np.ndarray:
         """``(C, d, h, w)`` voxels of ``box`` of the file at ``path`` (zeros past its edges)."""
         shape = self.info.shape
         inside = tuple((max(a, 0), min(b, n)) for (a, b), n in zip(box, shape, strict=True))
-        data = read_volume(path, tuple(slice(a, b) for a, b in inside))      # type: ignore[arg-type]
+        data = read_volume(path, (slice(*inside[0]), slice(*inside[1]), slice(*inside[2])))
         if inside == box:
             return data
         out = np.zeros((data.shape[0], *(b - a for a, b in box)), dtype=data.dtype)
@@ -119,8 +119,7 @@ def check_volume_box(box: VolumeBox | None, size: VolumeSize) -> VolumeBox:
     if len(box) != 3 or not all(0 <= a < b <= n for (a, b), n in zip(box, size, strict=True)):
         raise ValueError(f"region {box} ((d0, d1), (r0, r1), (c0, c1)) is not inside a {volume_size_text(size)} "
                          f"patch")
-    d, r, c = ((int(a), int(b)) for a, b in box)
-    return d, r, c
+    return tuple((int(a), int(b)) for a, b in box)
 
 
 def intensity_scale(dtype: np.dtype) -> float:
@@ -164,6 +163,7 @@ class VolumeFolderDataset:
     ``(D, H, W)`` voxels of each, at ``voxel_size`` µm ``(z, y, x)`` when given; any box read alone.
 
     ``files`` (default: every image) gives the volumes to use (the check's usable ones); each has label 0.
+    ``image_size`` is the patch's largest side (the RegionDataset field), ``volume_size`` the patch.
     """
 
     def __init__(self, root: str | Path, image_size: VolumeSize, num_classes: int, *,
@@ -179,7 +179,8 @@ class VolumeFolderDataset:
             raise ConfigError("--datapath", f"the volumes of {self.root / IMAGES} have {sorted(channels)} channels; "
                                             f"keep one channel count")
         self.masks = [label_volume_of(p) for p in self.files]
-        self.image_size = image_size
+        self.volume_size = image_size
+        self.image_size = max(image_size)
         self.channels = channels.pop()
         self.num_classes = num_classes
         self.voxel_size = voxel_size
@@ -190,12 +191,19 @@ class VolumeFolderDataset:
     def label(self, index: int) -> int:
         return 0
 
-    def read(self, index: int, box: VolumeBox | None = None) -> torch.Tensor:
+    def read(self, index: int, box: AnyBox | None = None) -> torch.Tensor:
         """Volume ``index``'s patch ``(C, d, h, w)`` float in [0, 1] (integer voxels), only ``box`` of it."""
         patch = self.patches[index]
-        voxels = patch.voxels(box) / intensity_scale(patch.info.dtype)
+        voxels = patch.voxels(volume_box(box)) / intensity_scale(patch.info.dtype)
         return torch.from_numpy(np.ascontiguousarray(voxels)).float()
 
-    def read_mask(self, index: int, box: VolumeBox | None = None) -> torch.Tensor:
+    def read_mask(self, index: int, box: AnyBox | None = None) -> torch.Tensor:
         """Label patch ``index``, int64 ``(d, h, w)``, only ``box`` of it."""
-        return torch.from_numpy(self.patches[index].labels(self.masks[index], box))
+        return torch.from_numpy(self.patches[index].labels(self.masks[index], volume_box(box)))
+
+
+def volume_box(box: AnyBox | None) -> VolumeBox | None:
+    """``box`` when it is a volume's (or None); ValueError for an image's 2-D box."""
+    if box is None or is_volume_box(box):
+        return box
+    raise ValueError(f"a volume is read by a 3-D box ((d0, d1), (r0, r1), (c0, c1)), got the 2-D box {box}")

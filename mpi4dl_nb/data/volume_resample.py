@@ -14,10 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
+from .dataset import VolumeBox
 from .resolution import LEVEL_TOLERANCE, AreaResampler
 
-Range = tuple[int, int]
-VolumeBox = tuple[Range, Range, Range]          # half-open (d0, d1), (r0, r1), (c0, c1)
 VolumeReader = Callable[[VolumeBox], np.ndarray]  # (C, d, h, w) of a box of the source (zeros past its edges)
 VoxelSize = tuple[float, float, float]
 
@@ -64,7 +63,7 @@ class VolumeResampler:
                 continue
             low, high = AreaResampler(scale).source_range(start, stop)
             ranges.append((low, high + int(math.ceil(scale)) + 1))
-        return ranges[0], ranges[1], ranges[2]
+        return tuple(ranges)
 
     def mean(self, source: np.ndarray, box: VolumeBox) -> np.ndarray:
         """float64 ``(C, d, h, w)`` of ``box``: each voxel the overlap-weighted mean of ``source`` (float64, the

@@ -10,28 +10,9 @@ import torch
 from mpi4dl_nb.data.volume_dataset import VolumeFolderDataset, check_volume_pair, label_volumes
 from mpi4dl_nb.data.volume_resample import VolumeResampler, voxel_scales
 from mpi4dl_nb.errors import ConfigError
+from tests.support.volume_data import write_volume_pairs
 
 BOX = ((1, 5), (2, 7), (0, 3))
-
-
-def write_volume_pairs(root, shape=(10, 12, 14), classes=3, seed=0):
-    """Two image volumes (an ImageJ TIFF of 1 x 0.5 x 0.5 µm voxels, a NIfTI in µm) with label volumes."""
-    rng = np.random.default_rng(seed)
-    (root / "images").mkdir(parents=True)
-    (root / "masks").mkdir()
-    for name in ("a", "b"):
-        image = rng.integers(0, 65535, shape, dtype=np.uint16)
-        labels = rng.integers(0, classes, shape, dtype=np.uint8)
-        if name == "a":
-            tifffile.imwrite(root / "images" / "a.tif", image, imagej=True, resolution=(2.0, 2.0),
-                             metadata={"spacing": 1.0, "unit": "um", "axes": "ZYX"})
-            tifffile.imwrite(root / "masks" / "a.tif", labels, photometric="minisblack")
-        else:
-            nifti = nibabel.Nifti1Image(image.transpose(2, 1, 0), np.diag([0.5, 0.5, 1.0, 1.0]))
-            nifti.header.set_xyzt_units("micron")
-            nibabel.save(nifti, root / "images" / "b.nii.gz")
-            nibabel.save(nibabel.Nifti1Image(labels.transpose(2, 1, 0), np.eye(4)), root / "masks" / "b.nii.gz")
-    return root
 
 
 def test_patches_and_boxes_of_a_volume_folder(tmp_path):
