@@ -59,11 +59,9 @@ def check_volume_args(args: argparse.Namespace) -> None:
     if args.datapath is None or not is_mask_folder(args.datapath):
         raise ConfigError("--datapath", "volumes are read from a folder with images/ and masks/ holding volume "
                                         "files of the same names (.tif stacks, .nii, .nii.gz)")
-    for flag, given in (("--augment", getattr(args, "augment", None)), ("--mpp", getattr(args, "mpp", None)),
-                        ("--whole-slide", getattr(args, "whole_slide", False)),
-                        ("--val-datapath", getattr(args, "val_datapath", None)),
-                        ("--val-fraction", getattr(args, "val_fraction", None)),
-                        ("--folds", getattr(args, "folds", None))):
+    for flag, given in (("--augment", args.augment), ("--mpp", args.mpp), ("--whole-slide", args.whole_slide),
+                        ("--val-datapath", args.val_datapath), ("--val-fraction", args.val_fraction),
+                        ("--folds", args.folds)):
         if given:
             raise ConfigError(flag, "does not apply to volumes yet; drop it" if flag != "--mpp" else
                               "sets images' µm per pixel; volumes take --voxel-size Z,Y,X")

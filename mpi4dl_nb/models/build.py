@@ -70,9 +70,9 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
 
 def check_sides(name: str, image_size: int | tuple[int, ...], multiple: int) -> None:
     """ValueError unless every side of ``image_size`` is a multiple of ``multiple`` (a volume of a 3-D model:
-    three sides; an image: one)."""
+    three sides, or one for a cube; an image: one)."""
     sides = (image_size,) if isinstance(image_size, int) else tuple(image_size)
-    if (len(sides) == 3) != (name == "unet3d"):
+    if len(sides) != 1 and (len(sides) != 3 or name != "unet3d"):
         raise ValueError(f"image_size={image_size}: {name} takes " + (
             "volumes: give depth, height and width" if name == "unet3d" else "images: give one side"))
     for side in sides:

@@ -54,6 +54,13 @@ def test_bad_label_volumes_and_flat_images_are_refused_naming_the_file(tmp_path,
     assert "c.tif: a 2-D image (one page, shape (12, 14)), not a volume" in err
 
 
+def test_a_finer_voxel_size_than_the_files_is_refused_naming_each(tmp_path, capsys):
+    data = write_volume_pairs(tmp_path / "v", shape=(8, 8, 8))      # 1 x 0.5 x 0.5 µm voxels
+    code, out, err = run_main([*UNET3D, "--datapath", str(data), "--voxel-size", "0.5"], capsys)
+    assert code == 2 and "2 of 2 files" in err, err
+    assert "a.tif: --voxel-size:" in err and "has 1 µm voxels along z; 0.5 µm would invent detail" in err
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--image-size", "8"], "--image-size: --model unet3d trains on volumes: give --image-size D,H,W"),
     (["--model", "unet"], "--image-size: 8,8,8 is a volume's patch but --model unet takes images"),
