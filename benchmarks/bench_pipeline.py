@@ -21,7 +21,8 @@ s on rank s mod S), ZB-H1 ``zb1`` (``ScheduleInterleavedZeroBubble`` on the same
 and the V-shaped ``zbv`` (``ScheduleZBVZeroBubble``, ranks r holding stages r and 2S-1-r), for
 m = 2, 4, 8 micro-batches, on the same layers, cut (``balance_of`` over the S or 2S stages), batch
 and micro-batches. Per configuration: s/step (median over rounds, in turns), the speed-up over the
-serial run, the measured bubble ``1 - serial / (S x step)`` beside the schedule's own
+serial run, on our row the peer's s/step over ours (``peer/ours``: > 1 when ours is faster), the
+measured bubble ``1 - serial / (S x step)`` beside the schedule's own
 (``planner.schedule_replay``: equal stages, F = I = W, no wire), and the peak activation bytes per
 rank (``ActivationMeter`` over one more step, the largest rank). A configuration a side cannot run
 (too few micro-batches, not built yet) shows ``-`` and the reason under the table::
@@ -257,7 +258,8 @@ def new_schedules(ctx, args) -> None:
     print(f"# issue 44 schedules, S = {ranks} ranks, {args.depth} conv layers x {args.channels} ch, image "
           f"{args.image_size}, batch {args.batch}, {args.steps} rounds in turns (median){crowded}")
     print(f"serial (1 process): {serial:.3f} s/step")
-    table = Table(["schedule", ">m", "side", ">s/step", ">vs serial", ">bubble", ">ideal", ">peak MB/rank"])
+    table = Table(["schedule", ">m", "side", ">s/step", ">vs serial", ">peer/ours", ">bubble", ">ideal",
+                   ">peak MB/rank"])
     for m in micro:
         for schedule in schedules:
             ideal = ideal_bubble(configs[f"{schedule}/{m}"]) if f"{schedule}/{m}" in configs else None
@@ -265,11 +267,14 @@ def new_schedules(ctx, args) -> None:
                 name = f"{side} {schedule}/{m}"
                 label = "mpi4dl-nb" if side == "ours" else "torch.distributed.pipelining"
                 if name not in runs:
-                    table.add(schedule, m, label, "-", "-", "-", "-", "-")
+                    table.add(schedule, m, label, "-", "-", "-", "-", "-", "-")
                     continue
                 t = med[name]
                 bubble = 1 - serial / (ranks * t)
-                table.add(schedule, m, label, f"{t:.3f}", f"{serial / t:.2f}", f"{bubble:.0%}",
+                peer = med.get(f"peer {schedule}/{m}")
+                # the peer's step over ours, on our row (> 1: ours is faster)
+                ratio = f"{peer / t:.2f}" if side == "ours" and peer is not None else "-"
+                table.add(schedule, m, label, f"{t:.3f}", f"{serial / t:.2f}", ratio, f"{bubble:.0%}",
                           f"{ideal:.0%}" if ideal is not None else "-", f"{peaks[name] / 2**20:.1f}")
     print(table.markdown())
     for name, note in notes.items():

@@ -64,6 +64,11 @@ class ScheduleKind(Choice):
         """Whether the schedule runs each backward as I (input gradient) and W (weight gradient) actions."""
         return self in (ScheduleKind.ZB1, ScheduleKind.ZBV)
 
+    @property
+    def places_chunks(self) -> bool:
+        """Whether the schedule lays several stages (chunks) on each pipeline position (virtual_stages)."""
+        return self in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV)
+
 
 C = TypeVar("C", bound=Choice)
 
@@ -171,6 +176,7 @@ class ParallelConfig:
     forward under autocast, master weights and BatchNorm statistics in float32.
     ``virtual_stages``: with ``schedule='interleaved'``, the chunks each rank holds: the
     ``split_size`` stages lie on ``split_size / virtual_stages`` ranks, stage s on s mod that.
+    ``schedule='zbv'`` always holds 2 (set for it): position r of P holds stages r and 2P-1-r.
     ``grad_bucket_mb``: the size cap of the gradient buckets whose all-reduce over a stage's holders
     starts during backward, as soon as the bucket's gradients of the step are complete (None: one
     all-reduce per stage after all backwards, no overlap).
@@ -228,6 +234,14 @@ class ParallelConfig:
     def pipeline_positions(self) -> int:
         """Ranks (or tile / copy groups) along the pipeline: split_size / virtual_stages."""
         return self.split_size // self.virtual_stages
+
+    def chunk_stages(self, position: int) -> tuple[int, ...]:
+        """The stages pipeline position ``position`` holds, chunk by chunk: interleaved ``position + c x P``
+        (P positions); zbv's V ``position`` then ``2P - 1 - position`` (down, then back up to position 0)."""
+        positions = self.pipeline_positions
+        if self.schedule is ScheduleKind.ZBV:
+            return (position, 2 * positions - 1 - position)
+        return tuple(position + c * positions for c in range(self.virtual_stages))
 
     @property
     def ranks_per_replica(self) -> int:
@@ -326,6 +340,8 @@ class ParallelConfig:
         # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
+        if self.schedule is ScheduleKind.ZBV and self.virtual_stages == 1:
+            object.__setattr__(self, "virtual_stages", 2)   # the V: two chunks on every position
         object.__setattr__(self, "precision", parse_choice(PrecisionMode, self.precision, "precision",
                                                            f"one of {', '.join(PRECISIONS)}"))
         object.__setattr__(self, "checkpoint_activations",
@@ -388,42 +404,50 @@ class ParallelConfig:
                                   f"{list(self.balance)}")
 
     def _check_virtual_stages(self) -> None:
-        """The interleaved schedule's knobs: what it can lay out and order (refused with the way out)."""
-        interleaved = self.schedule is ScheduleKind.INTERLEAVED
+        """The interleaved and V-shaped schedules' knobs: what they can lay out and order (refused with the way out)."""
+        chunked = self.schedule.places_chunks
         v = self.virtual_stages
-        if interleaved != (v > 1):
+        if chunked != (v > 1):
             raise ConfigError("virtual_stages", f"virtual_stages={v} with schedule='{self.schedule}': "
-                              "the interleaved schedule needs virtual_stages >= 2 and is the only one that "
-                              "places several chunks per rank; use schedule='interleaved' with "
+                              "the interleaved schedule needs virtual_stages >= 2 and is, with zbv, the only "
+                              "one that places several chunks per rank; use schedule='interleaved' with "
                               "virtual_stages >= 2, or virtual_stages=1")
-        if not interleaved:
+        if not chunked:
             return
+        name = f"schedule='{self.schedule}'"
+        if self.schedule is ScheduleKind.ZBV and v != 2:
+            raise ConfigError("virtual_stages", f"{name} holds exactly 2 chunks per rank (down, then back up), "
+                              f"virtual_stages={v}; use virtual_stages=2 (or leave it out) or "
+                              f"schedule='interleaved' for {v} chunks")
         positions = self.split_size // v
         if self.split_size % v or positions < 2:
-            raise ConfigError("virtual_stages", f"split_size={self.split_size} stages do not lie as "
-                              f"{v} chunks on each of >= 2 pipeline positions; use split_size a multiple "
-                              f"of virtual_stages with split_size >= {2 * v}")
+            raise ConfigError("split_size" if self.schedule is ScheduleKind.ZBV else "virtual_stages",
+                              f"{name}: split_size={self.split_size} stages do not lie as {v} chunks on each "
+                              f"of >= 2 pipeline positions; use split_size a multiple of {v} with "
+                              f"split_size >= {2 * v}")
         if self.spatial_size > positions:
-            raise ConfigError("spatial_size", f"interleaved: spatial stages lie in the first chunk only, "
+            raise ConfigError("spatial_size", f"{name}: spatial stages lie in the first chunk only, "
                               f"{positions} positions hold {self.spatial_size} spatial stages; use "
                               f"spatial_size <= {positions}")
         for knob, off, why in (("times", self.gems, "GEMS mirrors"), ("local_dp", self.local_dp > 1,
                                "local-DP copies"), ("sync_batchnorm", self.sync_batchnorm,
                                "synchronised BatchNorm across copies")):
             if off:
-                raise ConfigError(knob, f"the interleaved schedule does not combine with {why} yet; "
+                raise ConfigError(knob, f"{name} does not combine with {why} yet; "
                                   f"use schedule='1f1b' for them, or data_parallel for replicas")
+        if self.schedule is ScheduleKind.ZBV:
+            if self.parts < positions:
+                raise ConfigError("parts", f"{name} needs at least one micro-batch per pipeline position to "
+                                  f"fill the V: parts={self.parts} < {positions} positions; use parts >= "
+                                  f"{2 * positions} (no bubble at F = I = W) or schedule='1f1b'")
+            return
         if self.parts % positions:
             raise ConfigError("parts", f"the interleaved schedule runs micro-batches in groups of the "
                               f"{positions} pipeline positions, parts={self.parts} is not a multiple; "
                               f"use parts in {[positions * k for k in (1, 2, 4)]}")
 
     def _check_zero_bubble(self) -> None:
-        """The zero-bubble schedules' limits (refused with the way out)."""
-        if self.schedule is ScheduleKind.ZBV:
-            raise ConfigError("schedule", "schedule='zbv' (the V-shaped zero-bubble schedule) is not built "
-                              "yet; use schedule='zb1' (split backward, one chunk per rank) or "
-                              "schedule='interleaved' with virtual_stages=2")
+        """ZB-H1's limits (refused with the way out; zbv's are the chunked schedules' above)."""
         if self.schedule is not ScheduleKind.ZB1:
             return
         if self.gems:

@@ -27,6 +27,7 @@ class LayoutKnobs(Protocol):
     def tile_grid_shape(self) -> tuple[int, ...]: ...
     @property
     def pipeline_positions(self) -> int: ...
+    def chunk_stages(self, position: int) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class RankRole:
     index_in_replica: int
     primary: StageSlot
     mirror: StageSlot | None   # the GEMS mirror replica's slot on this rank
-    chunks: tuple[StageSlot, ...] = ()   # interleaved: the later virtual stages' slots on this rank
+    chunks: tuple[StageSlot, ...] = ()   # interleaved, zbv: the later chunks' (stages') slots on this rank
 
     def slots(self) -> list[tuple[int, StageSlot]]:
         """Every (direction, slot) this rank holds: primary, later virtual stages, then the mirror (1)."""
@@ -122,16 +123,15 @@ def _replica_slots(cfg: LayoutKnobs, base: int) -> list[StageSlot]:
 
 
 def _chunk_slots(cfg: LayoutKnobs, primary: list[StageSlot]) -> list[tuple[StageSlot, ...]]:
-    """Interleaved: in-replica index i also holds stage ``position + v * positions`` for v >= 1, a
-    layer stage (spatial stages lie in the first chunk); on a spatial position its tile 0 holds it."""
-    positions = cfg.pipeline_positions
-    later = range(1, cfg.split_size // positions)
+    """Interleaved, zbv: in-replica index i also holds its position's later chunks (``cfg.chunk_stages``),
+    layer stages (spatial stages lie in the first chunk); on a spatial position its tile 0 holds them."""
     out = []
     for slot in primary:
         holder = slot.stage_ranks[:1] if slot.spatial else slot.stage_ranks
         held = slot.tile in (None, 0)
-        out.append(tuple(StageSlot(slot.stage + v * positions, False, None, None, None, slot.copy, holder)
-                         for v in later) if held else ())
+        later = cfg.chunk_stages(slot.stage)[1:]
+        out.append(tuple(StageSlot(stage, False, None, None, None, slot.copy, holder)
+                         for stage in later) if held else ())
     return out
 
 

@@ -124,10 +124,13 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--schedule", dest="schedule", choices=SCHEDULES, default=ScheduleKind.GPIPE.value,
                    help="pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe; "
                         "interleaved: with --virtual-stages; zb1: zero bubble, each backward split into "
-                        "input- and weight-gradient halves, --parts >= --split-size; zbv: not built yet)")
+                        "input- and weight-gradient halves, --parts >= --split-size; zbv: zero bubble V, "
+                        "2 chunks per rank, rank r holding stages r and split-size-1-r, --parts >= "
+                        "split-size / 2)")
     g.add_argument("--virtual-stages", dest="virtual_stages", type=int, default=1,
                    help="with --schedule interleaved: chunks per rank; the --split-size stages lie on "
-                        "split-size / virtual-stages ranks, stage s on rank s mod that (Megatron)")
+                        "split-size / virtual-stages ranks, stage s on rank s mod that (Megatron); "
+                        "--schedule zbv sets 2")
     g.add_argument("--sync-batchnorm", dest="sync_batchnorm", action="store_true",
                    help="BatchNorm over the combined samples of the data-parallel copies of a "
                         "micro-batch (with --parts 1 and no GEMS: one full-batch serial run; GEMS "

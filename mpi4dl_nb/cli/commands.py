@@ -1,6 +1,7 @@
 """The command table of ``python -m mpi4dl_nb``: each command's module and one-line summary, and the dispatch."""
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,9 +38,17 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def _whole_lines(stream: object) -> None:
+    """Write each line as it ends: under ``mpiexec -prepend-rank`` and in batch logs a block-buffered pipe would
+    cut long lines into pieces (each prefixed) and hold progress back."""
+    if isinstance(stream, io.TextIOWrapper):
+        stream.reconfigure(line_buffering=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command named by the first argument with the rest; usage on none, -h or an unknown name."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _whole_lines(sys.stdout)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
         return 0 if args else 2

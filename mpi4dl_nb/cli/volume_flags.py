@@ -51,9 +51,11 @@ def check_volume_args(args: argparse.Namespace) -> None:
         if args.voxel_size is not None:
             raise ConfigError("--voxel-size", "applies to volumes (--image-size D,H,W); images use --mpp")
         return
-    if not family.volumetric:
+    if family is not ModelFamily.UNET3D:
+        takes = ("classifies volumes: training it from volume files is not built yet" if family.volumetric
+                 else "takes images")
         raise ConfigError("--image-size", f"{','.join(map(str, args.image_size))} is a volume's patch but --model "
-                                          f"{args.model} takes images: use --model unet3d, or one image side")
+                                          f"{args.model} {takes}: use --model unet3d, or one image side")
     if args.task != "segmentation":
         raise ConfigError("--task", "volumes are segmented (a class per voxel): add --task segmentation")
     if args.datapath is None or not is_mask_folder(args.datapath):

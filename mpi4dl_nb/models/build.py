@@ -8,20 +8,28 @@ from .amoebanet import amoebanet
 from .head import ClassifierHead
 from .pools import PoolKind
 from .resnet import resnet
+from .resnet3d import DEPTH as RESNET3D_DEPTH
+from .resnet3d import WIDTH as RESNET3D_WIDTH
+from .resnet3d import image_multiple as resnet3d_multiple
+from .resnet3d import resnet3d
 from .tissue import carry_tissue
 from .unet import unet
 from .unet3d import DEPTH as UNET3D_DEPTH
 from .unet3d import WIDTH as UNET3D_WIDTH
 from .unet3d import unet3d
 
-MODEL_NAMES = ("resnet", "amoebanet", "unet", "unet3d")
+MODEL_NAMES = ("resnet", "amoebanet", "unet", "unet3d", "resnet3d")
 DENSE_MODELS = ("unet", "unet3d")   # a class per pixel (voxel): levels of 2x downsampling, no head pool
 RESNET_IMAGE_MULTIPLE = 4  # two stride-2 stages
 DEFAULT_NUM_LAYERS = {"resnet": 110, "amoebanet": 18, "unet": 4,       # U-Net: depth (levels)
-                      "unet3d": UNET3D_DEPTH}
+                      "unet3d": UNET3D_DEPTH, "resnet3d": RESNET3D_DEPTH}
 DEFAULT_NUM_FILTERS = {"resnet": 16, "amoebanet": 416, "unet": 16,     # U-Net: channels of the first level
-                       "unet3d": UNET3D_WIDTH}
-IMAGE_MULTIPLES = {"resnet": RESNET_IMAGE_MULTIPLE, "amoebanet": AMOEBANET_IMAGE_MULTIPLE}
+                       "unet3d": UNET3D_WIDTH, "resnet3d": RESNET3D_WIDTH}
+IMAGE_MULTIPLES = {"resnet": RESNET_IMAGE_MULTIPLE, "amoebanet": AMOEBANET_IMAGE_MULTIPLE,
+                   "resnet3d": resnet3d_multiple()}
+
+
+VOLUME_MODELS = ("unet3d", "resnet3d")   # take (N, C, D, H, W)
 
 
 def image_multiple(name: str, num_layers: int | None = None) -> int:
@@ -42,9 +50,10 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     ``num_filters`` (default 416). U-Net: ``num_layers`` levels (default 4), ``num_filters`` channels
     at the first level (default 16), ``norm`` 'batch'/'group', ``upsampling`` 'bilinear'/'transposed'
     (``models/unet.py``). ``unet3d``: the 3-D U-Net on volumes (N, C, D, H, W) (``models/unet3d.py``; default 2
-    levels of 8 filters, ``upsampling`` 'trilinear'/'transposed'). ``image_size`` (optional: a side, or a volume's
-    (D, H, W)) is checked against the downsampling, every side. ``pool``: the classifier head's global pool
-    (``with_pool``).
+    levels of 8 filters, ``upsampling`` 'trilinear'/'transposed'). ``resnet3d``: the 3-D ResNet trunk on volumes
+    (``models/resnet3d.py``; ``num_layers`` 10, 18 (default) or 34, 8 filters, average pool only). ``image_size``
+    (optional: a side, or a volume's (D, H, W)) is checked against the downsampling, every side. ``pool``: the
+    classifier head's global pool (``with_pool``).
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
@@ -55,6 +64,10 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     if name == "resnet":
         return with_pool(resnet(layers_arg, num_classes, version=version, width=filters,
                                 in_channels=in_channels), pool, in_channels, image_multiple(name))
+    if name == "resnet3d":
+        if PoolKind(pool) is not PoolKind.AVG:
+            raise ValueError(f"--pool {pool}: resnet3d pools its volume by average only; use --pool avg")
+        return resnet3d(layers_arg, num_classes, width=filters, in_channels=in_channels)
     if name in DENSE_MODELS:
         if PoolKind(pool) is not PoolKind.AVG:
             raise ValueError(f"--pool {pool}: a U-Net outputs a class per pixel and pools nothing; --pool is for "
@@ -72,9 +85,10 @@ def check_sides(name: str, image_size: int | tuple[int, ...], multiple: int) -> 
     """ValueError unless every side of ``image_size`` is a multiple of ``multiple`` (a volume of a 3-D model:
     three sides, or one for a cube; an image: one)."""
     sides = (image_size,) if isinstance(image_size, int) else tuple(image_size)
-    if len(sides) != 1 and (len(sides) != 3 or name != "unet3d"):
+    volumes = name in VOLUME_MODELS
+    if len(sides) != 1 and (len(sides) != 3 or not volumes):
         raise ValueError(f"image_size={image_size}: {name} takes " + (
-            "volumes: give depth, height and width" if name == "unet3d" else "images: give one side"))
+            "volumes: give depth, height and width" if volumes else "images: give one side"))
     for side in sides:
         if side < multiple or side % multiple:
             fit = max(multiple, multiple * round(side / multiple))

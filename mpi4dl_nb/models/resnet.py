@@ -5,19 +5,22 @@ import torch
 from torch import nn
 
 from .head import ClassifierHead
+from .unet import LAYERS, Layers
 
 STAGES = 3  # three stages of n blocks, the second and third start with stride 2
 IMAGENET_DEPTHS = (18, 34, 50, 101, 152)   # torchvision's ResNets, which a depth here may be mistaken for
 
 
-def conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
-    """3x3 convolution with 'same' padding and no bias (a BatchNorm follows or precedes)."""
-    return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+def conv3x3(in_channels: int, out_channels: int, stride: int = 1,
+            dims: Layers = LAYERS[2]) -> nn.Conv2d | nn.Conv3d:
+    """3x3 (3x3x3 with ``dims`` of volumes) convolution, 'same' padding, no bias (a BatchNorm follows or precedes)."""
+    return dims.conv(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
 
 
-def conv1x1(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
-    """1x1 convolution without bias."""
-    return nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
+def conv1x1(in_channels: int, out_channels: int, stride: int = 1,
+            dims: Layers = LAYERS[2]) -> nn.Conv2d | nn.Conv3d:
+    """1x1 (1x1x1) convolution without bias."""
+    return dims.conv(in_channels, out_channels, 1, stride=stride, bias=False)
 
 
 class ResNetStem(nn.Module):
@@ -34,20 +37,23 @@ class ResNetStem(nn.Module):
 
 
 class BasicBlock(nn.Module):
-    """ResNet v1 block: conv-BN-ReLU-conv-BN plus shortcut (1x1 conv + BN when the shape changes), ReLU."""
+    """ResNet v1 block: conv-BN-ReLU-conv-BN plus shortcut (1x1 conv + BN when the shape changes), ReLU.
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+    ``dims``: the layer kinds, images' (default) or volumes' (``LAYERS[3]``: Conv3d, BatchNorm3d; models/resnet3d.py).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, dims: Layers = LAYERS[2]) -> None:
         super().__init__()
-        self.conv1 = conv3x3(in_channels, out_channels, stride)
-        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv1 = conv3x3(in_channels, out_channels, stride, dims)
+        self.bn1 = dims.batch_norm(out_channels)
         self.relu1 = nn.ReLU()
-        self.conv2 = conv3x3(out_channels, out_channels)
-        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.conv2 = conv3x3(out_channels, out_channels, dims=dims)
+        self.bn2 = dims.batch_norm(out_channels)
         self.relu2 = nn.ReLU()
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(conv1x1(in_channels, out_channels, stride),
-                                          nn.BatchNorm2d(out_channels))
+            self.shortcut = nn.Sequential(conv1x1(in_channels, out_channels, stride, dims),
+                                          dims.batch_norm(out_channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))

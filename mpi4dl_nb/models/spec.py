@@ -21,6 +21,7 @@ class ModelFamily(Choice):
     AMOEBANET = "amoebanet"
     UNET = "unet"          # dense: per-pixel logits as large as the input (--task segmentation)
     UNET3D = "unet3d"      # dense on volumes (N, C, D, H, W): per-voxel logits (--image-size D,H,W)
+    RESNET3D = "resnet3d"  # volumes (N, C, D, H, W): a 3-D ResNet trunk and a global-pool head (models/resnet3d.py)
     TORCHVISION = "torchvision"   # torchvision:NAME, cut into pieces by models/cut.py (ModelSpec.source: NAME)
     TIMM = "timm"                 # timm:NAME
     MODULE = "module"             # package.module:callable (source): an nn.Module (cut) or a layer list
@@ -50,7 +51,7 @@ class ModelFamily(Choice):
     @property
     def volumetric(self) -> bool:
         """Whether the family takes volumes (N, C, D, H, W) rather than images."""
-        return self is ModelFamily.UNET3D
+        return self in (ModelFamily.UNET3D, ModelFamily.RESNET3D)
 
     @property
     def versioned(self) -> bool:

@@ -28,6 +28,7 @@ from .step_input import StepInput
 
 Key = tuple[int, int, int, int]   # (replica, stage, micro_batch, copy)
 LossFn = Callable[[Payload, Payload], torch.Tensor]   # (last stage's output, labels) -> loss
+MessageKey = tuple[bool, int, int, int, int, int]   # (activation?, dp, replica, sender stage, micro-batch, copy)
 
 
 class StageOutput(NamedTuple):
@@ -107,9 +108,8 @@ class _StepState:
     # split backward (zero-bubble schedules): the layers' calls of a forward, the W an I left
     layer_calls: dict[Key, list[LayerCall]] = field(default_factory=dict)
     weight_work: dict[Key, WeightWork] = field(default_factory=dict)
-
-
-MessageKey = tuple[bool, int, int, int, int, int]   # (activation?, dp, replica, sender stage, micro-batch, copy)
+    # zbv's turn: a payload between two stages of this rank (no wire), from its send to its receive
+    loopback: dict[MessageKey, Payload] = field(default_factory=dict)
 
 
 def message_key(action: Action) -> MessageKey:
@@ -123,10 +123,11 @@ def message_key(action: Action) -> MessageKey:
 
 
 def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
-    """Every (sender, receiver) pair of the schedule's payloads, sorted (the same on every rank)."""
+    """Every (sender, receiver) pair of the schedule's payloads between two ranks, sorted (the same on
+    every rank; a payload a rank sends itself - zbv's turn - stays in its step state)."""
     return sorted({(a.rank, a.peer) for rank in range(schedule.world_size)
                    for a in schedule.actions(rank)
-                   if a.kind.is_p2p and a.kind.is_send and a.peer is not None})
+                   if a.kind.is_p2p and a.kind.is_send and a.peer is not None and a.peer != a.rank})
 
 
 def inbound_order(schedule: Schedule, rank: int,
@@ -135,6 +136,8 @@ def inbound_order(schedule: Schedule, rank: int,
     (``activations_only``: the forward-only round of an evaluation)."""
     order: dict[int, list[tuple[MessageKey, int]]] = {}
     for src in range(schedule.world_size):
+        if src == rank:
+            continue   # a rank's payloads to itself never touch the wire (``channel_pairs``)
         for a in schedule.actions(src):
             if activations_only and not a.kind.carries_activation:
                 continue
@@ -412,6 +415,10 @@ class PipelineRuntime:
             if state.sends_left[key] == 0:
                 state.input_grads.pop(key)
                 state.boxes.pop(key, None)
+        if peer == self.ctx.rank:   # zbv's turn: the next stage is on this rank, the same tensors detached
+            # (no copy: an in-place op on a stage input is refused by autograd - the input is a leaf requiring grad)
+            state.loopback[message_key(action)] = like(payload, [t.detach() for t in as_items(payload)])
+            return 0
         requests = isend_payload(self.ctx, payload, peer, action.tag, self.outbound[peer])
         if action.kind.carries_activation:
             state.act_sends.setdefault(key, []).extend(requests)
@@ -427,7 +434,10 @@ class PipelineRuntime:
 
     def _recv(self, action: Action, state: _StepState, mailbox: Mailbox | None = None) -> int:
         peer = self._peer(action)
-        payload = (mailbox or self.mailbox).take(peer, message_key(action))
+        if peer == self.ctx.rank:
+            payload = state.loopback.pop(message_key(action))
+        else:
+            payload = (mailbox or self.mailbox).take(peer, message_key(action))
         state.inbox.setdefault((action.kind.carries_activation, self._key(action)), {})[peer] = payload
         return payload_bytes(payload)
 

@@ -1,4 +1,4 @@
-"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved, zero bubble).
+"""Pipeline schedules as plain data: per rank, per tick, what happens (GPipe, 1F1B, GEMS, interleaved, zero bubble, V).
 
 A :class:`Schedule` is built from a :class:`~mpi4dl_nb.config.ParallelConfig` and the rank
 layout. Every rank gets an ordered list of :class:`Action` s; the runtime executes exactly
@@ -66,6 +66,29 @@ by ``stage`` places to fill the drain), 3 stages, 4 micro-batches::
       13 | W3     | W3     | W3
       14 | AR OPT | AR OPT | AR OPT
 
+Zero bubble ZB-V (``schedule='zbv'``, ``pipeline/zero_bubble_v.py``): 4 stages on 2 ranks, rank r
+holding stages r and 3-r (down, then back up: the loss on rank 0, where the backward starts; rank
+1 hands stage 1's output to its own stage 2), each backward split into ``I`` and ``W``, 2 micro-batches::
+
+    >>> print(zbv(2, 2).table())
+    tick | rank 0    | rank 1
+         | s0,s3     | s1,s2
+    -----+-----------+----------
+       0 | F0@s0     |
+       1 | F1@s0     | F0@s1
+       2 |           | F0@s2
+       3 | F0@s3     | F1@s1
+       4 | I0@s3     | F1@s2
+       5 | W0@s3     | I0@s2
+       6 | F1@s3     | W0@s2
+       7 | I1@s3     | I0@s1
+       8 | W1@s3     | I1@s2
+       9 | I0@s0     | I1@s1
+      10 | W0@s0     | W0@s1
+      11 | I1@s0     | W1@s2
+      12 | W1@s0     | W1@s1
+      13 | AR AR OPT | AR AR OPT
+
 Cells read ``F<i>`` / ``B<i>``: forward / backward of micro-batch ``i`` (``I<i>`` / ``W<i>``: its
 input-gradient / weight-gradient half; ``.k`` appended:
 local-DP copy ``k``; a trailing ``'``: the GEMS mirror replica; ``@s<j>``: of stage ``j``, where
@@ -90,6 +113,7 @@ from ..config import Choice, ParallelConfig, ScheduleKind, as_schedule_kind
 from ..layout import RankRole, StageSlot, layout, stage_holders
 from .interleaved import interleaved_order
 from .zero_bubble import ZeroBubbleOp, zb1_order
+from .zero_bubble_v import zbv_order
 
 
 class ActionKind(Choice):
@@ -422,8 +446,8 @@ def _workers(cfg: ParallelConfig, roles: list[RankRole], kind: ScheduleKind) -> 
     m, copies, stages = cfg.parts, cfg.local_dp, cfg.split_size
     holders = stage_ranks(cfg, roles)
     workers: dict[WorkerKey, _Worker] = {}
-    if kind is ScheduleKind.INTERLEAVED:
-        return _interleaved_workers(cfg, holders)
+    if kind.places_chunks:
+        return _chunked_workers(cfg, holders, kind)
     if cfg.sync_batchnorm:
         return _synchronised_workers(cfg, holders, kind)
     for d in range(cfg.data_parallel):
@@ -462,17 +486,22 @@ def _synchronised_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int
     return workers
 
 
-def _interleaved_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int], tuple[int, ...]]
-                         ) -> dict[WorkerKey, _Worker]:
-    """Interleaved: one worker per (replica, pipeline position) over all its stages (Megatron's order)."""
+def _chunked_workers(cfg: ParallelConfig, holders: dict[tuple[int, int, int], tuple[int, ...]],
+                     kind: ScheduleKind) -> dict[WorkerKey, _Worker]:
+    """Interleaved, zbv: one worker per (replica, pipeline position) over all its stages (Megatron's
+    order, or the V's ``zbv_order``)."""
     F, B = ActionKind.FORWARD, ActionKind.BACKWARD
     positions = cfg.pipeline_positions
     chunks = cfg.split_size // positions
     workers: dict[WorkerKey, _Worker] = {}
     for d in range(cfg.data_parallel):
         for p in range(positions):
-            order = [_Op(F if op.forward else B, d, 0, op.stage, op.micro_batch, 0)
-                     for op in interleaved_order(p, positions, chunks, cfg.parts)]
+            if kind is ScheduleKind.ZBV:
+                order = [_Op(ZERO_BUBBLE_KINDS[step.op], d, 0, step.stage, step.micro_batch, 0)
+                         for step in zbv_order(p, positions, cfg.parts)]
+            else:
+                order = [_Op(F if op.forward else B, d, 0, op.stage, op.micro_batch, 0)
+                         for op in interleaved_order(p, positions, chunks, cfg.parts)]
             workers[(d, 0, p, 0)] = _Worker(holders[(d, 0, p)], order)
     return workers
 
@@ -670,6 +699,12 @@ def gems(num_stages: int, num_micro_batches: int = 1, times: int = 1,
 def zb1(num_stages: int, num_micro_batches: int) -> Schedule:
     """Zero-bubble ZB-H1 on a plain pipeline: 1F1B with each backward split into I and W (W deferred)."""
     return build_schedule(_pipeline_cfg(num_stages, num_micro_batches, ScheduleKind.ZB1))
+
+
+def zbv(num_positions: int, num_micro_batches: int) -> Schedule:
+    """Zero-bubble ZB-V: 2 chunks per rank, rank r holding stages r and 2P-1-r, backward split into I and W."""
+    return build_schedule(ParallelConfig(split_size=2 * num_positions, spatial_size=0, parts=num_micro_batches,
+                                         schedule=ScheduleKind.ZBV))
 
 
 def interleaved(num_positions: int, num_micro_batches: int, virtual_stages: int = 2) -> Schedule:

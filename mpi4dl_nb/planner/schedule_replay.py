@@ -14,11 +14,14 @@ Held activations: a rank keeps a stage's activations of one micro-batch from its
 the last part of its backward - the ``B``, or with a split backward the ``W`` (the weight
 gradients need every layer's input); ``peak_held`` counts those, per rank, at their largest.
 
-    >>> from mpi4dl_nb.pipeline.schedules import interleaved, one_f_one_b
+    >>> from mpi4dl_nb.pipeline.schedules import interleaved, one_f_one_b, zbv
     >>> round(replay_schedule(one_f_one_b(2, 4)).bubble_share, 4)      # (S-1)/(m+S-1)
     0.2
     >>> round(replay_schedule(interleaved(2, 4, virtual_stages=2)).bubble_share, 4)   # (S-1)/(V*m+S-1)
     0.1111
+    >>> run = replay_schedule(zbv(2, 4))   # 2 chunks per rank: (S-1) idle chunk ops of 6m+S-1 per rank
+    >>> round(run.bubble_share, 4), run.peak_held     # 2S chunk activations (half a stage each) on every rank
+    (0.04, (4, 4))
 """
 
 from __future__ import annotations

@@ -314,7 +314,9 @@ class _Costs:
         return self._grad_piece(action)
 
     def message(self, action: Action) -> float:
-        """Seconds from a send to its arrival: the header, then the tensor."""
+        """Seconds from a send to its arrival: the header, then the tensor (none to itself: zbv's turn)."""
+        if action.peer == action.rank:
+            return 0.0
         return self.network.message(HEADER_BYTES) + self.network.message(self.payload_bytes(action))
 
     def _grad_piece(self, action: Action) -> int:

@@ -315,11 +315,23 @@ def autocast_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     """Under autocast, the conv's operands in the compute dtype (as autocast casts them for
     F.conv2d; differentiable casts), so the halo travels, the tile is saved and backward runs
     in that dtype as in the serial model; unchanged otherwise."""
-    kind = x.device.type if x.device.type in ("cpu", "cuda") else "cpu"
-    if not torch.is_autocast_enabled(kind) or x.dtype == torch.float64:
+    dtype = autocast_dtype(x)
+    if dtype is None:
         return x, weight, bias
-    dtype = torch.get_autocast_dtype(kind)
     return x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
+
+
+def autocast_kind(x: torch.Tensor) -> str:
+    """The autocast device type of ``x``'s device."""
+    return x.device.type if x.device.type in ("cpu", "cuda") else "cpu"
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast computes an op on ``x`` in (bf16/fp16), None when autocast is off or ``x`` is float64."""
+    kind = autocast_kind(x)
+    if not torch.is_autocast_enabled(kind) or x.dtype == torch.float64:
+        return None
+    return torch.get_autocast_dtype(kind)
 
 
 class ConvPieces:

@@ -134,10 +134,9 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     Parameters used on replicated data (a classifier after the global pool, an SE gate's
     layers) get the full gradient on every tile (``tile_replicated_parameters``).
     """
-    if grid.volumetric and (image_size or halo_d2):
-        raise ConfigError("halo_d2" if halo_d2 else "image_size",
-                          f"{grid}: a volume's tiles take neither image_size nor halo_d2 yet; leave them out "
-                          f"(the sizes are learnt at the first forward, each layer exchanges its own halo)")
+    if grid.volumetric and image_size:
+        raise ConfigError("image_size", f"{grid}: a volume's tiles take no image_size; leave it out (the sizes are "
+                          f"learnt at the first forward)")
     runtime = SpatialRuntime(grid, ctx, group, (image_size[0], image_size[1]) if image_size else None,
                              check_ops=check_ops)
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):

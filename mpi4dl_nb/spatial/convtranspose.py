@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from .conv import autocast_dtype, autocast_kind
 from .geometry import AXIS_NAMES, AxisExchange, LayerHalo, plan_axis, split_ranges
 from .layer import SpatialLayer, SpatialRuntime, adopt
 
@@ -75,14 +76,24 @@ class _TransposedConv(SpatialLayer, nn.Module):
             raise ConfigError("model", f"{self.layer_name}: {self.serial_class.__name__}(output_size=...) is "
                               f"not supported on tiles (a tile's size is not the image's); set "
                               f"output_padding on the layer instead")
+        compute = autocast_dtype(x)
+        if compute is None:
+            return self._contributed(x, self.weight, self.bias)
+        # under autocast, as the serial layer: operands rounded to the compute dtype, the products summed (the
+        # tiles' contributions included) and the bias added in float32, the output rounded once
+        with torch.autocast(autocast_kind(x), enabled=False):
+            bias = None if self.bias is None else self.bias.to(compute).float()
+            return self._contributed(x.to(compute).float(), self.weight.to(compute).float(), bias).to(compute)
+
+    def _contributed(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Each tile's contribution, the neighbours' parts sent to their owners and added, then the bias."""
         runtime = self.runtime
         sizes = runtime.axis_sizes(self, x)
         exchange = self._halo(sizes, lambda: runtime.axes_exchange_for(self.geometry(sizes), 0.0))
         transposed = F.conv_transpose3d if runtime.grid.volumetric else F.conv_transpose2d
-        local = transposed(x, self.weight, None, self.stride, 0, 0, self.groups, self.dilation)
-        out = exchange.adjoint(local)
-        if self.bias is not None:
-            out = out + self.bias.reshape(-1, *[1] * runtime.grid.ndim)
+        out = exchange.adjoint(transposed(x, weight, None, self.stride, 0, 0, self.groups, self.dilation))
+        if bias is not None:
+            out = out + bias.reshape(-1, *[1] * runtime.grid.ndim)
         return out
 
 

@@ -21,61 +21,71 @@ from torch import nn
 
 from ..config import ConfigError
 from .conv import SpatialConv2d, conv_after_exchange, conv_after_padding
-from .geometry import FusedLevel, LayerHalo, plan_fused_axis
+from .geometry import AXIS_NAMES, FusedLevel, LayerHalo, plan_fused_axis
 from .guard import is_tiled, mark_tiled
 from .halo import HaloExchange
+from .halo_axes import AxesHaloExchange
 from .layer import SpatialLayer, SpatialRuntime
-from .norm import SpatialBatchNorm2d
+from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d
 from .pool import SpatialAvgPool2d, SpatialMaxPool2d
 from .registry import ELEMENTWISE
+from .volume_window import SpatialAvgPool3d, SpatialConv3d, SpatialMaxPool3d
 
-WINDOWED = (SpatialConv2d, SpatialMaxPool2d, SpatialAvgPool2d)
+VOLUME_WINDOWED = (SpatialConv3d, SpatialMaxPool3d, SpatialAvgPool3d)
+WINDOWED = (SpatialConv2d, SpatialMaxPool2d, SpatialAvgPool2d, *VOLUME_WINDOWED)
+BATCH_NORMS = (SpatialBatchNorm2d, SpatialBatchNorm3d)
 _NOT_POINTWISE = (nn.Flatten, nn.Linear)
 
 
 class FusedPlan:
-    """This tile's plan for one block at one input size: the exchange and per-layer ranges."""
+    """This tile's plan for one block at one input size: the exchange and per-layer ranges along every axis."""
 
-    def __init__(self, block: FusedBlock, height: int, width: int) -> None:
+    def __init__(self, block: FusedBlock, sizes: tuple[int, ...]) -> None:
         runtime, grid = block.runtime, block.runtime.grid
-        rows_x, rows_lv = plan_fused_axis(height, grid.rows, [w[0] for w in block.windows],
-                                          what=block.name + " (rows)")
-        cols_x, cols_lv = plan_fused_axis(width, grid.cols, [w[1] for w in block.windows],
-                                          what=block.name + " (cols)")
-        out_h = sum(lv[-1].out[1] - lv[-1].out[0] for lv in rows_lv)
-        out_w = sum(lv[-1].out[1] - lv[-1].out[0] for lv in cols_lv)
-        self.geometry = LayerHalo.from_plans(grid, height, width, out_h, out_w, rows_x, cols_x,
-                                             block.name)
-        row, col = grid.position(runtime.tile)
-        self.rows: list[FusedLevel] = rows_lv[row]
-        self.cols: list[FusedLevel] = cols_lv[col]
+        planned = [plan_fused_axis(size, parts, [w[k] for w in block.windows], what=f"{block.name} ({axis})")
+                   for k, (size, parts, axis) in enumerate(zip(sizes, grid.shape, AXIS_NAMES[-grid.ndim:]))]
+        outs = [sum(lv[-1].out[1] - lv[-1].out[0] for lv in levels) for _, levels in planned]
+        self.geometry = LayerHalo.from_axis_plans(grid, sizes, outs, [plans for plans, _ in planned], block.name)
+        # per axis (depth, rows, cols or rows, cols), this tile's levels in forward order
+        self.axes: list[list[FusedLevel]] = [levels[index] for (_, levels), index
+                                             in zip(planned, grid.coords(runtime.tile))]
         pad_value = block.windowed[0].pad_value
-        self.exchange = HaloExchange(self.geometry, runtime.tile, runtime.ranks, runtime.ctx,
-                                     pad_value)
+        self.exchange: HaloExchange | AxesHaloExchange = runtime.axes_exchange_for(self.geometry, pad_value)
         for level, bn in block.norm_levels:
-            for lv in (self.rows[level], self.cols[level]):
+            for lv in (levels[level] for levels in self.axes):
                 if not (lv.data[0] <= lv.owned_in[0] and lv.owned_in[1] <= lv.data[1]):
                     raise ConfigError("fused_layers", f"{block.name}: BatchNorm {bn} sees only "
                                       f"part of its owned rows inside the fused block; use a "
                                       f"smaller fused_layers")
 
-    def padding(self, level: int) -> tuple[int, int, int, int]:
-        """(left, right, top, bottom) padding of windowed layer ``level``'s input."""
-        r, c = self.rows[level], self.cols[level]
-        return (c.data[0] - c.needed[0], c.needed[1] - c.data[1],
-                r.data[0] - r.needed[0], r.needed[1] - r.data[1])
+    def padding(self, level: int) -> tuple[int, ...]:
+        """``F.pad``'s padding of windowed layer ``level``'s input: (before, after) per axis, last axis first
+        (an image's: left, right, top, bottom)."""
+        pads: list[int] = []
+        for levels in reversed(self.axes):
+            lv = levels[level]
+            pads += [lv.data[0] - lv.needed[0], lv.needed[1] - lv.data[1]]
+        return tuple(pads)
 
-    def inside(self, level: int) -> tuple[int, int, int, int]:
-        """In-image part of windowed layer ``level``'s padded input, local coordinates."""
-        left, right, top, bottom = self.padding(level)
-        r, c = self.rows[level], self.cols[level]
-        return (top, top + r.data[1] - r.data[0], left, left + c.data[1] - c.data[0])
+    def inside(self, level: int) -> tuple[int, ...]:
+        """In-image part of windowed layer ``level``'s padded input, local coordinates: (start, stop) per
+        axis, first axis first (an image's: top, bottom, left, right)."""
+        found: list[int] = []
+        for levels in self.axes:
+            lv = levels[level]
+            before = lv.data[0] - lv.needed[0]
+            found += [before, before + lv.data[1] - lv.data[0]]
+        return tuple(found)
 
-    def owned(self, level: int) -> tuple[slice, slice]:
-        """Owned rows/cols inside the data held at the input of windowed layer ``level``."""
-        r, c = self.rows[level], self.cols[level]
-        return (slice(r.owned_in[0] - r.data[0], r.owned_in[1] - r.data[0]),
-                slice(c.owned_in[0] - c.data[0], c.owned_in[1] - c.data[0]))
+    def image_box(self, level: int) -> tuple[int, int, int, int]:
+        """``inside(level)`` of an image's block: (top, bottom, left, right)."""
+        top, bottom, left, right = self.inside(level)
+        return (top, bottom, left, right)
+
+    def owned(self, level: int) -> tuple[slice, ...]:
+        """Owned positions along every axis inside the data held at the input of windowed layer ``level``."""
+        return tuple(slice(lv.owned_in[0] - lv.data[0], lv.owned_in[1] - lv.data[0])
+                     for lv in (levels[level] for levels in self.axes))
 
 
 class FusedBlock:
@@ -95,35 +105,42 @@ class FusedBlock:
         for _i, m in enumerate(members):
             if isinstance(m, WINDOWED):
                 level += 1
-            elif isinstance(m, SpatialBatchNorm2d):
+            elif isinstance(m, BATCH_NORMS):
                 self.norm_levels.append((level, m.layer_name))
-        self._plans: dict[tuple[int, int], FusedPlan] = {}
+        self._plans: dict[tuple[int, ...], FusedPlan] = {}
 
-    def plan(self, size: tuple[int, int]) -> FusedPlan:
-        plan = self._plans.get(size)
+    def plan(self, sizes: tuple[int, ...]) -> FusedPlan:
+        plan = self._plans.get(sizes)
         if plan is None:
-            plan = FusedPlan(self, *size)
-            self._plans[size] = plan
+            plan = FusedPlan(self, sizes)
+            self._plans[sizes] = plan
         return plan
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
-        plan = self.plan(self.runtime.input_size(self, x))
+        plan = self.plan(self.runtime.axis_sizes(self, x))
         y, level = x, 0
         for member in self.members:
             if isinstance(member, SpatialConv2d):    # memory-lean: saves unpadded inputs
-                y = conv_after_exchange(member, y, plan.exchange) if level == 0 else \
-                    conv_after_padding(member, y, plan.padding(level))
+                if level == 0:
+                    assert isinstance(plan.exchange, HaloExchange), "an image's grid exchanges in two phases"
+                    y = conv_after_exchange(member, y, plan.exchange)
+                else:
+                    left, right, top, bottom = plan.padding(level)
+                    y = conv_after_padding(member, y, (left, right, top, bottom))
                 level += 1
             elif isinstance(member, WINDOWED):
                 if level == 0:
                     y = plan.exchange(y)
                 elif any(plan.padding(level)):
                     y = F.pad(y, plan.padding(level), value=member.pad_value)
-                counted = None if getattr(member, "count_include_pad", False) else plan.inside(level)
-                y = member.apply_padded(y, counted)
+                counting = not getattr(member, "count_include_pad", False)   # the divisor counts in-image only
+                if isinstance(member, VOLUME_WINDOWED):
+                    y = member.apply_padded(y, plan.inside(level) if counting else None)
+                else:
+                    y = member.apply_padded(y, plan.image_box(level) if counting else None)
                 level += 1
-            elif isinstance(member, SpatialBatchNorm2d):
-                y = _normalized(member, y, *plan.owned(level))
+            elif isinstance(member, BATCH_NORMS):
+                y = _normalized(member, y, plan.owned(level))
             else:
                 y = member(y)
         return y
@@ -132,13 +149,17 @@ class FusedBlock:
         return self
 
 
-def _normalized(bn: SpatialBatchNorm2d, x: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
+def _normalized(bn: SpatialBatchNorm2d | SpatialBatchNorm3d, x: torch.Tensor, owned: tuple[slice, ...]
+                ) -> torch.Tensor:
     """``bn`` on an extended tile with the statistics of its owned window, between ``bn``'s forward pre-hooks and
     forward hooks as ``bn(x)`` runs them: the engine records the running-statistic update through those hooks
     (``pipeline/bn_replay.py``), which a bare ``normalize`` call would skip."""
     for pre_hook in list(bn._forward_pre_hooks.values()):
         pre_hook(bn, (x,))
-    y = bn.normalize(x, x[..., rows, cols])
+    sample, first = x, x.dim() - len(owned)
+    for k, window in enumerate(owned):
+        sample = sample.narrow(first + k, window.start, window.stop - window.start)
+    y = bn.normalize(x, sample)
     for hook in list(bn._forward_hooks.values()):
         hook(bn, (x,), y)
     return y
@@ -188,7 +209,7 @@ def _run_block(block: FusedBlock, x: torch.Tensor) -> torch.Tensor:
 def _fusable(module: nn.Module) -> bool:
     if getattr(module, "ceil_mode", False):   # its window depends on the input size
         return False
-    if isinstance(module, WINDOWED + (SpatialBatchNorm2d,)):
+    if isinstance(module, WINDOWED + BATCH_NORMS):
         return True
     return isinstance(module, ELEMENTWISE) and not isinstance(module, _NOT_POINTWISE)
 
@@ -218,6 +239,8 @@ def halo_messages_sent(root: nn.Module) -> int:
     for module in root.modules():
         if isinstance(module, SpatialLayer):
             total += sum(exchange.messages_sent for exchange in module._exchanges.values())
+        if isinstance(module, VOLUME_WINDOWED):   # a volume's layers keep their exchanges by input size
+            total += sum(exchange.messages_sent for exchange in module.axes_exchanges.values())
         if isinstance(module, FusedSequential):
             total += sum(plan.exchange.messages_sent for block in module.fused_blocks.values()
                          for plan in block._plans.values())

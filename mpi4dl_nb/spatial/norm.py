@@ -85,7 +85,31 @@ def train_batch_norm(bn: nn.modules.batchnorm._BatchNorm, runtime: SpatialRuntim
     return y
 
 
-class SpatialBatchNorm3d(SpatialLayer, nn.BatchNorm3d):
+class _WindowNormalize(SpatialLayer, nn.modules.batchnorm._BatchNorm):
+    """A spatial BatchNorm's normalisation of an extended tile by the statistics of its owned window (fused blocks)."""
+
+    def normalize(self, x: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` with batch statistics of ``sample`` (this tile's owned part of
+        ``x``; a fused halo block passes the owned window of an extended tile), image or volume."""
+        factor = batch_norm_factor(self)
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        if not use_batch:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                False, 0.0, self.eps)
+        runtime = self.runtime
+        pixels = math.prod(runtime.axis_sizes(self, sample))
+        count = float(sample.shape[0] * pixels * runtime.stats_copies)   # exact integer
+        centered, mean, var = moments(x, sample, (0, *range(2, sample.dim())), count, runtime.ctx,
+                                      runtime.stats_group)
+        y = _affine(centered * torch.rsqrt(var + self.eps), self.weight if self.affine else None,
+                    self.bias if self.affine else None)
+        if (self.training and self.track_running_stats and self.running_mean is not None
+                and self.running_var is not None):
+            update_running(self.running_mean, self.running_var, mean, var, count, factor)
+        return y
+
+
+class SpatialBatchNorm3d(_WindowNormalize, nn.BatchNorm3d):
     """BatchNorm3d on a volume's tile, statistics over the whole volume (see ``train_batch_norm``)."""
 
     @classmethod
@@ -97,7 +121,7 @@ class SpatialBatchNorm3d(SpatialLayer, nn.BatchNorm3d):
         return train_batch_norm(self, self.runtime, x, math.prod(self.runtime.tiled_sizes(self, x)))
 
 
-class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
+class SpatialBatchNorm2d(_WindowNormalize, nn.BatchNorm2d):
     """BatchNorm2d whose batch statistics cover every tile of the image (see ``train_batch_norm``)."""
 
     @classmethod
@@ -109,24 +133,6 @@ class SpatialBatchNorm2d(SpatialLayer, nn.BatchNorm2d):
         height, width = self.runtime.input_size(self, x)
         return train_batch_norm(self, self.runtime, x, height * width)
 
-    def normalize(self, x: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
-        """Normalise ``x`` with batch statistics of ``sample`` (this tile's owned part of
-        ``x``; a fused halo block passes the owned window of an extended tile)."""
-        factor = batch_norm_factor(self)
-        use_batch = self.training or (self.running_mean is None and self.running_var is None)
-        if not use_batch:
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                False, 0.0, self.eps)
-        runtime = self.runtime
-        height, width = runtime.input_size(self, sample)
-        count = float(sample.shape[0] * height * width * runtime.stats_copies)   # exact integer
-        centered, mean, var = moments(x, sample, (0, 2, 3), count, runtime.ctx, runtime.stats_group)
-        y = _affine(centered * torch.rsqrt(var + self.eps), self.weight if self.affine else None,
-                    self.bias if self.affine else None)
-        if (self.training and self.track_running_stats and self.running_mean is not None
-                and self.running_var is not None):
-            update_running(self.running_mean, self.running_var, mean, var, count, factor)
-        return y
 
 
 def group_norm_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor, groups: int,

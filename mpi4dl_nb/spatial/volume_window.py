@@ -4,10 +4,13 @@ Each exchanges its halo along every tiled axis (``AxesHaloExchange``: depth, row
 layer's padding value beyond the volume) and applies the torch op without padding, which gives
 exactly the tile's owned output range. ``ceil_mode`` is extra padding after the volume
 (``pool.ceil_window``); average pooling divides by the serial layer's window counts, computed per
-axis from the geometry (``count_include_pad`` both ways, ``divisor_override``).
+axis from the geometry (``count_include_pad`` both ways, ``divisor_override``). ``apply_padded`` runs each on an
+input that already holds its halo and padding (a fused block's, ``spatial/fused.py``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +66,11 @@ class SpatialConv3d(_VolumeWindowed, nn.Conv3d):
         needed, _ = self.exchanged(x)
         return F.conv3d(needed, weight, bias, self.stride, 0, self.dilation, self.groups)
 
+    def apply_padded(self, y: torch.Tensor, inside: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The convolution on an input that already holds its halo and zero padding."""
+        y, weight, bias = autocast_operands(y, self.weight, self.bias)
+        return F.conv3d(y, weight, bias, self.stride, 0, self.dilation, self.groups)
+
 
 class SpatialMaxPool3d(_VolumeWindowed, nn.MaxPool3d):
     """MaxPool3d on a volume's tile: halo exchanged with -inf beyond the volume (as PyTorch pads)."""
@@ -77,9 +85,12 @@ class SpatialMaxPool3d(_VolumeWindowed, nn.MaxPool3d):
         return new
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        needed, _ = self.exchanged(x)
+        return self.apply_padded(self.exchanged(x)[0])
+
+    def apply_padded(self, y: torch.Tensor, inside: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The pooling on an input that already holds its halo and -inf padding."""
         w = self.windows
-        return F.max_pool3d(needed, [a.kernel for a in w], [a.stride for a in w], 0, [a.dilation for a in w])
+        return F.max_pool3d(y, [a.kernel for a in w], [a.stride for a in w], 0, [a.dilation for a in w])
 
 
 def window_counts(plan: AxisExchange, window: Window1d, out: tuple[int, int], include_pad: bool) -> list[int]:
@@ -118,3 +129,21 @@ class SpatialAvgPool3d(_VolumeWindowed, nn.AvgPool3d):
                                   device=sums.device)
             divisor = divisor * counts.reshape([-1] + [1] * (2 - axis))
         return sums / divisor
+
+    def apply_padded(self, y: torch.Tensor, inside: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The pooling on an input that already holds its halo and the serial layer's zero padding (no
+        ``ceil_mode`` overhang); ``inside`` (start, stop per axis, local) is the in-volume part the divisor
+        counts without ``count_include_pad``, None: every position of the window counts."""
+        w = self.windows
+        kernel, stride = [a.kernel for a in w], [a.stride for a in w]
+        sums = F.avg_pool3d(y, kernel, stride, 0, divisor_override=1)
+        if self.divisor_override:
+            return sums / self.divisor_override
+        if inside is None:
+            return sums / math.prod(kernel)
+        counted = y.new_zeros((1, 1, *y.shape[-3:]))
+        region = counted
+        for k in range(3):
+            region = region.narrow(2 + k, inside[2 * k], inside[2 * k + 1] - inside[2 * k])
+        region.fill_(1)
+        return sums / F.avg_pool3d(counted, kernel, stride, 0, divisor_override=1)

@@ -4,7 +4,6 @@ fitting, fastest), and one-line refusals (no configuration fits, one rank)."""
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from collections import Counter
 
@@ -15,15 +14,15 @@ from mpi4dl_nb.cli.args import config_from_args
 from mpi4dl_nb.measure import trials
 from mpi4dl_nb.measure.trials import HELD_TRIALS, Trial, pass_order, release_trials, time_trials, trial_phases
 from mpi4dl_nb.planner.fake_world import FakeWorld
+from tests.support.checks import RANK_PREFIX
 from tests.support.mpirun import run_mpi
 
 TINY = ("--model", "resnet", "--num-layers", "11", "--num-filters", "4", "--image-size", "32",
         "--batch-size", "2", "--top", "2", "--steps", "1")
-RANK_PREFIX = re.compile(r"^\[\d+\]\s?")
 
 
 def _lines(output: str) -> list[str]:
-    """The job's output lines without the launcher's rank prefix."""
+    """The job's output lines without the launcher's rank prefixes (also those before each piece of a long line)."""
     return [RANK_PREFIX.sub("", line) for line in output.splitlines()]
 
 

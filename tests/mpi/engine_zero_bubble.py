@@ -1,6 +1,6 @@
 """MPI (2 or 3 ranks): the zero-bubble schedule's split backward on the ranks: memory, work moved to W.
 
-Usage: mpiexec -n 2|3 python -m tests.mpi.engine_zero_bubble (2 ranks: the first two checks; 3: the last)
+Usage: mpiexec -n 2|3 python -m tests.mpi.engine_zero_bubble (2 ranks: all but the spatial check; 3: that one)
 
 Named checks:
 
@@ -9,6 +9,13 @@ Named checks:
   (stage 0, which holds 1F1B's peak number of micro-batches in both) with zb1 is at most 1.05x its
   1F1B peak, and the pipeline's peak (the larger rank's) at most 1.05x 1F1B's; the detail gives
   every rank's figures (stage 1 holds up to S micro-batches with zb1, S-1 with 1F1B).
+* ``zbv activation peak``: 8 equal float64 conv-BN-ReLU layers and a head on 16x16 images, m=4: zbv on
+  2 ranks (4 stages of 2 layers, rank r holding stages r and 3-r) against 1F1B on 2 ranks (2 stages of
+  4 layers): every rank's zbv peak is at most 1F1B's stage-0 peak (2S chunk activations of half a stage
+  = S stage activations: balanced memory) plus one micro-batch's received stage input (rank 0's up
+  chunk keeps the input it received, a buffer of its own; 1F1B's stage 0 receives nothing) and 1 KiB
+  (the head's and loss's saved tensors, also on rank 0's up chunk), and 1F1B's stage 1 is below that
+  peak (unbalanced).
 * ``zb1 W does the weight work``: on every rank, after micro-batch 0's I no parameter has a
   gradient, after its W every one has (the split is real, not a whole backward in I).
 * ``zb1 spatial W exchanges nothing``: SP (2 tiles) + LP, zb1, m=2: on the tile ranks the W actions
@@ -42,6 +49,51 @@ def peak(ctx, schedule: str) -> tuple[int, dl.HybridEngine]:
     with meter:
         engine.train_step(x, y)
     return meter.peak, engine
+
+
+class MeanHead(nn.Module):
+    """Spatial mean then a Linear: saves next to nothing for backward (a pool layer would save its input)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(channels, 5, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.mean(dim=(2, 3)))
+
+
+def equal_layers(depth: int = 8, channels: int = 4) -> list[nn.Module]:
+    """``depth`` equal conv-BN-ReLU layers (equal activations per layer) and a head holding next to nothing."""
+    torch.manual_seed(0)
+    body = [nn.Sequential(nn.Conv2d(3 if i == 0 else channels, channels, 3, padding=1, dtype=torch.float64),
+                          nn.BatchNorm2d(channels, dtype=torch.float64), nn.ReLU()) for i in range(depth)]
+    return [*body, MeanHead(channels)]
+
+
+def equal_layers_peak(ctx, **knobs) -> int:
+    layers = equal_layers()
+    meter = ActivationMeter(exclude=[p for layer in layers for p in layer.parameters()])
+    engine = dl.HybridEngine(layers, dl.ParallelConfig(spatial_size=0, parts=4, **knobs), ctx,
+                             loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    (x, y), = batches("resnet", 8, 16, seed=4)[:1]
+    with meter:
+        engine.train_step(x, y)
+    return meter.peak
+
+
+def check_zbv_peak(ctx) -> str:
+    mine = {"1f1b": equal_layers_peak(ctx, split_size=2, schedule="1f1b", balance=(4, 5)),
+            "zbv": equal_layers_peak(ctx, split_size=4, schedule="zbv", balance=(2, 2, 2, 3))}
+    every = ctx.all_gather_object(mine)
+    first = every[0]["1f1b"]
+    # one micro-batch's stage input (2 samples x 4 ch x 16 x 16 float64) and the head's and loss's few saved bytes
+    received = (8 // 4) * 4 * 16 * 16 * 8 + 1024
+    detail = "; ".join(f"rank {r}: 1f1b {p['1f1b'] / 2**10:.0f} KiB, zbv {p['zbv'] / 2**10:.0f} KiB"
+                       for r, p in enumerate(every)) + f"; allowance {received / 2**10:.0f} KiB"
+    worst = max(r["zbv"] for r in every)
+    if worst > first + received or not every[1]["1f1b"] < first:
+        raise AssertionError(f"zbv's largest rank peak {worst} B > 1F1B's stage 0 {first} B + {received} B ({detail})")
+    return f"{detail}; zbv's largest {worst / first:.3f}x 1F1B's stage 0"
 
 
 def check_peak(ctx) -> str:
@@ -128,6 +180,8 @@ def main(check: Checks) -> None:
         result.detail = check_peak(ctx)
     with check("zb1 W does the weight work") as result:
         result.detail = check_weight_work(ctx)
+    with check("zbv activation peak") as result:
+        result.detail = check_zbv_peak(ctx)
     ctx.barrier()
 
 

@@ -1,9 +1,14 @@
-"""MPI: the 3-D U-Net on volume tiles == one process (float64, 3 SGD-momentum steps), with the engine's layouts.
+"""MPI: the 3-D U-Net and the 3-D ResNet on volume tiles == one process (float64, 3 SGD-momentum steps), with the
+engine's layouts.
 
 Usage: python -m tests.mpi.volume_exact CASE [CASE ...] (each case needs exactly this many ranks).
 Named checks: each CASE (losses and the whole state on rank 0 equal the serial reference of its chunks),
 ``<CASE> copies`` (every rank's own copy of every stage it holds) and ``<CASE> eval tiles`` (the
-forward-only outputs of ``evaluate_tiles`` equal the serial model's in eval mode, each rank's 3-D tile).
+forward-only outputs of ``evaluate_tiles`` equal the serial model's in eval mode, each rank's 3-D tile; the
+ResNet's logits whole). A case's model options name the model (``"model": "resnet3d"``; the U-Net otherwise).
+A bf16 case (``BF16_CASES``: a float32 model, ``precision="bf16"``, 2 steps) is checked as ``<CASE> bf16 vs serial``:
+against serial training under the same autocast by the 2-D rule (tests/support/bf16_rule.py), and not equal to
+serial float32 (autocast applied).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import torch
 from torch import nn
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.models.resnet3d import resnet3d
 from mpi4dl_nb.models.unet3d import unet3d
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.loss import DenseLoss
+from tests.support.bf16_rule import bf16_loss_error, bf16_state_error
 from tests.support.checks import Checks, run_checks
 from tests.support.dense_exact import check_copies, dense_batches, final_error, momentum_sgd
 
@@ -27,10 +34,16 @@ IGNORE = 255
 CLASSES = 2
 SIDE = 16      # a 16^3 volume: 8^3 tiles on 2x2x2, 2^3 at the U-Net's lowest level
 
-# name -> (ParallelConfig knobs, batch, 3-D U-Net options, loss): one 8-rank case (2x2x2), then 4-rank ones
-CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss]] = {
+RESNET = dict(model="resnet3d", width=4, stages=2)   # ResNet-10's first 2 stages: 16^3 -> 8^3 (stem) -> 4^3
+
+# name -> (ParallelConfig knobs, batch, model options, loss): 8-rank cases (2x2x2), then 4-rank ones
+CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss | nn.CrossEntropyLoss]] = {
     "vol_sp8": (dict(split_size=1, spatial_size=1, num_spatial_parts=8, slice_method="2x2x2"), 2,
                 dict(norm="batch", upsampling="trilinear"), DenseLoss("ce+dice", None, IGNORE)),
+    "vol_resnet_sp4_ldp4": (dict(split_size=2, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2",
+                                 balance=(2, 2), local_dp=4), 4, RESNET, nn.CrossEntropyLoss()),
+    "vol_resnet_sp3_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="1x3x1",
+                               balance=(2, 2), parts=2), 4, RESNET, nn.CrossEntropyLoss()),
     "vol_sp4_recompute": (dict(split_size=1, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2",
                                checkpoint_activations="every"), 2,
                           dict(norm="group", upsampling="transposed"), DenseLoss("ce", (1.0, 2.0), None)),
@@ -46,11 +59,39 @@ CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss]] = 
 }
 EIGHT_RANKS = tuple(name for name, (knobs, *_) in CASES.items() if dl.ParallelConfig(**knobs).world_size == 8)
 FOUR_RANKS = tuple(name for name in CASES if name not in EIGHT_RANKS)
+BF16_STEPS = 2
+# bf16 (4 ranks): all spatial with BatchNorm3d and trilinear up-sampling or ConvTranspose3d; a GroupNorm encoder before
+# a layer stage with ConvTranspose3d
+BF16_CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss]] = {
+    "vol_bf16_sp4": (dict(split_size=1, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2", precision="bf16"),
+                     2, dict(norm="batch", upsampling="trilinear"), DenseLoss("ce+dice", None, IGNORE)),
+    "vol_bf16_sp4_transposed": (dict(split_size=1, spatial_size=1, num_spatial_parts=4, slice_method="1x2x2",
+                                     precision="bf16"), 2, dict(norm="batch", upsampling="transposed"),
+                                DenseLoss("ce", None, None)),
+    "vol_bf16_sp3_lp": (dict(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="3x1x1", balance=(2, 4),
+                             precision="bf16"), 2, dict(norm="group", upsampling="transposed"),
+                        DenseLoss("ce", None, None)),
+}
 
 
-def layers(options: dict[str, object], seed: int = 0) -> list[nn.Module]:
+def layers(options: dict[str, object], seed: int = 0, dtype: torch.dtype = torch.float64) -> list[nn.Module]:
     torch.manual_seed(seed)
-    return [layer.double() for layer in unet3d(2, 2, CLASSES, in_channels=1, **options)]   # type: ignore[arg-type]
+    kwargs = {k: v for k, v in options.items() if k != "model"}
+    if options.get("model") == "resnet3d":
+        built = resnet3d(10, CLASSES, in_channels=1, **kwargs)   # type: ignore[arg-type]
+    else:
+        built = unet3d(2, 2, CLASSES, in_channels=1, **kwargs)   # type: ignore[arg-type]
+    return [layer.to(dtype) for layer in built]
+
+
+def batches(name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The case's seeded volumes with a label per voxel (the U-Net) or per volume (the ResNet)."""
+    _, batch, options, loss = CASES[name]
+    if isinstance(loss, DenseLoss):
+        return dense_batches(STEPS, batch, 1, (SIDE, SIDE, SIDE), CLASSES, len(name), loss.ignore_index)
+    gen = torch.Generator().manual_seed(len(name))
+    return [(torch.randn(batch, 1, SIDE, SIDE, SIDE, generator=gen, dtype=torch.float64),
+             torch.randint(0, CLASSES, (batch,), generator=gen)) for _ in range(STEPS)]
 
 
 def tile_of(t: torch.Tensor, grid: TileGrid, tile: int) -> torch.Tensor:
@@ -78,7 +119,7 @@ def serial_reference(name: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -
 def run_case(ctx, name: str, check: Checks) -> str:
     knobs, batch, options, loss = CASES[name]
     cfg = dl.ParallelConfig(**knobs)
-    data = dense_batches(STEPS, batch, 1, (SIDE, SIDE, SIDE), CLASSES, len(name), loss.ignore_index)
+    data = batches(name)
     engine = dl.HybridEngine(layers(options), cfg, ctx, loss_fn=loss, optimizer=momentum_sgd)
     grid = engine.grid
     assert grid is not None and grid.volumetric, grid
@@ -89,7 +130,8 @@ def run_case(ctx, name: str, check: Checks) -> str:
     check_copies(check, ctx, engine, name, want_state, RTOL)
     with check(f"{name} eval tiles") as result:
         for out in engine.evaluate_tiles(data[0][0]):
-            expected = want[out.rows] if out.tile is None else tile_of(want[out.rows], grid, out.tile)
+            whole = out.tile is None or want.dim() == 2   # a classifier's logits are whole on every tile
+            expected = want[out.rows] if whole else tile_of(want[out.rows], grid, out.tile)
             assert out.output.shape == expected.shape, (out.output.shape, expected.shape)
             err = (out.output - expected).abs().max().item() / expected.abs().max().item()
             assert err < RTOL, f"rows {out.rows} tile {out.tile}: relative error {err:.2e}"
@@ -99,12 +141,64 @@ def run_case(ctx, name: str, check: Checks) -> str:
     return f"grid {'x'.join(map(str, grid.shape))}, losses {[round(v, 6) for v in losses]}, max rel err {worst:.2e}"
 
 
+def bf16_batches(name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Float32 volumes whose voxel labels follow the volume (positive or not): gradients that are signal, not the
+    rounding noise random labels leave after a step (which the bf16 rule would measure instead)."""
+    _, batch, _, loss = BF16_CASES[name]
+    volumes = dense_batches(BF16_STEPS, batch, 1, (SIDE, SIDE, SIDE), CLASSES, len(name), None)
+    return [(x.float(), (x[:, 0] > 0).long()) for x, _ in volumes]
+
+
+def serial_float32(name: str, data: list[tuple[torch.Tensor, torch.Tensor]], bf16: bool
+                   ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process trains the bf16 case's float32 model, under bf16 autocast or not: its losses and final state."""
+    knobs, batch, options, loss = BF16_CASES[name]
+    serial = nn.Sequential(*layers(options, dtype=torch.float32))
+    opt = momentum_sgd(serial.parameters())
+    chunks = serial_chunks(dl.ParallelConfig(**knobs), batch)
+
+    def autocast() -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        with autocast():
+            return serial(x)
+
+    def autocast_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with autocast():
+            return loss(out, y)
+
+    # the forwards and the loss under autocast, backward outside it (as the engine: on CPU a backward under
+    # autocast would recast the ops of the gradient formulas)
+    losses = [serial_step(forward, opt, autocast_loss, x, y, chunks) for x, y in data]
+    return losses, {k: v.detach().clone() for k, v in serial.state_dict().items()}
+
+
+def run_bf16_case(ctx, name: str) -> str:
+    knobs, batch, options, loss = BF16_CASES[name]
+    data = bf16_batches(name)
+    engine = dl.HybridEngine(layers(options, dtype=torch.float32), dl.ParallelConfig(**knobs), ctx, loss_fn=loss,
+                             optimizer=momentum_sgd)
+    losses = [engine.train_step(x, y) for x, y in data]
+    state = engine.full_state_dict()
+    if ctx.rank != 0:
+        return f"losses {losses}"
+    want_losses, want_state = serial_float32(name, data, bf16=True)
+    fp32_losses, fp32_state = serial_float32(name, data, bf16=False)
+    if losses == fp32_losses:
+        raise AssertionError(f"{name}: bf16 gave the float32 losses bit for bit: autocast did not apply")
+    loss_err = bf16_loss_error(losses, want_losses)
+    worst = bf16_state_error(state, want_state, fp32_state)
+    return (f"losses {[round(v, 5) for v in losses]} (fp32 {[round(v, 5) for v in fp32_losses]}), loss rel err "
+            f"{loss_err:.1e}, worst state error / bf16 noise {worst:.2f}")
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
     for name in sys.argv[1:]:
-        with check(name) as result:
-            result.detail = run_case(ctx, name, check)
+        with check(f"{name} bf16 vs serial" if name in BF16_CASES else name) as result:
+            result.detail = run_bf16_case(ctx, name) if name in BF16_CASES else run_case(ctx, name, check)
     ctx.barrier()
 
 

@@ -35,7 +35,8 @@ STEPS = 2
 FLAGS = ("--whole-slide --image-size 64 --mpp 2 --model resnet --resnet-version 1 --num-layers 8 --num-filters 4 "
          "--batch-size 1 --dtype float64 --steps 2 --val-fraction 0.34 --no-progress --step-timeout 0 "
          "--split-size 2 --spatial-size 1 --num-spatial-parts 4 --slice-method square").split()
-CASES = [(pool, accumulate) for pool in ("avg", "max", "tissue-mean", "attention") for accumulate in (1, 2)]
+# every pool once; accumulation over micro-batches on two of them (one job of 8 runs took two minutes)
+CASES = [("avg", 1), ("max", 2), ("tissue-mean", 1), ("attention", 2)]
 TOLERANCE = 1e-9
 
 

@@ -1,4 +1,5 @@
-"""The zero-bubble split backward on 2 and 3 ranks: activation peak against 1F1B's, W does the weight work, no exchange.
+"""The zero-bubble split backward on 2 and 3 ranks: activation peaks against 1F1B's (zb1, zbv), W does the weight work,
+no exchange.
 
 See tests/mpi/engine_zero_bubble.py for what each named check measures.
 """
@@ -14,6 +15,11 @@ SPATIAL_JOB = shared_job(3, "engine_zero_bubble", timeout=300)
 def test_zb1_activation_peak_is_1f1b_peak(shared_launch):
     """Stage 0 within 5% of its 1F1B peak, the pipeline's peak within 5% of 1F1B's (counted saved bytes)."""
     shared_launch(JOB).require(["zb1 activation peak"])
+
+
+def test_zbv_activation_peak_is_balanced_at_1f1b_first_stage(shared_launch):
+    """Equal layers: every rank's zbv peak is 1F1B's stage-0 peak (+ one received stage input); 1F1B's stage 1 less."""
+    shared_launch(JOB).require(["zbv activation peak"])
 
 
 def test_zb1_weight_gradients_come_in_W(shared_launch):

@@ -56,3 +56,27 @@ def test_loss_scaler_unscales_and_skips_non_finite_steps(ctx):
         p.grad = torch.ones(3)
         assert scaler.unscale(ctx, [p], CPU)
     assert scaler.scale == 8.0
+
+
+@pytest.mark.parametrize("layer", [nn.ConvTranspose3d(3, 2, 2, 2), nn.ConvTranspose3d(3, 2, 3, 2, 1, 1),
+                                   nn.ConvTranspose2d(3, 2, 3, 2, 1)], ids=["3d-k2s2", "3d-k3s2", "2d-k3s2"])
+def test_transposed_conv_on_a_tile_rounds_like_the_serial_layer_under_bf16(ctx, layer):
+    """Under autocast the spatial transposed conv sums its bf16 products, the tiles' contributions and the bias in
+    float32 and rounds once, as the serial kernel does: bit-equal output and gradients on one tile."""
+    from mpi4dl_nb.spatial.convert import spatialize
+    from mpi4dl_nb.spatial.geometry import TileGrid
+
+    torch.manual_seed(0)
+    grid = TileGrid(depth=1, rows=1, cols=1) if isinstance(layer, nn.ConvTranspose3d) else TileGrid(1, 1)
+    x = torch.randn(2, 3, *[5] * grid.ndim)
+    results = []
+    for net in (nn.Sequential(layer), spatialize(nn.Sequential(layer), grid, ctx)):
+        layer.zero_grad()
+        inp = x.clone().requires_grad_()
+        with autocast(PrecisionMode.BF16, CPU):
+            out = net(inp)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype))
+        results.append([out, inp.grad, layer.weight.grad.clone(), layer.bias.grad.clone()])
+    assert results[0][0].dtype == results[1][0].dtype == torch.bfloat16
+    for serial, tiled in zip(*results):
+        assert torch.equal(serial, tiled)

@@ -113,7 +113,7 @@ def test_table_labels_I_and_W():
     (dict(split_size=2, spatial_size=0, parts=2, times=1, schedule="zb1"), "times"),
     (dict(split_size=3, spatial_size=0, parts=2, schedule="zb1"), "parts"),
     (dict(split_size=4, spatial_size=0, parts=4, schedule="zb1", virtual_stages=2), "virtual_stages"),
-    (dict(split_size=2, spatial_size=0, parts=4, schedule="zbv"), "schedule"),
+    (dict(split_size=2, spatial_size=0, parts=4, schedule="zbv"), "split_size"),   # one position: no V
 ])
 def test_refusals_name_the_knob_and_the_way_out(knobs, knob):
     with pytest.raises(ConfigError) as err:

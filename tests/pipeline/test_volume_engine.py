@@ -1,8 +1,12 @@
-"""HybridEngine on volumes: the 3-D U-Net on 3-D tiles == one process (float64) in the shared 8-rank launch (2x2x2)
-and the 4-rank one (1x2x2 with recomputation; a 3x1x1 spatial encoder before a layer stage with 1F1B
-micro-batches; two spatial stages of 2x1x1 tiles with GEMS; 1x1x2 tiles with data_parallel=2, as 2x2x2 x 2 would
-need 16 ranks) (tests/mpi/volume_exact.py);
-the volume tile cut of a step's input (one process)."""
+"""HybridEngine on volumes == one process, in the shared 8- and 4-rank launches (tests/mpi/volume_exact.py).
+
+float64: the 3-D U-Net on 2x2x2 tiles (8 ranks); 1x2x2 with recomputation, a 3x1x1 spatial encoder before a layer
+stage with 1F1B micro-batches, two spatial stages of 2x1x1 tiles with GEMS, 1x1x2 tiles with data_parallel=2 (as
+2x2x2 x 2 would need 16 ranks) (4 ranks). The 3-D ResNet trunk (2 stages of ResNet-10): its spatial part on 1x2x2
+tiles before a layer stage with local_dp=4 (8 ranks) and on uneven 1x3x1 tiles before a layer stage (4 ranks).
+bf16 (4 ranks): 1x2x2 all spatial with BatchNorm3d and trilinear up-sampling or ConvTranspose3d; a 3x1x1
+GroupNorm encoder before a layer stage. One process: the volume tile cut of a step's input.
+"""
 
 from __future__ import annotations
 
@@ -12,30 +16,39 @@ import torch
 from mpi4dl_nb import ParallelConfig
 from mpi4dl_nb.pipeline.step_input import ShardedMasks, StepInput
 from mpi4dl_nb.spatial.geometry import TileGrid
-from tests.mpi.volume_exact import CASES, EIGHT_RANKS, FOUR_RANKS
+from tests.mpi.volume_exact import BF16_CASES, CASES, EIGHT_RANKS, FOUR_RANKS
 from tests.support.battery import shared_job
 
 EIGHT = shared_job(8, "volume_exact", *EIGHT_RANKS, timeout=300)
-FOUR = shared_job(4, "volume_exact", *FOUR_RANKS, timeout=300)
+FOUR = shared_job(4, "volume_exact", *FOUR_RANKS, *BF16_CASES, timeout=300)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_unet3d_on_volume_tiles_matches_one_process(shared_launch, case):
+def test_volume_models_on_volume_tiles_match_one_process(shared_launch, case):
     """Losses and the whole state on rank 0 (1e-9), every rank's copies, forward-only 3-D tiles in eval mode."""
     shared_launch(EIGHT if case in EIGHT_RANKS else FOUR).require([case, f"{case} copies", f"{case} eval tiles"])
 
 
+@pytest.mark.parametrize("case", list(BF16_CASES))
+def test_bf16_on_volume_tiles_trains_like_one_process_under_the_same_autocast(shared_launch, case):
+    """Float32 unet3d under precision='bf16' against serial bf16 by the 2-D rule (tests/support/bf16_rule.py)."""
+    shared_launch(FOUR).require([f"{case} bf16 vs serial"])
+
+
 def test_the_cases_cover_the_layouts():
     configs = {name: ParallelConfig(**knobs) for name, (knobs, *_) in CASES.items()}
+    unets = {name for name in CASES if CASES[name][2].get("model") != "resnet3d"}
     assert all(c.volume_grid is not None for c in configs.values())
     assert any(c.volume_grid == (2, 2, 2) and c.all_spatial and c.checkpoint_activations is None
-               and CASES[name][2]["norm"] == "batch" for name, c in configs.items())
+               and CASES[name][2]["norm"] == "batch" for name, c in configs.items() if name in unets)
+    resnets = [configs[name] for name in CASES if name not in unets]
+    assert any(c.volume_grid == (1, 2, 2) for c in resnets) and all(c.spatial_size == 1 < c.split_size for c in resnets)
     assert any(c.checkpoint_activations is not None for c in configs.values())
     assert any(not c.all_spatial and c.spatial_size == 1 and c.parts > 1 for c in configs.values())
     assert any(c.data_parallel == 2 for c in configs.values())
-    assert {CASES[name][2]["upsampling"] for name in CASES} == {"trilinear", "transposed"}
+    assert {CASES[name][2]["upsampling"] for name in unets} == {"trilinear", "transposed"}
     assert any(c.all_spatial and c.gems for c in configs.values())
-    assert sorted(c.world_size for c in configs.values()) == [4, 4, 4, 4, 8]
+    assert sorted(c.world_size for c in configs.values()) == [4, 4, 4, 4, 4, 8, 8]
 
 
 def test_a_step_cuts_volumes_and_label_volumes_into_each_rank_s_3d_tile():

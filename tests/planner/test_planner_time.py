@@ -579,4 +579,6 @@ def test_time_model_ranks_zb1_and_interleaved_ahead_of_1f1b(resnet):
     whole, split, chunked = predicted("1f1b"), predicted("zb1"), predicted("interleaved", 2)
     assert split.seconds < whole.seconds and split.idle_fraction < whole.idle_fraction
     assert chunked.seconds < whole.seconds
+    v_shaped = predicted("zbv", 2)       # 2 chunks per rank, split backward: its replay's small bubble
+    assert v_shaped.seconds < whole.seconds and v_shaped.idle_fraction < whole.idle_fraction
     assert sum(split.ranks[0].phases.get(kind, 0.0) for kind in ("I", "W")) > 0 and "B" not in split.ranks[0].phases

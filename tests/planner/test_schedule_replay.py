@@ -20,6 +20,7 @@ from mpi4dl_nb.pipeline.schedules import (
     interleaved,
     one_f_one_b,
     zb1,
+    zbv,
 )
 from mpi4dl_nb.planner import schedule_replay
 from mpi4dl_nb.planner.schedule_replay import PhaseCosts, held_activations, replay_schedule
@@ -99,7 +100,8 @@ def test_zb1_two_ranks_four_micro_batches_idles_a_third_of_1f1b() -> None:
 
 
 @pytest.mark.parametrize("schedule", [gpipe(3, 4), one_f_one_b(3, 6), gems(2, 2), interleaved(2, 4), interleaved(4, 8),
-                                      zb1(2, 4), zb1(3, 6), zb1(4, 8)], ids=lambda s: f"{s.kind}-{s.world_size}")
+                                      zb1(2, 4), zb1(3, 6), zb1(4, 8), zbv(2, 4), zbv(3, 6)],
+                         ids=lambda s: f"{s.kind}-{s.world_size}")
 def test_replay_and_schedule_bubble_share_agree(schedule: Schedule) -> None:
     """The simulator (messages, every rank's list in order) and ``Schedule.bubble_share(costs)`` (the tick
     table's order, dependencies) give one share with the zero-bubble paper's costs."""
@@ -114,8 +116,10 @@ def test_zb1_holds_no_more_activations_than_1f1b_on_its_busiest_rank(stages: int
     assert split.bubble_share < whole.bubble_share
 
 
-def test_suggest_and_tune_candidates_include_interleaved_and_zb1() -> None:
+def test_suggest_and_tune_candidates_include_interleaved_zb1_and_zbv() -> None:
     found = planner.candidate_configs(2, 5, 4)
     kinds = {(cfg.schedule, cfg.virtual_stages) for cfg in found}
-    assert {(ScheduleKind.INTERLEAVED, 2), (ScheduleKind.ZB1, 1), (ScheduleKind.ONE_F_ONE_B, 1)} <= kinds
+    assert {(ScheduleKind.INTERLEAVED, 2), (ScheduleKind.ZB1, 1), (ScheduleKind.ZBV, 2),
+            (ScheduleKind.ONE_F_ONE_B, 1)} <= kinds
+    assert ParallelConfig(split_size=4, spatial_size=0, parts=4, schedule="zbv") in found
     assert ParallelConfig(split_size=2, spatial_size=0, parts=4, schedule="zb1") in found

@@ -100,6 +100,15 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "zb1_recompute": (dict(split_size=2, spatial_size=0, parts=2, schedule="zb1",
                            checkpoint_activations="every"), "resnet", 4, 16),
     "zb1_bn_reuse": (dict(split_size=2, spatial_size=0, parts=2, schedule="zb1"), "reused_bn", 4, 16),
+    # zero bubble ZB-V (issue 44): 2 chunks per rank, rank r holding stages r and 2S-1-r (the forward turns
+    # on the last rank, a payload it hands itself; the loss on rank 0), backward split into I and W; tuple
+    # activations, a spatial first stage (its tile 0 holds the last stage), replicas, recomputation
+    "zbv_pp2_m4": (dict(split_size=4, spatial_size=0, parts=4, schedule="zbv"), "cells", 4, 16),
+    "zbv_sp": (dict(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
+                    schedule="zbv", balance=(2, 1, 1, 1)), "resnet", 4, 16),
+    "zbv_dp2": (dict(split_size=4, spatial_size=0, data_parallel=2, parts=2, schedule="zbv"), "resnet", 8, 16),
+    "zbv_recompute": (dict(split_size=4, spatial_size=0, parts=2, schedule="zbv", checkpoint_activations="every"),
+                      "resnet", 4, 16),
     # gradient all-reduce overlapped with backward (issue 44): buckets of ~2 KB, several per stage, posted
     # during the last backward of the step (tests/mpi/grad_overlap.py checks the order and today's path)
     "dp2_buckets": (dict(split_size=1, spatial_size=0, data_parallel=2, parts=2, schedule="1f1b",
