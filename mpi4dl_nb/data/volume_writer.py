@@ -24,6 +24,7 @@ Region = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]   # half-open 
 VoxelSize = tuple[float, float, float]                                 # µm along (z, y, x)
 NIFTI_OFFSET = 352        # a NIfTI-1 header (348 bytes) and an empty extension flag (4)
 COPY_CHUNK = 1 << 24      # bytes per read while compressing a .nii.gz
+IMAGEJ_TYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))   # what ImageJ hyperstacks hold
 
 
 class VolumeFormat(Enum):
@@ -91,7 +92,8 @@ def _tiff_memmap(path: Path, shape: tuple[int, int, int], dtype: np.dtype,
         z, y, x = voxel_size
         metadata.update(spacing=z, unit="um")
         resolution = (1.0 / x, 1.0 / y)
-    return tifffile.memmap(str(path), shape=shape, dtype=dtype, imagej=True, resolution=resolution,
+    imagej = dtype in IMAGEJ_TYPES     # other types (float64): a plain stack, the voxel size in its metadata
+    return tifffile.memmap(str(path), shape=shape, dtype=dtype, imagej=imagej, resolution=resolution,
                            metadata=metadata)
 
 

@@ -99,8 +99,9 @@ class AxisWindows:
     Cores split output cells ``[first, cells)`` evenly (sizes differ by at most one cell) into the
     fewest windows whose inputs fit ``parts`` ranks of ``window`` pixels; every input has the same
     length (``uniform_inputs``), the window's full size or the whole ``extent`` (pixels, a multiple
-    of the field's unit). A slide's rows and columns and a volume's depth, rows and columns are each
-    one of these; a plan is their product.
+    of the field's unit). With ``fit_whole``, an axis whose whole extent fits one window's input is
+    one window (no margin is needed where the window is the whole axis). A slide's rows and columns
+    and a volume's depth, rows and columns are each one of these; a plan is their product.
     """
 
     name: str
@@ -110,21 +111,29 @@ class AxisWindows:
     parts: int
     window: int
     first: int = 0
+    fit_whole: bool = False
 
     def check(self) -> None:
         """ConfigError when one rank's ``window`` pixels cannot hold a one-cell core with its margin."""
         field = self.field
-        if field.core_cells(self.parts * self.window) < 1:
-            need = ceil_div(field.min_input(), self.parts)
-            raise ConfigError("--window", f"{self.window} px per rank is too small: a window's {self.name} "
-                              f"need {field.lead_cells + field.trail_cells} cells of receptive-field "
-                              f"margin at stride {field.stride} ({field.describe()}), so each of the "
-                              f"{self.parts} ranks along them needs >= {need} px; use --window >= {need}")
+        if self.fits() or field.core_cells(self.parts * self.window) >= 1:
+            return
+        need = ceil_div(field.min_input(), self.parts)
+        raise ConfigError("--window", f"{self.window} px per rank is too small: a window's {self.name} "
+                          f"need {field.lead_cells + field.trail_cells} cells of receptive-field "
+                          f"margin at stride {field.stride} ({field.describe()}), so each of the "
+                          f"{self.parts} ranks along them needs >= {need} px; use --window >= {need}")
+
+    def fits(self) -> bool:
+        """One window's input holds the whole axis (and ``fit_whole`` asks for one window then)."""
+        return self.fit_whole and self.parts * self.window >= self.extent
 
     def cores(self) -> list[Range]:
         cells = self.cells - self.first
         if cells <= 0:
             return []
+        if self.fits():
+            return [(self.first, self.cells)]
         count = ceil_div(cells, self.field.core_cells(self.parts * self.window))
         return [(self.first + a, self.first + b) for a, b in split_ranges(cells, count)]
 
@@ -284,8 +293,8 @@ class BoxPlan:
     axes: tuple[AxisWindows, ...]
 
     def __post_init__(self) -> None:
-        check_window(self.axes[0].window)
         for axis in self.axes:
+            check_window(axis.window)
             axis.check()
             if axis.extent % axis.field.unit:
                 raise ValueError(f"{axis.name} {axis.extent} is not a multiple of the window unit {axis.field.unit}")
