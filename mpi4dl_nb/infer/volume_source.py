@@ -4,6 +4,7 @@ volume; boxes that leave the volume read as zeros (the zero extension to the win
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -74,3 +75,38 @@ def read_zero_extended(source: VolumeSource, region: Extent) -> np.ndarray:
         out = out.astype(values.dtype, copy=False)
         out[(slice(None), *(slice(0, b - a) for a, b in inside))] = values
     return out
+
+
+class FileVolume:
+    """A TIFF stack or NIfTI file (``data/volume_files.py``): the header once, each region read alone.
+
+    Voxel values reach the network as stored (cast to the compute dtype, not rescaled): give it
+    volumes stored the way the network was trained on them.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        from ..data.volume_files import volume_info
+
+        self.path = Path(path)
+        self.info = volume_info(self.path)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.info.shape
+
+    @property
+    def channels(self) -> int:
+        return self.info.channels
+
+    @property
+    def voxel_size(self) -> VoxelSize | None:
+        return self.info.voxel_size
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    def read(self, region: Extent) -> np.ndarray:
+        from ..data.volume_files import read_volume
+
+        return read_volume(self.path, (slice(*region[0]), slice(*region[1]), slice(*region[2])))

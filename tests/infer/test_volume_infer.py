@@ -1,0 +1,68 @@
+"""Volume inference (infer/volume.py): window geometry over three axes, one process and 2 spatial ranks exact against
+the whole-volume 3-D U-Net (float64, 1e-9) with memory flat in the volume's size, the volume files written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.config import ConfigError
+from mpi4dl_nb.infer.windows import AxisField, AxisWindows, BoxPlan
+from mpi4dl_nb.spatial.geometry import TileGrid
+from tests.mpi import volume_infer
+from tests.support.battery import shared_job
+
+SPATIAL = "1x1x2"
+JOB = shared_job(2, "volume_infer", SPATIAL, timeout=300)
+FIELD = AxisField(stride=1, before=8, after=9, align=2)     # the test U-Net's field along every axis
+
+
+def plan(extents: tuple[int, ...], parts: tuple[int, ...], window: int) -> BoxPlan:
+    return BoxPlan(tuple(AxisWindows(name, FIELD, n, n, p, window, fit_whole=True)
+                         for name, n, p in zip(("depth", "rows", "columns"), extents, parts)))
+
+
+def test_box_plan_cores_tile_the_volume_and_inputs_hold_their_fields():
+    boxes = plan((24, 66, 50), (1, 1, 2), 24)
+    seen = np.zeros((24, 66, 50), dtype=int)
+    for window in boxes.windows():
+        seen[tuple(slice(a, b) for a, b in window.core)] += 1
+        for (c0, c1), (i0, i1), extent in zip(window.core, window.input, (24, 66, 50)):
+            assert i0 <= max(0, c0 - FIELD.before) and min(extent, c1 - 1 + FIELD.after) <= i1
+        assert window.input_size == (24, 24, 48)                # one window size: 24 x 24 x (2 ranks x 24)
+    assert (seen == 1).all()
+    assert boxes.shape[0] == 1 and boxes.shape[1] > 1                       # depth fits a window: one along it
+    first = boxes.windows()[0]
+    tiles = [first.rank_extent(TileGrid(rows=1, cols=2, depth=1), t) for t in range(2)]   # the plan's 1x1x2
+    x0 = first.input[2][0]
+    assert tiles[0][:2] == tiles[1][:2] == first.input[:2] and (tiles[0][2], tiles[1][2]) == (
+        (x0, x0 + 24), (x0 + 24, x0 + 48))
+
+
+def test_box_plan_refuses_a_window_thinner_than_the_field():
+    with pytest.raises(ConfigError, match="depth need 16 cells .* each of the 2 ranks .* use --window >= 10"):
+        plan((32, 66, 50), (2, 2, 2), 8)
+
+
+def test_one_process_equals_the_whole_volume_and_memory_stays_flat(tmp_path):
+    ctx = dl.init()
+    _, peaks = volume_infer.exact_run(ctx, "1x1x1", tmp_path)
+    volume_infer.memory_run(ctx, "1x1x1", tmp_path, peaks)
+
+
+def test_two_spatial_ranks_equal_the_whole_volume_and_memory_stays_flat(shared_launch):
+    shared_launch(JOB).require_clean([f"{name} on {SPATIAL}" for name in (volume_infer.EXACT, volume_infer.MEMORY)])
+
+
+def test_a_2d_network_or_grid_is_refused_naming_the_flag(tmp_path):
+    ctx = dl.init()
+    vol = np.zeros((1, 8, 8, 8))
+    with pytest.raises(ConfigError, match="--slice-method"):
+        dl.infer_volume(volume_infer.network(), vol, None, ctx=ctx, num_spatial_parts=2, slice_method="vertical")
+    from mpi4dl_nb.models.unet import unet
+
+    with pytest.raises(ConfigError, match="3-D network"):
+        dl.infer_volume(unet(1, 2, 2, in_channels=1), vol, None, ctx=ctx)
+    with pytest.raises(ConfigError, match="--output"):
+        dl.infer_volume(volume_infer.network(), vol, tmp_path / "seg.png", ctx=ctx)
