@@ -115,8 +115,9 @@ class VolumeRunner:
     def _plan(self) -> BoxPlan:
         padded = [padded_extent(n, f.unit) for n, f in zip(self.source.shape, self.fields)]
         cells = output_sizes(self.net, padded, self.channels)
-        return BoxPlan(tuple(AxisWindows(name, field, extent, count, parts, side, fit_whole=True) for name, field, extent, count,
-                             parts, side in zip(AXIS_NAMES, self.fields, padded, cells, self.grid.shape, self.window)))
+        axes = zip(AXIS_NAMES, self.fields, padded, cells, self.grid.shape, self.window)
+        return BoxPlan(tuple(AxisWindows(name, field, extent, count, parts, side, fit_whole=True)
+                             for name, field, extent, count, parts, side in axes))
 
     def window_output(self, window: BoxWindow) -> tuple[int, ...]:
         size = window.input_size

@@ -28,7 +28,7 @@ DEFAULT_WINDOW = 64     # input voxels per rank per axis
 
 
 def volume_network(network: Network, dtype: torch.dtype) -> FullyConvolutional:
-    """A checkpoint's network (its path) or a model object (an nn.Module or its layer list), made fully convolutional."""
+    """A checkpoint's network (its path) or a model object (an nn.Module or its layer list), fully convolutional."""
     if isinstance(network, (str, Path)):
         return load_network(str(network), dtype=dtype).net
     layers = list(network) if not isinstance(network, nn.Module) else (

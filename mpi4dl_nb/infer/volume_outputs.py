@@ -12,6 +12,7 @@ from ..config import ConfigError
 from ..data.volume_writer import VolumeFormat, VolumeWriter, VoxelSize, label_dtype, volume_format
 from .windows import Extent
 
+FLOAT32 = np.dtype(np.float32)
 SUFFIXES = {VolumeFormat.TIFF: None, VolumeFormat.NIFTI: ".nii", VolumeFormat.NIFTI_GZ: ".nii.gz"}
 
 
@@ -30,11 +31,11 @@ class VolumeOutputs:
 
     labels: Path
     probabilities: tuple[Path, ...]
-    probability_dtype: np.dtype = np.dtype(np.float32)
+    probability_dtype: np.dtype = FLOAT32
 
     @classmethod
     def beside(cls, labels: Path | str, classes: int, probabilities: bool = True,
-               probability_dtype: np.dtype = np.dtype(np.float32)) -> VolumeOutputs:
+               probability_dtype: np.dtype = FLOAT32) -> VolumeOutputs:
         labels = Path(labels)
         volume_format(labels)
         paths = tuple(probability_path(labels, k) for k in range(classes)) if probabilities else ()
