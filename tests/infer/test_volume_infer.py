@@ -66,3 +66,32 @@ def test_a_2d_network_or_grid_is_refused_naming_the_flag(tmp_path):
         dl.infer_volume(unet(1, 2, 2, in_channels=1), vol, None, ctx=ctx)
     with pytest.raises(ConfigError, match="--output"):
         dl.infer_volume(volume_infer.network(), vol, tmp_path / "seg.png", ctx=ctx)
+
+
+def test_a_tiff_stack_in_nifti_out_with_its_voxel_size(tmp_path, capsys):
+    import nibabel
+    import tifffile
+
+    from mpi4dl_nb.cli.infer_cmd import main as infer_main
+
+    vol = np.random.default_rng(3).random((20, 32, 44)).astype(np.float32)
+    z, y, x = volume_infer.VOXEL_SIZE
+    tifffile.imwrite(tmp_path / "vol.tif", vol, imagej=True, resolution=(1 / x, 1 / y),
+                     metadata={"spacing": z, "unit": "um", "axes": "ZYX"})
+    summary = dl.infer_volume(volume_infer.network(), tmp_path / "vol.tif", tmp_path / "seg.nii.gz", ctx=dl.init(),
+                              window=(20, 32, 40), dtype="float64")
+    assert summary is not None and summary["window_grid"] == (1, 1, 2)
+    assert summary["voxel_size"] == volume_infer.VOXEL_SIZE
+    want = volume_infer.whole_volume(vol[None].astype(np.float64))
+    labels = nibabel.load(str(tmp_path / "seg.nii.gz"))
+    assert tuple(float(v) for v in labels.header.get_zooms()) == (x, y, z)
+    assert np.array_equal(np.asarray(labels.dataobj).transpose(2, 1, 0), want.argmax(0))
+    prob = np.asarray(nibabel.load(str(tmp_path / "seg_prob2.nii.gz")).dataobj).transpose(2, 1, 0)
+    assert prob.dtype == np.float32 and float(np.abs(prob - want[2]).max()) < 1e-6
+    assert not (tmp_path / "seg.nii").exists()        # the uncompressed copy is gone
+    args = ["--checkpoint", str(tmp_path / "ck"), "--volume", str(tmp_path / "vol.tif"), "--output",
+            str(tmp_path / "seg.nii.gz")]
+    assert infer_main([*args, "--tissue-only"]) == 2
+    assert "--tissue-only: for slides, not a --volume" in capsys.readouterr().err
+    assert infer_main([*args, "--output", str(tmp_path / "b.tif")]) == 2
+    assert "give --output NAME.tif|.nii|.nii.gz once" in capsys.readouterr().err
