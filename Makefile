@@ -7,7 +7,7 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.14.1
 MODELS_SPEC ?= torchvision==0.29.1 timm==1.0.31
 TORCH_INDEX ?=
-EXTRAS     ?= local-mpi,slides,notebook,dev,models
+EXTRAS     ?= local-mpi,slides,volumes,notebook,dev,models
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.mpi4dl-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)

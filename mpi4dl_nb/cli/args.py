@@ -18,6 +18,7 @@ from ..config import (
     volume_slices,
 )
 from ..data.apps import AppKind
+from .image_size import image_size_arg
 
 # flag -> ParallelConfig field, in the order MPI4DL documents them
 PARALLEL_FLAGS: dict[str, str] = {
@@ -152,8 +153,9 @@ def add_workload_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     """Add MPI4DL's model/data flags (image size, batch, epochs, layers, filters, app, ...)."""
     g = parser.add_argument_group("model and data (MPI4DL flags)")
     g.add_argument("-v", "--verbose", action="store_true", help="print performance numbers and logs")
-    g.add_argument("--image-size", dest="image_size", type=int, default=32,
-                   help="image side in pixels (square images)")
+    g.add_argument("--image-size", dest="image_size", type=image_size_arg, default=32, metavar="N|D,H,W",
+                   help="image side in pixels (square images), or a volume patch's depth,height,width in voxels "
+                        "(--model unet3d)")
     g.add_argument("--batch-size", dest="batch_size", type=int, default=32, help="global batch size")
     g.add_argument("--num-epochs", dest="num_epochs", type=int, default=1, help="number of epochs")
     g.add_argument("--num-layers", dest="num_layers", type=int, default=None,

@@ -66,7 +66,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     given = vars(args)
     for flag, name, least, most, closed in NUMERIC_FLAGS:
         value = given.get(name)
-        if value is None:
+        if value is None or isinstance(value, tuple):     # a volume's D,H,W: each side checked as it is parsed
             continue
         low_ok = value >= least if closed else value > least
         if not math.isfinite(value) or not low_ok or (most is not None and value > most):

@@ -14,7 +14,8 @@ from ..models.spec import ModelFamily, ModelSpec, split_model
 VERSION_HELP = ("ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2); default v2, or v1 for a depth "
                 "only v1 has (8, 14, 26, ...)")
 MODEL_HELP = ("network: resnet (MPI4DL's CIFAR-style ResNet: 3 stages, stride 4, for small images; for an "
-              "ImageNet-style ResNet use torchvision:resnet50), amoebanet (AmoebaNet-D), unet, torchvision:NAME, "
+              "ImageNet-style ResNet use torchvision:resnet50), amoebanet (AmoebaNet-D), unet, unet3d (volumes: "
+              "--image-size D,H,W), torchvision:NAME, "
               "timm:NAME (pip install 'mpi4dl-nb[models]'), or package.module:callable (called with num_classes, "
               "returns an nn.Module or a layer list)")
 AUTO = "auto"
@@ -80,6 +81,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec.of(args.model, num_layers=args.num_layers, num_filters=args.num_filters,
                         num_classes=args.num_classes,
                         resnet_version=version_for_depth(args.num_layers, args.resnet_version),
+                        in_channels=vars(args).get("in_channels") or 3,
                         norm=args.norm, upsampling=args.upsampling, normalize=normalization(args),
                         weights=args.weights, pool=vars(args).get("pool", PoolKind.AVG))
 

@@ -21,6 +21,7 @@ from .resolution_flags import add_resolution_flags, check_resolution_flags
 from .segmentation_flags import add_task_args, check_task_args, check_task_classes
 from .stain_flags import add_stain_args, check_stain_args
 from .training_flags import add_training_args, check_keep_best, check_training_args
+from .volume_flags import add_volume_args, check_volume_args
 from .whole_slide_flags import add_whole_slide_args, check_whole_slide_args
 
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slide-level", dest="slide_level", type=int, default=0,
                      help="--app medical with slides: pyramid level the tiles are cut from")
     add_resolution_flags(run, "--app medical; recorded in the checkpoint as infer's default")
+    add_volume_args(run)
     run.add_argument("--min-tissue", dest="min_tissue", type=float, default=0.5,
                      help="--app medical with slides: least tissue fraction of a kept tile")
     add_device_flags(run)
@@ -93,6 +95,7 @@ def check_run_args(args: argparse.Namespace) -> None:
     """Errors in the non-parallel flags, naming the flag and what works (before any rank talks)."""
     check_numbers(args)
     check_task_args(args)
+    check_volume_args(args)
     if args.datapath is not None and not AppKind.parse(args.app).reads_datapath:
         raise ConfigError("--datapath", f"--app {args.app} does not read --datapath (it would train on "
                           f"generated images); use --app medical for tiles/slides or --app cifar for "

@@ -24,6 +24,7 @@ from .resolution_flags import resolution_of
 from .segmentation_flags import task_of
 from .train_flags import build_parser, check_run_args
 from .training_flags import optimizer_spec
+from .volume_flags import is_volume_run
 
 
 def train_job(args: argparse.Namespace, cfg: ParallelConfig) -> TrainJob:
@@ -33,9 +34,11 @@ def train_job(args: argparse.Namespace, cfg: ParallelConfig) -> TrainJob:
     return TrainJob(
         config=cfg,
         model=model,
-        data=DataSpec(app=AppKind.parse(args.app), datapath=text_of(args.datapath), image_size=args.image_size,
+        data=DataSpec(app=AppKind.parse(args.app), datapath=text_of(args.datapath),
+                      image_size=max(args.image_size) if is_volume_run(args) else args.image_size,
+                      volume_size=args.image_size if is_volume_run(args) else None,
                       num_samples=args.num_samples, slide_level=args.slide_level, min_tissue=args.min_tissue,
-                      mpp=mpp, source_mpp=source_mpp, num_classes=args.num_classes,
+                      mpp=mpp, source_mpp=source_mpp, voxel_size=args.voxel_size, num_classes=args.num_classes,
                       class_names=tuple(args.class_names), class_order=args.class_order, task=task_of(args),
                       ignore_index=args.ignore_index, skip_bad_files=args.skip_bad_files,
                       cohort=args.cohort_data, whole_slide=args.whole_slide, stain_request=args.stain_request,

@@ -7,10 +7,13 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from typing_extensions import TypeIs
 
 from .augment import AugmentSpec, Draw
 
 Box = tuple[int, int, int, int]  # half-open (r0, r1, c0, c1), as geometry.TileGrid.tile_box
+VolumeBox = tuple[tuple[int, int], ...]   # a volume's half-open ((d0, d1), (r0, r1), (c0, c1)), as TileGrid.extent
+AnyBox = Box | VolumeBox
 
 
 @runtime_checkable
@@ -28,6 +31,37 @@ class RegionDataset(Protocol):
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         """Image ``index`` (C, H, W) float in [0, 1], only the ``box`` part when given."""
         ...
+
+
+@runtime_checkable
+class VolumeRegions(Protocol):
+    """A dataset of volumes (``volume_size`` (D, H, W) voxels): ``read`` ``(C, d, h, w)`` and ``read_mask``
+    ``(d, h, w)`` take a ``VolumeBox`` (a spatial rank's 3-D tile)."""
+
+    volume_size: tuple[int, int, int]
+
+    def read(self, index: int, box: AnyBox | None = None) -> torch.Tensor: ...
+
+    def read_mask(self, index: int, box: AnyBox | None = None) -> torch.Tensor: ...
+
+
+def is_volume_box(box: AnyBox | None) -> TypeIs[VolumeBox]:
+    """Whether ``box`` is a volume's ((d0, d1), (r0, r1), (c0, c1))."""
+    return box is not None and len(box) > 0 and isinstance(box[0], tuple)
+
+
+def volume_dataset(dataset: RegionDataset, box: VolumeBox) -> VolumeRegions:
+    """``dataset`` as volumes, for a read of ``box``; TypeError when it is not one."""
+    if not isinstance(dataset, VolumeRegions):
+        raise TypeError(f"{type(dataset).__name__} holds images, not volumes: it cannot read the 3-D box {box}")
+    return dataset
+
+
+def read_box(dataset: RegionDataset, index: int, box: AnyBox | None) -> torch.Tensor:
+    """Image ``index`` of ``dataset``, only ``box`` of it (a volume's 3-D box, or an image's)."""
+    if is_volume_box(box):
+        return volume_dataset(dataset, box).read(index, box)
+    return dataset.read(index, box)
 
 
 def full_box(size: int) -> Box:
@@ -96,7 +130,7 @@ class Batcher:
         return torch.tensor([self.dataset.label(i) for i in self.indices(epoch, step)],
                             dtype=torch.long)
 
-    def images(self, epoch: int, step: int, box: Box | None = None,
+    def images(self, epoch: int, step: int, box: AnyBox | None = None,
                rows: Sequence[int] | None = None) -> torch.Tensor:
         """Images (N, C, h, w) of the batch, only ``box`` of each; ``rows`` picks batch entries."""
         chosen = self.indices(epoch, step)
@@ -110,8 +144,11 @@ class Batcher:
             return None
         return self.augment.draw(self.seed, epoch, step, index)
 
-    def read(self, epoch: int, step: int, index: int, box: Box | None = None) -> torch.Tensor:
-        """Image ``index`` as batch ``step`` of ``epoch`` sees it (augmented), only ``box`` of it."""
+    def read(self, epoch: int, step: int, index: int, box: AnyBox | None = None) -> torch.Tensor:
+        """Image ``index`` as batch ``step`` of ``epoch`` sees it (augmented), only ``box`` of it (a volume's:
+        never augmented)."""
+        if is_volume_box(box):
+            return read_box(self.dataset, index, box)
         draw = self.augmentation(epoch, step, index)
         if draw is None:
             return self.dataset.read(index, box)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .crops import NATIVE, CentreCrop
-from .dataset import Batcher, Box, RegionDataset, check_box
+from .dataset import AnyBox, Batcher, Box, RegionDataset, check_box, is_volume_box, volume_dataset
 from .pathology import TILE_EXTENSIONS, TileFolderDataset, require_path
 from .resolution import LevelChoice
 from .stain import StainNormalizer
@@ -163,7 +163,7 @@ class MaskFolderDataset:
         return read_mask_file(self.masks[index], self.image_size, box, NATIVE if choices is None else choices[index])
 
 
-def batch_masks(batcher: Batcher, epoch: int, step: int, box: Box | None = None,
+def batch_masks(batcher: Batcher, epoch: int, step: int, box: AnyBox | None = None,
                 rows: Sequence[int] | None = None) -> torch.Tensor:
     """Masks ``(n, h, w)`` of batch ``step`` of ``epoch`` (entries ``rows``), only ``box`` of each, flipped and turned
     as the batch's images are (``--augment``: the geometric part of each image's draw; colours leave masks alone)."""
@@ -176,6 +176,9 @@ def batch_masks(batcher: Batcher, epoch: int, step: int, box: Box | None = None,
     size = dataset.image_size
     masks = []
     for index in chosen:
+        if is_volume_box(box):                     # a volume's tile (volumes are not augmented)
+            masks.append(volume_dataset(dataset, box).read_mask(index, box))
+            continue
         draw = batcher.augmentation(epoch, step, index)
         if draw is None:
             masks.append(dataset.read_mask(index, box))

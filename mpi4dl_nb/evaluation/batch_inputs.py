@@ -8,17 +8,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..pipeline.schedules import ActionKind
-from ..pipeline.step_input import ShardedImages, ShardedMasks
+from ..pipeline.step_input import Extent, ShardedImages, ShardedMasks
 from ..spatial.geometry import Box
 
 if TYPE_CHECKING:
     from ..pipeline.engine import HybridEngine
 
-RowReader = Callable[[list[int], Box | None], torch.Tensor]   # (rows of the batch, the box) -> those rows, cut
+RowReader = Callable[[list[int], Box | Extent | None], torch.Tensor]   # (rows of the batch, the box) -> those rows, cut
 
 
 class BatchInputs:
-    """A rank's readers of a batch of ``batch_size`` images of ``image_size`` pixels for ``engine``.
+    """A rank's readers of a batch of ``batch_size`` images of ``image_size`` pixels (a volume's ``(D, H, W)``:
+    read by the 3-D extent of the rank's tile) for ``engine``.
 
     A rank running stage 0 gets a ``ShardedImages``: the engine asks it for each chunk's rows cut to
     the rank's tile box, and it reads exactly that (for slides: one region read of the box per image), so
@@ -27,13 +28,13 @@ class BatchInputs:
     Other ranks get None: no memory, no reads.
     """
 
-    def __init__(self, engine: HybridEngine, rank: int, image_size: int, batch_size: int,
+    def __init__(self, engine: HybridEngine, rank: int, image_size: int | tuple[int, int, int], batch_size: int,
                  dtype: torch.dtype = torch.float32, dense: bool = False) -> None:
         actions = engine.schedule.actions(rank)
         last = engine.cfg.split_size - 1
         self.reads_images = any(a.kind is ActionKind.FORWARD and a.stage == 0 for a in actions)
         self.reads_masks = dense and any(a.kind is ActionKind.FORWARD and a.stage == last for a in actions)
-        self.image_size = image_size
+        self.size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.batch_size = batch_size
         self.dtype = dtype
 
@@ -42,7 +43,7 @@ class BatchInputs:
         if not self.reads_images:
             return None
         return ShardedImages(lambda rows, box: read(self.rows(rows), box).to(self.dtype), self.batch_size,
-                             (self.image_size, self.image_size))
+                             self.size)
 
     def masks(self, read: RowReader) -> ShardedMasks | None:
         """The masks ``read`` gives, as this rank reads them (None: it runs no last stage, or the model is not
@@ -50,7 +51,7 @@ class BatchInputs:
         if not self.reads_masks:
             return None
         return ShardedMasks(lambda rows, box: read(self.rows(rows), box), self.batch_size,
-                            (self.image_size, self.image_size))
+                            self.size)
 
     def rows(self, chunk: slice) -> list[int]:
         """The batch rows of a chunk."""

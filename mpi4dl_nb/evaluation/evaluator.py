@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..comm.messages import as_items
-from ..data.dataset import RegionDataset
+from ..data.dataset import RegionDataset, read_box
 from ..pipeline.step_input import ShardedImages
 from ..spatial.loss import ClassCrossEntropy
 from .aggregate import MEAN, Aggregation
@@ -56,7 +56,7 @@ class HeldOutBatches:
     def images(self, batch: int) -> ShardedImages | None:
         """Batch ``batch``'s images as this rank reads them (None: it runs no stage-0 forward)."""
         chosen = self.positions(batch)
-        return self.inputs.images(lambda rows, box: torch.stack([self.dataset.read(chosen[r], box) for r in rows]))
+        return self.inputs.images(lambda rows, box: torch.stack([read_box(self.dataset, chosen[r], box) for r in rows]))
 
 
 class Evaluator(HeldOutBatches):

@@ -33,7 +33,7 @@ def image_multiple(name: str, num_layers: int | None = None) -> int:
 
 def build_model(name: str, *, num_layers: int | None = None, num_filters: int | None = None,
                 num_classes: int = 10, version: int = 2, in_channels: int = 3,
-                image_size: int | None = None, norm: str | None = None,
+                image_size: int | tuple[int, ...] | None = None, norm: str | None = None,
                 upsampling: str | None = None, pool: PoolKind = PoolKind.AVG) -> list[nn.Module]:
     """Build model ``name`` as a list of splittable layers.
 
@@ -42,19 +42,16 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     ``num_filters`` (default 416). U-Net: ``num_layers`` levels (default 4), ``num_filters`` channels
     at the first level (default 16), ``norm`` 'batch'/'group', ``upsampling`` 'bilinear'/'transposed'
     (``models/unet.py``). ``unet3d``: the 3-D U-Net on volumes (N, C, D, H, W) (``models/unet3d.py``; default 2
-    levels of 8 filters, ``upsampling`` 'trilinear'/'transposed'). ``image_size`` (optional) is checked against
-    the downsampling. ``pool``: the classifier head's global pool (``with_pool``).
+    levels of 8 filters, ``upsampling`` 'trilinear'/'transposed'). ``image_size`` (optional: a side, or a volume's
+    (D, H, W)) is checked against the downsampling, every side. ``pool``: the classifier head's global pool
+    (``with_pool``).
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     layers_arg = DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers
     filters = DEFAULT_NUM_FILTERS[name] if num_filters is None else num_filters
     if image_size is not None:
-        multiple = image_multiple(name, layers_arg)
-        if image_size < multiple or image_size % multiple:
-            fit = max(multiple, multiple * round(image_size / multiple))
-            raise ValueError(f"image_size={image_size}: {name} downsamples by {multiple}, so "
-                             f"the image side must be a multiple of {multiple}; use e.g. {fit}")
+        check_sides(name, image_size, image_multiple(name, layers_arg))
     if name == "resnet":
         return with_pool(resnet(layers_arg, num_classes, version=version, width=filters,
                                 in_channels=in_channels), pool, in_channels, image_multiple(name))
@@ -69,6 +66,20 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
                     upsampling=upsampling or "bilinear")
     return with_pool(amoebanet(layers_arg, filters, num_classes, in_channels=in_channels), pool, in_channels,
                      image_multiple(name))
+
+
+def check_sides(name: str, image_size: int | tuple[int, ...], multiple: int) -> None:
+    """ValueError unless every side of ``image_size`` is a multiple of ``multiple`` (a volume of a 3-D model:
+    three sides, or one for a cube; an image: one)."""
+    sides = (image_size,) if isinstance(image_size, int) else tuple(image_size)
+    if len(sides) != 1 and (len(sides) != 3 or name != "unet3d"):
+        raise ValueError(f"image_size={image_size}: {name} takes " + (
+            "volumes: give depth, height and width" if name == "unet3d" else "images: give one side"))
+    for side in sides:
+        if side < multiple or side % multiple:
+            fit = max(multiple, multiple * round(side / multiple))
+            raise ValueError(f"image_size={image_size}: {name} downsamples by {multiple}, so "
+                             f"every side must be a multiple of {multiple}; use e.g. {fit} for {side}")
 
 
 def with_pool(layers: list[nn.Module], pool: PoolKind, in_channels: int, multiple: int) -> list[nn.Module]:

@@ -20,6 +20,7 @@ class ModelFamily(Choice):
     RESNET = "resnet"
     AMOEBANET = "amoebanet"
     UNET = "unet"          # dense: per-pixel logits as large as the input (--task segmentation)
+    UNET3D = "unet3d"      # dense on volumes (N, C, D, H, W): per-voxel logits (--image-size D,H,W)
     TORCHVISION = "torchvision"   # torchvision:NAME, cut into pieces by models/cut.py (ModelSpec.source: NAME)
     TIMM = "timm"                 # timm:NAME
     MODULE = "module"             # package.module:callable (source): an nn.Module (cut) or a layer list
@@ -44,7 +45,12 @@ class ModelFamily(Choice):
     @property
     def dense(self) -> bool:
         """Whether the family outputs a class map as large as its input (segmentation), not one per image."""
-        return self is ModelFamily.UNET
+        return self in (ModelFamily.UNET, ModelFamily.UNET3D)
+
+    @property
+    def volumetric(self) -> bool:
+        """Whether the family takes volumes (N, C, D, H, W) rather than images."""
+        return self is ModelFamily.UNET3D
 
     @property
     def versioned(self) -> bool:
@@ -100,7 +106,8 @@ class ModelSpec:
         return cls(kind, DEFAULT_NUM_LAYERS[kind] if num_layers is None else num_layers,
                    DEFAULT_NUM_FILTERS[kind] if num_filters is None else num_filters, num_classes,
                    resnet_version if kind.versioned else None, in_channels,
-                   (norm or "batch") if dense else None, (upsampling or "bilinear") if dense else None,
+                   (norm or "batch") if dense else None,
+                   (upsampling or ("trilinear" if kind.volumetric else "bilinear")) if dense else None,
                    pool=pooling)
 
     @property
@@ -121,9 +128,12 @@ class ModelSpec:
             return str(self.family)
         return (self.source or "") if self.family is ModelFamily.MODULE else f"{self.family}:{self.source}"
 
-    def build(self, image_size: int | None = None) -> list[nn.Module]:
-        """The layer list (torch's current seed draws the weights); ``image_size`` checked against the downsampling."""
+    def build(self, image_size: int | tuple[int, ...] | None = None) -> list[nn.Module]:
+        """The layer list (torch's current seed draws the weights); ``image_size`` (a side, or a volume's (D, H, W))
+        checked against the downsampling."""
         if self.family.named:
+            if image_size is not None and not isinstance(image_size, int):
+                raise ValueError(f"{self.label} takes images: give one image side, not {image_size}")
             layers = external_layers(str(self.family), self.source or "", self.num_classes, self.in_channels,
                                      self.normalize, image_size)
             return with_named_pool(layers, self.pool, self.label, self.in_channels)

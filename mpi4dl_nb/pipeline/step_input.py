@@ -14,7 +14,8 @@ and for ``labels`` the global labels, a callable ``labels(sample_slice)``, a :cl
 no extra arguments are needed. On a spatial last stage (every stage spatial, the loss on tiles) a
 rank's labels are its tile of the masks: cut from the global masks ``(N, H, W)``, or read by box.
 On a volume's grid (``slice_method="DxRxC"``) the images ``(N, C, D, H, W)`` and label volumes
-``(N, D, H, W)`` are global tensors, each rank cutting its 3-D tile (readers by box are for images).
+``(N, D, H, W)`` are global tensors, each rank cutting its 3-D tile, or readers given the tile's ``Extent``
+``((d0, d1), (r0, r1), (c0, c1))`` in place of a box (a ``ShardedImages`` of ``image_size`` (D, H, W)).
 """
 
 from __future__ import annotations
@@ -25,24 +26,26 @@ from dataclasses import dataclass
 import torch
 
 from ..comm.messages import Payload, as_items, like
-from ..spatial.geometry import Box, TileGrid
+from ..spatial.geometry import Box, Range, TileGrid
 from .handoff import input_tile
 
 Batch = Payload | list[torch.Tensor]                 # rows of the global batch: a tensor or tensors
-ImageReader = Callable[[slice, Box | None], Batch]   # (sample_slice, box) -> those rows, cut to box
+Extent = tuple[Range, ...]                           # a volume tile's ((d0, d1), (r0, r1), (c0, c1))
+ImageReader = Callable[[slice, Box | Extent | None], Batch]   # (sample_slice, box) -> those rows, cut to box
 LabelReader = Callable[[slice], Batch]               # sample_slice -> those labels
 Images = Batch | ImageReader | None                  # what ``train_step`` takes for ``images``
 
 
 @dataclass(frozen=True)
 class ShardedImages:
-    """``read(sample_slice, box)`` plus the global ``batch_size`` and ``image_size`` (h, w)."""
+    """``read(sample_slice, box)`` plus the global ``batch_size`` and ``image_size`` (h, w), or a volume's
+    (d, h, w) (``box`` then the tile's ``Extent``)."""
 
     read: ImageReader
     batch_size: int
-    image_size: tuple[int, int]
+    image_size: tuple[int, ...]
 
-    def __call__(self, sample_slice: slice, box: Box | None) -> Batch:
+    def __call__(self, sample_slice: slice, box: Box | Extent | None) -> Batch:
         return self.read(sample_slice, box)
 
 
@@ -84,23 +87,26 @@ def resolve_batch_size(images: Images, labels: Labels, batch_size: int | None) -
     return next(iter(found.values()))
 
 
-def resolve_image_size(images: Images, image_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
-    """(height, width) of the full images, if given or known by the images object."""
+def resolve_image_size(images: Images, image_size: int | tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """(height, width) of the full images, or a volume's (depth, height, width), if given or known by the images
+    object."""
     size = image_size if image_size is not None else getattr(images, "image_size", None)
     if size is None:
         return None
     if isinstance(size, int):
         return (size, size)
-    height, width = size
-    return (int(height), int(width))
+    return tuple(int(n) for n in size)
 
 
-def _whole_volumes_only(grid: TileGrid, argument: str) -> None:
-    """ValueError for a reader on a volume's tile grid: its tiles are cut from the global batch for now."""
+def reader_box(grid: TileGrid, tile: int, size: tuple[int, ...], argument: str) -> Box | Extent:
+    """What a reader of ``argument`` gets for ``tile`` of maps of ``size``: a box, or on a volume's grid its
+    ``Extent``; ValueError when ``size`` does not have the grid's axes."""
+    if len(size) != grid.ndim:
+        raise ValueError(f"{argument} from a reader on {grid} need a size of {grid.ndim} axes "
+                         f"({'(D, H, W)' if grid.volumetric else '(H, W)'}), got {size}")
     if grid.volumetric:
-        raise ValueError(f"{argument} from a reader (sample_slice, box) on a volume's {grid}: a box names rows and "
-                         f"columns only; pass the global {argument} tensor (N, ..., D, H, W) and every rank cuts "
-                         f"its 3-D tile")
+        return grid.extent(tile, size)
+    return grid.tile_box(tile, size[0], size[1])
 
 
 @dataclass
@@ -110,7 +116,7 @@ class StepInput:
     images: Images
     labels: Labels
     batch_size: int
-    image_size: tuple[int, int] | None = None
+    image_size: tuple[int, ...] | None = None
 
     def check(self, rank: int, runs_first: bool, runs_spatial_first: bool, runs_last: bool) -> None:
         """ValueError naming the missing argument for the stages this rank runs."""
@@ -141,10 +147,9 @@ class StepInput:
             raise ValueError("this rank has no images (None); see StepInput.check")
         box = None
         if tile is not None and grid is not None:
-            _whole_volumes_only(grid, "images")
             if self.image_size is None:
                 raise ValueError(f"tile {tile} of images from a callable needs image_size")
-            box = grid.tile_box(tile, *self.image_size)
+            box = reader_box(grid, tile, self.image_size, "images")
         read = images(rows, box)
         return like(read, [t.to(device) for t in as_items(read)])
 
@@ -155,9 +160,7 @@ class StepInput:
         if labels is None:
             raise ValueError("this rank has no labels (None); see StepInput.check")
         if isinstance(labels, ShardedMasks):
-            if tile is not None and grid is not None:
-                _whole_volumes_only(grid, "labels")
-            data = labels(rows, grid.tile_box(tile, *labels.image_size)
+            data = labels(rows, reader_box(grid, tile, labels.image_size, "labels")
                           if tile is not None and grid is not None else None)
         else:
             if isinstance(labels, (torch.Tensor, tuple, list)):

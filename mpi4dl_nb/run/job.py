@@ -31,12 +31,14 @@ class DataSpec:
 
     app: AppKind = AppKind.SYNTHETIC
     datapath: str | None = None
-    image_size: int = 32
+    image_size: int = 32                 # the image side (volumes: the patch's largest side)
     num_samples: int = 256               # generated images
     slide_level: int = 0
     min_tissue: float = 0.5
     mpp: float | None = None             # µm per pixel to read at (--mpp or --magnification; None: as stored)
     source_mpp: float | None = None      # level 0's µm per pixel, given
+    volume_size: tuple[int, int, int] | None = None        # volumes: the patch's (D, H, W) voxels (None: images)
+    voxel_size: tuple[float, float, float] | None = None   # volumes: µm (z, y, x) to read at (None: as stored)
     num_classes: int = 10
     class_names: tuple[str, ...] = ()
     class_order: tuple[str, ...] | None = None    # the names ordering class folders' labels (None: other data)

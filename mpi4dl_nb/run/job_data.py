@@ -66,7 +66,8 @@ def canvas_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequenc
 
 
 def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> MaskDataset:
-    """The images with masks ``datapath`` names (without the files ``exclude``)."""
+    """The images with masks ``datapath`` names (without the files ``exclude``): volumes with label volumes when
+    ``data.volume_size`` is set."""
     from ..data.annotated_slides import AnnotatedSlideDataset
     from ..data.masks import MaskFolderDataset, image_files
     from ..data.sample import IHCMaskDataset
@@ -75,6 +76,11 @@ def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: S
     if datapath is None:
         return IHCMaskDataset(data.image_size)
     root = require_path(datapath)
+    if data.volume_size is not None:
+        from ..data.volume_dataset import VolumeFolderDataset, volume_images
+
+        return VolumeFolderDataset(root, data.volume_size, data.num_classes,
+                                   files=excluded(volume_images(root), exclude), voxel_size=data.voxel_size)
     if is_mask_folder(root):
         return MaskFolderDataset(root, data.image_size, data.num_classes, files=excluded(image_files(root), exclude),
                                  mpp=data.mpp, source_mpp=data.source_mpp)
@@ -107,6 +113,12 @@ def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataS
 
     root = require_path(datapath, knob)
     size, classes, ignore = data.image_size, data.num_classes, data.ignore_index
+    if data.volume_size is not None:
+        from ..data.volume_dataset import check_volume_pair, volume_images
+
+        volume, voxel = data.volume_size, data.voxel_size
+        return (DataSources(SourceKind.TILES, tuple(volume_images(root))),
+                lambda image: check_volume_pair(image, volume, classes, ignore, voxel))
     if is_mask_folder(root):
         return (DataSources(SourceKind.TILES, tuple(image_files(root))),
                 lambda image: check_pair(image, size, classes, ignore))

@@ -60,7 +60,7 @@ class JobSetup:
 
         job = self.job
         torch.manual_seed(job.training.seed)
-        self.layers = self.record.model.build(job.data.image_size)
+        self.layers = self.record.model.build(job.data.volume_size or job.data.image_size)
         if job.model.weights is not None:
             from ..models.weights import load_weights, read_weights
 
@@ -69,7 +69,7 @@ class JobSetup:
                 say_once(self.ctx, note)
         for layer in self.layers:
             layer.to(job.training.torch_dtype)
-        check_layout(job.config, self.layers, job.training.batch_size, job.data.image_size)
+        check_layout(job.config, self.layers, job.training.batch_size, job.data.volume_size or job.data.image_size)
         if job.held_out.log_dir is not None and self.ctx.rank == 0:
             check_log_dir(job.held_out.log_dir)
         directory = job.checkpoints.directory
@@ -287,7 +287,8 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
     assert setup.batcher is not None and training is not None, "prepare opened the data"
     loss = watch(setup.record.loss())
     engine = HybridEngine(setup.layers, job.config, ctx, loss_fn=loss, abort_on_error=False,
-                          image_size=job.data.image_size, optimizer=training.optimizer.build)
+                          image_size=job.data.image_size if job.data.volume_size is None else None,
+                          optimizer=training.optimizer.build)
     guard = NonFiniteGuard(engine, ctx, loss, job.options.on_nonfinite,
                            hint="Lower --lr, or pass --on-nonfinite skip-step to skip such steps.")
     checkpoints, options = job.checkpoints, job.options

@@ -17,6 +17,7 @@ from ..checkpoint.optimizer_state import gather_optimizer_state, load_optimizer_
 from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, write_checkpoint
 from ..config import ParallelConfig
 from ..data import Batcher, RegionDataset
+from ..data.dataset import VolumeRegions
 from ..data.masks import batch_masks
 from ..data.task import Task
 from ..evaluation.batch_inputs import BatchInputs
@@ -68,10 +69,13 @@ EXIT_CHECKPOINT = 5
 
 
 # --------------------------------------------------------------------- pre-flight
-def check_layout(cfg: ParallelConfig, layers: Sequence[nn.Module], batch_size: int, image_size: int) -> None:
-    """ConfigError unless ``cfg`` fits this model, batch and image: stage count, batch split, spatial halos."""
+def check_layout(cfg: ParallelConfig, layers: Sequence[nn.Module], batch_size: int,
+                 image_size: int | tuple[int, int, int]) -> None:
+    """ConfigError unless ``cfg`` fits this model, batch and image: stage count, batch split, spatial halos (a
+    volume's ``(D, H, W)``: its tiles against the grid; the engine plans the 3-D halos)."""
     cfg.validate(batch_size=batch_size, num_layers=len(layers), image_size=image_size)
-    check_spatial_geometry(layers, cfg, image_size)
+    if isinstance(image_size, int):
+        check_spatial_geometry(layers, cfg, image_size)
 
 
 def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int,
@@ -126,7 +130,9 @@ class Trainer:
         self.timer = StepTimer(given=None if settings.auto_step_timeout else (settings.step_timeout or 0))
         self._own_monitor = monitor is None and self.timer.timeout() is not None
         self.monitor = JobMonitor.start(ctx) if self._own_monitor else monitor
-        self.inputs = BatchInputs(engine, ctx.rank, batcher.dataset.image_size, batcher.batch_size, settings.dtype,
+        dataset = batcher.dataset
+        size = dataset.volume_size if isinstance(dataset, VolumeRegions) else dataset.image_size
+        self.inputs = BatchInputs(engine, ctx.rank, size, batcher.batch_size, settings.dtype,
                                   settings.task.dense)
         self.metrics = RunMetrics()
         self.step = 0

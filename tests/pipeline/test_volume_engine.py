@@ -49,12 +49,15 @@ def test_a_step_cuts_volumes_and_label_volumes_into_each_rank_s_3d_tile():
         assert torch.equal(data.labels_for(slice(1, 3), cpu, tile, grid), y[1:3, d0:d1, r0:r1, c0:c1])
 
 
-def test_readers_by_box_are_refused_on_a_volume_grid_naming_the_way_out():
+def test_readers_on_a_volume_grid_get_the_tiles_extent_and_need_three_sides():
     grid = TileGrid(depth=2, rows=1, cols=1)
     cpu = torch.device("cpu")
-    reader = StepInput(lambda rows, box: torch.zeros(1), None, 2, (4, 4))
-    with pytest.raises(ValueError, match="pass the global images tensor"):
-        reader.images_for(slice(0, 1), 0, grid, cpu)
-    masks = StepInput(None, ShardedMasks(lambda rows, box: torch.zeros(1), 2, (4, 4)), 2)
-    with pytest.raises(ValueError, match="pass the global labels tensor"):
-        masks.labels_for(slice(0, 1), cpu, 0, grid)
+    asked = []
+    reader = StepInput(lambda rows, box: asked.append(box) or torch.zeros(1), None, 2, (6, 4, 4))
+    reader.images_for(slice(0, 1), 1, grid, cpu)
+    masks = StepInput(None, ShardedMasks(lambda rows, box: asked.append(box) or torch.zeros(1), 2, (6, 4, 4)), 2)
+    masks.labels_for(slice(0, 1), cpu, 0, grid)
+    assert asked == [((3, 6), (0, 4), (0, 4)), ((0, 3), (0, 4), (0, 4))]
+    flat = StepInput(lambda rows, box: torch.zeros(1), None, 2, (4, 4))
+    with pytest.raises(ValueError, match=r"need a size of 3 axes \(\(D, H, W\)\), got \(4, 4\)"):
+        flat.images_for(slice(0, 1), 0, grid, cpu)

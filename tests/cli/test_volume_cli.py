@@ -1,0 +1,84 @@
+"""``train --model unet3d`` on a folder of volumes: 1x2x2 tiles equal one process (float64), each rank reading only its
+tile; bad label volumes and 2-D images refused before the first step naming the file; the volume flags checked."""
+from __future__ import annotations
+
+import argparse
+
+import nibabel
+import numpy as np
+import pytest
+import tifffile
+
+from mpi4dl_nb.cli import train_cmd as cli
+from mpi4dl_nb.cli.image_size import image_size_arg
+from mpi4dl_nb.cli.volume_flags import voxel_size_arg
+from tests.support.battery import shared_job
+from tests.support.volume_data import write_volume_pairs
+
+JOB = shared_job(4, "volume_cli", timeout=300)
+UNET3D = ["--task", "segmentation", "--model", "unet3d", "--num-filters", "2", "--num-classes", "3",
+          "--image-size", "8,8,8", "--batch-size", "1", "--steps", "1", "--no-progress", "--split-size", "1",
+          "--spatial-size", "0"]
+
+
+@pytest.mark.parametrize("check", ["volume losses equal one process", "each rank reads its tile"])
+def test_train_on_volume_tiles_equals_one_process(shared_launch, check):
+    """``train --task segmentation --model unet3d --slice-method 1x2x2`` on a TIFF stack and a NIfTI, every stage
+    spatial on 4 ranks (float64): losses and weights equal one process; the ranks read their tiles only
+    (tests/mpi/volume_cli.py)."""
+    shared_launch(JOB).require([check])
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``train`` in this process: (exit code, stdout, stderr)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as stop:
+        code = int(stop.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_bad_label_volumes_and_flat_images_are_refused_naming_the_file(tmp_path, capsys):
+    data = write_volume_pairs(tmp_path / "v", shape=(10, 12, 14), names=("a", "b", "c", "d"))
+    tifffile.imwrite(data / "masks" / "a.tif", np.zeros((10, 12, 13), np.uint8), photometric="minisblack")
+    labels = np.zeros((14, 12, 10), np.uint8)
+    labels[1, 2, 3] = 9
+    nibabel.save(nibabel.Nifti1Image(labels, np.eye(4)), data / "masks" / "b.nii.gz")
+    (data / "images" / "c.tif").unlink()
+    tifffile.imwrite(data / "images" / "c.tif", np.zeros((12, 14), np.uint16))              # one page: 2-D
+    code, out, err = run_main([*UNET3D, "--datapath", str(data)], capsys)
+    assert code == 2 and out == "" and "3 of 4 files" in err, err
+    assert "a.tif: label volume masks/a.tif is 10x12x13 voxels (DxHxW) but its image is 10x12x14" in err
+    assert "b.nii.gz: label volume masks/b.nii.gz holds label(s) 9 outside 0..2 (--num-classes 3" in err
+    assert "c.tif: a 2-D image (one page, shape (12, 14)), not a volume" in err
+
+
+def test_a_finer_voxel_size_than_the_files_is_refused_naming_each(tmp_path, capsys):
+    data = write_volume_pairs(tmp_path / "v", shape=(8, 8, 8))      # 1 x 0.5 x 0.5 µm voxels
+    code, out, err = run_main([*UNET3D, "--datapath", str(data), "--voxel-size", "0.5"], capsys)
+    assert code == 2 and "2 of 2 files" in err, err
+    assert "a.tif: --voxel-size:" in err and "has 1 µm voxels along z; 0.5 µm would invent detail" in err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--image-size", "8"], "--image-size: --model unet3d trains on volumes: give --image-size D,H,W"),
+    (["--model", "unet"], "--image-size: 8,8,8 is a volume's patch but --model unet takes images"),
+    (["--mpp", "0.5"], "--mpp: sets images' µm per pixel; volumes take --voxel-size Z,Y,X"),
+    (["--val-fraction", "0.5"], "--val-fraction: does not apply to volumes yet"),
+])
+def test_volume_flags_that_do_not_fit_are_refused(tmp_path, capsys, flags, words):
+    data = write_volume_pairs(tmp_path / "v", shape=(8, 8, 8))
+    code, out, err = run_main([*UNET3D, "--datapath", str(data), *flags], capsys)
+    assert code == 2 and words in err, err
+
+
+def test_image_and_voxel_size_flags_parse():
+    assert image_size_arg("32") == 32 and image_size_arg("8, 16,24") == (8, 16, 24)
+    assert voxel_size_arg("2") == (2.0, 2.0, 2.0) and voxel_size_arg("2,0.5,0.5") == (2.0, 0.5, 0.5)
+    for bad in ("8,16", "8,0,8", "a"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            image_size_arg(bad)
+    for bad in ("1,2", "0", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            voxel_size_arg(bad)

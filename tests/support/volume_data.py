@@ -1,0 +1,32 @@
+"""Volume test data: a folder of ``images/`` volumes with their ``masks/`` label volumes, as TIFF stacks and NIfTI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nibabel
+import numpy as np
+import tifffile
+
+
+def write_volume_pairs(root: Path, shape: tuple[int, int, int] = (10, 12, 14), classes: int = 3, seed: int = 0,
+                       names: tuple[str, ...] = ("a", "b")) -> Path:
+    """A volume per name, alternately an ImageJ TIFF stack of 1 x 0.5 x 0.5 µm voxels (z, y, x) and a NIfTI of the
+    same voxel size in µm (stored x, y, z), each with a label volume of ``classes`` classes (the image brighter
+    where the label is higher, so that a network can learn something)."""
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    for k, name in enumerate(names):
+        labels = rng.integers(0, classes, shape, dtype=np.uint8)
+        image = (rng.integers(0, 30000, shape) + labels.astype(np.int64) * 15000).astype(np.uint16)
+        if k % 2 == 0:
+            tifffile.imwrite(root / "images" / f"{name}.tif", image, imagej=True, resolution=(2.0, 2.0),
+                             metadata={"spacing": 1.0, "unit": "um", "axes": "ZYX"})
+            tifffile.imwrite(root / "masks" / f"{name}.tif", labels, photometric="minisblack")
+        else:
+            nifti = nibabel.Nifti1Image(image.transpose(2, 1, 0), np.diag([0.5, 0.5, 1.0, 1.0]))
+            nifti.header.set_xyzt_units("micron")
+            nibabel.save(nifti, root / "images" / f"{name}.nii.gz")
+            nibabel.save(nibabel.Nifti1Image(labels.transpose(2, 1, 0), np.eye(4)), root / "masks" / f"{name}.nii.gz")
+    return root
