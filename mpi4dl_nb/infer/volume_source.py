@@ -80,8 +80,8 @@ def read_zero_extended(source: VolumeSource, region: Extent) -> np.ndarray:
 class FileVolume:
     """A TIFF stack or NIfTI file (``data/volume_files.py``): the header once, each region read alone.
 
-    Voxel values reach the network as stored (cast to the compute dtype, not rescaled): give it
-    volumes stored the way the network was trained on them.
+    Voxel values reach the network as training reads them: integer voxels divided by their type's
+    maximum (``volume_dataset.intensity_scale``), float voxels as stored.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -107,6 +107,9 @@ class FileVolume:
         return str(self.path)
 
     def read(self, region: Extent) -> np.ndarray:
+        from ..data.volume_dataset import intensity_scale
         from ..data.volume_files import read_volume
 
-        return read_volume(self.path, (slice(*region[0]), slice(*region[1]), slice(*region[2])))
+        voxels = read_volume(self.path, (slice(*region[0]), slice(*region[1]), slice(*region[2])))
+        scale = intensity_scale(self.info.dtype)
+        return voxels if scale == 1 else voxels / scale

@@ -68,30 +68,38 @@ def test_a_2d_network_or_grid_is_refused_naming_the_flag(tmp_path):
         dl.infer_volume(volume_infer.network(), vol, tmp_path / "seg.png", ctx=ctx)
 
 
-def test_a_tiff_stack_in_nifti_out_with_its_voxel_size(tmp_path, capsys):
+def test_the_command_runs_a_checkpoint_over_a_tiff_stack_into_nifti_with_its_voxel_size(tmp_path, capsys):
+    import json
+
     import nibabel
     import tifffile
 
     from mpi4dl_nb.cli.infer_cmd import main as infer_main
+    from mpi4dl_nb.models.spec import ModelSpec
+    from tests.support.infer_data import write_network
 
-    vol = np.random.default_rng(3).random((20, 32, 44)).astype(np.float32)
+    spec = ModelSpec.of("unet3d", num_layers=1, num_filters=2, num_classes=volume_infer.CLASSES, in_channels=1,
+                        upsampling="transposed")
+    write_network(tmp_path / "ck", volume_infer.network(), spec, 16, ("background", "cell", "nucleus"))
+    vol = (np.random.default_rng(3).random((20, 32, 44)) * 255).astype(np.uint8)    # read as training does: / 255
     z, y, x = volume_infer.VOXEL_SIZE
     tifffile.imwrite(tmp_path / "vol.tif", vol, imagej=True, resolution=(1 / x, 1 / y),
                      metadata={"spacing": z, "unit": "um", "axes": "ZYX"})
-    summary = dl.infer_volume(volume_infer.network(), tmp_path / "vol.tif", tmp_path / "seg.nii.gz", ctx=dl.init(),
-                              window=(20, 32, 40), dtype="float64")
-    assert summary is not None and summary["window_grid"] == (1, 1, 2)
-    assert summary["voxel_size"] == volume_infer.VOXEL_SIZE
-    want = volume_infer.whole_volume(vol[None].astype(np.float64))
+    args = ["--checkpoint", str(tmp_path / "ck"), "--volume", str(tmp_path / "vol.tif"), "--output",
+            str(tmp_path / "seg.nii.gz")]
+    assert infer_main([*args, "--window", "20,32,40", "--dtype", "float64", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["window_grid"] == [1, 1, 2] and summary["voxel_size"] == list(volume_infer.VOXEL_SIZE)
+    want = volume_infer.whole_volume(vol[None] / 255.0)
     labels = nibabel.load(str(tmp_path / "seg.nii.gz"))
     assert tuple(float(v) for v in labels.header.get_zooms()) == (x, y, z)
     assert np.array_equal(np.asarray(labels.dataobj).transpose(2, 1, 0), want.argmax(0))
     prob = np.asarray(nibabel.load(str(tmp_path / "seg_prob2.nii.gz")).dataobj).transpose(2, 1, 0)
     assert prob.dtype == np.float32 and float(np.abs(prob - want[2]).max()) < 1e-6
     assert not (tmp_path / "seg.nii").exists()        # the uncompressed copy is gone
-    args = ["--checkpoint", str(tmp_path / "ck"), "--volume", str(tmp_path / "vol.tif"), "--output",
-            str(tmp_path / "seg.nii.gz")]
     assert infer_main([*args, "--tissue-only"]) == 2
     assert "--tissue-only: for slides, not a --volume" in capsys.readouterr().err
     assert infer_main([*args, "--output", str(tmp_path / "b.tif")]) == 2
     assert "give --output NAME.tif|.nii|.nii.gz once" in capsys.readouterr().err
+    assert infer_main([*args, "--overwrite", "--num-spatial-parts", "2", "--slice-method", "1x1x2"]) == 2
+    assert "2 ranks share each window but 1 were launched" in capsys.readouterr().err
