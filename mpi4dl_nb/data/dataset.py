@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 import torch
-from typing_extensions import TypeIs
 
 from .augment import AugmentSpec, Draw
 
@@ -45,9 +44,23 @@ class VolumeRegions(Protocol):
     def read_mask(self, index: int, box: AnyBox | None = None) -> torch.Tensor: ...
 
 
-def is_volume_box(box: AnyBox | None) -> TypeIs[VolumeBox]:
+def is_volume_box(box: AnyBox | None) -> TypeGuard[VolumeBox]:
     """Whether ``box`` is a volume's ((d0, d1), (r0, r1), (c0, c1))."""
     return box is not None and len(box) > 0 and isinstance(box[0], tuple)
+
+
+def is_image_box(box: AnyBox) -> TypeGuard[Box]:
+    """Whether ``box`` is an image's (r0, r1, c0, c1)."""
+    return len(box) == 4 and not isinstance(box[0], tuple)
+
+
+def image_box(box: AnyBox | None) -> Box | None:
+    """``box`` as an image's box (None: none); ValueError for a volume's."""
+    if box is None:
+        return None
+    if is_image_box(box):
+        return box
+    raise ValueError(f"an image is read by a box (r0, r1, c0, c1), got {box}")
 
 
 def volume_dataset(dataset: RegionDataset, box: VolumeBox) -> VolumeRegions:
@@ -61,7 +74,7 @@ def read_box(dataset: RegionDataset, index: int, box: AnyBox | None) -> torch.Te
     """Image ``index`` of ``dataset``, only ``box`` of it (a volume's 3-D box, or an image's)."""
     if is_volume_box(box):
         return volume_dataset(dataset, box).read(index, box)
-    return dataset.read(index, box)
+    return dataset.read(index, image_box(box))
 
 
 def full_box(size: int) -> Box:
@@ -151,6 +164,6 @@ class Batcher:
             return read_box(self.dataset, index, box)
         draw = self.augmentation(epoch, step, index)
         if draw is None:
-            return self.dataset.read(index, box)
+            return self.dataset.read(index, image_box(box))
         size = self.dataset.image_size
-        return draw.apply(self.dataset.read(index, draw.source_box(check_box(box, size), size)))
+        return draw.apply(self.dataset.read(index, draw.source_box(check_box(image_box(box), size), size)))

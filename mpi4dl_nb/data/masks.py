@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .crops import NATIVE, CentreCrop
-from .dataset import AnyBox, Batcher, Box, RegionDataset, check_box, is_volume_box, volume_dataset
+from .dataset import AnyBox, Batcher, Box, RegionDataset, check_box, image_box, is_volume_box, volume_dataset
 from .pathology import TILE_EXTENSIONS, TileFolderDataset, require_path
 from .resolution import LevelChoice
 from .stain import StainNormalizer
@@ -181,9 +181,9 @@ def batch_masks(batcher: Batcher, epoch: int, step: int, box: AnyBox | None = No
             continue
         draw = batcher.augmentation(epoch, step, index)
         if draw is None:
-            masks.append(dataset.read_mask(index, box))
+            masks.append(dataset.read_mask(index, image_box(box)))
         else:
-            masks.append(draw.place(dataset.read_mask(index, draw.source_box(check_box(box, size), size))))
+            masks.append(draw.place(dataset.read_mask(index, draw.source_box(check_box(image_box(box), size), size))))
     return torch.stack(masks)
 
 

@@ -204,6 +204,8 @@ class VolumeFolderDataset:
 
 def volume_box(box: AnyBox | None) -> VolumeBox | None:
     """``box`` when it is a volume's (or None); ValueError for an image's 2-D box."""
-    if box is None or is_volume_box(box):
+    if box is None:
+        return None
+    if is_volume_box(box):
         return box
     raise ValueError(f"a volume is read by a 3-D box ((d0, d1), (r0, r1), (c0, c1)), got the 2-D box {box}")

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-import nibabel
 import numpy as np
 import pytest
-import tifffile
 
 from mpi4dl_nb.cli import train_cmd as cli
 from mpi4dl_nb.cli.image_size import image_size_arg
 from mpi4dl_nb.cli.volume_flags import voxel_size_arg
 from tests.support.battery import shared_job
+from tests.support.requirements import VOLUMES_EXTRA, required_module
 from tests.support.volume_data import write_volume_pairs
+
+nibabel = required_module("nibabel", "volume CLI tests", VOLUMES_EXTRA)
+tifffile = required_module("tifffile", "volume CLI tests", VOLUMES_EXTRA)
 
 JOB = shared_job(4, "volume_cli", timeout=300)
 UNET3D = ["--task", "segmentation", "--model", "unet3d", "--num-filters", "2", "--num-classes", "3",

@@ -1,16 +1,18 @@
 """Volume folders: centre patches of images and label volumes, any 3-D box read alone equal to that box of the whole
 (at a voxel size too); every bad pair named before the first step."""
 
-import nibabel
 import numpy as np
 import pytest
-import tifffile
 import torch
 
 from mpi4dl_nb.data.volume_dataset import VolumeFolderDataset, check_volume_pair, label_volumes
 from mpi4dl_nb.data.volume_resample import VolumeResampler, voxel_scales
 from mpi4dl_nb.errors import ConfigError
+from tests.support.requirements import VOLUMES_EXTRA, required_module
 from tests.support.volume_data import write_volume_pairs
+
+nibabel = required_module("nibabel", "volume dataset tests", VOLUMES_EXTRA)
+tifffile = required_module("tifffile", "volume dataset tests", VOLUMES_EXTRA)
 
 BOX = ((1, 5), (2, 7), (0, 3))
 

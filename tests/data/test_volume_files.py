@@ -1,13 +1,15 @@
 """Volume files: TIFF stacks (plain, ImageJ, OME, compressed, RGB) and NIfTI read as (C, D, H, W) = (C, z, y, x) with
 their voxel size in micrometres; a region reads only its pages / sub-volume; unreadable files are named."""
 
-import nibabel
 import numpy as np
 import pytest
-import tifffile
 
 from mpi4dl_nb.data.volume_files import VolumeInfo, read_volume, volume_info, volume_stem
 from mpi4dl_nb.errors import ConfigError
+from tests.support.requirements import VOLUMES_EXTRA, required_module
+
+nibabel = required_module("nibabel", "volume file tests", VOLUMES_EXTRA)
+tifffile = required_module("tifffile", "volume file tests", VOLUMES_EXTRA)
 
 REGION = (slice(2, 5), slice(1, 4), slice(3, 9))
 

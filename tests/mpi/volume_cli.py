@@ -2,10 +2,12 @@
 
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, then ``prepare``,
 ``build_trainer`` of run/job_run.py) on a folder of two volumes that rank 0 writes (an ImageJ TIFF stack and a NIfTI,
-8x16x16 voxels, 2 classes); rank 0 trains the same model in one process on whole volumes (``serial_step``).
+8x32x32 voxels of 1 x 0.5 x 0.5 µm, 2 classes) read at ``--voxel-size 1`` (8x16x16); rank 0 trains the same model
+in one process on whole volumes (``serial_step``).
 
 Checks: ``volume losses equal one process`` (float64, 1e-9, and the final weights); ``each rank reads its tile``
-(every region a rank reads of a volume file, images and label volumes, is its own tile of the 1x2x2 grid).
+(every region a rank reads of a volume file, images and label volumes, is the footprint of its own tile of the
+1x2x2 grid: the source voxels the area shrink of that tile reads, no more).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
 from mpi4dl_nb.cli.train_job import train_job
 from mpi4dl_nb.data import volume_dataset
 from mpi4dl_nb.data.masks import batch_masks
+from mpi4dl_nb.data.volume_resample import VolumeResampler
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.support.checks import Checks, run_checks
@@ -29,9 +32,11 @@ from tests.support.serial_training import matches_one_process, train_one_process
 from tests.support.volume_data import write_volume_pairs
 
 STEPS = 2
-SHAPE = (8, 16, 16)
+SHAPE = (8, 32, 32)                    # the files' voxels; the patch is 8x16x16 at --voxel-size 1
+PATCH = (8, 16, 16)
 FLAGS = ("--task segmentation --model unet3d --num-filters 4 --num-classes 2 --image-size 8,16,16 --batch-size 2 "
-         "--dtype float64 --steps 2 --no-progress --step-timeout 0 --loss ce+dice --class-weights 1,2").split()
+         "--voxel-size 1 --dtype float64 --steps 2 --no-progress --step-timeout 0 --loss ce+dice "
+         "--class-weights 1,2").split()
 TILES = "--split-size 1 --spatial-size 1 --num-spatial-parts 4 --slice-method 1x2x2".split()
 TOLERANCE = 1e-9
 
@@ -73,14 +78,16 @@ def main(check: Checks) -> None:
                 serial, serial_model = one_process(setup)
                 result.detail = matches_one_process(summary.losses, state, serial, serial_model, TOLERANCE)
         with check("each rank reads its tile") as result:
-            tiles = TileGrid(depth=1, rows=2, cols=2).extents(SHAPE)
+            shrink = VolumeResampler((1.0, 2.0, 2.0))
+            footprints = [tuple((a, min(b, n)) for (a, b), n in zip(shrink.source_box(tile), SHAPE))
+                          for tile in TileGrid(depth=1, rows=2, cols=2).extents(PATCH)]
             names = {name for name, _ in read_in_training}
             boxes = {box for _, box in read_in_training}
             assert names == {"a.tif", "b.nii.gz"}, f"rank {ctx.rank} read {names}"
-            assert len(boxes) == 1 and next(iter(boxes)) in tiles, f"rank {ctx.rank} read {sorted(boxes)}"
+            assert len(boxes) == 1 and next(iter(boxes)) in footprints, f"rank {ctx.rank} read {sorted(boxes)}"
             everyone = ctx.all_gather_object(next(iter(boxes)))
-            assert sorted(everyone) == sorted(tiles), f"the ranks read {everyone}, the tiles are {tiles}"
-            voxels = int(np.prod([b - a for a, b in tiles[0]]))
+            assert sorted(everyone) == sorted(footprints), f"the ranks read {everyone}, the tiles' are {footprints}"
+            voxels = int(np.prod([b - a for a, b in next(iter(boxes))]))
             result.detail = f"{len(read_in_training)} reads of {voxels} voxels each (of {int(np.prod(SHAPE))})"
 
 if __name__ == "__main__":

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nibabel
 import numpy as np
-import tifffile
 
 
 def write_volume_pairs(root: Path, shape: tuple[int, int, int] = (10, 12, 14), classes: int = 3, seed: int = 0,
@@ -14,6 +12,9 @@ def write_volume_pairs(root: Path, shape: tuple[int, int, int] = (10, 12, 14), c
     """A volume per name, alternately an ImageJ TIFF stack of 1 x 0.5 x 0.5 µm voxels (z, y, x) and a NIfTI of the
     same voxel size in µm (stored x, y, z), each with a label volume of ``classes`` classes (the image brighter
     where the label is higher, so that a network can learn something)."""
+    import nibabel
+    import tifffile
+
     rng = np.random.default_rng(seed)
     (root / "images").mkdir(parents=True)
     (root / "masks").mkdir()
