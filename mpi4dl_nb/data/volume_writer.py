@@ -12,9 +12,11 @@ removed, so memory stays flat and the disk holds the uncompressed volume once me
 from __future__ import annotations
 
 import gzip
+import importlib
 import shutil
 from enum import Enum
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -82,9 +84,18 @@ class VolumeWriter:
             self.mapped.unlink()
 
 
+def _package(name: str, path: Path) -> ModuleType:
+    """``name`` imported, or a ConfigError saying how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError("--output", f"{path} needs the Python package {name}: "
+                                      f"pip install -e '.[volumes]'") from None
+
+
 def _tiff_memmap(path: Path, shape: tuple[int, int, int], dtype: np.dtype,
                  voxel_size: VoxelSize | None) -> np.memmap:
-    import tifffile
+    tifffile = _package("tifffile", path)
 
     metadata: dict[str, object] = {"axes": "ZYX"}
     resolution = None
@@ -99,7 +110,7 @@ def _tiff_memmap(path: Path, shape: tuple[int, int, int], dtype: np.dtype,
 
 def _nifti_memmap(path: Path, shape: tuple[int, int, int], dtype: np.dtype,
                   voxel_size: VoxelSize | None) -> np.memmap:
-    import nibabel
+    nibabel = _package("nibabel", path)
 
     depth, height, width = shape
     header = nibabel.Nifti1Header()

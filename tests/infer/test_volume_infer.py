@@ -12,6 +12,10 @@ from mpi4dl_nb.infer.windows import AxisField, AxisWindows, BoxPlan
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.mpi import volume_infer
 from tests.support.battery import shared_job
+from tests.support.requirements import VOLUMES_EXTRA, required_module
+
+nibabel = required_module("nibabel", "volume inference tests", VOLUMES_EXTRA)
+tifffile = required_module("tifffile", "volume inference tests", VOLUMES_EXTRA)
 
 SPATIAL = "1x1x2"
 JOB = shared_job(2, "volume_infer", SPATIAL, timeout=300)
@@ -70,9 +74,6 @@ def test_a_2d_network_or_grid_is_refused_naming_the_flag(tmp_path):
 
 def test_the_command_runs_a_checkpoint_over_a_tiff_stack_into_nifti_with_its_voxel_size(tmp_path, capsys):
     import json
-
-    import nibabel
-    import tifffile
 
     from mpi4dl_nb.cli.infer_cmd import main as infer_main
     from mpi4dl_nb.models.spec import ModelSpec
