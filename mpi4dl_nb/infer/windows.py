@@ -8,7 +8,9 @@ fields need, widened to multiples of ``align`` (every internal stride of the net
 it, so the window's layers sit on the whole-image network's grid). Inside a window the
 network pads at the window's edges; the cells whose field crosses an edge that is not the
 slide's edge are wrong and lie outside the core, so every core cell equals the whole-image
-network's cell. No torch, no MPI.
+network's cell. The geometry is per axis (``AxisWindows``): a slide's ``WindowPlan`` walks rows
+and columns, a volume's ``BoxPlan`` depth, rows and columns, both over the same axis code. No
+torch, no MPI.
 """
 
 from __future__ import annotations
