@@ -27,6 +27,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "HybridEngine": ("pipeline.engine", "HybridEngine"),
     "serial_reference": ("pipeline.reference", "serial_reference"),
     "infer_slide": ("infer.api", "infer_slide"),
+    "infer_volume": ("infer.volume_api", "infer_volume"),
     "layer_list": ("models.cut", "layer_list"),
     "load_weights": ("models.weights", "load_weights"),
     "read_weights": ("models.weights", "read_weights"),

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import SLICE_METHODS, ConfigError
+from ..config import ConfigError
+from .args import parse_slice_method
 from .checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
 from .device_flags import add_device_flags, check_device_flags
 from .model_flags import model_arg
@@ -23,6 +24,24 @@ if TYPE_CHECKING:
 
 EXIT_SETUP = 2
 EXIT_SLIDES_FAILED = 3
+VOLUME_WINDOW = 64       # a volume's input voxels per rank and axis when --window is not given
+
+
+def window_arg(text: str) -> int | tuple[int, ...]:
+    """``--window N`` or a volume's ``D,H,W``."""
+    try:
+        sides = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window {text!r}: give N or D,H,W (whole numbers)") from None
+    if len(sides) not in (1, 3):
+        raise argparse.ArgumentTypeError(f"--window {text!r}: give N or D,H,W")
+    return sides[0] if len(sides) == 1 else sides
+
+
+# flags of slide inference alone (not for a --volume)
+SLIDE_ONLY = ("memory_budget", "output_stride", "map_mode", "heat_class", "threshold", "min_area", "exclude_classes",
+              "overlay_side", "tissue_only", "min_tissue", "batch_windows", "resume", "max_window_rows", "level",
+              "mpp", "magnification", "source_mpp")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "line, slide files separated by commas, or a cohort manifest FILE.csv (as "
                                         "--cohort); every --output then names one file per slide with {slide} "
                                         "(a whole-slide model: --output DIR)")
+    where.add_argument("--volume", help="a volume (multi-page TIFF stack or NIfTI .nii/.nii.gz) for a 3-D network "
+                                        "(--model unet3d): --output NAME.tif|.nii|.nii.gz is its label volume, "
+                                        "NAME_prob<k> each class' probabilities (float32), with the input's voxel "
+                                        "size; --slice-method DxRxC, --window N or D,H,W")
     where.add_argument("--cohort", dest="cohort_file", metavar="FILE.csv",
                        help="a cohort manifest (columns slide,label[,patient,...]; paths relative to the file): its "
                             "slides, each one's label and patient in the summary table")
@@ -61,10 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pyramid level to read as it is (default 0; not with --mpp)")
     parser.add_argument("--num-spatial-parts", dest="num_spatial_parts", type=int, default=1,
                         help="ranks that share each window (= ranks to launch)")
-    parser.add_argument("--slice-method", dest="slice_method", choices=SLICE_METHODS, default="square",
-                        help="how a window is cut among the ranks")
-    parser.add_argument("--window", type=int, default=None,
-                        help="input pixels per rank and axis per pass (default: from --memory-budget)")
+    parser.add_argument("--slice-method", dest="slice_method", type=parse_slice_method, default="square",
+                        help="how a window is cut among the ranks: square, vertical, horizontal; a volume's DxRxC "
+                             "(default 1x1x1 for a volume)")
+    parser.add_argument("--window", type=window_arg, default=None,
+                        help="input pixels per rank and axis per pass (default: from --memory-budget); a volume: N "
+                             f"or D,H,W voxels per rank (default {VOLUME_WINDOW})")
     parser.add_argument("--memory-budget", dest="memory_budget", type=int, default=DEFAULT_BUDGET,
                         help="bytes per rank one window may take when --window is not given")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
@@ -216,8 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     slides, summary_path = args.pop("slides") or cohort_file, args.pop("summary")
     args.pop("checkpoint_select")
     rank, size, _ = launched_world()
+    volume = args.pop("volume")
+    if volume is not None:
+        return volume_main(parsed, args, volume, backend, device, (rank, size))
     try:
         check_device_flags(parsed)
+        if not isinstance(args["window"], int | None):
+            raise ConfigError("--window", "D,H,W is a volume's window (--volume); a slide's is one number")
         args["checkpoint"] = chosen_checkpoint(parsed)     # before the rank count: a missing checkpoint first
         level_settings = slide_level_settings(args, slides, summary_path) \
             if whole_slide_checkpoint(args["checkpoint"]) else None
@@ -273,3 +303,58 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             abort_job(MPI.COMM_WORLD, 1)
         return 1
+
+
+def volume_settings(args: dict[str, object]) -> tuple[int | tuple[int, ...], str]:
+    """``--window`` and ``--slice-method`` of a volume run, refusing the flags of slides."""
+    defaults = build_parser()
+    given = [name for name in SLIDE_ONLY if args.get(name) != defaults.get_default(name)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(flags.split(", ")[0], f"{flags}: for slides, not a --volume; drop {flags}")
+    outputs = args["outputs"]
+    assert isinstance(outputs, list)
+    if len(outputs) != 1:
+        raise ConfigError("--output", "a volume gives one label volume (and its probability volumes beside it): "
+                                      f"give --output NAME.tif|.nii|.nii.gz once, not {len(outputs)} times")
+    method = str(args["slice_method"])
+    if method == defaults.get_default("slice_method") and int(str(args["num_spatial_parts"])) == 1:
+        method = "1x1x1"
+    window = args["window"]
+    return (VOLUME_WINDOW if window is None else window), method  # type: ignore[return-value]  # window_arg's type
+
+
+def volume_main(parsed: argparse.Namespace, args: dict[str, object], volume: str, backend: str,
+                device: str, world: tuple[int, int]) -> int:
+    """``infer --volume``: the label and probability volumes; the JSON summary on stdout (rank 0)."""
+    import json
+
+    from ..comm.agreement import SetupFailed
+    from ..infer.volume_api import infer_volume
+
+    rank, size = world
+    try:
+        check_device_flags(parsed)
+        window, method = volume_settings(args)
+        checkpoint = chosen_checkpoint(parsed)
+    except ConfigError as err:
+        if rank == 0:
+            say(0, size, f"configuration error: {err}")
+        return EXIT_SETUP
+    from ..comm.context import init
+
+    ctx = init(backend=backend, device=device)
+    outputs = args["outputs"]
+    assert isinstance(outputs, list)
+    try:
+        summary = infer_volume(checkpoint, volume, outputs[0], ctx=ctx,
+                               num_spatial_parts=int(str(args["num_spatial_parts"])), slice_method=method,
+                               window=window, dtype=str(args["dtype"]), overwrite=bool(args["overwrite"]),
+                               progress=bool(args["progress"]))
+    except (SetupFailed, ConfigError) as err:
+        if ctx.rank == 0:
+            say(0, size, f"error: {err}")
+        return EXIT_SETUP
+    if summary is not None:
+        print(json.dumps(summary), flush=True)
+    return 0

@@ -40,6 +40,7 @@ class NetworkShape:
     align: int         # window origins are multiples of this
     min_side: int      # smallest input side that gives one output cell
     classes: int
+    dims: int = 2      # spatial axes: 2 (an image) or 3 (a volume)
 
 
 @dataclass(frozen=True)
@@ -59,33 +60,43 @@ class FullyConvolutional(nn.Sequential):
     pool: WindowPool | None = None     # a classifier's window pool (None: a dense network)
 
 
-def _meta_out(module: nn.Module, channels: int, height: int, width: int, dtype: torch.dtype) -> torch.Size:
+VOLUME_MODULES = (nn.Conv3d, nn.ConvTranspose3d, nn.MaxPool3d, nn.AvgPool3d, nn.BatchNorm3d, nn.InstanceNorm3d)
+WINDOWED = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.Conv3d, nn.MaxPool3d, nn.AvgPool3d)
+
+
+def spatial_dims(layers: Sequence[nn.Module]) -> int:
+    """3 for a volume network (any 3-D conv, pool or norm), else 2."""
+    return 3 if any(isinstance(m, VOLUME_MODULES) for layer in layers for m in layer.modules()) else 2
+
+
+def _meta_out(module: nn.Module, channels: int, sizes: Sequence[int], dtype: torch.dtype) -> torch.Size:
     probe = copy.deepcopy(module).to("meta")
     with torch.no_grad():
-        return probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype)).shape
+        return probe(torch.empty(1, channels, *sizes, device="meta", dtype=dtype)).shape
 
 
 PROBE_SIDE = 4096 * 315   # divisible by every stride product a CNN is likely to have
+PROBE_THIN = 40320        # a volume probe's other axes (8!: its element count stays within int64)
 
 
-def _strides(module: nn.Module, channels: int, dtype: torch.dtype) -> list[int]:
+def _strides(module: nn.Module, channels: int, dtype: torch.dtype, dims: int = 2) -> list[int]:
     """Cumulative stride after every conv/pool: its input's stride (from sizes on the meta device) x its own."""
     found: list[int] = []
     probe = copy.deepcopy(module).to("meta")
 
     def hook(mod: nn.Module, inputs: tuple) -> None:
         width = int(inputs[0].shape[-1])
-        if width == 1 == int(inputs[0].shape[-2]):     # a pooled vector (a squeeze-excitation gate): no grid
+        if all(int(n) == 1 for n in inputs[0].shape[2:]):     # a pooled vector (a squeeze-excitation gate): no grid
             return
         stride = getattr(mod, "stride", None)
         own = getattr(mod, "kernel_size", 1) if stride is None else stride   # a pool's stride defaults to its kernel
         own = own[-1] if isinstance(own, (tuple, list)) else own
         found.append(max(1, round(PROBE_SIDE / max(width, 1))) * int(own))
 
-    handles = [m.register_forward_pre_hook(hook) for m in probe.modules()
-               if isinstance(m, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d))]
+    handles = [m.register_forward_pre_hook(hook) for m in probe.modules() if isinstance(m, WINDOWED)]
+    sides = (PROBE_SIDE, PROBE_SIDE) if dims == 2 else (PROBE_THIN,) * (dims - 1) + (PROBE_SIDE,)
     with torch.no_grad():
-        probe(torch.empty(1, channels, PROBE_SIDE, PROBE_SIDE, device="meta", dtype=dtype))
+        probe(torch.empty(1, channels, *sides, device="meta", dtype=dtype))
     for handle in handles:
         handle.remove()
     return found
@@ -112,6 +123,7 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
     """
     layers = list(layers)
     dtype = next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
+    dims = spatial_dims(layers)
     head = pooled_head(layers)
     slide_pool = layers[-1].pool_kind if isinstance(layers[-1], ClassifierHead) else replaced_pool(layers)
     if slide_pool is not None and slide_pool is not PoolKind.AVG:
@@ -119,11 +131,14 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
                                           f"which a map of cells cannot reproduce; a whole-slide model (train "
                                           f"--whole-slide) gets one prediction per slide with `infer --slides "
                                           f"A,B --output DIR`; evaluate others with `evaluate --checkpoint`")
+    if dims == 3 and (isinstance(layers[-1], ClassifierHead) or head is not None):
+        raise ConfigError("--checkpoint", "a volume classifier cannot be streamed as a map of cells yet; "
+                                          "volume inference takes dense (per-voxel) networks such as --model unet3d")
     if isinstance(layers[-1], ClassifierHead) or head is not None:
         trunk = nn.Sequential(*layers[:-1])
         if patch is None or patch < 1:
             raise ConfigError("--checkpoint", "a classifier's checkpoint must record the training image size")
-        feat = _meta_out(trunk, channels, patch, patch, dtype)
+        feat = _meta_out(trunk, channels, (patch, patch), dtype)
         side = int(feat[-1])
         if side < 1 or patch % side or int(feat[-2]) != side:
             raise ConfigError("--checkpoint", f"the trunk maps {patch}x{patch} images to {tuple(feat[-2:])} "
@@ -139,14 +154,14 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
         else:
             assert head is not None, "a classifier ends in a ClassifierHead or a pooled head"
             modules = [*layers[:-1], *head_on_cells(head, side, step)]
-            classes = int(_meta_out(nn.Sequential(*layers), channels, patch, patch, dtype)[1])
+            classes = int(_meta_out(nn.Sequential(*layers), channels, (patch, patch), dtype)[1])
         min_side = patch
         pool = WindowPool(next(i for i, m in enumerate(modules) if isinstance(m, (nn.AvgPool2d, nn.MaxPool2d))
                                and i >= len(layers) - 1), side, step)
     else:
         modules = layers
-        out = _meta_out(nn.Sequential(*layers), channels, 256, 256, dtype)
-        if len(out) != 4:
+        out = _meta_out(nn.Sequential(*layers), channels, (256,) * dims, dtype)
+        if len(out) != 2 + dims:
             raise ConfigError("--checkpoint", f"the network's output has shape {tuple(out)}: it pools the "
                               f"whole image but its last layer is not a ClassifierHead (global pool + "
                               f"linear) or a cut model's pooled head, so it cannot be made fully convolutional")
@@ -154,33 +169,34 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
             raise ConfigError("--output-stride", "applies to classifiers only; a dense model's stride is its own")
         min_side, classes, pool = 1, int(out[1]), None
     net = FullyConvolutional(*modules, nn.Softmax(dim=1)).eval()
-    net.shape = network_shape(net, channels, min_side, classes, dtype)
+    net.shape = network_shape(net, channels, min_side, classes, dtype, dims)
     net.pool = pool
     return net
 
 
-def network_shape(net: nn.Module, channels: int, min_side: int, classes: int, dtype: torch.dtype) -> NetworkShape:
-    """Output stride and alignment of ``net`` (sizes on the meta device)."""
-    align = math.lcm(*(_strides(net, channels, dtype) or [1]))
+def network_shape(net: nn.Module, channels: int, min_side: int, classes: int, dtype: torch.dtype,
+                  dims: int = 2) -> NetworkShape:
+    """Output stride and alignment of ``net`` (sizes on the meta device) on ``dims`` spatial axes."""
+    align = math.lcm(*(_strides(net, channels, dtype, dims) or [1]))
     side = max(min_side, align) * 4
     grow = align * 64
-    cells = [int(_meta_out(net, channels, max(min_side, align), width, dtype)[-1]) for width in (side, side + grow)]
+    thin = (max(min_side, align),) * (dims - 1)
+    cells = [int(_meta_out(net, channels, (*thin, width), dtype)[-1]) for width in (side, side + grow)]
     if cells[1] <= cells[0] or grow % (cells[1] - cells[0]):
         raise ConfigError("--checkpoint", f"the network's output does not grow by a whole number of cells "
                           f"per input pixel ({cells[0]} -> {cells[1]} cells for {side} -> {side + grow} px)")
     return NetworkShape(stride=grow // (cells[1] - cells[0]), align=align, min_side=max(min_side, align),
-                        classes=classes)
+                        classes=classes, dims=dims)
 
 
 # --------------------------------------------------------------------- field probe
 def _contaminated(net: nn.Module, images: torch.Tensor, axis: int) -> torch.Tensor:
-    """Per probe image, which output cells along ``axis`` (-1 columns, -2 rows) hold a NaN."""
+    """Per probe image, which output cells along ``axis`` (-1 columns, -2 rows, -3 a volume's depth) hold a NaN."""
     rows = []
     with torch.no_grad():
         for chunk in images.split(PROBE_CHUNK):
             out = net(chunk)
-            other = -2 if axis == -1 else -1
-            rows.append(torch.isnan(out).any(dim=1).any(dim=other))
+            rows.append(torch.isnan(out).movedim(axis, -1).flatten(1, -2).any(dim=1))
     return torch.cat(rows)
 
 
@@ -202,12 +218,12 @@ def _probe_axis(net: nn.Module, shape: NetworkShape, channels: int, axis: int, d
     length = round_up_to(4 * max(shape.min_side, 64), unit)
 
     def bad_cells(r: int, nan_before: bool) -> torch.Tensor:
-        image = torch.zeros(1, channels, thickness, length, dtype=dtype, device=device)
+        image = torch.zeros(1, channels, *(thickness,) * (shape.dims - 1), length, dtype=dtype, device=device)
         if nan_before:
             image[..., :boundary + r] = float("nan")
         else:
             image[..., boundary + r:] = float("nan")
-        return _contaminated(net, image.transpose(-1, -2) if axis == -2 else image, axis)[0]
+        return _contaminated(net, image.transpose(-1, axis) if axis != -1 else image, axis)[0]
 
     def first_clean(r: int) -> int:          # the first cell that sees no NaN before boundary + r
         clean = ~bad_cells(r, True)
@@ -240,6 +256,17 @@ def _probe_axis(net: nn.Module, shape: NetworkShape, channels: int, axis: int, d
 
 def round_up_to(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def measure_fields(net: FullyConvolutional, channels: int = 1, device: torch.device | None = None
+                   ) -> tuple[AxisField, ...]:
+    """The field of one output cell along every spatial axis of a dense network (a volume's depth, rows, columns)."""
+    device = device or torch.device("cpu")
+    if net.pool is not None:
+        return measure_field(net, channels, device)
+    probe = copy.deepcopy(net).to(device=device, dtype=torch.float32).eval()
+    return tuple(_probe_axis(probe, net.shape, channels, axis, torch.float32, device)
+                 for axis in range(-net.shape.dims, 0))
 
 
 def measure_field(net: FullyConvolutional, channels: int = 3, device: torch.device | None = None

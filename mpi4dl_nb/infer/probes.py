@@ -17,28 +17,42 @@ from .fully_conv import FullyConvolutional
 from .windows import AxisField, round_up
 
 
-def check_halos(net: nn.Module, grid: TileGrid, sizes: Sequence[tuple[int, int]], channels: int = 3) -> None:
-    """Refuse, before any window runs, window sizes whose tiles are thinner than some layer's halo."""
+def check_halos(net: nn.Module, grid: TileGrid, sizes: Sequence[tuple[int, ...]], channels: int = 3) -> None:
+    """Refuse, before any window runs, window sizes (2 or 3 axes) whose tiles are thinner than some layer's halo."""
     from ..spatial.fit import halo_checked
 
     with halo_checked(net, grid) as probe:
         dtype = next((p.dtype for p in probe.parameters()), torch.float32)
         try:
-            for height, width in sorted(sizes):
+            for size in sorted(sizes):
                 with torch.no_grad():
-                    probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype))
+                    probe(torch.empty(1, channels, *size, device="meta", dtype=dtype))
         except ConfigError as err:
-            raise ConfigError("--window", f"{err.detail} -- a window is split over {grid.rows} x {grid.cols} "
+            raise ConfigError("--window", f"{err.detail} -- a window is split over {' x '.join(map(str, grid.shape))} "
                               f"ranks; give each a larger --window or use fewer --num-spatial-parts") from err
 
 
 def output_size(net: nn.Module, height: int, width: int, channels: int = 3) -> tuple[int, int]:
     """The network's output cells for an input of ``height x width`` (meta device)."""
+    rows, cols = output_sizes(net, (height, width), channels)
+    return rows, cols
+
+
+def output_sizes(net: nn.Module, sizes: Sequence[int], channels: int) -> tuple[int, ...]:
+    """The network's output cells along every spatial axis for an input of ``sizes`` (meta device)."""
     probe = copy.deepcopy(net).to("meta")
     dtype = next((p.dtype for p in probe.parameters()), torch.float32)
     with torch.no_grad():
-        out = probe(torch.empty(1, channels, height, width, device="meta", dtype=dtype))
-    return int(out.shape[-2]), int(out.shape[-1])
+        out = probe(torch.empty(1, channels, *sizes, device="meta", dtype=dtype))
+    return tuple(int(n) for n in out.shape[2:])
+
+
+def input_channels(net: nn.Module) -> int:
+    """Channels the network's first convolution reads."""
+    first = next((m for m in net.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    if first is None:
+        raise ConfigError("--checkpoint", "the network has no convolution: nothing to stream in windows")
+    return int(first.in_channels)
 
 
 def default_window(net: FullyConvolutional, fields: tuple[AxisField, AxisField], grid: TileGrid,

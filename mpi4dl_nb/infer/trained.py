@@ -14,8 +14,9 @@ from ..config import ConfigError
 from ..data.stain import StainNormalizer
 from ..data.task import Task
 from ..models.spec import ModelFamily
-from .fully_conv import FullyConvolutional, classifies, fully_convolutional
+from .fully_conv import FullyConvolutional, classifies, fully_convolutional, spatial_dims
 from .model import ModelDescription, ModelObject, load_trained
+from .probes import input_channels
 
 
 def task_of(layers: Sequence[nn.Module]) -> Task:
@@ -85,7 +86,8 @@ def prepare(layers: Sequence[nn.Module], description: ModelDescription, classes:
     """A trained layer list (eval mode) as inference runs it: checked, made fully convolutional."""
     check_streamable(layers)
     kind = task_of(layers)
-    net = fully_convolutional(layers, description.image_size, output_stride=output_stride)
+    channels = input_channels(nn.Sequential(*layers)) if spatial_dims(layers) == 3 else 3   # a volume's own
+    net = fully_convolutional(layers, description.image_size, channels=channels, output_stride=output_stride)
     names = tuple(classes) if len(classes) == net.shape.classes else tuple(str(c) for c in range(net.shape.classes))
     trained = TrainedNetwork(net, description, kind, names, mpp, tuple(layers))
     trained.check_task(task)

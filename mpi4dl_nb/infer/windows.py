@@ -8,11 +8,14 @@ fields need, widened to multiples of ``align`` (every internal stride of the net
 it, so the window's layers sit on the whole-image network's grid). Inside a window the
 network pads at the window's edges; the cells whose field crosses an edge that is not the
 slide's edge are wrong and lie outside the core, so every core cell equals the whole-image
-network's cell. No torch, no MPI.
+network's cell. The geometry is per axis (``AxisWindows``): a slide's ``WindowPlan`` walks rows
+and columns, a volume's ``BoxPlan`` depth, rows and columns, both over the same axis code. No
+torch, no MPI.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -86,6 +89,64 @@ class AxisField:
                 f"({self.size} px)")
 
 
+def check_window(window: int) -> None:
+    if window < 1:
+        raise ConfigError("--window", f"must be >= 1, got {window}")
+
+
+@dataclass(frozen=True)
+class AxisWindows:
+    """The windows along one axis (``name``): cores and the input each reads.
+
+    Cores split output cells ``[first, cells)`` evenly (sizes differ by at most one cell) into the
+    fewest windows whose inputs fit ``parts`` ranks of ``window`` pixels; every input has the same
+    length (``uniform_inputs``), the window's full size or the whole ``extent`` (pixels, a multiple
+    of the field's unit). With ``fit_whole``, an axis whose whole extent fits one window's input is
+    one window (no margin is needed where the window is the whole axis). A slide's rows and columns
+    and a volume's depth, rows and columns are each one of these; a plan is their product.
+    """
+
+    name: str
+    field: AxisField
+    extent: int
+    cells: int
+    parts: int
+    window: int
+    first: int = 0
+    fit_whole: bool = False
+
+    def check(self) -> None:
+        """ConfigError when one rank's ``window`` pixels cannot hold a one-cell core with its margin."""
+        field = self.field
+        if self.fits() or field.core_cells(self.parts * self.window) >= 1:
+            return
+        need = ceil_div(field.min_input(), self.parts)
+        raise ConfigError("--window", f"{self.window} px per rank is too small: a window's {self.name} "
+                          f"need {field.lead_cells + field.trail_cells} cells of receptive-field "
+                          f"margin at stride {field.stride} ({field.describe()}), so each of the "
+                          f"{self.parts} ranks along them needs >= {need} px; use --window >= {need}")
+
+    def fits(self) -> bool:
+        """One window's input holds the whole axis (and ``fit_whole`` asks for one window then)."""
+        return self.fit_whole and self.parts * self.window >= self.extent
+
+    def cores(self) -> list[Range]:
+        cells = self.cells - self.first
+        if cells <= 0:
+            return []
+        if self.fits():
+            return [(self.first, self.cells)]
+        count = ceil_div(cells, self.field.core_cells(self.parts * self.window))
+        return [(self.first + a, self.first + b) for a, b in split_ranges(cells, count)]
+
+    def full_length(self) -> int:
+        """Every window's input length: all ``parts`` ranks' pixels (unit-aligned), or the whole axis."""
+        return min(self.extent, self.parts * self.window // self.field.unit * self.field.unit)
+
+    def inputs(self) -> list[Range]:
+        return uniform_inputs(self.cores(), self.field, self.extent, self.full_length())
+
+
 @dataclass(frozen=True)
 class Window:
     """One window: its place in the window grid, its core (output cells) and its input box (pixels)."""
@@ -149,50 +210,36 @@ class WindowPlan:
     first_row: int = 0
 
     def __post_init__(self) -> None:
-        for flag, value in (("--window", self.window),):
-            if value < 1:
-                raise ConfigError(flag, f"must be >= 1, got {value}")
-        for axis, field, parts in (("rows", self.rows, self.grid.rows), ("columns", self.cols, self.grid.cols)):
-            if field.core_cells(parts * self.window) < 1:
-                need = ceil_div(field.min_input(), parts)
-                raise ConfigError("--window", f"{self.window} px per rank is too small: a window's {axis} "
-                                  f"need {field.lead_cells + field.trail_cells} cells of receptive-field "
-                                  f"margin at stride {field.stride} ({field.describe()}), so each of the "
-                                  f"{parts} ranks along them needs >= {need} px; use --window >= {need}")
+        check_window(self.window)
+        for axis in (self.row_axis, self.col_axis):
+            axis.check()
         for name, extent, field in (("height", self.height, self.rows), ("width", self.width, self.cols)):
             if extent % field.unit:
                 raise ValueError(f"{name} {extent} is not a multiple of the window unit {field.unit}")
         if not 0 <= self.first_row <= self.out_height:
             raise ValueError(f"first_row {self.first_row} outside [0, {self.out_height}]")
 
-    def _cores(self, start: int, stop: int, field: AxisField, parts: int) -> list[Range]:
-        cells = stop - start
-        if cells <= 0:
-            return []
-        count = ceil_div(cells, field.core_cells(parts * self.window))
-        return [(start + a, start + b) for a, b in split_ranges(cells, count)]
+    @property
+    def row_axis(self) -> AxisWindows:
+        return AxisWindows("rows", self.rows, self.height, self.out_height, self.grid.rows, self.window,
+                           self.first_row)
+
+    @property
+    def col_axis(self) -> AxisWindows:
+        return AxisWindows("columns", self.cols, self.width, self.out_width, self.grid.cols, self.window)
 
     @property
     def row_cores(self) -> list[Range]:
-        return self._cores(self.first_row, self.out_height, self.rows, self.grid.rows)
+        return self.row_axis.cores()
 
     @property
     def col_cores(self) -> list[Range]:
-        return self._cores(0, self.out_width, self.cols, self.grid.cols)
-
-    def full_length(self, field: AxisField, parts: int, extent: int) -> int:
-        """Every window's input length along an axis: all ``parts`` ranks' pixels (unit-aligned), or the slide."""
-        return min(extent, parts * self.window // field.unit * field.unit)
+        return self.col_axis.cores()
 
     def window_rows(self) -> Iterator[list[Window]]:
         """The windows, one list per window row, top to bottom."""
-        col_cores = self.col_cores
-        col_inputs = uniform_inputs(col_cores, self.cols, self.width,
-                                    self.full_length(self.cols, self.grid.cols, self.width))
-        row_cores = self.row_cores
-        row_inputs = uniform_inputs(row_cores, self.rows, self.height,
-                                    self.full_length(self.rows, self.grid.rows, self.height))
-        for i, (rc, ry) in enumerate(zip(row_cores, row_inputs)):
+        col_cores, col_inputs = self.col_axis.cores(), self.col_axis.inputs()
+        for i, (rc, ry) in enumerate(zip(self.row_axis.cores(), self.row_axis.inputs())):
             yield [Window(i, j, (*rc, *cc), (*ry, *cx), (self.rows.stride, self.cols.stride))
                    for j, (cc, cx) in enumerate(zip(col_cores, col_inputs))]
 
@@ -206,6 +253,67 @@ class WindowPlan:
 
     def input_sizes(self) -> set[tuple[int, int]]:
         """The distinct window input sizes (each needs its halo plans once)."""
+        return {w.input_size for w in self.windows()}
+
+
+Extent = tuple[Range, ...]   # one half-open range per axis (a volume: depth, rows, columns)
+
+
+@dataclass(frozen=True)
+class BoxWindow:
+    """One window of an N-axis plan: its place per axis, its core (output cells) and input (pixels) per axis."""
+
+    index: tuple[int, ...]
+    core: Extent
+    input: Extent
+    stride: tuple[int, ...]
+
+    @property
+    def input_size(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.input)
+
+    @property
+    def core_in_output(self) -> Extent:
+        """The core in the window's own output (cell 0 = the cell at the input's origin)."""
+        return tuple((c0 - i0 // s, c1 - i0 // s) for (c0, c1), (i0, _), s in zip(self.core, self.input, self.stride))
+
+    def rank_extent(self, grid: TileGrid, tile: int) -> Extent:
+        """The pixels tile ``tile`` of ``grid`` reads (volume coordinates): the balanced split of the input."""
+        return tuple((i0 + a, i0 + b) for (i0, _), (a, b) in zip(self.input, grid.extent(tile, self.input_size)))
+
+
+def intersect_extents(a: Extent, b: Extent) -> Extent | None:
+    """The common part of two extents, or None."""
+    common = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    return common if all(lo < hi for lo, hi in common) else None
+
+
+@dataclass(frozen=True)
+class BoxPlan:
+    """The windows of a volume (any number of axes): the product of its axes' windows, the last axis fastest."""
+
+    axes: tuple[AxisWindows, ...]
+
+    def __post_init__(self) -> None:
+        for axis in self.axes:
+            check_window(axis.window)
+            axis.check()
+            if axis.extent % axis.field.unit:
+                raise ValueError(f"{axis.name} {axis.extent} is not a multiple of the window unit {axis.field.unit}")
+
+    def windows(self) -> list[BoxWindow]:
+        per_axis = [list(enumerate(zip(axis.cores(), axis.inputs()))) for axis in self.axes]
+        stride = tuple(axis.field.stride for axis in self.axes)
+        return [BoxWindow(tuple(i for i, _ in picks), tuple(core for _, (core, _) in picks),
+                          tuple(box for _, (_, box) in picks), stride)
+                for picks in itertools.product(*per_axis)]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Windows along every axis."""
+        return tuple(len(axis.cores()) for axis in self.axes)
+
+    def input_sizes(self) -> set[tuple[int, ...]]:
         return {w.input_size for w in self.windows()}
 
 
