@@ -192,7 +192,7 @@ def test_bucket_size_knob_is_checked(value):
         ParallelConfig(grad_bucket_mb=value)
 
 
-def test_bucket_size_knob_is_off_by_default_and_takes_a_size():
-    assert ParallelConfig().grad_bucket_mb is None          # opt-in: the planner does not model the buckets yet
-    assert ParallelConfig(grad_bucket_mb=25).grad_bucket_mb == 25
+def test_bucket_size_knob_defaults_to_ddp_size_and_can_be_off():
+    assert ParallelConfig().grad_bucket_mb == 25.0          # on by default: the planner models the buckets
+    assert ParallelConfig(grad_bucket_mb=0.5).grad_bucket_mb == 0.5
     assert ParallelConfig(grad_bucket_mb=None).as_dict()["grad_bucket_mb"] is None
