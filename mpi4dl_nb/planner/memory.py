@@ -26,8 +26,8 @@ What a rank holds is assembled along its own action list of the real schedule
 * ``recompute``: during a backward with recomputation, the recomputed forward's activations
   (the largest segment's; the rest of that backward is ``working``);
 * ``working``: what the running action allocates beyond that (forward and backward
-  working memory, the hand-off join, the flat gradient of the all-reduce without buckets, the
-  optimizer's temporaries).
+  working memory, the hand-off join, the flat gradient of the all-reduce without buckets (none for
+  a stage held by one copy on one rank), the optimizer's temporaries).
 
 The peak is the largest sum over the rank's actions; ``RankMemory`` keeps the terms at
 that moment, so a wrong estimate says which term is wrong. Activation terms use
@@ -422,9 +422,10 @@ class _Walk:
             if action.stage in self.bucketed:   # the buckets' sums are written into the gradients, then go
                 self.note(action)
                 self.buckets.pop(action.stage, None)
-            else:
+            else:   # the flat sum of the copies (none for a lone copy: its gradient is the sum)
                 copies = sum(1 for _, slot in self.slots() if slot.stage == action.stage)
-                self.note(action, working=self.optimizer(action.stage).grad_bytes * copies)
+                alone = copies == 1 and len(action.group) <= 1
+                self.note(action, working=0 if alone else self.optimizer(action.stage).grad_bytes * copies)
         elif kind is ActionKind.OPTIM:
             self.sent = 0     # the sends are waited for, their buffers released
             self.pending.clear()
