@@ -5,7 +5,7 @@
 
 Per layout, three engines on the same model and batch, timed in turns (rounds alternate them):
 ``grad_bucket_mb=None`` (one all-reduce per stage after all backwards: the old path), 25 MB
-buckets (DDP's default: one bucket for a small model, so little to overlap) and ``--small-mb``
+buckets (the engine's default, DDP's: one bucket for a small model, so little to overlap) and ``--small-mb``
 buckets. Printed per configuration (median over the measured steps, slowest rank): step
 seconds, the exposed all-reduce seconds (the ALLREDUCE action: with overlap, posting the
 rest, waiting and writing back; without, the whole reduction), the share of the old path's

@@ -178,8 +178,8 @@ class ParallelConfig:
     ``split_size`` stages lie on ``split_size / virtual_stages`` ranks, stage s on s mod that.
     ``schedule='zbv'`` always holds 2 (set for it): position r of P holds stages r and 2P-1-r.
     ``grad_bucket_mb``: the size cap of the gradient buckets whose all-reduce over a stage's holders
-    starts during backward, as soon as the bucket's gradients of the step are complete (None: one
-    all-reduce per stage after all backwards, no overlap).
+    starts during backward, as soon as the bucket's gradients of the step are complete (default 25,
+    DDP's; None: one all-reduce per stage after all backwards, no overlap).
     """
 
     split_size: int = 2
@@ -209,7 +209,7 @@ class ParallelConfig:
     # gradient all-reduce overlapped with backward (issue 44): a stage's gradients are summed over its
     # holders in buckets of about this many MB, each posted as soon as its last gradient of the step
     # arrived (None: one all-reduce per stage after every backward)
-    grad_bucket_mb: float | None = None
+    grad_bucket_mb: float | None = 25.0
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):

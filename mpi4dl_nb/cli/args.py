@@ -144,11 +144,11 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--precision", dest="precision", choices=PRECISIONS, default="fp32",
                    help="compute precision: autocast to bf16 (CPU/GPU) or fp16 (GPU, gradient "
                         "scaler); master weights and normalisation statistics stay float32")
-    g.add_argument("--grad-bucket-mb", dest="grad_bucket_mb", type=parse_bucket_mb, default=None,
+    g.add_argument("--grad-bucket-mb", dest="grad_bucket_mb", type=parse_bucket_mb, default=25.0,
                    metavar="MB|none",
                    help="gradient all-reduce overlapped with backward: buckets of about MB megabytes, each "
-                        "summed over the stage's holders as soon as its gradients are complete (25 is DDP's; "
-                        "default none: one all-reduce per stage after all backwards, which the planner models)")
+                        "summed over the stage's holders as soon as its gradients are complete (default 25, "
+                        "DDP's; none: one all-reduce per stage after all backwards)")
     return parser
 
 

@@ -54,6 +54,9 @@ def sum_stage_gradients(ctx: Comm, instances: Sequence[nn.Module], group: Group 
     if not per_instance or not per_instance[0]:
         return 0
     quiet = list(silent) + [()] * (len(per_instance) - len(silent))
+    alone = len(per_instance) == 1 and (group is None or group.size == 1) and not quiet[0]
+    if alone:   # the sum over one copy is its gradient: no flat copy (a parameter-sized tensor at the peak)
+        return sum(g.numel() * g.element_size() for _, g in per_instance[0])
     flat = _contribution(per_instance[0], quiet[0])
     for grads, ids in zip(per_instance[1:], quiet[1:]):
         flat += _contribution(grads, ids)

@@ -18,11 +18,16 @@ What a rank holds is assembled along its own action list of the real schedule
   the stage output held for its backward, the received output gradient;
 * ``sent``: input gradients sent back, kept by their non-blocking sends until the
   optimizer step (after the hand-off: one copy per tile box);
+* ``buckets``: with ``grad_bucket_mb``, a stage shared with other ranks posts its gradient
+  buckets' flat copies (one copy's gradient bytes, the rank's copies summed into them) during its
+  last backward on the rank and keeps them until its ALLREDUCE writes them back
+  (pipeline/grad_buckets.py); counted whole from the start of that backward (an upper bound: the
+  last bucket is posted as it ends);
 * ``recompute``: during a backward with recomputation, the recomputed forward's activations
   (the largest segment's; the rest of that backward is ``working``);
 * ``working``: what the running action allocates beyond that (forward and backward
-  working memory, the hand-off join, the flat gradient of the all-reduce, the
-  optimizer's temporaries).
+  working memory, the hand-off join, the flat gradient of the all-reduce without buckets (none for
+  a stage held by one copy on one rank), the optimizer's temporaries).
 
 The peak is the largest sum over the rank's actions; ``RankMemory`` keeps the terms at
 that moment, so a wrong estimate says which term is wrong. Activation terms use
@@ -53,7 +58,7 @@ from .workspace import Workspace
 
 MB = 2 ** 20
 TERMS = ("weights", "buffers", "optimizer", "gradients", "persistent", "activations", "halo",
-         "boundary", "sent", "recompute", "working")
+         "boundary", "sent", "buckets", "recompute", "working")
 DEFAULT_CACHE = FootprintCache()
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]   # (the model's output, labels) -> the loss
 
@@ -303,12 +308,15 @@ class _Walk:
     optimizer: Callable[[int], OptimizerFootprint]
     recompute: Recompute
     holders: dict[tuple[int, int, int], tuple[int, ...]]
+    bucketed: frozenset[int] = frozenset()   # stages whose gradients go in buckets posted during backward
     resident: dict[str, int] = field(default_factory=dict)
     chunks: dict[tuple[int, int, int, int], dict[str, int]] = field(default_factory=dict)
     grads: dict[tuple[int, int], int] = field(default_factory=dict)
     sent: int = 0
     pending: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
     sends: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
+    buckets: dict[int, int] = field(default_factory=dict)   # stage -> flat bucket bytes posted, not yet written back
+    last_backward: dict[int, Action] = field(default_factory=dict)   # stage -> its last B or I on this rank
     peak: int = -1
     at_peak: dict[str, int] = field(default_factory=dict)
     moment: str = ""
@@ -363,6 +371,7 @@ class _Walk:
                 if chunk == key and name != "input":
                     inside += value
         terms["sent"] = self.sent
+        terms["buckets"] = sum(self.buckets.values())
         working = working if within is None else max(0, within - inside)
         terms["recompute"] = min(recomputed, working)
         terms["working"] = working - terms["recompute"]
@@ -381,7 +390,12 @@ class _Walk:
 
     def run(self) -> RankMemory:
         self.state()
-        for action in self.schedule.actions(self.role.rank):
+        actions = self.schedule.actions(self.role.rank)
+        # a split backward's weight gradients arrive in its W, or in its I when the stage does not split:
+        # the buckets are counted from the last I on
+        self.last_backward = {a.stage: a for a in actions
+                              if a.kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT)}
+        for action in actions:
             self.step(action)
         return RankMemory(self.role.rank, self.role.describe(), self.at_peak, self.moment)
 
@@ -405,8 +419,13 @@ class _Walk:
         elif kind is ActionKind.SEND_GRAD and self.handoff(action.stage):
             self.send_tile_grad(action, key)
         elif kind is ActionKind.ALLREDUCE:
-            copies = sum(1 for _, slot in self.slots() if slot.stage == action.stage)
-            self.note(action, working=self.optimizer(action.stage).grad_bytes * copies)
+            if action.stage in self.bucketed:   # the buckets' sums are written into the gradients, then go
+                self.note(action)
+                self.buckets.pop(action.stage, None)
+            else:   # the flat sum of the copies (none for a lone copy: its gradient is the sum)
+                copies = sum(1 for _, slot in self.slots() if slot.stage == action.stage)
+                alone = copies == 1 and len(action.group) <= 1
+                self.note(action, working=0 if alone else self.optimizer(action.stage).grad_bytes * copies)
         elif kind is ActionKind.OPTIM:
             self.sent = 0     # the sends are waited for, their buffers released
             self.pending.clear()
@@ -438,6 +457,8 @@ class _Walk:
             working = fp.backward_first - fp.grad_bytes + grad_bytes + redo
         else:
             working = fp.backward_later + redo
+        if action.stage in self.bucketed and self.last_backward.get(action.stage) is action:
+            self.buckets[action.stage] = grad_bytes   # posted during this backward, all of them at most
         self.note(action, within=working, key=key, recomputed=redo or fp.recomputed)
         self.grads[slot] = grad_bytes
         if not keep:
@@ -501,9 +522,18 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     schedule = build_schedule(cfg)
     roles = layout(cfg)
     holders = stage_ranks(cfg, roles)
-    ranks = [_Walk(stage_model, role, schedule, optimizer_of, recompute, holders).run()
-             for role in roles]
+    ranks = [_Walk(stage_model, role, schedule, optimizer_of, recompute, holders,
+                   bucketed_stages(schedule, role.rank)).run() for role in roles]
     return MemoryPlan(cfg, batch_size, (height, width), balance, ranks, chunk, dict(stage_model._found))
+
+
+def bucketed_stages(schedule: Schedule, rank: int) -> frozenset[int]:
+    """The stages whose gradients ``rank`` reduces in buckets posted during backward: with ``grad_bucket_mb``
+    set, those it shares with other ranks (as ``PipelineRuntime`` hands them to ``GradientReducer``)."""
+    if schedule.cfg.grad_bucket_mb is None:
+        return frozenset()
+    return frozenset(a.stage for a in schedule.actions(rank)
+                     if a.kind is ActionKind.ALLREDUCE and len(a.group) > 1)
 
 
 def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig,

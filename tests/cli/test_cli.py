@@ -98,7 +98,7 @@ PARALLEL_CASES = [
     (["--checkpoint-activations", "2"], "checkpoint_activations", 2),
     (["--precision", "bf16"], "precision", "bf16"),
     (["--grad-bucket-mb", "0.5", "--data-parallel", "2", "--batch-size", "4"], "grad_bucket_mb", 0.5),
-    (["--grad-bucket-mb", "25", "--data-parallel", "2", "--batch-size", "4"], "grad_bucket_mb", 25.0),
+    (["--grad-bucket-mb", "none", "--data-parallel", "2", "--batch-size", "4"], "grad_bucket_mb", None),
 ]
 
 

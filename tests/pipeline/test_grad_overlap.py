@@ -192,7 +192,32 @@ def test_bucket_size_knob_is_checked(value):
         ParallelConfig(grad_bucket_mb=value)
 
 
-def test_bucket_size_knob_is_off_by_default_and_takes_a_size():
-    assert ParallelConfig().grad_bucket_mb is None          # opt-in: the planner does not model the buckets yet
-    assert ParallelConfig(grad_bucket_mb=25).grad_bucket_mb == 25
+def test_bucket_size_knob_defaults_to_ddp_size_and_can_be_off():
+    assert ParallelConfig().grad_bucket_mb == 25.0          # on by default: the planner models the buckets
+    assert ParallelConfig(grad_bucket_mb=0.5).grad_bucket_mb == 0.5
     assert ParallelConfig(grad_bucket_mb=None).as_dict()["grad_bucket_mb"] is None
+
+
+def test_a_lone_copy_keeps_its_gradient_without_a_flat_copy_and_two_copies_are_summed():
+    """The old path (dataparallel.sum_stage_gradients) on a stage one rank holds alone allocates nothing (it made a
+    parameter-sized flat copy at the step's end: one process held one parameter set more than plain torch);
+    two copies on one rank (a GEMS mirror) still get their sum."""
+    from mpi4dl_nb.measure.steps import measure_peak_bytes
+    from mpi4dl_nb.pipeline.dataparallel import sum_stage_gradients
+
+    comm = FakeComm(0, None, torch.device("cpu"), world_size=1)
+    torch.manual_seed(0)
+    lone = nn.Linear(256, 256, dtype=torch.float64)
+    for p in lone.parameters():
+        p.grad = torch.randn_like(p)
+    before = [p.grad.clone() for p in lone.parameters()]
+    moved, peak = measure_peak_bytes(lambda: sum_stage_gradients(comm, [lone], None))
+    assert peak == 0 and moved == sum(p.numel() * 8 for p in lone.parameters())
+    assert all(torch.equal(p.grad, b) for p, b in zip(lone.parameters(), before))
+    mirror = nn.Linear(256, 256, dtype=torch.float64)
+    for p in mirror.parameters():
+        p.grad = torch.randn_like(p)
+    want = [a.grad + b.grad for a, b in zip(lone.parameters(), mirror.parameters())]
+    sum_stage_gradients(comm, [lone, mirror], None)
+    for a, b, w in zip(lone.parameters(), mirror.parameters(), want):
+        assert torch.equal(a.grad, w) and torch.equal(b.grad, w)
