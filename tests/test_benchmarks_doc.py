@@ -58,7 +58,7 @@ def test_the_parsers_find_the_commands():
 
 def test_benchmarks_md_and_the_planner_method_stay_short():
     assert len(DOC.read_text().splitlines()) <= 500
-    assert len((REPO / "docs" / "planner.md").read_text().splitlines()) <= 150
+    assert len((REPO / "docs" / "planner.md").read_text().splitlines()) <= 160
 
 
 def test_no_benchmark_imports_from_tests():
