@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import copy
 import html
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ipywidgets as w
 import torch
+from matplotlib.figure import Figure
 from torch import nn
 
-from ...config import SLICE_METHODS, ConfigError, SliceMethod
+from ...config import SLICE_METHODS, SliceMethod
 from ...spatial.geometry import LayerHalo, TileGrid
 from .. import viz
 from .figure_view import FigureView, display_widget
+from .tile_halo_view import TileHaloView
 
 if TYPE_CHECKING:
     import numpy as np
@@ -150,7 +152,7 @@ def halo_text(halo: dict[str, int], padding: dict[str, int]) -> str:
     return "; ".join(parts)
 
 
-class HaloViewer:
+class HaloViewer(TileHaloView):
     """Pick a layer and a tile; see the tile grid, the halo bands (corners hatched) and arrows
     of every halo message over ``image`` (HxWxC array or CHW tensor).
 
@@ -193,7 +195,7 @@ class HaloViewer:
         self.grid: TileGrid | None = None
         self.halo: LayerHalo | None = None
         self.error: str | None = None
-        self._refresh_tiles(num_spatial_parts)
+        self._refresh_tiles()
         for control in (self.layer_choice, self.tile_choice, self.messages_box):
             control.observe(lambda change: self.update(), names="value")
         for control in (self.slice_choice, self.parts_choice):
@@ -205,46 +207,22 @@ class HaloViewer:
                                      layout=w.Layout(flex_flow="row wrap", align_items="flex-start"))])
         self.update()
 
-    def _refresh_tiles(self, parts: int) -> None:
-        options = [("all", -1)] + [(f"tile {t}", t) for t in range(parts)]
-        current = self.tile_choice.value if self.tile_choice.options else -1
-        self._updating = True
-        self.tile_choice.options = options
-        self.tile_choice.value = current if current is not None and current < parts else -1
-        self._updating = False
+    def grid_parts(self) -> int:
+        return int(self.parts_choice.value)
 
-    def _grid_changed(self, change: Mapping[str, object]) -> None:
-        self._refresh_tiles(self.parts_choice.value)
-        self.update()
+    def geometry(self) -> tuple[TileGrid, LayerHalo]:
+        grid = TileGrid.from_slice_method(self.slice_choice.value, self.parts_choice.value)
+        return grid, self.layers[self.layer_choice.value].halo(grid)
 
-    @property
-    def selected_tiles(self) -> list[int] | None:
-        tile = self.tile_choice.value
-        return None if tile is None or tile < 0 else [tile]
+    def status_text(self, halo: LayerHalo) -> str:
+        trims = any(width < 0 for th in halo for width in th.halo.values())
+        return (f"{html.escape(self.layers[self.layer_choice.value].name)}: halo per side for each tile, corners "
+                f"via the second (column) phase; {halo.message_count} messages" + (f"; {TRIM_NOTE}" if trims else ""))
 
-    def update(self) -> None:
-        """Recompute the geometry and redraw."""
-        if getattr(self, "_updating", False):
-            return
-        layer = self.layers[self.layer_choice.value]
-        try:
-            self.grid = TileGrid.from_slice_method(self.slice_choice.value, self.parts_choice.value)
-            self.halo = layer.halo(self.grid)
-        except ConfigError as exc:
-            self.halo, self.error = None, str(exc)
-            self.status.value = f"<b style='color:#b00'>&#10007; {html.escape(str(exc))}</b>"
-            self.view.clear()             # the old figure and text belong to other settings
-            self.info.value = ""
-            return
-        self.error = None
-        trims = any(width < 0 for th in self.halo for width in th.halo.values())
-        self.status.value = (f"{html.escape(layer.name)}: halo per side for each tile, corners via the second "
-                             f"(column) phase; {self.halo.message_count} messages"
-                             + (f"; {TRIM_NOTE}" if trims else ""))
-        self.view.show(viz.draw_tiles_and_halos(self.image, self.grid, self.halo,
-                                                tiles=self.selected_tiles,
-                                                show_messages=self.messages_box.value))
-        self.info.value = "<pre>" + html.escape(self.describe()) + "</pre>"
+    def draw(self) -> Figure:
+        assert self.grid is not None and self.halo is not None
+        return viz.draw_tiles_and_halos(self.image, self.grid, self.halo, tiles=self.selected_tiles,
+                                        show_messages=self.messages_box.value)
 
     def describe(self) -> str:
         """Halo widths and messages of the selected tiles as text."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ipywidgets as w
+from matplotlib.figure import Figure
 from torch import nn
 
 from ...config import ConfigError, volume_slices
@@ -15,6 +16,7 @@ from ...spatial.geometry import LayerHalo, TileGrid, Window1d
 from .. import viz
 from .figure_view import FigureView, display_widget
 from .halo_viewer import FIGURE_PX, window_calls
+from .tile_halo_view import TileHaloView
 
 if TYPE_CHECKING:
     import numpy as np
@@ -76,7 +78,7 @@ def face_text(grid: TileGrid, halo: LayerHalo, tile: int) -> str:
     return "\n".join(lines)
 
 
-class VolumeHaloViewer:
+class VolumeHaloViewer(TileHaloView):
     """Pick a layer, a grid (``DxRxC``), a tile and a slice; see the slice of ``volume`` with the tiles that own
     it and the halo the chosen tile receives there: in-plane bands on its own slices, a face (front/back, from
     its depth neighbour) on the slices of its depth halo.
@@ -117,7 +119,6 @@ class VolumeHaloViewer:
         self.grid: TileGrid | None = None
         self.halo: LayerHalo | None = None
         self.error: str | None = None
-        self._updating = False
         self._refresh_tiles()
         for control in (self.layer_choice, self.tile_choice, self.depth_slider, self.messages_box):
             control.observe(lambda change: self.update(), names="value")
@@ -129,49 +130,28 @@ class VolumeHaloViewer:
                                      layout=w.Layout(flex_flow="row wrap", align_items="flex-start"))])
         self.update()
 
-    def _refresh_tiles(self) -> None:
+    def _shape(self) -> tuple[int, int, int]:
         shape = volume_slices(self.grid_choice.value)
         assert shape is not None           # the menu holds volume grids only
-        parts = shape[0] * shape[1] * shape[2]
-        current = self.tile_choice.value if self.tile_choice.options else -1
-        self._updating = True
-        self.tile_choice.options = [("all", -1)] + [(f"tile {t}", t) for t in range(parts)]
-        self.tile_choice.value = current if current is not None and current < parts else -1
-        self._updating = False
+        return shape
 
-    def _grid_changed(self, change: Mapping[str, object]) -> None:
-        self._refresh_tiles()
-        self.update()
+    def grid_parts(self) -> int:
+        depth, rows, cols = self._shape()
+        return depth * rows * cols
 
-    @property
-    def selected_tiles(self) -> list[int] | None:
-        tile = self.tile_choice.value
-        return None if tile is None or tile < 0 else [tile]
+    def geometry(self) -> tuple[TileGrid, LayerHalo]:
+        depth, rows, cols = self._shape()
+        grid = TileGrid(rows, cols, depth=depth)
+        return grid, self.layers[self.layer_choice.value].halo(grid)
 
-    def update(self) -> None:
-        """Recompute the geometry and redraw."""
-        if self._updating:
-            return
-        layer = self.layers[self.layer_choice.value]
-        shape = volume_slices(self.grid_choice.value)
-        assert shape is not None
-        try:
-            self.grid = TileGrid(shape[1], shape[2], depth=shape[0])
-            self.halo = layer.halo(self.grid)
-        except ConfigError as exc:
-            self.halo, self.error = None, str(exc)
-            self.status.value = f"<b style='color:#b00'>&#10007; {html.escape(str(exc))}</b>"
-            self.view.clear()             # the old figure and text belong to other settings
-            self.info.value = ""
-            return
-        self.error = None
-        self.status.value = (f"{html.escape(layer.name)}: three phases (depth, then rows, then columns: edges and "
-                             f"corners travel in the later phases); {self.halo.message_count} messages")
-        self.view.show(viz.draw_volume_tiles_and_halos(self.volume, self.grid, self.halo,
-                                                       depth_index=self.depth_slider.value,
-                                                       tiles=self.selected_tiles,
-                                                       show_messages=self.messages_box.value))
-        self.info.value = "<pre>" + html.escape(self.describe()) + "</pre>"
+    def status_text(self, halo: LayerHalo) -> str:
+        return (f"{html.escape(self.layers[self.layer_choice.value].name)}: three phases (depth, then rows, then "
+                f"columns: edges and corners travel in the later phases); {halo.message_count} messages")
+
+    def draw(self) -> Figure:
+        assert self.grid is not None and self.halo is not None
+        return viz.draw_volume_tiles_and_halos(self.volume, self.grid, self.halo, depth_index=self.depth_slider.value,
+                                               tiles=self.selected_tiles, show_messages=self.messages_box.value)
 
     def describe(self) -> str:
         """The selected tiles' owned ranges, halo per face and messages."""
