@@ -15,6 +15,7 @@ from tests.support.bad_data import write_tiles
 from tests.support.battery import shared_job
 from tests.support.pyramid import write_pyramid
 from tests.support.segmentation_data import write_pairs
+from tests.support.train_in_process import run_train
 
 UNET = ["--task", "segmentation", "--model", "unet", "--num-layers", "2", "--num-filters", "4"]
 ONE_PROCESS = ["--split-size", "1", "--spatial-size", "0"]
@@ -30,22 +31,12 @@ def test_train_on_four_tiles_equals_one_process(shared_launch, check):
     shared_launch(JOB).require([check])
 
 
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``train`` in this process: (exit code, stdout, stderr)."""
-    try:
-        code = cli.main(argv)
-    except SystemExit as stop:
-        code = int(stop.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 # ------------------------------------------------------------------------- bad input, one process
 def test_bad_pairs_are_refused_before_the_first_step_naming_the_file(tmp_path, capsys):
     data = write_pairs(tmp_path / "pairs", count=4, size=32)
     Image.fromarray(np.zeros((32, 30), np.uint8)).save(data / "masks" / "tile1.png")
     Image.fromarray(np.full((32, 32), 5, np.uint8)).save(data / "masks" / "tile2.png")
-    code, out, err = run_main([*UNET, "--datapath", str(data), "--num-classes", "3", "--image-size", "32",
+    code, out, err = run_train([*UNET, "--datapath", str(data), "--num-classes", "3", "--image-size", "32",
                                "--batch-size", "2", "--steps", "1", "--no-progress", *ONE_PROCESS], capsys)
     assert code == 2 and out == "" and "2 of 4 files" in err
     assert "tile1.png: mask masks/tile1.png is 30x32 pixels but its image is 32x32" in err
@@ -76,7 +67,7 @@ def test_bad_annotations_are_refused_naming_the_file_and_the_feature(tmp_path, c
                   levels=2, tile=64)
     text = "{not json" if extra is None else json.dumps({"type": "FeatureCollection", "features": [*GOOD, extra]})
     (folder / "s1.geojson").write_text(text)
-    code, out, err = run_main([*UNET, "--datapath", str(folder), "--classes", "background,tumor,stroma",
+    code, out, err = run_train([*UNET, "--datapath", str(folder), "--classes", "background,tumor,stroma",
                                "--image-size", "32", "--batch-size", "2", "--steps", "1", "--min-tissue", "0",
                                "--no-progress", *ONE_PROCESS], capsys)
     assert code == 2 and out == "" and "s1.tif" in err and fragment in err
@@ -137,11 +128,11 @@ def test_a_checkpoint_of_one_task_is_refused_by_the_other(tmp_path, capsys):
     data = write_pairs(tmp_path / "pairs", count=2, size=16)
     segmentation = [*UNET, "--datapath", str(data), "--num-classes", "3", *small]
     classifier = ["--model", "resnet", "--num-layers", "11", "--num-filters", "2", "--num-samples", "2", *small]
-    assert run_main([*segmentation, "--checkpoint-dir", str(tmp_path / "seg")], capsys)[0] == 0
-    assert run_main([*classifier, "--checkpoint-dir", str(tmp_path / "cls")], capsys)[0] == 0
-    code, _, err = run_main([*classifier, "--steps", "2", "--resume", str(tmp_path / "seg")], capsys)
+    assert run_train([*segmentation, "--checkpoint-dir", str(tmp_path / "seg")], capsys)[0] == 0
+    assert run_train([*classifier, "--checkpoint-dir", str(tmp_path / "cls")], capsys)[0] == 0
+    code, _, err = run_train([*classifier, "--steps", "2", "--resume", str(tmp_path / "seg")], capsys)
     assert code == 2 and "is a segmentation checkpoint, not classification: use --task segmentation" in err
-    code, _, err = run_main([*segmentation, "--steps", "2", "--resume", str(tmp_path / "cls")], capsys)
+    code, _, err = run_train([*segmentation, "--steps", "2", "--resume", str(tmp_path / "cls")], capsys)
     assert code == 2 and "is a classification checkpoint, not segmentation: use --task classification" in err
 
 

@@ -7,11 +7,11 @@ import argparse
 import numpy as np
 import pytest
 
-from mpi4dl_nb.cli import train_cmd as cli
 from mpi4dl_nb.cli.image_size import image_size_arg
 from mpi4dl_nb.cli.volume_flags import voxel_size_arg
 from tests.support.battery import shared_job
 from tests.support.requirements import VOLUMES_EXTRA, required_module
+from tests.support.train_in_process import run_train
 from tests.support.volume_data import write_volume_pairs
 
 nibabel = required_module("nibabel", "volume CLI tests", VOLUMES_EXTRA)
@@ -31,16 +31,6 @@ def test_train_on_volume_tiles_equals_one_process(shared_launch, check):
     shared_launch(JOB).require([check])
 
 
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``train`` in this process: (exit code, stdout, stderr)."""
-    try:
-        code = cli.main(argv)
-    except SystemExit as stop:
-        code = int(stop.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_bad_label_volumes_and_flat_images_are_refused_naming_the_file(tmp_path, capsys):
     data = write_volume_pairs(tmp_path / "v", shape=(10, 12, 14), names=("a", "b", "c", "d"))
     tifffile.imwrite(data / "masks" / "a.tif", np.zeros((10, 12, 13), np.uint8), photometric="minisblack")
@@ -49,7 +39,7 @@ def test_bad_label_volumes_and_flat_images_are_refused_naming_the_file(tmp_path,
     nibabel.save(nibabel.Nifti1Image(labels, np.eye(4)), data / "masks" / "b.nii.gz")
     (data / "images" / "c.tif").unlink()
     tifffile.imwrite(data / "images" / "c.tif", np.zeros((12, 14), np.uint16))              # one page: 2-D
-    code, out, err = run_main([*UNET3D, "--datapath", str(data)], capsys)
+    code, out, err = run_train([*UNET3D, "--datapath", str(data)], capsys)
     assert code == 2 and out == "" and "3 of 4 files" in err, err
     assert "a.tif: label volume masks/a.tif is 10x12x13 voxels (DxHxW) but its image is 10x12x14" in err
     assert "b.nii.gz: label volume masks/b.nii.gz holds label(s) 9 outside 0..2 (--num-classes 3" in err
@@ -58,7 +48,7 @@ def test_bad_label_volumes_and_flat_images_are_refused_naming_the_file(tmp_path,
 
 def test_a_finer_voxel_size_than_the_files_is_refused_naming_each(tmp_path, capsys):
     data = write_volume_pairs(tmp_path / "v", shape=(8, 8, 8))      # 1 x 0.5 x 0.5 µm voxels
-    code, out, err = run_main([*UNET3D, "--datapath", str(data), "--voxel-size", "0.5"], capsys)
+    code, out, err = run_train([*UNET3D, "--datapath", str(data), "--voxel-size", "0.5"], capsys)
     assert code == 2 and "2 of 2 files" in err, err
     assert "a.tif: --voxel-size:" in err and "has 1 µm voxels along z; 0.5 µm would invent detail" in err
 
@@ -71,7 +61,7 @@ def test_a_finer_voxel_size_than_the_files_is_refused_naming_each(tmp_path, caps
 ])
 def test_volume_flags_that_do_not_fit_are_refused(tmp_path, capsys, flags, words):
     data = write_volume_pairs(tmp_path / "v", shape=(8, 8, 8))
-    code, out, err = run_main([*UNET3D, "--datapath", str(data), *flags], capsys)
+    code, out, err = run_train([*UNET3D, "--datapath", str(data), *flags], capsys)
     assert code == 2 and words in err, err
 
 
