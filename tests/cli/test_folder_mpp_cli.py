@@ -11,8 +11,8 @@ from PIL import Image
 from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli import evaluate_cmd
 from mpi4dl_nb.infer.model import find_checkpoint
-from tests.cli.test_segmentation_cli import run_main  # ``train`` in this process: (exit code, stdout, stderr)
 from tests.support.segmentation_data import write_pairs
+from tests.support.train_in_process import run_train
 
 SMALL = ["--batch-size", "2", "--steps", "1", "--no-progress", "--split-size", "1", "--spatial-size", "0"]
 CLASSIFIER = ["--app", "medical", "--model", "resnet", "--num-layers", "11", "--num-filters", "2",
@@ -36,11 +36,11 @@ def trained_mpp(checkpoints) -> float | None:
 
 def test_tile_folder_without_mpp_is_refused_before_the_first_step_then_source_mpp_trains_at_mpp(tmp_path, capsys):
     data = tiles(tmp_path / "plain", None)
-    code, out, err = run_main([*CLASSIFIER, "--datapath", str(data), "--mpp", "1.0",
+    code, out, err = run_train([*CLASSIFIER, "--datapath", str(data), "--mpp", "1.0",
                                "--checkpoint-dir", str(tmp_path / "refused")], capsys)
     assert code == 2 and out == "" and "--source-mpp" in err and "t0.png carries no resolution" in err
     assert not (tmp_path / "refused").exists() or not list((tmp_path / "refused").iterdir())   # no step ran
-    code, _, err = run_main([*CLASSIFIER, "--datapath", str(data), "--mpp", "1.0", "--source-mpp", "0.5",
+    code, _, err = run_train([*CLASSIFIER, "--datapath", str(data), "--mpp", "1.0", "--source-mpp", "0.5",
                              "--checkpoint-dir", str(tmp_path / "c")], capsys)
     assert code == 0, err
     assert trained_mpp(tmp_path / "c") == 1.0                    # 80 px at 0.5 shrunk to 40 px, then cropped
@@ -54,11 +54,11 @@ def test_tile_folder_without_mpp_is_refused_before_the_first_step_then_source_mp
 
 def test_tagged_tiles_and_masks_train_at_mpp_and_the_checkpoint_records_it(tmp_path, capsys):
     data = tiles(tmp_path / "tagged", 0.5)
-    code, _, err = run_main([*CLASSIFIER, "--datapath", str(data), "--mpp", "1.0",
+    code, _, err = run_train([*CLASSIFIER, "--datapath", str(data), "--mpp", "1.0",
                              "--checkpoint-dir", str(tmp_path / "c")], capsys)
     assert code == 0, err
     assert trained_mpp(tmp_path / "c") == 1.0
-    code, _, err = run_main([*CLASSIFIER, "--datapath", str(data), "--mpp", "2.0"], capsys)   # 80 px -> 20 px
+    code, _, err = run_train([*CLASSIFIER, "--datapath", str(data), "--mpp", "2.0"], capsys)   # 80 px -> 20 px
     assert code == 2 and "t0.png is 80x80, 20x20 at 2 µm/px: smaller than --image-size 32" in err
 
     pairs = write_pairs(tmp_path / "pairs", count=4, size=48)
@@ -66,6 +66,6 @@ def test_tagged_tiles_and_masks_train_at_mpp_and_the_checkpoint_records_it(tmp_p
         Image.open(path).save(path, dpi=(25400 / 0.5, 25400 / 0.5))
     segmentation = ["--task", "segmentation", "--model", "unet", "--num-layers", "2", "--num-filters", "2",
                     "--datapath", str(pairs), "--num-classes", "3", "--image-size", "32", *SMALL]
-    code, _, err = run_main([*segmentation, "--mpp", "0.75", "--checkpoint-dir", str(tmp_path / "s")], capsys)
+    code, _, err = run_train([*segmentation, "--mpp", "0.75", "--checkpoint-dir", str(tmp_path / "s")], capsys)
     assert code == 0, err
     assert trained_mpp(tmp_path / "s") == 0.75                   # 48 px shrunk to 32, masks by majority label
