@@ -75,6 +75,7 @@ class LayerFootprint:
     strips_received: int = 0   # halo strips the forward received (a recomputation log keeps them all)
     forward_fixed: int = 0     # of ``forward_peak``, bytes that do not grow with the batch (backend scratch)
     backward_fixed: int = 0    # of ``backward_peak``, the same
+    split_kept: int = 0        # a split backward's I keeps until W: each parameter module's output gradient
 
     @property
     def replay_log(self) -> int:
@@ -95,7 +96,7 @@ class LayerFootprint:
             n(self.backward_peak - fixed_backward) + fixed_backward,
             n(self.input_grad_bytes), self.grad_bytes, n(self.persistent),
             _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples),
-            n(self.strips_received), self.forward_fixed, self.backward_fixed)
+            n(self.strips_received), self.forward_fixed, self.backward_fixed, n(self.split_kept))
 
 
 def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
@@ -125,6 +126,7 @@ class StageFootprint:
     persistent: int
     layers: tuple[LayerFootprint, ...] = ()
     recomputed: int = 0     # part of the backward peaks: activations of a recomputed forward
+    split_kept: int = 0     # held from a split backward's I to its W: the output gradients of the parameter modules
 
     @property
     def saved(self) -> int:
@@ -240,12 +242,18 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
 
     if comm is not None:
         comm.on_receive = on_receive
+    owners = [m for m in module.modules() if next(m.parameters(recurse=False), None) is not None]
+    owner_outputs: list[int] = []
+    hooks = [m.register_forward_hook(lambda m, i, out: owner_outputs.append(
+        _nbytes([t for t in as_items(out) if isinstance(t, torch.Tensor)]))) for m in owners]
     with BackendLayouts(), live:   # the layouts the ranks' convolutions give (outside the counter)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = module(x)
             if loss is not None:
                 out = loss(out)
         forward_peak, after_forward, forward_fixed = live.peak, live.current, live.fixed_at_peak
+        for hook in hooks:
+            hook.remove()
         halo_kept = live.by_tag().get("halo", 0)
         outs = [t for t in as_items(out) if isinstance(t, torch.Tensor)]
         output_ids = {storage_of(t)[0] for t in outs}
@@ -275,7 +283,7 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
         grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
         backward_traffic=after.minus(middle), strips_received=strips_received, forward_fixed=forward_fixed,
-        backward_fixed=backward_fixed)
+        backward_fixed=backward_fixed, split_kept=sum(owner_outputs))
 
 
 class StructureKeys:
@@ -459,4 +467,5 @@ def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False,
         forward_peak=forward_peak, retained=sum(kept), kept_by_layer=tuple(kept),
         halo_kept=sum(fp.halo_kept for fp in layers), backward_first=first, backward_later=later,
         input_grad_bytes=layers[0].input_grad_bytes, grad_bytes=sum(fp.grad_bytes for fp in layers),
-        persistent=sum(fp.persistent for fp in layers), layers=tuple(layers))
+        persistent=sum(fp.persistent for fp in layers), layers=tuple(layers),
+        split_kept=sum(fp.split_kept for fp in layers))

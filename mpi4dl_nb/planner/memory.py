@@ -295,7 +295,7 @@ def _size(dtype: torch.dtype) -> int:
 
 
 CHUNK_TERMS = {"activations": "activations", "halo": "halo", "input": "boundary",
-               "output": "boundary", "grad_in": "boundary"}
+               "output": "boundary", "grad_in": "boundary", "output_grads": "activations"}
 
 
 @dataclass
@@ -461,7 +461,9 @@ class _Walk:
             self.buckets[action.stage] = grad_bytes   # posted during this backward, all of them at most
         self.note(action, within=working, key=key, recomputed=redo or fp.recomputed)
         self.grads[slot] = grad_bytes
-        if not keep:
+        if keep:   # an I: its W needs each parameter module's output gradient
+            self.hold(key, "output_grads", fp.split_kept)
+        else:
             self.chunks.pop(key, None)
         if action.stage > 0:   # kept by the gradient's non-blocking send(s)
             self.sent += fp.input_grad_bytes
