@@ -16,7 +16,7 @@ import torch
 from mpi4dl_nb import ParallelConfig
 from mpi4dl_nb.pipeline.step_input import ShardedMasks, StepInput
 from mpi4dl_nb.spatial.geometry import TileGrid
-from tests.mpi.volume_exact import BF16_CASES, CASES, EIGHT_RANKS, FOUR_RANKS
+from tests.mpi.volume_exact import BF16_CASES, CASES, EIGHT_RANKS, FOUR_RANKS, WIDE_CASES
 from tests.support.battery import shared_job
 
 EIGHT = shared_job(8, "volume_exact", *EIGHT_RANKS, timeout=300)
@@ -74,3 +74,13 @@ def test_readers_on_a_volume_grid_get_the_tiles_extent_and_need_three_sides():
     flat = StepInput(lambda rows, box: torch.zeros(1), None, 2, (4, 4))
     with pytest.raises(ValueError, match=r"need a size of 3 axes \(\(D, H, W\)\), got \(4, 4\)"):
         flat.images_for(slice(0, 1), 0, grid, cpu)
+
+
+def test_the_hand_run_cases_are_the_literal_reading():
+    """2x2x2 BatchNorm U-Net with a layer stage after the spatial encoder (9 ranks) and with data_parallel=2 (16):
+    run by hand (tests/mpi/volume_exact.py says how), never by the suite's launches."""
+    wide = {name: ParallelConfig(**knobs) for name, (knobs, *_) in WIDE_CASES.items()}
+    assert all(c.volume_grid == (2, 2, 2) and WIDE_CASES[n][2]["norm"] == "batch" for n, c in wide.items())
+    assert sorted(c.world_size for c in wide.values()) == [9, 16]
+    assert any(not c.all_spatial for c in wide.values()) and any(c.data_parallel == 2 for c in wide.values())
+    assert not set(wide) & {*EIGHT_RANKS, *FOUR_RANKS}
