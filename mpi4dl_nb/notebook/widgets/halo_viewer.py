@@ -16,7 +16,7 @@ from torch import nn
 from ...config import SLICE_METHODS, SliceMethod
 from ...spatial.geometry import LayerHalo, TileGrid
 from .. import viz
-from .figure_view import FigureView, display_widget
+from .figure_view import display_widget
 from .tile_halo_view import TileHaloView
 
 if TYPE_CHECKING:
@@ -187,15 +187,8 @@ class HaloViewer(TileHaloView):
                                        description="slice")
         self.parts_choice = w.BoundedIntText(value=num_spatial_parts, min=1, max=64,
                                              description="parts")
-        self.tile_choice = w.Dropdown(description="tile")
         self.messages_box = w.Checkbox(value=True, description="show messages")
-        self.status = w.HTML()
-        self.info = w.HTML()
-        self.view = FigureView(max_width=FIGURE_PX, max_height=FIGURE_PX)
-        self.grid: TileGrid | None = None
-        self.halo: LayerHalo | None = None
-        self.error: str | None = None
-        self._refresh_tiles()
+        self.start_view(FIGURE_PX)
         for control in (self.layer_choice, self.tile_choice, self.messages_box):
             control.observe(lambda change: self.update(), names="value")
         for control in (self.slice_choice, self.parts_choice):

@@ -27,6 +27,15 @@ class TileHaloView:
     error: str | None
     _updating: bool = False
 
+    def start_view(self, figure_px: int) -> None:
+        """The tile menu, status line, figure and text, empty until the first ``update``."""
+        self.tile_choice = w.Dropdown(description="tile")
+        self.status = w.HTML()
+        self.info = w.HTML()
+        self.view = FigureView(max_width=figure_px, max_height=figure_px)
+        self.grid = self.halo = self.error = None
+        self._refresh_tiles()
+
     def geometry(self) -> tuple[TileGrid, LayerHalo]:
         """The grid the controls choose and the chosen layer's halo on it (a ConfigError when it cannot)."""
         raise NotImplementedError

@@ -14,7 +14,7 @@ from torch import nn
 from ...config import ConfigError, volume_slices
 from ...spatial.geometry import LayerHalo, TileGrid, Window1d
 from .. import viz
-from .figure_view import FigureView, display_widget
+from .figure_view import display_widget
 from .halo_viewer import FIGURE_PX, window_calls
 from .tile_halo_view import TileHaloView
 
@@ -109,17 +109,10 @@ class VolumeHaloViewer(TileHaloView):
         self.layer_choice = w.Dropdown(options=[(layer.label, i) for i, layer in enumerate(self.layers)], value=0,
                                        description="layer", layout=w.Layout(width="460px"))
         self.grid_choice = w.Dropdown(options=list(dict.fromkeys((grid, *GRIDS))), value=grid, description="grid")
-        self.tile_choice = w.Dropdown(description="tile")
         self.depth_slider = w.IntSlider(value=depth // 2 if depth_index is None else depth_index, min=0,
                                         max=depth - 1, description="slice", continuous_update=False)
         self.messages_box = w.Checkbox(value=True, description="show messages")
-        self.status = w.HTML()
-        self.info = w.HTML()
-        self.view = FigureView(max_width=FIGURE_PX, max_height=FIGURE_PX)
-        self.grid: TileGrid | None = None
-        self.halo: LayerHalo | None = None
-        self.error: str | None = None
-        self._refresh_tiles()
+        self.start_view(FIGURE_PX)
         for control in (self.layer_choice, self.tile_choice, self.depth_slider, self.messages_box):
             control.observe(lambda change: self.update(), names="value")
         self.grid_choice.observe(self._grid_changed, names="value")
