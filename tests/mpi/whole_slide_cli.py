@@ -7,8 +7,8 @@ pooled head on the layer rank); rank 0 trains the same model in one process on w
 micro-batch), ``--accumulate N`` as one optimizer step over N batches (``train_one_process``).
 
 Checks: ``canvases read by tile`` (a spatial rank's slide reads are at most its tile, the layer rank reads none);
-``--pool P --accumulate N equals one process`` for avg, max, tissue-mean (the canvases carry their tissue mask) and
-attention, each with 1 and 2 micro-steps per optimizer step (losses and final weights, 1e-9); ``patients on one
+``--pool P --accumulate N equals one process`` for max and attention with 2 micro-steps per optimizer step and
+tissue-mean (the canvases carry their tissue mask) with 1 (losses and final weights, 1e-9); ``patients on one
 side`` (the split recorded in the checkpoint keeps each patient's slides on one side); ``canvases recorded``.
 """
 
@@ -35,8 +35,9 @@ STEPS = 2
 FLAGS = ("--whole-slide --image-size 64 --mpp 2 --model resnet --resnet-version 1 --num-layers 8 --num-filters 4 "
          "--batch-size 1 --dtype float64 --steps 2 --val-fraction 0.34 --no-progress --step-timeout 0 "
          "--split-size 2 --spatial-size 1 --num-spatial-parts 4 --slice-method square").split()
-# every pool once; accumulation over micro-batches on two of them (one job of 8 runs took two minutes)
-CASES = [("avg", 1), ("max", 2), ("tissue-mean", 1), ("attention", 2)]
+# the slide-level pools (the whole-slide average pool is the plain classifier path the engine battery covers);
+# accumulation over micro-batches on two of them (one job of 8 runs took two minutes)
+CASES = [("max", 2), ("tissue-mean", 1), ("attention", 2)]
 TOLERANCE = 1e-9
 
 

@@ -14,7 +14,7 @@ from tests.support.battery import shared_job
 from tests.support.engine_cases import CASES, cases_by_world_size, config_of, random_cases
 
 GROUPS = cases_by_world_size()
-RANDOM_PER_SIZE = {2: 3, 3: 3, 4: 3, 5: 3, 6: 3}    # 15 random configurations in all (fixed seeds)
+RANDOM_PER_SIZE = {2: 2, 3: 2, 4: 2, 5: 2, 6: 2}    # 10 random configurations in all (fixed seeds)
 RANDOM = {size: list(random_cases(size, count)) for size, count in RANDOM_PER_SIZE.items()}
 
 

@@ -62,7 +62,9 @@ def test_loss_scaler_unscales_and_skips_non_finite_steps(ctx):
                                    nn.ConvTranspose2d(3, 2, 3, 2, 1)], ids=["3d-k2s2", "3d-k3s2", "2d-k3s2"])
 def test_transposed_conv_on_a_tile_rounds_like_the_serial_layer_under_bf16(ctx, layer):
     """Under autocast the spatial transposed conv sums its bf16 products, the tiles' contributions and the bias in
-    float32 and rounds once, as the serial kernel does: bit-equal output and gradients on one tile."""
+    float32 and rounds once, as the serial kernel does: bit-equal output on one tile. The gradients come from the
+    backward kernels, whose float32 summation order the backend picks (a full suite run once saw the input
+    gradient differ in one bf16 unit where runs alone never did): equal within one unit of their dtype."""
     from mpi4dl_nb.spatial.convert import spatialize
     from mpi4dl_nb.spatial.geometry import TileGrid
 
@@ -78,5 +80,7 @@ def test_transposed_conv_on_a_tile_rounds_like_the_serial_layer_under_bf16(ctx, 
         out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype))
         results.append([out, inp.grad, layer.weight.grad.clone(), layer.bias.grad.clone()])
     assert results[0][0].dtype == results[1][0].dtype == torch.bfloat16
-    for serial, tiled in zip(*results):
-        assert torch.equal(serial, tiled)
+    assert torch.equal(results[0][0], results[1][0])
+    for serial, tiled in zip(results[0][1:], results[1][1:]):
+        eps = torch.finfo(serial.dtype).eps
+        torch.testing.assert_close(tiled, serial, rtol=eps, atol=eps * serial.abs().max().item())
