@@ -14,7 +14,6 @@ changed). The benchmark runs MONAI as a subprocess in that venv.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -26,14 +25,15 @@ from bench_infer import synthetic_slide
 from bench_infer_memory import unet_checkpoint
 from support.machine import Footer
 from support.monai_peer import (
+    MONAI_ROW,
     add_peer_arguments,
     child_environment,
     max_difference,
+    monai_result,
     ours,
-    peer_python,
+    print_side_by_side,
     ran_internal_part,
 )
-from support.tables import Table
 
 
 def network(checkpoint: Path, dtype: str):
@@ -108,11 +108,8 @@ def main() -> None:
     rows = []
     if not args.skip_monai:
         out = work / "monai.npy"
-        done = subprocess.run([str(peer_python(args.monai_venv)), *me, "--internal", "monai", "--out", str(out)],
-                              check=True, env=env, capture_output=True, text=True)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        rows.append(("MONAI sliding_window_inference (overlap 0.25, gaussian)", 1, float(result["megapixels_per_s"]),
-                     max_difference(out, ref)))
+        result = monai_result(args.monai_venv, me, out, env)
+        rows.append((MONAI_ROW, 1, float(result["megapixels_per_s"]), max_difference(out, ref)))
     for ranks in args.ranks:
         out = work / f"ours-{ranks}.npy"
         result = ours(ranks, checkpoint, slide, out, args.roi, args.dtype)
@@ -120,11 +117,7 @@ def main() -> None:
         assert isinstance(grid, list)
         rows.append((f"mpi4dl_nb infer ({grid[0]}x{grid[1]} ranks per window)", ranks,
                      float(str(result["megapixels_per_s"])), max_difference(out, ref)))
-    base = next((r[2] for r in rows if r[1] == 1 and r[0].startswith("mpi4dl")), rows[0][2])
-    table = Table(["method", ">ranks", ">MP/s", ">vs ours on 1 rank", ">max |p - whole slide|"])
-    for name, ranks, rate, diff in rows:
-        table.add(name, ranks, f"{rate:.3f}", f"{rate / base:.2f}x", f"{diff:.2e}")
-    print(table.markdown())
+    print_side_by_side(rows, "MP/s", ".3f", "max |p - whole slide|")
     footer.print()
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 from support.launch import run_job
 from support.machine import REPO, Footer
-from support.monai_peer import MONAI_SPEC, child_environment, peer_python
-from support.tables import Table
+from support.monai_peer import MONAI_ROW, MONAI_SPEC, child_environment, monai_result, print_side_by_side
 
 CLASSES = 3
 
@@ -165,11 +164,8 @@ def main() -> None:
     rows = []
     if not args.skip_monai:
         out = work / "monai.npy"
-        done = subprocess.run([str(peer_python(args.monai_venv)), *me, "--internal", "monai", "--out", str(out)],
-                              check=True, env=env, capture_output=True, text=True)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        rows.append(("MONAI sliding_window_inference (overlap 0.25, gaussian)", 1, float(result["voxels_per_s"]),
-                     float(np.abs(np.load(out) - ref).max())))
+        result = monai_result(args.monai_venv, me, out, env)
+        rows.append((MONAI_ROW, 1, float(result["voxels_per_s"]), float(np.abs(np.load(out) - ref).max())))
     for ranks in args.ranks:
         out = work / f"ours-{ranks}"
         out.mkdir(exist_ok=True)
@@ -178,11 +174,7 @@ def main() -> None:
         grid = "x".join(map(str, result["grid"]))
         rows.append((f"mpi4dl_nb infer_volume ({grid} ranks per window, {result['windows']} windows)", ranks,
                      float(result["voxels_per_s"]), float(np.abs(np.load(out / "probabilities.npy") - ref).max())))
-    base = next((r[2] for r in rows if r[1] == 1 and r[0].startswith("mpi4dl")), rows[0][2])
-    table = Table(["method", ">ranks", ">voxels/s", ">vs ours on 1 rank", ">max |p - whole volume|"])
-    for name, ranks, rate, diff in rows:
-        table.add(name, ranks, f"{rate:,.0f}", f"{rate / base:.2f}x", f"{diff:.2e}")
-    print(table.markdown())
+    print_side_by_side(rows, "voxels/s", ",.0f", "max |p - whole volume|")
     footer.print()
 
 

@@ -14,8 +14,10 @@ import numpy as np
 
 from .launch import run_job
 from .machine import REPO
+from .tables import Table
 
 MONAI_SPEC = "monai==1.6.1"
+MONAI_ROW = "MONAI sliding_window_inference (overlap 0.25, gaussian)"
 
 
 def add_peer_arguments(parser: argparse.ArgumentParser, workdir: str, ranks: list[int]) -> None:
@@ -86,3 +88,20 @@ def child_environment() -> dict[str, str]:
     """This environment with one thread per process and the repository importable."""
     return dict(os.environ, OMP_NUM_THREADS="1",
                 PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def monai_result(venv: Path, argv: list[str], out: Path, env: dict[str, str]) -> dict[str, float]:
+    """Run the script's ``--internal monai`` part in MONAI's venv, writing ``out``; the JSON line it printed."""
+    done = subprocess.run([str(peer_python(venv)), *argv, "--internal", "monai", "--out", str(out)],
+                          check=True, env=env, capture_output=True, text=True)
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def print_side_by_side(rows: list[tuple[str, int, float, float]], rate: str, rate_format: str, difference: str) -> None:
+    """The (method, ranks, rate, max difference) rows as one table, each rate also against ours on one rank."""
+    base = next((row[2] for row in rows if row[1] == 1 and row[0].startswith("mpi4dl")), rows[0][2])
+    table = Table(["method", ">ranks", f">{rate}", ">vs ours on 1 rank", f">{difference}"])
+    for name, ranks, value, diff in rows:
+        table.add(name, ranks, format(value, rate_format), f"{value / base:.2f}x", f"{diff:.2e}")
+    print(table.markdown())
