@@ -6,6 +6,7 @@ as stored (other figures); a checkpoint without the field evaluates as stored; a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -84,9 +85,8 @@ def held_out_as_stored(checkpoint: Path):
     from mpi4dl_nb.run.job_data import dataset_from, held_out_data
 
     record = read_checkpoint(find_checkpoint(checkpoint)).record
-    job = EvaluateJob(str(checkpoint), ParallelConfig(split_size=1, spatial_size=0), stain_normalize=False)
-    data, held_out = resolved_data(job, record), resolved_held_out(job, record)
-    assert data.stain is None
+    job = EvaluateJob(str(checkpoint), ParallelConfig(split_size=1, spatial_size=0))
+    data, held_out = replace(resolved_data(job, record), stain=None), resolved_held_out(job, record)
     _, held, _, _ = held_out_data(data, held_out, record.seed, dataset_from(data, record.seed, data.datapath))
     assert held is not None
     return held
