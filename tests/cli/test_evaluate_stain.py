@@ -5,6 +5,8 @@ as stored (other figures); a checkpoint without the field evaluates as stored; a
 (one process, float64)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +29,7 @@ from tests.support.summary import json_record
 
 ONE_PROCESS = ["--split-size", "1", "--spatial-size", "0"]
 TRAIN = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
-         "--image-size", "32", *ONE_PROCESS, "--batch-size", "2", "--steps", "2", "--dtype", "float64",
+         "--image-size", "32", *ONE_PROCESS, "--batch-size", "2", "--steps", "1", "--dtype", "float64",
          "--no-progress"]
 OTHER_LAB = np.array([1.0, 0.62, 0.85])     # the second lab's slides: greener and bluer channels absorbed more
 
@@ -53,9 +55,6 @@ def two_lab_cohort(root: Path) -> Path:
 def trained(tmp_path_factory) -> tuple[Path, dict]:
     """(checkpoint directory, the training run's JSON summary): Macenko to a tile of the first lab, half of the
     patients held out and evaluated at the end of the run."""
-    import contextlib
-    import io
-
     from mpi4dl_nb.cli import train_cmd
 
     root = tmp_path_factory.mktemp("evalstain")
@@ -76,6 +75,16 @@ def evaluated(capsys: pytest.CaptureFixture[str], checkpoint: Path, *flags: str)
     out, err = capsys.readouterr()
     assert code == 0, err
     return json.loads(out.strip().splitlines()[-1]), err
+
+
+@pytest.fixture(scope="module")
+def as_stored(trained) -> tuple[dict, str]:
+    """``evaluate --no-stain-normalize`` of the run: (its JSON line, its stderr)."""
+    checkpoint, _ = trained
+    capture = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(capture):
+        assert evaluate_cmd.main(["--checkpoint", str(checkpoint), *ONE_PROCESS, "--no-stain-normalize"]) == 0
+    return json.loads(out.getvalue().strip().splitlines()[-1]), capture.getvalue()
 
 
 def held_out_as_stored(checkpoint: Path):
@@ -106,7 +115,7 @@ def rewritten(checkpoint: Path, target: Path, stain: object) -> Path:
     return target
 
 
-def test_evaluate_reads_as_training_read_and_no_stain_normalize_reads_as_stored(trained, capsys):
+def test_evaluate_reads_as_training_read_and_no_stain_normalize_reads_as_stored(trained, as_stored, capsys):
     checkpoint, summary = trained
     record = read_checkpoint(find_checkpoint(checkpoint)).record
     assert record.stain is not None and record.stain.reference == "reference.png"
@@ -119,13 +128,13 @@ def test_evaluate_reads_as_training_read_and_no_stain_normalize_reads_as_stored(
     assert err.count("stain normalisation:") == 1
     assert (f"stain normalisation: macenko fitted on reference.png [{record.stain.fingerprint}] "
             f"(from the checkpoint)") in err
-    stored, err = evaluated(capsys, checkpoint, "--no-stain-normalize")
+    stored, err = as_stored
     assert stored["count"] == summary["val_count"] and stored["stain"] == "off"
     assert abs(stored["loss"] - summary["val_loss"]) > 1e-6 * summary["val_loss"], "normalisation changed nothing"
     assert "stain normalisation: off (--no-stain-normalize; the run trained on images normalised by macenko" in err
 
 
-def test_dl_evaluate_reads_through_the_checkpoints_normaliser(trained, capsys):
+def test_dl_evaluate_reads_through_the_checkpoints_normaliser(trained, as_stored, capsys):
     checkpoint, summary = trained
     held = held_out_as_stored(checkpoint)
     metrics = evaluate(checkpoint, held)
@@ -137,33 +146,32 @@ def test_dl_evaluate_reads_through_the_checkpoints_normaliser(trained, capsys):
     stored = evaluate(checkpoint, held, stain_normalize=False)
     assert abs(stored.loss - summary["val_loss"]) > 1e-6 * summary["val_loss"], "normalisation changed nothing"
     assert "stain normalisation: off (stain_normalize=False" in capsys.readouterr().err
-    by_command, _ = evaluated(capsys, checkpoint, "--no-stain-normalize")
-    assert stored.loss == pytest.approx(by_command["loss"], rel=1e-12, abs=0)
+    assert stored.loss == pytest.approx(as_stored[0]["loss"], rel=1e-12, abs=0)
 
 
-def test_a_checkpoint_without_the_field_evaluates_as_stored(trained, tmp_path, capsys):
+def test_a_checkpoint_without_the_field_evaluates_as_stored(trained, as_stored, tmp_path, capsys):
     checkpoint, _ = trained
-    old = rewritten(checkpoint, tmp_path / "step-2.pt", KeyError)
+    old = rewritten(checkpoint, tmp_path / "step-1.pt", KeyError)
     assert read_checkpoint(old).record.stain is None
-    as_stored, _ = evaluated(capsys, checkpoint, "--no-stain-normalize")
+    stored, _ = as_stored
     result, err = evaluated(capsys, old)
     assert result["stain"] == "none" and "stain normalisation" not in err
-    assert result["loss"] == as_stored["loss"] and result["confusion_matrix"] == as_stored["confusion_matrix"]
+    assert result["loss"] == stored["loss"] and result["confusion_matrix"] == stored["confusion_matrix"]
     held = held_out_as_stored(checkpoint)
-    assert evaluate(old, held).loss == pytest.approx(as_stored["loss"], rel=1e-12, abs=0)
+    assert evaluate(old, held).loss == pytest.approx(stored["loss"], rel=1e-12, abs=0)
     assert "stain normalisation" not in capsys.readouterr().err
 
 
 def test_a_corrupt_stain_field_is_refused_before_work(trained, tmp_path, capsys):
     checkpoint, _ = trained
-    broken = rewritten(checkpoint, tmp_path / "step-2.pt", {"method": "macenko", "first": [0.5, 0.5], "second": [1.0]})
+    broken = rewritten(checkpoint, tmp_path / "step-1.pt", {"method": "macenko", "first": [0.5, 0.5], "second": [1.0]})
     with pytest.raises(SystemExit) as stop:
         evaluate_cmd.main(["--checkpoint", str(broken), *ONE_PROCESS])
     out, err = capsys.readouterr()
     assert stop.value.code == 2 and out == ""
     assert "--checkpoint" in err and str(broken) in err and "cannot be rebuilt" in err and "--stain-normalize" in err
     assert "macenko keeps 6 and 2 numbers" in err and "Traceback" not in err
-    with pytest.raises(ConfigError, match="checkpoint: .*step-2.pt records a stain normaliser that cannot be rebuilt"):
+    with pytest.raises(ConfigError, match="checkpoint: .*step-1.pt records a stain normaliser that cannot be rebuilt"):
         evaluate(broken, held_out_as_stored(checkpoint))
 
 
