@@ -124,6 +124,7 @@ def test_evaluate_reads_as_training_read_and_no_stain_normalize_reads_as_stored(
     assert normalised["count"] == summary["val_count"]
     assert normalised["loss"] == pytest.approx(summary["val_loss"], rel=1e-12, abs=0)
     assert normalised["confusion_matrix"] == summary["val_confusion_matrix"]
+    assert normalised["roc_auc"] == pytest.approx(summary["val_roc_auc"], abs=1e-12)
     assert normalised["stain"] == record.stain.describe()
     assert err.count("stain normalisation:") == 1
     assert (f"stain normalisation: macenko fitted on reference.png [{record.stain.fingerprint}] "
@@ -141,6 +142,7 @@ def test_dl_evaluate_reads_through_the_checkpoints_normaliser(trained, as_stored
     assert metrics.count == summary["val_count"]
     assert metrics.loss == pytest.approx(summary["val_loss"], rel=1e-12, abs=0)
     assert metrics.as_dict()["confusion_matrix"] == summary["val_confusion_matrix"]
+    assert metrics.roc_auc == pytest.approx(summary["val_roc_auc"], abs=1e-12)
     assert "(from the checkpoint)" in capsys.readouterr().err
     assert stain_of(held.dataset) is None                   # the caller's dataset reads as stored again
     stored = evaluate(checkpoint, held, stain_normalize=False)
