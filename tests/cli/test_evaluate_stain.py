@@ -87,8 +87,14 @@ def as_stored(trained) -> tuple[dict, str]:
     return json.loads(out.getvalue().strip().splitlines()[-1]), capture.getvalue()
 
 
-def held_out_as_stored(checkpoint: Path):
+@pytest.fixture(scope="module")
+def held(trained):
     """The run's held-out images, read as stored (the split the checkpoint records)."""
+    return held_out_as_stored(trained[0])
+
+
+def held_out_as_stored(checkpoint: Path):
+    """The held-out images of the run of ``checkpoint``, read as stored."""
     from mpi4dl_nb.cli.evaluate_cmd import resolved_data, resolved_held_out
     from mpi4dl_nb.run.job import EvaluateJob
     from mpi4dl_nb.run.job_data import dataset_from, held_out_data
@@ -135,9 +141,8 @@ def test_evaluate_reads_as_training_read_and_no_stain_normalize_reads_as_stored(
     assert "stain normalisation: off (--no-stain-normalize; the run trained on images normalised by macenko" in err
 
 
-def test_dl_evaluate_reads_through_the_checkpoints_normaliser(trained, as_stored, capsys):
+def test_dl_evaluate_reads_through_the_checkpoints_normaliser(trained, as_stored, held, capsys):
     checkpoint, summary = trained
-    held = held_out_as_stored(checkpoint)
     metrics = evaluate(checkpoint, held)
     assert metrics.count == summary["val_count"]
     assert metrics.loss == pytest.approx(summary["val_loss"], rel=1e-12, abs=0)
@@ -151,7 +156,7 @@ def test_dl_evaluate_reads_through_the_checkpoints_normaliser(trained, as_stored
     assert stored.loss == pytest.approx(as_stored[0]["loss"], rel=1e-12, abs=0)
 
 
-def test_a_checkpoint_without_the_field_evaluates_as_stored(trained, as_stored, tmp_path, capsys):
+def test_a_checkpoint_without_the_field_evaluates_as_stored(trained, as_stored, held, tmp_path, capsys):
     checkpoint, _ = trained
     old = rewritten(checkpoint, tmp_path / "step-1.pt", KeyError)
     assert read_checkpoint(old).record.stain is None
@@ -159,12 +164,11 @@ def test_a_checkpoint_without_the_field_evaluates_as_stored(trained, as_stored, 
     result, err = evaluated(capsys, old)
     assert result["stain"] == "none" and "stain normalisation" not in err
     assert result["loss"] == stored["loss"] and result["confusion_matrix"] == stored["confusion_matrix"]
-    held = held_out_as_stored(checkpoint)
     assert evaluate(old, held).loss == pytest.approx(stored["loss"], rel=1e-12, abs=0)
     assert "stain normalisation" not in capsys.readouterr().err
 
 
-def test_a_corrupt_stain_field_is_refused_before_work(trained, tmp_path, capsys):
+def test_a_corrupt_stain_field_is_refused_before_work(trained, held, tmp_path, capsys):
     checkpoint, _ = trained
     broken = rewritten(checkpoint, tmp_path / "step-1.pt", {"method": "macenko", "first": [0.5, 0.5], "second": [1.0]})
     with pytest.raises(SystemExit) as stop:
@@ -174,7 +178,7 @@ def test_a_corrupt_stain_field_is_refused_before_work(trained, tmp_path, capsys)
     assert "--checkpoint" in err and str(broken) in err and "cannot be rebuilt" in err and "--stain-normalize" in err
     assert "macenko keeps 6 and 2 numbers" in err and "Traceback" not in err
     with pytest.raises(ConfigError, match="checkpoint: .*step-1.pt records a stain normaliser that cannot be rebuilt"):
-        evaluate(broken, held_out_as_stored(checkpoint))
+        evaluate(broken, held)
 
 
 def test_data_without_stains_is_refused_naming_the_switch(trained, capsys):
