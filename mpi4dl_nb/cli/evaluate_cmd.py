@@ -21,6 +21,7 @@ from ..evaluation.levels import sample_groups
 from ..evaluation.metrics import LevelMetrics, Metrics
 from ..evaluation.pixel_metrics import SegmentationMetrics
 from ..evaluation.slide_table import write_slide_csv
+from ..infer.recorded_stain import COMMAND_KNOBS, StainChoice, refusing_broken_stain
 from ..run.job import DataSpec, EvaluateJob, HeldOutSpec, RunOptions
 from .args import add_parallel_args, add_workload_args
 from .checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
@@ -32,6 +33,7 @@ from .parser import CommandParser, DefaultsHelpFormatter
 from .resolution_flags import add_resolution_flags, check_resolution_flags, resolution_of
 from .segmentation_flags import add_task_args
 from .setup import exit_refused
+from .stain_flags import add_no_stain_arg
 
 if TYPE_CHECKING:
     from torch import nn
@@ -67,6 +69,7 @@ class EvaluationSummary:
     best: BestMark | None = None            # what a best checkpoint is best at
     loss_of: str = "cross-entropy"          # what ``loss`` is: the run's training loss (its class weights included)
     aggregate: str = "mean"                 # how tiles were aggregated into the slide and patient levels
+    stain: str = "none"                     # the stain normaliser the images were read through (off, none)
 
     @property
     def levels(self) -> tuple[LevelMetrics, ...]:
@@ -78,7 +81,7 @@ class EvaluationSummary:
         return {"checkpoint": self.checkpoint, **chosen, "step": self.step, "model": self.model, "split": self.split,
                 "app": self.app, "image_size": self.image_size, "batch_size": self.batch_size, "dtype": self.dtype,
                 "world_size": self.world_size, **self.metrics.as_dict(), "loss_of": self.loss_of,
-                **({"aggregate": self.aggregate} if self.levels else {}),
+                **({"aggregate": self.aggregate} if self.levels else {}), "stain": self.stain,
                 "seconds": self.seconds,
                 "config": dict(self.config)}
 
@@ -133,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluation_args(parser, training=False)
     add_level_args(parser)
     add_task_args(parser, training=False)
+    add_no_stain_arg(parser)
     parser.set_defaults(image_size=None, batch_size=None, num_classes=None, app=None, num_epochs=1)
     return parser
 
@@ -153,7 +157,7 @@ def evaluate_job(args: argparse.Namespace, cfg: ParallelConfig) -> EvaluateJob:
         task=None if args.task is None else Task.parse(args.task), model=args.model,
         model_flags=tuple((flag, key, given[key]) for flag, key in MODEL_FLAGS if given[key] is not None),
         options=RunOptions(backend=args.backend, device=args.device), cohort=args.cohort_data,
-        aggregate=Aggregation.parse(args.aggregate), slide_csv=args.slide_csv)
+        aggregate=Aggregation.parse(args.aggregate), slide_csv=args.slide_csv, stain_normalize=args.stain_normalize)
 
 
 def check_model_flags(job: EvaluateJob, record: RunRecord, where: str) -> None:
@@ -185,6 +189,9 @@ def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
     datapath = job.datapath if job.app is not None or job.datapath is not None or cohort else data.datapath
     # the training run's class names order the labels of class folders (masks carry their labels as values)
     order = None if record.task.dense else label_order(folder_classes(app, datapath), data.classes)
+    stain = StainChoice(record.stain, job.stain_normalize)
+    if stain.applied is not None and app is not AppKind.MEDICAL:
+        raise stain.refuse_unstained(f"--app {app}", COMMAND_KNOBS)
     return DataSpec(app=app, datapath=datapath, image_size=job.image_size or data.image_size,
                     num_samples=job.num_samples, slide_level=job.slide_level or 0, min_tissue=job.min_tissue,
                     mpp=mpp, source_mpp=job.source_mpp, num_classes=record.model.num_classes,
@@ -192,7 +199,7 @@ def resolved_data(job: EvaluateJob, record: RunRecord) -> DataSpec:
                     ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None,
                     cohort=cohort, whole_slide=data.whole_slide,
                     tissue_channel=data.whole_slide and record.model.pool.tissue,
-                    stain=record.stain)     # images read as the run read them
+                    stain=stain.applied)     # images read as the run read them (unless --no-stain-normalize)
 
 
 def cohort_to_read(job: EvaluateJob, record: RunRecord) -> Cohort | None:
@@ -239,6 +246,7 @@ class Evaluation:
         self.dtype = "float32"
         self.dataset: RegionDataset | None = None
         self.split = "all"
+        self.stain = StainChoice(None)
 
     @property
     def seed(self) -> int:
@@ -256,8 +264,9 @@ class Evaluation:
         dtype = getattr(torch, job.dtype) if job.dtype else None
         # rank 0 checksums the file; a damaged one stops every rank in this agreed stage. Without --dtype the
         # layers come in float64 (which holds either dtype exactly) and go to the checkpoint's dtype below
-        self.layers, self.description, self.record = load_trained(job.checkpoint, job.model, dtype or torch.float64,
-                                                                  check=self.ctx.rank == 0)
+        self.layers, self.description, self.record = refusing_broken_stain(job.checkpoint, lambda: load_trained(
+            job.checkpoint, job.model, dtype or torch.float64, check=self.ctx.rank == 0), COMMAND_KNOBS)
+        self.stain = StainChoice(self.record.stain, job.stain_normalize)
         where = f"--checkpoint {self.description.path}"
         check_model_flags(job, self.record, where)
         check_checkpoint_task(job, self.record, where)
@@ -328,7 +337,7 @@ class Evaluation:
                                  self.split, str(self.data.app), self.data.image_size, self.batch_size, self.dtype,
                                  self.ctx.world_size, metrics, time.perf_counter() - start, job.config.as_dict(),
                                  job.checkpoint_select, best, self.record.loss().describe(),
-                                 job.aggregate.describe())
+                                 job.aggregate.describe(), self.stain.describe())
 
 
 def run_evaluation(job: EvaluateJob, ctx: Comm) -> int:
@@ -340,6 +349,9 @@ def run_evaluation(job: EvaluateJob, ctx: Comm) -> int:
         agreed(ctx, evaluation.open_data)
     except SetupFailed as err:
         exit_refused(ctx, "evaluate", err)
+    header = evaluation.stain.header(COMMAND_KNOBS)
+    if header is not None and ctx.rank == 0:
+        print(f"mpi4dl_nb evaluate: {header}", file=sys.stderr, flush=True)
     summary = evaluation.run()
     if summary is not None:
         if summary.levels:

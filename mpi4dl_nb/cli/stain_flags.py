@@ -1,5 +1,6 @@
 """``--stain-normalize macenko|reinhard --stain-reference IMAGE`` (``train``): the stain every image is brought to,
-checked before any rank talks; the request a run fits once (rank 0) and records in its checkpoints."""
+checked before any rank talks; the request a run fits once (rank 0) and records in its checkpoints. ``evaluate``'s
+``--no-stain-normalize``: read the images as stored, not through the checkpoint's normaliser."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ from ..data.apps import AppKind
 from ..data.stain import KNOB, StainMethod, StainRequest, read_reference
 
 METHOD = "--stain-normalize"
+OFF = "--no-stain-normalize"
 
 
 def add_stain_args(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +21,13 @@ def add_stain_args(parser: argparse.ArgumentParser) -> None:
                                           "infer alike; recorded in the checkpoint)")
     group.add_argument("--stain-reference", dest="stain_reference", default=None, metavar="IMAGE",
                        help="the image (PNG, JPEG, TIFF tile with tissue) whose stain --stain-normalize matches")
+
+
+def add_no_stain_arg(parser: argparse.ArgumentParser) -> None:
+    """``evaluate``'s switch off the stain normaliser its checkpoint records (``args.stain_normalize``)."""
+    parser.add_argument(OFF, dest="stain_normalize", action="store_false",
+                        help="read the images as stored, not through the stain normaliser the checkpoint records "
+                             "(by default they are read as the training run read them)")
 
 
 def check_stain_args(args: argparse.Namespace) -> None:

@@ -2,11 +2,14 @@
 
 The same measurement as the ``evaluate`` command: every image once, forward only, with the layout of
 ``config``, scored with the run's loss, exact sums across ranks (``evaluation/evaluator.py``); the checkpoint's
-network rebuilt from its record, or the model object a run built in Python (``model=``).
+network rebuilt from its record, or the model object a run built in Python (``model=``); the images read through
+the stain normaliser the checkpoint records, as the run read them (``stain_normalize=False``: as stored).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,9 +18,12 @@ from torch import nn
 
 from ..config import ParallelConfig
 from ..data.dataset import RegionDataset
+from ..data.stain import StainNormalizer
+from ..data.stain_reads import StainAware
 from ..evaluation.evaluator import Evaluator
 from ..evaluation.metrics import Metrics
 from ..infer.model import load_trained
+from ..infer.recorded_stain import PYTHON_KNOBS, StainChoice, refusing_broken_stain
 from ..spatial.loss import ClassCrossEntropy
 
 if TYPE_CHECKING:
@@ -26,13 +32,16 @@ if TYPE_CHECKING:
 
 def evaluate(checkpoint: str | Path, dataset: RegionDataset, *, ctx: Comm | None = None,
              config: ParallelConfig | None = None, batch_size: int | None = None,
-             model: nn.Module | Sequence[nn.Module] | None = None, dtype: torch.dtype | None = None) -> Metrics:
+             model: nn.Module | Sequence[nn.Module] | None = None, dtype: torch.dtype | None = None,
+             stain_normalize: bool = True) -> Metrics:
     """The metrics of ``checkpoint`` (a file, or a directory: its newest) on every image of ``dataset``.
 
     Collective: every rank of ``ctx`` calls it (``config``'s world size; default one process,
     ``ParallelConfig(split_size=1, spatial_size=0)``). ``batch_size`` defaults to the run's (rounded up to the
     layout's chunks), ``dtype`` to the run's. ``model``: the model object of a run built in Python (an
     nn.Module or its layer list), which no recorded spec rebuilds. Every rank returns the same Metrics.
+    ``stain_normalize``: read ``dataset``'s images through the stain normaliser the checkpoint records (the run's
+    own reads), said once on rank 0; False reads them as stored. ``dataset`` reads as before once this returns.
     """
     from ..pipeline.engine import HybridEngine
 
@@ -41,7 +50,10 @@ def evaluate(checkpoint: str | Path, dataset: RegionDataset, *, ctx: Comm | None
 
         ctx = init()
     cfg = config if config is not None else ParallelConfig(split_size=1, spatial_size=0)
-    layers, _, record = load_trained(checkpoint, dtype=dtype or torch.float32, check=ctx.rank == 0, model=model)
+    # without ``dtype`` the layers come in float64 (which holds either dtype exactly), then go to the run's dtype:
+    # a float64 run's weights are not rounded through float32 on the way
+    layers, _, record = refusing_broken_stain(checkpoint, lambda: load_trained(
+        checkpoint, dtype=dtype or torch.float64, check=ctx.rank == 0, model=model), PYTHON_KNOBS)
     run_dtype = dtype or getattr(torch, record.data.dtype)
     for layer in layers:
         layer.to(run_dtype)
@@ -51,5 +63,40 @@ def evaluate(checkpoint: str | Path, dataset: RegionDataset, *, ctx: Comm | None
     if not isinstance(loss, ClassCrossEntropy):
         raise ValueError(f"{checkpoint} holds a segmentation model; evaluate it with 'python -m mpi4dl_nb evaluate "
                          f"--checkpoint {checkpoint}' (pixel metrics)")
+    choice = StainChoice(record.stain, stain_normalize)
+    base = stain_base(dataset, choice)
+    header = choice.header(PYTHON_KNOBS)
+    if header is not None and ctx.rank == 0:
+        print(f"mpi4dl_nb evaluate: {header}", file=sys.stderr, flush=True)
     engine = HybridEngine(layers, cfg, ctx, loss_fn=loss, image_size=dataset.image_size)
-    return Evaluator(engine, dataset, ctx, batch, run_dtype, classes=record.class_names, loss=loss).run()
+    with reading_through(base, choice.applied):
+        return Evaluator(engine, dataset, ctx, batch, run_dtype, classes=record.class_names, loss=loss).run()
+
+
+def stain_base(dataset: RegionDataset, choice: StainChoice) -> StainAware | None:
+    """The dataset under ``dataset``'s subsets whose reads ``choice`` sets (None: left as it is, as for a checkpoint
+    that records no normaliser; ConfigError for data without stains under a normaliser)."""
+    from .python_run import base_of
+
+    if choice.recorded is None and choice.wanted:
+        return None
+    base = base_of(dataset)
+    if isinstance(base, StainAware):
+        return base
+    if choice.applied is not None:
+        raise choice.refuse_unstained(type(base).__name__, PYTHON_KNOBS)
+    return None
+
+
+@contextmanager
+def reading_through(base: StainAware | None, normalizer: StainNormalizer | None) -> Iterator[None]:
+    """``base`` reading through ``normalizer`` (None: as stored) inside the block, through its own again after."""
+    if base is None:
+        yield
+        return
+    own = base.stain
+    base.use_stain(normalizer)
+    try:
+        yield
+    finally:
+        base.use_stain(own)

@@ -198,3 +198,4 @@ class EvaluateJob:
     cohort: Cohort | None = None         # --cohort: the slides to evaluate (labels checked once the model is known)
     aggregate: Aggregation = field(default_factory=Aggregation)    # slide/patient level: how tiles aggregate
     slide_csv: str | None = None         # --slide-csv: the per-slide table
+    stain_normalize: bool = True         # read through the checkpoint's stain normaliser (--no-stain-normalize)
