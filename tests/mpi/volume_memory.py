@@ -3,7 +3,9 @@
 Usage: python -m tests.mpi.volume_memory (8 ranks, one launch). The bytes autograd keeps (``ActivationMeter``,
 each storage once) during one forward + backward, float64, of ``benchmarks/support/volume_memory.py``'s conv
 stack on a 40^3 volume: one process on rank 0, then each P on ranks 0..P-1 (2x1x1, 2x2x1, 2x2x2). Named checks:
-``conv stack P=2``, ``P=4``, ``P=8`` (the largest rank's bytes over one process's, against the bound), and
+``conv stack P=2``, ``P=4``, ``P=8`` (the largest rank's bytes over one process's, against the bound), ``pool
+stack P=8`` (the same for a conv, ReLU, MaxPool3d and AvgPool3d with halos, on 2x2x2: the pools keep no needed
+tile), and
 ``steps leave nothing behind``: five training steps of the stack on the 2x2x2 grid (a 16^3 volume) leave every rank
 the same live tensor bytes and the same number of objects the garbage collector tracks after each step from the
 second on (no halo buffer, strip list, exchange or autograd graph piles up: the processes' RSS growth measured in
@@ -28,8 +30,16 @@ from tests.support.checks import Checks, run_checks
 WORLD = 8
 SIDE = 40          # 20^3 voxels a tile on 2x2x2: the one-voxel halo shells add ~10% to the saved bytes
 FLAT = "steps leave nothing behind"
-CHECKS = [f"conv stack P={parts}" for parts in GRIDS] + [FLAT]
-STEPS = 4
+POOLS = "pool stack P=8"
+CHECKS = [f"conv stack P={parts}" for parts in GRIDS] + [POOLS, FLAT]
+STEPS = 3
+
+
+def pool_stack() -> list[torch.nn.Module]:
+    """A conv and ReLU, then the 3-D pools with a halo: max and average, 3^3 windows of stride 1 (padding 1)."""
+    torch.manual_seed(0)
+    return [torch.nn.Conv3d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool3d(3, 1, 1),
+            torch.nn.AvgPool3d(3, 1, 1)]
 
 
 def after_each_step(ctx: Comm) -> list[tuple[int, int]]:
@@ -68,6 +78,12 @@ def main(check: Checks) -> None:
             ratio = measured.ratio(parts)
             result.detail = f"ratio {ratio:.4f}, bound {BOUND / parts:.4f} (ideal {1 / parts:.4f})"
             assert ratio <= BOUND / parts, f"largest rank {ratio:.4f} of one process > {BOUND}/{parts}"
+    pools = ctx.bcast_object(measure(ctx, pool_stack, volume, (8,)), root=0)
+    with check(POOLS) as result:
+        assert pools is not None and min(pools.tiles[8]) > 0, "a rank measured nothing"
+        ratio = pools.ratio(8)
+        result.detail = f"ratio {ratio:.4f}, bound {BOUND / 8:.4f} (ideal {1 / 8:.4f})"
+        assert ratio <= BOUND / 8, f"largest rank {ratio:.4f} of one process > {BOUND}/8"
     with check(FLAT) as result:
         found = after_each_step(ctx)
         result.detail = f"after steps 1-{STEPS}: (live tensor bytes, gc objects) {found}"
