@@ -22,9 +22,12 @@ with 16^3 volumes). The activations themselves are small (one process keeps 33 M
 fell by 8-10 GiB; with 128^3 and 96^3 the ranks' peak RSS summed to ~10.6 GiB, 1.0-1.9 GiB each, the ranks of
 the 2x2x1 grid growing most), so the larger sizes of the second command need a machine to themselves. The growth
 is in the tile path and depends on the tile's shape: a 48x48x96 tile through the stack raises a rank's peak RSS by
-0.8-1.2 GiB (the same shape in one process: 0.26 GiB; a 96x48x48 tile: 0.13 GiB), before this benchmark's
-saved-strips change to SpatialConv3d as after it; not explained yet (the exchange's per-phase copies and the conv
-kernel's choice on unpadded inputs are suspects).
+0.8-1.2 GiB (a 96x48x48 tile: 0.13 GiB). Located (benchmarks/bench_volume_rss.py, docs/spatial.md "RSS beyond the
+activations"): no tensor of ours piles up (live tensor bytes and gc objects flat over steps); torch's Slow3d conv
+kernel (float64 always, float32 when N x C x D x H <= 20480, as on a 2x2x1 tile of 96^3) unfolds each input into a
+27x larger buffer, and under the library's malloc tuning (``dl.init``: no mmap, no trimming) glibc's heap keeps the
+freed buffers, fragmented by the small tensors allocated between them. ``MPI4DL_NO_MALLOC_TUNING=1`` (and no
+``MALLOC_MMAP_MAX_=0`` in the environment) brings a rank's peak RSS from ~1.1 GiB to ~0.3 GiB above its start.
 """
 
 from __future__ import annotations

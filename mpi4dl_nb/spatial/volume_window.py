@@ -6,6 +6,10 @@ exactly the tile's owned output range. ``ceil_mode`` is extra padding after the 
 (``pool.ceil_window``); average pooling divides by the serial layer's window counts, computed per
 axis from the geometry (``count_include_pad`` both ways, ``divisor_override``). ``apply_padded`` runs each on an
 input that already holds its halo and padding (a fused block's, ``spatial/fused.py``).
+
+For backward none keeps the needed tile (which would double the bytes next to the previous layer's saved output):
+the conv keeps the owned tile and the received strips and rebuilds the needed tile without messages, the max pool
+keeps only its argmax indices, the average pool nothing but sizes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from .geometry import AxisExchange, LayerHalo, Window1d
 from .halo_axes import AxesHaloExchange
 from .layer import SpatialLayer, SpatialRuntime, adopt
 from .pool import ceil_window, pool_axis_windows, refuse_indices
+from .replay import Strips
 
 
 class _VolumeWindowed(SpatialLayer):
@@ -48,11 +53,6 @@ class _VolumeWindowed(SpatialLayer):
                                                   self.layer_name)
             exchange = self.axes_exchanges[sizes] = self.runtime.axes_exchange(geometry, self.pad_value)
         return exchange
-
-    def exchanged(self, x: torch.Tensor) -> tuple[torch.Tensor, AxesHaloExchange]:
-        """The needed tile of ``x`` (halo and padding along every axis) and its exchange."""
-        exchange = self.axes_exchange(x)
-        return exchange(x), exchange
 
 
 def _bound(layer: _VolumeWindowed, windows: tuple[Window1d, ...]) -> None:
@@ -83,10 +83,28 @@ class SpatialConv3d(_VolumeWindowed, nn.Conv3d):
         return F.conv3d(y, weight, bias, self.stride, 0, self.dilation, self.groups)
 
 
-class _HaloConv3dCtx(FunctionContext, Protocol):
-    conv: SpatialConv3d
+class _TileCtx(FunctionContext, Protocol):
     exchange: AxesHaloExchange
     present: list[bool]             # which of the six strips were received
+
+
+def _save_tile(fctx: _TileCtx, exchange: AxesHaloExchange, x: torch.Tensor, strips: Strips,
+               *others: torch.Tensor) -> None:
+    """Keep the owned tile ``x``, ``others`` and the received strips for a backward that rebuilds the needed tile."""
+    fctx.exchange = exchange
+    fctx.present = [strip is not None for strip in strips]
+    fctx.save_for_backward(x, *others, *[strip for strip in strips if strip is not None])
+
+
+def _load_tile(fctx: _TileCtx, others: int) -> tuple[torch.Tensor, list[torch.Tensor], Strips]:
+    """The owned tile, the ``others`` tensors and the strips ``_save_tile`` kept."""
+    x, *saved = fctx.saved_tensors
+    found = iter(saved[others:])
+    return x, saved[:others], [next(found) if present else None for present in fctx.present]
+
+
+class _HaloConv3dCtx(_TileCtx, Protocol):
+    conv: SpatialConv3d
     has_bias: bool
 
 
@@ -100,16 +118,13 @@ class _HaloConv3d(torch.autograd.Function):
                 conv: SpatialConv3d, exchange: AxesHaloExchange) -> torch.Tensor:
         needed, strips = exchange.extend(x)
         out = F.conv3d(needed, weight, bias, conv.stride, 0, conv.dilation, conv.groups)
-        fctx.conv, fctx.exchange, fctx.has_bias = conv, exchange, bias is not None
-        fctx.present = [strip is not None for strip in strips]
-        fctx.save_for_backward(x, weight, *[strip for strip in strips if strip is not None])
+        fctx.conv, fctx.has_bias = conv, bias is not None
+        _save_tile(fctx, exchange, x, strips, weight)
         return out
 
     @staticmethod
     def backward(fctx: _HaloConv3dCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight, *saved = fctx.saved_tensors
-        found = iter(saved)
-        strips = [next(found) if present else None for present in fctx.present]
+        x, (weight,), strips = _load_tile(fctx, 1)
         mask = [input_gradient_wanted(fctx.needs_input_grad[0]), fctx.needs_input_grad[1],
                 fctx.has_bias and fctx.needs_input_grad[2]]
         needed = fctx.exchange.rebuild(x, strips)
@@ -135,12 +150,68 @@ class SpatialMaxPool3d(_VolumeWindowed, nn.MaxPool3d):
         return new
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.apply_padded(self.exchanged(x)[0])
+        exchange = self.axes_exchange(x)
+        if exchange.identity:
+            return self.apply_padded(x)
+        out: torch.Tensor = _HaloMaxPool3d.apply(x, self, exchange)
+        return out
 
     def apply_padded(self, y: torch.Tensor, inside: tuple[int, ...] | None = None) -> torch.Tensor:
         """The pooling on an input that already holds its halo and -inf padding."""
         w = self.windows
         return F.max_pool3d(y, [a.kernel for a in w], [a.stride for a in w], 0, [a.dilation for a in w])
+
+
+class _HaloPool3dCtx(FunctionContext, Protocol):
+    windows: tuple[Window1d, ...]
+    exchange: AxesHaloExchange
+    needed: torch.Size              # the needed tile's shape (the pool's input in forward)
+
+
+class _HaloMaxPool3d(torch.autograd.Function):
+    """Halo exchange + MaxPool3d that keeps only the argmax indices (as the serial layer, which also keeps its
+    input: the needed tile is not kept, nor rebuilt, since a max pool's gradient goes where its indices say)."""
+
+    @staticmethod
+    def forward(fctx: _HaloPool3dCtx, x: torch.Tensor, pool: SpatialMaxPool3d,
+                exchange: AxesHaloExchange) -> torch.Tensor:
+        needed = exchange.forward_tensor(x)
+        w = pool.windows
+        out, indices = F.max_pool3d(needed, [a.kernel for a in w], [a.stride for a in w], 0,
+                                    [a.dilation for a in w], return_indices=True)
+        fctx.windows, fctx.exchange, fctx.needed = w, exchange, needed.shape
+        fctx.save_for_backward(indices)
+        return out
+
+    @staticmethod
+    def backward(fctx: _HaloPool3dCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        (indices,) = fctx.saved_tensors
+        w = fctx.windows
+        grad_needed = torch.ops.aten.max_pool3d_with_indices_backward(
+            grad.contiguous(), grad.new_empty(fctx.needed), [a.kernel for a in w], [a.stride for a in w],
+            [0, 0, 0], [a.dilation for a in w], False, indices)   # the input only gives the gradient's shape
+        return fctx.exchange.backward_tensor(grad_needed), None, None
+
+
+class _HaloAvgSums3d(torch.autograd.Function):
+    """Halo exchange + the window sums of AvgPool3d, keeping nothing but sizes (a sum's gradient does not depend on
+    its input; the serial layer keeps its input all the same)."""
+
+    @staticmethod
+    def forward(fctx: _HaloPool3dCtx, x: torch.Tensor, pool: SpatialAvgPool3d,
+                exchange: AxesHaloExchange) -> torch.Tensor:
+        needed = exchange.forward_tensor(x)
+        w = pool.windows
+        fctx.windows, fctx.exchange, fctx.needed = w, exchange, needed.shape
+        return F.avg_pool3d(needed, [a.kernel for a in w], [a.stride for a in w], 0, divisor_override=1)
+
+    @staticmethod
+    def backward(fctx: _HaloPool3dCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        w = fctx.windows
+        grad_needed = torch.ops.aten.avg_pool3d_backward(
+            grad.contiguous(), grad.new_empty(fctx.needed), [a.kernel for a in w], [a.stride for a in w],
+            [0, 0, 0], False, True, 1)   # the input only gives the gradient's shape
+        return fctx.exchange.backward_tensor(grad_needed), None, None
 
 
 def window_counts(plan: AxisExchange, window: Window1d, out: tuple[int, int], include_pad: bool) -> list[int]:
@@ -166,9 +237,11 @@ class SpatialAvgPool3d(_VolumeWindowed, nn.AvgPool3d):
         return new
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        needed, exchange = self.exchanged(x)
-        w = self.windows
-        sums = F.avg_pool3d(needed, [a.kernel for a in w], [a.stride for a in w], 0, divisor_override=1)
+        exchange, w = self.axes_exchange(x), self.windows
+        if exchange.identity:
+            sums = F.avg_pool3d(x, [a.kernel for a in w], [a.stride for a in w], 0, divisor_override=1)
+        else:
+            sums = _HaloAvgSums3d.apply(x, self, exchange)
         if self.divisor_override:
             return sums / self.divisor_override
         geometry = exchange.geometry
