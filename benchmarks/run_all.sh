@@ -78,6 +78,7 @@ run python benchmarks/bench_whole_slide_memory.py --budget-mib 256,448
 run python benchmarks/bench_resolution.py --seeds 2 --figure docs/images/whole_slide_resolution.png
 # 10. volumes: activation memory per rank on 3-D tiles, dense volume inference beside MONAI
 run mpiexec -n 8 python benchmarks/bench_volume_memory.py --stack-side 128 --unet-side 96
+run mpiexec -n 2 python benchmarks/bench_volume_rss.py
 run python benchmarks/bench_infer_volume.py
 
 if [ ${#FAILED[@]} -gt 0 ]; then
