@@ -6,11 +6,15 @@ import argparse
 
 import numpy as np
 import pytest
+import torch
 
+from mpi4dl_nb.checkpoint.files import latest_checkpoint
+from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli.image_size import image_size_arg
 from mpi4dl_nb.cli.volume_flags import voxel_size_arg
 from tests.support.battery import shared_job
 from tests.support.requirements import VOLUMES_EXTRA, required_module
+from tests.support.summary import json_record
 from tests.support.train_in_process import run_train
 from tests.support.volume_data import write_volume_pairs
 
@@ -74,3 +78,50 @@ def test_image_and_voxel_size_flags_parse():
     for bad in ("1,2", "0", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             voxel_size_arg(bad)
+
+
+RESUMABLE = [*UNET3D[:UNET3D.index("--image-size")], "--image-size", "4,8,8", "--batch-size", "1", "--no-progress",
+             "--split-size", "1", "--spatial-size", "0", "--dtype", "float64", "--lr", "0.05", "--momentum", "0.9"]
+
+
+def test_a_volume_run_resumes_exactly_and_its_checkpoint_knows_the_patch(tmp_path, capsys):
+    """2 steps, then a resume to step 3, equal 3 straight steps bit for bit (one process, float64): losses, every
+    weight and momentum buffer; the checkpoint records the patch's D,H,W (not only its largest side)."""
+    data = write_volume_pairs(tmp_path / "v", shape=(6, 10, 12))
+    flags = [*RESUMABLE, "--datapath", str(data)]
+    code, out, err = run_train([*flags, "--steps", "3", "--checkpoint-dir", str(tmp_path / "straight")], capsys)
+    assert code == 0, err
+    straight = json_record(out)
+    assert straight["volume_size"] == [4, 8, 8] and straight["image_size"] == 8
+    code, out, err = run_train([*flags, "--steps", "2", "--checkpoint-dir", str(tmp_path / "split")], capsys)
+    assert code == 0, err
+    half = read_checkpoint(json_record(out)["checkpoint"])
+    assert half.record.data.volume_size == (4, 8, 8) and half.record.identity["image_size"] == "4,8,8"
+    assert half.record.step == 2
+    code, out, err = run_train([*flags, "--steps", "3", "--checkpoint-dir", str(tmp_path / "split"),
+                                "--resume", "latest"], capsys)
+    assert code == 0, err
+    resumed = json_record(out)
+    assert resumed["start_step"] == 2 and resumed["losses"] == straight["losses"][2:], (resumed, straight)
+    a, b = (read_checkpoint(latest_checkpoint(tmp_path / name) or "") for name in ("straight", "split"))
+    assert a.record.step == b.record.step == 3 and set(a.model_state) == set(b.model_state)
+    unequal = [k for k, v in a.model_state.items() if not torch.equal(v, b.model_state[k])]
+    assert not unequal, unequal
+    assert a.optimizer_state and a.optimizer_state.keys() == (b.optimizer_state or {}).keys()
+    for name, state in a.optimizer_state.items():
+        other = (b.optimizer_state or {})[name]
+        assert torch.equal(state["momentum_buffer"], other["momentum_buffer"]), name
+
+
+def test_a_volume_resume_with_another_patch_is_refused_naming_both(tmp_path, capsys):
+    """Another --image-size D,H,W (even one of the same largest side, which the checkpoint once hid) is refused,
+    naming the checkpoint's patch and this run's."""
+    data = write_volume_pairs(tmp_path / "v", shape=(8, 10, 12))
+    flags = [*RESUMABLE, "--datapath", str(data), "--checkpoint-dir", str(tmp_path / "ck")]
+    code, _, err = run_train([*flags, "--steps", "1"], capsys)
+    assert code == 0, err
+    size = "8,8,4"
+    changed = [*flags[:flags.index("4,8,8")], size, *flags[flags.index("4,8,8") + 1:]]
+    code, out, err = run_train([*changed, "--steps", "2", "--resume", "latest"], capsys)
+    assert code == 2 and out == "", out
+    assert f"image_size '4,8,8' -> '{size}' (--image-size)" in err and "--allow-config-change image_size" in err, err
