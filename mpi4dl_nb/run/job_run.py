@@ -135,9 +135,12 @@ class JobSetup:
 
     def record_split(self, split: GroupedSplit, dataset: RegionDataset) -> None:
         """The split's groups per side into the record; its counts printed (rank 0)."""
-        from .job_data import split_record
+        from .job_data import split_record, volume_split_summary
 
         self.record = replace(self.record, split=split_record(split, self.job.held_out, self.job.training.seed))
+        if self.job.data.volume_size is not None:
+            say_once(self.ctx, volume_split_summary(split))
+            return
         labels = [dataset.label(i) for i in range(len(dataset))]
         names = () if self.job.data.task.dense else self.record.class_names     # masks: labels are pixel values
         say_once(self.ctx, split.summary(labels, names))

@@ -61,7 +61,8 @@ def test_a_finer_voxel_size_than_the_files_is_refused_naming_each(tmp_path, caps
     (["--image-size", "8"], "--image-size: --model unet3d trains on volumes: give --image-size D,H,W"),
     (["--model", "unet"], "--image-size: 8,8,8 is a volume's patch but --model unet takes images"),
     (["--mpp", "0.5"], "--mpp: sets images' µm per pixel; volumes take --voxel-size Z,Y,X"),
-    (["--val-fraction", "0.5"], "--val-fraction: does not apply to volumes yet"),
+    (["--val-datapath", "x"], "--val-datapath: does not apply to volumes yet"),
+    (["--val-fraction", "0.5", "--group-by", "(.+)"], "--group-by: groups tile files by name; a split of volumes"),
 ])
 def test_volume_flags_that_do_not_fit_are_refused(tmp_path, capsys, flags, words):
     data = write_volume_pairs(tmp_path / "v", shape=(8, 8, 8))
