@@ -6,12 +6,11 @@ import argparse
 
 import numpy as np
 import pytest
-import torch
 
-from mpi4dl_nb.checkpoint.files import latest_checkpoint
 from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli.image_size import image_size_arg
 from mpi4dl_nb.cli.volume_flags import voxel_size_arg
+from mpi4dl_nb.evaluation.pixel_metrics import sample_dice
 from tests.support.battery import shared_job
 from tests.support.requirements import VOLUMES_EXTRA, required_module
 from tests.support.summary import json_record
@@ -27,11 +26,13 @@ UNET3D = ["--task", "segmentation", "--model", "unet3d", "--num-filters", "2", "
           "--spatial-size", "0"]
 
 
-@pytest.mark.parametrize("check", ["volume losses equal one process", "each rank reads its tile"])
+@pytest.mark.parametrize("check", ["volume losses equal one process", "held-out volumes equal one process",
+                                   "resume equals three straight steps", "each rank reads its tile"])
 def test_train_on_volume_tiles_equals_one_process(shared_launch, check):
-    """``train --task segmentation --model unet3d --slice-method 1x2x2`` on a TIFF stack and a NIfTI, every stage
-    spatial on 4 ranks (float64): losses and weights equal one process; the ranks read their tiles only
-    (tests/mpi/volume_cli.py)."""
+    """``train --task segmentation --model unet3d --slice-method 1x2x2 --val-fraction`` on TIFF stacks and a NIfTI,
+    every stage spatial on 4 ranks (float64): losses and weights equal one process, so do the held-out volume's
+    loss, confusion matrix and Dice; 2 steps resumed to 3 equal 3 steps in one process; the ranks read their tiles
+    only (tests/mpi/volume_cli.py)."""
     shared_launch(JOB).require([check])
 
 
@@ -85,44 +86,61 @@ RESUMABLE = [*UNET3D[:UNET3D.index("--image-size")], "--image-size", "4,8,8", "-
              "--split-size", "1", "--spatial-size", "0", "--dtype", "float64", "--lr", "0.05", "--momentum", "0.9"]
 
 
-def test_a_volume_run_resumes_exactly_and_its_checkpoint_knows_the_patch(tmp_path, capsys):
-    """2 steps, then a resume to step 3, equal 3 straight steps bit for bit (one process, float64): losses, every
-    weight and momentum buffer; the checkpoint records the patch's D,H,W (not only its largest side)."""
-    data = write_volume_pairs(tmp_path / "v", shape=(6, 10, 12))
-    flags = [*RESUMABLE, "--datapath", str(data)]
-    code, out, err = run_train([*flags, "--steps", "3", "--checkpoint-dir", str(tmp_path / "straight")], capsys)
-    assert code == 0, err
-    straight = json_record(out)
-    assert straight["volume_size"] == [4, 8, 8] and straight["image_size"] == 8
-    code, out, err = run_train([*flags, "--steps", "2", "--checkpoint-dir", str(tmp_path / "split")], capsys)
-    assert code == 0, err
-    half = read_checkpoint(json_record(out)["checkpoint"])
-    assert half.record.data.volume_size == (4, 8, 8) and half.record.identity["image_size"] == "4,8,8"
-    assert half.record.step == 2
-    code, out, err = run_train([*flags, "--steps", "3", "--checkpoint-dir", str(tmp_path / "split"),
-                                "--resume", "latest"], capsys)
-    assert code == 0, err
-    resumed = json_record(out)
-    assert resumed["start_step"] == 2 and resumed["losses"] == straight["losses"][2:], (resumed, straight)
-    a, b = (read_checkpoint(latest_checkpoint(tmp_path / name) or "") for name in ("straight", "split"))
-    assert a.record.step == b.record.step == 3 and set(a.model_state) == set(b.model_state)
-    unequal = [k for k, v in a.model_state.items() if not torch.equal(v, b.model_state[k])]
-    assert not unequal, unequal
-    assert a.optimizer_state and a.optimizer_state.keys() == (b.optimizer_state or {}).keys()
-    for name, state in a.optimizer_state.items():
-        other = (b.optimizer_state or {})[name]
-        assert torch.equal(state["momentum_buffer"], other["momentum_buffer"]), name
-
-
-def test_a_volume_resume_with_another_patch_is_refused_naming_both(tmp_path, capsys):
-    """Another --image-size D,H,W (even one of the same largest side, which the checkpoint once hid) is refused,
-    naming the checkpoint's patch and this run's."""
+def test_a_volume_checkpoint_knows_its_patch_and_a_resume_with_another_is_refused(tmp_path, capsys):
+    """The checkpoint records the patch's D,H,W, voxel size and tile grid (not only its largest side, as before);
+    another --image-size D,H,W, even one of the same largest side (which was silently continued), is refused naming
+    the checkpoint's patch and this run's. (Resuming exactly: tests/mpi/volume_cli.py, on tiles.)"""
     data = write_volume_pairs(tmp_path / "v", shape=(8, 10, 12))
-    flags = [*RESUMABLE, "--datapath", str(data), "--checkpoint-dir", str(tmp_path / "ck")]
-    code, _, err = run_train([*flags, "--steps", "1"], capsys)
+    flags = [*RESUMABLE, "--datapath", str(data), "--checkpoint-dir", str(tmp_path / "ck"), "--voxel-size", "1,0.5,0.5"]
+    code, out, err = run_train([*flags, "--steps", "1"], capsys)
     assert code == 0, err
+    summary = json_record(out)
+    assert summary["volume_size"] == [4, 8, 8] and summary["image_size"] == 8
+    record = read_checkpoint(summary["checkpoint"]).record
+    assert (record.data.volume_size, record.data.voxel_size, record.data.volume_grid) == ((4, 8, 8), (1, .5, .5), None)
+    assert record.identity["image_size"] == "4,8,8"
     size = "8,8,4"
     changed = [*flags[:flags.index("4,8,8")], size, *flags[flags.index("4,8,8") + 1:]]
     code, out, err = run_train([*changed, "--steps", "2", "--resume", "latest"], capsys)
     assert code == 2 and out == "", out
     assert f"image_size '4,8,8' -> '{size}' (--image-size)" in err and "--allow-config-change image_size" in err, err
+
+
+def test_val_fraction_holds_out_whole_patients_and_scores_each_volume(tmp_path, capsys):
+    """``--val-fraction`` on a folder with a patients.csv holds out a whole patient (both its volumes, or the other
+    patient's one); every evaluation prints the mean Dice per volume and the summary lists each held-out volume's."""
+    data = write_volume_pairs(tmp_path / "v", shape=(4, 8, 8), classes=2, names=("a", "b", "c"))
+    (data / "patients.csv").write_text("# volume -> patient\npatient;volume\np1;a.tif\np1;b\n\np2;c.tif\n")
+    flags = [*RESUMABLE, "--num-classes", "2", "--datapath", str(data), "--val-fraction", "0.5", "--steps", "2",
+             "--checkpoint-dir", str(tmp_path / "ck")]
+    code, out, err = run_train(flags, capsys)
+    assert code == 0, err
+    summary = json_record(out)
+    split = read_checkpoint(summary["checkpoint"]).record.split
+    assert split is not None and split.grouping == "patient" and {split.train, split.val} == {("p1",), ("p2",)}
+    held = 2 if split.val == ("p1",) else 1
+    assert "held-out split of whole volumes, grouped by patient (patients.csv)" in err, err
+    assert f"  val: {held} volume(s) of 1 patient(s): {'a, b' if held == 2 else 'c'}" in err, err
+    evaluations = [line for line in err.splitlines() if line.startswith("eval at step")]
+    assert len(evaluations) == 2 // (3 - held) + (2 % (3 - held) != 0) and all(
+        "val_mean_volume_dice" in line for line in evaluations), err
+    assert summary["val_count"] == held and len(summary["val_volume_dice"]) == held
+    assert summary["val_mean_volume_dice"] == pytest.approx(np.mean(summary["val_volume_dice"]), abs=1e-15)
+    assert summary["val_pixels"] == held * 4 * 8 * 8
+
+
+def test_a_patients_file_missing_a_volume_is_refused_naming_it(tmp_path, capsys):
+    data = write_volume_pairs(tmp_path / "v", shape=(4, 8, 8), names=("a", "b", "c"))
+    (data / "patients.csv").write_text("volume,patient\na.tif,p1\nb.nii.gz,p2\n")
+    code, _, err = run_train([*RESUMABLE, "--datapath", str(data), "--val-fraction", "0.5", "--steps", "1"], capsys)
+    assert code == 2 and "patients.csv lists no patient for 1 of 3 volumes (c.tif)" in err, err
+
+
+def test_a_volume_dice_averages_the_classes_its_labels_hold():
+    """Class 2 is neither labelled nor predicted, class 1 predicted but not labelled: both left out; the voxels
+    predicted 1 are misses of class 0 (m[true][predicted])."""
+    matrix = np.array([[6, 2, 0], [0, 0, 0], [0, 0, 0]])
+    assert sample_dice(matrix) == pytest.approx(2 * 6 / (8 + 6))
+    matrix = np.array([[3, 1, 0], [0, 0, 0], [2, 0, 4]])
+    assert sample_dice(matrix) == pytest.approx((2 * 3 / (4 + 5) + 2 * 4 / (6 + 4)) / 2)
+    assert sample_dice(np.zeros((3, 3), np.int64)) is None
