@@ -190,7 +190,8 @@ def volume_split_summary(split: GroupedSplit) -> str:
     lines = [f"held-out split of whole volumes, {head}"]
     for side, indices in (("train", split.train), ("val", split.val)):
         owners = f" of {len(split.side_groups(indices))} patient(s)" if patients else ""
-        lines.append(f"  {side}: {len(indices)} volume(s){owners}: {', '.join(split.groups.slides[i] for i in indices)}")
+        names = ", ".join(split.groups.slides[i] for i in indices)
+        lines.append(f"  {side}: {len(indices)} volume(s){owners}: {names}")
     return "\n".join(lines)
 
 
