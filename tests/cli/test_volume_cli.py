@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mpi4dl_nb.checkpoint.record import read_checkpoint
+from mpi4dl_nb.cli import layout_cmd
 from mpi4dl_nb.cli.image_size import image_size_arg
 from mpi4dl_nb.cli.volume_flags import voxel_size_arg
 from mpi4dl_nb.evaluation.pixel_metrics import sample_dice
@@ -144,3 +145,31 @@ def test_a_volume_dice_averages_the_classes_its_labels_hold():
     matrix = np.array([[3, 1, 0], [0, 0, 0], [2, 0, 4]])
     assert sample_dice(matrix) == pytest.approx((2 * 3 / (4 + 5) + 2 * 4 / (6 + 4)) / 2)
     assert sample_dice(np.zeros((3, 3), np.int64)) is None
+
+
+def run_layout(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``layout argv`` in this process (not launched): (exit code, stdout, stderr)."""
+    try:
+        code = layout_cmd.main(argv)
+    except SystemExit as stop:
+        code = int(stop.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_layout_shows_a_volume_patch_s_tiles_and_refuses_what_does_not_fit(monkeypatch, capsys):
+    """``layout --image-size D,H,W`` (was: N only) lists each tile's voxels of the patch on the DxRxC grid (uneven
+    along the odd side), and refuses a patch too thin for the grid, an image grid, and a stage cut (--model)."""
+    monkeypatch.setattr(layout_cmd, "launched_world", lambda: (0, 1, False))
+    grid = ["--split-size", "1", "--spatial-size", "1", "--num-spatial-parts", "8", "--slice-method", "2x2x2"]
+    code, out, err = run_layout([*grid, "--image-size", "8,16,21"], capsys)
+    assert code == 0, err
+    assert "tiles of the 8x16x21 (DxHxW) volume patch" in out and "(1,1,1)" in out
+    assert "  tile 0: [0, 4) x [0, 8) x [0, 11)\n" in out and "  tile 7: [4, 8) x [8, 16) x [11, 21)" in out
+    code, _, err = run_layout([*grid, "--image-size", "1,16,16"], capsys)
+    assert code == 2 and "2 tiles along depth of a 1x16x16 volume are 0 voxels" in err, err
+    square = [*grid[:-2], "--num-spatial-parts", "4"]
+    code, _, err = run_layout([*square, "--image-size", "8,16,16"], capsys)
+    assert code == 2 and "--slice-method: square tiles images; a volume's patch 8x16x16" in err, err
+    code, _, err = run_layout([*grid, "--image-size", "8,16,16", "--model", "unet3d"], capsys)
+    assert code == 2 and "--image-size: 8,16,16 is a volume's patch; the stage cut (--model) is computed" in err
