@@ -130,6 +130,24 @@ def test_val_fraction_holds_out_whole_patients_and_scores_each_volume(tmp_path, 
     assert summary["val_pixels"] == held * 4 * 8 * 8
 
 
+def test_a_fold_of_volumes_holds_out_whole_patients(tmp_path, capsys):
+    """``--folds 2 --fold I``: the same grouping dealt into folds; fold 0 and fold 1 hold out the two patients."""
+    data = write_volume_pairs(tmp_path / "v", shape=(4, 8, 8), classes=2, names=("a", "b", "c"))
+    (data / "patients.csv").write_text("volume,patient\na,p1\nb,p1\nc,p2\n")
+    held = []
+    for fold in (0, 1):
+        flags = [*RESUMABLE, "--num-classes", "2", "--datapath", str(data), "--folds", "2", "--fold", str(fold),
+                 "--steps", "1", "--checkpoint-dir", str(tmp_path / f"ck{fold}")]
+        code, out, err = run_train(flags, capsys)
+        assert code == 0, err
+        summary = json_record(out)
+        split = read_checkpoint(summary["checkpoint"]).record.split
+        assert split is not None and split.grouping == "patient" and (split.folds, split.fold) == (2, fold)
+        assert summary["val_count"] == (2 if split.val == ("p1",) else 1) and "val_mean_volume_dice" in summary
+        held.append(split.val)
+    assert sorted(held) == [("p1",), ("p2",)]
+
+
 def test_a_patients_file_missing_a_volume_is_refused_naming_it(tmp_path, capsys):
     data = write_volume_pairs(tmp_path / "v", shape=(4, 8, 8), names=("a", "b", "c"))
     (data / "patients.csv").write_text("volume,patient\na.tif,p1\nb.nii.gz,p2\n")
