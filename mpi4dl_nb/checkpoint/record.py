@@ -34,6 +34,8 @@ LEGACY_IDENTITY = ("image_size", "batch_size", "app", "dtype")   # what format 1
 WRITTEN_BY = "use a checkpoint written by 'python -m mpi4dl_nb train --checkpoint-dir'"
 
 OptimizerState = dict[str, dict[str, object]]
+VolumeSize = tuple[int, int, int]          # (D, H, W) voxels, or a tile grid's (depth, rows, cols)
+VoxelSize = tuple[float, float, float]     # µm along (z, y, x)
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,24 @@ class DataRecord:
     cohort: str | None = None                   # --cohort: the manifest's path (None: none)
     whole_slide: bool = False                   # --whole-slide: a sample per slide (its tissue on a canvas)
     canvases: tuple[CanvasPlacement, ...] = ()  # --whole-slide: where each slide's canvas lay
+    volume_size: VolumeSize | None = None       # volumes: the patch's (D, H, W) voxels (None: images, or unknown)
+    voxel_size: VoxelSize | None = None         # volumes: --voxel-size (z, y, x) µm read at (None: as stored)
+    volume_grid: VolumeSize | None = None       # volumes: the tile grid's (depth, rows, cols) (None: not tiled)
+
+    @property
+    def size_text(self) -> str:
+        """``--image-size`` as given: ``N`` for images, ``D,H,W`` for a volume's patch."""
+        return str(self.image_size) if self.volume_size is None else ",".join(map(str, self.volume_size))
 
     def to_dict(self) -> dict[str, object]:
         return {"app": str(self.app), "image_size": self.image_size, "batch_size": self.batch_size,
                 "dtype": self.dtype, "datapath": self.datapath, "val_fraction": self.val_fraction,
                 "val_datapath": self.val_datapath, "classes": None if self.classes is None else list(self.classes),
                 "mpp": self.mpp, "cohort": self.cohort, "whole_slide": self.whole_slide,
-                "canvases": [c.to_dict() for c in self.canvases]}
+                "canvases": [c.to_dict() for c in self.canvases],
+                "volume_size": None if self.volume_size is None else list(self.volume_size),
+                "voxel_size": None if self.voxel_size is None else list(self.voxel_size),
+                "volume_grid": None if self.volume_grid is None else list(self.volume_grid)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> DataRecord:
@@ -67,7 +80,9 @@ class DataRecord:
                    whole(data, "batch_size"), text(data, "dtype", "float32"), optional_text(data, "datapath"),
                    optional_number(data, "val_fraction"), optional_text(data, "val_datapath"),
                    optional_names(data, "classes"), optional_number(data, "mpp"), optional_text(data, "cohort"),
-                   data.get("whole_slide") is True, canvases_of(data.get("canvases", [])))
+                   data.get("whole_slide") is True, canvases_of(data.get("canvases", [])),
+                   optional_sides(data, "volume_size"), optional_sizes(data, "voxel_size"),
+                   optional_sides(data, "volume_grid"))
 
 
 def canvases_of(value: object) -> tuple[CanvasPlacement, ...]:
@@ -199,7 +214,8 @@ class RunRecord:
                 "num_layers": model.num_layers, "num_filters": model.num_filters,
                 "num_classes": model.num_classes, "image_size": data.image_size, "batch_size": data.batch_size,
                 "app": str(data.app), "dtype": data.dtype, "val_fraction": data.val_fraction,
-                "val_datapath": data.val_datapath, "classes": list(self.class_names), "task": str(self.task)}
+                "val_datapath": data.val_datapath, "classes": list(self.class_names), "task": str(self.task),
+                **({} if data.volume_size is None else {"volume_size": list(data.volume_size)})}
 
     def to_payload(self) -> dict[str, object]:
         """The record's entries of a checkpoint payload: plain values only (the file loads with ``weights_only``)."""
@@ -327,6 +343,32 @@ def optional_names(data: Mapping[str, object], key: str) -> tuple[str, ...] | No
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"field {key!r}: expected a list of names, got {value!r}")
     return tuple(value)
+
+
+def optional_sides(data: Mapping[str, object], key: str) -> tuple[int, int, int] | None:
+    """``data[key]`` as three whole numbers (None when missing: written before volumes recorded it); ValueError
+    for another shape."""
+    value = three(data, key)
+    if value is not None and not all(isinstance(v, int) for v in value):
+        raise ValueError(f"field {key!r}: expected three whole numbers, got {value!r}")
+    return None if value is None else (int(value[0]), int(value[1]), int(value[2]))
+
+
+def optional_sizes(data: Mapping[str, object], key: str) -> tuple[float, float, float] | None:
+    """``data[key]`` as three numbers (None when missing); ValueError for another shape."""
+    value = three(data, key)
+    return None if value is None else (float(value[0]), float(value[1]), float(value[2]))
+
+
+def three(data: Mapping[str, object], key: str) -> list[int | float] | None:
+    """``data[key]`` as a list of three numbers (None when missing); ValueError for another shape."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 3 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"field {key!r}: expected a list of three numbers, got {value!r}")
+    return list(value)
 
 
 def optional_number(data: Mapping[str, object], key: str) -> float | None:

@@ -1,4 +1,5 @@
-"""``python -m mpi4dl_nb layout``: the rank table of a configuration, and the world-size guard."""
+"""``python -m mpi4dl_nb layout``: the rank table of a configuration (a volume patch's tiles with ``--image-size
+D,H,W``), and the world-size guard."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ..comm.device import local_rank_from_env
 from ..config import ConfigError, ParallelConfig
 from ..layout import layout, layout_table
 from .args import add_parallel_args, config_from_args
+from .image_size import VolumeSize
 from .model_flags import add_model_cut_args, model_cut
 from .parser import CommandParser, DefaultsHelpFormatter
 
@@ -73,12 +75,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(layout_table(cfg))
         print(f"world size: {cfg.world_size} ranks ({cfg.describe_world()})")
+    if isinstance(args.image_size, tuple):
+        try:
+            print(volume_tiles(cfg, args.image_size))
+        except ConfigError as err:
+            refuse(str(err))
     if args.model is not None:
+        if isinstance(args.image_size, tuple):
+            refuse(f"--image-size: {','.join(map(str, args.image_size))} is a volume's patch; the stage cut "
+                   f"(--model) is computed for images (--image-size N). train checks a volume's cut before its "
+                   f"first step; drop --model to see the volume's tiles")
         try:
             print(f"\nstage cut of {args.model}:\n{model_cut(args, cfg)}")
         except ConfigError as err:
             refuse(str(err))
     return 0
+
+
+def volume_tiles(cfg: ParallelConfig, size: VolumeSize) -> str:
+    """``--image-size D,H,W``: the patch checked against the tile grid (ConfigError: an image grid, or a DxRxC grid
+    it does not fit) and each tile's voxels; one line when nothing tiles it."""
+    from ..spatial.geometry import TileGrid
+
+    shown = "x".join(map(str, size))
+    if cfg.spatial_size > 0 and cfg.volume_grid is None:
+        raise ConfigError("--slice-method", f"{cfg.slice_method} tiles images; a volume's patch {shown} is tiled "
+                                            f"depth x rows x cols: give --slice-method DxRxC")
+    cfg.validate(image_size=size)
+    if cfg.spatial_size == 0 or cfg.volume_grid is None:
+        return f"volume patch {shown} (DxHxW): not tiled (--spatial-size 0)"
+    extents = TileGrid.of_shape(cfg.volume_grid).extents(size)
+    lines = [f"tiles of the {shown} (DxHxW) volume patch, in voxels [start, stop) per axis:"]
+    lines += [f"  tile {t}: " + " x ".join(f"[{a}, {b})" for a, b in extent) for t, extent in enumerate(extents)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

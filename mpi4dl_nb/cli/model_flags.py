@@ -10,6 +10,7 @@ from ..models.normalize import Normalization
 from ..models.pools import PoolKind
 from ..models.resnet import version_for_depth
 from ..models.spec import ModelFamily, ModelSpec, split_model
+from .image_size import image_size_arg
 
 VERSION_HELP = ("ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2); default v2, or v1 for a depth "
                 "only v1 has (8, 14, 26, ...)")
@@ -95,7 +96,9 @@ def add_model_cut_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--resnet-version", dest="resnet_version", type=int, choices=(1, 2), default=None,
                    help=VERSION_HELP)
     g.add_argument("--num-classes", dest="num_classes", type=int, default=10, help="number of classes")
-    g.add_argument("--image-size", dest="image_size", type=int, default=32, help="image side in pixels")
+    g.add_argument("--image-size", dest="image_size", type=image_size_arg, default=32, metavar="N|D,H,W",
+                   help="image side in pixels, or a volume's patch D,H,W in voxels (its tiles are checked against "
+                        "a DxRxC --slice-method)")
     parser.set_defaults(normalize="none", weights=None, norm=None, upsampling=None)   # train's, for model_spec
 
 

@@ -3,7 +3,8 @@
 Three numbers in ``--image-size`` make a run on volumes: ``--task segmentation`` with ``--model unet3d`` on a
 ``--datapath`` of ``images/`` and ``masks/`` volume files (``data/volume_dataset.py``), tiles ``--slice-method
 DxRxC``. ``--voxel-size Z,Y,X`` (or one number for all three, µm) reads every volume shrunk to that voxel size,
-as ``--mpp`` does slides.
+as ``--mpp`` does slides. ``--val-fraction`` and ``--folds`` hold out whole volumes (whole patients with a
+``patients.csv``, ``data/volume_groups.py``).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from ..config import ConfigError
 from ..data.masks import IMAGES, is_mask_folder
 from ..data.volume_files import is_volume_file, volume_info
+from ..data.volume_groups import PATIENTS_FILE
 from ..models.spec import ModelFamily
 
 
@@ -62,11 +64,14 @@ def check_volume_args(args: argparse.Namespace) -> None:
         raise ConfigError("--datapath", "volumes are read from a folder with images/ and masks/ holding volume "
                                         "files of the same names (.tif stacks, .nii, .nii.gz)")
     for flag, given in (("--augment", args.augment), ("--mpp", args.mpp), ("--whole-slide", args.whole_slide),
-                        ("--val-datapath", args.val_datapath), ("--val-fraction", args.val_fraction),
-                        ("--folds", args.folds)):
+                        ("--val-datapath", args.val_datapath)):
         if given:
             raise ConfigError(flag, "does not apply to volumes yet; drop it" if flag != "--mpp" else
                               "sets images' µm per pixel; volumes take --voxel-size Z,Y,X")
+    if args.group_by is not None:
+        raise ConfigError("--group-by", f"groups tile files by name; a split of volumes holds out whole volumes, "
+                                        f"grouped by patient when --datapath has a {PATIENTS_FILE} (columns "
+                                        f"volume,patient): drop --group-by")
     args.in_channels = volume_channels(Path(args.datapath))
 
 

@@ -19,9 +19,11 @@ import torch
 
 from ..errors import ConfigError
 from .dataset import AnyBox, is_volume_box
+from .groups import Groups
 from .masks import IMAGES, MASKS, SHOWN_LABELS
 from .pathology import require_path
 from .volume_files import VolumeInfo, is_volume_file, read_volume, volume_info, volume_stem
+from .volume_groups import volume_groups
 from .volume_resample import VolumeBox, VolumeResampler, VoxelSize, voxel_scales
 
 VolumeSize = tuple[int, int, int]         # (D, H, W) voxels
@@ -200,6 +202,15 @@ class VolumeFolderDataset:
     def read_mask(self, index: int, box: AnyBox | None = None) -> torch.Tensor:
         """Label patch ``index``, int64 ``(d, h, w)``, only ``box`` of it."""
         return torch.from_numpy(self.patches[index].labels(self.masks[index], volume_box(box)))
+
+    def subset(self, indices: Sequence[int]) -> VolumeFolderDataset:
+        """The volumes ``indices`` (one side of a held-out split) as a dataset of their own."""
+        return VolumeFolderDataset(self.root, self.volume_size, self.num_classes,
+                                   files=[self.files[i] for i in indices], voxel_size=self.voxel_size)
+
+    def groups(self) -> Groups:
+        """What a held-out split keeps whole: each volume's patient (``patients.csv``), else the volume."""
+        return volume_groups(self.root, self.files)
 
 
 def volume_box(box: AnyBox | None) -> VolumeBox | None:

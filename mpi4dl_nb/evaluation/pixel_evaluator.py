@@ -37,26 +37,36 @@ class SegmentationEvaluator(HeldOutBatches):
         self.masks = dataset
         self.loss = loss
 
+    per_image = False      # count each image's own confusion matrix too (volumes: a Dice per volume)
+
+    def read_masks(self, positions: np.ndarray, tile: int | None) -> torch.Tensor:
+        """The masks of the images at ``positions``, cut to what a last-stage output of ``tile`` predicted (None:
+        whole)."""
+        size, grid = self.dataset.image_size, self.engine.grid
+        box = grid.tile_box(tile, size, size) if tile is not None and grid is not None else None
+        return torch.stack([self.masks.read_mask(int(p), box) for p in positions])
+
     def _counted(self, output: StageOutput, first: int) -> PixelRecords | None:
         """The records of one last-stage output (its real rows; None when all are filler)."""
         items = as_items(output.output)
-        if len(items) != 1 or items[0].dim() != 4:
-            raise ValueError("a segmentation model's last layer must return the logits alone, (N, classes, H, W)")
+        if len(items) != 1 or items[0].dim() != 2 + len(self.inputs.size):
+            raise ValueError("a segmentation model's last layer must return the logits alone, (N, classes, "
+                             f"{', '.join('DHW'[-len(self.inputs.size):])})")
         logits = items[0].detach().to("cpu", torch.float64)
         position = np.arange(first + output.rows.start, first + output.rows.stop)
         keep = position < len(self.dataset)
         if not keep.any():
             return None
-        size = self.dataset.image_size
-        grid = self.engine.grid
-        box = grid.tile_box(output.tile, size, size) if output.tile is not None and grid is not None else None
-        masks = torch.stack([self.masks.read_mask(int(p), box) for p in position[keep]])
+        masks = self.read_masks(position[keep], output.tile)
         kept = logits[torch.from_numpy(keep)]
         sums = self.loss.sums(kept, masks)
-        confusion = confusion_counts(masks.numpy(), kept.argmax(dim=1).numpy(), self.num_classes,
-                                     self.loss.ignore_index)
+        predicted = kept.argmax(dim=1).numpy()
+        per_image = np.stack([confusion_counts(m, p, self.num_classes, self.loss.ignore_index)
+                              for m, p in zip(masks.numpy(), predicted, strict=True)]) if self.per_image else None
+        confusion = per_image.sum(axis=0) if per_image is not None else \
+            confusion_counts(masks.numpy(), predicted, self.num_classes, self.loss.ignore_index)
         return PixelRecords(position[keep].astype(np.int64), sums.nll.numpy(), sums.weight.numpy(),
-                            sums.overlap.numpy(), sums.size.numpy(), confusion)
+                            sums.overlap.numpy(), sums.size.numpy(), confusion, per_image)
 
     def local_records(self) -> PixelRecords:
         """This rank's counts over every last-stage output it computes (collective: every rank runs the batches)."""
@@ -80,6 +90,8 @@ class SegmentationEvaluator(HeldOutBatches):
             sums = PixelSums(*(torch.from_numpy(a) for a in (merged.nll, merged.weight, merged.overlap, merged.size)))
             value = float(self.loss.value(sums))     # NaN when every held-out pixel is ignored
             result = summarize_pixels(merged, value if math.isfinite(value) else None, self.num_classes, self.classes)
+            if self.per_image:
+                result = result.with_volume_dice(merged)
         summary = self.ctx.bcast_object(result, root=0)
         assert summary is not None   # rank 0 holds every count
         return summary

@@ -4,12 +4,13 @@ Each rank counts the pixels of the tiles it predicted: a confusion matrix of int
 over the pixels whose label is not the ignore index) and, per image, the sums the loss is made of. Rank 0
 adds them up: integer counts are exact whatever the layout, and a figure is computed once from the
 totals (Dice and IoU of a class from its true positives, false positives and false negatives over every
-pixel of the set), never as an average of per-tile or per-rank figures.
+pixel of the set), never as an average of per-tile or per-rank figures. Volumes also count each volume's own
+confusion matrix (its tiles' added up), for a Dice per volume (``sample_dice``) and their mean.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -25,6 +26,7 @@ class PixelRecords:
     overlap: np.ndarray      # (n, 0 or C)
     size: np.ndarray         # (n, 0 or C)
     confusion: np.ndarray    # int64 (C, C)
+    per_image: np.ndarray | None = None   # int64 (n, C, C): each image's own confusion matrix (None: not counted)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -61,8 +63,25 @@ def merge_pixels(parts: Sequence[PixelRecords], num_classes: int) -> PixelRecord
         np.add.at(out, slot, values)
         return out
 
+    per_image = None
+    if all(p.per_image is not None for p in filled):
+        per_image = np.zeros((len(images), num_classes, num_classes), dtype=np.int64)
+        np.add.at(per_image, slot, np.concatenate([p.per_image for p in filled if p.per_image is not None]))
     return PixelRecords(images.astype(np.int64), added("nll"), added("weight"), added("overlap"), added("size"),
-                        confusion)
+                        confusion, per_image)
+
+
+def sample_dice(matrix: np.ndarray) -> float | None:
+    """One image's (a volume's) Dice from its confusion matrix: ``2 TP / (2 TP + FP + FN)`` of each class present in
+    its labels (background included), averaged over those classes; a class absent from the labels is left out even when
+    predicted (its false positives still lower the Dice of the classes they were labelled). None: no counted
+    pixel."""
+    hits = np.diag(matrix)
+    labelled, predicted = matrix.sum(axis=1), matrix.sum(axis=0)
+    present = np.flatnonzero(labelled)
+    if present.size == 0:
+        return None
+    return float(np.mean(2 * hits[present] / (labelled[present] + predicted[present])))
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -89,6 +108,15 @@ class SegmentationMetrics:
     mean_iou: float | None
     confusion_matrix: list[list[int]]
     classes: tuple[str, ...] = ()
+    volume_dice: list[float | None] | None = None   # volumes: each one's Dice (``sample_dice``; None: not counted)
+    mean_volume_dice: float | None = None           # their mean over the volumes with a Dice
+
+    def with_volume_dice(self, records: PixelRecords) -> SegmentationMetrics:
+        """These metrics with each volume's Dice (``sample_dice``) and their mean, from ``records.per_image``."""
+        assert records.per_image is not None, "records counted per image"
+        each = [sample_dice(m) for m in records.per_image]
+        known = [d for d in each if d is not None]
+        return replace(self, volume_dice=each, mean_volume_dice=float(np.mean(known)) if known else None)
 
     @property
     def accuracy(self) -> float | None:
@@ -99,6 +127,8 @@ class SegmentationMetrics:
         """``{'dice': [...], ...}`` (``prefix="val_"``: ``val_dice``); with class names also ``classes``,
         ``dice_by_class`` and ``iou_by_class`` (name -> figure)."""
         figures: dict[str, object] = {"task": "segmentation", **asdict(self)}
+        if self.volume_dice is None:
+            del figures["volume_dice"], figures["mean_volume_dice"]
         names = figures.pop("classes")
         if names:
             figures["classes"] = list(self.classes)
@@ -108,8 +138,9 @@ class SegmentationMetrics:
 
     def headline(self) -> list[tuple[str, float | None]]:
         """The figures an evaluation's one-line report shows, by their ``val_`` names."""
-        return [("val_loss", self.loss), ("val_pixel_accuracy", self.pixel_accuracy), ("val_mean_dice", self.mean_dice),
-                ("val_mean_iou", self.mean_iou)]
+        shown = [("val_loss", self.loss), ("val_pixel_accuracy", self.pixel_accuracy),
+                 ("val_mean_dice", self.mean_dice), ("val_mean_iou", self.mean_iou)]
+        return shown if self.volume_dice is None else [*shown, ("val_mean_volume_dice", self.mean_volume_dice)]
 
 
 def summarize_pixels(records: PixelRecords, loss: float | None, num_classes: int,

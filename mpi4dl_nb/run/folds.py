@@ -10,7 +10,8 @@ from pathlib import Path
 from .job import TrainJob
 from .summary import TrainSummary
 
-FIGURES = ("loss", "val_loss", "val_accuracy", "val_balanced_accuracy", "val_roc_auc")
+FIGURES = ("loss", "val_loss", "val_accuracy", "val_balanced_accuracy", "val_roc_auc", "val_mean_dice",
+           "val_mean_volume_dice")
 
 
 def fold_jobs(job: TrainJob) -> list[TrainJob]:

@@ -10,10 +10,12 @@ from ..checkpoint.files import new_run_id
 from ..checkpoint.record import RunRecord
 from ..data.dataset import RegionDataset
 from ..data.masks import MaskDataset
+from ..data.volume_dataset import VolumeFolderDataset
 from ..evaluation.aggregate import MEAN, Aggregation
 from ..evaluation.evaluator import Evaluator
 from ..evaluation.levels import sample_groups
 from ..evaluation.pixel_evaluator import SegmentationEvaluator
+from ..evaluation.volume_evaluator import VolumeEvaluator
 from ..spatial.loss import ClassCrossEntropy
 
 if TYPE_CHECKING:
@@ -26,11 +28,13 @@ def evaluator_for(engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch
                   rule: Aggregation = MEAN) -> Evaluator | SegmentationEvaluator:
     """The evaluator of ``dataset`` with the loss ``record`` trains with (class weights included): images with a
     class each (at slide and patient level too when their slides are known: ``group_by``, ``rule``), or
-    (segmentation) pixels counted on the tiles."""
+    (segmentation) pixels counted on the tiles (volumes: voxels on the 3-D tiles, and a Dice per volume)."""
     loss = record.loss()
     if isinstance(loss, ClassCrossEntropy):
         return Evaluator(engine, dataset, ctx, batch_size, dtype, classes=record.class_names, loss=loss,
                          groups=sample_groups(dataset, group_by), rule=rule)
+    if isinstance(dataset, VolumeFolderDataset):
+        return VolumeEvaluator(engine, dataset, ctx, batch_size, loss, dtype, classes=record.class_names)
     if not isinstance(dataset, MaskDataset):
         raise TypeError(f"a segmentation evaluation needs images with masks, not {type(dataset).__name__}")
     return SegmentationEvaluator(engine, dataset, ctx, batch_size, loss, dtype, classes=record.class_names)

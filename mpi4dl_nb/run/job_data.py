@@ -15,6 +15,8 @@ from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.stain_reads import with_stain
 from ..data.validate import DataSources, SourceKind, find_sources
+from ..data.volume_dataset import VolumeFolderDataset
+from ..data.volume_groups import PATIENTS_FILE
 from ..evaluation.grouped import GroupedSplit, split_by_side, split_fold, split_grouped
 from ..evaluation.split import Subset, split_listing
 from .identity import digest
@@ -159,7 +161,7 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     """The held-out split ``held_out`` names: a share of the groups of each class, or one fold of K (a cohort's
     ``fold`` column when it has one)."""
     classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
-    groups = groups_of(dataset, held_out.group_by)
+    groups = dataset.groups() if isinstance(dataset, VolumeFolderDataset) else groups_of(dataset, held_out.group_by)
     if held_out.folds is None and held_out.val_fraction is None:
         assert data.cohort is not None and data.cohort.has_splits, "a share, folds or the manifest's sides"
         return split_by_side(groups, {s.patient: s.split for s in data.cohort})
@@ -170,6 +172,27 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     cohort = data.cohort
     given = {s.patient: s.fold for s in cohort if s.fold is not None} if cohort is not None else None
     return split_fold(labels, groups, held_out.folds, held_out.fold or 0, seed, given or None)
+
+
+def split_sides(split: GroupedSplit, dataset: RegionDataset) -> tuple[RegionDataset, RegionDataset]:
+    """(training images, held-out images) of ``dataset``: volumes as volume datasets of their own (read by 3-D
+    tiles), other images as subsets."""
+    if isinstance(dataset, VolumeFolderDataset):
+        return dataset.subset(split.train), dataset.subset(split.val)
+    return split.subsets(dataset)
+
+
+def volume_split_summary(split: GroupedSplit) -> str:
+    """The lines a volume run prints of its split: how volumes were grouped, and each side's volumes (patients)."""
+    patients = split.groups.kind is GroupKind.PATIENT
+    head = ("grouped by patient (patients.csv)" if patients else
+            f"by volume (no {PATIENTS_FILE} in --datapath: each volume its own patient)")
+    lines = [f"held-out split of whole volumes, {head}"]
+    for side, indices in (("train", split.train), ("val", split.val)):
+        owners = f" of {len(split.side_groups(indices))} patient(s)" if patients else ""
+        names = ", ".join(split.groups.slides[i] for i in indices)
+        lines.append(f"  {side}: {len(indices)} volume(s){owners}: {names}")
+    return "\n".join(lines)
 
 
 def manifest_sides(data: DataSpec, datapath: str | Path | None) -> bool:
@@ -194,12 +217,12 @@ def held_out_data(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
             knob = ("--cohort" if held_out.val_fraction is None and held_out.folds is None
                     else "--folds" if held_out.folds is not None else "--val-fraction")
             split.check_classes([dataset.label(i) for i in range(len(dataset))], data.class_names, knob)
-        train, val = split.subsets(dataset)
+        train, val = split_sides(split, dataset)
         grouped = "" if split.groups.kind is GroupKind.UNGROUPED else f", by {split.groups.kind.value}"
         share = (f"fold {held_out.fold} of {held_out.folds}" if held_out.folds is not None
                  else f"fraction {held_out.val_fraction:g}" if held_out.val_fraction is not None
                  else "the manifest's split column")
-        text = f"{share}, seed {seed}{grouped}, {len(val)} images [{digest(split_listing(dataset, val.indices))}]"
+        text = f"{share}, seed {seed}{grouped}, {len(val)} images [{digest(split_listing(dataset, split.val))}]"
         return train, val, text, split
     if held_out.val_datapath is not None:
         require_path(held_out.val_datapath, "--val-datapath")

@@ -41,7 +41,7 @@ class JobSetup:
     def __init__(self, job: TrainJob, ctx: Comm) -> None:
         self.job = job
         self.ctx = ctx
-        self.record: RunRecord = job.record()
+        self.record: RunRecord = volume_record(job.record(), job)
         self.layers: list[nn.Module] = []
         self.batcher: Batcher | None = None
         self.val_dataset: RegionDataset | None = None
@@ -135,9 +135,12 @@ class JobSetup:
 
     def record_split(self, split: GroupedSplit, dataset: RegionDataset) -> None:
         """The split's groups per side into the record; its counts printed (rank 0)."""
-        from .job_data import split_record
+        from .job_data import split_record, volume_split_summary
 
         self.record = replace(self.record, split=split_record(split, self.job.held_out, self.job.training.seed))
+        if self.job.data.volume_size is not None:
+            say_once(self.ctx, volume_split_summary(split))
+            return
         labels = [dataset.label(i) for i in range(len(dataset))]
         names = () if self.job.data.task.dense else self.record.class_names     # masks: labels are pixel values
         say_once(self.ctx, split.summary(labels, names))
@@ -153,7 +156,8 @@ class JobSetup:
         text = f"{found['kind']}, {len(dataset)} images [{digest(found)}]"
         weights = training.class_weights
         return {"model": model_fingerprint(self.record.model, self.layers), "dtype": job.training.dtype,
-                "image_size": job.data.image_size, "batch_size": job.training.batch_size, "seed": job.training.seed,
+                "image_size": self.record.data.size_text if job.data.volume_size else job.data.image_size,
+                "batch_size": job.training.batch_size, "seed": job.training.seed,
                 "app": str(job.data.app), "data": text, "lr": job.training.optimizer.lr,
                 "stain": "none" if job.data.stain is None else job.data.stain.describe(),
                 "momentum": training.optimizer.momentum,
@@ -214,6 +218,15 @@ class JobSetup:
                                f"the run no longer equals an uninterrupted one")
         if selection.skipped or self.job.options.verbose:
             say_once(self.ctx, selection.report())
+
+
+def volume_record(record: RunRecord, job: TrainJob) -> RunRecord:
+    """``record`` with a volume run's patch (D, H, W), voxel size and tile grid (unchanged for images)."""
+    data = job.data
+    if data.volume_size is None:
+        return record
+    return replace(record, data=replace(record.data, volume_size=data.volume_size, voxel_size=data.voxel_size,
+                                        volume_grid=job.config.volume_grid))
 
 
 def check_log_dir(path: str) -> None:

@@ -40,6 +40,26 @@ RECORD = RunRecord(ModelSpec.of("resnet", num_layers=8, num_filters=4, num_class
                    DataRecord(AppKind.SYNTHETIC, 32, 4), seed=0, identity=IDENTITY)
 
 
+def test_a_volume_record_keeps_its_patch_and_an_older_one_still_reads(tmp_path):
+    """A volume run's record keeps the patch's D,H,W, the voxel size and the tile grid; a checkpoint written before
+    they were recorded (no such fields) still loads, with them unknown (None)."""
+    data = DataRecord(AppKind.MEDICAL, 16, 2, "float64", "/data/volumes", volume_size=(8, 16, 12),
+                      voxel_size=(1.0, 0.5, 0.5), volume_grid=(1, 2, 2))
+    record = replace(RECORD, data=data, identity={**IDENTITY, "image_size": "8,16,12"})
+    loaded = read_checkpoint(write_checkpoint(tmp_path, record.at(2, "bbbbbbbbbbbb"), {"w": torch.ones(1)}, None))
+    assert loaded.record.data == data and loaded.record.data.size_text == "8,16,12"
+    payload = record.at(2, "bbbbbbbbbbbb").to_payload()
+    stored = payload["record"]
+    assert isinstance(stored, dict) and isinstance(stored["data"], dict)
+    for name in ("volume_size", "voxel_size", "volume_grid"):
+        del stored["data"][name]
+    older = RunRecord.from_payload(payload, "old.pt").data
+    assert older == replace(data, volume_size=None, voxel_size=None, volume_grid=None) and older.size_text == "16"
+    stored["data"]["volume_size"] = [8, 16]
+    with pytest.raises(ValueError, match="'volume_size': expected a list of three numbers"):
+        RunRecord.from_payload(payload, "bad.pt")
+
+
 def save(folder, step, run_id="aaaaaaaaaaaa", keep=2, model=None, record=RECORD):
     weights = model if model is not None else {"w": torch.full((2,), float(step))}
     return write_checkpoint(folder, record.at(step, run_id), weights, None, keep=keep)
