@@ -270,6 +270,11 @@ class Evaluation:
         where = f"--checkpoint {self.description.path}"
         check_model_flags(job, self.record, where)
         check_checkpoint_task(job, self.record, where)
+        if self.record.model.family.volumetric:
+            raise ConfigError("--checkpoint", f"{self.description.path} holds a model of volumes "
+                              f"({self.record.model.family.value}): evaluate takes image models only. A volume "
+                              f"run's held-out figures (Dice per volume) are in its own summary and metrics.jsonl "
+                              f"(train --val-fraction or --folds); infer --volume runs the model over a volume")
         self.data, self.held_out = resolved_data(job, self.record), resolved_held_out(job, self.record)
         self.dtype = job.dtype or self.record.data.dtype
         batch = job.batch_size or self.record.data.batch_size

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from mpi4dl_nb.checkpoint.record import read_checkpoint
-from mpi4dl_nb.cli import layout_cmd
+from mpi4dl_nb.cli import evaluate_cmd, layout_cmd
 from mpi4dl_nb.cli.image_size import image_size_arg
 from mpi4dl_nb.cli.volume_flags import voxel_size_arg
 from mpi4dl_nb.evaluation.pixel_metrics import sample_dice
 from tests.support.battery import shared_job
 from tests.support.requirements import VOLUMES_EXTRA, required_module
 from tests.support.summary import json_record
-from tests.support.train_in_process import run_train
+from tests.support.train_in_process import run_command, run_train
 from tests.support.volume_data import write_volume_pairs
 
 nibabel = required_module("nibabel", "volume CLI tests", VOLUMES_EXTRA)
@@ -90,7 +90,8 @@ RESUMABLE = [*UNET3D[:UNET3D.index("--image-size")], "--image-size", "4,8,8", "-
 def test_a_volume_checkpoint_knows_its_patch_and_a_resume_with_another_is_refused(tmp_path, capsys):
     """The checkpoint records the patch's D,H,W, voxel size and tile grid (not only its largest side, as before);
     another --image-size D,H,W, even one of the same largest side (which was silently continued), is refused naming
-    the checkpoint's patch and this run's. (Resuming exactly: tests/mpi/volume_cli.py, on tiles.)"""
+    the checkpoint's patch and this run's; ``evaluate`` refuses the volume checkpoint. (Resuming exactly:
+    tests/mpi/volume_cli.py, on tiles.)"""
     data = write_volume_pairs(tmp_path / "v", shape=(8, 10, 12))
     flags = [*RESUMABLE, "--datapath", str(data), "--checkpoint-dir", str(tmp_path / "ck"), "--voxel-size", "1,0.5,0.5"]
     code, out, err = run_train([*flags, "--steps", "1"], capsys)
@@ -105,6 +106,11 @@ def test_a_volume_checkpoint_knows_its_patch_and_a_resume_with_another_is_refuse
     code, out, err = run_train([*changed, "--steps", "2", "--resume", "latest"], capsys)
     assert code == 2 and out == "", out
     assert f"image_size '4,8,8' -> '{size}' (--image-size)" in err and "--allow-config-change image_size" in err, err
+    # evaluate takes image models: a volume checkpoint is refused before any work, naming it (was a BatchNorm traceback)
+    code, _, err = run_command(evaluate_cmd.main, ["--checkpoint", summary["checkpoint"], "--split-size", "1",
+                                                    "--spatial-size", "0"], capsys)
+    assert code == 2
+    assert "holds a model of volumes (unet3d)" in err and "Traceback" not in err, err
 
 
 def test_val_fraction_holds_out_whole_patients_and_scores_each_volume(tmp_path, capsys):
