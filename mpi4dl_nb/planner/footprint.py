@@ -25,12 +25,14 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
+from ..config import Choice
+from ..pipeline.split_backward import LayerRecorder, input_backward
 from ..spatial.fit import meta_copy as spatial_meta_copy
 from ..spatial.geometry import TileGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .layouts import BackendLayouts
 from .live_bytes import LiveBytes, storage_of
-from .workspace import Workspace, instrument
+from .workspace import Workspace, instrument, split_phase
 
 Shape = tuple[int, ...]
 Loss = Callable[[torch.Tensor], torch.Tensor]   # the last layer's output -> the loss whose backward runs
@@ -47,6 +49,14 @@ class StageRole:
     @property
     def tiles(self) -> int:
         return self.grid[0] * self.grid[1] if self.grid is not None else 1
+
+
+class SplitRun(Choice):
+    """Whether a layer's simulation adds the split backward's terms, and how its I runs."""
+
+    NONE = "none"                # no split backward (every schedule but zb1/zbv)
+    SPLIT = "split"              # I computes the input's gradient
+    FROM_IMAGES = "from_images"  # the first layer of the first stage: its input, the images, needs none
 
 
 @dataclass(frozen=True)
@@ -243,7 +253,7 @@ def _backward(out: Payload) -> None:
 
 def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
               comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU,
-              samples: int = 2, layouts: Sequence[bool] = (), split: bool = False) -> LayerFootprint:
+              samples: int = 2, layouts: Sequence[bool] = (), split: SplitRun = SplitRun.NONE) -> LayerFootprint:
     """One forward + backward of ``module`` on meta inputs of ``shapes`` (channels-last where
     ``layouts`` says so), counted (with the backend's conv scratch, ``workspace``, for chunks of
     ``samples``)."""
@@ -263,7 +273,7 @@ def meta_input(shape: Shape, dtype: torch.dtype, channels_last: bool = False) ->
 
 def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
              comm: FakeComm | None, loss: Loss | None, layouts: Sequence[bool] = (),
-             split: bool = False) -> LayerFootprint:
+             split: SplitRun = SplitRun.NONE) -> LayerFootprint:
     flags = [*layouts, *([False] * (len(shapes) - len(layouts)))]
     inputs = [meta_input(shape, dtype, last).requires_grad_(True) for shape, last in zip(shapes, flags)]
     x = tuple(inputs) if len(inputs) > 1 else inputs[0]
@@ -312,7 +322,8 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
     if comm is not None:
         comm.on_receive = None
     after = comm.traffic.copy() if comm is not None else Traffic()
-    split_terms = _split_terms(module, shapes, dtype, loss, flags, grad_bytes) if split else SplitTerms()
+    split_terms = SplitTerms() if split is SplitRun.NONE else \
+        _split_terms(module, shapes, dtype, loss, flags, grad_bytes, split is SplitRun.SPLIT)
     return LayerFootprint(
         input_bytes=_nbytes(inputs), output_bytes=output_bytes, forward_peak=forward_peak,
         kept=after_forward - output_bytes - from_forward, halo_kept=halo_kept,
@@ -324,25 +335,26 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
 
 
 def _split_terms(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, loss: Loss | None,
-                 layouts: Sequence[bool], grad_bytes: int) -> SplitTerms:
+                 layouts: Sequence[bool], grad_bytes: int, input_grad: bool) -> SplitTerms:
     """``module`` run once more, its backward split as the engine splits it (``SplitTerms``); inputs
-    laid out as ``layouts`` says, ``grad_bytes`` its parameter gradients (left out of ``weight_peak``)."""
-    from ..pipeline.split_backward import LayerRecorder, input_backward
-
-    inputs = [meta_input(shape, dtype, last).requires_grad_(True) for shape, last in zip(shapes, layouts)]
+    laid out as ``layouts`` says, ``grad_bytes`` its parameter gradients (left out of ``weight_peak``);
+    ``input_grad``: whether I computes the input's gradient (not for the images)."""
+    inputs = [meta_input(shape, dtype, last).requires_grad_(input_grad) for shape, last in zip(shapes, layouts)]
     recorder = LayerRecorder(module)
-    with BackendLayouts(), LiveBytes() as live:
+    with BackendLayouts(), LiveBytes() as live, split_phase() as phase:
         with recorder.recording() as calls:
             out = module(tuple(inputs) if len(inputs) > 1 else inputs[0])
             if loss is not None:
                 out = loss(out)
         held = live.current
+        phase.input_only = True
         outs = [t for t in as_items(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         # the output gradient: a fresh buffer (received, or made by the next layer's I), None for the loss
         grads: list[torch.Tensor | None] = [None if loss is not None else torch.empty_like(t) for t in outs]
         live.reset_peak()
-        input_grads, work = input_backward(calls, outs, grads, inputs)
+        input_grads, work = input_backward(calls, outs, grads, inputs if input_grad else [])
         input_peak = live.peak - held
+        phase.input_only = False
         storages = {storage_of(g)[0]: g for _, found in work.layers for g in found
                     if g is not None and live.owns(g)}
         kept = _nbytes([g for g in storages.values()])
@@ -351,6 +363,7 @@ def _split_terms(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         released = held - (live.current - kept)
         live.reset_peak()
         start = live.current
+        phase.weight_only = True
         work.run()
         weight_peak = max(0, live.peak - start - grad_bytes)
         for p in module.parameters():
@@ -389,7 +402,7 @@ class FootprintCache:
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
               loss: Loss | None = None, loss_key: Hashable = None, elementwise: Sequence[type] = (),
               workspace: Workspace = Workspace.CPU, layouts: Sequence[bool] = (),
-              split: bool = False) -> list[LayerFootprint]:
+              split: SplitRun = SplitRun.NONE) -> list[LayerFootprint]:
         """Footprint of ``layer`` on inputs ``shapes`` (whole maps; channels-last where ``layouts``
         says so), one per tile of ``role``; ``split``: with the split backward's terms."""
         samples = shapes[0][0] if shapes and len(shapes[0]) > 0 else 1
@@ -458,7 +471,7 @@ def spatial_module(layer: nn.Module, grid: TileGrid, comm: Comm, role: StageRole
 def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
                    loss: Loss | None = None, elementwise: Sequence[type] = (),
                    workspace: Workspace = Workspace.CPU, samples: int = 2,
-                   layouts: Sequence[bool] = (), split: bool = False) -> list[LayerFootprint]:
+                   layouts: Sequence[bool] = (), split: SplitRun = SplitRun.NONE) -> list[LayerFootprint]:
     """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps
     (channels-last where ``layouts`` says so); ``samples``: the chunk size the conv scratch is
     chosen for (``workspace.conv_workspace``); ``split``: with the terms of the engine's split

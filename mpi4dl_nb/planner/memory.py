@@ -50,7 +50,7 @@ from ..pipeline.default_cut import default_balance
 from ..pipeline.recompute import segment_bounds
 from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
 from ..pipeline.stages import check_balance, even_balance
-from .footprint import FootprintCache, SplitStage, StageFootprint, StageRole, compose_stage
+from .footprint import FootprintCache, SplitRun, SplitStage, StageFootprint, StageRole, compose_stage
 from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
 from .profile import LayerProfile, Layers, batched, profile_layers
 from .segments import recomputed_stage
@@ -220,6 +220,12 @@ class StageModel:
         cfg = self.cfg
         return cfg.schedule.splits_backward and cfg.checkpoint_activations is None and not cfg.sync_batchnorm
 
+    def split_run(self, stage: int, layer: int) -> SplitRun:
+        """How layer ``layer`` of ``stage`` is simulated for the split backward (the images need no gradient)."""
+        if not self.splits:
+            return SplitRun.NONE
+        return SplitRun.FROM_IMAGES if stage == 0 and layer == 0 else SplitRun.SPLIT
+
     def footprint(self, stage: int, tile: int | None, grad_held: bool | None = None) -> StageFootprint:
         """One chunk of ``stage`` on the rank holding ``tile`` (None: whole maps)."""
         last = stage == self.cfg.split_size - 1
@@ -242,7 +248,8 @@ class StageModel:
                 layouts = profile.in_channels_last if index > start else ()
                 tiles = self.cache.layer(profile.layer, shapes, self.precision.activations, role,
                                          loss=loss, loss_key=self.loss_fn, elementwise=self.elementwise,
-                                         workspace=self.workspace, layouts=layouts, split=self.splits)
+                                         workspace=self.workspace, layouts=layouts,
+                                         split=self.split_run(stage, index - start))
                 per_layer.append(tiles[tile or 0])
             found = compose_stage(per_layer, grad_held=held, split=self.splits)
             self._found[key] = found
