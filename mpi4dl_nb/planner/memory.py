@@ -8,7 +8,8 @@ What a rank holds is assembled along its own action list of the real schedule
   state (simulated on meta with the real optimizer), ``persistent`` (halo staging buffers
   and caches the spatial layers keep), ``gradients`` once a stage's first backward made them;
 * **per chunk in flight** (a forward ran, its backward not yet; with a split backward, until its
-  weight-gradient part ``W``: the input-gradient part ``I`` is costed as a backward that keeps them):
+  weight-gradient part ``W``: after the input-gradient part ``I`` what the retained graph still holds and the
+  layers' output gradients, ``footprint.SplitStage``):
   ``activations`` autograd
   saves (with ``Recompute.STAGE`` none: the stage re-runs its forward at backward time; with
   ``Recompute.SEGMENTS``, the engine's ``checkpoint_activations``, the segments' inputs, see
