@@ -499,6 +499,8 @@ class _Walk:
         """A split backward's ``I``: the whole graph retained while it runs, then the output gradients kept
         for ``W`` and what the retained graph still holds; the output and the received gradient go, the
         input too unless the graph saved it (pipeline/split_backward.py, ``SplitStage``)."""
+        if action.stage in self.bucketed and self.last_backward.get(action.stage) is action:
+            self.buckets[action.stage] = self.optimizer(action.stage).grad_bytes   # from the last I on, as B's
         self.note(action, within=split.input_peak, key=key)
         held = self.chunks.setdefault(key, dict.fromkeys(CHUNK_TERMS, 0))
         halo = min(held["halo"], split.held)
