@@ -25,12 +25,14 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
+from ..config import Choice
+from ..pipeline.split_backward import LayerRecorder, input_backward
 from ..spatial.fit import meta_copy as spatial_meta_copy
 from ..spatial.geometry import TileGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .layouts import BackendLayouts
 from .live_bytes import LiveBytes, storage_of
-from .workspace import Workspace, instrument
+from .workspace import Workspace, instrument, split_phase
 
 Shape = tuple[int, ...]
 Loss = Callable[[torch.Tensor], torch.Tensor]   # the last layer's output -> the loss whose backward runs
@@ -47,6 +49,37 @@ class StageRole:
     @property
     def tiles(self) -> int:
         return self.grid[0] * self.grid[1] if self.grid is not None else 1
+
+
+class SplitRun(Choice):
+    """Whether a layer's simulation adds the split backward's terms, and how its I runs."""
+
+    NONE = "none"                # no split backward (every schedule but zb1/zbv)
+    SPLIT = "split"              # I computes the input's gradient
+    FROM_IMAGES = "from_images"  # the first layer of the first stage: its input, the images, needs none
+
+
+@dataclass(frozen=True)
+class SplitTerms:
+    """One layer run as the engine's split backward (pipeline/split_backward.py: ``input_backward`` then
+    ``WeightWork.run``), bytes: ``kept`` the output gradients its I leaves for W (each storage once: an add
+    hands both branches the same gradient); ``input_peak`` the I's worst moment above the forward's held
+    tensors (its output gradient, the kept gradients made so far, the input gradient, scratch; nothing the
+    forward saved is freed: the graph is retained for W); ``released`` what the forward held (its output
+    included) that goes once I is over (the nodes after the last parameter module: only ``out`` held
+    them); ``weight_peak`` the W's worst moment above what it starts with (its parameter gradients
+    included); ``kept_received``: of ``kept``, the output gradient it was handed (a layer ending in an
+    add, or in a parameter module, keeps it as its last module's output gradient)."""
+
+    kept: int = 0
+    input_peak: int = 0
+    released: int = 0
+    weight_peak: int = 0
+    kept_received: int = 0
+
+    def times(self, samples: int) -> SplitTerms:
+        return SplitTerms(self.kept * samples, self.input_peak * samples, self.released * samples,
+                          self.weight_peak * samples, self.kept_received * samples)
 
 
 @dataclass(frozen=True)
@@ -75,7 +108,7 @@ class LayerFootprint:
     strips_received: int = 0   # halo strips the forward received (a recomputation log keeps them all)
     forward_fixed: int = 0     # of ``forward_peak``, bytes that do not grow with the batch (backend scratch)
     backward_fixed: int = 0    # of ``backward_peak``, the same
-    split_kept: int = 0        # a split backward's I keeps until W: each parameter module's output gradient
+    split: SplitTerms = field(default_factory=SplitTerms)   # the engine's split backward (zb1/zbv), if simulated
 
     @property
     def replay_log(self) -> int:
@@ -96,7 +129,7 @@ class LayerFootprint:
             n(self.backward_peak - fixed_backward) + fixed_backward,
             n(self.input_grad_bytes), self.grad_bytes, n(self.persistent),
             _traffic_times(self.forward_traffic, samples), _traffic_times(self.backward_traffic, samples),
-            n(self.strips_received), self.forward_fixed, self.backward_fixed, n(self.split_kept))
+            n(self.strips_received), self.forward_fixed, self.backward_fixed, self.split.times(samples))
 
 
 def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
@@ -126,12 +159,30 @@ class StageFootprint:
     persistent: int
     layers: tuple[LayerFootprint, ...] = ()
     recomputed: int = 0     # part of the backward peaks: activations of a recomputed forward
-    split_kept: int = 0     # held from a split backward's I to its W: the output gradients of the parameter modules
+    split: SplitStage | None = None   # the chunk under the engine's split backward (simulated with split=True)
 
     @property
     def saved(self) -> int:
         """Retained bytes other than the stage output."""
         return self.retained - self.output_bytes
+
+
+@dataclass(frozen=True)
+class SplitStage:
+    """One chunk of a stage under the engine's split backward (from its layers' ``SplitTerms``), bytes.
+
+    ``input_peak``: the I's worst moment, counting the chunk's held tensors (as ``backward_first`` does:
+    the output and received gradient included, the input not); ``held``: what the forward kept that the
+    retained graph still holds after I (the stage output only if a node before the last parameter module
+    saved it); ``kept``: the output gradients kept for W; ``keeps_input``: whether the graph still holds
+    the stage input (its first layer saved it; else it went with I); ``weight_peak``: the W's working
+    memory above the chunk's held tensors."""
+
+    input_peak: int
+    held: int
+    kept: int
+    keeps_input: bool
+    weight_peak: int
 
 
 # ----------------------------------------------------------------- simulation
@@ -202,13 +253,13 @@ def _backward(out: Payload) -> None:
 
 def _simulate(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
               comm: FakeComm | None, loss: Loss | None, workspace: Workspace = Workspace.CPU,
-              samples: int = 2, layouts: Sequence[bool] = ()) -> LayerFootprint:
+              samples: int = 2, layouts: Sequence[bool] = (), split: SplitRun = SplitRun.NONE) -> LayerFootprint:
     """One forward + backward of ``module`` on meta inputs of ``shapes`` (channels-last where
     ``layouts`` says so), counted (with the backend's conv scratch, ``workspace``, for chunks of
     ``samples``)."""
     hooks = instrument(module, workspace, samples)
     try:
-        return _counted(module, shapes, dtype, comm, loss, layouts)
+        return _counted(module, shapes, dtype, comm, loss, layouts, split)
     finally:
         for handle in hooks:
             handle.remove()
@@ -221,7 +272,8 @@ def meta_input(shape: Shape, dtype: torch.dtype, channels_last: bool = False) ->
 
 
 def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
-             comm: FakeComm | None, loss: Loss | None, layouts: Sequence[bool] = ()) -> LayerFootprint:
+             comm: FakeComm | None, loss: Loss | None, layouts: Sequence[bool] = (),
+             split: SplitRun = SplitRun.NONE) -> LayerFootprint:
     flags = [*layouts, *([False] * (len(shapes) - len(layouts)))]
     inputs = [meta_input(shape, dtype, last).requires_grad_(True) for shape, last in zip(shapes, flags)]
     x = tuple(inputs) if len(inputs) > 1 else inputs[0]
@@ -242,18 +294,12 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
 
     if comm is not None:
         comm.on_receive = on_receive
-    owners = [m for m in module.modules() if next(m.parameters(recurse=False), None) is not None]
-    owner_outputs: list[int] = []
-    hooks = [m.register_forward_hook(lambda m, i, out: owner_outputs.append(
-        _nbytes([t for t in as_items(out) if isinstance(t, torch.Tensor)]))) for m in owners]
     with BackendLayouts(), live:   # the layouts the ranks' convolutions give (outside the counter)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = module(x)
             if loss is not None:
                 out = loss(out)
         forward_peak, after_forward, forward_fixed = live.peak, live.current, live.fixed_at_peak
-        for hook in hooks:
-            hook.remove()
         halo_kept = live.by_tag().get("halo", 0)
         outs = [t for t in as_items(out) if isinstance(t, torch.Tensor)]
         output_ids = {storage_of(t)[0] for t in outs}
@@ -276,6 +322,8 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
     if comm is not None:
         comm.on_receive = None
     after = comm.traffic.copy() if comm is not None else Traffic()
+    split_terms = SplitTerms() if split is SplitRun.NONE else \
+        _split_terms(module, shapes, dtype, loss, flags, grad_bytes, split is SplitRun.SPLIT)
     return LayerFootprint(
         input_bytes=_nbytes(inputs), output_bytes=output_bytes, forward_peak=forward_peak,
         kept=after_forward - output_bytes - from_forward, halo_kept=halo_kept,
@@ -283,7 +331,44 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
         grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
         backward_traffic=after.minus(middle), strips_received=strips_received, forward_fixed=forward_fixed,
-        backward_fixed=backward_fixed, split_kept=sum(owner_outputs))
+        backward_fixed=backward_fixed, split=split_terms)
+
+
+def _split_terms(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, loss: Loss | None,
+                 layouts: Sequence[bool], grad_bytes: int, input_grad: bool) -> SplitTerms:
+    """``module`` run once more, its backward split as the engine splits it (``SplitTerms``); inputs
+    laid out as ``layouts`` says, ``grad_bytes`` its parameter gradients (left out of ``weight_peak``);
+    ``input_grad``: whether I computes the input's gradient (not for the images)."""
+    inputs = [meta_input(shape, dtype, last).requires_grad_(input_grad) for shape, last in zip(shapes, layouts)]
+    recorder = LayerRecorder(module)
+    with BackendLayouts(), LiveBytes() as live, split_phase() as phase:
+        with recorder.recording() as calls:
+            out = module(tuple(inputs) if len(inputs) > 1 else inputs[0])
+            if loss is not None:
+                out = loss(out)
+        held = live.current
+        phase.input_only = True
+        outs = [t for t in as_items(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        # the output gradient: a fresh buffer (received, or made by the next layer's I), None for the loss
+        grads: list[torch.Tensor | None] = [None if loss is not None else torch.empty_like(t) for t in outs]
+        live.reset_peak()
+        input_grads, work = input_backward(calls, outs, grads, inputs if input_grad else [])
+        input_peak = live.peak - held
+        phase.input_only = False
+        storages = {storage_of(g)[0]: g for _, found in work.layers for g in found
+                    if g is not None and live.owns(g)}
+        kept = _nbytes([g for g in storages.values()])
+        kept_received = _nbytes([g for g in grads if g is not None and storage_of(g)[0] in storages])
+        del out, outs, grads, input_grads, storages
+        released = held - (live.current - kept)
+        live.reset_peak()
+        start = live.current
+        phase.weight_only = True
+        work.run()
+        weight_peak = max(0, live.peak - start - grad_bytes)
+        for p in module.parameters():
+            p.grad = None
+    return SplitTerms(kept, input_peak, released, weight_peak, kept_received)
 
 
 class StructureKeys:
@@ -316,19 +401,20 @@ class FootprintCache:
 
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
               loss: Loss | None = None, loss_key: Hashable = None, elementwise: Sequence[type] = (),
-              workspace: Workspace = Workspace.CPU, layouts: Sequence[bool] = ()) -> list[LayerFootprint]:
+              workspace: Workspace = Workspace.CPU, layouts: Sequence[bool] = (),
+              split: SplitRun = SplitRun.NONE) -> list[LayerFootprint]:
         """Footprint of ``layer`` on inputs ``shapes`` (whole maps; channels-last where ``layouts``
-        says so), one per tile of ``role``."""
+        says so), one per tile of ``role``; ``split``: with the split backward's terms."""
         samples = shapes[0][0] if shapes and len(shapes[0]) > 0 else 1
         one = [(1, *s[1:]) if len(s) > 0 and s[0] == samples else tuple(s) for s in shapes]
         key = (self._structure(layer), tuple(tuple(s) for s in one), dtype, role,
                loss_key if loss is not None else None, tuple(elementwise), workspace, min(samples, 2),
-               tuple(layouts))
+               tuple(layouts), split)
         found = self._found.get(key)
         if found is None:
             # the conv scratch of one sample differs from that of a batch (workspace.py)
             found = simulate_layer(layer, one, dtype, role, loss, elementwise, workspace, min(samples, 2),
-                                   layouts)
+                                   layouts, split)
             self._found[key] = found
             self.simulated += 1
         return found if samples == 1 else [fp.times(samples) for fp in found]
@@ -385,16 +471,17 @@ def spatial_module(layer: nn.Module, grid: TileGrid, comm: Comm, role: StageRole
 def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
                    loss: Loss | None = None, elementwise: Sequence[type] = (),
                    workspace: Workspace = Workspace.CPU, samples: int = 2,
-                   layouts: Sequence[bool] = ()) -> list[LayerFootprint]:
+                   layouts: Sequence[bool] = (), split: SplitRun = SplitRun.NONE) -> list[LayerFootprint]:
     """Footprint of ``layer`` per tile of ``role`` (one for whole maps); inputs are whole maps
     (channels-last where ``layouts`` says so); ``samples``: the chunk size the conv scratch is
-    chosen for (``workspace.conv_workspace``).
+    chosen for (``workspace.conv_workspace``); ``split``: with the terms of the engine's split
+    backward (``SplitTerms``, a second forward).
 
     Tiles run alone, answered by a ``SizeOracle`` (one per class of alike tiles); when the
     oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
     """
     if role.grid is None:
-        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples, layouts)]
+        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples, layouts, split)]
     grid = TileGrid(*role.grid)
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
@@ -407,7 +494,7 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
             comm = FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles, sizes=oracle)
             module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
             found[tile] = _simulate(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples,
-                                    layouts)
+                                    layouts, split)
         return [found[classes[tile]] for tile in range(grid.num_tiles)]
     except AmbiguousSize:
         pass
@@ -416,20 +503,22 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     def tile_run(rank: int) -> LayerFootprint:
         comm = world.comm(rank)
         module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples, layouts)
+        return _simulate(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples, layouts,
+                         split)
 
     return run_ranks(world, tile_run)
 
 
 # ------------------------------------------------------------------ composition
 def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False,
-                  output_held: bool = False) -> StageFootprint:
+                  output_held: bool = False, split: bool = False) -> StageFootprint:
     """One chunk of a stage from its layers' footprints (see the module docstring).
 
     ``grad_held``: the output gradient is a received buffer the runtime keeps for the
     whole backward of the stage (every stage but the last), not one freed once used;
     ``output_held``: the output too stays alive for the whole backward (a recomputed
-    segment's output, held by the backward that recomputed it).
+    segment's output, held by the backward that recomputed it); ``split``: the stage's
+    backward is split (``SplitStage``, from layers simulated with ``split=True``).
     """
     count = len(layers)
     if count == 0:
@@ -468,4 +557,34 @@ def compose_stage(layers: Sequence[LayerFootprint], grad_held: bool = False,
         halo_kept=sum(fp.halo_kept for fp in layers), backward_first=first, backward_later=later,
         input_grad_bytes=layers[0].input_grad_bytes, grad_bytes=sum(fp.grad_bytes for fp in layers),
         persistent=sum(fp.persistent for fp in layers), layers=tuple(layers),
-        split_kept=sum(fp.split_kept for fp in layers))
+        split=_split_stage(layers, keeps, kept, grad_held) if split else None)
+
+
+def _split_stage(layers: Sequence[LayerFootprint], keeps: Sequence[bool], kept: Sequence[int],
+                 grad_held: bool) -> SplitStage | None:
+    """The stage's ``SplitStage`` from its layers' ``SplitTerms`` (None: no parameters, nothing split).
+
+    I is one ``autograd.grad`` over the stage with the graph retained: while layer k's part runs, every
+    tensor the forward kept is alive, with the output gradients kept by the layers after k (and the
+    received gradient). Once I is over only the nodes after the stage's last parameter module go (nothing
+    else references them), each layer before keeps its whole graph for W."""
+    if not any(fp.grad_bytes for fp in layers):
+        return None
+    count, retained = len(layers), sum(kept)
+    # the received gradient, unless the last layer keeps it for W (then in its kept); its own input_peak counts it
+    received = max(0, layers[-1].output_bytes - layers[-1].split.kept_received) if grad_held else 0
+    input_peak = after = 0
+    for k in range(count - 1, -1, -1):
+        input_peak = max(input_peak, retained + (received if k < count - 1 else 0) + after
+                         + layers[k].split.input_peak)
+        after += layers[k].split.kept
+    released = 0
+    for k in range(count - 1, -1, -1):
+        fp = layers[k]
+        if fp.grad_bytes:   # the last layer with parameters: its nodes after its last parameter module
+            released += fp.split.released - (0 if keeps[k] else fp.output_bytes)
+            break
+        released += kept[k]
+    return SplitStage(input_peak=input_peak, held=max(0, retained - released), kept=after,
+                      keeps_input=layers[0].saves_input,
+                      weight_peak=max(fp.split.weight_peak for fp in layers))

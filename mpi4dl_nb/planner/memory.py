@@ -8,7 +8,8 @@ What a rank holds is assembled along its own action list of the real schedule
   state (simulated on meta with the real optimizer), ``persistent`` (halo staging buffers
   and caches the spatial layers keep), ``gradients`` once a stage's first backward made them;
 * **per chunk in flight** (a forward ran, its backward not yet; with a split backward, until its
-  weight-gradient part ``W``: the input-gradient part ``I`` is costed as a backward that keeps them):
+  weight-gradient part ``W``: after the input-gradient part ``I`` what the retained graph still holds and the
+  layers' output gradients, ``footprint.SplitStage``):
   ``activations`` autograd
   saves (with ``Recompute.STAGE`` none: the stage re-runs its forward at backward time; with
   ``Recompute.SEGMENTS``, the engine's ``checkpoint_activations``, the segments' inputs, see
@@ -50,7 +51,7 @@ from ..pipeline.default_cut import default_balance
 from ..pipeline.recompute import segment_bounds
 from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
 from ..pipeline.stages import check_balance, even_balance
-from .footprint import FootprintCache, StageFootprint, StageRole, compose_stage
+from .footprint import FootprintCache, SplitRun, SplitStage, StageFootprint, StageRole, compose_stage
 from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
 from .profile import LayerProfile, Layers, batched, profile_layers
 from .segments import recomputed_stage
@@ -213,6 +214,19 @@ class StageModel:
         target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
         return self.loss_fn(output, target) * 1.0
 
+    @property
+    def splits(self) -> bool:
+        """Whether the engine splits the stages' backward into I and W (``PipelineRuntime._splits``: a
+        zero-bubble schedule, no recomputation, no synchronised BatchNorm)."""
+        cfg = self.cfg
+        return cfg.schedule.splits_backward and cfg.checkpoint_activations is None and not cfg.sync_batchnorm
+
+    def split_run(self, stage: int, layer: int) -> SplitRun:
+        """How layer ``layer`` of ``stage`` is simulated for the split backward (the images need no gradient)."""
+        if not self.splits:
+            return SplitRun.NONE
+        return SplitRun.FROM_IMAGES if stage == 0 and layer == 0 else SplitRun.SPLIT
+
     def footprint(self, stage: int, tile: int | None, grad_held: bool | None = None) -> StageFootprint:
         """One chunk of ``stage`` on the rank holding ``tile`` (None: whole maps)."""
         last = stage == self.cfg.split_size - 1
@@ -235,9 +249,10 @@ class StageModel:
                 layouts = profile.in_channels_last if index > start else ()
                 tiles = self.cache.layer(profile.layer, shapes, self.precision.activations, role,
                                          loss=loss, loss_key=self.loss_fn, elementwise=self.elementwise,
-                                         workspace=self.workspace, layouts=layouts)
+                                         workspace=self.workspace, layouts=layouts,
+                                         split=self.split_run(stage, index - start))
                 per_layer.append(tiles[tile or 0])
-            found = compose_stage(per_layer, grad_held=held)
+            found = compose_stage(per_layer, grad_held=held, split=self.splits)
             self._found[key] = found
         return found
 
@@ -315,6 +330,7 @@ class _Walk:
     sent: int = 0
     pending: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
     sends: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
+    looped: dict[tuple[int, int, int, int], int] = field(default_factory=dict)   # zbv's turn: gradients to itself
     buckets: dict[int, int] = field(default_factory=dict)   # stage -> flat bucket bytes posted, not yet written back
     last_backward: dict[int, Action] = field(default_factory=dict)   # stage -> its last B or I on this rank
     peak: int = -1
@@ -408,6 +424,8 @@ class _Walk:
         elif kind is ActionKind.FORWARD:
             self.forward(action, key)
         elif kind is ActionKind.RECV_GRAD:
+            if action.peer == self.role.rank:   # zbv's turn: the gradient this rank sent itself, no copy
+                self.sent -= self.looped.pop((action.replica, action.stage + 1, action.micro_batch, action.copy), 0)
             self.hold(key, "grad_in", self.fp(action).output_bytes)
             self.note(action)
         elif kind is ActionKind.BACKWARD:
@@ -445,8 +463,12 @@ class _Walk:
         self.hold(key, "output", fp.output_bytes)
 
     def backward(self, action: Action, key: tuple[int, int, int, int], keep: bool = False) -> None:
-        """A chunk's backward; ``keep``: only its input-gradient part (``I``), the chunk's tensors kept for ``W``."""
+        """A chunk's backward; ``keep``: only its input-gradient part (``I``), what its ``W`` needs kept
+        (a stage the engine does not split runs its whole backward in ``I``)."""
         fp = self.fp(action)
+        if keep and fp.split is not None:
+            self.input_gradient(action, key, fp.split, fp)
+            return
         slot = (action.replica, action.stage)
         grad_bytes = self.optimizer(action.stage).grad_bytes
         # the chunk's kept tensors, its output and received gradient are inside the
@@ -461,18 +483,40 @@ class _Walk:
             self.buckets[action.stage] = grad_bytes   # posted during this backward, all of them at most
         self.note(action, within=working, key=key, recomputed=redo or fp.recomputed)
         self.grads[slot] = grad_bytes
-        if keep:   # an I: its W needs each parameter module's output gradient
-            self.hold(key, "output_grads", fp.split_kept)
-        else:
-            self.chunks.pop(key, None)
-        if action.stage > 0:   # kept by the gradient's non-blocking send(s)
+        self.chunks.pop(key, None)
+        self.send_back(action, fp)
+
+    def send_back(self, action: Action, fp: StageFootprint) -> None:
+        """The input gradient, kept by its non-blocking send(s) (none on the first stage)."""
+        if action.stage > 0:
             self.sent += fp.input_grad_bytes
-            self.pending[key] = fp.input_grad_bytes
+            self.pending[self.key(action)] = fp.input_grad_bytes
+            if self.role.rank in self.holders[(action.dp, action.replica, action.stage - 1)]:
+                self.looped[self.key(action)] = fp.input_grad_bytes   # held until this rank receives it
+
+    def input_gradient(self, action: Action, key: tuple[int, int, int, int], split: SplitStage,
+                       fp: StageFootprint) -> None:
+        """A split backward's ``I``: the whole graph retained while it runs, then the output gradients kept
+        for ``W`` and what the retained graph still holds; the output and the received gradient go, the
+        input too unless the graph saved it (pipeline/split_backward.py, ``SplitStage``)."""
+        if action.stage in self.bucketed and self.last_backward.get(action.stage) is action:
+            self.buckets[action.stage] = self.optimizer(action.stage).grad_bytes   # from the last I on, as B's
+        self.note(action, within=split.input_peak, key=key)
+        held = self.chunks.setdefault(key, dict.fromkeys(CHUNK_TERMS, 0))
+        halo = min(held["halo"], split.held)
+        held.update(activations=split.held - halo, halo=halo, output=0, grad_in=0, output_grads=split.kept,
+                    input=held["input"] if split.keeps_input else 0)
+        self.send_back(action, fp)
 
     def weight_gradient(self, action: Action, key: tuple[int, int, int, int]) -> None:
-        """A split backward's weight-gradient part (``W``): the gradients accumulate in place, then the
-        chunk's kept tensors (activations, input, received gradient) go."""
-        self.note(action)
+        """A split backward's weight-gradient part (``W``): the parameter gradients made (the first) or
+        added to, then the chunk's kept tensors go. Nothing when the stage's I ran the whole backward."""
+        fp = self.fp(action)
+        if fp.split is None:
+            return
+        slot = (action.replica, action.stage)
+        self.grads[slot] = self.optimizer(action.stage).grad_bytes
+        self.note(action, working=fp.split.weight_peak)
         self.chunks.pop(key, None)
 
     def send_tile_grad(self, action: Action, key: tuple[int, int, int, int]) -> None:

@@ -20,6 +20,10 @@ machines, torch 2.13 CPU, see tests/planner/test_planner*.py):
   the same AVX2 machine), so it is measured once per process on a small probe conv (``depthwise_weight_copies``).
   A training-mode BatchNorm's backward allocates an input-sized temporary next to its input
   gradient (when the input needs one).
+Under a split backward (zb1/zbv, ``SplitPhase``) the simulation of I skips the backward scratch of a conv whose
+input needs no gradient (its backward runs only in W);
+W runs each conv's backward without the input's size again and each BatchNorm's without its input gradient.
+
 * ``Workspace.NONE``: nothing (e.g. CUDA, whose cuDNN workspace depends on the algorithm
   chosen at run time and is not modelled).
 """
@@ -28,6 +32,10 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -134,6 +142,29 @@ def conv_workspace(conv: nn.Conv2d, x: torch.Tensor, out: torch.Tensor, kind: Wo
     return ConvScratch(columns, columns + again)
 
 
+@dataclass
+class SplitPhase:
+    """A split backward's simulation on this thread: whether its I runs (``input_only``: a conv whose input
+    needs no gradient runs no backward) or its W (``weight_only``: no input gradient anywhere)."""
+
+    input_only: bool = False
+    weight_only: bool = False
+
+
+_SPLIT = threading.local()
+
+
+@contextmanager
+def split_phase() -> Iterator[SplitPhase]:
+    """Simulate a split backward on this thread (see the module docstring)."""
+    phase = SplitPhase()
+    _SPLIT.phase = phase
+    try:
+        yield phase
+    finally:
+        _SPLIT.phase = None
+
+
 def _allocate(nbytes: int, fixed: int, device: torch.device) -> None:
     """A short-lived allocation of ``nbytes``, ``fixed`` of them marked as not growing with the batch."""
     grows = torch.empty(nbytes - fixed, dtype=torch.uint8, device=device)
@@ -159,9 +190,17 @@ def instrument(module: nn.Module, kind: Workspace, samples: int | None = None) -
         scratch = conv_workspace(conv, args[0], out, kind, samples)
         if scratch.forward:
             _allocate(scratch.forward, scratch.forward_fixed, out.device)
+        phase: SplitPhase | None = getattr(_SPLIT, "phase", None)
+        needs_input = args[0].requires_grad
+        again = args[0].numel() * args[0].element_size() if needs_input else 0
         if scratch.backward and out.requires_grad:
             def at_backward(grad: torch.Tensor) -> None:
-                _allocate(scratch.backward, scratch.backward_fixed, grad.device)
+                if phase is None:
+                    _allocate(scratch.backward, scratch.backward_fixed, grad.device)
+                elif phase.weight_only:    # W: the weight gradient's part, no input gradient
+                    _allocate(scratch.backward - again, scratch.backward_fixed, grad.device)
+                elif needs_input or not phase.input_only:
+                    _allocate(scratch.backward, scratch.backward_fixed, grad.device)
             out.register_hook(at_backward)
 
     def norm_hook(norm: nn.modules.batchnorm._BatchNorm, args: tuple[object, ...], out: object) -> None:
@@ -169,9 +208,11 @@ def instrument(module: nn.Module, kind: Workspace, samples: int | None = None) -
                 and isinstance(args[0], torch.Tensor) and args[0].requires_grad):
             return
         temporary = 2 * args[0].numel() * args[0].element_size()   # the temporary + the input gradient
+        phase: SplitPhase | None = getattr(_SPLIT, "phase", None)
 
         def at_backward(grad: torch.Tensor) -> None:
-            scratch = torch.empty(temporary, dtype=torch.uint8, device=grad.device)
+            weight_only = phase is not None and phase.weight_only   # a split backward's W: no input gradient
+            scratch = torch.empty(temporary // 2 if weight_only else temporary, dtype=torch.uint8, device=grad.device)
             del scratch
         out.register_hook(at_backward)
 

@@ -43,15 +43,17 @@ def _measure_on_engine(cfg_dict: dict[str, Any], image_size: int, batch: int, mo
 def cluster_ratios(cases: Sequence[tuple[dict[str, Any], int, str]], sizes: dict[str, tuple[int, int, int]],
                    ranks: int = 3) -> list[tuple[dict[str, Any], str, list[float]]]:
     """(knobs, model, estimate/measured per rank) of each (knobs, batch, model) case, all run
-    on one cluster of ``ranks`` engines; ``sizes``: model -> (depth, width, image size)."""
+    on one cluster of ``ranks`` engines; ``sizes``: model -> (depth, width, image size), a model named
+    as ``build_model`` names it, or ``family:label`` for a second size of one family (``"resnet:20"``)."""
     from mpi4dl_nb import cluster as clu
 
     out = []
     with clu.start(n=ranks, call_timeout=300) as cluster:
         for knobs, batch, model in cases:
             depth, width, size = sizes[model]
-            layers = build_model(model, num_layers=depth, num_filters=width, num_classes=2)
+            family = model.split(":")[0]
+            layers = build_model(family, num_layers=depth, num_filters=width, num_classes=2)
             plan = planner.estimate_memory(layers, ParallelConfig(**knobs), size, batch)
-            measured = cluster.run(_measure_on_engine, knobs, size, batch, model, depth, width)[0]
+            measured = cluster.run(_measure_on_engine, knobs, size, batch, family, depth, width)[0]
             out.append((knobs, model, [e / m for e, m in zip(plan.totals, measured)]))
     return out
