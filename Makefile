@@ -33,8 +33,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) .ci/any_budget.py
 
+# The suite as two pytest runs at once (tests/streams.py): the tests that start MPI jobs beside the others,
+# which are single-process and would leave a core idle. PYTEST_ARGS go to both (e.g. PYTEST_ARGS=-x).
 test: lint
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m tests.streams $(PYTEST_ARGS)
 
 # notebooks/.lab/labconfig turns Lab's autosave off, so a run never writes outputs into the tracked notebooks.
 # As root, Jupyter refuses to start without --allow-root: added then.
