@@ -13,11 +13,13 @@ from ..data.classes import (
     parse_names,
     resolve_names,
 )
+from ..data.volume_classes import volume_classes
 from ..evaluation.metrics import MetricName
 from ..models.pools import PoolKind
 from ..models.spec import split_model
 from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerKind, OptimizerSpec
 from .segmentation_flags import task_classes, task_of
+from .volume_flags import is_volume_run
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +85,8 @@ def check_training_args(args: argparse.Namespace) -> None:
     AugmentSpec.parse(args.augment)
     weights = parse_class_weights(args.class_weights)
     given = parse_names(args.classes)
-    found = task_classes(args) if task_of(args).dense else folder_classes(args.app, args.datapath)
+    found = (task_classes(args) if task_of(args).dense else volume_classes(args.datapath) if is_volume_run(args)
+             else folder_classes(args.app, args.datapath))
     cohort = args.cohort_data                               # --cohort: the manifest's classes
     found = found if cohort is None else cohort.classes
     args.class_names = resolve_names(args.app, found, given, args.num_classes, "--cohort" if cohort else "--datapath")

@@ -1,7 +1,8 @@
 """Volumes on the command line: ``--image-size D,H,W`` (one side: images), ``--voxel-size``, and their checks.
 
 Three numbers in ``--image-size`` make a run on volumes: ``--task segmentation`` with ``--model unet3d`` on a
-``--datapath`` of ``images/`` and ``masks/`` volume files (``data/volume_dataset.py``), tiles ``--slice-method
+``--datapath`` of ``images/`` and ``masks/`` volume files (``data/volume_dataset.py``), or ``--task classification``
+with ``--model resnet3d`` on class folders of volume files (``data/volume_classes.py``), tiles ``--slice-method
 DxRxC``. ``--voxel-size Z,Y,X`` (or one number for all three, µm) reads every volume shrunk to that voxel size,
 as ``--mpp`` does slides. ``--val-fraction`` and ``--folds`` hold out whole volumes (whole patients with a
 ``patients.csv``, ``data/volume_groups.py``).
@@ -9,10 +10,14 @@ as ``--mpp`` does slides. ``--val-fraction`` and ``--folds`` hold out whole volu
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import ConfigError
-from ..data.masks import IMAGES, is_mask_folder
+from ..data.apps import AppKind
+from ..data.masks import is_mask_folder
+from ..data.volume_classes import class_volume_files
+from ..data.volume_dataset import volume_images
 from ..data.volume_files import is_volume_file, volume_info
 from ..data.volume_groups import PATIENTS_FILE
 from ..models.spec import ModelFamily
@@ -53,16 +58,11 @@ def check_volume_args(args: argparse.Namespace) -> None:
         if args.voxel_size is not None:
             raise ConfigError("--voxel-size", "applies to volumes (--image-size D,H,W); images use --mpp")
         return
-    if family is not ModelFamily.UNET3D:
-        takes = ("classifies volumes: training it from volume files is not built yet" if family.volumetric
-                 else "takes images")
+    if not family.volumetric:
         raise ConfigError("--image-size", f"{','.join(map(str, args.image_size))} is a volume's patch but --model "
-                                          f"{args.model} {takes}: use --model unet3d, or one image side")
-    if args.task != "segmentation":
-        raise ConfigError("--task", "volumes are segmented (a class per voxel): add --task segmentation")
-    if args.datapath is None or not is_mask_folder(args.datapath):
-        raise ConfigError("--datapath", "volumes are read from a folder with images/ and masks/ holding volume "
-                                        "files of the same names (.tif stacks, .nii, .nii.gz)")
+                                          f"{args.model} takes images: use --model unet3d (segmentation) or "
+                                          f"resnet3d (classification), or one image side")
+    check_volume_task(args, family)
     for flag, given in (("--augment", args.augment), ("--mpp", args.mpp), ("--whole-slide", args.whole_slide),
                         ("--val-datapath", args.val_datapath)):
         if given:
@@ -72,14 +72,37 @@ def check_volume_args(args: argparse.Namespace) -> None:
         raise ConfigError("--group-by", f"groups tile files by name; a split of volumes holds out whole volumes, "
                                         f"grouped by patient when --datapath has a {PATIENTS_FILE} (columns "
                                         f"volume,patient): drop --group-by")
-    args.in_channels = volume_channels(Path(args.datapath))
+    root = Path(args.datapath).expanduser()
+    args.in_channels = volume_channels(volume_images(root) if family.dense else class_volume_files(root))
 
 
-def volume_channels(root: Path) -> int:
-    """The channels of the first volume of ``root/images`` (the model's input; the data check holds the rest to it):
-    1 when it cannot be read (the check then names it)."""
-    for path in sorted((root.expanduser() / IMAGES).iterdir()):
-        if path.is_file() and is_volume_file(path):
+def check_volume_task(args: argparse.Namespace, family: ModelFamily) -> None:
+    """ConfigError naming the flag when ``--task`` or ``--datapath`` do not fit ``--model`` on volumes: unet3d
+    segments ``images/`` with ``masks/``, resnet3d classifies class folders of volumes (``--app medical`` implied)."""
+    if family.dense and args.task != "segmentation":
+        raise ConfigError("--task", f"--model {family} segments volumes (a class per voxel): add --task "
+                                    f"segmentation, or classify whole volumes with --model resnet3d")
+    if not family.dense and args.task != "classification":
+        raise ConfigError("--task", f"--model {family} classifies whole volumes: use --task classification, or "
+                                    f"segment them with --model unet3d")
+    if family.dense and (args.datapath is None or not is_mask_folder(args.datapath)):
+        raise ConfigError("--datapath", "volumes are segmented from a folder with images/ and masks/ holding volume "
+                                        "files of the same names (.tif stacks, .nii, .nii.gz)")
+    if not family.dense and (args.datapath is None or not Path(args.datapath).expanduser().is_dir()
+                             or is_mask_folder(args.datapath)):
+        raise ConfigError("--datapath", "volumes are classified from a folder of class folders of volume files "
+                                        "(<class>/<name>.tif stacks, .nii, .nii.gz); images/ with masks/ are "
+                                        "segmented (--model unet3d)")
+    if AppKind.parse(args.app) is AppKind.CIFAR:
+        raise ConfigError("--app", "CIFAR-10 holds images, not volumes: drop --app (volumes are read from --datapath)")
+    args.app = AppKind.MEDICAL                   # volume files of --datapath, as a segmentation run reads them
+
+
+def volume_channels(files: Sequence[Path]) -> int:
+    """The channels of the first of ``files`` that is a readable volume (the model's input; the data check holds the
+    rest to it): 1 when none can be read (the check then names them)."""
+    for path in files:
+        if is_volume_file(path):
             try:
                 return volume_info(path).channels
             except ConfigError:

@@ -33,13 +33,18 @@ class RegionDataset(Protocol):
 
 
 @runtime_checkable
-class VolumeRegions(Protocol):
-    """A dataset of volumes (``volume_size`` (D, H, W) voxels): ``read`` ``(C, d, h, w)`` and ``read_mask``
-    ``(d, h, w)`` take a ``VolumeBox`` (a spatial rank's 3-D tile)."""
+class VolumeImages(Protocol):
+    """A dataset of volumes (``volume_size`` (D, H, W) voxels): ``read`` ``(C, d, h, w)`` takes a ``VolumeBox`` (a
+    spatial rank's 3-D tile)."""
 
     volume_size: tuple[int, int, int]
 
     def read(self, index: int, box: AnyBox | None = None) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class VolumeRegions(VolumeImages, Protocol):
+    """Volumes with label volumes: ``read_mask`` ``(d, h, w)`` takes a ``VolumeBox`` too."""
 
     def read_mask(self, index: int, box: AnyBox | None = None) -> torch.Tensor: ...
 
@@ -63,17 +68,29 @@ def image_box(box: AnyBox | None) -> Box | None:
     raise ValueError(f"an image is read by a box (r0, r1, c0, c1), got {box}")
 
 
-def volume_dataset(dataset: RegionDataset, box: VolumeBox) -> VolumeRegions:
+def input_size(dataset: RegionDataset) -> int | tuple[int, int, int]:
+    """What a batch of ``dataset`` is cut by: a volume's ``(D, H, W)``, an image's side."""
+    return dataset.volume_size if isinstance(dataset, VolumeImages) else dataset.image_size
+
+
+def volume_images(dataset: RegionDataset, box: VolumeBox) -> VolumeImages:
     """``dataset`` as volumes, for a read of ``box``; TypeError when it is not one."""
-    if not isinstance(dataset, VolumeRegions):
+    if not isinstance(dataset, VolumeImages):
         raise TypeError(f"{type(dataset).__name__} holds images, not volumes: it cannot read the 3-D box {box}")
+    return dataset
+
+
+def volume_dataset(dataset: RegionDataset, box: VolumeBox) -> VolumeRegions:
+    """``dataset`` as volumes with label volumes, for a read of ``box``; TypeError when it is not one."""
+    if not isinstance(dataset, VolumeRegions):
+        raise TypeError(f"{type(dataset).__name__} holds no label volumes: it cannot read the 3-D box {box} of one")
     return dataset
 
 
 def read_box(dataset: RegionDataset, index: int, box: AnyBox | None) -> torch.Tensor:
     """Image ``index`` of ``dataset``, only ``box`` of it (a volume's 3-D box, or an image's)."""
     if is_volume_box(box):
-        return volume_dataset(dataset, box).read(index, box)
+        return volume_images(dataset, box).read(index, box)
     return dataset.read(index, image_box(box))
 
 

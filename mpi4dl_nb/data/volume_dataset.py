@@ -129,14 +129,39 @@ def intensity_scale(dtype: np.dtype) -> float:
     return float(np.iinfo(dtype).max) if np.issubdtype(dtype, np.integer) else 1.0
 
 
+def volume_problem(image: Path, size: VolumeSize, voxel_size: VoxelSize | None = None) -> str | None:
+    """Why ``image`` gives no ``size`` patch (not a volume, or smaller than it at ``voxel_size``); None: it does."""
+    try:
+        return VolumePatch.of(volume_info(image), size, voxel_size).problem()
+    except (ConfigError, ValueError) as err:
+        return str(err).replace(f"{image}: ", "")
+
+
+def volume_patches(files: Sequence[Path], size: VolumeSize, voxel_size: VoxelSize | None,
+                   where: Path) -> tuple[list[VolumePatch], int]:
+    """The ``size`` patch of each of ``files`` and their one channel count; ConfigError when they differ."""
+    patches = [VolumePatch.of(volume_info(p), size, voxel_size) for p in files]
+    channels = {patch.info.channels for patch in patches}
+    if len(channels) > 1:
+        raise ConfigError("--datapath", f"the volumes of {where} have {sorted(channels)} channels; keep one channel "
+                                        f"count")
+    return patches, channels.pop()
+
+
+def read_patch(patch: VolumePatch, box: AnyBox | None) -> torch.Tensor:
+    """``patch`` ``(C, d, h, w)`` float in [0, 1] (integer voxels), only ``box`` of it."""
+    voxels = patch.voxels(volume_box(box)) / intensity_scale(patch.info.dtype)
+    return torch.from_numpy(np.ascontiguousarray(voxels)).float()
+
+
 def check_volume_pair(image: Path, size: VolumeSize, num_classes: int, ignore_index: int | None,
                       voxel_size: VoxelSize | None = None) -> str | None:
     """Why ``image`` and its label volume cannot be trained on (None: usable); reads the label volume slab by slab."""
+    problem = volume_problem(image, size, voxel_size)
+    if problem is not None:
+        return problem
     try:
         info = volume_info(image)
-        problem = VolumePatch.of(info, size, voxel_size).problem()
-        if problem is not None:
-            return problem
         mask = label_volume_of(image)
         labels = volume_info(mask)
     except (ConfigError, ValueError) as err:
@@ -175,15 +200,10 @@ class VolumeFolderDataset:
         if not self.files:
             raise FileNotFoundError(f"--datapath {str(root)!r} holds no volumes in {IMAGES}/ (.tif, .tiff, .nii, "
                                     f".nii.gz)")
-        self.patches = [VolumePatch.of(volume_info(p), image_size, voxel_size) for p in self.files]
-        channels = {patch.info.channels for patch in self.patches}
-        if len(channels) > 1:
-            raise ConfigError("--datapath", f"the volumes of {self.root / IMAGES} have {sorted(channels)} channels; "
-                                            f"keep one channel count")
+        self.patches, self.channels = volume_patches(self.files, image_size, voxel_size, self.root / IMAGES)
         self.masks = [label_volume_of(p) for p in self.files]
         self.volume_size = image_size
         self.image_size = max(image_size)
-        self.channels = channels.pop()
         self.num_classes = num_classes
         self.voxel_size = voxel_size
 
@@ -195,9 +215,7 @@ class VolumeFolderDataset:
 
     def read(self, index: int, box: AnyBox | None = None) -> torch.Tensor:
         """Volume ``index``'s patch ``(C, d, h, w)`` float in [0, 1] (integer voxels), only ``box`` of it."""
-        patch = self.patches[index]
-        voxels = patch.voxels(volume_box(box)) / intensity_scale(patch.info.dtype)
-        return torch.from_numpy(np.ascontiguousarray(voxels)).float()
+        return read_patch(self.patches[index], box)
 
     def read_mask(self, index: int, box: AnyBox | None = None) -> torch.Tensor:
         """Label patch ``index``, int64 ``(d, h, w)``, only ``box`` of it."""

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..comm.messages import as_items
-from ..data.dataset import RegionDataset, read_box
+from ..data.dataset import RegionDataset, input_size, read_box
 from ..pipeline.step_input import ShardedImages
 from ..spatial.loss import ClassCrossEntropy
 from .aggregate import MEAN, Aggregation
@@ -42,7 +42,7 @@ class HeldOutBatches:
         self.dtype = dtype
         self.num_classes = dataset.num_classes
         self.classes = tuple(classes)       # the class names the metrics carry (empty: none)
-        self.inputs = BatchInputs(engine, ctx.rank, dataset.image_size, batch_size, dtype)
+        self.inputs = BatchInputs(engine, ctx.rank, input_size(dataset), batch_size, dtype)
 
     @property
     def batches(self) -> int:

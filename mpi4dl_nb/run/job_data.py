@@ -15,6 +15,7 @@ from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.stain_reads import with_stain
 from ..data.validate import DataSources, SourceKind, find_sources
+from ..data.volume_classes import VolumeClassDataset
 from ..data.volume_dataset import VolumeFolderDataset
 from ..data.volume_groups import PATIENTS_FILE
 from ..evaluation.grouped import GroupedSplit, split_by_side, split_fold, split_grouped
@@ -23,6 +24,7 @@ from .identity import digest
 from .job import ClassWeights, DataSpec, HeldOutSpec
 
 Checker = Callable[[Path], str | None]
+VOLUME_FOLDERS = (VolumeFolderDataset, VolumeClassDataset)   # volumes: split whole, each side a dataset of its own
 
 
 def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
@@ -39,6 +41,8 @@ def unstained_dataset(data: DataSpec, seed: int, datapath: str | Path | None,
 
     if data.task.dense:
         return segmentation_dataset(data, datapath, exclude)
+    if data.volume_size is not None:
+        return volume_class_dataset(data, data.volume_size, datapath, exclude)
     if data.whole_slide:
         return canvas_dataset(data, datapath, exclude)
     if data.cohort is not None and datapath == data.datapath:    # the cohort's slides (not --val-datapath)
@@ -65,6 +69,16 @@ def canvas_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequenc
     files, _ = folder_files(root, exclude)
     return folder_canvases(root, files, data.image_size, classes=data.class_order, level=data.slide_level,
                            mpp=data.mpp, source_mpp=data.source_mpp, tissue_channel=data.tissue_channel)
+
+
+def volume_class_dataset(data: DataSpec, size: tuple[int, int, int], datapath: str | Path | None,
+                         exclude: Sequence[Path] = ()) -> VolumeClassDataset:
+    """The class folders of volumes ``datapath`` names (without the files ``exclude``): ``size`` patches, labelled in
+    the order of ``data.class_order`` when set."""
+    if datapath is None:
+        raise ConfigError("--datapath", "volumes to classify are read from a folder of class folders of volume files")
+    return VolumeClassDataset.open(datapath, size, classes=data.class_order,
+                                   exclude=exclude, voxel_size=data.voxel_size)
 
 
 def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> MaskDataset:
@@ -105,6 +119,13 @@ def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataS
     annotations (segmentation), or the tiles/slides of ``find_sources`` (classification, checker None)."""
     if data.cohort is not None and datapath == data.datapath:    # read_cohort opened every slide's header
         return DataSources(None), None
+    if data.volume_size is not None and not data.task.dense and datapath is not None:
+        from ..data.volume_classes import class_volume_files
+        from ..data.volume_dataset import volume_problem
+
+        volume, voxel = data.volume_size, data.voxel_size
+        return (DataSources(SourceKind.TILES, tuple(class_volume_files(require_path(datapath, knob)))),
+                lambda path: volume_problem(path, volume, voxel))
     if not data.task.dense:
         return find_sources(data.app, datapath, knob), None
     if datapath is None:
@@ -161,7 +182,7 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
     """The held-out split ``held_out`` names: a share of the groups of each class, or one fold of K (a cohort's
     ``fold`` column when it has one)."""
     classes = 1 if data.task.dense else data.num_classes    # masks: images are not split by class
-    groups = dataset.groups() if isinstance(dataset, VolumeFolderDataset) else groups_of(dataset, held_out.group_by)
+    groups = dataset.groups() if isinstance(dataset, VOLUME_FOLDERS) else groups_of(dataset, held_out.group_by)
     if held_out.folds is None and held_out.val_fraction is None:
         assert data.cohort is not None and data.cohort.has_splits, "a share, folds or the manifest's sides"
         return split_by_side(groups, {s.patient: s.split for s in data.cohort})
@@ -177,7 +198,7 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
 def split_sides(split: GroupedSplit, dataset: RegionDataset) -> tuple[RegionDataset, RegionDataset]:
     """(training images, held-out images) of ``dataset``: volumes as volume datasets of their own (read by 3-D
     tiles), other images as subsets."""
-    if isinstance(dataset, VolumeFolderDataset):
+    if isinstance(dataset, VOLUME_FOLDERS):
         return dataset.subset(split.train), dataset.subset(split.val)
     return split.subsets(dataset)
 

@@ -17,7 +17,7 @@ from ..checkpoint.optimizer_state import gather_optimizer_state, load_optimizer_
 from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, write_checkpoint
 from ..config import ParallelConfig
 from ..data import Batcher, RegionDataset
-from ..data.dataset import VolumeRegions
+from ..data.dataset import input_size
 from ..data.masks import batch_masks
 from ..data.task import Task
 from ..evaluation.batch_inputs import BatchInputs
@@ -131,8 +131,7 @@ class Trainer:
         self._own_monitor = monitor is None and self.timer.timeout() is not None
         self.monitor = JobMonitor.start(ctx) if self._own_monitor else monitor
         dataset = batcher.dataset
-        size = dataset.volume_size if isinstance(dataset, VolumeRegions) else dataset.image_size
-        self.inputs = BatchInputs(engine, ctx.rank, size, batcher.batch_size, settings.dtype,
+        self.inputs = BatchInputs(engine, ctx.rank, input_size(dataset), batcher.batch_size, settings.dtype,
                                   settings.task.dense)
         self.metrics = RunMetrics()
         self.step = 0

@@ -31,3 +31,29 @@ def write_volume_pairs(root: Path, shape: tuple[int, int, int] = (10, 12, 14), c
             nibabel.save(nifti, root / "images" / f"{name}.nii.gz")
             nibabel.save(nibabel.Nifti1Image(labels.transpose(2, 1, 0), np.eye(4)), root / "masks" / f"{name}.nii.gz")
     return root
+
+
+def write_volume_classes(root: Path, shape: tuple[int, int, int] = (8, 8, 8), seed: int = 0,
+                         classes: dict[str, tuple[str, ...]] | None = None) -> Path:
+    """A class folder per class of volumes, alternately ImageJ TIFF stacks and NIfTI of 1 x 0.5 x 0.5 µm voxels (z,
+    y, x), the volumes of a later class brighter (so that a network can learn something); default two classes of two
+    volumes each (``benign``: a, b; ``tumour``: c, d)."""
+    import nibabel
+    import tifffile
+
+    rng = np.random.default_rng(seed)
+    chosen = classes or {"benign": ("a", "b"), "tumour": ("c", "d")}
+    k = 0
+    for label, (name, volumes) in enumerate(chosen.items()):
+        (root / name).mkdir(parents=True)
+        for volume in volumes:
+            image = (rng.integers(0, 30000, shape) + label * 20000).astype(np.uint16)
+            if k % 2 == 0:
+                tifffile.imwrite(root / name / f"{volume}.tif", image, imagej=True, resolution=(2.0, 2.0),
+                                 metadata={"spacing": 1.0, "unit": "um", "axes": "ZYX"})
+            else:
+                nifti = nibabel.Nifti1Image(image.transpose(2, 1, 0), np.diag([0.5, 0.5, 1.0, 1.0]))
+                nifti.header.set_xyzt_units("micron")
+                nibabel.save(nifti, root / name / f"{volume}.nii.gz")
+            k += 1
+    return root
