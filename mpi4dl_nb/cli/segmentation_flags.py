@@ -77,9 +77,9 @@ def check_task_args(args: argparse.Namespace) -> None:
             raise ConfigError("--datapath", f"{args.datapath} holds images/ with their masks/ (per-pixel labels), "
                                             f"not class folders: add --task segmentation --model unet")
         return
-    if family in CLASSIFIERS:
+    if family in CLASSIFIERS or (family.volumetric and not family.dense):
         raise ConfigError("--model", f"{family} is a classifier (one class per image); --task segmentation trains "
-                                     f"a dense model: use --model unet")
+                                     f"a dense model: use --model {'unet3d' if family.volumetric else 'unet'}")
     for flag, value in (("--norm", args.norm), ("--upsampling", args.upsampling)):
         if value is not None and not family.dense:
             raise ConfigError(flag, "sets a U-Net's layers; it applies to --model unet only")

@@ -88,11 +88,9 @@ def check_volume_task(args: argparse.Namespace, family: ModelFamily) -> None:
     if family.dense and (args.datapath is None or not is_mask_folder(args.datapath)):
         raise ConfigError("--datapath", "volumes are segmented from a folder with images/ and masks/ holding volume "
                                         "files of the same names (.tif stacks, .nii, .nii.gz)")
-    if not family.dense and (args.datapath is None or not Path(args.datapath).expanduser().is_dir()
-                             or is_mask_folder(args.datapath)):
+    if not family.dense and (args.datapath is None or not Path(args.datapath).expanduser().is_dir()):
         raise ConfigError("--datapath", "volumes are classified from a folder of class folders of volume files "
-                                        "(<class>/<name>.tif stacks, .nii, .nii.gz); images/ with masks/ are "
-                                        "segmented (--model unet3d)")
+                                        "(<class>/<name>.tif stacks, .nii, .nii.gz)")
     if AppKind.parse(args.app) is AppKind.CIFAR:
         raise ConfigError("--app", "CIFAR-10 holds images, not volumes: drop --app (volumes are read from --datapath)")
     args.app = AppKind.MEDICAL                   # volume files of --datapath, as a segmentation run reads them

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.cli.setup import parse_launch
 from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
 from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.data import volume_dataset
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.data.volume_resample import VolumeResampler
