@@ -91,6 +91,10 @@ def check_volume_task(args: argparse.Namespace, family: ModelFamily) -> None:
     if not family.dense and (args.datapath is None or not Path(args.datapath).expanduser().is_dir()):
         raise ConfigError("--datapath", "volumes are classified from a folder of class folders of volume files "
                                         "(<class>/<name>.tif stacks, .nii, .nii.gz)")
+    if not family.dense and args.spatial_size > 0 and args.spatial_size >= args.split_size:
+        raise ConfigError("--spatial-size", f"--model {family} gives one class per volume, a loss that cannot be "
+                                            f"taken on tiles: keep a layer stage after the spatial ones (e.g. "
+                                            f"--split-size {args.spatial_size + 1} --spatial-size {args.spatial_size})")
     if AppKind.parse(args.app) is AppKind.CIFAR:
         raise ConfigError("--app", "CIFAR-10 holds images, not volumes: drop --app (volumes are read from --datapath)")
     args.app = AppKind.MEDICAL                   # volume files of --datapath, as a segmentation run reads them
