@@ -17,6 +17,7 @@ from .groups import Groups
 from .pathology import class_of, require_path
 from .validate import excluded
 from .volume_dataset import VolumeSize, read_patch, volume_patches
+from .volume_files import volume_stem
 from .volume_groups import PATIENTS_FILE, volume_groups
 from .volume_resample import VoxelSize
 
@@ -31,7 +32,8 @@ def class_volume_files(root: Path) -> list[Path]:
 def volume_class_labels(root: Path, files: Sequence[Path],
                         order: Sequence[str] | None = None) -> tuple[list[int], list[str]]:
     """(the class of each of ``files``, the class names): their class folders below ``root`` (``order``: the names
-    in label order); ConfigError naming ``--datapath`` for files outside class folders, an empty class folder."""
+    in label order); ConfigError naming ``--datapath`` for files outside class folders, two of one name (stem), an
+    empty class folder."""
     if not files:
         raise ConfigError("--datapath", f"{root} holds no volumes: give a folder of class folders of volume files "
                                         f"(<class>/<name>.tif, .nii, .nii.gz)")
@@ -39,6 +41,13 @@ def volume_class_labels(root: Path, files: Sequence[Path],
     if loose:
         raise ConfigError("--datapath", f"{root} holds {', '.join(loose[:3])} outside a class folder; volumes to "
                                         f"classify sit in the folder of their class (<class>/<name>.tif)")
+    seen: dict[str, Path] = {}
+    for path in files:
+        other = seen.setdefault(volume_stem(path), path)
+        if other != path:
+            raise ConfigError("--datapath", f"{other.relative_to(root)} and {path.relative_to(root)} share the name "
+                                            f"{volume_stem(path)!r}; a split and {PATIENTS_FILE} name volumes by "
+                                            f"file name: rename one")
     try:
         return class_of(files, root, order)
     except ValueError as err:

@@ -73,6 +73,7 @@ def test_a_small_volume_and_flat_images_are_refused_naming_each_file(tmp_path, c
 @pytest.mark.parametrize("change, flags, words", [
     ("empty", [], "--datapath: class folder"),
     ("loose", [], "x.tif outside a class folder; volumes to classify sit in the folder of their class"),
+    ("twice", [], "--datapath: benign/a.tif and tumour/a.nii share the name 'a'; a split and patients.csv name"),
     ("", ["--task", "segmentation"], "--model: resnet3d is a classifier (one class per image); --task "
                                      "segmentation trains a dense model: use --model unet3d"),
     ("", ["--model", "unet3d"], "--task: --model unet3d predicts a class per pixel; add --task segmentation"),
@@ -88,6 +89,8 @@ def test_volume_classification_flags_and_folders_that_do_not_fit_are_refused(tmp
     data = write_volume_classes(tmp_path / "v", shape=SHAPE)
     if change == "empty":
         (data / "normal").mkdir()
+    if change == "twice":
+        nibabel.save(nibabel.Nifti1Image(np.zeros(SHAPE, np.uint16), np.eye(4)), data / "tumour" / "a.nii")
     if change == "loose":
         tifffile.imwrite(data / "x.tif", np.zeros(SHAPE, np.uint16), imagej=True)
     datapath = data / "benign" / "a.tif" if change == "file" else data
