@@ -25,7 +25,6 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.cli.setup import parse_launch
 from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
 from mpi4dl_nb.cli.train_job import train_job
-from mpi4dl_nb.data import volume_dataset
 from mpi4dl_nb.data.masks import batch_masks
 from mpi4dl_nb.data.volume_resample import VolumeResampler
 from mpi4dl_nb.evaluation.pixel_metrics import confusion_counts, sample_dice
@@ -35,7 +34,7 @@ from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
 from tests.support.serial_training import matches_one_process, train_one_process
-from tests.support.volume_data import write_volume_pairs
+from tests.support.volume_data import recorded_reads, write_volume_pairs
 
 STEPS = 2
 SHAPE = (8, 32, 32)                    # the files' voxels; the patch is 8x16x16 at --voxel-size 1
@@ -77,14 +76,6 @@ def held_out_matches(summary: TrainSummary, setup: JobSetup, model: torch.nn.Mod
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
-    regions: list[tuple[str, tuple[tuple[int, int], ...]]] = []
-    original = volume_dataset.read_volume
-
-    def recording(path, region=None):       # every region this rank reads of a volume file
-        regions.append((Path(path).name, tuple(part.indices(n)[:2] for part, n in zip(region, SHAPE))))
-        return original(path, region)
-
-    volume_dataset.read_volume = recording
     with shared_temp_folder(ctx, "volumes-") as folder:
         if ctx.rank == 0:
             write_volume_pairs(Path(folder) / "volumes", shape=SHAPE, classes=2, names=("a", "b", "c"))
@@ -92,13 +83,13 @@ def main(check: Checks) -> None:
         argv = [*FLAGS, *TILES, "--datapath", str(Path(folder) / "volumes"), "--checkpoint-dir",
                 str(Path(folder) / "ck")]
         args, cfg = parse_launch(build_parser(), [*argv, "--steps", str(STEPS)], check_run_args)
-        setup = prepare(train_job(args, cfg), ctx)
-        trainer = build_trainer(setup, None)
-        regions.clear()                      # the data check read whole label volumes; training reads tiles
-        summary = trainer.run()
-        state = trainer.engine.full_state_dict()
+        with recorded_reads(SHAPE) as regions:
+            setup = prepare(train_job(args, cfg), ctx)
+            trainer = build_trainer(setup, None)
+            regions.clear()                  # the data check read whole label volumes; training reads tiles
+            summary = trainer.run()
+            state = trainer.engine.full_state_dict()
         read_in_training = list(regions)
-        volume_dataset.read_volume = original
         args, cfg = parse_launch(build_parser(), [*argv, "--steps", str(STEPS + 1), "--resume", "latest"],
                                  check_run_args)
         resumed_trainer = start(train_job(args, cfg), ctx, None)

@@ -25,7 +25,6 @@ from mpi4dl_nb.cli.setup import parse_launch
 from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
 from mpi4dl_nb.cli.train_job import train_job
 from mpi4dl_nb.comm.protocol import Comm
-from mpi4dl_nb.data import volume_dataset
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.data.volume_resample import VolumeResampler
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
@@ -34,7 +33,7 @@ from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
 from tests.support.serial_training import matches_one_process, train_one_process
-from tests.support.volume_data import write_volume_classes
+from tests.support.volume_data import recorded_reads, write_volume_classes
 
 STEPS = 2
 SHAPE = (16, 32, 32)                   # the files' voxels; the patch is 16x16x16 at --voxel-size 1
@@ -77,31 +76,20 @@ def held_out_matches(summary: TrainSummary, setup: JobSetup, model: torch.nn.Mod
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
-    regions: list[tuple[str, tuple[tuple[int, int], ...]]] = []
-    original = volume_dataset.read_volume
-
-    def recording(path, region=None):       # every region this rank reads of a volume file
-        regions.append((Path(path).name, tuple(part.indices(n)[:2] for part, n in zip(region, SHAPE))))
-        return original(path, region)
-
-    volume_dataset.read_volume = recording
-    try:
-        with shared_temp_folder(ctx, "volume-classes-") as folder:
-            if ctx.rank == 0:
-                write_volume_classes(Path(folder) / "volumes", shape=SHAPE, classes=CLASSES)
-            ctx.barrier()
-            argv = [*FLAGS, *TILES, "--datapath", str(Path(folder) / "volumes"), "--steps", str(STEPS)]
-            args, cfg = parse_launch(build_parser(), argv, check_run_args)
+    with shared_temp_folder(ctx, "volume-classes-") as folder:
+        if ctx.rank == 0:
+            write_volume_classes(Path(folder) / "volumes", shape=SHAPE, classes=CLASSES)
+        ctx.barrier()
+        argv = [*FLAGS, *TILES, "--datapath", str(Path(folder) / "volumes"), "--steps", str(STEPS)]
+        args, cfg = parse_launch(build_parser(), argv, check_run_args)
+        with recorded_reads(SHAPE) as regions:
             setup = prepare(train_job(args, cfg), ctx)
             trainer = build_trainer(setup, None)
             regions.clear()                  # training and evaluation read tiles
             summary = trainer.run()
             state = trainer.engine.full_state_dict()
-            read = list(regions)
-            volume_dataset.read_volume = original
-            compare(check, ctx, setup, summary, state)      # the files are still there: one process reads them
-    finally:
-        volume_dataset.read_volume = original
+        read = list(regions)
+        compare(check, ctx, setup, summary, state)      # the files are still there: one process reads them
     with check("each rank reads its tile") as result:
         shrink = VolumeResampler((1.0, 2.0, 2.0))
         footprints = [tuple((a, min(b, n)) for (a, b), n in zip(shrink.source_box(tile), SHAPE))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -57,3 +59,23 @@ def write_volume_classes(root: Path, shape: tuple[int, int, int] = (8, 8, 8), se
                 nibabel.save(nifti, root / name / f"{volume}.nii.gz")
             k += 1
     return root
+
+
+@contextmanager
+def recorded_reads(shape: tuple[int, ...]) -> Iterator[list[tuple[str, tuple[tuple[int, int], ...]]]]:
+    """Every region this process reads of a volume file while inside: (file name, (start, stop) per axis of a file
+    of ``shape``); ``data.volume_dataset.read_volume`` as it was afterwards."""
+    from mpi4dl_nb.data import volume_dataset
+
+    regions: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+    original = volume_dataset.read_volume
+
+    def recording(path, region=None):
+        regions.append((Path(path).name, tuple(part.indices(n)[:2] for part, n in zip(region, shape))))
+        return original(path, region)
+
+    volume_dataset.read_volume = recording
+    try:
+        yield regions
+    finally:
+        volume_dataset.read_volume = original
