@@ -339,7 +339,7 @@ def draw_volume_tiles_and_halos(volume: np.ndarray | torch.Tensor, grid: TileGri
     shape = "x".join(map(str, grid.shape))
     where = f"slice {depth_index} of {vol_d}"
     if halo is None:
-        ax.set_title(f"{where}: {vol_d}x{img_h}x{img_w} volume on {shape} tiles (here: {here})", fontsize=9)
+        ax.set_title(f"{where}: {vol_d}x{img_h}x{img_w} volume\non {shape} tiles (here: {here})", fontsize=9)
     else:
         chosen = range(grid.num_tiles) if tiles is None else tiles
         for tile in chosen:
