@@ -12,6 +12,7 @@ pytest session (as ``pytest tests`` would).
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -32,13 +33,15 @@ def main(argv: list[str]) -> int:
     if "--one-stream" in argv:
         extra = [a for a in argv if a != "--one-stream"]
         return subprocess.call([sys.executable, "-m", "pytest", *COMMON, *extra, "tests"], cwd=REPO)
+    # a SIGTERM (a CI time limit, a killed make) raises here, so neither pytest run outlives this one
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     LOG.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with LOG.open("w") as log:
         unit = subprocess.Popen(pytest_command("not mpi", argv), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
             launching = subprocess.call(pytest_command("mpi", argv), cwd=REPO)
-        except BaseException:                 # Ctrl-C: end the other stream too, then stop
+        except BaseException:                 # Ctrl-C, SIGTERM: end the other stream too, then stop
             unit.terminate()
             unit.wait()
             raise
