@@ -1,0 +1,151 @@
+"""Jobs as their own schema: a dataclass field names its flag, help, parser and choices in one place
+(``flag(...)``); the command line and Python keywords are both read through these fields."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+Parse = Callable[[str], object]
+FLAG_KEY = "mpi4dl_nb.flag"     # the key of a field's metadata that holds its Flag
+SUGGESTIONS = 3                 # close names offered for a misspelt keyword
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one job field is given on the command line: the flag, its help, how text becomes the value.
+
+    ``parse`` turns the flag's text into the field's value (ValueError or ConfigError with the reason when it
+    cannot); ``choices`` are the texts accepted (checked before ``parse``); ``switch`` is an on/off flag whose
+    presence sets the opposite of the default; ``repeat`` collects every use into a tuple; ``const`` is the text
+    a flag given without a value stands for (``--checkpoint-activations`` alone means ``every``). ``dest``
+    names the keyword of ``dl.<command>(...)`` (default: the flag without dashes, ``--no-`` and case)."""
+
+    option: str
+    help: str
+    parse: Parse | None = None
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    group: str = "options"
+    aliases: tuple[str, ...] = ()
+    switch: bool = False
+    repeat: bool = False
+    const: str | None = None
+    dest: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.option.startswith("--"):
+            raise ValueError(f"flag {self.option!r}: long options only (--name)")
+        if not self.dest:
+            name = self.option[2:].removeprefix("no-") if self.switch else self.option[2:]
+            object.__setattr__(self, "dest", name.replace("-", "_").lower())
+
+    def value_of(self, text: str) -> object:
+        """``text`` as the field's value: checked against the choices, then parsed; ConfigError naming the flag."""
+        if self.choices and text not in self.choices:
+            raise ConfigError(self.option, f"{text!r}: choose one of {', '.join(self.choices)}")
+        if self.parse is None:
+            return text
+        try:
+            return self.parse(text)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise ConfigError(self.option, f"{text!r}: {err}") from None
+
+
+def flag(option: str, help: str, default: object = MISSING, *, default_factory: Callable[[], object] | None = None,
+         **how: Any) -> Any:
+    """A dataclass field given by ``option`` on the command line (``how``: the other Flag settings)."""
+    meta = {FLAG_KEY: Flag(option, help, **how)}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class FlagField:
+    """A flag-bearing field of a job: where it sits (field names from the job down) and its flag."""
+
+    path: tuple[str, ...]
+    field: Field[Any]
+    flag: Flag
+
+    @property
+    def default(self) -> object:
+        """The field's default (a fresh one from its factory), MISSING for a field that has none."""
+        if self.field.default is not MISSING:
+            return self.field.default
+        if self.field.default_factory is not MISSING:
+            return self.field.default_factory()
+        return MISSING
+
+
+def _nested(cls: type, f: Field[Any]) -> type | None:
+    """The dataclass a field without a flag holds (its fields are read in turn), None for a plain field."""
+    hint = typing.get_type_hints(cls).get(f.name)
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def flag_fields(job: type, path: tuple[str, ...] = ()) -> Iterator[FlagField]:
+    """Every flag of ``job`` and of the dataclasses its fields hold, in field order (depth first)."""
+    for f in dataclasses.fields(job):
+        given = f.metadata.get(FLAG_KEY)
+        if isinstance(given, Flag):
+            yield FlagField((*path, f.name), f, given)
+        elif (inner := _nested(job, f)) is not None:
+            yield from flag_fields(inner, (*path, f.name))
+
+
+def flags_by_dest(job: type) -> dict[str, FlagField]:
+    """``job``'s flags by keyword name; ValueError when two fields claim one name."""
+    found: dict[str, FlagField] = {}
+    for item in flag_fields(job):
+        if item.flag.dest in found:
+            raise ValueError(f"{job.__name__}: {item.flag.option} and {found[item.flag.dest].flag.option} share "
+                             f"the keyword {item.flag.dest!r}")
+        found[item.flag.dest] = item
+    return found
+
+
+def unknown_keyword(name: str, known: Mapping[str, object], command: str) -> ConfigError:
+    """The error for a keyword no flag of ``command`` has, with the closest names."""
+    close = difflib.get_close_matches(name, list(known), n=SUGGESTIONS)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(name, f"is not a setting of {command}{hint}")
+
+
+def typed_value(item: FlagField, value: object) -> object:
+    """A keyword's value as the field holds it: text parsed as the flag parses it (each item of a repeated
+    flag's list), anything else as given."""
+    if isinstance(value, str):
+        parsed = item.flag.value_of(value)
+        return (parsed,) if item.flag.repeat else parsed
+    if item.flag.repeat and isinstance(value, (list, tuple)):
+        return tuple(item.flag.value_of(v) if isinstance(v, str) else v for v in value)
+    return value
+
+
+def build(job: type[T], values: Mapping[str, object], command: str, path: tuple[str, ...] = ()) -> T:
+    """``job`` from values keyed by keyword name (``batch_size=8``): the flag fields they name set, the rest
+    default; nested dataclasses built alike. ConfigError for a keyword no field has (with the closest)."""
+    known = flags_by_dest(job) if not path else {}
+    if not path:
+        for name in values:
+            if name not in known:
+                raise unknown_keyword(name, known, command)
+    kwargs: dict[str, object] = {}
+    for f in dataclasses.fields(job):          # type: ignore[arg-type]  # job is a dataclass type
+        given = f.metadata.get(FLAG_KEY)
+        if isinstance(given, Flag):
+            if given.dest in values:
+                kwargs[f.name] = typed_value(FlagField((*path, f.name), f, given), values[given.dest])
+        elif (inner := _nested(job, f)) is not None:
+            kwargs[f.name] = build(inner, values, command, (*path, f.name))
+    return job(**kwargs)
