@@ -132,7 +132,7 @@ def typed_value(item: FlagField, value: object) -> object:
     return value
 
 
-def build(job: type[T], values: Mapping[str, object], command: str, path: tuple[str, ...] = ()) -> T:
+def build_job(job: type[T], values: Mapping[str, object], command: str, path: tuple[str, ...] = ()) -> T:
     """``job`` from values keyed by keyword name (``batch_size=8``): the flag fields they name set, the rest
     default; nested dataclasses built alike. ConfigError for a keyword no field has (with the closest)."""
     known = flags_by_dest(job) if not path else {}
@@ -147,5 +147,5 @@ def build(job: type[T], values: Mapping[str, object], command: str, path: tuple[
             if given.dest in values:
                 kwargs[f.name] = typed_value(FlagField((*path, f.name), f, given), values[given.dest])
         elif (inner := _nested(job, f)) is not None:
-            kwargs[f.name] = build(inner, values, command, (*path, f.name))
+            kwargs[f.name] = build_job(inner, values, command, (*path, f.name))
     return job(**kwargs)

@@ -9,7 +9,7 @@ import pytest
 
 from mpi4dl_nb.cli.job_flags import add_job_flags, keyword_values
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.schema import build, flag, flag_fields, flags_by_dest
+from mpi4dl_nb.schema import build_job, flag, flag_fields, flags_by_dest
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -34,14 +34,14 @@ class Job:
 
 def parsed(argv: list[str]) -> Job:
     parser = add_job_flags(argparse.ArgumentParser(), Job)
-    return build(Job, keyword_values(parser.parse_args(argv), Job), "job")
+    return build_job(Job, keyword_values(parser.parse_args(argv), Job), "job")
 
 
 def test_flags_and_keywords_build_the_same_job() -> None:
     argv = ["--checkpoint", "c.pt", "--mode", "slow", "--sizes", "2,3", "--batch-size", "8", "--no-progress",
             "--tag", "a", "--tag", "b"]
     from_flags = parsed(argv)
-    from_keywords = build(Job, {"checkpoint": "c.pt", "mode": "slow", "sizes": "2,3", "batch_size": 8,
+    from_keywords = build_job(Job, {"checkpoint": "c.pt", "mode": "slow", "sizes": "2,3", "batch_size": 8,
                                 "progress": False, "tags": ["a", "b"]}, "job")
     assert from_flags == from_keywords == Job("c.pt", "slow", (2, 3), Inner(8, False, ("a", "b")))
 
@@ -53,9 +53,9 @@ def test_defaults_come_from_the_fields() -> None:
 
 def test_refusals_name_the_flag() -> None:
     with pytest.raises(ConfigError, match="--mode: 'medium': choose one of fast, slow"):
-        build(Job, {"checkpoint": "c", "mode": "medium"}, "job")
+        build_job(Job, {"checkpoint": "c", "mode": "medium"}, "job")
     with pytest.raises(ConfigError, match="batch_sise: is not a setting of job; did you mean batch_size"):
-        build(Job, {"checkpoint": "c", "batch_sise": 3}, "job")
+        build_job(Job, {"checkpoint": "c", "batch_sise": 3}, "job")
     with pytest.raises(SystemExit):
         parsed(["--checkpoint", "c", "--sizes", "2,x"])
 

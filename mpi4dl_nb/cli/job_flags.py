@@ -51,7 +51,7 @@ def add_job_flags(parser: argparse.ArgumentParser, job: type) -> argparse.Argume
 
 
 def keyword_values(args: argparse.Namespace, job: type) -> dict[str, object]:
-    """The parsed flags of ``job`` as the keyword values ``schema.build`` takes (a repeated flag not given
+    """The parsed flags of ``job`` as the keyword values ``schema.build_job`` takes (a repeated flag not given
     left out, so its field keeps its default)."""
     given: Mapping[str, object] = vars(args)
     values: dict[str, object] = {}
