@@ -4,9 +4,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING
+from typing import Any, Protocol
 
 from ..errors import ConfigError
 from ..schema import FlagField, flag_fields
+
+
+class FlagAdder(Protocol):
+    """What a parser or an argument group offers: adding a flag."""
+
+    def add_argument(self, *name_or_flags: str, **kwargs: Any) -> argparse.Action: ...
 
 
 def _typed(item: FlagField) -> Callable[[str], object]:
@@ -22,12 +29,12 @@ def _typed(item: FlagField) -> Callable[[str], object]:
 
 def add_job_flags(parser: argparse.ArgumentParser, job: type) -> argparse.ArgumentParser:
     """Add a flag for every flag field of ``job`` (its nested dataclasses' too), in groups; returns ``parser``."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
+    groups: dict[str, FlagAdder] = {}
     for item in flag_fields(job):
         flag = item.flag
-        group = groups.get(flag.group)
-        if group is None:
-            group = groups[flag.group] = parser.add_argument_group(flag.group)
+        if flag.group not in groups:
+            groups[flag.group] = parser.add_argument_group(flag.group)
+        group = groups[flag.group]
         names = (flag.option, *flag.aliases)
         default = item.default
         if flag.switch:
@@ -46,7 +53,7 @@ def add_job_flags(parser: argparse.ArgumentParser, job: type) -> argparse.Argume
         metavar = flag.metavar or ("{" + ",".join(flag.choices) + "}" if flag.choices else None)
         if metavar is not None:
             options["metavar"] = metavar
-        group.add_argument(*names, **options)      # type: ignore[arg-type]  # argparse's keyword types
+        group.add_argument(*names, **options)
     return parser
 
 
