@@ -142,6 +142,17 @@ def volume_slices(value: object) -> tuple[int, int, int] | None:
     return (depth, rows, cols)
 
 
+def parse_slice_method(text: str) -> str:
+    """``--slice-method``: an image's tile layout (square, vertical, horizontal) or a volume's ``DxRxC`` (depth x
+    rows x cols tiles, e.g. ``2x2x2``), normalised; ConfigError naming the choices."""
+    key = str(text).strip().strip('"').strip("'").lower()
+    volume = volume_slices(key)
+    if key not in SLICE_METHODS and volume is None:
+        raise ConfigError("--slice-method", f"{text!r}: choose one of {', '.join(SLICE_METHODS)}, or DxRxC for a "
+                                            f"volume's depth x rows x cols tiles (e.g. 2x2x2)")
+    return key if volume is None else "x".join(map(str, volume))
+
+
 def as_schedule_kind(value: object) -> ScheduleKind:
     """``value`` (``"1f1b"`` or a member) as a ScheduleKind; ConfigError naming the choices."""
     return parse_choice(ScheduleKind, value, "schedule", " or ".join(f"'{v}'" for v in SCHEDULES))

@@ -30,8 +30,9 @@ from typing import BinaryIO
 
 import torch
 
-from ..config import Choice
+from ..config import Choice, ConfigError
 from ..evaluation.metrics import MetricName
+from ..schema import flag
 
 # 3: the run's record under "record" (record.py); 2: a flat "run" dict; 1: no run id or identity
 FORMAT_VERSION = 3
@@ -328,3 +329,22 @@ def select_checkpoint(path: str | Path, select: CheckpointSelect | str = Checkpo
         raise ValueError(f"--checkpoint-select best picks the best checkpoint of a directory, and {str(path)!r} is "
                          f"a file: give its directory, or drop --checkpoint-select to load this file")
     return target
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """The checkpoint ``evaluate`` and ``infer`` load (``--checkpoint``, ``--checkpoint-select``)."""
+
+    checkpoint: str = flag("--checkpoint", "a checkpoint file, or a checkpoint directory (see --checkpoint-select)",
+                           group="checkpoint")
+    checkpoint_select: CheckpointSelect = flag(
+        "--checkpoint-select", "which checkpoint of a directory: latest (the newest) or best (the one 'train "
+                               "--keep-best' kept)", CheckpointSelect.LATEST, parse=CheckpointSelect,
+        choices=CheckpointSelect.values(), group="checkpoint")
+
+    def path(self) -> Path:
+        """The checkpoint file these name, found now; ConfigError naming ``--checkpoint`` and what is missing."""
+        try:
+            return select_checkpoint(self.checkpoint, self.checkpoint_select)
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError("--checkpoint", str(err).removeprefix("--checkpoint ")) from None

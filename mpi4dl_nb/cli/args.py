@@ -15,7 +15,9 @@ from ..config import (
     ScheduleKind,
     SliceMethod,
     as_checkpoint_setting,
-    volume_slices,
+)
+from ..config import (
+    parse_slice_method as config_parse_slice_method,
 )
 from ..data.apps import AppKind
 from .image_size import image_size_arg
@@ -80,18 +82,11 @@ def parse_app(text: str) -> AppKind:
 
 
 def parse_slice_method(text: str) -> str:
-    """Validate ``--slice-method`` early, with the valid choices in the message: an image's layout or a
-    volume's ``DxRxC`` (depth x rows x cols tiles, e.g. ``2x2x2``; ``--num-spatial-parts`` = D*R*C)."""
-    key = str(text).strip().strip('"').strip("'").lower()
+    """``--slice-method``'s argparse type (``config.parse_slice_method``, its refusal as a usage error)."""
     try:
-        volume = volume_slices(key)
+        return config_parse_slice_method(text)
     except ConfigError as err:
-        raise argparse.ArgumentTypeError(f"--slice-method {text!r}: {err.detail}") from None
-    if key not in SLICE_METHODS and volume is None:
-        raise argparse.ArgumentTypeError(
-            f"--slice-method {text!r}: choose one of {', '.join(SLICE_METHODS)}, or DxRxC for a volume's "
-            f"depth x rows x cols tiles (e.g. 2x2x2)")
-    return key if volume is None else "x".join(map(str, volume))
+        raise argparse.ArgumentTypeError(f"--slice-method {err.detail}") from None
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from ..models.external import pretrained_normalization
 from ..models.normalize import Normalization
 from ..models.pools import PoolKind
 from ..models.resnet import version_for_depth
-from ..models.spec import ModelFamily, ModelSpec, split_model
+from ..models.spec import ModelSpec, parse_model_name, split_model
 from .image_size import image_size_arg
 
 VERSION_HELP = ("ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2); default v2, or v1 for a depth "
@@ -27,12 +27,9 @@ SIZE_FLAGS = (("--num-layers", "num_layers"), ("--num-filters", "num_filters"))
 def model_arg(text: str) -> str:
     """``--model``'s type: a family or a named model (``torchvision:resnet50`` ...), refused early with the forms."""
     try:
-        family, source = split_model(text)
+        return parse_model_name(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-    if not family.named:
-        return str(family)
-    return (source or "") if family is ModelFamily.MODULE else f"{family}:{source}"
 
 
 def add_model_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None,

@@ -1,11 +1,15 @@
-"""Node-local rank from the MPI launcher's environment, the device a rank uses (and the tensor
-backends that fit it), and waiting for it."""
+"""Node-local rank from the MPI launcher's environment, the device and data plane a run asks for (DeviceChoice:
+``--device``, ``--backend``), the device a rank uses (and the tensor backends that fit it), and waiting for it."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..schema import flag
 
 if TYPE_CHECKING:
     import torch
@@ -13,6 +17,31 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}   # torch.distributed backends and their tensors
+DEVICE_GROUP = "device"
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """Where a run's tensors live and which data plane moves them (``--device``, ``--backend``; train, evaluate,
+    infer)."""
+
+    backend: str = flag("--backend", "tensor data plane: mpi (mpi4py; CUDA-aware MPI or staged on GPU), gloo "
+                                     "(torch.distributed, CPU), nccl (torch.distributed, CUDA); auto: nccl on GPU, "
+                                     "mpi on CPU", "auto", choices=BACKENDS, group=DEVICE_GROUP)
+    device: str = flag("--device", "where tensors live: cuda (refused at once, naming what is missing, when no GPU "
+                                   "can be used), cpu, or auto (cuda when visible)", "auto", choices=DEVICES,
+                       group=DEVICE_GROUP)
+
+    def check(self) -> None:
+        """ConfigError before any rank talks: a GPU asked for and not usable, gloo with CUDA tensors."""
+        if self.device == "cuda" or self.backend == "nccl":
+            missing = cuda_unavailable_reason()
+            if missing is not None:
+                knob, value = ("--device", "cuda") if self.device == "cuda" else ("--backend", "nccl")
+                raise ConfigError(knob, f"{value} needs a CUDA GPU: {missing}; use --device cpu (or auto) with "
+                                        f"--backend mpi or gloo")
+        if self.backend == "gloo" and self.device == "cuda":
+            raise ConfigError("--backend", "gloo moves CPU tensors; with --device cuda use --backend nccl or mpi")
 
 # Variables launchers set for the rank's index on its node, most specific first.
 LOCAL_RANK_VARIABLES: tuple[tuple[str, str], ...] = (

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..schema import flag
 
 MAGNIFICATION_MPP = 10.0      # µm/px at 1x objective magnification: 40x = 0.25, 20x = 0.5, 10x = 1.0
 LEVEL_TOLERANCE = 0.02        # a level within 2 % of the target is used as it is (no resampling)
@@ -101,6 +102,37 @@ def target_mpp(mpp: float | None, magnification: float | None) -> float | None:
         raise ConfigError("--mpp", f"must be > 0 (µm per pixel), got {mpp}")
     return mpp
 
+
+
+@dataclass(frozen=True)
+class ResolutionChoice:
+    """The resolution a command works at and a slide's own (``--mpp`` or ``--magnification``, ``--source-mpp``;
+    train, evaluate, infer): checked on construction."""
+
+    mpp: float | None = flag("--mpp", "µm per pixel to work at: the slide level at or finer than it, resampled to "
+                                      "it (train: recorded as infer's default; infer/evaluate: default the "
+                                      "checkpoint's)", None, parse=float, group="resolution")
+    magnification: float | None = flag("--magnification", "instead of --mpp: objective magnification, as 10 / M "
+                                                          "µm per pixel (40x = 0.25)", None, parse=float,
+                                       group="resolution")
+    source_mpp: float | None = flag("--source-mpp", "level 0's µm per pixel, for slides that carry none (or to "
+                                                    "correct them)", None, parse=float, group="resolution")
+
+    def __post_init__(self) -> None:
+        target_mpp(self.mpp, self.magnification)
+        if self.source_mpp is not None and not self.source_mpp > 0:
+            raise ConfigError("--source-mpp", f"must be > 0 (µm per pixel), got {self.source_mpp}")
+
+    @property
+    def target(self) -> float | None:
+        """The µm per pixel asked for (``--mpp``, or ``--magnification`` converted), None: as stored."""
+        return target_mpp(self.mpp, self.magnification)
+
+    @property
+    def given(self) -> str | None:
+        """The first resolution flag given (None: none)."""
+        return next((knob for knob, value in (("--mpp", self.mpp), ("--magnification", self.magnification),
+                                              ("--source-mpp", self.source_mpp)) if value is not None), None)
 
 @dataclass(frozen=True)
 class LevelChoice:

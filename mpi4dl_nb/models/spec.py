@@ -201,6 +201,15 @@ def split_model(text: str) -> tuple[ModelFamily, str | None]:
     return (library, name) if library is not None else (ModelFamily.MODULE, raw)
 
 
+def parse_model_name(text: str) -> str:
+    """``--model``'s text normalised: a family (``resnet``) or a named model (``torchvision:resnet50``,
+    ``timm:NAME``, ``package.module:callable``); ValueError naming the forms."""
+    family, source = split_model(text)
+    if not family.named:
+        return str(family)
+    return (source or "") if family is ModelFamily.MODULE else f"{family}:{source}"
+
+
 def normalization_of(data: Mapping[str, object]) -> Normalization | None:
     """The ``normalize`` field ``to_dict`` wrote (None when missing)."""
     value = data.get("normalize")
