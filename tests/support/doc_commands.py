@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 EXCERPT_MARK = "<!-- excerpt -->"
-NOT_COMMANDS = ("python", "json", "text-output")
+NOT_COMMANDS = ("python", "json")          # blocks of code and data, never commands
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
 PLACEHOLDER = re.compile(r"\.\.\.|<[^<>\s][^<>]*>|\$\w|\$\{")
 # launcher flags and how many words follow each (others: none)
@@ -198,7 +198,7 @@ def check_python(args: list[str], ranks: int | None) -> None:
         module = args[1] if len(args) > 1 else ""
         if module == "mpi4dl_nb":
             check_mpi4dl_nb(args[2:], ranks)
-        elif importlib.util.find_spec(module.split(".")[0]) is None or not module_exists(module):
+        elif not module_exists(module):
             raise DocCommandError(f"python -m {module}: no such module")
     else:
         check_file(args[0], "python")
