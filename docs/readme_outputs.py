@@ -1,11 +1,11 @@
-"""README.md's sample outputs, written from the commands that print them (``make readme-outputs``).
+"""The sample outputs of README.md and docs/*.md, written from the commands that print them (``make readme-outputs``).
 
-Each sample output in README.md sits between ``<!-- output: NAME -->`` and ``<!-- /output -->``: a
-fenced block with what the command printed, and a line naming the command, the commit and the machine.
-``SAMPLES`` is the one table of them: the command README shows, how this script runs it, and a small
-configuration that prints the same format fast (``quick``: tests/test_readme_outputs.py compares the
-*shape* of its output, numbers masked, with README's block). A new sample is a row here plus its two
-marker lines where it belongs in README.md, then ``python docs/readme_outputs.py NAME``.
+Each sample output sits in its page (README.md, or a page of docs/) between ``<!-- output: NAME -->`` and
+``<!-- /output -->``: a fenced block with what the command printed, and a line naming the command, the commit
+and the machine. ``SAMPLES`` is the one table of them: the page, the command that page shows, how this script
+runs it, and a small configuration that prints the same format fast (``quick``: tests/test_readme_outputs.py
+compares the *shape* of its output, numbers masked, with the page's block). A new sample is a row here plus its
+two marker lines where it belongs in its page, then ``python docs/readme_outputs.py NAME``.
 
     python docs/readme_outputs.py            # every sample (the demo takes minutes)
     python docs/readme_outputs.py layout     # some samples (and the ones they need, run first)
@@ -27,25 +27,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+README = "README.md"
 FLAGSHIP_NAME = "04_hybrid_training_pathology.ipynb"
+BATCH_JOBS = "docs/batch-jobs.md"
+EVALUATION = "docs/evaluation.md"
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One sample output of README.md: its command, how it is run, and a fast run of the same format."""
+    """One sample output of a page: its command, how it is run, and a fast run of the same format."""
 
     name: str
-    command: str                      # as README shows it (the test finds it in README's text)
+    command: str                      # as its page shows it (the test finds it in the page's bash blocks)
     caption: str                      # names the command in the line under the block
-    run: str | None = None            # what runs it when README shows another spelling (``make demo``)
+    run: str | None = None            # what runs it when the page shows another spelling (``make demo``)
     needs: str | None = None          # a sample whose run (same scratch folder) this one reads
     quick: tuple[str, ...] = ()       # fast commands, the last printing the same format ({root}: the checkout)
     json_keys: tuple[str, ...] = ()   # JSON lines shown with these keys only (then ``, ...}``)
     tail: int = 0                     # show only the last lines (0: all)
     hide: str | None = None           # lines left out (a regular expression): logs of other programs
+    page: str = README                # the page holding the block, relative to the checkout
+
+    @property
+    def path(self) -> Path:
+        return ROOT / self.page
 
 
+LAYOUT_FLAGS = "--num-spatial-parts 4 --slice-method vertical --split-size 2 --spatial-size 1"
 TRAIN_FLAGS = ("--model amoebanet --num-layers 6 --num-filters 16 --image-size 256 --num-spatial-parts 4 "
                "--slice-method vertical --split-size 2 --spatial-size 1 --batch-size 2 --steps 3 -v")
 EVAL_TRAIN_FLAGS = ("--app medical --num-classes 2 --image-size 128 --batch-size 8 --num-layers 11 --num-filters 8 "
@@ -57,15 +65,14 @@ SAMPLES: tuple[Sample, ...] = (
     Sample("demo", "make demo", "`make demo`", run="python -m mpi4dl_nb.notebook.demo", hide=r"^\[IPKernelApp\]",
            quick=(f"python {{root}}/docs/readme_outputs.py --stand-in-flagship {FLAGSHIP_NAME}",
                   f"python -m mpi4dl_nb.notebook.demo --notebook {FLAGSHIP_NAME}")),
-    Sample("layout", "python -m mpi4dl_nb layout --split-size 2 --spatial-size 1 --num-spatial-parts 4",
-           "the `layout` command above",
-           quick=("python -m mpi4dl_nb layout --split-size 2 --spatial-size 1 --num-spatial-parts 4",)),
-    Sample("train", f"mpiexec -n 5 python -m mpi4dl_nb train {TRAIN_FLAGS}", "the first `train` command above",
-           json_keys=("model", "images_per_s", "loss", "peak_memory_bytes", "memory_source"),
+    Sample("layout", f"python -m mpi4dl_nb layout {LAYOUT_FLAGS}", "the `layout` command above",
+           quick=(f"python -m mpi4dl_nb layout {LAYOUT_FLAGS}",), page=BATCH_JOBS),
+    Sample("train", f"mpiexec -n 5 python -m mpi4dl_nb train {TRAIN_FLAGS}", "the `train` command above",
+           json_keys=("model", "images_per_s", "loss", "peak_memory_bytes", "memory_source"), page=BATCH_JOBS,
            quick=("mpiexec -n 2 python -m mpi4dl_nb train --model amoebanet --num-layers 3 --num-filters 4 "
                   "--image-size 32 --split-size 2 --spatial-size 0 --batch-size 2 --steps 1 -v",)),
     Sample("evaluation-train", f"mpiexec -n 5 python -m mpi4dl_nb train {EVAL_TRAIN_FLAGS}",
-           "the `train` command above (its last line)", tail=1,
+           "the `train` command above (its last line)", tail=1, page=EVALUATION,
            json_keys=("steps_run", "loss", "val_step", "val_count", "val_loss", "val_accuracy",
                       "val_balanced_accuracy", "val_roc_auc", "best"),
            quick=("mpiexec -n 2 python -m mpi4dl_nb train --app medical --num-classes 2 --image-size 64 "
@@ -73,9 +80,9 @@ SAMPLES: tuple[Sample, ...] = (
                   "--log-dir runs/ihc --checkpoint-dir runs/ihc/ckpt --keep-best val_loss --split-size 2 "
                   "--spatial-size 0",)),
     Sample("evaluate", f"python -m mpi4dl_nb evaluate {EVALUATE_FLAGS}", "the `evaluate` command above",
-           needs="evaluation-train", json_keys=("checkpoint_select", "best", "step", "model", "split", "world_size",
-                                                "count", "loss", "accuracy", "balanced_accuracy", "roc_auc",
-                                                "confusion_matrix"),
+           needs="evaluation-train", page=EVALUATION,
+           json_keys=("checkpoint_select", "best", "step", "model", "split", "world_size", "count", "loss", "accuracy",
+                      "balanced_accuracy", "roc_auc", "confusion_matrix"),
            quick=(f"python -m mpi4dl_nb evaluate {EVALUATE_FLAGS}",)),
 )
 BY_NAME = {sample.name: sample for sample in SAMPLES}
@@ -149,7 +156,7 @@ def abridged(line: str, keys: Sequence[str]) -> str:
 
 
 def displayed(output: str, sample: Sample) -> str:
-    """What README shows of ``output``: terminal lines but hidden ones, the last ``tail``, JSON lines abridged."""
+    """What a page shows of ``output``: terminal lines but hidden ones, the last ``tail``, JSON lines abridged."""
     lines = terminal_lines(output)
     if sample.hide:
         lines = [line for line in lines if not re.search(sample.hide, line)]
@@ -193,18 +200,18 @@ def shape(text: str) -> list[str]:
     return shapes + json_shapes
 
 
-# ---------------------------------------------------------------------- README's blocks
+# ---------------------------------------------------------------------- the pages' blocks
 BLOCK = re.compile(r"(<!-- output: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /output -->)", re.S)
 FENCE = re.compile(r"```text\n(?P<output>.*?)\n```", re.S)
 
 
-def readme_blocks(text: str) -> dict[str, str]:
-    """README's sample outputs by name (the fenced text between the markers)."""
+def output_blocks(text: str) -> dict[str, str]:
+    """A page's sample outputs by name (the fenced text between the markers)."""
     blocks = {}
     for match in BLOCK.finditer(text):
         fence = FENCE.search(match["body"])
         if fence is None:
-            raise ValueError(f"README block {match['name']!r} has no ```text fence")
+            raise ValueError(f"output block {match['name']!r} has no ```text fence")
         blocks[match["name"]] = fence["output"]
     return blocks
 
@@ -229,11 +236,11 @@ def block_body(sample: Sample, output: str, where: str) -> str:
             f"(`docs/readme_outputs.py`){abridged_note}.*\n")
 
 
-def replace_block(text: str, name: str, body: str) -> str:
-    """README ``text`` with block ``name``'s content replaced by ``body``."""
+def replace_block(text: str, name: str, body: str, page: str = README) -> str:
+    """The ``text`` of ``page`` with block ``name``'s content replaced by ``body``."""
     matches = [m for m in BLOCK.finditer(text) if m["name"] == name]
     if len(matches) != 1:
-        raise ValueError(f"README.md needs exactly one '<!-- output: {name} -->' ... '<!-- /output -->' pair "
+        raise ValueError(f"{page} needs exactly one '<!-- output: {name} -->' ... '<!-- /output -->' pair "
                          f"where the sample belongs; found {len(matches)}")
     match = matches[0]
     return text[:match.start("body")] + body + text[match.end("body"):]
@@ -282,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{sample.name}: failed: {err}", file=sys.stderr)
                 failed.append(sample.name)
                 continue
-            README.write_text(replace_block(README.read_text(), sample.name, block_body(sample, output, where)))
+            body = block_body(sample, output, where)
+            sample.path.write_text(replace_block(sample.path.read_text(), sample.name, body, sample.page))
             print(output + "\n", flush=True)
     if failed:
         print(f"not written: {', '.join(failed)}", file=sys.stderr)

@@ -57,8 +57,20 @@ def test_the_parsers_find_the_commands():
 
 
 def test_benchmarks_md_and_the_planner_method_stay_short():
-    assert len(DOC.read_text().splitlines()) <= 500
+    assert len(DOC.read_text().splitlines()) <= 400, "BENCHMARKS.md: current figures only (history is in git)"
     assert len((REPO / "docs" / "planner.md").read_text().splitlines()) <= 160
+
+
+def test_every_section_says_when_and_where_its_figures_were_measured():
+    """Each numbered section holds a note with the time of its run (``HH:MM UTC``); the date and commit are the
+    note's own or, for a time alone, the default the document's head states (``COMMIT_DEFAULT``)."""
+    text = DOC.read_text()
+    head, *sections = re.split(r"^## ", text, flags=re.M)
+    assert re.search(r"only\s+a\s+time\s+of\s+day\s+ran\s+on\s+\d{4}-\d\d-\d\d\s+at\s+commit\s+[0-9a-f]{7}", head), \
+        "BENCHMARKS.md's head must say the date and commit of figures whose note gives a time only"
+    timed = re.compile(r"\d\d:\d\d(?:-\d\d:\d\d)? UTC")
+    undated = [section.splitlines()[0] for section in sections if not timed.search(section)]
+    assert not undated, f"sections without the time (and date, commit) of their run: {undated}"
 
 
 def test_no_benchmark_imports_from_tests():

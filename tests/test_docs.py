@@ -1,5 +1,6 @@
-"""docs/architecture.md names every module file of the package (and none that is gone); README's map names
-every sub-package and every page of docs/."""
+"""docs/architecture.md names every module file of the package (and none that is gone); the docs index
+(docs/README.md) names every page of docs/ with a line and maps every sub-package; README stays short and points
+to it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "mpi4dl_nb"
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 README = REPO / "README.md"
+DOCS_INDEX = REPO / "docs" / "README.md"
 
 
 def module_files() -> set[str]:
@@ -62,10 +64,24 @@ def test_architecture_names_every_module_file() -> None:
     assert not gone, f"docs/architecture.md's '## Modules' tree names files that do not exist: {gone}"
 
 
-def test_readme_map_names_every_subpackage_and_doc() -> None:
-    table = re.search(r"^## Where things are\n(.*?)(?=^## |\Z)", README.read_text(), re.S | re.M)
-    assert table, "README.md has no '## Where things are' section"
+def test_docs_index_maps_every_subpackage() -> None:
+    table = re.search(r"^## Where things are\n(.*?)(?=^## |\Z)", DOCS_INDEX.read_text(), re.S | re.M)
+    assert table, "docs/README.md has no '## Where things are' section"
     packages = sorted(f"`mpi4dl_nb/{p.name}/`" for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
-    docs = sorted(f"`{p.name}`" for p in (REPO / "docs").glob("*.md"))
-    missing = [name for name in packages + docs if name not in table.group(1)]
-    assert not missing, f"README's 'Where things are' does not name {missing}"
+    missing = [name for name in packages if name not in table.group(1)]
+    assert not missing, f"docs/README.md's 'Where things are' does not name {missing}"
+
+
+def test_docs_index_links_every_page_once_with_a_line() -> None:
+    text = DOCS_INDEX.read_text()
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name != "README.md")
+    rows = {name: re.findall(rf"^\| \[{re.escape(name)}\]\({re.escape(name)}\) \| \S.*\|$", text, re.M)
+            for name in pages}
+    wrong = [name for name, found in rows.items() if len(found) != 1]
+    assert not wrong, f"docs/README.md needs one table row '| [page.md](page.md) | what it covers |' for {wrong}"
+
+
+def test_readme_is_short_and_links_the_docs_index() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250, "README.md is the tour (at most 250 lines): the manual goes to docs/"
+    assert "(docs/README.md)" in text and "make demo" in text and "make test" in text

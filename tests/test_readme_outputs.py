@@ -1,6 +1,6 @@
-"""README.md's sample outputs (written by docs/readme_outputs.py): each block is a sample of its table, shows
-the output of a command README shows, and has the shape that command prints today (a fast configuration of
-it, run here: numbers masked, lines in order, JSON keys)."""
+"""The sample outputs of README.md and docs/*.md (written by docs/readme_outputs.py): each block is a sample of its
+table on the page the table names, shows the output of a command that page shows, and has the shape that command
+prints today (a fast configuration of it, run here: numbers masked, lines in order, JSON keys)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _load_script() -> ModuleType:
 
 
 outputs = _load_script()
-README_TEXT = (REPO / "README.md").read_text()
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def one_line(command: str) -> str:
@@ -34,9 +34,9 @@ def one_line(command: str) -> str:
     return " ".join(command.replace("\\\n", " ").split())
 
 
-def readme_code() -> str:
-    """README's bash blocks, each command on one line."""
-    blocks = re.findall(r"^```bash\n(.*?)^```", README_TEXT, re.S | re.M)
+def page_code(text: str) -> str:
+    """A page's bash blocks, each command on one line."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
     return "\n".join(one_line(line) for block in blocks for line in block.replace("\\\n", " ").splitlines())
 
 
@@ -62,19 +62,28 @@ def test_shape_masks_figures_keeps_order_and_puts_json_last() -> None:
     assert outputs.terminal_lines("step 1\rstep 2\nend  \n\n") == ["step 2", "end"]
 
 
-def test_every_block_is_a_sample_and_every_sample_has_a_block() -> None:
-    assert sorted(outputs.readme_blocks(README_TEXT)) == sorted(outputs.BY_NAME)
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
+def test_every_block_is_a_sample_of_its_page(page: Path) -> None:
+    shown = sorted(outputs.output_blocks(page.read_text()))
+    expected = sorted(sample.name for sample in outputs.SAMPLES if sample.path == page)
+    assert shown == expected, f"{page.name}'s output blocks {shown} are not the samples docs/readme_outputs.py " \
+                              f"writes there {expected}"
+
+
+def test_every_sample_has_its_page() -> None:
+    assert all(sample.path in PAGES for sample in outputs.SAMPLES), [s.page for s in outputs.SAMPLES]
 
 
 @pytest.mark.parametrize("sample", outputs.SAMPLES, ids=lambda sample: sample.name)
-def test_readme_shows_the_command_of_its_sample(sample) -> None:
-    assert one_line(sample.command) in readme_code(), (
-        f"README shows no bash command {sample.command!r}; its sample output {sample.name!r} is that command's")
+def test_page_shows_the_command_of_its_sample(sample) -> None:
+    assert one_line(sample.command) in page_code(sample.path.read_text()), (
+        f"{sample.page} shows no bash command {sample.command!r}; its sample output {sample.name!r} is that "
+        f"command's")
 
 
 @pytest.fixture(scope="module")
 def quick_output(tmp_path_factory: pytest.TempPathFactory) -> Callable[[object], str]:
-    """``quick_output(sample)``: what the fast configuration of ``sample`` prints, as README shows it; the
+    """``quick_output(sample)``: what the fast configuration of ``sample`` prints, as its page shows it; the
     samples it needs run first, in the same folder."""
     folder = tmp_path_factory.mktemp("readme-outputs")
     done: dict[str, str] = {}
@@ -90,8 +99,8 @@ def quick_output(tmp_path_factory: pytest.TempPathFactory) -> Callable[[object],
 
 @pytest.mark.parametrize("sample", SAMPLE_PARAMS)
 def test_readme_block_has_the_shape_of_the_command_output(sample, quick_output) -> None:
-    shown = outputs.shape(outputs.readme_blocks(README_TEXT)[sample.name])
+    shown = outputs.shape(outputs.output_blocks(sample.path.read_text())[sample.name])
     printed = outputs.shape(quick_output(sample))
     assert shown == printed, (
-        f"README's {sample.name!r} output no longer has the format the command prints; rerun "
-        f"`make readme-outputs SAMPLES={sample.name}`.\nREADME:  {shown}\nprinted: {printed}")
+        f"{sample.page}'s {sample.name!r} output no longer has the format the command prints; rerun "
+        f"`make readme-outputs SAMPLES={sample.name}`.\nshown:   {shown}\nprinted: {printed}")
