@@ -4,6 +4,7 @@ the flags and the checkpoint decide; refusals before any work that were tracebac
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,24 @@ def test_check_decides_the_kind_from_the_flags_and_the_checkpoint(checkpoints, t
         checked = InferJob.from_keywords(dict(checkpoint=whole, output=tmp_path / "dir", **source)).check()
         assert checked.kind is InferKind.SLIDE_LEVEL and checked.record is not None
     assert [(s.label, s.patient) for s in checked.slides] == [("negative", "P1"), ("positive", "P2")]
+
+
+def test_slide_level_from_flags_equals_slide_level_from_keywords(checkpoints, tmp_path):
+    root, _, whole = checkpoints
+    slides = f"{root / 'slides' / 's1.tif'},{root / 'slides' / 's2.tif'}"
+    job = both(["--checkpoint", str(whole), "--slides", slides, "--output", str(tmp_path / "dir"), "--magnification",
+                "20", "--slice-method", "vertical", "--num-spatial-parts", "2", "--no-stain-normalize", "--overwrite",
+                "--dtype", "float64"],
+               dict(checkpoint=whole, slides=slides, output=tmp_path / "dir", magnification=20.0,
+                    slice_method="vertical", num_spatial_parts=2, stain_normalize=False, overwrite=True,
+                    dtype="float64"))
+    checked = job.check()
+    assert checked == InferJob.from_keywords(dict(checkpoint=whole, slides=slides, output=tmp_path / "dir",
+                                                  magnification=20, slice_method="vertical", num_spatial_parts=2,
+                                                  stain_normalize=False, overwrite=True, dtype="float64")).check()
+    assert checked.kind is InferKind.SLIDE_LEVEL and len(checked.slides) == 2 and not (tmp_path / "dir").exists()
+    with pytest.raises(ConfigError, match="--window: not for a whole-slide model .*; drop --window, --tissue-only"):
+        replace(job, window=64, tissue_only=True).check()
 
 
 def test_dl_infer_runs_the_commands_job(checkpoints, tmp_path):
