@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+from types import ModuleType
 from typing import Any
 
 from .config import ParallelConfig
@@ -12,8 +14,8 @@ from .layout import RankRole, layout
 __version__ = "0.1.0"
 
 # Heavier pieces load on first use so `import mpi4dl_nb` needs neither MPI nor torch.
-# No module at the package root is named like one of these, so importing any submodule
-# can never replace a public callable with a module.
+# One sub-package is named like a public callable (`infer`, the package of `dl.infer`): _Facade below keeps
+# the callable when that sub-package is imported (its modules are imported by their dotted names).
 _LAZY: dict[str, tuple[str, str]] = {
     "init": ("comm.context", "init"),
     "Context": ("comm.context", "Context"),
@@ -26,6 +28,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "gather_tiles": ("spatial.tiles", "gather_tiles"),
     "HybridEngine": ("pipeline.engine", "HybridEngine"),
     "serial_reference": ("pipeline.reference", "serial_reference"),
+    "infer": ("infer.api", "infer"),
     "infer_slide": ("infer.api", "infer_slide"),
     "infer_volume": ("infer.volume_api", "infer_volume"),
     "layer_list": ("models.cut", "layer_list"),
@@ -51,6 +54,19 @@ _MODULES: dict[str, str] = {
 }
 
 __all__ = ["ConfigError", "ParallelConfig", "RankRole", "layout", *_LAZY]
+
+
+class _Facade(ModuleType):
+    """The package's module: importing a sub-package named like a public callable (``mpi4dl_nb.infer``) leaves
+    the callable (``dl.infer``) in place; ``from mpi4dl_nb.infer.api import ...`` reaches the sub-package."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _LAZY and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Facade
 
 
 def __getattr__(name: str) -> Any:

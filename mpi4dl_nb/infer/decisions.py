@@ -11,11 +11,11 @@ from ..config import ConfigError
 from ..data.task import Task
 from ..spatial.geometry import TileGrid
 from .fully_conv import FullyConvolutional, measure_field
+from .job import InferJob
 from .model import ModelDescription
 from .outputs import OutputKind, OutputSpec, check_outputs, npy_base
 from .probes import default_window, output_size
 from .reader import SlideReader
-from .settings import InferSettings
 from .store import Fingerprint, load_progress, progress_path, work_path
 from .tile_map import MapMode
 from .tissue import OVERVIEW_SIDE, TissueMap
@@ -37,32 +37,32 @@ class Plan:
     outputs: tuple[OutputSpec, ...]
 
 
-def fingerprint(settings: InferSettings, description: ModelDescription, reader: SlideReader,
+def fingerprint(job: InferJob, description: ModelDescription, reader: SlideReader,
                 net: FullyConvolutional) -> Fingerprint:
     """What a partial output must share with this run to be resumed."""
     checkpoint = Path(description.path)
     return {"checkpoint": str(checkpoint.resolve()), "checkpoint_bytes": checkpoint.stat().st_size,
             "checkpoint_step": description.step, "slide": str(reader.path.resolve()), "level": reader.level,
             "scale": reader.choice.scale, "slide_size": [reader.height, reader.width], "stride": net.shape.stride,
-            "dtype": settings.dtype, "tissue_only": settings.tissue_only, "min_tissue": settings.min_tissue}
+            "dtype": job.dtype, "tissue_only": job.tissue_only, "min_tissue": job.min_tissue}
 
 
-def resolve_outputs(settings: InferSettings, trained: TrainedNetwork) -> tuple[OutputSpec, ...]:
+def resolve_outputs(job: InferJob, trained: TrainedNetwork) -> tuple[OutputSpec, ...]:
     """The outputs with their kinds settled by the task; what a task cannot give is refused."""
     dense = trained.task is Task.SEGMENTATION
-    specs = tuple(spec.resolved(dense) for spec in settings.specs())
+    specs = tuple(spec.resolved(dense) for spec in job.specs())
     for spec in specs:
         if spec.kind is OutputKind.CSV and dense:
             raise ConfigError("--output", f"{spec.path}: a .csv has one row per output cell, here per pixel of the "
                                           f"slide; write the label map (.tif), the regions (.geojson) or the "
                                           f"probabilities (.npy) instead")
-    if settings.map_mode == MapMode.TILES and dense:
+    if job.map_mode == MapMode.TILES and dense:
         raise ConfigError("--map-mode", "tiles classifies each tile alone, but this network predicts every pixel; "
                                         "use --map-mode dense (the default) for a segmentation network")
-    if settings.heat_class is not None and settings.heat_class >= trained.net.shape.classes:
+    if job.heat_class is not None and job.heat_class >= trained.net.shape.classes:
         raise ConfigError("--heat-class", f"the network has {trained.net.shape.classes} classes; use "
                                           f"0..{trained.net.shape.classes - 1}")
-    class_indices(settings.exclude_classes, trained.classes)
+    class_indices(job.exclude_classes, trained.classes)
     return specs
 
 
@@ -79,10 +79,10 @@ def class_indices(names: Sequence[str], classes: Sequence[str]) -> list[int]:
     return found
 
 
-def decide(settings: InferSettings, trained: TrainedNetwork, reader: SlideReader, grid: TileGrid) -> Plan:
+def decide(job: InferJob, trained: TrainedNetwork, reader: SlideReader, grid: TileGrid) -> Plan:
     """Rank 0: field, window, plan, resume point and background windows (collective errors via ``agreed``)."""
     net = trained.net
-    specs = resolve_outputs(settings, trained)
+    specs = resolve_outputs(job, trained)
     fields = measure_field(net)
     height, width = padded_extent(reader.height, fields[0].unit), padded_extent(reader.width, fields[1].unit)
     if min(height, width) < net.shape.min_side:
@@ -91,11 +91,11 @@ def decide(settings: InferSettings, trained: TrainedNetwork, reader: SlideReader
                           f"({net.shape.min_side} px); use a finer level or --mpp, or a larger slide")
     out_h, out_w = output_size(net, height, width)
     out_shape = (net.shape.classes, out_h, out_w)
-    stamp = fingerprint(settings, trained.description, reader, net)
+    stamp = fingerprint(job, trained.description, reader, net)
     work = work_path(npy_base(specs))
     progress = load_progress(progress_path(work))
     rows_done = 0
-    if settings.resume:
+    if job.resume:
         if progress is not None and work.is_file():
             if progress.fingerprint != stamp:
                 changed = [k for k in stamp if progress.fingerprint.get(k) != stamp[k]]
@@ -103,19 +103,19 @@ def decide(settings: InferSettings, trained: TrainedNetwork, reader: SlideReader
                                   f"rerun with the same checkpoint, slide and options, or drop --resume "
                                   f"and pass --overwrite")
             rows_done = progress.rows_done
-        check_outputs([p for p in specs if p.path != work], settings.overwrite)
+        check_outputs([p for p in specs if p.path != work], job.overwrite)
     else:
-        if work.exists() and not settings.overwrite:
+        if work.exists() and not job.overwrite:
             raise ConfigError("--resume", f"a partial output {work} exists; pass --resume to continue it, "
                               f"or --overwrite to start again")
-        check_outputs(specs, settings.overwrite)
-    window = settings.window or default_window(net, fields, grid, settings.memory_budget,
-                                               settings.torch_dtype, (reader.height, reader.width))
+        check_outputs(specs, job.overwrite)
+    window = job.slide_window() or default_window(net, fields, grid, job.memory_budget,
+                                               job.torch_dtype, (reader.height, reader.width))
     plan = WindowPlan(height, width, out_h, out_w, fields[0], fields[1], grid, window, first_row=rows_done)
     skipped: set[tuple[int, int]] = set()
-    if settings.tissue_only:
+    if job.tissue_only:
         tissue = TissueMap.from_overview(reader.thumbnail(OVERVIEW_SIDE), reader.height, reader.width)
         skipped = {(w.row, w.col) for w in plan.windows()
-                   if tissue.fraction(w.core_footprint()) <= settings.min_tissue}
+                   if tissue.fraction(w.core_footprint()) <= job.min_tissue}
     return Plan(plan, skipped, rows_done, stamp, out_shape, fields, window, specs)
 

@@ -97,18 +97,20 @@ def parse_outputs(texts: Sequence[str], cohort: bool) -> tuple[OutputSpec, ...]:
     return specs
 
 
-def check_folder(path: Path) -> None:
-    """Refuse an output whose folder is missing, is a file, or cannot take a new file (one line naming it)."""
+def check_folder(path: Path, *, made: bool = False) -> None:
+    """Refuse an output whose folder is missing (``made``: whose folder, made with its parents, cannot be), is a
+    file, or cannot take a new file (one line naming it)."""
     folder = path.parent
     blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise ConfigError("--output", f"{path}: {blocking} is a file, not a folder; choose another folder")
-    if not folder.is_dir():
+    if not folder.is_dir() and not made:
         raise ConfigError("--output", f"{path}: folder {folder} does not exist; create it first")
+    existing = next(p for p in (folder, *folder.parents) if p.is_dir())
     try:
-        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".mpi4dl-probe-")
+        probe = tempfile.NamedTemporaryFile(dir=existing, prefix=".mpi4dl-probe-")
     except OSError as err:
-        raise ConfigError("--output", f"{path}: cannot write in {folder} ({err.strerror or err}); choose a "
+        raise ConfigError("--output", f"{path}: cannot write in {existing} ({err.strerror or err}); choose a "
                                       f"writable folder") from None
     probe.close()
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,11 +32,11 @@ from ..spatial.geometry import Box, TileGrid
 from .decisions import Plan, class_indices, decide
 from .finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
 from .heat import default_heat_class
+from .job import InferJob
 from .outputs import OutputKind, npy_base
 from .placement import CellPlacement
 from .probes import check_halos, output_size
 from .reader import Prefetcher, SlideReader
-from .settings import InferSettings
 from .store import HeatmapStore, progress_path, save_progress, work_path
 from .summary import InferSummary, RankStats, TimelineEvent
 from .tile_map import MapMode, TileClassifier, TileGeometry
@@ -44,6 +47,16 @@ if TYPE_CHECKING:
     from ..comm.protocol import Comm
 
 CACHE_WINDOWS = 2                 # OpenSlide's tile cache holds this many of a rank's window boxes
+
+
+@dataclass
+class StreamCount:
+    """What the window loop has done so far."""
+
+    rows_done: int = 0           # output rows final (saved for --resume)
+    done: int = 0                # windows of the finished rows, skipped ones included
+    skipped: int = 0             # windows without tissue (--tissue-only)
+    pixels: float = 0.0          # slide pixels computed
 
 
 class SlideFailed(RuntimeError):
@@ -61,27 +74,31 @@ COORDINATES = "level-0 pixels of QuPath's image: OpenSlide's level 0 minus the s
 class SlideRunner:
     """Set up on every rank (errors agreed), then stream the windows; rank 0 writes and summarizes.
 
-    ``trained``: the network, when the caller loaded it already (a cohort loads it once).
+    ``trained``: the network, when the caller loaded it already (a cohort loads it once); else the one of the
+    checkpoint file ``checkpoint`` (None: the one the job names) is loaded once the grid fits the ranks.
     """
 
-    def __init__(self, settings: InferSettings, ctx: Comm, trained: TrainedNetwork | None = None) -> None:
-        settings.check()
-        self.settings, self.ctx = settings, ctx
-        self.grid = TileGrid.from_slice_method(settings.slice_method, settings.num_spatial_parts)
+    def __init__(self, job: InferJob, ctx: Comm, trained: TrainedNetwork | None = None,
+                 checkpoint: Path | None = None) -> None:
+        job.check_flags()
+        self.job, self.ctx = job, ctx
+        slide = job.slide
+        if slide is None:
+            raise ConfigError("--slide", "give the slide to run (a cohort runs each of its slides as one)")
+        self.grid = TileGrid.from_slice_method(job.slice_method, job.num_spatial_parts)
         if ctx.world_size != self.grid.num_tiles:
             raise ConfigError("--num-spatial-parts", f"{self.grid.num_tiles} ranks share each window "
                               f"({self.grid.rows} x {self.grid.cols}) but {ctx.world_size} were launched; run "
                               f"with mpiexec -n {self.grid.num_tiles}")
-        self.trained = trained if trained is not None else agreed(ctx, lambda: load_network(
-            settings.checkpoint, family=settings.model, dtype=settings.torch_dtype,
-            output_stride=settings.output_stride, task=settings.task))
+        self.trained = trained if trained is not None else trained_for(job, checkpoint, ctx)
         self.net, self.description = self.trained.net, self.trained.description
-        self.reader = agreed(ctx, lambda: SlideReader(settings.slide, settings.level, mpp=settings.target_mpp,
-                                                      trained_at=self.trained.mpp, source_mpp=settings.source_mpp))
-        stain = self.trained.stain if settings.stain_normalize else None    # as training read its images
+        self.reader = agreed(ctx, lambda: SlideReader(slide, job.slide_level, mpp=job.target_mpp,
+                                                      trained_at=self.trained.mpp,
+                                                      source_mpp=job.resolution.source_mpp))
+        stain = self.trained.stain if job.stain_normalize else None    # as training read its images
         self.stain: PixelMap | None = None if stain is None else agreed(
             ctx, lambda: stain.map_for(slide_overview(self.reader.slide)))
-        decided = agreed(ctx, lambda: decide(settings, self.trained, self.reader, self.grid) if ctx.rank == 0 else None)
+        decided = agreed(ctx, lambda: decide(job, self.trained, self.reader, self.grid) if ctx.rank == 0 else None)
         plan = ctx.bcast_object(decided, root=0)
         assert plan is not None   # rank 0 decided (else every rank raised in agreed)
         self.plan: Plan = plan
@@ -95,7 +112,7 @@ class SlideRunner:
         self.store: HeatmapStore | None = None
         if ctx.rank == 0:
             work = work_path(npy_base(self.plan.outputs))
-            dtype = np.float64 if settings.dtype == "float64" else np.float32
+            dtype = np.float64 if job.dtype == "float64" else np.float32
             self.store = HeatmapStore(work, self.plan.out_shape, np.dtype(dtype), create=self.plan.rows_done == 0)
         self._out_sizes: dict[tuple[int, int], tuple[int, int]] = {}
         self.read_error: str | None = None
@@ -132,7 +149,7 @@ class SlideRunner:
         box = window.rank_box(self.grid, self.ctx.rank) if self.grid.num_tiles > 1 else window.input
         tensor = self.read_box(box)
         self.stats.read_seconds += time.perf_counter() - start
-        if self.settings.keep_trace:
+        if self.job.keep_trace:
             self.ctx.tracer.record("read", start - self.ctx.tracer.origin, self.ctx.tracer.now(),
                                    window=(window.row, window.col))
         return tensor
@@ -147,7 +164,7 @@ class SlideRunner:
                 self.read_error = (f"--slide {self.reader.path}: reading pixels {box} (rows, then columns, at "
                                    f"level {self.reader.level}) failed: {type(err).__name__}: {err}")
             pixels = np.zeros((box[1] - box[0], box[3] - box[2], 3), dtype=np.uint8)
-        tensor = torch.from_numpy(pixels).permute(2, 0, 1).to(self.settings.torch_dtype).div_(255.0)
+        tensor = torch.from_numpy(pixels).permute(2, 0, 1).to(self.job.torch_dtype).div_(255.0)
         return tensor if self.stain is None else normalized(tensor, self.stain)
 
     def _check_reads(self) -> None:
@@ -164,82 +181,93 @@ class SlideRunner:
         so the peak is the same on every run of the same window size (a sample from the reading thread would
         land inside an operator of the forward at random).
         """
-        from ..spatial.convert import spatialize
-
-        if self.settings.map_mode == MapMode.TILES:
+        if self.job.map_mode == MapMode.TILES:
             return self._run_tiles()
-        settings, ctx, plan = self.settings, self.ctx, self.plan
-        net: nn.Module = self.net
-        if self.grid.num_tiles > 1:
-            net = spatialize(self.net, self.grid, ctx, elementwise=(nn.Softmax,))
-        self.stats = RankStats(state_bytes=state_bytes(self.net))
-        self.meter = PeakMeter(ctx.device)
-        net.to(ctx.device)
-        self.meter.watch(net.modules())
-        rows = list(plan.plan.window_rows())
-        if settings.max_window_rows is not None:
-            rows = rows[:settings.max_window_rows]
-        todo = [w for row in rows for w in row if (w.row, w.col) not in plan.skipped]
-        total = sum(len(r) for r in rows)
-        bar = ProgressLine(total, settings.progress and ctx.rank == 0)
-        tracer = ctx.tracer
-        tracing = tracer.enabled
-        tracer.enabled = settings.keep_trace
+        net = self._placed_network()
+        rows = list(self.plan.plan.window_rows())[:self.job.max_window_rows]
+        count = StreamCount(rows_done=self.plan.rows_done)
+        tracer = self.ctx.tracer
+        tracing, tracer.enabled = tracer.enabled, self.job.keep_trace
         self.meter.start()
         wall = time.perf_counter()
-        prefetch = Prefetcher(todo, self.read, depth=1)
-        stream = iter(prefetch)
-        done = skipped = 0
-        slide_pixels = self.reader.height * self.reader.width
-        computed_pixels = 0.0
-        rows_done = plan.rows_done
+        prefetch = Prefetcher([w for row in rows for w in row if (w.row, w.col) not in self.plan.skipped],
+                              self.read, depth=1)
         try:
-            for row in rows:
-                active = [w for w in row if (w.row, w.col) not in plan.skipped]
-                for group in batches(active, settings.batch_windows):
-                    tiles = [next(stream)[1] for _ in group]
-                    self.meter.sample()
-                    start = time.perf_counter()
-                    with torch.no_grad(), tracer.span("compute", windows=len(group)):
-                        out = net(torch.stack(tiles).to(ctx.device))
-                    self.stats.compute_seconds += time.perf_counter() - start
-                    self.meter.sample()
-                    pieces = [self.my_piece(w, out[i]) for i, w in enumerate(group)]
-                    del out, tiles
-                    self._collect([p for p in pieces if p is not None])
-                    self.stats.windows += len(group)
-                    computed_pixels += sum(slide_share(w, plan.plan, slide_pixels) for w in group)
-                self._check_reads()
-                skipped += len(row) - len(active)
-                rows_done = row[0].core[1]
-                self._finish_row(row, rows_done)
-                done += len(row)
-                elapsed = time.perf_counter() - wall
-                rate = computed_pixels / 1e6 / max(elapsed, 1e-9)
-                bar.update(done, f"windows {done}/{total} rows {row[0].row + 1}/{len(rows)} {rate:.2f} MP/s")
-                if not settings.keep_trace:
-                    tracer.clear()
+            self._stream(net, rows, iter(prefetch), count, wall)
         except SlideFailed as err:
-            self._drop_empty_partial(rows_done)
-            raise SlideFailed(str(err), kept=rows_done > 0) from None
+            self._drop_empty_partial(count.rows_done)
+            raise SlideFailed(str(err), kept=count.rows_done > 0) from None
         finally:
             prefetch.close()
         self.stats.read_wait_seconds = prefetch.wait_seconds
         self.stats.seconds = time.perf_counter() - wall
         self.meter.sample()
         self.meter.unwatch()
-        complete = rows_done >= plan.out_shape[1]
         events = None
-        if settings.keep_trace:
+        if self.job.keep_trace:
             from ..comm.timeline import gather_timeline
 
-            events = [e.as_dict() for e in gather_timeline(ctx) or []]
+            events = [e.as_dict() for e in gather_timeline(self.ctx) or []]
         tracer.enabled = tracing
-        ctx.barrier()
-        report = self._finalize() if complete and ctx.rank == 0 else None
+        return self._finish_stream(count, events)
+
+    def _placed_network(self) -> nn.Module:
+        """The network on this rank's device (spatialized over the window's ranks), its layers watched by the
+        meter."""
+        from ..spatial.convert import spatialize
+
+        net: nn.Module = self.net
+        if self.grid.num_tiles > 1:
+            net = spatialize(self.net, self.grid, self.ctx, elementwise=(nn.Softmax,))
+        self.stats = RankStats(state_bytes=state_bytes(self.net))
+        self.meter = PeakMeter(self.ctx.device)
+        net.to(self.ctx.device)
+        self.meter.watch(net.modules())
+        return net
+
+    def _stream(self, net: nn.Module, rows: list[list[Window]], stream: Iterator[tuple[Window, torch.Tensor]],
+                count: StreamCount, wall: float) -> None:
+        """Every window row through the network (background windows skipped), each row saved when done."""
+        total = sum(len(r) for r in rows)
+        bar = ProgressLine(total, self.job.progress and self.ctx.rank == 0)
+        slide_pixels = self.reader.height * self.reader.width
+        for row in rows:
+            active = [w for w in row if (w.row, w.col) not in self.plan.skipped]
+            for group in batches(active, self.job.batch_windows):
+                self._forward(net, group, [next(stream)[1] for _ in group])
+                count.pixels += sum(slide_share(w, self.plan.plan, slide_pixels) for w in group)
+            self._check_reads()
+            count.skipped += len(row) - len(active)
+            count.rows_done = row[0].core[1]
+            self._finish_row(row, count.rows_done)
+            count.done += len(row)
+            rate = count.pixels / 1e6 / max(time.perf_counter() - wall, 1e-9)
+            bar.update(count.done, f"windows {count.done}/{total} rows {row[0].row + 1}/{len(rows)} {rate:.2f} MP/s")
+            if not self.job.keep_trace:
+                self.ctx.tracer.clear()
+
+    def _forward(self, net: nn.Module, group: list[Window], tiles: list[torch.Tensor]) -> None:
+        """A batch of windows through the network; this rank's pieces of their cores sent to rank 0."""
+        self.meter.sample()
+        start = time.perf_counter()
+        with torch.no_grad(), self.ctx.tracer.span("compute", windows=len(group)):
+            out = net(torch.stack(tiles).to(self.ctx.device))
+        self.stats.compute_seconds += time.perf_counter() - start
+        self.meter.sample()
+        pieces = [self.my_piece(w, out[i]) for i, w in enumerate(group)]
+        del out, tiles
+        self._collect([p for p in pieces if p is not None])
+        self.stats.windows += len(group)
+
+    def _finish_stream(self, count: StreamCount, events: list[TimelineEvent] | None) -> InferSummary | None:
+        """After the last row: rank 0 writes the outputs of a complete map; the summary on rank 0."""
+        complete = count.rows_done >= self.plan.out_shape[1]
+        self.ctx.barrier()
+        report = self._finalize() if complete and self.ctx.rank == 0 else None
         self.stats.peak_bytes = self.stats.state_bytes + self.meter.peak
-        outputs = [str(s.path) for s in plan.outputs] if report is not None else []
-        return self._summary(done, skipped, computed_pixels, complete, outputs, rows_done, report, events)
+        outputs = [str(s.path) for s in self.plan.outputs] if report is not None else []
+        return self._summary(count.done, count.skipped, count.pixels, complete, outputs, count.rows_done, report,
+                             events)
 
     def _run_tiles(self) -> InferSummary | None:
         """``--map-mode tiles``: each rank classifies every ``world``-th row of cells tile by tile; rank 0 stores
@@ -247,19 +275,19 @@ class SlideRunner:
         ctx, plan = self.ctx, self.plan
         geometry = TileGeometry(self.trained.cell_extent, self.net.shape.stride, plan.out_shape[1:],
                                 (self.reader.height, self.reader.width))
-        classifier = TileClassifier(self.trained.layers, self.settings.torch_dtype, ctx.device)
+        classifier = TileClassifier(self.trained.layers, self.job.torch_dtype, ctx.device)
         self.stats = RankStats(state_bytes=state_bytes(self.net))
         self.meter = PeakMeter(ctx.device)
         if self.store is not None:
             self.store.fill((0, plan.out_shape[1], 0, plan.out_shape[2]))
         rows = geometry.whole(0)
-        bar = ProgressLine(rows, self.settings.progress and ctx.rank == 0)
+        bar = ProgressLine(rows, self.job.progress and ctx.rank == 0)
         wall = time.perf_counter()
         for first in range(0, rows, ctx.world_size):
             row = first + ctx.rank
             start = time.perf_counter()
             pieces = [] if row >= rows else [((row, row + 1, 0, plan.out_shape[2]), classifier.row(
-                self.read_box, geometry, row, plan.out_shape[0], self.settings.batch_windows * BATCH_TILES))]
+                self.read_box, geometry, row, plan.out_shape[0], self.job.batch_windows * BATCH_TILES))]
             self.stats.compute_seconds += time.perf_counter() - start
             self.stats.windows += geometry.whole(1) if pieces else 0
             self._collect(pieces)
@@ -313,19 +341,19 @@ class SlideRunner:
         assert self.store is not None
         work = self.store.path
         self.store.close()
-        settings, trained = self.settings, self.trained
-        heat = settings.heat_class if settings.heat_class is not None else default_heat_class(trained.classes)
+        job, trained = self.job, self.trained
+        heat = job.heat_class if job.heat_class is not None else default_heat_class(trained.classes)
         drawn = {OutputKind.PREVIEW} | ({OutputKind.PNG} if trained.task is Task.CLASSIFICATION else set())
-        if settings.heat_class is None and any(s.kind in drawn for s in self.plan.outputs):
+        if job.heat_class is None and any(s.kind in drawn for s in self.plan.outputs):
             print(f"mpi4dl_nb infer: the .png/.tif:preview draw P({trained.classes[heat]}) (class {heat}); "
                   f"--heat-class N draws another", file=sys.stderr, flush=True)
-        threshold = settings.threshold
+        threshold = job.threshold
         if threshold is None and trained.task is Task.CLASSIFICATION:
             threshold = CLASSIFIER_THRESHOLD
         request = OutputRequest(
             specs=self.plan.outputs, classes=trained.classes, placement=self.placement, heat_class=heat,
-            threshold=threshold, excluded=tuple(class_indices(settings.exclude_classes, trained.classes)),
-            min_area=settings.min_area, labels=trained.task is Task.SEGMENTATION, overlay_side=settings.overlay_side,
+            threshold=threshold, excluded=tuple(class_indices(job.exclude_classes, trained.classes)),
+            min_area=job.min_area, labels=trained.task is Task.SEGMENTATION, overlay_side=job.overlay_side,
             description=self.describe(heat))
         report = write_outputs(work, request, self.reader, tick=self.meter.sample)
         progress_path(work).unlink(missing_ok=True)
@@ -354,7 +382,7 @@ class SlideRunner:
             self.description.describe(), self.description.path, str(self.trained.task), self.trained.classes,
             self.reader.mpp, self.reader.choice.scale, self.placement, self.plan.out_shape, self.net.shape.stride,
             self.plan.fields, self.ctx.world_size, (self.grid.rows, self.grid.cols), self.plan.window,
-            plan.shape, self.settings.dtype, windows, skipped, self.stats.windows, self.plan.rows_done, rows_done,
+            plan.shape, self.job.dtype, windows, skipped, self.stats.windows, self.plan.rows_done, rows_done,
             complete, pixels / 1e6, per_rank, self.meter.source, outputs, report, events)
 
     def close(self) -> None:
@@ -366,3 +394,11 @@ def slide_share(window: Window, plan: WindowPlan, slide_pixels: int) -> float:
     """The window's share of the slide level's pixels: its core's share of the output cells."""
     r0, r1, c0, c1 = window.core
     return slide_pixels * (r1 - r0) * (c1 - c0) / max(1, plan.out_height * plan.out_width)
+
+
+def trained_for(job: InferJob, file: Path | None, ctx: Comm) -> TrainedNetwork:
+    """The network of the checkpoint ``file`` (None: the one ``job`` names) as ``job`` runs it (``--model``,
+    ``--dtype``, ``--output-stride``, ``--task``), loaded on every rank with the errors agreed."""
+    return agreed(ctx, lambda: load_network(str(file if file is not None else job.checkpoint.path()),
+                                            family=job.model, dtype=job.torch_dtype,
+                                            output_stride=job.output_stride, task=job.task))

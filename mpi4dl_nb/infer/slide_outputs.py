@@ -17,6 +17,7 @@ from .attention_map import SlideMap, top_threshold
 from .finish import replacing
 from .geojson import write_geojson
 from .ome import write_ome_tiff
+from .outputs import check_folder
 from .placement import CellPlacement
 from .pyramid import MapPyramid
 
@@ -43,12 +44,14 @@ def map_paths(folder: Path, slide: str, name: str) -> tuple[Path, Path]:
 
 
 def check_output_folder(folder: Path, overwrite: bool) -> None:
-    """``--output DIR``: a folder (made when missing) without an earlier ``slides.csv`` unless ``--overwrite``."""
+    """``--output DIR``: a folder (made when missing, in a folder that can take it) that can take new files, without
+    an earlier ``slides.csv`` unless ``--overwrite``."""
     if folder.exists() and not folder.is_dir():
         raise ConfigError("--output", f"{folder} is a file; a whole-slide model writes a folder of outputs (one set "
                                       f"per slide plus {SLIDES_CSV}): name a folder")
     if not folder.parent.is_dir():
         raise ConfigError("--output", f"{folder.parent} does not exist; name a folder in an existing one")
+    check_folder(folder / SLIDES_CSV if folder.is_dir() else folder)      # it (or, made now, its parent) writable
     if (folder / SLIDES_CSV).exists() and not overwrite:
         raise ConfigError("--output", f"{folder / SLIDES_CSV} exists: pass --overwrite to replace the outputs, or "
                                       f"name another folder")

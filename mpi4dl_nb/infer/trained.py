@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..checkpoint.record import WRITTEN_BY
+from ..checkpoint.record import WRITTEN_BY, RunRecord
 from ..config import ConfigError
 from ..data.stain import StainNormalizer
 from ..data.task import Task
@@ -19,7 +20,7 @@ from .model import ModelDescription, ModelObject, load_trained
 from .probes import input_channels
 
 
-def task_of(layers: Sequence[nn.Module]) -> Task:
+def network_task(layers: Sequence[nn.Module]) -> Task:
     """What a network's output cells are: a classifier (a ``ClassifierHead`` or a pooled head last,
     ``fully_conv.classifies``) gives each cell the probabilities of the patch under it; anything else is dense
     (per-pixel probabilities): segmentation."""
@@ -68,24 +69,38 @@ def check_streamable(layers: Sequence[nn.Module]) -> None:
                                               f"which runs on its running statistics, or none): train with BatchNorm")
 
 
+def refuse_volume_classifier(record: RunRecord, file: Path) -> None:
+    """``infer --volume`` writes a class per voxel: refuse a checkpoint of a classifier (one class per image), naming
+    its model, what volume inference needs and where a classifier's figures come from."""
+    if record.task is not Task.CLASSIFICATION:
+        return
+    raise ConfigError("--checkpoint", f"{file} holds {record.model.describe()}, a classifier (one class per image); "
+                                      f"infer --volume writes a class per voxel and needs a dense segmentation "
+                                      f"network (e.g. train --task segmentation --model unet3d). A volume "
+                                      f"classifier's figures on held-out volumes come from train --val-fraction or "
+                                      f"--folds (its summary and metrics.jsonl); evaluate takes image models only")
+
+
 def load_network(checkpoint: str, *, family: ModelFamily | str | None = None, dtype: torch.dtype = torch.float32,
                  output_stride: int | None = None, task: Task | str | None = None,
                  check: bool = True, model: ModelObject | None = None) -> TrainedNetwork:
     """The checkpoint's network as inference runs it; ConfigError/ValueError naming the flag for what does not fit.
     ``model``: the model object of a run built in Python (``model.load_trained``)."""
     layers, description, record = load_trained(checkpoint, family, dtype, check=check, model=model)
-    if task_of(layers) is not record.task:
+    if network_task(layers) is not record.task:
         raise ValueError(f"--checkpoint {description.path}: its record says {record.task} but its network is a "
-                         f"{task_of(layers)} network; {WRITTEN_BY}")
-    trained = prepare(layers, description, record.class_names, record.data.mpp, output_stride=output_stride, task=task)
+                         f"{network_task(layers)} network; {WRITTEN_BY}")
+    trained = inference_network(layers, description, record.class_names, record.data.mpp,
+                                output_stride=output_stride, task=task)
     return replace(trained, stain=record.stain)
 
 
-def prepare(layers: Sequence[nn.Module], description: ModelDescription, classes: Sequence[str], mpp: float | None,
-            *, output_stride: int | None = None, task: Task | str | None = None) -> TrainedNetwork:
+def inference_network(layers: Sequence[nn.Module], description: ModelDescription, classes: Sequence[str],
+                      mpp: float | None, *, output_stride: int | None = None,
+                      task: Task | str | None = None) -> TrainedNetwork:
     """A trained layer list (eval mode) as inference runs it: checked, made fully convolutional."""
     check_streamable(layers)
-    kind = task_of(layers)
+    kind = network_task(layers)
     channels = input_channels(nn.Sequential(*layers)) if spatial_dims(layers) == 3 else 3   # a volume's own
     net = fully_convolutional(layers, description.image_size, channels=channels, output_stride=output_stride)
     names = tuple(classes) if len(classes) == net.shape.classes else tuple(str(c) for c in range(net.shape.classes))

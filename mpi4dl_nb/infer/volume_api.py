@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,13 +11,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..checkpoint.record import read_checkpoint
 from ..config import ConfigError
 from ..spatial.geometry import TileGrid
 from .fully_conv import FullyConvolutional, fully_convolutional
+from .job import DTYPES, CheckedInfer
+from .model import find_checkpoint
 from .probes import input_channels
-from .settings import DTYPES
-from .trained import check_streamable, load_network
-from .volume import VolumeRunner
+from .trained import check_streamable, load_network, refuse_volume_classifier
+from .volume import VolumeRunner, VolumeSummary
 from .volume_outputs import VolumeOutputs
 from .volume_source import ArrayVolume, FileVolume, VolumeSource
 
@@ -28,9 +31,12 @@ DEFAULT_WINDOW = 64     # input voxels per rank per axis
 
 
 def volume_network(network: Network, dtype: torch.dtype) -> FullyConvolutional:
-    """A checkpoint's network (its path) or a model object (an nn.Module or its layer list), fully convolutional."""
+    """A checkpoint's network (its path; a classifier refused) or a model object (an nn.Module or its layer list),
+    fully convolutional."""
     if isinstance(network, (str, Path)):
-        return load_network(str(network), dtype=dtype).net
+        file = find_checkpoint(network)
+        refuse_volume_classifier(read_checkpoint(file, lazy=True, check=False).record, file)
+        return load_network(str(file), dtype=dtype).net
     layers = list(network) if not isinstance(network, nn.Module) else (
         list(network) if isinstance(network, nn.Sequential) else [network])
     check_streamable(layers)
@@ -46,6 +52,47 @@ def volume_source(volume: str | Path | np.ndarray | VolumeSource) -> VolumeSourc
     return volume
 
 
+@dataclass(frozen=True)
+class VolumeRequest:
+    """How to run a volume: its grid (``num_spatial_parts`` ranks cutting each window ``slice_method`` = DxRxC),
+    input voxels per rank per axis, compute dtype and what to write."""
+
+    num_spatial_parts: int
+    slice_method: str
+    window: int | Sequence[int]
+    dtype: str
+    probabilities: bool
+    probability_dtype: str
+    overwrite: bool
+    progress: bool
+
+
+def run_volume(network: Network, volume: str | Path | np.ndarray | VolumeSource, output: str | Path | None,
+               request: VolumeRequest, ctx: Comm) -> VolumeSummary | None:
+    """Collective: the network over ``volume`` as ``request`` asks; the summary on rank 0, None elsewhere."""
+    if request.dtype not in DTYPES:
+        raise ConfigError("--dtype", f"{request.dtype!r} is not one of {', '.join(DTYPES)}")
+    torch_dtype = getattr(torch, request.dtype)
+    net = volume_network(network, torch_dtype)
+    source = volume_source(volume)
+    outputs = None if output is None else VolumeOutputs.beside(
+        output, net.shape.classes, request.probabilities, np.dtype(request.probability_dtype))
+    grid = TileGrid.from_slice_method(request.slice_method, request.num_spatial_parts)
+    runner = VolumeRunner(net, source, outputs, ctx, grid, request.window, dtype=torch_dtype,
+                          progress=request.progress, overwrite=request.overwrite)
+    return runner.run()
+
+
+def run_volume_job(checked: CheckedInfer, ctx: Comm) -> VolumeSummary | None:
+    """``infer --volume``: a checked job's checkpoint over its volume."""
+    job = checked.job
+    assert job.volume is not None       # a VOLUME job names its volume
+    request = VolumeRequest(job.num_spatial_parts, job.volume_slice_method(), job.volume_window(), job.dtype,
+                            probabilities=True, probability_dtype="float32", overwrite=job.overwrite,
+                            progress=job.progress)
+    return run_volume(checked.checkpoint, job.volume, job.outputs[0], request, ctx)
+
+
 def infer_volume(network: Network, volume: str | Path | np.ndarray | VolumeSource, output: str | Path | None, *,
                  ctx: Comm | None = None, num_spatial_parts: int = 1, slice_method: str = "1x1x1",
                  window: int | Sequence[int] = DEFAULT_WINDOW, dtype: str = "float32", probabilities: bool = True,
@@ -58,19 +105,11 @@ def infer_volume(network: Network, volume: str | Path | np.ndarray | VolumeSourc
     voxels per rank per axis (N or (D, H, W)). Every output voxel equals the network on the whole volume. Returns
     the summary on rank 0, None elsewhere; bad input raises ``ConfigError`` (``SetupFailed`` when one rank refused).
     """
-    if dtype not in DTYPES:
-        raise ConfigError("--dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
-    torch_dtype = getattr(torch, dtype)
-    net = volume_network(network, torch_dtype)
-    source = volume_source(volume)
-    outputs = None if output is None else VolumeOutputs.beside(
-        output, net.shape.classes, probabilities, np.dtype(probability_dtype))
+    request = VolumeRequest(num_spatial_parts, slice_method, window, dtype, probabilities, probability_dtype,
+                            overwrite, progress)
     if ctx is None:
         from ..comm.context import init
 
         ctx = init()
-    grid = TileGrid.from_slice_method(slice_method, num_spatial_parts)
-    runner = VolumeRunner(net, source, outputs, ctx, grid, window, dtype=torch_dtype, progress=progress,
-                          overwrite=overwrite)
-    summary = runner.run()
+    summary = run_volume(network, volume, output, request, ctx)
     return summary.as_dict() if summary is not None else None

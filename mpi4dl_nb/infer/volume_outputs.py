@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..data.volume_writer import VolumeFormat, VolumeWriter, VoxelSize, label_dtype, volume_format
+from .outputs import check_folder
 from .windows import Extent
 
 FLOAT32 = np.dtype(np.float32)
@@ -46,7 +47,9 @@ class VolumeOutputs:
         return (self.labels, *self.probabilities)
 
     def check_free(self, overwrite: bool) -> None:
-        """Refuse outputs that exist already, unless ``overwrite``."""
+        """Refuse outputs whose folder cannot take them (a file in the way, not writable; a missing one is made) and
+        outputs that exist already, unless ``overwrite``."""
+        check_folder(self.labels, made=True)
         taken = [str(p) for p in self.paths if p.exists()]
         if taken and not overwrite:
             raise ConfigError("--output", f"{', '.join(taken)} exist(s); choose another name or pass --overwrite")

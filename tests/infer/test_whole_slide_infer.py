@@ -27,7 +27,7 @@ from mpi4dl_nb.infer.attention_map import (
     on_slide,
     top_threshold,
 )
-from mpi4dl_nb.infer.cohort import list_slides
+from mpi4dl_nb.infer.slide_list import list_slides
 from mpi4dl_nb.infer.slide_outputs import SLIDES_CSV, map_paths, read_slide_map
 from mpi4dl_nb.infer.whole_slide import load_whole_slide
 from tests.mpi.whole_slide_infer import POOLS
@@ -297,7 +297,8 @@ def test_a_checkpoint_of_train_whole_slide_runs_end_to_end(cohort, tmp_path, cap
 
 def test_a_tissue_mean_head_reads_its_tissue_channel_and_gives_probabilities_only(cohort, tmp_path):
     """One process against the network on the whole canvas with its tissue mask (4 channels), float64."""
-    from mpi4dl_nb.infer.slide_level import open_canvas, slide_sources
+    from mpi4dl_nb.infer.slide_level import open_canvas
+    from mpi4dl_nb.infer.slide_list import slide_sources
     from tests.mpi.whole_slide_infer import reference
     from tests.support.whole_slide_model import random_whole_slide
 
@@ -333,7 +334,8 @@ def test_a_torchvision_model_with_a_slide_pool_predicts_and_maps_as_one_forward(
     """``--model torchvision:resnet18 --pool attention|max`` (models/named_pool.py): slide-level inference finds the
     pool inside the model's last piece; probabilities and map equal the network on the whole canvas (float64)."""
     pytest.importorskip("torchvision")
-    from mpi4dl_nb.infer.slide_level import open_canvas, slide_sources
+    from mpi4dl_nb.infer.slide_level import open_canvas
+    from mpi4dl_nb.infer.slide_list import slide_sources
     from mpi4dl_nb.models.spec import ModelSpec
     from tests.mpi.whole_slide_infer import reference
     from tests.support.whole_slide_model import write_whole_slide

@@ -23,10 +23,13 @@ import numpy as np
 import torch
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.checkpoint.files import CheckpointChoice
 from mpi4dl_nb.data.canvas import SlideCanvases
 from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
 from mpi4dl_nb.infer.attention_map import MAP_NAMES, on_slide
-from mpi4dl_nb.infer.slide_level import SlideLevelSettings, open_canvas, run_slide_level, slide_sources
+from mpi4dl_nb.infer.job import InferJob
+from mpi4dl_nb.infer.slide_level import open_canvas, run_slide_level
+from mpi4dl_nb.infer.slide_list import slide_sources
 from mpi4dl_nb.infer.slide_outputs import SLIDES_CSV, map_paths
 from mpi4dl_nb.infer.whole_slide import CanvasNetwork, WholeSlideModel, load_whole_slide
 from mpi4dl_nb.models.pools import PoolKind
@@ -89,10 +92,10 @@ def main(check: Checks) -> None:
         ctx.barrier()
         manifest = str(root / "cohort" / "cohort.csv")
         for pool in POOLS:
-            settings = SlideLevelSettings(checkpoint=str(root / f"c-{pool}"), slides=manifest,
-                                          output=root / f"out-{pool}", num_spatial_parts=4, dtype="float64")
-            summary = run_slide_level(settings, ctx) if pool == COMMAND else None
-            model = load_whole_slide(settings.checkpoint, torch.float64)
+            job = InferJob(CheckpointChoice(str(root / f"c-{pool}")), outputs=(str(root / f"out-{pool}"),),
+                           cohort=manifest, num_spatial_parts=4, dtype="float64")
+            summary = run_slide_level(job.check(), ctx) if pool == COMMAND else None
+            model = load_whole_slide(job.checkpoint.checkpoint, torch.float64)
             network = CanvasNetwork(model, grid, ctx, torch.float64)
             slides = slide_sources(manifest, model.classes)
             gathered = []
@@ -126,7 +129,7 @@ def main(check: Checks) -> None:
                               for _, _, prediction, expected in gathered if prediction is not None and expected]
                     if pool == COMMAND:
                         assert summary is not None and not summary.failed, summary
-                        written = read_probabilities(settings.output / SLIDES_CSV)
+                        written = read_probabilities(job.output_folder / SLIDES_CSV)
                         errors += [float(np.abs(written[stem] - expected[0]).max())
                                    for stem, _, _, expected in gathered if expected is not None]
                     assert len(errors) == len(slides) * (2 if pool == COMMAND else 1), errors
@@ -145,7 +148,7 @@ def main(check: Checks) -> None:
                         worst = max(worst, float(np.abs(prediction.cells - expected[1]).max()))
                         if pool != COMMAND:
                             continue
-                        tiff, _ = map_paths(settings.output, stem, MAP_NAMES[model.pool])
+                        tiff, _ = map_paths(job.output_folder, stem, MAP_NAMES[model.pool])
                         stored = tifffile.imread(tiff)
                         placed = on_slide(expected[1], placement).values
                         assert stored.shape == placed.shape and (np.isnan(stored) == np.isnan(placed)).all()

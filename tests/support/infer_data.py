@@ -85,11 +85,11 @@ def write_network(directory: Path, layers, spec, image_size: int, classes, mpp: 
     """A checkpoint of ``layers`` (built from ``spec``) as ``train`` writes them: record, weights, manifest."""
     from mpi4dl_nb.checkpoint.record import DataRecord, RunRecord, write_checkpoint
     from mpi4dl_nb.data.apps import AppKind
-    from mpi4dl_nb.infer.trained import task_of
+    from mpi4dl_nb.infer.trained import network_task
 
     model = torch.nn.Sequential(*layers)
     record = RunRecord(spec, DataRecord(AppKind.MEDICAL, image_size, 2, dtype, classes=tuple(classes), mpp=mpp),
-                       task=task_of(layers))
+                       task=network_task(layers))
     write_checkpoint(directory, record.at(1, "a0b1c2d3e4f5"), model.state_dict(), None)
     return directory
 
