@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -99,6 +100,8 @@ class CheckpointGranularity(Choice):
 CheckpointSetting = CheckpointGranularity | int   # a granularity, or N >= 1 layers per segment
 Knob = int | float | str | list[int] | None             # a knob's JSON-friendly value (``as_dict``)
 
+# layer counts separated by commas or blanks, a trailing comma allowed (``[3, 4,]``, as Python reads it)
+BALANCE_SYNTAX = re.compile(r"\s*[+-]?\d+(\s*[,\s]\s*[+-]?\d+)*\s*,?\s*")
 SLICE_METHODS = SliceMethod.values()
 SCHEDULES = ScheduleKind.values()
 PRECISIONS = PrecisionMode.values()
@@ -121,6 +124,21 @@ def as_checkpoint_setting(value: object) -> CheckpointSetting | None:
     raise ConfigError("checkpoint_activations", f"{value!r} is not 'every' (each layer), 'blocks' "
                       f"(segments of about sqrt(layers) layers), a number N >= 1 of layers per "
                       f"segment, or None")
+
+
+def parse_balance(text: str | None, knob: str = "balance") -> tuple[int, ...] | None:
+    """``balance`` (``--balance``, the widget's field) as layer counts per stage: ``3,4,5``, ``3 4 5``,
+    ``[3, 4, 5]``, ``(3,4,5)`` or one count ``3``; empty or ``none``: None (the default cut). ConfigError naming
+    ``knob`` for anything else (the counts are checked against the stages by ParallelConfig)."""
+    if text is None or str(text).strip().lower() in ("", "none"):
+        return None
+    raw = str(text).strip()
+    if raw[0] + raw[-1] in ("[]", "()"):
+        raw = raw[1:-1]
+    if not BALANCE_SYNTAX.fullmatch(raw):
+        raise ConfigError(knob, f"{text!r} is not a list of layer counts per stage, e.g. 3,4,5 or [3,4,5] (empty "
+                                f"or none: the default cut, by memory when there are spatial stages)")
+    return tuple(int(count) for count in re.findall(r"[+-]?\d+", raw))
 
 
 def as_slice_method(value: object) -> SliceMethod:
