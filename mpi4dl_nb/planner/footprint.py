@@ -27,7 +27,7 @@ from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
 from ..config import Choice
 from ..pipeline.split_backward import LayerRecorder, input_backward
-from ..spatial.fit import meta_copy as spatial_meta_copy
+from ..spatial.fit import meta_copy
 from ..spatial.geometry import TileGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .layouts import BackendLayouts
@@ -199,9 +199,9 @@ def structure_key(module: nn.Module) -> Hashable:
     return (repr(module), tuple(settings))
 
 
-def meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+def training_meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """A ``meta`` copy of ``module`` (no memory; the original is untouched), in training mode."""
-    copied = spatial_meta_copy(module)
+    copied = meta_copy(module)
     if dtype is not None:
         copied.to(dtype=dtype)
     return copied.train()
@@ -433,7 +433,7 @@ def map_sizes(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype) -> 
         note(args)
         note(out)
 
-    module = meta_copy(layer, dtype)
+    module = training_meta_copy(layer, dtype)
     handles = [m.register_forward_hook(hook) for m in module.modules()]
     inputs = [torch.empty(s, dtype=dtype, device="meta") for s in shapes]
     with torch.no_grad():
@@ -461,7 +461,7 @@ def spatial_module(layer: nn.Module, grid: TileGrid, comm: Comm, role: StageRole
     """``layer`` (copied to ``device``) spatialized for ``comm``'s tile of ``grid``."""
     from ..spatial.convert import spatialize
 
-    copied = meta_copy(layer, dtype) if device == "meta" else \
+    copied = training_meta_copy(layer, dtype) if device == "meta" else \
         copy.deepcopy(layer).to(device=device, dtype=dtype).train()
     return spatialize(nn.Sequential(copied), grid, comm, Group(tuple(range(grid.num_tiles))),
                       image_size=(full[-2], full[-1]), halo_d2=role.halo_d2,
@@ -481,7 +481,8 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
     """
     if role.grid is None:
-        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples, layouts, split)]
+        copied = training_meta_copy(layer, dtype)
+        return [_simulate(copied, shapes, dtype, None, loss, workspace, samples, layouts, split)]
     grid = TileGrid(*role.grid)
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
