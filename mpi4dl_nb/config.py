@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -99,6 +100,8 @@ class CheckpointGranularity(Choice):
 CheckpointSetting = CheckpointGranularity | int   # a granularity, or N >= 1 layers per segment
 Knob = int | float | str | list[int] | None             # a knob's JSON-friendly value (``as_dict``)
 
+# layer counts separated by commas or blanks, a trailing comma allowed (``[3, 4,]``, as Python reads it)
+BALANCE_SYNTAX = re.compile(r"\s*[+-]?\d+(\s*[,\s]\s*[+-]?\d+)*\s*,?\s*")
 SLICE_METHODS = SliceMethod.values()
 SCHEDULES = ScheduleKind.values()
 PRECISIONS = PrecisionMode.values()
@@ -121,6 +124,21 @@ def as_checkpoint_setting(value: object) -> CheckpointSetting | None:
     raise ConfigError("checkpoint_activations", f"{value!r} is not 'every' (each layer), 'blocks' "
                       f"(segments of about sqrt(layers) layers), a number N >= 1 of layers per "
                       f"segment, or None")
+
+
+def parse_balance(text: str | None, knob: str = "balance") -> tuple[int, ...] | None:
+    """``balance`` (``--balance``, the widget's field) as layer counts per stage: ``3,4,5``, ``3 4 5``,
+    ``[3, 4, 5]``, ``(3,4,5)`` or one count ``3``; empty or ``none``: None (the default cut). ConfigError naming
+    ``knob`` for anything else (the counts are checked against the stages by ParallelConfig)."""
+    if text is None or str(text).strip().lower() in ("", "none"):
+        return None
+    raw = str(text).strip()
+    if raw[0] + raw[-1] in ("[]", "()"):
+        raw = raw[1:-1]
+    if not BALANCE_SYNTAX.fullmatch(raw):
+        raise ConfigError(knob, f"{text!r} is not a list of layer counts per stage, e.g. 3,4,5 or [3,4,5] (empty "
+                                f"or none: the default cut, by memory when there are spatial stages)")
+    return tuple(int(count) for count in re.findall(r"[+-]?\d+", raw))
 
 
 def as_slice_method(value: object) -> SliceMethod:
@@ -329,26 +347,39 @@ class ParallelConfig:
 
     # ------------------------------------------------------------------ validation
     def _check_own_knobs(self) -> None:
-        def positive(name: str, minimum: int = 1) -> None:
+        """Every knob checked on its own and against the others (no model, world or batch needed), the choice
+        knobs made their Enum members; the first problem raised as a ConfigError naming the way out."""
+        self._check_counts()
+        self._normalise_choices()
+        self._check_recompute()
+        self._check_stages()
+        self._check_tile_grid()
+        if self.fused_layers > 1 and not self.halo_d2:
+            raise ConfigError("fused_layers", f"fused_layers={self.fused_layers} only applies with "
+                              f"halo_d2=True; set halo_d2=True or fused_layers=1")
+        if self.gems and self.split_size < 2:
+            raise ConfigError("times", "GEMS (times >= 1) mirrors the stages and needs "
+                              "split_size >= 2; use times=0 or split_size=2")
+        self._check_virtual_stages()
+        self._check_zero_bubble()
+        self._check_balance()
+
+    def _check_counts(self) -> None:
+        """The whole-number knobs within their range; ``grad_bucket_mb`` a size or None."""
+        for name, minimum in (("split_size", 1), ("spatial_size", 0), ("num_spatial_parts", 1), ("parts", 1),
+                              ("times", 0), ("local_dp", 1), ("fused_layers", 1), ("data_parallel", 1),
+                              ("virtual_stages", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ConfigError(name, f"must be an integer >= {minimum}, got {value!r}")
-
-        positive("split_size")
-        positive("spatial_size", 0)
-        positive("num_spatial_parts")
-        positive("parts")
-        positive("times", 0)
-        positive("local_dp")
-        positive("fused_layers")
-        positive("data_parallel")
-        positive("virtual_stages")
         bucket = self.grad_bucket_mb
         if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, (int, float))
                                    or not bucket > 0):
             raise ConfigError("grad_bucket_mb", f"must be a size in MB > 0 (25 is DDP's), or None for one "
                               f"all-reduce per stage after all backwards; got {bucket!r}")
-        # the two choice knobs become their Enum members ("square" -> SliceMethod.SQUARE)
+
+    def _normalise_choices(self) -> None:
+        """The choice knobs become their Enum members (``"square"`` -> ``SliceMethod.SQUARE``); zbv's two chunks."""
         object.__setattr__(self, "slice_method", as_slice_method(self.slice_method))
         object.__setattr__(self, "schedule", as_schedule_kind(self.schedule))
         if self.schedule is ScheduleKind.ZBV and self.virtual_stages == 1:
@@ -357,6 +388,9 @@ class ParallelConfig:
                                                            f"one of {', '.join(PRECISIONS)}"))
         object.__setattr__(self, "checkpoint_activations",
                            as_checkpoint_setting(self.checkpoint_activations))
+
+    def _check_recompute(self) -> None:
+        """Activation recomputation with the knobs it does not combine with."""
         if self.checkpoint_activations is not None and self.halo_d2:
             raise ConfigError("checkpoint_activations", "fused halos (halo_d2) already recompute "
                               "border rows inside their blocks and are not combined with activation "
@@ -366,6 +400,9 @@ class ParallelConfig:
                               "would repeat BatchNorm reductions across data-parallel copies whose "
                               "backwards do not run in lockstep; use one of checkpoint_activations "
                               "or sync_batchnorm")
+
+    def _check_stages(self) -> None:
+        """The spatial stages among the stages, and what they need."""
         if self.spatial_size > self.split_size:
             raise ConfigError("spatial_size", f"{self.spatial_size} spatial stages do not fit in split_size="
                               f"{self.split_size} stages; use spatial_size <= {self.split_size} (equal: every "
@@ -378,6 +415,9 @@ class ParallelConfig:
         if self.spatial_size > 0 and self.num_spatial_parts < 2 and self.grid is None:
             raise ConfigError("num_spatial_parts", "a spatial stage needs at least 2 tiles; "
                               "use num_spatial_parts >= 2 or spatial_size=0")
+
+    def _check_tile_grid(self) -> None:
+        """A volume's DxRxC, an explicit grid or the square layout holds num_spatial_parts tiles."""
         if self.volume_grid is not None:
             tiles = math.prod(self.volume_grid)
             if len(self.volume_grid) != 3 or min(self.volume_grid) < 1 or tiles != self.num_spatial_parts:
@@ -398,14 +438,9 @@ class ParallelConfig:
                                   f"square number of parts, got {p}; use "
                                   f"num_spatial_parts={_nearest_square(p)} or "
                                   f"slice_method='vertical'/'horizontal'")
-        if self.fused_layers > 1 and not self.halo_d2:
-            raise ConfigError("fused_layers", f"fused_layers={self.fused_layers} only applies with "
-                              f"halo_d2=True; set halo_d2=True or fused_layers=1")
-        if self.gems and self.split_size < 2:
-            raise ConfigError("times", "GEMS (times >= 1) mirrors the stages and needs "
-                              "split_size >= 2; use times=0 or split_size=2")
-        self._check_virtual_stages()
-        self._check_zero_bubble()
+
+    def _check_balance(self) -> None:
+        """One layer count per stage, each at least 1."""
         if self.balance is not None:
             if len(self.balance) != self.split_size:
                 raise ConfigError("balance", f"has {len(self.balance)} entries but split_size="

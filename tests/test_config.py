@@ -3,6 +3,7 @@
 import pytest
 
 from mpi4dl_nb import ConfigError, ParallelConfig
+from mpi4dl_nb.config import parse_balance
 
 
 @pytest.mark.parametrize("kwargs, world", [
@@ -64,6 +65,25 @@ def test_balance_sum_and_too_few_layers():
     cfg.validate(num_layers=7)
     with pytest.raises(ConfigError, match="use split_size <= 2"):
         ParallelConfig(split_size=3, spatial_size=0).validate(num_layers=2)
+
+
+@pytest.mark.parametrize("text, counts", [
+    ("3,4,5", (3, 4, 5)), ("3, 4,5", (3, 4, 5)), ("[2,2]", (2, 2)), ("(3,4,5)", (3, 4, 5)), ("[3, 4,]", (3, 4)),
+    ("3", (3,)), ("4 1", (4, 1)), (" 4 , 1 ", (4, 1)), ("", None), ("None", None), ("none", None), (None, None),
+])
+def test_one_balance_parser_reads_the_flags_and_the_widgets_syntax(text, counts):
+    """``--balance`` took Python lists (3,4,5 / [3,4,5] / (3,4,5) / 3 / None), the widget's field 4, 1 or
+    nothing; config.parse_balance reads both (and blanks between counts: 4 1, which the widget read as 41)."""
+    assert parse_balance(text) == counts
+
+
+@pytest.mark.parametrize("text", ["a,b", "4;1", "3,,4", "1.5", "[[1]]", "[3", "True", ",3"])
+def test_a_balance_that_is_no_list_of_counts_names_the_knob_it_came_from(text):
+    with pytest.raises(ConfigError, match=r"^balance: .* is not a list of layer counts per stage, e.g. 3,4,5"):
+        parse_balance(text)
+    with pytest.raises(ConfigError, match=r"^--balance: ") as caught:
+        parse_balance(text, "--balance")
+    assert caught.value.knob == "--balance"
 
 
 def test_batch_must_divide():

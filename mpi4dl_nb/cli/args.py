@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import ast
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +14,7 @@ from ..config import (
     ScheduleKind,
     SliceMethod,
     as_checkpoint_setting,
+    parse_balance,
 )
 from ..config import (
     parse_slice_method as config_parse_slice_method,
@@ -55,22 +55,12 @@ def parse_bucket_mb(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size in MB (e.g. 25) or 'none'") from None
 
 
-def parse_balance(text: str | None) -> tuple[int, ...] | None:
-    """Parse ``--balance``: ``"3,4,5"``, ``"[3, 4, 5]"`` or ``"(3,4,5)"``; empty/None means automatic."""
-    if text is None or str(text).strip().lower() in ("", "none"):
-        return None
-    raw = str(text).strip()
+def balance_flag(text: str) -> tuple[int, ...] | None:
+    """argparse's type for ``--balance``: config.parse_balance, a refusal printed as the flag's usage error."""
     try:
-        value = ast.literal_eval(raw if raw[0] in "[(" else f"[{raw}]")
-    except (ValueError, SyntaxError):
-        raise argparse.ArgumentTypeError(
-            f"--balance {text!r}: expected a list of layer counts per stage, e.g. 3,4,5 or [3,4,5]") from None
-    if isinstance(value, int):
-        value = [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise argparse.ArgumentTypeError(
-            f"--balance {text!r}: every entry must be an integer layer count, e.g. 3,4,5")
-    return tuple(value)
+        return parse_balance(text, "--balance")
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(err.detail) from None
 
 
 def parse_app(text: str) -> AppKind:
@@ -112,7 +102,7 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="fused halo exchange (design 2): fewer, wider halo exchanges")
     g.add_argument("--fused-layers", dest="fused_layers", type=int, default=1,
                    help="with --halo-D2, number of blocks sharing one halo exchange")
-    g.add_argument("--balance", dest="balance", type=parse_balance, default=None,
+    g.add_argument("--balance", dest="balance", type=balance_flag, default=None,
                    help="layers per stage, e.g. 3,4,5 (sum = number of layers); default automatic")
     g.add_argument("--data-parallel", dest="data_parallel", type=int, default=1,
                    help="number of full model replicas trained data-parallel")

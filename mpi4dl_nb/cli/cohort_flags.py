@@ -81,4 +81,4 @@ def cohort_of(path: str | Path, classes: str | None, image_size: int, level: int
     def probe(slide: Path) -> str | None:
         return readable(slide) or check_file(slide, SourceKind.SLIDES, image_size, level)
 
-    return read_cohort(path, names, probe=probe)
+    return read_cohort(path, names, probe=probe, every_class=True)    # --classes: each labels a slide

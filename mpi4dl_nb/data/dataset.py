@@ -73,7 +73,7 @@ def input_size(dataset: RegionDataset) -> int | tuple[int, int, int]:
     return dataset.volume_size if isinstance(dataset, VolumeImages) else dataset.image_size
 
 
-def volume_images(dataset: RegionDataset, box: VolumeBox) -> VolumeImages:
+def as_volume_images(dataset: RegionDataset, box: VolumeBox) -> VolumeImages:
     """``dataset`` as volumes, for a read of ``box``; TypeError when it is not one."""
     if not isinstance(dataset, VolumeImages):
         raise TypeError(f"{type(dataset).__name__} holds images, not volumes: it cannot read the 3-D box {box}")
@@ -90,7 +90,7 @@ def volume_dataset(dataset: RegionDataset, box: VolumeBox) -> VolumeRegions:
 def read_box(dataset: RegionDataset, index: int, box: AnyBox | None) -> torch.Tensor:
     """Image ``index`` of ``dataset``, only ``box`` of it (a volume's 3-D box, or an image's)."""
     if is_volume_box(box):
-        return volume_images(dataset, box).read(index, box)
+        return as_volume_images(dataset, box).read(index, box)
     return dataset.read(index, image_box(box))
 
 

@@ -4,8 +4,8 @@ before any work with every problem listed by its line.
 Columns (header names, any order, case-insensitive): ``slide`` (a path, relative to the manifest's folder or
 absolute), ``label`` (a class name), optional ``patient`` (default: the slide's own name, so each slide is its
 own patient), optional ``fold`` (a whole number >= 0), optional ``split`` (``train``, ``val`` or ``test``);
-every other column is kept as metadata. Commas, semicolons or tabs separate the fields (the header decides);
-blank lines and lines starting with ``#`` are skipped; a byte-order mark (spreadsheet exports) is ignored.
+every other column is kept as metadata. Commas, semicolons or tabs separate the fields (the header decides;
+data/csv_table.py reads every manifest); blank lines and lines starting with ``#`` are skipped.
 
 Problems found and reported together, each with its line: a missing or unreadable slide, a label not among the
 classes, a slide listed twice, a fold or split value that is not one, and a patient whose slides carry
@@ -14,7 +14,6 @@ different (or partly missing) fold or split values -- slides of one patient must
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,11 +21,12 @@ from enum import Enum
 from pathlib import Path
 
 from ..errors import ConfigError
+from .csv_table import read_table
 
 KNOB = "--cohort"
 REQUIRED = ("slide", "label")
 OPTIONAL = ("patient", "fold", "split")
-DELIMITERS = ",;\t"
+HEADER_HINT = "columns: slide, label and optionally patient, fold, split (others are kept as metadata)"
 MAX_SHOWN = 20   # problems listed in one message; the rest counted
 
 SlideProbe = Callable[[Path], "str | None"]   # why a slide file cannot be read (None: it can)
@@ -136,19 +136,21 @@ def readable(path: Path) -> str | None:
 
 
 def read_cohort(source: str | Path, classes: Sequence[str] | None = None, *,
-                probe: SlideProbe | None = readable) -> Cohort:
+                probe: SlideProbe | None = readable, every_class: bool = False) -> Cohort:
     """The manifest at ``source``, checked: ConfigError(``--cohort``) listing every problem with its line.
 
     ``classes`` (``--classes``, in order) are the only labels accepted; without them the classes are the
-    manifest's labels sorted by name. ``probe`` says why a slide file cannot be read (None: skip file checks).
+    manifest's labels sorted by name. ``every_class`` (training): each of ``classes`` must label a slide, as
+    each class folder must exist (data/classes.py), else ConfigError(``--classes``). ``probe`` says why a slide
+    file cannot be read (None: skip file checks).
     """
     path = Path(source).expanduser()
     if not path.is_file():
         raise ConfigError(KNOB, f"{str(source)!r}: no such file (a CSV with columns slide,label[,patient,fold,"
                                 f"split])")
-    rows, columns = _rows(path)
+    table = read_table(path, KNOB, REQUIRED, HEADER_HINT)
     problems: list[str] = []
-    slides = [_slide(path.parent, line, row, problems) for line, row in rows]
+    slides = [_slide(path.parent, row.line, row.cells, problems) for row in table.rows]
     parsed = [s for s in slides if s is not None]
     if not parsed and not problems:
         raise ConfigError(KNOB, f"{path} lists no slides (one row per slide under the header {','.join(REQUIRED)})")
@@ -159,7 +161,21 @@ def read_cohort(source: str | Path, classes: Sequence[str] | None = None, *,
     problems += _patient_problems(parsed)
     if problems:
         raise ConfigError(KNOB, problem_text(path, problems))
-    return Cohort(path.resolve(), tuple(parsed), names, columns)
+    if every_class:
+        check_every_class(path, names, parsed)
+    return Cohort(path.resolve(), tuple(parsed), names, table.columns)
+
+
+def check_every_class(path: Path, classes: Sequence[str], slides: Sequence[CohortSlide]) -> None:
+    """ConfigError(``--classes``) naming the classes no slide is labelled with: a class without slides would
+    train an output nothing teaches (class folders are refused alike: data/classes.py)."""
+    labels = {s.label for s in slides}
+    empty = [name for name in classes if name not in labels]
+    if empty:
+        kept = [name for name in classes if name in labels]
+        raise ConfigError("--classes", f"{', '.join(empty)}: no slide of {path} is labelled so (its labels: "
+                                       f"{', '.join(kept)}); drop {'it' if len(empty) == 1 else 'them'} "
+                                       f"(--classes {','.join(kept)}) or label slides {empty[0]} in the manifest")
 
 
 def problem_text(path: Path, problems: Sequence[str]) -> str:
@@ -169,44 +185,6 @@ def problem_text(path: Path, problems: Sequence[str]) -> str:
         shown.append(f"  ... and {len(problems) - MAX_SHOWN} more")
     count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
     return f"{path}: {count}; fix them and run again:\n" + "\n".join(shown)
-
-
-def _rows(path: Path) -> tuple[list[tuple[int, dict[str, str]]], tuple[str, ...]]:
-    """(line, {column: value}) for every data row, and the header; ConfigError for a header without the
-    required columns."""
-    with path.open(newline="", encoding="utf-8-sig") as handle:
-        text = handle.read()
-    lines = text.splitlines()
-    header_at = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), None)
-    if header_at is None:
-        raise ConfigError(KNOB, f"{path} is empty; it needs a header line with columns {','.join(REQUIRED)}")
-    header_line = lines[header_at]
-    delimiter = max(DELIMITERS, key=header_line.count)
-    reader = csv.reader(lines, delimiter=delimiter)
-    rows: list[tuple[int, dict[str, str]]] = []
-    columns: tuple[str, ...] = ()
-    for number, cells in enumerate(reader, start=1):
-        if number - 1 < header_at or not any(c.strip() for c in cells) or cells[0].lstrip().startswith("#"):
-            continue
-        if not columns:
-            columns = tuple(c.strip() for c in cells)
-            _check_header(path, columns)
-            continue
-        keys = [c.lower() for c in columns]
-        rows.append((number, {k: (cells[i].strip() if i < len(cells) else "") for i, k in enumerate(keys)}))
-    return rows, columns
-
-
-def _check_header(path: Path, columns: Sequence[str]) -> None:
-    lowered = [c.lower() for c in columns]
-    missing = [c for c in REQUIRED if c not in lowered]
-    if missing:
-        raise ConfigError(KNOB, f"{path}: the header ({', '.join(columns)}) lacks the column"
-                                f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; columns: slide, label "
-                                f"and optionally patient, fold, split (others are kept as metadata)")
-    twice = sorted({c for c in lowered if lowered.count(c) > 1})
-    if twice:
-        raise ConfigError(KNOB, f"{path}: the header names {', '.join(twice)} more than once")
 
 
 def _slide(folder: Path, line: int, row: Mapping[str, str], problems: list[str]) -> CohortSlide | None:

@@ -20,7 +20,7 @@ def as_values(image: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(image.permute(1, 2, 0).to(torch.float64).numpy() * 255.0)
 
 
-def normalized(image: torch.Tensor, pixel_map: PixelMap) -> torch.Tensor:
+def stain_normalized(image: torch.Tensor, pixel_map: PixelMap) -> torch.Tensor:
     """A (C, H, W) image in [0, 1] mapped pixel by pixel, in its own dtype."""
     out = torch.from_numpy(np.ascontiguousarray(pixel_map(as_values(image)) / 255.0)).permute(2, 0, 1)
     return out.to(image.dtype).contiguous()
@@ -64,7 +64,7 @@ images of one ``stain_key``."""
     def read(self, index: int, box: Box | None = None) -> torch.Tensor:
         """Image ``index`` (C, H, W) float in [0, 1], stain normalised when asked, only ``box`` of it."""
         image = self.read_pixels(index, box)
-        return image if self.stain is None else normalized(image, self.stain_map(index))
+        return image if self.stain is None else stain_normalized(image, self.stain_map(index))
 
 
 @runtime_checkable

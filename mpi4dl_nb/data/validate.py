@@ -159,7 +159,7 @@ def classes_found(dataset: RegionDataset) -> int | None:
     return len(classes) if isinstance(classes, (list, tuple)) else None
 
 
-def fingerprint(dataset: RegionDataset) -> dict[str, object]:
+def dataset_fingerprint(dataset: RegionDataset) -> dict[str, object]:
     """What identifies a dataset's content cheaply: file names relative to its root, sizes, labels, count."""
     files = getattr(dataset, "files", None) or getattr(dataset, "paths", None)
     if files:
@@ -179,4 +179,4 @@ def excluded(paths: Collection[Path], bad: Collection[Path]) -> list[Path]:
 
 
 __all__ = ["DataSources", "SLIDE_ONLY_EXTENSIONS", "SourceKind", "check_file", "check_files",
-           "classes_found", "excluded", "find_sources", "fingerprint"]
+           "classes_found", "dataset_fingerprint", "excluded", "find_sources"]

@@ -24,9 +24,9 @@ from ..comm.agreement import agreed
 from ..config import ConfigError
 from ..data.pathology import slide_overview
 from ..data.stain import PixelMap
-from ..data.stain_reads import normalized
+from ..data.stain_reads import stain_normalized
 from ..data.task import Task
-from ..measure.heap import PeakMeter, state_bytes
+from ..measure.heap import PeakMeter, module_bytes
 from ..measure.progress import ProgressLine
 from ..spatial.geometry import Box, TileGrid
 from .decisions import Plan, class_indices, decide
@@ -165,7 +165,7 @@ class SlideRunner:
                                    f"level {self.reader.level}) failed: {type(err).__name__}: {err}")
             pixels = np.zeros((box[1] - box[0], box[3] - box[2], 3), dtype=np.uint8)
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).to(self.job.torch_dtype).div_(255.0)
-        return tensor if self.stain is None else normalized(tensor, self.stain)
+        return tensor if self.stain is None else stain_normalized(tensor, self.stain)
 
     def _check_reads(self) -> None:
         """Collective: stop every rank at once, with the first rank's message, if any read failed."""
@@ -219,7 +219,7 @@ class SlideRunner:
         net: nn.Module = self.net
         if self.grid.num_tiles > 1:
             net = spatialize(self.net, self.grid, self.ctx, elementwise=(nn.Softmax,))
-        self.stats = RankStats(state_bytes=state_bytes(self.net))
+        self.stats = RankStats(state_bytes=module_bytes(self.net))
         self.meter = PeakMeter(self.ctx.device)
         net.to(self.ctx.device)
         self.meter.watch(net.modules())
@@ -276,7 +276,7 @@ class SlideRunner:
         geometry = TileGeometry(self.trained.cell_extent, self.net.shape.stride, plan.out_shape[1:],
                                 (self.reader.height, self.reader.width))
         classifier = TileClassifier(self.trained.layers, self.job.torch_dtype, ctx.device)
-        self.stats = RankStats(state_bytes=state_bytes(self.net))
+        self.stats = RankStats(state_bytes=module_bytes(self.net))
         self.meter = PeakMeter(ctx.device)
         if self.store is not None:
             self.store.fill((0, plan.out_shape[1], 0, plan.out_shape[2]))

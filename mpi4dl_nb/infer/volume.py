@@ -21,7 +21,7 @@ from torch import nn
 
 from ..comm.agreement import agreed
 from ..config import ConfigError
-from ..measure.heap import PeakMeter, state_bytes
+from ..measure.heap import PeakMeter, module_bytes
 from ..measure.progress import ProgressLine
 from ..spatial.geometry import AXIS_NAMES, TileGrid
 from .fully_conv import FullyConvolutional, measure_fields
@@ -180,7 +180,7 @@ class VolumeRunner:
         meter.unwatch()
         if sink is not None:
             sink.close()
-        peaks = ctx.gather_object(state_bytes(self.net) + meter.peak, root=0)
+        peaks = ctx.gather_object(module_bytes(self.net) + meter.peak, root=0)
         if peaks is None:
             return None
         voxels = float(np.prod(self.source.shape))

@@ -90,6 +90,7 @@ class PeakMeter:
         self._handles.clear()
 
 
-def state_bytes(module: nn.Module) -> int:
-    """Bytes of a module's parameters and buffers."""
+def module_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (an inference rank's resident state; a training rank's, with
+    gradients and optimizer state: measure/usage.py's state_bytes)."""
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])

@@ -10,8 +10,7 @@ from .pools import PoolKind
 from .resnet import resnet
 from .resnet3d import DEPTH as RESNET3D_DEPTH
 from .resnet3d import WIDTH as RESNET3D_WIDTH
-from .resnet3d import image_multiple as resnet3d_multiple
-from .resnet3d import resnet3d
+from .resnet3d import resnet3d, resnet3d_multiple
 from .tissue import carry_tissue
 from .unet import unet
 from .unet3d import DEPTH as UNET3D_DEPTH

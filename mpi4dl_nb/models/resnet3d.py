@@ -5,7 +5,7 @@ basic blocks of ``models/resnet.py`` made of Conv3d and BatchNorm3d (stage ``s``
 every stage after the first starts with stride 2) and ``VolumeHead`` (global average pool, linear). ResNet-18
 has 2 blocks in each of its 4 stages, ResNet-34 3, 4, 6, 3 (He et al. 2016; Hara et al. 2018 for 3-D);
 ``stages`` keeps the first few stages only, for small volumes. Every operation is one ``spatialize`` makes exact
-on a volume's tiles. Volume sides must be multiples of ``image_multiple(stages)``.
+on a volume's tiles. Volume sides must be multiples of ``resnet3d_multiple(stages)``.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ IN_CHANNELS = 1  # microscopy and CT volumes: one channel
 STAGES = 4
 
 
-def image_multiple(stages: int = STAGES) -> int:
+def resnet3d_multiple(stages: int = STAGES) -> int:
     """Volume sides must be multiples of this: the stem's stride 2 times 2 per stage after the first."""
     return 2 ** stages
 

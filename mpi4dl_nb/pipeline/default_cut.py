@@ -25,7 +25,7 @@ from .tile_fit import (
     PROBE_ERRORS,
     ReachProbe,
     SpatialReach,
-    input_channels,
+    first_layer_channels,
     larger_sizes,
     parameter_dtype,
     spatial_reach,
@@ -66,7 +66,7 @@ def probe_memory(layers: Sequence[nn.Module], probe_size: int = PROBE_SIZE) -> l
     for probed in _PROBED:
         if probed.matches(layers, shape, probe_size):
             return probed.found
-    channels = input_channels(layers)
+    channels = first_layer_channels(layers)
     found = None
     if channels is not None:
         sample = torch.empty(1, channels, probe_size, probe_size, dtype=parameter_dtype(layers), device="meta")
@@ -210,7 +210,7 @@ def no_fitting_cut(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: Spat
     num = len(layers)
     why = reach.refusal.detail if reach.refusal is not None else "it does not fit"
     ways = []
-    channels = input_channels(layers)
+    channels = first_layer_channels(layers)
     if channels is not None:
         with ReachProbe(layers, TileGrid(rows, cols), channels, parameter_dtype(layers)) as probe:
             for size in larger_sizes(reach.image_size):

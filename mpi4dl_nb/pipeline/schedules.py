@@ -594,84 +594,89 @@ def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) 
     """
     kind = cfg.schedule if kind is None else as_schedule_kind(kind)
     roles = layout(cfg)
-    workers = _workers(cfg, roles, kind)
-    placed = _simulate(workers, cfg.split_size)
-    holders = stage_ranks(cfg, roles)
-    num_stages, copies = cfg.split_size, cfg.local_dp
+    placed = _simulate(_workers(cfg, roles, kind), cfg.split_size)
+    holders = _Holders(cfg, stage_ranks(cfg, roles))
     per_rank: list[list[tuple[int, int, Action]]] = [[] for _ in roles]
-
-    def spatial(stage: int) -> bool:
-        return stage < cfg.spatial_size
-
-    def peers(op: _Op, rank: int, neighbour: int) -> list[int]:
-        """Ranks of stage ``neighbour`` that exchange op's chunk with ``rank``."""
-        ranks = holders[(op.dp, op.replica, neighbour)]
-        mine = holders[(op.dp, op.replica, op.stage)]
-        if spatial(neighbour) and spatial(op.stage):
-            return [ranks[mine.index(rank)]]         # tile t <-> tile t
-        if spatial(neighbour):
-            return list(ranks)                         # hand-off: every tile
-        return [ranks[op.copy]]                        # copy k <-> copy k
-
-    def synchronised(op: _Op) -> Iterator[tuple[_Op, tuple[int, ...]]]:
-        """The per-replica, per-copy ops of a sync_batchnorm worker's op (copies in order)."""
-        for d in range(cfg.data_parallel):
-            for k in range(copies):
-                sub = _Op(op.kind, d, op.replica, op.stage, op.micro_batch, k)
-                ranks = holders[(d, op.replica, op.stage)]
-                yield sub, (ranks if spatial(op.stage) else (ranks[k],))
-
-    def own_ranks(op: _Op) -> tuple[int, ...]:
-        """The ranks that run op: every tile of a spatial stage, else its copy's rank."""
-        ranks = holders[(op.dp, op.replica, op.stage)]
-        return ranks if spatial(op.stage) else (ranks[op.copy],)
-
-    expanded = [(sub, tick, sub_ranks) for op, tick in placed.items()
-                for sub, sub_ranks in (synchronised(op) if op.dp == -1 else [(op, own_ranks(op))])]
-    for op, tick, ranks in expanded:
-        chunk = chunk_index(cfg, op.dp, op.replica, op.micro_batch, op.copy)
-        for rank in ranks:
-            mine = holders[(op.dp, op.replica, op.stage)]
-            tile = mine.index(rank) if spatial(op.stage) else None
-            common = Action(op.kind, rank=rank, tick=tick, stage=op.stage,
-                            micro_batch=op.micro_batch, replica=op.replica, copy=op.copy,
-                            dp=op.dp, chunk=chunk, tile=tile)
-            forward = op.kind is ActionKind.FORWARD
-            before: int | None
-            after: int | None
-            if forward:
-                before = op.stage - 1 if op.stage > 0 else None
-                after = op.stage + 1 if op.stage < num_stages - 1 else None
-                recv_kind, send_kind = ActionKind.RECV_ACT, ActionKind.SEND_ACT
-            elif op.kind is ActionKind.BACKWARD_WEIGHT:   # parameter gradients: nothing moves
-                before = after = None
-                recv_kind, send_kind = ActionKind.RECV_GRAD, ActionKind.SEND_GRAD
-            else:
-                before = op.stage + 1 if op.stage < num_stages - 1 else None
-                after = op.stage - 1 if op.stage > 0 else None
-                recv_kind, send_kind = ActionKind.RECV_GRAD, ActionKind.SEND_GRAD
-            seq = per_rank[rank]
-            if before is not None:
-                tag = _message_tag(cfg, op, before)
-                for peer in peers(op, rank, before):
-                    seq.append((tick, 0, replace(common, kind=recv_kind, peer=peer, tag=tag)))
-            seq.append((tick, 1, common))
-            if after is not None:
-                tag = _message_tag(cfg, op, after)
-                for peer in peers(op, rank, after):
-                    seq.append((tick, 2, replace(common, kind=send_kind, peer=peer, tag=tag)))
-
+    for op, tick in placed.items():
+        for sub, ranks in holders.runs(op):
+            for rank in ranks:
+                per_rank[rank] += holders.rank_actions(sub, tick, rank)
     final = 1 + max(placed.values())
     for role in roles:
-        for s in role.stages:
-            per_rank[role.rank].append((final, 3 + s, Action(
-                ActionKind.ALLREDUCE, role.rank, final, stage=s, dp=role.replica,
-                group=tuple(stage_holders(cfg, s)))))
-        per_rank[role.rank].append((final, 3 + num_stages, Action(
-            ActionKind.OPTIM, role.rank, final, dp=role.replica)))
+        per_rank[role.rank] += _step_end(cfg, role, final)
     ordered = [[a for _, _, a in sorted(seq, key=lambda item: (item[0], item[1]))]
                for seq in per_rank]
     return Schedule(cfg, kind, final + 1, ordered)
+
+
+@dataclass(frozen=True)
+class _Holders:
+    """The ranks of each (dp, replica, stage) of ``cfg`` (``stage_ranks``): who runs an op and whom it exchanges
+    its chunk with."""
+
+    cfg: ParallelConfig
+    ranks: dict[tuple[int, int, int], tuple[int, ...]]
+
+    def spatial(self, stage: int) -> bool:
+        return stage < self.cfg.spatial_size
+
+    def runs(self, op: _Op) -> Iterator[tuple[_Op, tuple[int, ...]]]:
+        """The ops ``op`` stands for with their ranks: a sync_batchnorm worker's op (``dp == -1``) as one op per
+        replica and copy (copies in order), else op itself; every tile of a spatial stage, else its copy's rank."""
+        subs = ([_Op(op.kind, d, op.replica, op.stage, op.micro_batch, k)
+                 for d in range(self.cfg.data_parallel) for k in range(self.cfg.local_dp)] if op.dp == -1 else [op])
+        for sub in subs:
+            ranks = self.ranks[(sub.dp, sub.replica, sub.stage)]
+            yield sub, (ranks if self.spatial(sub.stage) else (ranks[sub.copy],))
+
+    def peers(self, op: _Op, rank: int, neighbour: int) -> list[int]:
+        """Ranks of stage ``neighbour`` that exchange op's chunk with ``rank``."""
+        ranks = self.ranks[(op.dp, op.replica, neighbour)]
+        mine = self.ranks[(op.dp, op.replica, op.stage)]
+        if self.spatial(neighbour) and self.spatial(op.stage):
+            return [ranks[mine.index(rank)]]         # tile t <-> tile t
+        if self.spatial(neighbour):
+            return list(ranks)                         # hand-off: every tile
+        return [ranks[op.copy]]                        # copy k <-> copy k
+
+    def rank_actions(self, op: _Op, tick: int, rank: int) -> list[tuple[int, int, Action]]:
+        """(tick, order, action) of ``op`` on ``rank``: its receives (order 0), the compute (1), its sends (2)."""
+        mine = self.ranks[(op.dp, op.replica, op.stage)]
+        common = Action(op.kind, rank=rank, tick=tick, stage=op.stage, micro_batch=op.micro_batch,
+                        replica=op.replica, copy=op.copy, dp=op.dp,
+                        chunk=chunk_index(self.cfg, op.dp, op.replica, op.micro_batch, op.copy),
+                        tile=mine.index(rank) if self.spatial(op.stage) else None)
+        before, after, recv_kind, send_kind = _neighbours(op, self.cfg.split_size)
+        seq = []
+        if before is not None:
+            tag = _message_tag(self.cfg, op, before)
+            seq += [(tick, 0, replace(common, kind=recv_kind, peer=peer, tag=tag))
+                    for peer in self.peers(op, rank, before)]
+        seq.append((tick, 1, common))
+        if after is not None:
+            tag = _message_tag(self.cfg, op, after)
+            seq += [(tick, 2, replace(common, kind=send_kind, peer=peer, tag=tag))
+                    for peer in self.peers(op, rank, after)]
+        return seq
+
+
+def _neighbours(op: _Op, num_stages: int) -> tuple[int | None, int | None, ActionKind, ActionKind]:
+    """The stage op receives from and the one it sends to (None: none), and the kinds of those messages."""
+    first, last = op.stage == 0, op.stage == num_stages - 1
+    if op.kind is ActionKind.FORWARD:
+        return (None if first else op.stage - 1, None if last else op.stage + 1,
+                ActionKind.RECV_ACT, ActionKind.SEND_ACT)
+    if op.kind is ActionKind.BACKWARD_WEIGHT:   # parameter gradients: nothing moves
+        return None, None, ActionKind.RECV_GRAD, ActionKind.SEND_GRAD
+    return (None if last else op.stage + 1, None if first else op.stage - 1,
+            ActionKind.RECV_GRAD, ActionKind.SEND_GRAD)
+
+
+def _step_end(cfg: ParallelConfig, role: RankRole, final: int) -> list[tuple[int, int, Action]]:
+    """A rank's last tick: the gradient all-reduce of each of its stages, then the optimizer step."""
+    reduces = [(final, 3 + s, Action(ActionKind.ALLREDUCE, role.rank, final, stage=s, dp=role.replica,
+                                     group=tuple(stage_holders(cfg, s)))) for s in role.stages]
+    return [*reduces, (final, 3 + cfg.split_size, Action(ActionKind.OPTIM, role.rank, final, dp=role.replica))]
 
 
 def _pipeline_cfg(num_stages: int, num_micro_batches: int, kind: ScheduleKind, times: int = 0

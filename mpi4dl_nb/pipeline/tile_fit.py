@@ -26,7 +26,7 @@ from ..spatial.geometry import TileGrid
 PROBE_ERRORS = (RuntimeError, ValueError, TypeError, NotImplementedError)   # a layer that cannot run on meta
 
 
-def input_channels(layers: Sequence[nn.Module]) -> int | None:
+def first_layer_channels(layers: Sequence[nn.Module]) -> int | None:
     """The channels the first layer takes (its first module with ``in_channels``), or None."""
     for module in layers[0].modules() if layers else ():
         channels = getattr(module, "in_channels", None)
@@ -113,7 +113,7 @@ def spatial_reach(layers: Sequence[nn.Module], grid: TileGrid, image_size: int |
                   limit: int | None = None, in_channels: int | None = None) -> SpatialReach | None:
     """``ReachProbe(...).reach`` of ``layers`` once (None: the input channels, ``in_channels`` if
     given, cannot be told)."""
-    channels = input_channels(layers) if in_channels is None else in_channels
+    channels = first_layer_channels(layers) if in_channels is None else in_channels
     if channels is None:
         return None
     height, width = _pair(image_size)

@@ -27,7 +27,7 @@ from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
 from ..config import Choice
 from ..pipeline.split_backward import LayerRecorder, input_backward
-from ..spatial.fit import meta_copy as spatial_meta_copy
+from ..spatial.fit import meta_copy
 from ..spatial.geometry import TileGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .layouts import BackendLayouts
@@ -199,9 +199,9 @@ def structure_key(module: nn.Module) -> Hashable:
     return (repr(module), tuple(settings))
 
 
-def meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+def training_meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """A ``meta`` copy of ``module`` (no memory; the original is untouched), in training mode."""
-    copied = spatial_meta_copy(module)
+    copied = meta_copy(module)
     if dtype is not None:
         copied.to(dtype=dtype)
     return copied.train()
@@ -274,64 +274,119 @@ def meta_input(shape: Shape, dtype: torch.dtype, channels_last: bool = False) ->
 def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
              comm: FakeComm | None, loss: Loss | None, layouts: Sequence[bool] = (),
              split: SplitRun = SplitRun.NONE) -> LayerFootprint:
+    """``_simulate``'s count, the backend's hooks in place: the forward's and the backward's live bytes, what
+    stays after each, the traffic of each (and the split backward's terms when ``split`` asks)."""
     flags = [*layouts, *([False] * (len(shapes) - len(layouts)))]
     inputs = [meta_input(shape, dtype, last).requires_grad_(True) for shape, last in zip(shapes, flags)]
-    x = tuple(inputs) if len(inputs) > 1 else inputs[0]
-    input_ids = {storage_of(t)[0] for t in inputs}
+    live = LiveBytes()
+    traffic = _TrafficWatch(comm, live)
+    with BackendLayouts(), live:   # the layouts the ranks' convolutions give (outside the counter)
+        out, forward = _count_forward(module, inputs, loss, live)
+        traffic.mark()
+        backward = _count_backward(module, inputs, out, live)
+        del out
+        for t in inputs:
+            t.grad = None
+        remaining = live.by_tag()
+        from_backward = max(0, remaining.pop("backward", 0) - backward.grad_bytes)
+        from_forward = sum(remaining.values())
+    forward_traffic, backward_traffic = traffic.stop()
+    split_terms = SplitTerms() if split is SplitRun.NONE else \
+        _split_terms(module, shapes, dtype, loss, flags, backward.grad_bytes, split is SplitRun.SPLIT)
+    return LayerFootprint(
+        input_bytes=_nbytes(inputs), output_bytes=forward.output_bytes, forward_peak=forward.peak,
+        kept=forward.after - forward.output_bytes - from_forward, halo_kept=forward.halo_kept,
+        saves_input=forward.saves_input, saves_output=forward.saves_output,
+        backward_peak=backward.peak - from_forward - from_backward, input_grad_bytes=backward.input_grad_bytes,
+        grad_bytes=backward.grad_bytes, persistent=from_forward + from_backward, forward_traffic=forward_traffic,
+        backward_traffic=backward_traffic, strips_received=traffic.strips_forward, forward_fixed=forward.fixed,
+        backward_fixed=backward.fixed, split=split_terms)
+
+
+class _TrafficWatch:
+    """A fake communicator's traffic in a layer's forward and in its backward, and the halo strips it receives
+    (tagged ``halo`` among the live bytes)."""
+
+    def __init__(self, comm: FakeComm | None, live: LiveBytes) -> None:
+        self.comm, self.live = comm, live
+        self.received = self.strips_forward = 0
+        self.marks = [self._now()]
+        if comm is not None:
+            comm.on_receive = self._on_receive
+
+    def _now(self) -> Traffic:
+        return self.comm.traffic.copy() if self.comm is not None else Traffic()
+
+    def _on_receive(self, buf: torch.Tensor) -> None:
+        self.live.retag(buf, "halo")
+        self.received += _nbytes([buf])
+
+    def mark(self) -> None:
+        """The forward ends: its traffic and strips are what came so far."""
+        self.marks.append(self._now())
+        self.strips_forward = self.received
+
+    def stop(self) -> tuple[Traffic, Traffic]:
+        """The backward ends: the forward's and the backward's traffic; the communicator's hook removed."""
+        if self.comm is not None:
+            self.comm.on_receive = None
+        start, middle, end = *self.marks, self._now()
+        return middle.minus(start), end.minus(middle)
+
+
+@dataclass(frozen=True)
+class _ForwardCount:
+    """A counted forward: its peak, the live bytes after it, the fixed bytes at the peak, the halo strips kept,
+    the output's bytes (owned by the layer) and whether autograd saves the input or the output."""
+
+    peak: int
+    after: int
+    fixed: int
+    halo_kept: int
+    output_bytes: int
+    saves_input: bool
+    saves_output: bool
+
+
+@dataclass(frozen=True)
+class _BackwardCount:
+    """A counted backward: its peak above what stayed, the fixed bytes at the peak, the gradients' bytes."""
+
+    peak: int
+    fixed: int
+    input_grad_bytes: int
+    grad_bytes: int
+
+
+def _count_forward(module: nn.Module, inputs: list[torch.Tensor], loss: Loss | None,
+                   live: LiveBytes) -> tuple[Payload, _ForwardCount]:
+    """The output of ``module`` (then ``loss``) on ``inputs``, and its count, watching what autograd saves."""
     packed: set[int] = set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         packed.add(storage_of(t)[0])
         return t
 
-    live = LiveBytes()
-    before = comm.traffic.copy() if comm is not None else Traffic()
-    received = [0]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(tuple(inputs) if len(inputs) > 1 else inputs[0])
+        if loss is not None:
+            out = loss(out)
+    outs = [t for t in as_items(out) if isinstance(t, torch.Tensor)]
+    return out, _ForwardCount(
+        peak=live.peak, after=live.current, fixed=live.fixed_at_peak, halo_kept=live.by_tag().get("halo", 0),
+        output_bytes=_nbytes([t for t in outs if live.owns(t)]),
+        saves_input=bool({storage_of(t)[0] for t in inputs} & packed),
+        saves_output=bool({storage_of(t)[0] for t in outs} & packed))
 
-    def on_receive(buf: torch.Tensor) -> None:
-        live.retag(buf, "halo")
-        received[0] += _nbytes([buf])
 
-    if comm is not None:
-        comm.on_receive = on_receive
-    with BackendLayouts(), live:   # the layouts the ranks' convolutions give (outside the counter)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = module(x)
-            if loss is not None:
-                out = loss(out)
-        forward_peak, after_forward, forward_fixed = live.peak, live.current, live.fixed_at_peak
-        halo_kept = live.by_tag().get("halo", 0)
-        outs = [t for t in as_items(out) if isinstance(t, torch.Tensor)]
-        output_ids = {storage_of(t)[0] for t in outs}
-        output_bytes = _nbytes([t for t in outs if live.owns(t)])
-        middle = comm.traffic.copy() if comm is not None else Traffic()
-        strips_received = received[0]
-        live.tag = "backward"
-        live.reset_peak()
-        _backward(out)
-        backward_peak, backward_fixed = live.peak, live.fixed_at_peak
-        input_grad_bytes = _nbytes([t.grad for t in inputs if t.grad is not None])
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        grad_bytes = _nbytes(grads)
-        del out, outs
-        for t in inputs:
-            t.grad = None
-        remaining = live.by_tag()
-        from_backward = max(0, remaining.pop("backward", 0) - grad_bytes)
-        from_forward = sum(remaining.values())
-    if comm is not None:
-        comm.on_receive = None
-    after = comm.traffic.copy() if comm is not None else Traffic()
-    split_terms = SplitTerms() if split is SplitRun.NONE else \
-        _split_terms(module, shapes, dtype, loss, flags, grad_bytes, split is SplitRun.SPLIT)
-    return LayerFootprint(
-        input_bytes=_nbytes(inputs), output_bytes=output_bytes, forward_peak=forward_peak,
-        kept=after_forward - output_bytes - from_forward, halo_kept=halo_kept,
-        saves_input=bool(input_ids & packed), saves_output=bool(output_ids & packed),
-        backward_peak=backward_peak - from_forward - from_backward, input_grad_bytes=input_grad_bytes,
-        grad_bytes=grad_bytes, persistent=from_forward + from_backward, forward_traffic=middle.minus(before),
-        backward_traffic=after.minus(middle), strips_received=strips_received, forward_fixed=forward_fixed,
-        backward_fixed=backward_fixed, split=split_terms)
+def _count_backward(module: nn.Module, inputs: list[torch.Tensor], out: Payload, live: LiveBytes) -> _BackwardCount:
+    """The backward of ``out`` counted from a fresh peak, its live bytes tagged ``backward``."""
+    live.tag = "backward"
+    live.reset_peak()
+    _backward(out)
+    return _BackwardCount(peak=live.peak, fixed=live.fixed_at_peak,
+                          input_grad_bytes=_nbytes([t.grad for t in inputs if t.grad is not None]),
+                          grad_bytes=_nbytes([p.grad for p in module.parameters() if p.grad is not None]))
 
 
 def _split_terms(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, loss: Loss | None,
@@ -433,7 +488,7 @@ def map_sizes(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype) -> 
         note(args)
         note(out)
 
-    module = meta_copy(layer, dtype)
+    module = training_meta_copy(layer, dtype)
     handles = [m.register_forward_hook(hook) for m in module.modules()]
     inputs = [torch.empty(s, dtype=dtype, device="meta") for s in shapes]
     with torch.no_grad():
@@ -461,7 +516,7 @@ def spatial_module(layer: nn.Module, grid: TileGrid, comm: Comm, role: StageRole
     """``layer`` (copied to ``device``) spatialized for ``comm``'s tile of ``grid``."""
     from ..spatial.convert import spatialize
 
-    copied = meta_copy(layer, dtype) if device == "meta" else \
+    copied = training_meta_copy(layer, dtype) if device == "meta" else \
         copy.deepcopy(layer).to(device=device, dtype=dtype).train()
     return spatialize(nn.Sequential(copied), grid, comm, Group(tuple(range(grid.num_tiles))),
                       image_size=(full[-2], full[-1]), halo_d2=role.halo_d2,
@@ -481,7 +536,8 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
     """
     if role.grid is None:
-        return [_simulate(meta_copy(layer, dtype), shapes, dtype, None, loss, workspace, samples, layouts, split)]
+        copied = training_meta_copy(layer, dtype)
+        return [_simulate(copied, shapes, dtype, None, loss, workspace, samples, layouts, split)]
     grid = TileGrid(*role.grid)
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:

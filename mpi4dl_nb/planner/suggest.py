@@ -22,7 +22,7 @@ from .device import MeasuringDevice
 from .layer_timer import LayerTimer, measuring_device
 from .memory import MB, LossFn, MemoryPlan, Precision, Recompute, default_loss, estimate_memory
 from .optimizer import OptimizerFactory
-from .profile import Layers, profile_layers
+from .profile import LayerProfile, Layers, profile_layers
 from .step_time import StepModel, TimePlan, step_model, time_layers
 from .timing import Network, Node
 
@@ -282,28 +282,14 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
         raise ValueError(f"devices={devices}: need at least 1")
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom={headroom}: a share of the limit, from 0 (none) to below 1")
-    budget = memory_per_device * (1 - headroom)
     precision = precision or Precision(dtype)
-    profiles = profile_layers(model, image_size, in_channels, precision.activations)
-
-    def memory_of(cfg: ParallelConfig) -> MemoryPlan:
-        return estimate_memory(profiles, cfg, image_size, batch_size, precision=precision, recompute=recompute,
-                               loss_fn=loss_fn, optimizer=optimizer, optimizer_states=optimizer_states)
-
+    step = _StepEstimate(profile_layers(model, image_size, in_channels, precision.activations), image_size,
+                         batch_size, precision, recompute, loss_fn, optimizer, optimizer_states)
     serial_cfg = ParallelConfig(split_size=1, spatial_size=0)
-    serial_memory = memory_of(serial_cfg)
-    fitting: list[tuple[ParallelConfig, MemoryPlan]] = []
-    refused: list[Refusal] = []
-    for cfg in candidate_configs(devices, len(profiles), batch_size, max_split=max_split, exact=exact,
-                                 max_times=max_times):
-        try:
-            plan = memory_of(cfg)
-        except (ConfigError, ValueError):
-            continue
-        if plan.peak > budget:
-            refused.append(Refusal(cfg, plan, memory_per_device, headroom))
-        else:
-            fitting.append((cfg, plan))
+    serial_memory = step.memory(serial_cfg)
+    candidates = candidate_configs(devices, len(step.profiles), batch_size, max_split=max_split, exact=exact,
+                                   max_times=max_times)
+    fitting, refused = _by_memory(step, candidates, memory_per_device, headroom)
     if not fitting:
         kept = f" less {headroom:.0%} headroom" if headroom else ""
         raise ValueError(f"no configuration on {devices} devices fits memory_per_device="
@@ -311,11 +297,70 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
                          f"{serial_memory.peak / MB:.1f} MB); raise devices or memory_per_device, "
                          f"or lower batch_size/image_size")
     bench = timer.bench if timer else measuring_device(device)
-    node = node or Node.measured(bench)   # copy speed measured once, for all
+    where = _Timing(network, node or Node.measured(bench), bench, timer)   # copy speed measured once, for all
+    ranked, serial_time = _ranked(step, where, serial_cfg, fitting, threads)
+    result = Suggestions(ranked[:top] if top else ranked)
+    result.refused = sorted(refused, key=lambda r: r.memory.peak)
+    result.serial_memory, result.serial_time = serial_memory, serial_time
+    return result
 
+
+@dataclass(frozen=True)
+class _StepEstimate:
+    """What every candidate's memory and time estimates share: the layers' profiles and the step's shape."""
+
+    profiles: list[LayerProfile]
+    image_size: int | tuple[int, int]
+    batch_size: int
+    precision: Precision
+    recompute: Recompute | str | None
+    loss_fn: LossFn
+    optimizer: OptimizerFactory | None
+    optimizer_states: int | None
+
+    def memory(self, cfg: ParallelConfig) -> MemoryPlan:
+        return estimate_memory(self.profiles, cfg, self.image_size, self.batch_size, precision=self.precision,
+                               recompute=self.recompute, loss_fn=self.loss_fn, optimizer=self.optimizer,
+                               optimizer_states=self.optimizer_states)
+
+
+def _by_memory(step: _StepEstimate, candidates: Sequence[ParallelConfig], limit: float, headroom: float
+               ) -> tuple[list[tuple[ParallelConfig, MemoryPlan]], list[Refusal]]:
+    """The candidates whose every rank fits ``limit`` less ``headroom`` (with their plans), and the refused
+    ones; a candidate the memory model cannot lay out is left out."""
+    fitting: list[tuple[ParallelConfig, MemoryPlan]] = []
+    refused: list[Refusal] = []
+    for cfg in candidates:
+        try:
+            plan = step.memory(cfg)
+        except (ConfigError, ValueError):
+            continue
+        if plan.peak > limit * (1 - headroom):
+            refused.append(Refusal(cfg, plan, limit, headroom))
+        else:
+            fitting.append((cfg, plan))
+    return fitting, refused
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """Where the candidates' steps are timed: the network between ranks, the node, the measuring device."""
+
+    network: Network | None
+    node: Node
+    bench: MeasuringDevice
+    timer: LayerTimer | None
+
+
+def _ranked(step: _StepEstimate, where: _Timing, serial_cfg: ParallelConfig,
+            fitting: Sequence[tuple[ParallelConfig, MemoryPlan]], threads: int | None
+            ) -> tuple[list[Suggestion], TimePlan]:
+    """The fitting configurations timed (their layers with the one-process reference's, ranked alike), fastest
+    first (ties: fewer ranks, lower peak), and the one-process reference's time."""
     def timed(cfg: ParallelConfig, rank_threads: int | None) -> StepModel:
-        return step_model(profiles, cfg, image_size, batch_size, network=network, node=node, device=bench,
-                          timer=timer, threads=rank_threads, precision=precision, recompute=recompute, loss_fn=loss_fn)
+        return step_model(step.profiles, cfg, step.image_size, step.batch_size, network=where.network,
+                          node=where.node, device=where.bench, timer=where.timer, threads=rank_threads,
+                          precision=step.precision, recompute=step.recompute, loss_fn=step.loss_fn)
 
     serial_model = timed(serial_cfg, None)
     models = [timed(cfg, threads) for cfg, _ in fitting]
@@ -328,7 +373,4 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
                                  serial_time.seconds / time_plan.seconds if time_plan.seconds else float("inf"),
                                  plan, time_plan))
     ranked.sort(key=lambda s: (round(s.est_step_time, 9), s.world_size, s.peak_bytes))
-    result = Suggestions(ranked[:top] if top else ranked)
-    result.refused = sorted(refused, key=lambda r: r.memory.peak)
-    result.serial_memory, result.serial_time = serial_memory, serial_time
-    return result
+    return ranked, serial_time

@@ -32,7 +32,7 @@ def fold_report(summaries: Sequence[TrainSummary]) -> dict[str, object]:
     """Each figure's mean, spread (sample standard deviation) and values over the folds, and their checkpoints."""
     figures: dict[str, dict[str, object]] = {}
     for name in FIGURES:
-        values = [figure(s, name) for s in summaries]
+        values = [summary_figure(s, name) for s in summaries]
         known = [v for v in values if v is not None]
         if not known:
             continue
@@ -42,7 +42,7 @@ def fold_report(summaries: Sequence[TrainSummary]) -> dict[str, object]:
     return {"folds": len(summaries), "metrics": figures, "checkpoints": [s.checkpoint for s in summaries]}
 
 
-def figure(summary: TrainSummary, name: str) -> float | None:
+def summary_figure(summary: TrainSummary, name: str) -> float | None:
     """The summary's figure ``name`` as a finite number (None: missing or not finite)."""
     value = summary.as_dict().get(name)
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None

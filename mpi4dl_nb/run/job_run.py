@@ -147,12 +147,12 @@ class JobSetup:
 
     def make_identity(self, dataset: RegionDataset) -> dict[str, object]:
         """The fields a resume compares (``run/identity.py``)."""
-        from ..data.validate import fingerprint
+        from ..data.validate import dataset_fingerprint
         from .identity import digest, model_fingerprint
 
         job, training = self.job, self.record.training
         assert training is not None, "open_data made the training record"
-        found = fingerprint(dataset)
+        found = dataset_fingerprint(dataset)
         text = f"{found['kind']}, {len(dataset)} images [{digest(found)}]"
         weights = training.class_weights
         return {"model": model_fingerprint(self.record.model, self.layers), "dtype": job.training.dtype,

@@ -123,7 +123,7 @@ MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
     MessageKind.HEARTBEAT: Heartbeat, MessageKind.BYE: Goodbye, MessageKind.FAIL: Failure}
 
 
-def encode(message: Message, key: str) -> bytes:
+def encode_message(message: Message, key: str) -> bytes:
     """One datagram: the message's kind, its fields and the job's ``key``."""
     kind = next(k for k, cls in MESSAGE_TYPES.items() if isinstance(message, cls))
     return json.dumps({"t": kind.value, **asdict(message), "key": key}).encode()
@@ -259,7 +259,7 @@ class JobMonitor:
     def _send_monitors(self, message: Message) -> None:
         if self.sock is None:
             return
-        data = encode(message, self.key)
+        data = encode_message(message, self.key)
         for rank in self.monitors:
             try:
                 self.sock.sendto(data, self.peers[rank])

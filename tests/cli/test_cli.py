@@ -166,13 +166,14 @@ def test_workload_flags_reach_trainer(launch, tmp_path):
     assert not torch.equal(a, b)
 
 
-def test_balance_and_app_parsing():
+def test_balance_and_app_parsing(capsys):
     assert parse_balance("3, 4,5") == (3, 4, 5) and parse_balance("[2,2]") == (2, 2)
     assert parse_balance("None") is None
     parser = cli.build_parser()
     for bad in (["--balance", "a,b"], ["--app", "4"], ["--slice-method", "diagonal"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
+    assert "argument --balance: 'a,b' is not a list of layer counts per stage" in capsys.readouterr().err
 
 
 def test_clear_errors(capsys, monkeypatch, tmp_path):

@@ -133,6 +133,15 @@ def test_a_bad_cohort_is_refused_before_the_first_step_naming_its_lines(slides_f
     assert "step 1" not in err and "Traceback" not in err
 
 
+def test_a_class_no_slide_carries_is_refused(slides_folder, capsys):
+    """``--classes`` naming a class no slide is labelled with would train an output nothing teaches: refused before
+    work, as a missing class folder is, naming the class and the fix."""
+    code = run_train(["--cohort", str(write_cohort(slides_folder, cohort_rows())), "--classes", "neg,pos,other"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--classes: other: no slide of" in err and "drop it (--classes neg,pos)" in err, err
+    assert "step 1" not in err and "Traceback" not in err
+
+
 @pytest.fixture(scope="module")
 def trained_cohort(slides_folder, tmp_path_factory):
     """One process, 2 steps on the 12-slide cohort, a third of the patients held out."""

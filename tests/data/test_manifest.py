@@ -108,3 +108,30 @@ def test_many_problems_are_counted_after_the_first_twenty(tmp_path: Path) -> Non
     rows = "".join(f"m{i}.svs,x\n" for i in range(25))
     text = str(pytest.raises(ConfigError, read_cohort, manifest(tmp_path, "slide,label\n" + rows)).value)
     assert "25 problems" in text and "... and 5 more" in text and text.count("no such file") == 20
+
+
+def test_a_header_and_rows_with_different_delimiters_are_refused_once(tmp_path: Path) -> None:
+    """A header saved with semicolons above rows with commas: one message naming both and the rows' lines, not a
+    "no label" per row."""
+    slides(tmp_path, *(f"s{i}.svs" for i in range(10)))
+    rows = "".join(f"s{i}.svs,{'pos' if i % 2 else 'neg'}\n" for i in range(10))
+    text = str(pytest.raises(ConfigError, read_cohort, manifest(tmp_path, "# cohort\nslide;label\n" + rows)).value)
+    assert text.startswith("--cohort: ") and "no label" not in text
+    assert ("the header (line 2) separates its columns with semicolons (;) but 10 rows (lines 3, 4, 5, 6, 7, ...) "
+            "with commas (,); use one delimiter on every line") in text
+    # a row with the header's delimiter is read as before: a row missing its label is still named alone
+    text = str(pytest.raises(ConfigError, read_cohort, manifest(tmp_path, "slide,label\ns0.svs,neg\ns1.svs\n")).value)
+    assert "line 3: no label" in text and "delimiter" not in text
+
+
+def test_every_class_given_must_label_a_slide_when_training(tmp_path: Path) -> None:
+    """``--classes normal,tumour,other`` with no slide labelled ``other`` would train a 3-class model: refused as a
+    missing class folder is, naming the class and the fix; evaluating a subset (every_class off) still reads."""
+    slides(tmp_path, "a.svs", "b.svs")
+    path = manifest(tmp_path, "slide,label\na.svs,normal\nb.svs,tumour\n")
+    with pytest.raises(ConfigError) as caught:
+        read_cohort(path, classes=["normal", "tumour", "other"], every_class=True)
+    assert str(caught.value) == (f"--classes: other: no slide of {path} is labelled so (its labels: normal, tumour); "
+                                 f"drop it (--classes normal,tumour) or label slides other in the manifest")
+    assert read_cohort(path, classes=["normal", "tumour", "other"]).classes == ("normal", "tumour", "other")
+    assert read_cohort(path, classes=["tumour", "normal"], every_class=True).labels == [1, 0]

@@ -126,17 +126,17 @@ def test_any_box_reads_as_that_box_of_the_whole_normalised_image(tmp_path, norma
 
 @pytest.mark.parametrize("method", list(StainMethod))
 def test_an_image_is_normalised_by_its_whole_stain(normalizers, method):
-    from mpi4dl_nb.data.stain_reads import as_values, normalized
+    from mpi4dl_nb.data.stain_reads import as_values, stain_normalized
 
     dataset = with_stain(IHCSampleDataset(48, num_classes=2), normalizers[method])
     stored = dataset.read_pixels(3)
-    expected = normalized(stored, normalizers[method].map_for(as_values(stored)))
+    expected = stain_normalized(stored, normalizers[method].map_for(as_values(stored)))
     assert torch.equal(dataset.read(3), expected)
 
 
 def test_a_slides_tiles_share_the_stain_of_its_overview(tmp_path, normalizers):
     from mpi4dl_nb.data.pathology import slide_overview
-    from mpi4dl_nb.data.stain_reads import normalized
+    from mpi4dl_nb.data.stain_reads import stain_normalized
     from tests.support.pyramid import write_pyramid
 
     image = np.full((256, 256, 3), 245, np.uint8)
@@ -146,7 +146,7 @@ def test_a_slides_tiles_share_the_stain_of_its_overview(tmp_path, normalizers):
     assert len(dataset) >= 2
     pixel_map = normalizers[StainMethod.MACENKO].map_for(slide_overview(dataset.slide(0)))
     for index in (0, len(dataset) - 1):
-        assert torch.equal(dataset.read(index), normalized(dataset.read_pixels(index), pixel_map))
+        assert torch.equal(dataset.read(index), stain_normalized(dataset.read_pixels(index), pixel_map))
         assert torch.equal(stitched_slide(dataset, index), dataset.read(index))
     assert list(dataset.stain_maps) == [("slide", 0)]
 
@@ -154,7 +154,7 @@ def test_a_slides_tiles_share_the_stain_of_its_overview(tmp_path, normalizers):
 def test_a_whole_slide_canvas_is_normalised_by_its_slides_overview(tmp_path, normalizers):
     from mpi4dl_nb.data.canvas import SlideCanvases
     from mpi4dl_nb.data.pathology import slide_overview
-    from mpi4dl_nb.data.stain_reads import normalized
+    from mpi4dl_nb.data.stain_reads import stain_normalized
     from tests.support.pyramid import write_pyramid
 
     image = np.full((256, 256, 3), 245, np.uint8)
@@ -163,7 +163,7 @@ def test_a_whole_slide_canvas_is_normalised_by_its_slides_overview(tmp_path, nor
     canvases = with_stain(SlideCanvases([tmp_path / "slide.tif"], [0], ["a"], 64), normalizers[StainMethod.REINHARD])
     pixel_map = normalizers[StainMethod.REINHARD].map_for(slide_overview(canvases.slide(0)))
     whole = canvases.read(0)
-    assert torch.equal(whole, normalized(canvases.read_pixels(0), pixel_map))
+    assert torch.equal(whole, stain_normalized(canvases.read_pixels(0), pixel_map))
     assert torch.equal(stitched_slide(canvases, 0), whole)
 
 
@@ -241,12 +241,12 @@ def test_flags_give_the_request(tmp_path):
 
 
 def test_a_large_image_is_estimated_from_a_fixed_overview(normalizers):
-    from mpi4dl_nb.data.stain_reads import as_values, normalized
+    from mpi4dl_nb.data.stain_reads import as_values, stain_normalized
 
     dataset = with_stain(IHCSampleDataset(1100, num_classes=1), normalizers[StainMethod.REINHARD])
     stored = dataset.read_pixels(0)
     overview = dataset.stain_pixels(0)
     assert overview.shape == (550, 550, 3) and np.array_equal(overview, as_values(stored)[::2, ::2])
     whole = dataset.read(0)
-    assert torch.equal(whole, normalized(stored, normalizers[StainMethod.REINHARD].map_for(overview)))
+    assert torch.equal(whole, stain_normalized(stored, normalizers[StainMethod.REINHARD].map_for(overview)))
     assert torch.equal(dataset.read(0, (300, 1100, 0, 700)), whole[:, 300:, :700])

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi4dl_nb.data.validate import SourceKind, check_file, find_sources, fingerprint
+from mpi4dl_nb.data.validate import SourceKind, check_file, dataset_fingerprint, find_sources
 from mpi4dl_nb.run.data_check import check_data
 from tests.support.bad_data import flip_bytes, png_with_bad_pixel_data, truncate, write_tiles
 from tests.support.pyramid import write_pyramid
@@ -84,9 +84,9 @@ def test_fingerprint_follows_content_not_location(tmp_path):
     from mpi4dl_nb.data import TileFolderDataset
 
     write_tiles(tmp_path / "x", per_class=2)
-    first = fingerprint(TileFolderDataset(tmp_path / "x", 32))
+    first = dataset_fingerprint(TileFolderDataset(tmp_path / "x", 32))
     (tmp_path / "x").rename(tmp_path / "y")
-    assert fingerprint(TileFolderDataset(tmp_path / "y", 32)) == first
+    assert dataset_fingerprint(TileFolderDataset(tmp_path / "y", 32)) == first
     Path(tmp_path / "y" / "a" / "tile0.png").unlink()
-    assert fingerprint(TileFolderDataset(tmp_path / "y", 32)) != first
+    assert dataset_fingerprint(TileFolderDataset(tmp_path / "y", 32)) != first
     pytest.importorskip("openslide")

@@ -58,17 +58,30 @@ def test_loss_scaler_unscales_and_skips_non_finite_steps(ctx):
     assert scaler.scale == 8.0
 
 
-@pytest.mark.parametrize("layer", [nn.ConvTranspose3d(3, 2, 2, 2), nn.ConvTranspose3d(3, 2, 3, 2, 1, 1),
-                                   nn.ConvTranspose2d(3, 2, 3, 2, 1)], ids=["3d-k2s2", "3d-k3s2", "2d-k3s2"])
-def test_transposed_conv_on_a_tile_rounds_like_the_serial_layer_under_bf16(ctx, layer):
+BF16_UNIT = torch.finfo(torch.bfloat16).eps    # one bf16 unit at magnitude 1 (2^-7)
+
+
+def within_bf16_units(tiled: torch.Tensor, serial: torch.Tensor, units: float) -> None:
+    """``tiled`` within ``units`` bf16 units of ``serial``'s largest magnitude, whatever dtype holds them."""
+    gap = (tiled.double() - serial.double()).abs().max().item() / (BF16_UNIT * serial.abs().max().item())
+    assert gap <= units, f"{gap:.2f} bf16 units apart"
+
+
+@pytest.mark.parametrize("make", [lambda: nn.ConvTranspose3d(3, 2, 2, 2), lambda: nn.ConvTranspose3d(3, 2, 3, 2, 1, 1),
+                                  lambda: nn.ConvTranspose2d(3, 2, 3, 2, 1)], ids=["3d-k2s2", "3d-k3s2", "2d-k3s2"])
+def test_transposed_conv_on_a_tile_rounds_like_the_serial_layer_under_bf16(ctx, make):
     """Under autocast the spatial transposed conv sums its bf16 products, the tiles' contributions and the bias in
-    float32 and rounds once, as the serial kernel does: bit-equal output on one tile. The gradients come from the
-    backward kernels, whose float32 summation order the backend picks (a full suite run once saw the input
-    gradient differ in one bf16 unit where runs alone never did): equal within one unit of their dtype."""
+    float32 and rounds once: its output is the exact sum (float64 over the bf16 operands) rounded to nearest bf16,
+    within half a unit of each value (+ 1/16 unit of the largest for float32's summation). Against the serial layer
+    the rule is bf16's, not bit-equality: torch's serial bf16 kernels are the CPU's (AVX-512's round once and agree
+    bit for bit; AVX2's round partial sums, measured up to 1.7 bf16 units of the output's largest value and 1 unit
+    of the weight gradient over 30 seeds), and the gradients, float32 tensors, hold bf16 backward kernels' results.
+    So output and gradients are within 2 bf16 units of the serial layer's largest value."""
     from mpi4dl_nb.spatial.convert import spatialize
     from mpi4dl_nb.spatial.geometry import TileGrid
 
     torch.manual_seed(0)
+    layer = make()
     grid = TileGrid(depth=1, rows=1, cols=1) if isinstance(layer, nn.ConvTranspose3d) else TileGrid(1, 1)
     x = torch.randn(2, 3, *[5] * grid.ndim)
     results = []
@@ -80,7 +93,10 @@ def test_transposed_conv_on_a_tile_rounds_like_the_serial_layer_under_bf16(ctx, 
         out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype))
         results.append([out, inp.grad, layer.weight.grad.clone(), layer.bias.grad.clone()])
     assert results[0][0].dtype == results[1][0].dtype == torch.bfloat16
-    assert torch.equal(results[0][0], results[1][0])
-    for serial, tiled in zip(results[0][1:], results[1][1:]):
-        eps = torch.finfo(serial.dtype).eps
-        torch.testing.assert_close(tiled, serial, rtol=eps, atol=eps * serial.abs().max().item())
+    transposed = nn.functional.conv_transpose3d if grid.ndim == 3 else nn.functional.conv_transpose2d
+    exact = transposed(*(t.bfloat16().double() for t in (x, layer.weight, layer.bias)), layer.stride, layer.padding,
+                       layer.output_padding)
+    torch.testing.assert_close(results[1][0].double(), exact, rtol=BF16_UNIT / 2,
+                               atol=BF16_UNIT / 16 * exact.abs().max().item())
+    for serial, tiled in zip(results[0], results[1]):
+        within_bf16_units(tiled, serial, units=2.0)

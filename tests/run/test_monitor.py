@@ -5,7 +5,7 @@ import io
 
 import torch
 
-from mpi4dl_nb.run.monitor import Failure, Goodbye, Heartbeat, JobMonitor, StepTimer, decode, encode
+from mpi4dl_nb.run.monitor import Failure, Goodbye, Heartbeat, JobMonitor, StepTimer, decode, encode_message
 
 
 class Ctx:
@@ -95,11 +95,11 @@ def test_datagrams_round_trip_and_other_jobs_are_not_heard():
     messages = [Heartbeat(1, 7, "training", "rank 1: recv", 0.5, False, 60.0), Goodbye(2),
                 Failure(3, "ValueError: x", "Traceback ...", None)]
     for message in messages:
-        assert decode(encode(message, "k1"), "k1") == message
-        assert decode(encode(message, "k1"), "k2") is None          # another job's key
+        assert decode(encode_message(message, "k1"), "k1") == message
+        assert decode(encode_message(message, "k1"), "k2") is None          # another job's key
     assert decode(b"not json", "k1") is None and decode(b'{"t": "other", "key": "k1"}', "k1") is None
     mon, _ = monitor(3)
-    mon._receive(decode(encode(messages[0], ""), ""))
+    mon._receive(decode(encode_message(messages[0], ""), ""))
     assert mon.states[1].action == "rank 1: recv" and mon.states[1].timeout == 60.0
     mon._receive(messages[1])
     assert mon.states[2].closed

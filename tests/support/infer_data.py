@@ -64,12 +64,12 @@ def whole_slide_reference(checkpoint: Path, slide: Path, level: int = 0, *, stai
     if stain:
         from mpi4dl_nb.checkpoint.record import read_checkpoint
         from mpi4dl_nb.data.pathology import slide_overview
-        from mpi4dl_nb.data.stain_reads import normalized
+        from mpi4dl_nb.data.stain_reads import stain_normalized
         from mpi4dl_nb.infer.model import find_checkpoint
 
         normalizer = read_checkpoint(find_checkpoint(checkpoint)).record.stain
         assert normalizer is not None, f"{checkpoint} records no stain normaliser"
-        x = normalized(x, normalizer.map_for(slide_overview(reader.slide)))
+        x = stain_normalized(x, normalizer.map_for(slide_overview(reader.slide)))
     with torch.no_grad():
         return net(x[None])[0].numpy()
 

@@ -8,7 +8,7 @@ import ipywidgets as w
 from torch import nn
 
 from ... import planner
-from ...config import SCHEDULES, SLICE_METHODS, ConfigError, ParallelConfig
+from ...config import SCHEDULES, SLICE_METHODS, ConfigError, ParallelConfig, parse_balance
 from .. import viz
 from .figure_view import FigureView, display_widget
 
@@ -28,15 +28,6 @@ def balance_text(balance: object) -> str:
     raise ConfigError("balance", f"{balance!r} is not a list of layer counts per stage, e.g. (4, 1)")
 
 
-def parse_balance(text: str) -> tuple[int, ...] | None:
-    """``"4, 1"`` -> ``(4, 1)``; empty -> None; ConfigError naming ``balance`` otherwise."""
-    if not text.strip():
-        return None
-    try:
-        return tuple(int(part) for part in text.replace(" ", "").split(","))
-    except ValueError:
-        raise ConfigError("balance", f"{text!r} is not a list of layer counts per stage, e.g. 4,1 "
-                          f"(empty: the default cut, by memory when there are spatial stages)") from None
 CONTROL_WIDTH = "235px"
 
 
