@@ -1,13 +1,15 @@
-"""The --backend and --device flags the train, evaluate and infer commands share, and their check."""
+"""``--backend`` and ``--device`` on ``infer``'s own parser, and their check (train and evaluate take
+``comm/device.DeviceChoice``); goes once ``infer`` generates its flags from its job."""
 from __future__ import annotations
 
 import argparse
 
 from ..comm.device import BACKENDS, DEVICES, cuda_unavailable_reason
 from ..config import ConfigError
+from .job_flags import FlagAdder
 
 
-def add_device_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def add_device_flags(parser: FlagAdder) -> None:
     """``--backend`` (the tensor data plane) and ``--device`` (where tensors live)."""
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="tensor data plane: mpi (mpi4py; CUDA-aware MPI or staged on GPU), "
