@@ -12,8 +12,9 @@ from typing import NoReturn
 from ..comm.device import local_rank_from_env
 from ..config import ConfigError, ParallelConfig
 from ..layout import layout, layout_table
+from ..run import flag_groups as groups
 from ..run.data_choice import ImageSize, VolumeSize, parse_image_size
-from ..run.model_choice import MODEL_GROUP, MODEL_HELP, ModelChoice, ModelSizes, classes_flag, model_flag
+from ..run.model_choice import MODEL_HELP, ModelChoice, ModelSizes, classes_flag, model_flag
 from ..schema import Bounds, build_job, flag
 from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
@@ -61,7 +62,7 @@ class LayoutJob:
     num_classes: int = classes_flag(10, "number of classes")
     image_size: ImageSize = flag("--image-size", "image side in pixels, or a volume's patch D,H,W in voxels (its "
                                                  "tiles are checked against a DxRxC --slice-method)", 32,
-                                 parse=parse_image_size, metavar="N|D,H,W", bounds=Bounds(1), group=MODEL_GROUP)
+                                 parse=parse_image_size, metavar="N|D,H,W", bounds=Bounds(1), group=groups.MODEL)
     json: bool = flag("--json", "print the layout as JSON", False, switch=True)
 
 

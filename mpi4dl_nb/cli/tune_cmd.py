@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..config import ConfigError, ParallelConfig
 from ..models.spec import ModelFamily
+from ..run import flag_groups as groups
 from ..run.model_choice import model_flag
 from ..run.training_spec import DTYPES
 from ..schema import build_job, flag, number, whole_number
@@ -56,12 +57,12 @@ class TuneJob:
     memory_limit_mb: float = flag("--memory-limit-mb", "bytes each rank may use, in MiB", parse=number, group=GROUP)
     model: str = model_flag(ModelFamily.RESNET.value)
     num_layers: int | None = flag("--num-layers", "ResNet depth (v2: 9n+2) / AmoebaNet normal cells", None,
-                                  parse=whole_number, group="model")
+                                  parse=whole_number, group=groups.MODEL)
     num_filters: int | None = flag("--num-filters", "ResNet base width / AmoebaNet filters", None, parse=whole_number,
-                                   group="model")
-    num_classes: int = flag("--num-classes", "number of classes", 2, parse=whole_number, group="model")
-    image_size: int = flag("--image-size", "image side in pixels", 128, parse=whole_number, group="model")
-    batch_size: int = flag("--batch-size", "global batch size", 2, parse=whole_number, group="model")
+                                   group=groups.MODEL)
+    num_classes: int = flag("--num-classes", "number of classes", 2, parse=whole_number, group=groups.MODEL)
+    image_size: int = flag("--image-size", "image side in pixels", 128, parse=whole_number, group=groups.MODEL)
+    batch_size: int = flag("--batch-size", "global batch size", 2, parse=whole_number, group=groups.MODEL)
     top: int = measuring_flag("--top", "configurations to run (planner's best first)", 3)
     steps: int = measuring_flag("--steps", "timed steps per configuration and round", 4)
     rounds: int = measuring_flag("--rounds", "rounds of --steps steps, one step of every configuration in turn (the "
@@ -73,7 +74,7 @@ class TuneJob:
                                   group=GROUP)
     max_split: int = flag("--max-split", "the most stages a configuration may have", 4, parse=whole_number,
                           group=GROUP)
-    dtype: str = flag("--dtype", "parameter/activation dtype", "float32", choices=DTYPES, group="model")
+    dtype: str = flag("--dtype", "parameter/activation dtype", "float32", choices=DTYPES, group=groups.MODEL)
     explain: bool = flag("--explain", "also print, per configuration, each rank's predicted and traced seconds per "
                                       "step by action kind (forward, backward, receives, all-reduce ...) and the "
                                       "largest gap", False, switch=True, group=GROUP)

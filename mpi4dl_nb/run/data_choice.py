@@ -14,17 +14,12 @@ from ..data.stain import StainMethod, StainRequest
 from ..data.task import Task
 from ..errors import ConfigError
 from ..schema import Bounds, check_bounds, flag, number, whole_number
+from . import flag_groups as groups
 from .model_choice import classes_flag
 
 T = TypeVar("T")
 VolumeSize = tuple[int, int, int]
 ImageSize = int | VolumeSize
-WORKLOAD_GROUP = "model and data (MPI4DL flags)"
-RUN_GROUP = "run"
-TASK_GROUP = "task (segmentation)"
-SLIDES_GROUP = "cohorts and whole slides"
-STAIN_GROUP = "stain normalisation"
-CLASSES_GROUP = "optimizer, schedule, classes and augmentation"
 METHOD = "--stain-normalize"
 WHOLE_SLIDE = "--whole-slide"
 COHORT = "--cohort"
@@ -61,42 +56,42 @@ def parse_voxel_size(text: str) -> tuple[float, float, float]:
 def app_flag(default: T) -> T:
     """The ``--app`` field (``default`` None: the checkpoint's)."""
     return flag("--app", "data: medical (1), cifar (2) or synthetic (3)", default, parse=AppKind.parse,
-                metavar="APP", group=WORKLOAD_GROUP)
+                metavar="APP", group=groups.WORKLOAD)
 
 
 def datapath_flag() -> str | None:
     return flag("--datapath", "dataset path: tile folder / slide file(s) for medical, CIFAR-10 binary batches for "
-                              "cifar (medical default: bundled IHC sample)", None, group=WORKLOAD_GROUP)
+                              "cifar (medical default: bundled IHC sample)", None, group=groups.WORKLOAD)
 
 
 def image_size_flag(default: T) -> T:
     """The ``--image-size`` field (``default`` None: the checkpoint's)."""
     return flag("--image-size", "image side in pixels (square images), or a volume patch's depth,height,width in "
                                 "voxels (--model unet3d)", default, parse=parse_image_size, metavar="N|D,H,W",
-                bounds=Bounds(1), group=WORKLOAD_GROUP)
+                bounds=Bounds(1), group=groups.WORKLOAD)
 
 
 def samples_flag() -> int:
     return flag("--num-samples", "images in the synthetic dataset", 256, parse=whole_number, bounds=Bounds(1),
-                group=RUN_GROUP)
+                group=groups.RUN)
 
 
 def min_tissue_flag() -> float:
     return flag("--min-tissue", "--app medical with slides: least tissue fraction of a kept tile", 0.5, parse=number,
-                bounds=Bounds(0, 1), group=RUN_GROUP)
+                bounds=Bounds(0, 1), group=groups.RUN)
 
 
 def cohort_flag() -> str | None:
     return flag(COHORT, "slides from a manifest: columns slide (path, relative to the file), label, optional "
                         "patient, fold, split; tiles labelled by their slide, split by patient", None,
-                metavar="FILE.csv", group=SLIDES_GROUP)
+                metavar="FILE.csv", group=groups.SLIDES)
 
 
 def task_flag(default: T, help: str = "") -> T:
     """The ``--task`` field (``default`` None: the checkpoint's)."""
     return flag("--task", "classification (a class per image) or segmentation (a class per pixel: masks or QuPath "
                           "annotations, a dense model such as --model unet)" + help, default, parse=Task.parse,
-                choices=Task.values(), group=TASK_GROUP)
+                choices=Task.values(), group=groups.TASK)
 
 
 @dataclass(frozen=True)
@@ -106,9 +101,9 @@ class StainFlags:
     method: StainMethod | None = flag(METHOD, "bring every image's stain to --stain-reference's (train, evaluate and "
                                               "infer alike; recorded in the checkpoint)", None,
                                       parse=StainMethod.parse, choices=tuple(m.value for m in StainMethod),
-                                      group=STAIN_GROUP)
+                                      group=groups.STAIN)
     reference: str | None = flag(REFERENCE, "the image (PNG, JPEG, TIFF tile with tissue) whose stain "
-                                            "--stain-normalize matches", None, metavar="IMAGE", group=STAIN_GROUP)
+                                            "--stain-normalize matches", None, metavar="IMAGE", group=groups.STAIN)
 
     def __post_init__(self) -> None:
         if self.method is None and self.reference is not None:
@@ -134,27 +129,27 @@ class DataChoice:
                                                  "CIFAR-10's 10; else 10); refused when it disagrees with the data")
     num_samples: int = samples_flag()
     slide_level: int = flag("--slide-level", "--app medical with slides: pyramid level the tiles are cut from", 0,
-                            parse=whole_number, bounds=Bounds(0), group=RUN_GROUP)
+                            parse=whole_number, bounds=Bounds(0), group=groups.RUN)
     resolution: ResolutionChoice = field(default_factory=ResolutionChoice)
     voxel_size: tuple[float, float, float] | None = flag(
         "--voxel-size", "volumes (--image-size D,H,W): read each at this voxel size in µm (one number: isotropic), "
                         "shrunk from its own (TIFF/NIfTI tags) by the mean of each footprint (labels: the majority); "
-                        "default as stored", None, parse=parse_voxel_size, metavar="Z,Y,X", group=RUN_GROUP)
+                        "default as stored", None, parse=parse_voxel_size, metavar="Z,Y,X", group=groups.RUN)
     min_tissue: float = min_tissue_flag()
     skip_bad_files: bool = flag("--skip-bad-files", "train on the usable files when the data check finds bad ones "
-                                                    "(default: refuse)", False, switch=True, group=RUN_GROUP)
+                                                    "(default: refuse)", False, switch=True, group=groups.RUN)
     classes: tuple[str, ...] | None = flag(
         "--classes", "class names in label order (default: the class folders' names, sorted); with class folders "
                      "every folder must be named, and their order sets the labels", None, parse=parse_names,
-        metavar="A,B,...", group=CLASSES_GROUP)
+        metavar="A,B,...", group=groups.TRAINING)
     task: Task = task_flag(Task.CLASSIFICATION)
     ignore_index: int | None = flag("--ignore-index", "segmentation: mask value of pixels no loss or metric counts "
                                                       "(e.g. 255)", None, parse=whole_number, metavar="LABEL",
-                                    group=TASK_GROUP)
+                                    group=groups.TASK)
     cohort: str | None = cohort_flag()
     whole_slide: bool = flag(WHOLE_SLIDE, "a sample per slide: its tissue centred on one --image-size canvas at --mpp "
                                           "(each spatial rank reads only its tile), labelled by the slide; needs "
-                                          + SLIDE_LABELS, False, switch=True, group=SLIDES_GROUP)
+                                          + SLIDE_LABELS, False, switch=True, group=groups.SLIDES)
     stain: StainFlags = field(default_factory=StainFlags)
 
     def __post_init__(self) -> None:

@@ -17,10 +17,9 @@ from ..data.task import Task
 from ..errors import ConfigError
 from ..evaluation.aggregate import Aggregation
 from ..schema import Bounds, build_job, check_bounds, flag, whole_number
+from . import flag_groups as groups
 from .data_choice import (
     COHORT,
-    RUN_GROUP,
-    SLIDES_GROUP,
     ImageSize,
     app_flag,
     cohort_flag,
@@ -33,7 +32,7 @@ from .data_choice import (
 from .held_out_spec import HeldOutSpec
 from .job_check import cohort_of
 from .model_choice import ModelCheck
-from .training_spec import WORKLOAD_GROUP, dtype_flag
+from .training_spec import dtype_flag
 
 COMMAND = "evaluate"
 SLIDE_CSV = "--slide-csv"
@@ -53,29 +52,29 @@ class EvaluateJob:
     num_samples: int = samples_flag()
     slide_level: int | None = flag("--slide-level", "pyramid level to read as it is (default: chosen by resolution; "
                                                     "not with --mpp)", None, parse=whole_number, bounds=Bounds(0),
-                                   group=RUN_GROUP)
+                                   group=groups.RUN)
     resolution: ResolutionChoice = field(default_factory=ResolutionChoice)
     min_tissue: float = min_tissue_flag()
     held_out: HeldOutSpec = field(default_factory=HeldOutSpec)
     all_data: bool = flag("--all-data", "evaluate every image of the data, not only the held-out ones", False,
-                          switch=True, group=RUN_GROUP)
+                          switch=True, group=groups.RUN)
     batch_size: int | None = flag("--batch-size", "global batch size (default: the checkpoint's)", None,
-                                  parse=whole_number, bounds=Bounds(1), group=WORKLOAD_GROUP)
+                                  parse=whole_number, bounds=Bounds(1), group=groups.WORKLOAD)
     dtype: str | None = dtype_flag(None, "default: the checkpoint's")
     seed: int | None = flag("--seed", "seed of the --val-fraction split (default: the checkpoint's)", None,
-                            parse=whole_number, bounds=Bounds(0), group=RUN_GROUP)
+                            parse=whole_number, bounds=Bounds(0), group=groups.RUN)
     task: Task | None = task_flag(None, "; refuse a checkpoint of the other task (default: the checkpoint's)")
     cohort: str | None = cohort_flag()
     aggregate: Aggregation = flag("--aggregate", "a slide's probability per class from its tiles': their mean, max, "
                                                  "or the mean of the k highest (top-k: 5, or top-N); a patient's from "
                                                  "its slides' the same way", default_factory=Aggregation,
-                                  parse=Aggregation.parse, metavar="mean|max|top-k", group=SLIDES_GROUP)
+                                  parse=Aggregation.parse, metavar="mean|max|top-k", group=groups.SLIDES)
     slide_csv: str | None = flag(SLIDE_CSV, "write each slide's patient, label, prediction, tiles and class "
-                                            "probabilities here", None, metavar="FILE.csv", group=SLIDES_GROUP)
+                                            "probabilities here", None, metavar="FILE.csv", group=groups.SLIDES)
     stain_normalize: bool = flag("--no-stain-normalize", "read the images as stored, not through the stain "
                                                          "normaliser the checkpoint records (by default they are "
                                                          "read as the training run read them)", True, switch=True,
-                                 group="stain normalisation")
+                                 group=groups.STAIN)
     placement: DeviceChoice = field(default_factory=DeviceChoice)
     # train's flags that evaluate accepts and has no use for (command lines written for train)
     verbose: bool = flag("--verbose", "accepted as train takes it", False, switch=True, aliases=("-v",), hidden=True)

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..schema import Bounds, check_bounds, flag, number, whole_number
-
-GROUP = "evaluation"
+from .flag_groups import EVALUATION as GROUP
 
 
 @dataclass(frozen=True)

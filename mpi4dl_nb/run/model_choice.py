@@ -14,11 +14,11 @@ from ..models.resnet import version_for_depth
 from ..models.spec import ModelFamily, ModelSpec, parse_model_name, split_model
 from ..models.unet import UNetNorm, Upsampling
 from ..schema import Bounds, check_bounds, flag, whole_number
+from . import flag_groups as groups
 
 if TYPE_CHECKING:
     from ..checkpoint.record import RunRecord
 
-MODEL_GROUP = "model"
 MODEL_HELP = ("network: resnet (MPI4DL's CIFAR-style ResNet: 3 stages, stride 4, for small images; for an "
               "ImageNet-style ResNet use torchvision:resnet50), amoebanet (AmoebaNet-D), unet, unet3d (volumes: "
               "--image-size D,H,W), torchvision:NAME, "
@@ -33,12 +33,12 @@ AT_LEAST_ONE = Bounds(1)
 
 def model_flag(default: T, help: str = MODEL_HELP) -> T:
     """The ``--model`` field (``default`` None: the checkpoint's, or no model)."""
-    return flag("--model", help, default, parse=parse_model_name, metavar="MODEL", group=MODEL_GROUP)
+    return flag("--model", help, default, parse=parse_model_name, metavar="MODEL", group=groups.MODEL)
 
 
 def classes_flag(default: T, help: str) -> T:
     """The ``--num-classes`` field."""
-    return flag("--num-classes", help, default, parse=whole_number, bounds=AT_LEAST_ONE, group=MODEL_GROUP)
+    return flag("--num-classes", help, default, parse=whole_number, bounds=AT_LEAST_ONE, group=groups.MODEL)
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,13 @@ class ModelSizes:
     family's default)."""
 
     resnet_version: int | None = flag("--resnet-version", VERSION_HELP, None, parse=int, choices=("1", "2"),
-                                      group=MODEL_GROUP)
+                                      group=groups.MODEL)
     num_layers: int | None = flag("--num-layers", "AmoebaNet: number of normal/reduction cells (default 18); ResNet: "
                                                   "depth (default 110; v1 6n+2, v2 9n+2)", None, parse=whole_number,
-                                  bounds=AT_LEAST_ONE, group=MODEL_GROUP)
+                                  bounds=AT_LEAST_ONE, group=groups.MODEL)
     num_filters: int | None = flag("--num-filters", "AmoebaNet: filters (default 416); ResNet: base width (default "
                                                     "16)", None, parse=whole_number, bounds=AT_LEAST_ONE,
-                                   group=MODEL_GROUP)
+                                   group=groups.MODEL)
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -76,22 +76,22 @@ class ModelChoice:
     weights: str | None = flag("--weights", "start from this state dict of the original model "
                                             "(torch.save(model.state_dict())); a classifier for another number of "
                                             "classes is replaced by a new one for --num-classes", None,
-                               metavar="PATH", group=MODEL_GROUP)
+                               metavar="PATH", group=groups.MODEL)
     normalize: str = flag("--normalize", "normalise the images as the weights expect, (x - mean) / std per channel, "
                                          "as the model's first step (recorded; evaluate and infer apply it too); "
                                          "auto: with --weights, ImageNet's for torchvision models, the model's own "
                                          "for timm models, else none", AUTO,
-                          metavar="imagenet|none|M,S|M1,..,S1,..", group=MODEL_GROUP)
+                          metavar="imagenet|none|M,S|M1,..,S1,..", group=groups.MODEL)
     pool: PoolKind = flag("--pool", "the classifier head's global pool (a named model's global average pool "
                                     "replaced): avg; max (per channel over every position); tissue-mean (over the "
                                     "positions the input's last channel, a tissue mask, marks; resnet, amoebanet "
                                     "only); attention (gated attention-MIL); exact on tiles", PoolKind.AVG,
-                          parse=PoolKind, choices=PoolKind.values(), group=MODEL_GROUP)
+                          parse=PoolKind, choices=PoolKind.values(), group=groups.MODEL)
     norm: str | None = flag("--norm", "U-Net: BatchNorm or GroupNorm after each convolution (default batch)", None,
-                            choices=UNetNorm.values(), group=MODEL_GROUP)
+                            choices=UNetNorm.values(), group=groups.MODEL)
     upsampling: str | None = flag("--upsampling", "U-Net: bilinear up-sampling or 2x2 transposed convolutions "
                                                   "(default bilinear)", None, choices=Upsampling.values(),
-                                  group=MODEL_GROUP)
+                                  group=groups.MODEL)
 
     def __post_init__(self) -> None:
         family, _ = split_model(self.model)

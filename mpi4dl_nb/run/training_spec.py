@@ -14,18 +14,16 @@ from ..errors import ConfigError
 from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerKind, OptimizerSpec
 from ..schema import Bounds, check_bounds, flag, number, whole_number
 from ..spatial.loss import LossKind
+from . import flag_groups as groups
 
 ClassWeights = tuple[float, ...] | str | None      # one weight per class, "balanced" (from the counts), or none
 DTYPES = ("float32", "float64")
-TRAINING_GROUP = "optimizer, schedule, classes and augmentation"
-WORKLOAD_GROUP = "model and data (MPI4DL flags)"
-RUN_GROUP = "run"
 T = TypeVar("T")
 
 
 def dtype_flag(default: T, help: str) -> T:
     """The ``--dtype`` field (``default`` None: the checkpoint's)."""
-    return flag("--dtype", help, default, choices=DTYPES, group=RUN_GROUP)
+    return flag("--dtype", help, default, choices=DTYPES, group=groups.RUN)
 
 
 @dataclass(frozen=True)
@@ -35,14 +33,14 @@ class OptimizerChoice:
 
     kind: OptimizerKind = flag("--optimizer", "sgd (with --momentum) or adamw (decoupled weight decay)",
                                OptimizerKind.SGD, parse=OptimizerKind, choices=OptimizerKind.values(),
-                               group=TRAINING_GROUP)
+                               group=groups.TRAINING)
     lr: float = flag("--lr", "learning rate (the peak, after warm-up)", 0.01, parse=number,
-                     bounds=Bounds(0, closed=False), group=TRAINING_GROUP)
+                     bounds=Bounds(0, closed=False), group=groups.TRAINING)
     momentum: float | None = flag("--momentum", "SGD momentum (default 0.9; not with adamw)", None, parse=number,
-                                  bounds=Bounds(0, 1), group=TRAINING_GROUP)
+                                  bounds=Bounds(0, 1), group=groups.TRAINING)
     weight_decay: float | None = flag("--weight-decay", "weight decay of every parameter (default: 0 for sgd, 0.01 "
                                                         "for adamw)", None, parse=number, bounds=Bounds(0),
-                                      group=TRAINING_GROUP)
+                                      group=groups.TRAINING)
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -58,40 +56,40 @@ class TrainingSpec:
     """How the run trains: batches, length, seed, dtype, optimizer and schedule, class weights, augmentation."""
 
     batch_size: int = flag("--batch-size", "global batch size", 32, parse=whole_number, bounds=Bounds(1),
-                           group=WORKLOAD_GROUP)
+                           group=groups.WORKLOAD)
     num_epochs: int = flag("--num-epochs", "number of epochs", 1, parse=whole_number, bounds=Bounds(1),
-                           group=WORKLOAD_GROUP)
+                           group=groups.WORKLOAD)
     steps: int | None = flag("--steps", "total optimizer steps (default: num-epochs x batches per epoch)", None,
-                             parse=whole_number, bounds=Bounds(1), group=RUN_GROUP)
+                             parse=whole_number, bounds=Bounds(1), group=groups.RUN)
     seed: int = flag("--seed", "seed of weights and data order", 0, parse=whole_number, bounds=Bounds(0),
-                     group=RUN_GROUP)
+                     group=groups.RUN)
     dtype: str = dtype_flag("float32", "parameter/activation dtype")
     optimizer: OptimizerChoice = field(default_factory=OptimizerChoice)
     lr_schedule: LRScheduleKind = flag(
         "--lr-schedule", "learning rate over the steps after warm-up: constant, cosine (to 0 at the last step) or "
                          "step (x --lr-gamma every --lr-step-size steps)", LRScheduleKind.CONSTANT,
-        parse=LRScheduleKind, choices=LRScheduleKind.values(), group=TRAINING_GROUP)
+        parse=LRScheduleKind, choices=LRScheduleKind.values(), group=groups.TRAINING)
     warmup_steps: int = flag("--warmup-steps", "linear warm-up over the first N steps (step s at (s+1)/(N+1) of --lr)",
-                             0, parse=whole_number, metavar="N", group=TRAINING_GROUP)
+                             0, parse=whole_number, metavar="N", group=groups.TRAINING)
     lr_step_size: int | None = flag("--lr-step-size", "--lr-schedule step: decay every N steps (default: at each "
                                                       "third of the steps after warm-up)", None, parse=whole_number,
-                                    metavar="N", bounds=Bounds(1), group=TRAINING_GROUP)
+                                    metavar="N", bounds=Bounds(1), group=groups.TRAINING)
     lr_gamma: float = flag("--lr-gamma", "--lr-schedule step: the factor of each decay", DEFAULT_GAMMA, parse=number,
-                           bounds=Bounds(0, 1, closed=False), group=TRAINING_GROUP)
+                           bounds=Bounds(0, 1, closed=False), group=groups.TRAINING)
     class_weights: ClassWeights = flag(
         "--class-weights", "weight of each class in the training loss (a per-sample weighted cross-entropy averaged "
                            "over the samples); balanced: N/(K*n_c) from the training images per class", None,
-        parse=parse_class_weights, metavar="W1,W2,...|balanced", group=TRAINING_GROUP)
+        parse=parse_class_weights, metavar="W1,W2,...|balanced", group=groups.TRAINING)
     augment: AugmentSpec = flag(
         "--augment", "augment the training images (any subset): flips, 90-degree turns, colour jitter, stain (HED) "
                      "jitter; drawn per (--seed, step, image), tiles see the augmented whole image",
-        default_factory=AugmentSpec, parse=AugmentSpec.parse, metavar="flip,rot90,color,hed", group=TRAINING_GROUP)
+        default_factory=AugmentSpec, parse=AugmentSpec.parse, metavar="flip,rot90,color,hed", group=groups.TRAINING)
     loss: LossKind = flag("--loss", "segmentation: per-pixel cross-entropy, soft Dice, or their sum (--class-weights "
                                     "weigh both)", LossKind.CE, parse=LossKind, choices=LossKind.values(),
-                          group="task (segmentation)")
+                          group=groups.TASK)
     accumulate: int = flag("--accumulate", "gradient accumulation: N batches (micro-steps) per optimizer step, which "
                                            "uses their mean gradient; --steps counts optimizer steps", 1,
-                           parse=whole_number, metavar="N", group=TRAINING_GROUP)
+                           parse=whole_number, metavar="N", group=groups.TRAINING)
 
     def __post_init__(self) -> None:
         check_bounds(self)
