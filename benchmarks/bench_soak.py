@@ -70,12 +70,13 @@ def api_run(name: str, steps: int, sample):
     from torch import nn
 
     import mpi4dl_nb as dl
-    from mpi4dl_nb.cli.args import config_from_args
-    from mpi4dl_nb.cli.train_cmd import build_parser
+    from mpi4dl_nb.cli.job_flags import keyword_values
+    from mpi4dl_nb.cli.train_cmd import train_parser
     from mpi4dl_nb.models import build_model
+    from mpi4dl_nb.run.job import TrainJob
 
-    args = build_parser().parse_args(config_flags(name))
-    cfg = config_from_args(args)
+    job = TrainJob.of(**keyword_values(train_parser().parse_args(config_flags(name)), TrainJob))
+    cfg, batch = job.config, job.training.batch_size
     ctx = dl.init()
     torch.manual_seed(0)
     layers = build_model("resnet", num_layers=MODEL["depth"], num_filters=MODEL["width"],
@@ -83,8 +84,8 @@ def api_run(name: str, steps: int, sample):
     engine = dl.HybridEngine(layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
                              optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(args.batch_size, 3, MODEL["image"], MODEL["image"], generator=gen)
-    y = torch.randint(0, MODEL["classes"], (args.batch_size,), generator=gen)
+    x = torch.randn(batch, 3, MODEL["image"], MODEL["image"], generator=gen)
+    y = torch.randint(0, MODEL["classes"], (batch,), generator=gen)
     for step in range(1, steps + 1):
         engine.train_step(x, y)
         sample(step, ctx.tracer.kept)

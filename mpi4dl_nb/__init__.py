@@ -38,7 +38,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Trainer": ("run.trainer", "Trainer"),
     "TrainSettings": ("run.trainer", "TrainSettings"),
     "split_dataset": ("run.python_run", "split_dataset"),
-    "train": ("cli.train_job", "train"),
+    "train": ("run.job_run", "train"),
     "evaluate": ("run.evaluate", "evaluate"),
     "plot_learning_curves": ("notebook.curves", "plot_learning_curves"),
 }

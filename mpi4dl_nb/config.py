@@ -7,10 +7,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TypeVar
+from functools import partial
+from typing import Any, TypeVar
 
 from .errors import ConfigError
 from .layout import RankRole, layout
+from .schema import flag, whole_number
 
 
 class Choice(str, Enum):
@@ -176,6 +178,25 @@ def as_schedule_kind(value: object) -> ScheduleKind:
     return parse_choice(ScheduleKind, value, "schedule", " or ".join(f"'{v}'" for v in SCHEDULES))
 
 
+def parse_bucket_mb(text: str) -> float | None:
+    """``--grad-bucket-mb``: a size in MB, or ``none`` (one all-reduce per stage after all backwards)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("not a size in MB (e.g. 25) or 'none'") from None
+
+
+PARALLEL_GROUP = "parallelism (MPI4DL flags)"
+K = TypeVar("K")
+
+
+def _knob(option: str, help: str, default: K, **how: Any) -> K:
+    """A ParallelConfig field given by an MPI4DL flag (``option``), in the parallelism group."""
+    return flag(option, help, default, group=PARALLEL_GROUP, **how)
+
+
 def _nearest_square(n: int) -> int:
     root = max(1, round(math.sqrt(n)))
     return root * root
@@ -211,34 +232,66 @@ class ParallelConfig:
     DDP's; None: one all-reduce per stage after all backwards, no overlap).
     """
 
-    split_size: int = 2
-    spatial_size: int = 1
-    num_spatial_parts: int = 4
-    slice_method: SliceMethod = SliceMethod.SQUARE
-    parts: int = 1
-    times: int = 0
-    local_dp: int = 1
-    halo_d2: bool = False
-    fused_layers: int = 1
-    balance: tuple[int, ...] | None = None
-    data_parallel: int = 1
-    schedule: ScheduleKind = ScheduleKind.GPIPE
+    split_size: int = _knob("--split-size", "number of model partitions (stages) for layer/pipeline parallelism", 2,
+                            parse=whole_number)
+    spatial_size: int = _knob("--spatial-size", "how many of the first stages use spatial parallelism (0: none)", 1,
+                              parse=whole_number)
+    num_spatial_parts: int = _knob("--num-spatial-parts", "number of image tiles (ranks) per spatial stage", 4,
+                                   parse=whole_number)
+    slice_method: SliceMethod = _knob(
+        "--slice-method", f"tile layout: {', '.join(SLICE_METHODS)}, or DxRxC for a volume's depth x rows x cols "
+                          f"tiles (e.g. 2x2x2, with --num-spatial-parts D*R*C)", SliceMethod.SQUARE,
+        parse=parse_slice_method, metavar="SLICE_METHOD")
+    parts: int = _knob("--parts", "number of micro-batches for pipeline parallelism", 1, parse=whole_number)
+    times: int = _knob("--times", "GEMS replica pairs (0: no GEMS; 1 behaves like MPI4DL's GEMS scripts)", 0,
+                       parse=whole_number)
+    local_dp: int = _knob("--local-DP", "data-parallel copies of each non-spatial stage", 1, parse=whole_number)
+    halo_d2: bool = _knob("--halo-D2", "fused halo exchange (design 2): fewer, wider halo exchanges", False,
+                          switch=True)
+    fused_layers: int = _knob("--fused-layers", "with --halo-D2, number of blocks sharing one halo exchange", 1,
+                              parse=whole_number)
+    balance: tuple[int, ...] | None = _knob("--balance", "layers per stage, e.g. 3,4,5 (sum = number of layers); "
+                                                         "default automatic", None,
+                                            parse=partial(parse_balance, knob="--balance"))
+    data_parallel: int = _knob("--data-parallel", "number of full model replicas trained data-parallel", 1,
+                               parse=whole_number)
+    schedule: ScheduleKind = _knob(
+        "--schedule", "pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe; interleaved: with "
+                      "--virtual-stages; zb1: zero bubble, each backward split into input- and weight-gradient "
+                      "halves, --parts >= --split-size; zbv: zero bubble V, 2 chunks per rank, rank r holding stages "
+                      "r and split-size-1-r, --parts >= split-size / 2)", ScheduleKind.GPIPE, choices=SCHEDULES)
     grid: tuple[int, int] | None = field(default=None)
     # a volume's depth x rows x cols tiles (``slice_method="DxRxC"`` sets it; issue 45)
     volume_grid: tuple[int, int, int] | None = field(default=None)
-    sync_batchnorm: bool = False
-    check_ops: bool = True
+    sync_batchnorm: bool = _knob(
+        "--sync-batchnorm", "BatchNorm over the combined samples of the data-parallel copies of a micro-batch (with "
+                            "--parts 1 and no GEMS: one full-batch serial run; GEMS directions keep separate "
+                            "statistics)", False, switch=True)
+    check_ops: bool = _knob("--no-check-ops", "skip the spatial op guard's per-op checks (once a model has passed "
+                                              "them)", True, switch=True)
     # memory knobs (issue 14): activation recomputation per stage (None: off; 'every', 'blocks' or N
     # layers per segment) and the compute precision; the planner's models read them too
-    checkpoint_activations: CheckpointSetting | None = None   # 'every', 'blocks' or N accepted
-    precision: PrecisionMode = PrecisionMode.FP32
+    checkpoint_activations: CheckpointSetting | None = _knob(   # 'every', 'blocks' or N accepted
+        "--checkpoint-activations", "activation recomputation: keep only segment inputs, recompute on backward "
+                                    "(every: each layer; blocks: ~sqrt(layers) per segment; N layers per segment)",
+        None, parse=as_checkpoint_setting, const="every", metavar="every|blocks|N")
+    precision: PrecisionMode = _knob(
+        "--precision", "compute precision: autocast to bf16 (CPU/GPU) or fp16 (GPU, gradient scaler); master weights "
+                       "and normalisation statistics stay float32", PrecisionMode.FP32, choices=PRECISIONS)
     # interleaved schedule (issue 44): the split_size stages lie on split_size / virtual_stages
     # pipeline positions, stage s on position s mod positions (each rank holds virtual_stages chunks)
-    virtual_stages: int = 1
+    virtual_stages: int = _knob(
+        "--virtual-stages", "with --schedule interleaved: chunks per rank; the --split-size stages lie on split-size "
+                            "/ virtual-stages ranks, stage s on rank s mod that (Megatron); --schedule zbv sets 2",
+        1, parse=whole_number)
     # gradient all-reduce overlapped with backward (issue 44): a stage's gradients are summed over its
     # holders in buckets of about this many MB, each posted as soon as its last gradient of the step
     # arrived (None: one all-reduce per stage after every backward)
-    grad_bucket_mb: float | None = 25.0
+    grad_bucket_mb: float | None = _knob(
+        "--grad-bucket-mb", "gradient all-reduce overlapped with backward: buckets of about MB megabytes, each summed "
+                            "over the stage's holders as soon as its gradients are complete (25 is DDP's; none: one "
+                            "all-reduce per stage after all backwards)", 25.0, parse=parse_bucket_mb,
+        metavar="MB|none")
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass
@@ -17,6 +19,42 @@ FLAG_KEY = "mpi4dl_nb.flag"     # the key of a field's metadata that holds its F
 SUGGESTIONS = 3                 # close names offered for a misspelt keyword
 
 
+def whole_number(text: str) -> int:
+    """A flag's text as an integer (ValueError saying what is expected)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("not a whole number") from None
+
+
+def number(text: str) -> float:
+    """A flag's text as a number (ValueError saying what is expected)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range of a number flag: at least ``least`` (above it when not ``closed``), at most ``most``."""
+
+    least: float
+    most: float | None = None
+    closed: bool = True
+
+    def check(self, option: str, value: object) -> None:
+        """ConfigError naming ``option`` for a number outside the range or not finite (None and non-numbers pass:
+        a volume's ``D,H,W`` is checked side by side as it is parsed)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        low = value >= self.least if self.closed else value > self.least
+        if not math.isfinite(value) or not low or (self.most is not None and value > self.most):
+            bound = f"{'>=' if self.closed else '>'} {self.least:g}" + (
+                f" and <= {self.most:g}" if self.most is not None else "")
+            raise ConfigError(option, f"must be a number {bound}, got {value:g}")
+
+
 @dataclass(frozen=True)
 class Flag:
     """How one job field is given on the command line: the flag, its help, how text becomes the value.
@@ -25,7 +63,9 @@ class Flag:
     cannot); ``choices`` are the texts accepted (checked before ``parse``); ``switch`` is an on/off flag whose
     presence sets the opposite of the default; ``repeat`` collects every use into a tuple; ``const`` is the text
     a flag given without a value stands for (``--checkpoint-activations`` alone means ``every``). ``dest``
-    names the keyword of ``dl.<command>(...)`` (default: the flag without dashes, ``--no-`` and case)."""
+    names the keyword of ``dl.<command>(...)`` (default: the flag without dashes, ``--no-`` and case).
+    ``bounds``: the range of a number (``check_bounds``); ``hidden``: accepted but left out of the help (a flag
+    kept for command lines of other commands)."""
 
     option: str
     help: str
@@ -38,6 +78,8 @@ class Flag:
     repeat: bool = False
     const: str | None = None
     dest: str = ""
+    bounds: Bounds | None = None
+    hidden: bool = False
 
     def __post_init__(self) -> None:
         if not self.option.startswith("--"):
@@ -121,9 +163,19 @@ def unknown_keyword(name: str, known: Mapping[str, object], command: str) -> Con
     return ConfigError(name, f"is not a setting of {command}{hint}")
 
 
+def check_bounds(spec: object) -> None:
+    """ConfigError naming the flag of the first of ``spec``'s own number fields outside its ``bounds``."""
+    for f in dataclasses.fields(spec):        # type: ignore[arg-type]  # spec is a dataclass instance
+        given = f.metadata.get(FLAG_KEY)
+        if isinstance(given, Flag) and given.bounds is not None:
+            given.bounds.check(given.option, getattr(spec, f.name))
+
+
 def typed_value(item: FlagField, value: object) -> object:
-    """A keyword's value as the field holds it: text parsed as the flag parses it (each item of a repeated
-    flag's list), anything else as given."""
+    """A keyword's value as the field holds it: text (a path's too) parsed as the flag parses it (each item of a
+    repeated flag's list), anything else as given."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
     if isinstance(value, str):
         parsed = item.flag.value_of(value)
         return (parsed,) if item.flag.repeat else parsed
@@ -146,6 +198,9 @@ def build_job(job: type[T], values: Mapping[str, object], command: str, path: tu
         if isinstance(given, Flag):
             if given.dest in values:
                 kwargs[f.name] = typed_value(FlagField((*path, f.name), f, given), values[given.dest])
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise ConfigError(given.option, f"is required: give {given.dest}=... ({given.option} on the command "
+                                                f"line)")
         elif (inner := _nested(job, f)) is not None:
             kwargs[f.name] = build_job(inner, values, command, (*path, f.name))
     return job(**kwargs)

@@ -17,16 +17,7 @@ ALLOWED_TWICE = ("main",)       # a command module's entry point (python -m mpi4
 # Clashes that issue 51's helpers of cli/, infer/ and spatial/ are renaming in their branches: name -> its modules.
 # The integrator empties this list as those land (the test fails on an entry that no longer clashes).
 PENDING = {
-    "build_parser": ["mpi4dl_nb/cli/evaluate_cmd.py", "mpi4dl_nb/cli/infer_cmd.py", "mpi4dl_nb/cli/train_flags.py",
-                     "mpi4dl_nb/cli/tune_cmd.py"],
-    "check_checkpoint_task": ["mpi4dl_nb/cli/evaluate_cmd.py", "mpi4dl_nb/cli/segmentation_flags.py"],
-    "check_model_flags": ["mpi4dl_nb/cli/evaluate_cmd.py", "mpi4dl_nb/cli/model_flags.py"],
     "pool_on_tiles": ["mpi4dl_nb/spatial/mil_pool.py", "mpi4dl_nb/spatial/pool_calls.py"],
-    "prepare": ["mpi4dl_nb/infer/trained.py", "mpi4dl_nb/run/job_run.py"],
-    "run_job": ["mpi4dl_nb/cli/train_cmd.py", "mpi4dl_nb/run/job_run.py"],
-    # dl.cluster.start is public (every notebook calls it): run/job_run.py's start is the one to rename
-    "start": ["mpi4dl_nb/notebook/cluster.py", "mpi4dl_nb/run/job_run.py"],
-    "task_of": ["mpi4dl_nb/cli/segmentation_flags.py", "mpi4dl_nb/infer/trained.py"],
 }
 
 
@@ -52,7 +43,8 @@ def function_homes(modules: dict[str, str]) -> dict[str, list[str]]:
     homes: dict[str, list[str]] = defaultdict(list)
     for path, text in modules.items():
         for node in ast.parse(text, path).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_") \
+                    and path not in homes[node.name]:        # a module's typing.overload variants are one function
                 homes[node.name].append(path)
     return homes
 

@@ -30,7 +30,7 @@ DESCRIPTION = ("Apply a checkpoint of 'train' fully convolutionally to a whole s
                "2 refused before any work, 3 some slides of --slides failed (named on stderr; the others are done).")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def infer_parser() -> argparse.ArgumentParser:
     """The ``infer`` flags, one for each flag field of InferJob."""
     parser = CommandParser(prog="python -m mpi4dl_nb infer", description=DESCRIPTION,
                            formatter_class=DefaultsHelpFormatter)
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_job(argv: Sequence[str] | None) -> InferJob:
     """The job the command line names (usage errors exit 2 as argparse does; ConfigError for a value refused)."""
-    return build_job(InferJob, keyword_values(build_parser().parse_args(argv), InferJob), "infer")
+    return build_job(InferJob, keyword_values(infer_parser().parse_args(argv), InferJob), "infer")
 
 
 def say(rank: int, world: int, text: str) -> None:
@@ -94,10 +94,10 @@ def run(checked: CheckedInfer, size: int) -> int:
                 "nothing was written: fix the slide and run again"
             say(0, size, f"error: {err}; {kept}")
         return EXIT_SETUP
-    return report(result, size)
+    return report_outcome(result, size)
 
 
-def report(result: InferResult | None, size: int) -> int:
+def report_outcome(result: InferResult | None, size: int) -> int:
     """Rank 0: the summary table of many slides, a note on a map stopped early, the JSON line; exit code 3 when some
     slides failed."""
     from ..infer.cohort import CohortSummary

@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING
+from enum import Enum
 from typing import Any, Protocol
 
 from ..errors import ConfigError
 from ..schema import FlagField, flag_fields
+from .parser import CommandParser
 
 
 class FlagAdder(Protocol):
@@ -27,46 +29,67 @@ def _typed(item: FlagField) -> Callable[[str], object]:
     return convert
 
 
-def add_job_flags(parser: argparse.ArgumentParser, job: type) -> argparse.ArgumentParser:
+def shown_default(value: object) -> str | None:
+    """A default as the help shows it (None: a value without a short text, or no default)."""
+    if value is None or value is MISSING or isinstance(value, bool):
+        return None
+    if isinstance(value, Enum):
+        return str(value.value)
+    return str(value) if isinstance(value, (str, int, float)) else None
+
+
+def help_text(item: FlagField) -> str:
+    """The flag's help with its default (not a switch's: it would be the setting's, not the flag's), ``%`` kept as
+    written (argparse formats help with ``%``)."""
+    if item.flag.hidden:
+        return argparse.SUPPRESS
+    default = None if item.flag.switch else shown_default(item.default)
+    text = item.flag.help + ("" if default is None else f" (default: {default})")
+    return text.replace("%", "%%")
+
+
+def argparse_options(item: FlagField) -> dict[str, object]:
+    """The ``add_argument`` options of a flag. A flag not given stays out of the parsed values (its field keeps
+    its default), so flags and keywords build a job from the same defaults."""
+    flag = item.flag
+    options: dict[str, object] = {"dest": flag.dest, "default": argparse.SUPPRESS, "help": help_text(item)}
+    if flag.switch:
+        options["action"] = "store_false" if item.default is True else "store_true"
+        return options
+    options["type"] = _typed(item)
+    if item.default is MISSING:
+        options["required"] = True
+    if flag.repeat:
+        options["action"] = "append"
+    if flag.const is not None:
+        options.update(nargs="?", const=flag.const)
+    metavar = flag.metavar or ("{" + ",".join(flag.choices) + "}" if flag.choices else None)
+    if metavar is not None:
+        options["metavar"] = metavar
+    return options
+
+
+def add_job_flags(parser: CommandParser, job: type) -> CommandParser:
     """Add a flag for every flag field of ``job`` (its nested dataclasses' too), in groups; returns ``parser``."""
     groups: dict[str, FlagAdder] = {}
     for item in flag_fields(job):
         flag = item.flag
         if flag.group not in groups:
             groups[flag.group] = parser.add_argument_group(flag.group)
-        group = groups[flag.group]
-        names = (flag.option, *flag.aliases)
-        default = item.default
-        if flag.switch:
-            action = "store_false" if default is True else "store_true"
-            group.add_argument(*names, dest=flag.dest, action=action, default=default, help=flag.help)
-            continue
-        options: dict[str, object] = {"dest": flag.dest, "type": _typed(item), "help": flag.help}
-        if default is MISSING:
-            options["required"] = True
-        else:
-            options["default"] = None if flag.repeat else default
-        if flag.repeat:
-            options["action"] = "append"
-        if flag.const is not None:
-            options.update(nargs="?", const=flag.const)
-        metavar = flag.metavar or ("{" + ",".join(flag.choices) + "}" if flag.choices else None)
-        if metavar is not None:
-            options["metavar"] = metavar
-        group.add_argument(*names, **options)
+        if flag.hidden:
+            parser.remember_flags(flag.option, *flag.aliases)
+        groups[flag.group].add_argument(flag.option, *flag.aliases, **argparse_options(item))
     return parser
 
 
 def keyword_values(args: argparse.Namespace, job: type) -> dict[str, object]:
-    """The parsed flags of ``job`` as the keyword values ``schema.build_job`` takes (a repeated flag not given
-    left out, so its field keeps its default)."""
+    """The flags of ``job`` given on the command line as the keyword values ``schema.build_job`` takes (a flag not
+    given is left out: its field keeps its default)."""
     given: Mapping[str, object] = vars(args)
     values: dict[str, object] = {}
     for item in flag_fields(job):
-        value = given.get(item.flag.dest)
-        if item.flag.repeat:
-            if value is None:
-                continue
-            value = tuple(value) if isinstance(value, list) else value      # argparse's append list
-        values[item.flag.dest] = value
+        if item.flag.dest not in given:
+            continue
+        value = given[item.flag.dest]
+        values[item.flag.dest] = tuple(value) if item.flag.repeat and isinstance(value, list) else value
     return values

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 from ..comm.device import local_rank_from_env
 from ..config import ConfigError, ParallelConfig
 from ..layout import layout, layout_table
-from .args import add_parallel_args, config_from_args
-from .image_size import VolumeSize
-from .model_flags import add_model_cut_args, model_cut
+from ..run import flag_groups as groups
+from ..run.data_choice import ImageSize, VolumeSize, parse_image_size
+from ..run.model_choice import MODEL_HELP, ModelChoice, ModelSizes, classes_flag, model_flag
+from ..schema import Bounds, build_job, flag
+from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
 
 EXIT_CONFIG = 2
@@ -48,47 +51,82 @@ def check_world_size(cfg: ParallelConfig, world_size: int, rank: int = 0) -> Non
         refuse(cfg.world_size_message(world_size), rank, world_size)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the rank layout (or JSON with ``--json``); under mpiexec, check the rank count."""
-    parser = CommandParser(
-        prog="python -m mpi4dl_nb layout", formatter_class=DefaultsHelpFormatter,
-        description="Show which rank does what for a configuration, and how many ranks it needs.")
-    add_parallel_args(parser)
-    add_model_cut_args(parser)
-    parser.add_argument("--json", action="store_true", help="print the layout as JSON")
-    args = parser.parse_args(argv)
-    rank, size, launched = launched_world()
+@dataclass(frozen=True)
+class LayoutJob:
+    """What ``layout`` is asked: a configuration and, with ``--model``, the model whose stage cut it shows."""
+
+    config: ParallelConfig = field(default_factory=ParallelConfig)
+    model: str | None = model_flag(None, MODEL_HELP + "; prints the stage cut of its layer list for this "
+                                                      "configuration")
+    sizes: ModelSizes = field(default_factory=ModelSizes)
+    num_classes: int = classes_flag(10, "number of classes")
+    image_size: ImageSize = flag("--image-size", "image side in pixels, or a volume's patch D,H,W in voxels (its "
+                                                 "tiles are checked against a DxRxC --slice-method)", 32,
+                                 parse=parse_image_size, metavar="N|D,H,W", bounds=Bounds(1), group=groups.MODEL)
+    json: bool = flag("--json", "print the layout as JSON", False, switch=True)
+
+
+def layout_parser() -> CommandParser:
+    parser = CommandParser(prog="python -m mpi4dl_nb layout", formatter_class=DefaultsHelpFormatter,
+                           description="Show which rank does what for a configuration, and how many ranks it needs.")
+    return add_job_flags(parser, LayoutJob)
+
+
+def model_cut(job: LayoutJob) -> str:
+    """The stage table of the model ``job`` names, for its configuration at its image size (ConfigError for a model
+    that does not resolve or a cut that does not fit)."""
+    import torch
+
+    from .stage_table import stage_table
+
+    assert job.model is not None and isinstance(job.image_size, int), "an image model asked for"
+    spec = ModelChoice(job.model, job.sizes, normalize="none").spec(job.num_classes)
+    job.config.validate(image_size=job.image_size)
     try:
-        cfg = config_from_args(args)
-    except ConfigError as err:
-        refuse(str(err), rank, size)
-    if launched:
-        check_world_size(cfg, size, rank)
-    if rank != 0:
-        return 0
-    if args.json:
+        torch.manual_seed(0)
+        layers = spec.build(job.image_size)
+    except ValueError as err:
+        raise ConfigError("--model", str(err)) from None
+    return stage_table(layers, job.config, job.image_size)
+
+
+def print_layout(cfg: ParallelConfig, as_json: bool) -> None:
+    """The rank table and world size (or the layout as JSON)."""
+    if as_json:
         roles = [{"rank": r.rank, "replica": r.replica, "stage": r.stage, "spatial": r.spatial,
                   "tile": r.tile, "copy": r.local_dp_index,
                   "mirror_stage": None if r.mirror is None else r.mirror.stage}
                  for r in layout(cfg)]
         print(json.dumps({"world_size": cfg.world_size, "config": cfg.as_dict(), "ranks": roles}))
-    else:
-        print(layout_table(cfg))
-        print(f"world size: {cfg.world_size} ranks ({cfg.describe_world()})")
-    if isinstance(args.image_size, tuple):
-        try:
-            print(volume_tiles(cfg, args.image_size))
-        except ConfigError as err:
-            refuse(str(err))
-    if args.model is not None:
-        if isinstance(args.image_size, tuple):
-            refuse(f"--image-size: {','.join(map(str, args.image_size))} is a volume's patch; the stage cut "
-                   f"(--model) is computed for images (--image-size N). train checks a volume's cut before its "
-                   f"first step; drop --model to see the volume's tiles")
-        try:
-            print(f"\nstage cut of {args.model}:\n{model_cut(args, cfg)}")
-        except ConfigError as err:
-            refuse(str(err))
+        return
+    print(layout_table(cfg))
+    print(f"world size: {cfg.world_size} ranks ({cfg.describe_world()})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the rank layout (or JSON with ``--json``); under mpiexec, check the rank count."""
+    args = layout_parser().parse_args(argv)
+    rank, size, launched = launched_world()
+    try:
+        job = build_job(LayoutJob, keyword_values(args, LayoutJob), "layout")
+    except ConfigError as err:
+        refuse(str(err), rank, size)
+    if launched:
+        check_world_size(job.config, size, rank)
+    if rank != 0:
+        return 0
+    print_layout(job.config, job.json)
+    try:
+        if isinstance(job.image_size, tuple):
+            print(volume_tiles(job.config, job.image_size))
+        if job.model is not None:
+            if isinstance(job.image_size, tuple):
+                refuse(f"--image-size: {','.join(map(str, job.image_size))} is a volume's patch; the stage cut "
+                       f"(--model) is computed for images (--image-size N). train checks a volume's cut before its "
+                       f"first step; drop --model to see the volume's tiles")
+            print(f"\nstage cut of {job.model}:\n{model_cut(job)}")
+    except ConfigError as err:
+        refuse(str(err))
     return 0
 
 

@@ -1,13 +1,15 @@
-"""The argument parser every command uses: errors on rank 0 only, "did you mean" for a misspelt flag, help that
-shows the defaults of flags that take a value (not of on/off switches such as ``--no-progress``)."""
+"""The argument parser every command uses: errors on rank 0 only, a usage error as its one line (with "did you mean"
+for a misspelt flag and where the flags are listed), help that shows the defaults of flags that take a value (not of
+on/off switches such as ``--no-progress``)."""
 from __future__ import annotations
 
 import argparse
 import difflib
 import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -17,6 +19,7 @@ WORLD_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_CO
                         "PALS_RANKID", "SLURM_PROCID")
 SUGGESTIONS = 3          # at most this many close flag names per misspelt one
 CLOSENESS = 0.6          # difflib's similarity cut-off for a suggestion
+LONG_FLAG = re.compile(r"--[A-Za-z0-9][\w-]*")
 
 
 def world_rank_from_env() -> int | None:
@@ -40,8 +43,22 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class CommandParser(argparse.ArgumentParser):
     """An ArgumentParser for commands every rank of a job parses alike: usage and errors print on rank 0 only,
-    and an unknown flag is answered with the closest known ones (pass ``formatter_class=DefaultsHelpFormatter``
-    to show defaults)."""
+    an error is one line (not the usage of every flag) and an unknown flag is answered with the closest known
+    ones (pass ``formatter_class=DefaultsHelpFormatter`` to show defaults)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.hidden_flags: list[str] = []        # flags accepted but not shown (remember_flags)
+        self._given: list[str] = []
+        super().__init__(*args, **kwargs)
+
+    def remember_flags(self, *names: str) -> None:
+        """Note flags the usage does not show (accepted, left out of the help) as known ones."""
+        self.hidden_flags += [name for name in names if name.startswith("--")]
+
+    def flag_names(self) -> list[str]:
+        """Every long flag this parser knows: those its usage shows (however they were added: groups too), and the
+        hidden ones remembered."""
+        return sorted({*LONG_FLAG.findall(self.format_usage()), *self.hidden_flags})
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if world_rank_from_env() in (None, 0):
@@ -53,14 +70,10 @@ class CommandParser(argparse.ArgumentParser):
         self._given = list(sys.argv[1:] if args is None else args)     # what error() looks for misspellings in
         return super().parse_known_args(args, namespace)
 
-    def flag_names(self) -> list[str]:
-        """Every long flag this parser knows."""
-        return [option for action in self._actions for option in action.option_strings if option.startswith("--")]
-
     def unknown_flags(self) -> list[str]:
         """The flags given that this parser does not know (nor as an abbreviation)."""
         known = self.flag_names()
-        given = [word.split("=", 1)[0] for word in getattr(self, "_given", []) if word.startswith("--")]
+        given = [word.split("=", 1)[0] for word in self._given if word.startswith("--")]
         return [flag for flag in given if not any(name.startswith(flag) for name in known)]
 
     def suggest(self, flag: str) -> list[str]:
@@ -68,8 +81,10 @@ class CommandParser(argparse.ArgumentParser):
         return difflib.get_close_matches(flag, self.flag_names(), n=SUGGESTIONS, cutoff=CLOSENESS)
 
     def error(self, message: str) -> NoReturn:
-        """argparse's error (usage, message, exit 2), with "did you mean" for each unknown flag given (also when
-        the message is another one, e.g. a required flag missing because it was misspelt)."""
+        """The error as one line (no usage of every flag before it), "did you mean" for each unknown flag given
+        (also when the message is another one, e.g. a required flag missing because it was misspelt), and where
+        the flags are listed; exit 2."""
         hints = [f"{flag}: did you mean {' or '.join(close)}?" for flag in self.unknown_flags()
                  if (close := self.suggest(flag))]
-        super().error("\n".join([message, *hints]))
+        lines = [f"{self.prog}: error: {message}", *hints, f"'{self.prog} --help' lists every flag."]
+        self.exit(2, "\n".join(lines) + "\n")

@@ -1,4 +1,6 @@
-"""``python -m mpi4dl_nb train``: MPI4DL-compatible batch training (any SP/LP/PP/GEMS/DP mix) with checkpoints."""
+"""``python -m mpi4dl_nb train``: MPI4DL-compatible batch training (any SP/LP/PP/GEMS/DP mix) with checkpoints: the
+flags parsed into a TrainJob (its fields are the flags), checked against the data, run (``run/job_run.py``), the
+JSON summary printed."""
 from __future__ import annotations
 
 import argparse
@@ -7,29 +9,52 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .train_flags import build_parser, check_run_args
-from .train_job import train_job
+from ..run.job import TrainJob, TrainPlan
+from ..schema import build_job
+from .job_flags import add_job_flags, keyword_values
+from .parser import CommandParser, DefaultsHelpFormatter
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
-    from ..run.job import TrainJob
     from ..run.monitor import JobMonitor
     from ..run.summary import TrainSummary
 
-__all__ = ["build_parser", "check_run_args", "main"]
+PROG = "python -m mpi4dl_nb train"
+DESCRIPTION = ("Train ResNet, AmoebaNet-D or your own CNN (torchvision:, timm:, package.module:callable) with hybrid "
+               "spatial/layer/pipeline/GEMS/data parallelism, exactly like one process. Launch with mpiexec -n "
+               "<ranks>; 'python -m mpi4dl_nb layout <flags>' tells how many.")
 
 
-def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor, results: list[TrainSummary] | None = None) -> int:
+def train_parser() -> CommandParser:
+    """The ``train`` parser: a flag for every field of TrainJob."""
+    return add_job_flags(CommandParser(prog=PROG, description=DESCRIPTION, formatter_class=DefaultsHelpFormatter),
+                         TrainJob)
+
+
+def train_plan(args: argparse.Namespace) -> TrainPlan:
+    """The job the parsed flags name, checked against its data (ConfigError naming the flag and the fix)."""
+    return build_job(TrainJob, keyword_values(args, TrainJob), "train").check()
+
+
+def parsed_plan(argv: Sequence[str] | None) -> TrainPlan:
+    """The plan of ``argv``: parsed, checked and laid out before any communication (exit 2 with the reason)."""
+    from .setup import launch
+
+    return launch(train_parser(), argv, train_plan)
+
+
+def train_and_report(plan: TrainPlan, ctx: Comm, monitor: JobMonitor,
+                     results: list[TrainSummary] | None = None) -> int:
     """Set up and train, print the JSON summary on rank 0 (kept in ``results`` when given); a refused set-up, a
     divergence or a failed save stops every rank together with one message."""
     from ..comm.agreement import SetupFailed
     from ..run.divergence import EXIT_NONFINITE, NonFiniteError
-    from ..run.job_run import say_once, start
+    from ..run.job_run import say_once, started_trainer
     from ..run.trainer import EXIT_CHECKPOINT, CheckpointWriteError
     from .setup import exit_refused
 
     try:
-        trainer = start(job, ctx, monitor)
+        trainer = started_trainer(plan, ctx, monitor)
     except SetupFailed as err:
         exit_refused(ctx, "train", err)
     try:
@@ -41,7 +66,7 @@ def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor, results: list[TrainSu
         say_once(ctx, f"stopped: {err}")
         return EXIT_CHECKPOINT
     if summary is not None:
-        if job.options.verbose:
+        if plan.options.verbose:
             print(summary.report(), file=sys.stderr, flush=True)
         print(summary.to_json(), flush=True)
         if results is not None:
@@ -49,16 +74,16 @@ def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor, results: list[TrainSu
     return 0
 
 
-def train_main(job: TrainJob, results: list[TrainSummary] | None = None) -> int:
-    """Start MPI and the job monitor, run the job; any other failure ends the job with one message."""
+def train_main(plan: TrainPlan, results: list[TrainSummary] | None = None) -> int:
+    """Start MPI and the job monitor, run the plan; any other failure ends the job with one message."""
     from ..comm.context import init
     from ..run.monitor import EXIT_FAILED, JobMonitor
 
-    ctx = init(backend=job.options.backend, device=job.options.device)
-    errors_to = job.held_out.log_dir or job.checkpoints.directory   # tracebacks: the run's directory, else temp
-    monitor = JobMonitor.start(ctx, verbose=job.options.verbose, log_dir=Path(errors_to) if errors_to else None)
+    ctx = init(backend=plan.options.backend, device=plan.options.device)
+    errors_to = plan.held_out.log_dir or plan.checkpoints.directory   # tracebacks: the run's directory, else temp
+    monitor = JobMonitor.start(ctx, verbose=plan.options.verbose, log_dir=Path(errors_to) if errors_to else None)
     try:
-        code = run_job(job, ctx, monitor, results)
+        code = train_and_report(plan, ctx, monitor, results)
     except SystemExit:
         monitor.close()
         raise
@@ -69,16 +94,7 @@ def train_main(job: TrainJob, results: list[TrainSummary] | None = None) -> int:
     return code
 
 
-def parsed_job(argv: Sequence[str] | None) -> TrainJob:
-    """The job of ``argv``: parsed, checked and laid out before any communication (exit 2 with the reason)."""
-    from .setup import parse_launch
-
-    args: argparse.Namespace
-    args, cfg = parse_launch(build_parser(), argv, check_run_args)
-    return train_job(args, cfg)
-
-
-def folds_main(job: TrainJob) -> int:
+def folds_main(plan: TrainPlan) -> int:
     """``--folds K`` without ``--fold``: every fold in turn, then (rank 0) each figure's mean and spread over the
     folds, its JSON last."""
     import json
@@ -86,7 +102,7 @@ def folds_main(job: TrainJob) -> int:
     from ..run.folds import fold_jobs, fold_report, report_lines
 
     results: list[TrainSummary] = []
-    for fold in fold_jobs(job):
+    for fold in fold_jobs(plan):
         code = train_main(fold, results)
         if code != 0:
             return code
@@ -99,5 +115,5 @@ def folds_main(job: TrainJob) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mpi4dl_nb train``."""
-    job = parsed_job(argv)
-    return folds_main(job) if job.held_out.every_fold else train_main(job)
+    plan = parsed_plan(argv)
+    return folds_main(plan) if plan.held_out.every_fold else train_main(plan)

@@ -23,52 +23,93 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config import ConfigError, ParallelConfig
 from ..models.spec import ModelFamily
+from ..run import flag_groups as groups
+from ..run.model_choice import model_flag
+from ..run.training_spec import DTYPES
+from ..schema import build_job, flag, number, whole_number
 from .args import parallel_flags
-from .model_flags import add_model_flag
+from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
 
+if TYPE_CHECKING:
+    from ..comm.protocol import Comm
+    from ..measure.trials import Measured, Row
+    from ..planner.timing import Network
+    from ..planner.tune import Tuner, TuneResult
 
-def build_parser() -> argparse.ArgumentParser:
+GROUP = "tune"
+
+
+def measuring_flag(option: str, help: str, default: int) -> int:
+    """A count of how much ``tune`` runs (at least 1)."""
+    return flag(option, help, default, parse=whole_number, group=GROUP)
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    """What ``tune`` is asked: the model and workload, the memory limit, how many configurations to run and how."""
+
+    memory_limit_mb: float = flag("--memory-limit-mb", "bytes each rank may use, in MiB", parse=number, group=GROUP)
+    model: str = model_flag(ModelFamily.RESNET.value)
+    num_layers: int | None = flag("--num-layers", "ResNet depth (v2: 9n+2) / AmoebaNet normal cells", None,
+                                  parse=whole_number, group=groups.MODEL)
+    num_filters: int | None = flag("--num-filters", "ResNet base width / AmoebaNet filters", None, parse=whole_number,
+                                   group=groups.MODEL)
+    num_classes: int = flag("--num-classes", "number of classes", 2, parse=whole_number, group=groups.MODEL)
+    image_size: int = flag("--image-size", "image side in pixels", 128, parse=whole_number, group=groups.MODEL)
+    batch_size: int = flag("--batch-size", "global batch size", 2, parse=whole_number, group=groups.MODEL)
+    top: int = measuring_flag("--top", "configurations to run (planner's best first)", 3)
+    steps: int = measuring_flag("--steps", "timed steps per configuration and round", 4)
+    rounds: int = measuring_flag("--rounds", "rounds of --steps steps, one step of every configuration in turn (the "
+                                           "machine's slow spells fall on all of them alike); each one's time is the "
+                                           "median of its steps", 2)
+    headroom: float | None = flag("--headroom", "share of --memory-limit-mb suggest leaves free for its estimate's "
+                                                "error (default suggest's, 8%; 0: none); the pick itself is by "
+                                                "measured peak against the whole limit", None, parse=number,
+                                  group=GROUP)
+    max_split: int = flag("--max-split", "the most stages a configuration may have", 4, parse=whole_number,
+                          group=GROUP)
+    dtype: str = flag("--dtype", "parameter/activation dtype", "float32", choices=DTYPES, group=groups.MODEL)
+    explain: bool = flag("--explain", "also print, per configuration, each rank's predicted and traced seconds per "
+                                      "step by action kind (forward, backward, receives, all-reduce ...) and the "
+                                      "largest gap", False, switch=True, group=GROUP)
+    json: str | None = flag("--json", "write the result as JSON to this path (rank 0)", None, group=GROUP)
+
+    def __post_init__(self) -> None:
+        for option, value in (("--steps", self.steps), ("--rounds", self.rounds), ("--top", self.top)):
+            if value < 1:
+                raise ConfigError(option, f"must be at least 1, got {value}")
+        if self.headroom is not None and not 0 <= self.headroom < 1:
+            raise ConfigError("--headroom", "is a share of the limit: from 0 to below 1")
+        if ModelFamily.parse(self.model).dense:
+            raise ConfigError("--model", f"{self.model}: tune times classifiers (a class per image); a segmentation "
+                                     f"model's layouts are chosen by hand for now (docs/segmentation.md)")
+
+
+def tune_parser() -> CommandParser:
     parser = CommandParser(prog="python -m mpi4dl_nb tune", formatter_class=DefaultsHelpFormatter,
                            description="Run the planner's best configurations on this job; pick the fastest "
                                        "that fits the memory limit.")
-    add_model_flag(parser, ModelFamily.RESNET.value)
-    parser.add_argument("--num-layers", dest="num_layers", type=int, default=None,
-                        help="ResNet depth (v2: 9n+2) / AmoebaNet normal cells")
-    parser.add_argument("--num-filters", dest="num_filters", type=int, default=None,
-                        help="ResNet base width / AmoebaNet filters")
-    parser.add_argument("--num-classes", dest="num_classes", type=int, default=2)
-    parser.add_argument("--image-size", dest="image_size", type=int, default=128)
-    parser.add_argument("--batch-size", dest="batch_size", type=int, default=2)
-    parser.add_argument("--memory-limit-mb", dest="memory_limit_mb", type=float, required=True,
-                        help="bytes each rank may use, in MiB")
-    parser.add_argument("--top", type=int, default=3, help="configurations to run (planner's best first)")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per configuration and round")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds of --steps steps, one step of every configuration in turn (the machine's "
-                             "slow spells fall on all of them alike); each one's time is the median of its steps")
-    parser.add_argument("--headroom", type=float, default=None,
-                        help="share of --memory-limit-mb suggest leaves free for its estimate's error (default "
-                             "suggest's, 8%%; 0: none); the pick itself is by measured peak against the whole limit")
-    parser.add_argument("--max-split", dest="max_split", type=int, default=4)
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--explain", action="store_true",
-                        help="also print, per configuration, each rank's predicted and traced seconds per step by "
-                             "action kind (forward, backward, receives, all-reduce ...) and the largest gap")
-    parser.add_argument("--json", default=None, help="write the result as JSON to this path (rank 0)")
-    return parser
+    return add_job_flags(parser, TuneJob)
 
 
-def train_command(args: argparse.Namespace, cfg: ParallelConfig) -> str:
+def tune_job(args: argparse.Namespace) -> TuneJob:
+    """The job of parsed flags (ConfigError naming a flag out of range)."""
+    return build_job(TuneJob, keyword_values(args, TuneJob), "tune")
+
+
+def train_command(job: TuneJob, cfg: ParallelConfig) -> str:
     """The ``train`` command line of the pick: this job's model, sizes and dtype, and ``cfg``'s flags."""
-    model = ["--model", args.model, "--num-classes", str(args.num_classes), "--image-size", str(args.image_size),
-             "--batch-size", str(args.batch_size)]
-    for flag, value in (("--num-layers", args.num_layers), ("--num-filters", args.num_filters)):
-        model += [flag, str(value)] if value is not None else []
-    model += ["--dtype", args.dtype] if args.dtype != "float32" else []
+    model = ["--model", job.model, "--num-classes", str(job.num_classes), "--image-size", str(job.image_size),
+             "--batch-size", str(job.batch_size)]
+    for option, value in (("--num-layers", job.num_layers), ("--num-filters", job.num_filters)):
+        model += [option, str(value)] if value is not None else []
+    model += ["--dtype", job.dtype] if job.dtype != "float32" else []
     try:
         flags = parallel_flags(cfg)
     except ConfigError as err:
@@ -76,34 +117,24 @@ def train_command(args: argparse.Namespace, cfg: ParallelConfig) -> str:
     return shlex.join(["mpiexec", "-n", str(cfg.world_size), "python", "-m", "mpi4dl_nb", "train", *model, *flags])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.steps < 1 or args.rounds < 1 or args.top < 1:
-        parser.error("--steps, --rounds and --top must be at least 1")
-    if args.headroom is not None and not 0 <= args.headroom < 1:
-        parser.error("--headroom is a share of the limit: from 0 to below 1")
-    if ModelFamily.parse(args.model).dense:
-        parser.error(f"--model {args.model}: tune times classifiers (a class per image); a segmentation model's "
-                     f"layouts are chosen by hand for now (docs/segmentation.md)")
-    from ..comm.context import init
+def tuner_of(job: TuneJob, world_size: int) -> Tuner:
+    """The tuner of ``job`` on ``world_size`` ranks."""
     from ..measure import trials
-    from ..measure.calibration import calibrate_job
     from ..planner.memory import MB
-    from ..planner.suggest import describe_config
-    from ..planner.tune import Tuner, TuneResult
-    from .layout_cmd import refuse
+    from ..planner.suggest import SuggestOptions
+    from ..planner.tune import Tuner
 
-    ctx = init()
-    if ctx.world_size < 2:   # every rank decides alike: no rank waits for another
-        refuse("tune compares parallel configurations: run it on at least 2 ranks (mpiexec -n N, N >= 2)",
-               ctx.rank, ctx.world_size)
-    spec = trials.trial_model(args.model, args.num_layers, args.num_filters, args.num_classes, dtype=args.dtype)
-    limit = args.memory_limit_mb * MB
-    tuner = Tuner(spec, args.image_size, args.batch_size, limit, ctx.world_size, trials.here, top=args.top,
-                  steps=args.steps, rounds=args.rounds, suggest_options={"max_split": args.max_split,
-                                   **({} if args.headroom is None else {"headroom": args.headroom})})
-    network = tuner.calibrated(calibrate_job(ctx))     # the ranks' device: where the planner measures
+    spec = trials.trial_model(job.model, job.num_layers, job.num_filters, job.num_classes, dtype=job.dtype)
+    options = SuggestOptions(max_split=job.max_split)
+    if job.headroom is not None:
+        options["headroom"] = job.headroom
+    return Tuner(spec, job.image_size, job.batch_size, job.memory_limit_mb * MB, world_size, trials.here,
+                 top=job.top, steps=job.steps, rounds=job.rounds, suggest_options=options)
+
+
+def planned_on_rank0(tuner: Tuner, network: Network, ctx: Comm) -> tuple[TuneResult | None, list[Row] | None]:
+    """Rank 0 plans (the others wait): its result there, and every rank the candidates' knobs (None: a failure,
+    said once by rank 0)."""
     planned: TuneResult | None = None
     failure = None
     if ctx.rank == 0:
@@ -112,29 +143,59 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(planned.suggestions.table() if planned.suggestions is not None else "", flush=True)
         except ValueError as err:
             failure = str(err)
-    knobs = ctx.bcast_object(None if planned is None else [r.cfg.as_dict() for r in planned.candidates
-                                                              if r.cfg is not None])
+    mine: list[Row] | None = None if planned is None else [r.cfg.as_dict() for r in planned.candidates
+                                                            if r.cfg is not None]
+    knobs = ctx.bcast_object(mine)
     failure = ctx.bcast_object(failure)
-    if failure is not None:
-        if ctx.rank == 0:
-            print(f"mpi4dl_nb tune: {failure}", file=sys.stderr)
-        return 1
-    assert knobs is not None, "rank 0 planned (no failure)"
-    reference, *measured = trials.measure_interleaved(trials.here, spec, [None, *knobs], args.image_size,
-                                                    args.batch_size, args.steps, args.rounds)
-    if ctx.rank != 0 or planned is None:
-        return 0
+    if failure is not None and ctx.rank == 0:
+        print(f"mpi4dl_nb tune: {failure}", file=sys.stderr)
+    return planned, None if failure is not None else knobs
+
+
+def report(job: TuneJob, planned: TuneResult, network: Network, reference: Measured,
+           measured: Sequence[Measured]) -> int:
+    """Rank 0: predicted next to measured, the pick and its train command, the JSON file; 1 when nothing fits."""
+    from ..planner.suggest import describe_config
+
     planned.rows[0].measured = reference
     for row, result in zip(planned.candidates, measured):
         row.measured = result
-    print(f"\nnetwork: {network.describe()}; memory limit {args.memory_limit_mb:.1f} MB per rank\n")
+    print(f"\nnetwork: {network.describe()}; memory limit {job.memory_limit_mb:.1f} MB per rank\n")
     print(planned.table())
-    if args.explain:
+    if job.explain:
         print(f"\n{planned.explain() or 'no configuration was traced (tracing is off on these ranks)'}")
     if planned.best is not None and planned.best.cfg is not None:
         print(f"\nuse: {describe_config(planned.best.cfg)}  ({json.dumps(planned.best.cfg.as_dict())})")
-        print(f"train with: {train_command(args, planned.best.cfg)}")
-    if args.json:
-        with open(args.json, "w") as handle:
+        print(f"train with: {train_command(job, planned.best.cfg)}")
+    if job.json:
+        with open(job.json, "w") as handle:
             json.dump(planned.as_dict(), handle, indent=2)
     return 0 if planned.best is not None else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m mpi4dl_nb tune``: bad flags are a usage error before any rank starts."""
+    parser = tune_parser()
+    try:
+        job = tune_job(parser.parse_args(argv))
+    except ConfigError as err:
+        parser.error(str(err))
+    from ..comm.context import init
+    from ..measure import trials
+    from ..measure.calibration import calibrate_job
+    from .layout_cmd import refuse
+
+    ctx = init()
+    if ctx.world_size < 2:   # every rank decides alike: no rank waits for another
+        refuse("tune compares parallel configurations: run it on at least 2 ranks (mpiexec -n N, N >= 2)",
+               ctx.rank, ctx.world_size)
+    tuner = tuner_of(job, ctx.world_size)
+    network = tuner.calibrated(calibrate_job(ctx))     # the ranks' device: where the planner measures
+    planned, knobs = planned_on_rank0(tuner, network, ctx)
+    if knobs is None:
+        return 1
+    reference, *measured = trials.measure_interleaved(trials.here, tuner.spec, [None, *knobs], job.image_size,
+                                                    job.batch_size, job.steps, job.rounds)
+    if ctx.rank != 0 or planned is None:
+        return 0
+    return report(job, planned, network, reference, measured)

@@ -374,16 +374,16 @@ class Stepper:
     def __init__(self, schedule: Schedule, ranks: Iterable[int] | None = None) -> None:
         self.schedule = schedule
         wanted = None if ranks is None else set(ranks)
-        self._actions = [a for a in schedule.global_order() if wanted is None or a.rank in wanted]
+        self._order = [a for a in schedule.global_order() if wanted is None or a.rank in wanted]
         self._position = 0
         self.history: list[Action] = []
 
     def __len__(self) -> int:
-        return len(self._actions)
+        return len(self._order)
 
     @property
     def done(self) -> bool:
-        return self._position >= len(self._actions)
+        return self._position >= len(self._order)
 
     @property
     def position(self) -> int:
@@ -391,7 +391,7 @@ class Stepper:
 
     def peek(self) -> Action | None:
         """The next action without taking it."""
-        return None if self.done else self._actions[self._position]
+        return None if self.done else self._order[self._position]
 
     def step(self) -> Action | None:
         """Take and return the next action."""

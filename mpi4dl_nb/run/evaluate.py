@@ -1,4 +1,5 @@
-"""``dl.evaluate``: a checkpoint's network (or a model object and its checkpoint) on a dataset, any layout, in Python.
+"""``dl.evaluate``: a checkpoint's network (or a model object and its checkpoint) on a dataset, any layout, in Python;
+without a dataset, the ``evaluate`` command's job from keywords named like its flags.
 
 The same measurement as the ``evaluate`` command: every image once, forward only, with the layout of
 ``config``, scored with the run's loss, exact sums across ranks (``evaluation/evaluator.py``); the checkpoint's
@@ -10,8 +11,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import torch
 from torch import nn
@@ -24,16 +26,55 @@ from ..evaluation.evaluator import Evaluator
 from ..evaluation.metrics import Metrics
 from ..infer.model import load_trained
 from ..infer.recorded_stain import PYTHON_KNOBS, StainChoice, refusing_broken_stain
+from ..schema import flag_fields
 from ..spatial.loss import ClassCrossEntropy
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
+    from .evaluation_summary import EvaluationSummary
+
+ONE_PROCESS = ParallelConfig(split_size=1, spatial_size=0)     # dl.evaluate's layout unless given
+PARALLEL_KEYWORDS = tuple(item.flag.dest for item in flag_fields(ParallelConfig))
 
 
+@overload
 def evaluate(checkpoint: str | Path, dataset: RegionDataset, *, ctx: Comm | None = None,
              config: ParallelConfig | None = None, batch_size: int | None = None,
              model: nn.Module | Sequence[nn.Module] | None = None, dtype: torch.dtype | None = None,
-             stain_normalize: bool = True) -> Metrics:
+             stain_normalize: bool = True) -> Metrics: ...
+
+
+@overload
+def evaluate(checkpoint: str | Path, dataset: None = None, *, ctx: Comm | None = None,
+             config: ParallelConfig | None = None, **flags: object) -> EvaluationSummary | None: ...
+
+
+def evaluate(checkpoint: str | Path, dataset: RegionDataset | None = None, *, ctx: Comm | None = None,
+             config: ParallelConfig | None = None, **options: object) -> Metrics | EvaluationSummary | None:
+    """The metrics of ``checkpoint`` (a file, or a directory: its newest) on every image of ``dataset``
+    (``evaluate_dataset``); without ``dataset``, what ``python -m mpi4dl_nb evaluate`` reports for the keywords,
+    named like its flags (``app="medical", datapath="tiles", val_fraction=0.25``; ``config`` the layout, else its
+    parallelism keywords, else one process): the EvaluationSummary on rank 0, None elsewhere (collective)."""
+    if dataset is not None:
+        return evaluate_dataset(checkpoint, dataset, ctx=ctx, config=config, **options)  # type: ignore[arg-type]
+    from .evaluate_job import EvaluateJob
+    from .evaluate_run import run_evaluation
+
+    job = EvaluateJob.of(checkpoint=checkpoint, **options)
+    given = config or (job.config if any(name in options for name in PARALLEL_KEYWORDS) else ONE_PROCESS)
+    plan = replace(job, config=given).check()
+    if ctx is None:
+        from ..comm.context import init
+
+        ctx = init(backend=job.placement.backend, device=job.placement.device)
+    given.validate(world_size=ctx.world_size)
+    return run_evaluation(plan, ctx)
+
+
+def evaluate_dataset(checkpoint: str | Path, dataset: RegionDataset, *, ctx: Comm | None = None,
+                     config: ParallelConfig | None = None, batch_size: int | None = None,
+                     model: nn.Module | Sequence[nn.Module] | None = None, dtype: torch.dtype | None = None,
+                     stain_normalize: bool = True) -> Metrics:
     """The metrics of ``checkpoint`` (a file, or a directory: its newest) on every image of ``dataset``.
 
     Collective: every rank of ``ctx`` calls it (``config``'s world size; default one process,
@@ -49,7 +90,7 @@ def evaluate(checkpoint: str | Path, dataset: RegionDataset, *, ctx: Comm | None
         from ..comm.context import init
 
         ctx = init()
-    cfg = config if config is not None else ParallelConfig(split_size=1, spatial_size=0)
+    cfg = config if config is not None else ONE_PROCESS
     # without ``dtype`` the layers come in float64 (which holds either dtype exactly), then go to the run's dtype:
     # a float64 run's weights are not rounded through float32 on the way
     layers, _, record = refusing_broken_stain(checkpoint, lambda: load_trained(

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .job import TrainJob
+from .job import TrainPlan
 from .summary import TrainSummary
 
 FIGURES = ("loss", "val_loss", "val_accuracy", "val_balanced_accuracy", "val_roc_auc", "val_mean_dice",
            "val_mean_volume_dice")
 
 
-def fold_jobs(job: TrainJob) -> list[TrainJob]:
+def fold_jobs(job: TrainPlan) -> list[TrainPlan]:
     """The K jobs of ``job`` (``--folds K`` without ``--fold``): fold I held out, writing into ``<dir>/fold-I``."""
     folds = job.held_out.folds
     assert folds is not None, "a job with --folds"

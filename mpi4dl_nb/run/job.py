@@ -1,28 +1,28 @@
-"""TrainJob and EvaluateJob: everything a training or an evaluation run needs, typed, built once at the edge (from
-the command's flags or from Python keyword arguments, ``cli/train_job.py``) and read by the run alone."""
+"""TrainJob: everything ``train`` is asked, typed, as the schema of its flags and of ``dl.train``'s keywords (each
+field names its flag), checked flag by flag as it is built; its check reads the data once and gives the TrainPlan
+the runner runs (``run/job_run.py``): the network and data resolved against what it read. DataSpec: the images a
+run reads, resolved (train and evaluate)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import torch
-
-from ..checkpoint.record import DataRecord, RunRecord, SegmentationRecord, TrainingRecord
+from ..checkpoint.record import DataRecord, RunRecord, SegmentationRecord
 from ..config import ParallelConfig
 from ..data.apps import AppKind
-from ..data.augment import AugmentSpec
-from ..data.classes import class_weights
 from ..data.manifest import Cohort
 from ..data.stain import StainNormalizer, StainRequest
 from ..data.task import Task
-from ..evaluation.aggregate import Aggregation
-from ..evaluation.metrics import MetricName
 from ..models.spec import ModelSpec
-from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerSpec
-from ..spatial.loss import LossKind
-from .divergence import OnNonFinite
+from ..schema import build_job
+from .data_choice import DataChoice
+from .flag_checks import check_train_flags
+from .held_out_spec import ValidationSpec
+from .job_check import DataFound, read_data
+from .model_choice import ModelChoice
+from .run_options import CheckpointSpec, RunOptions
+from .training_spec import TrainingSpec
 
-ClassWeights = tuple[float, ...] | str | None      # one weight per class, "balanced" (from the counts), or none
+COMMAND = "train"
 
 
 @dataclass(frozen=True)
@@ -51,101 +51,63 @@ class DataSpec:
     stain_request: StainRequest | None = None    # --stain-normalize/--stain-reference (fitted once, on rank 0)
     stain: StainNormalizer | None = None         # the fitted normaliser every image is read through (None: none)
 
-
-@dataclass(frozen=True)
-class HeldOutSpec:
-    """The held-out images (a seeded share of the data, or another folder), when to evaluate, where to log."""
-
-    val_fraction: float | None = None
-    val_datapath: str | None = None
-    eval_every: int = 0
-    log_dir: str | None = None
-    group_by: str | None = None          # --group-by REGEX: tile file names' slide (None: default patterns)
-    folds: int | None = None             # --folds K: grouped stratified K-fold
-    fold: int | None = None              # --fold I: the fold held out (None with folds: every fold in turn)
-
-    @property
-    def given(self) -> bool:
-        return self.val_fraction is not None or self.val_datapath is not None or self.folds is not None
-
-    @property
-    def every_fold(self) -> bool:
-        """``--folds K`` without ``--fold``: K runs, fold by fold."""
-        return self.folds is not None and self.fold is None
-
-
-@dataclass(frozen=True)
-class TrainingSpec:
-    """How the run trains: batches, length, seed, dtype, optimizer and schedule, class weights, augmentation."""
-
-    batch_size: int = 32
-    steps: int | None = None             # None: num_epochs x batches per epoch
-    num_epochs: int = 1
-    seed: int = 0
-    dtype: str = "float32"
-    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
-    lr_schedule: LRScheduleKind = LRScheduleKind.CONSTANT
-    warmup_steps: int = 0
-    lr_step_size: int | None = None
-    lr_gamma: float = DEFAULT_GAMMA
-    class_weights: ClassWeights = None
-    augment: AugmentSpec = field(default_factory=AugmentSpec)
-    loss: LossKind = LossKind.CE         # segmentation's per-pixel loss
-    accumulate: int = 1                  # batches per optimizer step (gradient accumulation, --accumulate)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        dtype: torch.dtype = getattr(torch, self.dtype)
-        return dtype
-
-    def schedule(self, steps: int) -> LRSchedule:
-        """The learning-rate schedule of a run of ``steps`` steps."""
-        return LRSchedule(self.lr_schedule, steps, self.warmup_steps, self.lr_step_size, self.lr_gamma)
-
-    def record(self, steps: int, counts: list[int]) -> TrainingRecord:
-        """How the run trains, with ``counts`` training images (or pixels) per class for ``balanced`` weights."""
-        weights = None if self.class_weights is None else class_weights(self.class_weights, counts)
-        return TrainingRecord(self.optimizer, self.schedule(steps), self.augment, weights)
-
-
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """Where and how often checkpoints are written, which are kept, and what the run resumes from."""
-
-    directory: str | None = None
-    every: int = 0                       # 0: at each epoch end and at the end
-    keep: int = 2
-    keep_best: MetricName | None = None
-    resume: str | None = None            # a file, a directory, or "latest"
-    allow_config_change: frozenset[str] = frozenset()
-
-    @property
-    def path(self) -> Path | None:
-        return None if self.directory is None else Path(self.directory)
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How the run behaves on the ranks: the data plane and device, progress, messages, failures."""
-
-    backend: str = "auto"
-    device: str = "auto"
-    progress: bool = True
-    verbose: bool = False
-    on_nonfinite: OnNonFinite = OnNonFinite.STOP
-    step_timeout: float | None = None    # None: derived from the first steps; 0: off
+    @classmethod
+    def of(cls, data: DataChoice, found: DataFound, tissue_pool: bool) -> DataSpec:
+        """The images ``data``'s flags name, with what the check found of them (``tissue_pool``: a head pooling
+        over the tissue mask, which whole-slide canvases then carry)."""
+        volume = data.image_size if isinstance(data.image_size, tuple) else None
+        return cls(app=data.reads, datapath=data.datapath, image_size=data.side, num_samples=data.num_samples,
+                   slide_level=data.slide_level, min_tissue=data.min_tissue, mpp=data.resolution.target,
+                   source_mpp=data.resolution.source_mpp, volume_size=volume, voxel_size=data.voxel_size,
+                   num_classes=len(found.class_names), class_names=found.class_names, class_order=found.class_order,
+                   task=data.task, ignore_index=data.ignore_index, skip_bad_files=data.skip_bad_files,
+                   cohort=found.cohort, whole_slide=data.whole_slide, tissue_channel=data.whole_slide and tissue_pool,
+                   stain_request=found.stain_request)
 
 
 @dataclass(frozen=True)
 class TrainJob:
-    """A training run, whole: the layout, the network, its data and held-out images, how it trains,
-    checkpoints and run options. Built once (``cli/train_job.py``); ``run/job_run.py`` runs it."""
+    """A training run as asked: the layout, the network, its data and held-out images, how it trains, checkpoints
+    and run options; every field is a flag of ``train`` (or a group of them) and a keyword of ``dl.train``."""
+
+    config: ParallelConfig = field(default_factory=ParallelConfig)
+    model: ModelChoice = field(default_factory=ModelChoice)
+    data: DataChoice = field(default_factory=DataChoice)
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    held_out: ValidationSpec = field(default_factory=ValidationSpec)
+    checkpoints: CheckpointSpec = field(default_factory=CheckpointSpec)
+    options: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        check_train_flags(self)
+
+    @classmethod
+    def of(cls, **keywords: object) -> TrainJob:
+        """The job ``train`` would be given by the flags these keywords name (``num_layers=8`` for
+        ``--num-layers 8``): the same defaults and checks; ConfigError for a keyword no flag has."""
+        return build_job(cls, keywords, COMMAND)
+
+    def check(self) -> TrainPlan:
+        """The job against its device and data, read once, before any rank talks (ConfigError naming the flag and
+        the fix): the plan the runner runs, holding what was read."""
+        self.options.placement.check()
+        found = read_data(self)
+        model = self.model.spec(len(found.class_names), found.in_channels)
+        return TrainPlan(self.config, model, DataSpec.of(self.data, found, model.pool.tissue), self.training,
+                         self.held_out, self.checkpoints, self.options)
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """A checked TrainJob: its layout, training, held-out, checkpoint and run settings, with the network and the
+    data resolved against what its check read (classes, cohort, stain request, channels). ``run/job_run.py`` runs
+    it, from the command line and ``dl.train`` alike."""
 
     config: ParallelConfig
     model: ModelSpec
     data: DataSpec = field(default_factory=DataSpec)
     training: TrainingSpec = field(default_factory=TrainingSpec)
-    held_out: HeldOutSpec = field(default_factory=HeldOutSpec)
+    held_out: ValidationSpec = field(default_factory=ValidationSpec)
     checkpoints: CheckpointSpec = field(default_factory=CheckpointSpec)
     options: RunOptions = field(default_factory=RunOptions)
 
@@ -167,35 +129,3 @@ class TrainJob:
         if self.data.task.dense:
             found["loss"] = f"{self.training.loss}, ignore {self.data.ignore_index}"
         return found
-
-
-@dataclass(frozen=True)
-class EvaluateJob:
-    """An evaluation of a checkpoint: the file, the layout, and what the flags give of the data, the held-out
-    images, batch, dtype and seed (None: the checkpoint's; ``cli/evaluate_cmd.py`` resolves them against its
-    record)."""
-
-    checkpoint: str
-    config: ParallelConfig
-    checkpoint_select: str = "latest"
-    app: AppKind | None = None
-    datapath: str | None = None
-    image_size: int | None = None
-    num_samples: int = 256
-    slide_level: int | None = None
-    mpp: float | None = None             # --mpp or --magnification
-    source_mpp: float | None = None
-    min_tissue: float = 0.5
-    held_out: HeldOutSpec = field(default_factory=HeldOutSpec)
-    all_data: bool = False
-    batch_size: int | None = None
-    dtype: str | None = None
-    seed: int | None = None
-    task: Task | None = None             # refuse a checkpoint of the other task (None: the checkpoint's)
-    model: str | None = None             # refuse a checkpoint of another network
-    model_flags: tuple[tuple[str, str, object], ...] = ()   # (flag, ModelSpec field, value given): must match
-    options: RunOptions = field(default_factory=RunOptions)
-    cohort: Cohort | None = None         # --cohort: the slides to evaluate (labels checked once the model is known)
-    aggregate: Aggregation = field(default_factory=Aggregation)    # slide/patient level: how tiles aggregate
-    slide_csv: str | None = None         # --slide-csv: the per-slide table
-    stain_normalize: bool = True         # read through the checkpoint's stain normaliser (--no-stain-normalize)

@@ -20,8 +20,10 @@ from ..data.volume_dataset import VolumeFolderDataset
 from ..data.volume_groups import PATIENTS_FILE
 from ..evaluation.grouped import GroupedSplit, split_by_side, split_fold, split_grouped
 from ..evaluation.split import Subset, split_listing
+from .held_out_spec import HeldOutSpec
 from .identity import digest
-from .job import ClassWeights, DataSpec, HeldOutSpec
+from .job import DataSpec
+from .training_spec import ClassWeights
 
 Checker = Callable[[Path], str | None]
 VOLUME_FOLDERS = (VolumeFolderDataset, VolumeClassDataset)   # volumes: split whole, each side a dataset of its own

@@ -1,4 +1,4 @@
-"""A TrainJob turned into its run, the same from the command line and from Python: the model, checkpoint directory,
+"""A TrainPlan turned into its run, the same from the command line and ``dl.train``: the model, checkpoint directory,
 data check, dataset and held-out split, record and identity, resume, run id, then engine, evaluator and Trainer."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..checkpoint.record import RunRecord
 from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
 from ..data.canvas import SlideCanvases
-from .job import TrainJob
+from .job import TrainJob, TrainPlan
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,7 +38,7 @@ def say_once(ctx: Comm, text: str) -> None:
 class JobSetup:
     """Everything a run needs, built before any training collective, in stages every rank agrees on."""
 
-    def __init__(self, job: TrainJob, ctx: Comm) -> None:
+    def __init__(self, job: TrainPlan, ctx: Comm) -> None:
         self.job = job
         self.ctx = ctx
         self.record: RunRecord = volume_record(job.record(), job)
@@ -78,7 +78,7 @@ class JobSetup:
             state = sum(t.numel() * t.element_size() for t in tensors)
             files = 2 if job.checkpoints.keep_best else 1        # the newest and the best one
             prepare_directory(directory, files * estimate_checkpoint_bytes(
-                state, len(tensors), job.training.optimizer.state_slots))
+                state, len(tensors), job.training.optimizer.spec.state_slots))
 
     def open_data(self, exclude: Sequence[Path] = (), exclude_held_out: Sequence[Path] = ()) -> None:
         """The dataset (without ``exclude``; the held-out folder without ``exclude_held_out``), its split, the
@@ -185,7 +185,7 @@ class JobSetup:
             other_task = task_mismatch(saved_task(saved), self.job.data.task)
             if other_task is not None:
                 return other_task
-            refused = current.refused_changes(RunIdentity.from_dict(saved), checkpoints.allow_config_change)
+            refused = current.refused_changes(RunIdentity.from_dict(saved), checkpoints.allowed_changes)
             if not refused:
                 return None
             return (f"another configuration: {describe_changes(refused)}; pass --allow-config-change "
@@ -220,7 +220,7 @@ class JobSetup:
             say_once(self.ctx, selection.report())
 
 
-def volume_record(record: RunRecord, job: TrainJob) -> RunRecord:
+def volume_record(record: RunRecord, job: TrainPlan) -> RunRecord:
     """``record`` with a volume run's patch (D, H, W), voxel size and tile grid (unchanged for images)."""
     data = job.data
     if data.volume_size is None:
@@ -242,7 +242,7 @@ def check_log_dir(path: str) -> None:
         raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
 
 
-def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
+def checked_files(job: TrainPlan, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
     """One path's data check (collective): the files to leave out (none), or SetupFailed naming ``role``'s flag
     (a missing path; bad files unless ``skip_bad_files``)."""
     from .data_check import check_data
@@ -259,7 +259,7 @@ def checked_files(job: TrainJob, ctx: Comm, datapath: str | None, role: DataRole
     return report.bad_paths
 
 
-def fitted_stain(job: TrainJob, ctx: Comm) -> TrainJob:
+def fitted_stain(job: TrainPlan, ctx: Comm) -> TrainPlan:
     """``job`` with its stain normaliser fitted once, on rank 0, and broadcast (collective; unchanged without one)."""
     request = job.data.stain_request
     if request is None:
@@ -270,7 +270,7 @@ def fitted_stain(job: TrainJob, ctx: Comm) -> TrainJob:
     return replace(job, data=replace(job.data, stain=fitted))
 
 
-def prepare(job: TrainJob, ctx: Comm) -> JobSetup:
+def set_up_run(job: TrainPlan, ctx: Comm) -> JobSetup:
     """Set-up in stages that every rank agrees on (SetupFailed on every rank otherwise): model and checkpoint
     directory, data check, dataset, resume."""
     from .data_check import DataRole
@@ -317,9 +317,9 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                    run_id=shared_run_id(ctx, setup.run_id), monitor=monitor, guard=guard, evaluator=evaluator)
 
 
-def start(job: TrainJob, ctx: Comm, monitor: JobMonitor | None) -> Trainer:
+def started_trainer(job: TrainPlan, ctx: Comm, monitor: JobMonitor | None) -> Trainer:
     """The job's Trainer, set up (collective): restored from the checkpoint it resumes, its metrics log open."""
-    setup = prepare(job, ctx)
+    setup = set_up_run(job, ctx)
     trainer = build_trainer(setup, monitor)
     if job.checkpoints.resume is not None:
         step = trainer.restore(setup.selection.checkpoint if setup.selection is not None else None)
@@ -335,7 +335,20 @@ def start(job: TrainJob, ctx: Comm, monitor: JobMonitor | None) -> Trainer:
     return trainer
 
 
-def run_job(job: TrainJob, ctx: Comm, monitor: JobMonitor | None = None) -> TrainSummary | None:
+def run_job(job: TrainPlan, ctx: Comm, monitor: JobMonitor | None = None) -> TrainSummary | None:
     """Set up and train (collective); the summary on rank 0. SetupFailed (every rank, one message) when set-up
     is refused; NonFiniteError or CheckpointWriteError (every rank) when the run stops."""
-    return start(job, ctx, monitor).run()
+    return started_trainer(job, ctx, monitor).run()
+
+
+def train(**keywords: object) -> TrainSummary | None:
+    """``dl.train``: run ``train`` from Python on every rank of the job (collective): the keyword arguments name its
+    flags (``model="resnet", num_layers=8, val_fraction=0.25, checkpoint_dir="ckpt"``); returns the TrainSummary on
+    rank 0 (None elsewhere). ConfigError for a setting refused before any rank talks, SetupFailed (every rank, one
+    message) for a set-up refused on some rank."""
+    from ..comm.context import init
+
+    plan = TrainJob.of(**keywords).check()
+    ctx = init(backend=plan.options.backend, device=plan.options.device)
+    plan.config.validate(world_size=ctx.world_size)
+    return run_job(plan, ctx)

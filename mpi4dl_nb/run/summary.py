@@ -13,6 +13,21 @@ from ..evaluation.metrics import Metrics
 from ..evaluation.pixel_metrics import SegmentationMetrics
 
 
+def config_as_run(knobs: Mapping[str, object]) -> dict[str, object]:
+    """A configuration's knobs (``ParallelConfig.as_dict``) as the run used them: without a spatial stage no tile
+    layout (``slice_method`` None, one part); a volume's tiles as their DxRxC grid, a grid given as rows x cols by
+    that grid alone (``slice_method`` None)."""
+    ran = dict(knobs)
+    volume, grid = ran.get("volume_grid"), ran.get("grid")
+    if not ran.get("spatial_size"):
+        ran.update(slice_method=None, num_spatial_parts=1)
+    elif isinstance(volume, (list, tuple)):
+        ran["slice_method"] = "x".join(map(str, volume))
+    elif grid is not None:
+        ran["slice_method"] = None
+    return ran
+
+
 def finite_or_none(value: float) -> float | None:
     """``value``, or None for NaN/inf (JSON has no NaN)."""
     return value if math.isfinite(value) else None
@@ -116,7 +131,7 @@ class TrainSummary:
             "checkpoint": self.checkpoint,
             **(self.validation.as_dict() if self.validation is not None else {}),
             **({"best": self.best.to_dict(), "best_checkpoint": self.best_checkpoint} if self.best is not None else {}),
-            "config": dict(self.config),
+            "config": config_as_run(self.config),
         }
 
     def __getitem__(self, key: str) -> object:

@@ -110,7 +110,7 @@ def test_bad_models_exit_2_naming_the_problem(capsys, weights, argv, message):
 
 def test_help_says_what_resnet_is(capsys):
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["--help"])
+        cli.train_parser().parse_args(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "MPI4DL's CIFAR-style ResNet: 3 stages, stride 4" in shown and "torchvision:resnet50" in shown
 

@@ -11,8 +11,9 @@ import mpi4dl_nb.pipeline.engine as engine_module
 import mpi4dl_nb.run.monitor as monitor_module
 import mpi4dl_nb.run.trainer as train_module
 from mpi4dl_nb.cli import train_cmd as cli
-from mpi4dl_nb.cli.args import PARALLEL_FLAGS, config_from_args, parse_balance
+from mpi4dl_nb.cli.args import PARALLEL_FLAGS, config_from_args
 from mpi4dl_nb.comm.handles import Group
+from mpi4dl_nb.config import parse_balance
 from mpi4dl_nb.data import Cifar10Dataset, IHCSampleDataset, SyntheticDataset, TileFolderDataset
 from mpi4dl_nb.models.amoebanet import AmoebaCell
 
@@ -55,7 +56,7 @@ def launch(monkeypatch):
     """Run ``cli.main(argv)`` in-process as rank 0 of a job of the configuration's size."""
     def run(argv: list[str]) -> dict:
         seen: dict = {}
-        parsed_cfg = config_from_args(cli.build_parser().parse_args(argv))
+        parsed_cfg = config_from_args(cli.train_parser().parse_args(argv))
         size = parsed_cfg.world_size
         monkeypatch.setattr(cli_layout, "launched_world", lambda: (0, size, True))
         monkeypatch.setattr(comm_context, "init", lambda backend="auto", device="auto": FakeContext(size),
@@ -110,7 +111,7 @@ def test_parallel_table_covers_every_flag():
 @pytest.mark.parametrize("argv,field,value", PARALLEL_CASES,
                          ids=[" ".join(c[0]) for c in PARALLEL_CASES])
 def test_parallel_flag_reaches_engine(launch, argv, field, value):
-    default = getattr(config_from_args(cli.build_parser().parse_args(SMALL)), field)
+    default = getattr(config_from_args(cli.train_parser().parse_args(SMALL)), field)
     assert default != value
     seen = launch(SMALL + argv)
     assert getattr(seen["engine"].cfg, field) == value
@@ -169,7 +170,7 @@ def test_workload_flags_reach_trainer(launch, tmp_path):
 def test_balance_and_app_parsing(capsys):
     assert parse_balance("3, 4,5") == (3, 4, 5) and parse_balance("[2,2]") == (2, 2)
     assert parse_balance("None") is None
-    parser = cli.build_parser()
+    parser = cli.train_parser()
     for bad in (["--balance", "a,b"], ["--app", "4"], ["--slice-method", "diagonal"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mpi4dl_nb.cli import device_flags, evaluate_cmd, infer_cmd
+from mpi4dl_nb.cli import evaluate_cmd, infer_cmd
 from mpi4dl_nb.cli import train_cmd as cli
 from mpi4dl_nb.comm import device
 from mpi4dl_nb.comm.launcher import rank_environment
@@ -21,25 +21,30 @@ SMALL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--n
 
 
 def parse(*extra: str):
-    return cli.build_parser().parse_args(SMALL + list(extra))
+    return cli.train_parser().parse_args(SMALL + list(extra))
+
+
+def check(*extra: str) -> None:
+    """``train``'s check of ``SMALL`` and ``extra`` (ConfigError naming the flag)."""
+    cli.train_plan(parse(*extra))
 
 
 @pytest.mark.parametrize("reason", ["this torch (2.13.0+cpu) was built without CUDA; install ...",
                                     "torch 2.13.0 has CUDA 12.6 but no CUDA device is visible"])
 def test_cuda_device_or_nccl_refused_naming_what_is_missing(monkeypatch, reason):
-    monkeypatch.setattr(device_flags, "cuda_unavailable_reason", lambda: reason)
+    monkeypatch.setattr(device, "cuda_unavailable_reason", lambda: reason)
     for flags, knob in ((("--device", "cuda"), "--device"), (("--backend", "nccl"), "--backend")):
         with pytest.raises(ConfigError) as error:
-            cli.check_run_args(parse(*flags))
+            check(*flags)
         assert error.value.knob == knob and reason in str(error.value) and "--device cpu" in str(error.value)
-    cli.check_run_args(parse("--device", "auto", "--backend", "gloo"))     # CPU choices pass
+    check("--device", "auto", "--backend", "gloo")     # CPU choices pass
 
 
 def test_gloo_with_cuda_refused(monkeypatch):
-    monkeypatch.setattr(device_flags, "cuda_unavailable_reason", lambda: None)   # as if a GPU were there
-    cli.check_run_args(parse("--device", "cuda", "--backend", "nccl"))
+    monkeypatch.setattr(device, "cuda_unavailable_reason", lambda: None)   # as if a GPU were there
+    check("--device", "cuda", "--backend", "nccl")
     with pytest.raises(ConfigError, match="gloo moves CPU tensors"):
-        cli.check_run_args(parse("--device", "cuda", "--backend", "gloo"))
+        check("--device", "cuda", "--backend", "gloo")
 
 
 @pytest.mark.skipif(device.cuda_unavailable_reason() is None, reason="this machine has a usable GPU")
@@ -63,14 +68,16 @@ def test_context_refuses_cuda_and_mismatched_backends_here():
 
 
 def test_evaluate_and_infer_take_the_same_device_flags():
-    """The three commands share one definition: same choices, defaults and check (read through argparse's public
-    face: a parser generated from a job's fields checks choices in its type, not in ``choices``)."""
-    for build in (cli.build_parser, evaluate_cmd.build_parser, infer_cmd.build_parser):
-        parser = build()
-        assert parser.get_default("device") == "auto" and parser.get_default("backend") == "auto"
-        shown = " ".join(parser.format_help().split())
-        assert f"--device {{{','.join(device.DEVICES)}}}" in shown
-        assert f"--backend {{{','.join(device.BACKENDS)}}}" in shown
+    """The three commands share one definition: same choices, defaults and check (train's and evaluate's jobs hold
+    the one DeviceChoice; every parser offers its choices and default)."""
+    from mpi4dl_nb.run.evaluate_job import EvaluateJob
+    from mpi4dl_nb.run.job import TrainJob
+
+    assert TrainJob().options.placement == EvaluateJob.of(checkpoint="x").placement == device.DeviceChoice()
+    for build in (cli.train_parser, evaluate_cmd.evaluate_parser, infer_cmd.infer_parser):
+        shown = " ".join(build().format_help().split())
+        assert "--device {auto,cpu,cuda}" in shown and "--backend {auto,mpi,gloo,nccl}" in shown, build
+        assert "(default: auto)" in shown
 
 
 @pytest.mark.skipif(device.cuda_unavailable_reason() is None, reason="this machine has a usable GPU")

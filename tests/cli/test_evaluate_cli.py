@@ -161,9 +161,9 @@ def test_evaluate_refuses_another_model_and_another_split(trained, capsys):
     (["--val-datapath", "/x"], "--val-datapath: --app synthetic reads no files"),
 ])
 def test_bad_evaluation_flags_refused(argv, words):
-    args = cli.build_parser().parse_args(argv)
+    args = cli.train_parser().parse_args(argv)
     with pytest.raises(ConfigError) as err:
-        cli.check_run_args(args)
+        cli.train_plan(args)
     assert words in str(err.value)
 
 
@@ -183,7 +183,7 @@ def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsy
     ``--balance`` that puts them on the tiles is refused, naming that cut."""
     from types import SimpleNamespace
 
-    from mpi4dl_nb.cli.args import config_from_args
+    from mpi4dl_nb.run.evaluate_run import Evaluation
 
     model = ["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8", "--image-size", "64"]
     assert cli.main([*model, "--batch-size", "2", "--num-samples", "4", "--no-progress", "--split-size", "1",
@@ -191,9 +191,8 @@ def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsy
     capsys.readouterr()
     for flags, refused in ((["--slice-method", "square"], False), (["--slice-method", "vertical"], False),
                            (["--slice-method", "vertical", "--balance", "6,3"], True)):
-        args = evaluate_cmd.build_parser().parse_args(["--checkpoint", str(tmp_path), *flags])
-        evaluation = evaluate_cmd.Evaluation(evaluate_cmd.evaluate_job(args, config_from_args(args)),
-                                             ctx=SimpleNamespace(rank=0))
+        args = evaluate_cmd.evaluate_parser().parse_args(["--checkpoint", str(tmp_path), *flags])
+        evaluation = Evaluation(evaluate_cmd.evaluate_plan(args), ctx=SimpleNamespace(rank=0))
         if not refused:
             evaluation.load()
             continue

@@ -18,7 +18,6 @@ from PIL import Image
 
 from mpi4dl_nb.checkpoint.record import RECORD_KEY, read_checkpoint
 from mpi4dl_nb.cli import evaluate_cmd
-from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.data import ihc_image
 from mpi4dl_nb.data.stain_reads import stain_of
 from mpi4dl_nb.errors import ConfigError
@@ -95,12 +94,12 @@ def held(trained):
 
 def held_out_as_stored(checkpoint: Path):
     """The held-out images of the run of ``checkpoint``, read as stored."""
-    from mpi4dl_nb.cli.evaluate_cmd import resolved_data, resolved_held_out
-    from mpi4dl_nb.run.job import EvaluateJob
+    from mpi4dl_nb.run.evaluate_job import EvaluateJob, EvaluatePlan
+    from mpi4dl_nb.run.evaluate_run import resolved_data, resolved_held_out
     from mpi4dl_nb.run.job_data import dataset_from, held_out_data
 
     record = read_checkpoint(find_checkpoint(checkpoint)).record
-    job = EvaluateJob(str(checkpoint), ParallelConfig(split_size=1, spatial_size=0))
+    job = EvaluatePlan(EvaluateJob.of(checkpoint=str(checkpoint), split_size=1, spatial_size=0), str(checkpoint))
     data, held_out = replace(resolved_data(job, record), stain=None), resolved_held_out(job, record)
     _, held, _, _ = held_out_data(data, held_out, record.seed, dataset_from(data, record.seed, data.datapath))
     assert held is not None

@@ -110,7 +110,8 @@ def test_class_folders_set_the_classes_and_a_disagreeing_count_is_refused_first(
 def test_bad_fine_tuning_flags_are_refused_before_any_rank_talks(capsys, argv, says):
     code, out, err = run(cli.main, capsys, [*MODEL, "--image-size", "16", "--num-classes", "2", "--steps", "3",
                                             *argv])
-    assert code == 2 and not out and f"configuration error: {says}" in err, err
+    said = err.replace("error: argument --", "configuration error: --")      # a bad flag value: a usage error
+    assert code == 2 and not out and f"configuration error: {says}" in said and len(err.splitlines()) <= 2, err
 
 
 def test_roc_auc_needs_two_classes(capsys):
@@ -161,11 +162,11 @@ def test_a_missing_checkpoint_is_named_before_a_wrong_rank_count(capsys, monkeyp
                                  ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, grid=(2, 1),
                                                 halo_d2=True, fused_layers=2)])
 def test_tune_prints_a_train_command_that_gives_its_pick(cfg):
-    args = tune_cmd.build_parser().parse_args(["--memory-limit-mb", "100", "--num-layers", "11", "--dtype",
-                                               "float64"])
-    line = shlex.split(tune_cmd.train_command(args, cfg))
+    job = tune_cmd.tune_job(tune_cmd.tune_parser().parse_args(["--memory-limit-mb", "100", "--num-layers", "11",
+                                                               "--dtype", "float64"]))
+    line = shlex.split(tune_cmd.train_command(job, cfg))
     assert line[:3] == ["mpiexec", "-n", str(cfg.world_size)]
-    parsed = cli.build_parser().parse_args(line[line.index("train") + 1:])
+    parsed = cli.train_parser().parse_args(line[line.index("train") + 1:])
     assert (parsed.num_layers, parsed.dtype, parsed.num_classes, parsed.image_size) == (11, "float64", 2, 128)
     back = config_from_args(parsed)
     assert back.grid_shape == cfg.grid_shape

@@ -141,7 +141,8 @@ def test_bad_validation_files_refused_up_front_or_skipped(capsys, tmp_path):
 def test_held_out_data_names_the_validation_flag(tmp_path):
     """``evaluate`` shares held_out_data: a missing --val-datapath is named as such there too."""
     from mpi4dl_nb.data.apps import AppKind
-    from mpi4dl_nb.run.job import DataSpec, HeldOutSpec
+    from mpi4dl_nb.run.held_out_spec import HeldOutSpec
+    from mpi4dl_nb.run.job import DataSpec
     from mpi4dl_nb.run.job_data import held_out_data
 
     data = DataSpec(app=AppKind.MEDICAL, num_classes=2, num_samples=8)

@@ -86,9 +86,9 @@ def test_bad_annotations_are_refused_naming_the_file_and_the_feature(tmp_path, c
     ([*UNET, "--app", "medical", "--class-weights", "1,2,3"], "--class-weights", "3 weights for 2 classes"),
 ])
 def test_bad_segmentation_flags_are_refused(argv, flag, fragment):
-    args = cli.build_parser().parse_args(argv)
+    args = cli.train_parser().parse_args(argv)
     with pytest.raises(ConfigError) as err:
-        cli.check_run_args(args)
+        cli.train_plan(args)
     assert err.value.knob == flag and fragment in str(err.value)
 
 
@@ -101,14 +101,14 @@ def test_a_mask_folder_or_annotated_slides_need_their_class_flags(tmp_path):
                                  ([*UNET, "--datapath", str(slides)], "--classes", "annotated slides"),
                                  (["--datapath", str(data), "--app", "medical"], "--datapath", "--task segmentation")):
         with pytest.raises(ConfigError) as err:
-            cli.check_run_args(cli.build_parser().parse_args(argv))
+            cli.train_plan(cli.train_parser().parse_args(argv))
         assert err.value.knob == flag and fragment in str(err.value)
 
 
 def test_class_folders_for_segmentation_say_they_hold_one_label_per_image(tmp_path):
     write_tiles(tmp_path, per_class=2, classes=("a", "b"))
     with pytest.raises(ConfigError) as err:
-        cli.check_run_args(cli.build_parser().parse_args([*UNET, "--datapath", str(tmp_path)]))
+        cli.train_plan(cli.train_parser().parse_args([*UNET, "--datapath", str(tmp_path)]))
     assert err.value.knob == "--task" and "drop --task segmentation" in str(err.value)
     assert "--classes" not in str(err.value)
 
@@ -116,11 +116,11 @@ def test_class_folders_for_segmentation_say_they_hold_one_label_per_image(tmp_pa
 def test_a_suggested_keep_best_metric_is_accepted():
     argv = [*UNET, "--app", "medical", "--val-fraction", "0.5", "--checkpoint-dir", "x"]
     with pytest.raises(ConfigError) as err:
-        cli.check_run_args(cli.build_parser().parse_args([*argv, "--keep-best", "val_roc_auc"]))
+        cli.train_plan(cli.train_parser().parse_args([*argv, "--keep-best", "val_roc_auc"]))
     suggested = str(err.value).split("use one of ")[1].split(", ")
     assert suggested and "val_balanced_accuracy" not in suggested
     for metric in suggested:
-        cli.check_run_args(cli.build_parser().parse_args([*argv, "--keep-best", metric]))
+        cli.train_plan(cli.train_parser().parse_args([*argv, "--keep-best", metric]))
 
 
 def test_a_checkpoint_of_one_task_is_refused_by_the_other(tmp_path, capsys):
@@ -137,19 +137,23 @@ def test_a_checkpoint_of_one_task_is_refused_by_the_other(tmp_path, capsys):
 
 
 def test_evaluate_refuses_a_checkpoint_of_the_other_task():
+    from types import SimpleNamespace
+
     from mpi4dl_nb.checkpoint.record import DataRecord, RunRecord
-    from mpi4dl_nb.cli import evaluate_cmd
-    from mpi4dl_nb.cli.segmentation_flags import check_checkpoint_task
     from mpi4dl_nb.data.apps import AppKind
     from mpi4dl_nb.data.task import Task
     from mpi4dl_nb.models.spec import ModelSpec
+    from mpi4dl_nb.run.evaluate_job import EvaluateJob, EvaluatePlan
+    from mpi4dl_nb.run.evaluate_run import Evaluation
+
+    def evaluation(**keywords: object) -> Evaluation:
+        return Evaluation(EvaluatePlan(EvaluateJob.of(checkpoint="x", **keywords), "x"), SimpleNamespace(rank=0))
 
     data = DataRecord(AppKind.MEDICAL, 32, 2)
     segmentation = RunRecord(ModelSpec.of("unet", num_classes=3), data, task=Task.SEGMENTATION)
     classifier = RunRecord(ModelSpec.of("resnet", num_classes=3), data)
     for record, wanted, theirs in ((segmentation, "classification", "segmentation"),
                                    (classifier, "segmentation", "classification")):
-        args = evaluate_cmd.build_parser().parse_args(["--checkpoint", "x", "--task", wanted])
         with pytest.raises(ConfigError, match=f"is a {theirs} checkpoint, not {wanted}: use --task {theirs}"):
-            check_checkpoint_task(args, record, "--checkpoint x")
-        check_checkpoint_task(evaluate_cmd.build_parser().parse_args(["--checkpoint", "x"]), record, "x")
+            evaluation(task=wanted).check_record(record, "--checkpoint x")
+        evaluation().check_record(record, "x")

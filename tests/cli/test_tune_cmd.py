@@ -56,7 +56,7 @@ def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     assert any(line.startswith("use: ") and json.dumps(table["picked"]) in line for line in lines)
     command = shlex.split(next(line for line in lines if line.startswith("train with: "))[len("train with: "):])
     assert command[:3] == ["mpiexec", "-n", "3"]             # the pick as train flags, which parse back to it
-    back = config_from_args(train_cmd.build_parser().parse_args(command[command.index("train") + 1:])).as_dict()
+    back = config_from_args(train_cmd.train_parser().parse_args(command[command.index("train") + 1:])).as_dict()
     layout_only = ("grid", "slice_method")     # a grid the tuner names as rows x cols comes back as its slice method
     assert {k: v for k, v in back.items() if k not in layout_only} == \
         {k: v for k, v in table["picked"].items() if k not in layout_only}

@@ -81,7 +81,7 @@ def test_a_small_volume_and_flat_images_are_refused_naming_each_file(tmp_path, c
     ("", ["--model", "resnet"], "--image-size: 16,16,16 is a volume's patch but --model resnet takes images"),
     ("", ["--app", "cifar"], "--app: CIFAR-10 holds images, not volumes"),
     ("", ["--classes", "benign,tumour,normal"], "--classes: normal: no such class folder"),
-    ("", ["--augment", "flips"], "--augment: does not apply to volumes yet"),
+    ("", ["--augment", "flip"], "--augment: does not apply to volumes yet"),
     ("", ["--split-size", "1", "--spatial-size", "1"], "--spatial-size: --model resnet3d gives one class per volume, "
                                                        "a loss that cannot be taken on tiles: keep a layer stage"),
 ])

@@ -2,16 +2,13 @@
 tile; bad label volumes and 2-D images refused before the first step naming the file; the volume flags checked."""
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 
 from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli import evaluate_cmd, layout_cmd
-from mpi4dl_nb.cli.image_size import image_size_arg
-from mpi4dl_nb.cli.volume_flags import voxel_size_arg
 from mpi4dl_nb.evaluation.pixel_metrics import sample_dice
+from mpi4dl_nb.run.data_choice import parse_image_size, parse_voxel_size
 from tests.support.battery import shared_job
 from tests.support.requirements import VOLUMES_EXTRA, required_module
 from tests.support.summary import json_record
@@ -73,14 +70,14 @@ def test_volume_flags_that_do_not_fit_are_refused(tmp_path, capsys, flags, words
 
 
 def test_image_and_voxel_size_flags_parse():
-    assert image_size_arg("32") == 32 and image_size_arg("8, 16,24") == (8, 16, 24)
-    assert voxel_size_arg("2") == (2.0, 2.0, 2.0) and voxel_size_arg("2,0.5,0.5") == (2.0, 0.5, 0.5)
+    assert parse_image_size("32") == 32 and parse_image_size("8, 16,24") == (8, 16, 24)
+    assert parse_voxel_size("2") == (2.0, 2.0, 2.0) and parse_voxel_size("2,0.5,0.5") == (2.0, 0.5, 0.5)
     for bad in ("8,16", "8,0,8", "a"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            image_size_arg(bad)
+        with pytest.raises(ValueError, match="D,H,W"):
+            parse_image_size(bad)
     for bad in ("1,2", "0", "x"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            voxel_size_arg(bad)
+        with pytest.raises(ValueError, match="Z,Y,X"):
+            parse_voxel_size(bad)
 
 
 RESUMABLE = [*UNET3D[:UNET3D.index("--image-size")], "--image-size", "4,8,8", "--batch-size", "1", "--no-progress",

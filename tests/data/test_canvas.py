@@ -105,9 +105,9 @@ def test_a_slide_without_tissue_is_refused_naming_it(tmp_path):
     (["--task", "segmentation", "--model", "unet", "--app", "medical"], "learns slide labels"),
 ])
 def test_whole_slide_without_slide_labels_is_refused(extra, fragment):
-    args = cli.build_parser().parse_args(["--whole-slide", *extra])
+    args = cli.train_parser().parse_args(["--whole-slide", *extra])
     with pytest.raises(ConfigError) as err:
-        cli.check_run_args(args)
+        cli.train_plan(args)
     assert err.value.knob == "--whole-slide" and fragment in str(err.value)
 
 
@@ -119,9 +119,9 @@ def test_whole_slide_on_a_slide_tiles_or_unlabelled_slides_is_refused(tmp_path, 
         (tiles / name).write_bytes(b"")
     for datapath, fragment in ((slides[0].path, "is one slide"), (tmp_path / "tiles", "holds image tiles"),
                                (slides[0].path.parent, "slides directly in the folder")):
-        args = cli.build_parser().parse_args(["--whole-slide", "--app", "medical", "--datapath", str(datapath)])
+        args = cli.train_parser().parse_args(["--whole-slide", "--app", "medical", "--datapath", str(datapath)])
         with pytest.raises(ConfigError) as err:
-            cli.check_run_args(args)
+            cli.train_plan(args)
         assert err.value.knob == "--whole-slide" and fragment in str(err.value)
 
 

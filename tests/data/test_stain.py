@@ -3,8 +3,6 @@ matches lαβ statistics, any box of an image reads as the same box of the whole
 round-trips through a checkpoint record, and the flags are refused with the fix."""
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 import torch
@@ -204,9 +202,9 @@ def test_the_checkpoint_record_keeps_the_normaliser(normalizers):
         StainNormalizer.from_dict({"method": "macenko", "first": [1.0, 2.0], "second": [1.0, 2.0]})
 
 
-def flags(**given) -> argparse.Namespace:
-    values = {"stain_normalize": None, "stain_reference": None, "app": "medical"}
-    return argparse.Namespace(**{**values, **given})
+def flags(**given: object) -> dict[str, object]:
+    """``train``'s stain flags as ``dl.train`` keywords (``--app medical`` unless given)."""
+    return {"app": "medical", **given}
 
 
 @pytest.mark.parametrize("given, message", [
@@ -217,27 +215,22 @@ def flags(**given) -> argparse.Namespace:
                                                                         "a file"),
 ])
 def test_flags_are_refused_with_the_fix(tmp_path, monkeypatch, given, message):
-    from mpi4dl_nb.cli.stain_flags import check_stain_args
+    from mpi4dl_nb.run.job import TrainJob
 
     monkeypatch.chdir(tmp_path)
     save(tmp_path / "x.png", stained_image(HAEMATOXYLIN, EOSIN))
     with pytest.raises(ConfigError) as err:
-        check_stain_args(flags(**given))
+        TrainJob.of(**flags(**given)).check()
     assert message in str(err.value)
 
 
 def test_flags_give_the_request(tmp_path):
-    from mpi4dl_nb.cli.stain_flags import check_stain_args
-    from mpi4dl_nb.cli.train_flags import build_parser
+    from mpi4dl_nb.run.job import TrainJob
 
     path = save(tmp_path / "x.png", stained_image(HAEMATOXYLIN, EOSIN))
-    args = build_parser().parse_args(["--app", "medical", "--stain-normalize", "macenko", "--stain-reference",
-                                      str(path)])
-    check_stain_args(args)
-    assert args.stain_request.method is StainMethod.MACENKO and args.stain_request.reference == str(path)
-    none = build_parser().parse_args([])
-    check_stain_args(none)
-    assert none.stain_request is None
+    request = TrainJob.of(**flags(stain_normalize="macenko", stain_reference=str(path))).check().data.stain_request
+    assert request is not None and request.method is StainMethod.MACENKO and request.reference == str(path)
+    assert TrainJob.of().check().data.stain_request is None
 
 
 def test_a_large_image_is_estimated_from_a_fixed_overview(normalizers):

@@ -54,14 +54,14 @@ def test_infer_command_flag_turns_it_off(stained_run, capsys):
 
 
 def test_evaluate_reads_through_the_checkpoints_normaliser(stained_run):
-    from mpi4dl_nb.cli.evaluate_cmd import resolved_data
-    from mpi4dl_nb.config import ParallelConfig
-    from mpi4dl_nb.run.job import EvaluateJob
+    from mpi4dl_nb.run.evaluate_job import EvaluateJob, EvaluatePlan
+    from mpi4dl_nb.run.evaluate_run import resolved_data
     from mpi4dl_nb.run.job_data import dataset_from
 
     _, checkpoint, _ = stained_run
     record = read_checkpoint(find_checkpoint(checkpoint)).record
-    data = resolved_data(EvaluateJob(str(checkpoint), ParallelConfig(split_size=1, spatial_size=0)), record)
+    job = EvaluateJob.of(checkpoint=str(checkpoint), split_size=1, spatial_size=0)
+    data = resolved_data(EvaluatePlan(job, str(checkpoint)), record)
     assert data.stain == record.stain
     dataset = dataset_from(data, 0, data.datapath)
     assert not np.allclose(dataset.read(0).numpy(), dataset.read_pixels(0).numpy(), atol=1e-3)

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from mpi4dl_nb.cli.train_job import job_from_keywords
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.infer.fully_conv import fully_convolutional
 from mpi4dl_nb.models.named_pool import PooledMap, replaced_pool, with_named_pool
@@ -17,6 +16,7 @@ from mpi4dl_nb.models.pieces import Piece
 from mpi4dl_nb.models.pools import AttentionMILPool, PoolKind
 from mpi4dl_nb.models.spec import ModelSpec
 from mpi4dl_nb.models.weights import load_weights
+from mpi4dl_nb.run.job import TrainJob
 from tests.mpi.named_pool_exact import POOLS, case_name
 from tests.support.battery import shared_job
 
@@ -63,10 +63,10 @@ def test_the_average_pool_is_replaced_and_the_rest_kept(libraries, model, pool):
 
 
 def test_the_train_flags_take_max_and_attention_for_a_named_model(libraries):
-    job = job_from_keywords(model="torchvision:resnet18", pool="attention", num_classes=2)
+    job = TrainJob.of(model="torchvision:resnet18", pool="attention", num_classes=2).check()
     assert job.model.pool is PoolKind.ATTENTION and job.model.input_channels == 3
     with pytest.raises(ConfigError, match="--pool: --pool tissue-mean needs the tissue mask carried through the trunk"):
-        job_from_keywords(model="torchvision:resnet18", pool="tissue-mean")
+        TrainJob.of(model="torchvision:resnet18", pool="tissue-mean")
 
 
 def test_max_is_the_global_maximum_and_attention_weights_positions(libraries):

@@ -3,7 +3,7 @@ of classes, SP 2x2 + LP in float64, equals one process, and its checkpoint gives
 the script of docs/your-own-model.md runs as written there (small: ``--steps 2 --image-size 64``) and ends with
 a slide map.
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, then ``prepare``,
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, then ``set_up_run``,
 ``build_trainer`` of run/job_run.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a
 1000-class state dict rank 0 writes first); rank 0 trains the same model in one process (the flags' spec, the weights
 loaded by the original keys, ImageNet normalisation, the same optimizer and batches); ``dl.model_state_dict`` of the
@@ -24,12 +24,10 @@ import numpy as np
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.models.weights import load_weights, read_weights
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
 from tests.support.scratch import shared_temp_folder
@@ -105,8 +103,8 @@ def main(check: Checks) -> None:
             torch.save(torchvision.models.resnet18().state_dict(), weights)   # 1000 classes, as published ones
         ctx.barrier()
         argv = [*FLAGS, *SP_LP, "--weights", str(weights), "--checkpoint-dir", str(checkpoint)]
-        args, cfg = parse_launch(build_parser(), argv, check_run_args)
-        setup = prepare(train_job(args, cfg), ctx)
+        plan = parsed_plan(argv)
+        setup = set_up_run(plan, ctx)
         summary = build_trainer(setup, None).run()
         with check("losses equal one process") as result:
             if ctx.rank == 0:

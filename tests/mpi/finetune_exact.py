@@ -1,6 +1,6 @@
 """MPI (5 ranks): train's fine-tuning flags are exact against one process, in float64.
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare`` and
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run`` and
 ``build_trainer`` of run/job_run.py from the command line below) with ``--optimizer adamw --lr-schedule
 cosine --warmup-steps 2 --augment flip,rot90,color,hed --class-weights balanced`` and train 4 steps; rank 0
 trains the same model in one process from the same flags' optimizer, schedule, loss and augmented batches
@@ -20,11 +20,9 @@ from pathlib import Path
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from mpi4dl_nb.spatial.loss import classification_loss
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
@@ -42,8 +40,7 @@ TOLERANCE = 1e-9
 
 
 def set_up(argv: list[str], ctx: dl.Context) -> JobSetup:
-    args, cfg = parse_launch(build_parser(), argv, check_run_args)
-    return prepare(train_job(args, cfg), ctx)
+    return set_up_run(parsed_plan(argv), ctx)
 
 
 def one_process(setup: JobSetup) -> tuple[list[float], dict[str, torch.Tensor]]:

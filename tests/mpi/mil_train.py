@@ -1,6 +1,6 @@
 """MPI (5 ranks): ``train --pool max|attention --accumulate 2`` on SP 2x2 + LP equals one process in float64 (issue 43).
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare``,
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run``,
 ``build_trainer``) on synthetic images and train 2 optimizer steps of 2 batches each; rank 0 trains the flags' model
 in one process on the same batches (each optimizer step over batches ``2s`` and ``2s + 1`` of the Batcher:
 ``serial_accumulated_step``). Checks per pool: the losses (one per optimizer step) and the final weights (BatchNorm

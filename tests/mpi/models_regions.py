@@ -18,13 +18,11 @@ from PIL import Image
 from torch import nn
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.data import Batcher, SlideDataset, ihc_image
 from mpi4dl_nb.evaluation.batch_inputs import BatchInputs
 from mpi4dl_nb.models import resnet_v1
-from mpi4dl_nb.run.job_run import build_trainer, prepare
+from mpi4dl_nb.run.job_run import build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import relative_error
 from tests.support.planes import split_backend
@@ -113,8 +111,8 @@ def stain_checks(check: Checks, ctx: dl.Context) -> None:
             where = ["--datapath", str(folder / "slides")] if data == "slides" else []
             reference = str(folder / "reference.png")
             argv = [*STAIN_FLAGS, *where, "--stain-normalize", method, "--stain-reference", reference]
-            args, cfg = parse_launch(build_parser(), argv, check_run_args)
-            setup = prepare(train_job(args, cfg), ctx)
+            plan = parsed_plan(argv)
+            setup = set_up_run(plan, ctx)
             trainer = build_trainer(setup, None)
             summary = trainer.run()
             state = trainer.engine.full_state_dict()

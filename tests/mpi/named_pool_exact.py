@@ -1,7 +1,7 @@
 """MPI (5 ranks): a torchvision ResNet-18 with its average pool replaced (``--pool max|attention``) on 4 tiles (2x2)
 + 1 layer rank equals one process (float64).
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare``,
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run``,
 ``build_trainer``) with ``--model torchvision:resnet18 --image-size 64`` (no weights file: the seed draws them);
 rank 0 trains the same model in one process on whole images (``train_one_process``).
 

@@ -1,6 +1,6 @@
 """MPI (4 ranks): ``train --task segmentation`` on 4 tiles (every stage spatial) equals one process (float64).
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, then ``prepare``,
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, then ``set_up_run``,
 ``build_trainer`` of run/job_run.py) on a folder of 8 image/mask pairs that rank 0 writes (3 classes, a band of ignored
 pixels), with ``--loss ce+dice --class-weights 1,2,3 --ignore-index 255``; rank 0 trains the same model in one
 process (whole images and masks, ``serial_step``) and evaluates its held-out images.
@@ -20,14 +20,13 @@ import torch
 import mpi4dl_nb as dl
 from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli import evaluate_cmd
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.comm.agreement import agreed
 from mpi4dl_nb.data.masks import batch_masks
 from mpi4dl_nb.data.task import Task
 from mpi4dl_nb.evaluation.pixel_metrics import confusion_counts
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.evaluate_run import Evaluation
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
 from tests.support.segmentation_data import IGNORED, write_pairs
@@ -70,8 +69,8 @@ def main(check: Checks) -> None:
             write_pairs(Path(folder) / "pairs", ignored=True)
         ctx.barrier()
         argv = [*FLAGS, *TILES, "--datapath", str(Path(folder) / "pairs"), "--checkpoint-dir", str(Path(folder) / "c")]
-        args, cfg = parse_launch(build_parser(), argv, check_run_args)
-        setup = prepare(train_job(args, cfg), ctx)
+        plan = parsed_plan(argv)
+        setup = set_up_run(plan, ctx)
         trainer = build_trainer(setup, None)
         summary = trainer.run()
         state = trainer.engine.full_state_dict()
@@ -92,10 +91,9 @@ def main(check: Checks) -> None:
                 result.detail = f"{np.sum(matrix)} pixels, dice {figures['dice']}"
         with check("evaluate on tiles") as result:
             wanted = summary.validation.metrics.as_dict() if summary is not None and summary.validation else None
-            eval_args = evaluate_cmd.build_parser().parse_args(
+            eval_args = evaluate_cmd.evaluate_parser().parse_args(
                 ["--checkpoint", str(Path(folder) / "c"), "--datapath", str(Path(folder) / "pairs"), *TILES])
-            eval_args.checkpoint = evaluate_cmd.chosen_checkpoint(eval_args)
-            evaluation = evaluate_cmd.Evaluation(evaluate_cmd.evaluate_job(eval_args, cfg), ctx)
+            evaluation = Evaluation(evaluate_cmd.evaluate_plan(eval_args), ctx)
             agreed(ctx, evaluation.load)
             agreed(ctx, evaluation.open_data)
             got = evaluation.run()

@@ -1,10 +1,10 @@
 """MPI (4 ranks): ``train --task segmentation --model unet3d`` on a folder of volumes, 1x2x2 tiles, equals one process.
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, then ``prepare``,
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, then ``set_up_run``,
 ``build_trainer`` of run/job_run.py) on a folder of three volumes that rank 0 writes (ImageJ TIFF stacks and a NIfTI,
 8x32x32 voxels of 1 x 0.5 x 0.5 µm, 2 classes) read at ``--voxel-size 1`` (8x16x16), one volume held out
-(``--val-fraction``), checkpointed after 2 steps, then resumed to step 3 (``start``); rank 0 trains the same model
-in one process on whole volumes (``serial_step``) and evaluates it on the whole held-out volume.
+(``--val-fraction``), checkpointed after 2 steps, then resumed to step 3 (``started_trainer``); rank 0 trains the
+same model in one process on whole volumes (``serial_step``) and evaluates it on the whole held-out volume.
 
 Checks: ``volume losses equal one process`` (float64, 1e-9, and the final weights); ``held-out volumes equal one
 process`` (val_loss within 1e-9, the confusion matrix and each volume's Dice equal, after step 2 and after the
@@ -22,13 +22,11 @@ import numpy as np
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.data.masks import batch_masks
 from mpi4dl_nb.data.volume_resample import VolumeResampler
 from mpi4dl_nb.evaluation.pixel_metrics import confusion_counts, sample_dice
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare, start
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run, started_trainer
 from mpi4dl_nb.run.summary import TrainSummary
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.support.checks import Checks, run_checks
@@ -82,17 +80,16 @@ def main(check: Checks) -> None:
         ctx.barrier()
         argv = [*FLAGS, *TILES, "--datapath", str(Path(folder) / "volumes"), "--checkpoint-dir",
                 str(Path(folder) / "ck")]
-        args, cfg = parse_launch(build_parser(), [*argv, "--steps", str(STEPS)], check_run_args)
+        plan = parsed_plan([*argv, "--steps", str(STEPS)])
         with recorded_reads(SHAPE) as regions:
-            setup = prepare(train_job(args, cfg), ctx)
+            setup = set_up_run(plan, ctx)
             trainer = build_trainer(setup, None)
             regions.clear()                  # the data check read whole label volumes; training reads tiles
             summary = trainer.run()
             state = trainer.engine.full_state_dict()
         read_in_training = list(regions)
-        args, cfg = parse_launch(build_parser(), [*argv, "--steps", str(STEPS + 1), "--resume", "latest"],
-                                 check_run_args)
-        resumed_trainer = start(train_job(args, cfg), ctx, None)
+        resumed_trainer = started_trainer(parsed_plan([*argv, "--steps", str(STEPS + 1), "--resume", "latest"]), ctx,
+                                          None)
         resumed = resumed_trainer.run()
         resumed_state = resumed_trainer.engine.full_state_dict()
         serial = serial_model = None

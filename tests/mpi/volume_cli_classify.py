@@ -1,6 +1,6 @@
 """MPI (3 ranks): ``train --task classification --model resnet3d`` on class folders of volumes equals one process.
 
-The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare``,
+The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run``,
 ``build_trainer`` of run/job_run.py) on two class folders of three volumes each that rank 0 writes (ImageJ TIFF stacks
 and NIfTI, 16x32x32 voxels of 1 x 0.5 x 0.5 µm) read at ``--voxel-size 1`` (16x16x16 patches), ``--split-size 2
 --spatial-size 1 --slice-method 1x1x2``: the ResNet's spatial stage on 1x1x2 tiles (ranks 0, 1) before a layer stage
@@ -21,13 +21,11 @@ from pathlib import Path
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.cli.setup import parse_launch
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.data.volume_resample import VolumeResampler
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from mpi4dl_nb.run.summary import TrainSummary
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.support.checks import Checks, run_checks
@@ -81,9 +79,9 @@ def main(check: Checks) -> None:
             write_volume_classes(Path(folder) / "volumes", shape=SHAPE, classes=CLASSES)
         ctx.barrier()
         argv = [*FLAGS, *TILES, "--datapath", str(Path(folder) / "volumes"), "--steps", str(STEPS)]
-        args, cfg = parse_launch(build_parser(), argv, check_run_args)
+        plan = parsed_plan(argv)
         with recorded_reads(SHAPE) as regions:
-            setup = prepare(train_job(args, cfg), ctx)
+            setup = set_up_run(plan, ctx)
             trainer = build_trainer(setup, None)
             regions.clear()                  # training and evaluation read tiles
             summary = trainer.run()

@@ -1,7 +1,7 @@
 """MPI (5 ranks): ``train --whole-slide --cohort`` on 4 tiles (2x2) + 1 layer rank equals one process (float64).
 
 Rank 0 writes a synthetic cohort (6 pyramidal slides with MPP, 4 patients, ``data/synthetic_cohort.py``); the ranks
-set the run up as ``python -m mpi4dl_nb train`` does (``parse_launch``, ``train_job``, ``prepare``,
+set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run``,
 ``build_trainer``) with ``--whole-slide --image-size 64 --mpp 2`` (a ResNet with BatchNorm in the spatial trunk, its
 pooled head on the layer rank); rank 0 trains the same model in one process on whole canvases, full batch (one
 micro-batch), ``--accumulate N`` as one optimizer step over N batches (``train_one_process``).

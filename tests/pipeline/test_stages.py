@@ -239,10 +239,10 @@ def test_without_a_memory_probe_the_cut_is_even_or_the_evenest_that_fits():
 def test_mpi4dl_amoebanet_example_at_128_px_gets_a_cut_that_fits():
     """``train --model amoebanet --image-size 128 --num-layers 3 --num-filters 16 --split-size 2
     --spatial-size 1 --num-spatial-parts 4 --slice-method vertical``: refused before the cut knew the tiles."""
-    from mpi4dl_nb.cli.setup import check_layout
     from mpi4dl_nb.config import ParallelConfig
     from mpi4dl_nb.models import build_model
     from mpi4dl_nb.pipeline.default_cut import default_balance
+    from mpi4dl_nb.run.trainer import check_layout
 
     layers = build_model("amoebanet", num_layers=3, num_filters=16, image_size=128)
     cfg = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4, slice_method="vertical")

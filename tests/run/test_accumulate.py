@@ -9,10 +9,10 @@ import pytest
 
 from mpi4dl_nb.cli import evaluate_cmd
 from mpi4dl_nb.cli import train_cmd as cli
-from mpi4dl_nb.cli.train_job import job_from_keywords
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.models.pools import PoolKind
 from mpi4dl_nb.models.spec import ModelSpec
+from mpi4dl_nb.run.job import TrainJob
 from tests.mpi.mil_train import CHECKS
 from tests.support.battery import shared_job
 from tests.support.summary import json_record
@@ -41,7 +41,7 @@ def test_accumulated_steps_checkpoint_at_step_boundaries_and_keep_the_pool(tmp_p
 
 
 def test_pool_and_accumulate_reach_the_job():
-    job = job_from_keywords(pool="tissue-mean", accumulate=3)
+    job = TrainJob.of(pool="tissue-mean", accumulate=3).check()
     assert job.model.pool is PoolKind.TISSUE_MEAN and job.model.input_channels == 4
     assert job.training.accumulate == 3
 
@@ -50,7 +50,7 @@ def test_pool_and_accumulate_reach_the_job():
                                            (dict(pool="tissue-mean", model="timm:resnet18"), "--pool")])
 def test_bad_pool_or_accumulate_is_refused_naming_the_flag(keywords, flag):
     with pytest.raises(ConfigError, match=flag):
-        job_from_keywords(**keywords)
+        TrainJob.of(**keywords)
 
 
 def test_a_dense_model_pools_nothing_and_a_named_one_carries_no_tissue_mask():

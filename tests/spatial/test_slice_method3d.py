@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from mpi4dl_nb.cli.args import add_parallel_args, config_from_args, parallel_flags, parse_slice_method
-from mpi4dl_nb.config import ConfigError, ParallelConfig
+from mpi4dl_nb.cli.args import config_from_args, parallel_flags
+from mpi4dl_nb.cli.job_flags import add_job_flags
+from mpi4dl_nb.cli.parser import CommandParser
+from mpi4dl_nb.config import ConfigError, ParallelConfig, parse_slice_method
 from mpi4dl_nb.layout import layout, layout_table
 from mpi4dl_nb.spatial.geometry import TileGrid
 
 
 def parsed(*argv: str) -> ParallelConfig:
-    return config_from_args(add_parallel_args(argparse.ArgumentParser()).parse_args(list(argv)))
+    return config_from_args(add_job_flags(CommandParser(), ParallelConfig).parse_args(list(argv)))
 
 
 @pytest.mark.parametrize("text,shape", [("2x2x2", (2, 2, 2)), ("1x1x4", (1, 1, 4)), ("4x1x1", (4, 1, 1)),
@@ -40,7 +40,7 @@ def test_dxrxc_whose_product_is_not_the_tile_count_is_refused_naming_both():
 
 @pytest.mark.parametrize("text", ["2x2", "2x0x2", "axbxc", "2x2x2x2"])
 def test_malformed_slice_methods_are_refused_by_the_parser(text):
-    with pytest.raises(argparse.ArgumentTypeError, match="2x2x2"):
+    with pytest.raises(ConfigError, match="2x2x2"):
         parse_slice_method(text)
 
 

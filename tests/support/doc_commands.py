@@ -269,33 +269,33 @@ def ranks_needed(command: str, argv: list[str], launched: bool) -> tuple[int, in
     grid of ``--num-spatial-parts`` and ``--slice-method``; ``tune``: 2 ranks or more; ``layout`` without a
     launcher prints any layout.
     """
-    from mpi4dl_nb.cli import evaluate_cmd, infer_cmd, train_flags, tune_cmd
-    from mpi4dl_nb.cli.args import add_parallel_args, config_from_args
-    from mpi4dl_nb.cli.model_flags import add_model_cut_args
-    from mpi4dl_nb.cli.parser import CommandParser
+    from mpi4dl_nb.cli import evaluate_cmd, infer_cmd, layout_cmd, train_cmd, tune_cmd
+    from mpi4dl_nb.cli.args import config_from_args
+    from mpi4dl_nb.cli.job_flags import keyword_values
     from mpi4dl_nb.errors import ConfigError
+    from mpi4dl_nb.infer.job import InferJob
+    from mpi4dl_nb.run.evaluate_job import EvaluateJob
+    from mpi4dl_nb.run.job import TrainJob
+    from mpi4dl_nb.schema import build_job
 
-    def layout_parser() -> argparse.ArgumentParser:     # layout_cmd.main builds its parser inline
-        parser = CommandParser(prog="python -m mpi4dl_nb layout")
-        add_parallel_args(parser)
-        add_model_cut_args(parser)
-        parser.add_argument("--json", action="store_true")
-        return parser
-
-    parsers = {"train": train_flags.build_parser, "evaluate": evaluate_cmd.build_parser,
-               "infer": infer_cmd.build_parser, "tune": tune_cmd.build_parser, "layout": layout_parser}
+    parsers = {"train": train_cmd.train_parser, "evaluate": evaluate_cmd.evaluate_parser,
+               "infer": infer_cmd.infer_parser, "tune": tune_cmd.tune_parser, "layout": layout_cmd.layout_parser}
+    jobs: dict[str, type] = {"train": TrainJob, "evaluate": EvaluateJob, "infer": InferJob}
     if command not in parsers:
         raise DocCommandError(f"python -m mpi4dl_nb {command}: no such command (known: {', '.join(parsers)})")
     args = parsed(parsers[command](), argv, command)
     if args is None:
         return None
     try:
+        # the job as built from these flags: every check that reads no data
+        job = build_job(jobs[command], keyword_values(args, jobs[command]), command) if command in jobs else None
         if command == "tune":
             return 2, None
         if command == "infer":
             from mpi4dl_nb.spatial.geometry import TileGrid
 
-            return (TileGrid.from_slice_method(args.slice_method, args.num_spatial_parts).num_tiles,) * 2
+            assert isinstance(job, InferJob)
+            return (TileGrid.from_slice_method(job.slice_method, job.num_spatial_parts).num_tiles,) * 2
         cfg = config_from_args(args)
         if command == "layout" and not launched:
             return 1, None
@@ -308,7 +308,7 @@ def ranks_needed(command: str, argv: list[str], launched: bool) -> tuple[int, in
 
 
 def parsed(parser: argparse.ArgumentParser, argv: list[str], command: str) -> argparse.Namespace | None:
-    """``argv`` parsed (None: it asked for help); DocCommandError with the parser's last line on an error."""
+    """``argv`` parsed (None: it asked for help); DocCommandError with the parser's error line on an error."""
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
@@ -316,5 +316,5 @@ def parsed(parser: argparse.ArgumentParser, argv: list[str], command: str) -> ar
     except SystemExit as stop:
         if stop.code == 0:
             return None
-        lines = errors.getvalue().strip().splitlines()
-        raise DocCommandError(f"{command}: {lines[-1] if lines else 'the flags do not parse'}") from None
+        lines = [line for line in errors.getvalue().splitlines() if "error:" in line]
+        raise DocCommandError(f"{command}: {lines[0] if lines else 'the flags do not parse'}") from None

@@ -1,0 +1,164 @@
+"""The model flags: ModelChoice (train's ``--model``, sizes, ``--weights``, ``--normalize``, ``--pool``, U-Net layers),
+checked together, and the ModelSpec it names once the classes are known; ModelCheck (evaluate's: a checkpoint must
+hold the model they name)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from ..errors import ConfigError
+from ..models.external import pretrained_normalization
+from ..models.normalize import Normalization
+from ..models.pools import PoolKind
+from ..models.resnet import version_for_depth
+from ..models.spec import ModelFamily, ModelSpec, parse_model_name, split_model
+from ..models.unet import UNetNorm, Upsampling
+from ..schema import Bounds, check_bounds, flag, whole_number
+from . import flag_groups as groups
+
+if TYPE_CHECKING:
+    from ..checkpoint.record import RunRecord
+
+MODEL_HELP = ("network: resnet (MPI4DL's CIFAR-style ResNet: 3 stages, stride 4, for small images; for an "
+              "ImageNet-style ResNet use torchvision:resnet50), amoebanet (AmoebaNet-D), unet, unet3d (volumes: "
+              "--image-size D,H,W), torchvision:NAME, "
+              "timm:NAME (pip install 'mpi4dl-nb[models]'), or package.module:callable (called with num_classes, "
+              "returns an nn.Module or a layer list)")
+VERSION_HELP = ("ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2); default v2, or v1 for a depth "
+                "only v1 has (8, 14, 26, ...)")
+AUTO = "auto"
+T = TypeVar("T")
+AT_LEAST_ONE = Bounds(1)
+
+
+def model_flag(default: T, help: str = MODEL_HELP) -> T:
+    """The ``--model`` field (``default`` None: the checkpoint's, or no model)."""
+    return flag("--model", help, default, parse=parse_model_name, metavar="MODEL", group=groups.MODEL)
+
+
+def classes_flag(default: T, help: str) -> T:
+    """The ``--num-classes`` field."""
+    return flag("--num-classes", help, default, parse=whole_number, bounds=AT_LEAST_ONE, group=groups.MODEL)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """The sizes of this project's families: ``--resnet-version``, ``--num-layers``, ``--num-filters`` (None: the
+    family's default)."""
+
+    resnet_version: int | None = flag("--resnet-version", VERSION_HELP, None, parse=int, choices=("1", "2"),
+                                      group=groups.MODEL)
+    num_layers: int | None = flag("--num-layers", "AmoebaNet: number of normal/reduction cells (default 18); ResNet: "
+                                                  "depth (default 110; v1 6n+2, v2 9n+2)", None, parse=whole_number,
+                                  bounds=AT_LEAST_ONE, group=groups.MODEL)
+    num_filters: int | None = flag("--num-filters", "AmoebaNet: filters (default 416); ResNet: base width (default "
+                                                    "16)", None, parse=whole_number, bounds=AT_LEAST_ONE,
+                                   group=groups.MODEL)
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+    def given(self) -> tuple[tuple[str, str, int], ...]:
+        """(flag, ModelSpec field, value) of each size given."""
+        return tuple((flag, key, value) for flag, key, value in (
+            ("--resnet-version", "resnet_version", self.resnet_version), ("--num-layers", "num_layers",
+                                                                          self.num_layers),
+            ("--num-filters", "num_filters", self.num_filters)) if value is not None)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The network ``train`` builds: a family (sized) or a named model, the weights it starts from, the input
+    normalisation they expect, the classifier's pool, a U-Net's layers."""
+
+    model: str = model_flag("resnet")
+    sizes: ModelSizes = field(default_factory=ModelSizes)
+    weights: str | None = flag("--weights", "start from this state dict of the original model "
+                                            "(torch.save(model.state_dict())); a classifier for another number of "
+                                            "classes is replaced by a new one for --num-classes", None,
+                               metavar="PATH", group=groups.MODEL)
+    normalize: str = flag("--normalize", "normalise the images as the weights expect, (x - mean) / std per channel, "
+                                         "as the model's first step (recorded; evaluate and infer apply it too); "
+                                         "auto: with --weights, ImageNet's for torchvision models, the model's own "
+                                         "for timm models, else none", AUTO,
+                          metavar="imagenet|none|M,S|M1,..,S1,..", group=groups.MODEL)
+    pool: PoolKind = flag("--pool", "the classifier head's global pool (a named model's global average pool "
+                                    "replaced): avg; max (per channel over every position); tissue-mean (over the "
+                                    "positions the input's last channel, a tissue mask, marks; resnet, amoebanet "
+                                    "only); attention (gated attention-MIL); exact on tiles", PoolKind.AVG,
+                          parse=PoolKind, choices=PoolKind.values(), group=groups.MODEL)
+    norm: str | None = flag("--norm", "U-Net: BatchNorm or GroupNorm after each convolution (default batch)", None,
+                            choices=UNetNorm.values(), group=groups.MODEL)
+    upsampling: str | None = flag("--upsampling", "U-Net: bilinear up-sampling or 2x2 transposed convolutions "
+                                                  "(default bilinear)", None, choices=Upsampling.values(),
+                                  group=groups.MODEL)
+
+    def __post_init__(self) -> None:
+        family, _ = split_model(self.model)
+        if family.named:
+            for flag_name, value in (("--num-layers", self.sizes.num_layers), ("--num-filters",
+                                                                               self.sizes.num_filters)):
+                if value is not None:
+                    raise ConfigError(flag_name, f"sizes this project's resnet/amoebanet/unet; {self.model} has its "
+                                                 f"own (drop {flag_name})")
+        elif self.normalize not in (AUTO, "none"):
+            raise ConfigError("--normalize", f"applies to named models (torchvision:, timm:, package.module:callable); "
+                                             f"--model {self.model} takes pixels in [0, 1]: drop --normalize")
+        if self.normalize != AUTO:
+            Normalization.parse(self.normalize)
+        if self.pool is not PoolKind.AVG and family.dense:
+            raise ConfigError("--pool", f"--pool {self.pool} replaces a classifier's global pool; --model {self.model} "
+                                        f"outputs a class per pixel and pools nothing: drop --pool")
+        if self.pool.tissue and family.named:
+            raise ConfigError("--pool", f"--pool tissue-mean needs the tissue mask carried through the trunk, which "
+                                        f"only this project's classifiers do (--model resnet or amoebanet); --model "
+                                        f"{self.model} takes --pool max or attention (its global average pool "
+                                        f"replaced)")
+
+    @property
+    def family(self) -> ModelFamily:
+        return split_model(self.model)[0]
+
+    def normalization(self) -> Normalization | None:
+        """The normalisation ``--normalize`` names (``auto`` resolved against ``--model`` and ``--weights``)."""
+        family, source = split_model(self.model)
+        if self.normalize == AUTO:
+            if self.weights is None or not family.named:
+                return None
+            return pretrained_normalization(str(family), source or "")
+        return Normalization.parse(self.normalize)
+
+    def spec(self, num_classes: int, in_channels: int = 3) -> ModelSpec:
+        """The network these flags name for ``num_classes`` classes of ``in_channels``-channel images (family
+        defaults for the sizes not given)."""
+        sizes = self.sizes
+        return ModelSpec.of(self.model, num_layers=sizes.num_layers, num_filters=sizes.num_filters,
+                            num_classes=num_classes,
+                            resnet_version=version_for_depth(sizes.num_layers, sizes.resnet_version),
+                            in_channels=in_channels, norm=self.norm, upsampling=self.upsampling,
+                            normalize=self.normalization(), weights=self.weights, pool=self.pool)
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """``evaluate``'s model flags: the checkpoint must hold this network (``--model``; checked as it loads) of these
+    sizes and classes (None: any)."""
+
+    model: str | None = model_flag(None, "refuse the checkpoint unless it holds this network (resnet, "
+                                         "torchvision:resnet50, ...); the checkpoint names the network it holds")
+    sizes: ModelSizes = field(default_factory=ModelSizes)
+    num_classes: int | None = classes_flag(None, "refuse the checkpoint unless its model has this many classes")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+    def check(self, record: RunRecord, where: str) -> None:
+        """ConfigError when a size or class count given names another model than the checkpoint's."""
+        saved = record.model.to_dict()
+        given = (*self.sizes.given(), *((("--num-classes", "num_classes", self.num_classes),)
+                                        if self.num_classes is not None else ()))
+        for flag_name, key, wanted in given:
+            if saved.get(key) is not None and wanted != saved[key]:
+                raise ConfigError(flag_name, f"{where} holds a checkpoint of another model ({key} {saved[key]!r}, "
+                                             f"not {wanted!r}); drop {flag_name} or pass a checkpoint of that model")
+

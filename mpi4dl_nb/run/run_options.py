@@ -1,0 +1,84 @@
+"""``train``'s checkpoint flags (CheckpointSpec: where, how often, which are kept, what the run resumes from) and run
+options (RunOptions: device and data plane, progress, messages, failures), each checked on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..comm.device import DeviceChoice
+from ..errors import ConfigError
+from ..evaluation.metrics import MetricName
+from ..schema import Bounds, check_bounds, flag, number, whole_number
+from . import flag_groups as groups
+from .divergence import OnNonFinite
+from .identity import parse_allowed
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where and how often checkpoints are written, which are kept, and what the run resumes from."""
+
+    directory: str | None = flag("--checkpoint-dir", "write atomic checkpoints step-NNNNNNNN-<run>.pt (+ .json "
+                                                     "manifest) here", None, group=groups.CHECKPOINTS)
+    every: int = flag("--checkpoint-every", "checkpoint every N steps (0: at each epoch end and at the end)", 0,
+                      parse=whole_number, bounds=Bounds(0), group=groups.CHECKPOINTS)
+    keep: int = flag("--keep-checkpoints", "how many newest checkpoints of this run to keep", 2, parse=whole_number,
+                     bounds=Bounds(1), group=groups.CHECKPOINTS)
+    keep_best: MetricName | None = flag(
+        "--keep-best", f"also keep the checkpoint of the best evaluation by METRIC ({', '.join(MetricName.values())}; "
+                       f"lower val_loss, higher others is better) as best-step-*.pt, never rotated away", None,
+        parse=MetricName, choices=MetricName.values(), metavar="METRIC", group=groups.CHECKPOINTS)
+    resume: str | None = flag("--resume", "continue from a checkpoint file, a directory, or 'latest' (in "
+                                          "--checkpoint-dir): the newest intact one of this configuration", None,
+                              group=groups.CHECKPOINTS)
+    allow_config_change: tuple[str, ...] = flag(
+        "--allow-config-change", "resume although these fields changed (comma-separated: model, dtype, image_size, "
+                                 "batch_size, seed, app, data, lr, momentum, val_split, optimizer, lr_schedule, "
+                                 "augment, class_weights, classes, stain, or all)", (), repeat=True,
+        metavar="FIELDS", group=groups.CHECKPOINTS)
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        if self.resume == "latest" and self.directory is None:
+            raise ConfigError("--resume", "'latest' looks in --checkpoint-dir; give --checkpoint-dir or a checkpoint "
+                                          "path")
+        parse_allowed(self.allow_config_change)
+        if self.keep_best is not None and self.directory is None:
+            raise ConfigError("--keep-best", "keeps the best checkpoint in --checkpoint-dir: give one")
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.directory is None else Path(self.directory)
+
+    @property
+    def allowed_changes(self) -> frozenset[str]:
+        """The identity fields a resume may differ in (``--allow-config-change``)."""
+        return parse_allowed(self.allow_config_change)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the run behaves on the ranks: the data plane and device, progress, messages, failures."""
+
+    placement: DeviceChoice = field(default_factory=DeviceChoice)
+    progress: bool = flag("--no-progress", "no progress bar on rank 0", True, switch=True, group=groups.RUN)
+    verbose: bool = flag("--verbose", "print performance numbers and logs", False, switch=True, aliases=("-v",),
+                         group=groups.WORKLOAD)
+    on_nonfinite: OnNonFinite = flag("--on-nonfinite", "a NaN/inf loss or gradient stops the run (exit 3), or skips "
+                                                       "that step", OnNonFinite.STOP, parse=OnNonFinite,
+                                     choices=tuple(p.value for p in OnNonFinite), group=groups.RUN)
+    step_timeout: float | None = flag("--step-timeout", "abort the job when a rank makes no progress for this long, "
+                                                        "naming it (default: 10x the slowest of the first 3 steps, "
+                                                        "at least 60 s; 0: off)", None, parse=number,
+                                      metavar="SECONDS", bounds=Bounds(0), group=groups.RUN)
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+    @property
+    def backend(self) -> str:
+        return self.placement.backend
+
+    @property
+    def device(self) -> str:
+        return self.placement.device
