@@ -600,7 +600,7 @@ def build_schedule(cfg: ParallelConfig, kind: ScheduleKind | str | None = None) 
     for op, tick in placed.items():
         for sub, ranks in holders.runs(op):
             for rank in ranks:
-                per_rank[rank] += holders.rank_actions(sub, tick, rank)
+                per_rank[rank] += holders.actions_of_rank(sub, tick, rank)
     final = 1 + max(placed.values())
     for role in roles:
         per_rank[role.rank] += _step_end(cfg, role, final)
@@ -639,7 +639,7 @@ class _Holders:
             return list(ranks)                         # hand-off: every tile
         return [ranks[op.copy]]                        # copy k <-> copy k
 
-    def rank_actions(self, op: _Op, tick: int, rank: int) -> list[tuple[int, int, Action]]:
+    def actions_of_rank(self, op: _Op, tick: int, rank: int) -> list[tuple[int, int, Action]]:
         """(tick, order, action) of ``op`` on ``rank``: its receives (order 0), the compute (1), its sends (2)."""
         mine = self.ranks[(op.dp, op.replica, op.stage)]
         common = Action(op.kind, rank=rank, tick=tick, stage=op.stage, micro_batch=op.micro_batch,
