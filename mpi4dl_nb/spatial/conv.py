@@ -19,7 +19,7 @@ from .halo import HaloExchange
 from .halo_conv import TileConv, band_paddings, banded_conv, conv_gradients, convolve, extended_conv, padded_conv
 from .layer import SpatialRuntime, adopt
 from .regional import Padding, Params, plan_for, windowed_by_regions
-from .windowed import Inside, WindowedLayer
+from .windowed import Inside, SpatialWindowedLayer
 
 # Halo overlap: banded convs compute the owned tile, region convs/pools their interior, while
 # the first phase's halos are in flight. Off by default: on one node the messages are ~1-8% of a forward
@@ -72,7 +72,7 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return torch.get_autocast_dtype(kind)
 
 
-class SpatialConv(WindowedLayer, nn.modules.conv._ConvNd):
+class SpatialConv(SpatialWindowedLayer, nn.modules.conv._ConvNd):
     """nn.Conv2d / nn.Conv3d on this rank's tile: exchange the halo (zero padding at image borders), then
     convolve without padding; the result is exactly the owned output range."""
 

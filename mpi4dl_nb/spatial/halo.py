@@ -27,7 +27,7 @@ from ..comm.tags import HALO
 from ..comm.trace import Stamp, Tracer
 from .function_ctx import FunctionContext
 from .geometry import AxisExchange, LayerHalo, Range, range_length
-from .halo_blocks import OWN, fill, region_blocks, region_shape, scatter, strip_shape
+from .halo_blocks import OWN, fill_blocks, region_blocks, region_shape, scatter_blocks, strip_shape
 from .replay import Strips, active_log
 
 T = TypeVar("T")
@@ -187,7 +187,7 @@ class HaloExchange:
         ranges = self._later_owned(k, sent)
         lead = x.shape[:-len(self.axes)]
         buffer = self.pool.get(role, (*lead, *region_shape(self.axes, k, ranges)), x)
-        return fill(buffer, region_blocks(self.axes, k, ranges), [x, *strips], self.pad_value)
+        return fill_blocks(buffer, region_blocks(self.axes, k, ranges), [x, *strips], self.pad_value)
 
     def _post(self, x: torch.Tensor, strips: Strips, k: int) -> Request:
         """Phase ``k`` posted: receive our strips along axis ``k`` into ``strips``, send the neighbours theirs."""
@@ -223,12 +223,12 @@ class HaloExchange:
         for k in range(len(self.axes)):
             request = self._post(x, strips, k)
             if k == 0:    # what needs no message, while the first phase's messages fly
-                out = fill(self._new_needed(x), self._own_blocks, [x], self.pad_value) if build else None
+                out = fill_blocks(self._new_needed(x), self._own_blocks, [x], self.pad_value) if build else None
                 if during is not None:
                     span.outside(during)
             request.wait()
             if out is not None:
-                fill(out, self._strip_blocks[k], [x, *strips], self.pad_value)
+                fill_blocks(out, self._strip_blocks[k], [x, *strips], self.pad_value)
         span.end()
         if log is not None:
             log.record(strips)
@@ -259,7 +259,7 @@ class HaloExchange:
     def rebuild(self, x: torch.Tensor, strips: Strips) -> torch.Tensor:
         """``extend(x)[0]`` again from the saved strips, with no communication."""
         x = x.contiguous()
-        return fill(self._new_needed(x), self._needed_blocks, [x, *strips], self.pad_value)
+        return fill_blocks(self._new_needed(x), self._needed_blocks, [x, *strips], self.pad_value)
 
     def forward_tensor(self, x: torch.Tensor) -> torch.Tensor:
         return self.extend(x)[0]
@@ -278,7 +278,7 @@ class HaloExchange:
         trimmed = any(plan.keep != plan.owned for plan in self.axes)   # positions no block covers: zeros
         grad_x = (grad.new_zeros if trimmed else grad.new_empty)((*grad.shape[:-len(self.axes)], *self.owned_shape))
         strip_grads = self.strip_gradients(grad, zeroed=trimmed)
-        scatter(grad, self._needed_blocks, [grad_x, *strip_grads], accumulate=False)
+        scatter_blocks(grad, self._needed_blocks, [grad_x, *strip_grads], accumulate=False)
         return self.return_gradients(grad_x, strip_grads)
 
     def return_gradients(self, grad_x: torch.Tensor, strip_grads: Strips) -> torch.Tensor:
@@ -308,7 +308,7 @@ class HaloExchange:
             if transfers:
                 self.comm.exchange(transfers).wait()
             for ranges, buffer in returned:
-                scatter(buffer, region_blocks(self.axes, k, ranges), [grad_x, *strip_grads])
+                scatter_blocks(buffer, region_blocks(self.axes, k, ranges), [grad_x, *strip_grads])
         span.end()
         return grad_x
 

@@ -7,8 +7,8 @@ spans the needed range along the earlier axes, its received range along axis ``k
 the later ones. A region that is widened along the first ``upto`` axes (the needed tile: all of them; the
 piece phase ``k`` sends: ``k`` of them, cut to ``ranges`` along the others) is the disjoint union of blocks:
 the owned tile's kept part, and per widened axis its padding and its two strips, each over the needed range
-of the earlier axes and the kept range of the later widened ones. ``fill`` lays the blocks into a tensor,
-``scatter`` is its adjoint (padding gets no gradient).
+of the earlier axes and the kept range of the later widened ones. ``fill_blocks`` lays the blocks into a tensor,
+``scatter_blocks`` is its adjoint (padding gets no gradient).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def at(spans: Spans) -> Index:
     return (Ellipsis, *spans)
 
 
-def fill(target: torch.Tensor, blocks: Sequence[Block], sources: Sources, pad_value: float) -> torch.Tensor:
+def fill_blocks(target: torch.Tensor, blocks: Sequence[Block], sources: Sources, pad_value: float) -> torch.Tensor:
     """Lay ``blocks`` into ``target`` from ``sources`` (padding: ``pad_value``); returns ``target``."""
     for block in blocks:
         if block.source is None:
@@ -97,8 +97,8 @@ def fill(target: torch.Tensor, blocks: Sequence[Block], sources: Sources, pad_va
     return target
 
 
-def scatter(grad: torch.Tensor, blocks: Sequence[Block], targets: Sources, accumulate: bool = True) -> None:
-    """Adjoint of ``fill``: add ``grad`` of every block into its source's gradient in ``targets`` (padding:
+def scatter_blocks(grad: torch.Tensor, blocks: Sequence[Block], targets: Sources, accumulate: bool = True) -> None:
+    """Adjoint of ``fill_blocks``: add ``grad`` of every block into its source's gradient in ``targets`` (padding:
     nowhere; ``accumulate=False`` copies instead, where every source is read by one block). A block whose
     target gradient is None is skipped (its gradient is not wanted)."""
     for block in blocks:

@@ -30,7 +30,7 @@ from .layer import SpatialLayer, SpatialRuntime, adopt
 from .reduce import replicated_sum
 from .reductions import global_argmax
 from .regional import Padding, Params, plan_for, shaped, windowed_by_regions
-from .windowed import Inside, WindowedLayer
+from .windowed import Inside, SpatialWindowedLayer
 
 _MAX: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     2: torch.ops.aten.max_pool2d_with_indices, 3: torch.ops.aten.max_pool3d_with_indices}
@@ -64,7 +64,7 @@ def refuse_indices(pool: nn.modules.pooling._MaxPoolNd, name: str) -> None:
                           f"spatial parallelism (indices would be tile-local); use return_indices=False")
 
 
-class SpatialPool(WindowedLayer):
+class SpatialPool(SpatialWindowedLayer):
     """A max or average pool on this rank's tile (see the module doc)."""
 
     def _lists(self, padding: Padding) -> tuple[list[int], list[int], list[int]]:
@@ -95,7 +95,7 @@ class SpatialPool(WindowedLayer):
         return out, exchange
 
 
-class _PoolCtx(FunctionContext, Protocol):
+class _ExtendedPoolCtx(FunctionContext, Protocol):
     layer: SpatialPool
     exchange: HaloExchange
     needed: torch.Size              # the needed tile's shape (the pool's input in forward)
@@ -107,7 +107,7 @@ class _ExtendedPool(torch.autograd.Function):
     shape (max: the argmax; average: nothing); the extended tile is neither kept nor rebuilt."""
 
     @staticmethod
-    def forward(fctx: _PoolCtx, x: torch.Tensor, layer: SpatialPool, exchange: HaloExchange) -> torch.Tensor:
+    def forward(fctx: _ExtendedPoolCtx, x: torch.Tensor, layer: SpatialPool, exchange: HaloExchange) -> torch.Tensor:
         needed = exchange.forward_tensor(x)
         out, saved = layer.pool_saving(needed, (0,) * len(layer.windows))
         fctx.layer, fctx.exchange, fctx.needed, fctx.kept = layer, exchange, needed.shape, saved is not None
@@ -115,7 +115,7 @@ class _ExtendedPool(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(fctx: _PoolCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+    def backward(fctx: _ExtendedPoolCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
         saved = fctx.saved_tensors[0] if fctx.kept else None
         layer = fctx.layer
         grad_needed = layer.pool_grad(grad.contiguous(), shaped(grad, fctx.needed), (0,) * len(layer.windows),

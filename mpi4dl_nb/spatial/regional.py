@@ -23,7 +23,7 @@ from .backward_half import input_gradient_wanted
 from .function_ctx import FunctionContext
 from .geometry import AxisExchange
 from .halo import HaloExchange, Strips
-from .halo_blocks import Block, Index, at, fill, scatter
+from .halo_blocks import Block, Index, at, fill_blocks, scatter_blocks
 from .region import Extent, RegionPlan, Source, region_plan, segments
 
 Params = Sequence[torch.Tensor | None]
@@ -96,7 +96,7 @@ def _origin(axes: Sequence[AxisExchange], parts: Sequence[tuple[slice, Source, i
 @lru_cache(maxsize=1024)
 def box_blocks(axes: tuple[AxisExchange, ...], box: Extent) -> tuple[Block, ...]:
     """The box of the extended tile (``box``: extended-tile positions per axis) as blocks of the tile, the
-    strips and padding (``halo_blocks.fill`` lays them; sources ``[tile, strip 0, strip 1, ...]``)."""
+    strips and padding (``halo_blocks.fill_blocks`` lays them; sources ``[tile, strip 0, strip 1, ...]``)."""
     found = []
     for parts in itertools.product(*(_axis_parts(plan, lo, hi) for plan, (lo, hi) in zip(axes, box))):
         target = tuple(part[0] for part in parts)
@@ -113,12 +113,12 @@ def box_blocks(axes: tuple[AxisExchange, ...], box: Extent) -> tuple[Block, ...]
 def gather_box(exchange: HaloExchange, x: torch.Tensor, strips: Strips, box: Extent) -> torch.Tensor:
     """``box`` of the extended tile, assembled from the tile, the strips and the padding value."""
     piece = x.new_empty((*x.shape[:-len(box)], *[hi - lo for lo, hi in box]))
-    return fill(piece, box_blocks(exchange.axes, box), [x, *strips], exchange.pad_value)
+    return fill_blocks(piece, box_blocks(exchange.axes, box), [x, *strips], exchange.pad_value)
 
 
 def scatter_box(exchange: HaloExchange, grad: torch.Tensor, box: Extent, targets: Grads) -> None:
     """Adjoint of ``gather_box``: add ``grad`` of the box into ``targets`` (tile, strips)."""
-    scatter(grad, box_blocks(exchange.axes, box), targets)
+    scatter_blocks(grad, box_blocks(exchange.axes, box), targets)
 
 
 def _out(extent: Extent) -> Index:

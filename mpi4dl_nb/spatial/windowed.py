@@ -1,4 +1,4 @@
-"""WindowedLayer: what a spatial conv and pool share over the grid's 2 or 3 tiled axes: a window per axis,
+"""SpatialWindowedLayer: what a spatial conv and pool share over the grid's 2 or 3 tiled axes: a window per axis,
 its halo geometry at each input size, and the halo exchange (one per input size, cached)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def ceil_window(window: Window1d, size: int) -> Window1d:
     return Window1d(window.kernel, s, window.dilation, p, after)
 
 
-class WindowedLayer(SpatialLayer):
+class SpatialWindowedLayer(SpatialLayer):
     """A conv or pool on this rank's tile: exchange the halo (``pad_value`` beyond the image), then apply the
     torch op without padding, which gives exactly the tile's owned output range."""
 
