@@ -88,8 +88,8 @@ grid = dl.TileGrid(depth=2, rows=2, cols=2)
 print(grid, "| tile 5 at (depth, row, col) =", grid.coords(5), "| owns", grid.extent(5, (SIDE, SIDE, SIDE)))
 viz.show(viz.draw_rank_layout(cfg))
 figure, (front, back) = plt.subplots(1, 2, figsize=(9, 4.4))
-viz.draw_volume_tiles_and_halos(volume, grid, depth_index=3, ax=front)
-viz.draw_volume_tiles_and_halos(volume, grid, depth_index=12, ax=back)
+viz.draw_tiles_and_halos(volume, grid, depth_index=3, ax=front)
+viz.draw_tiles_and_halos(volume, grid, depth_index=12, ax=back)
 plt.show()
 
 # %% [markdown]
@@ -106,13 +106,13 @@ plt.show()
 
 # %%
 from mpi4dl_nb.models.unet3d import unet3d
-from mpi4dl_nb.notebook.widgets import VolumeHaloViewer, volume_layers
+from mpi4dl_nb.notebook.widgets import HaloViewer, windowed_layers
 
-first = volume_layers(unet3d(2, 4, 2), SIDE)[0]
+first = windowed_layers(unet3d(2, 4, 2), SIDE)[0]
 halo = first.halo(grid)
 figure, (own, behind) = plt.subplots(1, 2, figsize=(10, 5.2))
-viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=7, tiles=[0], ax=own)
-viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=8, tiles=[0], ax=behind)
+viz.draw_tiles_and_halos(volume, grid, halo, depth_index=7, tiles=[0], ax=own)
+viz.draw_tiles_and_halos(volume, grid, halo, depth_index=8, tiles=[0], ax=behind)
 plt.show()
 print("tile 0's halo per face:", viz.face_halos(halo.tile(0)), "(padding counted in)")
 for message in halo.messages(0):
@@ -120,11 +120,12 @@ for message in halo.messages(0):
         print(f"  receives in the {message.phase} phase from tile {message.src}: {message.elements} voxels")
 
 # %% [markdown]
-# Explore it: choose a layer (the max pools trim, the deeper levels' tiles are 4^3 and 2^3), another grid
-# (`1x1x4`, `3x2x1`: uneven tiles), a tile and a slice.
+# Explore it with the same `HaloViewer` as tutorial 2's images (a volume's grid, `slice_method="2x2x2"`, makes it
+# show slices): choose a layer (the max pools trim, the deeper levels' tiles are 4^3 and 2^3), another grid in
+# the `slice` menu (`1x1x4`, `3x2x1`: uneven tiles), a tile and a depth slice.
 
 # %%
-viewer = VolumeHaloViewer(volume, unet3d(2, 4, 2), depth_index=8)
+viewer = HaloViewer(volume, unet3d(2, 4, 2), slice_method="2x2x2", depth_index=8)
 viewer.tile_choice.value = 0
 viewer.widget
 

@@ -14,11 +14,6 @@ PACKAGE = REPO / "mpi4dl_nb"
 ONE_OF_A_KIND = ("agreed",)     # functions of which the package holds exactly one
 # Top-level function names more than one module may define, each module's own:
 ALLOWED_TWICE = ("main",)       # a command module's entry point (python -m mpi4dl_nb.<module>)
-# Clashes that issue 51's helpers of cli/, infer/ and spatial/ are renaming in their branches: name -> its modules.
-# The integrator empties this list as those land (the test fails on an entry that no longer clashes).
-PENDING = {
-    "pool_on_tiles": ["mpi4dl_nb/spatial/mil_pool.py", "mpi4dl_nb/spatial/pool_calls.py"],
-}
 
 
 def sources() -> dict[str, str]:
@@ -81,13 +76,10 @@ def test_the_checks_see_a_clash_and_let_a_reexport_pass() -> None:
 
 def test_no_two_modules_define_a_function_of_the_same_name() -> None:
     """One name, one meaning: two top-level functions of one name in different modules are renamed to say what
-    each is (or folded into one when they mean the same), but for ``ALLOWED_TWICE`` and the ``PENDING`` renames."""
+    each is (or folded into one when they mean the same), but for ``ALLOWED_TWICE``."""
     clashes = {name: paths for name, paths in shared(function_homes(sources())).items() if name not in ALLOWED_TWICE}
-    new = {name: paths for name, paths in clashes.items() if PENDING.get(name) != paths}
-    assert not new, ("functions of the same name in different modules (rename one to say what it is, or keep one): "
-                     + "; ".join(f"{name}: {', '.join(paths)}" for name, paths in new.items()))
-    gone = sorted(set(PENDING) - set(clashes))
-    assert not gone, f"no longer defined twice, drop from PENDING: {', '.join(gone)}"
+    assert not clashes, ("functions of the same name in different modules (rename one to say what it is, or keep "
+                         "one): " + "; ".join(f"{name}: {', '.join(paths)}" for name, paths in clashes.items()))
 
 
 def test_no_two_modules_define_a_class_of_the_same_name() -> None:

@@ -187,7 +187,10 @@ def draw_rank_layout(cfg: ParallelConfig, ax: Axes | None = None) -> Figure:
     return fig
 
 
-# ------------------------------------------------------------------- tiles and halos
+# ------------------------------------------------------ tiles and halos: an image, or a slice through a volume
+FACES = ("front", "back", "top", "bottom", "left", "right")   # a volume tile's faces: along depth, then in-plane
+
+
 def halo_bands(tile_halo: TileHalo, height: int, width: int) -> dict[str, tuple[int, int, int, int]]:
     """Per side, the box (r0, r1, c0, c1) of rows/cols a tile receives (inside the image).
 
@@ -212,55 +215,6 @@ def halo_bands(tile_halo: TileHalo, height: int, width: int) -> dict[str, tuple[
             if b > a and d > c:
                 bands[f"{vert}_{horiz}_corner"] = (a, b, c, d)
     return bands
-
-
-def draw_tiles_and_halos(image: np.ndarray | torch.Tensor, grid: TileGrid, halo: LayerHalo | None = None, *,
-                         tiles: Sequence[int] | None = None, show_messages: bool = True,
-                         ax: Axes | None = None) -> Figure:
-    """An image with the tile grid, the halo bands of ``halo`` (a geometry.LayerHalo) for the
-    chosen ``tiles`` (default all), and arrows of what each rank sends where.
-
-    The halo geometry lives on the layer's feature map (``halo.height x halo.width``); it is
-    scaled onto the image. Image is HxW or HxWxC (numpy or torch CHW).
-    """
-    picture = as_picture(image)
-    img_h, img_w = picture.shape[:2]
-    fig, ax = _axes(ax, (6, 6))
-    ax.imshow(picture, extent=(0, img_w, img_h, 0), gid="image")
-    feat_h, feat_w = (halo.height, halo.width) if halo is not None else (img_h, img_w)
-    sy, sx = img_h / feat_h, img_w / feat_w
-    for tile, (r0, r1, c0, c1) in enumerate(grid.tile_boxes(feat_h, feat_w)):
-        ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, fill=False,
-                               edgecolor="white", linewidth=1.5, gid=f"tile:{tile}"))
-        ax.text((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy, f"rank tile {tile}", color="white",
-                ha="center", va="center", fontsize=9, gid=f"tile-label:{tile}",
-                bbox={"facecolor": "black", "alpha": 0.4, "pad": 2})
-    if halo is not None:
-        chosen = range(grid.num_tiles) if tiles is None else tiles
-        for tile in chosen:
-            color = stage_color(tile)
-            for side, (r0, r1, c0, c1) in halo_bands(halo.tile(tile), feat_h, feat_w).items():
-                corner = side.endswith("corner")
-                ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy,
-                                       facecolor=color, alpha=0.25 if corner else 0.45,
-                                       edgecolor=color, hatch="//" if corner else None,
-                                       gid=f"halo:tile{tile}:{side}"))
-        if show_messages:
-            centers = {tile: ((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy)
-                       for tile, (r0, r1, c0, c1) in enumerate(grid.tile_boxes(feat_h, feat_w))}
-            _draw_messages(ax, halo.messages(), centers, tiles, (img_h, img_w))
-        title = (f"{halo.name}: {feat_h}x{feat_w} map on {grid.rows}x{grid.cols} tiles, "
-                 f"{halo.message_count} messages (rows: yellow, cols+corners: cyan)")
-    else:
-        title = f"{img_h}x{img_w} image on {grid.rows}x{grid.cols} tiles"
-    ax.set_title(title, fontsize=9)
-    ax.set_xlim(0, img_w)
-    ax.set_ylim(img_h, 0)
-    return fig
-
-
-# ------------------------------------------------------------ volumes: a slice through the grid
-FACES = ("front", "back", "top", "bottom", "left", "right")   # a volume tile's faces: along depth, then in-plane
 
 
 def face_halos(tile_halo: TileHalo) -> dict[str, int]:
@@ -295,87 +249,134 @@ def volume_depth(volume: np.ndarray | torch.Tensor) -> int:
     return int(volume.shape[1] if channels_first else volume.shape[0])
 
 
-def slice_tiles(grid: TileGrid, sizes: Sequence[int], depth: int) -> list[int]:
-    """The tiles of a volume's ``grid`` that own feature slice ``depth`` of a ``sizes`` (D, H, W) map."""
+def slice_tiles(grid: TileGrid, sizes: Sequence[int], depth: int | None) -> list[int]:
+    """The tiles of ``grid`` that own feature slice ``depth`` of a ``sizes`` map (an image's grid: every tile)."""
+    if depth is None:
+        return list(range(grid.num_tiles))
     return [tile for tile in range(grid.num_tiles) if grid.extent(tile, sizes)[0][0] <= depth
             < grid.extent(tile, sizes)[0][1]]
 
 
-def draw_volume_tiles_and_halos(volume: np.ndarray | torch.Tensor, grid: TileGrid, halo: LayerHalo | None = None,
-                                *, depth_index: int = 0, tiles: Sequence[int] | None = None,
-                                show_messages: bool = True, ax: Axes | None = None) -> Figure:
-    """Slice ``depth_index`` of a volume with the tiles of a volume's ``grid`` that own it and, for the chosen
-    ``tiles`` (default all), the halo of ``halo`` (a volume's geometry.LayerHalo) that lies in this slice.
+@dataclass(frozen=True)
+class _View:
+    """What one drawing shows: the picture (an image, or slice ``index`` of a volume of ``depth`` slices), the
+    feature map's sizes on the grid, the feature slice ``z`` (a volume's) and the scale from feature to picture
+    pixels (rows, columns)."""
 
-    A tile whose own slices hold this one draws its in-plane bands (``halo:tile<t>:top``...; corners hatched);
-    a tile for which this slice is in its depth halo draws its face (``halo:tile<t>:front`` or ``:back``, the
-    owned rows x columns, sent by the depth neighbour in the first phase) and the face's edges
-    (``halo:tile<t>:front_top``..., hatched: they come in the later phases). Arrows: the in-plane messages of
-    this slice's tiles. The title names the chosen tile's six faces' halo depths. The halo geometry lives on the
-    layer's feature map (``halo.sizes``), scaled onto the volume.
-    """
+    picture: np.ndarray
+    sizes: tuple[int, ...]
+    scale: tuple[float, float]
+    z: int | None = None
+    index: int = 0
+    depth: int = 1
+
+
+def _view(source: np.ndarray | torch.Tensor, grid: TileGrid, halo: LayerHalo | None, depth_index: int | None
+          ) -> _View:
+    if halo is not None and halo.grid.ndim != grid.ndim:
+        kind = "a volume's" if halo.grid.volumetric else "an image's"
+        raise ValueError(f"{halo.name}: {kind} halo on {grid}; draw a halo of the grid's own kind")
     if not grid.volumetric:
-        raise ValueError(f"{grid} tiles images: draw it with draw_tiles_and_halos")
-    picture = volume_slice(volume, depth_index)
-    img_h, img_w = picture.shape[:2]
-    vol_d = volume_depth(volume)
-    sizes = halo.sizes if halo is not None else (vol_d, img_h, img_w)
-    if halo is not None and not halo.grid.volumetric:
-        raise ValueError(f"{halo.name}: an image's halo; draw a volume's (grid with depth)")
-    feat_d, feat_h, feat_w = sizes
-    z = depth_index * feat_d // vol_d                          # the feature slice this volume slice falls in
-    sy, sx = img_h / feat_h, img_w / feat_w
+        if depth_index is not None:
+            raise ValueError(f"{grid} tiles images: depth_index {depth_index} needs a volume's grid (TileGrid with "
+                             f"depth); leave it out to draw an image")
+        picture = as_picture(source)
+        sizes: tuple[int, ...] = halo.sizes if halo is not None else tuple(picture.shape[:2])
+        return _View(picture, sizes, (picture.shape[0] / sizes[0], picture.shape[1] / sizes[1]))
+    index = 0 if depth_index is None else depth_index
+    picture = volume_slice(source, index)
+    depth = volume_depth(source)
+    sizes = halo.sizes if halo is not None else (depth, *picture.shape[:2])
+    return _View(picture, sizes, (picture.shape[0] / sizes[1], picture.shape[1] / sizes[2]),
+                 index * sizes[0] // depth, index, depth)   # z: the feature slice this volume slice falls in
+
+
+def draw_tiles_and_halos(image: np.ndarray | torch.Tensor, grid: TileGrid, halo: LayerHalo | None = None, *,
+                         depth_index: int | None = None, tiles: Sequence[int] | None = None,
+                         show_messages: bool = True, ax: Axes | None = None) -> Figure:
+    """An image with the tile grid, the halo bands of ``halo`` (a geometry.LayerHalo) for the
+    chosen ``tiles`` (default all), and arrows of what each rank sends where; on a volume's grid, slice
+    ``depth_index`` (default 0) of the volume ``image`` with the tiles that own it and the halo in that slice.
+
+    The halo geometry lives on the layer's feature map (``halo.sizes``); it is scaled onto the image. An image
+    is HxW or HxWxC (numpy, or a CxHxW tensor); a volume a tensor ``(D, H, W)`` / ``(C, D, H, W)`` or an array
+    ``(D, H, W)`` / ``(D, H, W, C)``. A volume's tile whose own slices hold the slice draws its in-plane bands
+    (``halo:tile<t>:top``...; corners hatched); one for which the slice is in its depth halo draws its face
+    (``halo:tile<t>:front`` or ``:back``, sent by the depth neighbour in the first phase) and the face's edges
+    (``halo:tile<t>:front_top``..., hatched: they come in the later phases). Arrows: the in-plane messages.
+    """
+    view = _view(image, grid, halo, depth_index)
+    img_h, img_w = view.picture.shape[:2]
+    sy, sx = view.scale
     fig, ax = _axes(ax, (6, 6))
-    ax.imshow(picture, extent=(0, img_w, img_h, 0), gid="image", cmap="gray" if picture.ndim == 2 else None)
-    here = slice_tiles(grid, sizes, z)
+    grey = view.z is not None and view.picture.ndim == 2
+    ax.imshow(view.picture, extent=(0, img_w, img_h, 0), gid="image", cmap="gray" if grey else None)
+    here = slice_tiles(grid, view.sizes, view.z)
     centers: dict[int, tuple[float, float]] = {}
     for tile in here:
-        _, (r0, r1), (c0, c1) = grid.extent(tile, sizes)
+        (r0, r1), (c0, c1) = grid.extent(tile, view.sizes)[-2:]
         centers[tile] = ((c0 + c1) / 2 * sx, (r0 + r1) / 2 * sy)
         ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, fill=False,
                                edgecolor="white", linewidth=1.5, gid=f"tile:{tile}"))
         ax.text(*centers[tile], f"rank tile {tile}", color="white", ha="center", va="center", fontsize=9,
                 gid=f"tile-label:{tile}", bbox={"facecolor": "black", "alpha": 0.4, "pad": 2})
-    shape = "x".join(map(str, grid.shape))
-    where = f"slice {depth_index} of {vol_d}"
-    if halo is None:
-        ax.set_title(f"{where}: {vol_d}x{img_h}x{img_w} volume\non {shape} tiles (here: {here})", fontsize=9)
-    else:
-        chosen = range(grid.num_tiles) if tiles is None else tiles
-        for tile in chosen:
-            _draw_volume_halo(ax, halo.tile(tile), z, (feat_h, feat_w), (sy, sx))
+    if halo is not None:
+        for tile in range(grid.num_tiles) if tiles is None else tiles:
+            _draw_tile_halo(ax, halo.tile(tile), view)
         if show_messages:
-            in_plane = [m for m in halo.messages() if m.phase != "depth" and m.depth is not None
-                        and m.depth[0] <= z < m.depth[1]]
-            _draw_messages(ax, in_plane, centers, tiles, (img_h, img_w))
-        faces = ""
-        if tiles is not None and len(tiles) == 1:
-            widths = face_halos(halo.tile(tiles[0]))
-            faces = f"\ntile {tiles[0]}'s halo per face: " + ", ".join(f"{face} {widths[face]}" for face in FACES)
-        ax.set_title(f"{halo.name}: {where} (feature slice {z} of {feat_d})\non {shape} tiles, "
-                     f"{halo.message_count} messages{faces}", fontsize=8)
+            _draw_messages(ax, _in_plane(halo, view.z), centers, tiles, (img_h, img_w))
+    ax.set_title(_title(grid, halo, view, here, tiles), fontsize=9 if view.z is None else 8)
     ax.set_xlim(0, img_w)
     ax.set_ylim(img_h, 0)
     return fig
 
 
-def _draw_volume_halo(ax: Axes, tile_halo: TileHalo, z: int, plane: tuple[int, int],
-                      scale: tuple[float, float]) -> None:
-    """What ``tile_halo``'s tile receives in feature slice ``z``: in-plane bands, or a depth face and its edges."""
-    assert tile_halo.depth is not None
-    (own0, own1), (need0, need1) = tile_halo.depth.owned, tile_halo.depth.needed
-    if not max(need0, 0) <= z < min(need1, tile_halo.depth.size):
-        return                                          # this slice is neither the tile's nor its halo's
-    feat_h, feat_w = plane
-    sy, sx = scale
+def _in_plane(halo: LayerHalo, z: int | None) -> list[Message]:
+    """The messages drawn as arrows: every message of an image's exchange; a volume's rows and columns messages
+    that carry feature slice ``z``."""
+    if z is None:
+        return halo.messages()
+    return [m for m in halo.messages() if m.phase != "depth" and m.depth is not None and m.depth[0] <= z < m.depth[1]]
+
+
+def _title(grid: TileGrid, halo: LayerHalo | None, view: _View, here: list[int], tiles: Sequence[int] | None
+           ) -> str:
+    shape = "x".join(map(str, grid.shape))
+    img_h, img_w = view.picture.shape[:2]
+    if view.z is None:
+        if halo is None:
+            return f"{img_h}x{img_w} image on {shape} tiles"
+        return (f"{halo.name}: {halo.height}x{halo.width} map on {shape} tiles, "
+                f"{halo.message_count} messages (rows: yellow, cols+corners: cyan)")
+    where = f"slice {view.index} of {view.depth}"
+    if halo is None:
+        return f"{where}: {view.depth}x{img_h}x{img_w} volume\non {shape} tiles (here: {here})"
+    faces = ""
+    if tiles is not None and len(tiles) == 1:
+        widths = face_halos(halo.tile(tiles[0]))
+        faces = f"\ntile {tiles[0]}'s halo per face: " + ", ".join(f"{face} {widths[face]}" for face in FACES)
+    return (f"{halo.name}: {where} (feature slice {view.z} of {view.sizes[0]})\non {shape} tiles, "
+            f"{halo.message_count} messages{faces}")
+
+
+def _draw_tile_halo(ax: Axes, tile_halo: TileHalo, view: _View) -> None:
+    """What ``tile_halo``'s tile receives in the drawn slice: its in-plane bands, or (a volume's slice in its depth
+    halo) the depth face and its edges."""
+    face = None
+    if tile_halo.depth is not None:
+        (own0, own1), (need0, need1) = tile_halo.depth.owned, tile_halo.depth.needed
+        assert view.z is not None
+        if not max(need0, 0) <= view.z < min(need1, tile_halo.depth.size):
+            return                                          # this slice is neither the tile's nor its halo's
+        face = None if own0 <= view.z < own1 else ("front" if view.z < own0 else "back")
+    sy, sx = view.scale
     color = stage_color(tile_halo.tile)
-    face = None if own0 <= z < own1 else ("front" if z < own0 else "back")
     prefix = "" if face is None else f"{face}_"
     if face is not None:
         r0, r1, c0, c1 = tile_halo.owned_box
         ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, facecolor=color, alpha=0.6,
                                edgecolor=color, linewidth=2, gid=f"halo:tile{tile_halo.tile}:{face}"))
-    for side, (r0, r1, c0, c1) in halo_bands(tile_halo, feat_h, feat_w).items():
+    for side, (r0, r1, c0, c1) in halo_bands(tile_halo, *view.sizes[-2:]).items():
         hatched = face is not None or side.endswith("corner")
         ax.add_patch(Rectangle((c0 * sx, r0 * sy), (c1 - c0) * sx, (r1 - r0) * sy, facecolor=color,
                                alpha=0.25 if hatched else 0.45, edgecolor=color, hatch="//" if hatched else None,
@@ -634,3 +635,14 @@ def show(fig: Figure, dpi: int = 100) -> None:
     except ImportError:  # pragma: no cover - plain Python without IPython
         return
     display(Image(data=png_bytes(fig, dpi)))
+
+
+_RENAMED = {"draw_volume_tiles_and_halos": "draw_tiles_and_halos(volume, grid, halo, depth_index=...): one drawing "
+                                           "for images and volumes, the grid says which"}
+
+
+def __getattr__(name: str) -> object:
+    """A name this module no longer has: refused naming its new spelling."""
+    if name in _RENAMED:
+        raise AttributeError(f"viz.{name} is now viz.{_RENAMED[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

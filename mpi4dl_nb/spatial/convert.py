@@ -2,9 +2,9 @@
 
 Leaves are converted in a copy of the tree (containers are shallow copies, parameters and
 buffers are the same objects): Conv2d, ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d,
-GroupNorm, InstanceNorm2d, Upsample and AdaptiveAvgPool2d(1) become their spatial versions (on a
-volume's grid, a TileGrid with depth: Conv3d, ConvTranspose3d, MaxPool3d, AvgPool3d, BatchNorm3d, GroupNorm,
-InstanceNorm3d, Upsample, AdaptiveAvgPool3d(1), AdaptiveMaxPool3d(1)); element-wise layers stay as they are.
+GroupNorm, InstanceNorm2d, Upsample, AdaptiveAvgPool2d(1) and AdaptiveMaxPool2d(1) become their spatial
+versions (on a volume's grid, a TileGrid with depth, their 3-D twins; one spatial class serves both, see
+registry.py); element-wise layers stay as they are.
 Custom containers keep their own ``forward`` —
 residual adds, gates, channel concatenation and element-wise ops work tile by tile because
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
@@ -26,7 +26,7 @@ from ..config import ConfigError
 from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout  # noqa: F401
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
-from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, VOLUME_LAYERS
+from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
 
 
 def _check_guarded(module: nn.Module, name: str) -> None:
@@ -39,13 +39,6 @@ def _check_guarded(module: nn.Module, name: str) -> None:
                               f"normalise over channels only (permute the channels last first, as "
                               f"ConvNeXt does), use GroupNorm or BatchNorm2d (whose statistics span every "
                               f"tile), or put it after the spatial stage")
-    if isinstance(module, nn.AdaptiveMaxPool2d):
-        size = module.output_size
-        if (tuple(size) if isinstance(size, (tuple, list)) else (size, size)) != (1, 1) or module.return_indices:
-            raise ConfigError("model", f"layer {name!r} (AdaptiveMaxPool2d, output_size="
-                              f"{module.output_size}, return_indices={module.return_indices}): only "
-                              f"output_size 1 without indices is supported on tiles; use "
-                              f"AdaptiveMaxPool2d(1) or a MaxPool2d")
 
 
 class _Converter:
@@ -66,16 +59,17 @@ class _Converter:
 
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
-        layers = VOLUME_LAYERS if runtime.grid.volumetric else SPATIAL_LAYERS
-        if kind in layers:
-            converted = layers[kind](module, runtime, name)
+        conversion = SPATIAL_LAYERS.get(kind)
+        if conversion is not None and conversion.axes in (None, runtime.grid.ndim):
+            converted = conversion.make(module, runtime, name)
             runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
             return converted
-        if kind in SPATIAL_LAYERS or kind in VOLUME_LAYERS:
+        if conversion is not None:
             what = "a volume's tiles (a TileGrid with depth)" if runtime.grid.volumetric else "image tiles"
+            supported = ", ".join(t.__name__ for t in converted_on(runtime.grid.ndim))
             raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not supported on "
-                              f"{what}; supported there: {', '.join(t.__name__ for t in layers)}, "
-                              f"element-wise layers and containers of them; or put it after the spatial stage")
+                              f"{what}; supported there: {supported}, element-wise layers and containers of them; "
+                              f"or put it after the spatial stage")
         if kind in GUARDED:
             _check_guarded(module, name)
             return module
@@ -90,7 +84,7 @@ class _Converter:
         children = list(module.named_children())
         if not children and type(module).__module__.startswith("torch.") and kind is not nn.Sequential:
             # (an empty nn.Sequential is the identity: ShuffleNetV2's and GhostNet's shortcuts)
-            supported = ", ".join(t.__name__ for t in layers)
+            supported = ", ".join(t.__name__ for t in converted_on(runtime.grid.ndim))
             raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not "
                               f"supported by spatial parallelism; supported: {supported}, "
                               f"element-wise layers, and containers of them. If it is exact on "

@@ -1,4 +1,4 @@
-"""SpatialConvTranspose2d/3d: a transposed convolution on tiles (any stride, padding, output_padding).
+"""SpatialConvTranspose: nn.ConvTranspose2d / 3d on tiles (any stride, padding, output_padding).
 
 A transposed convolution scatters each input pixel into a ``d*(k-1)+1`` window of the output
 at stride ``s``. Each tile computes its full local contribution (a transposed conv with no
@@ -6,8 +6,8 @@ padding), which covers output rows ``[i0*s - p, (i1-1)*s - p + d*(k-1) + 1)`` fo
 ``[i0, i1)``. The rows that fall in a neighbour's owned output range are sent there and added;
 rows outside the image (the padding) are dropped. That is exactly the adjoint of a halo
 exchange whose "needed" range is the contribution range, so forward runs the halo
-exchange's adjoint and backward its forward (the gradient's halo). The same code serves a
-volume's three axes (``AxesHaloExchange``).
+exchange's adjoint and backward its forward (the gradient's halo). The same code serves an image's
+two tiled axes and a volume's three.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .conv import autocast_dtype, autocast_kind
-from .geometry import AXIS_NAMES, AxisExchange, LayerHalo, plan_axis, split_ranges
+from .geometry import AxisExchange, LayerHalo, plan_axis, split_ranges
 from .layer import SpatialLayer, SpatialRuntime, adopt
 
 
@@ -38,9 +38,9 @@ def contribution_plan(size: int, parts: int, kernel: int, stride: int, dilation:
     return out, plan_axis(out, split_ranges(out, parts), needed, what=what)
 
 
-class _TransposedConv(SpatialLayer, nn.Module):
-    """A transposed convolution on this rank's tile, over the grid's 2 or 3 axes; its output is the owned
-    tile of the full output."""
+class SpatialConvTranspose(SpatialLayer, nn.Module):
+    """nn.ConvTranspose2d / nn.ConvTranspose3d on this rank's tile, over the grid's 2 or 3 axes; its output is
+    the owned tile of the full output."""
 
     kernel_size: tuple[int, ...]
     stride: tuple[int, ...]
@@ -61,7 +61,7 @@ class _TransposedConv(SpatialLayer, nn.Module):
 
     def geometry(self, sizes: tuple[int, ...]) -> LayerHalo:
         grid = self.runtime.grid
-        axis_names = AXIS_NAMES[-grid.ndim:]
+        axis_names = grid.axis_names
         outs, plans = [], []
         for axis, (size, parts) in enumerate(zip(sizes, grid.shape)):
             out, plan = contribution_plan(
@@ -89,17 +89,9 @@ class _TransposedConv(SpatialLayer, nn.Module):
         """Each tile's contribution, the neighbours' parts sent to their owners and added, then the bias."""
         runtime = self.runtime
         sizes = runtime.axis_sizes(self, x)
-        exchange = self._halo(sizes, lambda: runtime.axes_exchange_for(self.geometry(sizes), 0.0))
+        exchange = self._halo(sizes, lambda: runtime.exchange(self.geometry(sizes), 0.0))
         transposed = F.conv_transpose3d if runtime.grid.volumetric else F.conv_transpose2d
         out = exchange.adjoint(transposed(x, weight, None, self.stride, 0, 0, self.groups, self.dilation))
         if bias is not None:
             out = out + bias.reshape(-1, *[1] * runtime.grid.ndim)
         return out
-
-
-class SpatialConvTranspose2d(_TransposedConv, nn.ConvTranspose2d):
-    """ConvTranspose2d on this rank's tile; its output is the owned tile of the full output."""
-
-
-class SpatialConvTranspose3d(_TransposedConv, nn.ConvTranspose3d):
-    """ConvTranspose3d on a volume's tile (depth, rows and columns exchanged as in 2-D)."""

@@ -154,7 +154,7 @@ def serial_noise_tile(runtime: SpatialRuntime, x: torch.Tensor, layout: TileLayo
 def volume_noise_tile(runtime: SpatialRuntime, x: torch.Tensor, p: float) -> torch.Tensor:
     """This volume tile's (``(N, C, d, h, w)``) slice of ``F.dropout(ones of the whole volume's shape, p)``."""
     axes = runtime.grid.ndim
-    sizes = runtime.tiled_sizes(DROPOUT, x)
+    sizes = runtime.axis_sizes(DROPOUT, x)
     noise = F.dropout(_ones_laid_out_like(x, [*x.shape[:-axes], *sizes]), p, True)
     for dim, (start, stop) in zip(range(-axes, 0), runtime.grid.extent(runtime.tile, sizes)):
         noise = noise.narrow(dim, start, stop - start)

@@ -1,4 +1,4 @@
-"""Shape-only check, before any rank starts, that every conv/pool halo fits the tiles of a grid."""
+"""Shape-only check, before any rank starts, that every conv/pool halo fits the tiles of a grid (image or volume)."""
 from __future__ import annotations
 
 import copy
@@ -9,9 +9,11 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .conv import conv_windows
+from .conv import conv_axis_windows
 from .geometry import IDENTITY, LayerHalo, TileGrid, Window1d
-from .pool import pool_windows
+from .pool import pool_axis_windows
+
+_WINDOWED = {nn.Conv2d: 2, nn.Conv3d: 3, nn.MaxPool2d: 2, nn.MaxPool3d: 3, nn.AvgPool2d: 2, nn.AvgPool3d: 3}
 
 
 def meta_copy(module: nn.Module) -> nn.Module:
@@ -26,16 +28,18 @@ def meta_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module, memo).to("meta")
 
 
-def _windows(module: nn.Module) -> tuple[Window1d, Window1d] | None:
-    """The layer's row and column windows; None when it has no halo to plan (not windowed, or pointwise:
-    a 1x1 stride-1 conv reads no neighbour, e.g. an SE gate's on the replicated 1x1 map of a global pool)."""
-    if isinstance(module, nn.Conv2d):
-        windows = conv_windows(module)
-    elif isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
-        windows = pool_windows(module, getattr(module, "dilation", 1))
-    else:
+def _windows(module: nn.Module, axes: int) -> tuple[Window1d, ...] | None:
+    """The layer's window along each of the grid's ``axes`` tiled axes; None when it has no halo to plan (not
+    windowed, of the other dimension, or pointwise: a 1x1 stride-1 conv reads no neighbour, e.g. an SE gate's on
+    the replicated 1x1 map of a global pool)."""
+    if next((n for kind, n in _WINDOWED.items() if isinstance(module, kind)), None) != axes:
         return None
-    return None if windows == (IDENTITY, IDENTITY) else windows
+    if isinstance(module, nn.modules.conv._ConvNd):
+        windows = conv_axis_windows(module)
+    else:
+        assert isinstance(module, (nn.MaxPool2d, nn.AvgPool2d, nn.MaxPool3d, nn.AvgPool3d))
+        windows = pool_axis_windows(module, axes, getattr(module, "dilation", 1))
+    return None if windows == (IDENTITY,) * axes else windows
 
 
 @contextmanager
@@ -46,14 +50,14 @@ def halo_checked(module: nn.Module, grid: TileGrid,
     probe = meta_copy(module)
     handles = []
     for name, sub in probe.named_modules():
-        windows = _windows(sub)
+        windows = _windows(sub, grid.ndim)
         if windows is None:
             continue
 
-        def plan(mod: nn.Module, inputs: tuple, windows: tuple[Window1d, Window1d] = windows,
+        def plan(mod: nn.Module, inputs: tuple, windows: tuple[Window1d, ...] = windows,
                  layer: str = label(name)) -> None:
-            height, width = inputs[0].shape[-2:]
-            LayerHalo.for_windows(grid, int(height), int(width), windows[0], windows[1], name=layer)
+            sizes = tuple(int(n) for n in inputs[0].shape[-grid.ndim:])
+            LayerHalo.for_axis_windows(grid, sizes, windows, name=layer)
         handles.append(sub.register_forward_pre_hook(plan))
     try:
         yield probe

@@ -20,20 +20,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from .conv import SpatialConv2d, conv_after_exchange, conv_after_padding
-from .geometry import AXIS_NAMES, FusedLevel, LayerHalo, plan_fused_axis
+from .conv import SpatialConv, conv_after_exchange, conv_after_padding
+from .geometry import FusedLevel, LayerHalo, plan_fused_axis
 from .guard import is_tiled, mark_tiled
 from .halo import HaloExchange
-from .halo_axes import AxesHaloExchange
 from .layer import SpatialLayer, SpatialRuntime
-from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d
-from .pool import SpatialAvgPool2d, SpatialMaxPool2d
+from .norm import SpatialBatchNorm
 from .registry import ELEMENTWISE
-from .volume_window import SpatialAvgPool3d, SpatialConv3d, SpatialMaxPool3d
+from .windowed import SpatialWindowedLayer
 
-VOLUME_WINDOWED = (SpatialConv3d, SpatialMaxPool3d, SpatialAvgPool3d)
-WINDOWED = (SpatialConv2d, SpatialMaxPool2d, SpatialAvgPool2d, *VOLUME_WINDOWED)
-BATCH_NORMS = (SpatialBatchNorm2d, SpatialBatchNorm3d)
 _NOT_POINTWISE = (nn.Flatten, nn.Linear)
 
 
@@ -43,14 +38,14 @@ class FusedPlan:
     def __init__(self, block: FusedBlock, sizes: tuple[int, ...]) -> None:
         runtime, grid = block.runtime, block.runtime.grid
         planned = [plan_fused_axis(size, parts, [w[k] for w in block.windows], what=f"{block.name} ({axis})")
-                   for k, (size, parts, axis) in enumerate(zip(sizes, grid.shape, AXIS_NAMES[-grid.ndim:]))]
+                   for k, (size, parts, axis) in enumerate(zip(sizes, grid.shape, grid.axis_names))]
         outs = [sum(lv[-1].out[1] - lv[-1].out[0] for lv in levels) for _, levels in planned]
         self.geometry = LayerHalo.from_axis_plans(grid, sizes, outs, [plans for plans, _ in planned], block.name)
         # per axis (depth, rows, cols or rows, cols), this tile's levels in forward order
         self.axes: list[list[FusedLevel]] = [levels[index] for (_, levels), index
                                              in zip(planned, grid.coords(runtime.tile))]
         pad_value = block.windowed[0].pad_value
-        self.exchange: HaloExchange | AxesHaloExchange = runtime.axes_exchange_for(self.geometry, pad_value)
+        self.exchange: HaloExchange = runtime.exchange(self.geometry, pad_value)
         for level, bn in block.norm_levels:
             for lv in (levels[level] for levels in self.axes):
                 if not (lv.data[0] <= lv.owned_in[0] and lv.owned_in[1] <= lv.data[1]):
@@ -77,11 +72,6 @@ class FusedPlan:
             found += [before, before + lv.data[1] - lv.data[0]]
         return tuple(found)
 
-    def image_box(self, level: int) -> tuple[int, int, int, int]:
-        """``inside(level)`` of an image's block: (top, bottom, left, right)."""
-        top, bottom, left, right = self.inside(level)
-        return (top, bottom, left, right)
-
     def owned(self, level: int) -> tuple[slice, ...]:
         """Owned positions along every axis inside the data held at the input of windowed layer ``level``."""
         return tuple(slice(lv.owned_in[0] - lv.data[0], lv.owned_in[1] - lv.data[0])
@@ -97,15 +87,15 @@ class FusedBlock:
         self.members = members
         self.start, self.stop = start, start + len(members)
         self.name = name
-        self.windowed = [m for m in members if isinstance(m, WINDOWED)]
+        self.windowed = [m for m in members if isinstance(m, SpatialWindowedLayer)]
         self.windows = [m.windows for m in self.windowed]
         # BatchNorm layers between windowed layers: (level of the next windowed layer, name)
         self.norm_levels: list[tuple[int, str]] = []
         level = 0
         for _i, m in enumerate(members):
-            if isinstance(m, WINDOWED):
+            if isinstance(m, SpatialWindowedLayer):
                 level += 1
-            elif isinstance(m, BATCH_NORMS):
+            elif isinstance(m, SpatialBatchNorm):
                 self.norm_levels.append((level, m.layer_name))
         self._plans: dict[tuple[int, ...], FusedPlan] = {}
 
@@ -120,26 +110,10 @@ class FusedBlock:
         plan = self.plan(self.runtime.axis_sizes(self, x))
         y, level = x, 0
         for member in self.members:
-            if isinstance(member, SpatialConv2d):    # memory-lean: saves unpadded inputs
-                if level == 0:
-                    assert isinstance(plan.exchange, HaloExchange), "an image's grid exchanges in two phases"
-                    y = conv_after_exchange(member, y, plan.exchange)
-                else:
-                    left, right, top, bottom = plan.padding(level)
-                    y = conv_after_padding(member, y, (left, right, top, bottom))
+            if isinstance(member, SpatialWindowedLayer):
+                y = _windowed(member, y, plan, level)
                 level += 1
-            elif isinstance(member, WINDOWED):
-                if level == 0:
-                    y = plan.exchange(y)
-                elif any(plan.padding(level)):
-                    y = F.pad(y, plan.padding(level), value=member.pad_value)
-                counting = not getattr(member, "count_include_pad", False)   # the divisor counts in-image only
-                if isinstance(member, VOLUME_WINDOWED):
-                    y = member.apply_padded(y, plan.inside(level) if counting else None)
-                else:
-                    y = member.apply_padded(y, plan.image_box(level) if counting else None)
-                level += 1
-            elif isinstance(member, BATCH_NORMS):
+            elif isinstance(member, SpatialBatchNorm):
                 y = _normalized(member, y, plan.owned(level))
             else:
                 y = member(y)
@@ -149,8 +123,21 @@ class FusedBlock:
         return self
 
 
-def _normalized(bn: SpatialBatchNorm2d | SpatialBatchNorm3d, x: torch.Tensor, owned: tuple[slice, ...]
-                ) -> torch.Tensor:
+def _windowed(member: SpatialWindowedLayer, y: torch.Tensor, plan: FusedPlan, level: int) -> torch.Tensor:
+    """Windowed layer ``level`` of a block: the first after the block's one exchange, the others on the data held,
+    padded where the serial model pads (a conv memory-lean: it saves unpadded inputs)."""
+    pads = plan.padding(level)
+    if isinstance(member, SpatialConv):
+        return conv_after_exchange(member, y, plan.exchange) if level == 0 else conv_after_padding(member, y, pads)
+    if level == 0:
+        y = plan.exchange(y)
+    elif any(pads):
+        y = F.pad(y, pads, value=member.pad_value)
+    counting = not getattr(member, "count_include_pad", False)   # the divisor counts in-image only
+    return member.apply_padded(y, plan.inside(level) if counting else None)
+
+
+def _normalized(bn: SpatialBatchNorm, x: torch.Tensor, owned: tuple[slice, ...]) -> torch.Tensor:
     """``bn`` on an extended tile with the statistics of its owned window, between ``bn``'s forward pre-hooks and
     forward hooks as ``bn(x)`` runs them: the engine records the running-statistic update through those hooks
     (``pipeline/bn_replay.py``), which a bare ``normalize`` call would skip."""
@@ -209,7 +196,7 @@ def _run_block(block: FusedBlock, x: torch.Tensor) -> torch.Tensor:
 def _fusable(module: nn.Module) -> bool:
     if getattr(module, "ceil_mode", False):   # its window depends on the input size
         return False
-    if isinstance(module, WINDOWED + BATCH_NORMS):
+    if isinstance(module, (SpatialWindowedLayer, SpatialBatchNorm)):
         return True
     return isinstance(module, ELEMENTWISE) and not isinstance(module, _NOT_POINTWISE)
 
@@ -219,13 +206,13 @@ def _blocks(children: list[nn.Module], fused_layers: int) -> list[tuple[int, int
     blocks, current, count, last_window = [], None, 0, -1
     for i, child in enumerate(children + [None]):
         if child is None or not _fusable(child) or \
-                (isinstance(child, WINDOWED) and count == fused_layers):
+                (isinstance(child, SpatialWindowedLayer) and count == fused_layers):
             if current is not None and count >= 2:
                 blocks.append((current, last_window + 1))
             current, count = None, 0
             if child is None or not _fusable(child):
                 continue
-        if isinstance(child, WINDOWED):
+        if isinstance(child, SpatialWindowedLayer):
             if current is None:
                 current = i
             count += 1
@@ -239,8 +226,6 @@ def halo_messages_sent(root: nn.Module) -> int:
     for module in root.modules():
         if isinstance(module, SpatialLayer):
             total += sum(exchange.messages_sent for exchange in module._exchanges.values())
-        if isinstance(module, VOLUME_WINDOWED):   # a volume's layers keep their exchanges by input size
-            total += sum(exchange.messages_sent for exchange in module.axes_exchanges.values())
         if isinstance(module, FusedSequential):
             total += sum(plan.exchange.messages_sent for block in module.fused_blocks.values()
                          for plan in block._plans.values())

@@ -231,6 +231,11 @@ class TileGrid:
     def volumetric(self) -> bool:
         return self.ndim == 3
 
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The grid's axes, outermost first: ``("rows", "cols")`` or ``("depth", "rows", "cols")``."""
+        return AXIS_NAMES[-self.ndim:]
+
     @classmethod
     def from_slice_method(cls, method: SliceMethod | str, num_parts: int) -> TileGrid:
         """The grid MPI4DL's ``--slice-method`` and ``--num-spatial-parts`` describe (``"DxRxC"``: a volume's
@@ -392,9 +397,8 @@ class TileGrid:
                    dilation: int | tuple[int, int] = 1, name: str = "layer") -> LayerHalo:
         """Halo geometry of a conv/pool layer on a ``height x width`` input (symmetric padding)."""
         k, s, p, d = (_pair(v) for v in (kernel, stride, padding, dilation))
-        rows = Window1d(k[0], s[0], d[0], p[0], p[0])
-        cols = Window1d(k[1], s[1], d[1], p[1], p[1])
-        return LayerHalo.for_windows(self, height, width, rows, cols, name)
+        windows = [Window1d(k[a], s[a], d[a], p[a], p[a]) for a in range(2)]
+        return LayerHalo.for_axis_windows(self, (height, width), windows, name)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TileGrid) and self.shape == other.shape
@@ -417,38 +421,59 @@ def _pair(value: int | Sequence[int]) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Message:
-    """One halo message: ``src`` tile sends the ``box`` (image coordinates of the exchanged
-    tensor) to ``dst`` in ``phase`` 'depth' (volumes: first), 'rows', then 'cols' (edges and
-    corners included); ``depth`` is the box's depth range in a volume's exchange."""
+    """One halo message: ``src`` tile sends the ``extent`` (a range per tiled axis, image coordinates of the
+    exchanged tensor) to ``dst`` in ``phase`` 'depth' (volumes: first), 'rows', then 'cols' (edges and corners
+    included)."""
 
     phase: str
     src: int
     dst: int
-    box: Box
-    depth: Range | None = None
+    extent: tuple[Range, ...]
+
+    @property
+    def box(self) -> Box:
+        """The extent's rows and columns ``(r0, r1, c0, c1)``."""
+        return (*self.extent[-2], *self.extent[-1])
+
+    @property
+    def depth(self) -> Range | None:
+        """The extent's depth range in a volume's exchange (None on an image's grid)."""
+        return self.extent[0] if len(self.extent) == 3 else None
 
     @property
     def elements(self) -> int:
-        r0, r1, c0, c1 = self.box
-        slices = 1 if self.depth is None else range_length(self.depth)
-        return slices * max(0, r1 - r0) * max(0, c1 - c0)
+        return math.prod(range_length(r) for r in self.extent)
 
 
 @dataclass(frozen=True)
 class TileHalo:
-    """One tile's view of one exchange: owned and needed boxes, halo widths, its messages."""
+    """One tile's view of one exchange: its plan along every tiled axis (outermost first) and the output
+    range it computes along each."""
 
     tile: int
-    rows: AxisExchange
-    cols: AxisExchange
-    out_box: Box | None = None
-    depth: AxisExchange | None = None    # a volume's exchange: the depth axis
-    out_depth: Range | None = None
+    axes: tuple[AxisExchange, ...]
+    out_extent: tuple[Range, ...] = ()
 
     @property
-    def axes(self) -> tuple[AxisExchange, ...]:
-        """The plan along every tiled axis, outermost first (depth, rows, cols or rows, cols)."""
-        return (self.rows, self.cols) if self.depth is None else (self.depth, self.rows, self.cols)
+    def rows(self) -> AxisExchange:
+        return self.axes[-2]
+
+    @property
+    def cols(self) -> AxisExchange:
+        return self.axes[-1]
+
+    @property
+    def depth(self) -> AxisExchange | None:
+        """The depth axis' plan of a volume's exchange (None on an image's grid)."""
+        return self.axes[0] if len(self.axes) == 3 else None
+
+    @property
+    def out_box(self) -> Box | None:
+        return (*self.out_extent[-2], *self.out_extent[-1]) if self.out_extent else None
+
+    @property
+    def out_depth(self) -> Range | None:
+        return self.out_extent[0] if len(self.out_extent) == 3 else None
 
     @property
     def owned_extent(self) -> tuple[Range, ...]:
@@ -483,86 +508,62 @@ class TileHalo:
 class LayerHalo:
     """Halo geometry of one exchange on a grid: per tile what it owns, needs, sends, receives.
 
-    Exchange is two-phase: rows first (to top/bottom neighbours, over the owned columns),
-    then columns (to left/right neighbours, over the full needed row range, so the
-    corners travel in the second phase without diagonal messages). A volume's exchange
-    (``grid.volumetric``, made by ``for_axis_windows``) has three: depth (over the owned rows
-    and columns), rows (over the needed depth), columns (over the needed depth and rows), so
-    edges and corners travel without diagonal messages.
+    One phase per tiled axis, outermost first (an image's: rows, then columns; a volume's: depth, rows,
+    columns). Phase ``k`` sends the strips along axis ``k`` over the needed range of the axes already
+    exchanged and the owned range of the later ones, so edges and corners travel in the later phases without
+    diagonal messages. ``plans[k][i]``: the plan of the tiles with index ``i`` along axis ``k``.
     """
 
     grid: TileGrid
-    height: int
-    width: int
-    out_height: int
-    out_width: int
+    sizes: tuple[int, ...]       # the exchanged tensor's tiled axes, outermost first
+    out_sizes: tuple[int, ...]   # the layer's output along them
     tiles: tuple[TileHalo, ...]
     name: str = "layer"
-    row_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
-    col_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
-    in_depth: int = 1      # a volume's exchange: input and output depth
-    out_depth: int = 1
-    depth_plans: tuple[AxisExchange, ...] = field(default=(), repr=False)
+    plans: tuple[tuple[AxisExchange, ...], ...] = field(default=(), repr=False)
 
     @property
-    def sizes(self) -> tuple[int, ...]:
-        """Lengths of the exchanged tensor's tiled axes (``(D, H, W)`` or ``(H, W)``)."""
-        return (self.in_depth, self.height, self.width) if self.grid.volumetric else (self.height, self.width)
+    def height(self) -> int:
+        return self.sizes[-2]
 
     @property
-    def out_sizes(self) -> tuple[int, ...]:
-        plane = (self.out_height, self.out_width)
-        return (self.out_depth, *plane) if self.grid.volumetric else plane
+    def width(self) -> int:
+        return self.sizes[-1]
+
+    @property
+    def out_height(self) -> int:
+        return self.out_sizes[-2]
+
+    @property
+    def out_width(self) -> int:
+        return self.out_sizes[-1]
 
     @classmethod
     def for_axis_windows(cls, grid: TileGrid, sizes: Sequence[int], windows: Sequence[Window1d],
                          name: str = "layer") -> LayerHalo:
-        """Halo geometry of a windowed layer along every tiled axis (2-D or a volume's 3-D grid)."""
+        """Halo geometry of a windowed layer along every tiled axis (an image's or a volume's grid)."""
         grid.check_sizes(sizes)
         if len(windows) != grid.ndim:
             raise ValueError(f"{name}: {len(windows)} windows for the {grid.ndim} axes of {grid}")
-        if not grid.volumetric:
-            return cls.for_windows(grid, sizes[0], sizes[1], windows[0], windows[1], name)
         plans = [plan_window_axis(size, count, window, what=f"{name} ({axis})")
-                 for size, count, window, axis in zip(sizes, grid.shape, windows, AXIS_NAMES)]
+                 for size, count, window, axis in zip(sizes, grid.shape, windows, grid.axis_names)]
         outs = [window.out_size(size) for size, window in zip(sizes, windows)]
         return cls.from_axis_plans(grid, sizes, outs, plans, name)
 
     @classmethod
-    def from_axis_plans(cls, grid: TileGrid, sizes: Sequence[int], outs: Sequence[int],
-                        plans: Sequence[Sequence[AxisExchange]], name: str = "layer") -> LayerHalo:
-        """The exchange made of each axis' per-tile plans (input lengths ``sizes``, output lengths ``outs``),
-        on an image's grid or a volume's (``plans[k][i]``: tile index ``i`` along axis ``k``)."""
-        if not grid.volumetric:
-            return cls.from_plans(grid, sizes[0], sizes[1], outs[0], outs[1], plans[0], plans[1], name)
-        tiles = []
-        for tile in range(grid.num_tiles):
-            (d, r, c), (out_d, *out_plane) = grid.coords(tile), grid.extent(tile, outs)
-            out_box = (*out_plane[0], *out_plane[1])
-            tiles.append(TileHalo(tile, plans[1][r], plans[2][c], out_box, plans[0][d], out_d))
-        return cls(grid, sizes[1], sizes[2], outs[1], outs[2], tuple(tiles), name, tuple(plans[1]),
-                   tuple(plans[2]), sizes[0], outs[0], tuple(plans[0]))
-
-    @classmethod
     def for_windows(cls, grid: TileGrid, height: int, width: int, rows: Window1d,
                     cols: Window1d, name: str = "layer") -> LayerHalo:
-        grid.check_size(height, width)
-        row_plans = plan_window_axis(height, grid.rows, rows, what=f"{name} (rows)")
-        col_plans = plan_window_axis(width, grid.cols, cols, what=f"{name} (cols)")
-        out_h, out_w = rows.out_size(height), cols.out_size(width)
-        return cls.from_plans(grid, height, width, out_h, out_w, row_plans, col_plans, name)
+        """``for_axis_windows`` of an image's grid, spelt per axis."""
+        return cls.for_axis_windows(grid, (height, width), (rows, cols), name)
 
     @classmethod
-    def from_plans(cls, grid: TileGrid, height: int, width: int, out_h: int, out_w: int,
-                   row_plans: Sequence[AxisExchange], col_plans: Sequence[AxisExchange],
-                   name: str = "layer") -> LayerHalo:
-        out_boxes = grid.tile_boxes(out_h, out_w)
-        tiles = []
-        for tile in range(grid.num_tiles):
-            r, c = grid.position(tile)
-            tiles.append(TileHalo(tile, row_plans[r], col_plans[c], out_boxes[tile]))
-        return cls(grid, height, width, out_h, out_w, tuple(tiles), name,
-                   tuple(row_plans), tuple(col_plans))
+    def from_axis_plans(cls, grid: TileGrid, sizes: Sequence[int], outs: Sequence[int],
+                        plans: Sequence[Sequence[AxisExchange]], name: str = "layer") -> LayerHalo:
+        """The exchange made of each axis' per-tile plans (input lengths ``sizes``, output lengths ``outs``;
+        ``plans[k][i]``: tile index ``i`` along axis ``k``)."""
+        tiles = tuple(TileHalo(tile, tuple(axis[i] for axis, i in zip(plans, grid.coords(tile))),
+                               grid.extent(tile, outs)) for tile in range(grid.num_tiles))
+        return cls(grid, tuple(int(n) for n in sizes), tuple(int(n) for n in outs), tiles, name,
+                   tuple(tuple(axis) for axis in plans))
 
     def tile(self, tile: int) -> TileHalo:
         return self.tiles[tile]
@@ -572,18 +573,16 @@ class LayerHalo:
         axis, outermost first; a phase sends its axis' strips over the data range (the needed range
         inside the tensor) of the axes already exchanged and the owned range of the others."""
         found = []
-        phases = AXIS_NAMES[-self.grid.ndim:]
         for t in range(self.grid.num_tiles):
             axes = self.tiles[t].axes
-            for k, phase in enumerate(phases):
+            for k, phase in enumerate(self.grid.axis_names):
                 for step, sent in ((-1, axes[k].send_prev), (1, axes[k].send_next)):
                     peer = self.grid.axis_neighbor(t, k, step)
                     if peer is None or not range_length(sent):
                         continue
                     extent = [_data(a) if j < k else a.owned for j, a in enumerate(axes)]
                     extent[k] = sent
-                    depth = extent[0] if self.grid.volumetric else None
-                    found.append(Message(phase, t, peer, (*extent[-2], *extent[-1]), depth))
+                    found.append(Message(phase, t, peer, tuple(extent)))
         if tile is not None:
             found = [m for m in found if tile in (m.src, m.dst)]
         return found

@@ -23,7 +23,7 @@ operation outside the handled spatial layers and
 * hands out the sizes of a tile's rows and columns as ``TileDim`` ints (``x.shape``, ``x.size()``),
   so a family can resolve them to the image's sizes (``F.interpolate(x, size=skip.shape[-2:])``).
 
-Handled layers (SpatialConv2d, ...) run with the mode suspended, as do modules registered
+Handled layers (SpatialConv, ...) run with the mode suspended, as do modules registered
 with ``spatialize(..., elementwise=(Cls,))`` and functions wrapped in ``exact_function``.
 """
 

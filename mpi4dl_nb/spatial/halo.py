@@ -1,13 +1,15 @@
-"""Halo exchange as an autograd Function whose backward is the exact adjoint.
+"""Halo exchange along every tiled axis as an autograd Function whose backward is the exact adjoint.
 
-Forward, two phases so corners arrive without diagonal messages: rows are exchanged with
-the top/bottom neighbours (over the owned columns), then columns with the left/right
-neighbours over the full needed row range (which includes the rows just received). The
-tile's kept rows/columns, the received strips and the layer's padding value outside the
-image are laid straight into one new tensor covering the needed box — one copy of the
-tile per exchange. Backward is the adjoint, phases reversed: the gradient of every
-received strip travels back to its owner and is added into what it sent; trimmed and
-padding positions get no gradient.
+Forward, one phase per tiled axis, outermost first (an image's tiles: rows then columns; a volume's:
+depth, rows, columns), so edges and corners arrive without diagonal messages: phase ``k`` sends the
+neighbours along axis ``k`` their strips of the tile as widened by the earlier phases. The tile's kept
+part, the received strips and the layer's padding value outside the image are laid straight into one new
+tensor covering the needed box (``halo_blocks.py`` says where each part goes) — one copy of the tile per
+exchange. Backward is the adjoint, phases reversed: the gradient of every received strip travels back to
+its owner and is added into what it sent; trimmed and padding positions get no gradient.
+
+Tags: a pair of ranks are neighbours along one axis only, so every phase but the last shares HALO's
+offsets 0-1 (forward) and 4-5 (backward); the last phase uses 2-3 and 6-7.
 """
 
 from __future__ import annotations
@@ -19,20 +21,17 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from ..comm.handles import Transfer
+from ..comm.handles import Request, Transfer
 from ..comm.protocol import Comm
 from ..comm.tags import HALO
 from ..comm.trace import Stamp, Tracer
 from .function_ctx import FunctionContext
-from .geometry import AxisExchange, LayerHalo
+from .geometry import AxisExchange, LayerHalo, Range, range_length
+from .halo_blocks import OWN, fill_blocks, region_blocks, region_shape, scatter_blocks, strip_shape
 from .replay import Strips, active_log
 
 T = TypeVar("T")
 
-# (phase, forward/backward) -> first of its two tags (+1: the message towards the next tile)
-_ROWS_F, _COLS_F, _ROWS_B, _COLS_B = (HALO.tag(offset) for offset in (0, 2, 4, 6))
-
-# Strips: [rows from prev, rows from next, cols from prev, cols from next] (None: nothing received)
 PoolKey = tuple[str, tuple[int, ...], torch.dtype, torch.device]   # role, shape, dtype, device
 
 
@@ -72,10 +71,6 @@ class BufferPool:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
 
-def _len(r: tuple[int, int]) -> int:
-    return max(0, r[1] - r[0])
-
-
 def neighbour_rank(peer: int | None) -> int:
     """The rank across an inner tile border (halo geometry never crosses the image border)."""
     if peer is None:
@@ -91,32 +86,36 @@ class AxisPeers:
         self.next = next_
 
 
-def _fill_rows_own(out: torch.Tensor, x: torch.Tensor, rows: AxisExchange, c0: int, c1: int,
-                   pad_value: float) -> None:
-    """Padding rows and the tile's kept rows of own columns ``c0:c1`` into ``out`` (N, C, Hn, c1-c0)."""
-    if rows.pad_before:
-        out.narrow(-2, 0, rows.pad_before).fill_(pad_value)
-    if rows.pad_after:
-        out.narrow(-2, rows.needed_len - rows.pad_after, rows.pad_after).fill_(pad_value)
-    if _len(rows.keep):
-        out.narrow(-2, rows.offset(rows.keep[0]), _len(rows.keep)).copy_(
-            x[..., rows.keep[0] - rows.owned[0]:rows.keep[1] - rows.owned[0], c0:c1])
+class _HaloSpan:
+    """An exchange's time on the tracer (``op`` events), leaving out work overlapped with it; no tracer: none."""
 
+    def __init__(self, tracer: Tracer | None, op: str, layer: str) -> None:
+        self.tracer, self.op, self.layer = tracer, op, layer
+        self.start: Stamp | None = None
+        self._begin()
 
-def _fill_rows_strips(out: torch.Tensor, strips: Strips, rows: AxisExchange, c0: int,
-                      c1: int) -> None:
-    """The received row strips (own columns ``c0:c1``) into ``out``."""
-    for rng, strip in ((rows.recv_prev, strips[0]), (rows.recv_next, strips[1])):
-        if strip is not None:
-            out.narrow(-2, rows.offset(rng[0]), _len(rng)).copy_(strip[..., c0:c1])
+    def _begin(self) -> None:
+        self.start = self.tracer.stamp() if self.tracer is not None and self.tracer.enabled else None
+
+    def end(self) -> None:
+        if self.tracer is not None and self.start is not None:
+            self.tracer.record(self.op, self.start, self.tracer.stamp(), layer=self.layer)
+            self.start = None
+
+    def outside(self, work: Callable[[], object]) -> None:
+        """Run ``work`` untraced as halo time (the interior computed while messages fly)."""
+        self.end()
+        work()
+        self._begin()
 
 
 class HaloExchange:
-    """This rank's halo exchange for one layer: rows then columns, with an exact adjoint.
+    """This rank's halo exchange for one layer along every tiled axis, with an exact adjoint.
 
     ``pad_value`` fills needed positions outside the image (0 for conv/avg-pool, -inf for
     max-pool). Send and gradient staging buffers are reused across calls. Call it on the
-    owned tile ``(N, C, h, w)``; it returns the needed tile ``(N, C, h_needed, w_needed)``.
+    owned tile ``(..., *owned)``; it returns the needed tile ``(..., *needed)``. ``axes``: this
+    tile's plan along each tiled axis; ``peers``: the ranks of its neighbours along each.
     """
 
     def __init__(self, geometry: LayerHalo, tile: int, ranks: Sequence[int], comm: Comm,
@@ -124,57 +123,123 @@ class HaloExchange:
         grid = geometry.grid
         if len(ranks) != grid.num_tiles:
             raise ValueError(f"{len(ranks)} ranks given for {grid.num_tiles} tiles")
-        self.geometry = geometry
-        self.tile = tile
-        self.comm = comm
+        self.geometry, self.tile, self.comm = geometry, tile, comm
         self.pad_value = float(pad_value)
-        view = geometry.tile(tile)
-        self.rows, self.cols = view.rows, view.cols
-        row, col = grid.position(tile)
+        self.axes: tuple[AxisExchange, ...] = geometry.tile(tile).axes
 
-        def rank(t: int | None) -> int | None:
-            return None if t is None else ranks[t]
+        def rank(axis: int, step: int) -> int | None:
+            other = grid.axis_neighbor(tile, axis, step)
+            return None if other is None else ranks[other]
 
-        self.row_peers = AxisPeers(rank(grid.tile_at(row - 1, col)), rank(grid.tile_at(row + 1, col)))
-        self.col_peers = AxisPeers(rank(grid.tile_at(row, col - 1)), rank(grid.tile_at(row, col + 1)))
+        self.peers = tuple(AxisPeers(rank(k, -1), rank(k, 1)) for k in range(len(self.axes)))
         self.pool = BufferPool()
-        self.identity = self.rows.is_trivial and self.cols.is_trivial
+        self.identity = all(plan.is_trivial for plan in self.axes)
+        self.talks = any(range_length(r) for plan in self.axes
+                         for r in (plan.send_prev, plan.send_next, plan.recv_prev, plan.recv_next))
         self.messages_sent = 0
+        blocks = region_blocks(self.axes, len(self.axes))
+        self._needed_blocks = blocks
+        self._own_blocks = tuple(b for b in blocks if b.source in (OWN, None))   # no message needed
+        self._strip_blocks = [tuple(b for b in blocks if b.source in (1 + 2 * k, 2 + 2 * k))
+                              for k in range(len(self.axes))]
 
     def __deepcopy__(self, memo: dict[int, object]) -> HaloExchange:
         return self   # holds the communicator: never copied
 
-    def _count(self, plan: AxisExchange) -> int:
-        return sum(1 for r in (plan.send_prev, plan.send_next) if _len(r))
+    @property
+    def owned_shape(self) -> tuple[int, ...]:
+        return tuple(range_length(plan.owned) for plan in self.axes)
 
-    def _tracing(self) -> tuple[Tracer, Stamp | None]:
-        tracer = self.comm.tracer
-        return tracer, (tracer.stamp() if tracer.enabled else None)
+    @property
+    def needed_shape(self) -> tuple[int, ...]:
+        return tuple(plan.needed_len for plan in self.axes)
+
+    def _span(self, op: str) -> _HaloSpan:
+        """The trace span of one exchange (none when no message moves: one tile along every axis)."""
+        return _HaloSpan(self.comm.tracer if self.talks else None, op, self.geometry.name)
+
+    def _tag(self, k: int, backward: bool) -> int:
+        """The first of phase ``k``'s two tags (+1: the message towards the next tile)."""
+        return HALO.tag((2 if k == len(self.axes) - 1 else 0) + (4 if backward else 0))
 
     def _staged(self, role: str, part: torch.Tensor) -> torch.Tensor:
         return part if part.is_contiguous() else self.pool.get(role, part.shape, part).copy_(part)
 
+    def _later_owned(self, k: int, along: Range) -> tuple[Range, ...]:
+        """``along`` on axis ``k`` and the owned range of the later axes: what phase ``k`` sends or receives."""
+        return (along, *[plan.owned for plan in self.axes[k + 1:]])
+
     # ------------------------------------------------------------------ forward
-    def _new_extended(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_empty((*x.shape[:-2], self.rows.needed_len, self.cols.needed_len))
+    def _checked(self, x: torch.Tensor) -> torch.Tensor:
+        n = len(self.axes)
+        if tuple(x.shape[-n:]) != self.owned_shape:
+            raise ValueError(f"{self.geometry.name}: tile {self.tile} got a {tuple(x.shape[-n:])} tile, expected "
+                             f"{self.owned_shape} for a {'x'.join(map(str, self.geometry.sizes))} input (scatter "
+                             f"inputs with dl.scatter_tiles)")
+        return x.contiguous()
 
-    def _own_block(self, out: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-        cols = self.cols
-        c0, c1 = cols.keep[0] - cols.owned[0], cols.keep[1] - cols.owned[0]
-        return out.narrow(-1, cols.offset(cols.keep[0]), c1 - c0), c0, c1
+    def _piece(self, x: torch.Tensor, strips: Strips, k: int, sent: Range, role: str) -> torch.Tensor:
+        """What phase ``k`` sends of ``sent`` (owned positions along axis ``k``): the tile as the earlier phases
+        widened it, cut there."""
+        if k == 0:
+            plan = self.axes[0]
+            return self._staged(role, x.narrow(-len(self.axes), sent[0] - plan.owned[0], range_length(sent)))
+        ranges = self._later_owned(k, sent)
+        lead = x.shape[:-len(self.axes)]
+        buffer = self.pool.get(role, (*lead, *region_shape(self.axes, k, ranges)), x)
+        return fill_blocks(buffer, region_blocks(self.axes, k, ranges), [x, *strips], self.pad_value)
 
-    def _fill_cols(self, out: torch.Tensor, strips: Strips) -> None:
-        cols = self.cols
-        if cols.pad_before:
-            out.narrow(-1, 0, cols.pad_before).fill_(self.pad_value)
-        if cols.pad_after:
-            out.narrow(-1, cols.needed_len - cols.pad_after, cols.pad_after).fill_(self.pad_value)
-        for rng, strip in ((cols.recv_prev, strips[2]), (cols.recv_next, strips[3])):
-            if strip is not None:
-                out.narrow(-1, cols.offset(rng[0]), _len(rng)).copy_(strip)
+    def _post(self, x: torch.Tensor, strips: Strips, k: int) -> Request:
+        """Phase ``k`` posted: receive our strips along axis ``k`` into ``strips``, send the neighbours theirs."""
+        plan, peers, tag = self.axes[k], self.peers[k], self._tag(k, False)
+        lead = x.shape[:-len(self.axes)]
+        transfers = []
+        for slot, got, peer, their_tag in ((2 * k, plan.recv_prev, peers.prev, tag + 1),
+                                           (2 * k + 1, plan.recv_next, peers.next, tag)):
+            if range_length(got):
+                strips[slot] = strip = x.new_empty((*lead, *strip_shape(self.axes, k, got)))
+                transfers.append(Transfer.into(strip, neighbour_rank(peer), their_tag))
+        for sent, peer, my_tag in ((plan.send_prev, peers.prev, tag), (plan.send_next, peers.next, tag + 1)):
+            if range_length(sent):
+                piece = self._piece(x, strips, k, sent, f"send{k}:{my_tag}")
+                transfers.append(Transfer.to(piece, neighbour_rank(peer), my_tag))
+                self.messages_sent += 1
+        return self.comm.exchange(transfers) if transfers else Request.completed()
+
+    def _exchange(self, x: torch.Tensor, build: bool,
+                  during: Callable[[], object] | None = None) -> tuple[torch.Tensor | None, Strips]:
+        """The strips received (and, with ``build``, the needed tile); ``during()`` runs while the first phase's
+        messages fly."""
+        x = self._checked(x)
+        log = active_log()
+        if log is not None and log.replaying:   # recomputation: the strips the first forward received
+            kept = log.next_strips()
+            if during is not None:
+                during()
+            return (self.rebuild(x, kept) if build else None), kept
+        span = self._span("halo")
+        strips: Strips = [None] * (2 * len(self.axes))
+        out = None
+        for k in range(len(self.axes)):
+            request = self._post(x, strips, k)
+            if k == 0:    # what needs no message, while the first phase's messages fly
+                out = fill_blocks(self._new_needed(x), self._own_blocks, [x], self.pad_value) if build else None
+                if during is not None:
+                    span.outside(during)
+            request.wait()
+            if out is not None:
+                fill_blocks(out, self._strip_blocks[k], [x, *strips], self.pad_value)
+        span.end()
+        if log is not None:
+            log.record(strips)
+        return out, strips
+
+    def _new_needed(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-len(self.axes)], *self.needed_shape))
 
     def extend(self, x: torch.Tensor) -> tuple[torch.Tensor, Strips]:
-        """The needed tile from the owned one, and the received strips (kept for ``rebuild``)."""
+        """The needed tile from the owned one, and the received strips (two per axis, previous then next
+        neighbour's, kept for ``rebuild``)."""
         out, strips = self._exchange(x, build=True)
         assert out is not None
         return out, strips
@@ -186,188 +251,74 @@ class HaloExchange:
 
     def exchange_strips_overlapped(self, x: torch.Tensor, during: Callable[[], T]) -> tuple[Strips, T]:
         """``exchange_strips(x)``, running ``during()`` (work that needs no strip: the tile's
-        interior) while the row messages are in flight; returns the strips and its result."""
+        interior) while the first phase's messages are in flight; returns the strips and its result."""
         done: list[T] = []
         strips = self._exchange(x, build=False, during=lambda: done.append(during()))[1]
         return strips, done[0]
 
-    def _exchange(self, x: torch.Tensor, build: bool,
-                  during: Callable[[], object] | None = None) -> tuple[torch.Tensor | None, Strips]:
-        rows, cols, comm = self.rows, self.cols, self.comm
-        expected = (_len(rows.owned), _len(cols.owned))
-        if tuple(x.shape[-2:]) != expected:
-            raise ValueError(f"{self.geometry.name}: tile {self.tile} got a {tuple(x.shape[-2:])} "
-                             f"tile, expected {expected} for a {self.geometry.height}x"
-                             f"{self.geometry.width} input (scatter inputs with dl.scatter_tiles)")
-        x = x.contiguous()
-        log = active_log()
-        if log is not None and log.replaying:   # recomputation: the strips the first forward received
-            kept = log.next_strips()
-            if during is not None:
-                during()
-            return (self.rebuild(x, kept) if build else None), kept
-        tracer, start = self._tracing()
-        lead, width = x.shape[:-2], x.shape[-1]
-        strips: Strips = [None, None, None, None]
-        # phase 1: rows, from the owned tile (one exchange: at most one message per direction
-        # and neighbour, so both sides post in the same order by construction)
-        transfers = []
-        for slot, rng, peer, tag in ((0, rows.recv_prev, self.row_peers.prev, _ROWS_F + 1),
-                                     (1, rows.recv_next, self.row_peers.next, _ROWS_F)):
-            if _len(rng):
-                strips[slot] = strip = x.new_empty((*lead, _len(rng), width))
-                transfers.append(Transfer.into(strip, neighbour_rank(peer), tag))
-        for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_F),
-                               (rows.send_next, self.row_peers.next, _ROWS_F + 1)):
-            if _len(rng):
-                part = x.narrow(-2, rng[0] - rows.owned[0], _len(rng))
-                transfers.append(Transfer.to(self._staged(f"sr{tag}", part), neighbour_rank(peer), tag))
-        request = comm.exchange(transfers)
-        out = block = None
-        if build:
-            out = self._new_extended(x)
-            block, c0, c1 = self._own_block(out)
-            _fill_rows_own(block, x, rows, c0, c1, self.pad_value)
-        if during is not None:   # halo overlap: compute while the row messages fly (not traced as halo)
-            if start is not None:
-                tracer.record("halo", start, tracer.stamp(), layer=self.geometry.name)
-            during()
-            tracer, start = self._tracing()
-        request.wait()
-        if block is not None:
-            _fill_rows_strips(block, strips, rows, c0, c1)
-        # phase 2: columns over the full needed row range (corners included)
-        transfers = []
-        for slot, rng, peer, tag in ((2, cols.recv_prev, self.col_peers.prev, _COLS_F + 1),
-                                     (3, cols.recv_next, self.col_peers.next, _COLS_F)):
-            if _len(rng):
-                strips[slot] = strip = x.new_empty((*lead, rows.needed_len, _len(rng)))
-                transfers.append(Transfer.into(strip, neighbour_rank(peer), tag))
-        for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_F),
-                               (cols.send_next, self.col_peers.next, _COLS_F + 1)):
-            if _len(rng):
-                s0, s1 = rng[0] - cols.owned[0], rng[1] - cols.owned[0]
-                piece = self.pool.get(f"sc{tag}", (*lead, rows.needed_len, s1 - s0), x)
-                _fill_rows_own(piece, x, rows, s0, s1, self.pad_value)
-                _fill_rows_strips(piece, strips, rows, s0, s1)
-                transfers.append(Transfer.to(piece, neighbour_rank(peer), tag))
-        comm.exchange(transfers).wait()
-        if out is not None:
-            self._fill_cols(out, strips)
-        self.messages_sent += self._count(rows) + self._count(cols)
-        if start is not None:
-            tracer.record("halo", start, tracer.stamp(), layer=self.geometry.name)
-        if log is not None:
-            log.record(strips)
-        return out, strips
-
     def rebuild(self, x: torch.Tensor, strips: Strips) -> torch.Tensor:
         """``extend(x)[0]`` again from the saved strips, with no communication."""
         x = x.contiguous()
-        out = self._new_extended(x)
-        block, c0, c1 = self._own_block(out)
-        _fill_rows_own(block, x, self.rows, c0, c1, self.pad_value)
-        _fill_rows_strips(block, strips, self.rows, c0, c1)
-        self._fill_cols(out, strips)
-        return out
+        return fill_blocks(self._new_needed(x), self._needed_blocks, [x, *strips], self.pad_value)
 
     def forward_tensor(self, x: torch.Tensor) -> torch.Tensor:
         return self.extend(x)[0]
 
     # ----------------------------------------------------------------- backward
+    def strip_gradients(self, like: torch.Tensor, zeroed: bool = True) -> Strips:
+        """A gradient buffer (``like``'s leading dims) for every strip this tile receives, None for the others."""
+        make = like.new_zeros if zeroed else like.new_empty
+        lead = like.shape[:-len(self.axes)]
+        return [make((*lead, *strip_shape(self.axes, k, got))) if range_length(got) else None
+                for k, plan in enumerate(self.axes) for got in (plan.recv_prev, plan.recv_next)]
+
     def backward_tensor(self, grad: torch.Tensor) -> torch.Tensor:
         """Adjoint of ``forward_tensor``: gradient w.r.t. the owned tile."""
-        rows, cols = self.rows, self.cols
         grad = grad.contiguous()
-        lead = grad.shape[:-2]
-        height, width = _len(rows.owned), _len(cols.owned)
-        kr0, kr1 = rows.keep[0] - rows.owned[0], rows.keep[1] - rows.owned[0]
-        kc0, kc1 = cols.keep[0] - cols.owned[0], cols.keep[1] - cols.owned[0]
-        col_grads = [grad.narrow(-1, cols.offset(rng[0]), _len(rng)) if _len(rng) else None
-                     for rng in (cols.recv_prev, cols.recv_next)]
-        trimmed = rows.keep != rows.owned or cols.keep != cols.owned
-        make = grad.new_zeros if trimmed else grad.new_empty
-        grad_x = make((*lead, height, width))
-        if kr1 > kr0 and kc1 > kc0:
-            grad_x[..., kr0:kr1, kc0:kc1] = grad[..., rows.offset(rows.keep[0]):
-                                                 rows.offset(rows.keep[1]),
-                                                 cols.offset(cols.keep[0]):
-                                                 cols.offset(cols.keep[1])]
-        row_grads: list[torch.Tensor | None] = [None, None]
-        for slot, rng in ((0, rows.recv_prev), (1, rows.recv_next)):
-            if _len(rng):
-                g = (grad.new_zeros if cols.keep != cols.owned else grad.new_empty)(
-                    (*lead, _len(rng), width))
-                if kc1 > kc0:
-                    g[..., kc0:kc1] = grad[..., rows.offset(rng[0]):rows.offset(rng[1]),
-                                           cols.offset(cols.keep[0]):cols.offset(cols.keep[1])]
-                row_grads[slot] = g
-        return self.return_gradients(grad_x, col_grads, row_grads)
+        trimmed = any(plan.keep != plan.owned for plan in self.axes)   # positions no block covers: zeros
+        grad_x = (grad.new_zeros if trimmed else grad.new_empty)((*grad.shape[:-len(self.axes)], *self.owned_shape))
+        strip_grads = self.strip_gradients(grad, zeroed=trimmed)
+        scatter_blocks(grad, self._needed_blocks, [grad_x, *strip_grads], accumulate=False)
+        return self.return_gradients(grad_x, strip_grads)
 
-    def return_gradients(self, grad_x: torch.Tensor, col_grads: Strips,
-                         row_grads: Strips) -> torch.Tensor:
-        """The adjoint's communication: send the received strips' gradients back and add
-        the returned ones into ``grad_x`` (the owned tile's gradient, updated in place).
+    def return_gradients(self, grad_x: torch.Tensor, strip_grads: Strips) -> torch.Tensor:
+        """The adjoint's communication: send the received strips' gradients back and add the returned ones
+        into ``grad_x`` (the owned tile's gradient, updated in place), phases reversed.
 
-        ``col_grads`` are the gradients of the column strips received from the previous /
-        next column neighbour, over the full needed row range ``(N, C, rows.needed_len, w)``;
-        ``row_grads`` those of the row strips over the owned columns ``(N, C, h, width)``
-        (written to: the corner gradients arriving from column neighbours are added).
-        """
-        rows, cols, comm = self.rows, self.cols, self.comm
-        tracer, start = self._tracing()
-        lead = grad_x.shape[:-2]
-        width = _len(cols.owned)
-        kr0, kr1 = rows.keep[0] - rows.owned[0], rows.keep[1] - rows.owned[0]
-        # phase 2 adjoint: column strips' gradients back to their owners
-        transfers, from_cols = [], []
-        for rng, peer, tag in ((cols.send_prev, self.col_peers.prev, _COLS_B),
-                               (cols.send_next, self.col_peers.next, _COLS_B + 1)):
-            if _len(rng):
-                buf = self.pool.get(f"gc{tag}", (*lead, rows.needed_len, _len(rng)), grad_x)
-                transfers.append(Transfer.into(buf, neighbour_rank(peer), tag))
-                from_cols.append((rng, buf))
-        for part, peer, tag in ((col_grads[0], self.col_peers.prev, _COLS_B + 1),
-                                (col_grads[1], self.col_peers.next, _COLS_B)):
-            if part is not None:
-                transfers.append(Transfer.to(self._staged(f"bc{tag}", part), neighbour_rank(peer), tag))
-        comm.exchange(transfers).wait()
-        for rng, buf in from_cols:
-            s0, s1 = rng[0] - cols.owned[0], rng[1] - cols.owned[0]
-            if kr1 > kr0:
-                grad_x[..., kr0:kr1, s0:s1] += buf[..., rows.offset(rows.keep[0]):
-                                                    rows.offset(rows.keep[1]), :]
-            for row_grad, rr in zip(row_grads, (rows.recv_prev, rows.recv_next)):
-                if row_grad is not None:
-                    row_grad[..., s0:s1] += buf[..., rows.offset(rr[0]):rows.offset(rr[1]), :]
-        # phase 1 adjoint: row strips' gradients (corners included) back to their owners
-        transfers, from_rows = [], []
-        for rng, peer, tag in ((rows.send_prev, self.row_peers.prev, _ROWS_B),
-                               (rows.send_next, self.row_peers.next, _ROWS_B + 1)):
-            if _len(rng):
-                buf = self.pool.get(f"gr{tag}", (*lead, _len(rng), width), grad_x)
-                transfers.append(Transfer.into(buf, neighbour_rank(peer), tag))
-                from_rows.append((rng, buf))
-        for g, peer, tag in ((row_grads[0], self.row_peers.prev, _ROWS_B + 1),
-                             (row_grads[1], self.row_peers.next, _ROWS_B)):
-            if g is not None:
-                transfers.append(Transfer.to(self._staged(f"br{tag}", g), neighbour_rank(peer), tag))
-        comm.exchange(transfers).wait()
-        for rng, buf in from_rows:
-            grad_x[..., rng[0] - rows.owned[0]:rng[1] - rows.owned[0], :] += buf
-        if start is not None:
-            tracer.record("halo_backward", start, tracer.stamp(), layer=self.geometry.name)
+        ``strip_grads``: the gradients of the strips, as ``extend`` returned them (one for every received
+        strip); those of the earlier phases are written to (the edges and corners arriving in the later
+        phases' returns are added before they travel on)."""
+        span = self._span("halo_backward")
+        lead = grad_x.shape[:-len(self.axes)]
+        for k in reversed(range(len(self.axes))):
+            plan, peers, tag = self.axes[k], self.peers[k], self._tag(k, True)
+            transfers, returned = [], []
+            for sent, peer, their_tag in ((plan.send_prev, peers.prev, tag), (plan.send_next, peers.next, tag + 1)):
+                if range_length(sent):
+                    ranges = self._later_owned(k, sent)
+                    buffer = self.pool.get(f"back{k}:{their_tag}", (*lead, *region_shape(self.axes, k, ranges)),
+                                           grad_x)
+                    transfers.append(Transfer.into(buffer, neighbour_rank(peer), their_tag))
+                    returned.append((ranges, buffer))
+            for slot, peer, my_tag in ((2 * k, peers.prev, tag + 1), (2 * k + 1, peers.next, tag)):
+                part = strip_grads[slot]
+                if part is not None:
+                    transfers.append(Transfer.to(self._staged(f"grad{k}:{my_tag}", part), neighbour_rank(peer),
+                                                 my_tag))
+            if transfers:
+                self.comm.exchange(transfers).wait()
+            for ranges, buffer in returned:
+                scatter_blocks(buffer, region_blocks(self.axes, k, ranges), [grad_x, *strip_grads])
+        span.end()
         return grad_x
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.identity:
-            return x
-        return _HaloFunction.apply(x, self, False)
+        return x if self.identity else apply_exchange(x, self, adjoint=False)
 
     def adjoint(self, needed: torch.Tensor) -> torch.Tensor:
         """The adjoint as a differentiable map (needed tile -> owned tile: strips sent back and
         added, padding dropped); its backward is the exchange. A transposed conv's overlap-add."""
-        return _HaloFunction.apply(needed, self, True)
+        return apply_exchange(needed, self, adjoint=True)
 
 
 class LinearExchange(Protocol):
@@ -401,8 +352,3 @@ def apply_exchange(x: torch.Tensor, exchange: LinearExchange, adjoint: bool) -> 
     """``exchange`` (or, with ``adjoint``, its adjoint) as a differentiable map; backward is the other."""
     out: torch.Tensor = _HaloFunction.apply(x, exchange, adjoint)
     return out
-
-
-def halo_exchange(x: torch.Tensor, exchange: HaloExchange) -> torch.Tensor:
-    """Functional form: ``exchange(x)``."""
-    return exchange(x)

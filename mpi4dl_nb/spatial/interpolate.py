@@ -175,7 +175,7 @@ class TilePlan:
             taps.append((index, weight))
             sizes.append(out)
         geometry = LayerHalo.from_axis_plans(grid, in_sizes, sizes, plans, name)
-        self.exchange = runtime.axes_exchange_for(geometry, 0.0)
+        self.exchange = runtime.exchange(geometry, 0.0)
         view = geometry.tile(runtime.tile)
         self.local: list[tuple[torch.Tensor, torch.Tensor]] = [
             (index[o0:o1] - axis_plan.needed[0], weight[o0:o1])

@@ -26,7 +26,6 @@ from ..errors import ConfigError
 from .geometry import LayerHalo, TileGrid
 from .guard import SpatialGuard
 from .halo import HaloExchange
-from .halo_axes import AxesHaloExchange
 from .tiles import tile_ranks
 
 ForwardState = tuple[tuple[int, ...] | None, dict[int, int]]   # (image size, per-layer call counts)
@@ -197,8 +196,9 @@ class SpatialRuntime:
         return (rows, cols)
 
     def input_size(self, layer: object, x: torch.Tensor) -> tuple[int, int]:
-        """Global input size of ``layer`` at this call (cached per image size and call order)."""
-        return self.image_size_of(layer, (int(x.shape[-2]), int(x.shape[-1])))
+        """Global (H, W) input size of ``layer`` at this call, on an image's grid (cached as ``axis_sizes``)."""
+        height, width = self.axis_sizes(layer, x)
+        return (height, width)
 
     def image_size_of(self, owner: object, local: tuple[int, int]) -> tuple[int, int]:
         """Global (rows, cols) of a tiled tensor whose tile here is ``local`` long, for this call of
@@ -238,30 +238,15 @@ class SpatialRuntime:
                              f"{self.grid}; scatter inputs with dl.scatter_tiles")
         return full
 
-    def tiled_sizes(self, owner: object, x: torch.Tensor) -> tuple[int, ...]:
-        """``gather_lengths_all`` for this call of ``owner`` (a volume's layer): cached per image size and
-        call order, as ``image_size_of``."""
+    def axis_sizes(self, owner: object, x: torch.Tensor) -> tuple[int, ...]:
+        """Global lengths of every tiled axis of the tensor whose tile here is ``x`` (``(H, W)``, a volume grid's
+        ``(D, H, W)``) for this call of ``owner`` (a layer, or a functional op family's key): cached per image
+        size and call order."""
         return tuple(int(n or 0) for n in self._cached(owner, lambda: self.gather_lengths_all(x)))
 
-    def axis_sizes(self, owner: object, x: torch.Tensor) -> tuple[int, ...]:
-        """Global lengths of every tiled axis for this call of ``owner``: ``(H, W)`` as ``input_size``, a
-        volume grid's ``(D, H, W)`` as ``tiled_sizes`` (layers written once for images and volumes)."""
-        if self.grid.volumetric:
-            return self.tiled_sizes(owner, x)
-        return self.input_size(owner, x)
-
-    def axes_exchange_for(self, geometry: LayerHalo, pad_value: float) -> HaloExchange | AxesHaloExchange:
-        """The exchange of ``geometry`` on this grid: two-phase on an image's, three-phase on a volume's."""
-        if self.grid.volumetric:
-            return self.axes_exchange(geometry, pad_value)
-        return self.exchange(geometry, pad_value)
-
     def exchange(self, geometry: LayerHalo, pad_value: float) -> HaloExchange:
+        """This tile's halo exchange of ``geometry`` (one phase per tiled axis)."""
         return HaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)
-
-    def axes_exchange(self, geometry: LayerHalo, pad_value: float) -> AxesHaloExchange:
-        """The halo exchange along every tiled axis (a volume's layers)."""
-        return AxesHaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)
 
     def __deepcopy__(self, memo: dict[int, object]) -> SpatialRuntime:
         return self   # holds the communicator: never copied
@@ -290,7 +275,6 @@ def guard_runtime(guard: SpatialGuard, what: str) -> SpatialRuntime:
 
 
 M = TypeVar("M", bound=nn.Module)
-Exchange = TypeVar("Exchange", bound=HaloExchange | AxesHaloExchange)   # a layer's cached halo exchange
 
 
 def shallow_copy(module: nn.Module, cls: type[M]) -> M:
@@ -306,9 +290,27 @@ def shallow_copy(module: nn.Module, cls: type[M]) -> M:
     return new
 
 
+_BOUND: dict[tuple[type, type], type] = {}
+
+
+def spatial_class(cls: type[M], torch_class: type[nn.Module]) -> type[M]:
+    """``cls`` (the one spatial implementation of a kind of layer, e.g. ``SpatialConv``) bound to the torch class
+    a converted layer was (``nn.Conv2d``): a subclass of both, named after the torch class (``SpatialConv2d``), so
+    the converted layer is still an instance of its torch class and runs it on replicated inputs."""
+    if issubclass(cls, torch_class):
+        return cls
+    bound = _BOUND.get((cls, torch_class))
+    if bound is None:
+        bound = _BOUND[(cls, torch_class)] = type(f"Spatial{torch_class.__name__}", (cls, torch_class), {
+            "__module__": cls.__module__, "__doc__": f"{torch_class.__name__} on tiles: {cls.__name__} (one "
+                                                     f"implementation for images and volumes)"})
+    return cast(type[M], bound)
+
+
 def adopt(cls: type[M], module: nn.Module, runtime: SpatialRuntime, name: str) -> M:
-    """``shallow_copy(module, cls)`` for a spatial layer class ``cls``, bound to ``runtime``."""
-    new = shallow_copy(module, cls)
+    """``module`` as the spatial layer ``cls`` (bound to ``module``'s torch class, ``spatial_class``), sharing
+    ``module``'s state (``shallow_copy``), bound to ``runtime``."""
+    new = shallow_copy(module, spatial_class(cls, type(module)))
     object.__setattr__(new, "runtime", runtime)
     object.__setattr__(new, "layer_name", name or type(module).__name__)
     object.__setattr__(new, "_exchanges", {})
@@ -326,7 +328,7 @@ class SpatialLayer:
     runtime: SpatialRuntime
     layer_name: str
     serial_class: type[nn.Module]
-    _exchanges: dict[Hashable, HaloExchange | AxesHaloExchange]
+    _exchanges: dict[Hashable, HaloExchange]
     tiled_output = True    # False for layers whose output is replicated (global pool)
 
     tile_forward: Callable[..., torch.Tensor]   # the layer on this rank's tile (each subclass's own)
@@ -344,9 +346,9 @@ class SpatialLayer:
             return self.serial_class.forward(self, *args, **kwargs)
         return self.tile_forward(*args, **kwargs)
 
-    def _halo(self, key: Hashable, build: Callable[[], Exchange]) -> Exchange:
+    def _halo(self, key: Hashable, build: Callable[[], HaloExchange]) -> HaloExchange:
+        """The layer's halo exchange for ``key`` (its input size), built once."""
         exchange = self._exchanges.get(key)
         if exchange is None:
-            exchange = build()
-            self._exchanges[key] = exchange
-        return cast(Exchange, exchange)
+            exchange = self._exchanges[key] = build()
+        return exchange

@@ -5,7 +5,7 @@ image: ``h`` (N, C, H, W), ``scores`` (N, 1, H, W) -> (N, C). It is the one step
 pooling (Ilse, Tomczak, Welling 2018) that mixes positions; the scores themselves are per-pixel (1x1
 convolutions, tanh, sigmoid), exact on tiles already.
 
-On tiles (the op guard hands the call to ``pool_on_tiles``) each tile reduces its own positions to a
+On tiles (the op guard hands the call to ``softmax_pool_on_tiles``) each tile reduces its own positions to a
 running maximum ``m_t``, a sum ``l_t = sum exp(s_i - m_t)`` and a weighted sum ``Z_t = sum exp(s_i - m_t)
 h_i``; one all-reduce of these slots gives every tile all of them, merged as log-sum-exp merges:
 ``M = max m_t``, ``L = sum exp(m_t - M) l_t``, ``z = sum exp(m_t - M) Z_t / L``. The backward needs only the
@@ -75,7 +75,7 @@ class _TiledSoftmaxPool(torch.autograd.Function):
         return grad_h.to(fctx.dtype), (attention * along).to(scores.dtype), None
 
 
-def pool_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
+def softmax_pool_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
                   kwargs: dict[str, object]) -> object:
     """The guard's handler of ``softmax_pool`` on tiles: the whole image's pooled vector on every tile."""
     if func is not softmax_pool:
@@ -94,4 +94,4 @@ def pool_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
 
 
 register_op(softmax_pool, OpKind.POOLING)
-register_handler(OpKind.POOLING, pool_on_tiles)
+register_handler(OpKind.POOLING, softmax_pool_on_tiles)

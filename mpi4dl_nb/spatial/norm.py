@@ -1,4 +1,4 @@
-"""Normalisation over the whole image across tiles: BatchNorm2d/3d, GroupNorm, InstanceNorm2d/3d.
+"""Normalisation over the whole image (or volume) across tiles: BatchNorm, GroupNorm, InstanceNorm (2-D and 3-D).
 
 Each computes its statistics exactly as the serial layer does, but over every tile: two
 passes (sum, then sum of squared deviations), each one all-reduce over the tile group
@@ -85,8 +85,17 @@ def train_batch_norm(bn: nn.modules.batchnorm._BatchNorm, runtime: SpatialRuntim
     return y
 
 
-class _WindowNormalize(SpatialLayer, nn.modules.batchnorm._BatchNorm):
-    """A spatial BatchNorm's normalisation of an extended tile by the statistics of its owned window (fused blocks)."""
+class SpatialBatchNorm(SpatialLayer, nn.modules.batchnorm._BatchNorm):
+    """nn.BatchNorm2d / nn.BatchNorm3d whose batch statistics cover every tile of the image or volume (see
+    ``train_batch_norm``)."""
+
+    @classmethod
+    def from_module(cls, bn: nn.BatchNorm2d | nn.BatchNorm3d, runtime: SpatialRuntime, name: str = "") -> Self:
+        return adopt(cls, bn, runtime, name)
+
+    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        return train_batch_norm(self, self.runtime, x, math.prod(self.runtime.axis_sizes(self, x)))
 
     def normalize(self, x: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` with batch statistics of ``sample`` (this tile's owned part of
@@ -107,32 +116,6 @@ class _WindowNormalize(SpatialLayer, nn.modules.batchnorm._BatchNorm):
                 and self.running_var is not None):
             update_running(self.running_mean, self.running_var, mean, var, count, factor)
         return y
-
-
-class SpatialBatchNorm3d(_WindowNormalize, nn.BatchNorm3d):
-    """BatchNorm3d on a volume's tile, statistics over the whole volume (see ``train_batch_norm``)."""
-
-    @classmethod
-    def from_module(cls, bn: nn.BatchNorm3d, runtime: SpatialRuntime, name: str = "") -> SpatialBatchNorm3d:
-        return adopt(cls, bn, runtime, name)
-
-    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input_dim(x)
-        return train_batch_norm(self, self.runtime, x, math.prod(self.runtime.tiled_sizes(self, x)))
-
-
-class SpatialBatchNorm2d(_WindowNormalize, nn.BatchNorm2d):
-    """BatchNorm2d whose batch statistics cover every tile of the image (see ``train_batch_norm``)."""
-
-    @classmethod
-    def from_module(cls, bn: nn.BatchNorm2d, runtime: SpatialRuntime, name: str = "") -> SpatialBatchNorm2d:
-        return adopt(cls, bn, runtime, name)
-
-    def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input_dim(x)
-        height, width = self.runtime.input_size(self, x)
-        return train_batch_norm(self, self.runtime, x, height * width)
-
 
 
 def group_norm_tile(runtime: SpatialRuntime, owner: object, x: torch.Tensor, groups: int,
@@ -184,23 +167,14 @@ def tile_shape(runtime: SpatialRuntime) -> str:
     return "(N, C, D, H, W)" if runtime.grid.volumetric else "(N, C, H, W)"
 
 
-class _InstanceNormTile(SpatialLayer, nn.Module):
-    """InstanceNorm with per-sample, per-channel statistics over the whole image (or volume).
+class SpatialInstanceNorm(SpatialLayer, nn.modules.instancenorm._InstanceNorm):
+    """nn.InstanceNorm2d / nn.InstanceNorm3d with per-sample, per-channel statistics over the whole image (or
+    volume).
 
     ``track_running_stats``: running mean/var are the batch means of the per-sample
     statistics (unbiased variance), updated with ``momentum`` (None counts as 0, as in
     PyTorch); eval mode then uses them with no communication.
     """
-
-    training: bool
-    track_running_stats: bool
-    affine: bool
-    running_mean: torch.Tensor | None
-    running_var: torch.Tensor | None
-    weight: nn.Parameter
-    bias: nn.Parameter
-    momentum: float | None
-    eps: float
 
     @classmethod
     def from_module(cls, norm: nn.InstanceNorm2d | nn.InstanceNorm3d, runtime: SpatialRuntime,
@@ -221,11 +195,3 @@ class _InstanceNormTile(SpatialLayer, nn.Module):
         return instance_norm_tile(self.runtime, self, x, running, self.weight if self.affine else None,
                                   self.bias if self.affine else None,
                                   0.0 if self.momentum is None else self.momentum, self.eps)
-
-
-class SpatialInstanceNorm2d(_InstanceNormTile, nn.InstanceNorm2d):
-    """InstanceNorm2d with per-sample, per-channel statistics over the whole image."""
-
-
-class SpatialInstanceNorm3d(_InstanceNormTile, nn.InstanceNorm3d):
-    """InstanceNorm3d with per-sample, per-channel statistics over the whole volume."""

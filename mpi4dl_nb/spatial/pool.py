@@ -1,17 +1,20 @@
-"""Spatial max/avg pooling (padding, stride != kernel, dilation, ceil_mode, count_include_pad
-both ways, divisor_override) and global average pooling (images and volumes; a volume's global max).
+"""Spatial max/avg pooling over 2 or 3 tiled axes (padding, stride != kernel, dilation, ceil_mode,
+count_include_pad both ways, divisor_override) and global pooling of the whole image or volume.
 
 ``ceil_mode`` adds a last output whose window may run past the padded input: geometrically
 that is extra padding after the image (-inf for max pooling, which then ignores it), and
 for average pooling the divisor counts only the part of the window inside the padded
-input (``count_include_pad``) or inside the image, exactly as PyTorch does.
+input (``count_include_pad``) or inside the image, exactly as PyTorch does: the window sums are divided
+by those counts, per axis from the geometry. For backward a pool keeps no tile: max pooling only its
+argmax indices, average pooling nothing but sizes (their gradient kernels read only the input's shape);
+by regions (``regional.py``) where the tile has an interior, else on the extended tile.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Self
+from collections.abc import Callable, Sequence
+from typing import Protocol, Self
 
 import torch
 import torch.nn.functional as F
@@ -19,16 +22,28 @@ from torch import nn
 
 from ..config import ConfigError
 from . import conv as spatial_conv
-from .geometry import AxisExchange, Box, LayerHalo, Window1d
+from .function_ctx import FunctionContext
+from .geometry import AxisExchange, Range, Window1d
 from .halo import HaloExchange
+from .halo_blocks import at
 from .layer import SpatialLayer, SpatialRuntime, adopt
 from .reduce import replicated_sum
 from .reductions import global_argmax
-from .regional import Params, plan_for, windowed_by_regions
+from .regional import Padding, Params, plan_for, shaped, windowed_by_regions
+from .windowed import Inside, SpatialWindowedLayer
+
+_MAX: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    2: torch.ops.aten.max_pool2d_with_indices, 3: torch.ops.aten.max_pool3d_with_indices}
+_MAX_BACK: dict[int, Callable[..., torch.Tensor]] = {
+    2: torch.ops.aten.max_pool2d_with_indices_backward, 3: torch.ops.aten.max_pool3d_with_indices_backward}
+_SUMS: dict[int, Callable[..., torch.Tensor]] = {2: F.avg_pool2d, 3: F.avg_pool3d}
+_SUMS_BACK: dict[int, Callable[..., torch.Tensor]] = {
+    2: torch.ops.aten.avg_pool2d_backward, 3: torch.ops.aten.avg_pool3d_backward}
+
+Pool = nn.MaxPool2d | nn.AvgPool2d | nn.MaxPool3d | nn.AvgPool3d
 
 
-def pool_axis_windows(pool: nn.MaxPool2d | nn.AvgPool2d | nn.MaxPool3d | nn.AvgPool3d, axes: int,
-                      dilation: int | Sequence[int] = 1) -> tuple[Window1d, ...]:
+def pool_axis_windows(pool: Pool, axes: int, dilation: int | Sequence[int] = 1) -> tuple[Window1d, ...]:
     """The window of a max/avg pool along each of its ``axes`` spatial axes (floor mode; see ``ceil_window``)."""
     def per_axis(value: int | Sequence[int] | None, default: int | Sequence[int]) -> tuple[int, ...]:
         value = default if value is None else value
@@ -42,202 +57,218 @@ def pool_axis_windows(pool: nn.MaxPool2d | nn.AvgPool2d | nn.MaxPool3d | nn.AvgP
     return tuple(Window1d(k[a], s[a], d[a], p[a], p[a]) for a in range(axes))
 
 
-def pool_windows(pool: nn.MaxPool2d | nn.AvgPool2d, dilation: int | Sequence[int] = 1
-                 ) -> tuple[Window1d, Window1d]:
-    """Row and column windows of a MaxPool2d/AvgPool2d (floor mode; see ``ceil_window``)."""
-    rows, cols = pool_axis_windows(pool, 2, dilation)
-    return rows, cols
-
-
-def refuse_indices(pool: nn.MaxPool2d | nn.MaxPool3d, name: str) -> None:
+def refuse_indices(pool: nn.modules.pooling._MaxPoolNd, name: str) -> None:
     """ConfigError for a max pool returning its indices (they would be tile-local)."""
     if pool.return_indices:
         raise ConfigError("model", f"{name or type(pool).__name__}: return_indices=True is not supported by "
                           f"spatial parallelism (indices would be tile-local); use return_indices=False")
 
 
-def ceil_window(window: Window1d, size: int) -> Window1d:
-    """``window`` in ceil mode on an input of ``size``: extra padding after the input so
-    that floor-mode counting gives PyTorch's ceil-mode output length."""
-    p, s = window.pad_before, window.stride
-    out = -(-(size + 2 * p - window.span) // s) + 1
-    if (out - 1) * s >= size + p:     # the last window must start inside the image or left padding
-        out -= 1
-    after = max(window.pad_after, (out - 1) * s + window.span - size - p)
-    return Window1d(window.kernel, s, window.dilation, p, after)
+class SpatialPool(SpatialWindowedLayer):
+    """A max or average pool on this rank's tile (see the module doc)."""
 
+    def _lists(self, padding: Padding) -> tuple[list[int], list[int], list[int]]:
+        """(kernel, stride, padding) lists of the torch kernels."""
+        return [w.kernel for w in self.windows], [w.stride for w in self.windows], list(padding)
 
-class _WindowedPool(SpatialLayer):
-    windows: tuple[Window1d, Window1d]
-    pad_value: float = 0.0
-    ceil_mode: bool
-
-    def sized_windows(self, height: int, width: int) -> tuple[Window1d, Window1d]:
-        rows, cols = self.windows
-        if self.ceil_mode:
-            return ceil_window(rows, height), ceil_window(cols, width)
-        return rows, cols
-
-    def geometry(self, height: int, width: int) -> LayerHalo:
-        rows, cols = self.sized_windows(height, width)
-        return LayerHalo.for_windows(self.runtime.grid, height, width, rows, cols, self.layer_name)
-
-    def pool(self, y: torch.Tensor, padding: tuple[int, int] = (0, 0)) -> torch.Tensor:
-        """The window op with symmetric native ``padding`` (average: divided by the kernel area)."""
+    def pool_saving(self, y: torch.Tensor, padding: Padding) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The window op with symmetric native ``padding``, and what ``pool_grad`` needs (the argmax)."""
         raise NotImplementedError
 
-    def pool_saving(self, y: torch.Tensor, padding: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``pool``, and what ``pool_grad`` needs besides ``y`` (max pooling: the argmax)."""
-        return self.pool(y, padding), None
-
-    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: Padding,
                   saved: torch.Tensor | None) -> torch.Tensor:
-        """Gradient of ``pool(y, padding)`` w.r.t. ``y``."""
+        """Gradient of ``pool_saving(y, padding)`` w.r.t. ``y`` (of which only the shape is read)."""
         raise NotImplementedError
 
-    def _pooled(self, x: torch.Tensor) -> tuple[torch.Tensor, HaloExchange]:
-        """``pool`` on the extended tile (by regions when it has an interior), and the exchange."""
-        size = self.runtime.input_size(self, x)
-        exchange = self._halo(size, lambda: self.runtime.exchange(self.geometry(*size),
-                                                                    self.pad_value))
-        if spatial_conv.REGIONS and not exchange.identity:
+    def pooled(self, x: torch.Tensor) -> tuple[torch.Tensor, HaloExchange]:
+        """The window op on the extended tile (by regions when it has an interior), and the exchange."""
+        exchange = self.exchange_for(x)
+        n = len(self.windows)
+        if exchange.identity:
+            return self.pool_saving(x, (0,) * n)[0], exchange
+        if spatial_conv.REGIONS:
             op = PoolPieces(self)
             plan = plan_for(op, exchange)
             if plan is not None:
                 return windowed_by_regions(x, op, exchange, plan, spatial_conv.HALO_OVERLAP), exchange
-        return self.pool(exchange(x)), exchange
+        out: torch.Tensor = _ExtendedPool.apply(x, self, exchange)
+        return out, exchange
+
+
+class _ExtendedPoolCtx(FunctionContext, Protocol):
+    layer: SpatialPool
+    exchange: HaloExchange
+    needed: torch.Size              # the needed tile's shape (the pool's input in forward)
+    kept: bool
+
+
+class _ExtendedPool(torch.autograd.Function):
+    """Halo exchange + the pool of the extended tile, keeping what the pool's gradient needs besides its input's
+    shape (max: the argmax; average: nothing); the extended tile is neither kept nor rebuilt."""
+
+    @staticmethod
+    def forward(fctx: _ExtendedPoolCtx, x: torch.Tensor, layer: SpatialPool, exchange: HaloExchange) -> torch.Tensor:
+        needed = exchange.forward_tensor(x)
+        out, saved = layer.pool_saving(needed, (0,) * len(layer.windows))
+        fctx.layer, fctx.exchange, fctx.needed, fctx.kept = layer, exchange, needed.shape, saved is not None
+        fctx.save_for_backward(*([saved] if saved is not None else []))
+        return out
+
+    @staticmethod
+    def backward(fctx: _ExtendedPoolCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        saved = fctx.saved_tensors[0] if fctx.kept else None
+        layer = fctx.layer
+        grad_needed = layer.pool_grad(grad.contiguous(), shaped(grad, fctx.needed), (0,) * len(layer.windows),
+                                      saved)
+        return fctx.exchange.backward_tensor(grad_needed), None, None
 
 
 class PoolPieces:
     """A spatial pool's window op on pieces of its extended input (a ``RegionOp``). Max pooling
-    keeps the interior's argmax (as autograd would) and recomputes the small bands' (the
-    same argmax: each window is scanned in the same order as on the extended tile)."""
+    keeps the interior's and the bands' argmax (as autograd would: each window is scanned in the same order as
+    on the extended tile, so the same argmax); average pooling nothing."""
 
-    def __init__(self, layer: _WindowedPool) -> None:
+    reads_input = False
+
+    def __init__(self, layer: SpatialPool) -> None:
         self.layer = layer
-        rows, cols = layer.windows
-        self.spans = (rows.span, cols.span)
-        self.strides = (rows.stride, cols.stride)
+        self.spans = tuple(window.span for window in layer.windows)
+        self.strides = tuple(window.stride for window in layer.windows)
         # PyTorch pools accept a native padding of at most half the kernel
-        self.pad_caps: tuple[int | None, int | None] = (rows.kernel // 2, cols.kernel // 2)
+        self.pad_caps: tuple[int | None, ...] = tuple(window.kernel // 2 for window in layer.windows)
 
-    def run(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]) -> torch.Tensor:
-        return self.layer.pool(piece, padding)
+    def run(self, piece: torch.Tensor, params: Params, padding: Padding) -> torch.Tensor:
+        return self.layer.pool_saving(piece, padding)[0]
 
-    def run_saving(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]
+    def run_saving(self, piece: torch.Tensor, params: Params, padding: Padding
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.layer.pool_saving(piece, padding)
 
-    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: tuple[int, int],
+    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: Padding,
               mask: list[bool], saved: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list]:
         return (self.layer.pool_grad(grad, piece, padding, saved) if mask[0] else None), []
 
 
-class SpatialMaxPool2d(_WindowedPool, nn.MaxPool2d):
-    """MaxPool2d on a tile: halo exchanged with -inf beyond the image (as PyTorch pads)."""
+class SpatialMaxPool(SpatialPool, nn.modules.pooling._MaxPoolNd):
+    """nn.MaxPool2d / nn.MaxPool3d on a tile: halo exchanged with -inf beyond the image (as PyTorch pads)."""
 
     pad_value = float("-inf")
 
     @classmethod
-    def from_module(cls, pool: nn.MaxPool2d, runtime: SpatialRuntime, name: str = "") -> SpatialMaxPool2d:
+    def from_module(cls, pool: nn.MaxPool2d | nn.MaxPool3d, runtime: SpatialRuntime, name: str = "") -> Self:
         refuse_indices(pool, name)
         new = adopt(cls, pool, runtime, name)
-        new.windows = pool_windows(pool, pool.dilation)
+        new.windows = pool_axis_windows(pool, runtime.grid.ndim, pool.dilation)
         return new
 
-    def pool(self, y: torch.Tensor, padding: tuple[int, int] = (0, 0)) -> torch.Tensor:
-        rows, cols = self.windows
-        return F.max_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), padding,
-                            (rows.dilation, cols.dilation))
+    def _args(self, padding: Padding) -> tuple[list[int], ...]:
+        return (*self._lists(padding), [w.dilation for w in self.windows])
 
-    def _args(self, padding: tuple[int, int]) -> tuple[list[int], ...]:
-        rows, cols = self.windows
-        return ([rows.kernel, cols.kernel], [rows.stride, cols.stride], list(padding),
-                [rows.dilation, cols.dilation])
-
-    def pool_saving(self, y: torch.Tensor, padding: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out, argmax = torch.ops.aten.max_pool2d_with_indices(y, *self._args(padding), False)
+    def pool_saving(self, y: torch.Tensor, padding: Padding) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, argmax = _MAX[len(self.windows)](y, *self._args(padding), False)
         return out, argmax
 
-    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: Padding,
                   saved: torch.Tensor | None) -> torch.Tensor:
-        argmax = saved if saved is not None else self.pool_saving(y, padding)[1]
-        return torch.ops.aten.max_pool2d_with_indices_backward(grad, y, *self._args(padding), False, argmax)
+        assert saved is not None, "max pooling's gradient needs the argmax its forward kept"
+        return _MAX_BACK[len(self.windows)](grad, y, *self._args(padding), False, saved)
 
-    def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    def apply_padded(self, y: torch.Tensor, inside: Inside | None = None) -> torch.Tensor:
         """The pooling on an input that already holds its halo and -inf padding."""
-        return self.pool(y)
+        w = self.windows
+        pool = F.max_pool3d if len(w) == 3 else F.max_pool2d
+        return pool(y, [a.kernel for a in w], [a.stride for a in w], 0, [a.dilation for a in w])
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._pooled(x)[0]
+        return self.pooled(x)[0]
 
 
-class SpatialAvgPool2d(_WindowedPool, nn.AvgPool2d):
-    """AvgPool2d on a tile; ``count_include_pad=False`` divides by the in-image window count."""
+def window_counts(starts: range, kernel: int, counted: Range) -> tuple[int, ...]:
+    """How many positions of each window ``[start, start + kernel)`` along one axis lie in ``counted`` (what
+    PyTorch's average divides by)."""
+    return tuple(max(0, min(start + kernel, counted[1]) - max(start, counted[0])) for start in starts)
 
-    _counts: dict[tuple[tuple[int, int], Box, torch.dtype, torch.device], torch.Tensor]
+
+class SpatialAvgPool(SpatialPool, nn.modules.pooling._AvgPoolNd):
+    """nn.AvgPool2d / nn.AvgPool3d on a tile: window sums of the zero-padded needed tile, divided by the serial
+    layer's counts (``count_include_pad=False``: the in-image window count)."""
+
+    count_include_pad: bool
+    divisor_override: int | None
+    _divisors: dict[tuple[object, ...], torch.Tensor]
 
     @classmethod
-    def from_module(cls, pool: nn.AvgPool2d, runtime: SpatialRuntime, name: str = "") -> SpatialAvgPool2d:
+    def from_module(cls, pool: nn.AvgPool2d | nn.AvgPool3d, runtime: SpatialRuntime, name: str = "") -> Self:
         new = adopt(cls, pool, runtime, name)
-        new.windows = pool_windows(pool)
-        object.__setattr__(new, "_counts", {})
+        new.windows = pool_axis_windows(pool, runtime.grid.ndim)
+        object.__setattr__(new, "_divisors", {})
         return new
 
-    def _window_counts(self, shape: tuple[int, int], inside: tuple[int, int, int, int],
-                       like: torch.Tensor) -> torch.Tensor:
-        """Per output position, the fraction of its window inside the image."""
-        key = (shape, inside, like.dtype, like.device)
-        counts = self._counts.get(key)
-        if counts is None:
-            mask = torch.zeros((1, 1, *shape), dtype=like.dtype, device=like.device)
-            r0, r1, c0, c1 = inside
-            mask[..., r0:r1, c0:c1] = 1
-            rows, cols = self.windows
-            counts = F.avg_pool2d(mask, (rows.kernel, cols.kernel), (rows.stride, cols.stride), 0)
-            self._counts[key] = counts
-        return counts
+    def _native(self, y: torch.Tensor, padding: Padding) -> bool:
+        """Whether the kernel pads ``y`` itself: always on an image's grid; a volume's (``avg_pool3d``) only when
+        ``y`` is at least a window long along every axis (else ``y`` is padded first)."""
+        n = len(self.windows)
+        return n == 2 or not any(padding) or all(size >= w.kernel for size, w in zip(y.shape[-n:], self.windows))
 
-    def pool(self, y: torch.Tensor, padding: tuple[int, int] = (0, 0)) -> torch.Tensor:
-        rows, cols = self.windows
-        return F.avg_pool2d(y, (rows.kernel, cols.kernel), (rows.stride, cols.stride), padding)
+    def pool_saving(self, y: torch.Tensor, padding: Padding) -> tuple[torch.Tensor, torch.Tensor | None]:
+        kernel, stride, pads = self._lists(padding)
+        if not self._native(y, padding):
+            y, pads = F.pad(y, [p for p in reversed(padding) for _ in (0, 1)]), [0] * len(padding)
+        return _SUMS[len(self.windows)](y, kernel, stride, pads, divisor_override=1), None
 
-    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: tuple[int, int],
+    def pool_grad(self, grad: torch.Tensor, y: torch.Tensor, padding: Padding,
                   saved: torch.Tensor | None) -> torch.Tensor:
-        rows, cols = self.windows
-        return torch.ops.aten.avg_pool2d_backward(grad, y, [rows.kernel, cols.kernel],
-                                                  [rows.stride, cols.stride], list(padding), False, True, None)
+        n = len(self.windows)
+        if self._native(y, padding):
+            return _SUMS_BACK[n](grad, y, *self._lists(padding), False, True, 1)
+        padded = shaped(grad, (*y.shape[:-n], *[size + 2 * p for size, p in zip(y.shape[-n:], padding)]))
+        whole = _SUMS_BACK[n](grad, padded, *self._lists((0,) * n), False, True, 1)
+        return whole[at(tuple(slice(p, p + size) for p, size in zip(padding, y.shape[-n:])))]
 
-    def divided(self, out: torch.Tensor, shape: tuple[int, int],
-                inside: tuple[int, int, int, int] | None) -> torch.Tensor:
-        """``pool`` of an input of ``shape`` (halo and zero padding held) divided as the layer
-        divides: ``inside`` is the in-image part of the input (local coordinates)."""
-        rows, cols = self.windows
+    def divided(self, sums: torch.Tensor, counts: Sequence[tuple[int, ...]]) -> torch.Tensor:
+        """``sums`` divided as the layer divides: ``divisor_override``, or per output the window's counted
+        positions (``counts``: per axis, one per output along it)."""
         if self.divisor_override:
-            return out * (rows.kernel * cols.kernel / self.divisor_override)
-        if inside is not None and inside != (0, shape[0], 0, shape[1]):
-            return out / self._window_counts(shape, inside, out)
-        return out
+            return sums / self.divisor_override
+        kernels = [w.kernel for w in self.windows]
+        if all(set(axis) == {k} for axis, k in zip(counts, kernels)):
+            return sums / math.prod(kernels)
+        key = (tuple(counts), sums.dtype, sums.device)
+        divisor = self._divisors.get(key)
+        if divisor is None:
+            divisor = torch.ones((), dtype=sums.dtype, device=sums.device)
+            for axis, along in enumerate(counts):
+                shape = [-1] + [1] * (len(counts) - 1 - axis)
+                divisor = divisor * torch.tensor(along, dtype=sums.dtype, device=sums.device).reshape(shape)
+            self._divisors[key] = divisor
+        return sums / divisor
 
-    def apply_padded(self, y: torch.Tensor, inside: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-        """The pooling on an input that already holds its halo and zero padding;
-        ``inside`` is the in-image part of ``y`` (local coordinates), for the divisor."""
-        return self.divided(self.pool(y), (y.shape[-2], y.shape[-1]), inside)
+    def apply_padded(self, y: torch.Tensor, inside: Inside | None = None) -> torch.Tensor:
+        """The pooling on an input that already holds its halo and the serial layer's zero padding (no
+        ``ceil_mode`` overhang); ``inside`` (start, stop per axis, local) is the in-image part the divisor
+        counts without ``count_include_pad``, None: every position of the window counts."""
+        sums = self.pool_saving(y, (0,) * len(self.windows))[0]
+        n = len(self.windows)
+        counts = []
+        for axis, window in enumerate(self.windows):
+            counted = (inside[2 * axis], inside[2 * axis + 1]) if inside is not None else (0, y.shape[axis - n])
+            starts = range(0, sums.shape[axis - n] * window.stride, window.stride)
+            counts.append(window_counts(starts, window.kernel, counted))
+        return self.divided(sums, counts)
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, exchange = self._pooled(x)
-        shape = (exchange.rows.needed_len, exchange.cols.needed_len)
-        return self.divided(out, shape, self.counted_box(exchange.rows, exchange.cols))
+        sums, exchange = self.pooled(x)
+        tile = exchange.geometry.tile(exchange.tile)
+        return self.divided(sums, [self._counts(plan, window, out) for plan, window, out
+                                   in zip(tile.axes, self.windows, tile.out_extent)])
 
-    def counted_box(self, rows: AxisExchange, cols: AxisExchange) -> tuple[int, int, int, int]:
-        """The part of the exchanged input a window's divisor counts, in local coordinates:
-        the image, or with count_include_pad the padded input (not ceil mode's overhang)."""
-        box = []
-        for plan, window in zip((rows, cols), self.windows):
-            extra = window.pad_before if self.count_include_pad else 0
-            start, stop = -extra - plan.needed[0], plan.size + extra - plan.needed[0]
-            box += [max(0, start), min(plan.needed_len, stop)]
-        return (box[0], box[1], box[2], box[3])
+    def _counts(self, plan: AxisExchange, window: Window1d, out: Range) -> tuple[int, ...]:
+        """The divisors of the outputs ``out`` along one axis: windows clipped to the padded input
+        (``count_include_pad``; not ceil mode's overhang) or to the input itself."""
+        pad = window.pad_before
+        counted = (-pad, plan.size + pad) if self.count_include_pad else (0, plan.size)
+        return window_counts(range(out[0] * window.stride - pad, out[1] * window.stride - pad, window.stride),
+                             window.kernel, counted)
 
 
 def check_pooled_to_one(pool: nn.Module, output_size: object, axes: int, name: str) -> None:
@@ -245,14 +276,14 @@ def check_pooled_to_one(pool: nn.Module, output_size: object, axes: int, name: s
     sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * axes
     if sizes != (1,) * axes or getattr(pool, "return_indices", False):
         kind = type(pool).__name__
-        raise ConfigError("model", f"{name or kind}: only output_size 1 without indices is supported by "
-                          f"spatial parallelism, got output_size={output_size}; use {kind}(1) or a "
+        raise ConfigError("model", f"layer {name!r} ({kind}, output_size={output_size}): only output_size 1 "
+                          f"without indices is supported on tiles; use {kind}(1) or a "
                           f"{kind.replace('Adaptive', '')} with a window")
 
 
-class _GlobalAvgPool(SpatialLayer, nn.Module):
-    """An adaptive average pool to 1 over the whole image (or volume): tile sums all-reduced over the tile
-    group.
+class SpatialGlobalAvgPool(SpatialLayer, nn.Module):
+    """nn.AdaptiveAvgPool2d(1) / nn.AdaptiveAvgPool3d(1) over the whole image (or volume): tile sums all-reduced
+    over the tile group.
 
     The (N, C, 1, 1) result ((N, C, 1, 1, 1) for a volume) is replicated on every tile; backward assumes a
     replicated consumer (every rank holds the same output gradient) and needs no message: a consumer
@@ -275,26 +306,17 @@ class _GlobalAvgPool(SpatialLayer, nn.Module):
         return total / float(positions)
 
 
-class SpatialGlobalAvgPool2d(_GlobalAvgPool, nn.AdaptiveAvgPool2d):
-    """AdaptiveAvgPool2d(1) over the whole image (see ``_GlobalAvgPool``)."""
-
-
-class SpatialGlobalAvgPool3d(_GlobalAvgPool, nn.AdaptiveAvgPool3d):
-    """AdaptiveAvgPool3d(1) over the whole volume (see ``_GlobalAvgPool``)."""
-
-
-class SpatialGlobalMaxPool3d(SpatialLayer, nn.AdaptiveMaxPool3d):
-    """AdaptiveMaxPool3d(1) over the whole volume: the tiles' maxima compared on every tile, the first
-    maximum in the volume's row-major order takes the gradient (as the serial kernel picks it); the
-    result is replicated as the global average pool's. (On an image's grid ``AdaptiveMaxPool2d(1)`` runs
-    as the functional reduction the op guard computes, ``reductions.py``.)"""
+class SpatialGlobalMaxPool(SpatialLayer, nn.Module):
+    """nn.AdaptiveMaxPool2d(1) / nn.AdaptiveMaxPool3d(1) over the whole image (or volume): the tiles' maxima
+    compared on every tile, the first maximum in row-major order takes the gradient (as the serial kernel picks
+    it); the result is replicated as the global average pool's."""
 
     tiled_output = False
 
     @classmethod
-    def from_module(cls, pool: nn.AdaptiveMaxPool3d, runtime: SpatialRuntime,
-                    name: str = "") -> SpatialGlobalMaxPool3d:
-        check_pooled_to_one(pool, pool.output_size, 3, name)
+    def from_module(cls, pool: nn.AdaptiveMaxPool2d | nn.AdaptiveMaxPool3d, runtime: SpatialRuntime,
+                    name: str = "") -> Self:
+        check_pooled_to_one(pool, pool.output_size, runtime.grid.ndim, name)
         return adopt(cls, pool, runtime, name)
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -5,18 +5,19 @@ the tile's kept rows/columns, see geometry.AxisExchange) with no padding of its 
 ``o`` along an axis reads E positions ``[o*s, o*s + span)``. Outputs whose window lies
 inside the tile's kept part (the *interior*) can be computed straight from the owned tile:
 the op runs on the tile (from position ``start``) with a symmetric native ``pad`` so that
-its output ``j`` is the layer's output ``first + j``. The other outputs form four bands (top
-and bottom over the full width, left and right over the interior rows), each computed from
-the small box of E its windows read, assembled from the tile's edge, the strips and the
-padding value. No torch, no messages: unit-tested alone.
+its output ``j`` is the layer's output ``first + j``. The other outputs form two bands per tiled
+axis (an image's: top and bottom over the full width, left and right over the interior rows),
+each computed from the small box of E its windows read, assembled from the tile's edge, the
+strips and the padding value. No torch, no messages: unit-tested alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from .geometry import AxisExchange, Box, Range
+from .geometry import AxisExchange, Range
 
 
 class Source(Enum):
@@ -96,39 +97,43 @@ def _inputs(outputs: Range, span: int, stride: int) -> Range:
     return (outputs[0] * stride, (outputs[1] - 1) * stride + span)
 
 
+Extent = tuple[Range, ...]   # a half-open range per tiled axis
+
+
 @dataclass(frozen=True)
 class RegionPlan:
-    """A windowed layer by regions on one tile: the interior from the owned tile and the bands
-    as ``(output box, extended-tile box)`` pairs (half-open ``(r0, r1, c0, c1)``)."""
+    """A windowed layer by regions on one tile: the interior from the owned tile and the bands as ``(output
+    extent, extended-tile extent)`` pairs (a half-open range per tiled axis)."""
 
-    rows: AxisRegion
-    cols: AxisRegion
-    bands: tuple[tuple[Box, Box], ...]
+    axes: tuple[AxisRegion, ...]
+    bands: tuple[tuple[Extent, Extent], ...]
 
     @property
-    def interior(self) -> Box:
-        return (*self.rows.interior, *self.cols.interior)
+    def interior(self) -> Extent:
+        return tuple(axis.interior for axis in self.axes)
 
     @property
     def aligned(self) -> bool:
-        return self.rows.aligned and self.cols.aligned
+        return all(axis.aligned for axis in self.axes)
 
 
-def region_plan(rows: AxisExchange, cols: AxisExchange, spans: tuple[int, int],
-                strides: tuple[int, int], pad_caps: tuple[int | None, int | None] = (None, None)
-                ) -> RegionPlan | None:
-    """The region plan of a window (``spans``, ``strides`` per axis) on one tile's exchange,
-    or None when the tile has no interior along an axis (the extended path is used)."""
-    axes = [plan_region_axis(p, span, stride, cap)
-            for p, span, stride, cap in zip((rows, cols), spans, strides, pad_caps)]
-    r, c = axes
-    if r is None or c is None:
+def region_plan(plans: Sequence[AxisExchange], spans: Sequence[int], strides: Sequence[int],
+                pad_caps: Sequence[int | None] | None = None) -> RegionPlan | None:
+    """The region plan of a window (``spans``, ``strides`` per tiled axis) on one tile's exchange (its plan per
+    axis), or None when the tile has no interior along an axis (the extended path is used).
+
+    Bands, per axis ``k`` in turn: the outputs before and after the interior along ``k``, over the interior
+    of the earlier axes and every output of the later ones (an image's: top and bottom over the full width,
+    then left and right over the interior rows)."""
+    caps = pad_caps if pad_caps is not None else (None,) * len(plans)
+    axes = [plan_region_axis(p, span, stride, cap) for p, span, stride, cap in zip(plans, spans, strides, caps)]
+    if any(axis is None for axis in axes):
         return None
-    (r0, r1), (c0, c1) = r.interior, c.interior
-    outs = [(0, r0, 0, c.out), (r1, r.out, 0, c.out), (r0, r1, 0, c0), (r0, r1, c1, c.out)]
+    regions = tuple(axis for axis in axes if axis is not None)
     bands = []
-    for box in outs:
-        if box[1] > box[0] and box[3] > box[2]:
-            bands.append((box, (*_inputs(box[:2], spans[0], strides[0]),
-                                *_inputs(box[2:], spans[1], strides[1]))))
-    return RegionPlan(r, c, tuple(bands))
+    for k, axis in enumerate(regions):
+        for part in ((0, axis.interior[0]), (axis.interior[1], axis.out)):
+            out = (*[a.interior for a in regions[:k]], part, *[(0, a.out) for a in regions[k + 1:]])
+            if all(hi > lo for lo, hi in out):
+                bands.append((out, tuple(_inputs(r, span, stride) for r, span, stride in zip(out, spans, strides))))
+    return RegionPlan(regions, tuple(bands))

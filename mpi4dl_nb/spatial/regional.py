@@ -1,15 +1,18 @@
 """A conv/pool after a halo exchange computed by regions (spatial/region.py), without the extended tile.
 
 The interior runs on the owned tile (natively padded, so no copy when the plan is aligned),
-while the row messages fly when overlap is on; each boundary band runs on a small box of the
+while the first phase's messages fly when overlap is on; each boundary band runs on a small box of the
 extended tile assembled from the tile's edge, the strips and the padding value. Every output
 reads the same window values as on the extended tile, so the result equals the extended
 path's; backward is the exact adjoint (box gradients scattered back to the tile and the
-strips, strips' gradients returned to their owners), saving only the tile and the strips.
+strips, strips' gradients returned to their owners). What backward keeps: a conv the tile and the strips;
+a pool whose gradient needs no input values (``RegionOp.reads_input`` False) only what ``run_saving`` kept
+(max pooling: its argmax, interior and bands; average pooling: nothing but sizes).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Protocol
@@ -18,119 +21,133 @@ import torch
 
 from .backward_half import input_gradient_wanted
 from .function_ctx import FunctionContext
-from .geometry import AxisExchange, Box
+from .geometry import AxisExchange
 from .halo import HaloExchange, Strips
-from .region import RegionPlan, Source, region_plan, segments
+from .halo_blocks import Block, Index, at, fill_blocks, scatter_blocks
+from .region import Extent, RegionPlan, Source, region_plan, segments
 
 Params = Sequence[torch.Tensor | None]
 Grads = list[torch.Tensor | None]
+Padding = tuple[int, ...]   # symmetric native padding per tiled axis
 
 
 class RegionOp(Protocol):
-    """A windowed op (conv or pool) applied to pieces of its extended input."""
+    """A windowed op (conv or pool) applied to pieces of its extended input, over the grid's tiled axes."""
 
-    spans: tuple[int, int]
-    strides: tuple[int, int]
-    pad_caps: tuple[int | None, int | None]
+    spans: tuple[int, ...]
+    strides: tuple[int, ...]
+    pad_caps: tuple[int | None, ...]
+    reads_input: bool      # whether ``grads`` reads the piece's values (a conv) or only its shape (pools)
 
-    def run(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]) -> torch.Tensor:
+    def run(self, piece: torch.Tensor, params: Params, padding: Padding) -> torch.Tensor:
         """The op on ``piece`` with symmetric native ``padding`` (zeros, -inf for max pooling)."""
         ...
 
-    def run_saving(self, piece: torch.Tensor, params: Params, padding: tuple[int, int]
+    def run_saving(self, piece: torch.Tensor, params: Params, padding: Padding
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``run``, and what ``grads`` needs besides the piece (max pooling: the argmax)."""
         ...
 
-    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: tuple[int, int],
+    def grads(self, grad: torch.Tensor, piece: torch.Tensor, params: Params, padding: Padding,
               mask: list[bool], saved: torch.Tensor | None = None) -> tuple[torch.Tensor | None, Grads]:
         """Gradients of ``run`` w.r.t. the piece (if ``mask[0]``) and the params (``mask[1:]``);
-        ``saved``: what ``run_saving`` returned for this piece, if it was kept."""
+        ``saved``: what ``run_saving`` returned for this piece."""
         ...
 
 
 @lru_cache(maxsize=256)
-def cached_region_plan(rows: AxisExchange, cols: AxisExchange, spans: tuple[int, int],
-                       strides: tuple[int, int], pad_caps: tuple[int | None, int | None]
-                       ) -> RegionPlan | None:
+def cached_region_plan(axes: tuple[AxisExchange, ...], spans: tuple[int, ...], strides: tuple[int, ...],
+                       pad_caps: tuple[int | None, ...]) -> RegionPlan | None:
     """``region_plan``, memoised (plans are pure functions of the exchange and the window)."""
-    return region_plan(rows, cols, spans, strides, pad_caps)
+    return region_plan(axes, spans, strides, pad_caps)
 
 
 def plan_for(op: RegionOp, exchange: HaloExchange) -> RegionPlan | None:
     """The region plan of ``op`` on ``exchange`` (None: use the extended tile)."""
-    return cached_region_plan(exchange.rows, exchange.cols, op.spans, op.strides, op.pad_caps)
+    return cached_region_plan(exchange.axes, op.spans, op.strides, op.pad_caps)
 
 
-def _blocks(exchange: HaloExchange, box: Box) -> Iterator[tuple[slice, slice, int | None, slice, slice]]:
-    """The box of the extended tile as blocks: (rows, cols in the box, source index into
-    ``[tile, strip 0..3]`` or None for padding, rows, cols in that source)."""
-    rows, cols = exchange.rows, exchange.cols
-    r_shift, c_shift = rows.needed[0] - rows.owned[0], cols.needed[0] - cols.owned[0]
-    for a, b, r_src in segments(rows):
-        r0, r1 = max(a, box[0]), min(b, box[1])
-        if r1 <= r0:
+def _axis_parts(plan: AxisExchange, lo: int, hi: int) -> list[tuple[slice, Source, int, int]]:
+    """The stretches of ``[lo, hi)`` (extended-tile positions) along one axis: (in the box, source, start, stop)."""
+    found = []
+    for a, b, source in segments(plan):
+        start, stop = max(a, lo), min(b, hi)
+        if stop > start:
+            found.append((slice(start - lo, stop - lo), source, start, stop))
+    return found
+
+
+def _origin(axes: Sequence[AxisExchange], parts: Sequence[tuple[slice, Source, int, int]], last: int | None
+            ) -> tuple[slice, ...]:
+    """Where a block lies in its source: the owned tile (``last`` None) or the strip of phase ``last``."""
+    spans = []
+    for k, (plan, (_, _, start, stop)) in enumerate(zip(axes, parts)):
+        if last is not None and k < last:          # a strip spans the needed range of the earlier axes
+            spans.append(slice(start, stop))
+        elif k == last:                            # ... its own range along its axis
+            first = plan.offset(plan.recv_prev[0] if parts[k][1] is Source.PREV else plan.recv_next[0])
+            spans.append(slice(start - first, stop - first))
+        else:                                      # ... and the owned range of the later axes
+            shift = plan.needed[0] - plan.owned[0]
+            spans.append(slice(start + shift, stop + shift))
+    return tuple(spans)
+
+
+@lru_cache(maxsize=1024)
+def box_blocks(axes: tuple[AxisExchange, ...], box: Extent) -> tuple[Block, ...]:
+    """The box of the extended tile (``box``: extended-tile positions per axis) as blocks of the tile, the
+    strips and padding (``halo_blocks.fill_blocks`` lays them; sources ``[tile, strip 0, strip 1, ...]``)."""
+    found = []
+    for parts in itertools.product(*(_axis_parts(plan, lo, hi) for plan, (lo, hi) in zip(axes, box))):
+        target = tuple(part[0] for part in parts)
+        sources = [part[1] for part in parts]
+        if Source.PAD in sources:
+            found.append(Block(target, None, ()))
             continue
-        for c, d, c_src in segments(cols):
-            c0, c1 = max(c, box[2]), min(d, box[3])
-            if c1 <= c0:
-                continue
-            here = (slice(r0 - box[0], r1 - box[0]), slice(c0 - box[2], c1 - box[2]))
-            own_cols = slice(c0 + c_shift, c1 + c_shift)
-            if Source.PAD in (r_src, c_src):
-                yield (*here, None, slice(0), slice(0))
-            elif c_src is not Source.OWN:      # column strips span the whole needed row range
-                yield (*here, 3 if c_src is Source.PREV else 4, slice(r0, r1), slice(c0 - c, c1 - c))
-            elif r_src is not Source.OWN:      # row strips span the owned columns
-                yield (*here, 1 if r_src is Source.PREV else 2, slice(r0 - a, r1 - a), own_cols)
-            else:
-                yield (*here, 0, slice(r0 + r_shift, r1 + r_shift), own_cols)
+        last = max((k for k, source in enumerate(sources) if source is not Source.OWN), default=None)
+        index = 0 if last is None else 1 + 2 * last + (0 if sources[last] is Source.PREV else 1)
+        found.append(Block(target, index, _origin(axes, parts, last)))
+    return tuple(found)
 
 
-def gather_box(exchange: HaloExchange, x: torch.Tensor, strips: Strips, box: Box) -> torch.Tensor:
+def gather_box(exchange: HaloExchange, x: torch.Tensor, strips: Strips, box: Extent) -> torch.Tensor:
     """``box`` of the extended tile, assembled from the tile, the strips and the padding value."""
-    sources = [x, *strips]
-    piece = x.new_empty((*x.shape[:-2], box[1] - box[0], box[3] - box[2]))
-    for rows, cols, source, src_rows, src_cols in _blocks(exchange, box):
-        if source is None:
-            piece[..., rows, cols] = exchange.pad_value
-        else:
-            held = sources[source]
-            assert held is not None   # the plan reads only strips that were received
-            piece[..., rows, cols] = held[..., src_rows, src_cols]
-    return piece
+    piece = x.new_empty((*x.shape[:-len(box)], *[hi - lo for lo, hi in box]))
+    return fill_blocks(piece, box_blocks(exchange.axes, box), [x, *strips], exchange.pad_value)
 
 
-def scatter_box(exchange: HaloExchange, grad: torch.Tensor, box: Box, targets: Grads) -> None:
-    """Adjoint of ``gather_box``: add ``grad`` of the box into ``targets`` (tile, strips 0..3)."""
-    for rows, cols, source, src_rows, src_cols in _blocks(exchange, box):
-        if source is not None:
-            target = targets[source]
-            assert target is not None   # a gradient buffer for every source the plan reads
-            target[..., src_rows, src_cols] += grad[..., rows, cols]
+def scatter_box(exchange: HaloExchange, grad: torch.Tensor, box: Extent, targets: Grads) -> None:
+    """Adjoint of ``gather_box``: add ``grad`` of the box into ``targets`` (tile, strips)."""
+    scatter_blocks(grad, box_blocks(exchange.axes, box), targets)
 
 
-def _out(box: Box) -> tuple[slice, slice]:
-    return slice(box[0], box[1]), slice(box[2], box[3])
+def _out(extent: Extent) -> Index:
+    return at(tuple(slice(lo, hi) for lo, hi in extent))
 
 
 def _native_input(x: torch.Tensor, plan: RegionPlan) -> torch.Tensor:
-    return x[..., plan.rows.start:, plan.cols.start:]
+    return x[at(tuple(slice(axis.start, None) for axis in plan.axes))]
 
 
-def _native_box(plan: RegionPlan) -> Box:
+def _native_extent(plan: RegionPlan) -> Extent:
     """The interior in the native run's output coordinates."""
-    (r0, r1), (c0, c1) = plan.rows.interior, plan.cols.interior
-    return (r0 - plan.rows.first, r1 - plan.rows.first, c0 - plan.cols.first, c1 - plan.cols.first)
+    return tuple((lo - axis.first, hi - axis.first) for axis, (lo, hi) in zip(plan.axes, plan.interior))
+
+
+def shaped(like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """A stand-in of ``shape`` (``like``'s dtype and device, no memory: one element expanded) for a pool's
+    gradient kernel, which reads only its input's shape."""
+    return like.new_empty(()).expand(*shape)
 
 
 class _RegionCtx(FunctionContext, Protocol):
     op: RegionOp
     exchange: HaloExchange
     plan: RegionPlan
-    present: list[bool]   # which strips were received
+    present: list[bool]   # which strips were received (and kept, when the op reads its input)
     params: list[bool]    # which params were given
-    kept: bool            # whether ``run_saving`` kept something (max pooling: the argmax)
+    kept: list[bool]      # which of [interior, band 0, band 1, ...] ``run_saving`` kept something for
+    tile_shape: torch.Size
 
 
 class _RegionWindowed(torch.autograd.Function):
@@ -140,75 +157,95 @@ class _RegionWindowed(torch.autograd.Function):
     def forward(fctx: _RegionCtx, x: torch.Tensor, op: RegionOp, exchange: HaloExchange, plan: RegionPlan,
                 overlap: bool, *params: torch.Tensor | None) -> torch.Tensor:
         x = x.contiguous()
-        native_pad = (plan.rows.pad, plan.cols.pad)
+        native_pad = tuple(axis.pad for axis in plan.axes)
 
-        def interior() -> tuple[torch.Tensor, torch.Tensor | None]:   # needs no strip: runs while
-            return op.run_saving(_native_input(x, plan), params, native_pad)   # the row messages fly
+        def interior() -> tuple[torch.Tensor, torch.Tensor | None]:   # needs no strip: runs while the
+            return op.run_saving(_native_input(x, plan), params, native_pad)   # first messages fly
 
         if overlap:
             strips, (native, kept) = exchange.exchange_strips_overlapped(x, interior)
         else:
             strips = exchange.exchange_strips(x)
             native, kept = interior()
+        n = len(plan.axes)
         if plan.aligned:
             out = native
         else:   # the one output-sized temporary: the interior cropped into the output
-            out = native.new_empty((*native.shape[:-2], plan.rows.out, plan.cols.out))
-            out[(..., *_out(plan.interior))] = native[(..., *_out(_native_box(plan)))]
+            out = native.new_empty((*native.shape[:-n], *[axis.out for axis in plan.axes]))
+            out[_out(plan.interior)] = native[_out(_native_extent(plan))]
             del native
+        saved = [kept]
         for out_box, box in plan.bands:
-            out[(..., *_out(out_box))] = op.run(gather_box(exchange, x, strips, box), params, (0, 0))
-        fctx.op, fctx.exchange, fctx.plan = op, exchange, plan
+            out[_out(out_box)], band_kept = op.run_saving(gather_box(exchange, x, strips, box), params, (0,) * n)
+            saved.append(band_kept)
+        fctx.op, fctx.exchange, fctx.plan, fctx.tile_shape = op, exchange, plan, x.shape
         fctx.present = [s is not None for s in strips]
         fctx.params = [p is not None for p in params]
-        fctx.kept = kept is not None
-        fctx.save_for_backward(x, *[p for p in params if p is not None], *[s for s in strips if s is not None],
-                               *([kept] if kept is not None else []))
+        fctx.kept = [s is not None for s in saved]
+        inputs = [x, *[s for s in strips if s is not None]] if op.reads_input else []
+        fctx.save_for_backward(*[p for p in params if p is not None], *[s for s in saved if s is not None], *inputs)
         return out
 
     @staticmethod
     def backward(fctx: _RegionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, exchange, plan = fctx.op, fctx.exchange, fctx.plan
-        x, *saved = fctx.saved_tensors
-        found = iter(saved)
+        found = iter(fctx.saved_tensors)
         params = [next(found) if present else None for present in fctx.params]
-        strips = [next(found) if present else None for present in fctx.present]
-        kept = next(found) if fctx.kept else None
+        saved = [next(found) if kept else None for kept in fctx.kept]
+        x, strips = _inputs_back(fctx, found, grad)
         mask = [input_gradient_wanted(fctx.needs_input_grad[0])] + [fctx.needs_input_grad[5 + i]
                                                                      for i in range(len(params))]
         grad = grad.contiguous()
-        native_in = _native_input(x, plan)
-        if plan.aligned:   # the native run's band outputs were replaced: no gradient through them
-            grad_native = grad.clone()
-            for out_box, _ in plan.bands:
-                grad_native[(..., *_out(out_box))] = 0
-        else:
-            grad_native = grad.new_zeros((*grad.shape[:-2], plan.rows.native, plan.cols.native))
-            grad_native[(..., *_out(_native_box(plan)))] = grad[(..., *_out(plan.interior))]
-        grad_in, param_grads = op.grads(grad_native, native_in, params,
-                                        (plan.rows.pad, plan.cols.pad), mask, kept)
-        del grad_native
+        grad_in, param_grads = op.grads(_native_grad(grad, plan), _native_input(x, plan), params,
+                                        tuple(axis.pad for axis in plan.axes), mask, saved[0])
         grad_x = None
         if mask[0]:
             assert grad_in is not None   # asked for by mask[0]
-            if plan.rows.start or plan.cols.start:
-                grad_x = x.new_zeros(x.shape)
-                grad_x[..., plan.rows.start:, plan.cols.start:] = grad_in
-            else:
-                grad_x = grad_in
-        targets: Grads = [grad_x] + [None if s is None or not mask[0] else torch.zeros_like(s) for s in strips]
-        for out_box, box in plan.bands:
-            piece = gather_box(exchange, x, strips, box)
-            grad_piece, band_grads = op.grads(grad[(..., *_out(out_box))].contiguous(), piece, params,
-                                              (0, 0), mask)
+            grad_x = _padded_back(grad_in, x, plan)
+        targets: Grads = [grad_x, *(exchange.strip_gradients(x) if mask[0] else [None] * len(strips))]
+        for (out_box, box), band_kept in zip(plan.bands, saved[1:]):
+            piece = gather_box(exchange, x, strips, box) if op.reads_input else \
+                shaped(grad, (*grad.shape[:-len(box)], *[hi - lo for lo, hi in box]))
+            grad_piece, band_grads = op.grads(grad[_out(out_box)].contiguous(), piece, params,
+                                              (0,) * len(box), mask, band_kept)
             for i, (g, total) in enumerate(zip(band_grads, param_grads)):
                 if g is not None:
                     param_grads[i] = g if total is None else total + g
             if grad_piece is not None:
                 scatter_box(exchange, grad_piece, box, targets)
         if grad_x is not None:   # mask[0]
-            grad_x = exchange.return_gradients(grad_x, targets[3:5], targets[1:3])
+            grad_x = exchange.return_gradients(grad_x, targets[1:])
         return (grad_x, None, None, None, None, *[g if m else None for g, m in zip(param_grads, mask[1:])])
+
+
+def _inputs_back(fctx: _RegionCtx, found: Iterator[torch.Tensor], grad: torch.Tensor) -> tuple[torch.Tensor, Strips]:
+    """The tile and the strips forward kept; for an op that reads only shapes, a tile-shaped stand-in and Nones."""
+    if not fctx.op.reads_input:
+        return shaped(grad, fctx.tile_shape), [None] * len(fctx.present)
+    x = next(found)
+    return x, [next(found) if present else None for present in fctx.present]
+
+
+def _native_grad(grad: torch.Tensor, plan: RegionPlan) -> torch.Tensor:
+    """The output gradient as the native run saw it: the interior's, zeros where the bands replaced its outputs."""
+    if plan.aligned:   # the native run's band outputs were replaced: no gradient through them
+        grad_native = grad.clone()
+        for out_box, _ in plan.bands:
+            grad_native[_out(out_box)] = 0
+        return grad_native
+    n = len(plan.axes)
+    grad_native = grad.new_zeros((*grad.shape[:-n], *[axis.native for axis in plan.axes]))
+    grad_native[_out(_native_extent(plan))] = grad[_out(plan.interior)]
+    return grad_native
+
+
+def _padded_back(grad_in: torch.Tensor, x: torch.Tensor, plan: RegionPlan) -> torch.Tensor:
+    """The native input's gradient placed in the tile's (zeros before the native run's start)."""
+    if not any(axis.start for axis in plan.axes):
+        return grad_in
+    grad_x = grad_in.new_zeros(x.shape)
+    grad_x[at(tuple(slice(axis.start, None) for axis in plan.axes))] = grad_in
+    return grad_x
 
 
 def windowed_by_regions(x: torch.Tensor, op: RegionOp, exchange: HaloExchange, plan: RegionPlan,

@@ -4,51 +4,56 @@ whose functional op the op guard computes on tiles."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import nn
 
 from . import mil_pool  # noqa: F401  (registers softmax_pool with the op guard)
-from .conv import SpatialConv2d
-from .convtranspose import SpatialConvTranspose2d, SpatialConvTranspose3d
-from .norm import SpatialBatchNorm2d, SpatialBatchNorm3d, SpatialGroupNorm, SpatialInstanceNorm2d, SpatialInstanceNorm3d
-from .pool import (
-                   SpatialAvgPool2d,
-                   SpatialGlobalAvgPool2d,
-                   SpatialGlobalAvgPool3d,
-                   SpatialGlobalMaxPool3d,
-                   SpatialMaxPool2d,
-)
+from .conv import SpatialConv
+from .convtranspose import SpatialConvTranspose
+from .norm import SpatialBatchNorm, SpatialGroupNorm, SpatialInstanceNorm
+from .pool import SpatialAvgPool, SpatialGlobalAvgPool, SpatialGlobalMaxPool, SpatialMaxPool
 from .upsample import SpatialUpsample
-from .volume_window import SpatialAvgPool3d, SpatialConv3d, SpatialMaxPool3d
 
-# torch layer type -> ``from_module(layer, runtime, name)`` of its spatial version, which is built
-# around the torch layer's own parameters and buffers
-SPATIAL_LAYERS: dict[type[nn.Module], Callable[..., nn.Module]] = {
-    nn.Conv2d: SpatialConv2d.from_module,
-    nn.ConvTranspose2d: SpatialConvTranspose2d.from_module,
-    nn.MaxPool2d: SpatialMaxPool2d.from_module,
-    nn.AvgPool2d: SpatialAvgPool2d.from_module,
-    nn.BatchNorm2d: SpatialBatchNorm2d.from_module,
-    nn.GroupNorm: SpatialGroupNorm.from_module,
-    nn.InstanceNorm2d: SpatialInstanceNorm2d.from_module,
-    nn.AdaptiveAvgPool2d: SpatialGlobalAvgPool2d.from_module,
-    nn.Upsample: SpatialUpsample.from_module,
+
+@dataclass(frozen=True)
+class Conversion:
+    """How ``spatialize`` converts a torch layer: ``make(layer, runtime, name)`` builds its spatial version around
+    the layer's own parameters and buffers; ``axes``: the tiled axes the layer works on (2: an image's grid, 3:
+    a volume's), None: any grid."""
+
+    make: Callable[..., nn.Module]
+    axes: int | None = None
+
+
+def _on(axes: int, make: Callable[..., nn.Module], *kinds: type[nn.Module]) -> dict[type[nn.Module], Conversion]:
+    return {kind: Conversion(make, axes) for kind in kinds}
+
+
+# torch layer type -> its conversion; one spatial class serves the 2-D and the 3-D torch layer of a kind. Dropout
+# runs as it is on either grid (GUARDED: the guard computes each tile's slice of the serial mask).
+SPATIAL_LAYERS: dict[type[nn.Module], Conversion] = {
+    **_on(2, SpatialConv.from_module, nn.Conv2d), **_on(3, SpatialConv.from_module, nn.Conv3d),
+    **_on(2, SpatialConvTranspose.from_module, nn.ConvTranspose2d),
+    **_on(3, SpatialConvTranspose.from_module, nn.ConvTranspose3d),
+    **_on(2, SpatialMaxPool.from_module, nn.MaxPool2d), **_on(3, SpatialMaxPool.from_module, nn.MaxPool3d),
+    **_on(2, SpatialAvgPool.from_module, nn.AvgPool2d), **_on(3, SpatialAvgPool.from_module, nn.AvgPool3d),
+    **_on(2, SpatialBatchNorm.from_module, nn.BatchNorm2d), **_on(3, SpatialBatchNorm.from_module, nn.BatchNorm3d),
+    **_on(2, SpatialInstanceNorm.from_module, nn.InstanceNorm2d),
+    **_on(3, SpatialInstanceNorm.from_module, nn.InstanceNorm3d),
+    **_on(2, SpatialGlobalAvgPool.from_module, nn.AdaptiveAvgPool2d),
+    **_on(3, SpatialGlobalAvgPool.from_module, nn.AdaptiveAvgPool3d),
+    **_on(2, SpatialGlobalMaxPool.from_module, nn.AdaptiveMaxPool2d),
+    **_on(3, SpatialGlobalMaxPool.from_module, nn.AdaptiveMaxPool3d),
+    nn.GroupNorm: Conversion(SpatialGroupNorm.from_module),
+    nn.Upsample: Conversion(SpatialUpsample.from_module),
 }
 
-# The same for a volume's tiles (a TileGrid with depth); dropout runs as on images (GUARDED: the guard
-# computes each tile's slice of the serial mask)
-VOLUME_LAYERS: dict[type[nn.Module], Callable[..., nn.Module]] = {
-    nn.Conv3d: SpatialConv3d.from_module,
-    nn.ConvTranspose3d: SpatialConvTranspose3d.from_module,
-    nn.MaxPool3d: SpatialMaxPool3d.from_module,
-    nn.AvgPool3d: SpatialAvgPool3d.from_module,
-    nn.BatchNorm3d: SpatialBatchNorm3d.from_module,
-    nn.GroupNorm: SpatialGroupNorm.from_module,
-    nn.InstanceNorm3d: SpatialInstanceNorm3d.from_module,
-    nn.AdaptiveAvgPool3d: SpatialGlobalAvgPool3d.from_module,
-    nn.AdaptiveMaxPool3d: SpatialGlobalMaxPool3d.from_module,
-    nn.Upsample: SpatialUpsample.from_module,
-}
+
+def converted_on(axes: int) -> list[type[nn.Module]]:
+    """The torch layers ``spatialize`` converts on a grid of ``axes`` tiled axes."""
+    return [kind for kind, conversion in SPATIAL_LAYERS.items() if conversion.axes in (None, axes)]
+
 
 # Layers that act on each pixel (or on replicated, already pooled tensors) independently.
 # They run under the op guard, which refuses them on tiles when they are not (nn.Linear).
@@ -59,10 +64,10 @@ ELEMENTWISE: tuple[type, ...] = (
 )
 
 # Torch layers that run as they are: the op guard computes their functional op exactly on tiles
-# (dropout: the serial mask's slice; LayerNorm/RMSNorm over channels-last tiles; a max pool to 1x1:
-# over the whole image; a Conv1d on pooled values, as ECA's gate) or refuses it, naming the layer.
+# (dropout: the serial mask's slice; LayerNorm/RMSNorm over channels-last tiles; a Conv1d on pooled values, as
+# ECA's gate) or refuses it, naming the layer.
 # Never fused into halo-D2 blocks.
 GUARDED: tuple[type, ...] = (
     nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
-    nn.LayerNorm, nn.RMSNorm, nn.AdaptiveMaxPool2d, nn.Conv1d,
+    nn.LayerNorm, nn.RMSNorm, nn.Conv1d,
 )

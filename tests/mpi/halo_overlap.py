@@ -21,10 +21,11 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.spatial import conv as spatial_conv
-from mpi4dl_nb.spatial.conv import ConvPieces, SpatialConv2d, band_paddings
+from mpi4dl_nb.spatial.conv import ConvPieces, SpatialConv
 from mpi4dl_nb.spatial.convert import reduce_tile_gradients, spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.pool import PoolPieces, _WindowedPool
+from mpi4dl_nb.spatial.halo_conv import band_paddings
+from mpi4dl_nb.spatial.pool import PoolPieces, SpatialPool
 from mpi4dl_nb.spatial.regional import plan_for
 from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
 from tests.support.checks import Checks, run_checks
@@ -95,12 +96,12 @@ def region_layers(net: nn.Module) -> list[str]:
     """Windowed layers that did NOT take a region or banded path on this tile."""
     missed = []
     for name, layer in net.named_modules():
-        if not isinstance(layer, (SpatialConv2d, _WindowedPool)):
+        if not isinstance(layer, (SpatialConv, SpatialPool)):
             continue
         for exchange in layer._exchanges.values():
             if exchange.identity:
                 continue
-            if isinstance(layer, SpatialConv2d):
+            if isinstance(layer, SpatialConv):
                 if band_paddings(layer, exchange) is None and plan_for(ConvPieces(layer), exchange) is None:
                     missed.append(name)
             elif plan_for(PoolPieces(layer), exchange) is None:

@@ -8,8 +8,7 @@ import torch
 
 from mpi4dl_nb import ParallelConfig, viz
 from mpi4dl_nb.models.unet3d import unet3d
-from mpi4dl_nb.notebook.widgets import VolumeHaloViewer, volume_layers
-from mpi4dl_nb.notebook.widgets.volume_halo_viewer import VolumeLayer
+from mpi4dl_nb.notebook.widgets import HaloViewer, WindowedLayer, windowed_layers
 from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d
 
 
@@ -26,7 +25,7 @@ def test_a_slice_shows_the_tiles_owning_it_and_a_tiles_bands_or_face_by_where_th
     volume = torch.arange(32 ** 3, dtype=torch.float64).reshape(1, 32, 32, 32)     # (C, D, H, W)
     grid = TileGrid(2, 2, depth=2)
     halo = conv_halo(grid, (16, 16, 16))           # the layer's map is half the volume's size: drawn scaled 2x
-    inside = viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=4, tiles=[0])   # feature slice 2
+    inside = viz.draw_tiles_and_halos(volume, grid, halo, depth_index=4, tiles=[0])   # feature slice 2
     assert sorted(int(a.get_gid().split(":")[1]) for a in viz.find_artists(inside, "tile:")) == [0, 1, 2, 3]
     image = viz.find_artists(inside, "image")[0].get_array()
     assert np.array_equal(image, volume[0, 4].numpy())       # the slice itself is the picture, one channel: grey
@@ -38,17 +37,17 @@ def test_a_slice_shows_the_tiles_owning_it_and_a_tiles_bands_or_face_by_where_th
     assert "slice 4 of 32 (feature slice 2 of 16)\non 2x2x2 tiles" in title
     assert "front 2, back 2, top 2, bottom 2, left 2, right 2" in title   # padding on the border faces too
 
-    face = viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=18, tiles=[0])   # feature slice 9
+    face = viz.draw_tiles_and_halos(volume, grid, halo, depth_index=18, tiles=[0])   # feature slice 9
     assert sorted(int(a.get_gid().split(":")[1]) for a in viz.find_artists(face, "tile:")) == [4, 5, 6, 7]
     assert halo_gids(face) == {"halo:tile0:back", "halo:tile0:back_bottom", "halo:tile0:back_right",
                                "halo:tile0:back_bottom_right_corner"}
     back = viz.find_artists(face, "halo:tile0:back")[0]
     assert (back.get_x(), back.get_y(), back.get_width(), back.get_height()) == (0, 0, 16, 16)   # owned 8x8, 2x
     assert viz.find_artists(face, "halo:tile0:back_bottom")[0].get_hatch() == "//"   # edges: later phases
-    beyond = viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=20, tiles=[0])  # feature slice 10
+    beyond = viz.draw_tiles_and_halos(volume, grid, halo, depth_index=20, tiles=[0])  # feature slice 10
     assert halo_gids(beyond) == set()             # outside tile 0's 2-slice depth halo
 
-    everyone = viz.draw_volume_tiles_and_halos(volume, grid, halo, depth_index=18)
+    everyone = viz.draw_tiles_and_halos(volume, grid, halo, depth_index=18)
     owners = {gid.split(":")[1] for gid in halo_gids(everyone)}
     assert owners == {f"tile{t}" for t in range(8)}     # slice 9: tiles 4-7 own it, it is 0-3's back face
     arrows = [a for a in viz.find_artists(everyone, "msg:") if "label" not in a.get_gid()]
@@ -62,10 +61,19 @@ def test_face_halos_name_six_faces_and_refuse_an_image_tile():
     assert viz.face_halos(halo.tile(1)) == {"front": 1, "back": 1, "top": 1, "bottom": 1, "left": 1, "right": 1}
     with pytest.raises(ValueError, match="four sides"):
         viz.face_halos(TileGrid(2, 2).layer_halo(8, 8).tile(0))
-    with pytest.raises(ValueError, match="draw_tiles_and_halos"):
-        viz.draw_volume_tiles_and_halos(np.zeros((4, 8, 8)), TileGrid(2, 2))
+    with pytest.raises(ValueError, match="depth_index 0 needs a volume's grid"):
+        viz.draw_tiles_and_halos(np.zeros((4, 8, 8)), TileGrid(2, 2), depth_index=0)
     with pytest.raises(ValueError, match="outside a volume of 4 slices"):
         viz.volume_slice(np.zeros((4, 8, 8)), 4)
+
+
+def test_the_volume_viewers_old_names_are_refused_naming_the_one_viewer():
+    with pytest.raises(AttributeError, match=r"now viz\.draw_tiles_and_halos\(volume, grid, halo, depth_index"):
+        viz.draw_volume_tiles_and_halos(np.zeros((4, 8, 8)), TileGrid(2, 2, depth=2))
+    with pytest.raises(ImportError, match=r"now HaloViewer\(volume, layers, slice_method='2x2x2'"):
+        from mpi4dl_nb.notebook.widgets import VolumeHaloViewer  # noqa: F401
+    with pytest.raises(TypeError, match=r"WindowedLayer\(name, \(height, width\), kernel"):
+        WindowedLayer("wide", 16, 16, (9, 9))   # the old spelling: height, width
 
 
 def test_rank_layout_of_a_volume_grid_puts_depth_slices_side_by_side():
@@ -81,7 +89,7 @@ def test_rank_layout_of_a_volume_grid_puts_depth_slices_side_by_side():
 
 def test_volume_halo_viewer_follows_layer_grid_tile_and_slice():
     volume = np.random.default_rng(0).random((16, 16, 16))
-    viewer = VolumeHaloViewer(volume, unet3d(2, 4, 2), depth_index=3)
+    viewer = HaloViewer(volume, unet3d(2, 4, 2), slice_method="2x2x2", depth_index=3)
     assert [layer.sizes[0] for layer in viewer.layers] == [16, 16, 16, 8, 8, 8, 4, 4, 8, 8, 16, 16]
     assert viewer.layers[2].kernel == (2, 2, 2) and viewer.layers[2].stride == (2, 2, 2)   # the max pool
     assert viewer.halo.message_count == 24          # 8 tiles, 3 phases, 1 neighbour along each axis
@@ -94,14 +102,14 @@ def test_volume_halo_viewer_follows_layer_grid_tile_and_slice():
     viewer.messages_box.value = False
     assert not viz.find_artists(viewer.view.figure, "msg:")
 
-    viewer.grid_choice.value = "1x1x4"
+    viewer.slice_choice.value = "1x1x4"
     assert viewer.grid.shape == (1, 1, 4) and len(viewer.tile_choice.options) == 5
     assert {gid.split(":")[2] for gid in halo_gids(viewer.view.figure)} == {"right"}   # tile 0: left-most strip
 
-    wide = VolumeLayer("wide", (8, 8, 8), (9, 9, 9), padding=(4, 4, 4))
-    narrow = VolumeHaloViewer(volume, [wide], grid="4x1x1")      # 2-slice tiles, 4-slice halo
+    wide = WindowedLayer("wide", (8, 8, 8), (9, 9, 9), padding=(4, 4, 4))
+    narrow = HaloViewer(volume, [wide], slice_method="4x1x1")      # 2-slice tiles, 4-slice halo
     assert narrow.halo is None and "halo is wider than a tile" in narrow.error
-    narrow.grid_choice.value = "2x1x1"
+    narrow.slice_choice.value = "2x1x1"
     assert narrow.halo is not None and narrow.error is None
     assert viz.face_halos(narrow.halo.tile(0))["back"] == 4
-    assert volume_layers(unet3d(2, 4, 2), (16, 8, 8))[0].sizes == (16, 8, 8)
+    assert windowed_layers(unet3d(2, 4, 2), (16, 8, 8))[0].sizes == (16, 8, 8)

@@ -84,7 +84,7 @@ def test_halo_viewer_follows_layer_tile_and_grid_choices(small_resnet):
     stem = windowed_layers(small_resnet, 512)[0]
     assert (stem.height, stem.kernel, stem.padding) == (512, (3, 3), (1, 1))
 
-    wide = WindowedLayer("wide", 16, 16, (9, 9), (1, 1), (4, 4))
+    wide = WindowedLayer("wide", (16, 16), (9, 9), (1, 1), (4, 4))
     narrow = HaloViewer(image, [wide], num_spatial_parts=64)   # 2-px tiles, 4-px halo
     assert narrow.halo is None and "halo is wider than a tile" in narrow.error
     narrow.parts_choice.value = 4
@@ -164,7 +164,7 @@ def test_invalid_input_clears_the_last_valid_figures_and_table(small_resnet):
     assert panel.layout_view.shown and "world size" in panel.world.value
 
     image = np.full((64, 64, 3), 200, dtype=np.uint8)
-    viewer = HaloViewer(image, [WindowedLayer("wide", 16, 16, (9, 9), (1, 1), (4, 4))])
+    viewer = HaloViewer(image, [WindowedLayer("wide", (16, 16), (9, 9), (1, 1), (4, 4))])
     assert viewer.view.shown
     viewer.parts_choice.value = 64
     assert viewer.error and not viewer.view.shown and viewer.info.value == ""

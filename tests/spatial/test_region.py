@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 from mpi4dl_nb.spatial.geometry import AxisExchange, TileGrid, Window1d, plan_window_axis, split_ranges
-from mpi4dl_nb.spatial.pool import ceil_window
 from mpi4dl_nb.spatial.region import Source, plan_region_axis, region_plan, segments
+from mpi4dl_nb.spatial.windowed import ceil_window
 
 WINDOWS = [Window1d(3, 2, 1, 1, 1), Window1d(1, 2), Window1d(7, 2, 1, 3, 3), Window1d(3, 1, 2, 1, 1),
            Window1d(2, 2), Window1d(3, 2, 2, 2, 2), Window1d(3, 1, 1, 1, 1), Window1d(4, 3, 1, 1, 2)]
@@ -80,18 +80,18 @@ def test_bands_and_interior_cover_every_output_once_and_boxes_are_their_windows(
             r_plans = plan_window_axis(height, grid.rows, rows_w)
             c_plans = plan_window_axis(width, grid.cols, cols_w)
             for rp, cp in itertools.product(r_plans, c_plans):
-                plan = region_plan(rp, cp, (rows_w.span, cols_w.span), (rows_w.stride, cols_w.stride))
+                plan = region_plan((rp, cp), (rows_w.span, cols_w.span), (rows_w.stride, cols_w.stride))
                 assert plan is not None
-                out_h, out_w = plan.rows.out, plan.cols.out
+                out_h, out_w = plan.axes[0].out, plan.axes[1].out
                 cover = [[0] * out_w for _ in range(out_h)]
                 boxes = [(plan.interior, None)] + list(plan.bands)
-                for (r0, r1, c0, c1), box in boxes:
+                for ((r0, r1), (c0, c1)), box in boxes:
                     for r, c in itertools.product(range(r0, r1), range(c0, c1)):
                         cover[r][c] += 1
                     if box is not None:
-                        assert box == (r0 * rows_w.stride, (r1 - 1) * rows_w.stride + rows_w.span,
-                                       c0 * cols_w.stride, (c1 - 1) * cols_w.stride + cols_w.span)
-                        assert box[1] <= rp.needed_len and box[3] <= cp.needed_len
+                        assert box == ((r0 * rows_w.stride, (r1 - 1) * rows_w.stride + rows_w.span),
+                                       (c0 * cols_w.stride, (c1 - 1) * cols_w.stride + cols_w.span))
+                        assert box[0][1] <= rp.needed_len and box[1][1] <= cp.needed_len
                 assert all(v == 1 for row in cover for v in row)
 
 
@@ -99,7 +99,7 @@ def test_no_plan_when_the_tile_has_no_interior():
     # a 2-row tile under a 5-wide window: every output reads a received row
     plans = plan_window_axis(8, 4, Window1d(5, 1, 1, 2, 2))
     assert plan_region_axis(plans[1], 5, 1) is None
-    assert region_plan(plans[1], plans[1], (5, 5), (1, 1)) is None
+    assert region_plan((plans[1], plans[1]), (5, 5), (1, 1)) is None
 
 
 def test_image_borders_are_interior_only_inner_borders_make_bands():
@@ -108,8 +108,8 @@ def test_image_borders_are_interior_only_inner_borders_make_bands():
     region = plan_region_axis(whole, stem.span, stem.stride)
     assert region is not None and region.aligned and region.interior == (0, 1024)
     top, bottom = plan_window_axis(1024, 2, pool)
-    plan = region_plan(top, whole_pool := plan_window_axis(1024, 1, pool)[0], (3, 3), (2, 2), (1, 1))
+    plan = region_plan((top, whole_pool := plan_window_axis(1024, 1, pool)[0]), (3, 3), (2, 2), (1, 1))
     assert plan is not None and plan.aligned and whole_pool.pad_before == 1
     assert plan.bands == ()   # its windows end inside the tile: nothing received, all interior
-    plan = region_plan(bottom, whole_pool, (3, 3), (2, 2), (1, 1))
-    assert plan is not None and [out for out, _ in plan.bands] == [(0, 1, 0, 512)]
+    plan = region_plan((bottom, whole_pool), (3, 3), (2, 2), (1, 1))
+    assert plan is not None and [out for out, _ in plan.bands] == [((0, 1), (0, 512))]

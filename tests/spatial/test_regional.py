@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpi4dl_nb.spatial.conv import ConvPieces, conv_windows
+from mpi4dl_nb.spatial.conv import ConvPieces, conv_axis_windows
 from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d
 from mpi4dl_nb.spatial.halo import HaloExchange
-from mpi4dl_nb.spatial.pool import PoolPieces, SpatialAvgPool2d, SpatialMaxPool2d, ceil_window, pool_windows
+from mpi4dl_nb.spatial.pool import PoolPieces, SpatialAvgPool, SpatialMaxPool, pool_axis_windows
 from mpi4dl_nb.spatial.region import region_plan
 from mpi4dl_nb.spatial.regional import gather_box, plan_for, scatter_box, windowed_by_regions
 from mpi4dl_nb.spatial.replay import ForwardLog
+from mpi4dl_nb.spatial.windowed import ceil_window
 
 GRID = TileGrid(3, 3)
 
@@ -29,7 +30,7 @@ def exchange_and_inputs(rows: Window1d, cols: Window1d, height: int, width: int,
     geometry = LayerHalo.for_windows(GRID, height, width, rows, cols)
     exchange = HaloExchange(geometry, tile, list(range(GRID.num_tiles)), comm=None, pad_value=pad_value)  # type: ignore[arg-type]
     gen = torch.Generator().manual_seed(seed)
-    r, c = exchange.rows, exchange.cols
+    r, c = exchange.axes
     h, w = r.owned[1] - r.owned[0], c.owned[1] - c.owned[0]
 
     def rand(*shape: int) -> torch.Tensor | None:
@@ -57,9 +58,9 @@ def test_boxes_are_the_extended_tiles_and_scatter_is_their_adjoint():
         n_rows, n_cols = extended.shape[-2:]
         for _ in range(4):
             r0, c0 = rng.randrange(n_rows), rng.randrange(n_cols)
-            box = (r0, rng.randrange(r0 + 1, n_rows + 1), c0, rng.randrange(c0 + 1, n_cols + 1))
+            box = ((r0, rng.randrange(r0 + 1, n_rows + 1)), (c0, rng.randrange(c0 + 1, n_cols + 1)))
             piece = gather_box(exchange, x, strips, box)
-            assert torch.equal(piece, extended[..., box[0]:box[1], box[2]:box[3]])
+            assert torch.equal(piece, extended[..., box[0][0]:box[0][1], box[1][0]:box[1][1]])
             grad = torch.randn_like(piece).nan_to_num(0.0)
             targets = [torch.zeros_like(x)] + [None if s is None else torch.zeros_like(s) for s in strips]
             scatter_box(exchange, grad, box, targets)
@@ -85,9 +86,9 @@ def test_region_forward_equals_the_op_on_the_extended_tile():
     for module, (height, width), tile in itertools.product(convs + pools, [(45, 41), (38, 50)], range(9)):
         module = module.double()
         if isinstance(module, nn.Conv2d):
-            layer, windows, pad = module, conv_windows(module), 0.0
+            layer, windows, pad = module, conv_axis_windows(module), 0.0
         else:
-            windows = pool_windows(module)
+            windows = pool_axis_windows(module, 2)
             if module.ceil_mode:
                 windows = (ceil_window(windows[0], height), ceil_window(windows[1], width))
             pad = float("-inf") if isinstance(module, nn.MaxPool2d) else 0.0
@@ -98,18 +99,18 @@ def test_region_forward_equals_the_op_on_the_extended_tile():
             params = (layer.weight, layer.bias)
             want = F.conv2d(extended, layer.weight, layer.bias, layer.stride, 0, layer.dilation)
         else:
-            cls = SpatialMaxPool2d if isinstance(module, nn.MaxPool2d) else SpatialAvgPool2d
+            cls = SpatialMaxPool if isinstance(module, nn.MaxPool2d) else SpatialAvgPool
             spatial = cls.__new__(cls)
             nn.Module.__init__(spatial)
-            spatial.windows = pool_windows(module)
+            spatial.windows = pool_axis_windows(module, 2)
             op = PoolPieces(spatial)
             params = ()
-            want = spatial.pool(extended)
+            want = spatial.pool_saving(extended, (0, 0))[0]
         plan = plan_for(op, exchange)
         if plan is None:
             continue
         taken += 1
-        assert plan == region_plan(exchange.rows, exchange.cols, op.spans, op.strides, op.pad_caps)
+        assert plan == region_plan(exchange.axes, op.spans, op.strides, op.pad_caps)
         with torch.no_grad(), replaying(strips):
             got = windowed_by_regions(x, op, exchange, plan, False, params)
         assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)

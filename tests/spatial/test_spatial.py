@@ -45,13 +45,13 @@ def _model() -> nn.Module:
 
 
 def test_same_parameters_same_state_dict_original_untouched(ctx):
-    from mpi4dl_nb.spatial.conv import SpatialConv2d
+    from mpi4dl_nb.spatial.conv import SpatialConv
     from mpi4dl_nb.spatial.convert import spatialize, tile_partial_parameters
     from mpi4dl_nb.spatial.geometry import TileGrid
 
     model = _model()
     net = spatialize(model, TileGrid(1, 1), ctx)
-    assert isinstance(net[0], SpatialConv2d) and isinstance(net[0], nn.Conv2d)
+    assert isinstance(net[0], SpatialConv) and isinstance(net[0], nn.Conv2d)
     assert type(model[0]) is nn.Conv2d and type(model[3][1]) is nn.Conv2d   # original unchanged
     assert not model._forward_pre_hooks and net._forward_pre_hooks
     assert list(net.state_dict()) == list(model.state_dict())

@@ -10,8 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.spatial.conv import SpatialConv
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.norm import SpatialBatchNorm
 from tests.mpi import spatial3d
 from tests.support.battery import shared_job
 
@@ -35,7 +37,8 @@ def test_one_tile_volume_network_equals_the_serial_one():
     net = spatial3d.conv_stack()
     x = torch.randn(2, 2, *spatial3d.STACK_SIZES, dtype=torch.float64)
     tiled = spatialize(net, TileGrid(depth=1, rows=1, cols=1), OneRank())
-    assert type(tiled[0]).__name__ == "SpatialConv3d" and type(tiled[4].bn).__name__ == "SpatialBatchNorm3d"
+    assert isinstance(tiled[0], SpatialConv) and isinstance(tiled[0], nn.Conv3d)
+    assert isinstance(tiled[4].bn, SpatialBatchNorm) and isinstance(tiled[4].bn, nn.BatchNorm3d)
     ref = net(x)
     torch.testing.assert_close(tiled(x), ref, rtol=1e-10, atol=1e-12)
 
