@@ -52,8 +52,8 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	bash benchmarks/run_all.sh
 
-# README.md's sample outputs, run and written between their markers (docs/readme_outputs.py; the demo takes
-# minutes). SAMPLES="layout train" writes some of them.
+# The sample outputs of README.md and docs/*.md, run and written between their markers (docs/readme_outputs.py;
+# the demo takes minutes). SAMPLES="layout train" writes some of them.
 readme-outputs: $(STAMP)
 	$(PY) docs/readme_outputs.py $(SAMPLES)
 

@@ -216,7 +216,7 @@ class ParallelConfig:
     ``sync_batchnorm``: the data-parallel copies of a micro-batch (full replicas and local-DP
     copies) normalise BatchNorm over their combined samples; with ``parts=1`` and no GEMS that
     is one full-batch serial run. GEMS directions keep separate statistics (the mirror's
-    chunks run at other times). README: "BatchNorm semantics".
+    chunks run at other times). docs/exactness.md: "BatchNorm semantics".
     ``check_ops``: the spatial op guard checks every torch op custom forwards apply to tiles
     (False skips the checks once a model has passed).
     ``checkpoint_activations``: activation recomputation on every stage (None: off; 'every':

@@ -74,7 +74,7 @@ def cuda_unavailable_reason() -> str | None:
 
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         return (f"this torch ({torch.__version__}) was built without CUDA; install a CUDA build of "
-                f"torch (see the README, TORCH_SPEC/TORCH_INDEX)")
+                f"torch (see docs/setup.md, TORCH_SPEC/TORCH_INDEX)")
     if torch.cuda.device_count() == 0:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         hidden = f" with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
