@@ -1,10 +1,10 @@
 """What a whole-slide canvas asks of the layout and the data: sides that cut into tiles of whole trunk strides, a
-spatial stage in front of a slide-level pool, a tissue channel for tissue-mean (checks made before any work)."""
+tissue channel for tissue-mean (checks made before any work). Every pool runs on tiles or on one process alike."""
 from __future__ import annotations
 
 import math
 
-from ..config import ConfigError, ParallelConfig
+from ..config import ConfigError
 from ..spatial.geometry import TileGrid
 from .pools import PoolKind
 
@@ -29,17 +29,6 @@ def check_canvas(image_size: int | tuple[int, int], grid: TileGrid, stride: int)
                                       f"down-sampling by {stride} leaves tiles that are not whole strides: its "
                                       f"height must be a multiple of {rows} and its width of {cols}; e.g. "
                                       f"--image-size {fits}")
-
-
-def check_pool_layout(pool: PoolKind, cfg: ParallelConfig, *, whole_slide: bool) -> None:
-    """ConfigError (``--pool``) for a slide-level pool of a whole-slide canvas without a spatial stage in front of
-    it (one rank would hold the whole canvas), naming the flags that put the trunk on tiles."""
-    if not (whole_slide and PoolKind(pool).multiple_instance and cfg.spatial_size == 0):
-        return
-    raise ConfigError("--pool", f"--pool {pool} pools a whole-slide canvas, which is meant to be held in tiles by "
-                                f"spatial ranks, but --spatial-size 0 puts it whole on one rank: set "
-                                f"--spatial-size 1 and --num-spatial-parts N (e.g. 4) so the trunk runs on tiles "
-                                f"in front of the pool (or train tiles, not --whole-slide)")
 
 
 def check_tissue_input(pool: PoolKind, in_channels: int, data_channels: int) -> None:

@@ -1,12 +1,13 @@
-"""Whole-slide canvas checks (issue 43): sides in whole trunk strides per tile, a spatial stage in front of a
-slide-level pool; refused before any work with the sizes and flags that work."""
+"""Whole-slide canvas checks (issue 43): sides in whole trunk strides per tile, the tissue channel of tissue-mean;
+refused before any work with the sizes and flags that work. (Every pool also runs on one process: issue 51,
+tests/data/test_canvas.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from mpi4dl_nb.config import ConfigError, ParallelConfig
-from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_pool_layout, check_tissue_input
+from mpi4dl_nb.config import ConfigError
+from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_tissue_input
 from mpi4dl_nb.models.pools import PoolKind
 from mpi4dl_nb.spatial.geometry import TileGrid
 
@@ -27,15 +28,6 @@ def test_a_canvas_off_the_stride_grid_is_refused_with_sizes_that_work(size, grid
     assert shown in str(error.value) and "multiple of" in str(error.value)
     for fit in (int(n) for n in shown.split("--image-size ")[1].split(" or ")):
         check_canvas(fit, grid, 4)
-
-
-def test_a_slide_level_pool_without_a_spatial_stage_is_refused_on_whole_slides():
-    lp = ParallelConfig(split_size=2, spatial_size=0)
-    with pytest.raises(ConfigError, match="--spatial-size 1 and --num-spatial-parts"):
-        check_pool_layout(PoolKind.ATTENTION, lp, whole_slide=True)
-    check_pool_layout(PoolKind.AVG, lp, whole_slide=True)
-    check_pool_layout(PoolKind.MAX, lp, whole_slide=False)
-    check_pool_layout(PoolKind.TISSUE_MEAN, ParallelConfig(split_size=2, spatial_size=1), whole_slide=True)
 
 
 def test_tissue_mean_needs_the_mask_as_the_last_channel():
