@@ -153,8 +153,10 @@ def test_every_slide_level_pool_trains_whole_slides_on_one_process(pool, cohort,
     """Issue 51: refused until then ("meant to be held in tiles"); the 5-rank launch checks it equals the tiles."""
     manifest, _ = cohort
     flags = ["--whole-slide", "--cohort", str(manifest), "--image-size", "64", "--mpp", "2", *SMALL, "--steps", "1",
-             "--pool", pool, "--checkpoint-dir", str(tmp_path / "c")]
+             "--pool", pool, "--batch-size", "1", "--checkpoint-dir", str(tmp_path / "c")]
     assert cli.main(flags) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr()
+    assert ("note: --batch-size 1 with --pool" in out.err) == (pool != "max"), out.err   # averaging pools at batch 1
+    summary = json.loads(out.out.strip().splitlines()[-1])
     assert summary["world_size"] == 1 and summary["steps_run"] == 1 and np.isfinite(summary["loss"])
     assert read_checkpoint(summary["checkpoint"]).record.model.pool.value == pool

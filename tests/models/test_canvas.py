@@ -5,9 +5,10 @@ tests/data/test_canvas.py.)"""
 from __future__ import annotations
 
 import pytest
+from torch import nn
 
 from mpi4dl_nb.config import ConfigError
-from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_tissue_input
+from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_tissue_input, single_canvas_note
 from mpi4dl_nb.models.pools import PoolKind
 from mpi4dl_nb.spatial.geometry import TileGrid
 
@@ -35,3 +36,13 @@ def test_tissue_mean_needs_the_mask_as_the_last_channel():
     check_tissue_input(PoolKind.ATTENTION, 3, 3)
     with pytest.raises(ConfigError, match="--pool tissue-mean .* the data has 3 channels"):
         check_tissue_input(PoolKind.TISSUE_MEAN, 3, 3)
+
+
+def test_one_canvas_per_batch_under_an_averaging_pool_with_batchnorm_gets_a_note():
+    trunk = [nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())]
+    for pool in (PoolKind.AVG, PoolKind.ATTENTION, PoolKind.TISSUE_MEAN):
+        note = single_canvas_note(pool, 1, trunk)
+        assert note is not None and f"--pool {pool.value}" in note and "--batch-size 2" in note
+    assert single_canvas_note(PoolKind.MAX, 1, trunk) is None                     # max pooling learns at batch 1
+    assert single_canvas_note(PoolKind.ATTENTION, 2, trunk) is None
+    assert single_canvas_note(PoolKind.ATTENTION, 1, [nn.Conv2d(3, 4, 3), nn.ReLU()]) is None   # no BatchNorm
