@@ -166,8 +166,8 @@ plt.show()
 #
 # * **two canvases per batch** (`--batch-size 2`): BatchNorm then normalises over both. With one canvas it
 #   normalises each by its own statistics, which takes away much of what an averaging pool reads (how much of
-#   the canvas shows the evidence): avg, attention-MIL and tissue-mean do not learn this cohort at batch 1
-#   (`train` says so in a note), max pooling does;
+#   the canvas shows the evidence): avg and attention-MIL do not learn this cohort at batch 1, tissue-mean
+#   barely (`train` says so in a note), max pooling does;
 # * **AdamW** at `--lr 0.003` with a **linear warm-up** of 10 steps and a **cosine** decay to 0 (`--optimizer
 #   adamw --warmup-steps 10 --lr-schedule cosine`): the first steps' gradients of a max pool on an untrained trunk
 #   are large, and a full learning rate at once throws the weights far off;
@@ -260,7 +260,7 @@ print(f"max |loss difference| = {loss_error:.1e}, max |weight difference| = {wei
 assert loss_error < 1e-9 and weight_error < 1e-9
 
 # %% [markdown]
-# The differences are float64 rounding, 1e-13 or less on values of order 1: the tiles add the same products
+# The differences are float64 rounding, a few 1e-13 on values of order 1: the tiles add the same products
 # in a different order (BatchNorm's sums over four tiles), and the AdamW steps carry those last digits along.
 # Nothing is approximated: no tile sees a cropped context (the halos), no tile normalises by its own statistics,
 # and each feature's maximum is taken over all four tiles, its gradient sent to the tile that holds it. A
