@@ -220,7 +220,7 @@ printed = []
 # gradient goes back to the one position (on one tile) that one process would pick (docs/whole-slide.md). A
 # max pool suits a label that one small structure decides: one dark dot anywhere makes a slide positive.
 #
-# The check needs no more than a few steps: the same command with `--steps 4 --warmup-steps 2`, in float64, on
+# The check needs no more than a few steps: the same command with `--steps 3 --warmup-steps 1`, in float64, on
 # the 4 tiles + 1 rank and on one process (`--split-size 1 --spatial-size 0`, the baseline to run first), here in
 # this notebook's process (what it prints is kept in `printed`). Both write their losses (`--log-dir`) and final
 # weights.
@@ -230,7 +230,7 @@ from mpi4dl_nb.evaluation.log import read_metrics
 from mpi4dl_nb.infer.model import load_trained
 
 viz.show(viz.draw_rank_layout(cfg))
-SHORT = ["--steps", "4", "--warmup-steps", "2", "--dtype", "float64"]
+SHORT = ["--steps", "3", "--warmup-steps", "1", "--checkpoint-every", "3", "--dtype", "float64"]
 cluster = dl.cluster.start(n=cfg.world_size)
 
 
@@ -274,7 +274,8 @@ assert loss_error < 1e-9 and weight_error < 1e-9
 
 # %%
 recipe = work / "recipe"
-print("exit", run_here([*RUN, *ONE_PROCESS, "--checkpoint-dir", str(recipe), "--log-dir", str(recipe / "log")]))
+print("exit", run_here([*RUN, *ONE_PROCESS, "--checkpoint-every", "90", "--checkpoint-dir", str(recipe),
+                        "--log-dir", str(recipe / "log")]))
 held = [r for r in read_metrics(recipe / "log") if r["kind"] == "eval"]
 for r in (held[0], held[len(held) // 2], held[-1]):
     print(f"  step {r['step']:>2}: held-out loss {r['val_loss']:.3f}, slide AUC {r['val_roc_auc']:.2f}, "
