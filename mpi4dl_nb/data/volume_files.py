@@ -9,11 +9,14 @@ micrometres, ``None`` when the file does not say all three (TIFF: OME ``Physical
 
 A region reads only its sub-volume: a TIFF stack decodes only the pages of its depth range (an uncompressed
 contiguous stack is memory-mapped, so only the region's bytes are read); a NIfTI slices its ``dataobj``.
-A file that cannot be read as a volume raises ``ConfigError`` naming the file.
+A file that cannot be read as a volume raises ``ConfigError`` naming the file; a TIFF cut short (a copy or download
+that stopped) is said to be truncated, with the pages that can be read and what its metadata promised.
 """
 from __future__ import annotations
 
+import json
 import logging
+import re
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,8 +83,8 @@ def volume_info(path: str | Path) -> VolumeInfo:
         if volume_suffix(file) in NIFTI_SUFFIXES:
             return _nifti_info(file)
         if volume_suffix(file) in TIFF_SUFFIXES:
-            with _open_tiff(file) as tif:
-                return _TiffStack.of(file, tif).info(tif)
+            with _open_tiff(file) as (tif, complaints):
+                return _TiffStack.of(file, tif, complaints).info(tif, complaints)
     raise ConfigError(str(file), f"not a volume file: use one of {', '.join(VOLUME_SUFFIXES)}")
 
 
@@ -92,8 +95,8 @@ def read_volume(path: str | Path, region: Region | None = None) -> np.ndarray:
         if volume_suffix(file) in NIFTI_SUFFIXES:
             return _read_nifti(file, region)
         if volume_suffix(file) in TIFF_SUFFIXES:
-            with _open_tiff(file) as tif:
-                return _TiffStack.of(file, tif).read(file, tif, region)
+            with _open_tiff(file) as (tif, complaints):
+                return _TiffStack.of(file, tif, complaints).read(file, tif, region, complaints)
     raise ConfigError(str(file), f"not a volume file: use one of {', '.join(VOLUME_SUFFIXES)}")
 
 
@@ -124,18 +127,88 @@ def _refusing(file: Path) -> Iterator[None]:
         raise ConfigError(str(file), f"cannot read it as a volume ({type(err).__name__}: {err})") from err
 
 
+class _Complaints(logging.Handler):
+    """What tifffile logs about a file while it is open (a page chain leading past the file's end, an unreadable
+    tag), kept for the refusal that names the file rather than printed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @contextmanager
-def _open_tiff(file: Path) -> Iterator[tifffile.TiffFile]:
+def _open_tiff(file: Path) -> Iterator[tuple[tifffile.TiffFile, list[str]]]:
+    """The open TIFF and what tifffile complained of while reading it (``_Complaints``)."""
     import tifffile
 
     logger = logging.getLogger("tifffile")
     level = logger.level
+    complaints = _Complaints()
     logger.setLevel(logging.ERROR)
+    logger.addHandler(complaints)
     try:
-        with tifffile.TiffFile(file) as tif:
-            yield tif
+        try:
+            tif = tifffile.TiffFile(file)
+        except Exception as err:   # its page chain broken past repair: said so when tifffile saw why
+            if not complaints.messages:
+                raise
+            raise ConfigError(str(file), f"truncated or damaged: the file ends at byte {file.stat().st_size} "
+                                         f"({_said(complaints.messages)}): copy or export the file again") from err
+        with tif:
+            yield tif, complaints.messages
     finally:
+        logger.removeHandler(complaints)
         logger.setLevel(level)
+
+
+def _said(complaints: list[str]) -> str:
+    """tifffile's first complaint, without the object it names (``<tifffile.TiffPages @8> invalid page offset 8448``
+    -> ``tifffile: invalid page offset 8448``)."""
+    return "tifffile: " + re.sub(r"^<[^>]*>\s*", "", complaints[0])
+
+
+def _promised_pages(tif: tifffile.TiffFile) -> str:
+    """What the first page's description says the file holds (ImageJ's ``images=``, tifffile's ``{"shape": ...}``),
+    "" when it says neither. Read from that page alone: the series of a file cut short cannot be formed."""
+    try:
+        text = str(tif.pages.first.description or "")
+    except Exception:   # the first page itself is cut off
+        return ""
+    if text.startswith("ImageJ="):
+        fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        return f"; its ImageJ metadata promises {fields['images']} pages" if "images" in fields else ""
+    try:
+        shape = json.loads(text).get("shape")
+    except (ValueError, AttributeError):
+        return ""
+    return f"; its metadata promises shape {tuple(shape)}" if isinstance(shape, list) else ""
+
+
+def _data_end(page: tifffile.TiffPage | tifffile.TiffFrame) -> int:
+    """The byte after the last of ``page``'s image data."""
+    return max((o + n for o, n in zip(page.dataoffsets, page.databytecounts)), default=0)
+
+
+def _truncated(file: Path, tif: tifffile.TiffFile, complaints: list[str]) -> ConfigError | None:
+    """The refusal of a TIFF cut short or damaged (tifffile lost its page chain, or a page's data lies past the
+    file's end), naming what could be read and what the file promised; None for a whole file."""
+    size, least = file.stat().st_size, ""
+    try:
+        pages = list(tif.pages)
+    except Exception as err:   # a page past the first is unreadable: what tifffile found is said below
+        complaints, pages, least = [*complaints, f"{type(err).__name__}: {err}"], [tif.pages.first], "at least "
+    cut = [i for i, page in enumerate(pages) if page is not None and _data_end(page) > size]
+    if not complaints and not cut:
+        return None
+    readable = len(pages) - len(cut)
+    found = _said(complaints) if complaints else f"page {cut[0]}'s data ends at byte {_data_end(pages[cut[0]])}"
+    return ConfigError(str(file), f"truncated or damaged: the file ends at byte {size} ({found}); {least}"
+                                  f"{readable} whole page{'s' if readable != 1 else ''} of "
+                                  f"{tuple(tif.pages.first.shape)} can be read{_promised_pages(tif)}: a volume "
+                                  f"is one page per depth slice, so copy or export the file again")
 
 
 def _micrometres(value: float, unit: str | None) -> float | None:
@@ -154,7 +227,19 @@ class _TiffStack:
     page_shape: tuple[int, ...]        # (Y, X) or (Y, X, S)
 
     @staticmethod
-    def of(file: Path, tif: tifffile.TiffFile) -> _TiffStack:
+    def of(file: Path, tif: tifffile.TiffFile, complaints: list[str]) -> _TiffStack:
+        """The stack of ``tif``'s first series; ConfigError naming the file when it is not a volume, or cut short
+        (``complaints``: what tifffile logged while reading it)."""
+        try:
+            return _TiffStack._of(file, tif)
+        except Exception as err:   # a flat or odd layout, or a page chain tifffile cannot follow: truncated?
+            truncated = _truncated(file, tif, complaints)
+            if truncated is not None:
+                raise truncated from err
+            raise
+
+    @staticmethod
+    def _of(file: Path, tif: tifffile.TiffFile) -> _TiffStack:
         if not tif.series:
             raise ConfigError(str(file), "a TIFF with no image series")
         series = tif.series[0]
@@ -189,9 +274,16 @@ class _TiffStack:
     def shape(self) -> tuple[int, int, int]:
         return self.series_shape[self.depth_axis], self.page_shape[0], self.page_shape[1]
 
-    def info(self, tif: tifffile.TiffFile) -> VolumeInfo:
+    def info(self, tif: tifffile.TiffFile, complaints: list[str]) -> VolumeInfo:
         series = tif.series[0]
-        return VolumeInfo(Path(tif.filehandle.path), self.shape, self.channels, np.dtype(series.dtype),
+        file = Path(tif.filehandle.path)
+        size = file.stat().st_size
+        end = (series.dataoffset or 0) + series.nbytes if series.dataoffset is not None else \
+            _data_end(_page(series, len(series.pages) - 1))      # contiguous voxels, else the last page's data
+        if end > size:
+            raise _truncated(file, tif, complaints) or ConfigError(
+                str(file), f"truncated: its voxels end at byte {end}, the file at byte {size}; copy it again")
+        return VolumeInfo(file, self.shape, self.channels, np.dtype(series.dtype),
                           _tiff_voxel_size(tif))
 
     def page_index(self, depth: int, channel: int) -> int:
@@ -201,7 +293,19 @@ class _TiffStack:
             index[self.channel_axis] = channel
         return int(np.ravel_multi_index(index, self.series_shape))
 
-    def read(self, file: Path, tif: tifffile.TiffFile, region: Region | None) -> np.ndarray:
+    def read(self, file: Path, tif: tifffile.TiffFile, region: Region | None, complaints: list[str]) -> np.ndarray:
+        """``region`` as ``(C, d, h, w)``; a failure of a file cut short is refused as such (``_truncated``)."""
+        try:
+            return self._read(file, tif, region)
+        except ConfigError:
+            raise
+        except Exception as err:   # a memory map longer than the file, a decoder's failure on data cut short ...
+            truncated = _truncated(file, tif, complaints)
+            if truncated is None:
+                raise
+            raise truncated from err
+
+    def _read(self, file: Path, tif: tifffile.TiffFile, region: Region | None) -> np.ndarray:
         depths, rows, cols = region_ranges(region, self.shape)
         series = tif.series[0]
         out = np.empty((self.channels, len(depths), len(rows), len(cols)), dtype=np.dtype(series.dtype))

@@ -1,10 +1,14 @@
 """What a whole-slide canvas asks of the layout and the data: sides that cut into tiles of whole trunk strides, a
-spatial stage in front of a slide-level pool, a tissue channel for tissue-mean (checks made before any work)."""
+tissue channel for tissue-mean (checks made before any work), and a note on one canvas per batch under an averaging
+pool. Every pool runs on tiles or on one process alike."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from ..config import ConfigError, ParallelConfig
+from torch import nn
+
+from ..config import ConfigError
 from ..spatial.geometry import TileGrid
 from .pools import PoolKind
 
@@ -31,17 +35,6 @@ def check_canvas(image_size: int | tuple[int, int], grid: TileGrid, stride: int)
                                       f"--image-size {fits}")
 
 
-def check_pool_layout(pool: PoolKind, cfg: ParallelConfig, *, whole_slide: bool) -> None:
-    """ConfigError (``--pool``) for a slide-level pool of a whole-slide canvas without a spatial stage in front of
-    it (one rank would hold the whole canvas), naming the flags that put the trunk on tiles."""
-    if not (whole_slide and PoolKind(pool).multiple_instance and cfg.spatial_size == 0):
-        return
-    raise ConfigError("--pool", f"--pool {pool} pools a whole-slide canvas, which is meant to be held in tiles by "
-                                f"spatial ranks, but --spatial-size 0 puts it whole on one rank: set "
-                                f"--spatial-size 1 and --num-spatial-parts N (e.g. 4) so the trunk runs on tiles "
-                                f"in front of the pool (or train tiles, not --whole-slide)")
-
-
 def check_tissue_input(pool: PoolKind, in_channels: int, data_channels: int) -> None:
     """ConfigError (``--pool``) when tissue-mean pooling gets samples without their tissue mask as the last channel
     (``in_channels`` image channels + 1)."""
@@ -51,3 +44,16 @@ def check_tissue_input(pool: PoolKind, in_channels: int, data_channels: int) -> 
                                 f"carry the mask as its last channel ({in_channels} image channels + 1: whole-slide "
                                 f"canvases do), but the data has {data_channels} channels; use --pool avg, max or "
                                 f"attention for this data")
+
+
+def single_canvas_note(pool: PoolKind, batch_size: int, layers: Sequence[nn.Module]) -> str | None:
+    """The note for whole slides one canvas per batch under an averaging pool (avg, attention, tissue-mean) with
+    BatchNorm in the model: each canvas is then normalised by its own statistics, which takes away much of what such
+    a pool reads (how much of the canvas shows the evidence), and on a small cohort it may not learn (measured:
+    docs/whole-slide.md, "A recipe that learns"); None otherwise (max pooling learns at batch 1)."""
+    has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for layer in layers for m in layer.modules())
+    if batch_size > 1 or PoolKind(pool) is PoolKind.MAX or not has_batchnorm:
+        return None
+    return (f"note: --batch-size 1 with --pool {PoolKind(pool).value}: BatchNorm normalises each canvas by its own "
+            f"statistics, which takes away much of what an averaging pool reads; two canvases or more per batch "
+            f"(--batch-size 2) learn where one may not (docs/whole-slide.md, 'A recipe that learns')")

@@ -121,17 +121,19 @@ class JobSetup:
             self.identity = self.make_identity(dataset)
 
     def record_canvases(self, canvases: SlideCanvases) -> None:
-        """The canvas checked against the layout and the pool; each slide's canvas into the record; a line per slide
-        printed (rank 0)."""
-        from ..models.canvas import check_canvas, check_pool_layout
+        """The canvas checked against the layout (tiles of whole trunk strides); each slide's canvas into the record; a
+        line per slide printed, and a note on one canvas per batch under an averaging pool (rank 0)."""
+        from ..models.canvas import check_canvas, single_canvas_note
         from ..spatial.geometry import TileGrid
 
         config, model = self.job.config, self.job.model
-        check_pool_layout(model.pool, config, whole_slide=True)
         if config.spatial_size > 0:
             check_canvas(canvases.image_size, TileGrid(*config.grid_shape), model.image_multiple)
         self.record = replace(self.record, data=replace(self.record.data, canvases=tuple(canvases.placements)))
         say_once(self.ctx, "whole-slide canvases:\n  " + "\n  ".join(canvases.report()))
+        note = single_canvas_note(model.pool, self.job.training.batch_size, self.layers)
+        if note is not None:
+            say_once(self.ctx, note)
 
     def record_split(self, split: GroupedSplit, dataset: RegionDataset) -> None:
         """The split's groups per side into the record; its counts printed (rank 0)."""

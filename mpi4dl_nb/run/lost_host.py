@@ -50,6 +50,14 @@ def lost_hosts(hosts: Sequence[str], own_host: str, silent_for: Callable[[int], 
     return lost
 
 
+def ended_before(hosts: Sequence[str], monitors: Sequence[int], rank: int) -> list[int]:
+    """The ranks monitor ``rank`` outlasts at the end of a job (``teardown.py``): those of other hosts that are not
+    monitors, or monitors after it. Monitors so end one after another, the first monitor last, and a host lost at
+    the end is seen by a monitor elsewhere that can still end the job (none, on one host)."""
+    return [other for other, host in enumerate(hosts)
+            if host != hosts[rank] and (other not in monitors or other > rank)]
+
+
 def describe_lost(lost: dict[str, list[int]], silence: float) -> str:
     """``lost host h2 (rank 1): no heartbeat for 31 s``, for one or several hosts."""
     parts = [f"{host} ({'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))})"

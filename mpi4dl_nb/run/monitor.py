@@ -14,7 +14,9 @@ ranks are blocked in communication, and it cannot itself hang the job.
   with the action each rank is in. Ranks in an exempt phase (writing a checkpoint) hold the
   watchdog off.
 * Across hosts, the monitors sit on different hosts, and a host whose ranks all fall silent is
-  lost (``lost_host.py``): the job ends naming it, armed or not (exit code 6).
+  lost (``lost_host.py``): the job ends naming it, armed or not (exit code 6). In a batch job the
+  monitor listens on through MPI's teardown after the summary (``teardown.py``), so a host lost then
+  ends the job the same way instead of leaving MPI's finalize waiting for it.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..config import Choice
-from .lost_host import LOST_HOST_SECONDS, choose_monitors, describe_lost, lost_hosts
+from .lost_host import LOST_HOST_SECONDS, choose_monitors, describe_lost, ended_before, lost_hosts
+from .teardown import linger
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -47,6 +50,10 @@ FAIL_GRACE_SECONDS = 10.0    # a failing rank aborts by itself when no monitor d
 MAX_TEXT = 12000             # bytes of traceback carried in one datagram
 FRESH_SECONDS = 0.1          # progress is sent at once when the last heartbeat is older
 COMM_ACTIONS = ("send", "recv", "all-reduce", "allreduce", "gather", "barrier", "wait")
+GOODBYES = 3                 # a goodbye is sent this many times (datagrams may be lost)
+FINALIZING = "finalizing"    # the phase of a rank in MPI's finalize (``teardown.py``)
+COLLECTIVE_FINALIZE_SECONDS = 3.0   # a rank alive in its finalize this long waits for others: an MPI whose finalize
+                                    # is collective (not MPICH's local one), so the monitor outlasting it goes on
 
 
 def world_rank_text(rank: int, world: int) -> str:
@@ -66,6 +73,7 @@ class RankState:
     exempt: bool = False
     timeout: float | None = None
     closed: bool = False
+    phase_since: float = 0.0      # monitor's clock when ``phase`` began
 
     def idle_now(self, now: float) -> float:
         return self.idle + max(0.0, now - self.heard)
@@ -178,6 +186,7 @@ class JobMonitor:
         self.failures: list[Failure] = []
         self.first_failure: float | None = None
         self.acted = False
+        self.tearing_down = False       # the job is over; MPI's teardown is under way (``teardown.py``)
         self._last_sent = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -211,10 +220,47 @@ class JobMonitor:
         return monitor
 
     def close(self) -> None:
+        """The job is over: in a batch job listen on through MPI's teardown (``teardown.linger``: the goodbye comes
+        at exit, after MPI's finalize), else say goodbye now."""
+        if self._stop.is_set() or self.tearing_down:
+            return
+        if self.sock is not None and linger(self):
+            self.tearing_down, self.step = True, None
+            self.arm(None)
+            self.phase_name, self.exempt = "teardown", True    # no stall: only a lost host ends the job now
+            self.progress("MPI teardown")
+            return
+        self.end()
+
+    def before_finalize(self) -> None:
+        """Every rank at the teardown (a barrier, this monitor listening: a host lost before it is named and the job
+        ended); a monitor across hosts then outlasts the ranks ``ended_before`` names (their goodbye comes after
+        their finalize), so a host lost meanwhile is named and the job ended while this rank still can."""
+        self.progress("MPI teardown: waiting for every rank")
+        self.ctx.barrier()
+        if self.is_monitor and len(set(self.hosts)) > 1:
+            awaited = [self.states[r] for r in ended_before(self.hosts, self.monitors, self.rank)]
+            self.progress("MPI teardown: waiting for the other hosts' ranks to end")
+            while not all(self._ended(state, time.monotonic()) for state in awaited):
+                time.sleep(0.01)
+        self.phase_name = FINALIZING
+        self.progress(FINALIZING)
+
+    def _ended(self, state: RankState, now: float) -> bool:
+        """Whether a rank said goodbye, or is alive in a finalize long enough to be waiting for the others."""
+        return state.closed or (state.phase == FINALIZING and self.live(state.rank, now)
+                                and now - state.phase_since > COLLECTIVE_FINALIZE_SECONDS)
+
+    def say_goodbye(self) -> None:
+        """Tell the monitors this rank is done (its silence from now on is no stall and no lost host)."""
+        for _ in range(GOODBYES):
+            self._send_monitors(Goodbye(self.rank))
+
+    def end(self) -> None:
         """Stop heartbeats (say goodbye, so monitors do not take the silence for a stall)."""
         if self._stop.is_set():
             return
-        self._send_monitors(Goodbye(self.rank))
+        self.say_goodbye()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval + 1)
@@ -312,6 +358,8 @@ class JobMonitor:
             return
         if isinstance(message, Heartbeat):
             state.heard = time.monotonic()
+            if message.phase != state.phase:
+                state.phase_since = state.heard
             state.step, state.phase, state.action = message.step, message.phase, message.action
             state.idle, state.exempt, state.timeout = message.idle, message.exempt, message.timeout
         elif isinstance(message, Goodbye):
@@ -373,12 +421,14 @@ class JobMonitor:
         if not lost or not self.reporter(now):
             return None
         silence = min(now - self.states[r].heard for ranks in lost.values() for r in ranks)
-        lines = [f"mpi4dl_nb train: {describe_lost(lost, silence)}; aborting the job"]
+        when = " after the job's summary, in MPI's teardown" if self.tearing_down else ""
+        lines = [f"mpi4dl_nb train: {describe_lost(lost, silence)}{when}; aborting the job"]
         gone = {r for ranks in lost.values() for r in ranks}
         for s in sorted(self.states.values(), key=lambda s: s.rank):
             how = "lost with its host, last" if s.rank in gone else "alive,"
             lines.append(f"  {self.who(s.rank)}: {how} in {s.doing()}")
-        lines.append("  the last complete checkpoint stays on disk; rerun with --resume latest on the remaining hosts")
+        lines.append("  the job had finished: its summary and checkpoints are complete" if self.tearing_down else
+                     "  the last complete checkpoint stays on disk; rerun with --resume latest on the remaining hosts")
         return "\n".join(lines)
 
     def stall(self, now: float) -> str | None:
@@ -435,6 +485,11 @@ class JobMonitor:
         return "\n".join(lines)
 
     def _abort(self, code: int) -> None:
+        if self.tearing_down and self._abort_with is None:    # MPI may be finalizing: MPI_Abort no longer can
+            from ..comm.finalize import end_job
+
+            self.stream.flush()
+            end_job(code, self.ctx.abort)
         (self._abort_with or self.ctx.abort)(code)
 
     def _write(self, text: str) -> None:

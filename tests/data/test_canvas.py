@@ -18,7 +18,7 @@ from mpi4dl_nb.data.groups import GroupKind, groups_of
 from mpi4dl_nb.data.manifest import read_cohort
 from mpi4dl_nb.data.synthetic_cohort import STRUCTURE, write_synthetic_cohort
 from mpi4dl_nb.errors import ConfigError
-from tests.mpi.whole_slide_cli import CASES, case_name
+from tests.mpi.whole_slide_cli import CASES, case_name, cli_case_name
 from tests.support.battery import shared_job
 from tests.support.infer_data import write_slide
 
@@ -144,15 +144,19 @@ def test_train_and_evaluate_whole_slides_from_a_cohort(cohort, tmp_path, capsys)
 
 def test_five_ranks_train_whole_slides_as_one_process_with_every_pool(shared_launch):
     shared_launch(JOB).require_clean(["canvases read by tile", *(case_name(*case) for case in CASES),
-                                      "patients on one side", "canvases recorded"])
+                                      *(cli_case_name(*case) for case in CASES), "patients on one side",
+                                      "canvases recorded"])
 
 
-def test_a_slide_level_pool_without_tiles_in_front_is_refused_before_work(cohort, capsys):
+@pytest.mark.parametrize("pool", ["max", "attention", "tissue-mean"])
+def test_every_slide_level_pool_trains_whole_slides_on_one_process(pool, cohort, tmp_path, capsys):
+    """Issue 51: refused until then ("meant to be held in tiles"); the 5-rank launch checks it equals the tiles."""
     manifest, _ = cohort
     flags = ["--whole-slide", "--cohort", str(manifest), "--image-size", "64", "--mpp", "2", *SMALL, "--steps", "1",
-             "--pool", "attention"]
-    with pytest.raises(SystemExit) as stop:
-        cli.main(flags)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2, err
-    assert "--pool attention pools a whole-slide canvas" in err and "--spatial-size 1" in err and "step 1" not in err
+             "--pool", pool, "--batch-size", "1", "--checkpoint-dir", str(tmp_path / "c")]
+    assert cli.main(flags) == 0
+    out = capsys.readouterr()
+    assert ("note: --batch-size 1 with --pool" in out.err) == (pool != "max"), out.err   # averaging pools at batch 1
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    assert summary["world_size"] == 1 and summary["steps_run"] == 1 and np.isfinite(summary["loss"])
+    assert read_checkpoint(summary["checkpoint"]).record.model.pool.value == pool

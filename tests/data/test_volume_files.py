@@ -107,3 +107,33 @@ def test_unreadable_and_flat_files_are_refused_naming_the_file(tmp_path):
         assert str(tmp_path / name) in str(err.value)
         with pytest.raises(ConfigError, match=words):
             read_volume(tmp_path / name)
+
+
+def data_ends(path):
+    """The byte after each page's image data."""
+    with tifffile.TiffFile(path) as tif:
+        return [max(o + n for o, n in zip(p.dataoffsets, p.databytecounts)) for p in tif.pages]
+
+
+@pytest.mark.parametrize("kind", ["imagej", "shaped", "zlib pages"])
+@pytest.mark.parametrize("page", [3, 7])
+def test_a_truncated_stack_is_refused_as_truncated_naming_the_file_and_what_it_promised(tmp_path, capfd, kind, page):
+    """Issue 51: a stack cut short was called "a 2-D image (one page)"; said truncated, with what could be read
+    (cut inside page 3's or the last page's voxels)."""
+    whole, cut = tmp_path / "whole.tif", tmp_path / "cut.tif"
+    volume = stack(depth=8, height=16, width=16)
+    if kind == "zlib pages":
+        tifffile.imwrite(whole, volume, compression="zlib")
+    else:
+        tifffile.imwrite(whole, volume, imagej=kind == "imagej", metadata={"axes": "ZYX"})
+    cut.write_bytes(whole.read_bytes()[:data_ends(whole)[page] - 7])
+    assert volume_info(whole).shape == (8, 16, 16)
+    promised = "ImageJ metadata promises 8 pages" if kind == "imagej" else "promises shape (8, 16, 16)"
+    for read in (volume_info, read_volume):
+        with pytest.raises(ConfigError, match="truncated") as err:
+            read(cut)
+        message = str(err.value)
+        assert str(cut) in message and "2-D image" not in message and "copy" in message, message
+        if "can be read" in message:     # what the file holds and promised, where its pages say
+            assert "of (16, 16) can be read" in message and promised in message, message
+    assert "invalid page offset" not in capfd.readouterr().err      # said once, in the refusal, not printed

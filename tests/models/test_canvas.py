@@ -1,12 +1,14 @@
-"""Whole-slide canvas checks (issue 43): sides in whole trunk strides per tile, a spatial stage in front of a
-slide-level pool; refused before any work with the sizes and flags that work."""
+"""Whole-slide canvas checks (issue 43): sides in whole trunk strides per tile, the tissue channel of tissue-mean;
+refused before any work with the sizes and flags that work. (Every pool also runs on one process: issue 51,
+tests/data/test_canvas.py.)"""
 
 from __future__ import annotations
 
 import pytest
+from torch import nn
 
-from mpi4dl_nb.config import ConfigError, ParallelConfig
-from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_pool_layout, check_tissue_input
+from mpi4dl_nb.config import ConfigError
+from mpi4dl_nb.models.canvas import canvas_multiples, check_canvas, check_tissue_input, single_canvas_note
 from mpi4dl_nb.models.pools import PoolKind
 from mpi4dl_nb.spatial.geometry import TileGrid
 
@@ -29,17 +31,18 @@ def test_a_canvas_off_the_stride_grid_is_refused_with_sizes_that_work(size, grid
         check_canvas(fit, grid, 4)
 
 
-def test_a_slide_level_pool_without_a_spatial_stage_is_refused_on_whole_slides():
-    lp = ParallelConfig(split_size=2, spatial_size=0)
-    with pytest.raises(ConfigError, match="--spatial-size 1 and --num-spatial-parts"):
-        check_pool_layout(PoolKind.ATTENTION, lp, whole_slide=True)
-    check_pool_layout(PoolKind.AVG, lp, whole_slide=True)
-    check_pool_layout(PoolKind.MAX, lp, whole_slide=False)
-    check_pool_layout(PoolKind.TISSUE_MEAN, ParallelConfig(split_size=2, spatial_size=1), whole_slide=True)
-
-
 def test_tissue_mean_needs_the_mask_as_the_last_channel():
     check_tissue_input(PoolKind.TISSUE_MEAN, 3, 4)
     check_tissue_input(PoolKind.ATTENTION, 3, 3)
     with pytest.raises(ConfigError, match="--pool tissue-mean .* the data has 3 channels"):
         check_tissue_input(PoolKind.TISSUE_MEAN, 3, 3)
+
+
+def test_one_canvas_per_batch_under_an_averaging_pool_with_batchnorm_gets_a_note():
+    trunk = [nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())]
+    for pool in (PoolKind.AVG, PoolKind.ATTENTION, PoolKind.TISSUE_MEAN):
+        note = single_canvas_note(pool, 1, trunk)
+        assert note is not None and f"--pool {pool.value}" in note and "--batch-size 2" in note
+    assert single_canvas_note(PoolKind.MAX, 1, trunk) is None                     # max pooling learns at batch 1
+    assert single_canvas_note(PoolKind.ATTENTION, 2, trunk) is None
+    assert single_canvas_note(PoolKind.ATTENTION, 1, [nn.Conv2d(3, 4, 3), nn.ReLU()]) is None   # no BatchNorm

@@ -94,7 +94,9 @@ def main(check: Checks) -> None:
         found = after_each_step(ctx)
         result.detail = f"after steps 1-{STEPS}: (live tensor bytes, gc objects) {found}"
         assert found[0][0] > 0, "no tensor seen: the scan counts nothing"
-        assert all(later == found[1] for later in found[2:]), f"grew from step 2 on: {found}"
+        # nothing piles up: neither count grows after step 2 (gc's may fall as a first step's caches settle)
+        assert all(later[0] == found[1][0] and later[1] <= found[1][1] for later in found[2:]), \
+            f"grew from step 2 on: {found}"
     ctx.barrier()
 
 

@@ -8,8 +8,11 @@ micro-batch), ``--accumulate N`` as one optimizer step over N batches (``train_o
 
 Checks: ``canvases read by tile`` (a spatial rank's slide reads are at most its tile, the layer rank reads none);
 ``--pool P --accumulate N equals one process`` for max and attention with 2 micro-steps per optimizer step and
-tissue-mean (the canvases carry their tissue mask) with 1 (losses and final weights, 1e-9); ``patients on one
-side`` (the split recorded in the checkpoint keeps each patient's slides on one side); ``canvases recorded``.
+tissue-mean (the canvases carry their tissue mask) with 1 (losses and final weights, 1e-9); ``--pool P --accumulate
+N: train on one process equals the tiles``: the same command with ``--split-size 1 --spatial-size 0``, run by
+rank 0 alone (a context on its own communicator, as ``python -m mpi4dl_nb train`` on one process) has the tiles'
+losses, and every rank's weights (each stage it holds) equal its final weights (1e-9); ``patients on one side``
+(the split recorded in the checkpoint keeps each patient's slides on one side); ``canvases recorded``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.checkpoint.record import read_checkpoint
+from mpi4dl_nb.cli.args import config_from_args
+from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
+from mpi4dl_nb.cli.train_job import train_job
 from mpi4dl_nb.data.canvas import SlideCanvases
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
 from mpi4dl_nb.evaluation.split import Subset
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.summary import TrainSummary
 from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
@@ -35,6 +42,7 @@ STEPS = 2
 FLAGS = ("--whole-slide --image-size 64 --mpp 2 --model resnet --resnet-version 1 --num-layers 8 --num-filters 4 "
          "--batch-size 1 --dtype float64 --steps 2 --val-fraction 0.34 --no-progress --step-timeout 0 "
          "--split-size 2 --spatial-size 1 --num-spatial-parts 4 --slice-method square").split()
+ONE_PROCESS = "--split-size 1 --spatial-size 0".split()     # later flags win: the same run, the trunk untiled
 # the slide-level pools (the whole-slide average pool is the plain classifier path the engine battery covers);
 # accumulation over micro-batches on two of them (one job of 8 runs took two minutes)
 CASES = [("max", 2), ("tissue-mean", 1), ("attention", 2)]
@@ -49,6 +57,51 @@ def case_argv(root: Path, pool: str, accumulate: int) -> list[str]:
     """``train``'s flags for one case (its own checkpoint folder)."""
     return [*FLAGS, "--pool", pool, "--accumulate", str(accumulate), "--cohort", str(root / "cohort" / "cohort.csv"),
             "--checkpoint-dir", str(root / f"c-{pool}-{accumulate}")]
+
+
+def cli_case_name(pool: str, accumulate: int) -> str:
+    return f"--pool {pool} --accumulate {accumulate}: train on one process equals the tiles"
+
+
+def train_on_one_process(argv: list[str]) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``train argv`` on this rank alone (a context of its own communicator): its losses and final weights."""
+    from mpi4py import MPI
+
+    args = build_parser().parse_args(argv)      # as parse_launch, without its check of the launched world
+    check_run_args(args)
+    setup = prepare(train_job(args, config_from_args(args)), dl.Context(comm=MPI.COMM_SELF))
+    trainer = build_trainer(setup, None)
+    run = trainer.run()
+    state = trainer.engine.full_state_dict()
+    assert run is not None and state is not None and setup.job.config.world_size == 1
+    return [float(v) for v in run.losses if v is not None], state
+
+
+def rank_weight_drift(engine: dl.HybridEngine, state: dict[str, torch.Tensor]) -> float:
+    """The largest difference of every weight this rank holds (each stage instance) from ``state``'s."""
+    drift = 0.0
+    for inst in engine.instances.values():
+        for key, value in inst.canonical.full_state_dict().items():
+            if value.is_floating_point():
+                drift = max(drift, (value.double() - state[key].double()).abs().max().item())
+    return drift
+
+
+def check_one_process_cli(check: Checks, ctx: dl.Context, root: Path, case: tuple[str, int],
+                          run: TrainSummary | None, engine: dl.HybridEngine) -> None:
+    """The case's command on one process (rank 0) against the tiles' losses and every rank's weights."""
+    pool, accumulate = case
+    with check(cli_case_name(pool, accumulate)) as result:
+        argv = [*case_argv(root, pool, accumulate), *ONE_PROCESS, "--checkpoint-dir", str(root / f"one-{pool}")]
+        serial = ctx.bcast_object(train_on_one_process(argv) if ctx.rank == 0 else None, root=0)
+        drifts = ctx.all_gather_object(rank_weight_drift(engine, serial[1]))
+        if ctx.rank == 0:
+            assert run is not None
+            losses = [float(v) for v in run.losses if v is not None]
+            worst = max(abs(a - b) for a, b in zip(losses, serial[0]))
+            assert len(serial[0]) == len(losses) == STEPS and worst < TOLERANCE, f"{losses} vs {serial[0]}"
+            result.detail = f"losses {worst:.1e}, weights on ranks 0-{ctx.world_size - 1} {max(drifts):.1e}"
+        assert drifts[ctx.rank] < TOLERANCE, f"rank {ctx.rank}'s weights differ by {drifts[ctx.rank]}"
 
 
 def recorded_reads(setup: JobSetup) -> list[ReadRecorder]:
@@ -101,6 +154,7 @@ def main(check: Checks) -> None:
                     model = model.to(torch.float64)
                     serial = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
                     result.detail = matches_one_process(run.losses, state, serial, model, TOLERANCE)
+            check_one_process_cli(check, ctx, root, (pool, accumulate), run, trainer.engine)
         with check("patients on one side") as result:
             if ctx.rank == 0:
                 assert summary is not None and summary.checkpoint is not None

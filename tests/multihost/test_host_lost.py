@@ -1,6 +1,8 @@
 """A host lost mid-run: `train` over h1 and h2, h2 killed during step 3 (its link cut first, as a crash): every rank
 left exits within the stall-watchdog time with one message naming h2, and the last checkpoint, on the shared
-directory, resumes exactly with rank 0 on another host (h3, h1: a different host layout)."""
+directory, resumes exactly with rank 0 on another host (h3, h1: a different host layout). A host lost during the
+teardown (issue 51: killed right after the summary line, ``mpiexec`` waited for it for ever): the job ends within
+60 s with exit code 6, naming h2 once."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi4dl_nb.comm.launcher import rank_environment
+from mpi4dl_nb.comm.launcher import PACKAGE_ROOT, rank_environment
 from mpi4dl_nb.run.monitor import EXIT_HOST_LOST
 
 pytestmark = pytest.mark.multihost
@@ -25,6 +27,14 @@ PARALLEL = ["--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "
 SERIAL = ["--split-size", "1", "--spatial-size", "0", "--num-spatial-parts", "1"]
 STEP_TIMEOUT = 10          # the stall watchdog's time, and so how long a silent host may take to count as lost
 RESUMED_STEPS = 5
+TEARDOWN_LIMIT = 60        # seconds from the kill after the summary line to the launcher's exit (issue 51)
+SLOW_EXIT = '''"""Every rank's exit hooks take two seconds (a teardown that takes a while): a host killed right
+after the summary line is then killed while the job tears down."""
+import atexit
+import time
+
+atexit.register(time.sleep, 2.0)
+'''
 
 
 def train(*flags: str) -> list[str]:
@@ -102,3 +112,36 @@ def test_a_killed_host_ends_the_job_naming_it_and_the_last_checkpoint_resumes_ex
     assert start >= 2 and len(tail) == RESUMED_STEPS - start, done.stdout
     assert max(abs(a - b) for a, b in zip(tail, want[start:])) < 1e-9, (tail, want)
     assert resumed_run["hosts"] == ["h3", "h1", "h3"]
+
+
+def test_a_host_killed_after_the_summary_line_ends_the_job_within_60_s_naming_it(test_hosts, tmp_path):
+    slow = tmp_path / "slow-exit"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_EXIT)            # imported by every rank at start-up
+    paths = {"PYTHONPATH": os.pathsep.join([str(slow), str(PACKAGE_ROOT)])}
+    job = test_hosts.launcher.command(3, train(*PARALLEL, "--steps", "2", "--no-progress"), hosts=["h1", "h2"],
+                                      tag_output=False)          # ranks 0, 2 on h1, rank 1 on h2
+    proc = subprocess.Popen(job, cwd=tmp_path, env=rank_environment(3, {**test_hosts.selection, **paths},
+                                                                     hosts=["h1", "h2"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        before = wait_for(proc, '{"model"', timeout=240)           # the summary line: the job is done
+        test_hosts.kill("h2")
+        killed = time.monotonic()
+        rest, _ = proc.communicate(timeout=TEARDOWN_LIMIT + 30)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        test_hosts.revive("h2")
+    output = before + rest
+    print(f"\n[batch-jobs table] a host lost in the teardown: exit {proc.returncode} after {took:.1f} s")
+    assert took < TEARDOWN_LIMIT, f"the job took {took:.0f} s to end after the kill:\n{output}"
+    assert proc.returncode == EXIT_HOST_LOST, output
+    assert output.count("lost host h2 (rank 1)") == 1, output
+    assert "no heartbeat" in output and "after the job's summary, in MPI's teardown" in output
+    assert summary(before)["steps_run"] == 2
+    settled = time.monotonic() + 15
+    while test_hosts.pids("h1") and time.monotonic() < settled:
+        time.sleep(0.2)
+    assert not test_hosts.pids("h1"), f"ranks left on h1 15 s after the job ended: {test_hosts.pids('h1')}"

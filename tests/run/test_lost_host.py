@@ -1,15 +1,28 @@
-"""A lost host (run/lost_host.py, run/monitor.py; no MPI): monitors spread over hosts, a host counted lost only when all
-its ranks fall silent, one message naming it, exit code 6; tracebacks never land in the working directory."""
+"""A lost host (run/lost_host.py, run/monitor.py, run/teardown.py; no MPI): monitors spread over hosts, a host counted
+lost only when all its ranks fall silent, one message naming it, exit code 6, also in the teardown after the summary
+(issue 51; the launch across test hosts: tests/multihost/test_host_lost.py); tracebacks never land in the working
+directory."""
 from __future__ import annotations
 
 import io
+import socket
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
-from mpi4dl_nb.run.lost_host import LOST_HOST_SECONDS, choose_monitors, lost_hosts
-from mpi4dl_nb.run.monitor import EXIT_HOST_LOST, Failure, JobMonitor, write_log
+from mpi4dl_nb.comm.finalize import loaded_mpi_library
+from mpi4dl_nb.run import teardown
+from mpi4dl_nb.run.lost_host import LOST_HOST_SECONDS, choose_monitors, ended_before, lost_hosts
+from mpi4dl_nb.run.monitor import (
+    COLLECTIVE_FINALIZE_SECONDS,
+    EXIT_HOST_LOST,
+    FINALIZING,
+    Failure,
+    JobMonitor,
+    write_log,
+)
 
 
 class Ctx:
@@ -85,3 +98,77 @@ def test_the_failure_message_says_on_which_host_the_traceback_is():
     mon, _ = monitor_across(["h1", "h2"])
     mon.failures = [Failure(1, "ValueError: bad tile", "trace", "/tmp/mpi4dl_nb-error-x-rank1.log")]
     assert "traceback: /tmp/mpi4dl_nb-error-x-rank1.log on h2" in mon.failure_message()
+
+
+def test_monitors_end_one_after_another_the_first_last():
+    hosts = ["h1", "h2", "h1"]                                   # monitors 0 (h1), 1 (h2), 2 (h1)
+    assert [ended_before(hosts, [0, 1, 2], r) for r in range(3)] == [[1], [2], []]
+    block = ["a", "a", "a", "b", "b", "b"]                       # monitors 0, 1 (a) and 3 (b)
+    assert [ended_before(block, [0, 1, 3], r) for r in (0, 1, 3)] == [[3, 4, 5], [3, 4, 5], [2]]
+    assert ended_before(["a"] * 4, [0, 1, 2], 0) == []             # one host: nobody to outlast
+
+
+def test_a_host_lost_in_the_teardown_is_named_as_such():
+    mon, aborted = monitor_across(["h1", "h2", "h1"])
+    mon.tearing_down, now = True, 1000.0
+    mon.states[1].heard, mon.states[1].phase = now, "teardown"
+    mon.states[2].heard = now + LOST_HOST_SECONDS + 1             # rank 2 (h1) beats on, rank 1 (h2) went silent
+    mon._decide(now + LOST_HOST_SECONDS + 1)
+    text = mon.stream.getvalue()
+    assert aborted == [EXIT_HOST_LOST] and text.count("lost host h2 (rank 1)") == 1, text
+    assert "after the job's summary, in MPI's teardown" in text and "the job had finished" in text
+    assert "--resume" not in text                                  # nothing to rerun: the job's results are complete
+
+
+def test_a_monitor_outlasts_a_rank_until_its_goodbye_or_a_collective_finalize():
+    mon, _ = monitor_across(["h1", "h2"])
+    state, now = mon.states[1], 100.0
+    state.heard, state.phase, state.phase_since = now, FINALIZING, now - 1.0
+    assert not mon._ended(state, now)                              # in a local finalize: its goodbye comes soon
+    state.phase_since = now - COLLECTIVE_FINALIZE_SECONDS - 1.0
+    assert mon._ended(state, now)                                  # alive in it for long: it waits for this rank
+    assert not mon._ended(state, now + 10.0)                       # silent in it: not ended (lost, in time)
+    state.closed = True
+    assert mon._ended(state, now + 10.0)
+
+
+@pytest.fixture
+def watched(monkeypatch):
+    """The teardown watch of a batch process (``exit_watched`` asks for it), reset afterwards."""
+    monkeypatch.setattr(teardown, "_WATCH", teardown._Watch(enabled=True, registered=True))
+    monkeypatch.setattr(teardown, "loaded_mpi_library", lambda: "/usr/lib/libmpi.so.12")
+    return teardown._WATCH
+
+
+def listening_monitor(hosts: list[str]) -> JobMonitor:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    peers = [sock.getsockname()] * len(hosts)
+    return JobMonitor(Ctx(len(hosts)), peers, sock, stream=io.StringIO(), abort=lambda code: None, hosts=hosts)
+
+
+def test_a_closed_monitor_lingers_through_the_teardown_of_a_batch_process(watched):
+    first, second = listening_monitor(["h1", "h2"]), listening_monitor(["h1", "h2"])
+    first.arm(5.0)
+    first.close()
+    assert watched.monitor is first and first.tearing_down and not first._stop.is_set()
+    assert first.timeout is None and first.exempt and first.phase_name == "teardown"    # no stall now
+    second.close()                             # the next job of the process (--folds): the first one ends
+    assert watched.monitor is second and first._stop.is_set() and not second._stop.is_set()
+    teardown._WATCH.monitor = None
+    second.end()
+
+
+def test_a_closed_monitor_ends_at_once_elsewhere():
+    mon = listening_monitor(["h1", "h2"])            # a notebook engine, a script: nothing watches the teardown
+    mon.close()
+    assert mon._stop.is_set() and not mon.tearing_down
+
+
+def test_the_mpi_library_is_found_in_the_process_map_and_exit_codes_are_kept():
+    maps = ("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n"
+            "7f02-7f03 r-xp 00000000 08:01 2 /venv/lib/libmpi.so.12\n7f04-7f05 rw-p 00000000 00:00 0\n")
+    assert loaded_mpi_library(maps) == "/venv/lib/libmpi.so.12"
+    assert loaded_mpi_library("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libmpich_f.so\n") is None
+    assert [teardown.exit_code(SystemExit(c)) for c in (None, 0, 2, 6)] == [0, 0, 2, 6]
+    assert teardown.exit_code(SystemExit("refused")) == 1

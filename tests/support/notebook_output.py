@@ -40,8 +40,10 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         assert "-> exact: True" in text and "exact: False" not in text
         assert "FeatureCollection with " in text and "classes: ['DAB']" in text
         assert not list(kernel_tmpdir.glob("mpi4dl-09-*")), "the notebook's temporary folder was left behind"
-    if number == "10":   # whole slides on 4 tiles + 1 equal one process with margin; the model learns; cleaned up
+    if number == "10":   # whole slides on 4 tiles + 1 equal one process with margin; the recipe learns; cleaned up
         assert "-> exact: True" in text and "exact: False" not in text
+        learned = re.search(r"held-out loss (\S+) -> (\S+) \(chance", text)
+        assert learned and float(learned.group(2)) < min(0.35, float(learned.group(1)) / 2), "the recipe did not learn"
         differences = re.search(r"max \|loss difference\| = (\S+), max \|weight difference\| = (\S+) over", text)
         assert differences and max(float(v) for v in differences.groups()) < 1e-11, "the exactness margin shrank"
         auc = re.search(r"slide-level AUC in one process: (\S+)", text)
