@@ -64,13 +64,13 @@ def exit_watched(command: Callable[[], int], argv: Sequence[str]) -> int:
     except SystemExit as stop:
         if _WATCH.monitor is None:
             raise
-        code = exit_code(stop)
+        code = system_exit_code(stop)
     if _WATCH.monitor is not None:
         end_process(code)
     return code
 
 
-def exit_code(stop: SystemExit) -> int:
+def system_exit_code(stop: SystemExit) -> int:
     """The process's exit code for ``stop`` (a message instead of a code is printed, and the code is 1)."""
     if stop.code is None or isinstance(stop.code, int):
         return stop.code or 0

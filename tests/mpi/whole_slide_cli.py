@@ -23,14 +23,12 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.checkpoint.record import read_checkpoint
-from mpi4dl_nb.cli.args import config_from_args
-from mpi4dl_nb.cli.train_cmd import build_parser, check_run_args
-from mpi4dl_nb.cli.train_job import train_job
+from mpi4dl_nb.cli.train_cmd import train_parser, train_plan
 from mpi4dl_nb.data.canvas import SlideCanvases
 from mpi4dl_nb.data.dataset import Batcher
 from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
 from mpi4dl_nb.evaluation.split import Subset
-from mpi4dl_nb.run.job_run import JobSetup, build_trainer, prepare
+from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from mpi4dl_nb.run.summary import TrainSummary
 from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
@@ -67,9 +65,8 @@ def train_on_one_process(argv: list[str]) -> tuple[list[float], dict[str, torch.
     """``train argv`` on this rank alone (a context of its own communicator): its losses and final weights."""
     from mpi4py import MPI
 
-    args = build_parser().parse_args(argv)      # as parse_launch, without its check of the launched world
-    check_run_args(args)
-    setup = prepare(train_job(args, config_from_args(args)), dl.Context(comm=MPI.COMM_SELF))
+    plan = train_plan(train_parser().parse_args(argv))    # as the command, without its check of the launched world
+    setup = set_up_run(plan, dl.Context(comm=MPI.COMM_SELF))
     trainer = build_trainer(setup, None)
     run = trainer.run()
     state = trainer.engine.full_state_dict()

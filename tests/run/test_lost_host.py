@@ -170,5 +170,5 @@ def test_the_mpi_library_is_found_in_the_process_map_and_exit_codes_are_kept():
             "7f02-7f03 r-xp 00000000 08:01 2 /venv/lib/libmpi.so.12\n7f04-7f05 rw-p 00000000 00:00 0\n")
     assert loaded_mpi_library(maps) == "/venv/lib/libmpi.so.12"
     assert loaded_mpi_library("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libmpich_f.so\n") is None
-    assert [teardown.exit_code(SystemExit(c)) for c in (None, 0, 2, 6)] == [0, 0, 2, 6]
-    assert teardown.exit_code(SystemExit("refused")) == 1
+    assert [teardown.system_exit_code(SystemExit(c)) for c in (None, 0, 2, 6)] == [0, 0, 2, 6]
+    assert teardown.system_exit_code(SystemExit("refused")) == 1
