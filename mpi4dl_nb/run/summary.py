@@ -87,7 +87,7 @@ class TrainSummary:
     start_step: int
     steps: int
     steps_run: int
-    warmup_steps: int
+    untimed_steps: int                       # the first steps left out of images_per_s (0 or 1)
     images_per_s: float | None
     loss: float | None
     losses: list[float | None]
@@ -114,7 +114,7 @@ class TrainSummary:
             "start_step": self.start_step,
             "steps": self.steps,
             "steps_run": self.steps_run,
-            "warmup_steps": self.warmup_steps,
+            "untimed_steps": self.untimed_steps,
             "images_per_s": self.images_per_s,
             "loss": self.loss,
             "losses": self.losses,

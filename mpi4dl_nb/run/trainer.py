@@ -419,7 +419,7 @@ class Trainer:
         last = self.metrics.last_loss
         return TrainSummary(
             record=self.record, world_size=self.ctx.world_size, start_step=start_step, steps=self.step,
-            steps_run=self.metrics.steps, warmup_steps=warm,
+            steps_run=self.metrics.steps, untimed_steps=warm,
             images_per_s=images / measured if measured > 0 else None,
             loss=finite_or_none(last) if last is not None else None,
             losses=[finite_or_none(v) for v in self.metrics.losses], skipped_steps=list(self.skipped_steps),
