@@ -209,7 +209,6 @@ def run_here(argv):
 
 printed = []
 
-
 # %% [markdown]
 # ## Exact: 4 tiles + a layer rank equal one process
 #
