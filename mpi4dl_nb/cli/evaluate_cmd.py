@@ -7,9 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from ..run.evaluate_job import EvaluateJob, EvaluatePlan
-from ..schema import build_job
-from .job_flags import add_job_flags, keyword_values
-from .parser import CommandParser, DefaultsHelpFormatter
+from .job_flags import job_parser, parsed_job
+from .parser import CommandParser
 
 PROG = "python -m mpi4dl_nb evaluate"
 DESCRIPTION = ("Evaluate a checkpoint written by 'train --checkpoint-dir' on its held-out images (the training run's "
@@ -19,13 +18,12 @@ DESCRIPTION = ("Evaluate a checkpoint written by 'train --checkpoint-dir' on its
 
 def evaluate_parser() -> CommandParser:
     """The ``evaluate`` parser: a flag for every field of EvaluateJob."""
-    return add_job_flags(CommandParser(prog=PROG, description=DESCRIPTION, formatter_class=DefaultsHelpFormatter),
-                         EvaluateJob)
+    return job_parser(PROG, DESCRIPTION, EvaluateJob)
 
 
 def evaluate_plan(args: argparse.Namespace) -> EvaluatePlan:
     """The job the parsed flags name, checked (the checkpoint file found, the cohort read)."""
-    return build_job(EvaluateJob, keyword_values(args, EvaluateJob), "evaluate").check()
+    return parsed_job(args, EvaluateJob, "evaluate").check()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,6 @@ talks, run by infer/execute.py (one slide, a cohort, slide-level, a volume); ran
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import traceback
@@ -12,9 +11,8 @@ from typing import TYPE_CHECKING
 
 from ..config import ConfigError
 from ..infer.job import CheckedInfer, InferJob
-from ..schema import build_job
-from .job_flags import add_job_flags, keyword_values
-from .parser import CommandParser, DefaultsHelpFormatter
+from .job_flags import job_parser, parsed_job
+from .parser import CommandParser
 
 if TYPE_CHECKING:
     from ..infer.cohort import CohortSummary
@@ -30,16 +28,14 @@ DESCRIPTION = ("Apply a checkpoint of 'train' fully convolutionally to a whole s
                "2 refused before any work, 3 some slides of --slides failed (named on stderr; the others are done).")
 
 
-def infer_parser() -> argparse.ArgumentParser:
+def infer_parser() -> CommandParser:
     """The ``infer`` flags, one for each flag field of InferJob."""
-    parser = CommandParser(prog="python -m mpi4dl_nb infer", description=DESCRIPTION,
-                           formatter_class=DefaultsHelpFormatter)
-    return add_job_flags(parser, InferJob)
+    return job_parser("python -m mpi4dl_nb infer", DESCRIPTION, InferJob)
 
 
 def parse_job(argv: Sequence[str] | None) -> InferJob:
     """The job the command line names (usage errors exit 2 as argparse does; ConfigError for a value refused)."""
-    return build_job(InferJob, keyword_values(infer_parser().parse_args(argv), InferJob), "infer")
+    return parsed_job(infer_parser().parse_args(argv), InferJob, "infer")
 
 
 def say(rank: int, world: int, text: str) -> None:

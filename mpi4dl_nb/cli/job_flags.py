@@ -5,11 +5,13 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigError
-from ..schema import FlagField, flag_fields
-from .parser import CommandParser
+from ..schema import FlagField, build_job, flag_fields
+from .parser import CommandParser, DefaultsHelpFormatter
+
+J = TypeVar("J")
 
 
 class FlagAdder(Protocol):
@@ -93,3 +95,14 @@ def keyword_values(args: argparse.Namespace, job: type) -> dict[str, object]:
         value = given[item.flag.dest]
         values[item.flag.dest] = tuple(value) if item.flag.repeat and isinstance(value, list) else value
     return values
+
+
+def job_parser(prog: str, description: str, job: type) -> CommandParser:
+    """A command's parser: a flag for every flag field of ``job``, defaults shown in the help."""
+    return add_job_flags(CommandParser(prog=prog, description=description, formatter_class=DefaultsHelpFormatter),
+                         job)
+
+
+def parsed_job(args: argparse.Namespace, job: type[J], command: str) -> J:
+    """The ``job`` the parsed flags name, built as ``dl.<command>(...)`` builds it from keywords."""
+    return build_job(job, keyword_values(args, job), command)

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..run.job import TrainJob, TrainPlan
-from ..schema import build_job
-from .job_flags import add_job_flags, keyword_values
-from .parser import CommandParser, DefaultsHelpFormatter
+from .job_flags import job_parser, parsed_job
+from .parser import CommandParser
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -27,13 +26,12 @@ DESCRIPTION = ("Train ResNet, AmoebaNet-D or your own CNN (torchvision:, timm:, 
 
 def train_parser() -> CommandParser:
     """The ``train`` parser: a flag for every field of TrainJob."""
-    return add_job_flags(CommandParser(prog=PROG, description=DESCRIPTION, formatter_class=DefaultsHelpFormatter),
-                         TrainJob)
+    return job_parser(PROG, DESCRIPTION, TrainJob)
 
 
 def train_plan(args: argparse.Namespace) -> TrainPlan:
     """The job the parsed flags name, checked against its data (ConfigError naming the flag and the fix)."""
-    return build_job(TrainJob, keyword_values(args, TrainJob), "train").check()
+    return parsed_job(args, TrainJob, "train").check()
 
 
 def parsed_plan(argv: Sequence[str] | None) -> TrainPlan:
