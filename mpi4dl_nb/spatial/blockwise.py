@@ -8,8 +8,15 @@ from typing import Protocol
 import torch
 
 from ..errors import ConfigError
-from .attention_blocks import BlockKernel, SoftmaxMerge, block_kernel, check_attention_inputs, default_scale, \
-    merge_dtype, output_delta
+from .attention_blocks import (
+    BlockKernel,
+    SoftmaxMerge,
+    block_kernel,
+    check_attention_inputs,
+    default_scale,
+    merge_dtype,
+    output_delta,
+)
 from .function_ctx import FunctionContext
 
 

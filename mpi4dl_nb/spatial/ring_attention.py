@@ -27,8 +27,15 @@ from ..comm.handles import Group, Request, Transfer
 from ..comm.protocol import Comm
 from ..comm.tags import RING
 from ..errors import ConfigError
-from .attention_blocks import BlockKernel, SoftmaxMerge, block_kernel, check_attention_inputs, default_scale, \
-    merge_dtype, output_delta
+from .attention_blocks import (
+    BlockKernel,
+    SoftmaxMerge,
+    block_kernel,
+    check_attention_inputs,
+    default_scale,
+    merge_dtype,
+    output_delta,
+)
 from .function_ctx import FunctionContext
 from .ring_steps import RingSchedule, RingStep, RingTraffic, checked_counts, ring_traffic
 

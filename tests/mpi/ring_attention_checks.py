@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.comm.handles import Group
@@ -22,6 +21,7 @@ from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.comm.trace import Event
 from mpi4dl_nb.spatial.attention_blocks import CPU_FLASH, BlockKernel, FusedBlocks
 from mpi4dl_nb.spatial.ring_attention import Ring, ring_attention
+from tests.support.allocations import Allocations
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
 
@@ -120,21 +120,6 @@ def worst_error(case: Case, ring: Ring, full: list[torch.Tensor]) -> float:
     return worst
 
 
-class Allocations(TorchDispatchMode):
-    """The element counts of every tensor an op returns while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numels: list[int] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        result = func(*args, **(kwargs or {}))
-        for value in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(value, torch.Tensor):
-                self.numels.append(value.numel())
-        return result
-
-
 def check_allocations(ring: Ring) -> str:
     """Forward + backward never returns a tensor of n_q x N elements (one batch entry, one head); plain attention
     on the same queries and all keys does (so the recorder sees backward's ops too)."""
@@ -149,9 +134,9 @@ def check_allocations(ring: Ring) -> str:
         all_k, all_v = k_full.requires_grad_(), v_full.requires_grad_()
         plain = torch.softmax(q @ all_k.transpose(-2, -1), -1) @ all_v
         torch.autograd.grad(plain, (q, all_k, all_v), grad_full[..., own, :])
-    assert max(ring_record.numels) < limit, f"ring made a tensor of {max(ring_record.numels)} >= {limit} elements"
-    assert max(plain_record.numels) >= limit, "the recorder missed plain attention's scores"
-    return f"largest ring tensor {max(ring_record.numels)} elements < n_q x N = {limit}"
+    assert ring_record.largest < limit, f"ring made a tensor of {ring_record.largest} >= {limit} elements"
+    assert plain_record.largest >= limit, "the recorder missed plain attention's scores"
+    return f"largest ring tensor {ring_record.largest} elements < n_q x N = {limit}"
 
 
 def traced_events(ring: Ring, ctx: Comm) -> list[Event]:
