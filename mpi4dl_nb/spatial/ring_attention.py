@@ -94,7 +94,7 @@ class Pass(Enum):
         return RING.tag(list(Pass).index(self))
 
 
-class _RingLink:
+class RingLink:
     """This member's two links of the ring (to the next, from the previous member) and their trace events."""
 
     def __init__(self, ring: Ring) -> None:
@@ -127,11 +127,11 @@ def _block_shape(like: torch.Tensor, keys: int) -> tuple[int, ...]:
     return (2, *like.shape[:2], keys, like.shape[-1])
 
 
-class _Travel:
+class KeyValueTravel:
     """The key/value blocks a member computes with, in ring order: the next block's exchange is posted before the
     current block is handed out (its compute runs while the message flies)."""
 
-    def __init__(self, ring: Ring, link: _RingLink) -> None:
+    def __init__(self, ring: Ring, link: RingLink) -> None:
         self.schedule, self.counts, self.link = ring.schedule, ring.key_counts, link
 
     def blocks(self, k: torch.Tensor, v: torch.Tensor,
@@ -150,10 +150,10 @@ class _Travel:
                 held, pair = incoming, (incoming[0], incoming[1])
 
 
-class _GradientCarry:
+class GradientCarry:
     """Each block's dK/dV accumulator, travelling one hop behind its block; after the last hop, this member's own."""
 
-    def __init__(self, ring: Ring, link: _RingLink, like: torch.Tensor) -> None:
+    def __init__(self, ring: Ring, link: RingLink, like: torch.Tensor) -> None:
         self.schedule, self.counts, self.link = ring.schedule, ring.key_counts, link
         self.like = like
         self.pending: Request | None = None
@@ -198,9 +198,9 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(fctx: _RingCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring, scale: float,
                 kernel: BlockKernel) -> torch.Tensor:
-        link = _RingLink(ring)
+        link = RingLink(ring)
         merge = SoftmaxMerge()
-        for step, k_block, v_block in _Travel(ring, link).blocks(k, v, Pass.FORWARD):
+        for step, k_block, v_block in KeyValueTravel(ring, link).blocks(k, v, Pass.FORWARD):
             with link.computing(step.step, Pass.FORWARD):
                 merge.add(*kernel.forward(q, k_block, v_block, scale))
         merged, lse = merge.result()
@@ -213,11 +213,11 @@ class _RingAttention(torch.autograd.Function):
     def backward(fctx: _RingCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = fctx.saved_tensors
         ring, scale, kernel = fctx.ring, fctx.scale, fctx.kernel
-        link = _RingLink(ring)
+        link = RingLink(ring)
         delta = output_delta(grad, out)
-        carry = _GradientCarry(ring, link, k)
+        carry = GradientCarry(ring, link, k)
         dq: torch.Tensor | None = None
-        for step, k_block, v_block in _Travel(ring, link).blocks(k, v, Pass.BACKWARD):
+        for step, k_block, v_block in KeyValueTravel(ring, link).blocks(k, v, Pass.BACKWARD):
             with link.computing(step.step, Pass.BACKWARD):
                 dq_block, dk_block, dv_block = kernel.backward(grad, q, k_block, v_block, out, lse, delta, scale)
             dq = dq_block if dq is None else dq.add_(dq_block)
