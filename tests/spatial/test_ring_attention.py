@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.comm.handles import Group
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.spatial.attention_blocks import CPU_FLASH, FusedBlocks, PlainBlocks, block_kernel
+from mpi4dl_nb.spatial.attention_blocks import CPU_FLASH, CUDA_EFFICIENT, FusedBlocks, PlainBlocks, block_kernel
 from mpi4dl_nb.spatial.blockwise import blockwise_attention
 from mpi4dl_nb.spatial.ring_attention import Ring, ring_attention
 from tests.mpi.ring_attention_checks import check_names
@@ -116,3 +117,24 @@ def test_counts_for_another_ring_and_small_blocks_are_refused(ctx):
         ring_attention(q, q, q, Ring(ctx, None, (2, 2)))
     with pytest.raises(ConfigError, match="at least one key per block"):
         blockwise_attention(q, q, q, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_cuda_kernel_call_pattern_on_meta_tensors(ctx, dtype):
+    """The memory-efficient CUDA kernel's forward and backward called as on a GPU (meta tensors check the
+    arguments and shapes: its lse comes padded to a multiple of 32 queries and goes back so)."""
+    q, k, v = (torch.empty(2, 3, n, 64, device="meta", dtype=dtype, requires_grad=True) for n in (37, 50, 50))
+    grad = torch.empty(2, 3, 37, 64, device="meta", dtype=dtype)
+    kernel = FusedBlocks(CUDA_EFFICIENT)
+    for attend in (lambda: ring_attention(q, k, v, Ring(ctx, None, (50,)), kernel=kernel),
+                   lambda: blockwise_attention(q, k, v, 20, kernel=kernel)):
+        out = attend()
+        assert kernel.lse_length == 64 and out.shape == q.shape and out.dtype == dtype
+        grads = torch.autograd.grad(out, (q, k, v), grad)
+        assert [(g.shape, g.dtype) for g in grads] == [(t.shape, dtype) for t in (q, k, v)]
+
+
+def test_a_rank_outside_the_ring_is_refused(ctx):
+    q = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(ConfigError, match="is not in the ring"):
+        ring_attention(q, q, q, Ring(ctx, Group((5,)), (2,)))
