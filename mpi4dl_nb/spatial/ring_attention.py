@@ -10,7 +10,8 @@ holds more than ``n_q x n_block`` scores per head, nor all keys and values.
 Messages go as one exchange per step (send to the next member, receive from the previous: one NCCL group on the
 torch plane, on the ring group's process group) with ``comm/tags.py``'s RING tags on the mpi plane. The tracer
 records ``ring_send`` (an instant event when a block is posted), ``ring_block`` (a block's compute) and
-``ring_wait`` spans, each with its ``step`` and ``pass`` (forward/backward), so the overlap can be checked.
+``ring_wait`` spans, each with its ``step``, ``what`` (forward, backward, gradient) and ``layer`` (the ring's
+name), so the overlap can be checked.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ from .ring_steps import RingSchedule, RingStep, RingTraffic, checked_counts, rin
 @dataclass(frozen=True)
 class Ring:
     """The ranks one attention spans: ``group``'s ranks in ring order (None: the world), and how many keys
-    (tokens) each member holds, in ring order (member 0 may also hold class/register tokens)."""
+    (tokens) each member holds, in ring order (member 0 may also hold class/register tokens); ``name`` labels its
+    trace events (``layer``), e.g. the attention module's path."""
 
     comm: Comm
     group: Group | None
     key_counts: tuple[int, ...]
+    name: str = ""
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -101,25 +104,25 @@ class RingLink:
         schedule = ring.schedule
         self.comm, self.group = ring.comm, ring.group
         self.next, self.prev = ring.members[schedule.next], ring.members[schedule.prev]
-        self.tracer = ring.comm.tracer
+        self.tracer, self.layer = ring.comm.tracer, ring.name
 
     def post(self, send: torch.Tensor, receive: torch.Tensor, step: int, kind: Pass) -> Request:
         """Send ``send`` to the next member and receive ``receive`` from the previous one (one exchange)."""
         if self.tracer.enabled:
             now = self.tracer.stamp()
             self.tracer.record("ring_send", now, now, bytes=send.numel() * send.element_size(), peer=self.next,
-                               step=step, what=kind.value)
+                               step=step, what=kind.value, layer=self.layer)
         tag = kind.tag
         return self.comm.exchange([Transfer.to(send, self.next, tag), Transfer.into(receive, self.prev, tag)],
                                   via=self.group)
 
     def wait(self, request: Request, step: int, kind: Pass) -> None:
-        with self.tracer.span("ring_wait", peer=self.prev, step=step, what=kind.value):
+        with self.tracer.span("ring_wait", peer=self.prev, step=step, what=kind.value, layer=self.layer):
             request.wait()
 
     def computing(self, step: int, kind: Pass) -> AbstractContextManager[object]:
         """The trace span of one block's compute."""
-        return self.tracer.span("ring_block", step=step, what=kind.value)
+        return self.tracer.span("ring_block", step=step, what=kind.value, layer=self.layer)
 
 
 def _block_shape(like: torch.Tensor, keys: int) -> tuple[int, ...]:

@@ -158,6 +158,7 @@ def check_trace(events: list[Event], size: int) -> str:
             assert send.start <= blocks[step].start <= blocks[step].end, \
                 f"{what} step {step}: posted at {send.start:.6f}, compute {blocks[step].start:.6f}.." \
                 f"{blocks[step].end:.6f}"
+    assert {e.extra["layer"] for e in events if e.op.startswith("ring_")} == {"blocks.3.attn"}
     gradients = [e for e in events if e.op == "ring_send" and e.extra["what"] == "gradient"]
     assert len(gradients) == size, f"{len(gradients)} gradient sends, want {size}"
     return f"{2 * (size - 1)} key/value posts, each before its step's compute"
@@ -190,7 +191,7 @@ def main(check: Checks) -> None:
     assert ctx.world_size == WORLD, f"run with {WORLD} ranks"
     rings = {size: ctx.new_group(range(size)) for size in range(1, WORLD + 1)}
     run_cases(check, ctx, rings)
-    ring = Ring(ctx, rings[WORLD], (5, 1, 4, 3))
+    ring = Ring(ctx, rings[WORLD], (5, 1, 4, 3), name="blocks.3.attn")
     events = traced_events(ring, ctx)
     with check(TRACE) as result:
         result.detail = check_trace(events, WORLD)
