@@ -136,7 +136,8 @@ class FusedBlocks:
     def backward(self, grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, delta: torch.Tensor, scale: float) -> Grads:
         padded = self._padded(lse)
-        dq, dk, dv = self.ops.backward(grad.to(q.dtype), q, k, v, out.to(q.dtype), padded, scale)
+        dq, dk, dv = self.ops.backward(grad.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(), padded,
+                                       scale)
         dtype = merge_dtype(q.dtype)
         return dq.to(dtype), dk.to(dtype), dv.to(dtype)
 
@@ -150,9 +151,10 @@ class FusedBlocks:
 
 
 def block_kernel(q: torch.Tensor) -> BlockKernel:
-    """The fused kernel where one returns the lse for these tensors (CUDA, fp16/bf16/fp32, memory-efficient SDPA
-    enabled), else the plain matmul path (always on CPU and for float64)."""
-    if q.device.type == "cuda" and q.dtype in FUSED_DTYPES and torch.backends.cuda.mem_efficient_sdp_enabled():
+    """The fused kernel where one returns the lse for these tensors (CUDA, fp16/bf16/fp32, a head size of a
+    multiple of 8, memory-efficient SDPA enabled), else the plain matmul path (always on CPU and for float64)."""
+    if (q.device.type == "cuda" and q.dtype in FUSED_DTYPES and q.shape[-1] % 8 == 0
+            and torch.backends.cuda.mem_efficient_sdp_enabled()):
         return FusedBlocks(CUDA_EFFICIENT)
     return PlainBlocks()
 
