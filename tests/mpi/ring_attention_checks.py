@@ -1,10 +1,12 @@
 """Ring attention across ranks (issue 52): outputs and dQ/dK/dV equal to one process's ``softmax(q k^T) v`` on the
 concatenated keys, rings of 1..4 members (sub-groups of one 4-rank launch), equal and unequal key counts, one query
 per member, float32, the fused kernels' call pattern (CPU flash SDPA); the trace's post-before-compute order and
-bytes; no tensor of ``n_q x all keys`` elements allocated (a dispatch mode records every op's outputs).
+bytes; the activations kept per rank against blockwise attention in one process; no tensor of ``n_q x all keys``
+elements allocated (a dispatch mode records every op's outputs).
 
 Usage: python -m tests.mpi.ring_attention_checks [--backend=gloo]   (4 ranks)
-Named checks: ``check_names()``. Tiny tensors: the whole program computes in well under a second per rank.
+Named checks: ``check_names()``. Tiny tensors: the checks compute in about a second per rank; the dispatch mode's
+first use imports torch._dynamo (a few CPU-seconds per rank unless an earlier job of the launch did).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mpi4dl_nb.comm.handles import Group
 from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.comm.trace import Event
 from mpi4dl_nb.spatial.attention_blocks import CPU_FLASH, BlockKernel, FusedBlocks
+from mpi4dl_nb.spatial.blockwise import blockwise_attention
 from mpi4dl_nb.spatial.ring_attention import Ring, ring_attention
 from tests.support.allocations import Allocations
 from tests.support.checks import Checks, run_checks
@@ -64,12 +67,13 @@ CASES = (
 )
 TRACE = "P=4 trace: every next block posted before the current block's compute ends"
 BYTES = "P=4 trace bytes equal ring.traffic"
+SAVED = "P=4 activations kept per rank at most 1.15/P of blockwise attention in one process"
 NO_FULL_SCORES = "P=4 no tensor of n_q x all keys elements (positive control: plain attention is caught)"
 BATCH, HEADS, DIM = 2, 3, 4
 
 
 def check_names() -> list[str]:
-    return [case.name for case in CASES] + [TRACE, BYTES, NO_FULL_SCORES]
+    return [case.name for case in CASES] + [TRACE, BYTES, SAVED, NO_FULL_SCORES]
 
 
 def offsets(counts: tuple[int, ...], position: int) -> slice:
@@ -139,6 +143,31 @@ def check_allocations(ring: Ring) -> str:
     return f"largest ring tensor {ring_record.largest} elements < n_q x N = {limit}"
 
 
+def saved_bytes(attend: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the tensors autograd saves for backward while ``attend()`` runs (what activation memory keeps)."""
+    sizes: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attend()
+    return sum(sizes)
+
+
+def check_saved(ring: Ring) -> str:
+    """The activations one layer keeps on each member are at most 1.15/P of blockwise attention's in one process."""
+    full = [torch.randn(2, 6, sum(ring.key_counts), 16, dtype=torch.float64).requires_grad_() for _ in range(3)]
+    own = offsets(ring.key_counts, ring.position)
+    mine = [t[..., own, :].detach().requires_grad_() for t in full]
+    ring_bytes = saved_bytes(lambda: ring_attention(*mine, ring))
+    one_process = saved_bytes(lambda: blockwise_attention(*full, max(ring.key_counts)))
+    bound = 1.15 / ring.size * one_process
+    assert 0 < ring_bytes <= bound, f"ring keeps {ring_bytes} B, more than 1.15/P of {one_process} B"
+    return f"{ring_bytes} B per rank, one process {one_process} B"
+
+
 def traced_events(ring: Ring, ctx: Comm) -> list[Event]:
     """The events one forward + backward of a P=4 ring recorded on this rank."""
     full = full_tensors(Case("trace", ring.key_counts), torch.Generator().manual_seed(5))
@@ -197,6 +226,8 @@ def main(check: Checks) -> None:
         result.detail = check_trace(events, WORLD)
     with check(BYTES) as result:
         result.detail = check_bytes(events, ring)
+    with check(SAVED) as result:
+        result.detail = check_saved(Ring(ctx, rings[WORLD], (8, 8, 8, 8)))
     with check(NO_FULL_SCORES) as result:
         result.detail = check_allocations(Ring(ctx, rings[WORLD], (6, 5, 7, 4)))
     ctx.barrier()
