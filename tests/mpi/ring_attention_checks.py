@@ -1,8 +1,8 @@
 """Ring attention across ranks (issue 52): outputs and dQ/dK/dV equal to one process's ``softmax(q k^T) v`` on the
-concatenated keys, rings of 1..4 members (sub-groups of one 4-rank launch), equal and unequal key counts, one query
-per member, float32, the fused kernels' call pattern (CPU flash SDPA); the trace's post-before-compute order and
-bytes; the activations kept per rank against blockwise attention in one process; no tensor of ``n_q x all keys``
-elements allocated (a dispatch mode records every op's outputs).
+concatenated keys, rings of 1..4 members (sub-groups of one 4-rank launch, also in an order unlike the ranks'),
+equal and unequal key counts, one query per member, float32, the fused kernels' call pattern (CPU flash SDPA); the
+trace's post-before-compute order and bytes; the activations kept per rank against blockwise attention in one
+process; no tensor of ``n_q x all keys`` elements allocated (a dispatch mode records every op's outputs).
 
 Usage: python -m tests.mpi.ring_attention_checks [--backend=gloo]   (4 ranks)
 Named checks: ``check_names()``. Tiny tensors: the checks compute in about a second per rank; the dispatch mode's
@@ -42,6 +42,11 @@ class Case:
     query_counts: tuple[int, ...] | None = None     # None: each member's queries are its keys' tokens
     dtype: torch.dtype = torch.float64
     kernel: Callable[[], BlockKernel] | None = None
+    ranks: tuple[int, ...] | None = None            # the ring's ranks in ring order (None: 0 .. P-1)
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return tuple(range(len(self.key_counts))) if self.ranks is None else self.ranks
 
     @property
     def queries(self) -> tuple[int, ...]:
@@ -64,6 +69,8 @@ CASES = (
     Case("P=3 queries unlike keys", (2, 5, 3), query_counts=(4, 1, 2)),
     Case("P=4 float32", (4, 3, 5, 2), dtype=torch.float32),
     Case("P=3 fused kernel call pattern (CPU flash SDPA)", (4, 2, 3), kernel=lambda: FusedBlocks(CPU_FLASH)),
+    Case("P=3 on ranks 3, 1, 2 (ring order unlike rank order)", (2, 4, 3), ranks=(3, 1, 2)),
+    Case("P=4 on ranks 2, 0, 3, 1, one query per member", (3, 5, 2, 4), query_counts=(1, 1, 1, 1), ranks=(2, 0, 3, 1)),
 )
 TRACE = "P=4 trace: every next block posted before the current block's compute ends"
 BYTES = "P=4 trace bytes equal ring.traffic"
@@ -201,11 +208,11 @@ def check_bytes(events: list[Event], ring: Ring) -> str:
     return f"forward {want.forward} B, backward {want.backward} B"
 
 
-def run_cases(check: Checks, ctx: Comm, rings: dict[int, Group]) -> None:
+def run_cases(check: Checks, ctx: Comm, rings: dict[tuple[int, ...], Group]) -> None:
     generator = torch.Generator().manual_seed(52)
     for case in CASES:
         full = full_tensors(case, generator)        # every rank draws every case's tensors: same stream
-        group = rings[len(case.key_counts)]
+        group = rings[case.members]
         if ctx.rank not in group:
             continue
         with check(case.name) as result:
@@ -218,18 +225,19 @@ def main(check: Checks) -> None:
     backend, _ = split_backend(sys.argv[1:])
     ctx = dl.init(backend=backend)
     assert ctx.world_size == WORLD, f"run with {WORLD} ranks"
-    rings = {size: ctx.new_group(range(size)) for size in range(1, WORLD + 1)}
+    rings = {case.members: ctx.new_group(case.members) for case in CASES}   # the same order on every rank
     run_cases(check, ctx, rings)
-    ring = Ring(ctx, rings[WORLD], (5, 1, 4, 3), name="blocks.3.attn")
+    world = ctx.new_group(range(WORLD))
+    ring = Ring(ctx, world, (5, 1, 4, 3), name="blocks.3.attn")
     events = traced_events(ring, ctx)
     with check(TRACE) as result:
         result.detail = check_trace(events, WORLD)
     with check(BYTES) as result:
         result.detail = check_bytes(events, ring)
     with check(SAVED) as result:
-        result.detail = check_saved(Ring(ctx, rings[WORLD], (8, 8, 8, 8)))
+        result.detail = check_saved(Ring(ctx, world, (8, 8, 8, 8)))
     with check(NO_FULL_SCORES) as result:
-        result.detail = check_allocations(Ring(ctx, rings[WORLD], (6, 5, 7, 4)))
+        result.detail = check_allocations(Ring(ctx, world, (6, 5, 7, 4)))
     ctx.barrier()
 
 
