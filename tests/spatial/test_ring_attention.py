@@ -138,3 +138,15 @@ def test_a_rank_outside_the_ring_is_refused(ctx):
     q = torch.zeros(1, 1, 2, 4)
     with pytest.raises(ConfigError, match="is not in the ring"):
         ring_attention(q, q, q, Ring(ctx, Group((5,)), (2,)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_merges_in_float32(ctx, dtype):
+    """bf16/fp16 in, the same dtype out; the merge in float32 keeps the result within the inputs' rounding of the
+    float64 attention of the same (rounded) inputs."""
+    q, k, v, grad = (t.to(dtype) for t in tensors(5, 12))
+    got = with_grads(lambda *t: blockwise_attention(*t, 4), q, k, v, grad)
+    assert {g.dtype for g in got} == {dtype}
+    assert_all_close(got, with_grads(plain, *(t.double() for t in (q, k, v, grad))), 2e-2)
+    kernel = PlainBlocks()
+    assert kernel.forward(q, k, v, 0.5)[1].dtype == torch.float32
