@@ -4,10 +4,11 @@ token, a learned class token, 2-D sine-cosine positions of the whole grid.
 The encoder takes the trunk's map (N, C, H, W) and returns the class token's output (N, C) and the cells' outputs as a
 map (N, C, H, W) again, so every head pool (``--pool``) reads them as it reads a trunk's cells; the classifier reads the
 class token beside the pooled cells (``ClassifierHead``). Each layer is a pre-norm block (LayerNorm, multi-head
-self-attention over all tokens, LayerNorm, a GELU MLP of twice the width), a LayerNorm after the last. Positions are
-fixed (no parameters), computed from each cell's row and column in the whole grid, so a canvas of any size has them.
-It runs where the head runs: on a layer rank, which holds the whole grid (``--split-size`` above ``--spatial-size``),
-or on one process; on tiles it is refused before work (``check_encoder_stage``).
+self-attention over all tokens by torch's fused kernel, LayerNorm, a GELU MLP of twice the width), a LayerNorm after
+the last. Positions are fixed (no parameters), computed from each cell's row and column in the whole grid, so a canvas
+of any size has them. It runs where the head runs, on the whole grid: on a layer rank (``train`` keeps a classifier's
+head there: ``--split-size`` above ``--spatial-size``), after slide-level inference gathered the cells, or on one
+process; on tiles (``dl.spatialize`` of the whole model) the op guard refuses it, naming this module.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import Choice
@@ -91,7 +93,9 @@ class ClassAttention(nn.Identity):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention over all tokens of each sample (N, L, C) -> (N, L, C)."""
+    """Multi-head self-attention over all tokens of each sample (N, L, C) -> (N, L, C), by torch's fused kernel
+    (``F.scaled_dot_product_attention``: on CPU blockwise, no L x L matrix kept for backward); the class token's
+    attention row, computed beside it without a gradient, goes through the ``class_attention`` probe."""
 
     def __init__(self, channels: int, heads: int) -> None:
         super().__init__()
@@ -103,9 +107,11 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, length, channels = x.shape
         q, k, v = self.qkv(x).view(n, length, 3, self.heads, channels // self.heads).permute(2, 0, 3, 1, 4)
-        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(channels // self.heads), -1)
-        self.class_attention(weights[:, :, 0])
-        return self.proj((weights @ v).transpose(1, 2).reshape(n, length, channels))
+        with torch.no_grad():
+            row = q[:, :, :1] @ k.transpose(-2, -1) / math.sqrt(channels // self.heads)
+            self.class_attention(torch.softmax(row, -1)[:, :, 0])
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(n, length, channels))
 
 
 class EncoderBlock(nn.Module):
