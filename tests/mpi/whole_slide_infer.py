@@ -35,7 +35,7 @@ from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
 from mpi4dl_nb.infer.attention_map import CLASS_MAP_NAME, MAP_NAMES, on_slide
 from mpi4dl_nb.infer.job import InferJob
 from mpi4dl_nb.infer.slide_level import open_canvas, run_slide_level
-from mpi4dl_nb.infer.slide_list import slide_sources
+from mpi4dl_nb.infer.slide_list import SlideSource, slide_sources
 from mpi4dl_nb.infer.slide_outputs import SLIDES_CSV, map_paths
 from mpi4dl_nb.infer.whole_slide import CanvasNetwork, SlidePrediction, WholeSlideModel, load_whole_slide
 from mpi4dl_nb.models.pools import PoolKind
@@ -55,6 +55,7 @@ Reference = tuple[np.ndarray, "np.ndarray | None", "np.ndarray | None"]   # prob
 Gathered = tuple[str, CanvasPlacement, "SlidePrediction | None", "Reference | None"]
 SIZE, MPP = 64, 1.0
 TOLERANCE = 1e-12
+GRID = TileGrid.from_slice_method("square", 4)
 
 
 def class_reference(model: WholeSlideModel, image: torch.Tensor) -> np.ndarray | None:
@@ -150,11 +151,86 @@ def read_probabilities(table: Path) -> dict[str, np.ndarray]:
                 for row in csv.DictReader(handle)}
 
 
+def predict_recorded(ctx: dl.Context, network: CanvasNetwork, slides: list[SlideSource],
+                     ) -> tuple[list[Gathered], list[int]]:
+    """Every slide through ``network`` on the tiles, its reads recorded, beside the one-process reference on rank 0;
+    the largest read of every rank."""
+    model = network.model
+    gathered: list[Gathered] = []
+    recorders: list[ReadRecorder] = []
+
+    def recording(path: Path) -> ReadRecorder:
+        recorders.append(ReadRecorder.open(path))
+        return recorders[-1]
+
+    for slide in slides:
+        canvases = open_canvas(model, slide, 0, MPP, None)
+        canvases.close()                        # reopened through a recorder: only the canvas's reads
+        canvases._opener = recording
+        prediction = network.predict(canvases, 0)
+        canvases.close()
+        expected = None
+        if ctx.rank == 0:                       # the reference reads its own, whole canvas
+            whole = open_canvas(model, slide, 0, MPP, None)
+            expected = reference(model, whole)
+            whole.close()
+        gathered.append((slide.path.stem, canvases.placements[0], prediction, expected))
+    reads = [size for recorder in recorders for _, _, size in recorder.calls]
+    return gathered, ctx.all_gather_object(max((max(size) for size in reads), default=0))
+
+
+def check_case(check: Checks, ctx: dl.Context, root: Path, number: int, started: float) -> None:
+    """One checkpoint of ``CASES`` on 2x2 tiles (and through the command's loop) against one process."""
+    case = CASES[number]
+    label, command = label_of(case), case in (COMMAND, ENCODED)
+    manifest = str(root / "cohort" / "cohort.csv")
+    job = InferJob(CheckpointChoice(str(root / f"c-{number}")), outputs=(str(root / f"out-{number}"),),
+                   cohort=manifest, num_spatial_parts=4, dtype="float64")
+    summary = run_slide_level(job.check(), ctx) if command else None
+    model = load_whole_slide(job.checkpoint.checkpoint, torch.float64)
+    slides = slide_sources(manifest, model.classes)
+    gathered, largest = predict_recorded(ctx, CanvasNetwork(model, GRID, ctx, torch.float64), slides)
+    with check(f"{label}: each rank reads its tile") as result:
+        if ctx.rank == 0:       # 32 px tiles of the 64 px canvas
+            assert 0 < max(largest) <= SIZE // 2, largest
+            result.detail = f"largest read per rank {largest} px"
+    with check(f"{label}: probabilities equal one process") as result:
+        if ctx.rank == 0:
+            errors = [float(np.abs(prediction.probabilities - expected[0]).max())
+                      for _, _, prediction, expected in gathered if prediction is not None and expected]
+            if command:
+                assert summary is not None and not summary.failed, summary
+                written = read_probabilities(job.output_folder / SLIDES_CSV)
+                errors += [float(np.abs(written[stem] - expected[0]).max())
+                           for stem, _, _, expected in gathered if expected is not None]
+            assert len(errors) == len(slides) * (2 if command else 1), errors
+            assert max(errors) < TOLERANCE, errors
+            result.detail = (f"largest error {max(errors):.1e} over {len(slides)} slides"
+                             f"{' (and slides.csv)' if command else ''}; "
+                             f"{time.perf_counter() - started:.1f} s into the job")
+    with check(f"{label}: map equals one process") as result:
+        if ctx.rank == 0:
+            import tifffile
+
+            worst = stored_worst = 0.0
+            for stem, placement, prediction, expected in gathered:
+                assert prediction is not None and prediction.cells is not None and expected is not None
+                assert expected[1] is not None and prediction.cells.shape == expected[1].shape
+                worst = max(worst, float(np.abs(prediction.cells - expected[1]).max()))
+                if command:
+                    tiff, _ = map_paths(job.output_folder, stem, MAP_NAMES[model.pool])
+                    stored_worst = max(stored_worst, stored_error(tifffile.imread(tiff), expected[1], placement))
+            assert worst < TOLERANCE and stored_worst < 1e-6, (worst, stored_worst)
+            result.detail = f"largest error {worst:.1e} (gathered)" + (
+                f", {stored_worst:.1e} (float32 OME-TIFF)" if command else "")
+    if case == ENCODED:
+        check_class_map(check, ctx, job.output_folder, gathered)
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
     started = time.perf_counter()
-    grid = TileGrid.from_slice_method("square", 4)
     with shared_temp_folder(ctx, "whole-slide-infer-") as folder:
         root = Path(folder)
         if ctx.rank == 0:
@@ -163,72 +239,8 @@ def main(check: Checks) -> None:
                 random_whole_slide(root / f"c-{number}", pool_of(case), SIZE, MPP, seed=number,
                                    encoder=ENCODER if case == ENCODED else None)
         ctx.barrier()
-        manifest = str(root / "cohort" / "cohort.csv")
-        for number, case in enumerate(CASES):
-            label, command = label_of(case), case in (COMMAND, ENCODED)
-            job = InferJob(CheckpointChoice(str(root / f"c-{number}")), outputs=(str(root / f"out-{number}"),),
-                           cohort=manifest, num_spatial_parts=4, dtype="float64")
-            summary = run_slide_level(job.check(), ctx) if command else None
-            model = load_whole_slide(job.checkpoint.checkpoint, torch.float64)
-            network = CanvasNetwork(model, grid, ctx, torch.float64)
-            slides = slide_sources(manifest, model.classes)
-            gathered: list[Gathered] = []
-            recorders: list[ReadRecorder] = []
-
-            def recording(path: Path, recorders: list[ReadRecorder] = recorders) -> ReadRecorder:
-                recorders.append(ReadRecorder.open(path))
-                return recorders[-1]
-
-            for slide in slides:
-                canvases = open_canvas(model, slide, 0, MPP, None)
-                canvases.close()                        # reopened through a recorder: only the canvas's reads
-                canvases._opener = recording
-                prediction = network.predict(canvases, 0)
-                canvases.close()
-                expected = None
-                if ctx.rank == 0:                       # the reference reads its own, whole canvas
-                    whole = open_canvas(model, slide, 0, MPP, None)
-                    expected = reference(model, whole)
-                    whole.close()
-                gathered.append((slide.path.stem, canvases.placements[0], prediction, expected))
-            reads = [size for recorder in recorders for _, _, size in recorder.calls]
-            largest = ctx.all_gather_object(max((max(size) for size in reads), default=0))
-            with check(f"{label}: each rank reads its tile") as result:
-                if ctx.rank == 0:       # 32 px tiles of the 64 px canvas
-                    assert 0 < max(largest) <= SIZE // 2, largest
-                    result.detail = f"largest read per rank {largest} px"
-            with check(f"{label}: probabilities equal one process") as result:
-                if ctx.rank == 0:
-                    errors = [float(np.abs(prediction.probabilities - expected[0]).max())
-                              for _, _, prediction, expected in gathered if prediction is not None and expected]
-                    if command:
-                        assert summary is not None and not summary.failed, summary
-                        written = read_probabilities(job.output_folder / SLIDES_CSV)
-                        errors += [float(np.abs(written[stem] - expected[0]).max())
-                                   for stem, _, _, expected in gathered if expected is not None]
-                    assert len(errors) == len(slides) * (2 if command else 1), errors
-                    assert max(errors) < TOLERANCE, errors
-                    result.detail = (f"largest error {max(errors):.1e} over {len(slides)} slides"
-                                     f"{' (and slides.csv)' if command else ''}; "
-                                     f"{time.perf_counter() - started:.1f} s into the job")
-            with check(f"{label}: map equals one process") as result:
-                if ctx.rank == 0:
-                    import tifffile
-
-                    worst = stored_worst = 0.0
-                    for stem, placement, prediction, expected in gathered:
-                        assert prediction is not None and prediction.cells is not None and expected is not None
-                        assert expected[1] is not None and prediction.cells.shape == expected[1].shape
-                        worst = max(worst, float(np.abs(prediction.cells - expected[1]).max()))
-                        if command:
-                            tiff, _ = map_paths(job.output_folder, stem, MAP_NAMES[model.pool])
-                            stored_worst = max(stored_worst, stored_error(tifffile.imread(tiff), expected[1],
-                                                                          placement))
-                    assert worst < TOLERANCE and stored_worst < 1e-6, (worst, stored_worst)
-                    result.detail = f"largest error {worst:.1e} (gathered)" + (
-                        f", {stored_worst:.1e} (float32 OME-TIFF)" if command else "")
-            if case == ENCODED:
-                check_class_map(check, ctx, job.output_folder, gathered)
+        for number in range(len(CASES)):
+            check_case(check, ctx, root, number, started)
 
 
 if __name__ == "__main__":
