@@ -123,3 +123,15 @@ def test_refusals_name_the_flag_and_the_fix(make, knob, words):
     with pytest.raises(ConfigError) as err:
         make()
     assert err.value.knob == knob and words in str(err.value)
+
+
+def test_a_run_with_other_heads_is_another_model_on_resume():
+    """Heads change no tensor's shape, so the run identity names the encoder (resume refuses the change)."""
+    from mpi4dl_nb.run.identity import model_fingerprint
+
+    four, two = small(encoder=SlideEncoderSpec(2, 4)), small(encoder=SlideEncoderSpec(2, 2))
+    torch.manual_seed(0)
+    layers = four.build(32)
+    assert model_fingerprint(four, layers) != model_fingerprint(two, layers)
+    plain = small(encoder=None)
+    assert "encoder" not in model_fingerprint(plain, plain.build(32))     # today's text for runs without one
