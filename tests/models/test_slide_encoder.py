@@ -17,6 +17,7 @@ from mpi4dl_nb.models.slide_encoder import SlideEncoder, SlideEncoderSpec, grid_
 from mpi4dl_nb.models.spec import ModelSpec
 from mpi4dl_nb.run.job import TrainJob
 from mpi4dl_nb.run.model_choice import ModelChoice, SlideEncoderChoice
+from mpi4dl_nb.schema import build_job
 
 SPEC = SlideEncoderSpec(layers=2, heads=2)
 
@@ -68,17 +69,25 @@ def test_the_probe_gives_the_class_token_s_attention_over_every_token():
     assert torch.allclose(seen[0].sum(-1), torch.ones(2, SPEC.heads, dtype=torch.float64), atol=1e-14, rtol=0)
 
 
-@pytest.mark.parametrize("pool", [kind.value for kind in PoolKind])
-def test_the_classifier_reads_the_class_token_beside_every_pool_and_trains_end_to_end(pool):
+@pytest.mark.parametrize("pool", list(PoolKind))
+def test_the_classifier_reads_the_class_token_beside_every_pool(pool):
     torch.manual_seed(3)
-    net = torch.nn.Sequential(*small(pool).build(32)).double()
-    head = net[-1]
-    assert isinstance(head, ClassifierHead) and head.encoder is not None
-    assert head.fc.in_features == 2 * 16                     # the class token and the pooled cells
-    channels = 4 if pool == "tissue-mean" else 3
-    image = torch.rand(2, channels, 32, 32, dtype=torch.float64)
-    torch.nn.functional.cross_entropy(net(image), torch.tensor([0, 1])).backward()
+    head = ClassifierHead(16, 2, pool=pool, encoder=SPEC).double()
+    assert head.encoder is not None and head.fc.in_features == 2 * 16     # the class token and the pooled cells
+    cells = torch.rand(2, 16 + (1 if pool.tissue else 0), 6, 5, dtype=torch.float64)   # tissue-mean: the mask last
+    token, encoded = head.encoder(cells[:, :16])
+    pooled = head.pool(torch.cat([encoded, cells[:, 16:]], 1)) if pool.tissue else head.flatten(head.pool(encoded))
+    assert torch.allclose(head(cells), head.fc(torch.cat([token, pooled], 1)), atol=1e-14, rtol=0)
+    torch.nn.functional.cross_entropy(head(cells), torch.tensor([0, 1])).backward()
     assert head.encoder.class_token.grad is not None and head.encoder.class_token.grad.abs().sum() > 0
+
+
+def test_a_model_with_the_encoder_trains_end_to_end_into_its_trunk():
+    torch.manual_seed(4)
+    net = torch.nn.Sequential(*small("attention").build(32)).double()
+    assert isinstance(net[-1], ClassifierHead) and net[-1].encoder is not None
+    torch.nn.functional.cross_entropy(net(torch.rand(2, 3, 32, 32, dtype=torch.float64)),
+                                      torch.tensor([0, 1])).backward()
     first = next(net[0].parameters())
     assert first.grad is not None and first.grad.abs().sum() > 0     # through the encoder into the trunk
 
@@ -105,6 +114,8 @@ def test_the_flags_name_the_encoder_with_its_defaults():
     assert given.spec(2).slide_encoder == SlideEncoderSpec(3, 2)
     assert SlideEncoderChoice().spec() is None
     assert SlideEncoderChoice("transformer").spec() == SlideEncoderSpec(2, 4)
+    keywords = build_job(TrainJob, {"slide_encoder": "transformer", "slide_encoder_heads": 2}, "train")   # dl.train
+    assert keywords.model.slide_encoder.spec() == SlideEncoderSpec(2, 2)
     choice = ModelChoice(slide_encoder=SlideEncoderChoice("transformer", 3, 2))
     assert choice.spec(2).slide_encoder == SlideEncoderSpec(3, 2)
 
