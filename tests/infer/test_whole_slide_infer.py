@@ -313,10 +313,9 @@ def test_a_tissue_mean_head_reads_its_tissue_channel_and_gives_probabilities_onl
     for slide in slide_sources(str(manifest), model.classes):
         canvases = open_canvas(model, slide, 0, 2.0, None)
         assert canvases.channels == 4
-        expected, looked, class_looked = reference(model, canvases)
+        expected, looked = reference(model, canvases)
         canvases.close()
-        assert looked is None and class_looked is None
-        assert np.abs(np.array(written[slide.path.stem]) - expected).max() < 1e-12
+        assert looked is None and np.abs(np.array(written[slide.path.stem]) - expected).max() < 1e-12
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [SLIDES_CSV]
 
 
@@ -367,15 +366,19 @@ def test_a_torchvision_model_with_a_slide_pool_predicts_and_maps_as_one_forward(
 
 def test_a_slide_encoder_s_class_attention_is_written_slide_aligned(cohort, tmp_path):
     """``--slide-encoder transformer``: the class token's attention over the cells (last block, mean over heads) as
-    a slide-aligned OME-TIFF beside the attention pool's map, one process, float64; its values the probe's."""
+    a slide-aligned OME-TIFF beside the attention pool's map, one process, float64; its values the attention
+    recomputed from the last block's input (float32 in the file)."""
     import tifffile
 
     from mpi4dl_nb.infer.attention_map import CLASS_MAP_NAME
+    from mpi4dl_nb.infer.slide_level import open_canvas
     from mpi4dl_nb.models.slide_encoder import SlideEncoderSpec
+    from tests.mpi.whole_slide_infer import class_reference
     from tests.support.whole_slide_model import random_whole_slide
 
     manifest, slides = cohort
     checkpoint = random_whole_slide(tmp_path / "c", "attention", SIZE, MPP, encoder=SlideEncoderSpec(2, 2))
+    model = load_whole_slide(checkpoint, torch.float64)
     assert infer_cmd.main(["--checkpoint", str(checkpoint), "--cohort", str(manifest), "--output",
                            str(tmp_path / "out"), "--dtype", "float64", "--no-progress"]) == 0
     for slide in slides:
@@ -392,3 +395,8 @@ def test_a_slide_encoder_s_class_attention_is_written_slide_aligned(cohort, tmp_
         weights = stored.values[0]
         assert 0 < np.isfinite(weights).sum() <= (SIZE // STRIDE) ** 2   # the canvas's cells that lie on the slide
         assert 0.0 < np.nansum(weights) < 1.0       # the class token's attention to the cells (not to itself)
+        canvases = open_canvas(model, slide, 0, MPP, None)
+        wanted = on_slide(class_reference(model, canvases), canvases.placements[0]).values
+        canvases.close()
+        assert (np.isnan(wanted) == np.isnan(weights)).all()
+        assert np.nanmax(np.abs(wanted - weights)) < 1e-6

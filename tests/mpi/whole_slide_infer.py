@@ -58,12 +58,13 @@ TOLERANCE = 1e-12
 GRID = TileGrid.from_slice_method("square", 4)
 
 
-def class_reference(model: WholeSlideModel, image: torch.Tensor) -> np.ndarray | None:
+def class_reference(model: WholeSlideModel, canvases: SlideCanvases) -> np.ndarray | None:
     """One process, whole canvas: the slide encoder's class-token attention over the cells (None without one),
     from the attention weights recomputed from the last block's input."""
     encoder = model.encoder
     if encoder is None:
         return None
+    image = canvases.read(0).to(torch.float64)[None]
     kept: list[torch.Tensor] = []
     hooks = [encoder.blocks[-1].register_forward_pre_hook(lambda module, inputs: kept.append(inputs[0])),
              encoder.register_forward_pre_hook(lambda module, inputs: kept.append(inputs[0]))]
@@ -81,9 +82,8 @@ def class_reference(model: WholeSlideModel, image: torch.Tensor) -> np.ndarray |
     return weights[1:].view(cells.shape[-2:]).numpy()
 
 
-def reference(model: WholeSlideModel, canvases: SlideCanvases) -> Reference:
-    """One process, whole canvas: the class probabilities, the pool's map (None for tissue-mean) and the slide
-    encoder's class-token map (None without one)."""
+def reference(model: WholeSlideModel, canvases: SlideCanvases) -> tuple[np.ndarray, np.ndarray | None]:
+    """One process, whole canvas: the class probabilities and the map (None for tissue-mean)."""
     image = canvases.read(0).to(torch.float64)[None]
     pool = model.pool_module
     kept: list[torch.Tensor] = []                # what the pool is given: the trunk's cells (after any norm)
@@ -92,20 +92,19 @@ def reference(model: WholeSlideModel, canvases: SlideCanvases) -> Reference:
         probabilities = torch.softmax(torch.nn.Sequential(*model.layers)(image), 1)[0].numpy()
     if hook is not None:
         hook.remove()
-    class_map = class_reference(model, image)
     features = kept[0][0] if kept else torch.empty(0)
     if model.pool is PoolKind.ATTENTION:
         assert pool is not None
         with torch.no_grad():
             scores = pool.scores(features[None])[0, 0]
-        return probabilities, torch.softmax(scores.flatten(), 0).view(scores.shape).numpy(), class_map
+        return probabilities, torch.softmax(scores.flatten(), 0).view(scores.shape).numpy()
     if model.pool is PoolKind.MAX:
         flat = features.flatten(1)
         first = flat.argmax(1).numpy()          # the first maximum in row-major order
         informative = (flat.amax(1) > flat.amin(1)).numpy()
         counts = np.bincount(first[informative], minlength=flat.shape[1]).astype(np.float64)
-        return probabilities, (counts / max(informative.sum(), 1)).reshape(features.shape[1:]), class_map
-    return probabilities, None, class_map
+        return probabilities, (counts / max(informative.sum(), 1)).reshape(features.shape[1:])
+    return probabilities, None
 
 
 def pool_of(case: str) -> str:
@@ -172,7 +171,7 @@ def predict_recorded(ctx: dl.Context, network: CanvasNetwork, slides: list[Slide
         expected = None
         if ctx.rank == 0:                       # the reference reads its own, whole canvas
             whole = open_canvas(model, slide, 0, MPP, None)
-            expected = reference(model, whole)
+            expected = (*reference(model, whole), class_reference(model, whole))
             whole.close()
         gathered.append((slide.path.stem, canvases.placements[0], prediction, expected))
     reads = [size for recorder in recorders for _, _, size in recorder.calls]
