@@ -27,6 +27,8 @@ from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
+from .same_padding import convert_same_padded
+from .vit import convert_transformer_part
 
 
 def _check_guarded(module: nn.Module, name: str) -> None:
@@ -59,6 +61,9 @@ class _Converter:
 
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
+        timm_layer = convert_transformer_part(module, name, runtime, self) or convert_same_padded(module, runtime, name)
+        if timm_layer is not None:   # a timm ViT or its attention (vit.py), timm's same-padded layers (same_padding.py)
+            return timm_layer
         conversion = SPATIAL_LAYERS.get(kind)
         if conversion is not None and conversion.axes in (None, runtime.grid.ndim):
             converted = conversion.make(module, runtime, name)
