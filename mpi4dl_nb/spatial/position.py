@@ -7,6 +7,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from ..comm.handles import Group
+from ..comm.protocol import Comm
 from .function_ctx import FunctionContext
 from .tokens import TokenTiles, int_pair
 
@@ -56,7 +58,30 @@ class _ZeroGradients(torch.autograd.Function):
         return (grad, *(grad.new_zeros(shape) for shape in fctx.shapes))
 
 
-def add_positions(model: nn.Module, tokens: torch.Tensor, tiles: TokenTiles) -> torch.Tensor:
+class _TotalOnFirstCtx(FunctionContext, Protocol):
+    comm: Comm
+    group: Group | None
+    first: bool
+
+
+class _TotalOnFirst(torch.autograd.Function):
+    """Identity whose backward sums the tiles' gradients and hands the total to tile 0 (zeros elsewhere): what a
+    resampled embedding's gradient passes before timm's resampling backward (which rounds in float32), so that
+    backward runs once on the whole gradient, as in one process."""
+
+    @staticmethod
+    def forward(fctx: _TotalOnFirstCtx, x: torch.Tensor, comm: Comm, group: Group | None, first: bool) -> torch.Tensor:
+        fctx.comm, fctx.group, fctx.first = comm, group, first
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(fctx: _TotalOnFirstCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        total = fctx.comm.all_reduce(grad.detach().clone(memory_format=torch.contiguous_format), group=fctx.group)
+        return (total if fctx.first else torch.zeros_like(total)), None, None, None
+
+
+def add_positions(model: nn.Module, tokens: torch.Tensor, tiles: TokenTiles, comm: Comm,
+                  group: Group | None) -> torch.Tensor:
     """timm's ``_pos_embed`` on a tile: this tile's image tokens plus their slice of the global grid's absolute
     position embedding, with the prefix tokens (and their embeddings) in front on tile 0."""
     pos_embed = _tensor_attr(model, "pos_embed")
@@ -67,8 +92,10 @@ def add_positions(model: nn.Module, tokens: torch.Tensor, tiles: TokenTiles) -> 
         tokens = _ZeroGradients.apply(tokens, *held) if held else tokens
     if pos_embed is None:
         return torch.cat([*prefix, tokens], dim=1) if prefix else tokens
-    if getattr(model, "dynamic_img_size", False):
+    if getattr(model, "dynamic_img_size", False) and tiles.token_grid != built_grid(model):
         pos_embed = _resampled(model, pos_embed, tiles.token_grid)
+        if tiles.grid.num_tiles > 1 and pos_embed.requires_grad:
+            pos_embed = _TotalOnFirst.apply(pos_embed, comm, group, tiles.tile == 0)
     with_prefix = not getattr(model, "no_embed_class", False)
     skip = tiles.num_prefix if with_prefix else 0
     index = torch.tensor(tiles.token_indices(), device=tokens.device)

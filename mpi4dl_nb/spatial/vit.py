@@ -62,18 +62,19 @@ class TokenModel(nn.Module):
     """Mixin: a timm VisionTransformer/Eva's forward on this rank's tile (the model's output on every rank)."""
 
     tile_runtime: SpatialRuntime
+    serial_class: type[nn.Module]
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         runtime = self.tile_runtime
         if attn_mask is not None or is_causal:
-            raise ConfigError("model", f"{type(self).__mro__[2].__name__} with attn_mask/is_causal is not supported "
+            raise ConfigError("model", f"{self.serial_class.__name__} with attn_mask/is_causal is not supported "
                               f"on tiles; call it without them")
         _check_training(self)
         tokens, tiles = _embed(self, x, runtime)
         runtime.plans[TOKEN_TILES] = tiles
         layout = layout_of(tokens)
         with torch._C.DisableTorchFunction():
-            tokens = add_positions(self, tokens, tiles)
+            tokens = add_positions(self, tokens, tiles, runtime.ctx, runtime.group)
             rope = tile_rope(self, tiles)
         tokens = _child(self, "norm_pre")(mark_tiled(tokens, layout))
         mixed = bool(getattr(self, "rope_mixed", False))
@@ -178,6 +179,7 @@ def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRunti
     _check_model(module, name, runtime)
     new = shallow_copy(module, spatial_class(TokenModel, type(module)))
     object.__setattr__(new, "tile_runtime", runtime)
+    object.__setattr__(new, "serial_class", type(module))
     for child_name, child in module.named_children():
         new._modules[child_name] = convert(child, f"{name}.{child_name}" if name else child_name)
     for parameter_name in ("pos_embed", "cls_token", "reg_token"):

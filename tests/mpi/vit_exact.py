@@ -7,14 +7,16 @@ forward; the output is the model's output on every rank, bitwise equal across ra
 reference runs on one rank (model i on rank i mod 4). Models are built with ``depth=2`` (the same block code as
 at full depth, 12-14 blocks); ``MPI4DL_VIT_FULL_DEPTH=1`` builds them at full depth.
 
-Usage: python -m tests.mpi.vit_exact ROWS COLS
-Named checks: ``check_names(rows, cols)``.
+The hybrid (R26 backbone, stride 32, on tiles with halos) runs at 256 px, batch 1 (8x8 tokens; 448 px, batch 2
+at full depth).
+
+Usage: python -m tests.mpi.vit_exact   (4 ranks: the 2x2 and the 1x4 grid in one launch)
+Named checks: ``check_names()``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,10 @@ RTOL = 1e-10
 FULL_DEPTH = os.environ.get("MPI4DL_VIT_FULL_DEPTH") == "1"
 
 
+GRIDS = ((2, 2), (1, 4))
+HYBRID_SIZE, HYBRID_BATCH = (448, 2) if FULL_DEPTH else (256, 1)
+
+
 def models(rows: int, cols: int) -> dict[str, tuple[str, int, dict[str, Any]]]:
     """Check label -> (timm name, image size, create_model keywords) for the grid ``rows x cols``."""
     patch16 = 224 if (rows, cols) == (2, 2) else 256
@@ -42,7 +48,7 @@ def models(rows: int, cols: int) -> dict[str, tuple[str, int, dict[str, Any]]]:
         "vit_little_patch16_reg4_gap_256": ("vit_little_patch16_reg4_gap_256", 256, {"num_classes": 0}),
         "vit_small_patch14_reg4_dinov2": ("vit_small_patch14_reg4_dinov2", 224, dinov2),
         "vit_small_patch16_rope_224": ("vit_small_patch16_rope_224", patch16, {"img_size": patch16}),
-        "vit_small_r26_s32_224": ("vit_small_r26_s32_224", 448, {"img_size": 448}),
+        "vit_small_r26_s32_224": ("vit_small_r26_s32_224", HYBRID_SIZE, {"img_size": HYBRID_SIZE}),
     }
 
 
@@ -60,8 +66,8 @@ def build(name: str, seed: int, **kwargs: Any) -> torch.nn.Module:
     return model
 
 
-def exact_name(model: str) -> str:
-    return f"{model} equals one process"
+def exact_name(rows: int, cols: int, model: str) -> str:
+    return f"{rows}x{cols}: {model} equals one process"
 
 
 REFUSALS: dict[str, tuple[Callable[[int, int], torch.nn.Module], str, bool]] = {}
@@ -76,7 +82,7 @@ def refusal(label: str, needle: str, at_forward: bool = False) -> Callable[..., 
 
 @refusal("a grid that cuts a patch", "sizes that work")
 def _cut(rows: int, cols: int) -> torch.nn.Module:
-    return build("vit_small_patch16_224", 0, img_size=(224 + 16 * rows, 224 + 16 * cols - 8))
+    return build("vit_small_patch16_224", 0, img_size=240 if rows == 2 else 224)   # 15 or 14 tokens: uneven
 
 
 @refusal("an attention pool (global_pool='map')", "global_pool='map'")
@@ -88,48 +94,59 @@ def _map(rows: int, cols: int) -> torch.nn.Module:
 def _parallel(rows: int, cols: int) -> torch.nn.Module:
     from timm.models.vision_transformer import ParallelScalingBlock
 
-    return build("vit_small_patch16_224", 0, block_fn=ParallelScalingBlock)
+    return build("vit_small_patch16_224", 0, img_size=256, block_fn=ParallelScalingBlock)
 
 
-def refusal_name(label: str) -> str:
-    return f"refuses {label}"
+def refusal_name(rows: int, cols: int, label: str) -> str:
+    return f"{rows}x{cols}: refuses {label}"
 
 
-def check_names(rows: int, cols: int) -> list[str]:
-    return [exact_name(m) for m in models(rows, cols)] + [refusal_name(label) for label in REFUSALS]
+def check_names() -> list[str]:
+    return [exact_name(rows, cols, m) for rows, cols in GRIDS for m in models(rows, cols)] + \
+        [refusal_name(rows, cols, label) for rows, cols in GRIDS for label in REFUSALS]
+
+
+def check_model(ctx: Context, grid: TileGrid, index: int, name: str, size: int, kwargs: dict[str, Any]) -> str:
+    """One model on ``grid`` against one process (on rank ``index`` mod 4); the outputs bitwise equal on every rank."""
+    model = build(name, index, **kwargs)
+    torch.manual_seed(100 + index)
+    x = torch.randn(HYBRID_BATCH if "r26" in name else 2, 3, size, size, dtype=torch.float64)
+    errors = check_spatial_exact(model, grid, x, ctx, what=name, rtol=RTOL, grad_floor=1e-6,
+                                 reference_rank=index % ctx.world_size)
+    net = spatialize(model.eval(), grid, ctx)
+    with torch.no_grad():
+        y = net(scatter_tiles(x, grid, ctx))
+    spread = ctx.all_reduce((y - ctx.all_reduce(y.clone()) / ctx.world_size).abs().max().reshape(1))
+    assert float(spread) == 0.0, f"outputs differ across ranks by {float(spread):.1e}"
+    compared = {k: v for k, v in errors.items() if k != "gradients and buffers equal on every rank"}
+    return (f"worst rel err {max(compared.values()):.2e} over {len(compared)} tensors (output {errors['output']:.1e})"
+            if compared else "compared on another rank; outputs equal on every rank")
+
+
+def check_refusal(ctx: Context, grid: TileGrid, label: str) -> str:
+    make, needle, at_forward = REFUSALS[label]
+    try:
+        net = spatialize(make(grid.rows, grid.cols), grid, ctx)
+        if at_forward:
+            net(scatter_tiles(torch.zeros(1, 3, 256, 256, dtype=torch.float64), grid, ctx))
+    except ConfigError as error:
+        assert needle in str(error), f"{needle!r} not in: {error}"
+        return str(error)[:200]
+    raise AssertionError("not refused")
 
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
-    rows, cols = int(sys.argv[1]), int(sys.argv[2])
     ctx = Context()
-    grid = TileGrid(rows, cols)
-    for index, (label, (name, size, kwargs)) in enumerate(models(rows, cols).items()):
-        with check(exact_name(label)) as result:
-            model = build(name, index, **kwargs)
-            torch.manual_seed(100 + index)
-            x = torch.randn(2, 3, size, size, dtype=torch.float64)
-            errors = check_spatial_exact(model, grid, x, ctx, what=label, rtol=RTOL, grad_floor=1e-6,
-                                         reference_rank=index % ctx.world_size)
-            net = spatialize(model, grid, ctx)
-            with torch.no_grad():
-                y = net(scatter_tiles(x, grid, ctx))
-            everywhere = ctx.all_reduce(y.clone(), group=None) / ctx.world_size
-            assert torch.equal(everywhere, y) or (everywhere - y).abs().max() == 0, "outputs differ across ranks"
-            compared = {k: v for k, v in errors.items() if k != "gradients and buffers equal on every rank"}
-            result.detail = (f"worst rel err {max(compared.values()):.2e} over {len(compared)} tensors"
-                             if compared else "tiles only (compared on another rank)")
-    for label, (make, needle, at_forward) in REFUSALS.items():
-        with check(refusal_name(label)) as result:
-            try:
-                net = spatialize(make(rows, cols), grid, ctx)
-                if at_forward:
-                    net(torch.zeros(1, 3, 224 // rows, 224 // cols, dtype=torch.float64))
-            except ConfigError as error:
-                assert needle in str(error), f"{needle!r} not in: {error}"
-                result.detail = str(error)[:160]
-            else:
-                raise AssertionError("not refused")
+    assert ctx.world_size == 4, "run with 4 ranks"
+    for rows, cols in GRIDS:
+        grid = TileGrid(rows, cols)
+        for index, (label, (name, size, kwargs)) in enumerate(models(rows, cols).items()):
+            with check(exact_name(rows, cols, label)) as result:
+                result.detail = check_model(ctx, grid, index, name, size, kwargs)
+        for label in REFUSALS:
+            with check(refusal_name(rows, cols, label)) as result:
+                result.detail = check_refusal(ctx, grid, label)
     ctx.barrier()
 
 
