@@ -13,35 +13,35 @@ from .reduce import replicated_sum
 from .tokens import TokenTiles
 
 
-class _OwnedTokenCtx(FunctionContext, Protocol):
-    shape: tuple[int, ...]
-    owner: bool
+class _FirstTileCtx(FunctionContext, Protocol):
+    first: bool
 
 
-class _OwnedToken(torch.autograd.Function):
-    """Token 0 of the owner's tokens on every rank (bitwise: the others add zeros); backward: the owner's only
-    (every rank holds the same full gradient of a replicated result), zeros elsewhere (keeping their graph)."""
-
-    @staticmethod
-    def forward(fctx: _OwnedTokenCtx, tokens: torch.Tensor, owner: bool, comm: Comm,
-                group: Group | None) -> torch.Tensor:
-        fctx.shape, fctx.owner = tuple(tokens.shape), owner
-        first = tokens[:, 0].clone() if owner else tokens.new_zeros((tokens.shape[0], tokens.shape[-1]))
-        return comm.all_reduce(first.contiguous(), group=group)
+class _FirstTileValue(torch.autograd.Function):
+    """Tile 0's ``value`` on every rank (bitwise: the others add zeros); backward: tile 0's only (every rank holds the
+    same full gradient of a replicated result), zeros elsewhere (their graph kept, for the collectives in it)."""
 
     @staticmethod
-    def backward(fctx: _OwnedTokenCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        out = grad.new_zeros(fctx.shape)
-        if fctx.owner:
-            out[:, 0] = grad
-        return out, None, None, None
+    def forward(fctx: _FirstTileCtx, value: torch.Tensor, first: bool, comm: Comm, group: Group | None) -> torch.Tensor:
+        fctx.first = first
+        mine = value.detach().clone(memory_format=torch.contiguous_format) if first else torch.zeros_like(value)
+        return comm.all_reduce(mine.contiguous(), group=group)
+
+    @staticmethod
+    def backward(fctx: _FirstTileCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (grad if fctx.first else torch.zeros_like(grad)), None, None, None
+
+
+def first_tile_value(value: torch.Tensor, tiles: TokenTiles, comm: Comm, group: Group | None) -> torch.Tensor:
+    """Tile 0's ``value`` (computed on every tile) as one replicated value, its gradient counted on tile 0 only."""
+    if tiles.grid.num_tiles == 1:
+        return value
+    return _FirstTileValue.apply(value, tiles.tile == 0, comm, group)
 
 
 def class_token(tokens: torch.Tensor, tiles: TokenTiles, comm: Comm, group: Group | None) -> torch.Tensor:
     """``x[:, 0]`` of the whole sequence (tile 0's first token), replicated on every rank: timm's 'token' pool."""
-    if tiles.grid.num_tiles == 1:
-        return tokens[:, 0]
-    return _OwnedToken.apply(tokens, tiles.prefix_here > 0, comm, group)
+    return first_tile_value(tokens[:, 0], tiles, comm, group)
 
 
 def mean_of_tokens(tokens: torch.Tensor, tiles: TokenTiles, comm: Comm, group: Group | None,

@@ -17,6 +17,7 @@ attention modules become ``TokenAttention``. Its forward on a tile:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 
 import torch
@@ -26,12 +27,12 @@ from ..errors import ConfigError
 from .guard import layout_of, mark_tiled
 from .layer import SpatialRuntime, shallow_copy, spatial_class
 from .position import add_positions, built_grid, tile_rope
-from .token_attention import TOKEN_TILES, adopt_attention, attention_kinds
+from .token_attention import TOKEN_TILES, adopt_attention, attention_kinds, pool_kinds
 from .token_pools import class_token, mean_of_tokens
 from .tokens import TokenTiles, check_patch_grid, int_pair
 
 Convert = Callable[[nn.Module, str], nn.Module]   # the converter: a child and its full name -> converted child
-POOLS = ("token", "avg")
+POOLS = ("token", "avg", "map")
 
 
 @cache
@@ -80,19 +81,28 @@ class TokenModel(nn.Module):
         mixed = bool(getattr(self, "rope_mixed", False))
         for index, block in enumerate(_child(self, "blocks").children()):
             tokens = block(tokens) if rope is None else block(tokens, rope=rope[index] if mixed else rope)
-        tokens = _child(self, "norm")(tokens)
-        with torch._C.DisableTorchFunction():
-            pooled = self._pool(tokens, tiles)
+        pooled = self._pool(_child(self, "norm")(tokens), tiles)
         for name in ("fc_norm", "head_drop", "head"):
             pooled = _child(self, name)(pooled)
         return pooled
 
     def _pool(self, tokens: torch.Tensor, tiles: TokenTiles) -> torch.Tensor:
+        """timm's ``pool`` on token tiles: one replicated vector per image."""
         runtime = self.tile_runtime
-        if self.global_pool == "token":
-            return class_token(tokens, tiles, runtime.ctx, runtime.group)
-        return mean_of_tokens(tokens, tiles, runtime.ctx, runtime.group,
-                              include_prefix=bool(getattr(self, "pool_include_prefix", False)))
+        attention_pool = getattr(self, "attn_pool", None)
+        if isinstance(attention_pool, nn.Module):   # its attention spans the tiles: not under DisableTorchFunction
+            include_prefix = bool(getattr(self, "pool_include_prefix", True))   # Eva's pools every token
+            layout, skip = layout_of(tokens), 0 if include_prefix else tiles.prefix_here
+            runtime.plans[TOKEN_TILES] = tiles if include_prefix else replace(tiles, num_prefix=0)
+            with torch._C.DisableTorchFunction():
+                image_tokens = tokens[:, skip:]
+            pooled: torch.Tensor = attention_pool(mark_tiled(image_tokens, layout))
+            return pooled
+        with torch._C.DisableTorchFunction():
+            if self.global_pool == "token":
+                return class_token(tokens, tiles, runtime.ctx, runtime.group)
+            return mean_of_tokens(tokens, tiles, runtime.ctx, runtime.group,
+                                  include_prefix=bool(getattr(self, "pool_include_prefix", False)))
 
 
 def _embed(model: nn.Module, x: torch.Tensor, runtime: SpatialRuntime) -> tuple[torch.Tensor, TokenTiles]:
@@ -142,7 +152,7 @@ def _check_model(model: nn.Module, name: str, runtime: SpatialRuntime) -> None:
         raise ConfigError("model", f"{where}: a subclass of {type(model).__mro__[1].__name__} with its own forward "
                           f"is not supported on tiles; supported: VisionTransformer and Eva as timm builds them")
     pool = getattr(model, "global_pool", None)
-    if getattr(model, "attn_pool", None) is not None or pool not in POOLS:
+    if pool not in POOLS or (pool == "map") != (getattr(model, "attn_pool", None) is not None):
         raise ConfigError("model", f"{where}: global_pool={pool!r} is not supported on tiles yet; supported: "
                           f"{', '.join(POOLS)} (create the model with global_pool='avg' or 'token')")
     embed = _child(model, "patch_embed")
@@ -172,7 +182,7 @@ def _check_training(model: nn.Module) -> None:
 def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRuntime,
                              convert: Convert) -> nn.Module | None:
     """``module`` converted for token tiles when it is a timm ViT/Eva or one of their attention modules, else None."""
-    if isinstance(module, attention_kinds()):
+    if isinstance(module, attention_kinds() + pool_kinds()):
         return adopt_attention(module, runtime, name)
     if not isinstance(module, model_kinds()):
         return None

@@ -1,4 +1,4 @@
-"""timm vision transformers on tiles equal one process (issue 52's first acceptance block), and what is refused.
+"""timm vision transformers on tiles equal one process (issue 52's first acceptance block, a MAP head), and refusals.
 
 Float64, batch 2, timm's own initialisation (seeded) with LayerScale, class/register tokens and position
 embeddings redrawn at unit scale (so the blocks and the prefix tokens matter to the output), in training mode:
@@ -48,6 +48,8 @@ def models(rows: int, cols: int) -> dict[str, tuple[str, int, dict[str, Any]]]:
         "vit_little_patch16_reg4_gap_256": ("vit_little_patch16_reg4_gap_256", 256, {"num_classes": 0}),
         "vit_small_patch14_reg4_dinov2": ("vit_small_patch14_reg4_dinov2", 224, dinov2),
         "vit_small_patch16_rope_224": ("vit_small_patch16_rope_224", patch16, {"img_size": patch16}),
+        "vit_small_patch16_224 with a MAP head": ("vit_small_patch16_224", patch16,
+                                                  {"img_size": patch16, "global_pool": "map"}),
         "vit_small_r26_s32_224": ("vit_small_r26_s32_224", HYBRID_SIZE, {"img_size": HYBRID_SIZE}),
     }
 
@@ -61,7 +63,8 @@ def build(name: str, seed: int, **kwargs: Any) -> torch.nn.Module:
     model = model.double()
     with torch.no_grad():   # unit-scale LayerScale, prefix tokens and position embeddings
         for pname, p in model.named_parameters():
-            if pname.endswith(("gamma", "gamma_1", "gamma_2")) or pname in ("cls_token", "reg_token", "pos_embed"):
+            if pname.endswith(("gamma", "gamma_1", "gamma_2")) or pname in ("cls_token", "reg_token", "pos_embed",
+                                                                              "attn_pool.latent"):
                 p.copy_(torch.rand_like(p) + 0.5 if "gamma" in pname else torch.randn_like(p))
     return model
 
@@ -85,9 +88,9 @@ def _cut(rows: int, cols: int) -> torch.nn.Module:
     return build("vit_small_patch16_224", 0, img_size=240 if rows == 2 else 224)   # 15 or 14 tokens: uneven
 
 
-@refusal("an attention pool (global_pool='map')", "global_pool='map'")
-def _map(rows: int, cols: int) -> torch.nn.Module:
-    return build("vit_small_patch16_224", 0, global_pool="map")
+@refusal("a max pool over the tokens (global_pool='max')", "global_pool='max'")
+def _max(rows: int, cols: int) -> torch.nn.Module:
+    return build("vit_small_patch16_224", 0, img_size=256, global_pool="max")
 
 
 @refusal("a block whose attention mixes tokens otherwise (ParallelScalingBlock)", "blocks.0", at_forward=True)
