@@ -1,6 +1,7 @@
 """timm vision transformers on tiles (issue 52): token-tile geometry, patch-cut refusals, TF-"same" windows
-(pure), and, under mpiexec, five timm ViTs (and a MAP head) on 2x2 and 1x4 tiles equal to one process in float64, outputs equal
-on every rank, what stays refused named (tests/mpi/vit_exact.py, one 4-rank launch shared with other programs).
+(pure), and, under mpiexec, five timm ViTs and a MAP head on 2x2 and 1x4 tiles equal to one process in float64,
+outputs equal on every rank, what stays refused named (tests/mpi/vit_exact.py, one 4-rank launch shared with
+other programs).
 """
 
 from __future__ import annotations
