@@ -184,6 +184,10 @@ def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRunti
     """``module`` converted for token tiles when it is a timm ViT/Eva or one of their attention modules, else None."""
     if isinstance(module, attention_kinds() + pool_kinds()):
         return adopt_attention(module, runtime, name)
+    if model_kinds() and isinstance(module, _embed_kinds()):   # reached outside a VisionTransformer/Eva
+        raise ConfigError("model", f"layer {name!r} ({type(module).__name__}): a patch embedding outside timm's "
+                          f"VisionTransformer/Eva is not supported on tiles (its model's position embeddings and "
+                          f"attention are not known to be exact there); put it after the spatial stage")
     if not isinstance(module, model_kinds()):
         return None
     _check_model(module, name, runtime)
@@ -191,7 +195,15 @@ def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRunti
     object.__setattr__(new, "tile_runtime", runtime)
     object.__setattr__(new, "serial_class", type(module))
     for child_name, child in module.named_children():
-        new._modules[child_name] = convert(child, f"{name}.{child_name}" if name else child_name)
+        full = f"{name}.{child_name}" if name else child_name
+        if child_name == "patch_embed":   # its children converted, its forward replaced by _embed's
+            embed = shallow_copy(child, type(child))
+            for part_name, part in child.named_children():
+                embed._modules[part_name] = convert(part, f"{full}.{part_name}")
+            new._modules[child_name] = embed
+            runtime.module_names.setdefault(id(embed), full)
+        else:
+            new._modules[child_name] = convert(child, full)
     for parameter_name in ("pos_embed", "cls_token", "reg_token"):
         parameter = getattr(module, parameter_name, None)
         if isinstance(parameter, nn.Parameter):

@@ -73,12 +73,14 @@ def exact_name(rows: int, cols: int, model: str) -> str:
     return f"{rows}x{cols}: {model} equals one process"
 
 
-REFUSALS: dict[str, tuple[Callable[[int, int], torch.nn.Module], str, bool]] = {}
+Call = Callable[[torch.nn.Module, torch.Tensor], object]
+REFUSALS: dict[str, tuple[Callable[[int, int], torch.nn.Module], str, Call | None]] = {}
 
 
-def refusal(label: str, needle: str, at_forward: bool = False) -> Callable[..., Any]:
+def refusal(label: str, needle: str, call: Call | None = None) -> Callable[..., Any]:
+    """Register a model refused by ``spatialize`` (or, with ``call``, at its first forward on 256 x 256 px)."""
     def register(make: Callable[[int, int], torch.nn.Module]) -> Callable[[int, int], torch.nn.Module]:
-        REFUSALS[label] = (make, needle, at_forward)
+        REFUSALS[label] = (make, needle, call)
         return make
     return register
 
@@ -93,11 +95,28 @@ def _max(rows: int, cols: int) -> torch.nn.Module:
     return build("vit_small_patch16_224", 0, img_size=256, global_pool="max")
 
 
-@refusal("a block whose attention mixes tokens otherwise (ParallelScalingBlock)", "blocks.0", at_forward=True)
+@refusal("a block whose attention mixes tokens otherwise (ParallelScalingBlock)", "blocks.0",
+         lambda net, x: net(x))
 def _parallel(rows: int, cols: int) -> torch.nn.Module:
     from timm.models.vision_transformer import ParallelScalingBlock
 
     return build("vit_small_patch16_224", 0, img_size=256, block_fn=ParallelScalingBlock)
+
+
+@refusal("an attention mask", "attn_mask",
+         lambda net, x: net(x, attn_mask=torch.ones(1, 1, 257, 257, dtype=torch.bool)))
+def _masked(rows: int, cols: int) -> torch.nn.Module:
+    return build("vit_small_patch16_224", 0, img_size=256)
+
+
+@refusal("DeiT's distilled ViT (a subclass with its own forward)", "VisionTransformerDistilled")
+def _distilled(rows: int, cols: int) -> torch.nn.Module:
+    return build("deit_tiny_distilled_patch16_224", 0, img_size=256)
+
+
+@refusal("BEiT (another transformer class: its patch embedding)", "'patch_embed' (PatchEmbed)")
+def _beit(rows: int, cols: int) -> torch.nn.Module:
+    return build("beit_base_patch16_224", 0, img_size=256)
 
 
 def refusal_name(rows: int, cols: int, label: str) -> str:
@@ -127,11 +146,11 @@ def check_model(ctx: Context, grid: TileGrid, index: int, name: str, size: int, 
 
 
 def check_refusal(ctx: Context, grid: TileGrid, label: str) -> str:
-    make, needle, at_forward = REFUSALS[label]
+    make, needle, call = REFUSALS[label]
     try:
         net = spatialize(make(grid.rows, grid.cols), grid, ctx)
-        if at_forward:
-            net(scatter_tiles(torch.zeros(1, 3, 256, 256, dtype=torch.float64), grid, ctx))
+        if call is not None:
+            call(net, scatter_tiles(torch.zeros(1, 3, 256, 256, dtype=torch.float64), grid, ctx))
     except ConfigError as error:
         assert needle in str(error), f"{needle!r} not in: {error}"
         return str(error)[:200]
