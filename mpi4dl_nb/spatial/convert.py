@@ -118,8 +118,9 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     Input: this rank's tile ``(N, C, h, w)``, on a volume's grid ``(N, C, d, h, w)``
     (``dl.scatter_tiles``); output: the owned tile
     of the output (``grid.tile_box`` of the output size), or the replicated result after a
-    global average pool (a timm ViT's output: logits or pooled features, the same on every rank). ``group``: the tile ranks (``group.ranks[t]`` holds tile ``t``);
-    None means the world. Only tile neighbours and ``group`` collectives communicate.
+    global average pool (a timm ViT's: its logits or pooled features, the same on every rank).
+    ``group``: the tile ranks (``group.ranks[t]`` holds tile ``t``); None means the world. Only tile
+    neighbours and ``group`` collectives communicate.
     ``image_size`` (H, W), when given, spares one small all-gather per forward.
     ``halo_d2``/``fused_layers``: one wider halo exchange per run of ``fused_layers``
     windowed layers inside each nn.Sequential (see fused.py). ``elementwise``: your module

@@ -66,10 +66,17 @@ class TokenModel(nn.Module):
     serial_class: type[nn.Module]
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        runtime = self.tile_runtime
         if attn_mask is not None or is_causal:
             raise ConfigError("model", f"{self.serial_class.__name__} with attn_mask/is_causal is not supported "
                               f"on tiles; call it without them")
+        tokens, tiles, rope = self.tile_tokens(x)
+        tokens = self.run_blocks(tokens, rope, range(len(list(_child(self, "blocks").children()))))
+        return self.tile_head(tokens, tiles)
+
+    def tile_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, TokenTiles, torch.Tensor | None]:
+        """timm's patch embedding, ``_pos_embed`` and ``norm_pre`` on this rank's image tile: its token tile, the
+        token geometry, and its slice of the rotary embedding (None without rope). Within a spatial forward."""
+        runtime = self.tile_runtime
         _check_training(self)
         tokens, tiles = _embed(self, x, runtime)
         runtime.plans[TOKEN_TILES] = tiles
@@ -77,10 +84,19 @@ class TokenModel(nn.Module):
         with torch._C.DisableTorchFunction():
             tokens = add_positions(self, tokens, tiles, runtime.ctx, runtime.group)
             rope = tile_rope(self, tiles)
-        tokens = _child(self, "norm_pre")(mark_tiled(tokens, layout))
+        return _child(self, "norm_pre")(mark_tiled(tokens, layout)), tiles, rope
+
+    def run_blocks(self, tokens: torch.Tensor, rope: torch.Tensor | None, indices: range) -> torch.Tensor:
+        """The blocks ``indices`` on a token tile (the rope as ``tile_tokens`` gave it)."""
+        blocks = list(_child(self, "blocks").children())
         mixed = bool(getattr(self, "rope_mixed", False))
-        for index, block in enumerate(_child(self, "blocks").children()):
+        for index in indices:
+            block = blocks[index]
             tokens = block(tokens) if rope is None else block(tokens, rope=rope[index] if mixed else rope)
+        return tokens
+
+    def tile_head(self, tokens: torch.Tensor, tiles: TokenTiles) -> torch.Tensor:
+        """timm's final ``norm`` and ``forward_head`` on a token tile: the output, the same on every rank."""
         pooled = self._pool(_child(self, "norm")(tokens), tiles)
         for name in ("fc_norm", "head_drop", "head"):
             pooled = _child(self, name)(pooled)
