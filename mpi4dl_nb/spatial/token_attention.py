@@ -53,8 +53,10 @@ class _RingScaledDotProduct(TorchFunctionMode):
         q, k, v = (argument(args, kwargs, i, name) for i, name in enumerate(("query", "key", "value")))
         mask, dropout = argument(args, kwargs, 3, "attn_mask"), argument(args, kwargs, 4, "dropout_p", 0.0)
         causal, scale = argument(args, kwargs, 5, "is_causal", False), argument(args, kwargs, 6, "scale")
-        if mask is not None or causal or dropout:
-            what = "an attention mask" if mask is not None else "causal masking" if causal else "attention dropout"
+        grouped = argument(args, kwargs, 7, "enable_gqa", False)
+        if mask is not None or causal or dropout or grouped:
+            what = "an attention mask" if mask is not None else "causal masking" if causal else \
+                "attention dropout" if dropout else "enable_gqa"
             raise ConfigError("model", f"{self.where}: F.scaled_dot_product_attention with {what} is not supported "
                               f"on token tiles (attention spans every tile's tokens). Ways out: no mask, "
                               f"attn_drop_rate=0, or train this model without spatial parallelism")
