@@ -66,8 +66,8 @@ class _TotalOnFirstCtx(FunctionContext, Protocol):
 
 class _TotalOnFirst(torch.autograd.Function):
     """Identity whose backward sums the tiles' gradients and hands the total to tile 0 (zeros elsewhere): what a
-    resampled embedding's gradient passes before timm's resampling backward (which rounds in float32), so that
-    backward runs once on the whole gradient, as in one process."""
+    resampled (or learned rotary) embedding's gradient passes before timm's backward of it (which may round in
+    float32), so that backward runs once on the whole gradient, as in one process."""
 
     @staticmethod
     def forward(fctx: _TotalOnFirstCtx, x: torch.Tensor, comm: Comm, group: Group | None, first: bool) -> torch.Tensor:
@@ -108,8 +108,9 @@ def add_positions(model: nn.Module, tokens: torch.Tensor, tiles: TokenTiles, com
     return tokens + own
 
 
-def tile_rope(model: nn.Module, tiles: TokenTiles) -> torch.Tensor | None:
-    """The model's rotary embedding for the global token grid (as its ``_pos_embed`` makes it), this tile's tokens."""
+def tile_rope(model: nn.Module, tiles: TokenTiles, comm: Comm, group: Group | None) -> torch.Tensor | None:
+    """The model's rotary embedding for the global token grid (as its ``_pos_embed`` makes it), this tile's tokens;
+    a learned one's gradient summed over the tiles before the rope's own backward (which may round in float32)."""
     rope = getattr(model, "rope", None)
     if rope is None:
         return None
@@ -121,5 +122,7 @@ def tile_rope(model: nn.Module, tiles: TokenTiles) -> torch.Tensor | None:
         full = rope.get_embed(shape=list(built_grid(model)))
     if not isinstance(full, torch.Tensor):
         raise TypeError(f"{type(rope).__name__}.get_embed gave {type(full).__name__}, not a tensor")
+    if full.requires_grad and tiles.grid.num_tiles > 1:
+        full = _TotalOnFirst.apply(full, comm, group, tiles.tile == 0)
     index = torch.tensor(tiles.token_indices(), device=full.device)
     return full.index_select(-2, index)

@@ -83,7 +83,7 @@ class TokenModel(nn.Module):
         layout = layout_of(tokens)
         with torch._C.DisableTorchFunction():
             tokens = add_positions(self, tokens, tiles, runtime.ctx, runtime.group)
-            rope = tile_rope(self, tiles)
+            rope = tile_rope(self, tiles, runtime.ctx, runtime.group)
         return _child(self, "norm_pre")(mark_tiled(tokens, layout)), tiles, rope
 
     def run_blocks(self, tokens: torch.Tensor, rope: torch.Tensor | None, indices: range) -> torch.Tensor:

@@ -43,7 +43,10 @@ def models(rows: int, cols: int) -> dict[str, tuple[str, int, dict[str, Any]]]:
     patch16 = 224 if (rows, cols) == (2, 2) else 256
     dinov2: dict[str, Any] = {"img_size": 224} if (rows, cols) == (2, 2) else \
         {"img_size": 518, "dynamic_img_size": True}   # 37x37 position embedding resampled to 16x16
+    learned_rope = {} if (rows, cols) == (2, 2) else {   # a learned rope (RotaryEmbeddingMixed, float32 inside)
+        "vit_small_patch16_rope_mixed_224": ("vit_small_patch16_rope_mixed_224", 256, {"img_size": 256})}
     return {
+        **learned_rope,
         "vit_small_patch16_224": ("vit_small_patch16_224", patch16, {"img_size": patch16}),
         "vit_little_patch16_reg4_gap_256": ("vit_little_patch16_reg4_gap_256", 256, {"num_classes": 0}),
         "vit_small_patch14_reg4_dinov2": ("vit_small_patch14_reg4_dinov2", 224, dinov2),
