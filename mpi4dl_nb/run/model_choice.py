@@ -92,6 +92,11 @@ class ModelChoice:
     upsampling: str | None = flag("--upsampling", "U-Net: bilinear up-sampling or 2x2 transposed convolutions "
                                                   "(default bilinear)", None, choices=Upsampling.values(),
                                   group=groups.MODEL)
+    train_blocks: int | None = flag("--train-blocks", "fine-tune a vision transformer as foundation models are: "
+                                                      "train only its last K blocks, the final norm and the head "
+                                                      "(0: the norm and head alone), the rest frozen; default: "
+                                                      "train everything", None, parse=whole_number,
+                                    bounds=Bounds(0), metavar="K", group=groups.MODEL)
 
     def __post_init__(self) -> None:
         family, _ = split_model(self.model)
@@ -106,6 +111,11 @@ class ModelChoice:
                                              f"--model {self.model} takes pixels in [0, 1]: drop --normalize")
         if self.normalize != AUTO:
             Normalization.parse(self.normalize)
+        check_bounds(self)
+        if self.train_blocks is not None and not family.named:
+            raise ConfigError("--train-blocks", f"freezes all but the last blocks of a vision transformer; --model "
+                                                f"{self.model} has none (a timm ViT: --model "
+                                                f"timm:vit_small_patch16_224): drop --train-blocks")
         if self.pool is not PoolKind.AVG and family.dense:
             raise ConfigError("--pool", f"--pool {self.pool} replaces a classifier's global pool; --model {self.model} "
                                         f"outputs a class per pixel and pools nothing: drop --pool")
@@ -136,7 +146,8 @@ class ModelChoice:
                             num_classes=num_classes,
                             resnet_version=version_for_depth(sizes.num_layers, sizes.resnet_version),
                             in_channels=in_channels, norm=self.norm, upsampling=self.upsampling,
-                            normalize=self.normalization(), weights=self.weights, pool=self.pool)
+                            normalize=self.normalization(), weights=self.weights, pool=self.pool,
+                            train_blocks=self.train_blocks)
 
 
 @dataclass(frozen=True)
