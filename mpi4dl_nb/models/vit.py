@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..pipeline.handoff import TokenTiling
+from ..spatial.geometry import TileGrid
 from .pieces import Piece
 
 BLOCKS = "blocks"
@@ -90,6 +92,12 @@ class TokenEmbedding(Piece):
         """The model's ``_pos_embed`` (an Eva's returns the rotary embedding too: left to the blocks)."""
         placed = self.source._pos_embed(self, x)   # type: ignore[attr-defined]  # checked by is_token_model
         return placed[0] if isinstance(placed, tuple) else placed
+
+    def token_tiling(self, grid: TileGrid) -> TokenTiling:
+        """Where this model's tokens lie on ``grid``'s tiles (its token grid, the prefix tokens on tile 0): what the
+        hand-off to a layer stage joins (``pipeline/handoff.py``)."""
+        count = self.settings.get("num_prefix_tokens", 0)
+        return TokenTiling(grid, token_grid(self), count if isinstance(count, int) else 0)
 
     def with_steps(self, steps: Sequence[tuple[str, nn.Module]]) -> Piece:
         params = {name: getattr(self, name) for name in self.tensors}

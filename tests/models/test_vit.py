@@ -141,3 +141,33 @@ def test_what_the_cut_does_not_take_is_refused_naming_it():
     model.extra = nn.Linear(2, 2)
     with pytest.raises(ConfigError, match="children the cut does not know: extra"):
         layer_list(model)
+
+
+@pytest.mark.parametrize(("name", "rows", "cols"), [("vit_small_patch14_reg4_dinov2", 2, 2),
+                                                    ("vit_small_patch16_224", 1, 4)])
+def test_token_tiles_join_into_the_model_sequence_and_gradients_split_back(name, rows, cols):
+    """The spatial -> layer hand-off of a ViT (pipeline/handoff.TokenTiling): token tiles as the spatial stage holds
+    them (each tile its box of the token grid row-major, the class/register tokens on tile 0) join into the
+    embedding's own output, and the gradient's split is join's exact adjoint."""
+    from mpi4dl_nb.spatial.geometry import TileGrid
+
+    side = 56 if "14" in name else 64
+    layers = layer_list(vit(name, side))
+    embed = layers[0]
+    assert isinstance(embed, TokenEmbedding)
+    tiling = embed.token_tiling(TileGrid(rows, cols))
+    with torch.no_grad():
+        whole = embed.eval()(torch.randn(2, 3, side, side, dtype=torch.float64))
+    prefix, (height, width) = tiling.num_prefix, tiling.token_grid
+    image = whole[:, prefix:].reshape(2, height, width, -1)
+    tiles = []
+    for tile, (r0, r1, c0, c1) in enumerate(tiling.grid.tile_boxes(height, width)):
+        own = image[:, r0:r1, c0:c1].reshape(2, (r1 - r0) * (c1 - c0), -1)
+        tiles.append(torch.cat([whole[:, :prefix], own], 1) if tile == 0 else own)
+    assert [t.shape[1] for t in tiles] == tiling.counts() and torch.equal(tiling.join(tiles), whole)
+    grad = torch.randn_like(whole)
+    parts = [tiling.split(grad, tile) for tile in range(len(tiles))]
+    assert all(torch.equal(p, t) for p, t in zip([tiling.split(whole, k) for k in range(len(tiles))], tiles))
+    assert torch.equal(tiling.join(parts), grad)
+    with pytest.raises(ValueError, match="token tiles hold"):
+        tiling.join(tiles[::-1])
