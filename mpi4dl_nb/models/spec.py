@@ -80,20 +80,23 @@ class ModelSpec:
     weights: str | None = None             # the pretrained weights file the run started from (provenance only)
     pool: PoolKind = PoolKind.AVG          # the classifier head's global pool (--pool); tissue-mean: +1 input channel
     train_blocks: int | None = None        # a ViT fine-tuned in its last blocks only (--train-blocks; None: all)
+    image_size: int | None = None          # named: the side it was built for (a ViT's token grid; None: its default)
 
     @classmethod
     def of(cls, family: ModelFamily | str = ModelFamily.RESNET, *, num_layers: int | None = None,
            num_filters: int | None = None, num_classes: int = 10, resnet_version: int = 2,
            in_channels: int = 3, norm: str | None = None, upsampling: str | None = None,
            normalize: Normalization | None = None, weights: str | None = None,
-           pool: PoolKind | str = PoolKind.AVG, train_blocks: int | None = None) -> ModelSpec:
+           pool: PoolKind | str = PoolKind.AVG, train_blocks: int | None = None,
+           image_size: int | None = None) -> ModelSpec:
         """``family`` with its default depth and width where not given (the version kept for ResNet only, the
         norm and up-sampling for the U-Net only: default 'batch' and 'bilinear'). ``family`` may name a model
         (``torchvision:resnet50``, ``timm:NAME``, ``package.module:callable``): it has no sizes, it may start with
         a ``normalize`` step and record the ``weights`` file it started from. ``pool`` (the head's global pool)
         other than average: any classifier (a named one's global average pool is replaced, ``models/named_pool.py``);
         tissue-mean: ResNet and AmoebaNet only (ValueError naming them). ``train_blocks``: a named ViT trains its
-        last blocks only (``models/vit.train_last_blocks``, applied by the run)."""
+        last blocks only (``models/vit.train_last_blocks``, applied by the run); ``image_size``: the side a named model
+        is built for when ``build`` is given none (a ViT's position embeddings' grid: evaluate rebuilds it so)."""
         kind, source = (family, None) if isinstance(family, ModelFamily) else split_model(family)
         pooling = PoolKind(pool)
         if pooling is not PoolKind.AVG and kind.dense:
@@ -104,7 +107,7 @@ class ModelSpec:
                              f"the tissue mask through their trunk; a {kind} model takes --pool max or attention")
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
-                       weights=weights, pool=pooling, train_blocks=train_blocks)
+                       weights=weights, pool=pooling, train_blocks=train_blocks, image_size=image_size)
         if train_blocks is not None:
             raise ValueError(f"--train-blocks: a {kind} has no transformer blocks; it fine-tunes timm ViTs")
         dense = kind.dense
@@ -139,8 +142,9 @@ class ModelSpec:
         if self.family.named:
             if image_size is not None and not isinstance(image_size, int):
                 raise ValueError(f"{self.label} takes images: give one image side, not {image_size}")
+            side = image_size if image_size is not None else self.image_size
             layers = external_layers(str(self.family), self.source or "", self.num_classes, self.in_channels,
-                                     self.normalize, image_size)
+                                     self.normalize, side)
             return with_named_pool(layers, self.pool, self.label, self.in_channels)
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
@@ -170,7 +174,8 @@ class ModelSpec:
                 "num_classes": self.num_classes, "resnet_version": self.resnet_version,
                 "in_channels": self.in_channels, "norm": self.norm, "upsampling": self.upsampling,
                 "source": self.source, "normalize": None if self.normalize is None else self.normalize.to_dict(),
-                "weights": self.weights, "pool": str(self.pool), "train_blocks": self.train_blocks}
+                "weights": self.weights, "pool": str(self.pool), "train_blocks": self.train_blocks,
+                "image_size": self.image_size}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
@@ -182,7 +187,7 @@ class ModelSpec:
                    whole(data, "num_classes"), optional_whole(data, "resnet_version"),
                    whole(data, "in_channels", 3), _optional_name(data, "norm"), _optional_name(data, "upsampling"),
                    _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"),
-                   pool_of(data), optional_whole(data, "train_blocks"))
+                   pool_of(data), optional_whole(data, "train_blocks"), optional_whole(data, "image_size"))
 
 
 NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)

@@ -138,16 +138,16 @@ class ModelChoice:
             return pretrained_normalization(str(family), source or "")
         return Normalization.parse(self.normalize)
 
-    def spec(self, num_classes: int, in_channels: int = 3) -> ModelSpec:
+    def spec(self, num_classes: int, in_channels: int = 3, image_size: int | None = None) -> ModelSpec:
         """The network these flags name for ``num_classes`` classes of ``in_channels``-channel images (family
-        defaults for the sizes not given)."""
+        defaults for the sizes not given; a named model built for ``image_size``)."""
         sizes = self.sizes
         return ModelSpec.of(self.model, num_layers=sizes.num_layers, num_filters=sizes.num_filters,
                             num_classes=num_classes,
                             resnet_version=version_for_depth(sizes.num_layers, sizes.resnet_version),
                             in_channels=in_channels, norm=self.norm, upsampling=self.upsampling,
                             normalize=self.normalization(), weights=self.weights, pool=self.pool,
-                            train_blocks=self.train_blocks)
+                            train_blocks=self.train_blocks, image_size=image_size)
 
 
 @dataclass(frozen=True)

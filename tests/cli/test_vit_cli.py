@@ -1,14 +1,15 @@
 """Vision transformers on the command line (one process): ``--model timm:NAME`` trains at the run's image size with
 a timm state dict of another token grid (a line says its position embeddings were resampled) and ``--train-blocks``
-(a line says what trains; the checkpoint records it); refused before work, naming the fix: an image side the
-patches do not tile, ``--train-blocks`` above the depth or with a model without blocks, a ViT on spatial stages."""
+(a line says what trains; the checkpoint records it, and its size: evaluate rebuilds it without model flags);
+refused before work, naming the fix: an image side the patches do not tile, ``--train-blocks`` above the depth or
+with a model without blocks, a ViT on spatial stages."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.cli import layout_cmd, train_cmd
+from mpi4dl_nb.cli import evaluate_cmd, layout_cmd, train_cmd
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.run.job import TrainJob
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
@@ -45,6 +46,9 @@ def test_a_vit_trains_from_a_timm_state_dict_of_another_grid_in_its_last_blocks(
     published = torch.load(weights)
     assert torch.equal(state["blocks.3.attn.qkv.weight"], published["blocks.3.attn.qkv.weight"].double())  # frozen
     assert not torch.equal(state["blocks.11.mlp.fc1.weight"], published["blocks.11.mlp.fc1.weight"].double())
+    code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(tmp_path / "c"), "--split-size", "1",
+                                                     "--spatial-size", "0", "--num-samples", "4"], capsys)
+    assert code == 0 and json_record(out, "{\"checkpoint\"")["count"] == 4, err     # rebuilt at its token grid
 
 
 @pytest.mark.parametrize(("flags", "message"), [
