@@ -77,6 +77,7 @@ def model_cut(job: LayoutJob) -> str:
     that does not resolve or a cut that does not fit)."""
     import torch
 
+    from ..models.vit import refuse_token_spatial_stage
     from .stage_table import stage_table
 
     assert job.model is not None and isinstance(job.image_size, int), "an image model asked for"
@@ -87,6 +88,7 @@ def model_cut(job: LayoutJob) -> str:
         layers = spec.build(job.image_size)
     except ValueError as err:
         raise ConfigError("--model", str(err)) from None
+    refuse_token_spatial_stage(layers, job.config.spatial_size)
     return stage_table(layers, job.config, job.image_size)
 
 

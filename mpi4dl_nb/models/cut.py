@@ -24,6 +24,7 @@ from torch import fx, nn
 
 from ..config import ConfigError
 from .pieces import CHAIN_INPUT, DROPOUTS, Argument, Call, Piece, as_module
+from .vit import is_token_model, token_image_size, token_pieces
 
 CHECK_SIZE = 64          # side of the random images the cut is checked on
 CHECK_BATCH = 2          # train-mode BatchNorm needs more than one value per channel
@@ -277,25 +278,22 @@ def layer_list(model: nn.Module | Sequence[nn.Module], *, check_size: int = CHEC
     """
     if isinstance(model, Sequence) and not isinstance(model, nn.Module):
         return list(model)
+    if is_token_model(model):
+        return checked_pieces(model, token_pieces(model), check_side(model, check_size), check)
     name = type(model).__name__
     try:
         steps = steps_of(model)
     except NotAChain as err:
         raise ConfigError("model", f"{name} cannot be cut into a layer list: {err}. layer_list takes a model "
                           f"whose forward passes one tensor through its children and torch calls one after "
-                          f"another (torchvision's and timm's CNN classifiers); build the layer list yourself "
-                          f"(modules whose nn.Sequential equals your model) and pass that") from None
+                          f"another (torchvision's and timm's CNN classifiers, timm's ViTs); build the layer "
+                          f"list yourself (modules whose nn.Sequential equals your model) and pass that") from None
     added = nn.ModuleList(s.module for s in steps if s.functional)   # dropouts and calls the cut made
     added.train(model.training)
-    dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(CHECK_BATCH, in_channels_of(model), check_size, check_size, generator=generator,
-                    dtype=dtype).to(device)
+    x = check_images(model, check_size)
     try:
-        with mode(model, False), mode(added, False), state_kept(model), torch.no_grad():
-            out, shapes = run_steps(steps, x)
-            reason = _differs(model(x), out) if check else None
+        with mode(model, False), mode(added, False), state_kept(model):
+            _, shapes = run_steps(steps, x)
     except NotAChain as err:
         raise ConfigError("model", f"{name} cannot be cut into a layer list: {err}") from None
     except RuntimeError as err:
@@ -303,10 +301,42 @@ def layer_list(model: nn.Module | Sequence[nn.Module], *, check_size: int = CHEC
                           f"pass layer_list(model, check_size=...) a size it takes") from None
     pieces: list[nn.Module] = [Piece([(s.path, s.module) for s in group])
                                for group in grouped(steps, pooled_at(shapes, x.shape))]
-    if check and reason is None:
+    return checked_pieces(model, pieces, check_size, check)
+
+
+def check_side(model: nn.Module, check_size: int) -> int | tuple[int, int]:
+    """The image size a ViT is checked at: the one it was built for (``check_size`` when it takes any)."""
+    return check_size if getattr(model, "dynamic_img_size", False) else token_image_size(model)
+
+
+def check_images(model: nn.Module, size: int | tuple[int, int]) -> torch.Tensor:
+    """The random images a cut is checked on (the model's dtype and device, a fixed seed)."""
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    rows, cols = (size, size) if isinstance(size, int) else size
+    return torch.randn(CHECK_BATCH, in_channels_of(model), rows, cols, generator=generator, dtype=dtype).to(device)
+
+
+def checked_pieces(model: nn.Module, pieces: list[nn.Module], size: int | tuple[int, int],
+                   check: bool) -> list[nn.Module]:
+    """``pieces`` once their chain equals ``model`` on random images in eval mode, and in train mode from the same
+    random state (``check=False``: as they are); ConfigError saying how they differ."""
+    if not check:
+        return pieces
+    name = type(model).__name__
+    x = check_images(model, size)
+    net = nn.Sequential(*pieces)
+    try:
+        with mode(model, False), mode(net, False), state_kept(model), torch.no_grad():
+            reason = _differs(model(x), net(x))
+    except RuntimeError as err:
+        raise ConfigError("model", f"{name} fails on a {tuple(x.shape[-2:])} check image ({err}); "
+                          f"pass layer_list(model, check_size=...) a size it takes") from None
+    if reason is None:
         reason = train_mode_difference(model, pieces, x)
         reason = None if reason is None else f"in train mode, {reason}"
-    elif reason is not None:
+    else:
         reason = f"in eval mode, {reason}"
     if reason is not None:
         raise ConfigError("model", f"{name} cannot be cut into a layer list: its forward is not the chain "

@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import ConfigError
 from .cut import layer_list, mode
 from .normalize import IMAGENET, Normalization, normalized
+from .vit import is_token_model, patch_multiple
 
 EXTRA = "models"         # pip install 'mpi4dl-nb[models]' brings torchvision and timm
 CLOSEST = 5              # names suggested for an unknown one
@@ -53,14 +54,33 @@ def torchvision_model(name: str, num_classes: int, in_channels: int = 3) -> nn.M
     return model
 
 
-def timm_model(name: str, num_classes: int, in_channels: int = 3) -> nn.Module:
-    """``timm.create_model(name, num_classes=..., in_chans=...)`` without downloading weights."""
+def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: int | None = None) -> nn.Module:
+    """``timm.create_model(name, num_classes=..., in_chans=...)`` without downloading weights; a ViT at
+    ``image_size`` (``img_size=``: its position embeddings' grid), refused when its patches do not tile it."""
     timm = library("timm", f"timm:{name}")
     if not timm.is_model(name):
         raise ConfigError("--model", f"timm has no model {name!r}{closest(name, timm.list_models())} "
                                      f"(timm.list_models('*pattern*') lists them)")
-    model: nn.Module = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels)
+    sizing: dict[str, object] = {}
+    if image_size is not None:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):    # what it is, drawing nothing
+            probe = timm.create_model(name, pretrained=False, in_chans=in_channels)
+        if is_token_model(probe):
+            check_patches(f"timm:{name}", image_size, patch_multiple(probe))
+            sizing["img_size"] = image_size
+    model: nn.Module = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels,
+                                         **sizing)
     return model
+
+
+def check_patches(label: str, image_size: int, patch: int) -> None:
+    """ConfigError naming sizes that work when ``patch``-pixel patches do not tile an ``image_size`` image."""
+    if image_size % patch == 0:
+        return
+    below = image_size // patch * patch
+    sizes = " or ".join(str(s) for s in (below, below + patch) if s > 0)
+    raise ConfigError("--image-size", f"{image_size}: {label} cuts images into {patch}x{patch}-pixel patches, so the "
+                                      f"side must be a multiple of {patch}: use {sizes}")
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -107,12 +127,14 @@ def module_model(target: str, num_classes: int) -> Built:
                                  f"return an nn.Module or a list of modules")
 
 
-def built_model(family: str, source: str, num_classes: int, in_channels: int = 3) -> Built:
-    """The model ``family`` (``torchvision``, ``timm``, ``module``) and ``source`` name, freshly built."""
+def built_model(family: str, source: str, num_classes: int, in_channels: int = 3,
+                image_size: int | None = None) -> Built:
+    """The model ``family`` (``torchvision``, ``timm``, ``module``) and ``source`` name, freshly built (a timm ViT
+    for ``image_size``)."""
     if family == "torchvision":
         return torchvision_model(source, num_classes, in_channels)
     if family == "timm":
-        return timm_model(source, num_classes, in_channels)
+        return timm_model(source, num_classes, in_channels, image_size)
     if family == "module":
         return module_model(source, num_classes)
     raise ValueError(f"a {family} model ({source}) was built in Python and cannot be rebuilt from its name: pass "
@@ -138,7 +160,7 @@ def external_layers(family: str, source: str, num_classes: int, in_channels: int
                     normalization: Normalization | None = None, image_size: int | None = None) -> list[nn.Module]:
     """The named model as a layer list (cut by ``layer_list`` unless it is one), starting with ``normalization``;
     ConfigError when ``image_size`` is too small for it (naming the smallest side that works)."""
-    layers = normalized(layer_list(built_model(family, source, num_classes, in_channels)), normalization)
+    layers = normalized(layer_list(built_model(family, source, num_classes, in_channels, image_size)), normalization)
     if image_size is not None:
         check_image_size(layers, image_size, source if family == "module" else f"{family}:{source}", in_channels)
     return layers

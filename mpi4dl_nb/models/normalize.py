@@ -112,4 +112,4 @@ def normalized(layers: Sequence[nn.Module], normalization: Normalization | None)
                                          "own first layer: use --normalize none")
     if first.paths[0] == STEP:
         raise ValueError("the layers are normalised already")
-    return [Piece([(STEP, Normalize(normalization)), *first.steps()]), *layers[1:]]
+    return [first.with_steps([(STEP, Normalize(normalization)), *first.steps()]), *layers[1:]]

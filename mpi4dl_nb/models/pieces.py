@@ -117,6 +117,10 @@ class Piece(nn.Module):
             x = self.get_submodule(path)(x)
         return x
 
+    def with_steps(self, steps: Sequence[tuple[str, nn.Module]]) -> Piece:
+        """A piece like this one running ``steps`` (``normalized`` puts a step in front of the first piece's)."""
+        return Piece(steps)
+
     def steps(self) -> list[tuple[str, nn.Module]]:
         """(path, module) of every step, in order."""
         return [(path, self.get_submodule(path)) for path in self.paths]

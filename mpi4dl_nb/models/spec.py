@@ -81,20 +81,25 @@ class ModelSpec:
     weights: str | None = None             # the pretrained weights file the run started from (provenance only)
     pool: PoolKind = PoolKind.AVG          # the classifier head's global pool (--pool); tissue-mean: +1 input channel
     slide_encoder: SlideEncoderSpec | None = None   # transformer layers before the head's pool (--slide-encoder)
+    train_blocks: int | None = None        # a ViT fine-tuned in its last blocks only (--train-blocks; None: all)
+    image_size: int | None = None          # named: the side it was built for (a ViT's token grid; None: its default)
 
     @classmethod
     def of(cls, family: ModelFamily | str = ModelFamily.RESNET, *, num_layers: int | None = None,
            num_filters: int | None = None, num_classes: int = 10, resnet_version: int = 2,
            in_channels: int = 3, norm: str | None = None, upsampling: str | None = None,
            normalize: Normalization | None = None, weights: str | None = None,
-           pool: PoolKind | str = PoolKind.AVG, slide_encoder: SlideEncoderSpec | None = None) -> ModelSpec:
+           pool: PoolKind | str = PoolKind.AVG, slide_encoder: SlideEncoderSpec | None = None,
+           train_blocks: int | None = None, image_size: int | None = None) -> ModelSpec:
         """``family`` with its default depth and width where not given (the version kept for ResNet only, the
         norm and up-sampling for the U-Net only: default 'batch' and 'bilinear'). ``family`` may name a model
         (``torchvision:resnet50``, ``timm:NAME``, ``package.module:callable``): it has no sizes, it may start with
         a ``normalize`` step and record the ``weights`` file it started from. ``pool`` (the head's global pool)
         other than average: any classifier (a named one's global average pool is replaced, ``models/named_pool.py``);
         tissue-mean: ResNet and AmoebaNet only (ValueError naming them). ``slide_encoder``: transformer layers over the
-        trunk's cells before the pool, ResNet and AmoebaNet only."""
+        trunk's cells before the pool, ResNet and AmoebaNet only. ``train_blocks``: a named ViT trains its
+        last blocks only (``models/vit.train_last_blocks``, applied by the run); ``image_size``: the side a named model
+        is built for when ``build`` is given none (a ViT's position embeddings' grid: evaluate rebuilds it so)."""
         kind, source = (family, None) if isinstance(family, ModelFamily) else split_model(family)
         pooling = PoolKind(pool)
         if pooling is not PoolKind.AVG and kind.dense:
@@ -108,7 +113,9 @@ class ModelSpec:
                              f"head it goes in; a {kind} model takes none (drop --slide-encoder)")
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
-                       weights=weights, pool=pooling)
+                       weights=weights, pool=pooling, train_blocks=train_blocks, image_size=image_size)
+        if train_blocks is not None:
+            raise ValueError(f"--train-blocks: a {kind} has no transformer blocks; it fine-tunes timm ViTs")
         dense = kind.dense
         return cls(kind, DEFAULT_NUM_LAYERS[kind] if num_layers is None else num_layers,
                    DEFAULT_NUM_FILTERS[kind] if num_filters is None else num_filters, num_classes,
@@ -141,8 +148,9 @@ class ModelSpec:
         if self.family.named:
             if image_size is not None and not isinstance(image_size, int):
                 raise ValueError(f"{self.label} takes images: give one image side, not {image_size}")
+            side = image_size if image_size is not None else self.image_size
             layers = external_layers(str(self.family), self.source or "", self.num_classes, self.in_channels,
-                                     self.normalize, image_size)
+                                     self.normalize, side)
             return with_named_pool(layers, self.pool, self.label, self.in_channels)
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
@@ -157,7 +165,8 @@ class ModelSpec:
             start = f", from {self.weights}" if self.weights else ""
             normal = f", {self.normalize.describe()} normalisation" if self.normalize else ""
             pooled = f", {self.pool} pool" if self.pool is not PoolKind.AVG else ""
-            return f"{self.label}, {self.num_classes} classes{channels}{normal}{pooled}{start}"
+            tuned = f", last {self.train_blocks} blocks trained" if self.train_blocks is not None else ""
+            return f"{self.label}, {self.num_classes} classes{channels}{normal}{pooled}{tuned}{start}"
         if self.family.dense:
             return (f"{self.family} depth {self.num_layers} width {self.num_filters} ({self.norm} norm, "
                     f"{self.upsampling}), {self.num_classes} classes{channels}")
@@ -173,7 +182,8 @@ class ModelSpec:
                 "in_channels": self.in_channels, "norm": self.norm, "upsampling": self.upsampling,
                 "source": self.source, "normalize": None if self.normalize is None else self.normalize.to_dict(),
                 "weights": self.weights, "pool": str(self.pool),
-                "slide_encoder": None if self.slide_encoder is None else self.slide_encoder.to_dict()}
+                "slide_encoder": None if self.slide_encoder is None else self.slide_encoder.to_dict(),
+                "train_blocks": self.train_blocks, "image_size": self.image_size}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
@@ -185,7 +195,8 @@ class ModelSpec:
                    whole(data, "num_classes"), optional_whole(data, "resnet_version"),
                    whole(data, "in_channels", 3), _optional_name(data, "norm"), _optional_name(data, "upsampling"),
                    _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"),
-                   pool_of(data), slide_encoder_of(data))
+                   pool_of(data), slide_encoder_of(data), optional_whole(data, "train_blocks"),
+                   optional_whole(data, "image_size"))
 
 
 NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)

@@ -11,6 +11,7 @@ from torch import nn
 from ..errors import ConfigError
 from .named_pool import fresh_keys
 from .pieces import engine_keys
+from .vit import resampled_positions
 
 WRAPPERS = ("state_dict", "model_state_dict", "model")   # keys training scripts keep a state dict under
 SHOWN = 3                      # keys named in a refusal
@@ -67,7 +68,16 @@ def load_weights(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor
                  source: str = "--weights") -> str | None:
     """Load ``weights`` (keys of the original model ``model`` names) into ``layers``; the note to print when the
     classifier was replaced because its classes differ (None otherwise). ConfigError naming what does not fit:
-    the first key of another shape with both shapes, else the first missing and unexpected keys."""
+    the first key of another shape with both shapes, else the first missing and unexpected keys. A ViT's position
+    embeddings of another token grid are resampled to the model's (``vit.resampled_positions``; a note says so)."""
+    weights, resampled = resampled_positions(layers, weights, source)
+    note = replaced_classifier(layers, weights, model=model, source=source)
+    return "\n".join(line for line in (resampled, note) if line) or None
+
+
+def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, model: str,
+                        source: str) -> str | None:
+    """``load_weights`` once the position embeddings fit: the note when the classifier was replaced."""
     net = nn.Sequential(*layers)
     keys = engine_keys(layers)
     own = net.state_dict()

@@ -122,7 +122,7 @@ class HybridEngine:
                                   if p.is_floating_point()), None))
             self.released_stages = self._release_other_stages()
             params = self._unique_parameters()
-            self.optimizer = optimizer(params) if optimizer is not None else None
+            self.optimizer = optimizer(params) if optimizer is not None and params else None   # all frozen: none
         except Exception:
             self._fail()
             raise

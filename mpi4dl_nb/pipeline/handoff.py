@@ -1,8 +1,10 @@
-"""SP -> LP hand-off: join a stage's output tiles into one tensor, split its gradient back."""
+"""SP -> LP hand-off: join a stage's output tiles into one tensor (a ViT's token tiles into its token sequence),
+split its gradient back."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import EllipsisType
 
 import torch
@@ -100,3 +102,49 @@ def split_grad(grads: Sequence[torch.Tensor | None], boxes: Sequence[list[Region
             continue
         out.append(grad[_window(tile_boxes[tile])].contiguous())
     return out
+
+
+@dataclass(frozen=True)
+class TokenTiling:
+    """Where a ViT's tokens lie on the tiles of a spatial stage (the token-tile representation of
+    ``spatial/tokens.py``): tile ``t`` holds the tokens of its box of the global ``token_grid`` (the balanced
+    split, row-major in the box), tile 0 the ``num_prefix`` class/register tokens in front of its own. The
+    global order a layer stage takes is the model's: prefix tokens, then the grid row-major."""
+
+    grid: TileGrid
+    token_grid: tuple[int, int]
+    num_prefix: int
+
+    def counts(self) -> list[int]:
+        """Tokens each tile holds, in tile order."""
+        return [(r1 - r0) * (c1 - c0) + (self.num_prefix if tile == 0 else 0)
+                for tile, (r0, r1, c0, c1) in enumerate(self.grid.tile_boxes(*self.token_grid))]
+
+    def check(self, shapes: Sequence[Sequence[int]]) -> None:
+        """ValueError unless every tile's ``(N, n, C)`` holds exactly its share of the tokens."""
+        held = [int(shape[-2]) for shape in shapes]
+        if held != self.counts():
+            raise ValueError(f"the spatial stage's token tiles hold {held} tokens; a {self.token_grid} token grid "
+                             f"with {self.num_prefix} prefix tokens on {self.grid} tiles gives {self.counts()}")
+
+    def join(self, tiles: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Every tile's tokens ``(N, n_t, C)`` as the model's whole sequence ``(N, prefix + rows * cols, C)``."""
+        self.check([t.shape for t in tiles])
+        first, (rows, cols) = tiles[0], self.token_grid
+        batch, channels = first.shape[0], first.shape[-1]
+        full = first.new_empty((batch, self.num_prefix + rows * cols, channels))
+        full[:, :self.num_prefix] = first[:, :self.num_prefix]
+        image = full[:, self.num_prefix:].view(batch, rows, cols, channels)
+        for tile, (r0, r1, c0, c1) in enumerate(self.grid.tile_boxes(rows, cols)):
+            own = tiles[tile][:, self.num_prefix if tile == 0 else 0:]
+            image[:, r0:r1, c0:c1] = own.reshape(batch, r1 - r0, c1 - c0, channels)
+        return full
+
+    def split(self, grad: torch.Tensor, tile: int) -> torch.Tensor:
+        """Tile ``tile``'s part ``(N, n_t, C)`` of the whole sequence's gradient (the adjoint of ``join``)."""
+        rows, cols = self.token_grid
+        batch, channels = grad.shape[0], grad.shape[-1]
+        r0, r1, c0, c1 = self.grid.tile_box(tile, rows, cols)
+        image = grad[:, self.num_prefix:].reshape(batch, rows, cols, channels)[:, r0:r1, c0:c1]
+        own = image.reshape(batch, (r1 - r0) * (c1 - c0), channels)
+        return torch.cat([grad[:, :self.num_prefix], own], dim=1) if tile == 0 else own.contiguous()

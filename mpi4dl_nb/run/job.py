@@ -92,7 +92,8 @@ class TrainJob:
         the fix): the plan the runner runs, holding what was read."""
         self.options.placement.check()
         found = read_data(self)
-        model = self.model.spec(len(found.class_names), found.in_channels)
+        side = self.data.image_size if isinstance(self.data.image_size, int) else None
+        model = self.model.spec(len(found.class_names), found.in_channels, side if self.model.family.named else None)
         return TrainPlan(self.config, model, DataSpec.of(self.data, found, model.pool.tissue), self.training,
                          self.held_out, self.checkpoints, self.options)
 

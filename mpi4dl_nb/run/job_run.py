@@ -67,6 +67,7 @@ class JobSetup:
             note = load_weights(self.layers, read_weights(job.model.weights), model=self.record.model.label)
             if note is not None:
                 say_once(self.ctx, note)
+        self.freeze_blocks()
         for layer in self.layers:
             layer.to(job.training.torch_dtype)
         check_layout(job.config, self.layers, job.training.batch_size, job.data.volume_size or job.data.image_size)
@@ -79,6 +80,16 @@ class JobSetup:
             files = 2 if job.checkpoints.keep_best else 1        # the newest and the best one
             prepare_directory(directory, files * estimate_checkpoint_bytes(
                 state, len(tensors), job.training.optimizer.spec.state_slots))
+
+    def freeze_blocks(self) -> None:
+        """``--train-blocks K``: a ViT's blocks but the last K frozen (the line saying so printed once); a cut ViT
+        refused on spatial stages before work (its token tiles are not wired into the engine)."""
+        from ..models.vit import refuse_token_spatial_stage, train_last_blocks
+
+        refuse_token_spatial_stage(self.layers, self.job.config.spatial_size)
+        spec = self.record.model
+        if spec.train_blocks is not None:
+            say_once(self.ctx, train_last_blocks(self.layers, spec.train_blocks, spec.label))
 
     def open_data(self, exclude: Sequence[Path] = (), exclude_held_out: Sequence[Path] = ()) -> None:
         """The dataset (without ``exclude``; the held-out folder without ``exclude_held_out``), its split, the

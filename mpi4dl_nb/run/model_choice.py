@@ -126,6 +126,11 @@ class ModelChoice:
                                                   "(default bilinear)", None, choices=Upsampling.values(),
                                   group=groups.MODEL)
     slide_encoder: SlideEncoderChoice = field(default_factory=SlideEncoderChoice)
+    train_blocks: int | None = flag("--train-blocks", "fine-tune a vision transformer as foundation models are: "
+                                                      "train only its last K blocks, the final norm and the head "
+                                                      "(0: the norm and head alone), the rest frozen; default: "
+                                                      "train everything", None, parse=whole_number,
+                                    bounds=Bounds(0), metavar="K", group=groups.MODEL)
 
     def __post_init__(self) -> None:
         family, _ = split_model(self.model)
@@ -140,6 +145,11 @@ class ModelChoice:
                                              f"--model {self.model} takes pixels in [0, 1]: drop --normalize")
         if self.normalize != AUTO:
             Normalization.parse(self.normalize)
+        check_bounds(self)
+        if self.train_blocks is not None and not family.named:
+            raise ConfigError("--train-blocks", f"freezes all but the last blocks of a vision transformer; --model "
+                                                f"{self.model} has none (a timm ViT: --model "
+                                                f"timm:vit_small_patch16_224): drop --train-blocks")
         if self.pool is not PoolKind.AVG and family.dense:
             raise ConfigError("--pool", f"--pool {self.pool} replaces a classifier's global pool; --model {self.model} "
                                         f"outputs a class per pixel and pools nothing: drop --pool")
@@ -166,16 +176,17 @@ class ModelChoice:
             return pretrained_normalization(str(family), source or "")
         return Normalization.parse(self.normalize)
 
-    def spec(self, num_classes: int, in_channels: int = 3) -> ModelSpec:
+    def spec(self, num_classes: int, in_channels: int = 3, image_size: int | None = None) -> ModelSpec:
         """The network these flags name for ``num_classes`` classes of ``in_channels``-channel images (family
-        defaults for the sizes not given)."""
+        defaults for the sizes not given; a named model built for ``image_size``)."""
         sizes = self.sizes
         return ModelSpec.of(self.model, num_layers=sizes.num_layers, num_filters=sizes.num_filters,
                             num_classes=num_classes,
                             resnet_version=version_for_depth(sizes.num_layers, sizes.resnet_version),
                             in_channels=in_channels, norm=self.norm, upsampling=self.upsampling,
                             normalize=self.normalization(), weights=self.weights, pool=self.pool,
-                            slide_encoder=self.slide_encoder.spec())
+                            slide_encoder=self.slide_encoder.spec(), train_blocks=self.train_blocks,
+                            image_size=image_size)
 
 
 @dataclass(frozen=True)

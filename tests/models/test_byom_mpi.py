@@ -9,8 +9,8 @@ from tests.mpi.byom_exact import CHECKS
 from tests.support.battery import shared_job
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 
-MISSING = missing_modules("torchvision")
-JOB = None if MISSING else shared_job(5, "byom_exact", timeout=400)
+MISSING = missing_modules("torchvision", "timm")
+JOB = None if MISSING else shared_job(5, "byom_exact", timeout=600)
 
 
 @pytest.mark.parametrize("name", CHECKS)

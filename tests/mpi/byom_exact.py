@@ -1,7 +1,9 @@
 """MPI (5 ranks): your own model through ``train``: a torchvision ResNet-18 from a weights file of another number
 of classes, SP 2x2 + LP in float64, equals one process, and its checkpoint gives the model's own state dict; then
 the script of docs/your-own-model.md runs as written there (small: ``--steps 2 --image-size 64``) and ends with
-a slide map.
+a slide map; then a timm ViT-Tiny from a 224-px timm state dict at 32 px (position embeddings resampled, the
+1000-class head replaced) on 5 pipeline stages, with recomputation, and fine-tuned in its last blocks under zero
+bubble (frozen weights unchanged), each equal to one process.
 
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, then ``set_up_run``,
 ``build_trainer`` of run/job_run.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a
@@ -31,7 +33,7 @@ from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
 from tests.support.scratch import shared_temp_folder
-from tests.support.serial_training import train_one_process
+from tests.support.serial_training import matches_one_process, train_one_process
 
 STEPS = 2
 SIDE = 64
@@ -39,8 +41,16 @@ FLAGS = (f"--model torchvision:resnet18 --num-classes 2 --image-size {SIDE} --ba
          f"--dtype float64 --steps {STEPS} --no-progress --step-timeout 0 --lr 0.01").split()
 SP_LP = "--split-size 2 --spatial-size 1 --num-spatial-parts 4".split()
 TOLERANCE = 1e-9
+VIT = ("--model timm:vit_tiny_patch16_224 --num-classes 2 --image-size 32 --batch-size 5 --num-samples 10 --dtype "
+       f"float64 --steps {STEPS} --no-progress --step-timeout 0 --lr 0.01 --split-size 5 --spatial-size 0").split()
+VIT_RUNS = {   # a ViT from a timm state dict of the 224-px grid (position embeddings resampled) on 5 layer stages
+    "a ViT from a timm state dict on 5 pipeline stages (1F1B, recomputed blocks) equals one process":
+        "--parts 5 --schedule 1f1b --checkpoint-activations every",
+    "a ViT fine-tuned in its last 2 blocks (--train-blocks 2, zero bubble) equals one process, the rest unchanged":
+        "--parts 5 --schedule zb1 --train-blocks 2",
+}
 CHECKS = ("losses equal one process", "model_state_dict loads into torchvision strictly",
-          "the docs script runs as written and ends with a slide map")
+          "the docs script runs as written and ends with a slide map", *VIT_RUNS)
 DOC = Path(__file__).resolve().parents[2] / "docs" / "your-own-model.md"
 SCRIPT_MARK = "<!-- script: your_own_model.py -->"
 
@@ -53,6 +63,36 @@ def one_process(setup: JobSetup, weights: Path) -> tuple[list[float], dict[str, 
     model = torch.nn.Sequential(*layers).to(torch.float64)
     losses = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
     return losses, model.state_dict()
+
+
+def vit_matches_one_process(ctx: dl.Context, checkpoint: Path, flags: str, weights: Path) -> str:
+    """Train the ViT with ``flags`` from ``weights`` (5 ranks), then on rank 0 in one process; the detail line."""
+    from mpi4dl_nb.models.pieces import original_state_dict
+    from mpi4dl_nb.models.vit import train_last_blocks
+
+    setup = set_up_run(parsed_plan([*VIT, *flags.split(), "--weights", str(weights), "--checkpoint-dir",
+                                    str(checkpoint)]), ctx)
+    summary = build_trainer(setup, None).run()
+    if ctx.rank != 0:
+        return ""
+    assert summary is not None
+    spec = setup.record.model
+    torch.manual_seed(setup.job.training.seed)
+    layers = spec.build(setup.job.data.image_size)
+    assert load_weights(layers, read_weights(weights), model=spec.label) is not None    # resampled, head replaced
+    if spec.train_blocks is not None:
+        train_last_blocks(layers, spec.train_blocks, spec.label)
+    model = torch.nn.Sequential(*layers).to(torch.float64)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    serial = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
+    detail = matches_one_process(summary.losses, dl.model_state_dict(checkpoint), serial,
+                                 original_state_dict(layers, model.state_dict()), TOLERANCE)
+    frozen = [k for k, p in model.named_parameters() if not p.requires_grad]
+    assert (spec.train_blocks is None) == (not frozen), frozen
+    assert all(torch.equal(model.state_dict()[k], start[k]) for k in frozen), "a frozen weight changed"
+    moved = [k for k, p in model.named_parameters() if p.requires_grad and not torch.equal(p, start[k])]
+    assert moved, "nothing trained"
+    return f"{detail}; {len(frozen)} frozen tensors unchanged"
 
 
 def docs_script() -> str:
@@ -133,6 +173,14 @@ def main(check: Checks) -> None:
                 probabilities = np.load(folder / "run" / "map.npy")
                 assert np.allclose(probabilities.sum(axis=0), 1.0) and (folder / "run" / "map.png").is_file()
                 result.detail = lines[-1]
+        vit_weights = folder / "vit.pth"
+        if ctx.rank == 0:
+            torch.manual_seed(2)
+            torch.save(__import__("timm").create_model("vit_tiny_patch16_224").state_dict(), vit_weights)
+        ctx.barrier()
+        for index, (name, flags) in enumerate(VIT_RUNS.items()):
+            with check(name) as result:
+                result.detail = vit_matches_one_process(ctx, folder / f"vit{index}", flags, vit_weights)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""Vision transformers on the command line (one process): ``--model timm:NAME`` trains at the run's image size with
+a timm state dict of another token grid (a line says its position embeddings were resampled) and ``--train-blocks``
+(a line says what trains; the checkpoint records it, and its size: evaluate rebuilds it without model flags);
+refused before work, naming the fix: an image side the patches do not tile, ``--train-blocks`` above the depth or
+with a model without blocks, a ViT on spatial stages."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mpi4dl_nb as dl
+from mpi4dl_nb.cli import evaluate_cmd, layout_cmd, train_cmd
+from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.run.job import TrainJob
+from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
+from tests.support.summary import json_record
+from tests.support.train_in_process import run_command
+
+MISSING = missing_modules("timm")
+VIT = ["--model", "timm:vit_tiny_patch16_224", "--num-classes", "2", "--batch-size", "2", "--num-samples", "4",
+       "--steps", "1", "--split-size", "1", "--spatial-size", "0", "--no-progress", "--dtype", "float64"]
+
+
+@pytest.fixture(autouse=True)
+def _libraries() -> None:
+    require_or_skip(MISSING, "timm's vision transformers", MODELS_EXTRA)
+
+
+def test_a_vit_trains_from_a_timm_state_dict_of_another_grid_in_its_last_blocks(tmp_path, capsys):
+    import timm
+
+    torch.manual_seed(0)
+    weights = tmp_path / "vit.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224").state_dict(), weights)   # 224 px, 1000 classes
+    code, out, err = run_command(train_cmd.main, [*VIT, "--image-size", "32", "--weights", str(weights),
+                                                  "--train-blocks", "1", "--checkpoint-dir", str(tmp_path / "c")],
+                                 capsys)
+    assert code == 0, err
+    assert "--weights: pos_embed holds a 14x14 token grid, the model 2x2 (--image-size): resampled" in err
+    assert "--train-blocks 1: training block 11, the final norm and the head of timm:vit_tiny_patch16_224" in err
+    summary = json_record(out)
+    assert summary["model"] == "timm:vit_tiny_patch16_224" and len(summary["losses"]) == 1
+    state = dl.model_state_dict(tmp_path / "c")
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=2, img_size=32).double()
+    model.load_state_dict(state, strict=True)
+    published = torch.load(weights)
+    assert torch.equal(state["blocks.3.attn.qkv.weight"], published["blocks.3.attn.qkv.weight"].double())  # frozen
+    assert not torch.equal(state["blocks.11.mlp.fc1.weight"], published["blocks.11.mlp.fc1.weight"].double())
+    code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(tmp_path / "c"), "--split-size", "1",
+                                                     "--spatial-size", "0", "--num-samples", "4"], capsys)
+    assert code == 0 and json_record(out, "{\"checkpoint\"")["count"] == 4, err     # rebuilt at its token grid
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--image-size", "40"], "--image-size: 40: timm:vit_tiny_patch16_224 cuts images into 16x16-pixel patches, so "
+                             "the side must be a multiple of 16: use 32 or 48"),
+    (["--image-size", "32", "--train-blocks", "13"], "--train-blocks: 13: timm:vit_tiny_patch16_224 has 12 blocks; "
+                                                     "use at most 12"),
+])
+def test_what_a_vit_cannot_run_is_refused_before_the_first_step(capsys, flags, message):
+    code, out, err = run_command(train_cmd.main, [*VIT, *flags], capsys)
+    assert code == 2 and message in err and not out, err
+
+
+def test_train_blocks_is_refused_for_a_model_without_blocks_and_below_zero():
+    with pytest.raises(ConfigError, match="--train-blocks: freezes all but the last blocks .* --model resnet has none"):
+        TrainJob.of(model="resnet", train_blocks=2)
+    with pytest.raises(ConfigError, match="--train-blocks: must be a number >= 0, got -1"):
+        TrainJob.of(model="timm:vit_tiny_patch16_224", train_blocks=-1)
+    with pytest.raises(ConfigError, match="--train-blocks: .*timm:resnet18 is not one"):
+        from mpi4dl_nb.models.spec import ModelSpec
+        from mpi4dl_nb.models.vit import train_last_blocks
+
+        spec = ModelSpec.of("timm:resnet18", num_classes=2, train_blocks=1)
+        train_last_blocks(spec.build(32), 1, spec.label)
+
+
+def test_a_vit_on_spatial_stages_is_refused_naming_the_layer_stages(capsys):
+    code, _, err = run_command(layout_cmd.main, ["--model", "timm:vit_tiny_patch16_224", "--num-classes", "2",
+                                                 "--image-size", "64", "--split-size", "2", "--spatial-size", "1",
+                                                 "--num-spatial-parts", "4"], capsys)
+    assert code == 2 and "ViT spatial stage: needs token tiles" in err and "--spatial-size 0" in err, err
