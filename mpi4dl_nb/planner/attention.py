@@ -3,10 +3,10 @@ holds in flight, its extra work (pure: no torch, no MPI).
 
 A ViT's blocks on a tile grid hold, on each rank, the tokens of its tile (the class and register tokens on ring
 member 0). Everything in a block but attention acts per token, so a rank's block allocates what the block
-allocates on its own tokens; ring attention adds what travels: at ring step ``s`` member ``r`` computes its
-queries against the key/value block of member ``(r - s) mod P`` while it receives the next one, so a member's
-forward sends every block but its successor's once (keys and values: ``2 (N - n_{r+1}) C`` values, about
-``2 (N/P) C (P-1)``), and its backward sends keys and values around again with their gradients (twice that).
+allocates on its own tokens; ring attention adds what travels (``spatial/ring_steps.py``: at ring step ``s``
+member ``r`` computes its queries against the key/value block of member ``(r - s) mod P`` while it receives
+the next one): a member's forward sends every block but its successor's once (keys and values, about
+``2 (N/P) C (P-1)`` values), its backward the same again and every block's gradient accumulator (about twice).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..spatial.geometry import TileGrid
+from ..spatial.ring_steps import RingSchedule, ring_traffic
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,18 @@ class TokenGrid:
         return tuple(counts)
 
 
-def block_at(member: int, step: int, members: int) -> int:
-    """Whose key/value block member ``member`` holds at ring step ``step`` (its own at step 0)."""
-    return (member - step) % members
-
-
 @dataclass(frozen=True)
 class RingCost:
-    """One attention layer of one ring member, one sample (bytes at ``element_bytes`` per value).
+    """One attention layer of one ring member, one sample (bytes).
 
-    ``sent_forward``/``sent_backward``: bytes the member sends in the layer's forward and backward (keys and
-    values; in backward also their gradients); ``messages_*``: how many messages; ``in_flight_forward``: the
-    next key/value block received while the current one is used (the largest block: buffers are reused);
-    ``in_flight_backward``: the same with the travelling key/value gradients; ``score_block``: one block of
-    attention scores (heads x own queries x the largest block); ``extra_keys``: keys the member attends to
-    beyond its own (what its attention computes more than on its tokens alone)."""
+    ``sent_forward``/``sent_backward``: bytes the member sends in the layer's forward and backward
+    (``ring_steps.ring_traffic``: keys and values; in backward also their gradient accumulators);
+    ``messages_*``: how many exchanges it posts (one packed key/value block per step, and one gradient
+    accumulator per step in backward); ``in_flight_forward``: the packed copy of its own block and the next
+    block arriving while the current one is used (the largest: buffers of every size are made per step);
+    ``in_flight_backward``: the same with a travelling gradient accumulator and the one arriving;
+    ``score_block``: one block of attention scores (heads x own queries x the largest block); ``extra_keys``:
+    keys the member attends to beyond its own (what its attention computes more than on its tokens alone)."""
 
     member: int
     queries: int
@@ -69,23 +67,28 @@ class RingCost:
         return self.keys - self.queries
 
 
-def ring_cost(tokens: Sequence[int], member: int, dim: int, heads: int, element_bytes: int) -> RingCost:
+def ring_cost(tokens: Sequence[int], member: int, dim: int, heads: int, element_bytes: int,
+              gradient_bytes: int | None = None) -> RingCost:
     """``RingCost`` of ``member`` in a ring whose members hold ``tokens`` (one entry per member), attention of
-    width ``dim`` (heads x head size) over ``heads`` heads."""
-    members = len(tokens)
+    width ``dim`` (heads x head size) over ``heads`` heads, values of ``element_bytes`` (the travelling
+    gradients of ``gradient_bytes``, default the same)."""
+    counts = tuple(tokens)
+    members = len(counts)
     if not 0 <= member < members:
         raise ValueError(f"member {member} of a ring of {members}")
-    sent_blocks = [tokens[block_at(member, step, members)] for step in range(members - 1)]
-    kv = 2 * dim * element_bytes                      # one token's key and value
-    largest = max(tokens)
-    forward = kv * sum(sent_blocks)
+    grad = element_bytes if gradient_bytes is None else gradient_bytes
+    sent = ring_traffic(counts, member, dim * element_bytes, dim * grad)
+    arriving = max((counts[step.arriving] for step in RingSchedule(members, member).steps
+                    if step.arriving is not None), default=0)
+    kv, kv_grad = 2 * dim * element_bytes, 2 * dim * grad
+    ring = members > 1
     return RingCost(
-        member=member, queries=tokens[member], keys=sum(tokens),
-        sent_forward=forward, sent_backward=2 * forward,
-        messages_forward=2 * len(sent_blocks), messages_backward=4 * len(sent_blocks),
-        in_flight_forward=kv * largest if members > 1 else 0,
-        in_flight_backward=2 * kv * largest if members > 1 else 0,
-        score_block=heads * tokens[member] * largest * element_bytes)
+        member=member, queries=counts[member], keys=sum(counts),
+        sent_forward=sent.forward, sent_backward=sent.backward,
+        messages_forward=members - 1, messages_backward=2 * members - 1 if ring else 0,
+        in_flight_forward=kv * (counts[member] + arriving) if ring else 0,
+        in_flight_backward=(kv * (counts[member] + arriving) + 2 * kv_grad * max(counts)) if ring else 0,
+        score_block=heads * counts[member] * max(counts) * element_bytes)
 
 
 def attention_flops(queries: int, keys: int, dim: int) -> float:

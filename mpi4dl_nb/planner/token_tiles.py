@@ -76,10 +76,10 @@ def ring_terms(widths: Sequence[AttentionWidth], tokens: Sequence[int], member: 
         return RingTerms(0, 0, Traffic(), Traffic())
     forward = Traffic(messages=sum(c.messages_forward for c in costs),
                       message_bytes=samples * sum(c.sent_forward for c in costs),
-                      exchanges=sum(c.messages_forward // 2 for c in costs))
+                      exchanges=sum(c.messages_forward for c in costs))
     backward = Traffic(messages=sum(c.messages_backward for c in costs),
                        message_bytes=samples * sum(c.sent_backward for c in costs),
-                       exchanges=sum(c.messages_backward // 4 for c in costs))
+                       exchanges=sum(c.messages_backward for c in costs))
     return RingTerms(samples * max(c.in_flight_forward for c in costs),
                      samples * max(c.in_flight_backward for c in costs), forward, backward)
 
