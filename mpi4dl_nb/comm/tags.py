@@ -9,6 +9,8 @@ range          name             what
                                 (``Context.send``'s default tag 0 lies here)
 7100 .. 7107   ``HALO``         halo exchange (``spatial/halo.py``): rows / columns x forward /
                                 backward x towards the previous / next tile
+7108 .. 7111   ``RING``         ring attention (``spatial/ring_attention.py``): key/value blocks
+                                forward, again backward, and their travelling gradients
 24576 .. 32767 ``PIPELINE``     stage-to-stage payloads (``pipeline/schedules.py``): four classes
                                 (activation / gradient x primary / GEMS mirror) of
                                 ``PIPELINE_SPAN`` tags each, micro-batch x local-DP copy
@@ -52,9 +54,10 @@ class TagRange:
 
 USER = TagRange("user", 0, 4096)
 HALO = TagRange("halo", 7100, 8)
+RING = TagRange("ring", 7108, 4)
 PIPELINE_SPAN = 2048
 PIPELINE = TagRange("pipeline", 24576, 4 * PIPELINE_SPAN)
-RANGES: tuple[TagRange, ...] = (USER, HALO, PIPELINE)
+RANGES: tuple[TagRange, ...] = (USER, HALO, RING, PIPELINE)
 
 
 def check_ranges(ranges: Sequence[TagRange]) -> None:
