@@ -5,7 +5,8 @@ from tiles, and that map placed on the slide at the trunk's output stride.
 gave each cell; they sum to 1 over the canvas). ``max`` heads: for each cell, the share of the feature channels
 whose maximum over the canvas lies there (the position whose features reached the classifier; ties go to the
 first position in row-major order, as the pool breaks them; channels constant over the canvas left out), so the map
-also sums to 1 over the canvas.
+also sums to 1 over the canvas. A slide encoder (``--slide-encoder``): the class token's attention to each cell in its
+last block, averaged over the heads (``class attention``; it sums to 1 less the class token's attention to itself).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..models.pools import PoolKind
 TOP_PERCENTILE = 95.0      # the GeoJSON traces cells at or above this percentile of the map over the canvas ...
 TOP_MASS = 0.5             # ... that are also among the fewest highest cells holding this share of the map's sum
 MAP_NAMES = {PoolKind.ATTENTION: "attention", PoolKind.MAX: "max share"}
+CLASS_MAP_NAME = "class attention"     # the slide encoder's class token over the cells
 
 
 def looks(pool: PoolKind) -> bool:
@@ -32,6 +34,12 @@ def looks(pool: PoolKind) -> bool:
 def attention_weights(scores: torch.Tensor) -> np.ndarray:
     """The attention logits of every cell of a canvas (H', W') as the pool's softmax weights (float64, sum 1)."""
     return torch.softmax(scores.to(torch.float64).flatten(), 0).view(scores.shape).numpy()
+
+
+def class_attention_cells(weights: torch.Tensor, shape: tuple[int, int]) -> np.ndarray:
+    """The class token's attention (heads, 1 + H' * W': itself first, then the cells row-major) as a (H', W') map of
+    the cells, averaged over the heads (float64)."""
+    return weights.to(torch.float64).mean(0)[1:].reshape(shape).numpy()
 
 
 def tile_extrema(features: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

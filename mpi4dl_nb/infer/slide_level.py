@@ -16,7 +16,7 @@ from ..config import ConfigError
 from ..data.canvas import SlideCanvases
 from ..data.pathology import bounds_of
 from ..spatial.geometry import TileGrid
-from .attention_map import MAP_NAMES, on_slide
+from .attention_map import CLASS_MAP_NAME, MAP_NAMES, on_slide
 from .cohort import CohortSummary, SlideResult
 from .job import CheckedInfer, InferJob
 from .slide_list import SlideSource
@@ -46,18 +46,22 @@ def open_canvas(model: WholeSlideModel, slide: SlideSource, level: int, mpp: flo
 
 def finish_slide(job: InferJob, model: WholeSlideModel, canvases: SlideCanvases,
                  prediction: SlidePrediction) -> dict[str, object]:
-    """Rank 0: the slide's map written (attention/max heads); its columns of the summary table (the canvas's tissue
-    share and the share of the tissue it cut, as training reports them, and the map's)."""
+    """Rank 0: the slide's maps written (attention/max heads, a slide encoder's class token); its columns of the
+    summary table (the canvas's tissue share and the share of the tissue it cut, as training reports them, and the
+    maps': the pool's as ``map``, ``regions``, ``threshold``, the class token's with ``class_`` before them)."""
     placement = canvases.placements[0]
     shares: dict[str, object] = {"tissue_share": round(placement.tissue_share, 4),
                                  "cut_share": round(placement.cut_share, 4)}
-    if prediction.cells is None:
-        return shares
-    name = MAP_NAMES[model.pool]
-    looked = on_slide(prediction.cells, placement)
-    level0_per_pixel = bounds_of(canvases.slide(0)).width / placement.extent[0]
-    cells = slide_placement(placement, looked.stride, level0_per_pixel, canvases.choices[0].mpp)
-    return {**shares, **write_slide_map(job.output_folder, canvases.names[0], name, looked, cells)}
+    maps = [(name, prefix, cells) for name, prefix, cells in ((MAP_NAMES.get(model.pool), "", prediction.cells),
+                                                              (CLASS_MAP_NAME, "class_", prediction.class_cells))
+            if name is not None and cells is not None]
+    for name, prefix, cells in maps:
+        looked = on_slide(cells, placement)
+        level0_per_pixel = bounds_of(canvases.slide(0)).width / placement.extent[0]
+        where = slide_placement(placement, looked.stride, level0_per_pixel, canvases.choices[0].mpp)
+        written = write_slide_map(job.output_folder, canvases.names[0], name, looked, where)
+        shares.update({f"{prefix}{key}": value for key, value in written.items()})
+    return shares
 
 
 def predict_slide(job: InferJob, network: CanvasNetwork, slide: SlideSource,

@@ -1,6 +1,7 @@
 """A whole-slide model on one slide: its canvas placed as training placed it, the network on the canvas's tiles (one per
 rank) or whole (one process), the slide's class probabilities and, for attention and max heads, the map of where it
-looked, gathered on rank 0."""
+looked, gathered on rank 0; a head with a slide encoder runs on the gathered cells, as on training's layer rank, and
+gives the class token's attention over them too."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from ..models.head import ClassifierHead
 from ..models.named_pool import PooledMap
 from ..models.pieces import Piece
 from ..models.pools import PoolKind
+from ..models.slide_encoder import SlideEncoder
 from ..spatial.geometry import TileGrid
 from .attention_map import (
     attention_weights,
     canvas_positions,
+    class_attention_cells,
     first_maxima,
     looks,
     max_shares,
@@ -66,6 +69,16 @@ class WholeSlideModel:
         """The module that pools the trunk's cells (see ``slide_pool``)."""
         return slide_pool(self.layers[-1])
 
+    @property
+    def encoder(self) -> SlideEncoder | None:
+        """The slide encoder before the pool (``--slide-encoder``), None without one."""
+        return slide_encoder(self.layers[-1])
+
+
+def slide_encoder(last: nn.Module) -> SlideEncoder | None:
+    """The slide encoder of a whole-slide network's last layer (a built-in ClassifierHead's), None without one."""
+    return last.encoder if isinstance(last, ClassifierHead) else None
+
 
 def slide_pool(last: nn.Module) -> nn.Module | None:
     """The pooling module in a whole-slide network's last layer: a built-in ClassifierHead's pool, or the pool
@@ -86,6 +99,9 @@ def load_whole_slide(checkpoint: str | Path, dtype: torch.dtype, check: bool = T
     if record.model.pool.multiple_instance and slide_pool(layers[-1]) is None:
         raise ConfigError("--checkpoint", f"{description.path}: its record says --pool {record.model.pool} but its "
                                           f"last layer ({type(layers[-1]).__name__}) holds no such pool")
+    if (record.model.slide_encoder is None) != (slide_encoder(layers[-1]) is None):
+        raise ConfigError("--checkpoint", f"{description.path}: its record and its last layer disagree on the slide "
+                                          f"encoder ({record.model.slide_encoder}); the file is not what train wrote")
     return WholeSlideModel(tuple(layers), description, record)
 
 
@@ -105,11 +121,13 @@ class SlidePrediction:
 
     probabilities: np.ndarray        # (classes,) float64
     cells: np.ndarray | None         # (H', W') float64, or None for a head without a map
+    class_cells: np.ndarray | None = None   # (H', W') the slide encoder's class-token attention, None without one
 
 
 class CanvasNetwork:
     """The network on canvases: spatialized over ``grid`` when it has several tiles (one per rank of ``ctx``), with
-    hooks on the head that keep what the map needs of this rank's tile."""
+    hooks on the head that keep what the map needs of this rank's tile. A head with a slide encoder is kept whole: it
+    runs on the trunk's cells gathered from the tiles, on every rank (training runs it on a layer rank)."""
 
     def __init__(self, model: WholeSlideModel, grid: TileGrid, ctx: Comm, dtype: torch.dtype) -> None:
         from ..spatial.convert import spatialize
@@ -128,17 +146,35 @@ class CanvasNetwork:
                                                          f"({err.detail}); the canvas size is the checkpoint's, so "
                                                          f"choose a grid that divides it (the one it trained on) "
                                                          f"or run one process") from None
-        net: nn.Module = nn.Sequential(*model.layers)
+        layers = list(model.layers)
+        head = layers.pop() if model.encoder is not None else None
+        net: nn.Module = nn.Sequential(*layers)
         if grid.num_tiles > 1:
             net = spatialize(net, grid, ctx, image_size=(size, size))
         self.net = net.to(ctx.device).eval()
+        self.head = head.to(ctx.device).eval() if head is not None else None
         self.kept: list[torch.Tensor] = []
-        pool = slide_pool(list(self.net.children())[-1])
-        if model.pool is PoolKind.ATTENTION and pool is not None:
+        self.class_kept: list[torch.Tensor] = []
+        self.encoded_shape: tuple[int, int] = (0, 0)    # the cells (H', W') the slide encoder saw last
+        self.keep_maps(self.head if self.head is not None else list(self.net.children())[-1])
+
+    def keep_maps(self, last: nn.Module) -> None:
+        """Hooks on the head's pool (attention logits, or the max pool's input) and its slide encoder's class-token
+        attention, keeping what the maps need."""
+        pool = slide_pool(last)
+        if self.model.pool is PoolKind.ATTENTION and pool is not None:
             score = pool.get_submodule("w")        # AttentionMILPool's last 1x1 conv: the logits per cell
             score.register_forward_hook(lambda module, inputs, output: self.kept.append(output.detach()))
-        elif model.pool is PoolKind.MAX and pool is not None:
+        elif self.model.pool is PoolKind.MAX and pool is not None:
             pool.register_forward_pre_hook(lambda module, inputs: self.kept.append(inputs[0].detach()))
+        encoder = slide_encoder(last)
+        if encoder is not None:
+            encoder.register_forward_pre_hook(lambda module, inputs: self.see_cells(inputs[0]))
+            encoder.last_class_attention().register_forward_hook(
+                lambda module, inputs, output: self.class_kept.append(output.detach()))
+
+    def see_cells(self, cells: torch.Tensor) -> None:
+        self.encoded_shape = (int(cells.shape[-2]), int(cells.shape[-1]))
 
     def box(self) -> tuple[int, int, int, int] | None:
         """This rank's box of the canvas (None: the whole canvas, one process)."""
@@ -150,14 +186,37 @@ class CanvasNetwork:
         box = self.box()
         image = agreed(self.ctx, lambda: canvases.read(index, box)).to(self.dtype)   # a failed read stops all
         self.kept.clear()
+        self.class_kept.clear()
         with torch.no_grad():
-            logits = self.net(image[None].to(self.ctx.device))
+            logits = self.forward(image[None].to(self.ctx.device))
         probabilities = torch.softmax(logits.to(torch.float64), 1)[0].cpu().numpy()
-        part = self.part()
-        parts = self.ctx.gather_object(part, root=0)
+        if self.head is not None:          # the head saw the whole canvas's cells on every rank
+            if self.ctx.rank != 0:
+                return None
+            return SlidePrediction(probabilities, self.assemble([self.part()]), self.class_cells())
+        parts = self.ctx.gather_object(self.part(), root=0)
         if parts is None:
             return None
         return SlidePrediction(probabilities, self.assemble(parts))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        """The logits of ``image`` (this rank's tile, or the whole canvas): a slide encoder's head on the cells
+        gathered from every tile."""
+        out = self.net(image)
+        if self.head is None:
+            return out
+        if self.grid.num_tiles > 1:
+            from ..spatial.tiles import gather_tiles
+
+            out = gather_tiles(out, self.grid, self.ctx)
+        logits: torch.Tensor = self.head(out)
+        return logits
+
+    def class_cells(self) -> np.ndarray | None:
+        """The slide encoder's class-token attention over the canvas's cells (last block, mean over heads)."""
+        if not self.class_kept:
+            return None
+        return class_attention_cells(self.class_kept[-1][0].cpu(), self.encoded_shape)
 
     def part(self) -> TilePart | None:
         """What this rank's tile gives the map (None: the head has no map)."""

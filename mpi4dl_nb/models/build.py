@@ -11,6 +11,7 @@ from .resnet import resnet
 from .resnet3d import DEPTH as RESNET3D_DEPTH
 from .resnet3d import WIDTH as RESNET3D_WIDTH
 from .resnet3d import resnet3d, resnet3d_multiple
+from .slide_encoder import SlideEncoderSpec
 from .tissue import carry_tissue
 from .unet import unet
 from .unet3d import DEPTH as UNET3D_DEPTH
@@ -29,6 +30,7 @@ IMAGE_MULTIPLES = {"resnet": RESNET_IMAGE_MULTIPLE, "amoebanet": AMOEBANET_IMAGE
 
 
 VOLUME_MODELS = ("unet3d", "resnet3d")   # take (N, C, D, H, W)
+ENCODED_MODELS = ("resnet", "amoebanet")  # a ClassifierHead over a 2-D grid: a slide encoder fits before its pool
 
 
 def image_multiple(name: str, num_layers: int | None = None) -> int:
@@ -41,7 +43,8 @@ def image_multiple(name: str, num_layers: int | None = None) -> int:
 def build_model(name: str, *, num_layers: int | None = None, num_filters: int | None = None,
                 num_classes: int = 10, version: int = 2, in_channels: int = 3,
                 image_size: int | tuple[int, ...] | None = None, norm: str | None = None,
-                upsampling: str | None = None, pool: PoolKind = PoolKind.AVG) -> list[nn.Module]:
+                upsampling: str | None = None, pool: PoolKind = PoolKind.AVG,
+                slide_encoder: SlideEncoderSpec | None = None) -> list[nn.Module]:
     """Build model ``name`` as a list of splittable layers.
 
     ResNet: ``num_layers`` is the depth (v1 6n+2, v2 9n+2; default 110), ``num_filters`` the
@@ -52,17 +55,21 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     levels of 8 filters, ``upsampling`` 'trilinear'/'transposed'). ``resnet3d``: the 3-D ResNet trunk on volumes
     (``models/resnet3d.py``; ``num_layers`` 10, 18 (default) or 34, 8 filters, average pool only). ``image_size``
     (optional: a side, or a volume's (D, H, W)) is checked against the downsampling, every side. ``pool``: the
-    classifier head's global pool (``with_pool``).
+    classifier head's global pool (``with_pool``); ``slide_encoder``: transformer layers over the trunk's cells before
+    it (resnet and amoebanet only).
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if slide_encoder is not None and name not in ENCODED_MODELS:
+        raise ValueError(f"--slide-encoder: {name} has no classifier head over a 2-D feature grid; the slide encoder "
+                         f"is for {' and '.join(ENCODED_MODELS)}")
     layers_arg = DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers
     filters = DEFAULT_NUM_FILTERS[name] if num_filters is None else num_filters
     if image_size is not None:
         check_sides(name, image_size, image_multiple(name, layers_arg))
     if name == "resnet":
         return with_pool(resnet(layers_arg, num_classes, version=version, width=filters,
-                                in_channels=in_channels), pool, in_channels, image_multiple(name))
+                                in_channels=in_channels), pool, in_channels, image_multiple(name), slide_encoder)
     if name == "resnet3d":
         if PoolKind(pool) is not PoolKind.AVG:
             raise ValueError(f"--pool {pool}: resnet3d pools its volume by average only; use --pool avg")
@@ -77,7 +84,7 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
         return unet(layers_arg, filters, num_classes, in_channels=in_channels, norm=norm or "batch",
                     upsampling=upsampling or "bilinear")
     return with_pool(amoebanet(layers_arg, filters, num_classes, in_channels=in_channels), pool, in_channels,
-                     image_multiple(name))
+                     image_multiple(name), slide_encoder)
 
 
 def check_sides(name: str, image_size: int | tuple[int, ...], multiple: int) -> None:
@@ -95,17 +102,19 @@ def check_sides(name: str, image_size: int | tuple[int, ...], multiple: int) -> 
                              f"every side must be a multiple of {multiple}; use e.g. {fit} for {side}")
 
 
-def with_pool(layers: list[nn.Module], pool: PoolKind, in_channels: int, multiple: int) -> list[nn.Module]:
-    """``layers`` (a trunk and its ClassifierHead) with the head pooling as ``pool``: average keeps them as they
-    are; tissue-mean also wraps every trunk layer so the tissue mask (an input channel after the image's
-    ``in_channels``) travels to the head (``models/tissue.py``)."""
+def with_pool(layers: list[nn.Module], pool: PoolKind, in_channels: int, multiple: int,
+              slide_encoder: SlideEncoderSpec | None = None) -> list[nn.Module]:
+    """``layers`` (a trunk and its ClassifierHead) with the head pooling as ``pool`` (after ``slide_encoder``, if
+    any): average without an encoder keeps them as they are; tissue-mean also wraps every trunk layer so the tissue
+    mask (an input channel after the image's ``in_channels``) travels to the head (``models/tissue.py``)."""
     kind = PoolKind(pool)
-    if kind is PoolKind.AVG:
+    if kind is PoolKind.AVG and slide_encoder is None:
         return layers
     *trunk, head = layers
     assert isinstance(head, ClassifierHead), "resnet and amoebanet end in a ClassifierHead"
     new_head = ClassifierHead(head.fc.in_features, head.fc.out_features, norm=isinstance(head.norm, nn.BatchNorm2d),
-                              relu=isinstance(head.relu, nn.ReLU), pool=kind).to(head.fc.weight.dtype)
+                              relu=isinstance(head.relu, nn.ReLU), pool=kind,
+                              encoder=slide_encoder).to(head.fc.weight.dtype)
     if kind.tissue:
         trunk = carry_tissue(trunk, in_channels, 2 * multiple)
     return [*trunk, new_head]

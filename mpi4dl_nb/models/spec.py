@@ -12,6 +12,7 @@ from .external import external_layers
 from .named_pool import with_named_pool
 from .normalize import Normalization
 from .pools import PoolKind
+from .slide_encoder import SlideEncoderSpec
 
 
 class ModelFamily(Choice):
@@ -79,19 +80,21 @@ class ModelSpec:
     normalize: Normalization | None = None   # the input normalisation the model starts with (named families)
     weights: str | None = None             # the pretrained weights file the run started from (provenance only)
     pool: PoolKind = PoolKind.AVG          # the classifier head's global pool (--pool); tissue-mean: +1 input channel
+    slide_encoder: SlideEncoderSpec | None = None   # transformer layers before the head's pool (--slide-encoder)
 
     @classmethod
     def of(cls, family: ModelFamily | str = ModelFamily.RESNET, *, num_layers: int | None = None,
            num_filters: int | None = None, num_classes: int = 10, resnet_version: int = 2,
            in_channels: int = 3, norm: str | None = None, upsampling: str | None = None,
            normalize: Normalization | None = None, weights: str | None = None,
-           pool: PoolKind | str = PoolKind.AVG) -> ModelSpec:
+           pool: PoolKind | str = PoolKind.AVG, slide_encoder: SlideEncoderSpec | None = None) -> ModelSpec:
         """``family`` with its default depth and width where not given (the version kept for ResNet only, the
         norm and up-sampling for the U-Net only: default 'batch' and 'bilinear'). ``family`` may name a model
         (``torchvision:resnet50``, ``timm:NAME``, ``package.module:callable``): it has no sizes, it may start with
         a ``normalize`` step and record the ``weights`` file it started from. ``pool`` (the head's global pool)
         other than average: any classifier (a named one's global average pool is replaced, ``models/named_pool.py``);
-        tissue-mean: ResNet and AmoebaNet only (ValueError naming them)."""
+        tissue-mean: ResNet and AmoebaNet only (ValueError naming them). ``slide_encoder``: transformer layers over the
+        trunk's cells before the pool, ResNet and AmoebaNet only."""
         kind, source = (family, None) if isinstance(family, ModelFamily) else split_model(family)
         pooling = PoolKind(pool)
         if pooling is not PoolKind.AVG and kind.dense:
@@ -100,6 +103,9 @@ class ModelSpec:
         if pooling.tissue and kind.named:
             raise ValueError(f"--pool {pooling}: only the built-in classifiers (--model resnet or amoebanet) carry "
                              f"the tissue mask through their trunk; a {kind} model takes --pool max or attention")
+        if slide_encoder is not None and kind not in (ModelFamily.RESNET, ModelFamily.AMOEBANET):
+            raise ValueError(f"--slide-encoder: only the built-in classifiers (--model resnet or amoebanet) have the "
+                             f"head it goes in; a {kind} model takes none (drop --slide-encoder)")
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
                        weights=weights, pool=pooling)
@@ -109,7 +115,7 @@ class ModelSpec:
                    resnet_version if kind.versioned else None, in_channels,
                    (norm or "batch") if dense else None,
                    (upsampling or ("trilinear" if kind.volumetric else "bilinear")) if dense else None,
-                   pool=pooling)
+                   pool=pooling, slide_encoder=slide_encoder)
 
     @property
     def image_multiple(self) -> int:
@@ -141,7 +147,7 @@ class ModelSpec:
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
                            in_channels=self.in_channels, image_size=image_size, norm=self.norm,
-                           upsampling=self.upsampling, pool=self.pool)
+                           upsampling=self.upsampling, pool=self.pool, slide_encoder=self.slide_encoder)
 
     def describe(self) -> str:
         """``resnet v1 8 layers x 4 filters, 2 classes``."""
@@ -156,8 +162,9 @@ class ModelSpec:
             return (f"{self.family} depth {self.num_layers} width {self.num_filters} ({self.norm} norm, "
                     f"{self.upsampling}), {self.num_classes} classes{channels}")
         pooled = f", {self.pool} pool" if self.pool is not PoolKind.AVG else ""
+        encoded = f", {self.slide_encoder.describe()}" if self.slide_encoder is not None else ""
         return (f"{self.family}{version} {self.num_layers} layers x {self.num_filters} filters, "
-                f"{self.num_classes} classes{channels}{pooled}")
+                f"{self.num_classes} classes{channels}{encoded}{pooled}")
 
     def to_dict(self) -> dict[str, object]:
         """Plain values for a checkpoint (loadable with ``weights_only``) or JSON."""
@@ -165,7 +172,8 @@ class ModelSpec:
                 "num_classes": self.num_classes, "resnet_version": self.resnet_version,
                 "in_channels": self.in_channels, "norm": self.norm, "upsampling": self.upsampling,
                 "source": self.source, "normalize": None if self.normalize is None else self.normalize.to_dict(),
-                "weights": self.weights, "pool": str(self.pool)}
+                "weights": self.weights, "pool": str(self.pool),
+                "slide_encoder": None if self.slide_encoder is None else self.slide_encoder.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
@@ -177,7 +185,7 @@ class ModelSpec:
                    whole(data, "num_classes"), optional_whole(data, "resnet_version"),
                    whole(data, "in_channels", 3), _optional_name(data, "norm"), _optional_name(data, "upsampling"),
                    _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"),
-                   pool_of(data))
+                   pool_of(data), slide_encoder_of(data))
 
 
 NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)
@@ -227,6 +235,16 @@ def pool_of(data: Mapping[str, object]) -> PoolKind:
         return PoolKind(value or PoolKind.AVG)
     except ValueError:
         raise ValueError(f"field 'pool': {value!r} is not one of {', '.join(PoolKind.values())}") from None
+
+
+def slide_encoder_of(data: Mapping[str, object]) -> SlideEncoderSpec | None:
+    """The ``slide_encoder`` field ``to_dict`` wrote (None when missing: checkpoints from before it)."""
+    value = data.get("slide_encoder")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"field 'slide_encoder': expected a mapping, got {value!r}")
+    return SlideEncoderSpec.from_dict(value)
 
 
 def _optional_name(data: Mapping[str, object], key: str) -> str | None:

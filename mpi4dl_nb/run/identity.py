@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # field -> the flags that set it (named in messages); a later issue may add fields here
 FIELD_FLAGS: dict[str, str] = {
-    "model": "--model/--resnet-version/--num-layers/--num-filters/--num-classes",
+    "model": "--model/--resnet-version/--num-layers/--num-filters/--num-classes/--slide-encoder*",
     "dtype": "--dtype",
     "image_size": "--image-size",
     "batch_size": "--batch-size",
@@ -123,8 +123,9 @@ def model_fingerprint(spec: ModelSpec, layers: Sequence[nn.Module]) -> str:
     if spec.family.named:
         return f"{spec.label}, {spec.num_classes} classes [{digest(shapes)}]"
     version = f" v{spec.resnet_version}" if spec.resnet_version else ""
+    encoded = f", {spec.slide_encoder.describe()}" if spec.slide_encoder is not None else ""   # heads: no shape
     return (f"{spec.family}{version}, {spec.num_layers} layers, {spec.num_filters} filters, "
-            f"{spec.num_classes} classes [{digest(shapes)}]")
+            f"{spec.num_classes} classes{encoded} [{digest(shapes)}]")
 
 
 def saved_task(identity: Mapping[str, object]) -> Task:

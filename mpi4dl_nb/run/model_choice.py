@@ -11,6 +11,7 @@ from ..models.external import pretrained_normalization
 from ..models.normalize import Normalization
 from ..models.pools import PoolKind
 from ..models.resnet import version_for_depth
+from ..models.slide_encoder import DEFAULT_HEADS, DEFAULT_LAYERS, SlideEncoderKind, SlideEncoderSpec
 from ..models.spec import ModelFamily, ModelSpec, parse_model_name, split_model
 from ..models.unet import UNetNorm, Upsampling
 from ..schema import Bounds, check_bounds, flag, whole_number
@@ -67,6 +68,38 @@ class ModelSizes:
 
 
 @dataclass(frozen=True)
+class SlideEncoderChoice:
+    """``--slide-encoder transformer`` with its ``--slide-encoder-layers`` and ``--slide-encoder-heads`` (None: no
+    encoder; the sizes None: their defaults), transformer layers between the trunk and the head's pool."""
+
+    kind: SlideEncoderKind | None = flag(
+        "--slide-encoder", "transformer layers over the trunk's cells before the head's pool (resnet, amoebanet): each "
+                           "cell a token with its 2-D position in the whole grid, a learned class token; the "
+                           "classifier reads the class token beside --pool's pool of the encoded cells; runs on a "
+                           "layer rank (keep --split-size above --spatial-size) or one process", None,
+        parse=SlideEncoderKind, choices=SlideEncoderKind.values(), group=groups.MODEL)
+    layers: int | None = flag("--slide-encoder-layers", f"transformer blocks of --slide-encoder (default "
+                                                        f"{DEFAULT_LAYERS})", None, parse=whole_number,
+                              bounds=AT_LEAST_ONE, group=groups.MODEL)
+    heads: int | None = flag("--slide-encoder-heads", f"attention heads of --slide-encoder (default {DEFAULT_HEADS}; "
+                                                      f"they must divide the trunk's output channels)", None,
+                             parse=whole_number, bounds=AT_LEAST_ONE, group=groups.MODEL)
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        for flag_name, value in (("--slide-encoder-layers", self.layers), ("--slide-encoder-heads", self.heads)):
+            if value is not None and self.kind is None:
+                raise ConfigError(flag_name, f"sizes the slide encoder: add --slide-encoder transformer, or drop "
+                                             f"{flag_name}")
+
+    def spec(self) -> SlideEncoderSpec | None:
+        """The encoder these flags name (None: none)."""
+        if self.kind is None:
+            return None
+        return SlideEncoderSpec(self.layers or DEFAULT_LAYERS, self.heads or DEFAULT_HEADS, self.kind)
+
+
+@dataclass(frozen=True)
 class ModelChoice:
     """The network ``train`` builds: a family (sized) or a named model, the weights it starts from, the input
     normalisation they expect, the classifier's pool, a U-Net's layers."""
@@ -92,6 +125,7 @@ class ModelChoice:
     upsampling: str | None = flag("--upsampling", "U-Net: bilinear up-sampling or 2x2 transposed convolutions "
                                                   "(default bilinear)", None, choices=Upsampling.values(),
                                   group=groups.MODEL)
+    slide_encoder: SlideEncoderChoice = field(default_factory=SlideEncoderChoice)
 
     def __post_init__(self) -> None:
         family, _ = split_model(self.model)
@@ -114,6 +148,10 @@ class ModelChoice:
                                         f"only this project's classifiers do (--model resnet or amoebanet); --model "
                                         f"{self.model} takes --pool max or attention (its global average pool "
                                         f"replaced)")
+        if self.slide_encoder.kind is not None and family not in (ModelFamily.RESNET, ModelFamily.AMOEBANET):
+            raise ConfigError("--slide-encoder", f"goes between the trunk and the classifier head of --model resnet or "
+                                                 f"amoebanet; --model {self.model} has no such head: use --model "
+                                                 f"resnet or amoebanet, or drop --slide-encoder")
 
     @property
     def family(self) -> ModelFamily:
@@ -136,7 +174,8 @@ class ModelChoice:
                             num_classes=num_classes,
                             resnet_version=version_for_depth(sizes.num_layers, sizes.resnet_version),
                             in_channels=in_channels, norm=self.norm, upsampling=self.upsampling,
-                            normalize=self.normalization(), weights=self.weights, pool=self.pool)
+                            normalize=self.normalization(), weights=self.weights, pool=self.pool,
+                            slide_encoder=self.slide_encoder.spec())
 
 
 @dataclass(frozen=True)

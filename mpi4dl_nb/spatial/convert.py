@@ -9,6 +9,8 @@ Custom containers keep their own ``forward`` —
 residual adds, gates, channel concatenation and element-wise ops work tile by tile because
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.
+timm's VisionTransformer and Eva run on token tiles (vit.py), timm's TF-"same" padded and weight-standardised
+convs and pools as spatial layers (same_padding.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
+from .same_padding import convert_same_padded
+from .vit import convert_transformer_part
 
 
 def _check_guarded(module: nn.Module, name: str) -> None:
@@ -59,6 +63,11 @@ class _Converter:
 
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
+        if kind.__module__.startswith("timm."):   # (timm imported only for timm's own classes)
+            timm_layer = convert_transformer_part(module, name, runtime, self) \
+                or convert_same_padded(module, runtime, name)
+            if timm_layer is not None:   # a ViT or its attention (vit.py), same-padded layers (same_padding.py)
+                return timm_layer
         conversion = SPATIAL_LAYERS.get(kind)
         if conversion is not None and conversion.axes in (None, runtime.grid.ndim):
             converted = conversion.make(module, runtime, name)
@@ -109,8 +118,9 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     Input: this rank's tile ``(N, C, h, w)``, on a volume's grid ``(N, C, d, h, w)``
     (``dl.scatter_tiles``); output: the owned tile
     of the output (``grid.tile_box`` of the output size), or the replicated result after a
-    global average pool. ``group``: the tile ranks (``group.ranks[t]`` holds tile ``t``);
-    None means the world. Only tile neighbours and ``group`` collectives communicate.
+    global average pool (a timm ViT's: its logits or pooled features, the same on every rank).
+    ``group``: the tile ranks (``group.ranks[t]`` holds tile ``t``); None means the world. Only tile
+    neighbours and ``group`` collectives communicate.
     ``image_size`` (H, W), when given, spares one small all-gather per forward.
     ``halo_d2``/``fused_layers``: one wider halo exchange per run of ``fused_layers``
     windowed layers inside each nn.Sequential (see fused.py). ``elementwise``: your module

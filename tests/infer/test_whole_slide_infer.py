@@ -30,7 +30,7 @@ from mpi4dl_nb.infer.attention_map import (
 from mpi4dl_nb.infer.slide_list import list_slides
 from mpi4dl_nb.infer.slide_outputs import SLIDES_CSV, map_paths, read_slide_map
 from mpi4dl_nb.infer.whole_slide import load_whole_slide
-from tests.mpi.whole_slide_infer import POOLS
+from tests.mpi.whole_slide_infer import CASES, ENCODED, label_of
 from tests.support.battery import shared_job
 from tests.support.infer_data import make_checkpoint
 from tests.support.whole_slide_model import structure_detector
@@ -242,9 +242,10 @@ def test_a_canvas_map_lands_on_the_slide_at_its_corner_in_strides():
 
 
 def test_the_four_rank_inference_equals_one_process(shared_launch):
-    names = [f"--pool {pool}: {what}" for pool in POOLS for what in ("each rank reads its tile",
-                                                                      "probabilities equal one process")]
-    names += [f"--pool {pool}: map equals one process" for pool in POOLS]
+    names = [f"{label_of(case)}: {what}" for case in CASES for what in ("each rank reads its tile",
+                                                                         "probabilities equal one process",
+                                                                         "map equals one process")]
+    names += [f"{ENCODED}: class attention equals one process"]
     shared_launch(JOB).require_clean(names)
 
 
@@ -361,3 +362,41 @@ def test_a_torchvision_model_with_a_slide_pool_predicts_and_maps_as_one_forward(
         mapped = read_slide_map(map_paths(tmp_path / "out", slide.path.stem, label)[0]).values[0]
         values = np.sort(mapped[np.isfinite(mapped)])           # the 2x2 cells on the slide, float32
         assert values.shape == (4,) and np.abs(values - np.sort(looked.ravel())).max() < 1e-6
+
+
+def test_a_slide_encoder_s_class_attention_is_written_slide_aligned(cohort, tmp_path):
+    """``--slide-encoder transformer``: the class token's attention over the cells (last block, mean over heads) as
+    a slide-aligned OME-TIFF beside the attention pool's map, one process, float64; its values the attention
+    recomputed from the last block's input (float32 in the file)."""
+    import tifffile
+
+    from mpi4dl_nb.infer.attention_map import CLASS_MAP_NAME
+    from mpi4dl_nb.infer.slide_level import open_canvas
+    from mpi4dl_nb.models.slide_encoder import SlideEncoderSpec
+    from tests.mpi.whole_slide_infer import class_reference
+    from tests.support.whole_slide_model import random_whole_slide
+
+    manifest, slides = cohort
+    checkpoint = random_whole_slide(tmp_path / "c", "attention", SIZE, MPP, encoder=SlideEncoderSpec(2, 2))
+    model = load_whole_slide(checkpoint, torch.float64)
+    assert infer_cmd.main(["--checkpoint", str(checkpoint), "--cohort", str(manifest), "--output",
+                           str(tmp_path / "out"), "--dtype", "float64", "--no-progress"]) == 0
+    for slide in slides:
+        tiff, geojson = map_paths(tmp_path / "out", slide.path.stem, CLASS_MAP_NAME)
+        assert tiff.name == f"{slide.path.stem}.class-attention.ome.tif" and geojson.exists()
+        assert map_paths(tmp_path / "out", slide.path.stem, "attention")[0].exists()     # the pool's map too
+        stored = read_slide_map(tiff)
+        with tifffile.TiffFile(slide.path) as source:
+            height, width = source.pages[0].shape[:2]
+        rows, cols = stored.values.shape[1:]
+        assert stored.names == (CLASS_MAP_NAME,) and stored.mpp == pytest.approx(MPP * STRIDE)
+        assert abs(rows * MPP * STRIDE - height * MPP) < STRIDE * MPP
+        assert abs(cols * MPP * STRIDE - width * MPP) < STRIDE * MPP
+        weights = stored.values[0]
+        assert 0 < np.isfinite(weights).sum() <= (SIZE // STRIDE) ** 2   # the canvas's cells that lie on the slide
+        assert 0.0 < np.nansum(weights) < 1.0       # the class token's attention to the cells (not to itself)
+        canvases = open_canvas(model, slide, 0, MPP, None)
+        wanted = on_slide(class_reference(model, canvases), canvases.placements[0]).values
+        canvases.close()
+        assert (np.isnan(wanted) == np.isnan(weights)).all()
+        assert np.nanmax(np.abs(wanted - weights)) < 1e-6

@@ -8,9 +8,10 @@ micro-batch), ``--accumulate N`` as one optimizer step over N batches (``train_o
 
 Checks: ``canvases read by tile`` (a spatial rank's slide reads are at most its tile, the layer rank reads none);
 ``--pool P --accumulate N equals one process`` for max and attention with 2 micro-steps per optimizer step and
-tissue-mean (the canvases carry their tissue mask) with 1 (losses and final weights, 1e-9); ``--pool P --accumulate
-N: train on one process equals the tiles``: the same command with ``--split-size 1 --spatial-size 0``, run by
-rank 0 alone (a context on its own communicator, as ``python -m mpi4dl_nb train`` on one process) has the tiles'
+tissue-mean (the canvases carry their tissue mask) with 1, and ``--slide-encoder transformer`` (2 layers, 4 heads on
+the 16 channels of the trunk) before an attention pool, 3 steps (losses and final weights, 1e-9); ``--pool P
+--accumulate N: train on one process equals the tiles``: the same command with ``--split-size 1 --spatial-size 0``,
+run by rank 0 alone (a context on its own communicator, as ``python -m mpi4dl_nb train`` on one process) has the tiles'
 losses, and every rank's weights (each stage it holds) equal its final weights (1e-9); ``patients on one side``
 (the split recorded in the checkpoint keeps each patient's slides on one side); ``canvases recorded``.
 """
@@ -43,22 +44,34 @@ FLAGS = ("--whole-slide --image-size 64 --mpp 2 --model resnet --resnet-version 
 ONE_PROCESS = "--split-size 1 --spatial-size 0".split()     # later flags win: the same run, the trunk untiled
 # the slide-level pools (the whole-slide average pool is the plain classifier path the engine battery covers);
 # accumulation over micro-batches on two of them (one job of 8 runs took two minutes)
-CASES = [("max", 2), ("tissue-mean", 1), ("attention", 2)]
+# the slide encoder (models/slide_encoder.py) on the layer rank, 3 steps as issue 52's acceptance runs it
+ENCODER, ENCODER_STEPS = "--slide-encoder transformer", 3
+CASES = [("max", 2, ""), ("tissue-mean", 1, ""), ("attention", 2, ""), ("attention", 1, ENCODER)]
 TOLERANCE = 1e-9
 
 
-def case_name(pool: str, accumulate: int) -> str:
-    return f"--pool {pool} --accumulate {accumulate} equals one process"
+def case_label(pool: str, accumulate: int, extra: str = "") -> str:
+    return f"{extra} --pool {pool}" if extra else f"--pool {pool} --accumulate {accumulate}"
 
 
-def case_argv(root: Path, pool: str, accumulate: int) -> list[str]:
+def case_name(pool: str, accumulate: int, extra: str = "") -> str:
+    return f"{case_label(pool, accumulate, extra)} equals one process"
+
+
+def case_steps(extra: str) -> int:
+    return ENCODER_STEPS if extra else STEPS
+
+
+def case_argv(root: Path, pool: str, accumulate: int, extra: str = "") -> list[str]:
     """``train``'s flags for one case (its own checkpoint folder)."""
+    tag = "-encoder" if extra else ""
     return [*FLAGS, "--pool", pool, "--accumulate", str(accumulate), "--cohort", str(root / "cohort" / "cohort.csv"),
-            "--checkpoint-dir", str(root / f"c-{pool}-{accumulate}")]
+            "--steps", str(case_steps(extra)), *extra.split(), "--checkpoint-dir",
+            str(root / f"c-{pool}-{accumulate}{tag}")]
 
 
-def cli_case_name(pool: str, accumulate: int) -> str:
-    return f"--pool {pool} --accumulate {accumulate}: train on one process equals the tiles"
+def cli_case_name(pool: str, accumulate: int, extra: str = "") -> str:
+    return f"{case_label(pool, accumulate, extra)}: train on one process equals the tiles"
 
 
 def train_on_one_process(argv: list[str]) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -84,19 +97,20 @@ def rank_weight_drift(engine: dl.HybridEngine, state: dict[str, torch.Tensor]) -
     return drift
 
 
-def check_one_process_cli(check: Checks, ctx: dl.Context, root: Path, case: tuple[str, int],
+def check_one_process_cli(check: Checks, ctx: dl.Context, root: Path, case: tuple[str, int, str],
                           run: TrainSummary | None, engine: dl.HybridEngine) -> None:
     """The case's command on one process (rank 0) against the tiles' losses and every rank's weights."""
-    pool, accumulate = case
-    with check(cli_case_name(pool, accumulate)) as result:
-        argv = [*case_argv(root, pool, accumulate), *ONE_PROCESS, "--checkpoint-dir", str(root / f"one-{pool}")]
+    pool, accumulate, extra = case
+    with check(cli_case_name(*case)) as result:
+        folder = root / f"one-{pool}{'-encoder' if extra else ''}"
+        argv = [*case_argv(root, *case), *ONE_PROCESS, "--checkpoint-dir", str(folder)]
         serial = ctx.bcast_object(train_on_one_process(argv) if ctx.rank == 0 else None, root=0)
         drifts = ctx.all_gather_object(rank_weight_drift(engine, serial[1]))
         if ctx.rank == 0:
             assert run is not None
             losses = [float(v) for v in run.losses if v is not None]
             worst = max(abs(a - b) for a, b in zip(losses, serial[0]))
-            assert len(serial[0]) == len(losses) == STEPS and worst < TOLERANCE, f"{losses} vs {serial[0]}"
+            assert len(serial[0]) == len(losses) == case_steps(extra) and worst < TOLERANCE, f"{losses} vs {serial[0]}"
             result.detail = f"losses {worst:.1e}, weights on ranks 0-{ctx.world_size - 1} {max(drifts):.1e}"
         assert drifts[ctx.rank] < TOLERANCE, f"rank {ctx.rank}'s weights differ by {drifts[ctx.rank]}"
 
@@ -126,9 +140,9 @@ def main(check: Checks) -> None:
             write_synthetic_cohort(root / "cohort", slides=6, side_um=160.0, mpp=1.0, levels=3)
         ctx.barrier()
         summary = None
-        for pool, accumulate in CASES:
-            setup = set_up(case_argv(root, pool, accumulate), ctx)
-            recorders = recorded_reads(setup) if (pool, accumulate) == CASES[0] else []
+        for pool, accumulate, extra in CASES:
+            setup = set_up(case_argv(root, pool, accumulate, extra), ctx)
+            recorders = recorded_reads(setup) if (pool, accumulate, extra) == CASES[0] else []
             trainer = build_trainer(setup, None)
             run = trainer.run()
             state = trainer.engine.full_state_dict()
@@ -141,7 +155,7 @@ def main(check: Checks) -> None:
                     else:
                         assert not reads, f"the layer rank read {reads}"
                     result.detail = f"{len(reads)} reads, largest {max((max(s) for s in reads), default=0)} px"
-            with check(case_name(pool, accumulate)) as result:
+            with check(case_name(pool, accumulate, extra)) as result:
                 if ctx.rank == 0:
                     assert run is not None and state is not None
                     assert setup.batcher is not None and setup.batcher.dataset.channels == (4 if pool == "tissue-mean"
@@ -149,9 +163,11 @@ def main(check: Checks) -> None:
                     torch.manual_seed(setup.job.training.seed)
                     model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size))
                     model = model.to(torch.float64)
-                    serial = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
+                    assert (setup.record.model.slide_encoder is not None) == bool(extra)
+                    serial = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels,
+                                               case_steps(extra))
                     result.detail = matches_one_process(run.losses, state, serial, model, TOLERANCE)
-            check_one_process_cli(check, ctx, root, (pool, accumulate), run, trainer.engine)
+            check_one_process_cli(check, ctx, root, (pool, accumulate, extra), run, trainer.engine)
         with check("patients on one side") as result:
             if ctx.rank == 0:
                 assert summary is not None and summary.checkpoint is not None

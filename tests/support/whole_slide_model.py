@@ -11,14 +11,16 @@ from mpi4dl_nb.checkpoint.record import DataRecord, RunRecord, write_checkpoint
 from mpi4dl_nb.data.apps import AppKind
 from mpi4dl_nb.data.synthetic_cohort import CLASSES
 from mpi4dl_nb.data.task import Task
+from mpi4dl_nb.models.slide_encoder import SlideEncoderSpec
 from mpi4dl_nb.models.spec import ModelSpec
 from tests.support.infer_data import neutral_batchnorms
 
 DARK = 0.7       # darkness (1 - mean RGB) above which a cell is a structure: structures 0.80, nuclei 0.56, stroma 0.24
 
 
-def spec_of(pool: str) -> ModelSpec:
-    return ModelSpec.of("resnet", num_layers=8, num_filters=4, num_classes=2, resnet_version=1, pool=pool)
+def spec_of(pool: str, encoder: SlideEncoderSpec | None = None) -> ModelSpec:
+    return ModelSpec.of("resnet", num_layers=8, num_filters=4, num_classes=2, resnet_version=1, pool=pool,
+                        slide_encoder=encoder)
 
 
 def write_whole_slide(directory: Path, layers: list[torch.nn.Module], spec: ModelSpec, image_size: int,
@@ -69,9 +71,11 @@ def structure_detector(directory: Path, pool: str = "attention", image_size: int
     return write_whole_slide(directory, layers, spec, image_size, mpp)
 
 
-def random_whole_slide(directory: Path, pool: str, image_size: int, mpp: float | None, seed: int = 0) -> Path:
-    """A ResNet v1 (8 layers, width 4) of random weights and BatchNorm running statistics, float64."""
-    spec = spec_of(pool)
+def random_whole_slide(directory: Path, pool: str, image_size: int, mpp: float | None, seed: int = 0,
+                       encoder: SlideEncoderSpec | None = None) -> Path:
+    """A ResNet v1 (8 layers, width 4; ``encoder``: with a slide encoder) of random weights and BatchNorm running
+    statistics, float64."""
+    spec = spec_of(pool, encoder)
     torch.manual_seed(seed)
     layers = [layer.double() for layer in spec.build(image_size)]
     with torch.no_grad():
