@@ -187,9 +187,12 @@ axis.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# The share falls towards 1/4 as the tokens grow: the per-token activations split evenly, and what does not
-# split (the class token on rank 0, the key/value block in flight, the head) shrinks relative to them. On
-# ViT-S/16 at 1024 x 1024 (4,096 tokens) `benchmarks/bench_vit.py` measures P = 1, 2, 4 (BENCHMARKS.md).
+# Each rank keeps well under half of one process's bytes: the per-token activations split evenly, and what does
+# not split (the class token on rank 0, the key/value block in flight, the head) shrinks relative to them as the
+# tokens grow. One process here is timm's own attention, which on a CPU in float64 keeps each head's N x N
+# weights; no rank ever holds more than its queries against one block of keys. Against one process with the same
+# blockwise attention, ViT-S/16 at 1024 x 1024 (4,097 tokens) keeps 0.500 per rank on P = 2 and 0.250 on P = 4
+# (`benchmarks/bench_vit.py`, BENCHMARKS.md section 14).
 #
 # ## The class token's attention across the tile seams
 #
