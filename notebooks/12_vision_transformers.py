@@ -27,15 +27,13 @@
 
 # %%
 import matplotlib.pyplot as plt
-import numpy as np
-import timm
 import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb import viz
 from mpi4dl_nb.data.sample import ihc_image
 from mpi4dl_nb.notebook.attention_view import (
-    TokenTiles,
+    RingTokens,
     draw_query_attention,
     draw_ring_arrivals,
     vit_attention,
@@ -69,7 +67,7 @@ image = torch.from_numpy(picture / 255.0).permute(2, 0, 1)[None].double()      #
 vit = make_vit()
 tokens = vit_token_grid(vit, (SIZE, SIZE))
 grid = dl.TileGrid(rows=2, cols=2)
-tiles = TokenTiles(tokens, grid)
+tiles = RingTokens(tokens, grid)
 print(f"{tokens.rows} x {tokens.cols} grid tokens + {tokens.prefix} class token = {tokens.total} tokens;",
       "tokens per rank:", tokens.member_tokens(grid))
 viz.show(viz.draw_tiles_and_halos(picture, grid))

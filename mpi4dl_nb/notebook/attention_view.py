@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class TokenTiles:
+class RingTokens:
     """A token grid cut by a tile grid: who holds which token, in which order the ring sees the keys."""
 
     tokens: TokenGrid
@@ -102,7 +102,7 @@ class Arrival:
     keys: int
 
 
-def query_label(tiles: TokenTiles, query: int) -> str:
+def query_label(tiles: RingTokens, query: int) -> str:
     """How a token is named in titles: 'class token', 'register 2', 'token (3, 5)'."""
     where = tiles.position(query)
     if where is None:
@@ -111,7 +111,7 @@ def query_label(tiles: TokenTiles, query: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ drawings
-def draw_ring_arrivals(tiles: TokenTiles, query: int, axes: Sequence[Axes] | None = None) -> Figure:
+def draw_ring_arrivals(tiles: RingTokens, query: int, axes: Sequence[Axes] | None = None) -> Figure:
     """One panel per ring step: the tile grid (in tokens), the query's tile outlined, the tile whose keys the
     query's member holds at that step filled (``held:<step>:<owner>``), the query marked (``query``)."""
     steps = tiles.arrivals(query)
@@ -143,7 +143,7 @@ def draw_ring_arrivals(tiles: TokenTiles, query: int, axes: Sequence[Axes] | Non
     return fig
 
 
-def draw_query_attention(image: np.ndarray | torch.Tensor, tiles: TokenTiles, weights: Sequence[float] | np.ndarray,
+def draw_query_attention(image: np.ndarray | torch.Tensor, tiles: RingTokens, weights: Sequence[float] | np.ndarray,
                          query: int, ax: Axes | None = None) -> Figure:
     """``image`` with a query's attention ``weights`` (over every token, one process's order) as a heat map on its
     token grid, the tile seams (``seam:row:<i>``, ``seam:col:<j>``), each rank's share of the attention
@@ -173,7 +173,7 @@ def draw_query_attention(image: np.ndarray | torch.Tensor, tiles: TokenTiles, we
     return fig
 
 
-def _mark_query(ax: Axes, tiles: TokenTiles, query: int, centre: float,
+def _mark_query(ax: Axes, tiles: RingTokens, query: int, centre: float,
                 scale: tuple[float, float] = (1.0, 1.0)) -> None:
     """A star on the query token (a class/register token: on the image's top-left corner, member 0's)."""
     where = tiles.position(query)

@@ -10,7 +10,7 @@ import torch
 from mpi4dl_nb import viz
 from mpi4dl_nb.notebook.attention_view import (
     Arrival,
-    TokenTiles,
+    RingTokens,
     draw_query_attention,
     draw_ring_arrivals,
     query_label,
@@ -21,7 +21,7 @@ from mpi4dl_nb.planner.attention import TokenGrid
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 
-TILES = TokenTiles(TokenGrid(5, 6, prefix=2), TileGrid(2, 2))     # rows 3 + 2, cols 3 + 3; class + a register
+TILES = RingTokens(TokenGrid(5, 6, prefix=2), TileGrid(2, 2))     # rows 3 + 2, cols 3 + 3; class + a register
 
 
 def test_tokens_belong_to_their_tile_and_the_prefix_to_member_0():
@@ -92,7 +92,7 @@ def test_a_timm_vit_s_weights_are_its_attention_row_and_the_widget_redraws_for_a
     assert np.abs(captured[0][0, :, 5].mean(0).detach().numpy() - weights).max() < 1e-6
     assert weights.sum() == pytest.approx(1)
 
-    viewer = AttentionViewer(image[0], TokenTiles(tokens, TileGrid(1, 4)), lambda q: vit_attention(vit, image, q))
+    viewer = AttentionViewer(image[0], RingTokens(tokens, TileGrid(1, 4)), lambda q: vit_attention(vit, image, q))
     assert viewer.query == 0 and viewer.row.disabled and viewer.view.shown
     first = viewer.view.widget.value
     viewer.kind.value = "grid token"

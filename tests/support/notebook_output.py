@@ -1,4 +1,5 @@
-"""What notebooks 04, 06, 08, 09, 10, 11 and 12 must print, checked alike after a headless run and a JupyterLab Run All."""
+"""What notebooks 04, 06, 08, 09, 10, 11 and 12 must print, checked alike after a headless run and a JupyterLab
+Run All."""
 
 from __future__ import annotations
 

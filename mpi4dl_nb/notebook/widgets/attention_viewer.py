@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..attention_view import TokenTiles, draw_query_attention, draw_ring_arrivals
+from ..attention_view import RingTokens, draw_query_attention, draw_ring_arrivals
 from .figure_view import FigureView, display_widget
 
 Weights = Callable[[int], np.ndarray]   # query token -> its attention weights over every token (one process's order)
@@ -22,7 +22,7 @@ class AttentionViewer:
     State: ``query`` (the token, one process's numbering), ``view.figure`` (ring steps above, map below).
     """
 
-    def __init__(self, image: np.ndarray | torch.Tensor, tiles: TokenTiles, weights: Weights) -> None:
+    def __init__(self, image: np.ndarray | torch.Tensor, tiles: RingTokens, weights: Weights) -> None:
         self.image, self.tiles, self.weights = image, tiles, weights
         tokens = tiles.tokens
         kinds = ["class token", "grid token"] if tokens.prefix else ["grid token"]
