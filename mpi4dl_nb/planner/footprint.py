@@ -33,7 +33,7 @@ from .attention import TokenGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .layouts import BackendLayouts
 from .live_bytes import LiveBytes, storage_of
-from .token_tiles import attention_widths, ring_terms, token_shapes
+from .token_tiles import attention_widths, ring_terms, token_shapes, with_ring_kernels
 from .workspace import Workspace, instrument, split_phase
 
 Shape = tuple[int, ...]
@@ -584,12 +584,13 @@ def simulate_token_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch
         (whole,) = simulate_layer(layer, shapes, dtype, StageRole(), loss, (), workspace, samples, (), split)
         return [whole.times(count / total) for count in tokens]
     widths = attention_widths(layer)
+    member_layer = with_ring_kernels(layer)   # saves what a ring member saves (no attention weights)
     chunk = shapes[0][0] if shapes and shapes[0] else 1
     found: dict[int, LayerFootprint] = {}
     out = []
     for member, count in enumerate(tokens):
         if count not in found:
-            found[count] = simulate_layer(layer, token_shapes(shapes, total, count), dtype, StageRole(), loss,
+            found[count] = simulate_layer(member_layer, token_shapes(shapes, total, count), dtype, StageRole(), loss,
                                           (), workspace, samples, (), split)[0]
         terms = ring_terms(widths, tokens, member, chunk, dtype.itemsize)
         out.append(replace(found[count], forward_peak=found[count].forward_peak + terms.forward_bytes,

@@ -3,6 +3,7 @@ what their rings add on a rank (bytes in flight, messages) to the layer run on t
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spatial.blockwise import blockwise_attention
 from .attention import RingCost, TokenGrid, ring_cost
 from .fake_world import Traffic
 
@@ -125,3 +127,37 @@ def member_work(layer: nn.Module, shapes: Sequence[Shape], tokens: TokenGrid, me
     if not widths:
         return layer, cut, 1.0
     return RingWork(layer, widths, tokens.total - count, cut[0][0]), cut, 1.0
+
+
+class RingKernels(nn.Module):
+    """A timm ``Attention`` computing as a ring member does (``spatial/blockwise.py``'s kernels and merge: it saves
+    queries, keys, values, output and log-sum-exp, never the weights), for the memory simulation."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        a = self.attn
+        heads = int(vars(a)["num_heads"])
+        batch, tokens, width = x.shape
+        q, k, v = a.get_submodule("qkv")(x).reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = a.get_submodule("q_norm")(q), a.get_submodule("k_norm")(k)
+        out = blockwise_attention(q, k, v, block=max(1, tokens), scale=float(vars(a)["scale"]))
+        out = out.transpose(1, 2).reshape(batch, tokens, -1)
+        return a.get_submodule("proj")(a.get_submodule("norm")(out))
+
+
+def with_ring_kernels(layer: nn.Module) -> nn.Module:
+    """A copy of ``layer`` whose timm attention modules (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``proj``)
+    compute as a ring member does (``RingKernels``); ``layer`` itself if it has none."""
+    names = [name for name, m in layer.named_modules() if name and all(
+        hasattr(m, part) for part in ("qkv", "q_norm", "k_norm", "norm", "proj", "num_heads", "scale"))]
+    if not names:
+        return layer
+    copied = copy.deepcopy(layer)
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        holder = copied.get_submodule(parent) if parent else copied
+        setattr(holder, leaf, RingKernels(copied.get_submodule(name)))
+    return copied
