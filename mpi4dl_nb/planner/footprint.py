@@ -29,9 +29,11 @@ from ..config import Choice
 from ..pipeline.split_backward import LayerRecorder, input_backward
 from ..spatial.fit import meta_copy
 from ..spatial.geometry import TileGrid
+from .attention import TokenGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .layouts import BackendLayouts
 from .live_bytes import LiveBytes, storage_of
+from .token_tiles import attention_widths, ring_terms, token_shapes, with_ring_kernels
 from .workspace import Workspace, instrument, split_phase
 
 Shape = tuple[int, ...]
@@ -45,6 +47,7 @@ class StageRole:
     grid: tuple[int, int] | None = None
     halo_d2: bool = False
     fused_layers: int = 1
+    tokens: TokenGrid | None = None   # a ViT's stage: the image's tokens, each tile's part on its rank
 
     @property
     def tiles(self) -> int:
@@ -77,9 +80,9 @@ class SplitTerms:
     weight_peak: int = 0
     kept_received: int = 0
 
-    def times(self, samples: int) -> SplitTerms:
-        return SplitTerms(self.kept * samples, self.input_peak * samples, self.released * samples,
-                          self.weight_peak * samples, self.kept_received * samples)
+    def times(self, samples: float) -> SplitTerms:
+        return SplitTerms(*(round(value * samples) for value in (self.kept, self.input_peak, self.released,
+                                                                 self.weight_peak, self.kept_received)))
 
 
 @dataclass(frozen=True)
@@ -116,12 +119,12 @@ class LayerFootprint:
         the received halo strips and the BatchNorm statistics (the forward's all-reduced sums)."""
         return self.strips_received + self.forward_traffic.collective_bytes
 
-    def times(self, samples: int) -> LayerFootprint:
+    def times(self, samples: float) -> LayerFootprint:
         """This footprint (one sample) for ``samples``: every activation term scales with the
         batch; parameter gradients and the backend's fixed scratch do not (per-channel statistics
-        are neglected)."""
+        are neglected). A fraction scales a per-token layer to a tile's share of the tokens."""
         def n(value: int) -> int:
-            return value * samples
+            return round(value * samples)
         fixed_backward = self.grad_bytes + self.backward_fixed
         return LayerFootprint(
             n(self.input_bytes), n(self.output_bytes), n(self.forward_peak - self.forward_fixed) + self.forward_fixed,
@@ -132,8 +135,8 @@ class LayerFootprint:
             n(self.strips_received), self.forward_fixed, self.backward_fixed, self.split.times(samples))
 
 
-def _traffic_times(traffic: Traffic, samples: int) -> Traffic:
-    return replace(traffic, message_bytes=traffic.message_bytes * samples)
+def _traffic_times(traffic: Traffic, samples: float) -> Traffic:
+    return replace(traffic, message_bytes=round(traffic.message_bytes * samples))
 
 
 @dataclass(frozen=True)
@@ -538,6 +541,8 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     if role.grid is None:
         copied = training_meta_copy(layer, dtype)
         return [_simulate(copied, shapes, dtype, None, loss, workspace, samples, layouts, split)]
+    if role.tokens is not None:
+        return simulate_token_layer(layer, shapes, dtype, role, loss, workspace, samples, split)
     grid = TileGrid(*role.grid)
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
@@ -563,6 +568,35 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
                          split)
 
     return run_ranks(world, tile_run)
+
+
+def simulate_token_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
+                         loss: Loss | None = None, workspace: Workspace = Workspace.CPU, samples: int = 2,
+                         split: SplitRun = SplitRun.NONE) -> list[LayerFootprint]:
+    """Footprint of a ViT's ``layer`` per tile of ``role`` (its ``tokens`` set): a layer on tokens run alone on
+    each tile's tokens (everything but attention acts per token), its rings' blocks in flight and messages
+    added (token_tiles.py); the patch embedding (images in) as the whole image's, scaled to the tile's tokens."""
+    if role.grid is None or role.tokens is None:
+        raise ValueError("simulate_token_layer needs a role with a tile grid and a token grid")
+    tokens = role.tokens.member_tokens(TileGrid(*role.grid))
+    total = role.tokens.total
+    if any(len(s) == 4 for s in shapes):
+        (whole,) = simulate_layer(layer, shapes, dtype, StageRole(), loss, (), workspace, samples, (), split)
+        return [whole.times(count / total) for count in tokens]
+    widths = attention_widths(layer)
+    member_layer = with_ring_kernels(layer)   # saves what a ring member saves (no attention weights)
+    chunk = shapes[0][0] if shapes and shapes[0] else 1
+    found: dict[int, LayerFootprint] = {}
+    out = []
+    for member, count in enumerate(tokens):
+        if count not in found:
+            found[count] = simulate_layer(member_layer, token_shapes(shapes, total, count), dtype, StageRole(), loss,
+                                          (), workspace, samples, (), split)[0]
+        terms = ring_terms(widths, tokens, member, chunk, dtype.itemsize)
+        out.append(replace(found[count], forward_peak=found[count].forward_peak + terms.forward_bytes,
+                           backward_peak=found[count].backward_peak + terms.backward_bytes,
+                           forward_traffic=terms.forward_traffic, backward_traffic=terms.backward_traffic))
+    return out
 
 
 # ------------------------------------------------------------------ composition

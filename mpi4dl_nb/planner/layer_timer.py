@@ -35,6 +35,7 @@ from ..spatial.geometry import TileGrid
 from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth, sync_device
 from .fake_world import FakeComm, FakeWorld, SizeOracle
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
+from .token_tiles import member_work
 
 _PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer")
 ONE_HOLDER = Group((0,))
@@ -158,12 +159,18 @@ class _Bench:
     optimizer: torch.optim.Optimizer | None
     alone: Comm                      # one holder: its collectives return at once
     runs: dict[str, list[float]]
+    share: float = 1.0               # of the forward and backward, the rank's (a ViT's patch embedding: its tokens)
 
     @classmethod
     def build(cls, request: TimingRequest, tile: int, device: torch.device) -> _Bench:
         layer, shapes, dtype, role = request.layer, list(request.shapes), request.dtype, request.role
+        share = 1.0
         if role.grid is None:
             module: nn.Module = copy.deepcopy(layer).to(device=device, dtype=dtype).train()
+        elif role.tokens is not None:   # a ViT's layer on the tile's tokens, with its rings' extra keys
+            whole = copy.deepcopy(layer).to(device=device, dtype=dtype).train()
+            members = role.tokens.member_tokens(TileGrid(*role.grid))
+            module, shapes, share = member_work(whole, shapes, role.tokens, members, tile)
         else:
             grid = TileGrid(*role.grid)
             full = next(s for s in shapes if len(s) == 4)
@@ -174,7 +181,7 @@ class _Bench:
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=1e-6, momentum=0.9) if params else None
         return cls(module, shapes, dtype, request.loss, device, RunningStatsLedger(module), optimizer,
-                   FakeWorld(1).comm(0, device), {name: [] for name in _PHASES})
+                   FakeWorld(1).comm(0, device), {name: [] for name in _PHASES}, share)
 
     def run_once(self, inputs: _RandomInputs) -> None:
         """One training step of the layer alone, each phase's seconds recorded."""
@@ -211,7 +218,8 @@ class _Bench:
     def result(self) -> LayerTime:
         """Each phase's median over the runs after the first (the warm-up)."""
         typical = {name: statistics.median(values[1:] or values) for name, values in self.runs.items()}
-        return LayerTime(typical["forward"], typical["backward"], typical["optimizer"], typical["replay"],
+        return LayerTime(self.share * typical["forward"], self.share * typical["backward"], typical["optimizer"],
+                         typical["replay"],
                          max(0.0, typical["two_chunks"] - typical["replay"]), typical["gradients"],
                          typical["setup"], typical["terms_exchange"])
 
@@ -237,6 +245,9 @@ def slowest_tile(role: StageRole, shapes: Sequence[Shape]) -> int:
     if role.grid is None:
         return 0
     grid = TileGrid(*role.grid)
+    if role.tokens is not None:
+        members = role.tokens.member_tokens(grid)
+        return members.index(max(members))
     full = next((s for s in shapes if len(s) == 4), None)
     if full is None:
         return 0

@@ -37,6 +37,7 @@ that moment, so a wrong estimate says which term is wrong. Activation terms use
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,10 +52,20 @@ from ..pipeline.default_cut import default_balance
 from ..pipeline.recompute import segment_bounds
 from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
 from ..pipeline.stages import check_balance, even_balance
-from .footprint import FootprintCache, SplitRun, SplitStage, StageFootprint, StageRole, compose_stage
+from .attention import TokenGrid
+from .footprint import (
+    FootprintCache,
+    SplitRun,
+    SplitStage,
+    StageFootprint,
+    StageRole,
+    compose_stage,
+    map_sizes,
+)
 from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
 from .profile import LayerProfile, Layers, batched, profile_layers
 from .segments import recomputed_stage
+from .token_tiles import token_grid_of
 from .workspace import Workspace
 
 MB = 2 ** 20
@@ -207,8 +218,14 @@ class StageModel:
 
     def role(self, stage: int) -> StageRole:
         if stage < self.cfg.spatial_size:
-            return StageRole(self.cfg.grid_shape, self.cfg.halo_d2, self.cfg.fused_layers)
+            return StageRole(self.cfg.grid_shape, self.cfg.halo_d2, self.cfg.fused_layers,
+                             tokens=self.token_grid)
         return StageRole()
+
+    @functools.cached_property
+    def token_grid(self) -> TokenGrid | None:
+        """The image's tokens when a layer of the model makes them (a ViT: tokens on the tiles), else None."""
+        return token_grid(self.profiles, self.precision.activations)
 
     def _loss(self, output: torch.Tensor) -> torch.Tensor:
         target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
@@ -279,6 +296,15 @@ class StageModel:
         scale = _size(self.precision.weight_dtype) / 4
         return int(sum(p.buffer_bytes for p in self.profiles[self.bounds[stage]:self.bounds[stage + 1]])
                    * scale)
+
+
+def token_grid(profiles: Sequence[LayerProfile], dtype: torch.dtype) -> TokenGrid | None:
+    """The token grid the first layer taking images and giving tokens ((N, T, C)) makes, else None."""
+    for profile in profiles:
+        if profile.layer is not None and profile.in_shapes and len(profile.in_shapes[0]) == 4 \
+                and profile.out_shapes and len(profile.out_shapes[0]) == 3:
+            return token_grid_of(map_sizes(profile.layer, profile.in_shapes, dtype), profile.out_shapes[0][1])
+    return None
 
 
 HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

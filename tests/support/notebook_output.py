@@ -1,4 +1,5 @@
-"""What notebooks 04, 06, 08, 09, 10 and 11 must print, checked alike after a headless run and a JupyterLab Run All."""
+"""What notebooks 04, 06, 08, 09, 10, 11 and 12 must print, checked alike after a headless run and a JupyterLab
+Run All."""
 
 from __future__ import annotations
 
@@ -64,3 +65,17 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         dice = [float(v) for v in re.findall(r"Dice of the cell class over all 4096 voxels = (\S+)", text)]
         assert len(dice) == 2 and min(dice) > 0.5, f"the U-Net did not find the cells: Dice {dice}"
         assert "tile 0: receives 217 voxels" in text and "tile 7: receives 217 voxels" in text
+    if number == "12":
+        check_vision_transformers(text)
+
+
+def check_vision_transformers(text: str) -> None:
+    """Notebook 12: a timm ViT on 2x2 token tiles equals one process; memory per rank; the ring's steps and bytes."""
+    assert "-> exact: True" in text and "exact: False" not in text
+    errors = re.search(r"max relative difference: output (\S+), gradients (\S+) over", text)
+    assert errors and max(float(v) for v in errors.groups()) < 1e-10
+    assert "tokens per rank: (65, 64, 64, 64)" in text
+    assert "step 3: rank 3 computes with the 65 keys of rank 0" in text
+    shares = [float(v) for v in re.findall(r"= (\S+) of one process", text)]
+    assert len(shares) == 3 and shares[-1] < 0.5, f"the largest rank's share of one process: {shares}"
+    assert "rank 0 sends 296448 bytes forward, 691200 backward" in text

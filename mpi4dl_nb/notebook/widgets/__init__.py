@@ -6,6 +6,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:     # the widgets load on first use (ipywidgets is heavy); type checkers see them here
+    from .attention_viewer import AttentionViewer as AttentionViewer
     from .autotune import AutoTune as AutoTune
     from .config_panel import ConfigPanel as ConfigPanel
     from .figure_view import FigureView as FigureView
@@ -29,6 +30,7 @@ _EXPORTS = {
     "TimelineView": "timeline",
     "TrainingProgress": "timeline",
     "AutoTune": "autotune",
+    "AttentionViewer": "attention_viewer",
     "LearningCurves": "learning_curves",
 }
 # names that are gone, and their new spelling (one halo viewer for images and volumes: the grid says which)

@@ -1,0 +1,203 @@
+"""ViT-S/16 on token tiles, side by side: activation bytes per rank on P = 1, 2, 4; ring attention against
+all-gathered keys/values (bytes sent, time per layer); torch's context parallel on the same attention job.
+
+    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024
+    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024,2048 --depth 2
+
+Memory: ``--depth`` timm ViT-S/16 blocks (``timm.models.vision_transformer.Block``: width 384, 6 heads, MLP 4x,
+float32) on each rank's tokens of a 2x2 (P = 4) or 1x2 (P = 2) tile grid of an image of each size, rank 0 also
+holding the class token; each block's attention takes its q/k/v through ``ring_attention`` over the P ranks
+(everything else in a block acts per token, as on tiles). P = 1: one process, the same blocks on all tokens with
+``blockwise_attention`` (blocks of N/4 keys). Activation bytes: what autograd saves for backward plus the output
+(each storage once, ``support/memory.py``), per block; the largest rank's, and its share of one process's.
+Ring against all-gathered (``bench_ring_attention.py``'s baseline) and torch's context parallel
+(``torch.distributed.tensor.experimental.context_parallel``, gloo, float32: CP's contract) run one attention layer
+of the 1024 px job on the world's ranks; CP is given ``--cp-timeout`` seconds and what it raised or where it
+stood is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import io
+import signal
+import traceback
+
+import torch
+from bench_ring_attention import all_gathered, layer, sent_bytes
+from support.machine import Footer
+from support.memory import SavedBytes
+from support.tables import Table
+from support.timing import in_turns
+from support.world import require_world
+from torch import nn
+
+from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.planner.attention import TokenGrid
+from mpi4dl_nb.spatial.blockwise import blockwise_attention
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.ring_attention import Ring, ring_attention
+
+WIDTH, HEADS, PATCH = 384, 6, 16
+
+
+class TokenAttention(nn.Module):
+    """timm's ``Attention`` of a block with its q/k/v attended by ``attend`` (ring or blockwise)."""
+
+    def __init__(self, attn: nn.Module, attend) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.attn, self.attend = attn, attend
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        a = self.attn
+        batch, tokens, width = x.shape
+        q, k, v = a.qkv(x).reshape(batch, tokens, 3, HEADS, width // HEADS).permute(2, 0, 3, 1, 4).unbind(0)
+        out = self.attend(a.q_norm(q), a.k_norm(k), v)
+        return a.proj(a.norm(out.transpose(1, 2).reshape(batch, tokens, width)))
+
+
+def blocks(depth: int, attend) -> nn.Sequential:  # type: ignore[no-untyped-def]
+    from timm.models.vision_transformer import Block
+
+    torch.manual_seed(0)
+    made = [Block(WIDTH, HEADS, mlp_ratio=4.0, qkv_bias=True) for _ in range(depth)]
+    for block in made:
+        block.attn = TokenAttention(block.attn, attend)
+    return nn.Sequential(*made)
+
+
+def activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes ``model(x)`` saves for backward plus its output, each storage once, the weights left out."""
+    counter = SavedBytes()
+    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+        out = model(x)
+    counter.add(out)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(size for pointer, size in counter.storages.items() if pointer not in weights)
+
+
+def ring_of(ctx: Context, parts: int, tokens: TokenGrid) -> tuple[Ring | None, int]:
+    """The ring of the first ``parts`` ranks on a 1 x parts / 2 x 2 grid, and this rank's tokens (0: not in it)."""
+    grid = TileGrid(2, 2) if parts == 4 else TileGrid(1, parts)
+    counts = tokens.member_tokens(grid)
+    group = ctx.new_group(range(parts)) if parts < ctx.world_size else None
+    if ctx.rank >= parts:
+        return None, 0
+    return Ring(ctx, group, counts), counts[ctx.rank]
+
+
+def memory_rows(ctx: Context, size: int, depth: int) -> list[tuple[int, int, float]]:
+    """(P, largest rank's activation bytes per block, share of one process) for P = 1, 2, 4."""
+    tokens = TokenGrid(size // PATCH, size // PATCH, prefix=1)
+    rows = []
+    for parts in (1, 2, 4):
+        mine = 0
+        if parts == 1:
+            if ctx.rank == 0:
+                model = blocks(depth, lambda q, k, v: blockwise_attention(q, k, v, block=tokens.total // 4))
+                mine = activation_bytes(model, torch.randn(1, tokens.total, WIDTH, requires_grad=True))
+        else:
+            ring, count = ring_of(ctx, parts, tokens)
+            if ring is not None:
+                model = blocks(depth, lambda q, k, v, r=ring: ring_attention(q, k, v, r))
+                mine = activation_bytes(model, torch.randn(1, count, WIDTH, requires_grad=True))
+        ctx.barrier()
+        largest = max(ctx.all_gather_object(mine)) // depth
+        rows.append((parts, largest, largest / rows[0][1] if rows else 1.0))
+    return rows
+
+
+def attention_rows(ctx: Context, size: int, rounds: int) -> tuple[list[list[str]], float]:
+    """Ring against all-gathered keys/values: one attention layer of the ``size`` job on the world's ranks."""
+    per_rank = (size // PATCH) ** 2 // ctx.world_size
+    ring = Ring(ctx, None, (per_rank,) * ctx.world_size)
+    generator = torch.Generator().manual_seed(ctx.rank)
+    shape = (1, HEADS, per_rank, WIDTH // HEADS)
+    inputs = [torch.randn(shape, generator=generator) for _ in range(3)]
+    grad = torch.randn(shape, generator=generator)
+    variants = {"ring attention": ring_attention, "all-gathered keys/values": all_gathered}
+    results = {name: layer(attend, inputs, ring, grad) for name, attend in variants.items()}
+    worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(*results.values()))
+    sent = {name: sent_bytes(ctx, lambda a=attend: layer(a, inputs, ring, grad)) for name, attend in variants.items()}
+    seconds = in_turns(ctx, {name: (lambda a=attend: layer(a, inputs, ring, grad)) for name, attend in
+                             variants.items()}, rounds)
+    held = {"ring attention": per_rank, "all-gathered keys/values": ring.total_keys}
+    return [[name, f"{sent[name][0]:,} B", f"{sent[name][1]:,} B", f"{2 * held[name]:,}",
+             f"{1e3 * max(ctx.all_gather_object(seconds[name])):.0f}"] for name in variants], worst
+
+
+def torch_context_parallel(ctx: Context, size: int, timeout: int) -> str:
+    """torch's context parallel on the same attention job (gloo, float32): its time and error, or why not."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    tokens = (size // PATCH) ** 2
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, tokens, WIDTH // HEADS, generator=generator) for _ in range(3))
+
+    def expired(signum: int, frame: object) -> None:
+        stack = io.StringIO()
+        traceback.print_stack(frame, file=stack)   # type: ignore[arg-type]
+        where = [line.strip() for line in stack.getvalue().splitlines() if line.strip().startswith("File")]
+        raise TimeoutError(f"no result after {timeout} s; it stood in " + " <- ".join(
+            w.split("/")[-1] for w in reversed(where[-3:])))
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(timeout)
+    try:
+        mesh = init_device_mesh("cpu", (ctx.world_size,))
+        shards = [t.clone() for t in (q, k, v)]
+        with context_parallel(mesh, buffers=shards, buffer_seq_dims=[2, 2, 2]):
+            for t in shards:
+                t.requires_grad_()
+            out = F.scaled_dot_product_attention(shards[0], shards[1], shards[2])
+            out.sum().backward()
+        signal.alarm(0)
+        return f"ran: output shard {tuple(out.shape)}"
+    except Exception as error:   # reported, not raised: the benchmark says why CP does not run here
+        signal.alarm(0)
+        frames = traceback.extract_tb(error.__traceback__)
+        where = " <- ".join(f"{f.name} ({f.filename.split('/')[-1]}:{f.lineno})" for f in reversed(frames[-2:]))
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:400]} (in {where})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1024", help="image sizes (px), comma-separated")
+    parser.add_argument("--depth", type=int, default=1, help="blocks measured (activation bytes are per block)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cp-timeout", type=int, default=120)
+    args = parser.parse_args()
+    footer = Footer()
+    torch.set_num_threads(1)
+    ctx = Context(backend="gloo")
+    require_world(ctx, 4, "bench_vit")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    memory = {size: memory_rows(ctx, size, args.depth) for size in sizes}
+    attention, worst = attention_rows(ctx, sizes[0], args.rounds)
+    cp = torch_context_parallel(ctx, sizes[0], args.cp_timeout)
+    if ctx.rank == 0:
+        print(f"ViT-S/16 blocks (width {WIDTH}, {HEADS} heads), float32, {ctx.backend} plane; activation bytes per "
+              f"block on the largest rank (saved for backward + output; {args.depth} block(s) measured)")
+        table = Table(["image", ">tokens", ">P", ">MB per block (largest rank)", ">share of one process", ">1.15/P"])
+        for size, rows in memory.items():
+            for parts, largest, share in rows:
+                table.add(f"{size}²", f"{(size // PATCH) ** 2 + 1:,}", str(parts), f"{largest / 2**20:.1f}",
+                          f"{share:.3f}", f"{1.15 / parts:.3f}")
+        print(table.markdown())
+        print(f"\none attention layer at {sizes[0]}² on {ctx.world_size} ranks ({(sizes[0] // PATCH) ** 2:,} tokens), "
+              f"float32; outputs and gradients agree within {worst:.1e}")
+        table = Table(["variant", ">sent forward (rank 0)", ">sent backward (rank 0)",
+                       ">keys+values held (tokens)", ">ms fwd+bwd (slowest rank, median)"])
+        for row in attention:
+            table.add(*row)
+        print(table.markdown())
+        print(f"\ntorch context parallel, same job (gloo, float32, non-causal): {cp}")
+        footer.print()
+
+
+if __name__ == "__main__":
+    faulthandler.enable()
+    main()

@@ -1,0 +1,163 @@
+"""A ViT's layers on token tiles for the planner: the image's token grid, the attention modules of a layer and
+what their rings add on a rank (bytes in flight, messages) to the layer run on the rank's tokens alone."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..spatial.blockwise import blockwise_attention
+from .attention import RingCost, TokenGrid, ring_cost
+from .fake_world import Traffic
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AttentionWidth:
+    """One attention module: its heads and width (heads x head size)."""
+
+    heads: int
+    dim: int
+
+
+def attention_widths(layer: nn.Module) -> list[AttentionWidth]:
+    """The attention modules of ``layer`` (timm's ``Attention`` family: ``num_heads`` and a ``qkv`` projection or
+    ``head_dim``; ``nn.MultiheadAttention``), each with its heads and width."""
+    found = []
+    for module in layer.modules():
+        if isinstance(module, nn.MultiheadAttention):
+            found.append(AttentionWidth(module.num_heads, module.embed_dim))
+            continue
+        heads, head_dim = getattr(module, "num_heads", None), getattr(module, "head_dim", None)
+        qkv = getattr(module, "qkv", None)
+        if isinstance(heads, int) and isinstance(head_dim, int):
+            found.append(AttentionWidth(heads, heads * head_dim))
+        elif isinstance(heads, int) and isinstance(qkv, nn.Linear):
+            found.append(AttentionWidth(heads, qkv.out_features // 3))
+    return found
+
+
+def token_grid_of(maps: frozenset[tuple[int, int]], tokens: int) -> TokenGrid | None:
+    """The token grid of a patch embedding that makes ``tokens`` tokens, among the (H, W) ``maps`` it computes
+    (the largest grid of at most ``tokens`` cells; the rest are class/register tokens); None if none fits."""
+    fitting = [(h * w, h, w) for h, w in maps if 0 < h * w <= tokens]
+    if not fitting:
+        return None
+    cells, rows, cols = max(fitting)
+    return TokenGrid(rows, cols, tokens - cells)
+
+
+def token_shapes(shapes: Sequence[Shape], total: int, count: int) -> list[Shape]:
+    """``shapes`` with the token axis (dim 1 of an (N, T, C) tensor of all ``total`` tokens) cut to ``count``."""
+    return [(s[0], count, *s[2:]) if len(s) == 3 and s[1] == total else tuple(s) for s in shapes]
+
+
+@dataclass(frozen=True)
+class RingTerms:
+    """What a layer's rings add on one rank: bytes in flight during its forward and backward, and the
+    messages each sends."""
+
+    forward_bytes: int
+    backward_bytes: int
+    forward_traffic: Traffic
+    backward_traffic: Traffic
+
+
+def ring_terms(widths: Sequence[AttentionWidth], tokens: Sequence[int], member: int, samples: int,
+               element_bytes: int) -> RingTerms:
+    """``RingTerms`` of attention modules ``widths`` for ring member ``member`` of a ring holding ``tokens``, a
+    chunk of ``samples`` (the modules run one after another: the largest block in flight counts)."""
+    costs: list[RingCost] = [ring_cost(tokens, member, w.dim, w.heads, element_bytes) for w in widths]
+    if not costs:
+        return RingTerms(0, 0, Traffic(), Traffic())
+    forward = Traffic(messages=sum(c.messages_forward for c in costs),
+                      message_bytes=samples * sum(c.sent_forward for c in costs),
+                      exchanges=sum(c.messages_forward for c in costs))
+    backward = Traffic(messages=sum(c.messages_backward for c in costs),
+                       message_bytes=samples * sum(c.sent_backward for c in costs),
+                       exchanges=sum(c.messages_backward for c in costs))
+    return RingTerms(samples * max(c.in_flight_forward for c in costs),
+                     samples * max(c.in_flight_backward for c in costs), forward, backward)
+
+
+class RingWork(nn.Module):
+    """A layer on one ring member's tokens with its rings' extra work, to be timed: after the layer, each of
+    its attention modules' queries (the layer's output, as wide) attend to the keys of the other members
+    (random, fixed), forward and backward, as the ring's further blocks are (their merge is not counted)."""
+
+    def __init__(self, layer: nn.Module, widths: Sequence[AttentionWidth], extra_keys: int, chunk: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.widths = list(widths)
+        reference = next(iter(layer.parameters()), None)
+        dtype = reference.dtype if reference is not None else torch.float32
+        device = reference.device if reference is not None else torch.device("cpu")
+        self.keys = [torch.randn(chunk, w.heads, extra_keys, w.dim // w.heads, dtype=dtype, device=device,
+                                 requires_grad=True) for w in self.widths]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layer(x)
+        for width, keys in zip(self.widths, self.keys):
+            if keys.shape[2] == 0:
+                continue
+            n, t, _ = out.shape
+            queries = out[..., :width.dim].reshape(n, t, width.heads, -1).transpose(1, 2)
+            attended = F.scaled_dot_product_attention(queries, keys, keys)
+            out = out + F.pad(attended.transpose(1, 2).reshape(n, t, width.dim), (0, out.shape[-1] - width.dim))
+        return out
+
+
+def member_work(layer: nn.Module, shapes: Sequence[Shape], tokens: TokenGrid, members: Sequence[int],
+                member: int) -> tuple[nn.Module, list[Shape], float]:
+    """What a timer runs for ``member`` of a ring holding ``members`` tokens: (module, its input shapes, the
+    share of the measured time that is the member's). A layer on tokens runs on the member's tokens with the
+    ring's extra keys (``RingWork``); the patch embedding (images in) runs on the whole image, its time shared
+    by tokens."""
+    if any(len(s) == 4 for s in shapes):
+        return layer, list(shapes), members[member] / tokens.total
+    count = members[member]
+    cut = token_shapes(shapes, tokens.total, count)
+    widths = attention_widths(layer)
+    if not widths:
+        return layer, cut, 1.0
+    return RingWork(layer, widths, tokens.total - count, cut[0][0]), cut, 1.0
+
+
+class RingKernels(nn.Module):
+    """A timm ``Attention`` computing as a ring member does (``spatial/blockwise.py``'s kernels and merge: it saves
+    queries, keys, values, output and log-sum-exp, never the weights), for the memory simulation."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        a = self.attn
+        heads = int(vars(a)["num_heads"])
+        batch, tokens, width = x.shape
+        q, k, v = a.get_submodule("qkv")(x).reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = a.get_submodule("q_norm")(q), a.get_submodule("k_norm")(k)
+        out = blockwise_attention(q, k, v, block=max(1, tokens), scale=float(vars(a)["scale"]))
+        out = out.transpose(1, 2).reshape(batch, tokens, -1)
+        return a.get_submodule("proj")(a.get_submodule("norm")(out))
+
+
+def with_ring_kernels(layer: nn.Module) -> nn.Module:
+    """A copy of ``layer`` whose timm attention modules (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``proj``)
+    compute as a ring member does (``RingKernels``); ``layer`` itself if it has none."""
+    names = [name for name, m in layer.named_modules() if name and all(
+        hasattr(m, part) for part in ("qkv", "q_norm", "k_norm", "norm", "proj", "num_heads", "scale"))]
+    if not names:
+        return layer
+    copied = copy.deepcopy(layer)
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        holder = copied.get_submodule(parent) if parent else copied
+        setattr(holder, leaf, RingKernels(copied.get_submodule(name)))
+    return copied
