@@ -9,7 +9,7 @@ Each schedule (1f1b, interleaved with V = 2, zb1, zbv) runs on S x V stages of o
 (the last one's output is the 16-class logits) with ``--batch`` rows cut into ``--micro-batches`` micro-batches:
 the compute is a few microseconds, so what is measured is what each runtime does around it. Per schedule:
 microseconds per step (``--steps`` steps per call, calls in turns, median over ``--rounds`` rounds; slowest
-rank) and microseconds per action kind, the mean over the timed rounds of the largest rank's per-call mean
+rank) and microseconds per action kind, the largest rank's median call over the timed rounds
 (forward ``F``, full backward ``B``, input half ``I``, weight half ``W``, ``send``: posting an activation or
 gradient, ``recv``: taking one, waiting included). Ours: this rank's ``PipelineRuntime`` actions; the peer's:
 its stages' ``forward_one_chunk`` / ``backward_one_chunk`` (full or input half) /
@@ -42,7 +42,7 @@ from mpi4dl_nb.comm.context import Context
 
 WIDTH = 16
 KINDS = ("F", "B", "I", "W", "send", "recv")
-Counter = dict[str, list[float]]   # kind -> [seconds, calls]
+Counter = dict[str, list[float]]   # kind -> each call's seconds
 
 
 def tiny_layers(count: int, seed: int = 0) -> list[nn.Module]:
@@ -60,7 +60,7 @@ class KindTimer:
 
     def __init__(self) -> None:
         self.on = False
-        self.counts: Counter = defaultdict(lambda: [0.0, 0.0])
+        self.counts: Counter = defaultdict(list)
 
     def timed(self, kind_of: Callable[..., str], call: Callable[..., object]) -> Callable[..., object]:
         def wrapper(*args: object, **kwargs: object) -> object:
@@ -70,14 +70,12 @@ class KindTimer:
             try:
                 return call(*args, **kwargs)
             finally:
-                entry = self.counts[kind_of(*args, **kwargs)]
-                entry[0] += time.perf_counter() - start
-                entry[1] += 1
+                self.counts[kind_of(*args, **kwargs)].append(time.perf_counter() - start)
         return wrapper
 
     @contextmanager
     def counting(self) -> Iterator[Counter]:
-        self.counts = defaultdict(lambda: [0.0, 0.0])
+        self.counts = defaultdict(list)
         self.on = True
         try:
             yield self.counts
@@ -96,7 +94,8 @@ def make_ours(ctx, schedule: str, m: int, args, timer: KindTimer) -> tuple[Calla
     engine = dl.HybridEngine(layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
                              optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
     runtime = engine.runtime
-    runtime._execute = timer.timed(lambda action, state: OUR_KINDS[action.kind.value], runtime._execute)
+    runtime._run = {kind: timer.timed(lambda action, state, name=OUR_KINDS[kind.value]: name, run)   # its kind table
+                    for kind, run in runtime._run.items()}
     x, y = tiny_batch(args.batch)
 
     def steps() -> None:
@@ -188,10 +187,12 @@ def timed_rounds(ctx, runs: dict[str, Callable[[], None]], rounds: int, timer: K
     return seconds, counts
 
 
-def per_action_us(counts: list[Counter], kind: str) -> float | None:
-    """The largest rank's mean microseconds per action of ``kind`` (counts of every rank, every round)."""
-    means = [c[kind][0] / c[kind][1] * 1e6 for c in counts if kind in c and c[kind][1]]
-    return max(means) if means else None
+def per_action_us(counts: list[Counter], ranks: int, kind: str) -> float | None:
+    """The largest rank's median microseconds per action of ``kind`` over every timed round (``counts``: per
+    round, per rank in rank order)."""
+    per_rank = [[t for c in counts[rank::ranks] for t in c.get(kind, [])] for rank in range(ranks)]
+    medians = [statistics.median(times) * 1e6 for times in per_rank if times]
+    return max(medians) if medians else None
 
 
 def ratio_cell(peer: float | None, ours: float | None) -> str:
@@ -209,8 +210,8 @@ def report(args, step_times: dict[str, list[float]], counts: dict[str, list[Coun
         table.add(schedule, "step", f"{us['o']:.0f}" if us["o"] else "-", f"{us['p']:.0f}" if us["p"] else "-",
                   ratio_cell(us["p"], us["o"]), spread["o"], spread["p"])
         for kind in KINDS:
-            mine = per_action_us(counts.get(f"ours {schedule}", []), kind)
-            theirs = per_action_us(counts.get(f"peer {schedule}", []), kind)
+            mine = per_action_us(counts.get(f"ours {schedule}", []), args.ranks, kind)
+            theirs = per_action_us(counts.get(f"peer {schedule}", []), args.ranks, kind)
             if mine is None and theirs is None:
                 continue
             table.add(schedule, kind, f"{mine:.0f}" if mine is not None else "-",

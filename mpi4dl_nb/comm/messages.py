@@ -100,7 +100,7 @@ class HeaderCache:
     A cached header is never written again, so several sends may read it at once; ``limit`` bounds the
     cache (a run whose shapes keep changing, e.g. inference on ragged tiles, starts it afresh)."""
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = 512) -> None:   # 512 headers of 1 KiB at most
         self.limit = limit
         self.headers: dict[HeaderKey, torch.Tensor] = {}
 
