@@ -12,9 +12,11 @@ microseconds per step (``--steps`` steps per call, calls in turns, median over `
 rank) and microseconds per action kind, the largest rank's median call over the timed rounds
 (forward ``F``, full backward ``B``, input half ``I``, weight half ``W``, ``send``: posting an activation or
 gradient, ``recv``: taking one, waiting included). Ours: this rank's ``PipelineRuntime`` actions; the peer's:
-its stages' ``forward_one_chunk`` / ``backward_one_chunk`` (full or input half) /
-``backward_weight_one_chunk``, and its ``_batch_p2p`` posts and ``_wait_batch_p2p`` waits (a wait
-counts as ``recv`` when a receive is among its works, else ``send``). ``peer/ours`` > 1: ours costs less.
+its stages' ``forward_one_chunk`` (with the loss it computes after a last stage's forward: ours computes it
+inside the forward action) / ``backward_one_chunk`` (full or input half) /
+``backward_weight_one_chunk``, its ``_batch_p2p`` posts and ``_wait_batch_p2p`` waits: a post of sends is a
+``send``, a wait with a receive among its works a ``recv`` (the post of those receives added to it), another wait a
+``send``. ``peer/ours`` > 1: ours costs less.
 A receive's figure includes waiting for the other rank (not only cost). ``--profile N`` then runs N more steps
 of each of our schedules under cProfile on rank 0 and prints the top functions by own time.
 """
@@ -61,6 +63,7 @@ class KindTimer:
     def __init__(self) -> None:
         self.on = False
         self.counts: Counter = defaultdict(list)
+        self.stash: dict[str, float] = {}
 
     def timed(self, kind_of: Callable[..., str], call: Callable[..., object]) -> Callable[..., object]:
         def wrapper(*args: object, **kwargs: object) -> object:
@@ -70,12 +73,21 @@ class KindTimer:
             try:
                 return call(*args, **kwargs)
             finally:
-                self.counts[kind_of(*args, **kwargs)].append(time.perf_counter() - start)
+                self.add(kind_of(*args, **kwargs), time.perf_counter() - start)
         return wrapper
+
+    def add(self, kind: str, took: float) -> None:
+        """``took`` seconds of ``kind``; ``+F``: part of the last F, ``>recv``: part of the next recv."""
+        if kind.startswith(">"):
+            self.stash[kind[1:]] = self.stash.get(kind[1:], 0.0) + took
+        elif kind.startswith("+") and self.counts[kind[1:]]:
+            self.counts[kind[1:]][-1] += took
+        else:
+            self.counts[kind.lstrip("+")].append(took + self.stash.pop(kind, 0.0))
 
     @contextmanager
     def counting(self) -> Iterator[Counter]:
-        self.counts = defaultdict(list)
+        self.counts, self.stash = defaultdict(list), {}
         self.on = True
         try:
             yield self.counts
@@ -121,10 +133,14 @@ def instrument_peer(timer: KindTimer) -> None:
         for work in works:
             kinds[id(work)] = _p2p_kind(ops)
         return works
-    schedules._batch_p2p = timer.timed(lambda ops, desc=None: _p2p_kind(ops), batch_p2p)
+    schedules._batch_p2p = timer.timed(lambda ops, desc=None: ">" + _p2p_kind(ops) if _p2p_kind(ops) == "recv"
+                                       else "send", batch_p2p)
     schedules._wait_batch_p2p = timer.timed(
         lambda works: "recv" if any(kinds.pop(id(w), "send") == "recv" for w in list(works)) else "send",
         schedules._wait_batch_p2p)
+    # its loss runs after the last stage's forward_one_chunk (ours inside the forward action): counted in that F
+    schedules._PipelineSchedule._maybe_compute_loss = timer.timed(lambda *a, **k: "+F",
+                                                                  schedules._PipelineSchedule._maybe_compute_loss)
     cls = stage._PipelineStageBase
     cls.forward_one_chunk = timer.timed(lambda *a, **k: "F", cls.forward_one_chunk)
     cls.backward_one_chunk = timer.timed(lambda *a, **k: "B" if k.get("full_backward", True) else "I",
