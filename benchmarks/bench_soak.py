@@ -7,7 +7,9 @@ For each configuration (``sp_lp``: 5 ranks, 2x2 tiles then a layer stage; ``pipe
 1F1B, 4 micro-batches; ResNet v2 depth 11, width 8, 64 px, float32, as in issue 17) and each mode
 (``api``: ``HybridEngine.train_step`` in a loop, as notebooks and custom scripts train; ``train``:
 the CLI's ``Trainer`` loop, run through ``train_cmd.main``), it launches ``mpiexec``, samples every
-rank's RSS, the bytes of live tensors (gc-counted) and the trace's event count every
+rank's anonymous RSS (``RssAnon``: heap and tensors, without the libraries' file pages, which the kernel drops
+and faults back in with the machine's memory pressure), the bytes of live tensors (gc-counted) and the trace's
+event count every
 ``--sample-every`` steps, and prints one row per rank: RSS after warm-up and at the end, and the
 growth per 1000 steps (least-squares slope over the second half of the run, i.e. after warm-up),
 plus the trace length, and the RSS grown from the first sample at or after ``--from-step`` to the end (issue
@@ -48,14 +50,14 @@ def config_flags(name: str) -> list[str]:
 def rank_program(name: str, mode: str, steps: int, every: int, backend: str = "auto") -> None:
     import torch
 
-    from mpi4dl_nb.measure.usage import live_tensor_bytes, rss_bytes
+    from mpi4dl_nb.measure.usage import anon_rss_bytes, live_tensor_bytes, rss_bytes
 
     torch.set_num_threads(1)
     samples: list[tuple[int, int, int, int]] = []
 
     def sample(step: int, tracer_length: int) -> None:
         if step % every == 0:
-            samples.append((step, rss_bytes() or 0, live_tensor_bytes(), tracer_length))
+            samples.append((step, anon_rss_bytes() or rss_bytes() or 0, live_tensor_bytes(), tracer_length))
 
     if mode == "api":
         ctx = api_run(name, steps, sample, backend)
