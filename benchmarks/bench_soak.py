@@ -1,17 +1,21 @@
 """Soak: per-rank memory over thousands of training steps, through the Python API and through ``train``.
 
     python benchmarks/bench_soak.py [--steps 3000] [--sample-every 100] [--configs sp_lp,pipeline]
-                                    [--modes api,train]
+                                    [--modes api,train] [--backend mpi|gloo] [--from-step 2000]
 
 For each configuration (``sp_lp``: 5 ranks, 2x2 tiles then a layer stage; ``pipeline``: 2 ranks,
 1F1B, 4 micro-batches; ResNet v2 depth 11, width 8, 64 px, float32, as in issue 17) and each mode
 (``api``: ``HybridEngine.train_step`` in a loop, as notebooks and custom scripts train; ``train``:
 the CLI's ``Trainer`` loop, run through ``train_cmd.main``), it launches ``mpiexec``, samples every
-rank's RSS, the bytes of live tensors (gc-counted) and the trace's event count every
+rank's anonymous RSS (``RssAnon``: heap and tensors, without the libraries' file pages, which the kernel drops
+and faults back in with the machine's memory pressure), the bytes of live tensors (gc-counted) and the trace's
+event count every
 ``--sample-every`` steps, and prints one row per rank: RSS after warm-up and at the end, and the
 growth per 1000 steps (least-squares slope over the second half of the run, i.e. after warm-up),
-plus the trace length. Issue 17's goal: API RSS growth under 1 MB per 10,000 steps (100 KB per
-1000), trace bounded.
+plus the trace length, and the RSS grown from the first sample at or after ``--from-step`` to the end (issue
+54's measure: under 1 MB between steps 2,000 and 10,000 on every rank). ``--backend``: the data plane of the API
+mode (``mpi``, or ``gloo``: torch.distributed). Issue 17's goal: API RSS growth under 1 MB per 10,000 steps
+(100 KB per 1000), trace bounded.
 """
 
 from __future__ import annotations
@@ -43,20 +47,20 @@ def config_flags(name: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------ on every rank
-def rank_program(name: str, mode: str, steps: int, every: int) -> None:
+def rank_program(name: str, mode: str, steps: int, every: int, backend: str = "auto") -> None:
     import torch
 
-    from mpi4dl_nb.measure.usage import live_tensor_bytes, rss_bytes
+    from mpi4dl_nb.measure.usage import anon_rss_bytes, live_tensor_bytes, rss_bytes
 
     torch.set_num_threads(1)
     samples: list[tuple[int, int, int, int]] = []
 
     def sample(step: int, tracer_length: int) -> None:
         if step % every == 0:
-            samples.append((step, rss_bytes() or 0, live_tensor_bytes(), tracer_length))
+            samples.append((step, anon_rss_bytes() or rss_bytes() or 0, live_tensor_bytes(), tracer_length))
 
     if mode == "api":
-        ctx = api_run(name, steps, sample)
+        ctx = api_run(name, steps, sample, backend)
     else:
         ctx = train_run(name, steps, sample)
     gathered = ctx.gather_object(samples, root=0)
@@ -65,7 +69,7 @@ def rank_program(name: str, mode: str, steps: int, every: int) -> None:
               flush=True)
 
 
-def api_run(name: str, steps: int, sample):
+def api_run(name: str, steps: int, sample, backend: str = "auto"):
     import torch
     from torch import nn
 
@@ -77,7 +81,7 @@ def api_run(name: str, steps: int, sample):
 
     job = TrainJob.of(**keyword_values(train_parser().parse_args(config_flags(name)), TrainJob))
     cfg, batch = job.config, job.training.batch_size
-    ctx = dl.init()
+    ctx = dl.init(backend=backend)
     torch.manual_seed(0)
     layers = build_model("resnet", num_layers=MODEL["depth"], num_filters=MODEL["width"],
                          num_classes=MODEL["classes"], version=2, image_size=MODEL["image"])
@@ -123,21 +127,23 @@ def slope_per_1000(points: list[tuple[int, int]]) -> float:
     return 1000 * growth_per_step([(s, float(v)) for s, v in points])
 
 
-def launch(name: str, mode: str, steps: int, every: int) -> dict:
+def launch(name: str, mode: str, steps: int, every: int, backend: str = "auto") -> dict:
     done = run_job(CONFIGS[name], [sys.executable, "-m", "mpi4py", __file__, "--rank-program", name, mode, str(steps),
-                                   str(every)], cwd=str(REPO))
+                                   str(every), backend], cwd=str(REPO))
     return last_json(done.stdout, MARK)
 
 
-def report(result: dict, table: Table) -> None:
+def report(result: dict, table: Table, from_step: int) -> None:
     for rank, samples in enumerate(result["ranks"]):
+        after = [r for s, r, _, _ in samples if s >= from_step] or [samples[-1][1]]
         late = samples[len(samples) // 2:]
         rss = slope_per_1000([(s, r) for s, r, _, _ in late])
         tensors = slope_per_1000([(s, t) for s, _, t, _ in late])
         events = [e for *_, e in samples]
         mib = 2.0 ** 20
         table.add(result["config"], result["mode"], rank, f"{late[0][1] / mib:.1f}", f"{samples[-1][1] / mib:.1f}",
-                  f"{rss / 1024:+.1f}", f"{tensors / 1024:+.2f}", f"{min(events)}-{max(events)}")
+                  f"{rss / 1024:+.1f}", f"{(after[-1] - after[0]) / 1024:+.0f}", f"{tensors / 1024:+.2f}",
+                  f"{min(events)}-{max(events)}")
 
 
 def main() -> None:
@@ -146,15 +152,19 @@ def main() -> None:
     parser.add_argument("--sample-every", type=int, default=100)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--modes", default="api,train")
+    parser.add_argument("--backend", default="auto", help="the API mode's data plane: auto (mpi on CPU), mpi, gloo")
+    parser.add_argument("--from-step", type=int, default=2000, help="RSS grown from this step to the end")
     args = parser.parse_args()
     footer = Footer()
     print(f"# ResNet v2-{MODEL['depth']} width {MODEL['width']}, {MODEL['image']} px, float32; "
-          f"{args.steps} steps, sampled every {args.sample_every}; growth = slope over the 2nd half")
+          f"{args.steps} steps, sampled every {args.sample_every}; growth = slope over the 2nd half; "
+          f"backend {args.backend}")
     table = Table(["config", "mode", ">rank", ">RSS at half MiB", ">RSS at end MiB", ">RSS growth KiB/1000 steps",
+                   f">RSS grown steps {args.from_step}-{args.steps} KiB",
                    ">tensor bytes growth KiB/1000 steps", "trace events (min-max)"])
     for name in args.configs.split(","):
         for mode in args.modes.split(","):
-            report(launch(name, mode, args.steps, args.sample_every), table)
+            report(launch(name, mode, args.steps, args.sample_every, args.backend), table, args.from_step)
             print(f"  {name} {mode}: done", file=sys.stderr, flush=True)
     print(table.markdown())
     footer.print()
@@ -163,7 +173,7 @@ def main() -> None:
 if __name__ == "__main__":
     if "--rank-program" in sys.argv:
         at = sys.argv.index("--rank-program")
-        config, mode_, steps_, every_ = sys.argv[at + 1:at + 5]
-        rank_program(config, mode_, int(steps_), int(every_))
+        config, mode_, steps_, every_, backend_ = sys.argv[at + 1:at + 6]
+        rank_program(config, mode_, int(steps_), int(every_), backend_)
     else:
         main()

@@ -43,6 +43,8 @@ run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 --steps 6 --schedule 1f1b
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --new-schedules
 run yielding mpiexec -n 4 python benchmarks/bench_pipeline.py --new-schedules
+run mpiexec -n 2 python benchmarks/bench_pipeline.py --new-schedules --image-size 128 --channels 32 --micro-batches 4
+run mpiexec -n 2 python benchmarks/bench_actions.py
 # 11. gradient all-reduce overlapped with backward (data_parallel=2, local_dp=2)
 run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend mpi --markdown
 run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend gloo --markdown
@@ -71,7 +73,8 @@ run python benchmarks/bench_infer.py --size 2048 --window 256 --ranks 1 2 4 --bi
 run python benchmarks/bench_infer_dense.py --size 1024 --roi 256 --ranks 1 4
 run python benchmarks/bench_infer_memory.py --side 1024 --window 256 --ranks 4 --dtype float64
 run python benchmarks/bench_soak.py --steps 3000 --sample-every 100
-run python benchmarks/bench_soak.py --steps 6000 --sample-every 200 --configs sp_lp --modes api
+run python benchmarks/bench_soak.py --steps 3000 --sample-every 100 --configs sp_lp --modes api --backend mpi --from-step 1000
+run python benchmarks/bench_soak.py --steps 3000 --sample-every 100 --configs sp_lp --modes api --backend gloo --from-step 1000
 run yielding mpiexec -n 4 python benchmarks/bench_ooc.py --width 4 --budget-mib 8 --probe 128 --time-size 384 --steps 5
 # 9. whole slides: the largest canvas per rank budget (each job its own mpiexec), what resolution buys
 run python benchmarks/bench_whole_slide_memory.py --budget-mib 256,448

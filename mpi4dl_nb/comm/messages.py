@@ -88,7 +88,33 @@ def decode_header(header: torch.Tensor) -> tuple[int, bool, list[tuple[torch.dty
 
 def payload_bytes(payload: Payload) -> int:
     """Bytes of the tensors of ``payload``."""
-    return sum(t.numel() * t.element_size() for t in checked_items(payload))
+    return sum(t.numel() * t.element_size() for t in as_items(payload))
+
+
+HeaderKey = tuple[torch.device, int, bool, tuple[tuple[torch.dtype, torch.Size], ...]]
+
+
+class HeaderCache:
+    """Encoded headers by (device, tag, tuple flag, dtypes and shapes): a pipeline sends the same few every step.
+
+    A cached header is never written again, so several sends may read it at once; ``limit`` bounds the
+    cache (a run whose shapes keep changing, e.g. inference on ragged tiles, starts it afresh)."""
+
+    def __init__(self, limit: int = 512) -> None:   # 512 headers of 1 KiB at most
+        self.limit = limit
+        self.headers: dict[HeaderKey, torch.Tensor] = {}
+
+    def header(self, payload: Payload, items: Sequence[torch.Tensor], device: torch.device, tag: int) -> torch.Tensor:
+        key = (device, tag, isinstance(payload, (tuple, list)), tuple((t.dtype, t.shape) for t in items))
+        found = self.headers.get(key)
+        if found is None:
+            if len(self.headers) >= self.limit:
+                self.headers.clear()
+            found = self.headers[key] = encode_header(payload, device, tag)
+        return found
+
+
+HEADERS = HeaderCache()
 
 
 def isend_payload(ctx: Comm, payload: Payload, dst: int, tag: int,
@@ -99,16 +125,19 @@ def isend_payload(ctx: Comm, payload: Payload, dst: int, tag: int,
     """
     items = [t.detach().contiguous() for t in checked_items(payload)]
     device = items[0].device if items else ctx.device
-    requests = [ctx.exchange([Transfer.to(encode_header(payload, device, tag), dst, tag)], via)]
+    requests = [ctx.exchange([Transfer.to(HEADERS.header(payload, items, device, tag), dst, tag)], via)]
     if items:
         requests.append(ctx.exchange([Transfer.to(t, dst, tag) for t in items], via))
     return requests
 
 
 def recv_payload(ctx: Comm, src: int, tag: int, device: torch.device,
-                 via: Group | Channel | None = None) -> Payload:
-    """Receive the next payload ``isend_payload`` sent from ``src`` on ``via``; it must carry ``tag``."""
-    header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=device)
+                 via: Group | Channel | None = None, header: torch.Tensor | None = None) -> Payload:
+    """Receive the next payload ``isend_payload`` sent from ``src`` on ``via``; it must carry ``tag``.
+    ``header``: a buffer of HEADER_LEN int64 on ``device`` to receive the header into (reused by a caller
+    that receives one payload at a time)."""
+    if header is None:
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=device)
     ctx.exchange([Transfer.into(header, src, tag)], via).wait()
     got, is_tuple, specs = decode_header(header)
     if got != tag:
@@ -141,6 +170,7 @@ class Mailbox:
         self._next = {src: 0 for src in order}
         self._early: dict[int, dict[Hashable, Payload]] = {src: {} for src in order}
         self.early_total = 0    # payloads that arrived ahead of their receive action, ever
+        self._header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=device)   # one receive at a time
 
     def begin(self) -> None:
         """Start a round: every channel from its first message."""
@@ -159,7 +189,7 @@ class Mailbox:
                                         f"rank {src} sends in a round")
             expected, tag = self.order[src][position]
             self._next[src] = position + 1
-            early[expected] = recv_payload(self.ctx, src, tag, self.device, self.routes.get(src))
+            early[expected] = recv_payload(self.ctx, src, tag, self.device, self.routes.get(src), self._header)
             if expected != key:
                 self.early_total += 1
         return early.pop(key)

@@ -110,6 +110,8 @@ class MpiPlane:
     # ------------------------------------------------------------ point to point
     def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None) -> Request:
         """Post every transfer (tags keep them apart: the world communicator carries all p2p)."""
+        if not self.stage_everything and all(t.tensor.device.type == "cpu" for t in transfers):
+            return self._exchange_host(transfers)   # nothing to stage or settle
         staged = {i: self.pool.take(t.tensor) for i, t in enumerate(transfers) if self._staged(t.tensor)}
         for i, host in staged.items():
             if transfers[i].send:
@@ -128,6 +130,13 @@ class MpiPlane:
                 self.pool.give(host)
         return Request(MpiRequests(handles, self.wait_mode), on_done=done if staged else None,
                        keep=[t.tensor for t in transfers])
+
+    def _exchange_host(self, transfers: Sequence[Transfer]) -> Request:
+        """``exchange`` of host tensors: posted on their own memory, nothing to do on completion."""
+        comm = self.comm
+        handles = [comm.Isend(self._buffer(t.tensor), t.peer, t.tag) if t.send
+                   else comm.Irecv(self._buffer(t.tensor), t.peer, t.tag) for t in transfers]
+        return Request(MpiRequests(handles, self.wait_mode), keep=[t.tensor for t in transfers])
 
     # --------------------------------------------------------------- collectives
     def _in_place(self, tensor: torch.Tensor, operation: Callable[[Buffer], MPI.Request]) -> None:

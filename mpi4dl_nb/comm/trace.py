@@ -275,6 +275,20 @@ class Tracer:
             return
         self._add(op, self.clock.seconds(start), self.clock.seconds(end), fields)
 
+    def event(self, op: str, start: Stamp, end: Stamp, stage: int | None = None, micro_batch: int | None = None,
+              replica: int | None = None, peer: int | None = None, moved: int = 0,
+              extra: dict[str, TraceValue] | None = None) -> None:
+        """``record`` for a caller that has the fields at hand (the pipeline's actions): no keyword parsing."""
+        if not self.enabled:
+            return
+        if self.clock.deferred:
+            fields: dict[str, TraceValue] = {"stage": stage, "micro_batch": micro_batch, "replica": replica,
+                                             "peer": peer, "bytes": moved, **(extra or {})}
+            self._pending.append((op, start, end, fields))
+            return
+        self._keep(Event(self.rank, op, self.clock.seconds(start), self.clock.seconds(end), stage, micro_batch,
+                         replica, moved, peer, extra if extra is not None else {}))
+
     def _add(self, op: str, start: float, end: float, fields: dict[str, TraceValue]) -> None:
         def index(name: str) -> int | None:   # the named fields are numbers (or None)
             value = fields.pop(name, None)
@@ -282,8 +296,11 @@ class Tracer:
                 raise TypeError(f"trace field {name}={value!r}: give a number")
             return None if value is None else int(value)
 
-        event = Event(self.rank, op, start, end, stage=index("stage"), micro_batch=index("micro_batch"),
-                      replica=index("replica"), bytes=index("bytes") or 0, peer=index("peer"), extra=fields)
+        self._keep(Event(self.rank, op, start, end, stage=index("stage"), micro_batch=index("micro_batch"),
+                         replica=index("replica"), bytes=index("bytes") or 0, peer=index("peer"), extra=fields))
+
+    def _keep(self, event: Event) -> None:
+        op = event.op
         self._buckets[-1].append(event)
         self._count += 1
         self.recorded += 1

@@ -11,7 +11,11 @@ slows the stages that compute: measured here, 3 ranks on 2 cores, a computing ra
 (20 us doubling to 250 us): the waiting rank leaves the core to the others and notices
 completion within the current pause. ``WaitMode.BLOCK`` is the library's own wait: lowest
 latency, the right choice when every rank has its own core (or GPU). ``wait_mode_for``
-picks YIELD exactly when the node's ranks outnumber its cores.
+picks YIELD when the node's ranks outnumber its cores, or when its cores are busy already (the
+1-minute load average at start at least the cores: a node shared with other jobs). A rank that
+polls burns its share of a crowded core, so the scheduler preempts it soon after its input arrives:
+measured on 2 cores at load 20-25 (``benchmarks/bench_actions.py``), a tiny forward's median went
+from 2.5 ms blocking to 0.34 ms yielding, the peer's (waiting on a condition variable) 0.4 ms.
 """
 
 from __future__ import annotations
@@ -43,13 +47,25 @@ def node_cores() -> int:
     return os.cpu_count() or 1
 
 
-def wait_mode_for(local_ranks: int, cores: int | None = None, requested: str | None = None) -> WaitMode:
+def node_load() -> float:
+    """The node's 1-minute load average (0 where the system does not tell)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def wait_mode_for(local_ranks: int, cores: int | None = None, requested: str | None = None,
+                  load: float | None = None) -> WaitMode:
     """The wait mode of a rank among ``local_ranks`` ranks of its node: ``requested``
     ('block' | 'yield' | 'auto'; None: the ``MPI4DL_NB_WAIT`` variable, else 'auto'); auto
-    yields exactly when the ranks outnumber the node's ``cores``."""
+    yields when the ranks outnumber the node's ``cores`` or the node's ``load`` (None: its
+    1-minute load average now) is at least its cores."""
     choice = requested if requested is not None else os.environ.get(ENV_VAR, "auto")
     if choice == "auto":
-        return WaitMode.YIELD if local_ranks > (cores or node_cores()) else WaitMode.BLOCK
+        cores = cores or node_cores()
+        crowded = local_ranks > cores or (node_load() if load is None else load) >= cores
+        return WaitMode.YIELD if crowded else WaitMode.BLOCK
     try:
         return WaitMode(choice)
     except ValueError:

@@ -207,6 +207,20 @@ def rss_bytes() -> int | None:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def anon_rss_bytes() -> int | None:
+    """This process's resident anonymous memory now (Linux ``RssAnon``: the heap, tensors, what a leak grows;
+    without the shared libraries' file pages, which the kernel drops and faults back in as the machine's memory
+    pressure comes and goes), None where unknown."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def live_tensor_bytes() -> int:
     """Bytes of every tensor storage the garbage collector can reach (each storage once; slow)."""
     seen: set[tuple[int, int]] = set()

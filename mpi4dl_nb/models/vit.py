@@ -46,7 +46,7 @@ def patch_multiple(model: nn.Module) -> int:
     return int(ratio)
 
 
-def token_grid(model: nn.Module) -> tuple[int, int]:
+def patch_grid_of(model: nn.Module) -> tuple[int, int]:
     """The token grid (rows, cols) the model was built for (its position embeddings')."""
     rows, cols = getattr(model, EMBEDDING_STEP).grid_size
     return int(rows), int(cols)
@@ -58,7 +58,7 @@ def token_image_size(model: nn.Module) -> tuple[int, int]:
     return int(rows), int(cols)
 
 
-def settings_of(model: nn.Module) -> dict[str, object]:
+def build_settings_of(model: nn.Module) -> dict[str, object]:
     """The model's plain attributes (``num_prefix_tokens``, ``global_pool``, ``no_embed_class`` ...): what its
     methods read besides modules and tensors."""
     return {name: value for name, value in vars(model).items()
@@ -97,7 +97,7 @@ class TokenEmbedding(Piece):
         """Where this model's tokens lie on ``grid``'s tiles (its token grid, the prefix tokens on tile 0): what the
         hand-off to a layer stage joins (``pipeline/handoff.py``)."""
         count = self.settings.get("num_prefix_tokens", 0)
-        return TokenTiling(grid, token_grid(self), count if isinstance(count, int) else 0)
+        return TokenTiling(grid, patch_grid_of(self), count if isinstance(count, int) else 0)
 
     def with_steps(self, steps: Sequence[tuple[str, nn.Module]]) -> Piece:
         params = {name: getattr(self, name) for name in self.tensors}
@@ -196,7 +196,7 @@ def token_pieces(model: nn.Module) -> list[nn.Module]:
         raise ConfigError("model", f"{type(model).__name__} cannot be cut into a layer list: {reason}; build the "
                                    f"layer list yourself (modules whose nn.Sequential equals your model)")
     children = dict(model.named_children())
-    source, settings = type(model), settings_of(model)
+    source, settings = type(model), build_settings_of(model)
     embed = [(name, children[name]) for name in EMBEDDING_CHILDREN if name in children]
     tensors: dict[str, nn.Parameter | None] = {name: model._parameters[name] for name in OWN_TENSORS
                                                if name in model._parameters}
@@ -204,7 +204,7 @@ def token_pieces(model: nn.Module) -> list[nn.Module]:
     rope = getattr(model, "rope", None)
     for index, block in enumerate(getattr(model, BLOCKS)):
         path = f"{BLOCKS}.{index}"
-        pieces.append(Piece([(path, block)]) if rope is None else RopeBlock(path, block, rope, token_grid(model)))
+        pieces.append(Piece([(path, block)]) if rope is None else RopeBlock(path, block, rope, patch_grid_of(model)))
     first = [(name, children[name]) for name in HEAD_FIRST if name in children]
     head = [(name, children[name]) for name in HEAD_CHILDREN if name in children]
     pieces.append(TokenHead([*first, *head], source, settings, len(first)))
@@ -276,7 +276,7 @@ def resampled_positions(layers: Sequence[nn.Module], weights: Mapping[str, torch
     embed = layers[0]
     prefix = embedded_prefix(embed)
     side = math.isqrt(theirs.shape[1] - prefix)
-    rows, cols = token_grid(embed)
+    rows, cols = patch_grid_of(embed)
     if side * side != theirs.shape[1] - prefix or theirs.shape[2] != mine.shape[2]:
         return found, None          # not a square grid of the same width: load_weights names the shapes
     from timm.layers import resample_abs_pos_embed

@@ -113,6 +113,8 @@ class HybridEngine:
         self.stages: list[Stage] = split_layers(layers, cfg.split_size, self.balance)
         self.grid = TileGrid.of_shape(cfg.tile_grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
+        self._firsts = [a for a in self.schedule.actions(ctx.rank)   # this rank's forwards of stage 0
+                        if a.kind is ActionKind.FORWARD and a.stage == 0]
         self.stage_groups, spatial_groups = self._make_groups()
         self.sync_groups = self._make_sync_groups()
         try:   # a rank-local failure (e.g. an unsupported spatial layer) must not hang others
@@ -332,8 +334,7 @@ class HybridEngine:
         batch = resolve_batch_size(images, labels, batch_size)
         self.cfg.validate(batch_size=batch)
         data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
-        firsts = [a for a in self.schedule.actions(self.ctx.rank)
-                  if a.kind is ActionKind.FORWARD and a.stage == 0]
+        firsts = self._firsts
         try:   # what is missing differs between ranks: fail loudly instead of hanging others
             data.check(self.ctx.rank, runs_first=bool(firsts),
                        runs_spatial_first=any(a.tile is not None for a in firsts),
@@ -401,8 +402,7 @@ class HybridEngine:
         batch = resolve_batch_size(images, labels, batch_size)
         self.cfg.validate(batch_size=batch)
         data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
-        firsts = [a for a in self.schedule.actions(self.ctx.rank)
-                  if a.kind is ActionKind.FORWARD and a.stage == 0]
+        firsts = self._firsts
         modes = {m: m.training for inst in self.instances.values()
                  for root in (inst.canonical, inst.module) for m in root.modules()}
         try:

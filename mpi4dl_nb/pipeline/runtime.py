@@ -20,8 +20,8 @@ from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .grad_buckets import MB, GradientReducer, weight_gradient_passes
 from .handoff import Region, join_tiles, split_grad
-from .precision import LossScaler, autocast
-from .schedules import Action, ActionKind, Schedule, Stepper, chunk_index, stage_ranks
+from .precision import COMPUTE_DTYPES, LossScaler, autocast
+from .schedules import Action, ActionKind, Schedule, chunk_index, stage_ranks
 from .split_backward import LayerCall, LayerRecorder, WeightWork, input_backward
 from .stages import Stage
 from .step_input import StepInput
@@ -170,6 +170,7 @@ class PipelineRuntime:
         self.grid = grid
         self.holders = stage_ranks(self.cfg)
         self.scaler = LossScaler() if self.cfg.precision == "fp16" else None
+        self.autocasts = self.cfg.precision in COMPUTE_DTYPES   # a forward runs under torch.autocast
         self.actions = schedule.actions(ctx.rank)
         # One-way channels carry the payloads (own process groups on the torch plane; made
         # collectively, same pairs everywhere); receives take each channel in send order.
@@ -180,9 +181,18 @@ class PipelineRuntime:
         self.mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank), inbound)
         # an evaluation's round carries the activations only: its own send order per channel
         self.forward_mailbox = Mailbox(ctx, ctx.device, inbound_order(schedule, ctx.rank, True), inbound)
-        self.recorders = {key: LayerRecorder(inst.module) for key, inst in instances.items()
+        self.recorders = {key: LayerRecorder(inst.module, persistent=True) for key, inst in instances.items()
                           if self._splits(inst.stage)}
         self.reducer = self._gradient_reducer()
+        # worked out once: this rank's actions in the order it runs them, and what each step's buckets expect
+        self.order: tuple[Action, ...] = tuple(a for a in schedule.global_order() if a.rank == ctx.rank)
+        self.passes = self.weight_gradient_passes() if self.reducer is not None and self.reducer.stages else {}
+        self.ledgers = [inst.ledger for inst in instances.values() if inst.ledger]
+        self._run = {ActionKind.FORWARD: self._forward, ActionKind.BACKWARD: self._backward,
+                     ActionKind.BACKWARD_INPUT: self._backward, ActionKind.BACKWARD_WEIGHT: self._backward_weight,
+                     ActionKind.SEND_ACT: self._send, ActionKind.SEND_GRAD: self._send,
+                     ActionKind.RECV_ACT: self._recv, ActionKind.RECV_GRAD: self._recv,
+                     ActionKind.ALLREDUCE: self._allreduce_in, ActionKind.OPTIM: self._optimize}
 
     def _stage_copies(self, stage: int) -> list[StageInstance]:
         """This rank's copies of ``stage`` (GEMS directions), in replica order."""
@@ -198,7 +208,7 @@ class PipelineRuntime:
             if group is not None and group.size > 1:
                 copies = self._stage_copies(stage)
                 reducer.add_stage(stage, [i.module for i in copies], group, _silent_of(copies))
-        return reducer
+        return reducer   # with no stage shared it holds no buckets: its per-step work is an empty loop
 
     def weight_gradient_passes(self) -> dict[int, list[int]]:
         """For each stage this rank holds, the backward passes of each of its copies this step."""
@@ -331,9 +341,11 @@ class PipelineRuntime:
             x = _leaf(x)
         state.inputs[key] = x
         recorder = self.recorders.get((action.replica, action.stage))
-        with ExitStack() as scope:
-            scope.enter_context(inst.ledger.chunk(self._stats_key(action)))
-            scope.enter_context(autocast(self.cfg.precision, self.ctx.device))
+        with ExitStack() as scope:   # only the contexts that do something here (each costs per forward)
+            if inst.ledger:
+                scope.enter_context(inst.ledger.chunk(self._stats_key(action)))
+            if self.autocasts:
+                scope.enter_context(autocast(self.cfg.precision, self.ctx.device))
             if recorder is not None:
                 state.layer_calls[key] = scope.enter_context(recorder.recording())
             out = inst.module(x)
@@ -505,38 +517,32 @@ class PipelineRuntime:
         return StepRun(self, _StepState(data, chunk_size, data.batch_size))
 
     def _traced(self, action: Action, state: _StepState) -> None:
-        with self.ctx.tracer.span(action.kind.value, stage=action.stage, micro_batch=action.micro_batch,
-                                  replica=action.replica, peer=action.peer, chunk=action.chunk,
-                                  copy=action.copy, tick=action.tick) as extra:
-            moved = self._execute(action, state)
-            if moved:
-                extra["bytes"] = moved
+        """Execute ``action``; with tracing on, one event for it (off: nothing but the check)."""
+        tracer = self.ctx.tracer
+        if not tracer.enabled:
+            self._run[action.kind](action, state)
+            return
+        start = tracer.stamp()
+        moved = self._run[action.kind](action, state)
+        tracer.event(action.kind.value, start, tracer.stamp(), action.stage, action.micro_batch, action.replica,
+                     action.peer, moved or 0, {"chunk": action.chunk, "copy": action.copy, "tick": action.tick})
 
     def _execute(self, action: Action, state: _StepState) -> int:
-        kind = action.kind
-        if kind is ActionKind.FORWARD:
-            self._forward(action, state)
-        elif kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT):
-            self._backward(action, state)
-        elif kind is ActionKind.BACKWARD_WEIGHT:
-            self._backward_weight(action, state)
-        elif kind.is_p2p and kind.is_send:
-            return self._send(action, state)
-        elif kind.is_p2p:
-            return self._recv(action, state)
-        elif kind is ActionKind.ALLREDUCE:
-            return self._allreduce(action)
-        elif kind is ActionKind.OPTIM:
-            self.ctx.wait_all(state.requests)
-            state.requests.clear()
-            for pending in state.act_sends.values():
-                self.ctx.wait_all(pending)
-            state.act_sends.clear()
-            if self.optimizer is not None and self.gradients_usable():
-                self.optimizer.step()
-        else:
-            raise ValueError(f"unknown action kind {kind!r}")
-        return 0
+        """Run one action; the bytes it moved (sends, receives, all-reduces), else 0."""
+        return self._run[action.kind](action, state) or 0
+
+    def _allreduce_in(self, action: Action, state: _StepState) -> int:
+        return self._allreduce(action)
+
+    def _optimize(self, action: Action, state: _StepState) -> None:
+        """OPTIM: every send of the step complete, then the optimizer's step (when its gradients are usable)."""
+        self.ctx.wait_all(state.requests)
+        state.requests.clear()
+        for pending in state.act_sends.values():
+            self.ctx.wait_all(pending)
+        state.act_sends.clear()
+        if self.optimizer is not None and self.gradients_usable():
+            self.optimizer.step()
 
 
 class StepRun:
@@ -549,18 +555,19 @@ class StepRun:
     def __init__(self, runtime: PipelineRuntime, state: _StepState) -> None:
         self.runtime = runtime
         self.state = state
-        self.stepper = Stepper(runtime.schedule, ranks=[runtime.ctx.rank])
+        self.order = runtime.order
+        self.position = 0
         self.finished = False
         runtime.ctx.tracer.begin_step()
         runtime.mailbox.begin()
-        for inst in runtime.instances.values():
-            inst.ledger.begin_step()
+        for ledger in runtime.ledgers:
+            ledger.begin_step()
         if runtime.reducer is not None:
-            runtime.reducer.begin_step(runtime.weight_gradient_passes())
+            runtime.reducer.begin_step(runtime.passes)
 
     @property
     def next_action(self) -> Action | None:
-        return self.stepper.peek()
+        return self.order[self.position] if self.position < len(self.order) else None
 
     @property
     def loss_sum(self) -> float:
@@ -570,16 +577,22 @@ class StepRun:
         return self
 
     def __next__(self) -> Action:
-        action = self.stepper.peek()
-        if action is None:
-            if not self.finished:
-                self.runtime.ctx.wait_all(self.state.requests)
-                for pending in self.state.act_sends.values():
-                    self.runtime.ctx.wait_all(pending)
-                self.runtime.mailbox.check_drained()
-                self.runtime.ctx.tracer.end_step()
-                self.finished = True
+        if self.position >= len(self.order):
+            self._finish()
             raise StopIteration
+        action = self.order[self.position]
         self.runtime._traced(action, self.state)
-        self.stepper.step()
+        self.position += 1
         return action
+
+    def _finish(self) -> None:
+        """The step's end (once): every send complete, every received payload used, the trace's step closed."""
+        if self.finished:
+            return
+        runtime, state = self.runtime, self.state
+        runtime.ctx.wait_all(state.requests)
+        for pending in state.act_sends.values():
+            runtime.ctx.wait_all(pending)
+        runtime.mailbox.check_drained()
+        runtime.ctx.tracer.end_step()
+        self.finished = True

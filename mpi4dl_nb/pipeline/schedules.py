@@ -366,7 +366,7 @@ def _role_text(role: RankRole) -> str:
 class Stepper:
     """Walks a schedule one action at a time in its global order.
 
-    The runtime iterates a Stepper restricted to its own rank; a notebook iterates one
+    The runtime runs its own rank's part of this order (computed once); a notebook iterates one
     over all ranks to show the run step by step. ``step()`` returns the next action (None
     when finished); ``history`` holds the actions already taken.
     """

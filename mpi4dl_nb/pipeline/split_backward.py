@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.utils.hooks import RemovableHandle
 
 from ..comm.messages import as_items
 from ..spatial.backward_half import weight_half
@@ -72,31 +73,51 @@ def accumulate(params: Sequence[nn.Parameter], grads: Sequence[torch.Tensor | No
 
 
 class LayerRecorder:
-    """Records the layers' calls of forwards run inside :meth:`recording` (forward hooks, removed after)."""
+    """Records the layers' calls of forwards run inside :meth:`recording` (one forward hook per layer).
 
-    def __init__(self, module: nn.Module) -> None:
+    ``persistent``: the hooks stay from construction to ``close()`` and pass every forward outside
+    ``recording`` (an evaluation) through untouched - what the runtime uses, so a forward registers nothing;
+    else they are registered for each ``recording`` and removed after it."""
+
+    def __init__(self, module: nn.Module, persistent: bool = False) -> None:
         self.layers = [m for m in module.modules()
                        if any(p.requires_grad for p in m.parameters(recurse=False))]
+        self.params = [tuple(p for p in m.parameters(recurse=False) if p.requires_grad) for m in self.layers]
+        self.persistent = persistent
+        self._calls: list[LayerCall] | None = None
+        self._handles: list[RemovableHandle] = self._attach() if persistent else []
+
+    def _attach(self) -> list[RemovableHandle]:
+        return [m.register_forward_hook(self._hook_for(i)) for i, m in enumerate(self.layers)]
+
+    def _hook_for(self, index: int) -> Callable[[nn.Module, object, object], None]:
+        def hook(module: nn.Module, args: object, output: object) -> None:
+            if self._calls is None:
+                return
+            call = self._calls[index]
+            call.calls += 1
+            items = as_items(output) if isinstance(output, (torch.Tensor, tuple, list)) else []
+            call.edges = [get_gradient_edge(t) for t in items
+                          if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        return hook
 
     @contextmanager
     def recording(self) -> Iterator[list[LayerCall]]:
-        calls = [LayerCall(m, tuple(p for p in m.parameters(recurse=False) if p.requires_grad))
-                 for m in self.layers]
-
-        def hook_for(call: LayerCall) -> Callable[[nn.Module, object, object], None]:
-            def hook(module: nn.Module, args: object, output: object) -> None:
-                call.calls += 1
-                items = as_items(output) if isinstance(output, (torch.Tensor, tuple, list)) else []
-                call.edges = [get_gradient_edge(t) for t in items
-                              if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-            return hook
-
-        handles = [call.module.register_forward_hook(hook_for(call)) for call in calls]
+        calls = [LayerCall(m, params) for m, params in zip(self.layers, self.params)]
+        self._calls = calls
+        handles = [] if self.persistent else self._attach()
         try:
             yield calls
         finally:
+            self._calls = None
             for handle in handles:
                 handle.remove()
+
+    def close(self) -> None:
+        """Remove the persistent hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
 
 def input_backward(calls: Sequence[LayerCall], outputs: Sequence[torch.Tensor],

@@ -15,7 +15,8 @@ from tests.support.models import build
 from tests.support.planes import split_backend
 
 CHECKS = ("wrong world size refused", "uneven batch refused", "hook sees the schedule in order",
-          "manual stepping equals train_step", "kept gradients equal serial", "gathered timeline")
+          "manual stepping equals train_step", "kept gradients equal serial", "gathered timeline",
+          "tracing off: no trace work per action")
 
 
 def expect_config_error(fn, *words: str) -> None:
@@ -36,7 +37,7 @@ def main(check: Checks) -> None:
     ctx.tracer.clear()       # the gathered timeline holds this program's two engines (a shared launch ran others)
     layers = build("resnet")
     loss_fn = nn.CrossEntropyLoss()
-    wrong_world, uneven, hook, manual_step, kept_grads, timeline = CHECKS
+    wrong_world, uneven, hook, manual_step, kept_grads, timeline, untraced = CHECKS
 
     # wrong world size: named knob + the launch that works
     with check(wrong_world):
@@ -97,7 +98,38 @@ def main(check: Checks) -> None:
             f0 = [e for e in events if e.op == "F" and e.stage == 0]
             assert [e.micro_batch for e in f0] == [0, 1, 2, 3] * 2   # two engines, one step each
             assert all(a.start <= b.start for a, b in zip(events, events[1:]))
+
+    # tracing off: a step records nothing and takes no time stamp (one flag check per action, no more)
+    with check(untraced):
+        calls = untraced_step_calls(ctx.tracer, lambda: engine.train_step(x, y))
+        assert calls == {"events": 0, "stamps": 0, "records": 0}, calls
+        traced = untraced_step_calls(ctx.tracer, lambda: engine.train_step(x, y), enabled=True)
+        actions = len(engine.schedule.actions(ctx.rank))
+        assert traced["events"] == actions and traced["stamps"] == 2 * actions, (traced, actions)   # it can fail
     ctx.barrier()
+
+
+def untraced_step_calls(tracer, step, enabled: bool = False) -> dict[str, int]:
+    """Events kept and the tracer's stamp/record calls during ``step()`` with tracing ``enabled``."""
+    counts = {"stamps": 0, "records": 0}
+    stamp, record = tracer.stamp, tracer.record
+
+    def counted_stamp():
+        counts["stamps"] += 1
+        return stamp()
+
+    def counted_record(*args, **kwargs):
+        counts["records"] += 1
+        return record(*args, **kwargs)
+
+    before, tracer.enabled = tracer.recorded, enabled
+    tracer.stamp, tracer.record = counted_stamp, counted_record
+    try:
+        step()
+    finally:
+        tracer.enabled = True
+        del tracer.stamp, tracer.record
+    return {"events": tracer.recorded - before, **counts}
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import mpi4dl_nb as dl
-from mpi4dl_nb.measure.usage import growth_per_step, live_tensor_bytes, rss_bytes
+from mpi4dl_nb.measure.usage import anon_rss_bytes, growth_per_step, live_tensor_bytes, rss_bytes
 from tests.support.checks import Checks, run_checks
 from tests.support.models import build
 from tests.support.planes import split_backend
@@ -32,6 +32,10 @@ SAMPLE_EVERY = 20
 # warms up (up to ~1.6 KB/step over steps 40-160 on a pipeline rank, ~700 B/step over steps 50-500
 # on the spatial ranks, ~60 B/step by step 2000): the limit sits between the two.
 RSS_SLOPE = 3072       # bytes per step
+# ANON: RSS is measured as anonymous resident memory (RssAnon: heap, tensors, what a leak grows). Total RSS also
+# counts the shared libraries' file pages (~400 MB of torch here), which the kernel drops and faults back in as the
+# machine's memory pressure changes: on a shared machine they moved a tile rank's RSS by +20 KB/step over steps
+# 40-160 (gloo plane) and by -300 MB within one long run, with no change in the program.
 # Live tensors: a transient scalar may be alive during one scan (+8 bytes); a leaked tensor per
 # step (the smallest activation here is 1 KiB) would be far above this.
 TENSOR_SLOPE = 16      # bytes per step
@@ -66,7 +70,7 @@ def main(check: Checks) -> None:
         if step == WARMUP - 1:
             live_tensor_bytes()   # the first scan of every object grows the heap once: not growth
         if step >= WARMUP and step % SAMPLE_EVERY == 0:
-            rss.append((step, float(rss_bytes() or 0)))
+            rss.append((step, float(anon_rss_bytes() or rss_bytes() or 0)))   # anonymous: see ANON
             events.append(ctx.tracer.kept)
             tensors.append((step, float(live_tensor_bytes())))
     window = ctx.tracer.window_steps or 0
