@@ -110,8 +110,8 @@ class MpiPlane:
     # ------------------------------------------------------------ point to point
     def exchange(self, transfers: Sequence[Transfer], via: Group | Channel | None) -> Request:
         """Post every transfer (tags keep them apart: the world communicator carries all p2p)."""
-        if not self.stage_everything and all(t.tensor.device.type == "cpu" for t in transfers):
-            return self._exchange_host(transfers)   # nothing to stage or settle
+        if not any(self._staged(t.tensor) or self._on_device(t.tensor) for t in transfers):
+            return self._exchange_host(transfers)   # host memory: nothing to stage or settle
         staged = {i: self.pool.take(t.tensor) for i, t in enumerate(transfers) if self._staged(t.tensor)}
         for i, host in staged.items():
             if transfers[i].send:
