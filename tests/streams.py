@@ -6,8 +6,12 @@ and mostly single-threaded, so run one after the other they leave a core idle fo
 the launching ones: the launching run prints as it goes, the other's output is kept in ``out/test-unit.log``
 and printed when both have ended. The exit status is the first non-zero of the two (0 when both pass).
 
+The launching tests of ``WAITING`` (test hosts, Slurm) spend most of their time waiting: for hosts to come up,
+for heartbeats to stop and a watchdog to fire, for a batch queue. They run in the second stream once the
+others have ended (a core is idle then), so the launching stream, the longer one, does not wait for them.
+
 Usage: ``python -m tests.streams [pytest arguments, e.g. -x or -k NAME]``; ``--one-stream`` runs them as one
-pytest session (as ``pytest tests`` would).
+pytest session (as ``pytest tests`` would); ``--second-stream`` runs the second stream alone.
 """
 
 from __future__ import annotations
@@ -22,39 +26,67 @@ REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / "out" / "test-unit.log"
 NOTHING_COLLECTED = 5     # pytest's exit status when a -k/-m filter left a stream no test
 COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
+WAITING = ("tests/multihost", "tests/slurm")   # launching tests that mostly wait: in the second stream
 
 
-def pytest_command(marker: str, extra: list[str]) -> list[str]:
-    """The pytest command line of one stream: the tests selected by ``marker`` among tests/."""
-    return [sys.executable, "-m", "pytest", *COMMON, "-m", marker, *extra, "tests"]
+def pytest_command(marker: str, extra: list[str], paths: tuple[str, ...] = ("tests",),
+                   ignore: tuple[str, ...] = ()) -> list[str]:
+    """The pytest command line of one run: the tests selected by ``marker`` among ``paths``, but ``ignore``."""
+    return [sys.executable, "-m", "pytest", *COMMON, "-m", marker, *(f"--ignore={path}" for path in ignore),
+            *extra, *paths]
+
+
+def combined(statuses: list[int]) -> int:
+    """The exit status of runs: the first non-zero, a run that a filter left no test counting as passed
+    (NOTHING_COLLECTED when every run was left none)."""
+    if all(status == NOTHING_COLLECTED for status in statuses):
+        return NOTHING_COLLECTED
+    return next((status for status in statuses if status not in (0, NOTHING_COLLECTED)), 0)
+
+
+def call(command: list[str]) -> int:
+    """Run ``command`` to its end; if this process is stopped meanwhile (Ctrl-C, SIGTERM), end it first."""
+    proc = subprocess.Popen(command, cwd=REPO)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+
+
+def second_stream(argv: list[str]) -> int:
+    """The tests that start no MPI job, then the launching tests of ``WAITING``."""
+    return combined([call(pytest_command("not mpi", argv)), call(pytest_command("mpi", argv, WAITING))])
 
 
 def main(argv: list[str]) -> int:
     if "--one-stream" in argv:
         extra = [a for a in argv if a != "--one-stream"]
         return subprocess.call([sys.executable, "-m", "pytest", *COMMON, *extra, "tests"], cwd=REPO)
-    # a SIGTERM (a CI time limit, a killed make) raises here, so neither pytest run outlives this one
+    # a SIGTERM (a CI time limit, a killed make) raises here, so no pytest run outlives this one
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if "--second-stream" in argv:
+        return second_stream([a for a in argv if a != "--second-stream"])
     LOG.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with LOG.open("w") as log:
-        unit = subprocess.Popen(pytest_command("not mpi", argv), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        unit = subprocess.Popen([sys.executable, "-m", "tests.streams", "--second-stream", *argv], cwd=REPO,
+                                stdout=log, stderr=subprocess.STDOUT)
         try:
-            launching = subprocess.call(pytest_command("mpi", argv), cwd=REPO)
+            launching = subprocess.call(pytest_command("mpi", argv, ignore=WAITING), cwd=REPO)
         except BaseException:                 # Ctrl-C, SIGTERM: end the other stream too, then stop
             unit.terminate()
             unit.wait()
             raise
         unit_status = unit.wait()
     elapsed = time.monotonic() - started
-    print(f"\n---------- the tests that start no MPI job (ran beside the above; {LOG.relative_to(REPO)}) ----------")
+    print(f"\n---------- the tests that start no MPI job, then {', '.join(WAITING)} (ran beside the above; "
+          f"{LOG.relative_to(REPO)}) ----------")
     print(LOG.read_text(), end="")
-    if launching == unit_status == NOTHING_COLLECTED:
-        return NOTHING_COLLECTED
-    statuses = [0 if status == NOTHING_COLLECTED else status for status in (launching, unit_status)]
     print(f"\nboth streams ended in {elapsed / 60:.1f} min: launching tests exit {launching}, "
           f"the others exit {unit_status}")
-    return next((status for status in statuses if status), 0)
+    return combined([launching, unit_status])
 
 
 if __name__ == "__main__":
