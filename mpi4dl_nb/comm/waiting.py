@@ -14,7 +14,7 @@ latency, the right choice when every rank has its own core (or GPU). ``wait_mode
 picks YIELD when the node's ranks outnumber its cores, or when its cores are busy already (the
 1-minute load average at start at least the cores: a node shared with other jobs). A rank that
 polls burns its share of a crowded core, so the scheduler preempts it soon after its input arrives:
-measured on 2 cores at load 20-25 (``benchmarks/bench_actions.py``), a tiny forward's median went
+measured on 2 cores at load 20-25 (the per-action benchmark in benchmarks/), a tiny forward's median went
 from 2.5 ms blocking to 0.34 ms yielding, the peer's (waiting on a condition variable) 0.4 ms.
 """
 
