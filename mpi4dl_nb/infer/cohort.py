@@ -67,6 +67,13 @@ def finished(specs: Sequence[OutputSpec]) -> bool:
     return all(s.path.exists() for s in specs) and not any(work_path(s.path).exists() for s in specs)
 
 
+def say_on_rank_zero(ctx: Comm, out: TextIO, text: str) -> None:
+    """One progress line of ``infer`` on ``out``, written by rank 0 only."""
+    if ctx.rank == 0:
+        out.write(f"mpi4dl_nb infer: {text}\n")
+        out.flush()
+
+
 def run_cohort(checked: CheckedInfer, ctx: Comm, *, stream: TextIO | None = None) -> CohortSummary | None:
     """Every slide of a checked cohort job (``InferJob.check``: slides listed, outputs and the summary table's place
     checked), the network loaded once. Collective; the summary on rank 0, None elsewhere."""
@@ -95,9 +102,7 @@ class CohortRun:
     wall: float = field(default_factory=time.perf_counter)
 
     def say(self, text: str) -> None:
-        if self.ctx.rank == 0:
-            self.out.write(f"mpi4dl_nb infer: {text}\n")
-            self.out.flush()
+        say_on_rank_zero(self.ctx, self.out, text)
 
     def slide(self, number: int, slide: SlideSource) -> SlideResult:
         """One slide: skipped when finished before (``--resume``), else run; a failure reported, not raised."""

@@ -17,7 +17,7 @@ from ..data.canvas import SlideCanvases
 from ..data.pathology import bounds_of
 from ..spatial.geometry import TileGrid
 from .attention_map import CLASS_MAP_NAME, MAP_NAMES, on_slide
-from .cohort import CohortSummary, SlideResult
+from .cohort import CohortSummary, SlideResult, say_on_rank_zero
 from .job import CheckedInfer, InferJob
 from .slide_list import SlideSource
 from .slide_outputs import SLIDES_CSV, SlideRow, slide_placement, write_slide_map, write_slides_csv
@@ -118,9 +118,7 @@ class SlideLevelRun:
     wall: float = field(default_factory=time.perf_counter)
 
     def say(self, text: str) -> None:
-        if self.ctx.rank == 0:
-            self.out.write(f"mpi4dl_nb infer: {text}\n")
-            self.out.flush()
+        say_on_rank_zero(self.ctx, self.out, text)
 
     def slide(self, number: int, slide: SlideSource) -> SlideResult:
         """One slide's prediction (its row of slides.csv on rank 0); a failure reported, not raised."""
