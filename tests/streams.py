@@ -6,9 +6,11 @@ and mostly single-threaded, so run one after the other they leave a core idle fo
 the launching ones: the launching run prints as it goes, the other's output is kept in ``out/test-unit.log``
 and printed when both have ended. The exit status is the first non-zero of the two (0 when both pass).
 
-The launching tests of ``WAITING`` (test hosts, Slurm) spend most of their time waiting: for hosts to come up,
-for heartbeats to stop and a watchdog to fire, for a batch queue. They run in the second stream once the
-others have ended (a core is idle then), so the launching stream, the longer one, does not wait for them.
+The launching tests of ``SECOND`` run in the second stream once its unit tests have ended, so the two streams
+end at about the same time (CI at stop 56: launching 25.5 min, the other 7 min + the waiting ones). The test
+hosts and Slurm spend most of their time waiting (for hosts to come up, for heartbeats to stop and a watchdog to
+fire, for a batch queue); the JupyterLab tests (~9 min) drive a browser and one kernel at a time. The headless
+notebook runs go with the Lab ones: tests/conftest.py skips a headless run that the same session runs in Lab.
 
 Usage: ``python -m tests.streams [pytest arguments, e.g. -x or -k NAME]``; ``--one-stream`` runs them as one
 pytest session (as ``pytest tests`` would); ``--second-stream`` runs the second stream alone.
@@ -26,7 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / "out" / "test-unit.log"
 NOTHING_COLLECTED = 5     # pytest's exit status when a -k/-m filter left a stream no test
 COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
-WAITING = ("tests/multihost", "tests/slurm")   # launching tests that mostly wait: in the second stream
+# launching tests run in the second stream, after its unit tests (one pytest session: the Lab and headless
+# notebook runs must be collected together)
+SECOND = ("tests/multihost", "tests/slurm", "tests/ui", "tests/notebook/test_notebooks.py")
 
 
 def pytest_command(marker: str, extra: list[str], paths: tuple[str, ...] = ("tests",),
@@ -56,8 +60,8 @@ def call(command: list[str]) -> int:
 
 
 def second_stream(argv: list[str]) -> int:
-    """The tests that start no MPI job, then the launching tests of ``WAITING``."""
-    return combined([call(pytest_command("not mpi", argv)), call(pytest_command("mpi", argv, WAITING))])
+    """The tests that start no MPI job, then the launching tests of ``SECOND``."""
+    return combined([call(pytest_command("not mpi", argv)), call(pytest_command("mpi", argv, SECOND))])
 
 
 def main(argv: list[str]) -> int:
@@ -74,14 +78,14 @@ def main(argv: list[str]) -> int:
         unit = subprocess.Popen([sys.executable, "-m", "tests.streams", "--second-stream", *argv], cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            launching = subprocess.call(pytest_command("mpi", argv, ignore=WAITING), cwd=REPO)
+            launching = subprocess.call(pytest_command("mpi", argv, ignore=SECOND), cwd=REPO)
         except BaseException:                 # Ctrl-C, SIGTERM: end the other stream too, then stop
             unit.terminate()
             unit.wait()
             raise
         unit_status = unit.wait()
     elapsed = time.monotonic() - started
-    print(f"\n---------- the tests that start no MPI job, then {', '.join(WAITING)} (ran beside the above; "
+    print(f"\n---------- the tests that start no MPI job, then {', '.join(SECOND)} (ran beside the above; "
           f"{LOG.relative_to(REPO)}) ----------")
     print(LOG.read_text(), end="")
     print(f"\nboth streams ended in {elapsed / 60:.1f} min: launching tests exit {launching}, "
