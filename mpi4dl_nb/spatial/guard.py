@@ -424,12 +424,24 @@ class SpatialGuard(TorchFunctionMode):
                 _mark_tensors(out)
             return out
         args, kwargs = self.shared_operands(func, args, kwargs)
-        out = func(*args, **kwargs)
+        out = self._shaped(func, args, kwargs) if kind is OpKind.SHAPE else func(*args, **kwargs)
         if self.check_ops and kind is OpKind.SHAPE and is_tiled(args[0]):
             reason = ops.check_shape(args[0], _tensor_outputs(out))
             if reason is not None:
                 raise self.error(func, reason)
         return _mark_tensors(out)
+
+    def _shaped(self, func: TorchOp, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        """A view/reshape: one that a tile cannot take (a shape fixed for the whole image, e.g. an attention's
+        ``reshape(B, heads, -1, N)`` with the image's N) is refused naming module and op, not a bare RuntimeError."""
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as error:
+            tile = args[0] if args else None
+            if not (self.check_ops and isinstance(tile, torch.Tensor) and is_tiled(tile)):
+                raise
+            raise self.error(func, f"cannot reshape a tile of spatial size {tuple(tile.shape[-2:])} as the model "
+                                   f"asks ({error}): a shape fixed for the whole image") from error
 
     def _volume_op(self, func: TorchOp, kind: OpKind | None, args: tuple[object, ...], kwargs: dict[str, object],
                    tensors: list[torch.Tensor], tile: torch.Tensor) -> object:

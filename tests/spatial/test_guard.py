@@ -90,6 +90,7 @@ REFUSED = {
     "torch.cat": lambda m, y: torch.cat([y, torch.ones(2, 1, 8, 6)], dim=1),
     "F.interpolate": lambda m, y: F.interpolate(y, size=(y.shape[-2] * 2, y.shape[-1])),   # tile's or image's?
     "Tensor.add (arange)": lambda m, y: y + torch.arange(6.0),             # varies along the width
+    "Tensor.reshape (the image's token count)": lambda m, y: y.reshape(2, 4, -1, 96),   # torch raises on a tile
 }
 
 
