@@ -1,0 +1,127 @@
+"""swinunetr3d (models/swinunetr3d.py, models/swin3d.py): sizes and skips, a forward/backward, the shifted-window mask
+and the block's token mixing against brute-force definitions, the refusals."""
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from mpi4dl_nb.models.swin3d import MASKED, SwinBlock3d, fitted_window, partition, relative_index, reverse, shift_mask
+from mpi4dl_nb.models.swinunetr3d import (
+    SwinBottom,
+    SwinInput,
+    SwinLevel,
+    SwinUp,
+    check_windows,
+    swinunetr3d,
+    swinunetr3d_multiple,
+)
+
+
+def test_layers_skips_and_output_sizes():
+    torch.manual_seed(0)
+    layers = swinunetr3d(2, 6, 3, in_channels=2)
+    assert [type(layer) for layer in layers] == [SwinInput, SwinLevel, SwinLevel, SwinBottom, SwinUp, SwinUp, SwinUp,
+                                                 nn.Conv3d]
+    state = torch.randn(2, 2, 8, 16, 16)
+    shapes = []
+    for layer in layers[:4]:
+        state = layer(state)
+        shapes.append([tuple(t.shape) for t in state])
+    assert shapes[-1] == [(2, 24, 1, 2, 2), (2, 6, 8, 16, 16), (2, 6, 4, 8, 8), (2, 12, 2, 4, 4)]
+    for layer in layers[4:]:
+        state = layer(state)
+    assert state.shape == (2, 3, 8, 16, 16)
+    heads = [block.attn.heads for level in layers[1:3] for block in level.stage.blocks]
+    assert heads == [3, 3, 6, 6] and swinunetr3d_multiple(2) == 8 and swinunetr3d_multiple(4) == 32
+
+
+def test_a_tiny_network_trains_every_parameter():
+    torch.manual_seed(1)
+    net = nn.Sequential(*swinunetr3d(1, 3, 2)).double()
+    x = torch.randn(2, 1, 4, 8, 8, dtype=torch.float64)
+    loss = nn.functional.cross_entropy(net(x), torch.randint(0, 2, (2, 4, 8, 8)))
+    loss.backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_partition_and_reverse_are_inverse():
+    x = torch.randn(2, 4, 8, 6, 5)
+    windows = partition(x, (2, 4, 3))
+    assert windows.shape == (2 * 2 * 2 * 2, 24, 5)
+    assert torch.equal(windows[1], x[0, 0:2, 0:4, 3:6].reshape(24, 5))   # the second window in raster order
+    assert torch.equal(reverse(windows, (2, 4, 3), (4, 8, 6)), x)
+
+
+@pytest.mark.parametrize("grid, window, shift", [((8, 8, 8), (4, 4, 4), (2, 2, 2)), ((6, 9, 4), (3, 3, 4),
+                                                                                       (1, 1, 0))])
+def test_the_shift_mask_keeps_apart_exactly_the_tokens_the_roll_wrapped(grid, window, shift):
+    """Definition: two tokens of a rolled window attend each other iff, along every axis, they were as far apart in
+    the grid before the roll as after it (the roll brought neither of them around from the other end)."""
+    mask = shift_mask(grid, window, shift, torch.float64)
+    coords = partition(torch.stack(torch.meshgrid(*(torch.arange(g) for g in grid), indexing="ij"), -1)[None],
+                       window)                                             # rolled coordinates per window token
+    p, q = coords[:, :, None, :], coords[:, None, :, :]                   # every pair of a window's tokens
+    span, step = torch.tensor(grid), torch.tensor(shift)
+    before = (p + step) % span - (q + step) % span
+    together = (before == p - q).all(-1)
+    assert torch.equal(mask, torch.where(together, 0.0, MASKED).to(torch.float64))
+    assert (mask == MASKED).any()
+
+
+def test_relative_index_names_each_offset_in_the_configured_table():
+    index = relative_index((2, 3, 1), (4, 4, 4))                          # a window clipped to a short grid
+    coords = list(itertools.product(range(2), range(3), range(1)))
+    for (i, p), (j, q) in itertools.product(enumerate(coords), repeat=2):
+        d, h, w = (a - b + 3 for a, b in zip(p, q))
+        assert index[i, j] == (d * 7 + h) * 7 + w
+
+
+def brute_force_mix(block: SwinBlock3d, tokens: torch.Tensor) -> torch.Tensor:
+    """Every token attends the tokens of its (shifted) window, by coordinates: bias by offset, -100 across the wrap."""
+    grid = tuple(tokens.shape[1:4])
+    window, shift = fitted_window(grid, block.window, block.shifted)
+    attn = block.attn
+    n, c, heads = tokens.shape[0], tokens.shape[-1], attn.heads
+    qkv = attn.qkv(tokens).reshape(n, *grid, 3, heads, c // heads)
+    out = torch.zeros(n, *grid, heads, c // heads, dtype=tokens.dtype)
+    positions = list(itertools.product(*(range(g) for g in grid)))
+    for p in positions:
+        rolled_p = [(a - s) % g for a, s, g in zip(p, shift, grid)]
+        mates = [q for q in positions if all(((b - s) % g) // w == r // w for b, s, g, w, r in
+                                             zip(q, shift, grid, window, rolled_p))]
+        keys = torch.stack([qkv[:, q[0], q[1], q[2], 1] for q in mates], 1)     # (N, m, heads, hd)
+        values = torch.stack([qkv[:, q[0], q[1], q[2], 2] for q in mates], 1)
+        scores = torch.einsum("nhd,nmhd->nhm", qkv[:, p[0], p[1], p[2], 0] * attn.scale, keys)
+        for m, q in enumerate(mates):
+            rolled_q = [(b - s) % g for b, s, g in zip(q, shift, grid)]
+            offset = [a - b for a, b in zip(rolled_p, rolled_q)]
+            row = ((offset[0] + 3) * 7 + offset[1] + 3) * 7 + offset[2] + 3
+            wrapped = offset != [a - b for a, b in zip(p, q)]
+            scores[:, :, m] += attn.bias_table[row] + (MASKED if wrapped else 0.0)
+        out[:, p[0], p[1], p[2]] = torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, -1), values)
+    return attn.proj(out.reshape(n, *grid, c))
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_a_block_mixes_tokens_as_windows_are_defined(shifted):
+    torch.manual_seed(2)
+    block = SwinBlock3d(6, 3, (4, 4, 4), shifted).double()
+    tokens = torch.randn(2, 8, 4, 2, 6, dtype=torch.float64)    # depth cut in 2 windows (shifted by 2), rows and
+    got = block.mix(tokens)                                     # columns one clipped window each (no shift)
+    want = brute_force_mix(block, tokens)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert fitted_window((8, 4, 2), (4, 4, 4), shifted) == ((4, 4, 2), ((2, 0, 0) if shifted else (0, 0, 0)))
+
+
+def test_sizes_that_do_not_cut_into_windows_and_feature_sizes_without_3_heads_are_refused():
+    check_windows((8, 16, 16))
+    check_windows((16, 64, 8))
+    with pytest.raises(ValueError, match="a token grid of 6x8x8 is not cut into windows of 4x4x4"):
+        check_windows((24, 32, 32), stages=2)                   # stage 0: 12 tokens deep, stage 1: 6
+    with pytest.raises(ValueError, match="token grid of 10x4x4 is not cut into windows"):
+        check_windows((40, 16, 16))
+    with pytest.raises(ValueError, match="--num-filters 8 .* must be a multiple of 3"):
+        swinunetr3d(2, 8)
