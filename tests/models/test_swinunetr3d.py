@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.models import ModelFamily, ModelSpec, build_model, image_multiple
 from mpi4dl_nb.models.swin3d import MASKED, SwinBlock3d, fitted_window, partition, relative_index, reverse, shift_mask
 from mpi4dl_nb.models.swinunetr3d import (
     SwinBottom,
@@ -17,6 +19,7 @@ from mpi4dl_nb.models.swinunetr3d import (
     swinunetr3d,
     swinunetr3d_multiple,
 )
+from mpi4dl_nb.run.model_choice import ModelChoice
 
 
 def test_layers_skips_and_output_sizes():
@@ -125,3 +128,25 @@ def test_sizes_that_do_not_cut_into_windows_and_feature_sizes_without_3_heads_ar
         check_windows((40, 16, 16))
     with pytest.raises(ValueError, match="--num-filters 8 .* must be a multiple of 3"):
         swinunetr3d(2, 8)
+
+
+def test_swinunetr3d_is_registered_with_small_defaults():
+    layers = build_model("swinunetr3d", num_classes=2, in_channels=1, image_size=(8, 16, 16))
+    assert len(layers) == 2 * 2 + 4 and layers[0].embed.out_channels == 12   # 2 stages, feature size 12
+    assert image_multiple("swinunetr3d") == 8 and image_multiple("swinunetr3d", 3) == 16
+    with pytest.raises(ValueError, match="every side must be a multiple of 8"):
+        build_model("swinunetr3d", image_size=(8, 12, 16))
+    with pytest.raises(ValueError, match="token grid of 2x6x6 is not cut into windows"):
+        build_model("swinunetr3d", image_size=(8, 24, 24))
+    spec = ModelSpec.of("swinunetr3d", num_classes=3, in_channels=1)
+    family = ModelFamily.SWINUNETR3D
+    assert family.dense and family.volumetric and not family.unet and ModelFamily.UNET3D.unet
+    assert (spec.num_layers, spec.num_filters, spec.norm, spec.upsampling) == (2, 12, None, None)
+    assert ModelSpec.from_dict(spec.to_dict()) == spec
+    assert spec.describe() == "swinunetr3d 2 Swin stages, feature size 12, 3 classes, 1 input channels"
+
+
+@pytest.mark.parametrize("flag", ["norm", "upsampling"])
+def test_u_net_layer_flags_are_refused_for_swinunetr3d(flag):
+    with pytest.raises(ConfigError, match=f"--{flag}: sets a U-Net's layers; --model swinunetr3d has its own"):
+        ModelChoice(model="swinunetr3d", **{flag: "group" if flag == "norm" else "transposed"})
