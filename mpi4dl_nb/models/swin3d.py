@@ -15,6 +15,8 @@ import math
 import torch
 from torch import nn
 
+from ..spatial.swin3d import register_swin3d
+
 Sides = tuple[int, int, int]
 MASKED = -100.0   # the attention score between tokens of different regions of a shifted window (Swin's value)
 
@@ -167,3 +169,6 @@ class SwinStage3d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.merge(self.blocks(x))
+
+
+register_swin3d(SwinBlock3d, PatchMerging3d)   # spatialize converts them on a volume's tiles (spatial/swin3d.py)
