@@ -134,10 +134,14 @@ class SwinBlock3d(nn.Module):
         tokens = tokens + self.mlp(self.norm2(tokens))
         return tokens.permute(0, 4, 1, 2, 3)
 
+    def windowing(self, grid: Sides) -> tuple[Sides, Sides]:
+        """The window and shift of this block on a token ``grid`` (``fitted_window``)."""
+        return fitted_window(grid, self.window, self.shifted)
+
     def mix(self, tokens: torch.Tensor) -> torch.Tensor:
         """The attention part on a whole ``(N, D, H, W, C)`` grid: roll, partition, attend, reverse, roll back."""
         grid = (tokens.shape[1], tokens.shape[2], tokens.shape[3])
-        window, shift = fitted_window(grid, self.window, self.shifted)
+        window, shift = self.windowing(grid)
         rolled = torch.roll(tokens, [-s for s in shift], (1, 2, 3)) if any(shift) else tokens
         mask = shift_mask(grid, window, shift, tokens.dtype).to(tokens.device) if any(shift) else None
         attended = reverse(self.attn(partition(rolled, window), window, mask), window, grid)

@@ -1,5 +1,6 @@
 """swinunetr3d (models/swinunetr3d.py, models/swin3d.py): sizes and skips, a forward/backward, the shifted-window mask
-and the block's token mixing against brute-force definitions, the refusals."""
+and the block's token mixing against brute-force definitions, the refusals, the registration, its tile version on one
+tile."""
 
 import itertools
 
@@ -20,6 +21,9 @@ from mpi4dl_nb.models.swinunetr3d import (
     swinunetr3d_multiple,
 )
 from mpi4dl_nb.run.model_choice import ModelChoice
+from mpi4dl_nb.spatial.convert import spatialize
+from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.swin3d import SpatialPatchMerge, SpatialWindowBlock
 
 
 def test_layers_skips_and_output_sizes():
@@ -150,3 +154,25 @@ def test_swinunetr3d_is_registered_with_small_defaults():
 def test_u_net_layer_flags_are_refused_for_swinunetr3d(flag):
     with pytest.raises(ConfigError, match=f"--{flag}: sets a U-Net's layers; --model swinunetr3d has its own"):
         ModelChoice(model="swinunetr3d", **{flag: "group" if flag == "norm" else "transposed"})
+
+
+class OneRank:
+    """A world of one process (no MPI): collectives are the identity."""
+
+    rank, world_size = 0, 1
+
+    def all_reduce(self, t: torch.Tensor, group: object = None) -> torch.Tensor:
+        return t
+
+
+def test_on_one_tile_the_spatial_blocks_equal_the_model():
+    """The window blocks and merges converted by spatialize (spatial/swin3d.py: windows gathered to their owner, merged
+    groups gathered) equal the serial model on a 1x1x1 grid; the multi-tile grids: tests/mpi/spatial3d.py."""
+    torch.manual_seed(3)
+    net = nn.Sequential(*swinunetr3d(2, 3, 2)).double()
+    tiled = spatialize(net, TileGrid(depth=1, rows=1, cols=1), OneRank())
+    assert isinstance(tiled[1].stage.blocks[1], SpatialWindowBlock) and isinstance(tiled[1].stage.blocks[1],
+                                                                                    SwinBlock3d)
+    assert isinstance(tiled[2].stage.merge, SpatialPatchMerge)
+    x = torch.randn(1, 1, 16, 8, 16, dtype=torch.float64)
+    torch.testing.assert_close(tiled(x), net(x), rtol=1e-12, atol=1e-12)

@@ -36,9 +36,11 @@ STACK_SIZES = (16, 12, 16)   # the conv stack's input: its smallest activation s
 DECODER_SIZES = (12, 8, 10)   # even (the decoder's up path restores the size)
 HALOS = [(3, 1, 1), (5, 2, 2), (1, 2, 0), (2, 2, 0)]   # (kernel, stride, padding) on every axis
 PLANES = {(2, 2, 2): ("mpi", "gloo")}
-# grid -> the volume swinunetr3d (2 stages, feature size 6) runs on there: the deepest grid has a token per tile on
-# the split axes; windows of 4 shifted by 2 along the split axes of the first stage, one window in the second
-SWIN_SIZES = {(2, 2, 2): (16, 16, 16), (1, 1, 4): (8, 8, 32), (4, 1, 1): (32, 8, 8)}
+# grid -> the volume swinunetr3d (2 stages, feature size 6) runs on there. 2x2x2: windows of 4 (shifted by 2) over
+# 8^3 tokens, each unshifted window inside a tile, then one window over all tiles; 1x1x4: 24 then 12 columns of
+# tokens (tiles of 6 and 3: shifted windows straddle seams, the second merge gathers groups across tiles); 4x1x1: the
+# same along the depth
+SWIN_SIZES = {(2, 2, 2): (16, 16, 16), (1, 1, 4): (8, 8, 48), (4, 1, 1): (48, 8, 8)}
 
 
 def layers() -> dict[str, nn.Module]:
@@ -218,9 +220,9 @@ def run_grid(check: Checks, ctx: Context, plane: str, shape: tuple[int, int, int
 
 def check_swinunetr3d(ctx: Context, grid: TileGrid, group, sizes: tuple[int, int, int]) -> str:
     """swinunetr3d on the grid's tiles equals one process: output, input gradient, every parameter gradient."""
-    torch.manual_seed(12)
-    net = nn.Sequential(*swinunetr3d(2, 6, 2)).double()
-    volume = torch.randn(2, 1, *sizes, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    torch.manual_seed(12)   # 2 input channels: with one, the input block's 1x1 shortcut before its InstanceNorm has
+    net = nn.Sequential(*swinunetr3d(2, 6, 2, in_channels=2)).double()   # a gradient of 0 (rounding noise only)
+    volume = torch.randn(2, 2, *sizes, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
     errors = check_spatial_exact(net, grid, volume, ctx, group, what="swinunetr3d", grad_floor=1e-6)
     grads = sum(name.startswith("grad ") for name in errors)
     assert grads == sum(1 for _ in net.parameters()), f"{grads} parameter gradients compared"
