@@ -176,3 +176,30 @@ def test_on_one_tile_the_spatial_blocks_equal_the_model():
     assert isinstance(tiled[2].stage.merge, SpatialPatchMerge)
     x = torch.randn(1, 1, 16, 8, 16, dtype=torch.float64)
     torch.testing.assert_close(tiled(x), net(x), rtol=1e-12, atol=1e-12)
+
+
+def test_infer_volume_refuses_a_swinunetr3d_checkpoint_before_work(tmp_path, capsys):
+    """Every voxel depends on the whole volume (windows over the whole token grid, InstanceNorm3d): streamed volume
+    inference cannot equal it, so the checkpoint is refused naming the model, the reason and what works."""
+    import numpy as np
+    import tifffile
+
+    import mpi4dl_nb as dl
+    from mpi4dl_nb.checkpoint.record import DataRecord, RunRecord, write_checkpoint
+    from mpi4dl_nb.cli import infer_cmd
+    from mpi4dl_nb.data.apps import AppKind
+    from mpi4dl_nb.data.task import Task
+
+    spec = ModelSpec.of("swinunetr3d", num_layers=1, num_filters=3, num_classes=2, in_channels=1)
+    record = RunRecord(spec, DataRecord(AppKind.MEDICAL, 16, 2, "float32", classes=("0", "1")),
+                       task=Task.SEGMENTATION)
+    write_checkpoint(tmp_path / "ck", record.at(1, "a0b1c2d3e4f5"), nn.Sequential(*spec.build()).state_dict(), None)
+    tifffile.imwrite(tmp_path / "vol.tif", np.zeros((16, 16, 16), np.uint8))
+    code = infer_cmd.main(["--checkpoint", str(tmp_path / "ck"), "--volume", str(tmp_path / "vol.tif"), "--output",
+                           str(tmp_path / "seg.tif"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "--checkpoint: " in err and "swinunetr3d 1 Swin stages" in err and "depend on the whole volume" in err
+    assert "--model unet3d with BatchNorm" in err and not (tmp_path / "seg.tif").exists()
+    with pytest.raises(ConfigError, match="swinunetr3d 1 Swin stages.*depend on the whole volume"):
+        dl.infer_volume(tmp_path / "ck", np.zeros((1, 16, 16, 16)), None)
