@@ -254,9 +254,10 @@ def convert_swin_part(module: nn.Module, name: str, runtime: SpatialRuntime, con
     if not kinds or not isinstance(module, kinds["model"] + kinds["block"] + kinds["merge"]):
         return None
     if runtime.grid.volumetric or not isinstance(module, kinds["model"]):
-        raise ConfigError("model", f"layer {name!r} ({type(module).__name__}): Swin's shifted windows and patch "
-                          f"merges are exact on tiles inside timm's SwinTransformer/SwinTransformerV2 on an image's "
-                          f"grid only; spatialize the whole model, or put this layer after the spatial stage")
+        raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): Swin's shifted windows "
+                          f"and patch merges are exact on tiles inside timm's SwinTransformer/SwinTransformerV2 "
+                          f"on an image's grid only; spatialize the whole model, or put this layer after the "
+                          f"spatial stage")
     _check_model(module, name)
     new = _bound(module, SwinTileModel, runtime, name)
     object.__setattr__(new, "serial_class", type(module))

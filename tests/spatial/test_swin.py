@@ -5,6 +5,8 @@ programs, a roll-and-one-model subset on gloo); without MPI, the conversion keep
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mpi4dl_nb.config import ConfigError
@@ -22,7 +24,7 @@ class _OneRank:
     rank, world_size = 0, 1
 
 
-def _converted(**kwargs: object):
+def _converted(**kwargs: Any):
     import timm
 
     from mpi4dl_nb.spatial.convert import spatialize
