@@ -41,9 +41,10 @@ def build(size: int, depths: tuple[int, ...]) -> nn.Module:
                              drop_path_rate=0.0)
 
 
-def forward_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """Activation bytes of one forward (saved for backward + output), the weights left out."""
-    counter = SavedBytes()
+def forward_bytes(model: nn.Module, x: torch.Tensor, counter: SavedBytes | None = None) -> int:
+    """Activation bytes of one forward (saved for backward + output), the weights left out (``counter``: the one
+    that block counters pass their tensors on to)."""
+    counter = counter or SavedBytes()
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
         out = model(x)
     counter.add(out)
@@ -54,7 +55,8 @@ def forward_bytes(model: nn.Module, x: torch.Tensor) -> int:
 class BlockBytes:
     """Per block of a spatialized Swin: its activation bytes on this tile (saved tensors inside its forward)."""
 
-    def __init__(self, net: nn.Module) -> None:
+    def __init__(self, net: nn.Module, outer: SavedBytes) -> None:
+        self.outer = outer   # the whole forward's counter: inner saved-tensor hooks hide tensors from outer ones
         self.bytes: dict[str, int] = {}
         self._open: list[tuple[SavedBytes, AbstractContextManager[None]]] = []
         for name, module in net.named_modules():
@@ -64,7 +66,12 @@ class BlockBytes:
 
     def _enter(self, module: nn.Module, args: tuple[object, ...]) -> None:
         counter = SavedBytes()
-        hooks = torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t)
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            self.outer.pack(tensor)
+            return counter.pack(tensor)
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
         hooks.__enter__()
         self._open.append((counter, hooks))
 
@@ -104,8 +111,9 @@ def main() -> None:
     serial = forward_bytes(build(args.size, depths).train(), x) if ctx.rank == 0 else 0
     ctx.barrier()
     net = spatialize(build(args.size, depths).train(), grid, ctx)
-    per_block = BlockBytes(net)
-    mine = forward_bytes(net, scatter_tiles(x, grid, ctx))
+    outer = SavedBytes()
+    per_block = BlockBytes(net, outer)
+    mine = forward_bytes(net, scatter_tiles(x, grid, ctx), outer)
     traffic = block_traffic(net)
     everyone = ctx.all_gather_object((mine, traffic, per_block.bytes))
     if ctx.rank == 0:
