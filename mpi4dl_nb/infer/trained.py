@@ -81,6 +81,22 @@ def refuse_volume_classifier(record: RunRecord, file: Path) -> None:
                                       f"--folds (its summary and metrics.jsonl); evaluate takes image models only")
 
 
+WHOLE_VOLUME_FAMILIES = (ModelFamily.SWINUNETR3D,)   # every voxel's output depends on the whole volume
+
+
+def refuse_whole_volume_network(record: RunRecord, file: Path) -> None:
+    """``infer --volume`` streams windows: refuse a checkpoint of a network whose every voxel depends on the whole
+    volume (``swinunetr3d``: attention over windows of the whole token grid, InstanceNorm3d), naming what works."""
+    if record.model.family not in WHOLE_VOLUME_FAMILIES:
+        return
+    raise ConfigError("--checkpoint", f"{file} holds {record.model.describe()}, whose shifted-window attention and "
+                                      f"InstanceNorm3d make every voxel's output depend on the whole volume, so no "
+                                      f"window of a volume computes what the network gives on it; infer --volume "
+                                      f"streams windows and takes convolutional networks (e.g. --model unet3d with "
+                                      f"BatchNorm). Its held-out figures come from train --val-fraction or --folds "
+                                      f"(exact on tiles)")
+
+
 def load_network(checkpoint: str, *, family: ModelFamily | str | None = None, dtype: torch.dtype = torch.float32,
                  output_stride: int | None = None, task: Task | str | None = None,
                  check: bool = True, model: ModelObject | None = None) -> TrainedNetwork:

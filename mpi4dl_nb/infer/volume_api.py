@@ -18,7 +18,7 @@ from .fully_conv import FullyConvolutional, fully_convolutional
 from .job import DTYPES, CheckedInfer
 from .model import find_checkpoint
 from .probes import input_channels
-from .trained import check_streamable, load_network, refuse_volume_classifier
+from .trained import check_streamable, load_network, refuse_volume_classifier, refuse_whole_volume_network
 from .volume import VolumeRunner, VolumeSummary
 from .volume_outputs import VolumeOutputs
 from .volume_source import ArrayVolume, FileVolume, VolumeSource
@@ -35,7 +35,9 @@ def volume_network(network: Network, dtype: torch.dtype) -> FullyConvolutional:
     fully convolutional."""
     if isinstance(network, (str, Path)):
         file = find_checkpoint(network)
-        refuse_volume_classifier(read_checkpoint(file, lazy=True, check=False).record, file)
+        record = read_checkpoint(file, lazy=True, check=False).record
+        refuse_volume_classifier(record, file)
+        refuse_whole_volume_network(record, file)
         return load_network(str(file), dtype=dtype).net
     layers = list(network) if not isinstance(network, nn.Module) else (
         list(network) if isinstance(network, nn.Sequential) else [network])

@@ -12,24 +12,29 @@ from .resnet3d import DEPTH as RESNET3D_DEPTH
 from .resnet3d import WIDTH as RESNET3D_WIDTH
 from .resnet3d import resnet3d, resnet3d_multiple
 from .slide_encoder import SlideEncoderSpec
+from .swinunetr3d import FEATURE as SWINUNETR3D_FEATURE
+from .swinunetr3d import STAGES as SWINUNETR3D_STAGES
+from .swinunetr3d import check_windows, swinunetr3d, swinunetr3d_multiple
 from .tissue import carry_tissue
 from .unet import unet
 from .unet3d import DEPTH as UNET3D_DEPTH
 from .unet3d import WIDTH as UNET3D_WIDTH
 from .unet3d import unet3d
 
-MODEL_NAMES = ("resnet", "amoebanet", "unet", "unet3d", "resnet3d")
+MODEL_NAMES = ("resnet", "amoebanet", "unet", "unet3d", "resnet3d", "swinunetr3d")
 DENSE_MODELS = ("unet", "unet3d")   # a class per pixel (voxel): levels of 2x downsampling, no head pool
 RESNET_IMAGE_MULTIPLE = 4  # two stride-2 stages
 DEFAULT_NUM_LAYERS = {"resnet": 110, "amoebanet": 18, "unet": 4,       # U-Net: depth (levels)
-                      "unet3d": UNET3D_DEPTH, "resnet3d": RESNET3D_DEPTH}
+                      "unet3d": UNET3D_DEPTH, "resnet3d": RESNET3D_DEPTH,
+                      "swinunetr3d": SWINUNETR3D_STAGES}     # Swin-UNETR: Swin stages
 DEFAULT_NUM_FILTERS = {"resnet": 16, "amoebanet": 416, "unet": 16,     # U-Net: channels of the first level
-                       "unet3d": UNET3D_WIDTH, "resnet3d": RESNET3D_WIDTH}
+                       "unet3d": UNET3D_WIDTH, "resnet3d": RESNET3D_WIDTH,
+                       "swinunetr3d": SWINUNETR3D_FEATURE}   # Swin-UNETR: channels after the patch embedding
 IMAGE_MULTIPLES = {"resnet": RESNET_IMAGE_MULTIPLE, "amoebanet": AMOEBANET_IMAGE_MULTIPLE,
                    "resnet3d": resnet3d_multiple()}
 
 
-VOLUME_MODELS = ("unet3d", "resnet3d")   # take (N, C, D, H, W)
+VOLUME_MODELS = ("unet3d", "resnet3d", "swinunetr3d")   # take (N, C, D, H, W)
 ENCODED_MODELS = ("resnet", "amoebanet")  # a ClassifierHead over a 2-D grid: a slide encoder fits before its pool
 
 
@@ -37,6 +42,8 @@ def image_multiple(name: str, num_layers: int | None = None) -> int:
     """Images given to model ``name`` (a U-Net: of depth ``num_layers``) must have sides divisible by this."""
     if name in DENSE_MODELS:
         return 2 ** (DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers)
+    if name == "swinunetr3d":
+        return swinunetr3d_multiple(DEFAULT_NUM_LAYERS[name] if num_layers is None else num_layers)
     return IMAGE_MULTIPLES[name]
 
 
@@ -53,10 +60,12 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
     at the first level (default 16), ``norm`` 'batch'/'group', ``upsampling`` 'bilinear'/'transposed'
     (``models/unet.py``). ``unet3d``: the 3-D U-Net on volumes (N, C, D, H, W) (``models/unet3d.py``; default 2
     levels of 8 filters, ``upsampling`` 'trilinear'/'transposed'). ``resnet3d``: the 3-D ResNet trunk on volumes
-    (``models/resnet3d.py``; ``num_layers`` 10, 18 (default) or 34, 8 filters, average pool only). ``image_size``
-    (optional: a side, or a volume's (D, H, W)) is checked against the downsampling, every side. ``pool``: the
-    classifier head's global pool (``with_pool``); ``slide_encoder``: transformer layers over the trunk's cells before
-    it (resnet and amoebanet only).
+    (``models/resnet3d.py``; ``num_layers`` 10, 18 (default) or 34, 8 filters, average pool only). ``swinunetr3d``:
+    the Swin-UNETR-style network on volumes (``models/swinunetr3d.py``; ``num_layers`` Swin stages, default 2,
+    ``num_filters`` the feature size, default 12, a multiple of 3; its windows checked against ``image_size``).
+    ``image_size`` (optional: a side, or a volume's (D, H, W)) is checked against the downsampling, every side.
+    ``pool``: the classifier head's global pool (``with_pool``); ``slide_encoder``: transformer layers over the
+    trunk's cells before it (resnet and amoebanet only).
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
@@ -74,10 +83,14 @@ def build_model(name: str, *, num_layers: int | None = None, num_filters: int | 
         if PoolKind(pool) is not PoolKind.AVG:
             raise ValueError(f"--pool {pool}: resnet3d pools its volume by average only; use --pool avg")
         return resnet3d(layers_arg, num_classes, width=filters, in_channels=in_channels)
-    if name in DENSE_MODELS:
+    if name in (*DENSE_MODELS, "swinunetr3d"):
         if PoolKind(pool) is not PoolKind.AVG:
             raise ValueError(f"--pool {pool}: a U-Net outputs a class per pixel and pools nothing; --pool is for "
                              f"classifiers (resnet, amoebanet)")
+        if name == "swinunetr3d":
+            if image_size is not None:
+                check_windows((image_size,) * 3 if isinstance(image_size, int) else tuple(image_size), layers_arg)
+            return swinunetr3d(layers_arg, filters, num_classes, in_channels=in_channels)
         if name == "unet3d":
             return unet3d(layers_arg, filters, num_classes, in_channels=in_channels, norm=norm or "batch",
                           upsampling=upsampling or "trilinear")

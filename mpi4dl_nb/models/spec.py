@@ -23,6 +23,7 @@ class ModelFamily(Choice):
     UNET = "unet"          # dense: per-pixel logits as large as the input (--task segmentation)
     UNET3D = "unet3d"      # dense on volumes (N, C, D, H, W): per-voxel logits (--image-size D,H,W)
     RESNET3D = "resnet3d"  # volumes (N, C, D, H, W): a 3-D ResNet trunk and a global-pool head (models/resnet3d.py)
+    SWINUNETR3D = "swinunetr3d"   # dense on volumes: 3-D Swin encoder, conv decoder (models/swinunetr3d.py)
     TORCHVISION = "torchvision"   # torchvision:NAME, cut into pieces by models/cut.py (ModelSpec.source: NAME)
     TIMM = "timm"                 # timm:NAME
     MODULE = "module"             # package.module:callable (source): an nn.Module (cut) or a layer list
@@ -47,12 +48,17 @@ class ModelFamily(Choice):
     @property
     def dense(self) -> bool:
         """Whether the family outputs a class map as large as its input (segmentation), not one per image."""
+        return self in (ModelFamily.UNET, ModelFamily.UNET3D, ModelFamily.SWINUNETR3D)
+
+    @property
+    def unet(self) -> bool:
+        """Whether the family is a U-Net, whose layers ``--norm`` and ``--upsampling`` choose."""
         return self in (ModelFamily.UNET, ModelFamily.UNET3D)
 
     @property
     def volumetric(self) -> bool:
         """Whether the family takes volumes (N, C, D, H, W) rather than images."""
-        return self in (ModelFamily.UNET3D, ModelFamily.RESNET3D)
+        return self in (ModelFamily.UNET3D, ModelFamily.RESNET3D, ModelFamily.SWINUNETR3D)
 
     @property
     def versioned(self) -> bool:
@@ -116,12 +122,12 @@ class ModelSpec:
                        weights=weights, pool=pooling, train_blocks=train_blocks, image_size=image_size)
         if train_blocks is not None:
             raise ValueError(f"--train-blocks: a {kind} has no transformer blocks; it fine-tunes timm ViTs")
-        dense = kind.dense
+        unet = kind.unet
         return cls(kind, DEFAULT_NUM_LAYERS[kind] if num_layers is None else num_layers,
                    DEFAULT_NUM_FILTERS[kind] if num_filters is None else num_filters, num_classes,
                    resnet_version if kind.versioned else None, in_channels,
-                   (norm or "batch") if dense else None,
-                   (upsampling or ("trilinear" if kind.volumetric else "bilinear")) if dense else None,
+                   (norm or "batch") if unet else None,
+                   (upsampling or ("trilinear" if kind.volumetric else "bilinear")) if unet else None,
                    pool=pooling, slide_encoder=slide_encoder)
 
     @property
@@ -167,6 +173,9 @@ class ModelSpec:
             pooled = f", {self.pool} pool" if self.pool is not PoolKind.AVG else ""
             tuned = f", last {self.train_blocks} blocks trained" if self.train_blocks is not None else ""
             return f"{self.label}, {self.num_classes} classes{channels}{normal}{pooled}{tuned}{start}"
+        if self.family is ModelFamily.SWINUNETR3D:
+            return (f"{self.family} {self.num_layers} Swin stages, feature size {self.num_filters}, "
+                    f"{self.num_classes} classes{channels}")
         if self.family.dense:
             return (f"{self.family} depth {self.num_layers} width {self.num_filters} ({self.norm} norm, "
                     f"{self.upsampling}), {self.num_classes} classes{channels}")

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 MODEL_HELP = ("network: resnet (MPI4DL's CIFAR-style ResNet: 3 stages, stride 4, for small images; for an "
               "ImageNet-style ResNet use torchvision:resnet50), amoebanet (AmoebaNet-D), unet, unet3d (volumes: "
-              "--image-size D,H,W), torchvision:NAME, "
+              "--image-size D,H,W), swinunetr3d (volumes: a 3-D Swin encoder with a convolutional decoder), "
+              "torchvision:NAME, "
               "timm:NAME (pip install 'mpi4dl-nb[models]'), or package.module:callable (called with num_classes, "
               "returns an nn.Module or a layer list)")
 VERSION_HELP = ("ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2); default v2, or v1 for a depth "
@@ -50,10 +51,12 @@ class ModelSizes:
     resnet_version: int | None = flag("--resnet-version", VERSION_HELP, None, parse=int, choices=("1", "2"),
                                       group=groups.MODEL)
     num_layers: int | None = flag("--num-layers", "AmoebaNet: number of normal/reduction cells (default 18); ResNet: "
-                                                  "depth (default 110; v1 6n+2, v2 9n+2)", None, parse=whole_number,
+                                                  "depth (default 110; v1 6n+2, v2 9n+2); swinunetr3d: Swin "
+                                                  "stages (default 2)", None, parse=whole_number,
                                   bounds=AT_LEAST_ONE, group=groups.MODEL)
     num_filters: int | None = flag("--num-filters", "AmoebaNet: filters (default 416); ResNet: base width (default "
-                                                    "16)", None, parse=whole_number, bounds=AT_LEAST_ONE,
+                                                    "16); swinunetr3d: feature size (default 12, a multiple of 3)",
+                                   None, parse=whole_number, bounds=AT_LEAST_ONE,
                                    group=groups.MODEL)
 
     def __post_init__(self) -> None:
@@ -150,6 +153,10 @@ class ModelChoice:
             raise ConfigError("--train-blocks", f"freezes all but the last blocks of a vision transformer; --model "
                                                 f"{self.model} has none (a timm ViT: --model "
                                                 f"timm:vit_small_patch16_224): drop --train-blocks")
+        for flag_name, layer in (("--norm", self.norm), ("--upsampling", self.upsampling)):
+            if layer is not None and family is ModelFamily.SWINUNETR3D:
+                raise ConfigError(flag_name, f"sets a U-Net's layers; --model {self.model} has its own "
+                                             f"(InstanceNorm3d, transposed convolutions): drop {flag_name}")
         if self.pool is not PoolKind.AVG and family.dense:
             raise ConfigError("--pool", f"--pool {self.pool} replaces a classifier's global pool; --model {self.model} "
                                         f"outputs a class per pixel and pools nothing: drop --pool")

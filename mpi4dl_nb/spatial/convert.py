@@ -9,7 +9,8 @@ Custom containers keep their own ``forward`` —
 residual adds, gates, channel concatenation and element-wise ops work tile by tile because
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.
-timm's VisionTransformer and Eva run on token tiles (vit.py), timm's TF-"same" padded and weight-standardised
+timm's VisionTransformer and Eva run on token tiles (vit.py), timm's SwinTransformer(V2) on windows across tiles
+(swin.py), timm's TF-"same" padded and weight-standardised
 convs and pools as spatial layers (same_padding.py).
 """
 
@@ -30,6 +31,7 @@ from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
 from .same_padding import convert_same_padded
+from .swin import convert_swin_part
 from .vit import convert_transformer_part
 
 
@@ -64,9 +66,10 @@ class _Converter:
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
         if kind.__module__.startswith("timm."):   # (timm imported only for timm's own classes)
-            timm_layer = convert_transformer_part(module, name, runtime, self) \
+            timm_layer = convert_swin_part(module, name, runtime, self) \
+                or convert_transformer_part(module, name, runtime, self) \
                 or convert_same_padded(module, runtime, name)
-            if timm_layer is not None:   # a ViT or its attention (vit.py), same-padded layers (same_padding.py)
+            if timm_layer is not None:   # Swin (swin.py), a ViT or its attention (vit.py), same-padded layers
                 return timm_layer
         conversion = SPATIAL_LAYERS.get(kind)
         if conversion is not None and conversion.axes in (None, runtime.grid.ndim):

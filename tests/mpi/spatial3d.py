@@ -2,8 +2,9 @@
 corners included; <Fx, y> = <x, F*y>; message counts as the geometry says) and every 3-D layer (Conv3d
 kernels 1/3/5 strides 1/2, MaxPool3d / AvgPool3d ceil_mode both ways, BatchNorm3d, GroupNorm, InstanceNorm3d,
 ConvTranspose3d, Upsample nearest/trilinear with align_corners both ways, adaptive avg/max pools to 1,
-dropout and dropout3d with the serial mask, functional norms in a custom forward) and two small 3-D
-networks, float64, equal to one process within 1e-10: output, input gradient, every parameter gradient and buffer.
+dropout and dropout3d with the serial mask, functional norms in a custom forward), two small 3-D
+networks and ``swinunetr3d`` (shifted windows across tile seams, patch merging; on 2x2x2, 1x1x4 and 4x1x1), float64,
+equal to one process within 1e-10: output, input gradient, every parameter gradient and buffer.
 
 Usage (8 ranks, one launch): python -m tests.mpi.spatial3d. Grids: 2x2x2 on all ranks, the uneven 3x2x1 on
 ranks 0-5, 1x1x4 on ranks 0-3 while 4x1x1 runs on ranks 4-7 (both at once). The halo is checked on the
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.models.swinunetr3d import swinunetr3d
 from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d
 from mpi4dl_nb.spatial.halo import HaloExchange
 from tests.support.checks import Checks, run_checks
@@ -34,6 +36,11 @@ STACK_SIZES = (16, 12, 16)   # the conv stack's input: its smallest activation s
 DECODER_SIZES = (12, 8, 10)   # even (the decoder's up path restores the size)
 HALOS = [(3, 1, 1), (5, 2, 2), (1, 2, 0), (2, 2, 0)]   # (kernel, stride, padding) on every axis
 PLANES = {(2, 2, 2): ("mpi", "gloo")}
+# grid -> the volume swinunetr3d (2 stages, feature size 6) runs on there. 2x2x2: windows of 4 (shifted by 2) over
+# 8^3 tokens, each unshifted window inside a tile, then one window over all tiles; 1x1x4: 24 then 12 columns of
+# tokens (tiles of 6 and 3: shifted windows straddle seams, the second merge gathers groups across tiles); 4x1x1: the
+# same along the depth
+SWIN_SIZES = {(2, 2, 2): (16, 16, 16), (1, 1, 4): (8, 8, 48), (4, 1, 1): (48, 8, 8)}
 
 
 def layers() -> dict[str, nn.Module]:
@@ -155,6 +162,8 @@ def check_names() -> list[str]:
             names += [f"{grid_name(shape)}: {name}" for name in layers()]
             names.append(f"{grid_name(shape)}: conv stack")
             names.append(f"{grid_name(shape)}: skip decoder")
+            if shape in SWIN_SIZES:
+                names.append(f"{grid_name(shape)}: swinunetr3d")
     return names
 
 
@@ -204,6 +213,20 @@ def run_grid(check: Checks, ctx: Context, plane: str, shape: tuple[int, int, int
         errors = check_spatial_exact(SkipDecoder().double(), grid, volume, ctx, group, what="skip decoder",
                                      forward_seed=7, grad_floor=1e-6)
         result.detail = f"max rel err {max(errors.values()):.1e}"
+    if shape in SWIN_SIZES:
+        with check(f"{grid_name(shape)}: swinunetr3d") as result:
+            result.detail = check_swinunetr3d(ctx, grid, group, SWIN_SIZES[shape])
+
+
+def check_swinunetr3d(ctx: Context, grid: TileGrid, group, sizes: tuple[int, int, int]) -> str:
+    """swinunetr3d on the grid's tiles equals one process: output, input gradient, every parameter gradient."""
+    torch.manual_seed(12)   # 2 input channels: with one, the input block's 1x1 shortcut before its InstanceNorm has
+    net = nn.Sequential(*swinunetr3d(2, 6, 2, in_channels=2)).double()   # a gradient of 0 (rounding noise only)
+    volume = torch.randn(2, 2, *sizes, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    errors = check_spatial_exact(net, grid, volume, ctx, group, what="swinunetr3d", grad_floor=1e-6)
+    grads = sum(name.startswith("grad ") for name in errors)
+    assert grads == sum(1 for _ in net.parameters()), f"{grads} parameter gradients compared"
+    return f"{'x'.join(map(str, sizes))} volume, {grads} parameter gradients, max rel err {max(errors.values()):.1e}"
 
 
 def main(check: Checks) -> None:

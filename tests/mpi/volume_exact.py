@@ -6,6 +6,10 @@ Named checks: each CASE (losses and the whole state on rank 0 equal the serial r
 ``<CASE> copies`` (every rank's own copy of every stage it holds) and ``<CASE> eval tiles`` (the
 forward-only outputs of ``evaluate_tiles`` equal the serial model's in eval mode, each rank's 3-D tile; the
 ResNet's logits whole). A case's model options name the model (``"model": "resnet3d"``; the U-Net otherwise).
+``SWIN_CASES`` (4 ranks): swinunetr3d through the engine, checked as the cases above. ``SWIN_CLI`` (8 ranks):
+``train --task segmentation --model swinunetr3d`` from the command line's plan
+(``parsed_plan``, ``set_up_run``, ``build_trainer``) on a folder of three 16^3 volumes, 2x2x2 tiles, 3 steps:
+the losses and the final weights equal one process (1e-9), checked as ``swinunetr3d_cli``.
 A bf16 case (``BF16_CASES``: a float32 model, ``precision="bf16"``, 2 steps) is checked as ``<CASE> bf16 vs serial``:
 against serial training under the same autocast by the 2-D rule (tests/support/bf16_rule.py), and not equal to
 serial float32 (autocast applied).
@@ -14,19 +18,27 @@ serial float32 (autocast applied).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.models.resnet3d import resnet3d
+from mpi4dl_nb.models.swinunetr3d import swinunetr3d
 from mpi4dl_nb.models.unet3d import unet3d
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
+from mpi4dl_nb.run.job_run import build_trainer, set_up_run
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.loss import DenseLoss
+from tests.mpi.volume_cli import one_process
 from tests.support.bf16_rule import bf16_loss_error, bf16_state_error
 from tests.support.checks import Checks, run_checks
 from tests.support.dense_exact import check_copies, dense_batches, final_error, momentum_sgd
+from tests.support.scratch import shared_temp_folder
+from tests.support.serial_training import matches_one_process
+from tests.support.volume_data import write_volume_pairs
 
 RTOL = 1e-9
 STEPS = 3
@@ -67,7 +79,19 @@ WIDE_CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss
     "vol_sp8_dp2": (dict(split_size=1, spatial_size=1, num_spatial_parts=8, slice_method="2x2x2", data_parallel=2), 2,
                     dict(norm="batch", upsampling="trilinear"), DenseLoss("ce+dice", None, IGNORE)),
 }
-ALL_CASES = {**CASES, **WIDE_CASES}
+# swinunetr3d (2 stages, feature size 6) through the engine: its encoder on uneven 3x1x1 tiles (8 tokens deep on 3
+# tiles: every window and the first merge straddle seams) before a layer stage, 2 micro-batches under 1F1B, with
+# recomputation (the window gathers run again in backward) (4 ranks)
+SWIN_CASES: dict[str, tuple[dict[str, object], int, dict[str, object], DenseLoss | nn.CrossEntropyLoss]] = {
+    "vol_swin_sp3_lp_1f1b_recompute": (dict(split_size=2, spatial_size=1, num_spatial_parts=3, slice_method="3x1x1",
+                                            balance=(3, 5), parts=2, schedule="1f1b", checkpoint_activations="every"),
+                                       2, dict(model="swinunetr3d"), DenseLoss("ce+dice", (1.0, 2.0), IGNORE)),
+}
+ALL_CASES = {**CASES, **WIDE_CASES, **SWIN_CASES}
+SWIN_CLI = "swinunetr3d_cli"
+SWIN_FLAGS = ("--task segmentation --model swinunetr3d --num-filters 6 --num-classes 2 --image-size 16,16,16 "
+              "--batch-size 2 --dtype float64 --no-progress --step-timeout 0 --loss ce+dice --momentum 0.9 "
+              "--split-size 1 --spatial-size 1 --num-spatial-parts 8 --slice-method 2x2x2").split()
 EIGHT_RANKS = tuple(name for name, (knobs, *_) in CASES.items() if dl.ParallelConfig(**knobs).world_size == 8)
 FOUR_RANKS = tuple(name for name in CASES if name not in EIGHT_RANKS)
 BF16_STEPS = 2
@@ -90,6 +114,8 @@ def layers(options: dict[str, object], seed: int = 0, dtype: torch.dtype = torch
     kwargs = {k: v for k, v in options.items() if k != "model"}
     if options.get("model") == "resnet3d":
         built = resnet3d(10, CLASSES, in_channels=1, **kwargs)   # type: ignore[arg-type]
+    elif options.get("model") == "swinunetr3d":
+        built = swinunetr3d(2, 6, CLASSES, in_channels=1)
     else:
         built = unet3d(2, 2, CLASSES, in_channels=1, **kwargs)   # type: ignore[arg-type]
     return [layer.to(dtype) for layer in built]
@@ -204,12 +230,34 @@ def run_bf16_case(ctx, name: str) -> str:
             f"{loss_err:.1e}, worst state error / bf16 noise {worst:.2f}")
 
 
+def run_swin_cli(ctx) -> str:
+    """``SWIN_CLI``: 3 steps of the command line's run on 2x2x2 tiles against one process (rank 0 compares)."""
+    with shared_temp_folder(ctx, "swinunetr3d-") as folder:
+        if ctx.rank == 0:
+            write_volume_pairs(folder / "volumes", shape=(SIDE, SIDE, SIDE), classes=2, names=("a", "b", "c"))
+        ctx.barrier()
+        plan = parsed_plan([*SWIN_FLAGS, "--datapath", str(folder / "volumes"), "--checkpoint-dir",
+                            str(Path(folder) / "ck"), "--steps", str(STEPS)])
+        setup = set_up_run(plan, ctx)
+        trainer = build_trainer(setup, None)
+        summary = trainer.run()
+        state = trainer.engine.full_state_dict()
+        if ctx.rank != 0:
+            return "compared on rank 0"
+        assert summary is not None and state is not None
+        serial, model = one_process(setup, STEPS)
+        return "2x2x2 tiles: " + matches_one_process(summary.losses, state, serial, model, RTOL)
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
     for name in sys.argv[1:]:
         with check(f"{name} bf16 vs serial" if name in BF16_CASES else name) as result:
-            result.detail = run_bf16_case(ctx, name) if name in BF16_CASES else run_case(ctx, name, check)
+            if name == SWIN_CLI:
+                result.detail = run_swin_cli(ctx)
+            else:
+                result.detail = run_bf16_case(ctx, name) if name in BF16_CASES else run_case(ctx, name, check)
     ctx.barrier()
 
 

@@ -5,7 +5,9 @@ stage with 1F1B micro-batches, two spatial stages of 2x1x1 tiles with GEMS, 1x1x
 2x2x2 x 2 would need 16 ranks) (4 ranks). The 3-D ResNet trunk (2 stages of ResNet-10): its spatial part on 1x2x2
 tiles before a layer stage with local_dp=4 (8 ranks) and on uneven 1x3x1 tiles before a layer stage (4 ranks).
 bf16 (4 ranks): 1x2x2 all spatial with BatchNorm3d and trilinear up-sampling or ConvTranspose3d; a 3x1x1
-GroupNorm encoder before a layer stage. One process: the volume tile cut of a step's input.
+GroupNorm encoder before a layer stage. swinunetr3d: its encoder on 3x1x1 tiles before a layer stage, 1F1B,
+recomputation (4 ranks); ``train --task segmentation --model swinunetr3d`` on 2x2x2 tiles from the command line's
+plan, 3 steps (8 ranks). One process: the volume tile cut of a step's input.
 """
 
 from __future__ import annotations
@@ -16,17 +18,29 @@ import torch
 from mpi4dl_nb import ParallelConfig
 from mpi4dl_nb.pipeline.step_input import ShardedMasks, StepInput
 from mpi4dl_nb.spatial.geometry import TileGrid
-from tests.mpi.volume_exact import BF16_CASES, CASES, EIGHT_RANKS, FOUR_RANKS, WIDE_CASES
+from tests.mpi.volume_exact import BF16_CASES, CASES, EIGHT_RANKS, FOUR_RANKS, SWIN_CASES, SWIN_CLI, WIDE_CASES
 from tests.support.battery import shared_job
 
-EIGHT = shared_job(8, "volume_exact", *EIGHT_RANKS, timeout=300)
-FOUR = shared_job(4, "volume_exact", *FOUR_RANKS, *BF16_CASES, timeout=300)
+EIGHT = shared_job(8, "volume_exact", *EIGHT_RANKS, SWIN_CLI, timeout=300)
+FOUR = shared_job(4, "volume_exact", *FOUR_RANKS, *BF16_CASES, *SWIN_CASES, timeout=300)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_volume_models_on_volume_tiles_match_one_process(shared_launch, case):
     """Losses and the whole state on rank 0 (1e-9), every rank's copies, forward-only 3-D tiles in eval mode."""
     shared_launch(EIGHT if case in EIGHT_RANKS else FOUR).require([case, f"{case} copies", f"{case} eval tiles"])
+
+
+@pytest.mark.parametrize("case", list(SWIN_CASES))
+def test_swinunetr3d_through_the_engine_matches_one_process(shared_launch, case):
+    """Uneven 3x1x1 tiles of the Swin encoder before a layer stage, 1F1B, recomputation: losses, state, copies, eval."""
+    assert all(ParallelConfig(**knobs).world_size == 4 for knobs, *_ in SWIN_CASES.values())
+    shared_launch(FOUR).require([case, f"{case} copies", f"{case} eval tiles"])
+
+
+def test_swinunetr3d_from_the_command_line_on_8_tiles_matches_one_process(shared_launch):
+    """3 steps of train --model swinunetr3d on 2x2x2 tiles: losses and final weights within 1e-9 of one process."""
+    shared_launch(EIGHT).require([SWIN_CLI])
 
 
 @pytest.mark.parametrize("case", list(BF16_CASES))

@@ -1,0 +1,139 @@
+"""A Swin-UNETR-style network for volumes ``(N, C, D, H, W)`` (after Hatamizadeh et al. 2022): a 3-D Swin encoder
+(``models/swin3d.py``) and a convolutional decoder with skips, as a layer list the engine can cut anywhere.
+
+Layers (skips travel as tuples, as in ``models/unet.py``):
+
+* ``SwinInput``   ``x -> (embed(x), enc(x))``: the 2x2x2 patch embedding (a strided Conv3d) and the input's
+  residual block, the full-resolution skip;
+* ``SwinLevel``   ``(x, *skips) -> (stage(x), *skips, enc(x))``: a Swin stage (blocks, then patch merging) and the
+  residual block of its input, one skip per resolution;
+* ``SwinBottom``  ``(x, *skips) -> (enc(x), *skips)``: the residual block of the last merged grid;
+* ``SwinUp``      ``(x, *skips, skip) -> (block(cat(up(x), skip)), *skips)``: a 2x2x2 transposed convolution, the
+  skip concatenated, a residual block;
+* the head: a 1x1x1 convolution to the class logits, as large as the volume.
+
+Residual blocks: two 3x3x3 convolutions with InstanceNorm3d and LeakyReLU, a 1x1x1 projection where the channels
+change. Sizes: ``stages`` Swin stages (the paper's 4; default 2) of ``depth`` 2 blocks, ``feature`` channels after
+the embedding (the paper's 48; default 12), doubled by every merge, ``3 * 2 ** stage`` heads per stage (the paper's
+3, 6, 12, 24), windows of ``WINDOW`` tokens per axis (the paper's 7; 4 here, so small volumes cut into whole windows).
+Volume sides: multiples of ``2 ** (stages + 1)``, each stage's token grid at most a window or a multiple of one.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .swin3d import Sides, SwinStage3d, fitted_window
+
+STAGES = 2            # Swin stages (--num-layers): the volume is downsampled by 2 ** (STAGES + 1)
+FEATURE = 12          # channels after the patch embedding (--num-filters; a multiple of 3: 3 heads in stage 0)
+WINDOW: Sides = (4, 4, 4)
+BLOCKS = 2            # Swin blocks per stage (unshifted, shifted)
+IN_CHANNELS = 1
+State = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def _parts(state: State) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    x, *skips = state if isinstance(state, tuple) else (state,)
+    return x, skips
+
+
+class ResidualBlock3d(nn.Module):
+    """``act(norm(conv(act(norm(conv(x))))) + shortcut(x))`` with 3x3x3 convolutions, InstanceNorm3d, LeakyReLU."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv3d(cin, cout, 3, 1, 1, bias=False), nn.InstanceNorm3d(cout, affine=True),
+                                  nn.LeakyReLU(0.01), nn.Conv3d(cout, cout, 3, 1, 1, bias=False),
+                                  nn.InstanceNorm3d(cout, affine=True))
+        self.shortcut = nn.Identity() if cin == cout else nn.Sequential(
+            nn.Conv3d(cin, cout, 1, bias=False), nn.InstanceNorm3d(cout, affine=True))
+        self.act = nn.LeakyReLU(0.01)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.body(x) + self.shortcut(x))
+
+
+class SwinInput(nn.Module):
+    """``x -> (embed(x), enc(x))``: 2x2x2 patches to ``feature`` channels, and the full-resolution skip."""
+
+    def __init__(self, in_channels: int, feature: int) -> None:
+        super().__init__()
+        self.embed = nn.Conv3d(in_channels, feature, 2, 2)
+        self.enc = ResidualBlock3d(in_channels, feature)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self.embed(x), self.enc(x))
+
+
+class SwinLevel(nn.Module):
+    """``(x, *skips) -> (stage(x), *skips, enc(x))``: a Swin stage and its input's skip."""
+
+    def __init__(self, dim: int, heads: int, window: Sides, blocks: int = BLOCKS) -> None:
+        super().__init__()
+        self.stage = SwinStage3d(dim, blocks, heads, window)
+        self.enc = ResidualBlock3d(dim, dim)
+
+    def forward(self, state: State) -> tuple[torch.Tensor, ...]:
+        x, skips = _parts(state)
+        return (self.stage(x), *skips, self.enc(x))
+
+
+class SwinBottom(nn.Module):
+    """``(x, *skips) -> (enc(x), *skips)``: the residual block of the deepest grid."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.enc = ResidualBlock3d(dim, dim)
+
+    def forward(self, state: State) -> State:
+        x, skips = _parts(state)
+        return (self.enc(x), *skips) if skips else self.enc(x)
+
+
+class SwinUp(nn.Module):
+    """``(x, *skips, skip) -> (block(cat(up(x), skip)), *skips)``; a plain tensor once no skip is left."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose3d(cin, cout, 2, 2)
+        self.block = ResidualBlock3d(2 * cout, cout)
+
+    def forward(self, state: State) -> State:
+        x, skips = _parts(state)
+        if not skips:
+            raise ValueError("SwinUp needs a skip connection: give it the (x, *skips) tuple of the level above")
+        *rest, skip = skips
+        y = self.block(torch.cat([self.up(x), skip], dim=1))
+        return (y, *rest) if rest else y
+
+
+def swinunetr3d_multiple(stages: int = STAGES) -> int:
+    """Volume sides must be multiples of this (the patch embedding and one merge per stage)."""
+    return 2 ** (stages + 1)
+
+
+def check_windows(sides: tuple[int, ...], stages: int = STAGES, window: Sides = WINDOW) -> None:
+    """ValueError unless every stage's token grid of a ``sides`` volume is cut into whole windows."""
+    for stage in range(stages):
+        grid = tuple(side // 2 ** (stage + 1) for side in sides)
+        fitted_window((grid[0], grid[1], grid[2]), window, shifted=True)
+
+
+def swinunetr3d(stages: int = STAGES, feature: int = FEATURE, num_classes: int = 2, *,
+                in_channels: int = IN_CHANNELS, window: Sides = WINDOW) -> list[nn.Module]:
+    """The network as ``2 * stages + 4`` layers (``SwinInput``, ``stages`` ``SwinLevel``, ``SwinBottom``,
+    ``stages + 1`` ``SwinUp``, the 1x1x1 head); its logits ``(N, classes, D, H, W)`` are as large as the volume."""
+    if stages < 1 or feature < 1 or num_classes < 1 or in_channels < 1:
+        raise ValueError(f"swinunetr3d needs stages, feature size, classes and input channels >= 1, got {stages}, "
+                         f"{feature}, {num_classes}, {in_channels}")
+    if feature % 3:
+        raise ValueError(f"swinunetr3d: --num-filters {feature} (the feature size) must be a multiple of 3: stage 0 "
+                         f"has 3 attention heads (use e.g. {3 * max(1, round(feature / 3))})")
+    dims = [feature * 2 ** i for i in range(stages + 1)]
+    layers: list[nn.Module] = [SwinInput(in_channels, feature)]
+    layers += [SwinLevel(dims[i], 3 * 2 ** i, window) for i in range(stages)]
+    layers.append(SwinBottom(dims[stages]))
+    layers += [SwinUp(dims[i + 1], dims[i]) for i in reversed(range(stages))]
+    layers += [SwinUp(feature, feature), nn.Conv3d(feature, num_classes, 1)]
+    return layers
