@@ -3,7 +3,10 @@ of classes, SP 2x2 + LP in float64, equals one process, and its checkpoint gives
 the script of docs/your-own-model.md runs as written there (small: ``--steps 2 --image-size 64``) and ends with
 a slide map; then a timm ViT-Tiny from a 224-px timm state dict at 32 px (position embeddings resampled, the
 1000-class head replaced) on 5 pipeline stages, with recomputation, and fine-tuned in its last blocks under zero
-bubble (frozen weights unchanged), each equal to one process.
+bubble (frozen weights unchanged), and at 64 px (4x4 tokens) with its embedding and first blocks on 4 token tiles
+handing their tokens to a layer rank (the ViT spatial stage of ``train --model timm:vit_small_patch16_224 --image-size
+448 --split-size 2 --spatial-size 1 --num-spatial-parts 4``, which is too heavy for the suite), each equal to one
+process.
 
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, then ``set_up_run``,
 ``build_trainer`` of run/job_run.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a
@@ -48,6 +51,8 @@ VIT_RUNS = {   # a ViT from a timm state dict of the 224-px grid (position embed
         "--parts 5 --schedule 1f1b --checkpoint-activations every",
     "a ViT fine-tuned in its last 2 blocks (--train-blocks 2, zero bubble) equals one process, the rest unchanged":
         "--parts 5 --schedule zb1 --train-blocks 2",
+    "a ViT's embedding and first 6 blocks on 2x2 token tiles (ring attention), the rest on a layer rank, equals one "
+    "process": "--image-size 64 --split-size 2 --spatial-size 1 --num-spatial-parts 4",
 }
 CHECKS = ("losses equal one process", "model_state_dict loads into torchvision strictly",
           "the docs script runs as written and ends with a slide map", *VIT_RUNS)
