@@ -23,7 +23,7 @@ from ..config import ParallelConfig
 from ..errors import ConfigError
 from ..pipeline.handoff import TokenTiling
 from ..spatial.geometry import TileGrid
-from ..spatial.vit import TokenStemPiece
+from ..spatial.vit import RopeBlockPiece, TokenStemPiece
 from .pieces import Piece
 
 BLOCKS = "blocks"
@@ -118,19 +118,22 @@ class TokenEmbedding(Piece, TokenStemPiece):
         return f"{super().extra_repr()}; {self.source.__name__}._pos_embed after {EMBEDDING_STEP}"
 
 
-class RopeBlock(Piece):
+class RopeBlock(Piece, RopeBlockPiece):
     """An Eva block and the rotary embedding it takes (computed here from the model's token grid: it holds no
-    weights, and is the same for every block)."""
+    weights, and is the same for every block; on a spatial stage sliced per tile, ``spatial/vit.TokenRopeBlock``)."""
 
     def __init__(self, path: str, block: nn.Module, rope: nn.Module, grid: tuple[int, int]) -> None:
         super().__init__([(path, block)])
         self.rotary = copy.deepcopy(rope)     # each piece its own: a stage's layers move alone
         self.grid = grid
 
+    def block(self) -> nn.Module:
+        return self.get_submodule(self.paths[0])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rope: Any = self.rotary     # timm's rotary embeddings: get_embed() for their own grid, else shape=
         embed = rope.get_embed() if hasattr(rope, "feat_shape") else rope.get_embed(shape=self.grid)
-        out: torch.Tensor = self.get_submodule(self.paths[0])(x, rope=embed)
+        out: torch.Tensor = self.block()(x, rope=embed)
         return out
 
     def with_steps(self, steps: Sequence[tuple[str, nn.Module]]) -> Piece:
@@ -261,7 +264,7 @@ def train_last_blocks(layers: Sequence[nn.Module], keep: int, label: str) -> str
 def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
                                image_size: int | tuple[int, int] | None) -> None:
     """ConfigError before work for what a cut ViT cannot run on its spatial stage (the engine's cut at
-    ``image_size``): more than one spatial stage, the head piece on tiles, blocks with a rotary embedding."""
+    ``image_size``): a tile grid that cuts a patch, more than one spatial stage, the head piece on tiles."""
     if cfg.spatial_size == 0 or not is_cut_vit(layers):
         return
     if cfg.spatial_size > 1:
@@ -279,12 +282,6 @@ def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
                      if len(balance) > 1 else ("--split-size", f"--split-size {cfg.split_size + 1}"))
         raise ConfigError(knob, f"{list(balance)} puts the ViT's head (final norm, pool, classifier) on the "
                                 f"spatial stage; end the spatial stage before it ({fix})")
-    if any(isinstance(layer, RopeBlock) for layer in layers[:count]):
-        rest = ",".join(map(str, (len(layers) - 1 - sum(balance[2:]), *balance[2:])))
-        raise ConfigError("--balance", f"{list(balance)} puts blocks with a rotary embedding (Eva, *_rope_* ViTs) "
-                                       f"on the spatial stage, which this build does not slice per tile in a cut "
-                                       f"model; keep only the embedding on tiles (--balance 1,{rest}) or train "
-                                       f"with --spatial-size 0")
 
 
 def check_tiled_patches(embedding: nn.Module, grid: TileGrid, image_size: int | tuple[int, int]) -> None:

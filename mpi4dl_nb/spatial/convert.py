@@ -30,7 +30,7 @@ from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
 from .same_padding import convert_same_padded
-from .vit import TokenStemPiece, convert_transformer_part
+from .vit import CutPiece, convert_transformer_part
 
 
 def _check_guarded(module: nn.Module, name: str) -> None:
@@ -63,7 +63,7 @@ class _Converter:
 
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
-        if kind.__module__.startswith("timm.") or isinstance(module, TokenStemPiece):   # (timm imported for its own)
+        if kind.__module__.startswith("timm.") or isinstance(module, CutPiece):   # (timm imported for its own)
             timm_layer = convert_transformer_part(module, name, runtime, self) \
                 or convert_same_padded(module, runtime, name)
             if timm_layer is not None:   # a ViT or its attention (vit.py), same-padded layers (same_padding.py)

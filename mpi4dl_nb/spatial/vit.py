@@ -15,7 +15,8 @@ attention modules become ``TokenAttention``. Its forward on a tile:
 
 A ViT cut into layers (``models/vit.py``) whose first pieces form a spatial stage runs the same way: its embedding
 piece (a ``TokenStemPiece``) becomes a ``TokenStem`` (steps 1-2 and ``norm_pre``, its output this rank's token tile),
-its block pieces convert as the model's blocks do, and the stage hands its token tiles to the first layer stage
+its block pieces convert as the model's blocks do (an Eva's, ``RopeBlockPiece``, as a ``TokenRopeBlock``: the rotary
+embedding sliced to the tile), and the stage hands its token tiles to the first layer stage
 (``pipeline/handoff.TokenTiling``).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,7 +66,11 @@ def _child(model: nn.Module, name: str) -> nn.Module:
     return child
 
 
-class TokenStemPiece:
+class CutPiece:
+    """Base of the pieces of a cut ViT (``models/vit.py``) that the conversion replaces on a spatial stage."""
+
+
+class TokenStemPiece(CutPiece):
     """Base of a cut ViT's embedding piece (``models/vit.TokenEmbedding``): it holds the model's ``patch_embed``,
     ``pos_drop``, ``norm_pre``, its tensors (``pos_embed``, ``cls_token``, ``reg_token``) and settings at the
     model's names, and runs the model class ``source``'s embedding. On a spatial stage it becomes a ``TokenStem``."""
@@ -74,6 +80,38 @@ class TokenStemPiece:
     def image_steps(self) -> list[nn.Module]:
         """The steps before the patch embedding (a normalisation), run on the image as they are."""
         raise NotImplementedError
+
+
+class RopeBlockPiece(CutPiece):
+    """Base of a cut Eva's block piece (``models/vit.RopeBlock``): its block and the model's ``rotary`` embedding for
+    the built token ``grid`` (no weights: the cut refuses a learned one). On a spatial stage it becomes a
+    ``TokenRopeBlock``."""
+
+    rotary: nn.Module
+    grid: tuple[int, int]
+
+    def block(self) -> nn.Module:
+        """The Eva block this piece runs."""
+        raise NotImplementedError
+
+
+class TokenRopeBlock(nn.Module):
+    """Mixin: a cut Eva's block on this rank's token tile, with the rotary embedding of the global token grid
+    sliced to the tile's tokens (as ``position.tile_rope`` slices the whole model's)."""
+
+    tile_runtime: SpatialRuntime
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert isinstance(self, RopeBlockPiece)
+        tiles = self.tile_runtime.plans.get(TOKEN_TILES)
+        if not isinstance(tiles, TokenTiles):
+            raise ValueError("a cut Eva's block on tiles runs after its embedding piece on the same spatial stage")
+        rope: Any = self.rotary   # timm's rotary embeddings: get_embed() for their own grid, else shape=
+        with torch._C.DisableTorchFunction():
+            full = rope.get_embed() if hasattr(rope, "feat_shape") else rope.get_embed(shape=list(self.grid))
+            own = full.index_select(-2, torch.tensor(tiles.token_indices(), device=full.device))
+        out: torch.Tensor = self.block()(x, rope=own)
+        return out
 
 
 class TokenEmbedder(nn.Module):
@@ -244,6 +282,12 @@ def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRunti
         raise ConfigError("model", f"layer {name!r} ({type(module).__name__}): a patch embedding outside timm's "
                           f"VisionTransformer/Eva is not supported on tiles (its model's position embeddings and "
                           f"attention are not known to be exact there); put it after the spatial stage")
+    if isinstance(module, RopeBlockPiece):
+        new = shallow_copy(module, spatial_class(TokenRopeBlock, type(module)))
+        object.__setattr__(new, "tile_runtime", runtime)
+        for child_name, child in module.named_children():
+            new._modules[child_name] = child if child is module.rotary else convert(child, f"{name}.{child_name}")
+        return new
     if isinstance(module, TokenStemPiece):
         where = f"layer {name or '<root>'!r} (the embedding of a cut {module.source.__name__})"
         _check_embedding(module, where, runtime, module.source.__name__)

@@ -3,7 +3,7 @@ a timm state dict of another token grid (a line says its position embeddings wer
 (a line says what trains; the checkpoint records it, and its size: evaluate rebuilds it without model flags);
 refused before work, naming the fix: an image side the patches do not tile, ``--train-blocks`` above the depth or
 with a model without blocks; what a ViT's spatial stage cannot run (a tile that cuts a patch, two spatial stages,
-the head on tiles, rotary blocks on tiles); the layout of one that runs."""
+the head on tiles); the layout of one that runs."""
 from __future__ import annotations
 
 import pytest
@@ -97,9 +97,6 @@ SPATIAL = ["--image-size", "64", "--num-spatial-parts", "4"]
     ([*SPATIAL, "--split-size", "1", "--spatial-size", "1"], "--split-size: [14] puts the ViT's head (final norm, "
                                                              "pool, classifier) on the spatial stage; end the spatial "
                                                              "stage before it (--split-size 2)"),
-    ([*SPATIAL, "--split-size", "2", "--spatial-size", "1", "--model", "timm:vit_small_patch16_rope_224"],
-     "--balance: [7, 7] puts blocks with a rotary embedding (Eva, *_rope_* ViTs) on the spatial stage, which this "
-     "build does not slice per tile in a cut model; keep only the embedding on tiles (--balance 1,13)"),
 ])
 def test_what_a_vit_s_spatial_stage_cannot_run_is_refused_naming_the_way_out(capsys, flags, message):
     code, _, err = run_command(layout_cmd.main, ["--model", "timm:vit_tiny_patch16_224", "--num-classes", "2",
