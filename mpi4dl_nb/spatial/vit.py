@@ -143,7 +143,7 @@ class TokenStem(TokenEmbedder):
         for step in self.image_steps():
             x = step(x)
         tokens, _, rope = self.tile_tokens(x)
-        assert rope is None, "a rotary embedding is the blocks' (refused on spatial stages: models/vit.py)"
+        assert rope is None, "a cut Eva's rotary embedding is its block pieces' (TokenRopeBlock)"
         return tokens
 
 
