@@ -264,18 +264,13 @@ def train_last_blocks(layers: Sequence[nn.Module], keep: int, label: str) -> str
 def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
                                image_size: int | tuple[int, int] | None) -> None:
     """ConfigError before work for what a cut ViT cannot run on its spatial stage (the engine's cut at
-    ``image_size``): a tile grid that cuts a patch, more than one spatial stage, recomputation, the head on tiles."""
+    ``image_size``): a tile grid that cuts a patch, more than one spatial stage, the head piece on tiles."""
     if cfg.spatial_size == 0 or not is_cut_vit(layers):
         return
     if cfg.spatial_size > 1:
         raise ConfigError("--spatial-size", f"{cfg.spatial_size}: a ViT's tokens run on one spatial stage (its "
                                             f"embedding and first blocks on token tiles, handed to the layer "
                                             f"stages after it); use --spatial-size 1")
-    if cfg.checkpoint_activations is not None:
-        raise ConfigError("--checkpoint-activations", f"{cfg.checkpoint_activations}: recomputing a ViT's spatial "
-                                                      f"stage (token tiles) is not supported in this build; drop "
-                                                      f"--checkpoint-activations, or recompute the blocks on layer "
-                                                      f"stages only (--spatial-size 0)")
     from ..pipeline.default_cut import default_balance
 
     if image_size is not None:

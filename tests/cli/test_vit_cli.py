@@ -3,7 +3,7 @@ a timm state dict of another token grid (a line says its position embeddings wer
 (a line says what trains; the checkpoint records it, and its size: evaluate rebuilds it without model flags);
 refused before work, naming the fix: an image side the patches do not tile, ``--train-blocks`` above the depth or
 with a model without blocks; what a ViT's spatial stage cannot run (a tile that cuts a patch, two spatial stages,
-recomputation, the head on tiles); the layout of one that runs."""
+the head on tiles); the layout of one that runs."""
 from __future__ import annotations
 
 import pytest
@@ -94,8 +94,6 @@ SPATIAL = ["--image-size", "64", "--num-spatial-parts", "4"]
      "patches (sizes that work: multiples of 32, e.g. 32 or 64)"),
     ([*SPATIAL, "--split-size", "3", "--spatial-size", "2"], "--spatial-size: 2: a ViT's tokens run on one spatial "
                                                              "stage"),
-    ([*SPATIAL, "--split-size", "2", "--spatial-size", "1", "--checkpoint-activations", "every"],
-     "--checkpoint-activations: every: recomputing a ViT's spatial stage (token tiles) is not supported in this build"),
     ([*SPATIAL, "--split-size", "1", "--spatial-size", "1"], "--split-size: [14] puts the ViT's head (final norm, "
                                                              "pool, classifier) on the spatial stage; end the spatial "
                                                              "stage before it (--split-size 2)"),

@@ -6,8 +6,8 @@ a slide map; then a timm ViT-Tiny from a 224-px timm state dict at 32 px (positi
 bubble (frozen weights unchanged), and at 64 px (4x4 tokens) with its embedding and first blocks on 4 token tiles
 handing their tokens to a layer rank (the ViT spatial stage of ``train --model timm:vit_small_patch16_224 --image-size
 448 --split-size 2 --spatial-size 1 --num-spatial-parts 4``, which is too heavy for the suite), and the same for an
-EVA-02-Tiny built from the seed (no weights: its rotary embedding sliced per tile) at 56 px, each equal to one
-process.
+EVA-02-Tiny built from the seed (no weights: its rotary embedding sliced per tile) at 56 px, its blocks recomputed
+under 1F1B, each equal to one process.
 
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, then ``set_up_run``,
 ``build_trainer`` of run/job_run.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a
@@ -54,9 +54,10 @@ VIT_RUNS = {   # a ViT from a timm state dict of the 224-px grid (position embed
         "--parts 5 --schedule zb1 --train-blocks 2",
     "a ViT's embedding and first 6 blocks on 2x2 token tiles (ring attention), the rest on a layer rank, equals one "
     "process": "--image-size 64 --split-size 2 --spatial-size 1 --num-spatial-parts 4",
-    "an EVA-02 (rotary embeddings) without weights, its embedding and first 6 blocks on 2x2 token tiles, equals one "
-    "process": "--model timm:eva02_tiny_patch14_224 --image-size 56 --split-size 2 --spatial-size 1 "
-               "--num-spatial-parts 4",
+    "an EVA-02 (rotary embeddings) without weights, its embedding and first 6 blocks on 2x2 token tiles, recomputed "
+    "block by block (1F1B), equals one process": "--model timm:eva02_tiny_patch14_224 --image-size 56 --split-size 2 "
+                                                 "--spatial-size 1 --num-spatial-parts 4 --parts 5 --schedule 1f1b "
+                                                 "--checkpoint-activations every",
 }
 CHECKS = ("losses equal one process", "model_state_dict loads into torchvision strictly",
           "the docs script runs as written and ends with a slide map", *VIT_RUNS)
