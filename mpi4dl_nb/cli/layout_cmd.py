@@ -88,7 +88,7 @@ def model_cut(job: LayoutJob) -> str:
         layers = spec.build(job.image_size)
     except ValueError as err:
         raise ConfigError("--model", str(err)) from None
-    refuse_token_spatial_stage(layers, job.config.spatial_size)
+    refuse_token_spatial_stage(layers, job.config, job.image_size)
     return stage_table(layers, job.config, job.image_size)
 
 

@@ -19,9 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import ParallelConfig
 from ..errors import ConfigError
 from ..pipeline.handoff import TokenTiling
 from ..spatial.geometry import TileGrid
+from ..spatial.vit import RopeBlockPiece, TokenStemPiece
 from .pieces import Piece
 
 BLOCKS = "blocks"
@@ -65,9 +67,10 @@ def build_settings_of(model: nn.Module) -> dict[str, object]:
             if not name.startswith("_") and name != "training" and isinstance(value, SETTINGS)}
 
 
-class TokenEmbedding(Piece):
+class TokenEmbedding(Piece, TokenStemPiece):
     """The patch embedding with the class/register tokens and the position embedding: the model class's
-    ``_pos_embed`` run on this piece, which holds the model's own tensors and settings."""
+    ``_pos_embed`` run on this piece, which holds the model's own tensors and settings (on a spatial stage: the
+    embedding on token tiles, ``spatial/vit.TokenStem``)."""
 
     def __init__(self, steps: Sequence[tuple[str, nn.Module]], source: type[nn.Module],
                  tensors: Mapping[str, nn.Parameter | None], settings: Mapping[str, object]) -> None:
@@ -82,11 +85,19 @@ class TokenEmbedding(Piece):
         self.rope = None          # an Eva's rotary embedding is the blocks' (RopeBlock): none computed here
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        built = token_image_size(self)
+        if not self.settings.get("dynamic_img_size") and tuple(x.shape[-2:]) != built:
+            raise ValueError(f"{self.source.__name__} was built for {built[0]}x{built[1]} images (--image-size), "
+                             f"given {x.shape[-2]}x{x.shape[-1]}")
         for path in self.paths:
             x = self.get_submodule(path)(x)
             if path == EMBEDDING_STEP:
                 x = self.with_positions(x)
         return x
+
+    def image_steps(self) -> list[nn.Module]:
+        """The steps before the patch embedding (a normalisation put in front), run on the image."""
+        return [self.get_submodule(path) for path in self.paths[:self.paths.index(EMBEDDING_STEP)]]
 
     def with_positions(self, x: torch.Tensor) -> torch.Tensor:
         """The model's ``_pos_embed`` (an Eva's returns the rotary embedding too: left to the blocks)."""
@@ -107,19 +118,22 @@ class TokenEmbedding(Piece):
         return f"{super().extra_repr()}; {self.source.__name__}._pos_embed after {EMBEDDING_STEP}"
 
 
-class RopeBlock(Piece):
+class RopeBlock(Piece, RopeBlockPiece):
     """An Eva block and the rotary embedding it takes (computed here from the model's token grid: it holds no
-    weights, and is the same for every block)."""
+    weights, and is the same for every block; on a spatial stage sliced per tile, ``spatial/vit.TokenRopeBlock``)."""
 
     def __init__(self, path: str, block: nn.Module, rope: nn.Module, grid: tuple[int, int]) -> None:
         super().__init__([(path, block)])
         self.rotary = copy.deepcopy(rope)     # each piece its own: a stage's layers move alone
         self.grid = grid
 
+    def block(self) -> nn.Module:
+        return self.get_submodule(self.paths[0])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rope: Any = self.rotary     # timm's rotary embeddings: get_embed() for their own grid, else shape=
         embed = rope.get_embed() if hasattr(rope, "feat_shape") else rope.get_embed(shape=self.grid)
-        out: torch.Tensor = self.get_submodule(self.paths[0])(x, rope=embed)
+        out: torch.Tensor = self.block()(x, rope=embed)
         return out
 
     def with_steps(self, steps: Sequence[tuple[str, nn.Module]]) -> Piece:
@@ -247,14 +261,40 @@ def train_last_blocks(layers: Sequence[nn.Module], keep: int, label: str) -> str
             f"parameters); the rest is frozen")
 
 
-def refuse_token_spatial_stage(layers: Sequence[nn.Module], spatial_size: int) -> None:
-    """ConfigError before work for a cut ViT on spatial stages: its token tiles are not wired into the engine yet."""
-    if spatial_size > 0 and is_cut_vit(layers):
-        raise ConfigError("--spatial-size", "ViT spatial stage: needs token tiles from dl.spatialize for the patch "
-                                            "embedding and its blocks, and their hand-off to the first layer "
-                                            "stage, which this build does not have yet; train a ViT with layer "
-                                            "and pipeline stages only: --spatial-size 0 (e.g. --split-size 2 "
-                                            "--spatial-size 0)")
+def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
+                               image_size: int | tuple[int, int] | None) -> None:
+    """ConfigError before work for what a cut ViT cannot run on its spatial stage (the engine's cut at
+    ``image_size``): a tile grid that cuts a patch, more than one spatial stage, the head piece on tiles."""
+    if cfg.spatial_size == 0 or not is_cut_vit(layers):
+        return
+    if cfg.spatial_size > 1:
+        raise ConfigError("--spatial-size", f"{cfg.spatial_size}: a ViT's tokens run on one spatial stage (its "
+                                            f"embedding and first blocks on token tiles, handed to the layer "
+                                            f"stages after it); use --spatial-size 1")
+    from ..pipeline.default_cut import default_balance
+
+    if image_size is not None:
+        check_tiled_patches(layers[0], TileGrid(*cfg.grid_shape), image_size)
+    balance = default_balance(layers, cfg, image_size=image_size)
+    count = balance[0]
+    if isinstance(layers[count - 1], TokenHead):
+        knob, fix = (("--balance", f"--balance {count - 1},{','.join(map(str, (balance[1] + 1, *balance[2:])))}")
+                     if len(balance) > 1 else ("--split-size", f"--split-size {cfg.split_size + 1}"))
+        raise ConfigError(knob, f"{list(balance)} puts the ViT's head (final norm, pool, classifier) on the "
+                                f"spatial stage; end the spatial stage before it ({fix})")
+
+
+def check_tiled_patches(embedding: nn.Module, grid: TileGrid, image_size: int | tuple[int, int]) -> None:
+    """ConfigError (``--image-size``, naming sizes that work) when ``grid``'s tiles of an ``image_size`` image would
+    cut one of the embedding's patches (a hybrid's: its stem's stride)."""
+    from ..spatial.tokens import check_patch_grid
+
+    size = (image_size, image_size) if isinstance(image_size, int) else image_size
+    patch = patch_multiple(embedding)
+    try:
+        check_patch_grid(grid, size, (patch, patch), "the ViT")
+    except ConfigError as refusal:
+        raise ConfigError("--image-size", refusal.detail) from None
 
 
 def embedded_prefix(embed: TokenEmbedding) -> int:

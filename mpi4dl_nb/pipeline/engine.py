@@ -23,6 +23,7 @@ from ..spatial.geometry import TileGrid
 from ..spatial.loss import TileLoss
 from .accumulate import GradientSum
 from .default_cut import default_balance
+from .handoff import handoff_of
 from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
@@ -128,8 +129,8 @@ class HybridEngine:
         except Exception:
             self._fail()
             raise
-        self.runtime = PipelineRuntime(ctx, self.schedule, self.instances, self.stage_groups,
-                                       loss_fn, self.optimizer, self.grid)
+        self.runtime = PipelineRuntime(ctx, self.schedule, self.instances, self.stage_groups, loss_fn, self.optimizer,
+                                       self.grid, handoff_of(layers[:sum(self.balance[:cfg.spatial_size])], self.grid))
         self._step: StepRun | None = None
 
     # ------------------------------------------------------------------ set-up

@@ -1,13 +1,20 @@
 """SP -> LP hand-off: join a stage's output tiles into one tensor (a ViT's token tiles into its token sequence),
-split its gradient back."""
+split its gradient back.
+
+The runtime takes either through one seam: a ``TileJoin`` (``FeatureTiles``: feature-map tiles by their shapes;
+``TokenTiling``: a ViT's token tiles) joins the tiles into a ``JoinedTiles``, the payload and how its gradient
+splits back per tile. ``handoff_of`` picks the one a model's layers need.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import EllipsisType
+from typing import Protocol, runtime_checkable
 
 import torch
+from torch import nn
 
 from ..comm.messages import Payload, as_items, like
 from ..spatial.geometry import Range, TileGrid
@@ -104,6 +111,57 @@ def split_grad(grads: Sequence[torch.Tensor | None], boxes: Sequence[list[Region
     return out
 
 
+class JoinedTiles(Protocol):
+    """A hand-off's joined payload, and how its gradient splits back to each tile."""
+
+    @property
+    def payload(self) -> Payload: ...
+
+    def tile_grads(self, grads: Sequence[torch.Tensor | None], tile: int) -> list[torch.Tensor | None]:
+        """Tile ``tile``'s part of the joined payload's gradients (None stays None)."""
+        ...
+
+
+class TileJoin(Protocol):
+    """How a spatial stage's output tiles join into the next (layer) stage's input."""
+
+    def join_payloads(self, tiles: Sequence[Payload]) -> JoinedTiles:
+        """One payload from every tile's (tile order)."""
+        ...
+
+
+@dataclass(frozen=True)
+class JoinedFeatures:
+    """Feature-map tiles joined by ``join_tiles``: the payload and the boxes it used."""
+
+    payload: Payload
+    boxes: list[list[Region] | None]
+
+    def tile_grads(self, grads: Sequence[torch.Tensor | None], tile: int) -> list[torch.Tensor | None]:
+        return split_grad(grads, self.boxes, tile)
+
+
+@dataclass(frozen=True)
+class FeatureTiles:
+    """The hand-off of feature-map tiles (``join_tiles``/``split_grad``): a CNN's spatial stage."""
+
+    grid: TileGrid
+
+    def join_payloads(self, tiles: Sequence[Payload]) -> JoinedFeatures:
+        return JoinedFeatures(*join_tiles(tiles, self.grid))
+
+
+@dataclass(frozen=True)
+class JoinedTokens:
+    """Token tiles joined into the model's sequence by a ``TokenTiling``."""
+
+    payload: torch.Tensor
+    tiling: TokenTiling
+
+    def tile_grads(self, grads: Sequence[torch.Tensor | None], tile: int) -> list[torch.Tensor | None]:
+        return [None if grad is None else self.tiling.split(grad, tile) for grad in grads]
+
+
 @dataclass(frozen=True)
 class TokenTiling:
     """Where a ViT's tokens lie on the tiles of a spatial stage (the token-tile representation of
@@ -148,3 +206,30 @@ class TokenTiling:
         image = grad[:, self.num_prefix:].reshape(batch, rows, cols, channels)[:, r0:r1, c0:c1]
         own = image.reshape(batch, (r1 - r0) * (c1 - c0), channels)
         return torch.cat([grad[:, :self.num_prefix], own], dim=1) if tile == 0 else own.contiguous()
+
+    def join_payloads(self, tiles: Sequence[Payload]) -> JoinedTokens:
+        """``join`` as the runtime's hand-off (each tile's payload one token tensor)."""
+        tensors = [t for t in tiles if isinstance(t, torch.Tensor) and t.dim() == 3]
+        if len(tensors) != len(tiles):
+            raise ValueError("a ViT's spatial stage passes one (N, n, C) token tensor per tile to the next stage; "
+                             "end the spatial stage after the embedding or a block")
+        return JoinedTokens(self.join(tensors), self)
+
+
+@runtime_checkable
+class TokenSource(Protocol):
+    """A layer whose output is a ViT's tokens: on a spatial stage, token tiles laid out by its ``token_tiling``
+    (``models/vit.TokenEmbedding``)."""
+
+    def token_tiling(self, grid: TileGrid) -> TokenTiling: ...
+
+
+def handoff_of(spatial_layers: Sequence[nn.Module], grid: TileGrid | None) -> TileJoin | None:
+    """The hand-off after the spatial stages holding ``spatial_layers`` on ``grid``: token tiles when a layer there
+    makes tokens, else feature-map tiles (None: no spatial stage)."""
+    if grid is None:
+        return None
+    for layer in spatial_layers:
+        if isinstance(layer, TokenSource):
+            return layer.token_tiling(grid)
+    return FeatureTiles(grid)

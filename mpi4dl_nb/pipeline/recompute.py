@@ -38,9 +38,10 @@ from torch import nn
 from ..comm.messages import Payload, as_items
 from ..config import CheckpointGranularity, CheckpointSetting
 from ..spatial.function_ctx import FunctionContext
-from ..spatial.guard import is_tiled, mark_tiled
+from ..spatial.guard import is_tiled, layout_of, mark_tiled
 from ..spatial.layer import ForwardState, SpatialRuntime, shallow_copy
 from ..spatial.replay import ForwardLog
+from ..spatial.tile_layout import TileLayout
 from .bn_replay import RunningStatsNorm, running_stat_norms
 
 
@@ -89,8 +90,8 @@ class _Replay:
     runtime: SpatialRuntime | None
     spatial_state: ForwardState | None
     tuple_payload: bool
-    tiled_inputs: list[bool]
-    tiled_outputs: list[bool]
+    tiled_inputs: list[TileLayout | None]    # each input's tile layout (None: not a tile)
+    tiled_outputs: list[TileLayout | None]
     rng: torch.Tensor
     cuda_rng: torch.Tensor | None
     device: torch.device
@@ -110,8 +111,9 @@ class _Replay:
             stack.enter_context(torch.autocast(self.device.type, dtype=dtype, enabled=enabled))
             stack.enter_context(spare_running_stats(self.norms))
             if self.runtime is not None and self.spatial_state is not None:
-                tiles = tuple(t for t, tiled in zip(inputs, self.tiled_inputs) if tiled)
+                tiles = tuple(t for t, layout in zip(inputs, self.tiled_inputs) if layout is not None)
                 stack.enter_context(self.runtime.replaying(self.spatial_state, tiles))
+                _mark(inputs, self.tiled_inputs)    # their own layouts again (a ViT's token tiles)
                 stack.enter_context(self.received.replaying_entries())
             yield
 
@@ -139,7 +141,7 @@ class _Recompute(torch.autograd.Function):
         with replay.received.recording():
             out = replay.run(_payload(replay, list(inputs)))
         items = as_items(out)
-        replay.tiled_outputs = [is_tiled(t) for t in items]
+        replay.tiled_outputs = _layouts(items)
         fctx.replay = replay
         fctx.inputs = len(inputs)
         # the received halo strips and statistics are held until backward: saved, so counted
@@ -154,9 +156,7 @@ class _Recompute(torch.autograd.Function):
         replay: _Replay = fctx.replay
         inputs = [t.detach().requires_grad_(t.is_floating_point() and needs)
                   for t, needs in zip(fctx.saved_tensors[:fctx.inputs], fctx.needs_input_grad[2:])]
-        for t, tiled in zip(inputs, replay.tiled_inputs):
-            if tiled:
-                mark_tiled(t)
+        _mark(inputs, replay.tiled_inputs)
         with replay.again(inputs):
             out = replay.run(_payload(replay, inputs))
         pairs = [(o, g) for o, g in zip(as_items(out), grads)
@@ -174,7 +174,7 @@ def run_recomputed(run: Callable[[Payload], Payload], x: Payload, norms: list[Ru
     replay = _Replay(run=run, norms=norms, runtime=runtime,
                      spatial_state=runtime.forward_state() if runtime is not None else None,
                      tuple_payload=isinstance(x, (tuple, list)),
-                     tiled_inputs=[is_tiled(t) for t in inputs], tiled_outputs=[],
+                     tiled_inputs=_layouts(inputs), tiled_outputs=[],
                      rng=torch.get_rng_state(),
                      cuda_rng=torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                      device=device, autocast=_autocast_state(device), received=ForwardLog())
@@ -182,10 +182,20 @@ def run_recomputed(run: Callable[[Payload], Payload], x: Payload, norms: list[Ru
     anchor = torch.empty(0, device=device, requires_grad=True)
     out = _Recompute.apply(replay, anchor, *inputs)
     items = [out] if isinstance(out, torch.Tensor) else list(out)
-    for t, tiled in zip(items, replay.tiled_outputs):
-        if tiled:
-            mark_tiled(t)
+    _mark(items, replay.tiled_outputs)
     return out if isinstance(out, torch.Tensor) else tuple(items)
+
+
+def _layouts(tensors: Sequence[torch.Tensor]) -> list[TileLayout | None]:
+    """Each tensor's tile layout (None: not a tile)."""
+    return [layout_of(t) if is_tiled(t) else None for t in tensors]
+
+
+def _mark(tensors: Sequence[torch.Tensor], layouts: Sequence[TileLayout | None]) -> None:
+    """Mark the tensors that were tiles with the layouts they had."""
+    for t, layout in zip(tensors, layouts):
+        if layout is not None:
+            mark_tiled(t, layout)
 
 
 class RecomputedSequential(nn.Sequential):

@@ -19,7 +19,7 @@ from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .grad_buckets import MB, GradientReducer, weight_gradient_passes
-from .handoff import Region, join_tiles, split_grad
+from .handoff import FeatureTiles, JoinedTiles, TileJoin
 from .precision import COMPUTE_DTYPES, LossScaler, autocast
 from .schedules import Action, ActionKind, Schedule, chunk_index, stage_ranks
 from .split_backward import LayerCall, LayerRecorder, WeightWork, input_backward
@@ -96,7 +96,7 @@ class _StepState:
     inputs: dict[Key, Payload] = field(default_factory=dict)
     outputs: dict[Key, Payload] = field(default_factory=dict)
     input_grads: dict[Key, list[torch.Tensor | None]] = field(default_factory=dict)
-    boxes: dict[Key, list[list[Region] | None]] = field(default_factory=dict)
+    boxes: dict[Key, JoinedTiles] = field(default_factory=dict)    # a spatial hand-off's joins (gradients split)
     inbox: dict[tuple[bool, Key], dict[int, Payload]] = field(default_factory=dict)   # (activation?, key)
     sends_left: dict[Key, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
@@ -159,7 +159,8 @@ class PipelineRuntime:
 
     def __init__(self, ctx: Comm, schedule: Schedule, instances: dict[tuple[int, int], StageInstance],
                  stage_groups: dict[int, Group | None], loss_fn: LossFn,
-                 optimizer: torch.optim.Optimizer | None, grid: TileGrid | None) -> None:
+                 optimizer: torch.optim.Optimizer | None, grid: TileGrid | None,
+                 handoff: TileJoin | None = None) -> None:
         self.ctx = ctx
         self.schedule = schedule
         self.cfg = schedule.cfg
@@ -168,6 +169,7 @@ class PipelineRuntime:
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.grid = grid
+        self.handoff = handoff if handoff is not None or grid is None else FeatureTiles(grid)   # tiles -> a layer stage
         self.holders = stage_ranks(self.cfg)
         self.scaler = LossScaler() if self.cfg.precision == "fp16" else None
         self.autocasts = self.cfg.precision in COMPUTE_DTYPES   # a forward runs under torch.autocast
@@ -247,10 +249,10 @@ class PipelineRuntime:
             raise ValueError(f"{action.describe()}: a send/receive without a peer")
         return action.peer
 
-    def _grid(self) -> TileGrid:
-        if self.grid is None:
+    def _handoff(self) -> TileJoin:
+        if self.handoff is None:
             raise ValueError("a spatial hand-off needs the tile grid (cfg.spatial_size > 0)")
-        return self.grid
+        return self.handoff
 
     @staticmethod
     def _rows(state: _StepState, chunk: int, count: int = 1) -> slice:
@@ -325,8 +327,8 @@ class PipelineRuntime:
         received = state.inbox.pop((True, key))
         if len(received) > 1 or (self._spatial(action.stage - 1) and not self._spatial(action.stage)):
             tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
-            x, state.boxes[key] = join_tiles([received[r] for r in tiles], self._grid())
-            return x
+            joined = state.boxes[key] = self._handoff().join_payloads([received[r] for r in tiles])
+            return joined.payload
         (x,) = received.values()
         return x
 
@@ -420,7 +422,7 @@ class PipelineRuntime:
             boxes = state.boxes.get(key)
             if boxes is not None:
                 tiles = self.holders[(action.dp, action.replica, action.stage - 1)]
-                grads = split_grad(grads, boxes, tiles.index(peer))
+                grads = boxes.tile_grads(grads, tiles.index(peer))
             float_grads = [g for g in grads if g is not None]
             payload = tuple(float_grads) if len(grads) > 1 else float_grads[0]
             state.sends_left[key] = state.sends_left.get(key, self._grad_sends(action)) - 1

@@ -82,11 +82,12 @@ class JobSetup:
                 state, len(tensors), job.training.optimizer.spec.state_slots))
 
     def freeze_blocks(self) -> None:
-        """``--train-blocks K``: a ViT's blocks but the last K frozen (the line saying so printed once); a cut ViT
-        refused on spatial stages before work (its token tiles are not wired into the engine)."""
+        """``--train-blocks K``: a ViT's blocks but the last K frozen (the line saying so printed once); what a cut
+        ViT cannot run on its spatial stage refused before work."""
         from ..models.vit import refuse_token_spatial_stage, train_last_blocks
 
-        refuse_token_spatial_stage(self.layers, self.job.config.spatial_size)
+        job = self.job
+        refuse_token_spatial_stage(self.layers, job.config, job.data.image_size)
         spec = self.record.model
         if spec.train_blocks is not None:
             say_once(self.ctx, train_last_blocks(self.layers, spec.train_blocks, spec.label))

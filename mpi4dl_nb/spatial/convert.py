@@ -32,7 +32,7 @@ from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
 from .same_padding import convert_same_padded
 from .swin import convert_swin_part
-from .vit import convert_transformer_part
+from .vit import CutPiece, convert_transformer_part
 
 
 def _check_guarded(module: nn.Module, name: str) -> None:
@@ -65,7 +65,7 @@ class _Converter:
 
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
-        if kind.__module__.startswith("timm."):   # (timm imported only for timm's own classes)
+        if kind.__module__.startswith("timm.") or isinstance(module, CutPiece):   # (timm imported for its own)
             timm_layer = convert_swin_part(module, name, runtime, self) \
                 or convert_transformer_part(module, name, runtime, self) \
                 or convert_same_padded(module, runtime, name)

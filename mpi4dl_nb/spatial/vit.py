@@ -12,6 +12,12 @@ attention modules become ``TokenAttention``. Its forward on a tile:
    sliced;
 3. the blocks as they are, under the op guard (per-token work checked), attention across the tile group;
 4. the final norm, the pool to one replicated vector (``token_pools.py``) and fc_norm/head on every rank.
+
+A ViT cut into layers (``models/vit.py``) whose first pieces form a spatial stage runs the same way: its embedding
+piece (a ``TokenStemPiece``) becomes a ``TokenStem`` (steps 1-2 and ``norm_pre``, its output this rank's token tile),
+its block pieces convert as the model's blocks do (an Eva's, ``RopeBlockPiece``, as a ``TokenRopeBlock``: the rotary
+embedding sliced to the tile), and the stage hands its token tiles to the first layer stage
+(``pipeline/handoff.TokenTiling``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,19 +66,59 @@ def _child(model: nn.Module, name: str) -> nn.Module:
     return child
 
 
-class TokenModel(nn.Module):
-    """Mixin: a timm VisionTransformer/Eva's forward on this rank's tile (the model's output on every rank)."""
+class CutPiece:
+    """Base of the pieces of a cut ViT (``models/vit.py``) that the conversion replaces on a spatial stage."""
+
+
+class TokenStemPiece(CutPiece):
+    """Base of a cut ViT's embedding piece (``models/vit.TokenEmbedding``): it holds the model's ``patch_embed``,
+    ``pos_drop``, ``norm_pre``, its tensors (``pos_embed``, ``cls_token``, ``reg_token``) and settings at the
+    model's names, and runs the model class ``source``'s embedding. On a spatial stage it becomes a ``TokenStem``."""
+
+    source: type[nn.Module]
+
+    def image_steps(self) -> list[nn.Module]:
+        """The steps before the patch embedding (a normalisation), run on the image as they are."""
+        raise NotImplementedError
+
+
+class RopeBlockPiece(CutPiece):
+    """Base of a cut Eva's block piece (``models/vit.RopeBlock``): its block and the model's ``rotary`` embedding for
+    the built token ``grid`` (no weights: the cut refuses a learned one). On a spatial stage it becomes a
+    ``TokenRopeBlock``."""
+
+    rotary: nn.Module
+    grid: tuple[int, int]
+
+    def block(self) -> nn.Module:
+        """The Eva block this piece runs."""
+        raise NotImplementedError
+
+
+class TokenRopeBlock(nn.Module):
+    """Mixin: a cut Eva's block on this rank's token tile, with the rotary embedding of the global token grid
+    sliced to the tile's tokens (as ``position.tile_rope`` slices the whole model's)."""
+
+    tile_runtime: SpatialRuntime
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert isinstance(self, RopeBlockPiece)
+        tiles = self.tile_runtime.plans.get(TOKEN_TILES)
+        if not isinstance(tiles, TokenTiles):
+            raise ValueError("a cut Eva's block on tiles runs after its embedding piece on the same spatial stage")
+        rope: Any = self.rotary   # timm's rotary embeddings: get_embed() for their own grid, else shape=
+        with torch._C.DisableTorchFunction():
+            full = rope.get_embed() if hasattr(rope, "feat_shape") else rope.get_embed(shape=list(self.grid))
+            own = full.index_select(-2, torch.tensor(tiles.token_indices(), device=full.device))
+        out: torch.Tensor = self.block()(x, rope=own)
+        return out
+
+
+class TokenEmbedder(nn.Module):
+    """Mixin: timm's patch embedding, ``_pos_embed`` and ``norm_pre`` on this rank's image tile."""
 
     tile_runtime: SpatialRuntime
     serial_class: type[nn.Module]
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if attn_mask is not None or is_causal:
-            raise ConfigError("model", f"{self.serial_class.__name__} with attn_mask/is_causal is not supported "
-                              f"on tiles; call it without them")
-        tokens, tiles, rope = self.tile_tokens(x)
-        tokens = self.run_blocks(tokens, rope, range(len(list(_child(self, "blocks").children()))))
-        return self.tile_head(tokens, tiles)
 
     def tile_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, TokenTiles, torch.Tensor | None]:
         """timm's patch embedding, ``_pos_embed`` and ``norm_pre`` on this rank's image tile: its token tile, the
@@ -85,6 +132,31 @@ class TokenModel(nn.Module):
             tokens = add_positions(self, tokens, tiles, runtime.ctx, runtime.group)
             rope = tile_rope(self, tiles, runtime.ctx, runtime.group)
         return _child(self, "norm_pre")(mark_tiled(tokens, layout)), tiles, rope
+
+
+class TokenStem(TokenEmbedder):
+    """Mixin: a cut ViT's embedding piece on this rank's image tile; its output, this tile's tokens ``(B, n, C)``
+    (the token-tile representation of ``tokens.py``), is what the blocks after it on the stage take."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert isinstance(self, TokenStemPiece)
+        for step in self.image_steps():
+            x = step(x)
+        tokens, _, rope = self.tile_tokens(x)
+        assert rope is None, "a cut Eva's rotary embedding is its block pieces' (TokenRopeBlock)"
+        return tokens
+
+
+class TokenModel(TokenEmbedder):
+    """Mixin: a timm VisionTransformer/Eva's forward on this rank's tile (the model's output on every rank)."""
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ConfigError("model", f"{self.serial_class.__name__} with attn_mask/is_causal is not supported "
+                              f"on tiles; call it without them")
+        tokens, tiles, rope = self.tile_tokens(x)
+        tokens = self.run_blocks(tokens, rope, range(len(list(_child(self, "blocks").children()))))
+        return self.tile_head(tokens, tiles)
 
     def run_blocks(self, tokens: torch.Tensor, rope: torch.Tensor | None, indices: range) -> torch.Tensor:
         """The blocks ``indices`` on a token tile (the rope as ``tile_tokens`` gave it)."""
@@ -171,6 +243,12 @@ def _check_model(model: nn.Module, name: str, runtime: SpatialRuntime) -> None:
     if pool not in POOLS or (pool == "map") != (getattr(model, "attn_pool", None) is not None):
         raise ConfigError("model", f"{where}: global_pool={pool!r} is not supported on tiles yet; supported: "
                           f"{', '.join(POOLS)} (create the model with global_pool='avg' or 'token')")
+    _check_embedding(model, where, runtime, type(model).__name__)
+
+
+def _check_embedding(model: nn.Module, where: str, runtime: SpatialRuntime, what: str) -> None:
+    """Refuse before work a patch embedding the token-tile forward does not compute exactly (``what``: the model's
+    name in a refusal of the image size)."""
     embed = _child(model, "patch_embed")
     if getattr(embed, "dynamic_img_pad", False):
         raise ConfigError("model", f"{where}: dynamic_img_pad pads the image's edge on one tile; create the model "
@@ -181,7 +259,7 @@ def _check_model(model: nn.Module, name: str, runtime: SpatialRuntime) -> None:
                           f"supported: PatchEmbed, HybridEmbed")
     image = getattr(embed, "img_size", None)
     if isinstance(embed, patch_embed_kind) and image and not getattr(model, "dynamic_img_size", False):
-        check_patch_grid(runtime.grid, int_pair(image), int_pair(embed.patch_size), type(model).__name__)
+        check_patch_grid(runtime.grid, int_pair(image), int_pair(embed.patch_size), what)
 
 
 def _check_training(model: nn.Module) -> None:
@@ -204,12 +282,29 @@ def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRunti
         raise ConfigError("model", f"layer {name!r} ({type(module).__name__}): a patch embedding outside timm's "
                           f"VisionTransformer/Eva is not supported on tiles (its model's position embeddings and "
                           f"attention are not known to be exact there); put it after the spatial stage")
+    if isinstance(module, RopeBlockPiece):
+        new = shallow_copy(module, spatial_class(TokenRopeBlock, type(module)))
+        object.__setattr__(new, "tile_runtime", runtime)
+        for child_name, child in module.named_children():
+            new._modules[child_name] = child if child is module.rotary else convert(child, f"{name}.{child_name}")
+        return new
+    if isinstance(module, TokenStemPiece):
+        where = f"layer {name or '<root>'!r} (the embedding of a cut {module.source.__name__})"
+        _check_embedding(module, where, runtime, module.source.__name__)
+        return _on_tiles(module, name, TokenStem, module.source, runtime, convert)
     if not isinstance(module, model_kinds()):
         return None
     _check_model(module, name, runtime)
-    new = shallow_copy(module, spatial_class(TokenModel, type(module)))
+    return _on_tiles(module, name, TokenModel, type(module), runtime, convert)
+
+
+def _on_tiles(module: nn.Module, name: str, mixin: type[TokenEmbedder], serial: type[nn.Module],
+              runtime: SpatialRuntime, convert: Convert) -> nn.Module:
+    """``module`` (a timm ViT/Eva, or a cut one's embedding piece) as ``mixin`` on tiles: its children converted,
+    its patch embedding's forward replaced by ``_embed``'s, its own tensors tile shares."""
+    new = shallow_copy(module, spatial_class(mixin, type(module)))
     object.__setattr__(new, "tile_runtime", runtime)
-    object.__setattr__(new, "serial_class", type(module))
+    object.__setattr__(new, "serial_class", serial)
     for child_name, child in module.named_children():
         full = f"{name}.{child_name}" if name else child_name
         if child_name == "patch_embed":   # its children converted, its forward replaced by _embed's

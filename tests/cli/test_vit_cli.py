@@ -2,7 +2,8 @@
 a timm state dict of another token grid (a line says its position embeddings were resampled) and ``--train-blocks``
 (a line says what trains; the checkpoint records it, and its size: evaluate rebuilds it without model flags);
 refused before work, naming the fix: an image side the patches do not tile, ``--train-blocks`` above the depth or
-with a model without blocks, a ViT on spatial stages."""
+with a model without blocks; what a ViT's spatial stage cannot run (a tile that cuts a patch, two spatial stages,
+the head on tiles); the layout of one that runs."""
 from __future__ import annotations
 
 import pytest
@@ -75,8 +76,29 @@ def test_train_blocks_is_refused_for_a_model_without_blocks_and_below_zero():
         train_last_blocks(spec.build(32), 1, spec.label)
 
 
-def test_a_vit_on_spatial_stages_is_refused_naming_the_layer_stages(capsys):
+def test_layout_shows_a_vit_s_spatial_stage_on_token_tiles(capsys):
+    """The embedding and the first blocks on 4 tiles, the rest on a layer stage (trained exactly: byom_exact.py)."""
+    code, out, err = run_command(layout_cmd.main, ["--model", "timm:vit_tiny_patch16_224", "--num-classes", "2",
+                                                   "--image-size", "64", "--split-size", "2", "--spatial-size", "1",
+                                                   "--num-spatial-parts", "4"], capsys)
+    assert code == 0, err
+    assert "0      spatial  0-3    0-6     patch_embed .. blocks.5" in out and "balance: 7,7 (14 layers" in out, out
+
+
+SPATIAL = ["--image-size", "64", "--num-spatial-parts", "4"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--image-size", "48", "--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4"],
+     "--image-size: TileGrid(rows=2, cols=2) would cut a patch: image height 48 over 2 tile(s) of the ViT's 16-pixel "
+     "patches (sizes that work: multiples of 32, e.g. 32 or 64)"),
+    ([*SPATIAL, "--split-size", "3", "--spatial-size", "2"], "--spatial-size: 2: a ViT's tokens run on one spatial "
+                                                             "stage"),
+    ([*SPATIAL, "--split-size", "1", "--spatial-size", "1"], "--split-size: [14] puts the ViT's head (final norm, "
+                                                             "pool, classifier) on the spatial stage; end the spatial "
+                                                             "stage before it (--split-size 2)"),
+])
+def test_what_a_vit_s_spatial_stage_cannot_run_is_refused_naming_the_way_out(capsys, flags, message):
     code, _, err = run_command(layout_cmd.main, ["--model", "timm:vit_tiny_patch16_224", "--num-classes", "2",
-                                                 "--image-size", "64", "--split-size", "2", "--spatial-size", "1",
-                                                 "--num-spatial-parts", "4"], capsys)
-    assert code == 2 and "ViT spatial stage: needs token tiles" in err and "--spatial-size 0" in err, err
+                                                 *flags], capsys)
+    assert code == 2 and message in err, err

@@ -171,3 +171,45 @@ def test_token_tiles_join_into_the_model_sequence_and_gradients_split_back(name,
     assert torch.equal(tiling.join(parts), grad)
     with pytest.raises(ValueError, match="token tiles hold"):
         tiling.join(tiles[::-1])
+
+
+def test_the_engine_hands_a_vit_s_token_tiles_off_as_tokens_and_a_cnn_s_as_feature_maps():
+    """``handoff_of`` (the runtime's seam): a cut ViT's spatial layers hand off token tiles joined in the model's
+    order, whose gradients split back per tile as ``TokenTiling.split``; a CNN's, feature-map tiles by their boxes."""
+    from mpi4dl_nb.pipeline.handoff import FeatureTiles, TokenTiling, handoff_of
+    from mpi4dl_nb.spatial.geometry import TileGrid
+
+    grid = TileGrid(2, 2)
+    layers = layer_list(vit("vit_little_patch16_reg4_gap_256", 64))
+    tiling = handoff_of(layers[:2], grid)
+    assert tiling == TokenTiling(grid, (4, 4), 4)        # 4x4 tokens, 4 register tokens on tile 0 (no class token)
+    tiles = [torch.randn(2, n, 8, dtype=torch.float64) for n in tiling.counts()]
+    joined = tiling.join_payloads(tiles)
+    assert torch.equal(joined.payload, tiling.join(tiles))
+    grad = torch.randn_like(joined.payload)
+    assert all(torch.equal(joined.tile_grads([grad, None], t)[0], tiling.split(grad, t))
+               and joined.tile_grads([grad, None], t)[1] is None for t in range(4))
+    with pytest.raises(ValueError, match="one .N, n, C. token tensor per tile"):
+        tiling.join_payloads([(t, t) for t in tiles])
+    cnn = handoff_of([nn.Conv2d(3, 4, 3)], grid)
+    assert cnn == FeatureTiles(grid) and handoff_of(layers[:2], None) is None
+    maps = [torch.randn(1, 4, 3, 3) for _ in range(4)]
+    features = cnn.join_payloads(maps)
+    assert features.payload.shape == (1, 4, 6, 6) and torch.equal(features.tile_grads([features.payload], 3)[0],
+                                                                  maps[3])
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(2, 2), (1, 4)])
+def test_the_planner_counts_the_tokens_each_tile_hands_off(rows, cols):
+    """The planner's token tiles of a cut ViT's spatial stage (``StageRole.tokens``: the token grid it finds in the
+    layers' profiles, split over the tiles) are the ones the engine's hand-off joins (``TokenTiling.counts``)."""
+    from mpi4dl_nb.planner.memory import token_grid
+    from mpi4dl_nb.planner.profile import profile_layers
+    from mpi4dl_nb.spatial.geometry import TileGrid
+
+    layers = layer_list(vit("vit_small_patch14_reg4_dinov2", 56))
+    grid = TileGrid(rows, cols)
+    tokens = token_grid(profile_layers(layers, 56, 3, torch.float64), torch.float64)
+    assert isinstance(layers[0], TokenEmbedding) and tokens is not None
+    assert tokens.member_tokens(grid) == tuple(layers[0].token_tiling(grid).counts())
+    assert (tokens.rows, tokens.cols, tokens.prefix) == (4, 4, 5)

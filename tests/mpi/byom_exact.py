@@ -3,7 +3,11 @@ of classes, SP 2x2 + LP in float64, equals one process, and its checkpoint gives
 the script of docs/your-own-model.md runs as written there (small: ``--steps 2 --image-size 64``) and ends with
 a slide map; then a timm ViT-Tiny from a 224-px timm state dict at 32 px (position embeddings resampled, the
 1000-class head replaced) on 5 pipeline stages, with recomputation, and fine-tuned in its last blocks under zero
-bubble (frozen weights unchanged), each equal to one process.
+bubble (frozen weights unchanged), and at 64 px (4x4 tokens) with its embedding and first blocks on 4 token tiles
+handing their tokens to a layer rank (the ViT spatial stage of ``train --model timm:vit_small_patch16_224 --image-size
+448 --split-size 2 --spatial-size 1 --num-spatial-parts 4``, which is too heavy for the suite), and the same for an
+EVA-02-Tiny built from the seed (no weights: its rotary embedding sliced per tile) at 56 px, its blocks recomputed
+under 1F1B, each equal to one process.
 
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, then ``set_up_run``,
 ``build_trainer`` of run/job_run.py) from ``--model torchvision:resnet18 --weights W.pth --num-classes 2`` (W.pth: a
@@ -48,6 +52,12 @@ VIT_RUNS = {   # a ViT from a timm state dict of the 224-px grid (position embed
         "--parts 5 --schedule 1f1b --checkpoint-activations every",
     "a ViT fine-tuned in its last 2 blocks (--train-blocks 2, zero bubble) equals one process, the rest unchanged":
         "--parts 5 --schedule zb1 --train-blocks 2",
+    "a ViT's embedding and first 6 blocks on 2x2 token tiles (ring attention), the rest on a layer rank, equals one "
+    "process": "--image-size 64 --split-size 2 --spatial-size 1 --num-spatial-parts 4",
+    "an EVA-02 (rotary embeddings) without weights, its embedding and first 6 blocks on 2x2 token tiles, recomputed "
+    "block by block (1F1B), equals one process": "--model timm:eva02_tiny_patch14_224 --image-size 56 --split-size 2 "
+                                                 "--spatial-size 1 --num-spatial-parts 4 --parts 5 --schedule 1f1b "
+                                                 "--checkpoint-activations every",
 }
 CHECKS = ("losses equal one process", "model_state_dict loads into torchvision strictly",
           "the docs script runs as written and ends with a slide map", *VIT_RUNS)
@@ -66,12 +76,13 @@ def one_process(setup: JobSetup, weights: Path) -> tuple[list[float], dict[str, 
 
 
 def vit_matches_one_process(ctx: dl.Context, checkpoint: Path, flags: str, weights: Path) -> str:
-    """Train the ViT with ``flags`` from ``weights`` (5 ranks), then on rank 0 in one process; the detail line."""
+    """Train the ViT with ``flags`` (5 ranks; from ``weights`` unless the flags name another model), then on rank 0
+    in one process; the detail line."""
     from mpi4dl_nb.models.pieces import original_state_dict
     from mpi4dl_nb.models.vit import train_last_blocks
 
-    setup = set_up_run(parsed_plan([*VIT, *flags.split(), "--weights", str(weights), "--checkpoint-dir",
-                                    str(checkpoint)]), ctx)
+    start = [] if "--model" in flags.split() else ["--weights", str(weights)]
+    setup = set_up_run(parsed_plan([*VIT, *flags.split(), *start, "--checkpoint-dir", str(checkpoint)]), ctx)
     summary = build_trainer(setup, None).run()
     if ctx.rank != 0:
         return ""
@@ -79,7 +90,8 @@ def vit_matches_one_process(ctx: dl.Context, checkpoint: Path, flags: str, weigh
     spec = setup.record.model
     torch.manual_seed(setup.job.training.seed)
     layers = spec.build(setup.job.data.image_size)
-    assert load_weights(layers, read_weights(weights), model=spec.label) is not None    # resampled, head replaced
+    if start:
+        assert load_weights(layers, read_weights(weights), model=spec.label) is not None    # resampled, head replaced
     if spec.train_blocks is not None:
         train_last_blocks(layers, spec.train_blocks, spec.label)
     model = torch.nn.Sequential(*layers).to(torch.float64)
