@@ -133,6 +133,9 @@ class Evaluation:
             for layer in self.layers:
                 layer.to(getattr(torch, self.dtype))
         check_layout(job.config, self.layers, self.batch_size, self.data.image_size)
+        from ..models.vit import refuse_token_spatial_stage  # what a cut ViT cannot run on tiles, before work
+
+        refuse_token_spatial_stage(self.layers, job.config, self.data.image_size)
 
     def check_record(self, record: RunRecord, where: str) -> None:
         """ConfigError when the checkpoint holds another model or task than the flags name, or a model of volumes."""
