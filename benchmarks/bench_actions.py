@@ -17,7 +17,9 @@ inside the forward action) / ``backward_one_chunk`` (full or input half) /
 ``backward_weight_one_chunk``, its ``_batch_p2p`` posts and ``_wait_batch_p2p`` waits: a post of sends is a
 ``send``, a wait with a receive among its works a ``recv`` (the post of those receives added to it), another wait a
 ``send``. ``peer/ours`` > 1: ours costs less.
-A receive's figure includes waiting for the other rank (not only cost). ``--profile N`` then runs N more steps
+A receive's figure includes waiting for the other rank (not only cost). ``--clock cpu`` times each action by this
+thread's CPU time instead (on a loaded machine the time spent waiting for a core drops out; a gloo peer's work on
+its own threads does too, so its send/recv figures are then too low). ``--profile N`` then runs N more steps
 of each of our schedules under cProfile on rank 0 and prints the top functions by own time.
 """
 
@@ -45,6 +47,7 @@ from mpi4dl_nb.comm.context import Context
 WIDTH = 16
 KINDS = ("F", "B", "I", "W", "send", "recv")
 Counter = dict[str, list[float]]   # kind -> each call's seconds
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def tiny_layers(count: int, seed: int = 0) -> list[nn.Module]:
@@ -60,7 +63,8 @@ def tiny_batch(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 class KindTimer:
     """Seconds and calls per action kind while ``on``; wrappers add the same two clock reads on both sides."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
         self.on = False
         self.counts: Counter = defaultdict(list)
         self.stash: dict[str, float] = {}
@@ -69,11 +73,11 @@ class KindTimer:
         def wrapper(*args: object, **kwargs: object) -> object:
             if not self.on:
                 return call(*args, **kwargs)
-            start = time.perf_counter()
+            start = self.clock()
             try:
                 return call(*args, **kwargs)
             finally:
-                self.add(kind_of(*args, **kwargs), time.perf_counter() - start)
+                self.add(kind_of(*args, **kwargs), self.clock() - start)
         return wrapper
 
     def add(self, kind: str, took: float) -> None:
@@ -233,7 +237,8 @@ def report(args, step_times: dict[str, list[float]], counts: dict[str, list[Coun
             table.add(schedule, kind, f"{mine:.0f}" if mine is not None else "-",
                       f"{theirs:.0f}" if theirs is not None else "-", ratio_cell(theirs, mine), "", "")
     print(f"# per-action cost, S = {args.ranks} ranks, Linear({WIDTH}, {WIDTH}) per stage, batch {args.batch}, "
-          f"m = {args.micro_batches}, {args.steps} steps per call, {args.rounds} rounds in turns")
+          f"m = {args.micro_batches}, {args.steps} steps per call, {args.rounds} rounds in turns, "
+          f"{args.clock} clock per action (steps: wall)")
     print(table.markdown())
     for note in notes:
         print(f"- {note}")
@@ -261,6 +266,9 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--profile", type=int, default=0, help="steps per schedule under cProfile (0: none)")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--clock", choices=CLOCKS, default="wall",
+                        help="per-action clock: wall (perf_counter) or cpu (this thread's CPU time: what a loaded "
+                             "machine's waiting for a core leaves out; a gloo peer's work on its own threads too)")
     args = parser.parse_args()
     footer = Footer()
     torch.set_num_threads(1)
@@ -268,7 +276,7 @@ def main() -> None:
     plane = None if args.no_peer else Context(backend="gloo", trace=False)
     args.ranks = ctx.world_size
     schedules = [s for s in args.schedules.split(",") if s]
-    timer = KindTimer()
+    timer = KindTimer(CLOCKS[args.clock])
     if not args.no_peer:
         instrument_peer(timer)
     runs: dict[str, Callable[[], None]] = {}

@@ -13,9 +13,10 @@ event count every
 ``--sample-every`` steps, and prints one row per rank: RSS after warm-up and at the end, and the
 growth per 1000 steps (least-squares slope over the second half of the run, i.e. after warm-up),
 plus the trace length, and the RSS grown from the first sample at or after ``--from-step`` to the end (issue
-54's measure: under 1 MB between steps 2,000 and 10,000 on every rank). ``--backend``: the data plane of the API
-mode (``mpi``, or ``gloo``: torch.distributed). Issue 17's goal: API RSS growth under 1 MB per 10,000 steps
-(100 KB per 1000), trace bounded.
+54's measure: under 1 MB between steps 2,000 and 10,000 on every rank) beside the bytes glibc's malloc has handed
+out over the same steps (flat while RSS grows: the allocator's kept free space, not a leak). ``--backend``: the data
+plane of the API mode (``mpi``, or ``gloo``: torch.distributed). Issue 17's goal: API RSS growth under 1 MB per
+10,000 steps (100 KB per 1000), trace bounded.
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ def config_flags(name: str) -> list[str]:
 def rank_program(name: str, mode: str, steps: int, every: int, backend: str = "auto") -> None:
     import torch
 
-    from mpi4dl_nb.measure.usage import anon_rss_bytes, live_tensor_bytes, rss_bytes
+    from mpi4dl_nb.measure.usage import anon_rss_bytes, live_tensor_bytes, malloc_in_use_bytes, rss_bytes
 
     torch.set_num_threads(1)
-    samples: list[tuple[int, int, int, int]] = []
+    samples: list[tuple[int, int, int, int, int]] = []
 
     def sample(step: int, tracer_length: int) -> None:
         if step % every == 0:
-            samples.append((step, anon_rss_bytes() or rss_bytes() or 0, live_tensor_bytes(), tracer_length))
+            samples.append((step, anon_rss_bytes() or rss_bytes() or 0, live_tensor_bytes(), tracer_length,
+                            malloc_in_use_bytes() or 0))
 
     if mode == "api":
         ctx = api_run(name, steps, sample, backend)
@@ -135,14 +137,15 @@ def launch(name: str, mode: str, steps: int, every: int, backend: str = "auto") 
 
 def report(result: dict, table: Table, from_step: int) -> None:
     for rank, samples in enumerate(result["ranks"]):
-        after = [r for s, r, _, _ in samples if s >= from_step] or [samples[-1][1]]
+        after = [sample for sample in samples if sample[0] >= from_step] or [samples[-1]]
         late = samples[len(samples) // 2:]
-        rss = slope_per_1000([(s, r) for s, r, _, _ in late])
-        tensors = slope_per_1000([(s, t) for s, _, t, _ in late])
-        events = [e for *_, e in samples]
+        rss = slope_per_1000([(s, r) for s, r, *_ in late])
+        tensors = slope_per_1000([(s, t) for s, _, t, *_ in late])
+        events = [e for _, _, _, e, *_ in samples]
         mib = 2.0 ** 20
         table.add(result["config"], result["mode"], rank, f"{late[0][1] / mib:.1f}", f"{samples[-1][1] / mib:.1f}",
-                  f"{rss / 1024:+.1f}", f"{(after[-1] - after[0]) / 1024:+.0f}", f"{tensors / 1024:+.2f}",
+                  f"{rss / 1024:+.1f}", f"{(after[-1][1] - after[0][1]) / 1024:+.0f}",
+                  f"{(after[-1][4] - after[0][4]) / 1024:+.0f}", f"{tensors / 1024:+.2f}",
                   f"{min(events)}-{max(events)}")
 
 
@@ -161,6 +164,7 @@ def main() -> None:
           f"backend {args.backend}")
     table = Table(["config", "mode", ">rank", ">RSS at half MiB", ">RSS at end MiB", ">RSS growth KiB/1000 steps",
                    f">RSS grown steps {args.from_step}-{args.steps} KiB",
+                   f">malloc in use grown steps {args.from_step}-{args.steps} KiB",
                    ">tensor bytes growth KiB/1000 steps", "trace events (min-max)"])
     for name in args.configs.split(","):
         for mode in args.modes.split(","):

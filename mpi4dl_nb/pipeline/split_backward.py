@@ -16,8 +16,7 @@ in the same ``torch.autograd.grad`` call (correct, it only fills less of the bub
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +28,7 @@ from ..comm.messages import as_items
 from ..spatial.backward_half import weight_half
 
 
-@dataclass
+@dataclass(slots=True)
 class LayerCall:
     """One layer's forward of a micro-batch: its own parameters and its outputs' gradient edges."""
 
@@ -96,28 +95,58 @@ class LayerRecorder:
                 return
             call = self._calls[index]
             call.calls += 1
-            items = as_items(output) if isinstance(output, (torch.Tensor, tuple, list)) else []
-            call.edges = [get_gradient_edge(t) for t in items
-                          if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+            if isinstance(output, torch.Tensor):    # the usual layer: one output, its edge without a list walk
+                call.edges = [edge_of(output)] if output.grad_fn is not None else []
+                return
+            items = as_items(output) if isinstance(output, (tuple, list)) else []
+            call.edges = [edge_of(t) for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         return hook
 
-    @contextmanager
-    def recording(self) -> Iterator[list[LayerCall]]:
-        calls = [LayerCall(m, params) for m, params in zip(self.layers, self.params)]
-        self._calls = calls
-        handles = [] if self.persistent else self._attach()
-        try:
-            yield calls
-        finally:
-            self._calls = None
-            for handle in handles:
-                handle.remove()
+    def recording(self) -> _Recording:
+        """``with recorder.recording() as calls``: the layers' calls of the forwards run inside (a plain context
+        object, not a generator: it is entered once per forward)."""
+        return _Recording(self)
+
+    def _begin(self) -> list[LayerCall]:
+        self._calls = [LayerCall(m, params) for m, params in zip(self.layers, self.params)]
+        if not self.persistent:
+            self._handles = self._attach()
+        return self._calls
+
+    def _end(self) -> None:
+        self._calls = None
+        if not self.persistent:
+            self.close()
 
     def close(self) -> None:
-        """Remove the persistent hooks."""
+        """Remove the hooks."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+class _Recording:
+    """A :class:`LayerRecorder`'s recording of the forwards run inside ``with``."""
+
+    __slots__ = ("recorder",)
+
+    def __init__(self, recorder: LayerRecorder) -> None:
+        self.recorder = recorder
+
+    def __enter__(self) -> list[LayerCall]:
+        return self.recorder._begin()
+
+    def __exit__(self, *exc: object) -> None:
+        self.recorder._end()
+
+
+def edge_of(tensor: torch.Tensor) -> GradientEdge:
+    """``get_gradient_edge`` of a tensor with a ``grad_fn``, without its checks for the common case (a C++ node: no
+    ownership token needed; a Python ``autograd.Function``'s node still gets one)."""
+    node = tensor.grad_fn
+    if node is None or isinstance(node, torch._C._FunctionBase):
+        return get_gradient_edge(tensor)
+    return GradientEdge(node, tensor.output_nr)
 
 
 def input_backward(calls: Sequence[LayerCall], outputs: Sequence[torch.Tensor],

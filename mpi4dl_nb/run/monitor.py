@@ -180,6 +180,8 @@ class JobMonitor:
         self.action = ""
         self.last_progress = time.monotonic()
         self.timeout: float | None = None
+        self._current: Callable[[], str | None] | None = None   # ``follow``: the action under way, read per beat
+        self._seen: str | None = None
         # monitor state
         now = time.monotonic()
         self.states = {r: RankState(r, heard=now) for r in range(self.world)}
@@ -275,13 +277,26 @@ class JobMonitor:
         if now - self._last_sent > FRESH_SECONDS:
             self._beat(now)
 
+    def follow(self, current: Callable[[], str | None] | None) -> None:
+        """Read this rank's action from ``current()`` (None: no step under way) at each heartbeat, instead of a
+        ``progress`` call per action: a new action counts as progress, seen within one heartbeat interval."""
+        self._current, self._seen = current, None
+
+    def _poll(self, now: float) -> None:
+        current = self._current() if self._current is not None else None
+        if current is not None and current != self._seen:
+            self._seen = self.action = current
+            self.last_progress = now
+
     def _beat(self, now: float) -> None:
+        self._poll(now)
         self._last_sent = now
         self._send_monitors(self._heartbeat())
 
     def begin_step(self, step: int) -> None:
         self.step = step
         self.phase_name = "training"
+        self._seen = None          # the step's first action is progress, even one named as the last step's was
         self.progress("")
 
     @contextmanager

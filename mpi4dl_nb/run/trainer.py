@@ -25,7 +25,7 @@ from ..evaluation.metrics import MetricName
 from ..measure.progress import ProgressLine
 from ..measure.usage import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
 from ..pipeline.optim import LRSchedule
-from ..pipeline.schedules import Action, ActionKind
+from ..pipeline.schedules import ActionKind
 from ..pipeline.step_input import ShardedImages, ShardedMasks
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
 from .monitor import JobMonitor, StepTimer
@@ -130,6 +130,8 @@ class Trainer:
         self.timer = StepTimer(given=None if settings.auto_step_timeout else (settings.step_timeout or 0))
         self._own_monitor = monitor is None and self.timer.timeout() is not None
         self.monitor = JobMonitor.start(ctx) if self._own_monitor else monitor
+        if self.monitor is not None:
+            self.monitor.follow(self.current_action)
         dataset = batcher.dataset
         self.inputs = BatchInputs(engine, ctx.rank, input_size(dataset), batcher.batch_size, settings.dtype,
                                   settings.task.dense)
@@ -300,13 +302,14 @@ class Trainer:
         return True
 
     # ----------------------------------------------------------------- training
-    def _on_action(self, action: Action) -> None:
-        if self.monitor is not None:
-            checked = self.guard is not None and action.kind is ActionKind.OPTIM
-            self.monitor.progress(action.describe() + (" (first: the all-gather of the non-finite "
-                                                        "check)" if checked else ""))
-        if self.guard is not None:
-            self.guard.on_action(action)
+    def current_action(self) -> str | None:
+        """The action this rank is in (None: no step under way): what the monitor reads at each heartbeat, so a
+        step costs it no call per action."""
+        action = self.engine.next_action()
+        if action is None:
+            return None
+        checked = self.guard is not None and action.kind is ActionKind.OPTIM
+        return action.describe() + (" (first: the all-gather of the non-finite check)" if checked else "")
 
     def batch(self, epoch: int, step: int) -> tuple[ShardedImages | None, torch.Tensor | ShardedMasks | None]:
         """This rank's images and labels of batch ``step`` of ``epoch`` (``BatchInputs``: masks read by box)."""
@@ -334,7 +337,7 @@ class Trainer:
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         with self.meter:
-            loss = self.engine.train_accumulated(batches, on_action=self._on_action,
+            loss = self.engine.train_accumulated(batches, on_action=self.guard.on_action if self.guard else None,
                                                  batch_size=self.batcher.batch_size)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -385,6 +388,7 @@ class Trainer:
                 self.log.close()
             if self.monitor is not None:
                 self.monitor.arm(None)
+                self.monitor.follow(None)
                 if self._own_monitor:
                     self.monitor.close()
 
