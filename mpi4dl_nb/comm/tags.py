@@ -11,6 +11,8 @@ range          name             what
                                 backward x towards the previous / next tile
 7108 .. 7111   ``RING``         ring attention (``spatial/ring_attention.py``): key/value blocks
                                 forward, again backward, and their travelling gradients
+7120 .. 7121   ``WINDOWS``      tokens moved to the tile attending their window and back
+                                (``spatial/token_moves.py``: MaxViT's grid and straddling windows)
 24576 .. 32767 ``PIPELINE``     stage-to-stage payloads (``pipeline/schedules.py``): four classes
                                 (activation / gradient x primary / GEMS mirror) of
                                 ``PIPELINE_SPAN`` tags each, micro-batch x local-DP copy
@@ -55,9 +57,10 @@ class TagRange:
 USER = TagRange("user", 0, 4096)
 HALO = TagRange("halo", 7100, 8)
 RING = TagRange("ring", 7108, 4)
+WINDOWS = TagRange("windows", 7120, 2)
 PIPELINE_SPAN = 2048
 PIPELINE = TagRange("pipeline", 24576, 4 * PIPELINE_SPAN)
-RANGES: tuple[TagRange, ...] = (USER, HALO, RING, PIPELINE)
+RANGES: tuple[TagRange, ...] = (USER, HALO, RING, WINDOWS, PIPELINE)
 
 
 def check_ranges(ranges: Sequence[TagRange]) -> None:

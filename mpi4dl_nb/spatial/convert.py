@@ -26,6 +26,7 @@ from ..config import ConfigError
 
 # the op families that register their handlers with the guard when imported
 from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout  # noqa: F401
+from .attention_families import convert_attention_family
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
@@ -65,6 +66,7 @@ class _Converter:
         kind, runtime = type(module), self.runtime
         if kind.__module__.startswith("timm."):   # (timm imported only for timm's own classes)
             timm_layer = convert_transformer_part(module, name, runtime, self) \
+                or convert_attention_family(module, name, runtime, self) \
                 or convert_same_padded(module, runtime, name)
             if timm_layer is not None:   # a ViT or its attention (vit.py), same-padded layers (same_padding.py)
                 return timm_layer
