@@ -83,6 +83,7 @@ class TilePartitionAttention(nn.Module):
         kind = PartitionKind.BLOCK if self.partition_block else PartitionKind.GRID
         tokens = runtime.image_size_of(self, (height, width))
         where = f"layer {self.layer_name!r} ({self.serial_class.__name__})"
+        check_no_dropout(self.attn, self.layer_name)
         plan = plan_for(runtime, WindowPartition(kind, tuple(self.partition_size), tokens), where)   # type: ignore[arg-type]
         windows = move_tokens(x.reshape(batch, height * width, channels), plan.moves, runtime)
         if plan.windows_here:
@@ -109,20 +110,21 @@ class _ZeroShares(torch.autograd.Function):
         return (grad, *(torch.zeros_like(p) for p in fctx.saved_tensors))
 
 
-def _check_dropout(module: nn.Module, name: str) -> None:
-    """Refuse attention/projection dropout: its mask would be drawn per window owner, not as one process draws it."""
-    for part in ("attn_drop", "proj_drop"):
-        rate = float(getattr(getattr(module.attn, part, None), "p", 0.0))
-        if rate:
+def check_no_dropout(attention: nn.Module, name: str) -> None:
+    """Refuse training-mode dropout inside the window attention (attention or projection dropout, the dropout of
+    a relative position MLP): its mask would be drawn per window owner, not as one process draws it."""
+    for part, module in attention.named_modules():
+        rate = float(getattr(module, "p", 0.0)) if isinstance(module, nn.Dropout) else 0.0
+        if rate and attention.training:
             raise ConfigError("model", f"layer '{name}.attn.{part}' (Dropout, p={rate}) inside MaxViT's window "
-                              f"attention is not supported on tiles; create the model with attn_drop=0 and "
-                              f"proj_drop=0 in its transformer config")
+                              f"attention draws its mask per window owner on tiles; not supported in training. "
+                              f"Ways out: a model without it (attn_drop=0, proj_drop=0; relative position bias "
+                              f"instead of the MLP's), eval mode, or train it without spatial parallelism")
 
 
 def adopt_partition_attention(module: nn.Module, name: str, runtime: SpatialRuntime,
                               convert: Callable[[nn.Module, str], nn.Module]) -> nn.Module:
     """``module`` (a timm MaxViT partition-attention block) on tiles; its children converted by ``convert``."""
-    _check_dropout(module, name)
     new = shallow_copy(module, spatial_class(TilePartitionAttention, type(module)))
     object.__setattr__(new, "tile_runtime", runtime)
     object.__setattr__(new, "layer_name", name)
