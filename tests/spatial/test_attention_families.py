@@ -11,6 +11,7 @@ runs (the classes the MPI program checks exact) or is refused with a ConfigError
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -98,14 +99,48 @@ def test_a_grid_that_does_not_split_into_windows_is_not_fit():
 
 # ------------------------------------------------------------------ every timm model of the families
 FAMILIES = ("coatnet*", "coatnext*", "maxvit*", "maxxvit*", "efficientvit*", "levit*")
-EXACT_PREFIXES = ("maxvit", "efficientvit")   # the families that run on tiles (checked exact under MPI)
+FULL_SWEEP = os.environ.get("MPI4DL_FAMILY_SWEEP") == "1"   # every model timm lists (minutes); else one per variant
 NAMED = re.compile(r"layer '[^']+' \(\w+\)")
+# one model per variant of the families (the others differ in widths and depths only): what it does on 2x2 tiles
+VARIANTS = {
+    "coatnet_nano_rw_224": "layer 'stages.2.blocks.0.attn' (Attention2d)",
+    "coatnet_0_224": "layer 'stages.2.blocks.0.attn' (Attention2d)",
+    "coatnet_bn_0_rw_224": "layer 'stages.2.blocks.0.attn' (Attention2d)",
+    "coatnet_rmlp_nano_rw_224": "layer 'stages.2.blocks.0.attn' (Attention2d)",
+    "coatnext_nano_rw_224": "layer 'stages.2.blocks.0.attn' (Attention2d)",
+    "maxvit_pico_rw_256": "ran",
+    "maxvit_rmlp_pico_rw_256": "layer 'stages.0.blocks.0.attn_block.attn.rel_pos.mlp.drop1' (Dropout, p=0.125)",
+    "maxvit_tiny_tf_224": "layer 'stages.0.blocks.0.conv.shortcut.pool' (AvgPool2dSame)",
+    "maxvit_tiny_pm_256": "layer 'stages.0.blocks.0.attn' (ParallelPartitionAttention)",
+    "maxxvit_rmlp_nano_rw_256": "layer 'stages.0.blocks.0.attn_block.attn.rel_pos.mlp.drop1' (Dropout, p=0.125)",
+    "maxxvitv2_nano_rw_256": "ran",
+    "efficientvit_b0": "ran",
+    "efficientvit_l1": "ran",
+    "efficientvit_m0": "layer 'head.bn' (BatchNorm1d)",
+    "levit_128": "layer 'stages.0.blocks.0.attn.qkv.bn' (BatchNorm1d)",
+    "levit_conv_128": "layer 'head.bn' (BatchNorm1d)",
+}
+# the variants that run on tiles, each checked exact under MPI (tests/mpi/attention_families_exact.py)
+EXACT_VARIANTS = re.compile(r"maxvit_(rmlp_)?\w+_rw_\d+|maxxvitv2_(rmlp_)?\w+_rw_\d+|efficientvit_[bl]\d")
 
 
 def _family_models() -> list[str]:
     import timm
 
     return sorted({name for pattern in FAMILIES for name in timm.list_models(pattern)})
+
+
+def _one_block_per_stage(name: str) -> dict[str, object]:
+    """The depth keywords that build ``name`` with one block per stage (the same block classes, built faster)."""
+    import timm
+
+    cfg = timm.get_pretrained_cfg(name)
+    family = name.split("_")[0]
+    if family in ("levit", "efficientvit") and name.split("_")[1].startswith(("m", "conv")) or family == "levit":
+        return {"depth": (1, 1, 1)}
+    if family == "efficientvit":
+        return {"depths": (1,) * (5 if name.split("_")[1].startswith("l") else 4)}
+    return {"depths": (1, 1, 1, 1)} if cfg is not None else {}
 
 
 def _on_simulated_tiles(name: str) -> str:
@@ -121,7 +156,7 @@ def _on_simulated_tiles(name: str) -> str:
     size = int(timm.get_pretrained_cfg(name).input_size[-1])
 
     with torch.device("meta"):   # one model the ranks share (spatialize copies the containers, shares the rest)
-        model = timm.create_model(name, pretrained=False, num_classes=10)
+        model = timm.create_model(name, pretrained=False, num_classes=10, **_one_block_per_stage(name))
 
     def body(rank: int) -> None:
         net = spatialize(model, grid, world.comm(rank))
@@ -134,18 +169,20 @@ def _on_simulated_tiles(name: str) -> str:
     return "ran"
 
 
-def test_every_model_of_the_families_runs_or_is_refused_naming_its_module():
+def test_each_variant_of_the_families_runs_or_is_refused_naming_its_module():
     require_or_skip(MISSING, "the timm model families", MODELS_EXTRA)
-    import timm
+    outcomes = {name: _on_simulated_tiles(name) for name in VARIANTS}
+    assert {name: VARIANTS[name] for name, outcome in outcomes.items() if VARIANTS[name] not in outcome} == {}
+    assert all(EXACT_VARIANTS.fullmatch(name) for name, outcome in outcomes.items() if outcome == "ran")
 
+
+@pytest.mark.skipif(not FULL_SWEEP, reason="every timm model of the families takes minutes: MPI4DL_FAMILY_SWEEP=1")
+def test_every_model_of_the_families_runs_or_is_refused_naming_its_module():
     outcomes = {name: _on_simulated_tiles(name) for name in _family_models()}
-    ran = {name for name, outcome in outcomes.items() if outcome == "ran"}
-    assert {timm.get_pretrained_cfg(n).architecture.split("_")[0] for n in ran} <= set(EXACT_PREFIXES)
-    unnamed = {name: outcome[:200] for name, outcome in outcomes.items() if name not in ran and not
-               NAMED.search(outcome)}
-    assert not unnamed
-    assert {"maxvit_tiny_rw_224", "efficientvit_b0"} <= ran
-    assert not any(name.startswith(("coatnet", "levit")) for name in ran)
+    assert {name for name, outcome in outcomes.items() if outcome == "ran" and not EXACT_VARIANTS.fullmatch(name)} \
+        == set()
+    assert {name: outcome[:200] for name, outcome in outcomes.items() if outcome != "ran" and
+            not NAMED.search(outcome)} == {}
 
 
 def test_maxvit_and_efficientvit_equal_one_process_on_tiles(shared_launch):
