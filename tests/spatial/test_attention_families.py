@@ -130,17 +130,15 @@ def _family_models() -> list[str]:
     return sorted({name for pattern in FAMILIES for name in timm.list_models(pattern)})
 
 
-def _one_block_per_stage(name: str) -> dict[str, object]:
-    """The depth keywords that build ``name`` with one block per stage (the same block classes, built faster)."""
-    import timm
-
-    cfg = timm.get_pretrained_cfg(name)
-    family = name.split("_")[0]
-    if family in ("levit", "efficientvit") and name.split("_")[1].startswith(("m", "conv")) or family == "levit":
+def _short_stages(name: str) -> dict[str, object]:
+    """The depth keywords that build ``name`` with one or two blocks per stage (every block class it has, built
+    faster; CoAtNet-cc alternates conv and transformer blocks within a stage)."""
+    family, variant = name.split("_")[:2]
+    if family == "levit" or (family == "efficientvit" and variant.startswith("m")):
         return {"depth": (1, 1, 1)}
     if family == "efficientvit":
-        return {"depths": (1,) * (5 if name.split("_")[1].startswith("l") else 4)}
-    return {"depths": (1, 1, 1, 1)} if cfg is not None else {}
+        return {"depths": (1,) * (5 if variant.startswith("l") else 4)}
+    return {"depths": (2, 2, 2, 2)}
 
 
 def _on_simulated_tiles(name: str) -> str:
@@ -156,7 +154,7 @@ def _on_simulated_tiles(name: str) -> str:
     size = int(timm.get_pretrained_cfg(name).input_size[-1])
 
     with torch.device("meta"):   # one model the ranks share (spatialize copies the containers, shares the rest)
-        model = timm.create_model(name, pretrained=False, num_classes=10, **_one_block_per_stage(name))
+        model = timm.create_model(name, pretrained=False, num_classes=10, **_short_stages(name))
 
     def body(rank: int) -> None:
         net = spatialize(model, grid, world.comm(rank))
