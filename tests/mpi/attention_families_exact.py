@@ -12,6 +12,7 @@ relative. Each model's serial reference runs on one rank (check i on rank i mod 
   Grid windows always gather tokens from every tile.
 * ``maxvit_rmlp_pico_rw_256`` (relative position MLP instead of the bias table) at 256 px, one block per stage, in
   eval mode (in training, the MLP's dropout would draw its mask per window owner: refused, checked by name).
+* ``maxvit_pico_rw_256`` with ``transformer_use_nchw_attn=True`` (timm's NCHW ``PartitionAttention2d``), 256 px.
 * ``maxxvitv2_nano_rw_256`` (ConvNeXt blocks instead of MBConv) at 256 px, one block per stage.
 * ``efficientvit_b0`` at 224 px (LiteMLA at 14 x 14 and 7 x 7, the last uneven). timm computes LiteMLA's attention in
   float32 (``q.float()``): the float64 reference keeps the input's dtype there (``float64_linear_attention``), which
@@ -93,6 +94,8 @@ CASES: dict[str, Case] = {
                                                   **({} if FULL_DEPTH else {"depths": (1, 1, 1, 1)})), 224, 1),
     "maxvit_rmlp_pico_rw_256 (relative position MLP, eval mode)": Case(
         lambda seed: build("maxvit_rmlp_pico_rw_256", seed, depths=(1, 1, 1, 1)), 256, 1, train=False),
+    "maxvit_pico_rw_256 with NCHW attention (PartitionAttention2d)": Case(
+        lambda seed: build("maxvit_pico_rw_256", seed, depths=(1, 1, 1, 1), transformer_use_nchw_attn=True), 256, 1),
     "maxxvitv2_nano_rw_256 (ConvNeXt blocks, one per stage)": Case(
         lambda seed: build("maxxvitv2_nano_rw_256", seed, depths=(1, 1, 1, 1)), 256, 1),
     "efficientvit_b0": Case(lambda seed: float64_linear_attention(build("efficientvit_b0", seed)), 224, 2),

@@ -100,7 +100,7 @@ def test_a_grid_that_does_not_split_into_windows_is_not_fit():
 # ------------------------------------------------------------------ every timm model of the families
 FAMILIES = ("coatnet*", "coatnext*", "maxvit*", "maxxvit*", "efficientvit*", "levit*")
 FULL_SWEEP = os.environ.get("MPI4DL_FAMILY_SWEEP") == "1"   # every model timm lists (minutes); else one per variant
-NAMED = re.compile(r"layer '[^']+' \(\w+\)")
+NAMED = re.compile(r"layer '[^']+' \(\w+[,)]")   # the module's name and class (and the knob: "(Dropout, p=...)")
 # one model per variant of the families (the others differ in widths and depths only): what it does on 2x2 tiles
 VARIANTS = {
     "coatnet_nano_rw_224": "layer 'stages.2.blocks.0.attn' (Attention2d)",
