@@ -11,7 +11,7 @@ range          name             what
                                 backward x towards the previous / next tile
 7108 .. 7111   ``RING``         ring attention (``spatial/ring_attention.py``): key/value blocks
                                 forward, again backward, and their travelling gradients
-7120 .. 7121   ``WINDOWS``      tokens moved to the tile attending their window and back
+7122 .. 7123   ``TOKEN_MOVES``  tokens moved to the tile attending their window and back
                                 (``spatial/token_moves.py``: MaxViT's grid and straddling windows)
 24576 .. 32767 ``PIPELINE``     stage-to-stage payloads (``pipeline/schedules.py``): four classes
                                 (activation / gradient x primary / GEMS mirror) of
@@ -57,10 +57,10 @@ class TagRange:
 USER = TagRange("user", 0, 4096)
 HALO = TagRange("halo", 7100, 8)
 RING = TagRange("ring", 7108, 4)
-WINDOWS = TagRange("windows", 7120, 2)
+TOKEN_MOVES = TagRange("token moves", 7122, 2)
 PIPELINE_SPAN = 2048
 PIPELINE = TagRange("pipeline", 24576, 4 * PIPELINE_SPAN)
-RANGES: tuple[TagRange, ...] = (USER, HALO, RING, WINDOWS, PIPELINE)
+RANGES: tuple[TagRange, ...] = (USER, HALO, RING, TOKEN_MOVES, PIPELINE)
 
 
 def check_ranges(ranges: Sequence[TagRange]) -> None:

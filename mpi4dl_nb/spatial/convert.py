@@ -10,7 +10,8 @@ residual adds, gates, channel concatenation and element-wise ops work tile by ti
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.
 timm's VisionTransformer and Eva run on token tiles (vit.py), timm's TF-"same" padded and weight-standardised
-convs and pools as spatial layers (same_padding.py).
+convs and pools as spatial layers (same_padding.py), MaxViT's window attention and EfficientViT's LiteMLA as their
+tile versions (attention_families.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 
 from ..comm.handles import Group, Transfer
 from ..comm.protocol import Comm
-from ..comm.tags import WINDOWS
+from ..comm.tags import TOKEN_MOVES
 from .function_ctx import FunctionContext
 from .window_owners import TokenMoves
 
@@ -58,11 +58,11 @@ class _MoveTokens(torch.autograd.Function):
     @staticmethod
     def forward(fctx: _MoveCtx, flat: torch.Tensor, moves: TokenMoves, runtime: TileRanks) -> torch.Tensor:
         fctx.moves, fctx.runtime = moves, runtime
-        return move_tokens_now(flat.detach(), moves, runtime, WINDOWS.tag(0))
+        return move_tokens_now(flat.detach(), moves, runtime, TOKEN_MOVES.tag(0))
 
     @staticmethod
     def backward(fctx: _MoveCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return move_tokens_now(grad.contiguous(), fctx.moves.reversed(), fctx.runtime, WINDOWS.tag(1)), None, None
+        return move_tokens_now(grad.contiguous(), fctx.moves.reversed(), fctx.runtime, TOKEN_MOVES.tag(1)), None, None
 
 
 def move_tokens(flat: torch.Tensor, moves: TokenMoves, runtime: TileRanks) -> torch.Tensor:
