@@ -10,8 +10,8 @@ residual adds, gates, channel concatenation and element-wise ops work tile by ti
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.
 timm's VisionTransformer and Eva run on token tiles (vit.py), timm's SwinTransformer(V2) on windows across tiles
-(swin.py), timm's TF-"same" padded and weight-standardised
-convs and pools as spatial layers (same_padding.py).
+(swin.py), timm's TF-"same" padded and weight-standardised convs and pools as spatial layers (same_padding.py),
+MaxViT's window attention and EfficientViT's LiteMLA as their tile versions (attention_families.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ..config import ConfigError
 
 # the op families that register their handlers with the guard when imported
 from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout  # noqa: F401
+from .attention_families import convert_attention_family
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
@@ -68,6 +69,7 @@ class _Converter:
         if kind.__module__.startswith("timm.") or isinstance(module, CutPiece):   # (timm imported for its own)
             timm_layer = convert_swin_part(module, name, runtime, self) \
                 or convert_transformer_part(module, name, runtime, self) \
+                or convert_attention_family(module, name, runtime, self) \
                 or convert_same_padded(module, runtime, name)
             if timm_layer is not None:   # Swin (swin.py), a ViT or its attention (vit.py), same-padded layers
                 return timm_layer
