@@ -16,7 +16,8 @@ layer's next key/value block before the current block's attention starts (``trac
 on P = 4 (2x2) and P = 2 (1x2, ranks 0-1, beside the one-process references on ranks 2-3): what a rank holds after
 the forward (saved for backward and the output, an allocation profiler's live bytes) at most 1.15/P of one process
 with blockwise attention of the ring's block size, the peak of forward + backward at most that plus the ring's blocks
-in flight, no N x N matrix (``memory_checks``). They add about 5 CPU-s per rank.
+in flight, no N x N matrix (``memory_checks``); the planner's peak for ViT-S/16 at 512 px (depth 1) on P = 4 and 2
+within 15% of the measured training step on every rank (``planner_check``). They add about 9 CPU-s per rank.
 
 Usage: python -m tests.mpi.vit_exact   (4 ranks: the 2x2 and the 1x4 grid in one launch)
 Named checks: ``check_names()``.
@@ -143,7 +144,7 @@ def refusal_name(rows: int, cols: int, label: str) -> str:
 def check_names() -> list[str]:
     return [exact_name(rows, cols, m) for rows, cols in GRIDS for m in models(rows, cols)] + \
         [refusal_name(rows, cols, label) for rows, cols in GRIDS for label in REFUSALS] + \
-        memory_names() + [trace_name()]
+        memory_names() + [trace_name(), planner_name()]
 
 
 def check_model(ctx: Context, grid: TileGrid, index: int, name: str, size: int, kwargs: dict[str, Any]) -> str:
@@ -323,6 +324,7 @@ def recorder_sees_full_scores() -> None:
 
 def memory_checks(check: Checks, ctx: Context) -> None:
     rings = {parts: ctx.new_group(ranks) for parts, (_, ranks) in MEMORY_RINGS.items()}
+    planner_check(check, ctx, rings)
     everyone = ctx.all_gather_object(memory_profiles(ctx, rings))
     for parts, (_, ranks) in MEMORY_RINGS.items():
         if ctx.rank in ranks:
@@ -331,6 +333,77 @@ def memory_checks(check: Checks, ctx: Context) -> None:
                 one = everyone[REFERENCE_RANKS[parts]][f"one process, block {parts}"]
                 result.detail = check_memory(everyone[ctx.rank][f"P={parts}"], one, parts, ranks.index(ctx.rank))
 
+
+
+# -------------------------------------------------------------------------------------------------- planner
+PLAN_SIZE, PLAN_BOUND = 512, 0.15
+
+
+def planner_name() -> str:
+    return (f"ViT-S/16 at {PLAN_SIZE} px on P=4 and P=2: the planner's peak within {PLAN_BOUND:.0%} of the measured "
+            f"training step on every rank")
+
+
+def measured_step(ctx: Context, parts: int, group: Any) -> int:
+    """Peak bytes of one SGD-with-momentum step (after a warm-up step) of ViT-S/16 depth 1 on this rank's tile."""
+    from mpi4dl_nb.planner import measure_step_memory
+    from mpi4dl_nb.spatial.convert import reduce_tile_gradients
+
+    grid, _ = MEMORY_RINGS[parts]
+    model = planned_vit()
+    net = spatialize(model, grid, ctx, group)
+    x = torch.randn(1, 3, PLAN_SIZE, PLAN_SIZE, generator=torch.Generator().manual_seed(5))
+    tile, label = scatter_tiles(x, grid, ctx, group), torch.tensor([1])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(tile), label).backward()
+        reduce_tile_gradients(net)
+        opt.step()
+
+    return measure_step_memory(step, [model], opt, warmup=step)
+
+
+def planned_vit() -> torch.nn.Module:
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model("vit_small_patch16_224", pretrained=False, img_size=PLAN_SIZE, depth=1, num_classes=2,
+                             dynamic_img_size=True)
+
+
+def planned_step(parts: int) -> list[int]:
+    """The planner's peak per tile of ``parts`` for that step (the spatial stage alone, as ``dl.spatialize`` runs
+    it), less the engine's gradient buckets (the engine sums tile gradients in buckets; ``reduce_tile_gradients``
+    does not keep them)."""
+    import timm
+
+    from mpi4dl_nb import ParallelConfig, planner
+    from tests.planner.test_planner_attention import vit_layers
+
+    layers = vit_layers(timm, depth=1, size=PLAN_SIZE)
+    cfg = ParallelConfig(split_size=1, spatial_size=1, num_spatial_parts=parts,
+                         slice_method="square" if parts == 4 else "vertical")
+    plan = planner.estimate_memory(layers, cfg, PLAN_SIZE, 1)
+    return [rank.total - rank.buckets for rank in plan.ranks]
+
+
+def planner_check(check: Checks, ctx: Context, rings: dict[int, Any]) -> None:
+    """Measured on every rank of the P=4 ring, then of the P=2 ring while ranks 2 and 3 plan both."""
+    mine: dict[str, object] = {"P=4": measured_step(ctx, 4, rings[4])}
+    ctx.barrier()
+    if ctx.rank in (0, 1):
+        mine["P=2"] = measured_step(ctx, 2, rings[2])
+    else:
+        mine[f"plan P={2 if ctx.rank == 2 else 4}"] = planned_step(2 if ctx.rank == 2 else 4)
+    everyone = ctx.all_gather_object(mine)
+    plans = {2: everyone[2]["plan P=2"], 4: everyone[3]["plan P=4"]}
+    with check(planner_name()) as result:
+        ratios = {f"P={parts} rank {rank}": plans[parts][rank] / everyone[rank][f"P={parts}"]   # type: ignore
+                  for parts in (4, 2) for rank in range(parts)}
+        assert all(abs(r - 1) < PLAN_BOUND for r in ratios.values()), ratios
+        result.detail = "estimate/measured " + ", ".join(f"{k} {r:.3f}" for k, r in ratios.items())
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
