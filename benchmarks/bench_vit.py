@@ -23,6 +23,7 @@ import argparse
 import faulthandler
 import io
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -237,18 +238,20 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     rounds = [int(r) for r in args.rounds.split(",")]
     memory = {size: memory_rows(ctx, size, args.depth) for size in sizes}
-    attention = {size: attention_rows(ctx, size, rounds[min(i, len(rounds) - 1)], compare=i == 0)
-                 for i, size in enumerate(sizes)}
-    cp = torch_context_parallel(ctx, args.cp_tokens, args.cp_timeout)
-    if ctx.rank == 0:
+    if ctx.rank == 0:                       # each part printed once measured (a long run keeps what it has)
         print_memory(memory, args.depth)
-        for size, (rows, worst) in attention.items():
-            print_attention(size, ctx.world_size, rows, worst)
         table = Table(["image", ">P", ">ring sends forward (rank 0)", ">backward (rank 0)"])
         for size in sizes:
             for row in traffic_rows(size):
                 table.add(*row)
-        print("\nbytes per attention layer (Ring.traffic, batch 1, float32):\n" + table.markdown())
+        print("\nbytes per attention layer (ring_traffic, batch 1, float32):\n" + table.markdown(), flush=True)
+    for i, size in enumerate(sizes):
+        rows, worst = attention_rows(ctx, size, rounds[min(i, len(rounds) - 1)], compare=i == 0)
+        if ctx.rank == 0:
+            print_attention(size, ctx.world_size, rows, worst)
+            sys.stdout.flush()
+    cp = torch_context_parallel(ctx, args.cp_tokens, args.cp_timeout)
+    if ctx.rank == 0:
         print(f"\ntorch context parallel, one attention layer of {args.cp_tokens} tokens (gloo, float32, non-causal, "
               f"load balancing off):\n" + "\n".join(f"- {line}" for line in cp))
         footer.print()
