@@ -84,7 +84,7 @@ run mpiexec -n 8 python benchmarks/bench_volume_memory.py --stack-side 128 --une
 run mpiexec -n 2 python benchmarks/bench_volume_rss.py
 run python benchmarks/bench_infer_volume.py
 # 14. vision transformers on token tiles: activation bytes per rank, ring vs all-gathered, torch's context parallel
-run yielding mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024
+run yielding mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024,2048 --rounds 3,1 --cp-tokens 64 --cp-timeout 400
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1

@@ -33,7 +33,7 @@ from .attention import TokenGrid
 from .fake_world import AmbiguousSize, FakeComm, FakeWorld, SizeOracle, Traffic, run_ranks
 from .layouts import BackendLayouts
 from .live_bytes import LiveBytes, storage_of
-from .token_tiles import attention_widths, ring_terms, token_shapes, with_ring_kernels
+from .token_tiles import attention_widths, ring_terms, token_shapes, with_device_kernels, with_ring_kernels
 from .workspace import Workspace, instrument, split_phase
 
 Shape = tuple[int, ...]
@@ -539,7 +539,7 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     oracle cannot tell sizes apart, all tiles run together on a threaded ``FakeWorld``.
     """
     if role.grid is None:
-        copied = training_meta_copy(layer, dtype)
+        copied = training_meta_copy(with_device_kernels(layer, workspace == Workspace.CPU), dtype)
         return [_simulate(copied, shapes, dtype, None, loss, workspace, samples, layouts, split)]
     if role.tokens is not None:
         return simulate_token_layer(layer, shapes, dtype, role, loss, workspace, samples, split)

@@ -1,17 +1,20 @@
 """A ViT's layers on token tiles for the planner: the image's token grid, the attention modules of a layer and
-what their rings add on a rank (bytes in flight, messages) to the layer run on the rank's tokens alone."""
+what their rings add on a rank (bytes in flight, messages) to the layer run on the rank's tokens alone; in one
+process on CPU, attention simulated as torch's flash kernel for CPU runs it."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..spatial.blockwise import blockwise_attention
+from ..spatial.ops import TorchOp, argument
 from .attention import RingCost, TokenGrid, ring_cost
 from .fake_world import Traffic
 
@@ -161,3 +164,53 @@ def with_ring_kernels(layer: nn.Module) -> nn.Module:
         holder = copied.get_submodule(parent) if parent else copied
         setattr(holder, leaf, RingKernels(copied.get_submodule(name)))
     return copied
+
+
+CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _cpu_flash_call(args: tuple[object, ...], kwargs: dict[str, object]) -> list[torch.Tensor] | None:
+    """(q, k, v) of a ``scaled_dot_product_attention`` call torch runs by its flash kernel for CPU (4-d, one
+    head size, no mask, no dropout, no grouped heads, a dtype it takes), else None (the math path)."""
+    tensors = [argument(args, kwargs, i, name) for i, name in enumerate(("query", "key", "value"))]
+    qkv = [t for t in tensors if isinstance(t, torch.Tensor)]
+    plain = argument(args, kwargs, 3, "attn_mask") is None and not argument(args, kwargs, 4, "dropout_p", 0.0) \
+        and not argument(args, kwargs, 7, "enable_gqa", False)
+    shaped = len(qkv) == 3 and all(t.dim() == 4 and t.shape[-1] == qkv[0].shape[-1] and t.dtype in CPU_FLASH_DTYPES
+                                   for t in qkv)
+    return qkv if plain and shaped else None
+
+
+class _CpuFlash(TorchFunctionMode):
+    """``scaled_dot_product_attention`` as torch runs it on CPU: its flash kernel where the call qualifies (it
+    saves q, k, v, the output and the log-sum-exp; never the scores). On ``meta`` torch takes the math path (an
+    n x n softmax saved), which is not what a CPU run allocates."""
+
+    def __torch_function__(self, func: TorchOp, types: Collection[type], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
+        kwargs = kwargs or {}
+        call = _cpu_flash_call(args, kwargs) if func is F.scaled_dot_product_attention else None
+        if call is None:
+            return func(*args, **kwargs)
+        causal, scale = argument(args, kwargs, 5, "is_causal", False), argument(args, kwargs, 6, "scale")
+        out: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *call, 0.0, bool(causal), scale=scale)[0]
+        return out
+
+
+class CpuKernels(nn.Module):
+    """A layer whose attention runs as on CPU (``_CpuFlash``), for the memory simulation of one process."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        with _CpuFlash():
+            return self.layer(*args, **kwargs)
+
+
+def with_device_kernels(layer: nn.Module, cpu: bool) -> nn.Module:
+    """``layer`` simulated as the device runs its attention: on CPU (``cpu``) a layer with attention modules as
+    ``CpuKernels``; else ``layer`` (on GPU torch picks among its fused kernels at run time: not simulated)."""
+    return CpuKernels(layer) if cpu and attention_widths(layer) else layer

@@ -88,7 +88,7 @@ class TokenAttention(nn.Module):
                               f"its attention must span the tiles: do not pass its block in elementwise=")
         if x.shape[1] != tiles.key_counts[tiles.tile]:
             raise ValueError(f"{where}: {x.shape[1]} tokens here, the token tiles say {tiles.key_counts[tiles.tile]}")
-        ring = Ring(runtime.ctx, runtime.group, tiles.key_counts)
+        ring = Ring(runtime.ctx, runtime.group, tiles.key_counts, name=self.layer_name)
         with _RingScaledDotProduct(ring, where, tiles if self.pools else None):
             out = super().forward(x, *args, **kwargs)
         return out if self.pools else mark_tiled(out, layout_of(x))
