@@ -4,8 +4,9 @@ Float64, batch 2 (448 px: batch 1), timm's own initialisation (seeded), in train
 every parameter gradient (tile shares summed by ``reduce_tile_gradients``), then an eval forward; the logits bitwise
 equal on every rank. Each model's serial reference runs on one rank (model i on rank i mod 4). Models are built with
 ``depths=(2, 2, 2, 2)``, ``embed_dim=32`` and 1, 2, 4, 8 heads (every stage has a shifted block; the same block code
-as the full models' (2, 2, 6, 2) x 96 with 3, 6, 12, 24 heads); ``MPI4DL_SWIN_FULL=1`` builds them at full size. Stochastic depth off but in one case
-(every forward seeded alike: its per-sample draws and the head's dropout equal one process's).
+as the full models' (2, 2, 6, 2) x 96 with 3, 6, 12, 24 heads); ``MPI4DL_SWIN_FULL=1`` builds them at full size.
+Stochastic depth off but in one case (every forward seeded alike: its per-sample draws and the head's dropout equal
+one process's). Swin-S3 has windows 7, 7, 14, 7 (stage 3 one 14 x 14 window over the 2x2 tiles).
 
 At 224 px Swin-T's last stage is one 7 x 7 window over all tiles (its merge straddles tiles on 2x2 and 1x4; on 1x4
 stage 3's 14 columns over 4 tiles straddle too); at 448 px the last stage is shifted; Swin-V2 (window 8, 256 px)
