@@ -1,8 +1,8 @@
 """Swin-T on 2x2 tiles against one process: activation bytes per rank, and the bytes each shifted-window block sends
 against that block's activations on its tile.
 
-    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_swin.py                 # 1024 px, depths 2,2,2,2
-    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_swin.py --depths 2,2,6,2   # the full Swin-T
+    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_swin.py                   # Swin-T at 1024 px
+    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_swin.py --depths 2,2,2,2   # lighter (one process: 1.7 GB)
 
 timm's ``swin_tiny_patch4_window7_224`` built for ``--size`` (img_size=, width 96, float32, batch 1, training mode,
 no stochastic depth), ``dl.spatialize``-d on a 2x2 grid. Activation bytes: what autograd saves for backward plus the
@@ -98,7 +98,7 @@ def block_traffic(net: nn.Module) -> dict[str, tuple[int, int, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--depths", default="2,2,2,2")
+    parser.add_argument("--depths", default="2,2,6,2")
     args = parser.parse_args()
     depths = tuple(int(d) for d in args.depths.split(","))
     footer = Footer()

@@ -85,6 +85,8 @@ run mpiexec -n 2 python benchmarks/bench_volume_rss.py
 run python benchmarks/bench_infer_volume.py
 # 14. vision transformers on token tiles: activation bytes per rank, ring vs all-gathered, torch's context parallel
 run yielding mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024,2048 --rounds 3,1 --cp-tokens 64 --cp-timeout 400
+# 15. Swin-T on 2x2 tiles at 1024 px: activation bytes per rank, bytes sent per shifted-window block
+run yielding mpiexec -n 4 python benchmarks/bench_swin.py
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1

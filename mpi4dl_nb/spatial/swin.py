@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .dropout import check_random_state
 from .layer import SpatialRuntime, shallow_copy, spatial_class
 from .reduce import replicated_sum
 from .tokens import check_patch_grid, int_pair
@@ -139,7 +140,7 @@ class SwinTileModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         runtime = _runtime(self)
-        _check_forward(self)
+        _check_forward(self, runtime, x.device)
         embed = _child(self, "patch_embed")
         size = runtime.root_size
         assert size is not None and len(size) == 2
@@ -171,22 +172,27 @@ def _final_tokens(model: nn.Module, token_grid: tuple[int, int]) -> int:
     return rows * cols
 
 
-def _dropouts(model: nn.Module) -> Iterator[tuple[str, float]]:
-    """(name, rate) of every dropout and stochastic depth of the model that is active."""
+def _random_draws(model: nn.Module) -> Iterator[tuple[str, nn.Module, float]]:
+    """(name, module, rate) of every dropout and stochastic depth of the model that draws in training."""
     for name, module in model.named_modules():
         rate = float(getattr(module, "p", 0.0) or getattr(module, "drop_prob", 0.0) or 0.0)
-        if rate and isinstance(module, nn.Dropout) or type(module).__name__ == "DropPath" and rate:
-            yield name, rate
+        if rate and (isinstance(module, nn.Dropout) or type(module).__name__ == "DropPath"):
+            yield name, module, rate
 
 
-def _check_forward(model: nn.Module) -> None:
-    """Refuse what a forward on tiles would not compute as one process: random masks drawn per tile in training,
-    recomputation of blocks that communicate."""
-    if model.training:
-        for name, rate in _dropouts(model):
-            raise ConfigError("model", f"{type(model).__name__}.{name} (rate {rate}) in training draws its random "
-                              f"mask per tile, not for the whole image; create the model with drop_rate=0, "
-                              f"proj_drop_rate=0, attn_drop_rate=0 and drop_path_rate=0")
+def _check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.device) -> None:
+    """Refuse what a forward on tiles would not compute as one process: element-wise dropout inside the stages
+    (its mask would be drawn per tile or per window), tiles holding different random states when stochastic depth or
+    the head's dropout draw (one number per sample, as one process draws them), recomputation of blocks that
+    communicate."""
+    draws = list(_random_draws(model)) if model.training else []
+    for name, module, rate in draws:
+        if isinstance(module, nn.Dropout) and not name.startswith("head."):
+            raise ConfigError("model", f"{type(model).__name__}.{name} (dropout, rate {rate}) in training draws its "
+                              f"mask per tile and window, not for the whole image; create the model with "
+                              f"proj_drop_rate=0 and attn_drop_rate=0 (drop_path_rate and drop_rate are exact)")
+    if draws:
+        check_random_state(runtime.guard, torch.bernoulli, device)
     for index, stage in enumerate(_child(model, "layers").children()):
         if getattr(stage, "grad_checkpointing", False):
             raise ConfigError("model", f"{type(model).__name__}.layers.{index}: grad checkpointing recomputes blocks "

@@ -3,9 +3,10 @@
 Float64, batch 2 (448 px: batch 1), timm's own initialisation (seeded), in training mode: output, input gradient,
 every parameter gradient (tile shares summed by ``reduce_tile_gradients``), then an eval forward; the logits bitwise
 equal on every rank. Each model's serial reference runs on one rank (model i on rank i mod 4). Models are built with
-``depths=(2, 2, 2, 2)`` and ``embed_dim=48`` (every stage has a shifted block; the same block code as the full
-models' (2, 2, 6, 2) x 96); ``MPI4DL_SWIN_FULL=1`` builds them at full size. Stochastic depth off (timm's default
-0.1 is refused in training on tiles: its per-sample draws are not checked to match one process's yet).
+``depths=(2, 2, 2, 2)``, ``embed_dim=32`` and 1, 2, 4, 8 heads (every stage has a shifted block; the same block code
+as the full models' (2, 2, 6, 2) x 96 with 3, 6, 12, 24 heads); ``MPI4DL_SWIN_FULL=1`` builds them at full size.
+Stochastic depth off but in one case (every forward seeded alike: its per-sample draws and the head's dropout equal
+one process's). Swin-S3 has windows 7, 7, 14, 7 (stage 3 one 14 x 14 window over the 2x2 tiles).
 
 At 224 px Swin-T's last stage is one 7 x 7 window over all tiles (its merge straddles tiles on 2x2 and 1x4; on 1x4
 stage 3's 14 columns over 4 tiles straddle too); at 448 px the last stage is shifted; Swin-V2 (window 8, 256 px)
@@ -40,17 +41,19 @@ from tests.support.planes import split_backend
 
 RTOL = 1e-10
 FULL = os.environ.get("MPI4DL_SWIN_FULL") == "1"
-SMALL: dict[str, Any] = {} if FULL else {"depths": (2, 2, 2, 2), "embed_dim": 48}
+SMALL: dict[str, Any] = {} if FULL else {"depths": (2, 2, 2, 2), "embed_dim": 32, "num_heads": (1, 2, 4, 8)}
 
-# label -> (grid, timm name, image size)
-MODELS: dict[str, tuple[tuple[int, int], str, int]] = {
-    "2x2: swin_tiny_patch4_window7_224 at 224 px": ((2, 2), "swin_tiny_patch4_window7_224", 224),
-    "2x2: swin_tiny_patch4_window7_224 at 448 px": ((2, 2), "swin_tiny_patch4_window7_224", 448),
-    "1x4: swin_tiny_patch4_window7_224 at 224 px": ((1, 4), "swin_tiny_patch4_window7_224", 224),
-    "1x4: swin_tiny_patch4_window7_224 at 448 px": ((1, 4), "swin_tiny_patch4_window7_224", 448),
-    "2x2: swinv2_tiny_window8_256 at 256 px": ((2, 2), "swinv2_tiny_window8_256", 256),
+# label -> (grid, timm name, image size, create_model keywords)
+MODELS: dict[str, tuple[tuple[int, int], str, int, dict[str, Any]]] = {
+    "2x2: swin_tiny_patch4_window7_224 at 224 px": ((2, 2), "swin_tiny_patch4_window7_224", 224, {}),
+    "2x2: swin_tiny_patch4_window7_224 at 448 px": ((2, 2), "swin_tiny_patch4_window7_224", 448, {}),
+    "1x4: swin_tiny_patch4_window7_224 at 224 px, stochastic depth and head dropout in training": (
+        (1, 4), "swin_tiny_patch4_window7_224", 224, {"drop_path_rate": 0.3, "drop_rate": 0.2}),
+    "1x4: swin_tiny_patch4_window7_224 at 448 px": ((1, 4), "swin_tiny_patch4_window7_224", 448, {}),
+    "2x2: swinv2_tiny_window8_256 at 256 px": ((2, 2), "swinv2_tiny_window8_256", 256, {}),
+    "2x2: swin_s3_tiny_224 (windows 7, 7, 14, 7) at 224 px": ((2, 2), "swin_s3_tiny_224", 224, {}),
 }
-GLOO_MODELS = ("1x4: swin_tiny_patch4_window7_224 at 224 px",)
+GLOO_MODELS = ("1x4: swin_tiny_patch4_window7_224 at 224 px, stochastic depth and head dropout in training",)
 ROLLS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {   # grid, token grid, shifts
     "roll on 2x2 tiles equals torch.roll": ((2, 2), (13, 10), (-3, 4)),
     "roll on 2x1x2 volume tiles equals torch.roll": ((2, 1, 2), (5, 6, 7), (2, -3, 3)),
@@ -67,12 +70,12 @@ def build(name: str, seed: int, **kwargs: Any) -> torch.nn.Module:
 
 def check_model(ctx: Context, index: int, label: str) -> str:
     """One model against one process (on rank ``index`` mod 4); the logits bitwise equal on every rank."""
-    (rows, cols), name, size = MODELS[label]
+    (rows, cols), name, size, kwargs = MODELS[label]
     grid = TileGrid(rows, cols)
-    model = build(name, index, img_size=size)
+    model = build(name, index, img_size=size, **kwargs)
     torch.manual_seed(100 + index)
     x = torch.randn(1 if size > 256 else 2, 3, size, size, dtype=torch.float64)
-    errors = check_spatial_exact(model, grid, x, ctx, what=label, rtol=RTOL, grad_floor=1e-6,
+    errors = check_spatial_exact(model, grid, x, ctx, what=label, rtol=RTOL, grad_floor=1e-6, forward_seed=5,
                                  reference_rank=index % ctx.world_size)
     net = spatialize(model.eval(), grid, ctx)
     with torch.no_grad():
@@ -109,8 +112,8 @@ REFUSALS: dict[str, tuple[Callable[[], torch.nn.Module], str, bool]] = {   # mak
         lambda: build("swin_tiny_patch4_window7_224", 0).layers[0].blocks[1], "spatialize the whole model", False),
     "a head without the average pool (global_pool='')": (
         lambda: build("swin_tiny_patch4_window7_224", 0, global_pool=""), "global_pool=''", False),
-    "stochastic depth in training": (
-        lambda: build("swin_tiny_patch4_window7_224", 0, drop_path_rate=0.1), "drop_path_rate=0", True),
+    "dropout inside the attention in training (attn_drop_rate)": (
+        lambda: build("swin_tiny_patch4_window7_224", 0, attn_drop_rate=0.1), "attn_drop_rate=0", True),
     "an image of another size than the model's img_size": (
         lambda: build("swin_tiny_patch4_window7_224", 0, img_size=448), "img_size=", True),
 }
