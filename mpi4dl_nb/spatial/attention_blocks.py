@@ -6,8 +6,9 @@ A block's forward gives its normalised output ``o_b`` and log-sum-exp ``lse_b`` 
 the softmax over all keys so far times their values, exactly up to summation order. A block's backward takes the
 whole attention's output, ``lse`` and ``delta = rowsum(dO * O)``, recomputes the block's probabilities
 ``p = exp(q k^T scale - lse)`` and gives the block's share of dQ and its dK, dV (Liu et al. 2023; Dao 2022).
-Nothing larger than ``n_q x n_block`` scores is made. The merge and the gradients are kept in the input dtype for
-float32/float64 and in float32 for bf16/fp16 (``merge_dtype``).
+Nothing larger than ``n_q x n_block`` scores is made; the plain path cuts the queries further so that one score
+block holds at most ``SCORE_CHUNK`` scores (``query_chunks``). The merge and the gradients are kept in the input
+dtype for float32/float64 and in float32 for bf16/fp16 (``merge_dtype``).
 """
 
 from __future__ import annotations
@@ -54,22 +55,43 @@ class PlainBlocks:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = merge_dtype(q.dtype)
-        scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-2, -1)).mul_(scale)
-        lse = torch.logsumexp(scores, -1)
-        probabilities = scores.sub_(lse.unsqueeze(-1)).exp_()
-        return torch.matmul(probabilities, v.to(dtype)), lse
+        k_t, v = k.to(dtype).transpose(-2, -1), v.to(dtype)
+        outs, lses = [], []
+        for rows in query_chunks(q, k.shape[-2]):
+            scores = torch.matmul(q[..., rows, :].to(dtype), k_t).mul_(scale)
+            lse = torch.logsumexp(scores, -1)
+            outs.append(torch.matmul(scores.sub_(lse.unsqueeze(-1)).exp_(), v))
+            lses.append(lse)
+        return torch.cat(outs, -2), torch.cat(lses, -1)
 
     def backward(self, grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, delta: torch.Tensor, scale: float) -> Grads:
         dtype = merge_dtype(q.dtype)
         q, k, v, grad = q.to(dtype), k.to(dtype), v.to(dtype), grad.to(dtype)
-        probabilities = torch.matmul(q, k.transpose(-2, -1)).mul_(scale).sub_(lse.unsqueeze(-1)).exp_()
-        dv = torch.matmul(probabilities.transpose(-2, -1), grad)
-        d_scores = torch.matmul(grad, v.transpose(-2, -1)).sub_(delta.unsqueeze(-1)).mul_(probabilities)
-        del probabilities
-        dq = torch.matmul(d_scores, k).mul_(scale)
-        dk = torch.matmul(d_scores.transpose(-2, -1), q).mul_(scale)
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for rows in query_chunks(q, k.shape[-2]):
+            q_rows, grad_rows = q[..., rows, :], grad[..., rows, :]
+            probabilities = torch.matmul(q_rows, k.transpose(-2, -1)).mul_(scale)
+            probabilities.sub_(lse[..., rows].unsqueeze(-1)).exp_()
+            dv.add_(torch.matmul(probabilities.transpose(-2, -1), grad_rows))
+            d_scores = torch.matmul(grad_rows, v.transpose(-2, -1)).sub_(delta[..., rows].unsqueeze(-1))
+            d_scores.mul_(probabilities)
+            del probabilities
+            dq[..., rows, :] = torch.matmul(d_scores, k).mul_(scale)
+            dk.add_(torch.matmul(d_scores.transpose(-2, -1), q_rows).mul_(scale))
         return dq, dk, dv
+
+
+SCORE_CHUNK = 1 << 20    # the most scores one matmul of the plain path makes (8 MiB in float64): a kernel's tile
+
+
+def query_chunks(q: torch.Tensor, keys: int) -> list[slice]:
+    """Slices of the queries whose score blocks ``(B, H, rows, keys)`` hold at most ``SCORE_CHUNK`` scores (at
+    least one row each): the plain path's transient is bounded whatever the token count, as a fused kernel's tiles
+    are, so neither one process's blockwise attention nor a ring member's makes an N x N matrix."""
+    per_row = max(1, q[..., 0, 0].numel() * keys)
+    rows, count = max(1, SCORE_CHUNK // per_row), q.shape[-2]
+    return [slice(start, min(start + rows, count)) for start in range(0, count, rows)] or [slice(0, 0)]
 
 
 FusedForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
