@@ -1,5 +1,6 @@
 """Volume inference (infer/volume.py): window geometry over three axes, one process and 2 spatial ranks exact against
-the whole-volume 3-D U-Net (float64, 1e-9) with memory flat in the volume's size, the volume files written."""
+the whole-volume 3-D U-Net (float64, 1e-9) with memory flat in the volume's size, the volume files written; a
+swinunetr3d (every voxel depends on the whole volume) as one window, exact against its forward (1e-10)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,13 @@ def test_one_process_equals_the_whole_volume_and_memory_stays_flat(tmp_path):
     volume_infer.memory_run(ctx, "1x1x1", tmp_path)
 
 
+def test_one_process_runs_a_whole_volume_network_as_one_window_equal_to_its_forward(tmp_path):
+    volume_infer.whole_run(dl.init(), "1x1x1", tmp_path)
+
+
 def test_two_spatial_ranks_equal_the_whole_volume_and_memory_stays_flat(shared_launch):
-    shared_launch(JOB).require_clean([f"{name} on {SPATIAL}" for name in (volume_infer.EXACT, volume_infer.MEMORY)])
+    shared_launch(JOB).require_clean([f"{name} on {SPATIAL}" for name in (volume_infer.EXACT, volume_infer.MEMORY,
+                                                                          volume_infer.WHOLE)])
 
 
 def test_a_2d_network_or_grid_is_refused_naming_the_flag(tmp_path):
