@@ -220,6 +220,12 @@ def test_infer_volume_runs_a_swinunetr3d_checkpoint_as_one_window_and_refuses_si
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "--volume: 8x20x16 voxels" in err and "height 20 (nearest that work: 16 or 24)" in err, err
     assert not (tmp_path / "odd.tif.seg.tif").exists()
+    from PIL import Image
+
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "slide.png")
+    assert infer_cmd.main(["--checkpoint", str(tmp_path / "ck"), "--slide", str(tmp_path / "slide.png"), "--output",
+                           str(tmp_path / "map.png"), "--no-progress"]) == 2
+    assert "holds a volume network (3-D layers); run it over a volume with --volume" in capsys.readouterr().err
     with pytest.raises(SetupFailed, match="--volume: 6x16x16 voxels: .* not depth 6 .nearest that work: 4 or 8."):
         dl.infer_volume(tmp_path / "ck", np.zeros((1, 6, 16, 16)), None)
 
