@@ -104,7 +104,7 @@ class VolumeRunner:
         self.plan = agreed(ctx, self._plan)
         if self.whole is None and self.grid.num_tiles > 1:
             agreed(ctx, lambda: check_halos(net, self.grid, sorted(self.plan.input_sizes()), self.channels))
-        self.rank_bytes = self._whole_memory() if self.whole is not None else None
+        self.rank_bytes = self._whole_memory() if self.whole is not None and progress else None
         self.out_shape = tuple(ceil_div(n, f.stride) for n, f in zip(source.shape, self.fields))
         self.outputs = outputs
         if outputs is not None and ctx.rank == 0:
@@ -131,7 +131,7 @@ class VolumeRunner:
 
     def _whole_memory(self) -> int | None:
         """About the bytes a rank's share of the whole-volume forward holds (1/P of one process's, measured on
-        two small volumes on rank 0), None where the heap cannot be measured."""
+        two small volumes on rank 0; for the progress line only), None where the heap cannot be measured."""
         assert self.whole is not None
         side, ctx = 2 * self.whole.input_multiple, self.ctx
         found = agreed(ctx, lambda: bytes_per_voxel(self.net, side, self.channels, self.dtype)

@@ -68,13 +68,13 @@ def whole_volume_network(layers: Sequence[nn.Module]) -> FullyConvolutional:
 
 
 def bytes_per_voxel(net: nn.Module, side: int, channels: int, dtype: torch.dtype) -> float | None:
-    """Heap bytes one process's forward holds per input voxel: the growth of the peak from a ``side``^3 to a
-    ``(2 side)``^3 volume (fixed costs cancel); None where the heap cannot be measured."""
+    """Heap bytes one process's forward holds per input voxel: the growth of the peak from a ``side``^3 volume to one
+    twice as wide (fixed costs cancel); None where the heap cannot be measured."""
     peaks = []
-    for length in (side, 2 * side):
+    for width in (side, 2 * side):
         meter = PeakMeter(torch.device("cpu"))
         meter.watch(net.modules())
-        x = torch.zeros(1, channels, length, length, length, dtype=dtype)
+        x = torch.zeros(1, channels, side, side, width, dtype=dtype)
         meter.start()
         with torch.no_grad():
             net(x)
@@ -83,4 +83,4 @@ def bytes_per_voxel(net: nn.Module, side: int, channels: int, dtype: torch.dtype
         if meter.source == "none":
             return None
         peaks.append(meter.peak)
-    return max(peaks[1] - peaks[0], 0) / (7 * side ** 3)
+    return max(peaks[1] - peaks[0], 0) / side ** 3

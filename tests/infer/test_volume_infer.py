@@ -110,3 +110,15 @@ def test_the_command_runs_a_checkpoint_over_a_tiff_stack_into_nifti_with_its_vox
     assert "give --output NAME.tif|.nii|.nii.gz once" in capsys.readouterr().err
     assert infer_main([*args, "--overwrite", "--num-spatial-parts", "2", "--slice-method", "1x1x2"]) == 2
     assert "2 ranks share each window but 1 were launched" in capsys.readouterr().err
+
+
+def test_a_whole_volume_run_says_the_memory_per_rank_in_its_progress_line(capsys):
+    """The ranks are the user's choice for a network that needs the whole volume: the progress line says what a rank
+    holds (measured on two small volumes) before the one window runs."""
+    import re
+
+    vol = volume_infer.volume(volume_infer.WHOLE_VOLUME, 4)
+    dl.infer_volume(volume_infer.swin_network(), vol, None, ctx=dl.init(), dtype="float64", progress=True)
+    err = capsys.readouterr().err
+    said = re.search(r"one window: the whole 16x16x32 volume .* on 1 rank\(s\), about (\d+) MiB per rank", err)
+    assert said is not None and int(said.group(1)) >= 1, err
