@@ -6,6 +6,11 @@ columns), and sends rank 0 its part of the window's core; rank 0 writes the labe
 probability volumes through memory maps (``volume_outputs.py``). Each core cell's field lies
 inside its window, so every written voxel equals the whole-volume network's. A rank holds one
 window's tile and activations at a time: its memory does not grow with the volume.
+
+A network whose every voxel depends on the whole volume (``whole_volume.WholeInput``: window attention,
+InstanceNorm) runs as one window, the whole volume split over the ranks' tiles: exact, a rank holding its 1/P share of
+one process's forward plus the attention windows gathered across tile seams (the number of ranks is the user's
+choice; the progress line says the memory).
 """
 
 from __future__ import annotations
@@ -225,7 +230,9 @@ class VolumeRunner:
 
     def whole_note(self) -> str:
         """What a whole-volume run does and the memory a rank needs for it (the user's choice of ranks)."""
-        memory = "" if self.rank_bytes is None else f", about {self.rank_bytes / 2 ** 20:.0f} MiB per rank"
+        share = "" if self.rank_bytes is None else f"{self.rank_bytes / 2 ** 20:.0f}"
+        memory = share and (f", about {share} MiB per rank (1/P of one process's forward) plus the windows gathered "
+                            f"across seams")
         sides = "x".join(map(str, self.source.shape))
         return (f"one window: the whole {sides} volume (every voxel depends on all of it) on "
                 f"{self.grid.num_tiles} rank(s){memory}; more --num-spatial-parts take less per rank")

@@ -106,7 +106,9 @@ def infer_volume(network: Network, volume: str | Path | np.ndarray | VolumeSourc
     volume ``output`` (``.tif`` stack, ``.nii``, ``.nii.gz``) and, with ``probabilities``, ``NAME_prob<k>`` per class.
 
     Collective over ``num_spatial_parts`` ranks cutting each window ``slice_method`` = ``DxRxC``; ``window``: input
-    voxels per rank per axis (N or (D, H, W)). Every output voxel equals the network on the whole volume. Returns
+    voxels per rank per axis (N or (D, H, W)); a network that needs the whole volume (``whole_volume.WholeInput``,
+    e.g. swinunetr3d) runs as one window, the whole volume, whatever ``window`` says. Every output voxel equals the
+    network on the whole volume. Returns
     the summary on rank 0, None elsewhere; bad input raises ``ConfigError`` (``SetupFailed`` when one rank refused).
     """
     request = VolumeRequest(num_spatial_parts, slice_method, window, dtype, probabilities, probability_dtype,
