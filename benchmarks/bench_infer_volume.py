@@ -1,5 +1,6 @@
-"""Dense volume inference side by side: ``dl.infer_volume`` with a 3-D U-Net on 1 and 2 ranks vs MONAI's 3-D
-``sliding_window_inference`` (overlap 0.25, Gaussian blending), same weights, same volume.
+"""Dense volume inference side by side: ``dl.infer_volume`` with a 3-D U-Net (or ``--model swinunetr3d``: one window,
+the whole volume split over the ranks) on 1 and 2 ranks vs MONAI's 3-D ``sliding_window_inference`` (overlap 0.25,
+Gaussian blending), same weights, same volume.
 
 Per run: voxels/s and the seam error, the largest difference of the per-voxel probabilities to
 the reference (the U-Net on the whole volume in one process): ours is float round-off, MONAI's
@@ -9,7 +10,8 @@ are ``mpiexec -n R`` of this script's ``--internal ours`` part (the window cut 1
 is built in Python (seeded weights, drawn BatchNorm statistics) and saved once, so every part
 loads the same weights.
 
-    python benchmarks/bench_infer_volume.py --size 48,96,96 --window 48 --ranks 1 2
+    python benchmarks/bench_infer_volume.py --size 48,96,96 --window 48,48,48 --ranks 1 2
+    python benchmarks/bench_infer_volume.py --model swinunetr3d --size 32,64,64 --window 32,32,32 --ranks 1 2
 """
 from __future__ import annotations
 
@@ -33,13 +35,21 @@ def sides(text: str) -> tuple[int, int, int]:
     return (d, h, w)
 
 
-def layers(depth: int, width: int, dtype: str):
-    """The 3-D U-Net (BatchNorm, trilinear up-sampling) with seeded weights and drawn running statistics."""
+MODELS = ("unet3d", "swinunetr3d")
+DEFAULT_WIDTH = {"unet3d": 4, "swinunetr3d": 6}      # swinunetr3d's feature size is a multiple of 3
+
+
+def layers(model: str, depth: int, width: int, dtype: str):
+    """The 3-D U-Net (BatchNorm, trilinear up-sampling; ``depth`` levels) or the swinunetr3d (``depth`` Swin stages,
+    feature size ``width``) with seeded weights, the U-Net's running statistics drawn."""
     import torch
 
+    from mpi4dl_nb.models.swinunetr3d import swinunetr3d
     from mpi4dl_nb.models.unet3d import unet3d
 
     torch.manual_seed(0)
+    if model == "swinunetr3d":
+        return [layer.to(getattr(torch, dtype)).eval() for layer in swinunetr3d(depth, width, CLASSES)]
     built = unet3d(depth, width, CLASSES, in_channels=1)
     with torch.no_grad():
         for module in torch.nn.Sequential(*built).modules():
@@ -49,10 +59,14 @@ def layers(depth: int, width: int, dtype: str):
     return [layer.to(getattr(torch, dtype)).eval() for layer in built]
 
 
-def fcn(depth: int, width: int, dtype: str):
+def fcn(model: str, depth: int, width: int, dtype: str):
+    """The network with its softmax, as inference runs it (a swinunetr3d as one window over the whole volume)."""
     from mpi4dl_nb.infer.fully_conv import fully_convolutional
+    from mpi4dl_nb.infer.whole_volume import whole_volume_network
 
-    return fully_convolutional(layers(depth, width, dtype), None, channels=1)
+    if model == "swinunetr3d":
+        return whole_volume_network(layers(model, depth, width, dtype))
+    return fully_convolutional(layers(model, depth, width, dtype), None, channels=1)
 
 
 def synthetic_volume(path: Path, size: tuple[int, int, int]) -> None:
@@ -74,7 +88,7 @@ def reference(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     with torch.no_grad():
-        out = fcn(args.depth, args.width, args.dtype)(as_input(np.load(args.volume), args.dtype))
+        out = fcn(args.model, args.depth, args.width, args.dtype)(as_input(np.load(args.volume), args.dtype))
     np.save(args.out, out[0].double().numpy())
 
 
@@ -84,7 +98,7 @@ def monai_run(args: argparse.Namespace) -> dict[str, float]:
     from monai.inferers import sliding_window_inference
 
     torch.set_num_threads(1)
-    net = fcn(args.depth, args.width, args.dtype)
+    net = fcn(args.model, args.depth, args.width, args.dtype)
     start = time.perf_counter()
     volume = np.load(args.volume)
     with torch.no_grad():
@@ -106,10 +120,10 @@ def ours_run(args: argparse.Namespace) -> None:
     ctx = dl.init()
     ranks = ctx.world_size
     d, h, w = args.window
-    summary = dl.infer_volume(layers(args.depth, args.width, args.dtype), np.load(args.volume), args.out / "seg.nii",
-                              ctx=ctx, num_spatial_parts=ranks, slice_method=f"1x1x{ranks}",
-                              window=(d, h, max(1, w // ranks)), dtype=args.dtype, probability_dtype=args.dtype,
-                              overwrite=True)
+    network = layers(args.model, args.depth, args.width, args.dtype)
+    summary = dl.infer_volume(network, np.load(args.volume), args.out / "seg.nii", ctx=ctx, num_spatial_parts=ranks,
+                              slice_method=f"1x1x{ranks}", window=(d, h, max(1, w // ranks)), dtype=args.dtype,
+                              probability_dtype=args.dtype, overwrite=True)
     if summary is not None:
         probs = np.stack([np.asarray(nibabel.load(str(args.out / f"seg_prob{k}.nii")).dataobj).transpose(2, 1, 0)
                           for k in range(CLASSES)])
@@ -122,8 +136,11 @@ def main() -> None:
     parser.add_argument("--size", type=sides, default=(48, 96, 96), help="D,H,W of the volume (voxels)")
     parser.add_argument("--window", type=sides, default=(48, 48, 48),
                         help="D,H,W: our window's input (split over the ranks along W) and MONAI's ROI")
-    parser.add_argument("--depth", type=int, default=1, help="U-Net levels")
-    parser.add_argument("--width", type=int, default=4, help="U-Net channels of the first level")
+    parser.add_argument("--model", choices=MODELS, default="unet3d",
+                        help="unet3d (streamed in windows) or swinunetr3d (one window: the whole volume)")
+    parser.add_argument("--depth", type=int, help="U-Net levels (default 1) or Swin stages (default 2)")
+    parser.add_argument("--width", type=int, help="U-Net channels of the first level (default 4) or swinunetr3d's "
+                                                  "feature size (default 6)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--workdir", type=Path, default=REPO / "out" / "bench_infer_volume")
@@ -134,6 +151,8 @@ def main() -> None:
     parser.add_argument("--volume", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.depth = args.depth or (2 if args.model == "swinunetr3d" else 1)
+    args.width = args.width or DEFAULT_WIDTH[args.model]
     if args.internal == "monai":
         print(json.dumps(monai_run(args)))
         return
@@ -152,22 +171,24 @@ def main() -> None:
     if not volume.exists():
         synthetic_volume(volume, args.size)
     me = [str(Path(__file__).resolve()), "--window", ",".join(map(str, args.window)), "--dtype", args.dtype,
-          "--depth", str(args.depth), "--width", str(args.width), "--volume", str(volume)]
-    ref_path = work / f"reference-{size}-{args.dtype}-{args.depth}x{args.width}.npy"
+          "--model", args.model, "--depth", str(args.depth), "--width", str(args.width), "--volume", str(volume)]
+    ref_path = work / f"reference-{args.model}-{size}-{args.dtype}-{args.depth}x{args.width}.npy"
     if not ref_path.exists():
         subprocess.run([sys.executable, *me, "--internal", "reference", "--out", str(ref_path)], check=True, env=env)
     ref = np.load(ref_path)
     voxels = int(np.prod(args.size))
-    print(f"3-D U-Net depth {args.depth} x {args.width}, {CLASSES} classes; volume {size} voxels ({voxels / 1e6:.2f} "
-          f"M), {args.dtype}, window/ROI {'x'.join(map(str, args.window))}; reference: the U-Net on the whole volume "
-          f"in one process\n")
+    network = (f"swinunetr3d {args.depth} Swin stages, feature size {args.width}" if args.model == "swinunetr3d"
+               else f"3-D U-Net depth {args.depth} x {args.width}")
+    print(f"{network}, {CLASSES} classes; volume {size} voxels ({voxels / 1e6:.2f} "
+          f"M), {args.dtype}, window/ROI {'x'.join(map(str, args.window))}; reference: the network on the whole "
+          f"volume in one process\n")
     rows = []
     if not args.skip_monai:
-        out = work / "monai.npy"
+        out = work / f"monai-{args.model}.npy"
         result = monai_result(args.monai_venv, me, out, env)
         rows.append((MONAI_ROW, 1, float(result["voxels_per_s"]), float(np.abs(np.load(out) - ref).max())))
     for ranks in args.ranks:
-        out = work / f"ours-{ranks}"
+        out = work / f"ours-{args.model}-{ranks}"
         out.mkdir(exist_ok=True)
         result = json.loads(run_job(ranks, [sys.executable, *me, "--internal", "ours", "--out", str(out)],
                                     extra_env=env).stdout.strip().splitlines()[-1])

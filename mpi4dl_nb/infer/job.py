@@ -26,7 +26,7 @@ from .outputs import OutputSpec, check_folders, check_outputs, parse_outputs, su
 from .slide_list import SlideSource, slide_sources
 from .slide_outputs import check_output_folder
 from .tile_map import MapMode
-from .trained import refuse_volume_classifier, refuse_whole_volume_network
+from .trained import refuse_volume_classifier
 from .volume import volume_grid, window_sides
 from .volume_outputs import VolumeOutputs
 
@@ -379,7 +379,6 @@ def check_volume(job: InferJob, file: Path, record: RunRecord | None) -> Checked
     window_sides(job.volume_window())
     if record is not None:
         refuse_volume_classifier(record, file)
-        refuse_whole_volume_network(record, file)
     VolumeOutputs.beside(job.outputs[0], 0).check_free(job.overwrite)
     return CheckedInfer(job, InferKind.VOLUME, file, record)
 

@@ -92,6 +92,9 @@ class SlideRunner:
                               f"with mpiexec -n {self.grid.num_tiles}")
         self.trained = trained if trained is not None else trained_for(job, checkpoint, ctx)
         self.net, self.description = self.trained.net, self.trained.description
+        if self.net.shape.dims == 3:
+            raise ConfigError("--checkpoint", f"{self.description.path} holds a volume network (3-D layers); run "
+                                              f"it over a volume with --volume, not over a --slide")
         self.reader = agreed(ctx, lambda: SlideReader(slide, job.slide_level, mpp=job.target_mpp,
                                                       trained_at=self.trained.mpp,
                                                       source_mpp=job.resolution.source_mpp))

@@ -18,6 +18,7 @@ from ..models.spec import ModelFamily
 from .fully_conv import FullyConvolutional, classifies, fully_convolutional, spatial_dims
 from .model import ModelDescription, ModelObject, load_trained
 from .probes import input_channels
+from .whole_volume import whole_input_layer, whole_volume_network
 
 
 def network_task(layers: Sequence[nn.Module]) -> Task:
@@ -81,22 +82,6 @@ def refuse_volume_classifier(record: RunRecord, file: Path) -> None:
                                       f"--folds (its summary and metrics.jsonl); evaluate takes image models only")
 
 
-WHOLE_VOLUME_FAMILIES = (ModelFamily.SWINUNETR3D,)   # every voxel's output depends on the whole volume
-
-
-def refuse_whole_volume_network(record: RunRecord, file: Path) -> None:
-    """``infer --volume`` streams windows: refuse a checkpoint of a network whose every voxel depends on the whole
-    volume (``swinunetr3d``: attention over windows of the whole token grid, InstanceNorm3d), naming what works."""
-    if record.model.family not in WHOLE_VOLUME_FAMILIES:
-        return
-    raise ConfigError("--checkpoint", f"{file} holds {record.model.describe()}, whose shifted-window attention and "
-                                      f"InstanceNorm3d make every voxel's output depend on the whole volume, so no "
-                                      f"window of a volume computes what the network gives on it; infer --volume "
-                                      f"streams windows and takes convolutional networks (e.g. --model unet3d with "
-                                      f"BatchNorm). Its held-out figures come from train --val-fraction or --folds "
-                                      f"(exact on tiles)")
-
-
 def load_network(checkpoint: str, *, family: ModelFamily | str | None = None, dtype: torch.dtype = torch.float32,
                  output_stride: int | None = None, task: Task | str | None = None,
                  check: bool = True, model: ModelObject | None = None) -> TrainedNetwork:
@@ -114,11 +99,17 @@ def load_network(checkpoint: str, *, family: ModelFamily | str | None = None, dt
 def inference_network(layers: Sequence[nn.Module], description: ModelDescription, classes: Sequence[str],
                       mpp: float | None, *, output_stride: int | None = None,
                       task: Task | str | None = None) -> TrainedNetwork:
-    """A trained layer list (eval mode) as inference runs it: checked, made fully convolutional."""
-    check_streamable(layers)
+    """A trained layer list (eval mode) as inference runs it: checked, made fully convolutional (a network that needs
+    the whole volume, ``whole_volume.WholeInput``: as one window, unprobed)."""
     kind = network_task(layers)
-    channels = input_channels(nn.Sequential(*layers)) if spatial_dims(layers) == 3 else 3   # a volume's own
-    net = fully_convolutional(layers, description.image_size, channels=channels, output_stride=output_stride)
+    if whole_input_layer(layers) is not None:
+        if output_stride is not None:
+            raise ConfigError("--output-stride", "applies to classifiers only; a dense model's stride is its own")
+        net = whole_volume_network(layers)
+    else:
+        check_streamable(layers)
+        channels = input_channels(nn.Sequential(*layers)) if spatial_dims(layers) == 3 else 3   # a volume's own
+        net = fully_convolutional(layers, description.image_size, channels=channels, output_stride=output_stride)
     names = tuple(classes) if len(classes) == net.shape.classes else tuple(str(c) for c in range(net.shape.classes))
     trained = TrainedNetwork(net, description, kind, names, mpp, tuple(layers))
     trained.check_task(task)

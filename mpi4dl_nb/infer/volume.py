@@ -6,6 +6,11 @@ columns), and sends rank 0 its part of the window's core; rank 0 writes the labe
 probability volumes through memory maps (``volume_outputs.py``). Each core cell's field lies
 inside its window, so every written voxel equals the whole-volume network's. A rank holds one
 window's tile and activations at a time: its memory does not grow with the volume.
+
+A network whose every voxel depends on the whole volume (``whole_volume.WholeInput``: window attention,
+InstanceNorm) runs as one window, the whole volume split over the ranks' tiles: exact, a rank holding its 1/P share of
+one process's forward plus the attention windows gathered across tile seams (the number of ranks is the user's
+choice; the progress line says the memory).
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from .fully_conv import FullyConvolutional, measure_fields
 from .probes import check_halos, input_channels, output_sizes
 from .volume_outputs import VolumeOutputs, VolumeSink
 from .volume_source import VolumeSource, read_zero_extended
+from .whole_volume import bytes_per_voxel, check_whole_sides, whole_input_layer
 from .windows import AxisField, AxisWindows, BoxPlan, BoxWindow, Extent, ceil_div, intersect_extents, padded_extent
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
 
+WHOLE_FIELD = AxisField(stride=1, before=0, after=0, align=1)   # a voxel per voxel; the window is the volume
 Piece = tuple[Extent, np.ndarray]     # output cells (volume coordinates) and their class probabilities
 
 
@@ -96,14 +103,13 @@ class VolumeRunner:
         if source.channels != self.channels:
             raise ConfigError("--volume", f"{source.name} has {source.channels} channel(s) but the network reads "
                                           f"{self.channels}")
-        self.window = window_sides(window)
-        found = agreed(ctx, lambda: measure_fields(net, self.channels) if ctx.rank == 0 else None)
-        fields = ctx.bcast_object(found, root=0)
-        assert fields is not None    # rank 0 measured (else every rank raised in agreed)
-        self.fields: tuple[AxisField, ...] = fields
+        self.whole = whole_input_layer(list(net))
+        self.window = window_sides(window) if self.whole is None else self._whole_window()
+        self.fields: tuple[AxisField, ...] = (WHOLE_FIELD,) * 3 if self.whole is not None else self._measured()
         self.plan = agreed(ctx, self._plan)
-        agreed(ctx, lambda: check_halos(net, self.grid, sorted(self.plan.input_sizes()), self.channels)
-               if self.grid.num_tiles > 1 else None)
+        if self.whole is None and self.grid.num_tiles > 1:
+            agreed(ctx, lambda: check_halos(net, self.grid, sorted(self.plan.input_sizes()), self.channels))
+        self.rank_bytes = self._whole_memory() if self.whole is not None and progress else None
         self.out_shape = tuple(ceil_div(n, f.stride) for n, f in zip(source.shape, self.fields))
         self.outputs = outputs
         if outputs is not None and ctx.rank == 0:
@@ -112,15 +118,45 @@ class VolumeRunner:
             agreed(ctx, lambda: None)
         self._out_sizes: dict[tuple[int, ...], tuple[int, ...]] = {}
 
+    def _measured(self) -> tuple[AxisField, ...]:
+        """The field of an output cell along every axis, probed on rank 0 (errors agreed), known on every rank."""
+        found = agreed(self.ctx, lambda: measure_fields(self.net, self.channels) if self.ctx.rank == 0 else None)
+        fields = self.ctx.bcast_object(found, root=0)
+        assert fields is not None    # rank 0 measured (else every rank raised in agreed)
+        return tuple(fields)
+
+    def _whole_window(self) -> tuple[int, int, int]:
+        """A network that needs the whole volume: its sides checked (errors agreed); one window, the whole volume
+        over the grid (``--window`` does not apply)."""
+        whole = self.whole
+        assert whole is not None
+        agreed(self.ctx, lambda: check_whole_sides(whole, self.source.shape))
+        d, h, w = (ceil_div(n, p) for n, p in zip(self.source.shape, self.grid.shape))
+        return d, h, w
+
+    def _whole_memory(self) -> int | None:
+        """About the bytes a rank's share of the whole-volume forward holds (1/P of one process's, measured on
+        two small volumes on rank 0; for the progress line only), None where the heap cannot be measured."""
+        assert self.whole is not None
+        side, ctx = 2 * self.whole.input_multiple, self.ctx
+        found = agreed(ctx, lambda: bytes_per_voxel(self.net, side, self.channels, self.dtype)
+                       if ctx.rank == 0 else None)
+        per_voxel = ctx.bcast_object(found, root=0)
+        if per_voxel is None:
+            return None
+        return int(per_voxel * float(np.prod(self.source.shape)) / self.grid.num_tiles)
+
     def _plan(self) -> BoxPlan:
         padded = [padded_extent(n, f.unit) for n, f in zip(self.source.shape, self.fields)]
-        cells = output_sizes(self.net, padded, self.channels)
+        cells = tuple(padded) if self.whole is not None else output_sizes(self.net, padded, self.channels)
         axes = zip(AXIS_NAMES, self.fields, padded, cells, self.grid.shape, self.window)
         return BoxPlan(tuple(AxisWindows(name, field, extent, count, parts, side, fit_whole=True)
                              for name, field, extent, count, parts, side in axes))
 
     def window_output(self, window: BoxWindow) -> tuple[int, ...]:
         size = window.input_size
+        if self.whole is not None:
+            return size              # a voxel per voxel (checked by whole_volume_network)
         if size not in self._out_sizes:
             self._out_sizes[size] = output_sizes(self.net, size, self.channels)
         return self._out_sizes[size]
@@ -156,6 +192,8 @@ class VolumeRunner:
         meter.watch(net.modules())
         windows = self.plan.windows()
         bar = ProgressLine(len(windows), self.progress and ctx.rank == 0)
+        if self.whole is not None:
+            bar.note(self.whole_note())
         meter.start()
         wall = time.perf_counter()
         for done, window in enumerate(windows, 1):
@@ -189,6 +227,15 @@ class VolumeRunner:
             [str(p) for p in self.outputs.paths] if self.outputs is not None else [], self.grid.shape,
             self.window, self.plan.shape, len(windows), [(f.before, f.after) for f in self.fields],
             str(self.dtype).removeprefix("torch."), seconds, voxels / max(seconds, 1e-9), peaks, meter.source)
+
+    def whole_note(self) -> str:
+        """What a whole-volume run does and the memory a rank needs for it (the user's choice of ranks)."""
+        share = "" if self.rank_bytes is None else f"{self.rank_bytes / 2 ** 20:.0f}"
+        memory = share and (f", about {share} MiB per rank (1/P of one process's forward) plus the windows gathered "
+                            f"across seams")
+        sides = "x".join(map(str, self.source.shape))
+        return (f"one window: the whole {sides} volume (every voxel depends on all of it) on "
+                f"{self.grid.num_tiles} rank(s){memory}; more --num-spatial-parts take less per rank")
 
     def voxels_done(self, windows: int) -> float:
         """Voxels of the volume the first ``windows`` windows' cores cover (approximately: by window count)."""

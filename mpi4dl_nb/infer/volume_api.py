@@ -18,10 +18,11 @@ from .fully_conv import FullyConvolutional, fully_convolutional
 from .job import DTYPES, CheckedInfer
 from .model import find_checkpoint
 from .probes import input_channels
-from .trained import check_streamable, load_network, refuse_volume_classifier, refuse_whole_volume_network
+from .trained import check_streamable, load_network, refuse_volume_classifier
 from .volume import VolumeRunner, VolumeSummary
 from .volume_outputs import VolumeOutputs
 from .volume_source import ArrayVolume, FileVolume, VolumeSource
+from .whole_volume import whole_input_layer, whole_volume_network
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -32,15 +33,16 @@ DEFAULT_WINDOW = 64     # input voxels per rank per axis
 
 def volume_network(network: Network, dtype: torch.dtype) -> FullyConvolutional:
     """A checkpoint's network (its path; a classifier refused) or a model object (an nn.Module or its layer list),
-    fully convolutional."""
+    fully convolutional (one that needs the whole volume: run as one window, ``whole_volume.py``)."""
     if isinstance(network, (str, Path)):
         file = find_checkpoint(network)
         record = read_checkpoint(file, lazy=True, check=False).record
         refuse_volume_classifier(record, file)
-        refuse_whole_volume_network(record, file)
         return load_network(str(file), dtype=dtype).net
     layers = list(network) if not isinstance(network, nn.Module) else (
         list(network) if isinstance(network, nn.Sequential) else [network])
+    if whole_input_layer(layers) is not None:
+        return whole_volume_network([layer.to(dtype) for layer in layers])
     check_streamable(layers)
     layers = [layer.to(dtype).eval() for layer in layers]
     return fully_convolutional(layers, None, channels=input_channels(nn.Sequential(*layers)))
@@ -104,7 +106,9 @@ def infer_volume(network: Network, volume: str | Path | np.ndarray | VolumeSourc
     volume ``output`` (``.tif`` stack, ``.nii``, ``.nii.gz``) and, with ``probabilities``, ``NAME_prob<k>`` per class.
 
     Collective over ``num_spatial_parts`` ranks cutting each window ``slice_method`` = ``DxRxC``; ``window``: input
-    voxels per rank per axis (N or (D, H, W)). Every output voxel equals the network on the whole volume. Returns
+    voxels per rank per axis (N or (D, H, W)); a network that needs the whole volume (``whole_volume.WholeInput``,
+    e.g. swinunetr3d) runs as one window, the whole volume, whatever ``window`` says. Every output voxel equals the
+    network on the whole volume. Returns
     the summary on rank 0, None elsewhere; bad input raises ``ConfigError`` (``SetupFailed`` when one rank refused).
     """
     request = VolumeRequest(num_spatial_parts, slice_method, window, dtype, probabilities, probability_dtype,

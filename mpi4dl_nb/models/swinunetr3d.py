@@ -55,12 +55,24 @@ class ResidualBlock3d(nn.Module):
 
 
 class SwinInput(nn.Module):
-    """``x -> (embed(x), enc(x))``: 2x2x2 patches to ``feature`` channels, and the full-resolution skip."""
+    """``x -> (embed(x), enc(x))``: 2x2x2 patches to ``feature`` channels, and the full-resolution skip.
 
-    def __init__(self, in_channels: int, feature: int) -> None:
+    It also says what the whole network needs of a volume (inference's ``WholeInput``): every output voxel depends
+    on the whole volume (windows over the whole token grid, InstanceNorm3d), and the sides it takes."""
+
+    def __init__(self, in_channels: int, feature: int, stages: int = STAGES, window: Sides = WINDOW) -> None:
         super().__init__()
         self.embed = nn.Conv3d(in_channels, feature, 2, 2)
         self.enc = ResidualBlock3d(in_channels, feature)
+        self.stages, self.window = stages, window
+
+    @property
+    def input_multiple(self) -> int:
+        return swinunetr3d_multiple(self.stages)
+
+    def check_input_sides(self, sides: tuple[int, ...]) -> None:
+        """ValueError naming, for every side the network cannot take, the nearest sides it takes."""
+        check_volume_sides(sides, self.stages, self.window)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (self.embed(x), self.enc(x))
@@ -120,6 +132,43 @@ def check_windows(sides: tuple[int, ...], stages: int = STAGES, window: Sides = 
         fitted_window((grid[0], grid[1], grid[2]), window, shifted=True)
 
 
+def side_works(side: int, axis: int, stages: int = STAGES, window: Sides = WINDOW) -> bool:
+    """Whether a volume side along ``axis`` is a multiple of ``2 ** (stages + 1)`` whose token grids cut into
+    windows (the other axes at the smallest side, which always does)."""
+    multiple = swinunetr3d_multiple(stages)
+    if side < multiple or side % multiple:
+        return False
+    sides = [multiple] * 3
+    sides[axis] = side
+    try:
+        check_windows((sides[0], sides[1], sides[2]), stages, window)
+    except ValueError:
+        return False
+    return True
+
+
+def nearest_sides(side: int, axis: int, stages: int = STAGES, window: Sides = WINDOW) -> tuple[int, ...]:
+    """The largest side below ``side`` and the smallest above it that the network takes along ``axis``."""
+    multiple = swinunetr3d_multiple(stages)
+    below = next((s for s in range(side // multiple * multiple, 0, -multiple) if side_works(s, axis, stages,
+                                                                                           window)), None)
+    above = next(s for s in range(-(-side // multiple) * multiple, 64 * side + multiple, multiple)
+                 if side_works(s, axis, stages, window))
+    return (above,) if below is None else (below, above)
+
+
+def check_volume_sides(sides: tuple[int, ...], stages: int = STAGES, window: Sides = WINDOW) -> None:
+    """ValueError naming every side of a ``sides`` (D, H, W) volume the network cannot take and the nearest it takes
+    (multiples of ``2 ** (stages + 1)`` whose token grids cut into whole windows)."""
+    bad = [f"{name} {side} (nearest that work: {' or '.join(map(str, nearest_sides(side, axis, stages, window)))})"
+           for axis, (name, side) in enumerate(zip(("depth", "height", "width"), sides))
+           if not side_works(side, axis, stages, window)]
+    if bad:
+        raise ValueError(f"swinunetr3d ({stages} Swin stages, windows of {'x'.join(map(str, window))} tokens) takes "
+                         f"sides that are multiples of {swinunetr3d_multiple(stages)} whose token grids cut into "
+                         f"whole windows; not {', '.join(bad)}")
+
+
 def swinunetr3d(stages: int = STAGES, feature: int = FEATURE, num_classes: int = 2, *,
                 in_channels: int = IN_CHANNELS, window: Sides = WINDOW) -> list[nn.Module]:
     """The network as ``2 * stages + 4`` layers (``SwinInput``, ``stages`` ``SwinLevel``, ``SwinBottom``,
@@ -131,7 +180,7 @@ def swinunetr3d(stages: int = STAGES, feature: int = FEATURE, num_classes: int =
         raise ValueError(f"swinunetr3d: --num-filters {feature} (the feature size) must be a multiple of 3: stage 0 "
                          f"has 3 attention heads (use e.g. {3 * max(1, round(feature / 3))})")
     dims = [feature * 2 ** i for i in range(stages + 1)]
-    layers: list[nn.Module] = [SwinInput(in_channels, feature)]
+    layers: list[nn.Module] = [SwinInput(in_channels, feature, stages, window)]
     layers += [SwinLevel(dims[i], 3 * 2 ** i, window) for i in range(stages)]
     layers.append(SwinBottom(dims[stages]))
     layers += [SwinUp(dims[i + 1], dims[i]) for i in reversed(range(stages))]

@@ -1,5 +1,6 @@
 """Volume inference (infer/volume.py): window geometry over three axes, one process and 2 spatial ranks exact against
-the whole-volume 3-D U-Net (float64, 1e-9) with memory flat in the volume's size, the volume files written."""
+the whole-volume 3-D U-Net (float64, 1e-9) with memory flat in the volume's size, the volume files written; a
+swinunetr3d (every voxel depends on the whole volume) as one window, exact against its forward (1e-10)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,13 @@ def test_one_process_equals_the_whole_volume_and_memory_stays_flat(tmp_path):
     volume_infer.memory_run(ctx, "1x1x1", tmp_path)
 
 
+def test_one_process_runs_a_whole_volume_network_as_one_window_equal_to_its_forward(tmp_path):
+    volume_infer.whole_run(dl.init(), "1x1x1", tmp_path)
+
+
 def test_two_spatial_ranks_equal_the_whole_volume_and_memory_stays_flat(shared_launch):
-    shared_launch(JOB).require_clean([f"{name} on {SPATIAL}" for name in (volume_infer.EXACT, volume_infer.MEMORY)])
+    shared_launch(JOB).require_clean([f"{name} on {SPATIAL}" for name in (volume_infer.EXACT, volume_infer.MEMORY,
+                                                                          volume_infer.WHOLE)])
 
 
 def test_a_2d_network_or_grid_is_refused_naming_the_flag(tmp_path):
@@ -104,3 +110,15 @@ def test_the_command_runs_a_checkpoint_over_a_tiff_stack_into_nifti_with_its_vox
     assert "give --output NAME.tif|.nii|.nii.gz once" in capsys.readouterr().err
     assert infer_main([*args, "--overwrite", "--num-spatial-parts", "2", "--slice-method", "1x1x2"]) == 2
     assert "2 ranks share each window but 1 were launched" in capsys.readouterr().err
+
+
+def test_a_whole_volume_run_says_the_memory_per_rank_in_its_progress_line(capsys):
+    """The ranks are the user's choice for a network that needs the whole volume: the progress line says what a rank
+    holds (measured on two small volumes) before the one window runs."""
+    import re
+
+    vol = volume_infer.volume(volume_infer.WHOLE_VOLUME, 4)
+    dl.infer_volume(volume_infer.swin_network(), vol, None, ctx=dl.init(), dtype="float64", progress=True)
+    err = capsys.readouterr().err
+    said = re.search(r"one window: the whole 16x16x32 volume .* on 1 rank\(s\), about (\d+) MiB per rank \(1/P", err)
+    assert said is not None and int(said.group(1)) >= 1, err

@@ -178,31 +178,56 @@ def test_on_one_tile_the_spatial_blocks_equal_the_model():
     torch.testing.assert_close(tiled(x), net(x), rtol=1e-12, atol=1e-12)
 
 
-def test_infer_volume_refuses_a_swinunetr3d_checkpoint_before_work(tmp_path, capsys):
-    """Every voxel depends on the whole volume (windows over the whole token grid, InstanceNorm3d): streamed volume
-    inference cannot equal it, so the checkpoint is refused naming the model, the reason and what works."""
+def test_infer_volume_runs_a_swinunetr3d_checkpoint_as_one_window_and_refuses_sides_it_cannot_take(tmp_path, capsys):
+    """Every voxel depends on the whole volume (windows over the whole token grid, InstanceNorm3d): infer --volume
+    runs the checkpoint as one window, equal to its forward over the whole volume; a volume whose sides the network
+    cannot take is refused before work naming the sides that work (the 1- and 2-rank float64 runs:
+    tests/mpi/volume_infer.py)."""
+    import json
+
+    import nibabel
     import numpy as np
     import tifffile
 
     import mpi4dl_nb as dl
     from mpi4dl_nb.checkpoint.record import DataRecord, RunRecord, write_checkpoint
     from mpi4dl_nb.cli import infer_cmd
+    from mpi4dl_nb.comm.agreement import SetupFailed
     from mpi4dl_nb.data.apps import AppKind
     from mpi4dl_nb.data.task import Task
 
+    torch.manual_seed(2)
     spec = ModelSpec.of("swinunetr3d", num_layers=1, num_filters=3, num_classes=2, in_channels=1)
     record = RunRecord(spec, DataRecord(AppKind.MEDICAL, 16, 2, "float32", classes=("0", "1")),
                        task=Task.SEGMENTATION)
-    write_checkpoint(tmp_path / "ck", record.at(1, "a0b1c2d3e4f5"), nn.Sequential(*spec.build()).state_dict(), None)
-    tifffile.imwrite(tmp_path / "vol.tif", np.zeros((16, 16, 16), np.uint8))
-    code = infer_cmd.main(["--checkpoint", str(tmp_path / "ck"), "--volume", str(tmp_path / "vol.tif"), "--output",
-                           str(tmp_path / "seg.tif"), "--no-progress"])
+    layers = spec.build()
+    write_checkpoint(tmp_path / "ck", record.at(1, "a0b1c2d3e4f5"), nn.Sequential(*layers).state_dict(), None)
+    vol = (np.random.default_rng(1).random((8, 16, 24)) * 255).astype(np.uint8)
+    tifffile.imwrite(tmp_path / "vol.tif", vol)
+    args = ["--checkpoint", str(tmp_path / "ck"), "--volume", str(tmp_path / "vol.tif"), "--no-progress"]
+    assert infer_cmd.main([*args, "--output", str(tmp_path / "seg.nii"), "--dtype", "float64"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["windows"] == 1 and summary["window"] == [8, 16, 24]
+    net = nn.Sequential(*[layer.double().eval() for layer in layers], nn.Softmax(dim=1))
+    with torch.no_grad():
+        want = net(torch.from_numpy(vol[None, None] / 255.0))[0].numpy()
+    got = np.asarray(nibabel.load(str(tmp_path / "seg_prob1.nii")).dataobj).transpose(2, 1, 0)
+    assert float(np.abs(got - want[1]).max()) < 1e-6           # float32 probabilities of a float64 run
+    tifffile.imwrite(tmp_path / "odd.tif", np.zeros((8, 20, 16), np.uint8))
+    code = infer_cmd.main(["--checkpoint", str(tmp_path / "ck"), "--volume", str(tmp_path / "odd.tif"),
+                           "--output", str(tmp_path / "odd.tif.seg.tif"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert "--checkpoint: " in err and "swinunetr3d 1 Swin stages" in err and "depend on the whole volume" in err
-    assert "--model unet3d with BatchNorm" in err and not (tmp_path / "seg.tif").exists()
-    with pytest.raises(ConfigError, match="swinunetr3d 1 Swin stages.*depend on the whole volume"):
-        dl.infer_volume(tmp_path / "ck", np.zeros((1, 16, 16, 16)), None)
+    assert "--volume: 8x20x16 voxels" in err and "height 20 (nearest that work: 16 or 24)" in err, err
+    assert not (tmp_path / "odd.tif.seg.tif").exists()
+    from PIL import Image
+
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "slide.png")
+    assert infer_cmd.main(["--checkpoint", str(tmp_path / "ck"), "--slide", str(tmp_path / "slide.png"), "--output",
+                           str(tmp_path / "map.png"), "--no-progress"]) == 2
+    assert "holds a volume network (3-D layers); run it over a volume with --volume" in capsys.readouterr().err
+    with pytest.raises(SetupFailed, match="--volume: 6x16x16 voxels: .* not depth 6 .nearest that work: 4 or 8."):
+        dl.infer_volume(tmp_path / "ck", np.zeros((1, 6, 16, 16)), None)
 
 
 def test_windows_inside_tiles_send_nothing_and_shifted_ones_gather_across_seams():

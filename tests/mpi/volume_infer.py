@@ -4,7 +4,9 @@ Usage: python -m tests.mpi.volume_infer SLICE_METHOD (ranks = its D*R*C). Named 
 ``<check> on <grid>``: EXACT (a float64 run over a volume of 4x the window's voxels, NIfTI outputs: probabilities
 within 1e-9 of the whole-volume network, labels their argmax, voxel size in the header) and MEMORY (float32 runs
 at the same window over that volume and one 4x larger, TIFF outputs: no rank's peak grows more than 1.3x; ImageJ
-spacing written, float32 probabilities within 1e-6 of the float64 whole-volume network).
+spacing written, float32 probabilities within 1e-6 of the float64 whole-volume network) and WHOLE (a swinunetr3d,
+whose every voxel depends on the whole volume, run as one window split over the grid: float64 probabilities within
+1e-10 of one process's forward over the whole volume, labels their argmax).
 The serial test (tests/infer/test_volume_infer.py) runs the same checks in one process.
 """
 
@@ -24,7 +26,10 @@ from tests.support.checks import Checks, run_checks
 
 EXACT = "a volume of 4x the window's voxels equals the whole-volume network (float64, 1e-9)"
 MEMORY = "no rank's peak memory grows more than 1.3x on a 4x larger volume at a fixed window"
+WHOLE = "a swinunetr3d runs as one window over the whole volume and equals one process's forward (float64, 1e-10)"
 TOLERANCE = 1e-9
+WHOLE_TOLERANCE = 1e-10
+WHOLE_VOLUME = (16, 16, 32)               # 1x1x2 tiles of 16^3: the shifted windows straddle the seam
 GROWTH = 1.3
 CLASSES = 3
 VOXEL_SIZE = (2.0, 0.5, 0.25)             # µm (z, y, x): anisotropic, so an axis mix-up shows
@@ -137,7 +142,43 @@ def memory_run(ctx, slice_method: str, where: Path) -> str:
             f"(x{max(grown):.2f}), {summary['windows']} windows")
 
 
+def swin_network() -> list[torch.nn.Module]:
+    """A small swinunetr3d (2 Swin stages, feature size 6), float64, eval mode."""
+    from mpi4dl_nb.models.swinunetr3d import swinunetr3d
+
+    torch.manual_seed(5)
+    return [layer.double().eval() for layer in swinunetr3d(2, 6, CLASSES)]
+
+
+def whole_run(ctx, slice_method: str, where: Path) -> str:
+    """WHOLE: a float64 swinunetr3d run over WHOLE_VOLUME, NIfTI outputs, against one process's forward (rank 0)."""
+    import nibabel
+
+    vol = volume(WHOLE_VOLUME, 4)
+    grid = tuple(int(n) for n in slice_method.split("x"))
+    out = where / "whole" / "seg.nii"
+    summary = dl.infer_volume(swin_network(), dl_volume(vol), out, ctx=ctx, num_spatial_parts=int(np.prod(grid)),
+                              slice_method=slice_method, dtype="float64", probability_dtype="float64",
+                              overwrite=True)
+    if ctx.rank != 0:
+        return ""
+    per_rank = tuple(n // p for n, p in zip(WHOLE_VOLUME, grid))
+    assert summary is not None and summary["windows"] == 1 and tuple(summary["window"]) == per_rank, summary
+    net = torch.nn.Sequential(*swin_network(), torch.nn.Softmax(dim=1))
+    with torch.no_grad():
+        want = net(torch.from_numpy(vol)[None])[0].numpy()
+    got = np.stack([np.asarray(nibabel.load(str(out.with_name(f"seg_prob{k}.nii"))).dataobj).transpose(2, 1, 0)
+                    for k in range(CLASSES)])
+    err = float(np.abs(got - want).max())
+    assert got.shape == want.shape and err <= WHOLE_TOLERANCE, f"max |difference| {err:.2e} (shapes {got.shape})"
+    labels = np.asarray(nibabel.load(str(out)).dataobj).transpose(2, 1, 0)
+    assert np.array_equal(labels, want.argmax(0)), "labels are not the argmax"
+    return f"max |diff| {err:.1e}, one window {summary['window']} per rank, peaks {summary['peak_memory_bytes']} B"
+
+
 def check_all(check: Checks, ctx, slice_method: str, where: Path, suffix: str) -> None:
+    with check(f"{WHOLE}{suffix}") as result:
+        result.detail = whole_run(ctx, slice_method, where)
     with check(f"{EXACT}{suffix}") as result:
         result.detail = exact_run(ctx, slice_method, where)
     with check(f"{MEMORY}{suffix}") as result:
