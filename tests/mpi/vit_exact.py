@@ -302,6 +302,8 @@ def check_memory(ring: ActivationProfile, one: ActivationProfile, parts: int, me
     rows, cols = ring.largest_matrix
     assert rows * cols < MEMORY_TOKENS ** 2 and ring.largest_square < MEMORY_TOKENS, \
         f"a {rows} x {cols} matrix, a {ring.largest_square}-square (N = {MEMORY_TOKENS})"
+    assert ring.largest_numel < MEMORY_TOKENS ** 2, \
+        f"a tensor of {ring.largest_numel:,} elements, N x N = {MEMORY_TOKENS ** 2:,} (all heads' scores at once?)"
     mb = 2 ** 20
     return ", ".join(f"{k} {a / mb:.1f}/{b / mb:.1f} MB ({a / b:.3f})" for k, (a, b) in ratios.items()) + \
         f" <= {BOUND / parts:.3f}; peak {ring.peak / mb:.1f}/{one.peak / mb:.1f} MB ({ring.peak / one.peak:.3f}, " \
