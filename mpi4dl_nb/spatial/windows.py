@@ -253,7 +253,8 @@ class ShiftedWindows:
 
 @dataclass(frozen=True)
 class WindowLayout:
-    """Windows on tiles: each window on the tile holding most of its tokens (ties: the lowest tile); the gathers
+    """Windows on tiles: each window on the tile holding most of its tokens (ties: the tied tile given the fewest
+    windows so far, then the lowest, so evenly split windows spread over the tiles); the gathers
     from the tiles to the windows (``into_windows``) and back (``out_of_windows``; padding slots dropped)."""
 
     windows: ShiftedWindows
@@ -263,13 +264,17 @@ class WindowLayout:
     def __post_init__(self) -> None:
         if self.windows.sizes != self.boxes.sizes:
             raise ValueError(f"windows over {self.windows.sizes}, tiles of {self.boxes.sizes}")
-        owners = []
+        owners: list[int] = []
+        load = [0] * self.boxes.grid.num_tiles       # windows given to each tile so far
         for index in range(self.windows.num_windows):
             held = [0] * self.boxes.grid.num_tiles
             for coord in self.windows.sources(index):
                 if coord is not None:
                     held[self.boxes.locate(coord)[0]] += 1
-            owners.append(max(range(len(held)), key=lambda t: (held[t], -t)))
+            most = max(held)
+            owner = min((t for t in range(len(held)) if held[t] == most), key=lambda t: (load[t], t))
+            load[owner] += 1
+            owners.append(owner)
         object.__setattr__(self, "owners", tuple(owners))
 
     def owned(self, tile: int) -> list[int]:
