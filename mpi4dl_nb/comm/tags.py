@@ -13,8 +13,6 @@ range          name             what
                                 forward, again backward, and their travelling gradients
 7120 .. 7121   ``WINDOW``       token gathers (``spatial/window_roll.py``): windows, rolls and
                                 patch merges across tiles, forward / backward
-7122 .. 7123   ``TOKEN_MOVES``  tokens moved to the tile attending their window and back
-                                (``spatial/token_moves.py``: MaxViT's grid and straddling windows)
 24576 .. 32767 ``PIPELINE``     stage-to-stage payloads (``pipeline/schedules.py``): four classes
                                 (activation / gradient x primary / GEMS mirror) of
                                 ``PIPELINE_SPAN`` tags each, micro-batch x local-DP copy
@@ -60,10 +58,9 @@ USER = TagRange("user", 0, 4096)
 HALO = TagRange("halo", 7100, 8)
 RING = TagRange("ring", 7108, 4)
 WINDOW = TagRange("window", 7120, 2)
-TOKEN_MOVES = TagRange("token moves", 7122, 2)
 PIPELINE_SPAN = 2048
 PIPELINE = TagRange("pipeline", 24576, 4 * PIPELINE_SPAN)
-RANGES: tuple[TagRange, ...] = (USER, HALO, RING, WINDOW, TOKEN_MOVES, PIPELINE)
+RANGES: tuple[TagRange, ...] = (USER, HALO, RING, WINDOW, PIPELINE)
 
 
 def check_ranges(ranges: Sequence[TagRange]) -> None:

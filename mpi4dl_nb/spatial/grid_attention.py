@@ -2,11 +2,11 @@
 
 The block keeps its forward (norms, MLP, LayerScale and residuals run per token under the op guard); only its
 ``_partition_attn`` is replaced: every token goes to the tile attending its window (``window_owners.py``: block
-windows inside a tile stay there, grid windows and windows straddling tiles are brought whole to one tile, each
-tile attending about 1/P of the windows), timm's attention (relative position bias included) runs on those whole
-windows as one process runs it, and the results go back to the tiles owning the tokens (``token_moves.py``; the
-backward moves the gradients the reverse way). The attention's parameters take each tile's share of their
-gradient, summed over the tiles with the spatial layers'.
+windows inside a tile stay there, grid windows and windows straddling tiles are brought whole to one tile, each tile
+attending about 1/P of the windows), timm's attention (relative position bias included) runs on those whole windows
+as one process runs it, and the results go back to the tiles owning the tokens (each way one
+``window_roll.TokenExchange``; the backward moves the gradients the reverse way). The attention's parameters take
+each tile's share of their gradient, summed over the tiles with the spatial layers'.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from .geometry import TileGrid
 from .guard import is_tiled, layout_of, mark_tiled
 from .layer import SpatialRuntime, shallow_copy, spatial_class
 from .tile_layout import STANDARD, TileLayout
-from .token_moves import move_tokens
 from .window_owners import PartitionKind, WindowPartition, WindowPlan, window_plan
+from .window_roll import TokenExchange
 
 CHANNELS_LAST = TileLayout(-3, -2)   # (B, rows, cols, C): PartitionAttentionCl's input
 
@@ -37,6 +37,17 @@ def partition_kinds() -> tuple[type[nn.Module], ...]:
     except ImportError:
         return ()
     return (PartitionAttentionCl, PartitionAttention2d)
+
+
+def exchanges_for(runtime: SpatialRuntime, plan: WindowPlan) -> tuple[TokenExchange, TokenExchange]:
+    """The token moves of ``plan`` into its windows and back (cached with the plan)."""
+    key = ("maxvit moves", plan.partition)
+    found = runtime.plans.get(key)
+    if not isinstance(found, tuple):
+        found = runtime.plans[key] = tuple(TokenExchange(moves.gather(), runtime.ctx, runtime.ranks, runtime.group)
+                                           for moves in (plan.moves, plan.moves.reversed()))
+    into, back = found
+    return into, back
 
 
 def plan_for(runtime: SpatialRuntime, partition: WindowPartition, where: str) -> WindowPlan:
@@ -85,14 +96,15 @@ class TilePartitionAttention(nn.Module):
         where = f"layer {self.layer_name!r} ({self.serial_class.__name__})"
         check_no_dropout(self.attn, self.layer_name)
         plan = plan_for(runtime, WindowPartition(kind, tuple(self.partition_size), tokens), where)   # type: ignore[arg-type]
-        windows = move_tokens(x.reshape(batch, height * width, channels), plan.moves, runtime)
+        into, back_out = exchanges_for(runtime, plan)
+        windows = into(x.reshape(batch, height * width, channels))
         if plan.windows_here:
             shaped = windows.view(batch * plan.windows_here, *plan.partition.window, channels)
             attended = self.attn(shaped if channels_last else shaped.permute(0, 3, 1, 2))
             windows = (attended if channels_last else attended.permute(0, 2, 3, 1)).reshape(windows.shape)
         elif torch.is_grad_enabled():   # no window here: a zero share for every parameter (the tiles sum alike)
             windows = _ZeroShares.apply(windows, *self.attn.parameters())
-        back = move_tokens(windows, plan.moves.reversed(), runtime).view(batch, height, width, channels)
+        back = back_out(windows).view(batch, height, width, channels)
         return back if channels_last else back.permute(0, 3, 1, 2)
 
 

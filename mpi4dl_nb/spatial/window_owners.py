@@ -18,6 +18,7 @@ from enum import Enum
 import torch
 
 from .geometry import TileGrid
+from .windows import TileGather
 
 
 class PartitionKind(Enum):
@@ -84,6 +85,17 @@ class TokenMoves:
     def reversed(self) -> TokenMoves:
         """The way back: every token returns from its slot to where it came from."""
         return TokenMoves(self.tile, self.put, self.take, self.size_out, self.size_in)
+
+    def gather(self) -> TileGather:
+        """These moves as this tile's part of a gather (``window_roll.TokenExchange`` runs it, exact adjoint)."""
+        def slots(index: torch.Tensor | None) -> tuple[int, ...]:
+            return () if index is None else tuple(int(i) for i in index.tolist())
+
+        def peers(side: dict[int, torch.Tensor]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+            return tuple((t, slots(side[t])) for t in sorted(side) if t != self.tile and side[t].numel())
+
+        return TileGather(self.tile, self.size_out, self.size_in, slots(self.put.get(self.tile)),
+                          slots(self.take.get(self.tile)), peers(self.put), peers(self.take))
 
 
 @dataclass(frozen=True)

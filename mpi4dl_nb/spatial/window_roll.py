@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from ..comm.handles import Transfer
+from ..comm.handles import Group, Transfer
 from ..comm.protocol import Comm
 from ..comm.tags import WINDOW
 from .function_ctx import FunctionContext
@@ -27,7 +27,7 @@ Moves = list[tuple[int, torch.Tensor]]   # (global rank, slot indices) per peer
 
 
 def _move(values: torch.Tensor, size: int, own_from: torch.Tensor, own_to: torch.Tensor, outgoing: Moves,
-          incoming: Moves, comm: Comm, tag: int, accumulate: bool) -> torch.Tensor:
+          incoming: Moves, comm: Comm, tag: int, accumulate: bool, via: Group | None = None) -> torch.Tensor:
     """A ``(B, size, ...)`` tensor: ``values[:, own_from]`` at ``own_to``, each peer's message at its slots (added
     in when ``accumulate``, the adjoint's case, where a slot may receive more than once), zeros elsewhere."""
     out = values.new_zeros((values.shape[0], size, *values.shape[2:]))
@@ -42,7 +42,7 @@ def _move(values: torch.Tensor, size: int, own_from: torch.Tensor, own_to: torch
         transfers.append(Transfer.into(buffer, rank, tag))
         arrived.append((buffer, slots))
     if transfers:
-        comm.exchange(transfers).wait()
+        comm.exchange(transfers, via=via).wait()
     for buffer, slots in arrived:
         place(1, slots, buffer)
     return out
@@ -64,12 +64,14 @@ class _Gather(torch.autograd.Function):
 
 
 class TokenExchange:
-    """One tile's gather (``plan``) among the tile group's global ``ranks`` (``ranks[t]`` holds tile ``t``)."""
+    """One tile's gather (``plan``) among the tile group's global ``ranks`` (``ranks[t]`` holds tile ``t``); ``via``:
+    the tile group, the route of its exchanges (None: the world)."""
 
-    def __init__(self, plan: TileGather, comm: Comm, ranks: Sequence[int]) -> None:
+    def __init__(self, plan: TileGather, comm: Comm, ranks: Sequence[int], via: Group | None = None) -> None:
         self.plan = plan
         self.comm = comm
         self.ranks = tuple(ranks)
+        self.via = via
         self._indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor, Moves, Moves]] = {}
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Moves, Moves]:
@@ -96,12 +98,13 @@ class TokenExchange:
 
     def forward_values(self, x: torch.Tensor) -> torch.Tensor:
         own_from, own_to, sends, receives = self._on(x.device)
-        return _move(x, self.plan.size, own_from, own_to, sends, receives, self.comm, WINDOW.tag(0), False)
+        return _move(x, self.plan.size, own_from, own_to, sends, receives, self.comm, WINDOW.tag(0), False,
+                     self.via)
 
     def backward_values(self, grad: torch.Tensor) -> torch.Tensor:
         own_from, own_to, sends, receives = self._on(grad.device)
         return _move(grad, self.plan.source_size, own_to, own_from, receives, sends, self.comm, WINDOW.tag(1),
-                     True)
+                     True, self.via)
 
 
 class DistributedRoll:

@@ -36,7 +36,7 @@ from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
 from mpi4dl_nb.spatial.window_roll import DistributedRoll
 from mpi4dl_nb.spatial.windows import TokenBoxes
 from tests.support.checks import Checks, run_checks
-from tests.support.exactness import check_spatial_exact
+from tests.support.exactness import exact_and_equal_on_every_rank
 from tests.support.planes import split_backend
 
 RTOL = 1e-10
@@ -75,16 +75,8 @@ def check_model(ctx: Context, index: int, label: str) -> str:
     model = build(name, index, img_size=size, **kwargs)
     torch.manual_seed(100 + index)
     x = torch.randn(1 if size > 256 else 2, 3, size, size, dtype=torch.float64)
-    errors = check_spatial_exact(model, grid, x, ctx, what=label, rtol=RTOL, grad_floor=1e-6, forward_seed=5,
-                                 reference_rank=index % ctx.world_size)
-    net = spatialize(model.eval(), grid, ctx)
-    with torch.no_grad():
-        y = net(scatter_tiles(x, grid, ctx))
-    spread = ctx.all_reduce((y - ctx.all_reduce(y.clone()) / ctx.world_size).abs().max().reshape(1))
-    assert float(spread) == 0.0, f"logits differ across ranks by {float(spread):.1e}"
-    compared = {k: v for k, v in errors.items() if k != "gradients and buffers equal on every rank"}
-    return (f"worst rel err {max(compared.values()):.2e} over {len(compared)} tensors (output {errors['output']:.1e})"
-            if compared else "compared on another rank; logits equal on every rank")
+    return exact_and_equal_on_every_rank(model, grid, x, ctx, what=label, rtol=RTOL, forward_seed=5,
+                                         reference_rank=index % ctx.world_size)
 
 
 def check_roll(ctx: Context, label: str) -> str:

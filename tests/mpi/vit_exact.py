@@ -43,7 +43,7 @@ from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 from tests.support.allocations import ActivationProfile, profile_activations
 from tests.support.checks import Checks, run_checks
-from tests.support.exactness import check_spatial_exact
+from tests.support.exactness import exact_and_equal_on_every_rank
 
 RTOL = 1e-10
 FULL_DEPTH = os.environ.get("MPI4DL_VIT_FULL_DEPTH") == "1"
@@ -152,16 +152,8 @@ def check_model(ctx: Context, grid: TileGrid, index: int, name: str, size: int, 
     model = build(name, index, **kwargs)
     torch.manual_seed(100 + index)
     x = torch.randn(HYBRID_BATCH if "r26" in name else 2, 3, size, size, dtype=torch.float64)
-    errors = check_spatial_exact(model, grid, x, ctx, what=name, rtol=RTOL, grad_floor=1e-6,
-                                 reference_rank=index % ctx.world_size)
-    net = spatialize(model.eval(), grid, ctx)
-    with torch.no_grad():
-        y = net(scatter_tiles(x, grid, ctx))
-    spread = ctx.all_reduce((y - ctx.all_reduce(y.clone()) / ctx.world_size).abs().max().reshape(1))
-    assert float(spread) == 0.0, f"outputs differ across ranks by {float(spread):.1e}"
-    compared = {k: v for k, v in errors.items() if k != "gradients and buffers equal on every rank"}
-    return (f"worst rel err {max(compared.values()):.2e} over {len(compared)} tensors (output {errors['output']:.1e})"
-            if compared else "compared on another rank; outputs equal on every rank")
+    return exact_and_equal_on_every_rank(model, grid, x, ctx, what=name, rtol=RTOL,
+                                         reference_rank=index % ctx.world_size)
 
 
 def check_refusal(ctx: Context, grid: TileGrid, label: str) -> str:

@@ -159,3 +159,19 @@ def _same_on_every_rank(net: nn.Module, ctx: Any, group: Any, compare: Any) -> N
     total = ctx.all_reduce(flat.clone(), group=group)
     ranks = ctx.world_size if group is None else group.size
     compare("gradients and buffers equal on every rank", flat, total / ranks)
+
+
+def exact_and_equal_on_every_rank(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: Any, *, what: str,
+                                  rtol: float, reference_rank: int, forward_seed: int | None = None) -> str:
+    """``check_spatial_exact`` (the serial model on ``reference_rank`` only), then an eval forward on tiles whose
+    output must be bitwise the same on every rank (a classifier's logits, a pooled vector); the line to report."""
+    errors = check_spatial_exact(model, grid, x, ctx, what=what, rtol=rtol, grad_floor=1e-6,
+                                 forward_seed=forward_seed, reference_rank=reference_rank)
+    net = spatialize(model.eval(), grid, ctx)
+    with torch.no_grad():
+        y = net(scatter_tiles(x, grid, ctx))
+    spread = ctx.all_reduce((y - ctx.all_reduce(y.clone()) / ctx.world_size).abs().max().reshape(1))
+    assert float(spread) == 0.0, f"outputs differ across ranks by {float(spread):.1e}"
+    compared = {k: v for k, v in errors.items() if k != "gradients and buffers equal on every rank"}
+    return (f"worst rel err {max(compared.values()):.2e} over {len(compared)} tensors (output {errors['output']:.1e})"
+            if compared else "compared on another rank; outputs equal on every rank")
