@@ -91,3 +91,23 @@ def test_a_volume_grid_draws_one_token_slice_and_counts_whole_windows():
 def test_bad_input_is_refused_naming_what_is_wrong(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_the_widget_redraws_for_typed_sizes_and_shows_a_bad_one_as_its_error():
+    from mpi4dl_nb.notebook.widgets import WindowViewer
+
+    viewer = WindowViewer(TileGrid(2, 2), (16, 16), window=4)
+    assert viewer.gathers is not None and viewer.view.shown and not find_artists(viewer.view.figure, "token:")
+    viewer.shift.value = 2                                    # shifted: window rows 1, 3 and cols 1, 3 straddle
+    assert len(viewer.gathers.layout.straddling()) == 8 + 8 - 4 and "12 straddle" in viewer.status.value
+    assert {int(a.get_gid().split(":")[1]) for a in find_artists(viewer.view.figure, "token:")} == set(
+        viewer.gathers.layout.straddling())
+    viewer.window.value = 15
+    assert _tokens_by_rank(viewer.view.figure, 15) == viewer.gathers.counts(15) == {0: 4, 1: 4, 2: 4, 3: 4}
+    viewer.size.value = 2                                     # shift 2 is not below window 2
+    assert viewer.gathers is None and "0 <= shift < window" in (viewer.error or "") and not viewer.view.shown
+    viewer.shift.value = 1
+    assert viewer.gathers is not None and viewer.window.value == -1 and viewer.view.shown
+    volume = WindowViewer(TileGrid(2, 2, depth=2), (8, 8, 8), window=4, shift=2)
+    volume.depth.value = 5
+    assert "token slice 5 of 8" in volume.view.figure.axes[0].get_title()

@@ -18,6 +18,7 @@ if TYPE_CHECKING:     # the widgets load on first use (ipywidgets is heavy); typ
     from .stepper import StepThrough as StepThrough
     from .timeline import TimelineView as TimelineView
     from .timeline import TrainingProgress as TrainingProgress
+    from .window_viewer import WindowViewer as WindowViewer
 
 _EXPORTS = {
     "FigureView": "figure_view",
@@ -31,6 +32,7 @@ _EXPORTS = {
     "TrainingProgress": "timeline",
     "AutoTune": "autotune",
     "AttentionViewer": "attention_viewer",
+    "WindowViewer": "window_viewer",
     "LearningCurves": "learning_curves",
 }
 # names that are gone, and their new spelling (one halo viewer for images and volumes: the grid says which)
