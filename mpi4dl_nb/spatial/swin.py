@@ -46,7 +46,9 @@ def swin_kinds() -> dict[str, tuple[type[nn.Module], ...]]:
         from timm.models import swin_transformer_v2 as v2
     except ImportError:
         return {}
-    return {"model": (v1.SwinTransformer, v2.SwinTransformerV2),
+    from timm.models import swin_transformer_v2_cr as cr
+
+    return {"model": (v1.SwinTransformer, v2.SwinTransformerV2), "unsupported": (cr.SwinTransformerV2Cr,),
             "block": (v1.SwinTransformerBlock, v2.SwinTransformerV2Block),
             "merge": (v1.PatchMerging, v2.PatchMerging), "merge_v2": (v2.PatchMerging,),
             "stage": (v1.SwinTransformerStage, v2.SwinTransformerV2Stage), "embed": (PatchEmbed,)}
@@ -257,6 +259,10 @@ def convert_swin_part(module: nn.Module, name: str, runtime: SpatialRuntime, con
     """``module`` converted for tiles when it is a timm Swin(V2) model; a ConfigError naming it when it is a Swin
     block or patch merge outside one; else None."""
     kinds = swin_kinds()
+    if kinds and isinstance(module, kinds["unsupported"]):
+        raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): timm's Swin-V2 'cr' "
+                          f"models (swinv2_cr_*) have their own stages and blocks, which have no tile version; "
+                          f"use a swinv2_* model (SwinTransformerV2), or train this one without spatial parallelism")
     if not kinds or not isinstance(module, kinds["model"] + kinds["block"] + kinds["merge"]):
         return None
     if runtime.grid.volumetric or not isinstance(module, kinds["model"]):

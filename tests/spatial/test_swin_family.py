@@ -19,9 +19,8 @@ from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or
 MISSING = missing_modules("timm")
 FAMILIES = ("swin_*", "swinv2_*", "swin_s3_*")
 RAN = "ran"
-# the model's own check of its input size, stopped on the tile (not a ConfigError at spatialize: SwinTransformerV2Cr
-# has no tile conversion; it is refused in the first forward, before any weight changes)
-CR_EMBED = "mpi4dl_nb: raised in layer 'patch_embed' (PatchEmbed)"
+# SwinTransformerV2Cr has no tile conversion: refused at spatialize, naming the model's class
+CR_EMBED = "layer '<root>' (SwinTransformerV2Cr): timm's Swin-V2 'cr' models"
 # one model per variant: what it does on 2x2 tiles at its own input size
 VARIANTS = {
     "swin_tiny_patch4_window7_224": RAN,            # windows 7: stage 4 one window over all tiles
