@@ -44,7 +44,7 @@ run mpiexec -n 2 python benchmarks/bench_pipeline.py --image-size 128 --batch 8 
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --new-schedules
 run yielding mpiexec -n 4 python benchmarks/bench_pipeline.py --new-schedules
 run mpiexec -n 2 python benchmarks/bench_pipeline.py --new-schedules --image-size 128 --channels 32 --micro-batches 4
-run mpiexec -n 2 python benchmarks/bench_actions.py
+run mpiexec -n 2 python benchmarks/bench_actions.py --rounds 5
 # 11. gradient all-reduce overlapped with backward (data_parallel=2, local_dp=2)
 run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend mpi --markdown
 run mpiexec -n 2 python benchmarks/bench_grad_overlap.py --backend gloo --markdown
@@ -83,6 +83,7 @@ run python benchmarks/bench_resolution.py --seeds 2 --figure docs/images/whole_s
 run mpiexec -n 8 python benchmarks/bench_volume_memory.py --stack-side 128 --unet-side 96
 run mpiexec -n 2 python benchmarks/bench_volume_rss.py
 run python benchmarks/bench_infer_volume.py
+run python benchmarks/bench_infer_volume.py --model swinunetr3d --size 32,64,64 --window 32,32,32 --ranks 1 2
 # 14. vision transformers on token tiles: activation bytes per rank, ring vs all-gathered, torch's context parallel
 run yielding mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024,2048 --rounds 3,1 --cp-tokens 64 --cp-timeout 400
 # 15. Swin-T on 2x2 tiles at 1024 px: activation bytes per rank, bytes sent per shifted-window block
