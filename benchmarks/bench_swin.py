@@ -3,14 +3,15 @@ against that block's activations on its tile.
 
     OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_swin.py                   # Swin-T at 1024 px
     OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/bench_swin.py --depths 2,2,2,2   # lighter (one process: 1.7 GB)
+    OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/bench_swin.py --grid 1x2         # P = 2
 
 timm's ``swin_tiny_patch4_window7_224`` built for ``--size`` (img_size=, width 96, float32, batch 1, training mode,
-no stochastic depth), ``dl.spatialize``-d on a 2x2 grid. Activation bytes: what autograd saves for backward plus the
-output (each storage once, weights left out: ``support/memory.py``), one forward; one process on rank 0 first, then
-every rank's tile; the largest rank's share of one process against the 1.15/4 bound. Bytes sent per shifted block:
-the tokens its two gathers move (into this tile's windows and back; the plan's exact message sizes) x width x 4
-bytes, forward (backward sends the same again), on the rank that sends most, against that block's activation bytes on
-that rank (forward and backward pre/post hooks around each block).
+no stochastic depth), ``dl.spatialize``-d on a 2x2 grid (``--grid RxC``: another). Activation bytes: what autograd
+saves for backward plus the output (each storage once, weights left out: ``support/memory.py``), one forward; one
+process on rank 0 first, then every rank's tile; the largest rank's share of one process against the 1.15/P bound.
+Bytes sent per shifted block: the tokens its two gathers move (into this tile's windows and back; the plan's exact
+message sizes) x width x 4 bytes, forward (backward sends the same again), on the rank that sends most, against that
+block's activation bytes on that rank (forward and backward pre/post hooks around each block).
 """
 
 from __future__ import annotations
@@ -99,13 +100,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--depths", default="2,2,6,2")
+    parser.add_argument("--grid", default="2x2", help="tile rows x columns, e.g. 1x2 (mpiexec -n rows*cols)")
     args = parser.parse_args()
     depths = tuple(int(d) for d in args.depths.split(","))
     footer = Footer()
     torch.set_num_threads(1)
     ctx = Context()
-    require_world(ctx, 4, "bench_swin")
-    grid = TileGrid(2, 2)
+    rows, cols = (int(n) for n in args.grid.split("x"))
+    grid = TileGrid(rows, cols)
+    require_world(ctx, grid.num_tiles, "bench_swin")
     torch.manual_seed(1)
     x = torch.randn(1, 3, args.size, args.size)
     serial = forward_bytes(build(args.size, depths).train(), x) if ctx.rank == 0 else 0
@@ -117,18 +120,18 @@ def main() -> None:
     traffic = block_traffic(net)
     everyone = ctx.all_gather_object((mine, traffic, per_block.bytes))
     if ctx.rank == 0:
-        report(args.size, depths, serial, everyone)
+        report(args.size, depths, grid, serial, everyone)
         footer.print()
 
 
-def report(size: int, depths: tuple[int, ...], serial: int,
+def report(size: int, depths: tuple[int, ...], grid: TileGrid, serial: int,
            everyone: list[tuple[int, dict[str, tuple[int, int, int]], dict[str, int]]]) -> None:
     largest = max(mine for mine, _, _ in everyone)
-    print(f"Swin-T (depths {depths}, width 96) at {size}², float32, batch 1, 2x2 tiles: activation bytes of one "
-          f"forward (saved for backward + output)")
+    print(f"Swin-T (depths {depths}, width 96) at {size}², float32, batch 1, {grid.rows}x{grid.cols} tiles: "
+          f"activation bytes of one forward (saved for backward + output)")
     table = Table(["", ">MB", ">share of one process", ">bound"])
     table.add("one process", f"{serial / 2**20:.1f}", "1.000", "")
-    table.add("largest rank", f"{largest / 2**20:.1f}", f"{largest / serial:.3f}", f"{1.15 / 4:.3f}")
+    table.add("largest rank", f"{largest / 2**20:.1f}", f"{largest / serial:.3f}", f"{1.15 / grid.num_tiles:.3f}")
     print(table.markdown())
     print("\nshifted-window blocks: bytes sent forward (into the windows and back; backward the same) by the rank "
           "sending most, against that block's activations on that rank")

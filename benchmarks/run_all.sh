@@ -88,6 +88,7 @@ run python benchmarks/bench_infer_volume.py --model swinunetr3d --size 32,64,64 
 run yielding mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024,2048 --rounds 3,1 --cp-tokens 64 --cp-timeout 400
 # 15. Swin-T on 2x2 tiles at 1024 px: activation bytes per rank, bytes sent per shifted-window block
 run yielding mpiexec -n 4 python benchmarks/bench_swin.py
+run mpiexec -n 2 python benchmarks/bench_swin.py --grid 1x2
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1
