@@ -51,7 +51,8 @@ def config_flags(name: str) -> list[str]:
 def rank_program(name: str, mode: str, steps: int, every: int, backend: str = "auto") -> None:
     import torch
 
-    from mpi4dl_nb.measure.usage import anon_rss_bytes, live_tensor_bytes, malloc_in_use_bytes, rss_bytes
+    from mpi4dl_nb.measure.heap import heap_in_use
+    from mpi4dl_nb.measure.usage import anon_rss_bytes, live_tensor_bytes, rss_bytes
 
     torch.set_num_threads(1)
     samples: list[tuple[int, int, int, int, int]] = []
@@ -59,7 +60,7 @@ def rank_program(name: str, mode: str, steps: int, every: int, backend: str = "a
     def sample(step: int, tracer_length: int) -> None:
         if step % every == 0:
             samples.append((step, anon_rss_bytes() or rss_bytes() or 0, live_tensor_bytes(), tracer_length,
-                            malloc_in_use_bytes() or 0))
+                            heap_in_use() or 0))
 
     if mode == "api":
         ctx = api_run(name, steps, sample, backend)

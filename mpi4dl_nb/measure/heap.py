@@ -42,7 +42,9 @@ _MALLINFO = _mallinfo2()
 
 
 def heap_in_use() -> int | None:
-    """Bytes this process' malloc has handed out and not got back (None off glibc)."""
+    """Bytes this process' malloc has handed out and not got back (None off glibc). Beside anonymous RSS
+    (``usage.anon_rss_bytes``): RSS growing while this stays flat is the allocator's free space (a higher heap top
+    kept: no trimming under the ranks' tuned malloc, ``comm/allocator.py``), not a leak."""
     if _MALLINFO is None:
         return None
     info = _MALLINFO()

@@ -1,8 +1,6 @@
 """Per-rank metrics: peak memory (CUDA allocator, or counted tensor bytes on CPU) and compute vs communication time."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import os
 import threading
@@ -15,7 +13,7 @@ import torch
 from ..comm.trace import comm_seconds, is_communication
 
 __all__ = ["ActivationMeter", "RunMetrics", "comm_seconds", "cuda_peak_bytes", "growth_per_step",
-           "is_communication", "live_tensor_bytes", "malloc_in_use_bytes", "rss_bytes", "state_bytes", "storage_key",
+           "is_communication", "live_tensor_bytes", "rss_bytes", "state_bytes", "storage_key",
            "tensor_bytes"]
 
 RECENT_STEPS = 1000   # per-step values RunMetrics keeps (totals cover every step)
@@ -221,27 +219,6 @@ def anon_rss_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def malloc_in_use_bytes() -> int | None:
-    """Bytes glibc's malloc has handed out and not got back (``mallinfo2``: every arena, mmapped blocks too), None
-    without glibc >= 2.33. Beside ``anon_rss_bytes``: RSS growing while this stays flat is the allocator's free
-    space (a higher heap top kept: no trimming under the ranks' tuned malloc, ``comm/allocator.py``), not a leak."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallinfo2 = ctypes.CDLL(name).mallinfo2 if name else None
-    except (OSError, AttributeError):
-        return None
-    if mallinfo2 is None:
-        return None
-    mallinfo2.restype = _MallInfo2
-    info = mallinfo2()
-    return int(info.uordblks + info.hblkhd)
 
 
 def live_tensor_bytes() -> int:

@@ -23,7 +23,7 @@ from .geometry import TileGrid
 from .guard import is_tiled, layout_of, mark_tiled
 from .layer import SpatialRuntime, shallow_copy, spatial_class
 from .tile_layout import STANDARD, TileLayout
-from .window_owners import PartitionKind, WindowPartition, WindowPlan, window_plan
+from .window_owners import PartitionKind, PartitionPlan, WindowPartition, partition_plan
 from .window_roll import TokenExchange
 
 CHANNELS_LAST = TileLayout(-3, -2)   # (B, rows, cols, C): PartitionAttentionCl's input
@@ -39,7 +39,7 @@ def partition_kinds() -> tuple[type[nn.Module], ...]:
     return (PartitionAttentionCl, PartitionAttention2d)
 
 
-def exchanges_for(runtime: SpatialRuntime, plan: WindowPlan) -> tuple[TokenExchange, TokenExchange]:
+def exchanges_for(runtime: SpatialRuntime, plan: PartitionPlan) -> tuple[TokenExchange, TokenExchange]:
     """The token moves of ``plan`` into its windows and back (cached with the plan)."""
     key = ("maxvit moves", plan.partition)
     found = runtime.plans.get(key)
@@ -50,16 +50,16 @@ def exchanges_for(runtime: SpatialRuntime, plan: WindowPlan) -> tuple[TokenExcha
     return into, back
 
 
-def plan_for(runtime: SpatialRuntime, partition: WindowPartition, where: str) -> WindowPlan:
+def cached_partition_plan(runtime: SpatialRuntime, partition: WindowPartition, where: str) -> PartitionPlan:
     """This tile's plan of ``partition`` (cached per partition and token grid)."""
     key = ("maxvit windows", partition)
     plan = runtime.plans.get(key)
-    if not isinstance(plan, WindowPlan):
+    if not isinstance(plan, PartitionPlan):
         if not partition.fits():
             raise ConfigError("image_size", f"{where}: its {partition.kind.value} partition {partition.size} does "
                               f"not divide the {partition.tokens} token grid (one process fails there too); use an "
                               f"image size whose token grids are multiples of the window and grid sizes")
-        plan = window_plan(partition, runtime.grid, runtime.tile)
+        plan = partition_plan(partition, runtime.grid, runtime.tile)
         runtime.plans[key] = plan
     return plan
 
@@ -95,7 +95,7 @@ class TilePartitionAttention(nn.Module):
         tokens = runtime.image_size_of(self, (height, width))
         where = f"layer {self.layer_name!r} ({self.serial_class.__name__})"
         check_no_dropout(self.attn, self.layer_name)
-        plan = plan_for(runtime, WindowPartition(kind, tuple(self.partition_size), tokens), where)   # type: ignore[arg-type]
+        plan = cached_partition_plan(runtime, WindowPartition(kind, tuple(self.partition_size), tokens), where)   # type: ignore[arg-type]
         into, back_out = exchanges_for(runtime, plan)
         windows = into(x.reshape(batch, height * width, channels))
         if plan.windows_here:
@@ -151,4 +151,4 @@ def adopt_partition_attention(module: nn.Module, name: str, runtime: SpatialRunt
 
 def windows_per_tile(grid: TileGrid, partition: WindowPartition) -> list[int]:
     """How many windows of ``partition`` each tile attends (the memory balance of the moves)."""
-    return [window_plan(partition, grid, tile).windows_here for tile in range(grid.num_tiles)]
+    return [partition_plan(partition, grid, tile).windows_here for tile in range(grid.num_tiles)]

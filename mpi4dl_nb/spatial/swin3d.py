@@ -32,7 +32,7 @@ Sides = tuple[int, ...]
 MERGE_ORDER = list(itertools.product((0, 1), repeat=3))   # the model's 2x2x2 concatenation: the last axis fastest
 
 
-class WindowBlock(Protocol):
+class VolumeWindowBlock(Protocol):
     """What a window block of ``models/swin3d.py`` offers its tile version."""
 
     norm1: nn.Module
@@ -51,7 +51,7 @@ class MergeLayer(Protocol):
 
 
 @dataclass(frozen=True)
-class WindowPlan:
+class VolumeWindowPlan:
     """One tile's windows of a block on a token grid: the gathers into its windows and back, and their mask."""
 
     window: Sides
@@ -70,16 +70,16 @@ class WindowPlan:
         return torch.zeros(apart.shape, dtype=like.dtype, device=like.device).masked_fill(apart, MASK_VALUE)
 
 
-def window_plan(runtime: SpatialRuntime, sizes: Sides, window: Sides, shift: Sides) -> WindowPlan:
-    """This tile's ``WindowPlan`` for windows of ``window`` shifted by ``shift`` on a ``sizes`` grid (cached)."""
+def volume_window_plan(runtime: SpatialRuntime, sizes: Sides, window: Sides, shift: Sides) -> VolumeWindowPlan:
+    """This tile's ``VolumeWindowPlan`` for windows of ``window`` shifted by ``shift`` on a ``sizes`` grid (cached)."""
     key = ("swin3d windows", sizes, window, shift)
     plan = runtime.plans.get(key)
-    if not isinstance(plan, WindowPlan):
+    if not isinstance(plan, VolumeWindowPlan):
         windows = ShiftedWindows(sizes, window, shift)
         layout = WindowLayout(windows, TokenBoxes(runtime.grid, sizes))
         tile = runtime.tile
         labels = torch.tensor(layout.labels(tile), dtype=torch.long) if windows.shifted else None
-        plan = WindowPlan(window, windows.area, len(layout.owned(tile)),
+        plan = VolumeWindowPlan(window, windows.area, len(layout.owned(tile)),
                           TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks),
                           TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks), labels)
         runtime.plans[key] = plan
@@ -104,9 +104,9 @@ class SpatialWindowBlock(SpatialLayer, nn.Module):
     """A (shifted) window block on a volume's tile: per-token parts on the tile, each window on its owner tile."""
 
     def tile_forward(self, x: torch.Tensor) -> torch.Tensor:
-        block: WindowBlock = self   # type: ignore[assignment]   # bound to the model's block class
+        block: VolumeWindowBlock = self   # type: ignore[assignment]   # bound to the model's block class
         sizes = _grid(self.runtime.axis_sizes(self, x))
-        plan = window_plan(self.runtime, sizes, *block.windowing(sizes))
+        plan = volume_window_plan(self.runtime, sizes, *block.windowing(sizes))
         tokens = x.permute(0, 2, 3, 4, 1)                                  # (N, d, h, w, C): this tile's tokens
         n, c = tokens.shape[0], tokens.shape[-1]
         windows = plan.into(block.norm1(tokens).reshape(n, -1, c)).reshape(n * plan.owned, plan.area, c)

@@ -99,7 +99,7 @@ class TokenMoves:
 
 
 @dataclass(frozen=True)
-class WindowPlan:
+class PartitionPlan:
     """A tile's windows of one partition: how many it attends and the token moves to them (``moves``)."""
 
     partition: WindowPartition
@@ -111,7 +111,7 @@ class WindowPlan:
         return self.partition.window[0] * self.partition.window[1]
 
 
-def window_plan(partition: WindowPartition, grid: TileGrid, tile: int) -> WindowPlan:
+def partition_plan(partition: WindowPartition, grid: TileGrid, tile: int) -> PartitionPlan:
     """``tile``'s windows of ``partition`` on ``grid`` and the moves of every token to its window's tile."""
     lattice_owner, lattice_index = _tile_map(grid, *partition.lattice)
     token_owner, token_local = _tile_map(grid, *partition.tokens)
@@ -124,5 +124,5 @@ def window_plan(partition: WindowPartition, grid: TileGrid, tile: int) -> Window
     take = {t: local[mine_in & (destination == t)] for t in range(grid.num_tiles)}
     put = {t: slot[mine_out & (source == t)] for t in range(grid.num_tiles)}
     windows_here = int((lattice_owner == tile).sum())
-    return WindowPlan(partition, windows_here,
+    return PartitionPlan(partition, windows_here,
                       TokenMoves(tile, take, put, int(mine_in.sum()), windows_here * area))

@@ -48,18 +48,18 @@ def _move(values: torch.Tensor, size: int, own_from: torch.Tensor, own_to: torch
     return out
 
 
-class _GatherCtx(FunctionContext, Protocol):
+class _TokenGatherCtx(FunctionContext, Protocol):
     exchange: TokenExchange
 
 
-class _Gather(torch.autograd.Function):
+class _TokenGather(torch.autograd.Function):
     @staticmethod
-    def forward(fctx: _GatherCtx, x: torch.Tensor, exchange: TokenExchange) -> torch.Tensor:
+    def forward(fctx: _TokenGatherCtx, x: torch.Tensor, exchange: TokenExchange) -> torch.Tensor:
         fctx.exchange = exchange
         return exchange.forward_values(x)
 
     @staticmethod
-    def backward(fctx: _GatherCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+    def backward(fctx: _TokenGatherCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         return fctx.exchange.backward_values(grad.contiguous()), None
 
 
@@ -93,7 +93,7 @@ class TokenExchange:
         if x.shape[1] != self.plan.source_size:
             raise ValueError(f"tile {self.plan.tile}: gather expects {self.plan.source_size} tokens in dim 1, "
                              f"got {tuple(x.shape)}")
-        result: torch.Tensor = _Gather.apply(x.contiguous(), self)
+        result: torch.Tensor = _TokenGather.apply(x.contiguous(), self)
         return result
 
     def forward_values(self, x: torch.Tensor) -> torch.Tensor:

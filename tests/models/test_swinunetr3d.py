@@ -234,15 +234,15 @@ def test_windows_inside_tiles_send_nothing_and_shifted_ones_gather_across_seams(
     """2x2x2 tiles of an 8^3 token grid, windows of 4: unshifted, every window is inside a tile (no message either
     way); shifted by 2, each window straddles tiles and is computed on one of them, every token counted once."""
     from mpi4dl_nb.spatial.layer import SpatialRuntime
-    from mpi4dl_nb.spatial.swin3d import window_plan
+    from mpi4dl_nb.spatial.swin3d import volume_window_plan
 
     grid = TileGrid(depth=2, rows=2, cols=2)
     plans = {}
     for tile in range(8):
         world = type("World", (), {"rank": tile, "world_size": 8})()
         runtime = SpatialRuntime(grid, world)
-        plans[tile] = (window_plan(runtime, (8, 8, 8), (4, 4, 4), (0, 0, 0)),
-                       window_plan(runtime, (8, 8, 8), (4, 4, 4), (2, 2, 2)))
+        plans[tile] = (volume_window_plan(runtime, (8, 8, 8), (4, 4, 4), (0, 0, 0)),
+                       volume_window_plan(runtime, (8, 8, 8), (4, 4, 4), (2, 2, 2)))
     assert all(plain.into.plan.is_local and plain.back.plan.is_local and plain.owned == 1 and plain.labels is None
                for plain, _ in plans.values())
     shifted = [plan for _, plan in plans.values()]

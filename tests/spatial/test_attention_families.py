@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.window_owners import PartitionKind, WindowPartition, window_plan
+from mpi4dl_nb.spatial.window_owners import PartitionKind, WindowPartition, partition_plan
 from tests.mpi.attention_families_exact import check_names
 from tests.support.battery import shared_job
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
@@ -57,7 +57,7 @@ def test_windows_assembled_on_tiles_are_timms_and_every_token_returns(kind, size
 
     grid = TileGrid(*shape)
     partition = WindowPartition(kind, size, tokens)
-    plans = [window_plan(partition, grid, tile) for tile in range(grid.num_tiles)]
+    plans = [partition_plan(partition, grid, tile) for tile in range(grid.num_tiles)]
     image = torch.randn(*tokens, 5, dtype=torch.float64)
     windows = _moved(_tiles_of(image, grid), plans)
     expected = (window_partition if kind is PartitionKind.BLOCK else grid_partition)(image[None], list(size))
@@ -78,7 +78,7 @@ def test_grid_windows_spread_evenly_over_the_tiles(tokens, expected):
     each of 4 tiles attends 1/4 of the grid windows (its tokens' worth), except a last stage of one window."""
     grid = TileGrid(2, 2)
     size = (8, 8) if tokens[0] == 256 else (7, 7)
-    plans = [window_plan(WindowPartition(PartitionKind.GRID, size, tokens), grid, t) for t in range(4)]
+    plans = [partition_plan(WindowPartition(PartitionKind.GRID, size, tokens), grid, t) for t in range(4)]
     assert [p.windows_here for p in plans] == expected
     total = tokens[0] * tokens[1]
     if len(set(expected)) == 1:
@@ -87,7 +87,7 @@ def test_grid_windows_spread_evenly_over_the_tiles(tokens, expected):
 
 def test_block_windows_inside_tiles_stay_there():
     grid = TileGrid(2, 2)
-    plan = window_plan(WindowPartition(PartitionKind.BLOCK, (7, 7), (28, 28)), grid, 1)
+    plan = partition_plan(WindowPartition(PartitionKind.BLOCK, (7, 7), (28, 28)), grid, 1)
     assert [int(index.numel()) for t, index in sorted(plan.moves.take.items()) if t != 1] == [0, 0, 0]
     assert plan.moves.take[1].numel() == 14 * 14 == plan.moves.size_out
 
