@@ -240,12 +240,8 @@ def parse_model_name(text: str) -> str:
 
 def normalization_of(data: Mapping[str, object]) -> Normalization | None:
     """The ``normalize`` field ``to_dict`` wrote (None when missing)."""
-    value = data.get("normalize")
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"field 'normalize': expected a mapping, got {value!r}")
-    return Normalization.from_dict(value)
+    value = _optional_mapping(data, "normalize")
+    return None if value is None else Normalization.from_dict(value)
 
 
 def pool_of(data: Mapping[str, object]) -> PoolKind:
@@ -259,12 +255,16 @@ def pool_of(data: Mapping[str, object]) -> PoolKind:
 
 def slide_encoder_of(data: Mapping[str, object]) -> SlideEncoderSpec | None:
     """The ``slide_encoder`` field ``to_dict`` wrote (None when missing: checkpoints from before it)."""
-    value = data.get("slide_encoder")
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"field 'slide_encoder': expected a mapping, got {value!r}")
-    return SlideEncoderSpec.from_dict(value)
+    value = _optional_mapping(data, "slide_encoder")
+    return None if value is None else SlideEncoderSpec.from_dict(value)
+
+
+def _optional_mapping(data: Mapping[str, object], key: str) -> Mapping[str, object] | None:
+    """The mapping field ``key`` (None when missing); ValueError naming it when it is something else."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, Mapping):
+        raise ValueError(f"field {key!r}: expected a mapping, got {value!r}")
+    return value
 
 
 def _optional_name(data: Mapping[str, object], key: str) -> str | None:
