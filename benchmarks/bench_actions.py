@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
-from bench_pipeline import NEW_SCHEDULES, VIRTUAL, new_schedule_config, peer_refusal, peer_stages
+from bench_pipeline import NEW_SCHEDULES, VIRTUAL, new_schedule_config, peer_refusal, peer_runner, peer_stages
 from support.machine import Footer
 from support.tables import Table
 from torch import nn
@@ -154,22 +154,14 @@ def instrument_peer(timer: KindTimer) -> None:
 
 def make_peer(schedule: str, m: int, args) -> Callable[[], None]:
     import torch.distributed as dist
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        Schedule1F1B,
-        ScheduleInterleaved1F1B,
-        ScheduleInterleavedZeroBubble,
-        ScheduleZBVZeroBubble,
-    )
+    from torch.distributed.pipelining import PipelineStage
 
     rank, ranks = dist.get_rank(), dist.get_world_size()
     count = ranks * VIRTUAL[schedule]
     layers = tiny_layers(count)
     mine = peer_stages(schedule, rank, ranks)
     stages = [PipelineStage(layers[i], i, count, torch.device("cpu")) for i in mine]
-    kind = {"1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B, "zb1": ScheduleInterleavedZeroBubble,
-            "zbv": ScheduleZBVZeroBubble}[schedule]
-    runner = kind(stages[0] if schedule == "1f1b" else stages, m, loss_fn=nn.functional.cross_entropy)
+    runner = peer_runner(schedule, stages, m)
     opt = torch.optim.SGD([p for s in stages for p in s.submod.parameters()], lr=0.01)
     x, y = tiny_batch(args.batch)
     inputs = (x,) if 0 in mine else ()

@@ -132,17 +132,27 @@ def peer_stages(schedule: str, rank: int, ranks: int) -> list[int]:
     return [rank + c * ranks for c in range(VIRTUAL[schedule])]
 
 
-def make_new_peer(args, schedule: str, micro_batches: int):
-    """torch.distributed.pipelining's ``schedule`` on the cut ``balance_of(depth, S*V)``; its step, and its
-    step under an ActivationMeter (peak bytes)."""
-    import torch.distributed as dist
+def peer_runner(schedule: str, stages: list, micro_batches: int):
+    """torch.distributed.pipelining's schedule object for ``schedule`` over this rank's ``stages`` (one for 1f1b)."""
     from torch.distributed.pipelining import (
-        PipelineStage,
         Schedule1F1B,
         ScheduleInterleaved1F1B,
         ScheduleInterleavedZeroBubble,
         ScheduleZBVZeroBubble,
     )
+
+    if schedule == "1f1b":
+        return Schedule1F1B(stages[0], micro_batches, loss_fn=nn.functional.cross_entropy)
+    kind = {"interleaved": ScheduleInterleaved1F1B, "zb1": ScheduleInterleavedZeroBubble,
+            "zbv": ScheduleZBVZeroBubble}[schedule]
+    return kind(stages, micro_batches, loss_fn=nn.functional.cross_entropy)
+
+
+def make_new_peer(args, schedule: str, micro_batches: int):
+    """torch.distributed.pipelining's ``schedule`` on the cut ``balance_of(depth, S*V)``; its step, and its
+    step under an ActivationMeter (peak bytes)."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
 
     rank, ranks = dist.get_rank(), dist.get_world_size()
     count = ranks * VIRTUAL[schedule]
@@ -152,12 +162,7 @@ def make_new_peer(args, schedule: str, micro_batches: int):
     stages = [PipelineStage(nn.Sequential(*layers[sum(balance[:i]):sum(balance[:i + 1])]), i, count,
                             torch.device("cpu")) for i in mine]
     params = [p for stage in stages for p in stage.submod.parameters()]
-    if schedule == "1f1b":
-        runner = Schedule1F1B(stages[0], micro_batches, loss_fn=nn.functional.cross_entropy)
-    else:
-        kind = {"interleaved": ScheduleInterleaved1F1B, "zb1": ScheduleInterleavedZeroBubble,
-                "zbv": ScheduleZBVZeroBubble}[schedule]
-        runner = kind(stages, micro_batches, loss_fn=nn.functional.cross_entropy)
+    runner = peer_runner(schedule, stages, micro_batches)
     opt = torch.optim.SGD(params, lr=0.01)
     x, y = batch_of(args)
     inputs = {"x": x} if 0 in mine else {}
