@@ -27,7 +27,7 @@ def _libraries() -> None:
     require_or_skip(MISSING, "timm's vision transformers", MODELS_EXTRA)
 
 
-def test_a_vit_trains_from_a_timm_state_dict_of_another_grid_in_its_last_blocks(tmp_path, capsys):
+def test_a_vit_trains_from_a_timm_state_dict_of_another_grid_in_its_last_blocks(tmp_path, capsys, monkeypatch):
     import timm
 
     torch.manual_seed(0)
@@ -50,6 +50,23 @@ def test_a_vit_trains_from_a_timm_state_dict_of_another_grid_in_its_last_blocks(
     code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(tmp_path / "c"), "--split-size", "1",
                                                      "--spatial-size", "0", "--num-samples", "4"], capsys)
     assert code == 0 and json_record(out, "{\"checkpoint\"")["count"] == 4, err     # rebuilt at its token grid
+    evaluate_refuses_two_spatial_stages(tmp_path / "c", monkeypatch, capsys)
+
+
+def evaluate_refuses_two_spatial_stages(checkpoint, monkeypatch, capsys):
+    """``evaluate`` of a ViT checkpoint on a layout its tokens cannot run (two spatial stages) is refused in its
+    agreed set-up, before work (``refuse_token_spatial_stage``): the launch's world faked to the layout's 5 ranks,
+    this one process rank 0 of them."""
+    from mpi4dl_nb.cli import layout_cmd
+    from mpi4dl_nb.config import ParallelConfig
+
+    layout = ["--split-size", "3", "--spatial-size", "2", "--num-spatial-parts", "4"]
+    ranks = ParallelConfig(split_size=3, spatial_size=2, num_spatial_parts=4).world_size
+    monkeypatch.setattr(layout_cmd, "launched_world", lambda: (0, ranks, True))
+    code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(checkpoint), *layout, "--num-samples", "4"],
+                                 capsys)
+    assert code == 2 and not out, err
+    assert "mpi4dl_nb evaluate: error: --spatial-size: 2: a ViT's tokens run on one spatial stage" in err, err
 
 
 @pytest.mark.parametrize(("flags", "message"), [
