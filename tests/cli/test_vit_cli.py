@@ -55,7 +55,7 @@ def test_a_vit_trains_from_a_timm_state_dict_of_another_grid_in_its_last_blocks(
 
 def evaluate_refuses_two_spatial_stages(checkpoint, monkeypatch, capsys):
     """``evaluate`` of a ViT checkpoint on a layout its tokens cannot run (two spatial stages) is refused in its
-    agreed set-up, before work (``refuse_token_spatial_stage``): the launch's world faked to the layout's 5 ranks,
+    agreed set-up, before work (``refuse_token_spatial_stage``): the launch's world faked to the layout's 9 ranks,
     this one process rank 0 of them."""
     from mpi4dl_nb.cli import layout_cmd
     from mpi4dl_nb.config import ParallelConfig
