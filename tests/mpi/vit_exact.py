@@ -19,8 +19,16 @@ with blockwise attention of the ring's block size, the peak of forward + backwar
 in flight, no N x N matrix (``memory_checks``); the planner's peak for ViT-S/16 at 512 px (depth 1) on P = 4 and 2
 within 15% of the measured training step on every rank (``planner_check``). They add about 9 CPU-s per rank.
 
-Usage: python -m tests.mpi.vit_exact   (4 ranks: the 2x2 and the 1x4 grid in one launch)
-Named checks: ``check_names()``.
+Issue 52's "mixed with the rest" (``python -m tests.mpi.vit_exact mixed``, on 5 and 6 ranks: jobs of the engine's
+shared launches of those sizes): a tiny ViT (32 wide, 3 blocks, 8-px patches at 32 px, a class and a register token)
+cut as ``--model timm:...`` cuts it, its embedding and first block on token tiles, the rest on layer stages, trained
+2 SGD-momentum steps by ``HybridEngine`` in float64 with 2 data-parallel replicas (6 ranks), GEMS, zb1, zbv and
+interleaved (5 ranks, 2x2 tiles): losses (1e-9 relative) on every rank and every rank's copies of its stages equal
+one process (engine_exact's rule); in bf16 (1F1B), the CNN path's bf16 rule (tests/support/bf16_rule.py) against one
+process under the same autocast. Recomputation and 1F1B: tests/mpi/byom_exact.py (the CLI).
+
+Usage: python -m tests.mpi.vit_exact [mixed]   (4 ranks: the 2x2 and the 1x4 grid in one launch; ``mixed``: 5 or 6)
+Named checks: ``check_names()``; with ``mixed``, ``mixed_names(world size)``.
 """
 
 from __future__ import annotations
@@ -399,9 +407,183 @@ def planner_check(check: Checks, ctx: Context, rings: dict[int, Any]) -> None:
         assert all(abs(r - 1) < PLAN_BOUND for r in ratios.values()), ratios
         result.detail = "estimate/measured " + ", ".join(f"{k} {r:.3f}" for k, r in ratios.items())
 
+# ---------------------------------------------------------------------------------------------------- mixed
+MIXED_SIZE, MIXED_STEPS, MIXED_RTOL = 32, 2, 1e-9
+SQUARE = {"spatial_size": 1, "num_spatial_parts": 4}                                      # 2x2 token tiles
+VERTICAL = {"spatial_size": 1, "num_spatial_parts": 2, "slice_method": "vertical"}       # 1x2 token tiles
+MIXED: dict[str, tuple[dict[str, Any], int]] = {   # label -> ParallelConfig keywords, global batch
+    "2 data-parallel replicas of 1x2 tiles + a layer rank": (
+        {"split_size": 2, **VERTICAL, "data_parallel": 2, "balance": (2, 3)}, 4),
+    "GEMS (both directions) on 2x2 tiles + a layer rank": ({"split_size": 2, **SQUARE, "times": 1,
+                                                            "balance": (2, 3)}, 2),
+    "zero bubble zb1 on 2x2 tiles + a layer rank": ({"split_size": 2, **SQUARE, "parts": 2, "schedule": "zb1",
+                                                     "balance": (2, 3)}, 4),
+    "zero bubble zbv on 2x2 tiles + a layer rank (tile 0 holds the head)": (
+        {"split_size": 4, **SQUARE, "parts": 2, "schedule": "zbv", "balance": (2, 1, 1, 1)}, 4),
+    "interleaved (2 virtual stages) on 2x2 tiles + a layer rank": (
+        {"split_size": 4, **SQUARE, "parts": 2, "schedule": "interleaved", "virtual_stages": 2,
+         "balance": (2, 1, 1, 1)}, 4),
+}
+BF16 = {"split_size": 2, **SQUARE, "parts": 2, "schedule": "1f1b", "balance": (2, 3)}
+
+
+def mixed_name(label: str) -> str:
+    return f"a ViT's embedding and first block on tiles, the rest on layer stages: {label} equals one process"
+
+
+def bf16_name() -> str:
+    return "a ViT's spatial stage + a layer rank in bf16 (1F1B) is as close to one process under autocast as fp32"
+
+
+def mixed_names(world_size: int) -> list[str]:
+    """The mixed checks a ``mixed`` job of ``world_size`` ranks runs."""
+    from mpi4dl_nb.config import ParallelConfig
+
+    names = [mixed_name(label) for label, (kwargs, _) in MIXED.items()
+             if ParallelConfig(**kwargs).world_size == world_size]
+    return names + ([bf16_name()] if ParallelConfig(**BF16).world_size == world_size else [])
+
+
+def tiny_vit_layers(dtype: torch.dtype = torch.float64) -> list[torch.nn.Module]:
+    """A ViT 32 wide, 3 blocks, 8-px patches (4x4 tokens at 32 px), a class and a register token, cut into
+    pieces (embedding, 3 blocks, head) as ``--model timm:...`` cuts it; prefix tokens and positions at unit scale."""
+    import timm
+
+    from mpi4dl_nb.models.vit import token_pieces
+
+    torch.manual_seed(11)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=MIXED_SIZE, patch_size=8,
+                              embed_dim=32, num_heads=2, depth=3, reg_tokens=1, num_classes=3)
+    with torch.no_grad():
+        for name in ("cls_token", "reg_token", "pos_embed"):
+            getattr(model, name).normal_()
+    return [layer.to(dtype) for layer in token_pieces(model)]
+
+
+def mixed_data(batch: int, dtype: torch.dtype = torch.float64) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(batch)
+    return [(torch.randn(batch, 3, MIXED_SIZE, MIXED_SIZE, generator=gen, dtype=dtype),
+             torch.randint(0, 3, (batch,), generator=gen)) for _ in range(MIXED_STEPS)]
+
+
+def mixed_sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def train_mixed(ctx: Context, cfg: Any, data: list[tuple[torch.Tensor, torch.Tensor]],
+                dtype: torch.dtype = torch.float64) -> tuple[list[float], Any]:
+    """The engine on the tiny ViT's pieces (refused first as ``train`` refuses): losses, the engine."""
+    from mpi4dl_nb.models.vit import refuse_token_spatial_stage
+    from mpi4dl_nb.pipeline.engine import HybridEngine
+
+    layers = tiny_vit_layers(dtype)
+    refuse_token_spatial_stage(layers, cfg, MIXED_SIZE)
+    engine = HybridEngine(layers, cfg, ctx, loss_fn=torch.nn.CrossEntropyLoss(), optimizer=mixed_sgd,
+                          image_size=MIXED_SIZE)
+    return [engine.train_step(x, y) for x, y in data], engine
+
+
+def one_process(cfg: Any, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The serial reference (the engine's micro-batch chunks, gradient accumulation): its losses and state."""
+    from mpi4dl_nb.pipeline.reference import serial_reference
+
+    run = serial_reference(cfg, tiny_vit_layers(), data, loss_fn=torch.nn.CrossEntropyLoss(), optimizer=mixed_sgd)
+    return run.losses, run.state_dict()
+
+
+class _Autocast(torch.nn.Module):
+    """A model whose forward runs under bf16 autocast (its backward after, outside it: as the engine's)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out: torch.Tensor = self.model(*args)
+            return out
+
+
+def one_process_float32(cfg: Any, data: list[tuple[torch.Tensor, torch.Tensor]],
+                        autocast: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The serial reference of the float32 model, its forward and loss under bf16 autocast or not."""
+    from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
+
+    model, loss = torch.nn.Sequential(*tiny_vit_layers(torch.float32)), torch.nn.CrossEntropyLoss()
+    net, loss_fn = (_Autocast(model), _Autocast(loss)) if autocast else (model, loss)
+    optimizer, chunks = mixed_sgd(model.parameters()), serial_chunks(cfg, data[0][0].shape[0])
+    losses = [serial_step(net, optimizer, loss_fn, x, y, chunks) for x, y in data]
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def check_mixed(ctx: Context, kwargs: dict[str, Any], batch: int) -> str:
+    """Losses on every rank and every rank's copies of its stages (tiles, replicas, mirrors) against one process
+    (rank 0's, scattered to the holders); the serial run moved the weights."""
+    from mpi4dl_nb.config import ParallelConfig
+    from tests.mpi.engine_exact import state_error
+
+    cfg, data = ParallelConfig(**kwargs), mixed_data(batch)
+    losses, engine = train_mixed(ctx, cfg, data)
+    want_losses, want_state = one_process(cfg, data) if ctx.rank == 0 else (None, None)
+    if ctx.rank == 0:
+        initial = torch.nn.Sequential(*tiny_vit_layers()).state_dict()
+        moved = state_error(want_state, initial, "serial", None)
+        assert moved > 1e-3, f"training barely moved the weights ({moved:.1e})"
+    want_losses = ctx.bcast_object(want_losses)
+    mine = engine.scatter_to_holders(want_state)
+    loss_error = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses, strict=True))
+    assert loss_error <= MIXED_RTOL, f"losses {losses} vs one process {want_losses}"
+    worst = 0.0
+    for inst in engine.instances.values():
+        held = inst.canonical.full_state_dict()
+        worst = max(worst, state_error(held, {k: mine[k] for k in held}, f"rank {ctx.rank} stage {inst.stage} "
+                                       f"copy {inst.replica}", MIXED_RTOL))
+    return f"stages {engine.held_stages()}: loss error {loss_error:.1e}, weights {worst:.1e}"
+
+
+def check_bf16(ctx: Context) -> str:
+    """The CNN path's bf16 rule (tests/support/bf16_rule.py): float32 master weights, bf16 autocast; losses within
+    1e-2 of one process under the same autocast, every tensor of the state within twice fp32's distance from it;
+    bf16 not bit-equal to fp32 (autocast applied)."""
+    from mpi4dl_nb.config import ParallelConfig
+    from tests.support.bf16_rule import bf16_loss_error, bf16_state_error
+
+    cfg = ParallelConfig(**BF16, precision="bf16")
+    data = mixed_data(4, torch.float32)
+    losses, engine = train_mixed(ctx, cfg, data, torch.float32)
+    state = engine.full_state_dict()
+    if ctx.rank != 0:
+        return "rank 0 compares"
+    want_losses, want_state = one_process_float32(cfg, data, autocast=True)
+    fp32_losses, fp32_state = one_process_float32(cfg, data, autocast=False)
+    assert losses != fp32_losses, "bf16 gave the float32 losses bit for bit: autocast did not apply"
+    loss_error = bf16_loss_error(losses, want_losses)
+    worst = bf16_state_error(state, want_state, fp32_state)
+    return f"loss rel err {loss_error:.1e}, worst state error / bf16 noise {worst:.2f}"
+
+
+def mixed_main(check: Checks, ctx: Context) -> None:
+    """The mixed checks of this world size."""
+    from mpi4dl_nb.config import ParallelConfig
+
+    for label, (kwargs, batch) in MIXED.items():
+        if ParallelConfig(**kwargs).world_size == ctx.world_size:
+            with check(mixed_name(label)) as result:
+                result.detail = check_mixed(ctx, kwargs, batch)
+    if ParallelConfig(**BF16).world_size == ctx.world_size:
+        with check(bf16_name()) as result:
+            result.detail = check_bf16(ctx)
+
+
 def main(check: Checks) -> None:
+    import sys
+
     torch.set_num_threads(1)
     ctx = Context()
+    if "mixed" in sys.argv[1:]:
+        mixed_main(check, ctx)
+        ctx.barrier()
+        return
     assert ctx.world_size == 4, "run with 4 ranks"
     for rows, cols in GRIDS:
         grid = TileGrid(rows, cols)
