@@ -22,10 +22,11 @@ within 15% of the measured training step on every rank (``planner_check``). They
 Issue 52's "mixed with the rest" (``python -m tests.mpi.vit_exact mixed``, on 5 and 6 ranks: jobs of the engine's
 shared launches of those sizes): a tiny ViT (32 wide, 3 blocks, 8-px patches at 32 px, a class and a register token)
 cut as ``--model timm:...`` cuts it, its embedding and first block on token tiles, the rest on layer stages, trained
-2 SGD-momentum steps by ``HybridEngine`` in float64 with 2 data-parallel replicas (6 ranks), GEMS, zb1, zbv and
-interleaved (5 ranks, 2x2 tiles): losses (1e-9 relative) on every rank and every rank's copies of its stages equal
-one process (engine_exact's rule); in bf16 (1F1B), the CNN path's bf16 rule (tests/support/bf16_rule.py) against one
-process under the same autocast. Recomputation and 1F1B: tests/mpi/byom_exact.py (the CLI).
+2 SGD-momentum steps by ``HybridEngine`` in float64 with 2 data-parallel replicas under GPipe (6 ranks), GEMS under
+1F1B, zb1, zbv and interleaved with every block recomputed (5 ranks, 2x2 tiles): losses (1e-9 relative) on every
+rank and every rank's copies of its stages equal one process (engine_exact's rule); in bf16 (1F1B), the CNN path's
+bf16 rule (tests/support/bf16_rule.py) against one process under the same autocast. Recomputation under 1F1B through
+the CLI: tests/mpi/byom_exact.py. About 1 CPU-s per rank, and timm's import (2.7 CPU-s) on the 6 ranks.
 
 Usage: python -m tests.mpi.vit_exact [mixed]   (4 ranks: the 2x2 and the 1x4 grid in one launch; ``mixed``: 5 or 6)
 Named checks: ``check_names()``; with ``mixed``, ``mixed_names(world size)``.
@@ -412,17 +413,17 @@ MIXED_SIZE, MIXED_STEPS, MIXED_RTOL = 32, 2, 1e-9
 SQUARE = {"spatial_size": 1, "num_spatial_parts": 4}                                      # 2x2 token tiles
 VERTICAL = {"spatial_size": 1, "num_spatial_parts": 2, "slice_method": "vertical"}       # 1x2 token tiles
 MIXED: dict[str, tuple[dict[str, Any], int]] = {   # label -> ParallelConfig keywords, global batch
-    "2 data-parallel replicas of 1x2 tiles + a layer rank": (
-        {"split_size": 2, **VERTICAL, "data_parallel": 2, "balance": (2, 3)}, 4),
-    "GEMS (both directions) on 2x2 tiles + a layer rank": ({"split_size": 2, **SQUARE, "times": 1,
-                                                            "balance": (2, 3)}, 2),
+    "2 data-parallel replicas of 1x2 tiles + a layer rank, GPipe over 2 micro-batches": (
+        {"split_size": 2, **VERTICAL, "data_parallel": 2, "parts": 2, "schedule": "gpipe", "balance": (2, 3)}, 4),
+    "GEMS (both directions, 1F1B over 2 micro-batches) on 2x2 tiles + a layer rank": (
+        {"split_size": 2, **SQUARE, "times": 1, "parts": 2, "schedule": "1f1b", "balance": (2, 3)}, 4),
     "zero bubble zb1 on 2x2 tiles + a layer rank": ({"split_size": 2, **SQUARE, "parts": 2, "schedule": "zb1",
                                                      "balance": (2, 3)}, 4),
     "zero bubble zbv on 2x2 tiles + a layer rank (tile 0 holds the head)": (
         {"split_size": 4, **SQUARE, "parts": 2, "schedule": "zbv", "balance": (2, 1, 1, 1)}, 4),
-    "interleaved (2 virtual stages) on 2x2 tiles + a layer rank": (
+    "interleaved (2 virtual stages), every block recomputed, on 2x2 tiles + a layer rank": (
         {"split_size": 4, **SQUARE, "parts": 2, "schedule": "interleaved", "virtual_stages": 2,
-         "balance": (2, 1, 1, 1)}, 4),
+         "balance": (2, 1, 1, 1), "checkpoint_activations": "every"}, 4),
 }
 BF16 = {"split_size": 2, **SQUARE, "parts": 2, "schedule": "1f1b", "balance": (2, 3)}
 
