@@ -19,23 +19,24 @@ with blockwise attention of the ring's block size, the peak of forward + backwar
 in flight, no N x N matrix (``memory_checks``); the planner's peak for ViT-S/16 at 512 px (depth 1) on P = 4 and 2
 within 15% of the measured training step on every rank (``planner_check``). They add about 9 CPU-s per rank.
 
-Issue 52's "mixed with the rest" (``python -m tests.mpi.vit_exact mixed``, on 5 and 6 ranks: jobs of the engine's
-shared launches of those sizes): a tiny ViT (32 wide, 3 blocks, 8-px patches at 32 px, a class and a register token)
-cut as ``--model timm:...`` cuts it, its embedding and first block on token tiles, the rest on layer stages, trained
-2 SGD-momentum steps by ``HybridEngine`` in float64 with 2 data-parallel replicas under GPipe (6 ranks), GEMS under
-1F1B, zb1, zbv and interleaved with every block recomputed (5 ranks, 2x2 tiles): losses (1e-9 relative) on every
-rank and every rank's copies of its stages equal one process (engine_exact's rule); in bf16 (1F1B), the CNN path's
-bf16 rule (tests/support/bf16_rule.py) against one process under the same autocast. Recomputation under 1F1B through
-the CLI: tests/mpi/byom_exact.py. About 1 CPU-s per rank, and timm's import (2.7 CPU-s) on the 6 ranks.
+Issue 52's "mixed with the rest" (``python -m tests.mpi.vit_exact mixed``, on 4, 5 and 6 ranks: jobs of the shared
+launches of those sizes): a tiny ViT (32 wide, 3 blocks, 8-px patches at 32 px, a class and a register token) cut as
+``--model timm:...`` cuts it, its embedding and first block on token tiles, the rest on layer stages, trained 2
+SGD-momentum steps by ``HybridEngine`` in float64 with 2 data-parallel copies of the layer stage (local_dp, 4 ranks),
+2 data-parallel replicas under GPipe (6 ranks), GEMS under 1F1B, zb1, zbv and interleaved with every block recomputed
+(5 ranks, 2x2 tiles): losses (1e-9 relative) on every rank and every rank's copies of its stages equal one process
+(engine_exact's rule); in bf16 (1F1B), the CNN path's bf16 rule (tests/support/bf16_rule.py) against one process
+under the same autocast. Recomputation under 1F1B through the CLI: tests/mpi/byom_exact.py. About 1 CPU-s per rank,
+and timm's import (2.7 CPU-s) on the 6 ranks (no other job of that launch imports it).
 
-Usage: python -m tests.mpi.vit_exact [mixed]   (4 ranks: the 2x2 and the 1x4 grid in one launch; ``mixed``: 5 or 6)
+Usage: python -m tests.mpi.vit_exact [mixed]   (4 ranks: the 2x2 and the 1x4 grid in one launch; ``mixed``: 4, 5 or 6)
 Named checks: ``check_names()``; with ``mixed``, ``mixed_names(world size)``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -44,7 +45,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from mpi4dl_nb.comm.context import Context
-from mpi4dl_nb.config import ConfigError
+from mpi4dl_nb.config import ConfigError, ParallelConfig
+from mpi4dl_nb.pipeline.engine import HybridEngine
 from mpi4dl_nb.planner.attention import TokenGrid, ring_cost
 from mpi4dl_nb.spatial.blockwise import blockwise_attention
 from mpi4dl_nb.spatial.convert import spatialize
@@ -408,13 +410,16 @@ def planner_check(check: Checks, ctx: Context, rings: dict[int, Any]) -> None:
         assert all(abs(r - 1) < PLAN_BOUND for r in ratios.values()), ratios
         result.detail = "estimate/measured " + ", ".join(f"{k} {r:.3f}" for k, r in ratios.items())
 
+
 # ---------------------------------------------------------------------------------------------------- mixed
 MIXED_SIZE, MIXED_STEPS, MIXED_RTOL = 32, 2, 1e-9
-SQUARE = {"spatial_size": 1, "num_spatial_parts": 4}                                      # 2x2 token tiles
-VERTICAL = {"spatial_size": 1, "num_spatial_parts": 2, "slice_method": "vertical"}       # 1x2 token tiles
+SQUARE: dict[str, Any] = {"spatial_size": 1, "num_spatial_parts": 4}                                # 2x2 token tiles
+VERTICAL: dict[str, Any] = {"spatial_size": 1, "num_spatial_parts": 2, "slice_method": "vertical"}  # 1x2 token tiles
 MIXED: dict[str, tuple[dict[str, Any], int]] = {   # label -> ParallelConfig keywords, global batch
     "2 data-parallel replicas of 1x2 tiles + a layer rank, GPipe over 2 micro-batches": (
         {"split_size": 2, **VERTICAL, "data_parallel": 2, "parts": 2, "schedule": "gpipe", "balance": (2, 3)}, 4),
+    "1x2 tiles + 2 data-parallel copies of the layer stage (local_dp)": (
+        {"split_size": 2, **VERTICAL, "local_dp": 2, "balance": (2, 3)}, 4),
     "GEMS (both directions, 1F1B over 2 micro-batches) on 2x2 tiles + a layer rank": (
         {"split_size": 2, **SQUARE, "times": 1, "parts": 2, "schedule": "1f1b", "balance": (2, 3)}, 4),
     "zero bubble zb1 on 2x2 tiles + a layer rank": ({"split_size": 2, **SQUARE, "parts": 2, "schedule": "zb1",
@@ -425,7 +430,7 @@ MIXED: dict[str, tuple[dict[str, Any], int]] = {   # label -> ParallelConfig key
         {"split_size": 4, **SQUARE, "parts": 2, "schedule": "interleaved", "virtual_stages": 2,
          "balance": (2, 1, 1, 1), "checkpoint_activations": "every"}, 4),
 }
-BF16 = {"split_size": 2, **SQUARE, "parts": 2, "schedule": "1f1b", "balance": (2, 3)}
+BF16: dict[str, Any] = {"split_size": 2, **SQUARE, "parts": 2, "schedule": "1f1b", "balance": (2, 3)}
 
 
 def mixed_name(label: str) -> str:
@@ -438,8 +443,6 @@ def bf16_name() -> str:
 
 def mixed_names(world_size: int) -> list[str]:
     """The mixed checks a ``mixed`` job of ``world_size`` ranks runs."""
-    from mpi4dl_nb.config import ParallelConfig
-
     names = [mixed_name(label) for label, (kwargs, _) in MIXED.items()
              if ParallelConfig(**kwargs).world_size == world_size]
     return names + ([bf16_name()] if ParallelConfig(**BF16).world_size == world_size else [])
@@ -467,15 +470,14 @@ def mixed_data(batch: int, dtype: torch.dtype = torch.float64) -> list[tuple[tor
              torch.randint(0, 3, (batch,), generator=gen)) for _ in range(MIXED_STEPS)]
 
 
-def mixed_sgd(params: Any) -> torch.optim.Optimizer:
+def mixed_sgd(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def train_mixed(ctx: Context, cfg: Any, data: list[tuple[torch.Tensor, torch.Tensor]],
-                dtype: torch.dtype = torch.float64) -> tuple[list[float], Any]:
+def train_mixed(ctx: Context, cfg: ParallelConfig, data: list[tuple[torch.Tensor, torch.Tensor]],
+                dtype: torch.dtype = torch.float64) -> tuple[list[float], HybridEngine]:
     """The engine on the tiny ViT's pieces (refused first as ``train`` refuses): losses, the engine."""
     from mpi4dl_nb.models.vit import refuse_token_spatial_stage
-    from mpi4dl_nb.pipeline.engine import HybridEngine
 
     layers = tiny_vit_layers(dtype)
     refuse_token_spatial_stage(layers, cfg, MIXED_SIZE)
@@ -484,7 +486,8 @@ def train_mixed(ctx: Context, cfg: Any, data: list[tuple[torch.Tensor, torch.Ten
     return [engine.train_step(x, y) for x, y in data], engine
 
 
-def one_process(cfg: Any, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], dict[str, torch.Tensor]]:
+def one_process(cfg: ParallelConfig,
+                data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The serial reference (the engine's micro-batch chunks, gradient accumulation): its losses and state."""
     from mpi4dl_nb.pipeline.reference import serial_reference
 
@@ -505,7 +508,7 @@ class _Autocast(torch.nn.Module):
             return out
 
 
-def one_process_float32(cfg: Any, data: list[tuple[torch.Tensor, torch.Tensor]],
+def one_process_float32(cfg: ParallelConfig, data: list[tuple[torch.Tensor, torch.Tensor]],
                         autocast: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The serial reference of the float32 model, its forward and loss under bf16 autocast or not."""
     from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
@@ -520,7 +523,6 @@ def one_process_float32(cfg: Any, data: list[tuple[torch.Tensor, torch.Tensor]],
 def check_mixed(ctx: Context, kwargs: dict[str, Any], batch: int) -> str:
     """Losses on every rank and every rank's copies of its stages (tiles, replicas, mirrors) against one process
     (rank 0's, scattered to the holders); the serial run moved the weights."""
-    from mpi4dl_nb.config import ParallelConfig
     from tests.mpi.engine_exact import state_error
 
     cfg, data = ParallelConfig(**kwargs), mixed_data(batch)
@@ -546,7 +548,6 @@ def check_bf16(ctx: Context) -> str:
     """The CNN path's bf16 rule (tests/support/bf16_rule.py): float32 master weights, bf16 autocast; losses within
     1e-2 of one process under the same autocast, every tensor of the state within twice fp32's distance from it;
     bf16 not bit-equal to fp32 (autocast applied)."""
-    from mpi4dl_nb.config import ParallelConfig
     from tests.support.bf16_rule import bf16_loss_error, bf16_state_error
 
     cfg = ParallelConfig(**BF16, precision="bf16")
@@ -565,8 +566,6 @@ def check_bf16(ctx: Context) -> str:
 
 def mixed_main(check: Checks, ctx: Context) -> None:
     """The mixed checks of this world size."""
-    from mpi4dl_nb.config import ParallelConfig
-
     for label, (kwargs, batch) in MIXED.items():
         if ParallelConfig(**kwargs).world_size == ctx.world_size:
             with check(mixed_name(label)) as result:

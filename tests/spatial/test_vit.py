@@ -19,7 +19,7 @@ from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or
 
 MISSING = missing_modules("timm")
 VIT_JOB = None if MISSING else shared_job(4, "vit_exact", timeout=600)
-MIXED_SIZES = (5, 6)   # the world sizes of vit_exact's mixed checks: added to the 5- and 6-rank launches
+MIXED_SIZES = (4, 5, 6)   # the world sizes of vit_exact's mixed checks: jobs of the 4-, 5- and 6-rank launches
 MIXED_JOBS = {} if MISSING else {size: shared_job(size, "vit_exact", "mixed", timeout=300) for size in MIXED_SIZES}
 
 
@@ -78,9 +78,9 @@ def test_timm_vits_on_tiles_equal_one_process(shared_launch):
 
 @pytest.mark.parametrize("size", MIXED_SIZES)
 def test_a_vit_spatial_stage_mixed_with_data_parallel_gems_zero_bubble_interleaved_and_bf16(shared_launch, size):
-    """A tiny ViT's embedding and first block on token tiles, the rest on layer stages, under 2 data-parallel
-    replicas, GEMS, zb1, zbv, interleaved (float64, every rank's copies equal one process) and bf16 (the CNN path's
-    bf16 rule); every mixed check runs in one of the registered launches."""
+    """A tiny ViT's embedding and first block on token tiles, the rest on layer stages, under data parallelism
+    (local_dp copies, 2 replicas), GEMS, zb1, zbv, interleaved (float64, every rank's copies equal one process) and
+    bf16 (the CNN path's bf16 rule); every mixed check runs in one of the registered launches."""
     from tests.mpi.vit_exact import MIXED, bf16_name, mixed_name, mixed_names
 
     require_or_skip(MISSING, "timm's vision transformers", MODELS_EXTRA)
