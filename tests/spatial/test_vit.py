@@ -1,7 +1,8 @@
 """timm vision transformers on tiles (issue 52): token-tile geometry, patch-cut refusals, TF-"same" windows
 (pure), and, under mpiexec, five timm ViTs and a MAP head on 2x2 and 1x4 tiles equal to one process in float64,
 outputs equal on every rank, what stays refused named (tests/mpi/vit_exact.py, one 4-rank launch shared with
-other programs).
+other programs); a ViT's spatial stage with layer stages under data parallelism, GEMS, zb1, zbv, interleaved and bf16
+(``vit_exact mixed``: jobs of the 4-, 5- and 6-rank launches).
 """
 
 from __future__ import annotations
