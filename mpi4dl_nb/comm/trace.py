@@ -14,6 +14,7 @@ event) at ``end_step()`` or when ``events`` is read.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -35,8 +36,10 @@ COMM_WORDS = ("send", "recv", "halo", "reduce", "broadcast", "bcast", "gather", 
               "handoff", "barrier", "wait", "exchange", "comm")
 
 
+@functools.lru_cache(maxsize=1024)
 def is_communication(op: str) -> bool:
-    """Whether a trace op name is communication (send/recv/halo/all-reduce/...)."""
+    """Whether a trace op name is communication (send/recv/halo/all-reduce/...); cached: a step asks it of
+    every event, and a run has a few dozen op names."""
     name = op.lower()
     return any(word in name for word in COMM_WORDS)
 
@@ -114,7 +117,10 @@ class StepSummary:
     def of(cls, index: int, events: list[Event]) -> StepSummary:
         ops: dict[str, OpTotal] = {}
         for event in events:
-            ops.setdefault(event.op, OpTotal()).add(event)
+            total = ops.get(event.op)
+            if total is None:
+                total = ops[event.op] = OpTotal()
+            total.add(event)
         start = min((e.start for e in events), default=0.0)
         end = max((e.end for e in events), default=start)
         return cls(index, start, end, len(events), ops, comm_seconds(events))
@@ -304,7 +310,10 @@ class Tracer:
         self._buckets[-1].append(event)
         self._count += 1
         self.recorded += 1
-        self._totals.setdefault(op, OpTotal()).add(event)
+        total = self._totals.get(op)    # no OpTotal made per event (setdefault would)
+        if total is None:
+            total = self._totals[op] = OpTotal()
+        total.add(event)
         if self.max_events is not None and self._count > self.max_events:
             self._trim()
 

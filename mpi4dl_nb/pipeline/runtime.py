@@ -343,24 +343,29 @@ class PipelineRuntime:
             x = _leaf(x)
         state.inputs[key] = x
         recorder = self.recorders.get((action.replica, action.stage))
-        with ExitStack() as scope:   # only the contexts that do something here (each costs per forward)
-            if inst.ledger:
-                scope.enter_context(inst.ledger.chunk(self._stats_key(action)))
-            if self.autocasts:
-                scope.enter_context(autocast(self.cfg.precision, self.ctx.device))
-            if recorder is not None:
-                state.layer_calls[key] = scope.enter_context(recorder.recording())
-            out = inst.module(x)
-            if self._last(action.stage):
-                target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device, action.tile,
-                                               self.grid)
-                out = self._loss(inst, out, target)
-        if self._last(action.stage):
-            loss = out * (state.chunk_size / state.batch_size)
-            if action.tile in (None, 0):   # the tiles of a spatial last stage hold the same loss: count it once
-                state.loss_sum += float(loss.detach())
-            out = loss
-        state.outputs[key] = out
+        if not inst.ledger and not self.autocasts and recorder is None:
+            out = self._stage_output(action, state, inst, x)   # no context to enter (no ExitStack made)
+        else:
+            with ExitStack() as scope:   # only the contexts that do something here (each costs per forward)
+                if inst.ledger:
+                    scope.enter_context(inst.ledger.chunk(self._stats_key(action)))
+                if self.autocasts:
+                    scope.enter_context(autocast(self.cfg.precision, self.ctx.device))
+                if recorder is not None:
+                    state.layer_calls[key] = scope.enter_context(recorder.recording())
+                out = self._stage_output(action, state, inst, x)
+        if self._last(action.stage) and action.tile in (None, 0):   # a spatial last stage's tiles hold one loss
+            assert isinstance(out, torch.Tensor)   # the loss
+            state.loss_sum += float(out.detach() * (state.chunk_size / state.batch_size))
+        state.outputs[key] = out   # the last stage's loss unscaled: its backward starts from the chunk's share
+
+    def _stage_output(self, action: Action, state: _StepState, inst: StageInstance, x: Payload) -> Payload:
+        """The stage's output on ``x``; on the last stage the chunk's loss (unscaled)."""
+        out = inst.module(x)
+        if not self._last(action.stage):
+            return out
+        target = state.data.labels_for(self._rows(state, action.chunk), self.ctx.device, action.tile, self.grid)
+        return self._loss(inst, out, target)
 
     def _loss(self, inst: StageInstance, out: Payload, target: Payload) -> torch.Tensor:
         """The chunk's loss: on a spatial last stage from the tiles, its sums all-reduced over the tile group
@@ -384,8 +389,11 @@ class PipelineRuntime:
         outputs: list[torch.Tensor]
         grad_outputs: list[torch.Tensor | None]
         if self._last(action.stage):
-            assert isinstance(out, torch.Tensor)   # the last stage keeps its scaled loss
-            outputs, grad_outputs = [self.scaler.scaled(out) if self.scaler is not None else out], [None]
+            assert isinstance(out, torch.Tensor)   # the last stage keeps its loss
+            # backward from the chunk's share of the batch's loss: d(loss * share) / d(loss) = share, seeded here
+            # rather than a multiplication in forward (the same gradients: 1 * share = share exactly)
+            top = self.scaler.scaled(out) if self.scaler is not None else out
+            outputs, grad_outputs = [top], [torch.full_like(top, state.chunk_size / state.batch_size)]
         else:
             (grads,) = state.inbox.pop((False, key)).values()
             floats = [o for o in as_items(out) if o.is_floating_point()]

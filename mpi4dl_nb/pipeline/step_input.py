@@ -140,6 +140,8 @@ class StepInput:
         if tile is not None and grid is None:
             raise ValueError(f"images of tile {tile} need the tile grid")
         images = self.images
+        if tile is None and isinstance(images, torch.Tensor):   # the common case, per forward: one slice
+            return images[rows].to(device)
         if isinstance(images, (torch.Tensor, tuple, list)):
             data = like(images, [t[rows].to(device) for t in as_items(images)])
             return input_tile(data, grid, tile) if tile is not None and grid is not None else data
@@ -157,6 +159,8 @@ class StepInput:
                    grid: TileGrid | None = None) -> Payload:
         """Rows ``rows`` of the labels on ``device``; on a spatial last stage (``tile``) that tile of the masks."""
         labels = self.labels
+        if tile is None and isinstance(labels, torch.Tensor):   # the common case, per forward: one slice
+            return labels[rows].to(device)
         if labels is None:
             raise ValueError("this rank has no labels (None); see StepInput.check")
         if isinstance(labels, ShardedMasks):

@@ -102,17 +102,18 @@ def main(check: Checks) -> None:
     # tracing off: a step records nothing and takes no time stamp (one flag check per action, no more)
     with check(untraced):
         calls = untraced_step_calls(ctx.tracer, lambda: engine.train_step(x, y))
-        assert calls == {"events": 0, "stamps": 0, "records": 0}, calls
+        assert calls == {"events": 0, "stamps": 0, "records": 0, "event calls": 0}, calls
         traced = untraced_step_calls(ctx.tracer, lambda: engine.train_step(x, y), enabled=True)
         actions = len(engine.schedule.actions(ctx.rank))
-        assert traced["events"] == actions and traced["stamps"] == 2 * actions, (traced, actions)   # it can fail
+        assert traced["events"] == traced["event calls"] == actions and traced["stamps"] == 2 * actions, \
+            (traced, actions)   # it can fail
     ctx.barrier()
 
 
 def untraced_step_calls(tracer, step, enabled: bool = False) -> dict[str, int]:
-    """Events kept and the tracer's stamp/record calls during ``step()`` with tracing ``enabled``."""
-    counts = {"stamps": 0, "records": 0}
-    stamp, record = tracer.stamp, tracer.record
+    """Events kept and the tracer's stamp/record/event calls during ``step()`` with tracing ``enabled``."""
+    counts = {"stamps": 0, "records": 0, "event calls": 0}
+    stamp, record, event = tracer.stamp, tracer.record, tracer.event
 
     def counted_stamp():
         counts["stamps"] += 1
@@ -122,13 +123,17 @@ def untraced_step_calls(tracer, step, enabled: bool = False) -> dict[str, int]:
         counts["records"] += 1
         return record(*args, **kwargs)
 
+    def counted_event(*args, **kwargs):
+        counts["event calls"] += 1
+        return event(*args, **kwargs)
+
     before, tracer.enabled = tracer.recorded, enabled
-    tracer.stamp, tracer.record = counted_stamp, counted_record
+    tracer.stamp, tracer.record, tracer.event = counted_stamp, counted_record, counted_event
     try:
         step()
     finally:
         tracer.enabled = True
-        del tracer.stamp, tracer.record
+        del tracer.stamp, tracer.record, tracer.event
     return {"events": tracer.recorded - before, **counts}
 
 
