@@ -8,6 +8,7 @@ import importlib
 import json
 import sys
 import threading
+import time
 
 import torch
 from mpi4py import MPI
@@ -33,8 +34,10 @@ def main(check: Checks) -> None:
         limit = threading.Timer(timeout, over_time, args=(job_label(program, args), timeout))
         limit.daemon = True
         limit.start()
-        with check(END):                         # raising outside its checks fails this check
+        cpu = time.process_time()
+        with check(END) as outcome:              # raising outside its checks fails this check
             module.main(check)
+            outcome.detail = f"cpu {time.process_time() - cpu:.1f}s"   # this rank's cost of the job
         limit.cancel()
         check.prefix = ""
         gc.collect()

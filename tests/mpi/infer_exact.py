@@ -1,5 +1,7 @@
 """4 ranks share each window: the streamed output equals the whole-slide network in one process (float64).
-Usage: python -m tests.mpi.infer_exact CHECKPOINT SLIDE OUTDIR [--backend=NAME]. Named checks (every rank):
+Usage: python -m tests.mpi.infer_exact [CHECKPOINT SLIDE OUTDIR] [--backend=NAME]; without them (as the shared
+launches of tests/infer/test_infer_mpi.py run it) rank 0 makes tests/infer/conftest.py's checkpoint and slide in a
+folder of the job's own. Named checks (every rank):
 SQUARE (the command, 2x2 grid, .npy + .tif), VERTICAL (dl.infer_slide, 1x4 grid, two windows per forward),
 SEGMENTATION (the command on a U-Net checkpoint, 2x2 grid: probabilities, label map, polygons)."""
 from __future__ import annotations
@@ -14,6 +16,8 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.cli.infer_cmd import main as infer_main
 from tests.support.checks import Checks, run_checks
 from tests.support.infer_data import (
+    make_checkpoint_alone,
+    make_slide,
     relative_difference,
     tissue_image,
     unet_checkpoint,
@@ -22,6 +26,7 @@ from tests.support.infer_data import (
     write_slide,
 )
 from tests.support.planes import split_backend
+from tests.support.scratch import shared_temp_folder
 
 SQUARE = "command on a 2x2 grid equals the whole-slide network in one process"
 VERTICAL = "infer_slide on a 1x4 grid, batched windows, equals the whole-slide network"
@@ -33,7 +38,19 @@ def main(check: Checks) -> None:
     torch.set_num_threads(1)
     backend, args = split_backend(sys.argv[1:])
     ctx = dl.init(backend=backend)
-    checkpoint, slide, out = Path(args[0]), Path(args[1]), Path(args[2])
+    if args:
+        check_windows(check, ctx, Path(args[0]), Path(args[1]), Path(args[2]))
+        return
+    with shared_temp_folder(ctx, "infer-") as folder:
+        if ctx.rank == 0:
+            make_checkpoint_alone(folder / "ck")
+            make_slide(folder / "slide.tif", 150, 330)
+        ctx.barrier()
+        check_windows(check, ctx, folder / "ck", folder / "slide.tif", folder)
+
+
+def check_windows(check: Checks, ctx: dl.Context, checkpoint: Path, slide: Path, out: Path) -> None:
+    """The four checks of ``checkpoint`` on ``slide``, their outputs written under ``out``."""
     reference = whole_slide_reference(checkpoint, slide) if ctx.rank == 0 else None
 
     with check(SQUARE) as result:
@@ -62,6 +79,24 @@ def main(check: Checks) -> None:
             result.detail = f"rel {err:.1e}, {summary['windows']} windows"
         else:
             assert summary is None
+    check_segmentation(check, ctx, out)
+    with check(TILES) as result:
+        code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(out / "t.npy"),
+                           "--map-mode", "tiles", "--output-stride", "16", "--num-spatial-parts", "4",
+                           "--dtype", "float64", "--no-progress"])
+        assert code == 0, f"exit code {code}"
+        if ctx.rank == 0:
+            cells = np.load(out / "t.npy")
+            expected = lone_tiles(checkpoint, slide, stride=16, shape=cells.shape)
+            assert np.array_equal(np.isnan(cells), np.isnan(expected)), "no-data cells differ"
+            err = relative_difference(np.nan_to_num(cells), np.nan_to_num(expected))
+            assert err <= 1e-12, f"relative difference {err:.2e}"
+            result.detail = f"rel {err:.1e}, {int(np.isfinite(cells[0]).sum())} tiles"
+    ctx.barrier()
+
+
+def check_segmentation(check: Checks, ctx: dl.Context, out: Path) -> None:
+    """SEGMENTATION: the command on a small U-Net checkpoint and slide written under ``out``."""
     with check(SEGMENTATION) as result:
         dense = out / "dense"
         if ctx.rank == 0:
@@ -86,19 +121,6 @@ def main(check: Checks) -> None:
             names = {f["properties"]["classification"]["name"] for f in collection["features"]}
             assert collection["type"] == "FeatureCollection" and names and names <= {"background", "tumor", "stroma"}
             result.detail = f"rel {err:.1e}, {len(collection['features'])} regions"
-    with check(TILES) as result:
-        code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(out / "t.npy"),
-                           "--map-mode", "tiles", "--output-stride", "16", "--num-spatial-parts", "4",
-                           "--dtype", "float64", "--no-progress"])
-        assert code == 0, f"exit code {code}"
-        if ctx.rank == 0:
-            cells = np.load(out / "t.npy")
-            expected = lone_tiles(checkpoint, slide, stride=16, shape=cells.shape)
-            assert np.array_equal(np.isnan(cells), np.isnan(expected)), "no-data cells differ"
-            err = relative_difference(np.nan_to_num(cells), np.nan_to_num(expected))
-            assert err <= 1e-12, f"relative difference {err:.2e}"
-            result.detail = f"rel {err:.1e}, {int(np.isfinite(cells[0]).sum())} tiles"
-    ctx.barrier()
 
 
 def lone_tiles(checkpoint: Path, slide: Path, *, stride: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -29,6 +29,22 @@ def make_checkpoint(directory: Path, *extra: str) -> Path:
     return directory
 
 
+def make_checkpoint_alone(directory: Path) -> Path:
+    """``make_checkpoint`` on one rank of a launch: the command's set-up and training on a communicator of its own
+    (as ``train`` would run it in one process, without its check of the launched world)."""
+    from mpi4py import MPI
+
+    from mpi4dl_nb.cli.train_cmd import train_parser, train_plan
+    from mpi4dl_nb.comm.context import Context
+    from mpi4dl_nb.run.job_run import build_trainer, set_up_run
+
+    plan = train_plan(train_parser().parse_args([*TRAIN_FLAGS, "--checkpoint-dir", str(directory)]))
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = build_trainer(set_up_run(plan, Context(comm=MPI.COMM_SELF)), None).run()
+    assert summary is not None and summary.checkpoint is not None
+    return directory
+
+
 def tissue_image(height: int, width: int) -> np.ndarray:
     """The IHC sample tiled (mirrored) to ``height x width`` RGB, with bare glass on the right third."""
     from skimage import data
