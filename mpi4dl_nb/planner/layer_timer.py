@@ -35,9 +35,10 @@ from ..spatial.geometry import TileGrid
 from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth, sync_device
 from .fake_world import FakeComm, FakeWorld, SizeOracle
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
-from .token_tiles import member_work
+from .token_tiles import RingMember, member_work
 
-_PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer")
+_PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer",
+           "ring_forward", "ring_backward")
 ONE_HOLDER = Group((0,))
 
 
@@ -214,14 +215,17 @@ class _Bench:
         if self.optimizer is not None:
             self.optimizer.step()
         clock.lap(runs["optimizer"])
+        blocks = module.kernel.per_block() if isinstance(module, RingMember) else (0.0, 0.0)
+        runs["ring_forward"].append(blocks[0])
+        runs["ring_backward"].append(blocks[1])
 
     def result(self) -> LayerTime:
         """Each phase's median over the runs after the first (the warm-up)."""
         typical = {name: statistics.median(values[1:] or values) for name, values in self.runs.items()}
         return LayerTime(self.share * typical["forward"], self.share * typical["backward"], typical["optimizer"],
-                         typical["replay"],
-                         max(0.0, typical["two_chunks"] - typical["replay"]), typical["gradients"],
-                         typical["setup"], typical["terms_exchange"])
+                         typical["replay"], max(0.0, typical["two_chunks"] - typical["replay"]), typical["gradients"],
+                         typical["setup"], typical["terms_exchange"],
+                         (typical["ring_forward"], typical["ring_backward"]))
 
 
 class _Clock:
