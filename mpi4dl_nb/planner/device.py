@@ -61,7 +61,8 @@ class LayerTime:
 class TimingRequest:
     """A layer to time: on inputs of ``shapes`` in ``dtype``, in ``role`` (a spatial stage's tile
     or whole maps), with the ``loss`` applied to its output when it is the model's last layer
-    (``loss_key`` names that loss for the cache)."""
+    (``loss_key`` names that loss for the cache); ``images``: its inputs are the step's images, which need
+    no gradient (the first layer of the first stage: no input gradient computed, as in the engine)."""
 
     layer: nn.Module
     shapes: tuple[Shape, ...]
@@ -69,6 +70,7 @@ class TimingRequest:
     role: StageRole
     loss: Loss | None = None
     loss_key: Hashable = None
+    images: bool = False
 
 
 class MeasuringDevice(Protocol):

@@ -172,7 +172,7 @@ class _Costs:
         last = index == len(model.profiles) - 1
         return TimingRequest(profile.layer, tuple(batched(s, model.chunk) for s in profile.in_shapes),
                              model.precision.activations, model.role(stage), model._loss if last else None,
-                             model.loss_fn)
+                             model.loss_fn, images=index == 0)
 
     def requests(self) -> list[TimingRequest]:
         """Every layer of every stage this configuration times."""
@@ -184,7 +184,7 @@ class _Costs:
         r = self.request(stage, index)
         footprints = self.model.cache.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key,
                                             elementwise=self.model.elementwise)
-        timed = self.timer.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key)
+        timed = self.timer.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key, images=r.images)
         return timed, footprints[tile or 0]
 
     def stage(self, stage: int, tile: int | None) -> tuple[float, float, float, float]:
