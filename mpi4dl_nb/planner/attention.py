@@ -100,3 +100,10 @@ def all_gathered_bytes(tokens: Sequence[int], member: int, dim: int, element_byt
     """What ``member`` sends in a forward that all-gathers keys and values instead (its block to every other
     member): the ring's peer, which then holds all ``N`` keys and values at once."""
     return 2 * dim * element_bytes * tokens[member] * (len(tokens) - 1)
+
+
+def exposed_ring_seconds(steps: int, per_step: float, block: float, tail: float = 0.0) -> float:
+    """Wire seconds a ring member waits for in one layer: each of ``steps`` ring steps posts its message (``per_step``
+    seconds on the wire) before the step's block attention (``block`` seconds) runs, so only what the wire takes
+    beyond the compute shows; ``tail``: what travels after the last block (in backward, its gradient's last hop)."""
+    return steps * max(0.0, per_step - block) + tail

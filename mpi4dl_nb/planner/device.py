@@ -31,7 +31,9 @@ class LayerTime:
     running statistics replayed from one chunk's terms, ``pipeline.bn_replay``) and
     ``replay_chunk`` (each further chunk), ``optimizer`` (SGD with momentum on its parameters),
     ``terms_exchange`` (one chunk's BatchNorm terms packed for the holders' sum and unpacked,
-    ``dataparallel.gather_terms``, when several ranks hold the stage)."""
+    ``dataparallel.gather_terms``, when several ranks hold the stage); a layer on a ring member's tokens:
+    ``ring_block`` (forward, backward), the seconds of one key/value block's attention (a ring step's compute,
+    behind which the next message travels; ``attention.exposed_ring_seconds``)."""
 
     forward: float
     backward: float
@@ -41,6 +43,7 @@ class LayerTime:
     gradients: float = 0.0
     setup: float = 0.0
     terms_exchange: float = 0.0
+    ring_block: tuple[float, float] = (0.0, 0.0)
 
     @property
     def bookkeeping(self) -> float:
@@ -58,7 +61,8 @@ class LayerTime:
 class TimingRequest:
     """A layer to time: on inputs of ``shapes`` in ``dtype``, in ``role`` (a spatial stage's tile
     or whole maps), with the ``loss`` applied to its output when it is the model's last layer
-    (``loss_key`` names that loss for the cache)."""
+    (``loss_key`` names that loss for the cache); ``images``: its inputs are the step's images, which need
+    no gradient (the first layer of the first stage: no input gradient computed, as in the engine)."""
 
     layer: nn.Module
     shapes: tuple[Shape, ...]
@@ -66,6 +70,7 @@ class TimingRequest:
     role: StageRole
     loss: Loss | None = None
     loss_key: Hashable = None
+    images: bool = False
 
 
 class MeasuringDevice(Protocol):

@@ -35,9 +35,10 @@ from ..spatial.geometry import TileGrid
 from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth, sync_device
 from .fake_world import FakeComm, FakeWorld, SizeOracle
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
-from .token_tiles import member_work
+from .token_tiles import RingMember, member_work
 
-_PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer")
+_PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer",
+           "ring_forward", "ring_backward")
 ONE_HOLDER = Group((0,))
 
 
@@ -57,10 +58,10 @@ class LayerTimer:
         self.profiled = 0
 
     def layer(self, layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,
-              loss: Loss | None = None, loss_key: Hashable = None) -> LayerTime:
+              loss: Loss | None = None, loss_key: Hashable = None, images: bool = False) -> LayerTime:
         """Time of ``layer`` on the slowest tile of ``role`` (whole maps: the only one); measured
-        now, alone, unless ``measure`` timed it already."""
-        request = TimingRequest(layer, tuple(tuple(s) for s in shapes), dtype, role, loss, loss_key)
+        now, alone, unless ``measure`` timed it already (``images``: its inputs need no gradient)."""
+        request = TimingRequest(layer, tuple(tuple(s) for s in shapes), dtype, role, loss, loss_key, images)
         key = self._key(request, slowest_tile(role, request.shapes))
         if key not in self._found:
             self.measure([request])
@@ -84,7 +85,7 @@ class LayerTimer:
 
     def _key(self, request: TimingRequest, tile: int) -> Hashable:
         return (self._structure(request.layer), request.shapes, request.dtype, request.role, tile,
-                request.loss_key if request.loss is not None else None)
+                request.loss_key if request.loss is not None else None, request.images)
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,10 @@ class _RandomInputs:
         self.buffers = {dtype: torch.randn(count, dtype=dtype, device=device, generator=generator)
                         for dtype, count in longest.items()}
 
-    def leaves(self, shapes: Sequence[Shape], dtype: torch.dtype) -> list[torch.Tensor]:
-        """Fresh leaf tensors of ``shapes`` (requiring gradients) over the random buffer."""
+    def leaves(self, shapes: Sequence[Shape], dtype: torch.dtype, grad: bool = True) -> list[torch.Tensor]:
+        """Fresh leaf tensors of ``shapes`` (requiring gradients when ``grad``) over the random buffer."""
         buffer = self.buffers[dtype]
-        return [buffer[:torch.Size(s).numel()].view(s).detach().requires_grad_(True) for s in shapes]
+        return [buffer[:torch.Size(s).numel()].view(s).detach().requires_grad_(grad) for s in shapes]
 
 
 @dataclass
@@ -160,6 +161,7 @@ class _Bench:
     alone: Comm                      # one holder: its collectives return at once
     runs: dict[str, list[float]]
     share: float = 1.0               # of the forward and backward, the rank's (a ViT's patch embedding: its tokens)
+    images: bool = False             # its inputs are the step's images: no gradient for them
 
     @classmethod
     def build(cls, request: TimingRequest, tile: int, device: torch.device) -> _Bench:
@@ -181,11 +183,11 @@ class _Bench:
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=1e-6, momentum=0.9) if params else None
         return cls(module, shapes, dtype, request.loss, device, RunningStatsLedger(module), optimizer,
-                   FakeWorld(1).comm(0, device), {name: [] for name in _PHASES}, share)
+                   FakeWorld(1).comm(0, device), {name: [] for name in _PHASES}, share, request.images)
 
     def run_once(self, inputs: _RandomInputs) -> None:
         """One training step of the layer alone, each phase's seconds recorded."""
-        leaves = inputs.leaves(self.shapes, self.dtype)
+        leaves = inputs.leaves(self.shapes, self.dtype, grad=not self.images)
         x: Payload = tuple(leaves) if len(leaves) > 1 else leaves[0]
         runs, ledger, module, alone = self.runs, self.ledger, self.module, self.alone
         clock = _Clock(self.device)
@@ -200,7 +202,8 @@ class _Bench:
         outs = [o for o in as_items(out) if isinstance(o, torch.Tensor) and o.requires_grad]
         grads = [torch.ones_like(o) for o in outs]
         clock.lap()
-        torch.autograd.backward(outs, grads)
+        if outs:     # a first layer without parameters has nothing to differentiate
+            torch.autograd.backward(outs, grads)
         clock.lap(runs["backward"])
         sum_stage_gradients(alone, [module], None)
         clock.lap(runs["gradients"])
@@ -214,14 +217,17 @@ class _Bench:
         if self.optimizer is not None:
             self.optimizer.step()
         clock.lap(runs["optimizer"])
+        blocks = module.kernel.per_block() if isinstance(module, RingMember) else (0.0, 0.0)
+        runs["ring_forward"].append(blocks[0])
+        runs["ring_backward"].append(blocks[1])
 
     def result(self) -> LayerTime:
         """Each phase's median over the runs after the first (the warm-up)."""
         typical = {name: statistics.median(values[1:] or values) for name, values in self.runs.items()}
         return LayerTime(self.share * typical["forward"], self.share * typical["backward"], typical["optimizer"],
-                         typical["replay"],
-                         max(0.0, typical["two_chunks"] - typical["replay"]), typical["gradients"],
-                         typical["setup"], typical["terms_exchange"])
+                         typical["replay"], max(0.0, typical["two_chunks"] - typical["replay"]), typical["gradients"],
+                         typical["setup"], typical["terms_exchange"],
+                         (typical["ring_forward"], typical["ring_backward"]))
 
 
 class _Clock:

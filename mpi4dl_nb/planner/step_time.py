@@ -46,6 +46,7 @@ from ..config import ParallelConfig
 from ..layout import layout, stage_holders
 from ..pipeline.bn_replay import running_stat_norms
 from ..pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
+from .attention import exposed_ring_seconds
 from .crowding import Crowding, crowds
 from .device import LayerTime, MeasuringDevice, TimingRequest
 from .fake_world import Traffic
@@ -65,6 +66,7 @@ from .memory import (
 from .profile import LayerProfile, Layers, batched
 from .simulate import Cost, RankTimeline, group_key, simulate
 from .timing import Network, Node
+from .token_tiles import attention_widths
 
 HEADER_BYTES = 162 * 8
 # Share of a layer-with-parameters' backward that is its weight gradient: a conv's or linear's
@@ -170,7 +172,7 @@ class _Costs:
         last = index == len(model.profiles) - 1
         return TimingRequest(profile.layer, tuple(batched(s, model.chunk) for s in profile.in_shapes),
                              model.precision.activations, model.role(stage), model._loss if last else None,
-                             model.loss_fn)
+                             model.loss_fn, images=index == 0)
 
     def requests(self) -> list[TimingRequest]:
         """Every layer of every stage this configuration times."""
@@ -182,7 +184,7 @@ class _Costs:
         r = self.request(stage, index)
         footprints = self.model.cache.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key,
                                             elementwise=self.model.elementwise)
-        timed = self.timer.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key)
+        timed = self.timer.layer(r.layer, r.shapes, r.dtype, r.role, loss=r.loss, loss_key=r.loss_key, images=r.images)
         return timed, footprints[tile or 0]
 
     def stage(self, stage: int, tile: int | None) -> tuple[float, float, float, float]:
@@ -191,14 +193,13 @@ class _Costs:
         if key not in self._stage:
             fw = fd = bw = bd = 0.0
             spatial = stage < self.model.cfg.spatial_size
-            members = self.model.cfg.num_spatial_parts
             for index in range(self.model.bounds[stage], self.model.bounds[stage + 1]):
                 timed, fp = self.layer_time(stage, index, tile)
                 fw += timed.forward
                 bw += timed.backward
                 if spatial:
-                    fd += self._wire(fp.forward_traffic, members)
-                    bd += self._wire(fp.backward_traffic, members)
+                    fd += self._layer_wire(stage, index, timed, fp.forward_traffic, backward=False)
+                    bd += self._layer_wire(stage, index, timed, fp.backward_traffic, backward=True)
             if self.recompute is not Recompute.NONE:   # every layer's forward again; halo strips kept: no wire
                 bw += fw
             self._stage[key] = (fw, fd, bw, bd)
@@ -249,6 +250,23 @@ class _Costs:
         """Seconds a rank spends starting a step: train mode, gradients dropped, BatchNorm
         statistics remembered, for every stage copy it holds."""
         return sum(t.setup for stage in self.held[rank] for t in self._stage_times(stage))
+
+    def _layer_wire(self, stage: int, index: int, timed: LayerTime, traffic: Traffic, backward: bool) -> float:
+        """Wire seconds of layer ``index`` of spatial ``stage`` in one chunk's forward or ``backward``: a halo
+        layer's messages (``_wire``), or a ViT layer's rings: each step's message travels while the step's block
+        attention runs (``attention.exposed_ring_seconds``; in backward a key/value block and a gradient
+        accumulator per step, and the accumulator's last hop after the last block)."""
+        members = self.model.cfg.num_spatial_parts
+        layer = self.model.profiles[index].layer
+        rings = len(attention_widths(layer)) if layer is not None and self.model.role(stage).tokens else 0
+        if not rings or not traffic.messages:
+            return self._wire(traffic, members)
+        message = traffic.message_bytes / traffic.messages
+        steps, block = rings * (members - 1), timed.ring_block[int(backward)]
+        if not backward:
+            return exposed_ring_seconds(steps, self.network.message(message), block)
+        return exposed_ring_seconds(steps, self.network.message(2 * message), block,
+                                    rings * self.network.message(message))
 
     def _wire(self, traffic: Traffic, members: int) -> float:
         per_message = traffic.message_bytes / traffic.messages if traffic.messages else 0.0

@@ -5,6 +5,7 @@ process on CPU, attention simulated as torch's flash kernel for CPU runs it."""
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -13,10 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..spatial.attention_blocks import Grads, block_kernel
 from ..spatial.blockwise import blockwise_attention
 from ..spatial.ops import TorchOp, argument
+from ..spatial.ring_attention import Ring, ring_attention
 from .attention import RingCost, TokenGrid, ring_cost
-from .fake_world import Traffic
+from .fake_world import FakeComm, Traffic
 
 Shape = tuple[int, ...]
 
@@ -89,47 +92,97 @@ def ring_terms(widths: Sequence[AttentionWidth], tokens: Sequence[int], member: 
                      samples * max(c.in_flight_backward for c in costs), forward, backward)
 
 
-class RingWork(nn.Module):
-    """A layer on one ring member's tokens with its rings' extra work, to be timed: after the layer, each of
-    its attention modules' queries (the layer's output, as wide) attend to the keys of the other members
-    (random, fixed), forward and backward, as the ring's further blocks are (their merge is not counted)."""
+class TimedBlocks:
+    """The engine's block kernel for the queries (``attention_blocks.block_kernel``: on CPU the plain matmul path),
+    the seconds of each block's forward and backward kept (a ring step's compute, which hides the next message)."""
 
-    def __init__(self, layer: nn.Module, widths: Sequence[AttentionWidth], extra_keys: int, chunk: int) -> None:
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = {"forward": [], "backward": []}
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self._now(q)
+        found = block_kernel(q).forward(q, k, v, scale)
+        self.seconds["forward"].append(self._now(q) - start)
+        return found
+
+    def backward(self, grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, delta: torch.Tensor, scale: float) -> Grads:
+        start = self._now(q)
+        found = block_kernel(q).backward(grad, q, k, v, out, lse, delta, scale)
+        self.seconds["backward"].append(self._now(q) - start)
+        return found
+
+    @staticmethod
+    def _now(like: torch.Tensor) -> float:
+        if like.device.type == "cuda":
+            torch.cuda.synchronize(like.device)
+        return time.perf_counter()
+
+    def per_block(self) -> tuple[float, float]:
+        """Mean seconds of one block's (forward, backward) since the last call, then forgotten."""
+        means = tuple(sum(found) / len(found) if found else 0.0 for found in self.seconds.values())
+        for found in self.seconds.values():
+            found.clear()
+        return means[0], means[1]
+
+
+class _RingOfOne(TorchFunctionMode):
+    """``scaled_dot_product_attention`` as a ring member runs it (``spatial.ring_attention``: every block of the
+    ring, merged; the backward's gradient accumulators passed on) over a ``FakeComm`` (nothing delivered: the
+    arriving blocks are zeros), so the member's compute is the engine's and the wire is left out."""
+
+    def __init__(self, ring: Ring, kernel: TimedBlocks) -> None:
         super().__init__()
-        self.layer = layer
-        self.widths = list(widths)
-        reference = next(iter(layer.parameters()), None)
-        dtype = reference.dtype if reference is not None else torch.float32
+        self.ring, self.kernel = ring, kernel
+
+    def __torch_function__(self, func: TorchOp, types: Collection[type], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v = (argument(args, kwargs, i, name) for i, name in enumerate(("query", "key", "value")))
+        scale = argument(args, kwargs, 6, "scale")
+        assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+        return ring_attention(q, k, v, self.ring, scale=scale if isinstance(scale, float) else None,
+                              kernel=self.kernel)
+
+
+class RingMember(nn.Module):
+    """A layer on one ring member's tokens as the engine runs it there, to be timed: its attention modules take
+    the fused path (as ``spatial.token_attention`` sets them) and their ``scaled_dot_product_attention`` is ring
+    attention over ``members`` (``_RingOfOne``); ``kernel`` keeps each block's seconds."""
+
+    def __init__(self, layer: nn.Module, members: Sequence[int], member: int) -> None:
+        super().__init__()
+        self.layer = copy.deepcopy(layer)
+        for module in self.layer.modules():
+            if hasattr(module, "fused_attn"):
+                setattr(module, "fused_attn", True)   # noqa: B010 (an attribute of timm's, not a submodule)
+        reference = next(iter(self.layer.parameters()), None)
         device = reference.device if reference is not None else torch.device("cpu")
-        self.keys = [torch.randn(chunk, w.heads, extra_keys, w.dim // w.heads, dtype=dtype, device=device,
-                                 requires_grad=True) for w in self.widths]
+        comm = FakeComm(member, None, device, world_size=len(members))
+        self.ring = Ring(comm, None, tuple(members), name="timed")
+        self.kernel = TimedBlocks()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.layer(x)
-        for width, keys in zip(self.widths, self.keys):
-            if keys.shape[2] == 0:
-                continue
-            n, t, _ = out.shape
-            queries = out[..., :width.dim].reshape(n, t, width.heads, -1).transpose(1, 2)
-            attended = F.scaled_dot_product_attention(queries, keys, keys)
-            out = out + F.pad(attended.transpose(1, 2).reshape(n, t, width.dim), (0, out.shape[-1] - width.dim))
+        with _RingOfOne(self.ring, self.kernel):
+            out: torch.Tensor = self.layer(x)
         return out
 
 
 def member_work(layer: nn.Module, shapes: Sequence[Shape], tokens: TokenGrid, members: Sequence[int],
                 member: int) -> tuple[nn.Module, list[Shape], float]:
     """What a timer runs for ``member`` of a ring holding ``members`` tokens: (module, its input shapes, the
-    share of the measured time that is the member's). A layer on tokens runs on the member's tokens with the
-    ring's extra keys (``RingWork``); the patch embedding (images in) runs on the whole image, its time shared
-    by tokens."""
+    share of the measured time that is the member's). A layer on tokens runs on the member's tokens with its
+    attention spanning the ring (``RingMember``); the patch embedding (images in) runs on the whole image, its
+    time shared by tokens."""
     if any(len(s) == 4 for s in shapes):
         return layer, list(shapes), members[member] / tokens.total
-    count = members[member]
-    cut = token_shapes(shapes, tokens.total, count)
-    widths = attention_widths(layer)
-    if not widths:
+    cut = token_shapes(shapes, tokens.total, members[member])
+    if not attention_widths(layer):
         return layer, cut, 1.0
-    return RingWork(layer, widths, tokens.total - count, cut[0][0]), cut, 1.0
+    return RingMember(layer, members, member), cut, 1.0
 
 
 class RingKernels(nn.Module):
