@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import mpi4dl_nb as dl
@@ -43,10 +44,13 @@ FLAGS = ("--whole-slide --image-size 64 --mpp 2 --batch-size 1 --dtype float64 -
 CNN = "--model resnet --resnet-version 1 --num-layers 8 --num-filters 4"
 ONE_PROCESS = "--split-size 1 --spatial-size 0".split()     # later flags win: the same run, the trunk untiled
 ENCODER = "--slide-encoder transformer"
-# a ViT trunk (issue 52): ViT-Ti/16 built small for the 64 px canvas (small_vit: 4x4 patch tokens, 2x2 on each tile),
-# its embedding and first block on the tiles (ring attention), the rest, the token grid and the encoder on the layer rank
+# a ViT trunk (issue 52): ViT-Ti/16 built small for the 64 px canvas (small_vit: 4x4 patch tokens, 2x2 on each
+# tile), its embedding and first blocks on the tiles (ring attention), the rest, the token grid and the encoder on the
+# layer rank
 VIT = f"--model tests.mpi.whole_slide_cli:small_vit {ENCODER}"
 TOLERANCE = 1e-9
+INFER_TOLERANCE = 1e-12
+VIT_INFER = "a ViT trunk's slide-level infer on 2x2 tiles equals one process"
 
 
 def small_vit(num_classes: int) -> torch.nn.Module:
@@ -170,6 +174,42 @@ def check_reads(check: Checks, ctx: dl.Context, recorders: list[ReadRecorder]) -
         result.detail = f"{len(reads)} reads, largest {max((max(s) for s in reads), default=0)} px"
 
 
+def check_vit_infer(check: Checks, ctx: dl.Context, root: Path, case: Case) -> None:
+    """Slide-level inference of the ViT case's checkpoint on 2x2 tiles (ranks 0-3: the token tiles joined for the head
+    on every rank) against one process on the whole canvas: probabilities, the max pool's map and the class token's
+    attention over the 4x4 patch tokens."""
+    from mpi4py import MPI
+
+    from mpi4dl_nb.infer.slide_level import open_canvas
+    from mpi4dl_nb.infer.slide_list import slide_sources
+    from mpi4dl_nb.infer.whole_slide import CanvasNetwork, load_whole_slide
+    from mpi4dl_nb.spatial.geometry import TileGrid
+    from tests.mpi.whole_slide_infer import class_reference, reference
+
+    group = MPI.COMM_WORLD.Split(0 if ctx.rank < 4 else 1, ctx.rank)
+    with check(VIT_INFER) as result:
+        if ctx.rank < 4:
+            model = load_whole_slide(root / f"c-{case.tag}", torch.float64, check=False)
+            network = CanvasNetwork(model, TileGrid(2, 2), dl.Context(comm=group), torch.float64)
+            worst = 0.0
+            for slide in slide_sources(str(root / "cohort" / "cohort.csv"), model.classes)[:2]:
+                canvases = open_canvas(model, slide, 0, 2.0, None)
+                prediction = network.predict(canvases, 0)
+                if ctx.rank == 0:
+                    assert prediction is not None and prediction.cells is not None
+                    assert prediction.class_cells is not None and prediction.cells.shape == (4, 4)
+                    expected, looked = reference(model, canvases)
+                    attended = class_reference(model, canvases)
+                    assert looked is not None and attended is not None
+                    worst = max(worst, *(float(np.abs(a - b).max()) for a, b in (
+                        (prediction.probabilities, expected), (prediction.cells, looked),
+                        (prediction.class_cells, attended))))
+                canvases.close()
+            assert worst < INFER_TOLERANCE, f"tiles and one process differ by {worst}"
+            result.detail = f"2 slides, probabilities and both maps within {worst:.1e}" if ctx.rank == 0 else ""
+    group.Free()
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
@@ -200,6 +240,8 @@ def main(check: Checks) -> None:
                     result.detail = matches_one_process(run.losses, state, serial, model, TOLERANCE)
             if case.cli:
                 check_one_process_cli(check, ctx, root, case, run, trainer.engine)
+            if case.extra == VIT:
+                check_vit_infer(check, ctx, root, case)
         with check("patients on one side") as result:
             if ctx.rank == 0:
                 assert summary is not None and summary.checkpoint is not None
