@@ -93,3 +93,16 @@ def classes_and_width(head: TokenHead, label: str) -> tuple[int, int]:
         raise ConfigError("--pool", f"{label} has no classifier for a number of classes (num_classes "
                                     f"{classes!r}, embed_dim {width!r}); build it with num_classes > 0")
     return classes, width
+
+
+REPLACED = ("fc_norm.", "attn_pool.", "head.")   # the keys of the model's own pool and classifier the new head replaces
+
+
+def grid_head_keys(layers: Sequence[nn.Module]) -> tuple[set[str], tuple[str, ...]]:
+    """For pretrained weights (``models/weights.py``): the engine keys of a ``TokenGridHead``'s new classifier head
+    (in no file of the model: kept as drawn) and the prefixes of the file's keys it replaces (the model's pool and
+    classifier: not loaded); nothing without such a head."""
+    if not layers or not isinstance(layers[-1], TokenGridHead):
+        return set(), ()
+    index = len(layers) - 1
+    return {f"{index}.{HEAD_STEP}.{key}" for key in layers[-1].classifier.state_dict()}, REPLACED

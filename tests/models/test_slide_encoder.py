@@ -187,3 +187,23 @@ def test_the_encoder_after_a_vit_is_accepted_and_after_a_named_cnn_refused():
     assert err.value.knob == "--slide-encoder" and "is not a ViT" in str(err.value)
     with pytest.raises(ValueError, match="tissue-mean"):
         small_vit_spec("tissue-mean")
+
+
+def test_pretrained_vit_weights_load_into_the_trunk_and_the_new_head_stays_as_drawn():
+    """``--weights`` with a token-grid head: the file's blocks, embeddings and final norm load; its classifier is
+    replaced (not loaded), the new head is in no file."""
+    pytest.importorskip("timm")
+    from mpi4dl_nb.models.weights import load_weights
+    from tests.mpi.whole_slide_cli import small_vit
+
+    torch.manual_seed(6)
+    pretrained = small_vit(1000).state_dict()            # another number of classes, as a foundation model's file
+    layers = small_vit_spec().build()
+    drawn = {k: v.clone() for k, v in layers[-1].state_dict().items() if "grid_head" in k}
+    assert load_weights(layers, pretrained, model="small_vit") is None
+    state = torch.nn.Sequential(*layers).state_dict()
+    assert torch.equal(state["0.pos_embed"], pretrained["pos_embed"])
+    assert torch.equal(state["3.norm.weight"], pretrained["norm.weight"]) and "3.head.weight" not in state
+    assert all(torch.equal(layers[-1].state_dict()[k], v) for k, v in drawn.items())
+    with pytest.raises(ConfigError, match="unexpected blocks.5"):
+        load_weights(layers, {**pretrained, "blocks.5.norm1.weight": torch.ones(32)}, model="small_vit")
