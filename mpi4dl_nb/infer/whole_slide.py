@@ -1,7 +1,7 @@
 """A whole-slide model on one slide: its canvas placed as training placed it, the network on the canvas's tiles (one per
 rank) or whole (one process), the slide's class probabilities and, for attention and max heads, the map of where it
-looked, gathered on rank 0; a head with a slide encoder runs on the gathered cells, as on training's layer rank, and
-gives the class token's attention over them too."""
+looked, gathered on rank 0; a head with a slide encoder, and a ViT trunk's head, run on the gathered cells (a ViT's: its
+patch tokens), as on training's layer rank, and a slide encoder gives the class token's attention over them too."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from ..models.named_pool import PooledMap
 from ..models.pieces import Piece
 from ..models.pools import PoolKind
 from ..models.slide_encoder import SlideEncoder
+from ..models.token_grid import TokenGridHead
+from ..models.vit import TokenEmbedding, is_cut_vit
 from ..spatial.geometry import TileGrid
 from .attention_map import (
     attention_weights,
@@ -74,17 +76,33 @@ class WholeSlideModel:
         """The slide encoder before the pool (``--slide-encoder``), None without one."""
         return slide_encoder(self.layers[-1])
 
+    @property
+    def head_on_cells(self) -> bool:
+        """Whether the head runs on the whole canvas's cells gathered from the tiles rather than on tiles: a slide
+        encoder's head, and a ViT's head piece (its token tiles joined as training's hand-off joins them)."""
+        return self.encoder is not None or is_cut_vit(self.layers)
+
+
+def classifier_of(last: nn.Module) -> ClassifierHead | None:
+    """The built-in ClassifierHead of a whole-slide network's last layer: the layer itself (after a CNN trunk) or the
+    one after a ViT's token grid (``models/token_grid.py``); None: neither."""
+    if isinstance(last, TokenGridHead):
+        return last.classifier
+    return last if isinstance(last, ClassifierHead) else None
+
 
 def slide_encoder(last: nn.Module) -> SlideEncoder | None:
     """The slide encoder of a whole-slide network's last layer (a built-in ClassifierHead's), None without one."""
-    return last.encoder if isinstance(last, ClassifierHead) else None
+    head = classifier_of(last)
+    return head.encoder if head is not None else None
 
 
 def slide_pool(last: nn.Module) -> nn.Module | None:
     """The pooling module in a whole-slide network's last layer: a built-in ClassifierHead's pool, or the pool
     ``--pool`` put in place of a torchvision/timm model's average pool (models/named_pool.py); None: neither."""
-    if isinstance(last, ClassifierHead):
-        return last.pool if isinstance(last.pool, nn.Module) else None
+    head = classifier_of(last)
+    if head is not None:
+        return head.pool if isinstance(head.pool, nn.Module) else None
     steps = last.steps() if isinstance(last, Piece) else []
     return steps[0][1].pool if steps and isinstance(steps[0][1], PooledMap) else None
 
@@ -126,8 +144,9 @@ class SlidePrediction:
 
 class CanvasNetwork:
     """The network on canvases: spatialized over ``grid`` when it has several tiles (one per rank of ``ctx``), with
-    hooks on the head that keep what the map needs of this rank's tile. A head with a slide encoder is kept whole: it
-    runs on the trunk's cells gathered from the tiles, on every rank (training runs it on a layer rank)."""
+    hooks on the head that keep what the map needs of this rank's tile. A head with a slide encoder or after a ViT is
+    kept whole: it runs on the trunk's cells (tokens) gathered from the tiles, on every rank (training runs it on a
+    layer rank)."""
 
     def __init__(self, model: WholeSlideModel, grid: TileGrid, ctx: Comm, dtype: torch.dtype) -> None:
         from ..spatial.convert import spatialize
@@ -147,7 +166,7 @@ class CanvasNetwork:
                                                          f"choose a grid that divides it (the one it trained on) "
                                                          f"or run one process") from None
         layers = list(model.layers)
-        head = layers.pop() if model.encoder is not None else None
+        head = layers.pop() if model.head_on_cells else None
         net: nn.Module = nn.Sequential(*layers)
         if grid.num_tiles > 1:
             net = spatialize(net, grid, ctx, image_size=(size, size))
@@ -200,17 +219,25 @@ class CanvasNetwork:
         return SlidePrediction(probabilities, self.assemble(parts))
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
-        """The logits of ``image`` (this rank's tile, or the whole canvas): a slide encoder's head on the cells
-        gathered from every tile."""
+        """The logits of ``image`` (this rank's tile, or the whole canvas): a head kept whole (``head_on_cells``) on
+        the cells gathered from every tile."""
         out = self.net(image)
         if self.head is None:
             return out
-        if self.grid.num_tiles > 1:
-            from ..spatial.tiles import gather_tiles
-
-            out = gather_tiles(out, self.grid, self.ctx)
-        logits: torch.Tensor = self.head(out)
+        logits: torch.Tensor = self.head(self.gathered(out) if self.grid.num_tiles > 1 else out)
         return logits
+
+    def gathered(self, out: torch.Tensor) -> torch.Tensor:
+        """The whole canvas's trunk output on every rank from this rank's tile of it: a CNN's map of cells, or a
+        ViT's tokens (its class/register tokens on tile 0), joined as training's hand-off to a layer rank joins
+        them (``TokenEmbedding.token_tiling``)."""
+        embedding = self.model.layers[0]
+        if isinstance(embedding, TokenEmbedding):
+            tiles = self.ctx.all_gather_object(out.cpu())
+            return embedding.token_tiling(self.grid).join([tile.to(out.device) for tile in tiles])
+        from ..spatial.tiles import gather_tiles
+
+        return gather_tiles(out, self.grid, self.ctx)
 
     def class_cells(self) -> np.ndarray | None:
         """The slide encoder's class-token attention over the canvas's cells (last block, mean over heads)."""

@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..config import Choice
+from ..errors import ConfigError
 from .build import DEFAULT_NUM_FILTERS, DEFAULT_NUM_LAYERS, build_model, image_multiple
 from .external import external_layers
 from .named_pool import with_named_pool
 from .normalize import Normalization
 from .pools import PoolKind
 from .slide_encoder import SlideEncoderSpec
+from .token_grid import with_token_grid
+from .vit import is_cut_vit
 
 
 class ModelFamily(Choice):
@@ -114,12 +117,14 @@ class ModelSpec:
         if pooling.tissue and kind.named:
             raise ValueError(f"--pool {pooling}: only the built-in classifiers (--model resnet or amoebanet) carry "
                              f"the tissue mask through their trunk; a {kind} model takes --pool max or attention")
-        if slide_encoder is not None and kind not in (ModelFamily.RESNET, ModelFamily.AMOEBANET):
-            raise ValueError(f"--slide-encoder: only the built-in classifiers (--model resnet or amoebanet) have the "
-                             f"head it goes in; a {kind} model takes none (drop --slide-encoder)")
+        if slide_encoder is not None and kind not in ENCODED:
+            raise ValueError(f"--slide-encoder: goes after the trunk of the built-in classifiers (--model resnet or "
+                             f"amoebanet) or of a timm ViT (timm:vit_small_patch16_224); a {kind} model takes none "
+                             f"(drop --slide-encoder)")
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
-                       weights=weights, pool=pooling, train_blocks=train_blocks, image_size=image_size)
+                       weights=weights, pool=pooling, slide_encoder=slide_encoder, train_blocks=train_blocks,
+                       image_size=image_size)
         if train_blocks is not None:
             raise ValueError(f"--train-blocks: a {kind} has no transformer blocks; it fine-tunes timm ViTs")
         unet = kind.unet
@@ -155,13 +160,25 @@ class ModelSpec:
             if image_size is not None and not isinstance(image_size, int):
                 raise ValueError(f"{self.label} takes images: give one image side, not {image_size}")
             side = image_size if image_size is not None else self.image_size
-            layers = external_layers(str(self.family), self.source or "", self.num_classes, self.in_channels,
-                                     self.normalize, side)
-            return with_named_pool(layers, self.pool, self.label, self.in_channels)
+            return self.named_head(external_layers(str(self.family), self.source or "", self.num_classes,
+                                                   self.in_channels, self.normalize, side))
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
                            in_channels=self.in_channels, image_size=image_size, norm=self.norm,
                            upsampling=self.upsampling, pool=self.pool, slide_encoder=self.slide_encoder)
+
+    def named_head(self, layers: list[nn.Module]) -> list[nn.Module]:
+        """A named model's layers with the head ``pool`` and ``slide_encoder`` ask for: a ViT's patch tokens as a map
+        before a new classifier head (``models/token_grid.py``), or a CNN's average pool replaced
+        (``models/named_pool.py``); ConfigError for a slide encoder after anything but a ViT."""
+        if is_cut_vit(layers) and (self.pool is not PoolKind.AVG or self.slide_encoder is not None):
+            return with_token_grid(layers, self.pool, self.slide_encoder, self.label)
+        if self.slide_encoder is not None:
+            raise ConfigError("--slide-encoder", f"{self.label} is not a ViT (timm's VisionTransformer or Eva, whose "
+                                                 f"patch tokens form the slide's grid): its own classifier reads its "
+                                                 f"pool; use a timm ViT, --model resnet or amoebanet, or drop "
+                                                 f"--slide-encoder")
+        return with_named_pool(layers, self.pool, self.label, self.in_channels)
 
     def describe(self) -> str:
         """``resnet v1 8 layers x 4 filters, 2 classes``."""
@@ -172,7 +189,8 @@ class ModelSpec:
             normal = f", {self.normalize.describe()} normalisation" if self.normalize else ""
             pooled = f", {self.pool} pool" if self.pool is not PoolKind.AVG else ""
             tuned = f", last {self.train_blocks} blocks trained" if self.train_blocks is not None else ""
-            return f"{self.label}, {self.num_classes} classes{channels}{normal}{pooled}{tuned}{start}"
+            encoded = f", {self.slide_encoder.describe()}" if self.slide_encoder is not None else ""
+            return f"{self.label}, {self.num_classes} classes{channels}{normal}{encoded}{pooled}{tuned}{start}"
         if self.family is ModelFamily.SWINUNETR3D:
             return (f"{self.family} {self.num_layers} Swin stages, feature size {self.num_filters}, "
                     f"{self.num_classes} classes{channels}")
@@ -209,6 +227,9 @@ class ModelSpec:
 
 
 NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)
+# a slide encoder goes after these trunks: the built-in classifiers', and a named model's when it is a ViT (checked as
+# it is built: ModelSpec.named_head)
+ENCODED = (ModelFamily.RESNET, ModelFamily.AMOEBANET, ModelFamily.TIMM, ModelFamily.MODULE)
 FORMS = (f"choose one of {', '.join(f.value for f in ModelFamily if f not in NAMED)}, or torchvision:NAME, timm:NAME, "
          f"package.module:callable")
 

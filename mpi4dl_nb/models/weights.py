@@ -11,6 +11,7 @@ from torch import nn
 from ..errors import ConfigError
 from .named_pool import fresh_keys
 from .pieces import engine_keys
+from .token_grid import grid_head_keys
 from .vit import resampled_positions
 
 WRAPPERS = ("state_dict", "model_state_dict", "model")   # keys training scripts keep a state dict under
@@ -82,9 +83,10 @@ def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch
     keys = engine_keys(layers)
     own = net.state_dict()
     mine = {original: own[engine] for original, engine in keys.items()}
-    fresh = fresh_keys(layers)      # a replaced head pool's own tensors (--pool attention): new, kept as drawn
+    grid_head, replaced_keys = grid_head_keys(layers)    # a ViT's token-grid head: new; the file's head not loaded
+    fresh = fresh_keys(layers) | grid_head   # a replaced head pool's own tensors (--pool attention): new, kept as drawn
     missing = [k for k in mine if k not in weights and not k.endswith(OPTIONAL) and keys[k] not in fresh]
-    unexpected = [k for k in weights if k not in mine]
+    unexpected = [k for k in weights if k not in mine and not (replaced_keys and k.startswith(replaced_keys))]
     if len(unexpected) == len(weights):
         raise ConfigError(source, f"none of its {len(weights)} keys is a key of {model} (its first: "
                                   f"{next(iter(weights))}; the model's first: {next(iter(mine), '-')}): a state dict "
@@ -103,7 +105,7 @@ def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch
         parts = [f"missing {listed(missing)}" if missing else "", f"unexpected {listed(unexpected)}"
                  if unexpected else ""]
         raise ConfigError(source, f"does not fit {model}: {'; '.join(p for p in parts if p)}")
-    loaded = {keys[k]: v for k, v in weights.items() if not (replaced and k in classifier)}
+    loaded = {keys[k]: v for k, v in weights.items() if k in mine and not (replaced and k in classifier)}
     net.load_state_dict({**own, **loaded}, strict=True)
     if not replaced:
         return None

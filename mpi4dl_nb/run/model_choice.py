@@ -12,7 +12,7 @@ from ..models.normalize import Normalization
 from ..models.pools import PoolKind
 from ..models.resnet import version_for_depth
 from ..models.slide_encoder import DEFAULT_HEADS, DEFAULT_LAYERS, SlideEncoderKind, SlideEncoderSpec
-from ..models.spec import ModelFamily, ModelSpec, parse_model_name, split_model
+from ..models.spec import ENCODED, ModelFamily, ModelSpec, parse_model_name, split_model
 from ..models.unet import UNetNorm, Upsampling
 from ..schema import Bounds, check_bounds, flag, whole_number
 from . import flag_groups as groups
@@ -76,10 +76,11 @@ class SlideEncoderChoice:
     encoder; the sizes None: their defaults), transformer layers between the trunk and the head's pool."""
 
     kind: SlideEncoderKind | None = flag(
-        "--slide-encoder", "transformer layers over the trunk's cells before the head's pool (resnet, amoebanet): each "
-                           "cell a token with its 2-D position in the whole grid, a learned class token; the "
-                           "classifier reads the class token beside --pool's pool of the encoded cells; runs on a "
-                           "layer rank (keep --split-size above --spatial-size) or one process", None,
+        "--slide-encoder", "transformer layers over the trunk's cells before the head's pool (resnet, amoebanet; a "
+                           "timm ViT: its patch tokens): each cell a token with its 2-D position in the whole grid, a "
+                           "learned class token; the classifier reads the class token beside --pool's pool of the "
+                           "encoded cells; runs on a layer rank (keep --split-size above --spatial-size) or one "
+                           "process", None,
         parse=SlideEncoderKind, choices=SlideEncoderKind.values(), group=groups.MODEL)
     layers: int | None = flag("--slide-encoder-layers", f"transformer blocks of --slide-encoder (default "
                                                         f"{DEFAULT_LAYERS})", None, parse=whole_number,
@@ -165,10 +166,12 @@ class ModelChoice:
                                         f"only this project's classifiers do (--model resnet or amoebanet); --model "
                                         f"{self.model} takes --pool max or attention (its global average pool "
                                         f"replaced)")
-        if self.slide_encoder.kind is not None and family not in (ModelFamily.RESNET, ModelFamily.AMOEBANET):
-            raise ConfigError("--slide-encoder", f"goes between the trunk and the classifier head of --model resnet or "
-                                                 f"amoebanet; --model {self.model} has no such head: use --model "
-                                                 f"resnet or amoebanet, or drop --slide-encoder")
+        if self.slide_encoder.kind is not None and family not in ENCODED:
+            raise ConfigError("--slide-encoder", f"goes between a trunk's grid of cells or patch tokens and the "
+                                                 f"classifier: after --model resnet or amoebanet, or a timm ViT "
+                                                 f"(timm:vit_small_patch16_224; a torchvision model, a U-Net or a "
+                                                 f"3-D model takes none); --model {self.model}: use one of those, or "
+                                                 f"drop --slide-encoder")
 
     @property
     def family(self) -> ModelFamily:

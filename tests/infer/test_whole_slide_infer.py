@@ -400,3 +400,45 @@ def test_a_slide_encoder_s_class_attention_is_written_slide_aligned(cohort, tmp_
         canvases.close()
         assert (np.isnan(wanted) == np.isnan(weights)).all()
         assert np.nanmax(np.abs(wanted - weights)) < 1e-6
+
+
+def test_a_vit_trunk_s_slide_encoder_predicts_and_maps_its_patch_tokens(cohort, tmp_path):
+    """``--model NAME --slide-encoder transformer --pool attention`` with a small ViT-Ti/16 (models/token_grid.py):
+    the ViT's 4x4 patch tokens (its class and register tokens dropped) are the canvas's cells; probabilities, the
+    pool's map and the class token's attention written slide-aligned at the patch stride equal the network on the
+    whole canvas. 4 ranks: tests/mpi/whole_slide_cli.py."""
+    pytest.importorskip("timm")
+    from mpi4dl_nb.infer.attention_map import CLASS_MAP_NAME
+    from mpi4dl_nb.infer.slide_level import open_canvas
+    from mpi4dl_nb.infer.slide_list import slide_sources
+    from mpi4dl_nb.models.slide_encoder import SlideEncoderSpec
+    from mpi4dl_nb.models.spec import ModelSpec
+    from tests.mpi.whole_slide_infer import class_reference, reference
+    from tests.support.whole_slide_model import write_whole_slide
+
+    spec = ModelSpec.of("tests.mpi.whole_slide_cli:small_vit", num_classes=2, pool="attention",
+                        slide_encoder=SlideEncoderSpec(1, 4), image_size=64)      # as train records it
+    torch.manual_seed(0)
+    layers = [layer.double().eval() for layer in spec.build()]
+    checkpoint = write_whole_slide(tmp_path / "c", layers, spec, 64, 2.0)
+    manifest, _ = cohort
+    assert infer_cmd.main(["--checkpoint", str(checkpoint), "--cohort", str(manifest), "--output",
+                           str(tmp_path / "out"), "--dtype", "float64", "--no-progress"]) == 0
+    model = load_whole_slide(checkpoint, torch.float64)
+    assert model.encoder is not None and model.pool_module is not None and model.head_on_cells
+    written = {r["slide"]: [float(r["prob_negative"]), float(r["prob_positive"])]
+               for r in rows_of(tmp_path / "out" / SLIDES_CSV)}
+    for slide in slide_sources(str(manifest), model.classes):
+        canvases = open_canvas(model, slide, 0, 2.0, None)
+        expected, looked = reference(model, canvases)
+        attended = class_reference(model, canvases)
+        placement = canvases.placements[0]
+        canvases.close()
+        assert np.abs(np.array(written[slide.path.stem]) - expected).max() < 1e-12
+        assert looked is not None and attended is not None and looked.shape == attended.shape == (4, 4)
+        for name, cells in (("attention", looked), (CLASS_MAP_NAME, attended)):
+            stored = read_slide_map(map_paths(tmp_path / "out", slide.path.stem, name)[0])
+            assert stored.mpp == pytest.approx(2.0 * 16)                     # one map pixel per 16 px patch
+            wanted = on_slide(cells, placement).values
+            assert (np.isnan(wanted) == np.isnan(stored.values[0])).all()
+            assert np.nanmax(np.abs(wanted - stored.values[0])) < 1e-6       # float32 in the file

@@ -124,7 +124,7 @@ def test_the_flags_name_the_encoder_with_its_defaults():
     (lambda: SlideEncoderChoice(layers=3), "--slide-encoder-layers", "add --slide-encoder transformer"),
     (lambda: SlideEncoderChoice(heads=2), "--slide-encoder-heads", "add --slide-encoder transformer"),
     (lambda: ModelChoice(model="torchvision:resnet18", slide_encoder=SlideEncoderChoice("transformer")),
-     "--slide-encoder", "use --model resnet or amoebanet"),
+     "--slide-encoder", "after --model resnet or amoebanet, or a timm ViT"),
     (lambda: ModelChoice(model="unet", slide_encoder=SlideEncoderChoice("transformer")), "--slide-encoder",
      "drop --slide-encoder"),
     (lambda: SlideEncoder(16, SlideEncoderSpec(heads=3)), "--slide-encoder-heads", "use one of 1, 2, 4, 8, 16"),
@@ -146,3 +146,64 @@ def test_a_run_with_other_heads_is_another_model_on_resume():
     assert model_fingerprint(four, layers) != model_fingerprint(two, layers)
     plain = small(encoder=None)
     assert "encoder" not in model_fingerprint(plain, plain.build(32))     # today's text for runs without one
+
+
+def small_vit_spec(pool: str = "attention", encoder: SlideEncoderSpec | None = SPEC) -> ModelSpec:
+    return ModelSpec.of("tests.mpi.whole_slide_cli:small_vit", num_classes=2, pool=pool, slide_encoder=encoder,
+                        image_size=64)
+
+
+@pytest.mark.parametrize("encoder", [SPEC, None])
+def test_a_vit_s_patch_tokens_are_the_grid_its_encoder_and_pool_read(encoder):
+    """Issue 52: ``--slide-encoder`` / ``--pool attention`` after a ViT (models/token_grid.py): its final norm, its 4x4
+    patch tokens (class and register tokens dropped) as the map, the ResNet's classifier head; trained end to end."""
+    pytest.importorskip("timm")
+    from mpi4dl_nb.models.token_grid import TokenGridHead
+    from mpi4dl_nb.models.vit import is_cut_vit, train_last_blocks
+
+    torch.manual_seed(5)
+    spec = small_vit_spec(encoder=encoder)
+    net = torch.nn.Sequential(*spec.build()).double()
+    head = net[-1]
+    assert isinstance(head, TokenGridHead) and head.paths == ("norm", "token_grid", "grid_head") and is_cut_vit(net)
+    assert (head.classifier.encoder is not None) == (encoder is not None)
+    assert head.classifier.pool_kind is PoolKind.ATTENTION
+    image = torch.rand(1, 3, 64, 64, dtype=torch.float64)
+    tokens = torch.nn.Sequential(*net[:-1])(image)
+    assert tokens.shape == (1, 2 + 16, 32)                          # class + register token, then 4x4 patches
+    cells = head.get_submodule("norm")(tokens)[:, 2:].transpose(1, 2).reshape(1, 32, 4, 4)
+    assert torch.allclose(net(image), head.classifier(cells), atol=1e-14, rtol=0)
+    torch.nn.functional.cross_entropy(net(image), torch.tensor([1])).backward()
+    assert net[0].get_submodule("patch_embed.proj").weight.grad.abs().sum() > 0      # into the ViT's embedding
+    assert ModelSpec.from_dict(spec.to_dict()) == spec and ("slide encoder" in spec.describe()) == bool(encoder)
+    assert "the final norm and the head" in train_last_blocks(list(net), 1, spec.label)
+    assert all(p.requires_grad for p in head.parameters())          # --train-blocks trains the new head
+
+
+def test_the_encoder_after_a_vit_is_accepted_and_after_a_named_cnn_refused():
+    assert parsed("--model", "timm:vit_tiny_patch16_224", "--slide-encoder", "transformer").slide_encoder.spec()
+    with pytest.raises(ConfigError) as err:
+        ModelSpec.of("timm:resnet10t", num_classes=2, slide_encoder=SPEC).named_head([torch.nn.Identity()])
+    assert err.value.knob == "--slide-encoder" and "is not a ViT" in str(err.value)
+    with pytest.raises(ValueError, match="tissue-mean"):
+        small_vit_spec("tissue-mean")
+
+
+def test_pretrained_vit_weights_load_into_the_trunk_and_the_new_head_stays_as_drawn():
+    """``--weights`` with a token-grid head: the file's blocks, embeddings and final norm load; its classifier is
+    replaced (not loaded), the new head is in no file."""
+    pytest.importorskip("timm")
+    from mpi4dl_nb.models.weights import load_weights
+    from tests.mpi.whole_slide_cli import small_vit
+
+    torch.manual_seed(6)
+    pretrained = small_vit(1000).state_dict()            # another number of classes, as a foundation model's file
+    layers = small_vit_spec().build()
+    drawn = {k: v.clone() for k, v in layers[-1].state_dict().items() if "grid_head" in k}
+    assert load_weights(layers, pretrained, model="small_vit") is None
+    state = torch.nn.Sequential(*layers).state_dict()
+    assert torch.equal(state["0.pos_embed"], pretrained["pos_embed"])
+    assert torch.equal(state["3.norm.weight"], pretrained["norm.weight"]) and "3.head.weight" not in state
+    assert all(torch.equal(layers[-1].state_dict()[k], v) for k, v in drawn.items())
+    with pytest.raises(ConfigError, match="unexpected blocks.5"):
+        load_weights(layers, {**pretrained, "blocks.5.norm1.weight": torch.ones(32)}, model="small_vit")
