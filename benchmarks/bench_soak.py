@@ -14,7 +14,10 @@ event count every
 growth per 1000 steps (least-squares slope over the second half of the run, i.e. after warm-up),
 plus the trace length, and the RSS grown from the first sample at or after ``--from-step`` to the end (issue
 54's measure: under 1 MB between steps 2,000 and 10,000 on every rank) beside the bytes glibc's malloc has handed
-out over the same steps (flat while RSS grows: the allocator's kept free space, not a leak). ``--backend``: the data
+out over the same steps (flat while RSS grows: the allocator's kept free space, not a leak). On the gloo plane
+torch's collective flight recorder keeps ~0.9-1.3 KB per collective until its ring of 2000 is full
+(``TORCH_FR_BUFFER_SIZE``, torch's default kept): the layer rank (1-2 collectives a step) fills it over its first
+1,000-2,000 steps. ``--backend``: the data
 plane of the API mode (``mpi``, or ``gloo``: torch.distributed). Issue 17's goal: API RSS growth under 1 MB per
 10,000 steps (100 KB per 1000), trace bounded.
 """
