@@ -3,7 +3,7 @@ a ``ClassifierHead`` (``--pool max|attention``, ``--slide-encoder transformer`` 
 
 A cut ViT (``models/vit.py``) ends in a ``TokenHead`` (final norm, the model's token pool, classifier). With a head
 pool of the whole-slide kind or a slide encoder, that piece becomes a ``TokenGridHead``: the model's final norm (the
-tokens as timm's ``forward_features`` returns them), ``TokenGrid`` (the patch tokens, row-major, as an (N, C, H', W')
+tokens as timm's ``forward_features`` returns them), ``PatchTokenMap`` (the patch tokens, row-major, as a (N, C, H', W')
 map; the class and register tokens dropped: the slide encoder brings its own class token, as TransMIL and TITAN put a
 learned class token before the patch features, and DINOv2's registers are discarded at the output), and the
 classifier head the CNN trunks use (``models/head.py``: optional slide encoder, the pool, linear). It is still the
@@ -26,7 +26,7 @@ GRID_STEP = "token_grid"      # the new steps' paths: in no file of the original
 HEAD_STEP = "grid_head"
 
 
-class TokenGrid(nn.Module):
+class PatchTokenMap(nn.Module):
     """(N, prefix + rows * cols, C) -> (N, C, rows, cols): a ViT's patch tokens as a map, its ``prefix`` class and
     register tokens dropped."""
 
@@ -46,7 +46,7 @@ class TokenGrid(nn.Module):
 
 
 class TokenGridHead(TokenHead):
-    """A cut ViT's head piece with the model's pool and classifier replaced: its final norm, ``TokenGrid`` and a
+    """A cut ViT's head piece with the model's pool and classifier replaced: its final norm, ``PatchTokenMap`` and a
     ``ClassifierHead`` over the grid."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +77,7 @@ def with_token_grid(layers: Sequence[nn.Module], pool: PoolKind, encoder: SlideE
     norm = dict(last.steps()).get("norm", nn.Identity())
     classes, channels = classes_and_width(last, label)
     prefix = embedding.settings.get("num_prefix_tokens", 0)
-    grid = TokenGrid(prefix if isinstance(prefix, int) else 0, patch_grid_of(embedding))
+    grid = PatchTokenMap(prefix if isinstance(prefix, int) else 0, patch_grid_of(embedding))
     if encoder is not None:
         encoder.check_width(channels)
     dtype = next((p.dtype for p in last.parameters()), torch.float32)
