@@ -54,7 +54,7 @@ panel = ConfigPanel(best.cfg, model=model, image_size=IMAGE, batch_size=BATCH, d
 panel.widget
 
 # %% [markdown]
-# Auto-tune on 5 MPI ranks: the one-process reference and the planner's top 3, built side by
+# Auto-tune on 5 MPI ranks: the one-process reference and the planner's top 2, built side by
 # side (a warm-up and a memory-measured step each), then two timed steps of each, one step of
 # every configuration in turn so a slow spell of the machine falls on all of them alike;
 # predicted next to measured; the fastest configuration whose measured peak fits the limit is
@@ -64,7 +64,7 @@ panel.widget
 from mpi4dl_nb.notebook.widgets import AutoTune
 
 cluster = dl.cluster.start(n=RANKS)
-tuner = AutoTune(cluster, spec, IMAGE, BATCH, memory_limit_mb=LIMIT / 2**20, top=3, steps=2)
+tuner = AutoTune(cluster, spec, IMAGE, BATCH, memory_limit_mb=LIMIT / 2**20, top=2, steps=2)
 tuner.widget
 
 # %%

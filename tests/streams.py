@@ -7,9 +7,10 @@ the launching ones: the launching run prints as it goes, the other's output is k
 and printed when both have ended. The exit status is the first non-zero of the two (0 when both pass).
 
 The launching tests of ``SECOND`` run in the second stream once its unit tests have ended, so the two streams
-end at about the same time (CI at stop 56: launching 25.5 min, the other 7 min + the waiting ones). The test
-hosts and Slurm spend most of their time waiting (for hosts to come up, for heartbeats to stop and a watchdog to
-fire, for a batch queue); the JupyterLab tests (~9 min) drive a browser and one kernel at a time. The headless
+end at about the same time (local run at stop 58: launching 21.7 min, the other 6.7 min + 17.9 min of these). The
+test hosts spend most of their time waiting (for hosts to come up, for heartbeats to stop and a watchdog to fire);
+the JupyterLab tests (~13 min beside the launching stream) drive a browser and one kernel at a time. The Slurm
+tests (~1.2 min, mostly a batch queue's waits) run in the launching stream since stop 59. The headless
 notebook runs go with the Lab ones: tests/conftest.py skips a headless run that the same session runs in Lab.
 
 Usage: ``python -m tests.streams [pytest arguments, e.g. -x or -k NAME]``; ``--one-stream`` runs them as one
@@ -30,7 +31,7 @@ NOTHING_COLLECTED = 5     # pytest's exit status when a -k/-m filter left a stre
 COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
 # launching tests run in the second stream, after its unit tests (one pytest session: the Lab and headless
 # notebook runs must be collected together)
-SECOND = ("tests/multihost", "tests/slurm", "tests/ui", "tests/notebook/test_notebooks.py")
+SECOND = ("tests/multihost", "tests/ui", "tests/notebook/test_notebooks.py")
 
 
 def pytest_command(marker: str, extra: list[str], paths: tuple[str, ...] = ("tests",),
