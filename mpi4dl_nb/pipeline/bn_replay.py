@@ -97,61 +97,123 @@ class RunningStatsLedger:
             self.terms[chunk] = record
 
     def _before_hook(self, index: int) -> Callable[[nn.Module, tuple[object, ...]], None]:
-        def before(module: nn.Module, args: tuple[object, ...]) -> None:
-            m = self.norms[index]
-            if self._recording is None or not (m.training and getattr(m, "track_running_stats", True)):
+        norm = self.norms[index]
+        module = cast(nn.Module, norm)
+        scratch: list[torch.Tensor] = []     # the counter a norm with a momentum increments unread (made once)
+
+        def before(module_: nn.Module, args: tuple[object, ...]) -> None:
+            if self._recording is None or not (norm.training and getattr(norm, "track_running_stats", True)):
                 return
-            tracked = _tracked(m)
-            self._saved.append((index, m.running_mean, m.running_var, tracked))
-            m.running_mean = torch.zeros_like(m.running_mean)
-            m.running_var = torch.zeros_like(m.running_var)
+            tracked = _tracked(norm)
+            self._saved.append((index, norm.running_mean, norm.running_var, tracked))
+            _put_buffer(module, "running_mean", torch.zeros_like(norm.running_mean))
+            _put_buffer(module, "running_var", torch.zeros_like(norm.running_var))
             if tracked is not None:
-                m.num_batches_tracked = torch.zeros_like(tracked)
+                _put_buffer(module, "num_batches_tracked", _counter(norm, tracked, scratch))
         return before
 
     def _after_hook(self, index: int) -> Callable[[nn.Module, tuple[object, ...], object], None]:
-        def after(module: nn.Module, args: tuple[object, ...], output: object) -> None:
+        norm = self.norms[index]
+        module = cast(nn.Module, norm)
+
+        def after(module_: nn.Module, args: tuple[object, ...], output: object) -> None:
             if not self._saved or self._saved[-1][0] != index:
                 return
             _, mean, var, tracked = self._saved.pop()
-            m = self.norms[index]
             if self._recording is not None:
-                self._recording[index].append((m.running_mean, m.running_var))
-            m.running_mean, m.running_var = mean, var
+                self._recording[index].append((norm.running_mean, norm.running_var))
+            _put_buffer(module, "running_mean", mean)
+            _put_buffer(module, "running_var", var)
             if tracked is not None:
-                m.num_batches_tracked = tracked
+                _put_buffer(module, "num_batches_tracked", tracked)
         return after
 
     def replay(self, terms: dict[int, Term]) -> None:
-        """Running statistics after applying ``terms`` in chunk and call order from the step start."""
+        """Running statistics after applying ``terms`` in chunk and call order from the step start.
+
+        Norms with a momentum ``f`` update ``running = term + (1 - f) * running`` per call: those of one
+        ``f`` are updated together, call by call (torch's ``_foreach`` ops run the same per-tensor kernels,
+        so every element is what one norm at a time gives); a cumulative average (momentum None) divides by
+        its own count and is replayed one norm at a time."""
         if not self.norms:
             return
+        chunks = sorted(terms)
         with torch.no_grad():
+            by_keep: dict[float, list[int]] = {}
             for index, m in enumerate(self.norms):
-                mean, var, tracked = self.start[index]
-                mean, var = mean.clone(), var.clone()
-                count = tracked.clone() if tracked is not None else None
-                counts = _counts_batches(m)
-                momentum = m.momentum
-                for chunk in sorted(terms):
-                    for t_mean, t_var in terms[chunk][index]:
-                        t_mean = t_mean.to(mean.device, mean.dtype)
-                        t_var = t_var.to(var.device, var.dtype)
-                        if counts and count is not None:
-                            count += 1
-                        if momentum is None and counts and count is not None:
-                            factor = 1.0 / count.to(mean.dtype)       # stays on the device
-                            mean = factor * t_mean + (1.0 - factor) * mean
-                            var = factor * t_var + (1.0 - factor) * var
-                        else:
-                            keep = 1.0 - (momentum or 0.0)
-                            mean = t_mean + keep * mean
-                            var = t_var + keep * var
-                m.running_mean.copy_(mean)
-                m.running_var.copy_(var)
-                live = _tracked(m)
-                if count is not None and live is not None:
-                    live.copy_(count)
+                if m.momentum is None and _counts_batches(m) and self.start[index][2] is not None:
+                    self._replay_cumulative(index, [call for chunk in chunks for call in terms[chunk][index]])
+                else:
+                    by_keep.setdefault(1.0 - (m.momentum or 0.0), []).append(index)
+            for keep, indices in by_keep.items():
+                self._replay_exponential(keep, indices, [[terms[chunk][i] for i in indices] for chunk in chunks])
+
+    def _replay_exponential(self, keep: float, indices: list[int], calls: list[list[list[Call]]]) -> None:
+        """Norms ``indices`` (momentum ``1 - keep``) after their ``calls`` (per chunk, per norm, in order)."""
+        means = [self.start[i][0] for i in indices]
+        variances = [self.start[i][1] for i in indices]
+        counted = [0] * len(indices)
+        for per_norm in calls:
+            for call in range(max((len(c) for c in per_norm), default=0)):
+                place = [j for j, c in enumerate(per_norm) if len(c) > call]
+                for j in place:
+                    counted[j] += 1
+                old_means, old_vars = [means[j] for j in place], [variances[j] for j in place]
+                t_means = [_like(per_norm[j][call][0], means[j]) for j in place]
+                t_vars = [_like(per_norm[j][call][1], variances[j]) for j in place]
+                new_means = torch._foreach_add(torch._foreach_mul(old_means, keep), t_means)
+                new_vars = torch._foreach_add(torch._foreach_mul(old_vars, keep), t_vars)
+                for j, mean, var in zip(place, new_means, new_vars):
+                    means[j], variances[j] = mean, var
+        norms = [self.norms[i] for i in indices]
+        torch._foreach_copy_([m.running_mean for m in norms], means)
+        torch._foreach_copy_([m.running_var for m in norms], variances)
+        for index, m, count in zip(indices, norms, counted):
+            live, start = _tracked(m), self.start[index][2]
+            if live is not None and start is not None and _counts_batches(m):
+                live.copy_(start + count)
+
+    def _replay_cumulative(self, index: int, calls: list[Call]) -> None:
+        """Norm ``index`` (momentum None: each call weighs ``1 / count``) after ``calls`` in order."""
+        m = self.norms[index]
+        mean, var, tracked = self.start[index]
+        assert tracked is not None
+        count = tracked.clone()
+        for t_mean, t_var in calls:
+            count += 1
+            factor = 1.0 / count.to(mean.dtype)       # stays on the device
+            mean = factor * _like(t_mean, mean) + (1.0 - factor) * mean
+            var = factor * _like(t_var, var) + (1.0 - factor) * var
+        m.running_mean.copy_(mean)
+        m.running_var.copy_(var)
+        live = _tracked(m)
+        if live is not None:
+            live.copy_(count)
+
+
+def _like(term: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``term`` on ``like``'s device and dtype (a gathered term arrives in float64)."""
+    return term if term.dtype == like.dtype and term.device == like.device else term.to(like.device, like.dtype)
+
+
+def _put_buffer(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Set buffer ``name`` (straight into the module's buffer table: ``nn.Module.__setattr__`` re-registers a
+    buffer on every assignment, a cost on every call of every norm)."""
+    buffers = module._buffers
+    if name in buffers:
+        buffers[name] = value
+    else:
+        setattr(module, name, value)
+
+
+def _counter(norm: RunningStatsNorm, tracked: torch.Tensor, scratch: list[torch.Tensor]) -> torch.Tensor:
+    """The ``num_batches_tracked`` a recorded call of ``norm`` runs on: zero when the call reads it (momentum
+    None: its factor is ``1 / count``), else the norm's scratch counter (made on first use, like ``tracked``)."""
+    if norm.momentum is None:
+        return torch.zeros_like(tracked)
+    if not scratch or scratch[0].device != tracked.device:
+        scratch[:] = [torch.zeros_like(tracked)]
+    return scratch[0]
 
 
 def _tracked(m: RunningStatsNorm) -> torch.Tensor | None:

@@ -372,9 +372,7 @@ class HybridEngine:
         try:
             for _ in step:
                 pass
-            total = torch.tensor([step.loss_sum], dtype=torch.float64,
-                                 device=self.ctx.device)
-            self.ctx.all_reduce(total)
+            total = self.ctx.all_reduce(step.loss_share())
         except Exception:
             self._fail()
             raise

@@ -22,7 +22,7 @@ from .grad_buckets import MB, GradientReducer, weight_gradient_passes
 from .handoff import FeatureTiles, JoinedTiles, TileJoin
 from .precision import COMPUTE_DTYPES, LossScaler, autocast
 from .schedules import Action, ActionKind, Schedule, chunk_index, stage_ranks
-from .split_backward import LayerCall, LayerRecorder, WeightWork, input_backward
+from .split_backward import LayerCall, LayerRecorder, WeightWork, input_backward, splits_backward
 from .stages import Stage
 from .step_input import StepInput
 
@@ -101,7 +101,8 @@ class _StepState:
     sends_left: dict[Key, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     act_sends: dict[Key, list[Request]] = field(default_factory=dict)
-    loss_sum: float = 0.0
+    # this rank's share of the step's loss, float64 on the device (summed there: no host sync per micro-batch)
+    loss: torch.Tensor | None = None
     # sync_batchnorm on a spatial stage with local-DP copies: one forward for all copies
     merged: dict[tuple[int, int, int], tuple[Payload, Payload]] = field(default_factory=dict)
     merged_grads: dict[tuple[int, int, int], dict[int, Payload]] = field(default_factory=dict)
@@ -229,12 +230,10 @@ class PipelineRuntime:
         return stage < self.cfg.spatial_size
 
     def _splits(self, stage: int) -> bool:
-        """Whether this stage's I and W are computed apart (see ``split_backward``); else I runs the
-        whole backward and W nothing: recomputed stages (the graph is rebuilt inside the backward) and
-        synchronised BatchNorm. On spatial stages W runs the halo convolutions' and tile BatchNorms'
+        """Whether this stage's I and W are computed apart (``split_backward.splits_backward``); else I runs the
+        whole backward and W nothing. On spatial stages W runs the halo convolutions' and tile BatchNorms'
         backwards for their parameters only: no halo return, no sum over the tiles."""
-        cfg = self.cfg
-        return self.schedule.kind.splits_backward and cfg.checkpoint_activations is None and not cfg.sync_batchnorm
+        return splits_backward(self.cfg, stage)
 
     def _last(self, stage: int) -> bool:
         return stage == self.cfg.split_size - 1
@@ -356,7 +355,8 @@ class PipelineRuntime:
                 out = self._stage_output(action, state, inst, x)
         if self._last(action.stage) and action.tile in (None, 0):   # a spatial last stage's tiles hold one loss
             assert isinstance(out, torch.Tensor)   # the loss
-            state.loss_sum += float(out.detach() * (state.chunk_size / state.batch_size))
+            share = (out.detach() * (state.chunk_size / state.batch_size)).to(torch.float64).reshape(1)
+            state.loss = share if state.loss is None else state.loss + share
         state.outputs[key] = out   # the last stage's loss unscaled: its backward starts from the chunk's share
 
     def _stage_output(self, action: Action, state: _StepState, inst: StageInstance, x: Payload) -> Payload:
@@ -581,7 +581,13 @@ class StepRun:
 
     @property
     def loss_sum(self) -> float:
-        return self.state.loss_sum
+        return float(self.loss_share().item())
+
+    def loss_share(self) -> torch.Tensor:
+        """This rank's share of the step's loss so far: a new one-element float64 tensor on the rank's device."""
+        loss = self.state.loss
+        return loss.clone() if loss is not None else torch.zeros(1, dtype=torch.float64,
+                                                                 device=self.runtime.ctx.device)
 
     def __iter__(self) -> StepRun:
         return self

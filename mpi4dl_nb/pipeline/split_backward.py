@@ -12,12 +12,15 @@ Exact: the gradient reaching a layer's output is the same sum in both, and a par
 inside one call of its layer gets all its gradient through that output. A layer called more
 than once in a forward (a shared module) is not split: its parameters get their gradients in I,
 in the same ``torch.autograd.grad`` call (correct, it only fills less of the bubble).
+
+Which stages split: ``splits_backward``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,6 +29,21 @@ from torch.utils.hooks import RemovableHandle
 
 from ..comm.messages import as_items
 from ..spatial.backward_half import weight_half
+
+if TYPE_CHECKING:
+    from ..config import ParallelConfig
+
+
+def splits_backward(cfg: ParallelConfig, stage: int) -> bool:
+    """Whether the engine computes ``stage``'s I and W apart (else its I runs the whole backward, its W nothing).
+
+    Under a zero-bubble schedule, but not on the first stage: its input, the images, needs no gradient, so no
+    rank waits for its I, and its W follows its I in every schedule built here; split, it would only repeat work
+    (the norms' reductions in W, one autograd call per layer): measured at 1.5x one backward on the 4 conv-BN-ReLU
+    layers of bench_pipeline's first stage. torch.distributed.pipelining does not split its first stage either.
+    Nor with recomputation (the graph is rebuilt inside the backward) or synchronised BatchNorm."""
+    return (stage > 0 and cfg.schedule.splits_backward and cfg.checkpoint_activations is None
+            and not cfg.sync_batchnorm)
 
 
 @dataclass(slots=True)

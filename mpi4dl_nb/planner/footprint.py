@@ -57,9 +57,8 @@ class StageRole:
 class SplitRun(Choice):
     """Whether a layer's simulation adds the split backward's terms, and how its I runs."""
 
-    NONE = "none"                # no split backward (every schedule but zb1/zbv)
-    SPLIT = "split"              # I computes the input's gradient
-    FROM_IMAGES = "from_images"  # the first layer of the first stage: its input, the images, needs none
+    NONE = "none"                # no split backward (every schedule but zb1/zbv, and their first stage)
+    SPLIT = "split"              # I computes the input's gradient and the layers' output gradients, W the rest
 
 
 @dataclass(frozen=True)
@@ -295,7 +294,7 @@ def _counted(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         from_forward = sum(remaining.values())
     forward_traffic, backward_traffic = traffic.stop()
     split_terms = SplitTerms() if split is SplitRun.NONE else \
-        _split_terms(module, shapes, dtype, loss, flags, backward.grad_bytes, split is SplitRun.SPLIT)
+        _split_terms(module, shapes, dtype, loss, flags, backward.grad_bytes)
     return LayerFootprint(
         input_bytes=_nbytes(inputs), output_bytes=forward.output_bytes, forward_peak=forward.peak,
         kept=forward.after - forward.output_bytes - from_forward, halo_kept=forward.halo_kept,
@@ -393,11 +392,10 @@ def _count_backward(module: nn.Module, inputs: list[torch.Tensor], out: Payload,
 
 
 def _split_terms(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, loss: Loss | None,
-                 layouts: Sequence[bool], grad_bytes: int, input_grad: bool) -> SplitTerms:
+                 layouts: Sequence[bool], grad_bytes: int) -> SplitTerms:
     """``module`` run once more, its backward split as the engine splits it (``SplitTerms``); inputs
-    laid out as ``layouts`` says, ``grad_bytes`` its parameter gradients (left out of ``weight_peak``);
-    ``input_grad``: whether I computes the input's gradient (not for the images)."""
-    inputs = [meta_input(shape, dtype, last).requires_grad_(input_grad) for shape, last in zip(shapes, layouts)]
+    laid out as ``layouts`` says, ``grad_bytes`` its parameter gradients (left out of ``weight_peak``)."""
+    inputs = [meta_input(shape, dtype, last).requires_grad_(True) for shape, last in zip(shapes, layouts)]
     recorder = LayerRecorder(module)
     with BackendLayouts(), LiveBytes() as live, split_phase() as phase:
         with recorder.recording() as calls:
@@ -410,7 +408,7 @@ def _split_terms(module: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype,
         # the output gradient: a fresh buffer (received, or made by the next layer's I), None for the loss
         grads: list[torch.Tensor | None] = [None if loss is not None else torch.empty_like(t) for t in outs]
         live.reset_peak()
-        input_grads, work = input_backward(calls, outs, grads, inputs if input_grad else [])
+        input_grads, work = input_backward(calls, outs, grads, inputs)
         input_peak = live.peak - held
         phase.input_only = False
         storages = {storage_of(g)[0]: g for _, found in work.layers for g in found

@@ -51,6 +51,7 @@ from ..layout import RankRole, StageSlot, layout
 from ..pipeline.default_cut import default_balance
 from ..pipeline.recompute import segment_bounds
 from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
+from ..pipeline.split_backward import splits_backward
 from ..pipeline.stages import check_balance, even_balance
 from .attention import TokenGrid
 from .footprint import (
@@ -231,18 +232,10 @@ class StageModel:
         target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
         return self.loss_fn(output, target) * 1.0
 
-    @property
-    def splits(self) -> bool:
-        """Whether the engine splits the stages' backward into I and W (``PipelineRuntime._splits``: a
-        zero-bubble schedule, no recomputation, no synchronised BatchNorm)."""
-        cfg = self.cfg
-        return cfg.schedule.splits_backward and cfg.checkpoint_activations is None and not cfg.sync_batchnorm
-
-    def split_run(self, stage: int, layer: int) -> SplitRun:
-        """How layer ``layer`` of ``stage`` is simulated for the split backward (the images need no gradient)."""
-        if not self.splits:
-            return SplitRun.NONE
-        return SplitRun.FROM_IMAGES if stage == 0 and layer == 0 else SplitRun.SPLIT
+    def split_run(self, stage: int) -> SplitRun:
+        """How the layers of ``stage`` are simulated: with the split backward's terms where the engine splits
+        it (``split_backward.splits_backward``)."""
+        return SplitRun.SPLIT if splits_backward(self.cfg, stage) else SplitRun.NONE
 
     def footprint(self, stage: int, tile: int | None, grad_held: bool | None = None) -> StageFootprint:
         """One chunk of ``stage`` on the rank holding ``tile`` (None: whole maps)."""
@@ -267,9 +260,9 @@ class StageModel:
                 tiles = self.cache.layer(profile.layer, shapes, self.precision.activations, role,
                                          loss=loss, loss_key=self.loss_fn, elementwise=self.elementwise,
                                          workspace=self.workspace, layouts=layouts,
-                                         split=self.split_run(stage, index - start))
+                                         split=self.split_run(stage))
                 per_layer.append(tiles[tile or 0])
-            found = compose_stage(per_layer, grad_held=held, split=self.splits)
+            found = compose_stage(per_layer, grad_held=held, split=splits_backward(self.cfg, stage))
             self._found[key] = found
         return found
 

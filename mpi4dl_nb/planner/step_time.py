@@ -4,7 +4,8 @@ the real schedule replayed in simulated time.
 Per action of ``schedules.build_schedule(cfg)``:
 
 * forward/backward: the stage's layer times on that rank's tile and chunk (``LayerTimer``);
-  a split backward (the zero-bubble schedules' ``I`` and ``W``) splits the timed backward:
+  a split backward (the zero-bubble schedules' ``I`` and ``W``, but on a stage the engine runs whole in ``I``:
+  the first, or with recomputation or synchronised BatchNorm) splits the timed backward:
   a layer with parameters gives ``WEIGHT_GRADIENT_SHARE`` of it to the weight-gradient part ``W``
   (a documented split, not measured), a layer without any all to the input-gradient part ``I``, which
   also keeps the halo wire and meetings and any recomputed forward (``W`` exchanges nothing: a rank's own work);
@@ -46,6 +47,7 @@ from ..config import ParallelConfig
 from ..layout import layout, stage_holders
 from ..pipeline.bn_replay import running_stat_norms
 from ..pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
+from ..pipeline.split_backward import splits_backward
 from .attention import exposed_ring_seconds
 from .crowding import Crowding, crowds
 from .device import LayerTime, MeasuringDevice, TimingRequest
@@ -206,7 +208,10 @@ class _Costs:
         return self._stage[key]
 
     def weight_gradient(self, stage: int, tile: int | None) -> float:
-        """Seconds of one chunk's weight-gradient part of the backward (``W``; module docstring)."""
+        """Seconds of one chunk's weight-gradient part of the backward (``W``; module docstring); none where
+        the engine does not split the stage's backward (``split_backward.splits_backward``)."""
+        if not splits_backward(self.model.cfg, stage):
+            return 0.0
         start, stop = self.model.bounds[stage], self.model.bounds[stage + 1]
         return WEIGHT_GRADIENT_SHARE * sum(self.layer_time(stage, index, tile)[0].backward
                                            for index in range(start, stop) if self.model.profiles[index].param_count)

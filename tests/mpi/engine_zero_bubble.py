@@ -1,6 +1,6 @@
-"""MPI (2 or 3 ranks): the zero-bubble schedule's split backward on the ranks: memory, work moved to W.
+"""MPI (2 or 5 ranks): the zero-bubble schedule's split backward on the ranks: memory, work moved to W.
 
-Usage: mpiexec -n 2|3 python -m tests.mpi.engine_zero_bubble (2 ranks: all but the spatial check; 3: that one)
+Usage: mpiexec -n 2|5 python -m tests.mpi.engine_zero_bubble (2 ranks: all but the spatial check; 5: that one)
 
 Named checks:
 
@@ -16,11 +16,13 @@ Named checks:
   chunk keeps the input it received, a buffer of its own; 1F1B's stage 0 receives nothing) and 1 KiB
   (the head's and loss's saved tensors, also on rank 0's up chunk), and 1F1B's stage 1 is below that
   peak (unbalanced).
-* ``zb1 W does the weight work``: on every rank, after micro-batch 0's I no parameter has a
-  gradient, after its W every one has (the split is real, not a whole backward in I).
-* ``zb1 spatial W exchanges nothing``: SP (2 tiles) + LP, zb1, m=2: on the tile ranks the W actions
-  make no exchange and no all-reduce (calls counted on the rank's Comm), the I actions do (the halo
-  returns, the tile BatchNorms' sums), and W gives the stage's parameters their gradients.
+* ``zb1 W does the weight work``: on rank 1 (stage 1), after micro-batch 0's I no parameter has a
+  gradient, after its W every one has (the split is real, not a whole backward in I); on rank 0 the
+  first stage is not split (``split_backward.splits_backward``): every parameter has its gradient after I.
+* ``zb1 spatial W exchanges nothing``: two SP stages (2 tiles each) + LP, zb1, m=3, 5 ranks: on the
+  tile ranks of stage 1 (split) the W actions make no exchange and no all-reduce (calls counted on the
+  rank's Comm), the I actions do (the halo returns, the tile BatchNorms' sums), and W gives the stage's
+  parameters their gradients; on stage 0's tile ranks (not split) I does all of it, W nothing.
 """
 
 from __future__ import annotations
@@ -124,17 +126,19 @@ def check_weight_work(ctx) -> str:
         previous.append(action)
 
     engine.train_step(x, y, look)
-    if with_grad.get(IN) != 0 or with_grad.get(W) != len(params):
-        raise AssertionError(f"parameters with a gradient after micro-batch 0's I: {with_grad.get(IN)}, after "
-                             f"its W: {with_grad.get(W)} of {len(params)} (want 0 and all)")
-    return f"{len(params)} parameters: none with a gradient after I0, all after W0"
+    split = engine.held_stages() != [0]
+    want = (0 if split else len(params), len(params))
+    if (with_grad.get(IN), with_grad.get(W)) != want:
+        raise AssertionError(f"stage {engine.held_stages()}: parameters with a gradient after micro-batch 0's I: "
+                             f"{with_grad.get(IN)}, after its W: {with_grad.get(W)} of {len(params)} (want {want})")
+    return f"{len(params)} parameters: {want[0]} with a gradient after I0, all after W0"
 
 
 def check_spatial_weight_half(ctx) -> str:
-    cfg = dl.ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
-                            schedule="zb1", balance=(2, 3))
+    cfg = dl.ParallelConfig(split_size=3, spatial_size=2, num_spatial_parts=2, slice_method="vertical", parts=3,
+                            schedule="zb1", balance=(1, 1, 3))
     engine = dl.HybridEngine(build("resnet"), cfg, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
-    (x, y), = batches("resnet", 4, 16, seed=6)[:1]
+    (x, y), = batches("resnet", 3, 16, seed=6)[:1]
     calls = [0]
     for name in ("exchange", "all_reduce"):
         method = getattr(ctx, name)
@@ -145,14 +149,14 @@ def check_spatial_weight_half(ctx) -> str:
         setattr(ctx, name, counted)
     params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
     moved = {IN: 0, W: 0}
+    graded = {IN: 0, W: 0}           # parameters with a gradient after micro-batch 0's I and after its W
     last: list[tuple[Action, int]] = []
-    graded_by_w = [0]
 
     def look(action: Action) -> None:
         if last and last[-1][0].kind in moved:
             moved[last[-1][0].kind] += calls[0] - last[-1][1]
-        if last and last[-1][0].kind is W and last[-1][0].micro_batch == 0:
-            graded_by_w[0] = sum(p.grad is not None for p in params)
+            if last[-1][0].micro_batch == 0:
+                graded[last[-1][0].kind] = sum(p.grad is not None for p in params)
         last.append((action, calls[0]))
 
     try:
@@ -160,18 +164,23 @@ def check_spatial_weight_half(ctx) -> str:
     finally:
         for name in ("exchange", "all_reduce"):
             delattr(ctx, name)
-    if engine.held_stages() != [0]:
+    stages = engine.held_stages()
+    if stages not in ([0], [1]):
         return f"layer rank: {moved}"
-    if moved[W] or not moved[IN] or graded_by_w[0] != len(params):
-        raise AssertionError(f"tile rank: exchanges/all-reduces in I {moved[IN]}, in W {moved[W]} (want > 0 and 0); "
-                             f"{graded_by_w[0]} of {len(params)} parameters with a gradient after W0")
-    return f"tile rank: {moved[IN]} exchanges/all-reduces in I, none in W; W0 gave {len(params)} parameters gradients"
+    split = stages == [1]
+    want = (0 if split else len(params), len(params))
+    if moved[W] or not moved[IN] or (graded[IN], graded[W]) != want:
+        raise AssertionError(f"stage {stages[0]} tile rank: exchanges/all-reduces in I {moved[IN]}, in W {moved[W]} "
+                             f"(want > 0 and 0); parameters with a gradient after I0 {graded[IN]}, after W0 "
+                             f"{graded[W]} of {len(params)} (want {want})")
+    return (f"stage {stages[0]} tile rank ({'split' if split else 'not split'}): {moved[IN]} exchanges/all-reduces "
+            f"in I, none in W; {want[0]} of {len(params)} parameters with a gradient after I0, all after W0")
 
 
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     ctx = dl.init()
-    if ctx.world_size == 3:
+    if ctx.world_size == 5:
         with check("zb1 spatial W exchanges nothing") as result:
             result.detail = check_spatial_weight_half(ctx)
         ctx.barrier()

@@ -125,3 +125,57 @@ def test_gathered_terms_are_the_first_holders_in_group_order_moved_as_one_tensor
             for calls, got_calls in zip(term, got[chunk]):
                 for (m, v), (gm, gv) in zip(calls, got_calls):
                     assert torch.equal(m, gm) and torch.equal(v, gv) and gm.dtype == m.dtype
+
+
+def _one_norm_at_a_time(ledger: RunningStatsLedger, terms) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The replay written out norm by norm and call by call (each update as the norm's own kernel writes it)."""
+    found = []
+    for index, m in enumerate(ledger.norms):
+        mean, var, tracked = (t.clone() for t in ledger.start[index])
+        for chunk in sorted(terms):
+            for t_mean, t_var in terms[chunk][index]:
+                tracked += 1
+                if m.momentum is None:
+                    factor = 1.0 / tracked.to(mean.dtype)
+                    mean, var = factor * t_mean + (1.0 - factor) * mean, factor * t_var + (1.0 - factor) * var
+                else:
+                    mean, var = t_mean + (1.0 - m.momentum) * mean, t_var + (1.0 - m.momentum) * var
+        found.append((mean, var, tracked))
+    return found
+
+
+def test_norms_replayed_together_are_bitwise_the_norms_replayed_one_at_a_time():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.BatchNorm2d(3, momentum=0.1), Twice(nn.BatchNorm2d(3, momentum=0.1)),
+                          nn.BatchNorm2d(3, momentum=0.3), nn.BatchNorm2d(3, momentum=None))
+    ledger = RunningStatsLedger(model)
+    for m in ledger.norms:            # a start that is not the initial one
+        m.running_mean.normal_()
+        m.running_var.uniform_(0.5, 2.0)
+        m.num_batches_tracked.fill_(5)
+    ledger.begin_step()
+    for chunk in (2, 0, 1):           # schedule order; the replay takes chunk order
+        with ledger.chunk(chunk):
+            model(torch.randn(4, 3, 6, 6) * (chunk + 1) + chunk)
+    assert [len(calls) for calls in ledger.terms[0]] == [1, 2, 1, 1]
+    want = _one_norm_at_a_time(ledger, ledger.terms)
+    ledger.replay(ledger.terms)
+    for m, (mean, var, tracked) in zip(ledger.norms, want):
+        assert torch.equal(m.running_mean, mean) and torch.equal(m.running_var, var)
+        assert torch.equal(m.num_batches_tracked, tracked)
+    assert [int(m.num_batches_tracked) for m in ledger.norms] == [8, 11, 8, 8]
+
+
+def test_a_recorded_call_leaves_the_norm_s_own_buffers_untouched_and_in_place():
+    norm = nn.BatchNorm2d(3)
+    ledger = RunningStatsLedger(norm)
+    mean, var, tracked = norm.running_mean, norm.running_var, norm.num_batches_tracked
+    before = (mean.clone(), var.clone(), tracked.clone())
+    ledger.begin_step()
+    with ledger.chunk(0):
+        norm(torch.randn(2, 3, 4, 4))
+        norm(torch.randn(2, 3, 4, 4))
+    assert norm.running_mean is mean and norm.running_var is var and norm.num_batches_tracked is tracked
+    assert all(torch.equal(a, b) for a, b in zip((mean, var, tracked), before))
+    assert set(dict(norm.named_buffers())) == {"running_mean", "running_var", "num_batches_tracked"}
+    assert len(ledger.terms[0][0]) == 2 and not torch.equal(ledger.terms[0][0][0][0], ledger.terms[0][0][1][0])

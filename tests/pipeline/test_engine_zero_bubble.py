@@ -1,4 +1,4 @@
-"""The zero-bubble split backward on 2 and 3 ranks: activation peaks against 1F1B's (zb1, zbv), W does the weight work,
+"""The zero-bubble split backward on 2 and 5 ranks: activation peaks against 1F1B's (zb1, zbv), W does the weight work,
 no exchange.
 
 See tests/mpi/engine_zero_bubble.py for what each named check measures.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from tests.support.battery import shared_job
 
 JOB = shared_job(2, "engine_zero_bubble", timeout=300)
-SPATIAL_JOB = shared_job(3, "engine_zero_bubble", timeout=300)
+SPATIAL_JOB = shared_job(5, "engine_zero_bubble", timeout=300)
 
 
 def test_zb1_activation_peak_is_1f1b_peak(shared_launch):
@@ -27,5 +27,6 @@ def test_zb1_weight_gradients_come_in_W(shared_launch):
 
 
 def test_zb1_spatial_W_makes_no_exchange(shared_launch):
-    """SP (2 tiles) + LP: the tile ranks' W actions call no exchange and no all-reduce; their I actions do."""
+    """Two SP stages (2 tiles each) + LP: the tile ranks' W actions call no exchange and no all-reduce; their I actions
+    do; stage 1's split, stage 0's not."""
     shared_launch(SPATIAL_JOB).require(["zb1 spatial W exchanges nothing"])

@@ -544,20 +544,28 @@ def test_start_training_skips_the_walk_only_when_every_module_trains():
 
 def test_split_backward_costs_weight_gradients_apart_and_without_wire(resnet):
     """I + W = B; W = WEIGHT_GRADIENT_SHARE of the parametered layers' backward, no tile group, no wire;
-    a parameterless layer's backward all in I, as are the halo wire and meetings of a spatial stage."""
+    a parameterless layer's backward all in I, as are the halo wire and meetings of a spatial stage. The first
+    stage is not split (``splits_backward``): its I is its B, its W nothing; nor is any stage of a schedule
+    without W."""
     from mpi4dl_nb.pipeline.schedules import Action
     from mpi4dl_nb.planner.step_time import WEIGHT_GRADIENT_SHARE, step_model
 
-    sp = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical")
-    found = step_model(resnet, sp, 64, 2, timer=FlopTimer(), node=planner.Node(cores=None, copy_bandwidth=1e12),
-                       network=planner.Network(latency=1e-3, bandwidth=1e9))
-    costs = found.costs
-    for stage, tile in ((0, 0), (1, None)):
+    zb = ParallelConfig(split_size=3, spatial_size=2, num_spatial_parts=2, slice_method="vertical", parts=4,
+                        schedule="zb1")
+    options = dict(timer=FlopTimer(), node=planner.Node(cores=None, copy_bandwidth=1e12),
+                   network=planner.Network(latency=1e-3, bandwidth=1e9))
+    costs = step_model(resnet, zb, 64, 4, **options).costs
+
+    def backward_parts(stage: int, tile: int | None) -> tuple[Cost, Cost, Cost]:
         whole, first, weights = (costs(Action(kind, rank=0, tick=0, stage=stage, micro_batch=0, tile=tile))
                                  for kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT,
                                               ActionKind.BACKWARD_WEIGHT))
+        return whole, first, weights
+
+    for stage, tile in ((1, 0), (2, None)):
+        whole, first, weights = backward_parts(stage, tile)
         assert first.work + weights.work == pytest.approx(whole.work)
-        assert first.delay == whole.delay and first.members == whole.members == (2 if stage == 0 else 1)
+        assert first.delay == whole.delay and first.members == whole.members == (2 if stage == 1 else 1)
         assert weights.delay == 0.0 and weights.group is None
         bounds = range(costs.model.bounds[stage], costs.model.bounds[stage + 1])
         parametered = [i for i in bounds if costs.model.profiles[i].param_count]
@@ -565,7 +573,10 @@ def test_split_backward_costs_weight_gradients_apart_and_without_wire(resnet):
         assert weights.work == pytest.approx(WEIGHT_GRADIENT_SHARE * sum(
             costs.layer_time(stage, i, tile)[0].backward for i in parametered))
         assert 0 < weights.work < whole.work
-    assert costs(Action(ActionKind.BACKWARD, rank=0, tick=0, stage=0, micro_batch=0, tile=0)).delay > 0
+    whole, first, weights = backward_parts(0, 0)
+    assert first.work == whole.work > 0 and weights.work == 0.0 and first.delay == whole.delay > 0
+    gpipe = step_model(resnet, zb.with_(schedule="gpipe"), 64, 4, **options).costs
+    assert gpipe.weight_gradient(1, 0) == gpipe.weight_gradient(2, None) == 0.0
 
 
 def test_time_model_ranks_zb1_and_interleaved_ahead_of_1f1b(resnet):

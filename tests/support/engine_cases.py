@@ -89,13 +89,16 @@ CASES: dict[str, tuple[dict, str, int, int]] = {
     "il_sp_recompute": (dict(split_size=4, spatial_size=1, num_spatial_parts=2, slice_method="horizontal",
                              parts=4, schedule="interleaved", virtual_stages=2, balance=(2, 1, 1, 1),
                              checkpoint_activations="every"), "resnet", 4, 16),
-    # zero bubble ZB-H1 (issue 44): backward split into I and W, W deferred; a spatial first stage (its W
-    # exchanges nothing), replicas, recomputation (whole backward in I), a module called twice
-    # per forward (its parameters' gradients in I, the others' in W)
+    # zero bubble ZB-H1 (issue 44): backward split into I and W, W deferred (but on the first stage:
+    # split_backward.splits_backward); a spatial first stage, a split spatial second stage (its W exchanges
+    # nothing), replicas, recomputation (whole backward in I), a module called twice per forward (its
+    # parameters' gradients in I, the others' in W)
     "zb1_pp2_m4": (dict(split_size=2, spatial_size=0, parts=4, schedule="zb1"), "resnet", 4, 16),
     "zb1_pp3_m4": (dict(split_size=3, spatial_size=0, parts=4, schedule="zb1"), "cells", 8, 16),
     "zb1_sp": (dict(split_size=2, spatial_size=1, num_spatial_parts=2, slice_method="vertical", parts=2,
                     schedule="zb1", balance=(2, 3)), "resnet", 4, 16),
+    "zb1_sp2": (dict(split_size=3, spatial_size=2, num_spatial_parts=2, slice_method="vertical", parts=3,
+                     schedule="zb1", balance=(1, 1, 3)), "resnet", 3, 16),
     "zb1_dp2": (dict(split_size=2, spatial_size=0, data_parallel=2, parts=2, schedule="zb1"), "cells", 8, 16),
     "zb1_recompute": (dict(split_size=2, spatial_size=0, parts=2, schedule="zb1",
                            checkpoint_activations="every"), "resnet", 4, 16),
