@@ -101,8 +101,8 @@ class _StepState:
     sends_left: dict[Key, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     act_sends: dict[Key, list[Request]] = field(default_factory=dict)
-    # this rank's share of the step's loss, float64 on the device (summed there: no host sync per micro-batch)
-    loss: torch.Tensor | None = None
+    # the losses of this rank's last-stage chunks, left on the device (no host sync per micro-batch)
+    losses: list[torch.Tensor] = field(default_factory=list)
     # sync_batchnorm on a spatial stage with local-DP copies: one forward for all copies
     merged: dict[tuple[int, int, int], tuple[Payload, Payload]] = field(default_factory=dict)
     merged_grads: dict[tuple[int, int, int], dict[int, Payload]] = field(default_factory=dict)
@@ -355,8 +355,7 @@ class PipelineRuntime:
                 out = self._stage_output(action, state, inst, x)
         if self._last(action.stage) and action.tile in (None, 0):   # a spatial last stage's tiles hold one loss
             assert isinstance(out, torch.Tensor)   # the loss
-            share = (out.detach() * (state.chunk_size / state.batch_size)).to(torch.float64).reshape(1)
-            state.loss = share if state.loss is None else state.loss + share
+            state.losses.append(out.detach())
         state.outputs[key] = out   # the last stage's loss unscaled: its backward starts from the chunk's share
 
     def _stage_output(self, action: Action, state: _StepState, inst: StageInstance, x: Payload) -> Payload:
@@ -584,10 +583,13 @@ class StepRun:
         return float(self.loss_share().item())
 
     def loss_share(self) -> torch.Tensor:
-        """This rank's share of the step's loss so far: a new one-element float64 tensor on the rank's device."""
-        loss = self.state.loss
-        return loss.clone() if loss is not None else torch.zeros(1, dtype=torch.float64,
-                                                                 device=self.runtime.ctx.device)
+        """This rank's share of the step's loss so far (its chunks' losses times their share of the batch, summed
+        in float64): a one-element tensor on the rank's device, made with no host sync."""
+        state = self.state
+        if not state.losses:
+            return torch.zeros(1, dtype=torch.float64, device=self.runtime.ctx.device)
+        shares = torch.stack(state.losses) * (state.chunk_size / state.batch_size)
+        return shares.to(torch.float64).sum().reshape(1)
 
     def __iter__(self) -> StepRun:
         return self

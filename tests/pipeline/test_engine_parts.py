@@ -92,3 +92,37 @@ def test_running_stats_replay_equals_serial_order(momentum):
         backwards = {4 - c: t for c, t in merged.items()}
         ledgers[0].replay(backwards)
         assert not torch.allclose(holders[0].running_mean, serial.running_mean, rtol=1e-6)
+
+
+def test_a_step_s_actions_read_no_device_value_into_python(monkeypatch):
+    """The losses stay on the device until the step's end (on a GPU, a ``float()`` per micro-batch would wait for
+    its kernels and stall the host's queue); their float64 sum is the loss ``train_step`` returns."""
+    import mpi4dl_nb as dl
+    from tests.support.models import build
+
+    ctx = dl.init()
+    torch.manual_seed(0)
+    engine = dl.HybridEngine(build("resnet"), dl.ParallelConfig(split_size=1, spatial_size=0, parts=4,
+                                                                schedule="1f1b"), ctx,
+                             loss_fn=nn.CrossEntropyLoss(reduction="mean"))
+    x, y = torch.randn(8, 3, 16, 16, dtype=torch.float64), torch.randint(0, 5, (8,))
+    engine.train_step(x, y)                  # first step: buffers and caches made
+    reads: list[str] = []
+
+    def reading(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in ("item", "__float__", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, reading(name))
+    engine.start_step(x, y)
+    while engine.advance() is not None:
+        pass
+    assert reads == []
+    losses = [float(loss) for loss in engine._started().state.losses]
+    loss = engine.finish_step()
+    assert len(losses) == 4 and loss == pytest.approx(sum(losses) / 4, rel=1e-12)
