@@ -131,47 +131,54 @@ class RunningStatsLedger:
     def replay(self, terms: dict[int, Term]) -> None:
         """Running statistics after applying ``terms`` in chunk and call order from the step start.
 
-        Norms with a momentum ``f`` update ``running = term + (1 - f) * running`` per call: those of one
-        ``f`` are updated together, call by call (torch's ``_foreach`` ops run the same per-tensor kernels,
-        so every element is what one norm at a time gives); a cumulative average (momentum None) divides by
-        its own count and is replayed one norm at a time."""
+        Norms with a momentum ``f`` update ``running = term + (1 - f) * running`` per call: those of one ``f``,
+        dtype and device are updated together, their means and variances side by side in one flat tensor (an
+        elementwise op gives each element what it gives one norm's buffer); a cumulative average (momentum None)
+        divides by its own count and is replayed one norm at a time."""
         if not self.norms:
             return
         chunks = sorted(terms)
         with torch.no_grad():
-            by_keep: dict[float, list[int]] = {}
+            groups: dict[tuple[float, torch.dtype, torch.device], list[int]] = {}
             for index, m in enumerate(self.norms):
                 if m.momentum is None and _counts_batches(m) and self.start[index][2] is not None:
                     self._replay_cumulative(index, [call for chunk in chunks for call in terms[chunk][index]])
                 else:
-                    by_keep.setdefault(1.0 - (m.momentum or 0.0), []).append(index)
-            for keep, indices in by_keep.items():
+                    mean = self.start[index][0]
+                    groups.setdefault((1.0 - (m.momentum or 0.0), mean.dtype, mean.device), []).append(index)
+            for (keep, _, _), indices in groups.items():
                 self._replay_exponential(keep, indices, [[terms[chunk][i] for i in indices] for chunk in chunks])
 
     def _replay_exponential(self, keep: float, indices: list[int], calls: list[list[list[Call]]]) -> None:
-        """Norms ``indices`` (momentum ``1 - keep``) after their ``calls`` (per chunk, per norm, in order)."""
-        means = [self.start[i][0] for i in indices]
-        variances = [self.start[i][1] for i in indices]
+        """Norms ``indices`` (momentum ``1 - keep``, one dtype and device) after their ``calls`` (per chunk, per
+        norm, in order), in one flat tensor: every mean, then every variance."""
+        widths = [self.start[i][0].numel() for i in indices]
+        total = sum(widths)
+        offsets = [sum(widths[:j]) for j in range(len(indices))]
+        flat = torch.cat([self.start[i][0] for i in indices] + [self.start[i][1] for i in indices])
         counted = [0] * len(indices)
         for per_norm in calls:
             for call in range(max((len(c) for c in per_norm), default=0)):
                 place = [j for j, c in enumerate(per_norm) if len(c) > call]
                 for j in place:
                     counted[j] += 1
-                old_means, old_vars = [means[j] for j in place], [variances[j] for j in place]
-                t_means = [_like(per_norm[j][call][0], means[j]) for j in place]
-                t_vars = [_like(per_norm[j][call][1], variances[j]) for j in place]
-                new_means = torch._foreach_add(torch._foreach_mul(old_means, keep), t_means)
-                new_vars = torch._foreach_add(torch._foreach_mul(old_vars, keep), t_vars)
-                for j, mean, var in zip(place, new_means, new_vars):
-                    means[j], variances[j] = mean, var
+                if len(place) == len(indices):          # every norm of the group: one update of the whole
+                    found = torch.cat([per_norm[j][call][0] for j in place] + [per_norm[j][call][1] for j in place])
+                    flat.mul_(keep).add_(_like(found, flat))
+                    continue
+                for j in place:                          # a norm called more often than the others
+                    for part, term in ((0, per_norm[j][call][0]), (total, per_norm[j][call][1])):
+                        piece = flat[part + offsets[j]:part + offsets[j] + widths[j]]
+                        piece.mul_(keep).add_(_like(term, piece))
         norms = [self.norms[i] for i in indices]
-        torch._foreach_copy_([m.running_mean for m in norms], means)
-        torch._foreach_copy_([m.running_var for m in norms], variances)
-        for index, m, count in zip(indices, norms, counted):
-            live, start = _tracked(m), self.start[index][2]
-            if live is not None and start is not None and _counts_batches(m):
-                live.copy_(start + count)
+        torch._foreach_copy_([m.running_mean for m in norms] + [m.running_var for m in norms],
+                             list(flat[:total].split(widths)) + list(flat[total:].split(widths)))
+        counters = [(live, start, count) for i, m, count in zip(indices, norms, counted)
+                    if (live := _tracked(m)) is not None and (start := self.start[i][2]) is not None
+                    and _counts_batches(m)]
+        if counters:
+            torch._foreach_copy_([live for live, _, _ in counters],
+                                 torch._foreach_add([start for _, start, _ in counters], [c for _, _, c in counters]))
 
     def _replay_cumulative(self, index: int, calls: list[Call]) -> None:
         """Norm ``index`` (momentum None: each call weighs ``1 / count``) after ``calls`` in order."""
