@@ -290,7 +290,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image-size", type=int, default=None, help="default 128 (--new-schedules: 64)")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=None, help="rounds; default 6 (--new-schedules: 10: a median of 4 moved by 5%% between runs)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="rounds; default 6 (--new-schedules: 10: a median of 4 moved by 5%% between runs)")
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--channels", type=int, default=16)
     parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
