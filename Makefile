@@ -35,7 +35,10 @@ lint: $(STAMP)
 
 # The suite as two pytest runs at once (tests/streams.py): the tests that start MPI jobs beside the others,
 # which are single-process and would leave a core idle. PYTEST_ARGS go to both (e.g. PYTEST_ARGS=-x).
-test: lint
+# mypy runs beside the tests (tests/streams.py); ruff and the Any budget take under a second, first.
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) .ci/any_budget.py
 	$(PY) -m tests.streams $(PYTEST_ARGS)
 
 # notebooks/.lab/labconfig turns Lab's autosave off, so a run never writes outputs into the tracked notebooks.

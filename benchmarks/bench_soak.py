@@ -13,8 +13,10 @@ event count every
 ``--sample-every`` steps, and prints one row per rank: RSS after warm-up and at the end, and the
 growth per 1000 steps (least-squares slope over the second half of the run, i.e. after warm-up),
 plus the trace length, and the RSS grown from the first sample at or after ``--from-step`` to the end (issue
-54's measure: under 1 MB between steps 2,000 and 10,000 on every rank) beside the bytes glibc's malloc has handed
-out over the same steps (flat while RSS grows: the allocator's kept free space, not a leak). On the gloo plane
+54's measure: under 1 MB between steps 2,000 and 10,000 on every rank), the same between the highest RSS of the
+first and the last 1,000 steps of that span (each holds one of the engine's heap releases, ``HeapRelease``, every
+1,000 steps, so a sample falling just after one does not flatter the figure), and the bytes glibc's malloc has handed
+out over the span (flat while RSS grows: the allocator's kept free space, not a leak). On the gloo plane
 torch's collective flight recorder keeps ~0.9-1.3 KB per collective until its ring of 2000 is full
 (``TORCH_FR_BUFFER_SIZE``, torch's default kept): the layer rank (1-2 collectives a step) fills it over its first
 1,000-2,000 steps. ``--backend``: the data
@@ -36,6 +38,7 @@ from support.tables import Table
 CONFIGS = {"sp_lp": 5, "pipeline": 2}
 MARK = "@@SOAK "
 MODEL = dict(depth=11, width=8, image=64, classes=10)
+WINDOW = 1000   # steps of the windows whose highest RSS ``window_peak_growth`` compares
 
 
 def config_flags(name: str) -> list[str]:
@@ -139,6 +142,15 @@ def launch(name: str, mode: str, steps: int, every: int, backend: str = "auto") 
     return last_json(done.stdout, MARK)
 
 
+def window_peak_growth(samples: list, from_step: int, window: int = WINDOW) -> int:
+    """The highest RSS of the run's last ``window`` steps less the highest of the ``window`` steps from
+    ``from_step``: each window holds a whole period of the engine's heap release (``HeapRelease``, every 1000
+    steps), so the figure does not depend on whether a sample falls just after a release."""
+    first = [rss for step, rss, *_ in samples if from_step <= step < from_step + window]
+    last = [rss for step, rss, *_ in samples if step > samples[-1][0] - window]
+    return max(last) - max(first or last)
+
+
 def report(result: dict, table: Table, from_step: int) -> None:
     for rank, samples in enumerate(result["ranks"]):
         after = [sample for sample in samples if sample[0] >= from_step] or [samples[-1]]
@@ -149,6 +161,7 @@ def report(result: dict, table: Table, from_step: int) -> None:
         mib = 2.0 ** 20
         table.add(result["config"], result["mode"], rank, f"{late[0][1] / mib:.1f}", f"{samples[-1][1] / mib:.1f}",
                   f"{rss / 1024:+.1f}", f"{(after[-1][1] - after[0][1]) / 1024:+.0f}",
+                  f"{window_peak_growth(samples, from_step) / 1024:+.0f}",
                   f"{(after[-1][4] - after[0][4]) / 1024:+.0f}", f"{tensors / 1024:+.2f}",
                   f"{min(events)}-{max(events)}")
 
@@ -168,6 +181,7 @@ def main() -> None:
           f"backend {args.backend}")
     table = Table(["config", "mode", ">rank", ">RSS at half MiB", ">RSS at end MiB", ">RSS growth KiB/1000 steps",
                    f">RSS grown steps {args.from_step}-{args.steps} KiB",
+                   f">highest RSS, last {WINDOW} steps over the {WINDOW} from {args.from_step}, KiB",
                    f">malloc in use grown steps {args.from_step}-{args.steps} KiB",
                    ">tensor bytes growth KiB/1000 steps", "trace events (min-max)"])
     for name in args.configs.split(","):

@@ -4,7 +4,8 @@ The launching tests (``-m mpi``: MPI jobs, notebook clusters, JupyterLab, Slurm,
 busy; the others (``-m "not mpi"``, proven free of launches by tests/support/mpi_marker.py) are single-process
 and mostly single-threaded, so run one after the other they leave a core idle for minutes. Here they run beside
 the launching ones: the launching run prints as it goes, the other's output is kept in ``out/test-unit.log``
-and printed when both have ended. The exit status is the first non-zero of the two (0 when both pass).
+and printed when both have ended. mypy runs beside them (``out/mypy.log``, printed last). The exit status is the
+first non-zero of the three (0 when all pass).
 
 The launching tests of ``SECOND`` run in the second stream once its unit tests have ended, so the two streams
 end at about the same time (local run at stop 58: launching 21.7 min, the other 6.7 min + 17.9 min of these). The
@@ -27,6 +28,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / "out" / "test-unit.log"
+# mypy (``make lint``'s type check, ~35 CPU-s cold) runs beside the two streams instead of before them: on two cores it
+# left one idle for most of a minute; ``make test`` runs ruff and the Any budget first (under a second)
+TYPE_CHECK = [sys.executable, "-m", "mypy"]
+TYPE_LOG = REPO / "out" / "mypy.log"
 NOTHING_COLLECTED = 5     # pytest's exit status when a -k/-m filter left a stream no test
 COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
 # launching tests run in the second stream, after its unit tests (one pytest session: the Lab and headless
@@ -75,23 +80,28 @@ def main(argv: list[str]) -> int:
         return second_stream([a for a in argv if a != "--second-stream"])
     LOG.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with LOG.open("w") as log:
+    with LOG.open("w") as log, TYPE_LOG.open("w") as types:
+        typing = subprocess.Popen(TYPE_CHECK, cwd=REPO, stdout=types, stderr=subprocess.STDOUT)
         unit = subprocess.Popen([sys.executable, "-m", "tests.streams", "--second-stream", *argv], cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             launching = subprocess.call(pytest_command("mpi", argv, ignore=SECOND), cwd=REPO)
-        except BaseException:                 # Ctrl-C, SIGTERM: end the other stream too, then stop
-            unit.terminate()
-            unit.wait()
+        except BaseException:                 # Ctrl-C, SIGTERM: end the other stream and mypy too, then stop
+            for other in (unit, typing):
+                other.terminate()
+                other.wait()
             raise
         unit_status = unit.wait()
+        typing_status = typing.wait()
     elapsed = time.monotonic() - started
     print(f"\n---------- the tests that start no MPI job, then {', '.join(SECOND)} (ran beside the above; "
           f"{LOG.relative_to(REPO)}) ----------")
     print(LOG.read_text(), end="")
+    print(f"\n---------- mypy (ran beside both; {TYPE_LOG.relative_to(REPO)}) ----------")
+    print(TYPE_LOG.read_text(), end="")
     print(f"\nboth streams ended in {elapsed / 60:.1f} min: launching tests exit {launching}, "
-          f"the others exit {unit_status}")
-    return combined([launching, unit_status])
+          f"the others exit {unit_status}, mypy exit {typing_status}")
+    return combined([launching, unit_status, typing_status])
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from ..comm.allocator import RELEASE_EVERY_STEPS, HeapRelease
 from ..comm.handles import Group
 from ..comm.messages import Payload
 from ..comm.protocol import Comm
@@ -89,13 +90,16 @@ class HybridEngine:
     and aborts the whole MPI job instead of leaving the other ranks waiting forever.
     ``image_size`` (int or (height, width)): the images' size, so that the default stage cut
     keeps every layer whose halo is wider than a tile off the spatial stages (None: not checked).
+    ``release_heap_every``: every that many steps the rank hands its heap's free pages back to the
+    kernel, so a long run's RSS stays flat (``comm.allocator.HeapRelease``; None or 0: never).
     """
 
     def __init__(self, layers: list[nn.Module], cfg: ParallelConfig, ctx: Comm, *,
                  loss_fn: LossFn,
                  optimizer: OptimizerFactory | None = None, schedule: ScheduleKind | str | None = None,
                  abort_on_error: bool = True, elementwise: Iterable[type] = (),
-                 image_size: int | tuple[int, int] | None = None) -> None:
+                 image_size: int | tuple[int, int] | None = None,
+                 release_heap_every: int | None = RELEASE_EVERY_STEPS) -> None:
         layers = list(layers)
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
         if cfg.all_spatial and not isinstance(loss_fn, TileLoss):
@@ -132,6 +136,7 @@ class HybridEngine:
         self.runtime = PipelineRuntime(ctx, self.schedule, self.instances, self.stage_groups, loss_fn, self.optimizer,
                                        self.grid, handoff_of(layers[:sum(self.balance[:cfg.spatial_size])], self.grid))
         self._step: StepRun | None = None
+        self.heap = HeapRelease(every=release_heap_every)   # free heap pages back to the kernel now and then
 
     # ------------------------------------------------------------------ set-up
     def _make_groups(self) -> tuple[dict[int, Group | None], dict[tuple[int, ...], Group]]:
@@ -378,6 +383,7 @@ class HybridEngine:
             raise
         finally:
             self._step = None
+        self.heap.step_done()
         return float(total.item())
 
     def evaluate_batch(self, images: Images, labels: Labels = None, *, batch_size: int | None = None,
