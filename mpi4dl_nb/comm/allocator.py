@@ -63,10 +63,11 @@ class HeapRelease:
     Why: on a rank that trains for days, glibc's heap fragments. The bytes in use stay flat, but the
     steps' short-lived blocks (tensors, autograd nodes, Python objects) leave free holes that a later
     request of another size does not fit, so the heap's top moves up and its free pages stay resident
-    (no trimming under ``tune_malloc``): in the 10,000-step soak (BENCHMARKS.md §9) one or two of 5 ranks
-    grew their RSS by ~200 KiB per 1,000 steps this way. Handing the free pages back every ``every``
-    steps keeps RSS at what the steps use; the next step faults back in the pages it reuses, once per
-    ``every`` steps instead of every step (what ``tune_malloc`` avoids).
+    (with or without ``tune_malloc``: glibc trims only the top): in the 10,000-step soak
+    (BENCHMARKS.md §9) one or two of 5 ranks grew their RSS by ~200 KiB per 1,000 steps this way.
+    Handing the free pages back every ``every`` steps keeps RSS at what the steps use; the next step
+    faults back in the pages it reuses, once per ``every`` steps instead of every step (what
+    ``tune_malloc`` avoids).
     """
 
     every: int | None = RELEASE_EVERY_STEPS
@@ -76,7 +77,7 @@ class HeapRelease:
 
     def __post_init__(self) -> None:
         if self.every is not None and self.every < 0:
-            raise ValueError(f"every={self.every}: a number of steps (0 or None: never)")
+            raise ValueError(f"release_heap_every={self.every}: give a number of steps (0 or None: never)")
 
     def step_done(self) -> None:
         """Count a finished training step; release the free pages when it is the ``every``-th."""

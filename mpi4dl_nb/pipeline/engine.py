@@ -101,6 +101,7 @@ class HybridEngine:
                  image_size: int | tuple[int, int] | None = None,
                  release_heap_every: int | None = RELEASE_EVERY_STEPS) -> None:
         layers = list(layers)
+        self.heap = HeapRelease(every=release_heap_every)   # free heap pages back to the kernel now and then
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
         if cfg.all_spatial and not isinstance(loss_fn, TileLoss):
             raise ConfigError("spatial_size", f"spatial_size = split_size = {cfg.split_size} makes every stage "
@@ -136,7 +137,6 @@ class HybridEngine:
         self.runtime = PipelineRuntime(ctx, self.schedule, self.instances, self.stage_groups, loss_fn, self.optimizer,
                                        self.grid, handoff_of(layers[:sum(self.balance[:cfg.spatial_size])], self.grid))
         self._step: StepRun | None = None
-        self.heap = HeapRelease(every=release_heap_every)   # free heap pages back to the kernel now and then
 
     # ------------------------------------------------------------------ set-up
     def _make_groups(self) -> tuple[dict[int, Group | None], dict[tuple[int, ...], Group]]:

@@ -315,7 +315,7 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
     loss = watch(setup.record.loss())
     engine = HybridEngine(setup.layers, job.config, ctx, loss_fn=loss, abort_on_error=False,
                           image_size=job.data.image_size if job.data.volume_size is None else None,
-                          optimizer=training.optimizer.build)
+                          optimizer=training.optimizer.build, release_heap_every=job.options.release_heap_every)
     guard = NonFiniteGuard(engine, ctx, loss, job.options.on_nonfinite,
                            hint="Lower --lr, or pass --on-nonfinite skip-step to skip such steps.")
     checkpoints, options = job.checkpoints, job.options

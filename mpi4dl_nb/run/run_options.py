@@ -1,10 +1,11 @@
 """``train``'s checkpoint flags (CheckpointSpec: where, how often, which are kept, what the run resumes from) and run
-options (RunOptions: device and data plane, progress, messages, failures), each checked on construction."""
+options (RunOptions: device, data plane, progress, messages, failures, heap release), each checked on construction."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..comm.allocator import RELEASE_EVERY_STEPS
 from ..comm.device import DeviceChoice
 from ..errors import ConfigError
 from ..evaluation.metrics import MetricName
@@ -58,7 +59,7 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How the run behaves on the ranks: the data plane and device, progress, messages, failures."""
+    """How the run behaves on the ranks: the data plane and device, progress, messages, failures, heap release."""
 
     placement: DeviceChoice = field(default_factory=DeviceChoice)
     progress: bool = flag("--no-progress", "no progress bar on rank 0", True, switch=True, group=groups.RUN)
@@ -71,6 +72,10 @@ class RunOptions:
                                                         "naming it (default: 10x the slowest of the first 3 steps, "
                                                         "at least 60 s; 0: off)", None, parse=number,
                                       metavar="SECONDS", bounds=Bounds(0), group=groups.RUN)
+    release_heap_every: int = flag("--release-heap-every", "every N steps hand the heap's free pages back to the "
+                                                           "kernel, so a rank's memory stays flat over days (0: never)",
+                                   RELEASE_EVERY_STEPS, parse=whole_number, metavar="N", bounds=Bounds(0),
+                                   group=groups.RUN)
 
     def __post_init__(self) -> None:
         check_bounds(self)

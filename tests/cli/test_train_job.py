@@ -31,7 +31,7 @@ FLAGS = ("--model resnet --resnet-version 1 --num-layers 8 --num-filters 4 --ima
          "--pool max --min-tissue 0.25 --skip-bad-files --val-fraction 0.25 --eval-every 2 --log-dir logs "
          "--keep-best val_loss --keep-checkpoints 3 --checkpoint-every 2 --checkpoint-dir ckpt --resume latest "
          "--allow-config-change lr --allow-config-change seed,dtype --on-nonfinite skip-step --no-progress -v "
-         "--step-timeout 0 --backend gloo --device cpu").split()
+         "--step-timeout 0 --release-heap-every 500 --backend gloo --device cpu").split()
 KEYWORDS: dict[str, object] = dict(
     model="resnet", resnet_version=1, num_layers=8, num_filters=4, image_size=32, batch_size=4, num_samples=16,
     num_classes=3, classes="a,b,c", dtype="float64", steps=4, seed=3, split_size=2, spatial_size=1,
@@ -41,7 +41,7 @@ KEYWORDS: dict[str, object] = dict(
     min_tissue=0.25, skip_bad_files=True, val_fraction=0.25, eval_every=2, log_dir=Path("logs"),
     keep_best="val_loss", keep_checkpoints=3, checkpoint_every=2, checkpoint_dir=Path("ckpt"), resume="latest",
     allow_config_change=["lr", "seed,dtype"], on_nonfinite="skip-step", progress=False, verbose=True,
-    step_timeout=0, backend="gloo", device="cpu")
+    step_timeout=0, release_heap_every=500, backend="gloo", device="cpu")
 
 
 def flags_job(argv: list[str]) -> TrainJob:
@@ -58,6 +58,7 @@ def test_the_same_train_job_plan_and_record_from_flags_and_from_keywords(monkeyp
     assert plan.training.class_weights == (1.0, 2.0, 3.0) and plan.data.class_names == ("a", "b", "c")
     assert plan.config.balance == (2, 2) and plan.config.grid_shape == (1, 4) and plan.config.grad_bucket_mb is None
     assert plan.checkpoints.allowed_changes == {"lr", "seed", "dtype"} and plan.options.verbose
+    assert plan.options.release_heap_every == 500 and TrainJob().options.release_heap_every == 1000
     assert plan.model.pool == "max" and plan.training.optimizer.spec.weight_decay == 0.05
     assert TrainJob.of(**{**KEYWORDS, "lr": 0.02}) != from_flags      # a keyword is not ignored
     assert flags_job([]) == TrainJob.of() == TrainJob()              # the defaults: the fields'

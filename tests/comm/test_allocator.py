@@ -61,5 +61,5 @@ def test_a_release_every_n_steps_and_none_never():
     for _ in range(5):
         never.step_done()
     assert never.releases == 0
-    with pytest.raises(ValueError, match="every=-1"):
+    with pytest.raises(ValueError, match="release_heap_every=-1"):
         HeapRelease(every=-1)

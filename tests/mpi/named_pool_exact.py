@@ -6,7 +6,8 @@ The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``,
 rank 0 trains the same model in one process on whole images (``train_one_process``).
 
 Checks: ``--pool P equals one process`` for max and attention (losses and final weights within 1e-9), the pool
-replaced in the built network (``GlobalMaxPool`` / ``AttentionMILPool`` at ``avgpool``).
+replaced in the built network (``GlobalMaxPool`` / ``AttentionMILPool`` at ``avgpool``), and ``--release-heap-every 1``
+reaching the engine (a heap release after each step, the results unchanged).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.support.serial_training import matches_one_process, train_one_process
 
 STEPS = 2
 FLAGS = ("--model torchvision:resnet18 --image-size 64 --batch-size 2 --num-samples 4 --num-classes 2 "
-         "--dtype float64 --steps 2 --lr 0.001 --no-progress --step-timeout 0 "
+         "--dtype float64 --steps 2 --lr 0.001 --no-progress --step-timeout 0 --release-heap-every 1 "
          "--split-size 2 --spatial-size 1 --num-spatial-parts 4 --slice-method square").split()
 POOLS = {"max": GlobalMaxPool, "attention": AttentionMILPool}
 TOLERANCE = 1e-9
@@ -48,6 +49,7 @@ def main(check: Checks) -> None:
                 model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size))
                 model = model.to(torch.float64)
                 assert any(isinstance(m, kind) for m in model[-1].modules()), f"no {kind.__name__} in the head"
+                assert trainer.engine.heap.releases == STEPS, "--release-heap-every 1: a release after every step"
                 serial = train_one_process(setup, model, torch.nn.CrossEntropyLoss(), Batcher.labels, STEPS)
                 result.detail = matches_one_process(run.losses, state, serial, model, TOLERANCE)
 

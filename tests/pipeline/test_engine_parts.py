@@ -149,3 +149,6 @@ def test_the_engine_hands_the_heap_s_free_pages_back_every_n_steps():
         for _ in range(5):
             engine.train_step(x, y)
         assert at == wanted and engine.heap.releases == len(wanted)
+    with pytest.raises(ValueError, match="release_heap_every=-1"):   # before any set-up: even a bad layout waits
+        dl.HybridEngine(build("resnet"), dl.ParallelConfig(split_size=3, spatial_size=0), ctx,
+                        loss_fn=nn.CrossEntropyLoss(), release_heap_every=-1)
