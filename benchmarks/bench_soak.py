@@ -15,7 +15,8 @@ growth per 1000 steps (least-squares slope over the second half of the run, i.e.
 plus the trace length, and the RSS grown from the first sample at or after ``--from-step`` to the end (issue
 54's measure: under 1 MB between steps 2,000 and 10,000 on every rank), the same between the highest RSS of the
 first and the last 1,000 steps of that span (each holds one of the engine's heap releases, ``HeapRelease``, every
-1,000 steps, so a sample falling just after one does not flatter the figure), and the bytes glibc's malloc has handed
+1,000 steps, so a sample falling just after one does not flatter the figure) and read off the line fitted through
+every 1,000 steps' highest RSS (``--samples-out`` keeps the samples), and the bytes glibc's malloc has handed
 out over the span (flat while RSS grows: the allocator's kept free space, not a leak). On the gloo plane
 torch's collective flight recorder keeps ~0.9-1.3 KB per collective until its ring of 2000 is full
 (``TORCH_FR_BUFFER_SIZE``, torch's default kept): the layer rank (1-2 collectives a step) fills it over its first
@@ -142,13 +143,23 @@ def launch(name: str, mode: str, steps: int, every: int, backend: str = "auto") 
     return last_json(done.stdout, MARK)
 
 
-def window_peak_growth(samples: list, from_step: int, window: int = WINDOW) -> int:
-    """The highest RSS of the run's last ``window`` steps less the highest of the ``window`` steps from
-    ``from_step``: each window holds a whole period of the engine's heap release (``HeapRelease``, every 1000
-    steps), so the figure does not depend on whether a sample falls just after a release."""
-    first = [rss for step, rss, *_ in samples if from_step <= step < from_step + window]
-    last = [rss for step, rss, *_ in samples if step > samples[-1][0] - window]
-    return max(last) - max(first or last)
+def window_peaks(samples: list, from_step: int, window: int = WINDOW) -> list[tuple[int, int]]:
+    """(first step, highest RSS) of each whole ``window`` steps from ``from_step`` on: each window holds a whole
+    period of the engine's heap release (``HeapRelease``, every 1000 steps), so its highest RSS does not depend on
+    whether a sample falls just after a release."""
+    end = samples[-1][0]
+    starts = range(from_step, end - window + 2, window)
+    peaks = [(start, max((rss for step, rss, *_ in samples if start <= step < start + window), default=-1))
+             for start in starts]
+    return [(start, peak) for start, peak in peaks if peak >= 0]
+
+
+def window_peak_growth(samples: list, from_step: int, window: int = WINDOW) -> tuple[int, float]:
+    """The highest RSS of the last window less that of the first (``window_peaks``), and the same read off the
+    least-squares line through every window's highest RSS (one window's noise moves it less)."""
+    peaks = window_peaks(samples, from_step, window) or [(samples[-1][0], samples[-1][1])]
+    span = peaks[-1][0] - peaks[0][0]
+    return peaks[-1][1] - peaks[0][1], slope_per_1000(peaks) * span / 1000 if len(peaks) > 1 else 0.0
 
 
 def report(result: dict, table: Table, from_step: int) -> None:
@@ -161,7 +172,7 @@ def report(result: dict, table: Table, from_step: int) -> None:
         mib = 2.0 ** 20
         table.add(result["config"], result["mode"], rank, f"{late[0][1] / mib:.1f}", f"{samples[-1][1] / mib:.1f}",
                   f"{rss / 1024:+.1f}", f"{(after[-1][1] - after[0][1]) / 1024:+.0f}",
-                  f"{window_peak_growth(samples, from_step) / 1024:+.0f}",
+                  "{:+.0f} / {:+.0f}".format(*(v / 1024 for v in window_peak_growth(samples, from_step))),
                   f"{(after[-1][4] - after[0][4]) / 1024:+.0f}", f"{tensors / 1024:+.2f}",
                   f"{min(events)}-{max(events)}")
 
@@ -174,21 +185,28 @@ def main() -> None:
     parser.add_argument("--modes", default="api,train")
     parser.add_argument("--backend", default="auto", help="the API mode's data plane: auto (mpi on CPU), mpi, gloo")
     parser.add_argument("--from-step", type=int, default=2000, help="RSS grown from this step to the end")
+    parser.add_argument("--samples-out", help="also write every rank's samples (step, RSS, tensor bytes, trace "
+                                              "events, heap in use) to this JSON file")
     args = parser.parse_args()
     footer = Footer()
+    runs = []
     print(f"# ResNet v2-{MODEL['depth']} width {MODEL['width']}, {MODEL['image']} px, float32; "
           f"{args.steps} steps, sampled every {args.sample_every}; growth = slope over the 2nd half; "
           f"backend {args.backend}")
     table = Table(["config", "mode", ">rank", ">RSS at half MiB", ">RSS at end MiB", ">RSS growth KiB/1000 steps",
                    f">RSS grown steps {args.from_step}-{args.steps} KiB",
-                   f">highest RSS, last {WINDOW} steps over the {WINDOW} from {args.from_step}, KiB",
+                   f">highest RSS of each {WINDOW} steps from {args.from_step}: last less first / fitted line KiB",
                    f">malloc in use grown steps {args.from_step}-{args.steps} KiB",
                    ">tensor bytes growth KiB/1000 steps", "trace events (min-max)"])
     for name in args.configs.split(","):
         for mode in args.modes.split(","):
-            report(launch(name, mode, args.steps, args.sample_every, args.backend), table, args.from_step)
+            runs.append(launch(name, mode, args.steps, args.sample_every, args.backend))
+            report(runs[-1], table, args.from_step)
             print(f"  {name} {mode}: done", file=sys.stderr, flush=True)
     print(table.markdown())
+    if args.samples_out:
+        with open(args.samples_out, "w") as out:
+            json.dump(runs, out)
     footer.print()
 
 
