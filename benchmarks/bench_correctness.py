@@ -34,12 +34,12 @@ from support.world import require_world
 from torch import nn
 
 from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.loss import tile_mean
 from mpi4dl_nb.measure.usage import ActivationMeter
 from mpi4dl_nb.models import resnet
 from mpi4dl_nb.spatial.convert import reduce_tile_gradients, runtime_of, spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.guard import SpatialGuard
-from mpi4dl_nb.spatial.loss import tile_mean
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 
 

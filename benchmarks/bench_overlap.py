@@ -38,8 +38,8 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.spatial import conv as spatial_conv
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.spatial.kernel_layer import SpatialKernelLayer
 from mpi4dl_nb.spatial.tiles import scatter_tiles
-from mpi4dl_nb.spatial.windowed import SpatialWindowedLayer
 
 Config = tuple[str, bool, bool]   # (label, regions, overlap)
 
@@ -90,7 +90,7 @@ def time_copies(ctx, net: torch.nn.Module, tile: torch.Tensor, rounds: int) -> l
     ``exchange_strips`` (strips only) on that layer's input."""
     inputs: dict[str, torch.Tensor] = {}
     hooks = [m.register_forward_pre_hook(lambda m, a, n=n: inputs.__setitem__(n, a[0].detach()))
-             for n, m in net.named_modules() if isinstance(m, SpatialWindowedLayer)]
+             for n, m in net.named_modules() if isinstance(m, SpatialKernelLayer)]
     with torch.no_grad():
         net(tile)
     for h in hooks:

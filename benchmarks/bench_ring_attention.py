@@ -5,7 +5,7 @@
 
 Every rank holds ``--tokens`` queries and keys (ViT-S/16 heads and head size by default: 6 x 64), batch 1. The
 baseline gathers every member's keys/values around the same ring (a ring all-gather), runs plain attention on
-them and reduce-scatters dK/dV back around the ring; ring attention (``spatial/ring_attention.py``) never holds
+them and reduce-scatters dK/dV back around the ring; ring attention (``spatial/tokens/ring.py``) never holds
 more than one other member's block. Bytes are this rank's ``ring_send`` events (the trace), time the slowest
 rank's median of forward + backward of one layer, both variants timed in turns.
 """
@@ -22,7 +22,7 @@ from support.timing import in_turns
 
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.spatial.function_ctx import FunctionContext
-from mpi4dl_nb.spatial.ring_attention import GradientCarry, KeyValueTravel, Pass, Ring, RingLink, ring_attention
+from mpi4dl_nb.spatial.tokens.ring import GradientCarry, KeyValueTravel, Pass, Ring, RingLink, ring_attention
 
 
 class _GatheredCtx(FunctionContext, Protocol):

@@ -30,8 +30,8 @@ from torch import nn
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.swin import WindowBlock
 from mpi4dl_nb.spatial.tiles import scatter_tiles
+from mpi4dl_nb.spatial.windows.swin import WindowBlock
 
 
 def build(size: int, depths: tuple[int, ...]) -> nn.Module:

@@ -35,9 +35,9 @@ from support.world import require_world
 from torch import nn
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.loss import DenseLoss
 from mpi4dl_nb.measure.usage import ActivationMeter
 from mpi4dl_nb.models.unet import unet
-from mpi4dl_nb.spatial.loss import DenseLoss
 
 MB = 2 ** 20
 

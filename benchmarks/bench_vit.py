@@ -40,10 +40,10 @@ from torch import nn
 
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.planner.attention import TokenGrid
-from mpi4dl_nb.spatial.blockwise import blockwise_attention
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.ring_attention import Ring, ring_attention
-from mpi4dl_nb.spatial.ring_steps import ring_traffic
+from mpi4dl_nb.spatial.tokens.blockwise import blockwise_attention
+from mpi4dl_nb.spatial.tokens.ring import Ring, ring_attention
+from mpi4dl_nb.spatial.tokens.ring_steps import ring_traffic
 
 WIDTH, HEADS, PATCH = 384, 6, 16
 

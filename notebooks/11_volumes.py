@@ -140,7 +140,7 @@ viewer.widget
 # summed over the tiles, nothing gathered. Ten Adam steps on the two training volumes, float64:
 
 # %%
-from mpi4dl_nb.spatial.loss import DenseLoss
+from mpi4dl_nb.loss import DenseLoss
 
 STEPS, LR = 10, 0.05
 images = torch.stack([v for v, _ in volumes[:2]])           # (2, 1, 16, 16, 16)

@@ -20,9 +20,9 @@ from ..data.canvas import CanvasPlacement
 from ..data.classes import numbered
 from ..data.stain import StainNormalizer
 from ..data.task import Task
+from ..loss import ClassCrossEntropy, DenseLoss, LossKind
 from ..models.spec import ModelFamily, ModelSpec, optional_whole, whole
 from ..pipeline.optim import LRSchedule, OptimizerSpec
-from ..spatial.loss import ClassCrossEntropy, DenseLoss, LossKind
 from . import files
 from .files import FORMAT_VERSION, BestMark, save_checkpoint
 

@@ -9,9 +9,9 @@ range          name             what
                                 (``Context.send``'s default tag 0 lies here)
 7100 .. 7107   ``HALO``         halo exchange (``spatial/halo.py``): rows / columns x forward /
                                 backward x towards the previous / next tile
-7108 .. 7111   ``RING``         ring attention (``spatial/ring_attention.py``): key/value blocks
+7108 .. 7111   ``RING``         ring attention (``spatial/tokens/ring.py``): key/value blocks
                                 forward, again backward, and their travelling gradients
-7120 .. 7121   ``WINDOW``       token gathers (``spatial/window_roll.py``): windows, rolls and
+7120 .. 7121   ``WINDOW``       token gathers (``spatial/windows/exchange.py``): windows, rolls and
                                 patch merges across tiles, forward / backward
 24576 .. 32767 ``PIPELINE``     stage-to-stage payloads (``pipeline/schedules.py``): four classes
                                 (activation / gradient x primary / GEMS mirror) of

@@ -11,8 +11,8 @@ import torch
 
 from ..comm.messages import as_items
 from ..data.dataset import RegionDataset, input_size, read_box
+from ..loss import ClassCrossEntropy
 from ..pipeline.step_input import ShardedImages
-from ..spatial.loss import ClassCrossEntropy
 from .aggregate import MEAN, Aggregation
 from .batch_inputs import BatchInputs
 from .levels import SampleGroups

@@ -18,8 +18,8 @@ import torch
 
 from ..comm.messages import as_items
 from ..data.masks import MaskDataset
+from ..loss import DenseLoss, PixelSums
 from ..pipeline.runtime import StageOutput
-from ..spatial.loss import DenseLoss, PixelSums
 from .evaluator import HeldOutBatches
 from .pixel_metrics import PixelRecords, SegmentationMetrics, confusion_counts, merge_pixels, summarize_pixels
 

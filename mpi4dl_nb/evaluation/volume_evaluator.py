@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..data.volume_dataset import VolumeFolderDataset
-from ..spatial.loss import DenseLoss
+from ..data.volume.dataset import VolumeFolderDataset
+from ..loss import DenseLoss
 from .batch_inputs import BatchInputs
 from .pixel_evaluator import SegmentationEvaluator
 

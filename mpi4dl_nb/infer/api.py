@@ -53,7 +53,7 @@ def option_keywords(options: Mapping[str, object]) -> dict[str, object]:
 def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | Sequence[str | Path], *,
                 ctx: Comm | None = None, **options: Any) -> dict[str, object] | None:
     """Run the checkpoint's network over ``slide``, writing ``output`` (.npy / .tif / .geojson / .csv / .png, or a list
-    of them; ``PATH.tif:labels|probabilities|preview`` chooses a TIFF's content, see ``infer/outputs.py``).
+    of them; ``PATH.tif:labels|probabilities|preview`` chooses a TIFF's content, see ``infer/outputs/kinds.py``).
 
     Collective: call it on every rank of a world of ``num_spatial_parts`` ranks (one process:
     ``num_spatial_parts=1``). ``options`` are :class:`InferJob` keywords (as ``dl.infer``'s; ``level`` and

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..comm.agreement import SetupFailed
 from ..config import ConfigError
-from .finish import report_columns
 from .job import CheckedInfer, InferJob
-from .outputs import SLIDE_FIELD, OutputSpec
+from .outputs.finish import report_columns
+from .outputs.kinds import SLIDE_FIELD, OutputSpec
 from .runner import SlideFailed, SlideRunner, trained_for
 from .slide_list import SlideSource, is_manifest
 from .store import work_path

@@ -13,7 +13,7 @@ from ..spatial.geometry import TileGrid
 from .fully_conv import FullyConvolutional, measure_field
 from .job import InferJob
 from .model import ModelDescription
-from .outputs import OutputKind, OutputSpec, check_outputs, npy_base
+from .outputs.kinds import OutputKind, OutputSpec, check_outputs, npy_base
 from .probes import default_window, output_size
 from .reader import SlideReader
 from .store import Fingerprint, load_progress, progress_path, work_path

@@ -21,14 +21,14 @@ from ..data.task import Task
 from ..models.spec import parse_model_name
 from ..schema import build_job, flag, flag_fields
 from ..spatial.geometry import TileGrid
-from .outputs import HELP as OUTPUT_HELP
-from .outputs import OutputSpec, check_folders, check_outputs, parse_outputs, summary_folder
+from .outputs.kinds import HELP as OUTPUT_HELP
+from .outputs.kinds import OutputSpec, check_folders, check_outputs, parse_outputs, summary_folder
+from .outputs.slide_level import check_output_folder
+from .outputs.volume import VolumeOutputs
 from .slide_list import SlideSource, slide_sources
-from .slide_outputs import check_output_folder
 from .tile_map import MapMode
 from .trained import refuse_volume_classifier
 from .volume import volume_grid, window_sides
-from .volume_outputs import VolumeOutputs
 
 DTYPES = ("float32", "float64")
 DEFAULT_BUDGET = 1 << 30          # bytes per rank for one window when --window is not given

@@ -30,11 +30,11 @@ from ..measure.heap import PeakMeter, module_bytes
 from ..measure.progress import ProgressLine
 from ..spatial.geometry import Box, TileGrid
 from .decisions import Plan, class_indices, decide
-from .finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
-from .heat import default_heat_class
 from .job import InferJob
-from .outputs import OutputKind, npy_base
-from .placement import CellPlacement
+from .outputs.finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
+from .outputs.heat import default_heat_class
+from .outputs.kinds import OutputKind, npy_base
+from .outputs.placement import CellPlacement
 from .probes import check_halos, output_size
 from .reader import Prefetcher, SlideReader
 from .store import HeatmapStore, progress_path, save_progress, work_path

@@ -19,8 +19,8 @@ from ..spatial.geometry import TileGrid
 from .attention_map import CLASS_MAP_NAME, MAP_NAMES, on_slide
 from .cohort import CohortSummary, SlideResult, say_on_rank_zero
 from .job import CheckedInfer, InferJob
+from .outputs.slide_level import SLIDES_CSV, SlideRow, slide_placement, write_slide_map, write_slides_csv
 from .slide_list import SlideSource
-from .slide_outputs import SLIDES_CSV, SlideRow, slide_placement, write_slide_map, write_slides_csv
 from .whole_slide import CanvasNetwork, SlidePrediction, WholeSlideModel, load_whole_slide
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import ConfigError
 from ..data.manifest import Cohort, read_cohort
 from ..data.pathology import SLIDE_ONLY_EXTENSIONS
-from .outputs import SLIDE_FIELD
+from .outputs.kinds import SLIDE_FIELD
 
 SLIDE_SUFFIXES = (*SLIDE_ONLY_EXTENSIONS, ".tif", ".tiff", ".png", ".jpg", ".jpeg")
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..comm.trace import TraceValue
-from .finish import OutputReport
-from .placement import CellPlacement
+from .outputs.finish import OutputReport
+from .outputs.placement import CellPlacement
 from .windows import AxisField
 
 

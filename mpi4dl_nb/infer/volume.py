@@ -30,8 +30,8 @@ from ..measure.heap import PeakMeter, module_bytes
 from ..measure.progress import ProgressLine
 from ..spatial.geometry import AXIS_NAMES, TileGrid
 from .fully_conv import FullyConvolutional, measure_fields
+from .outputs.volume import VolumeOutputs, VolumeSink
 from .probes import check_halos, input_channels, output_sizes
-from .volume_outputs import VolumeOutputs, VolumeSink
 from .volume_source import VolumeSource, read_zero_extended
 from .whole_volume import bytes_per_voxel, check_whole_sides, whole_input_layer
 from .windows import AxisField, AxisWindows, BoxPlan, BoxWindow, Extent, ceil_div, intersect_extents, padded_extent

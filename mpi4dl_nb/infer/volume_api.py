@@ -17,10 +17,10 @@ from ..spatial.geometry import TileGrid
 from .fully_conv import FullyConvolutional, fully_convolutional
 from .job import DTYPES, CheckedInfer
 from .model import find_checkpoint
+from .outputs.volume import VolumeOutputs
 from .probes import input_channels
 from .trained import check_streamable, load_network, refuse_volume_classifier
 from .volume import VolumeRunner, VolumeSummary
-from .volume_outputs import VolumeOutputs
 from .volume_source import ArrayVolume, FileVolume, VolumeSource
 from .whole_volume import whole_input_layer, whole_volume_network
 

@@ -78,14 +78,14 @@ def read_zero_extended(source: VolumeSource, region: Extent) -> np.ndarray:
 
 
 class FileVolume:
-    """A TIFF stack or NIfTI file (``data/volume_files.py``): the header once, each region read alone.
+    """A TIFF stack or NIfTI file (``data/volume/files.py``): the header once, each region read alone.
 
     Voxel values reach the network as training reads them: integer voxels divided by their type's
     maximum (``volume_dataset.intensity_scale``), float voxels as stored.
     """
 
     def __init__(self, path: str | Path) -> None:
-        from ..data.volume_files import volume_info
+        from ..data.volume.files import volume_info
 
         self.path = Path(path)
         self.info = volume_info(self.path)
@@ -107,8 +107,8 @@ class FileVolume:
         return str(self.path)
 
     def read(self, region: Extent) -> np.ndarray:
-        from ..data.volume_dataset import intensity_scale
-        from ..data.volume_files import read_volume
+        from ..data.volume.dataset import intensity_scale
+        from ..data.volume.files import read_volume
 
         voxels = read_volume(self.path, (slice(*region[0]), slice(*region[1]), slice(*region[2])))
         scale = intensity_scale(self.info.dtype)

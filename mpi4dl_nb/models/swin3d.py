@@ -1,7 +1,7 @@
 """The 3-D Swin encoder's pieces: window attention with relative position bias over D x H x W windows, the (shifted)
 window block and 2x2x2 patch merging, all on channels-first volumes ``(N, C, D, H, W)``.
 
-A block's token mixing is four steps a tile version can take apart (``spatial/swin3d.py``): a cyclic roll of the
+A block's token mixing is four steps a tile version can take apart (``spatial/windows/swin3d.py``): a cyclic roll of the
 token grid by ``-shift`` (``roll``), the grid cut into windows (``partition``), attention inside each window with the
 relative position bias and, after a shift, the mask keeping apart the tokens the roll brought together from the
 grid's two ends (``-100`` between them, as the Swin papers do), then the windows put back (``reverse``) and the roll
@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from ..spatial.swin3d import register_swin3d
+from ..spatial.windows.swin3d import register_swin3d
 
 Sides = tuple[int, int, int]
 MASKED = -100.0   # the attention score between tokens of different regions of a shifted window (Swin's value)
@@ -175,4 +175,5 @@ class SwinStage3d(nn.Module):
         return self.merge(self.blocks(x))
 
 
-register_swin3d(SwinBlock3d, PatchMerging3d)   # spatialize converts them on a volume's tiles (spatial/swin3d.py)
+# spatialize converts them on a volume's tiles (spatial/windows/swin3d.py)
+register_swin3d(SwinBlock3d, PatchMerging3d)

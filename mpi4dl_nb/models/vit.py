@@ -23,7 +23,7 @@ from ..config import ParallelConfig
 from ..errors import ConfigError
 from ..pipeline.handoff import TokenTiling
 from ..spatial.geometry import TileGrid
-from ..spatial.vit import RopeBlockPiece, TokenStemPiece
+from ..spatial.tokens.vit import RopeBlockPiece, TokenStemPiece
 from .pieces import Piece
 
 BLOCKS = "blocks"
@@ -287,7 +287,7 @@ def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
 def check_tiled_patches(embedding: nn.Module, grid: TileGrid, image_size: int | tuple[int, int]) -> None:
     """ConfigError (``--image-size``, naming sizes that work) when ``grid``'s tiles of an ``image_size`` image would
     cut one of the embedding's patches (a hybrid's: its stem's stride)."""
-    from ..spatial.tokens import check_patch_grid
+    from ..spatial.tokens.tiles import check_patch_grid
 
     size = (image_size, image_size) if isinstance(image_size, int) else image_size
     patch = patch_multiple(embedding)

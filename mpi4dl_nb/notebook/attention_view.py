@@ -2,7 +2,7 @@
 across the tile seams over the image (pure geometry, matplotlib drawings in viz.py's manner, a timm ViT's map).
 
 Tokens are numbered as one process numbers them: the ``prefix`` class/register tokens first, then the token grid
-row by row. Ring member ``t`` holds tile ``t``'s tokens (member 0 also the prefix); ``spatial/ring_steps.py``
+row by row. Ring member ``t`` holds tile ``t``'s tokens (member 0 also the prefix); ``spatial/tokens/ring_steps.py``
 says whose keys it holds at each step. Drawings take an optional ``ax`` (``axes`` for one panel per step),
 return the Figure, and give their artists a ``gid`` (``"query"``, ``"held:2:3"``, ``"seam:row:1"``, ...).
 """
@@ -20,7 +20,7 @@ from matplotlib.patches import Rectangle
 
 from ..planner.attention import TokenGrid
 from ..spatial.geometry import TileGrid
-from ..spatial.ring_steps import RingSchedule
+from ..spatial.tokens.ring_steps import RingSchedule
 from .viz import _axes, as_picture
 
 if TYPE_CHECKING:

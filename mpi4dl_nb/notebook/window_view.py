@@ -1,7 +1,7 @@
 """Swin's (shifted) windows on token tiles: which rank computes each window and how many of its tokens each rank
 sends it, drawn over an image or a blank canvas (a volume's grid: one depth slice), in viz.py's manner.
 
-The geometry is ``spatial/windows.py``'s (``ShiftedWindows``, ``TokenBoxes``, ``WindowLayout``); windows are drawn
+The geometry is ``spatial/windows/plan.py``'s (``ShiftedWindows``, ``TokenBoxes``, ``WindowLayout``); windows are drawn
 where one process's rolled grid puts them, in the ORIGINAL token coordinates (a shifted window that wraps around
 the grid's end shows as pieces). Artists carry a ``gid``: ``"tile:<t>"``, ``"window-edges"``,
 ``"token:<window>:<rank>"`` (a gathered token, coloured by the rank it comes from), ``"window-label:<window>"``.
@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from ..spatial.geometry import TileGrid
-from ..spatial.windows import Coord, ShiftedWindows, TokenBoxes, WindowLayout
+from ..spatial.windows.plan import Coord, ShiftedWindows, TokenBoxes, WindowLayout
 from .viz import _axes, as_picture, stage_color, volume_depth, volume_slice
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from ..comm.trace import Event
 from ..config import ParallelConfig, ScheduleKind
 from ..errors import ConfigError
 from ..layout import RankRole, layout, stage_holders
+from ..loss import TileLoss
 from ..spatial.geometry import TileGrid
-from ..spatial.loss import TileLoss
 from .accumulate import GradientSum
 from .default_cut import default_balance
 from .handoff import handoff_of
@@ -106,7 +106,7 @@ class HybridEngine:
         if cfg.all_spatial and not isinstance(loss_fn, TileLoss):
             raise ConfigError("spatial_size", f"spatial_size = split_size = {cfg.split_size} makes every stage "
                               f"spatial, so the loss runs on tiles, and {type(loss_fn).__name__} cannot: use a "
-                              f"per-pixel loss computed on tiles (mpi4dl_nb.spatial.loss.DenseLoss) for a "
+                              f"per-pixel loss computed on tiles (mpi4dl_nb.loss.DenseLoss) for a "
                               f"dense model, or spatial_size <= {cfg.split_size - 1} to join the tiles for a "
                               f"classifier")
         self.cfg = cfg

@@ -165,7 +165,7 @@ class JoinedTokens:
 @dataclass(frozen=True)
 class TokenTiling:
     """Where a ViT's tokens lie on the tiles of a spatial stage (the token-tile representation of
-    ``spatial/tokens.py``): tile ``t`` holds the tokens of its box of the global ``token_grid`` (the balanced
+    ``spatial/tokens/tiles.py``): tile ``t`` holds the tokens of its box of the global ``token_grid`` (the balanced
     split, row-major in the box), tile 0 the ``num_prefix`` class/register tokens in front of its own. The
     global order a layer stage takes is the model's: prefix tokens, then the grid row-major."""
 

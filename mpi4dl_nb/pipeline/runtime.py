@@ -13,8 +13,8 @@ from torch import nn
 from ..comm.handles import Channel, Group, Request
 from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
+from ..loss import TileLoss
 from ..spatial.geometry import TileGrid
-from ..spatial.loss import TileLoss
 from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats

@@ -3,7 +3,7 @@ holds in flight, its extra work (pure: no torch, no MPI).
 
 A ViT's blocks on a tile grid hold, on each rank, the tokens of its tile (the class and register tokens on ring
 member 0). Everything in a block but attention acts per token, so a rank's block allocates what the block
-allocates on its own tokens; ring attention adds what travels (``spatial/ring_steps.py``: at ring step ``s``
+allocates on its own tokens; ring attention adds what travels (``spatial/tokens/ring_steps.py``: at ring step ``s``
 member ``r`` computes its queries against the key/value block of member ``(r - s) mod P`` while it receives
 the next one): a member's forward sends every block but its successor's once (keys and values, about
 ``2 (N/P) C (P-1)`` values), its backward the same again and every block's gradient accumulator (about twice).
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..spatial.geometry import TileGrid
-from ..spatial.ring_steps import RingSchedule, ring_traffic
+from ..spatial.tokens.ring_steps import RingSchedule, ring_traffic
 
 
 @dataclass(frozen=True)

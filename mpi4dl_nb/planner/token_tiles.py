@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..spatial.attention_blocks import Grads, block_kernel
-from ..spatial.blockwise import blockwise_attention
 from ..spatial.ops import TorchOp, argument
-from ..spatial.ring_attention import Ring, ring_attention
+from ..spatial.tokens.blocks import Grads, block_kernel
+from ..spatial.tokens.blockwise import blockwise_attention
+from ..spatial.tokens.ring import Ring, ring_attention
 from .attention import RingCost, TokenGrid, ring_cost
 from .fake_world import FakeComm, Traffic
 
@@ -186,8 +186,8 @@ def member_work(layer: nn.Module, shapes: Sequence[Shape], tokens: TokenGrid, me
 
 
 class RingKernels(nn.Module):
-    """A timm ``Attention`` computing as a ring member does (``spatial/blockwise.py``'s kernels and merge: it saves
-    queries, keys, values, output and log-sum-exp, never the weights), for the memory simulation."""
+    """A timm ``Attention`` computing as a ring member does (``spatial/tokens/blockwise.py``'s kernels and merge: it
+    saves queries, keys, values, output and log-sum-exp, never the weights), for the memory simulation."""
 
     def __init__(self, attn: nn.Module) -> None:
         super().__init__()

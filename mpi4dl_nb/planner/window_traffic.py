@@ -1,8 +1,9 @@
 """Swin's window exchanges as the planner counts them: what each tile sends, receives and holds for a block's
 shifted-window gathers and a stage's patch merge (pure: no torch, no MPI).
 
-On tiles (``spatial/swin.py``) a block gathers every window it computes onto one tile (the roll folded in: only the
-tokens that change tile move) and sends the results back (``windows.WindowLayout``); a patch merge gathers every 2x2
+On tiles (``spatial/windows/swin.py``) a block gathers every window it computes onto one tile (the roll folded in:
+only the tokens that change tile move) and sends the results back (``windows.WindowLayout``); a patch merge
+gathers every 2x2
 (2x2x2) neighbourhood to the tile of its merged token (``windows.plan_merge``). Tokens are counted box by box: a
 window's source tokens along each axis are one interval of the rolled grid (two where the roll wraps), a tile's
 tokens a box, so what a tile holds of a window is a product of interval overlaps; the windows' owners are the
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..spatial.geometry import Range, TileGrid
-from ..spatial.windows import ShiftedWindows, TokenBoxes, WindowLayout
+from ..spatial.windows.plan import ShiftedWindows, TokenBoxes, WindowLayout
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..loss import GroupSum, TileLoss
 from ..pipeline.schedules import Action, ActionKind
-from ..spatial.loss import GroupSum, TileLoss
 
 if TYPE_CHECKING:
     from ..comm.messages import Payload

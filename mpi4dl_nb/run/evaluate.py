@@ -26,8 +26,8 @@ from ..evaluation.evaluator import Evaluator
 from ..evaluation.metrics import Metrics
 from ..infer.model import load_trained
 from ..infer.recorded_stain import PYTHON_KNOBS, StainChoice, refusing_broken_stain
+from ..loss import ClassCrossEntropy
 from ..schema import flag_fields
-from ..spatial.loss import ClassCrossEntropy
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm

@@ -8,11 +8,11 @@ from typing import Protocol
 from ..config import ParallelConfig
 from ..data.apps import AppKind
 from ..data.task import Task
-from ..data.volume_groups import PATIENTS_FILE
+from ..data.volume.groups import PATIENTS_FILE
 from ..errors import ConfigError
 from ..evaluation.metrics import MetricName
+from ..loss import LossKind
 from ..models.spec import ModelFamily
-from ..spatial.loss import LossKind
 from .data_choice import DataChoice
 from .held_out_spec import ValidationSpec
 from .model_choice import ModelChoice

@@ -10,13 +10,13 @@ from ..checkpoint.files import new_run_id
 from ..checkpoint.record import RunRecord
 from ..data.dataset import RegionDataset
 from ..data.masks import MaskDataset
-from ..data.volume_dataset import VolumeFolderDataset
+from ..data.volume.dataset import VolumeFolderDataset
 from ..evaluation.aggregate import MEAN, Aggregation
 from ..evaluation.evaluator import Evaluator
 from ..evaluation.levels import sample_groups
 from ..evaluation.pixel_evaluator import SegmentationEvaluator
 from ..evaluation.volume_evaluator import VolumeEvaluator
-from ..spatial.loss import ClassCrossEntropy
+from ..loss import ClassCrossEntropy
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm

@@ -12,9 +12,9 @@ from ..data.masks import is_mask_folder
 from ..data.pathology import folder_files
 from ..data.stain import StainRequest, read_reference
 from ..data.validate import SourceKind, check_file
-from ..data.volume_classes import class_volume_files, volume_classes
-from ..data.volume_dataset import volume_images
-from ..data.volume_files import is_volume_file, volume_info
+from ..data.volume.classes import class_volume_files, volume_classes
+from ..data.volume.dataset import volume_images
+from ..data.volume.files import is_volume_file, volume_info
 from ..errors import ConfigError
 from ..evaluation.metrics import MetricName
 from .data_choice import SLIDE_LABELS, WHOLE_SLIDE, DataChoice

@@ -15,9 +15,9 @@ from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
 from ..data.pathology import folder_files, require_path
 from ..data.stain_reads import with_stain
 from ..data.validate import DataSources, SourceKind, find_sources
-from ..data.volume_classes import VolumeClassDataset
-from ..data.volume_dataset import VolumeFolderDataset
-from ..data.volume_groups import PATIENTS_FILE
+from ..data.volume.classes import VolumeClassDataset
+from ..data.volume.dataset import VolumeFolderDataset
+from ..data.volume.groups import PATIENTS_FILE
 from ..evaluation.grouped import GroupedSplit, split_by_side, split_fold, split_grouped
 from ..evaluation.split import Subset, split_listing
 from .held_out_spec import HeldOutSpec
@@ -95,7 +95,7 @@ def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: S
         return IHCMaskDataset(data.image_size)
     root = require_path(datapath)
     if data.volume_size is not None:
-        from ..data.volume_dataset import VolumeFolderDataset, volume_images
+        from ..data.volume.dataset import VolumeFolderDataset, volume_images
 
         return VolumeFolderDataset(root, data.volume_size, data.num_classes,
                                    files=excluded(volume_images(root), exclude), voxel_size=data.voxel_size)
@@ -122,8 +122,8 @@ def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataS
     if data.cohort is not None and datapath == data.datapath:    # read_cohort opened every slide's header
         return DataSources(None), None
     if data.volume_size is not None and not data.task.dense and datapath is not None:
-        from ..data.volume_classes import class_volume_files
-        from ..data.volume_dataset import volume_problem
+        from ..data.volume.classes import class_volume_files
+        from ..data.volume.dataset import volume_problem
 
         volume, voxel = data.volume_size, data.voxel_size
         return (DataSources(SourceKind.TILES, tuple(class_volume_files(require_path(datapath, knob)))),
@@ -139,7 +139,7 @@ def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataS
     root = require_path(datapath, knob)
     size, classes, ignore = data.image_size, data.num_classes, data.ignore_index
     if data.volume_size is not None:
-        from ..data.volume_dataset import check_volume_pair, volume_images
+        from ..data.volume.dataset import check_volume_pair, volume_images
 
         volume, voxel = data.volume_size, data.voxel_size
         return (DataSources(SourceKind.TILES, tuple(volume_images(root))),

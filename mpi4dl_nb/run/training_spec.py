@@ -11,9 +11,9 @@ from ..checkpoint.record import TrainingRecord
 from ..data.augment import AugmentSpec
 from ..data.classes import class_weights, parse_class_weights
 from ..errors import ConfigError
+from ..loss import LossKind
 from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerKind, OptimizerSpec
 from ..schema import Bounds, check_bounds, flag, number, whole_number
-from ..spatial.loss import LossKind
 from . import flag_groups as groups
 
 ClassWeights = tuple[float, ...] | str | None      # one weight per class, "balanced" (from the counts), or none

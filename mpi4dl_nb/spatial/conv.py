@@ -15,12 +15,12 @@ from torch import nn
 
 from ..config import ConfigError
 from .batchnorm_fn import LOW_PRECISION
-from .geometry import Window1d
+from .geometry import KernelAxis
 from .halo import HaloExchange
 from .halo_conv import TileConv, band_paddings, banded_conv, conv_gradients, convolve, extended_conv, padded_conv
+from .kernel_layer import Inside, SpatialKernelLayer
 from .layer import SpatialRuntime, adopt
 from .regional import Padding, Params, plan_for, windowed_by_regions
-from .windowed import Inside, SpatialWindowedLayer
 
 # Halo overlap: banded convs compute the owned tile, region convs/pools their interior, while
 # the first phase's halos are in flight. Off by default: on one node the messages are ~1-8% of a forward
@@ -32,7 +32,7 @@ HALO_OVERLAP = False
 REGIONS = True
 
 
-def conv_axis_windows(conv: nn.modules.conv._ConvNd) -> tuple[Window1d, ...]:
+def conv_axis_windows(conv: nn.modules.conv._ConvNd) -> tuple[KernelAxis, ...]:
     """The window of a Conv2d/Conv3d along each of its spatial axes (explicit, 'valid' or 'same' padding)."""
     if conv.padding_mode != "zeros":
         raise ConfigError("model", f"{type(conv).__name__} padding_mode={conv.padding_mode!r} is not "
@@ -45,7 +45,7 @@ def conv_axis_windows(conv: nn.modules.conv._ConvNd) -> tuple[Window1d, ...]:
             before, after = total // 2, total - total // 2
         else:
             before = after = conv.padding[axis]
-        windows.append(Window1d(k, s, d, before, after))
+        windows.append(KernelAxis(k, s, d, before, after))
     return tuple(windows)
 
 
@@ -73,7 +73,7 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return torch.get_autocast_dtype(kind)
 
 
-class SpatialConv(SpatialWindowedLayer, nn.modules.conv._ConvNd):
+class SpatialConv(SpatialKernelLayer, nn.modules.conv._ConvNd):
     """nn.Conv2d / nn.Conv3d on this rank's tile: exchange the halo (zero padding at image borders), then
     convolve without padding; the result is exactly the owned output range."""
 

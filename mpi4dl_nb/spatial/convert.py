@@ -27,13 +27,13 @@ from ..config import ConfigError
 
 # the op families that register their handlers with the guard when imported
 from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout  # noqa: F401
-from .attention_families import convert_attention_family
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
 from .same_padding import convert_same_padded
-from .swin import convert_swin_part
-from .vit import CutPiece, convert_transformer_part
+from .tokens.vit import CutPiece, convert_transformer_part
+from .windows.families import convert_attention_family
+from .windows.swin import convert_swin_part
 
 
 def _check_guarded(module: nn.Module, name: str) -> None:

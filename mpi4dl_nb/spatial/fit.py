@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .conv import conv_axis_windows
-from .geometry import IDENTITY, LayerHalo, TileGrid, Window1d
+from .geometry import IDENTITY, KernelAxis, LayerHalo, TileGrid
 from .pool import pool_axis_windows
 
 _WINDOWED = {nn.Conv2d: 2, nn.Conv3d: 3, nn.MaxPool2d: 2, nn.MaxPool3d: 3, nn.AvgPool2d: 2, nn.AvgPool3d: 3}
@@ -28,7 +28,7 @@ def meta_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module, memo).to("meta")
 
 
-def _windows(module: nn.Module, axes: int) -> tuple[Window1d, ...] | None:
+def _windows(module: nn.Module, axes: int) -> tuple[KernelAxis, ...] | None:
     """The layer's window along each of the grid's ``axes`` tiled axes; None when it has no halo to plan (not
     windowed, of the other dimension, or pointwise: a 1x1 stride-1 conv reads no neighbour, e.g. an SE gate's on
     the replicated 1x1 map of a global pool)."""
@@ -54,7 +54,7 @@ def halo_checked(module: nn.Module, grid: TileGrid,
         if windows is None:
             continue
 
-        def plan(mod: nn.Module, inputs: tuple, windows: tuple[Window1d, ...] = windows,
+        def plan(mod: nn.Module, inputs: tuple, windows: tuple[KernelAxis, ...] = windows,
                  layer: str = label(name)) -> None:
             sizes = tuple(int(n) for n in inputs[0].shape[-grid.ndim:])
             LayerHalo.for_axis_windows(grid, sizes, windows, name=layer)

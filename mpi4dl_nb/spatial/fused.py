@@ -24,10 +24,10 @@ from .conv import SpatialConv, conv_after_exchange, conv_after_padding
 from .geometry import FusedLevel, LayerHalo, plan_fused_axis
 from .guard import is_tiled, mark_tiled
 from .halo import HaloExchange
+from .kernel_layer import SpatialKernelLayer
 from .layer import SpatialLayer, SpatialRuntime
 from .norm import SpatialBatchNorm
 from .registry import ELEMENTWISE
-from .windowed import SpatialWindowedLayer
 
 _NOT_POINTWISE = (nn.Flatten, nn.Linear)
 
@@ -87,13 +87,13 @@ class FusedBlock:
         self.members = members
         self.start, self.stop = start, start + len(members)
         self.name = name
-        self.windowed = [m for m in members if isinstance(m, SpatialWindowedLayer)]
+        self.windowed = [m for m in members if isinstance(m, SpatialKernelLayer)]
         self.windows = [m.windows for m in self.windowed]
         # BatchNorm layers between windowed layers: (level of the next windowed layer, name)
         self.norm_levels: list[tuple[int, str]] = []
         level = 0
         for _i, m in enumerate(members):
-            if isinstance(m, SpatialWindowedLayer):
+            if isinstance(m, SpatialKernelLayer):
                 level += 1
             elif isinstance(m, SpatialBatchNorm):
                 self.norm_levels.append((level, m.layer_name))
@@ -110,7 +110,7 @@ class FusedBlock:
         plan = self.plan(self.runtime.axis_sizes(self, x))
         y, level = x, 0
         for member in self.members:
-            if isinstance(member, SpatialWindowedLayer):
+            if isinstance(member, SpatialKernelLayer):
                 y = _windowed(member, y, plan, level)
                 level += 1
             elif isinstance(member, SpatialBatchNorm):
@@ -123,7 +123,7 @@ class FusedBlock:
         return self
 
 
-def _windowed(member: SpatialWindowedLayer, y: torch.Tensor, plan: FusedPlan, level: int) -> torch.Tensor:
+def _windowed(member: SpatialKernelLayer, y: torch.Tensor, plan: FusedPlan, level: int) -> torch.Tensor:
     """Windowed layer ``level`` of a block: the first after the block's one exchange, the others on the data held,
     padded where the serial model pads (a conv memory-lean: it saves unpadded inputs)."""
     pads = plan.padding(level)
@@ -196,7 +196,7 @@ def _run_block(block: FusedBlock, x: torch.Tensor) -> torch.Tensor:
 def _fusable(module: nn.Module) -> bool:
     if getattr(module, "ceil_mode", False):   # its window depends on the input size
         return False
-    if isinstance(module, (SpatialWindowedLayer, SpatialBatchNorm)):
+    if isinstance(module, (SpatialKernelLayer, SpatialBatchNorm)):
         return True
     return isinstance(module, ELEMENTWISE) and not isinstance(module, _NOT_POINTWISE)
 
@@ -206,13 +206,13 @@ def _blocks(children: list[nn.Module], fused_layers: int) -> list[tuple[int, int
     blocks, current, count, last_window = [], None, 0, -1
     for i, child in enumerate(children + [None]):
         if child is None or not _fusable(child) or \
-                (isinstance(child, SpatialWindowedLayer) and count == fused_layers):
+                (isinstance(child, SpatialKernelLayer) and count == fused_layers):
             if current is not None and count >= 2:
                 blocks.append((current, last_window + 1))
             current, count = None, 0
             if child is None or not _fusable(child):
                 continue
-        if isinstance(child, SpatialWindowedLayer):
+        if isinstance(child, SpatialKernelLayer):
             if current is None:
                 current = i
             count += 1

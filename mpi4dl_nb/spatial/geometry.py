@@ -37,7 +37,7 @@ def split_ranges(size: int, parts: int) -> list[Range]:
 
 
 @dataclass(frozen=True)
-class Window1d:
+class KernelAxis:
     """A sliding window along one axis: kernel, stride, dilation and padding before/after."""
 
     kernel: int = 1
@@ -70,7 +70,7 @@ class Window1d:
                 (o1 - 1) * self.stride - self.pad_before + self.span)
 
 
-IDENTITY = Window1d()
+IDENTITY = KernelAxis()
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def plan_axis(size: int, owned: Sequence[Range], needed: Sequence[Range], *,
     return plans
 
 
-def plan_window_axis(size: int, parts: int, window: Window1d, *,
+def plan_window_axis(size: int, parts: int, window: KernelAxis, *,
                      knob: str = "num_spatial_parts", what: str = "layer") -> list[AxisExchange]:
     """Per-tile exchange plan for a windowed layer on an axis of ``size`` split in ``parts``."""
     out = window.out_size(size)
@@ -397,7 +397,7 @@ class TileGrid:
                    dilation: int | tuple[int, int] = 1, name: str = "layer") -> LayerHalo:
         """Halo geometry of a conv/pool layer on a ``height x width`` input (symmetric padding)."""
         k, s, p, d = (_pair(v) for v in (kernel, stride, padding, dilation))
-        windows = [Window1d(k[a], s[a], d[a], p[a], p[a]) for a in range(2)]
+        windows = [KernelAxis(k[a], s[a], d[a], p[a], p[a]) for a in range(2)]
         return LayerHalo.for_axis_windows(self, (height, width), windows, name)
 
     def __eq__(self, other: object) -> bool:
@@ -538,7 +538,7 @@ class LayerHalo:
         return self.out_sizes[-1]
 
     @classmethod
-    def for_axis_windows(cls, grid: TileGrid, sizes: Sequence[int], windows: Sequence[Window1d],
+    def for_axis_windows(cls, grid: TileGrid, sizes: Sequence[int], windows: Sequence[KernelAxis],
                          name: str = "layer") -> LayerHalo:
         """Halo geometry of a windowed layer along every tiled axis (an image's or a volume's grid)."""
         grid.check_sizes(sizes)
@@ -550,8 +550,8 @@ class LayerHalo:
         return cls.from_axis_plans(grid, sizes, outs, plans, name)
 
     @classmethod
-    def for_windows(cls, grid: TileGrid, height: int, width: int, rows: Window1d,
-                    cols: Window1d, name: str = "layer") -> LayerHalo:
+    def for_windows(cls, grid: TileGrid, height: int, width: int, rows: KernelAxis,
+                    cols: KernelAxis, name: str = "layer") -> LayerHalo:
         """``for_axis_windows`` of an image's grid, spelt per axis."""
         return cls.for_axis_windows(grid, (height, width), (rows, cols), name)
 
@@ -631,7 +631,7 @@ class FusedLevel:
     in_size: int
 
 
-def plan_fused_axis(size: int, parts: int, windows: Sequence[Window1d], *,
+def plan_fused_axis(size: int, parts: int, windows: Sequence[KernelAxis], *,
                     knob: str = "fused_layers", what: str = "fused block"
                     ) -> tuple[list[AxisExchange], list[list[FusedLevel]]]:
     """One exchange for a chain of windowed layers: the wide halo and each layer's ranges.

@@ -23,14 +23,14 @@ from torch import nn
 from ..config import ConfigError
 from . import conv as spatial_conv
 from .function_ctx import FunctionContext
-from .geometry import AxisExchange, Range, Window1d
+from .geometry import AxisExchange, KernelAxis, Range
 from .halo import HaloExchange
 from .halo_blocks import at
+from .kernel_layer import Inside, SpatialKernelLayer
 from .layer import SpatialLayer, SpatialRuntime, adopt
 from .reduce import replicated_sum
 from .reductions import global_argmax
 from .regional import Padding, Params, plan_for, shaped, windowed_by_regions
-from .windowed import Inside, SpatialWindowedLayer
 
 _MAX: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     2: torch.ops.aten.max_pool2d_with_indices, 3: torch.ops.aten.max_pool3d_with_indices}
@@ -43,8 +43,8 @@ _SUMS_BACK: dict[int, Callable[..., torch.Tensor]] = {
 Pool = nn.MaxPool2d | nn.AvgPool2d | nn.MaxPool3d | nn.AvgPool3d
 
 
-def pool_axis_windows(pool: Pool, axes: int, dilation: int | Sequence[int] = 1) -> tuple[Window1d, ...]:
-    """The window of a max/avg pool along each of its ``axes`` spatial axes (floor mode; see ``ceil_window``)."""
+def pool_axis_windows(pool: Pool, axes: int, dilation: int | Sequence[int] = 1) -> tuple[KernelAxis, ...]:
+    """The window of a max/avg pool along each of its ``axes`` spatial axes (floor mode; see ``ceil_kernel``)."""
     def per_axis(value: int | Sequence[int] | None, default: int | Sequence[int]) -> tuple[int, ...]:
         value = default if value is None else value
         values = (value,) * axes if isinstance(value, int) else tuple(int(v) for v in value)
@@ -54,7 +54,7 @@ def pool_axis_windows(pool: Pool, axes: int, dilation: int | Sequence[int] = 1) 
 
     k = per_axis(pool.kernel_size, 1)
     s, p, d = per_axis(pool.stride or None, k), per_axis(pool.padding, 0), per_axis(dilation, 1)
-    return tuple(Window1d(k[a], s[a], d[a], p[a], p[a]) for a in range(axes))
+    return tuple(KernelAxis(k[a], s[a], d[a], p[a], p[a]) for a in range(axes))
 
 
 def refuse_indices(pool: nn.modules.pooling._MaxPoolNd, name: str) -> None:
@@ -64,7 +64,7 @@ def refuse_indices(pool: nn.modules.pooling._MaxPoolNd, name: str) -> None:
                           f"spatial parallelism (indices would be tile-local); use return_indices=False")
 
 
-class SpatialPool(SpatialWindowedLayer):
+class SpatialPool(SpatialKernelLayer):
     """A max or average pool on this rank's tile (see the module doc)."""
 
     def _lists(self, padding: Padding) -> tuple[list[int], list[int], list[int]]:
@@ -262,7 +262,7 @@ class SpatialAvgPool(SpatialPool, nn.modules.pooling._AvgPoolNd):
         return self.divided(sums, [self._counts(plan, window, out) for plan, window, out
                                    in zip(tile.axes, self.windows, tile.out_extent)])
 
-    def _counts(self, plan: AxisExchange, window: Window1d, out: Range) -> tuple[int, ...]:
+    def _counts(self, plan: AxisExchange, window: KernelAxis, out: Range) -> tuple[int, ...]:
         """The divisors of the outputs ``out`` along one axis: windows clipped to the padded input
         (``count_include_pad``; not ceil mode's overhang) or to the input itself."""
         pad = window.pad_before

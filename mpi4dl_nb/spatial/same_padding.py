@@ -16,24 +16,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from .conv import SpatialConv, conv_after_exchange, conv_axis_windows
-from .geometry import Window1d
+from .geometry import KernelAxis
 from .layer import SpatialRuntime, adopt
 from .pool import SpatialMaxPool
 
 
-def same_window(window: Window1d, size: int) -> Window1d:
+def same_window(window: KernelAxis, size: int) -> KernelAxis:
     """``window`` padded as TF "same" pads an input of ``size`` (timm's ``pad_same``: the odd pixel after)."""
     total = max((math.ceil(size / window.stride) - 1) * window.stride + window.span - size, 0)
-    return Window1d(window.kernel, window.stride, window.dilation, total // 2, total - total // 2)
+    return KernelAxis(window.kernel, window.stride, window.dilation, total // 2, total - total // 2)
 
 
 class _SamePadded:
     """Mixin of a spatial conv/pool: windows padded for the input's global size when the layer pads dynamically."""
 
-    windows: tuple[Window1d, ...]
+    windows: tuple[KernelAxis, ...]
     pads_dynamically: bool
 
-    def sized_windows(self, sizes: tuple[int, ...]) -> tuple[Window1d, ...]:
+    def sized_windows(self, sizes: tuple[int, ...]) -> tuple[KernelAxis, ...]:
         if not self.pads_dynamically:
             return self.windows
         return tuple(same_window(window, size) for window, size in zip(self.windows, sizes))

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from mpi4dl_nb.data.volume_classes import VolumeClassDataset
-from mpi4dl_nb.data.volume_files import read_volume
+from mpi4dl_nb.data.volume.classes import VolumeClassDataset
+from mpi4dl_nb.data.volume.files import read_volume
 from tests.support.battery import shared_job
 from tests.support.requirements import VOLUMES_EXTRA, required_module
 from tests.support.train_in_process import run_train

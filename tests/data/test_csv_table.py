@@ -9,7 +9,7 @@ import pytest
 
 from mpi4dl_nb.data.csv_table import header_delimiter, read_table
 from mpi4dl_nb.data.manifest import read_cohort
-from mpi4dl_nb.data.volume_groups import read_patients
+from mpi4dl_nb.data.volume.groups import read_patients
 from mpi4dl_nb.errors import ConfigError
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpi4dl_nb.data.volume_dataset import VolumeFolderDataset, check_volume_pair, label_volumes
-from mpi4dl_nb.data.volume_resample import VolumeResampler, voxel_scales
+from mpi4dl_nb.data.volume.dataset import VolumeFolderDataset, check_volume_pair, label_volumes
+from mpi4dl_nb.data.volume.resample import VolumeResampler, voxel_scales
 from mpi4dl_nb.errors import ConfigError
 from tests.support.requirements import VOLUMES_EXTRA, required_module
 from tests.support.volume_data import write_volume_pairs

@@ -4,7 +4,7 @@ their voxel size in micrometres; a region reads only its pages / sub-volume; unr
 import numpy as np
 import pytest
 
-from mpi4dl_nb.data.volume_files import VolumeInfo, read_volume, volume_info, volume_stem
+from mpi4dl_nb.data.volume.files import VolumeInfo, read_volume, volume_info, volume_stem
 from mpi4dl_nb.errors import ConfigError
 from tests.support.requirements import VOLUMES_EXTRA, required_module
 

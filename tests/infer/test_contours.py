@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from mpi4dl_nb.config import ConfigError
-from mpi4dl_nb.infer.contours import RegionTracer
-from mpi4dl_nb.infer.outputs import OutputKind, OutputSpec, parse_outputs
-from mpi4dl_nb.infer.placement import CellPlacement
+from mpi4dl_nb.infer.outputs.contours import RegionTracer
+from mpi4dl_nb.infer.outputs.kinds import OutputKind, OutputSpec, parse_outputs
+from mpi4dl_nb.infer.outputs.placement import CellPlacement
 
 
 def trace(labels, classes, strip, values=None, min_area=0.0):

@@ -11,7 +11,7 @@ import pytest
 
 from mpi4dl_nb.cli import train_cmd
 from mpi4dl_nb.cli.infer_cmd import main as infer_main
-from mpi4dl_nb.infer.heat import default_heat_class
+from mpi4dl_nb.infer.outputs.heat import default_heat_class
 from tests.support.infer_data import bright_detector, square_slide, tissue_image, write_slide
 from tests.support.pyramid import write_pyramid
 

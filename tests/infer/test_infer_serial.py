@@ -60,7 +60,7 @@ def test_tif_opens_in_openslide_with_the_pyramid_levels_and_png_overlay(data):
     assert np.abs(placed - expected).max() <= 1                                   # cell j on map pixel j + shift
     placed[...] = 0
     assert (probabilities == 0).sum() >= probabilities.size - placed.size        # no cell elsewhere: no data
-    from mpi4dl_nb.infer.colors import colorize, colormap_lut
+    from mpi4dl_nb.infer.outputs.colors import colorize, colormap_lut
 
     preview = tifffile.imread(root / "v.tif")
     assert tuple(preview[7 + shift, 5 + shift]) == tuple(colorize(np.array([reference[1, 7, 5]], dtype=np.float32),

@@ -27,8 +27,8 @@ from mpi4dl_nb.infer.attention_map import (
     on_slide,
     top_threshold,
 )
+from mpi4dl_nb.infer.outputs.slide_level import SLIDES_CSV, map_paths, read_slide_map
 from mpi4dl_nb.infer.slide_list import list_slides
-from mpi4dl_nb.infer.slide_outputs import SLIDES_CSV, map_paths, read_slide_map
 from mpi4dl_nb.infer.whole_slide import load_whole_slide
 from tests.mpi.whole_slide_infer import CASES, ENCODED, label_of
 from tests.support.battery import shared_job

@@ -23,7 +23,7 @@ from mpi4dl_nb.models.swinunetr3d import (
 from mpi4dl_nb.run.model_choice import ModelChoice
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.swin3d import SpatialPatchMerge, SpatialWindowBlock
+from mpi4dl_nb.spatial.windows.swin3d import SpatialPatchMerge, SpatialWindowBlock
 
 
 def test_layers_skips_and_output_sizes():
@@ -166,8 +166,8 @@ class OneRank:
 
 
 def test_on_one_tile_the_spatial_blocks_equal_the_model():
-    """The window blocks and merges converted by spatialize (spatial/swin3d.py: windows gathered to their owner, merged
-    groups gathered) equal the serial model on a 1x1x1 grid; the multi-tile grids: tests/mpi/spatial3d.py."""
+    """The window blocks and merges converted by spatialize (spatial/windows/swin3d.py: windows gathered to their owner,
+    merged groups gathered) equal the serial model on a 1x1x1 grid; the multi-tile grids: tests/mpi/spatial3d.py."""
     torch.manual_seed(3)
     net = nn.Sequential(*swinunetr3d(2, 3, 2)).double()
     tiled = spatialize(net, TileGrid(depth=1, rows=1, cols=1), OneRank())
@@ -234,7 +234,7 @@ def test_windows_inside_tiles_send_nothing_and_shifted_ones_gather_across_seams(
     """2x2x2 tiles of an 8^3 token grid, windows of 4: unshifted, every window is inside a tile (no message either
     way); shifted by 2, each window straddles tiles and is computed on one of them, every token counted once."""
     from mpi4dl_nb.spatial.layer import SpatialRuntime
-    from mpi4dl_nb.spatial.swin3d import volume_window_plan
+    from mpi4dl_nb.spatial.windows.swin3d import volume_window_plan
 
     grid = TileGrid(depth=2, rows=2, cols=2)
     plans = {}

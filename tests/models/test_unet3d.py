@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
+from mpi4dl_nb.loss import DenseLoss
 from mpi4dl_nb.models import build_model, image_multiple
 from mpi4dl_nb.models.unet import Bottleneck, Down, Up, unet
 from mpi4dl_nb.models.unet3d import unet3d
-from mpi4dl_nb.spatial.loss import DenseLoss
 
 
 @pytest.mark.parametrize("norm, upsampling, norm_kind, up_kind", [

@@ -21,9 +21,9 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.cli.train_cmd import parsed_plan
+from mpi4dl_nb.loss import classification_loss
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
-from mpi4dl_nb.spatial.loss import classification_loss
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend
 from tests.support.scratch import shared_temp_folder

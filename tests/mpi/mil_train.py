@@ -14,8 +14,8 @@ import torch
 import mpi4dl_nb as dl
 from mpi4dl_nb.comm.agreement import SetupFailed
 from mpi4dl_nb.data.dataset import Batcher
+from mpi4dl_nb.loss import classification_loss
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer
-from mpi4dl_nb.spatial.loss import classification_loss
 from tests.mpi.finetune_exact import set_up
 from tests.support.checks import Checks, run_checks
 from tests.support.serial_training import matches_one_process, train_one_process

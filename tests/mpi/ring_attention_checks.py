@@ -21,9 +21,9 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.comm.handles import Group
 from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.comm.trace import Event
-from mpi4dl_nb.spatial.attention_blocks import CPU_FLASH, BlockKernel, FusedBlocks
-from mpi4dl_nb.spatial.blockwise import blockwise_attention
-from mpi4dl_nb.spatial.ring_attention import Ring, ring_attention
+from mpi4dl_nb.spatial.tokens.blocks import CPU_FLASH, BlockKernel, FusedBlocks
+from mpi4dl_nb.spatial.tokens.blockwise import blockwise_attention
+from mpi4dl_nb.spatial.tokens.ring import Ring, ring_attention
 from tests.support.allocations import Allocations
 from tests.support.checks import Checks, run_checks
 from tests.support.planes import split_backend

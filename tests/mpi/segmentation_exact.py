@@ -17,9 +17,9 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.loss import DenseLoss
 from mpi4dl_nb.models.unet import unet
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
-from mpi4dl_nb.spatial.loss import DenseLoss
 from tests.support.checks import Checks, run_checks
 from tests.support.dense_exact import check_copies, dense_batches, final_error, momentum_sgd
 from tests.support.planes import split_backend

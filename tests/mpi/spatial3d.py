@@ -19,7 +19,7 @@ from torch import nn
 
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.models.swinunetr3d import swinunetr3d
-from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d
+from mpi4dl_nb.spatial.geometry import KernelAxis, LayerHalo, TileGrid
 from mpi4dl_nb.spatial.halo import HaloExchange
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import check_spatial_exact
@@ -169,7 +169,7 @@ def check_names() -> list[str]:
 
 def check_halo(ctx: Context, grid: TileGrid, group, ranks: list[int], tile: int, spec: tuple[int, int, int]) -> None:
     kernel, stride, padding = spec
-    geometry = LayerHalo.for_axis_windows(grid, SIZES, [Window1d(kernel, stride, 1, padding, padding)] * 3,
+    geometry = LayerHalo.for_axis_windows(grid, SIZES, [KernelAxis(kernel, stride, 1, padding, padding)] * 3,
                                           name=f"k{kernel}s{stride}p{padding}")
     exchange = HaloExchange(geometry, tile, ranks, ctx, pad_value=0.0)
     full = torch.randn(2, 3, *SIZES, generator=torch.Generator().manual_seed(11), dtype=torch.float64)

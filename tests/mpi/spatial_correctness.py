@@ -82,7 +82,7 @@ def check_refusal(ctx: Context, grid: TileGrid, op_name: str) -> str:
 
 def check_pixel_loss(ctx: Context, grid: TileGrid) -> str:
     """U-Net segmentation: tile_mean of per-pixel cross entropy == serial mean cross entropy."""
-    from mpi4dl_nb.spatial.loss import tile_mean
+    from mpi4dl_nb.loss import tile_mean
 
     model = Sequence(unet_layers(seed=5)).double()
     gen = torch.Generator().manual_seed(11)

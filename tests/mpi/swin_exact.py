@@ -33,8 +33,8 @@ from mpi4dl_nb.config import ConfigError
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
-from mpi4dl_nb.spatial.window_roll import DistributedRoll
-from mpi4dl_nb.spatial.windows import TokenBoxes
+from mpi4dl_nb.spatial.windows.exchange import DistributedRoll
+from mpi4dl_nb.spatial.windows.plan import TokenBoxes
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import exact_and_equal_on_every_rank
 from tests.support.planes import split_backend

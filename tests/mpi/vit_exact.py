@@ -48,10 +48,10 @@ from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.config import ConfigError, ParallelConfig
 from mpi4dl_nb.pipeline.engine import HybridEngine
 from mpi4dl_nb.planner.attention import TokenGrid, ring_cost
-from mpi4dl_nb.spatial.blockwise import blockwise_attention
 from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tiles import scatter_tiles
+from mpi4dl_nb.spatial.tokens.blockwise import blockwise_attention
 from tests.support.allocations import ActivationProfile, profile_activations
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import exact_and_equal_on_every_rank

@@ -24,7 +24,7 @@ import torch
 import mpi4dl_nb as dl
 from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.data.masks import batch_masks
-from mpi4dl_nb.data.volume_resample import VolumeResampler
+from mpi4dl_nb.data.volume.resample import VolumeResampler
 from mpi4dl_nb.evaluation.pixel_metrics import confusion_counts, sample_dice
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run, started_trainer
 from mpi4dl_nb.run.summary import TrainSummary

@@ -24,7 +24,7 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.data.dataset import Batcher
-from mpi4dl_nb.data.volume_resample import VolumeResampler
+from mpi4dl_nb.data.volume.resample import VolumeResampler
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from mpi4dl_nb.run.summary import TrainSummary
 from mpi4dl_nb.spatial.geometry import TileGrid

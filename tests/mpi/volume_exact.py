@@ -25,13 +25,13 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.cli.train_cmd import parsed_plan
+from mpi4dl_nb.loss import DenseLoss
 from mpi4dl_nb.models.resnet3d import resnet3d
 from mpi4dl_nb.models.swinunetr3d import swinunetr3d
 from mpi4dl_nb.models.unet3d import unet3d
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.run.job_run import build_trainer, set_up_run
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.loss import DenseLoss
 from tests.mpi.volume_cli import one_process
 from tests.support.bf16_rule import bf16_loss_error, bf16_state_error
 from tests.support.checks import Checks, run_checks

@@ -34,9 +34,9 @@ from mpi4dl_nb.data.canvas import CanvasPlacement, SlideCanvases
 from mpi4dl_nb.data.synthetic_cohort import write_synthetic_cohort
 from mpi4dl_nb.infer.attention_map import CLASS_MAP_NAME, MAP_NAMES, on_slide
 from mpi4dl_nb.infer.job import InferJob
+from mpi4dl_nb.infer.outputs.slide_level import SLIDES_CSV, map_paths
 from mpi4dl_nb.infer.slide_level import open_canvas, run_slide_level
 from mpi4dl_nb.infer.slide_list import SlideSource, slide_sources
-from mpi4dl_nb.infer.slide_outputs import SLIDES_CSV, map_paths
 from mpi4dl_nb.infer.whole_slide import CanvasNetwork, SlidePrediction, WholeSlideModel, load_whole_slide
 from mpi4dl_nb.models.pools import PoolKind
 from mpi4dl_nb.models.slide_encoder import SlideEncoderSpec

@@ -8,7 +8,7 @@ import pytest
 
 from mpi4dl_nb.data.canvas import CanvasPlacement
 from mpi4dl_nb.infer.attention_map import on_slide
-from mpi4dl_nb.infer.slide_outputs import map_paths, slide_placement, write_slide_map
+from mpi4dl_nb.infer.outputs.slide_level import map_paths, slide_placement, write_slide_map
 from mpi4dl_nb.notebook.widgets.slide_viewer import SlideViewer
 from tests.support.infer_data import make_slide, write_slide
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from mpi4dl_nb.infer.colors import class_color
+from mpi4dl_nb.infer.outputs.colors import class_color
 from mpi4dl_nb.notebook.widgets.slide_viewer import SlideViewer
 from tests.support.infer_data import make_slide
 

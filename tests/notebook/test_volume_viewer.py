@@ -9,12 +9,12 @@ import torch
 from mpi4dl_nb import ParallelConfig, viz
 from mpi4dl_nb.models.unet3d import unet3d
 from mpi4dl_nb.notebook.widgets import HaloViewer, WindowedLayer, windowed_layers
-from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d
+from mpi4dl_nb.spatial.geometry import KernelAxis, LayerHalo, TileGrid
 
 
 def conv_halo(grid: TileGrid, sizes: tuple[int, int, int], kernel: int = 5) -> LayerHalo:
     pad = kernel // 2
-    return LayerHalo.for_axis_windows(grid, sizes, [Window1d(kernel, 1, 1, pad, pad)] * 3, f"conv k{kernel}")
+    return LayerHalo.for_axis_windows(grid, sizes, [KernelAxis(kernel, 1, 1, pad, pad)] * 3, f"conv k{kernel}")
 
 
 def halo_gids(figure) -> set[str]:

@@ -1,6 +1,6 @@
 """The planner's count of Swin's window exchanges (planner/window_traffic.py) against the geometry's plans.
 
-Pure counts (interval overlaps) equal what ``spatial/windows.py``'s gathers move, tile by tile (tokens x channels x
+Pure counts (interval overlaps) equal what ``spatial/windows/plan.py``'s gathers move, tile by tile (tokens x channels x
 bytes): Swin-T's stage 1 at 224 and 1024 px on 2x2 tiles, unshifted and shifted, its merges (odd grids on 1x4), a
 3-D grid. At 1024 px a shifted block sends, forward and backward, under 5% of a tile's activations (issue 53's
 bound; the block's activations counted by ``LiveBytes`` on ``meta``, one process's over the 4 tiles). A Swin-T forward
@@ -13,7 +13,7 @@ import pytest
 
 from mpi4dl_nb.planner.window_traffic import block_traffic, merge_traffic, stage_traffic, swin_stages
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.windows import ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
+from mpi4dl_nb.spatial.windows.plan import ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 
 CHANNELS, FLOAT32 = 96, 4   # Swin-T's stage 1

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.window_owners import PartitionKind, WindowPartition, partition_plan
+from mpi4dl_nb.spatial.windows.owners import PartitionKind, WindowPartition, partition_plan
 from tests.mpi.attention_families_exact import check_names
 from tests.support.battery import shared_job
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip

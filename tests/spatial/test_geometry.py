@@ -8,7 +8,7 @@ import random
 import pytest
 
 from mpi4dl_nb.config import ConfigError
-from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d, plan_window_axis, split_ranges
+from mpi4dl_nb.spatial.geometry import KernelAxis, LayerHalo, TileGrid, plan_window_axis, split_ranges
 
 
 def test_split_rule_first_tiles_get_the_extra_row():
@@ -52,13 +52,13 @@ def test_positions_neighbours_and_boxes():
     assert err.value.knob == "image_size"
 
 
-def _reads(window: Window1d, out: int) -> list[int]:
+def _reads(window: KernelAxis, out: int) -> list[int]:
     """Input positions (image coordinates) output ``out`` reads — the serial definition."""
     return [out * window.stride - window.pad_before + j * window.dilation
             for j in range(window.kernel)]
 
 
-def _check_axis(size: int, parts: int, window: Window1d) -> None:
+def _check_axis(size: int, parts: int, window: KernelAxis) -> None:
     out_size = window.out_size(size)
     try:
         plans = plan_window_axis(size, parts, window)
@@ -101,7 +101,7 @@ def test_axis_plans_match_the_serial_window_exhaustively():
         dilation = rng.randint(1, 2)
         span = dilation * (kernel - 1) + 1
         pad = rng.randint(0, span // 2)
-        window = Window1d(kernel, rng.randint(1, 3), dilation, pad, rng.choice([pad, pad + 1]))
+        window = KernelAxis(kernel, rng.randint(1, 3), dilation, pad, rng.choice([pad, pad + 1]))
         size = rng.randint(span, 70)
         _check_axis(size, rng.randint(1, 5), window)
 
@@ -143,14 +143,14 @@ def test_refusals_name_the_knob_and_an_alternative():
     with pytest.raises(ConfigError) as err:
         grid.layer_halo(9, 9, 9, 1, 4)           # 4-row halo from 3-row tiles
     assert "halo is wider than a tile" in str(err.value)
-    geometry = LayerHalo.for_windows(TileGrid(1, 2), 10, 10, Window1d(), Window1d(3, 1, 1, 1, 1))
+    geometry = LayerHalo.for_windows(TileGrid(1, 2), 10, 10, KernelAxis(), KernelAxis(3, 1, 1, 1, 1))
     assert geometry.message_count == 2
 
 
 def test_fused_plan_chains_layer_ranges():
     from mpi4dl_nb.spatial.geometry import plan_fused_axis
 
-    windows = [Window1d(3, 1, 1, 1, 1), Window1d(5, 2, 1, 2, 2), Window1d(3, 1, 2, 2, 2)]
+    windows = [KernelAxis(3, 1, 1, 1, 1), KernelAxis(5, 2, 1, 2, 2), KernelAxis(3, 1, 2, 2, 2)]
     exchange, levels = plan_fused_axis(100, 3, windows)
     finals = [lv[-1].out for lv in levels]
     assert finals == split_ranges(windows[2].out_size(windows[1].out_size(100)), 3)
@@ -162,5 +162,5 @@ def test_fused_plan_chains_layer_ranges():
             assert b.data == (max(b.needed[0], 0), min(b.needed[1], b.in_size))
     # wider than one neighbour: refused, naming fused_layers
     with pytest.raises(ConfigError) as err:
-        plan_fused_axis(30, 3, [Window1d(5, 1, 1, 2, 2)] * 6)
+        plan_fused_axis(30, 3, [KernelAxis(5, 1, 1, 2, 2)] * 6)
     assert err.value.knob == "fused_layers"

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d, split_ranges
+from mpi4dl_nb.spatial.geometry import KernelAxis, LayerHalo, TileGrid, split_ranges
 
 GRIDS = [(2, 2, 2), (1, 1, 4), (4, 1, 1), (3, 2, 1)]
 
@@ -54,7 +54,7 @@ def test_depth_neighbours_and_refusals():
     with pytest.raises(ConfigError, match="image_size"):
         grid.check_sizes((1, 8, 8))
     with pytest.raises(ConfigError, match="depth"):
-        LayerHalo.for_axis_windows(TileGrid(depth=4, rows=1, cols=1), (4, 8, 8), [Window1d(5, 1, 1, 2, 2)] * 3)
+        LayerHalo.for_axis_windows(TileGrid(depth=4, rows=1, cols=1), (4, 8, 8), [KernelAxis(5, 1, 1, 2, 2)] * 3)
 
 
 def _simulate(halo: LayerHalo) -> None:
@@ -88,7 +88,7 @@ def test_three_phase_plans_deliver_every_needed_voxel(shape, kernel, stride, cei
     grid = TileGrid(depth=shape[0], rows=shape[1], cols=shape[2])
     sizes = (12, 9, 13)
     pad = kernel // 2
-    windows = [Window1d(kernel, stride, 1, pad, pad + (1 if ceil else 0)) for _ in sizes]
+    windows = [KernelAxis(kernel, stride, 1, pad, pad + (1 if ceil else 0)) for _ in sizes]
     halo = LayerHalo.for_axis_windows(grid, sizes, windows, name=f"k{kernel}s{stride}")
     assert halo.sizes == sizes and halo.out_sizes == tuple(w.out_size(n) for w, n in zip(windows, sizes))
     for th in halo:
@@ -102,7 +102,7 @@ def test_three_phase_plans_deliver_every_needed_voxel(shape, kernel, stride, cei
 
 def test_cube_of_tiles_sends_one_face_per_neighbour():
     grid = TileGrid(depth=2, rows=2, cols=2)
-    halo = LayerHalo.for_axis_windows(grid, (6, 6, 6), [Window1d(3, 1, 1, 1, 1)] * 3)
+    halo = LayerHalo.for_axis_windows(grid, (6, 6, 6), [KernelAxis(3, 1, 1, 1, 1)] * 3)
     messages = halo.messages()
     assert len(messages) == 24 and {m.phase for m in messages} == {"depth", "rows", "cols"}
     # the last phase carries the edges and the corner: 4 x 4 rows (needed depth x needed rows) x 1 col

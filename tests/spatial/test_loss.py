@@ -1,4 +1,4 @@
-"""spatial/loss.py: DenseLoss (per-pixel cross-entropy and soft Dice, their sum; on tiles equal to the whole map) and
+"""loss.py: DenseLoss (per-pixel cross-entropy and soft Dice, their sum; on tiles equal to the whole map) and
 the class-weighted cross-entropy of classifiers (a mean over samples: micro-batches add up to the batch's loss)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.spatial.loss import ClassCrossEntropy, DenseLoss, LossKind, TileLoss, classification_loss
+from mpi4dl_nb.loss import ClassCrossEntropy, DenseLoss, LossKind, TileLoss, classification_loss
 
 IGNORE = 255
 

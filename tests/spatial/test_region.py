@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import itertools
 
-from mpi4dl_nb.spatial.geometry import AxisExchange, TileGrid, Window1d, plan_window_axis, split_ranges
+from mpi4dl_nb.spatial.geometry import AxisExchange, KernelAxis, TileGrid, plan_window_axis, split_ranges
+from mpi4dl_nb.spatial.kernel_layer import ceil_kernel
 from mpi4dl_nb.spatial.region import Source, plan_region_axis, region_plan, segments
-from mpi4dl_nb.spatial.windowed import ceil_window
 
-WINDOWS = [Window1d(3, 2, 1, 1, 1), Window1d(1, 2), Window1d(7, 2, 1, 3, 3), Window1d(3, 1, 2, 1, 1),
-           Window1d(2, 2), Window1d(3, 2, 2, 2, 2), Window1d(3, 1, 1, 1, 1), Window1d(4, 3, 1, 1, 2)]
+WINDOWS = [KernelAxis(3, 2, 1, 1, 1), KernelAxis(1, 2), KernelAxis(7, 2, 1, 3, 3), KernelAxis(3, 1, 2, 1, 1),
+           KernelAxis(2, 2), KernelAxis(3, 2, 2, 2, 2), KernelAxis(3, 1, 1, 1, 1), KernelAxis(4, 3, 1, 1, 2)]
 
 
 def extended(plan: AxisExchange) -> list[tuple[Source, int]]:
@@ -23,7 +23,7 @@ def extended(plan: AxisExchange) -> list[tuple[Source, int]]:
 def axis_plans():
     for window, size, parts in itertools.product(WINDOWS, range(9, 41, 3), (1, 2, 3, 4)):
         for ceil in (False, True):
-            w = ceil_window(window, size) if ceil else window
+            w = ceil_kernel(window, size) if ceil else window
             try:
                 plans = plan_window_axis(size, parts, w)
             except Exception:   # noqa: BLE001 - refused geometries (halo wider than a tile)
@@ -97,13 +97,13 @@ def test_bands_and_interior_cover_every_output_once_and_boxes_are_their_windows(
 
 def test_no_plan_when_the_tile_has_no_interior():
     # a 2-row tile under a 5-wide window: every output reads a received row
-    plans = plan_window_axis(8, 4, Window1d(5, 1, 1, 2, 2))
+    plans = plan_window_axis(8, 4, KernelAxis(5, 1, 1, 2, 2))
     assert plan_region_axis(plans[1], 5, 1) is None
     assert region_plan((plans[1], plans[1]), (5, 5), (1, 1)) is None
 
 
 def test_image_borders_are_interior_only_inner_borders_make_bands():
-    stem, pool = Window1d(7, 2, 1, 3, 3), Window1d(3, 2, 1, 1, 1)
+    stem, pool = KernelAxis(7, 2, 1, 3, 3), KernelAxis(3, 2, 1, 1, 1)
     whole = plan_window_axis(2048, 1, stem)[0]
     region = plan_region_axis(whole, stem.span, stem.stride)
     assert region is not None and region.aligned and region.interior == (0, 1024)

@@ -14,18 +14,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi4dl_nb.spatial.conv import ConvPieces, conv_axis_windows
-from mpi4dl_nb.spatial.geometry import LayerHalo, TileGrid, Window1d
+from mpi4dl_nb.spatial.geometry import KernelAxis, LayerHalo, TileGrid
 from mpi4dl_nb.spatial.halo import HaloExchange
+from mpi4dl_nb.spatial.kernel_layer import ceil_kernel
 from mpi4dl_nb.spatial.pool import PoolPieces, SpatialAvgPool, SpatialMaxPool, pool_axis_windows
 from mpi4dl_nb.spatial.region import region_plan
 from mpi4dl_nb.spatial.regional import gather_box, plan_for, scatter_box, windowed_by_regions
 from mpi4dl_nb.spatial.replay import ForwardLog
-from mpi4dl_nb.spatial.windowed import ceil_window
 
 GRID = TileGrid(3, 3)
 
 
-def exchange_and_inputs(rows: Window1d, cols: Window1d, height: int, width: int, tile: int,
+def exchange_and_inputs(rows: KernelAxis, cols: KernelAxis, height: int, width: int, tile: int,
                         pad_value: float, seed: int) -> tuple[HaloExchange, torch.Tensor, list]:
     geometry = LayerHalo.for_windows(GRID, height, width, rows, cols)
     exchange = HaloExchange(geometry, tile, list(range(GRID.num_tiles)), comm=None, pad_value=pad_value)  # type: ignore[arg-type]
@@ -46,8 +46,8 @@ def exchange_and_inputs(rows: Window1d, cols: Window1d, height: int, width: int,
     return exchange, x, strips
 
 
-CASES = [(Window1d(3, 2, 1, 1, 1), 0.0), (Window1d(7, 2, 1, 3, 3), 0.0), (Window1d(2, 2), 0.0),
-         (Window1d(3, 1, 2, 1, 1), float("-inf")), (Window1d(1, 2), 0.0)]
+CASES = [(KernelAxis(3, 2, 1, 1, 1), 0.0), (KernelAxis(7, 2, 1, 3, 3), 0.0), (KernelAxis(2, 2), 0.0),
+         (KernelAxis(3, 1, 2, 1, 1), float("-inf")), (KernelAxis(1, 2), 0.0)]
 
 
 def test_boxes_are_the_extended_tiles_and_scatter_is_their_adjoint():
@@ -90,7 +90,7 @@ def test_region_forward_equals_the_op_on_the_extended_tile():
         else:
             windows = pool_axis_windows(module, 2)
             if module.ceil_mode:
-                windows = (ceil_window(windows[0], height), ceil_window(windows[1], width))
+                windows = (ceil_kernel(windows[0], height), ceil_kernel(windows[1], width))
             pad = float("-inf") if isinstance(module, nn.MaxPool2d) else 0.0
         exchange, x, strips = exchange_and_inputs(*windows, height, width, tile, pad, tile)
         extended = exchange.rebuild(x, strips)

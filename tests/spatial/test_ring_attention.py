@@ -11,9 +11,9 @@ import torch
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.comm.handles import Group
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.spatial.attention_blocks import CPU_FLASH, CUDA_EFFICIENT, FusedBlocks, PlainBlocks, block_kernel
-from mpi4dl_nb.spatial.blockwise import blockwise_attention
-from mpi4dl_nb.spatial.ring_attention import Ring, ring_attention
+from mpi4dl_nb.spatial.tokens.blocks import CPU_FLASH, CUDA_EFFICIENT, FusedBlocks, PlainBlocks, block_kernel
+from mpi4dl_nb.spatial.tokens.blockwise import blockwise_attention
+from mpi4dl_nb.spatial.tokens.ring import Ring, ring_attention
 from tests.mpi.ring_attention_checks import check_names
 from tests.support.allocations import Allocations
 from tests.support.battery import shared_job

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.spatial.ring_steps import RingSchedule, checked_counts, ring_traffic
+from mpi4dl_nb.spatial.tokens.ring_steps import RingSchedule, checked_counts, ring_traffic
 
 SIZES = [1, 2, 3, 4, 7]
 

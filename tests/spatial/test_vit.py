@@ -12,9 +12,9 @@ import math
 import pytest
 
 from mpi4dl_nb.config import ConfigError
-from mpi4dl_nb.spatial.geometry import TileGrid, Window1d
+from mpi4dl_nb.spatial.geometry import KernelAxis, TileGrid
 from mpi4dl_nb.spatial.same_padding import same_window
-from mpi4dl_nb.spatial.tokens import TokenTiles, check_patch_grid, int_pair
+from mpi4dl_nb.spatial.tokens.tiles import TokenTiles, check_patch_grid, int_pair
 from tests.support.battery import shared_job
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 
@@ -63,7 +63,7 @@ def test_int_pair():
 @pytest.mark.parametrize("size", [7, 8, 224, 225, 111])
 @pytest.mark.parametrize("kernel,stride,dilation", [(7, 2, 1), (3, 2, 1), (3, 1, 2), (1, 1, 1), (4, 3, 1)])
 def test_same_window_pads_as_timm_pad_same(size, kernel, stride, dilation):
-    window = same_window(Window1d(kernel, stride, dilation), size)
+    window = same_window(KernelAxis(kernel, stride, dilation), size)
     total = max((math.ceil(size / stride) - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)   # timm's formula
     assert (window.pad_before, window.pad_after) == (total // 2, total - total // 2)
     assert window.out_size(size) == math.ceil(size / stride)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.windows import (
+from mpi4dl_nb.spatial.windows.plan import (
     MASK_VALUE,
     ShiftedWindows,
     TileGather,

@@ -64,8 +64,8 @@ def write_volume_classes(root: Path, shape: tuple[int, int, int] = (8, 8, 8), se
 @contextmanager
 def recorded_reads(shape: tuple[int, ...]) -> Iterator[list[tuple[str, tuple[tuple[int, int], ...]]]]:
     """Every region this process reads of a volume file while inside: (file name, (start, stop) per axis of a file
-    of ``shape``); ``data.volume_dataset.read_volume`` as it was afterwards."""
-    from mpi4dl_nb.data import volume_dataset
+    of ``shape``); ``data.volume.dataset.read_volume`` as it was afterwards."""
+    from mpi4dl_nb.data.volume import dataset as volume_dataset
 
     regions: list[tuple[str, tuple[tuple[int, int], ...]]] = []
     original = volume_dataset.read_volume

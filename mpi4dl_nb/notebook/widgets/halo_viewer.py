@@ -15,7 +15,7 @@ from torch import nn
 
 from ...config import SLICE_METHODS, SliceMethod, volume_slices
 from ...errors import ConfigError
-from ...spatial.geometry import LayerHalo, TileGrid, Window1d
+from ...spatial.geometry import KernelAxis, LayerHalo, TileGrid
 from .. import viz
 from .figure_view import FigureView, display_widget
 
@@ -69,7 +69,7 @@ class WindowedLayer:
         return self.sizes[-1]
 
     def halo(self, grid: TileGrid) -> LayerHalo:
-        windows = [Window1d(k, s, d, p, p) for k, s, d, p in zip(self.kernel, self.stride, self.dilation,
+        windows = [KernelAxis(k, s, d, p, p) for k, s, d, p in zip(self.kernel, self.stride, self.dilation,
                                                                  self.padding)]
         return LayerHalo.for_axis_windows(grid, self.sizes, windows, self.name)
 

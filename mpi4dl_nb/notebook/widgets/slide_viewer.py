@@ -78,8 +78,8 @@ class SlideViewer:
         shown relative to its highest cell (attention weights sum to 1 over the canvas, so they are small);
         ``polygons``: the map's ``.geojson`` regions. Map pixel ``(i, j)`` covers level-0 pixels
         ``[i*s, (i+1)*s)``, ``s`` the map's MPP over the slide's (else the ratio of their widths)."""
+        from ...infer.outputs.slide_level import read_slide_map
         from ...infer.reader import SlideReader
-        from ...infer.slide_outputs import read_slide_map
 
         stored = read_slide_map(map_tiff)
         base = SlideReader(slide, 0)
@@ -130,7 +130,7 @@ class SlideViewer:
 
     # ------------------------------------------------------------------ drawing
     def draw(self) -> Figure:
-        from ...infer.colors import colorize, colormap_lut
+        from ...infer.outputs.colors import colorize, colormap_lut
         from ...infer.reader import SlideReader
 
         level = self.level.value
@@ -165,7 +165,7 @@ class SlideViewer:
 
     def _outline(self, ax: Axes) -> None:
         """The polygons' rings (level-0 pixels) drawn at the displayed level, one colour and legend entry per class."""
-        from ...infer.colors import class_color
+        from ...infer.outputs.colors import class_color
 
         level0_per_shown = self.base.levels[0][0] / self.base.levels[self.level.value][0]
         names = list(dict.fromkeys([*self.classes, *(r.name for r in self.regions)]))

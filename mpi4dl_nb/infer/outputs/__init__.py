@@ -1,0 +1,1 @@
+"""Inference outputs: each kind of file a run writes from its probability map, and what those files share."""

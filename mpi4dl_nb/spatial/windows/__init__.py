@@ -1,0 +1,1 @@
+"""Attention over windows across tiles: Swin's shifted windows, MaxViT's partitions, EfficientViT's linear attention."""

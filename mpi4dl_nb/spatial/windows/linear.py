@@ -1,0 +1,85 @@
+"""EfficientViT's multi-scale linear attention (timm's ``LiteMLA``) on tiles, exact.
+
+LiteMLA's q/k/v projection and its multi-scale aggregation (a depthwise conv and a grouped 1x1 conv per scale) are
+convs: they run as the converted spatial layers they are (halos where the kernel needs them). Its ReLU linear
+attention ``out = q (k^T v) / q (k^T 1)`` sums the key-value products over every position of the image: each tile
+computes the sum over its own positions, one all-reduce over the tile group gives the image's sum on every tile
+(backward: the gradient of that sum, all-reduced, since every tile's queries used it), and each tile's queries
+stay local. The attention is computed in the wider of the input's dtype and float32: timm casts it to float32, which
+a float64 run would round to float32; in float16/bfloat16/float32 runs this is timm's own precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import ConfigError
+from ..guard import is_tiled, mark_tiled
+from ..layer import SpatialRuntime, shallow_copy, spatial_class
+from ..reduce import partitioned_sum
+
+
+@cache
+def linear_attention_kinds() -> tuple[type[nn.Module], ...]:
+    """timm's LiteMLA; empty without timm."""
+    try:
+        from timm.models.efficientvit_mit import LiteMLA
+    except ImportError:
+        return ()
+    return (LiteMLA,)
+
+
+def linear_attention(qkv: torch.Tensor, head_dim: int, kernel: nn.Module, eps: float,
+                     runtime: SpatialRuntime) -> torch.Tensor:
+    """LiteMLA's attention of a tile's multi-scale ``qkv`` ``(B, heads * 3 * head_dim, h, w)``: ``(B, heads *
+    head_dim, h, w)``, the key-value sums taken over the whole image."""
+    batch, _, height, width = qkv.shape
+    shaped = qkv.reshape(batch, -1, 3 * head_dim, height * width).transpose(-1, -2)
+    q, k, v = shaped.chunk(3, dim=-1)
+    work = torch.promote_types(qkv.dtype, torch.float32)
+    q, k = kernel(q).to(work), kernel(k).to(work)
+    v = F.pad(v, (0, 1), mode="constant", value=1.0).to(work)
+    key_values = partitioned_sum(k.transpose(-1, -2) @ v, runtime.ctx, runtime.group)
+    out = q @ key_values
+    out = (out[..., :-1] / (out[..., -1:] + eps)).to(qkv.dtype)
+    return out.transpose(-1, -2).reshape(batch, -1, height, width)
+
+
+class TileLinearAttention(nn.Module):
+    """Mixin: timm's LiteMLA on this rank's tile (its convs spatial layers, the key-value sum over every tile)."""
+
+    tile_runtime: SpatialRuntime
+    layer_name: str
+    qkv: nn.Module
+    aggreg: nn.ModuleList
+    proj: nn.Module
+    kernel_func: nn.Module
+    dim: int
+    eps: float
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)
+        multi_scale = torch.cat([qkv, *(op(qkv) for op in self.aggreg)], dim=1)
+        if not is_tiled(multi_scale):
+            raise ConfigError("model", f"layer {self.layer_name!r} (LiteMLA) runs on a replicated (pooled) tensor; "
+                              f"on tiles, it attends over image tiles only")
+        with torch._C.DisableTorchFunction():
+            out = linear_attention(multi_scale, self.dim, self.kernel_func, self.eps, self.tile_runtime)
+        out = self.proj(mark_tiled(out))
+        return out
+
+
+def adopt_linear_attention(module: nn.Module, name: str, runtime: SpatialRuntime,
+                           convert: Callable[[nn.Module, str], nn.Module]) -> nn.Module:
+    """``module`` (timm's LiteMLA) on tiles; its convs converted by ``convert``."""
+    new = shallow_copy(module, spatial_class(TileLinearAttention, type(module)))
+    object.__setattr__(new, "tile_runtime", runtime)
+    object.__setattr__(new, "layer_name", name)
+    for child_name, child in module.named_children():
+        new._modules[child_name] = convert(child, f"{name}.{child_name}")
+    return new

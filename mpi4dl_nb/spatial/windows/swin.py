@@ -1,0 +1,290 @@
+"""timm's SwinTransformer and SwinTransformerV2 on tiles: shifted windows and patch merging gathered across tiles.
+
+``spatialize`` hands a timm ``SwinTransformer``/``SwinTransformerV2`` to ``convert_swin_part``: the model keeps its
+class, parameters and state-dict keys (a subclass sharing its state). On this rank's image tile it runs
+
+1. the patch embedding: its projection as a spatial conv (tiles hold whole patches: ``tokens.check_patch_grid``),
+   then its norm, channels last: the tile's box of the global token grid, ``(B, h, w, C)``;
+2. each stage: the patch merge (``TileMerge``: every 2x2 neighbourhood of the global grid gathered to the tile that
+   owns its merged token, zeros past an odd end as one process pads; ``windows.plan_merge``), then the blocks
+   (``WindowBlock``): timm's own block forward, whose ``_attn`` (roll, pad, windows, attention, back) becomes one
+   gather into the windows this tile computes (the roll folded in: only tokens that change tile move), timm's
+   ``WindowAttention`` on those whole windows with Swin's mask for their global position, and the gather back
+   (``windows.WindowLayout``);
+3. the final norm, the mean over every token of the image (one all-reduce) and the head: the logits on every rank.
+
+Every parameter but the head's is a tile share (summed over tiles by ``reduce_tile_gradients``); a tile that computes
+no window still runs attention on an empty batch, so every rank has every gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from functools import cache
+
+import torch
+from torch import nn
+
+from ...errors import ConfigError
+from ..dropout import check_random_state
+from ..layer import SpatialRuntime, shallow_copy, spatial_class
+from ..reduce import replicated_sum
+from ..tokens.tiles import check_patch_grid, int_pair
+from .exchange import TokenExchange
+from .plan import MASK_VALUE, ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
+
+Convert = Callable[[nn.Module, str], nn.Module]
+STAGE_DROPOUTS = ("drop_path1", "drop_path2")
+
+
+@cache
+def swin_kinds() -> dict[str, tuple[type[nn.Module], ...]]:
+    """timm's Swin classes by role (model, block, merge, embed); empty without timm."""
+    try:
+        from timm.layers import PatchEmbed
+        from timm.models import swin_transformer as v1
+        from timm.models import swin_transformer_v2 as v2
+    except ImportError:
+        return {}
+    from timm.models import swin_transformer_v2_cr as cr
+
+    return {"model": (v1.SwinTransformer, v2.SwinTransformerV2), "unsupported": (cr.SwinTransformerV2Cr,),
+            "block": (v1.SwinTransformerBlock, v2.SwinTransformerV2Block),
+            "merge": (v1.PatchMerging, v2.PatchMerging), "merge_v2": (v2.PatchMerging,),
+            "stage": (v1.SwinTransformerStage, v2.SwinTransformerV2Stage), "embed": (PatchEmbed,)}
+
+
+def _runtime(module: nn.Module) -> SpatialRuntime:
+    runtime = module.__dict__["tile_runtime"]
+    assert isinstance(runtime, SpatialRuntime)
+    return runtime
+
+
+def _child(module: nn.Module, name: str) -> nn.Module:
+    child = getattr(module, name)
+    assert isinstance(child, nn.Module), name
+    return child
+
+
+class _WindowPlan:
+    """One tile's windows of one block geometry: the gathers in and out, the mask of its windows (None: unshifted)."""
+
+    def __init__(self, runtime: SpatialRuntime, windows: ShiftedWindows) -> None:
+        layout = WindowLayout(windows, TokenBoxes(runtime.grid, windows.sizes))
+        tile = runtime.tile
+        self.lengths = layout.boxes.lengths(tile)
+        self.count = len(layout.owned(tile))
+        self.area = windows.area
+        self.into = TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks)
+        self.back = TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks)
+        self.labels = torch.tensor(layout.labels(tile), dtype=torch.long).reshape(self.count, self.area) \
+            if windows.shifted and self.count else None
+
+    def mask(self, like: torch.Tensor) -> torch.Tensor | None:
+        """Swin's ``(windows, area, area)`` mask of this tile's windows: 0 within a region, -100 across."""
+        if self.labels is None:
+            return None
+        differ = self.labels.to(like.device).unsqueeze(1) != self.labels.to(like.device).unsqueeze(2)
+        return torch.zeros(differ.shape, dtype=like.dtype, device=like.device).masked_fill(differ, MASK_VALUE)
+
+
+class WindowBlock(nn.Module):
+    """Mixin: a timm Swin(V2) block whose ``_attn`` computes the windows of the global grid across tiles."""
+
+    def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        runtime = _runtime(self)
+        window, shift = int_pair(self.window_size), int_pair(self.shift_size)
+        sizes = int_pair(self.input_resolution)
+        key = ("swin windows", sizes, window, shift)
+        plan = runtime.plans.get(key)
+        if not isinstance(plan, _WindowPlan):
+            plan = runtime.plans[key] = _WindowPlan(runtime, ShiftedWindows(sizes, window, shift))
+        batch, channels = x.shape[0], x.shape[-1]
+        if tuple(x.shape[1:3]) != plan.lengths:
+            raise ValueError(f"tile {runtime.tile}: a block of the {sizes} token grid expects a {plan.lengths} tile, "
+                             f"got {tuple(x.shape)}")
+        windows = plan.into(x.reshape(batch, -1, channels)).reshape(batch * plan.count, plan.area, channels)
+        attention = _child(self, "attn")
+        if plan.count:
+            attended = attention(windows, mask=plan.mask(x))
+        else:   # no window here: attention of one zero window appended to the empty ones, none of it kept (zero
+            # gradients on every rank; the gather's backward still runs, to return the tokens other tiles used)
+            attended = attention(torch.cat([windows, windows.new_zeros((1, plan.area, channels))]))[:0]
+        return plan.back(attended.reshape(batch, plan.count * plan.area, channels)).reshape(x.shape)
+
+
+class TileMerge(nn.Module):
+    """Mixin: timm's PatchMerging (V1: norm, reduction; V2: reduction, norm) of the global grid on tiles."""
+
+    grid_in: tuple[int, int]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        runtime = _runtime(self)
+        key = ("swin merge", self.grid_in)
+        exchange = runtime.plans.get(key)
+        if not isinstance(exchange, TokenExchange):
+            exchange = runtime.plans[key] = TokenExchange(plan_merge(TokenBoxes(runtime.grid, self.grid_in))
+                                                          [runtime.tile], runtime.ctx, runtime.ranks)
+        merged_grid = TokenBoxes(runtime.grid, tuple((n + 1) // 2 for n in self.grid_in))
+        batch, channels = x.shape[0], x.shape[-1]
+        merged = exchange(x.reshape(batch, -1, channels))
+        merged = merged.reshape(batch, *merged_grid.lengths(runtime.tile), 4 * channels)
+        norm, reduction = _child(self, "norm"), _child(self, "reduction")
+        if isinstance(self, swin_kinds()["merge_v2"]):
+            return norm(reduction(merged))
+        return reduction(norm(merged))
+
+
+class SwinTileModel(nn.Module):
+    """Mixin: a timm SwinTransformer(V2)'s forward on this rank's image tile (its output on every rank)."""
+
+    serial_class: type[nn.Module]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        runtime = _runtime(self)
+        _check_forward(self, runtime, x.device)
+        embed = _child(self, "patch_embed")
+        size = runtime.root_size
+        assert size is not None and len(size) == 2
+        token_grid = check_patch_grid(runtime.grid, (size[0], size[1]), int_pair(embed.patch_size),
+                                      type(self).__name__)
+        built = int_pair(embed.grid_size)
+        if token_grid != built:
+            raise ConfigError("image_size", f"{type(self).__name__} was built for a {built} token grid (its windows, "
+                              f"masks and merges), the image gives {token_grid}; create it with img_size= the "
+                              f"image's size")
+        tokens = _child(embed, "proj")(x)   # a spatial conv, under the op guard
+        with torch._C.DisableTorchFunction():
+            tokens = _child(embed, "norm")(tokens.permute(0, 2, 3, 1))
+            tokens = _child(self, "norm")(_child(self, "layers")(tokens))
+            total = replicated_sum(tokens.sum(dim=(1, 2)), runtime.ctx, runtime.group) \
+                if len(runtime.ranks) > 1 else tokens.sum(dim=(1, 2))
+            head = _child(self, "head")
+            pooled = _child(head, "drop")(total / _final_tokens(self, token_grid))
+            logits: torch.Tensor = _child(head, "flatten")(_child(head, "fc")(pooled))
+        return logits
+
+
+def _final_tokens(model: nn.Module, token_grid: tuple[int, int]) -> int:
+    """Tokens of the last stage's grid: the patch grid halved (rounded up) by every merge."""
+    rows, cols = token_grid
+    for stage in _child(model, "layers").children():
+        if not isinstance(_child(stage, "downsample"), nn.Identity):
+            rows, cols = (rows + 1) // 2, (cols + 1) // 2
+    return rows * cols
+
+
+def _random_draws(model: nn.Module) -> Iterator[tuple[str, nn.Module, float]]:
+    """(name, module, rate) of every dropout and stochastic depth of the model that draws in training."""
+    for name, module in model.named_modules():
+        rate = float(getattr(module, "p", 0.0) or getattr(module, "drop_prob", 0.0) or 0.0)
+        if rate and (isinstance(module, nn.Dropout) or type(module).__name__ == "DropPath"):
+            yield name, module, rate
+
+
+def _check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.device) -> None:
+    """Refuse what a forward on tiles would not compute as one process: element-wise dropout inside the stages
+    (its mask would be drawn per tile or per window), tiles holding different random states when stochastic depth or
+    the head's dropout draw (one number per sample, as one process draws them), recomputation of blocks that
+    communicate."""
+    draws = list(_random_draws(model)) if model.training else []
+    for name, module, rate in draws:
+        if isinstance(module, nn.Dropout) and not name.startswith("head."):
+            raise ConfigError("model", f"{type(model).__name__}.{name} (dropout, rate {rate}) in training draws its "
+                              f"mask per tile and window, not for the whole image; create the model with "
+                              f"proj_drop_rate=0 and attn_drop_rate=0 (drop_path_rate and drop_rate are exact)")
+    if draws:
+        check_random_state(runtime.guard, torch.bernoulli, device)
+    for index, stage in enumerate(_child(model, "layers").children()):
+        if getattr(stage, "grad_checkpointing", False):
+            raise ConfigError("model", f"{type(model).__name__}.layers.{index}: grad checkpointing recomputes blocks "
+                              f"that exchange windows across tiles; call set_grad_checkpointing(False)")
+
+
+def _check_model(model: nn.Module, name: str) -> None:
+    """Refuse before work what the tile forward does not compute exactly."""
+    kinds = swin_kinds()
+    where = f"layer {name or '<root>'!r} ({type(model).__name__})"
+    if type(model) not in kinds["model"]:
+        raise ConfigError("model", f"{where}: a subclass of {type(model).__mro__[1].__name__} with its own forward "
+                          f"is not supported on tiles; supported: SwinTransformer and SwinTransformerV2 as timm "
+                          f"builds them")
+    embed = _child(model, "patch_embed")
+    if type(embed) not in kinds["embed"] or getattr(embed, "dynamic_img_pad", False) or \
+            not getattr(embed, "strict_img_size", True):
+        raise ConfigError("model", f"{where}: patch embedding {type(embed).__name__} (dynamic size or padding) is "
+                          f"not supported on tiles; create the model with a fixed img_size")
+    pool = getattr(_child(_child(model, "head"), "global_pool"), "pool_type", None)
+    if pool != "avg":
+        raise ConfigError("model", f"{where}: global_pool={pool!r} is not supported on tiles; create the model with "
+                          f"global_pool='avg'")
+    for stage_name, stage in _child(model, "layers").named_children():
+        if type(stage) not in kinds["stage"]:
+            raise ConfigError("model", f"{where}: stage layers.{stage_name} ({type(stage).__name__}) is not "
+                              f"supported on tiles")
+        merge = _child(stage, "downsample")
+        if not isinstance(merge, nn.Identity) and type(merge) not in kinds["merge"]:
+            raise ConfigError("model", f"{where}: layers.{stage_name}.downsample ({type(merge).__name__}) is not "
+                              f"supported on tiles; supported: timm's PatchMerging")
+        for block_name, block in _child(stage, "blocks").named_children():
+            if type(block) not in kinds["block"]:
+                raise ConfigError("model", f"{where}: block layers.{stage_name}.blocks.{block_name} "
+                                  f"({type(block).__name__}) is not supported on tiles")
+
+
+def _bound(module: nn.Module, mixin: type[nn.Module], runtime: SpatialRuntime, name: str) -> nn.Module:
+    new = shallow_copy(module, spatial_class(mixin, type(module)))
+    object.__setattr__(new, "tile_runtime", runtime)
+    runtime.module_names.setdefault(id(new), name)
+    return new
+
+
+def _convert_stage(stage: nn.Module, name: str, runtime: SpatialRuntime) -> nn.Module:
+    """A stage sharing ``stage``'s state: its merge a ``TileMerge``, its blocks ``WindowBlock``s."""
+    new = shallow_copy(stage, type(stage))
+    merge = _child(stage, "downsample")
+    if not isinstance(merge, nn.Identity):
+        merged = _bound(merge, TileMerge, runtime, f"{name}.downsample")
+        object.__setattr__(merged, "grid_in", int_pair(stage.input_resolution))
+        new._modules["downsample"] = merged
+    blocks = _child(stage, "blocks")
+    new_blocks = shallow_copy(blocks, type(blocks))
+    for block_name, block in blocks.named_children():
+        new_blocks._modules[block_name] = _bound(block, WindowBlock, runtime, f"{name}.blocks.{block_name}")
+    new._modules["blocks"] = new_blocks
+    return new
+
+
+def convert_swin_part(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module | None:
+    """``module`` converted for tiles when it is a timm Swin(V2) model; a ConfigError naming it when it is a Swin
+    block or patch merge outside one; else None."""
+    kinds = swin_kinds()
+    if kinds and isinstance(module, kinds["unsupported"]):
+        raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): timm's Swin-V2 'cr' "
+                          f"models (swinv2_cr_*) have their own stages and blocks, which have no tile version; "
+                          f"use a swinv2_* model (SwinTransformerV2), or train this one without spatial parallelism")
+    if not kinds or not isinstance(module, kinds["model"] + kinds["block"] + kinds["merge"]):
+        return None
+    if runtime.grid.volumetric or not isinstance(module, kinds["model"]):
+        raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): Swin's shifted windows "
+                          f"and patch merges are exact on tiles inside timm's SwinTransformer/SwinTransformerV2 "
+                          f"on an image's grid only; spatialize the whole model, or put this layer after the "
+                          f"spatial stage")
+    _check_model(module, name)
+    new = _bound(module, SwinTileModel, runtime, name)
+    object.__setattr__(new, "serial_class", type(module))
+    embed = _child(module, "patch_embed")
+    new_embed = shallow_copy(embed, type(embed))
+    prefix = f"{name}." if name else ""
+    new_embed._modules["proj"] = convert(_child(embed, "proj"), f"{prefix}patch_embed.proj")
+    new._modules["patch_embed"] = new_embed
+    layers = _child(module, "layers")
+    new_layers = shallow_copy(layers, type(layers))
+    for stage_name, stage in layers.named_children():
+        new_layers._modules[stage_name] = _convert_stage(stage, f"{prefix}layers.{stage_name}", runtime)
+    new._modules["layers"] = new_layers
+    head = set(map(id, _child(module, "head").parameters()))
+    for parameter in module.parameters():
+        if id(parameter) not in head:
+            runtime.claim_tile_share(parameter)
+    return new
