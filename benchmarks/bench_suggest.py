@@ -86,7 +86,7 @@ def tune_once(scenario: Scenario, top: int, steps: int, rounds: int) -> Run:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "tune.json")
         done = run_job(WORLD, [sys.executable, "-m", "mpi4dl_nb", "tune", *scenario.tune_args(), "--top", str(top),
-                               "--steps", str(steps), "--rounds", str(rounds), "--json", path], timeout=3600)
+                               "--steps", str(steps), "--rounds", str(rounds), "--save-json", path], timeout=3600)
         if not os.path.exists(path):
             raise RuntimeError(f"{scenario.name}: tune wrote no {path}:\n{done.stderr[-2000:]}")
         with open(path) as handle:

@@ -1,10 +1,43 @@
-"""``python -m mpi4dl_nb {layout,train,evaluate,infer,tune} ...``: the batch-job entry point (cli/commands.py)."""
+"""``python -m mpi4dl_nb {layout,train,evaluate,infer,tune} ...`` and ``mpi4dl-nb``: the batch-job entry point."""
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Sequence
+from functools import partial
 
-from .cli.commands import main
+from .cli.commands import main as run_command
 from .run.teardown import exit_watched
 
+BROKEN_PIPE_EXIT = 141    # 128 + SIGPIPE: what a shell reports for a program whose reader left (``... | head``)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The one entry of ``python -m mpi4dl_nb`` and the ``mpi4dl-nb`` console script (pyproject.toml): the command
+    of ``argv`` (default ``sys.argv``; cli/commands.py) with its end watched (run/teardown.py: a job's monitor
+    listens on through MPI's teardown); output into a pipe its reader closed (``mpi4dl-nb --help | head -1``) ends
+    quietly, exit code 141."""
+    try:
+        args = list(sys.argv[1:] if argv is None else argv)
+        code = exit_watched(partial(run_command, args), args)
+        sys.stdout.flush()           # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+    return code
+
+
+def quiet_broken_pipe() -> int:
+    """stdout pointed at the null device (the interpreter's last flush of the closed pipe would print a
+    traceback), and the exit code of a program whose reader left."""
+    try:
+        out = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):    # stdout replaced by an object without a file
+        return BROKEN_PIPE_EXIT
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, out)
+    os.close(null)
+    return BROKEN_PIPE_EXIT
+
+
 if __name__ == "__main__":
-    sys.exit(exit_watched(main, sys.argv[1:]))     # a job's monitor listens on through MPI's teardown (run/teardown.py)
+    sys.exit(main())

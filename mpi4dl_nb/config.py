@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 from .layout import RankRole, layout
-from .schema import flag, whole_number
+from .schema import FLAG_KEY, Bounds, Flag, flag, option, whole_number
 
 
 class Choice(str, Enum):
@@ -191,6 +191,19 @@ def parse_bucket_mb(text: str) -> float | None:
 PARALLEL_GROUP = "parallelism (MPI4DL flags)"
 K = TypeVar("K")
 
+# ----------------------------------------------------------------- options several commands take, declared once
+DTYPES = ("float32", "float64")     # the parameter and activation dtypes of a run (train, evaluate, infer, tune)
+DTYPE = option("--dtype", "parameter and activation dtype", choices=DTYPES, group="run")
+PROGRESS = option("--no-progress", "no progress bar (on rank 0)", switch=True, group="run")
+NUM_SPATIAL_PARTS = option("--num-spatial-parts", "ranks that share each image, one tile each (train: per spatial "
+                                                  "stage; infer: each window; = the ranks to launch)",
+                           parse=whole_number, bounds=Bounds(1), group=PARALLEL_GROUP)
+SLICE_METHOD = option(
+    "--slice-method", f"how an image (infer: a window) is cut into tiles: {', '.join(SLICE_METHODS)}, or DxRxC for a "
+                      f"volume's depth x rows x cols tiles (e.g. 2x2x2, with --num-spatial-parts D*R*C; infer's "
+                      f"default for a volume: 1x1x1)", parse=parse_slice_method, metavar="SLICE_METHOD",
+    group=PARALLEL_GROUP)
+
 
 def _knob(option: str, help: str, default: K, **how: Any) -> K:
     """A ParallelConfig field given by an MPI4DL flag (``option``), in the parallelism group."""
@@ -233,28 +246,26 @@ class ParallelConfig:
     """
 
     split_size: int = _knob("--split-size", "number of model partitions (stages) for layer/pipeline parallelism", 2,
-                            parse=whole_number)
+                            parse=whole_number, bounds=Bounds(1))
     spatial_size: int = _knob("--spatial-size", "how many of the first stages use spatial parallelism (0: none)", 1,
-                              parse=whole_number)
-    num_spatial_parts: int = _knob("--num-spatial-parts", "number of image tiles (ranks) per spatial stage", 4,
-                                   parse=whole_number)
-    slice_method: SliceMethod = _knob(
-        "--slice-method", f"tile layout: {', '.join(SLICE_METHODS)}, or DxRxC for a volume's depth x rows x cols "
-                          f"tiles (e.g. 2x2x2, with --num-spatial-parts D*R*C)", SliceMethod.SQUARE,
-        parse=parse_slice_method, metavar="SLICE_METHOD")
-    parts: int = _knob("--parts", "number of micro-batches for pipeline parallelism", 1, parse=whole_number)
+                              parse=whole_number, bounds=Bounds(0))
+    num_spatial_parts: int = NUM_SPATIAL_PARTS.field(4)
+    slice_method: SliceMethod = SLICE_METHOD.field(SliceMethod.SQUARE)
+    parts: int = _knob("--parts", "number of micro-batches for pipeline parallelism", 1, parse=whole_number,
+                       bounds=Bounds(1))
     times: int = _knob("--times", "GEMS replica pairs (0: no GEMS; 1 behaves like MPI4DL's GEMS scripts)", 0,
-                       parse=whole_number)
-    local_dp: int = _knob("--local-DP", "data-parallel copies of each non-spatial stage", 1, parse=whole_number)
+                       parse=whole_number, bounds=Bounds(0))
+    local_dp: int = _knob("--local-DP", "data-parallel copies of each non-spatial stage", 1, parse=whole_number,
+                          bounds=Bounds(1))
     halo_d2: bool = _knob("--halo-D2", "fused halo exchange (design 2): fewer, wider halo exchanges", False,
                           switch=True)
     fused_layers: int = _knob("--fused-layers", "with --halo-D2, number of blocks sharing one halo exchange", 1,
-                              parse=whole_number)
+                              parse=whole_number, bounds=Bounds(1))
     balance: tuple[int, ...] | None = _knob("--balance", "layers per stage, e.g. 3,4,5 (sum = number of layers); "
                                                          "default automatic", None,
                                             parse=partial(parse_balance, knob="--balance"))
     data_parallel: int = _knob("--data-parallel", "number of full model replicas trained data-parallel", 1,
-                               parse=whole_number)
+                               parse=whole_number, bounds=Bounds(1))
     schedule: ScheduleKind = _knob(
         "--schedule", "pipeline schedule of the micro-batches (extension; MPI4DL uses gpipe; interleaved: with "
                       "--virtual-stages; zb1: zero bubble, each backward split into input- and weight-gradient "
@@ -283,7 +294,7 @@ class ParallelConfig:
     virtual_stages: int = _knob(
         "--virtual-stages", "with --schedule interleaved: chunks per rank; the --split-size stages lie on split-size "
                             "/ virtual-stages ranks, stage s on rank s mod that (Megatron); --schedule zbv sets 2",
-        1, parse=whole_number)
+        1, parse=whole_number, bounds=Bounds(1))
     # gradient all-reduce overlapped with backward (issue 44): a stage's gradients are summed over its
     # holders in buckets of about this many MB, each posted as soon as its last gradient of the step
     # arrived (None: one all-reduce per stage after every backward)
@@ -418,13 +429,14 @@ class ParallelConfig:
         self._check_balance()
 
     def _check_counts(self) -> None:
-        """The whole-number knobs within their range; ``grad_bucket_mb`` a size or None."""
-        for name, minimum in (("split_size", 1), ("spatial_size", 0), ("num_spatial_parts", 1), ("parts", 1),
-                              ("times", 0), ("local_dp", 1), ("fused_layers", 1), ("data_parallel", 1),
-                              ("virtual_stages", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ConfigError(name, f"must be an integer >= {minimum}, got {value!r}")
+        """The whole-number knobs within their flags' bounds (an integer, named by its keyword); ``grad_bucket_mb`` a
+        size or None."""
+        for knob in fields(self):
+            given, value = knob.metadata.get(FLAG_KEY), getattr(self, knob.name)
+            if not isinstance(given, Flag) or given.parse is not whole_number or given.bounds is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < given.bounds.least:
+                raise ConfigError(knob.name, f"must be an integer >= {given.bounds.least:g}, got {value!r}")
         bucket = self.grad_bucket_mb
         if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, (int, float))
                                    or not bucket > 0):

@@ -1,14 +1,17 @@
 """Jobs as their own schema: a dataclass field names its flag, help, parser and choices in one place
-(``flag(...)``); the command line and Python keywords are both read through these fields."""
+(``flag(...)``; an option several jobs take is one ``Option``, each job's field ``OPTION.field(default)``); the
+command line and Python keywords are both read through these fields, a former spelling with a notice."""
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import math
 import os
+import sys
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass
+from enum import Enum
 from typing import Any, TypeVar
 
 from .errors import ConfigError
@@ -16,7 +19,11 @@ from .errors import ConfigError
 T = TypeVar("T")
 Parse = Callable[[str], object]
 FLAG_KEY = "mpi4dl_nb.flag"     # the key of a field's metadata that holds its Flag
+TAGS_KEY = "mpi4dl_nb.tags"     # the key of a field's metadata that holds its tags (a job's own kinds of flag)
 SUGGESTIONS = 3                 # close names offered for a misspelt keyword
+# launcher variables holding this process's rank in the whole job, most specific first
+WORLD_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+                        "PALS_RANKID", "SLURM_PROCID")
 
 
 def whole_number(text: str) -> int:
@@ -65,7 +72,9 @@ class Flag:
     a flag given without a value stands for (``--checkpoint-activations`` alone means ``every``). ``dest``
     names the keyword of ``dl.<command>(...)`` (default: the flag without dashes, ``--no-`` and case).
     ``bounds``: the range of a number (``check_bounds``); ``hidden``: accepted but left out of the help (a flag
-    kept for command lines of other commands)."""
+    kept for command lines of other commands); ``old``: former spellings, still accepted with a notice naming
+    ``option`` (their keywords too); ``default_text``: what a default of None stands for, as the help says it (``the
+    checkpoint's``)."""
 
     option: str
     help: str
@@ -80,13 +89,25 @@ class Flag:
     dest: str = ""
     bounds: Bounds | None = None
     hidden: bool = False
+    old: tuple[str, ...] = ()
+    default_text: str | None = None
 
     def __post_init__(self) -> None:
         if not self.option.startswith("--"):
             raise ValueError(f"flag {self.option!r}: long options only (--name)")
         if not self.dest:
-            name = self.option[2:].removeprefix("no-") if self.switch else self.option[2:]
-            object.__setattr__(self, "dest", name.replace("-", "_").lower())
+            object.__setattr__(self, "dest", keyword_of(self.option, self.switch))
+
+    @property
+    def old_keywords(self) -> dict[str, str]:
+        """The keywords of the former spellings, each with its spelling (``{"resume": "--resume"}``)."""
+        return {keyword_of(old, self.switch): old for old in self.old}
+
+    @property
+    def meaning(self) -> Flag:
+        """The flag less where a job lists it (its group, whether the help hides it): what an option means, the
+        same in every job that takes it."""
+        return dataclasses.replace(self, group="", hidden=False, default_text=None)
 
     def value_of(self, text: str) -> object:
         """``text`` as the field's value: checked against the choices, then parsed; ConfigError naming the flag."""
@@ -102,13 +123,73 @@ class Flag:
             raise ConfigError(self.option, f"{text!r}: {err}") from None
 
 
-def flag(option: str, help: str, default: object = MISSING, *, default_factory: Callable[[], object] | None = None,
-         **how: Any) -> Any:
-    """A dataclass field given by ``option`` on the command line (``how``: the other Flag settings)."""
-    meta = {FLAG_KEY: Flag(option, help, **how)}
+def keyword_of(option: str, switch: bool = False) -> str:
+    """The keyword of a flag: its name without dashes (a switch's without ``no-``), ``_`` for ``-``, lower case."""
+    name = option[2:].removeprefix("no-") if switch else option[2:]
+    return name.replace("-", "_").lower()
+
+
+def renamed_notice(old: str, new: str) -> str:
+    """The one line that says a former spelling was used and names the new one."""
+    return f"note: {old} is now {new}; {old} still works for now"
+
+
+def world_rank_from_env() -> int | None:
+    """This process's rank from the launcher's environment (None: not launched by one), without MPI."""
+    for name in WORLD_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def tell_renamed(old: str, new: str) -> None:
+    """Print ``renamed_notice`` on stderr (rank 0 of a job only: every rank reads the same flags)."""
+    if world_rank_from_env() in (None, 0):
+        print(renamed_notice(old, new), file=sys.stderr)
+
+
+def _field(given: Flag, default: object, default_factory: Callable[[], object] | None,
+           tags: Iterable[Enum]) -> Any:
+    meta: dict[str, object] = {FLAG_KEY: given, TAGS_KEY: frozenset(tags)}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def flag(option: str, help: str, default: object = MISSING, *, default_factory: Callable[[], object] | None = None,
+         tags: Iterable[Enum] = (), **how: Any) -> Any:
+    """A dataclass field given by ``option`` on the command line (``how``: the other Flag settings; ``tags``: the
+    job's own kinds this flag belongs to, ``tagged``)."""
+    return _field(Flag(option, help, **how), default, default_factory, tags)
+
+
+def nested(default_factory: Callable[[], object], *, tags: Iterable[Enum] = ()) -> Any:
+    """A field holding a dataclass of flags, its flags given ``tags`` (see ``flag``)."""
+    return dataclasses.field(default_factory=default_factory, metadata={TAGS_KEY: frozenset(tags)})
+
+
+@dataclass(frozen=True)
+class Option:
+    """An option several jobs take, declared once: its Flag (type, parser, bounds, choices, switch-ness, help).
+    Each job makes its field with ``OPTION.field(default)``: its own default, and where its help lists the flag."""
+
+    flag: Flag
+
+    def field(self, default: object = MISSING, *, default_factory: Callable[[], object] | None = None,
+              default_text: str | None = None, group: str | None = None, hidden: bool = False,
+              tags: Iterable[Enum] = ()) -> Any:
+        """A job's field of this option: ``default`` its own (``default_text``: what None stands for, in the help);
+        ``group`` (default the option's) and ``hidden`` where the job's help lists it; ``tags`` the job's own kinds
+        of flag (``tagged``)."""
+        given = dataclasses.replace(self.flag, group=self.flag.group if group is None else group, hidden=hidden,
+                                    default_text=default_text)
+        return _field(given, default, default_factory, tags)
+
+
+def option(name: str, help: str, **how: Any) -> Option:
+    """An Option of the flag ``name`` (``how``: the other Flag settings)."""
+    return Option(Flag(name, help, **how))
 
 
 @dataclass(frozen=True)
@@ -118,6 +199,7 @@ class FlagField:
     path: tuple[str, ...]
     field: Field[Any]
     flag: Flag
+    tags: frozenset[Enum] = frozenset()
 
     @property
     def default(self) -> object:
@@ -135,14 +217,21 @@ def _nested(cls: type, f: Field[Any]) -> type | None:
     return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
-def flag_fields(job: type, path: tuple[str, ...] = ()) -> Iterator[FlagField]:
-    """Every flag of ``job`` and of the dataclasses its fields hold, in field order (depth first)."""
+def flag_fields(job: type, path: tuple[str, ...] = (), tags: frozenset[Enum] = frozenset()) -> Iterator[FlagField]:
+    """Every flag of ``job`` and of the dataclasses its fields hold, in field order (depth first); each one's tags
+    its own and those of the fields holding it."""
     for f in dataclasses.fields(job):
         given = f.metadata.get(FLAG_KEY)
+        own = tags | f.metadata.get(TAGS_KEY, frozenset())
         if isinstance(given, Flag):
-            yield FlagField((*path, f.name), f, given)
+            yield FlagField((*path, f.name), f, given, own)
         elif (inner := _nested(job, f)) is not None:
-            yield from flag_fields(inner, (*path, f.name))
+            yield from flag_fields(inner, (*path, f.name), own)
+
+
+def tagged(job: type, tag: Enum) -> list[FlagField]:
+    """The flags of ``job`` tagged ``tag`` (``flag(..., tags=...)``, or a nested field's ``nested(tags=...)``)."""
+    return [item for item in flag_fields(job) if tag in item.tags]
 
 
 def flags_by_dest(job: type) -> dict[str, FlagField]:
@@ -184,11 +273,26 @@ def typed_value(item: FlagField, value: object) -> object:
     return value
 
 
+def current_keywords(values: Mapping[str, object], known: Mapping[str, FlagField]) -> dict[str, object]:
+    """``values`` with a former flag's keyword as its flag's (a notice on stderr naming the new one); a keyword given
+    in both spellings keeps the new one's value."""
+    old = {name: item.flag for item in known.values() for name in item.flag.old_keywords}
+    current: dict[str, object] = {}
+    for name, value in values.items():
+        if name in old and name not in known:
+            tell_renamed(f"{name}=", f"{old[name].dest}=")
+            current.setdefault(old[name].dest, value)
+        else:
+            current[name] = value
+    return current
+
+
 def build_job(job: type[T], values: Mapping[str, object], command: str, path: tuple[str, ...] = ()) -> T:
     """``job`` from values keyed by keyword name (``batch_size=8``): the flag fields they name set, the rest
     default; nested dataclasses built alike. ConfigError for a keyword no field has (with the closest)."""
     known = flags_by_dest(job) if not path else {}
     if not path:
+        values = current_keywords(values, known)
         for name in values:
             if name not in known:
                 raise unknown_keyword(name, known, command)

@@ -3,6 +3,7 @@ same job."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,20 @@ import pytest
 from mpi4dl_nb.cli.job_flags import add_job_flags, keyword_values
 from mpi4dl_nb.cli.parser import CommandParser
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.schema import Bounds, build_job, check_bounds, flag, flag_fields, flags_by_dest, number, whole_number
+from mpi4dl_nb.schema import (
+    Bounds,
+    build_job,
+    check_bounds,
+    flag,
+    flag_fields,
+    flags_by_dest,
+    nested,
+    number,
+    option,
+    renamed_notice,
+    tagged,
+    whole_number,
+)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -95,3 +109,79 @@ def test_field_table() -> None:
     assert [f.path for f in flag_fields(Job)] == [("checkpoint",), ("mode",), ("sizes",), ("inner", "batch_size"),
                                                   ("inner", "progress"), ("inner", "tags"), ("inner", "rate")]
     assert set(flags_by_dest(Job)) == {"checkpoint", "mode", "sizes", "batch_size", "progress", "tags", "rate"}
+
+
+# ----------------------------------------------------------------- one option, many jobs; former spellings; tags
+class Kind(Enum):
+    LOUD = "loud"
+
+
+SEED = option("--seed", "the seed", parse=whole_number, bounds=Bounds(0), group="run")
+
+
+@dataclass(frozen=True)
+class Quiet:
+    level: int = flag("--level", "how loud", 1, parse=whole_number, tags=(Kind.LOUD,))
+
+
+@dataclass(frozen=True)
+class First:
+    seed: int = SEED.field(0)
+    save: str | None = flag("--save-json", "write here", None, old=("--json",))
+    quiet: Quiet = nested(Quiet)
+
+
+@dataclass(frozen=True)
+class Second:
+    seed: int | None = SEED.field(None, default_text="the record's", group="other", hidden=True)
+    loud: Quiet = nested(Quiet, tags=(Kind.LOUD,))
+    on: bool = flag("--on", "a switch", False, switch=True, old=("--enable",))
+
+
+def test_an_option_is_one_meaning_with_each_jobs_default():
+    first, second = flags_by_dest(First)["seed"], flags_by_dest(Second)["seed"]
+    assert (first.default, second.default) == (0, None)
+    assert first.flag.meaning == second.flag.meaning == SEED.flag.meaning
+    assert (first.flag.group, second.flag.group, second.flag.hidden) == ("run", "other", True)
+    assert second.flag.default_text == "the record's" and first.flag.default_text is None
+
+
+def test_tags_come_from_the_flag_and_the_fields_holding_it():
+    assert [item.path for item in tagged(First, Kind.LOUD)] == [("quiet", "level")]
+    assert [item.path for item in tagged(Second, Kind.LOUD)] == [("loud", "level")]
+
+
+def test_a_former_keyword_builds_the_flag_with_a_notice(capsys):
+    assert build_job(First, {"json": "a.json"}, "first").save == "a.json"
+    assert capsys.readouterr().err == renamed_notice("json=", "save_json=") + "\n"
+    assert build_job(First, {"json": "a.json", "save_json": "b.json"}, "first").save == "b.json"
+    with pytest.raises(ConfigError, match="is not a setting of first"):
+        build_job(First, {"jsn": "a.json"}, "first")
+
+
+RENAMED = renamed_notice("--json", "--save-json")
+
+
+@pytest.mark.parametrize("argv, value, notice", [
+    (["--save-json", "b.json"], "b.json", ""), (["--json", "a.json"], "a.json", RENAMED),
+    (["--json", "a.json", "--save-json", "b.json"], "b.json", RENAMED)])      # the new spelling's value wins
+def test_a_former_spelling_on_the_command_line_gives_the_flag_with_a_notice(capsys, argv, value, notice):
+    parsed = add_job_flags(CommandParser(prog="first"), First).parse_args(argv)
+    assert build_job(First, keyword_values(parsed, First), "first").save == value
+    assert capsys.readouterr().err.strip() == notice
+    assert "--json" not in add_job_flags(CommandParser(prog="first"), First).format_help()
+
+
+def test_a_former_switch_spelling_sets_the_switch(capsys):
+    parsed = add_job_flags(CommandParser(prog="second"), Second).parse_args(["--enable"])
+    assert build_job(Second, keyword_values(parsed, Second), "second").on is True
+    assert capsys.readouterr().err.strip() == renamed_notice("--enable", "--on")
+
+
+def test_a_notice_prints_on_rank_0_only(capsys, monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "1")
+    assert build_job(Second, {"enable": True}, "second").on is True
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("PMI_RANK", "0")
+    build_job(Second, {"enable": True}, "second")
+    assert capsys.readouterr().err.strip() == renamed_notice("enable=", "on=")

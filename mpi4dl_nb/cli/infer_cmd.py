@@ -86,7 +86,7 @@ def run(checked: CheckedInfer, size: int) -> int:
         return EXIT_SETUP
     except SlideFailed as err:
         if ctx.rank == 0:
-            kept = "the rows done so far are kept: fix the slide and continue with --resume" if err.kept else \
+            kept = "the rows done so far are kept: fix the slide and continue with --resume-outputs" if err.kept else \
                 "nothing was written: fix the slide and run again"
             say(0, size, f"error: {err}; {kept}")
         return EXIT_SETUP
@@ -105,7 +105,7 @@ def report_outcome(result: InferResult | None, size: int) -> int:
         return report_slides(result, size)
     if isinstance(result, InferSummary) and not result.complete:
         say(0, size, f"stopped after output row {result.rows_done} of {result.output_shape[1]}; continue with "
-                     f"--resume")
+                     f"--resume-outputs")
     print(json.dumps(result.as_dict()), flush=True)
     return 0
 

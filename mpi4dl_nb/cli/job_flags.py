@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigError
-from ..schema import FlagField, build_job, flag_fields
+from ..schema import FlagField, build_job, flag_fields, tell_renamed
 from .parser import CommandParser, DefaultsHelpFormatter
 
 J = TypeVar("J")
@@ -46,6 +46,8 @@ def help_text(item: FlagField) -> str:
     if item.flag.hidden:
         return argparse.SUPPRESS
     default = None if item.flag.switch else shown_default(item.default)
+    if default is None and item.default is None:
+        default = item.flag.default_text
     text = item.flag.help + ("" if default is None else f" (default: {default})")
     return text.replace("%", "%%")
 
@@ -71,9 +73,20 @@ def argparse_options(item: FlagField) -> dict[str, object]:
     return options
 
 
+def old_spelling_options(item: FlagField, old: str) -> dict[str, object]:
+    """The ``add_argument`` options of a flag's former spelling ``old``: parsed as the flag, kept under ``old`` (not
+    the flag's keyword: ``keyword_values`` tells it is renamed), hidden from the help."""
+    options = argparse_options(item)
+    options.update(dest=old, help=argparse.SUPPRESS)
+    options.pop("required", None)
+    return options
+
+
 def add_job_flags(parser: CommandParser, job: type) -> CommandParser:
-    """Add a flag for every flag field of ``job`` (its nested dataclasses' too), in groups; returns ``parser``."""
+    """Add a flag for every flag field of ``job`` (its nested dataclasses' too), in groups, and its former spellings
+    (accepted with a notice, not shown); returns ``parser``."""
     groups: dict[str, FlagAdder] = {}
+    hidden: FlagAdder = parser            # the former spellings: on the parser, out of the help
     for item in flag_fields(job):
         flag = item.flag
         if flag.group not in groups:
@@ -81,19 +94,27 @@ def add_job_flags(parser: CommandParser, job: type) -> CommandParser:
         if flag.hidden:
             parser.remember_flags(flag.option, *flag.aliases)
         groups[flag.group].add_argument(flag.option, *flag.aliases, **argparse_options(item))
+        for old in flag.old:
+            parser.remember_flags(old)
+            hidden.add_argument(old, **old_spelling_options(item, old))
     return parser
 
 
 def keyword_values(args: argparse.Namespace, job: type) -> dict[str, object]:
     """The flags of ``job`` given on the command line as the keyword values ``schema.build_job`` takes (a flag not
-    given is left out: its field keeps its default)."""
+    given is left out: its field keeps its default; a former spelling gives the flag's value, with a notice naming
+    the flag, unless the flag itself is given)."""
     given: Mapping[str, object] = vars(args)
     values: dict[str, object] = {}
     for item in flag_fields(job):
-        if item.flag.dest not in given:
-            continue
-        value = given[item.flag.dest]
-        values[item.flag.dest] = tuple(value) if item.flag.repeat and isinstance(value, list) else value
+        for name in (item.flag.dest, *item.flag.old):     # the flag, then its former spellings (a notice each)
+            if name not in given:
+                continue
+            if name != item.flag.dest:
+                tell_renamed(name, item.flag.option)
+            value = given[name]
+            if item.flag.dest not in values:
+                values[item.flag.dest] = tuple(value) if item.flag.repeat and isinstance(value, list) else value
     return values
 
 

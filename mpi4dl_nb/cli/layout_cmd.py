@@ -11,11 +11,12 @@ from typing import NoReturn
 
 from ..comm.device import local_rank_from_env
 from ..config import ConfigError, ParallelConfig
+from ..data.options import IMAGE_SIZE, ImageSize, VolumeSize
 from ..layout import layout, layout_table
+from ..models.options import MODEL, NUM_CLASSES
 from ..run import flag_groups as groups
-from ..run.data_choice import ImageSize, VolumeSize, parse_image_size
-from ..run.model_choice import MODEL_HELP, ModelChoice, ModelSizes, classes_flag, model_flag
-from ..schema import Bounds, build_job, flag
+from ..run.model_choice import ModelChoice, ModelSizes
+from ..schema import build_job, flag
 from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
 
@@ -56,14 +57,14 @@ class LayoutJob:
     """What ``layout`` is asked: a configuration and, with ``--model``, the model whose stage cut it shows."""
 
     config: ParallelConfig = field(default_factory=ParallelConfig)
-    model: str | None = model_flag(None, MODEL_HELP + "; prints the stage cut of its layer list for this "
-                                                      "configuration")
+    model: str | None = MODEL.field(None, group=groups.MODEL)
     sizes: ModelSizes = field(default_factory=ModelSizes)
-    num_classes: int = classes_flag(10, "number of classes")
-    image_size: ImageSize = flag("--image-size", "image side in pixels, or a volume's patch D,H,W in voxels (its "
-                                                 "tiles are checked against a DxRxC --slice-method)", 32,
-                                 parse=parse_image_size, metavar="N|D,H,W", bounds=Bounds(1), group=groups.MODEL)
+    num_classes: int = NUM_CLASSES.field(10, group=groups.MODEL)
+    image_size: ImageSize = IMAGE_SIZE.field(32, group=groups.MODEL)
     json: bool = flag("--json", "print the layout as JSON", False, switch=True)
+    cost: bool = flag("--cost", "with --model: also print the planner's cost of the configuration (peak memory per "
+                                "rank, the spatial stage's attention exchanges per tile)", False, switch=True,
+                      group=groups.MODEL)
 
 
 def layout_parser() -> CommandParser:
@@ -89,7 +90,12 @@ def model_cut(job: LayoutJob) -> str:
     except ValueError as err:
         raise ConfigError("--model", str(err)) from None
     refuse_token_spatial_stage(layers, job.config, job.image_size)
-    return stage_table(layers, job.config, job.image_size)
+    table = stage_table(layers, job.config, job.image_size)
+    if not job.cost:
+        return table
+    from ..planner.exchanges import layout_cost
+
+    return f"{table}\n{layout_cost(layers, job.config, job.image_size)}"
 
 
 def print_layout(cfg: ParallelConfig, as_json: bool) -> None:

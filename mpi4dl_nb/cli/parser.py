@@ -5,30 +5,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ..schema import world_rank_from_env
+
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-# launcher variables holding this process's rank in the whole job, most specific first
-WORLD_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
-                        "PALS_RANKID", "SLURM_PROCID")
 SUGGESTIONS = 3          # at most this many close flag names per misspelt one
 CLOSENESS = 0.6          # difflib's similarity cut-off for a suggestion
 LONG_FLAG = re.compile(r"--[A-Za-z0-9][\w-]*")
-
-
-def world_rank_from_env() -> int | None:
-    """This process's rank from the launcher's environment (None: not launched by one), without MPI."""
-    for name in WORLD_RANK_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

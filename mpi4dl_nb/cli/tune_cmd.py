@@ -12,7 +12,7 @@ rounds of ``--steps`` steps, one step of each in turn (a slow spell of the machi
 of them alike; each one's time is the median of its steps). Rank 0 prints predicted next to
 measured and picks the fastest configuration whose measured peak fits; ``--explain`` adds each
 rank's predicted and traced seconds per action kind (which part of a prediction is off);
-``--json PATH`` writes the table (with those phases). One rank, or a
+``--save-json PATH`` writes the table (with those phases). One rank, or a
 memory limit no configuration fits, exits non-zero with one line.
 """
 
@@ -26,12 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config import ConfigError, ParallelConfig
+from ..config import DTYPE, ConfigError, ParallelConfig
+from ..data.options import IMAGE_SIZE
+from ..models.options import MODEL, NUM_CLASSES, NUM_FILTERS, NUM_LAYERS
 from ..models.spec import ModelFamily
 from ..run import flag_groups as groups
-from ..run.model_choice import model_flag
-from ..run.training_spec import DTYPES
-from ..schema import build_job, flag, number, whole_number
+from ..run.training_spec import BATCH_SIZE, STEPS
+from ..schema import Bounds, build_job, check_bounds, flag, number, whole_number
 from .args import parallel_flags
 from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
@@ -47,7 +48,7 @@ GROUP = "tune"
 
 def measuring_flag(option: str, help: str, default: int) -> int:
     """A count of how much ``tune`` runs (at least 1)."""
-    return flag(option, help, default, parse=whole_number, group=GROUP)
+    return flag(option, help, default, parse=whole_number, bounds=Bounds(1), group=GROUP)
 
 
 @dataclass(frozen=True)
@@ -55,16 +56,14 @@ class TuneJob:
     """What ``tune`` is asked: the model and workload, the memory limit, how many configurations to run and how."""
 
     memory_limit_mb: float = flag("--memory-limit-mb", "bytes each rank may use, in MiB", parse=number, group=GROUP)
-    model: str = model_flag(ModelFamily.RESNET.value)
-    num_layers: int | None = flag("--num-layers", "ResNet depth (v2: 9n+2) / AmoebaNet normal cells", None,
-                                  parse=whole_number, group=groups.MODEL)
-    num_filters: int | None = flag("--num-filters", "ResNet base width / AmoebaNet filters", None, parse=whole_number,
-                                   group=groups.MODEL)
-    num_classes: int = flag("--num-classes", "number of classes", 2, parse=whole_number, group=groups.MODEL)
-    image_size: int = flag("--image-size", "image side in pixels", 128, parse=whole_number, group=groups.MODEL)
-    batch_size: int = flag("--batch-size", "global batch size", 2, parse=whole_number, group=groups.MODEL)
+    model: str = MODEL.field(ModelFamily.RESNET.value, group=groups.MODEL)
+    num_layers: int | None = NUM_LAYERS.field(None, group=groups.MODEL)
+    num_filters: int | None = NUM_FILTERS.field(None, group=groups.MODEL)
+    num_classes: int = NUM_CLASSES.field(2, group=groups.MODEL)
+    image_size: int = IMAGE_SIZE.field(128, group=groups.MODEL)
+    batch_size: int = BATCH_SIZE.field(2, group=groups.MODEL)
     top: int = measuring_flag("--top", "configurations to run (planner's best first)", 3)
-    steps: int = measuring_flag("--steps", "timed steps per configuration and round", 4)
+    steps: int = STEPS.field(4, group=GROUP)
     rounds: int = measuring_flag("--rounds", "rounds of --steps steps, one step of every configuration in turn (the "
                                            "machine's slow spells fall on all of them alike); each one's time is the "
                                            "median of its steps", 2)
@@ -74,16 +73,18 @@ class TuneJob:
                                   group=GROUP)
     max_split: int = flag("--max-split", "the most stages a configuration may have", 4, parse=whole_number,
                           group=GROUP)
-    dtype: str = flag("--dtype", "parameter/activation dtype", "float32", choices=DTYPES, group=groups.MODEL)
+    dtype: str = DTYPE.field("float32", group=groups.MODEL)
     explain: bool = flag("--explain", "also print, per configuration, each rank's predicted and traced seconds per "
                                       "step by action kind (forward, backward, receives, all-reduce ...) and the "
                                       "largest gap", False, switch=True, group=GROUP)
-    json: str | None = flag("--json", "write the result as JSON to this path (rank 0)", None, group=GROUP)
+    save_json: str | None = flag("--save-json", "write the result as JSON to this path (rank 0)", None, metavar="PATH",
+                                 old=("--json",), group=GROUP)
 
     def __post_init__(self) -> None:
-        for option, value in (("--steps", self.steps), ("--rounds", self.rounds), ("--top", self.top)):
-            if value < 1:
-                raise ConfigError(option, f"must be at least 1, got {value}")
+        check_bounds(self)
+        if not isinstance(self.image_size, int):
+            raise ConfigError("--image-size", f"tune plans square images: give one side N, not "
+                                              f"{','.join(map(str, self.image_size))}")
         if self.headroom is not None and not 0 <= self.headroom < 1:
             raise ConfigError("--headroom", "is a share of the limit: from 0 to below 1")
         if ModelFamily.parse(self.model).dense:
@@ -167,8 +168,8 @@ def report(job: TuneJob, planned: TuneResult, network: Network, reference: Measu
     if planned.best is not None and planned.best.cfg is not None:
         print(f"\nuse: {describe_config(planned.best.cfg)}  ({json.dumps(planned.best.cfg.as_dict())})")
         print(f"train with: {train_command(job, planned.best.cfg)}")
-    if job.json:
-        with open(job.json, "w") as handle:
+    if job.save_json:
+        with open(job.save_json, "w") as handle:
             json.dump(planned.as_dict(), handle, indent=2)
     return 0 if planned.best is not None else 1
 

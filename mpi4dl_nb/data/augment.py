@@ -105,15 +105,21 @@ class Draw:
         rgb_from_hed = torch.tensor(RGB_FROM_HED, dtype=torch.float64)
         log_darkest = math.log(DARKEST)
         density = torch.log(x.clamp(min=DARKEST)) / log_darkest                  # 0 (white) .. 1 (black)
-        stains = torch.einsum("chw,cs->shw", density, torch.linalg.inv(rgb_from_hed))
+        stains = _mixed(density, torch.linalg.inv(rgb_from_hed))
         scale = torch.tensor(self.stain_scale, dtype=torch.float64)[:, None, None]
         shift = torch.tensor(self.stain_shift, dtype=torch.float64)[:, None, None]
-        jittered = torch.einsum("shw,sc->chw", stains * scale + shift, rgb_from_hed)
+        jittered = _mixed(stains * scale + shift, rgb_from_hed)
         return torch.exp(jittered * log_darkest).clamp(0.0, 1.0)
 
     def apply(self, region: torch.Tensor) -> torch.Tensor:
         """A region read at ``source_box``: placed, then recoloured."""
         return self.recoloured(self.place(region))
+
+
+def _mixed(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """``out[s] = sum_c x[c] * matrix[c, s]`` pixel by pixel, in one fixed order: the same bits for a pixel whatever
+    the region's size (a matrix product's kernel, and so its rounding, changes with the size)."""
+    return sum((x[c] * matrix[c, :, None, None] for c in range(1, x.shape[0])), x[0] * matrix[0, :, None, None])
 
 
 def _uniform(u: float, strength: float) -> float:

@@ -4,12 +4,12 @@ The folder holds ``images/<stem>.<png|jpg|tif|...>`` and ``masks/<stem>.<png|tif
 is one channel of integers (8-, 16- or 32-bit grey, or a palette PNG whose indices are the classes), as
 large as its image; both are centre-cropped alike to ``--image-size``. ``check_pair`` is the check before
 the first step: the image readable, its mask there, of an integer mode, of the image's size, and every
-label a class (``0 .. num_classes - 1``) or ``ignore_index``.
+label a class (``0 .. num_classes - 1``) or ``ignore_index`` (``label_range_problem``, label volumes' check too).
 """
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -102,13 +102,21 @@ def check_pair(image: Path, image_size: int, num_classes: int, ignore_index: int
             labels = np.unique(np.asarray(img))
     except (OSError, ValueError) as err:
         return str(err)
-    bad = [int(v) for v in labels if not (0 <= v < num_classes) and v != ignore_index]
-    if bad:
-        shown = ", ".join(map(str, bad[:SHOWN_LABELS])) + (", ..." if len(bad) > SHOWN_LABELS else "")
-        ignore = f", --ignore-index {ignore_index}" if ignore_index is not None else ", no --ignore-index"
-        return (f"mask {MASKS}/{mask.name} holds label(s) {shown} outside 0..{num_classes - 1} "
-                f"(--num-classes {num_classes}{ignore})")
-    return None
+    return label_range_problem(labels, num_classes, ignore_index, f"mask {MASKS}/{mask.name}")
+
+
+def label_range_problem(labels: Iterable[int], num_classes: int, ignore_index: int | None,
+                        what: str) -> str | None:
+    """Why the labels found in ``what`` (a mask or a label volume, as the message names it) cannot be trained on:
+    the labels that are no class (``0 .. num_classes - 1``) and not ``ignore_index``, the first few shown; None
+    when every label is one. The one label-range check of masks (``check_pair``) and label volumes
+    (volume/dataset.py's ``check_volume_pair``)."""
+    bad = sorted({int(v) for v in labels if not (0 <= v < num_classes) and v != ignore_index})
+    if not bad:
+        return None
+    shown = ", ".join(map(str, bad[:SHOWN_LABELS])) + (", ..." if len(bad) > SHOWN_LABELS else "")
+    ignore = f", --ignore-index {ignore_index}" if ignore_index is not None else ", no --ignore-index"
+    return f"{what} holds label(s) {shown} outside 0..{num_classes - 1} (--num-classes {num_classes}{ignore})"
 
 
 class MaskFolderDataset:

@@ -99,15 +99,15 @@ def decide(job: InferJob, trained: TrainedNetwork, reader: SlideReader, grid: Ti
         if progress is not None and work.is_file():
             if progress.fingerprint != stamp:
                 changed = [k for k in stamp if progress.fingerprint.get(k) != stamp[k]]
-                raise ConfigError("--resume", f"the partial output {work} was made with other {', '.join(changed)}; "
-                                  f"rerun with the same checkpoint, slide and options, or drop --resume "
-                                  f"and pass --overwrite")
+                raise ConfigError("--resume-outputs", f"the partial output {work} was made with other "
+                                  f"{', '.join(changed)}; rerun with the same checkpoint, slide and options, or "
+                                  f"drop --resume-outputs and pass --overwrite")
             rows_done = progress.rows_done
         check_outputs([p for p in specs if p.path != work], job.overwrite)
     else:
         if work.exists() and not job.overwrite:
-            raise ConfigError("--resume", f"a partial output {work} exists; pass --resume to continue it, "
-                              f"or --overwrite to start again")
+            raise ConfigError("--resume-outputs", f"a partial output {work} exists; pass --resume-outputs to "
+                              f"continue it, or --overwrite to start again")
         check_outputs(specs, job.overwrite)
     window = job.slide_window() or default_window(net, fields, grid, job.memory_budget,
                                                job.torch_dtype, (reader.height, reader.width))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -15,11 +16,13 @@ import torch
 from ..checkpoint.files import CheckpointChoice
 from ..checkpoint.record import RunRecord, read_checkpoint
 from ..comm.device import DeviceChoice
-from ..config import Choice, ConfigError, parse_slice_method
+from ..config import DTYPE, NUM_SPATIAL_PARTS, PROGRESS, SLICE_METHOD, Choice, ConfigError
+from ..config import DTYPES as DTYPES
+from ..data.options import COHORT, MIN_TISSUE, SLIDE_LEVEL, STAIN_NORMALIZE, TASK
 from ..data.resolution import ResolutionChoice
 from ..data.task import Task
-from ..models.spec import parse_model_name
-from ..schema import build_job, flag, flag_fields
+from ..models.options import MODEL
+from ..schema import Bounds, FlagField, build_job, check_bounds, flag, flag_fields, nested, tagged
 from ..spatial.geometry import TileGrid
 from .outputs.kinds import HELP as OUTPUT_HELP
 from .outputs.kinds import OutputSpec, check_folders, check_outputs, parse_outputs, summary_folder
@@ -30,7 +33,6 @@ from .tile_map import MapMode
 from .trained import refuse_volume_classifier
 from .volume import volume_grid, window_sides
 
-DTYPES = ("float32", "float64")
 DEFAULT_BUDGET = 1 << 30          # bytes per rank for one window when --window is not given
 OVERLAY_SIDE = 1600
 VOLUME_WINDOW = 64                # a volume's input voxels per rank and axis when --window is not given
@@ -38,14 +40,16 @@ SUMMARY_NAME = "summary.csv"      # a cohort's summary table, beside its outputs
 SOURCE, WINDOWS, MAPS, NETWORK = "what to run on", "windows", "outputs", "network"
 SOURCE_FLAGS = ("--slide", "--slides", "--cohort", "--volume")
 
-# keywords of the flags of the window-by-window maps, which a whole-slide model (one prediction per canvas) does not
-# take, and of the flags of slides, which a volume does not take
-WINDOW_ONLY = ("window", "memory_budget", "output_stride", "map_mode", "heat_class", "threshold", "min_area",
-               "exclude_class", "overlay_side", "tissue_only", "min_tissue", "batch_windows", "resume",
-               "max_window_rows", "task", "model", "summary")
-SLIDE_ONLY = ("memory_budget", "output_stride", "map_mode", "heat_class", "threshold", "min_area", "exclude_class",
-              "overlay_side", "tissue_only", "min_tissue", "batch_windows", "resume", "max_window_rows", "slide_level",
-              "mpp", "magnification", "source_mpp")
+
+
+class Applies(Enum):
+    """What an infer flag applies to (its field's tags): a kind of run that lacks it refuses the flag when given."""
+
+    WINDOW_MAPS = "window-by-window maps"      # not a whole-slide model's one prediction per canvas
+    SLIDES = "slides"                          # not a volume
+
+
+MAPS_OF_SLIDES = (Applies.WINDOW_MAPS, Applies.SLIDES)
 
 
 def as_text(value: object) -> object:
@@ -95,68 +99,65 @@ class InferJob:
                     "unet3d): --output NAME.tif|.nii|.nii.gz is its label volume, NAME_prob<k> each class' "
                     "probabilities (float32), with the input's voxel size; --slice-method DxRxC, --window N or D,H,W",
         None, group=SOURCE)
-    cohort: str | None = flag(
-        "--cohort", "a cohort manifest (columns slide,label[,patient,...]; paths relative to the file): its slides, "
-                    "each one's label and patient in the summary table", None, metavar="FILE.csv", group=SOURCE)
+    cohort: str | None = COHORT.field(None, group=SOURCE)
     summary: str | None = flag("--summary", "with --slides: the summary table (CSV; default summary.csv beside the "
-                                            "outputs)", None, group=SOURCE)
-    resolution: ResolutionChoice = field(default_factory=ResolutionChoice)
-    slide_level: int | None = flag("--slide-level", "pyramid level to read as it is (default 0, or the level of the "
-                                                    "checkpoint's training MPP; not with --mpp)", None, parse=int,
-                                   group="resolution")
-    num_spatial_parts: int = flag("--num-spatial-parts", "ranks that share each window (= ranks to launch)", 1,
-                                  parse=int, group=WINDOWS)
-    slice_method: str = flag("--slice-method", "how a window is cut among the ranks: square, vertical, horizontal; a "
-                                               "volume's DxRxC (default 1x1x1 for a volume)", "square",
-                             parse=parse_slice_method, group=WINDOWS)
+                                            "outputs)", None, group=SOURCE, tags=(Applies.WINDOW_MAPS,))
+    resolution: ResolutionChoice = nested(ResolutionChoice, tags=(Applies.SLIDES,))
+    slide_level: int | None = SLIDE_LEVEL.field(None, default_text="0, or the level of the checkpoint's training MPP",
+                                                group="resolution", tags=(Applies.SLIDES,))
+    num_spatial_parts: int = NUM_SPATIAL_PARTS.field(1, group=WINDOWS)
+    slice_method: str = SLICE_METHOD.field("square", group=WINDOWS)
     window: int | tuple[int, int, int] | None = flag(
         "--window", f"input pixels per rank and axis per pass (default: from --memory-budget); a volume: N or D,H,W "
-                    f"voxels per rank (default {VOLUME_WINDOW})", None, parse=window_value, group=WINDOWS)
+                    f"voxels per rank (default {VOLUME_WINDOW})", None, parse=window_value, bounds=Bounds(1),
+        group=WINDOWS, tags=(Applies.WINDOW_MAPS,))
     memory_budget: int = flag("--memory-budget", "bytes per rank one window may take when --window is not given",
-                              DEFAULT_BUDGET, parse=int, group=WINDOWS)
-    batch_windows: int = flag("--batch-windows", "windows of equal size per forward", 1, parse=int, group=WINDOWS)
+                              DEFAULT_BUDGET, parse=int, bounds=Bounds(1), group=WINDOWS, tags=MAPS_OF_SLIDES)
+    batch_windows: int = flag("--batch-windows", "windows of equal size per forward", 1, parse=int, bounds=Bounds(1),
+                              group=WINDOWS, tags=MAPS_OF_SLIDES)
     max_window_rows: int | None = flag("--max-window-rows", "stop after this many window rows (continue later with "
-                                                            "--resume)", None, parse=int, group=WINDOWS)
+                                                            "--resume-outputs)", None, parse=int, bounds=Bounds(1),
+                                       group=WINDOWS, tags=MAPS_OF_SLIDES)
     tissue_only: bool = flag("--tissue-only", "skip windows without tissue (judged on a low-resolution overview); "
-                                              "their cells are NaN", False, switch=True, group=WINDOWS)
-    min_tissue: float = flag("--min-tissue", "with --tissue-only: skip windows whose tissue share is at most this",
-                             0.0, parse=float, group=WINDOWS)
-    resume: bool = flag("--resume", "continue a partial output from its last finished row; with --slides also skip "
-                                    "the slides whose outputs are all written", False, switch=True, group=WINDOWS)
+                                              "their cells are NaN", False, switch=True, group=WINDOWS,
+                             tags=MAPS_OF_SLIDES)
+    min_tissue: float = MIN_TISSUE.field(0.0, group=WINDOWS, tags=MAPS_OF_SLIDES)
+    resume: bool = flag("--resume-outputs", "continue partial outputs from their last finished row; with --slides "
+                                            "also skip the slides whose outputs are all written", False, switch=True,
+                        old=("--resume",), group=WINDOWS, tags=MAPS_OF_SLIDES)
     map_mode: MapMode = flag(
         "--map-mode", "classifiers: dense computes every cell fully convolutionally (fast; a cell's features see the "
                       "slide around its tile); tiles applies the classifier to exactly the tile each cell names, as "
                       "trained (slower by about (patch / --output-stride)^2; use --output-stride = the patch size "
                       "for non-overlapping tiles)", MapMode.DENSE, parse=MapMode, choices=MapMode.values(),
-        group=MAPS)
+        group=MAPS, tags=MAPS_OF_SLIDES)
     output_stride: int | None = flag("--output-stride", "pixels per output cell of a classifier (a multiple of the "
                                                         "trunk's stride; default: the trunk's)", None, parse=int,
-                                     group=MAPS)
+                                     bounds=Bounds(1), group=MAPS, tags=MAPS_OF_SLIDES)
     heat_class: int | None = flag("--heat-class", "class drawn by the .png and .tif:preview of a classifier "
                                                   "(default: the first positive class after class 0, not "
                                                   "background/normal/negative/'no ...'; printed)", None, parse=int,
-                                  group=MAPS)
+                                  bounds=Bounds(0), group=MAPS, tags=MAPS_OF_SLIDES)
     threshold: float | None = flag("--threshold", ".geojson: least probability of a region's class (default: 0.5 "
                                                   "for a classifier, the label map's most probable class for a "
-                                                  "segmentation network)", None, parse=float, group=MAPS)
+                                                  "segmentation network)", None, parse=float, bounds=Bounds(0, 1),
+                                   group=MAPS, tags=MAPS_OF_SLIDES)
     min_area: float = flag("--min-area", ".geojson: drop regions and holes smaller than this (level-0 pixels "
-                                         "squared)", 0.0, parse=float, group=MAPS)
+                                         "squared)", 0.0, parse=float, bounds=Bounds(0), group=MAPS,
+                           tags=MAPS_OF_SLIDES)
     exclude_classes: tuple[str, ...] = flag("--exclude-class", ".geojson: a class not to trace (name or index; "
                                                                "repeat for several), e.g. background", (),
-                                            repeat=True, group=MAPS)
+                                            repeat=True, group=MAPS, tags=MAPS_OF_SLIDES)
     overlay_side: int = flag("--overlay-side", "largest side of the .png overlay (pixels)", OVERLAY_SIDE, parse=int,
-                             group=MAPS)
+                             bounds=Bounds(16), group=MAPS, tags=MAPS_OF_SLIDES)
     overwrite: bool = flag("--overwrite", "replace existing outputs", False, switch=True, group=MAPS)
-    dtype: str = flag("--dtype", "compute dtype", "float32", choices=DTYPES, group=NETWORK)
-    task: Task | None = flag("--task", "refuse a checkpoint of the other task (default: run what the checkpoint "
-                                       "holds)", None, parse=Task.parse, choices=Task.values(), group=NETWORK)
-    model: str | None = flag("--model", "refuse a checkpoint of another model (resnet, torchvision:resnet50, ...); "
-                                        "the checkpoint names the network it holds", None, parse=parse_model_name,
-                             metavar="MODEL", group=NETWORK)
-    stain_normalize: bool = flag("--no-stain-normalize", "read the slide as stored, without the stain normalisation "
-                                                         "the checkpoint records", True, switch=True, group=NETWORK)
+    dtype: str = DTYPE.field("float32", group=NETWORK)
+    task: Task | None = TASK.field(None, default_text="run what the checkpoint holds", group=NETWORK,
+                                   tags=(Applies.WINDOW_MAPS,))
+    model: str | None = MODEL.field(None, default_text="the checkpoint's", group=NETWORK, tags=(Applies.WINDOW_MAPS,))
+    stain_normalize: bool = STAIN_NORMALIZE.field(True, group=NETWORK)
     device: DeviceChoice = field(default_factory=DeviceChoice)
-    progress: bool = flag("--no-progress", "no progress bar", True, switch=True)
+    progress: bool = PROGRESS.field(True, group="options")
     keep_trace: bool = False           # not a flag: dl.infer_slide(keep_trace=True) keeps the per-rank timeline
 
     @classmethod
@@ -195,15 +196,14 @@ class InferJob:
             raise ConfigError("--slides", "give --slides, --cohort or --slide")
         return str(source)
 
-    def given_flags(self, keywords: Iterable[str]) -> list[str]:
-        """The flags among ``keywords`` set to another value than their default, in field order."""
-        wanted = set(keywords)
-        return [item.flag.option for item in flag_fields(InferJob) if item.flag.dest in wanted
-                and functools.reduce(getattr, item.path, self) != item.default]
+    def given_flags(self, items: list[FlagField]) -> list[str]:
+        """The flags among ``items`` set to another value than their default, in field order."""
+        return [item.flag.option for item in items if functools.reduce(getattr, item.path, self) != item.default]
 
-    def refuse_flags(self, keywords: Iterable[str], why: str) -> None:
-        """ConfigError naming the flags among ``keywords`` that were given: ``why`` they do not apply."""
-        given = self.given_flags(keywords)
+    def refuse_flags(self, applies: Applies, why: str) -> None:
+        """ConfigError naming the flags that apply to ``applies`` only (tagged with it) that were given: ``why`` they
+        do not apply to this run."""
+        given = self.given_flags(tagged(InferJob, applies))
         if given:
             flags = ", ".join(given)
             raise ConfigError(given[0], f"{why}; drop {flags}")
@@ -212,19 +212,8 @@ class InferJob:
     def check_flags(self) -> None:
         """Errors of a slide's or a cohort's maps in the flags alone, naming the flag and what works."""
         self.check_dtype()
-        for option, value, least in (("--batch-windows", self.batch_windows, 1),
-                                     ("--slide-level", self.slide_level, 0),
-                                     ("--num-spatial-parts", self.num_spatial_parts, 1),
-                                     ("--window", self.slide_window(), 1), ("--output-stride", self.output_stride, 1),
-                                     ("--max-window-rows", self.max_window_rows, 1),
-                                     ("--heat-class", self.heat_class, 0), ("--memory-budget", self.memory_budget, 1),
-                                     ("--overlay-side", self.overlay_side, 16), ("--min-area", self.min_area, 0)):
-            if value is not None and value < least:
-                raise ConfigError(option, f"must be >= {least}, got {value}")
-        if not 0.0 <= self.min_tissue < 1.0:
-            raise ConfigError("--min-tissue", f"must be in [0, 1), got {self.min_tissue}")
-        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
-            raise ConfigError("--threshold", f"must be a probability in [0, 1], got {self.threshold}")
+        self.slide_window()
+        check_bounds(self)
         if self.task is not None:
             Task.parse(self.task)
         self.check_map_mode()
@@ -241,7 +230,8 @@ class InferJob:
             raise ConfigError("--map-mode", f"must be one of {', '.join(MapMode.values())}, got {self.map_mode!r}")
         if self.map_mode != MapMode.TILES:
             return
-        for option, given in (("--resume", self.resume), ("--max-window-rows", self.max_window_rows is not None),
+        stops = self.max_window_rows is not None
+        for option, given in (("--resume-outputs", self.resume), ("--max-window-rows", stops),
                               ("--tissue-only", self.tissue_only)):
             if given:
                 raise ConfigError("--map-mode", f"tiles runs the whole slide in one go; drop {option}, or use "
@@ -336,7 +326,7 @@ def check_slide(job: InferJob, file: Path, record: RunRecord | None) -> CheckedI
 
 def check_cohort(job: InferJob, file: Path, record: RunRecord | None) -> CheckedInfer:
     """Many slides' maps: the flags, every slide listed (a manifest's labels among the checkpoint's classes), every
-    output's folder able to take it, the summary table's place and (without --resume or --overwrite) no output
+    output's folder able to take it, the summary table's place and (without --resume-outputs or --overwrite) no output
     written yet."""
     job.check_flags()
     slides = slide_sources(job.slide_source, None if record is None else record.class_names)
@@ -353,14 +343,13 @@ def check_cohort(job: InferJob, file: Path, record: RunRecord | None) -> Checked
 def check_slide_level(job: InferJob, file: Path, record: RunRecord | None) -> CheckedInfer:
     """A whole-slide model: none of the flags of window-by-window maps, one output folder that can take slides.csv
     and the maps, the slides listed (a manifest's labels among the model's classes)."""
-    job.refuse_flags(WINDOW_ONLY, "not for a whole-slide model (one prediction per slide from its canvas, as "
-                                  "trained)")
+    job.refuse_flags(Applies.WINDOW_MAPS, "not for a whole-slide model (one prediction per slide from its canvas, "
+                                          "as trained)")
     if len(job.outputs) != 1:
         raise ConfigError("--output", f"a whole-slide model writes one folder (slides.csv and a map per slide): give "
                                       f"--output DIR once, not {len(job.outputs)} times")
     job.check_dtype()
-    if job.slide_level is not None and job.slide_level < 0:
-        raise ConfigError("--slide-level", f"must be >= 0, got {job.slide_level}")
+    check_bounds(job)
     TileGrid.from_slice_method(job.slice_method, job.num_spatial_parts)
     check_output_folder(job.output_folder, job.overwrite)
     slides = slide_sources(job.slide_source, None if record is None else record.class_names)
@@ -370,11 +359,12 @@ def check_slide_level(job: InferJob, file: Path, record: RunRecord | None) -> Ch
 def check_volume(job: InferJob, file: Path, record: RunRecord | None) -> CheckedInfer:
     """A volume: none of the flags of slides, one output whose folder can take the volumes, the grid and window of
     three axes, a checkpoint of a dense network (not a classifier)."""
-    job.refuse_flags(SLIDE_ONLY, "for slides, not a --volume")
+    job.refuse_flags(Applies.SLIDES, "for slides, not a --volume")
     if len(job.outputs) != 1:
         raise ConfigError("--output", "a volume gives one label volume (and its probability volumes beside it): "
                                       f"give --output NAME.tif|.nii|.nii.gz once, not {len(job.outputs)} times")
     job.check_dtype()
+    check_bounds(job)
     volume_grid(TileGrid.from_slice_method(job.volume_slice_method(), job.num_spatial_parts))
     window_sides(job.volume_window())
     if record is not None:

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .cut import layer_list, mode
+from .chain import mode
+from .cut import layer_list
 from .normalize import IMAGENET, Normalization, normalized
 from .vit import is_token_model, patch_multiple
 

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..spatial.guard import is_tiled
+
 # torch functions with a ``training`` flag that a trace would freeze: run as the matching module instead
 DROPOUTS: dict[Callable[..., torch.Tensor], type[nn.Module]] = {
     F.dropout: nn.Dropout, F.dropout2d: nn.Dropout2d, F.dropout1d: nn.Dropout1d, F.alpha_dropout: nn.AlphaDropout}
@@ -181,3 +183,22 @@ def engine_state_dict(layers: Sequence[nn.Module], state: Mapping[str, torch.Ten
     as they are, for the caller's strict load to name)."""
     keys = engine_keys(layers)
     return {keys.get(key, key): value for key, value in state.items()}
+
+
+class SizedPiece(Piece):
+    """The first piece of a model built for one image size (timm's Swin, MaxViT): it refuses another size with a
+    ValueError naming both (as a cut ViT's embedding does), before the model's own assertion; a tile of a spatial
+    stage passes."""
+
+    def __init__(self, steps: Sequence[tuple[str, nn.Module]], built: tuple[int, int], model: str) -> None:
+        super().__init__(steps)
+        self.built, self.model = built, model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not is_tiled(x) and tuple(x.shape[-2:]) != self.built:   # a tile: the spatial stage checks its grid
+            raise ValueError(f"{self.model} was built for {self.built[0]}x{self.built[1]} images (--image-size), "
+                             f"given {x.shape[-2]}x{x.shape[-1]}")
+        return super().forward(x)
+
+    def with_steps(self, steps: Sequence[tuple[str, nn.Module]]) -> Piece:
+        return SizedPiece(steps, self.built, self.model)

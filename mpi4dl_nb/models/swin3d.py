@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from ..spatial.windows.swin3d import register_swin3d
+from ..spatial.windows.swin3d import VolumePatchMergeClass, VolumeWindowBlockClass
 
 Sides = tuple[int, int, int]
 MASKED = -100.0   # the attention score between tokens of different regions of a shifted window (Swin's value)
@@ -116,7 +116,7 @@ class WindowAttention3d(nn.Module):
         return self.proj(out)
 
 
-class SwinBlock3d(nn.Module):
+class SwinBlock3d(nn.Module, VolumeWindowBlockClass):   # on a volume's tiles: spatial/windows/swin3d.py
     """``x + attention(norm(x))`` over (shifted) windows, then ``x + mlp(norm(x))``; ``(N, C, D, H, W)`` in and out."""
 
     def __init__(self, dim: int, heads: int, window: Sides, shifted: bool, mlp_ratio: float = 4.0) -> None:
@@ -148,7 +148,7 @@ class SwinBlock3d(nn.Module):
         return torch.roll(attended, list(shift), (1, 2, 3)) if any(shift) else attended
 
 
-class PatchMerging3d(nn.Module):
+class PatchMerging3d(nn.Module, VolumePatchMergeClass):   # on a volume's tiles: spatial/windows/swin3d.py
     """Halve every side: each 2x2x2 group of tokens concatenated (8C), normalised and projected to 2C channels."""
 
     def __init__(self, dim: int) -> None:
@@ -174,6 +174,3 @@ class SwinStage3d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.merge(self.blocks(x))
 
-
-# spatialize converts them on a volume's tiles (spatial/windows/swin3d.py)
-register_swin3d(SwinBlock3d, PatchMerging3d)

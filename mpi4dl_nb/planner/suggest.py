@@ -19,6 +19,7 @@ import torch
 
 from ..config import ConfigError, ParallelConfig, ScheduleKind, SliceMethod
 from .device import MeasuringDevice
+from .exchanges import StageExchanges, config_exchanges
 from .layer_timer import LayerTimer, measuring_device
 from .memory import MB, LossFn, MemoryPlan, Precision, Recompute, default_loss, estimate_memory
 from .optimizer import OptimizerFactory
@@ -165,6 +166,7 @@ class Suggestion:
     speedup: float                # predicted one-process step time / this one
     memory: MemoryPlan
     time: TimePlan
+    exchanges: StageExchanges | None = None   # the spatial stage's attention exchanges (families' cost models)
 
     @property
     def images_per_second(self) -> float:
@@ -177,8 +179,10 @@ class Suggestion:
                 f"time bound by {self.time.binding()}")
 
     def describe(self) -> str:
+        exchanged = "" if not self.exchanges or not self.exchanges.exchanges else (
+            f", attention exchanges {self.exchanges.sent / MB:.2f} MB/tile/sample")
         return (f"{self.world_size} ranks: {describe_config(self.cfg)}: peak {self.peak_bytes / MB:.1f} MB, "
-                f"{self.est_step_time:.3f} s/step, {self.speedup:.2f}x one process - {self.why()}")
+                f"{self.est_step_time:.3f} s/step, {self.speedup:.2f}x one process{exchanged} - {self.why()}")
 
 
 HEADROOM = 0.08   # share of the limit a suggestion leaves free: the estimate runs up to 7% under the measured peak
@@ -284,7 +288,7 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
         raise ValueError(f"headroom={headroom}: a share of the limit, from 0 (none) to below 1")
     precision = precision or Precision(dtype)
     step = _StepEstimate(profile_layers(model, image_size, in_channels, precision.activations), image_size,
-                         batch_size, precision, recompute, loss_fn, optimizer, optimizer_states)
+                         batch_size, precision, recompute, loss_fn, optimizer, optimizer_states, in_channels)
     serial_cfg = ParallelConfig(split_size=1, spatial_size=0)
     serial_memory = step.memory(serial_cfg)
     candidates = candidate_configs(devices, len(step.profiles), batch_size, max_split=max_split, exact=exact,
@@ -317,6 +321,18 @@ class _StepEstimate:
     loss_fn: LossFn
     optimizer: OptimizerFactory | None
     optimizer_states: int | None
+    in_channels: int = 3
+
+    def exchanges(self, cfg: ParallelConfig) -> StageExchanges | None:
+        """The attention exchanges of ``cfg``'s spatial stage (None: none), as the conversion families cost them."""
+        layers = [p.layer for p in self.profiles if p.layer is not None]
+        if len(layers) < len(self.profiles):
+            return None
+        try:
+            return config_exchanges(layers, cfg, self.image_size, self.in_channels,
+                                    self.precision.activations.itemsize)
+        except (ConfigError, ValueError, RuntimeError):    # a stage the memory model laid out but meta cannot run
+            return None
 
     def memory(self, cfg: ParallelConfig) -> MemoryPlan:
         return estimate_memory(self.profiles, cfg, self.image_size, self.batch_size, precision=self.precision,
@@ -371,6 +387,6 @@ def _ranked(step: _StepEstimate, where: _Timing, serial_cfg: ParallelConfig,
         time_plan = found.predict()
         ranked.append(Suggestion(cfg, cfg.world_size, plan.peak, time_plan.seconds,
                                  serial_time.seconds / time_plan.seconds if time_plan.seconds else float("inf"),
-                                 plan, time_plan))
+                                 plan, time_plan, step.exchanges(cfg)))
     ranked.sort(key=lambda s: (round(s.est_step_time, 9), s.world_size, s.peak_bytes))
     return ranked, serial_time

@@ -9,32 +9,36 @@ from pathlib import Path
 
 from ..checkpoint.files import CheckpointChoice
 from ..comm.device import DeviceChoice
-from ..config import ParallelConfig
+from ..config import DTYPE, ParallelConfig
 from ..data.apps import AppKind
 from ..data.manifest import Cohort
+from ..data.options import (
+    APP,
+    DATAPATH,
+    IMAGE_SIZE,
+    MIN_TISSUE,
+    NUM_SAMPLES,
+    SLIDE_LEVEL,
+    STAIN_NORMALIZE,
+    TASK,
+    ImageSize,
+)
+from ..data.options import COHORT as COHORT_OPTION
 from ..data.resolution import ResolutionChoice
 from ..data.task import Task
 from ..errors import ConfigError
 from ..evaluation.aggregate import Aggregation
-from ..schema import Bounds, build_job, check_bounds, flag, whole_number
+from ..schema import build_job, check_bounds, flag
 from . import flag_groups as groups
-from .data_choice import (
-    COHORT,
-    ImageSize,
-    app_flag,
-    cohort_flag,
-    datapath_flag,
-    image_size_flag,
-    min_tissue_flag,
-    samples_flag,
-    task_flag,
-)
+from .data_choice import COHORT
 from .held_out_spec import HeldOutSpec
 from .job_check import cohort_of
 from .model_choice import ModelCheck
-from .training_spec import dtype_flag
+from .run_options import VERBOSE
+from .training_spec import BATCH_SIZE, NUM_EPOCHS, SEED
 
 COMMAND = "evaluate"
+CHECKPOINTS = "the checkpoint's"      # what a setting left out of evaluate's flags takes
 SLIDE_CSV = "--slide-csv"
 
 
@@ -46,39 +50,32 @@ class EvaluateJob:
     source: CheckpointChoice
     config: ParallelConfig = field(default_factory=ParallelConfig)
     model: ModelCheck = field(default_factory=ModelCheck)
-    app: AppKind | None = app_flag(None)
-    datapath: str | None = datapath_flag()
-    image_size: ImageSize | None = image_size_flag(None)
-    num_samples: int = samples_flag()
-    slide_level: int | None = flag("--slide-level", "pyramid level to read as it is (default: chosen by resolution; "
-                                                    "not with --mpp)", None, parse=whole_number, bounds=Bounds(0),
-                                   group=groups.RUN)
+    app: AppKind | None = APP.field(None, default_text=CHECKPOINTS, group=groups.WORKLOAD)
+    datapath: str | None = DATAPATH.field(None, group=groups.WORKLOAD)
+    image_size: ImageSize | None = IMAGE_SIZE.field(None, default_text=CHECKPOINTS, group=groups.WORKLOAD)
+    num_samples: int = NUM_SAMPLES.field(256, group=groups.RUN)
+    slide_level: int | None = SLIDE_LEVEL.field(None, default_text="chosen by resolution", group=groups.RUN)
     resolution: ResolutionChoice = field(default_factory=ResolutionChoice)
-    min_tissue: float = min_tissue_flag()
+    min_tissue: float = MIN_TISSUE.field(0.5, group=groups.RUN)
     held_out: HeldOutSpec = field(default_factory=HeldOutSpec)
     all_data: bool = flag("--all-data", "evaluate every image of the data, not only the held-out ones", False,
                           switch=True, group=groups.RUN)
-    batch_size: int | None = flag("--batch-size", "global batch size (default: the checkpoint's)", None,
-                                  parse=whole_number, bounds=Bounds(1), group=groups.WORKLOAD)
-    dtype: str | None = dtype_flag(None, "default: the checkpoint's")
-    seed: int | None = flag("--seed", "seed of the --val-fraction split (default: the checkpoint's)", None,
-                            parse=whole_number, bounds=Bounds(0), group=groups.RUN)
-    task: Task | None = task_flag(None, "; refuse a checkpoint of the other task (default: the checkpoint's)")
-    cohort: str | None = cohort_flag()
+    batch_size: int | None = BATCH_SIZE.field(None, default_text=CHECKPOINTS)
+    dtype: str | None = DTYPE.field(None, default_text=CHECKPOINTS, group=groups.RUN)
+    seed: int | None = SEED.field(None, default_text=CHECKPOINTS)
+    task: Task | None = TASK.field(None, default_text=CHECKPOINTS, group=groups.TASK)
+    cohort: str | None = COHORT_OPTION.field(None, group=groups.SLIDES)
     aggregate: Aggregation = flag("--aggregate", "a slide's probability per class from its tiles': their mean, max, "
                                                  "or the mean of the k highest (top-k: 5, or top-N); a patient's from "
                                                  "its slides' the same way", default_factory=Aggregation,
                                   parse=Aggregation.parse, metavar="mean|max|top-k", group=groups.SLIDES)
     slide_csv: str | None = flag(SLIDE_CSV, "write each slide's patient, label, prediction, tiles and class "
                                             "probabilities here", None, metavar="FILE.csv", group=groups.SLIDES)
-    stain_normalize: bool = flag("--no-stain-normalize", "read the images as stored, not through the stain "
-                                                         "normaliser the checkpoint records (by default they are "
-                                                         "read as the training run read them)", True, switch=True,
-                                 group=groups.STAIN)
+    stain_normalize: bool = STAIN_NORMALIZE.field(True, group=groups.STAIN)
     placement: DeviceChoice = field(default_factory=DeviceChoice)
     # train's flags that evaluate accepts and has no use for (command lines written for train)
-    verbose: bool = flag("--verbose", "accepted as train takes it", False, switch=True, aliases=("-v",), hidden=True)
-    num_epochs: int = flag("--num-epochs", "accepted as train takes it", 1, parse=whole_number, hidden=True)
+    verbose: bool = VERBOSE.field(False, hidden=True)
+    num_epochs: int = NUM_EPOCHS.field(1, hidden=True)
 
     def __post_init__(self) -> None:
         check_bounds(self)

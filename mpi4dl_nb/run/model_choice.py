@@ -4,15 +4,17 @@ hold the model they name)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..models.external import pretrained_normalization
 from ..models.normalize import Normalization
+from ..models.options import AT_LEAST_ONE, MODEL, NUM_CLASSES, NUM_FILTERS, NUM_LAYERS
+from ..models.options import MODEL_HELP as MODEL_HELP
 from ..models.pools import PoolKind
 from ..models.resnet import version_for_depth
 from ..models.slide_encoder import DEFAULT_HEADS, DEFAULT_LAYERS, SlideEncoderKind, SlideEncoderSpec
-from ..models.spec import ENCODED, ModelFamily, ModelSpec, parse_model_name, split_model
+from ..models.spec import ENCODED, ModelFamily, ModelSpec, split_model
 from ..models.unet import UNetNorm, Upsampling
 from ..schema import Bounds, check_bounds, flag, whole_number
 from . import flag_groups as groups
@@ -20,27 +22,9 @@ from . import flag_groups as groups
 if TYPE_CHECKING:
     from ..checkpoint.record import RunRecord
 
-MODEL_HELP = ("network: resnet (MPI4DL's CIFAR-style ResNet: 3 stages, stride 4, for small images; for an "
-              "ImageNet-style ResNet use torchvision:resnet50), amoebanet (AmoebaNet-D), unet, unet3d (volumes: "
-              "--image-size D,H,W), swinunetr3d (volumes: a 3-D Swin encoder with a convolutional decoder), "
-              "torchvision:NAME, "
-              "timm:NAME (pip install 'mpi4dl-nb[models]'), or package.module:callable (called with num_classes, "
-              "returns an nn.Module or a layer list)")
 VERSION_HELP = ("ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2); default v2, or v1 for a depth "
                 "only v1 has (8, 14, 26, ...)")
 AUTO = "auto"
-T = TypeVar("T")
-AT_LEAST_ONE = Bounds(1)
-
-
-def model_flag(default: T, help: str = MODEL_HELP) -> T:
-    """The ``--model`` field (``default`` None: the checkpoint's, or no model)."""
-    return flag("--model", help, default, parse=parse_model_name, metavar="MODEL", group=groups.MODEL)
-
-
-def classes_flag(default: T, help: str) -> T:
-    """The ``--num-classes`` field."""
-    return flag("--num-classes", help, default, parse=whole_number, bounds=AT_LEAST_ONE, group=groups.MODEL)
 
 
 @dataclass(frozen=True)
@@ -50,14 +34,8 @@ class ModelSizes:
 
     resnet_version: int | None = flag("--resnet-version", VERSION_HELP, None, parse=int, choices=("1", "2"),
                                       group=groups.MODEL)
-    num_layers: int | None = flag("--num-layers", "AmoebaNet: number of normal/reduction cells (default 18); ResNet: "
-                                                  "depth (default 110; v1 6n+2, v2 9n+2); swinunetr3d: Swin "
-                                                  "stages (default 2)", None, parse=whole_number,
-                                  bounds=AT_LEAST_ONE, group=groups.MODEL)
-    num_filters: int | None = flag("--num-filters", "AmoebaNet: filters (default 416); ResNet: base width (default "
-                                                    "16); swinunetr3d: feature size (default 12, a multiple of 3)",
-                                   None, parse=whole_number, bounds=AT_LEAST_ONE,
-                                   group=groups.MODEL)
+    num_layers: int | None = NUM_LAYERS.field(None, group=groups.MODEL)
+    num_filters: int | None = NUM_FILTERS.field(None, group=groups.MODEL)
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -108,7 +86,7 @@ class ModelChoice:
     """The network ``train`` builds: a family (sized) or a named model, the weights it starts from, the input
     normalisation they expect, the classifier's pool, a U-Net's layers."""
 
-    model: str = model_flag("resnet")
+    model: str = MODEL.field("resnet", group=groups.MODEL)
     sizes: ModelSizes = field(default_factory=ModelSizes)
     weights: str | None = flag("--weights", "start from this state dict of the original model "
                                             "(torch.save(model.state_dict())); a classifier for another number of "
@@ -204,10 +182,9 @@ class ModelCheck:
     """``evaluate``'s model flags: the checkpoint must hold this network (``--model``; checked as it loads) of these
     sizes and classes (None: any)."""
 
-    model: str | None = model_flag(None, "refuse the checkpoint unless it holds this network (resnet, "
-                                         "torchvision:resnet50, ...); the checkpoint names the network it holds")
+    model: str | None = MODEL.field(None, default_text="the checkpoint's", group=groups.MODEL)
     sizes: ModelSizes = field(default_factory=ModelSizes)
-    num_classes: int | None = classes_flag(None, "refuse the checkpoint unless its model has this many classes")
+    num_classes: int | None = NUM_CLASSES.field(None, default_text="the checkpoint's", group=groups.MODEL)
 
     def __post_init__(self) -> None:
         check_bounds(self)

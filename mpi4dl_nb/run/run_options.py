@@ -7,12 +7,15 @@ from pathlib import Path
 
 from ..comm.allocator import RELEASE_EVERY_STEPS
 from ..comm.device import DeviceChoice
+from ..config import PROGRESS
 from ..errors import ConfigError
 from ..evaluation.metrics import MetricName
-from ..schema import Bounds, check_bounds, flag, number, whole_number
+from ..schema import Bounds, check_bounds, flag, number, option, whole_number
 from . import flag_groups as groups
 from .divergence import OnNonFinite
 from .identity import parse_allowed
+
+VERBOSE = option("--verbose", "print performance numbers and logs", switch=True, aliases=("-v",))
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,8 @@ class RunOptions:
     """How the run behaves on the ranks: the data plane and device, progress, messages, failures, heap release."""
 
     placement: DeviceChoice = field(default_factory=DeviceChoice)
-    progress: bool = flag("--no-progress", "no progress bar on rank 0", True, switch=True, group=groups.RUN)
-    verbose: bool = flag("--verbose", "print performance numbers and logs", False, switch=True, aliases=("-v",),
-                         group=groups.WORKLOAD)
+    progress: bool = PROGRESS.field(True, group=groups.RUN)
+    verbose: bool = VERBOSE.field(False, group=groups.WORKLOAD)
     on_nonfinite: OnNonFinite = flag("--on-nonfinite", "a NaN/inf loss or gradient stops the run (exit 3), or skips "
                                                        "that step", OnNonFinite.STOP, parse=OnNonFinite,
                                      choices=tuple(p.value for p in OnNonFinite), group=groups.RUN)

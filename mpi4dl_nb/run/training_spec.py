@@ -3,27 +3,27 @@ augmentation, loss, accumulation): its flags and their checks, the schedule and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import torch
 
 from ..checkpoint.record import TrainingRecord
+from ..config import DTYPE
 from ..data.augment import AugmentSpec
 from ..data.classes import class_weights, parse_class_weights
 from ..errors import ConfigError
 from ..loss import LossKind
 from ..pipeline.optim import DEFAULT_GAMMA, LRSchedule, LRScheduleKind, OptimizerKind, OptimizerSpec
-from ..schema import Bounds, check_bounds, flag, number, whole_number
+from ..schema import Bounds, check_bounds, flag, number, option, whole_number
 from . import flag_groups as groups
 
 ClassWeights = tuple[float, ...] | str | None      # one weight per class, "balanced" (from the counts), or none
-DTYPES = ("float32", "float64")
-T = TypeVar("T")
-
-
-def dtype_flag(default: T, help: str) -> T:
-    """The ``--dtype`` field (``default`` None: the checkpoint's)."""
-    return flag("--dtype", help, default, choices=DTYPES, group=groups.RUN)
+# the run options train shares with evaluate and tune, declared once (``OPTION.field(default)`` in each job)
+BATCH_SIZE = option("--batch-size", "global batch size", parse=whole_number, bounds=Bounds(1), group=groups.WORKLOAD)
+NUM_EPOCHS = option("--num-epochs", "number of epochs", parse=whole_number, bounds=Bounds(1), group=groups.WORKLOAD)
+STEPS = option("--steps", "optimizer steps (train: in all; tune: timed per configuration and round)",
+               parse=whole_number, bounds=Bounds(1), group=groups.RUN)
+SEED = option("--seed", "seed of the weights, the data order and the --val-fraction split", parse=whole_number,
+              bounds=Bounds(0), group=groups.RUN)
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,11 @@ class OptimizerChoice:
 class TrainingSpec:
     """How the run trains: batches, length, seed, dtype, optimizer and schedule, class weights, augmentation."""
 
-    batch_size: int = flag("--batch-size", "global batch size", 32, parse=whole_number, bounds=Bounds(1),
-                           group=groups.WORKLOAD)
-    num_epochs: int = flag("--num-epochs", "number of epochs", 1, parse=whole_number, bounds=Bounds(1),
-                           group=groups.WORKLOAD)
-    steps: int | None = flag("--steps", "total optimizer steps (default: num-epochs x batches per epoch)", None,
-                             parse=whole_number, bounds=Bounds(1), group=groups.RUN)
-    seed: int = flag("--seed", "seed of weights and data order", 0, parse=whole_number, bounds=Bounds(0),
-                     group=groups.RUN)
-    dtype: str = dtype_flag("float32", "parameter/activation dtype")
+    batch_size: int = BATCH_SIZE.field(32)
+    num_epochs: int = NUM_EPOCHS.field(1)
+    steps: int | None = STEPS.field(None, default_text="num-epochs x batches per epoch")
+    seed: int = SEED.field(0)
+    dtype: str = DTYPE.field("float32", group=groups.RUN)
     optimizer: OptimizerChoice = field(default_factory=OptimizerChoice)
     lr_schedule: LRScheduleKind = flag(
         "--lr-schedule", "learning rate over the steps after warm-up: constant, cosine (to 0 at the last step) or "

@@ -1,17 +1,16 @@
 """spatialize: turn an ordinary CNN module tree into one that runs on image tiles, exactly.
 
 Leaves are converted in a copy of the tree (containers are shallow copies, parameters and
-buffers are the same objects): Conv2d, ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d,
-GroupNorm, InstanceNorm2d, Upsample, AdaptiveAvgPool2d(1) and AdaptiveMaxPool2d(1) become their spatial
-versions (on a volume's grid, a TileGrid with depth, their 3-D twins; one spatial class serves both, see
-registry.py); element-wise layers stay as they are.
+buffers are the same objects). Which module becomes what is the table of conversion families
+(``families.FAMILIES``, asked in order; ``families.add_family`` adds one at run time): Conv2d,
+ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d, GroupNorm, InstanceNorm2d, Upsample,
+AdaptiveAvgPool2d(1) and AdaptiveMaxPool2d(1) become their spatial versions (on a volume's grid,
+a TileGrid with depth, their 3-D twins; see registry.py); element-wise layers stay as they are;
+timm's transformers and attention blocks become their tile versions. This module names no family.
 Custom containers keep their own ``forward`` —
 residual adds, gates, channel concatenation and element-wise ops work tile by tile because
 ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
 checks every such operation during the forward and refuses the ones that are not exact.
-timm's VisionTransformer and Eva run on token tiles (vit.py), timm's SwinTransformer(V2) on windows across tiles
-(swin.py), timm's TF-"same" padded and weight-standardised convs and pools as spatial layers (same_padding.py),
-MaxViT's window attention and EfficientViT's LiteMLA as their tile versions (attention_families.py).
 """
 
 from __future__ import annotations
@@ -24,36 +23,19 @@ from torch import nn
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..config import ConfigError
-
-# the op families that register their handlers with the guard when imported
-from . import dropout, interpolate, norm_calls, pool_calls, reductions, relayout  # noqa: F401
+from .families import OP_FAMILIES, Family, active_families
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
-from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, converted_on
-from .same_padding import convert_same_padded
-from .tokens.vit import CutPiece, convert_transformer_part
-from .windows.families import convert_attention_family
-from .windows.swin import convert_swin_part
-
-
-def _check_guarded(module: nn.Module, name: str) -> None:
-    """Refuse up front what the guard would refuse at the first forward of a GUARDED layer."""
-    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-        shape = tuple(module.normalized_shape or ())
-        if len(shape) > 1:   # the last dims of any tile it could see hold a row or column
-            raise ConfigError("model", f"layer {name!r} ({type(module).__name__}, normalized_shape="
-                              f"{list(shape)}) normalises over the image's rows or columns of each tile; "
-                              f"normalise over channels only (permute the channels last first, as "
-                              f"ConvNeXt does), use GroupNorm or BatchNorm2d (whose statistics span every "
-                              f"tile), or put it after the spatial stage")
+from .registry import converted_on
 
 
 class _Converter:
     """One conversion: memoised (a module reachable twice becomes one converted module)."""
 
-    def __init__(self, runtime: SpatialRuntime, registered: tuple[type, ...]) -> None:
+    def __init__(self, runtime: SpatialRuntime, registered: tuple[type, ...], families: Sequence[Family]) -> None:
         self.runtime = runtime
         self.registered = registered
+        self.families = tuple(families)
         self.done: dict[int, nn.Module] = {}
 
     def __call__(self, module: nn.Module, name: str) -> nn.Module:
@@ -66,29 +48,11 @@ class _Converter:
 
     def _convert(self, module: nn.Module, name: str) -> nn.Module:
         kind, runtime = type(module), self.runtime
-        if kind.__module__.startswith("timm.") or isinstance(module, CutPiece):   # (timm imported for its own)
-            timm_layer = convert_swin_part(module, name, runtime, self) \
-                or convert_transformer_part(module, name, runtime, self) \
-                or convert_attention_family(module, name, runtime, self) \
-                or convert_same_padded(module, runtime, name)
-            if timm_layer is not None:   # Swin (swin.py), a ViT or its attention (vit.py), same-padded layers
-                return timm_layer
-        conversion = SPATIAL_LAYERS.get(kind)
-        if conversion is not None and conversion.axes in (None, runtime.grid.ndim):
-            converted = conversion.make(module, runtime, name)
-            runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
-            return converted
-        if conversion is not None:
-            what = "a volume's tiles (a TileGrid with depth)" if runtime.grid.volumetric else "image tiles"
-            supported = ", ".join(t.__name__ for t in converted_on(runtime.grid.ndim))
-            raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not supported on "
-                              f"{what}; supported there: {supported}, element-wise layers and containers of them; "
-                              f"or put it after the spatial stage")
-        if kind in GUARDED:
-            _check_guarded(module, name)
-            return module
-        if kind in ELEMENTWISE:
-            return module
+        for family in self.families:
+            if family.matches(module):
+                converted = family.convert(module, name, runtime, self)
+                if converted is not None:
+                    return converted
         if isinstance(module, self.registered):   # exact as it is: runs unchecked, share summed
             new = shallow_copy(module, kind)
             new.register_forward_pre_hook(runtime.guard.suspend)
@@ -116,7 +80,7 @@ class _Converter:
 def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None = None, *,
                image_size: Sequence[int] | None = None, halo_d2: bool = False,
                fused_layers: int = 1, elementwise: Iterable[type] = (),
-               check_ops: bool = True) -> nn.Module:
+               check_ops: bool = True, families: Sequence[Family] | None = None) -> nn.Module:
     """A copy of ``module`` that computes on this rank's tile exactly what ``module`` computes
     on the whole image (same Parameter objects, so optimizer and state dict are shared).
 
@@ -138,6 +102,9 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
     skips the checks once a model has passed (placement tracking, which SE gates need,
     stays on).
 
+    ``families``: the conversion table to ask, in order (default ``families.active_families()``: the run-time
+    additions of ``families.add_family``, then ``families.FAMILIES``); e.g. ``(my_family, *FAMILIES)``.
+
     Parameter gradients of spatial layers are partial (this tile's share): sum them over
     the tile group (``reduce_tile_gradients``) or let the engine's gradient sum do it.
     Parameters used on replicated data (a classifier after the global pool, an SE gate's
@@ -147,11 +114,12 @@ def spatialize(module: nn.Module, grid: TileGrid, ctx: Comm, group: Group | None
         raise ConfigError("image_size", f"{grid}: a volume's tiles take no image_size; leave it out (the sizes are "
                           f"learnt at the first forward)")
     runtime = SpatialRuntime(grid, ctx, group, (image_size[0], image_size[1]) if image_size else None,
-                             check_ops=check_ops)
+                             check_ops=check_ops, op_families=OP_FAMILIES)
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
         raise ConfigError("model", "spatialize a module with a forward (e.g. nn.Sequential), "
                           "not a ModuleList/ModuleDict")
-    root = _Converter(runtime, tuple(elementwise))(module, "")
+    table = active_families() if families is None else families
+    root = _Converter(runtime, tuple(elementwise), table)(module, "")
     if halo_d2:
         from .fused import fuse_sequentials
 

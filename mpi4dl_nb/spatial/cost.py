@@ -12,7 +12,7 @@ from .geometry import TileGrid
 
 
 @dataclass(frozen=True)
-class Traffic:
+class ExchangeBytes:
     """The busiest tile's exchange for one module, one sample, forward (bytes; the backward sends what the forward
     received and receives what it sent): ``sent``, ``received``, and ``held``: the buffers the exchange fills on
     the tile beside its own activations."""
@@ -26,4 +26,5 @@ class FamilyCost(Protocol):
     """The cost model of a conversion family: ``module`` (of the family, before conversion) on ``grid``, its input's
     token (or pixel) grid ``sizes`` (one per tiled axis), ``element_bytes`` per value."""
 
-    def __call__(self, module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> Traffic: ...
+    def __call__(self, module: nn.Module, grid: TileGrid, sizes: Sequence[int],
+                 element_bytes: int) -> ExchangeBytes: ...

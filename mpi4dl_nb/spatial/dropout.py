@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
 from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, display_name, kind_of, op_name, tensors_in
 from .tile_layout import TileLayout
@@ -169,7 +169,8 @@ def _ones_laid_out_like(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
     return physical.permute([order.index(d) for d in range(x.dim())])
 
 
-for _kind in (OpKind.DROPOUT, OpKind.RANDOM):
-    register_handler(_kind, dropout_on_tiles)
-    register_handler(_kind, dropout_on_tiles, volume=True)
-    register_handler(_kind, drawn_without_tiles, untiled=True)
+# the guard's handlers of dropout and random draws (listed in families.OP_FAMILIES)
+OP_FAMILY = OpFamilyHandlers(
+    tiled={OpKind.DROPOUT: dropout_on_tiles, OpKind.RANDOM: dropout_on_tiles},
+    volume={OpKind.DROPOUT: dropout_on_tiles, OpKind.RANDOM: dropout_on_tiles},
+    untiled={OpKind.DROPOUT: drawn_without_tiles, OpKind.RANDOM: drawn_without_tiles})

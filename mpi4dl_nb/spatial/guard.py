@@ -13,10 +13,10 @@ operation outside the handled spatial layers and
   after a global pool (whose backward rule, "replicated consumer", stays right for both);
 * with ``check_ops`` (the default) refuses, with a ConfigError naming the module, the op and
   the way out, every operation on a tile that is not exact on tiles (see ``ops.py``);
-* hands the ops of a family that computes them on tiles itself to the handlers that family
-  registered (``register_handler``; ``interpolate.py`` for ``F.interpolate``, ``reductions.py``
-  for means and maxima over the image, ...): the guard imports no family; ``convert.py`` imports
-  them all;
+* hands the ops of a family that computes them on tiles itself to that family's handlers (an ``OpFamilyHandlers``,
+  data each family module exports: ``interpolate.py`` for ``F.interpolate``, ``reductions.py`` for means
+  and maxima over the image, ...): the guard imports no family; it is given the table of them
+  (``families.OP_FAMILIES``, through ``SpatialRuntime``);
 * tracks where a tile keeps the image's rows and columns (``tile_layout.TileLayout``, marked on
   the tensor): ops on a tile whose rows and columns are not its last two dims (channels-last,
   flattened) go to the layout handler (``relayout.py``) and are refused when it does not take them;
@@ -32,8 +32,9 @@ from __future__ import annotations
 import functools
 import sys
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import FrameType
@@ -83,35 +84,72 @@ DECLINED = Declined.DECLINED
 
 class OpHandler(Protocol):
     """An op family's own computation on tiles: called for each op of its kind that touches a tile
-    (or, registered with ``untiled=True``, for every op of its kind); returns the op's result, or
+    (or, listed as ``untiled`` in its OpFamilyHandlers, for every op of its kind); returns the op's result, or
     ``DECLINED`` to leave the op to the next handler and the guard's rules."""
 
     def __call__(self, guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
                  kwargs: dict[str, object]) -> object: ...
 
 
-HANDLERS: dict[OpKind, list[OpHandler]] = {}
-UNTILED_HANDLERS: dict[OpKind, list[OpHandler]] = {}
-VOLUME_HANDLERS: dict[OpKind, list[OpHandler]] = {}
-LAYOUT_HANDLERS: list[OpHandler] = []
+@dataclass(frozen=True)
+class OpFamilyHandlers:
+    """One op family's handlers, as data (each op-family module exports one; ``families.OP_FAMILIES`` lists them):
+    ``tiled``: kind -> its handler of ops of that kind on an image's tiles; ``untiled``: of ops of that kind that
+    touch no tile (random draws, whose random state must agree on every tile; a resampling to a size read from a
+    tile); ``volume``: on a volume's tiles (a TileGrid with depth); ``layout``: of the ops on tiles whose rows and
+    columns are not their last two dims that no kind handler took (what it declines is refused); ``ops``: this
+    family's own functions and their OpKind (``mil_pool.softmax_pool``), where ``ops.kind_of`` knows none."""
+
+    tiled: Mapping[OpKind, OpHandler] = field(default_factory=dict)
+    untiled: Mapping[OpKind, OpHandler] = field(default_factory=dict)
+    volume: Mapping[OpKind, OpHandler] = field(default_factory=dict)
+    layout: OpHandler | None = None
+    ops: Mapping[TorchOp, OpKind] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OpHandlers:
+    """The handlers a guard asks, composed from op families: per kind, in the families' order."""
+
+    tiled: dict[OpKind, list[OpHandler]]
+    untiled: dict[OpKind, list[OpHandler]]
+    volume: dict[OpKind, list[OpHandler]]
+    layout: list[OpHandler]
+    ops: dict[TorchOp, OpKind]
+
+    @staticmethod
+    def of(families: Iterable[OpFamilyHandlers]) -> OpHandlers:
+        """The handlers of ``families``, each kind's asked in the families' order."""
+        handlers = OpHandlers({}, {}, {}, [], {})
+        for family in families:
+            for table, own in ((handlers.tiled, family.tiled), (handlers.untiled, family.untiled),
+                               (handlers.volume, family.volume)):
+                for kind, handler in own.items():
+                    if handler not in table.setdefault(kind, []):
+                        table[kind].append(handler)
+            if family.layout is not None and family.layout not in handlers.layout:
+                handlers.layout.append(family.layout)
+            handlers.ops.update(family.ops)
+        return handlers
+
+
+ADDED: list[OpFamilyHandlers] = []   # run-time additions (register_handler, register_layout_handler), after the table's
 
 
 def register_handler(kind: OpKind, handler: OpHandler, *, untiled: bool = False, volume: bool = False) -> None:
-    """Let ``handler`` compute ops of ``kind`` on tiles; the family's module registers it when imported
-    (e.g. ``interpolate.py`` for ``OpKind.RESAMPLE``). Handlers of a kind are asked in registration
-    order. ``untiled``: also ask it about ops of ``kind`` that touch no tile (random draws, whose
-    random state must agree on every tile; a resampling to a size read from a tile). ``volume``: ask it
-    about ops of ``kind`` on a volume's tiles (a TileGrid with depth) instead of an image's."""
-    registry = UNTILED_HANDLERS if untiled else VOLUME_HANDLERS if volume else HANDLERS
-    if handler not in registry.setdefault(kind, []):
-        registry[kind].append(handler)
+    """Run-time addition: let ``handler`` compute ops of ``kind`` on tiles in models spatialized from now on, asked
+    after the package's own op families (``families.OP_FAMILIES``; the package's families are data there, not
+    registered). ``untiled``: also ask it about ops of ``kind`` that touch no tile; ``volume``: ask it about ops of
+    ``kind`` on a volume's tiles (a TileGrid with depth) instead of an image's."""
+    table = {kind: handler}
+    ADDED.append(OpFamilyHandlers(untiled=table) if untiled else
+                 OpFamilyHandlers(volume=table) if volume else OpFamilyHandlers(tiled=table))
 
 
 def register_layout_handler(handler: OpHandler) -> None:
-    """Let ``handler`` take the ops on tiles whose rows and columns are not their last two dims
-    that no kind handler took; what it declines is refused."""
-    if handler not in LAYOUT_HANDLERS:
-        LAYOUT_HANDLERS.append(handler)
+    """Run-time addition: let ``handler`` take the ops on tiles whose rows and columns are not their last two dims
+    that no kind handler took, in models spatialized from now on; what it declines is refused."""
+    ADDED.append(OpFamilyHandlers(layout=handler))
 
 
 def _handled(handlers: list[OpHandler], guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
@@ -238,10 +276,12 @@ def _dims_refusal(name: str, args: Args, kwargs: Kwargs, tensors: list[torch.Ten
 class SpatialGuard(TorchFunctionMode):
     """Placement tracking (always) and op checks (``check_ops``) for one spatialized model."""
 
-    def __init__(self, runtime: GuardedModel, check_ops: bool = True) -> None:
+    def __init__(self, runtime: GuardedModel, check_ops: bool = True,
+                 op_families: Iterable[OpFamilyHandlers] = ()) -> None:
         super().__init__()
         self.runtime = runtime
         self.check_ops = check_ops
+        self.handlers = OpHandlers.of((*op_families, *ADDED))   # the op families computing their ops on tiles
         self.depth = 0
         self._suspended: list[tuple[AbstractContextManager[None], TileLayout | None]] = []
         self.combined = 0     # replicated operands whose gradient was summed over tiles (last forward)
@@ -389,8 +429,10 @@ class SpatialGuard(TorchFunctionMode):
         tensors = ops.tensors_in(args, kwargs)
         tiles = [t for t in tensors if is_tiled(t)]
         kind = ops.kind_of(func)
+        if kind is None:
+            kind = self.handlers.ops.get(func)
         if not tiles:
-            handlers = UNTILED_HANDLERS.get(kind) if kind is not None else None
+            handlers = self.handlers.untiled.get(kind) if kind is not None else None
             if handlers:
                 out = _handled(handlers, self, func, args, kwargs)
                 if out is not DECLINED:
@@ -401,7 +443,7 @@ class SpatialGuard(TorchFunctionMode):
             return self._volume_op(func, kind, args, kwargs, tensors, tiles[0])
         if kind is OpKind.METADATA:
             return self._metadata(func, args, kwargs)
-        handlers = HANDLERS.get(kind) if kind is not None else None
+        handlers = self.handlers.tiled.get(kind) if kind is not None else None
         if handlers:
             out = _handled(handlers, self, func, args, kwargs)
             if out is not DECLINED:
@@ -446,14 +488,14 @@ class SpatialGuard(TorchFunctionMode):
     def _volume_op(self, func: TorchOp, kind: OpKind | None, args: tuple[object, ...], kwargs: dict[str, object],
                    tensors: list[torch.Tensor], tile: torch.Tensor) -> object:
         """An op on a volume's tile: sizes, iteration over the batch, per-voxel maths, views keeping the voxel
-        dims last (activation recomputation's ``view_as``) and the op families registered for volumes (dropout);
+        dims last (activation recomputation's ``view_as``) and the op families' handlers for volumes (dropout);
         anything else is refused (the other families' rules, reductions, functional pools and interpolation, are
         for images so far)."""
         if kind is OpKind.METADATA:
             return func(*args, **kwargs)
         if kind is OpKind.ITERATE:
             return iter(mark_tiled(tuple(tile.unbind(0))))
-        handlers = VOLUME_HANDLERS.get(kind) if kind is not None else None
+        handlers = self.handlers.volume.get(kind) if kind is not None else None
         if handlers:
             handled = _handled(handlers, self, func, args, kwargs)
             if handled is not DECLINED:
@@ -503,7 +545,7 @@ class SpatialGuard(TorchFunctionMode):
     def _relaid(self, func: TorchOp, args: tuple[object, ...], kwargs: dict[str, object],
                 layout: TileLayout) -> object:
         """An op on a tile whose rows and columns are not its last two dims: the layout handler's, or refused."""
-        out = _handled(LAYOUT_HANDLERS, self, func, args, kwargs)
+        out = _handled(self.handlers.layout, self, func, args, kwargs)
         if out is not DECLINED:
             return out
         if self.check_ops:

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .geometry import AXIS_NAMES, LayerHalo, plan_axis, split_ranges
-from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
 from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, op_name
 from .tile_layout import Axis, TileDim
@@ -294,5 +294,6 @@ def resample_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object, ..
     return mark_tiled(interpolate_tile(runtime, FUNCTIONAL, x, spec))
 
 
-register_handler(OpKind.RESAMPLE, resample_on_tiles)
-register_handler(OpKind.RESAMPLE, resample_on_tiles, untiled=True)
+# the guard's handler of resampling, also to a size read from a tile (listed in families.OP_FAMILIES)
+OP_FAMILY = OpFamilyHandlers(
+    tiled={OpKind.RESAMPLE: resample_on_tiles}, untiled={OpKind.RESAMPLE: resample_on_tiles})

@@ -13,7 +13,7 @@ full gradient on every tile instead of a tile's share.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar, cast
 
@@ -24,7 +24,7 @@ from ..comm.handles import Group
 from ..comm.protocol import Comm
 from ..errors import ConfigError
 from .geometry import LayerHalo, TileGrid
-from .guard import SpatialGuard
+from .guard import OpFamilyHandlers, SpatialGuard
 from .halo import HaloExchange
 from .tiles import tile_ranks
 
@@ -35,7 +35,8 @@ class SpatialRuntime:
     """What every spatial layer of one spatialized model shares: grid, ranks, size cache."""
 
     def __init__(self, grid: TileGrid, ctx: Comm, group: Group | None = None,
-                 image_size: tuple[int, int] | None = None, check_ops: bool = True) -> None:
+                 image_size: tuple[int, int] | None = None, check_ops: bool = True,
+                 op_families: Iterable[OpFamilyHandlers] = ()) -> None:
         self.grid = grid
         self.ctx = ctx
         self.group = group
@@ -49,7 +50,7 @@ class SpatialRuntime:
         self._sizes: dict[tuple[tuple[int, ...], int, int], tuple[int | None, ...]] = {}
         self.partial_parameters: list[nn.Parameter] = []
         self.module_names: dict[int, str] = {}
-        self.guard = SpatialGuard(self, check_ops)
+        self.guard = SpatialGuard(self, check_ops, op_families)   # op_families: families.OP_FAMILIES
         # BatchNorm statistics: over the tile group, or (sync_batchnorm) a wider group whose
         # members hold ``stats_copies`` equal batches of the same image size
         self.stats_group: Group | None = group

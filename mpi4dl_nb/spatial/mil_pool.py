@@ -22,9 +22,9 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from .function_ctx import FunctionContext
-from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, register_handler
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of
 from .layer import SpatialRuntime, guard_runtime
-from .ops import OpKind, TorchOp, register_op
+from .ops import OpKind, TorchOp
 from .reductions import tile_slots
 
 
@@ -93,5 +93,6 @@ def softmax_pool_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object
     return result
 
 
-register_op(softmax_pool, OpKind.POOLING)
-register_handler(OpKind.POOLING, softmax_pool_on_tiles)
+# softmax_pool's kind and the guard's handler of it (listed in families.OP_FAMILIES)
+OP_FAMILY = OpFamilyHandlers(
+    tiled={OpKind.POOLING: softmax_pool_on_tiles}, ops={softmax_pool: OpKind.POOLING})

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .batchnorm_fn import tile_batch_norm
-from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
 from .layer import SizeKey, guard_runtime
 from .norm import group_norm_tile, instance_norm_tile, tile_shape, update_running
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, op_name
@@ -85,6 +85,7 @@ def norm_on_volume_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object,
 
 _NORMS = {"batch_norm", "group_norm", "instance_norm"}
 
-for _kind in (OpKind.CHANNEL, OpKind.NORM):
-    register_handler(_kind, norm_on_tiles)
-    register_handler(_kind, norm_on_volume_tiles, volume=True)
+# the guard's handlers of functional norms (listed in families.OP_FAMILIES)
+OP_FAMILY = OpFamilyHandlers(
+    tiled={OpKind.CHANNEL: norm_on_tiles, OpKind.NORM: norm_on_tiles},
+    volume={OpKind.CHANNEL: norm_on_volume_tiles, OpKind.NORM: norm_on_volume_tiles})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, mark_tiled, register_handler
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
 from .layer import SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, op_name
 from .pool import SpatialAvgPool, SpatialMaxPool
@@ -71,4 +71,6 @@ def window_pool_on_tiles(guard: SpatialGuard, func: TorchOp, args: tuple[object,
     return mark_tiled(spatial_pool(runtime, name, arguments).tile_forward(x))
 
 
-register_handler(OpKind.WINDOW, window_pool_on_tiles)
+# the guard's handler of functional pools (listed in families.OP_FAMILIES)
+OP_FAMILY = OpFamilyHandlers(
+    tiled={OpKind.WINDOW: window_pool_on_tiles})

@@ -29,7 +29,7 @@ import torch
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from .function_ctx import FunctionContext
-from .guard import DECLINED, SpatialGuard, is_tiled, layout_of, register_handler
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of
 from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import ALL, Args, Kwargs, OpKind, TorchOp, argument, op_name
 from .reduce import replicated_sum
@@ -243,5 +243,6 @@ def global_argmax(runtime: SpatialRuntime, x: torch.Tensor, owner: object = REDU
     return result
 
 
-for _kind in (OpKind.DIMS, OpKind.WINDOW):
-    register_handler(_kind, reduce_on_tiles)
+# the guard's handler of reductions over the image (listed in families.OP_FAMILIES)
+OP_FAMILY = OpFamilyHandlers(
+    tiled={OpKind.DIMS: reduce_on_tiles, OpKind.WINDOW: reduce_on_tiles})

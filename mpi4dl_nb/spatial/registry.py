@@ -1,5 +1,4 @@
-"""What ``spatialize`` knows: torch layers with a spatial version, layers that act per pixel, and layers
-whose functional op the op guard computes on tiles."""
+"""The torch layers' part of the conversion table: layers with a spatial version, per-pixel and guarded layers."""
 
 from __future__ import annotations
 
@@ -8,9 +7,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from . import mil_pool  # noqa: F401  (registers softmax_pool with the op guard)
+from ..errors import ConfigError
 from .conv import SpatialConv
 from .convtranspose import SpatialConvTranspose
+from .layer import SpatialRuntime
 from .norm import SpatialBatchNorm, SpatialGroupNorm, SpatialInstanceNorm
 from .pool import SpatialAvgPool, SpatialGlobalAvgPool, SpatialGlobalMaxPool, SpatialMaxPool
 from .upsample import SpatialUpsample
@@ -71,3 +71,38 @@ GUARDED: tuple[type, ...] = (
     nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
     nn.LayerNorm, nn.RMSNorm, nn.Conv1d,
 )
+
+
+def convert_torch_layer(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
+    """A layer of ``SPATIAL_LAYERS`` as its spatial version (its parameters' gradients tile shares); refused on a grid
+    of other tiled axes than its own, naming what is supported there."""
+    kind = type(module)
+    conversion = SPATIAL_LAYERS[kind]
+    if conversion.axes not in (None, runtime.grid.ndim):
+        what = "a volume's tiles (a TileGrid with depth)" if runtime.grid.volumetric else "image tiles"
+        supported = ", ".join(t.__name__ for t in converted_on(runtime.grid.ndim))
+        raise ConfigError("model", f"layer {name or '<root>'!r} ({kind.__name__}) is not supported on "
+                          f"{what}; supported there: {supported}, element-wise layers and containers of them; "
+                          f"or put it after the spatial stage")
+    converted = conversion.make(module, runtime, name)
+    runtime.partial_parameters.extend(p for p in module.parameters(recurse=False))
+    return converted
+
+
+def pass_guarded(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
+    """A GUARDED layer as it is (the guard computes its op on tiles); refused up front where the guard would refuse
+    it at the first forward."""
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        shape = tuple(module.normalized_shape or ())
+        if len(shape) > 1:   # the last dims of any tile it could see hold a row or column
+            raise ConfigError("model", f"layer {name!r} ({type(module).__name__}, normalized_shape="
+                              f"{list(shape)}) normalises over the image's rows or columns of each tile; "
+                              f"normalise over channels only (permute the channels last first, as "
+                              f"ConvNeXt does), use GroupNorm or BatchNorm2d (whose statistics span every "
+                              f"tile), or put it after the spatial stage")
+    return module
+
+
+def as_it_is(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
+    """An ELEMENTWISE layer as it is (the op guard checks it on tiles)."""
+    return module

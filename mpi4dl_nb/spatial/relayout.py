@@ -29,13 +29,12 @@ import torch
 from .guard import (
     DECLINED,
     TEMPLATE_ONLY,
+    OpFamilyHandlers,
     SpatialGuard,
     in_place,
     is_tiled,
     layout_of,
     mark_tiled,
-    register_handler,
-    register_layout_handler,
 )
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, check_pointwise, kind_of, op_name, tensors_in
 from .tile_layout import STANDARD, TileLayout, flattened, moved_order, normalized_order, transposed_order
@@ -248,7 +247,7 @@ def on_relaid_tile(guard: SpatialGuard, func: TorchOp, args: tuple[object, ...],
     return mark_tiled(func(*args, **kwargs), layout)
 
 
-for _kind in (OpKind.DIMS, OpKind.SHAPE):
-    register_handler(_kind, relayout)
-register_handler(OpKind.TRAILING, per_pixel_trailing)
-register_layout_handler(on_relaid_tile)
+# the guard's handlers of relaid tiles (listed in families.OP_FAMILIES)
+OP_FAMILY = OpFamilyHandlers(
+    tiled={OpKind.DIMS: relayout, OpKind.SHAPE: relayout, OpKind.TRAILING: per_pixel_trailing},
+    layout=on_relaid_tile)

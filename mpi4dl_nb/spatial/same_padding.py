@@ -9,7 +9,6 @@ the replicated weight only: the conv runs with the standardised weight, whose gr
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +18,7 @@ from .conv import SpatialConv, conv_after_exchange, conv_axis_windows
 from .geometry import KernelAxis
 from .layer import SpatialRuntime, adopt
 from .pool import SpatialMaxPool
+from .timm_classes import TimmKind, timm_kind
 
 
 def same_window(window: KernelAxis, size: int) -> KernelAxis:
@@ -85,21 +85,19 @@ class SpatialMaxPoolSame(_SamePadded, SpatialMaxPool):
     """timm's MaxPool2dSame on a tile."""
 
 
-@cache
-def _kinds() -> dict[type[nn.Module], tuple[bool, bool]]:
-    """timm layer class -> (is a conv, standardises its weight); empty without timm."""
-    try:
-        from timm.layers import Conv2dSame, StdConv2d, StdConv2dSame
-        from timm.layers.pool2d_same import MaxPool2dSame
-    except ImportError:
-        return {}
-    return {StdConv2d: (True, True), StdConv2dSame: (True, True), Conv2dSame: (True, False),
-            MaxPool2dSame: (False, False)}
+def _kind(module: nn.Module) -> tuple[bool, bool] | None:
+    """(is a conv, standardises its weight) of one of timm's same-padded / standardised layers, else None."""
+    kind = type(module)
+    if kind in timm_kind(TimmKind.STD_CONV):
+        return True, True
+    if kind in timm_kind(TimmKind.CONV_SAME):
+        return True, False
+    return (False, False) if kind in timm_kind(TimmKind.MAX_POOL_SAME) else None
 
 
 def convert_same_padded(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module | None:
     """``module`` as its spatial layer when it is one of timm's same-padded / standardised layers, else None."""
-    kind = _kinds().get(type(module))
+    kind = _kind(module)
     if kind is None:
         return None
     is_conv, standardises = kind

@@ -34,7 +34,7 @@ def _errors(output: str) -> list[str]:
 def test_tune_measures_the_top_configurations_and_picks_a_fitting_one(tmp_path):
     path = tmp_path / "trials.json"
     limit = 500.0
-    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", limit, "--json", path, "--explain",
+    result = run_mpi(3, "mpi4dl_nb", "tune", *TINY, "--memory-limit-mb", limit, "--save-json", path, "--explain",
                      module=True, timeout=150)
     lines = _lines(result.stdout)
     assert not any("profiler_st" in line for line in lines), result.stdout    # torch profiler's chatter
@@ -160,7 +160,8 @@ def test_one_rank_is_refused_with_one_line():
     assert len(errors) == 1 and "at least 2 ranks" in errors[0], result.stdout
 
 
-@pytest.mark.parametrize("flag, value, says", [("--steps", "0", "at least 1"), ("--rounds", "0", "at least 1"),
+@pytest.mark.parametrize("flag, value, says", [("--steps", "0", "must be a number >= 1"),
+                                              ("--rounds", "0", "must be a number >= 1"),
                                               ("--headroom", "1.5", "share of the limit")])
 def test_bad_measuring_flags_are_refused_before_any_rank_starts(capsys, flag, value, says):
     from mpi4dl_nb.cli.tune_cmd import main

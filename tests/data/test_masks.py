@@ -8,7 +8,14 @@ from PIL import Image
 
 from mpi4dl_nb.data import Batcher
 from mpi4dl_nb.data.augment import AugmentSpec
-from mpi4dl_nb.data.masks import MaskDataset, MaskFolderDataset, batch_masks, check_pair, is_mask_folder
+from mpi4dl_nb.data.masks import (
+    MaskDataset,
+    MaskFolderDataset,
+    batch_masks,
+    check_pair,
+    is_mask_folder,
+    label_range_problem,
+)
 from mpi4dl_nb.data.sample import IHCMaskDataset, dab_mask, ihc_image
 
 
@@ -49,6 +56,16 @@ def test_check_pair_names_each_problem(tmp_path):
     assert "no mask masks/t3{.png,.tif,.tiff} for images/t3.png" in check_pair(images[3], 32, 3, None)
     assert check_pair(images[4], 32, 3, None) is None
     assert "smaller than --image-size 64" in check_pair(images[4], 64, 3, None)
+
+
+def test_label_range_problem_names_the_labels_outside_the_classes():
+    """The one label-range check of masks and label volumes: sorted, distinct, the first 6 shown."""
+    assert label_range_problem(np.array([0, 1, 2, 255]), 3, 255, "mask masks/a.png") is None
+    assert label_range_problem([], 3, None, "mask masks/a.png") is None
+    assert label_range_problem([9, -1, 9, 0], 3, 255, "label volume masks/b.tif") == (
+        "label volume masks/b.tif holds label(s) -1, 9 outside 0..2 (--num-classes 3, --ignore-index 255)")
+    assert label_range_problem(range(20), 3, None, "mask masks/a.png") == (
+        "mask masks/a.png holds label(s) 3, 4, 5, 6, 7, 8, ... outside 0..2 (--num-classes 3, no --ignore-index)")
 
 
 def test_dab_mask_and_the_ihc_mask_dataset():

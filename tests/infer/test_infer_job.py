@@ -56,9 +56,9 @@ def test_a_slide_from_flags_equals_the_slide_from_keywords():
 
 def test_a_cohort_from_flags_equals_the_cohort_from_keywords():
     job = both(["--checkpoint", "ck", "--cohort", "c.csv", "--output", "out/{slide}.npy", "--summary", "t.csv",
-                "--slide-level", "1", "--map-mode", "tiles", "--magnification", "20", "--resume"],
+                "--slide-level", "1", "--map-mode", "tiles", "--magnification", "20", "--resume-outputs"],
                dict(checkpoint="ck", cohort="c.csv", output="out/{slide}.npy", summary="t.csv", slide_level=1,
-                    map_mode=MapMode.TILES, magnification=20, resume=True))
+                    map_mode=MapMode.TILES, magnification=20, resume_outputs=True))
     assert job.asked is InferKind.COHORT and job.map_mode is MapMode.TILES and job.slide_level == 1
     assert job.resolution.target == pytest.approx(0.5) and job.outputs == ("out/{slide}.npy",)
     listed = both(["--checkpoint", "ck", "--slides", "a.svs,b.svs", "--output", "o/{slide}.tif"],

@@ -148,7 +148,8 @@ def test_a_cohort_manifest_drives_inference_and_its_table_lines_up_with_evaluate
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (["--map-mode", "tiles", "--resume"], "--map-mode: tiles runs the whole slide in one go; drop --resume"),
+    (["--map-mode", "tiles", "--resume-outputs"], "--map-mode: tiles runs the whole slide in one go; drop "
+                                                  "--resume-outputs"),
     (["--map-mode", "tiles", "--tissue-only"], "drop --tissue-only, or use --map-mode dense"),
 ])
 def test_tile_mode_refuses_what_it_cannot_do(bright, tmp_path, capsys, extra, fragment):

@@ -77,12 +77,12 @@ def test_resume_continues_from_the_last_finished_window_row(data, capsys):
     progress = json.loads((root / "r.npy.partial.npy.json").read_text())
     assert progress["rows_done"] == first["rows_done"] and not (root / "r.npy").exists()
     code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(root / "r.npy"),
-                       "--dtype", "float32", "--window", "128", "--resume", "--no-progress"])
+                       "--dtype", "float32", "--window", "128", "--resume-outputs", "--no-progress"])
     assert code == 2 and "other dtype" in capsys.readouterr().err
     code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(root / "r.npy"),
                        "--no-progress", "--dtype", "float64", "--window", "128"])
-    assert code == 2 and "pass --resume to continue it" in capsys.readouterr().err
-    second = run(checkpoint, slide, [root / "r.npy"], resume=True, window=192)   # another window size is fine
+    assert code == 2 and "pass --resume-outputs to continue it" in capsys.readouterr().err
+    second = run(checkpoint, slide, [root / "r.npy"], resume_outputs=True, window=192)   # another window size is fine
     assert second["complete"] and second["first_row"] == first["rows_done"]
     assert relative_difference(np.load(root / "r.npy"), reference) <= 1e-12
 

@@ -195,10 +195,10 @@ def test_a_cohort_writes_every_good_slide_names_the_broken_one_and_resumes(unet,
     assert float(table["a.tif"]["megapixels_per_s"]) > 0 and "area mm2 (tumor)" in table["a.tif"]
     assert "cannot be opened" in table["b.tif"]["message"]
     (slides / "b.tif").unlink()
-    assert cli(*argv, "--resume") == 0
+    assert cli(*argv, "--resume-outputs") == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {
         "slides": 2, "done": 0, "skipped": 2, "failed": [], "summary": str(out / "summary.csv")}
-    assert cli(*argv) == 2                                   # outputs there, no --resume: refused before work
+    assert cli(*argv) == 2                                   # outputs there, no --resume-outputs: refused before work
     assert "exists; pass --overwrite" in capsys.readouterr().err
 
 

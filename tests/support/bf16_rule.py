@@ -3,8 +3,10 @@
 The tiles' convolutions sum the same products in another blocking than the whole image's, so a bf16 rounding
 (2^-8 relative) of a layer output can differ by one unit, and these differences grow through the layers and
 steps exactly like bf16's own rounding error does. So each tensor of the state must be as close to serial bf16
-as serial fp32 is to it (at most NOISE_FACTOR times that distance, + STATE_FLOOR): measured 0.3-1.4x on 2-D,
-largest on BatchNorm biases whose few-step values are mostly rounding noise (relative 0.2-0.6 for both). The
+as serial fp32 is to it (at most NOISE_FACTOR times that distance, + STATE_FLOOR): measured 0.3-1.4x on 2-D with
+AVX2 kernels, largest on BatchNorm biases whose few-step values are mostly rounding noise (relative 0.2-0.6 for
+both); 3.0x where oneDNN computes bf16 convolutions with native bf16 dot products (AVX512-BF16: the first conv's
+weight after 2 steps, 1.3e-1 from serial bf16 against fp32's 4.4e-2), so the factor leaves room for either. The
 losses must be within LOSS_TOLERANCE relative (measured ~1e-3).
 """
 
@@ -15,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 LOSS_TOLERANCE = 1e-2
-NOISE_FACTOR = 2.0
+NOISE_FACTOR = 8.0
 STATE_FLOOR = 1e-3
 
 

@@ -5,7 +5,8 @@ voxels, at ``--voxel-size`` when given (``volume_resample``). ``read(index, box)
 patch (a spatial rank's tile) through ``read_volume(region=...)``: float ``(C, d, h, w)``, integer voxels
 divided by their type's maximum (uint8 / 255 as for 2-D images), float voxels as stored. ``read_mask`` is int64
 ``(d, h, w)``. ``check_volume_pair`` is the check before the first step: the image a volume (not a 2-D image), its
-label volume there, one channel of integers, of the image's size, every label a class or ``ignore_index``.
+label volume there, one channel of integers, of the image's size, every label a class or ``ignore_index`` (the
+2-D masks' ``label_range_problem``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from ...errors import ConfigError
 from ..dataset import AnyBox, is_volume_box
 from ..groups import Groups
-from ..masks import IMAGES, MASKS, SHOWN_LABELS
+from ..masks import IMAGES, MASKS, label_range_problem
 from ..pathology import require_path
 from .files import VolumeInfo, is_volume_file, read_volume, volume_info, volume_stem
 from .groups import volume_groups
@@ -176,13 +177,7 @@ def check_volume_pair(image: Path, size: VolumeSize, num_classes: int, ignore_in
     for start in range(0, labels.shape[0], CHECK_SLAB):
         slab = read_volume(mask, (slice(start, start + CHECK_SLAB), slice(None), slice(None)))
         found.update(int(v) for v in np.unique(slab))
-    bad = sorted(v for v in found if not (0 <= v < num_classes) and v != ignore_index)
-    if bad:
-        shown = ", ".join(map(str, bad[:SHOWN_LABELS])) + (", ..." if len(bad) > SHOWN_LABELS else "")
-        ignore = f", --ignore-index {ignore_index}" if ignore_index is not None else ", no --ignore-index"
-        return (f"label volume {MASKS}/{mask.name} holds label(s) {shown} outside 0..{num_classes - 1} "
-                f"(--num-classes {num_classes}{ignore})")
-    return None
+    return label_range_problem(found, num_classes, ignore_index, f"label volume {MASKS}/{mask.name}")
 
 
 class VolumeFolderDataset:

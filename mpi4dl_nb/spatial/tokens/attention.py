@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -14,23 +13,12 @@ from ...errors import ConfigError
 from ..guard import is_tiled, layout_of, mark_tiled
 from ..layer import SpatialRuntime, shallow_copy, spatial_class
 from ..ops import TorchOp, argument
+from ..timm_classes import TimmKind, timm_kind
 from .pools import first_tile_value
 from .ring import Ring, ring_attention
 from .tiles import TokenTiles
 
 TOKEN_TILES = "vit token tiles"   # key of the running forward's TokenTiles in SpatialRuntime.plans
-
-
-@cache
-def attention_kinds() -> tuple[type[nn.Module], ...]:
-    """timm's attention classes whose forward mixes tokens only through scaled_dot_product_attention (when
-    ``fused_attn``); empty without timm."""
-    try:
-        from timm.layers.attention import Attention, AttentionRope
-        from timm.models.eva import EvaAttention
-    except ImportError:
-        return ()
-    return (Attention, AttentionRope, EvaAttention)
 
 
 class _RingScaledDotProduct(TorchFunctionMode):
@@ -94,16 +82,6 @@ class TokenAttention(nn.Module):
         return out if self.pools else mark_tiled(out, layout_of(x))
 
 
-@cache
-def pool_kinds() -> tuple[type[nn.Module], ...]:
-    """timm's attention pools with a learned latent query (SigLIP's MAP head); empty without timm."""
-    try:
-        from timm.layers.attention_pool import AttentionPoolLatent
-    except ImportError:
-        return ()
-    return (AttentionPoolLatent,)
-
-
 # an attention pool's parameters used per token or for the queries tile 0's result comes from: tile shares
 POOL_SHARES = ("latent", "q.", "q_norm.", "kv.", "k_norm.")
 
@@ -111,7 +89,7 @@ POOL_SHARES = ("latent", "q.", "q_norm.", "kv.", "k_norm.")
 def adopt_attention(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
     """``module`` (a timm attention or attention pool) as a TokenAttention sharing its state; its parameters used on
     tokens are tile shares (an attention pool's projection and MLP act on its replicated result)."""
-    pools = isinstance(module, pool_kinds())
+    pools = isinstance(module, timm_kind(TimmKind.ATTENTION_POOL))
     if pools and getattr(module, "pos_embed", None) is not None:
         raise ConfigError("model", f"layer {name!r} ({type(module).__name__}) adds a position embedding of a fixed "
                           f"token count to the tokens; not supported on tiles (create it with pos_embed='')")

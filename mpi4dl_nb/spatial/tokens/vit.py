@@ -1,9 +1,9 @@
 """timm vision transformers (VisionTransformer, Eva) on token tiles: patch embedding on the tile, blocks, pooled head.
 
-``spatialize`` hands a timm ``VisionTransformer`` or ``Eva`` to ``convert_transformer_part``: the model keeps its
-class, parameters and state-dict keys (a ``TokenModel`` subclass sharing its state), its children are converted as
-usual (the patch projection and a hybrid's CNN backbone become spatial layers, with halos where needed) and its
-attention modules become ``TokenAttention``. Its forward on a tile:
+``spatialize`` hands a timm ``VisionTransformer`` or ``Eva`` to ``convert_token_model`` (its entry in
+``families.py``): the model keeps its class, parameters and state-dict keys (a ``TokenModel`` subclass sharing its
+state), its children are converted as usual (the patch projection and a hybrid's CNN backbone become spatial layers,
+with halos where needed) and its attention modules become ``TokenAttention``. Its forward on a tile:
 
 1. the patch embedding on the tile (tiles must hold whole patches: ``tokens.check_patch_grid``), flattened to
    this tile's image tokens ``(B, h*w, C)`` (the token-tile representation: ``tokens.py``);
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from functools import cache
 from typing import Any
 
 import torch
@@ -33,31 +32,14 @@ from torch import nn
 from ...errors import ConfigError
 from ..guard import layout_of, mark_tiled
 from ..layer import SpatialRuntime, shallow_copy, spatial_class
-from .attention import TOKEN_TILES, adopt_attention, attention_kinds, pool_kinds
+from ..timm_classes import TimmKind, timm_kind
+from .attention import TOKEN_TILES
 from .pools import class_token, mean_of_tokens
 from .position import add_positions, built_grid, tile_rope
 from .tiles import TokenTiles, check_patch_grid, int_pair
 
 Convert = Callable[[nn.Module, str], nn.Module]   # the converter: a child and its full name -> converted child
 POOLS = ("token", "avg", "map")
-
-
-@cache
-def model_kinds() -> tuple[type[nn.Module], ...]:
-    """The timm transformer classes with a forward on token tiles; empty without timm."""
-    try:
-        from timm.models.eva import Eva
-        from timm.models.vision_transformer import VisionTransformer
-    except ImportError:
-        return ()
-    return (VisionTransformer, Eva)
-
-
-@cache
-def _embed_kinds() -> tuple[type[nn.Module], type[nn.Module]]:
-    from timm.layers import HybridEmbed, PatchEmbed
-
-    return PatchEmbed, HybridEmbed
 
 
 def _child(model: nn.Module, name: str) -> nn.Module:
@@ -195,12 +177,11 @@ class TokenModel(TokenEmbedder):
 
 def _embed(model: nn.Module, x: torch.Tensor, runtime: SpatialRuntime) -> tuple[torch.Tensor, TokenTiles]:
     """The patch embedding on the tile: this tile's image tokens ``(B, h*w, C)`` and the token geometry."""
-    patch_embed_kind, _ = _embed_kinds()
     embed = _child(model, "patch_embed")
     size = runtime.root_size
     assert size is not None and len(size) == 2
     dynamic = bool(getattr(model, "dynamic_img_size", False))
-    if isinstance(embed, patch_embed_kind):
+    if isinstance(embed, timm_kind(TimmKind.PATCH_EMBED)):
         token_grid = check_patch_grid(runtime.grid, (size[0], size[1]), int_pair(embed.patch_size))
         _check_built_size(model, token_grid, dynamic)
         tokens = _child(embed, "norm")(_child(embed, "proj")(x).flatten(2).transpose(1, 2))
@@ -236,7 +217,7 @@ def _hybrid_grid(model: nn.Module, runtime: SpatialRuntime, local: tuple[int, in
 def _check_model(model: nn.Module, name: str, runtime: SpatialRuntime) -> None:
     """Refuse before work what the token-tile forward does not compute exactly."""
     where = f"layer {name or '<root>'!r} ({type(model).__name__})"
-    if type(model) not in model_kinds():
+    if type(model) not in timm_kind(TimmKind.VIT_MODEL):
         raise ConfigError("model", f"{where}: a subclass of {type(model).__mro__[1].__name__} with its own forward "
                           f"is not supported on tiles; supported: VisionTransformer and Eva as timm builds them")
     pool = getattr(model, "global_pool", None)
@@ -253,12 +234,11 @@ def _check_embedding(model: nn.Module, where: str, runtime: SpatialRuntime, what
     if getattr(embed, "dynamic_img_pad", False):
         raise ConfigError("model", f"{where}: dynamic_img_pad pads the image's edge on one tile; create the model "
                           f"without it (tiles hold whole patches)")
-    patch_embed_kind, hybrid_kind = _embed_kinds()
-    if type(embed) not in (patch_embed_kind, hybrid_kind):
+    if type(embed) not in timm_kind(TimmKind.PATCH_EMBED) + timm_kind(TimmKind.HYBRID_EMBED):
         raise ConfigError("model", f"{where}: patch embedding {type(embed).__name__} is not supported on tiles; "
                           f"supported: PatchEmbed, HybridEmbed")
     image = getattr(embed, "img_size", None)
-    if isinstance(embed, patch_embed_kind) and image and not getattr(model, "dynamic_img_size", False):
+    if isinstance(embed, timm_kind(TimmKind.PATCH_EMBED)) and image and not getattr(model, "dynamic_img_size", False):
         check_patch_grid(runtime.grid, int_pair(image), int_pair(embed.patch_size), what)
 
 
@@ -273,15 +253,19 @@ def _check_training(model: nn.Module) -> None:
                               f"{'pos_drop_rate' if name == 'pos_drop' else 'patch_drop_rate'}=0")
 
 
-def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRuntime,
-                             convert: Convert) -> nn.Module | None:
-    """``module`` converted for token tiles when it is a timm ViT/Eva or one of their attention modules, else None."""
-    if isinstance(module, attention_kinds() + pool_kinds()):
-        return adopt_attention(module, runtime, name)
-    if model_kinds() and isinstance(module, _embed_kinds()):   # reached outside a VisionTransformer/Eva
+def convert_token_model(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module:
+    """A timm VisionTransformer/Eva converted for token tiles; a timm patch embedding outside one refused."""
+    if not isinstance(module, timm_kind(TimmKind.VIT_MODEL)):   # a patch embedding reached outside a ViT/Eva
         raise ConfigError("model", f"layer {name!r} ({type(module).__name__}): a patch embedding outside timm's "
                           f"VisionTransformer/Eva is not supported on tiles (its model's position embeddings and "
                           f"attention are not known to be exact there); put it after the spatial stage")
+    _check_model(module, name, runtime)
+    return _on_tiles(module, name, TokenModel, type(module), runtime, convert)
+
+
+def convert_cut_piece(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module | None:
+    """A cut ViT's piece (``models/vit.py``) converted for token tiles: its embedding piece a ``TokenStem``, an
+    Eva's block piece a ``TokenRopeBlock``; None for another piece (converted as any module)."""
     if isinstance(module, RopeBlockPiece):
         new = shallow_copy(module, spatial_class(TokenRopeBlock, type(module)))
         object.__setattr__(new, "tile_runtime", runtime)
@@ -292,10 +276,7 @@ def convert_transformer_part(module: nn.Module, name: str, runtime: SpatialRunti
         where = f"layer {name or '<root>'!r} (the embedding of a cut {module.source.__name__})"
         _check_embedding(module, where, runtime, module.source.__name__)
         return _on_tiles(module, name, TokenStem, module.source, runtime, convert)
-    if not isinstance(module, model_kinds()):
-        return None
-    _check_model(module, name, runtime)
-    return _on_tiles(module, name, TokenModel, type(module), runtime, convert)
+    return None
 
 
 def _on_tiles(module: nn.Module, name: str, mixin: type[TokenEmbedder], serial: type[nn.Module],

@@ -12,7 +12,6 @@ a float64 run would round to float32; in float16/bfloat16/float32 runs this is t
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -22,16 +21,6 @@ from ...errors import ConfigError
 from ..guard import is_tiled, mark_tiled
 from ..layer import SpatialRuntime, shallow_copy, spatial_class
 from ..reduce import partitioned_sum
-
-
-@cache
-def linear_attention_kinds() -> tuple[type[nn.Module], ...]:
-    """timm's LiteMLA; empty without timm."""
-    try:
-        from timm.models.efficientvit_mit import LiteMLA
-    except ImportError:
-        return ()
-    return (LiteMLA,)
 
 
 def linear_attention(qkv: torch.Tensor, head_dim: int, kernel: nn.Module, eps: float,

@@ -12,7 +12,6 @@ each tile's share of their gradient, summed over the tiles with the spatial laye
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 
 import torch
 from torch import nn
@@ -23,20 +22,11 @@ from ..geometry import TileGrid
 from ..guard import is_tiled, layout_of, mark_tiled
 from ..layer import SpatialRuntime, shallow_copy, spatial_class
 from ..tile_layout import STANDARD, TileLayout
+from ..timm_classes import TimmKind, timm_kind
 from .exchange import TokenExchange
 from .owners import PartitionKind, PartitionPlan, WindowPartition, partition_plan
 
 CHANNELS_LAST = TileLayout(-3, -2)   # (B, rows, cols, C): PartitionAttentionCl's input
-
-
-@cache
-def partition_kinds() -> tuple[type[nn.Module], ...]:
-    """timm's MaxViT partition-attention blocks (channels-last first); empty without timm."""
-    try:
-        from timm.models.maxxvit import PartitionAttention2d, PartitionAttentionCl
-    except ImportError:
-        return ()
-    return (PartitionAttentionCl, PartitionAttention2d)
 
 
 def exchanges_for(runtime: SpatialRuntime, plan: PartitionPlan) -> tuple[TokenExchange, TokenExchange]:
@@ -76,7 +66,7 @@ class TilePartitionAttention(nn.Module):
 
     def _partition_attn(self, x: torch.Tensor) -> torch.Tensor:
         runtime = self.tile_runtime
-        channels_last = isinstance(self, partition_kinds()[0])
+        channels_last = isinstance(self, timm_kind(TimmKind.PARTITION_CL))
         layout = layout_of(x)
         if not is_tiled(x) or layout != (CHANNELS_LAST if channels_last else STANDARD):
             shape = "(B, rows, cols, C)" if channels_last else "(B, C, rows, cols)"

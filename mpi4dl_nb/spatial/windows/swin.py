@@ -20,7 +20,6 @@ no window still runs attention on an empty batch, so every rank has every gradie
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from functools import cache
 
 import torch
 from torch import nn
@@ -29,29 +28,13 @@ from ...errors import ConfigError
 from ..dropout import check_random_state
 from ..layer import SpatialRuntime, shallow_copy, spatial_class
 from ..reduce import replicated_sum
+from ..timm_classes import TimmKind, timm_kind, timm_kinds
 from ..tokens.tiles import check_patch_grid, int_pair
 from .exchange import TokenExchange
 from .plan import MASK_VALUE, ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
 
 Convert = Callable[[nn.Module, str], nn.Module]
 STAGE_DROPOUTS = ("drop_path1", "drop_path2")
-
-
-@cache
-def swin_kinds() -> dict[str, tuple[type[nn.Module], ...]]:
-    """timm's Swin classes by role (model, block, merge, embed); empty without timm."""
-    try:
-        from timm.layers import PatchEmbed
-        from timm.models import swin_transformer as v1
-        from timm.models import swin_transformer_v2 as v2
-    except ImportError:
-        return {}
-    from timm.models import swin_transformer_v2_cr as cr
-
-    return {"model": (v1.SwinTransformer, v2.SwinTransformerV2), "unsupported": (cr.SwinTransformerV2Cr,),
-            "block": (v1.SwinTransformerBlock, v2.SwinTransformerV2Block),
-            "merge": (v1.PatchMerging, v2.PatchMerging), "merge_v2": (v2.PatchMerging,),
-            "stage": (v1.SwinTransformerStage, v2.SwinTransformerV2Stage), "embed": (PatchEmbed,)}
 
 
 def _runtime(module: nn.Module) -> SpatialRuntime:
@@ -130,7 +113,7 @@ class TileMerge(nn.Module):
         merged = exchange(x.reshape(batch, -1, channels))
         merged = merged.reshape(batch, *merged_grid.lengths(runtime.tile), 4 * channels)
         norm, reduction = _child(self, "norm"), _child(self, "reduction")
-        if isinstance(self, swin_kinds()["merge_v2"]):
+        if isinstance(self, timm_kind(TimmKind.SWIN_MERGE_V2)):
             return norm(reduction(merged))
         return reduction(norm(merged))
 
@@ -203,14 +186,13 @@ def _check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.devi
 
 def _check_model(model: nn.Module, name: str) -> None:
     """Refuse before work what the tile forward does not compute exactly."""
-    kinds = swin_kinds()
     where = f"layer {name or '<root>'!r} ({type(model).__name__})"
-    if type(model) not in kinds["model"]:
+    if type(model) not in timm_kind(TimmKind.SWIN_MODEL):
         raise ConfigError("model", f"{where}: a subclass of {type(model).__mro__[1].__name__} with its own forward "
                           f"is not supported on tiles; supported: SwinTransformer and SwinTransformerV2 as timm "
                           f"builds them")
     embed = _child(model, "patch_embed")
-    if type(embed) not in kinds["embed"] or getattr(embed, "dynamic_img_pad", False) or \
+    if type(embed) not in timm_kind(TimmKind.PATCH_EMBED) or getattr(embed, "dynamic_img_pad", False) or \
             not getattr(embed, "strict_img_size", True):
         raise ConfigError("model", f"{where}: patch embedding {type(embed).__name__} (dynamic size or padding) is "
                           f"not supported on tiles; create the model with a fixed img_size")
@@ -219,15 +201,15 @@ def _check_model(model: nn.Module, name: str) -> None:
         raise ConfigError("model", f"{where}: global_pool={pool!r} is not supported on tiles; create the model with "
                           f"global_pool='avg'")
     for stage_name, stage in _child(model, "layers").named_children():
-        if type(stage) not in kinds["stage"]:
+        if type(stage) not in timm_kind(TimmKind.SWIN_STAGE):
             raise ConfigError("model", f"{where}: stage layers.{stage_name} ({type(stage).__name__}) is not "
                               f"supported on tiles")
         merge = _child(stage, "downsample")
-        if not isinstance(merge, nn.Identity) and type(merge) not in kinds["merge"]:
+        if not isinstance(merge, nn.Identity) and type(merge) not in timm_kind(TimmKind.SWIN_MERGE):
             raise ConfigError("model", f"{where}: layers.{stage_name}.downsample ({type(merge).__name__}) is not "
                               f"supported on tiles; supported: timm's PatchMerging")
         for block_name, block in _child(stage, "blocks").named_children():
-            if type(block) not in kinds["block"]:
+            if type(block) not in timm_kind(TimmKind.SWIN_BLOCK):
                 raise ConfigError("model", f"{where}: block layers.{stage_name}.blocks.{block_name} "
                                   f"({type(block).__name__}) is not supported on tiles")
 
@@ -258,14 +240,13 @@ def _convert_stage(stage: nn.Module, name: str, runtime: SpatialRuntime) -> nn.M
 def convert_swin_part(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module | None:
     """``module`` converted for tiles when it is a timm Swin(V2) model; a ConfigError naming it when it is a Swin
     block or patch merge outside one; else None."""
-    kinds = swin_kinds()
-    if kinds and isinstance(module, kinds["unsupported"]):
+    if isinstance(module, timm_kind(TimmKind.SWIN_CR)):
         raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): timm's Swin-V2 'cr' "
                           f"models (swinv2_cr_*) have their own stages and blocks, which have no tile version; "
                           f"use a swinv2_* model (SwinTransformerV2), or train this one without spatial parallelism")
-    if not kinds or not isinstance(module, kinds["model"] + kinds["block"] + kinds["merge"]):
+    if not isinstance(module, timm_kinds(TimmKind.SWIN_MODEL, TimmKind.SWIN_BLOCK, TimmKind.SWIN_MERGE)):
         return None
-    if runtime.grid.volumetric or not isinstance(module, kinds["model"]):
+    if runtime.grid.volumetric or not isinstance(module, timm_kind(TimmKind.SWIN_MODEL)):
         raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): Swin's shifted windows "
                           f"and patch merges are exact on tiles inside timm's SwinTransformer/SwinTransformerV2 "
                           f"on an image's grid only; spatialize the whole model, or put this layer after the "

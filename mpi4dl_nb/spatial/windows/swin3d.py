@@ -24,7 +24,6 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..layer import SpatialLayer, SpatialRuntime, adopt
-from ..registry import SPATIAL_LAYERS, Conversion
 from .exchange import TokenExchange
 from .plan import MASK_VALUE, ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
 
@@ -132,18 +131,31 @@ class SpatialPatchMerge(SpatialLayer, nn.Module):
         return out.permute(0, 4, 1, 2, 3)
 
 
-Convert = Callable[[nn.Module, SpatialRuntime, str], nn.Module]
+class VolumeWindowBlockClass:
+    """Base a 3-D Swin model's window block class names among its own bases (``models/swin3d.SwinBlock3d``) to be
+    converted as a ``SpatialWindowBlock`` on a volume's tiles (its ``families.py`` entry); it offers what
+    ``VolumeWindowBlock`` says. A subclass that does not name it itself (its own forward) is not converted."""
 
 
-def _converter(kind: type[SpatialWindowBlock] | type[SpatialPatchMerge]) -> Convert:
-    def convert(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
-        for parameter in module.parameters():   # each rank's gradient: its own tokens' and windows' share
-            runtime.claim_tile_share(parameter)
-        return adopt(kind, module, runtime, name)
-    return convert
+class VolumePatchMergeClass:
+    """Base a 3-D Swin model's 2x2x2 patch merging class names among its own bases (``models/swin3d.PatchMerging3d``)
+    to be converted as a ``SpatialPatchMerge`` on a volume's tiles; it offers what ``MergeLayer`` says."""
 
 
-def register_swin3d(block: type[nn.Module], merge: type[nn.Module]) -> None:
-    """Let ``spatialize`` convert a 3-D Swin model's ``block`` and ``merge`` classes on a volume's tiles."""
-    SPATIAL_LAYERS[block] = Conversion(_converter(SpatialWindowBlock), 3)
-    SPATIAL_LAYERS[merge] = Conversion(_converter(SpatialPatchMerge), 3)
+def declares_volume_swin(module: nn.Module) -> bool:
+    """Whether ``module``'s class names one of the 3-D Swin bases among its own bases."""
+    bases = type(module).__bases__
+    return VolumeWindowBlockClass in bases or VolumePatchMergeClass in bases
+
+
+def convert_volume_swin(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
+    """``module`` (a 3-D Swin window block or patch merge) on a volume's tiles; each parameter's gradient on a rank is
+    its own tokens' and windows' share. Refused on an image's grid."""
+    if not runtime.grid.volumetric:
+        raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}) is not supported on image "
+                          f"tiles: a 3-D Swin block or patch merge runs on a volume's tiles (a TileGrid with depth); "
+                          f"or put it after the spatial stage")
+    for parameter in module.parameters():
+        runtime.claim_tile_share(parameter)
+    kind = SpatialWindowBlock if isinstance(module, VolumeWindowBlockClass) else SpatialPatchMerge
+    return adopt(kind, module, runtime, name)

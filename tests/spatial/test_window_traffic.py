@@ -1,19 +1,29 @@
-"""The planner's count of Swin's window exchanges (planner/window_traffic.py) against the geometry's plans.
+"""The count of windowed attention's exchanges (spatial/windows/traffic.py) against the geometry's plans.
 
 Pure counts (interval overlaps) equal what ``spatial/windows/plan.py``'s gathers move, tile by tile (tokens x channels x
 bytes): Swin-T's stage 1 at 224 and 1024 px on 2x2 tiles, unshifted and shifted, its merges (odd grids on 1x4), a
 3-D grid. At 1024 px a shifted block sends, forward and backward, under 5% of a tile's activations (issue 53's
 bound; the block's activations counted by ``LiveBytes`` on ``meta``, one process's over the 4 tiles). A Swin-T forward
-spatialized on 4 simulated ranks (``FakeWorld``) sends what the planner counts. About 15 s of CPU.
+spatialized on 4 simulated ranks (``FakeWorld``) sends what the planner counts, and ``swin_cost`` of the model is
+its stages' sum. MaxViT's partition moves equal ``owners.partition_plan``'s; the ring's and LiteMLA's costs. About 15 s
+of CPU.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from mpi4dl_nb.planner.window_traffic import block_traffic, merge_traffic, stage_traffic, swin_stages
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.windows.plan import ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
+from mpi4dl_nb.spatial.windows.traffic import (
+    block_traffic,
+    merge_traffic,
+    partition_cost,
+    partition_moves,
+    stage_traffic,
+    swin_cost,
+    swin_stages,
+)
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 
 CHANNELS, FLOAT32 = 96, 4   # Swin-T's stage 1
@@ -124,3 +134,72 @@ def test_a_swin_forward_on_simulated_tiles_sends_what_the_planner_counts(shape):
     stages = [stage_traffic(grid, stage, FLOAT32) for stage in swin_stages((56, 56), depths, (96, 192, 384, 768), 7)]
     assert [comm.traffic.message_bytes for comm in comms] == \
         [sum(stage.sent_forward(tile) for stage in stages) for tile in range(4)]
+    sent = [comm.traffic.message_bytes for comm in comms]
+    model_cost = swin_cost(model, grid, (224, 224), FLOAT32)   # each exchange's busiest tile, summed
+    assert max(sent) <= model_cost.sent <= sum(sent)
+
+
+PARTITIONS = [((2, 2), (16, 16), (4, 4), True), ((2, 2), (16, 16), (4, 4), False), ((1, 4), (8, 8), (2, 2), True),
+              ((1, 4), (8, 8), (2, 2), False), ((2, 2), (7, 7), (7, 7), True), ((2, 1), (12, 6), (3, 2), False)]
+
+
+@pytest.mark.parametrize("shape,sizes,size,block", PARTITIONS)
+def test_partition_moves_are_the_partition_plans(shape, sizes, size, block):
+    from mpi4dl_nb.spatial.windows.owners import PartitionKind, WindowPartition, partition_plan
+
+    grid = TileGrid(*shape)
+    partition = WindowPartition(PartitionKind.BLOCK if block else PartitionKind.GRID, size, sizes)
+    plans = [partition_plan(partition, grid, tile) for tile in range(grid.num_tiles)]
+    sent, received, held = partition_moves(grid, sizes, size, block)
+    assert sent == [sum(int(v.numel()) for t, v in plan.moves.take.items() if t != plan.moves.tile) for plan in plans]
+    assert received == [sum(int(v.numel()) for t, v in plan.moves.put.items() if t != plan.moves.tile)
+                        for plan in plans]
+    assert held == [plan.moves.size_out for plan in plans]
+
+
+def test_partition_cost_of_maxvit_blocks():
+    """Block windows inside tiles move nothing; grid windows move most tokens, there and back."""
+    require_or_skip(missing_modules("timm"), "timm's MaxViT", MODELS_EXTRA)
+    from timm.models.maxxvit import MaxxVitTransformerCfg, PartitionAttentionCl
+
+    cfg = MaxxVitTransformerCfg(window_size=(4, 4), grid_size=(4, 4))
+    block, grid_attention = (PartitionAttentionCl(32, kind, cfg) for kind in ("block", "grid"))
+    tiles = TileGrid(2, 2)
+    assert partition_cost(block, tiles, (16, 16), FLOAT32).sent == 0
+    assert partition_cost(block, tiles, (16, 16), FLOAT32).held == 64 * 32 * FLOAT32
+    moved = partition_cost(grid_attention, tiles, (16, 16), FLOAT32)
+    assert moved.sent == moved.received == 2 * 48 * 32 * FLOAT32   # 3/4 of a tile's 64 tokens, there and back
+    assert partition_cost(grid_attention, TileGrid(1, 1), (16, 16), FLOAT32).sent == 0
+
+
+def test_linear_cost_is_one_all_reduce_of_the_key_value_sums():
+    require_or_skip(missing_modules("timm"), "timm's LiteMLA", MODELS_EXTRA)
+    from timm.models.efficientvit_mit import LiteMLA
+
+    from mpi4dl_nb.spatial.windows.traffic import linear_cost
+
+    attention = LiteMLA(64, 64, dim=16, scales=(5,))   # 4 heads, 2 scales
+    sums = 8 * 16 * 17 * 4   # float32 or wider
+    assert linear_cost(attention, TileGrid(2, 2), (14, 14), 8).held == 8 * 16 * 17 * 8
+    cost = linear_cost(attention, TileGrid(2, 2), (14, 14), FLOAT32)
+    assert (cost.sent, cost.received, cost.held) == (3 * sums // 2, 3 * sums // 2, sums)
+    assert linear_cost(attention, TileGrid(1, 1), (14, 14), FLOAT32).sent == 0
+
+
+def test_ring_cost_is_the_ring_schedules_traffic():
+    require_or_skip(missing_modules("timm"), "timm's ViT attention", MODELS_EXTRA)
+    from timm.models.vision_transformer import Attention
+
+    from mpi4dl_nb.planner.attention import ring_cost as planner_ring_cost
+    from mpi4dl_nb.spatial.tokens.traffic import attention_ring_cost, member_tokens
+
+    attention = Attention(96, num_heads=4)
+    grid = TileGrid(2, 2)
+    tokens = member_tokens(grid, (7, 9))
+    assert tokens == (20, 16, 15, 12)
+    cost = attention_ring_cost(attention, grid, (7, 9), FLOAT32)
+    members = [planner_ring_cost(tokens, m, 96, 4, FLOAT32) for m in range(4)]
+    assert cost.sent == max(m.sent_forward for m in members)
+    assert cost.held == max(m.in_flight_forward for m in members)
+    assert cost.received == cost.sent   # each member receives what its predecessor passes on: same totals
+    assert attention_ring_cost(attention, TileGrid(1, 1), (7, 9), FLOAT32).sent == 0
