@@ -101,7 +101,7 @@ def test_tissue_only_skips_background_windows(data, capsys):
     assert summary["computed_windows"] + summary["skipped_background"] == summary["windows"]
     computed = ~np.isnan(result)
     assert not computed.all() and computed[:, :, :40].all()          # the glass is the right third
-    assert np.array_equal(result[computed], reference[computed])
+    assert relative_difference(result[computed], reference[computed]) <= 1e-12   # float64: as the whole slide
 
 
 def test_command_summary_line(data, capsys):

@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from mpi4dl_nb.comm.context import abort_job
 from tests.support.battery import END, check_prefix, job_label
+from tests.support.bf16_rule import pin_bf16_kernels
 from tests.support.checks import Checks, run_checks
 
 
@@ -44,4 +45,5 @@ def main(check: Checks) -> None:
 
 
 if __name__ == "__main__":
+    pin_bf16_kernels()     # the programs' bf16 runs share the process: before any convolution
     run_checks(main)

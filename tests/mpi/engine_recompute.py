@@ -32,7 +32,7 @@ import mpi4dl_nb as dl
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.measure.usage import ActivationMeter
 from tests.mpi.engine_exact import RTOL, batches, serial, sgd, state_error
-from tests.support.bf16_rule import bf16_loss_error, bf16_state_error
+from tests.support.bf16_rule import bf16_loss_error, bf16_state_error, pin_bf16_kernels
 from tests.support.checks import Checks, run_checks
 from tests.support.engine_cases import serial_chunks
 from tests.support.models import build
@@ -185,4 +185,5 @@ def check_fp16_refused(ctx, check: Checks) -> None:
 
 
 if __name__ == "__main__":
+    pin_bf16_kernels()     # before the first convolution (tests/support/bf16_rule.py)
     run_checks(main)

@@ -35,6 +35,7 @@ from mpi4dl_nb.models.pools import PoolKind, global_pool
 from mpi4dl_nb.models.tissue import carry_tissue
 from mpi4dl_nb.pipeline.reference import serial_reference
 from tests.mpi.engine_exact import RTOL, sgd, state_error
+from tests.support.bf16_rule import pin_bf16_kernels
 from tests.support.checks import Checks, run_checks
 
 POOLS = [PoolKind.MAX, PoolKind.TISSUE_MEAN, PoolKind.ATTENTION]
@@ -165,4 +166,5 @@ def main(check: Checks) -> None:
 
 
 if __name__ == "__main__":
+    pin_bf16_kernels()     # before the first convolution (tests/support/bf16_rule.py)
     run_checks(main)

@@ -53,6 +53,7 @@ from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 from mpi4dl_nb.spatial.tokens.blockwise import blockwise_attention
 from tests.support.allocations import ActivationProfile, profile_activations
+from tests.support.bf16_rule import pin_bf16_kernels
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import exact_and_equal_on_every_rank
 
@@ -600,4 +601,5 @@ def main(check: Checks) -> None:
 
 
 if __name__ == "__main__":
+    pin_bf16_kernels()     # before the first convolution (tests/support/bf16_rule.py)
     run_checks(main)

@@ -33,7 +33,7 @@ from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.run.job_run import build_trainer, set_up_run
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.mpi.volume_cli import one_process
-from tests.support.bf16_rule import bf16_loss_error, bf16_state_error
+from tests.support.bf16_rule import bf16_loss_error, bf16_state_error, pin_bf16_kernels
 from tests.support.checks import Checks, run_checks
 from tests.support.dense_exact import check_copies, dense_batches, final_error, momentum_sgd
 from tests.support.scratch import shared_temp_folder
@@ -262,4 +262,5 @@ def main(check: Checks) -> None:
 
 
 if __name__ == "__main__":
+    pin_bf16_kernels()     # before the first convolution (tests/support/bf16_rule.py)
     run_checks(main)
