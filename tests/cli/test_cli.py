@@ -212,7 +212,7 @@ def test_clear_errors(capsys, monkeypatch, tmp_path):
 
 
 def test_main_dispatch_and_help(capsys):
-    from mpi4dl_nb.cli.commands import main   # (__main__.main: the same, its end watched: tests/cli/test_entry.py)
+    from mpi4dl_nb.cli.commands import main  # (__main__.main: the same, its end watched: tests/cli/test_entry.py)
 
     with pytest.raises(SystemExit) as stop:
         main(["train", "--help"])
