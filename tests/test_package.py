@@ -240,6 +240,19 @@ def test_inference_imports_neither_the_training_loop_nor_the_cli():
     assert not problems, "mpi4dl_nb/infer/ imports the training loop or the CLI:\n" + "\n".join(problems)
 
 
+def test_the_spatial_engine_reaches_the_attention_rooms_only_through_the_table():
+    """docs/architecture.md's rooms: the modules directly in spatial/ (the engine) import spatial/tokens/ and
+    spatial/windows/ only from families.py, the one table of conversions; the rooms build on the engine."""
+    spatial = f"{PACKAGE.name}.spatial"
+    rooms = (f"{spatial}.tokens", f"{spatial}.windows")
+    table = f"{spatial}.families"
+    problems = [f"{edge.where()}: {edge.module} imports {edge.target}" for edge in package_imports(PACKAGE)
+                if edge.module.rpartition(".")[0] == spatial and edge.module != table
+                and any(in_package(edge.target, room) for room in rooms)]
+    assert not problems, "the spatial engine imports an attention room outside families.py:\n" + "\n".join(problems)
+    assert any(edge.module == table and in_package(edge.target, rooms[0]) for edge in package_imports(PACKAGE))
+
+
 # ----------------------------------------------------------------- the checker, on a made-up package
 def write_package(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
