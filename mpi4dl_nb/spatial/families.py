@@ -10,7 +10,7 @@ from torch import nn
 from . import dropout, interpolate, mil_pool, norm_calls, pool_calls, reductions, relayout
 from .cost import FamilyCost
 from .guard import OpFamilyHandlers
-from .layer import SpatialRuntime
+from .layer import Convert, SpatialRuntime
 from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, as_it_is, convert_torch_layer, pass_guarded
 from .same_padding import convert_same_padded
 from .timm_classes import TimmKind, from_timm, timm_kinds
@@ -23,7 +23,6 @@ from .windows.swin import convert_swin_part
 from .windows.swin3d import convert_volume_swin, declares_volume_swin
 from .windows.traffic import linear_cost, partition_cost, swin_cost
 
-Convert = Callable[[nn.Module, str], nn.Module]   # the converter: a child and its full name -> converted child
 # a family's conversion: (module, its full name, the model's runtime, the converter for its children) -> the module
 # on tiles, or None to leave it to the next family (and then to the converter's own rules)
 FamilyConvert = Callable[[nn.Module, str, SpatialRuntime, Convert], nn.Module | None]

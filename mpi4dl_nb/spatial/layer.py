@@ -29,6 +29,7 @@ from .halo import HaloExchange
 from .tiles import tile_ranks
 
 ForwardState = tuple[tuple[int, ...] | None, dict[int, int]]   # (image size, per-layer call counts)
+Convert = Callable[[nn.Module, str], nn.Module]   # spatialize's converter: a child and its full name -> converted child
 
 
 class SpatialRuntime:

@@ -22,7 +22,6 @@ embedding sliced to the tile), and the stage hands its token tiles to the first 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -31,14 +30,13 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..guard import layout_of, mark_tiled
-from ..layer import SpatialRuntime, shallow_copy, spatial_class
+from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..timm_classes import TimmKind, timm_kind
 from .attention import TOKEN_TILES
 from .pools import class_token, mean_of_tokens
 from .position import add_positions, built_grid, tile_rope
 from .tiles import TokenTiles, check_patch_grid, int_pair
 
-Convert = Callable[[nn.Module, str], nn.Module]   # the converter: a child and its full name -> converted child
 POOLS = ("token", "avg", "map")
 
 

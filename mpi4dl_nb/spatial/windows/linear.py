@@ -11,15 +11,13 @@ a float64 run would round to float32; in float16/bfloat16/float32 runs this is t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ConfigError
 from ..guard import is_tiled, mark_tiled
-from ..layer import SpatialRuntime, shallow_copy, spatial_class
+from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..reduce import partitioned_sum
 
 
@@ -64,7 +62,7 @@ class TileLinearAttention(nn.Module):
 
 
 def adopt_linear_attention(module: nn.Module, name: str, runtime: SpatialRuntime,
-                           convert: Callable[[nn.Module, str], nn.Module]) -> nn.Module:
+                           convert: Convert) -> nn.Module:
     """``module`` (timm's LiteMLA) on tiles; its convs converted by ``convert``."""
     new = shallow_copy(module, spatial_class(TileLinearAttention, type(module)))
     object.__setattr__(new, "tile_runtime", runtime)

@@ -11,8 +11,6 @@ each tile's share of their gradient, summed over the tiles with the spatial laye
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -20,7 +18,7 @@ from ...errors import ConfigError
 from ..function_ctx import FunctionContext
 from ..geometry import TileGrid
 from ..guard import is_tiled, layout_of, mark_tiled
-from ..layer import SpatialRuntime, shallow_copy, spatial_class
+from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..tile_layout import STANDARD, TileLayout
 from ..timm_classes import TimmKind, timm_kind
 from .exchange import TokenExchange
@@ -125,7 +123,7 @@ def check_no_dropout(attention: nn.Module, name: str) -> None:
 
 
 def adopt_partition_attention(module: nn.Module, name: str, runtime: SpatialRuntime,
-                              convert: Callable[[nn.Module, str], nn.Module]) -> nn.Module:
+                              convert: Convert) -> nn.Module:
     """``module`` (a timm MaxViT partition-attention block) on tiles; its children converted by ``convert``."""
     new = shallow_copy(module, spatial_class(TilePartitionAttention, type(module)))
     object.__setattr__(new, "tile_runtime", runtime)

@@ -19,21 +19,20 @@ no window still runs attention on an empty batch, so every rank has every gradie
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from ...errors import ConfigError
 from ..dropout import check_random_state
-from ..layer import SpatialRuntime, shallow_copy, spatial_class
+from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..reduce import replicated_sum
 from ..timm_classes import TimmKind, timm_kind, timm_kinds
 from ..tokens.tiles import check_patch_grid, int_pair
 from .exchange import TokenExchange
 from .plan import MASK_VALUE, ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
 
-Convert = Callable[[nn.Module, str], nn.Module]
 STAGE_DROPOUTS = ("drop_path1", "drop_path2")
 
 
