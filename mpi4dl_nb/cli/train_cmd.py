@@ -4,11 +4,11 @@ JSON summary printed."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..console import to_stderr
 from ..run.job import TrainJob, TrainPlan
 from .job_flags import job_parser, parsed_job
 from .parser import CommandParser
@@ -65,7 +65,7 @@ def train_and_report(plan: TrainPlan, ctx: Comm, monitor: JobMonitor,
         return EXIT_CHECKPOINT
     if summary is not None:
         if plan.options.verbose:
-            print(summary.report(), file=sys.stderr, flush=True)
+            to_stderr(summary.report())
         print(summary.to_json(), flush=True)
         if results is not None:
             results.append(summary)
@@ -106,7 +106,7 @@ def folds_main(plan: TrainPlan) -> int:
             return code
     if results:                                  # rank 0
         report = fold_report(results)
-        print("\n".join(report_lines(report)), file=sys.stderr, flush=True)
+        to_stderr("\n".join(report_lines(report)))
         print(json.dumps(report), flush=True)
     return 0
 

@@ -2,7 +2,6 @@
 data check, dataset and held-out split, record and identity, resume, run id, then engine, evaluator and Trainer."""
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.record import RunRecord
 from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
+from ..console import to_stderr
 from ..data.canvas import SlideCanvases
 from .job import TrainJob, TrainPlan
 
@@ -32,7 +32,7 @@ COMMAND = "train"
 def say_once(ctx: Comm, text: str) -> None:
     """A message about the whole job, from rank 0."""
     if ctx.rank == 0:
-        print(f"mpi4dl_nb {COMMAND}: {text}", file=sys.stderr, flush=True)
+        to_stderr(f"mpi4dl_nb {COMMAND}: {text}")
 
 
 class JobSetup:
