@@ -13,7 +13,7 @@ STAMP      := $(VENV)/.mpi4dl-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test lint lab notebooks bench clean ci-deps slurm-up slurm-down readme-outputs
+.PHONY: install demo test lint lab notebooks bench clean ci-deps slurm-up slurm-down readme-outputs gpu-rehearsal
 
 install: $(STAMP)
 
@@ -64,6 +64,22 @@ readme-outputs: $(STAMP)
 # fontconfig, slurm-wlm, munge, iproute2 (apt).
 ci-deps:
 	bash .ci/deps
+
+# The GPU node's check rehearsed here, on CPU (docs/gpu.md; not part of `make test`): a stand-in for the node's image
+# (GPU_STANDIN: torch 2.11.0 and the packages the image brings, from the registry: the CUDA build, several GB), the
+# node's wheels for the stand-in's python (benchmarks/gpu_wheels.sh), then the check in a venv it makes from the
+# stand-in's python3 with those wheels and no index.
+GPU_STANDIN ?= .venv-gpu211
+GPU_STANDIN_SPEC ?= torch==2.11.0 torchvision==0.26.0 timm mpi4py numpy scipy scikit-image tifffile matplotlib
+REHEARSAL ?= .gpu-rehearsal
+gpu-rehearsal:
+	@test -x $(GPU_STANDIN)/bin/python || $(PYTHON) -m venv $(GPU_STANDIN)
+	$(GPU_STANDIN)/bin/python -m pip install -q $(GPU_STANDIN_SPEC)
+	bash benchmarks/gpu_wheels.sh $(REHEARSAL)/wheels \
+		$$($(GPU_STANDIN)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	rm -rf $(REHEARSAL)/venv
+	PATH="$(abspath $(GPU_STANDIN))/bin:$$PATH" GPU_CHECK_DEVICE=cpu \
+		bash benchmarks/gpu_check.sh $(REHEARSAL)/venv --wheels $(REHEARSAL)/wheels
 
 # A one-node Slurm on this machine for trying the Slurm path (root; see engines/slurm/local_cluster.sh).
 slurm-up:

@@ -2,6 +2,10 @@
 # GPU check: run the CUDA paths for real on a machine with GPUs, then print one table.
 #
 #   bash benchmarks/gpu_check.sh [venv]        # needs a CUDA build of torch and >= 1 GPU
+#   bash benchmarks/gpu_check.sh VENV --wheels DIR      # a node with no package index (docs/gpu.md): VENV is made
+#                                                       # if missing from the python3 first on PATH, its packages
+#                                                       # (torch) kept visible; DIR's wheels (benchmarks/gpu_wheels.sh:
+#                                                       # mpich, the project) installed with no index
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh   # the same rows on CPU (gloo for nccl):
 #                                                       # checks the script itself, proves nothing about GPUs
 #
@@ -9,62 +13,147 @@
 # a row's ranks, its nccl rows are marked SKIP ("needs one GPU per rank") and the mpi plane's rows run
 # with ranks sharing GPUs; with one GPU per rank everything runs (the rows and this choice:
 # benchmarks/support/gpu_rows.py).
-# Rows: the device and MPI facts, then spatial exactness (2x2 tiles, float64), engine exactness
-# (5 ranks SP+LP/PP/GEMS, float64), both data planes (exchanges, channels, collectives on CUDA
-# tensors; mpi plane CUDA-aware or staged through the pinned pool), each on the mpi and nccl
-# planes, the p2p benchmark (mpi vs nccl) and the train CLI (5 ranks, nccl and mpi, float64:
-# equal losses, peak memory per rank from the CUDA allocator). None of this could run where the
-# package was written (no GPU): see docs/gpu.md for what is unverified until this script passes.
+# Rows: the install (with --wheels), the device, versions and MPI launch, then spatial exactness (2x2
+# tiles, float64), engine exactness (5 ranks SP+LP/PP/GEMS, float64), both data planes (exchanges,
+# channels, collectives on CUDA tensors; mpi plane CUDA-aware or staged through the pinned pool), each
+# on the mpi and nccl planes, the p2p benchmark (mpi vs nccl) and the train CLI (5 ranks, nccl and mpi,
+# float64: equal losses, peak memory per rank from the CUDA allocator). Each row is stopped after
+# GPU_CHECK_ROW_TIMEOUT seconds (default 240 on cuda, 900 on cpu; a FAIL). With $OUT set, the table
+# (gpu_check.md) and the tails of the logs (gpu_check_logs.txt) are written there after every row. None of
+# this could run where the package was written (no GPU): see docs/gpu.md for what is unverified until this
+# script passes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-VENV=${1:-.venv}
-export PATH="$PWD/$VENV/bin:$PATH" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+usage() { echo "usage: bash benchmarks/gpu_check.sh [VENV] [--wheels DIR]   (VENV default .venv)"; exit 2; }
+VENV=.venv WHEELS=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --wheels) [ $# -ge 2 ] || usage; WHEELS=$2; shift 2 ;;
+    --wheels=*) WHEELS=${1#--wheels=}; shift ;;
+    -*) echo "gpu_check: unknown option $1"; usage ;;
+    *) VENV=$1; shift ;;
+  esac
+done
+if [ -n "$WHEELS" ] && ! compgen -G "$WHEELS/*.whl" >/dev/null; then
+  echo "gpu_check: --wheels $WHEELS holds no *.whl: make them with bash benchmarks/gpu_wheels.sh $WHEELS"; exit 2
+fi
+
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 ROWS=()
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
-if [ "$DEVICE" = cuda ]; then TORCH_PLANE=nccl; else TORCH_PLANE=gloo; fi
+# a row's time limit: the node's command runs 10 minutes at most; on CPU (a shared machine of 2 cores) rows run longer
+if [ "$DEVICE" = cuda ]; then TORCH_PLANE=nccl ROW_LIMIT=240; else TORCH_PLANE=gloo ROW_LIMIT=900; fi
+ROW_TIMEOUT=${GPU_CHECK_ROW_TIMEOUT:-$ROW_LIMIT}
 echo "gpu_check: device $DEVICE, planes mpi and $TORCH_PLANE, logs in $LOG"
 
-[ "$DEVICE" != cuda ] || python - <<'EOF' || { echo "gpu_check: no usable GPU here (see above); nothing run"; exit 2; }
-import sys
+# table: the rows so far, then the p2p benchmark's own table; publish: it and the logs' tails into $OUT when set
+table() {
+  echo "| check | result | detail | time | log |"
+  echo "|---|---|---|---:|---|"
+  printf '%s\n' "${ROWS[@]}"
+  echo
+  grep -h -e '^|' -e '^device' "$LOG/p2p_benchmark.log" 2>/dev/null
+}
+publish() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  table >"$OUT/gpu_check.md"
+  for f in "$LOG"/*.log; do
+    [ -e "$f" ] && { echo "==> $(basename "$f") <=="; tail -n 40 "$f"; echo; }
+  done >"$OUT/gpu_check_logs.txt"
+}
+give_up() { echo "gpu_check: $1"; publish; exit 2; }
+
+# install: VENV made if missing from the python3 first on PATH with its packages visible (a venv made from inside a
+# venv sees only the base interpreter's: benchmarks/support/node_venv.py), then DIR's wheels with no index
+install() {
+  local start=$SECONDS made=no
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m benchmarks.support.node_venv "$VENV" || return 1
+    made=yes
+  fi
+  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip -q || return 1
+  "$VENV/bin/python" -m pip install --no-index --no-deps --force-reinstall --no-cache-dir --find-links "$WHEELS" \
+    "$WHEELS"/*.whl || return 1
+  local names
+  names=$(cd "$WHEELS" && ls -1 ./*.whl | sed 's|^\./||; s/-[0-9].*//' | tr '\n' ' ')
+  ROWS+=("| install (--wheels $WHEELS) | PASS | venv $VENV (made: $made); $names| $((SECONDS - start))s | $LOG/install.log |")
+}
+if [ -n "$WHEELS" ]; then
+  install >"$LOG/install.log" 2>&1 || { tail -n 20 "$LOG/install.log"; give_up "the install failed (above)"; }
+  cat "$LOG/install.log"
+fi
+[ -d "$VENV" ] && VENV=$(cd "$VENV" && pwd)
+export PATH="$VENV/bin:$PATH"
+
+# the device, the versions and MPI: stop here (exit 2) when CUDA is asked for and unusable, or when mpiexec does
+# not start a world of several ranks for mpi4py's MPI (an mpiexec of another MPI: every rank alone)
+start=$SECONDS
+FACTS=$(python - "$DEVICE" 2>"$LOG/device.log" <<'EOF'
+import platform, sys
 import torch
-from mpi4dl_nb.comm.device import cuda_unavailable_reason
-from mpi4dl_nb.comm.mpi_plane import cuda_aware_mpi
-missing = cuda_unavailable_reason()
-if missing:
-    print(f"gpu_check: {missing}")
-    sys.exit(1)
-names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, "
-      f"{torch.cuda.device_count()} GPU(s): {names}; CUDA-aware MPI: {cuda_aware_mpi()}")
+import mpi4py
+from mpi4py import MPI
+parts = [f"python {platform.python_version()}", f"torch {torch.__version__}"]
+if sys.argv[1] == "cuda":
+    from mpi4dl_nb.comm.device import cuda_unavailable_reason
+    from mpi4dl_nb.comm.mpi_plane import cuda_aware_mpi
+    missing = cuda_unavailable_reason()
+    if missing:
+        sys.exit(f"gpu_check: {missing}")
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    parts += [f"CUDA {torch.version.cuda}", f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}",
+              f"{torch.cuda.device_count()} GPU(s): {names}", f"CUDA-aware MPI: {cuda_aware_mpi()}"]
+else:
+    parts.append("device cpu")
+parts += [f"mpi4py {mpi4py.__version__}", " ".join(MPI.Get_library_version().splitlines()[0].split())[:60]]
+print("; ".join(parts))
 EOF
+) || { cat "$LOG/device.log"; give_up "no usable GPU or MPI here (see above); nothing run"; }
+timeout -k 5 60 mpiexec -n 2 python -c 'import sys; from mpi4py import MPI; sys.exit(MPI.COMM_WORLD.Get_size() != 2)' \
+  >>"$LOG/device.log" 2>&1 </dev/null \
+  || { cat "$LOG/device.log"; give_up "$(command -v mpiexec || echo 'no mpiexec') does not start 2 ranks for mpi4py's \
+MPI ($FACTS): give --wheels DIR holding the mpich wheel (benchmarks/gpu_wheels.sh)"; }
+ROWS+=("| device, versions, MPI | PASS | $FACTS; mpiexec $(command -v mpiexec) starts 2 ranks | $((SECONDS - start))s | $LOG/device.log |")
+echo "gpu_check: $FACTS"
+publish
 
 if [ "$DEVICE" = cuda ]; then GPUS=$(python -c 'import torch; print(torch.cuda.device_count())'); else GPUS=0; fi
+
+# launch NAME NPROCS COMMAND...: run under mpiexec with the row's variables (ROW_ENV) and time limit; sets OUTFILE,
+# RC and SECS
+launch() {
+  local name=$1 n=$2; shift 2
+  OUTFILE="$LOG/$(echo "$name" | tr ' /' '__').log"
+  local start=$SECONDS
+  env "${ROW_ENV[@]}" timeout -k 10 "$ROW_TIMEOUT" mpiexec -n "$n" "$@" >"$OUTFILE" 2>&1 </dev/null
+  RC=$? SECS=$((SECONDS - start))
+}
 
 # row NAME NPROCS ARGS...: run an MPI test program (tests/mpi/<prog>) and count its named checks
 row() {
   local name=$1 n=$2; shift 2
-  local out="$LOG/$(echo "$name" | tr ' /' '__').log" start=$SECONDS
-  mpiexec -n "$n" python -m mpi4py -m "$@" >"$out" 2>&1 </dev/null
-  local rc=$? secs=$((SECONDS - start))
-  local pass fail
-  pass=$(grep -c '"passed": true' "$out")
-  fail=$(grep -c '"passed": false' "$out")
-  local verdict=PASS
-  if [ "$rc" -ne 0 ] || [ "$fail" -ne 0 ] || [ "$pass" -eq 0 ]; then verdict=FAIL; fi
-  ROWS+=("| $name | $verdict | $pass passed, $fail failed (all ranks) | ${secs}s | $out |")
+  launch "$name" "$n" python -m mpi4py -m "$@"
+  local pass fail verdict=PASS detail
+  pass=$(grep -c '"passed": true' "$OUTFILE")
+  fail=$(grep -c '"passed": false' "$OUTFILE")
+  detail="$pass passed, $fail failed (all ranks)"
+  if [ "$RC" -ne 0 ] || [ "$fail" -ne 0 ] || [ "$pass" -eq 0 ]; then verdict=FAIL; fi
+  if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ]; then detail="$detail; stopped after ${ROW_TIMEOUT}s"; fi
+  ROWS+=("| $name | $verdict | $detail | ${SECS}s | $OUTFILE |")
 }
 
-# cmd NAME NPROCS COMMAND...: run a command under mpiexec, keep its last line as the detail
+# cmd NAME NPROCS COMMAND...: run a command under mpiexec, judged by its exit status
 cmd() {
   local name=$1 n=$2; shift 2
-  local out="$LOG/$(echo "$name" | tr ' /' '__').log" start=$SECONDS
-  mpiexec -n "$n" "$@" >"$out" 2>&1 </dev/null
-  local rc=$? secs=$((SECONDS - start))
-  local verdict=PASS
-  [ "$rc" -ne 0 ] && verdict=FAIL
-  ROWS+=("| $name | $verdict | exit $rc | ${secs}s | $out |")
+  launch "$name" "$n" "$@"
+  local verdict=PASS detail="exit $RC"
+  [ "$RC" -ne 0 ] && verdict=FAIL
+  if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ]; then detail="stopped after ${ROW_TIMEOUT}s"; fi
+  ROWS+=("| $name | $verdict | $detail | ${SECS}s | $OUTFILE |")
 }
 
 # compare: the two CLI runs give the same float64 losses, memory from the CUDA allocator on GPU
@@ -73,7 +162,8 @@ python - "$LOG" "$DEVICE" <<'EOF' && ROWS+=("$(cat "$LOG/train_compare.row")")
 import json, pathlib, sys
 log = pathlib.Path(sys.argv[1])
 def record(name):
-    for line in (log / name).read_text().splitlines()[::-1]:
+    path = log / name
+    for line in (path.read_text().splitlines() if path.exists() else [])[::-1]:
         start = line.find('{"model"')
         if start >= 0:
             return json.loads(line[start:])
@@ -93,27 +183,28 @@ else:
 EOF
 }
 
-# the rows and which run here (kind, name, ranks, skip reason or -, arguments; tab-separated)
+# the rows and which run here (kind, name, ranks, skip reason or -, variables or -, arguments; tab-separated)
 mapfile -t PLAN < <(python -m benchmarks.support.gpu_rows --device "$DEVICE" --gpus "$GPUS")
-[ "${#PLAN[@]}" -gt 0 ] || { echo "gpu_check: no rows planned (benchmarks/support/gpu_rows.py failed)"; exit 2; }
+[ "${#PLAN[@]}" -gt 0 ] || give_up "no rows planned (benchmarks/support/gpu_rows.py failed)"
 for line in "${PLAN[@]}"; do
-  IFS=$'\t' read -r kind name n reason command <<<"$line"
+  IFS=$'\t' read -r kind name n reason environment command <<<"$line"
   if [ "$reason" != - ]; then
     ROWS+=("| $name | SKIP | $reason | | |")
     continue
   fi
   eval "args=($command)"     # shell-quoted by gpu_rows.py (shlex.join)
+  ROW_ENV=()
+  [ "$environment" = - ] || eval "ROW_ENV=($environment)"
+  echo "gpu_check: $name ($n ranks)"
   case $kind in
     checks) row "$name" "$n" "${args[@]}" ;;
     command) cmd "$name" "$n" "${args[@]}" ;;
     train-compare) compare ;;
   esac
+  publish
 done
 
 echo
-echo "| check | result | detail | time | log |"
-echo "|---|---|---|---:|---|"
-printf '%s\n' "${ROWS[@]}"
-echo
-grep -h -e '^|' -e '^device' "$LOG/p2p_benchmark.log" 2>/dev/null
+table
+publish
 if printf '%s\n' "${ROWS[@]}" | grep -q "| FAIL |"; then exit 1; fi

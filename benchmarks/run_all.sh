@@ -89,6 +89,8 @@ run yielding mpiexec -n 4 python benchmarks/bench_vit.py --sizes 1024,2048 --rou
 # 15. Swin-T on 2x2 tiles at 1024 px: activation bytes per rank, bytes sent per shifted-window block
 run yielding mpiexec -n 4 python benchmarks/bench_swin.py
 run mpiexec -n 2 python benchmarks/bench_swin.py --grid 1x2
+# 16. input read ahead of the step: the wait per step with a reader slowed on purpose
+run python benchmarks/bench_read_ahead.py --markdown
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1

@@ -18,8 +18,8 @@
 #
 # **What you will learn**: how `dl.spatialize` puts an unchanged timm ViT on token tiles; which rank's keys a
 # query token meets at which ring step; how to check a training step on 4 ranks against one process yourself;
-# how the activation memory per rank falls with the ranks as the tokens grow; where the class token looks across
-# the tile seams.
+# how a rank's activation memory compares with one process's as the tokens grow, and why that share is not
+# monotone; where the class token looks across the tile seams.
 #
 # **What you need**: notebooks 02 (tiles) and 04 (exactness against one process); the `models` extra (timm:
 # `make install` has it); 4 MPI ranks (started below); about a minute. The ViT is tiny (2 blocks, width 96) so
@@ -147,9 +147,10 @@ print(f"max relative difference: output {output_error:.1e}, gradients {grad_erro
 # ## Activation memory per rank against tokens
 #
 # Everything in a block but attention acts per token, so a rank's activations are those of its tokens: about
-# 1/4 of one process's. Ring attention adds only the blocks in flight (the next rank's keys and values). The
-# same step at three image sizes, the peak bytes above the weights (gradients left out) on the largest rank
-# (rank 0, with the class token) against one process:
+# 1/4 of one process's if both keep the same bytes per token. Attention decides whether they do: ring attention
+# adds the key/value blocks in flight and the scores of one ring step. The same step at three image sizes, the
+# peak bytes above the weights (gradients left out) on the largest rank (rank 0, with the class token) against
+# one process, and each one's bytes per token it holds:
 
 # %%
 from mpi4dl_nb.planner import measure_peak_bytes
@@ -173,8 +174,9 @@ for size in sizes:
     largest.append(max(peak for _, _, peak in cluster.run(tile_step, x, labels, timeout=300)))
 counts = [(s // PATCH) ** 2 + 1 for s in sizes]
 for count, a, b in zip(counts, one, largest):
-    print(f"{count:4d} tokens: one process {a / 2**20:5.2f} MB, largest rank of 4 {b / 2**20:5.2f} MB "
-          f"= {b / a:.2f} of one process")
+    held = (count - 1) // 4 + 1                               # rank 0's tokens: its quarter and the class token
+    print(f"{count:4d} tokens: one process {a / 2**20:5.2f} MB ({a / count / 1024:4.1f} KB per token), largest "
+          f"rank of 4 {b / 2**20:5.2f} MB ({b / held / 1024:4.1f} KB per token) = {b / a:.2f} of one process")
 figure, axis = plt.subplots(figsize=(5, 3.4))
 axis.plot(counts, [a / 2**20 for a in one], "o-", label="one process")
 axis.plot(counts, [b / 2**20 for b in largest], "s-", label="largest of 4 ranks")
@@ -185,25 +187,41 @@ axis.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# Each rank keeps well under half of one process's bytes: the per-token activations split evenly, and what does
-# not split (the class token on rank 0, the key/value block in flight, the head) shrinks relative to them as the
-# tokens grow. One process here is timm's own attention, which on a CPU in float64 keeps each head's N x N
-# weights; no rank ever holds more than its queries against one block of keys. Against one process with the same
-# blockwise attention, ViT-S/16 at 1024 x 1024 (4,097 tokens) keeps 0.500 per rank on P = 2 and 0.250 on P = 4
-# (`benchmarks/bench_vit.py`, BENCHMARKS.md section 14).
+# The share is not monotone: 0.45 of one process at 65 tokens, 0.18 at 257, then 0.33 at 577, above the 1/4
+# line. It is about a rank's bytes per token over 4 times one process's, and the KB per token say why:
+#
+# * A rank keeps about 13 KB per token at 17 and 65 tokens, then 30 KB at 145. It computes each ring step with
+#   plain matmuls (on a CPU, and in float64, no fused kernel gives the log-sum-exp the merge needs:
+#   `spatial/tokens/blocks.py`), making the scores of its queries against one block of keys, (N/4) x (N/4) per
+#   head, in the forward and again in the backward: they grow with the square of the tokens it holds.
+# * One process here is timm's attention, which calls torch's `scaled_dot_product_attention`; on a CPU that runs
+#   its flash kernel, float64 included, which never makes the N x N matrix. Its bytes per token grow too (7, 19,
+#   then 24 KB), but less than a rank's past 257 tokens.
+#
+# So at 65 tokens a rank keeps more per token than one process (0.45), at 257 less (0.18), and past that its
+# score blocks grow faster than one process's flash kernel: the share climbs back. Run the one-process step
+# inside `torch.nn.attention.sdpa_kernel([SDPBackend.MATH])`, timm's attention as plain matmuls keeping each
+# head's N x N weights, and one process takes 10.8 MB at 257 tokens and 48.8 MB at 577: a rank's share of that
+# is under 0.1. A fair comparison runs the same attention kernel on both sides: against one process with the
+# same blockwise attention, ViT-S/16 at 1024 x 1024 (4,097 tokens) keeps 0.500 per rank on P = 2 and 0.250 on
+# P = 4 (`benchmarks/bench_vit.py`, BENCHMARKS.md section 14).
 #
 # ## The class token's attention across the tile seams
 #
 # The class token lives on rank 0, yet it attends to every token of the image: its query meets the other ranks'
 # keys in the ring. Its attention in the last block, averaged over heads (computed here in one process, which
-# the ranks equal), drawn over the tile with the seams and each rank's share of the attention. Pick another
-# query in the viewer: a token's steps and map follow.
+# the ranks equal), drawn over the tile with the seams and each rank's share of the attention; the colour bar
+# gives each token's weight (the 257 weights sum to 1, so an even spread is about 0.004). Pick another query in
+# the viewer: a token's steps and map follow.
 
 # %%
 from mpi4dl_nb.notebook.widgets import AttentionViewer
 
 reference.eval()
-viz.show(draw_query_attention(picture, tiles, vit_attention(reference, image, 0), 0))
+figure = draw_query_attention(picture, tiles, vit_attention(reference, image, 0), 0)
+heat = next(layer for layer in figure.axes[0].images if layer.get_gid() == "attention")
+figure.colorbar(heat, ax=figure.axes[0], fraction=0.046, pad=0.03, label="attention weight of a token")
+viz.show(figure)
 viewer = AttentionViewer(picture, tiles, lambda q: vit_attention(reference, image, q))
 viewer.widget
 

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.sh's row selection (benchmarks/support/gpu_rows.py) on simulated GPU counts: with fewer GPUs
-than ranks the nccl rows are skipped with the reason and the mpi plane's rows run; with one GPU per rank, all run."""
+than ranks the nccl rows are skipped with the reason and the mpi plane's rows run; with one GPU per rank, all run.
+And the venv its --wheels mode makes (benchmarks/support/node_venv.py) sees the packages of the python making it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.support.gpu_rows import NO_REASON, RowKind, plan, rows
+import mpi4py
+
+from benchmarks.support.gpu_rows import NO_ENV, NO_REASON, RowKind, plan, rows
+from benchmarks.support.node_venv import PTH_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
@@ -50,6 +54,36 @@ def test_the_script_reads_the_plan_the_module_prints() -> None:
     expected = plan("cuda", gpus=1)
     assert len(printed) == len(expected)
     for line, (row, reason) in zip(printed, expected):
-        kind, name, ranks, shown, command = line.split("\t")
+        kind, name, ranks, shown, env, command = line.split("\t")
         assert (RowKind(kind), name, int(ranks)) == (row.kind, row.name, row.ranks)
         assert shown == (reason or NO_REASON) and tuple(shlex.split(command)) == row.args
+        variables = () if env == NO_ENV else tuple(tuple(pair.split("=", 1)) for pair in shlex.split(env))
+        assert variables == row.env
+
+
+def test_only_the_torch_plane_soak_turns_torch_s_flight_recorder_off() -> None:
+    """torch records ~1 KB per torch-plane collective until its ring of 2000 is full: the soak's heap check would
+    measure torch's record, not the package."""
+    for device in ("cuda", "cpu"):
+        with_env = {row.name: dict(row.env) for row in rows(device) if row.env}
+        assert with_env == {f"soak: trace and memory flat ({'nccl' if device == 'cuda' else 'gloo'})":
+                            {"TORCH_FR_BUFFER_SIZE": "0"}}
+
+
+def test_a_venv_made_from_a_venv_sees_the_makers_packages_after_its_own(tmp_path: Path) -> None:
+    """As on the GPU node, whose python3 is a venv's holding torch: the tests' interpreter (a venv's, under make) makes
+    one; mpi4py, installed beside the maker, imports in it from the maker's folder, and the new venv's own
+    site-packages (where the wheels go) come first."""
+    made = tmp_path / "node"
+    subprocess.run([sys.executable, "-m", "benchmarks.support.node_venv", str(made)], cwd=REPO, check=True,
+                   capture_output=True)
+    code = ("import mpi4py, site, sys; print(mpi4py.__file__); print(site.getsitepackages()[0]); "
+            "print(*sys.path, sep=',')")
+    found, own, path = subprocess.run([str(made / "bin" / "python"), "-c", code], cwd=tmp_path, capture_output=True,
+                                      text=True, check=True).stdout.splitlines()
+    assert Path(found).resolve() == Path(mpi4py.__file__).resolve()
+    maker_site = str(Path(mpi4py.__file__).resolve().parents[1])
+    entries = [str(Path(entry).resolve()) for entry in path.split(",") if entry]
+    assert entries.index(str(Path(own).resolve())) < entries.index(maker_site)
+    maker_is_a_venv = sys.prefix != sys.base_prefix
+    assert (Path(own) / PTH_NAME).exists() == maker_is_a_venv

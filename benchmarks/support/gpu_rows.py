@@ -3,7 +3,8 @@ with fewer GPUs than ranks a row on the nccl plane is skipped (saying why) and t
 sharing GPUs round-robin.
 
 ``python -m benchmarks.support.gpu_rows --device cuda --gpus 1`` prints the plan the script runs, one row a line:
-kind, name, ranks, skip reason (``-``: runs) and the command's arguments (shell-quoted), separated by tabs.
+kind, name, ranks, skip reason (``-``: runs), the row's environment variables (``NAME=VALUE``, shell-quoted; ``-``:
+none) and the command's arguments (shell-quoted), separated by tabs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from dataclasses import dataclass
 from enum import Enum
 
 NO_REASON = "-"
+NO_ENV = "-"
+# torch's collective flight recorder keeps ~1 KB per collective of the torch plane (gloo, nccl) until its ring of 2000
+# is full: on a tile rank (~11 collectives a step) the soak's heap grows ~8 KB/step for its first ~180 steps, torch's
+# bounded record, not the package's. The soak on the torch plane runs with the recorder off, measuring the package,
+# for 500 steps: the heap still warms up on gloo (torch 2.11, recorder off: 114-253 B/step over steps 40-300 against
+# the soak's limit of 256, 94-145 over steps 40-500).
+NO_FLIGHT_RECORDER = (("TORCH_FR_BUFFER_SIZE", "0"),)
+SOAK_STEPS = 500
 SPATIAL_MODELS = "resnet_classifier,avgpool3_s2_excl,maxpool3_s2_p1,bn_relu_conv"
 TRAIN = ("python", "-m", "mpi4dl_nb", "train", "--model", "resnet", "--resnet-version", "1", "--num-layers", "8",
          "--num-filters", "8", "--image-size", "64", "--batch-size", "4", "--num-samples", "8", "--split-size", "2",
@@ -40,10 +49,12 @@ class Row:
     ranks: int
     planes: tuple[str, ...]          # "mpi" and/or the torch plane ("nccl" on CUDA, "gloo" on CPU)
     args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()    # variables set for every rank of the row
 
     def line(self, reason: str | None) -> str:
-        """The row as the script reads it (tab-separated; ``-``: no reason to skip)."""
-        return "\t".join([self.kind.value, self.name, str(self.ranks), reason or NO_REASON, shlex.join(self.args)])
+        """The row as the script reads it (tab-separated; ``-``: no reason to skip, no variables)."""
+        env = shlex.join(f"{name}={value}" for name, value in self.env) or NO_ENV
+        return "\t".join([self.kind.value, self.name, str(self.ranks), reason or NO_REASON, env, shlex.join(self.args)])
 
 
 def torch_plane(device: str) -> str:
@@ -64,7 +75,7 @@ def rows(device: str) -> list[Row]:
     table += [Row(RowKind.CHECKS, f"both planes, {n} ranks (mpi, {plane})", n, ("mpi", plane),
                   ("tests.mpi.comm_planes", f"--device={device}")) for n in (2, 4)]
     table += [Row(RowKind.CHECKS, f"soak: trace and memory flat ({plane})", 5, (plane,),
-                  ("tests.mpi.soak", "sp_lp", "300", f"--backend={plane}")),
+                  ("tests.mpi.soak", "sp_lp", str(SOAK_STEPS), f"--backend={plane}"), NO_FLIGHT_RECORDER),
               Row(RowKind.COMMAND, "p2p benchmark", 2, ("mpi", plane),
                   ("python", "benchmarks/bench_p2p.py", "--device", device, "--repeats", "20")),
               Row(RowKind.COMMAND, "train CLI 5 ranks (torch plane)", 5, (plane,),

@@ -1,6 +1,8 @@
-"""The command table of ``python -m mpi4dl_nb``: each command's module and one-line summary, and the dispatch."""
+"""The command table of ``python -m mpi4dl_nb``: each command's module, parser and one-line summary, and the
+dispatch."""
 from __future__ import annotations
 
+import argparse
 import io
 import sys
 from collections.abc import Callable, Sequence
@@ -10,31 +12,48 @@ from importlib import import_module
 
 @dataclass(frozen=True)
 class Command:
-    """One ``python -m mpi4dl_nb <name>`` command: the module whose ``main(argv)`` runs it."""
+    """One ``python -m mpi4dl_nb <name>`` command: the module whose ``main(argv)`` runs it and whose function
+    ``parser_function`` makes its parser (``--config`` asks it which flags the other commands take)."""
 
     name: str
     module: str
+    parser_function: str
     summary: str
 
     def entry(self) -> Callable[[Sequence[str]], int]:
         main: Callable[[Sequence[str]], int] = import_module(self.module, __package__).main
         return main
 
+    def parser(self) -> argparse.ArgumentParser:
+        """The command's parser (its flags; nothing parsed)."""
+        make: Callable[[], argparse.ArgumentParser] = getattr(import_module(self.module, __package__),
+                                                              self.parser_function)
+        return make()
+
 
 COMMANDS: tuple[Command, ...] = (
-    Command("layout", ".layout_cmd", "show which rank does what for the MPI4DL flags, and how many ranks they need"),
-    Command("train", ".train_cmd", "train a model (mpiexec -n <ranks> python -m mpi4dl_nb train --model ...)"),
-    Command("evaluate", ".evaluate_cmd", "a checkpoint on its held-out images, any rank layout: one JSON line"),
-    Command("infer", ".infer_cmd", "a trained checkpoint over a whole slide (mpiexec -n <parts> ... infer --slide)"),
-    Command("tune", ".tune_cmd", "run the planner's best configurations on this job, pick the fastest that fits"),
+    Command("layout", ".layout_cmd", "layout_parser",
+            "show which rank does what for the MPI4DL flags, and how many ranks they need"),
+    Command("train", ".train_cmd", "train_parser",
+            "train a model (mpiexec -n <ranks> python -m mpi4dl_nb train --model ...)"),
+    Command("evaluate", ".evaluate_cmd", "evaluate_parser",
+            "a checkpoint on its held-out images, any rank layout: one JSON line"),
+    Command("infer", ".infer_cmd", "infer_parser",
+            "a trained checkpoint over a whole slide (mpiexec -n <parts> ... infer --slide)"),
+    Command("tune", ".tune_cmd", "tune_parser",
+            "run the planner's best configurations on this job, pick the fastest that fits"),
+    Command("export", ".export_cmd", "export_parser",
+            "a checkpoint's model as a state dict under the model's own keys (.safetensors or .pt)"),
 )
+COMMAND_NAMES = tuple(command.name for command in COMMANDS)
 
 
 def usage() -> str:
     names = ",".join(c.name for c in COMMANDS)
     lines = [f"usage: python -m mpi4dl_nb {{{names}}} [flags]", ""]
     lines += [f"  {c.name:<8} {c.summary}" for c in COMMANDS]
-    lines += ["", "'python -m mpi4dl_nb <command> --help' lists the flags of a command."]
+    lines += ["", "'python -m mpi4dl_nb <command> --help' lists the flags of a command; '--config FILE.toml' gives "
+                  "them from a file (docs/batch-jobs.md)."]
     return "\n".join(lines)
 
 

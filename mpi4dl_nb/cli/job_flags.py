@@ -8,7 +8,8 @@ from enum import Enum
 from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigError
-from ..schema import FlagField, build_job, flag_fields, tell_renamed
+from ..schema import Flag, FlagField, build_job, flag_fields, tell_renamed
+from .config_args import FileFlag, FlagKind
 from .parser import CommandParser, DefaultsHelpFormatter
 
 J = TypeVar("J")
@@ -97,7 +98,19 @@ def add_job_flags(parser: CommandParser, job: type) -> CommandParser:
         for old in flag.old:
             parser.remember_flags(old)
             hidden.add_argument(old, **old_spelling_options(item, old))
+        for spelling in (flag.option, *flag.aliases, *flag.old):
+            parser.remember_file_flag(FileFlag(spelling, flag.dest, flag_kind(flag),
+                                               None if flag.switch else _typed(item)))
     return parser
+
+
+def flag_kind(flag: Flag) -> FlagKind:
+    """How ``flag`` takes its value (how a ``--config`` file's value becomes its words)."""
+    if flag.switch:
+        return FlagKind.SWITCH
+    if flag.repeat:
+        return FlagKind.REPEATED
+    return FlagKind.VALUE if flag.const is None else FlagKind.OPTIONAL_VALUE
 
 
 def keyword_values(args: argparse.Namespace, job: type) -> dict[str, object]:

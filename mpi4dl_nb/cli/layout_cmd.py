@@ -13,7 +13,8 @@ from ..comm.device import local_rank_from_env
 from ..config import ConfigError, ParallelConfig
 from ..data.options import IMAGE_SIZE, ImageSize, VolumeSize
 from ..layout import layout, layout_table
-from ..models.options import MODEL, NUM_CLASSES
+from ..models.model_args import NO_ARGS, ModelArgs
+from ..models.options import MODEL, MODEL_ARGS, NUM_CLASSES
 from ..run import flag_groups as groups
 from ..run.model_choice import ModelChoice, ModelSizes
 from ..schema import build_job, flag
@@ -58,6 +59,7 @@ class LayoutJob:
 
     config: ParallelConfig = field(default_factory=ParallelConfig)
     model: str | None = MODEL.field(None, group=groups.MODEL)
+    model_args: ModelArgs = MODEL_ARGS.field(NO_ARGS, default_text="none", group=groups.MODEL)
     sizes: ModelSizes = field(default_factory=ModelSizes)
     num_classes: int = NUM_CLASSES.field(10, group=groups.MODEL)
     image_size: ImageSize = IMAGE_SIZE.field(32, group=groups.MODEL)
@@ -82,11 +84,13 @@ def model_cut(job: LayoutJob) -> str:
     from .stage_table import stage_table
 
     assert job.model is not None and isinstance(job.image_size, int), "an image model asked for"
-    spec = ModelChoice(job.model, job.sizes, normalize="none").spec(job.num_classes)
+    spec = ModelChoice(job.model, job.model_args, job.sizes, normalize="none").spec(job.num_classes)
     job.config.validate(image_size=job.image_size)
     try:
         torch.manual_seed(0)
         layers = spec.build(job.image_size)
+    except ConfigError:
+        raise
     except ValueError as err:
         raise ConfigError("--model", str(err)) from None
     refuse_token_spatial_stage(layers, job.config, job.image_size)

@@ -44,7 +44,8 @@ def parsed_plan(argv: Sequence[str] | None) -> TrainPlan:
 def train_and_report(plan: TrainPlan, ctx: Comm, monitor: JobMonitor,
                      results: list[TrainSummary] | None = None) -> int:
     """Set up and train, print the JSON summary on rank 0 (kept in ``results`` when given); a refused set-up, a
-    divergence or a failed save stops every rank together with one message."""
+    divergence or a failed save stops every rank together with one message, as a stop signal does after the step
+    and its checkpoint (exit code EXIT_PREEMPTED)."""
     from ..comm.agreement import SetupFailed
     from ..run.divergence import EXIT_NONFINITE, NonFiniteError
     from ..run.job_run import say_once, started_trainer
@@ -69,7 +70,13 @@ def train_and_report(plan: TrainPlan, ctx: Comm, monitor: JobMonitor,
         print(summary.to_json(), flush=True)
         if results is not None:
             results.append(summary)
+    if trainer.preempted is not None:
+        from ..run.preemption import EXIT_PREEMPTED
+
+        say_once(ctx, trainer.preempted.message())
+        return EXIT_PREEMPTED
     return 0
+
 
 
 def train_main(plan: TrainPlan, results: list[TrainSummary] | None = None) -> int:

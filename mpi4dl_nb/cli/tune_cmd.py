@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from ..config import DTYPE, ConfigError, ParallelConfig
 from ..data.options import IMAGE_SIZE
-from ..models.options import MODEL, NUM_CLASSES, NUM_FILTERS, NUM_LAYERS
+from ..models.model_args import NO_ARGS, ModelArgs
+from ..models.options import MODEL, MODEL_ARGS, NUM_CLASSES, NUM_FILTERS, NUM_LAYERS
 from ..models.spec import ModelFamily
 from ..run import flag_groups as groups
 from ..run.training_spec import BATCH_SIZE, STEPS
@@ -57,6 +58,7 @@ class TuneJob:
 
     memory_limit_mb: float = flag("--memory-limit-mb", "bytes each rank may use, in MiB", parse=number, group=GROUP)
     model: str = MODEL.field(ModelFamily.RESNET.value, group=groups.MODEL)
+    model_args: ModelArgs = MODEL_ARGS.field(NO_ARGS, default_text="none", group=groups.MODEL)
     num_layers: int | None = NUM_LAYERS.field(None, group=groups.MODEL)
     num_filters: int | None = NUM_FILTERS.field(None, group=groups.MODEL)
     num_classes: int = NUM_CLASSES.field(2, group=groups.MODEL)
@@ -110,6 +112,7 @@ def train_command(job: TuneJob, cfg: ParallelConfig) -> str:
              "--batch-size", str(job.batch_size)]
     for option, value in (("--num-layers", job.num_layers), ("--num-filters", job.num_filters)):
         model += [option, str(value)] if value is not None else []
+    model += ["--model-args", job.model_args.text()] if job.model_args else []
     model += ["--dtype", job.dtype] if job.dtype != "float32" else []
     try:
         flags = parallel_flags(cfg)
@@ -125,7 +128,8 @@ def tuner_of(job: TuneJob, world_size: int) -> Tuner:
     from ..planner.suggest import SuggestOptions
     from ..planner.tune import Tuner
 
-    spec = trials.trial_model(job.model, job.num_layers, job.num_filters, job.num_classes, dtype=job.dtype)
+    spec = trials.trial_model(job.model, job.num_layers, job.num_filters, job.num_classes, dtype=job.dtype,
+                              model_args=job.model_args)
     options = SuggestOptions(max_split=job.max_split)
     if job.headroom is not None:
         options["headroom"] = job.headroom

@@ -14,6 +14,10 @@ Tensors travel on one of two data planes behind the same methods (``protocol.Dat
 Groups and channels are cached: asking again for the same ranks returns the same object
 (all ranks ask in the same order, so all hit or all miss), so building engines again and
 again in one process does not pile up communicators.
+
+Small host tensors that say what is coming (a pipeline payload's header) go on the control
+plane (``exchange_host``): MPI on a communicator of their own, duplicated from the world at
+construction, never through a device, so reading one waits for no kernel.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class Context:
                              max_events=trace_max_events, clock=clock)
         self.world = Group(tuple(range(self.world_size)), self.mpi_comm,
                            self.data_plane.process_group(None))
+        self._host_comm: MPI.Intracomm = self.mpi_comm.Dup()   # exchange_host's own: posting order per pair
         self._groups: dict[tuple[int, ...], Group] = {}
         self._channels: dict[tuple[int, int], Channel] = {}
 
@@ -183,6 +188,19 @@ class Context:
         for t in transfers:
             _require_contiguous(t.tensor, "send" if t.send else "recv")
         return self.data_plane.exchange(transfers, via)
+
+    def exchange_host(self, transfers: Sequence[Transfer]) -> Request:
+        """Post host-memory ``transfers`` (a payload's header) on the control plane: MPI on a communicator of
+        their own, where the messages between two ranks match in the order they are posted (tags unused, as on the
+        torch plane). No device is involved on either plane, so neither side waits for a kernel."""
+        for t in transfers:
+            _require_contiguous(t.tensor, "exchange_host")
+            if t.tensor.device.type != "cpu":
+                raise ValueError(f"exchange_host moves host tensors; got one on {t.tensor.device} (use exchange)")
+        comm = self._host_comm
+        handles = [comm.Isend(t.tensor.detach(), t.peer, 0) if t.send else comm.Irecv(t.tensor.detach(), t.peer, 0)
+                   for t in transfers]
+        return Request(MpiRequests(handles, self.wait_mode), keep=[t.tensor for t in transfers])
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Blocking send of a contiguous tensor to global rank ``dst``."""

@@ -1,11 +1,15 @@
 """Point-to-point payloads (a tensor or a tuple of tensors) with a small header, and a mailbox
 that takes a channel's payloads in the order they were sent.
 
-A payload travels as two exchanges on its route, posted in the same order on both sides:
-the header (message tag, tuple flag, dtype and shape of each tensor), then all its tensors
-in one group. The receiver checks the header's tag against the one it expects, so a
-broken posting order (on the torch plane nothing else would notice two same-shaped
-payloads swapped) fails loudly instead of training on the wrong micro-batch.
+A payload travels as two messages, posted in the same order on both sides: the header
+(message tag, tuple flag, dtype and shape of each tensor) on the control plane
+(``Comm.exchange_host``: host memory to host memory, matched per pair in posting order), then
+all its tensors in one exchange on its route. The header never touches a device, so the
+receiver learns the shapes without waiting for a kernel (on a GPU, reading a header that came
+through NCCL would wait for every kernel queued before it, once per received payload). The
+receiver checks the header's tag against the one it expects, so a broken posting order (on
+the torch plane nothing else would notice two same-shaped payloads swapped) fails loudly
+instead of training on the wrong micro-batch.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .handles import Channel, Group, Request, Transfer
@@ -31,6 +36,8 @@ _BASE = 3                        # tag, is_tuple, count
 HEADER_LEN = _BASE + MAX_TENSORS * _FIELDS
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+HOST = torch.device("cpu")      # where headers live, on every plane and device
+HeaderFields = tuple[int, bool, list[tuple[torch.dtype, tuple[int, ...]]]]   # tag, tuple flag, (dtype, shape)s
 
 
 def as_items(payload: Payload | list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -59,7 +66,8 @@ class MessageOrderError(RuntimeError):
 
 
 def encode_header(payload: Payload, device: torch.device, tag: int = 0) -> torch.Tensor:
-    """int64 header: tag, tuple flag, tensor count, then (dtype, ndim, dims) per tensor."""
+    """int64 header: tag, tuple flag, tensor count, then (dtype, ndim, dims) per tensor; built on the host, on
+    ``device`` when another is asked for (the payloads' headers stay on the host: ``HOST``)."""
     items = checked_items(payload)
     header = torch.zeros(HEADER_LEN, dtype=torch.int64, device="cpu")   # built on the host, one copy
     header[0] = int(tag)
@@ -72,12 +80,16 @@ def encode_header(payload: Payload, device: torch.device, tag: int = 0) -> torch
         header[base] = DTYPES.index(t.dtype)
         header[base + 1] = t.dim()
         header[base + 2:base + 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64, device="cpu")
-    return header.to(device)
+    return header if device == HOST else header.to(device)
 
 
-def decode_header(header: torch.Tensor) -> tuple[int, bool, list[tuple[torch.dtype, tuple[int, ...]]]]:
+def decode_header(header: torch.Tensor) -> HeaderFields:
     """(tag, tuple flag, [(dtype, shape)] per tensor) from an ``encode_header`` header."""
-    values = header.cpu().tolist()
+    return decode_values(header.cpu().tolist())
+
+
+def decode_values(values: list[int]) -> HeaderFields:
+    """``decode_header`` of a header's values."""
     specs = []
     for i in range(values[2]):
         base = _BASE + i * _FIELDS
@@ -117,29 +129,40 @@ class HeaderCache:
 HEADERS = HeaderCache()
 
 
+class HeaderBuffer:
+    """Host memory one header is received into: a NumPy array, and a tensor view of it for the transfer (read
+    through the array: host memory by construction, so reading it never waits for a device)."""
+
+    def __init__(self) -> None:
+        self.values = np.zeros(HEADER_LEN, dtype=np.int64)
+        self.tensor = torch.from_numpy(self.values)
+
+    def decode(self) -> HeaderFields:
+        return decode_values(self.values.tolist())
+
+
 def isend_payload(ctx: Comm, payload: Payload, dst: int, tag: int,
                   via: Group | Channel | None = None) -> list[Request]:
-    """Start sending ``payload`` to ``dst`` on route ``via``: the header exchange, then the tensors'.
+    """Start sending ``payload`` to ``dst``: its header on the control plane, then its tensors on route ``via``.
 
     Returns the requests (wait before changing the tensors).
     """
     items = [t.detach().contiguous() for t in checked_items(payload)]
-    device = items[0].device if items else ctx.device
-    requests = [ctx.exchange([Transfer.to(HEADERS.header(payload, items, device, tag), dst, tag)], via)]
+    requests = [ctx.exchange_host([Transfer.to(HEADERS.header(payload, items, HOST, tag), dst, tag)])]
     if items:
         requests.append(ctx.exchange([Transfer.to(t, dst, tag) for t in items], via))
     return requests
 
 
 def recv_payload(ctx: Comm, src: int, tag: int, device: torch.device,
-                 via: Group | Channel | None = None, header: torch.Tensor | None = None) -> Payload:
-    """Receive the next payload ``isend_payload`` sent from ``src`` on ``via``; it must carry ``tag``.
-    ``header``: a buffer of HEADER_LEN int64 on ``device`` to receive the header into (reused by a caller
-    that receives one payload at a time)."""
+                 via: Group | Channel | None = None, header: HeaderBuffer | None = None) -> Payload:
+    """Receive the next payload ``isend_payload`` sent from ``src`` on ``via`` onto ``device``; it must carry
+    ``tag``. ``header``: the host buffer to receive the header into (reused by a caller that receives one
+    payload at a time)."""
     if header is None:
-        header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=device)
-    ctx.exchange([Transfer.into(header, src, tag)], via).wait()
-    got, is_tuple, specs = decode_header(header)
+        header = HeaderBuffer()
+    ctx.exchange_host([Transfer.into(header.tensor, src, tag)]).wait()
+    got, is_tuple, specs = header.decode()
     if got != tag:
         raise MessageOrderError(f"rank {ctx.rank} expected the payload with tag {tag} from rank {src} "
                                 f"but the next one carries tag {got}: both sides must post the "
@@ -170,7 +193,7 @@ class Mailbox:
         self._next = {src: 0 for src in order}
         self._early: dict[int, dict[Hashable, Payload]] = {src: {} for src in order}
         self.early_total = 0    # payloads that arrived ahead of their receive action, ever
-        self._header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=device)   # one receive at a time
+        self._header = HeaderBuffer()   # one receive at a time
 
     def begin(self) -> None:
         """Start a round: every channel from its first message."""

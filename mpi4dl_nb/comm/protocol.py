@@ -49,6 +49,10 @@ class Comm(Protocol):
         """Post a set of sends and receives as one exchange (one NCCL group on the torch plane)."""
         ...
 
+    def exchange_host(self, transfers: Sequence[Transfer]) -> Request:
+        """Post host tensors (a payload's header) on the control plane, matched per pair in posting order."""
+        ...
+
     def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
         """The one-way channels ``src -> dst`` of ``pairs`` (collective: same pairs on every rank)."""
         ...

@@ -20,8 +20,9 @@ range          name             what
 =============  ===============  ==================================================================
 
 Every tag is below 32768, the smallest ``MPI_TAG_UB`` the MPI standard allows. A pipeline
-payload's header and tensors share one tag (``comm/messages.py``): MPI keeps messages of
-one (source, tag) pair in order.
+payload's tensors carry its tag; its header goes before them on the control plane's own
+communicator (``Context.exchange_host``), where no tag is used: headers between two ranks
+match in the order they are posted.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@ one delimiter rule, rows with their line numbers, a header that disagrees with i
 
 The header is the first line that is neither blank nor a ``#`` comment; its most frequent of comma, semicolon and
 tab separates every line (a header without any: comma). Blank lines and lines starting with ``#`` are skipped; a
-byte-order mark (spreadsheet exports) is ignored. Column names are matched case-insensitively.
+byte-order mark (spreadsheet exports) is ignored. Column names are matched case-insensitively; a reader may take
+other tools' names for its columns (aliases, e.g. CLAM's ``slide_id`` for ``slide``), used when its own name is absent.
 """
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +29,14 @@ class TableRow:
 
 @dataclass(frozen=True)
 class CsvTable:
-    """A manifest read: the header as written, where it is, its delimiter, and the data rows in file order."""
+    """A manifest read: the header as written, where it is, its delimiter, the data rows in file order, and the
+    columns read under another name (as written, the name they were read as)."""
 
     columns: tuple[str, ...]
     header_line: int
     delimiter: str
     rows: tuple[TableRow, ...]
+    renamed: tuple[tuple[str, str], ...] = ()
 
 
 def header_delimiter(header: str) -> str:
@@ -42,9 +45,12 @@ def header_delimiter(header: str) -> str:
     return max(DELIMITERS, key=header.count)
 
 
-def read_table(path: Path, knob: str, required: Sequence[str], hint: str) -> CsvTable:
+def read_table(path: Path, knob: str, required: Sequence[str], hint: str,
+               aliases: Mapping[str, str] | None = None) -> CsvTable:
     """The manifest at ``path``, its header holding ``required`` (ConfigError(``knob``) naming what is missing,
-    then ``hint``: the columns it takes); rows split by another delimiter than the header's are refused once."""
+    then ``hint``: the columns it takes); rows split by another delimiter than the header's are refused once.
+    ``aliases`` (lower-case other name -> column): a column named so is read as that column when the header lacks
+    it (the cells' keys renamed; ``renamed`` says which)."""
     lines = path.read_text(encoding="utf-8-sig").splitlines()
     numbered = [(n, text) for n, text in enumerate(lines, start=1) if text.strip() and not
                 text.lstrip().startswith("#")]
@@ -53,23 +59,37 @@ def read_table(path: Path, knob: str, required: Sequence[str], hint: str) -> Csv
     (header_line, header), body = numbered[0], numbered[1:]
     delimiter = header_delimiter(header)
     columns = tuple(c.strip() for c in _cells(header, delimiter))
-    _check_header(path, knob, header_line, columns, required, hint)
+    keys, renamed = aliased_keys(columns, aliases or {})
+    _check_header(path, knob, header_line, columns, keys, required, hint)
     _check_delimiters(path, knob, header_line, delimiter, columns, body)
-    keys = [c.lower() for c in columns]
     rows = []
     for number, text in body:
         cells = _cells(text, delimiter)
         rows.append(TableRow(number, {k: (cells[i].strip() if i < len(cells) else "") for i, k in enumerate(keys)}))
-    return CsvTable(columns, header_line, delimiter, tuple(rows))
+    return CsvTable(columns, header_line, delimiter, tuple(rows), renamed)
+
+
+def aliased_keys(columns: Sequence[str], aliases: Mapping[str, str]) -> tuple[list[str], tuple[tuple[str, str], ...]]:
+    """(each column's key: its lower-cased name, or the column an alias stands for when the header lacks that one;
+    (name as written, key) of each renamed column)."""
+    lowered = [c.lower() for c in columns]
+    keys, renamed = [], []
+    for written, name in zip(columns, lowered, strict=True):
+        target = aliases.get(name)
+        if target is not None and target not in lowered:
+            keys.append(target)
+            renamed.append((written, target))
+        else:
+            keys.append(name)
+    return keys, tuple(renamed)
 
 
 def _cells(text: str, delimiter: str) -> list[str]:
     return next(csv.reader([text], delimiter=delimiter), [])
 
 
-def _check_header(path: Path, knob: str, line: int, columns: Sequence[str], required: Sequence[str],
-                  hint: str) -> None:
-    lowered = [c.lower() for c in columns]
+def _check_header(path: Path, knob: str, line: int, columns: Sequence[str], lowered: Sequence[str],
+                  required: Sequence[str], hint: str) -> None:
     missing = [c for c in required if c not in lowered]
     if missing:
         raise ConfigError(knob, f"{path} line {line}: the header ({', '.join(columns)}) lacks the column"

@@ -1,4 +1,4 @@
-"""QuPath annotations read from GeoJSON and checked: classes, rings, self-intersections, the slide's extent.
+"""QuPath annotations read from GeoJSON and checked: classes, the slide's extent, valid polygons.
 
 QuPath's *File > Object data > Export as GeoJSON* (or ``exportObjectsToGeoJson(..., "FEATURE_COLLECTION")``)
 writes a FeatureCollection whose features carry a ``Polygon`` or ``MultiPolygon`` geometry in level-0
@@ -7,12 +7,14 @@ pixel coordinates (origin at the top-left corner of the full-resolution image) a
 Feature are read too. A polygon is an outer ring and its holes; rings are closed (a missing closing
 vertex is added). Features without area (points, lines: cell counts, rulers) are skipped and counted.
 
-Refused, naming the file and the feature (its position, and its id or name when it has one): text
+Refused, naming the file and the feature (its position, its id and name when it has them): text
 that is not JSON, a feature that is not a Feature, a geometry that is not a list of rings of ``[x, y]``
 numbers with at least three distinct vertices, a missing classification. ``problems`` adds what depends
-on the run: a class not among ``--classes``, a vertex outside the slide, and a ring that crosses itself
-(refused rather than repaired: the even-odd rule would fill a figure-eight in a way nobody drew, and a
-repair would move labels silently; fix the polygon in QuPath).
+on the run: a class not among ``--classes``, a vertex outside the slide, and a polygon (each part of a
+MultiPolygon) that is not valid by the OGC rules (``data/polygon_validity.py``: a ring crossing itself, a hole
+crossing, outside or repeating its outer ring, holes inside or across each other). Such a polygon is refused,
+not silently repaired: the even-odd rule would paint what nobody drew (a hole's part outside its outer ring as
+the class); ``--repair-annotations`` repairs it and says what changed (``data/annotation_repair.py``).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import numpy as np
 
 AREA_TYPES = ("Polygon", "MultiPolygon")
 SKIPPED_TYPES = ("Point", "MultiPoint", "LineString", "MultiLineString")
-CROSSING_BLOCK = 256      # edges tested together in one vectorised block of the sweep
+REPAIR_HINT = "fix it in QuPath, or pass --repair-annotations (shapely.make_valid; each change is reported)"
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,13 @@ class AnnotatedPolygon:
 
     name: str
     rings: tuple[np.ndarray, ...]
-    feature: str          # how messages name the feature: 'feature 3 (id "a1b2")'
+    feature: str              # how messages name the feature: "feature 3 ('a1b2', 'Region 7')"
+    part: int | None = None   # its position among a MultiPolygon's polygons (None: a Polygon)
+
+    @property
+    def where(self) -> str:
+        """How messages name this polygon: its feature, and its part of a MultiPolygon."""
+        return self.feature if self.part is None else f"{self.feature} polygon {self.part}"
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class Annotations:
 
     def problems(self, classes: Sequence[str], width: float, height: float) -> list[str]:
         """What makes these annotations unusable for ``classes`` on a ``width x height`` (level 0) slide."""
+        from .polygon_validity import invalidity  # shapely: the `slides` extra
+
         if not self.regions:
             held = ", ".join(f"{count} {kind}" for kind, count in self.skipped.items()) or "no features"
             return [f"{self.path}: no areas to draw a mask from ({held}); annotate regions as polygons in QuPath "
@@ -72,14 +82,10 @@ class Annotations:
                 found.append(f"{region.feature}: vertex ({x:g}, {y:g}) lies outside the slide (0..{width:g} x "
                              f"0..{height:g} pixels at level 0)")
                 continue
-            for number, ring in enumerate(region.rings):
-                crossing = self_crossing(ring)
-                if crossing is not None:
-                    kind = "outer ring" if number == 0 else f"hole {number}"
-                    found.append(f"{region.feature}: its {kind} crosses itself near ({crossing[0]:.1f}, "
-                                 f"{crossing[1]:.1f}); fix the polygon in QuPath (self-intersecting polygons are "
-                                 f"refused, not repaired)")
-                    break
+            fault = invalidity(region.rings)
+            if fault is not None:
+                found.append(f"{region.where}: {fault.describe()}; this {region.name} polygon is invalid: "
+                             f"{REPAIR_HINT}")
         return [f"{self.path}: {text}" for text in found]
 
 
@@ -88,11 +94,10 @@ class AnnotationError(ValueError):
 
 
 def _feature_name(number: int, feature: Mapping[str, object]) -> str:
-    label = feature.get("id")
     properties = feature.get("properties")
-    if label is None and isinstance(properties, Mapping):
-        label = properties.get("name")
-    return f"feature {number}" + (f" ({label!r})" if isinstance(label, (str, int)) else "")
+    name = properties.get("name") if isinstance(properties, Mapping) else None
+    labels = list(dict.fromkeys(label for label in (feature.get("id"), name) if isinstance(label, (str, int))))
+    return f"feature {number}" + (f" ({', '.join(map(repr, labels))})" if labels else "")
 
 
 def _ring(raw: object, where: str) -> np.ndarray:
@@ -170,8 +175,9 @@ def parse_annotations(data: object, path: Path) -> Annotations:
             skipped[kind] = skipped.get(kind, 0) + 1
             continue
         label = _class_name(feature, where)
-        for polygon in polygons:
-            regions.append(AnnotatedPolygon(label, tuple(_ring(ring, where) for ring in polygon), name))
+        for part, polygon in enumerate(polygons):
+            rings = tuple(_ring(ring, where) for ring in polygon)
+            regions.append(AnnotatedPolygon(label, rings, name, part if len(polygons) > 1 else None))
     return Annotations(path, tuple(regions), skipped)
 
 
@@ -187,48 +193,3 @@ def read_annotations(path: str | Path) -> Annotations:
     except json.JSONDecodeError as err:
         raise AnnotationError(f"{file}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
     return parse_annotations(data, file)
-
-
-def self_crossing(ring: np.ndarray) -> tuple[float, float] | None:
-    """A point where two non-adjacent edges of the closed ``ring`` meet (None: a simple ring).
-
-    Edges sorted by their left end: an edge is tested only against the later ones that start before it
-    ends (a sweep over x, in vectorised blocks), so a round 20,000-vertex ring takes a fraction of a second.
-    """
-    start = np.asarray(ring, dtype=np.float64)
-    end = np.roll(start, -1, axis=0)
-    count = len(start)
-    low, high = np.minimum(start, end), np.maximum(start, end)
-    order = np.argsort(low[:, 0], kind="stable")
-    sorted_low = low[order, 0]
-    reach = np.maximum.accumulate(high[order, 0])                  # the furthest right any edge so far ends
-    for first in range(0, count, CROSSING_BLOCK):
-        last = min(first + CROSSING_BLOCK, count)
-        stop = int(np.searchsorted(sorted_low, reach[last - 1], side="right"))
-        i = order[first:last, None]
-        j = order[None, first:stop]
-        later = np.arange(first, last)[:, None] < np.arange(first, stop)[None, :]
-        adjacent = (j == (i + 1) % count) | (i == (j + 1) % count)
-        boxes = ((low[i, 0] <= high[j, 0]) & (low[j, 0] <= high[i, 0])
-                 & (low[i, 1] <= high[j, 1]) & (low[j, 1] <= high[i, 1]))
-        rows, cols = np.nonzero(boxes & later & ~adjacent)
-        if not len(rows):
-            continue
-        a, b = order[first + rows], order[first + cols]
-        p, r = start[a], end[a] - start[a]
-        q, s = start[b], end[b] - start[b]
-        denominator = r[:, 0] * s[:, 1] - r[:, 1] * s[:, 0]
-        qp = q - p
-        along_a = qp[:, 0] * s[:, 1] - qp[:, 1] * s[:, 0]
-        along_b = qp[:, 0] * r[:, 1] - qp[:, 1] * r[:, 0]
-        parallel = denominator == 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t, u = along_a / denominator, along_b / denominator
-        crossing = ~parallel & (t >= 0) & (t <= 1) & (u >= 0) & (u <= 1)
-        overlapping = parallel & (along_a == 0)                 # collinear edges whose boxes touch
-        hit = np.flatnonzero(crossing | overlapping)
-        if len(hit):
-            k = hit[0]
-            point = p[k] + (t[k] if crossing[k] else 0.0) * r[k]
-            return float(point[0]), float(point[1])
-    return None

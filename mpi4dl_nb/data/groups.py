@@ -1,5 +1,6 @@
-"""The group of each image a held-out split keeps on one side: its patient, else its slide (tiles cut from one
-slide, or tile files whose names carry the slide), else nothing (ungrouped: the image alone)."""
+"""The group of each image a held-out split keeps on one side: its patient (a cohort's, or read from TCGA barcodes),
+else its slide (tiles cut from one slide, or tile files whose names carry the slide), else nothing (ungrouped: the
+image alone)."""
 from __future__ import annotations
 
 import re
@@ -7,11 +8,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from .barcodes import ORIGIN, tcga_patients
 from .dataset import RegionDataset
 
+if TYPE_CHECKING:
+    from .pathology import TileFolderDataset
+
 KNOB = "--group-by"
+BY_SLIDE = "slide"    # --group-by slide: slides as the default patterns name them, TCGA barcodes kept whole
 # Tile file names (without suffix) that name their slide, tried in order; the first group is the slide.
 DEFAULT_PATTERNS = (
     r"(TCGA-[A-Za-z0-9]{2}-[A-Za-z0-9]{4}-[A-Za-z0-9]{3}-[A-Za-z0-9]{2,3}-[A-Za-z0-9]{3,4})[_.-].*",  # TCGA slide
@@ -39,9 +46,15 @@ class Groups:
     kind: GroupKind
     names: tuple[str, ...]             # the group of each image
     slides: tuple[str, ...]            # the slide of each image (ungrouped: the image's own name)
+    origin: str = ""                   # where the groups come from, when not plain (e.g. "from TCGA barcodes")
 
     def __len__(self) -> int:
         return len(self.names)
+
+    @property
+    def heading(self) -> str:
+        """How the split is grouped, as its printed summary says it: ``grouped by patient (from TCGA barcodes)``."""
+        return f"grouped by {self.kind.value}" + (f" ({self.origin})" if self.origin else "")
 
 
 def ungrouped(count: int) -> Groups:
@@ -59,29 +72,62 @@ def given_groups(names: Sequence[object], count: int) -> Groups:
 
 
 def groups_of(dataset: RegionDataset, pattern: str | None = None) -> Groups:
-    """The groups of ``dataset``'s images: a cohort's patients, a slide dataset's slides, tile files' slides by
-    ``pattern`` (``--group-by REGEX``, first group the slide; None: the default patterns when every file matches
-    one), else ungrouped. ConfigError for a ``pattern`` that is no regex or does not match a file."""
+    """The groups of ``dataset``'s images: a cohort's patients, the patients of slides named by TCGA barcodes
+    (``data/barcodes.py``), else the slides of a slide dataset or of tile files by ``pattern`` (``--group-by REGEX``,
+    first group the slide, or ``slide``: the default patterns without joining TCGA slides into patients; None: the
+    default patterns when every file matches one), else ungrouped. ConfigError for a ``pattern`` that is no regex or
+    does not match a file, and for a tile folder's slide with tiles in two class folders."""
     from .canvas import SlideCanvases
     from .cohort_slides import CohortSlides
     from .pathology import SlideDataset, TileFolderDataset
 
-    if isinstance(dataset, SlideCanvases):            # a sample per slide
-        kind = GroupKind.SLIDE if dataset.patients == dataset.names else GroupKind.PATIENT
-        return Groups(kind, tuple(dataset.patients), tuple(dataset.names))
-    if isinstance(dataset, SlideDataset):
+    by_slide = pattern == BY_SLIDE
+    if isinstance(dataset, CohortSlides):             # the manifest's patients
         slides = tuple(dataset.paths[t.slide].stem for t in dataset.tiles)
-        if not isinstance(dataset, CohortSlides):
-            return Groups(GroupKind.SLIDE, slides, slides)
-        return Groups(GroupKind.PATIENT, tuple(dataset.patients[t.slide] for t in dataset.tiles), slides)
+        patients = tuple(dataset.patients[t.slide] for t in dataset.tiles)
+        return Groups(GroupKind.PATIENT, patients, slides, dataset.cohort.grouping)
+    if isinstance(dataset, SlideCanvases):            # a sample per slide
+        if dataset.patients != dataset.names:         # a cohort's patients
+            origin = ORIGIN if tcga_patients(dataset.names) == tuple(dataset.patients) else ""
+            return Groups(GroupKind.PATIENT, tuple(dataset.patients), tuple(dataset.names), origin)
+        return named_slides(tuple(dataset.names), by_slide)
+    if isinstance(dataset, SlideDataset):
+        return named_slides(tuple(dataset.paths[t.slide].stem for t in dataset.tiles), by_slide)
     if isinstance(dataset, TileFolderDataset):
-        found = tile_slides(dataset.files, pattern)
+        found = tile_slides(dataset.files, None if by_slide else pattern)
         if found is not None:
-            return Groups(GroupKind.SLIDE, found, found)
+            check_one_class_per_slide(dataset, found, pattern)
+            return named_slides(found, by_slide or pattern is not None)
     elif pattern is not None:
         raise ConfigError(KNOB, f"groups tile files by name; this data ({type(dataset).__name__}) has none; drop "
                                 f"{KNOB}")
     return ungrouped(len(dataset))
+
+
+def named_slides(slides: tuple[str, ...], by_slide: bool) -> Groups:
+    """Slides grouped by patient when every slide's name is a TCGA barcode (unless ``by_slide``), else by slide."""
+    patients = None if by_slide else tcga_patients(slides)
+    if patients is not None:
+        return Groups(GroupKind.PATIENT, patients, slides, ORIGIN)
+    return Groups(GroupKind.SLIDE, slides, slides)
+
+
+def check_one_class_per_slide(dataset: TileFolderDataset, slides: Sequence[str], pattern: str | None) -> None:
+    """ConfigError naming a slide whose tiles lie in two class folders (its tiles would be merged into one slide of
+    two labels), the folders, and how many slides more."""
+    labels: dict[str, set[int]] = {}
+    for slide, label in zip(slides, dataset.labels, strict=True):
+        labels.setdefault(slide, set()).add(label)
+    mixed = [(slide, sorted(found)) for slide, found in labels.items() if len(found) > 1]
+    if not mixed:
+        return
+    slide, found = mixed[0]
+    folders = " and ".join(f"{dataset.root / dataset.classes[label]}/" for label in found)
+    more = f" ({len(mixed) - 1} more slides so)" if len(mixed) > 1 else ""
+    knob = KNOB if pattern is not None and pattern != BY_SLIDE else "--datapath"
+    raise ConfigError(knob, f"slide {slide!r} has tiles in {folders}{more}: a slide has one label; rename the "
+                            f"slide's tiles in one of the folders, or give {KNOB} REGEX whose first group names each "
+                            f"slide")
 
 
 def tile_slides(files: Sequence[Path], pattern: str | None) -> tuple[str, ...] | None:

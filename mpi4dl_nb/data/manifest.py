@@ -2,10 +2,13 @@
 before any work with every problem listed by its line.
 
 Columns (header names, any order, case-insensitive): ``slide`` (a path, relative to the manifest's folder or
-absolute), ``label`` (a class name), optional ``patient`` (default: the slide's own name, so each slide is its
-own patient), optional ``fold`` (a whole number >= 0), optional ``split`` (``train``, ``val`` or ``test``);
-every other column is kept as metadata. Commas, semicolons or tabs separate the fields (the header decides;
-data/csv_table.py reads every manifest); blank lines and lines starting with ``#`` are skipped.
+absolute; a name without the file's extension is found by it, as CLAM and slideflow name slides), ``label`` (a
+class name), optional ``patient`` (default: a TCGA barcode's patient, ``data/barcodes.py``, else the slide's own
+name, so each slide is its own patient), optional ``fold`` (a whole number >= 0), optional ``split`` (``train``,
+``val`` or ``test``); every other column is kept as metadata. CLAM's column names read as ours (``case_id`` as
+``patient``, ``slide_id`` as ``slide``; slideflow's ``patient,slide`` are ours). Commas, semicolons or tabs separate
+the fields (the header decides; data/csv_table.py reads every manifest); blank lines and lines starting with ``#``
+are skipped.
 
 Problems found and reported together, each with its line: a missing or unreadable slide, a label not among the
 classes, a slide listed twice, a fold or split value that is not one, and a patient whose slides carry
@@ -21,11 +24,13 @@ from enum import Enum
 from pathlib import Path
 
 from ..errors import ConfigError
+from .barcodes import ORIGIN, tcga_patient
 from .csv_table import read_table
 
 KNOB = "--cohort"
 REQUIRED = ("slide", "label")
 OPTIONAL = ("patient", "fold", "split")
+ALIASES = {"case_id": "patient", "slide_id": "slide"}      # other tools' column names (CLAM's) read as ours
 HEADER_HINT = "columns: slide, label and optionally patient, fold, split (others are kept as metadata)"
 MAX_SHOWN = 20   # problems listed in one message; the rest counted
 
@@ -60,6 +65,7 @@ class CohortSlide:
     fold: int | None = None
     split: Side | None = None
     metadata: tuple[tuple[str, str], ...] = ()   # the other columns, in file order
+    barcode_patient: bool = False                # the patient read from the slide's TCGA barcode (no patient given)
 
     @property
     def name(self) -> str:
@@ -79,9 +85,19 @@ class Cohort:
     slides: tuple[CohortSlide, ...]
     classes: tuple[str, ...]
     columns: tuple[str, ...] = field(default=())  # the header as written
+    renamed: tuple[tuple[str, str], ...] = ()     # columns read under our name: (as written, ours)
 
     def __len__(self) -> int:
         return len(self.slides)
+
+    @property
+    def grouping(self) -> str:
+        """Where the patients come from when not plainly from a ``patient`` column, as a split's summary says it
+        (``from TCGA barcodes; manifest columns: case_id -> patient, slide_id -> slide``; empty: plainly)."""
+        notes = [ORIGIN] if any(s.barcode_patient for s in self.slides) else []
+        if self.renamed:
+            notes.append("manifest columns: " + ", ".join(f"{theirs} -> {ours}" for theirs, ours in self.renamed))
+        return "; ".join(notes)
 
     def __iter__(self) -> Iterator[CohortSlide]:
         return iter(self.slides)
@@ -148,7 +164,7 @@ def read_cohort(source: str | Path, classes: Sequence[str] | None = None, *,
     if not path.is_file():
         raise ConfigError(KNOB, f"{str(source)!r}: no such file (a CSV with columns slide,label[,patient,fold,"
                                 f"split])")
-    table = read_table(path, KNOB, REQUIRED, HEADER_HINT)
+    table = read_table(path, KNOB, REQUIRED, HEADER_HINT, ALIASES)
     problems: list[str] = []
     slides = [_slide(path.parent, row.line, row.cells, problems) for row in table.rows]
     parsed = [s for s in slides if s is not None]
@@ -160,10 +176,10 @@ def read_cohort(source: str | Path, classes: Sequence[str] | None = None, *,
     problems += _duplicate_problems(parsed)
     problems += _patient_problems(parsed)
     if problems:
-        raise ConfigError(KNOB, problem_text(path, problems))
+        raise ConfigError(KNOB, manifest_problems(path, problems))
     if every_class:
         check_every_class(path, names, parsed)
-    return Cohort(path.resolve(), tuple(parsed), names, table.columns)
+    return Cohort(path.resolve(), tuple(parsed), names, table.columns, table.renamed)
 
 
 def check_every_class(path: Path, classes: Sequence[str], slides: Sequence[CohortSlide]) -> None:
@@ -178,7 +194,7 @@ def check_every_class(path: Path, classes: Sequence[str], slides: Sequence[Cohor
                                        f"(--classes {','.join(kept)}) or label slides {empty[0]} in the manifest")
 
 
-def problem_text(path: Path, problems: Sequence[str]) -> str:
+def manifest_problems(path: Path, problems: Sequence[str]) -> str:
     """Every problem on its own line (at most MAX_SHOWN, then how many more), after one line naming the file."""
     shown = [f"  {p}" for p in problems[:MAX_SHOWN]]
     if len(problems) > MAX_SHOWN:
@@ -201,13 +217,30 @@ def _slide(folder: Path, line: int, row: Mapping[str, str], problems: list[str])
             split = Side.parse(row["split"])
         except ValueError as err:
             problems.append(f"line {line}: {err}")
+    slide_path = Path(os.path.expanduser(row.get("slide", "")))
+    written = slide_path if slide_path.is_absolute() else folder / slide_path
+    found = slide_files_named(written) if row.get("slide") else []
+    if len(found) > 1:
+        problems.append(f"line {line}: slide {written}: no such file, and {' and '.join(p.name for p in found)} "
+                        f"both are; name the one it is, with its extension")
     if len(problems) > before:
         return None
-    slide_path = Path(os.path.expanduser(row["slide"]))
-    absolute = slide_path if slide_path.is_absolute() else folder / slide_path
-    patient = row.get("patient") or absolute.stem
+    absolute = found[0] if found else written
+    barcode = None if row.get("patient") else tcga_patient(absolute.name)
+    patient = row.get("patient") or barcode or absolute.stem
     extra = tuple((k, v) for k, v in row.items() if k not in REQUIRED + OPTIONAL)
-    return CohortSlide(line, absolute.absolute(), row["label"], patient, fold, split, extra)
+    return CohortSlide(line, absolute.absolute(), row["label"], patient, fold, split, extra, barcode is not None)
+
+
+def slide_files_named(path: Path) -> list[Path]:
+    """``path`` when it exists, else the slide files named so with a slide extension added (CLAM's ``slide_id`` and
+    slideflow's ``slide`` leave it out): none, one, or (ambiguous) several."""
+    if path.exists():
+        return [path]
+    from .pathology import SLIDE_ONLY_EXTENSIONS
+
+    named = [path.with_name(path.name + suffix) for suffix in (*SLIDE_ONLY_EXTENSIONS, ".tif", ".tiff")]
+    return [candidate for candidate in named if candidate.is_file()]
 
 
 def _fold(text: str, line: int, problems: list[str]) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..schema import Bounds, number, option, whole_number
 from .apps import AppKind
 from .task import Task
+from .tissue_mask import SATURATION_TISSUE, TissueMethod
 
 VolumeSize = tuple[int, int, int]
 ImageSize = int | VolumeSize
@@ -39,6 +40,15 @@ SLIDE_LEVEL = option("--slide-level", "slides: the pyramid level the tiles are r
 MIN_TISSUE = option("--min-tissue", "slides: the least tissue fraction of a tile kept (infer: with --tissue-only, "
                                     "windows whose tissue share is at most this are skipped)", parse=number,
                     bounds=Bounds(0, 1))
+TISSUE = option("--tissue", "slides: what counts as tissue on a slide's low-resolution overview (for --min-tissue; "
+                            "infer: with --tissue-only): saturation: HSV saturation above the fixed "
+                            f"{SATURATION_TISSUE}; otsu: above Otsu's threshold of the slide's own saturation (as CLAM "
+                            "and TIAToolbox); near-black pixels never", parse=TissueMethod.parse,
+                choices=TissueMethod.values(), metavar="METHOD")
+REPAIR_ANNOTATIONS = option("--repair-annotations", "annotated slides: repair invalid polygons (a ring crossing "
+                                                    "itself, a hole crossing or outside its outer ring ...) with "
+                                                    "shapely.make_valid, one line per changed feature (default: "
+                                                    "refuse them, naming the feature)", switch=True)
 TASK = option("--task", "classification (a class per image) or segmentation (a class per pixel: masks or QuPath "
                         "annotations, a dense model such as --model unet); evaluate, infer: refuse a checkpoint of "
                         "the other task", parse=Task.parse, choices=Task.values())

@@ -17,14 +17,13 @@ from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
 from .resolution import LevelChoice
 from .stain_reads import OVERVIEW_SIDE, StainedReads
+from .tissue_mask import TissueMethod, tissue_mask
 
 if TYPE_CHECKING:
     from PIL import Image
 
 TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")
-SATURATION_TISSUE = 0.07   # HSV saturation above which a pixel counts as stained tissue
-DARKEST_BACKGROUND = 20    # max channel below this is void/black, not tissue
 
 
 class Slide(Protocol):
@@ -82,14 +81,6 @@ def check_no_empty_class(root: Path, classes: Sequence[str], found: Collection[s
                          f"(with --classes: drop its name)")
 
 
-def tissue_mask(rgb: np.ndarray) -> np.ndarray:
-    """Boolean mask of stained tissue: saturated and not black (background is white/grey)."""
-    rgb = rgb.astype(np.float32)
-    high, low = rgb.max(axis=2), rgb.min(axis=2)
-    saturation = (high - low) / np.maximum(high, 1.0)
-    return (saturation > SATURATION_TISSUE) & (high > DARKEST_BACKGROUND)
-
-
 def bounds_of(slide: Slide) -> SlideBounds:
     """QuPath's image of ``slide``: OpenSlide's bounds when it reports them, else the whole level-0 frame."""
     return slide_bounds(getattr(slide, "properties", {}), slide.level_dimensions[0])
@@ -102,12 +93,13 @@ def read_extent(slide: Slide, choice: LevelChoice) -> tuple[int, int]:
                                                      slide.level_dimensions[level]))
 
 
-def coarse_tissue(slide: Slide) -> np.ndarray:
-    """The tissue mask of ``slide``'s coarsest level (a boolean image of the whole slide, within its bounds)."""
+def coarse_tissue(slide: Slide, method: TissueMethod = TissueMethod.SATURATION) -> np.ndarray:
+    """The tissue mask of ``slide``'s coarsest level (a boolean image of the whole slide, within its bounds; ``method``:
+    what counts as tissue, an Otsu threshold computed on this overview)."""
     coarse = slide.level_count - 1
     bounds = bounds_of(slide)
     width, height = bounds.level_size(float(slide.level_downsamples[coarse]), slide.level_dimensions[coarse])
-    return tissue_mask(rgba_to_rgb(slide.read_region((bounds.x, bounds.y), coarse, (width, height))))
+    return tissue_mask(rgba_to_rgb(slide.read_region((bounds.x, bounds.y), coarse, (width, height))), method)
 
 
 def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
@@ -257,7 +249,7 @@ class SlideDataset(StainedReads):
     ``read(i, box)`` asks OpenSlide for exactly ``box`` of tile ``i`` (one ``read_region`` call),
     so a spatial rank touches only its own part of the slide. The tissue filter looks at the
     coarsest pyramid level once per slide: a tile is kept when at least ``min_tissue`` of its
-    footprint is stained tissue (``min_tissue=0`` keeps all). Labels come from the first
+    footprint is stained tissue by ``tissue`` (``min_tissue=0`` keeps all). Labels come from the first
     folder below ``root`` when the slides sit in class folders. ``opener`` opens a slide file
     (OpenSlide by default; a wrapper may record or cache reads).
     """
@@ -267,7 +259,7 @@ class SlideDataset(StainedReads):
                  num_classes: int | None = None, max_tiles_per_slide: int | None = None,
                  classes: Sequence[str] | None = None,
                  opener: Callable[[Path], Slide] = open_slide, mpp: float | None = None,
-                 source_mpp: float | None = None) -> None:
+                 source_mpp: float | None = None, tissue: TissueMethod = TissueMethod.SATURATION) -> None:
         from .resolution import common_mpp, slide_choice
 
         if image_size < 1:
@@ -281,6 +273,7 @@ class SlideDataset(StainedReads):
         self.channels = 3
         self.level = level
         self.min_tissue = min_tissue
+        self.tissue = tissue
         base = Path(root) if root is not None else self.paths[0].parent
         self.slide_labels, self.classes = (class_of(self.paths, base, classes) if root is not None
                                            else ([0] * len(self.paths), [""]))
@@ -324,7 +317,7 @@ class SlideDataset(StainedReads):
                    for x in range(0, width - size + 1, size)]
         if self.min_tissue <= 0:
             return [SlideTile(number, x, y) for x, y in corners]
-        mask = coarse_tissue(self.slide(number))
+        mask = coarse_tissue(self.slide(number), self.tissue)
         ch, cw = mask.shape
         sx, sy = cw / width, ch / height
         kept = []
@@ -421,19 +414,21 @@ def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0,
                    min_tissue: float = 0.5, num_classes: int | None = None,
                    exclude: Collection[Path] = (),
                    classes: Sequence[str] | None = None, mpp: float | None = None,
-                   source_mpp: float | None = None) -> TileFolderDataset | SlideDataset:
+                   source_mpp: float | None = None,
+                   tissue: TissueMethod = TissueMethod.SATURATION) -> TileFolderDataset | SlideDataset:
     """``--app medical --datapath``: a slide file, a folder with slides (by class folder), or a tile folder;
-    ``classes``: the class folders' names in label order (default: sorted)."""
+    ``classes``: the class folders' names in label order (default: sorted); ``tissue``: how slides' tissue tiles
+    are found."""
     path = require_path(datapath)
     if path.is_file():
         if path.suffix.lower() not in SLIDE_ONLY_EXTENSIONS + (".tif", ".tiff"):
             raise ValueError(f"--datapath {str(path)!r} is a file but not a slide "
                              f"({', '.join(SLIDE_ONLY_EXTENSIONS)}, .tif); give a slide or a folder")
         return SlideDataset([path], image_size, level=level, min_tissue=min_tissue,
-                            num_classes=num_classes, mpp=mpp, source_mpp=source_mpp)
+                            num_classes=num_classes, mpp=mpp, source_mpp=source_mpp, tissue=tissue)
     files, slides = folder_files(path, exclude)
     if slides:
         return SlideDataset(files, image_size, level=level, min_tissue=min_tissue, root=path,
-                            num_classes=num_classes, classes=classes, mpp=mpp, source_mpp=source_mpp)
+                            num_classes=num_classes, classes=classes, mpp=mpp, source_mpp=source_mpp, tissue=tissue)
     return TileFolderDataset(path, image_size, num_classes=num_classes, files=files, classes=classes, mpp=mpp,
                              source_mpp=source_mpp)

@@ -1,5 +1,6 @@
 """What a rank gives the engine for one batch: its tile box of the images (ranks that run stage 0), of the masks
-(last-stage ranks of a dense model), nothing elsewhere; read from any source of rows (training, held-out images)."""
+(last-stage ranks of a dense model), nothing elsewhere; read from any source of rows (training, held-out images);
+the reads a training step makes of them (what a step's input read ahead holds)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,13 +9,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..pipeline.schedules import ActionKind
-from ..pipeline.step_input import Extent, ShardedImages, ShardedMasks
+from ..pipeline.step_input import Extent, ShardedImages, ShardedMasks, reader_box
 from ..spatial.geometry import Box
 
 if TYPE_CHECKING:
     from ..pipeline.engine import HybridEngine
 
 RowReader = Callable[[list[int], Box | Extent | None], torch.Tensor]   # (rows of the batch, the box) -> those rows, cut
+Read = tuple[slice, Box | Extent | None]     # one read the engine makes of a rank's reader: rows of the batch, tile box
 
 
 class BatchInputs:
@@ -37,6 +39,7 @@ class BatchInputs:
         self.size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.batch_size = batch_size
         self.dtype = dtype
+        self.engine, self.rank = engine, rank
 
     def images(self, read: RowReader) -> ShardedImages | None:
         """The images ``read`` gives, in the run's dtype, as this rank reads them (None: it runs no stage 0)."""
@@ -53,6 +56,28 @@ class BatchInputs:
         return ShardedMasks(lambda rows, box: read(self.rows(rows), box), self.batch_size,
                             self.size)
 
+    def image_reads(self) -> tuple[Read, ...]:
+        """The reads of images a training step makes of this rank (none: it runs no stage 0)."""
+        return step_reads(self.engine, self.rank, 0, self.batch_size, self.size) if self.reads_images else ()
+
+    def mask_reads(self) -> tuple[Read, ...]:
+        """The reads of masks a training step makes of this rank (none: it runs no last stage, or no dense one)."""
+        last = self.engine.cfg.split_size - 1
+        return step_reads(self.engine, self.rank, last, self.batch_size, self.size) if self.reads_masks else ()
+
     def rows(self, chunk: slice) -> list[int]:
         """The batch rows of a chunk."""
         return list(range(*chunk.indices(self.batch_size)))
+
+
+def step_reads(engine: HybridEngine, rank: int, stage: int, batch_size: int, size: tuple[int, ...]) -> tuple[Read, ...]:
+    """The reads a training step of ``engine`` makes of ``rank``'s reader for ``stage`` (0: images, the last: masks),
+    as its runtime makes them (``pipeline/runtime.py``): each forward of the stage reads its chunk's rows cut to the
+    rank's tile box; with ``sync_batchnorm`` a spatial stage's local-DP copies read their chunks as one, at copy 0."""
+    cfg, grid = engine.cfg, engine.grid
+    chunk = batch_size // cfg.batch_divisor
+    together = cfg.local_dp if cfg.sync_batchnorm and stage < cfg.spatial_size and cfg.local_dp > 1 else 1
+    return tuple((slice(a.chunk * chunk, (a.chunk + together) * chunk),
+                  reader_box(grid, a.tile, size, "images") if a.tile is not None and grid is not None else None)
+                 for a in engine.schedule.actions(rank)
+                 if a.kind is ActionKind.FORWARD and a.stage == stage and (together == 1 or a.copy == 0))

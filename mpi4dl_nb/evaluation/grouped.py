@@ -45,7 +45,7 @@ class GroupedSplit:
         """One line per side: its groups, slides and images per class; ungrouped splits say so."""
         kind = self.groups.kind
         head = ("ungrouped: tiles split one by one (no patient or slide known; --cohort or --group-by REGEX "
-                "groups them)" if kind is GroupKind.UNGROUPED else f"grouped by {kind.value}")
+                "groups them)" if kind is GroupKind.UNGROUPED else self.groups.heading)
         lines = [f"held-out split {head}"]
         for side, indices in (("train", self.train), ("val", self.val)):
             lines.append(f"  {side}: {self.side_counts(indices, labels, class_names)}")

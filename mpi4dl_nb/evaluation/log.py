@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 LOG_NAME = "metrics.jsonl"
 SCALARS = ("loss", "accuracy", "balanced_accuracy", "roc_auc", "pixel_accuracy", "mean_dice", "mean_iou")
+STEP_SCALARS = {"lr": "lr", "images_per_s": "images_per_s", "seconds": "seconds_per_step"}   # a step's record key:
+                                                                                             # its TensorBoard name
 LogRecord = dict[str, Any]    # one parsed line: JSON values by name ("kind", "step", "run_id", figures)
 
 
@@ -50,7 +52,19 @@ def _clean(value: object) -> object:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def tensorboard_scalars(kind: RecordKind, record: Mapping[str, object]) -> dict[str, float]:
+    """The TensorBoard scalars of a record, by tag: ``train/loss``, ``train/lr``, ``train/images_per_s``,
+    ``train/seconds_per_step``; ``eval/loss``, ``eval/accuracy``, ... (the figures it has)."""
+    if kind is RecordKind.TRAIN:
+        names = {**{name: name for name in SCALARS}, **STEP_SCALARS}
+    else:
+        names = {f"val_{name}": name for name in SCALARS}
+    return {f"{kind.value}/{tag}": float(value) for key, tag in names.items()
+            if isinstance(value := record.get(key), (int, float))}
+
+
 class MetricsLog:
+
     """Appends step and evaluation records to ``<directory>/metrics.jsonl`` (and TensorBoard events)."""
 
     def __init__(self, directory: str | Path, run_id: str, start_step: int = 0, tensorboard: bool = True) -> None:
@@ -93,10 +107,8 @@ class MetricsLog:
         self.stream.write(json.dumps(record) + "\n")
         self.stream.flush()
         if self.writer is not None:
-            for name in SCALARS:
-                value = record.get(name if kind is RecordKind.TRAIN else f"val_{name}")
-                if isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"{kind.value}/{name}", value, step)
+            for tag, value in tensorboard_scalars(kind, record).items():
+                self.writer.add_scalar(tag, value, step)
             self.writer.flush()
 
     def close(self) -> None:

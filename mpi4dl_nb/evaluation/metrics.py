@@ -1,4 +1,5 @@
-"""Classification metrics from per-sample records (pure numpy): loss, accuracy, balanced accuracy, recall, AUC.
+"""Classification metrics from per-sample records (pure numpy): loss, accuracy, balanced accuracy, recall, AUC (two
+classes: of the second class; more: one class against the rest, per class and their macro mean).
 
 Every figure is computed from the merged per-sample records of all ranks (sorted by sample
 index), so it is a sum of counts or losses over the whole set divided once — never an
@@ -80,6 +81,37 @@ def roc_auc(score: np.ndarray, positive: np.ndarray) -> float | None:
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
+def class_log_odds(logits: np.ndarray) -> np.ndarray:
+    """``log(p / (1 - p))`` of each class's softmax probability ``p`` in rows of logits (two classes or more): its
+    logit less the log-sum-exp of the others'. It orders samples as ``p`` does, without ``p``'s rounding to 1; with
+    two classes it is the logits' difference."""
+    columns = []
+    for c in range(logits.shape[1]):
+        others = np.delete(logits, c, axis=1)
+        top = others.max(axis=1, keepdims=True)
+        columns.append(logits[:, c] - (top[:, 0] + np.log(np.exp(others - top).sum(axis=1))))
+    return np.stack(columns, axis=1)
+
+
+def one_vs_rest_auc(logits: np.ndarray, labels: np.ndarray) -> list[float | None]:
+    """Each class's AUC against the rest: its probability ranking its samples (``labels == c``) above the others'
+    (``roc_auc`` of ``class_log_odds``; None for a class with no samples, or only its own; fewer than two classes:
+    None)."""
+    classes = logits.shape[1]
+    if classes < 2:
+        return [None] * classes
+    scores = class_log_odds(np.asarray(logits, dtype=np.float64))
+    return [roc_auc(scores[:, c], labels == c) for c in range(classes)]
+
+
+def macro_auc(per_class: Sequence[float | None]) -> float | None:
+    """The mean of the classes' one-vs-rest AUCs, as sklearn's ``roc_auc_score(multi_class='ovr',
+    average='macro')``; None when a class has none (sklearn refuses a class absent from the labels)."""
+    if not per_class or any(v is None for v in per_class):
+        return None
+    return float(sum(v for v in per_class if v is not None) / len(per_class))
+
+
 @dataclass(frozen=True)
 class LevelMetrics:
     """The figures of one level (``slide``, ``patient``): count, accuracy, balanced accuracy, AUC (2 classes: of
@@ -99,8 +131,8 @@ class LevelMetrics:
 
 @dataclass(frozen=True)
 class Metrics:
-    """The figures of an evaluation, JSON-ready (None where undefined: no samples, a class absent, AUC past 2
-    classes)."""
+    """The figures of an evaluation, JSON-ready (None where undefined: no samples, a class absent). ``roc_auc``: two
+    classes, the second class's AUC; more, the macro mean of the classes' one-vs-rest AUCs (``per_class_roc_auc``)."""
 
     count: int
     loss: float | None
@@ -108,20 +140,22 @@ class Metrics:
     balanced_accuracy: float | None
     per_class_recall: list[float | None]
     roc_auc: float | None
+    per_class_roc_auc: list[float | None]
     confusion_matrix: list[list[int]]
     classes: tuple[str, ...] = ()        # the class names, in label order (empty: not known)
     levels: tuple[LevelMetrics, ...] = ()  # slide and patient level (images of known slides; empty: none)
 
     def as_dict(self, prefix: str = "") -> dict[str, object]:
         """``{'loss': ..}``, or with ``prefix="val_"`` ``{'val_loss': ..}`` (the names summaries use); with class
-        names, ``classes`` and ``recall_by_class`` (name -> recall) too; each level under its name (``slide``,
-        ``patient``)."""
+        names, ``classes``, ``recall_by_class`` and ``roc_auc_by_class`` (name -> figure) too; each level under its
+        name (``slide``, ``patient``)."""
         figures = asdict(self)
         names = figures.pop("classes")
         figures.pop("levels")
         if names:
             figures["classes"] = list(names)
             figures["recall_by_class"] = dict(zip(names, self.per_class_recall))
+            figures["roc_auc_by_class"] = dict(zip(names, self.per_class_roc_auc))
         figures.update({level.level: level.as_dict() for level in self.levels})
         return {prefix + key: value for key, value in figures.items()}
 
@@ -157,9 +191,8 @@ def summarize(records: Records, num_classes: int, classes: Sequence[str] = ()) -
     support = matrix.sum(axis=1)
     recall = [float(matrix[c, c] / support[c]) if support[c] else None for c in range(num_classes)]
     present = [r for r in recall if r is not None]
-    auc = None
-    if num_classes == 2 and count:
-        auc = roc_auc(records.logits[:, 1] - records.logits[:, 0], records.label == 1)
+    per_class = one_vs_rest_auc(records.logits, records.label)
+    auc = per_class[1] if num_classes == 2 else macro_auc(per_class) if num_classes > 2 else None
     return Metrics(
         count=count,
         loss=float(records.loss.sum() / count) if count else None,
@@ -167,6 +200,7 @@ def summarize(records: Records, num_classes: int, classes: Sequence[str] = ()) -
         balanced_accuracy=float(sum(present) / len(present)) if present else None,
         per_class_recall=recall,
         roc_auc=auc,
+        per_class_roc_auc=per_class,
         confusion_matrix=matrix.tolist(),
         classes=tuple(classes),
     )

@@ -44,7 +44,7 @@ def fingerprint(job: InferJob, description: ModelDescription, reader: SlideReade
     return {"checkpoint": str(checkpoint.resolve()), "checkpoint_bytes": checkpoint.stat().st_size,
             "checkpoint_step": description.step, "slide": str(reader.path.resolve()), "level": reader.level,
             "scale": reader.choice.scale, "slide_size": [reader.height, reader.width], "stride": net.shape.stride,
-            "dtype": job.dtype, "tissue_only": job.tissue_only, "min_tissue": job.min_tissue}
+            "dtype": job.dtype, "tissue_only": job.tissue_only, "min_tissue": job.min_tissue, "tissue": str(job.tissue)}
 
 
 def resolve_outputs(job: InferJob, trained: TrainedNetwork) -> tuple[OutputSpec, ...]:
@@ -114,7 +114,7 @@ def decide(job: InferJob, trained: TrainedNetwork, reader: SlideReader, grid: Ti
     plan = WindowPlan(height, width, out_h, out_w, fields[0], fields[1], grid, window, first_row=rows_done)
     skipped: set[tuple[int, int]] = set()
     if job.tissue_only:
-        tissue = TissueMap.from_overview(reader.thumbnail(OVERVIEW_SIDE), reader.height, reader.width)
+        tissue = TissueMap.from_overview(reader.thumbnail(OVERVIEW_SIDE), reader.height, reader.width, job.tissue)
         skipped = {(w.row, w.col) for w in plan.windows()
                    if tissue.fraction(w.core_footprint()) <= job.min_tissue}
     return Plan(plan, skipped, rows_done, stamp, out_shape, fields, window, specs)

@@ -18,9 +18,10 @@ from ..checkpoint.record import RunRecord, read_checkpoint
 from ..comm.device import DeviceChoice
 from ..config import DTYPE, NUM_SPATIAL_PARTS, PROGRESS, SLICE_METHOD, Choice, ConfigError
 from ..config import DTYPES as DTYPES
-from ..data.options import COHORT, MIN_TISSUE, SLIDE_LEVEL, STAIN_NORMALIZE, TASK
+from ..data.options import COHORT, MIN_TISSUE, SLIDE_LEVEL, STAIN_NORMALIZE, TASK, TISSUE
 from ..data.resolution import ResolutionChoice
 from ..data.task import Task
+from ..data.tissue_mask import TissueMethod
 from ..models.options import MODEL
 from ..schema import Bounds, FlagField, build_job, check_bounds, flag, flag_fields, nested, tagged
 from ..spatial.geometry import TileGrid
@@ -122,6 +123,7 @@ class InferJob:
                                               "their cells are NaN", False, switch=True, group=WINDOWS,
                              tags=MAPS_OF_SLIDES)
     min_tissue: float = MIN_TISSUE.field(0.0, group=WINDOWS, tags=MAPS_OF_SLIDES)
+    tissue: TissueMethod = TISSUE.field(TissueMethod.SATURATION, group=WINDOWS, tags=MAPS_OF_SLIDES)
     resume: bool = flag("--resume-outputs", "continue partial outputs from their last finished row; with --slides "
                                             "also skip the slides whose outputs are all written", False, switch=True,
                         old=("--resume",), group=WINDOWS, tags=MAPS_OF_SLIDES)

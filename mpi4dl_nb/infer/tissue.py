@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data.pathology import tissue_mask
+from ..data.tissue_mask import TissueMethod, tissue_mask
 from ..spatial.geometry import Box
 
 OVERVIEW_SIDE = 2048
@@ -21,9 +21,11 @@ class TissueMap:
     width: int
 
     @classmethod
-    def from_overview(cls, rgb: np.ndarray, height: int, width: int) -> TissueMap:
-        """Mask of stained tissue in an RGB overview of a ``height x width`` level."""
-        return cls(tissue_mask(rgb), height, width)
+    def from_overview(cls, rgb: np.ndarray, height: int, width: int,
+                      method: TissueMethod = TissueMethod.SATURATION) -> TissueMap:
+        """Mask of stained tissue in an RGB overview of a ``height x width`` level (``method``: what counts as tissue,
+        an Otsu threshold computed on this overview)."""
+        return cls(tissue_mask(rgb, method), height, width)
 
     def fraction(self, box: Box) -> float:
         """Share of tissue under ``box`` (pixels of the level; parts past the slide count as background)."""

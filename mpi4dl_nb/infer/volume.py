@@ -5,7 +5,8 @@ unit), runs the spatialized fully convolutional network (halo exchanges in depth
 columns), and sends rank 0 its part of the window's core; rank 0 writes the label and
 probability volumes through memory maps (``volume_outputs.py``). Each core cell's field lies
 inside its window, so every written voxel equals the whole-volume network's. A rank holds one
-window's tile and activations at a time: its memory does not grow with the volume.
+window's tile and activations at a time: its memory does not grow with the volume. A NIfTI scan is predicted in the RAS
+axes it is read in (``data/volume/orientation.py``) and its outputs written back into its own grid and header.
 
 A network whose every voxel depends on the whole volume (``whole_volume.WholeInput``: window attention,
 InstanceNorm) runs as one window, the whole volume split over the ranks' tiles: exact, a rank holding its 1/P share of
@@ -26,6 +27,8 @@ from torch import nn
 
 from ..comm.agreement import agreed
 from ..config import ConfigError
+from ..data.volume.orientation import GRID, Orientation
+from ..data.volume.space import ScanSpace
 from ..measure.heap import PeakMeter, module_bytes
 from ..measure.progress import ProgressLine
 from ..spatial.geometry import AXIS_NAMES, TileGrid
@@ -50,6 +53,7 @@ class VolumeSummary:
     volume: str
     shape: tuple[int, int, int]
     voxel_size: tuple[float, float, float] | None
+    orientation: str                  # the scan's stored axes ("LAS, oblique 12.0°"), or "no stated axes"
     outputs: list[str]
     grid: tuple[int, ...]
     window: tuple[int, ...]
@@ -187,7 +191,8 @@ class VolumeRunner:
         sink = None
         if self.outputs is not None and ctx.rank == 0:
             out_shape = (self.out_shape[0], self.out_shape[1], self.out_shape[2])
-            sink = VolumeSink(self.outputs, out_shape, self.net.shape.classes, self.output_voxel_size())
+            sink = VolumeSink(self.outputs, out_shape, self.net.shape.classes, self.output_voxel_size(),
+                              self.output_space())
         meter = PeakMeter(ctx.device)
         meter.watch(net.modules())
         windows = self.plan.windows()
@@ -223,7 +228,7 @@ class VolumeRunner:
             return None
         voxels = float(np.prod(self.source.shape))
         return VolumeSummary(
-            self.source.name, self.source.shape, self.source.voxel_size,
+            self.source.name, self.source.shape, self.source.voxel_size, self.orientation().describe(),
             [str(p) for p in self.outputs.paths] if self.outputs is not None else [], self.grid.shape,
             self.window, self.plan.shape, len(windows), [(f.before, f.after) for f in self.fields],
             str(self.dtype).removeprefix("torch."), seconds, voxels / max(seconds, 1e-9), peaks, meter.source)
@@ -240,6 +245,19 @@ class VolumeRunner:
     def voxels_done(self, windows: int) -> float:
         """Voxels of the volume the first ``windows`` windows' cores cover (approximately: by window count)."""
         return float(np.prod(self.source.shape)) * windows / max(1, int(np.prod(self.plan.shape)))
+
+    def orientation(self) -> Orientation:
+        """How the volume was read from its file (a NIfTI scan: in RAS axes; else as stored)."""
+        space = self.source.space
+        return GRID if space is None else space.orientation
+
+    def output_space(self) -> ScanSpace | None:
+        """A NIfTI scan's grid and header at the network's stride: the outputs are written back into it."""
+        space = self.source.space
+        if space is None:
+            return None
+        d, h, w = (f.stride for f in self.fields)
+        return space.at_stride((d, h, w))
 
     def output_voxel_size(self) -> tuple[float, float, float] | None:
         """µm per output cell along (z, y, x): the input's voxel size times the network's stride."""

@@ -108,7 +108,8 @@ def infer_volume(network: Network, volume: str | Path | np.ndarray | VolumeSourc
     Collective over ``num_spatial_parts`` ranks cutting each window ``slice_method`` = ``DxRxC``; ``window``: input
     voxels per rank per axis (N or (D, H, W)); a network that needs the whole volume (``whole_volume.WholeInput``,
     e.g. swinunetr3d) runs as one window, the whole volume, whatever ``window`` says. Every output voxel equals the
-    network on the whole volume. Returns
+    network on the whole volume. A NIfTI scan is predicted in the RAS axes training reads it in, its outputs written
+    back into its own voxel order, affine, codes and unit (they overlay it). Returns
     the summary on rank 0, None elsewhere; bad input raises ``ConfigError`` (``SetupFailed`` when one rank refused).
     """
     request = VolumeRequest(num_spatial_parts, slice_method, window, dtype, probabilities, probability_dtype,

@@ -1,5 +1,6 @@
-"""Where volume inference reads its voxels: a Protocol (shape, channels, voxel size, region reads) and an in-memory
-volume; boxes that leave the volume read as zeros (the zero extension to the window unit)."""
+"""Where volume inference reads its voxels: a Protocol (shape, channels, voxel size, scan space, region reads), an
+in-memory volume and a file (a NIfTI scan read in RAS axes, its header kept for the outputs); boxes that leave the
+volume read as zeros (the zero extension to the window unit)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..data.volume.space import ScanSpace
 from .windows import Extent
 
 VoxelSize = tuple[float, float, float]     # µm along (z, y, x)
@@ -31,6 +33,11 @@ class VolumeSource(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def space(self) -> ScanSpace | None:
+        """A NIfTI scan's grid and header, for outputs that overlay it (None: a TIFF stack or an array)."""
+        ...
+
     def read(self, region: Extent) -> np.ndarray:
         """The ``(C, d, h, w)`` voxels of ``region`` (inside the volume)."""
         ...
@@ -38,17 +45,22 @@ class VolumeSource(Protocol):
 
 @dataclass(frozen=True)
 class ArrayVolume:
-    """A volume held in memory (``(C, D, H, W)`` or ``(D, H, W)``): the Python API and the tests."""
+    """A volume held in memory (``(C, D, H, W)`` or ``(D, H, W)``): the Python API and the tests. ``space``: the NIfTI
+    scan it was read from (``VolumeInfo.space``; the array in the axes that scan reads in), for outputs that overlay
+    it."""
 
     array: np.ndarray
     voxel_size: VoxelSize | None = None
     name: str = "<array>"
+    space: ScanSpace | None = None
 
     def __post_init__(self) -> None:
         if self.array.ndim == 3:
             object.__setattr__(self, "array", self.array[None])
         if self.array.ndim != 4:
             raise ValueError(f"a volume is (C, D, H, W) or (D, H, W), got shape {self.array.shape}")
+        if self.space is not None and self.space.orientation.read_shape(self.space.grid_shape) != self.shape:
+            raise ValueError(f"a {self.shape} volume is not read from a scan of grid {self.space.grid_shape}")
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -105,6 +117,10 @@ class FileVolume:
     @property
     def name(self) -> str:
         return str(self.path)
+
+    @property
+    def space(self) -> ScanSpace | None:
+        return self.info.space
 
     def read(self, region: Extent) -> np.ndarray:
         from ..data.volume.dataset import intensity_scale

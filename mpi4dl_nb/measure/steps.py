@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -31,6 +32,9 @@ STEP_MARK = "mpi4dl_nb.measured_step"
 # torch's profiler library prints two lines on stderr at every start and stop (35 lines in one
 # ``tune`` run) unless its log level is above them; a level the user set is kept
 KINETO_LOG_LEVEL, QUIET_PROFILER = "KINETO_LOG_LEVEL", "6"
+# torch 2.11's profiler warns at every first start that it "clears events at the end of each cycle" (torch 2.14 only
+# when a profiler starts again): one cycle here, nothing is lost
+PROFILER_CYCLE_WARNING = "Warning: Profiler clears events at the end of each cycle"
 Result = TypeVar("Result")
 
 
@@ -114,11 +118,13 @@ def measure_peak_bytes(fn: Callable[[], Result], device: torch.device | str = "c
     from torch.profiler import ProfilerActivity, profile, record_function
 
     os.environ.setdefault(KINETO_LOG_LEVEL, QUIET_PROFILER)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        if before is not None:
-            before()
-        with record_function(STEP_MARK):
-            result = fn()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PROFILER_CYCLE_WARNING, category=UserWarning)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            if before is not None:
+                before()
+            with record_function(STEP_MARK):
+                result = fn()
     events = _trace_events(prof)
     return result, _allocated_peak(events, _window(events))
 

@@ -20,6 +20,7 @@ from ..comm.protocol import Comm
 from ..comm.trace import Event
 from ..config import ParallelConfig
 from ..models import spec as model_spec
+from ..models.model_args import NO_ARGS, ModelArgs
 from ..models.spec import ModelFamily
 from ..pipeline.schedules import ActionKind
 from .calibration import JobCalibration
@@ -58,10 +59,11 @@ class TrialModel:
 
 def trial_model(name: ModelFamily | str = ModelFamily.RESNET, num_layers: int | None = None,
                 num_filters: int | None = None, num_classes: int = 2, in_channels: int = 3,
-                dtype: str = "float32", seed: int = 0) -> TrialModel:
-    """A trial of model ``name`` (``build_model``'s arguments; family defaults for sizes not given)."""
+                dtype: str = "float32", seed: int = 0, model_args: ModelArgs = NO_ARGS) -> TrialModel:
+    """A trial of model ``name`` (``build_model``'s arguments; family defaults for sizes not given; a named
+    model's constructor ``model_args``)."""
     spec = model_spec.ModelSpec.of(name, num_layers=num_layers, num_filters=num_filters, num_classes=num_classes,
-                        in_channels=in_channels)
+                                   in_channels=in_channels, model_args=model_args)
     return TrialModel(spec, dtype, seed)
 
 

@@ -18,6 +18,8 @@ from torch import nn
 from ..errors import ConfigError
 from .chain import mode
 from .cut import layer_list
+from .model_args import FLAG as ARGS_FLAG
+from .model_args import NO_ARGS, ModelArgs, timm_resolver
 from .normalize import IMAGENET, Normalization, normalized
 from .vit import is_token_model, patch_multiple
 
@@ -41,8 +43,20 @@ def library(name: str, source: str) -> ModuleType:
                           f"the '{EXTRA}' extra: pip install 'mpi4dl-nb[{EXTRA}]'") from None
 
 
-def torchvision_model(name: str, num_classes: int, in_channels: int = 3) -> nn.Module:
-    """``torchvision.models.get_model(name, num_classes=...)`` without weights."""
+def constructed(make: Callable[..., object], label: str, args: ModelArgs, keywords: dict[str, object],
+                **given: object) -> object:
+    """``make(**given, **keywords)``; a TypeError (an argument ``make`` does not take) as one line naming the
+    ``--model-args`` given."""
+    try:
+        return make(**given, **keywords)
+    except TypeError as err:
+        if not args:
+            raise
+        raise ConfigError(ARGS_FLAG, f"{args.text()}: {label} does not take them ({err})") from None
+
+
+def torchvision_model(name: str, num_classes: int, in_channels: int = 3, args: ModelArgs = NO_ARGS) -> nn.Module:
+    """``torchvision.models.get_model(name, num_classes=..., **args)`` without weights."""
     models = library("torchvision.models", f"torchvision:{name}")
     known = models.list_models()
     if name not in known:
@@ -51,26 +65,33 @@ def torchvision_model(name: str, num_classes: int, in_channels: int = 3) -> nn.M
     if in_channels != 3:
         raise ConfigError("--model", f"torchvision:{name} takes 3-channel images, not {in_channels}; use a timm "
                                      f"model (in_chans) or your own callable")
-    model: nn.Module = models.get_model(name, weights=None, num_classes=num_classes)
+    model = constructed(models.get_model, f"torchvision:{name}", args, args.keywords(), name=name, weights=None,
+                        num_classes=num_classes)
+    assert isinstance(model, nn.Module)
     return model
 
 
-def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: int | None = None) -> nn.Module:
-    """``timm.create_model(name, num_classes=..., in_chans=...)`` without downloading weights; a ViT at
-    ``image_size`` (``img_size=``: its position embeddings' grid), refused when its patches do not tile it."""
+def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: int | None = None,
+               args: ModelArgs = NO_ARGS) -> nn.Module:
+    """``timm.create_model(name, num_classes=..., in_chans=..., **args)`` without downloading weights (``args``'
+    layer names resolved to timm's classes); a ViT at ``image_size`` (``img_size=``: its position embeddings'
+    grid), refused when its patches do not tile it."""
     timm = library("timm", f"timm:{name}")
     if not timm.is_model(name):
         raise ConfigError("--model", f"timm has no model {name!r}{closest(name, timm.list_models())} "
                                      f"(timm.list_models('*pattern*') lists them)")
+    keywords = args.keywords(timm_resolver(timm))
     sizing: dict[str, object] = {}
-    if image_size is not None:
+    if image_size is not None or args:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):    # what it is, drawing nothing
-            probe = timm.create_model(name, pretrained=False, in_chans=in_channels)
-        if is_token_model(probe):
+            probe = constructed(timm.create_model, f"timm:{name}", args, keywords, model_name=name, pretrained=False,
+                                in_chans=in_channels)
+        if image_size is not None and isinstance(probe, nn.Module) and is_token_model(probe):
             check_patches(f"timm:{name}", image_size, patch_multiple(probe))
             sizing["img_size"] = image_size
-    model: nn.Module = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels,
-                                         **sizing)
+    model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **sizing,
+                              **keywords)
+    assert isinstance(model, nn.Module)
     return model
 
 
@@ -112,14 +133,22 @@ def resolve_callable(target: str) -> Callable[..., object]:
     return found
 
 
-def module_model(target: str, num_classes: int) -> Built:
-    """``callable(num_classes=...)``: an ``nn.Module`` or a list of modules; ConfigError for anything else."""
+def module_model(target: str, num_classes: int, args: ModelArgs = NO_ARGS) -> Built:
+    """``callable(num_classes=..., **args)``: an ``nn.Module`` or a list of modules; ConfigError for anything else."""
     make = resolve_callable(target)
+    if args:
+        built = constructed(make, target, args, args.keywords(), num_classes=num_classes)
+        return checked_build(target, num_classes, built)
     try:
         built = make(num_classes=num_classes)
     except TypeError as err:
         raise ConfigError("--model", f"{target}(num_classes={num_classes}) failed ({err}); the callable takes "
                                      f"num_classes and returns an nn.Module or a list of modules") from None
+    return checked_build(target, num_classes, built)
+
+
+def checked_build(target: str, num_classes: int, built: object) -> Built:
+    """What a callable returned, if it is an ``nn.Module`` or a list of modules; ConfigError otherwise."""
     if isinstance(built, nn.Module):
         return built
     if isinstance(built, (list, tuple)) and built and all(isinstance(m, nn.Module) for m in built):
@@ -129,15 +158,15 @@ def module_model(target: str, num_classes: int) -> Built:
 
 
 def built_model(family: str, source: str, num_classes: int, in_channels: int = 3,
-                image_size: int | None = None) -> Built:
-    """The model ``family`` (``torchvision``, ``timm``, ``module``) and ``source`` name, freshly built (a timm ViT
-    for ``image_size``)."""
+                image_size: int | None = None, args: ModelArgs = NO_ARGS) -> Built:
+    """The model ``family`` (``torchvision``, ``timm``, ``module``) and ``source`` name, freshly built with the
+    constructor's ``args`` (a timm ViT for ``image_size``)."""
     if family == "torchvision":
-        return torchvision_model(source, num_classes, in_channels)
+        return torchvision_model(source, num_classes, in_channels, args)
     if family == "timm":
-        return timm_model(source, num_classes, in_channels, image_size)
+        return timm_model(source, num_classes, in_channels, image_size, args)
     if family == "module":
-        return module_model(source, num_classes)
+        return module_model(source, num_classes, args)
     raise ValueError(f"a {family} model ({source}) was built in Python and cannot be rebuilt from its name: pass "
                      f"the model object (model=...) together with the checkpoint")
 
@@ -158,10 +187,12 @@ def pretrained_normalization(family: str, source: str) -> Normalization | None:
 
 
 def external_layers(family: str, source: str, num_classes: int, in_channels: int = 3,
-                    normalization: Normalization | None = None, image_size: int | None = None) -> list[nn.Module]:
+                    normalization: Normalization | None = None, image_size: int | None = None,
+                    args: ModelArgs = NO_ARGS) -> list[nn.Module]:
     """The named model as a layer list (cut by ``layer_list`` unless it is one), starting with ``normalization``;
     ConfigError when ``image_size`` is too small for it (naming the smallest side that works)."""
-    layers = normalized(layer_list(built_model(family, source, num_classes, in_channels, image_size)), normalization)
+    layers = normalized(layer_list(built_model(family, source, num_classes, in_channels, image_size, args)),
+                        normalization)
     if image_size is not None:
         check_image_size(layers, image_size, source if family == "module" else f"{family}:{source}", in_channels)
     return layers

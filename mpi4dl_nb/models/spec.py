@@ -10,9 +10,12 @@ from ..config import Choice
 from ..errors import ConfigError
 from .build import DEFAULT_NUM_FILTERS, DEFAULT_NUM_LAYERS, build_model, image_multiple
 from .external import external_layers
+from .lora import LoraSpec, add_adapters
+from .model_args import NO_ARGS, ModelArgs
 from .named_pool import with_named_pool
 from .normalize import Normalization
 from .pools import PoolKind
+from .presets import PRESETS, preset_named
 from .slide_encoder import SlideEncoderSpec
 from .token_grid import with_token_grid
 from .vit import is_cut_vit
@@ -36,7 +39,7 @@ class ModelFamily(Choice):
     def parse(cls, text: str) -> ModelFamily:
         """``"resnet"`` (any case) -> ``ModelFamily.RESNET``, ``"timm:NAME"`` -> ``TIMM``; ValueError naming the
         families."""
-        if ":" in str(text):
+        if ":" in str(text) or preset_named(text) is not None:
             return split_model(text)[0]
         try:
             return cls(str(text).strip().lower())
@@ -92,6 +95,8 @@ class ModelSpec:
     slide_encoder: SlideEncoderSpec | None = None   # transformer layers before the head's pool (--slide-encoder)
     train_blocks: int | None = None        # a ViT fine-tuned in its last blocks only (--train-blocks; None: all)
     image_size: int | None = None          # named: the side it was built for (a ViT's token grid; None: its default)
+    model_args: ModelArgs = ModelArgs()    # named: its constructor's keyword arguments (--model-args, a preset's)
+    lora: LoraSpec | None = None           # a ViT's blocks with low-rank adapters, the rest frozen (--lora-rank)
 
     @classmethod
     def of(cls, family: ModelFamily | str = ModelFamily.RESNET, *, num_layers: int | None = None,
@@ -99,7 +104,8 @@ class ModelSpec:
            in_channels: int = 3, norm: str | None = None, upsampling: str | None = None,
            normalize: Normalization | None = None, weights: str | None = None,
            pool: PoolKind | str = PoolKind.AVG, slide_encoder: SlideEncoderSpec | None = None,
-           train_blocks: int | None = None, image_size: int | None = None) -> ModelSpec:
+           train_blocks: int | None = None, image_size: int | None = None,
+           model_args: ModelArgs = NO_ARGS, lora: LoraSpec | None = None) -> ModelSpec:
         """``family`` with its default depth and width where not given (the version kept for ResNet only, the
         norm and up-sampling for the U-Net only: default 'batch' and 'bilinear'). ``family`` may name a model
         (``torchvision:resnet50``, ``timm:NAME``, ``package.module:callable``): it has no sizes, it may start with
@@ -108,8 +114,16 @@ class ModelSpec:
         tissue-mean: ResNet and AmoebaNet only (ValueError naming them). ``slide_encoder``: transformer layers over the
         trunk's cells before the pool, ResNet and AmoebaNet only. ``train_blocks``: a named ViT trains its
         last blocks only (``models/vit.train_last_blocks``, applied by the run); ``image_size``: the side a named model
-        is built for when ``build`` is given none (a ViT's position embeddings' grid: evaluate rebuilds it so)."""
+        is built for when ``build`` is given none (a ViT's position embeddings' grid: evaluate rebuilds it so).
+        ``model_args``: a named model's constructor arguments (a preset's, ``--model virchow2``, under them).
+        ``lora``: a named ViT's blocks with low-rank adapters (``models/lora.py``), added by ``build``."""
         kind, source = (family, None) if isinstance(family, ModelFamily) else split_model(family)
+        preset = None if isinstance(family, ModelFamily) else preset_named(family)
+        if preset is not None:
+            model_args = preset.args.merged(model_args)
+        if model_args and not kind.named:
+            raise ValueError(f"--model-args: constructor arguments of a named model (timm:NAME, torchvision:NAME, "
+                             f"package.module:callable); a {kind} is sized by --num-layers and --num-filters")
         pooling = PoolKind(pool)
         if pooling is not PoolKind.AVG and kind.dense:
             raise ValueError(f"--pool {pooling}: a {kind} outputs a class per pixel and pools nothing; --pool is for "
@@ -124,9 +138,11 @@ class ModelSpec:
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
                        weights=weights, pool=pooling, slide_encoder=slide_encoder, train_blocks=train_blocks,
-                       image_size=image_size)
+                       image_size=image_size, model_args=model_args, lora=lora)
         if train_blocks is not None:
             raise ValueError(f"--train-blocks: a {kind} has no transformer blocks; it fine-tunes timm ViTs")
+        if lora is not None:
+            raise ValueError(f"--lora-rank: a {kind} has no transformer blocks; adapters go on timm ViTs")
         unet = kind.unet
         return cls(kind, DEFAULT_NUM_LAYERS[kind] if num_layers is None else num_layers,
                    DEFAULT_NUM_FILTERS[kind] if num_filters is None else num_filters, num_classes,
@@ -153,19 +169,28 @@ class ModelSpec:
             return str(self.family)
         return (self.source or "") if self.family is ModelFamily.MODULE else f"{self.family}:{self.source}"
 
-    def build(self, image_size: int | tuple[int, ...] | None = None) -> list[nn.Module]:
+    def build(self, image_size: int | tuple[int, ...] | None = None, adapters: bool = True) -> list[nn.Module]:
         """The layer list (torch's current seed draws the weights); ``image_size`` (a side, or a volume's (D, H, W))
-        checked against the downsampling."""
+        checked against the downsampling. ``adapters``: with the LoRA adapters of ``lora`` (drawn after the model;
+        False: the plain model, for weights to load before ``with_adapters``)."""
         if self.family.named:
             if image_size is not None and not isinstance(image_size, int):
                 raise ValueError(f"{self.label} takes images: give one image side, not {image_size}")
             side = image_size if image_size is not None else self.image_size
-            return self.named_head(external_layers(str(self.family), self.source or "", self.num_classes,
-                                                   self.in_channels, self.normalize, side))
+            layers = self.named_head(external_layers(str(self.family), self.source or "", self.num_classes,
+                                                     self.in_channels, self.normalize, side, self.model_args))
+            if adapters:
+                self.with_adapters(layers)
+            return layers
         return build_model(self.family, num_layers=self.num_layers, num_filters=self.num_filters,
                            num_classes=self.num_classes, version=self.resnet_version or 2,
                            in_channels=self.in_channels, image_size=image_size, norm=self.norm,
                            upsampling=self.upsampling, pool=self.pool, slide_encoder=self.slide_encoder)
+
+    def with_adapters(self, layers: list[nn.Module]) -> str | None:
+        """``lora``'s adapters added to ``layers`` (built with ``adapters=False``), the rest frozen but the head; the
+        line saying what trains (None: no adapters)."""
+        return None if self.lora is None else add_adapters(layers, self.lora, self.label)
 
     def named_head(self, layers: list[nn.Module]) -> list[nn.Module]:
         """A named model's layers with the head ``pool`` and ``slide_encoder`` ask for: a ViT's patch tokens as a map
@@ -190,7 +215,10 @@ class ModelSpec:
             pooled = f", {self.pool} pool" if self.pool is not PoolKind.AVG else ""
             tuned = f", last {self.train_blocks} blocks trained" if self.train_blocks is not None else ""
             encoded = f", {self.slide_encoder.describe()}" if self.slide_encoder is not None else ""
-            return f"{self.label}, {self.num_classes} classes{channels}{normal}{encoded}{pooled}{tuned}{start}"
+            built = f" ({self.model_args.text()})" if self.model_args else ""
+            adapted = f", {self.lora.describe()}" if self.lora is not None else ""
+            return (f"{self.label}{built}, {self.num_classes} classes{channels}{normal}{encoded}{pooled}{tuned}"
+                    f"{adapted}{start}")
         if self.family is ModelFamily.SWINUNETR3D:
             return (f"{self.family} {self.num_layers} Swin stages, feature size {self.num_filters}, "
                     f"{self.num_classes} classes{channels}")
@@ -210,7 +238,9 @@ class ModelSpec:
                 "source": self.source, "normalize": None if self.normalize is None else self.normalize.to_dict(),
                 "weights": self.weights, "pool": str(self.pool),
                 "slide_encoder": None if self.slide_encoder is None else self.slide_encoder.to_dict(),
-                "train_blocks": self.train_blocks, "image_size": self.image_size}
+                "train_blocks": self.train_blocks, "image_size": self.image_size,
+                "model_args": self.model_args.to_dict(),
+                "lora": None if self.lora is None else self.lora.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
@@ -223,21 +253,25 @@ class ModelSpec:
                    whole(data, "in_channels", 3), _optional_name(data, "norm"), _optional_name(data, "upsampling"),
                    _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"),
                    pool_of(data), slide_encoder_of(data), optional_whole(data, "train_blocks"),
-                   optional_whole(data, "image_size"))
+                   optional_whole(data, "image_size"), ModelArgs.from_dict(_optional_mapping(data, "model_args")),
+                   lora_of(data))
 
 
 NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)
 # a slide encoder goes after these trunks: the built-in classifiers', and a named model's when it is a ViT (checked as
 # it is built: ModelSpec.named_head)
 ENCODED = (ModelFamily.RESNET, ModelFamily.AMOEBANET, ModelFamily.TIMM, ModelFamily.MODULE)
-FORMS = (f"choose one of {', '.join(f.value for f in ModelFamily if f not in NAMED)}, or torchvision:NAME, timm:NAME, "
-         f"package.module:callable")
+FORMS = (f"choose one of {', '.join(f.value for f in ModelFamily if f not in NAMED)}, a foundation model "
+         f"({', '.join(PRESETS)}), or torchvision:NAME, timm:NAME, package.module:callable")
 
 
 def split_model(text: str) -> tuple[ModelFamily, str | None]:
     """``--model``: ``resnet`` -> (RESNET, None), ``torchvision:resnet50`` -> (TORCHVISION, ``resnet50``), ``timm:NAME``
     likewise, ``package.module:callable`` -> (MODULE, the whole text); ValueError naming the forms."""
     raw = str(text).strip()
+    preset = preset_named(raw)
+    if preset is not None:
+        return ModelFamily.TIMM, preset.architecture
     prefix, sep, name = raw.partition(":")
     if not sep:
         family = ModelFamily.parse(raw)
@@ -252,7 +286,11 @@ def split_model(text: str) -> tuple[ModelFamily, str | None]:
 
 def parse_model_name(text: str) -> str:
     """``--model``'s text normalised: a family (``resnet``) or a named model (``torchvision:resnet50``,
-    ``timm:NAME``, ``package.module:callable``); ValueError naming the forms."""
+    ``timm:NAME``, ``package.module:callable``) or a foundation model's preset (``virchow2``); ValueError naming
+    the forms."""
+    preset = preset_named(text)
+    if preset is not None:
+        return preset.name
     family, source = split_model(text)
     if not family.named:
         return str(family)
@@ -263,6 +301,12 @@ def normalization_of(data: Mapping[str, object]) -> Normalization | None:
     """The ``normalize`` field ``to_dict`` wrote (None when missing)."""
     value = _optional_mapping(data, "normalize")
     return None if value is None else Normalization.from_dict(value)
+
+
+def lora_of(data: Mapping[str, object]) -> LoraSpec | None:
+    """The ``lora`` field ``to_dict`` wrote (None when missing: checkpoints from before it)."""
+    value = _optional_mapping(data, "lora")
+    return None if value is None else LoraSpec.from_dict(value)
 
 
 def pool_of(data: Mapping[str, object]) -> PoolKind:

@@ -22,6 +22,7 @@ from torch import nn
 from ..config import ParallelConfig
 from ..errors import ConfigError
 from ..pipeline.handoff import TokenTiling
+from ..pipeline.layer_decay import decay_scales
 from ..spatial.geometry import TileGrid
 from ..spatial.tokens.vit import RopeBlockPiece, TokenStemPiece
 from .pieces import Piece
@@ -259,6 +260,19 @@ def train_last_blocks(layers: Sequence[nn.Module], keep: int, label: str) -> str
         f"block {len(blocks) - 1}, " if keep else "")
     return (f"--train-blocks {keep}: training {shown}the final norm and the head of {label} ({kept:,} of {total:,} "
             f"parameters); the rest is frozen")
+
+
+def layer_decay_scales(layers: Sequence[nn.Module], factor: float, label: str) -> dict[str, float]:
+    """``--layer-decay``: every parameter's rate scale by its whole-model key (``nn.Sequential(*layers)``'s), BEiT's
+    rule over the blocks of a cut ViT (``pipeline/layer_decay.py``); ConfigError naming the way out for a model
+    without blocks."""
+    blocks = blocks_of(layers)
+    if not is_cut_vit(layers) or not blocks:
+        raise ConfigError("--layer-decay", f"decays a vision transformer's rates block by block; {label} has no "
+                                           f"transformer blocks (a timm ViT: --model timm:vit_small_patch16_224): "
+                                           f"drop --layer-decay, or choose a ViT")
+    keys = [name for name, _ in nn.Sequential(*layers).named_parameters()]
+    return decay_scales(keys, blocks, factor)
 
 
 def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,

@@ -2,6 +2,8 @@
 classes differ), anything else that does not fit refused with the keys and shapes."""
 from __future__ import annotations
 
+import pickle
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,6 +19,18 @@ from .vit import resampled_positions
 WRAPPERS = ("state_dict", "model_state_dict", "model")   # keys training scripts keep a state dict under
 SHOWN = 3                      # keys named in a refusal
 OPTIONAL = ("num_batches_tracked",)   # older files lack BatchNorm's step counter: the model keeps its own
+ESCAPES = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes some of torch's messages carry
+SAVE_STATE = "save the model's state dict instead: torch.save(model.state_dict(), path)"
+
+
+def load_problem(file: Path, err: Exception) -> str:
+    """Why torch could not read ``file`` as tensors, in one line naming what to save instead."""
+    if isinstance(err, pickle.UnpicklingError):
+        return (f"{file} holds pickled Python objects (a whole model or optimizer?), which are not loaded: they "
+                f"would run code from the file; {SAVE_STATE}")
+    first = ESCAPES.sub("", str(err)).strip().split("\n")[0]
+    sentence = first.split(". ")[0].rstrip(".")
+    return f"{file} is not a torch state dict ({type(err).__name__}: {sentence}); {SAVE_STATE}"
 
 
 def read_weights(path: str | Path, flag: str = "--weights") -> dict[str, torch.Tensor]:
@@ -28,8 +42,7 @@ def read_weights(path: str | Path, flag: str = "--weights") -> dict[str, torch.T
     try:
         data = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:     # a pickle of anything else: torch raises many kinds
-        raise ConfigError(flag, f"{file} is not a torch state dict ({type(err).__name__}: "
-                                f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        raise ConfigError(flag, load_problem(file, err)) from None
     for key in WRAPPERS:
         if isinstance(data, Mapping) and isinstance(data.get(key), Mapping):
             data = data[key]
@@ -93,6 +106,8 @@ def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch
                                   f"of another architecture?")
     mismatched = [k for k in mine if k in weights and weights[k].shape != mine[k].shape]
     classifier = classifier_keys(layers)
+    if classifier and set(missing) == set(classifier) and not unexpected and not mismatched:
+        return headless(net, own, keys, weights, classifier, source)
     replaced = bool(mismatched) and set(mismatched) == set(classifier) and not missing and not unexpected and all(
         weights[k].shape[1:] == mine[k].shape[1:] for k in classifier)
     if mismatched and not replaced:
@@ -113,3 +128,15 @@ def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch
     before, after = int(weights[classifier[0]].shape[0]), int(mine[classifier[0]].shape[0])
     return (f"{source}: the classifier {head} has {before} outputs in the file and {after} here (--num-classes "
             f"{after}); it is replaced by a new one")
+
+
+def headless(net: nn.Module, own: Mapping[str, torch.Tensor], keys: Mapping[str, str],
+             weights: Mapping[str, torch.Tensor], classifier: Sequence[str], source: str) -> str:
+    """Load a trunk saved without its classifier (``num_classes=0``): every key but the classifier's, which keeps
+    its fresh draw; the note that says so."""
+    loaded = {keys[k]: v for k, v in weights.items()}
+    net.load_state_dict({**own, **loaded}, strict=True)
+    head = classifier[0].rsplit(".", 1)[0]
+    outputs = int(own[keys[classifier[0]]].shape[0])
+    return (f"{source}: no classifier in the file (a headless trunk, saved with num_classes=0): a new {head} is drawn "
+            f"for --num-classes {outputs}")

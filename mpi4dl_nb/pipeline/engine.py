@@ -25,6 +25,7 @@ from ..spatial.geometry import TileGrid
 from .accumulate import GradientSum
 from .default_cut import default_balance
 from .handoff import handoff_of
+from .layer_decay import make_optimizer
 from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
@@ -85,9 +86,11 @@ class HybridEngine:
     spatial (``cfg.all_spatial``: dense models) the loss runs on the last stage's tiles and must
     be a ``TileLoss`` (``spatial.loss.DenseLoss``); labels are then per-pixel masks.
     ``optimizer(params)`` returns a torch optimizer for this rank's parameters (None: no
-    step; gradients stay in the parameters). ``schedule``: 'gpipe' or '1f1b' (default
-    ``cfg.schedule``). ``abort_on_error``: an exception on one rank prints its traceback
-    and aborts the whole MPI job instead of leaving the other ranks waiting forever.
+    step; gradients stay in the parameters; none either when every parameter is frozen); a
+    factory with ``by_name`` gets them with their whole-model keys (``ScaledOptimizer``).
+    ``schedule``: 'gpipe' or '1f1b' (default ``cfg.schedule``). ``abort_on_error``: an
+    exception on one rank prints its traceback and aborts the whole MPI job instead of leaving
+    the other ranks waiting forever.
     ``image_size`` (int or (height, width)): the images' size, so that the default stage cut
     keeps every layer whose halo is wider than a tile off the spatial stages (None: not checked).
     ``release_heap_every``: every that many steps the rank hands its heap's free pages back to the
@@ -129,8 +132,8 @@ class HybridEngine:
                             next((p.dtype for i in self.instances.values() for p in i.canonical.parameters()
                                   if p.is_floating_point()), None))
             self.released_stages = self._release_other_stages()
-            params = self._unique_parameters()
-            self.optimizer = optimizer(params) if optimizer is not None and params else None   # all frozen: none
+            named = self._unique_named_parameters()     # by name: --layer-decay's groups (layer_decay.py)
+            self.optimizer = make_optimizer(optimizer, named) if optimizer is not None and named else None
         except Exception:
             self._fail()
             raise
@@ -248,13 +251,17 @@ class HybridEngine:
         return sum(seen.values())
 
     def _unique_parameters(self) -> list[nn.Parameter]:
+        return [p for _, p in self._unique_named_parameters()]
+
+    def _unique_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's trained parameters, each once, with its whole-model key."""
         seen: set[int] = set()
         params = []
         for inst in self.instances.values():
-            for p in inst.canonical.parameters():
+            for name, p in inst.canonical.named_parameters():
                 if id(p) not in seen and p.requires_grad:
                     seen.add(id(p))
-                    params.append(p)
+                    params.append((inst.canonical.full_key(name), p))
         return params
 
     # ---------------------------------------------------------------- training

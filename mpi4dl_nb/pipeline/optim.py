@@ -5,7 +5,9 @@ rate as a pure function of the step (constant, cosine or step decay after a line
 of a stage builds the same optimizer over its copy of the stage's parameters, receives the same summed
 gradients and so takes the same step (AdamW's moments are the same on every holder). The schedule keeps no
 state: ``LRSchedule.apply(optimizer, step)`` sets the rate of optimizer step ``step`` (0-based) before it
-is taken, so a resumed run continues it exactly from its step count alone.
+is taken, so a resumed run continues it exactly from its step count alone. A parameter group built at a scaled
+rate (``--layer-decay``: ``pipeline/layer_decay.py``, the group's ``lr_scale`` times ``--lr``) keeps its scale: the
+schedule multiplies each group's own peak.
 
 Rates (``lr`` the peak, ``w`` the warm-up steps, ``T`` the run's total steps, ``s`` the step)::
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -76,12 +78,14 @@ def _count(data: Mapping[str, object], key: str, default: int | None = None) -> 
 @dataclass(frozen=True)
 class OptimizerSpec:
     """Which optimizer every rank builds: kind, peak learning rate, SGD momentum, weight decay (decoupled for
-    AdamW, L2 for SGD, applied to every parameter)."""
+    AdamW, L2 for SGD, applied to every parameter); ``layer_decay`` (None: none): a transformer's rates decayed
+    block by block (``pipeline/layer_decay.py``; the run builds the groups, ``ScaledOptimizer``)."""
 
     kind: OptimizerKind = OptimizerKind.SGD
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
+    layer_decay: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", OptimizerKind(self.kind))
@@ -90,20 +94,23 @@ class OptimizerSpec:
             if not math.isfinite(value) or value < low or (high is not None and value > high):
                 bound = f">= {low:g}" + (f" and <= {high:g}" if high is not None else "")
                 raise ConfigError(flag, f"must be a number {bound}, got {value:g}")
+        if self.layer_decay is not None and (not math.isfinite(self.layer_decay)
+                                             or not 0.0 < self.layer_decay <= 1.0):
+            raise ConfigError("--layer-decay", f"must lie in (0, 1] (1: no decay), got {self.layer_decay:g}")
         if self.kind is OptimizerKind.ADAMW and self.momentum:
             raise ConfigError("--momentum", "applies to --optimizer sgd; AdamW keeps its own moments "
                                             f"(betas {ADAMW_BETAS}): drop --momentum")
 
     @classmethod
     def of(cls, kind: OptimizerKind | str, lr: float, momentum: float | None = None,
-           weight_decay: float | None = None) -> OptimizerSpec:
+           weight_decay: float | None = None, layer_decay: float | None = None) -> OptimizerSpec:
         """The spec of the command-line flags: momentum and weight decay default per optimizer."""
         kind = OptimizerKind(kind)
         if momentum is None:
             momentum = DEFAULT_MOMENTUM if kind is OptimizerKind.SGD else 0.0
         if weight_decay is None:
             weight_decay = DEFAULT_WEIGHT_DECAY[kind.value]
-        return cls(kind, lr, momentum, weight_decay)
+        return cls(kind, lr, momentum, weight_decay, layer_decay)
 
     @property
     def state_slots(self) -> int:
@@ -112,8 +119,9 @@ class OptimizerSpec:
             return 2
         return 1 if self.momentum > 0 else 0
 
-    def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        """The optimizer over ``params`` (an optimizer factory for ``HybridEngine``)."""
+    def build(self, params: Iterable[nn.Parameter] | Iterable[dict[str, Any]]) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` (an optimizer factory for ``HybridEngine``), or over parameter groups (each
+        with its own ``lr``)."""
         if self.kind is OptimizerKind.ADAMW:
             return torch.optim.AdamW(params, lr=self.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS,
                                      weight_decay=self.weight_decay)
@@ -126,17 +134,22 @@ class OptimizerSpec:
             parts.append(f"momentum {self.momentum:g}")
         if self.weight_decay:
             parts.append(f"weight decay {self.weight_decay:g}")
+        if self.layer_decay is not None:
+            parts.append(f"layer decay {self.layer_decay:g}")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind.value, "lr": self.lr, "momentum": self.momentum,
-                "weight_decay": self.weight_decay}
+                "weight_decay": self.weight_decay, "layer_decay": self.layer_decay}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> OptimizerSpec:
-        """The spec ``to_dict`` stored; ValueError naming a bad field."""
+        """The spec ``to_dict`` stored (no ``layer_decay``: a record from before it, none); ValueError naming a bad
+        field."""
+        decay = data.get("layer_decay")
         return cls(_kind(OptimizerKind, data, OptimizerKind.SGD), _number(data, "lr"),
-                   _number(data, "momentum", 0.0), _number(data, "weight_decay", 0.0))
+                   _number(data, "momentum", 0.0), _number(data, "weight_decay", 0.0),
+                   None if decay is None else _number(data, "layer_decay"))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,10 @@ rank's labels are its tile of the masks: cut from the global masks ``(N, H, W)``
 On a volume's grid (``slice_method="DxRxC"``) the images ``(N, C, D, H, W)`` and label volumes
 ``(N, D, H, W)`` are global tensors, each rank cutting its 3-D tile, or readers given the tile's ``Extent``
 ``((d0, d1), (r0, r1), (c0, c1))`` in place of a box (a ``ShardedImages`` of ``image_size`` (D, H, W)).
+
+Rows go to the rank's device with ``non_blocking``: a blocking copy onto a GPU waits for every kernel queued
+before it (a host sync per forward); a copy from pageable memory is staged by the driver before the call
+returns, and the step's end waits for the stream anyway (its loss is read), so the batch is free again then.
 """
 
 from __future__ import annotations
@@ -141,9 +145,9 @@ class StepInput:
             raise ValueError(f"images of tile {tile} need the tile grid")
         images = self.images
         if tile is None and isinstance(images, torch.Tensor):   # the common case, per forward: one slice
-            return images[rows].to(device)
+            return images[rows].to(device, non_blocking=True)
         if isinstance(images, (torch.Tensor, tuple, list)):
-            data = like(images, [t[rows].to(device) for t in as_items(images)])
+            data = like(images, [t[rows].to(device, non_blocking=True) for t in as_items(images)])
             return input_tile(data, grid, tile) if tile is not None and grid is not None else data
         if images is None:
             raise ValueError("this rank has no images (None); see StepInput.check")
@@ -153,14 +157,14 @@ class StepInput:
                 raise ValueError(f"tile {tile} of images from a callable needs image_size")
             box = reader_box(grid, tile, self.image_size, "images")
         read = images(rows, box)
-        return like(read, [t.to(device) for t in as_items(read)])
+        return like(read, [t.to(device, non_blocking=True) for t in as_items(read)])
 
     def labels_for(self, rows: slice, device: torch.device, tile: int | None = None,
                    grid: TileGrid | None = None) -> Payload:
         """Rows ``rows`` of the labels on ``device``; on a spatial last stage (``tile``) that tile of the masks."""
         labels = self.labels
         if tile is None and isinstance(labels, torch.Tensor):   # the common case, per forward: one slice
-            return labels[rows].to(device)
+            return labels[rows].to(device, non_blocking=True)
         if labels is None:
             raise ValueError("this rank has no labels (None); see StepInput.check")
         if isinstance(labels, ShardedMasks):
@@ -174,4 +178,4 @@ class StepInput:
                 data = like(read, as_items(read))
             if tile is not None and grid is not None:
                 data = input_tile(data, grid, tile, leading=1)
-        return like(data, [t.to(device) for t in as_items(data)])
+        return like(data, [t.to(device, non_blocking=True) for t in as_items(data)])

@@ -174,6 +174,10 @@ class FakeComm:
             (self.isend if transfer.send else self.irecv)(transfer.tensor, transfer.peer, transfer.tag)
         return Request.completed()
 
+    def exchange_host(self, transfers: Sequence[Transfer]) -> Request:
+        """A payload's header: nothing delivered, like every other message."""
+        return self.exchange(transfers)
+
     def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
         return {(int(src), int(dst)): Channel(int(src), int(dst)) for src, dst in pairs}
 

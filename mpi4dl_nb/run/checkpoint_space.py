@@ -1,5 +1,6 @@
 """The checkpoint directory checked before the first step: it can be created, takes a file, has room for one,
-and every host of the job sees it."""
+and every host of the job sees it; the run's ``config.toml`` written there (its every flag: ``--config`` runs it
+again)."""
 from __future__ import annotations
 
 import os
@@ -7,13 +8,19 @@ import secrets
 import shutil
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config_file import job_toml
+from ..console import to_stderr
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
+    from .job import TrainPlan
+
+CONFIG_NAME = "config.toml"
 
 SPACE_MARGIN = 1.1            # free space wanted per checkpoint, over its estimated size
 SPACE_BASE = 8 << 10          # the archive's fixed part and the manifest
@@ -118,3 +125,66 @@ def require_shared(ctx: Comm, directory: str | Path, knob: str = "--checkpoint-d
                                 f"wrote there on {hosts[0]} (a node-local disk?); a resume whose rank 0 runs on "
                                 f"another host would not find the checkpoints. Choose a directory every host mounts "
                                 f"(a shared file system)")
+
+
+def run_config(plan: TrainPlan) -> str | None:
+    """The TOML of every flag of the run ``plan`` is (``train --config`` runs it again: its model and data as asked,
+    its other groups as the plan holds them, a fold's included); None for a plan built without a TrainJob."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .job import COMMAND
+
+    asked = plan.asked
+    if asked is None:
+        return None
+    job = replace(asked, config=plan.config, training=plan.training, held_out=plan.held_out,
+                  checkpoints=plan.checkpoints, options=plan.options)
+    try:
+        release = f"mpi4dl-nb {version('mpi4dl-nb')}"
+    except PackageNotFoundError:
+        release = "mpi4dl-nb"
+    return job_toml(job, COMMAND, (f"the flags of a training run ({release}), every one, defaults included:",
+                                   f"python -m mpi4dl_nb {COMMAND} --config THIS_FILE runs it again; a flag on the "
+                                   f"command line replaces its line here"))
+
+
+def config_file_for(folder: Path, text: str, run_id: str) -> Path:
+    """Where a run's configuration goes: ``config.toml`` when absent or the same text, else (an earlier run's with
+    other flags) ``config-<run_id>.toml`` (``-2``, ``-3`` ... after it when that too holds another text)."""
+    names = [CONFIG_NAME, f"config-{run_id}.toml"]
+    names += (f"config-{run_id}-{n}.toml" for n in range(2, 1000))
+    for name in names:
+        path = folder / name
+        try:
+            if not path.exists() or path.read_text(encoding="utf-8") == text:
+                return path
+        except (OSError, UnicodeDecodeError):
+            continue
+    raise ConfigError("--checkpoint-dir", f"{folder} holds {len(names)} other configuration files of run {run_id}; "
+                                          f"clear them away")
+
+
+def write_run_config(plan: TrainPlan, rank: int, run_id: str | None) -> Path | None:
+    """Rank 0 of a run with a checkpoint directory: the run's configuration written there (never over another run's
+    other ``config.toml``: then beside it, said on stderr); the file, or None where none is written."""
+    directory = plan.checkpoints.directory
+    if rank != 0 or directory is None or run_id is None:
+        return None
+    text = run_config(plan)
+    if text is None:
+        return None
+    folder = Path(directory).expanduser()
+    path = config_file_for(folder, text, run_id)
+    partial = folder / f".{path.name}.partial-{os.getpid()}"
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except OSError as err:
+        raise ConfigError("--checkpoint-dir", f"cannot write {path}: {err.strerror or err}; choose a writable "
+                                              f"location") from err
+    finally:
+        partial.unlink(missing_ok=True)
+    if path.name != CONFIG_NAME:
+        to_stderr(f"mpi4dl_nb train: {folder / CONFIG_NAME} holds an earlier run's other flags; this run's are in "
+                  f"{path}")
+    return path

@@ -7,7 +7,17 @@ from dataclasses import dataclass, field
 
 from ..data.apps import AppKind
 from ..data.classes import parse_names
-from ..data.options import APP, DATAPATH, IMAGE_SIZE, MIN_TISSUE, NUM_SAMPLES, SLIDE_LEVEL, TASK
+from ..data.options import (
+    APP,
+    DATAPATH,
+    IMAGE_SIZE,
+    MIN_TISSUE,
+    NUM_SAMPLES,
+    REPAIR_ANNOTATIONS,
+    SLIDE_LEVEL,
+    TASK,
+    TISSUE,
+)
 from ..data.options import COHORT as COHORT_OPTION
 from ..data.options import ImageSize as ImageSize
 from ..data.options import VolumeSize as VolumeSize
@@ -16,6 +26,7 @@ from ..data.resolution import ResolutionChoice
 from ..data.stain import KNOB as REFERENCE
 from ..data.stain import StainMethod, StainRequest
 from ..data.task import Task
+from ..data.tissue_mask import TissueMethod
 from ..errors import ConfigError
 from ..models.options import NUM_CLASSES
 from ..schema import check_bounds, flag, whole_number
@@ -81,6 +92,7 @@ class DataChoice:
                         "shrunk from its own (TIFF/NIfTI tags) by the mean of each footprint (labels: the majority); "
                         "default as stored", None, parse=parse_voxel_size, metavar="Z,Y,X", group=groups.RUN)
     min_tissue: float = MIN_TISSUE.field(0.5, group=groups.RUN)
+    tissue: TissueMethod = TISSUE.field(TissueMethod.SATURATION, group=groups.RUN)
     skip_bad_files: bool = flag("--skip-bad-files", "train on the usable files when the data check finds bad ones "
                                                     "(default: refuse)", False, switch=True, group=groups.RUN)
     classes: tuple[str, ...] | None = flag(
@@ -91,6 +103,7 @@ class DataChoice:
     ignore_index: int | None = flag("--ignore-index", "segmentation: mask value of pixels no loss or metric counts "
                                                       "(e.g. 255)", None, parse=whole_number, metavar="LABEL",
                                     group=groups.TASK)
+    repair_annotations: bool = REPAIR_ANNOTATIONS.field(False, group=groups.TASK)
     cohort: str | None = COHORT_OPTION.field(None, group=groups.SLIDES)
     whole_slide: bool = flag(WHOLE_SLIDE, "a sample per slide: its tissue centred on one --image-size canvas at --mpp "
                                           "(each spatial rank reads only its tile), labelled by the slide; needs "
@@ -113,7 +126,14 @@ class DataChoice:
                                       f"(or --cohort), or drop {METHOD}")
 
     def _check_slides(self) -> None:
-        """``--whole-slide`` and ``--cohort`` against the task and the other data flags."""
+        """``--whole-slide``, ``--cohort``, ``--tissue`` and ``--repair-annotations`` against the task and the other
+        data flags."""
+        if self.repair_annotations and not self.task.dense:
+            raise ConfigError("--repair-annotations", "repairs the polygons of annotated slides, which only --task "
+                                                      "segmentation reads; drop it")
+        if self.whole_slide and self.tissue is not TissueMethod.SATURATION:
+            raise ConfigError("--tissue", f"picks the tiles cut from slides; {WHOLE_SLIDE} places each slide's tissue "
+                                          f"by the saturation mask, as infer's canvases repeat it: drop --tissue")
         if self.whole_slide and self.task.dense:
             raise ConfigError(WHOLE_SLIDE, "with --task segmentation is not supported: a whole-slide run learns slide "
                                            "labels (one class per slide); drop --task segmentation, or segment tiles "

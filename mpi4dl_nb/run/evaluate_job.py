@@ -18,14 +18,17 @@ from ..data.options import (
     IMAGE_SIZE,
     MIN_TISSUE,
     NUM_SAMPLES,
+    REPAIR_ANNOTATIONS,
     SLIDE_LEVEL,
     STAIN_NORMALIZE,
     TASK,
+    TISSUE,
     ImageSize,
 )
 from ..data.options import COHORT as COHORT_OPTION
 from ..data.resolution import ResolutionChoice
 from ..data.task import Task
+from ..data.tissue_mask import TissueMethod
 from ..errors import ConfigError
 from ..evaluation.aggregate import Aggregation
 from ..schema import build_job, check_bounds, flag
@@ -57,6 +60,7 @@ class EvaluateJob:
     slide_level: int | None = SLIDE_LEVEL.field(None, default_text="chosen by resolution", group=groups.RUN)
     resolution: ResolutionChoice = field(default_factory=ResolutionChoice)
     min_tissue: float = MIN_TISSUE.field(0.5, group=groups.RUN)
+    tissue: TissueMethod = TISSUE.field(TissueMethod.SATURATION, group=groups.RUN)
     held_out: HeldOutSpec = field(default_factory=HeldOutSpec)
     all_data: bool = flag("--all-data", "evaluate every image of the data, not only the held-out ones", False,
                           switch=True, group=groups.RUN)
@@ -64,6 +68,7 @@ class EvaluateJob:
     dtype: str | None = DTYPE.field(None, default_text=CHECKPOINTS, group=groups.RUN)
     seed: int | None = SEED.field(None, default_text=CHECKPOINTS)
     task: Task | None = TASK.field(None, default_text=CHECKPOINTS, group=groups.TASK)
+    repair_annotations: bool = REPAIR_ANNOTATIONS.field(False, group=groups.TASK)
     cohort: str | None = COHORT_OPTION.field(None, group=groups.SLIDES)
     aggregate: Aggregation = flag("--aggregate", "a slide's probability per class from its tiles': their mean, max, "
                                                  "or the mean of the k highest (top-k: 5, or top-N); a patient's from "

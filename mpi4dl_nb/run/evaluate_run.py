@@ -4,13 +4,16 @@ stages every rank agrees on, then evaluated with the run's loss on any layout.""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..checkpoint.record import RunRecord
+from ..checkpoint.record import RunRecord, SplitRecord
 from ..comm.agreement import agreed
 from ..config import ConfigError
 from ..data.apps import AppKind
 from ..data.classes import folder_classes, label_order
+from ..data.groups import BY_SLIDE, GroupKind
+from ..data.tissue_mask import TissueMethod
 from ..evaluation.evaluator import Evaluator
 from ..evaluation.levels import sample_groups
 from ..evaluation.metrics import Metrics
@@ -47,9 +50,13 @@ def resolved_data(plan: EvaluatePlan, record: RunRecord) -> DataSpec:
     if stain.applied is not None and app is not AppKind.MEDICAL:
         raise stain.refuse_unstained(f"--app {app}", COMMAND_KNOBS)
     size = job.image_size if isinstance(job.image_size, int) else None
+    if data.whole_slide and job.tissue is not TissueMethod.SATURATION:
+        raise ConfigError("--tissue", "picks the tiles cut from slides; this checkpoint's whole-slide canvases "
+                                      "place each slide's tissue by the saturation mask: drop --tissue")
     return DataSpec(app=app, datapath=datapath, image_size=size or data.image_size,
                     num_samples=job.num_samples, slide_level=job.slide_level or 0, min_tissue=job.min_tissue,
-                    mpp=mpp, source_mpp=job.resolution.source_mpp, num_classes=record.model.num_classes,
+                    tissue=job.tissue, repair_annotations=job.repair_annotations, mpp=mpp,
+                    source_mpp=job.resolution.source_mpp, num_classes=record.model.num_classes,
                     class_names=record.class_names, class_order=order, task=record.task,
                     ignore_index=record.segmentation.ignore_index if record.segmentation is not None else None,
                     cohort=cohort, whole_slide=data.whole_slide,
@@ -76,17 +83,52 @@ def other_cohort(plan: EvaluatePlan, record: RunRecord) -> bool:
 
 
 def resolved_held_out(plan: EvaluatePlan, record: RunRecord) -> HeldOutSpec:
-    """The images to evaluate: the flags' held-out images, every image (``--all-data``), else the run's split."""
+    """The images to evaluate: the flags' held-out images, every image (``--all-data``), else the run's split
+    (grouped as the run grouped it, unless ``--group-by`` says otherwise)."""
     job = plan.job
     if job.all_data or other_cohort(plan, record):      # another cohort: every slide of it
-        return HeldOutSpec()
+        return HeldOutSpec(group_by=job.held_out.group_by)
     if job.held_out.given:
         return job.held_out
     split = record.split
     if split is None:
-        return HeldOutSpec(record.data.val_fraction, record.data.val_datapath)
-    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath, group_by=split.group_by,
-                       folds=split.folds, fold=split.fold)
+        return HeldOutSpec(record.data.val_fraction, record.data.val_datapath, group_by=job.held_out.group_by)
+    return HeldOutSpec(record.data.val_fraction, record.data.val_datapath,
+                       group_by=job.held_out.group_by or recorded_grouping(split), folds=split.folds, fold=split.fold)
+
+
+def recorded_grouping(split: SplitRecord) -> str | None:
+    """The ``--group-by`` that groups the data as ``split`` was: its regex, or ``slide`` for a split by slide (a
+    checkpoint from before slides named by TCGA barcodes were grouped by patient keeps its slides)."""
+    if split.group_by is None and split.grouping == GroupKind.SLIDE.value:
+        return BY_SLIDE
+    return split.group_by
+
+
+def fixed_image_size(layers: Sequence[nn.Module]) -> tuple[int, int] | None:
+    """The (rows, cols) a loaded model takes and no other (a ViT's position embeddings, a Swin's windows; None:
+    any size)."""
+    from ..models.pieces import SizedPiece
+    from ..models.vit import TokenEmbedding, token_image_size
+
+    for layer in layers:
+        if isinstance(layer, SizedPiece):
+            return layer.built
+        if isinstance(layer, TokenEmbedding):
+            return None if layer.settings.get("dynamic_img_size") else token_image_size(layer)
+    return None
+
+
+def check_trained_image_size(layers: Sequence[nn.Module], image_size: int) -> None:
+    """ConfigError(``--image-size``) before work when the checkpoint's model takes one image size only and
+    ``image_size`` is another, naming the size it was trained at."""
+    built = fixed_image_size(layers)
+    if built is None or built == (image_size, image_size):
+        return
+    size = str(built[0]) if built[0] == built[1] else f"{built[0]}x{built[1]}"
+    fix = f"give --image-size {size} or leave it out" if built[0] == built[1] else "leave --image-size out"
+    raise ConfigError("--image-size", f"{image_size}: the checkpoint's model was trained on {built[0]}x{built[1]} "
+                                      f"images and takes that size only; {fix}")
 
 
 class Evaluation:
@@ -132,6 +174,7 @@ class Evaluation:
         if dtype is None:
             for layer in self.layers:
                 layer.to(getattr(torch, self.dtype))
+        check_trained_image_size(self.layers, self.data.image_size)
         check_layout(job.config, self.layers, self.batch_size, self.data.image_size)
         from ..models.vit import refuse_token_spatial_stage  # what a cut ViT cannot run on tiles, before work
 
@@ -170,8 +213,9 @@ class Evaluation:
                               f"--image-size as the training run, or --val-fraction/--val-datapath/--all-data "
                               f"to evaluate other images on purpose")
         self.dataset = held if held is not None else dataset
-        if job.slide_csv is not None and (data.task.dense or sample_groups(self.dataset, self.held_out.group_by)
-                                          is None):
+        # the images' slides here, in an agreed stage: a tile folder's slide in two class folders is refused before work
+        groups = None if data.task.dense else sample_groups(self.dataset, self.held_out.group_by)
+        if job.slide_csv is not None and groups is None:
             raise ConfigError("--slide-csv", "tabulates slides, and these images come from none known; evaluate "
                                              "a --cohort, slides, or tiles named <slide>_<x>_<y> (--group-by)")
 

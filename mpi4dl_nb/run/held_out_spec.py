@@ -21,8 +21,10 @@ class HeldOutSpec:
     val_datapath: str | None = flag("--val-datapath", "validation images from another folder/slide(s) (same layout "
                                                       "as --datapath)", None, metavar="DIR", group=GROUP)
     group_by: str | None = flag("--group-by", "tile folders: the slide of each tile file, the first group of REGEX on "
-                                              "its name (default: TCGA slide ids and <slide>_<x>_<y> names); a "
-                                              "slide's tiles stay on one side", None, metavar="REGEX", group=GROUP)
+                                              "its name (default: TCGA slide ids, grouped by patient, and "
+                                              "<slide>_<x>_<y> names); a slide's tiles stay on one side; 'slide': "
+                                              "TCGA slides each on its own, not by patient", None, metavar="REGEX",
+                                group=GROUP)
     folds: int | None = flag("--folds", "K-fold cross-validation by patient (slide, image), stratified by label, "
                                         "seeded; a cohort's fold column when it has one", None, parse=whole_number,
                              metavar="K", group=GROUP)

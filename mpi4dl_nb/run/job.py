@@ -12,6 +12,7 @@ from ..data.apps import AppKind
 from ..data.manifest import Cohort
 from ..data.stain import StainNormalizer, StainRequest
 from ..data.task import Task
+from ..data.tissue_mask import TissueMethod
 from ..models.spec import ModelSpec
 from ..schema import build_job
 from .data_choice import DataChoice
@@ -35,6 +36,8 @@ class DataSpec:
     num_samples: int = 256               # generated images
     slide_level: int = 0
     min_tissue: float = 0.5
+    tissue: TissueMethod = TissueMethod.SATURATION   # what counts as tissue on a slide's overview (--tissue)
+    repair_annotations: bool = False     # annotated slides: invalid polygons repaired, not refused
     mpp: float | None = None             # µm per pixel to read at (--mpp or --magnification; None: as stored)
     source_mpp: float | None = None      # level 0's µm per pixel, given
     volume_size: tuple[int, int, int] | None = None        # volumes: the patch's (D, H, W) voxels (None: images)
@@ -57,7 +60,8 @@ class DataSpec:
         over the tissue mask, which whole-slide canvases then carry)."""
         volume = data.image_size if isinstance(data.image_size, tuple) else None
         return cls(app=data.reads, datapath=data.datapath, image_size=data.side, num_samples=data.num_samples,
-                   slide_level=data.slide_level, min_tissue=data.min_tissue, mpp=data.resolution.target,
+                   slide_level=data.slide_level, min_tissue=data.min_tissue, tissue=data.tissue,
+                   repair_annotations=data.repair_annotations, mpp=data.resolution.target,
                    source_mpp=data.resolution.source_mpp, volume_size=volume, voxel_size=data.voxel_size,
                    num_classes=len(found.class_names), class_names=found.class_names, class_order=found.class_order,
                    task=data.task, ignore_index=data.ignore_index, skip_bad_files=data.skip_bad_files,
@@ -95,7 +99,7 @@ class TrainJob:
         side = self.data.image_size if isinstance(self.data.image_size, int) else None
         model = self.model.spec(len(found.class_names), found.in_channels, side if self.model.family.named else None)
         return TrainPlan(self.config, model, DataSpec.of(self.data, found, model.pool.tissue), self.training,
-                         self.held_out, self.checkpoints, self.options)
+                         self.held_out, self.checkpoints, self.options, asked=self)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class TrainPlan:
     held_out: ValidationSpec = field(default_factory=ValidationSpec)
     checkpoints: CheckpointSpec = field(default_factory=CheckpointSpec)
     options: RunOptions = field(default_factory=RunOptions)
+    asked: TrainJob | None = field(default=None, compare=False, repr=False)   # its flags: the run's config.toml
 
     def record(self) -> RunRecord:
         """What the run is, as its checkpoints store it and its JSON summary begins (the data's resolution, how

@@ -163,9 +163,9 @@ def job_classes(job: TrainFlags, cohort: Cohort | None) -> tuple[tuple[str, ...]
     if isinstance(weights, tuple) and len(weights) != len(names):
         raise ConfigError("--class-weights", f"gives {len(weights)} weights for {len(names)} classes "
                                              f"({', '.join(names)}); give one per class, in that order")
-    if job.checkpoints.keep_best is MetricName.VAL_ROC_AUC and len(names) != 2:
-        raise ConfigError("--keep-best", f"val_roc_auc is defined for 2 classes, this run has {len(names)}; use "
-                                         f"val_loss, val_accuracy or val_balanced_accuracy")
+    if job.checkpoints.keep_best is MetricName.VAL_ROC_AUC and len(names) < 2:
+        raise ConfigError("--keep-best", f"val_roc_auc ranks one class against the others: it needs 2 or more "
+                                         f"classes, this run has {len(names)}; use val_loss or val_accuracy")
     ignore = data.ignore_index
     if data.task.dense and ignore is not None and 0 <= ignore < len(names):
         raise ConfigError("--ignore-index", f"{ignore} is class {names[ignore]!r} of the {len(names)} classes; use a "

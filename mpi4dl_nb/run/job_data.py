@@ -51,10 +51,11 @@ def unstained_dataset(data: DataSpec, seed: int, datapath: str | Path | None,
         from ..data.cohort_slides import CohortSlides
 
         return CohortSlides(data.cohort, data.image_size, level=data.slide_level, min_tissue=data.min_tissue,
-                            mpp=data.mpp, source_mpp=data.source_mpp)
+                            mpp=data.mpp, source_mpp=data.source_mpp, tissue=data.tissue)
     return make_dataset(data.app, data.image_size, data.num_classes, datapath=datapath, seed=seed,
                         num_samples=data.num_samples, slide_level=data.slide_level, min_tissue=data.min_tissue,
-                        exclude=exclude, classes=data.class_order, mpp=data.mpp, source_mpp=data.source_mpp)
+                        exclude=exclude, classes=data.class_order, mpp=data.mpp, source_mpp=data.source_mpp,
+                        tissue=data.tissue)
 
 
 def canvas_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> SlideCanvases:
@@ -104,7 +105,8 @@ def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: S
                                  mpp=data.mpp, source_mpp=data.source_mpp)
     slides = [root] if root.is_file() else slide_files(root, exclude)
     return AnnotatedSlideDataset(slides, data.image_size, data.class_names, level=data.slide_level,
-                                 min_tissue=data.min_tissue, mpp=data.mpp, source_mpp=data.source_mpp)
+                                 min_tissue=data.min_tissue, mpp=data.mpp, source_mpp=data.source_mpp,
+                                 tissue=data.tissue, repair_annotations=data.repair_annotations)
 
 
 def slide_files(root: Path, exclude: Sequence[Path]) -> list[Path]:
@@ -151,9 +153,9 @@ def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataS
     if sources.kind is not SourceKind.SLIDES:
         raise ConfigError(knob, f"{datapath} holds neither images/ with masks/ nor slides with QuPath annotations "
                                 f"(<slide>.geojson beside each) for --task segmentation")
-    names, level = data.class_names, data.slide_level
+    names, level, repair = data.class_names, data.slide_level, data.repair_annotations
     return sources, lambda slide: (check_file(slide, SourceKind.SLIDES, size, level)
-                                   or annotation_problems(slide, names))
+                                   or annotation_problems(slide, names, repair=repair))
 
 
 def label_counts(data: DataSpec, weights: ClassWeights, dataset: RegionDataset) -> list[int] | None:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from ..comm.protocol import Comm
     from ..data.dataset import Batcher, RegionDataset
     from ..evaluation.grouped import GroupedSplit
+    from ..pipeline.layer_decay import OptimizerFactory
+    from ..pipeline.optim import OptimizerSpec
     from .data_check import DataRole
     from .monitor import JobMonitor
     from .resume import Selection
@@ -50,6 +52,7 @@ class JobSetup:
         self.identity: dict[str, object] = {}
         self.selection: Selection | None = None
         self.run_id: str | None = None
+        self.lr_scales: dict[str, float] | None = None     # --layer-decay: each parameter's rate scale by key
 
     def build_model(self) -> None:
         """The model, the configuration against it, and (rank 0) the log and checkpoint directories."""
@@ -60,14 +63,22 @@ class JobSetup:
 
         job = self.job
         torch.manual_seed(job.training.seed)
-        self.layers = self.record.model.build(job.data.volume_size or job.data.image_size)
+        self.layers = self.record.model.build(job.data.volume_size or job.data.image_size, adapters=False)
         if job.model.weights is not None:
             from ..models.weights import load_weights, read_weights
 
             note = load_weights(self.layers, read_weights(job.model.weights), model=self.record.model.label)
             if note is not None:
                 say_once(self.ctx, note)
+        adapted = self.record.model.with_adapters(self.layers)      # --lora-rank: after the weights they adapt
+        if adapted is not None:
+            say_once(self.ctx, adapted)
         self.freeze_blocks()
+        decay = job.training.optimizer.layer_decay
+        if decay is not None:
+            from ..models.vit import layer_decay_scales
+
+            self.lr_scales = layer_decay_scales(self.layers, decay, self.record.model.label)
         for layer in self.layers:
             layer.to(job.training.torch_dtype)
         check_layout(job.config, self.layers, job.training.batch_size, job.data.volume_size or job.data.image_size)
@@ -99,10 +110,12 @@ class JobSetup:
         from ..data.classes import class_counts
         from ..data.resolution import dataset_mpp
         from ..data.validate import classes_found
-        from .job_data import dataset_from, held_out_data, label_counts
+        from .job_data import VOLUME_FOLDERS, dataset_from, held_out_data, label_counts
 
         job, data, training = self.job, self.job.data, self.job.training
         dataset = dataset_from(data, training.seed, data.datapath, exclude)
+        if isinstance(dataset, VOLUME_FOLDERS) and dataset.orientation_note:
+            say_once(self.ctx, dataset.orientation_note)
         self.record = replace(self.record, data=replace(self.record.data, mpp=dataset_mpp(dataset)))
         if isinstance(dataset, SlideCanvases):
             self.record_canvases(dataset)
@@ -300,7 +313,18 @@ def set_up_run(job: TrainPlan, ctx: Comm) -> JobSetup:
     bad_held_out = checked_files(job, ctx, job.held_out.val_datapath, DataRole.VALIDATION)
     agreed(ctx, lambda: setup.open_data(bad, bad_held_out))
     agreed(ctx, setup.choose_resume)
+    from .checkpoint_space import write_run_config
+
+    agreed(ctx, lambda: write_run_config(setup.job, ctx.rank, setup.run_id))     # rank 0: config.toml
     return setup
+
+
+def optimizer_factory(spec: OptimizerSpec, lr_scales: Mapping[str, float] | None) -> OptimizerFactory:
+    """The engine's optimizer factory: ``spec``'s, with a parameter group per rate scale under ``--layer-decay``
+    (``lr_scales`` by whole-model key: ``models/vit.layer_decay_scales``)."""
+    from ..pipeline.layer_decay import ScaledOptimizer
+
+    return spec.build if lr_scales is None else ScaledOptimizer(spec, lr_scales)
 
 
 def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
@@ -315,7 +339,8 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
     loss = watch(setup.record.loss())
     engine = HybridEngine(setup.layers, job.config, ctx, loss_fn=loss, abort_on_error=False,
                           image_size=job.data.image_size if job.data.volume_size is None else None,
-                          optimizer=training.optimizer.build, release_heap_every=job.options.release_heap_every)
+                          optimizer=optimizer_factory(training.optimizer, setup.lr_scales),
+                          release_heap_every=job.options.release_heap_every)
     guard = NonFiniteGuard(engine, ctx, loss, job.options.on_nonfinite,
                            hint="Lower --lr, or pass --on-nonfinite skip-step to skip such steps.")
     checkpoints, options = job.checkpoints, job.options
@@ -324,7 +349,7 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                              dtype=job.training.torch_dtype, step_timeout=options.step_timeout,
                              auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
                              lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task,
-                             accumulate=job.training.accumulate)
+                             accumulate=job.training.accumulate, read_ahead=options.read_ahead)
     evaluator = None if setup.val_dataset is None else evaluator_for(
         engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype, job.held_out.group_by)
     return Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),

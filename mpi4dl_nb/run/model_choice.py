@@ -8,15 +8,17 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..models.external import pretrained_normalization
+from ..models.lora import DEFAULT_ALPHA, DEFAULT_TARGETS, TARGETS, LoraSpec, parse_targets
+from ..models.model_args import ModelArgs
 from ..models.normalize import Normalization
-from ..models.options import AT_LEAST_ONE, MODEL, NUM_CLASSES, NUM_FILTERS, NUM_LAYERS
+from ..models.options import AT_LEAST_ONE, MODEL, MODEL_ARGS, NUM_CLASSES, NUM_FILTERS, NUM_LAYERS
 from ..models.options import MODEL_HELP as MODEL_HELP
 from ..models.pools import PoolKind
 from ..models.resnet import version_for_depth
 from ..models.slide_encoder import DEFAULT_HEADS, DEFAULT_LAYERS, SlideEncoderKind, SlideEncoderSpec
 from ..models.spec import ENCODED, ModelFamily, ModelSpec, split_model
 from ..models.unet import UNetNorm, Upsampling
-from ..schema import Bounds, check_bounds, flag, whole_number
+from ..schema import Bounds, check_bounds, flag, number, whole_number
 from . import flag_groups as groups
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 VERSION_HELP = ("ResNet v1 (basic blocks, depth 6n+2) or v2 (bottlenecks, 9n+2); default v2, or v1 for a depth "
                 "only v1 has (8, 14, 26, ...)")
 AUTO = "auto"
+TARGET_NAMES = ", ".join(f"{name} ({path})" for name, path in TARGETS.items())
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,46 @@ class SlideEncoderChoice:
 
 
 @dataclass(frozen=True)
+class LoraChoice:
+    """``--lora-rank R`` with its ``--lora-alpha`` and ``--lora-targets`` (None: no adapters; alpha and targets None:
+    their defaults): low-rank adapters on a ViT's blocks, the rest frozen but the head."""
+
+    rank: int | None = flag("--lora-rank", "LoRA: low-rank adapters of rank R on the linear layers of a vision "
+                                           "transformer's blocks (--lora-targets); only the adapters and the head "
+                                           "(final norm, classifier) train, the rest frozen; recorded in the "
+                                           "checkpoint (evaluate, infer and export rebuild them; export "
+                                           "--merge-lora folds them into the weights)", None, parse=whole_number,
+                            bounds=Bounds(1), metavar="R", group=groups.MODEL)
+    alpha: float | None = flag("--lora-alpha", f"LoRA: the adapters' scale is alpha / rank (default "
+                                               f"{DEFAULT_ALPHA:g}, peft's)", None, parse=number,
+                               bounds=Bounds(0, closed=False), metavar="A", group=groups.MODEL)
+    targets: tuple[str, ...] | None = flag("--lora-targets", f"LoRA: the linear layers of each block that take "
+                                                             f"adapters: {TARGET_NAMES} or paths inside a block "
+                                                             f"(default all four)", None,
+                                           parse=parse_targets, metavar=",".join(TARGETS), group=groups.MODEL)
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        for flag_name, value in (("--lora-alpha", self.alpha), ("--lora-targets", self.targets)):
+            if value is not None and self.rank is None:
+                raise ConfigError(flag_name, f"sets LoRA's adapters: add --lora-rank R, or drop {flag_name}")
+        self.spec()
+
+    def spec(self) -> LoraSpec | None:
+        """The adapters these flags name (None: none)."""
+        if self.rank is None:
+            return None
+        return LoraSpec(self.rank, DEFAULT_ALPHA if self.alpha is None else self.alpha,
+                        DEFAULT_TARGETS if self.targets is None else self.targets)
+
+
+@dataclass(frozen=True)
 class ModelChoice:
     """The network ``train`` builds: a family (sized) or a named model, the weights it starts from, the input
     normalisation they expect, the classifier's pool, a U-Net's layers."""
 
     model: str = MODEL.field("resnet", group=groups.MODEL)
+    model_args: ModelArgs = MODEL_ARGS.field(ModelArgs(), default_text="none", group=groups.MODEL)
     sizes: ModelSizes = field(default_factory=ModelSizes)
     weights: str | None = flag("--weights", "start from this state dict of the original model "
                                             "(torch.save(model.state_dict())); a classifier for another number of "
@@ -113,9 +151,15 @@ class ModelChoice:
                                                       "(0: the norm and head alone), the rest frozen; default: "
                                                       "train everything", None, parse=whole_number,
                                     bounds=Bounds(0), metavar="K", group=groups.MODEL)
+    lora: LoraChoice = field(default_factory=LoraChoice)
 
     def __post_init__(self) -> None:
         family, _ = split_model(self.model)
+        if self.model_args and not family.named:
+            raise ConfigError("--model-args", f"passes keyword arguments to a named model's constructor (timm:NAME, "
+                                              f"torchvision:NAME, package.module:callable, a foundation model); "
+                                              f"--model {self.model} is sized by --num-layers and --num-filters: "
+                                              f"drop --model-args")
         if family.named:
             for flag_name, value in (("--num-layers", self.sizes.num_layers), ("--num-filters",
                                                                                self.sizes.num_filters)):
@@ -132,6 +176,13 @@ class ModelChoice:
             raise ConfigError("--train-blocks", f"freezes all but the last blocks of a vision transformer; --model "
                                                 f"{self.model} has none (a timm ViT: --model "
                                                 f"timm:vit_small_patch16_224): drop --train-blocks")
+        if self.lora.rank is not None and not family.named:
+            raise ConfigError("--lora-rank", f"puts adapters on a vision transformer's blocks; --model {self.model} "
+                                             f"has none (a timm ViT: --model timm:vit_small_patch16_224): drop "
+                                             f"--lora-rank")
+        if self.lora.rank is not None and self.train_blocks is not None:
+            raise ConfigError("--train-blocks", "and --lora-rank both choose what trains (LoRA: the adapters and the "
+                                                "head, every block's weights frozen): drop one of them")
         for flag_name, layer in (("--norm", self.norm), ("--upsampling", self.upsampling)):
             if layer is not None and family is ModelFamily.SWINUNETR3D:
                 raise ConfigError(flag_name, f"sets a U-Net's layers; --model {self.model} has its own "
@@ -174,7 +225,7 @@ class ModelChoice:
                             in_channels=in_channels, norm=self.norm, upsampling=self.upsampling,
                             normalize=self.normalization(), weights=self.weights, pool=self.pool,
                             slide_encoder=self.slide_encoder.spec(), train_blocks=self.train_blocks,
-                            image_size=image_size)
+                            image_size=image_size, model_args=self.model_args, lora=self.lora.spec())
 
 
 @dataclass(frozen=True)

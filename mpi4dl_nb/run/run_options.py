@@ -1,5 +1,6 @@
 """``train``'s checkpoint flags (CheckpointSpec: where, how often, which are kept, what the run resumes from) and run
-options (RunOptions: device, data plane, progress, messages, failures, heap release), each checked on construction."""
+options (RunOptions: device, data plane, progress, messages, failures, heap release, input read ahead), each checked on
+construction."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,7 +63,8 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How the run behaves on the ranks: the data plane and device, progress, messages, failures, heap release."""
+    """How the run behaves on the ranks: the data plane and device, progress, messages, failures, heap release, input
+    read ahead."""
 
     placement: DeviceChoice = field(default_factory=DeviceChoice)
     progress: bool = PROGRESS.field(True, group=groups.RUN)
@@ -78,6 +80,10 @@ class RunOptions:
                                                            "kernel, so a rank's memory stays flat over days (0: never)",
                                    RELEASE_EVERY_STEPS, parse=whole_number, metavar="N", bounds=Bounds(0),
                                    group=groups.RUN)
+    read_ahead: int = flag("--read-ahead", "read the input of the next N steps (regions, stain normalisation, "
+                                           "augmentation) on a worker thread while a step computes; memory: N steps' "
+                                           "input more (0: read inside the step)", 1, parse=whole_number,
+                           metavar="N", bounds=Bounds(0), group=groups.RUN)
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -35,7 +35,8 @@ def finite_or_none(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class RankMetrics:
-    """One rank's time split and memory over the run (peak: the CUDA allocator's, or counted on CPU)."""
+    """One rank's time split and memory over the run (peak: the CUDA allocator's, or counted on CPU); ``seconds`` are
+    ``compute_seconds`` + ``comm_seconds`` + ``input_wait_seconds``."""
 
     rank: int
     steps: int
@@ -46,6 +47,7 @@ class RankMetrics:
     activation_peak_bytes: int
     peak_bytes: int
     memory_source: str          # "cuda-allocator" or "counted"
+    input_wait_seconds: float = 0.0     # of ``seconds``: waiting for the input (reads inline, or the read ahead)
     host: str = field(default_factory=socket.gethostname)     # made on the rank itself: its host
 
 
@@ -100,6 +102,7 @@ class TrainSummary:
     config: Mapping[str, object] = field(default_factory=dict)
     best: BestMark | None = None             # the best evaluation of a run with --keep-best
     best_checkpoint: str | None = None       # its checkpoint, when this run wrote it
+    preempted: str | None = None             # the stop signal that ended the run early (run/preemption.py)
 
     @property
     def peak_memory_bytes(self) -> list[int]:
@@ -127,10 +130,13 @@ class TrainSummary:
             "memory_source": self.ranks[0].memory_source,
             "compute_seconds": [r.compute_seconds for r in self.ranks],
             "comm_seconds": [r.comm_seconds for r in self.ranks],
+            "input_wait_seconds": [r.input_wait_seconds for r in self.ranks],
             "train_seconds": [r.seconds for r in self.ranks],
             "checkpoint": self.checkpoint,
             **(self.validation.as_dict() if self.validation is not None else {}),
             **({"best": self.best.to_dict(), "best_checkpoint": self.best_checkpoint} if self.best is not None else {}),
+            **({"preempted": self.preempted} if self.preempted is not None else {}),
+
             "config": config_as_run(self.config),
         }
 

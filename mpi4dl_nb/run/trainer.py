@@ -1,4 +1,5 @@
-"""The training loop of batch jobs: region-aware inputs, steps with metrics, progress on rank 0, checkpoint/resume."""
+"""The training loop of batch jobs: region-aware inputs, steps with metrics, progress on rank 0, checkpoint/resume,
+pre-emption (a stop signal: the step finished, a checkpoint, the run ends)."""
 from __future__ import annotations
 
 import sys
@@ -18,18 +19,19 @@ from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, wri
 from ..config import ParallelConfig
 from ..data import Batcher, RegionDataset
 from ..data.dataset import input_size
-from ..data.masks import batch_masks
 from ..data.task import Task
 from ..evaluation.batch_inputs import BatchInputs
 from ..evaluation.metrics import MetricName
-from ..measure.progress import ProgressLine
 from ..measure.usage import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
 from ..pipeline.optim import LRSchedule
 from ..pipeline.schedules import ActionKind
-from ..pipeline.step_input import ShardedImages, ShardedMasks
+from .batch_reads import BatchRead, BatchReads, Position, StepBatch
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
 from .monitor import JobMonitor, StepTimer
+from .preemption import Preempted, StopSignals
+from .read_ahead import ReadAhead
 from .summary import RankMetrics, TrainSummary, Validation, finite_or_none
+from .train_progress import TrainProgress
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -59,6 +61,7 @@ class TrainSettings:
     keep_best: MetricName | None = None     # with an evaluator and checkpoint_dir: keep the best checkpoint apart
     task: Task = Task.CLASSIFICATION        # segmentation: the labels are masks, read by box where the loss runs
     accumulate: int = 1                     # batches (micro-steps) per optimizer step: gradient accumulation
+    read_ahead: int = 1                     # steps whose input a worker thread reads before they start (0: inline)
 
 
 class CheckpointWriteError(RuntimeError):
@@ -91,12 +94,6 @@ def check_spatial_geometry(layers: Sequence[nn.Module], cfg: ParallelConfig, ima
     from ..pipeline.default_cut import check_fit
 
     check_fit(list(layers), cfg, image_size, in_channels=channels)
-
-
-def progress_text(step: int, steps: int, loss: float, images_per_s: float, accuracy: float | None) -> str:
-    """``step 3/10 loss 0.6931 12.50 img/s val_acc 0.750``: what the progress line shows after a step."""
-    shown = "" if accuracy is None else f" val_acc {accuracy:.3f}"
-    return f"step {step}/{steps} loss {loss:.4f} {images_per_s:.2f} img/s{shown}"
 
 
 # ---------------------------------------------------------------------- trainer
@@ -135,10 +132,13 @@ class Trainer:
         dataset = batcher.dataset
         self.inputs = BatchInputs(engine, ctx.rank, input_size(dataset), batcher.batch_size, settings.dtype,
                                   settings.task.dense)
+        self.reads = BatchReads(batcher, self.inputs, settings.task.dense)
+        self.read_ahead: ReadAhead[int, list[BatchRead]] | None = None   # while run() runs with settings.read_ahead
         self.metrics = RunMetrics()
         self.step = 0
         self.skipped_steps: list[int] = []
         self.last_checkpoint: Path | None = None
+        self.preempted: Preempted | None = None     # a stop signal ended the run (every rank; its path on rank 0)
         self.best: BestMark | None = None           # the best evaluation so far (settings.keep_best)
         self.best_checkpoint: Path | None = None
         params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
@@ -311,13 +311,31 @@ class Trainer:
         checked = self.guard is not None and action.kind is ActionKind.OPTIM
         return action.describe() + (" (first: the all-gather of the non-finite check)" if checked else "")
 
-    def batch(self, epoch: int, step: int) -> tuple[ShardedImages | None, torch.Tensor | ShardedMasks | None]:
-        """This rank's images and labels of batch ``step`` of ``epoch`` (``BatchInputs``: masks read by box)."""
-        batcher = self.batcher
-        images = self.inputs.images(lambda rows, box: batcher.images(epoch, step, box, rows))
-        if not self.settings.task.dense:
-            return images, batcher.labels(epoch, step)
-        return images, self.inputs.masks(lambda rows, box: batch_masks(batcher, epoch, step, box, rows))
+    def batch(self, epoch: int, step: int) -> StepBatch:
+        """This rank's images and labels of batch ``step`` of ``epoch`` (``BatchInputs``: masks read by box), read
+        when the engine asks for them."""
+        return self.reads.batch((epoch, step))
+
+    def positions(self, step: int) -> list[Position]:
+        """(epoch, batch in epoch) of each batch of optimizer step ``step`` (``accumulate`` of them)."""
+        first = step * self.settings.accumulate
+        return [divmod(first + k, self.batcher.steps_per_epoch) for k in range(self.settings.accumulate)]
+
+    def read_step(self, step: int) -> list[BatchRead]:
+        """Every read of step ``step``'s batches the engine makes of this rank (what the read-ahead worker runs)."""
+        return [self.reads.ahead(position) for position in self.positions(step)]
+
+    def step_batches(self) -> list[StepBatch]:
+        """The current step's batches: read ahead (waited for, as ``waiting for input`` to the monitor), else read
+        when the engine asks for them."""
+        ready: list[BatchRead | None] = [None] * self.settings.accumulate
+        if self.read_ahead is not None:
+            phase = self.monitor.phase("waiting for input") if self.monitor else nullcontext()
+            with phase:
+                taken = self.reads.timed(self.read_ahead.take)
+            if taken is not None and taken[0] == self.step:
+                ready = list(taken[1])
+        return [self.reads.batch(position, read) for position, read in zip(self.positions(self.step), ready)]
 
     def train_one(self) -> float:
         """One optimizer step at the current position (``accumulate`` batches); returns the global loss (their
@@ -326,16 +344,14 @@ class Trainer:
             self.monitor.begin_step(self.step + 1)
         if self.guard is not None:
             self.guard.begin_step(self.step + 1)
-        first = self.step * self.settings.accumulate
-        batches = [self.batch(*divmod(first + k, self.batcher.steps_per_epoch))
-                   for k in range(self.settings.accumulate)]
         if self.settings.lr_schedule is not None:
             self.settings.lr_schedule.apply(self.engine.optimizer, self.step)
         tracer = self.ctx.tracer
         device = self.ctx.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start = time.perf_counter()           # the step's time includes its wait for input
+        batches = self.step_batches()
         with self.meter:
             loss = self.engine.train_accumulated(batches, on_action=self.guard.on_action if self.guard else None,
                                                  batch_size=self.batcher.batch_size)
@@ -354,13 +370,17 @@ class Trainer:
         return loss
 
     def run(self, stream: TextIO | None = None) -> TrainSummary | None:
-        """Train up to ``settings.steps``; returns the summary on rank 0 (None elsewhere)."""
-        bar = ProgressLine(self.settings.steps, self.settings.progress and self.ctx.rank == 0, stream)
+        """Train up to ``settings.steps`` or until a stop signal (``preempted``); returns the summary on rank 0 (None
+        elsewhere)."""
+        bar = TrainProgress(self.settings.steps, self.settings.progress and self.ctx.rank == 0, stream,
+                            first_step=self.step)
+        stop = StopSignals().install()
         wall = time.perf_counter()
         start_step = self.step
         if self.monitor is not None:
             self.monitor.arm(self.timer.timeout())
         try:
+            self.start_read_ahead()
             while self.step < self.settings.steps:
                 loss = self.train_one()
                 recent = self.metrics.seconds / max(1, self.metrics.steps)
@@ -379,11 +399,16 @@ class Trainer:
                     elif self.ctx.rank == 0:     # results, shown without the bar too
                         print(line, file=stream or sys.stderr, flush=True)
                 accuracy = self.validation.metrics.accuracy if self.validation is not None else None
-                bar.update(self.step, progress_text(self.step, self.settings.steps, loss, rate, accuracy))
+                bar.step(self.step, loss, rate, accuracy)
                 if self.checkpoint_due(self.step):
                     self.save()
+                if self.step < self.settings.steps and self.stopped(stop):
+                    break
             return self.summary(start_step, time.perf_counter() - wall)
         finally:
+            self.stop_read_ahead()
+            stop.restore()
+            bar.finish()
             if self.log is not None:
                 self.log.close()
             if self.monitor is not None:
@@ -392,11 +417,40 @@ class Trainer:
                 if self._own_monitor:
                     self.monitor.close()
 
+    def start_read_ahead(self) -> None:
+        """Start the worker reading the input of the steps from the current one on, ``settings.read_ahead`` ahead
+        (none with 0, or with no step left)."""
+        self.stop_read_ahead()
+        if self.settings.read_ahead > 0 and self.step < self.settings.steps:
+            self.read_ahead = ReadAhead(range(self.step, self.settings.steps), self.read_step, self.settings.read_ahead)
+
+    def stop_read_ahead(self) -> None:
+        """Stop the worker and join it (the end of the run, an error, an early stop)."""
+        if self.read_ahead is not None:
+            self.read_ahead.close()
+            self.read_ahead = None
+
+    def stopped(self, stop: StopSignals) -> bool:
+        """Whether a rank got a stop signal (collective, after a step): then every rank saves this step (unless its
+        checkpoint is written already, or there is no checkpoint directory) and ``preempted`` says so."""
+        signal = stop.agreed_signal(self.ctx)
+        if signal is None:
+            return False
+        if self.settings.checkpoint_dir is not None and not self.checkpoint_due(self.step):
+            self.save()
+        saved = self.last_checkpoint if self.settings.checkpoint_dir is not None else None
+        self.preempted = Preempted(signal, self.step, saved)
+        return True
+
     @property
     def lr(self) -> float | None:
-        """The learning rate of the last step taken (None: no optimizer)."""
+        """The learning rate of the last step taken (None: no optimizer): the run's own, before a group's
+        ``--layer-decay`` scale."""
         optimizer = self.engine.optimizer
-        return float(optimizer.param_groups[0]["lr"]) if optimizer is not None and optimizer.param_groups else None
+        if optimizer is None or not optimizer.param_groups:
+            return None
+        group = optimizer.param_groups[0]
+        return float(group["lr"]) / float(group.get("lr_scale", 1.0))
 
     def rank_metrics(self) -> RankMetrics:
         """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
@@ -407,7 +461,9 @@ class Trainer:
         fixed = state_bytes(params.values(), self.engine.optimizer, buffers.values())
         peak = cuda_peak_bytes(self.ctx.device)
         m = self.metrics
-        return RankMetrics(rank=self.ctx.rank, steps=m.steps, seconds=m.seconds, compute_seconds=m.compute_seconds,
+        wait = self.reads.wait_seconds
+        return RankMetrics(rank=self.ctx.rank, steps=m.steps, seconds=m.seconds,
+                           compute_seconds=max(0.0, m.compute_seconds - wait), input_wait_seconds=wait,
                            comm_seconds=m.comm_seconds, state_bytes=fixed, activation_peak_bytes=self.meter.peak,
                            peak_bytes=peak if peak is not None else fixed + self.meter.peak,
                            memory_source="cuda-allocator" if peak is not None else "counted")
@@ -430,4 +486,5 @@ class Trainer:
             run_id=self.run_id, wall_seconds=wall, ranks=per_rank,
             checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None,
             validation=self.validation, config=self.engine.cfg.as_dict(), best=self.best,
-            best_checkpoint=str(self.best_checkpoint) if self.best_checkpoint else None)
+            best_checkpoint=str(self.best_checkpoint) if self.best_checkpoint else None,
+            preempted=self.preempted.signal.name if self.preempted is not None else None)

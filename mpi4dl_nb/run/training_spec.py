@@ -29,7 +29,7 @@ SEED = option("--seed", "seed of the weights, the data order and the --val-fract
 @dataclass(frozen=True)
 class OptimizerChoice:
     """``--optimizer``, ``--lr``, ``--momentum``, ``--weight-decay`` (momentum and weight decay default per
-    optimizer): the OptimizerSpec every rank builds."""
+    optimizer), ``--layer-decay``: the OptimizerSpec every rank builds."""
 
     kind: OptimizerKind = flag("--optimizer", "sgd (with --momentum) or adamw (decoupled weight decay)",
                                OptimizerKind.SGD, parse=OptimizerKind, choices=OptimizerKind.values(),
@@ -41,14 +41,20 @@ class OptimizerChoice:
     weight_decay: float | None = flag("--weight-decay", "weight decay of every parameter (default: 0 for sgd, 0.01 "
                                                         "for adamw)", None, parse=number, bounds=Bounds(0),
                                       group=groups.TRAINING)
+    layer_decay: float | None = flag("--layer-decay", "a vision transformer's rates decayed block by block (BEiT's): "
+                                                      "with L blocks, block i trains at --lr x F^(L-i), the embedding "
+                                                      "at --lr x F^(L+1), the final norm and head at --lr; F in (0, 1]",
+                                     None, parse=number, bounds=Bounds(0, 1, closed=False), metavar="F",
+                                     group=groups.TRAINING)
 
     def __post_init__(self) -> None:
         check_bounds(self)
-        OptimizerSpec.of(self.kind, self.lr, self.momentum, self.weight_decay)   # adamw with --momentum refused
+        OptimizerSpec.of(self.kind, self.lr, self.momentum, self.weight_decay,
+                         self.layer_decay)   # adamw with --momentum refused, --layer-decay outside (0, 1]
 
     @property
     def spec(self) -> OptimizerSpec:
-        return OptimizerSpec.of(self.kind, self.lr, self.momentum, self.weight_decay)
+        return OptimizerSpec.of(self.kind, self.lr, self.momentum, self.weight_decay, self.layer_decay)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ exchange. Backward is the adjoint, phases reversed: the gradient of every receiv
 its owner and is added into what it sent; trimmed and padding positions get no gradient.
 
 Tags: a pair of ranks are neighbours along one axis only, so every phase but the last shares HALO's
-offsets 0-1 (forward) and 4-5 (backward); the last phase uses 2-3 and 6-7.
+offsets 0-1 (forward) and 4-5 (backward); the last phase uses 2-3 and 6-7. Route: the tile group's own
+(``via``; on the torch plane its process group, so the halos of different tile groups, such as two stages
+a rank holds, do not queue behind each other on one communicator); None: the world.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from ..comm.handles import Request, Transfer
+from ..comm.handles import Group, Request, Transfer
 from ..comm.protocol import Comm
 from ..comm.tags import HALO
 from ..comm.trace import Stamp, Tracer
@@ -115,15 +117,18 @@ class HaloExchange:
     ``pad_value`` fills needed positions outside the image (0 for conv/avg-pool, -inf for
     max-pool). Send and gradient staging buffers are reused across calls. Call it on the
     owned tile ``(..., *owned)``; it returns the needed tile ``(..., *needed)``. ``axes``: this
-    tile's plan along each tiled axis; ``peers``: the ranks of its neighbours along each.
+    tile's plan along each tiled axis; ``peers``: the ranks of its neighbours along each. ``via``: the route
+    of the messages, the tile group of ``ranks`` (None: the world).
     """
 
     def __init__(self, geometry: LayerHalo, tile: int, ranks: Sequence[int], comm: Comm,
-                 pad_value: float = 0.0) -> None:
+                 pad_value: float = 0.0, via: Group | None = None) -> None:
         grid = geometry.grid
         if len(ranks) != grid.num_tiles:
             raise ValueError(f"{len(ranks)} ranks given for {grid.num_tiles} tiles")
-        self.geometry, self.tile, self.comm = geometry, tile, comm
+        if via is not None and tuple(via.ranks) != tuple(ranks):
+            raise ValueError(f"halo route {via.ranks} is not the tile group {tuple(ranks)}")
+        self.geometry, self.tile, self.comm, self.via = geometry, tile, comm, via
         self.pad_value = float(pad_value)
         self.axes: tuple[AxisExchange, ...] = geometry.tile(tile).axes
 
@@ -204,7 +209,7 @@ class HaloExchange:
                 piece = self._piece(x, strips, k, sent, f"send{k}:{my_tag}")
                 transfers.append(Transfer.to(piece, neighbour_rank(peer), my_tag))
                 self.messages_sent += 1
-        return self.comm.exchange(transfers) if transfers else Request.completed()
+        return self.comm.exchange(transfers, self.via) if transfers else Request.completed()
 
     def _exchange(self, x: torch.Tensor, build: bool,
                   during: Callable[[], object] | None = None) -> tuple[torch.Tensor | None, Strips]:
@@ -306,7 +311,7 @@ class HaloExchange:
                     transfers.append(Transfer.to(self._staged(f"grad{k}:{my_tag}", part), neighbour_rank(peer),
                                                  my_tag))
             if transfers:
-                self.comm.exchange(transfers).wait()
+                self.comm.exchange(transfers, self.via).wait()
             for ranges, buffer in returned:
                 scatter_blocks(buffer, region_blocks(self.axes, k, ranges), [grad_x, *strip_grads])
         span.end()

@@ -247,8 +247,8 @@ class SpatialRuntime:
         return tuple(int(n or 0) for n in self._cached(owner, lambda: self.gather_lengths_all(x)))
 
     def exchange(self, geometry: LayerHalo, pad_value: float) -> HaloExchange:
-        """This tile's halo exchange of ``geometry`` (one phase per tiled axis)."""
-        return HaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value)
+        """This tile's halo exchange of ``geometry`` (one phase per tiled axis), on the tile group's route."""
+        return HaloExchange(geometry, self.tile, self.ranks, self.ctx, pad_value, via=self.group)
 
     def __deepcopy__(self, memo: dict[int, object]) -> SpatialRuntime:
         return self   # holds the communicator: never copied

@@ -27,7 +27,8 @@ ENTRY = "mpi4dl_nb.__main__:main"
 TINY = ["train", "--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
         "--image-size", "32", "--batch-size", "2", "--num-samples", "4", "--steps", "2", "--dtype", "float64",
         "--split-size", "2", "--spatial-size", "0", "--no-progress"]
-TIMING = ("images_per_s", "wall_seconds", "compute_seconds", "comm_seconds", "train_seconds", "run_id")
+TIMING = ("images_per_s", "wall_seconds", "compute_seconds", "comm_seconds", "input_wait_seconds", "train_seconds",
+          "run_id")
 
 
 def test_console_script_is_the_entry_of_python_dash_m():

@@ -115,9 +115,9 @@ def test_bad_fine_tuning_flags_are_refused_before_any_rank_talks(capsys, argv, s
 
 
 def test_roc_auc_needs_two_classes(capsys):
-    code, _, err = run(cli.main, capsys, [*MODEL, "--num-classes", "3", "--keep-best", "val_roc_auc",
+    code, _, err = run(cli.main, capsys, [*MODEL, "--num-classes", "1", "--keep-best", "val_roc_auc",
                                           "--val-fraction", "0.5", "--checkpoint-dir", "/tmp/x"])
-    assert code == 2 and "val_roc_auc is defined for 2 classes" in err
+    assert code == 2 and "val_roc_auc ranks one class against the others: it needs 2 or more classes" in err, err
 
 
 MISSPELT = {"train": ("--batch-sise", "--batch-size"), "evaluate": ("--checkpont", "--checkpoint"),

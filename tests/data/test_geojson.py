@@ -2,10 +2,9 @@
 
 import json
 
-import numpy as np
 import pytest
 
-from mpi4dl_nb.data.geojson import AnnotationError, read_annotations, self_crossing
+from mpi4dl_nb.data.geojson import AnnotationError, read_annotations
 
 
 def feature(geometry, name="Tumor", **extra):
@@ -82,9 +81,35 @@ def test_problems_name_unknown_classes_vertices_outside_and_self_intersections(t
     assert all(p.startswith(str(tmp_path)) for p in problems)
 
 
-def test_self_crossing():
-    assert self_crossing(np.array([[0, 0], [4, 0], [4, 4], [0, 4.0]])) is None
-    assert self_crossing(np.array([[0, 0], [4, 4], [4, 0], [0, 4.0]])) == (2.0, 2.0)
-    spiral = np.array([[np.cos(t) * t, np.sin(t) * t] for t in np.linspace(1, 30, 3000)] + [[0.0, 0.0]])
-    assert self_crossing(spiral) is not None                       # the closing edge crosses every turn
-    assert self_crossing(np.array([[0, 0], [4, 0], [2, 0], [2, 3.0]])) is not None   # edges folding back
+OUTER = [[0, 0], [10, 0], [10, 10], [0, 10], [0, 0]]
+
+
+@pytest.mark.parametrize("rings, reason", [
+    ([OUTER, [[5, 2], [15, 2], [15, 8], [5, 8], [5, 2]]], "hole 1 crosses the outer ring near (10.0, 2.0)"),
+    ([OUTER, [[20, 2], [25, 2], [25, 8], [20, 8], [20, 2]]], "hole 1 lies outside the outer ring near (20.0, 2.0)"),
+    ([OUTER, [[1, 1], [9, 1], [9, 9], [1, 9], [1, 1]], [[2, 2], [3, 2], [3, 3], [2, 3], [2, 2]]],
+     "hole 2 lies inside another hole near (2.0, 2.0)"),
+    ([OUTER, [[1, 1], [3, 1], [3, 3], [1, 3], [1, 1]], [[2, 2], [4, 2], [4, 4], [2, 4], [2, 2]]],
+     "hole 1 and hole 2 cross each other near (2.0, 3.0)"),
+    ([OUTER, [[0, 10], [10, 10], [10, 0], [0, 0], [0, 10]]], "its hole 1 repeats its outer ring near (0.0, 10.0)"),
+    ([OUTER, [[2, 2], [4, 4], [4, 2], [2, 4], [2, 2]]], "its hole 1 crosses itself near (3.0, 3.0)"),
+    ([[[0, 0], [2, 0], [1, 1], [2, 2], [0, 2], [1, 1], [0, 0]]], "its outer ring touches itself near (1.0, 1.0)"),
+])
+def test_an_invalid_polygon_is_a_problem_naming_the_feature_its_class_and_why(tmp_path, rings, reason):
+    """Rings each simple can still make an invalid polygon (a hole crossing, outside or repeating the outer ring,
+    holes inside or across each other): before shapely's check such files passed (``problems() == []``) and the
+    even-odd fill painted what nobody drew."""
+    named = feature({"type": "Polygon", "coordinates": rings}, "Stroma", id="r9")
+    named["properties"]["name"] = "Region 7"
+    data = {"type": "FeatureCollection", "features": [feature({"type": "Polygon", "coordinates": SQUARE}), named]}
+    problems = read_annotations(write(tmp_path, data)).problems(["background", "Tumor", "Stroma"], 100, 100)
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{tmp_path / 'slide.geojson'}: feature 1 ('r9', 'Region 7'): {reason}; ")
+    assert "this Stroma polygon is invalid" in problems[0] and "--repair-annotations" in problems[0]
+
+
+def test_each_polygon_of_a_multipolygon_is_checked_and_named(tmp_path):
+    crossing = [OUTER, [[5, 2], [15, 2], [15, 8], [5, 8], [5, 2]]]
+    data = [feature({"type": "MultiPolygon", "coordinates": [SQUARE, crossing]}, id="m")]
+    problems = read_annotations(write(tmp_path, data)).problems(["background", "Tumor"], 100, 100)
+    assert len(problems) == 1 and "feature 0 ('m') polygon 1: hole 1 crosses the outer ring" in problems[0]

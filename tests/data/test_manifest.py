@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,31 @@ def test_every_class_given_must_label_a_slide_when_training(tmp_path: Path) -> N
                                  f"drop it (--classes normal,tumour) or label slides other in the manifest")
     assert read_cohort(path, classes=["normal", "tumour", "other"]).classes == ("normal", "tumour", "other")
     assert read_cohort(path, classes=["tumour", "normal"], every_class=True).labels == [1, 0]
+
+
+def test_clam_columns_and_slide_names_without_extension_read_as_ours(tmp_path: Path) -> None:
+    """CLAM's ``case_id,slide_id,label`` (slide_id: the name without its extension, found by it) parses as
+    ``patient,slide,label`` would, and says how; a name two files fit is refused naming both."""
+    slides(tmp_path, "s1.svs", "s2.svs", "s3.tif")
+    ours = read_cohort(manifest(tmp_path, "patient,slide,label\nP1,s1.svs,neg\nP1,s2.svs,pos\nP2,s3.tif,neg\n"))
+    clam = read_cohort(manifest(tmp_path, "case_id,slide_id,label,site\nP1,s1,neg,A\nP1,s2,pos,B\nP2,s3,neg,C\n",
+                                "clam.csv"))
+    assert clam.slides == tuple(replace(s, metadata=(("site", m),)) for s, m in zip(ours, "ABC", strict=True))
+    assert clam.classes == ours.classes and clam.patients.keys() == ours.patients.keys()
+    assert clam.grouping == "manifest columns: case_id -> patient, slide_id -> slide" and ours.grouping == ""
+    both = read_cohort(manifest(tmp_path, "slide,slide_id,label\ns1.svs,x,neg\n", "both.csv"))
+    assert both.slides[0].meta() == {"slide_id": "x"}                    # our own column wins; the alias is metadata
+    slides(tmp_path, "s1.tif")
+    text = str(pytest.raises(ConfigError, read_cohort, manifest(tmp_path, "slide,label\ns1,neg\n", "two.csv")).value)
+    assert "line 2: slide" in text and "s1.svs and s1.tif both are; name the one it is" in text
+
+
+def test_tcga_slide_names_without_a_patient_column_group_by_patient(tmp_path: Path) -> None:
+    names = ["TCGA-A1-A0SB-01Z-00-DX1.svs", "TCGA-A1-A0SB-11A-00-DX2.svs", "TCGA-B6-A0RE-01Z-00-DX1.svs", "x.svs"]
+    slides(tmp_path, *names)
+    rows = "".join(f"{name},{'pos' if i % 2 else 'neg'}\n" for i, name in enumerate(names))
+    cohort = read_cohort(manifest(tmp_path, "slide,label\n" + rows))
+    assert [s.patient for s in cohort] == ["TCGA-A1-A0SB", "TCGA-A1-A0SB", "TCGA-B6-A0RE", "x"]
+    assert cohort.grouping == "from TCGA barcodes"
+    given = read_cohort(manifest(tmp_path, "slide,label,patient\n" + rows.replace("\n", ",P\n"), "given.csv"))
+    assert {s.patient for s in given} == {"P"} and given.grouping == ""     # a patient column is taken as written

@@ -81,7 +81,9 @@ def test_nifti_is_transposed_from_xyz_to_zyx_with_its_voxel_size(tmp_path):
     image.header.set_xyzt_units("mm")
     nibabel.save(image, tmp_path / "v.nii.gz")
     info = volume_info(tmp_path / "v.nii.gz")
-    assert info == VolumeInfo(tmp_path / "v.nii.gz", (7, 6, 10), 1, np.dtype(np.int16), pytest.approx((3e3, 5e2, 4e2)))
+    assert info == VolumeInfo(tmp_path / "v.nii.gz", (7, 6, 10), 1, np.dtype(np.int16), pytest.approx((3e3, 5e2, 4e2)),
+                              info.space)
+    assert info.space is not None and info.space.unit == "mm" and info.orientation.codes == "RAS"   # stored RAS
     assert volume_stem(info.path) == "v"
     assert np.array_equal(read_volume(tmp_path / "v.nii.gz")[0], zyx)
     assert np.array_equal(read_volume(tmp_path / "v.nii.gz", REGION)[0], zyx[REGION])
@@ -137,3 +139,22 @@ def test_a_truncated_stack_is_refused_as_truncated_naming_the_file_and_what_it_p
         if "can be read" in message:     # what the file holds and promised, where its pages say
             assert "of (16, 16) can be read" in message and promised in message, message
     assert "invalid page offset" not in capfd.readouterr().err      # said once, in the refusal, not printed
+
+
+def test_an_imagej_stack_whose_metadata_calls_its_pages_channels_reads_as_the_volume_it_is(tmp_path):
+    """Issue 65: ``tifffile.imwrite(..., imagej=True)`` without ``axes='ZYX'`` labels 16 depth slices as channels;
+    it was called "a 2-D image (one page, shape (16, 32, 32))". Shown as grey levels, its pages are read as depth;
+    shown as colours (a multichannel image), it is refused saying what ImageJ calls the pages and how to relabel."""
+    zyx = stack(depth=16, height=32, width=32)
+    tifffile.imwrite(tmp_path / "stack.tif", zyx, imagej=True)
+    with tifffile.TiffFile(tmp_path / "stack.tif") as tif:      # what tifffile reports: channels, no slices
+        assert tif.series[0].axes == "CYX" and "slices" not in tif.imagej_metadata
+    assert volume_info(tmp_path / "stack.tif") == VolumeInfo(tmp_path / "stack.tif", (16, 32, 32), 1,
+                                                             np.dtype(np.uint16), None)
+    assert np.array_equal(read_volume(tmp_path / "stack.tif", REGION)[0], zyx[REGION])
+    tifffile.imwrite(tmp_path / "colours.tif", zyx[:3], imagej=True, metadata={"mode": "composite"})
+    with pytest.raises(ConfigError, match=r"a 2-D image of 3 channel pages .* its ImageJ metadata calls the 3 pages "
+                                          r"channels \(no slices\), shown as composite: if the pages are depth slices, "
+                                          r"label them so \(ImageJ: Image > Properties, slices=3 channels=1") as err:
+        volume_info(tmp_path / "colours.tif")
+    assert str(tmp_path / "colours.tif") in str(err.value) and "one page" not in str(err.value)

@@ -45,9 +45,10 @@ def test_summary_counts_over_all_samples():
     assert m.count == 4 and m.loss == 3.0 and m.accuracy == 0.75
     assert m.per_class_recall == [2 / 3, 1.0] and m.balanced_accuracy == pytest.approx(5 / 6)
     assert m.confusion_matrix == [[2, 1], [0, 1]] and m.roc_auc == 1.0
-    # a class without samples has no recall and does not enter the balanced accuracy; no AUC past 2 classes
+    # a class without samples has no recall and does not enter the balanced accuracy; nor a macro AUC (undefined)
     m3 = summarize(records([0, 2], [[1, 0, 0], [0, 0, 1]]), 3)
     assert m3.per_class_recall == [1.0, None, 1.0] and m3.balanced_accuracy == 1.0 and m3.roc_auc is None
+    assert m3.per_class_roc_auc == [1.0, None, 1.0]
     named = m.as_dict("val_")       # the names summaries and logs use, in the summary's order
     assert list(named)[:3] == ["val_count", "val_loss", "val_accuracy"] and named["val_loss"] == 3.0
 
@@ -77,4 +78,37 @@ def test_class_names_name_the_recalls_and_metric_directions():
     assert MetricName.VAL_LOSS.better(0.2, 0.25) and not MetricName.VAL_LOSS.better(0.25, 0.25)
     assert MetricName.VAL_ACCURACY.better(0.8, 0.75) and MetricName.VAL_ACCURACY.better(0.1, None)
     three = summarize(Records(np.arange(3), np.array([0, 1, 2]), np.zeros(3), np.eye(3)), 3)
-    assert MetricName.VAL_ROC_AUC.of(three) is None                        # undefined past two classes
+    assert MetricName.VAL_ROC_AUC.of(three) == 1.0                         # one-vs-rest, macro
+    assert summarize(records, 2, ("benign", "tumour")).as_dict()["roc_auc_by_class"] == {"benign": 1.0, "tumour": 1.0}
+
+
+def direct_one_vs_rest(logits, labels) -> list[float]:
+    """Each class's AUC against the rest on the softmax probabilities sklearn would be given (each row's sum taken
+    exactly, so equal probabilities tie), by pairwise counting."""
+    import math
+
+    exps = [[math.exp(v) for v in row] for row in logits]
+    probabilities = [[e / math.fsum(row) for e in row] for row in exps]
+    return [pairwise_auc([p[c] for p in probabilities], [label == c for label in labels])
+            for c in range(len(logits[0]))]
+
+
+def test_one_vs_rest_macro_auc_equals_pairwise_counting_with_ties():
+    """Past two classes ``roc_auc`` is the macro mean of the classes' one-vs-rest AUCs, as sklearn's
+    ``roc_auc_score(multi_class='ovr', average='macro')`` gives it; binary stays the second class's AUC."""
+    rng = np.random.default_rng(3)
+    for classes in (3, 4):
+        for _ in range(10):
+            labels = np.concatenate([np.arange(classes), rng.integers(0, classes, 25)])   # every class present
+            palette = rng.normal(0.0, 2.0, (5, classes))          # rows drawn from 5: many ties, none by rounding
+            logits = palette[rng.integers(0, 5, len(labels))]
+            m = summarize(records(labels, logits), classes)
+            expected = direct_one_vs_rest(logits.tolist(), labels.tolist())
+            assert m.per_class_roc_auc == pytest.approx(expected, abs=1e-12)
+            assert m.roc_auc == pytest.approx(sum(expected) / classes, abs=1e-12)
+    saturated = np.array([[0.0, 40.0, 0.0], [0.0, 50.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert summarize(records([0, 1, 2, 0], saturated), 3).per_class_roc_auc[1] == 1.0   # not a 1.0 == 1.0 tie
+    binary = records([0, 1, 1, 0], [[0.0, 1.0], [0.0, 2.0], [1.0, 0.0], [3.0, 0.0]])
+    m2 = summarize(binary, 2)
+    assert m2.roc_auc == roc_auc(np.array([1.0, 2.0, -1.0, -3.0]), np.array([False, True, True, False]))
+    assert m2.per_class_roc_auc == [m2.roc_auc, m2.roc_auc]

@@ -78,7 +78,7 @@ def test_a_killed_host_ends_the_job_naming_it_and_the_last_checkpoint_resumes_ex
     proc = subprocess.Popen(job, cwd=tmp_path, env=rank_environment(3, test_hosts.selection, hosts=["h1", "h2"]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        before = wait_for(proc, "step 2/40", timeout=240)
+        before = wait_for(proc, "step 1/40", timeout=240)    # the first line (then one every 5 s off a terminal)
         wait_for_file(checkpoints, "step-00000002-*.json", timeout=60)  # step 2 committed: step 3 under way
         test_hosts.kill("h2")
         killed = time.monotonic()

@@ -73,7 +73,8 @@ def test_monitor_calls_per_step_do_not_grow_with_the_actions():
     actions = {parts: len(engine(ctx, parts).schedule.actions(0)) for parts in counted}
     assert actions[8] > actions[2] + 10, actions
     assert counted[2] == counted[8], counted                # the same calls, 4x the micro-batches
-    assert counted[8]["progress"] <= STEPS and counted[8]["begin_step"] == STEPS, counted[8]
+    # per step: at most the step's own progress and the wait for its read-ahead input ("waiting for input")
+    assert counted[8]["progress"] <= 2 * STEPS and counted[8]["begin_step"] == STEPS, counted[8]
 
 
 def test_the_monitor_reads_the_action_under_way_at_its_heartbeat():

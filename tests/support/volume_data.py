@@ -70,9 +70,9 @@ def recorded_reads(shape: tuple[int, ...]) -> Iterator[list[tuple[str, tuple[tup
     regions: list[tuple[str, tuple[tuple[int, int], ...]]] = []
     original = volume_dataset.read_volume
 
-    def recording(path, region=None):
+    def recording(path, region=None, orientation=None):
         regions.append((Path(path).name, tuple(part.indices(n)[:2] for part, n in zip(region, shape))))
-        return original(path, region)
+        return original(path, region, orientation)
 
     volume_dataset.read_volume = recording
     try:

@@ -19,6 +19,7 @@ from ..validate import excluded
 from .dataset import VolumeSize, read_patch, volume_patches
 from .files import volume_stem
 from .groups import PATIENTS_FILE, volume_groups
+from .reoriented import reoriented_note
 from .resample import VoxelSize
 
 
@@ -64,7 +65,8 @@ class VolumeClassDataset:
     """Volumes ``files`` (below ``root``) of the classes ``class_names`` (``labels``: each one's): the centre patch of
     ``image_size`` ``(D, H, W)`` voxels of each, at ``voxel_size`` µm ``(z, y, x)`` when given; any box read alone.
 
-    ``image_size`` is the patch's largest side (the RegionDataset field), ``volume_size`` the patch.
+    ``image_size`` is the patch's largest side (the RegionDataset field), ``volume_size`` the patch;
+    ``orientation_note`` what reading NIfTI volumes in RAS axes changed (None: nothing), for the run to say once.
     """
 
     def __init__(self, root: Path, image_size: VolumeSize, files: Sequence[Path], labels: Sequence[int],
@@ -74,6 +76,7 @@ class VolumeClassDataset:
         self.labels = list(labels)
         self.class_names = tuple(class_names)
         self.patches, self.channels = volume_patches(self.files, image_size, voxel_size, root)
+        self.orientation_note = reoriented_note([patch.info for patch in self.patches])
         self.volume_size = image_size
         self.image_size = max(image_size)
         self.num_classes = len(self.class_names)

@@ -1,10 +1,12 @@
 """A folder of ``images/`` volumes with their ``masks/`` label volumes (same names): patches of ``--image-size D,H,W``.
 
-Each volume (multi-page TIFF stack or NIfTI, ``volume_files``) gives one patch: its centre ``D x H x W``
-voxels, at ``--voxel-size`` when given (``volume_resample``). ``read(index, box)`` reads only the box of the
-patch (a spatial rank's tile) through ``read_volume(region=...)``: float ``(C, d, h, w)``, integer voxels
+Each volume (multi-page TIFF stack or NIfTI, ``volume_files``; a NIfTI in RAS axes) gives one patch: its centre
+``D x H x W`` voxels, at ``--voxel-size`` when given (``volume_resample``). ``read(index, box)`` reads only the box of
+the patch (a spatial rank's tile) through ``read_volume(region=...)``: float ``(C, d, h, w)``, integer voxels
 divided by their type's maximum (uint8 / 255 as for 2-D images), float voxels as stored. ``read_mask`` is int64
-``(d, h, w)``. ``check_volume_pair`` is the check before the first step: the image a volume (not a 2-D image), its
+``(d, h, w)``: a label volume placed by its own affine when it and its image state their axes, else voxel for voxel
+with its image (``orientation.paired_orientation``); ``orientation_note`` says what that reading changed, for the run
+to say once. ``check_volume_pair`` is the check before the first step: the image a volume (not a 2-D image), its
 label volume there, one channel of integers, of the image's size, every label a class or ``ignore_index`` (the
 2-D masks' ``label_range_problem``).
 """
@@ -25,6 +27,8 @@ from ..masks import IMAGES, MASKS, label_range_problem
 from ..pathology import require_path
 from .files import VolumeInfo, is_volume_file, read_volume, volume_info, volume_stem
 from .groups import volume_groups
+from .orientation import Orientation, paired_orientation
+from .reoriented import reoriented_note
 from .resample import VolumeBox, VolumeResampler, VoxelSize, voxel_scales
 
 VolumeSize = tuple[int, int, int]         # (D, H, W) voxels
@@ -95,11 +99,12 @@ class VolumePatch:
         offsets = [(e - s) // 2 for e, s in zip(self.extent, self.size, strict=True)]
         return tuple((o + a, o + b) for o, (a, b) in zip(offsets, box, strict=True))
 
-    def source(self, path: Path, box: VolumeBox) -> np.ndarray:
-        """``(C, d, h, w)`` voxels of ``box`` of the file at ``path`` (zeros past its edges)."""
+    def source(self, path: Path, box: VolumeBox, orientation: Orientation | None = None) -> np.ndarray:
+        """``(C, d, h, w)`` voxels of ``box`` of the file at ``path`` read in ``orientation`` (default: its own),
+        zeros past its edges."""
         shape = self.info.shape
         inside = tuple((max(a, 0), min(b, n)) for (a, b), n in zip(box, shape, strict=True))
-        data = read_volume(path, (slice(*inside[0]), slice(*inside[1]), slice(*inside[2])))
+        data = read_volume(path, (slice(*inside[0]), slice(*inside[1]), slice(*inside[2])), orientation)
         if inside == box:
             return data
         out = np.zeros((data.shape[0], *(b - a for a, b in box)), dtype=data.dtype)
@@ -110,9 +115,10 @@ class VolumePatch:
         """float64 ``(C, d, h, w)`` of ``box`` of the patch, as stored (before scaling to [0, 1])."""
         return self.resampler.read(lambda b: self.source(self.info.path, b), self.target(box))
 
-    def labels(self, mask: Path, box: VolumeBox | None) -> np.ndarray:
-        """int64 ``(d, h, w)`` of ``box`` of the label patch of ``mask`` (the image's geometry)."""
-        return self.resampler.vote(lambda b: self.source(mask, b), self.target(box))
+    def labels(self, mask: Path, orientation: Orientation, box: VolumeBox | None) -> np.ndarray:
+        """int64 ``(d, h, w)`` of ``box`` of the label patch of ``mask`` read in ``orientation`` (the image's
+        geometry)."""
+        return self.resampler.vote(lambda b: self.source(mask, b, orientation), self.target(box))
 
 
 def check_volume_box(box: VolumeBox | None, size: VolumeSize) -> VolumeBox:
@@ -170,12 +176,14 @@ def check_volume_pair(image: Path, size: VolumeSize, num_classes: int, ignore_in
     if labels.channels != 1 or not np.issubdtype(labels.dtype, np.integer):
         return (f"label volume {MASKS}/{mask.name} holds {labels.channels} channel(s) of {labels.dtype}; a label "
                 f"volume holds one class index (integer) per voxel")
-    if labels.shape != info.shape:
-        return (f"label volume {MASKS}/{mask.name} is {volume_size_text(labels.shape)} voxels (DxHxW) but its image "
+    orientation = paired_orientation(info.orientation, labels.orientation)
+    shape = labels.shape_as(orientation)
+    if shape != info.shape:
+        return (f"label volume {MASKS}/{mask.name} is {volume_size_text(shape)} voxels (DxHxW) but its image "
                 f"is {volume_size_text(info.shape)}; a label volume must match its image in size")
     found: set[int] = set()
-    for start in range(0, labels.shape[0], CHECK_SLAB):
-        slab = read_volume(mask, (slice(start, start + CHECK_SLAB), slice(None), slice(None)))
+    for start in range(0, shape[0], CHECK_SLAB):
+        slab = read_volume(mask, (slice(start, start + CHECK_SLAB), slice(None), slice(None)), orientation)
         found.update(int(v) for v in np.unique(slab))
     return label_range_problem(found, num_classes, ignore_index, f"label volume {MASKS}/{mask.name}")
 
@@ -185,7 +193,8 @@ class VolumeFolderDataset:
     ``(D, H, W)`` voxels of each, at ``voxel_size`` µm ``(z, y, x)`` when given; any box read alone.
 
     ``files`` (default: every image) gives the volumes to use (the check's usable ones); each has label 0.
-    ``image_size`` is the patch's largest side (the RegionDataset field), ``volume_size`` the patch.
+    ``image_size`` is the patch's largest side (the RegionDataset field), ``volume_size`` the patch;
+    ``orientation_note`` what reading in RAS axes changed (None: nothing), for the run to say once.
     """
 
     def __init__(self, root: str | Path, image_size: VolumeSize, num_classes: int, *,
@@ -197,6 +206,10 @@ class VolumeFolderDataset:
                                     f".nii.gz)")
         self.patches, self.channels = volume_patches(self.files, image_size, voxel_size, self.root / IMAGES)
         self.masks = [label_volume_of(p) for p in self.files]
+        mask_infos = [volume_info(m) for m in self.masks]
+        self.mask_orientations = [paired_orientation(patch.info.orientation, info.orientation)
+                                  for patch, info in zip(self.patches, mask_infos, strict=True)]
+        self.orientation_note = reoriented_note([patch.info for patch in self.patches], mask_infos)
         self.volume_size = image_size
         self.image_size = max(image_size)
         self.num_classes = num_classes
@@ -214,7 +227,8 @@ class VolumeFolderDataset:
 
     def read_mask(self, index: int, box: AnyBox | None = None) -> torch.Tensor:
         """Label patch ``index``, int64 ``(d, h, w)``, only ``box`` of it."""
-        return torch.from_numpy(self.patches[index].labels(self.masks[index], volume_box(box)))
+        return torch.from_numpy(self.patches[index].labels(self.masks[index], self.mask_orientations[index],
+                                                           volume_box(box)))
 
     def subset(self, indices: Sequence[int]) -> VolumeFolderDataset:
         """The volumes ``indices`` (one side of a held-out split) as a dataset of their own."""

@@ -1,11 +1,15 @@
 """Volume files (multi-page TIFF stacks, NIfTI): their header (``volume_info``) and a sub-volume read (``read_volume``).
 
-Axes are ``(D, H, W)`` = ``(z, y, x)`` everywhere: a TIFF stack is one page per depth slice (page rows are
-``y``, columns ``x``); a NIfTI array is stored ``x, y, z`` and is transposed to ``z, y, x`` on reading (the
-array's own axes, not reoriented by its affine). ``read_volume`` returns ``(C, d, h, w)`` of the file's
-dtype (a NIfTI with a scale slope or intercept reads as float64). Voxel sizes are ``(z, y, x)`` in
+Axes are ``(D, H, W)`` everywhere: a TIFF stack is one page per depth slice (page rows are ``y``, columns
+``x``); a NIfTI array is stored ``x, y, z`` and, when its header states its axes, is read in RAS axes (``D, H, W``
+= inferior to superior, posterior to anterior, left to right: its axes swapped and reversed exactly, no
+resampling, ``orientation.py``), else as ``z, y, x`` of its own array. ``read_volume`` returns ``(C, d, h, w)`` of
+the file's dtype (a NIfTI with a scale slope or intercept reads as float64). Voxel sizes are along ``D, H, W`` in
 micrometres, ``None`` when the file does not say all three (TIFF: OME ``PhysicalSizeX/Y/Z`` or the ImageJ
-``spacing`` with the X/YResolution tags and ``unit``; NIfTI: the header zooms with its spatial unit).
+``spacing`` with the X/YResolution tags and ``unit``; NIfTI: the header zooms with its spatial unit). A NIfTI's
+header geometry (``space.ScanSpace``) travels in ``VolumeInfo.space`` for the outputs that overlay it. An ImageJ
+stack whose metadata calls its pages channels (``tifffile.imwrite(..., imagej=True)`` without ``axes='ZYX'``) is
+read as the depth slices they are when ImageJ shows them as grey levels; shown as colours, it is refused saying so.
 
 A region reads only its sub-volume: a TIFF stack decodes only the pages of its depth range (an uncompressed
 contiguous stack is memory-mapped, so only the region's bytes are read); a NIfTI slices its ``dataobj``.
@@ -27,6 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import ConfigError
+from .orientation import GRID, Orientation
+from .space import ScanSpace
 
 if TYPE_CHECKING:
     import tifffile
@@ -46,6 +52,7 @@ MICROMETRES_PER_UNIT = {
 TIFF_RESOLUTION_UNITS = {2: "inch", 3: "cm"}   # ResolutionUnit tag: 1 = none (ImageJ then says ``unit``)
 CHANNEL_AXES = ("C", "S")
 PAGE_AXES = ("Y", "X", "S")
+IMAGEJ_GREY = "grayscale"     # ImageJ's display of channels as grey levels (colours: "composite", "color")
 
 
 @dataclass(frozen=True)
@@ -53,10 +60,20 @@ class VolumeInfo:
     """What a volume file holds, read from its header/tags only."""
 
     path: Path
-    shape: tuple[int, int, int]                 # (D, H, W)
+    shape: tuple[int, int, int]                 # (D, H, W) as read
     channels: int
     dtype: np.dtype
-    voxel_size: VoxelSize | None               # (z, y, x) in micrometres, None when the file does not say
+    voxel_size: VoxelSize | None               # along (D, H, W) in micrometres, None when the file does not say
+    space: ScanSpace | None = None             # a NIfTI's header geometry (None: a TIFF stack)
+
+    @property
+    def orientation(self) -> Orientation:
+        """How the file's grid is read (``GRID``: as stored)."""
+        return GRID if self.space is None else self.space.orientation
+
+    def shape_as(self, orientation: Orientation) -> tuple[int, int, int]:
+        """The ``(D, H, W)`` of this file read in ``orientation`` (a label volume read beside its image)."""
+        return orientation.read_shape(self.orientation.grid_shape(self.shape))
 
 
 def volume_suffix(path: str | Path) -> str:
@@ -88,12 +105,13 @@ def volume_info(path: str | Path) -> VolumeInfo:
     raise ConfigError(str(file), f"not a volume file: use one of {', '.join(VOLUME_SUFFIXES)}")
 
 
-def read_volume(path: str | Path, region: Region | None = None) -> np.ndarray:
-    """The voxels of ``region`` (slices of ``D, H, W``; all when None) as ``(C, d, h, w)``, reading only that region."""
+def read_volume(path: str | Path, region: Region | None = None, orientation: Orientation | None = None) -> np.ndarray:
+    """The voxels of ``region`` (slices of ``D, H, W``; all when None) as ``(C, d, h, w)``, reading only that region;
+    a NIfTI read in ``orientation`` (default: its own, ``VolumeInfo.orientation``)."""
     file = Path(path).expanduser()
     with _refusing(file):
         if volume_suffix(file) in NIFTI_SUFFIXES:
-            return _read_nifti(file, region)
+            return _read_nifti(file, region, orientation)
         if volume_suffix(file) in TIFF_SUFFIXES:
             with _open_tiff(file) as (tif, complaints):
                 return _TiffStack.of(file, tif, complaints).read(file, tif, region, complaints)
@@ -253,6 +271,9 @@ class _TiffStack:
         lead = len(axes) - (3 if axes.endswith("S") else 2)     # an unsqueezed S of 1 when the page has none
         stack_axes = [i for i in range(lead) if shape[i] > 1 and axes[i] != "C"]
         channel_axes = [i for i in range(lead) if shape[i] > 1 and axes[i] == "C"]
+        if not stack_axes and channel_axes:        # every page a "channel": depth slices ImageJ mislabels?
+            _check_channel_pages(file, tif, series.axes, tuple(series.shape), shape[channel_axes[0]])
+            stack_axes, channel_axes = channel_axes, []
         if not stack_axes:
             raise ConfigError(str(file), f"a 2-D image (one page, shape {series.shape}), not a volume")
         if len(stack_axes) > 1:
@@ -333,6 +354,21 @@ class _TiffStack:
         return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=(pages, *self.page_shape))
 
 
+def _check_channel_pages(file: Path, tif: tifffile.TiffFile, axes: str, shape: tuple[int, ...], pages: int) -> None:
+    """Accept the ``pages`` "channels" of an ImageJ stack with no slices or frames, shown as grey levels, as the
+    depth slices they are (``tifffile.imwrite(..., imagej=True)`` without ``axes='ZYX'`` writes a stack so); refuse
+    any other channel-only image saying what its metadata calls the pages and how to relabel them."""
+    meta = tif.imagej_metadata or {}
+    mode = str(meta.get("mode", "grayscale"))
+    stacked = int(meta.get("slices", 1)) > 1 or int(meta.get("frames", 1)) > 1
+    if meta and not stacked and mode == IMAGEJ_GREY:
+        return
+    said = (f"; its ImageJ metadata calls the {pages} pages channels (no slices), shown as {mode}" if meta else "")
+    raise ConfigError(str(file), f"a 2-D image of {pages} channel pages (axes {axes}, shape {shape}), not a "
+                                 f"volume{said}: if the pages are depth slices, label them so (ImageJ: Image > "
+                                 f"Properties, slices={pages} channels=1; tifffile: metadata={{'axes': 'ZYX'}})")
+
+
 def _page(series: tifffile.TiffPageSeries, index: int) -> tifffile.TiffPage | tifffile.TiffFrame:
     page = series.pages[index]
     if page is None:
@@ -404,23 +440,37 @@ def _nifti_dtype(image: Nifti1Pair) -> np.dtype:
     return np.dtype(np.float64) if scaled else np.dtype(header.get_data_dtype())
 
 
+def _nifti_space(file: Path, image: Nifti1Pair, shape: tuple[int, ...]) -> tuple[ScanSpace, Orientation]:
+    """The header geometry of a NIfTI of array ``shape`` (x, y, z, ...) and how it is read; ConfigError naming a
+    collapsed axis."""
+    space = ScanSpace.of_header(image.header, (shape[2], shape[1], shape[0]))
+    try:
+        return space, space.orientation
+    except ValueError as err:
+        raise ConfigError(str(file), f"{err}: fix the header's qform/sform (or set both codes to 0 to read the "
+                                     f"voxels as stored)") from None
+    return space
+
+
 def _nifti_info(file: Path) -> VolumeInfo:
     image, shape = _nifti_image(file)
-    header = image.header
+    space, orientation = _nifti_space(file, image, shape)
     channels = shape[-1] if len(shape) > 3 else 1
-    zooms = header.get_zooms()
-    unit = header.get_xyzt_units()[0]
-    sizes = [_micrometres(float(zooms[i]), unit) for i in (2, 1, 0)]
+    i, j, k = space.zooms
+    sizes = [_micrometres(size, space.unit) for size in orientation.read_shape((k, j, i))]
     voxel = None if None in sizes or not all(s and s > 0 for s in sizes) else \
         (float(sizes[0] or 0), float(sizes[1] or 0), float(sizes[2] or 0))
-    return VolumeInfo(file, (shape[2], shape[1], shape[0]), channels, _nifti_dtype(image), voxel)
+    return VolumeInfo(file, orientation.read_shape(space.grid_shape), channels, _nifti_dtype(image), voxel, space)
 
 
-def _read_nifti(file: Path, region: Region | None) -> np.ndarray:
+def _read_nifti(file: Path, region: Region | None, orientation: Orientation | None) -> np.ndarray:
     image, shape = _nifti_image(file)
-    depths, rows, cols = region_ranges(region, (shape[2], shape[1], shape[0]))
+    grid = (shape[2], shape[1], shape[0])
+    orientation = orientation if orientation is not None else _nifti_space(file, image, shape)[1]
+    read_shape = orientation.read_shape(grid)
+    depths, rows, cols = orientation.grid_ranges(region_ranges(region, read_shape), read_shape)
     xyz = (slice(cols.start, cols.stop), slice(rows.start, rows.stop), slice(depths.start, depths.stop))
     extra = (slice(None),) * (len(shape) - 3)
     block = np.asarray(image.dataobj[xyz + extra], dtype=_nifti_dtype(image))
     block = block.reshape(len(cols), len(rows), len(depths), -1)              # x, y, z, C
-    return np.ascontiguousarray(block.transpose(3, 2, 1, 0))
+    return np.ascontiguousarray(orientation.to_read(block.transpose(3, 2, 1, 0)))

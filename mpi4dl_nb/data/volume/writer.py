@@ -2,9 +2,12 @@
 
 A TIFF stack is one contiguous, uncompressed ImageJ hyperstack (``tifffile.memmap``): Z slices
 with the voxel size as ImageJ reads it (X/Y resolution in pixels per µm, ``spacing`` in µm). A
-``.nii`` is a NIfTI-1 header (voxel size in the pixel dimensions, unit micron, a diagonal
-affine) followed by the voxels, memory-mapped in place (NIfTI's x-fastest order is a C-ordered
-``(D, H, W)`` array). A ``.nii.gz`` cannot be written in place (gzip is a stream): the volume is
+``.nii`` is a NIfTI-1 header followed by the voxels, memory-mapped in place (NIfTI's x-fastest order
+is a C-ordered grid ``(k, j, i)``). The output of a NIfTI scan (``space``: its ``ScanSpace`` at the
+network's stride) is written in the scan's own grid with its qform, sform, codes and unit, boxes given
+in the axes it was read in (``orientation.py``) put back exactly, so it overlays the scan in any viewer;
+otherwise the grid is the ``(D, H, W)`` written, with the voxel size in the pixel dimensions, unit
+micron, a diagonal affine. A ``.nii.gz`` cannot be written in place (gzip is a stream): the volume is
 written as a ``.nii`` beside it, then compressed stream-wise on ``close`` and the ``.nii``
 removed, so memory stays flat and the disk holds the uncompressed volume once meanwhile.
 """
@@ -21,6 +24,8 @@ from types import ModuleType
 import numpy as np
 
 from ...errors import ConfigError
+from .orientation import GRID
+from .space import ScanSpace
 
 Region = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]   # half-open (depth, rows, columns)
 VoxelSize = tuple[float, float, float]                                 # µm along (z, y, x)
@@ -56,24 +61,33 @@ def label_dtype(classes: int) -> np.dtype:
 
 
 class VolumeWriter:
-    """A ``(D, H, W)`` volume of ``dtype`` filled region by region; ``close`` finishes the file."""
+    """A ``(D, H, W)`` volume of ``dtype`` filled region by region; ``close`` finishes the file. ``voxel_size``: µm
+    along ``D, H, W``; ``space``: the scan's grid and header the volume is written back into (None: written as
+    ``D, H, W``)."""
 
     def __init__(self, path: Path, shape: tuple[int, int, int], dtype: np.dtype,
-                 voxel_size: VoxelSize | None) -> None:
+                 voxel_size: VoxelSize | None, space: ScanSpace | None = None) -> None:
         self.path, self.shape, self.dtype = Path(path), shape, np.dtype(dtype)
+        self.orientation = GRID if space is None else space.orientation
+        grid = self.orientation.grid_shape(shape)
+        if space is not None and space.grid_shape != grid:
+            raise ValueError(f"a {shape} volume is not read from the scan grid {space.grid_shape}")
+        grid_voxel = None if voxel_size is None else self.orientation.grid_shape(voxel_size)
         self.format = volume_format(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.format is VolumeFormat.TIFF:
-            self.array = _tiff_memmap(self.path, shape, self.dtype, voxel_size)
+            self.array = _tiff_memmap(self.path, grid, self.dtype, grid_voxel)
             self.mapped = self.path
         else:
             self.mapped = self.path.with_name(self.path.name[:-3]) if self.format is VolumeFormat.NIFTI_GZ \
                 else self.path
-            self.array = _nifti_memmap(self.mapped, shape, self.dtype, voxel_size)
+            self.array = _nifti_memmap(self.mapped, grid, self.dtype, grid_voxel, space)
 
     def write(self, region: Region, values: np.ndarray) -> None:
-        (z0, z1), (y0, y1), (x0, x1) = region
-        self.array[z0:z1, y0:y1, x0:x1] = values
+        """``values`` ``(d, h, w)`` into the half-open ``region`` of the ``(D, H, W)`` volume."""
+        ranges = tuple(range(a, b) for a, b in region)
+        z, y, x = self.orientation.grid_ranges((ranges[0], ranges[1], ranges[2]), self.shape)
+        self.array[z.start:z.stop, y.start:y.stop, x.start:x.stop] = self.orientation.to_grid(values)
 
     def close(self) -> None:
         self.array.flush()
@@ -109,19 +123,23 @@ def _tiff_memmap(path: Path, shape: tuple[int, int, int], dtype: np.dtype,
 
 
 def _nifti_memmap(path: Path, shape: tuple[int, int, int], dtype: np.dtype,
-                  voxel_size: VoxelSize | None) -> np.memmap:
+                  voxel_size: VoxelSize | None, space: ScanSpace | None) -> np.memmap:
+    """A NIfTI of grid ``shape`` (k, j, i) placed as ``space`` says, else by ``voxel_size`` µm on a diagonal."""
     nibabel = _package("nibabel", path)
 
     depth, height, width = shape
     header = nibabel.Nifti1Header()
     header.set_data_shape((width, height, depth))
     header.set_data_dtype(dtype.newbyteorder("<"))
-    z, y, x = voxel_size if voxel_size is not None else (1.0, 1.0, 1.0)
-    header.set_zooms((x, y, z))
-    header.set_xyzt_units(xyz="micron" if voxel_size is not None else "unknown")
-    affine = np.diag([x, y, z, 1.0])
-    header.set_qform(affine, code=1)
-    header.set_sform(affine, code=1)
+    if space is not None:
+        space.write_into(header)
+    else:
+        z, y, x = voxel_size if voxel_size is not None else (1.0, 1.0, 1.0)
+        header.set_zooms((x, y, z))
+        header.set_xyzt_units(xyz="micron" if voxel_size is not None else "unknown")
+        affine = np.diag([x, y, z, 1.0])
+        header.set_qform(affine, code=1)
+        header.set_sform(affine, code=1)
     header["vox_offset"] = NIFTI_OFFSET
     with open(path, "wb") as handle:
         header.write_to(handle)

@@ -1,5 +1,6 @@
 """The files of volume inference: a label volume and one float32 probability volume per class, filled piece by piece
-(rank 0) through ``data/volume/writer.py``; a piece beyond the volume (its zero extension) is cut off."""
+(rank 0) through ``data/volume/writer.py``; a piece beyond the volume (its zero extension) is cut off. The outputs of a
+NIfTI scan are written back into its grid and header (``ScanSpace``), so they overlay it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ...config import ConfigError
+from ...data.volume.space import ScanSpace
 from ...data.volume.writer import VolumeFormat, VolumeWriter, VoxelSize, label_dtype, volume_format
 from ..windows import Extent
 from .kinds import check_folder
@@ -56,13 +58,14 @@ class VolumeOutputs:
 
 
 class VolumeSink:
-    """Rank 0: the output volumes of a ``(D, H, W)`` volume (output cells), written piece by piece."""
+    """Rank 0: the output volumes of a ``(D, H, W)`` volume (output cells), written piece by piece; ``space``: the
+    scan's grid and header at the output's stride (None: not a NIfTI scan)."""
 
     def __init__(self, outputs: VolumeOutputs, shape: tuple[int, int, int], classes: int,
-                 voxel_size: VoxelSize | None) -> None:
+                 voxel_size: VoxelSize | None, space: ScanSpace | None = None) -> None:
         self.shape = shape
-        self.labels = VolumeWriter(outputs.labels, shape, label_dtype(classes), voxel_size)
-        self.probabilities = [VolumeWriter(p, shape, outputs.probability_dtype, voxel_size)
+        self.labels = VolumeWriter(outputs.labels, shape, label_dtype(classes), voxel_size, space)
+        self.probabilities = [VolumeWriter(p, shape, outputs.probability_dtype, voxel_size, space)
                               for p in outputs.probabilities]
 
     def write(self, extent: Extent, probabilities: np.ndarray) -> None:

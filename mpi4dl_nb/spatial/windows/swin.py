@@ -57,8 +57,8 @@ class _WindowPlan:
         self.lengths = layout.boxes.lengths(tile)
         self.count = len(layout.owned(tile))
         self.area = windows.area
-        self.into = TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks)
-        self.back = TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks)
+        self.into = TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks, runtime.group)
+        self.back = TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks, runtime.group)
         self.labels = torch.tensor(layout.labels(tile), dtype=torch.long).reshape(self.count, self.area) \
             if windows.shifted and self.count else None
 
@@ -106,7 +106,7 @@ class TileMerge(nn.Module):
         exchange = runtime.plans.get(key)
         if not isinstance(exchange, TokenExchange):
             exchange = runtime.plans[key] = TokenExchange(plan_merge(TokenBoxes(runtime.grid, self.grid_in))
-                                                          [runtime.tile], runtime.ctx, runtime.ranks)
+                                                          [runtime.tile], runtime.ctx, runtime.ranks, runtime.group)
         merged_grid = TokenBoxes(runtime.grid, tuple((n + 1) // 2 for n in self.grid_in))
         batch, channels = x.shape[0], x.shape[-1]
         merged = exchange(x.reshape(batch, -1, channels))

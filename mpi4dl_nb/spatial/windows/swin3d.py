@@ -79,8 +79,9 @@ def volume_window_plan(runtime: SpatialRuntime, sizes: Sides, window: Sides, shi
         tile = runtime.tile
         labels = torch.tensor(layout.labels(tile), dtype=torch.long) if windows.shifted else None
         plan = VolumeWindowPlan(window, windows.area, len(layout.owned(tile)),
-                          TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks),
-                          TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks), labels)
+                          TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks, runtime.group),
+                          TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks, runtime.group),
+                          labels)
         runtime.plans[key] = plan
     return plan
 
@@ -91,7 +92,7 @@ def merge_exchange(runtime: SpatialRuntime, sizes: Sides) -> TokenExchange:
     exchange = runtime.plans.get(key)
     if not isinstance(exchange, TokenExchange):
         plan = plan_merge(TokenBoxes(runtime.grid, sizes), MERGE_ORDER)[runtime.tile]
-        exchange = runtime.plans[key] = TokenExchange(plan, runtime.ctx, runtime.ranks)
+        exchange = runtime.plans[key] = TokenExchange(plan, runtime.ctx, runtime.ranks, runtime.group)
     return exchange
 
 

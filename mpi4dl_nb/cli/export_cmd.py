@@ -1,0 +1,187 @@
+"""``python -m mpi4dl_nb export``: a checkpoint's trained model written as a plain state dict under the model's own
+keys (timm's, torchvision's, your module's; a layer-list model's are those of ``nn.Sequential(*layers)``), as
+``.safetensors`` or ``.pt``; one JSON line last on stdout."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..checkpoint.files import CheckpointChoice
+from ..console import to_stderr
+from ..errors import ConfigError
+from ..schema import build_job, flag, world_rank_from_env
+from .job_flags import job_parser, keyword_values
+from .parser import CommandParser
+
+if TYPE_CHECKING:
+    import torch
+
+PROG = "python -m mpi4dl_nb export"
+EXIT_REFUSED = 2
+GROUP = "export"
+OUTPUT_OPTION = "--output-file"
+DESCRIPTION = ("Write the model of a checkpoint of 'train' as a state dict under the model's own keys: "
+               "timm.create_model(NAME, num_classes=K).load_state_dict(...) (or torchvision's, or your module's) "
+               "loads it strictly. The package's own layer-list models (resnet, amoebanet, unet, ...) have no other "
+               "keys: theirs are those of nn.Sequential(*layers). One process; prints one JSON line last.")
+
+
+class ExportFormat(Enum):
+    """The file formats ``export`` writes, by the output's suffix."""
+
+    SAFETENSORS = ".safetensors"
+    TORCH = ".pt"
+
+    @classmethod
+    def of(cls, path: Path) -> ExportFormat:
+        """The format of ``path``'s suffix; ConfigError naming the two suffixes for any other."""
+        for member in cls:
+            if path.suffix == member.value:
+                return member
+        raise ConfigError(OUTPUT_OPTION, f"{path}: write FILE.safetensors or FILE.pt (the suffix chooses the format)")
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """What ``export`` is asked: the checkpoint, the file to write, and whether it may replace one."""
+
+    source: CheckpointChoice
+    output_file: str = flag(OUTPUT_OPTION, "the file to write: FILE.safetensors (safetensors.torch.load_file reads "
+                                           "it) or FILE.pt (torch.load)", metavar="FILE", group=GROUP)
+    force: bool = flag("--force", "replace the output file if it exists", False, switch=True, group=GROUP)
+    merge_lora: bool = flag("--merge-lora", "fold a LoRA run's adapters into the weights (W + alpha/rank B A): the "
+                                            "plain model's keys, which the original model loads strictly (without "
+                                            "it the adapters' lora_a, lora_b keys are written beside the frozen "
+                                            "weights)", False, switch=True, group=GROUP)
+
+    def check(self) -> CheckedExport:
+        """The checkpoint file found and the output checked before anything is read or written (ConfigError naming
+        the flag and the way out)."""
+        output = Path(self.output_file).expanduser()
+        kind = ExportFormat.of(output)
+        if kind is ExportFormat.SAFETENSORS and find_spec("safetensors") is None:
+            raise ConfigError(OUTPUT_OPTION, f"{output}: .safetensors needs the package safetensors (pip install "
+                                             f"safetensors; timm brings it), or write FILE.pt")
+        if output.is_dir():
+            raise ConfigError(OUTPUT_OPTION, f"{output} is a directory; name a file in it")
+        if output.exists() and not self.force:
+            raise ConfigError(OUTPUT_OPTION, f"{output} exists; pass --force to replace it, or name another file")
+        if not output.parent.is_dir():
+            raise ConfigError(OUTPUT_OPTION, f"{output.parent} does not exist; create it first")
+        return CheckedExport(self.source.path(), output, kind, self.merge_lora)
+
+
+@dataclass(frozen=True)
+class CheckedExport:
+    """A checked export: the checkpoint file, the output and its format."""
+
+    checkpoint: Path
+    output: Path
+    kind: ExportFormat
+    merge_lora: bool = False
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What ``export`` wrote: the model, how many tensors, whether the keys are the model's own, the file."""
+
+    model: str
+    keys: int
+    own_keys: bool
+    bytes: int
+    output: Path
+    checkpoint: Path
+
+    def as_dict(self) -> dict[str, object]:
+        return {"model": self.model, "keys": self.keys, "own_keys": self.own_keys, "bytes": self.bytes,
+                "output": str(self.output), "checkpoint": str(self.checkpoint)}
+
+
+def export_parser() -> CommandParser:
+    """The ``export`` parser: a flag for every field of ExportJob."""
+    return job_parser(PROG, DESCRIPTION, ExportJob)
+
+
+def separate(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor its own contiguous copy (no storage shared, none memory-mapped from the checkpoint)."""
+    return {key: value.detach().contiguous().clone() for key, value in state.items()}
+
+
+def write_state(state: Mapping[str, torch.Tensor], checked: CheckedExport, model: str) -> None:
+    """``state`` into the output, through a temporary file beside it (a failed write leaves no partial file)."""
+    import torch
+
+    partial = checked.output.with_name(f".{checked.output.name}.partial-{os.getpid()}")
+    try:
+        if checked.kind is ExportFormat.SAFETENSORS:
+            from safetensors.torch import save_file
+
+            save_file(dict(state), str(partial), metadata={"format": "pt", "model": model})
+        else:
+            torch.save(dict(state), partial)
+        os.replace(partial, checked.output)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def export(checked: CheckedExport) -> Exported:
+    """The checkpoint's model rebuilt from its record, its weights under the model's own keys, written."""
+    from ..checkpoint.record import read_checkpoint
+    from ..infer.model import rebuilt
+    from ..models.pieces import is_cut, original_state_dict
+
+    try:
+        checkpoint = read_checkpoint(checked.checkpoint, lazy=True)
+    except ValueError as err:
+        raise ConfigError("--checkpoint", str(err)) from None
+    spec = checkpoint.record.model
+    try:
+        layers = rebuilt(spec)
+    except ConfigError:
+        raise ConfigError("--checkpoint", f"{checked.checkpoint} holds {spec.describe()}, a model built in Python: "
+                                          f"export it from Python, dl.model_state_dict(path, model=<the model>)") \
+            from None
+    state = checkpoint.model_state
+    if checked.merge_lora:
+        if spec.lora is None:
+            raise ConfigError("--merge-lora", f"{checked.checkpoint} holds {spec.describe()}, without LoRA adapters: "
+                                              f"drop --merge-lora")
+        from ..models.lora import merged_state
+
+        state = merged_state(state, spec.lora)
+    state = separate(original_state_dict(layers, state))
+    write_state(state, checked, spec.label)
+    return Exported(spec.label, len(state), is_cut(layers), checked.output.stat().st_size, checked.output,
+                    checked.checkpoint)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m mpi4dl_nb export``: a refused job exits 2 with one line before anything is read;
+    under a launcher only rank 0 writes."""
+    args = export_parser().parse_args(argv)
+    speaks = world_rank_from_env() in (None, 0)
+    try:
+        checked = build_job(ExportJob, keyword_values(args, ExportJob), "export").check()
+        if not speaks:
+            return 0
+        done = export(checked)
+    except ConfigError as err:
+        if speaks:
+            to_stderr(f"mpi4dl_nb export: error: {err}")
+        return EXIT_REFUSED
+    if not done.own_keys:
+        to_stderr(f"mpi4dl_nb export: {done.model} is a layer list of this package with no keys of its own: the "
+                  f"keys are those of nn.Sequential(*layers) (models.build_model builds it)")
+    print(json.dumps(done.as_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
