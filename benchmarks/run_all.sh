@@ -91,6 +91,9 @@ run yielding mpiexec -n 4 python benchmarks/bench_swin.py
 run mpiexec -n 2 python benchmarks/bench_swin.py --grid 1x2
 # 16. input read ahead of the step: the wait per step with a reader slowed on purpose
 run python benchmarks/bench_read_ahead.py --markdown
+# 17. transformers at full speed on tiles: one process against 1x2 tiles, ViT-S/16 (4 blocks, 768 px) and Swin-T
+#     (448 px), forward + backward in alternating turns
+run mpiexec -n 2 python benchmarks/bench_transformer_tiles.py
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo; echo "failed:"; printf '  %s\n' "${FAILED[@]}"; exit 1

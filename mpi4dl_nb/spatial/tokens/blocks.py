@@ -9,6 +9,13 @@ whole attention's output, ``lse`` and ``delta = rowsum(dO * O)``, recomputes the
 Nothing larger than ``n_q x n_block`` scores is made; the plain path cuts the queries further so that one score
 block holds at most ``SCORE_CHUNK`` scores (``query_chunks``). The merge and the gradients are kept in the input
 dtype for float32/float64 and in float32 for bf16/fp16 (``merge_dtype``).
+
+Which kernel runs (``block_kernel``): on CUDA the memory-efficient SDPA kernel, on CPU torch's flash kernel for CPU
+(the kernel one process's ``scaled_dot_product_attention`` runs), both for fp16/bf16/fp32; float64 and anything the
+fused kernels do not take keep the plain path, so float64 results stay those of the matmuls above. Both fused
+kernels return the lse as the merge wants it (natural log of the scaled scores' exp-sum, per batch, head and
+query; float32 for half inputs) and their backward takes the whole attention's output and lse, computing the
+same ``delta`` from them: a block's share of the gradients from the global softmax, as the plain path gives it.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ class BlockKernel(Protocol):
 
 
 class PlainBlocks:
-    """Block attention by matmuls in the merge dtype (CPU, float64, and where no fused kernel gives the lse)."""
+    """Block attention by matmuls in the merge dtype (float64, and where no fused kernel gives the lse)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +96,7 @@ def query_chunks(q: torch.Tensor, keys: int) -> list[slice]:
     """Slices of the queries whose score blocks ``(B, H, rows, keys)`` hold at most ``SCORE_CHUNK`` scores (at
     least one row each): the plain path's transient is bounded whatever the token count, as a fused kernel's tiles
     are, so neither one process's blockwise attention nor a ring member's makes an N x N matrix."""
-    per_row = max(1, q[..., 0, 0].numel() * keys)
+    per_row = max(1, q.shape[:-2].numel() * keys)
     rows, count = max(1, SCORE_CHUNK // per_row), q.shape[-2]
     return [slice(start, min(start + rows, count)) for start in range(0, count, rows)] or [slice(0, 0)]
 
@@ -150,6 +157,8 @@ class FusedBlocks:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        if _empty(q, k):
+            return PlainBlocks().forward(q, k, v, scale)
         out, lse = self.ops.forward(q, k, v, scale)
         self.lse_length = lse.shape[-1]
         dtype = merge_dtype(q.dtype)
@@ -157,6 +166,8 @@ class FusedBlocks:
 
     def backward(self, grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, delta: torch.Tensor, scale: float) -> Grads:
+        if _empty(q, k):
+            return PlainBlocks().backward(grad, q, k, v, out, lse, delta, scale)
         padded = self._padded(lse)
         dq, dk, dv = self.ops.backward(grad.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(), padded,
                                        scale)
@@ -167,17 +178,32 @@ class FusedBlocks:
         """``lse`` (B, H, n_q) in the kernel's layout: float32 on CUDA, padded along the queries as it returned it."""
         dtype = torch.float32 if lse.dtype in HALF_DTYPES else lse.dtype
         length = lse.shape[-1] if self.lse_length is None else self.lse_length
+        if length == lse.shape[-1] and dtype == lse.dtype:
+            return lse                     # the CPU kernel's lse is not padded: no copy per block
         padded = lse.new_zeros((*lse.shape[:-1], length), dtype=dtype)
         padded[..., :lse.shape[-1]] = lse
         return padded
 
 
+def _empty(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the block has no queries, keys, batch, heads or head size (torch's CPU flash kernel dies of a
+    floating point exception on some of these: they take the plain path, which makes empty results)."""
+    return q.numel() == 0 or k.numel() == 0
+
+
 def block_kernel(q: torch.Tensor) -> BlockKernel:
-    """The fused kernel where one returns the lse for these tensors (CUDA, fp16/bf16/fp32, a head size of a
-    multiple of 8, memory-efficient SDPA enabled), else the plain matmul path (always on CPU and for float64)."""
-    if (q.device.type == "cuda" and q.dtype in FUSED_DTYPES and q.shape[-1] % 8 == 0
-            and torch.backends.cuda.mem_efficient_sdp_enabled()):
+    """The fused kernel where one returns the lse for these tensors, else the plain matmul path: on CUDA the
+    memory-efficient kernel (fp16/bf16/fp32, a head size of a multiple of 8, memory-efficient SDPA enabled), on
+    CPU the flash kernel for CPU (fp16/bf16/fp32, any head size, flash SDPA enabled: torch's switch for CPU
+    too); float64 always takes the plain path (its results stay the matmuls', exact up to summation order).
+    On ``meta`` (the planner's shape-only simulation of a ring member) as on CPU: the fused kernels keep no
+    score block, so the plain path's transient would be planned for a run that never makes it."""
+    if q.dtype not in FUSED_DTYPES:
+        return PlainBlocks()
+    if q.device.type == "cuda" and q.shape[-1] % 8 == 0 and torch.backends.cuda.mem_efficient_sdp_enabled():
         return FusedBlocks(CUDA_EFFICIENT)
+    if q.device.type in ("cpu", "meta") and torch.backends.cuda.flash_sdp_enabled():
+        return FusedBlocks(CPU_FLASH)
     return PlainBlocks()
 
 

@@ -49,6 +49,7 @@ class _Blockwise(torch.autograd.Function):
     def backward(fctx: _BlockwiseCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = fctx.saved_tensors
         block, scale, kernel = fctx.block, fctx.scale, fctx.kernel
+        grad = grad.contiguous()     # once, not per block (a timm attention's dO is a transposed view)
         delta = output_delta(grad, out)
         dtype = merge_dtype(q.dtype)
         dq = torch.zeros_like(q, dtype=dtype)

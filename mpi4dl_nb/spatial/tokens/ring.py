@@ -1,7 +1,7 @@
 """Exact global attention across ranks: ring attention as an autograd Function (Liu, Zaharia, Abbeel 2023).
 
 Each member of a ``Ring`` keeps its queries; its key/value block travels the ring (``ring_steps.py`` says whose
-block is where at each step) and the partial results merge with a running log-sum-exp (``attention_blocks.py``).
+block is where at each step) and the partial results merge with a running log-sum-exp (``blocks.py``).
 The next block's exchange is posted before the current block's compute starts, so the transfer hides behind it.
 Backward recomputes each block's scores from the saved output and log-sum-exp: dQ accumulates locally, each
 block's dK/dV accumulator travels one hop behind its block and arrives back at its owner after ``P`` hops. No rank
@@ -217,6 +217,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = fctx.saved_tensors
         ring, scale, kernel = fctx.ring, fctx.scale, fctx.kernel
         link = RingLink(ring)
+        grad = grad.contiguous()     # once, not per block (a timm attention's dO is a transposed view)
         delta = output_delta(grad, out)
         carry = GradientCarry(ring, link, k)
         dq: torch.Tensor | None = None
@@ -247,7 +248,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring
     ``q`` (B, H, n_q, D): this rank's queries; ``k``, ``v`` (B, H, n_k, D): its keys/values, ``n_k =
     ring.key_counts[own position]``. Returns (B, H, n_q, D): what one process computes on the concatenated keys
     (member 0's first), exact up to summation order. ``scale`` defaults to ``D ** -0.5``; ``kernel`` to the fused
-    kernel where one returns the lse, else the plain matmul path (``attention_blocks.block_kernel``)."""
+    kernel where one returns the lse, else the plain matmul path (``blocks.block_kernel``: fp16/bf16/fp32 take
+    the fused kernel of CUDA or CPU, float64 the plain path)."""
     check_ring_inputs(q, k, v, ring)
     chosen = block_kernel(q) if kernel is None else kernel
     out: torch.Tensor = _RingAttention.apply(q, k, v, ring, default_scale(q) if scale is None else scale, chosen)
