@@ -65,6 +65,7 @@ def test_the_check_passes_commands_that_run() -> None:
                     "mpiexec -n 4 python -m mpi4dl_nb infer --checkpoint ck --slide s.svs --output m.npy "
                     "--num-spatial-parts 4",
                     "mpiexec -n 2 python -m mpi4dl_nb tune --memory-limit-mb 100",
+                    "python -m mpi4dl_nb export --checkpoint ck --output-file model.safetensors",
                     "python -m mpi4dl_nb train --help", "make test PYTEST_ARGS=-x", "make readme-outputs",
                     "mpiexec -n 2 python benchmarks/bench_p2p.py --repeats 50", "bash benchmarks/run_all.sh",
                     "python -m mpi4dl_nb.notebook.demo",
@@ -86,6 +87,7 @@ def test_the_check_refuses_commands_that_do_not_run() -> None:
         "mpiexec -n 2 python -m mpi4dl_nb infer --checkpoint c --slide s --output o.npy --num-spatial-parts 4":
             "needs 4 ranks",
         "python -m mpi4dl_nb tune --memory-limit-mb 100": "at least 2",
+        "mpiexec -n 2 python -m mpi4dl_nb export --checkpoint ck --output-file m.pt": "needs 1 ranks",
         "python -m mpi4dl_nb trian": "no such command",
         "make tests": "no such Makefile target",
         "python benchmarks/bench_nothing.py": "no such file",

@@ -266,10 +266,10 @@ def ranks_needed(command: str, argv: list[str], launched: bool) -> tuple[int, in
 
     The one place that knows the command-line parsers: ``train``, ``evaluate``, ``layout``: the parallel flags'
     ``ParallelConfig`` (its ``world_size``, validated with the batch and image size given); ``infer``: the tile
-    grid of ``--num-spatial-parts`` and ``--slice-method``; ``tune``: 2 ranks or more; ``layout`` without a
-    launcher prints any layout.
+    grid of ``--num-spatial-parts`` and ``--slice-method``; ``tune``: 2 ranks or more; ``export``: one process;
+    ``layout`` without a launcher prints any layout.
     """
-    from mpi4dl_nb.cli import evaluate_cmd, infer_cmd, layout_cmd, train_cmd, tune_cmd
+    from mpi4dl_nb.cli import evaluate_cmd, export_cmd, infer_cmd, layout_cmd, train_cmd, tune_cmd
     from mpi4dl_nb.cli.args import config_from_args
     from mpi4dl_nb.cli.job_flags import keyword_values
     from mpi4dl_nb.errors import ConfigError
@@ -279,7 +279,8 @@ def ranks_needed(command: str, argv: list[str], launched: bool) -> tuple[int, in
     from mpi4dl_nb.schema import build_job
 
     parsers = {"train": train_cmd.train_parser, "evaluate": evaluate_cmd.evaluate_parser,
-               "infer": infer_cmd.infer_parser, "tune": tune_cmd.tune_parser, "layout": layout_cmd.layout_parser}
+               "infer": infer_cmd.infer_parser, "tune": tune_cmd.tune_parser, "layout": layout_cmd.layout_parser,
+               "export": export_cmd.export_parser}
     jobs: dict[str, type] = {"train": TrainJob, "evaluate": EvaluateJob, "infer": InferJob}
     if command not in parsers:
         raise DocCommandError(f"python -m mpi4dl_nb {command}: no such command (known: {', '.join(parsers)})")
@@ -291,6 +292,8 @@ def ranks_needed(command: str, argv: list[str], launched: bool) -> tuple[int, in
         job = build_job(jobs[command], keyword_values(args, jobs[command]), command) if command in jobs else None
         if command == "tune":
             return 2, None
+        if command == "export":
+            return 1, 1
         if command == "infer":
             from mpi4dl_nb.spatial.geometry import TileGrid
 
