@@ -17,7 +17,7 @@ from .outputs.kinds import OutputKind, OutputSpec, check_outputs, npy_base
 from .probes import default_window, output_size
 from .reader import SlideReader
 from .store import Fingerprint, load_progress, progress_path, work_path
-from .tile_map import MapMode
+from .tile_map import MapMode, refuse_dense_map
 from .tissue import OVERVIEW_SIDE, TissueMap
 from .trained import TrainedNetwork
 from .windows import AxisField, WindowPlan, padded_extent
@@ -56,6 +56,7 @@ def resolve_outputs(job: InferJob, trained: TrainedNetwork) -> tuple[OutputSpec,
             raise ConfigError("--output", f"{spec.path}: a .csv has one row per output cell, here per pixel of the "
                                           f"slide; write the label map (.tif), the regions (.geojson) or the "
                                           f"probabilities (.npy) instead")
+    refuse_dense_map(trained.lone_tiles, job.map_mode, trained.description.spec.label)
     if job.map_mode == MapMode.TILES and dense:
         raise ConfigError("--map-mode", "tiles classifies each tile alone, but this network predicts every pixel; "
                                         "use --map-mode dense (the default) for a segmentation network")

@@ -69,7 +69,9 @@ def spatial_dims(layers: Sequence[nn.Module]) -> int:
     return 3 if any(isinstance(m, VOLUME_MODULES) for layer in layers for m in layer.modules()) else 2
 
 
-def _meta_out(module: nn.Module, channels: int, sizes: Sequence[int], dtype: torch.dtype) -> torch.Size:
+def meta_output_shape(module: nn.Module, channels: int, sizes: Sequence[int],
+                      dtype: torch.dtype = torch.float32) -> torch.Size:
+    """The shape of ``module``'s output for one ``channels`` x ``sizes`` input (meta device: no compute)."""
     probe = copy.deepcopy(module).to("meta")
     with torch.no_grad():
         return probe(torch.empty(1, channels, *sizes, device="meta", dtype=dtype)).shape
@@ -138,7 +140,7 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
         trunk = nn.Sequential(*layers[:-1])
         if patch is None or patch < 1:
             raise ConfigError("--checkpoint", "a classifier's checkpoint must record the training image size")
-        feat = _meta_out(trunk, channels, (patch, patch), dtype)
+        feat = meta_output_shape(trunk, channels, (patch, patch), dtype)
         side = int(feat[-1])
         if side < 1 or patch % side or int(feat[-2]) != side:
             raise ConfigError("--checkpoint", f"the trunk maps {patch}x{patch} images to {tuple(feat[-2:])} "
@@ -154,13 +156,13 @@ def fully_convolutional(layers: Sequence[nn.Module], patch: int | None, *, chann
         else:
             assert head is not None, "a classifier ends in a ClassifierHead or a pooled head"
             modules = [*layers[:-1], *head_on_cells(head, side, step)]
-            classes = int(_meta_out(nn.Sequential(*layers), channels, (patch, patch), dtype)[1])
+            classes = int(meta_output_shape(nn.Sequential(*layers), channels, (patch, patch), dtype)[1])
         min_side = patch
         pool = WindowPool(next(i for i, m in enumerate(modules) if isinstance(m, (nn.AvgPool2d, nn.MaxPool2d))
                                and i >= len(layers) - 1), side, step)
     else:
         modules = layers
-        out = _meta_out(nn.Sequential(*layers), channels, (256,) * dims, dtype)
+        out = meta_output_shape(nn.Sequential(*layers), channels, (256,) * dims, dtype)
         if len(out) != 2 + dims:
             raise ConfigError("--checkpoint", f"the network's output has shape {tuple(out)}: it pools the "
                               f"whole image but its last layer is not a ClassifierHead (global pool + "
@@ -181,7 +183,7 @@ def network_shape(net: nn.Module, channels: int, min_side: int, classes: int, dt
     side = max(min_side, align) * 4
     grow = align * 64
     thin = (max(min_side, align),) * (dims - 1)
-    cells = [int(_meta_out(net, channels, (*thin, width), dtype)[-1]) for width in (side, side + grow)]
+    cells = [int(meta_output_shape(net, channels, (*thin, width), dtype)[-1]) for width in (side, side + grow)]
     if cells[1] <= cells[0] or grow % (cells[1] - cells[0]):
         raise ConfigError("--checkpoint", f"the network's output does not grow by a whole number of cells "
                           f"per input pixel ({cells[0]} -> {cells[1]} cells for {side} -> {side + grow} px)")

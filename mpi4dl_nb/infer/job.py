@@ -131,11 +131,13 @@ class InferJob:
         "--map-mode", "classifiers: dense computes every cell fully convolutionally (fast; a cell's features see the "
                       "slide around its tile); tiles applies the classifier to exactly the tile each cell names, as "
                       "trained (slower by about (patch / --output-stride)^2; use --output-stride = the patch size "
-                      "for non-overlapping tiles)", MapMode.DENSE, parse=MapMode, choices=MapMode.values(),
+                      "for non-overlapping tiles); a transformer (ViT, Swin, ...) has no fully convolutional form "
+                      "and maps in tiles only", MapMode.DENSE, parse=MapMode, choices=MapMode.values(),
         group=MAPS, tags=MAPS_OF_SLIDES)
     output_stride: int | None = flag("--output-stride", "pixels per output cell of a classifier (a multiple of the "
-                                                        "trunk's stride; default: the trunk's)", None, parse=int,
-                                     bounds=Bounds(1), group=MAPS, tags=MAPS_OF_SLIDES)
+                                                        "trunk's stride; default: the trunk's; a transformer, which "
+                                                        "maps in tiles mode only: any, default its image size)",
+                                     None, parse=int, bounds=Bounds(1), group=MAPS, tags=MAPS_OF_SLIDES)
     heat_class: int | None = flag("--heat-class", "class drawn by the .png and .tif:preview of a classifier "
                                                   "(default: the first positive class after class 0, not "
                                                   "background/normal/negative/'no ...'; printed)", None, parse=int,

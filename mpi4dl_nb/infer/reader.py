@@ -1,12 +1,8 @@
-"""Slide region reads (OpenSlide, or a plain image) zero-extended past the slide, and a prefetch thread."""
+"""Slide region reads (OpenSlide, or a plain image) zero-extended past the slide."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -17,8 +13,6 @@ from ..data.resolution import AreaResampler, image_mpp, properties_mpp, resolve_
 from ..spatial.geometry import Box
 
 TILE_CACHE_BYTES = 8 << 20   # OpenSlide's decoded-tile cache until the runner sizes it to the window
-Item = TypeVar("Item")
-Result = TypeVar("Result")
 
 
 class SlideReader:
@@ -146,57 +140,3 @@ class SlideReader:
 
     def close(self) -> None:
         self.slide.close()
-
-
-class Prefetcher(Generic[Item, Result]):
-    """Runs ``load(item)`` for each item in a background thread, at most ``depth`` results ahead.
-
-    Iterating yields ``(item, result)`` in order; an exception in the thread is raised in the
-    consumer. Reads then overlap the consumer's compute (OpenSlide and numpy release the GIL).
-    """
-
-    def __init__(self, items: Iterable[Item], load: Callable[[Item], Result], depth: int = 1) -> None:
-        # (item, result) in order, then None at the end; an exception in the thread travels as itself
-        self._queue: queue.Queue[tuple[Item, Result] | BaseException | None] = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self.wait_seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(iter(items), load), daemon=True,
-                                        name="mpi4dl-prefetch")
-        self._thread.start()
-
-    def _run(self, items: Iterator[Item], load: Callable[[Item], Result]) -> None:
-        try:
-            for item in items:
-                if self._stop.is_set():
-                    return
-                self._put((item, load(item)))
-        except BaseException as err:   # handed to the consumer
-            self._put(err)
-            return
-        self._put(None)
-
-    def _put(self, value: tuple[Item, Result] | BaseException | None) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(value, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def __iter__(self) -> Iterator[tuple[Item, Result]]:
-        import time
-
-        while True:
-            start = time.perf_counter()
-            value = self._queue.get()
-            self.wait_seconds += time.perf_counter() - start
-            if value is None:
-                return
-            if isinstance(value, BaseException):
-                raise value
-            yield value
-
-    def close(self) -> None:
-        """Stop the thread (also when the consumer stopped early)."""
-        self._stop.set()
-        self._thread.join(timeout=5)

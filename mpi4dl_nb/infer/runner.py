@@ -23,6 +23,7 @@ from torch import nn
 from ..comm.agreement import agreed
 from ..config import ConfigError
 from ..data.pathology import slide_overview
+from ..data.read_ahead import ReadAhead
 from ..data.stain import PixelMap
 from ..data.stain_reads import stain_normalized
 from ..data.task import Task
@@ -36,7 +37,7 @@ from .outputs.heat import default_heat_class
 from .outputs.kinds import OutputKind, npy_base
 from .outputs.placement import CellPlacement
 from .probes import check_halos, output_size
-from .reader import Prefetcher, SlideReader
+from .reader import SlideReader
 from .store import HeatmapStore, progress_path, save_progress, work_path
 from .summary import InferSummary, RankStats, TimelineEvent
 from .tile_map import MapMode, TileClassifier, TileGeometry
@@ -105,7 +106,8 @@ class SlideRunner:
         plan = ctx.bcast_object(decided, root=0)
         assert plan is not None   # rank 0 decided (else every rank raised in agreed)
         self.plan: Plan = plan
-        agreed(ctx, lambda: check_halos(self.net, self.grid, sorted(self.plan.plan.input_sizes())))
+        if job.map_mode != MapMode.TILES:      # tiles mode reads lone tiles: no window is split over ranks
+            agreed(ctx, lambda: check_halos(self.net, self.grid, sorted(self.plan.plan.input_sizes())))
         # decoded tiles kept for the overlap with the next window: twice this rank's RGBA box
         self.reader.limit_cache(CACHE_WINDOWS * 4 * max(h * w for h, w in self.plan.plan.input_sizes())
                                 // self.grid.num_tiles)
@@ -193,7 +195,7 @@ class SlideRunner:
         tracing, tracer.enabled = tracer.enabled, self.job.keep_trace
         self.meter.start()
         wall = time.perf_counter()
-        prefetch = Prefetcher([w for row in rows for w in row if (w.row, w.col) not in self.plan.skipped],
+        prefetch = ReadAhead([w for row in rows for w in row if (w.row, w.col) not in self.plan.skipped],
                               self.read, depth=1)
         try:
             self._stream(net, rows, iter(prefetch), count, wall)
@@ -279,7 +281,7 @@ class SlideRunner:
         geometry = TileGeometry(self.trained.cell_extent, self.net.shape.stride, plan.out_shape[1:],
                                 (self.reader.height, self.reader.width))
         classifier = TileClassifier(self.trained.layers, self.job.torch_dtype, ctx.device)
-        self.stats = RankStats(state_bytes=module_bytes(self.net))
+        self.stats = RankStats(state_bytes=module_bytes(classifier.net))
         self.meter = PeakMeter(ctx.device)
         if self.store is not None:
             self.store.fill((0, plan.out_shape[1], 0, plan.out_shape[2]))

@@ -6,6 +6,10 @@ The dense mode (the default) computes the same cells fully convolutionally: fast
 features computed once), but a cell's features see the slide around its tile, which no training
 tile had. Both modes share the cell grid (cell ``j`` covers pixels ``[j*stride, j*stride + extent)``
 at the resolution read), so every output lines up the same way.
+
+A classifier that sees each tile as a whole (a transformer's attention: ViT, Swin, MaxViT, EfficientViT; any head
+that is not a global pool then per-vector layers) has no fully convolutional form: it maps in tiles mode only.
+Its ``FullyConvolutional`` is ``cell_grid``'s, the geometry of its cells alone, whose values nothing uses.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import Choice
+from ..config import Choice, ConfigError
 from ..spatial.geometry import Box
+from .fully_conv import FullyConvolutional, classifies, meta_output_shape, network_shape
 
 
 class MapMode(Choice):
@@ -71,6 +76,50 @@ class TileClassifier:
                 probabilities = torch.softmax(self.net(pixels), dim=1).double().cpu().numpy()
             out[:, 0, start:stop] = probabilities.T
         return out
+
+
+def lone_tile_classes(layers: Sequence[nn.Module], patch: int | None, channels: int = 3) -> int | None:
+    """The class count of ``layers`` when they classify whole images (one vector per ``patch``-side image, measured
+    on the meta device) without the form ``fully_conv`` makes fully convolutional, so they map lone tiles only;
+    else None."""
+    if not layers or classifies(layers) or patch is None or patch < 1:
+        return None
+    net = nn.Sequential(*layers)
+    weight = next((p for p in net.parameters()), torch.empty(0))
+    try:
+        try:
+            out = meta_output_shape(net, channels, (patch, patch), weight.dtype)
+        except NotImplementedError:            # an op without a meta kernel: one real forward (eval mode)
+            with torch.no_grad():
+                out = net(torch.zeros(1, channels, patch, patch, dtype=weight.dtype, device=weight.device)).shape
+    except (RuntimeError, ValueError):         # a size the network refuses: not a classifier of this size
+        return None
+    return int(out[1]) if len(out) == 2 else None
+
+
+class TileCells(nn.AvgPool2d):
+    """The cell grid of a lone-tile classifier: an ``extent`` window every ``stride`` pixels (what the window
+    geometry measures; the cells' values come from ``TileClassifier``)."""
+
+
+def cell_grid(extent: int, stride: int | None, classes: int) -> FullyConvolutional:
+    """A lone-tile classifier's cells: ``extent``-pixel tiles every ``stride`` pixels (default ``extent``: tiles side by
+    side); ConfigError for a stride below 1."""
+    stride = extent if stride is None else stride
+    if stride < 1:
+        raise ConfigError("--output-stride", f"must be at least 1 pixel, got {stride}")
+    net = FullyConvolutional(TileCells(extent, stride=stride), nn.Softmax(dim=1)).eval()
+    net.shape = network_shape(net, 3, extent, classes, torch.float32)
+    return net
+
+
+def refuse_dense_map(lone_tiles: bool, mode: MapMode, model: str) -> None:
+    """``--map-mode dense`` of a classifier that maps lone tiles only: refused, naming ``--map-mode tiles``."""
+    if lone_tiles and mode == MapMode.DENSE:
+        raise ConfigError("--map-mode", f"{model} sees each tile as a whole (attention, or a head that is not a "
+                                        f"global pool), so no fully convolutional map (dense, the default) can "
+                                        f"compute its cells; pass --map-mode tiles (each cell the classifier on "
+                                        f"its lone tile, as trained)")
 
 
 def _chunks(count: int, size: int) -> Iterator[tuple[int, int]]:

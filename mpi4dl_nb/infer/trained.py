@@ -18,14 +18,17 @@ from ..models.spec import ModelFamily
 from .fully_conv import FullyConvolutional, classifies, fully_convolutional, spatial_dims
 from .model import ModelDescription, ModelObject, load_trained
 from .probes import input_channels
+from .tile_map import cell_grid, lone_tile_classes
 from .whole_volume import whole_input_layer, whole_volume_network
 
 
-def network_task(layers: Sequence[nn.Module]) -> Task:
+def network_task(layers: Sequence[nn.Module], patch: int | None = None) -> Task:
     """What a network's output cells are: a classifier (a ``ClassifierHead`` or a pooled head last,
-    ``fully_conv.classifies``) gives each cell the probabilities of the patch under it; anything else is dense
+    ``fully_conv.classifies``, or, given its training side ``patch``, one vector per image: a transformer,
+    ``tile_map.lone_tile_classes``) gives each cell the probabilities of the patch under it; anything else is dense
     (per-pixel probabilities): segmentation."""
-    return Task.CLASSIFICATION if classifies(layers) else Task.SEGMENTATION
+    whole = classifies(layers) or lone_tile_classes(layers, patch) is not None
+    return Task.CLASSIFICATION if whole else Task.SEGMENTATION
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class TrainedNetwork:
     mpp: float | None
     layers: tuple[nn.Module, ...] = ()     # the layers as trained (``--map-mode tiles`` runs them on lone tiles)
     stain: StainNormalizer | None = None
+    lone_tiles: bool = False               # no FCN (a transformer): ``net`` is the cell grid, tiles mode only
 
     @property
     def cell_extent(self) -> int:
@@ -88,19 +92,32 @@ def load_network(checkpoint: str, *, family: ModelFamily | str | None = None, dt
     """The checkpoint's network as inference runs it; ConfigError/ValueError naming the flag for what does not fit.
     ``model``: the model object of a run built in Python (``model.load_trained``)."""
     layers, description, record = load_trained(checkpoint, family, dtype, check=check, model=model)
-    if network_task(layers) is not record.task:
+    kind = network_task(layers, description.image_size)
+    if kind is not record.task:
         raise ValueError(f"--checkpoint {description.path}: its record says {record.task} but its network is a "
-                         f"{network_task(layers)} network; {WRITTEN_BY}")
+                         f"{kind} network; {WRITTEN_BY}")
     trained = inference_network(layers, description, record.class_names, record.data.mpp,
                                 output_stride=output_stride, task=task)
     return replace(trained, stain=record.stain)
+
+
+def class_names(classes: Sequence[str], count: int) -> tuple[str, ...]:
+    """The record's class names when they are ``count``, else the indices ``0 .. count-1`` as names."""
+    return tuple(classes) if len(classes) == count else tuple(str(c) for c in range(count))
 
 
 def inference_network(layers: Sequence[nn.Module], description: ModelDescription, classes: Sequence[str],
                       mpp: float | None, *, output_stride: int | None = None,
                       task: Task | str | None = None) -> TrainedNetwork:
     """A trained layer list (eval mode) as inference runs it: checked, made fully convolutional (a network that needs
-    the whole volume, ``whole_volume.WholeInput``: as one window, unprobed)."""
+    the whole volume, ``whole_volume.WholeInput``: as one window, unprobed; a classifier of lone tiles only, a
+    transformer: its cell grid, ``tile_map.cell_grid``)."""
+    count = lone_tile_classes(layers, description.image_size)
+    if count is not None:
+        trained = TrainedNetwork(cell_grid(description.image_size, output_stride, count), description,
+                                 Task.CLASSIFICATION, class_names(classes, count), mpp, tuple(layers), lone_tiles=True)
+        trained.check_task(task)
+        return trained
     kind = network_task(layers)
     if whole_input_layer(layers) is not None:
         if output_stride is not None:
@@ -110,7 +127,7 @@ def inference_network(layers: Sequence[nn.Module], description: ModelDescription
         check_streamable(layers)
         channels = input_channels(nn.Sequential(*layers)) if spatial_dims(layers) == 3 else 3   # a volume's own
         net = fully_convolutional(layers, description.image_size, channels=channels, output_stride=output_stride)
-    names = tuple(classes) if len(classes) == net.shape.classes else tuple(str(c) for c in range(net.shape.classes))
-    trained = TrainedNetwork(net, description, kind, names, mpp, tuple(layers))
+    trained = TrainedNetwork(net, description, kind, class_names(classes, net.shape.classes), mpp, tuple(layers))
     trained.check_task(task)
     return trained
+

@@ -19,6 +19,7 @@ from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, wri
 from ..config import ParallelConfig
 from ..data import Batcher, RegionDataset
 from ..data.dataset import input_size
+from ..data.read_ahead import ReadAhead
 from ..data.task import Task
 from ..evaluation.batch_inputs import BatchInputs
 from ..evaluation.metrics import MetricName
@@ -29,7 +30,6 @@ from .batch_reads import BatchRead, BatchReads, Position, StepBatch
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
 from .monitor import JobMonitor, StepTimer
 from .preemption import Preempted, StopSignals
-from .read_ahead import ReadAhead
 from .summary import RankMetrics, TrainSummary, Validation, finite_or_none
 from .train_progress import TrainProgress
 

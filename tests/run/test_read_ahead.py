@@ -17,10 +17,10 @@ from torch import nn
 import mpi4dl_nb as dl
 from mpi4dl_nb.data import Batcher
 from mpi4dl_nb.data.augment import AugmentSpec
+from mpi4dl_nb.data.read_ahead import ReadAhead
 from mpi4dl_nb.data.synthetic import SyntheticDataset
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.run.job import TrainJob
-from mpi4dl_nb.run.read_ahead import ReadAhead
 from mpi4dl_nb.run.trainer import Trainer, TrainSettings
 from tests.support.models import build
 

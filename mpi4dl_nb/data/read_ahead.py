@@ -1,9 +1,11 @@
-"""The read-ahead worker: one thread loading a run's items (each step's input) in order while the caller computes, at
-most ``depth`` ahead; its error raised where the caller takes that item; stopped and joined at the end or early."""
+"""The read-ahead worker: one thread loading items (a training step's input, an inference window's region) in order
+while the caller computes, at most ``depth`` ahead; its error raised where the caller takes that item; stopped and
+joined at the end or early."""
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -25,8 +27,9 @@ class ReadAhead(Generic[Item, Result]):
 
     ``take()`` gives the next ``(item, result)``, waiting for it, or None after the last; an exception raised by
     ``load`` is raised by the ``take`` that wanted its result (the same object: its message and the worker's
-    traceback), and the worker stops there. ``close()`` (or leaving a ``with`` block)
-    stops the worker after the load under way and joins it; results not taken are dropped.
+    traceback), and the worker stops there; iterating takes until the last. ``wait_seconds``: the time the caller
+    spent waiting in ``take``. ``close()`` (or leaving a ``with`` block) stops the worker after the load under way
+    and joins it; results not taken are dropped.
     """
 
     def __init__(self, items: Iterable[Item], load: Callable[[Item], Result], depth: int = 1, *,
@@ -37,6 +40,7 @@ class ReadAhead(Generic[Item, Result]):
         self._ready: queue.Queue[tuple[Item, Result] | BaseException | _End] = queue.Queue()
         self._stop = threading.Event()
         self._over = False                            # the last item was taken, or the worker's error raised
+        self.wait_seconds = 0.0
         self._thread = threading.Thread(target=self._run, args=(iter(items), load), daemon=True, name=name)
         self._thread.start()
 
@@ -56,7 +60,9 @@ class ReadAhead(Generic[Item, Result]):
         """The next item and its result, once loaded (None: no more, or closed); the worker's error raised here."""
         if self._over or self._stop.is_set():
             return None
+        start = time.perf_counter()
         value = self._ready.get()
+        self.wait_seconds += time.perf_counter() - start
         if isinstance(value, _End):
             self._over = True
             return None
@@ -65,6 +71,10 @@ class ReadAhead(Generic[Item, Result]):
             raise value
         self._slots.release()
         return value
+
+    def __iter__(self) -> Iterator[tuple[Item, Result]]:
+        while (taken := self.take()) is not None:
+            yield taken
 
     @property
     def alive(self) -> bool:
