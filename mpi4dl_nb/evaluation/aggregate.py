@@ -11,7 +11,7 @@ from enum import Enum
 import numpy as np
 
 from ..errors import ConfigError
-from .metrics import LevelMetrics, Records, roc_auc
+from .metrics import LevelMetrics, Records, macro_auc, roc_auc
 from .pixel_metrics import confusion_counts
 from .split import group_label
 
@@ -115,5 +115,8 @@ def level_metrics(level: str, predictions: Sequence[GroupPrediction], num_classe
     auc = None
     if num_classes == 2 and count:
         auc = roc_auc(np.array([p.probabilities[1] for p in predictions]), labels == 1)
+    elif num_classes > 2 and count:
+        probabilities = np.array([p.probabilities for p in predictions], dtype=np.float64)
+        auc = macro_auc([roc_auc(probabilities[:, c], labels == c) for c in range(num_classes)])
     return LevelMetrics(level, count, float(np.trace(matrix) / count) if count else None,
                         float(sum(recall) / len(recall)) if recall else None, auc, matrix.tolist())

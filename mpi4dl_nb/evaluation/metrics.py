@@ -115,7 +115,8 @@ def macro_auc(per_class: Sequence[float | None]) -> float | None:
 @dataclass(frozen=True)
 class LevelMetrics:
     """The figures of one level (``slide``, ``patient``): count, accuracy, balanced accuracy, AUC (2 classes: of
-    the second class's aggregated probability), confusion matrix; None where undefined."""
+    the second class's aggregated probability; more: the macro mean of each class's one-vs-rest AUC of its
+    aggregated probability, None when a class is absent), confusion matrix; None where undefined."""
 
     level: str
     count: int

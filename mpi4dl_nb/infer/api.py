@@ -59,7 +59,8 @@ def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | 
     ``num_spatial_parts=1``). ``options`` are :class:`InferJob` keywords (as ``dl.infer``'s; ``level`` and
     ``exclude_classes`` name ``slide_level`` and ``exclude_class`` too): ``level``,
     ``num_spatial_parts``, ``slice_method``, ``window``, ``dtype``, ``tissue_only``,
-    ``min_tissue``, ``batch_windows``, ``resume_outputs``, ``overwrite``, ``output_stride``,
+    ``min_tissue``, ``tissue`` (how tissue is judged: ``"saturation"`` or ``"otsu"``), ``map_mode`` (``"dense"`` or
+    ``"tiles"``; transformers map in tiles), ``batch_windows``, ``resume_outputs``, ``overwrite``, ``output_stride``,
     ``heat_class``, ``model`` (a family to refuse others; or the model object of a run built in Python, an
     nn.Module or its layer list), ``max_window_rows``, ``memory_budget``, ``overlay_side``, ``progress`` (default
     off), ``keep_trace`` (the per-rank timeline in ``summary["events"]``), ``mpp`` / ``magnification`` /

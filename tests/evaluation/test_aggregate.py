@@ -44,3 +44,15 @@ def test_slides_and_patients_aggregate_their_tiles_and_score():
     figures = level_metrics("slide", slides, 2)
     assert figures.count == 3 and figures.accuracy == 1.0 and figures.roc_auc == 1.0
     assert figures.confusion_matrix == [[1, 0], [0, 2]]
+
+
+def test_three_classes_score_the_macro_one_vs_rest_auc_of_the_aggregated_probabilities():
+    probabilities = np.array([[0.7, 0.2, 0.1], [0.5, 0.1, 0.4], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]])
+    records = Records(np.arange(5), np.array([0, 0, 1, 2, 2]), np.zeros(5), np.log(probabilities))
+    slides = by_slide(records, ["a", "b", "c", "d", "e"], ["P1", "P2", "P3", "P4", "P5"], Aggregation())
+    figures = level_metrics("slide", slides, 3)
+    # class 0 ranks both its slides above the other three (1.0); class 1 its one slide above all (1.0); class 2:
+    # d (0.4) and e (0.6) against a (0.1), b (0.4: a tie, half), c (0.3): (3 + 2.5) / 6
+    assert figures.roc_auc == pytest.approx((1.0 + 1.0 + 5.5 / 6) / 3)
+    missing = level_metrics("slide", slides[:3], 3)     # no slide of class 2: no macro AUC, as sklearn refuses it
+    assert missing.roc_auc is None and missing.accuracy == 1.0
