@@ -93,20 +93,30 @@ def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: S
     from ..data.validate import excluded
 
     if datapath is None:
+        refuse_repair(data, "the bundled IHC sample (a mask image, no polygons)")
         return IHCMaskDataset(data.image_size)
     root = require_path(datapath)
     if data.volume_size is not None:
+        refuse_repair(data, f"{root} (volumes with label volumes)")
         from ..data.volume.dataset import VolumeFolderDataset, volume_images
 
         return VolumeFolderDataset(root, data.volume_size, data.num_classes,
                                    files=excluded(volume_images(root), exclude), voxel_size=data.voxel_size)
     if is_mask_folder(root):
+        refuse_repair(data, f"{root} (images/ with masks/: pixels, no polygons)")
         return MaskFolderDataset(root, data.image_size, data.num_classes, files=excluded(image_files(root), exclude),
                                  mpp=data.mpp, source_mpp=data.source_mpp)
     slides = [root] if root.is_file() else slide_files(root, exclude)
     return AnnotatedSlideDataset(slides, data.image_size, data.class_names, level=data.slide_level,
                                  min_tissue=data.min_tissue, mpp=data.mpp, source_mpp=data.source_mpp,
                                  tissue=data.tissue, repair_annotations=data.repair_annotations)
+
+
+def refuse_repair(data: DataSpec, source: str) -> None:
+    """ConfigError when ``--repair-annotations`` is given for a source of masks, which has no polygons to repair."""
+    if data.repair_annotations:
+        raise ConfigError("--repair-annotations", f"repairs the QuPath polygons of annotated slides; the labels of "
+                                                  f"{source} are read as they are: drop it")
 
 
 def slide_files(root: Path, exclude: Sequence[Path]) -> list[Path]:

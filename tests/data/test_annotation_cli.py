@@ -16,6 +16,7 @@ from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.run.evaluate_job import EvaluateJob
 from mpi4dl_nb.run.job import TrainJob
 from tests.support.pyramid import write_pyramid
+from tests.support.segmentation_data import write_pairs
 from tests.support.train_in_process import run_train
 
 UNET = ["--task", "segmentation", "--model", "unet", "--num-layers", "2", "--num-filters", "4"]
@@ -45,6 +46,16 @@ def test_a_hole_crossing_its_outer_ring_is_refused_then_repaired_on_request(tmp_
     assert err.count("--repair-annotations: ") == 1
     assert ("s1.geojson: feature 0 ('t7', 'Tumour A'), class 'tumor', repaired (hole 1 crosses the outer ring near "
             "(60.0, 20.0)): area 2,800 -> 1,900 square pixels at level 0") in err
+
+
+def test_repair_is_refused_for_images_with_masks_which_have_no_polygons(tmp_path, capsys):
+    folder = write_pairs(tmp_path / "pairs", count=4, size=32)
+    three = [word.replace("background,tumor", "background,disc,corner") for word in RUN]   # write_pairs' classes
+    code, out, err = run_train([*UNET, "--datapath", str(folder), *three, "--repair-annotations"], capsys)
+    assert code == 2 and out == ""
+    assert "--repair-annotations: repairs the QuPath polygons of annotated slides" in err
+    assert "(images/ with masks/: pixels, no polygons) are read as they are: drop it" in err
+    assert "Traceback" not in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv, flag, fragment", [
