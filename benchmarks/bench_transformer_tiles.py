@@ -18,7 +18,9 @@ The ranks meet between turns at a barrier that sleeps (``comm.waiting.poll``), s
 Beside the wall time, each step's process CPU time (``time.process_time``, all its threads): on a machine loaded by
 others the wall time of two ranks suffers more than one process's, the CPU time much less; their ratio is the work
 split. ``--compare-plain``: the ViT's tiles also with ring attention's blocks on the plain matmul path
-(``PlainBlocks``, what CPU ran before issue 67).
+(``PlainBlocks``, what CPU ran before issue 67), and every model's tiles also with ``reduce_tile_gradients(net,
+overlap=False)`` (one all-reduce after backward, as before issue 67; the tiles' own step sums its gradients in buckets
+posted during backward from the second step on).
 
 Profile (``--profile``, after the turns): one tile step on rank 0 and one step of one process on one thread under
 ``torch.profiler``, op by op (self time): what halved and what did not; for ring attention also the seconds in the
@@ -78,12 +80,13 @@ def sleeping_barrier(ctx: Context) -> None:
     poll(request.Test)
 
 
-def step_of(model: nn.Module, x: torch.Tensor, weights: torch.Tensor, tiles: bool) -> Callable[[], None]:
+def step_of(model: nn.Module, x: torch.Tensor, weights: torch.Tensor, tiles: bool,
+            overlap: bool = True) -> Callable[[], None]:
     def step() -> None:
         model.zero_grad(set_to_none=True)
         (model(x) * weights).sum().backward()
         if tiles:
-            dl.reduce_tile_gradients(model)
+            dl.reduce_tile_gradients(model, overlap=overlap)
     return step
 
 
@@ -150,6 +153,9 @@ def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool) -> list[
     tiled = step_of(net, tile, weights, True)
     if plain and spec.name.startswith("vit"):
         found.append(Variant("tiles, ring blocks by PlainBlocks (before issue 67)", with_plain_blocks(tiled), 1))
+    if plain:
+        once = step_of(dl.spatialize(build(spec), grid, ctx), tile, weights, True, overlap=False)
+        found.append(Variant("tiles, one all-reduce after backward (before issue 67)", once, 1))
     return [*found, Variant(TILES, tiled, 1)]
 
 

@@ -155,6 +155,15 @@ class Context:
         self._groups[members] = group
         return group
 
+    def private_group(self, group: Group | None = None) -> Group | None:
+        """``group`` (None: the world) on an MPI communicator of its own, not cached: its collectives never match
+        another route's, whatever order the members post them in relative to those. Collective over ``group``'s
+        members only. None on the torch plane, whose process groups every rank of the world must create."""
+        if self.data_plane.name != "mpi":
+            return None
+        group = self.world if group is None else group
+        return Group(group.ranks, group.communicator().Dup(), None)
+
     def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
         """The one-way channels ``src -> dst`` of ``pairs``; collective: every rank of the world
         passes the same pairs in the same order. Cached like groups."""

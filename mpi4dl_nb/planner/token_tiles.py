@@ -93,8 +93,9 @@ def ring_terms(widths: Sequence[AttentionWidth], tokens: Sequence[int], member: 
 
 
 class TimedBlocks:
-    """The engine's block kernel for the queries (``attention_blocks.block_kernel``: on CPU the plain matmul path),
-    the seconds of each block's forward and backward kept (a ring step's compute, which hides the next message)."""
+    """The engine's block kernel for the queries (``tokens.blocks.block_kernel``: fp16/bf16/fp32 the fused kernel of
+    CUDA or CPU, float64 the plain matmul path), the seconds of each block's forward and backward kept (a ring
+    step's compute, which hides the next message)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {"forward": [], "backward": []}

@@ -27,6 +27,7 @@ from .families import OP_FAMILIES, Family, active_families
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
 from .registry import converted_on
+from .tile_reduction import PrivateGroups, TileReduction
 
 
 class _Converter:
@@ -161,14 +162,41 @@ def tile_replicated_parameters(net: nn.Module) -> list[nn.Parameter]:
     return [p for p in net.parameters() if id(p) not in partial]
 
 
-def reduce_tile_gradients(net: nn.Module) -> None:
-    """Sum the partial gradients of spatial layers over the tile group (one all-reduce)."""
+def reduce_tile_gradients(net: nn.Module, *, overlap: bool = True) -> None:
+    """Sum the partial gradients of spatial layers over the tile group.
+
+    The first call sums them in one all-reduce; with ``overlap`` (default) it also arms ``TileReduction``: from
+    then on, every backward after a forward of ``net`` posts each bucket's all-reduce as soon as its gradients
+    are accumulated (on a communicator of its own), and this call only posts what is left, waits, and hands the
+    sums back as the parameters' ``.grad``. Any gradient changed after its bucket was posted (another backward, a
+    ``zero_grad``) is summed again here, so the result is always the sum of the ``.grad`` this call finds: the
+    same per element as the single all-reduce. ``overlap=False``: the single all-reduce (and no hooks). Where the
+    context cannot make a private communicator (the torch plane) the single all-reduce is used."""
     runtime = runtime_of(net)
-    grads = [p.grad for p in tile_partial_parameters(net) if p.grad is not None]
-    if not grads or len(runtime.ranks) == 1:
+    params = [p for p in tile_partial_parameters(net) if p.requires_grad]     # a frozen trunk sends nothing
+    if len(runtime.ranks) == 1 or not params:
+        return
+    armed = net.__dict__.get("tile_reduction")
+    if isinstance(armed, TileReduction):
+        if overlap and armed.covers(params):
+            armed.finish()
+            return
+        armed.cancel()
+        del net.__dict__["tile_reduction"]
+    _reduce_at_once(runtime.ctx, runtime.group, params)
+    if overlap and isinstance(runtime.ctx, PrivateGroups):
+        group = runtime.ctx.private_group(runtime.group)
+        if group is not None:
+            net.__dict__["tile_reduction"] = TileReduction(runtime.ctx, group, params, net)
+
+
+def _reduce_at_once(ctx: Comm, group: Group | None, params: Sequence[nn.Parameter]) -> None:
+    """One all-reduce of every gradient ``params`` hold (the same on every tile), written back in place."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    runtime.ctx.all_reduce(flat, group=runtime.group)
+    ctx.all_reduce(flat, group=group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))

@@ -33,11 +33,11 @@ def test_what_arrives_is_what_the_previous_member_held(size):
 
 @pytest.mark.parametrize("size", [2, 3, 4, 7])
 def test_gradient_accumulators_visit_every_member_and_come_home(size):
-    """Follow block j's accumulator: it is added to by the member holding j at each step, passed to the next
-    member, and the last hop delivers it to j."""
+    """Follow block j's accumulator: it starts at the member after j (j keeps its own share), is added to by the
+    member holding j at each step, passed to the next member, and the last hop delivers it to j."""
     for owner in range(size):
-        holder, visited = owner, []
-        for step in range(size):
+        holder, visited = RingSchedule(size, owner).next, [owner]
+        for step in range(1, size):
             assert RingSchedule(size, holder).owner_at(step) == owner
             visited.append(holder)
             receiver = RingSchedule(size, holder).next
@@ -54,10 +54,11 @@ def test_one_member_sends_nothing():
 
 def test_traffic_counts_the_blocks_each_member_passes_on():
     counts = (5, 1, 4, 3)
-    # member 2 holds blocks 2, 1, 0, 3 at steps 0..3: passes on 2, 1, 0 forward; carries gradients of all four
+    # member 2 holds blocks 2, 1, 0, 3 at steps 0..3: passes on 2, 1, 0 forward; carries the gradient accumulators
+    # of 1, 0 and 3 (its own block's share stays with it)
     traffic = ring_traffic(counts, 2, key_bytes=10, gradient_key_bytes=20)
     assert traffic.forward == 2 * (4 + 1 + 5) * 10
-    assert traffic.backward == traffic.forward + 2 * 13 * 20
+    assert traffic.backward == traffic.forward + 2 * (1 + 5 + 3) * 20
     every = [ring_traffic(counts, p, key_bytes=1) for p in range(4)]
     assert sum(t.forward for t in every) == 2 * 3 * sum(counts)     # every block makes P-1 hops forward
 

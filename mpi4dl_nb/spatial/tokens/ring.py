@@ -3,8 +3,9 @@
 Each member of a ``Ring`` keeps its queries; its key/value block travels the ring (``ring_steps.py`` says whose
 block is where at each step) and the partial results merge with a running log-sum-exp (``blocks.py``).
 The next block's exchange is posted before the current block's compute starts, so the transfer hides behind it.
-Backward recomputes each block's scores from the saved output and log-sum-exp: dQ accumulates locally, each
-block's dK/dV accumulator travels one hop behind its block and arrives back at its owner after ``P`` hops. No rank
+Backward recomputes each block's scores from the saved output and log-sum-exp: dQ accumulates locally, the owner
+keeps its own block's dK/dV share, and each block's accumulator of the other members' shares travels one hop behind
+its block, arriving back at its owner after ``P - 1`` hops. No rank
 holds more than ``n_q x n_block`` scores per head, nor all keys and values.
 
 Messages go as one exchange per step (send to the next member, receive from the previous: one NCCL group on the
@@ -154,7 +155,10 @@ class KeyValueTravel:
 
 
 class GradientCarry:
-    """Each block's dK/dV accumulator, travelling one hop behind its block; after the last hop, this member's own."""
+    """Each block's dK/dV accumulator: a member keeps its own block's share; the accumulator of another member's
+    block starts at the first member after its owner, travels one hop behind the block and arrives home after
+    ``P - 1`` hops, where the owner adds its share (one hop fewer than sending the owner's share round the ring,
+    and no wait at step 1: for ``P = 2`` the only wait is for the returning accumulator, after the last block)."""
 
     def __init__(self, ring: Ring, link: RingLink, like: torch.Tensor) -> None:
         self.schedule, self.counts, self.link = ring.schedule, ring.key_counts, link
@@ -164,8 +168,8 @@ class GradientCarry:
         self.own: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def add(self, step: RingStep, dk: torch.Tensor, dv: torch.Tensor) -> None:
-        """Add this member's share of the held block's dK/dV, and pass the accumulator on."""
-        if self.schedule.size == 1:
+        """Add this member's share of the held block's dK/dV, and pass the accumulator on (not the own block's)."""
+        if step.step == 0:
             self.own = (dk, dv)
             return
         if self.pending is None or self.incoming is None:
@@ -180,13 +184,16 @@ class GradientCarry:
         self.pending = self.link.post(carried, self.incoming, step.step, Pass.GRADIENT)
 
     def home(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This member's own dK/dV, summed over every member's queries."""
-        if self.own is not None:
+        """This member's own dK/dV, summed over every member's queries (the others' shares, then its own)."""
+        if self.own is None:
+            raise RuntimeError("ring attention backward: the own block's gradient was not computed")
+        if self.schedule.size == 1:
             return self.own
         if self.pending is None or self.incoming is None:
             raise RuntimeError("ring attention backward: no gradient was passed on")
         self.link.wait(self.pending, self.schedule.size - 1, Pass.GRADIENT)
-        return self.incoming[0], self.incoming[1]
+        dk, dv = self.own
+        return self.incoming[0].add_(dk), self.incoming[1].add_(dv)
 
 
 class _RingCtx(FunctionContext, Protocol):

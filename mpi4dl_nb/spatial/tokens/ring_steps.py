@@ -5,8 +5,9 @@ Members sit in ring order ``0 .. P-1``; member ``i`` sends to ``i+1`` and receiv
 At step ``s`` member ``i`` holds the block of member ``(i - s) mod P``: its own first, then its
 predecessor's, ... so it merges the blocks in the order ``i, i-1, ..., i-P+1``. Forward, the block held
 at step ``s < P-1`` is sent on while the member computes with it (the next block arrives meanwhile).
-Backward, the keys/values travel the same way again; each block's gradient accumulator travels one hop
-behind it (posted after the block's compute) and, after ``P`` hops, arrives back at its owner.
+Backward, the keys/values travel the same way again; the owner keeps its own block's gradient share, and the
+accumulator of the others' shares starts at the member after the owner, travels one hop behind the block (posted
+after the block's compute) and, after ``P - 1`` hops, arrives back at its owner.
 """
 
 from __future__ import annotations
@@ -104,11 +105,12 @@ def ring_traffic(key_counts: tuple[int, ...], position: int, key_bytes: int,
     travelling key/value gradients (their accumulation dtype; default ``key_bytes``).
 
     Forward: the key/value blocks held at steps ``0 .. P-2``. Backward: the same blocks again, and the
-    gradient accumulators of the blocks held at steps ``0 .. P-1`` (the last hop brings each home)."""
+    gradient accumulators of the blocks held at steps ``1 .. P-1`` (the own block's share stays with its owner;
+    the last hop brings each accumulator home)."""
     schedule = RingSchedule(len(key_counts), position)
     counts = checked_counts(key_counts, schedule.size)
     grad_bytes = key_bytes if gradient_key_bytes is None else gradient_key_bytes
     passed = sum(counts[step.owner] for step in schedule.steps if step.passes_on)
-    accumulated = sum(counts[step.owner] for step in schedule.steps) if schedule.size > 1 else 0
+    accumulated = sum(counts[step.owner] for step in schedule.steps[1:])
     forward = 2 * passed * key_bytes
     return RingTraffic(forward, forward + 2 * accumulated * grad_bytes)
