@@ -1,9 +1,10 @@
 """The model families ``layer_list`` cuts, one entry each: what it matches, how its pieces are made, its check side.
 
 ``CUT_FAMILIES`` is read in order and the first entry matching the model is followed: a timm ViT/Eva (its tokens:
-``vit.token_pieces``, checked at the image size it was built for unless it takes any), a chain built for one image
-size (timm's Swin and MaxViT: ``chain.chain_pieces``, checked at that size: their patch embedding or window
-partition asserts it), and the fallback, any chain of its modules (checked at ``layer_list``'s ``check_size``).
+``vit.token_pieces``, checked at the image size it was built for unless it takes any), timm's Swin (its trunk and
+classifier: ``swin.swin_pieces``, checked at its size), a chain built for one image size (timm's MaxViT, a Swin
+with another head: ``chain.chain_pieces``, checked at that size: their patch embedding or window partition asserts
+it), and the fallback, any chain of its modules (checked at ``layer_list``'s ``check_size``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import nn
 
 from .chain import Side, chain_pieces
 from .pieces import Piece, SizedPiece
+from .swin import is_swin_model, swin_pieces
 from .vit import is_token_model, token_image_size, token_pieces
 
 CHECK_SIZE = 64          # side of the random images a model that takes any size is checked on
@@ -78,6 +80,12 @@ def _sized_pieces(model: nn.Module, side: Side) -> list[nn.Module]:
     return [SizedPiece(first.steps(), built, type(model).__name__), *rest]
 
 
+def _swin_pieces(model: nn.Module, side: Side) -> list[nn.Module]:
+    built = built_image_size(model)
+    assert built is not None, "timm's Swin is built for one image size"
+    return swin_pieces(model, built)
+
+
 def _built_side(model: nn.Module, check_size: int) -> Side:
     return built_image_size(model) or check_size
 
@@ -92,6 +100,8 @@ def _given_side(model: nn.Module, check_size: int) -> Side:
 
 CUT_FAMILIES: tuple[CutFamily, ...] = (
     CutFamily("vision transformer (timm ViT, Eva)", is_token_model, _token_pieces, _token_side),
+    CutFamily("timm Swin (trunk and classifier)", lambda model: is_swin_model(model) and _has_built_size(model),
+              _swin_pieces, _built_side),
     CutFamily("chain built for one image size (timm Swin, MaxViT)", _has_built_size, _sized_pieces, _built_side),
     CutFamily("chain of its modules", _any_model, chain_pieces, _given_side),
 )

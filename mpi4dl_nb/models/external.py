@@ -7,6 +7,7 @@ extra that installs it, a module that does not import with the module and the re
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..spatial.timm_classes import TimmKind, from_timm, timm_kind
 from .chain import mode
 from .cut import layer_list
 from .model_args import FLAG as ARGS_FLAG
@@ -45,11 +47,11 @@ def library(name: str, source: str) -> ModuleType:
 
 def constructed(make: Callable[..., object], label: str, args: ModelArgs, keywords: dict[str, object],
                 **given: object) -> object:
-    """``make(**given, **keywords)``; a TypeError (an argument ``make`` does not take) as one line naming the
-    ``--model-args`` given."""
+    """``make(**given, **keywords)``; a TypeError (an argument ``make`` does not take), or an AssertionError or
+    ValueError (values it does not accept: timm asserts them), as one line naming the ``--model-args`` given."""
     try:
         return make(**given, **keywords)
-    except TypeError as err:
+    except (TypeError, AssertionError, ValueError) as err:
         if not args:
             raise
         raise ConfigError(ARGS_FLAG, f"{args.text()}: {label} does not take them ({err})") from None
@@ -71,28 +73,43 @@ def torchvision_model(name: str, num_classes: int, in_channels: int = 3, args: M
     return model
 
 
+def timm_named(name: str) -> ModuleType:
+    """timm, once it knows the model ``name`` (ConfigError naming the closest names, or the extra to install)."""
+    timm = library("timm", f"timm:{name}")
+    if not timm.is_model(name):
+        raise ConfigError("--model", f"timm has no model {name!r}{closest(name, timm.list_models())} "
+                                     f"(timm.list_models('*pattern*') lists them)")
+    return timm
+
+
 def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: int | None = None,
                args: ModelArgs = NO_ARGS) -> nn.Module:
     """``timm.create_model(name, num_classes=..., in_chans=..., **args)`` without downloading weights (``args``'
     layer names resolved to timm's classes); a ViT at ``image_size`` (``img_size=``: its position embeddings'
     grid), refused when its patches do not tile it."""
-    timm = library("timm", f"timm:{name}")
-    if not timm.is_model(name):
-        raise ConfigError("--model", f"timm has no model {name!r}{closest(name, timm.list_models())} "
-                                     f"(timm.list_models('*pattern*') lists them)")
+    timm = timm_named(name)
     keywords = args.keywords(timm_resolver(timm))
     sizing: dict[str, object] = {}
     if image_size is not None or args:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):    # what it is, drawing nothing
-            probe = constructed(timm.create_model, f"timm:{name}", args, keywords, model_name=name, pretrained=False,
-                                in_chans=in_channels)
-        if image_size is not None and isinstance(probe, nn.Module) and is_token_model(probe):
+        probe = timm_probe(name, in_channels, args)
+        if image_size is not None and is_token_model(probe):
             check_patches(f"timm:{name}", image_size, patch_multiple(probe))
             sizing["img_size"] = image_size
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **sizing,
                               **keywords)
     assert isinstance(model, nn.Module)
     return model
+
+
+def timm_probe(name: str, in_channels: int = 3, args: ModelArgs = NO_ARGS) -> nn.Module:
+    """``timm:name`` with ``args`` built on the meta device: what it is, drawing nothing and holding no weights
+    (ConfigError as ``timm_model`` words it for an unknown name or arguments it does not take)."""
+    timm = timm_named(name)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        probe = constructed(timm.create_model, f"timm:{name}", args, args.keywords(timm_resolver(timm)),
+                            model_name=name, pretrained=False, in_chans=in_channels)
+    assert isinstance(probe, nn.Module)
+    return probe
 
 
 def check_patches(label: str, image_size: int, patch: int) -> None:
@@ -171,6 +188,26 @@ def built_model(family: str, source: str, num_classes: int, in_channels: int = 3
                      f"the model object (model=...) together with the checkpoint")
 
 
+def _wide_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float) -> torch.Tensor:
+    """timm's ``LiteMLA._attn`` in the wider of its input's dtype and float32 (timm's: float32, which rounds a float64
+    run), as the tiles compute it (``spatial/windows/linear.py``)."""
+    work = torch.promote_types(v.dtype, torch.float32)
+    out = q.to(work) @ (k.to(work).transpose(-1, -2) @ v.to(work))
+    return (out[..., :-1] / (out[..., -1:] + eps)).to(v.dtype)
+
+
+def float64_kept(built: Built) -> Built:
+    """``built`` with every timm LiteMLA (EfficientViT's linear attention) computing in the wider of its input's dtype
+    and float32: one process then computes a float64 run's attention in float64, as the tiles do (timm's own
+    precision in float32, float16 and bfloat16 runs)."""
+    for root in built if isinstance(built, list) else [built]:
+        for module in root.modules():
+            if from_timm(module) and isinstance(module, timm_kind(TimmKind.LINEAR_ATTENTION)):
+                eps = vars(module)["eps"]          # a plain float of the module
+                object.__setattr__(module, "_attn", functools.partial(_wide_linear_attention, eps=float(eps)))
+    return built
+
+
 def pretrained_normalization(family: str, source: str) -> Normalization | None:
     """The normalisation a family's pretrained weights expect: ImageNet's for torchvision, a timm model's
     ``pretrained_cfg`` mean and std; None for a callable's model."""
@@ -191,7 +228,8 @@ def external_layers(family: str, source: str, num_classes: int, in_channels: int
                     args: ModelArgs = NO_ARGS) -> list[nn.Module]:
     """The named model as a layer list (cut by ``layer_list`` unless it is one), starting with ``normalization``;
     ConfigError when ``image_size`` is too small for it (naming the smallest side that works)."""
-    layers = normalized(layer_list(built_model(family, source, num_classes, in_channels, image_size, args)),
+    layers = normalized(layer_list(float64_kept(built_model(family, source, num_classes, in_channels, image_size,
+                                                            args))),
                         normalization)
     if image_size is not None:
         check_image_size(layers, image_size, source if family == "module" else f"{family}:{source}", in_channels)

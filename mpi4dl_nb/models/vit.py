@@ -26,6 +26,7 @@ from ..pipeline.layer_decay import decay_scales
 from ..spatial.geometry import TileGrid
 from ..spatial.tokens.vit import RopeBlockPiece, TokenStemPiece
 from .pieces import Piece
+from .swin import SwinTrunk
 
 BLOCKS = "blocks"
 EMBEDDING_STEP = "patch_embed"     # the step after which a TokenEmbedding adds prefix tokens and positions
@@ -278,7 +279,10 @@ def layer_decay_scales(layers: Sequence[nn.Module], factor: float, label: str) -
 def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
                                image_size: int | tuple[int, int] | None) -> None:
     """ConfigError before work for what a cut ViT cannot run on its spatial stage (the engine's cut at
-    ``image_size``): a tile grid that cuts a patch, more than one spatial stage, the head piece on tiles."""
+    ``image_size``): a tile grid that cuts a patch, more than one spatial stage, the head piece on tiles; for a cut
+    Swin's trunk (``models/swin.py``), a tile grid that cuts a patch."""
+    if cfg.spatial_size and image_size is not None and layers and isinstance(layers[0], SwinTrunk):
+        check_tiled_patches(layers[0], TileGrid(*cfg.grid_shape), image_size, f"the {layers[0].model}")
     if cfg.spatial_size == 0 or not is_cut_vit(layers):
         return
     if cfg.spatial_size > 1:
@@ -298,7 +302,8 @@ def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
                                 f"spatial stage; end the spatial stage before it ({fix})")
 
 
-def check_tiled_patches(embedding: nn.Module, grid: TileGrid, image_size: int | tuple[int, int]) -> None:
+def check_tiled_patches(embedding: nn.Module, grid: TileGrid, image_size: int | tuple[int, int],
+                        what: str = "the ViT") -> None:
     """ConfigError (``--image-size``, naming sizes that work) when ``grid``'s tiles of an ``image_size`` image would
     cut one of the embedding's patches (a hybrid's: its stem's stride)."""
     from ..spatial.tokens.tiles import check_patch_grid
@@ -306,7 +311,7 @@ def check_tiled_patches(embedding: nn.Module, grid: TileGrid, image_size: int | 
     size = (image_size, image_size) if isinstance(image_size, int) else image_size
     patch = patch_multiple(embedding)
     try:
-        check_patch_grid(grid, size, (patch, patch), "the ViT")
+        check_patch_grid(grid, size, (patch, patch), what)
     except ConfigError as refusal:
         raise ConfigError("--image-size", refusal.detail) from None
 

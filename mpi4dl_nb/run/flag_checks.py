@@ -12,7 +12,7 @@ from ..data.volume.groups import PATIENTS_FILE
 from ..errors import ConfigError
 from ..evaluation.metrics import MetricName
 from ..loss import LossKind
-from ..models.spec import ModelFamily
+from ..models.spec import ModelFamily, split_model
 from .data_choice import DataChoice
 from .held_out_spec import ValidationSpec
 from .model_choice import ModelChoice
@@ -49,6 +49,30 @@ def check_train_flags(job: TrainFlags) -> None:
     if job.held_out.val_datapath is not None and not data.reads.reads_datapath:
         raise ConfigError("--val-datapath", f"--app {data.reads} reads no files; use --val-fraction")
     check_keep_best(job)
+    check_layer_decay(job)
+
+
+def check_layer_decay(job: TrainFlags) -> None:
+    """``--layer-decay`` against the model: it decays a ViT's rates block by block, and this project's families and
+    a timm model other than a ViT or Eva (found on the meta device: no weights) have no such blocks; a torchvision
+    model or a callable's is checked once built (``models/vit.layer_decay_scales``)."""
+    if job.training.optimizer.layer_decay is None:
+        return
+    model = job.model.model
+    family, source = split_model(model)
+    found = f"--model {model} has none"
+    if family is ModelFamily.TIMM and source is not None:
+        from ..models.external import timm_probe
+        from ..models.vit import is_token_model
+
+        probe = timm_probe(source)
+        if is_token_model(probe):
+            return
+        found = f"--model {model} is a {type(probe).__name__}"
+    elif family.named:
+        return
+    raise ConfigError("--layer-decay", f"decays a vision transformer's rates block by block (timm's ViT and Eva); "
+                                       f"{found} (a ViT: --model timm:vit_small_patch16_224): drop --layer-decay")
 
 
 def check_task_flags(job: TrainFlags) -> None:

@@ -27,7 +27,7 @@ FIELD_FLAGS: dict[str, str] = {
     "lr": "--lr",
     "momentum": "--momentum",
     "val_split": "--val-fraction/--val-datapath (and --seed)",
-    "optimizer": "--optimizer/--lr/--momentum/--weight-decay",
+    "optimizer": "--optimizer/--lr/--momentum/--weight-decay/--layer-decay",
     "lr_schedule": "--lr-schedule/--warmup-steps/--lr-step-size/--lr-gamma (cosine and step: --steps)",
     "augment": "--augment",
     "pool": "--pool",

@@ -21,6 +21,7 @@ from .windows.linear import adopt_linear_attention
 from .windows.partition import adopt_partition_attention
 from .windows.swin import convert_swin_part
 from .windows.swin3d import convert_volume_swin, declares_volume_swin
+from .windows.swin_trunk import SwinTrunkPiece, convert_swin_trunk
 from .windows.traffic import linear_cost, partition_cost, swin_cost
 
 # a family's conversion: (module, its full name, the model's runtime, the converter for its children) -> the module
@@ -69,6 +70,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("Swin (timm SwinTransformer, SwinTransformerV2)",
            of_timm(TimmKind.SWIN_MODEL, TimmKind.SWIN_BLOCK, TimmKind.SWIN_MERGE, TimmKind.SWIN_CR),
            convert_swin_part, "tests/mpi/swin_exact.py", swin_cost),
+    Family("Swin (a cut Swin's trunk: models/swin.py's SwinTrunk, patch embedding .. average pool)",
+           lambda module: isinstance(module, SwinTrunkPiece), convert_swin_trunk,
+           "tests/mpi/transformer_families_cli.py", swin_cost),
     Family("ViT attention (timm Attention, AttentionRope, EvaAttention, AttentionPoolLatent)",
            of_timm(TimmKind.VIT_ATTENTION, TimmKind.ATTENTION_POOL), leaf(_token_attention), "tests/mpi/vit_exact.py",
            attention_ring_cost),

@@ -11,6 +11,7 @@ from mpi4dl_nb.cli import evaluate_cmd, infer_cmd, layout_cmd, train_cmd, tune_c
 from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.run.evaluate_job import EvaluateJob
+from mpi4dl_nb.run.job import TrainJob
 from mpi4dl_nb.run.summary import config_as_run
 from tests.support.train_in_process import run_command
 
@@ -83,3 +84,22 @@ def test_the_summary_echoes_the_layout_as_it_ran():
     assert grid["slice_method"] is None and grid["grid"] == [2, 1]
     image = ParallelConfig(num_spatial_parts=2, slice_method="vertical").as_dict()
     assert config_as_run(image) == image                               # a tiled image run: as given
+
+
+@pytest.mark.parametrize(("model", "found"), [
+    ("resnet", "--model resnet has none"),
+    ("timm:swin_tiny_patch4_window7_224", "--model timm:swin_tiny_patch4_window7_224 is a SwinTransformer"),
+])
+def test_layer_decay_without_vit_blocks_is_refused_with_the_flags(capsys, model, found):
+    """Checked with the flags (``run/flag_checks.py``), before the model is built or any data read."""
+    if model.startswith("timm:"):
+        from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
+
+        require_or_skip(missing_modules("timm"), "timm's Swin", MODELS_EXTRA)
+    with pytest.raises(ConfigError, match="--layer-decay: decays a vision transformer's rates block by block"):
+        TrainJob.of(model=model, layer_decay=0.75)
+    flags = ["--model", model, "--layer-decay", "0.75", "--split-size", "1", "--spatial-size", "0", "--app",
+             "medical", "--datapath", "/nonexistent"]
+    code, out, err = run_command(train_cmd.main, flags, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and not out and len(lines) == 1 and found in err and "drop --layer-decay" in err, err

@@ -23,3 +23,13 @@ def test_allowed_names_accept_flag_spellings():
     assert "model" in parse_allowed(["all"]) and parse_allowed(None) == frozenset()
     with pytest.raises(ConfigError, match="unknown field.*colour"):
         parse_allowed(["colour"])
+
+
+def test_a_changed_layer_decay_is_named_by_its_flag():
+    from mpi4dl_nb.pipeline.optim import OptimizerSpec
+
+    saved = RunIdentity({"optimizer": OptimizerSpec.of("adamw", 1e-3, layer_decay=0.75).describe()})
+    now = RunIdentity({"optimizer": OptimizerSpec.of("adamw", 1e-3).describe()})
+    error = str(refuse_changes("checkpoint x", now.changes_from(saved)))
+    assert "layer decay 0.75' -> 'adamw lr 0.001, weight decay 0.01'" in error and "--layer-decay)" in error, error
+    assert "--allow-config-change optimizer" in error

@@ -123,28 +123,33 @@ class SwinTileModel(nn.Module):
     serial_class: type[nn.Module]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        runtime = _runtime(self)
-        _check_forward(self, runtime, x.device)
-        embed = _child(self, "patch_embed")
-        size = runtime.root_size
-        assert size is not None and len(size) == 2
-        token_grid = check_patch_grid(runtime.grid, (size[0], size[1]), int_pair(embed.patch_size),
-                                      type(self).__name__)
-        built = int_pair(embed.grid_size)
-        if token_grid != built:
-            raise ConfigError("image_size", f"{type(self).__name__} was built for a {built} token grid (its windows, "
-                              f"masks and merges), the image gives {token_grid}; create it with img_size= the "
-                              f"image's size")
-        tokens = _child(embed, "proj")(x)   # a spatial conv, under the op guard
+        pooled = pooled_on_tiles(self, x, type(self).__name__)
         with torch._C.DisableTorchFunction():
-            tokens = _child(embed, "norm")(tokens.permute(0, 2, 3, 1))
-            tokens = _child(self, "norm")(_child(self, "layers")(tokens))
-            total = replicated_sum(tokens.sum(dim=(1, 2)), runtime.ctx, runtime.group) \
-                if len(runtime.ranks) > 1 else tokens.sum(dim=(1, 2))
             head = _child(self, "head")
-            pooled = _child(head, "drop")(total / _final_tokens(self, token_grid))
-            logits: torch.Tensor = _child(head, "flatten")(_child(head, "fc")(pooled))
+            logits: torch.Tensor = _child(head, "flatten")(_child(head, "fc")(_child(head, "drop")(pooled)))
         return logits
+
+
+def pooled_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> torch.Tensor:
+    """The average over the image's last-stage tokens (replicated on every tile) of a converted Swin(V2), or of a
+    cut Swin's trunk, holding ``patch_embed``, ``layers`` and ``norm``, on this rank's image tile ``x``."""
+    runtime = _runtime(model)
+    _check_forward(model, runtime, x.device)
+    embed = _child(model, "patch_embed")
+    size = runtime.root_size
+    assert size is not None and len(size) == 2
+    token_grid = check_patch_grid(runtime.grid, (size[0], size[1]), int_pair(embed.patch_size), label)
+    built = int_pair(embed.grid_size)
+    if token_grid != built:
+        raise ConfigError("image_size", f"{label} was built for a {built} token grid (its windows, masks and "
+                          f"merges), the image gives {token_grid}; create it with img_size= the image's size")
+    tokens = _child(embed, "proj")(x)   # a spatial conv, under the op guard
+    with torch._C.DisableTorchFunction():
+        tokens = _child(embed, "norm")(tokens.permute(0, 2, 3, 1))
+        tokens = _child(model, "norm")(_child(model, "layers")(tokens))
+        total = replicated_sum(tokens.sum(dim=(1, 2)), runtime.ctx, runtime.group) \
+            if len(runtime.ranks) > 1 else tokens.sum(dim=(1, 2))
+        return total / _final_tokens(model, token_grid)
 
 
 def _final_tokens(model: nn.Module, token_grid: tuple[int, int]) -> int:
@@ -190,6 +195,12 @@ def _check_model(model: nn.Module, name: str) -> None:
         raise ConfigError("model", f"{where}: a subclass of {type(model).__mro__[1].__name__} with its own forward "
                           f"is not supported on tiles; supported: SwinTransformer and SwinTransformerV2 as timm "
                           f"builds them")
+    check_swin_parts(model, where)
+
+
+def check_swin_parts(model: nn.Module, where: str) -> None:
+    """Refuse before work a patch embedding, pool, stage, merge or block of a Swin (or of a cut Swin's trunk, which
+    holds the model's parts at their names) that the tile forward does not compute exactly."""
     embed = _child(model, "patch_embed")
     if type(embed) not in timm_kind(TimmKind.PATCH_EMBED) or getattr(embed, "dynamic_img_pad", False) or \
             not getattr(embed, "strict_img_size", True):

@@ -1,0 +1,76 @@
+"""Swin, MaxViT and EfficientViT through the commands (issue 66): ``train`` on 2x2 tiles + a layer rank equals one
+process in float64 and ``evaluate`` runs on the checkpoints with that layout and in one process, to the same loss
+(tests/mpi/transformer_families_cli.py); ``layout`` prints the configuration of each family, Swin-T at 224 px as
+the acceptance names it; a size the model cannot take is refused in one line before work."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpi4dl_nb.cli import evaluate_cmd, layout_cmd, train_cmd
+from tests.support.mpirun import run_mpi
+from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
+from tests.support.summary import json_record
+from tests.support.train_in_process import run_command
+
+MODELS = ("swin", "maxvit", "efficientvit")
+SWIN = "timm:swin_tiny_patch4_window7_224"
+LAYOUT = ["--num-classes", "2", "--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4"]
+
+
+@pytest.fixture(autouse=True)
+def _libraries() -> None:
+    require_or_skip(missing_modules("timm"), "timm's Swin, MaxViT and EfficientViT", MODELS_EXTRA)
+
+
+@pytest.mark.mpi
+def test_each_family_trains_on_tiles_as_one_process_and_evaluates_alike(tmp_path, capsys):
+    checks = [f"{model}: {what}" for model in MODELS
+              for what in ("train on tiles equals one process", "evaluate on tiles")]
+    run_mpi(5, "transformer_families_cli", tmp_path, timeout=400, checks=checks)
+    for model in MODELS:
+        tiles = json.loads((tmp_path / f"{model}.json").read_text())
+        assert tiles["world_size"] == 5 and tiles["count"] == 4, tiles
+    code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(tmp_path / "swin"), "--split-size", "1",
+                                                     "--spatial-size", "0", "--num-samples", "4"], capsys)
+    assert code == 0, err
+    one = json_record(out, "{\"checkpoint\"")
+    tiles = json.loads((tmp_path / "swin.json").read_text())
+    assert one["world_size"] == 1 and one["count"] == 4 and abs(one["loss"] - tiles["loss"]) < 1e-9, (one, tiles)
+
+
+@pytest.mark.parametrize(("flags", "first", "last"), [
+    (["--model", SWIN, "--image-size", "224"], "patch_embed .. head.global_pool", "head.drop .. head.flatten"),
+    (["--model", "timm:maxvit_tiny_rw_224", "--model-args", "depths=(1,1,1,1)", "--image-size", "224"],
+     "stem.conv1 ..", ".. head"),
+    (["--model", "timm:efficientvit_b0", "--image-size", "128"], "stem.in_conv", "24-24   head"),
+])
+def test_layout_prints_the_configuration_of_each_family(capsys, flags, first, last):
+    code, out, err = run_command(layout_cmd.main, [*flags, *LAYOUT], capsys)
+    assert code == 0, err
+    assert "world size: 5 ranks" in out and "balance: " in out, out
+    stages = [line for line in out.splitlines() if line.startswith(("0      spatial", "1      layer"))]
+    assert len(stages) == 2 and first in stages[0] and "0-3" in stages[0] and last in stages[1], out
+
+
+@pytest.mark.parametrize(("command", "flags", "message"), [
+    (train_cmd.main, ["--model", SWIN, "--image-size", "256", "--split-size", "1", "--spatial-size", "0",
+                      "--num-spatial-parts", "1"],
+     "SwinTransformer was built for 224x224 images (--image-size), given 256x256"),
+    (layout_cmd.main, ["--model", SWIN, "--image-size", "224", "--num-classes", "2", "--split-size", "2",
+                       "--spatial-size", "1", "--num-spatial-parts", "3", "--slice-method", "vertical"],
+     "--image-size: TileGrid(rows=1, cols=3) would cut a patch: image width 224 over 3 tile(s) of the "
+     "SwinTransformer's 4-pixel patches"),
+    (layout_cmd.main, ["--model", "timm:maxvit_tiny_rw_224", "--image-size", "160", *LAYOUT],
+     "MaxxVit was built for 224x224 images (--image-size), given 160x160"),
+    (layout_cmd.main, ["--model", "timm:maxvit_tiny_rw_224", "--model-args", "embed_dim=(16,16,32,32)",
+                       "--image-size", "224", *LAYOUT],
+     "--model-args: embed_dim=(16,16,32,32): timm:maxvit_tiny_rw_224 does not take them (attn dim should be "
+     "divisible by head_dim)"),
+])
+def test_what_a_family_cannot_take_is_refused_in_one_line(capsys, command, flags, message):
+    code, out, err = run_command(command, flags, capsys)
+    errors = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(errors) == 1 and message in err and "Traceback" not in err, err
+    assert "step 1" not in err and "losses" not in out
