@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from functools import partial
 
@@ -23,7 +24,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()           # a closed pipe shows here, not in the interpreter's last flush
     except BrokenPipeError:
         return quiet_broken_pipe()
+    except Exception:
+        abort_other_ranks()
+        raise
     return code
+
+
+def abort_other_ranks() -> None:
+    """An error no command turned into a message, on one rank of several: its traceback printed, then the whole
+    world aborted (as ``python -m mpi4py`` does), so the other ranks do not wait for this one for ever in a
+    collective or in MPI's finalize. Nothing when MPI was not started or the world is one process."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        return
+    traceback.print_exc()
+    sys.stderr.flush()
+    mpi.COMM_WORLD.Abort(1)
 
 
 def quiet_broken_pipe() -> int:

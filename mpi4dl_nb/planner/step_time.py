@@ -322,7 +322,7 @@ class _Costs:
             meetings = self.holder_meetings(action.stage) if len(ranks) > 1 else 0
             delay = self.network.all_reduce(grad, len(ranks)) + meetings * self.network.meeting
             crowded = meetings * self.crowding.crowded_meeting(work / meetings) if meetings and self.crowding else 0.0
-            return Cost(work, delay, ("allreduce", action.dp, action.stage, ranks), len(ranks), crowded)
+            return Cost(work, delay, ("allreduce", action.stage, ranks), len(ranks), crowded)   # every holder, one sum
         if kind is ActionKind.OPTIM:       # the optimizer update of every stage copy held
             return Cost(sum(self.optimizer(s) for s in self.held[action.rank]))
         if kind.is_p2p:                    # a hand-off's own work on each side (the wire: ``message``)

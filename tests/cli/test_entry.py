@@ -17,6 +17,7 @@ import mpi4dl_nb.__main__ as entry
 import mpi4dl_nb.cli.commands as commands
 import mpi4dl_nb.run.teardown as teardown
 from mpi4dl_nb.comm.launcher import Launcher, rank_environment
+from tests.support.mpirun import run_mpi
 from tests.support.summary import json_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,3 +102,10 @@ def test_console_script_and_python_dash_m_train_alike_under_mpiexec():
     by_script, by_module = summary([str(SCRIPT), *TINY]), summary([*MODULE, *TINY])
     assert by_script["steps_run"] == 2 and by_script["world_size"] == 2
     assert by_script == by_module
+
+
+@pytest.mark.mpi
+def test_an_error_on_one_rank_aborts_the_world_instead_of_leaving_the_others_waiting():
+    result = run_mpi(2, "entry_abort", expect_failure=True, timeout=60)
+    assert not result.timed_out and result.returncode != 0
+    assert "RuntimeError: an error on rank 0 that no command turned into a message" in result.stdout
