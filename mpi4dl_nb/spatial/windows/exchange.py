@@ -3,7 +3,9 @@
 ``TokenExchange`` runs one tile's ``windows.TileGather`` on a ``(B, n, ...)`` tensor of tokens (the slots of the
 plan in dim 1): its own slots copied, every peer's sent and received in one exchange (``Comm.exchange``: the mpi
 plane or torch.distributed, as halos), zeros where the plan names nothing. Backward is the exact adjoint: the
-gradients of received slots travel back to their owners and are added into what they sent; padding slots give none.
+gradients of received slots travel back to their owners into the slots they sent; padding slots give none (copies
+when no slot was read twice, as in every Swin, MaxViT and roll gather; else added in a fixed order). Each direction
+is a ``Route`` built once per device: the messages posted first, then the local part as one ``index_select``.
 
 ``DistributedRoll`` is ``torch.roll(whole, shifts, dims=<the grid's axes>)`` on channels-last tiles
 ``(B, *box, C)`` (2-D or 3-D grids): each tile sends ``|shift|`` slabs to its neighbour along each shifted axis, the
@@ -13,6 +15,7 @@ grid's last tile to its first; backward rolls the gradient back the same way (th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -26,26 +29,74 @@ from .plan import TileGather, TokenBoxes, plan_roll
 Moves = list[tuple[int, torch.Tensor]]   # (global rank, slot indices) per peer
 
 
-def _move(values: torch.Tensor, size: int, own_from: torch.Tensor, own_to: torch.Tensor, outgoing: Moves,
-          incoming: Moves, comm: Comm, tag: int, accumulate: bool, via: Group | None = None) -> torch.Tensor:
-    """A ``(B, size, ...)`` tensor: ``values[:, own_from]`` at ``own_to``, each peer's message at its slots (added
-    in when ``accumulate``, the adjoint's case, where a slot may receive more than once), zeros elsewhere."""
-    out = values.new_zeros((values.shape[0], size, *values.shape[2:]))
-    place = out.index_add_ if accumulate else out.index_copy_
-    if own_from.numel():
-        place(1, own_to, values.index_select(1, own_from))
-    transfers, arrived = [], []
-    for rank, slots in outgoing:
-        transfers.append(Transfer.to(values.index_select(1, slots).contiguous(), rank, tag))
-    for rank, slots in incoming:
-        buffer = values.new_empty((values.shape[0], slots.numel(), *values.shape[2:]))
-        transfers.append(Transfer.into(buffer, rank, tag))
-        arrived.append((buffer, slots))
-    if transfers:
-        comm.exchange(transfers, via=via).wait()
-    for buffer, slots in arrived:
-        place(1, slots, buffer)
-    return out
+@dataclass(frozen=True)
+class Route:
+    """One direction of a gather on one device: ``size`` target slots, ``own_to[i]`` <- ``own_from[i]`` of the
+    input, each peer's message sent from (``outgoing``) or received into (``incoming``) its slots, zeros elsewhere.
+
+    ``pick`` (a copy route: no target slot named twice, and some named locally) names an input slot for EVERY target
+    slot: the local part is one ``index_select`` (received slots overwritten later, ``blank`` ones zeroed) instead
+    of zeros, a selection and a scatter; ``accumulate``: some target slot takes several values (the adjoint of a
+    gather that reads one slot twice), which are added into zeros in message order."""
+
+    size: int
+    own_from: torch.Tensor
+    own_to: torch.Tensor
+    outgoing: Moves
+    incoming: Moves
+    accumulate: bool
+    pick: torch.Tensor | None
+    blank: torch.Tensor
+
+    @classmethod
+    def build(cls, size: int, own: tuple[Sequence[int], Sequence[int]], outgoing: Sequence[tuple[int, Sequence[int]]],
+              incoming: Sequence[tuple[int, Sequence[int]]], device: torch.device) -> Route:
+        """The route filling ``size`` slots: ``own`` (input slots, target slots), (rank, slots) per peer."""
+        def index(slots: Sequence[int]) -> torch.Tensor:
+            return torch.tensor(slots, dtype=torch.long, device=device)
+
+        own_from, own_to = own
+        named = list(own_to) + [slot for _, slots in incoming for slot in slots]
+        accumulate = len(set(named)) < len(named)
+        pick: list[int] | None = None
+        if not accumulate and own_from:
+            pick = [own_from[0]] * size          # any input slot where the value comes from elsewhere
+            for source, target in zip(own_from, own_to):
+                pick[target] = source
+        blank = sorted(set(range(size)) - set(named)) if pick is not None else []
+        return cls(size, index(own_from), index(own_to), [(rank, index(slots)) for rank, slots in outgoing],
+                   [(rank, index(slots)) for rank, slots in incoming], accumulate,
+                   None if pick is None else index(pick), index(blank))
+
+    def local(self, values: torch.Tensor) -> torch.Tensor:
+        """The ``(B, size, ...)`` result before any message: the local slots filled, zeros where nothing comes."""
+        if self.pick is not None:
+            out = values.index_select(1, self.pick)
+            return out.index_fill_(1, self.blank, 0) if self.blank.numel() else out
+        out = values.new_zeros((values.shape[0], self.size, *values.shape[2:]))
+        if self.own_from.numel():
+            self.place(out, self.own_to, values.index_select(1, self.own_from))
+        return out
+
+    def place(self, out: torch.Tensor, slots: torch.Tensor, part: torch.Tensor) -> None:
+        """``part``'s tokens into ``out``'s ``slots`` (added in for an accumulating route)."""
+        (out.index_add_ if self.accumulate else out.index_copy_)(1, slots, part)
+
+    def run(self, values: torch.Tensor, comm: Comm, tag: int, via: Group | None) -> torch.Tensor:
+        """This route on ``values``: the exchange posted first, the local part built while messages travel."""
+        transfers = [Transfer.to(values.index_select(1, slots), rank, tag) for rank, slots in self.outgoing]
+        arrived = []
+        for rank, slots in self.incoming:
+            buffer = values.new_empty((values.shape[0], slots.numel(), *values.shape[2:]))
+            transfers.append(Transfer.into(buffer, rank, tag))
+            arrived.append((buffer, slots))
+        pending = comm.exchange(transfers, via=via) if transfers else None
+        out = self.local(values)
+        if pending is not None:
+            pending.wait()
+        for buffer, slots in arrived:
+            self.place(out, slots, buffer)
+        return out
 
 
 class _TokenGatherCtx(FunctionContext, Protocol):
@@ -72,20 +123,18 @@ class TokenExchange:
         self.comm = comm
         self.ranks = tuple(ranks)
         self.via = via
-        self._indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor, Moves, Moves]] = {}
+        self._routes: dict[torch.device, tuple[Route, Route]] = {}
 
-    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Moves, Moves]:
-        """The plan's index tensors on ``device``: own sources, own targets, sends, receives."""
-        cached = self._indices.get(device)
+    def routes(self, device: torch.device) -> tuple[Route, Route]:
+        """The plan's forward and backward (adjoint) routes on ``device``, built once."""
+        cached = self._routes.get(device)
         if cached is None:
-            def index(slots: Sequence[int]) -> torch.Tensor:
-                return torch.tensor(slots, dtype=torch.long, device=device)
-
-            plan = self.plan
-            cached = (index(plan.own_sources), index(plan.own_targets),
-                      [(self.ranks[peer], index(slots)) for peer, slots in plan.sends],
-                      [(self.ranks[peer], index(slots)) for peer, slots in plan.receives])
-            self._indices[device] = cached
+            plan, ranks = self.plan, self.ranks
+            sends = [(ranks[peer], slots) for peer, slots in plan.sends]
+            receives = [(ranks[peer], slots) for peer, slots in plan.receives]
+            cached = (Route.build(plan.size, (plan.own_sources, plan.own_targets), sends, receives, device),
+                      Route.build(plan.source_size, (plan.own_targets, plan.own_sources), receives, sends, device))
+            self._routes[device] = cached
         return cached
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,14 +146,10 @@ class TokenExchange:
         return result
 
     def forward_values(self, x: torch.Tensor) -> torch.Tensor:
-        own_from, own_to, sends, receives = self._on(x.device)
-        return _move(x, self.plan.size, own_from, own_to, sends, receives, self.comm, WINDOW.tag(0), False,
-                     self.via)
+        return self.routes(x.device)[0].run(x, self.comm, WINDOW.tag(0), self.via)
 
     def backward_values(self, grad: torch.Tensor) -> torch.Tensor:
-        own_from, own_to, sends, receives = self._on(grad.device)
-        return _move(grad, self.plan.source_size, own_to, own_from, receives, sends, self.comm, WINDOW.tag(1),
-                     True, self.via)
+        return self.routes(grad.device)[1].run(grad, self.comm, WINDOW.tag(1), self.via)
 
 
 class DistributedRoll:
