@@ -49,7 +49,8 @@ WIDTH, HEADS, PATCH = 384, 6, 16
 
 
 class TokenAttention(nn.Module):
-    """timm's ``Attention`` of a block with its q/k/v attended by ``attend`` (ring or blockwise)."""
+    """timm's ``Attention`` of a block (its ``num_heads``) with its q/k/v attended by ``attend`` (ring or
+    blockwise)."""
 
     def __init__(self, attn: nn.Module, attend) -> None:  # type: ignore[no-untyped-def]
         super().__init__()
@@ -57,10 +58,11 @@ class TokenAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         a = self.attn
-        batch, tokens, width = x.shape
-        q, k, v = a.qkv(x).reshape(batch, tokens, 3, HEADS, width // HEADS).permute(2, 0, 3, 1, 4).unbind(0)
+        batch, tokens, _ = x.shape
+        heads = int(vars(a).get("num_heads", HEADS))
+        q, k, v = a.qkv(x).reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         out = self.attend(a.q_norm(q), a.k_norm(k), v)
-        return a.proj(a.norm(out.transpose(1, 2).reshape(batch, tokens, width)))
+        return a.proj(a.norm(out.transpose(1, 2).reshape(batch, tokens, -1)))
 
 
 def blocks(depth: int, attend) -> nn.Sequential:  # type: ignore[no-untyped-def]
@@ -73,12 +75,14 @@ def blocks(depth: int, attend) -> nn.Sequential:  # type: ignore[no-untyped-def]
     return nn.Sequential(*made)
 
 
-def activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """Bytes ``model(x)`` saves for backward plus its output, each storage once, the weights left out."""
+def activation_bytes(model: nn.Module, x: torch.Tensor, output: bool = True) -> int:
+    """Bytes ``model(x)`` saves for backward plus its output (unless not ``output``), each storage once, the weights
+    left out."""
     counter = SavedBytes()
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
         out = model(x)
-    counter.add(out)
+    if output:
+        counter.add(out)
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(size for pointer, size in counter.storages.items() if pointer not in weights)
 

@@ -22,7 +22,7 @@
 # monotone; where the class token looks across the tile seams.
 #
 # **What you need**: notebooks 02 (tiles) and 04 (exactness against one process); the `models` extra (timm:
-# `make install` has it); 4 MPI ranks (started below); about a minute. The ViT is tiny (2 blocks, width 96) so
+# `make install` has it); 4 MPI ranks (started below); a minute or two. The ViT is tiny (2 blocks, width 96) so
 # that it runs on a laptop; the code is the same at ViT-S/16 and beyond.
 
 # %%
@@ -230,6 +230,68 @@ viewer.widget
 # A trained one (`--weights` with a foundation model's file) looks at structures, wherever they lie: the ring
 # makes a seam invisible to attention.
 #
+# ## What fits where: foundation models per rank budget
+#
+# The same accounting at the size of pathology's foundation models: UNI's ViT-L/16, Virchow2's ViT-H/14 and
+# Prov-GigaPath's ViT-g/14 (1.1 billion parameters). The planner (`dl.planner.estimate_memory`) counts a training
+# step's peak on every rank, weights, gradients, AdamW's two states, gradient buckets and activations with the
+# ring's blocks in flight, shape-only on the `meta` device: nothing is allocated, so a ViT-g plans on a laptop.
+# `largest_side` searches the largest square image whose plan fits a per-rank budget (float32, batch 1), here
+# 16 GB and 80 GB, on P = 1, 2 (1 x 2) and 4 (2 x 2) tiles. The planner runs no MPI: the four engines just share
+# the nine searches (about a minute).
+
+# %%
+FOUNDATION = {"ViT-L/16 (UNI)": "vit_large_patch16_224", "ViT-H/14 (Virchow2)": "vit_huge_patch14_224",
+              "ViT-g/14 (Prov-GigaPath)": "vit_giant_patch14_dinov2"}
+BUDGETS_GB = (16, 80)
+
+
+def largest_images(tasks, budgets_gb):
+    from functools import cache, partial
+
+    import timm
+    import torch
+
+    import mpi4dl_nb as dl
+    from mpi4dl_nb.planner.memory import largest_side
+
+    def build(name, side):
+        with torch.device("meta"):                          # shapes only: no weights allocated
+            return timm.create_model(name, img_size=side, num_classes=2, weight_init="skip")
+
+    @cache                                                  # the 16 GB search's plans serve the 80 GB one
+    def peak(name, parts, side):
+        cfg = dl.ParallelConfig(split_size=1, spatial_size=int(parts > 1), num_spatial_parts=parts,
+                                slice_method="square" if parts == 4 else "vertical")
+        layers = dl.layer_list(build(name, side), check=False)
+        return dl.planner.estimate_memory(layers, cfg, side, 1, optimizer_states=2).peak    # AdamW: 2 states
+
+    found = {}
+    for name, parts in tasks[dl.init().rank::4]:
+        unit = 2 * build(name, 224).patch_embed.patch_size[0]      # sides in steps of 2 patches
+        found[(name, parts)] = [largest_side(partial(peak, name, parts), gb * 1e9, unit, 1024 // unit)
+                                for gb in budgets_gb]
+    return found
+
+
+tasks = [(name, parts) for name in FOUNDATION.values() for parts in (1, 2, 4)]
+fits = {}
+for part in cluster.run(largest_images, tasks, BUDGETS_GB, timeout=900):
+    fits.update(part)
+for label, name in FOUNDATION.items():
+    for parts in (1, 2, 4):
+        sides = [f"{gb} GB {side:,} px" if side else f"{gb} GB none" for gb, side in zip(BUDGETS_GB, fits[name, parts])]
+        print(f"{label:25s} P = {parts}: largest image " + ", ".join(sides))
+
+# %% [markdown]
+# ViT-g/14 fits no 16 GB rank at any size: its 1.1 billion float32 weights, their gradients and AdamW's two
+# states take about 18 GB before a single activation. At 80 GB, 4 tiles take 3.7-3.8 times the pixels of one
+# process (ViT-L/16: 3,456 -> 6,720 px), not 4 times: every rank holds the whole model and, for the all-reduce
+# over the tiles, a gradient-sized bucket; only the activations shrink as 1/P. With activation recomputation
+# (`checkpoint_activations="every"`: each block keeps only its input) the sides grow another 2.4-3.5 times.
+# BENCHMARKS.md section 18 (`benchmarks/bench_foundation_memory.py`) has those too, and the planner's bytes per
+# block and per step beside measured ones, ViT-L/16 to ViT-g/14 at 1024² and 2048² on 1, 2 and 4 ranks: equal.
+#
 # ## Exercise: what a rank sends
 #
 # **Predict**: in one block's forward, how many bytes does rank 0 send around the ring? (Keys and values of
@@ -247,8 +309,8 @@ print(f"rank 0 sends {cost.sent_forward} bytes forward, {cost.sent_backward} bac
 # %% [markdown]
 # Forward: the blocks it holds at steps 0, 1 and 2 (its own 65 tokens, then rank 3's 64 and rank 2's 64),
 # keys and values: 2 x 193 x 96 x 8 = 296,448 bytes, about 2 (N/P) C (P - 1). Backward: the same blocks again,
-# plus every block's key/value gradient, which travels one hop behind its block all the way home (4 hops):
-# 296,448 + 2 x 257 x 96 x 8 = 691,200 bytes. All-gathering the keys instead sends as much forward, but every
+# plus the key/value gradient of every block but its own: each rank keeps its own block's share, and another's
+# accumulator starts at the next rank and reaches its owner in 3 hops: 296,448 + 2 x 192 x 96 x 8 = 591,360 bytes. All-gathering the keys instead sends as much forward, but every
 # rank then holds all 257 keys and values at once.
 #
 # ## What to try next

@@ -85,7 +85,7 @@ def ring_cost(tokens: Sequence[int], member: int, dim: int, heads: int, element_
     return RingCost(
         member=member, queries=counts[member], keys=sum(counts),
         sent_forward=sent.forward, sent_backward=sent.backward,
-        messages_forward=members - 1, messages_backward=2 * members - 1 if ring else 0,
+        messages_forward=members - 1, messages_backward=2 * (members - 1) if ring else 0,
         in_flight_forward=kv * (counts[member] + arriving) if ring else 0,
         in_flight_backward=(kv * (counts[member] + arriving) + 2 * kv_grad * max(counts)) if ring else 0,
         score_block=heads * counts[member] * max(counts) * element_bytes)

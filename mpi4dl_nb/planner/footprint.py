@@ -26,6 +26,7 @@ from ..comm.handles import Group
 from ..comm.messages import Payload, as_items
 from ..comm.protocol import Comm
 from ..config import Choice
+from ..models.pieces import Piece
 from ..pipeline.split_backward import LayerRecorder, input_backward
 from ..spatial.fit import meta_copy
 from ..spatial.geometry import TileGrid
@@ -189,7 +190,10 @@ class SplitStage:
 
 # ----------------------------------------------------------------- simulation
 def structure_key(module: nn.Module) -> Hashable:
-    """What decides a layer's footprint besides its input: its modules and plain settings."""
+    """What decides a layer's footprint besides its input: its modules and plain settings (a cut model's one-step
+    ``Piece``: its step's, wherever it sits, so a ViT's blocks are simulated once)."""
+    if type(module) is Piece and len(module.paths) == 1:
+        module = module.get_submodule(module.paths[0])
     settings = []
     for name, sub in module.named_modules():
         plain = tuple(sorted((k, v) for k, v in vars(sub).items()

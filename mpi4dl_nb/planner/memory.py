@@ -611,3 +611,42 @@ def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig,
             return check_balance(cfg.balance, len(profiles), cfg.split_size)
         return even_balance(len(profiles), cfg.split_size)
     return default_balance(layers, cfg, image_size=image_size, in_channels=in_channels)
+
+
+def largest_side(peak: Callable[[int], int], budget: float, unit: int, probe: int = 8) -> int:
+    """The largest image side, a multiple of ``unit``, whose ``peak(side)`` (bytes, growing with the side, e.g. an
+    ``estimate_memory`` plan's ``peak``) is within ``budget``; 0 if ``unit`` itself is not. Peaks grow nearly in
+    proportion to the pixels, so the side is interpolated in area between the largest that fits and the smallest
+    that does not (extrapolated from ``unit`` and ``probe`` units until one does not fit), then its neighbour is
+    tried; where that does not close in, the middle, and again: a few calls.
+
+    >>> largest_side(lambda side: 100 + side * side, 10_000, 14)
+    98
+    """
+    seen: dict[int, float] = {}
+
+    def fits(units: int) -> bool:
+        seen[units] = float(peak(units * unit))
+        return seen[units] <= budget
+
+    if not fits(1):
+        return 0
+    low, high, guess, step = 1, 0, max(2, probe), "interpolate"
+    while True:
+        if fits(guess):
+            low = guess
+        else:
+            high = guess
+        if high == low + 1:
+            return low * unit
+        if high and step == "neighbour":
+            guess, step = (guess + 1 if guess == low else guess - 1), "middle"
+        elif high and step == "middle":
+            guess, step = (low + high) // 2, "interpolate"
+        else:
+            far = high or max(seen)          # the line to the smallest misfit, or on from the largest fit
+            far = 1 if far == low else far
+            slope = max((seen[far] - seen[low]) / (far * far - low * low), 1e-9)
+            area = int((low * low + (budget - seen[low]) / slope) ** 0.5)
+            guess = min(high - 1, max(low + 1, area)) if high else max(low + 1, min(area + 1, 64 * low))
+            step = "neighbour" if high else "interpolate"

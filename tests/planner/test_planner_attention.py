@@ -33,8 +33,9 @@ def test_ring_sends_every_block_but_its_successor_s_and_about_twice_that_in_back
         cost = ring_cost(tokens, member, dim, heads, size)
         successor = (member + 1) % 4
         assert cost.sent_forward == 2 * dim * size * (sum(tokens) - tokens[successor])
-        assert cost.sent_backward == cost.sent_forward + 2 * dim * size * sum(tokens)   # + every gradient, P hops
-        assert cost.messages_forward == 3 and cost.messages_backward == 3 + 4
+        # + every block's gradient but its own (each accumulator reaches its owner in P - 1 hops)
+        assert cost.sent_backward == cost.sent_forward + 2 * dim * size * (sum(tokens) - tokens[member])
+        assert cost.messages_forward == 3 and cost.messages_backward == 3 + 3
         arriving = max(tokens[(member - s) % 4] for s in (1, 2, 3))
         assert cost.in_flight_forward == 2 * dim * size * (tokens[member] + arriving)
         assert cost.in_flight_backward == cost.in_flight_forward + 2 * 2 * dim * size * 17
@@ -43,7 +44,7 @@ def test_ring_sends_every_block_but_its_successor_s_and_about_twice_that_in_back
     even = ring_cost([16] * 4, 2, dim, heads, size)
     assert even.sent_forward == 2 * 16 * dim * 3 * size == all_gathered_bytes([16] * 4, 2, dim, size)  # 2 (N/P) C (P-1)
     float32_gradients = ring_cost([16] * 4, 2, dim, heads, size, gradient_bytes=4)
-    assert float32_gradients.sent_backward == even.sent_forward + 2 * 64 * dim * 4
+    assert float32_gradients.sent_backward == even.sent_forward + 2 * 48 * dim * 4
     alone = ring_cost([64], 0, dim, heads, size)
     assert alone.sent_forward == alone.sent_backward == alone.in_flight_forward == alone.messages_backward == 0
     assert alone.extra_keys == 0

@@ -70,7 +70,8 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
 
 
 def check_vision_transformers(text: str) -> None:
-    """Notebook 12: a timm ViT on 2x2 token tiles equals one process; memory per rank; the ring's steps and bytes."""
+    """Notebook 12: a timm ViT on 2x2 token tiles equals one process; memory per rank; the ring's steps and bytes;
+    the planner's largest images of foundation models."""
     assert "-> exact: True" in text and "exact: False" not in text
     errors = re.search(r"max relative difference: output (\S+), gradients (\S+) over", text)
     assert errors and max(float(v) for v in errors.groups()) < 1e-10
@@ -78,4 +79,8 @@ def check_vision_transformers(text: str) -> None:
     assert "step 3: rank 3 computes with the 65 keys of rank 0" in text
     shares = [float(v) for v in re.findall(r"= (\S+) of one process", text)]
     assert len(shares) == 3 and shares[-1] < 0.5, f"the largest rank's share of one process: {shares}"
-    assert "rank 0 sends 296448 bytes forward, 691200 backward" in text
+    assert "rank 0 sends 296448 bytes forward, 591360 backward" in text
+    # what fits where: the planner's largest image per P and budget; ViT-g/14's weights and AdamW alone pass 16 GB
+    fits = re.findall(r"^(ViT-\S+) .* P = (\d): largest image 16 GB ([\d,]+ px|none), 80 GB ([\d,]+) px$", text, re.M)
+    assert len(fits) == 9 and all(f[2] == "none" for f in fits if f[0] == "ViT-g/14"), fits
+    assert all(int(a[3].replace(",", "")) < int(b[3].replace(",", "")) for a, b in zip(fits, fits[1:]) if a[0] == b[0])
