@@ -15,6 +15,7 @@ from mpi4dl_nb.spatial.tokens.blocks import (
     FusedBlocks,
     PlainBlocks,
     SoftmaxMerge,
+    backward_operands,
     block_kernel,
     output_delta,
 )
@@ -136,3 +137,21 @@ def test_empty_blocks_take_the_plain_path(n_q, n_k, batch):
     assert out.shape == q.shape and lse.shape == q.shape[:-1]
     grads = kernel.backward(torch.zeros_like(q), q, k, k, out, lse, lse, 0.3)
     assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
+
+
+def test_the_backward_takes_a_timm_layout_as_it_is_with_the_same_results():
+    """``CPU_FLASH.strided``: a timm attention's transposed dO and the kernel's own output layout reach the kernel
+    without a copy (``backward_operands``: once per attention, delta left to the kernel) and give the very results
+    of contiguous ones; a kernel without that promise gets them contiguous."""
+    q, k, v, _ = tensors(12, 12, 8, timm_layout=True)
+    grad = torch.randn(2, 12, 3 * 8).view(2, 12, 3, 8).transpose(1, 2)    # (B, N, C) viewed as timm's dO
+    kernel = FusedBlocks(CPU_FLASH)
+    out, lse = kernel.forward(q, k, v, 0.3)
+    assert not grad.is_contiguous() and not out.is_contiguous()
+    got_grad, got_out, delta = backward_operands(kernel, grad, out)
+    assert got_grad is grad and got_out is out and delta.numel() == 0
+    strided = kernel.backward(grad, q, k, v, out, lse, delta, 0.3)
+    contiguous = kernel.backward(grad.contiguous(), q, k, v, out.contiguous(), lse, delta, 0.3)
+    assert all(torch.equal(a, b) for a, b in zip(strided, contiguous))
+    plain_grad, _, plain_delta = backward_operands(PlainBlocks(), grad, out)
+    assert plain_grad.is_contiguous() and torch.equal(plain_delta, output_delta(grad, out))

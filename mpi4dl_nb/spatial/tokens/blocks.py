@@ -114,6 +114,7 @@ class FusedOps:
     name: str
     forward: FusedForward        # (q, k, v, scale) -> (out, lse as the kernel pads it)
     backward: FusedBackward      # (grad, q, k, v, out, lse as forward padded it, scale) -> (dq, dk, dv)
+    strided: bool = False        # its backward takes grad and out at any strides (else: made contiguous)
 
 
 def _efficient_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -145,7 +146,7 @@ def _cpu_flash_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
 
 
 CUDA_EFFICIENT = FusedOps("memory-efficient SDPA (CUDA)", _efficient_forward, _efficient_backward)
-CPU_FLASH = FusedOps("flash SDPA for CPU", _cpu_flash_forward, _cpu_flash_backward)
+CPU_FLASH = FusedOps("flash SDPA for CPU", _cpu_flash_forward, _cpu_flash_backward, strided=True)
 
 
 class FusedBlocks:
@@ -166,13 +167,17 @@ class FusedBlocks:
 
     def backward(self, grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, delta: torch.Tensor, scale: float) -> Grads:
-        if _empty(q, k):
-            return PlainBlocks().backward(grad, q, k, v, out, lse, delta, scale)
-        padded = self._padded(lse)
-        dq, dk, dv = self.ops.backward(grad.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(), padded,
-                                       scale)
+        if _empty(q, k):     # the kernel's delta (``delta`` may be a placeholder: ``backward_operands``)
+            return PlainBlocks().backward(grad, q, k, v, out, lse, output_delta(grad, out), scale)
+        grad, out = self.backward_layout(grad.to(q.dtype), out.to(q.dtype))
+        dq, dk, dv = self.ops.backward(grad, q, k, v, out, self._padded(lse), scale)
         dtype = merge_dtype(q.dtype)
         return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+
+    def backward_layout(self, grad: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``grad`` and ``out`` in a layout the kernel's backward takes: as they are where it takes any strides
+        (torch's CPU flash kernel, results the same at any strides), else contiguous (no copy once contiguous)."""
+        return (grad, out) if self.ops.strided else (grad.contiguous(), out.contiguous())
 
     def _padded(self, lse: torch.Tensor) -> torch.Tensor:
         """``lse`` (B, H, n_q) in the kernel's layout: float32 on CUDA, padded along the queries as it returned it."""
@@ -227,6 +232,19 @@ class SoftmaxMerge:
         if self.out is None or self.lse is None:
             raise ValueError("no key/value block was merged")
         return self.out, self.lse
+
+
+def backward_operands(kernel: BlockKernel, grad: torch.Tensor,
+                      out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad, out, delta)`` for ``kernel``'s backward of every block, made once per attention, not per block. A
+    fused kernel computes ``delta`` from ``grad`` and ``out`` itself (here an empty placeholder: nothing to compute)
+    and takes them in its own layout (``FusedBlocks.backward_layout``: a timm attention's transposed dO and the kernel's
+    output need no copy where it takes any strides); another kernel gets ``grad`` contiguous and ``delta``."""
+    if isinstance(kernel, FusedBlocks):
+        grad, out = kernel.backward_layout(grad, out)
+        return grad, out, grad.new_empty(0)
+    grad = grad.contiguous()
+    return grad, out, output_delta(grad, out)
 
 
 def output_delta(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

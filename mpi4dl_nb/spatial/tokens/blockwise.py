@@ -12,11 +12,11 @@ from ..function_ctx import FunctionContext
 from .blocks import (
     BlockKernel,
     SoftmaxMerge,
+    backward_operands,
     block_kernel,
     check_attention_inputs,
     default_scale,
     merge_dtype,
-    output_delta,
 )
 
 
@@ -49,8 +49,7 @@ class _Blockwise(torch.autograd.Function):
     def backward(fctx: _BlockwiseCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = fctx.saved_tensors
         block, scale, kernel = fctx.block, fctx.scale, fctx.kernel
-        grad = grad.contiguous()     # once, not per block (a timm attention's dO is a transposed view)
-        delta = output_delta(grad, out)
+        grad, out, delta = backward_operands(kernel, grad, out)    # once, not per block
         dtype = merge_dtype(q.dtype)
         dq = torch.zeros_like(q, dtype=dtype)
         dk, dv = torch.empty_like(k, dtype=dtype), torch.empty_like(v, dtype=dtype)

@@ -17,7 +17,7 @@ name), so the overlap can be checked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
@@ -33,11 +33,11 @@ from ..function_ctx import FunctionContext
 from .blocks import (
     BlockKernel,
     SoftmaxMerge,
+    backward_operands,
     block_kernel,
     check_attention_inputs,
     default_scale,
     merge_dtype,
-    output_delta,
 )
 from .ring_steps import RingSchedule, RingStep, RingTraffic, checked_counts, ring_traffic
 
@@ -107,15 +107,16 @@ class RingLink:
         self.next, self.prev = ring.members[schedule.next], ring.members[schedule.prev]
         self.tracer, self.layer = ring.comm.tracer, ring.name
 
-    def post(self, send: torch.Tensor, receive: torch.Tensor, step: int, kind: Pass) -> Request:
-        """Send ``send`` to the next member and receive ``receive`` from the previous one (one exchange)."""
+    def post(self, send: Sequence[torch.Tensor], receive: Sequence[torch.Tensor], step: int, kind: Pass) -> Request:
+        """Send the tensors ``send`` to the next member and receive ``receive`` from the previous one, in that order
+        (one exchange)."""
         if self.tracer.enabled:
             now = self.tracer.stamp()
-            self.tracer.record("ring_send", now, now, bytes=send.numel() * send.element_size(), peer=self.next,
-                               step=step, what=kind.value, layer=self.layer)
+            self.tracer.record("ring_send", now, now, bytes=sum(t.numel() * t.element_size() for t in send),
+                               peer=self.next, step=step, what=kind.value, layer=self.layer)
         tag = kind.tag
-        return self.comm.exchange([Transfer.to(send, self.next, tag), Transfer.into(receive, self.prev, tag)],
-                                  via=self.group)
+        return self.comm.exchange([*(Transfer.to(t, self.next, tag) for t in send),
+                                   *(Transfer.into(t, self.prev, tag) for t in receive)], via=self.group)
 
     def wait(self, request: Request, step: int, kind: Pass) -> None:
         with self.tracer.span("ring_wait", peer=self.prev, step=step, what=kind.value, layer=self.layer):
@@ -147,24 +148,31 @@ class KeyValueTravel:
             if step.arriving is not None:
                 held = torch.stack((k, v)) if held is None else held
                 incoming = held.new_empty(_block_shape(k, self.counts[step.arriving]))
-                request = self.link.post(held, incoming, step.step, kind)
+                request = self.link.post((held,), (incoming,), step.step, kind)
             yield step, *pair
             if request is not None and incoming is not None:
                 self.link.wait(request, step.step, kind)
                 held, pair = incoming, (incoming[0], incoming[1])
 
 
+def _carried(gradient: torch.Tensor) -> torch.Tensor:
+    """A key/value gradient (B, H, keys, D) as its accumulator travels: (B, keys, H, D), contiguous. A fused
+    kernel's gradients are laid out so (a view: no copy); another layout is copied once."""
+    return gradient.transpose(1, 2).contiguous()
+
+
 class GradientCarry:
     """Each block's dK/dV accumulator: a member keeps its own block's share; the accumulator of another member's
     block starts at the first member after its owner, travels one hop behind the block and arrives home after
     ``P - 1`` hops, where the owner adds its share (one hop fewer than sending the owner's share round the ring,
-    and no wait at step 1: for ``P = 2`` the only wait is for the returning accumulator, after the last block)."""
+    and no wait at step 1: for ``P = 2`` the only wait is for the returning accumulator, after the last block).
+    An accumulator travels as two messages, dK and dV (``_carried``'s layout), not stacked into one: no copy."""
 
     def __init__(self, ring: Ring, link: RingLink, like: torch.Tensor) -> None:
         self.schedule, self.counts, self.link = ring.schedule, ring.key_counts, link
         self.like = like
         self.pending: Request | None = None
-        self.incoming: torch.Tensor | None = None
+        self.incoming: tuple[torch.Tensor, torch.Tensor] | None = None    # (dK, dV) as ``_carried`` lays them out
         self.own: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def add(self, step: RingStep, dk: torch.Tensor, dv: torch.Tensor) -> None:
@@ -173,14 +181,15 @@ class GradientCarry:
             self.own = (dk, dv)
             return
         if self.pending is None or self.incoming is None:
-            carried = torch.stack((dk, dv))
+            carried = (_carried(dk), _carried(dv))
         else:
             self.link.wait(self.pending, step.step - 1, Pass.GRADIENT)
             carried = self.incoming
-            carried[0].add_(dk)
-            carried[1].add_(dv)
-        arriving = self.schedule.gradient_owner_arriving(step.step)
-        self.incoming = carried.new_empty(_block_shape(self.like, self.counts[arriving]))
+            carried[0].transpose(1, 2).add_(dk)
+            carried[1].transpose(1, 2).add_(dv)
+        like, keys = self.like, self.counts[self.schedule.gradient_owner_arriving(step.step)]
+        shape = (like.shape[0], keys, like.shape[1], like.shape[-1])
+        self.incoming = (carried[0].new_empty(shape), carried[1].new_empty(shape))
         self.pending = self.link.post(carried, self.incoming, step.step, Pass.GRADIENT)
 
     def home(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,7 +202,7 @@ class GradientCarry:
             raise RuntimeError("ring attention backward: no gradient was passed on")
         self.link.wait(self.pending, self.schedule.size - 1, Pass.GRADIENT)
         dk, dv = self.own
-        return self.incoming[0].add_(dk), self.incoming[1].add_(dv)
+        return self.incoming[0].transpose(1, 2).add_(dk), self.incoming[1].transpose(1, 2).add_(dv)
 
 
 class _RingCtx(FunctionContext, Protocol):
@@ -224,8 +233,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = fctx.saved_tensors
         ring, scale, kernel = fctx.ring, fctx.scale, fctx.kernel
         link = RingLink(ring)
-        grad = grad.contiguous()     # once, not per block (a timm attention's dO is a transposed view)
-        delta = output_delta(grad, out)
+        grad, out, delta = backward_operands(kernel, grad, out)    # once, not per block
         carry = GradientCarry(ring, link, k)
         dq: torch.Tensor | None = None
         for step, k_block, v_block in KeyValueTravel(ring, link).blocks(k, v, Pass.BACKWARD):
