@@ -310,8 +310,8 @@ print(f"rank 0 sends {cost.sent_forward} bytes forward, {cost.sent_backward} bac
 # Forward: the blocks it holds at steps 0, 1 and 2 (its own 65 tokens, then rank 3's 64 and rank 2's 64),
 # keys and values: 2 x 193 x 96 x 8 = 296,448 bytes, about 2 (N/P) C (P - 1). Backward: the same blocks again,
 # plus the key/value gradient of every block but its own: each rank keeps its own block's share, and another's
-# accumulator starts at the next rank and reaches its owner in 3 hops: 296,448 + 2 x 192 x 96 x 8 = 591,360 bytes. All-gathering the keys instead sends as much forward, but every
-# rank then holds all 257 keys and values at once.
+# accumulator starts at the next rank and reaches its owner in 3 hops: 296,448 + 2 x 192 x 96 x 8 = 591,360 bytes.
+# All-gathering the keys instead sends as much forward, but every rank then holds all 257 keys and values at once.
 #
 # ## What to try next
 #
