@@ -8,7 +8,12 @@ Models (float32, batch 1, 2 classes, training mode, no dropout or stochastic dep
 ``swin``: ``swin_tiny_patch4_window7_224`` at 448 px (shifted windows gathered across the seam). One process runs
 timm's model as it is (its default ``scaled_dot_product_attention``: torch's fused flash kernel for CPU) on rank 0
 while rank 1 sleeps, once with ``--serial-threads`` threads each (default 2 and 1: the machine's two cores, and one
-core as a tile has); the tiles run ``dl.spatialize(model, TileGrid(1, 2), ctx)`` on the two ranks, one thread
+core as a tile has); then both ranks run one process's step at once, one thread each, no exchange between them
+(``two processes at once``: what the two cores give two busy processes here, shared caches, memory bandwidth and
+other processes' load included; twice one process alone over it is the speed-up two ranks can reach on this
+machine). Every run flushes subnormal floats to zero as ``dl.init`` sets a CPU rank (``comm/cpu_floats.py``), but
+``one process, 1 thread, subnormals kept``: timm's model as it runs without mpi4dl-nb (Swin's -100 window mask makes
+subnormals: slower). The tiles run ``dl.spatialize(model, TileGrid(1, 2), ctx)`` on the two ranks, one thread
 each, each step ``loss = (y * g).sum()``, backward and ``reduce_tile_gradients`` (the input already scattered).
 
 Turns: every variant runs ``--steps`` steps in turn, ``--turns`` times, after one warm-up step each; a turn's figure
@@ -47,6 +52,7 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.comm.context import Context
+from mpi4dl_nb.comm.cpu_floats import flush_subnormals
 from mpi4dl_nb.comm.waiting import poll
 from mpi4dl_nb.spatial.tokens import ring as ring_module
 from mpi4dl_nb.spatial.tokens.blocks import BlockKernel, Grads, PlainBlocks, block_kernel
@@ -65,6 +71,8 @@ MODELS = {
     "swin": Spec("Swin-T", "swin_tiny_patch4_window7_224", 448, {"drop_path_rate": 0.0}),
 }
 TILES, ONE_PROCESS = "tiles", "one process"
+PAIR = "two processes at once, 1 thread each (no exchange)"
+KEPT = "subnormals kept (timm without dl.init)"
 
 
 def build(spec: Spec) -> nn.Module:
@@ -98,12 +106,14 @@ class Variant:
     label: str
     step: Callable[[], None] | None
     threads: int
+    subnormals: bool = False       # kept (the CPU's own handling) instead of flushed, as dl.init sets
     turns: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
 
     def run(self, ctx: Context, steps: int) -> tuple[float, float]:
         """Median (wall, CPU) seconds per step of one turn, the slower rank's per step, on every rank."""
         torch.set_num_threads(self.threads)
+        torch.set_flush_denormal(not self.subnormals)
         times = []
         for _ in range(steps):
             if self.step is not None:
@@ -114,6 +124,7 @@ class Variant:
                 times.append((time.perf_counter() - start, time.process_time() - used))
         sleeping_barrier(ctx)
         torch.set_num_threads(1)
+        torch.set_flush_denormal(True)
         everyone = [found for found in ctx.all_gather_object(times) if found]
         wall = [max(w for w, _ in per_rank) for per_rank in zip(*everyone)]
         cpu = [max(c for _, c in per_rank) for per_rank in zip(*everyone)]
@@ -142,11 +153,10 @@ def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool) -> list[
     weights = torch.randn(1, 2, generator=torch.Generator().manual_seed(2))
     x = torch.randn(1, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(1))
     labels = [f"{ONE_PROCESS}, {n} thread{'s' * (n > 1)}" for n in threads]
-    if ctx.rank == 0:
-        serial = build(spec)
-        found = [Variant(label, step_of(serial, x, weights, False), n) for label, n in zip(labels, threads)]
-    else:
-        found = [Variant(label, None, n) for label, n in zip(labels, threads)]
+    serial = step_of(build(spec), x, weights, False)
+    found = [Variant(label, serial if ctx.rank == 0 else None, n) for label, n in zip(labels, threads)]
+    found.append(Variant(f"{ONE_PROCESS}, 1 thread, {KEPT}", serial if ctx.rank == 0 else None, 1, subnormals=True))
+    found.append(Variant(PAIR, serial, 1))
     grid = dl.TileGrid(rows=1, cols=2)
     net = dl.spatialize(build(spec), grid, ctx)
     tile = dl.scatter_tiles(x, grid, ctx)
@@ -181,10 +191,19 @@ def report(spec: Spec, runs: list[Variant], steps: int) -> None:
         speedup = median / tiles
         is_tiles = variant is runs[-1]
         table.add(variant.label + (" (1x2, 1 thread per rank)" if is_tiles else ""), f"{median:.3f}", spread,
-                  "" if is_tiles else f"{speedup:.2f}x",
+                  "" if is_tiles or variant.label == PAIR else f"{speedup:.2f}x",
                   f"{speedup / 2:.0%}" if variant.label.startswith(ONE_PROCESS) else "", f"{cpu:.3f}",
                   "" if is_tiles else f"{cpu / tiles_cpu:.2f}")
     print(table.markdown(), flush=True)
+    alone = next((v for v in runs if v.label.startswith(ONE_PROCESS) and v.threads == 1 and not v.subnormals), None)
+    pair = next((v for v in runs if v.label == PAIR), None)
+    if alone is not None and pair is not None:
+        ceiling = 2 * statistics.median(alone.turns) / statistics.median(pair.turns)
+        reached = statistics.median(alone.turns) / tiles
+        print(f"the machine's two cores at once: two processes, each one step of the whole model, take "
+              f"{statistics.median(pair.turns):.3f} s/step against {statistics.median(alone.turns):.3f} alone: "
+              f"{ceiling:.2f}x of one process is what two ranks can reach here (shared memory bandwidth and "
+              f"caches, the load of others); the tiles' {reached:.2f}x is {reached / ceiling:.0%} of it", flush=True)
     print("CPU s/step: the process's CPU seconds of the median step (all its threads; tiles: the slower rank's); "
           "their ratio is what the tiles would gain on idle cores without waits (a loaded machine's wall time "
           "is not)", flush=True)
@@ -243,7 +262,7 @@ def ring_spans(ctx: Context, since: int) -> dict[str, float]:
 
 def profile_rows(ctx: Context, spec: Spec, runs: list[Variant], top: int) -> None:
     """One tile step on every rank (rank 0's ops shown) beside one step of one process on one thread."""
-    serial = next((v for v in runs if v.threads == 1 and v.label.startswith(ONE_PROCESS)), None)
+    serial = next((v for v in runs if v.threads == 1 and v.label.startswith(ONE_PROCESS) and not v.subnormals), None)
     serial_ops: dict[str, float] = {}
     serial_wall = float("nan")
     if ctx.rank == 0 and serial is not None and serial.step is not None:
@@ -306,6 +325,7 @@ def main() -> None:
     args = parser.parse_args()
     footer = Footer()
     torch.set_num_threads(1)
+    flush_subnormals()          # as dl.init sets a CPU rank (comm/cpu_floats.py); one variant keeps them
     ctx = Context()
     require_world(ctx, 2, "bench_transformer_tiles")
     threads = [int(n) for n in args.serial_threads.split(",") if n]

@@ -93,7 +93,7 @@ run mpiexec -n 2 python benchmarks/bench_swin.py --grid 1x2
 run python benchmarks/bench_read_ahead.py --markdown
 # 17. transformers at full speed on tiles: one process against 1x2 tiles, ViT-S/16 (4 blocks, 768 px) and Swin-T
 #     (448 px), forward + backward in alternating turns
-run mpiexec -n 2 python benchmarks/bench_transformer_tiles.py --compare-plain
+run mpiexec -n 2 python benchmarks/bench_transformer_tiles.py
 # 18. foundation-model ViTs (L/16, H/14, g/14) on token tiles: the largest rank's activation bytes measured beside the
 #     planner's, and the planner's largest image per P for 16 and 80 GB per rank
 run yielding mpiexec -n 4 python benchmarks/bench_foundation_memory.py --measure L:1024,L:2048,H:1024,H:2048,g:1024,g:2048

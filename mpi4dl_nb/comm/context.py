@@ -300,7 +300,7 @@ _CURRENT: Context | None = None
 
 
 def init(backend: str = "auto", device: str | torch.device = "auto", *, threads: int | None = None,
-         tune_malloc: bool = True, trace: bool = True,
+         tune_malloc: bool = True, flush_subnormals: bool = True, trace: bool = True,
          trace_window: int | None = DEFAULT_WINDOW_STEPS,
          trace_max_events: int | None = DEFAULT_MAX_EVENTS, wait: str | None = None) -> Context:
     """Start (or return) this process's Context from MPI.
@@ -316,6 +316,8 @@ def init(backend: str = "auto", device: str | torch.device = "auto", *, threads:
     ``threads``: torch threads per rank; default splits the node's cores among its ranks.
     ``tune_malloc``: keep freed large CPU buffers in the process (glibc mallopt), which
     spares page faults on every step of large CPU activations.
+    ``flush_subnormals``: on CPU, compute subnormal floats as zeros, as GPUs' kernels do
+    (``comm/cpu_floats.py``: Swin's masked windows no longer slow the tile attending them).
     """
     global _CURRENT
     if _CURRENT is not None:
@@ -333,6 +335,10 @@ def init(backend: str = "auto", device: str | torch.device = "auto", *, threads:
         from .allocator import tune_malloc as _tune
 
         _tune()
+    if flush_subnormals and ctx.device.type == "cpu":
+        from .cpu_floats import flush_subnormals as _flush
+
+        _flush()
     _CURRENT = ctx
     return ctx
 

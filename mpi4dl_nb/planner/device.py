@@ -11,7 +11,6 @@ the one-knob sweep), or the device a caller names for an offline ``suggest`` (de
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,6 +18,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from .clock import work_clock
 from .footprint import Loss, Shape, StageRole
 
 
@@ -94,21 +94,13 @@ class MeasuringDevice(Protocol):
         ...
 
 
-def sync_device(device: torch.device | str) -> None:
-    """Wait for the device's queued work (CUDA); nothing on CPU."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_copy_bandwidth(device: torch.device | str, nbytes: int = 16 * 2 ** 20, repeats: int = 5) -> float:
     """Bytes per second of a tensor copy on ``device`` (median of ``repeats``)."""
     source = torch.ones(nbytes // 4, device=device)
     target = torch.empty_like(source)
     runs = []
     for _ in range(repeats + 1):
-        sync_device(device)
-        start = time.perf_counter()
+        start = work_clock(device)
         target.copy_(source)
-        sync_device(device)
-        runs.append(time.perf_counter() - start)
+        runs.append(work_clock(device) - start)
     return nbytes / max(1e-9, statistics.median(runs[1:]))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +31,8 @@ from ..pipeline.bn_replay import RunningStatsLedger
 from ..pipeline.dataparallel import gather_terms, sum_stage_gradients
 from ..pipeline.runtime import start_training
 from ..spatial.geometry import TileGrid
-from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth, sync_device
+from .clock import work_clock
+from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth
 from .fake_world import FakeComm, FakeWorld, SizeOracle
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
 from .token_tiles import RingMember, member_work
@@ -231,16 +231,14 @@ class _Bench:
 
 
 class _Clock:
-    """Laps of wall time on ``device`` (synchronised before each reading)."""
+    """Laps of ``device.work_clock`` on ``device``."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        sync_device(device)
-        self.last = time.perf_counter()
+        self.last = work_clock(device)
 
     def lap(self, into: list[float] | None = None) -> None:
-        sync_device(self.device)
-        now = time.perf_counter()
+        now = work_clock(self.device)
         if into is not None:
             into.append(now - self.last)
         self.last = now

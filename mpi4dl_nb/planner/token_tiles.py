@@ -5,7 +5,6 @@ process on CPU, attention simulated as torch's flash kernel for CPU runs it."""
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from ..spatial.tokens.blocks import Grads, block_kernel
 from ..spatial.tokens.blockwise import blockwise_attention
 from ..spatial.tokens.ring import Ring, ring_attention
 from .attention import RingCost, TokenGrid, ring_cost
+from .clock import work_clock
 from .fake_world import FakeComm, Traffic
 
 Shape = tuple[int, ...]
@@ -116,9 +116,7 @@ class TimedBlocks:
 
     @staticmethod
     def _now(like: torch.Tensor) -> float:
-        if like.device.type == "cuda":
-            torch.cuda.synchronize(like.device)
-        return time.perf_counter()
+        return work_clock(like.device)
 
     def per_block(self) -> tuple[float, float]:
         """Mean seconds of one block's (forward, backward) since the last call, then forgotten."""

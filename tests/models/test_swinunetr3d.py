@@ -243,9 +243,9 @@ def test_windows_inside_tiles_send_nothing_and_shifted_ones_gather_across_seams(
         runtime = SpatialRuntime(grid, world)
         plans[tile] = (volume_window_plan(runtime, (8, 8, 8), (4, 4, 4), (0, 0, 0)),
                        volume_window_plan(runtime, (8, 8, 8), (4, 4, 4), (2, 2, 2)))
-    assert all(plain.into.plan.is_local and plain.back.plan.is_local and plain.owned == 1 and plain.labels is None
+    assert all(plain.into.plan.is_local and plain.back.plan.is_local and plain.owned == 1 and plain.region_mask is None
                for plain, _ in plans.values())
     shifted = [plan for _, plan in plans.values()]
     assert sum(plan.owned for plan in shifted) == 8 and not all(plan.into.plan.is_local for plan in shifted)
     assert sum(plan.into.plan.tokens_received + len(plan.into.plan.own_targets) for plan in shifted) == 8 ** 3
-    assert all(plan.labels is not None and plan.labels.numel() == plan.owned * 64 for plan in shifted)
+    assert all(plan.region_mask is not None and plan.region_mask.labels.numel() == plan.owned * 64 for plan in shifted)

@@ -28,9 +28,17 @@ class Calls(list):
         return self
 
 
+def busy(seconds: float) -> None:
+    """Compute for ``seconds`` of this thread's CPU time (the planner's clock on one CPU thread)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 class Sleeper(nn.Module):
     """A layer whose forward takes ``BASE`` seconds, ``SPELL`` more while the shared count of
-    forward calls is inside ``spell`` (a slow spell of the machine, counted in calls)."""
+    forward calls is inside ``spell`` (a slow spell, counted in calls): busy, not asleep, as the
+    timer reads a CPU thread's own seconds."""
 
     def __init__(self, name: str, calls: Calls, spell: range, width: int) -> None:
         super().__init__()
@@ -40,7 +48,7 @@ class Sleeper(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         slow = len(self.calls) in self.spell
         self.calls.append(self.name)
-        time.sleep(BASE + (SPELL if slow else 0.0))
+        busy(BASE + (SPELL if slow else 0.0))
         return x * self.scale.view(1, -1, 1, 1)
 
 

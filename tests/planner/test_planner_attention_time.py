@@ -1,12 +1,12 @@
 """The time model of ViT layers: one process's step and a ring member's stage against the engine measured in the same
-run (slow spells of a shared host only ever add time: the fastest of up to five attempts on each side, as
+run, both by the planner's clock (a thread's CPU seconds on one thread: another process's load does not move it;
+shared caches and memory still may, and only ever add time: the fastest of up to five attempts on each side, as
 bench_planner.py keeps the faster of two passes, or one attempt's back-to-back pair), and the ring's messages hidden
 behind each step's block compute."""
 
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +16,7 @@ from torch import nn
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.comm.handles import Group
 from mpi4dl_nb.planner.attention import exposed_ring_seconds
+from mpi4dl_nb.planner.clock import work_clock
 from mpi4dl_nb.planner.device import LayerTime
 from mpi4dl_nb.planner.fake_world import FakeComm, FakeWorld, SizeOracle
 from mpi4dl_nb.planner.layer_timer import LayerTimer
@@ -40,15 +41,16 @@ def cut_vit(size: int, depth: int = 1) -> list[nn.Module]:
 
 
 def one_thread_seconds(run: Callable[[], object], repeats: int = 5) -> float:
-    """Fewest wall seconds of ``run`` over ``repeats`` on one torch thread (the timer's setting)."""
+    """Fewest seconds of ``run`` over ``repeats`` on one torch thread, by the clock the planner's timer reads there
+    (this thread's CPU seconds: ``planner.clock.work_clock``)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         found = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = work_clock("cpu")
             run()
-            found.append(time.perf_counter() - start)
+            found.append(work_clock("cpu") - start)
         return min(found)
     finally:
         torch.set_num_threads(before)

@@ -31,7 +31,8 @@ from ..reduce import replicated_sum
 from ..timm_classes import TimmKind, timm_kind, timm_kinds
 from ..tokens.tiles import check_patch_grid, int_pair
 from .exchange import TokenExchange
-from .plan import MASK_VALUE, ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
+from .masks import RegionMask
+from .plan import ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
 
 STAGE_DROPOUTS = ("drop_path1", "drop_path2")
 
@@ -59,15 +60,12 @@ class _WindowPlan:
         self.area = windows.area
         self.into = TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks, runtime.group)
         self.back = TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks, runtime.group)
-        self.labels = torch.tensor(layout.labels(tile), dtype=torch.long).reshape(self.count, self.area) \
-            if windows.shifted and self.count else None
+        self.region_mask = RegionMask(torch.tensor(layout.labels(tile), dtype=torch.long).reshape(
+            self.count, self.area)) if windows.shifted and self.count else None
 
     def mask(self, like: torch.Tensor) -> torch.Tensor | None:
-        """Swin's ``(windows, area, area)`` mask of this tile's windows: 0 within a region, -100 across."""
-        if self.labels is None:
-            return None
-        differ = self.labels.to(like.device).unsqueeze(1) != self.labels.to(like.device).unsqueeze(2)
-        return torch.zeros(differ.shape, dtype=like.dtype, device=like.device).masked_fill(differ, MASK_VALUE)
+        """Swin's ``(windows, area, area)`` mask of this tile's windows in ``like``'s dtype (None: unshifted)."""
+        return None if self.region_mask is None else self.region_mask.like(like)
 
 
 class WindowBlock(nn.Module):

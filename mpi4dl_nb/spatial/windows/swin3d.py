@@ -25,7 +25,8 @@ from torch import nn
 from ...errors import ConfigError
 from ..layer import SpatialLayer, SpatialRuntime, adopt
 from .exchange import TokenExchange
-from .plan import MASK_VALUE, ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
+from .masks import RegionMask
+from .plan import ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
 
 Sides = tuple[int, ...]
 MERGE_ORDER = list(itertools.product((0, 1), repeat=3))   # the model's 2x2x2 concatenation: the last axis fastest
@@ -58,15 +59,11 @@ class VolumeWindowPlan:
     owned: int
     into: TokenExchange
     back: TokenExchange
-    labels: torch.Tensor | None   # (owned, area) region labels; None when nothing is shifted (no mask)
+    region_mask: RegionMask | None   # of the (owned, area) region labels; None when nothing is shifted
 
     def mask(self, like: torch.Tensor) -> torch.Tensor | None:
         """``(owned, area, area)``: Swin's mask of this tile's windows (None unshifted or without windows)."""
-        if self.labels is None or not self.owned:
-            return None
-        labels = self.labels.to(like.device)
-        apart = labels[:, :, None] != labels[:, None, :]
-        return torch.zeros(apart.shape, dtype=like.dtype, device=like.device).masked_fill(apart, MASK_VALUE)
+        return None if self.region_mask is None or not self.owned else self.region_mask.like(like)
 
 
 def volume_window_plan(runtime: SpatialRuntime, sizes: Sides, window: Sides, shift: Sides) -> VolumeWindowPlan:
@@ -77,7 +74,7 @@ def volume_window_plan(runtime: SpatialRuntime, sizes: Sides, window: Sides, shi
         windows = ShiftedWindows(sizes, window, shift)
         layout = WindowLayout(windows, TokenBoxes(runtime.grid, sizes))
         tile = runtime.tile
-        labels = torch.tensor(layout.labels(tile), dtype=torch.long) if windows.shifted else None
+        labels = RegionMask(torch.tensor(layout.labels(tile), dtype=torch.long)) if windows.shifted else None
         plan = VolumeWindowPlan(window, windows.area, len(layout.owned(tile)),
                           TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks, runtime.group),
                           TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks, runtime.group),
