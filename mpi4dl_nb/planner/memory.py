@@ -41,6 +41,7 @@ import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 from torch import nn
@@ -613,6 +614,14 @@ def balance_of(profiles: Sequence[LayerProfile], cfg: ParallelConfig,
     return default_balance(layers, cfg, image_size=image_size, in_channels=in_channels)
 
 
+class _Probe(Enum):
+    """``largest_side``'s next guess: interpolated in area, the neighbour of the last one, or the middle."""
+
+    INTERPOLATE = "interpolate"
+    NEIGHBOUR = "neighbour"
+    MIDDLE = "middle"
+
+
 def largest_side(peak: Callable[[int], int], budget: float, unit: int, probe: int = 8) -> int:
     """The largest image side, a multiple of ``unit``, whose ``peak(side)`` (bytes, growing with the side, e.g. an
     ``estimate_memory`` plan's ``peak``) is within ``budget``; 0 if ``unit`` itself is not. Peaks grow nearly in
@@ -631,7 +640,7 @@ def largest_side(peak: Callable[[int], int], budget: float, unit: int, probe: in
 
     if not fits(1):
         return 0
-    low, high, guess, step = 1, 0, max(2, probe), "interpolate"
+    low, high, guess, step = 1, 0, max(2, probe), _Probe.INTERPOLATE
     while True:
         if fits(guess):
             low = guess
@@ -639,14 +648,14 @@ def largest_side(peak: Callable[[int], int], budget: float, unit: int, probe: in
             high = guess
         if high == low + 1:
             return low * unit
-        if high and step == "neighbour":
-            guess, step = (guess + 1 if guess == low else guess - 1), "middle"
-        elif high and step == "middle":
-            guess, step = (low + high) // 2, "interpolate"
+        if high and step is _Probe.NEIGHBOUR:
+            guess, step = (guess + 1 if guess == low else guess - 1), _Probe.MIDDLE
+        elif high and step is _Probe.MIDDLE:
+            guess, step = (low + high) // 2, _Probe.INTERPOLATE
         else:
             far = high or max(seen)          # the line to the smallest misfit, or on from the largest fit
             far = 1 if far == low else far
             slope = max((seen[far] - seen[low]) / (far * far - low * low), 1e-9)
             area = int((low * low + (budget - seen[low]) / slope) ** 0.5)
             guess = min(high - 1, max(low + 1, area)) if high else max(low + 1, min(area + 1, 64 * low))
-            step = "neighbour" if high else "interpolate"
+            step = _Probe.NEIGHBOUR if high else _Probe.INTERPOLATE
