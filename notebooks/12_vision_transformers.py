@@ -232,16 +232,16 @@ viewer.widget
 #
 # ## What fits where: foundation models per rank budget
 #
-# The same accounting at the size of pathology's foundation models: UNI's ViT-L/16, Virchow2's ViT-H/14 and
-# Prov-GigaPath's ViT-g/14 (1.1 billion parameters). The planner (`dl.planner.estimate_memory`) counts a training
-# step's peak on every rank, weights, gradients, AdamW's two states, gradient buckets and activations with the
-# ring's blocks in flight, shape-only on the `meta` device: nothing is allocated, so a ViT-g plans on a laptop.
-# `largest_side` searches the largest square image whose plan fits a per-rank budget (float32, batch 1), here
-# 16 GB and 80 GB, on P = 1, 2 (1 x 2) and 4 (2 x 2) tiles. The planner runs no MPI: the four engines just share
-# the nine searches (about a minute).
+# The same accounting at the size of pathology's foundation models: UNI's ViT-L/16, a ViT-H/14 of Virchow2's depth
+# and width (timm's plain MLP; `--model virchow2` builds its SwiGLU one) and Prov-GigaPath's ViT-g/14 (1.1 billion
+# parameters). The planner (`dl.planner.estimate_memory`) counts a training step's peak on every rank, weights,
+# gradients, AdamW's two states, gradient buckets and activations with the ring's blocks in flight, shape-only on
+# the `meta` device: nothing is allocated, so a ViT-g plans on a laptop. `largest_side` searches the largest square
+# image whose plan fits a per-rank budget (float32, batch 1), here 16 GB and 80 GB, on P = 1, 2 (1 x 2) and 4 (2 x
+# 2) tiles. The planner runs no MPI: the four engines just share the nine searches (about a minute).
 
 # %%
-FOUNDATION = {"ViT-L/16 (UNI)": "vit_large_patch16_224", "ViT-H/14 (Virchow2)": "vit_huge_patch14_224",
+FOUNDATION = {"ViT-L/16 (UNI)": "vit_large_patch16_224", "ViT-H/14 (Virchow2 size)": "vit_huge_patch14_224",
               "ViT-g/14 (Prov-GigaPath)": "vit_giant_patch14_dinov2"}
 BUDGETS_GB = (16, 80)
 
