@@ -1,11 +1,12 @@
 """The planner costs windowed and global attention through the conversion families (``spatial.families``): issue 63.
 
-``layout --cost`` and ``suggest`` for a MaxViT (timm's smallest ``_rw_`` one, 256 px) and a Swin (Swin-T's geometry at
-224 px): their costs are present and positive, and the spatial stage's attention exchanges (``planner/exchanges.py``,
-each module costed by its family's ``cost``) are counted: MaxViT's partition moves on its spatial stage, Swin's window
-gathers growing with the tiles. A Swin cut by ``layer_list`` runs on tiles only whole (the Swin family converts whole
-models), so its spatial configurations are refused with the family's reason and its layer-parallel ones costed.
-About a minute of CPU.
+``layout --cost`` and ``suggest`` for a MaxViT (timm's smallest ``_rw_`` one, 256 px; one block a stage for suggest)
+and a Swin (Swin-T's geometry at 224 px): their costs are present and positive, and the spatial stage's attention
+exchanges (``planner/exchanges.py``, each module costed by its family's ``cost``) are counted: MaxViT's partition
+moves on its spatial stage, Swin's window gathers growing with the tiles. A Swin cut by ``layer_list`` runs on tiles
+only whole (the Swin family converts whole models), so its spatial configurations are refused with the family's reason
+and its layer-parallel ones costed.
+Half a minute of CPU.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def test_suggest_costs_maxvit_and_swin_configurations():
     from mpi4dl_nb.planner.suggest import suggest
 
     torch.manual_seed(0)
-    maxvit = layer_list(timm.create_model(MAXVIT, num_classes=10))
+    maxvit = layer_list(timm.create_model(MAXVIT, num_classes=10, depths=(1, 1, 1, 1)))   # a block a stage
     found = suggest(maxvit, 256, 4 * GiB, 3, max_split=2, device="cpu")
     assert found and all(s.peak_bytes > 0 and s.est_step_time > 0 for s in found)
     tiled = [s for s in found if s.cfg.spatial_size]
