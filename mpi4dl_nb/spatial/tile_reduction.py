@@ -95,6 +95,7 @@ class TileReduction:
         self.buckets = _tile_buckets(params, TILE_BUCKET_MB * (1 << 20) if cap_bytes is None else cap_bytes)
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.posted = 0
+        self.settled = 0                # buckets before it were seen complete this round (not tested again)
         self.posted_in_backward = 0     # buckets the last round posted before ``finish`` (the overlap's share)
         self.live = False     # a forward of the net ran this round
         self._restart()
@@ -107,7 +108,7 @@ class TileReduction:
         return tuple(id(p) for p in params) == self.key
 
     def _restart(self) -> None:
-        self.posted, self.live = 0, False
+        self.posted, self.settled, self.live = 0, 0, False
         for bucket in self.buckets:
             bucket.waiting = {id(p) for p in bucket.params}
 
@@ -119,9 +120,11 @@ class TileReduction:
         while self.posted < len(self.buckets) and not self.buckets[self.posted].waiting:
             self.buckets[self.posted].post(self.ctx, self.group)
             self.posted += 1
-        for bucket in self.buckets[:self.posted]:
-            if bucket.request is not None and not bucket.request.test():
-                break       # (MPI progresses every pending request in one call)
+        while self.settled < self.posted:      # one test of the first pending one: MPI progresses them all
+            request = self.buckets[self.settled].request
+            if request is not None and not request.test():
+                break
+            self.settled += 1
 
     def _post_rest(self) -> None:
         while self.posted < len(self.buckets):
