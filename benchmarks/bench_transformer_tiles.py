@@ -113,7 +113,10 @@ class Variant:
     def run(self, ctx: Context, steps: int) -> tuple[float, float]:
         """Median (wall, CPU) seconds per step of one turn, the slower rank's per step, on every rank."""
         torch.set_num_threads(self.threads)
-        torch.set_flush_denormal(not self.subnormals)
+        if self.subnormals:
+            torch.set_flush_denormal(False)
+        else:
+            flush_subnormals()
         times = []
         for _ in range(steps):
             if self.step is not None:
@@ -124,7 +127,7 @@ class Variant:
                 times.append((time.perf_counter() - start, time.process_time() - used))
         sleeping_barrier(ctx)
         torch.set_num_threads(1)
-        torch.set_flush_denormal(True)
+        flush_subnormals()          # back to the job's setting (MPI4DL_KEEP_SUBNORMALS=1 respected)
         everyone = [found for found in ctx.all_gather_object(times) if found]
         wall = [max(w for w, _ in per_rank) for per_rank in zip(*everyone)]
         cpu = [max(c for _, c in per_rank) for per_rank in zip(*everyone)]

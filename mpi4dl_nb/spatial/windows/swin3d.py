@@ -74,11 +74,11 @@ def volume_window_plan(runtime: SpatialRuntime, sizes: Sides, window: Sides, shi
         windows = ShiftedWindows(sizes, window, shift)
         layout = WindowLayout(windows, TokenBoxes(runtime.grid, sizes))
         tile = runtime.tile
-        labels = RegionMask(torch.tensor(layout.labels(tile), dtype=torch.long)) if windows.shifted else None
+        mask = RegionMask(torch.tensor(layout.labels(tile), dtype=torch.long)) if windows.shifted else None
         plan = VolumeWindowPlan(window, windows.area, len(layout.owned(tile)),
                           TokenExchange(layout.into_windows()[tile], runtime.ctx, runtime.ranks, runtime.group),
                           TokenExchange(layout.out_of_windows()[tile], runtime.ctx, runtime.ranks, runtime.group),
-                          labels)
+                          mask)
         runtime.plans[key] = plan
     return plan
 
