@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from .aggregate import MEAN, Aggregation
 from .batch_inputs import BatchInputs
 from .levels import SampleGroups
 from .metrics import Metrics, Records, merge, summarize
+from .progress import HeldOutProgress
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
@@ -29,6 +30,7 @@ class HeldOutBatches:
     Batches have any size the layout accepts; the last one is filled up with repeats of the
     first images, whose results are dropped, so every image counts exactly once whatever the
     layout. A stage-0 rank reads only its tile box of each image (``images(batch)``, ``BatchInputs``).
+    ``progress``: a line after each batch (``show_progress``; none by default, as inside a training run).
     """
 
     def __init__(self, engine: HybridEngine, dataset: RegionDataset, ctx: Comm, batch_size: int,
@@ -43,10 +45,27 @@ class HeldOutBatches:
         self.num_classes = dataset.num_classes
         self.classes = tuple(classes)       # the class names the metrics carry (empty: none)
         self.inputs = BatchInputs(engine, ctx.rank, input_size(dataset), batch_size, dtype)
+        self.progress: HeldOutProgress | None = None
 
     @property
     def batches(self) -> int:
         return math.ceil(len(self.dataset) / self.batch_size)
+
+    def show_progress(self, enabled: bool) -> None:
+        """Report each batch done on a progress line (``enabled``: the reporting rank; the others print nothing)."""
+        self.progress = HeldOutProgress(self.batches, self.batch_size, len(self.dataset), enabled)
+
+    def each_batch(self) -> Iterator[int]:
+        """The batch indices in order, each reported on the progress line once its body ran."""
+        progress = self.progress
+        try:
+            for batch in range(self.batches):
+                yield batch
+                if progress is not None:
+                    progress.batch_done(batch + 1)
+        finally:
+            if progress is not None:
+                progress.finish()
 
     def positions(self, batch: int) -> list[int]:
         """Dataset positions of ``batch``'s rows (past the end: the first images again, as filler)."""
@@ -78,7 +97,7 @@ class Evaluator(HeldOutBatches):
     def local_records(self) -> Records:
         """This rank's records: every last-stage output it computes, real rows only (collective)."""
         parts = []
-        for batch in range(self.batches):
+        for batch in self.each_batch():
             outputs = self.engine.evaluate_batch(self.images(batch), batch_size=self.batch_size)
             first = batch * self.batch_size
             for rows, out in outputs:

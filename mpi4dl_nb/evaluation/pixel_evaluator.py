@@ -71,7 +71,7 @@ class SegmentationEvaluator(HeldOutBatches):
     def local_records(self) -> PixelRecords:
         """This rank's counts over every last-stage output it computes (collective: every rank runs the batches)."""
         parts = []
-        for batch in range(self.batches):
+        for batch in self.each_batch():
             first = batch * self.batch_size
             for output in self.engine.evaluate_tiles(self.images(batch), batch_size=self.batch_size):
                 counted = self._counted(output, first)

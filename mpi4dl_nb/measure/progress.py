@@ -1,9 +1,21 @@
-"""ProgressLine: a one-line bar redrawn on a terminal, one line per update elsewhere (the rank that reports)."""
+"""Progress lines on the rank that reports: ProgressLine (a bar redrawn on a terminal, one line per update
+elsewhere) and PacedLine (outside a terminal, one line every few seconds), with their time text."""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from typing import TextIO
+
+LINE_EVERY_SECONDS = 5.0      # outside a terminal: at most one line per this many seconds (and the first and last)
+
+
+def clock_text(seconds: float) -> str:
+    """``0:07``, ``12:34``, ``1:02:03``: a duration as a clock shows it (whole seconds)."""
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 class ProgressLine:
@@ -38,3 +50,49 @@ class ProgressLine:
         if self.enabled:
             self.stream.write(("\n" if self.tty else "") + text + "\n")
             self.stream.flush()
+
+
+class PacedLine:
+    """A ProgressLine for long runs: on a terminal every update is drawn; elsewhere (a batch job's log) the first,
+    the last, and then one every ``every`` seconds, the others held back (``finish`` writes the latest)."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, *,
+                 every: float = LINE_EVERY_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.line = ProgressLine(total, enabled, stream)
+        self.every = every
+        self.clock = clock
+        self.shown_at: float | None = None        # when the last line was written (outside a terminal)
+        self.held: tuple[int, str] | None = None  # an update not written yet (outside a terminal)
+        self.open = False                         # a terminal's bar drawn without its line's end
+
+    @property
+    def enabled(self) -> bool:
+        return self.line.enabled
+
+    def update(self, done: int, text: str) -> None:
+        """``done`` of the total with ``text``: written now on a terminal, or when due; else held back."""
+        if not self.enabled:
+            return
+        now = self.clock()
+        due = self.shown_at is None or now - self.shown_at >= self.every or done >= self.line.total
+        if self.line.tty or due:
+            self.line.update(done, text)
+            self.shown_at, self.held, self.open = now, None, self.line.tty and done < self.line.total
+        else:
+            self.held = (done, text)
+
+    def finish(self) -> None:
+        """The run ends (early, too): the latest update held back is written, a terminal's bar line ended, so what
+        follows (a message, the summary) starts a line of its own."""
+        if self.held is not None:
+            self.line.update(*self.held)
+            self.held = None
+        if self.open:
+            self.line.stream.write("\n")
+            self.line.stream.flush()
+            self.open = False
+
+    def note(self, text: str) -> None:
+        """A line of its own, not overwritten by the bar."""
+        self.line.note(text)
+        self.open = False          # a terminal's bar line was ended before the note

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..checkpoint.files import CheckpointChoice
 from ..comm.device import DeviceChoice
-from ..config import DTYPE, ParallelConfig
+from ..config import DTYPE, PROGRESS, ParallelConfig
 from ..data.apps import AppKind
 from ..data.manifest import Cohort
 from ..data.options import (
@@ -77,6 +77,7 @@ class EvaluateJob:
     slide_csv: str | None = flag(SLIDE_CSV, "write each slide's patient, label, prediction, tiles and class "
                                             "probabilities here", None, metavar="FILE.csv", group=groups.SLIDES)
     stain_normalize: bool = STAIN_NORMALIZE.field(True, group=groups.STAIN)
+    progress: bool = PROGRESS.field(True, group=groups.RUN)
     placement: DeviceChoice = field(default_factory=DeviceChoice)
     # train's flags that evaluate accepts and has no use for (command lines written for train)
     verbose: bool = VERBOSE.field(False, hidden=True)

@@ -236,6 +236,7 @@ class Evaluation:
         start = time.perf_counter()
         evaluator = evaluator_for(engine, self.dataset, self.ctx, self.batch_size, self.record, dtype,
                                   self.held_out.group_by, job.aggregate)
+        evaluator.show_progress(job.progress and self.ctx.rank == 0)
         if isinstance(evaluator, Evaluator) and evaluator.groups is not None:
             records = evaluator.records()          # rank 0: every tile's record, merged exactly
             if records is None:

@@ -6,16 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..measure.progress import ProgressLine
-
-LINE_EVERY_SECONDS = 5.0      # outside a terminal: at most one line per this many seconds (and the first and last)
-
-
-def clock_text(seconds: float) -> str:
-    """``0:07``, ``12:34``, ``1:02:03``: a duration as a clock shows it (whole seconds)."""
-    minutes, secs = divmod(max(0, round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+from ..measure.progress import LINE_EVERY_SECONDS, PacedLine, clock_text
 
 
 def progress_text(step: int, steps: int, loss: float, images_per_s: float, accuracy: float | None,
@@ -31,15 +22,11 @@ class TrainProgress:
 
     def __init__(self, steps: int, enabled: bool, stream: TextIO | None = None, *, first_step: int = 0,
                  every: float = LINE_EVERY_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
-        self.line = ProgressLine(steps, enabled, stream)
+        self.line = PacedLine(steps, enabled, stream, every=every, clock=clock)
         self.steps = steps
         self.first_step = first_step
-        self.every = every
         self.clock = clock
         self.started = clock()
-        self.shown_at: float | None = None        # when the last line was written (outside a terminal)
-        self.held: tuple[int, str] | None = None  # a step's line not written yet (outside a terminal)
-        self.open = False                         # a terminal's bar drawn without its line's end
 
     @property
     def enabled(self) -> bool:
@@ -51,30 +38,15 @@ class TrainProgress:
 
     def step(self, step: int, loss: float, images_per_s: float, accuracy: float | None) -> None:
         """The line after ``step``: on a terminal at once; elsewhere the first, the last, and then one every
-        ``every`` seconds (the others are held back, the latest shown by ``flush``)."""
-        if not self.enabled:
-            return
-        text = progress_text(step, self.steps, loss, images_per_s, accuracy, self.seconds_left(step))
-        now = self.clock()
-        due = self.shown_at is None or now - self.shown_at >= self.every or step >= self.steps
-        if self.line.tty or due:
-            self.line.update(step, text)
-            self.shown_at, self.held, self.open = now, None, self.line.tty and step < self.steps
-        else:
-            self.held = (step, text)
+        few seconds (the others are held back, the latest shown by ``finish``)."""
+        if self.enabled:
+            self.line.update(step, progress_text(step, self.steps, loss, images_per_s, accuracy,
+                                                 self.seconds_left(step)))
 
     def finish(self) -> None:
-        """The run ends (early, too): the latest line held back is written, a terminal's bar line ended, so what
-        follows (a message, the summary) starts a line of its own."""
-        if self.held is not None:
-            self.line.update(*self.held)
-            self.held = None
-        if self.open:
-            self.line.stream.write("\n")
-            self.line.stream.flush()
-            self.open = False
+        """The run ends (early, too): the latest line held back is written, a terminal's bar line ended."""
+        self.line.finish()
 
     def note(self, text: str) -> None:
         """A line of its own (an evaluation's figures), not overwritten by the bar."""
         self.line.note(text)
-        self.open = False          # a terminal's bar line was ended before the note

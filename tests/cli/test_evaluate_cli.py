@@ -57,11 +57,19 @@ def test_evaluate_on_5_ranks_equals_one_process(trained, capsys):
     root, data, _ = trained
     from tests.support.mpirun import run_mpi
 
-    parallel = evaluation_record(run_mpi(5, "mpi4dl_nb", "evaluate", "--checkpoint", str(root / "ckpt"), *SP_LP,
-                                         *data, module=True, timeout=300).stdout)
+    run = run_mpi(5, "mpi4dl_nb", "evaluate", "--checkpoint", str(root / "ckpt"), *SP_LP, *data, module=True,
+                  timeout=300)
+    parallel = evaluation_record(run.stdout)
     assert evaluate_cmd.main(["--checkpoint", str(root / "ckpt"), "--split-size", "1", "--spatial-size", "0",
                               "--device", "cpu", *data]) == 0
-    serial = evaluation_record(capsys.readouterr().out)
+    said = capsys.readouterr()
+    serial = evaluation_record(said.out)
+    # the progress line on stderr, rank 0's only (4 held-out images: one batch of the run's 4); the job's output
+    # holds every rank's stdout and stderr, each line after its rank
+    line = "[##############################] evaluate batch 1/1 images 4/4"
+    for output, expected in ((run.stdout, f"[0] {line}"), (said.err, line)):
+        assert [text.split(" img/s")[0].rsplit(" ", 1)[0] for text in output.splitlines()
+                if "evaluate batch" in text] == [expected], output
     summary = json_record(trained[2].stdout)
     assert parallel["world_size"] == 5 and serial["world_size"] == 1 and parallel["dtype"] == "float64"
     assert parallel["split"] == serial["split"] and parallel["split"].startswith("fraction 0.25, seed 0, 4 images")
@@ -85,8 +93,10 @@ def test_memory_mapped_load_gives_the_eager_metrics(trained, capsys, monkeypatch
         calls.append(lazy)
         return eager_load(path, map_location, lazy=False, check=True)
     monkeypatch.setattr(ck, "load_checkpoint", eager)
-    assert evaluate_cmd.main(argv) == 0
-    whole = evaluation_record(capsys.readouterr().out)
+    assert evaluate_cmd.main([*argv, "--no-progress"]) == 0
+    said = capsys.readouterr()
+    whole = evaluation_record(said.out)
+    assert "evaluate batch" not in said.err
     assert calls == [True]                        # evaluate asked for a mapped load; this run loaded it whole
     mapped.pop("seconds"), whole.pop("seconds")
     assert mapped == whole and mapped["count"] == 4
