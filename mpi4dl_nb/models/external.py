@@ -18,12 +18,13 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..spatial.timm_classes import TimmKind, from_timm, timm_kind
-from .chain import mode
+from .chain import mode, side_text
 from .cut import layer_list
+from .cut_families import built_image_size
 from .model_args import FLAG as ARGS_FLAG
 from .model_args import NO_ARGS, ModelArgs, timm_resolver
 from .normalize import IMAGENET, Normalization, normalized
-from .vit import is_token_model, patch_multiple
+from .vit import EMBEDDING_STEP, is_token_model, patch_multiple
 
 EXTRA = "models"         # pip install 'mpi4dl-nb[models]' brings torchvision and timm
 CLOSEST = 5              # names suggested for an unknown one
@@ -86,7 +87,8 @@ def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: in
                args: ModelArgs = NO_ARGS) -> nn.Module:
     """``timm.create_model(name, num_classes=..., in_chans=..., **args)`` without downloading weights (``args``'
     layer names resolved to timm's classes); a ViT at ``image_size`` (``img_size=``: its position embeddings'
-    grid), refused when its patches do not tile it."""
+    grid), refused when its patches do not tile it; a model built for one image size (timm's Swin, MaxViT) built
+    for ``image_size`` too (ConfigError naming ``--image-size`` when it cannot be)."""
     timm = timm_named(name)
     keywords = args.keywords(timm_resolver(timm))
     sizing: dict[str, object] = {}
@@ -95,19 +97,39 @@ def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: in
         if image_size is not None and is_token_model(probe):
             check_patches(f"timm:{name}", image_size, patch_multiple(probe))
             sizing["img_size"] = image_size
+        elif image_size is not None and built_image_size(probe) not in (None, (image_size, image_size)):
+            check_other_size(name, in_channels, args, image_size, probe)
+            sizing["img_size"] = image_size    # built for one size (Swin's windows, MaxViT's partitions): the images'
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **sizing,
                               **keywords)
     assert isinstance(model, nn.Module)
     return model
 
 
-def timm_probe(name: str, in_channels: int = 3, args: ModelArgs = NO_ARGS) -> nn.Module:
-    """``timm:name`` with ``args`` built on the meta device: what it is, drawing nothing and holding no weights
-    (ConfigError as ``timm_model`` words it for an unknown name or arguments it does not take)."""
+def check_other_size(name: str, in_channels: int, args: ModelArgs, image_size: int, probe: nn.Module) -> None:
+    """ConfigError(``--image-size``) unless ``timm:name``, built for one image size (``probe``, at its own), can be
+    built for ``image_size`` and takes such images: its patches tile them, and a forward on the ``meta`` device
+    (nothing computed) passes timm's own size checks (MaxViT's partitions, a Swin's windows and merges)."""
+    label, own = f"timm:{name}", built_image_size(probe)
+    if isinstance(getattr(probe, EMBEDDING_STEP, None), nn.Module):
+        check_patches(label, image_size, patch_multiple(probe))
+    try:
+        sized = timm_probe(name, in_channels, args, img_size=image_size)
+        with torch.no_grad():
+            sized.eval()(torch.empty(1, in_channels, image_size, image_size, device="meta"))
+    except (TypeError, AssertionError, ValueError, RuntimeError, ConfigError) as err:
+        raise ConfigError("--image-size", f"{image_size}: {label} cannot take {image_size}x{image_size} images "
+                                          f"({err}); it was made for {side_text(own or image_size)} ones") from None
+
+
+def timm_probe(name: str, in_channels: int = 3, args: ModelArgs = NO_ARGS, **sizing: object) -> nn.Module:
+    """``timm:name`` with ``args`` (and ``sizing``: ``img_size=``) built on the meta device: what it is, drawing
+    nothing and holding no weights (ConfigError as ``timm_model`` words it for an unknown name or arguments it does
+    not take)."""
     timm = timm_named(name)
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         probe = constructed(timm.create_model, f"timm:{name}", args, args.keywords(timm_resolver(timm)),
-                            model_name=name, pretrained=False, in_chans=in_channels)
+                            model_name=name, pretrained=False, in_chans=in_channels, **sizing)
     assert isinstance(probe, nn.Module)
     return probe
 

@@ -1,7 +1,8 @@
 """Swin, MaxViT and EfficientViT through the commands (issue 66): ``train`` on 2x2 tiles + a layer rank equals one
 process in float64 and ``evaluate`` runs on the checkpoints with that layout and in one process, to the same loss
-(tests/mpi/transformer_families_cli.py); ``layout`` prints the configuration of each family, Swin-T at 224 px as
-the acceptance names it; a size the model cannot take is refused in one line before work."""
+(tests/mpi/transformer_families_cli.py; Swin and MaxViT at sizes other than the 224 px they are named for);
+``layout`` prints the configuration of each family, Swin-T at 224 px as the acceptance names it and at 448 px; a
+size the model cannot take is refused in one line before work."""
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ def test_each_family_trains_on_tiles_as_one_process_and_evaluates_alike(tmp_path
 
 @pytest.mark.parametrize(("flags", "first", "last"), [
     (["--model", SWIN, "--image-size", "224"], "patch_embed .. head.global_pool", "head.drop .. head.flatten"),
+    (["--model", SWIN, "--image-size", "448"], "patch_embed .. head.global_pool", "head.drop .. head.flatten"),
     (["--model", "timm:maxvit_tiny_rw_224", "--model-args", "depths=(1,1,1,1)", "--image-size", "224"],
      "stem.conv1 ..", ".. head"),
     (["--model", "timm:efficientvit_b0", "--image-size", "128"], "stem.in_conv", "24-24   head"),
@@ -55,15 +57,17 @@ def test_layout_prints_the_configuration_of_each_family(capsys, flags, first, la
 
 
 @pytest.mark.parametrize(("command", "flags", "message"), [
-    (train_cmd.main, ["--model", SWIN, "--image-size", "256", "--split-size", "1", "--spatial-size", "0",
+    (train_cmd.main, ["--model", SWIN, "--image-size", "258", "--split-size", "1", "--spatial-size", "0",
                       "--num-spatial-parts", "1"],
-     "SwinTransformer was built for 224x224 images (--image-size), given 256x256"),
+     "--image-size: 258: timm:swin_tiny_patch4_window7_224 cuts images into 4x4-pixel patches, so the side must be "
+     "a multiple of 4: use 256 or 260"),
     (layout_cmd.main, ["--model", SWIN, "--image-size", "224", "--num-classes", "2", "--split-size", "2",
                        "--spatial-size", "1", "--num-spatial-parts", "3", "--slice-method", "vertical"],
      "--image-size: TileGrid(rows=1, cols=3) would cut a patch: image width 224 over 3 tile(s) of the "
      "SwinTransformer's 4-pixel patches"),
-    (layout_cmd.main, ["--model", "timm:maxvit_tiny_rw_224", "--image-size", "160", *LAYOUT],
-     "MaxxVit was built for 224x224 images (--image-size), given 160x160"),
+    (layout_cmd.main, ["--model", "timm:maxvit_tiny_rw_224", "--image-size", "100", *LAYOUT],
+     "--image-size: 100: timm:maxvit_tiny_rw_224 cannot take 100x100 images (height (25) must be divisible by "
+     "window (3)); it was made for 224x224 ones"),
     (layout_cmd.main, ["--model", "timm:maxvit_tiny_rw_224", "--model-args", "embed_dim=(16,16,32,32)",
                        "--image-size", "224", *LAYOUT],
      "--model-args: embed_dim=(16,16,32,32): timm:maxvit_tiny_rw_224 does not take them (attn dim should be "

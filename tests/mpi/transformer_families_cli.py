@@ -3,9 +3,11 @@ exactly as one process does, and ``evaluate`` runs on each checkpoint with the s
 
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run``, ``build_trainer``),
 3 float64 steps; rank 0 trains the record's model in one process (whole images, the layout's chunks). Models, cut in
-depth by ``--model-args`` to stay small: ``swin_tiny_patch4_window7_224`` at 224 px (one block per stage, 16 wide:
-the cut Swin's trunk on the tiles, its classifier on the layer rank), ``maxvit_tiny_rw_224`` at 224 px (one block per
-stage), ``efficientvit_b0`` at 128 px (its LiteMLA in float64 on both sides: ``models/external.float64_kept``).
+depth by ``--model-args`` to stay small, the two built for 224 px at other sizes (``--image-size`` builds them for
+it): ``swin_tiny_patch4_window7_224`` at 192 px (one block per stage, 16 wide: the cut Swin's trunk on the tiles, its
+classifier on the layer rank; its 48, 24, 12 and 6 token grids padded to whole 7 x 7 windows, as one process pads),
+``maxvit_tiny_rw_224`` at 160 px (one block per stage, 5 x 5 windows and grids), ``efficientvit_b0`` at 128 px (its
+LiteMLA in float64 on both sides: ``models/external.float64_kept``).
 
 Checks, per model: ``<model>: train on tiles equals one process`` (losses and every weight within 1e-9);
 ``<model>: evaluate on tiles`` (``python -m mpi4dl_nb evaluate``'s plan and run on the checkpoint, 5 ranks; rank 0
@@ -34,9 +36,9 @@ STEPS = 3
 TOLERANCE = 1e-9
 MODELS: dict[str, str] = {
     "swin": "--model timm:swin_tiny_patch4_window7_224 --model-args depths=(1,1,1,1),embed_dim=16,"
-            "num_heads=(1,1,1,1) --image-size 224",
+            "num_heads=(1,1,1,1) --image-size 192",
     "maxvit": "--model timm:maxvit_tiny_rw_224 --model-args depths=(1,1,1,1),embed_dim=(32,32,64,64),stem_width=16 "
-              "--image-size 224",
+              "--image-size 160",
     "efficientvit": "--model timm:efficientvit_b0 --image-size 128",
 }
 LAYOUT = "--split-size 2 --spatial-size 1 --num-spatial-parts 4".split()
