@@ -25,7 +25,8 @@ others the wall time of two ranks suffers more than one process's, the CPU time 
 split. ``--compare-plain``: the ViT's tiles also with ring attention's blocks on the plain matmul path
 (``PlainBlocks``, what CPU ran before issue 67), and every model's tiles also with ``reduce_tile_gradients(net,
 overlap=False)`` (one all-reduce after backward, as before issue 67; the tiles' own step sums its gradients in buckets
-posted during backward from the second step on).
+posted during backward from the second step on) and without ``reduce_tile_gradients`` at all (not a training step:
+what the gradient sum costs).
 
 Profile (``--profile``, after the turns): one tile step on rank 0 and one step of one process on one thread under
 ``torch.profiler``, op by op (self time): what halved and what did not; for ring attention also the seconds in the
@@ -73,6 +74,7 @@ MODELS = {
 TILES, ONE_PROCESS = "tiles", "one process"
 PAIR = "two processes at once, 1 thread each (no exchange)"
 KEPT = "subnormals kept (timm without dl.init)"
+NO_SUM = "tiles without the gradient sum (what it costs)"
 
 
 def build(spec: Spec) -> nn.Module:
@@ -89,11 +91,13 @@ def sleeping_barrier(ctx: Context) -> None:
 
 
 def step_of(model: nn.Module, x: torch.Tensor, weights: torch.Tensor, tiles: bool,
-            overlap: bool = True) -> Callable[[], None]:
+            overlap: bool | None = True) -> Callable[[], None]:
+    """One step: forward, backward and (``tiles``) the tile gradients' sum, overlapped with the backward or after it
+    (``overlap`` None: no sum, what the tiles' own work costs without it)."""
     def step() -> None:
         model.zero_grad(set_to_none=True)
         (model(x) * weights).sum().backward()
-        if tiles:
+        if tiles and overlap is not None:
             dl.reduce_tile_gradients(model, overlap=overlap)
     return step
 
@@ -169,6 +173,8 @@ def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool) -> list[
     if plain:
         once = step_of(dl.spatialize(build(spec), grid, ctx), tile, weights, True, overlap=False)
         found.append(Variant("tiles, one all-reduce after backward (before issue 67)", once, 1))
+        bare = dl.spatialize(build(spec), grid, ctx)      # its own copy: no reduction armed on it
+        found.append(Variant(NO_SUM, step_of(bare, tile, weights, True, overlap=None), 1))
     return [*found, Variant(TILES, tiled, 1)]
 
 
