@@ -97,8 +97,9 @@ def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: in
         if image_size is not None and is_token_model(probe):
             check_patches(f"timm:{name}", image_size, patch_multiple(probe))
             sizing["img_size"] = image_size
-        elif image_size is not None and built_image_size(probe) not in (None, (image_size, image_size)):
-            check_other_size(name, in_channels, args, image_size, probe)
+        elif image_size is not None and (own := built_image_size(probe)) not in (None, (image_size, image_size)):
+            assert own is not None
+            check_other_size(name, in_channels, args, image_size, own, probe)
             sizing["img_size"] = image_size    # built for one size (Swin's windows, MaxViT's partitions): the images'
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **sizing,
                               **keywords)
@@ -106,11 +107,13 @@ def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: in
     return model
 
 
-def check_other_size(name: str, in_channels: int, args: ModelArgs, image_size: int, probe: nn.Module) -> None:
-    """ConfigError(``--image-size``) unless ``timm:name``, built for one image size (``probe``, at its own), can be
-    built for ``image_size`` and takes such images: its patches tile them, and a forward on the ``meta`` device
-    (nothing computed) passes timm's own size checks (MaxViT's partitions, a Swin's windows and merges)."""
-    label, own = f"timm:{name}", built_image_size(probe)
+def check_other_size(name: str, in_channels: int, args: ModelArgs, image_size: int, own: tuple[int, int],
+                     probe: nn.Module) -> None:
+    """ConfigError(``--image-size``) unless ``timm:name``, built for the one image size ``own`` (``probe``: so built,
+    on ``meta``), can be built for ``image_size`` and takes such images: its patches tile them, and a forward on the
+    ``meta`` device (nothing computed) passes timm's own size checks (MaxViT's partitions, a Swin's windows and
+    merges)."""
+    label = f"timm:{name}"
     if isinstance(getattr(probe, EMBEDDING_STEP, None), nn.Module):
         check_patches(label, image_size, patch_multiple(probe))
     try:
@@ -119,7 +122,7 @@ def check_other_size(name: str, in_channels: int, args: ModelArgs, image_size: i
             sized.eval()(torch.empty(1, in_channels, image_size, image_size, device="meta"))
     except (TypeError, AssertionError, ValueError, RuntimeError, ConfigError) as err:
         raise ConfigError("--image-size", f"{image_size}: {label} cannot take {image_size}x{image_size} images "
-                                          f"({err}); it was made for {side_text(own or image_size)} ones") from None
+                                          f"({err}); it was made for {side_text(own)} ones") from None
 
 
 def timm_probe(name: str, in_channels: int = 3, args: ModelArgs = NO_ARGS, **sizing: object) -> nn.Module:
