@@ -79,8 +79,8 @@ SAMPLES: tuple[Sample, ...] = (
                   "--batch-size 4 --num-layers 11 --num-filters 4 --steps 2 --val-fraction 0.25 --eval-every 2 "
                   "--log-dir runs/ihc --checkpoint-dir runs/ihc/ckpt --keep-best val_loss --split-size 2 "
                   "--spatial-size 0",)),
-    Sample("evaluate", f"python -m mpi4dl_nb evaluate {EVALUATE_FLAGS}", "the `evaluate` command above",
-           needs="evaluation-train", page=EVALUATION,
+    Sample("evaluate", f"python -m mpi4dl_nb evaluate {EVALUATE_FLAGS}",
+           "the `evaluate` command above (its last line)", tail=1, needs="evaluation-train", page=EVALUATION,
            json_keys=("checkpoint_select", "best", "step", "model", "split", "world_size", "count", "loss", "accuracy",
                       "balanced_accuracy", "roc_auc", "confusion_matrix"),
            quick=(f"python -m mpi4dl_nb evaluate {EVALUATE_FLAGS}",)),
