@@ -19,7 +19,7 @@ from tests.support.train_in_process import run_train
 
 UNET = ["--task", "segmentation", "--model", "unet", "--num-layers", "2", "--num-filters", "4"]
 ONE_PROCESS = ["--split-size", "1", "--spatial-size", "0"]
-JOB = shared_job(4, "segmentation_cli", timeout=300)
+JOB = shared_job(4, "segmentation_cli", timeout=600)   # 17 s alone, 240-290 s in the two-stream suite here
 
 
 @pytest.mark.parametrize("check", ["losses equal one process", "evaluation equals one process", "evaluate on tiles",
