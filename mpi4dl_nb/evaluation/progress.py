@@ -23,17 +23,14 @@ class HeldOutProgress:
                  every: float = LINE_EVERY_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.line = PacedLine(batches, enabled, stream, every=every, clock=clock)
         self.batches, self.batch_size, self.images = batches, batch_size, images
-        self.clock = clock
-        self.started = clock()
 
     def batch_done(self, done: int) -> None:
         """``done`` batches are through (every rank runs every batch: this rank's count stands for all)."""
         if not self.line.enabled:
             return
-        seconds = max(self.clock() - self.started, 1e-9)
         images = min(done * self.batch_size, self.images)
-        left = seconds / done * (self.batches - done) if done else 0.0
-        self.line.update(done, held_out_text(done, self.batches, images, self.images, images / seconds, left))
+        self.line.update(done, held_out_text(done, self.batches, images, self.images,
+                                             images / max(self.line.elapsed(), 1e-9), self.line.seconds_left(done)))
 
     def finish(self) -> None:
         """The batches end (early, too): the latest line held back is written, a terminal's bar line ended."""

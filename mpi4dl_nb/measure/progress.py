@@ -61,6 +61,7 @@ class PacedLine:
         self.line = ProgressLine(total, enabled, stream)
         self.every = every
         self.clock = clock
+        self.started = clock()
         self.shown_at: float | None = None        # when the last line was written (outside a terminal)
         self.held: tuple[int, str] | None = None  # an update not written yet (outside a terminal)
         self.open = False                         # a terminal's bar drawn without its line's end
@@ -68,6 +69,16 @@ class PacedLine:
     @property
     def enabled(self) -> bool:
         return self.line.enabled
+
+    def elapsed(self) -> float:
+        """Seconds since the line was made."""
+        return self.clock() - self.started
+
+    def seconds_left(self, done: int, first: int = 0) -> float:
+        """The time left after ``done`` of the total, at the pace so far of those after ``first`` (a resumed run's
+        start); 0 before any."""
+        ran = done - first
+        return self.elapsed() / ran * (self.line.total - done) if ran > 0 else 0.0
 
     def update(self, done: int, text: str) -> None:
         """``done`` of the total with ``text``: written now on a terminal, or when due; else held back."""

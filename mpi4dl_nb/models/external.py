@@ -94,11 +94,11 @@ def timm_model(name: str, num_classes: int, in_channels: int = 3, image_size: in
     sizing: dict[str, object] = {}
     if image_size is not None or args:
         probe = timm_probe(name, in_channels, args)
+        own = built_image_size(probe)
         if image_size is not None and is_token_model(probe):
             check_patches(f"timm:{name}", image_size, patch_multiple(probe))
             sizing["img_size"] = image_size
-        elif image_size is not None and (own := built_image_size(probe)) not in (None, (image_size, image_size)):
-            assert own is not None
+        elif image_size is not None and own is not None and own != (image_size, image_size):
             check_other_size(name, in_channels, args, image_size, own, probe)
             sizing["img_size"] = image_size    # built for one size (Swin's windows, MaxViT's partitions): the images'
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **sizing,

@@ -25,16 +25,13 @@ class TrainProgress:
         self.line = PacedLine(steps, enabled, stream, every=every, clock=clock)
         self.steps = steps
         self.first_step = first_step
-        self.clock = clock
-        self.started = clock()
 
     @property
     def enabled(self) -> bool:
         return self.line.enabled
 
     def seconds_left(self, step: int) -> float:
-        done = step - self.first_step
-        return (self.clock() - self.started) / done * (self.steps - step) if done > 0 else 0.0
+        return self.line.seconds_left(step, self.first_step)
 
     def step(self, step: int, loss: float, images_per_s: float, accuracy: float | None) -> None:
         """The line after ``step``: on a terminal at once; elsewhere the first, the last, and then one every
