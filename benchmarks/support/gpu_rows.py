@@ -72,8 +72,9 @@ def rows(device: str) -> list[Row]:
                       ("tests.mpi.engine_exact", f"--backend={p}", "sp_lp_square", "sp_pp", "sp_gems_pp")),
                   Row(RowKind.CHECKS, f"engine exactness 3 ranks GEMS 1F1B ({p})", 3, (p,),
                       ("tests.mpi.engine_exact", f"--backend={p}", "gems3_1f1b_m2", "lp3"))]
-    table += [Row(RowKind.CHECKS, f"both planes, {n} ranks (mpi, {plane})", n, ("mpi", plane),
-                  ("tests.mpi.comm_planes", f"--device={device}")) for n in (2, 4)]
+    table += [Row(RowKind.CHECKS, f"{name} plane on {device} tensors, {n} ranks", n, (backend,),
+                  ("tests.mpi.comm_planes", f"--device={device}", f"--plane={side}"))
+              for side, name, backend in (("mpi", "mpi", "mpi"), ("torch", plane, plane)) for n in (2, 4)]
     table += [Row(RowKind.CHECKS, f"soak: trace and memory flat ({plane})", 5, (plane,),
                   ("tests.mpi.soak", "sp_lp", str(SOAK_STEPS), f"--backend={plane}"), NO_FLIGHT_RECORDER),
               Row(RowKind.COMMAND, "p2p benchmark", 2, ("mpi", plane),

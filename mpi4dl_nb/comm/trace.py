@@ -229,7 +229,7 @@ class Tracer:
         self._count = 0
         self._pending: list[tuple[str, Stamp, Stamp, dict[str, TraceValue]]] = []
         self._in_step = False
-        self.recorded = 0                 # events ever recorded (a position for ``since``)
+        self._resolved = 0                # events ever kept (pending ones not yet)
         self.steps_begun = 0
         self.steps: deque[StepSummary] = deque(maxlen=history)
         self._totals: dict[str, OpTotal] = {}
@@ -309,7 +309,7 @@ class Tracer:
         op = event.op
         self._buckets[-1].append(event)
         self._count += 1
-        self.recorded += 1
+        self._resolved += 1
         total = self._totals.get(op)    # no OpTotal made per event (setdefault would)
         if total is None:
             total = self._totals[op] = OpTotal()
@@ -362,6 +362,12 @@ class Tracer:
                 self._buckets.popleft()
 
     # ------------------------------------------------------------------ reading
+    @property
+    def recorded(self) -> int:
+        """Events ever recorded, those still waiting for their device stamps included (a position for
+        ``since``: an event recorded before it never counts as after it, however late its stamps resolve)."""
+        return self._resolved + len(self._pending)
+
     @property
     def events(self) -> list[Event]:
         """The window's events, oldest first (a new list)."""

@@ -119,6 +119,21 @@ def test_device_stamps_resolve_at_step_end_or_when_read():
     assert [e.op for e in tracer.events][-1] == "halo" and clock.settled == 2
 
 
+def test_since_counts_events_waiting_for_device_stamps_as_before_the_position():
+    """Found on an H200: ``recorded`` counted resolved events only, so the events still waiting for their CUDA
+    stamps when a position was taken resolved later and came back from ``since`` as new ones."""
+    clock = FakeDeviceClock()
+    tracer = Tracer(clock=clock)       # type: ignore[arg-type]
+    for op in ("halo", "F"):
+        tracer.record(op, tracer.stamp(), tracer.stamp())
+    seen = tracer.recorded
+    assert seen == 2 and clock.resolved == 0                    # taking the position waits for nothing
+    tracer.record("ring_send", tracer.stamp(), tracer.stamp(), bytes=64)
+    assert [e.op for e in tracer.since(seen)] == ["ring_send"] and tracer.recorded == 3
+    tracer.event("SEND_ACT", tracer.stamp(), tracer.stamp(), stage=1, moved=8)
+    assert [(e.op, e.bytes) for e in tracer.since(3)] == [("SEND_ACT", 8)]
+
+
 def test_comm_seconds_counts_overlaps_once():
     events = [Event(0, "halo", 0.0, 1.0), Event(0, "RECV_ACT", 0.5, 2.0), Event(0, "F", 2.0, 5.0),
               Event(0, "ALLREDUCE", 6.0, 6.5)]

@@ -4,8 +4,9 @@ broadcast, groups, on any rank count; the mpi plane's staged (GPU) path forced o
 On the torch plane messages match by posting order (no tags, as on NCCL), so every check
 posts in the same order on both sides; the out-of-order-tags check runs on the mpi plane only.
 
-Usage: python -m tests.mpi.comm_planes [--device=cuda]: with CUDA, tensors live on the GPU and
-the planes are mpi (CUDA-aware or staged) and nccl (``benchmarks/gpu_check.sh``).
+Usage: python -m tests.mpi.comm_planes [--device=cuda] [--plane=mpi|torch]: with CUDA, tensors live on
+the GPU and the planes are mpi (CUDA-aware or staged) and nccl (``benchmarks/gpu_check.sh``); ``--plane``
+runs one plane's checks alone (the mpi plane's run with ranks sharing one GPU, NCCL's cannot).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ MPI_ONLY = ("irecv two tags", "staged path", "wait block", "wait yield", "object
 TORCH_ONLY = ("wrong order refused",)   # on the mpi plane a wrong tag is never matched: it hangs
 
 
-def check_names(device: str = "cpu") -> list[str]:
-    """Every check this program reports, on any rank count."""
+def check_names(device: str = "cpu", plane: str | None = None) -> list[str]:
+    """Every check this program reports, on any rank count (``plane``: "mpi" or "torch" alone)."""
     mpi, torch_backend = PLANES[device]
-    return [f"{backend} {what}" for backend in PLANES[device] for what in CHECKS] + \
-        [f"{mpi} {what}" for what in MPI_ONLY] + [f"{torch_backend} {what}" for what in TORCH_ONLY]
+    names = {"mpi": [f"{mpi} {what}" for what in (*CHECKS, *MPI_ONLY)],
+             "torch": [f"{torch_backend} {what}" for what in (*CHECKS, *TORCH_ONLY)]}
+    return [name for side in ("mpi", "torch") if plane in (None, side) for name in names[side]]
 
 
 def exercise(ctx: Context, check: Checks) -> None:
@@ -245,16 +247,20 @@ def object_waits(device: str, check: Checks) -> None:
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     device = "cuda" if "--device=cuda" in sys.argv[1:] else "cpu"
+    planes = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("--plane=")] or ["mpi", "torch"]
     mpi, torch_backend = PLANES[device]
-    mpi_ctx = Context(backend=mpi, device=device)
-    with torch.device(mpi_ctx.device):       # factory functions make tensors on the rank's device
-        exercise(mpi_ctx, check)
-        staged_path(mpi_ctx, check)
-        wait_modes(mpi_ctx, check)
-        object_waits(device, check)
+    if "mpi" in planes:
+        mpi_ctx = Context(backend=mpi, device=device)
+        with torch.device(mpi_ctx.device):       # factory functions make tensors on the rank's device
+            exercise(mpi_ctx, check)
+            staged_path(mpi_ctx, check)
+            wait_modes(mpi_ctx, check)
+            object_waits(device, check)
+    if "torch" in planes:
         torch_ctx = Context(backend=torch_backend, device=device)
-        exercise(torch_ctx, check)
-    torch_ctx.close()
+        with torch.device(torch_ctx.device):
+            exercise(torch_ctx, check)
+        torch_ctx.close()
 
 
 if __name__ == "__main__":

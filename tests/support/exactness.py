@@ -53,8 +53,9 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
     the model's largest serial gradient (a gradient that is zero in exact arithmetic, e.g. a
     conv bias before a norm, is pure rounding noise); None: the fixed floor of relative_error.
 
-    The serial reference runs where ``x`` is (CPU); the tiles run on ``ctx.device`` (a GPU
-    when the context has one: what ``benchmarks/gpu_check.sh`` exercises).
+    The serial reference and the tiles both run on ``ctx.device`` (a GPU when the context has one: what
+    ``benchmarks/gpu_check.sh`` exercises): one process on the same device is what tiles must equal, and
+    only there do dropout and stochastic depth draw the same masks (a GPU's generator is not the CPU's).
 
     ``forward_seed``: every forward (serial and spatial) starts from ``torch.manual_seed(forward_seed)``,
     so models that draw random numbers (dropout, stochastic depth) draw the same. ``reference_rank``:
@@ -64,7 +65,8 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
     label = what or type(model).__name__
     device = getattr(ctx, "device", x.device)
     compares = reference_rank is None or ctx.rank == reference_rank
-    reference = copy.deepcopy(model).train(train) if compares else None
+    # one process on the tiles' device: a GPU draws dropout masks from its own generator, not the CPU's
+    reference = copy.deepcopy(model).to(device).train(train) if compares else None
     net = spatialize(copy.deepcopy(model).to(device).train(train), grid, ctx, group,
                      **spatialize_kwargs)
     errors: dict[str, float] = {}
@@ -86,7 +88,7 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
 
     y_ref = x_ref = None
     if reference is not None:
-        x_ref = x.detach().clone().requires_grad_(True)
+        x_ref = x.detach().to(device, copy=True).requires_grad_(True)
         seeded()
         y_ref = reference(x_ref)
 
@@ -107,7 +109,7 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
     reduce_tile_gradients(net)
     if reference is not None:
         assert x_ref is not None and y_ref is not None
-        (y_ref * grad_out).sum().backward()
+        (y_ref * grad_out.to(device)).sum().backward()
         compare("output", y, y_ref)
         compare("input grad", x_sp.grad, x_ref.grad)
         failures += _compare_state(net, reference, compare, label, ctx.rank, grad_floor)
@@ -122,7 +124,7 @@ def check_spatial_exact(model: nn.Module, grid: TileGrid, x: torch.Tensor, ctx: 
             if reference is not None:
                 reference.eval()
                 seeded()
-                compare("eval output", y, reference(x))
+                compare("eval output", y, reference(x.to(device)))
     if failures:
         raise AssertionError(failures[0] + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""))
     return errors
