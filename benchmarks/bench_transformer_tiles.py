@@ -5,15 +5,17 @@
 
 Models (float32, batch 1, 2 classes, training mode, no dropout or stochastic depth): ``vit``: timm's
 ``vit_small_patch16_224`` with 4 blocks at 768 px (2,305 tokens: attention spans the two tiles by ring attention);
-``swin``: ``swin_tiny_patch4_window7_224`` at 448 px (shifted windows gathered across the seam). One process runs
-timm's model as it is (its default ``scaled_dot_product_attention``: torch's fused flash kernel for CPU) on rank 0
-while rank 1 sleeps, once with ``--serial-threads`` threads each (default 2 and 1: the machine's two cores, and one
-core as a tile has); then both ranks run one process's step at once, one thread each, no exchange between them
-(``two processes at once``: what the two cores give two busy processes here, shared caches, memory bandwidth and
-other processes' load included; twice one process alone over it is the speed-up two ranks can reach on this
-machine). Every run flushes subnormal floats to zero as ``dl.init`` sets a CPU rank (``comm/cpu_floats.py``), but
-``one process, 1 thread, subnormals kept``: timm's model as it runs without mpi4dl-nb (Swin's -100 window mask makes
-subnormals: slower). The tiles run ``dl.spatialize(model, TileGrid(1, 2), ctx)`` on the two ranks, one thread
+``swin``: ``swin_tiny_patch4_window7_224`` at 448 px (shifted windows gathered across the seam); the default pair.
+Also (``--models``): ``vit-b`` (``vit_base_patch16_224``, 4 blocks, 768 px), ``maxvit`` (``maxvit_tiny_rw_224`` at
+448 px: block and grid attention) and ``efficientvit`` (``efficientvit_b1`` at 512 px: linear attention). One
+process runs timm's model as it is (its default ``scaled_dot_product_attention``: torch's fused flash kernel for
+CPU) on rank 0 while rank 1 sleeps, once with ``--serial-threads`` threads each (default 2 and 1: the machine's two
+cores, and one core as a tile has); then both ranks run one process's step at once, one thread each, no exchange
+between them (``two processes at once``: what the two cores give two busy processes here, shared caches, memory
+bandwidth and other processes' load included; twice one process alone over it is the speed-up two ranks can reach on
+this machine). Every run flushes subnormal floats to zero as ``dl.init`` sets a CPU rank (``comm/cpu_floats.py``),
+but ``one process, 1 thread, subnormals kept``: timm's model as it runs without mpi4dl-nb (Swin's -100 window mask
+makes subnormals: slower). The tiles run ``dl.spatialize(model, TileGrid(1, 2), ctx)`` on the two ranks, one thread
 each, each step ``loss = (y * g).sum()``, backward and ``reduce_tile_gradients`` (the input already scattered).
 
 Turns: every variant runs ``--steps`` steps in turn, ``--turns`` times, after one warm-up step each; a turn's figure
@@ -65,11 +67,15 @@ class Spec:
     name: str
     size: int
     settings: dict[str, Any] = field(default_factory=dict)
+    sized: bool = True          # built for its image size (img_size=); False: any size runs (EfficientViT)
 
 
 MODELS = {
     "vit": Spec("ViT-S/16, 4 blocks", "vit_small_patch16_224", 768, {"depth": 4}),
     "swin": Spec("Swin-T", "swin_tiny_patch4_window7_224", 448, {"drop_path_rate": 0.0}),
+    "vit-b": Spec("ViT-B/16, 4 blocks", "vit_base_patch16_224", 768, {"depth": 4}),
+    "maxvit": Spec("MaxViT-T", "maxvit_tiny_rw_224", 448, {"drop_path_rate": 0.0}),
+    "efficientvit": Spec("EfficientViT-B1", "efficientvit_b1", 512, sized=False),
 }
 TILES, ONE_PROCESS = "tiles", "one process"
 PAIR = "two processes at once, 1 thread each (no exchange)"
@@ -81,7 +87,8 @@ def build(spec: Spec) -> nn.Module:
     import timm
 
     torch.manual_seed(0)
-    return timm.create_model(spec.name, img_size=spec.size, num_classes=2, **spec.settings).train()
+    sizing = {"img_size": spec.size} if spec.sized else {}
+    return timm.create_model(spec.name, num_classes=2, **sizing, **spec.settings).train()
 
 
 def sleeping_barrier(ctx: Context) -> None:
