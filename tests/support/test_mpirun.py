@@ -43,11 +43,12 @@ def test_failed_and_missing_checks_are_named_with_their_rank():
 
 @pytest.mark.mpi
 def test_out_of_step_ranks_are_aborted_soon_after_a_failure():
-    start = time.monotonic()
     with pytest.raises(MPIRunError) as info:
-        run_mpi(2, "harness_probe", "stall", timeout=120)
-    assert time.monotonic() - start < 60
+        run_mpi(2, "harness_probe", "stall", timeout=300)
     text = str(info.value)
+    # the ranks' own 2 s grace ended the job, not this test's time limit (no wall-clock bound: two ranks' start-up
+    # alone took most of a minute in a suite loaded 8-12 on two cores)
+    assert "timed out after" not in text, text[-2000:]
     assert f"FAIL [rank 1] {STALLS}" in text
     assert "the ranks are out of step, aborting the job" in text
 
