@@ -20,7 +20,6 @@ pytest session (as ``pytest tests`` would); ``--second-stream`` runs the second 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -35,11 +34,6 @@ TYPE_CHECK = [sys.executable, "-m", "mypy"]
 TYPE_LOG = REPO / "out" / "mypy.log"
 NOTHING_COLLECTED = 5     # pytest's exit status when a -k/-m filter left a stream no test
 COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
-# The launching stream runs at this niceness (its MPI ranks inherit it): the scheduler shares a core by runnable
-# process, so 4-9 ranks of a launch took most of both cores, and the other stream, one process at a time (its unit
-# tests, then a notebook's kernel and engines), got a quarter of a core: its unit tests took 36 min at stop 73 for
-# ~500 CPU-s, and it ended last. Niced, the launches take what that stream leaves; the total CPU is unchanged.
-LAUNCHING_NICENESS = 10
 # launching tests run in the second stream, after its unit tests (one pytest session: the Lab and headless
 # notebook runs must be collected together)
 SECOND = ("tests/multihost", "tests/ui", "tests/notebook/test_notebooks.py")
@@ -91,8 +85,7 @@ def main(argv: list[str]) -> int:
         unit = subprocess.Popen([sys.executable, "-m", "tests.streams", "--second-stream", *argv], cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            launching = subprocess.call(pytest_command("mpi", argv, ignore=SECOND), cwd=REPO,
-                                        preexec_fn=lambda: os.nice(LAUNCHING_NICENESS))
+            launching = subprocess.call(pytest_command("mpi", argv, ignore=SECOND), cwd=REPO)
         except BaseException:                 # Ctrl-C, SIGTERM: end the other stream and mypy too, then stop
             for other in (unit, typing):
                 other.terminate()
