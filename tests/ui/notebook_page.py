@@ -54,7 +54,8 @@ class NotebookPage:
         self.lab = lab
         self.name = name
         page.goto(lab.lab_url(name), timeout=120_000)
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached", timeout=180_000)   # slow when loaded
+        # slow when loaded: at a load of 14 (a clean-clone suite, stop 74) notebook 05's cells took over 180 s
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached", timeout=360_000)
         page.evaluate("() => window.jupyterapp && window.jupyterapp.shell.collapseLeft()")   # the file browser
         self._wait_kernel_idle(180)
 
