@@ -312,7 +312,10 @@ class JobMonitor:
             self.last_progress = time.monotonic()
 
     def arm(self, timeout: float | None) -> None:
-        """Set (or clear, None) the stall timeout in seconds; every rank announces its own."""
+        """Set (or clear, None) the stall timeout in seconds; every rank announces its own. Arming starts the clock:
+        the set-up before it (building the model, loading weights) is no stall, however long it took."""
+        if timeout and not self.timeout:
+            self.last_progress = time.monotonic()
         self.timeout = timeout
         self.interval = min(self.interval, max(0.2, timeout / 8)) if timeout else self.interval
 

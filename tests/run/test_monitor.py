@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import torch
 
@@ -65,6 +66,17 @@ def test_no_stall_within_the_timeout_or_while_a_rank_writes_a_checkpoint():
     mon.arm(None)
     mon.states[1].timeout = None
     assert mon.stall(now) is None                      # not armed (e.g. notebooks, set-up)
+
+
+def test_arming_starts_the_clock_so_a_long_set_up_is_no_stall():
+    """CI, stop 74: a set-up of 11 s on a loaded machine, then ``--step-timeout 3`` armed, was called a stall."""
+    mon = JobMonitor(Ctx(1), [], None, stream=io.StringIO(), abort=[].append)
+    started = time.monotonic()
+    mon.last_progress = started - 11                   # the set-up since the monitor started
+    mon.arm(3.0)
+    assert mon.stall(started + 1) is None
+    mon.arm(3.0)                                       # re-armed after each step: the clock runs on
+    assert mon.stall(started + 4) is not None
 
 
 def test_a_monitor_defers_to_a_lower_live_one():
