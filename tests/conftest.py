@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.battery import REGISTERED, Job, encode, job_report
+from tests.support.battery import END, REGISTERED, Job, encode, job_report
 from tests.support.checks import CheckReport
+from tests.support.cost_plugin import note_launch
 from tests.support.mpirun import launch_mpi, run_mpi
 
 pytest_plugins = ["tests.support.mpi_marker", "pytester"]
@@ -46,6 +47,7 @@ def shared_launch():
             jobs = REGISTERED[job.launch]
             reports[job.launch] = launch_mpi(job.nprocs, "battery", encode(jobs),
                                              timeout=sum(j.timeout for j in jobs)).checks
+            note_launch(((r.name, r.rank, r.detail) for r in reports[job.launch].results), END)
         return job_report(reports[job.launch], job)
 
     return report

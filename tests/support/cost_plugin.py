@@ -4,15 +4,17 @@ For each test it records the CPU seconds of the test process and of the children
 CLI runs, ``mpiexec`` with every rank), the wall seconds, and the machine's busy CPU seconds over the test
 (``/proc/stat``: counts what runs beside it, so read it on a quiet machine); at the end it writes them, costliest
 first, tab-separated, to ``MPI4DL_TEST_COSTS`` (default ``out/test-costs.tsv``) and prints the totals. A shared
-launch's cost lands on the test that ran it (tests/support/battery.py: each job's own CPU is in its report).
+launch's cost lands on the test that ran it; each of its jobs' own CPU per rank and peak RSS (their END check's
+detail, tests/mpi/battery.py) go to the same path with ``.jobs.tsv`` for ``.tsv``, costliest first.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import resource
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,16 @@ class Cost:
 
 
 COSTS: list[Cost] = []
+JOBS: list[tuple[float, str, int, str]] = []     # (CPU-s, job label, rank, its END detail)
+CPU = re.compile(r"cpu ([\d.]+)s")
+
+
+def note_launch(results: Iterable[tuple[str, int, str]], end: str) -> None:
+    """Keep the CPU of each (check name, rank, detail) of a shared launch whose name ends with ``end``."""
+    for name, rank, detail in results:
+        found = CPU.search(detail)
+        if name.endswith(end) and found:
+            JOBS.append((float(found.group(1)), name[:-len(end)].strip(" []"), rank, detail))
 
 
 def own_cpu_seconds() -> float:
@@ -61,5 +73,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     rows = sorted(COSTS, key=lambda cost: cost.cpu, reverse=True)
     path.write_text("cpu_s\twall_s\tmachine_busy_s\ttest\n" + "".join(
         f"{c.cpu:.1f}\t{c.wall:.1f}\t{c.busy:.1f}\t{c.test}\n" for c in rows))
+    if JOBS:
+        jobs = path.with_name(path.name.removesuffix(".tsv") + ".jobs.tsv")
+        jobs.write_text("cpu_s\trank\tjob\tdetail\n" + "".join(
+            f"{cpu:.1f}\t{rank}\t{label}\t{detail}\n" for cpu, label, rank, detail in sorted(JOBS, reverse=True)))
     print(f"\n{len(rows)} tests: {sum(c.cpu for c in rows):.0f} CPU-s, {sum(c.wall for c in rows):.0f} s, the machine "
           f"busy {sum(c.busy for c in rows):.0f} CPU-s; each test in {path}")

@@ -25,3 +25,24 @@ def test_each_test_s_cpu_includes_its_children_and_the_costliest_comes_first(pyt
     costs = {line.split("\t")[3].split("::")[1]: float(line.split("\t")[0]) for line in rows}
     assert list(costs) == ["test_burns_a_child_s_cpu", "test_idle"]
     assert costs["test_burns_a_child_s_cpu"] > 0.05 > costs["test_idle"]
+
+
+JOBS_INNER = """
+from tests.support.cost_plugin import note_launch
+
+
+def test_a_shared_launch():
+    note_launch([("[cheap] (job ran to its end)", 0, "cpu 1.5s, peak rss so far 900 MB"),
+                 ("[dear 2] (job ran to its end)", 1, "cpu 30.0s, peak rss so far 2900 MB"),
+                 ("[dear 2] a check", 1, "cpu 99.0s")], "(job ran to its end)")
+"""
+
+
+def test_each_shared_job_s_cpu_per_rank_goes_beside_the_tests_costliest_first(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("MPI4DL_TEST_COSTS", str(tmp_path / "costs.tsv"))
+    pytester.makepyfile(test_inner=JOBS_INNER)
+    pytester.runpytest_inprocess("-p", "tests.support.cost_plugin", "-q").assert_outcomes(passed=1)
+    header, *rows = (tmp_path / "costs.jobs.tsv").read_text().splitlines()
+    assert header.split("\t") == ["cpu_s", "rank", "job", "detail"]
+    ours = [row.split("\t")[:3] for row in rows if row.split("\t")[2] in ("dear 2", "cheap")]  # (in-process: an
+    assert ours == [["30.0", "1", "dear 2"], ["1.5", "0", "cheap"]]                       # outer run's jobs too)
