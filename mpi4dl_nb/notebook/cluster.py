@@ -26,7 +26,14 @@ from .engine_launch import (
     mpi_launch_args,
     slurm_batch_template,
 )
-from .launcher_log import deaths_in_log, launcher_exit_code, rank_lines, strip_ansi
+from .launcher_log import (
+    NANNIES_CAVEAT,
+    deaths_in_log,
+    launcher_exit_code,
+    named_by_nannies,
+    rank_lines,
+    strip_ansi,
+)
 from .reaper_client import Reaper
 
 if TYPE_CHECKING:     # ipyparallel loads when a cluster starts (it carries no type information)
@@ -408,13 +415,16 @@ class Cluster:
                 break
             time.sleep(0.1)
         time.sleep(0.3)
-        how = deaths_in_log(self.launcher_output())
+        log = self.launcher_output()
+        how = deaths_in_log(log)
         alive = set(self._registered())
         dead = sorted(how) or [info.rank for info in self.ranks if info.engine_id not in alive] \
             or list(ranks)
         codes = self._launcher_exit_codes()
         details = "; ".join(f"rank {r} {how[r]}" for r in dead if r in how) or \
             (f"mpiexec exited with code {codes[0]}" if codes else "no exit status reported")
+        if how and named_by_nannies(log):
+            details += f" - {NANNIES_CAVEAT}"
         self._died = f"rank{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} died: {details}"
         raise EngineDied(f"engine(s) of MPI rank(s) {dead} died during the call ({details}); the MPI "
                          f"job is gone: call cluster.restart() to get a working cluster", dead,

@@ -55,7 +55,10 @@ def deaths_in_log(output: str) -> dict[int, str]:
 
     Open MPI names the rank. MPICH ends every other rank when one dies and reports the exit
     status but not reliably which rank, so the rank comes from the engines' nannies: each
-    logs when its engine ended, and those ending first died on their own.
+    logs when its engine ended, and those ending first died on their own (``NANNIES_CAVEAT``:
+    under load a victim's nanny can log after a rank the clean-up ended; MPICH's
+    ``-print-all-exitcodes`` does not tell them apart either, it gives the notebook cluster's
+    ranks 9 each).
     """
     found: dict[int, str] = {}
     for match in _OMPI_SIGNAL.finditer(output):
@@ -65,10 +68,7 @@ def deaths_in_log(output: str) -> dict[int, str]:
         found.setdefault(int(match.group(1)), f"exit code {match.group(2)}")
     if found:
         return found
-    ended: dict[int, float] = {}
-    for match in _NANNY_SAW_EXIT.finditer(output):
-        hours, minutes, seconds = int(match.group(2)), int(match.group(3)), float(match.group(4))
-        ended.setdefault(int(match.group(1)), hours * 3600 + minutes * 60 + seconds)
+    ended = nanny_end_times(output)
     if not ended:
         return {}
     code = _MPICH_EXIT.search(output)
@@ -81,6 +81,24 @@ def deaths_in_log(output: str) -> dict[int, str]:
         how = f"exit code {code.group(1)}"
     first = min(ended.values())
     return {rank: how for rank, when in sorted(ended.items()) if when - first <= FIRST_DEATH_WINDOW}
+
+
+NANNIES_CAVEAT = ("MPICH does not say which rank died: named by the engines' nannies, the first to log its engine's "
+                  "end (a loaded machine can delay a nanny, and then names a rank MPICH's clean-up ended)")
+
+
+def named_by_nannies(output: str) -> bool:
+    """Whether ``deaths_in_log`` names the ranks of ``output`` by the nannies' log times (MPICH), not the launcher."""
+    return not (_OMPI_SIGNAL.search(output) or _OMPI_CODE.search(output)) and bool(_NANNY_SAW_EXIT.search(output))
+
+
+def nanny_end_times(output: str) -> dict[int, float]:
+    """Rank -> seconds of the day its nanny first logged its engine's end (the evidence ``deaths_in_log`` reads)."""
+    ended: dict[int, float] = {}
+    for match in _NANNY_SAW_EXIT.finditer(output):
+        hours, minutes, seconds = int(match.group(2)), int(match.group(3)), float(match.group(4))
+        ended.setdefault(int(match.group(1)), hours * 3600 + minutes * 60 + seconds)
+    return ended
 
 
 def launcher_exit_code(launcher: BaseLauncher) -> int | None:
