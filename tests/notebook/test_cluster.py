@@ -167,7 +167,7 @@ def test_real_cluster_calls_errors_kill_and_restart():
               f"{died_after:.1f} s")
         # MPICH names no rank, so the package names the ranks whose nannies logged their engine's end first (within
         # 5 ms) and says so. Under load a victim's nanny can be late: 20:45 on a loaded 2-core machine named [0, 1],
-        # CI at stop 75 [2]. So the check is against the log's own evidence, and rank 1 is named on a quiet machine.
+        # a clean-clone suite at stop 75 [2]. So the check is against the log's own evidence; a quiet machine names 1.
         ends = nanny_end_times(cluster.launcher_output())
         first = min(ends.values())
         named = info.value.ranks
