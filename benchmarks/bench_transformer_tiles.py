@@ -26,9 +26,9 @@ Beside the wall time, each step's process CPU time (``time.process_time``, all i
 others the wall time of two ranks suffers more than one process's, the CPU time much less; their ratio is the work
 split. ``--compare-plain``: the ViT's tiles also with ring attention's blocks on the plain matmul path
 (``PlainBlocks``, what CPU ran before issue 67), and every model's tiles also with ``reduce_tile_gradients(net,
-overlap=False)`` (one all-reduce after backward, as before issue 67; the tiles' own step sums its gradients in buckets
-posted during backward from the second step on) and without ``reduce_tile_gradients`` at all (not a training step:
-what the gradient sum costs).
+overlap=False, shared_memory=False)`` (one all-reduce after backward, as before issue 67), with ``shared_memory=False``
+(all-reduce buckets posted during backward from the second step on; the tiles' own step sums through the node's
+shared memory) and without ``reduce_tile_gradients`` at all (not a training step: what the gradient sum costs).
 
 Profile (``--profile``, after the turns): one tile step on rank 0 and one step of one process on one thread under
 ``torch.profiler``, op by op (self time): what halved and what did not; for ring attention also the seconds in the
@@ -98,14 +98,14 @@ def sleeping_barrier(ctx: Context) -> None:
 
 
 def step_of(model: nn.Module, x: torch.Tensor, weights: torch.Tensor, tiles: bool,
-            overlap: bool | None = True) -> Callable[[], None]:
-    """One step: forward, backward and (``tiles``) the tile gradients' sum, overlapped with the backward or after it
-    (``overlap`` None: no sum, what the tiles' own work costs without it)."""
+            overlap: bool | None = True, shared_memory: bool = True) -> Callable[[], None]:
+    """One step: forward, backward and (``tiles``) the tile gradients' sum: through the node's shared memory, else
+    overlapped with the backward or after it (``overlap`` None: no sum, what the tiles' own work costs without it)."""
     def step() -> None:
         model.zero_grad(set_to_none=True)
         (model(x) * weights).sum().backward()
         if tiles and overlap is not None:
-            dl.reduce_tile_gradients(model, overlap=overlap)
+            dl.reduce_tile_gradients(model, overlap=overlap, shared_memory=shared_memory)
     return step
 
 
@@ -178,8 +178,10 @@ def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool) -> list[
     if plain and spec.name.startswith("vit"):
         found.append(Variant("tiles, ring blocks by PlainBlocks (before issue 67)", with_plain_blocks(tiled), 1))
     if plain:
-        once = step_of(dl.spatialize(build(spec), grid, ctx), tile, weights, True, overlap=False)
+        once = step_of(dl.spatialize(build(spec), grid, ctx), tile, weights, True, overlap=False, shared_memory=False)
         found.append(Variant("tiles, one all-reduce after backward (before issue 67)", once, 1))
+        buckets = step_of(dl.spatialize(build(spec), grid, ctx), tile, weights, True, shared_memory=False)
+        found.append(Variant("tiles, all-reduce buckets during backward (shared_memory=False)", buckets, 1))
         bare = dl.spatialize(build(spec), grid, ctx)      # its own copy: no reduction armed on it
         found.append(Variant(NO_SUM, step_of(bare, tile, weights, True, overlap=None), 1))
     return [*found, Variant(TILES, tiled, 1)]

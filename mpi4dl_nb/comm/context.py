@@ -33,6 +33,7 @@ import torch
 from .device import BACKENDS, check_backend_device, local_rank_from_env, select_device
 from .handles import Channel, Group, Request, Transfer
 from .mpi_plane import MpiPlane, MpiRequests
+from .node_sum import NodeSum
 from .trace import DEFAULT_MAX_EVENTS, DEFAULT_WINDOW_STEPS, CudaClock, Tracer
 from .waiting import WaitMode, wait_mode_for
 
@@ -112,6 +113,7 @@ class Context:
         self._host_comm: MPI.Intracomm = self.mpi_comm.Dup()   # exchange_host's own: posting order per pair
         self._groups: dict[tuple[int, ...], Group] = {}
         self._channels: dict[tuple[int, int], Channel] = {}
+        self._node_sums: dict[tuple[int, ...], NodeSum | None] = {}
 
     def _start_plane(self, backend: str) -> DataPlane:
         if backend == "mpi":
@@ -163,6 +165,17 @@ class Context:
             return None
         group = self.world if group is None else group
         return Group(group.ranks, group.communicator().Dup(), None)
+
+    def node_sum(self, group: Group | None = None) -> NodeSum | None:
+        """Sums over ``group`` (None: the world) through its node's shared memory (``node_sum.NodeSum``), made once
+        per group; None on the torch plane (its tensors go through torch.distributed) or where the members span
+        nodes. Collective over ``group``'s members the first time."""
+        group = self.world if group is None else group
+        if self.data_plane.name != "mpi":
+            return None
+        if group.ranks not in self._node_sums:
+            self._node_sums[group.ranks] = NodeSum.open(group.communicator(), self.wait_mode)
+        return self._node_sums[group.ranks]
 
     def channels(self, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Channel]:
         """The one-way channels ``src -> dst`` of ``pairs``; collective: every rank of the world

@@ -26,6 +26,7 @@ from ..config import ConfigError
 from .families import OP_FAMILIES, Family, active_families
 from .geometry import Box, TileGrid
 from .layer import SpatialRuntime, shallow_copy
+from .node_reduction import NodeReduction, summed_on_node
 from .registry import converted_on
 from .tile_reduction import PrivateGroups, TileReduction
 
@@ -162,11 +163,17 @@ def tile_replicated_parameters(net: nn.Module) -> list[nn.Parameter]:
     return [p for p in net.parameters() if id(p) not in partial]
 
 
-def reduce_tile_gradients(net: nn.Module, *, overlap: bool = True) -> None:
+def reduce_tile_gradients(net: nn.Module, *, overlap: bool = True, shared_memory: bool = True) -> None:
     """Sum the partial gradients of spatial layers over the tile group.
 
-    The first call sums them in one all-reduce; with ``overlap`` (default) it also arms ``TileReduction``: from
-    then on, every backward after a forward of ``net`` posts each bucket's all-reduce as soon as its gradients
+    ``shared_memory`` (default): where the tile group's ranks share one node, the mpi plane runs and every parameter
+    is a float32 or float64 CPU tensor, the sum goes through the node's shared memory (``node_reduction``: each tile
+    writes its gradients once into its slab of a shared window, from the second call on as backward accumulates
+    them, then sums its share of everyone's: one copy fewer than an all-reduce's messages); the sums are written
+    into the ``.grad`` tensors in place, as the single all-reduce does.
+
+    Otherwise the first call sums them in one all-reduce; with ``overlap`` (default) it also arms ``TileReduction``:
+    from then on, every backward after a forward of ``net`` posts each bucket's all-reduce as soon as its gradients
     are accumulated (on a communicator of its own), and this call only posts what is left, waits, and hands the
     sums back as the parameters' ``.grad``. Any gradient changed after its bucket was posted (another backward, a
     ``zero_grad``) is summed again here, so the result is always the sum of the ``.grad`` this call finds: the
@@ -177,6 +184,14 @@ def reduce_tile_gradients(net: nn.Module, *, overlap: bool = True) -> None:
     if len(runtime.ranks) == 1 or not params:
         return
     armed = net.__dict__.get("tile_reduction")
+    if shared_memory and summed_on_node(runtime.ctx, runtime.group, params, net):
+        if isinstance(armed, TileReduction):
+            armed.cancel()
+            del net.__dict__["tile_reduction"]
+        return
+    on_node = net.__dict__.pop("node_reduction", None)
+    if isinstance(on_node, NodeReduction):
+        on_node.cancel()
     if isinstance(armed, TileReduction):
         if overlap and armed.covers(params):
             armed.finish()

@@ -10,10 +10,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from ..comm.handles import Group, Request
 from ..comm.protocol import Comm
+from .grad_hooks import hook_arrivals, remove_hooks
 
 
 @runtime_checkable
@@ -99,10 +99,10 @@ class TileReduction:
         self.posted_in_backward = 0     # buckets the last round posted before ``finish`` (the overlap's share)
         self.live = False     # a forward of the net ran this round
         self._restart()
-        me = weakref.ref(self)
-        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_arrival, me)) for p in params]
-        self._hooks.append(net.register_forward_pre_hook(functools.partial(_forward_seen, me)))
-        weakref.finalize(self, _remove_hooks, list(self._hooks))
+        self._hooks = hook_arrivals(self, params)
+        forward = net.register_forward_pre_hook(functools.partial(_forward_seen, weakref.ref(self)))
+        weakref.finalize(self, forward.remove)
+        self._hooks.append(forward)
 
     def covers(self, params: Sequence[nn.Parameter]) -> bool:
         return tuple(id(p) for p in params) == self.key
@@ -153,21 +153,10 @@ class TileReduction:
             if bucket.request is not None:
                 bucket.request.wait()
             bucket.flat = bucket.request = None
-        _remove_hooks(self._hooks)
-
-
-def _arrival(reduction: weakref.ref[TileReduction], param: torch.Tensor) -> None:
-    found = reduction()
-    if found is not None:
-        found.arrived(param)
+        remove_hooks(self._hooks)
 
 
 def _forward_seen(reduction: weakref.ref[TileReduction], module: nn.Module, args: object) -> None:
     found = reduction()
     if found is not None:
         found.live = True
-
-
-def _remove_hooks(hooks: list[RemovableHandle]) -> None:
-    for hook in hooks:
-        hook.remove()

@@ -362,10 +362,10 @@ def measured_step(ctx: Context, parts: int, group: Any) -> int:
     tile, label = scatter_tiles(x, grid, ctx, group), torch.tensor([1])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def step() -> None:
+    def step() -> None:   # the all-reduce's buckets, as the engine the planner models sums (not the node's window)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(tile), label).backward()
-        reduce_tile_gradients(net)
+        reduce_tile_gradients(net, shared_memory=False)
         opt.step()
 
     return measure_step_memory(step, [model], opt, warmup=step)
