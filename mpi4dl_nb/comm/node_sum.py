@@ -5,18 +5,18 @@ An all-reduce between processes of one node moves every byte through the library
 reduce-scatter and an all-gather, each message copied into a cell by its sender and out by its receiver, then the
 sums. ``NodeSum`` lets the members read each other's memory instead: each writes its tensor once into its slab of
 one ``MPI_Win_allocate_shared`` window, sums its 1/P share of every member's slab (in rank order, so every member
-gets the same bits: ``a + b`` on two ranks, as an all-reduce gives), and copies the P summed shares into a new
-tensor of its own. Per member that is about 5 passes over the tensor's bytes against about 8, and two barriers.
-Measured on this project's 2-core VM (2 ranks, 110 MB, float32): 28 ms against 54 for ``Iallreduce`` in 4 MB
-buckets after the same copy in (BENCHMARKS.md, issue 67).
+gets the same bits: ``a + b`` on two ranks, as an all-reduce gives), and copies the P summed shares back into its
+tensors in place. Per member that is about 5 passes over the tensor's bytes against about 8, and two barriers.
+Measured on this project's 2-core VM (2 ranks, 110 MB, float32): 26-28 ms against 54 for ``Iallreduce`` in 4 MB
+buckets after the same copy in (BENCHMARKS.md, issue 67). The window holds (1 + 1/P) times the bytes per member.
 
 The barriers follow MPI-3's unified-memory rule (``Win_sync``, a barrier, ``Win_sync``). A member writes its slab
 only between the second barrier of one sum and the first of the next, and its share of the results only between
 the first and the second, so a slow member still reading the last sum never sees the next one's writes. The window
 grows (collectively: every member sums the same size) and is kept for the process's life: MPICH unlinks the segment
-once attached, so nothing stays behind in ``/dev/shm`` after a crash. Where that file system has too little room
-(a container's 64 MB ``/dev/shm``) ``NodeSum.open`` declines, and the caller keeps its all-reduce: touching pages
-past a full tmpfs would kill the rank (SIGBUS) instead of failing cleanly.
+once attached, so nothing stays behind in ``/dev/shm`` after a crash. Where that file system has less than twice
+the growth free (a container's 64 MB ``/dev/shm``) ``NodeSum.reserve`` declines on every member, and the caller
+keeps its all-reduce: touching pages past a full tmpfs would kill the rank (SIGBUS) instead of failing cleanly.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ class NodeSum:
         self.capacity = 0                 # bytes of a member's slab (its share of the results follows it)
         self.window: MPI.Win | None = None
         self.segments: list[MPI.buffer] = []
-        self.sums = 0
 
     @classmethod
     def open(cls, comm: MPI.Comm, wait_mode: WaitMode) -> NodeSum | None:
@@ -172,4 +171,3 @@ class NodeSum:
                 for low, piece in pieces:
                     flat[low - start:low - start + piece.numel()].copy_(piece)
             offset = stop
-        self.sums += 1
