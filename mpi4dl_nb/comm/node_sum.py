@@ -62,6 +62,7 @@ class NodeSum:
         self.capacity = 0                 # bytes of a member's slab (its share of the results follows it)
         self.window: MPI.Win | None = None
         self.segments: list[MPI.buffer] = []
+        self.holder: object | None = None     # whose copies this member's slab holds (None: nobody's, or lost)
 
     @classmethod
     def open(cls, comm: MPI.Comm, wait_mode: WaitMode) -> NodeSum | None:
@@ -100,6 +101,7 @@ class NodeSum:
     def _grow(self, nbytes: int) -> None:
         from mpi4py import MPI as mpi
 
+        self.holder = None
         if self.window is not None:
             self.window.Unlock_all()
             self.window.Free()
@@ -123,6 +125,7 @@ class NodeSum:
             raise ValueError(f"NodeSum sums CPU tensors of one dtype among {SUMMED_DTYPES}; got "
                              f"{sorted({(str(p.dtype), p.device.type) for p in parts})}")
         slab = self.slab(dtype, sum(p.numel() for p in parts))
+        self.holder = None
         offset = 0
         for part in parts:
             slab[offset:offset + part.numel()].copy_(part.detach().reshape(-1))
@@ -131,7 +134,8 @@ class NodeSum:
 
     def slab(self, dtype: torch.dtype, count: int) -> torch.Tensor:
         """This member's slab as ``count`` elements of ``dtype``: what ``reduce_slab`` sums. Write it only outside
-        ``all_reduce``/``reduce_slab`` (a member still inside may be reading it)."""
+        ``all_reduce``/``reduce_slab`` (a member still inside may be reading it), and claim it (``holder``) while
+        its copies are yours: ``all_reduce`` and a growing window drop the claim."""
         itemsize = torch.empty(0, dtype=dtype).element_size()
         if count * itemsize > self.capacity:
             raise ValueError(f"NodeSum holds sums of {self.capacity} bytes, not {count * itemsize}: reserve first")

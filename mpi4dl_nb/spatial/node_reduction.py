@@ -62,12 +62,21 @@ class NodeReduction:
             target.copy_(grad.detach().reshape(-1))
             self.copied[id(param)] = (grad, grad._version)
 
+    def _claim(self) -> None:
+        """The slab holds this reduction's copies only while no other sum used it since (another net on the same
+        tiles, the window grown): if one did, every copy is made again."""
+        if self.node.holder is not self:
+            self.copied.clear()
+            self.node.holder = self
+
     def arrived(self, param: torch.Tensor) -> None:
         """A gradient of ``param`` was accumulated: copy it into the slab now, while it is in cache."""
+        self._claim()
         self._copy(self.slab(), param)
 
     def finish(self) -> None:
         """Copy in what changed since its hook (or never came), sum over the node, write the sums into ``.grad``."""
+        self._claim()
         slab = self.slab()
         for p in self.params:
             seen = self.copied.get(id(p))

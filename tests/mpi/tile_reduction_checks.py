@@ -55,8 +55,12 @@ def check_name(model: str, scenario: str, way: str = "overlapped reduction") -> 
     return f"{model}, {scenario}: {way} equals one all-reduce bit for bit (float64)"
 
 
+INTERLEAVED = ("ViT, two nets on the same tiles summed through one window, each backward before either sum: "
+               "equal to one all-reduce each, bit for bit (float64)")
+
+
 def check_names() -> list[str]:
-    return [check_name(m, s, w) for w in WAYS for m in MODELS for s in SCENARIOS]
+    return [*(check_name(m, s, w) for w in WAYS for m in MODELS for s in SCENARIOS), INTERLEAVED]
 
 
 def backward(net: nn.Module, tile: torch.Tensor, seed: int) -> None:
@@ -125,6 +129,32 @@ def check(ctx: Context, make: Callable[[], nn.Module], scenario: str, shared_mem
            f"or more posted during backward"
 
 
+def check_interleaved(ctx: Context) -> str:
+    """Nets A and B share the node's window: A's hooks copy into it, B's backward and sum overwrite it, then A's
+    sum must copy its gradients again; their twins sum by one all-reduce each."""
+    x = torch.randn(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    models = [vit() for _ in range(4)]                   # A, B through the window; A', B' by the all-reduce
+    nets = [dl.spatialize(m, GRID, ctx) for m in models]
+    tile = dl.scatter_tiles(x, GRID, ctx)
+    compared = 0
+    for seed in range(3):
+        for pair, shared_memory in ((nets[:2], True), (nets[2:], False)):
+            for net in pair:
+                net.zero_grad(set_to_none=True)
+            backward(pair[0], tile, seed)
+            backward(pair[1], tile, seed + 50)
+            for net in reversed(pair):
+                reduce_tile_gradients(net, overlap=shared_memory, shared_memory=shared_memory)
+        for mine, theirs in ((models[0], models[2]), (models[1], models[3])):
+            for (name, got), want in zip(mine.named_parameters(), theirs.parameters()):
+                assert got.grad is not None and want.grad is not None, name
+                assert torch.equal(got.grad, want.grad), \
+                    f"step {seed}, {name}: {float((got.grad - want.grad).abs().max()):.3e}"
+                compared += 1
+    assert all(isinstance(net.__dict__.get("node_reduction"), NodeReduction) for net in nets[:2])
+    return f"{compared} gradients equal over 3 steps"
+
+
 def tile_reduction_of(net: nn.Module) -> TileReduction:
     reduction = net.__dict__.get("tile_reduction")
     assert isinstance(reduction, TileReduction), "the overlap was not armed"
@@ -145,6 +175,8 @@ def main(check_: Checks) -> None:
             for scenario in SCENARIOS:
                 with check_(check_name(model, scenario, way)) as result:
                     result.detail = check(ctx, make, scenario, shared_memory)
+    with check_(INTERLEAVED) as result:
+        result.detail = check_interleaved(ctx)
     tile_reduction.TILE_BUCKET_MB = default
     ctx.barrier()
 
