@@ -7,8 +7,9 @@ sums. ``NodeSum`` lets the members read each other's memory instead: each writes
 one ``MPI_Win_allocate_shared`` window, sums its 1/P share of every member's slab (in rank order, so every member
 gets the same bits: ``a + b`` on two ranks, as an all-reduce gives), and copies the P summed shares back into its
 tensors in place. Per member that is about 5 passes over the tensor's bytes against about 8, and two barriers.
-Measured on this project's 2-core VM (2 ranks, 110 MB, float32): 26-28 ms against 54 for ``Iallreduce`` in 4 MB
-buckets after the same copy in (BENCHMARKS.md, issue 67). The window holds (1 + 1/P) times the bytes per member.
+In Swin-T's tile step on this project's 2-core VM (2 ranks, 110 MB, float32) the sum cost 21 ms against 41 for
+``Iallreduce`` buckets posted during backward (BENCHMARKS.md §17, issue 67). The window holds (1 + 1/P) times
+the bytes per member.
 
 The barriers follow MPI-3's unified-memory rule (``Win_sync``, a barrier, ``Win_sync``). A member writes its slab
 only between the second barrier of one sum and the first of the next, and its share of the results only between

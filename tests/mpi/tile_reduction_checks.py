@@ -100,6 +100,18 @@ def step(net: nn.Module, model: nn.Module, tile: torch.Tensor, scenario: str, se
     return copied
 
 
+def same_gradients(model: nn.Module, twin: nn.Module, seed: int) -> int:
+    """Assert ``model``'s gradients equal ``twin``'s bit for bit (missing on both alike); how many were compared."""
+    compared = 0
+    for (name, got), want in zip(model.named_parameters(), twin.parameters()):
+        mine, theirs = got.grad, want.grad
+        assert (mine is None) == (theirs is None), name
+        if mine is not None and theirs is not None:
+            assert torch.equal(mine, theirs), f"step {seed}, {name}: {float((mine - theirs).abs().max()):.3e}"
+            compared += 1
+    return compared
+
+
 def check(ctx: Context, make: Callable[[], nn.Module], scenario: str, shared_memory: bool) -> str:
     x = torch.randn(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     models = [make(), make()]
@@ -112,12 +124,7 @@ def check(ctx: Context, make: Callable[[], nn.Module], scenario: str, shared_mem
         if seed:
             early = min(early, copied if shared_memory else posted_in_backward(nets[0]))
         assert "tile_reduction" not in nets[1].__dict__ and "node_reduction" not in nets[1].__dict__
-        for (name, got), want in zip(models[0].named_parameters(), models[1].parameters()):
-            mine, theirs = got.grad, want.grad
-            assert (mine is None) == (theirs is None), name
-            if mine is not None and theirs is not None:
-                assert torch.equal(mine, theirs), f"step {seed}, {name}: {float((mine - theirs).abs().max()):.3e}"
-                compared += 1
+        compared += same_gradients(models[0], models[1], seed)
     assert early > 1, f"{early} buckets posted or gradients copied during backward"
     if shared_memory:
         reduction = nets[0].__dict__.get("node_reduction")
@@ -145,12 +152,7 @@ def check_interleaved(ctx: Context) -> str:
             backward(pair[1], tile, seed + 50)
             for net in reversed(pair):
                 reduce_tile_gradients(net, overlap=shared_memory, shared_memory=shared_memory)
-        for mine, theirs in ((models[0], models[2]), (models[1], models[3])):
-            for (name, got), want in zip(mine.named_parameters(), theirs.parameters()):
-                assert got.grad is not None and want.grad is not None, name
-                assert torch.equal(got.grad, want.grad), \
-                    f"step {seed}, {name}: {float((got.grad - want.grad).abs().max()):.3e}"
-                compared += 1
+        compared += same_gradients(models[0], models[2], seed) + same_gradients(models[1], models[3], seed)
     assert all(isinstance(net.__dict__.get("node_reduction"), NodeReduction) for net in nets[:2])
     return f"{compared} gradients equal over 3 steps"
 
