@@ -3,21 +3,24 @@ all-reduce's messages.
 
 An all-reduce between processes of one node moves every byte through the library's shared-memory cells: a
 reduce-scatter and an all-gather, each message copied into a cell by its sender and out by its receiver, then the
-sums. ``NodeSum`` lets the members read each other's memory instead: each writes its tensor once into its slab of
-one ``MPI_Win_allocate_shared`` window, sums its 1/P share of every member's slab (in rank order, so every member
-gets the same bits: ``a + b`` on two ranks, as an all-reduce gives), and copies the P summed shares back into its
-tensors in place. Per member that is about 5 passes over the tensor's bytes against about 8, and two barriers.
-In Swin-T's tile step on this project's 2-core VM (2 ranks, 110 MB, float32) the sum cost 21 ms against 41 for
-``Iallreduce`` buckets posted during backward (BENCHMARKS.md §17, issue 67). The window holds (1 + 1/P) times
-the bytes per member.
+sums. ``NodeSum`` lets the members read each other's memory instead: each writes into its slab of one
+``MPI_Win_allocate_shared`` window the elements the others sum (all but its own 1/P share of the concatenated
+tensors), sums its own share (the members' terms in rank order, its own read from its tensors, so every member gets
+the same bits: ``a + b`` on two ranks, as an all-reduce gives) into that share of its slab, and copies the P summed
+shares back into its tensors in place. On two members that is about 4.5 passes over the tensor's bytes against
+about 8, and two barriers. In Swin-T's tile step on this project's 2-core VM (2 ranks, 110 MB, float32) the sum
+cost 21 ms against 41 for ``Iallreduce`` buckets posted during backward (BENCHMARKS.md §17, issue 67); leaving
+each member's own share uncopied then halved the copies made during backward. The window holds the bytes once per
+member.
 
-The barriers follow MPI-3's unified-memory rule (``Win_sync``, a barrier, ``Win_sync``). A member writes its slab
-only between the second barrier of one sum and the first of the next, and its share of the results only between
-the first and the second, so a slow member still reading the last sum never sees the next one's writes. The window
-grows (collectively: every member sums the same size) and is kept for the process's life: MPICH unlinks the segment
-once attached, so nothing stays behind in ``/dev/shm`` after a crash. Where that file system has less than twice
-the growth free (a container's 64 MB ``/dev/shm``) ``NodeSum.reserve`` declines on every member, and the caller
-keeps its all-reduce: touching pages past a full tmpfs would kill the rank (SIGBUS) instead of failing cleanly.
+The barriers follow MPI-3's unified-memory rule (``Win_sync``, a barrier, ``Win_sync``). A member writes the others'
+elements of its slab only between the second barrier of one sum and the first of the next, and its own share (the
+results) only between the first and the second, so a slow member still reading the last sum never sees the next
+one's writes. The window grows (collectively: every member sums the same size) and is kept for the process's
+life: MPICH unlinks the segment once attached, so nothing stays behind in ``/dev/shm`` after a crash. Where that
+file system has less than twice the growth free (a container's 64 MB ``/dev/shm``) ``NodeSum.reserve`` declines on
+every member, and the caller keeps its all-reduce: touching pages past a full tmpfs would kill the rank (SIGBUS)
+instead of failing cleanly.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class NodeSum:
         self.size = comm.Get_size()
         self.index = comm.Get_rank()
         self.wait_mode = wait_mode
-        self.capacity = 0                 # bytes of a member's slab (its share of the results follows it)
+        self.capacity = 0                 # bytes of a member's slab
         self.window: MPI.Win | None = None
         self.segments: list[MPI.buffer] = []
         self.holder: object | None = None     # whose copies this member's slab holds (None: nobody's, or lost)
@@ -85,8 +88,8 @@ class NodeSum:
         self.window.Sync()
 
     def window_bytes(self, nbytes: int) -> int:
-        """Bytes of the whole window (every member's slab and share) for sums of ``nbytes``."""
-        return self.size * (_aligned(nbytes) + _aligned(-(-nbytes // self.size))) if nbytes else 0
+        """Bytes of the whole window (every member's slab) for sums of ``nbytes``."""
+        return self.size * _aligned(nbytes) if nbytes else 0
 
     def reserve(self, nbytes: int) -> bool:
         """Make the window hold sums of ``nbytes``, if the node has room for it; the same answer on every member
@@ -107,15 +110,15 @@ class NodeSum:
             self.window.Unlock_all()
             self.window.Free()
         slab = _aligned(nbytes)
-        self.window = mpi.Win.Allocate_shared(slab + _aligned(-(-nbytes // self.size)), 1, comm=self.comm)
+        self.window = mpi.Win.Allocate_shared(slab, 1, comm=self.comm)
         self.window.Lock_all(mpi.MODE_NOCHECK)
         self.segments = [self.window.Shared_query(member)[0] for member in range(self.size)]
         self.capacity = slab
 
-    def _view(self, member: int, dtype: torch.dtype, count: int, offset: int = 0) -> torch.Tensor:
+    def _view(self, member: int, dtype: torch.dtype, count: int) -> torch.Tensor:
         if count == 0:
             return torch.empty(0, dtype=dtype)
-        return torch.frombuffer(self.segments[member], dtype=dtype, count=count, offset=offset)
+        return torch.frombuffer(self.segments[member], dtype=dtype, count=count)
 
     def all_reduce(self, parts: Sequence[torch.Tensor]) -> None:
         """Replace every tensor of ``parts`` by its sum over the members, in place (as ``Context.all_reduce`` does,
@@ -125,47 +128,69 @@ class NodeSum:
         if dtype not in SUMMED_DTYPES or any(p.dtype != dtype or p.device.type != "cpu" for p in parts):
             raise ValueError(f"NodeSum sums CPU tensors of one dtype among {SUMMED_DTYPES}; got "
                              f"{sorted({(str(p.dtype), p.device.type) for p in parts})}")
-        slab = self.slab(dtype, sum(p.numel() for p in parts))
+        count = sum(p.numel() for p in parts)
+        slab = self.slab(dtype, count)
         self.holder = None
         offset = 0
         for part in parts:
-            slab[offset:offset + part.numel()].copy_(part.detach().reshape(-1))
+            flat = part.detach().reshape(-1)
+            for low, high in self.peer_ranges(count, offset, offset + part.numel()):
+                slab[low:high].copy_(flat[low - offset:high - offset])
             offset += part.numel()
         self.reduce_slab(parts)
 
+    def bounds(self, count: int) -> list[int]:
+        """Where each member's share of ``count`` summed elements starts (and, last, where the shares end)."""
+        return [count * member // self.size for member in range(self.size + 1)]
+
+    def peer_ranges(self, count: int, start: int, stop: int) -> list[tuple[int, int]]:
+        """The parts of elements ``start:stop`` of a sum of ``count`` that lie outside this member's own share:
+        what it writes into its slab for the others to add (its own share it adds from its tensors)."""
+        bounds = self.bounds(count)
+        own_low, own_high = bounds[self.index], bounds[self.index + 1]
+        ranges = [(start, min(stop, own_low)), (max(start, own_high), stop)]
+        return [(low, high) for low, high in ranges if low < high]
+
     def slab(self, dtype: torch.dtype, count: int) -> torch.Tensor:
-        """This member's slab as ``count`` elements of ``dtype``: what ``reduce_slab`` sums. Write it only outside
-        ``all_reduce``/``reduce_slab`` (a member still inside may be reading it), and claim it (``holder``) while
-        its copies are yours: ``all_reduce`` and a growing window drop the claim."""
+        """This member's slab as ``count`` elements of ``dtype``: ``reduce_slab`` adds its ``peer_ranges`` (the
+        elements outside this member's share) to the others' shares; the share itself takes the sums. Write it only
+        outside ``all_reduce``/``reduce_slab`` (a member still inside may be reading it), and claim it (``holder``)
+        while its copies are yours: ``all_reduce`` and a growing window drop the claim."""
         itemsize = torch.empty(0, dtype=dtype).element_size()
         if count * itemsize > self.capacity:
             raise ValueError(f"NodeSum holds sums of {self.capacity} bytes, not {count * itemsize}: reserve first")
         return self._view(self.index, dtype, count)
 
     def reduce_slab(self, parts: Sequence[torch.Tensor]) -> None:
-        """``all_reduce(parts)`` where this member's slab already holds the parts, concatenated and flattened (the
-        values summed are the slab's, the sums are written into ``parts``). Collective."""
+        """``all_reduce(parts)`` where this member's slab already holds the parts, concatenated and flattened, at
+        its ``peer_ranges`` (its own share is read from ``parts``; the sums are written into ``parts``).
+        Collective."""
+        if self.size == 1:
+            return
         dtype = parts[0].dtype if parts else torch.float32
         count = sum(p.numel() for p in parts)
-        bounds = [count * member // self.size for member in range(self.size + 1)]
-        mine = slice(bounds[self.index], bounds[self.index + 1])
-        self._barrier()                          # every slab written
-        share = self._view(self.index, dtype, mine.stop - mine.start, self.capacity)
+        bounds = self.bounds(count)
+        own_low, own_high = bounds[self.index], bounds[self.index + 1]
         slabs = [self._view(member, dtype, count) for member in range(self.size)]
-        if self.size == 1:
-            share.copy_(slabs[0][mine])
-        else:
-            torch.add(slabs[0][mine], slabs[1][mine], out=share)
-        for member in range(2, self.size):
-            share.add_(slabs[member][mine])
+        self._barrier()                          # every slab written
+        offset = 0
+        for part in parts:                       # this member's share, part by part: the members' terms in rank order
+            start, stop = offset, offset + part.numel()
+            offset = stop
+            low, high = max(start, own_low), min(stop, own_high)
+            if low >= high:
+                continue
+            mine = part.detach().reshape(-1)[low - start:high - start]
+            terms = [mine if member == self.index else slabs[member][low:high] for member in range(self.size)]
+            out = slabs[self.index][low:high]
+            torch.add(terms[0], terms[1], out=out)
+            for term in terms[2:]:
+                out.add_(term)
         self._barrier()                          # every share summed
-        shares = [self._view(member, dtype, bounds[member + 1] - bounds[member], self.capacity)
-                  for member in range(self.size)]
         offset = 0
         for part in (p for p in parts if p.numel()):     # each part gathered from the shares it spans
             start, stop = offset, offset + part.numel()
-            pieces = [(low, shares[member][low - bounds[member]:high - bounds[member]])
-                      for member in range(self.size)
+            pieces = [(low, slabs[member][low:high]) for member in range(self.size)
                       for low, high in [(max(start, bounds[member]), min(stop, bounds[member + 1]))] if low < high]
             target = part.detach()
             if len(pieces) == 1 or not target.is_contiguous():

@@ -1,6 +1,7 @@
 """Tile gradients summed through the node's shared memory when every tile of the group runs on one node
 (``reduce_tile_gradients``'s first choice on CPU ranks of the mpi plane): each gradient copied into this rank's slab
-of the window as soon as backward has accumulated it (still in cache), the sums taken when asked."""
+of the window as soon as backward has accumulated it (still in cache), the sums taken when asked. Only what the
+other ranks add is copied: the elements of this rank's own share of the sum are added from ``.grad`` itself."""
 
 from __future__ import annotations
 
@@ -52,14 +53,21 @@ class NodeReduction:
         return self._slab[1]
 
     def _copy(self, slab: torch.Tensor, param: torch.Tensor) -> None:
+        """``param``'s gradient (zeros for none) into the slab where the other members add it: the elements
+        outside this rank's own share, which it adds from ``.grad`` itself."""
         grad = param.grad
         start = self.offsets[id(param)]
-        target = slab[start:start + param.numel()]
+        ranges = self.node.peer_ranges(self.count, start, start + param.numel())
+        flat = None if grad is None else grad.detach().reshape(-1)
+        for low, high in ranges:
+            target = slab[low:high]
+            if flat is None:
+                target.zero_()
+            else:
+                target.copy_(flat[low - start:high - start])
         if grad is None:
-            target.zero_()
             self.copied.pop(id(param), None)
         else:
-            target.copy_(grad.detach().reshape(-1))
             self.copied[id(param)] = (grad, grad._version)
 
     def _claim(self) -> None:
