@@ -340,11 +340,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=None, help="every model's image size (px) instead of its own")
     parser.add_argument("--compare-plain", action="store_true",
                         help="ViT: also time the tiles with ring attention's blocks on the plain matmul path")
+    parser.add_argument("--wait", choices=("auto", "block", "yield"), default="auto",
+                        help="how ranks wait for MPI (comm/waiting.py); auto yields at a 1-minute load of 2 or more, "
+                             "which a run started right after another inherits from it: block = a core per rank")
     args = parser.parse_args()
     footer = Footer()
     torch.set_num_threads(1)
     flush_subnormals()          # as dl.init sets a CPU rank (comm/cpu_floats.py); one variant keeps them
-    ctx = Context()
+    ctx = Context(wait=args.wait)
     require_world(ctx, 2, "bench_transformer_tiles")
     threads = [int(n) for n in args.serial_threads.split(",") if n]
     if ctx.rank == 0:
