@@ -29,6 +29,9 @@ split. ``--compare-plain``: the ViT's tiles also with ring attention's blocks on
 overlap=False, shared_memory=False)`` (one all-reduce after backward, as before issue 67), with ``shared_memory=False``
 (all-reduce buckets posted during backward from the second step on; the tiles' own step sums through the node's
 shared memory) and without ``reduce_tile_gradients`` at all (not a training step: what the gradient sum costs).
+``--compare-meetings``: also two processes at once whose ranks meet at a barrier before and after every block's
+forward and before its backward (the tiles' many meeting points without their tile work: what synchronising that
+often costs on this machine). ``--wait block``: a core per rank, whatever the load the run starts under.
 
 Profile (``--profile``, after the turns): one tile step on rank 0 and one step of one process on one thread under
 ``torch.profiler``, op by op (self time): what halved and what did not; for ring attention also the seconds in the
@@ -81,6 +84,7 @@ TILES, ONE_PROCESS = "tiles", "one process"
 PAIR = "two processes at once, 1 thread each (no exchange)"
 KEPT = "subnormals kept (timm without dl.init)"
 NO_SUM = "tiles without the gradient sum (what it costs)"
+MEETING = "two processes at once, meeting 3 times a block (as often as the tiles' exchanges)"
 
 
 def build(spec: Spec) -> nn.Module:
@@ -89,6 +93,17 @@ def build(spec: Spec) -> nn.Module:
     torch.manual_seed(0)
     sizing = {"img_size": spec.size} if spec.sized else {}
     return timm.create_model(spec.name, num_classes=2, **sizing, **spec.settings).train()
+
+
+def meeting_at_blocks(model: nn.Module, ctx: Context) -> nn.Module:
+    """``model`` with both ranks meeting (a barrier) before and after every block's forward and before its backward:
+    one process's whole step on each rank, synchronised about as often as the tiles' token exchanges."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 2)[-2:-1] == ["blocks"]:
+            module.register_forward_pre_hook(lambda *_: ctx.barrier())
+            module.register_forward_hook(lambda *_: ctx.barrier())
+            module.register_full_backward_pre_hook(lambda *_: ctx.barrier())
+    return model
 
 
 def sleeping_barrier(ctx: Context) -> None:
@@ -163,7 +178,7 @@ def with_plain_blocks(step: Callable[[], None]) -> Callable[[], None]:
     return plain_step
 
 
-def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool) -> list[Variant]:
+def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool, meetings: bool) -> list[Variant]:
     weights = torch.randn(1, 2, generator=torch.Generator().manual_seed(2))
     x = torch.randn(1, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(1))
     labels = [f"{ONE_PROCESS}, {n} thread{'s' * (n > 1)}" for n in threads]
@@ -171,6 +186,8 @@ def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool) -> list[
     found = [Variant(label, serial if ctx.rank == 0 else None, n) for label, n in zip(labels, threads)]
     found.append(Variant(f"{ONE_PROCESS}, 1 thread, {KEPT}", serial if ctx.rank == 0 else None, 1, subnormals=True))
     found.append(Variant(PAIR, serial, 1))
+    if meetings:
+        found.append(Variant(MEETING, step_of(meeting_at_blocks(build(spec), ctx), x, weights, False), 1))
     grid = dl.TileGrid(rows=1, cols=2)
     net = dl.spatialize(build(spec), grid, ctx)
     tile = dl.scatter_tiles(x, grid, ctx)
@@ -209,7 +226,7 @@ def report(spec: Spec, runs: list[Variant], steps: int) -> None:
         speedup = median / tiles
         is_tiles = variant is runs[-1]
         table.add(variant.label + (" (1x2, 1 thread per rank)" if is_tiles else ""), f"{median:.3f}", spread,
-                  "" if is_tiles or variant.label == PAIR else f"{speedup:.2f}x",
+                  "" if is_tiles or variant.label in (PAIR, MEETING) else f"{speedup:.2f}x",
                   f"{speedup / 2:.0%}" if variant.label.startswith(ONE_PROCESS) else "", f"{cpu:.3f}",
                   "" if is_tiles else f"{cpu / tiles_cpu:.2f}")
     print(table.markdown(), flush=True)
@@ -340,6 +357,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=None, help="every model's image size (px) instead of its own")
     parser.add_argument("--compare-plain", action="store_true",
                         help="ViT: also time the tiles with ring attention's blocks on the plain matmul path")
+    parser.add_argument("--compare-meetings", action="store_true",
+                        help="also time two processes at once whose ranks meet 3 times a block: the tiles' many "
+                             "meeting points without their tile work")
     parser.add_argument("--wait", choices=("auto", "block", "yield"), default="auto",
                         help="how ranks wait for MPI (comm/waiting.py); auto yields at a 1-minute load of 2 or more, "
                              "which a run started right after another inherits from it: block = a core per rank")
@@ -357,7 +377,7 @@ def main() -> None:
               f"{f' ({ops.name})' if ops is not None else ''}; MPI wait mode {ctx.wait_mode}", flush=True)
     for key in args.models.split(","):
         spec = MODELS[key] if args.size is None else replace(MODELS[key], size=args.size)
-        runs = variants(ctx, spec, threads, args.compare_plain)
+        runs = variants(ctx, spec, threads, args.compare_plain, args.compare_meetings)
         timed(ctx, runs, args.steps, args.turns)
         if ctx.rank == 0:
             report(spec, runs, args.steps)
