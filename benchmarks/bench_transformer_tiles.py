@@ -99,7 +99,7 @@ def meeting_at_blocks(model: nn.Module, ctx: Context) -> nn.Module:
     """``model`` with both ranks meeting (a barrier) before and after every block's forward and before its backward:
     one process's whole step on each rank, synchronised about as often as the tiles' token exchanges."""
     for name, module in model.named_modules():
-        if name.rsplit(".", 2)[-2:-1] == ["blocks"]:
+        if name.split(".")[-2:-1] == ["blocks"]:     # a block: "blocks.3", "layers.2.blocks.1"
             module.register_forward_pre_hook(lambda *_: ctx.barrier())
             module.register_forward_hook(lambda *_: ctx.barrier())
             module.register_full_backward_pre_hook(lambda *_: ctx.barrier())

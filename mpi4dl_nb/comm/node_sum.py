@@ -133,9 +133,7 @@ class NodeSum:
         self.holder = None
         offset = 0
         for part in parts:
-            flat = part.detach().reshape(-1)
-            for low, high in self.peer_ranges(count, offset, offset + part.numel()):
-                slab[low:high].copy_(flat[low - offset:high - offset])
+            self.write_peer_ranges(slab, count, offset, part.numel(), part)
             offset += part.numel()
         self.reduce_slab(parts)
 
@@ -150,6 +148,18 @@ class NodeSum:
         own_low, own_high = bounds[self.index], bounds[self.index + 1]
         ranges = [(start, min(stop, own_low)), (max(start, own_high), stop)]
         return [(low, high) for low, high in ranges if low < high]
+
+    def write_peer_ranges(self, slab: torch.Tensor, count: int, start: int, numel: int,
+                          values: torch.Tensor | None) -> None:
+        """Write ``values`` (elements ``start:start + numel`` of a sum of ``count``; None: zeros) into ``slab`` at
+        their ``peer_ranges``: what the other members add to their shares."""
+        flat = None if values is None else values.detach().reshape(-1)
+        for low, high in self.peer_ranges(count, start, start + numel):
+            target = slab[low:high]
+            if flat is None:
+                target.zero_()
+            else:
+                target.copy_(flat[low - start:high - start])
 
     def slab(self, dtype: torch.dtype, count: int) -> torch.Tensor:
         """This member's slab as ``count`` elements of ``dtype``: ``reduce_slab`` adds its ``peer_ranges`` (the

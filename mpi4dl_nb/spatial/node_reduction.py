@@ -56,15 +56,7 @@ class NodeReduction:
         """``param``'s gradient (zeros for none) into the slab where the other members add it: the elements
         outside this rank's own share, which it adds from ``.grad`` itself."""
         grad = param.grad
-        start = self.offsets[id(param)]
-        ranges = self.node.peer_ranges(self.count, start, start + param.numel())
-        flat = None if grad is None else grad.detach().reshape(-1)
-        for low, high in ranges:
-            target = slab[low:high]
-            if flat is None:
-                target.zero_()
-            else:
-                target.copy_(flat[low - start:high - start])
+        self.node.write_peer_ranges(slab, self.count, self.offsets[id(param)], param.numel(), grad)
         if grad is None:
             self.copied.pop(id(param), None)
         else:
