@@ -14,6 +14,7 @@ from mpi4dl_nb.comm import device
 from mpi4dl_nb.comm.launcher import rank_environment
 from mpi4dl_nb.config import ConfigError
 from tests.support.mpirun import REPO
+from tests.support.train_in_process import run_command
 
 SMALL = ["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "4",
          "--image-size", "32", "--batch-size", "2", "--num-samples", "8", "--split-size", "1",
@@ -84,9 +85,13 @@ def test_evaluate_and_infer_take_the_same_device_flags():
 @pytest.mark.parametrize("command", [["evaluate", "--checkpoint", "missing.pt"],
                                      ["infer", "--checkpoint", "missing.pt", "--slide", "missing.png",
                                       "--output", "out.npy"]])
-def test_evaluate_and_infer_with_cuda_are_refused_before_any_work_here(command, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mpi4dl_nb", *command, "--device", "cuda"],
-                          capture_output=True, text=True, env=rank_environment(1), cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "--device" in proc.stderr and device.cuda_unavailable_reason() in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
+def test_evaluate_and_infer_with_cuda_are_refused_before_any_work_here(command, tmp_path, monkeypatch, capsys):
+    """The entry point in this process (train's test above runs it as its own process: the same code path; two
+    more interpreters cost ~20 s of the suite on two cores)."""
+    from mpi4dl_nb.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_command(main, [*command, "--device", "cuda"], capsys)
+    assert code == 2, (out, err)
+    assert "--device" in err and device.cuda_unavailable_reason() in err, err
+    assert "Traceback" not in err and not out.strip(), (out, err)
