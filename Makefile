@@ -33,9 +33,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) .ci/any_budget.py
 
-# The suite as three pytest runs at once (tests/streams.py): the tests that start MPI jobs beside the others,
-# which are single-process and would leave a core idle, and the multihost and Slurm tests, which mostly wait.
-# PYTEST_ARGS go to every run (e.g. PYTEST_ARGS=-x).
+# The suite as two pytest runs at once (tests/streams.py): the tests that start MPI jobs beside the others,
+# which are single-process and would leave a core idle. PYTEST_ARGS go to both (e.g. PYTEST_ARGS=-x).
 # mypy runs beside the tests (tests/streams.py); ruff and the Any budget take under a second, first.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,25 +1,21 @@
-"""``make test``: the suite as three pytest runs at once: the tests that start no MPI job, those that do, and the
-ones that mostly wait (test hosts, a Slurm queue).
+"""``make test``: the suite as two pytest runs at once, the tests that start no MPI job beside those that do.
 
 The launching tests (``-m mpi``: MPI jobs, notebook clusters, JupyterLab, Slurm, test hosts) keep both cores
 busy; the others (``-m "not mpi"``, proven free of launches by tests/support/mpi_marker.py) are single-process
 and mostly single-threaded, so run one after the other they leave a core idle for minutes. Here they run beside
 the launching ones: the launching run prints as it goes, the other's output is kept in ``out/test-unit.log``
-and printed when all have ended. mypy runs beside them (``out/mypy.log``, printed last). The exit status is the
-first non-zero of the runs (0 when all pass).
+and printed when both have ended. mypy runs beside them (``out/mypy.log``, printed last). The exit status is the
+first non-zero of the three (0 when all pass).
 
 The launching tests of ``SECOND`` run in the second stream once its unit tests have ended, so the two streams
-end at about the same time (local run at stop 58: launching 21.7 min, the other 6.7 min + 17.9 min of these); the
-JupyterLab tests (~17 min beside the launching stream at stop 78) drive a browser and one kernel at a time, and the
-headless notebook runs go with them: tests/conftest.py skips a headless run that the same session runs in Lab.
-The launching tests of ``WAITING`` run as a third stream from the start (``out/test-waiting.log``): the test hosts
-spend most of their time waiting for hosts to come up, for heartbeats to stop and a watchdog to fire, the Slurm
-tests for a batch queue (~4 min together, little CPU); in either stream their waits held that stream's end back
-(stop 78: the two streams 25.3 and 27.2 min, the suite over its 25).
+end at about the same time (local run at stop 58: launching 21.7 min, the other 6.7 min + 17.9 min of these). The
+test hosts spend most of their time waiting (for hosts to come up, for heartbeats to stop and a watchdog to fire);
+the JupyterLab tests (~13 min beside the launching stream) drive a browser and one kernel at a time. The Slurm
+tests (~1.2 min, mostly a batch queue's waits) run in the launching stream since stop 59. The headless
+notebook runs go with the Lab ones: tests/conftest.py skips a headless run that the same session runs in Lab.
 
 Usage: ``python -m tests.streams [pytest arguments, e.g. -x or -k NAME]``; ``--one-stream`` runs them as one
-pytest session (as ``pytest tests`` would); ``--second-stream`` runs the second stream alone, ``--waiting-stream``
-the third.
+pytest session (as ``pytest tests`` would); ``--second-stream`` runs the second stream alone.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / "out" / "test-unit.log"
-WAITING_LOG = REPO / "out" / "test-waiting.log"
 # mypy (``make lint``'s type check, ~35 CPU-s cold) runs beside the two streams instead of before them: on two cores it
 # left one idle for most of a minute; ``make test`` runs ruff and the Any budget first (under a second)
 TYPE_CHECK = [sys.executable, "-m", "mypy"]
@@ -41,9 +36,7 @@ NOTHING_COLLECTED = 5     # pytest's exit status when a -k/-m filter left a stre
 COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
 # launching tests run in the second stream, after its unit tests (one pytest session: the Lab and headless
 # notebook runs must be collected together)
-SECOND = ("tests/ui", "tests/notebook/test_notebooks.py")
-# launching tests that mostly wait (test hosts, a batch queue): their own stream, beside the other two
-WAITING = ("tests/multihost", "tests/slurm")
+SECOND = ("tests/multihost", "tests/ui", "tests/notebook/test_notebooks.py")
 
 
 def pytest_command(marker: str, extra: list[str], paths: tuple[str, ...] = ("tests",),
@@ -85,37 +78,30 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if "--second-stream" in argv:
         return second_stream([a for a in argv if a != "--second-stream"])
-    if "--waiting-stream" in argv:
-        return call(pytest_command("mpi", [a for a in argv if a != "--waiting-stream"], WAITING))
     LOG.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with LOG.open("w") as log, WAITING_LOG.open("w") as waits, TYPE_LOG.open("w") as types:
+    with LOG.open("w") as log, TYPE_LOG.open("w") as types:
         typing = subprocess.Popen(TYPE_CHECK, cwd=REPO, stdout=types, stderr=subprocess.STDOUT)
         unit = subprocess.Popen([sys.executable, "-m", "tests.streams", "--second-stream", *argv], cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)
-        waiting = subprocess.Popen([sys.executable, "-m", "tests.streams", "--waiting-stream", *argv], cwd=REPO,
-                                   stdout=waits, stderr=subprocess.STDOUT)
         try:
-            launching = subprocess.call(pytest_command("mpi", argv, ignore=SECOND + WAITING), cwd=REPO)
-        except BaseException:                 # Ctrl-C, SIGTERM: end the other streams and mypy too, then stop
-            for other in (unit, waiting, typing):
+            launching = subprocess.call(pytest_command("mpi", argv, ignore=SECOND), cwd=REPO)
+        except BaseException:                 # Ctrl-C, SIGTERM: end the other stream and mypy too, then stop
+            for other in (unit, typing):
                 other.terminate()
                 other.wait()
             raise
         unit_status = unit.wait()
-        waiting_status = waiting.wait()
         typing_status = typing.wait()
     elapsed = time.monotonic() - started
     print(f"\n---------- the tests that start no MPI job, then {', '.join(SECOND)} (ran beside the above; "
           f"{LOG.relative_to(REPO)}) ----------")
     print(LOG.read_text(), end="")
-    print(f"\n---------- {', '.join(WAITING)} (ran beside both; {WAITING_LOG.relative_to(REPO)}) ----------")
-    print(WAITING_LOG.read_text(), end="")
-    print(f"\n---------- mypy (ran beside them; {TYPE_LOG.relative_to(REPO)}) ----------")
+    print(f"\n---------- mypy (ran beside both; {TYPE_LOG.relative_to(REPO)}) ----------")
     print(TYPE_LOG.read_text(), end="")
-    print(f"\nthe streams ended in {elapsed / 60:.1f} min: launching tests exit {launching}, the others exit "
-          f"{unit_status}, the waiting ones exit {waiting_status}, mypy exit {typing_status}")
-    return combined([launching, unit_status, waiting_status, typing_status])
+    print(f"\nboth streams ended in {elapsed / 60:.1f} min: launching tests exit {launching}, "
+          f"the others exit {unit_status}, mypy exit {typing_status}")
+    return combined([launching, unit_status, typing_status])
 
 
 if __name__ == "__main__":

@@ -86,9 +86,10 @@ def test_evaluate_and_infer_take_the_same_device_flags():
                                      ["infer", "--checkpoint", "missing.pt", "--slide", "missing.png",
                                       "--output", "out.npy"]])
 def test_evaluate_and_infer_with_cuda_are_refused_before_any_work_here(command, tmp_path, monkeypatch, capsys):
-    """The entry point in this process (train's test above runs it as its own process: the same code path; two
-    more interpreters cost ~20 s of the suite on two cores)."""
-    from mpi4dl_nb.__main__ import main
+    """The commands' dispatch in this process (train's test above runs ``python -m mpi4dl_nb`` as its own process;
+    two more interpreters cost ~20 s of the suite on two cores). Not ``__main__.main``: its watched end
+    (run/teardown.py) would stay armed in the test process for the tests after this one."""
+    from mpi4dl_nb.cli.commands import main
 
     monkeypatch.chdir(tmp_path)
     code, out, err = run_command(main, [*command, "--device", "cuda"], capsys)
