@@ -11,15 +11,14 @@ does not fit is refused naming the cut that does (``check_fit``, the pre-flight 
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..config import ConfigError, ParallelConfig, SliceMethod
 from ..spatial.geometry import TileGrid
+from .layer_memo import LayerMemo
 from .stages import LayerMemory, check_balance, even_balance, layer_memory, partition_stages
 from .tile_fit import (
     PROBE_ERRORS,
@@ -32,51 +31,26 @@ from .tile_fit import (
 )
 
 PROBE_SIZE = 256   # image side default_balance profiles at (shape-only, on meta)
-
-
-@dataclass(frozen=True)
-class _Probed:
-    """A ``probe_memory`` result and what it was made of (the layers held weakly, their shape in brief)."""
-
-    layers: tuple[weakref.ref[nn.Module], ...]
-    shape: tuple[tuple[int, int, torch.dtype], ...]
-    probe_size: int
-    found: list[LayerMemory] | None
-
-    def matches(self, layers: Sequence[nn.Module], shape: tuple[tuple[int, int, torch.dtype], ...],
-                probe_size: int) -> bool:
-        return (self.probe_size == probe_size and self.shape == shape and len(self.layers) == len(layers)
-                and all(ref() is layer for ref, layer in zip(self.layers, layers)))
-
-
-_PROBED: list[_Probed] = []   # the last few probes: the pre-flight check, the engine and the planner cut alike
-
-
-def _brief(layers: Sequence[nn.Module]) -> tuple[tuple[int, int, torch.dtype], ...]:
-    """Per layer: modules, parameter elements, dtype (a layer changed in place probes afresh)."""
-    return tuple((sum(1 for _ in layer.modules()), sum(p.numel() for p in layer.parameters()),
-                  parameter_dtype([layer])) for layer in layers)
+# the memory probes of the last few models: the pre-flight check, the engine and the planner's cuts ask alike
+_PROBED: LayerMemo[list[LayerMemory] | None] = LayerMemo()
 
 
 def probe_memory(layers: Sequence[nn.Module], probe_size: int = PROBE_SIZE) -> list[LayerMemory] | None:
     """``layer_memory`` of ``layers`` on a ``probe_size`` square image (meta), or None if the
     input channels cannot be told (no conv) or the layers fail at that size. The last few results
     are kept (for the same layer objects, unchanged)."""
-    shape = _brief(layers)
-    for probed in _PROBED:
-        if probed.matches(layers, shape, probe_size):
-            return probed.found
+    return _PROBED.get(layers, probe_size, lambda: _probed_memory(layers, probe_size))
+
+
+def _probed_memory(layers: Sequence[nn.Module], probe_size: int) -> list[LayerMemory] | None:
     channels = first_layer_channels(layers)
-    found = None
-    if channels is not None:
-        sample = torch.empty(1, channels, probe_size, probe_size, dtype=parameter_dtype(layers), device="meta")
-        try:
-            found = layer_memory(layers, sample)
-        except PROBE_ERRORS:
-            found = None
-    _PROBED.insert(0, _Probed(tuple(weakref.ref(layer) for layer in layers), shape, probe_size, found))
-    del _PROBED[4:]
-    return found
+    if channels is None:
+        return None
+    sample = torch.empty(1, channels, probe_size, probe_size, dtype=parameter_dtype(layers), device="meta")
+    try:
+        return layer_memory(layers, sample)
+    except PROBE_ERRORS:
+        return None
 
 
 def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size: int = PROBE_SIZE,

@@ -22,8 +22,10 @@ from ..comm.messages import Payload
 from ..errors import ConfigError
 from ..spatial.fit import halo_checked
 from ..spatial.geometry import TileGrid
+from .layer_memo import LayerMemo
 
 PROBE_ERRORS = (RuntimeError, ValueError, TypeError, NotImplementedError)   # a layer that cannot run on meta
+_REACHED: LayerMemo[SpatialReach] = LayerMemo()   # spatial_reach's answers for the last few models
 
 
 def first_layer_channels(layers: Sequence[nn.Module]) -> int | None:
@@ -112,13 +114,16 @@ class ReachProbe:
 def spatial_reach(layers: Sequence[nn.Module], grid: TileGrid, image_size: int | tuple[int, int],
                   limit: int | None = None, in_channels: int | None = None) -> SpatialReach | None:
     """``ReachProbe(...).reach`` of ``layers`` once (None: the input channels, ``in_channels`` if
-    given, cannot be told)."""
+    given, cannot be told). The answers for the last few models are kept (``layer_memo``)."""
     channels = first_layer_channels(layers) if in_channels is None else in_channels
     if channels is None:
         return None
     height, width = _pair(image_size)
-    with ReachProbe(layers, grid, channels, parameter_dtype(layers)) as probe:
-        return probe.reach(height, width, limit)
+
+    def scan() -> SpatialReach:
+        with ReachProbe(layers, grid, channels, parameter_dtype(layers)) as probe:
+            return probe.reach(height, width, limit)
+    return _REACHED.get(layers, (grid.shape, height, width, limit, channels), scan)
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:

@@ -1,12 +1,12 @@
 """The planner costs windowed and global attention through the conversion families (``spatial.families``): issue 63.
 
-``layout --cost`` and ``suggest`` for a MaxViT (timm's smallest ``_rw_`` one, 256 px; one block a stage for suggest)
-and a Swin (Swin-T's geometry at 224 px): their costs are present and positive, and the spatial stage's attention
-exchanges (``planner/exchanges.py``, each module costed by its family's ``cost``) are counted: MaxViT's partition
-moves on its spatial stage, Swin's window gathers growing with the tiles. A Swin cut by ``layer_list`` runs on tiles
-only whole (the Swin family converts whole models), so its spatial configurations are refused with the family's reason
-and its layer-parallel ones costed.
-Half a minute of CPU.
+``layout --cost`` and ``suggest`` for a MaxViT (timm's smallest ``_rw_`` one, 256 px) and a Swin (Swin-T's geometry
+at 224 px), one block a stage (``--model-args depths=(1,1,1,1)``: the same block code, a quarter of the planning):
+their costs are present and positive, and the spatial stage's attention exchanges (``planner/exchanges.py``, each
+module costed by its family's ``cost``) are counted: MaxViT's partition moves on its spatial stage, Swin's window
+gathers growing with the tiles. A Swin cut by ``layer_list`` runs on tiles only whole (the Swin family converts whole
+models), so its spatial configurations are refused with the family's reason and its layer-parallel ones costed.
+About 15 CPU-s (the memo of shape-only probes, ``pipeline/layer_memo.py``, spares ``suggest`` most scans).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tests.planner.attention_models import MAXVIT, SWIN, tiny_swin
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 
 GiB = 2**30
+ONE_BLOCK_A_STAGE = "depths=(1,1,1,1)"   # the same block code as at full depth, a quarter of the planning
 
 
 @pytest.fixture(autouse=True)
@@ -48,17 +49,17 @@ def peak_mib(shown: str) -> float:
 
 
 def test_layout_costs_a_maxvit_configuration_with_its_partition_exchanges(capsys):
-    shown = layout(capsys, "--model", f"timm:{MAXVIT}", "--image-size", "256", "--split-size", "2",
+    shown = layout(capsys, "--model", f"timm:{MAXVIT}", "--model-args", ONE_BLOCK_A_STAGE, "--image-size", "256",
+                   "--split-size", "2",
                    "--spatial-size", "1", "--num-spatial-parts", "4")
     assert peak_mib(shown) > 0 and "MaxViT partition attention" in shown and sent_mib(shown) > 0
 
 
 def test_layout_costs_a_swin_and_its_window_exchanges_grow_with_the_tiles(capsys):
-    cut = layout(capsys, "--model", f"timm:{SWIN}", "--image-size", "224", "--split-size", "2",
-                 "--spatial-size", "0")
+    swin = ("--model", f"timm:{SWIN}", "--model-args", ONE_BLOCK_A_STAGE, "--image-size", "224", "--split-size", "2")
+    cut = layout(capsys, *swin, "--spatial-size", "0")
     assert peak_mib(cut) > 0 and "attention exchanges" not in cut     # layer-parallel: nothing on tiles
-    tiled = layout(capsys, "--model", f"timm:{SWIN}", "--image-size", "224", "--split-size", "2",
-                   "--spatial-size", "1", "--num-spatial-parts", "4")
+    tiled = layout(capsys, *swin, "--spatial-size", "1", "--num-spatial-parts", "4")
     # timm's Swin cut into its trunk (models/swin.py): the trunk's windows exchanged across the 2x2 tiles, costed
     assert peak_mib(tiled) > 0 and sent_mib(tiled) > 0 and "attention exchange (Swin)" in tiled
     whole = "tests.planner.attention_models:tiny_swin"    # the whole model on tiles: its own tile version
