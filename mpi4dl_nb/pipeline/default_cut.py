@@ -82,10 +82,12 @@ def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size
         return check_balance(cfg.balance, len(layers), cfg.split_size)
     if cfg.spatial_size == 0 or cfg.volume_grid is not None:   # volumes: the memory probe and tile fit are 2-D
         return even_balance(len(layers), cfg.split_size)
-    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
     reach = None if image_size is None else spatial_reach(
         layers, TileGrid(*cfg.grid_shape), image_size, max_spatial_layers(len(layers), cfg), in_channels)
     limit = len(layers) if reach is None else reach.limit(len(layers))
+    if cfg.split_size == 1 and limit >= len(layers):   # one stage holds every layer: no cut to weigh
+        return (len(layers),)
+    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
     balance = fitting_cut(cfg, len(layers), memory, limit)
     if balance is None:
         assert reach is not None, "without a fit limit every cut is allowed"

@@ -1,44 +1,33 @@
 """Swin, MaxViT and EfficientViT through the commands (issue 66): ``train`` on 2x2 tiles + a layer rank equals one
 process in float64 and ``evaluate`` runs on the checkpoints with that layout and in one process, to the same loss
-(tests/mpi/transformer_families_cli.py; Swin and MaxViT at sizes other than the 224 px they are named for);
+(tests/mpi/transformer_families_cli.py, a job of the shared 5-rank launch; Swin and MaxViT at sizes other than the
+224 px they are named for);
 ``layout`` prints the configuration of each family, Swin-T at 224 px as the acceptance names it and at 448 px; a
 size the model cannot take is refused in one line before work."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from mpi4dl_nb.cli import evaluate_cmd, layout_cmd, train_cmd
-from tests.support.mpirun import run_mpi
+from mpi4dl_nb.cli import layout_cmd, train_cmd
+from tests.mpi import transformer_families_cli
+from tests.support.battery import shared_job
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
-from tests.support.summary import json_record
 from tests.support.train_in_process import run_command
 
-MODELS = ("swin", "maxvit", "efficientvit")
 SWIN = "timm:swin_tiny_patch4_window7_224"
+MISSING = missing_modules("timm")
+JOB = None if MISSING else shared_job(5, "transformer_families_cli", timeout=400)
 LAYOUT = ["--num-classes", "2", "--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4"]
 
 
 @pytest.fixture(autouse=True)
 def _libraries() -> None:
-    require_or_skip(missing_modules("timm"), "timm's Swin, MaxViT and EfficientViT", MODELS_EXTRA)
+    require_or_skip(MISSING, "timm's Swin, MaxViT and EfficientViT", MODELS_EXTRA)
 
 
-@pytest.mark.mpi
-def test_each_family_trains_on_tiles_as_one_process_and_evaluates_alike(tmp_path, capsys):
-    checks = [f"{model}: {what}" for model in MODELS
-              for what in ("train on tiles equals one process", "evaluate on tiles")]
-    run_mpi(5, "transformer_families_cli", tmp_path, timeout=400, checks=checks)
-    for model in MODELS:
-        tiles = json.loads((tmp_path / f"{model}.json").read_text())
-        assert tiles["world_size"] == 5 and tiles["count"] == 4, tiles
-    code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(tmp_path / "swin"), "--split-size", "1",
-                                                     "--spatial-size", "0", "--num-samples", "4"], capsys)
-    assert code == 0, err
-    one = json_record(out, "{\"checkpoint\"")
-    tiles = json.loads((tmp_path / "swin.json").read_text())
-    assert one["world_size"] == 1 and one["count"] == 4 and abs(one["loss"] - tiles["loss"]) < 1e-9, (one, tiles)
+def test_each_family_trains_on_tiles_as_one_process_and_evaluates_alike(shared_launch):
+    assert JOB is not None
+    shared_launch(JOB).require_clean(transformer_families_cli.check_names())
 
 
 @pytest.mark.parametrize(("flags", "first", "last"), [

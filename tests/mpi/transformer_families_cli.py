@@ -10,15 +10,17 @@ classifier on the layer rank; its 48, 24, 12 and 6 token grids padded to whole 7
 LiteMLA in float64 on both sides: ``models/external.float64_kept``).
 
 Checks, per model: ``<model>: train on tiles equals one process`` (losses and every weight within 1e-9);
-``<model>: evaluate on tiles`` (``python -m mpi4dl_nb evaluate``'s plan and run on the checkpoint, 5 ranks; rank 0
-writes the summary to ``FOLDER/<model>.json`` for the test to compare with a one-process evaluation).
+``<model>: evaluate on tiles`` (``python -m mpi4dl_nb evaluate``'s plan and run on the checkpoint, 4 samples on the 5
+ranks); then ``swin: evaluate in one process equals the tiles`` (rank 0 evaluates the Swin checkpoint alone, a
+context of its own communicator: the same loss within 1e-9). A job of the shared 5-rank launch (its checkpoints in a
+scratch folder rank 0 removes at its end).
 
-Usage: python -m tests.mpi.transformer_families_cli FOLDER   (5 ranks; checkpoints under FOLDER/<model>/)
+Usage: python -m tests.mpi.transformer_families_cli   (5 ranks)
 """
 
 from __future__ import annotations
 
-import sys
+import json
 from pathlib import Path
 
 import torch
@@ -30,10 +32,13 @@ from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.run.evaluate_run import run_evaluation
 from mpi4dl_nb.run.job_run import build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
+from tests.support.scratch import shared_temp_folder
 from tests.support.serial_training import matches_one_process, train_one_process
 
 STEPS = 3
 TOLERANCE = 1e-9
+EVALUATED = 4   # samples each evaluation reads
+Figures = dict[str, object]   # an evaluation summary's figures (its JSON)
 MODELS: dict[str, str] = {
     "swin": "--model timm:swin_tiny_patch4_window7_224 --model-args depths=(1,1,1,1),embed_dim=16,"
             "num_heads=(1,1,1,1) --image-size 192",
@@ -46,8 +51,9 @@ FLAGS = ["--num-classes", "2", "--batch-size", "2", "--num-samples", "8", "--dty
          str(STEPS), "--no-progress", "--step-timeout", "0", *LAYOUT]
 
 
-def train_and_evaluate(check: Checks, ctx: Comm, label: str, folder: Path) -> None:
-    """One model's run on the layout against one process, then ``evaluate`` on its checkpoint."""
+def train_and_evaluate(check: Checks, ctx: Comm, label: str, folder: Path, summaries: dict[str, Figures]) -> None:
+    """One model's run on the layout against one process, then ``evaluate`` on its checkpoint (its figures kept in
+    ``summaries`` on rank 0)."""
     argv = [*MODELS[label].split(), *FLAGS, "--checkpoint-dir", str(folder / label)]
     setup = set_up_run(parsed_plan(argv), ctx)
     trainer = build_trainer(setup, None)
@@ -64,21 +70,51 @@ def train_and_evaluate(check: Checks, ctx: Comm, label: str, folder: Path) -> No
                                        STEPS)
             result.detail = matches_one_process(summary.losses, state, serial, model, TOLERANCE)
     ctx.barrier()          # the checkpoint written before any rank looks for it
-    with check(f"{label}: evaluate on tiles") as result:
-        args = evaluate_parser().parse_args(["--checkpoint", str(folder / label), *LAYOUT, "--num-samples", "4"])
-        evaluated = run_evaluation(evaluate_plan(args), ctx)
+    with check(evaluated_name(label)) as result:
+        figures = evaluated(["--checkpoint", str(folder / label), *LAYOUT], ctx)
         if ctx.rank == 0:
-            assert evaluated is not None
-            (folder / f"{label}.json").write_text(evaluated.to_json())
-            result.detail = evaluated.to_json()[:120]
+            assert figures["world_size"] == 5 and figures["count"] == EVALUATED, figures
+            summaries[label] = figures
+            result.detail = json.dumps(figures)[:120]
+
+
+def evaluated(flags: list[str], ctx: Comm) -> Figures:
+    """``evaluate flags`` on ``EVALUATED`` samples: its summary's figures on rank 0 (empty elsewhere)."""
+    summary = run_evaluation(evaluate_plan(evaluate_parser().parse_args([*flags, "--num-samples", str(EVALUATED)])),
+                             ctx)
+    return summary.as_dict() if summary is not None else {}
+
+
+def evaluated_name(label: str) -> str:
+    return f"{label}: evaluate on tiles"
+
+
+ONE_PROCESS = "swin: evaluate in one process equals the tiles"
+
+
+def check_names() -> list[str]:
+    return [name for label in MODELS for name in (f"{label}: train on tiles equals one process",
+                                                   evaluated_name(label))] + [ONE_PROCESS]
 
 
 def main(check: Checks) -> None:
+    from mpi4py import MPI
+
     torch.set_num_threads(1)
     ctx = dl.init()
-    folder = Path(sys.argv[1])
-    for label in MODELS:
-        train_and_evaluate(check, ctx, label, folder)
+    summaries: dict[str, Figures] = {}
+    with shared_temp_folder(ctx, "families-cli-") as folder:
+        for label in MODELS:
+            train_and_evaluate(check, ctx, label, folder, summaries)
+        with check(ONE_PROCESS) as result:
+            if ctx.rank == 0:    # alone: a context of its own communicator
+                one = evaluated(["--checkpoint", str(folder / "swin"), "--split-size", "1", "--spatial-size", "0"],
+                                dl.Context(comm=MPI.COMM_SELF))
+                tiles = summaries["swin"]
+                assert one["world_size"] == 1 and one["count"] == EVALUATED, one
+                assert isinstance(one["loss"], float) and isinstance(tiles["loss"], float), (one, tiles)
+                assert abs(one["loss"] - tiles["loss"]) < TOLERANCE, (one["loss"], tiles["loss"])
+                result.detail = f"loss {one['loss']:.9f}, on the tiles {tiles['loss']:.9f}"
 
 
 if __name__ == "__main__":
