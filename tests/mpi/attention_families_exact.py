@@ -40,7 +40,7 @@ from mpi4dl_nb.spatial.convert import spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 from tests.support.checks import Checks, run_checks
-from tests.support.exactness import check_spatial_exact
+from tests.support.exactness import SAME_ON_EVERY_RANK, check_spatial_exact
 
 RTOL = 1e-10
 # parameter gradients compared relative to at least this fraction of the model's largest: EfficientViT's stem and
@@ -143,7 +143,7 @@ def check_case(ctx: Context, grid: TileGrid, index: int, label: str) -> str:
     x = torch.randn(case.batch, 3, case.size, case.size, dtype=torch.float64)
     errors = check_spatial_exact(model, grid, x, ctx, what=label, rtol=case.rtol, grad_floor=GRAD_FLOOR,
                                  train=case.train, reference_rank=index % ctx.world_size)
-    compared = {k: v for k, v in errors.items() if k != "gradients and buffers equal on every rank"}
+    compared = {k: v for k, v in errors.items() if k != SAME_ON_EVERY_RANK}
     return (f"worst rel err {max(compared.values()):.2e} over {len(compared)} tensors (output {errors['output']:.1e})"
             if compared else "compared on another rank")
 

@@ -18,7 +18,7 @@ import torch
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.support.checks import Checks, run_checks
-from tests.support.exactness import check_spatial_exact
+from tests.support.exactness import SAME_ON_EVERY_RANK, check_spatial_exact
 from tests.support.spatial_models import TRUNKS, initialized
 
 # float64 roundoff of tiled summation orders, amplified by BatchNorm over the 2x2 maps of batch 2
@@ -47,7 +47,7 @@ def main(check: Checks) -> None:
             x = torch.randn(2, 3, IMAGE, IMAGE, dtype=torch.float64)
             errors = check_spatial_exact(model, grid, x, ctx, what=name, rtol=RTOL, grad_floor=1e-3,
                                          forward_seed=1000 + index, reference_rank=index % ctx.world_size)
-            compared = {k: v for k, v in errors.items() if k != "gradients and buffers equal on every rank"}
+            compared = {k: v for k, v in errors.items() if k != SAME_ON_EVERY_RANK}
             result.detail = (f"worst rel err {max(compared.values()):.2e} over {len(compared)} tensors"
                              if compared else "tiles only (compared on another rank)")
     ctx.barrier()
