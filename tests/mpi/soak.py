@@ -44,8 +44,9 @@ TENSOR_SLOPE = 16      # bytes per step
 # once warm, where RSS also moves with the allocator's kept free space. A per-step record anywhere below Python shows
 # here first: torch's collective flight recorder (on the torch plane) keeps ~0.9-1.3 KB per collective until its ring
 # of 2000 is full, i.e. for 2000 steps on a rank with one collective per step (issue 54); on this (mpi) plane nothing
-# is recorded per step.
-HEAP_SLOPE = 256       # bytes per step
+# is recorded per step. Unchanged code measures -770 to +274 B/step here (5 ranks, steps 40-160; 2026-11-28, +274 on
+# one rank during a suite run), so the limit sits at half the smallest per-step record it is meant to catch.
+HEAP_SLOPE = 512       # bytes per step
 TRACE, RSS, TENSORS, HEAP = "trace event count bounded", "RSS flat", "tensor bytes flat", "heap in use flat"
 
 
