@@ -59,7 +59,7 @@ def train_and_evaluate(check: Checks, ctx: Comm, label: str, folder: Path, summa
     trainer = build_trainer(setup, None)
     summary = trainer.run()
     state = trainer.engine.full_state_dict()
-    with check(f"{label}: train on tiles equals one process") as result:
+    with check(trained_name(label)) as result:
         if ctx.rank == 0:
             assert summary is not None and state is not None
             torch.manual_seed(setup.job.training.seed)
@@ -85,6 +85,10 @@ def evaluated(flags: list[str], ctx: Comm) -> Figures:
     return summary.as_dict() if summary is not None else {}
 
 
+def trained_name(label: str) -> str:
+    return f"{label}: train on tiles equals one process"
+
+
 def evaluated_name(label: str) -> str:
     return f"{label}: evaluate on tiles"
 
@@ -93,8 +97,7 @@ ONE_PROCESS = "swin: evaluate in one process equals the tiles"
 
 
 def check_names() -> list[str]:
-    return [name for label in MODELS for name in (f"{label}: train on tiles equals one process",
-                                                   evaluated_name(label))] + [ONE_PROCESS]
+    return [name for label in MODELS for name in (trained_name(label), evaluated_name(label))] + [ONE_PROCESS]
 
 
 def main(check: Checks) -> None:

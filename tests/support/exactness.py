@@ -157,6 +157,11 @@ def _compare_state(net: nn.Module, reference: nn.Module, compare: Any, label: st
     return problems
 
 
+def bits_digest(flat: torch.Tensor) -> bytes:
+    """16 bytes telling ``flat``'s exact bits apart (BLAKE2b of its bytes)."""
+    return hashlib.blake2b(flat.detach().cpu().numpy().tobytes(), digest_size=16).digest()
+
+
 def _same_on_every_rank(net: nn.Module, ctx: Any, group: Any, compare: Any) -> None:
     """This rank's gradients and buffers equal the mean over the group's ranks (so all ranks agree). Copies with the
     same bits on every rank (the usual case: the tile sum leaves each rank the same sums) are told by a digest of
@@ -164,8 +169,7 @@ def _same_on_every_rank(net: nn.Module, ctx: Any, group: Any, compare: Any) -> N
     float64); copies that differ are averaged and compared within the tolerance, as before."""
     mine = [p.grad for p in net.parameters() if p.grad is not None] + list(net.buffers())
     flat = torch.cat([t.detach().double().reshape(-1) for t in mine])
-    digest = hashlib.blake2b(flat.cpu().numpy().tobytes(), digest_size=16).digest()
-    if len(set(ctx.all_gather_object(digest, group=group))) == 1:
+    if len(set(ctx.all_gather_object(bits_digest(flat), group=group))) == 1:
         compare(SAME_ON_EVERY_RANK, flat[:0], flat[:0])    # equal bits: no error to weigh
         return
     total = ctx.all_reduce(flat.clone(), group=group)

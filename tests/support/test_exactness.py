@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.support.exactness import SAME_ON_EVERY_RANK, _same_on_every_rank, relative_error
+from tests.support.exactness import SAME_ON_EVERY_RANK, _same_on_every_rank, bits_digest, relative_error
 
 
 class TwoRanks:
@@ -17,7 +17,7 @@ class TwoRanks:
         self.sums = 0
 
     def all_gather_object(self, obj: bytes, group: object = None) -> list[bytes]:
-        return [obj, _digest_of(self.theirs)]
+        return [obj, bits_digest(_flat(self.theirs))]
 
     def all_reduce(self, flat: torch.Tensor, group: object = None) -> torch.Tensor:
         self.sums += 1
@@ -29,12 +29,6 @@ class TwoRanks:
 def _flat(net: nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.double().reshape(-1) for p in net.parameters()] + [b.double().reshape(-1)
                                                                                    for b in net.buffers()])
-
-
-def _digest_of(net: nn.Module) -> bytes:
-    import hashlib
-
-    return hashlib.blake2b(_flat(net).numpy().tobytes(), digest_size=16).digest()
 
 
 def _net(shift: float) -> nn.Module:
