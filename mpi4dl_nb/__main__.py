@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from .cli.commands import main as run_command
+from .comm.context import abort_job
 from .run.teardown import exit_watched
 
 BROKEN_PIPE_EXIT = 141    # 128 + SIGPIPE: what a shell reports for a program whose reader left (``... | head``)
@@ -33,13 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def abort_other_ranks() -> None:
     """An error no command turned into a message, on one rank of several: its traceback printed, then the whole
     world aborted (as ``python -m mpi4py`` does), so the other ranks do not wait for this one for ever in a
-    collective or in MPI's finalize. Nothing when MPI was not started or the world is one process."""
+    collective or in MPI's finalize. The traceback goes out in one write and the abort waits for the launcher to
+    forward it (an abort straight after it cut it to its first line, once in a CI run). Nothing when MPI was not
+    started or the world is one process."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
         return
-    traceback.print_exc()
-    sys.stderr.flush()
-    mpi.COMM_WORLD.Abort(1)
+    sys.stderr.write(traceback.format_exc())     # one write, so the launcher forwards the traceback whole
+    abort_job(mpi.COMM_WORLD, 1)                 # after the pause that lets it forward (comm/context.py)
 
 
 def quiet_broken_pipe() -> int:
