@@ -36,7 +36,9 @@ often costs on this machine). ``--wait block``: a core per rank, whatever the lo
 Profile (``--profile``, after the turns): one tile step on rank 0 and one step of one process on one thread under
 ``torch.profiler``, op by op (self time): what halved and what did not; for ring attention also the seconds in the
 ring's block kernels, in its merges and waiting for blocks (the tracer's ``ring_block``/``ring_wait`` spans and a
-timed block kernel). The profiler adds its own time to small ops: the shares are rough.
+timed block kernel); then, per tile rank, one step's seconds in the gradient sum and waiting for the peer at the
+window exchanges (the tracer's ``window_wait`` spans: Swin, MaxViT). The profiler adds its own time to small ops:
+the shares are rough.
 """
 
 from __future__ import annotations
@@ -112,16 +114,25 @@ def sleeping_barrier(ctx: Context) -> None:
     poll(request.Test)
 
 
-def step_of(model: nn.Module, x: torch.Tensor, weights: torch.Tensor, tiles: bool,
-            overlap: bool | None = True, shared_memory: bool = True) -> Callable[[], None]:
+class Step:
     """One step: forward, backward and (``tiles``) the tile gradients' sum: through the node's shared memory, else
-    overlapped with the backward or after it (``overlap`` None: no sum, what the tiles' own work costs without it)."""
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        (model(x) * weights).sum().backward()
-        if tiles and overlap is not None:
-            dl.reduce_tile_gradients(model, overlap=overlap, shared_memory=shared_memory)
-    return step
+    overlapped with the backward or after it (``overlap`` None: no sum, what the tiles' own work costs without it).
+    ``sum_seconds``: the last step's seconds in ``reduce_tile_gradients``."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, weights: torch.Tensor, tiles: bool,
+                 overlap: bool | None = True, shared_memory: bool = True) -> None:
+        self.model, self.x, self.weights = model, x, weights
+        self.summed = tiles and overlap is not None
+        self.overlap, self.shared_memory = bool(overlap), shared_memory
+        self.sum_seconds = 0.0
+
+    def __call__(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        (self.model(self.x) * self.weights).sum().backward()
+        if self.summed:
+            start = time.perf_counter()
+            dl.reduce_tile_gradients(self.model, overlap=self.overlap, shared_memory=self.shared_memory)
+            self.sum_seconds = time.perf_counter() - start
 
 
 @dataclass
@@ -182,25 +193,25 @@ def variants(ctx: Context, spec: Spec, threads: list[int], plain: bool, meetings
     weights = torch.randn(1, 2, generator=torch.Generator().manual_seed(2))
     x = torch.randn(1, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(1))
     labels = [f"{ONE_PROCESS}, {n} thread{'s' * (n > 1)}" for n in threads]
-    serial = step_of(build(spec), x, weights, False)
+    serial = Step(build(spec), x, weights, False)
     found = [Variant(label, serial if ctx.rank == 0 else None, n) for label, n in zip(labels, threads)]
     found.append(Variant(f"{ONE_PROCESS}, 1 thread, {KEPT}", serial if ctx.rank == 0 else None, 1, subnormals=True))
     found.append(Variant(PAIR, serial, 1))
     if meetings:
-        found.append(Variant(MEETING, step_of(meeting_at_blocks(build(spec), ctx), x, weights, False), 1))
+        found.append(Variant(MEETING, Step(meeting_at_blocks(build(spec), ctx), x, weights, False), 1))
     grid = dl.TileGrid(rows=1, cols=2)
     net = dl.spatialize(build(spec), grid, ctx)
     tile = dl.scatter_tiles(x, grid, ctx)
-    tiled = step_of(net, tile, weights, True)
+    tiled = Step(net, tile, weights, True)
     if plain and spec.name.startswith("vit"):
         found.append(Variant("tiles, ring blocks by PlainBlocks (before issue 67)", with_plain_blocks(tiled), 1))
     if plain:
-        once = step_of(dl.spatialize(build(spec), grid, ctx), tile, weights, True, overlap=False, shared_memory=False)
+        once = Step(dl.spatialize(build(spec), grid, ctx), tile, weights, True, overlap=False, shared_memory=False)
         found.append(Variant("tiles, one all-reduce after backward (before issue 67)", once, 1))
-        buckets = step_of(dl.spatialize(build(spec), grid, ctx), tile, weights, True, shared_memory=False)
+        buckets = Step(dl.spatialize(build(spec), grid, ctx), tile, weights, True, shared_memory=False)
         found.append(Variant("tiles, all-reduce buckets during backward (shared_memory=False)", buckets, 1))
         bare = dl.spatialize(build(spec), grid, ctx)      # its own copy: no reduction armed on it
-        found.append(Variant(NO_SUM, step_of(bare, tile, weights, True, overlap=None), 1))
+        found.append(Variant(NO_SUM, Step(bare, tile, weights, True, overlap=None), 1))
     return [*found, Variant(TILES, tiled, 1)]
 
 
@@ -285,11 +296,11 @@ def op_times(step: Callable[[], None]) -> tuple[dict[str, float], float]:
 
 
 def ring_spans(ctx: Context, since: int) -> dict[str, float]:
-    """Seconds of the tracer's ring spans recorded since ``recorded`` was ``since``: block compute and waits, by
-    pass (``ring_block forward``, ``ring_wait gradient``, ...)."""
+    """Seconds of the tracer's ring and window spans recorded since ``recorded`` was ``since``: block compute and
+    waits, by pass (``ring_block forward``, ``ring_wait gradient``, ``window_wait backward``, ...)."""
     totals: dict[str, float] = {}
     for event in ctx.tracer.since(since):
-        if event.op in ("ring_block", "ring_wait"):
+        if event.op in ("ring_block", "ring_wait", "window_wait"):
             key = f"{event.op} {event.extra.get('what', '')}"
             totals[key] = totals.get(key, 0.0) + event.duration
     return totals
@@ -319,6 +330,8 @@ def profile_rows(ctx: Context, spec: Spec, runs: list[Variant], top: int) -> Non
         plain_wall = time.perf_counter() - start
         spans, kernels_plain = ring_spans(ctx, mark), dict(TimedKernel.seconds)
     sleeping_barrier(ctx)
+    sum_seconds = tiles.step.sum_seconds if isinstance(tiles.step, Step) else float("nan")
+    ranks = ctx.all_gather_object((plain_wall, spans, sum_seconds))
     if ctx.rank != 0:
         return
     print(f"\nprofile, {spec.title}: one step, op self seconds (torch.profiler; rank 0 of the tiles, one thread "
@@ -344,6 +357,13 @@ def profile_rows(ctx: Context, spec: Spec, runs: list[Variant], top: int) -> Non
               f"{merges:.3f} s (forward blocks' spans less their kernels), backward blocks' spans less their kernels "
               f"{around:.3f} s; waiting for " + ", ".join(f"{k} {v:.3f} s" for k, v in waits.items())
               + f"; under the profiler the kernels took {kernels['forward'] + kernels['backward']:.3f} s", flush=True)
+    print("\nwhere each tile rank waits, one step without the profiler: " + "; ".join(
+        f"rank {rank} {wall:.3f} s, the gradient sum {summed:.3f} s"
+        + "".join(f", waiting at the window exchanges {what.split()[-1]} {seconds:.3f} s"
+                  for what, seconds in sorted(found.items(), reverse=True) if what.startswith("window_wait"))
+        for rank, (wall, found, summed) in enumerate(ranks))
+        + " (a rank waits at an exchange for the slower one: on equal cores and equal work, jitter; when one rank "
+          "waits much longer than the other, the other's core ran slower)", flush=True)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import torch
 
 from mpi4dl_nb.comm.handles import Transfer
 from mpi4dl_nb.comm.tags import WINDOW
+from mpi4dl_nb.comm.trace import Tracer
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.windows.exchange import Route, TokenExchange
 from mpi4dl_nb.spatial.windows.plan import (
@@ -45,6 +46,7 @@ class QueueComm:
 
     def __init__(self, rank: int, boxes: Mailboxes) -> None:
         self.rank, self.boxes = rank, boxes
+        self.tracer = Tracer(rank)
 
     def exchange(self, transfers: Sequence[Transfer], via: object = None) -> _Arrivals:
         for t in transfers:
@@ -53,10 +55,10 @@ class QueueComm:
         return _Arrivals(self.boxes, self.rank, [t for t in transfers if not t.send])
 
 
-def gathered_by_threads(plans: list[TileGather], values: list[torch.Tensor], weights: list[torch.Tensor]
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def gathered_by_threads(plans: list[TileGather], values: list[torch.Tensor], weights: list[torch.Tensor],
+                        comms: dict[int, QueueComm] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Every tile's ``TokenExchange`` (batch 2, tokens in dim 1) in its own thread: outputs and input gradients of
-    ``sum(out * weight)``."""
+    ``sum(out * weight)``; ``comms`` (when given) receives each tile's ``QueueComm``, its tracer included."""
     tiles = len(plans)
     boxes: Mailboxes = {(a, b, tag): queue.Queue() for a in range(tiles) for b in range(tiles)
                         for tag in (WINDOW.tag(0), WINDOW.tag(1))}
@@ -67,7 +69,10 @@ def gathered_by_threads(plans: list[TileGather], values: list[torch.Tensor], wei
     def tile_step(tile: int) -> None:
         try:
             x = values[tile].detach().requires_grad_(True)
-            exchange = TokenExchange(plans[tile], QueueComm(tile, boxes), range(tiles))  # type: ignore[arg-type]
+            comm = QueueComm(tile, boxes)
+            if comms is not None:
+                comms[tile] = comm
+            exchange = TokenExchange(plans[tile], comm, range(tiles))  # type: ignore[arg-type]
             out = exchange(x)
             (out * weights[tile]).sum().backward()
             outs[tile], grads[tile] = out.detach(), x.grad
@@ -154,3 +159,15 @@ def test_swin_routes_copy_with_one_selection_and_zero_only_the_padding() -> None
                    if coord is None]
         assert forward.blank.numel() == len(padding) > 0
 
+
+
+def test_each_direction_s_wait_for_the_peers_is_one_traced_span() -> None:
+    plans = half_shifted_layout((1, 2), (14, 14), 7).into_windows()
+    gen = torch.Generator().manual_seed(5)
+    values = [torch.randn(2, p.source_size, 3, generator=gen) for p in plans]
+    weights = [torch.randn(2, p.size, 3, generator=gen) for p in plans]
+    comms: dict[int, QueueComm] = {}
+    gathered_by_threads(plans, values, weights, comms)
+    for tile, comm in comms.items():
+        waits = [event.extra.get("what") for event in comm.tracer.events if event.op == "window_wait"]
+        assert waits == ["forward", "backward"], (tile, waits)

@@ -5,7 +5,8 @@ plan in dim 1): its own slots copied, every peer's sent and received in one exch
 plane or torch.distributed, as halos), zeros where the plan names nothing. Backward is the exact adjoint: the
 gradients of received slots travel back to their owners into the slots they sent; padding slots give none (copies
 when no slot was read twice, as in every Swin, MaxViT and roll gather; else added in a fixed order). Each direction
-is a ``Route`` built once per device: the messages posted first, then the local part as one ``index_select``.
+is a ``Route`` built once per device: the messages posted first, then the local part as one ``index_select``; the
+wait for the messages is traced (``window_wait``: what a rank waits for a slower peer).
 
 ``DistributedRoll`` is ``torch.roll(whole, shifts, dims=<the grid's axes>)`` on channels-last tiles
 ``(B, *box, C)`` (2-D or 3-D grids): each tile sends ``|shift|`` slabs to its neighbour along each shifted axis, the
@@ -82,8 +83,9 @@ class Route:
         """``part``'s tokens into ``out``'s ``slots`` (added in for an accumulating route)."""
         (out.index_add_ if self.accumulate else out.index_copy_)(1, slots, part)
 
-    def run(self, values: torch.Tensor, comm: Comm, tag: int, via: Group | None) -> torch.Tensor:
-        """This route on ``values``: the exchange posted first, the local part built while messages travel."""
+    def run(self, values: torch.Tensor, comm: Comm, tag: int, via: Group | None, what: str) -> torch.Tensor:
+        """This route on ``values``: the exchange posted first, the local part built while messages travel; the
+        wait for the messages is the tracer's ``window_wait`` span (``what``: forward or backward)."""
         transfers = [Transfer.to(values.index_select(1, slots), rank, tag) for rank, slots in self.outgoing]
         arrived = []
         for rank, slots in self.incoming:
@@ -93,7 +95,8 @@ class Route:
         pending = comm.exchange(transfers, via=via) if transfers else None
         out = self.local(values)
         if pending is not None:
-            pending.wait()
+            with comm.tracer.span("window_wait", what=what):
+                pending.wait()
         for buffer, slots in arrived:
             self.place(out, slots, buffer)
         return out
@@ -146,10 +149,10 @@ class TokenExchange:
         return result
 
     def forward_values(self, x: torch.Tensor) -> torch.Tensor:
-        return self.routes(x.device)[0].run(x, self.comm, WINDOW.tag(0), self.via)
+        return self.routes(x.device)[0].run(x, self.comm, WINDOW.tag(0), self.via, "forward")
 
     def backward_values(self, grad: torch.Tensor) -> torch.Tensor:
-        return self.routes(grad.device)[1].run(grad, self.comm, WINDOW.tag(1), self.via)
+        return self.routes(grad.device)[1].run(grad, self.comm, WINDOW.tag(1), self.via, "backward")
 
 
 class DistributedRoll:
