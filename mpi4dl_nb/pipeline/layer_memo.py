@@ -4,8 +4,8 @@ The pre-flight check, the engine and the planner ask the same questions of one m
 planner's ``suggest`` asks the default cut of every candidate configuration, each probing the layers'
 memory and tile fit on ``meta``). A probe's answer depends only on the layers and its key, so the last
 few lists of layers keep their answers: held weakly (a model that is dropped frees its entries), and
-checked by a brief of each layer (modules, parameter elements, first parameter's dtype), so a layer
-changed in place is probed afresh.
+checked by a brief of each layer (every module's type and settings, the parameters' shapes and dtypes), so a
+layer changed in place (a stride set, a weight of another dtype, an activation swapped) is probed afresh.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ import torch
 from torch import nn
 
 Value = TypeVar("Value")
-LayerBrief = tuple[tuple[int, int, "torch.dtype | None"], ...]
+ModuleBrief = tuple[type, str]                                  # a module's class and its ``extra_repr``
+LayerBrief = tuple[tuple[tuple[ModuleBrief, ...], tuple[tuple[torch.Size, torch.dtype], ...]], ...]
 
 
 def layer_brief(layers: Sequence[nn.Module]) -> LayerBrief:
-    """Per layer: its modules, its parameter elements, its first parameter's dtype (None without one)."""
-    return tuple((sum(1 for _ in layer.modules()), sum(p.numel() for p in layer.parameters()),
-                  next((p.dtype for p in layer.parameters()), None)) for layer in layers)
+    """Per layer: each of its modules' class and settings (``extra_repr``: kernel, stride, features, ...), and
+    each parameter's shape and dtype (under a millisecond for a ViT-L's 540 modules)."""
+    return tuple((tuple((type(m), m.extra_repr()) for m in layer.modules()),
+                  tuple((p.shape, p.dtype) for p in layer.parameters())) for layer in layers)
 
 
 @dataclass

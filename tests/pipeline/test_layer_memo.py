@@ -32,6 +32,18 @@ def test_a_memo_answers_the_same_layers_once_per_key_and_probes_changed_or_other
     assert memo.get(layers, "a", probe("evicted", 8)) == 8
 
 
+def test_a_setting_or_a_module_changed_in_place_is_probed_afresh():
+    memo: LayerMemo[int] = LayerMemo()
+    block = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    layers = [block]
+    assert memo.get(layers, "a", lambda: 1) == 1
+    block[0].stride = (2, 2)                       # a setting: the same weights, other shapes downstream
+    assert memo.get(layers, "a", lambda: 2) == 2
+    block[1] = nn.GELU()                           # a module swapped inside the same layer object
+    assert memo.get(layers, "a", lambda: 3) == 3
+    assert memo.get(layers, "a", lambda: 4) == 3
+
+
 def test_a_memo_holds_its_layers_weakly_and_bounds_its_answers():
     memo: LayerMemo[int] = LayerMemo(answers=3)
     layers = [nn.Conv2d(1, 1, 1)]
