@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 import torch
@@ -28,6 +29,17 @@ from ..function_ctx import FunctionContext
 from .plan import TileGather, TokenBoxes, plan_roll
 
 Moves = list[tuple[int, torch.Tensor]]   # (global rank, slot indices) per peer
+
+
+class Direction(Enum):
+    """Which way a gather's messages go (the gather, or its adjoint in backward), with its tag in WINDOW."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+    @property
+    def tag(self) -> int:
+        return WINDOW.tag(list(Direction).index(self))
 
 
 @dataclass(frozen=True)
@@ -83,9 +95,10 @@ class Route:
         """``part``'s tokens into ``out``'s ``slots`` (added in for an accumulating route)."""
         (out.index_add_ if self.accumulate else out.index_copy_)(1, slots, part)
 
-    def run(self, values: torch.Tensor, comm: Comm, tag: int, via: Group | None, what: str) -> torch.Tensor:
+    def run(self, values: torch.Tensor, comm: Comm, via: Group | None, direction: Direction) -> torch.Tensor:
         """This route on ``values``: the exchange posted first, the local part built while messages travel; the
-        wait for the messages is the tracer's ``window_wait`` span (``what``: forward or backward)."""
+        wait for the messages is the tracer's ``window_wait`` span (``what``: the direction's name)."""
+        tag = direction.tag
         transfers = [Transfer.to(values.index_select(1, slots), rank, tag) for rank, slots in self.outgoing]
         arrived = []
         for rank, slots in self.incoming:
@@ -95,7 +108,7 @@ class Route:
         pending = comm.exchange(transfers, via=via) if transfers else None
         out = self.local(values)
         if pending is not None:
-            with comm.tracer.span("window_wait", what=what):
+            with comm.tracer.span("window_wait", what=direction.value):
                 pending.wait()
         for buffer, slots in arrived:
             self.place(out, slots, buffer)
@@ -149,10 +162,10 @@ class TokenExchange:
         return result
 
     def forward_values(self, x: torch.Tensor) -> torch.Tensor:
-        return self.routes(x.device)[0].run(x, self.comm, WINDOW.tag(0), self.via, "forward")
+        return self.routes(x.device)[0].run(x, self.comm, self.via, Direction.FORWARD)
 
     def backward_values(self, grad: torch.Tensor) -> torch.Tensor:
-        return self.routes(grad.device)[1].run(grad, self.comm, WINDOW.tag(1), self.via, "backward")
+        return self.routes(grad.device)[1].run(grad, self.comm, self.via, Direction.BACKWARD)
 
 
 class DistributedRoll:
