@@ -15,8 +15,11 @@ between them (``two processes at once``: what the two cores give two busy proces
 bandwidth and other processes' load included; twice one process alone over it is the speed-up two ranks can reach on
 this machine). Every run flushes subnormal floats to zero as ``dl.init`` sets a CPU rank (``comm/cpu_floats.py``),
 but ``one process, 1 thread, subnormals kept``: timm's model as it runs without mpi4dl-nb (Swin's -100 window mask
-makes subnormals: slower). The tiles run ``dl.spatialize(model, TileGrid(1, 2), ctx)`` on the two ranks, one thread
-each, each step ``loss = (y * g).sum()``, backward and ``reduce_tile_gradients`` (the input already scattered).
+makes subnormals: slower). The whole job keeps freed memory in the process as ``dl.init`` sets a CPU rank's malloc
+(``comm/allocator.py``: no page faults for each step's new activations and gradients), every variant alike (it is a
+setting of the process; ``--malloc default`` leaves glibc's). The tiles run ``dl.spatialize(model, TileGrid(1, 2),
+ctx)`` on the two ranks, one thread each, each step ``loss = (y * g).sum()``, backward and ``reduce_tile_gradients``
+(the input already scattered).
 
 Turns: every variant runs ``--steps`` steps in turn, ``--turns`` times, after one warm-up step each; a turn's figure
 is the median step (a step's time on tiles is the slower rank's), a variant's the median over its turns with the
@@ -59,6 +62,7 @@ from support.world import require_world
 from torch import nn
 
 import mpi4dl_nb as dl
+from mpi4dl_nb.comm.allocator import tune_malloc
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.comm.cpu_floats import flush_subnormals
 from mpi4dl_nb.comm.waiting import poll
@@ -383,10 +387,15 @@ def main() -> None:
     parser.add_argument("--wait", choices=("auto", "block", "yield"), default="auto",
                         help="how ranks wait for MPI (comm/waiting.py); auto yields at a 1-minute load of 2 or more, "
                              "which a run started right after another inherits from it: block = a core per rank")
+    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                        help="tuned: freed memory kept in the process, as dl.init sets a CPU rank (comm/allocator.py); "
+                             "default: glibc's own (big blocks unmapped when freed, page faults each step)")
     args = parser.parse_args()
     footer = Footer()
     torch.set_num_threads(1)
     flush_subnormals()          # as dl.init sets a CPU rank (comm/cpu_floats.py); one variant keeps them
+    if args.malloc == "tuned":
+        tune_malloc()           # as dl.init sets a CPU rank (comm/allocator.py): the whole process, every variant
     ctx = Context(wait=args.wait)
     require_world(ctx, 2, "bench_transformer_tiles")
     threads = [int(n) for n in args.serial_threads.split(",") if n]
