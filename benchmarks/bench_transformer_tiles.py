@@ -367,7 +367,8 @@ def profile_rows(ctx: Context, spec: Spec, runs: list[Variant], top: int) -> Non
                   for what, seconds in sorted(found.items(), reverse=True) if what.startswith("window_wait"))
         for rank, (wall, found, summed) in enumerate(ranks))
         + " (a rank waits at an exchange for the slower one: on equal cores and equal work, jitter; when one rank "
-          "waits much longer than the other, the other's core ran slower)", flush=True)
+          "waits much longer than the other, the other ran slower, by its core or its work: bind the ranks either "
+          "way round, mpiexec -bind-to user:0,1 or user:1,0, to tell which)", flush=True)
 
 
 def main() -> None:
