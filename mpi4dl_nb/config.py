@@ -8,11 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import ConfigError
 from .layout import RankRole, layout
-from .schema import FLAG_KEY, Bounds, Flag, flag, option, whole_number
+from .schema import FLAG_KEY, Bounds, Flag, FlagSettings, flag, option, whole_number
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 
 class Choice(str, Enum):
@@ -205,9 +208,10 @@ SLICE_METHOD = option(
     group=PARALLEL_GROUP)
 
 
-def _knob(option: str, help: str, default: K, **how: Any) -> K:
+def _knob(option: str, help: str, default: K, **how: Unpack[FlagSettings]) -> K:
     """A ParallelConfig field given by an MPI4DL flag (``option``), in the parallelism group."""
-    return flag(option, help, default, group=PARALLEL_GROUP, **how)
+    how["group"] = PARALLEL_GROUP
+    return flag(option, help, default, **how)
 
 
 def _nearest_square(n: int) -> int:
@@ -374,11 +378,6 @@ class ParallelConfig:
     def tile_grid_shape(self) -> tuple[int, ...]:
         """The tile grid's counts along every axis: ``(rows, cols)``, a volume's ``(depth, rows, cols)``."""
         return self.volume_grid if self.volume_grid is not None else self.grid_shape
-
-    @property
-    def micro_batches_per_replica(self) -> int:
-        """Units one pipeline pass of one replica direction processes."""
-        return self.parts
 
     @property
     def batch_divisor(self) -> int:

@@ -12,12 +12,16 @@ import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar
 
 from .errors import ConfigError
 
 T = TypeVar("T")
 Parse = Callable[[str], object]
+if TYPE_CHECKING:
+    from typing import TypeAlias, Unpack
+
+    Default: TypeAlias = T | Literal[dataclasses._MISSING_TYPE.MISSING]     # a value, or MISSING (a required field)
 FLAG_KEY = "mpi4dl_nb.flag"     # the key of a field's metadata that holds its Flag
 TAGS_KEY = "mpi4dl_nb.tags"     # the key of a field's metadata that holds its tags (a job's own kinds of flag)
 SUGGESTIONS = 3                 # close names offered for a misspelt keyword
@@ -62,35 +66,43 @@ class Bounds:
             raise ConfigError(option, f"must be a number {bound}, got {value:g}")
 
 
+class FlagSettings(TypedDict, total=False):
+    """A Flag's settings after its option and help (see Flag), as ``flag`` and ``option`` take them."""
+
+    parse: Parse | None
+    choices: tuple[str, ...]
+    metavar: str | None
+    group: str
+    aliases: tuple[str, ...]
+    switch: bool
+    repeat: bool
+    const: str | None
+    dest: str
+    bounds: Bounds | None
+    hidden: bool
+    old: tuple[str, ...]
+    default_text: str | None
+
+
 @dataclass(frozen=True)
 class Flag:
-    """How one job field is given on the command line: the flag, its help, how text becomes the value.
-
-    ``parse`` turns the flag's text into the field's value (ValueError or ConfigError with the reason when it
-    cannot); ``choices`` are the texts accepted (checked before ``parse``); ``switch`` is an on/off flag whose
-    presence sets the opposite of the default; ``repeat`` collects every use into a tuple; ``const`` is the text
-    a flag given without a value stands for (``--checkpoint-activations`` alone means ``every``). ``dest``
-    names the keyword of ``dl.<command>(...)`` (default: the flag without dashes, ``--no-`` and case).
-    ``bounds``: the range of a number (``check_bounds``); ``hidden``: accepted but left out of the help (a flag
-    kept for command lines of other commands); ``old``: former spellings, still accepted with a notice naming
-    ``option`` (their keywords too); ``default_text``: what a default of None stands for, as the help says it (``the
-    checkpoint's``)."""
+    """How one job field is given on the command line: the flag, its help, how text becomes the value."""
 
     option: str
     help: str
-    parse: Parse | None = None
-    choices: tuple[str, ...] = ()
+    parse: Parse | None = None      # the flag's text as the field's value (ValueError or ConfigError saying why not)
+    choices: tuple[str, ...] = ()   # the texts accepted (checked before ``parse``)
     metavar: str | None = None
     group: str = "options"
     aliases: tuple[str, ...] = ()
-    switch: bool = False
-    repeat: bool = False
-    const: str | None = None
-    dest: str = ""
-    bounds: Bounds | None = None
-    hidden: bool = False
-    old: tuple[str, ...] = ()
-    default_text: str | None = None
+    switch: bool = False            # an on/off flag: given, it sets the opposite of the default
+    repeat: bool = False            # every use collected into a tuple
+    const: str | None = None        # what the flag given without a value means (``--checkpoint-activations``: every)
+    dest: str = ""                  # the keyword of ``dl.<command>(...)`` (default: the flag less dashes, --no-, case)
+    bounds: Bounds | None = None    # the range of a number (``check_bounds``)
+    hidden: bool = False            # accepted but left out of the help (kept for command lines of other commands)
+    old: tuple[str, ...] = ()       # former spellings, accepted with a notice naming ``option`` (their keywords too)
+    default_text: str | None = None     # what a default of None stands for, as the help says (``the checkpoint's``)
 
     def __post_init__(self) -> None:
         if not self.option.startswith("--"):
@@ -149,22 +161,23 @@ def tell_renamed(old: str, new: str) -> None:
         print(renamed_notice(old, new), file=sys.stderr)
 
 
-def _field(given: Flag, default: object, default_factory: Callable[[], object] | None,
-           tags: Iterable[Enum]) -> Any:
+def _field(given: Flag, default: Default[T], default_factory: Callable[[], T] | None, tags: Iterable[Enum]) -> T:
     meta: dict[str, object] = {FLAG_KEY: given, TAGS_KEY: frozenset(tags)}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
+    if default is MISSING:
+        return dataclasses.field(metadata=meta)     # a required field: its type is the one the job declares
     return dataclasses.field(default=default, metadata=meta)
 
 
-def flag(option: str, help: str, default: object = MISSING, *, default_factory: Callable[[], object] | None = None,
-         tags: Iterable[Enum] = (), **how: Any) -> Any:
+def flag(option: str, help: str, default: Default[T] = MISSING, *, default_factory: Callable[[], T] | None = None,
+         tags: Iterable[Enum] = (), **how: Unpack[FlagSettings]) -> T:
     """A dataclass field given by ``option`` on the command line (``how``: the other Flag settings; ``tags``: the
     job's own kinds this flag belongs to, ``tagged``)."""
     return _field(Flag(option, help, **how), default, default_factory, tags)
 
 
-def nested(default_factory: Callable[[], object], *, tags: Iterable[Enum] = ()) -> Any:
+def nested(default_factory: Callable[[], T], *, tags: Iterable[Enum] = ()) -> T:
     """A field holding a dataclass of flags, its flags given ``tags`` (see ``flag``)."""
     return dataclasses.field(default_factory=default_factory, metadata={TAGS_KEY: frozenset(tags)})
 
@@ -176,9 +189,9 @@ class Option:
 
     flag: Flag
 
-    def field(self, default: object = MISSING, *, default_factory: Callable[[], object] | None = None,
+    def field(self, default: Default[T] = MISSING, *, default_factory: Callable[[], T] | None = None,
               default_text: str | None = None, group: str | None = None, hidden: bool = False,
-              tags: Iterable[Enum] = ()) -> Any:
+              tags: Iterable[Enum] = ()) -> T:
         """A job's field of this option: ``default`` its own (``default_text``: what None stands for, in the help);
         ``group`` (default the option's) and ``hidden`` where the job's help lists it; ``tags`` the job's own kinds
         of flag (``tagged``)."""
@@ -187,7 +200,7 @@ class Option:
         return _field(given, default, default_factory, tags)
 
 
-def option(name: str, help: str, **how: Any) -> Option:
+def option(name: str, help: str, **how: Unpack[FlagSettings]) -> Option:
     """An Option of the flag ``name`` (``how``: the other Flag settings)."""
     return Option(Flag(name, help, **how))
 
@@ -197,7 +210,7 @@ class FlagField:
     """A flag-bearing field of a job: where it sits (field names from the job down) and its flag."""
 
     path: tuple[str, ...]
-    field: Field[Any]
+    field: Field[object]
     flag: Flag
     tags: frozenset[Enum] = frozenset()
 
@@ -211,7 +224,7 @@ class FlagField:
         return MISSING
 
 
-def _nested(cls: type, f: Field[Any]) -> type | None:
+def _nested(cls: type, f: Field[object]) -> type | None:
     """The dataclass a field without a flag holds (its fields are read in turn), None for a plain field."""
     hint = typing.get_type_hints(cls).get(f.name)
     return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None

@@ -2,7 +2,7 @@
 same job."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 
@@ -13,6 +13,8 @@ from mpi4dl_nb.cli.parser import CommandParser
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.schema import (
     Bounds,
+    Flag,
+    FlagSettings,
     build_job,
     check_bounds,
     flag,
@@ -185,3 +187,14 @@ def test_a_notice_prints_on_rank_0_only(capsys, monkeypatch):
     monkeypatch.setenv("PMI_RANK", "0")
     build_job(Second, {"enable": True}, "second")
     assert capsys.readouterr().err.strip() == renamed_notice("enable=", "on=")
+
+
+def test_flag_settings_are_the_flag_fields_after_option_and_help() -> None:
+    """``flag(option, help, **settings)`` is typed by FlagSettings: it names every Flag field but the first two."""
+    assert list(FlagSettings.__annotations__) == [f.name for f in fields(Flag)][2:]
+
+
+def test_a_required_flag_has_no_default_and_a_given_one_keeps_its_own() -> None:
+    required = {item.flag.option: item.field for item in flag_fields(Job)}
+    assert required["--checkpoint"].default is MISSING and required["--checkpoint"].default_factory is MISSING
+    assert required["--sizes"].default is None and required["--tag"].default == ()

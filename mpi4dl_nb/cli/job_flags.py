@@ -5,7 +5,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING
 from enum import Enum
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 from ..errors import ConfigError
 from ..schema import Flag, FlagField, build_job, flag_fields, tell_renamed
@@ -13,12 +13,7 @@ from .config_args import FileFlag, FlagKind
 from .parser import CommandParser, DefaultsHelpFormatter
 
 J = TypeVar("J")
-
-
-class FlagAdder(Protocol):
-    """What a parser or an argument group offers: adding a flag."""
-
-    def add_argument(self, *name_or_flags: str, **kwargs: Any) -> argparse.Action: ...
+AddFlag = Callable[..., argparse.Action]      # a parser's or an argument group's ``add_argument``
 
 
 def _typed(item: FlagField) -> Callable[[str], object]:
@@ -86,18 +81,18 @@ def old_spelling_options(item: FlagField, old: str) -> dict[str, object]:
 def add_job_flags(parser: CommandParser, job: type) -> CommandParser:
     """Add a flag for every flag field of ``job`` (its nested dataclasses' too), in groups, and its former spellings
     (accepted with a notice, not shown); returns ``parser``."""
-    groups: dict[str, FlagAdder] = {}
-    hidden: FlagAdder = parser            # the former spellings: on the parser, out of the help
+    groups: dict[str, AddFlag] = {}
+    hidden: AddFlag = parser.add_argument     # the former spellings: on the parser, out of the help
     for item in flag_fields(job):
         flag = item.flag
         if flag.group not in groups:
-            groups[flag.group] = parser.add_argument_group(flag.group)
+            groups[flag.group] = parser.add_argument_group(flag.group).add_argument
         if flag.hidden:
             parser.remember_flags(flag.option, *flag.aliases)
-        groups[flag.group].add_argument(flag.option, *flag.aliases, **argparse_options(item))
+        groups[flag.group](flag.option, *flag.aliases, **argparse_options(item))
         for old in flag.old:
             parser.remember_flags(old)
-            hidden.add_argument(old, **old_spelling_options(item, old))
+            hidden(old, **old_spelling_options(item, old))
         for spelling in (flag.option, *flag.aliases, *flag.old):
             parser.remember_file_flag(FileFlag(spelling, flag.dest, flag_kind(flag),
                                                None if flag.switch else _typed(item)))

@@ -8,7 +8,7 @@ import difflib
 import re
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ..config_file import CONFIG_OPTION
 from ..errors import ConfigError
@@ -42,11 +42,12 @@ class CommandParser(argparse.ArgumentParser):
     an error is one line (not the usage of every flag) and an unknown flag is answered with the closest known
     ones (pass ``formatter_class=DefaultsHelpFormatter`` to show defaults)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, prog: str | None = None, description: str | None = None,
+                 formatter_class: type[argparse.HelpFormatter] = argparse.HelpFormatter) -> None:
         self.hidden_flags: list[str] = []        # flags accepted but not shown (remember_flags)
         self.file_flags: list[FileFlag] = []     # the flags --config may set (remember_file_flag)
         self._given: list[str] = []
-        super().__init__(*args, **kwargs)
+        super().__init__(prog=prog, description=description, formatter_class=formatter_class)
         self.add_argument(CONFIG_OPTION, metavar="FILE.toml", default=argparse.SUPPRESS, help=CONFIG_HELP)
 
     @property

@@ -39,11 +39,6 @@ def annotation_of(slide: Path) -> Path:
                      f"Object data > Export as GeoJSON) beside it")
 
 
-def is_annotation_file(path: Path) -> bool:
-    """Whether ``path`` is an annotation file (not a slide)."""
-    return path.suffix.lower() in ANNOTATION_SUFFIXES
-
-
 def read_usable(path: Path, repair: bool = False) -> tuple[Annotations, tuple[Repair, ...]]:
     """The annotations of ``path`` (AnnotationError naming the file when unreadable), their invalid polygons repaired
     when ``repair`` (with what changed; no changes without)."""

@@ -17,17 +17,9 @@ import numpy as np
 import torch
 
 from .dataset import Box, check_box, to_tensor
+from .files import class_of, require_path
 from .manifest import Cohort
-from .pathology import (
-    Slide,
-    class_of,
-    coarse_tissue,
-    open_slide,
-    read_extent,
-    require_path,
-    resolved_pixels,
-    slide_overview,
-)
+from .pathology import Slide, coarse_tissue, open_slide, read_extent, resolved_pixels, slide_overview
 from .resolution import LevelChoice, common_mpp, slide_choice
 from .stain_reads import StainedReads
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .dataset import Box, check_box
-from .pathology import require_path
+from .files import require_path
 
 SIDE = 32
 RECORD = 1 + 3 * SIDE * SIDE  # 3073 bytes: label, then the R, G and B planes row-major

@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from .apps import AppKind
 from .cifar import CLASSES as CIFAR_CLASSES
 from .dataset import RegionDataset
-from .pathology import class_of
+from .files import class_of
 from .validate import find_sources
 
 DEFAULT_NUM_CLASSES = 10    # MPI4DL's, for data whose labels do not come from folders

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from .barcodes import ORIGIN, tcga_patient
 from .csv_table import read_table
+from .files import SLIDE_ONLY_EXTENSIONS
 
 KNOB = "--cohort"
 REQUIRED = ("slide", "label")
@@ -237,8 +238,6 @@ def slide_files_named(path: Path) -> list[Path]:
     slideflow's ``slide`` leave it out): none, one, or (ambiguous) several."""
     if path.exists():
         return [path]
-    from .pathology import SLIDE_ONLY_EXTENSIONS
-
     named = [path.with_name(path.name + suffix) for suffix in (*SLIDE_ONLY_EXTENSIONS, ".tif", ".tiff")]
     return [candidate for candidate in named if candidate.is_file()]
 

@@ -18,7 +18,8 @@ import torch
 
 from .crops import NATIVE, CentreCrop
 from .dataset import AnyBox, Batcher, Box, RegionDataset, check_box, image_box, is_volume_box, volume_dataset
-from .pathology import TILE_EXTENSIONS, TileFolderDataset, require_path
+from .files import TILE_EXTENSIONS, require_path
+from .pathology import TileFolderDataset
 from .resolution import LevelChoice
 from .stain import StainNormalizer
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,15 +14,13 @@ import torch
 from .bounds import SlideBounds, slide_bounds
 from .crops import NATIVE, CentreCrop
 from .dataset import Box, check_box, to_tensor
+from .files import SLIDE_ONLY_EXTENSIONS, TILE_EXTENSIONS, class_of, folder_files, require_path
 from .resolution import LevelChoice
 from .stain_reads import OVERVIEW_SIDE, StainedReads
 from .tissue_mask import TissueMethod, tissue_mask
 
 if TYPE_CHECKING:
     from PIL import Image
-
-TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
-SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")
 
 
 class Slide(Protocol):
@@ -43,42 +40,6 @@ class Slide(Protocol):
     def get_thumbnail(self, size: tuple[int, int]) -> Image.Image: ...
 
     def close(self) -> None: ...
-
-
-def require_path(path: str | Path, knob: str = "--datapath") -> Path:
-    """``path`` as a Path, or FileNotFoundError naming the knob."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"{knob} {str(path)!r} does not exist; give a folder of tiles, a "
-                                f"slide file or a folder of slides")
-    return p
-
-
-def class_of(paths: Sequence[Path], root: Path, order: Sequence[str] | None = None) -> tuple[list[int], list[str]]:
-    """Labels from the first folder below ``root`` (sorted names, or the class names ``order`` in their order:
-    ValueError for a folder not among them); one class when files sit in root."""
-    names = [p.relative_to(root).parts[0] if len(p.relative_to(root).parts) > 1 else ""
-             for p in paths]
-    classes = list(order) if order else sorted(set(names))
-    unknown = sorted(set(names) - set(classes))
-    if unknown:
-        shown = ", ".join(repr(n) if n else "files directly in the folder" for n in unknown)
-        raise ValueError(f"{root} holds {shown}, not among the classes {', '.join(classes)}; put each image in "
-                         f"the folder of its class")
-    if any(names):
-        check_no_empty_class(root, classes, set(names))
-    return [classes.index(n) for n in names], classes
-
-
-def check_no_empty_class(root: Path, classes: Sequence[str], found: Collection[str]) -> None:
-    """ValueError naming every class folder below ``root`` (or class named) that holds none of the images read:
-    an empty class would otherwise be dropped without a word."""
-    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} if root.is_dir() else set()
-    empty = sorted((folders | set(classes)) - set(found))
-    if empty:
-        shown = ", ".join(str(root / name) for name in empty)
-        raise ValueError(f"class folder {shown} holds no images this run reads; add images to it, or remove it "
-                         f"(with --classes: drop its name)")
 
 
 def bounds_of(slide: Slide) -> SlideBounds:
@@ -115,8 +76,7 @@ class TileFolderDataset(StainedReads):
     ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones. ``mpp``
     (``--mpp``): each tile is first shrunk from its own MPP (resolution tags, or ``source_mpp``) to it
     (``data/crops.py``; refused for a tile without MPP, or too small then). ``self.mpp``: the resolution
-    read at (None: unknown or mixed).
-    """
+    read at (None: unknown or mixed)."""
 
     def __init__(self, root: str | Path, image_size: int, *, num_classes: int | None = None,
                  files: Sequence[Path] | None = None, classes: Sequence[str] | None = None,
@@ -152,18 +112,26 @@ class TileFolderDataset(StainedReads):
         """How tile ``index`` (``width x height`` pixels) is read: its centre crop at the run's resolution."""
         return CentreCrop(width, height, self.image_size, NATIVE if self.choices is None else self.choices[index])
 
-    def _check_sizes(self) -> None:
-        """ValueError naming the first tile too small for ``image_size`` at the run's resolution (before work)."""
+    @contextmanager
+    def _tile(self, index: int) -> Iterator[tuple[Image.Image, CentreCrop]]:
+        """Tile ``index`` open, with its crop; ValueError when it cannot be read or is too small at the resolution."""
         from PIL import Image
 
-        for index, path in enumerate(self.files):
-            try:
-                with Image.open(path) as img:
-                    problem = self.crop(index, *img.size).problem()
-            except OSError as err:
-                raise ValueError(f"cannot read tile {path}: {err}") from err
-            if problem is not None:
-                raise ValueError(f"tile {path} {problem}")
+        path = self.files[index]
+        try:
+            with Image.open(path) as img:
+                crop = self.crop(index, *img.size)
+                if (problem := crop.problem()) is not None:
+                    raise ValueError(f"tile {path} {problem}")
+                yield img, crop
+        except OSError as err:
+            raise ValueError(f"cannot read tile {path}: {err}") from err
+
+    def _check_sizes(self) -> None:
+        """ValueError naming the first tile too small for ``image_size`` at the run's resolution (before work)."""
+        for index in range(len(self.files)):
+            with self._tile(index):
+                pass
 
     def __len__(self) -> int:
         return len(self.files)
@@ -172,19 +140,9 @@ class TileFolderDataset(StainedReads):
         return self.labels[index]
 
     def read_pixels(self, index: int, box: Box | None = None) -> torch.Tensor:
-        from PIL import Image
-
-        path = self.files[index]
-        try:
-            with Image.open(path) as img:
-                crop = self.crop(index, *img.size)
-                problem = crop.problem()
-                if problem is not None:
-                    raise ValueError(f"tile {path} {problem}")
-                rgb = img.convert("RGB")
-                return to_tensor(crop.pixels(lambda b: np.asarray(rgb.crop((b[2], b[0], b[3], b[1]))), box))
-        except OSError as err:
-            raise ValueError(f"cannot read tile {path}: {err}") from err
+        with self._tile(index) as (img, crop):
+            rgb = img.convert("RGB")
+            return to_tensor(crop.pixels(lambda b: np.asarray(rgb.crop((b[2], b[0], b[3], b[1]))), box))
 
 
 def check_classes(found: int, requested: int | None, where: str | Path) -> int:
@@ -251,13 +209,11 @@ class SlideDataset(StainedReads):
     coarsest pyramid level once per slide: a tile is kept when at least ``min_tissue`` of its
     footprint is stained tissue by ``tissue`` (``min_tissue=0`` keeps all). Labels come from the first
     folder below ``root`` when the slides sit in class folders. ``opener`` opens a slide file
-    (OpenSlide by default; a wrapper may record or cache reads).
-    """
+    (OpenSlide by default; a wrapper may record or cache reads)."""
 
-    def __init__(self, slides: Sequence[str | Path], image_size: int, *, level: int = 0,
-                 min_tissue: float = 0.5, root: str | Path | None = None,
-                 num_classes: int | None = None, max_tiles_per_slide: int | None = None,
-                 classes: Sequence[str] | None = None,
+    def __init__(self, slides: Sequence[str | Path], image_size: int, *, level: int = 0, min_tissue: float = 0.5,
+                 root: str | Path | None = None, num_classes: int | None = None,
+                 max_tiles_per_slide: int | None = None, classes: Sequence[str] | None = None,
                  opener: Callable[[Path], Slide] = open_slide, mpp: float | None = None,
                  source_mpp: float | None = None, tissue: TissueMethod = TissueMethod.SATURATION) -> None:
         from .resolution import common_mpp, slide_choice
@@ -354,67 +310,9 @@ class SlideDataset(StainedReads):
         self._open.clear()
 
 
-@contextmanager
-def quiet_tifffile() -> Iterator[None]:
-    """tifffile logs damaged structures as warnings; the callers report them themselves."""
-    logger = logging.getLogger("tifffile")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def tiff_page_count(path: Path) -> int | None:
-    """Pages of a TIFF from its headers only (None: not parseable as TIFF)."""
-    import tifffile
-
-    try:
-        with quiet_tifffile(), tifffile.TiffFile(path) as tif:
-            return len(tif.pages)
-    except Exception:
-        return None
-
-
-def is_slide_file(path: Path) -> bool:
-    """Whether ``path`` is a whole-slide image: a slide-only extension, or a multi-page TIFF pyramid.
-
-    Judged from the headers (tifffile), so a slide with damaged image data still counts as
-    a slide (and the data check reports it) instead of passing for a tile.
-    """
-    suffix = path.suffix.lower()
-    if suffix in SLIDE_ONLY_EXTENSIONS:
-        return True
-    if suffix in (".tif", ".tiff"):
-        pages = tiff_page_count(path)
-        if pages is not None:
-            return pages > 1
-        import openslide
-
-        return openslide.OpenSlide.detect_format(str(path)) is not None
-    return False
-
-
-def folder_files(root: Path, exclude: Collection[Path] = ()) -> tuple[list[Path], bool]:
-    """The files a folder dataset reads and whether they are slides.
-
-    A folder holding any slide is a folder of slides: then every slide-only file and every
-    TIFF is one (a TIFF that cannot be a slide is reported by the data check, not dropped).
-    Otherwise it is a folder of tiles. ``exclude`` drops files (``--skip-bad-files``).
-    """
-    drop = {Path(p).resolve() for p in exclude}
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.resolve() not in drop)
-    if any(is_slide_file(p) for p in files):
-        return [p for p in files if p.suffix.lower() in SLIDE_ONLY_EXTENSIONS + (".tif", ".tiff")], True
-    return [p for p in files if p.suffix.lower() in TILE_EXTENSIONS], False
-
-
-def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0,
-                   min_tissue: float = 0.5, num_classes: int | None = None,
-                   exclude: Collection[Path] = (),
-                   classes: Sequence[str] | None = None, mpp: float | None = None,
-                   source_mpp: float | None = None,
+def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0, min_tissue: float = 0.5,
+                   num_classes: int | None = None, exclude: Collection[Path] = (), classes: Sequence[str] | None = None,
+                   mpp: float | None = None, source_mpp: float | None = None,
                    tissue: TissueMethod = TissueMethod.SATURATION) -> TileFolderDataset | SlideDataset:
     """``--app medical --datapath``: a slide file, a folder with slides (by class folder), or a tile folder;
     ``classes``: the class folders' names in label order (default: sorted); ``tissue``: how slides' tissue tiles

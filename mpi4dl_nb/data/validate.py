@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .apps import AppKind
 from .dataset import RegionDataset
-from .pathology import SLIDE_ONLY_EXTENSIONS, folder_files, quiet_tifffile, require_path
+from .files import SLIDE_ONLY_EXTENSIONS, folder_files, quiet_tifffile, require_path
 
 # PIL modes a tile may have: 8 bits per channel, converted to RGB on read
 TILE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")

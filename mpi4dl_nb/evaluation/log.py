@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..config import Choice
 
@@ -23,7 +23,7 @@ LOG_NAME = "metrics.jsonl"
 SCALARS = ("loss", "accuracy", "balanced_accuracy", "roc_auc", "pixel_accuracy", "mean_dice", "mean_iou")
 STEP_SCALARS = {"lr": "lr", "images_per_s": "images_per_s", "seconds": "seconds_per_step"}   # a step's record key:
                                                                                              # its TensorBoard name
-LogRecord = dict[str, Any]    # one parsed line: JSON values by name ("kind", "step", "run_id", figures)
+LogRecord = dict[str, object]    # one parsed line: JSON values by name ("kind", "step", "run_id", figures)
 
 
 class RecordKind(Choice):
@@ -86,7 +86,7 @@ class MetricsLog:
                 self.moved_aside = self.directory / f"metrics-{old[0].get('run_id') or 'earlier'}.jsonl"
                 os.replace(self.path, self.moved_aside)
             return
-        kept = [r for r in old if int(r.get("step", 0)) <= start_step]
+        kept = [r for r in old if not (isinstance(step := r.get("step"), (int, float)) and step > start_step)]
         if len(kept) != len(old) or self.path.read_text().count("\n") != len(old):
             partial = self.path.with_suffix(".jsonl.tmp")
             partial.write_text("".join(json.dumps(r) + "\n" for r in kept))

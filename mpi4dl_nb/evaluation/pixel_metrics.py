@@ -18,7 +18,7 @@ import numpy as np
 @dataclass(frozen=True)
 class PixelRecords:
     """What some ranks counted: per image (``index``: dataset positions, unique) its loss sums, and the
-    confusion matrix of their pixels. Loss sums as ``spatial/loss.PixelSums`` (float64 arrays)."""
+    confusion matrix of their pixels. Loss sums as ``loss.PixelSums`` (float64 arrays)."""
 
     index: np.ndarray        # int64 (n,)
     nll: np.ndarray          # (n, 0 or 1)

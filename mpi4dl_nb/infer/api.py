@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import Choice
 from .execute import run_infer
@@ -51,7 +51,7 @@ def option_keywords(options: Mapping[str, object]) -> dict[str, object]:
 
 
 def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | Sequence[str | Path], *,
-                ctx: Comm | None = None, **options: Any) -> dict[str, object] | None:
+                ctx: Comm | None = None, **options: object) -> dict[str, object] | None:
     """Run the checkpoint's network over ``slide``, writing ``output`` (.npy / .tif / .geojson / .csv / .png, or a list
     of them; ``PATH.tif:labels|probabilities|preview`` chooses a TIFF's content, see ``infer/outputs/kinds.py``).
 
@@ -94,7 +94,7 @@ def model_network(job: InferJob, model: object) -> TrainedNetwork:
 
 
 def infer_slides(checkpoint: str | Path, slides: str | Path | Sequence[str | Path], output: str | Path, *,
-                 ctx: Comm | None = None, **options: Any) -> dict[str, object] | None:
+                 ctx: Comm | None = None, **options: object) -> dict[str, object] | None:
     """Slide-level inference of a ``train --whole-slide`` checkpoint (``infer --slides A,B --output DIR``): one
     prediction per slide in ``output/slides.csv`` and, for attention/max heads, each slide's map (slide-aligned
     OME-TIFF and GeoJSON); see docs/inference.md, "Slide-level inference".

@@ -1,6 +1,6 @@
 """``infer --slides A,B --output DIR`` (or ``--cohort FILE.csv``) with a whole-slide model: one prediction per slide
 from its canvas, placed exactly as training placed it, with progress per slide, the summary table, ``slides.csv`` and
-the maps of where an attention or max head looked (``slide_outputs.py``)."""
+the maps of where an attention or max head looked (``outputs/slide_level.py``)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError
+from ..data.files import SLIDE_ONLY_EXTENSIONS
 from ..data.manifest import Cohort, read_cohort
-from ..data.pathology import SLIDE_ONLY_EXTENSIONS
 from .outputs.kinds import SLIDE_FIELD
 
 SLIDE_SUFFIXES = (*SLIDE_ONLY_EXTENSIONS, ".tif", ".tiff", ".png", ".jpg", ".jpeg")

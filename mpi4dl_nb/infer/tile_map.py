@@ -52,10 +52,6 @@ class TileGeometry:
         r0, c0 = row * self.stride, col * self.stride
         return (r0, r0 + self.extent, c0, c0 + self.extent)
 
-    def my_rows(self, rank: int, world: int) -> list[int]:
-        """The cell rows with whole tiles that ``rank`` of ``world`` computes (every ``world``-th)."""
-        return list(range(rank, self.whole(0), world))
-
 
 class TileClassifier:
     """The trained classifier on lone tiles: probabilities per class (softmax of its logits)."""

@@ -3,7 +3,7 @@
 Every rank reads only its tile of each window (zeros past the volume's sides up to the window
 unit), runs the spatialized fully convolutional network (halo exchanges in depth, rows and
 columns), and sends rank 0 its part of the window's core; rank 0 writes the label and
-probability volumes through memory maps (``volume_outputs.py``). Each core cell's field lies
+probability volumes through memory maps (``outputs/volume.py``). Each core cell's field lies
 inside its window, so every written voxel equals the whole-volume network's. A rank holds one
 window's tile and activations at a time: its memory does not grow with the volume. A NIfTI scan is predicted in the RAS
 axes it is read in (``data/volume/orientation.py``) and its outputs written back into its own grid and header.

@@ -93,7 +93,7 @@ class FileVolume:
     """A TIFF stack or NIfTI file (``data/volume/files.py``): the header once, each region read alone.
 
     Voxel values reach the network as training reads them: integer voxels divided by their type's
-    maximum (``volume_dataset.intensity_scale``), float voxels as stored.
+    maximum (``volume/dataset.intensity_scale``), float voxels as stored.
     """
 
     def __init__(self, path: str | Path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..checkpoint.record import RunRecord, read_checkpoint
+from ..checkpoint.record import RunRecord
 from ..comm.agreement import agreed
 from ..config import ConfigError
 from ..data.canvas import SlideCanvases
@@ -35,15 +35,10 @@ from .attention_map import (
     max_shares,
     tile_extrema,
 )
-from .model import ModelDescription, find_checkpoint, load_trained
+from .model import ModelDescription, load_trained
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
-
-
-def is_whole_slide(checkpoint: str | Path) -> bool:
-    """Whether ``checkpoint`` (a file, or a directory: its newest) holds a ``train --whole-slide`` model."""
-    return read_checkpoint(find_checkpoint(checkpoint), lazy=True, check=False).record.data.whole_slide
 
 
 @dataclass(frozen=True)

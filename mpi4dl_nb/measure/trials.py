@@ -315,7 +315,7 @@ def measure_config_on_engine(spec: TrialModel, knobs: Knobs, image_size: int, ba
 
 
 def calibrate_job_on_engine() -> JobCalibration:
-    """``measure.calibrate_job`` on this job (ping-pong, meeting cost, threads), for ``cluster.run``."""
+    """``measure.calibration.calibrate_job`` on this job (ping-pong, meeting cost, threads), for ``cluster.run``."""
     from .calibration import calibrate_job
 
     return calibrate_job(_engine_context())

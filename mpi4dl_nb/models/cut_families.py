@@ -58,19 +58,6 @@ def built_image_size(model: nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def _token_pieces(model: nn.Module, side: Side) -> list[nn.Module]:
-    return token_pieces(model)
-
-
-def _token_side(model: nn.Module, check_size: int) -> Side:
-    """A ViT's: the size it was built for (``check_size`` when it takes any)."""
-    return check_size if getattr(model, "dynamic_img_size", False) else token_image_size(model)
-
-
-def _has_built_size(model: nn.Module) -> bool:
-    return built_image_size(model) is not None
-
-
 def _sized_pieces(model: nn.Module, side: Side) -> list[nn.Module]:
     """The chain cut, its first piece refusing images of another size than the model's (ValueError)."""
     first, *rest = chain_pieces(model, side)
@@ -90,20 +77,15 @@ def _built_side(model: nn.Module, check_size: int) -> Side:
     return built_image_size(model) or check_size
 
 
-def _any_model(model: nn.Module) -> bool:
-    return True
-
-
-def _given_side(model: nn.Module, check_size: int) -> Side:
-    return check_size
-
-
 CUT_FAMILIES: tuple[CutFamily, ...] = (
-    CutFamily("vision transformer (timm ViT, Eva)", is_token_model, _token_pieces, _token_side),
-    CutFamily("timm Swin (trunk and classifier)", lambda model: is_swin_model(model) and _has_built_size(model),
+    CutFamily("vision transformer (timm ViT, Eva)", is_token_model, lambda model, side: token_pieces(model),
+              # a ViT's side: the size it was built for (``check_size`` when it takes any)
+              lambda model, size: size if getattr(model, "dynamic_img_size", False) else token_image_size(model)),
+    CutFamily("timm Swin (trunk and classifier)", lambda model: is_swin_model(model) and bool(built_image_size(model)),
               _swin_pieces, _built_side),
-    CutFamily("chain built for one image size (timm Swin, MaxViT)", _has_built_size, _sized_pieces, _built_side),
-    CutFamily("chain of its modules", _any_model, chain_pieces, _given_side),
+    CutFamily("chain built for one image size (timm Swin, MaxViT)", lambda model: bool(built_image_size(model)),
+              _sized_pieces, _built_side),
+    CutFamily("chain of its modules", lambda model: True, chain_pieces, lambda model, size: size),
 )
 
 

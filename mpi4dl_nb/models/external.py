@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..spatial.timm_classes import TimmKind, from_timm, timm_kind
+from ..spatial.windows.linear import LINEAR_ATTENTION, wide_attention
 from .chain import mode, side_text
 from .cut import layer_list
 from .cut_families import built_image_size
@@ -213,23 +213,15 @@ def built_model(family: str, source: str, num_classes: int, in_channels: int = 3
                      f"the model object (model=...) together with the checkpoint")
 
 
-def _wide_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float) -> torch.Tensor:
-    """timm's ``LiteMLA._attn`` in the wider of its input's dtype and float32 (timm's: float32, which rounds a float64
-    run), as the tiles compute it (``spatial/windows/linear.py``)."""
-    work = torch.promote_types(v.dtype, torch.float32)
-    out = q.to(work) @ (k.to(work).transpose(-1, -2) @ v.to(work))
-    return (out[..., :-1] / (out[..., -1:] + eps)).to(v.dtype)
-
-
 def float64_kept(built: Built) -> Built:
     """``built`` with every timm LiteMLA (EfficientViT's linear attention) computing in the wider of its input's dtype
     and float32: one process then computes a float64 run's attention in float64, as the tiles do (timm's own
     precision in float32, float16 and bfloat16 runs)."""
     for root in built if isinstance(built, list) else [built]:
         for module in root.modules():
-            if from_timm(module) and isinstance(module, timm_kind(TimmKind.LINEAR_ATTENTION)):
+            if LINEAR_ATTENTION.matches(module):
                 eps = vars(module)["eps"]          # a plain float of the module
-                object.__setattr__(module, "_attn", functools.partial(_wide_linear_attention, eps=float(eps)))
+                object.__setattr__(module, "_attn", functools.partial(wide_attention, eps=float(eps)))
     return built
 
 

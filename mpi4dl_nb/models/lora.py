@@ -185,11 +185,6 @@ def add_adapters(layers: Sequence[nn.Module], spec: LoraSpec, label: str) -> str
             f"adapters and the head (final norm, classifier): {trained:,} parameters, {frozen:,} frozen")
 
 
-def has_adapters(layers: Sequence[nn.Module]) -> bool:
-    """Whether ``layers`` hold LoRA adapters."""
-    return any(isinstance(m, LoraLinear) for layer in layers for m in layer.modules())
-
-
 def merge_adapters(layers: Sequence[nn.Module]) -> int:
     """Every ``LoraLinear`` of ``layers`` replaced by the plain ``nn.Linear`` of its adapted weight, in place; how
     many (the state dict's keys are then the model's own)."""

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..spatial.guard import is_tiled
+from ..spatial.tile_marks import is_tiled
 
 # torch functions with a ``training`` flag that a trace would freeze: run as the matching module instead
 DROPOUTS: dict[Callable[..., torch.Tensor], type[nn.Module]] = {

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from ..spatial.timm_classes import TimmKind, from_timm, timm_kind
-from ..spatial.windows.swin_trunk import SwinTrunkPiece
+from ..spatial.family import from_timm, timm_classes
+from ..spatial.windows.swin import SWIN_MODELS
+from ..spatial.windows.swin_trunk import SWIN_TRUNK
 from .pieces import Piece, SizedPiece
 
 EMBEDDING = "patch_embed"
@@ -21,9 +22,11 @@ TRUNK = (EMBEDDING, "layers", "norm", "head.global_pool")      # the model's pat
 CLASSIFIER = ("head.drop", "head.fc", "head.flatten")
 
 
-class SwinTrunk(SizedPiece, SwinTrunkPiece):
+class SwinTrunk(SizedPiece):
     """A Swin's patch embedding, stages, final norm and average pool (on tiles: ``SwinTrunkTiles``); it refuses
     images of another size than the model was built for (ValueError naming both)."""
+
+    tile_family = SWIN_TRUNK
 
     def __init__(self, steps: Sequence[tuple[str, nn.Module]], built: tuple[int, int], source: type[nn.Module]) -> None:
         super().__init__(steps, built, source.__name__)
@@ -39,7 +42,7 @@ class SwinTrunk(SizedPiece, SwinTrunkPiece):
 def is_swin_model(model: nn.Module) -> bool:
     """Whether ``model`` is a timm Swin(V2) as timm builds it, with its head's average pool (what the trunk cut
     takes)."""
-    if not (from_timm(model) and type(model) in timm_kind(TimmKind.SWIN_MODEL)):
+    if not (from_timm(model) and type(model) in timm_classes(SWIN_MODELS)):
         return False
     head = getattr(model, "head", None)
     pool = getattr(getattr(head, "global_pool", None), "pool_type", None)

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from ..spatial.windows.swin3d import VolumePatchMergeClass, VolumeWindowBlockClass
+from ..spatial.windows.swin3d import VOLUME_PATCH_MERGE, VOLUME_WINDOW_BLOCK
 
 Sides = tuple[int, int, int]
 MASKED = -100.0   # the attention score between tokens of different regions of a shifted window (Swin's value)
@@ -116,8 +116,10 @@ class WindowAttention3d(nn.Module):
         return self.proj(out)
 
 
-class SwinBlock3d(nn.Module, VolumeWindowBlockClass):   # on a volume's tiles: spatial/windows/swin3d.py
+class SwinBlock3d(nn.Module):
     """``x + attention(norm(x))`` over (shifted) windows, then ``x + mlp(norm(x))``; ``(N, C, D, H, W)`` in and out."""
+
+    tile_family = VOLUME_WINDOW_BLOCK   # on a volume's tiles: spatial/windows/swin3d.py
 
     def __init__(self, dim: int, heads: int, window: Sides, shifted: bool, mlp_ratio: float = 4.0) -> None:
         super().__init__()
@@ -148,8 +150,10 @@ class SwinBlock3d(nn.Module, VolumeWindowBlockClass):   # on a volume's tiles: s
         return torch.roll(attended, list(shift), (1, 2, 3)) if any(shift) else attended
 
 
-class PatchMerging3d(nn.Module, VolumePatchMergeClass):   # on a volume's tiles: spatial/windows/swin3d.py
+class PatchMerging3d(nn.Module):
     """Halve every side: each 2x2x2 group of tokens concatenated (8C), normalised and projected to 2C channels."""
+
+    tile_family = VOLUME_PATCH_MERGE   # on a volume's tiles: spatial/windows/swin3d.py
 
     def __init__(self, dim: int) -> None:
         super().__init__()

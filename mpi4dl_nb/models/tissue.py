@@ -13,7 +13,7 @@ class TissueCarrier(nn.Module):
     """``layer`` on all channels but the last; the last (tissue fraction) area-pooled by ``stride`` and appended.
 
     On tiles the area pool is a spatial average pool, exact when every tile's sides are multiples of the
-    trunk's stride product (``spatial/canvas.py`` checks the canvas).
+    trunk's stride product (``models/canvas.py`` checks the canvas).
     """
 
     def __init__(self, layer: nn.Module, stride: int, in_channels: int) -> None:

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..pipeline.handoff import TokenTiling
 from ..pipeline.layer_decay import decay_scales
 from ..spatial.geometry import TileGrid
-from ..spatial.tokens.vit import RopeBlockPiece, TokenStemPiece
+from ..spatial.tokens.vit import CUT_EMBEDDING, CUT_ROPE_BLOCK
 from .pieces import Piece
 from .swin import SwinTrunk
 
@@ -69,10 +69,12 @@ def build_settings_of(model: nn.Module) -> dict[str, object]:
             if not name.startswith("_") and name != "training" and isinstance(value, SETTINGS)}
 
 
-class TokenEmbedding(Piece, TokenStemPiece):
+class TokenEmbedding(Piece):
     """The patch embedding with the class/register tokens and the position embedding: the model class's
     ``_pos_embed`` run on this piece, which holds the model's own tensors and settings (on a spatial stage: the
-    embedding on token tiles, ``spatial/vit.TokenStem``)."""
+    embedding on token tiles, ``spatial/tokens/vit.TokenStem``)."""
+
+    tile_family = CUT_EMBEDDING
 
     def __init__(self, steps: Sequence[tuple[str, nn.Module]], source: type[nn.Module],
                  tensors: Mapping[str, nn.Parameter | None], settings: Mapping[str, object]) -> None:
@@ -120,9 +122,11 @@ class TokenEmbedding(Piece, TokenStemPiece):
         return f"{super().extra_repr()}; {self.source.__name__}._pos_embed after {EMBEDDING_STEP}"
 
 
-class RopeBlock(Piece, RopeBlockPiece):
-    """An Eva block and the rotary embedding it takes (computed here from the model's token grid: it holds no
-    weights, and is the same for every block; on a spatial stage sliced per tile, ``spatial/vit.TokenRopeBlock``)."""
+class RopeBlock(Piece):
+    """An Eva block and the rotary embedding it takes, computed from the model's token grid (no weights, the same
+    for every block; on a spatial stage sliced per tile: ``spatial/tokens/vit.TokenRopeBlock``)."""
+
+    tile_family = CUT_ROPE_BLOCK
 
     def __init__(self, path: str, block: nn.Module, rope: nn.Module, grid: tuple[int, int]) -> None:
         super().__init__([(path, block)])

@@ -20,7 +20,8 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from ..comm.trace import Event
 from ..config import ParallelConfig
 from ..layout import layout
-from ..pipeline.schedules import COMPUTE_KINDS, Action, ActionKind, Schedule
+from ..pipeline.actions import COMPUTE_KINDS
+from ..pipeline.schedules import Action, ActionKind, Schedule
 from ..spatial.geometry import LayerHalo, Message, TileGrid, TileHalo
 
 if TYPE_CHECKING:
@@ -611,12 +612,6 @@ def find_artists(fig: Figure, prefix: str) -> list[Artist]:
             if gid and gid.startswith(prefix):
                 found.append(artist)
     return found
-
-
-def to_png(fig: Figure, path: str, dpi: int = 110) -> str:
-    """Save a figure (drawn without pyplot) as PNG; returns the path."""
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    return path
 
 
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:

@@ -1,98 +1,27 @@
 """The cut a configuration trains with when no ``balance`` is given: by memory per rank, fitting the tiles.
 
-Without spatial stages the layers are split evenly by count. With spatial stages the rank that holds
-the first layer-parallel stage must not end up with the full-resolution activations the tiles were
-meant to share, so the cut minimises the largest rank's memory (``memory_cost``), and - given the
-image size - keeps on the spatial stages only layers whose halos fit the tiles (``tile_fit``). When
-no cut fits, the refusal names what would: a larger image, fewer tiles; a ``balance`` given that
-does not fit is refused naming the cut that does (``check_fit``, the pre-flight check).
+Read top to bottom: ``check_fit`` (the pre-flight check; a ``balance`` given that does not fit the tiles is
+refused naming the cut that does), ``default_balance`` (the rule), ``fitting_cut`` (the cut minimising the
+largest rank's ``memory_cost`` - ``partition_stages`` - inside the layers that fit the tiles), and the refusal
+when no cut fits (``no_fitting_cut``: a larger image or fewer tiles that would). The shape-only probes it asks
+are pure helpers below it: the memory per layer (``stages.probe_memory``) and how many leading layers fit the
+tiles at an image size (``tile_fit.spatial_reach``, over ``spatial.fit``'s halo geometry).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
-import torch
 from torch import nn
 
 from ..config import ConfigError, ParallelConfig, SliceMethod
 from ..spatial.geometry import TileGrid
-from .layer_memo import LayerMemo
-from .stages import LayerMemory, check_balance, even_balance, layer_memory, partition_stages
-from .tile_fit import (
-    PROBE_ERRORS,
-    ReachProbe,
-    SpatialReach,
-    first_layer_channels,
-    larger_sizes,
-    parameter_dtype,
-    spatial_reach,
-)
+from .stages import PROBE_SIZE, LayerMemory, check_balance, counts_from_cuts, even_balance, probe_memory
+from .tile_fit import ReachProbe, SpatialReach, first_layer_channels, parameter_dtype, spatial_reach
 
-PROBE_SIZE = 256   # image side default_balance profiles at (shape-only, on meta)
-# the memory probes of the last few models: the pre-flight check, the engine and the planner's cuts ask alike
-_PROBED: LayerMemo[list[LayerMemory] | None] = LayerMemo()
-
-
-def probe_memory(layers: Sequence[nn.Module], probe_size: int = PROBE_SIZE) -> list[LayerMemory] | None:
-    """``layer_memory`` of ``layers`` on a ``probe_size`` square image (meta), or None if the
-    input channels cannot be told (no conv) or the layers fail at that size. The last few results
-    are kept (for the same layer objects, unchanged)."""
-    return _PROBED.get(layers, probe_size, lambda: _probed_memory(layers, probe_size))
-
-
-def _probed_memory(layers: Sequence[nn.Module], probe_size: int) -> list[LayerMemory] | None:
-    channels = first_layer_channels(layers)
-    if channels is None:
-        return None
-    sample = torch.empty(1, channels, probe_size, probe_size, dtype=parameter_dtype(layers), device="meta")
-    try:
-        return layer_memory(layers, sample)
-    except PROBE_ERRORS:
-        return None
-
-
-def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size: int = PROBE_SIZE,
-                    probed: Sequence[LayerMemory] | None = None,
-                    image_size: int | tuple[int, int] | None = None,
-                    in_channels: int | None = None) -> tuple[int, ...]:
-    """The balance ``cfg`` trains with: ``cfg.balance`` if given, else a rule.
-
-    Without spatial stages, or on a volume's grid: even by layer count (``even_balance``). With spatial stages the
-    rank that holds the first layer-parallel stage must not end up with the full-resolution
-    activations the tiles were meant to share, so the cut is by memory per rank: each
-    layer's saved-activation bytes (``layer_memory``, shape-only on ``meta`` at
-    ``probe_size`` pixels square - activations of a conv net scale with the pixel count, so
-    the proportions hold at any image size) divided by the tiles on a spatial stage, plus
-    3x its parameter bytes (weights, gradients, momentum), plus on a layer-parallel stage
-    its received input (twice after the hand-off: the joined map and its gradient's tile
-    copies); the contiguous cut minimising the largest rank's bytes, with spatial stages
-    ending on 4-d feature maps. Layers that cannot be probed (no conv to tell the input
-    channels, or an error at that size) fall back to the even cut. ``probed``: the
-    ``probe_memory`` of ``layers``, if already known.
-
-    ``image_size`` (int or (height, width)): the cut also fits the tiles at that size - no
-    spatial stage holds a layer whose halo is wider than a tile (``tile_fit``); ConfigError
-    naming image sizes, a balance and tile counts that work when no cut does. None: the
-    tiles are not checked (the engine then refuses a misfit at the first step).
-    ``in_channels``: the images' channels (None: what the first conv takes).
-    """
-    if cfg.balance is not None:
-        return check_balance(cfg.balance, len(layers), cfg.split_size)
-    if cfg.spatial_size == 0 or cfg.volume_grid is not None:   # volumes: the memory probe and tile fit are 2-D
-        return even_balance(len(layers), cfg.split_size)
-    reach = None if image_size is None else spatial_reach(
-        layers, TileGrid(*cfg.grid_shape), image_size, max_spatial_layers(len(layers), cfg), in_channels)
-    limit = len(layers) if reach is None else reach.limit(len(layers))
-    if cfg.split_size == 1 and limit >= len(layers):   # one stage holds every layer: no cut to weigh
-        return (len(layers),)
-    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
-    balance = fitting_cut(cfg, len(layers), memory, limit)
-    if balance is None:
-        assert reach is not None, "without a fit limit every cut is allowed"
-        raise no_fitting_cut(layers, cfg, reach, memory)
-    return balance
+StageCost = Callable[[int, int, int], float]   # (stage, start, stop) -> the cost of the stage holding start:stop
 
 
 def check_fit(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int | tuple[int, int],
@@ -118,9 +47,40 @@ def check_fit(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int 
     raise ConfigError(reach.refusal.knob, reach.refusal.detail + hint)
 
 
-def max_spatial_layers(num_layers: int, cfg: ParallelConfig) -> int:
-    """The most layers the spatial stages can hold (each later stage keeps one)."""
-    return num_layers - (cfg.split_size - cfg.spatial_size)
+def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size: int = PROBE_SIZE,
+                    probed: Sequence[LayerMemory] | None = None,
+                    image_size: int | tuple[int, int] | None = None,
+                    in_channels: int | None = None) -> tuple[int, ...]:
+    """The balance ``cfg`` trains with: ``cfg.balance`` if given, else a rule.
+
+    Without spatial stages, or on a volume's grid: even by layer count (``even_balance``). With spatial stages the
+    rank that holds the first layer-parallel stage must not end up with the full-resolution activations the tiles
+    were meant to share, so the cut is by memory per rank (``memory_cost``), each layer's bytes probed shape-only at
+    ``probe_size`` pixels square (``probe_memory``; activations of a conv net scale with the pixel count, so the
+    proportions hold at any image size). Layers that cannot be probed (no conv to tell the input channels, or an
+    error at that size) fall back to the even cut. ``probed``: the ``probe_memory`` of ``layers``, if known.
+
+    ``image_size`` (int or (height, width)): the cut also fits the tiles at that size - no
+    spatial stage holds a layer whose halo is wider than a tile (``tile_fit``); ConfigError
+    naming image sizes, a balance and tile counts that work when no cut does. None: the
+    tiles are not checked (the engine then refuses a misfit at the first step).
+    ``in_channels``: the images' channels (None: what the first conv takes).
+    """
+    if cfg.balance is not None:
+        return check_balance(cfg.balance, len(layers), cfg.split_size)
+    if cfg.spatial_size == 0 or cfg.volume_grid is not None:   # volumes: the memory probe and tile fit are 2-D
+        return even_balance(len(layers), cfg.split_size)
+    reach = None if image_size is None else spatial_reach(
+        layers, TileGrid(*cfg.grid_shape), image_size, max_spatial_layers(len(layers), cfg), in_channels)
+    limit = len(layers) if reach is None else reach.limit(len(layers))
+    if cfg.split_size == 1 and limit >= len(layers):   # one stage holds every layer: no cut to weigh
+        return (len(layers),)
+    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
+    balance = fitting_cut(cfg, len(layers), memory, limit)
+    if balance is None:
+        assert reach is not None, "without a fit limit every cut is allowed"
+        raise no_fitting_cut(layers, cfg, reach, memory)
+    return balance
 
 
 def fitting_cut(cfg: ParallelConfig, num_layers: int, memory: Sequence[LayerMemory] | None,
@@ -146,18 +106,14 @@ def fitting_cut(cfg: ParallelConfig, num_layers: int, memory: Sequence[LayerMemo
         return None
 
 
-StageCost = Callable[[int, int, int], float]
-
-
 def memory_cost(cfg: ParallelConfig, memory: Sequence[LayerMemory],
                 fits: Callable[[int, int], bool]) -> StageCost:
-    """Bytes per rank of stage ``stage`` holding layers ``start:stop`` (``default_balance``'s rule);
-    ``inf`` for a spatial stage not ending on a 4-d map or not allowed by ``fits(stage, stop)``."""
-    saved = [0.0] + [float(m.saved_bytes) for m in memory]
-    params = [0.0] + [3.0 * m.param_bytes for m in memory]
-    for values in (saved, params):
-        for k in range(1, len(values)):
-            values[k] += values[k - 1]
+    """Bytes per rank of stage ``stage`` holding layers ``start:stop`` (``default_balance``'s rule): the layers'
+    saved activations (divided by the tiles on a spatial stage), 3x their parameters (weights, gradients,
+    momentum), on a layer-parallel stage its received input (twice after the hand-off: the joined map and its
+    gradient's tile copies); ``inf`` for a spatial stage not ending on a 4-d map or not allowed by ``fits``."""
+    saved = list(accumulate((float(m.saved_bytes) for m in memory), initial=0.0))   # prefix sums
+    params = list(accumulate((3.0 * m.param_bytes for m in memory), initial=0.0))
     out_bytes = [float(sum(t.numel() * t.element_size() for t in m.outputs)) for m in memory]
     is_map = [bool(m.outputs) and all(t.dim() == 4 for t in m.outputs) for m in memory]
 
@@ -177,42 +133,94 @@ def memory_cost(cfg: ParallelConfig, memory: Sequence[LayerMemory],
     return cost
 
 
+def partition_stages(num_layers: int, split_size: int, cost: StageCost) -> tuple[int, ...]:
+    """Contiguous cut of ``num_layers`` layers into ``split_size`` non-empty stages minimising
+    the largest ``cost(stage, start, stop)`` (layers ``start:stop``); exact dynamic program.
+
+    A cost of ``inf`` forbids a stage; ConfigError if every cut has one.
+    """
+    if not 1 <= split_size <= num_layers:
+        raise ConfigError("split_size", f"cannot cut {num_layers} layers into {split_size} stages; "
+                          f"use split_size between 1 and {num_layers}")
+    inf = float("inf")
+    best = [[inf] * (num_layers + 1) for _ in range(split_size + 1)]
+    cut = [[0] * (num_layers + 1) for _ in range(split_size + 1)]
+    best[0][0] = 0.0
+    for k in range(1, split_size + 1):
+        for i in range(k, num_layers - (split_size - k) + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], cost(k - 1, j, i))
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    if best[split_size][num_layers] == inf:
+        raise ConfigError("balance", f"no cut of {num_layers} layers into {split_size} stages "
+                          f"is allowed; give balance explicitly")
+    return counts_from_cuts(cut, split_size, num_layers)
+
+
 def no_fitting_cut(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: SpatialReach,
                    memory: Sequence[LayerMemory] | None) -> ConfigError:
     """The refusal when no cut fits the tiles: the first layer that does not fit, then what would:
     a larger image size (with the default cut there) or fewer spatial parts at this size."""
     height, width = reach.image_size
     rows, cols = reach.grid
-    num = len(layers)
     why = reach.refusal.detail if reach.refusal is not None else "it does not fit"
-    ways = []
+    found = (larger_image_that_fits(layers, cfg, reach, memory), fewer_parts_that_fit(layers, cfg, reach, memory))
+    ways = [way for way in found if way is not None] or ["use fewer spatial parts or a larger image size"]
+    return ConfigError("image_size", f"no stage cut of the {len(layers)} layers fits {rows}x{cols} tiles of a "
+                       f"{height}x{width} image: the spatial stages need {cfg.spatial_size} layer(s) "
+                       f"from the start and layer {reach.layers} does not fit ({why}); "
+                       + "; or ".join(ways))
+
+
+def larger_image_that_fits(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: SpatialReach,
+                           memory: Sequence[LayerMemory] | None) -> str | None:
+    """``--image-size N fits (there the default cut is --balance ...)`` for the smallest of ``larger_sizes``
+    at which a cut fits, or None."""
     channels = first_layer_channels(layers)
-    if channels is not None:
-        with ReachProbe(layers, TileGrid(rows, cols), channels, parameter_dtype(layers)) as probe:
-            for size in larger_sizes(reach.image_size):
-                larger = probe.reach(*size, limit=max_spatial_layers(num, cfg))
-                cut = None if larger.unknown else fitting_cut(cfg, num, memory, larger.limit(num))
-                if cut is not None:
-                    side = str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
-                    ways.append(f"--image-size {side} fits (there the default cut is --balance "
-                                f"{','.join(map(str, cut))})")
-                    break
+    if channels is None:
+        return None
+    num = len(layers)
+    with ReachProbe(layers, TileGrid(*reach.grid), channels, parameter_dtype(layers)) as probe:
+        for size in larger_sizes(reach.image_size):
+            larger = probe.reach(*size, limit=max_spatial_layers(num, cfg))
+            cut = None if larger.unknown else fitting_cut(cfg, num, memory, larger.limit(num))
+            if cut is not None:
+                side = str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
+                return f"--image-size {side} fits (there the default cut is --balance {','.join(map(str, cut))})"
+    return None
+
+
+def fewer_parts_that_fit(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: SpatialReach,
+                         memory: Sequence[LayerMemory] | None) -> str | None:
+    """``--num-spatial-parts N fits this image size`` for the largest of ``fewer_parts`` at which a cut fits,
+    or None."""
+    num = len(layers)
     for parts in fewer_parts(cfg):
         try:
             smaller = cfg.with_(num_spatial_parts=parts)
         except ConfigError:
             continue
-        found = spatial_reach(layers, TileGrid(*smaller.grid_shape), (height, width),
+        found = spatial_reach(layers, TileGrid(*smaller.grid_shape), reach.image_size,
                               limit=max_spatial_layers(num, cfg))
         if found is not None and not found.unknown and fitting_cut(smaller, num, memory, found.limit(num)) is not None:
-            ways.append(f"--num-spatial-parts {parts} fits this image size")
-            break
-    if not ways:
-        ways.append("use fewer spatial parts or a larger image size")
-    return ConfigError("image_size", f"no stage cut of the {num} layers fits {rows}x{cols} tiles of a "
-                       f"{height}x{width} image: the spatial stages need {cfg.spatial_size} layer(s) "
-                       f"from the start and layer {reach.layers} does not fit ({why}); "
-                       + "; or ".join(ways))
+            return f"--num-spatial-parts {parts} fits this image size"
+    return None
+
+
+def larger_sizes(image_size: tuple[int, int], count: int = 48) -> list[tuple[int, int]]:
+    """Candidate image sizes above ``image_size``, smallest first: steps of the largest power of two
+    (at most 32) dividing both sides, so a model's downsampling still divides them, then doublings."""
+    height, width = image_size
+    step = 1
+    while step < 32 and height % (2 * step) == 0 and width % (2 * step) == 0:
+        step *= 2
+    found = [(height + k * step, width + k * step) for k in range(1, count + 1)]
+    scale = 2
+    while found[-1][0] < 16 * height:
+        found.append((height * scale, width * scale))
+        scale *= 2
+    return sorted(set(s for s in found if s[0] > height or s[1] > width))
 
 
 def fewer_parts(cfg: ParallelConfig) -> list[int]:
@@ -221,3 +229,8 @@ def fewer_parts(cfg: ParallelConfig) -> list[int]:
         return []
     square = cfg.slice_method is SliceMethod.SQUARE
     return [p for p in range(cfg.num_spatial_parts - 1, 1, -1) if not square or math.isqrt(p) ** 2 == p]
+
+
+def max_spatial_layers(num_layers: int, cfg: ParallelConfig) -> int:
+    """The most layers the spatial stages can hold (each later stage keeps one)."""
+    return num_layers - (cfg.split_size - cfg.spatial_size)

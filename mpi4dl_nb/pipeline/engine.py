@@ -84,7 +84,7 @@ class HybridEngine:
     ``nn.CrossEntropyLoss()``); each chunk's loss is scaled by ``chunk / global batch`` so
     the summed gradients are those of the mean loss over the global batch. With every stage
     spatial (``cfg.all_spatial``: dense models) the loss runs on the last stage's tiles and must
-    be a ``TileLoss`` (``spatial.loss.DenseLoss``); labels are then per-pixel masks.
+    be a ``TileLoss`` (``loss.DenseLoss``); labels are then per-pixel masks.
     ``optimizer(params)`` returns a torch optimizer for this rank's parameters (None: no
     step; gradients stay in the parameters; none either when every parameter is frozen); a
     factory with ``by_name`` gets them with their whole-model keys (``ScaledOptimizer``).
@@ -265,10 +265,6 @@ class HybridEngine:
         return params
 
     # ---------------------------------------------------------------- training
-    def batch_size_of(self, images: Images) -> int:
-        """The global batch size of a step's ``images`` argument (see ``train_step``)."""
-        return resolve_batch_size(images, None, None)
-
     def train_step(self, images: Images, labels: Labels,
                    on_action: Callable[[Action], None] | None = None, *,
                    batch_size: int | None = None,

@@ -38,10 +38,10 @@ from torch import nn
 from ..comm.messages import Payload, as_items
 from ..config import CheckpointGranularity, CheckpointSetting
 from ..spatial.function_ctx import FunctionContext
-from ..spatial.guard import is_tiled, layout_of, mark_tiled
 from ..spatial.layer import ForwardState, SpatialRuntime, shallow_copy
 from ..spatial.replay import ForwardLog
 from ..spatial.tile_layout import TileLayout
+from ..spatial.tile_marks import is_tiled, layout_of, mark_tiled
 from .bn_replay import RunningStatsNorm, running_stat_norms
 
 

@@ -512,15 +512,6 @@ class PipelineRuntime:
         return results
 
     # --------------------------------------------------------------------- step
-    def run_step(self, data: StepInput, chunk_size: int,
-                 on_action: Callable[[Action], None] | None = None) -> float:
-        """Execute this rank's actions; returns this rank's share of the loss."""
-        step = self.steps(data, chunk_size)
-        for action in step:
-            if on_action is not None:
-                on_action(action)
-        return step.loss_sum
-
     def steps(self, data: StepInput, chunk_size: int) -> StepRun:
         """A paused step: iterate it to execute this rank's actions one at a time."""
         return StepRun(self, _StepState(data, chunk_size, data.batch_size))

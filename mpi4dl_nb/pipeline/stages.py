@@ -4,7 +4,8 @@ Automatic balance profiles each layer once on a sample batch, either by **time**
 (forward + backward wall time, median of a few runs) or by **memory** (bytes autograd
 saves for backward plus the layer's parameters, counted by ``layer_memory``'s rule, which
 the memory planner uses too), then cuts the list into contiguous stages that minimise the
-largest stage cost. The cut a configuration gets without ``balance`` is ``default_cut.default_balance``.
+largest stage cost. The cut a configuration gets without ``balance`` is ``default_cut.default_balance``,
+which asks ``probe_memory`` (``layer_memory`` shape-only at a probe size, kept for the last few models).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from torch.utils.hooks import RemovableHandle
 from ..comm.messages import Payload, as_items, like
 from ..config import ConfigError
 from ..spatial.fit import meta_copy
+from .layer_memo import LayerMemo
+from .tile_fit import PROBE_ERRORS, first_layer_channels, parameter_dtype
 
 Activation = Payload  # a tensor or a tuple of tensors (skip connections)
+PROBE_SIZE = 256   # image side the default cut profiles memory at (shape-only, on meta)
 
 
 class Stage(nn.Sequential):
@@ -115,10 +119,10 @@ def partition_costs(costs: Sequence[float], split_size: int) -> tuple[int, ...]:
                 value = max(best[k - 1][j], prefix[i] - prefix[j])
                 if value <= best[k][i]:
                     best[k][i], cut[k][i] = value, j
-    return _counts_from_cuts(cut, split_size, n)
+    return counts_from_cuts(cut, split_size, n)
 
 
-def _counts_from_cuts(cut: list[list[int]], split_size: int, num_layers: int) -> tuple[int, ...]:
+def counts_from_cuts(cut: list[list[int]], split_size: int, num_layers: int) -> tuple[int, ...]:
     """Layers per stage, read back from a partition program's ``cut[k][i]`` (where stage k
     starts when k stages hold the first i layers)."""
     counts, i = [], num_layers
@@ -242,6 +246,28 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+# the memory probes of the last few models: the pre-flight check, the engine and the planner's cuts ask alike
+_PROBED: LayerMemo[list[LayerMemory] | None] = LayerMemo()
+
+
+def probe_memory(layers: Sequence[nn.Module], probe_size: int = PROBE_SIZE) -> list[LayerMemory] | None:
+    """``layer_memory`` of ``layers`` on a ``probe_size`` square image (meta), or None if the
+    input channels cannot be told (no conv) or the layers fail at that size. The last few results
+    are kept (for the same layer objects, unchanged)."""
+    return _PROBED.get(layers, probe_size, lambda: _probed_memory(layers, probe_size))
+
+
+def _probed_memory(layers: Sequence[nn.Module], probe_size: int) -> list[LayerMemory] | None:
+    channels = first_layer_channels(layers)
+    if channels is None:
+        return None
+    sample = torch.empty(1, channels, probe_size, probe_size, dtype=parameter_dtype(layers), device="meta")
+    try:
+        return layer_memory(layers, sample)
+    except PROBE_ERRORS:
+        return None
+
+
 def profile_layer_memory(layers: Sequence[nn.Module], sample: Activation) -> list[int]:
     """Bytes per layer on ``sample``: saved activations + parameters, by :func:`layer_memory`'s rule."""
     return [m.total for m in layer_memory(layers, sample)]
@@ -257,29 +283,3 @@ def auto_balance(layers: Sequence[nn.Module], sample: Activation, split_size: in
     if by not in profilers:
         raise ValueError(f"auto_balance by={by!r}: use 'time' or 'memory'")
     return partition_costs(profilers[by](), split_size)
-
-
-def partition_stages(num_layers: int, split_size: int,
-                     cost: Callable[[int, int, int], float]) -> tuple[int, ...]:
-    """Contiguous cut of ``num_layers`` layers into ``split_size`` non-empty stages minimising
-    the largest ``cost(stage, start, stop)`` (layers ``start:stop``); exact dynamic program.
-
-    A cost of ``inf`` forbids a stage; ConfigError if every cut has one.
-    """
-    if not 1 <= split_size <= num_layers:
-        raise ConfigError("split_size", f"cannot cut {num_layers} layers into {split_size} stages; "
-                          f"use split_size between 1 and {num_layers}")
-    inf = float("inf")
-    best = [[inf] * (num_layers + 1) for _ in range(split_size + 1)]
-    cut = [[0] * (num_layers + 1) for _ in range(split_size + 1)]
-    best[0][0] = 0.0
-    for k in range(1, split_size + 1):
-        for i in range(k, num_layers - (split_size - k) + 1):
-            for j in range(k - 1, i):
-                value = max(best[k - 1][j], cost(k - 1, j, i))
-                if value < best[k][i]:
-                    best[k][i], cut[k][i] = value, j
-    if best[split_size][num_layers] == inf:
-        raise ConfigError("balance", f"no cut of {num_layers} layers into {split_size} stages "
-                          f"is allowed; give balance explicitly")
-    return _counts_from_cuts(cut, split_size, num_layers)

@@ -128,18 +128,3 @@ def spatial_reach(layers: Sequence[nn.Module], grid: TileGrid, image_size: int |
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
     return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
-def larger_sizes(image_size: int | tuple[int, int], count: int = 48) -> list[tuple[int, int]]:
-    """Candidate image sizes above ``image_size``, smallest first: steps of the largest power of two
-    (at most 32) dividing both sides, so a model's downsampling still divides them, then doublings."""
-    height, width = _pair(image_size)
-    step = 1
-    while step < 32 and height % (2 * step) == 0 and width % (2 * step) == 0:
-        step *= 2
-    found = [(height + k * step, width + k * step) for k in range(1, count + 1)]
-    scale = 2
-    while found[-1][0] < 16 * height:
-        found.append((height * scale, width * scale))
-        scale *= 2
-    return sorted(set(s for s in found if s[0] > height or s[1] > width))

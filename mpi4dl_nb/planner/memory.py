@@ -1,39 +1,4 @@
-"""Memory model: every rank's peak over one training step, term by term, from first principles.
-
-What a rank holds is assembled along its own action list of the real schedule
-(``schedules.build_schedule``), from stage footprints simulated on ``meta`` (footprint.py):
-
-* **resident** for the whole step: ``weights`` (master copy; plus a compute copy when
-  activations use another precision), ``buffers`` (BatchNorm statistics), ``optimizer``
-  state (simulated on meta with the real optimizer), ``persistent`` (halo staging buffers
-  and caches the spatial layers keep), ``gradients`` once a stage's first backward made them;
-* **per chunk in flight** (a forward ran, its backward not yet; with a split backward, until its
-  weight-gradient part ``W``: after the input-gradient part ``I`` what the retained graph still holds and the
-  layers' output gradients, ``footprint.SplitStage``):
-  ``activations`` autograd
-  saves (with ``Recompute.STAGE`` none: the stage re-runs its forward at backward time; with
-  ``Recompute.SEGMENTS``, the engine's ``checkpoint_activations``, the segments' inputs, see
-  segments.py), ``halo`` strips the spatial convs keep (all received ones and the BatchNorm
-  statistics with ``SEGMENTS``: the recomputation's log), and ``boundary`` tensors: the stage input (the
-  chunk's images, the received activation, the joined map after the SP -> LP hand-off),
-  the stage output held for its backward, the received output gradient;
-* ``sent``: input gradients sent back, kept by their non-blocking sends until the
-  optimizer step (after the hand-off: one copy per tile box);
-* ``buckets``: with ``grad_bucket_mb``, a stage shared with other ranks posts its gradient
-  buckets' flat copies (one copy's gradient bytes, the rank's copies summed into them) during its
-  last backward on the rank and keeps them until its ALLREDUCE writes them back
-  (pipeline/grad_buckets.py); counted whole from the start of that backward (an upper bound: the
-  last bucket is posted as it ends);
-* ``recompute``: during a backward with recomputation, the recomputed forward's activations
-  (the largest segment's; the rest of that backward is ``working``);
-* ``working``: what the running action allocates beyond that (forward and backward
-  working memory, the hand-off join, the flat gradient of the all-reduce without buckets (none for
-  a stage held by one copy on one rank), the optimizer's temporaries).
-
-The peak is the largest sum over the rank's actions; ``RankMemory`` keeps the terms at
-that moment, so a wrong estimate says which term is wrong. Activation terms use
-``Precision.activations``' element size, state terms ``Precision.weights``'.
-"""
+"""Memory model: every rank's peak over one training step, term by term (docs/planner.md, Memory model)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ gradients need every layer's input); ``peak_held`` counts those, per rank, at th
     0.2
     >>> round(replay_schedule(interleaved(2, 4, virtual_stages=2)).bubble_share, 4)   # (S-1)/(V*m+S-1)
     0.1111
-    >>> run = replay_schedule(zbv(2, 4))   # 2 chunks per rank: (S-1) idle chunk ops of 6m+S-1 per rank
-    >>> round(run.bubble_share, 4), run.peak_held     # 2S chunk activations (half a stage each) on every rank
+    >>> replay = replay_schedule(zbv(2, 4))   # 2 chunks per rank: (S-1) idle chunk ops of 6m+S-1 per rank
+    >>> round(replay.bubble_share, 4), replay.peak_held    # 2S chunk activations (half a stage each) on every rank
     (0.04, (4, 4))
 """
 

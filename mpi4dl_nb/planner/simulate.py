@@ -1,37 +1,4 @@
-"""Replay a Schedule in simulated time: every rank's actions, messages, collectives, shared cores.
-
-Each rank executes its own action list in order, as the runtime does. A compute action has
-``work`` (seconds at full speed) and runs, together with every other computing rank of the
-node, at ``min(1, cores / computing ranks)`` of full speed (processor sharing: more ranks
-than cores slow each other down: ``crowding.SharedCores``, the crowded-core model; with
-``cores=None`` every rank has its own device and runs at full speed). A
-group action (the tiles of one spatial forward/backward, an all-reduce) starts when all its
-ranks reached it and ends for all of them together, after each rank's work and a fixed
-``delay`` (wire time; waiting ranks use no core; plus the ``crowded`` share of the work
-done while more ranks compute than there are cores, scaled by how many more; a lockstep
-member counts there as its exposed share of a rank: at its meetings its core is free, and a
-pipeline stage beside two AmoebaNet tiles, which wait half their time, fills those gaps). A send costs
-its sender its ``work`` (the hand-off's own work; often 0), then arrives ``message`` later; a
-receive waits for its message, then costs its ``work``. Each rank may start late by
-``start(rank)`` (setting the step up). Computing beside waiting ranks is slower by the job's
-measured ``waiting_slowdown``, in proportion to the ranks waiting (their wake-ups take the
-computing ranks' cores), and only in the share of an action's time its rank computes
-(``Cost.exposed``: at a meeting its core is free for the wake-ups - unless its group has more
-members than cores, when another member takes that core: such a group is slowed in all its time;
-``benchmarks/bench_meetings.py`` times rounds of layer work and a meeting of 3 and 4 ranks on 2
-cores beside the waiting ranks). The tiles of a spatial op meet every few layers, so a wake-up
-on any member's core holds them all up: while each member has a core, the group is slowed by
-every member's share (their product); when the ranks outnumber the cores the members take turns
-anyway and their meetings cost more (the cost model's ``delay``, or ``crowded``), and the
-members off the cores wait at their next meeting like waiting ranks (with 4 tiles on 2 cores, 2
-compute beside 3 waiting, not 4 beside 1: traced, the tiles burn 1.2x the CPU time of the layers
-timed alone). A group with more members than cores leaves some core running
-``ceil(members / cores)`` of them between two meetings while the others finish early and wait:
-3 tiles on 2 cores take 2 turns of work per meeting, not 1.5. The result: when each rank finished, how long it
-computed, waited and communicated, and its ``phases``: seconds per action kind, each from the
-end of the rank's previous action (waits for partners and messages included), as the runtime's
-trace of the action shows them.
-"""
+"""Replay a Schedule in simulated time: actions, messages, collectives, shared cores (docs/planner.md)."""
 
 from __future__ import annotations
 

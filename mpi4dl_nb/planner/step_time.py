@@ -1,39 +1,4 @@
-"""Time model: a configuration's step time, from measured layer times, the network model and
-the real schedule replayed in simulated time.
-
-Per action of ``schedules.build_schedule(cfg)``:
-
-* forward/backward: the stage's layer times on that rank's tile and chunk (``LayerTimer``);
-  a split backward (the zero-bubble schedules' ``I`` and ``W``, but on a stage the engine runs whole in ``I``:
-  the first, or with recomputation or synchronised BatchNorm) splits the timed backward:
-  a layer with parameters gives ``WEIGHT_GRADIENT_SHARE`` of it to the weight-gradient part ``W``
-  (a documented split, not measured), a layer without any all to the input-gradient part ``I``, which
-  also keeps the halo wire and meetings and any recomputed forward (``W`` exchanges nothing: a rank's own work);
-  the copies the runtime makes (cutting the input tile, joining tiles at the SP -> LP
-  hand-off) at the device's copy speed; on a spatial stage the tiles run as one group
-  in lockstep and add the wire time of their halo messages and the bytes of their BatchNorm
-  sums (counted in the footprint simulation: messages and bytes per tile) and a meeting each
-  (``Network.meeting``: a small all-reduce's latency included; while the ranks outnumber a
-  CPU node's cores, ``crowding``: more tiles than cores crowd their own meetings, fewer are
-  crowded by other ranks computing); the share of
-  their time spent computing rather than meeting is what waiting ranks' wake-ups slow down
-  (``simulate``);
-* sends: ``latency + bytes / bandwidth`` per tensor (plus the shape header) to arrival, and
-  each side's own work per payload (``Network.handoff``, calibrated on the job);
-* all-reduce: the ring formula over the stage's holders and, when several ranks hold the
-  stage, one meeting per collective (the gradient sum; with BatchNorm the term counts gathered
-  and the terms summed), crowded like a halo exchange when ranks outnumber the cores; plus
-  the engine's local work, timed per layer on its own code: gradients flattened and copied
-  back, the BatchNorm terms of every chunk of the batch replayed (packed and unpacked first
-  when several ranks hold the stage), for every copy of the stage the rank holds;
-* optimizer: the SGD-with-momentum update of every stage copy the rank holds;
-* the step's set-up (train mode, gradients dropped, BatchNorm statistics remembered) before a
-  rank's first action, and the loss summed over every rank (a meeting) after the last.
-
-``simulate`` runs every rank's list - with the ranks sharing the node's cores when they
-outnumber them on a CPU (``crowding``; on a GPU, or a core each, no crowded-core term) - so
-bubbles, waits and oversubscribed cores come from the schedule itself. The result says what binds.
-"""
+"""Time model: a step's time from measured layer times, the network and the replayed schedule (docs/planner.md)."""
 
 from __future__ import annotations
 

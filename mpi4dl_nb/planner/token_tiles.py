@@ -127,7 +127,7 @@ class TimedBlocks:
 
 
 class _RingOfOne(TorchFunctionMode):
-    """``scaled_dot_product_attention`` as a ring member runs it (``spatial.ring_attention``: every block of the
+    """``scaled_dot_product_attention`` as a ring member runs it (``tokens.ring``: every block of the
     ring, merged; the backward's gradient accumulators passed on) over a ``FakeComm`` (nothing delivered: the
     arriving blocks are zeros), so the member's compute is the engine's and the wire is left out."""
 
@@ -149,7 +149,7 @@ class _RingOfOne(TorchFunctionMode):
 
 class RingMember(nn.Module):
     """A layer on one ring member's tokens as the engine runs it there, to be timed: its attention modules take
-    the fused path (as ``spatial.token_attention`` sets them) and their ``scaled_dot_product_attention`` is ring
+    the fused path (as ``tokens.attention`` sets them) and their ``scaled_dot_product_attention`` is ring
     attention over ``members`` (``_RingOfOne``); ``kernel`` keeps each block's seconds."""
 
     def __init__(self, layer: nn.Module, members: Sequence[int], member: int) -> None:

@@ -1,32 +1,4 @@
-"""Convolution workspace: the scratch memory a backend allocates inside a conv, which ``meta``
-(shapes only) does not see. Added to the simulation as a short-lived allocation in each
-conv's forward and backward, by an explicit rule per backend (measured on AVX2 and AVX-512
-machines, torch 2.13 CPU, see tests/planner/test_planner*.py):
-
-* ``Workspace.CPU``: float32 (and 16-bit) convs other than 1x1 stride 1 run through oneDNN, which
-  reorders the input into a channel-blocked copy (channels padded to a multiple of the block
-  its kernels use: 16 where PyTorch runs AVX-512 code, 8 on AVX2 machines) in the forward,
-  plus the input's size again in the backward - when PyTorch's CPU dispatch picks oneDNN: a
-  batch of 2 or more, a grouped conv, a kernel larger than 3 both ways, or an input of more
-  than 20480 elements; other float32 convs (one small sample, e.g. a stem on a 64 px
-  micro-batch of 1) and other dtypes (float64) take PyTorch's own im2col path: a column
-  buffer of ``C_in * kh * kw * H_out * W_out`` elements per sample in the forward and again
-  in the backward, unless the conv is 1x1 with stride 1 and no padding.
-  A channels-last input (a map laid out channels-last, as ConvNeXt's blocks leave it after their
-  permute back) goes to oneDNN as it is: no blocked input copy, only the reordered weight in the
-  forward and the backward (beside the input gradient) - and in the backward of a depthwise conv
-  whose kernel is larger than 3 both ways, more weight-sized buffers (oneDNN's partial weight
-  gradients): how many depends on the oneDNN build (256 with torch 2.13, 65 with torch 2.14 on
-  the same AVX2 machine), so it is measured once per process on a small probe conv (``depthwise_weight_copies``).
-  A training-mode BatchNorm's backward allocates an input-sized temporary next to its input
-  gradient (when the input needs one).
-Under a split backward (zb1/zbv, ``SplitPhase``) the simulation of I skips the backward scratch of a conv whose
-input needs no gradient (its backward runs only in W);
-W runs each conv's backward without the input's size again and each BatchNorm's without its input gradient.
-
-* ``Workspace.NONE``: nothing (e.g. CUDA, whose cuDNN workspace depends on the algorithm
-  chosen at run time and is not modelled).
-"""
+"""Convolution workspace the backends allocate inside a conv, which ``meta`` misses, per rule (docs/planner.md)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.classes import folder_classes, label_order, resolve_names
+from ..data.files import folder_files
 from ..data.manifest import Cohort, read_cohort, readable
 from ..data.masks import is_mask_folder
-from ..data.pathology import folder_files
 from ..data.stain import StainRequest, read_reference
 from ..data.validate import SourceKind, check_file
 from ..data.volume.classes import class_volume_files, volume_classes

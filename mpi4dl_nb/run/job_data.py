@@ -10,9 +10,9 @@ from ..config import ConfigError
 from ..data.apps import AppKind
 from ..data.canvas import SlideCanvases
 from ..data.dataset import RegionDataset
+from ..data.files import folder_files, require_path
 from ..data.groups import GroupKind, Groups, groups_of
 from ..data.masks import MaskDataset, is_mask_folder, pixel_counts
-from ..data.pathology import folder_files, require_path
 from ..data.stain_reads import with_stain
 from ..data.validate import DataSources, SourceKind, find_sources
 from ..data.volume.classes import VolumeClassDataset
@@ -31,8 +31,8 @@ VOLUME_FOLDERS = (VolumeFolderDataset, VolumeClassDataset)   # volumes: split wh
 
 def dataset_from(data: DataSpec, seed: int, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> RegionDataset:
     """The dataset ``data`` names, read from ``datapath`` (without the files ``exclude``; class folders labelled
-    in the order of ``data.class_order`` when set; generated images seeded by ``seed``), its images read through
-    ``data.stain`` when set."""
+    in the order of ``DataSpec.class_order`` when set; generated images seeded by ``seed``), its images read through
+    ``DataSpec.stain`` when set."""
     return with_stain(unstained_dataset(data, seed, datapath, exclude), data.stain)
 
 
@@ -77,7 +77,7 @@ def canvas_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequenc
 def volume_class_dataset(data: DataSpec, size: tuple[int, int, int], datapath: str | Path | None,
                          exclude: Sequence[Path] = ()) -> VolumeClassDataset:
     """The class folders of volumes ``datapath`` names (without the files ``exclude``): ``size`` patches, labelled in
-    the order of ``data.class_order`` when set."""
+    the order of ``DataSpec.class_order`` when set."""
     if datapath is None:
         raise ConfigError("--datapath", "volumes to classify are read from a folder of class folders of volume files")
     return VolumeClassDataset.open(datapath, size, classes=data.class_order,
@@ -86,7 +86,7 @@ def volume_class_dataset(data: DataSpec, size: tuple[int, int, int], datapath: s
 
 def segmentation_dataset(data: DataSpec, datapath: str | Path | None, exclude: Sequence[Path] = ()) -> MaskDataset:
     """The images with masks ``datapath`` names (without the files ``exclude``): volumes with label volumes when
-    ``data.volume_size`` is set."""
+    ``DataSpec.volume_size`` is set."""
     from ..data.annotated_slides import AnnotatedSlideDataset
     from ..data.masks import MaskFolderDataset, image_files
     from ..data.sample import IHCMaskDataset

@@ -2,7 +2,7 @@
 
 One implementation over the grid's tiled axes. Three ways to the same values, none keeping the extended
 tile for backward (it would double the bytes next to the previous layer's saved output): a stride-1 conv
-whose halo is its own reach runs banded (``banded.py``: the owned tile natively padded plus thin bands
+whose halo is its own reach runs banded (``halo_conv.py``: the owned tile natively padded plus thin bands
 around the strips); other convs by regions (``regional.py``: interior from the owned tile, boundary bands
 from small boxes); what has no interior on the extended tile, saving the owned tile and the strips and
 rebuilding the extended tile in backward without messages.

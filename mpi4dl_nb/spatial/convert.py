@@ -1,16 +1,13 @@
 """spatialize: turn an ordinary CNN module tree into one that runs on image tiles, exactly.
 
-Leaves are converted in a copy of the tree (containers are shallow copies, parameters and
-buffers are the same objects). Which module becomes what is the table of conversion families
-(``families.FAMILIES``, asked in order; ``families.add_family`` adds one at run time): Conv2d,
-ConvTranspose2d, MaxPool2d, AvgPool2d, BatchNorm2d, GroupNorm, InstanceNorm2d, Upsample,
-AdaptiveAvgPool2d(1) and AdaptiveMaxPool2d(1) become their spatial versions (on a volume's grid,
-a TileGrid with depth, their 3-D twins; see registry.py); element-wise layers stay as they are;
-timm's transformers and attention blocks become their tile versions. This module names no family.
-Custom containers keep their own ``forward`` —
-residual adds, gates, channel concatenation and element-wise ops work tile by tile because
-ownership depends only on a tensor's size (see geometry.py); the op guard (guard.py)
-checks every such operation during the forward and refuses the ones that are not exact.
+Leaves are converted in a copy of the tree (containers are shallow copies, parameters and buffers are the same
+objects). Which module becomes what is the list of conversion families (``families.FAMILIES``, asked in order;
+``families.add_family`` adds one at run time), each a record its own module declares: torch layers with a spatial
+version (registry.py, their 3-D twins on a volume's grid), element-wise layers as they are, timm's transformers and
+attention blocks as their tile versions. This module names no family. Custom containers keep their own ``forward``:
+residual adds, gates, channel concatenation and element-wise ops work tile by tile because ownership depends only on
+a tensor's size (see geometry.py); the op guard (guard.py) checks every such operation during the forward and
+refuses the ones that are not exact.
 """
 
 from __future__ import annotations

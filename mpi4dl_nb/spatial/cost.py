@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from torch import nn
 
@@ -22,9 +21,6 @@ class ExchangeBytes:
     held: int = 0
 
 
-class FamilyCost(Protocol):
-    """The cost model of a conversion family: ``module`` (of the family, before conversion) on ``grid``, its input's
-    token (or pixel) grid ``sizes`` (one per tiled axis), ``element_bytes`` per value."""
-
-    def __call__(self, module: nn.Module, grid: TileGrid, sizes: Sequence[int],
-                 element_bytes: int) -> ExchangeBytes: ...
+# the cost model of a conversion family: (``module``, of the family, before conversion; the ``grid``; its input's token
+# or pixel grid ``sizes``, one per tiled axis; ``element_bytes`` per value) -> the busiest tile's exchange
+FamilyCost = Callable[[nn.Module, TileGrid, Sequence[int], int], ExchangeBytes]

@@ -28,10 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard
 from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, display_name, kind_of, op_name, tensors_in
 from .tile_layout import TileLayout
+from .tile_marks import is_tiled, layout_of, mark_tiled
 
 _ELEMENTWISE = {"dropout"}
 _FEATURE = {"dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout", "feature_dropout"}

@@ -1,102 +1,28 @@
-"""The one table of conversions: every family of modules spatialize converts, and the op families the guard asks."""
+"""The one list of conversions: the family records spatialize asks, in order, and the op families the guard asks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from torch import nn
 
 from . import dropout, interpolate, mil_pool, norm_calls, pool_calls, reductions, relayout
-from .cost import FamilyCost
+from .family import Family
 from .guard import OpFamilyHandlers
-from .layer import Convert, SpatialRuntime
-from .registry import ELEMENTWISE, GUARDED, SPATIAL_LAYERS, as_it_is, convert_torch_layer, pass_guarded
-from .same_padding import convert_same_padded
-from .timm_classes import TimmKind, from_timm, timm_kinds
-from .tokens.attention import adopt_attention
-from .tokens.traffic import attention_ring_cost
-from .tokens.vit import CutPiece, convert_cut_piece, convert_token_model
-from .windows.linear import adopt_linear_attention
-from .windows.partition import adopt_partition_attention
-from .windows.swin import convert_swin_part
-from .windows.swin3d import convert_volume_swin, declares_volume_swin
-from .windows.swin_trunk import SwinTrunkPiece, convert_swin_trunk
-from .windows.traffic import linear_cost, partition_cost, swin_cost
+from .registry import ELEMENTWISE_LAYERS, GUARDED_LAYERS, TORCH_LAYERS
+from .same_padding import SAME_CONVS, SAME_MAX_POOLS, STD_CONVS
+from .tokens import attention, vit
+from .windows import linear, partition, swin, swin3d, swin_trunk
 
-# a family's conversion: (module, its full name, the model's runtime, the converter for its children) -> the module
-# on tiles, or None to leave it to the next family (and then to the converter's own rules)
-FamilyConvert = Callable[[nn.Module, str, SpatialRuntime, Convert], nn.Module | None]
-LeafConvert = Callable[[nn.Module, SpatialRuntime, str], nn.Module | None]   # a conversion without children
-
-
-@dataclass(frozen=True)
-class Family:
-    """One family of modules ``spatialize`` converts: ``name``; ``matches``: whether a module is of the family;
-    ``convert``: what it becomes on tiles (a ConfigError naming it where it cannot be exact); ``exactness``: the
-    program (a repository path) that checks it equal to one process in float64; ``cost``: its cost model for the
-    planner (None: not modelled)."""
-
-    name: str
-    matches: Callable[[nn.Module], bool]
-    convert: FamilyConvert
-    exactness: str
-    cost: FamilyCost | None = None
-
-
-def leaf(make: LeafConvert) -> FamilyConvert:
-    """A family conversion from ``make(module, runtime, name)``, which converts no children itself."""
-    def convert(module: nn.Module, name: str, runtime: SpatialRuntime, _: Convert) -> nn.Module | None:
-        return make(module, runtime, name)
-    return convert
-
-
-def of_types(kinds: Container[type]) -> Callable[[nn.Module], bool]:
-    """Matches modules whose class is one of ``kinds`` exactly (a subclass may have its own forward)."""
-    return lambda module: type(module) in kinds
-
-
-def of_timm(*kinds: TimmKind) -> Callable[[nn.Module], bool]:
-    """Matches timm modules of ``kinds`` (their subclasses too; timm stays unimported for other models)."""
-    return lambda module: from_timm(module) and isinstance(module, timm_kinds(*kinds))
-
-
-def _token_attention(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
-    return adopt_attention(module, runtime, name)
-
-
-# in the order they are asked: the first family that matches a module and converts it decides
+# in the order they are asked: the first family that matches a module and converts it decides. Each module declares
+# its records (``family.Family``); this list only names them, and nothing registers by being imported.
 FAMILIES: tuple[Family, ...] = (
-    Family("Swin (timm SwinTransformer, SwinTransformerV2)",
-           of_timm(TimmKind.SWIN_MODEL, TimmKind.SWIN_BLOCK, TimmKind.SWIN_MERGE, TimmKind.SWIN_CR),
-           convert_swin_part, "tests/mpi/swin_exact.py", swin_cost),
-    Family("Swin (a cut Swin's trunk: models/swin.py's SwinTrunk, patch embedding .. average pool)",
-           lambda module: isinstance(module, SwinTrunkPiece), convert_swin_trunk,
-           "tests/mpi/transformer_families_cli.py", swin_cost),
-    Family("ViT attention (timm Attention, AttentionRope, EvaAttention, AttentionPoolLatent)",
-           of_timm(TimmKind.VIT_ATTENTION, TimmKind.ATTENTION_POOL), leaf(_token_attention), "tests/mpi/vit_exact.py",
-           attention_ring_cost),
-    Family("ViT token model (timm VisionTransformer, Eva; a patch embedding outside one refused)",
-           of_timm(TimmKind.VIT_MODEL, TimmKind.PATCH_EMBED, TimmKind.HYBRID_EMBED), convert_token_model,
-           "tests/mpi/vit_exact.py"),
-    Family("cut ViT pieces (models/vit.py's embedding and rotary block pieces)",
-           lambda module: isinstance(module, CutPiece), convert_cut_piece, "tests/mpi/vit_exact.py"),
-    Family("MaxViT partition attention (timm PartitionAttentionCl, PartitionAttention2d)",
-           of_timm(TimmKind.PARTITION_CL, TimmKind.PARTITION_2D), adopt_partition_attention,
-           "tests/mpi/attention_families_exact.py", partition_cost),
-    Family("EfficientViT linear attention (timm LiteMLA)", of_timm(TimmKind.LINEAR_ATTENTION),
-           adopt_linear_attention, "tests/mpi/attention_families_exact.py", linear_cost),
-    Family("TF-same padded and weight-standardised layers (timm StdConv2d(Same), Conv2dSame, MaxPool2dSame)",
-           of_timm(TimmKind.STD_CONV, TimmKind.CONV_SAME, TimmKind.MAX_POOL_SAME), leaf(convert_same_padded),
-           "tests/mpi/vit_exact.py"),
-    Family("3-D Swin (models/swin3d.py's window blocks and patch merging)", declares_volume_swin,
-           leaf(convert_volume_swin), "tests/mpi/spatial3d.py"),
-    Family("torch layers with a spatial version (registry.SPATIAL_LAYERS)", of_types(SPATIAL_LAYERS),
-           leaf(convert_torch_layer), "tests/mpi/spatial_exactness.py"),
-    Family("guarded torch layers (registry.GUARDED: dropout, LayerNorm, RMSNorm, Conv1d)", of_types(GUARDED),
-           leaf(pass_guarded), "tests/mpi/spatial_families.py"),
-    Family("element-wise torch layers (registry.ELEMENTWISE)", of_types(ELEMENTWISE), leaf(as_it_is),
-           "tests/mpi/spatial_correctness.py"),
+    swin.SWIN_V2_CR, swin.SWIN, swin.SWIN_BLOCK_ALONE, swin.SWIN_MERGE_ALONE, swin_trunk.SWIN_TRUNK,
+    attention.VIT_ATTENTION, attention.VIT_ATTENTION_POOL, vit.VIT_MODEL, vit.LONE_EMBEDDING,
+    vit.CUT_EMBEDDING, vit.CUT_ROPE_BLOCK,
+    partition.PARTITION_ATTENTION_CL, partition.PARTITION_ATTENTION_2D, linear.LINEAR_ATTENTION,
+    STD_CONVS, SAME_CONVS, SAME_MAX_POOLS, swin3d.VOLUME_WINDOW_BLOCK, swin3d.VOLUME_PATCH_MERGE,
+    TORCH_LAYERS, GUARDED_LAYERS, ELEMENTWISE_LAYERS,
 )
 
 # the op families whose handlers the guard asks, each kind's in this order

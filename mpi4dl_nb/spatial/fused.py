@@ -22,12 +22,12 @@ from torch import nn
 from ..config import ConfigError
 from .conv import SpatialConv, conv_after_exchange, conv_after_padding
 from .geometry import FusedLevel, LayerHalo, plan_fused_axis
-from .guard import is_tiled, mark_tiled
 from .halo import HaloExchange
 from .kernel_layer import SpatialKernelLayer
 from .layer import SpatialLayer, SpatialRuntime
 from .norm import SpatialBatchNorm
 from .registry import ELEMENTWISE
+from .tile_marks import is_tiled, mark_tiled
 
 _NOT_POINTWISE = (nn.Flatten, nn.Linear)
 

@@ -30,10 +30,11 @@ from torch import nn
 
 from ..errors import ConfigError
 from .geometry import AXIS_NAMES, LayerHalo, plan_axis, split_ranges
-from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard
 from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, op_name
 from .tile_layout import Axis, TileDim
+from .tile_marks import is_tiled, layout_of, mark_tiled
 
 FUNCTIONAL = SizeKey("F.interpolate")   # input_size key of F.interpolate calls in custom forwards
 _PROBE_ELEMENTS = 1 << 22

@@ -22,10 +22,11 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from .function_ctx import FunctionContext
-from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard
 from .layer import SpatialRuntime, guard_runtime
 from .ops import OpKind, TorchOp
 from .reductions import tile_slots
+from .tile_marks import is_tiled, layout_of
 
 
 def softmax_pool(h: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

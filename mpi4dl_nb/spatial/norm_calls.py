@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from .batchnorm_fn import tile_batch_norm
-from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard
 from .layer import SizeKey, guard_runtime
 from .norm import group_norm_tile, instance_norm_tile, tile_shape, update_running
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, op_name
+from .tile_marks import is_tiled, layout_of, mark_tiled
 
 NORM_CALL = SizeKey("norm call")
 

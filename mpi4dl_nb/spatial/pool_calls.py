@@ -15,10 +15,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of, mark_tiled
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard
 from .layer import SpatialRuntime, guard_runtime
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, op_name
 from .pool import SpatialAvgPool, SpatialMaxPool
+from .tile_marks import is_tiled, layout_of, mark_tiled
 
 _MAX_KEYS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
 _AVG_KEYS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")

@@ -29,11 +29,12 @@ import torch
 from ..comm.handles import Group
 from ..comm.protocol import Comm
 from .function_ctx import FunctionContext
-from .guard import DECLINED, OpFamilyHandlers, SpatialGuard, is_tiled, layout_of
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard
 from .layer import SizeKey, SpatialRuntime, guard_runtime
 from .ops import ALL, Args, Kwargs, OpKind, TorchOp, argument, op_name
 from .reduce import replicated_sum
 from .tile_layout import TileLayout
+from .tile_marks import is_tiled, layout_of
 
 _SUMS = {"sum", "mean", "var", "std", "norm"}
 _EXTREMA = {"amax": True, "amin": False, "max": True, "min": False}

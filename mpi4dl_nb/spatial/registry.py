@@ -1,4 +1,7 @@
-"""The torch layers' part of the conversion table: layers with a spatial version, per-pixel and guarded layers."""
+"""The torch layers' three families: layers with a spatial version, guarded and element-wise layers.
+
+``SPATIAL_LAYERS``, a table behind one record, gives each of its thirty torch classes its spatial class and tiled axes
+(which the converter's refusal of an unlisted torch layer names: ``converted_on``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from torch import nn
 from ..errors import ConfigError
 from .conv import SpatialConv
 from .convtranspose import SpatialConvTranspose
-from .layer import SpatialRuntime
+from .family import Family, of_types
+from .layer import Convert, SpatialRuntime
 from .norm import SpatialBatchNorm, SpatialGroupNorm, SpatialInstanceNorm
 from .pool import SpatialAvgPool, SpatialGlobalAvgPool, SpatialGlobalMaxPool, SpatialMaxPool
 from .upsample import SpatialUpsample
@@ -26,25 +30,22 @@ class Conversion:
     axes: int | None = None
 
 
-def _on(axes: int, make: Callable[..., nn.Module], *kinds: type[nn.Module]) -> dict[type[nn.Module], Conversion]:
-    return {kind: Conversion(make, axes) for kind in kinds}
+def _twins(make: Callable[..., nn.Module], image: type[nn.Module], volume: type[nn.Module]
+           ) -> dict[type[nn.Module], Conversion]:
+    return {image: Conversion(make, 2), volume: Conversion(make, 3)}
 
 
 # torch layer type -> its conversion; one spatial class serves the 2-D and the 3-D torch layer of a kind. Dropout
 # runs as it is on either grid (GUARDED: the guard computes each tile's slice of the serial mask).
 SPATIAL_LAYERS: dict[type[nn.Module], Conversion] = {
-    **_on(2, SpatialConv.from_module, nn.Conv2d), **_on(3, SpatialConv.from_module, nn.Conv3d),
-    **_on(2, SpatialConvTranspose.from_module, nn.ConvTranspose2d),
-    **_on(3, SpatialConvTranspose.from_module, nn.ConvTranspose3d),
-    **_on(2, SpatialMaxPool.from_module, nn.MaxPool2d), **_on(3, SpatialMaxPool.from_module, nn.MaxPool3d),
-    **_on(2, SpatialAvgPool.from_module, nn.AvgPool2d), **_on(3, SpatialAvgPool.from_module, nn.AvgPool3d),
-    **_on(2, SpatialBatchNorm.from_module, nn.BatchNorm2d), **_on(3, SpatialBatchNorm.from_module, nn.BatchNorm3d),
-    **_on(2, SpatialInstanceNorm.from_module, nn.InstanceNorm2d),
-    **_on(3, SpatialInstanceNorm.from_module, nn.InstanceNorm3d),
-    **_on(2, SpatialGlobalAvgPool.from_module, nn.AdaptiveAvgPool2d),
-    **_on(3, SpatialGlobalAvgPool.from_module, nn.AdaptiveAvgPool3d),
-    **_on(2, SpatialGlobalMaxPool.from_module, nn.AdaptiveMaxPool2d),
-    **_on(3, SpatialGlobalMaxPool.from_module, nn.AdaptiveMaxPool3d),
+    **_twins(SpatialConv.from_module, nn.Conv2d, nn.Conv3d),
+    **_twins(SpatialConvTranspose.from_module, nn.ConvTranspose2d, nn.ConvTranspose3d),
+    **_twins(SpatialMaxPool.from_module, nn.MaxPool2d, nn.MaxPool3d),
+    **_twins(SpatialAvgPool.from_module, nn.AvgPool2d, nn.AvgPool3d),
+    **_twins(SpatialBatchNorm.from_module, nn.BatchNorm2d, nn.BatchNorm3d),
+    **_twins(SpatialInstanceNorm.from_module, nn.InstanceNorm2d, nn.InstanceNorm3d),
+    **_twins(SpatialGlobalAvgPool.from_module, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d),
+    **_twins(SpatialGlobalMaxPool.from_module, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d),
     nn.GroupNorm: Conversion(SpatialGroupNorm.from_module),
     nn.Upsample: Conversion(SpatialUpsample.from_module),
 }
@@ -73,7 +74,7 @@ GUARDED: tuple[type, ...] = (
 )
 
 
-def convert_torch_layer(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
+def convert_torch_layer(module: nn.Module, name: str, runtime: SpatialRuntime, _: Convert) -> nn.Module:
     """A layer of ``SPATIAL_LAYERS`` as its spatial version (its parameters' gradients tile shares); refused on a grid
     of other tiled axes than its own, naming what is supported there."""
     kind = type(module)
@@ -89,7 +90,7 @@ def convert_torch_layer(module: nn.Module, runtime: SpatialRuntime, name: str) -
     return converted
 
 
-def pass_guarded(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
+def pass_guarded(module: nn.Module, name: str, runtime: SpatialRuntime, _: Convert) -> nn.Module:
     """A GUARDED layer as it is (the guard computes its op on tiles); refused up front where the guard would refuse
     it at the first forward."""
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
@@ -103,6 +104,9 @@ def pass_guarded(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Mo
     return module
 
 
-def as_it_is(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
-    """An ELEMENTWISE layer as it is (the op guard checks it on tiles)."""
-    return module
+TORCH_LAYERS = Family("torch layers with a spatial version (registry.SPATIAL_LAYERS)", of_types(SPATIAL_LAYERS),
+                      convert_torch_layer, "tests/mpi/spatial_exactness.py")
+GUARDED_LAYERS = Family("guarded torch layers (registry.GUARDED: dropout, LayerNorm, RMSNorm, Conv1d)",
+                        of_types(GUARDED), pass_guarded, "tests/mpi/spatial_families.py")
+ELEMENTWISE_LAYERS = Family("element-wise torch layers (registry.ELEMENTWISE)", of_types(ELEMENTWISE),
+                            lambda module, *_: module, "tests/mpi/spatial_correctness.py")

@@ -26,18 +26,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .guard import (
-    DECLINED,
-    TEMPLATE_ONLY,
-    OpFamilyHandlers,
-    SpatialGuard,
-    in_place,
-    is_tiled,
-    layout_of,
-    mark_tiled,
-)
+from .guard import DECLINED, OpFamilyHandlers, SpatialGuard
+from .guard_rules import TEMPLATE_ONLY, in_place
 from .ops import Args, Kwargs, OpKind, TorchOp, argument, check_pointwise, kind_of, op_name, tensors_in
 from .tile_layout import STANDARD, TileLayout, flattened, moved_order, normalized_order, transposed_order
+from .tile_marks import is_tiled, layout_of, mark_tiled
 
 # dims ops on a relaid tile: name -> (position, keyword) of the dim argument, and what it does to dims
 _REDUCING = {name: (1, "dim") for name in

@@ -9,16 +9,17 @@ the replicated weight only: the conv runs with the standardised weight, whose gr
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .conv import SpatialConv, conv_after_exchange, conv_axis_windows
+from .family import Family, TimmMatch
 from .geometry import KernelAxis
-from .layer import SpatialRuntime, adopt
+from .layer import Convert, SpatialRuntime, adopt
 from .pool import SpatialMaxPool
-from .timm_classes import TimmKind, timm_kind
 
 
 def same_window(window: KernelAxis, size: int) -> KernelAxis:
@@ -85,22 +86,10 @@ class SpatialMaxPoolSame(_SamePadded, SpatialMaxPool):
     """timm's MaxPool2dSame on a tile."""
 
 
-def _kind(module: nn.Module) -> tuple[bool, bool] | None:
-    """(is a conv, standardises its weight) of one of timm's same-padded / standardised layers, else None."""
-    kind = type(module)
-    if kind in timm_kind(TimmKind.STD_CONV):
-        return True, True
-    if kind in timm_kind(TimmKind.CONV_SAME):
-        return True, False
-    return (False, False) if kind in timm_kind(TimmKind.MAX_POOL_SAME) else None
-
-
-def convert_same_padded(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module | None:
-    """``module`` as its spatial layer when it is one of timm's same-padded / standardised layers, else None."""
-    kind = _kind(module)
-    if kind is None:
-        return None
-    is_conv, standardises = kind
+def convert_same_padded(is_conv: bool, standardises: bool, module: nn.Module, name: str, runtime: SpatialRuntime,
+                        _: Convert) -> nn.Module:
+    """``module`` (one of timm's same-padded convs, ``standardises``: its weight, or its same-padded max pool) as its
+    spatial layer."""
     new: SpatialStdConv | SpatialMaxPoolSame
     if is_conv:
         assert isinstance(module, nn.Conv2d)
@@ -114,3 +103,13 @@ def convert_same_padded(module: nn.Module, runtime: SpatialRuntime, name: str) -
         new.pads_dynamically = True
     runtime.partial_parameters.extend(module.parameters(recurse=False))
     return new
+
+
+STD_CONVS = Family("TF-same padded layers (timm StdConv2d, StdConv2dSame: weight-standardised)", TimmMatch((
+    "timm.layers.StdConv2d", "timm.layers.StdConv2dSame"), exact=True), partial(convert_same_padded, True, True),
+    "tests/mpi/vit_exact.py")
+SAME_CONVS = Family("TF-same padded layers (timm Conv2dSame)", TimmMatch(("timm.layers.Conv2dSame",), exact=True),
+                    partial(convert_same_padded, True, False), "tests/mpi/vit_exact.py")
+SAME_MAX_POOLS = Family("TF-same padded layers (timm MaxPool2dSame)", TimmMatch((
+    "timm.layers.pool2d_same.MaxPool2dSame",), exact=True), partial(convert_same_padded, False, False),
+    "tests/mpi/vit_exact.py")

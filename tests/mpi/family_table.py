@@ -18,10 +18,10 @@ from torch import nn
 from mpi4dl_nb.comm.context import Context
 from mpi4dl_nb.config import ConfigError
 from mpi4dl_nb.spatial.convert import spatialize
-from mpi4dl_nb.spatial.families import FAMILIES, Convert, Family, add_family, remove_family
+from mpi4dl_nb.spatial.families import FAMILIES, Family, add_family, remove_family
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.guard import mark_tiled
-from mpi4dl_nb.spatial.layer import SpatialRuntime, shallow_copy, spatial_class
+from mpi4dl_nb.spatial.layer import Convert, SpatialRuntime, shallow_copy, spatial_class
+from mpi4dl_nb.spatial.tile_marks import mark_tiled
 from mpi4dl_nb.spatial.tiles import scatter_tiles
 from mpi4dl_nb.spatial.tokens.ring import Ring, ring_attention
 from tests.support.checks import Checks, run_checks

@@ -121,8 +121,8 @@ def test_auto_balanced_config_single_process():
 def test_default_balance_keeps_full_resolution_activations_off_the_layer_rank():
     from mpi4dl_nb.config import ParallelConfig
     from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.pipeline.default_cut import default_balance
-    from mpi4dl_nb.pipeline.stages import layer_memory, partition_stages
+    from mpi4dl_nb.pipeline.default_cut import default_balance, partition_stages
+    from mpi4dl_nb.pipeline.stages import layer_memory
 
     # the contiguous cut minimising the largest stage cost, by brute force on a toy cost
     costs = [5, 1, 1, 7, 2, 2, 3]

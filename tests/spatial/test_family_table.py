@@ -24,10 +24,10 @@ from mpi4dl_nb.spatial.families import (
     family_of,
     remove_family,
 )
+from mpi4dl_nb.spatial.family import timm_classes
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.guard import OpHandlers
 from mpi4dl_nb.spatial.ops import OpKind
-from mpi4dl_nb.spatial.timm_classes import TimmKind, timm_class, timm_kind
 from tests.mpi.family_table import TOY, PixelAttention, TilePixelAttention, check_names
 from tests.support.battery import shared_job
 from tests.support.mpirun import REPO
@@ -87,6 +87,11 @@ def test_the_families_have_one_name_each_and_the_attention_ones_a_cost():
     assert costed == {"Swin", "ViT attention", "MaxViT partition attention", "EfficientViT linear attention"}
 
 
+def test_the_list_only_names_records_each_family_module_declares():
+    assert "Family(" not in (SPATIAL / "families.py").read_text()
+    assert len(set(FAMILIES)) == len(FAMILIES) and all(isinstance(family, Family) for family in FAMILIES)
+
+
 def test_nothing_under_spatial_registers_by_being_imported():
     """No import kept for its side effects, no registration call at a module's top level."""
     kept = [f"{path.relative_to(REPO)}:{n}" for path in sorted(SPATIAL.rglob("*.py"))
@@ -107,14 +112,13 @@ def test_the_guard_asks_the_op_families_handlers_in_the_table_order():
 
 
 def test_timm_classes_resolve_in_one_place_and_are_none_where_missing():
-    assert timm_class("timm.no_such_module.Attention") is None
-    assert timm_class("torch.nn.NoSuchLayer") is None
-    assert timm_class("torch.nn.Conv2d") is nn.Conv2d
+    assert timm_classes(("timm.no_such_module.Attention", "torch.nn.NoSuchLayer", "torch.nn.Conv2d")) == (nn.Conv2d,)
     pytest.importorskip("timm")
     from timm.layers.attention import Attention
 
-    assert Attention in timm_kind(TimmKind.VIT_ATTENTION)
-    assert all(timm_kind(kind) for kind in TimmKind), [kind for kind in TimmKind if not timm_kind(kind)]
+    timm_paths = [path for family in FAMILIES for path in family.timm]
+    assert Attention in timm_classes(tuple(timm_paths)) and len(timm_paths) > 15
+    assert [path for path in timm_paths if not timm_classes((path,))] == []
 
 
 def test_spatial_imports_no_model():
@@ -130,3 +134,4 @@ def test_family_of_names_the_entry_that_converts_a_module():
     timm = pytest.importorskip("timm")
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
     assert family_of(vit.blocks[0].attn).cost is not None and family_of(vit).name.startswith("ViT token model")
+    assert family_of(vit.patch_embed).name.endswith("outside one: refused)")

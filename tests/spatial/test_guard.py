@@ -11,8 +11,9 @@ from torch import nn
 from mpi4dl_nb.config import ConfigError
 from mpi4dl_nb.spatial.convert import spatialize, tile_partial_parameters, tile_replicated_parameters
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.guard import exact_function, is_tiled
+from mpi4dl_nb.spatial.guard import exact_function
 from mpi4dl_nb.spatial.ops import register_op, unregister_op
+from mpi4dl_nb.spatial.tile_marks import is_tiled
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from mpi4dl_nb.spatial.guard import TILE_FAILURE
+from mpi4dl_nb.spatial.guard_frames import TILE_FAILURE
 from tests.spatial.test_attention_families import FULL_SWEEP, NAMED, _on_simulated_tiles
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from mpi4dl_nb.spatial.convert import reduce_tile_gradients, spatialize
 from mpi4dl_nb.spatial.geometry import TileGrid
-from mpi4dl_nb.spatial.guard import is_tiled
+from mpi4dl_nb.spatial.tile_marks import is_tiled
 from mpi4dl_nb.spatial.tiles import gather_tiles, scatter_tiles
 
 SAME_ON_EVERY_RANK = "gradients and buffers equal on every rank"

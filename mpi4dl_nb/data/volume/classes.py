@@ -1,8 +1,8 @@
 """Class folders of volumes (``<root>/<class>/<name>.tif|.nii|.nii.gz``): a centre patch of each, labelled by folder.
 
 The classes are the folders' names, sorted (or in the order of ``--classes``), found as 2-D class folders are
-(``pathology.class_of``: an empty class folder refused). Each volume gives its centre ``--image-size D,H,W`` patch at
-``--voxel-size`` (``volume_dataset.VolumePatch``); ``read(index, box)`` reads only the box (a spatial rank's tile).
+(``data.files.class_of``: an empty class folder refused). Each volume gives its centre ``--image-size D,H,W`` patch at
+``--voxel-size`` (``volume/dataset.VolumePatch``); ``read(index, box)`` reads only the box (a spatial rank's tile).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 
 from ...errors import ConfigError
 from ..dataset import AnyBox
+from ..files import class_of, require_path
 from ..groups import Groups
-from ..pathology import class_of, require_path
 from ..validate import excluded
 from .dataset import VolumeSize, read_patch, volume_patches
 from .files import volume_stem

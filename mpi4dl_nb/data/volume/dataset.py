@@ -22,9 +22,9 @@ import torch
 
 from ...errors import ConfigError
 from ..dataset import AnyBox, is_volume_box
+from ..files import require_path
 from ..groups import Groups
 from ..masks import IMAGES, MASKS, label_range_problem
-from ..pathology import require_path
 from .files import VolumeInfo, is_volume_file, read_volume, volume_info, volume_stem
 from .groups import volume_groups
 from .orientation import Orientation, paired_orientation

@@ -213,10 +213,6 @@ def release_action(expected: ActionKey, settle: float | None = None) -> StepRepo
     return _agent().release(expected, settle)
 
 
-def agent_report() -> StepReport:
-    return _agent().report()
-
-
 def join_agent(timeout: float = 60.0) -> StepReport:
     return _agent().join(timeout)
 

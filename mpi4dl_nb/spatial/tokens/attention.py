@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -10,13 +11,14 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ...errors import ConfigError
-from ..guard import is_tiled, layout_of, mark_tiled
-from ..layer import SpatialRuntime, shallow_copy, spatial_class
+from ..family import Family, TimmMatch
+from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..ops import TorchOp, argument
-from ..timm_classes import TimmKind, timm_kind
+from ..tile_marks import is_tiled, layout_of, mark_tiled
 from .pools import first_tile_value
 from .ring import Ring, ring_attention
 from .tiles import TokenTiles
+from .traffic import attention_ring_cost
 
 TOKEN_TILES = "vit token tiles"   # key of the running forward's TokenTiles in SpatialRuntime.plans
 
@@ -86,10 +88,9 @@ class TokenAttention(nn.Module):
 POOL_SHARES = ("latent", "q.", "q_norm.", "kv.", "k_norm.")
 
 
-def adopt_attention(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
-    """``module`` (a timm attention or attention pool) as a TokenAttention sharing its state; its parameters used on
-    tokens are tile shares (an attention pool's projection and MLP act on its replicated result)."""
-    pools = isinstance(module, timm_kind(TimmKind.ATTENTION_POOL))
+def _adopt(pools: bool, module: nn.Module, name: str, runtime: SpatialRuntime, _: Convert) -> nn.Module:
+    """``module`` (a timm attention, or with ``pools`` an attention pool) as a TokenAttention sharing its state; its
+    parameters used on tokens are tile shares (an attention pool's projection and MLP act on its replicated result)."""
     if pools and getattr(module, "pos_embed", None) is not None:
         raise ConfigError("model", f"layer {name!r} ({type(module).__name__}) adds a position embedding of a fixed "
                           f"token count to the tokens; not supported on tiles (create it with pos_embed='')")
@@ -105,3 +106,11 @@ def adopt_attention(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn
         if not pools or parameter_name.startswith(POOL_SHARES):
             runtime.claim_tile_share(parameter)
     return new
+
+
+VIT_ATTENTION = Family("ViT attention (timm Attention, AttentionRope, EvaAttention)", TimmMatch((
+    "timm.layers.attention.Attention", "timm.layers.attention.AttentionRope", "timm.models.eva.EvaAttention")),
+    partial(_adopt, False), "tests/mpi/vit_exact.py", attention_ring_cost)
+VIT_ATTENTION_POOL = Family("ViT attention (timm AttentionPoolLatent)", TimmMatch((
+    "timm.layers.attention_pool.AttentionPoolLatent",)), partial(_adopt, True), "tests/mpi/vit_exact.py",
+    attention_ring_cost)

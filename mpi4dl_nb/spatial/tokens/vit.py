@@ -5,23 +5,24 @@
 state), its children are converted as usual (the patch projection and a hybrid's CNN backbone become spatial layers,
 with halos where needed) and its attention modules become ``TokenAttention``. Its forward on a tile:
 
-1. the patch embedding on the tile (tiles must hold whole patches: ``tokens.check_patch_grid``), flattened to
-   this tile's image tokens ``(B, h*w, C)`` (the token-tile representation: ``tokens.py``);
+1. the patch embedding on the tile (tiles must hold whole patches: ``tokens.tiles.check_patch_grid``), flattened to
+   this tile's image tokens ``(B, h*w, C)`` (the token-tile representation: ``tokens/tiles.py``);
 2. timm's ``_pos_embed`` on the tile (``position.py``): the prefix tokens on tile 0, the position embedding
    resampled to the global token grid as one process would and sliced; the rotary embedding of the global grid,
    sliced;
 3. the blocks as they are, under the op guard (per-token work checked), attention across the tile group;
-4. the final norm, the pool to one replicated vector (``token_pools.py``) and fc_norm/head on every rank.
+4. the final norm, the pool to one replicated vector (``tokens/pools.py``) and fc_norm/head on every rank.
 
 A ViT cut into layers (``models/vit.py``) whose first pieces form a spatial stage runs the same way: its embedding
-piece (a ``TokenStemPiece``) becomes a ``TokenStem`` (steps 1-2 and ``norm_pre``, its output this rank's token tile),
-its block pieces convert as the model's blocks do (an Eva's, ``RopeBlockPiece``, as a ``TokenRopeBlock``: the rotary
-embedding sliced to the tile), and the stage hands its token tiles to the first layer stage
-(``pipeline/handoff.TokenTiling``).
+piece (its class naming ``CUT_EMBEDDING`` as its ``tile_family``) becomes a ``TokenStem`` (steps 1-2 and ``norm_pre``,
+its output this rank's token tile), its block pieces convert as the model's blocks do (an Eva's, naming
+``CUT_ROPE_BLOCK``, as a ``TokenRopeBlock``: the rotary embedding sliced to the tile), and the stage hands its token
+tiles to the first layer stage (``pipeline/handoff.TokenTiling``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,50 +30,17 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
-from ..guard import layout_of, mark_tiled
+from ..family import PATCH_EMBED, Family, TimmMatch, names_family, refused, timm_classes
 from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
-from ..timm_classes import TimmKind, timm_kind
+from ..tile_marks import layout_of, mark_tiled
 from .attention import TOKEN_TILES
 from .pools import class_token, mean_of_tokens
 from .position import add_positions, built_grid, tile_rope
 from .tiles import TokenTiles, check_patch_grid, int_pair
 
 POOLS = ("token", "avg", "map")
-
-
-def _child(model: nn.Module, name: str) -> nn.Module:
-    child = getattr(model, name)
-    assert isinstance(child, nn.Module), name
-    return child
-
-
-class CutPiece:
-    """Base of the pieces of a cut ViT (``models/vit.py``) that the conversion replaces on a spatial stage."""
-
-
-class TokenStemPiece(CutPiece):
-    """Base of a cut ViT's embedding piece (``models/vit.TokenEmbedding``): it holds the model's ``patch_embed``,
-    ``pos_drop``, ``norm_pre``, its tensors (``pos_embed``, ``cls_token``, ``reg_token``) and settings at the
-    model's names, and runs the model class ``source``'s embedding. On a spatial stage it becomes a ``TokenStem``."""
-
-    source: type[nn.Module]
-
-    def image_steps(self) -> list[nn.Module]:
-        """The steps before the patch embedding (a normalisation), run on the image as they are."""
-        raise NotImplementedError
-
-
-class RopeBlockPiece(CutPiece):
-    """Base of a cut Eva's block piece (``models/vit.RopeBlock``): its block and the model's ``rotary`` embedding for
-    the built token ``grid`` (no weights: the cut refuses a learned one). On a spatial stage it becomes a
-    ``TokenRopeBlock``."""
-
-    rotary: nn.Module
-    grid: tuple[int, int]
-
-    def block(self) -> nn.Module:
-        """The Eva block this piece runs."""
-        raise NotImplementedError
+VIT_MODELS = ("timm.models.vision_transformer.VisionTransformer", "timm.models.eva.Eva")
+HYBRID_EMBED = ("timm.layers.HybridEmbed",)
 
 
 class TokenRopeBlock(nn.Module):
@@ -80,9 +48,11 @@ class TokenRopeBlock(nn.Module):
     sliced to the tile's tokens (as ``position.tile_rope`` slices the whole model's)."""
 
     tile_runtime: SpatialRuntime
+    rotary: nn.Module              # the piece's (models/vit.RopeBlock): the rotary embedding of the built grid
+    grid: tuple[int, int]
+    block: Callable[[], nn.Module]   # the Eva block the piece runs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        assert isinstance(self, RopeBlockPiece)
         tiles = self.tile_runtime.plans.get(TOKEN_TILES)
         if not isinstance(tiles, TokenTiles):
             raise ValueError("a cut Eva's block on tiles runs after its embedding piece on the same spatial stage")
@@ -111,15 +81,17 @@ class TokenEmbedder(nn.Module):
         with torch._C.DisableTorchFunction():
             tokens = add_positions(self, tokens, tiles, runtime.ctx, runtime.group)
             rope = tile_rope(self, tiles, runtime.ctx, runtime.group)
-        return _child(self, "norm_pre")(mark_tiled(tokens, layout)), tiles, rope
+        return self.get_submodule("norm_pre")(mark_tiled(tokens, layout)), tiles, rope
 
 
 class TokenStem(TokenEmbedder):
     """Mixin: a cut ViT's embedding piece on this rank's image tile; its output, this tile's tokens ``(B, n, C)``
-    (the token-tile representation of ``tokens.py``), is what the blocks after it on the stage take."""
+    (the token-tile representation of ``tokens/tiles.py``), is what the blocks after it on the stage take."""
+
+    source: type[nn.Module]                   # the piece's (models/vit.TokenEmbedding): the model class it cuts
+    image_steps: Callable[[], list[nn.Module]]   # the steps before the patch embedding (a normalisation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        assert isinstance(self, TokenStemPiece)
         for step in self.image_steps():
             x = step(x)
         tokens, _, rope = self.tile_tokens(x)
@@ -135,12 +107,12 @@ class TokenModel(TokenEmbedder):
             raise ConfigError("model", f"{self.serial_class.__name__} with attn_mask/is_causal is not supported "
                               f"on tiles; call it without them")
         tokens, tiles, rope = self.tile_tokens(x)
-        tokens = self.run_blocks(tokens, rope, range(len(list(_child(self, "blocks").children()))))
+        tokens = self.run_blocks(tokens, rope, range(len(list(self.get_submodule("blocks").children()))))
         return self.tile_head(tokens, tiles)
 
     def run_blocks(self, tokens: torch.Tensor, rope: torch.Tensor | None, indices: range) -> torch.Tensor:
         """The blocks ``indices`` on a token tile (the rope as ``tile_tokens`` gave it)."""
-        blocks = list(_child(self, "blocks").children())
+        blocks = list(self.get_submodule("blocks").children())
         mixed = bool(getattr(self, "rope_mixed", False))
         for index in indices:
             block = blocks[index]
@@ -149,9 +121,9 @@ class TokenModel(TokenEmbedder):
 
     def tile_head(self, tokens: torch.Tensor, tiles: TokenTiles) -> torch.Tensor:
         """timm's final ``norm`` and ``forward_head`` on a token tile: the output, the same on every rank."""
-        pooled = self._pool(_child(self, "norm")(tokens), tiles)
+        pooled = self._pool(self.get_submodule("norm")(tokens), tiles)
         for name in ("fc_norm", "head_drop", "head"):
-            pooled = _child(self, name)(pooled)
+            pooled = self.get_submodule(name)(pooled)
         return pooled
 
     def _pool(self, tokens: torch.Tensor, tiles: TokenTiles) -> torch.Tensor:
@@ -175,14 +147,14 @@ class TokenModel(TokenEmbedder):
 
 def _embed(model: nn.Module, x: torch.Tensor, runtime: SpatialRuntime) -> tuple[torch.Tensor, TokenTiles]:
     """The patch embedding on the tile: this tile's image tokens ``(B, h*w, C)`` and the token geometry."""
-    embed = _child(model, "patch_embed")
+    embed = model.get_submodule("patch_embed")
     size = runtime.root_size
     assert size is not None and len(size) == 2
     dynamic = bool(getattr(model, "dynamic_img_size", False))
-    if isinstance(embed, timm_kind(TimmKind.PATCH_EMBED)):
+    if isinstance(embed, timm_classes(PATCH_EMBED)):
         token_grid = check_patch_grid(runtime.grid, (size[0], size[1]), int_pair(embed.patch_size))
         _check_built_size(model, token_grid, dynamic)
-        tokens = _child(embed, "norm")(_child(embed, "proj")(x).flatten(2).transpose(1, 2))
+        tokens = embed.get_submodule("norm")(embed.get_submodule("proj")(x).flatten(2).transpose(1, 2))
     else:   # HybridEmbed: its CNN backbone and projection as spatial layers
         tokens = embed(x)
         token_grid = _hybrid_grid(model, runtime, layout_of(tokens).lengths(tokens.shape), dynamic)
@@ -195,7 +167,7 @@ def _embed(model: nn.Module, x: torch.Tensor, runtime: SpatialRuntime) -> tuple[
 
 def _check_built_size(model: nn.Module, token_grid: tuple[int, int], dynamic: bool) -> None:
     """A fixed-size model runs at the size it was built for only (timm asserts it)."""
-    built = built_grid(model) if getattr(_child(model, "patch_embed"), "grid_size", None) else None
+    built = built_grid(model) if getattr(model.get_submodule("patch_embed"), "grid_size", None) else None
     if not dynamic and built and token_grid != built:
         raise ConfigError("image_size", f"{type(model).__name__} was built for a {built} token grid, the image gives "
                           f"{token_grid}; create it with img_size= the image's size or dynamic_img_size=True")
@@ -215,7 +187,7 @@ def _hybrid_grid(model: nn.Module, runtime: SpatialRuntime, local: tuple[int, in
 def _check_model(model: nn.Module, name: str, runtime: SpatialRuntime) -> None:
     """Refuse before work what the token-tile forward does not compute exactly."""
     where = f"layer {name or '<root>'!r} ({type(model).__name__})"
-    if type(model) not in timm_kind(TimmKind.VIT_MODEL):
+    if type(model) not in timm_classes(VIT_MODELS):
         raise ConfigError("model", f"{where}: a subclass of {type(model).__mro__[1].__name__} with its own forward "
                           f"is not supported on tiles; supported: VisionTransformer and Eva as timm builds them")
     pool = getattr(model, "global_pool", None)
@@ -228,15 +200,15 @@ def _check_model(model: nn.Module, name: str, runtime: SpatialRuntime) -> None:
 def _check_embedding(model: nn.Module, where: str, runtime: SpatialRuntime, what: str) -> None:
     """Refuse before work a patch embedding the token-tile forward does not compute exactly (``what``: the model's
     name in a refusal of the image size)."""
-    embed = _child(model, "patch_embed")
+    embed = model.get_submodule("patch_embed")
     if getattr(embed, "dynamic_img_pad", False):
         raise ConfigError("model", f"{where}: dynamic_img_pad pads the image's edge on one tile; create the model "
                           f"without it (tiles hold whole patches)")
-    if type(embed) not in timm_kind(TimmKind.PATCH_EMBED) + timm_kind(TimmKind.HYBRID_EMBED):
+    if type(embed) not in timm_classes(PATCH_EMBED + HYBRID_EMBED):
         raise ConfigError("model", f"{where}: patch embedding {type(embed).__name__} is not supported on tiles; "
                           f"supported: PatchEmbed, HybridEmbed")
     image = getattr(embed, "img_size", None)
-    if isinstance(embed, timm_kind(TimmKind.PATCH_EMBED)) and image and not getattr(model, "dynamic_img_size", False):
+    if isinstance(embed, timm_classes(PATCH_EMBED)) and image and not getattr(model, "dynamic_img_size", False):
         check_patch_grid(runtime.grid, int_pair(image), int_pair(embed.patch_size), what)
 
 
@@ -252,29 +224,28 @@ def _check_training(model: nn.Module) -> None:
 
 
 def convert_token_model(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module:
-    """A timm VisionTransformer/Eva converted for token tiles; a timm patch embedding outside one refused."""
-    if not isinstance(module, timm_kind(TimmKind.VIT_MODEL)):   # a patch embedding reached outside a ViT/Eva
-        raise ConfigError("model", f"layer {name!r} ({type(module).__name__}): a patch embedding outside timm's "
-                          f"VisionTransformer/Eva is not supported on tiles (its model's position embeddings and "
-                          f"attention are not known to be exact there); put it after the spatial stage")
+    """A timm VisionTransformer/Eva converted for token tiles."""
     _check_model(module, name, runtime)
     return _on_tiles(module, name, TokenModel, type(module), runtime, convert)
 
 
-def convert_cut_piece(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module | None:
-    """A cut ViT's piece (``models/vit.py``) converted for token tiles: its embedding piece a ``TokenStem``, an
-    Eva's block piece a ``TokenRopeBlock``; None for another piece (converted as any module)."""
-    if isinstance(module, RopeBlockPiece):
-        new = shallow_copy(module, spatial_class(TokenRopeBlock, type(module)))
-        object.__setattr__(new, "tile_runtime", runtime)
-        for child_name, child in module.named_children():
-            new._modules[child_name] = child if child is module.rotary else convert(child, f"{name}.{child_name}")
-        return new
-    if isinstance(module, TokenStemPiece):
-        where = f"layer {name or '<root>'!r} (the embedding of a cut {module.source.__name__})"
-        _check_embedding(module, where, runtime, module.source.__name__)
-        return _on_tiles(module, name, TokenStem, module.source, runtime, convert)
-    return None
+def convert_cut_embedding(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module:
+    """A cut ViT's embedding piece (``models/vit.TokenEmbedding``) as a ``TokenStem`` on token tiles."""
+    source: type[nn.Module] = vars(module)["source"]   # the model class the piece cuts
+    where = f"layer {name or '<root>'!r} (the embedding of a cut {source.__name__})"
+    _check_embedding(module, where, runtime, source.__name__)
+    return _on_tiles(module, name, TokenStem, source, runtime, convert)
+
+
+def convert_rope_block(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module:
+    """A cut Eva's block piece (``models/vit.RopeBlock``) as a ``TokenRopeBlock``: its block converted, its rotary
+    embedding sliced to the tile's tokens at each forward."""
+    new = shallow_copy(module, spatial_class(TokenRopeBlock, type(module)))
+    object.__setattr__(new, "tile_runtime", runtime)
+    rotary = module.get_submodule("rotary")
+    for child_name, child in module.named_children():
+        new._modules[child_name] = child if child is rotary else convert(child, f"{name}.{child_name}")
+    return new
 
 
 def _on_tiles(module: nn.Module, name: str, mixin: type[TokenEmbedder], serial: type[nn.Module],
@@ -302,3 +273,16 @@ def _on_tiles(module: nn.Module, name: str, mixin: type[TokenEmbedder], serial: 
     for parameter in rope.parameters() if isinstance(rope, nn.Module) else ():
         runtime.claim_tile_share(parameter)
     return new
+
+
+VIT_MODEL = Family("ViT token model (timm VisionTransformer, Eva)", TimmMatch(VIT_MODELS), convert_token_model,
+                   "tests/mpi/vit_exact.py")
+LONE_EMBEDDING = Family("ViT token model (timm PatchEmbed, HybridEmbed outside one: refused)",
+                        TimmMatch(PATCH_EMBED + HYBRID_EMBED), refused(
+                            "a patch embedding outside timm's VisionTransformer/Eva is not supported on tiles (its "
+                            "model's position embeddings and attention are not known to be exact there); put it "
+                            "after the spatial stage"), "tests/mpi/vit_exact.py")
+CUT_EMBEDDING: Family = Family("cut ViT pieces (models/vit.py's embedding piece)", lambda module: names_family(
+    module, CUT_EMBEDDING), convert_cut_embedding, "tests/mpi/vit_exact.py")
+CUT_ROPE_BLOCK: Family = Family("cut ViT pieces (models/vit.py's rotary block piece)", lambda module: names_family(
+    module, CUT_ROPE_BLOCK), convert_rope_block, "tests/mpi/vit_exact.py")

@@ -11,14 +11,27 @@ a float64 run would round to float32; in float16/bfloat16/float32 runs this is t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ConfigError
-from ..guard import is_tiled, mark_tiled
+from ..family import Family, TimmMatch
 from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..reduce import partitioned_sum
+from ..tile_marks import is_tiled, mark_tiled
+from .traffic import linear_cost
+
+
+def wide_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float,
+                   total: Callable[[torch.Tensor], torch.Tensor] = lambda sums: sums) -> torch.Tensor:
+    """timm's ``LiteMLA._attn`` of ``q``, ``k`` and the ones-padded ``v`` in the wider of their dtype and float32
+    (timm's: float32, which rounds a float64 run); ``total``: the key-value sums over the whole image."""
+    work = torch.promote_types(v.dtype, torch.float32)
+    out = q.to(work) @ total(k.to(work).transpose(-1, -2) @ v.to(work))
+    return (out[..., :-1] / (out[..., -1:] + eps)).to(v.dtype)
 
 
 def linear_attention(qkv: torch.Tensor, head_dim: int, kernel: nn.Module, eps: float,
@@ -28,12 +41,8 @@ def linear_attention(qkv: torch.Tensor, head_dim: int, kernel: nn.Module, eps: f
     batch, _, height, width = qkv.shape
     shaped = qkv.reshape(batch, -1, 3 * head_dim, height * width).transpose(-1, -2)
     q, k, v = shaped.chunk(3, dim=-1)
-    work = torch.promote_types(qkv.dtype, torch.float32)
-    q, k = kernel(q).to(work), kernel(k).to(work)
-    v = F.pad(v, (0, 1), mode="constant", value=1.0).to(work)
-    key_values = partitioned_sum(k.transpose(-1, -2) @ v, runtime.ctx, runtime.group)
-    out = q @ key_values
-    out = (out[..., :-1] / (out[..., -1:] + eps)).to(qkv.dtype)
+    out = wide_attention(kernel(q), kernel(k), F.pad(v, (0, 1), mode="constant", value=1.0), eps=eps,
+                         total=lambda sums: partitioned_sum(sums, runtime.ctx, runtime.group))
     return out.transpose(-1, -2).reshape(batch, -1, height, width)
 
 
@@ -70,3 +79,8 @@ def adopt_linear_attention(module: nn.Module, name: str, runtime: SpatialRuntime
     for child_name, child in module.named_children():
         new._modules[child_name] = convert(child, f"{name}.{child_name}")
     return new
+
+
+LINEAR_ATTENTION = Family("EfficientViT linear attention (timm LiteMLA)", TimmMatch((
+    "timm.models.efficientvit_mit.LiteMLA",)), adopt_linear_attention, "tests/mpi/attention_families_exact.py",
+    linear_cost)

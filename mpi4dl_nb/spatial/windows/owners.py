@@ -87,7 +87,7 @@ class TokenMoves:
         return TokenMoves(self.tile, self.put, self.take, self.size_out, self.size_in)
 
     def gather(self) -> TileGather:
-        """These moves as this tile's part of a gather (``window_roll.TokenExchange`` runs it, exact adjoint)."""
+        """These moves as this tile's part of a gather (``exchange.TokenExchange`` runs it, exact adjoint)."""
         def slots(index: torch.Tensor | None) -> tuple[int, ...]:
             return () if index is None else tuple(int(i) for i in index.tolist())
 

@@ -1,28 +1,30 @@
 """MaxViT's block and grid attention on tiles (timm's ``PartitionAttentionCl`` and ``PartitionAttention2d``), exact.
 
 The block keeps its forward (norms, MLP, LayerScale and residuals run per token under the op guard); only its
-``_partition_attn`` is replaced: every token goes to the tile attending its window (``window_owners.py``: block
+``_partition_attn`` is replaced: every token goes to the tile attending its window (``owners.py``: block
 windows inside a tile stay there, grid windows and windows straddling tiles are brought whole to one tile, each tile
 attending about 1/P of the windows), timm's attention (relative position bias included) runs on those whole windows
 as one process runs it, and the results go back to the tiles owning the tokens (each way one
-``window_roll.TokenExchange``; the backward moves the gradients the reverse way). The attention's parameters take
+``exchange.TokenExchange``; the backward moves the gradients the reverse way). The attention's parameters take
 each tile's share of their gradient, summed over the tiles with the spatial layers'.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
 from ...errors import ConfigError
+from ..family import Family, TimmMatch
 from ..function_ctx import FunctionContext
-from ..geometry import TileGrid
-from ..guard import is_tiled, layout_of, mark_tiled
 from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..tile_layout import STANDARD, TileLayout
-from ..timm_classes import TimmKind, timm_kind
+from ..tile_marks import is_tiled, layout_of, mark_tiled
 from .exchange import TokenExchange
 from .owners import PartitionKind, PartitionPlan, WindowPartition, partition_plan
+from .traffic import partition_cost
 
 CHANNELS_LAST = TileLayout(-3, -2)   # (B, rows, cols, C): PartitionAttentionCl's input
 
@@ -60,11 +62,11 @@ class TilePartitionAttention(nn.Module):
     serial_class: type[nn.Module]
     partition_block: bool
     partition_size: tuple[int, int]
+    channels_last: bool   # PartitionAttentionCl's (B, rows, cols, C), else PartitionAttention2d's (B, C, rows, cols)
     attn: nn.Module
 
     def _partition_attn(self, x: torch.Tensor) -> torch.Tensor:
-        runtime = self.tile_runtime
-        channels_last = isinstance(self, timm_kind(TimmKind.PARTITION_CL))
+        runtime, channels_last = self.tile_runtime, self.channels_last
         layout = layout_of(x)
         if not is_tiled(x) or layout != (CHANNELS_LAST if channels_last else STANDARD):
             shape = "(B, rows, cols, C)" if channels_last else "(B, C, rows, cols)"
@@ -122,13 +124,14 @@ def check_no_dropout(attention: nn.Module, name: str) -> None:
                               f"instead of the MLP's), eval mode, or train it without spatial parallelism")
 
 
-def adopt_partition_attention(module: nn.Module, name: str, runtime: SpatialRuntime,
-                              convert: Convert) -> nn.Module:
-    """``module`` (a timm MaxViT partition-attention block) on tiles; its children converted by ``convert``."""
+def _adopt(channels_last: bool, module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module:
+    """``module`` (a timm MaxViT partition-attention block, ``channels_last``: PartitionAttentionCl) on tiles; its
+    children converted by ``convert``."""
     new = shallow_copy(module, spatial_class(TilePartitionAttention, type(module)))
     object.__setattr__(new, "tile_runtime", runtime)
     object.__setattr__(new, "layer_name", name)
     object.__setattr__(new, "serial_class", type(module))
+    object.__setattr__(new, "channels_last", channels_last)
     for child_name, child in module.named_children():
         if child_name != "attn":   # the attention runs whole on windows, unconverted
             new._modules[child_name] = convert(child, f"{name}.{child_name}")
@@ -137,6 +140,9 @@ def adopt_partition_attention(module: nn.Module, name: str, runtime: SpatialRunt
     return new
 
 
-def windows_per_tile(grid: TileGrid, partition: WindowPartition) -> list[int]:
-    """How many windows of ``partition`` each tile attends (the memory balance of the moves)."""
-    return [partition_plan(partition, grid, tile).windows_here for tile in range(grid.num_tiles)]
+PARTITION_ATTENTION_CL = Family("MaxViT partition attention (timm PartitionAttentionCl)", TimmMatch((
+    "timm.models.maxxvit.PartitionAttentionCl",)), partial(_adopt, True), "tests/mpi/attention_families_exact.py",
+    partition_cost)
+PARTITION_ATTENTION_2D = Family("MaxViT partition attention (timm PartitionAttention2d)", TimmMatch((
+    "timm.models.maxxvit.PartitionAttention2d",)), partial(_adopt, False), "tests/mpi/attention_families_exact.py",
+    partition_cost)

@@ -1,16 +1,16 @@
 """timm's SwinTransformer and SwinTransformerV2 on tiles: shifted windows and patch merging gathered across tiles.
 
-``spatialize`` hands a timm ``SwinTransformer``/``SwinTransformerV2`` to ``convert_swin_part``: the model keeps its
+``spatialize`` hands a timm ``SwinTransformer``/``SwinTransformerV2`` to ``convert_swin_model``: the model keeps its
 class, parameters and state-dict keys (a subclass sharing its state). On this rank's image tile it runs
 
-1. the patch embedding: its projection as a spatial conv (tiles hold whole patches: ``tokens.check_patch_grid``),
+1. the patch embedding: its projection as a spatial conv (tiles hold whole patches: ``tokens.tiles.check_patch_grid``),
    then its norm, channels last: the tile's box of the global token grid, ``(B, h, w, C)``;
 2. each stage: the patch merge (``TileMerge``: every 2x2 neighbourhood of the global grid gathered to the tile that
-   owns its merged token, zeros past an odd end as one process pads; ``windows.plan_merge``), then the blocks
+   owns its merged token, zeros past an odd end as one process pads; ``plan.plan_merge``), then the blocks
    (``WindowBlock``): timm's own block forward, whose ``_attn`` (roll, pad, windows, attention, back) becomes one
    gather into the windows this tile computes (the roll folded in: only tokens that change tile move), timm's
    ``WindowAttention`` on those whole windows with Swin's mask for their global position, and the gather back
-   (``windows.WindowLayout``);
+   (``plan.WindowLayout``);
 3. the final norm, the mean over every token of the image (one all-reduce) and the head: the logits on every rank.
 
 Every parameter but the head's is a tile share (summed over tiles by ``reduce_tile_gradients``); a tile that computes
@@ -26,27 +26,29 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..dropout import check_random_state
+from ..family import PATCH_EMBED, Family, TimmMatch, refused, timm_classes
 from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..reduce import replicated_sum
-from ..timm_classes import TimmKind, timm_kind, timm_kinds
 from ..tokens.tiles import check_patch_grid, int_pair
 from .exchange import TokenExchange
 from .masks import RegionMask
 from .plan import ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
+from .traffic import swin_block_cost, swin_cost, swin_merge_cost
 
 STAGE_DROPOUTS = ("drop_path1", "drop_path2")
+SWIN_MODELS = ("timm.models.swin_transformer.SwinTransformer", "timm.models.swin_transformer_v2.SwinTransformerV2")
+SWIN_BLOCKS = ("timm.models.swin_transformer.SwinTransformerBlock",
+               "timm.models.swin_transformer_v2.SwinTransformerV2Block")
+SWIN_MERGES = ("timm.models.swin_transformer.PatchMerging", "timm.models.swin_transformer_v2.PatchMerging")
+SWIN_MERGE_V2 = ("timm.models.swin_transformer_v2.PatchMerging",)   # its norm after the reduction
+SWIN_STAGES = ("timm.models.swin_transformer.SwinTransformerStage",
+               "timm.models.swin_transformer_v2.SwinTransformerV2Stage")
 
 
 def _runtime(module: nn.Module) -> SpatialRuntime:
     runtime = module.__dict__["tile_runtime"]
     assert isinstance(runtime, SpatialRuntime)
     return runtime
-
-
-def _child(module: nn.Module, name: str) -> nn.Module:
-    child = getattr(module, name)
-    assert isinstance(child, nn.Module), name
-    return child
 
 
 class _WindowPlan:
@@ -84,7 +86,7 @@ class WindowBlock(nn.Module):
             raise ValueError(f"tile {runtime.tile}: a block of the {sizes} token grid expects a {plan.lengths} tile, "
                              f"got {tuple(x.shape)}")
         windows = plan.into(x.reshape(batch, -1, channels)).reshape(batch * plan.count, plan.area, channels)
-        attention = _child(self, "attn")
+        attention = self.get_submodule("attn")
         if plan.count:
             attended = attention(windows, mask=plan.mask(x))
         else:   # no window here: attention of one zero window appended to the empty ones, none of it kept (zero
@@ -97,6 +99,7 @@ class TileMerge(nn.Module):
     """Mixin: timm's PatchMerging (V1: norm, reduction; V2: reduction, norm) of the global grid on tiles."""
 
     grid_in: tuple[int, int]
+    norm_last: bool   # V2's order: the reduction, then the norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         runtime = _runtime(self)
@@ -109,10 +112,8 @@ class TileMerge(nn.Module):
         batch, channels = x.shape[0], x.shape[-1]
         merged = exchange(x.reshape(batch, -1, channels))
         merged = merged.reshape(batch, *merged_grid.lengths(runtime.tile), 4 * channels)
-        norm, reduction = _child(self, "norm"), _child(self, "reduction")
-        if isinstance(self, timm_kind(TimmKind.SWIN_MERGE_V2)):
-            return norm(reduction(merged))
-        return reduction(norm(merged))
+        norm, reduction = self.get_submodule("norm"), self.get_submodule("reduction")
+        return norm(reduction(merged)) if self.norm_last else reduction(norm(merged))
 
 
 class SwinTileModel(nn.Module):
@@ -123,9 +124,9 @@ class SwinTileModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pooled = pooled_on_tiles(self, x, type(self).__name__)
         with torch._C.DisableTorchFunction():
-            head = _child(self, "head")
-            logits: torch.Tensor = _child(head, "flatten")(_child(head, "fc")(_child(head, "drop")(pooled)))
-        return logits
+            for step in ("head.drop", "head.fc", "head.flatten"):
+                pooled = self.get_submodule(step)(pooled)
+        return pooled
 
 
 def pooled_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> torch.Tensor:
@@ -133,7 +134,7 @@ def pooled_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> torch.Tens
     cut Swin's trunk, holding ``patch_embed``, ``layers`` and ``norm``, on this rank's image tile ``x``."""
     runtime = _runtime(model)
     _check_forward(model, runtime, x.device)
-    embed = _child(model, "patch_embed")
+    embed = model.get_submodule("patch_embed")
     size = runtime.root_size
     assert size is not None and len(size) == 2
     token_grid = check_patch_grid(runtime.grid, (size[0], size[1]), int_pair(embed.patch_size), label)
@@ -141,10 +142,10 @@ def pooled_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> torch.Tens
     if token_grid != built:
         raise ConfigError("image_size", f"{label} was built for a {built} token grid (its windows, masks and "
                           f"merges), the image gives {token_grid}; create it with img_size= the image's size")
-    tokens = _child(embed, "proj")(x)   # a spatial conv, under the op guard
+    tokens = embed.get_submodule("proj")(x)   # a spatial conv, under the op guard
     with torch._C.DisableTorchFunction():
-        tokens = _child(embed, "norm")(tokens.permute(0, 2, 3, 1))
-        tokens = _child(model, "norm")(_child(model, "layers")(tokens))
+        tokens = embed.get_submodule("norm")(tokens.permute(0, 2, 3, 1))
+        tokens = model.get_submodule("norm")(model.get_submodule("layers")(tokens))
         total = replicated_sum(tokens.sum(dim=(1, 2)), runtime.ctx, runtime.group) \
             if len(runtime.ranks) > 1 else tokens.sum(dim=(1, 2))
         return total / _final_tokens(model, token_grid)
@@ -153,8 +154,8 @@ def pooled_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> torch.Tens
 def _final_tokens(model: nn.Module, token_grid: tuple[int, int]) -> int:
     """Tokens of the last stage's grid: the patch grid halved (rounded up) by every merge."""
     rows, cols = token_grid
-    for stage in _child(model, "layers").children():
-        if not isinstance(_child(stage, "downsample"), nn.Identity):
+    for stage in model.get_submodule("layers").children():
+        if not isinstance(stage.get_submodule("downsample"), nn.Identity):
             rows, cols = (rows + 1) // 2, (cols + 1) // 2
     return rows * cols
 
@@ -180,7 +181,7 @@ def _check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.devi
                               f"proj_drop_rate=0 and attn_drop_rate=0 (drop_path_rate and drop_rate are exact)")
     if draws:
         check_random_state(runtime.guard, torch.bernoulli, device)
-    for index, stage in enumerate(_child(model, "layers").children()):
+    for index, stage in enumerate(model.get_submodule("layers").children()):
         if getattr(stage, "grad_checkpointing", False):
             raise ConfigError("model", f"{type(model).__name__}.layers.{index}: grad checkpointing recomputes blocks "
                               f"that exchange windows across tiles; call set_grad_checkpointing(False)")
@@ -189,7 +190,7 @@ def _check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.devi
 def _check_model(model: nn.Module, name: str) -> None:
     """Refuse before work what the tile forward does not compute exactly."""
     where = f"layer {name or '<root>'!r} ({type(model).__name__})"
-    if type(model) not in timm_kind(TimmKind.SWIN_MODEL):
+    if type(model) not in timm_classes(SWIN_MODELS):
         raise ConfigError("model", f"{where}: a subclass of {type(model).__mro__[1].__name__} with its own forward "
                           f"is not supported on tiles; supported: SwinTransformer and SwinTransformerV2 as timm "
                           f"builds them")
@@ -199,25 +200,25 @@ def _check_model(model: nn.Module, name: str) -> None:
 def check_swin_parts(model: nn.Module, where: str) -> None:
     """Refuse before work a patch embedding, pool, stage, merge or block of a Swin (or of a cut Swin's trunk, which
     holds the model's parts at their names) that the tile forward does not compute exactly."""
-    embed = _child(model, "patch_embed")
-    if type(embed) not in timm_kind(TimmKind.PATCH_EMBED) or getattr(embed, "dynamic_img_pad", False) or \
+    embed = model.get_submodule("patch_embed")
+    if type(embed) not in timm_classes(PATCH_EMBED) or getattr(embed, "dynamic_img_pad", False) or \
             not getattr(embed, "strict_img_size", True):
         raise ConfigError("model", f"{where}: patch embedding {type(embed).__name__} (dynamic size or padding) is "
                           f"not supported on tiles; create the model with a fixed img_size")
-    pool = getattr(_child(_child(model, "head"), "global_pool"), "pool_type", None)
+    pool = getattr(model.get_submodule("head.global_pool"), "pool_type", None)
     if pool != "avg":
         raise ConfigError("model", f"{where}: global_pool={pool!r} is not supported on tiles; create the model with "
                           f"global_pool='avg'")
-    for stage_name, stage in _child(model, "layers").named_children():
-        if type(stage) not in timm_kind(TimmKind.SWIN_STAGE):
+    for stage_name, stage in model.get_submodule("layers").named_children():
+        if type(stage) not in timm_classes(SWIN_STAGES):
             raise ConfigError("model", f"{where}: stage layers.{stage_name} ({type(stage).__name__}) is not "
                               f"supported on tiles")
-        merge = _child(stage, "downsample")
-        if not isinstance(merge, nn.Identity) and type(merge) not in timm_kind(TimmKind.SWIN_MERGE):
+        merge = stage.get_submodule("downsample")
+        if not isinstance(merge, nn.Identity) and type(merge) not in timm_classes(SWIN_MERGES):
             raise ConfigError("model", f"{where}: layers.{stage_name}.downsample ({type(merge).__name__}) is not "
                               f"supported on tiles; supported: timm's PatchMerging")
-        for block_name, block in _child(stage, "blocks").named_children():
-            if type(block) not in timm_kind(TimmKind.SWIN_BLOCK):
+        for block_name, block in stage.get_submodule("blocks").named_children():
+            if type(block) not in timm_classes(SWIN_BLOCKS):
                 raise ConfigError("model", f"{where}: block layers.{stage_name}.blocks.{block_name} "
                                   f"({type(block).__name__}) is not supported on tiles")
 
@@ -232,12 +233,13 @@ def _bound(module: nn.Module, mixin: type[nn.Module], runtime: SpatialRuntime, n
 def _convert_stage(stage: nn.Module, name: str, runtime: SpatialRuntime) -> nn.Module:
     """A stage sharing ``stage``'s state: its merge a ``TileMerge``, its blocks ``WindowBlock``s."""
     new = shallow_copy(stage, type(stage))
-    merge = _child(stage, "downsample")
+    merge = stage.get_submodule("downsample")
     if not isinstance(merge, nn.Identity):
         merged = _bound(merge, TileMerge, runtime, f"{name}.downsample")
         object.__setattr__(merged, "grid_in", int_pair(stage.input_resolution))
+        object.__setattr__(merged, "norm_last", type(merge) in timm_classes(SWIN_MERGE_V2))
         new._modules["downsample"] = merged
-    blocks = _child(stage, "blocks")
+    blocks = stage.get_submodule("blocks")
     new_blocks = shallow_copy(blocks, type(blocks))
     for block_name, block in blocks.named_children():
         new_blocks._modules[block_name] = _bound(block, WindowBlock, runtime, f"{name}.blocks.{block_name}")
@@ -245,35 +247,52 @@ def _convert_stage(stage: nn.Module, name: str, runtime: SpatialRuntime) -> nn.M
     return new
 
 
-def convert_swin_part(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module | None:
-    """``module`` converted for tiles when it is a timm Swin(V2) model; a ConfigError naming it when it is a Swin
-    block or patch merge outside one; else None."""
-    if isinstance(module, timm_kind(TimmKind.SWIN_CR)):
-        raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): timm's Swin-V2 'cr' "
-                          f"models (swinv2_cr_*) have their own stages and blocks, which have no tile version; "
-                          f"use a swinv2_* model (SwinTransformerV2), or train this one without spatial parallelism")
-    if not isinstance(module, timm_kinds(TimmKind.SWIN_MODEL, TimmKind.SWIN_BLOCK, TimmKind.SWIN_MERGE)):
-        return None
-    if runtime.grid.volumetric or not isinstance(module, timm_kind(TimmKind.SWIN_MODEL)):
-        raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}): Swin's shifted windows "
-                          f"and patch merges are exact on tiles inside timm's SwinTransformer/SwinTransformerV2 "
-                          f"on an image's grid only; spatialize the whole model, or put this layer after the "
-                          f"spatial stage")
-    _check_model(module, name)
-    new = _bound(module, SwinTileModel, runtime, name)
-    object.__setattr__(new, "serial_class", type(module))
-    embed = _child(module, "patch_embed")
-    new_embed = shallow_copy(embed, type(embed))
+def swin_on_tiles(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert,
+                  mixin: type[nn.Module]) -> nn.Module:
+    """``module`` (a timm Swin, or a cut one's trunk: ``patch_embed``, ``layers``, ``norm``, ``head`` at the model's
+    names, other children image steps in front) bound to ``mixin``: its patch projection a spatial conv, its stages'
+    merges and blocks their tile versions, every parameter but the head's a tile share."""
+    new = _bound(module, mixin, runtime, name)
     prefix = f"{name}." if name else ""
-    new_embed._modules["proj"] = convert(_child(embed, "proj"), f"{prefix}patch_embed.proj")
-    new._modules["patch_embed"] = new_embed
-    layers = _child(module, "layers")
-    new_layers = shallow_copy(layers, type(layers))
-    for stage_name, stage in layers.named_children():
-        new_layers._modules[stage_name] = _convert_stage(stage, f"{prefix}layers.{stage_name}", runtime)
-    new._modules["layers"] = new_layers
-    head = set(map(id, _child(module, "head").parameters()))
+    for child_name, child in module.named_children():
+        if child_name == "patch_embed":
+            embed = new._modules[child_name] = shallow_copy(child, type(child))
+            embed._modules["proj"] = convert(child.get_submodule("proj"), f"{prefix}patch_embed.proj")
+        elif child_name == "layers":
+            stages = new._modules[child_name] = shallow_copy(child, type(child))
+            for stage_name, stage in child.named_children():
+                stages._modules[stage_name] = _convert_stage(stage, f"{prefix}layers.{stage_name}", runtime)
+        elif child_name not in ("norm", "head"):     # a cut trunk's image steps in front (a normalisation)
+            new._modules[child_name] = convert(child, f"{prefix}{child_name}")
+    head = set(map(id, module.get_submodule("head").parameters()))
     for parameter in module.parameters():
         if id(parameter) not in head:
             runtime.claim_tile_share(parameter)
     return new
+
+
+ALONE = ("Swin's shifted windows and patch merges are exact on tiles inside timm's SwinTransformer/SwinTransformerV2 "
+         "on an image's grid only; spatialize the whole model, or put this layer after the spatial stage")
+
+
+def convert_swin_model(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert) -> nn.Module:
+    """A timm Swin(V2) model converted for image tiles (refused on a volume's grid)."""
+    if runtime.grid.volumetric:
+        refused(ALONE)(module, name, runtime, convert)
+    _check_model(module, name)
+    new = swin_on_tiles(module, name, runtime, convert, SwinTileModel)
+    object.__setattr__(new, "serial_class", type(module))
+    return new
+
+
+SWIN_V2_CR = Family("Swin (timm SwinTransformerV2Cr: refused)", TimmMatch((
+    "timm.models.swin_transformer_v2_cr.SwinTransformerV2Cr",)), refused(
+    "timm's Swin-V2 'cr' models (swinv2_cr_*) have their own stages and blocks, which have no tile version; use a "
+    "swinv2_* model (SwinTransformerV2), or train this one without spatial parallelism"), "tests/mpi/swin_exact.py",
+    swin_cost)
+SWIN = Family("Swin (timm SwinTransformer, SwinTransformerV2)", TimmMatch(SWIN_MODELS), convert_swin_model,
+              "tests/mpi/swin_exact.py", swin_cost)
+SWIN_BLOCK_ALONE = Family("Swin (timm Swin blocks outside their model: refused)", TimmMatch(SWIN_BLOCKS),
+                          refused(ALONE), "tests/mpi/swin_exact.py", swin_block_cost)
+SWIN_MERGE_ALONE = Family("Swin (timm Swin patch merges outside their model: refused)", TimmMatch(SWIN_MERGES),
+                          refused(ALONE), "tests/mpi/swin_exact.py", swin_merge_cost)

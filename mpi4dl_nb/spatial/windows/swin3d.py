@@ -1,12 +1,12 @@
 """A 3-D Swin model's window blocks and patch merging on a volume's tiles (``models/swin3d.py``), exactly.
 
 A window block's layer norms and MLP act on each token: they run on the tile's own tokens. Its token mixing runs on
-windows as one process cuts them (the grid rolled by ``-shift``, windows in raster order, ``windows.ShiftedWindows``):
-each window is computed on one tile, the one holding most of its tokens (``windows.WindowLayout``); a gather brings
+windows as one process cuts them (the grid rolled by ``-shift``, windows in raster order, ``plan.ShiftedWindows``):
+each window is computed on one tile, the one holding most of its tokens (``plan.WindowLayout``); a gather brings
 its tokens there with the roll folded in (a window inside a tile stays local), the block's own attention runs on the
 tile's windows with the relative position bias and, after a shift, Swin's mask from the windows' region labels, and
-a second gather returns every token to its tile (``window_roll.TokenExchange``; backward: the exact adjoints).
-Patch merging gathers each 2x2x2 group to the tile of its merged token (``windows.plan_merge``, in the model's
+a second gather returns every token to its tile (``exchange.TokenExchange``; backward: the exact adjoints).
+Patch merging gathers each 2x2x2 group to the tile of its merged token (``plan.plan_merge``, in the model's
 concatenation order; local where every tile's range is even), then normalises and projects there.
 
 Every token and every window is computed on exactly one rank, so each parameter's gradient on a rank is its share
@@ -17,13 +17,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch import nn
 
 from ...errors import ConfigError
-from ..layer import SpatialLayer, SpatialRuntime, adopt
+from ..family import Family, names_family
+from ..layer import Convert, SpatialLayer, SpatialRuntime, adopt
 from .exchange import TokenExchange
 from .masks import RegionMask
 from .plan import ShiftedWindows, TokenBoxes, WindowLayout, plan_merge
@@ -129,31 +131,22 @@ class SpatialPatchMerge(SpatialLayer, nn.Module):
         return out.permute(0, 4, 1, 2, 3)
 
 
-class VolumeWindowBlockClass:
-    """Base a 3-D Swin model's window block class names among its own bases (``models/swin3d.SwinBlock3d``) to be
-    converted as a ``SpatialWindowBlock`` on a volume's tiles (its ``families.py`` entry); it offers what
-    ``VolumeWindowBlock`` says. A subclass that does not name it itself (its own forward) is not converted."""
-
-
-class VolumePatchMergeClass:
-    """Base a 3-D Swin model's 2x2x2 patch merging class names among its own bases (``models/swin3d.PatchMerging3d``)
-    to be converted as a ``SpatialPatchMerge`` on a volume's tiles; it offers what ``MergeLayer`` says."""
-
-
-def declares_volume_swin(module: nn.Module) -> bool:
-    """Whether ``module``'s class names one of the 3-D Swin bases among its own bases."""
-    bases = type(module).__bases__
-    return VolumeWindowBlockClass in bases or VolumePatchMergeClass in bases
-
-
-def convert_volume_swin(module: nn.Module, runtime: SpatialRuntime, name: str) -> nn.Module:
-    """``module`` (a 3-D Swin window block or patch merge) on a volume's tiles; each parameter's gradient on a rank is
-    its own tokens' and windows' share. Refused on an image's grid."""
+def _on_volume(kind: type[SpatialWindowBlock | SpatialPatchMerge], module: nn.Module, name: str,
+               runtime: SpatialRuntime, _: Convert) -> nn.Module:
+    """``module`` (a 3-D Swin window block or patch merge) as ``kind`` on a volume's tiles; each parameter's gradient
+    on a rank is its own tokens' and windows' share. Refused on an image's grid."""
     if not runtime.grid.volumetric:
         raise ConfigError("model", f"layer {name or '<root>'!r} ({type(module).__name__}) is not supported on image "
                           f"tiles: a 3-D Swin block or patch merge runs on a volume's tiles (a TileGrid with depth); "
                           f"or put it after the spatial stage")
     for parameter in module.parameters():
         runtime.claim_tile_share(parameter)
-    kind = SpatialWindowBlock if isinstance(module, VolumeWindowBlockClass) else SpatialPatchMerge
     return adopt(kind, module, runtime, name)
+
+
+# a 3-D Swin model's classes (models/swin3d.py's) name these as their tile_family; a block offers what
+# ``VolumeWindowBlock`` says, a merge what ``MergeLayer`` says
+VOLUME_WINDOW_BLOCK: Family = Family("3-D Swin (models/swin3d.py's window blocks)", lambda module: names_family(
+    module, VOLUME_WINDOW_BLOCK), partial(_on_volume, SpatialWindowBlock), "tests/mpi/spatial3d.py")
+VOLUME_PATCH_MERGE: Family = Family("3-D Swin (models/swin3d.py's patch merging)", lambda module: names_family(
+    module, VOLUME_PATCH_MERGE), partial(_on_volume, SpatialPatchMerge), "tests/mpi/spatial3d.py")

@@ -8,7 +8,8 @@ what a tile holds of a window is a product of interval overlaps; the windows' ow
 (``WindowLayout.owners``). MaxViT (``partition.py``): every token goes to the tile attending its block or grid
 window (``owners.py``) and back, counted axis by axis. LiteMLA (``linear.py``): one all-reduce of the key-value
 sums. Backward sends the same bytes again, each gather's adjoint running the other way. Bytes are per sample.
-``swin_cost``, ``partition_cost`` and ``linear_cost`` are the families' ``cost.FamilyCost``.
+``swin_cost`` (a model), ``swin_block_cost``, ``swin_merge_cost``, ``partition_cost`` and ``linear_cost`` are the
+families' ``cost.FamilyCost``.
 """
 
 from __future__ import annotations
@@ -203,9 +204,9 @@ def _number(module: object, name: str) -> int:
     return _int(getattr(module, name))
 
 
-def _block_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
-    """A timm Swin block over ``sizes``: its window gathers into the windows and back, timm's clamp applied (a
-    window no larger than the grid, no shift where it is one window)."""
+def swin_block_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
+    """``FamilyCost`` of a timm Swin block over ``sizes``: its window gathers into the windows and back, timm's clamp
+    applied (a window no larger than the grid, no shift where it is one window)."""
     window = _pair(getattr(module, "window_size", 0))
     shift = _pair(getattr(module, "target_shift_size", None) or getattr(module, "shift_size", 0))
     clamped = tuple(min(n, w) for n, w in zip(sizes, window))
@@ -215,38 +216,26 @@ def _block_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element
                     for into, back in zip(counted.into, counted.back)])
 
 
-def _merge_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
-    """A timm Swin patch merge reading a ``sizes`` grid: the gather of its neighbourhoods."""
+def swin_merge_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
+    """``FamilyCost`` of a timm Swin patch merge reading a ``sizes`` grid: the gather of its neighbourhoods."""
     counted = merge_traffic(grid, sizes, _number(module, "dim"), element_bytes)
     return busiest([(t.sent, t.received, t.held) for t in counted])
 
 
-def _model_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
-    """A whole timm Swin on images of ``sizes`` pixels (its patch grid: ``sizes`` over the patch size): every
-    stage's merge and blocks, summed (held: the largest)."""
+def swin_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
+    """``FamilyCost`` of a whole timm Swin (or a cut one's trunk) on images of ``sizes`` pixels (its patch grid:
+    ``sizes`` over the patch size): every stage's merge and blocks, summed (held: the largest)."""
     parts: list[ExchangeBytes] = []
     patch = _pair(getattr(getattr(module, "patch_embed", None), "patch_size", 1))
     current = tuple(n // p for n, p in zip(sizes, patch))
     for stage in getattr(module, "layers", ()):
         merge = getattr(stage, "downsample", None)
         if merge is not None and hasattr(merge, "reduction"):
-            parts.append(_merge_cost(merge, grid, current, element_bytes))
+            parts.append(swin_merge_cost(merge, grid, current, element_bytes))
             current = tuple((n + 1) // 2 for n in current)
-        parts.extend(_block_cost(block, grid, current, element_bytes) for block in getattr(stage, "blocks", ()))
+        parts.extend(swin_block_cost(block, grid, current, element_bytes) for block in getattr(stage, "blocks", ()))
     return ExchangeBytes(sum(p.sent for p in parts), sum(p.received for p in parts),
                          max((p.held for p in parts), default=0))
-
-
-def swin_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
-    """``FamilyCost`` of timm's Swin: a block (``window_size``/``shift_size``/``dim``) or a patch merge (``reduction``,
-    ``dim``) over a token grid of ``sizes``, or a whole model (``layers`` of stages) on images of ``sizes``."""
-    if hasattr(module, "layers"):
-        return _model_cost(module, grid, sizes, element_bytes)
-    if hasattr(module, "reduction"):
-        return _merge_cost(module, grid, sizes, element_bytes)
-    if hasattr(module, "window_size"):
-        return _block_cost(module, grid, sizes, element_bytes)
-    return ExchangeBytes()
 
 
 def _owner_of(ranges: Sequence[Range], index: int) -> int:
