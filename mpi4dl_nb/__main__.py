@@ -1,4 +1,4 @@
-"""``python -m mpi4dl_nb {layout,train,evaluate,infer,tune} ...`` and ``mpi4dl-nb``: the batch-job entry point."""
+"""``python -m mpi4dl_nb <command> ...`` and ``mpi4dl-nb``: the batch-job entry point (commands: cli/commands.py)."""
 from __future__ import annotations
 
 import os
@@ -8,9 +8,12 @@ from collections.abc import Sequence
 from functools import partial
 
 from .cli.commands import main as run_command
+from .cli.commands import usage
 from .comm.context import abort_job
+from .comm.device import bind_launcher_device, requested_device
 from .run.teardown import exit_watched
 
+__doc__ = f"{__doc__}\n\n{usage()}"     # the commands as the table lists them (``--help`` prints the same)
 BROKEN_PIPE_EXIT = 141    # 128 + SIGPIPE: what a shell reports for a program whose reader left (``... | head``)
 
 
@@ -21,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quietly, exit code 141."""
     try:
         args = list(sys.argv[1:] if argv is None else argv)
+        bind_launcher_device(requested_device(args))     # the rank's GPU current before MPI starts (comm/device.py)
         code = exit_watched(partial(run_command, args), args)
         sys.stdout.flush()           # a closed pipe shows here, not in the interpreter's last flush
     except BrokenPipeError:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from .device import BACKENDS, check_backend_device, local_rank_from_env, select_device
+from .device import BACKENDS, bind_launcher_device, check_backend_device, local_rank_from_env, plane_for, select_device
 from .handles import Channel, Group, Request, Transfer
 from .mpi_plane import MpiPlane, MpiRequests
 from .node_sum import NodeSum
@@ -80,6 +80,8 @@ class Context:
                  trace_max_events: int | None = DEFAULT_MAX_EVENTS, wait: str | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        if not isinstance(device, torch.device):
+            bind_launcher_device(str(device))   # the rank's GPU current before MPI starts (it may open a context)
         from mpi4py import MPI as mpi  # imported on first use: importing it starts MPI
 
         self.mpi_comm: MPI.Intracomm = comm if comm is not None else mpi.COMM_WORLD
@@ -97,8 +99,7 @@ class Context:
             self.device = select_device(self.local_rank, prefer=str(device))
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        if backend == "auto":
-            backend = "nccl" if self.device.type == "cuda" else "mpi"
+        backend = self._choose_plane(backend)
         if backend != "mpi":
             check_backend_device(backend, self.device)
         self.backend = backend
@@ -114,6 +115,17 @@ class Context:
         self._groups: dict[tuple[int, ...], Group] = {}
         self._channels: dict[tuple[int, int], Channel] = {}
         self._node_sums: dict[tuple[int, ...], NodeSum | None] = {}
+
+    def _choose_plane(self, backend: str) -> str:
+        """``backend`` resolved for the job's most crowded node (``device.plane_for``; every rank alike), said on
+        rank 0 where ``auto`` leaves NCCL out because ranks share a GPU."""
+        gpus = torch.cuda.device_count() if self.device.type == "cuda" else 0
+        local, gpus = max(self.mpi_comm.allgather((self.local_size, gpus)), key=lambda node: node[0] - node[1])
+        chosen = plane_for(backend, self.device, local, gpus)
+        if backend == "auto" and self.device.type == "cuda" and chosen == "mpi" and self.rank == 0:
+            print(f"--backend auto: the mpi plane ({local} ranks share {gpus} GPU(s) on a node; NCCL needs a GPU "
+                  f"per rank)", file=sys.stderr, flush=True)
+        return chosen
 
     def _start_plane(self, backend: str) -> DataPlane:
         if backend == "mpi":
@@ -318,8 +330,8 @@ def init(backend: str = "auto", device: str | torch.device = "auto", *, threads:
          trace_max_events: int | None = DEFAULT_MAX_EVENTS, wait: str | None = None) -> Context:
     """Start (or return) this process's Context from MPI.
 
-    ``backend``: ``auto`` (``mpi`` on CPU, ``nccl`` on GPU), ``mpi``, ``gloo`` (CPU) or
-    ``nccl`` (CUDA). ``device``: ``auto`` (CUDA when visible), ``cpu`` or ``cuda`` (refused
+    ``backend``: ``auto`` (``nccl`` with a GPU per rank, else ``mpi``), ``mpi``, ``gloo`` (CPU) or
+    ``nccl`` (CUDA, a GPU per rank). ``device``: ``auto`` (CUDA when visible), ``cpu`` or ``cuda`` (refused
     at once, naming what is missing, when no CUDA device can be used).
     ``trace_window``: steps whose events the trace keeps (None: every event, unbounded);
     ``trace_max_events``: cap on kept events (None: none).

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,8 @@ class DeviceChoice:
     infer)."""
 
     backend: str = flag("--backend", "tensor data plane: mpi (mpi4py; CUDA-aware MPI or staged on GPU), gloo "
-                                     "(torch.distributed, CPU), nccl (torch.distributed, CUDA); auto: nccl on GPU, "
-                                     "mpi on CPU", "auto", choices=BACKENDS, group=DEVICE_GROUP)
+                                     "(torch.distributed, CPU), nccl (torch.distributed, CUDA); auto: nccl with a "
+                                     "GPU per rank, else mpi", "auto", choices=BACKENDS, group=DEVICE_GROUP)
     device: str = flag("--device", "where tensors live: cuda (refused at once, naming what is missing, when no GPU "
                                    "can be used), cpu, or auto (cuda when visible)", "auto", choices=DEVICES,
                        group=DEVICE_GROUP)
@@ -99,6 +100,53 @@ def select_device(local_rank: int, cuda_count: int | None = None, prefer: str = 
         raise RuntimeError(f"device='cuda' was asked for but no CUDA device can be used: "
                            f"{reason or 'no CUDA device is visible'}; use device='auto' or 'cpu'")
     return torch.device("cpu")
+
+
+def plane_for(backend: str, device: torch.device, local_ranks: int, gpus: int) -> str:
+    """The data plane ``backend`` names on ``device`` with ``local_ranks`` ranks on a node of ``gpus`` GPUs: ``auto`` is
+    nccl only with a GPU per rank (NCCL stops at "Duplicate GPU detected"), else mpi; nccl on shared GPUs is refused."""
+    shared = device.type == "cuda" and local_ranks > gpus
+    if backend == "nccl" and shared:
+        raise ConfigError("--backend", f"nccl needs a GPU per rank: {local_ranks} ranks share {gpus} GPU(s) on a node; "
+                                       f"use --backend mpi")
+    if backend == "auto":
+        return "nccl" if device.type == "cuda" and not shared else "mpi"
+    return backend
+
+
+def requested_device(argv: Sequence[str]) -> str:
+    """The ``--device`` value of a command line (``auto`` when absent)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+        if arg == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "auto"
+
+
+def bind_launcher_device(prefer: str = "auto", env: Mapping[str, str] | None = None) -> torch.device | None:
+    """Make the GPU of the launcher's local rank current before MPI starts (an MPI that opens a CUDA context at init,
+    MVAPICH2-GDR or a CUDA build of MPICH, opens it on the current GPU: GPU 0 in every rank otherwise); None (nothing
+    done) on CPU, without a launcher's local rank, or once MPI has started."""
+    found = local_rank_from_env(env)
+    if prefer == "cpu" or found is None or "mpi4py.MPI" in sys.modules:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    device = select_device(found[0], torch.cuda.device_count(), prefer="cuda")
+    torch.cuda.set_device(device)
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for every kernel queued on ``device`` (all streams, NCCL's too; no-op off CUDA): before a host clock
+    reading that must include them."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 def check_backend_device(backend: str, device: torch.device) -> None:

@@ -24,15 +24,12 @@ FORBID_VARIABLE = "MPI4DL_NB_NO_MPIEXEC"
 #: The folder holding the ``mpi4dl_nb`` package: ranks import it from there.
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
-#: Every rank: one torch/BLAS thread (a core each, or fewer), and a glibc malloc that keeps freed
-#: activation memory instead of unmapping it (no page faults every step; docs/engine.md).
-RANK_ENV: dict[str, str] = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_TRIM_THRESHOLD_": "100000000000",
-    "PYTHONUNBUFFERED": "1",
-}
+#: CPU ranks: a glibc malloc that keeps freed activation memory instead of unmapping it (no page faults every
+#: step; docs/engine.md). Not for GPU ranks: their activations live on the device, and the host heap would keep
+#: every freed block (a CPU rank of a GPU node still gets it from ``dl.init``'s ``tune_malloc``).
+CPU_MALLOC_ENV: dict[str, str] = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
+#: Every rank: one torch/BLAS thread (a core each, or fewer), CPU_MALLOC_ENV where no GPU is visible.
+RANK_ENV: dict[str, str] = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **CPU_MALLOC_ENV, "PYTHONUNBUFFERED": "1"}
 #: MPICH's ranks poll while they wait; with more ranks than cores this makes them yield the core.
 YIELD_ENV: dict[str, str] = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
@@ -171,12 +168,17 @@ def ranks_per_node(nprocs: int, hosts: Sequence[str] | None = None) -> int:
 
 
 def rank_environment(nprocs: int, extra: Mapping[str, str] | None = None, *, cores: int | None = None,
-                     base: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None) -> dict[str, str]:
+                     base: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None,
+                     gpus: bool | None = None) -> dict[str, str]:
     """The environment of ``nprocs`` ranks on nodes of ``cores`` cores (default: this machine's), all on this node
-    or placed over ``hosts`` (one name per slot): ``base`` (default: this process's) with ``RANK_ENV``, MPICH
-    yielding when a node's ranks outnumber its cores, the package on PYTHONPATH, then ``extra``."""
+    or placed over ``hosts`` (one name per slot): ``base`` (default: this process's) with ``RANK_ENV`` (less
+    ``CPU_MALLOC_ENV`` for ranks with ``gpus``, default: whether this machine has a usable GPU), MPICH yielding
+    when a node's ranks outnumber its cores, the package on PYTHONPATH, then ``extra``."""
+    from .device import cuda_unavailable_reason
+
+    gpus = cuda_unavailable_reason() is None if gpus is None else gpus
     env = dict(os.environ if base is None else base)
-    env.update(RANK_ENV)
+    env.update({name: value for name, value in RANK_ENV.items() if not (gpus and name in CPU_MALLOC_ENV)})
     if ranks_per_node(nprocs, hosts) > (cores or os.cpu_count() or 1):
         env.update(YIELD_ENV)
     paths = [str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

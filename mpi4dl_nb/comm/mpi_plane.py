@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from .cuda_aware import cuda_aware_mpi
 from .device import settle
 from .handles import Channel, Group, Request, Transfer
 from .staging import PinnedPool
@@ -19,20 +19,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 # ``mpi4py.MPI`` is imported where it is first used, never at module import: importing it starts MPI
-
-
-def cuda_aware_mpi() -> bool:
-    """Whether the MPI library says it can read and write CUDA memory."""
-    from mpi4py import MPI
-
-    query = getattr(MPI, "Query_cuda_support", None)
-    if query is not None:
-        try:
-            return bool(query())
-        except Exception:  # noqa: BLE001 - an MPI without the extension
-            pass
-    return os.environ.get("MV2_USE_CUDA") == "1" or os.environ.get("MPI4DL_CUDA_AWARE") == "1"
-
+__all__ = ["MpiPlane", "MpiRequests", "cuda_aware_mpi"]
 
 class MpiRequests:
     """mpi4py requests completed together: by ``Waitall`` (``WaitMode.BLOCK``) or by
@@ -59,7 +46,7 @@ class MpiPlane:
 
     CPU tensors go zero-copy (a NumPy view; bfloat16 as int16 bits). CUDA tensors go
     directly when the MPI library is CUDA-aware (MVAPICH2-GDR, CUDA-aware Open MPI; mpi4py
-    reads ``__cuda_array_interface__``), else they are staged through host buffers of a
+    reads ``__cuda_array_interface__``; collectives blocking there), else they are staged through host buffers of a
     reusable ``PinnedPool`` (no new pinned buffer per message).
 
     MPI works outside CUDA's stream order, so before device memory (a tensor, or a host
@@ -139,18 +126,23 @@ class MpiPlane:
         return Request(MpiRequests(handles, self.wait_mode), keep=[t.tensor for t in transfers])
 
     # --------------------------------------------------------------- collectives
-    def _in_place(self, tensor: torch.Tensor, operation: Callable[[Buffer], MPI.Request]) -> None:
-        """Run the non-blocking in-place MPI ``operation(buffer)`` on ``tensor`` (staged if
-        needed) and complete its request in this plane's wait mode."""
+    def _in_place(self, tensor: torch.Tensor, blocking: Callable[[Buffer], None],
+                  posted: Callable[[Buffer], MPI.Request]) -> None:
+        """Run the in-place collective on ``tensor`` (staged if needed): ``blocking`` on device memory (CUDA-aware
+        MPIs take device buffers in blocking collectives only: Open MPI's FAQ), else ``posted`` (non-blocking)
+        completed in this plane's wait mode."""
         if not self._staged(tensor):
             self._settle([tensor])
-            MpiRequests([operation(self._buffer(tensor))], self.wait_mode).wait()
+            if self._on_device(tensor):
+                blocking(self._buffer(tensor))
+                return
+            MpiRequests([posted(self._buffer(tensor))], self.wait_mode).wait()
             return
         host = self.pool.take(tensor)
         try:
             host.copy_(tensor.detach(), non_blocking=True)
             self._settle([tensor])
-            MpiRequests([operation(self._buffer(host))], self.wait_mode).wait()
+            MpiRequests([posted(self._buffer(host))], self.wait_mode).wait()
             tensor.detach().copy_(host)
         finally:
             self.pool.give(host)
@@ -159,16 +151,20 @@ class MpiPlane:
         from mpi4py import MPI
 
         comm = group.communicator()
-        self._in_place(tensor, lambda buffer: comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+        self._in_place(tensor, lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM),
+                       lambda buffer: comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
 
     def iall_reduce(self, tensor: torch.Tensor, group: Group) -> Request:
         """``MPI_Iallreduce`` in place on ``tensor`` (through a host buffer when staged), left pending:
-        MPI progresses it whenever this rank calls MPI (``Request.test`` does so without waiting)."""
+        MPI progresses it whenever this rank calls MPI (``Request.test`` does so without waiting). On device
+        memory (CUDA-aware MPI) a blocking ``MPI_Allreduce``, done on return."""
         from mpi4py import MPI
 
         comm = group.communicator()
+        if not self._staged(tensor) and self._on_device(tensor):
+            self.all_reduce(tensor, group)
+            return Request.completed()
         if not self._staged(tensor):
-            self._settle([tensor])
             handle = comm.Iallreduce(MPI.IN_PLACE, self._buffer(tensor), op=MPI.SUM)
             return Request(MpiRequests([handle], self.wait_mode), keep=tensor)
         host = self.pool.take(tensor)
@@ -183,7 +179,8 @@ class MpiPlane:
 
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None:
         comm, index = group.communicator(), group.rank_of(root)
-        self._in_place(tensor, lambda buffer: comm.Ibcast(buffer, root=index))
+        self._in_place(tensor, lambda buffer: comm.Bcast(buffer, root=index),
+                       lambda buffer: comm.Ibcast(buffer, root=index))
 
     # -------------------------------------------------------------------- groups
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:

@@ -31,6 +31,7 @@ TraceValue = int | float | str | tuple[int, ...] | None   # the value of an even
 DEFAULT_WINDOW_STEPS = 4        # steps whose events the trace keeps
 DEFAULT_MAX_EVENTS = 20_000     # hard cap, also for events recorded outside any step
 DEFAULT_HISTORY = 16            # StepSummary records kept (the last ones: what metrics read)
+PENDING_CHECK = 256             # events waiting for device stamps before those already finished are resolved
 
 COMM_WORDS = ("send", "recv", "halo", "reduce", "broadcast", "bcast", "gather", "scatter",
               "handoff", "barrier", "wait", "exchange", "comm")
@@ -145,6 +146,10 @@ class Clock(Protocol):
         """Called once every pending stamp has been resolved (a clock may re-anchor itself)."""
         ...
 
+    def done(self, stamp: Stamp) -> bool:
+        """Whether ``seconds(stamp)`` would not wait (the device has passed it); never waits itself."""
+        ...
+
 
 class HostClock:
     """Host timestamps (``time.perf_counter``): what CPU work takes."""
@@ -167,6 +172,9 @@ class HostClock:
 
     def settle(self) -> None:
         """Host stamps need no settling."""
+
+    def done(self, stamp: Stamp) -> bool:
+        return True   # host seconds: known at once
 
 
 class CudaClock:
@@ -201,6 +209,9 @@ class CudaClock:
         stamp.synchronize()
         return self.reference_time + self.reference.elapsed_time(stamp) / 1e3
 
+    def done(self, stamp: Stamp) -> bool:
+        return isinstance(stamp, (int, float)) or bool(stamp.query())
+
     def settle(self) -> None:
         self.reference = self.stamp()
         self.reference.synchronize()
@@ -228,6 +239,7 @@ class Tracer:
         self._buckets: deque[list[Event]] = deque([[]])   # oldest first; the last is current
         self._count = 0
         self._pending: list[tuple[str, Stamp, Stamp, dict[str, TraceValue]]] = []
+        self._check_at = PENDING_CHECK    # pending events at which the finished ones are resolved (no wait)
         self._in_step = False
         self._resolved = 0                # events ever kept (pending ones not yet)
         self.steps_begun = 0
@@ -277,7 +289,7 @@ class Tracer:
         if not self.enabled:
             return
         if self.clock.deferred:
-            self._pending.append((op, start, end, fields))
+            self._defer((op, start, end, fields))
             return
         self._add(op, self.clock.seconds(start), self.clock.seconds(end), fields)
 
@@ -290,7 +302,7 @@ class Tracer:
         if self.clock.deferred:
             fields: dict[str, TraceValue] = {"stage": stage, "micro_batch": micro_batch, "replica": replica,
                                              "peer": peer, "bytes": moved, **(extra or {})}
-            self._pending.append((op, start, end, fields))
+            self._defer((op, start, end, fields))
             return
         self._keep(Event(self.rank, op, self.clock.seconds(start), self.clock.seconds(end), stage, micro_batch,
                          replica, moved, peer, extra if extra is not None else {}))
@@ -317,13 +329,27 @@ class Tracer:
         if self.max_events is not None and self._count > self.max_events:
             self._trim()
 
+    def _defer(self, entry: tuple[str, Stamp, Stamp, dict[str, TraceValue]]) -> None:
+        """Keep an event until its device stamps resolve; past ``PENDING_CHECK`` more, resolve the finished ones
+        (an evaluation begins no step: its events would otherwise wait, unbounded, for one long sync)."""
+        self._pending.append(entry)
+        if len(self._pending) >= self._check_at:
+            done = next((i for i, (_, start, end, _) in enumerate(self._pending)
+                         if not (self.clock.done(start) and self.clock.done(end))), len(self._pending))
+            self._resolve(done)
+
+    def _resolve(self, count: int) -> None:
+        """Resolve the oldest ``count`` waiting events, in order (waits for any the device has not passed)."""
+        ready, self._pending = self._pending[:count], self._pending[count:]
+        self._check_at = len(self._pending) + PENDING_CHECK
+        for op, start, end, fields in ready:
+            self._add(op, self.clock.seconds(start), self.clock.seconds(end), fields)
+
     def flush(self) -> None:
         """Resolve events still waiting for their device stamps (waits for the last one)."""
         if not self._pending:
             return
-        pending, self._pending = self._pending, []
-        for op, start, end, fields in pending:
-            self._add(op, self.clock.seconds(start), self.clock.seconds(end), fields)
+        self._resolve(len(self._pending))
         self.clock.settle()
 
     # --------------------------------------------------------------------- steps

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..comm.device import synchronize
 from ..comm.protocol import Comm
+
+
+def device_time(device: torch.device) -> float:
+    """The host clock once ``device``'s queued work is done (on NCCL a ``wait()`` only orders the stream)."""
+    synchronize(device)
+    return time.perf_counter()
 
 
 def ping_pong(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20), repeats: int = 7,
@@ -31,14 +38,14 @@ def ping_pong(ctx: Comm, sizes: Sequence[int] = (1024, 65536, 1 << 20, 8 << 20),
             buf = torch.zeros(max(1, size // 4), device=ctx.device)
             runs = []
             for _ in range(repeats + 1):
-                start = time.perf_counter()
+                start = device_time(ctx.device)
                 if ctx.rank == a:
                     ctx.send(buf, other, tag=7)
                     ctx.recv(buf, other, tag=8)
                 else:
                     ctx.recv(buf, other, tag=7)
                     ctx.send(buf, other, tag=8)
-                runs.append((time.perf_counter() - start) / 2)
+                runs.append((device_time(ctx.device) - start) / 2)
             points.append((buf.numel() * buf.element_size(), sorted(runs[1:])[len(runs[1:]) // 2]))
     result = ctx.bcast_object(points, root=a)
     return list(result or [])
@@ -74,10 +81,10 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
 
     start = time.perf_counter()
     work(20)
-    mine = torch.tensor([(time.perf_counter() - start) / 20], dtype=torch.float64)
+    mine = torch.tensor([(time.perf_counter() - start) / 20], dtype=torch.float64, device=ctx.device)  # nccl: no host
     per_product = float(ctx.all_reduce(mine).item()) / ctx.world_size
     count = max(1, round(work_seconds / max(per_product, 1e-9)))
-    flag = torch.zeros(1)
+    flag = torch.zeros(1, device=ctx.device)
     best = {False: float("inf"), True: float("inf")}     # with meetings? -> best seconds
     for _ in range(repeats):
         for with_meetings in (False, True):
@@ -88,6 +95,7 @@ def meeting_cost(ctx: Comm, ranks: Sequence[int] | None = None, rounds: int = 30
                     work(count)
                     if with_meetings and len(own[0]) > 1:
                         ctx.all_reduce(flag, group=own[1])
+            synchronize(ctx.device)      # the meetings done, not only queued (nccl)
             ctx.barrier()
             best[with_meetings] = min(best[with_meetings], time.perf_counter() - start)
     free, meeting = best[False], best[True]

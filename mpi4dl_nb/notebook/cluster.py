@@ -18,6 +18,7 @@ from .engine_errors import EngineDied, EngineError, EngineTimeout, RemoteTaskErr
 from .engine_launch import (
     CONTROLLER_ARGS,
     ENGINE_ARGS,
+    ENGINE_COMMAND,
     ENGINE_ENV,
     EnginePlacement,
     controller_address,
@@ -180,14 +181,13 @@ class Cluster:
         env = engine_env(self.env, self.n)
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+        engine = {"environment": env, "engine_args": ENGINE_ARGS, "engine_cmd": ENGINE_COMMAND}
         if self.launcher is EnginePlacement.SLURM:
-            return {"environment": env, "engine_args": ENGINE_ARGS,
-                    "batch_template": slurm_batch_template(self.slurm_options, env)}
+            return {**engine, "batch_template": slurm_batch_template(self.slurm_options, env)}
         launcher = Launcher.find(self.mpiexec, None if self.mpi == "auto" else self.mpi)
         self.mpi = launcher.flavor
-        return {"mpi_cmd": [launcher.executable],
-                "mpi_args": launcher.flags(env, hostfile=self.hostfile, hosts=self.hosts or None),
-                "environment": env, "engine_args": ENGINE_ARGS}
+        return {**engine, "mpi_cmd": [launcher.executable],
+                "mpi_args": launcher.flags(env, hostfile=self.hostfile, hosts=self.hosts or None)}
 
     def _start_engines(self, cluster: IpyCluster) -> None:
         cluster.start_engines_sync(self.n, **self._engine_launcher_kwargs())

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 
 from ..comm.launcher import RANK_ENV, YIELD_ENV, Launcher, MPIFlavor, rank_environment
 from ..config import Choice
 
 #: Environment every engine gets (``comm.launcher``'s rank environment): one thread per rank, a glibc
-#: malloc that keeps freed activation memory, and MPICH yielding its core while it waits - always, as the
+#: malloc that keeps freed activation memory (where no GPU is visible), and MPICH yielding its core - always, as the
 #: notebook's kernel and the controller share the cores with the engines.
 ENGINE_ENV: dict[str, str] = {**RANK_ENV, **YIELD_ENV}
 
@@ -24,6 +25,9 @@ CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonito
 #: Engines end themselves when the controller is gone for 20 heartbeat checks (1.5 s each, ~30 s):
 #: remote engines (hostfile, Slurm) outlive a dead driver no longer than that (local ones end at once).
 ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=20"]
+
+#: ipyparallel's engine behind its rank's GPU made current before MPI starts (``engine_main``)
+ENGINE_COMMAND = [sys.executable, "-m", "mpi4dl_nb.notebook.engine_main"]
 
 
 class EnginePlacement(Choice):

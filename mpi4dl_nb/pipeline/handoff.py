@@ -32,14 +32,25 @@ def _window(region: Region) -> tuple[EllipsisType | slice, ...]:
     return (Ellipsis, *(slice(start, stop) for start, stop in region))
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tiles' copies of a replicated tensor agree (up to the rounding of an all-reduce's order)."""
-    if a.shape != b.shape:
-        return False
-    if not a.is_floating_point():
-        return torch.equal(a, b)
-    scale = float(b.detach().abs().max()) if b.numel() else 0.0
-    return b.numel() == 0 or float((a.detach() - b.detach()).abs().max()) <= 1e-3 * scale + 1e-30
+def _differs(copy: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor (no read): whether a tile's copy of a replicated tensor differs from tile 0's beyond the
+    rounding of an all-reduce's order."""
+    if not reference.is_floating_point():
+        return (copy != reference).any()
+    copy, reference = copy.detach(), reference.detach()
+    return (copy - reference).abs().amax() > 1e-3 * reference.abs().amax() + 1e-30
+
+
+def _first_differing(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> int | None:
+    """Index of the first (copy, tile 0's) pair of a replicated tensor that disagree, else None: one fused
+    comparison and one read for the whole hand-off, not one per tensor."""
+    if any(copy.shape != reference.shape for copy, reference in pairs):
+        return next(i for i, (copy, reference) in enumerate(pairs) if copy.shape != reference.shape)
+    checked = [i for i, (_, reference) in enumerate(pairs) if reference.numel()]
+    if not checked:
+        return None
+    differs = torch.stack([_differs(*pairs[i]) for i in checked]).tolist()
+    return next((i for i, bad in zip(checked, differs) if bad), None)
 
 
 def input_tile(x: Payload, grid: TileGrid, tile: int, leading: int = 2) -> Payload:
@@ -79,14 +90,11 @@ def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[
     per_tile = [as_items(t) for t in tiles]
     joined: list[torch.Tensor] = []
     all_boxes: list[list[Region] | None] = []
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []     # (a tile's copy, tile 0's) of replicated tensors
     for position, first in enumerate(per_tile[0]):
         parts = [items[position] for items in per_tile]
         if not _is_tiled(first, grid):
-            if any(not _same(part, first) for part in parts[1:]):
-                raise ValueError(f"a spatial stage passes a {first.dim()}-d tensor that differs between its "
-                                 f"tiles to the next stage; a tensor other than feature-map tiles must be "
-                                 f"replicated (a global pool's result). Move the layer that makes it into a "
-                                 f"layer-parallel stage (smaller spatial_size or another balance)")
+            copies += [(part, first) for part in parts[1:]]
             joined.append(first)
             all_boxes.append(None)
             continue
@@ -96,6 +104,12 @@ def join_tiles(tiles: Sequence[Payload], grid: TileGrid) -> tuple[Payload, list[
             full[_window(region)] = part
         joined.append(full)
         all_boxes.append(boxes)
+    differing = _first_differing(copies)
+    if differing is not None:
+        raise ValueError(f"a spatial stage passes a {copies[differing][1].dim()}-d tensor that differs between its "
+                         f"tiles to the next stage; a tensor other than feature-map tiles must be replicated (a "
+                         f"global pool's result). Move the layer that makes it into a layer-parallel stage (smaller "
+                         f"spatial_size or another balance)")
     return like(tiles[0], joined), all_boxes
 
 

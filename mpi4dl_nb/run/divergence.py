@@ -41,20 +41,24 @@ class LossWatch:
 
     def __init__(self, loss_fn: Callable[[Payload, Payload], torch.Tensor]) -> None:
         self.loss_fn = loss_fn
-        self.bad: float | None = None
+        self.losses: list[torch.Tensor] = []     # the step's chunk losses, kept on the device (no read per chunk)
 
     def __call__(self, output: Payload, target: Payload) -> torch.Tensor:
         return self.seen(self.loss_fn(output, target))
 
     def seen(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss``, remembered when it is the step's first non-finite one."""
-        value = float(loss.detach())
-        if self.bad is None and not math.isfinite(value):
-            self.bad = value
+        """``loss``, kept for the step's check without reading it."""
+        self.losses.append(loss.detach())
         return loss
 
+    @property
+    def bad(self) -> float | None:
+        """The step's first non-finite chunk loss (None: all finite); one read, a second only when one is bad."""
+        index = nonfinite_index(self.losses)
+        return None if index is None else float(self.losses[index])
+
     def reset(self) -> None:
-        self.bad = None
+        self.losses = []
 
 
 class TileLossWatch(LossWatch):
@@ -73,17 +77,35 @@ def watch(loss_fn: Callable[[Payload, Payload], torch.Tensor]) -> LossWatch:
     return TileLossWatch(loss_fn) if isinstance(loss_fn, TileLoss) else LossWatch(loss_fn)
 
 
-def first_nonfinite(named: Iterable[tuple[str, object]]) -> str | None:
-    """Name of the first floating tensor with a NaN/inf among ``named`` (nested dicts searched), else None."""
+def _floating(named: Iterable[tuple[str, object]]) -> list[tuple[str, torch.Tensor]]:
+    """The non-empty floating tensors among ``named`` (nested dicts flattened, their names joined by dots)."""
+    found: list[tuple[str, torch.Tensor]] = []
     for name, value in named:
         if isinstance(value, Mapping):
-            inner = first_nonfinite((f"{name}.{k}", v) for k, v in value.items())
-            if inner is not None:
-                return inner
+            found += _floating((f"{name}.{k}", v) for k, v in value.items())
         elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
-            if not bool(torch.isfinite(value).all()):
-                return name
-    return None
+            found.append((name, value))
+    return found
+
+
+def nonfinite_index(tensors: Sequence[torch.Tensor]) -> int | None:
+    """Index of the first floating tensor with a NaN/inf, else None: one fused reduction (the largest magnitude of
+    every tensor, NaN kept) and one value read per device, not a read per tensor; a search only when one is bad."""
+    found = [i for i, tensor in enumerate(tensors) if tensor.is_floating_point() and tensor.numel()]
+    bad: list[int] = []
+    for device in {tensors[i].device for i in found}:
+        indices = [i for i in found if tensors[i].device == device]
+        finite = torch.stack(torch._foreach_norm([tensors[i].detach() for i in indices], math.inf)).isfinite()
+        if not bool(finite.all()):
+            bad.append(indices[finite.tolist().index(False)])
+    return min(bad, default=None)
+
+
+def first_nonfinite(named: Iterable[tuple[str, object]]) -> str | None:
+    """Name of the first floating tensor with a NaN/inf among ``named`` (nested dicts searched), else None."""
+    found = _floating(named)
+    index = nonfinite_index([tensor for _, tensor in found])
+    return None if index is None else found[index][0]
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -134,9 +156,12 @@ class NonFiniteGuard:
         if action.kind is not ActionKind.OPTIM:
             return
         with self.ctx.tracer.span("nonfinite-check gather"):
-            grad = first_nonfinite((name, p.grad) for name, p in self._params() if p.grad is not None)
-            stats = first_nonfinite(self._buffers_named())
-            reports = self.ctx.all_gather_object((self.loss.bad, grad, stats))
+            grads = _floating((name, p.grad) for name, p in self._params() if p.grad is not None)
+            stats = _floating(self._buffers_named())
+            every = [t for _, t in grads + stats] + self.loss.losses
+            clean = nonfinite_index(every) is None        # the step's one read: every tensor at once
+            report = (None, None, None) if clean else (self.loss.bad, first_nonfinite(grads), first_nonfinite(stats))
+            reports = self.ctx.all_gather_object(report)
         found = [[(r, report[i]) for r, report in enumerate(reports) if report[i] is not None]
                  for i in range(3)]
         if any(found):

@@ -349,7 +349,8 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                              dtype=job.training.torch_dtype, step_timeout=options.step_timeout,
                              auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
                              lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task,
-                             accumulate=job.training.accumulate, read_ahead=options.read_ahead)
+                             accumulate=job.training.accumulate, read_ahead=options.read_ahead,
+                             determinism=options.determinism)
     evaluator = None if setup.val_dataset is None else evaluator_for(
         engine, setup.val_dataset, ctx, job.training.batch_size, setup.record, settings.dtype, job.held_out.group_by)
     return Trainer(engine, setup.batcher, ctx, settings, replace(setup.record, identity=setup.identity),

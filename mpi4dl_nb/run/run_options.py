@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..comm.allocator import RELEASE_EVERY_STEPS
+from ..comm.determinism import DETERMINISTIC, Determinism
 from ..comm.device import DeviceChoice
 from ..config import PROGRESS
 from ..errors import ConfigError
@@ -84,6 +85,7 @@ class RunOptions:
                                            "augmentation) on a worker thread while a step computes; memory: N steps' "
                                            "input more (0: read inside the step)", 1, parse=whole_number,
                            metavar="N", bounds=Bounds(0), group=groups.RUN)
+    determinism: Determinism = DETERMINISTIC.field(Determinism.AUTO, group=groups.RUN)
 
     def __post_init__(self) -> None:
         check_bounds(self)

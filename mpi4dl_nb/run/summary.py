@@ -103,6 +103,7 @@ class TrainSummary:
     best: BestMark | None = None             # the best evaluation of a run with --keep-best
     best_checkpoint: str | None = None       # its checkpoint, when this run wrote it
     preempted: str | None = None             # the stop signal that ended the run early (run/preemption.py)
+    deterministic: bool = False              # torch's deterministic algorithms were on (--deterministic)
 
     @property
     def peak_memory_bytes(self) -> list[int]:
@@ -136,6 +137,7 @@ class TrainSummary:
             **(self.validation.as_dict() if self.validation is not None else {}),
             **({"best": self.best.to_dict(), "best_checkpoint": self.best_checkpoint} if self.best is not None else {}),
             **({"preempted": self.preempted} if self.preempted is not None else {}),
+            "deterministic": self.deterministic,
 
             "config": config_as_run(self.config),
         }

@@ -16,6 +16,7 @@ from torch import nn
 from ..checkpoint.files import BestMark, new_run_id
 from ..checkpoint.optimizer_state import gather_optimizer_state, load_optimizer_state
 from ..checkpoint.record import LoadedCheckpoint, OptimizerState, RunRecord, write_checkpoint
+from ..comm.determinism import Determinism, deterministic_run
 from ..config import ParallelConfig
 from ..data import Batcher, RegionDataset
 from ..data.dataset import input_size
@@ -62,6 +63,7 @@ class TrainSettings:
     task: Task = Task.CLASSIFICATION        # segmentation: the labels are masks, read by box where the loss runs
     accumulate: int = 1                     # batches (micro-steps) per optimizer step: gradient accumulation
     read_ahead: int = 1                     # steps whose input a worker thread reads before they start (0: inline)
+    determinism: Determinism = Determinism.AUTO   # torch's deterministic algorithms during run() (auto: float64)
 
 
 class CheckpointWriteError(RuntimeError):
@@ -379,43 +381,44 @@ class Trainer:
         start_step = self.step
         if self.monitor is not None:
             self.monitor.arm(self.timer.timeout())
-        try:
-            self.start_read_ahead()
-            while self.step < self.settings.steps:
-                loss = self.train_one()
-                recent = self.metrics.seconds / max(1, self.metrics.steps)
-                rate = self.images_per_step / max(recent, 1e-12)
+        with deterministic_run(self.settings.determinism, self.settings.dtype):
+            try:
+                self.start_read_ahead()
+                while self.step < self.settings.steps:
+                    loss = self.train_one()
+                    recent = self.metrics.seconds / max(1, self.metrics.steps)
+                    rate = self.images_per_step / max(recent, 1e-12)
+                    if self.log is not None:
+                        self.log.write("train", self.step, {"epoch": self.position(self.step - 1)[0],
+                                                            "loss": loss, "images_per_s": rate,
+                                                            "seconds": self.metrics.step_seconds[-1], "lr": self.lr})
+                    if self.evaluation_due(self.step):
+                        validation = self.evaluate()
+                        line = validation.line()
+                        if self.best is not None and self.best.step == validation.step:
+                            line += f" (the best {self.best.metric} so far: kept)"
+                        if bar.enabled:
+                            bar.note(line)
+                        elif self.ctx.rank == 0:     # results, shown without the bar too
+                            print(line, file=stream or sys.stderr, flush=True)
+                    accuracy = self.validation.metrics.accuracy if self.validation is not None else None
+                    bar.step(self.step, loss, rate, accuracy)
+                    if self.checkpoint_due(self.step):
+                        self.save()
+                    if self.step < self.settings.steps and self.stopped(stop):
+                        break
+                return self.summary(start_step, time.perf_counter() - wall)
+            finally:
+                self.stop_read_ahead()
+                stop.restore()
+                bar.finish()
                 if self.log is not None:
-                    self.log.write("train", self.step, {"epoch": self.position(self.step - 1)[0],
-                                                        "loss": loss, "images_per_s": rate,
-                                                        "seconds": self.metrics.step_seconds[-1], "lr": self.lr})
-                if self.evaluation_due(self.step):
-                    validation = self.evaluate()
-                    line = validation.line()
-                    if self.best is not None and self.best.step == validation.step:
-                        line += f" (the best {self.best.metric} so far: kept)"
-                    if bar.enabled:
-                        bar.note(line)
-                    elif self.ctx.rank == 0:     # results, shown without the bar too
-                        print(line, file=stream or sys.stderr, flush=True)
-                accuracy = self.validation.metrics.accuracy if self.validation is not None else None
-                bar.step(self.step, loss, rate, accuracy)
-                if self.checkpoint_due(self.step):
-                    self.save()
-                if self.step < self.settings.steps and self.stopped(stop):
-                    break
-            return self.summary(start_step, time.perf_counter() - wall)
-        finally:
-            self.stop_read_ahead()
-            stop.restore()
-            bar.finish()
-            if self.log is not None:
-                self.log.close()
-            if self.monitor is not None:
-                self.monitor.arm(None)
-                self.monitor.follow(None)
-                if self._own_monitor:
-                    self.monitor.close()
+                    self.log.close()
+                if self.monitor is not None:
+                    self.monitor.arm(None)
+                    self.monitor.follow(None)
+                    if self._own_monitor:
+                        self.monitor.close()
 
     def start_read_ahead(self) -> None:
         """Start the worker reading the input of the steps from the current one on, ``settings.read_ahead`` ahead
@@ -487,4 +490,5 @@ class Trainer:
             checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None,
             validation=self.validation, config=self.engine.cfg.as_dict(), best=self.best,
             best_checkpoint=str(self.best_checkpoint) if self.best_checkpoint else None,
-            preempted=self.preempted.signal.name if self.preempted is not None else None)
+            preempted=self.preempted.signal.name if self.preempted is not None else None,
+            deterministic=torch.are_deterministic_algorithms_enabled())

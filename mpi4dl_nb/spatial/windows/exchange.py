@@ -1,6 +1,6 @@
 """Token gathers across the tile group as autograd Functions, and the distributed cyclic roll of an N-axis tile.
 
-``TokenExchange`` runs one tile's ``windows.TileGather`` on a ``(B, n, ...)`` tensor of tokens (the slots of the
+``TokenExchange`` runs one tile's ``plan.TileGather`` on a ``(B, n, ...)`` tensor of tokens (the slots of the
 plan in dim 1): its own slots copied, every peer's sent and received in one exchange (``Comm.exchange``: the mpi
 plane or torch.distributed, as halos), zeros where the plan names nothing. Backward is the exact adjoint: the
 gradients of received slots travel back to their owners into the slots they sent; padding slots give none (copies
@@ -92,8 +92,15 @@ class Route:
         return out
 
     def place(self, out: torch.Tensor, slots: torch.Tensor, part: torch.Tensor) -> None:
-        """``part``'s tokens into ``out``'s ``slots`` (added in for an accumulating route)."""
-        (out.index_add_ if self.accumulate else out.index_copy_)(1, slots, part)
+        """``part``'s tokens into ``out``'s ``slots``; an accumulating route adds them in a fixed order on every device:
+        ``index_add_`` on CPU (serial), ``index_put_(accumulate=True)`` elsewhere (sorted by slot: CUDA's
+        ``index_add_`` adds with atomics unless torch's deterministic algorithms are on)."""
+        if not self.accumulate:
+            out.index_copy_(1, slots, part)
+        elif out.device.type == "cpu":
+            out.index_add_(1, slots, part)
+        else:
+            out.transpose(0, 1).index_put_((slots,), part.transpose(0, 1), accumulate=True)
 
     def run(self, values: torch.Tensor, comm: Comm, via: Group | None, direction: Direction) -> torch.Tensor:
         """This route on ``values``: the exchange posted first, the local part built while messages travel; the
