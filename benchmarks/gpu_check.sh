@@ -119,7 +119,4 @@ for line in "${PLAN[@]}"; do
   publish
 done
 
-echo
-table
-publish
-if printf '%s\n' "${ROWS[@]}" | grep -q "| FAIL |"; then exit 1; fi
+finish

@@ -9,8 +9,10 @@ from functools import partial
 
 from .cli.commands import main as run_command
 from .cli.commands import usage
+from .cli.layout_cmd import EXIT_CONFIG
 from .comm.context import abort_job
 from .comm.device import bind_launcher_device, requested_device
+from .errors import ConfigError
 from .run.teardown import exit_watched
 
 __doc__ = f"{__doc__}\n\n{usage()}"     # the commands as the table lists them (``--help`` prints the same)
@@ -29,13 +31,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()           # a closed pipe shows here, not in the interpreter's last flush
     except BrokenPipeError:
         return quiet_broken_pipe()
+    except ConfigError as err:    # one refused after MPI started (Context: --backend nccl on shared GPUs): one line
+        print(f"mpi4dl_nb: configuration error: {err}", file=sys.stderr, flush=True)
+        abort_other_ranks(EXIT_CONFIG, with_traceback=False)
+        return EXIT_CONFIG
     except Exception:
         abort_other_ranks()
         raise
     return code
 
 
-def abort_other_ranks() -> None:
+def abort_other_ranks(code: int = 1, with_traceback: bool = True) -> None:
     """An error no command turned into a message, on one rank of several: its traceback printed, then the whole
     world aborted (as ``python -m mpi4py`` does), so the other ranks do not wait for this one for ever in a
     collective or in MPI's finalize. The traceback goes out in one write and the abort waits for the launcher to
@@ -44,8 +50,9 @@ def abort_other_ranks() -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
         return
-    sys.stderr.write(traceback.format_exc())     # one write, so the launcher forwards the traceback whole
-    abort_job(mpi.COMM_WORLD, 1)                 # after the pause that lets it forward (comm/context.py)
+    if with_traceback:
+        sys.stderr.write(traceback.format_exc())     # one write, so the launcher forwards the traceback whole
+    abort_job(mpi.COMM_WORLD, code)              # after the pause that lets it forward (comm/context.py)
 
 
 def quiet_broken_pipe() -> int:

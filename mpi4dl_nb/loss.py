@@ -1,28 +1,12 @@
 """The losses of training and evaluation, in one place: cross-entropy of a class per image (weighted per class),
 per-pixel cross-entropy, soft Dice and their sum (on whole maps or on tiles), and ``tile_mean``.
 
-Every loss is a mean over samples, so the engine's micro-batches (each scaled by its share of the batch)
-add up to the whole batch's loss exactly, on any layout; evaluation scores held-out images with the very
-loss the run trains with (``per_sample``, ``sums``), class weights included.
-
-* :class:`ClassCrossEntropy`: ``mean over samples of weight[label] * cross_entropy(logits, label)``. torch's
-  weighted ``cross_entropy`` divides by the sum of the batch's weights instead, which would not add up
-  over micro-batches; without weights it is ``F.cross_entropy``.
-* :class:`DenseLoss` computes every quantity that spans the image as a sum, and passes all its sums
-  through one ``total`` function: the identity on one process, a differentiable all-reduce over the tile
-  group on tiles (``on_tiles``; its backward passes the gradient on, so each tile's pixels get exactly
-  their share). The tiles then hold the serial loss, and no rank ever holds the whole prediction or mask.
-
-  - cross-entropy: per image, ``sum(w[y] * nll) / sum(w[y])`` over its pixels whose label is not
-    ``ignore_index`` (``w``: the class weights, default 1; 0 for an image with no such pixel), averaged
-    over the images. Without weights and ignored pixels this is ``F.cross_entropy``'s mean over every
-    pixel; with them, each image weighs the same (torch normalises by the whole batch's weight instead);
-  - soft Dice: ``1 - mean over images of the weighted mean over classes of
-    (2 sum(p y) + s) / (sum(p) + sum(y) + s)``, sums over each image's non-ignored pixels (``p`` the
-    softmax, ``y`` one-hot, ``s`` = ``smooth``; a class absent from an image and its prediction scores 1),
-    per image as MONAI's ``DiceLoss`` computes it;
-  - ``ce+dice``: their sum.
-* :func:`tile_mean`: the serial mean of any per-element quantity from its tiles, never gathered.
+Every loss is a mean over samples, so the engine's micro-batches add up to the whole batch's loss exactly, on any
+layout (torch's weighted ``cross_entropy`` divides by the batch's weight sum instead: ``ClassCrossEntropy``).
+``DenseLoss`` passes every quantity that spans the image as a sum through one ``total`` function: the identity on one
+process, a differentiable all-reduce over the tile group on tiles, so no rank holds the whole prediction or mask; its
+formulas: docs/segmentation.md (Training: losses, layouts). ``tile_mean``: the serial mean of a per-element quantity
+from its tiles.
 """
 from __future__ import annotations
 

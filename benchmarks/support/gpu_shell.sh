@@ -115,3 +115,11 @@ launch() {
   env "${ROW_ENV[@]}" timeout -k 10 "$ROW_TIMEOUT" mpiexec -n "$n" "$@" >"$OUTFILE" 2>&1 </dev/null
   RC=$? SECS=$((SECONDS - start))
 }
+
+# finish: the whole table printed and published; exit 1 if a row failed (a skipped row is not a failure)
+finish() {
+  echo
+  table
+  publish
+  if printf '%s\n' "${ROWS[@]}" | grep -q "| FAIL |"; then exit 1; fi
+}

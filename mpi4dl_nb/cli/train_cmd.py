@@ -80,7 +80,22 @@ def train_and_report(plan: TrainPlan, ctx: Comm, monitor: JobMonitor,
 
 
 def train_main(plan: TrainPlan, results: list[TrainSummary] | None = None) -> int:
-    """Start MPI and the job monitor, run the plan; any other failure ends the job with one message."""
+    """Start MPI and the job monitor, run the plan; any other failure ends the job with one message. A stop signal
+    is marked from the start (during set-up: the run stops after its first step); once pre-empted, the stop signals
+    are ignored through the teardown, so repeats end no rank and the exit status stays EXIT_PREEMPTED."""
+    from ..run.preemption import EXIT_PREEMPTED, StopSignals
+
+    marked = StopSignals().install()
+    code = 1               # an error: the handlers back as they were
+    try:
+        code = started_job(plan, results)
+    finally:
+        marked.restore(stopping=code == EXIT_PREEMPTED)
+    return code
+
+
+def started_job(plan: TrainPlan, results: list[TrainSummary] | None) -> int:
+    """MPI and the job monitor started, the plan run (``train_main``'s body)."""
     from ..comm.context import init
     from ..run.monitor import EXIT_FAILED, JobMonitor
 

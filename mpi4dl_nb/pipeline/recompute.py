@@ -1,27 +1,9 @@
 """Activation recomputation: a stage keeps only its segments' inputs and recomputes inside on backward.
 
-``checkpointed(module, setting)`` cuts a stage (an ``nn.Sequential`` of layers, plain or
-spatialized) into segments of consecutive layers ('every': one layer each; 'blocks':
-``ceil(sqrt(L))`` layers each, the memory-optimal cut for L equal layers; N: N layers each).
-Each segment runs forward without building a graph and saves only its input (counted by the
-activation meter like any saved tensor); its backward runs the segment again with grad and
-back-propagates through that fresh graph (one segment's activations alive at a time).
-
-Exactness: the recomputed forward computes the same values as the first one, so loss,
-gradients and updated weights are those of the plain stage. What differs between the two
-forwards is handled here:
-
-* running statistics (BatchNorm, InstanceNorm): the recomputed forward runs the norms on
-  throw-away copies of their buffers, so they are updated once (by the first forward, whose
-  per-chunk terms the BatchNorm ledger records as before);
-* spatial stages: the recomputation sends nothing: the halo strips and BatchNorm statistics the
-  first forward received are kept (``spatial/replay.py``; saved tensors, so the meter counts
-  them) and taken back in call order (re-exchanging them cost ~16% of an SP step here,
-  BENCHMARKS.md section 10); the runtime replays the
-  forward's cached sizes and call ordinals and the op guard tracks placements (tiles vs
-  replicated tensors) again, so SE gates get their gradient sums in the recomputed graph too;
-* random numbers (dropout on layer-parallel stages): the RNG state of the first forward is
-  restored for the recomputation; autocast (mixed precision) is re-entered as it was.
+``checkpointed(module, setting)`` cuts a stage into segments ('every': one layer each; 'blocks': ``ceil(sqrt(L))``
+layers each; N: N layers each). Exact: the recomputed forward sends nothing (the first forward's halo strips and
+BatchNorm statistics are kept, ``spatial/replay.py``), updates no running statistics, and restores the RNG and
+autocast states (docs/engine.md, Recomputation).
 """
 
 from __future__ import annotations

@@ -47,16 +47,23 @@ class StopSignals:
         self._previous: dict[signal.Signals, Handler] = {}
 
     def install(self) -> StopSignals:
-        """Mark instead of the previous handlers (from the main thread; elsewhere nothing changes)."""
+        """Mark instead of the previous handlers (from the main thread; elsewhere nothing changes); a signal an
+        earlier ``StopSignals`` marked (the command's, during set-up) counts as received here."""
         if threading.current_thread() is threading.main_thread():
             for number in self.signals:
                 self._previous[number] = signal.signal(number, self._mark)
+                earlier = getattr(self._previous[number], "__self__", None)
+                if isinstance(earlier, StopSignals) and self.received is None:
+                    self.received = earlier.received
         return self
 
-    def restore(self) -> None:
-        """The previous handlers back (a signal that came meanwhile stays in ``received``)."""
+    def restore(self, stopping: bool = False) -> None:
+        """The previous handlers back (a signal that came meanwhile stays in ``received``); ``stopping`` (the job
+        ends pre-empted): the stop signals ignored instead, so a repeat in the teardown (``scancel`` again, a node
+        shutting down) ends no rank."""
         for number, handler in self._previous.items():
-            signal.signal(number, signal.SIG_DFL if handler is None else handler)   # None: not set from Python
+            kept = signal.SIG_DFL if handler is None else handler      # None: not set from Python
+            signal.signal(number, signal.SIG_IGN if stopping else kept)
         self._previous.clear()
 
     def __enter__(self) -> StopSignals:

@@ -109,3 +109,11 @@ def test_an_error_on_one_rank_aborts_the_world_instead_of_leaving_the_others_wai
     result = run_mpi(2, "entry_abort", expect_failure=True, timeout=60)
     assert not result.timed_out and result.returncode != 0
     assert "RuntimeError: an error on rank 0 that no command turned into a message" in result.stdout
+
+
+@pytest.mark.mpi
+def test_a_configuration_error_after_mpi_started_is_one_line_and_ends_the_world():
+    result = run_mpi(2, "entry_abort", "config", expect_failure=True, timeout=60)
+    assert not result.timed_out and result.returncode == 2, result.stdout
+    assert "mpi4dl_nb: configuration error: --backend" in result.stdout and "use --backend mpi" in result.stdout
+    assert "Traceback" not in result.stdout

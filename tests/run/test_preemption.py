@@ -59,6 +59,23 @@ def test_a_signal_only_marks_the_stop_and_the_previous_handler_comes_back(usr1_k
     assert usr1_kept == []                              # the test's handler saw nothing meanwhile
 
 
+def test_a_stop_marked_earlier_counts_and_a_stopping_restore_ignores_repeats(usr1_kept):
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        early = StopSignals().install()                 # the command's, from its start: set-up
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        with StopSignals() as stop:                     # the trainer's, installed after the signal came
+            assert stop.received is signal.SIGTERM
+        early.restore(stopping=True)
+        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGTERM)            # a repeat in the teardown: ignored, the test goes on
+        time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert usr1_kept == []
+
+
 def test_a_thread_installs_nothing():
     term = signal.getsignal(signal.SIGTERM)
     seen: list[bool] = []
@@ -103,14 +120,19 @@ def test_without_a_checkpoint_dir_it_says_so_and_exits_7_and_the_log_has_the_ste
                                                                                            usr1_kept):
     """One process, SIGUSR1 after step 1: the run ends early with exit code 7 and says no checkpoint could be written;
     the metrics log's steps carry the learning rate, images/s and seconds per step, as TensorBoard scalars too."""
-    own = signal.getsignal(signal.SIGUSR1)
+    term = signal.getsignal(signal.SIGTERM)
     watcher = signal_at_step(tmp_path, 1, lambda: os.kill(os.getpid(), signal.SIGUSR1))
-    code, out, err = run_train([*SERIAL, *MODEL, "--steps", "200", "--log-dir", str(tmp_path)], capsys)
+    try:
+        code, out, err = run_train([*SERIAL, *MODEL, "--steps", "200", "--log-dir", str(tmp_path)], capsys)
+        # pre-empted: the stop signals are ignored from then on (a repeat in the teardown ends no rank)
+        assert signal.getsignal(signal.SIGUSR1) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, term)
     watcher.join()
     record = json_record(out)
     assert code == EXIT_PREEMPTED and record["preempted"] == "SIGUSR1" and 1 <= record["steps"] < 200, err
     assert f"mpi4dl_nb train: pre-empted (SIGUSR1) after step {record['steps']}: no checkpoint could be written" in err
-    assert signal.getsignal(signal.SIGUSR1) == own and usr1_kept == []
+    assert usr1_kept == []
     steps = [r for r in read_metrics(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in steps] == list(range(1, record["steps"] + 1))
     last = steps[-1]
@@ -153,3 +175,34 @@ def test_sigterm_to_mpiexec_checkpoints_exits_7_and_the_resumed_run_equals_an_un
     uninterrupted = json_record(straight)["losses"]
     interrupted = stopped["losses"] + resumed["losses"]
     assert len(interrupted) == STEPS and max(abs(a - b) for a, b in zip(interrupted, uninterrupted)) < 1e-12
+
+
+def repeated_sigterm(job: subprocess.Popen[str], every: float = 0.01) -> None:
+    """SIGTERM to ``job`` every ``every`` seconds until it ends (``scancel`` repeated, a node shutting down)."""
+    while job.poll() is None:
+        try:
+            job.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        time.sleep(every)
+
+
+@pytest.mark.mpi
+def test_sigterm_every_10_ms_to_mpiexec_still_exits_7_with_the_checkpoint(tmp_path):
+    """Signals that keep coming (from step 2 until the job ends): the first stops the run after its step and a
+    checkpoint; the later ones are marked or ignored through the teardown, so every rank ends with exit status 7 and
+    the requeue test of docs/batch-jobs.md (``[ $code -eq 7 ]``) holds."""
+    folder, logs = tmp_path / "ck", tmp_path / "logs"
+    job = start_mpi(2, "mpi4dl_nb", "train", *MODEL, *TWO_STAGES, "--steps", str(STEPS), "--checkpoint-dir", folder,
+                    "--log-dir", logs, module=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        signal_at_step(logs, 2, lambda: repeated_sigterm(job))
+        out, _ = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    stopped = json_record(out)
+    assert job.returncode == EXIT_PREEMPTED and stopped["preempted"] == "SIGTERM", out
+    latest = ck.latest_checkpoint(folder)
+    assert ck.load_checkpoint(latest)["step"] == stopped["steps"] and stopped["checkpoint"] == str(latest)
