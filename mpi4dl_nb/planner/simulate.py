@@ -1,4 +1,4 @@
-"""Replay a Schedule in simulated time: actions, messages, collectives, shared cores (docs/planner.md)."""
+"""Replay a Schedule in simulated time: actions, messages, collectives, shared cores (docs/planner-models.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Time model: a step's time from measured layer times, the network and the replayed schedule (docs/planner.md)."""
+"""Time model: a step's time from measured layer times, the network, the replayed schedule (docs/planner-models.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Convolution workspace the backends allocate inside a conv, which ``meta`` misses, per rule (docs/planner.md)."""
+"""Convolution workspace a backend allocates inside a conv, which ``meta`` misses, per rule (docs/planner-models.md)."""
 
 from __future__ import annotations
 
