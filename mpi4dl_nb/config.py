@@ -307,6 +307,12 @@ class ParallelConfig:
                             "over the stage's holders as soon as its gradients are complete (25 is DDP's; none: one "
                             "all-reduce per stage after all backwards)", 25.0, parse=parse_bucket_mb,
         metavar="MB|none")
+    # training state sharded over each group of ranks holding the same weights (issue 80): ZeRO's stages
+    zero_stage: int = _knob(
+        "--zero-stage", "shard training state over the ranks that hold the same weights (a spatial stage's tiles, "
+                        "data-parallel replicas): 1 the optimizer state, 2 also the gradients (reduce-scatter), 3 "
+                        "also the weights (gathered before use); 0: every holder keeps all of it", 0,
+        parse=whole_number, bounds=Bounds(0, 3))
 
     def __post_init__(self) -> None:
         if self.balance is not None and not isinstance(self.balance, tuple):

@@ -92,6 +92,48 @@ class TileLoss(Protocol):
     def on_tiles(self, output: Payload, target: Payload, total: GroupSum) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True)
+class JoinedLoss:
+    """A classifier's loss on a spatial last stage: its head joined the tiles (a global pool's all-reduce, as
+    ``dl.spatialize`` gives it), so every tile holds the whole logits and takes the whole ``loss_fn`` on them.
+
+    Backward on every tile is then exact (docs/exactness.md, "The joined head on the tiles"): the join passes the
+    logits' whole gradient to every tile and each tile's pool keeps its own pixels' share of it, so the trunk's
+    tile gradients add up to one process's; the head's parameters, used on the joined values, get the whole
+    gradient on every tile and are counted once (tile 0's). Output that is still tiles (a feature map's or tokens'
+    tile: 3-d or more) is refused: it has no whole logits to take a class loss on.
+    """
+
+    loss_fn: Callable[[Payload, Payload], torch.Tensor]
+
+    def __call__(self, output: Payload, target: Payload) -> torch.Tensor:
+        return self.loss_fn(output, target)
+
+    def on_tiles(self, output: Payload, target: Payload, total: GroupSum) -> torch.Tensor:
+        """``loss_fn`` on the joined logits this tile holds (``total`` is not needed: nothing is left to sum)."""
+        tiled = [tuple(t.shape) for t in as_items(output) if t.is_floating_point() and t.dim() > 2]
+        if tiled:
+            raise ConfigError("spatial_size", f"every stage is spatial, so the loss runs on the last stage's tiles, "
+                                              f"and the model's output there is still tiles {tiled[0]}, not joined "
+                                              f"logits: {_name(self.loss_fn)} needs a classifier whose head pools "
+                                              f"the tiles (a global pool), a per-pixel loss on tiles "
+                                              f"(mpi4dl_nb.loss.DenseLoss) for a dense model, or a layer stage "
+                                              f"after the spatial ones (spatial_size < split_size)")
+        return self.loss_fn(output, target)
+
+
+def _name(loss_fn: object) -> str:
+    """A loss's name in a message: the wrapped loss of a wrapper that keeps it as ``loss_fn`` (a LossWatch)."""
+    inner = getattr(loss_fn, "loss_fn", None)
+    return _name(inner) if inner is not None and inner is not loss_fn else type(loss_fn).__name__
+
+
+def joined_on_tiles(loss_fn: Callable[[Payload, Payload], torch.Tensor]) -> TileLoss:
+    """``loss_fn`` as the engine takes it on a spatial last stage: itself when it runs on tiles (a ``TileLoss``),
+    else a ``JoinedLoss`` (a classifier's loss on the joined logits every tile holds)."""
+    return loss_fn if isinstance(loss_fn, TileLoss) else JoinedLoss(loss_fn)
+
+
 def local_sum(x: torch.Tensor) -> torch.Tensor:
     """The group sum of one process: the tensor itself."""
     return x

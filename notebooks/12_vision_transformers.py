@@ -230,67 +230,76 @@ viewer.widget
 # A trained one (`--weights` with a foundation model's file) looks at structures, wherever they lie: the ring
 # makes a seam invisible to attention.
 #
-# ## What fits where: foundation models per rank budget
+# ## What fits where: foundation models per rank budget, by ZeRO stage
 #
-# The same accounting at the size of pathology's foundation models: UNI's ViT-L/16, a ViT-H/14 of Virchow2's depth
-# and width (timm's plain MLP; `--model virchow2` builds its SwiGLU one) and Prov-GigaPath's ViT-g/14 (1.1 billion
-# parameters). The planner (`dl.planner.estimate_memory`) counts a training step's peak on every rank, weights,
+# The same accounting at the size of pathology's foundation models: a ViT-H/14 of Virchow2's depth and width (timm's
+# plain MLP; `--model virchow2` builds its SwiGLU one) and Prov-GigaPath's ViT-g/14 (1.1 billion parameters), at
+# 1024² px. The planner (`dl.planner.estimate_memory`) counts a training step's peak on every rank, weights,
 # gradients, AdamW's two states, gradient buckets and activations with the ring's blocks in flight, shape-only on
-# the `meta` device: nothing is allocated, so a ViT-g plans on a laptop. `largest_side` searches the largest square
-# image whose plan fits a per-rank budget (float32, batch 1), here 16 GB and 80 GB, on P = 1, 2 (1 x 2) and 4 (2 x
-# 2) tiles. The planner runs no MPI: the four engines just share the nine searches (about a minute).
+# the `meta` device: nothing is allocated, so a ViT-g plans on a laptop. Tiles split the activations, not the state:
+# every tile rank holds the whole model. `--zero-stage` (`zero_stage`) shards the state over the ranks that hold the
+# same weights, here the tiles: 1 the optimizer's, 2 also the gradients, 3 also the weights (gathered for each use).
+# Below, the largest rank's peak on P = 1, 2 (1 x 2) and 4 (2 x 2) tiles at ZeRO 0-3, without and with activation
+# recomputation, and the first setting that fits 16, 40 and 80 GB (float32, batch 1). The planner runs no MPI: the
+# four engines just share the plans (about a minute).
 
 # %%
-FOUNDATION = {"ViT-L/16 (UNI)": "vit_large_patch16_224", "ViT-H/14 (Virchow2 size)": "vit_huge_patch14_224",
+FOUNDATION = {"ViT-H/14 (Virchow2 size)": "vit_huge_patch14_224",
               "ViT-g/14 (Prov-GigaPath)": "vit_giant_patch14_dinov2"}
-BUDGETS_GB = (16, 80)
+BUDGETS_GB = (16, 40, 80)
+SIDE = 1024
 
 
-def largest_images(tasks, budgets_gb):
-    from functools import cache, partial
-
+def zero_peaks(tasks, side):
     import timm
     import torch
 
     import mpi4dl_nb as dl
-    from mpi4dl_nb.planner.memory import largest_side
-
-    def build(name, side):
-        with torch.device("meta"):                          # shapes only: no weights allocated
-            return timm.create_model(name, img_size=side, num_classes=2, weight_init="skip")
-
-    @cache                                                  # the 16 GB search's plans serve the 80 GB one
-    def peak(name, parts, side):
-        cfg = dl.ParallelConfig(split_size=1, spatial_size=int(parts > 1), num_spatial_parts=parts,
-                                slice_method="square" if parts == 4 else "vertical")
-        layers = dl.layer_list(build(name, side), check=False)
-        return dl.planner.estimate_memory(layers, cfg, side, 1, optimizer_states=2).peak    # AdamW: 2 states
 
     found = {}
-    for name, parts in tasks[dl.init().rank::4]:
-        unit = 2 * build(name, 224).patch_embed.patch_size[0]      # sides in steps of 2 patches
-        found[(name, parts)] = [largest_side(partial(peak, name, parts), gb * 1e9, unit, 1024 // unit)
-                                for gb in budgets_gb]
+    for name, parts, zero, recompute in tasks[dl.init().rank::4]:
+        with torch.device("meta"):                          # shapes only: no weights allocated
+            model = timm.create_model(name, img_size=side, num_classes=2, weight_init="skip")
+        cfg = dl.ParallelConfig(split_size=1, spatial_size=int(parts > 1), num_spatial_parts=parts,
+                                slice_method="square" if parts == 4 else "vertical", zero_stage=zero,
+                                checkpoint_activations="every" if recompute else None)
+        layers = dl.layer_list(model, check=False)
+        plan = dl.planner.estimate_memory(layers, cfg, side, 1, optimizer_states=2)    # AdamW: 2 states
+        found[(name, parts, zero, recompute)] = plan.peak / 1e9
     return found
 
 
-tasks = [(name, parts) for name in FOUNDATION.values() for parts in (1, 2, 4)]
-fits = {}
-for part in cluster.run(largest_images, tasks, BUDGETS_GB, timeout=900):
-    fits.update(part)
+def stages(parts):
+    return range(4) if parts > 1 else (0,)                 # one rank: nothing to shard
+
+
+tasks = [(name, parts, zero, recompute) for name in FOUNDATION.values() for parts in (1, 2, 4)
+         for zero in stages(parts) for recompute in (False, True)]
+peaks = {}
+for part in cluster.run(zero_peaks, tasks, SIDE, timeout=900):
+    peaks.update(part)
 for label, name in FOUNDATION.items():
     for parts in (1, 2, 4):
-        sides = [f"{gb} GB {side:,} px" if side else f"{gb} GB none" for gb, side in zip(BUDGETS_GB, fits[name, parts])]
-        print(f"{label:25s} P = {parts}: largest image " + ", ".join(sides))
+        settings = [(zero, recompute) for recompute in (False, True) for zero in stages(parts)]
+        shown = " | ".join(("recompute " if r else "") + f"ZeRO {z} {peaks[name, parts, z, r]:.1f}"
+                           for z, r in settings)
+        fits = []
+        for gb in BUDGETS_GB:
+            first = next(((z, r) for z, r in settings if peaks[name, parts, z, r] <= gb), None)
+            fits.append(f"{gb} GB: " + ("none" if first is None else f"ZeRO {first[0]}" + " + recompute" * first[1]))
+        print(f"{label} P = {parts}: peak GB {shown}\n    first that fits: " + ", ".join(fits))
 
 # %% [markdown]
-# ViT-g/14 fits no 16 GB rank at any size: its 1.1 billion float32 weights, their gradients and AdamW's two
-# states take about 18 GB before a single activation. At 80 GB, 4 tiles take 3.7-3.8 times the pixels of one
-# process (ViT-L/16: 3,456 -> 6,720 px), not 4 times: every rank holds the whole model and, for the all-reduce
-# over the tiles, a gradient-sized bucket; only the activations shrink as 1/P. With activation recomputation
-# (`checkpoint_activations="every"`: each block keeps only its input) the sides grow another 2.4-3.5 times.
-# BENCHMARKS.md section 18 (`benchmarks/bench_foundation_memory.py`) has those too, and the planner's bytes per
-# block and per step beside measured ones, ViT-L/16 to ViT-g/14 at 1024² and 2048² on 1, 2 and 4 ranks: equal.
+# ViT-g/14 fits no 16 GB rank without sharding: its 1.1 billion float32 weights, their gradients and AdamW's two
+# states take about 18 GB before a single activation. On 4 tiles ZeRO 3 keeps a quarter of that per rank, and the
+# rank peaks at 13.7 GB, with or without recomputation: it fits. ZeRO 3 gathers the weights layer by layer (each
+# block before its forward and its backward, freed after: two blocks, 0.2 GB, at once), but the peak still falls less
+# than the state: backward builds the whole gradients and the reduce-scatter copies them flat (4.6 GB each), and
+# ZeRO 1 and 2 keep the whole weights beside their shards (`layout --model` prints the state per stage and level).
+# Recomputation (`checkpoint_activations="every"`: each block keeps only its input) shrinks the activations, which
+# at ZeRO 3 here are no longer what peaks. BENCHMARKS.md
+# section 18 has the same table at 1024² and 2048² on up to 8 ranks (`benchmarks/bench_zero_memory.py`), the
+# planner's state bytes beside those of real sharded runs, and its bytes per block and per step beside measured ones.
 #
 # ## Exercise: what a rank sends
 #

@@ -55,7 +55,7 @@ def shared_launch():
 
 # Notebooks whose JupyterLab Run All checks everything their headless run checks (no error, figures
 # shown; for 04 and 06 also their printed output, through tests/support/notebook_output.py).
-LAB_COVERS_HEADLESS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12")
+LAB_COVERS_HEADLESS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13")
 
 
 def _lab_runs(items: list[pytest.Item]) -> set[str]:

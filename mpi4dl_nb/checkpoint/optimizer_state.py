@@ -1,5 +1,5 @@
 """Optimizer state in a checkpoint: gathered by whole-model parameter name to rank 0, and scattered back to the
-holders of each stage on load, so a run may resume on another layout."""
+holders of each stage on load, so a run may resume on another layout (ZeRO's shards joined whole and cut again)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -32,10 +32,13 @@ def _portable(value: object) -> object:
 def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> OptimizerState | None:
     """Per-parameter optimizer state keyed by whole-model parameter name, on rank 0 (collective).
 
-    Names make it independent of the parallel layout: a run may resume on another one.
+    Names make it independent of the parallel layout: a run may resume on another one. ZeRO's shards of a parameter's
+    state are joined whole on the stage's lowest holder first (``pipeline/zero.py``), so the format is the same.
     """
     mine: OptimizerState = {}
     optimizer = engine.optimizer
+    if optimizer is not None and engine.zero is not None:
+        mine.update(engine.zero.full_optimizer_entries(optimizer))
     if optimizer is not None:
         for inst in _owned_instances(engine, ctx.rank):
             for name, param in inst.canonical.named_parameters():
@@ -57,10 +60,13 @@ def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: OptimizerState 
     optimizer = engine.optimizer
     if optimizer is None or not state:
         return
+    if engine.zero is not None:
+        engine.zero.load_optimizer_entries(optimizer, state)
+    sharded = engine.zero.sharded_ids() if engine.zero is not None else set()
     for inst in engine.instances.values():
         for name, param in inst.canonical.named_parameters():
             entry = state.get(inst.canonical.full_key(name))
-            if entry is not None:
+            if entry is not None and id(param) not in sharded:
                 optimizer.state[param] = {k: _placed(k, v, param) for k, v in entry.items()}
 
 

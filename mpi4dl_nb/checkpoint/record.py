@@ -22,6 +22,7 @@ from ..data.stain import StainNormalizer
 from ..data.task import Task
 from ..loss import ClassCrossEntropy, DenseLoss, LossKind
 from ..models.spec import ModelFamily, ModelSpec, optional_whole, whole
+from ..pipeline.layer_decay import RateGroup
 from ..pipeline.optim import LRSchedule, OptimizerSpec
 from . import files
 from .files import FORMAT_VERSION, BestMark, save_checkpoint
@@ -186,6 +187,7 @@ class RunRecord:
     segmentation: SegmentationRecord | None = None
     split: SplitRecord | None = None             # the held-out split with the groups of each side (None: none)
     stain: StainNormalizer | None = None         # the stain normaliser every image was read through (None: none)
+    param_groups: tuple[RateGroup, ...] = ()     # the optimizer's groups at ``step``, each lr and lr_scale (): older
 
     def at(self, step: int, run_id: str) -> RunRecord:
         """This record after ``step`` optimizer steps of lineage ``run_id``."""
@@ -225,7 +227,8 @@ class RunRecord:
                              "best": None if self.best is None else self.best.to_dict(), "task": str(self.task),
                              "segmentation": None if self.segmentation is None else self.segmentation.to_dict(),
                              "split": None if self.split is None else self.split.to_dict(),
-                             "stain": None if self.stain is None else self.stain.to_dict()},
+                             "stain": None if self.stain is None else self.stain.to_dict(),
+                             "param_groups": [group.to_dict() for group in self.param_groups]},
                 "step": self.step, "run_id": self.run_id, "identity": dict(self.identity),
                 "format_version": FORMAT_VERSION}
 
@@ -248,7 +251,8 @@ class RunRecord:
                            Task.parse(text(record, "task", Task.CLASSIFICATION.value)),
                            None if pixels is None else SegmentationRecord.from_dict(section(record, "segmentation")),
                            None if split is None else SplitRecord.from_dict(section(record, "split")),
-                           None if stain is None else StainNormalizer.from_dict(section(record, "stain")))
+                           None if stain is None else StainNormalizer.from_dict(section(record, "stain")),
+                           param_groups_of(record))
             if isinstance(legacy, Mapping) and "model" in legacy:
                 return cls.from_legacy(legacy, data)
         except ValueError as err:
@@ -307,6 +311,17 @@ def read_checkpoint(path: str | Path, *, lazy: bool = False, check: bool = True)
         raise ValueError(f"checkpoint {file} holds no model weights; {WRITTEN_BY}")
     optimizer = data.get(OPTIMIZER_STATE)
     return LoadedCheckpoint(file, record, model, optimizer if isinstance(optimizer, dict) else None)
+
+
+def param_groups_of(record: Mapping[str, object]) -> tuple[RateGroup, ...]:
+    """The optimizer's groups a record lists (none when missing: written before they were recorded); ValueError for
+    another shape."""
+    value = record.get("param_groups")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise ValueError(f"field 'param_groups': expected a list of objects, got {value!r}")
+    return tuple(RateGroup.from_dict(item) for item in value)
 
 
 # ----------------------------------------------------------------- typed fields

@@ -1,6 +1,7 @@
 """``python -m mpi4dl_nb export``: a checkpoint's trained model written as a plain state dict under the model's own
 keys (timm's, torchvision's, your module's; a layer-list model's are those of ``nn.Sequential(*layers)``), as
-``.safetensors`` or ``.pt``; one JSON line last on stdout."""
+``.safetensors`` or ``.pt``, and for a named model the input it expects beside it (``FILE.config.json``: timm's
+``pretrained_cfg`` fields mean, std, input_size, crop_pct); one JSON line last on stdout."""
 from __future__ import annotations
 
 import json
@@ -23,14 +24,19 @@ from .parser import CommandParser
 if TYPE_CHECKING:
     import torch
 
+    from ..checkpoint.record import RunRecord
+
 PROG = "python -m mpi4dl_nb export"
 EXIT_REFUSED = 2
 GROUP = "export"
 OUTPUT_OPTION = "--output-file"
+CONFIG_SUFFIX = ".config.json"   # beside FILE.safetensors: FILE.config.json, the preprocessing the weights expect
 DESCRIPTION = ("Write the model of a checkpoint of 'train' as a state dict under the model's own keys: "
                "timm.create_model(NAME, num_classes=K).load_state_dict(...) (or torchvision's, or your module's) "
                "loads it strictly. The package's own layer-list models (resnet, amoebanet, unet, ...) have no other "
-               "keys: theirs are those of nn.Sequential(*layers). One process; prints one JSON line last.")
+               "keys: theirs are those of nn.Sequential(*layers). A named model's preprocessing (mean, std, input "
+               "size: timm's pretrained_cfg fields) is written beside it, FILE.config.json. One process; prints one "
+               "JSON line last.")
 
 
 class ExportFormat(Enum):
@@ -71,8 +77,10 @@ class ExportJob:
                                              f"safetensors; timm brings it), or write FILE.pt")
         if output.is_dir():
             raise ConfigError(OUTPUT_OPTION, f"{output} is a directory; name a file in it")
-        if output.exists() and not self.force:
-            raise ConfigError(OUTPUT_OPTION, f"{output} exists; pass --force to replace it, or name another file")
+        for existing in (output, config_path(output)):
+            if existing.exists() and not self.force:
+                raise ConfigError(OUTPUT_OPTION, f"{existing} exists; pass --force to replace it, or name another "
+                                                 f"file")
         if not output.parent.is_dir():
             raise ConfigError(OUTPUT_OPTION, f"{output.parent} does not exist; create it first")
         return CheckedExport(self.source.path(), output, kind, self.merge_lora)
@@ -98,10 +106,47 @@ class Exported:
     bytes: int
     output: Path
     checkpoint: Path
+    preprocessing: Path | None = None     # FILE.config.json: the input the weights expect (None: a layer list's)
 
     def as_dict(self) -> dict[str, object]:
+        written = {} if self.preprocessing is None else {"preprocessing": str(self.preprocessing)}
         return {"model": self.model, "keys": self.keys, "own_keys": self.own_keys, "bytes": self.bytes,
-                "output": str(self.output), "checkpoint": str(self.checkpoint)}
+                "output": str(self.output), "checkpoint": str(self.checkpoint), **written}
+
+
+def config_path(output: Path) -> Path:
+    """Where the preprocessing goes beside ``output``: ``model.safetensors`` -> ``model.config.json``."""
+    return output.with_name(output.stem + CONFIG_SUFFIX)
+
+
+def model_config(record: RunRecord) -> dict[str, object] | None:
+    """What a timm user needs to feed the exported weights: the architecture, classes and timm's ``pretrained_cfg``
+    fields (``mean``, ``std``, ``input_size`` (C, H, W), ``crop_pct``: 1, the run fed whole tiles), and the card
+    it came from; None for a layer-list model (pixels in [0, 1], no keys of its own). A model without normalisation
+    takes pixels in [0, 1]: mean 0, std 1. Pass ``pretrained_cfg`` to ``timm.create_model(...,
+    pretrained_cfg_overlay=...)``, then ``timm.data.resolve_data_config(model=model)`` reads it."""
+    spec = record.model
+    if not spec.family.named:
+        return None
+    channels, card, normal = spec.in_channels, spec.preprocessing, spec.normalize
+    side = spec.image_size or (card.input_size if card is not None else record.data.image_size)
+    mean = list(normal.mean) if normal is not None else [0.0] * channels
+    std = list(normal.std) if normal is not None else [1.0] * channels
+    return {"model": spec.label, "architecture": spec.source, "num_classes": spec.num_classes,
+            "model_args": spec.model_args.text(),
+            "pretrained_cfg": {"mean": mean, "std": std, "input_size": [channels, side, side], "crop_pct": 1.0},
+            "card": None if card is None else card.to_dict()}
+
+
+def write_config(config: dict[str, object], path: Path) -> Path:
+    """``config`` as JSON at ``path``, through a temporary file beside it."""
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        partial.write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
 
 
 def export_parser() -> CommandParser:
@@ -158,8 +203,10 @@ def export(checked: CheckedExport) -> Exported:
         state = merged_state(state, spec.lora)
     state = separate(original_state_dict(layers, state))
     write_state(state, checked, spec.label)
+    config = model_config(checkpoint.record)
+    written = None if config is None else write_config(config, config_path(checked.output))
     return Exported(spec.label, len(state), is_cut(layers), checked.output.stat().st_size, checked.output,
-                    checked.checkpoint)
+                    checked.checkpoint, written)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

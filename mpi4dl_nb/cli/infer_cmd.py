@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 EXIT_SETUP = 2
 EXIT_SLIDES_FAILED = 3
 DESCRIPTION = ("Apply a checkpoint of 'train' fully convolutionally to a whole slide, window by window, each window "
-               "split over --num-spatial-parts ranks (mpiexec -n <parts>). The output equals the same network run on "
+               "split over --num-spatial-parts ranks (mpiexec -n <parts>); a network without a fully convolutional "
+               "form (a transformer) tile by tile (--map-mode auto). The output equals the same network run on "
                "the whole slide in one process. A checkpoint of 'train --whole-slide' instead gives one prediction "
                "per slide from its canvas (--slides A,B or --cohort FILE.csv, --output DIR: slides.csv, and for "
                "attention/max heads a slide-aligned OME-TIFF and GeoJSON of where it looked). Exit status: 0 done, "

@@ -17,6 +17,7 @@ from ..models.model_args import NO_ARGS, ModelArgs
 from ..models.options import MODEL, MODEL_ARGS, NUM_CLASSES
 from ..run import flag_groups as groups
 from ..run.model_choice import ModelChoice, ModelSizes
+from ..run.training_spec import OptimizerChoice
 from ..schema import build_job, flag
 from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
@@ -64,6 +65,7 @@ class LayoutJob:
     num_classes: int = NUM_CLASSES.field(10, group=groups.MODEL)
     image_size: ImageSize = IMAGE_SIZE.field(32, group=groups.MODEL)
     json: bool = flag("--json", "print the layout as JSON", False, switch=True)
+    optimizer: OptimizerChoice = field(default_factory=OptimizerChoice)   # with --model: the state table's slots
     cost: bool = flag("--cost", "with --model: also print the planner's cost of the configuration (peak memory per "
                                 "rank, the spatial stage's attention exchanges per tile)", False, switch=True,
                       group=groups.MODEL)
@@ -81,7 +83,7 @@ def model_cut(job: LayoutJob) -> str:
     import torch
 
     from ..models.vit import refuse_token_spatial_stage
-    from .stage_table import stage_table
+    from .stage_table import stage_table, state_table
 
     assert job.model is not None and isinstance(job.image_size, int), "an image model asked for"
     spec = ModelChoice(job.model, job.model_args, job.sizes, normalize="none").spec(job.num_classes)
@@ -95,6 +97,7 @@ def model_cut(job: LayoutJob) -> str:
         raise ConfigError("--model", str(err)) from None
     refuse_token_spatial_stage(layers, job.config, job.image_size)
     table = stage_table(layers, job.config, job.image_size)
+    table += "\n\n" + state_table(layers, job.config, job.image_size, job.optimizer.spec.state_slots)
     if not job.cost:
         return table
     from ..planner.exchanges import layout_cost

@@ -1,16 +1,22 @@
-"""The stage cut of a model for a configuration (``layout --model``): each stage's ranks, layers and output size."""
+"""The stage cut of a model for a configuration (``layout --model``): each stage's ranks, layers and output size, and
+the training state a rank keeps of each stage under each ZeRO stage."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from torch import nn
 
-from ..config import ParallelConfig
-from ..layout import layout
+from ..config import ConfigError, ParallelConfig
+from ..layout import layout, stage_holders
 from ..models.external import layer_shapes
 from ..models.normalize import STEP
 from ..models.pieces import Piece
 from ..pipeline.default_cut import check_fit
+from ..planner.optimizer import TrainingState
+
+MB = 2 ** 20
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 def layer_label(layer: nn.Module) -> str:
@@ -50,3 +56,48 @@ def stage_table(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: in
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines) + f"\nbalance: {','.join(map(str, balance))} ({len(layers)} layers, {image_size} px images)"
+
+
+def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """``rows`` as lines, the first a header underlined; text columns left, the others right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if i < 1 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return lines
+
+
+def megabytes(count: int) -> str:
+    """``count`` bytes in MB: one decimal from 10 MB, three below."""
+    return f"{count / MB:,.1f}" if count >= 10 * MB else f"{count / MB:.3f}"
+
+
+def state_table(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int, state_slots: int,
+                channels: int = 3) -> str:
+    """Per stage of the engine's cut of ``layers``: its holders and the training state (float32 weights, gradients
+    and ``state_slots`` optimizer states per parameter) its first holder keeps under each ZeRO stage (the largest
+    share: chunks of ceil(n / holders) per parameter), ``cfg.zero_stage`` marked; then a line on what a rank
+    holds only while a stage computes (``planner.optimizer.StateBytes``)."""
+    balance = check_fit(list(layers), cfg, image_size, in_channels=channels)
+    stages = [list(layers[a:b]) for a, b in zip((0, *itertools.accumulate(balance)), itertools.accumulate(balance))]
+    states: dict[int, TrainingState | None] = {}
+    for zero in ZERO_STAGES:
+        try:
+            states[zero] = TrainingState(cfg.with_(zero_stage=zero), stages, optimizer_states=state_slots)
+        except ConfigError:              # a ZeRO stage the configuration refuses
+            states[zero] = None
+    marks = [f"zero-{z}" + ("*" if z == cfg.zero_stage else "") for z in ZERO_STAGES]
+    rows = [["stage", "holders", "parameters", *marks]]
+    for stage, held in enumerate(stages):
+        first = stage_holders(cfg, stage)[0]
+        cells = []
+        for zero in ZERO_STAGES:
+            found = states[zero]
+            cells.append("refused" if found is None else megabytes(found.of(first, stage).kept))
+        rows.append([str(stage), str(len(stage_holders(cfg, stage))),
+                     f"{sum(p.numel() for layer in held for p in layer.parameters()):,}", *cells])
+    return "\n".join([f"training state per rank of each stage, MB (float32 weights and gradients, {state_slots} "
+                      f"optimizer state(s) per parameter), by --zero-stage (*: this one):", *aligned(rows),
+                      "kept between steps; ZeRO 1 and 2 keep the whole weights beside the shards; while a stage "
+                      "computes, ZeRO 3 gathers its weights layer by layer (two at a time), and every level builds "
+                      "its whole gradients in backward (2, 3: until the reduce-scatter)"])

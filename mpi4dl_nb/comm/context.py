@@ -67,6 +67,13 @@ def _require_contiguous(tensor: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what} needs a contiguous tensor (call .contiguous())")
 
 
+def _check_counts(flat: torch.Tensor, counts: Sequence[int], group: Group, what: str) -> None:
+    _require_contiguous(flat, what)
+    if len(counts) != group.size or flat.dim() != 1 or flat.numel() != sum(counts):
+        raise ValueError(f"{what}: a flat tensor of {flat.numel()} elements does not hold the pieces {list(counts)} "
+                         f"of the {group.size} members {group.ranks}")
+
+
 class Context:
     """One rank's view of the run: who it is, its device, and how it talks to the others.
 
@@ -283,6 +290,30 @@ class Context:
         if group.size > 1:
             self.data_plane.broadcast(tensor, root, group)
         return tensor
+
+    def reduce_scatter(self, flat: torch.Tensor, counts: Sequence[int], group: Group | None = None) -> torch.Tensor:
+        """The sum of ``flat`` over ``group`` (default: the world), cut into the members' pieces (``counts[i]``
+        elements for member ``i``, in member order; uneven allowed): this rank's piece, a new tensor."""
+        group = self.world if group is None else group
+        _check_counts(flat, counts, group, "reduce_scatter")
+        index = group.rank_of(self.rank)
+        if group.size == 1:
+            return flat.detach().clone()
+        out = flat.new_empty(counts[index])
+        self.data_plane.reduce_scatter(flat.detach(), out, counts, group)
+        return out
+
+    def all_gather(self, piece: torch.Tensor, counts: Sequence[int], group: Group | None = None) -> torch.Tensor:
+        """Every member's ``piece`` (``counts[i]`` elements from member ``i``, uneven allowed) one after another."""
+        group = self.world if group is None else group
+        _require_contiguous(piece, "all_gather")
+        if len(counts) != group.size or piece.numel() != counts[group.rank_of(self.rank)]:
+            raise ValueError(f"all_gather: {piece.numel()} elements for counts {list(counts)} over {group.ranks}")
+        if group.size == 1:
+            return piece.detach().reshape(-1).clone()
+        out = piece.new_empty(sum(counts))
+        self.data_plane.all_gather(piece.detach().reshape(-1), out, counts, group)
+        return out
 
     def barrier(self, group: Group | None = None) -> None:
         comm = (self.world if group is None else group).communicator()

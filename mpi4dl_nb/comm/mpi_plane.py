@@ -177,6 +177,41 @@ class MpiPlane:
             self.pool.give(host)
         return Request(MpiRequests([handle], self.wait_mode), on_done=done, keep=tensor)
 
+    def _into(self, source: torch.Tensor, out: torch.Tensor, blocking: Callable[[Buffer, Buffer], None],
+              posted: Callable[[Buffer, Buffer], MPI.Request]) -> None:
+        """Run a collective reading ``source`` and writing ``out`` (both staged if needed): ``blocking`` on device
+        memory (as ``_in_place``), else ``posted`` completed in this plane's wait mode."""
+        if not (self._staged(source) or self._staged(out)):
+            self._settle([source, out])
+            if self._on_device(source) or self._on_device(out):
+                blocking(self._buffer(source), self._buffer(out))
+                return
+            MpiRequests([posted(self._buffer(source), self._buffer(out))], self.wait_mode).wait()
+            return
+        host_source, host_out = self.pool.take(source), self.pool.take(out)
+        try:
+            host_source.copy_(source.detach(), non_blocking=True)
+            self._settle([source, out])
+            MpiRequests([posted(self._buffer(host_source), self._buffer(host_out))], self.wait_mode).wait()
+            out.detach().copy_(host_out)
+        finally:
+            self.pool.give(host_source)
+            self.pool.give(host_out)
+
+    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor, counts: Sequence[int], group: Group) -> None:
+        """``MPI_Reduce_scatter`` (sum; the members' pieces of ``counts``, uneven allowed) into ``out``."""
+        from mpi4py import MPI
+
+        comm, sizes = group.communicator(), list(counts)
+        self._into(flat, out, lambda send, recv: comm.Reduce_scatter(send, recv, sizes, op=MPI.SUM),
+                   lambda send, recv: comm.Ireduce_scatter(send, recv, sizes, op=MPI.SUM))
+
+    def all_gather(self, piece: torch.Tensor, out: torch.Tensor, counts: Sequence[int], group: Group) -> None:
+        """``MPI_Allgatherv``: every member's ``piece`` (``counts`` elements each, uneven allowed) into ``out``."""
+        comm, sizes = group.communicator(), list(counts)
+        self._into(piece, out, lambda send, recv: comm.Allgatherv(send, [recv, sizes]),
+                   lambda send, recv: comm.Iallgatherv(send, [recv, sizes]))
+
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None:
         comm, index = group.communicator(), group.rank_of(root)
         self._in_place(tensor, lambda buffer: comm.Bcast(buffer, root=index),

@@ -76,6 +76,15 @@ class Comm(Protocol):
 
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group | None = None) -> torch.Tensor: ...
 
+    def reduce_scatter(self, flat: torch.Tensor, counts: Sequence[int], group: Group | None = None) -> torch.Tensor:
+        """The sum over ``group`` of ``flat`` (its members' pieces one after another, ``counts[i]`` elements for
+        member ``i``), of which this rank gets its own piece (a new tensor; uneven counts allowed)."""
+        ...
+
+    def all_gather(self, piece: torch.Tensor, counts: Sequence[int], group: Group | None = None) -> torch.Tensor:
+        """Every member's ``piece`` (``counts[i]`` elements from member ``i``) one after another, on every member."""
+        ...
+
     # groups and control-plane collectives
     def new_group(self, ranks: Iterable[int]) -> Group: ...
 
@@ -118,6 +127,14 @@ class DataPlane(Protocol):
         ...
 
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group) -> None: ...
+
+    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor, counts: Sequence[int], group: Group) -> None:
+        """``out`` = this member's piece of the sum of ``flat`` over ``group`` (``Comm.reduce_scatter``)."""
+        ...
+
+    def all_gather(self, piece: torch.Tensor, out: torch.Tensor, counts: Sequence[int], group: Group) -> None:
+        """``out`` = every member's ``piece`` one after another (``Comm.all_gather``)."""
+        ...
 
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:
         """The plane's own handle of a new group of ``ranks`` (None: the world); collective."""

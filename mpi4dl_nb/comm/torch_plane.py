@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 NCCL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                          torch.uint8, torch.int32, torch.int64, torch.bool})
 
+# torch 2.14 names them ``*_single`` (the older names warn); torch 2.13 has the older ones only
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def _store_address(control: MPI.Intracomm, local_size: int) -> str:
     """``tcp://host:port`` of the rendezvous store: rank 0 picks a free port, MPI tells everyone."""
@@ -110,6 +114,28 @@ class TorchPlane:
         self._check(tensor)
         dist.broadcast(tensor.detach(), src=root, group=group.torch_group)
 
+    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor, counts: Sequence[int], group: Group) -> None:
+        """torch's reduce-scatter of one tensor on the pieces padded to the widest (it takes even pieces only)."""
+        self._check(flat)
+        width = max(counts)
+        padded = flat.new_zeros(width * len(counts))
+        for member, (start, count) in enumerate(_pieces(counts)):
+            padded[member * width:member * width + count] = flat[start:start + count]
+        mine = flat.new_empty(width)
+        _REDUCE_SCATTER(mine, padded, group=group.torch_group)
+        out.copy_(mine[:out.numel()])
+
+    def all_gather(self, piece: torch.Tensor, out: torch.Tensor, counts: Sequence[int], group: Group) -> None:
+        """torch's all-gather into one tensor of the pieces padded to the widest, unpadded into ``out``."""
+        self._check(piece)
+        width = max(counts)
+        mine = piece.new_zeros(width)
+        mine[:piece.numel()] = piece
+        padded = piece.new_empty(width * len(counts))
+        _ALL_GATHER(padded, mine, group=group.torch_group)
+        for member, (start, count) in enumerate(_pieces(counts)):
+            out[start:start + count] = padded[member * width:member * width + count]
+
     # -------------------------------------------------------------------- groups
     def process_group(self, ranks: Sequence[int] | None) -> ProcessGroup | None:
         if ranks is None:
@@ -124,6 +150,12 @@ class TorchPlane:
         """Tear down the torch.distributed process group (the MPI world stays up)."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _pieces(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, count) of each member's piece of a flat tensor holding them one after another."""
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return list(zip(starts, counts))
 
 
 def _member_group(group: ProcessGroup | int) -> ProcessGroup | None:

@@ -19,13 +19,13 @@ import torch
 from .annotation_repair import Repair, repair_annotations, tell_repairs
 from .bounds import slide_bounds
 from .dataset import Box, check_box
+from .files import ANNOTATION_SUFFIXES
 from .geojson import AnnotationError, Annotations, read_annotations
 from .pathology import Slide, SlideDataset, open_slide
 from .rasterize import label_map
 from .stain import StainNormalizer
 from .tissue_mask import TissueMethod
 
-ANNOTATION_SUFFIXES = (".geojson", ".json")
 SHOWN_PROBLEMS = 3
 
 

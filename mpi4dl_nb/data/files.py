@@ -8,6 +8,7 @@ from pathlib import Path
 
 TILE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 SLIDE_ONLY_EXTENSIONS = (".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide")
+ANNOTATION_SUFFIXES = (".geojson", ".json")      # a slide's QuPath annotations beside it (same stem)
 
 
 def require_path(path: str | Path, knob: str = "--datapath") -> Path:
@@ -68,15 +69,21 @@ def tiff_page_count(path: Path) -> int | None:
         return None
 
 
+def has_annotations(path: Path) -> bool:
+    """Whether QuPath annotations lie beside ``path`` (``S.geojson`` or ``S.json`` for ``S.tif``)."""
+    return any(path.with_suffix(suffix).is_file() for suffix in ANNOTATION_SUFFIXES)
+
+
 def is_slide_file(path: Path) -> bool:
-    """Whether ``path`` is a whole-slide image: a slide-only extension, or a multi-page TIFF pyramid. Judged from the
+    """Whether ``path`` is a whole-slide image: a slide-only extension, a multi-page TIFF pyramid, or a TIFF with its
+    annotations beside it (a single-page tiled TIFF and its GeoJSON: annotated slides' layout). Judged from the
     headers (tifffile), so a slide with damaged image data is a slide (the data check reports it), not a tile."""
     suffix = path.suffix.lower()
     if suffix in SLIDE_ONLY_EXTENSIONS:
         return True
     if suffix in (".tif", ".tiff"):
         if (pages := tiff_page_count(path)) is not None:
-            return pages > 1
+            return pages > 1 or has_annotations(path)
         import openslide
 
         return openslide.OpenSlide.detect_format(str(path)) is not None

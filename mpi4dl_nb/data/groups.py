@@ -1,17 +1,17 @@
 """The group of each image a held-out split keeps on one side: its patient (a cohort's, or read from TCGA barcodes),
 else its slide (tiles cut from one slide, or tile files whose names carry the slide), else nothing (ungrouped: the
-image alone)."""
+image alone). A folder mixing TCGA barcodes with other names: the barcodes' slides by patient, the others by slide."""
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .barcodes import ORIGIN, tcga_patients
+from .barcodes import ORIGIN, tcga_patient, tcga_patients
 from .dataset import RegionDataset
 
 if TYPE_CHECKING:
@@ -47,14 +47,43 @@ class Groups:
     names: tuple[str, ...]             # the group of each image
     slides: tuple[str, ...]            # the slide of each image (ungrouped: the image's own name)
     origin: str = ""                   # where the groups come from, when not plain (e.g. "from TCGA barcodes")
+    own_slides: int = 0                # patients from TCGA barcodes: the slides of other names, each its own group
+    alone: frozenset[str] = frozenset()   # patients from TCGA barcodes: the tiles whose names carry no slide (alone)
 
     def __len__(self) -> int:
         return len(self.names)
 
     @property
     def heading(self) -> str:
-        """How the split is grouped, as its printed summary says it: ``grouped by patient (from TCGA barcodes)``."""
+        """How the split is grouped, as its printed summary says it: ``grouped by patient (from TCGA barcodes)``, or
+        for a folder mixing TCGA barcodes with other names ``with 12 slides grouped by patient (TCGA barcodes), 4 by
+        slide``."""
+        if self.own_slides or self.alone:
+            barcoded = len(set(self.slides)) - self.own_slides - len(self.alone)
+            parts = [f"with {barcoded} slides grouped by patient (TCGA barcodes)",
+                     f"{self.own_slides} by slide" if self.own_slides else "",
+                     f"{len(self.alone)} images ungrouped (no slide in their names)" if self.alone else ""]
+            return ", ".join(part for part in parts if part)
         return f"grouped by {self.kind.value}" + (f" ({self.origin})" if self.origin else "")
+
+    def side_parts(self, indices: Sequence[int]) -> list[str]:
+        """The groups of the images ``indices`` as a split's side counts them: ``4 patients, 8 slides``, ``6 slides``;
+        a folder mixing TCGA barcodes with other names ``3 patients (6 slides), 2 other slides, 3 images alone``;
+        none when ungrouped."""
+        if self.kind is GroupKind.UNGROUPED:
+            return []
+        groups = {self.names[i] for i in indices}
+        if self.kind is not GroupKind.PATIENT:
+            return [f"{len(groups)} {self.kind.plural}"]
+        slides = len({self.slides[i] for i in indices})
+        if not self.own_slides and not self.alone:
+            return [f"{len(groups)} patients", f"{slides} slides"]
+        barcoded = [i for i in indices if tcga_patient(self.names[i]) is not None]
+        patients = {self.names[i] for i in barcoded}
+        alone = groups & self.alone
+        parts = [f"{len(patients)} patients ({len({self.slides[i] for i in barcoded})} slides)",
+                 f"{len(groups) - len(patients) - len(alone)} other slides"]
+        return parts + ([f"{len(alone)} images alone"] if alone else [])
 
 
 def ungrouped(count: int) -> Groups:
@@ -98,6 +127,9 @@ def groups_of(dataset: RegionDataset, pattern: str | None = None) -> Groups:
         if found is not None:
             check_one_class_per_slide(dataset, found, pattern)
             return named_slides(found, by_slide or pattern is not None)
+        barcoded = None if pattern is not None else barcoded_tiles(dataset)
+        if barcoded is not None:
+            return barcoded
     elif pattern is not None:
         raise ConfigError(KNOB, f"groups tile files by name; this data ({type(dataset).__name__}) has none; drop "
                                 f"{KNOB}")
@@ -105,11 +137,28 @@ def groups_of(dataset: RegionDataset, pattern: str | None = None) -> Groups:
 
 
 def named_slides(slides: tuple[str, ...], by_slide: bool) -> Groups:
-    """Slides grouped by patient when every slide's name is a TCGA barcode (unless ``by_slide``), else by slide."""
-    patients = None if by_slide else tcga_patients(slides)
-    if patients is not None:
-        return Groups(GroupKind.PATIENT, patients, slides, ORIGIN)
-    return Groups(GroupKind.SLIDE, slides, slides)
+    """Slides named by a TCGA barcode grouped by patient (unless ``by_slide``), the others each by itself; by slide
+    when no name is a barcode."""
+    patients = [None if by_slide else tcga_patient(slide) for slide in slides]
+    if all(patient is None for patient in patients):
+        return Groups(GroupKind.SLIDE, slides, slides)
+    names = tuple(patient or slide for patient, slide in zip(patients, slides, strict=True))
+    own = {slide for patient, slide in zip(patients, slides, strict=True) if patient is None}
+    return Groups(GroupKind.PATIENT, names, slides, ORIGIN, len(own))
+
+
+def barcoded_tiles(dataset: TileFolderDataset) -> Groups | None:
+    """A tile folder where some names carry no slide: the tiles named by a TCGA barcode grouped by patient, those of
+    other slides by slide, the rest each alone (its path); None when no name is a TCGA barcode."""
+    slides = default_slides(dataset.files)
+    if not any(slide is not None and tcga_patient(slide) is not None for slide in slides):
+        return None
+    own = tuple(slide if slide is not None else str(path.relative_to(dataset.root))
+                for slide, path in zip(slides, dataset.files, strict=True))
+    check_one_class_per_slide(dataset, own, None)
+    groups = named_slides(own, False)
+    alone = frozenset(name for name, slide in zip(own, slides, strict=True) if slide is None)
+    return replace(groups, own_slides=groups.own_slides - len(alone), alone=alone)
 
 
 def check_one_class_per_slide(dataset: TileFolderDataset, slides: Sequence[str], pattern: str | None) -> None:
@@ -132,7 +181,7 @@ def check_one_class_per_slide(dataset: TileFolderDataset, slides: Sequence[str],
 
 def tile_slides(files: Sequence[Path], pattern: str | None) -> tuple[str, ...] | None:
     """The slide of every tile file by ``pattern`` (ConfigError naming a file it misses), or by the first default
-    pattern matching every file (None: none does)."""
+    pattern each file matches (a TCGA slide id before ``<slide>_<x>_<y>``; None: a file matches none)."""
     if pattern is not None:
         regex = compile_pattern(pattern)
         names = [slide_name(regex, f) for f in files]
@@ -141,12 +190,16 @@ def tile_slides(files: Sequence[Path], pattern: str | None) -> tuple[str, ...] |
             raise ConfigError(KNOB, f"{pattern!r} does not match {len(missed)} of {len(files)} tile names, e.g. "
                                     f"{missed[0].stem!r}; give a regex whose first group names the slide")
         return tuple(n for n in names if n is not None)
-    for default in DEFAULT_PATTERNS:
-        regex = re.compile(default)
-        found = [slide_name(regex, f) for f in files]
-        if all(n is not None for n in found):
-            return tuple(n for n in found if n is not None)
-    return None
+    found = default_slides(files)
+    if any(n is None for n in found):
+        return None
+    return tuple(n for n in found if n is not None)
+
+
+def default_slides(files: Sequence[Path]) -> list[str | None]:
+    """The slide of each tile file by the first default pattern it matches (None: none does)."""
+    defaults = [re.compile(default) for default in DEFAULT_PATTERNS]
+    return [next((n for regex in defaults if (n := slide_name(regex, f)) is not None), None) for f in files]
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

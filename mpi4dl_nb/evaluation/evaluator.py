@@ -79,8 +79,9 @@ class HeldOutBatches:
 
 
 class Evaluator(HeldOutBatches):
-    """Runs ``engine.evaluate_batch`` over the held-out batches (``HeldOutBatches``): each last-stage rank keeps
-    per-sample records (position, label, loss, logits); rank 0 merges them in sample order and computes the
+    """Runs ``engine.evaluate_tiles`` over the held-out batches (``HeldOutBatches``): each last-stage rank keeps
+    per-sample records (position, label, loss, logits; every stage spatial: tile 0 of the joined logits every tile
+    holds); rank 0 merges them in sample order and computes the
     metrics from the merged set (sums of counts and losses, never averages of averages); every rank gets them.
     The loss is the run's (``loss``: its class weights included), so ``val_loss`` is what training minimises.
     """
@@ -98,9 +99,9 @@ class Evaluator(HeldOutBatches):
         """This rank's records: every last-stage output it computes, real rows only (collective)."""
         parts = []
         for batch in self.each_batch():
-            outputs = self.engine.evaluate_batch(self.images(batch), batch_size=self.batch_size)
+            outputs = self.engine.evaluate_tiles(self.images(batch), batch_size=self.batch_size)
             first = batch * self.batch_size
-            for rows, out in outputs:
+            for rows, out in ((o.rows, o.output) for o in outputs if o.tile in (None, 0)):   # joined logits: tile 0's
                 logits = as_items(out)[0].detach().to("cpu", torch.float64)
                 position = np.arange(first + rows.start, first + rows.stop)
                 keep = position < len(self.dataset)

@@ -52,12 +52,9 @@ class GroupedSplit:
         return "\n".join(lines)
 
     def side_counts(self, indices: Sequence[int], labels: Sequence[int], class_names: Sequence[str]) -> str:
-        kind = self.groups.kind
         per_class = ", ".join(f"{name} {sum(1 for i in indices if labels[i] == c)}"
                               for c, name in enumerate(class_names))
-        parts = [] if kind is GroupKind.UNGROUPED else [f"{len(self.side_groups(indices))} {kind.plural}"]
-        if kind is GroupKind.PATIENT:
-            parts.append(f"{len({self.groups.slides[i] for i in indices})} slides")
+        parts = self.groups.side_parts(indices)
         return ", ".join([*parts, f"{len(indices)} images" + (f" ({per_class})" if per_class else "")])
 
 

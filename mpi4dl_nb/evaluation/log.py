@@ -54,13 +54,17 @@ def _clean(value: object) -> object:
 
 def tensorboard_scalars(kind: RecordKind, record: Mapping[str, object]) -> dict[str, float]:
     """The TensorBoard scalars of a record, by tag: ``train/loss``, ``train/lr``, ``train/images_per_s``,
-    ``train/seconds_per_step``; ``eval/loss``, ``eval/accuracy``, ... (the figures it has)."""
+    ``train/seconds_per_step``, each parameter group's ``train/lr/<group>`` (``--layer-decay``); ``eval/loss``,
+    ``eval/accuracy``, ... (the figures it has)."""
     if kind is RecordKind.TRAIN:
         names = {**{name: name for name in SCALARS}, **STEP_SCALARS}
     else:
         names = {f"val_{name}": name for name in SCALARS}
-    return {f"{kind.value}/{tag}": float(value) for key, tag in names.items()
-            if isinstance(value := record.get(key), (int, float))}
+    found = {f"{kind.value}/{tag}": float(value) for key, tag in names.items()
+             if isinstance(value := record.get(key), (int, float))}
+    groups = {f"{kind.value}/{key}": float(value) for key, value in record.items()    # lr/block.3: a group's rate
+              if kind is RecordKind.TRAIN and key.startswith("lr/") and isinstance(value, (int, float))}
+    return {**found, **groups}
 
 
 class MetricsLog:

@@ -58,14 +58,14 @@ def infer_slide(checkpoint: str | Path, slide: str | Path, output: str | Path | 
     Collective: call it on every rank of a world of ``num_spatial_parts`` ranks (one process:
     ``num_spatial_parts=1``). ``options`` are :class:`InferJob` keywords (as ``dl.infer``'s; ``level`` and
     ``exclude_classes`` name ``slide_level`` and ``exclude_class`` too): ``level``,
-    ``num_spatial_parts``, ``slice_method``, ``window``, ``dtype``, ``tissue_only``,
-    ``min_tissue``, ``tissue`` (how tissue is judged: ``"saturation"`` or ``"otsu"``), ``map_mode`` (``"dense"`` or
-    ``"tiles"``; transformers map in tiles), ``batch_windows``, ``resume_outputs``, ``overwrite``, ``output_stride``,
-    ``heat_class``, ``model`` (a family to refuse others; or the model object of a run built in Python, an
-    nn.Module or its layer list), ``max_window_rows``, ``memory_budget``, ``overlay_side``, ``progress`` (default
-    off), ``keep_trace`` (the per-rank timeline in ``summary["events"]``), ``mpp`` / ``magnification`` /
-    ``source_mpp`` (resolution), ``task``, ``threshold``, ``min_area``, ``exclude_classes`` (.geojson). Returns the
-    summary (the command's JSON line) on rank 0, None on the other ranks; bad input raises
+    ``num_spatial_parts``, ``slice_method``, ``window``, ``dtype``, ``tissue_only``, ``min_tissue``, ``tissue`` (how
+    tissue is judged: ``"saturation"`` or ``"otsu"``), ``map_mode`` (``"auto"``, the default: dense with a fully
+    convolutional form, else tiles; or ``"dense"``, ``"tiles"``), ``batch_windows``, ``resume_outputs``,
+    ``overwrite``, ``output_stride``, ``heat_class``, ``model`` (a family to refuse others; or the model object of a
+    run built in Python, an nn.Module or its layer list), ``max_window_rows``, ``memory_budget``, ``overlay_side``,
+    ``progress`` (default off), ``keep_trace`` (the per-rank timeline in ``summary["events"]``), ``mpp`` /
+    ``magnification`` / ``source_mpp`` (resolution), ``task``, ``threshold``, ``min_area``, ``exclude_classes``
+    (.geojson). Returns the summary (the command's JSON line) on rank 0, None on the other ranks; bad input raises
     ``ConfigError``/``ValueError``/``FileNotFoundError`` (``SetupFailed`` when one rank refused) on every rank.
     """
     outputs = [output] if isinstance(output, (str, Path)) else list(output)

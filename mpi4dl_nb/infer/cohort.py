@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..comm.agreement import SetupFailed
 from ..config import ConfigError
+from ..console import SetupLines
 from .job import CheckedInfer, InferJob
 from .outputs.finish import report_columns
 from .outputs.kinds import SLIDE_FIELD, OutputSpec
-from .runner import SlideFailed, SlideRunner, trained_for
+from .pace import slides_text
+from .runner import SlideFailed, SlideRunner, settled_job, trained_for
 from .slide_list import SlideSource, is_manifest
 from .store import work_path
 from .summary import InferSummary
@@ -67,9 +69,10 @@ def finished(specs: Sequence[OutputSpec]) -> bool:
     return all(s.path.exists() for s in specs) and not any(work_path(s.path).exists() for s in specs)
 
 
-def say_on_rank_zero(ctx: Comm, out: TextIO, text: str) -> None:
-    """One progress line of ``infer`` on ``out``, written by rank 0 only."""
-    if ctx.rank == 0:
+def say_on_rank_zero(ctx: Comm, out: TextIO, text: str, shown: bool = True) -> None:
+    """One line of ``infer`` on ``out``, written by rank 0 only (and only when ``shown``: progress lines are not
+    under ``--no-progress``)."""
+    if ctx.rank == 0 and shown:
         out.write(f"mpi4dl_nb infer: {text}\n")
         out.flush()
 
@@ -77,9 +80,12 @@ def say_on_rank_zero(ctx: Comm, out: TextIO, text: str) -> None:
 def run_cohort(checked: CheckedInfer, ctx: Comm, *, stream: TextIO | None = None) -> CohortSummary | None:
     """Every slide of a checked cohort job (``InferJob.check``: slides listed, outputs and the summary table's place
     checked), the network loaded once. Collective; the summary on rank 0, None elsewhere."""
-    job = checked.job
-    run = CohortRun(job, trained_for(job, checked.checkpoint, ctx), ctx, stream if stream is not None else sys.stderr,
-                    len(checked.slides), is_manifest(job.slide_source))
+    setup = SetupLines("infer", checked.job.progress and ctx.rank == 0)
+    setup.doing(f"loading the checkpoint {checked.checkpoint}")
+    trained = trained_for(checked.job, checked.checkpoint, ctx)
+    job = settled_job(checked.job, trained, ctx, setup)
+    run = CohortRun(job, trained, ctx, stream if stream is not None else sys.stderr, len(checked.slides),
+                    is_manifest(job.slide_source))
     results = [run.slide(number, slide) for number, slide in enumerate(checked.slides, start=1)]
     if ctx.rank != 0:
         return None
@@ -101,8 +107,10 @@ class CohortRun:
     manifest: bool                 # a manifest names the slides (the table names them as evaluate --cohort does)
     wall: float = field(default_factory=time.perf_counter)
 
-    def say(self, text: str) -> None:
-        say_on_rank_zero(self.ctx, self.out, text)
+    def say(self, text: str, progress: bool = False) -> None:
+        """A line on rank 0; a ``progress`` line (a slide started) only without ``--no-progress``; a slide's outcome
+        always."""
+        say_on_rank_zero(self.ctx, self.out, text, self.job.progress or not progress)
 
     def slide(self, number: int, slide: SlideSource) -> SlideResult:
         """One slide: skipped when finished before (``--resume``), else run; a failure reported, not raised."""
@@ -112,7 +120,7 @@ class CohortRun:
         if self.job.resume and finished(one.specs()):
             self.say(f"{head}: finished before, skipped")
             return SlideResult(name, "finished before", columns=slide.known())
-        self.say(f"{head}: started ({time.perf_counter() - self.wall:.0f} s into the cohort)")
+        self.say(f"{head}: started ({time.perf_counter() - self.wall:.0f} s into the cohort)", progress=True)
         start = time.perf_counter()
         try:
             runner = SlideRunner(one, self.ctx, self.trained)
@@ -137,7 +145,7 @@ class CohortRun:
             return SlideResult(name, "done", seconds, columns=slide.known())
         rate = result.as_dict().get("megapixels_per_s")
         self.say(f"{head}: done in {seconds:.1f} s, {result.megapixels:.1f} MP "
-                 f"({number}/{self.total} slides, {time.perf_counter() - self.wall:.0f} s)")
+                 f"({slides_text(number, self.total, time.perf_counter() - self.wall)})")
         return SlideResult(name, "done", seconds, rate if isinstance(rate, float) else None,
                            columns={**slide.known(), **report_columns(result.report, self.trained.classes)})
 

@@ -1,10 +1,10 @@
-"""Rank 0's decisions before the first window: outputs settled by the task, the window, its plan, the resume point
-and the background windows skipped."""
+"""Rank 0's decisions before the first window: the map mode and outputs settled by the network, the window, its plan,
+the resume point and the background windows skipped."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import ConfigError
@@ -17,7 +17,7 @@ from .outputs.kinds import OutputKind, OutputSpec, check_outputs, npy_base
 from .probes import default_window, output_size
 from .reader import SlideReader
 from .store import Fingerprint, load_progress, progress_path, work_path
-from .tile_map import MapMode, refuse_dense_map
+from .tile_map import MapMode, chosen_map_mode, refuse_dense_map
 from .tissue import OVERVIEW_SIDE, TissueMap
 from .trained import TrainedNetwork
 from .windows import AxisField, WindowPlan, padded_extent
@@ -56,15 +56,23 @@ def resolve_outputs(job: InferJob, trained: TrainedNetwork) -> tuple[OutputSpec,
             raise ConfigError("--output", f"{spec.path}: a .csv has one row per output cell, here per pixel of the "
                                           f"slide; write the label map (.tif), the regions (.geojson) or the "
                                           f"probabilities (.npy) instead")
-    refuse_dense_map(trained.lone_tiles, job.map_mode, trained.description.spec.label)
-    if job.map_mode == MapMode.TILES and dense:
-        raise ConfigError("--map-mode", "tiles classifies each tile alone, but this network predicts every pixel; "
-                                        "use --map-mode dense (the default) for a segmentation network")
     if job.heat_class is not None and job.heat_class >= trained.net.shape.classes:
         raise ConfigError("--heat-class", f"the network has {trained.net.shape.classes} classes; use "
                                           f"0..{trained.net.shape.classes - 1}")
     class_indices(job.exclude_classes, trained.classes)
     return specs
+
+
+def settled_map_mode(job: InferJob, trained: TrainedNetwork) -> InferJob:
+    """``job`` with its map mode settled by the network (``--map-mode auto``: tiles for a classifier of lone tiles,
+    dense otherwise); a mode the network cannot run, and what tiles mode cannot do, refused naming the way out."""
+    chosen = chosen_map_mode(job.map_mode, trained.lone_tiles)
+    refuse_dense_map(trained.lone_tiles, chosen, trained.description.spec.label)
+    if chosen == MapMode.TILES and trained.task is Task.SEGMENTATION:
+        raise ConfigError("--map-mode", "tiles classifies each tile alone, but this network predicts every pixel; "
+                                        "use --map-mode dense or auto (the default) for a segmentation network")
+    job.check_map_mode(chosen)
+    return replace(job, map_mode=chosen)
 
 
 def class_indices(names: Sequence[str], classes: Sequence[str]) -> list[int]:

@@ -131,9 +131,9 @@ class InferJob:
         "--map-mode", "classifiers: dense computes every cell fully convolutionally (fast; a cell's features see the "
                       "slide around its tile); tiles applies the classifier to exactly the tile each cell names, as "
                       "trained (slower by about (patch / --output-stride)^2; use --output-stride = the patch size "
-                      "for non-overlapping tiles); a transformer (ViT, Swin, ...) has no fully convolutional form "
-                      "and maps in tiles only", MapMode.DENSE, parse=MapMode, choices=MapMode.values(),
-        group=MAPS, tags=MAPS_OF_SLIDES)
+                      "for non-overlapping tiles); auto: dense for a network with a fully convolutional form, tiles "
+                      "otherwise (a transformer: ViT, Swin, ...), said in one line", MapMode.AUTO, parse=MapMode,
+        choices=MapMode.values(), group=MAPS, tags=MAPS_OF_SLIDES)
     output_stride: int | None = flag("--output-stride", "pixels per output cell of a classifier (a multiple of the "
                                                         "trunk's stride; default: the trunk's; a transformer, which "
                                                         "maps in tiles mode only: any, default its image size)",
@@ -228,18 +228,21 @@ class InferJob:
         if self.dtype not in DTYPES:
             raise ConfigError("--dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
-    def check_map_mode(self) -> None:
-        """``--map-mode`` is one of its values; ``tiles`` runs whole slides only (no resume, stops, tissue skips)."""
+    def check_map_mode(self, chosen: MapMode | None = None) -> None:
+        """``--map-mode`` is one of its values; tiles (asked, or ``chosen`` by auto once the network is known) runs
+        whole slides only (no resume, stops, tissue skips)."""
         if self.map_mode not in MapMode.values():
             raise ConfigError("--map-mode", f"must be one of {', '.join(MapMode.values())}, got {self.map_mode!r}")
-        if self.map_mode != MapMode.TILES:
+        if (self.map_mode if chosen is None else chosen) != MapMode.TILES:
             return
         stops = self.max_window_rows is not None
+        asked = self.map_mode == MapMode.TILES
+        mode = "tiles" if asked else "tiles (auto's choice: the network has no fully convolutional form)"
         for option, given in (("--resume-outputs", self.resume), ("--max-window-rows", stops),
                               ("--tissue-only", self.tissue_only)):
             if given:
-                raise ConfigError("--map-mode", f"tiles runs the whole slide in one go; drop {option}, or use "
-                                                f"--map-mode dense")
+                raise ConfigError("--map-mode", f"{mode} runs the whole slide in one go; drop {option}"
+                                                f"{', or use --map-mode dense' if asked else ''}")
 
     # ------------------------------------------------------------------ checked against the checkpoint and slides
     def check(self) -> CheckedInfer:

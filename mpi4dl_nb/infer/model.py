@@ -14,7 +14,7 @@ from torch import nn
 from ..checkpoint.record import LoadedCheckpoint, RunRecord, read_checkpoint
 from ..config import ConfigError
 from ..models.cut import layer_list
-from ..models.pieces import original_state_dict
+from ..models.pieces import original_state_dict, recut_state_dict
 from ..models.spec import ModelFamily, ModelSpec, split_model
 
 ModelObject = nn.Module | Sequence[nn.Module]    # a model built in Python: an nn.Module (cut) or a layer list
@@ -109,7 +109,7 @@ def load_trained(path: str | Path, expected_family: ModelFamily | str | None = N
     model = nn.Sequential(*rebuilt(description.spec, model)).to(record_dtype)  # no rounding
     unfit = f"--checkpoint {file}: weights do not fit its own description ({description.describe()})"
     try:
-        result = model.load_state_dict(checkpoint.model_state, strict=False)
+        result = model.load_state_dict(recut_state_dict(list(model), checkpoint.model_state), strict=False)
     except RuntimeError as err:      # a tensor of another shape: say which, not a traceback
         mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
         raise ValueError(f"{unfit}: {mismatch}") from err

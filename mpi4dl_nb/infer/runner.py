@@ -22,25 +22,26 @@ from torch import nn
 
 from ..comm.agreement import agreed
 from ..config import ConfigError
+from ..console import SetupLines
 from ..data.pathology import slide_overview
 from ..data.read_ahead import ReadAhead
 from ..data.stain import PixelMap
 from ..data.stain_reads import stain_normalized
 from ..data.task import Task
 from ..measure.heap import PeakMeter, module_bytes
-from ..measure.progress import ProgressLine
 from ..spatial.geometry import Box, TileGrid
-from .decisions import Plan, class_indices, decide
+from .decisions import Plan, class_indices, decide, settled_map_mode
 from .job import InferJob
 from .outputs.finish import CLASSIFIER_THRESHOLD, OutputReport, OutputRequest, write_outputs
 from .outputs.heat import default_heat_class
 from .outputs.kinds import OutputKind, npy_base
 from .outputs.placement import CellPlacement
+from .pace import PacedProgress
 from .probes import check_halos, output_size
 from .reader import SlideReader
 from .store import HeatmapStore, progress_path, save_progress, work_path
 from .summary import InferSummary, RankStats, TimelineEvent
-from .tile_map import MapMode, TileClassifier, TileGeometry
+from .tile_map import MapMode, TileClassifier, TileGeometry, auto_choice_text
 from .trained import TrainedNetwork, load_network
 from .windows import Window, WindowPlan, batches, intersect
 
@@ -75,8 +76,10 @@ COORDINATES = "level-0 pixels of QuPath's image: OpenSlide's level 0 minus the s
 class SlideRunner:
     """Set up on every rank (errors agreed), then stream the windows; rank 0 writes and summarizes.
 
-    ``trained``: the network, when the caller loaded it already (a cohort loads it once); else the one of the
-    checkpoint file ``checkpoint`` (None: the one the job names) is loaded once the grid fits the ranks.
+    ``trained``: the network, when the caller loaded it already (a cohort loads it once, settles the map mode and says
+    each slide); else the one of the checkpoint file ``checkpoint`` (None: the one the job names) is loaded once the
+    grid fits the ranks, and rank 0 says each part of the set-up (with progress on) and what ``--map-mode auto``
+    chose.
     """
 
     def __init__(self, job: InferJob, ctx: Comm, trained: TrainedNetwork | None = None,
@@ -91,22 +94,28 @@ class SlideRunner:
             raise ConfigError("--num-spatial-parts", f"{self.grid.num_tiles} ranks share each window "
                               f"({self.grid.rows} x {self.grid.cols}) but {ctx.world_size} were launched; run "
                               f"with mpiexec -n {self.grid.num_tiles}")
+        setup = SetupLines("infer", job.progress and ctx.rank == 0 and trained is None)
+        if trained is None:
+            setup.doing(f"loading the checkpoint {checkpoint or job.checkpoint.path()}")
         self.trained = trained if trained is not None else trained_for(job, checkpoint, ctx)
+        self.job = job = settled_job(job, self.trained, ctx, setup)
         self.net, self.description = self.trained.net, self.trained.description
         if self.net.shape.dims == 3:
             raise ConfigError("--checkpoint", f"{self.description.path} holds a volume network (3-D layers); run "
                                               f"it over a volume with --volume, not over a --slide")
+        setup.doing(f"opening the slide {slide}")
         self.reader = agreed(ctx, lambda: SlideReader(slide, job.slide_level, mpp=job.target_mpp,
                                                       trained_at=self.trained.mpp,
                                                       source_mpp=job.resolution.source_mpp))
         stain = self.trained.stain if job.stain_normalize else None    # as training read its images
         self.stain: PixelMap | None = None if stain is None else agreed(
             ctx, lambda: stain.map_for(slide_overview(self.reader.slide)))
+        setup.doing("planning the windows" + (" and finding tissue" if job.tissue_only else ""))
         decided = agreed(ctx, lambda: decide(job, self.trained, self.reader, self.grid) if ctx.rank == 0 else None)
         plan = ctx.bcast_object(decided, root=0)
         assert plan is not None   # rank 0 decided (else every rank raised in agreed)
         self.plan: Plan = plan
-        if job.map_mode != MapMode.TILES:      # tiles mode reads lone tiles: no window is split over ranks
+        if job.map_mode != MapMode.TILES:      # tiles mode (settled) reads lone tiles: no window split over ranks
             agreed(ctx, lambda: check_halos(self.net, self.grid, sorted(self.plan.plan.input_sizes())))
         # decoded tiles kept for the overlap with the next window: twice this rank's RGBA box
         self.reader.limit_cache(CACHE_WINDOWS * 4 * max(h * w for h, w in self.plan.plan.input_sizes())
@@ -198,7 +207,7 @@ class SlideRunner:
         prefetch = ReadAhead([w for row in rows for w in row if (w.row, w.col) not in self.plan.skipped],
                               self.read, depth=1)
         try:
-            self._stream(net, rows, iter(prefetch), count, wall)
+            self._stream(net, rows, iter(prefetch), count)
         except SlideFailed as err:
             self._drop_empty_partial(count.rows_done)
             raise SlideFailed(str(err), kept=count.rows_done > 0) from None
@@ -231,10 +240,10 @@ class SlideRunner:
         return net
 
     def _stream(self, net: nn.Module, rows: list[list[Window]], stream: Iterator[tuple[Window, torch.Tensor]],
-                count: StreamCount, wall: float) -> None:
+                count: StreamCount) -> None:
         """Every window row through the network (background windows skipped), each row saved when done."""
         total = sum(len(r) for r in rows)
-        bar = ProgressLine(total, self.job.progress and self.ctx.rank == 0)
+        bar = PacedProgress(total, self.job.progress and self.ctx.rank == 0)
         slide_pixels = self.reader.height * self.reader.width
         for row in rows:
             active = [w for w in row if (w.row, w.col) not in self.plan.skipped]
@@ -246,8 +255,8 @@ class SlideRunner:
             count.rows_done = row[0].core[1]
             self._finish_row(row, count.rows_done)
             count.done += len(row)
-            rate = count.pixels / 1e6 / max(time.perf_counter() - wall, 1e-9)
-            bar.update(count.done, f"windows {count.done}/{total} rows {row[0].row + 1}/{len(rows)} {rate:.2f} MP/s")
+            bar.update(count.done, f"windows {count.done}/{total} rows {row[0].row + 1}/{len(rows)}",
+                       count.pixels / 1e6, "MP")
             if not self.job.keep_trace:
                 self.ctx.tracer.clear()
 
@@ -286,7 +295,7 @@ class SlideRunner:
         if self.store is not None:
             self.store.fill((0, plan.out_shape[1], 0, plan.out_shape[2]))
         rows = geometry.whole(0)
-        bar = ProgressLine(rows, self.job.progress and ctx.rank == 0)
+        bar = PacedProgress(rows, self.job.progress and ctx.rank == 0)
         wall = time.perf_counter()
         for first in range(0, rows, ctx.world_size):
             row = first + ctx.rank
@@ -301,7 +310,8 @@ class SlideRunner:
             except SlideFailed as err:
                 self._drop_empty_partial(0)        # a tile-mode run keeps nothing to resume
                 raise SlideFailed(str(err), kept=False) from None
-            bar.update(min(first + ctx.world_size, rows), f"tile rows {min(first + ctx.world_size, rows)}/{rows}")
+            shown = min(first + ctx.world_size, rows)
+            bar.update(shown, f"tile rows {shown}/{rows}", shown * geometry.whole(1), "tiles")
         self.stats.seconds = time.perf_counter() - wall
         ctx.barrier()
         report = self._finalize() if ctx.rank == 0 else None
@@ -407,3 +417,12 @@ def trained_for(job: InferJob, file: Path | None, ctx: Comm) -> TrainedNetwork:
     return agreed(ctx, lambda: load_network(str(file if file is not None else job.checkpoint.path()),
                                             family=job.model, dtype=job.torch_dtype,
                                             output_stride=job.output_stride, task=job.task))
+
+
+def settled_job(job: InferJob, trained: TrainedNetwork, ctx: Comm, setup: SetupLines) -> InferJob:
+    """``job`` with its map mode settled by the network on every rank (errors agreed); ``setup`` says what
+    ``--map-mode auto`` chose."""
+    settled = agreed(ctx, lambda: settled_map_mode(job, trained))
+    if job.map_mode == MapMode.AUTO:
+        setup.note(auto_choice_text(settled.map_mode, trained.description.spec.label))
+    return settled

@@ -13,6 +13,7 @@ import torch
 
 from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
+from ..console import SetupLines
 from ..data.canvas import SlideCanvases
 from ..data.pathology import bounds_of
 from ..spatial.geometry import TileGrid
@@ -20,6 +21,7 @@ from .attention_map import CLASS_MAP_NAME, MAP_NAMES, on_slide
 from .cohort import CohortSummary, SlideResult, say_on_rank_zero
 from .job import CheckedInfer, InferJob
 from .outputs.slide_level import SLIDES_CSV, SlideRow, slide_placement, write_slide_map, write_slides_csv
+from .pace import slides_text
 from .slide_list import SlideSource
 from .whole_slide import CanvasNetwork, SlidePrediction, WholeSlideModel, load_whole_slide
 
@@ -86,6 +88,7 @@ def run_slide_level(checked: CheckedInfer, ctx: Comm, *, stream: TextIO | None =
     that fails (no tissue, unreadable) is reported and skipped."""
     job = checked.job
     dtype: torch.dtype = job.torch_dtype
+    SetupLines("infer", job.progress and ctx.rank == 0).doing(f"loading the whole-slide model {checked.checkpoint}")
     model = agreed(ctx, lambda: load_whole_slide(checked.checkpoint, dtype, check=ctx.rank == 0))
     if ctx.rank == 0:
         job.output_folder.mkdir(exist_ok=True)
@@ -117,14 +120,16 @@ class SlideLevelRun:
     rows: list[SlideRow] = field(default_factory=list)
     wall: float = field(default_factory=time.perf_counter)
 
-    def say(self, text: str) -> None:
-        say_on_rank_zero(self.ctx, self.out, text)
+    def say(self, text: str, progress: bool = False) -> None:
+        """A line on rank 0; a ``progress`` line (a slide started) only without ``--no-progress``; a slide's outcome
+        always."""
+        say_on_rank_zero(self.ctx, self.out, text, self.job.progress or not progress)
 
     def slide(self, number: int, slide: SlideSource) -> SlideResult:
         """One slide's prediction (its row of slides.csv on rank 0); a failure reported, not raised."""
         head = f"[slide {number}/{self.total}] {slide.path.name}"
         start = time.perf_counter()
-        self.say(f"{head}: started ({start - self.wall:.0f} s into the run)")
+        self.say(f"{head}: started ({start - self.wall:.0f} s into the run)", progress=True)
         try:
             prediction, columns = predict_slide(self.job, self.network, slide, self.resolution, self.ctx)
         except (SetupFailed, ConfigError) as err:
@@ -138,8 +143,8 @@ class SlideLevelRun:
         row = SlideRow(slide.path.stem, tuple(float(p) for p in prediction.probabilities), slide.patient, slide.label)
         self.rows.append(row)
         probabilities = {f"prob_{c}": round(p, 6) for c, p in zip(classes, row.probabilities)}
-        self.say(f"{head}: {row.predicted(classes)} in {seconds:.1f} s ({number}/{self.total} slides, "
-                 f"{time.perf_counter() - self.wall:.0f} s)")
+        self.say(f"{head}: {row.predicted(classes)} in {seconds:.1f} s "
+                 f"({slides_text(number, self.total, time.perf_counter() - self.wall)})")
         return SlideResult(slide.path.stem, "done", seconds, self.network.model.image_size ** 2 / 1e6 / seconds,
                            columns={**slide.known(), "predicted": row.predicted(classes), **probabilities,
                                     **columns})

@@ -2,10 +2,11 @@
 trained (the tile alone, zero padding at its own borders), rows of cells shared among the ranks; a cell whose tile
 does not lie wholly on the slide holds no data (NaN).
 
-The dense mode (the default) computes the same cells fully convolutionally: faster (each pixel's
-features computed once), but a cell's features see the slide around its tile, which no training
-tile had. Both modes share the cell grid (cell ``j`` covers pixels ``[j*stride, j*stride + extent)``
-at the resolution read), so every output lines up the same way.
+The dense mode computes the same cells fully convolutionally: faster (each pixel's features computed once), but a
+cell's features see the slide around its tile, which no training tile had. ``auto`` (the default) is dense for a
+network with a fully convolutional form (``infer/fully_conv.py``), tiles otherwise. Both modes share the cell grid
+(cell ``j`` covers pixels ``[j*stride, j*stride + extent)`` at the resolution read), so every output lines up the
+same way.
 
 A classifier that sees each tile as a whole (a transformer's attention: ViT, Swin, MaxViT, EfficientViT; any head
 that is not a global pool then per-vector layers) has no fully convolutional form: it maps in tiles mode only.
@@ -27,10 +28,27 @@ from .fully_conv import FullyConvolutional, classifies, meta_output_shape, netwo
 
 
 class MapMode(Choice):
-    """How output cells are computed: ``dense`` (fully convolutional) or ``tiles`` (each tile alone)."""
+    """How output cells are computed: ``auto`` (the default: dense when the network has a fully convolutional form,
+    else tiles), ``dense`` (fully convolutional) or ``tiles`` (each tile alone)."""
 
+    AUTO = "auto"
     DENSE = "dense"
     TILES = "tiles"
+
+
+def chosen_map_mode(asked: MapMode, lone_tiles: bool) -> MapMode:
+    """The mode a map runs in: ``asked``, or for ``auto`` tiles when the classifier maps lone tiles only (no fully
+    convolutional form, ``lone_tiles``), else dense."""
+    if asked != MapMode.AUTO:
+        return MapMode(asked)
+    return MapMode.TILES if lone_tiles else MapMode.DENSE
+
+
+def auto_choice_text(chosen: MapMode, model: str) -> str:
+    """The one line saying what ``--map-mode auto`` chose for ``model`` and why."""
+    why = ("it sees each tile as a whole, so no fully convolutional form exists; each cell is the classifier on its "
+           "lone tile" if chosen == MapMode.TILES else "it has a fully convolutional form")
+    return f"--map-mode auto: {chosen} for {model} ({why}); --map-mode dense|tiles chooses"
 
 
 @dataclass(frozen=True)
@@ -113,9 +131,9 @@ def refuse_dense_map(lone_tiles: bool, mode: MapMode, model: str) -> None:
     """``--map-mode dense`` of a classifier that maps lone tiles only: refused, naming ``--map-mode tiles``."""
     if lone_tiles and mode == MapMode.DENSE:
         raise ConfigError("--map-mode", f"{model} sees each tile as a whole (attention, or a head that is not a "
-                                        f"global pool), so no fully convolutional map (dense, the default) can "
-                                        f"compute its cells; pass --map-mode tiles (each cell the classifier on "
-                                        f"its lone tile, as trained)")
+                                        f"global pool), so no fully convolutional map (dense) can compute its "
+                                        f"cells; pass --map-mode tiles (each cell the classifier on its lone tile, "
+                                        f"as trained) or auto (the default, which chooses tiles for it)")
 
 
 def _chunks(count: int, size: int) -> Iterator[tuple[int, int]]:

@@ -30,10 +30,10 @@ from ..config import ConfigError
 from ..data.volume.orientation import GRID, Orientation
 from ..data.volume.space import ScanSpace
 from ..measure.heap import PeakMeter, module_bytes
-from ..measure.progress import ProgressLine
 from ..spatial.geometry import AXIS_NAMES, TileGrid
 from .fully_conv import FullyConvolutional, measure_fields
 from .outputs.volume import VolumeOutputs, VolumeSink
+from .pace import PacedProgress
 from .probes import check_halos, input_channels, output_sizes
 from .volume_source import VolumeSource, read_zero_extended
 from .whole_volume import bytes_per_voxel, check_whole_sides, whole_input_layer
@@ -196,7 +196,7 @@ class VolumeRunner:
         meter = PeakMeter(ctx.device)
         meter.watch(net.modules())
         windows = self.plan.windows()
-        bar = ProgressLine(len(windows), self.progress and ctx.rank == 0)
+        bar = PacedProgress(len(windows), self.progress and ctx.rank == 0)
         if self.whole is not None:
             bar.note(self.whole_note())
         meter.start()
@@ -217,8 +217,7 @@ class VolumeRunner:
                         sink.write(cells, values)
             del gathered
             meter.sample()
-            rate = self.voxels_done(done) / max(time.perf_counter() - wall, 1e-9)
-            bar.update(done, f"windows {done}/{len(windows)} {rate / 1e6:.2f} Mvoxel/s")
+            bar.update(done, f"windows {done}/{len(windows)}", self.voxels_done(done) / 1e6, "Mvoxel")
         seconds = time.perf_counter() - wall
         meter.unwatch()
         if sink is not None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..checkpoint.record import read_checkpoint
 from ..config import ConfigError
+from ..console import SetupLines
 from ..spatial.geometry import TileGrid
 from .fully_conv import FullyConvolutional, fully_convolutional
 from .job import DTYPES, CheckedInfer
@@ -73,11 +74,15 @@ class VolumeRequest:
 
 def run_volume(network: Network, volume: str | Path | np.ndarray | VolumeSource, output: str | Path | None,
                request: VolumeRequest, ctx: Comm) -> VolumeSummary | None:
-    """Collective: the network over ``volume`` as ``request`` asks; the summary on rank 0, None elsewhere."""
+    """Collective: the network over ``volume`` as ``request`` asks; the summary on rank 0, None elsewhere (rank 0 says
+    each part of the set-up as it starts, with progress on)."""
     if request.dtype not in DTYPES:
         raise ConfigError("--dtype", f"{request.dtype!r} is not one of {', '.join(DTYPES)}")
     torch_dtype = getattr(torch, request.dtype)
+    setup = SetupLines("infer", request.progress and ctx.rank == 0)
+    setup.doing(f"loading the network{f' {network}' if isinstance(network, (str, Path)) else ''}")
     net = volume_network(network, torch_dtype)
+    setup.doing(f"opening the volume{f' {volume}' if isinstance(volume, (str, Path)) else ''}")
     source = volume_source(volume)
     outputs = None if output is None else VolumeOutputs.beside(
         output, net.shape.classes, request.probabilities, np.dtype(request.probability_dtype))

@@ -18,6 +18,11 @@ def clock_text(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def rate_text(rate: float, unit: str, seconds_left: float) -> str:
+    """``2.50 img/s ETA 0:12``: a rate in ``unit`` per second and the time left, as every progress line ends."""
+    return f"{rate:.2f} {unit}/s ETA {clock_text(seconds_left)}"
+
+
 class ProgressLine:
     """``[#####.....] <text>`` on stderr: redrawn in place on a terminal, a new line per update otherwise
     (logs of batch jobs); ``enabled=False`` (every rank but the reporting one) prints nothing."""

@@ -1,10 +1,10 @@
 """The model families ``layer_list`` cuts, one entry each: what it matches, how its pieces are made, its check side.
 
 ``CUT_FAMILIES`` is read in order and the first entry matching the model is followed: a timm ViT/Eva (its tokens:
-``vit.token_pieces``, checked at the image size it was built for unless it takes any), timm's Swin (its trunk and
-classifier: ``swin.swin_pieces``, checked at its size), a chain built for one image size (timm's MaxViT, a Swin
-with another head: ``chain.chain_pieces``, checked at that size: their patch embedding or window partition asserts
-it), and the fallback, any chain of its modules (checked at ``layer_list``'s ``check_size``).
+``vit.token_pieces``, checked at the image size it was built for unless it takes any), timm's Swin (its embedding,
+each stage and its head: ``swin.swin_pieces``, checked at its size), a chain built for one image size (timm's MaxViT,
+a Swin with another head: ``chain.chain_pieces``, checked at that size: their patch embedding or window partition
+asserts it), and the fallback, any chain of its modules (checked at ``layer_list``'s ``check_size``).
 """
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ CUT_FAMILIES: tuple[CutFamily, ...] = (
     CutFamily("vision transformer (timm ViT, Eva)", is_token_model, lambda model, side: token_pieces(model),
               # a ViT's side: the size it was built for (``check_size`` when it takes any)
               lambda model, size: size if getattr(model, "dynamic_img_size", False) else token_image_size(model)),
-    CutFamily("timm Swin (trunk and classifier)", lambda model: is_swin_model(model) and bool(built_image_size(model)),
-              _swin_pieces, _built_side),
+    CutFamily("timm Swin (embedding, stages, head)",
+              lambda model: is_swin_model(model) and bool(built_image_size(model)), _swin_pieces, _built_side),
     CutFamily("chain built for one image size (timm Swin, MaxViT)", lambda model: bool(built_image_size(model)),
               _sized_pieces, _built_side),
     CutFamily("chain of its modules", lambda model: True, chain_pieces, lambda model, size: size),

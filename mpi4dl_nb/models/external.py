@@ -21,8 +21,7 @@ from ..spatial.windows.linear import LINEAR_ATTENTION, wide_attention
 from .chain import mode, side_text
 from .cut import layer_list
 from .cut_families import built_image_size
-from .model_args import FLAG as ARGS_FLAG
-from .model_args import NO_ARGS, ModelArgs, timm_resolver
+from .model_args import NO_ARGS, ModelArgs, refused_args, timm_resolver
 from .normalize import IMAGENET, Normalization, normalized
 from .vit import EMBEDDING_STEP, is_token_model, patch_multiple
 
@@ -55,7 +54,7 @@ def constructed(make: Callable[..., object], label: str, args: ModelArgs, keywor
     except (TypeError, AssertionError, ValueError) as err:
         if not args:
             raise
-        raise ConfigError(ARGS_FLAG, f"{args.text()}: {label} does not take them ({err})") from None
+        raise refused_args(args, label, err) from None
 
 
 def torchvision_model(name: str, num_classes: int, in_channels: int = 3, args: ModelArgs = NO_ARGS) -> nn.Module:

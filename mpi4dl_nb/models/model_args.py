@@ -7,7 +7,10 @@ network in ``evaluate``, ``infer`` and ``export``.
 """
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -22,6 +25,7 @@ KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 MLP_LAYERS = {"mlp": "Mlp", "swiglu": "SwiGLU", "swiglu_packed": "SwiGLUPacked", "glu": "GluMlp",
               "gated": "GatedMlp"}
 RESERVED = ("num_classes", "pretrained", "in_chans", "img_size")   # set by other flags (--num-classes, --image-size)
+UNEXPECTED = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")   # a key not taken
 
 
 @dataclass(frozen=True)
@@ -168,3 +172,38 @@ def timm_resolver(timm: ModuleType) -> Callable[[str, Value], object]:
         return found
 
     return resolve
+
+
+def refused_args(args: ModelArgs, label: str, err: Exception) -> ConfigError:
+    """The one line for ``args`` that ``label``'s constructor refused with ``err``: a key it does not take (with the
+    keys of its constructor closest to it), or a name given where it computes with a number (the value named), else
+    every argument with the constructor's reason."""
+    text = str(err)
+    given = dict(args.items)
+    unknown = UNEXPECTED.search(text)
+    if unknown is not None and unknown.group(2) in given:
+        key = unknown.group(2)
+        near = difflib.get_close_matches(key, constructor_keys(label, unknown.group(1)), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        return ConfigError(FLAG, f"{key}={arg_text(given[key])}: {label} does not take {key}{hint}")
+    names = [(key, value) for key, value in args.items if isinstance(value, str) and not key.endswith("_layer")]
+    if isinstance(err, TypeError) and names:
+        shown = ", ".join(f"{key}={value}" for key, value in names)
+        values = " or ".join(f"{key}'s value {value!r}" for key, value in names)
+        return ConfigError(FLAG, f"{shown}: {label} wants a number, not the name in {values} ({text}); give "
+                                 f"{' and '.join(key for key, _ in names)} a number")
+    return ConfigError(FLAG, f"{args.text()}: {label} does not take them ({text})")
+
+
+def constructor_keys(label: str, class_name: str) -> tuple[str, ...]:
+    """The keyword arguments of the class ``class_name`` of ``label``'s library (timm, torchvision, or a callable's
+    package) as loaded; none when it is not found."""
+    root = label.split(":", 1)[0] if label.startswith(("timm:", "torchvision:")) else label.split(".", 1)[0]
+    for name, module in list(sys.modules.items()):
+        found = getattr(module, class_name, None) if name.split(".", 1)[0] == root else None
+        if inspect.isclass(found):
+            try:
+                return tuple(inspect.signature(found.__init__).parameters)[1:]
+            except (TypeError, ValueError):
+                return ()
+    return ()

@@ -185,6 +185,15 @@ def engine_state_dict(layers: Sequence[nn.Module], state: Mapping[str, torch.Ten
     return {keys.get(key, key): value for key, value in state.items()}
 
 
+def recut_state_dict(layers: Sequence[nn.Module], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An engine state dict of ``layers``' model written under another cut of it (a Swin's checkpoint of its trunk and
+    classifier, before it was cut at its stages), with ``layers``' keys: every key maps to the model's and back
+    (``state`` as it is when ``layers`` are not a cut model or it holds a key of no layer list)."""
+    if not is_cut(layers) or not all(key.partition(".")[0].isdigit() for key in state):
+        return dict(state)
+    return engine_state_dict(layers, original_state_dict(layers, state))
+
+
 class SizedPiece(Piece):
     """The first piece of a model built for one image size (timm's Swin, MaxViT): it refuses another size with a
     ValueError naming both (as a cut ViT's embedding does), before the model's own assertion; a tile of a spatial

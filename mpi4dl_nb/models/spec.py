@@ -15,7 +15,7 @@ from .model_args import NO_ARGS, ModelArgs
 from .named_pool import with_named_pool
 from .normalize import Normalization
 from .pools import PoolKind
-from .presets import PRESETS, preset_named
+from .presets import PRESETS, Preprocessing, preset_named
 from .slide_encoder import SlideEncoderSpec
 from .token_grid import with_token_grid
 from .vit import is_cut_vit
@@ -97,6 +97,7 @@ class ModelSpec:
     image_size: int | None = None          # named: the side it was built for (a ViT's token grid; None: its default)
     model_args: ModelArgs = ModelArgs()    # named: its constructor's keyword arguments (--model-args, a preset's)
     lora: LoraSpec | None = None           # a ViT's blocks with low-rank adapters, the rest frozen (--lora-rank)
+    preprocessing: Preprocessing | None = None   # a preset's card's (mean, std, input size, patch; None: no preset)
 
     @classmethod
     def of(cls, family: ModelFamily | str = ModelFamily.RESNET, *, num_layers: int | None = None,
@@ -138,7 +139,8 @@ class ModelSpec:
         if kind.named:
             return cls(kind, 0, 0, num_classes, None, in_channels, source=source, normalize=normalize,
                        weights=weights, pool=pooling, slide_encoder=slide_encoder, train_blocks=train_blocks,
-                       image_size=image_size, model_args=model_args, lora=lora)
+                       image_size=image_size, model_args=model_args, lora=lora,
+                       preprocessing=None if preset is None else preset.preprocessing)
         if train_blocks is not None:
             raise ValueError(f"--train-blocks: a {kind} has no transformer blocks; it fine-tunes timm ViTs")
         if lora is not None:
@@ -240,7 +242,8 @@ class ModelSpec:
                 "slide_encoder": None if self.slide_encoder is None else self.slide_encoder.to_dict(),
                 "train_blocks": self.train_blocks, "image_size": self.image_size,
                 "model_args": self.model_args.to_dict(),
-                "lora": None if self.lora is None else self.lora.to_dict()}
+                "lora": None if self.lora is None else self.lora.to_dict(),
+                "preprocessing": None if self.preprocessing is None else self.preprocessing.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
@@ -254,7 +257,7 @@ class ModelSpec:
                    _optional_name(data, "source"), normalization_of(data), _optional_name(data, "weights"),
                    pool_of(data), slide_encoder_of(data), optional_whole(data, "train_blocks"),
                    optional_whole(data, "image_size"), ModelArgs.from_dict(_optional_mapping(data, "model_args")),
-                   lora_of(data))
+                   lora_of(data), preprocessing_of(data))
 
 
 NAMED = (ModelFamily.TORCHVISION, ModelFamily.TIMM, ModelFamily.MODULE, ModelFamily.PYTHON)
@@ -301,6 +304,12 @@ def normalization_of(data: Mapping[str, object]) -> Normalization | None:
     """The ``normalize`` field ``to_dict`` wrote (None when missing)."""
     value = _optional_mapping(data, "normalize")
     return None if value is None else Normalization.from_dict(value)
+
+
+def preprocessing_of(data: Mapping[str, object]) -> Preprocessing | None:
+    """The ``preprocessing`` field ``to_dict`` wrote (None when missing: no preset, or checkpoints from before it)."""
+    value = _optional_mapping(data, "preprocessing")
+    return None if value is None else Preprocessing.from_dict(value)
 
 
 def lora_of(data: Mapping[str, object]) -> LoraSpec | None:

@@ -26,7 +26,7 @@ from ..pipeline.layer_decay import decay_scales
 from ..spatial.geometry import TileGrid
 from ..spatial.tokens.vit import CUT_EMBEDDING, CUT_ROPE_BLOCK
 from .pieces import Piece
-from .swin import SwinTrunk
+from .swin import SwinEmbedding
 
 BLOCKS = "blocks"
 EMBEDDING_STEP = "patch_embed"     # the step after which a TokenEmbedding adds prefix tokens and positions
@@ -284,8 +284,8 @@ def refuse_token_spatial_stage(layers: Sequence[nn.Module], cfg: ParallelConfig,
                                image_size: int | tuple[int, int] | None) -> None:
     """ConfigError before work for what a cut ViT cannot run on its spatial stage (the engine's cut at
     ``image_size``): a tile grid that cuts a patch, more than one spatial stage, the head piece on tiles; for a cut
-    Swin's trunk (``models/swin.py``), a tile grid that cuts a patch."""
-    if cfg.spatial_size and image_size is not None and layers and isinstance(layers[0], SwinTrunk):
+    Swin (``models/swin.py``), a tile grid that cuts a patch."""
+    if cfg.spatial_size and image_size is not None and layers and isinstance(layers[0], SwinEmbedding):
         check_tiled_patches(layers[0], TileGrid(*cfg.grid_shape), image_size, f"the {layers[0].model}")
     if cfg.spatial_size == 0 or not is_cut_vit(layers):
         return

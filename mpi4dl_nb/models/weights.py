@@ -21,6 +21,7 @@ SHOWN = 3                      # keys named in a refusal
 OPTIONAL = ("num_batches_tracked",)   # older files lack BatchNorm's step counter: the model keeps its own
 ESCAPES = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes some of torch's messages carry
 SAVE_STATE = "save the model's state dict instead: torch.save(model.state_dict(), path)"
+BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")   # a transformer block's keys (timm: blocks.<i>.attn.qkv.weight)
 
 
 def load_problem(file: Path, err: Exception) -> str:
@@ -69,6 +70,21 @@ def classifier_keys(layers: Sequence[nn.Module]) -> list[str]:
     return [by_engine[f"{last}.{name}"] for name, _ in net.get_submodule(last).named_parameters(recurse=False)]
 
 
+def block_count(keys: Sequence[str]) -> int:
+    """The transformer blocks ``keys`` hold (``blocks.<i>.``: the highest i + 1; 0: none)."""
+    found = [int(m.group(1)) for key in keys if (m := BLOCK.search(key))]
+    return max(found) + 1 if found else 0
+
+
+def depth_hint(weights: Sequence[str], model: Sequence[str]) -> str:
+    """``; the file holds 2 transformer blocks, the model 24: add --model-args depth=2`` when the block counts
+    differ (a file saved from a shallower or deeper build of the model), else nothing."""
+    theirs, ours = block_count(weights), block_count(model)
+    if not theirs or not ours or theirs == ours:
+        return ""
+    return f"; the file holds {theirs} transformer blocks, the model {ours}: add --model-args depth={theirs}"
+
+
 def shape_text(t: torch.Tensor) -> str:
     return str(list(t.shape))
 
@@ -115,11 +131,12 @@ def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch
         extra = f"; and {len(missing)} of the model's keys are not in it ({listed(missing)})" if missing else ""
         raise ConfigError(source, f"does not fit {model} (a state dict of another architecture?): {first} has shape "
                                   f"{shape_text(weights[first])} in the file, {shape_text(mine[first])} in the "
-                                  f"model{extra}")
+                                  f"model{extra}{depth_hint(list(weights), list(mine))}")
     if missing or unexpected:
         parts = [f"missing {listed(missing)}" if missing else "", f"unexpected {listed(unexpected)}"
                  if unexpected else ""]
-        raise ConfigError(source, f"does not fit {model}: {'; '.join(p for p in parts if p)}")
+        raise ConfigError(source, f"does not fit {model}: {'; '.join(p for p in parts if p)}"
+                                  f"{depth_hint(list(weights), list(mine))}")
     loaded = {keys[k]: v for k, v in weights.items() if k in mine and not (replaced and k in classifier)}
     net.load_state_dict({**own, **loaded}, strict=True)
     if not replaced:

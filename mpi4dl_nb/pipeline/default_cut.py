@@ -75,25 +75,34 @@ def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size
     limit = len(layers) if reach is None else reach.limit(len(layers))
     if cfg.split_size == 1 and limit >= len(layers):   # one stage holds every layer: no cut to weigh
         return (len(layers),)
-    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
-    balance = fitting_cut(cfg, len(layers), memory, limit)
+    memory = list(probed) if probed is not None else probe_memory(layers, built_side(layers) or probe_size)
+    balance = fitting_cut(cfg, len(layers), memory, limit, draws_in_training(layers))
     if balance is None:
         assert reach is not None, "without a fit limit every cut is allowed"
         raise no_fitting_cut(layers, cfg, reach, memory)
     return balance
 
 
+def built_side(layers: Sequence[nn.Module]) -> int | None:
+    """The side of the square images a model built for one size takes (its first piece's ``built``: timm's Swin,
+    MaxViT), which the memory probe must run at; None for a model that takes any size."""
+    built = getattr(layers[0], "built", None) if layers else None
+    if isinstance(built, tuple) and len(built) == 2 and built[0] == built[1] and isinstance(built[0], int):
+        return built[0]
+    return None
+
+
 def fitting_cut(cfg: ParallelConfig, num_layers: int, memory: Sequence[LayerMemory] | None,
-                limit: int) -> tuple[int, ...] | None:
+                limit: int, draws: Sequence[bool] = ()) -> tuple[int, ...] | None:
     """``default_balance``'s cut with the spatial stages inside layers ``0 .. limit-1``: by memory
-    per rank (``memory``: ``probe_memory``'s), else even, else the evenest by layer count that
-    fits; None if no cut keeps the spatial stages inside ``limit``."""
+    per rank (``memory``: ``probe_memory``'s; the layers that ``draws`` in training on one stage), else even, else
+    the evenest by layer count that fits; None if no cut keeps the spatial stages inside ``limit``."""
     def fits(stage: int, stop: int) -> bool:
         return stage >= cfg.spatial_size or stop <= limit
 
     if memory is not None:
         try:
-            return partition_stages(num_layers, cfg.split_size, memory_cost(cfg, memory, fits))
+            return partition_stages(num_layers, cfg.split_size, kept_together(memory_cost(cfg, memory, fits), draws))
         except ConfigError:
             pass
     even = even_balance(num_layers, cfg.split_size)
@@ -131,6 +140,33 @@ def memory_cost(cfg: ParallelConfig, memory: Sequence[LayerMemory],
             received *= 2
         return activations + state + received
     return cost
+
+
+def draws_in_training(layers: Sequence[nn.Module]) -> list[bool]:
+    """Whether each layer draws random numbers in training (a dropout or a stochastic depth of nonzero rate)."""
+    return [any(module_draws(module) for module in layer.modules()) for layer in layers]
+
+
+def module_draws(module: nn.Module) -> bool:
+    """Whether ``module`` itself draws in training: an ``nn.Dropout*`` with p > 0, timm's ``DropPath`` with
+    drop_prob > 0."""
+    rate = getattr(module, "p", 0.0) if isinstance(module, nn.modules.dropout._DropoutNd) else (
+        getattr(module, "drop_prob", 0.0) if type(module).__name__ == "DropPath" else 0.0)
+    return isinstance(rate, (int, float)) and rate > 0
+
+
+def kept_together(cost: StageCost, draws: Sequence[bool]) -> StageCost:
+    """``cost`` with every layer that ``draws`` random numbers in training on one stage (``inf`` for a stage holding
+    some of them, not all): each rank draws from its own random state, so draws on two stages (a Swin's stochastic
+    depth in every stage) would not be one process's masks."""
+    held = list(accumulate((int(d) for d in draws), initial=0))
+    total = held[-1] if held else 0
+    if total < 2:
+        return cost
+
+    def together(stage: int, start: int, stop: int) -> float:
+        return float("inf") if 0 < held[stop] - held[start] < total else cost(stage, start, stop)
+    return together
 
 
 def partition_stages(num_layers: int, split_size: int, cost: StageCost) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ import copy
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
 import torch
@@ -20,7 +21,7 @@ from ..comm.trace import Event
 from ..config import ParallelConfig, ScheduleKind
 from ..errors import ConfigError
 from ..layout import RankRole, layout, stage_holders
-from ..loss import TileLoss
+from ..loss import joined_on_tiles
 from ..spatial.geometry import TileGrid
 from .accumulate import GradientSum
 from .default_cut import default_balance
@@ -29,8 +30,10 @@ from .layer_decay import make_optimizer
 from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
+from .stage_draws import draws_refusal
 from .stages import Stage, auto_balance, split_layers
 from .step_input import Images, Labels, StepInput, resolve_batch_size, resolve_image_size
+from .zero import ShardedStage, ZeroState
 
 T = TypeVar("T")   # a value of a whole-model key (a tensor, an optimizer state entry)
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -83,8 +86,10 @@ class HybridEngine:
     ``loss_fn(output, labels)`` must be mean-reduced over the samples (e.g.
     ``nn.CrossEntropyLoss()``); each chunk's loss is scaled by ``chunk / global batch`` so
     the summed gradients are those of the mean loss over the global batch. With every stage
-    spatial (``cfg.all_spatial``: dense models) the loss runs on the last stage's tiles and must
-    be a ``TileLoss`` (``loss.DenseLoss``); labels are then per-pixel masks.
+    spatial (``cfg.all_spatial``) the loss runs on the last stage's tiles: a ``TileLoss``
+    (``loss.DenseLoss``: labels are per-pixel masks), or a classifier's loss on the joined logits every
+    tile holds after its head's global pool (``loss.JoinedLoss``; refused at the first forward when the
+    output there is still tiles).
     ``optimizer(params)`` returns a torch optimizer for this rank's parameters (None: no
     step; gradients stay in the parameters; none either when every parameter is frozen); a
     factory with ``by_name`` gets them with their whole-model keys (``ScaledOptimizer``).
@@ -95,6 +100,11 @@ class HybridEngine:
     keeps every layer whose halo is wider than a tile off the spatial stages (None: not checked).
     ``release_heap_every``: every that many steps the rank hands its heap's free pages back to the
     kernel, so a long run's RSS stays flat (``comm.allocator.HeapRelease``; None or 0: never).
+    ``cfg.zero_stage`` 1-3 shards the optimizer state (1), the gradients (2) and the weights (3) over each group of
+    ranks holding the same stage (``pipeline/zero.py``; docs/sharding.md); ``max_grad_norm``: clip the gradient to
+    this global norm before each optimizer step (None: never), as ``torch.nn.utils.clip_grad_norm_``.
+    Training layers that draw random numbers (dropout, stochastic depth) on two stages or on replicas is refused
+    (``stage_draws.draws_refusal``): here with an ``optimizer``, else at the first training step.
     """
 
     def __init__(self, layers: list[nn.Module], cfg: ParallelConfig, ctx: Comm, *,
@@ -102,16 +112,18 @@ class HybridEngine:
                  optimizer: OptimizerFactory | None = None, schedule: ScheduleKind | str | None = None,
                  abort_on_error: bool = True, elementwise: Iterable[type] = (),
                  image_size: int | tuple[int, int] | None = None,
-                 release_heap_every: int | None = RELEASE_EVERY_STEPS) -> None:
+                 release_heap_every: int | None = RELEASE_EVERY_STEPS, max_grad_norm: float | None = None) -> None:
         layers = list(layers)
         self.heap = HeapRelease(every=release_heap_every)   # free heap pages back to the kernel now and then
         cfg.validate(world_size=ctx.world_size, num_layers=len(layers))
-        if cfg.all_spatial and not isinstance(loss_fn, TileLoss):
-            raise ConfigError("spatial_size", f"spatial_size = split_size = {cfg.split_size} makes every stage "
-                              f"spatial, so the loss runs on tiles, and {type(loss_fn).__name__} cannot: use a "
-                              f"per-pixel loss computed on tiles (mpi4dl_nb.loss.DenseLoss) for a "
-                              f"dense model, or spatial_size <= {cfg.split_size - 1} to join the tiles for a "
-                              f"classifier")
+        if cfg.all_spatial:   # the loss on the last stage's tiles: a TileLoss, or a classifier's on its joined head
+            loss_fn = joined_on_tiles(loss_fn)
+        if cfg.zero_stage and cfg.gems:
+            raise ConfigError("--zero-stage", "shards a stage over the ranks holding it, and GEMS (--times) holds two "
+                                              "copies of a stage on one rank: --zero-stage 0 with --times, or drop "
+                                              "--times")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ConfigError("max_grad_norm", f"must be a positive number, got {max_grad_norm}")
         self.cfg = cfg
         self.ctx = ctx
         self.loss_fn = loss_fn
@@ -120,6 +132,11 @@ class HybridEngine:
         self.role = self.roles[ctx.rank]
         self.balance = default_balance(layers, cfg, image_size=image_size)   # cfg.balance, or the rule
         self.stages: list[Stage] = split_layers(layers, cfg.split_size, self.balance)
+        # dropout / stochastic depth on two stages or replicas: refused on every rank alike before any work when
+        # trained (here with an optimizer, else at the first training step); evaluation never draws
+        self._draws_refusal = draws_refusal(layers, self.balance, cfg, image_size)
+        if self._draws_refusal is not None and optimizer is not None:
+            raise self._draws_refusal
         self.grid = TileGrid.of_shape(cfg.tile_grid_shape) if cfg.spatial_size > 0 else None
         self.schedule: Schedule = build_schedule(cfg, schedule)   # pure: same error everywhere
         self._firsts = [a for a in self.schedule.actions(ctx.rank)   # this rank's forwards of stage 0
@@ -133,12 +150,17 @@ class HybridEngine:
                                   if p.is_floating_point()), None))
             self.released_stages = self._release_other_stages()
             named = self._unique_named_parameters()     # by name: --layer-decay's groups (layer_decay.py)
+            self.zero = self._make_zero(named) if cfg.zero_stage and optimizer is not None and named else None
+            if self.zero is not None:   # the optimizer steps the shards in place of the parameters they cut
+                sharded = self.zero.sharded_ids()
+                named = [(k, p) for k, p in named if id(p) not in sharded] + self.named_shards()
             self.optimizer = make_optimizer(optimizer, named) if optimizer is not None and named else None
         except Exception:
             self._fail()
             raise
         self.runtime = PipelineRuntime(ctx, self.schedule, self.instances, self.stage_groups, loss_fn, self.optimizer,
-                                       self.grid, handoff_of(layers[:sum(self.balance[:cfg.spatial_size])], self.grid))
+                                       self.grid, handoff_of(layers[:sum(self.balance[:cfg.spatial_size])], self.grid),
+                                       zero=self.zero, max_grad_norm=max_grad_norm)
         self._step: StepRun | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -209,6 +231,33 @@ class HybridEngine:
                 slot.stage, replica, stage, module, slot.tile,
                 spatial_groups[slot.stage_ranks] if slot.spatial else None)
         return instances
+
+    def _make_zero(self, named: Sequence[tuple[str, nn.Parameter]]) -> ZeroState:
+        """ZeRO's shards of every stage this rank shares with other holders (``cfg.zero_stage``)."""
+        trained = {id(p) for _, p in named}
+        stages: dict[int, ShardedStage] = {}
+        for (_, stage), inst in sorted(self.instances.items()):
+            group = self.stage_groups.get(stage)
+            params = [(inst.canonical.full_key(name), p) for name, p in inst.canonical.named_parameters()
+                      if id(p) in trained]
+            if group is not None and group.size > 1 and params:
+                stages[stage] = ShardedStage(self.ctx, stage, params, group, self.cfg.zero_stage,
+                                             inst.silent_parameters)
+        return ZeroState(self.cfg.zero_stage, stages)
+
+    def _whole_weights(self) -> AbstractContextManager[None]:
+        """ZeRO level 3: every held stage's whole weights for a while (collective over each stage's holders)."""
+        return self.zero.whole_weights() if self.zero is not None else nullcontext()
+
+    def trained_tensors(self) -> list[torch.Tensor]:
+        """The parameters this rank keeps between steps, each once: its stages' (with ZeRO level 3 holding no memory
+        between uses) and ZeRO's shards; their gradients and the optimizer's state are theirs."""
+        seen = {id(p): p for inst in self.instances.values() for p in inst.canonical.parameters()}
+        return [*seen.values(), *(self.zero.shards() if self.zero is not None else [])]
+
+    def named_shards(self) -> list[tuple[str, nn.Parameter]]:
+        """ZeRO's shards this rank steps, by their parameter's whole-model key (none at level 0)."""
+        return [] if self.zero is None else [pair for s in self.zero.stages.values() for pair in s.named_shards()]
 
     def held_stages(self) -> list[int]:
         """Stages this rank holds (primary and GEMS mirror slots), ascending."""
@@ -311,7 +360,7 @@ class HybridEngine:
             ((images, labels),) = batches
             return self.train_step(images, labels, on_action, batch_size=batch_size, image_size=image_size)
         optimizer, self.runtime.optimizer = self.runtime.optimizer, None
-        sums = GradientSum(self._unique_parameters())
+        sums = GradientSum(self._gradient_holders())
         losses = []
         try:
             for images, labels in batches:
@@ -323,9 +372,17 @@ class HybridEngine:
         finally:
             self.runtime.optimizer = optimizer
         sums.apply()
-        if optimizer is not None and self.runtime.gradients_usable():
-            optimizer.step()
+        self.runtime.step_optimizer()
         return sum(losses) / len(losses)
+
+    def _gradient_holders(self) -> list[nn.Parameter]:
+        """The tensors a step's summed gradients end in: the parameters, or ZeRO's shards where levels 2-3 sum the
+        gradients into them."""
+        params = self._unique_parameters()
+        if self.zero is None or self.zero.level < 2:
+            return params
+        sharded = self.zero.sharded_ids()
+        return [p for p in params if id(p) not in sharded] + self.zero.shards()
 
     def _agreed(self, kept: bool) -> bool:
         """Whether every rank kept its micro-step's gradients (one small all-reduce)."""
@@ -340,6 +397,8 @@ class HybridEngine:
         ``schedule.global_order()`` and run the ranks of one spatial op (same tick, stage,
         micro-batch; tiles) concurrently.
         """
+        if self._draws_refusal is not None:   # an engine built without an optimizer, trained after all
+            raise self._draws_refusal
         batch = resolve_batch_size(images, labels, batch_size)
         self.cfg.validate(batch_size=batch)
         data = StepInput(images, labels, batch, resolve_image_size(images, image_size))
@@ -445,7 +504,8 @@ class HybridEngine:
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """On rank 0 the state dict of ``nn.Sequential(*layers)`` (CPU tensors); None elsewhere."""
-        parts = {inst.stage: inst.canonical.full_state_dict() for inst in self._owned_stages()}
+        with self._whole_weights():
+            parts = {inst.stage: inst.canonical.full_state_dict() for inst in self._owned_stages()}
         gathered = self.ctx.gather_object(parts, root=0)
         if gathered is None:
             return None
@@ -467,8 +527,9 @@ class HybridEngine:
                 lacking = [k for k in self.stage_keys() if k not in state]
                 missing = f"the state dict lacks {lacking[:4]}" if lacking else None
         mine = self.scatter_to_holders(state if missing is None else {}, error=missing)
-        for inst in self.instances.values():
-            inst.canonical.load_from_full(mine)
+        with self._whole_weights():   # ZeRO's shards refreshed from the loaded weights after
+            for inst in self.instances.values():
+                inst.canonical.load_from_full(mine)
 
     def stage_keys(self, stages: Iterable[int] | None = None) -> list[str]:
         """Whole-model state-dict keys of ``stages`` (default all), known on every rank."""

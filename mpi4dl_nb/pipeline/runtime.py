@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -13,22 +13,27 @@ from torch import nn
 from ..comm.handles import Channel, Group, Request
 from ..comm.messages import Mailbox, Payload, as_items, isend_payload, like, payload_bytes
 from ..comm.protocol import Comm
+from ..layout import stage_holders
 from ..loss import TileLoss
 from ..spatial.geometry import TileGrid
 from ..spatial.reduce import replicated_sum
 from .bn_replay import RunningStatsLedger
 from .dataparallel import sum_stage_gradients, sync_running_stats
 from .grad_buckets import MB, GradientReducer, weight_gradient_passes
+from .grad_clip import clip_by_global_norm
 from .handoff import FeatureTiles, JoinedTiles, TileJoin
 from .precision import COMPUTE_DTYPES, LossScaler, autocast
 from .schedules import Action, ActionKind, Schedule, chunk_index, stage_ranks
 from .split_backward import LayerCall, LayerRecorder, WeightWork, input_backward, splits_backward
 from .stages import Stage
 from .step_input import StepInput
+from .zero import ZeroState
+from .zero_layers import gather_layer_by_layer
 
 Key = tuple[int, int, int, int]   # (replica, stage, micro_batch, copy)
 LossFn = Callable[[Payload, Payload], torch.Tensor]   # (last stage's output, labels) -> loss
 MessageKey = tuple[bool, int, int, int, int, int]   # (activation?, dp, replica, sender stage, micro-batch, copy)
+Run = Callable[[Action, "_StepState"], "int | None"]   # an action kind's execution: the bytes it moved, or None
 
 
 class StageOutput(NamedTuple):
@@ -161,8 +166,11 @@ class PipelineRuntime:
     def __init__(self, ctx: Comm, schedule: Schedule, instances: dict[tuple[int, int], StageInstance],
                  stage_groups: dict[int, Group | None], loss_fn: LossFn,
                  optimizer: torch.optim.Optimizer | None, grid: TileGrid | None,
-                 handoff: TileJoin | None = None) -> None:
+                 handoff: TileJoin | None = None, *, zero: ZeroState | None = None,
+                 max_grad_norm: float | None = None) -> None:
         self.ctx = ctx
+        self.zero = zero                     # ZeRO's shards (pipeline/zero.py; None: every holder keeps all)
+        self.max_grad_norm = max_grad_norm   # clip the gradient to this global norm before each step (None: never)
         self.schedule = schedule
         self.cfg = schedule.cfg
         self.instances = instances
@@ -191,11 +199,19 @@ class PipelineRuntime:
         self.order: tuple[Action, ...] = tuple(a for a in schedule.global_order() if a.rank == ctx.rank)
         self.passes = self.weight_gradient_passes() if self.reducer is not None and self.reducer.stages else {}
         self.ledgers = [inst.ledger for inst in instances.values() if inst.ledger]
-        self._run = {ActionKind.FORWARD: self._forward, ActionKind.BACKWARD: self._backward,
-                     ActionKind.BACKWARD_INPUT: self._backward, ActionKind.BACKWARD_WEIGHT: self._backward_weight,
-                     ActionKind.SEND_ACT: self._send, ActionKind.SEND_GRAD: self._send,
-                     ActionKind.RECV_ACT: self._recv, ActionKind.RECV_GRAD: self._recv,
-                     ActionKind.ALLREDUCE: self._allreduce_in, ActionKind.OPTIM: self._optimize}
+        self._run: dict[ActionKind, Run] = {
+            ActionKind.FORWARD: self._forward, ActionKind.BACKWARD: self._backward,
+            ActionKind.BACKWARD_INPUT: self._backward, ActionKind.BACKWARD_WEIGHT: self._backward_weight,
+            ActionKind.SEND_ACT: self._send, ActionKind.SEND_GRAD: self._send,
+            ActionKind.RECV_ACT: self._recv, ActionKind.RECV_GRAD: self._recv,
+            ActionKind.ALLREDUCE: self._allreduce_in, ActionKind.OPTIM: self._optimize}
+        if zero is not None and zero.level >= 3:   # weights gathered layer by layer (hooks), or per action
+            for kind in (ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT,
+                         ActionKind.BACKWARD_WEIGHT):
+                self._run[kind] = self._with_weights(self._run[kind])
+            self.zero_hooks = [handle for (_, stage), inst in sorted(instances.items())   # not where I and W split
+                               if zero.covers(stage) and not self._splits(stage)
+                               for handle in gather_layer_by_layer(zero.stages[stage], inst.module)]
 
     def _stage_copies(self, stage: int) -> list[StageInstance]:
         """This rank's copies of ``stage`` (GEMS directions), in replica order."""
@@ -208,7 +224,7 @@ class PipelineRuntime:
             return None
         reducer = GradientReducer(self.ctx, self.cfg.grad_bucket_mb * MB)
         for stage, group in sorted(self.stage_groups.items()):
-            if group is not None and group.size > 1:
+            if group is not None and group.size > 1 and not (self.zero is not None and self.zero.reduces(stage)):
                 copies = self._stage_copies(stage)
                 reducer.add_stage(stage, [i.module for i in copies], group, _silent_of(copies))
         return reducer   # with no stage shared it holds no buckets: its per-step work is an empty loop
@@ -223,6 +239,16 @@ class PipelineRuntime:
         return passes
 
     # ----------------------------------------------------------------- helpers
+    def _weights(self, stage: int) -> AbstractContextManager[None]:
+        """ZeRO level 3: ``stage``'s whole weights for one computation, freed after (else nothing to do)."""
+        return self.zero.using(stage) if self.zero is not None else nullcontext()
+
+    def _with_weights(self, run: Run) -> Run:
+        def with_weights(action: Action, state: _StepState) -> int | None:
+            with self._weights(action.stage):
+                return run(action, state)
+        return with_weights
+
     def _instance(self, action: Action) -> StageInstance:
         return self.instances[(action.replica, action.stage)]
 
@@ -465,7 +491,9 @@ class PipelineRuntime:
     def _allreduce(self, action: Action) -> int:
         mine = self._stage_copies(action.stage)
         group = self.stage_groups.get(action.stage)
-        if self.reducer is not None and self.reducer.covers(action.stage):
+        if self.zero is not None and self.zero.reduces(action.stage):
+            moved = self.zero.stages[action.stage].reduce_gradients()   # reduce-scatter into the shards
+        elif self.reducer is not None and self.reducer.covers(action.stage):
             moved = self.reducer.finish(action.stage)   # buckets posted during backward: the rest, then wait
         else:
             moved = sum_stage_gradients(self.ctx, [i.module for i in mine], group,
@@ -479,6 +507,34 @@ class PipelineRuntime:
             return True
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         return self.scaler.unscale(self.ctx, params, self.ctx.device)
+
+    def step_optimizer(self) -> None:
+        """The optimizer's step when its gradients are usable, clipped first to ``max_grad_norm``; with ZeRO on the
+        shards (level 1 takes their gradients from the summed whole ones), the weights gathered after (levels 1-2)."""
+        if self.optimizer is None:
+            return
+        if self.zero is not None:
+            self.zero.before_step()
+        if self.gradients_usable():
+            if self.max_grad_norm is not None:
+                self.clip_gradients(self.max_grad_norm)
+            self.optimizer.step()
+        if self.zero is not None:
+            self.zero.after_step()
+
+    def clip_gradients(self, max_norm: float) -> float:
+        """Scale the stepped gradients to global norm ``max_norm`` at most; every element counted once: a shard on
+        its holder, a stage held whole on its lowest holder (one copy). Collective over the world; the norm."""
+        assert self.optimizer is not None
+        counted: list[torch.Tensor] = []
+        for stage in sorted({s for _, s in self.instances}):
+            if self.zero is not None and self.zero.covers(stage):
+                counted += [p.grad for _, p in self.zero.stages[stage].named_shards() if p.grad is not None]
+            elif self.ctx.rank == min(stage_holders(self.cfg, stage)):
+                counted += [p.grad for p in self._stage_copies(stage)[0].canonical.parameters()
+                            if p.requires_grad and p.grad is not None]
+        scaled = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        return clip_by_global_norm(self.ctx, counted, scaled, max_norm)
 
     # --------------------------------------------------------------- evaluation
     def forward_only(self, data: StepInput, chunk_size: int) -> list[StageOutput]:
@@ -497,7 +553,8 @@ class PipelineRuntime:
             for action in self.actions:
                 kind = action.kind
                 if kind is ActionKind.FORWARD:
-                    out = self._instance(action).module(self._stage_input(action, state))
+                    with self._weights(action.stage):
+                        out = self._instance(action).module(self._stage_input(action, state))
                     if self._last(action.stage):
                         results.append(StageOutput(self._rows(state, action.chunk), out, action.tile))
                     else:
@@ -541,8 +598,7 @@ class PipelineRuntime:
         for pending in state.act_sends.values():
             self.ctx.wait_all(pending)
         state.act_sends.clear()
-        if self.optimizer is not None and self.gradients_usable():
-            self.optimizer.step()
+        self.step_optimizer()
 
 
 class StepRun:

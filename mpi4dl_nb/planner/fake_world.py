@@ -199,6 +199,19 @@ class FakeComm:
     def broadcast(self, tensor: torch.Tensor, root: int, group: Group | None = None) -> torch.Tensor:
         return self.all_reduce(tensor, group)
 
+    def reduce_scatter(self, flat: torch.Tensor, counts: Sequence[int], group: Group | None = None) -> torch.Tensor:
+        """This rank's piece of ``flat`` (traffic counted; the other members' sums are not simulated)."""
+        self.all_reduce(flat, group)
+        start = sum(counts[:self._ranks(group).index(self._rank)])
+        return flat[start:start + counts[self._ranks(group).index(self._rank)]].clone()
+
+    def all_gather(self, piece: torch.Tensor, counts: Sequence[int], group: Group | None = None) -> torch.Tensor:
+        """``piece`` in this rank's place, zeros in the others' (traffic counted; their pieces are not simulated)."""
+        whole = piece.new_zeros(sum(counts))
+        start = sum(counts[:self._ranks(group).index(self._rank)])
+        whole[start:start + piece.numel()] = piece.reshape(-1)
+        return self.all_reduce(whole, group)
+
     def new_group(self, ranks: Iterable[int]) -> Group:
         return Group(tuple(ranks))
 

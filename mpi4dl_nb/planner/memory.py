@@ -29,7 +29,7 @@ from .footprint import (
     compose_stage,
     map_sizes,
 )
-from .optimizer import OptimizerFactory, OptimizerFootprint, optimizer_footprint
+from .optimizer import OptimizerFactory, StateBytes, TrainingState
 from .profile import LayerProfile, Layers, batched, profile_layers
 from .segments import recomputed_stage
 from .token_tiles import token_grid_of
@@ -37,7 +37,8 @@ from .workspace import Workspace
 
 MB = 2 ** 20
 TERMS = ("weights", "buffers", "optimizer", "gradients", "persistent", "activations", "halo",
-         "boundary", "sent", "buckets", "recompute", "working")
+         "boundary", "sent", "buckets", "gathered", "recompute", "working")
+STATE_TERMS = ("weights", "gradients", "optimizer")   # a rank's training state, as ZeRO shards it
 DEFAULT_CACHE = FootprintCache()
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]   # (the model's output, labels) -> the loss
 
@@ -75,6 +76,12 @@ class RankMemory:
     role: str
     terms: dict[str, int]
     moment: str = ""           # the action running at the peak
+    state: dict[str, int] = field(default_factory=dict)   # the training state it keeps (STATE_TERMS), at any moment
+
+    @property
+    def state_bytes(self) -> int:
+        """Weights, gradients and optimizer state this rank keeps through the step (its ZeRO share)."""
+        return sum(self.state.values())
 
     @property
     def total(self) -> int:
@@ -305,7 +312,7 @@ class _Walk:
     model: StageModel
     role: RankRole
     schedule: Schedule
-    optimizer: Callable[[int], OptimizerFootprint]
+    state_of: Callable[[int], StateBytes]   # stage -> this rank's training state of it (its ZeRO share)
     recompute: Recompute
     holders: dict[tuple[int, int, int], tuple[int, ...]]
     bucketed: frozenset[int] = frozenset()   # stages whose gradients go in buckets posted during backward
@@ -318,6 +325,7 @@ class _Walk:
     looped: dict[tuple[int, int, int, int], int] = field(default_factory=dict)   # zbv's turn: gradients to itself
     buckets: dict[int, int] = field(default_factory=dict)   # stage -> flat bucket bytes posted, not yet written back
     last_backward: dict[int, Action] = field(default_factory=dict)   # stage -> its last B or I on this rank
+    gathering: int = 0   # ZeRO 3: the running stage's weights gathered at once (its layers', or whole; StateBytes)
     peak: int = -1
     at_peak: dict[str, int] = field(default_factory=dict)
     moment: str = ""
@@ -339,16 +347,19 @@ class _Walk:
         return self.model.footprint(action.stage, tile)
 
     def state(self) -> None:
-        weight = _size(self.model.precision.weight_dtype)
-        act = _size(self.model.precision.activations)
         terms = dict.fromkeys(TERMS, 0)
         for _, slot in self.slots():
-            count = self.model.param_count(slot.stage)
-            terms["weights"] += count * weight + (count * act if self.model.precision.mixed else 0)
+            terms["weights"] += self.state_of(slot.stage).weights
             terms["buffers"] += self.model.buffer_bytes(slot.stage)
-            terms["optimizer"] += self.optimizer(slot.stage).state_bytes
+            terms["optimizer"] += self.state_of(slot.stage).optimizer
             terms["persistent"] += self.model.footprint(slot.stage, slot.tile).persistent
         self.resident = terms
+
+    def kept_state(self) -> dict[str, int]:
+        """The training state this rank keeps through the step (STATE_TERMS), its slots together."""
+        held = [self.state_of(slot.stage) for _, slot in self.slots()]
+        return {"weights": sum(s.weights for s in held), "gradients": sum(s.gradients for s in held),
+                "optimizer": sum(s.optimizer for s in held)}
 
     @staticmethod
     def key(action: Action) -> tuple[int, int, int, int]:
@@ -373,6 +384,7 @@ class _Walk:
                     inside += value
         terms["sent"] = self.sent
         terms["buckets"] = sum(self.buckets.values())
+        terms["gathered"] = self.gathering
         working = working if within is None else max(0, within - inside)
         terms["recompute"] = min(recomputed, working)
         terms["working"] = working - terms["recompute"]
@@ -397,8 +409,11 @@ class _Walk:
         self.last_backward = {a.stage: a for a in actions
                               if a.kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT)}
         for action in actions:
+            self.gathering = self.state_of(action.stage).gathered if action.kind.is_compute else 0
+            if self.gathering:   # ZeRO 3: the all-gather that brings a layer's (or the stage's) whole weights back
+                self.note(action, working=self.state_of(action.stage).gather)
             self.step(action)
-        return RankMemory(self.role.rank, self.role.describe(), self.at_peak, self.moment)
+        return RankMemory(self.role.rank, self.role.describe(), self.at_peak, self.moment, self.kept_state())
 
     def step(self, action: Action) -> None:
         kind, key = action.kind, self.key(action)
@@ -422,17 +437,22 @@ class _Walk:
         elif kind is ActionKind.SEND_GRAD and self.handoff(action.stage):
             self.send_tile_grad(action, key)
         elif kind is ActionKind.ALLREDUCE:
-            if action.stage in self.bucketed:   # the buckets' sums are written into the gradients, then go
+            state = self.state_of(action.stage)
+            if state.scatter:   # ZeRO 2, 3: a reduce-scatter into the shards, the whole gradients freed
+                self.note(action, working=state.scatter)
+                self.grads.update({slot: state.gradients for slot in self.grads if slot[1] == action.stage})
+            elif action.stage in self.bucketed:   # the buckets' sums are written into the gradients, then go
                 self.note(action)
                 self.buckets.pop(action.stage, None)
             else:   # the flat sum of the copies (none for a lone copy: its gradient is the sum)
                 copies = sum(1 for _, slot in self.slots() if slot.stage == action.stage)
                 alone = copies == 1 and len(action.group) <= 1
-                self.note(action, working=0 if alone else self.optimizer(action.stage).grad_bytes * copies)
+                self.note(action, working=0 if alone else state.whole_gradients * copies)
         elif kind is ActionKind.OPTIM:
             self.sent = 0     # the sends are waited for, their buffers released
             self.pending.clear()
-            self.note(action, working=sum(self.optimizer(slot.stage).step_bytes for _, slot in self.slots()))
+            held = [self.state_of(slot.stage) for _, slot in self.slots()]   # the step, then ZeRO 1, 2's all-gather
+            self.note(action, working=max(sum(s.step for s in held), max(0 if s.gathered else s.gather for s in held)))
 
     def forward(self, action: Action, key: tuple[int, int, int, int]) -> None:
         fp = self.fp(action)
@@ -455,7 +475,7 @@ class _Walk:
             self.input_gradient(action, key, fp.split, fp)
             return
         slot = (action.replica, action.stage)
-        grad_bytes = self.optimizer(action.stage).grad_bytes
+        grad_bytes = self.state_of(action.stage).whole_gradients
         # the chunk's kept tensors, its output and received gradient are inside the
         # footprint's backward peak; its input stays alive in the runtime throughout
         # (recomputed by segments: inside the footprint's backward peaks already)
@@ -485,7 +505,7 @@ class _Walk:
         for ``W`` and what the retained graph still holds; the output and the received gradient go, the
         input too unless the graph saved it (pipeline/split_backward.py, ``SplitStage``)."""
         if action.stage in self.bucketed and self.last_backward.get(action.stage) is action:
-            self.buckets[action.stage] = self.optimizer(action.stage).grad_bytes   # from the last I on, as B's
+            self.buckets[action.stage] = self.state_of(action.stage).whole_gradients   # from the last I on, as B's
         self.note(action, within=split.input_peak, key=key)
         held = self.chunks.setdefault(key, dict.fromkeys(CHUNK_TERMS, 0))
         halo = min(held["halo"], split.held)
@@ -500,7 +520,7 @@ class _Walk:
         if fp.split is None:
             return
         slot = (action.replica, action.stage)
-        self.grads[slot] = self.optimizer(action.stage).grad_bytes
+        self.grads[slot] = self.state_of(action.stage).whole_gradients
         self.note(action, working=fp.split.weight_peak)
         self.chunks.pop(key, None)
 
@@ -541,27 +561,34 @@ def estimate_memory(model: Layers | Sequence[LayerProfile], cfg: ParallelConfig,
     chunk = batch_size // cfg.batch_divisor
     stage_model = StageModel(cfg, profiles, balance, chunk, precision, cache or DEFAULT_CACHE,
                              loss_fn, tuple(elementwise), Workspace.for_device(device))
-    states: dict[int, OptimizerFootprint] = {}
-
-    def optimizer_of(stage: int) -> OptimizerFootprint:
-        if stage not in states:
-            start, stop = stage_model.bounds[stage], stage_model.bounds[stage + 1]
-            states[stage] = optimizer_footprint([p.layer for p in profiles[start:stop] if p.layer is not None],
-                                                precision.weight_dtype, optimizer, optimizer_states)
-        return states[stage]
-
+    stage_layers = [[p.layer for p in profiles[a:b] if p.layer is not None]
+                    for a, b in itertools.pairwise(stage_model.bounds)]
+    training_state = TrainingState(cfg, stage_layers, precision.weight_dtype,
+                                   precision.activations if precision.mixed else None, optimizer, optimizer_states,
+                                   gathered_together(stage_model, recompute))
     schedule = build_schedule(cfg)
     roles = layout(cfg)
     holders = stage_ranks(cfg, roles)
-    ranks = [_Walk(stage_model, role, schedule, optimizer_of, recompute, holders,
-                   bucketed_stages(schedule, role.rank)).run() for role in roles]
+    ranks = [_Walk(stage_model, role, schedule, functools.partial(training_state.of, role.rank), recompute,
+                   holders, bucketed_stages(schedule, role.rank)).run() for role in roles]
     return MemoryPlan(cfg, batch_size, (height, width), balance, ranks, chunk, dict(stage_model._found))
+
+
+def gathered_together(model: StageModel, recompute: Recompute) -> Callable[[int], list[tuple[int, int]]] | None:
+    """Per stage, the layer ranges its recomputation runs together, which ZeRO 3 keeps gathered together (the
+    engine's segments; ``Recompute.STAGE``: the whole stage); None without recomputation."""
+    if recompute is Recompute.SEGMENTS:
+        return model.segments
+    if recompute is Recompute.STAGE:
+        return lambda stage: [(0, model.balance[stage])]
+    return None
 
 
 def bucketed_stages(schedule: Schedule, rank: int) -> frozenset[int]:
     """The stages whose gradients ``rank`` reduces in buckets posted during backward: with ``grad_bucket_mb``
-    set, those it shares with other ranks (as ``PipelineRuntime`` hands them to ``GradientReducer``)."""
-    if schedule.cfg.grad_bucket_mb is None:
+    set, those it shares with other ranks (as ``PipelineRuntime`` hands them to ``GradientReducer``); none under
+    ZeRO 2 and 3, whose reduce-scatter replaces the buckets."""
+    if schedule.cfg.grad_bucket_mb is None or schedule.cfg.zero_stage >= 2:
         return frozenset()
     return frozenset(a.stage for a in schedule.actions(rank)
                      if a.kind is ActionKind.ALLREDUCE and len(a.group) > 1)

@@ -18,6 +18,7 @@ from typing import TypedDict
 import torch
 
 from ..config import ConfigError, ParallelConfig, ScheduleKind, SliceMethod
+from ..layout import stage_holders
 from .device import MeasuringDevice
 from .exchanges import StageExchanges, config_exchanges
 from .layer_timer import LayerTimer, measuring_device
@@ -52,6 +53,8 @@ def describe_config(cfg: ParallelConfig) -> str:
         parts.append(f"GEMS x{cfg.times}")
     if cfg.data_parallel > 1:
         parts.append(f"DP x{cfg.data_parallel}")
+    if cfg.zero_stage:
+        parts.append(f"ZeRO {cfg.zero_stage}")
     if cfg.balance is not None:
         parts.append(f"balance {list(cfg.balance)}")
     return " + ".join(parts)
@@ -67,6 +70,8 @@ def canonical(cfg: ParallelConfig) -> ParallelConfig:
         changes.update(local_dp=1, data_parallel=cfg.data_parallel * cfg.local_dp)
     if cfg.parts == 1 or cfg.split_size == 1:
         changes.update(schedule=ScheduleKind.GPIPE)
+    if cfg.zero_stage and all(len(stage_holders(cfg, s)) == 1 for s in range(cfg.split_size)):
+        changes.update(zero_stage=0)                 # no stage shared: nothing to shard
     return cfg.with_(**changes) if changes else cfg
 
 
@@ -175,8 +180,8 @@ class Suggestion:
     def why(self) -> str:
         """One line: the memory that binds and what limits the speed."""
         rank = self.memory.binding_rank
-        return (f"largest rank {rank.rank} ({rank.role}) {rank.total / MB:.1f} MB; "
-                f"time bound by {self.time.binding()}")
+        return (f"largest rank {rank.rank} ({rank.role}) {rank.total / MB:.1f} MB (training state "
+                f"{rank.state_bytes / MB:.1f}); time bound by {self.time.binding()}")
 
     def describe(self) -> str:
         exchanged = "" if not self.exchanges or not self.exchanges.exchanges else (
@@ -201,7 +206,8 @@ class Refusal:
         rank = self.memory.binding_rank
         budget = self.limit * (1 - self.headroom)
         kept = f" ({self.limit / MB:.1f} MB less {self.headroom:.0%} headroom)" if self.headroom else ""
-        return f"rank {rank.rank} ({rank.role}) needs {rank.total / MB:.1f} MB > {budget / MB:.1f} MB{kept}"
+        return (f"rank {rank.rank} ({rank.role}) needs {rank.total / MB:.1f} MB (training state "
+                f"{rank.state_bytes / MB:.1f}) > {budget / MB:.1f} MB{kept}")
 
     def describe(self) -> str:
         return f"{self.cfg.world_size} ranks: {describe_config(self.cfg)}: refused - {self.why()}"
@@ -258,6 +264,7 @@ class SuggestOptions(TypedDict, total=False):
     exact: bool
     max_times: int
     headroom: float
+    zero_stages: Sequence[int]
 
 
 def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device: float,
@@ -269,7 +276,7 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
             network: Network | None = None, device: MeasuringDevice | torch.device | str = "auto",
             node: Node | None = None, timer: LayerTimer | None = None,
             threads: int | None = None, top: int | None = 10, max_split: int = 4, exact: bool = True,
-            max_times: int = 1, headroom: float = HEADROOM) -> Suggestions:
+            max_times: int = 1, headroom: float = HEADROOM, zero_stages: Sequence[int] = (0,)) -> Suggestions:
     """Configurations on ``devices`` ranks (exactly; ``exact=False``: at most) whose every
     rank fits ``memory_per_device`` bytes less ``headroom`` (a share: the memory estimate runs
     up to 7% under the measured peak on spatial ranks, BENCHMARKS.md §6; 0 trusts it exactly),
@@ -280,7 +287,8 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
     from ``dl.init``'s split of the node's cores (the one-process reference uses every core).
     ``device``: the job's device, where layer times and copy speed are measured (``step_model``;
     ``"auto"``: the one ``dl.init()`` would give this process); ``timer``/``node``, when given,
-    say where instead.
+    say where instead. ``zero_stages``: the ZeRO stages (``--zero-stage``) a configuration may take, lowest
+    first: each takes the lowest that fits (the time model does not cost ZeRO's gathers: docs/planner-models.md).
     """
     if devices < 1:
         raise ValueError(f"devices={devices}: need at least 1")
@@ -293,7 +301,7 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
     serial_memory = step.memory(serial_cfg)
     candidates = candidate_configs(devices, len(step.profiles), batch_size, max_split=max_split, exact=exact,
                                    max_times=max_times)
-    fitting, refused = _by_memory(step, candidates, memory_per_device, headroom)
+    fitting, refused = _by_memory(step, candidates, memory_per_device, headroom, zero_stages)
     if not fitting:
         kept = f" less {headroom:.0%} headroom" if headroom else ""
         raise ValueError(f"no configuration on {devices} devices fits memory_per_device="
@@ -340,22 +348,30 @@ class _StepEstimate:
                                optimizer_states=self.optimizer_states)
 
 
-def _by_memory(step: _StepEstimate, candidates: Sequence[ParallelConfig], limit: float, headroom: float
-               ) -> tuple[list[tuple[ParallelConfig, MemoryPlan]], list[Refusal]]:
-    """The candidates whose every rank fits ``limit`` less ``headroom`` (with their plans), and the refused
-    ones; a candidate the memory model cannot lay out is left out."""
+def _by_memory(step: _StepEstimate, candidates: Sequence[ParallelConfig], limit: float, headroom: float,
+               zero_stages: Sequence[int] = (0,)) -> tuple[list[tuple[ParallelConfig, MemoryPlan]], list[Refusal]]:
+    """The candidates whose every rank fits ``limit`` less ``headroom`` at the lowest of ``zero_stages`` that
+    fits (with their plans), and the refused ones (at the highest tried); a candidate the memory model cannot
+    lay out is left out."""
     fitting: list[tuple[ParallelConfig, MemoryPlan]] = []
-    refused: list[Refusal] = []
-    for cfg in candidates:
-        try:
-            plan = step.memory(cfg)
-        except (ConfigError, ValueError):
-            continue
-        if plan.peak > limit * (1 - headroom):
-            refused.append(Refusal(cfg, plan, limit, headroom))
-        else:
-            fitting.append((cfg, plan))
-    return fitting, refused
+    refused: dict[ParallelConfig, Refusal] = {}
+    for base in candidates:
+        tried: set[ParallelConfig] = set()
+        for zero in sorted(set(zero_stages)):
+            try:
+                cfg = canonical(base.with_(zero_stage=zero))
+                if cfg in tried:            # no stage shared: every ZeRO stage is the same run
+                    continue
+                tried.add(cfg)
+                plan = step.memory(cfg)
+            except (ConfigError, ValueError):
+                continue
+            if plan.peak <= limit * (1 - headroom):
+                fitting.append((cfg, plan))
+                refused.pop(base, None)
+                break
+            refused[base] = Refusal(cfg, plan, limit, headroom)
+    return fitting, list(refused.values())
 
 
 @dataclass(frozen=True)

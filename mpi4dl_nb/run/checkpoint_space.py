@@ -1,6 +1,6 @@
 """The checkpoint directory checked before the first step: it can be created, takes a file, has room for one,
-and every host of the job sees it; the run's ``config.toml`` written there (its every flag: ``--config`` runs it
-again)."""
+and every host of the job sees it (a folder the checks made is removed again: a refused run leaves none); the run's
+``config.toml`` written there once set-up passed (its every flag: ``--config`` runs it again)."""
 from __future__ import annotations
 
 import os
@@ -42,19 +42,47 @@ def human_bytes(count: float) -> str:
     return f"{count:.1f} TB"
 
 
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, outermost first (what creating it makes)."""
+    return [p for p in reversed((folder, *folder.parents)) if not p.exists()]
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove the folders a check made (``missing_folders``), innermost first, each only while empty."""
+    for path in reversed(made):
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
 def prepare_directory(directory: str | Path, needed_bytes: int) -> Path:
-    """Create ``directory`` and check it takes a file and has room for one checkpoint; ConfigError otherwise."""
+    """Check ``directory`` can be created, takes a file and has room for one checkpoint (ConfigError otherwise),
+    leaving it as it was: a folder made for the check is removed again (``write_run_config`` makes it once set-up
+    passed), so a run refused later leaves no empty folder."""
     folder = Path(directory).expanduser()
     knob = "--checkpoint-dir"
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise ConfigError(knob, f"{str(folder)!r} cannot be created: {str(existing)!r} is a file; "
                                 f"choose a directory path")
+    made = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
+        remove_made(made)
         raise ConfigError(knob, f"cannot create {str(folder)!r}: {err.strerror or err}; choose a "
                                 f"writable location") from err
+    try:
+        check_writable(folder, needed_bytes)
+    finally:
+        remove_made(made)
+    return folder
+
+
+def check_writable(folder: Path, needed_bytes: int) -> None:
+    """ConfigError unless the existing ``folder`` takes a file and has room for ``needed_bytes`` (and a margin)."""
+    knob = "--checkpoint-dir"
     probe = folder / f".mpi4dl-write-test-{os.getpid()}"
     try:
         with open(probe, "wb") as handle:
@@ -72,7 +100,6 @@ def prepare_directory(directory: str | Path, needed_bytes: int) -> Path:
         raise ConfigError(knob, f"{str(folder)!r} has {human_bytes(free)} free but one checkpoint "
                                 f"needs about {human_bytes(wanted)}; free space or choose another "
                                 f"location")
-    return folder
 
 
 def sees_marker(marker: Path, token: str, tries: int = 5, pause: float = 0.2) -> bool:
@@ -101,12 +128,22 @@ def require_shared(ctx: Comm, directory: str | Path, knob: str = "--checkpoint-d
     if len(set(hosts)) == 1:
         return
     written: str | None = None
+    made = missing_folders(folder) if ctx.rank == 0 else []
     if ctx.rank == 0:
         written = secrets.token_hex(8)
         try:
+            folder.mkdir(parents=True, exist_ok=True)
             (folder / f".mpi4dl-shared-{written}").write_text(written)
         except OSError:
             written = None
+    try:
+        compare_hosts(ctx, folder, hosts, written, knob)
+    finally:
+        remove_made(made)
+
+
+def compare_hosts(ctx: Comm, folder: Path, hosts: list[str], written: str | None, knob: str) -> None:
+    """``require_shared`` once rank 0 wrote its marker (``written``: its token, None: it could not)."""
     token = ctx.bcast_object(written, root=0)
     if token is None:
         raise ConfigError(knob, f"{str(folder)!r}: rank 0 cannot write there; choose a writable directory")
@@ -170,10 +207,15 @@ def write_run_config(plan: TrainPlan, rank: int, run_id: str | None) -> Path | N
     directory = plan.checkpoints.directory
     if rank != 0 or directory is None or run_id is None:
         return None
+    folder = Path(directory).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)      # set-up passed: the run's folder is made now
+    except OSError as err:
+        raise ConfigError("--checkpoint-dir", f"cannot create {str(folder)!r}: {err.strerror or err}; choose a "
+                                              f"writable location") from err
     text = run_config(plan)
     if text is None:
         return None
-    folder = Path(directory).expanduser()
     path = config_file_for(folder, text, run_id)
     partial = folder / f".{path.name}.partial-{os.getpid()}"
     try:

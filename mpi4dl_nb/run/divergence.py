@@ -141,6 +141,8 @@ class NonFiniteGuard:
         for inst in self.engine.instances.values():
             for name, p in inst.canonical.named_parameters():
                 seen.setdefault(id(p), (inst.canonical.full_key(name), p))
+        for key, shard in self.engine.named_shards():   # --zero-stage 2-3: the step's gradients are the shards'
+            seen.setdefault(id(shard), (f"{key} (shard)", shard))
         return list(seen.values())
 
     def begin_step(self, step: int) -> None:

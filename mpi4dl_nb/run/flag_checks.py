@@ -140,8 +140,9 @@ def check_volume_layout(job: TrainFlags) -> None:
     """A volume classifier keeps a layer stage after the spatial ones; volumes are not CIFAR-10."""
     cfg, family = job.config, job.model.family
     if not family.dense and cfg.spatial_size > 0 and cfg.spatial_size >= cfg.split_size:
-        raise ConfigError("--spatial-size", f"--model {family} gives one class per volume, a loss that cannot be "
-                                            f"taken on tiles: keep a layer stage after the spatial ones (e.g. "
+        raise ConfigError("--spatial-size", f"--model {family} gives one class per volume, and its head joined on "
+                                            f"volume tiles is not checked against one process yet (images' is): "
+                                            f"keep a layer stage after the spatial ones (e.g. "
                                             f"--split-size {cfg.spatial_size + 1} --spatial-size {cfg.spatial_size})")
     if job.data.app is AppKind.CIFAR:
         raise ConfigError("--app", "CIFAR-10 holds images, not volumes: drop --app (volumes are read from --datapath)")

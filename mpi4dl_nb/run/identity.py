@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ..models.spec import ModelSpec
+    from ..pipeline.optim import OptimizerSpec
 
 # field -> the flags that set it (named in messages); a later issue may add fields here
 FIELD_FLAGS: dict[str, str] = {
@@ -32,9 +33,18 @@ FIELD_FLAGS: dict[str, str] = {
     "augment": "--augment",
     "pool": "--pool",
     "accumulate": "--accumulate",
+    "clip_grad_norm": "--clip-grad-norm",
     "class_weights": "--class-weights",
     "classes": "--classes (and the class folders)",
     "stain": "--stain-normalize/--stain-reference",
+}
+FLAGS = "flags"      # the identity's value of each flag below: names what changed, compared through its field
+# flag -> the field it enters (a field holding several flags: the model's fingerprint, the optimizer's description)
+FLAG_FIELDS: dict[str, str] = {
+    **dict.fromkeys(("--model", "--resnet-version", "--num-layers", "--num-filters", "--num-classes", "--model-args",
+                     "--slide-encoder", "--slide-encoder-layers", "--slide-encoder-heads", "--norm", "--upsampling",
+                     "--train-blocks", "--lora-rank", "--lora-alpha", "--lora-targets"), "model"),
+    **dict.fromkeys(("--optimizer", "--lr", "--momentum", "--weight-decay", "--layer-decay"), "optimizer"),
 }
 
 
@@ -62,13 +72,17 @@ def parse_allowed(values: Sequence[str] | None, known: Iterable[str] = FIELD_FLA
 
 @dataclass(frozen=True)
 class Change:
-    """One field whose value differs between a checkpoint and this run."""
+    """One field whose value differs between a checkpoint and this run, and the flags that changed it (when both
+    identities name them: ``--lora-rank 8 -> 4``)."""
 
     name: str
     saved: object
     current: object
+    flags: tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        if self.flags:
+            return f"{self.name}: {', '.join(self.flags)}"
         return f"{self.name} {self.saved!r} -> {self.current!r}"
 
 
@@ -90,10 +104,13 @@ class RunIdentity:
         return cls(dict(data or {}))
 
     def changes_from(self, saved: RunIdentity) -> list[Change]:
-        """Fields whose ``saved`` value differs from this run's, in ``FIELD_FLAGS`` order."""
-        order = list(FIELD_FLAGS) + sorted(set(self.fields) - set(FIELD_FLAGS))
-        return [Change(name, saved.fields[name], self.fields[name]) for name in order
-                if name in self.fields and name in saved.fields and saved.fields[name] != self.fields[name]]
+        """Fields whose ``saved`` value differs from this run's, in ``FIELD_FLAGS`` order, each with the flags that
+        changed it; a field is changed too when only a flag of it changed (LoRA's alpha: no tensor's shape)."""
+        flags = changed_flags(saved.fields.get(FLAGS), self.fields.get(FLAGS))
+        order = list(FIELD_FLAGS) + sorted(set(self.fields) - set(FIELD_FLAGS) - {FLAGS})
+        return [Change(name, saved.fields[name], self.fields[name], flags.get(name, ())) for name in order
+                if name in self.fields and name in saved.fields
+                and (saved.fields[name] != self.fields[name] or name in flags)]
 
     def refused_changes(self, saved: RunIdentity, allowed: Iterable[str] = ()) -> list[Change]:
         """Changes not covered by ``allowed`` field names."""
@@ -101,9 +118,41 @@ class RunIdentity:
         return [c for c in self.changes_from(saved) if c.name not in allowed]
 
 
+def changed_flags(saved: object, current: object) -> dict[str, tuple[str, ...]]:
+    """Field -> its flags whose value differs between two identities' ``flags`` (``--lora-rank 8 -> 4``); none when
+    one side names no flags (a checkpoint written before they were recorded)."""
+    if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for flag, field in FLAG_FIELDS.items():
+        if flag in saved and flag in current and saved[flag] != current[flag]:
+            found[field] = (*found.get(field, ()), f"{flag} {saved[flag]} -> {current[flag]}")
+    return found
+
+
+def identity_flags(spec: ModelSpec, optimizer: OptimizerSpec) -> dict[str, str]:
+    """The value of every flag of ``FLAG_FIELDS`` this run has (the identity's ``flags``): what a resume names when
+    the model's fingerprint or the optimizer changed."""
+    encoder, lora = spec.slide_encoder, spec.lora
+    values: dict[str, object] = {
+        "--model": spec.label, "--resnet-version": spec.resnet_version, "--num-layers": spec.num_layers,
+        "--num-filters": spec.num_filters, "--num-classes": spec.num_classes, "--model-args": spec.model_args.text(),
+        "--slide-encoder": None if encoder is None else encoder.kind,
+        "--slide-encoder-layers": None if encoder is None else encoder.layers,
+        "--slide-encoder-heads": None if encoder is None else encoder.heads,
+        "--norm": spec.norm, "--upsampling": spec.upsampling, "--train-blocks": spec.train_blocks,
+        "--lora-rank": None if lora is None else lora.rank, "--lora-alpha": None if lora is None else f"{lora.alpha:g}",
+        "--lora-targets": None if lora is None else ",".join(lora.targets),
+        "--optimizer": str(optimizer.kind), "--lr": f"{optimizer.lr:g}", "--momentum": f"{optimizer.momentum:g}",
+        "--weight-decay": f"{optimizer.weight_decay:g}",
+        "--layer-decay": None if optimizer.layer_decay is None else f"{optimizer.layer_decay:g}"}
+    return {flag: "none" if value is None or value == "" else str(value) for flag, value in values.items()}
+
+
 def describe_changes(changes: Sequence[Change]) -> str:
-    """``image_size 32 -> 64 (--image-size), seed 0 -> 1 (--seed)``."""
-    return ", ".join(f"{c} ({FIELD_FLAGS.get(c.name, c.name)})" for c in changes)
+    """``image_size 32 -> 64 (--image-size), seed 0 -> 1 (--seed)``; a field whose flags are known names them:
+    ``model: --lora-rank 8 -> 4``."""
+    return ", ".join(str(c) if c.flags else f"{c} ({FIELD_FLAGS.get(c.name, c.name)})" for c in changes)
 
 
 def refuse_changes(where: str, changes: Sequence[Change]) -> ConfigError:

@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..evaluation.metrics import MetricName
 from .data_choice import SLIDE_LABELS, WHOLE_SLIDE, DataChoice
 from .flag_checks import TrainFlags
+from .resume import check_resume_source
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,7 @@ def read_data(job: TrainFlags) -> DataFound:
     data = job.data
     check_task_data(data)
     channels = volume_channels(job)
-    resume = job.checkpoints.resume
-    if resume not in (None, "latest") and not Path(resume).expanduser().exists():
-        raise ConfigError("--resume", f"{resume!r}: no such checkpoint file or directory")
+    check_resume_source(job.checkpoints.resume, job.checkpoints.directory)
     check_slide_folder(data)
     cohort = job_cohort(job)
     request = data.stain.request

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.record import RunRecord
 from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
-from ..console import to_stderr
+from ..console import SetupLines, to_stderr
 from ..data.canvas import SlideCanvases
 from .job import TrainJob, TrainPlan
 
@@ -58,6 +58,7 @@ class JobSetup:
         """The model, the configuration against it, and (rank 0) the log and checkpoint directories."""
         import torch
 
+        from ..pipeline.stage_draws import check_draws
         from .checkpoint_space import estimate_checkpoint_bytes, prepare_directory
         from .trainer import check_layout
 
@@ -70,6 +71,10 @@ class JobSetup:
             note = load_weights(self.layers, read_weights(job.model.weights), model=self.record.model.label)
             if note is not None:
                 say_once(self.ctx, note)
+        card = self.record.model.preprocessing          # a preset's: --normalize over the card's said in one line
+        override = None if card is None else card.override_note(self.record.model.normalize)
+        if override is not None:
+            say_once(self.ctx, override)
         adapted = self.record.model.with_adapters(self.layers)      # --lora-rank: after the weights they adapt
         if adapted is not None:
             say_once(self.ctx, adapted)
@@ -82,6 +87,7 @@ class JobSetup:
         for layer in self.layers:
             layer.to(job.training.torch_dtype)
         check_layout(job.config, self.layers, job.training.batch_size, job.data.volume_size or job.data.image_size)
+        check_draws(self.layers, job.config, job.data.image_size if job.data.volume_size is None else None)
         if job.held_out.log_dir is not None and self.ctx.rank == 0:
             check_log_dir(job.held_out.log_dir)
         directory = job.checkpoints.directory
@@ -175,7 +181,7 @@ class JobSetup:
     def make_identity(self, dataset: RegionDataset) -> dict[str, object]:
         """The fields a resume compares (``run/identity.py``)."""
         from ..data.validate import dataset_fingerprint
-        from .identity import digest, model_fingerprint
+        from .identity import FLAGS, digest, identity_flags, model_fingerprint
 
         job, training = self.job, self.record.training
         assert training is not None, "open_data made the training record"
@@ -192,7 +198,9 @@ class JobSetup:
                 "lr_schedule": training.schedule.describe(), "augment": training.augment.describe(),
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
                 "pool": str(job.model.pool), "accumulate": job.training.accumulate,
-                "classes": ",".join(self.record.class_names), **job.task_identity()}
+                "clip_grad_norm": job.training.clip_grad_norm,
+                "classes": ",".join(self.record.class_names), **job.task_identity(),
+                FLAGS: identity_flags(self.record.model, training.optimizer)}
 
     def choose_resume(self) -> None:
         """Rank 0: the checkpoint to resume from (checked against this run) and the lineage to continue."""
@@ -257,25 +265,36 @@ def volume_record(record: RunRecord, job: TrainPlan) -> RunRecord:
 
 
 def check_log_dir(path: str) -> None:
-    """--log-dir: a directory rank 0 can create and write in (checked before the first step)."""
+    """--log-dir: a directory rank 0 can create and write in (checked before the first step; a folder made for the
+    check is removed again, the metrics log makes it: a refused run leaves none)."""
     import os
 
+    from .checkpoint_space import missing_folders, remove_made
+
     folder = Path(path)
+    made = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
+        remove_made(made)
         raise ConfigError("--log-dir", f"cannot create {path}: {err}") from err
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
+    try:
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ConfigError("--log-dir", f"{path} is not a writable directory; choose another --log-dir")
+    finally:
+        remove_made(made)
 
 
-def checked_files(job: TrainPlan, ctx: Comm, datapath: str | None, role: DataRole) -> list[Path]:
+def checked_files(job: TrainPlan, ctx: Comm, datapath: str | None, role: DataRole,
+                  lines: SetupLines | None = None) -> list[Path]:
     """One path's data check (collective): the files to leave out (none), or SetupFailed naming ``role``'s flag
-    (a missing path; bad files unless ``skip_bad_files``)."""
+    (a missing path; bad files unless ``skip_bad_files``); ``lines`` say the check."""
     from .data_check import check_data
     from .job_data import data_sources
 
     sources, checker = agreed(ctx, lambda: data_sources(job.data, datapath, role.flag))
+    if lines is not None and sources.kind is not None and sources.files:
+        lines.doing(f"checking {len(sources.files)} {sources.kind.value} in {role.flag} {datapath}")
     size = 1 if job.data.whole_slide else job.data.image_size      # a canvas may be larger than its slide
     report = check_data(ctx, sources, size, job.data.slide_level, progress=job.options.progress, checker=checker)
     if not report.bad:
@@ -297,26 +316,42 @@ def fitted_stain(job: TrainPlan, ctx: Comm) -> TrainPlan:
     return replace(job, data=replace(job.data, stain=fitted))
 
 
-def set_up_run(job: TrainPlan, ctx: Comm) -> JobSetup:
+def set_up_run(job: TrainPlan, ctx: Comm, lines: SetupLines | None = None) -> JobSetup:
     """Set-up in stages that every rank agrees on (SetupFailed on every rank otherwise): model and checkpoint
-    directory, data check, dataset, resume."""
+    directory, data check, dataset, resume; ``lines`` (the command's, rank 0) say each stage as it starts."""
     from .data_check import DataRole
 
+    say = lines if lines is not None else SetupLines(COMMAND, False)
+    if job.data.stain_request is not None:
+        say.doing("fitting the stain normaliser")
     setup = JobSetup(fitted_stain(job, ctx), ctx)
+    say.doing(f"building the model ({setup.record.model.label})")
     agreed(ctx, setup.build_model)
     if job.checkpoints.directory is not None:           # every host must see it (collective)
         from .checkpoint_space import require_shared
 
         directory = job.checkpoints.directory
         agreed(ctx, lambda: require_shared(ctx, directory))
-    bad = checked_files(job, ctx, job.data.datapath, DataRole.TRAINING)
-    bad_held_out = checked_files(job, ctx, job.held_out.val_datapath, DataRole.VALIDATION)
+    bad = checked_files(job, ctx, job.data.datapath, DataRole.TRAINING, say)
+    bad_held_out = checked_files(job, ctx, job.held_out.val_datapath, DataRole.VALIDATION, say)
+    say.doing(data_text(job))
     agreed(ctx, lambda: setup.open_data(bad, bad_held_out))
+    if job.checkpoints.resume is not None:
+        say.doing("choosing the checkpoint to resume")
     agreed(ctx, setup.choose_resume)
     from .checkpoint_space import write_run_config
 
     agreed(ctx, lambda: write_run_config(setup.job, ctx.rank, setup.run_id))     # rank 0: config.toml
     return setup
+
+
+def data_text(job: TrainPlan) -> str:
+    """What opening the data does, for the set-up line: the cohort's or folder's path, or the app without one."""
+    data = job.data
+    source = data.cohort or data.datapath
+    if source is None:
+        return f"opening the {data.app} data (no --datapath)"
+    return f"reading the data in {source}" + (" (finding each slide's canvas)" if data.whole_slide else "")
 
 
 def optimizer_factory(spec: OptimizerSpec, lr_scales: Mapping[str, float] | None) -> OptimizerFactory:
@@ -340,7 +375,8 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
     engine = HybridEngine(setup.layers, job.config, ctx, loss_fn=loss, abort_on_error=False,
                           image_size=job.data.image_size if job.data.volume_size is None else None,
                           optimizer=optimizer_factory(training.optimizer, setup.lr_scales),
-                          release_heap_every=job.options.release_heap_every)
+                          release_heap_every=job.options.release_heap_every,
+                          max_grad_norm=job.training.clip_grad_norm)
     guard = NonFiniteGuard(engine, ctx, loss, job.options.on_nonfinite,
                            hint="Lower --lr, or pass --on-nonfinite skip-step to skip such steps.")
     checkpoints, options = job.checkpoints, job.options
@@ -358,10 +394,14 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
 
 
 def started_trainer(job: TrainPlan, ctx: Comm, monitor: JobMonitor | None) -> Trainer:
-    """The job's Trainer, set up (collective): restored from the checkpoint it resumes, its metrics log open."""
-    setup = set_up_run(job, ctx)
+    """The job's Trainer, set up (collective): restored from the checkpoint it resumes, its metrics log open; rank 0
+    says each stage of the set-up as it starts (unless ``--no-progress``)."""
+    lines = SetupLines(COMMAND, job.options.progress and ctx.rank == 0)
+    setup = set_up_run(job, ctx, lines)
+    lines.doing(f"building the engine on {ctx.world_size} rank{'s' if ctx.world_size > 1 else ''}")
     trainer = build_trainer(setup, monitor)
     if job.checkpoints.resume is not None:
+        lines.doing("restoring the checkpoint")
         step = trainer.restore(setup.selection.checkpoint if setup.selection is not None else None)
         if step >= setup.steps:
             say_once(ctx, f"the checkpoint is at step {step} = --steps: nothing to train")

@@ -14,6 +14,7 @@ from ..models.normalize import Normalization
 from ..models.options import AT_LEAST_ONE, MODEL, MODEL_ARGS, NUM_CLASSES, NUM_FILTERS, NUM_LAYERS
 from ..models.options import MODEL_HELP as MODEL_HELP
 from ..models.pools import PoolKind
+from ..models.presets import preset_named
 from ..models.resnet import version_for_depth
 from ..models.slide_encoder import DEFAULT_HEADS, DEFAULT_LAYERS, SlideEncoderKind, SlideEncoderSpec
 from ..models.spec import ENCODED, ModelFamily, ModelSpec, split_model
@@ -132,8 +133,11 @@ class ModelChoice:
                                metavar="PATH", group=groups.MODEL)
     normalize: str = flag("--normalize", "normalise the images as the weights expect, (x - mean) / std per channel, "
                                          "as the model's first step (recorded; evaluate and infer apply it too); "
-                                         "auto: with --weights, ImageNet's for torchvision models, the model's own "
-                                         "for timm models, else none", AUTO,
+                                         "auto: a foundation model's card's (--model uni, virchow2, ...: "
+                                         "ImageNet's, H-optimus-0's own); with --weights, ImageNet's for "
+                                         "torchvision models, the model's own for timm models; else none; given "
+                                         "with a foundation model, it overrides the card's (said in one line)",
+                          AUTO,
                           metavar="imagenet|none|M,S|M1,..,S1,..", group=groups.MODEL)
     pool: PoolKind = flag("--pool", "the classifier head's global pool (a named model's global average pool "
                                     "replaced): avg; max (per channel over every position); tissue-mean (over the "
@@ -209,6 +213,9 @@ class ModelChoice:
     def normalization(self) -> Normalization | None:
         """The normalisation ``--normalize`` names (``auto`` resolved against ``--model`` and ``--weights``)."""
         family, source = split_model(self.model)
+        preset = preset_named(self.model)
+        if self.normalize == AUTO and preset is not None:
+            return preset.preprocessing.normalization       # the card's, with or without --weights
         if self.normalize == AUTO:
             if self.weights is None or not family.named:
                 return None

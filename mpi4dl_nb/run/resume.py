@@ -31,6 +31,25 @@ class Selection:
 Accept = Callable[[Mapping[str, object]], str | None]   # saved identity -> why it does not fit (None: fits)
 
 
+def check_resume_source(resume: str | None, checkpoint_dir: str | None) -> None:
+    """``--resume`` checked before any work (and before the checkpoint folder is made): ConfigError for a path that
+    does not exist, and for ``latest`` or a folder holding no checkpoint to continue."""
+    if resume is None:
+        return
+    latest = resume == "latest"
+    target = Path(checkpoint_dir if latest and checkpoint_dir is not None else resume).expanduser()
+    shown = f"latest: --checkpoint-dir {str(target)!r}" if latest else repr(resume)
+    if not target.exists():
+        what = "does not exist" if latest else "no such checkpoint file or directory"
+        raise ConfigError("--resume", f"{shown}: {what}, so there is no run to continue; drop --resume to start a "
+                                      f"new run{' there' if latest else ''}, or give the folder (or checkpoint "
+                                      f"file) of the run to continue")
+    if target.is_dir() and not list_checkpoints(target):
+        raise ConfigError("--resume", f"{shown} holds no checkpoint (step-*.pt) to continue; drop --resume to "
+                                      f"start a new run{' there' if latest else ''}, or give the folder of the run "
+                                      f"to continue")
+
+
 def select_resume(resume: str | Path, checkpoint_dir: str | Path | None, accept: Accept) -> Selection:
     """``--resume``: a checkpoint file (must be intact and fit), or a directory / ``latest``
     (in ``checkpoint_dir``): the newest intact checkpoint that fits, saying which newer ones

@@ -36,7 +36,9 @@ def finite_or_none(value: float) -> float | None:
 @dataclass(frozen=True)
 class RankMetrics:
     """One rank's time split and memory over the run (peak: the CUDA allocator's, or counted on CPU); ``seconds`` are
-    ``compute_seconds`` + ``comm_seconds`` + ``input_wait_seconds``."""
+    ``compute_seconds`` + ``comm_seconds`` + ``input_wait_seconds``; ``state_bytes``: what the rank keeps between steps
+    (weights and ZeRO's shards of them, their gradients, buffers, optimizer state; each storage once:
+    docs/sharding.md)."""
 
     rank: int
     steps: int

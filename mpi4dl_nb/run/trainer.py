@@ -25,6 +25,7 @@ from ..data.task import Task
 from ..evaluation.batch_inputs import BatchInputs
 from ..evaluation.metrics import MetricName
 from ..measure.usage import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
+from ..pipeline.layer_decay import gathered_groups, group_rates, rate_records
 from ..pipeline.optim import LRSchedule
 from ..pipeline.schedules import ActionKind
 from .batch_reads import BatchRead, BatchReads, Position, StepBatch
@@ -143,6 +144,7 @@ class Trainer:
         self.preempted: Preempted | None = None     # a stop signal ended the run (every rank; its path on rank 0)
         self.best: BestMark | None = None           # the best evaluation so far (settings.keep_best)
         self.best_checkpoint: Path | None = None
+        self.lr_groups = gathered_groups(engine.optimizer, ctx)   # every optimizer group's (name, scale): rank 0's
         params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
         self.meter = ActivationMeter(exclude=params)
         if settings.keep_trace:
@@ -243,7 +245,8 @@ class Trainer:
                best: bool = False) -> tuple[str | None, Path | None]:
         """Rank 0: write the checkpoint; (error text, None) when the file system refuses it."""
         assert self.settings.checkpoint_dir is not None and self.record is not None
-        record = replace(self.record, config=self.engine.cfg.as_dict(), best=self.best).at(self.step, self.run_id)
+        record = replace(self.record, config=self.engine.cfg.as_dict(), best=self.best,
+                         param_groups=rate_records(self.lr_groups, self.lr)).at(self.step, self.run_id)
         phase = self.monitor.phase("writing a checkpoint", exempt=True) if self.monitor else nullcontext()
         try:
             with phase:
@@ -391,7 +394,8 @@ class Trainer:
                     if self.log is not None:
                         self.log.write("train", self.step, {"epoch": self.position(self.step - 1)[0],
                                                             "loss": loss, "images_per_s": rate,
-                                                            "seconds": self.metrics.step_seconds[-1], "lr": self.lr})
+                                                            "seconds": self.metrics.step_seconds[-1], "lr": self.lr,
+                                                            **group_rates(self.lr_groups, self.lr)})
                     if self.evaluation_due(self.step):
                         validation = self.evaluate()
                         line = validation.line()
@@ -457,11 +461,11 @@ class Trainer:
 
     def rank_metrics(self) -> RankMetrics:
         """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
-        params = {id(p): p for inst in self.engine.instances.values()
-                  for p in inst.canonical.parameters()}
         buffers = {id(b): b for inst in self.engine.instances.values()
                    for b in inst.canonical.buffers()}
-        fixed = state_bytes(params.values(), self.engine.optimizer, buffers.values())
+        # what the rank keeps between steps: weights (ZeRO's shards; level 3 frees the whole ones), their gradients,
+        # buffers and optimizer state, each storage once (pipeline/zero.py; docs/sharding.md)
+        fixed = state_bytes(self.engine.trained_tensors(), self.engine.optimizer, buffers.values())
         peak = cuda_peak_bytes(self.ctx.device)
         m = self.metrics
         wait = self.reads.wait_seconds

@@ -1,5 +1,5 @@
 """How ``train`` trains (TrainingSpec: batches, length, seed, dtype, optimizer, learning-rate schedule, class weights,
-augmentation, loss, accumulation): its flags and their checks, the schedule and record of a run of N steps."""
+augmentation, loss, accumulation, clipping): its flags and their checks, the schedule and record of a run of N steps."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -92,6 +92,11 @@ class TrainingSpec:
     accumulate: int = flag("--accumulate", "gradient accumulation: N batches (micro-steps) per optimizer step, which "
                                            "uses their mean gradient; --steps counts optimizer steps", 1,
                            parse=whole_number, metavar="N", group=groups.TRAINING)
+    clip_grad_norm: float | None = flag(
+        "--clip-grad-norm", "before each optimizer step scale the gradient down to this global L2 norm when above "
+                            "it (torch.nn.utils.clip_grad_norm_'s max_norm, timm's --clip-grad; the norm of the whole "
+                            "model's gradient over every rank; default: never)", None, parse=number,
+        bounds=Bounds(0, closed=False), metavar="N", group=groups.TRAINING)
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -17,7 +17,8 @@ from .windows import linear, partition, swin, swin3d, swin_trunk
 # in the order they are asked: the first family that matches a module and converts it decides. Each module declares
 # its records (``family.Family``); this list only names them, and nothing registers by being imported.
 FAMILIES: tuple[Family, ...] = (
-    swin.SWIN_V2_CR, swin.SWIN, swin.SWIN_BLOCK_ALONE, swin.SWIN_MERGE_ALONE, swin_trunk.SWIN_TRUNK,
+    swin.SWIN_V2_CR, swin.SWIN, swin.SWIN_BLOCK_ALONE, swin.SWIN_MERGE_ALONE, swin_trunk.SWIN_CUT_EMBEDDING,
+    swin_trunk.SWIN_CUT_STAGE, swin_trunk.SWIN_CUT_HEAD,
     attention.VIT_ATTENTION, attention.VIT_ATTENTION_POOL, vit.VIT_MODEL, vit.LONE_EMBEDDING,
     vit.CUT_EMBEDDING, vit.CUT_ROPE_BLOCK,
     partition.PARTITION_ATTENTION_CL, partition.PARTITION_ATTENTION_2D, linear.LINEAR_ATTENTION,

@@ -120,8 +120,8 @@ def test_layout_prints_the_stage_cut_of_a_model(capsys):
                             "--split-size", "2", "--spatial-size", "1", "--num-spatial-parts", "4"])
     shown = capsys.readouterr().out
     assert code == 0 and "stage cut of torchvision:resnet18:" in shown
-    table = shown.split("stage cut of torchvision:resnet18:")[1].splitlines()
-    rows = [line.split() for line in table[3:-1]]
+    table = shown.split("stage cut of torchvision:resnet18:")[1].split("\nbalance:")[0].splitlines()
+    rows = [line.split() for line in table[3:]]
     assert rows[0][:4] == ["0", "spatial", "0-3", "0-" + str(int(rows[1][3].split("-")[0]) - 1)], shown
     assert rows[0][4] == "conv1" and rows[1][1:3] == ["layer", "4"] and rows[-1][-1] == "2", shown
     assert "balance:" in shown and "(10 layers, 128 px images)" in shown

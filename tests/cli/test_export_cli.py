@@ -44,7 +44,10 @@ def test_a_timm_model_loads_strictly_into_timm_and_gives_the_checkpoints_outputs
     state = safetensors_torch.load_file(str(output))
     assert summary == {"model": f"timm:{TIMM_NAME}", "keys": len(state), "own_keys": True,
                        "bytes": output.stat().st_size, "output": str(output),
-                       "checkpoint": summary["checkpoint"]} and summary["checkpoint"].startswith(str(timm_checkpoint))
+                       "checkpoint": summary["checkpoint"], "preprocessing": str(tmp_path / "model.config.json")} \
+        and summary["checkpoint"].startswith(str(timm_checkpoint))
+    config = json.loads((tmp_path / "model.config.json").read_text())      # --normalize none: pixels in [0, 1]
+    assert config["pretrained_cfg"] == {"mean": [0.0] * 3, "std": [1.0] * 3, "input_size": [3, 32, 32], "crop_pct": 1}
     model = timm.create_model(TIMM_NAME, num_classes=CLASSES).double()
     model.load_state_dict(state, strict=True)
     assert all(t.dtype == torch.float64 for t in state.values() if t.is_floating_point())

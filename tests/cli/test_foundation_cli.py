@@ -67,7 +67,7 @@ def test_a_pickled_model_is_refused_in_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--model", "timm:vit_tiny_patch16_224", "--model-args", "foo=1"],
-     "--model-args: foo=1: timm:vit_tiny_patch16_224 does not take them"),
+     "--model-args: foo=1: timm:vit_tiny_patch16_224 does not take foo"),
     (["--model", "resnet", "--model-args", "depth=2"], "--model-args: passes keyword arguments to a named model's"),
     (["--model", "timm:vit_tiny_patch16_224", "--model-args", "mlp_layer=bogus"], "use one of mlp, swiglu"),
 ])

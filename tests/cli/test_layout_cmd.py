@@ -37,3 +37,20 @@ def test_right_rank_count_runs():
     result = run_mpi(5, "mpi4dl_nb", "layout", "--split-size", "2", "--spatial-size", "1",
                      "--num-spatial-parts", "4", module=True, timeout=60)
     assert "world size: 5 ranks" in result.stdout
+
+
+def test_layout_prints_the_training_state_per_rank_under_each_zero_stage(capsys):
+    """``layout --model``: per stage, the state a rank keeps at --zero-stage 0-3 (issue 80), the chosen one marked."""
+    from mpi4dl_nb.cli import layout_cmd
+
+    code = layout_cmd.main(["--model", "resnet", "--resnet-version", "1", "--num-layers", "8", "--num-filters", "16",
+                            "--image-size", "32", "--num-classes", "3", "--split-size", "2", "--spatial-size", "1",
+                            "--num-spatial-parts", "4", "--zero-stage", "3", "--optimizer", "adamw"])
+    shown = capsys.readouterr().out
+    lines = shown.split("training state per rank of each stage")[1].splitlines()
+    assert code == 0 and lines[1].split()[-4:] == ["zero-0", "zero-1", "zero-2", "zero-3*"], shown
+    tiles, layer = (line.split() for line in lines[3:5])
+    assert tiles[:2] == ["0", "4"] and layer[:2] == ["1", "1"], shown
+    whole = [float(cell) for cell in tiles[3:]]
+    assert whole[0] > whole[1] > whole[2] > whole[3] and whole[3] == pytest.approx(whole[0] / 4, abs=0.001), shown
+    assert len(set(layer[3:])) == 1, shown      # a stage on one rank: nothing to shard

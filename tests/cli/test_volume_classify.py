@@ -83,7 +83,7 @@ def test_a_small_volume_and_flat_images_are_refused_naming_each_file(tmp_path, c
     ("", ["--classes", "benign,tumour,normal"], "--classes: normal: no such class folder"),
     ("", ["--augment", "flip"], "--augment: does not apply to volumes yet"),
     ("", ["--split-size", "1", "--spatial-size", "1"], "--spatial-size: --model resnet3d gives one class per volume, "
-                                                       "a loss that cannot be taken on tiles: keep a layer stage"),
+                                                       "and its head joined on volume tiles is not checked"),
 ])
 def test_volume_classification_flags_and_folders_that_do_not_fit_are_refused(tmp_path, capsys, change, flags, words):
     data = write_volume_classes(tmp_path / "v", shape=SHAPE)

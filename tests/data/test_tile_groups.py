@@ -93,3 +93,48 @@ def test_a_cohort_split_says_where_its_patients_come_from(tmp_path):
     groups = groups_of(CohortSlides(read_cohort(plain), 32, min_tissue=0))
     assert groups.names == ("TCGA-A1-A0SB", "TCGA-A1-A0SB", "TCGA-B6-A0RE")
     assert groups.heading == "grouped by patient (from TCGA barcodes)"
+
+
+def test_a_folder_mixing_tcga_barcodes_with_other_names_keeps_each_patient_on_one_side(tmp_path):
+    """Issue 81 item 2: 6 TCGA patients of two slides each (12 slides) beside 4 slides of other names: the barcodes'
+    tiles grouped by patient, the others by slide, said in one line; a split puts no patient on both sides."""
+    from mpi4dl_nb.evaluation.grouped import split_grouped
+
+    patients = [f"TCGA-A{i}-00{i}{i}" for i in range(6)]
+    write_tiles(tmp_path, {folder: [f"{p}-01Z-00-{slide}_{x}_0" for p in patients for x in (0, 8)]
+                           + [f"{other}_{x}_0" for other in others for x in (0, 8)]
+                           for folder, slide, others in (("neg", "DX1", ("ihc1", "ihc2")),
+                                                         ("pos", "DX2", ("ihc3", "ihc4")))})
+    dataset = TileFolderDataset(tmp_path, 8)
+    groups = groups_of(dataset)
+    assert groups.kind is GroupKind.PATIENT
+    assert groups.heading == "with 12 slides grouped by patient (TCGA barcodes), 4 by slide"
+    assert sorted(set(groups.names)) == sorted([*patients, "ihc1", "ihc2", "ihc3", "ihc4"])
+    labels = list(dataset.labels)
+    for seed in range(4):
+        split = split_grouped(labels, groups, 0.5, seed, 2)
+        both = set(split.side_groups(split.train)) & set(split.side_groups(split.val))
+        assert not both and split.val and split.train
+        slides_held = {groups.slides[i] for i in split.val}
+        assert any(s.startswith("TCGA") for s in slides_held) and any(s.startswith("ihc") for s in slides_held)
+        train = [name for name in split.side_groups(split.train) if name.startswith("TCGA")]
+        line = split.summary(labels, ["neg", "pos"]).splitlines()[1]
+        assert line.startswith(f"  train: {len(train)} patients ({2 * len(train)} slides), "
+                               f"{len(split.side_groups(split.train)) - len(train)} other slides, "), line
+    assert groups_of(dataset, BY_SLIDE).kind is GroupKind.SLIDE                  # --group-by slide: slides apart
+
+
+def test_tcga_tiles_beside_tiles_without_a_slide_name_still_group_by_patient(tmp_path):
+    """Tiles whose names carry no slide (``img3.png``) beside TCGA tiles: those alone, the barcodes' by patient."""
+    write_tiles(tmp_path, {"neg": [f"{PATIENTS[0]}-01Z-00-DX1_{x}_0" for x in (0, 8)] + ["img1", "img2"],
+                           "pos": [f"{PATIENTS[0]}-01Z-00-DX2_{x}_0" for x in (0, 8)] + ["s9_0_0", "img3"]})
+    groups = groups_of(TileFolderDataset(tmp_path, 8))
+    assert groups.heading == ("with 2 slides grouped by patient (TCGA barcodes), 1 by slide, 3 images ungrouped (no "
+                              "slide in their names)")
+    assert groups.names.count(PATIENTS[0]) == 4 and len(set(groups.names)) == 5
+    from mpi4dl_nb.evaluation.grouped import GroupedSplit
+
+    everything = tuple(range(len(groups)))
+    assert groups.side_parts(everything) == ["1 patients (2 slides)", "1 other slides", "3 images alone"]
+    summary = GroupedSplit(groups, everything, ()).summary([0] * len(groups), ["neg"])
+    assert summary.startswith("held-out split with 2 slides grouped by patient (TCGA barcodes), 1 by slide, 3 images")

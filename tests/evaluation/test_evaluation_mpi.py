@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.mpi.evaluation_exact import CONFIGS
+from tests.mpi.evaluation_exact import CONFIGS, REFUSED
 from tests.support.battery import shared_job
 
 JOB = shared_job(5, "evaluation_exact", timeout=600)
@@ -13,6 +13,10 @@ TORCH_PLANE = shared_job(5, "evaluation_exact", "--backend=gloo", "sp+lp", plane
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_evaluation_equals_serial_and_touches_no_state(shared_launch, name):
     shared_launch(JOB).require([f"{name} equals serial", f"{name} touches no state"])
+
+
+def test_training_with_dropout_on_replicas_is_refused_on_every_rank(shared_launch):
+    shared_launch(JOB).require(list(REFUSED))
 
 
 def test_evaluation_on_the_torch_plane(shared_launch):

@@ -82,7 +82,7 @@ def test_keywords_are_refused_naming_the_setting():
         InferJob.from_keywords(dict(checkpoint="ck", slide="s", output="o.npy", windw=3))
     with pytest.raises(ConfigError, match="output: is required: give output=..."):
         InferJob.from_keywords(dict(checkpoint="ck", slide="s"))
-    with pytest.raises(ConfigError, match="--map-mode: 'tile': choose one of dense, tiles"):
+    with pytest.raises(ConfigError, match="--map-mode: 'tile': choose one of auto, dense, tiles"):
         InferJob.from_keywords(dict(checkpoint="ck", slide="s", output="o.npy", map_mode="tile"))
     with pytest.raises(ConfigError, match="--slides: --slide and --slides both given"):
         InferJob.from_keywords(dict(checkpoint="ck", slide="s", slides="d", output="o.npy")).check()

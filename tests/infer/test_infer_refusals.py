@@ -165,4 +165,4 @@ def test_tile_mode_refuses_a_segmentation_network(tmp_path, capsys):
     slide = write_slide(tmp_path / "s.tif", tissue_image(64, 64), mpp=0.5)
     code, err = run(capsys, "--checkpoint", checkpoint, "--slide", slide, "--output", tmp_path / "m.npy",
                     "--map-mode", "tiles")
-    assert code == 2 and "use --map-mode dense (the default) for a segmentation network" in one_line(err)
+    assert code == 2 and "use --map-mode dense or auto (the default) for a segmentation network" in one_line(err)

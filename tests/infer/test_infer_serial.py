@@ -91,10 +91,12 @@ def test_tissue_only_skips_background_windows(data, capsys):
     root, checkpoint, slide, reference = data
     capsys.readouterr()
     summary = run(checkpoint, slide, [root / "t.npy"], tissue_only=True, progress=True)
-    bars = capsys.readouterr().err.splitlines()            # measure/progress.ProgressLine: a line a window row
+    lines = capsys.readouterr().err.splitlines()     # set-up lines, then infer/pace.PacedProgress: a line a window row
+    bars = [text for text in lines if text.startswith("[")]
+    assert all(text.startswith("mpi4dl_nb infer: ") for text in lines[:len(lines) - len(bars)]), lines
     rows = summary["window_grid"][0]
-    assert len(bars) == rows and all(re.fullmatch(r"\[[#.]{30}\] windows \d+/\d+ rows \d+/\d+ \d+\.\d\d MP/s", b)
-                                     for b in bars), bars
+    line = r"\[[#.]{30}\] windows \d+/\d+ rows \d+/\d+ \d+\.\d\d MP/s ETA \d+:\d\d"
+    assert len(bars) == rows and all(re.fullmatch(line, b) for b in bars), bars
     assert bars[-1].startswith(f"[{'#' * 30}] windows {summary['windows']}/{summary['windows']} rows {rows}/{rows} ")
     result = np.load(root / "t.npy")
     assert summary["skipped_background"] > 0

@@ -1,12 +1,14 @@
 """A transformer classifier over a slide (issue 66): a timm ViT trained by the real ``train`` command has no fully
 convolutional form, so it maps lone tiles (``--map-mode tiles``): 4 ranks (mpiexec) write exactly the map of one
 process (float64), every cell the ViT on its lone tile; ``--map-mode dense`` is refused in one line naming
-``--map-mode tiles``."""
+``--map-mode tiles``; ``--map-mode auto`` (the default, issue 81) chooses tiles, says so in one line and writes the
+same map, its progress line with the rate and the time left."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 
 import numpy as np
 import pytest
@@ -109,11 +111,38 @@ def test_four_ranks_equal_one_process(vit, one_process, mpirun):
 
 
 def test_a_dense_map_of_a_vit_is_refused_in_one_line(vit, tmp_path, capsys):
-    """--map-mode dense (the default) has no fully convolutional ViT to run: refused before any work, naming
-    --map-mode tiles; nothing is written."""
+    """--map-mode dense has no fully convolutional ViT to run: refused before any work, naming --map-mode tiles;
+    nothing is written."""
     _, checkpoint, slide = vit
     code = infer_main(["--checkpoint", str(checkpoint), "--slide", str(slide), "--output", str(tmp_path / "m.npy"),
-                       "--no-progress"])
+                       "--map-mode", "dense", "--no-progress"])
     line = one_line(capsys.readouterr().err)
     assert code == 2 and "--map-mode: timm:vit_tiny_patch16_224 sees each tile as a whole" in line
     assert "pass --map-mode tiles" in line and not list(tmp_path.iterdir())
+
+
+def test_the_default_map_mode_maps_a_vit_tile_by_tile_and_says_so(vit, one_process, tmp_path, capsys):
+    """No --map-mode (auto): the ViT's map is written, the same as --map-mode tiles; stderr says each part of the
+    set-up, then auto's choice in one line, then a progress line per row of tiles with the rate and the time left
+    (the format checked, not the figures). What tiles mode cannot do is refused naming auto's choice."""
+    _, checkpoint, slide = vit
+    argv = ["--checkpoint", str(checkpoint), "--slide", str(slide), "--output-stride", str(STRIDE), "--dtype",
+            "float64"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert infer_main([*argv, "--output", str(tmp_path / "auto.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "auto.npy"), one_process, equal_nan=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("mpi4dl_nb infer: setting up: loading the checkpoint ") and lines[1] == (
+        "mpi4dl_nb infer: --map-mode auto: tiles for timm:vit_tiny_patch16_224 (it sees each tile as a whole, so no "
+        "fully convolutional form exists; each cell is the classifier on its lone tile); --map-mode dense|tiles "
+        "chooses"), lines
+    assert lines[2:4] == [f"mpi4dl_nb infer: setting up: opening the slide {slide} ...",
+                          "mpi4dl_nb infer: setting up: planning the windows ..."], lines
+    bars = lines[4:]
+    assert len(bars) == 8 and all(re.fullmatch(r"\[[#.]{30}\] tile rows \d/8 \d+\.\d\d tiles/s ETA \d+:\d\d", b)
+                                  for b in bars), bars
+    assert bars[-1].startswith(f"[{'#' * 30}] tile rows 8/8 ") and bars[-1].endswith(" ETA 0:00")
+    code = infer_main([*argv, "--output", str(tmp_path / "t.npy"), "--tissue-only", "--no-progress"])
+    line = one_line(capsys.readouterr().err)
+    assert code == 2 and line.endswith("--map-mode: tiles (auto's choice: the network has no fully convolutional "
+                                       "form) runs the whole slide in one go; drop --tissue-only")

@@ -1,9 +1,9 @@
 """The cut reads one way (``models/cut_families.py``): the model's family is found once and followed.
 
-A timm ViT is cut into its tokens, timm's Swin into its trunk (patch embedding .. average pool: one piece, exact on
-tiles as a whole) and its classifier, keys the model's; a model built for one image size (MaxViT) by the chain cut
-checked at that size (not at ``CHECK_SIZE``: their patch embedding or window partition asserts it), any other chain
-of modules at ``CHECK_SIZE``; the first piece of a fixed-size model refuses another size with a ValueError naming both.
+A timm ViT is cut into its tokens, timm's Swin at its stages (tests/models/test_swin_cut.py), keys the model's; a
+model built for one image size (MaxViT) by the chain cut checked at that size (not at ``CHECK_SIZE``: their patch
+embedding or window partition asserts it), any other chain of modules at ``CHECK_SIZE``; the first piece of a
+fixed-size model refuses another size with a ValueError naming both.
 """
 
 from __future__ import annotations
@@ -53,28 +53,3 @@ def test_a_vit_takes_the_token_entry():
     with torch.device("meta"):
         model = timm.create_model("vit_tiny_patch16_224", num_classes=3, depth=1)
     assert cut_family(model) is CUT_FAMILIES[0] and cut_family(model).side(model, CHECK_SIZE) == (224, 224)
-
-
-def test_a_swin_is_cut_into_its_trunk_and_classifier_under_the_model_s_keys():
-    require_or_skip(missing_modules("timm"), "timm's Swin", MODELS_EXTRA)
-    import timm
-
-    from mpi4dl_nb.models.normalize import IMAGENET, normalized
-    from mpi4dl_nb.models.pieces import original_state_dict
-    from mpi4dl_nb.models.swin import SwinTrunk
-
-    torch.manual_seed(0)
-    model = timm.create_model("swin_tiny_patch4_window7_224", num_classes=3, depths=(1, 1, 1, 1), embed_dim=16,
-                              num_heads=(1, 1, 1, 1))
-    trunk, head = layer_list(model)
-    assert isinstance(trunk, SwinTrunk) and trunk.paths == ("patch_embed", "layers", "norm", "head.global_pool")
-    assert head.paths == ("head.drop", "head.fc", "head.flatten")
-    net = nn.Sequential(trunk, head)
-    assert original_state_dict([trunk, head], net.state_dict()).keys() == model.state_dict().keys()
-    x = torch.rand(2, 3, 224, 224)
-    with torch.no_grad():
-        assert trunk.eval()(x).shape == (2, 16 * 8)
-        first = normalized([trunk, head], IMAGENET)[0]
-        assert isinstance(first, SwinTrunk) and len(first.image_steps()) == 1
-        assert torch.equal(first(x), trunk((x - torch.tensor(IMAGENET.mean).reshape(3, 1, 1))
-                                           / torch.tensor(IMAGENET.std).reshape(3, 1, 1)))

@@ -31,6 +31,7 @@ CONFIGS = {
     "dp5": (dict(split_size=1, spatial_size=0, data_parallel=5), 5),
 }
 CHECKS = tuple(f"{name} {what}" for name in CONFIGS for what in ("equals serial", "touches no state"))
+REFUSED = tuple(f"{name} refuses dropout in training" for name in ("gems", "dp5"))   # replicas: pipeline/stage_draws.py
 
 
 def model() -> list[nn.Module]:
@@ -73,6 +74,18 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
+def refused_on_replicas(cfg: dl.ParallelConfig, ctx: dl.Context) -> None:
+    """Training the model (its dropout drawing) on replicas is refused on every rank before any work
+    (``pipeline/stage_draws.py``: each replica would draw the masks of other samples from the same state)."""
+    try:
+        dl.HybridEngine(model(), cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    except dl.ConfigError as error:
+        assert "replica" in str(error) and "(first: " in str(error), str(error)
+        return
+    raise AssertionError("training with dropout on replicas was not refused")
+
+
 def main(check: Checks) -> None:
     torch.set_num_threads(1)
     backend, names = split_backend(sys.argv[1:], default="auto")   # names: a subset of CONFIGS
@@ -84,9 +97,18 @@ def main(check: Checks) -> None:
         if names and name not in names:
             continue
         cfg = dl.ParallelConfig(**knobs)
-        engine = dl.HybridEngine(model(), cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
+        layers = model()
+        dropout = layers[-2]
+        assert isinstance(dropout, nn.Dropout)
+        replicated = cfg.data_parallel > 1 or cfg.gems   # their dropout draws in training are refused: p=0 there
+        if replicated:
+            with check(f"{name} refuses dropout in training"):
+                refused_on_replicas(cfg, ctx)
+        dropout.p = 0.0 if replicated else 0.5
+        engine = dl.HybridEngine(layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss(),
                                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
         engine.train_step(train_images[:batch], train_labels[:batch])
+        dropout.p = 0.5   # evaluation must still turn the dropout off
         state = ctx.bcast_object(engine.full_state_dict(), root=0)
         before = snapshot(engine)
         evaluator = Evaluator(engine, dataset, ctx, batch, torch.float64)

@@ -11,7 +11,9 @@ losses equal one process``, ``lora trains adapters and head only`` (every other 
 the starting one), ``lora recorded and merged`` (the checkpoint records the adapters, rebuilds and loads them;
 ``export --merge-lora``'s state dict loads strictly into the plain timm model and gives the same logits); with
 ``--layer-decay 0.75``: ``layer decay losses equal one process`` (the one process's optimizer groups by the same
-whole-model names), ``layer decay groups are BEiT's`` (every rank's groups against the rule, the record keeps it).
+whole-model names), ``layer decay groups are BEiT's`` (every rank's groups against the rule, the record keeps it),
+``layer decay rates of every group logged`` (issue 81: rank 0 holds stage 0's groups only, yet its metrics.jsonl has
+every group's ``lr/<name>`` = lr x scale, and the checkpoint's record lists every group).
 
 ``--huge`` runs issue 66's acceptance instead: ``timm:vit_huge_patch14_224`` with Virchow2's arguments and
 ``depth=2`` at 224 px (minutes on two cores; not part of the suite).
@@ -29,10 +31,11 @@ from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli.export_cmd import CheckedExport, ExportFormat, export
 from mpi4dl_nb.cli.train_cmd import parsed_plan
 from mpi4dl_nb.comm.protocol import Comm
+from mpi4dl_nb.evaluation.log import MetricsLog, read_metrics
 from mpi4dl_nb.models.lora import ADAPTER_KEYS, LoraSpec
 from mpi4dl_nb.models.model_args import parse_model_args, timm_resolver
 from mpi4dl_nb.models.vit import layer_decay_scales
-from mpi4dl_nb.pipeline.layer_decay import SCALE, ScaledOptimizer
+from mpi4dl_nb.pipeline.layer_decay import SCALE, ScaledOptimizer, local_groups
 from mpi4dl_nb.pipeline.reference import serial_chunks, serial_step
 from mpi4dl_nb.run.job_run import JobSetup, build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
@@ -119,6 +122,8 @@ def decay_run(check: Checks, ctx: Comm, folder: Path) -> None:
     argv = [*SMALL, *FLAGS, "--layer-decay", str(DECAY), "--checkpoint-dir", str(folder / "decay")]
     setup = set_up_run(parsed_plan(argv), ctx)
     trainer = build_trainer(setup, None)
+    if ctx.rank == 0:           # --log-dir's log, as started_trainer opens it
+        trainer.log = MetricsLog(folder / "decay-log", trainer.run_id)
     summary = trainer.run()
     state = trainer.engine.full_state_dict()
     with check("layer decay groups are BEiT's") as result:
@@ -135,6 +140,21 @@ def decay_run(check: Checks, ctx: Comm, folder: Path) -> None:
             record = read_checkpoint(next((folder / "decay").glob("*.pt"))).record
             assert record.training is not None and record.training.optimizer.layer_decay == DECAY
         result.detail = f"{len(scale_of)} parameters in groups {sorted({*scale_of.values()})}"
+    with check("layer decay rates of every group logged") as result:
+        if ctx.rank == 0:
+            names = ["embedding", "block.0", "block.1", "head"]         # scales DECAY ** 3, ** 2, ** 1, 1
+            held = [name for name, _ in local_groups(trainer.engine.optimizer)]
+            assert set(held) < set(names), held
+            lines = [r for r in read_metrics(folder / "decay-log") if r["kind"] == "train"]
+            assert len(lines) == STEPS
+            for line in lines:
+                logged = {k: v for k, v in line.items() if k.startswith("lr/")}
+                assert list(logged) == [f"lr/{n}" for n in names], logged
+                assert all(abs(logged[f"lr/{n}"] - line["lr"] * DECAY ** (3 - j)) < 1e-15 for j, n in enumerate(names))
+            record = read_checkpoint(next((folder / "decay").glob("*.pt"))).record
+            assert [(g.name, g.lr_scale) for g in record.param_groups] == [(n, DECAY ** (3 - j))
+                                                                         for j, n in enumerate(names)]
+            result.detail = f"rank 0 holds {held}; logged {names}"
     with check("layer decay losses equal one process") as result:
         if ctx.rank == 0:
             assert summary is not None and state is not None

@@ -5,7 +5,8 @@ many ranks).
 Named checks: each CASE (losses and the whole state on rank 0, equal to the serial reference of its
 chunks), ``<CASE> copies`` (every rank's own copy of every stage it holds), ``<CASE> eval tiles`` (the
 forward-only outputs of ``evaluate_tiles`` equal the serial model's in eval mode, each rank's tile),
-and ``classifier loss refused`` (every stage spatial with a loss that cannot run on tiles).
+and ``classifier loss refused`` (every stage spatial, a class loss on a U-Net's output tiles: refused at the
+first forward).
 """
 
 from __future__ import annotations
@@ -100,13 +101,15 @@ def main(check: Checks) -> None:
     with check("classifier loss refused") as result:
         cfg = dl.ParallelConfig(split_size=1, spatial_size=1, num_spatial_parts=ctx.world_size,
                                 slice_method="vertical")
-        try:
-            dl.HybridEngine(layers({}), cfg, ctx, loss_fn=nn.CrossEntropyLoss())
+        engine = dl.HybridEngine(layers({}), cfg, ctx, loss_fn=nn.CrossEntropyLoss(), abort_on_error=False)
+        x, y = dense_batches(1, 2, 3, (IMAGE, IMAGE), CLASSES, 0, None)[0]
+        try:   # a class loss takes the joined logits of a classifier's head; a U-Net's output is still tiles
+            engine.train_step(x, y)
         except ConfigError as err:
             assert err.knob == "spatial_size" and "DenseLoss" in str(err), err
             result.detail = str(err)[:80]
         else:
-            raise AssertionError("an all-spatial engine took nn.CrossEntropyLoss")
+            raise AssertionError("an all-spatial engine took nn.CrossEntropyLoss on a U-Net's tiles")
     ctx.barrier()
 
 

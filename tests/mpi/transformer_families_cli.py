@@ -4,8 +4,9 @@ exactly as one process does, and ``evaluate`` runs on each checkpoint with the s
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run``, ``build_trainer``),
 3 float64 steps; rank 0 trains the record's model in one process (whole images, the layout's chunks). Models, cut in
 depth by ``--model-args`` to stay small, the two built for 224 px at other sizes (``--image-size`` builds them for
-it): ``swin_tiny_patch4_window7_224`` at 192 px (one block per stage, 16 wide: the cut Swin's trunk on the tiles, its
-classifier on the layer rank; its 48, 24, 12 and 6 token grids padded to whole 7 x 7 windows, as one process pads),
+it): ``swin_tiny_patch4_window7_224`` at 192 px (one block per stage, 16 wide: the cut Swin's embedding and stages
+on the tiles, its head on the layer rank, its stochastic depth on one stage; its 48, 24, 12 and 6 token grids padded
+to whole 7 x 7 windows, as one process pads),
 ``maxvit_tiny_rw_224`` at 160 px (one block per stage, 5 x 5 windows and grids), ``efficientvit_b0`` at 128 px (its
 LiteMLA in float64 on both sides: ``models/external.float64_kept``).
 

@@ -57,7 +57,7 @@ def as_saved_by_jupyterlab(text: str, seed: int) -> str:
 
 def test_every_notebook_is_the_build_of_its_source_without_outputs():
     assert [p.name[:2] for p in SOURCES] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11",
-                                             "12"]
+                                             "12", "13"]
     assert ALL == [tutorials.notebook_path(source) for source in SOURCES], "a notebook without a .py source"
     for source in SOURCES:
         path = tutorials.notebook_path(source)
@@ -130,7 +130,7 @@ def test_build_is_deterministic_and_keeps_edits_made_only_in_the_notebook(tmp_pa
 
 
 TUTORIALS = [source for source in SOURCES
-             if source.name[:2] in ("01", "02", "03", "04", "06", "07", "08", "09", "10", "11", "12")]
+             if source.name[:2] in ("01", "02", "03", "04", "06", "07", "08", "09", "10", "11", "12", "13")]
 
 
 @pytest.mark.parametrize("source", TUTORIALS, ids=[s.stem for s in TUTORIALS])
@@ -152,7 +152,7 @@ def test_tutorial_opens_with_goals_ends_with_next_steps_and_has_an_exercise(sour
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_runs_headless(path, tmp_path, monkeypatch):
     start = time.monotonic()
-    if path.name.startswith(("04", "08", "09", "10")):
+    if path.name.startswith(("04", "08", "09", "10", "13")):
         monkeypatch.setenv("TMPDIR", str(tmp_path))      # the kernel's temporary folders land here
     notebook = execute_notebook(path)
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]

@@ -23,4 +23,5 @@ def test_lora_on_tiles_equals_one_process_trains_adapters_only_and_merges(shared
 
 def test_layer_decay_on_tiles_equals_one_process_with_beit_groups(shared_launch):
     require_or_skip(missing_modules("timm"), "timm's vision transformers", MODELS_EXTRA)
-    shared_launch(JOB).require(["layer decay groups are BEiT's", "layer decay losses equal one process"])
+    shared_launch(JOB).require(["layer decay groups are BEiT's", "layer decay losses equal one process",
+                                "layer decay rates of every group logged"])

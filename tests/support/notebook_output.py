@@ -1,4 +1,4 @@
-"""What notebooks 04, 06, 08, 09, 10, 11 and 12 must print, checked alike after a headless run and a JupyterLab
+"""What notebooks 04, 06, 08, 09, 10, 11, 12 and 13 must print, checked alike after a headless run and a JupyterLab
 Run All."""
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def check_printed_output(number: str, text: str, kernel_tmpdir: Path) -> None:
         assert "tile 0: receives 217 voxels" in text and "tile 7: receives 217 voxels" in text
     if number == "12":
         check_vision_transformers(text)
+    if number == "13":
+        check_fine_tuning(text, kernel_tmpdir)
 
 
 def check_vision_transformers(text: str) -> None:
@@ -85,3 +87,25 @@ def check_vision_transformers(text: str) -> None:
     fits = re.findall(r"^(ViT-\S+) .* P = (\d): largest image 16 GB ([\d,]+ px|none), 80 GB ([\d,]+) px$", text, re.M)
     assert len(fits) == 9 and all(f[2] == "none" for f in fits if f[0] == "ViT-g/14"), fits
     assert all(int(a[3].replace(",", "")) < int(b[3].replace(",", "")) for a, b in zip(fits, fits[1:]) if a[0] == b[0])
+
+
+def check_fine_tuning(text: str, kernel_tmpdir: Path) -> None:
+    """Notebook 13: UNI's preset cut to 2 blocks, from a headless file, fine-tuned with LoRA and layer decay on 4 tiles
+    + a layer rank, equals one process; only adapters, final norm and head moved; the logged rate of each group is
+    BEiT's rule times the schedule; the merged export loads strictly into timm and gives the run's logits; the
+    planner's largest images of the whole UNI; the notebook's folder removed."""
+    assert "-> exact: True" in text and "exact: False" not in text
+    differences = re.search(r"max \|loss difference\| = (\S+), max \|weight difference\| = (\S+) over", text)
+    assert differences and max(float(v) for v in differences.groups()) < 1e-10
+    assert "a head in it: False" in text and "no classifier in the file" in text
+    assert "unchanged, moved: ['norm.weight', 'norm.bias']" in text, "a frozen weight moved, or the norm did not"
+    rule = re.search(r"logged against lr x 0.75\^\(L-i\) x schedule: max difference (\S+)", text)
+    assert rule and float(rule.group(1)) < 1e-15 and text.count("lr_scale") == 3
+    assert "<All keys matched successfully>" in text and "-> the same network: True" in text
+    fits = {(int(parts), kind): int(side.replace(",", "")) for parts, full, lora in re.findall(
+        r"on (\d) ranks? of 24 GB: largest image ([\d,]+) px fully fine-tuned, ([\d,]+) px with LoRA", text)
+        for kind, side in (("full", full), ("lora", lora))}
+    assert len(fits) == 4 and all(fits[p, "full"] < fits[p, "lora"] for p in (1, 4)) and \
+        all(fits[1, k] < fits[4, k] for k in ("full", "lora")), fits
+    assert "training the adapters and the head (final norm, classifier): 3,149,826 parameters" in text
+    assert not list(kernel_tmpdir.glob("mpi4dl-13-*")), "the notebook's temporary folder was left behind"

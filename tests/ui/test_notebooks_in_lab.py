@@ -25,7 +25,7 @@ OUT = REPO / "out" / "ui"
 # Widget views each notebook shows after Run All (03: + the bubble slider exercise; 04: + learning curves;
 # 05: + the auto-tune's one-knob sweep).
 WIDGETS = {"01": 1, "02": 1, "03": 4, "04": 2, "05": 2, "06": 0, "07": 2, "08": 1, "09": 1, "10": 0, "11": 1,
-           "12": 1}
+           "12": 1, "13": 0}
 NAMES = {path.name[:2]: path.name for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
 
 
@@ -166,7 +166,7 @@ def test_03_step_through_text_timeline_and_glyphs(page, lab):
     wait_for(lambda: re.search(r"action (\d+)/\1 ", heading.inner_text()), what="the last action")
 
 
-@pytest.mark.parametrize("number", ["04", "05", "06", "07", "08", "09", "10", "11", "12"])
+@pytest.mark.parametrize("number", ["04", "05", "06", "07", "08", "09", "10", "11", "12", "13"])
 def test_notebook_runs_clean_in_lab(page, lab, number):
     notebook = run_notebook(page, lab, number)
     check_printed_output(number, "\n".join(notebook.output_texts()), lab.tmp)   # 04, 06: as the headless run

@@ -173,6 +173,11 @@ def check_volume_pair(image: Path, size: VolumeSize, num_classes: int, ignore_in
         labels = volume_info(mask)
     except (ConfigError, ValueError) as err:
         return str(err).replace(f"{image}: ", "")
+    if labels.channels == 1 and labels.scaling is not None:
+        slope, inter = labels.scaling
+        return (f"label volume {MASKS}/{mask.name} has scl_slope {slope:g} and scl_inter {inter:g} in its header, "
+                f"which scale its stored values (to {labels.dtype}); a label volume holds one class index per voxel "
+                f"as stored: set scl_slope 1 and scl_inter 0 (or both 0)")
     if labels.channels != 1 or not np.issubdtype(labels.dtype, np.integer):
         return (f"label volume {MASKS}/{mask.name} holds {labels.channels} channel(s) of {labels.dtype}; a label "
                 f"volume holds one class index (integer) per voxel")

@@ -65,6 +65,7 @@ class VolumeInfo:
     dtype: np.dtype
     voxel_size: VoxelSize | None               # along (D, H, W) in micrometres, None when the file does not say
     space: ScanSpace | None = None             # a NIfTI's header geometry (None: a TIFF stack)
+    scaling: tuple[float, float] | None = None  # a NIfTI's scl_slope and scl_inter when they change the values
 
     @property
     def orientation(self) -> Orientation:
@@ -433,11 +434,21 @@ def _nifti_image(file: Path) -> tuple[Nifti1Pair, tuple[int, ...]]:
     return image, shape
 
 
+def _nifti_scaling(image: Nifti1Pair) -> tuple[float, float] | None:
+    """The header's ``(scl_slope, scl_inter)`` when they scale the stored values (None: read as stored). nibabel
+    moves them from a loaded header to the image's array proxy, so they are read there."""
+    proxy = image.dataobj
+    slope, inter = getattr(proxy, "slope", None), getattr(proxy, "inter", None)
+    if slope is None:
+        slope, inter = image.header.get_slope_inter()
+    if slope is None or (slope == 1 and (inter or 0) == 0):
+        return None
+    return float(slope), float(inter or 0)
+
+
 def _nifti_dtype(image: Nifti1Pair) -> np.dtype:
-    header = image.header
-    slope, inter = header.get_slope_inter()
-    scaled = slope is not None and (slope != 1 or (inter or 0) != 0)
-    return np.dtype(np.float64) if scaled else np.dtype(header.get_data_dtype())
+    scaled = _nifti_scaling(image) is not None
+    return np.dtype(np.float64) if scaled else np.dtype(image.header.get_data_dtype())
 
 
 def _nifti_space(file: Path, image: Nifti1Pair, shape: tuple[int, ...]) -> tuple[ScanSpace, Orientation]:
@@ -460,7 +471,8 @@ def _nifti_info(file: Path) -> VolumeInfo:
     sizes = [_micrometres(size, space.unit) for size in orientation.read_shape((k, j, i))]
     voxel = None if None in sizes or not all(s and s > 0 for s in sizes) else \
         (float(sizes[0] or 0), float(sizes[1] or 0), float(sizes[2] or 0))
-    return VolumeInfo(file, orientation.read_shape(space.grid_shape), channels, _nifti_dtype(image), voxel, space)
+    return VolumeInfo(file, orientation.read_shape(space.grid_shape), channels, _nifti_dtype(image), voxel, space,
+                      _nifti_scaling(image))
 
 
 def _read_nifti(file: Path, region: Region | None, orientation: Orientation | None) -> np.ndarray:

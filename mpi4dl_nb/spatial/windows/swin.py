@@ -130,10 +130,19 @@ class SwinTileModel(nn.Module):
 
 
 def pooled_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> torch.Tensor:
-    """The average over the image's last-stage tokens (replicated on every tile) of a converted Swin(V2), or of a
-    cut Swin's trunk, holding ``patch_embed``, ``layers`` and ``norm``, on this rank's image tile ``x``."""
+    """The average over the image's last-stage tokens (replicated on every tile) of a converted Swin(V2) on this
+    rank's image tile ``x``."""
+    tokens, token_grid = tokens_on_tiles(model, x, label)
+    with torch._C.DisableTorchFunction():
+        tokens = model.get_submodule("norm")(model.get_submodule("layers")(tokens))
+    return mean_on_tiles(tokens, _runtime(model), final_tokens(model, token_grid))
+
+
+def tokens_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The patch embedding (``model.patch_embed``, of a Swin or of a cut one's embedding piece) on this rank's image
+    tile ``x``: the tile's box of the token grid ``(B, h, w, C)``, and that grid."""
     runtime = _runtime(model)
-    _check_forward(model, runtime, x.device)
+    check_forward(model, runtime, x.device)
     embed = model.get_submodule("patch_embed")
     size = runtime.root_size
     assert size is not None and len(size) == 2
@@ -144,14 +153,19 @@ def pooled_on_tiles(model: nn.Module, x: torch.Tensor, label: str) -> torch.Tens
                           f"merges), the image gives {token_grid}; create it with img_size= the image's size")
     tokens = embed.get_submodule("proj")(x)   # a spatial conv, under the op guard
     with torch._C.DisableTorchFunction():
-        tokens = embed.get_submodule("norm")(tokens.permute(0, 2, 3, 1))
-        tokens = model.get_submodule("norm")(model.get_submodule("layers")(tokens))
+        return embed.get_submodule("norm")(tokens.permute(0, 2, 3, 1)), token_grid
+
+
+def mean_on_tiles(tokens: torch.Tensor, runtime: SpatialRuntime, count: int) -> torch.Tensor:
+    """The mean over the image's ``count`` tokens of every tile's ``(B, h, w, C)`` box: one all-reduce, the same
+    ``(B, C)`` on every tile."""
+    with torch._C.DisableTorchFunction():
         total = replicated_sum(tokens.sum(dim=(1, 2)), runtime.ctx, runtime.group) \
             if len(runtime.ranks) > 1 else tokens.sum(dim=(1, 2))
-        return total / _final_tokens(model, token_grid)
+        return total / count
 
 
-def _final_tokens(model: nn.Module, token_grid: tuple[int, int]) -> int:
+def final_tokens(model: nn.Module, token_grid: tuple[int, int]) -> int:
     """Tokens of the last stage's grid: the patch grid halved (rounded up) by every merge."""
     rows, cols = token_grid
     for stage in model.get_submodule("layers").children():
@@ -168,7 +182,7 @@ def _random_draws(model: nn.Module) -> Iterator[tuple[str, nn.Module, float]]:
             yield name, module, rate
 
 
-def _check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.device) -> None:
+def check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.device) -> None:
     """Refuse what a forward on tiles would not compute as one process: element-wise dropout inside the stages
     (its mask would be drawn per tile or per window), tiles holding different random states when stochastic depth or
     the head's dropout draw (one number per sample, as one process draws them), recomputation of blocks that
@@ -181,7 +195,8 @@ def _check_forward(model: nn.Module, runtime: SpatialRuntime, device: torch.devi
                               f"proj_drop_rate=0 and attn_drop_rate=0 (drop_path_rate and drop_rate are exact)")
     if draws:
         check_random_state(runtime.guard, torch.bernoulli, device)
-    for index, stage in enumerate(model.get_submodule("layers").children()):
+    stages = model._modules.get("layers")     # a cut Swin's embedding or head piece has none
+    for index, stage in stages.named_children() if stages is not None else ():
         if getattr(stage, "grad_checkpointing", False):
             raise ConfigError("model", f"{type(model).__name__}.layers.{index}: grad checkpointing recomputes blocks "
                               f"that exchange windows across tiles; call set_grad_checkpointing(False)")
@@ -198,29 +213,42 @@ def _check_model(model: nn.Module, name: str) -> None:
 
 
 def check_swin_parts(model: nn.Module, where: str) -> None:
-    """Refuse before work a patch embedding, pool, stage, merge or block of a Swin (or of a cut Swin's trunk, which
-    holds the model's parts at their names) that the tile forward does not compute exactly."""
-    embed = model.get_submodule("patch_embed")
+    """Refuse before work a patch embedding, pool, stage, merge or block of a Swin that the tile forward does not
+    compute exactly."""
+    check_swin_embedding(model.get_submodule("patch_embed"), where)
+    check_swin_pool(model.get_submodule("head.global_pool"), where)
+    for stage_name, stage in model.get_submodule("layers").named_children():
+        check_swin_stage(stage, f"layers.{stage_name}", where)
+
+
+def check_swin_embedding(embed: nn.Module, where: str) -> None:
+    """Refuse a Swin's patch embedding that the tiles cannot compute (dynamic size or padding)."""
     if type(embed) not in timm_classes(PATCH_EMBED) or getattr(embed, "dynamic_img_pad", False) or \
             not getattr(embed, "strict_img_size", True):
         raise ConfigError("model", f"{where}: patch embedding {type(embed).__name__} (dynamic size or padding) is "
                           f"not supported on tiles; create the model with a fixed img_size")
-    pool = getattr(model.get_submodule("head.global_pool"), "pool_type", None)
+
+
+def check_swin_pool(pool_module: nn.Module, where: str) -> None:
+    """Refuse a Swin head's pool other than the average."""
+    pool = getattr(pool_module, "pool_type", None)
     if pool != "avg":
         raise ConfigError("model", f"{where}: global_pool={pool!r} is not supported on tiles; create the model with "
                           f"global_pool='avg'")
-    for stage_name, stage in model.get_submodule("layers").named_children():
-        if type(stage) not in timm_classes(SWIN_STAGES):
-            raise ConfigError("model", f"{where}: stage layers.{stage_name} ({type(stage).__name__}) is not "
+
+
+def check_swin_stage(stage: nn.Module, path: str, where: str) -> None:
+    """Refuse a Swin stage (at ``path`` in its model) whose merge or blocks the tiles do not compute exactly."""
+    if type(stage) not in timm_classes(SWIN_STAGES):
+        raise ConfigError("model", f"{where}: stage {path} ({type(stage).__name__}) is not supported on tiles")
+    merge = stage.get_submodule("downsample")
+    if not isinstance(merge, nn.Identity) and type(merge) not in timm_classes(SWIN_MERGES):
+        raise ConfigError("model", f"{where}: {path}.downsample ({type(merge).__name__}) is not supported on tiles; "
+                          f"supported: timm's PatchMerging")
+    for block_name, block in stage.get_submodule("blocks").named_children():
+        if type(block) not in timm_classes(SWIN_BLOCKS):
+            raise ConfigError("model", f"{where}: block {path}.blocks.{block_name} ({type(block).__name__}) is not "
                               f"supported on tiles")
-        merge = stage.get_submodule("downsample")
-        if not isinstance(merge, nn.Identity) and type(merge) not in timm_classes(SWIN_MERGES):
-            raise ConfigError("model", f"{where}: layers.{stage_name}.downsample ({type(merge).__name__}) is not "
-                              f"supported on tiles; supported: timm's PatchMerging")
-        for block_name, block in stage.get_submodule("blocks").named_children():
-            if type(block) not in timm_classes(SWIN_BLOCKS):
-                raise ConfigError("model", f"{where}: block layers.{stage_name}.blocks.{block_name} "
-                                  f"({type(block).__name__}) is not supported on tiles")
 
 
 def _bound(module: nn.Module, mixin: type[nn.Module], runtime: SpatialRuntime, name: str) -> nn.Module:
@@ -230,7 +258,7 @@ def _bound(module: nn.Module, mixin: type[nn.Module], runtime: SpatialRuntime, n
     return new
 
 
-def _convert_stage(stage: nn.Module, name: str, runtime: SpatialRuntime) -> nn.Module:
+def convert_stage(stage: nn.Module, name: str, runtime: SpatialRuntime) -> nn.Module:
     """A stage sharing ``stage``'s state: its merge a ``TileMerge``, its blocks ``WindowBlock``s."""
     new = shallow_copy(stage, type(stage))
     merge = stage.get_submodule("downsample")
@@ -261,7 +289,7 @@ def swin_on_tiles(module: nn.Module, name: str, runtime: SpatialRuntime, convert
         elif child_name == "layers":
             stages = new._modules[child_name] = shallow_copy(child, type(child))
             for stage_name, stage in child.named_children():
-                stages._modules[stage_name] = _convert_stage(stage, f"{prefix}layers.{stage_name}", runtime)
+                stages._modules[stage_name] = convert_stage(stage, f"{prefix}layers.{stage_name}", runtime)
         elif child_name not in ("norm", "head"):     # a cut trunk's image steps in front (a normalisation)
             new._modules[child_name] = convert(child, f"{prefix}{child_name}")
     head = set(map(id, module.get_submodule("head").parameters()))

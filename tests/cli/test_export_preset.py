@@ -1,0 +1,88 @@
+"""Issue 81 through the command line: ``train --model virchow2`` (cut to one narrow block) records its card's ImageNet
+mean and std without ``--normalize``; under ``--layer-decay`` metrics.jsonl holds each group's ``lr/<group>`` and
+the checkpoint the optimizer's groups; ``export`` writes beside the weights the preprocessing a timm user needs, with
+which timm's own model gives the checkpoint's outputs; a given ``--normalize`` is said to override the card."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mpi4dl_nb.checkpoint.record import read_checkpoint
+from mpi4dl_nb.cli import export_cmd, train_cmd
+from mpi4dl_nb.evaluation.log import read_metrics
+from mpi4dl_nb.infer.model import load_layers
+from mpi4dl_nb.models.model_args import timm_resolver
+from mpi4dl_nb.models.normalize import IMAGENET
+from tests.support.train_in_process import run_command, run_train
+
+timm = pytest.importorskip("timm")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+TINY = ["--model", "virchow2", "--model-args", "depth=1,embed_dim=32,num_heads=2", "--image-size", "28"]
+RUN = ["--num-classes", "2", "--batch-size", "2", "--num-samples", "4", "--no-progress", "--split-size", "1",
+       "--spatial-size", "0", "--dtype", "float64"]
+LR, DECAY = 0.1, 0.5
+
+
+@pytest.fixture(scope="module")
+def decayed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two steps of the cut Virchow2 with ``--layer-decay``, its checkpoints and log in the returned folder."""
+    folder = tmp_path_factory.mktemp("virchow2")
+    code = train_cmd.main([*TINY, *RUN, "--steps", "2", "--lr", str(LR), "--layer-decay", str(DECAY),
+                           "--lr-schedule", "cosine", "--checkpoint-dir", str(folder / "ck"),
+                           "--log-dir", str(folder / "log")])
+    assert code == 0
+    return folder
+
+
+def test_the_card_s_mean_and_std_are_recorded_and_each_group_s_rate_logged(decayed):
+    record = read_checkpoint(next((decayed / "ck").glob("*.pt"))).record
+    assert record.model.normalize == IMAGENET                     # without --normalize: the card's
+    assert record.model.preprocessing is not None and record.model.preprocessing.card.endswith("paige-ai/Virchow2")
+    names, scales = ["embedding", "block.0", "head"], [DECAY ** 2, DECAY, 1.0]
+    steps = [r for r in read_metrics(decayed / "log") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2] and steps[0]["lr"] != steps[1]["lr"]      # cosine: rates move
+    for line in steps:
+        assert {k: v for k, v in line.items() if k.startswith("lr/")} == {
+            f"lr/{name}": pytest.approx(line["lr"] * scale) for name, scale in zip(names, scales, strict=True)}
+    assert [(g.name, g.lr_scale) for g in record.param_groups] == list(zip(names, scales, strict=True))
+    assert [g.lr for g in record.param_groups] == [pytest.approx(steps[-1]["lr"] * s) for s in scales]
+
+
+def test_export_writes_the_preprocessing_with_which_timm_gives_the_checkpoint_s_outputs(decayed, tmp_path, capsys):
+    output = tmp_path / "virchow2.safetensors"
+    code, out, err = run_command(export_cmd.main, ["--checkpoint", str(decayed / "ck"), "--output-file",
+                                                   str(output)], capsys)
+    assert code == 0, err
+    written = Path(json.loads(out.strip().splitlines()[-1])["preprocessing"])
+    assert written == tmp_path / "virchow2.config.json"
+    config = json.loads(written.read_text())
+    cfg = config["pretrained_cfg"]
+    assert (cfg["mean"], cfg["std"], cfg["input_size"]) == (list(IMAGENET.mean), list(IMAGENET.std), [3, 28, 28])
+    record = read_checkpoint(next((decayed / "ck").glob("*.pt"))).record
+    keywords = record.model.model_args.keywords(timm_resolver(timm))
+    model = timm.create_model(config["architecture"], num_classes=config["num_classes"], img_size=28,
+                              pretrained_cfg_overlay=cfg, **keywords).double().eval()
+    model.load_state_dict(safetensors_torch.load_file(str(output)), strict=True)
+    data = timm.data.resolve_data_config(model=model)
+    assert [tuple(data[k]) for k in ("mean", "std", "input_size")] == [IMAGENET.mean, IMAGENET.std, (3, 28, 28)]
+    images = torch.rand(2, 3, 28, 28, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    mean, std = (torch.tensor(data[k], dtype=torch.float64).reshape(3, 1, 1) for k in ("mean", "std"))
+    layers, _ = load_layers(decayed / "ck", dtype=torch.float64)
+    with torch.no_grad():
+        expected = torch.nn.Sequential(*layers).eval()(images)        # the checkpoint normalises as its first step
+        got = model((images - mean) / std)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    code, _, err = run_command(export_cmd.main, ["--checkpoint", str(decayed / "ck"), "--output-file",
+                                                 str(tmp_path / "virchow2.pt")], capsys)
+    assert code == 2 and "virchow2.config.json exists; pass --force" in err
+
+
+def test_a_given_normalize_is_said_to_override_the_card(tmp_path, capsys):
+    code, _, err = run_train([*TINY, *RUN, "--steps", "1", "--normalize", "none"], capsys)
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "overrides the card's" in line]
+    assert len(said) == 1 and "--normalize none (pixels in [0, 1]) overrides the card's imagenet" in said[0], err
