@@ -8,10 +8,11 @@ and printed when both have ended. mypy runs beside them (``out/mypy.log``, print
 first non-zero of the three (0 when all pass).
 
 The launching tests of ``SECOND`` run in the second stream once its unit tests have ended, so the two streams
-end at about the same time (local run at stop 58: launching 21.7 min, the other 6.7 min + 17.9 min of these). The
-test hosts spend most of their time waiting (for hosts to come up, for heartbeats to stop and a watchdog to fire);
-the JupyterLab tests (~13 min beside the launching stream) drive a browser and one kernel at a time. The Slurm
-tests (~1.2 min, mostly a batch queue's waits) run in the launching stream since stop 59. The headless
+end at about the same time (clean clone at 326ea38: launching 24.4 min, the other 7.5 min + 18.0 min of these,
+the test hosts' 2.4 of them, since moved to the launching stream). The test hosts spend most of their time waiting
+(for hosts to come up, for heartbeats to stop and a watchdog to fire); the JupyterLab tests (~15 min beside the
+launching stream, thirteen notebooks) drive a browser and one kernel at a time. The Slurm tests (~1.2 min, mostly a
+batch queue's waits) run in the launching stream since stop 59. The headless
 notebook runs go with the Lab ones: tests/conftest.py skips a headless run that the same session runs in Lab.
 
 Usage: ``python -m tests.streams [pytest arguments, e.g. -x or -k NAME]``; ``--one-stream`` runs them as one
@@ -37,7 +38,7 @@ NOTHING_COLLECTED = 5     # pytest's exit status when a -k/-m filter left a stre
 COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
 # launching tests run in the second stream, after its unit tests (one pytest session: the Lab and headless
 # notebook runs must be collected together)
-SECOND = ("tests/multihost", "tests/ui", "tests/notebook/test_notebooks.py")
+SECOND = ("tests/ui", "tests/notebook/test_notebooks.py")
 
 
 def pytest_command(marker: str, extra: list[str], paths: tuple[str, ...] = ("tests",),

@@ -14,6 +14,7 @@ from ..models.normalize import STEP
 from ..models.pieces import Piece
 from ..pipeline.default_cut import check_fit
 from ..planner.optimizer import TrainingState
+from ..planner.tune import aligned
 
 MB = 2 ** 20
 ZERO_STAGES = (0, 1, 2, 3)
@@ -58,13 +59,11 @@ def stage_table(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: in
     return "\n".join(lines) + f"\nbalance: {','.join(map(str, balance))} ({len(layers)} layers, {image_size} px images)"
 
 
-def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
-    """``rows`` as lines, the first a header underlined; text columns left, the others right."""
+def underlined(rows: list[list[str]]) -> list[str]:
+    """``rows`` as aligned lines (``planner.tune.aligned``: the first column left), the header underlined."""
+    lines = aligned(rows, left=0)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if i < 1 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return lines
+    return [lines[0], "  ".join("-" * width for width in widths), *lines[1:]]
 
 
 def megabytes(count: int) -> str:
@@ -97,7 +96,7 @@ def state_table(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: in
         rows.append([str(stage), str(len(stage_holders(cfg, stage))),
                      f"{sum(p.numel() for layer in held for p in layer.parameters()):,}", *cells])
     return "\n".join([f"training state per rank of each stage, MB (float32 weights and gradients, {state_slots} "
-                      f"optimizer state(s) per parameter), by --zero-stage (*: this one):", *aligned(rows),
+                      f"optimizer state(s) per parameter), by --zero-stage (*: this one):", *underlined(rows),
                       "kept between steps; ZeRO 1 and 2 keep the whole weights beside the shards; while a stage "
                       "computes, ZeRO 3 gathers its weights layer by layer (two at a time), and every level builds "
                       "its whole gradients in backward (2, 3: until the reduce-scatter)"])

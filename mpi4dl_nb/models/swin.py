@@ -1,8 +1,8 @@
 """timm's Swin(V2) cut at its stages: the patch embedding, each stage, and the head (final norm, pool, classifier).
 
 These are the pieces a pipeline places (``pipeline/default_cut.py`` balances them): ``SwinEmbedding`` (steps put in
-front such as a normalisation, then ``patch_embed``), one ``SwinStage`` per ``layers.<i>`` (its patch merge, then its
-blocks) and ``SwinHead`` (``norm``, ``head.global_pool``, ``head.drop``, ``head.fc``, ``head.flatten``). Between
+front such as a normalisation, then ``patch_embed``), one ``SwinStagePiece`` per ``layers.<i>`` (its patch merge, then
+its blocks) and ``SwinHead`` (``norm``, ``head.global_pool``, ``head.drop``, ``head.fc``, ``head.flatten``). Between
 pieces the token grid is a channels-first map ``(B, C, rows, cols)`` (timm's is channels last: each piece permutes
 in and out, views), so a stage cut, the planner and the hand-off see it as any feature map. Each piece names the
 record that runs it on tiles (``spatial/windows/swin_trunk.py``): on a spatial stage the embedding and stages hand
@@ -61,7 +61,7 @@ class SwinEmbedding(SizedPiece):
         return SwinEmbedding(steps, self.built, self.source)
 
 
-class SwinStage(Piece):
+class SwinStagePiece(Piece):
     """One stage of a Swin, ``layers.<i>`` (its patch merge, then its blocks; on tiles: ``SwinStageTiles``)."""
 
     tile_family = SWIN_CUT_STAGE
@@ -79,7 +79,7 @@ class SwinStage(Piece):
     def with_steps(self, steps: Sequence[tuple[str, nn.Module]]) -> Piece:
         if len(steps) != 1:
             raise ValueError("a Swin stage piece runs its stage alone")
-        return SwinStage(*steps[0])
+        return SwinStagePiece(*steps[0])
 
 
 class SwinHead(Piece):
@@ -112,6 +112,6 @@ def is_swin_model(model: nn.Module) -> bool:
 def swin_pieces(model: nn.Module, built: tuple[int, int]) -> list[nn.Module]:
     """``model`` (``is_swin_model``, built for ``built`` images) as its embedding, each stage, and its head."""
     embedding = SwinEmbedding([(EMBEDDING, model.get_submodule(EMBEDDING))], built, type(model))
-    stages = [SwinStage(f"{STAGES}.{name}", stage) for name, stage in model.get_submodule(STAGES).named_children()]
+    stages = [SwinStagePiece(f"{STAGES}.{name}", stage) for name, stage in model.get_submodule(STAGES).named_children()]
     final = _grid(stages[-1].stage().output_resolution) if stages else embedding.token_grid()
     return [embedding, *stages, SwinHead([(path, model.get_submodule(path)) for path in HEAD], final)]

@@ -152,7 +152,7 @@ def layer_gather(units: Sequence[tuple[int, int]], together: Sequence[Sequence[i
     return max(found, key=sum, default=(0, 0))
 
 
-def state_bytes(found: OptimizerFootprint, numels: Sequence[int], share: ZeroShare, weight_bytes: int,
+def zero_state_bytes(found: OptimizerFootprint, numels: Sequence[int], share: ZeroShare, weight_bytes: int,
                 layered: tuple[int, int] | None = None) -> StateBytes:
     """The training state of a stage whose trained parameters have ``numels`` elements on the rank keeping
     ``share``: ``found`` (the stage's whole optimizer footprint) scaled to the rank's elements where the ZeRO level
@@ -211,7 +211,7 @@ class TrainingState:
             numels = [n for layer in layer_numels(self.stages[stage]) for n in layer]
             share = self.share(rank, stage)
             layered = self.layered(stage, share) if share.stage >= 3 and share.sharded else None
-            self._found[key] = state_bytes(self.footprint(stage), numels, share, weights, layered)
+            self._found[key] = zero_state_bytes(self.footprint(stage), numels, share, weights, layered)
         return self._found[key]
 
     def layered(self, stage: int, share: ZeroShare) -> tuple[int, int] | None:

@@ -19,6 +19,8 @@ import torch
 
 from ..config import ConfigError, ParallelConfig, ScheduleKind, SliceMethod
 from ..layout import stage_holders
+from ..pipeline.default_cut import draws_in_training
+from ..pipeline.stage_draws import draws_refusal
 from .device import MeasuringDevice
 from .exchanges import StageExchanges, config_exchanges
 from .layer_timer import LayerTimer, measuring_device
@@ -304,8 +306,11 @@ def suggest(model: Layers, image_size: int | tuple[int, int], memory_per_device:
     fitting, refused = _by_memory(step, candidates, memory_per_device, headroom, zero_stages)
     if not fitting:
         kept = f" less {headroom:.0%} headroom" if headroom else ""
+        drawn = step.draws() and devices > 1
+        left = (" (those with dropout or stochastic depth on two stages or on replicas are left out: training "
+                "refuses them; set the rates to 0 to weigh them too)") if drawn else ""
         raise ValueError(f"no configuration on {devices} devices fits memory_per_device="
-                         f"{memory_per_device / MB:.1f} MB{kept} (one device needs "
+                         f"{memory_per_device / MB:.1f} MB{kept}{left} (one device needs "
                          f"{serial_memory.peak / MB:.1f} MB); raise devices or memory_per_device, "
                          f"or lower batch_size/image_size")
     bench = timer.bench if timer else measuring_device(device)
@@ -342,6 +347,16 @@ class _StepEstimate:
         except (ConfigError, ValueError, RuntimeError):    # a stage the memory model laid out but meta cannot run
             return None
 
+    def draws(self) -> bool:
+        """Whether a layer draws random numbers in training (dropout, stochastic depth)."""
+        return any(draws_in_training([p.layer for p in self.profiles if p.layer is not None]))
+
+    def draws_refused(self, cfg: ParallelConfig, balance: Sequence[int]) -> bool:
+        """Whether training refuses ``cfg`` cut by ``balance``: dropout or stochastic depth on two stages or on
+        replicas would not draw one process's masks (``pipeline/stage_draws.py``)."""
+        layers = [p.layer for p in self.profiles if p.layer is not None]
+        return len(layers) == len(self.profiles) and draws_refusal(layers, balance, cfg) is not None
+
     def memory(self, cfg: ParallelConfig) -> MemoryPlan:
         return estimate_memory(self.profiles, cfg, self.image_size, self.batch_size, precision=self.precision,
                                recompute=self.recompute, loss_fn=self.loss_fn, optimizer=self.optimizer,
@@ -352,7 +367,7 @@ def _by_memory(step: _StepEstimate, candidates: Sequence[ParallelConfig], limit:
                zero_stages: Sequence[int] = (0,)) -> tuple[list[tuple[ParallelConfig, MemoryPlan]], list[Refusal]]:
     """The candidates whose every rank fits ``limit`` less ``headroom`` at the lowest of ``zero_stages`` that
     fits (with their plans), and the refused ones (at the highest tried); a candidate the memory model cannot
-    lay out is left out."""
+    lay out, or that training refuses for its random draws, is left out."""
     fitting: list[tuple[ParallelConfig, MemoryPlan]] = []
     refused: dict[ParallelConfig, Refusal] = {}
     for base in candidates:
@@ -366,6 +381,8 @@ def _by_memory(step: _StepEstimate, candidates: Sequence[ParallelConfig], limit:
                 plan = step.memory(cfg)
             except (ConfigError, ValueError):
                 continue
+            if step.draws_refused(cfg, plan.balance):    # train would refuse it (pipeline/stage_draws.py)
+                break
             if plan.peak <= limit * (1 - headroom):
                 fitting.append((cfg, plan))
                 refused.pop(base, None)

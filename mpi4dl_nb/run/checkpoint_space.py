@@ -74,13 +74,13 @@ def prepare_directory(directory: str | Path, needed_bytes: int) -> Path:
         raise ConfigError(knob, f"cannot create {str(folder)!r}: {err.strerror or err}; choose a "
                                 f"writable location") from err
     try:
-        check_writable(folder, needed_bytes)
+        check_folder_takes(folder, needed_bytes)
     finally:
         remove_made(made)
     return folder
 
 
-def check_writable(folder: Path, needed_bytes: int) -> None:
+def check_folder_takes(folder: Path, needed_bytes: int) -> None:
     """ConfigError unless the existing ``folder`` takes a file and has room for ``needed_bytes`` (and a margin)."""
     knob = "--checkpoint-dir"
     probe = folder / f".mpi4dl-write-test-{os.getpid()}"

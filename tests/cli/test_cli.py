@@ -100,6 +100,7 @@ PARALLEL_CASES = [
     (["--precision", "bf16"], "precision", "bf16"),
     (["--grad-bucket-mb", "0.5", "--data-parallel", "2", "--batch-size", "4"], "grad_bucket_mb", 0.5),
     (["--grad-bucket-mb", "none", "--data-parallel", "2", "--batch-size", "4"], "grad_bucket_mb", None),
+    (["--zero-stage", "2"], "zero_stage", 2),
 ]
 
 

@@ -53,6 +53,8 @@ def test_the_same_train_job_plan_and_record_from_flags_and_from_keywords(monkeyp
     from_flags, from_keywords = flags_job(FLAGS), TrainJob.of(**KEYWORDS)
     assert from_flags == from_keywords
     monkeypatch.setattr("mpi4dl_nb.cli.layout_cmd.launched_world", lambda: (0, 5, True))
+    # --resume latest into ckpt/, which this test does not write (the source's check: tests/cli/test_user_messages.py)
+    monkeypatch.setattr("mpi4dl_nb.run.job_check.check_resume_source", lambda resume, checkpoint_dir: None)
     plan = cli.parsed_plan(FLAGS)                     # parsed, checked and laid out for the 5 ranks it asks for
     assert plan == from_keywords.check() and plan.record() == from_keywords.check().record()
     assert plan.training.class_weights == (1.0, 2.0, 3.0) and plan.data.class_names == ("a", "b", "c")

@@ -36,11 +36,11 @@ def tiny_swin(**kwargs: object) -> nn.Module:
 def test_a_swin_is_cut_at_its_stages_under_the_model_s_keys():
     from mpi4dl_nb.models.normalize import IMAGENET, normalized
     from mpi4dl_nb.models.pieces import original_state_dict
-    from mpi4dl_nb.models.swin import SwinEmbedding, SwinHead, SwinStage
+    from mpi4dl_nb.models.swin import SwinEmbedding, SwinHead, SwinStagePiece
 
     model = tiny_swin()
     layers = layer_list(model)
-    assert [type(layer) for layer in layers] == [SwinEmbedding, *[SwinStage] * 4, SwinHead]
+    assert [type(layer) for layer in layers] == [SwinEmbedding, *[SwinStagePiece] * 4, SwinHead]
     assert [layer.paths for layer in layers[1:5]] == [(f"layers.{i}",) for i in range(4)]
     assert layers[-1].paths == ("norm", "head.global_pool", "head.drop", "head.fc", "head.flatten")
     net = nn.Sequential(*layers)

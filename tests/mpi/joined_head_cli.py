@@ -50,8 +50,8 @@ TOLERANCE = 1e-9
 EVALUATED = 4   # samples each evaluation reads
 MODELS: dict[str, str] = {
     "resnet": "--model resnet --num-layers 8 --num-filters 4 --image-size 32",
-    "swin": "--model timm:swin_tiny_patch4_window7_224 --model-args depths=(1,1,1,1),embed_dim=16,"
-            "num_heads=(1,1,1,1) --image-size 192",
+    "swin": "--model timm:swin_tiny_patch4_window7_224 --model-args depths=(1,1,1,1),embed_dim=8,"
+            "num_heads=(1,1,1,1),window_size=4 --image-size 64",
 }
 LAYOUTS: dict[str, str] = {
     "2 tiles": "--split-size 1 --spatial-size 1 --num-spatial-parts 2 --slice-method vertical",

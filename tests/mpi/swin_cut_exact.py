@@ -18,10 +18,10 @@ import torch
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.cli.train_cmd import parsed_plan
-from mpi4dl_nb.models.swin import SwinStage
+from mpi4dl_nb.models.swin import SwinStagePiece
 from mpi4dl_nb.run.job_run import build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
-from tests.support.serial_training import matches_one_process, train_one_process
+from tests.support.serial_training import classifier_matches_one_process
 
 STEPS = 3
 TOLERANCE = 1e-9
@@ -45,20 +45,14 @@ def main(check: Checks) -> None:
     trainer = build_trainer(setup, None)
     with check(PLACED) as result:
         balance, stages = trainer.engine.balance, trainer.engine.stages
-        assert len(balance) == 3 and isinstance(stages[1][0], SwinStage), balance     # a stage on layer rank 4
+        assert len(balance) == 3 and isinstance(stages[1][0], SwinStagePiece), balance     # a stage on layer rank 4
         result.detail = f"balance {','.join(map(str, balance))}"
     summary = trainer.run()
     state = trainer.engine.full_state_dict()
     with check(TRAINED) as result:
         if ctx.rank == 0:
             assert summary is not None and state is not None
-            torch.manual_seed(setup.job.training.seed)
-            model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size)).to(torch.float64)
-            loss = setup.record.loss()
-            assert isinstance(loss, torch.nn.Module)        # a classifier's cross-entropy
-            serial = train_one_process(setup, model, loss, lambda batcher, epoch, step: batcher.labels(epoch, step),
-                                       STEPS)
-            result.detail = matches_one_process(summary.losses, state, serial, model, TOLERANCE)
+            result.detail = classifier_matches_one_process(setup, summary.losses, state, STEPS, TOLERANCE)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from mpi4dl_nb.run.evaluate_run import run_evaluation
 from mpi4dl_nb.run.job_run import build_trainer, set_up_run
 from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
-from tests.support.serial_training import matches_one_process, train_one_process
+from tests.support.serial_training import classifier_matches_one_process
 
 STEPS = 3
 TOLERANCE = 1e-9
@@ -63,13 +63,7 @@ def train_and_evaluate(check: Checks, ctx: Comm, label: str, folder: Path, summa
     with check(trained_name(label)) as result:
         if ctx.rank == 0:
             assert summary is not None and state is not None
-            torch.manual_seed(setup.job.training.seed)
-            model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size)).to(torch.float64)
-            loss = setup.record.loss()
-            assert isinstance(loss, torch.nn.Module)        # a classifier's cross-entropy
-            serial = train_one_process(setup, model, loss, lambda batcher, epoch, step: batcher.labels(epoch, step),
-                                       STEPS)
-            result.detail = matches_one_process(summary.losses, state, serial, model, TOLERANCE)
+            result.detail = classifier_matches_one_process(setup, summary.losses, state, STEPS, TOLERANCE)
     ctx.barrier()          # the checkpoint written before any rank looks for it
     with check(evaluated_name(label)) as result:
         figures = evaluated(["--checkpoint", str(folder / label), *LAYOUT], ctx)

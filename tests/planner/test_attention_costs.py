@@ -98,7 +98,8 @@ def test_suggest_costs_maxvit_and_swin_configurations():
     from mpi4dl_nb.planner.suggest import suggest
 
     torch.manual_seed(0)
-    maxvit = layer_list(timm.create_model(MAXVIT, num_classes=10, depths=(1, 1, 1, 1)))   # a block a stage
+    maxvit = layer_list(timm.create_model(MAXVIT, num_classes=10, depths=(1, 1, 1, 1),   # a block a stage
+                                          drop_path_rate=0.0))   # replicas drawing masks: refused (stage_draws)
     found = suggest(maxvit, 256, 4 * GiB, 3, max_split=2, device="cpu")
     assert found and all(s.peak_bytes > 0 and s.est_step_time > 0 for s in found)
     tiled = [s for s in found if s.cfg.spatial_size]
@@ -106,5 +107,9 @@ def test_suggest_costs_maxvit_and_swin_configurations():
     assert "attention exchanges" in found.table()
     swin = layer_list(timm.create_model(SWIN, num_classes=10, depths=(1, 1, 1, 1), embed_dim=32,
                                         num_heads=(1, 2, 4, 8)))
+    with pytest.raises(ValueError, match="stochastic depth on two stages or on replicas are left out"):
+        suggest(swin, 224, 4 * GiB, 2, max_split=1, device="cpu")    # timm's drop path 0.1: replicas refused
+    swin = layer_list(timm.create_model(SWIN, num_classes=10, depths=(1, 1, 1, 1), embed_dim=32,
+                                        num_heads=(1, 2, 4, 8), drop_path_rate=0.0))
     found = suggest(swin, 224, 4 * GiB, 2, max_split=2, device="cpu")
     assert found and all(s.peak_bytes > 0 and s.est_step_time > 0 and s.cfg.spatial_size == 0 for s in found)

@@ -41,7 +41,7 @@ def guarded(layers: int) -> tuple[NonFiniteGuard, Canonical, LossWatch]:
     output = canonical(torch.randn(3, 4))
     assert isinstance(output, torch.Tensor)
     output.sum().backward()
-    engine = SimpleNamespace(instances={0: SimpleNamespace(canonical=canonical)})
+    engine = SimpleNamespace(instances={0: SimpleNamespace(canonical=canonical)}, named_shards=lambda: [])
     ctx = SimpleNamespace(tracer=Tracer(enabled=False), rank=0, all_gather_object=lambda report: [report])
     loss = LossWatch(lambda out, target: torch.as_tensor(out).sum())
     guard = NonFiniteGuard(cast(HybridEngine, engine), cast(Comm, ctx), loss)

@@ -45,3 +45,15 @@ def matches_one_process(losses: Sequence[float | None], state: Mapping[str, torc
                 for k, v in weights.items() if v.is_floating_point())
     assert drift < tolerance, f"weights differ by {drift}"
     return f"losses {[round(v, 6) for v in serial]}, max error {worst:.1e}, weights {drift:.1e}"
+
+
+def classifier_matches_one_process(setup: JobSetup, losses: Sequence[float | None],
+                                   state: Mapping[str, torch.Tensor], steps: int, tolerance: float) -> str:
+    """A classifier run's ``losses`` and final ``state`` against the run's model trained ``steps`` steps in one
+    process (float64, the run's seed, its cross-entropy): ``matches_one_process``'s detail line."""
+    torch.manual_seed(setup.job.training.seed)
+    model = torch.nn.Sequential(*setup.record.model.build(setup.job.data.image_size)).to(torch.float64)
+    loss = setup.record.loss()
+    assert isinstance(loss, torch.nn.Module)        # a classifier's cross-entropy
+    serial = train_one_process(setup, model, loss, lambda batcher, epoch, step: batcher.labels(epoch, step), steps)
+    return matches_one_process(losses, state, serial, model, tolerance)

@@ -156,7 +156,7 @@ SWIN_CUT_EMBEDDING: Family = Family(
     "Swin (a cut Swin's embedding piece: models/swin.py's SwinEmbedding)",
     lambda module: names_family(module, SWIN_CUT_EMBEDDING), convert_swin_embedding, "tests/mpi/swin_cut_exact.py")
 SWIN_CUT_STAGE: Family = Family(
-    "Swin (a cut Swin's stage piece: models/swin.py's SwinStage)",
+    "Swin (a cut Swin's stage piece: models/swin.py's SwinStagePiece)",
     lambda module: names_family(module, SWIN_CUT_STAGE), convert_swin_stage, "tests/mpi/swin_cut_exact.py",
     swin_stage_cost)
 SWIN_CUT_HEAD: Family = Family(
