@@ -275,6 +275,13 @@ def convert_stage(stage: nn.Module, name: str, runtime: SpatialRuntime) -> nn.Mo
     return new
 
 
+def patch_embed_on_tiles(embed: nn.Module, prefix: str, convert: Convert) -> nn.Module:
+    """A copy of a Swin's ``patch_embed`` whose patch projection is converted (a spatial conv)."""
+    copied = shallow_copy(embed, type(embed))
+    copied._modules["proj"] = convert(embed.get_submodule("proj"), f"{prefix}patch_embed.proj")
+    return copied
+
+
 def swin_on_tiles(module: nn.Module, name: str, runtime: SpatialRuntime, convert: Convert,
                   mixin: type[nn.Module]) -> nn.Module:
     """``module`` (a timm Swin, or a cut one's trunk: ``patch_embed``, ``layers``, ``norm``, ``head`` at the model's
@@ -284,8 +291,7 @@ def swin_on_tiles(module: nn.Module, name: str, runtime: SpatialRuntime, convert
     prefix = f"{name}." if name else ""
     for child_name, child in module.named_children():
         if child_name == "patch_embed":
-            embed = new._modules[child_name] = shallow_copy(child, type(child))
-            embed._modules["proj"] = convert(child.get_submodule("proj"), f"{prefix}patch_embed.proj")
+            new._modules[child_name] = patch_embed_on_tiles(child, prefix, convert)
         elif child_name == "layers":
             stages = new._modules[child_name] = shallow_copy(child, type(child))
             for stage_name, stage in child.named_children():

@@ -31,6 +31,7 @@ from .swin import (
     check_swin_stage,
     convert_stage,
     mean_on_tiles,
+    patch_embed_on_tiles,
     tokens_on_tiles,
 )
 from .traffic import swin_block_cost, swin_merge_cost
@@ -105,8 +106,7 @@ def convert_swin_embedding(module: nn.Module, name: str, runtime: SpatialRuntime
     prefix = f"{name}." if name else ""
     for child_name, child in module.named_children():
         if child_name == "patch_embed":
-            copied = new._modules[child_name] = shallow_copy(child, type(child))
-            copied._modules["proj"] = convert(child.get_submodule("proj"), f"{prefix}patch_embed.proj")
+            new._modules[child_name] = patch_embed_on_tiles(child, prefix, convert)
         else:       # image steps in front (a normalisation)
             new._modules[child_name] = convert(child, f"{prefix}{child_name}")
     for parameter in embed.parameters():
