@@ -81,7 +81,8 @@ class NodeSum:
             return None
         return cls(cast("MPI.Intracomm", shared), wait_mode)   # split from a communicator of one node
 
-    def _barrier(self) -> None:
+    def barrier(self) -> None:
+        """Meet the other members, every write to the window before visible after (MPI-3's unified-memory rule)."""
         assert self.window is not None
         self.window.Sync()
         MpiRequests([self.comm.Ibarrier()], self.wait_mode).wait()
@@ -115,7 +116,8 @@ class NodeSum:
         self.segments = [self.window.Shared_query(member)[0] for member in range(self.size)]
         self.capacity = slab
 
-    def _view(self, member: int, dtype: torch.dtype, count: int) -> torch.Tensor:
+    def view(self, member: int, dtype: torch.dtype, count: int) -> torch.Tensor:
+        """Member ``member``'s slab as its first ``count`` elements of ``dtype``."""
         if count == 0:
             return torch.empty(0, dtype=dtype)
         return torch.frombuffer(self.segments[member], dtype=dtype, count=count)
@@ -169,7 +171,7 @@ class NodeSum:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         if count * itemsize > self.capacity:
             raise ValueError(f"NodeSum holds sums of {self.capacity} bytes, not {count * itemsize}: reserve first")
-        return self._view(self.index, dtype, count)
+        return self.view(self.index, dtype, count)
 
     def reduce_slab(self, parts: Sequence[torch.Tensor]) -> None:
         """``all_reduce(parts)`` where this member's slab already holds the parts, concatenated and flattened, at
@@ -181,8 +183,8 @@ class NodeSum:
         count = sum(p.numel() for p in parts)
         bounds = self.bounds(count)
         own_low, own_high = bounds[self.index], bounds[self.index + 1]
-        slabs = [self._view(member, dtype, count) for member in range(self.size)]
-        self._barrier()                          # every slab written
+        slabs = [self.view(member, dtype, count) for member in range(self.size)]
+        self.barrier()                          # every slab written
         offset = 0
         for part in parts:                       # this member's share, part by part: the members' terms in rank order
             start, stop = offset, offset + part.numel()
@@ -196,7 +198,7 @@ class NodeSum:
             torch.add(terms[0], terms[1], out=out)
             for term in terms[2:]:
                 out.add_(term)
-        self._barrier()                          # every share summed
+        self.barrier()                          # every share summed
         offset = 0
         for part in (p for p in parts if p.numel()):     # each part gathered from the shares it spans
             start, stop = offset, offset + part.numel()

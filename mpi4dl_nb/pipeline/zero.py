@@ -1,12 +1,15 @@
 """ZeRO stages 1-3 over each group of ranks holding the same weights: sharded optimizer state, gradients, weights.
 
 Each trainable parameter of a shared stage is flattened and cut over the stage's holders (``zero_layout.py``); this
-rank keeps its slice as a parameter of its own (a *shard*), which the optimizer steps, so parameter groups, weight
-decay and layer-decay scales stay those of the whole parameter, element by element. Level 1: gradients are summed
-whole as at level 0, each rank steps its shards, the all-gather rebuilds the parameters. Level 2: the gradients are
-summed by a reduce-scatter straight into the shards (the whole gradient freed). Level 3: between uses a parameter
-keeps no memory (its storage resized to 0); hooks gather each layer's weights before its forward and its backward
-and free them after (``zero_layers.py``), or the runtime a whole stage's around each action. docs/sharding.md.
+rank keeps its slice as a parameter of its own (a *shard*: at levels 1-2 a view of the whole parameter's slice, at
+level 3 memory of its own), which the optimizer steps, so parameter groups, weight decay and layer-decay scales stay
+those of the whole parameter, element by element. Holders on one node (mpi plane, CPU, levels 1-2) exchange pieces
+through the node's shared window (``comm/node_shards.py``), others by MPI's or torch's collectives. Level 1:
+gradients are summed whole as at level 0, each rank steps its shards, the all-gather rebuilds the parameters. Level
+2: the gradients are summed by a reduce-scatter straight into the shards (the whole gradient freed). Level 3:
+between uses a parameter keeps no memory (its storage resized to 0); hooks gather each layer's weights before its
+forward and its backward and free them after (``zero_layers.py``), or the runtime a whole stage's around each
+action. docs/sharding.md.
 """
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ import torch
 from torch import nn
 
 from ..comm.handles import Group
+from ..comm.node_shards import NodeShards
 from ..comm.protocol import Comm
 from ..errors import ConfigError
+from ..spatial.grad_hooks import hook_arrivals
+from ..spatial.node_reduction import NodeSums
 from .zero_layout import ShardPlan
 
 Entries = dict[str, dict[str, object]]   # whole-model parameter key -> its optimizer state (name -> value)
@@ -44,8 +50,17 @@ class ShardedStage:
         self.plan = ShardPlan(tuple(p.numel() for p in self.params), group.size, group.rank_of(ctx.rank))
         self.counts = self.plan.counts
         self.offsets = self.plan.piece_offsets()
-        self.shards = [nn.Parameter(p.detach().new_empty(stop - start)) for p, (start, stop)
-                       in zip(self.params, self.plan.mine())]
+        # levels 1-2 keep the whole parameters: a shard is its slice of them (the step writes it in place, no copy)
+        self.viewed = level < 3
+        self.shards = [nn.Parameter(p.data.view(-1)[start:stop] if self.viewed else p.detach().new_empty(stop - start))
+                       for p, (start, stop) in zip(self.params, self.plan.mine())]
+        self.node = _node_route(ctx, group, self.params, level)
+        # level 2 on the node: each gradient's slices for the others written into the slab as backward accumulates it
+        self.copied: dict[int, tuple[torch.Tensor, int]] = {}    # parameter index -> (its .grad written, version)
+        self.early = self._early_places() if self.node is not None and level == 2 else []
+        self.index_of = {id(p): i for i, p in enumerate(self.params)}
+        if self.early:
+            self._hooks = hook_arrivals(self, self.params)
         self.layered = False   # level 3 gathers unit by unit from layer hooks (``zero_layers.py``), else per action
         self.present = [True]
         self.set_units([list(range(len(self.params)))])
@@ -64,7 +79,9 @@ class ShardedStage:
         return [(key, shard) for key, shard in zip(self.keys, self.shards) if shard.numel() > 0]
 
     def refresh(self) -> None:
-        """Copy this rank's slices of the (present) parameters into the shards."""
+        """Copy this rank's slices of the (present) parameters into the shards (levels 1-2: they are those slices)."""
+        if self.viewed:
+            return
         with torch.no_grad():
             for param, shard, (start, stop) in zip(self.params, self.shards, self.plan.mine()):
                 shard.copy_(param.detach().reshape(-1)[start:stop])
@@ -81,13 +98,53 @@ class ShardedStage:
         quiet = self.silent()
         grads = [p.grad.detach().reshape(-1) if p.grad is not None and id(p) not in quiet
                  else p.detach().new_zeros(p.numel()) for p in self.params]
-        flat = torch.cat([grads[index][start:stop] for index, start, stop in self.plan.places()])
-        piece = self.ctx.reduce_scatter(flat, self.counts, self.group)
+        if self.node is not None:
+            piece = self.node.reduce_scatter(self._by_member(grads, self.plan), self.counts, self._written(quiet))
+        else:
+            flat = torch.cat([grads[index][start:stop] for index, start, stop in self.plan.places()])
+            piece = self.ctx.reduce_scatter(flat, self.counts, self.group)
         for shard, at in zip(self.shards, self.offsets):
             shard.grad = piece[at:at + shard.numel()]
         for param in self.params:
             param.grad = None
-        return flat.numel() * flat.element_size()
+        return sum(self.counts) * piece.element_size()
+
+    def _early_places(self) -> list[list[tuple[int, int, int]]]:
+        """Per parameter, where its slices for the other holders lie in this rank's slab: (at, start, stop)."""
+        starts = [0]
+        for count in self.counts:
+            starts.append(starts[-1] + count)
+        places: list[list[tuple[int, int, int]]] = [[] for _ in self.params]
+        for member in range(self.plan.members):
+            at = starts[member]
+            for index in range(len(self.params)):
+                start, stop = self.plan.bounds(index, member)
+                if member != self.plan.index and stop > start:
+                    places[index].append((at, start, stop))
+                at += stop - start
+        return places
+
+    def _written(self, quiet: Collection[int]) -> set[int]:
+        """The parameters whose slices ``arrived`` wrote and that are still their gradient's (the claim on the slab
+        held since, the same ``.grad`` unchanged, not one whose gradient this rank leaves out); claims the slab."""
+        kept = self.node is not None and self.node.claim(self)
+        copied, self.copied = self.copied, {}
+        return {i for i, (grad, version) in copied.items() if kept and self.params[i].grad is grad
+                and grad._version == version and id(self.params[i]) not in quiet}
+
+    def arrived(self, param: torch.Tensor) -> None:
+        """Backward accumulated ``param``'s gradient: its slices for the others into the slab now, while in cache
+        (level 2 on the node; kept only while this stage's claim on the slab holds)."""
+        index, grad = self.index_of[id(param)], param.grad
+        assert self.node is not None and grad is not None
+        if self.node.write_early(self, grad.detach().reshape(-1), self.early[index], sum(self.counts)):
+            self.copied[index] = (grad, grad._version)
+
+    @staticmethod
+    def _by_member(flats: Sequence[torch.Tensor], plan: ShardPlan) -> list[list[torch.Tensor]]:
+        """Each member's slices of the flat tensors ``flats`` (cut as ``plan``): the member-order flat, uncopied."""
+        return [[flat[start:stop] for flat, (start, stop) in zip(flats, (plan.bounds(p, m) for p in range(len(flats))))]
+                for m in range(plan.members)]
 
     def square_sum(self) -> torch.Tensor:
         """The sum of this rank's shard gradients squared (float64; each element of the stage on one holder)."""
@@ -119,6 +176,10 @@ class ShardedStage:
 
     def _all_gather(self, indices: Sequence[int], plan: ShardPlan) -> None:
         """Every holder's shards of parameters ``indices`` (cut as ``plan``) copied into the whole parameters."""
+        if self.node is not None:   # through .data: no version bump, as below
+            flats = [self.params[i].data.view(-1) for i in indices]
+            self.node.all_gather([self.shards[i].detach() for i in indices], self._by_member(flats, plan), plan.counts)
+            return
         piece = torch.cat([self.shards[i].detach() for i in indices])
         whole = self.ctx.all_gather(piece, plan.counts, self.group)
         at = 0
@@ -190,6 +251,17 @@ class ShardedStage:
             if entry is None or shard.numel() == 0:
                 continue
             optimizer.state[shard] = {name: _sliced(name, value, shard, start, stop) for name, value in entry.items()}
+
+
+def _node_route(ctx: Comm, group: Group, params: Sequence[nn.Parameter], level: int) -> NodeShards | None:
+    """The node's window for this stage's reduce-scatter and all-gather (``comm/node_shards.py``) where it serves:
+    the mpi plane, every holder on one node, CPU parameters of one summable dtype, room in the node's shared memory;
+    levels 1-2 only (level 3's window would hold the whole stage, the memory it frees). None: MPI's collectives.
+    Collective over ``group`` (the same answer on every holder)."""
+    dtypes = {p.dtype for p in params}
+    if level >= 3 or not isinstance(ctx, NodeSums) or len(dtypes) != 1 or any(p.device.type != "cpu" for p in params):
+        return None
+    return NodeShards.reserved(ctx.node_sum(group), dtypes.pop(), sum(p.numel() for p in params))
 
 
 def _check_shardable(key: str, param: nn.Parameter, level: int) -> None:

@@ -167,7 +167,8 @@ def zero_state_bytes(found: OptimizerFootprint, numels: Sequence[int], share: Ze
     level = share.stage
     gathered, gather = layered if level >= 3 and layered is not None else (whole, whole + piece)
     return StateBytes(
-        weights=piece + (weight_bytes if level < 3 else weight_bytes - whole), gradients=piece if level >= 2 else whole,
+        weights=weight_bytes if level < 3 else piece + weight_bytes - whole,   # levels 1-2: a shard is a slice
+        gradients=piece if level >= 2 else whole,
         optimizer=round(found.state_bytes * ratio), step=round(found.step_bytes * ratio), whole_gradients=whole,
         gathered=gathered if level >= 3 else 0, gather=gather, scatter=whole + piece if level >= 2 else 0)
 

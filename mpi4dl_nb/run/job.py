@@ -135,3 +135,11 @@ class TrainPlan:
         if self.data.task.dense:
             found["loss"] = f"{self.training.loss}, ignore {self.data.ignore_index}"
         return found
+
+
+def data_text(data: DataSpec) -> str:
+    """What opening the data does, for a set-up line: the cohort's or folder's path, or the app without one."""
+    source = data.cohort or data.datapath
+    if source is None:
+        return f"opening the {data.app} data (no --datapath)"
+    return f"reading the data in {source}" + (" (finding each slide's canvas)" if data.whole_slide else "")

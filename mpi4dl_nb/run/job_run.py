@@ -12,7 +12,7 @@ from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
 from ..console import SetupLines, to_stderr
 from ..data.canvas import SlideCanvases
-from .job import TrainJob, TrainPlan
+from .job import TrainJob, TrainPlan, data_text
 
 if TYPE_CHECKING:
     from torch import nn
@@ -334,7 +334,7 @@ def set_up_run(job: TrainPlan, ctx: Comm, lines: SetupLines | None = None) -> Jo
         agreed(ctx, lambda: require_shared(ctx, directory))
     bad = checked_files(job, ctx, job.data.datapath, DataRole.TRAINING, say)
     bad_held_out = checked_files(job, ctx, job.held_out.val_datapath, DataRole.VALIDATION, say)
-    say.doing(data_text(job))
+    say.doing(data_text(job.data))
     agreed(ctx, lambda: setup.open_data(bad, bad_held_out))
     if job.checkpoints.resume is not None:
         say.doing("choosing the checkpoint to resume")
@@ -343,15 +343,6 @@ def set_up_run(job: TrainPlan, ctx: Comm, lines: SetupLines | None = None) -> Jo
 
     agreed(ctx, lambda: write_run_config(setup.job, ctx.rank, setup.run_id))     # rank 0: config.toml
     return setup
-
-
-def data_text(job: TrainPlan) -> str:
-    """What opening the data does, for the set-up line: the cohort's or folder's path, or the app without one."""
-    data = job.data
-    source = data.cohort or data.datapath
-    if source is None:
-        return f"opening the {data.app} data (no --datapath)"
-    return f"reading the data in {source}" + (" (finding each slide's canvas)" if data.whole_slide else "")
 
 
 def optimizer_factory(spec: OptimizerSpec, lr_scales: Mapping[str, float] | None) -> OptimizerFactory:

@@ -77,3 +77,26 @@ def test_train_says_its_set_up_before_the_first_step(capsys, quiet):
                          "mpi4dl_nb train: setting up: building the engine on 1 rank ..."], lines
     step = r"\[[#.]{30}\] step \d/2 loss \d+\.\d{4} \d+\.\d\d img/s ETA \d+:\d\d"
     assert lines[3:] and all(re.fullmatch(step, text) for text in lines[3:]), lines
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_evaluate_says_its_set_up_before_it_reads_images(capsys, tmp_path, quiet):
+    """``evaluate``: the checkpoint, the data and the model's placement said as they start, before the progress bar;
+    --no-progress: nothing on stderr (the JSON summary alone, on stdout)."""
+    from mpi4dl_nb.cli.evaluate_cmd import main as evaluate_main
+    from mpi4dl_nb.cli.train_cmd import main as train_main
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train_main([*TRAIN, "--no-progress", "--checkpoint-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert evaluate_main(["--checkpoint", str(tmp_path), "--split-size", "1", "--spatial-size", "0",
+                              *(["--no-progress"] if quiet else [])]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert out.getvalue().count("\n") == 1
+    if quiet:
+        assert lines == []
+        return
+    assert lines[0].startswith(f"mpi4dl_nb evaluate: setting up: loading the checkpoint {tmp_path}/step-"), lines
+    assert lines[1:3] == ["mpi4dl_nb evaluate: setting up: opening the synthetic data (no --datapath) ...",
+                          "mpi4dl_nb evaluate: setting up: placing the model on 1 rank ..."], lines

@@ -4,8 +4,9 @@ every tile holds, exactly as one process (float64), and ``evaluate`` takes its c
 Runs set up as ``python -m mpi4dl_nb train`` does (``train_plan``, ``set_up_run``, ``build_trainer``), 2 steps of
 AdamW; rank 0 of each run's ranks trains the record's model in one process (whole images, the layout's chunks) and
 compares the losses and every weight (1e-9). Models: the package's ResNet (depth 8, 4 filters, BatchNorm) at 32 px and
-timm's Swin-T cut to one block per stage, 16 wide, at 192 px. Layouts: ``--split-size 1 --spatial-size 1`` on 2 tiles
-(ranks 0-1 and 2-3 run the two models at once, each pair a communicator of its own) and Swin on 4 tiles (2x2);
+timm's Swin-T cut to one block per stage, 8 wide, 4 x 4 windows, at 64 px. Layouts: ``--split-size 1
+--spatial-size 1`` on 2 tiles (ranks 0-1 and 2-3 run the two models at once, each pair a communicator of its own) and
+Swin on 4 tiles (2x2);
 ResNet on ``--split-size 2 --spatial-size 2`` with 2 tiles (two spatial stages, 4 ranks). After each run
 ``evaluate`` reads its checkpoint on the same layout: the loss of the model's checkpoint evaluated in one process
 (rank 0 alone, once per model: every layout trains the same weights).

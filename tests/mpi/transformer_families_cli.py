@@ -2,11 +2,11 @@
 exactly as one process does, and ``evaluate`` runs on each checkpoint with the same layout (issue 66).
 
 The ranks set the run up as ``python -m mpi4dl_nb train`` does (``parsed_plan``, ``set_up_run``, ``build_trainer``),
-3 float64 steps; rank 0 trains the record's model in one process (whole images, the layout's chunks). Models, cut in
-depth by ``--model-args`` to stay small, the two built for 224 px at other sizes (``--image-size`` builds them for
-it): ``swin_tiny_patch4_window7_224`` at 192 px (one block per stage, 16 wide: the cut Swin's embedding and stages
-on the tiles, its head on the layer rank, its stochastic depth on one stage; its 48, 24, 12 and 6 token grids padded
-to whole 7 x 7 windows, as one process pads),
+2 float64 steps (the second from the first's updated weights and momentum); rank 0 trains the record's model in one
+process (whole images, the layout's chunks). Models, cut in depth by ``--model-args`` to stay small, the two built
+for 224 px at other sizes (``--image-size`` builds them for it): ``swin_tiny_patch4_window7_224`` at 192 px (one
+block per stage, 16 wide: the cut Swin's embedding and stages on the tiles, its head on the layer rank, its
+stochastic depth on one stage; its 48, 24, 12 and 6 token grids padded to whole 7 x 7 windows, as one process pads),
 ``maxvit_tiny_rw_224`` at 160 px (one block per stage, 5 x 5 windows and grids), ``efficientvit_b0`` at 128 px (its
 LiteMLA in float64 on both sides: ``models/external.float64_kept``).
 
@@ -36,7 +36,7 @@ from tests.support.checks import Checks, run_checks
 from tests.support.scratch import shared_temp_folder
 from tests.support.serial_training import classifier_matches_one_process
 
-STEPS = 3
+STEPS = 2
 TOLERANCE = 1e-9
 EVALUATED = 4   # samples each evaluation reads
 Figures = dict[str, object]   # an evaluation summary's figures (its JSON)

@@ -2,7 +2,10 @@
 on the world and on a group, on this run's data plane.
 
 Usage: python -m tests.mpi.zero_planes [--backend=gloo]. Checks: ``reduce_scatter uneven`` and ``all_gather uneven``
-(world and the group of every rank but 0; the pieces' sizes differ per member, one is empty; float64 exact).
+(world and the group of every rank but 0; the pieces' sizes differ per member, one is empty; float64 exact); on the
+mpi plane also ``node shards`` (``comm/node_shards.py``, the route of holders on one node): the same pieces as those
+collectives, each member's piece in two tensors; slices written early are used (their tensors passed as zeros), and
+a claim lost to a ``NodeSum`` sum in between writes everything again.
 """
 
 from __future__ import annotations
@@ -44,6 +47,37 @@ def check_all_gather(ctx, group) -> None:
     assert torch.equal(whole.cpu(), want), (whole, want)
 
 
+def check_node_shards(ctx) -> None:
+    from mpi4dl_nb.comm.node_shards import NodeShards
+
+    counts = counts_of(ctx.world_size)
+    node = NodeShards.reserved(ctx.node_sum(), torch.float64, sum(counts))
+    assert node is not None, "one node, room in /dev/shm: the window's route"
+    values = torch.arange(sum(counts), dtype=torch.float64) * (ctx.rank + 1)   # integers: any order sums alike
+    starts = [sum(counts[:m]) for m in range(ctx.world_size)]
+    pieces = [[values[s:s + c // 2], values[s + c // 2:s + c]] for s, c in zip(starts, counts)]
+    want = ctx.reduce_scatter(values, counts)
+    owner = object()
+    for lost in (False, True):
+        node.claim(owner)
+        for m in range(ctx.world_size):     # every other member's first tensor written early, at its place
+            if m != ctx.rank:
+                assert node.write_early(owner, pieces[m][0], [(starts[m], 0, pieces[m][0].numel())], sum(counts))
+        if lost:
+            ctx.node_sum().all_reduce([torch.ones(sum(counts), dtype=torch.float64)])   # drops the claim
+        kept = node.claim(owner)
+        assert kept is not lost
+        passed = [[torch.zeros_like(t) if kept and k == 0 and m != ctx.rank else t for k, t in enumerate(tensors)]
+                  for m, tensors in enumerate(pieces)]       # what was written early is not read again
+        got = node.reduce_scatter(passed, counts, {0} if kept else set())
+        assert torch.equal(got, want), (lost, got, want)
+    mine = pieces[ctx.rank]
+    outs = [[torch.empty(t.numel(), dtype=torch.float64) for t in tensors] for tensors in pieces]
+    node.all_gather(mine, outs, counts)
+    gathered = ctx.all_gather(values[starts[ctx.rank]:starts[ctx.rank] + counts[ctx.rank]], counts)
+    assert torch.equal(torch.cat([t for tensors in outs for t in tensors]), gathered)
+
+
 def main(check: Checks) -> None:
     options = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
     ctx = dl.init(backend=options.get("backend", "auto"))
@@ -53,6 +87,10 @@ def main(check: Checks) -> None:
             run(ctx, None)
             run(ctx, tail)
             result.detail = f"counts {counts_of(ctx.world_size)} on {ctx.plane}"
+    if ctx.plane == "mpi":
+        with check("node shards") as result:
+            check_node_shards(ctx)
+            result.detail = f"counts {counts_of(ctx.world_size)}, early writes used, a lost claim written again"
 
 
 if __name__ == "__main__":

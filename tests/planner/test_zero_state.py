@@ -51,9 +51,9 @@ def test_each_stage_shards_its_terms_and_no_stage_shards_a_lone_holder():
     count = sum(p.numel() for layer in layers() for p in layer.parameters())
     plans = [plan(zero) for zero in range(4)]
     quarter = plans[3].ranks[0].state["weights"]             # rank 0's shards, 4 bytes an element
-    # the engine keeps the whole weights beside the shards at levels 1 and 2
-    assert plans[1].ranks[0].state == {"weights": 4 * count + quarter, "gradients": 4 * count, "optimizer": 2 * quarter}
-    assert plans[2].ranks[0].state == {"weights": 4 * count + quarter, "gradients": quarter, "optimizer": 2 * quarter}
+    # at levels 1 and 2 the engine keeps the whole weights, its shards their slices (no memory of their own)
+    assert plans[1].ranks[0].state == {"weights": 4 * count, "gradients": 4 * count, "optimizer": 2 * quarter}
+    assert plans[2].ranks[0].state == {"weights": 4 * count, "gradients": quarter, "optimizer": 2 * quarter}
     states = [p.binding_rank.state_bytes for p in plans]
     assert states == sorted(states, reverse=True) and len(set(states)) == 4
     # level 3 gathers to compute: a layer and its neighbour, here the stage's only two layers with weights

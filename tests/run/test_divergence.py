@@ -16,6 +16,18 @@ def test_first_nonfinite_searches_nested_state():
     assert first_nonfinite([("g", torch.tensor([math.nan]))]) == "g"
 
 
+def test_a_sum_that_overflows_is_no_false_alarm_and_opposite_infinities_are_found():
+    """The quick screen sums each tensor: a finite tensor whose float32 (or half) sum overflows is still clean, and
+    +inf beside -inf (a NaN sum) or a NaN among half values are still found, first bad tensor named."""
+    big = torch.full((4,), 3e38)                                   # finite; its float32 sum is inf
+    halves = torch.full((8,), 60000.0, dtype=torch.float16)       # finite; a float16 sum would overflow
+    assert math.isinf(big.sum().item()) and first_nonfinite([("big", big), ("halves", halves)]) is None
+    both = torch.tensor([math.inf, -math.inf, 1.0])
+    assert first_nonfinite([("big", big), ("both", both)]) == "both"
+    halves[3] = math.nan
+    assert first_nonfinite([("big", big), ("halves", halves), ("both", both)]) == "halves"
+
+
 def test_loss_watch_keeps_the_first_bad_chunk_loss():
     watch = LossWatch(lambda out, target: out.sum())
     watch(torch.ones(2), None)

@@ -1,0 +1,127 @@
+"""Reduce-scatter and all-gather of sharded state (ZeRO) through a node's shared window, no message copies between.
+
+A group whose members all run on one node can hand each other pieces through ``NodeSum``'s window instead of
+``MPI_Reduce_scatter`` / ``MPI_Allgatherv``: no concatenated send buffer, no copies through the library's cells.
+The window's slab of a member is laid out as the *member-order flat* of the pieces (member 0's piece, then member
+1's, ...; ``counts[m]`` elements each). A reduce-scatter writes the others' pieces of its tensors into its own slab
+(its own piece stays where it is), meets the others, and sums its piece: the members' terms in member order (its own
+read from its tensors), as ``NodeSum`` sums. An all-gather writes its piece into its own slab at its own place,
+meets the others, and copies their pieces from their slabs. Every operation meets the others again at its end, so
+no member writes a slab another still reads, whatever runs between two operations. On two members a reduce-scatter
+makes about 2 passes over the whole tensors' bytes and an all-gather about 2.5, where the messages' route took a
+concatenation and the library's copies on top (BENCHMARKS.md §19).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from itertools import accumulate
+
+import torch
+
+from .node_sum import SUMMED_DTYPES, NodeSum
+
+
+def _starts(counts: Sequence[int]) -> list[int]:
+    return [0, *accumulate(counts)]
+
+
+class NodeShards:
+    """Pieces of ``dtype`` CPU tensors exchanged over ``node``'s members (ZeRO's collectives on one node)."""
+
+    def __init__(self, node: NodeSum, dtype: torch.dtype) -> None:
+        if dtype not in SUMMED_DTYPES:
+            raise ValueError(f"NodeShards sums {SUMMED_DTYPES}, not {dtype}")
+        self.node, self.dtype = node, dtype
+
+    @property
+    def index(self) -> int:
+        return self.node.index
+
+    @classmethod
+    def reserved(cls, node: NodeSum | None, dtype: torch.dtype, count: int) -> NodeShards | None:
+        """Shards over ``node`` for flats of ``count`` elements of ``dtype``, if the node has room for the window
+        (None on every member otherwise, or without a node). Collective over the node's members."""
+        if node is None or dtype not in SUMMED_DTYPES:
+            return None
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        return cls(node, dtype) if node.reserve(count * itemsize) else None
+
+    def _slabs(self, total: int) -> list[torch.Tensor]:
+        self.node.slab(self.dtype, total)       # checks the window's room
+        return [self.node.view(member, self.dtype, total) for member in range(self.node.size)]
+
+    def claim(self, owner: object) -> bool:
+        """Claim this member's slab for ``owner``'s copies: True when they are still there (nobody else wrote the
+        others' places since ``owner``'s last claim; ``NodeSum``'s sums and a growing window drop a claim)."""
+        kept = self.node.holder is owner
+        self.node.holder = owner
+        return kept
+
+    def write_early(self, owner: object, flat: torch.Tensor, places: Sequence[tuple[int, int, int]],
+                    total: int) -> bool:
+        """Write slices ``start:stop`` of ``flat`` at ``at`` of this member's slab (``places``: (at, start, stop),
+        the others' slices of one tensor) ahead of ``reduce_scatter`` of a flat of ``total`` elements (a gradient
+        as backward accumulates it, still in cache). False (nothing written) when ``owner``'s claim was lost since
+        its last ``claim``: its ``reduce_scatter`` writes everything then."""
+        if self.node.holder is not owner:
+            return False
+        slab = self._slabs(total)[self.index]
+        for at, start, stop in places:
+            slab[at:at + stop - start].copy_(flat[start:stop])
+        return True
+
+    def reduce_scatter(self, pieces: Sequence[Sequence[torch.Tensor]], counts: Sequence[int],
+                       written: Collection[int] = ()) -> torch.Tensor:
+        """This member's piece of the sum over the members: ``pieces[m]`` are this member's flat tensors that make
+        member ``m``'s piece (``counts[m]`` elements) of its member-order flat; ``written``: the positions ``k``
+        whose ``pieces[m][k]`` (every other member ``m``) ``write_early`` already put in this member's slab. A new
+        tensor. Collective: every member passes tensors of the same sizes."""
+        starts, me = _starts(counts), self.index
+        slabs = self._slabs(starts[-1])
+        for member, tensors in enumerate(pieces):
+            if member != me:
+                _write(slabs[me], starts[member], tensors, written)
+        self.node.barrier()
+        out = torch.empty(counts[me], dtype=self.dtype)
+        at = 0
+        for tensor in pieces[me]:
+            size, low = tensor.numel(), starts[me] + at
+            own = tensor.detach().reshape(-1)
+            terms = [own if member == me else slabs[member][low:low + size] for member in range(self.node.size)]
+            target = out[at:at + size]
+            torch.add(terms[0], terms[1], out=target)
+            for term in terms[2:]:
+                target.add_(term)
+            at += size
+        self.node.barrier()
+        return out
+
+    def all_gather(self, mine: Sequence[torch.Tensor], outs: Sequence[Sequence[torch.Tensor]],
+                   counts: Sequence[int]) -> None:
+        """Every member's piece into ``outs``: member ``m``'s piece (``counts[m]`` elements, in order) into the
+        views ``outs[m]``; this member's own from ``mine`` (``mine[k]`` into ``outs[me][k]``). Collective."""
+        starts, me = _starts(counts), self.index
+        slabs = self._slabs(starts[-1])
+        _write(slabs[me], starts[me], mine)
+        self.node.barrier()
+        for member, views in enumerate(outs):
+            at = starts[member]
+            for k, view in enumerate(views):
+                size = view.numel()
+                source = mine[k] if member == me else slabs[member][at:at + size]
+                if source.data_ptr() != view.data_ptr():     # a shard that is its slice of the whole stays put
+                    view.copy_(source.detach().view(view.shape))
+                at += size
+        self.node.barrier()
+
+
+def _write(slab: torch.Tensor, start: int, tensors: Sequence[torch.Tensor], written: Collection[int] = ()) -> None:
+    """Flat ``tensors`` one after another into ``slab`` from element ``start`` (those at positions ``written``
+    are there already)."""
+    at = start
+    for k, tensor in enumerate(tensors):
+        flat = tensor.detach().reshape(-1)
+        if k not in written:
+            slab[at:at + flat.numel()].copy_(flat)
+        at += flat.numel()
