@@ -33,8 +33,10 @@ def test_a_vit_evaluated_at_another_image_size_is_refused_in_one_line(tmp_path, 
     code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(tmp_path / "c"), *VIT, "--image-size", "48"],
                                  capsys)
     assert code == 2 and not out and "Traceback" not in err, err
-    assert err.strip() == ("mpi4dl_nb evaluate: error: --image-size: 48: the checkpoint's model was trained on 32x32 "
-                           "images and takes that size only; give --image-size 32 or leave it out")
+    *before, last = err.strip().splitlines()      # the set-up lines said so far, then the one refusal
+    assert all(line.startswith("mpi4dl_nb evaluate: setting up: ") for line in before), err
+    assert last == ("mpi4dl_nb evaluate: error: --image-size: 48: the checkpoint's model was trained on 32x32 "
+                    "images and takes that size only; give --image-size 32 or leave it out")
 
 
 @pytest.mark.parametrize(("grouping", "group_by", "rebuilt"), [
