@@ -295,7 +295,7 @@ for label, name in FOUNDATION.items():
 # rank peaks at 13.7 GB, with or without recomputation: it fits. ZeRO 3 gathers the weights layer by layer (each
 # block before its forward and its backward, freed after: two blocks, 0.2 GB, at once), but the peak still falls less
 # than the state: backward builds the whole gradients and the reduce-scatter copies them flat (4.6 GB each), and
-# ZeRO 1 and 2 keep the whole weights beside their shards (`layout --model` prints the state per stage and level).
+# ZeRO 1 and 2 keep the whole weights, their shards slices of them (`layout --model` prints the state per level).
 # Recomputation (`checkpoint_activations="every"`: each block keeps only its input) shrinks the activations, which
 # at ZeRO 3 here are no longer what peaks. BENCHMARKS.md
 # section 18 has the same table at 1024² and 2048² on up to 8 ranks (`benchmarks/bench_zero_memory.py`), the
