@@ -7,7 +7,9 @@ The window's slab of a member is laid out as the *member-order flat* of the piec
 (its own piece stays where it is), meets the others, and sums its piece: the members' terms in member order (its own
 read from its tensors), as ``NodeSum`` sums. An all-gather writes its piece into its own slab at its own place,
 meets the others, and copies their pieces from their slabs. Every operation meets the others again at its end, so
-no member writes a slab another still reads, whatever runs between two operations. On two members a reduce-scatter
+no member writes a slab another still reads, whatever runs between two operations. Tensors the members hold alike
+(ZeRO's whole weights at levels 1-2) can live in one memory they all map (``common``): each member's step writes
+its own slices there, and the all-gather after is a barrier (``meet``). On two members a reduce-scatter
 makes about 2 passes over the whole tensors' bytes and an all-gather about 2.5, where the messages' route took a
 concatenation and the library's copies on top (BENCHMARKS.md §19).
 """
@@ -50,6 +52,27 @@ class NodeShards:
     def _slabs(self, total: int) -> list[torch.Tensor]:
         self.node.slab(self.dtype, total)       # checks the window's room
         return [self.node.view(member, self.dtype, total) for member in range(self.node.size)]
+
+    def common(self, tensors: Sequence[torch.Tensor], mine: Sequence[tuple[int, int]]) -> list[torch.Tensor] | None:
+        """Views of one memory every member maps, in the shapes of ``tensors`` (alike on every member), holding
+        their values: each member writes its own flat slices ``mine`` (start, stop per tensor; together they cover
+        every element once), so their pages lie near the member that updates them. None on every member where the
+        node has no room. Collective."""
+        memory = self.node.common(self.dtype, sum(t.numel() for t in tensors))
+        if memory is None:
+            return None
+        views, at = [], 0
+        for tensor, (start, stop) in zip(tensors, mine):
+            flat = memory[at:at + tensor.numel()]
+            flat[start:stop].copy_(tensor.detach().reshape(-1)[start:stop])
+            views.append(flat.view(tensor.shape))
+            at += tensor.numel()
+        self.meet()
+        return views
+
+    def meet(self) -> None:
+        """Meet the other members: every write to the window and the common memory before visible after."""
+        self.node.barrier()
 
     def claim(self, owner: object) -> bool:
         """Claim this member's slab for ``owner``'s copies: True when they are still there (nobody else wrote the

@@ -20,7 +20,8 @@ one's writes. The window grows (collectively: every member sums the same size) a
 life: MPICH unlinks the segment once attached, so nothing stays behind in ``/dev/shm`` after a crash. Where that
 file system has less than twice the growth free (a container's 64 MB ``/dev/shm``) ``NodeSum.reserve`` declines on
 every member, and the caller keeps its all-reduce: touching pages past a full tmpfs would kill the rank (SIGBUS)
-instead of failing cleanly.
+instead of failing cleanly. ``common`` maps one memory into every member (ZeRO's whole weights of holders on one
+node: ``node_shards.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class NodeSum:
         self.window: MPI.Win | None = None
         self.segments: list[MPI.buffer] = []
         self.holder: object | None = None     # whose copies this member's slab holds (None: nobody's, or lost)
+        self.commons: list[MPI.Win] = []      # windows of memory every member maps (``common``), kept for life
 
     @classmethod
     def open(cls, comm: MPI.Comm, wait_mode: WaitMode) -> NodeSum | None:
@@ -83,10 +85,13 @@ class NodeSum:
 
     def barrier(self) -> None:
         """Meet the other members, every write to the window before visible after (MPI-3's unified-memory rule)."""
-        assert self.window is not None
-        self.window.Sync()
+        windows = [w for w in (self.window, *self.commons) if w is not None]
+        assert windows, "a barrier of the window before any window"
+        for window in windows:
+            window.Sync()
         MpiRequests([self.comm.Ibarrier()], self.wait_mode).wait()
-        self.window.Sync()
+        for window in windows:
+            window.Sync()
 
     def window_bytes(self, nbytes: int) -> int:
         """Bytes of the whole window (every member's slab) for sums of ``nbytes``."""
@@ -102,6 +107,22 @@ class NodeSum:
             return False
         self._grow(nbytes)
         return True
+
+    def common(self, dtype: torch.dtype, count: int) -> torch.Tensor | None:
+        """``count`` elements of ``dtype`` in one memory every member maps (a window of its own, member 0's segment,
+        kept for the process's life: a notebook's engine maps it once per model sharded), or None on every member
+        where the node has no room for it. Its contents are unset; ``barrier`` orders writes to it. Collective."""
+        from mpi4py import MPI as mpi
+
+        nbytes = _aligned(count * torch.empty(0, dtype=dtype).element_size())
+        room = self.comm.bcast(shm_room() if self.index == 0 else None, root=0)
+        if room is not None and room < ROOM_FACTOR * nbytes:
+            return None
+        window = mpi.Win.Allocate_shared(nbytes if self.index == 0 else 0, 1, comm=self.comm)
+        window.Lock_all(mpi.MODE_NOCHECK)
+        self.commons.append(window)
+        segment = window.Shared_query(0)[0]
+        return torch.frombuffer(segment, dtype=dtype, count=count) if count else torch.empty(0, dtype=dtype)
 
     def _grow(self, nbytes: int) -> None:
         from mpi4py import MPI as mpi

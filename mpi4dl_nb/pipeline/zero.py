@@ -3,8 +3,9 @@
 Each trainable parameter of a shared stage is flattened and cut over the stage's holders (``zero_layout.py``); this
 rank keeps its slice as a parameter of its own (a *shard*: at levels 1-2 a view of the whole parameter's slice, at
 level 3 memory of its own), which the optimizer steps, so parameter groups, weight decay and layer-decay scales stay
-those of the whole parameter, element by element. Holders on one node (mpi plane, CPU, levels 1-2) exchange pieces
-through the node's shared window (``comm/node_shards.py``), others by MPI's or torch's collectives. Level 1:
+those of the whole parameter, element by element. Holders on one node (mpi plane, CPU, levels 1-2) keep the whole
+weights in one memory they all map and exchange gradients' pieces through the node's shared window
+(``comm/node_shards.py``), others by MPI's or torch's collectives. Level 1:
 gradients are summed whole as at level 0, each rank steps its shards, the all-gather rebuilds the parameters. Level
 2: the gradients are summed by a reduce-scatter straight into the shards (the whole gradient freed). Level 3:
 between uses a parameter keeps no memory (its storage resized to 0); hooks gather each layer's weights before its
@@ -50,11 +51,13 @@ class ShardedStage:
         self.plan = ShardPlan(tuple(p.numel() for p in self.params), group.size, group.rank_of(ctx.rank))
         self.counts = self.plan.counts
         self.offsets = self.plan.piece_offsets()
+        self.node = _node_route(ctx, group, self.params, level)
+        # levels 1-2 on the node: the holders' whole weights in one memory they all map (the all-gather a barrier)
+        self.common = self.node if self.node is not None and _into_common(self.node, self.params, self.plan) else None
         # levels 1-2 keep the whole parameters: a shard is its slice of them (the step writes it in place, no copy)
         self.viewed = level < 3
         self.shards = [nn.Parameter(p.data.view(-1)[start:stop] if self.viewed else p.detach().new_empty(stop - start))
                        for p, (start, stop) in zip(self.params, self.plan.mine())]
-        self.node = _node_route(ctx, group, self.params, level)
         # level 2 on the node: each gradient's slices for the others written into the slab as backward accumulates it
         self.copied: dict[int, tuple[torch.Tensor, int]] = {}    # parameter index -> (its .grad written, version)
         self.early = self._early_places() if self.node is not None and level == 2 else []
@@ -88,7 +91,10 @@ class ShardedStage:
 
     # ------------------------------------------------------------ gradients
     def take_gradients(self) -> None:
-        """Level 1: each shard's gradient is its slice of the parameter's summed gradient (a view)."""
+        """Level 1: each shard's gradient is its slice of the parameter's summed gradient (a view); holders sharing
+        the weights' memory meet first (no step writes it while another holder's backward may still read it)."""
+        if self.common is not None:
+            self.common.meet()
         for param, shard, (start, stop) in zip(self.params, self.shards, self.plan.mine()):
             shard.grad = None if param.grad is None else param.grad.detach().reshape(-1)[start:stop]
 
@@ -192,7 +198,10 @@ class ShardedStage:
         """All-gather every holder's shards into the whole parameters (one collective; freed memory taken back)."""
         for unit in range(len(self.units)):
             self._take_memory(unit)
-        self._all_gather(range(len(self.params)), self.plan)
+        if self.common is not None:   # every holder's step wrote its slices into the memory they all map
+            self.common.meet()
+        else:
+            self._all_gather(range(len(self.params)), self.plan)
 
     def _take_memory(self, unit: int) -> None:
         if not self.present[unit]:
@@ -264,13 +273,31 @@ def _node_route(ctx: Comm, group: Group, params: Sequence[nn.Parameter], level: 
     return NodeShards.reserved(ctx.node_sum(group), dtypes.pop(), sum(p.numel() for p in params))
 
 
+def _into_common(node: NodeShards, params: Sequence[nn.Parameter], plan: ShardPlan) -> bool:
+    """Move ``params`` (alike on every holder) into one memory the holders on ``node`` all map, each holder
+    writing its own slices; False (on every holder: the parameters are alike) where a parameter shares its memory
+    with another tensor (moving it would part them) or the node has no room. Collective."""
+    if not all(_alone(p) for p in params):
+        return False
+    views = node.common(params, plan.mine())
+    if views is None:
+        return False
+    for param, view in zip(params, views):
+        param.data = view
+    return True
+
+
+def _alone(param: nn.Parameter) -> bool:
+    """Whether ``param`` is alone in its memory (no other tensor's elements beside its own)."""
+    return bool(param.storage_offset() == 0 and param.untyped_storage().nbytes() == param.numel() * param.element_size())
+
+
 def _check_shardable(key: str, param: nn.Parameter, level: int) -> None:
     """A parameter ZeRO can cut: contiguous; at level 3 alone in its memory (its storage is freed between uses)."""
     if not param.is_contiguous():
         raise ConfigError("--zero-stage", f"parameter {key} is not contiguous, so it has no flat slices to shard: "
                                           f"make it contiguous, or --zero-stage 0")
-    if level >= 3 and (param.storage_offset() != 0
-                       or param.untyped_storage().nbytes() != param.numel() * param.element_size()):
+    if level >= 3 and not _alone(param):
         raise ConfigError("--zero-stage", f"parameter {key} shares its memory with other tensors, so level 3 cannot "
                                           f"free it between uses: --zero-stage 2")
 

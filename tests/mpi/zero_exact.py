@@ -144,6 +144,9 @@ def check_variant(ctx, layout: str, variant: str, level: int, want) -> str:
     accumulate = VARIANTS[variant][2]
     batches = data(model_of(layout), len(variant), STEPS * accumulate)
     engine = engine_of(ctx, layout, variant, level)
+    common = [stage.common is not None for stage in engine.zero.stages.values()] if engine.zero else []
+    if ctx.plane == "mpi" and level in (1, 2):   # holders on this one node map one copy of the whole weights
+        assert all(common), f"levels 1-2 on one node: every shared stage's weights in common memory, {common}"
     losses = train(engine, batches, accumulate)
     evaluated = ctx.all_gather_object([(rows.start, out.detach().cpu()) for rows, out in
                                        engine.evaluate_batch(batches[0][0], batch_size=BATCH)])
@@ -158,7 +161,7 @@ def check_variant(ctx, layout: str, variant: str, level: int, want) -> str:
     if worst > RTOL:
         raise AssertionError(f"losses {losses} != serial {want_losses}")
     worst = max(worst, state_error(state, want_state, f"{layout} {variant} zero {level}", RTOL))
-    return f"max rel err {worst:.2e}"
+    return f"max rel err {worst:.2e}, weights in common memory: {sum(common)} of {len(common)} stages"
 
 
 def check_checkpoint(ctx, layout: str, level: int) -> str:

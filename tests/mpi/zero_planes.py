@@ -5,7 +5,8 @@ Usage: python -m tests.mpi.zero_planes [--backend=gloo]. Checks: ``reduce_scatte
 (world and the group of every rank but 0; the pieces' sizes differ per member, one is empty; float64 exact); on the
 mpi plane also ``node shards`` (``comm/node_shards.py``, the route of holders on one node): the same pieces as those
 collectives, each member's piece in two tensors; slices written early are used (their tensors passed as zeros), and
-a claim lost to a ``NodeSum`` sum in between writes everything again.
+a claim lost to a ``NodeSum`` sum in between writes everything again; memory every member maps (``common``) holds the
+tensors given and shows each member's writes to all.
 """
 
 from __future__ import annotations
@@ -76,6 +77,21 @@ def check_node_shards(ctx) -> None:
     node.all_gather(mine, outs, counts)
     gathered = ctx.all_gather(values[starts[ctx.rank]:starts[ctx.rank] + counts[ctx.rank]], counts)
     assert torch.equal(torch.cat([t for tensors in outs for t in tensors]), gathered)
+    check_common_memory(ctx, node)
+
+
+def check_common_memory(ctx, node) -> None:
+    """``NodeShards.common``: the tensors' values in one memory, each member's writes seen by all after ``meet``."""
+    from mpi4dl_nb.pipeline.zero_layout import shard_bounds
+
+    tensors = [torch.arange(1, 8, dtype=torch.float64), torch.arange(6, dtype=torch.float64).view(2, 3)]
+    views = node.common(tensors, [shard_bounds(t.numel(), ctx.world_size, ctx.rank) for t in tensors])
+    assert views is not None and all(torch.equal(v, t) for v, t in zip(views, tensors)), views
+    node.meet()                                   # everyone has read them before anyone writes
+    views[0][ctx.rank] = -1.0 - ctx.rank          # one element each
+    node.meet()
+    assert torch.equal(views[0][:ctx.world_size], -1.0 - torch.arange(ctx.world_size, dtype=torch.float64)), views
+    node.meet()                                   # nobody writes again before everyone has read
 
 
 def main(check: Checks) -> None:
@@ -90,7 +106,8 @@ def main(check: Checks) -> None:
     if ctx.plane == "mpi":
         with check("node shards") as result:
             check_node_shards(ctx)
-            result.detail = f"counts {counts_of(ctx.world_size)}, early writes used, a lost claim written again"
+            result.detail = (f"counts {counts_of(ctx.world_size)}, early writes used, a lost claim written again, "
+                             "common memory seen by all")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """ZeRO levels 1-3 (issue 80): where the shards lie (unit), what is refused, and under mpiexec every level equals one
-process on 2x2 tiles + a layer rank with AdamW, SGD + clipping, accumulation, layer-decay groups and frozen layers."""
+process on 2x2 tiles + a layer rank and on tiles x 2 replicas with AdamW, SGD + clipping, accumulation, layer-decay
+groups and frozen layers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.mpi.zero_exact import CHECKPOINT_LEVELS, LEVELS
 from tests.support.battery import shared_job
 
 JOB = shared_job(5, "zero_exact", "tiles", timeout=400)
+REPLICAS_JOB = shared_job(6, "zero_exact", "replicas", timeout=400)
 SE_JOB = shared_job(3, "zero_exact", "--variants=adamw", "se_tiles2", timeout=300)
 PLANES = {"mpi": shared_job(4, "zero_planes", timeout=60),
           "gloo": shared_job(4, "zero_planes", "--backend=gloo", plane="gloo", timeout=60)}
@@ -30,6 +32,13 @@ def test_every_level_equals_one_process_and_checkpoints_whole(shared_launch):
     names += [f"tiles checkpoint zero {level}" for level in CHECKPOINT_LEVELS] + ["tiles state bytes"]
     assert {level for levels in LEVELS.values() for level in levels} == {0, 1, 2, 3}
     shared_launch(JOB).require(names)
+
+
+def test_every_level_on_tiles_times_two_replicas_equals_one_process(shared_launch):
+    """1x2 tiles + a layer rank, twice (data parallel 2): each stage sharded over its tiles and replicas together."""
+    names = [f"replicas {variant} zero {level}" for variant, levels in LEVELS.items() for level in levels]
+    shared_launch(REPLICAS_JOB).require(names + [f"replicas checkpoint zero {level}" for level in CHECKPOINT_LEVELS]
+                                        + ["replicas state bytes"])
 
 
 def test_tile_replicated_parameters_add_their_gradient_once(shared_launch):
