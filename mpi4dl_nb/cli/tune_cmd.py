@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..comm.waiting import barrier_asleep
 from ..config import DTYPE, ConfigError, ParallelConfig
 from ..data.options import IMAGE_SIZE
 from ..models.model_args import NO_ARGS, ModelArgs
@@ -150,6 +151,7 @@ def planned_on_rank0(tuner: Tuner, network: Network, ctx: Comm) -> tuple[TuneRes
             failure = str(err)
     mine: list[Row] | None = None if planned is None else [r.cfg.as_dict() for r in planned.candidates
                                                             if r.cfg is not None]
+    barrier_asleep(ctx, ctx.rank != 0)   # rank 0 times the layers meanwhile, one process's on every core
     knobs = ctx.bcast_object(mine)
     failure = ctx.bcast_object(failure)
     if failure is not None and ctx.rank == 0:

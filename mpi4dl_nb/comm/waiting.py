@@ -24,6 +24,7 @@ import enum
 import os
 import time
 from collections.abc import Callable
+from typing import Protocol, cast
 
 FIRST_PAUSE = 20e-6
 LONGEST_PAUSE = 250e-6
@@ -71,6 +72,36 @@ def wait_mode_for(local_ranks: int, cores: int | None = None, requested: str | N
     except ValueError:
         raise ValueError(f"wait mode {choice!r}: use auto, block or yield "
                          f"(argument or {ENV_VAR})") from None
+
+
+class Meeting(Protocol):
+    """What ``barrier_asleep`` needs of a context: a barrier over its ranks (and a ``wait_mode``, where it has one)."""
+
+    def barrier(self) -> None: ...
+
+
+class PacedMeeting(Meeting, Protocol):
+    """A context whose waits follow its ``wait_mode`` (``comm.context.Context``)."""
+
+    wait_mode: WaitMode
+
+
+def barrier_asleep(ctx: Meeting, asleep: bool = True) -> None:
+    """``ctx.barrier()``, this rank waiting in it by test and sleep when ``asleep``: a rank idle while another
+    computes alone on every core of the node (``tune``'s one-process row and its plan) must not poll one of them:
+    beside a polling rank, that process's two torch threads took 30-70x their time on 2 cores (a small Swin's step,
+    1.5 s against 0.02 s per rank). A barrier is one collective in either mode, so the others may wait in theirs;
+    an object collective is not (in the yielding mode it meets at a barrier first), so only barriers sleep so."""
+    mode = getattr(ctx, "wait_mode", None)
+    if not asleep or not isinstance(mode, WaitMode):
+        ctx.barrier()
+        return
+    paced = cast(PacedMeeting, ctx)
+    paced.wait_mode = WaitMode.YIELD
+    try:
+        paced.barrier()
+    finally:
+        paced.wait_mode = mode
 
 
 def poll(test: Callable[[], bool], first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE) -> int:

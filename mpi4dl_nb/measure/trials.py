@@ -18,6 +18,7 @@ from torch import nn
 
 from ..comm.protocol import Comm
 from ..comm.trace import Event
+from ..comm.waiting import barrier_asleep
 from ..config import ParallelConfig
 from ..models import spec as model_spec
 from ..models.model_args import NO_ARGS, ModelArgs
@@ -100,6 +101,11 @@ class Trial:
     peak: int | None
     phases: list[dict[str, float]] = field(default_factory=list)
 
+    @property
+    def idle(self) -> bool:
+        """Whether this rank takes no part in the row (its step does nothing)."""
+        return self.peak is None
+
 
 def engine_trial(ctx: Comm, spec: TrialModel, knobs: Knobs, image_size: int, batch_size: int) -> Trial:
     """``ParallelConfig(**knobs)`` built on every rank of ``ctx``: one warm-up step and one step
@@ -145,20 +151,21 @@ def one_process_trial(ctx: Comm, spec: TrialModel, image_size: int, batch_size: 
 Row = Knobs | None     # a configuration's knobs; None: one process
 HELD_TRIALS: list[Trial] = []    # this process's trials between ``build_trials`` and ``release_trials``
 ACTION_OPS = frozenset(kind.value for kind in ActionKind)   # the runtime's one span per schedule action
+WARM_STEPS = 1   # untimed steps of a row right before each of its timed ones (its caches warm, as in training)
 
 
 def build_trials(ctx: Comm, spec: TrialModel, rows: Sequence[Row], image_size: int,
                  batch_size: int) -> list[tuple[int, ...]]:
     """Build every row in turn on the ranks (``engine_trial``; None: ``one_process_trial``) and
-    hold them all, so ``time_trials`` can interleave their steps; the measured peaks of each
-    row, every rank's (one process: rank 0's). Each row's peak is measured while only its own
+    hold them all, so ``time_trials`` can interleave their steps; the measured peaks of
+    each row, every rank's (one process: rank 0's). Each row's peak is measured while only its own
     step runs; the rows held together keep their parameters and optimizer state meanwhile."""
     release_trials()
     for row in rows:
         trial = one_process_trial(ctx, spec, image_size, batch_size) if row is None else \
             engine_trial(ctx, spec, row, image_size, batch_size)
         HELD_TRIALS.append(trial)
-        ctx.barrier()
+        barrier_asleep(ctx, trial.idle)   # rank 0 alone measures one process's step: leave it the cores
     everyone = ctx.all_gather_object([trial.peak for trial in HELD_TRIALS])
     return [tuple(peak for peaks in everyone if (peak := peaks[index]) is not None) for index in range(len(rows))]
 
@@ -184,23 +191,34 @@ def pass_order(rows: int, index: int) -> list[int]:
 
 
 def time_trials(ctx: Comm, steps: int, first_pass: int = 0) -> list[tuple[float, ...]]:
-    """``steps`` timed passes over the held rows: one step of each row per pass, in the pass's own
+    """``steps`` timed passes over the held rows: one timed step of each row per pass, in the pass's own
     order (``pass_order(rows, first_pass + k)``), each step started together at a barrier, so a
     slow spell of the machine (seconds long on shared cores: the same configuration measured 0.14
-    and 0.20 s a step in two jobs a minute apart) falls on every row alike. Per row: each step's
-    seconds on the slowest rank."""
+    and 0.20 s a step in two jobs a minute apart) falls on every row alike. Right before each timed step the row
+    takes ``WARM_STEPS`` untimed ones: its memory back in cache after another row's step, as in a training run
+    (timed cold, a small ViT's and Swin's rows on 2 ranks took 15-25% longer than their own steps in a row). A rank
+    that took no part in the step before a barrier (the one-process row off rank 0) waits in it asleep
+    (``barrier_asleep``). Per row: each timed step's seconds on the slowest rank."""
     if not HELD_TRIALS:
         raise RuntimeError("no trials held: call build_trials first")
     seconds: list[list[float]] = [[] for _ in HELD_TRIALS]
     tracer = ctx.tracer
+    idle = False     # whether this rank took no part in the step just run (it then waits asleep)
     for k in range(steps):
         for index in pass_order(len(HELD_TRIALS), first_pass + k):
-            ctx.barrier()
+            trial = HELD_TRIALS[index]
+            for _ in range(WARM_STEPS):    # the row's own memory back in cache after another row's step
+                barrier_asleep(ctx, idle)
+                trial.step()
+                idle = trial.idle
+            barrier_asleep(ctx, idle)
             position = tracer.recorded
             start = time.perf_counter()
-            HELD_TRIALS[index].step()
+            trial.step()
             seconds[index].append(time.perf_counter() - start)
-            HELD_TRIALS[index].phases.append(_phases(tracer.since(position)))
+            trial.phases.append(_phases(tracer.since(position)))
+            idle = trial.idle
+    barrier_asleep(ctx, idle)
     everyone = ctx.all_gather_object(seconds)
     return [tuple(max(times) for times in zip(*(rank[index] for rank in everyone)))
             for index in range(len(HELD_TRIALS))]

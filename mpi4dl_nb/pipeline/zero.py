@@ -289,7 +289,8 @@ def _into_common(node: NodeShards, params: Sequence[nn.Parameter], plan: ShardPl
 
 def _alone(param: nn.Parameter) -> bool:
     """Whether ``param`` is alone in its memory (no other tensor's elements beside its own)."""
-    return bool(param.storage_offset() == 0 and param.untyped_storage().nbytes() == param.numel() * param.element_size())
+    whole = param.numel() * param.element_size()
+    return bool(param.storage_offset() == 0 and param.untyped_storage().nbytes() == whole)
 
 
 def _check_shardable(key: str, param: nn.Parameter, level: int) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from mpi4dl_nb.cli import train_cmd
 from mpi4dl_nb.cli.args import config_from_args
+from mpi4dl_nb.comm.waiting import WaitMode
 from mpi4dl_nb.measure import trials
 from mpi4dl_nb.measure.trials import HELD_TRIALS, Trial, pass_order, release_trials, time_trials, trial_phases
 from mpi4dl_nb.planner.fake_world import FakeWorld
@@ -82,10 +83,43 @@ def test_held_rows_step_in_turn_each_pass_in_its_own_order():
         found = time_trials(ctx, 2, first_pass=3)
     finally:
         release_trials()
-    passes = [order[:3], order[3:]]
-    assert all(sorted(steps) == ["a", "b", "c"] for steps in passes)       # one step of each row per pass
+    assert order[::2] == order[1::2]    # each timed step right after an untimed one of the same row (trials.WARM_STEPS)
+    timed = order[1::2]
+    passes = [timed[:3], timed[3:]]
+    assert all(sorted(steps) == ["a", "b", "c"] for steps in passes)       # one timed step of each row per pass
     assert passes == [["abc"[i] for i in pass_order(3, k)] for k in (3, 4)] and passes[0] != passes[1]
     assert len(found) == 3 and all(len(steps) == 2 for steps in found) and not HELD_TRIALS
+
+
+class _Meeting:
+    """A one-rank context that logs its steps' kinds and the wait mode each barrier waits in."""
+
+    def __init__(self) -> None:
+        self.wait_mode = WaitMode.BLOCK
+        self.tracer = FakeWorld(1).comm(0, "cpu").tracer
+        self.log: list[str] = []
+
+    def barrier(self) -> None:
+        self.log.append(str(self.wait_mode))
+
+    def all_gather_object(self, obj):
+        self.log.append(f"gather {self.wait_mode}")
+        return [obj]
+
+
+def test_a_rank_idle_in_the_step_before_a_barrier_waits_in_it_asleep():
+    """Off rank 0 the one-process row's step does nothing: the barrier after it sleeps (a polling rank beside
+    rank 0's torch threads made one process's step 30-70x slower), every other barrier keeps the context's mode."""
+    ctx = _Meeting()
+    release_trials()
+    try:
+        HELD_TRIALS.extend([Trial(lambda: ctx.log.append("idle"), None), Trial(lambda: ctx.log.append("busy"), 1)])
+        time_trials(ctx, 2)
+    finally:
+        release_trials()
+    barriers = [(before, mode) for before, mode in zip(ctx.log, ctx.log[1:]) if mode in ("block", "yield")]
+    assert barriers and all((mode == "yield") == (before == "idle") for before, mode in barriers), ctx.log
+    assert ctx.log.count("idle") == 4 and ctx.log[-1] == "gather block" and ctx.wait_mode is WaitMode.BLOCK
 
 
 def test_each_timed_step_s_action_spans_are_kept_per_row_and_averaged_past_the_warm_pass():
@@ -96,7 +130,7 @@ def test_each_timed_step_s_action_spans_are_kept_per_row_and_averaged_past_the_w
 
     def step(name, forward):
         steps[name] += 1
-        seconds = 1.0 if steps[name] == 1 else forward      # the first (warm) step of each row is slow
+        seconds = 1.0 if steps[name] <= 3 else forward      # the first pass's steps (warm, timed) are slow
         ctx.tracer.record("F", 0.0, seconds)
         ctx.tracer.record("halo", 0.0, 0.1)                # inside F: not an action of its own
         ctx.tracer.record("RECV_GRAD", seconds, seconds + 0.5)
@@ -110,6 +144,7 @@ def test_each_timed_step_s_action_spans_are_kept_per_row_and_averaged_past_the_w
     finally:
         release_trials()
     assert found == [({"F": 0.25, "RECV_GRAD": 0.5},), ({"F": 0.75, "RECV_GRAD": 0.5},)]
+    # the timed steps' spans only (2, 4, 6 of each row: its untimed warm-up steps 1, 3, 5 are not kept)
     assert everything[0][0]["F"] == pytest.approx((1.0 + 0.25 + 0.25) / 3) and not HELD_TRIALS
 
 
