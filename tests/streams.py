@@ -5,11 +5,13 @@ busy; the others (``-m "not mpi"``, proven free of launches by tests/support/mpi
 and mostly single-threaded, so run one after the other they leave a core idle for minutes. Here they run beside
 the launching ones: the launching run prints as it goes, the other's output is kept in ``out/test-unit.log``
 and printed when both have ended. mypy runs beside them (``out/mypy.log``, printed last). The exit status is the
-first non-zero of the three (0 when all pass).
+first non-zero of the four runs (0 when all pass).
 
 The launching tests of ``SECOND`` run in the second stream once its unit tests have ended, so the two streams
 end at about the same time (clean clone at 326ea38: launching 24.4 min, the other 7.5 min + 18.0 min of these,
-the test hosts' 2.4 of them, since moved to the launching stream). The test hosts spend most of their time waiting
+the test hosts' 2.4 of them, since moved to the launching stream); the tests marked ``alone`` run after both, the
+machine to themselves (``tune``'s predictions against its measurements, about half a minute). The test hosts
+spend most of their time waiting
 (for hosts to come up, for heartbeats to stop and a watchdog to fire); the JupyterLab tests (~15 min beside the
 launching stream, thirteen notebooks) drive a browser and one kernel at a time. The Slurm tests (~1.2 min, mostly a
 batch queue's waits) run in the launching stream since stop 59. The headless
@@ -39,6 +41,9 @@ COMMON = ["-q", "--durations=30", "-p", "no:cacheprovider"]
 # launching tests run in the second stream, after its unit tests (one pytest session: the Lab and headless
 # notebook runs must be collected together)
 SECOND = ("tests/ui", "tests/notebook/test_notebooks.py")
+# the tests marked ``alone`` (a prediction against what the machine then measures) run after both streams, the
+# machine to themselves: beside the other stream two ranks get a part of their cores, which no prediction assumes
+LAUNCHING = "mpi and not alone"
 
 
 def pytest_command(marker: str, extra: list[str], paths: tuple[str, ...] = ("tests",),
@@ -69,7 +74,7 @@ def call(command: list[str]) -> int:
 
 def second_stream(argv: list[str]) -> int:
     """The tests that start no MPI job, then the launching tests of ``SECOND``."""
-    return combined([call(pytest_command("not mpi", argv)), call(pytest_command("mpi", argv, SECOND))])
+    return combined([call(pytest_command("not mpi", argv)), call(pytest_command(LAUNCHING, argv, SECOND))])
 
 
 def main(argv: list[str]) -> int:
@@ -92,7 +97,7 @@ def main(argv: list[str]) -> int:
         unit = subprocess.Popen([sys.executable, "-m", "tests.streams", "--second-stream", *argv], cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            launching = subprocess.call(pytest_command("mpi", argv, ignore=SECOND), cwd=REPO)
+            launching = subprocess.call(pytest_command(LAUNCHING, argv, ignore=SECOND), cwd=REPO)
         except BaseException:                 # Ctrl-C, SIGTERM: end the other stream and mypy too, then stop
             for other in (unit, typing):
                 other.terminate()
@@ -108,7 +113,10 @@ def main(argv: list[str]) -> int:
     print(TYPE_LOG.read_text(), end="")
     print(f"\nboth streams ended in {elapsed / 60:.1f} min: launching tests exit {launching}, "
           f"the others exit {unit_status}, mypy exit {typing_status}")
-    return combined([launching, unit_status, typing_status])
+    print("\n---------- the tests that compare a prediction with what the machine measures (-m alone), "
+          "the machine to themselves ----------", flush=True)
+    alone = call(pytest_command("alone", argv))
+    return combined([launching, unit_status, typing_status, alone])
 
 
 if __name__ == "__main__":

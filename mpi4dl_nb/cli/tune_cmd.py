@@ -9,7 +9,9 @@ the memory limit on the ranks' device (layer times and copy speed measured there
 wait), then the one-process reference and each of the ``--top`` configurations are built side
 by side on the ranks (a warm-up and a memory-measured step each) and timed in ``--rounds``
 rounds of ``--steps`` steps, one step of each in turn (a slow spell of the machine falls on all
-of them alike; each one's time is the median of its steps). Rank 0 prints predicted next to
+of them alike; each one's time is the median of its steps), each timed step right after an untimed one
+of its own (its memory in cache again, as in training); ranks with no part in the one-process
+reference wait for it asleep. Rank 0 prints predicted next to
 measured and picks the fastest configuration whose measured peak fits; ``--explain`` adds each
 rank's predicted and traced seconds per action kind (which part of a prediction is off);
 ``--save-json PATH`` writes the table (with those phases). One rank, or a
