@@ -132,7 +132,7 @@ def tuner_of(job: TuneJob, world_size: int) -> Tuner:
     from ..planner.tune import Tuner
 
     spec = trials.trial_model(job.model, job.num_layers, job.num_filters, job.num_classes, dtype=job.dtype,
-                              model_args=job.model_args)
+                              model_args=job.model_args, image_size=job.image_size)
     options = SuggestOptions(max_split=job.max_split)
     if job.headroom is not None:
         options["headroom"] = job.headroom

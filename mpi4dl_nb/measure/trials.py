@@ -60,11 +60,13 @@ class TrialModel:
 
 def trial_model(name: ModelFamily | str = ModelFamily.RESNET, num_layers: int | None = None,
                 num_filters: int | None = None, num_classes: int = 2, in_channels: int = 3,
-                dtype: str = "float32", seed: int = 0, model_args: ModelArgs = NO_ARGS) -> TrialModel:
+                dtype: str = "float32", seed: int = 0, model_args: ModelArgs = NO_ARGS,
+                image_size: int | None = None) -> TrialModel:
     """A trial of model ``name`` (``build_model``'s arguments; family defaults for sizes not given; a named
-    model's constructor ``model_args``)."""
+    model's constructor ``model_args``, and the image side it is built for, as ``train`` builds it: a timm Swin or
+    ViT at ``image_size``, not its card's)."""
     spec = model_spec.ModelSpec.of(name, num_layers=num_layers, num_filters=num_filters, num_classes=num_classes,
-                                   in_channels=in_channels, model_args=model_args)
+                                   in_channels=in_channels, model_args=model_args, image_size=image_size)
     return TrialModel(spec, dtype, seed)
 
 

@@ -8,6 +8,7 @@ import shlex
 from collections import Counter
 
 import pytest
+import torch
 
 from mpi4dl_nb.cli import train_cmd
 from mpi4dl_nb.cli.args import config_from_args
@@ -204,6 +205,21 @@ def test_bad_measuring_flags_are_refused_before_any_rank_starts(capsys, flag, va
     with pytest.raises(SystemExit) as stop:
         main([*TINY, "--memory-limit-mb", "100", flag, value])
     assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_named_model_s_trial_is_built_for_the_image_size_tune_is_given():
+    """``tune --image-size 112`` with a timm Swin: the trial's model is built for 112 px, as ``train`` builds it (it
+    was built for the card's 224 px and refused: 'SwinTransformer was built for 224x224 images')."""
+    from mpi4dl_nb.cli.tune_cmd import tune_job, tune_parser, tuner_of
+    from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
+
+    require_or_skip(missing_modules("timm"), "a timm Swin's trial", MODELS_EXTRA)
+    job = tune_job(tune_parser().parse_args(["--model", "timm:swin_tiny_patch4_window7_224", "--model-args",
+                                             "depths=(1,1,1,1),embed_dim=16,num_heads=(1,1,1,1),window_size=4",
+                                             "--image-size", "112", "--memory-limit-mb", "500"]))
+    spec = tuner_of(job, 2).spec
+    images, _ = spec.batch(112, 1)
+    assert torch.nn.Sequential(*spec.build())(images).shape == (1, 2)
 
 
 @pytest.mark.mpi
