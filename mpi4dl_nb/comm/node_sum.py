@@ -86,7 +86,7 @@ class NodeSum:
     def barrier(self) -> None:
         """Meet the other members, every write to the window before visible after (MPI-3's unified-memory rule)."""
         windows = [w for w in (self.window, *self.commons) if w is not None]
-        assert windows, "a barrier of the window before any window"
+        assert windows, "NodeSum.barrier before any window was made (reserve or common first)"
         for window in windows:
             window.Sync()
         MpiRequests([self.comm.Ibarrier()], self.wait_mode).wait()
@@ -102,8 +102,7 @@ class NodeSum:
         (collective where the window must grow). False: the window stays as it was."""
         if nbytes <= self.capacity:
             return True
-        room = self.comm.bcast(shm_room() if self.index == 0 else None, root=0)
-        if room is not None and room < ROOM_FACTOR * (self.window_bytes(nbytes) - self.window_bytes(self.capacity)):
+        if not self._has_room(self.window_bytes(nbytes) - self.window_bytes(self.capacity)):
             return False
         self._grow(nbytes)
         return True
@@ -115,14 +114,19 @@ class NodeSum:
         from mpi4py import MPI as mpi
 
         nbytes = _aligned(count * torch.empty(0, dtype=dtype).element_size())
-        room = self.comm.bcast(shm_room() if self.index == 0 else None, root=0)
-        if room is not None and room < ROOM_FACTOR * nbytes:
+        if not self._has_room(nbytes):
             return None
         window = mpi.Win.Allocate_shared(nbytes if self.index == 0 else 0, 1, comm=self.comm)
         window.Lock_all(mpi.MODE_NOCHECK)
         self.commons.append(window)
         segment = window.Shared_query(0)[0]
         return torch.frombuffer(segment, dtype=dtype, count=count) if count else torch.empty(0, dtype=dtype)
+
+    def _has_room(self, growth: int) -> bool:
+        """Whether the node's shared-memory file system has ``ROOM_FACTOR`` times ``growth`` bytes free (member 0's
+        reading, the same answer on every member; collective)."""
+        room = self.comm.bcast(shm_room() if self.index == 0 else None, root=0)
+        return room is None or room >= ROOM_FACTOR * growth
 
     def _grow(self, nbytes: int) -> None:
         from mpi4py import MPI as mpi
