@@ -14,7 +14,9 @@ layers summed to 0.146 and 0.191 s in one job a minute apart (2026-11-23; the gi
 from __future__ import annotations
 
 import copy
+import math
 import statistics
+import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +33,7 @@ from ..pipeline.bn_replay import RunningStatsLedger
 from ..pipeline.dataparallel import gather_terms, sum_stage_gradients
 from ..pipeline.runtime import start_training
 from ..spatial.geometry import TileGrid
-from .clock import work_clock
+from .clock import on_wall_clock, work_clock
 from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth
 from .fake_world import FakeComm, FakeWorld, SizeOracle
 from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
@@ -40,6 +42,8 @@ from .token_tiles import RingMember, member_work
 _PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer",
            "ring_forward", "ring_backward")
 ONE_HOLDER = Group((0,))
+WALL_SPREAD_SECONDS = 1.0    # the least time the timed rounds of wall-clock layer times span
+WALL_ROUNDS = 30
 
 
 class LayerTimer:
@@ -105,7 +109,10 @@ class TorchDevice:
         try:
             benches = [_Bench.build(request, tile, self.device) for request, tile in pending]
             inputs = _RandomInputs(self.device, benches)
-            for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for bench in benches:       # the warm-up round
+                bench.run_once(inputs)
+            for _ in range(timed_rounds(repeats, time.perf_counter() - start, on_wall_clock(self.device))):
                 for bench in benches:
                     bench.run_once(inputs)
             return [bench.result() for bench in benches]
@@ -117,6 +124,16 @@ class TorchDevice:
 
     def cores(self) -> int | None:
         return node_cores() if self.device.type == "cpu" else None
+
+
+def timed_rounds(repeats: int, warm_up_seconds: float, wall: bool) -> int:
+    """Rounds to time after a warm-up round of ``warm_up_seconds``: ``repeats``, and on the wall clock as many more
+    as spread them over ``WALL_SPREAD_SECONDS`` (at most ``WALL_ROUNDS``), so that a spell of another process on the
+    machine takes fewer than half of them and the median leaves it out. A small ViT's one-process layers (a round of
+    ~40 ms, two threads, so timed by the wall clock) read 1.6x their step in a CI run where 5 rounds took 0.2 s."""
+    if not wall or warm_up_seconds <= 0:
+        return repeats
+    return max(repeats, min(WALL_ROUNDS, math.ceil(WALL_SPREAD_SECONDS / warm_up_seconds)))
 
 
 def measuring_device(device: MeasuringDevice | torch.device | str) -> MeasuringDevice:

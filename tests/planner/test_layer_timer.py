@@ -14,7 +14,7 @@ from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
 from mpi4dl_nb.planner.device import TimingRequest
 from mpi4dl_nb.planner.footprint import StageRole
-from mpi4dl_nb.planner.layer_timer import LayerTimer
+from mpi4dl_nb.planner.layer_timer import WALL_ROUNDS, WALL_SPREAD_SECONDS, LayerTimer, timed_rounds
 from mpi4dl_nb.planner.step_time import step_model, time_layers
 from tests.planner.recording import flop_timer
 
@@ -73,6 +73,21 @@ def test_layers_timed_together_run_in_rounds_and_a_slow_spell_is_left_out():
     found = {r.layer.name: alone.layer(r.layer, r.shapes, r.dtype, r.role) for r in requests(layers)}
     assert calls == ["a"] * 6 + ["b"] * 6 + ["c"] * 6
     assert found["b"].forward > BASE + SPELL / 2 and found["a"].forward < BASE + SPELL / 2
+
+
+def test_on_the_wall_clock_short_rounds_are_spread_over_a_second_and_a_half_so_a_spell_is_left_out():
+    # a CPU running two torch threads times layers by the wall clock, which counts whatever else runs meanwhile
+    assert timed_rounds(5, 0.04, wall=True) == 25 and timed_rounds(5, 0.001, wall=True) == WALL_ROUNDS
+    assert timed_rounds(5, 0.04, wall=False) == 5 and timed_rounds(5, WALL_SPREAD_SECONDS, wall=True) == 5
+    calls = Calls()
+    spell = range(3, 3 + 3 * 10)         # the first 10 timed rounds slow: all 5 of the rounds a thread's clock takes
+    layers = [Sleeper(name, calls, spell, width) for name, width in (("a", 2), ("b", 3), ("c", 5))]
+    timer = LayerTimer("cpu", repeats=5, threads=2)
+    timer.measure(requests(layers))
+    rounds = len(calls) // 3 - 1
+    assert calls == ["a", "b", "c"] * (rounds + 1) and 20 < rounds <= WALL_ROUNDS, rounds
+    found = [timer.layer(r.layer, r.shapes, r.dtype, r.role) for r in requests(layers)]
+    assert all(t.forward < BASE + SPELL / 2 for t in found), found
 
 
 @pytest.fixture(scope="module")
