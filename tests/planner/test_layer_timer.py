@@ -75,7 +75,7 @@ def test_layers_timed_together_run_in_rounds_and_a_slow_spell_is_left_out():
     assert found["b"].forward > BASE + SPELL / 2 and found["a"].forward < BASE + SPELL / 2
 
 
-def test_on_the_wall_clock_short_rounds_are_spread_over_a_second_and_a_half_so_a_spell_is_left_out():
+def test_on_the_wall_clock_short_rounds_are_spread_over_a_second_so_a_spell_is_left_out():
     # a CPU running two torch threads times layers by the wall clock, which counts whatever else runs meanwhile
     assert timed_rounds(5, 0.04, wall=True) == 25 and timed_rounds(5, 0.001, wall=True) == WALL_ROUNDS
     assert timed_rounds(5, 0.04, wall=False) == 5 and timed_rounds(5, WALL_SPREAD_SECONDS, wall=True) == 5
