@@ -429,6 +429,10 @@ class ParallelConfig:
         if self.gems and self.split_size < 2:
             raise ConfigError("times", "GEMS (times >= 1) mirrors the stages and needs "
                               "split_size >= 2; use times=0 or split_size=2")
+        if self.gems and self.zero_stage:
+            raise ConfigError("--zero-stage", "shards a stage over the ranks holding it, and GEMS (--times) holds two "
+                                              "copies of a stage on one rank: --zero-stage 0 with --times, or drop "
+                                              "--times")
         self._check_virtual_stages()
         self._check_zero_bubble()
         self._check_balance()
@@ -442,6 +446,7 @@ class ParallelConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < given.bounds.least:
                 raise ConfigError(knob.name, f"must be an integer >= {given.bounds.least:g}, got {value!r}")
+            given.bounds.check(given.option, value)
         bucket = self.grad_bucket_mb
         if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, (int, float))
                                    or not bucket > 0):

@@ -6,23 +6,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..layout import stage_holders
 from .record import OptimizerState
 
 if TYPE_CHECKING:
     from ..comm.protocol import Comm
     from ..pipeline.engine import HybridEngine
-    from ..pipeline.runtime import StageInstance
-
-
-def _owned_instances(engine: HybridEngine, rank: int) -> list[StageInstance]:
-    """One instance per stage this rank reports (the stage's lowest holder rank)."""
-    seen, out = set(), []
-    for (_, stage), inst in sorted(engine.instances.items()):
-        if stage not in seen and min(stage_holders(engine.cfg, stage)) == rank:
-            seen.add(stage)
-            out.append(inst)
-    return out
 
 
 def _portable(value: object) -> object:
@@ -33,14 +21,12 @@ def gather_optimizer_state(engine: HybridEngine, ctx: Comm) -> OptimizerState | 
     """Per-parameter optimizer state keyed by whole-model parameter name, on rank 0 (collective).
 
     Names make it independent of the parallel layout: a run may resume on another one. ZeRO's shards of a parameter's
-    state are joined whole on the stage's lowest holder first (``pipeline/zero.py``), so the format is the same.
+    state are joined whole on the stage's lowest holder first (``sharding/sharded_stage.py``): the same format.
     """
-    mine: OptimizerState = {}
     optimizer = engine.optimizer
-    if optimizer is not None and engine.zero is not None:
-        mine.update(engine.zero.full_optimizer_entries(optimizer))
+    mine: OptimizerState = engine.zero.full_optimizer_entries(optimizer)
     if optimizer is not None:
-        for inst in _owned_instances(engine, ctx.rank):
+        for inst in engine.owned_stages():
             for name, param in inst.canonical.named_parameters():
                 state = optimizer.state.get(param)
                 if state:
@@ -60,9 +46,8 @@ def load_optimizer_state(engine: HybridEngine, ctx: Comm, state: OptimizerState 
     optimizer = engine.optimizer
     if optimizer is None or not state:
         return
-    if engine.zero is not None:
-        engine.zero.load_optimizer_entries(optimizer, state)
-    sharded = engine.zero.sharded_ids() if engine.zero is not None else set()
+    engine.zero.load_optimizer_entries(optimizer, state)
+    sharded = engine.zero.sharded_ids()
     for inst in engine.instances.values():
         for name, param in inst.canonical.named_parameters():
             entry = state.get(inst.canonical.full_key(name))

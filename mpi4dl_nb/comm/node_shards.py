@@ -1,22 +1,16 @@
-"""Reduce-scatter and all-gather of sharded state (ZeRO) through a node's shared window, no message copies between.
+"""Reduce-scatter and all-gather of sharded state (ZeRO) through a node's shared window, no message copies between
+(docs/sharding.md, "The seam"; BENCHMARKS.md §19).
 
-A group whose members all run on one node can hand each other pieces through ``NodeSum``'s window instead of
-``MPI_Reduce_scatter`` / ``MPI_Allgatherv``: no concatenated send buffer, no copies through the library's cells.
-The window's slab of a member is laid out as the *member-order flat* of the pieces (member 0's piece, then member
-1's, ...; ``counts[m]`` elements each). A reduce-scatter writes the others' pieces of its tensors into its own slab
-(its own piece stays where it is), meets the others, and sums its piece: the members' terms in member order (its own
-read from its tensors), as ``NodeSum`` sums. An all-gather writes its piece into its own slab at its own place,
-meets the others, and copies their pieces from their slabs. Every operation meets the others again at its end, so
-no member writes a slab another still reads, whatever runs between two operations. Tensors the members hold alike
-(ZeRO's whole weights at levels 1-2) can live in one memory they all map (``common``): each member's step writes
-its own slices there, and the all-gather after is a barrier (``meet``). On two members a reduce-scatter
-makes about 2 passes over the whole tensors' bytes and an all-gather about 2.5, where the messages' route took a
-concatenation and the library's copies on top (BENCHMARKS.md §19).
+A member's slab is laid out as the *member-order flat* of the pieces (member 0's piece, then member 1's, ...). A
+reduce-scatter writes the others' pieces of its tensors into its own slab, meets the others, and sums its piece from
+theirs (its own terms read from its tensors); an all-gather writes its piece at its place, meets, and copies theirs.
+Every operation meets the others again at its end, so no member writes a slab another still reads. ``common``: one
+memory every member maps, for tensors the members hold alike (each writes its own slices; a meeting publishes them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from itertools import accumulate
 
 import torch
@@ -74,37 +68,21 @@ class NodeShards:
         """Meet the other members: every write to the window and the common memory before visible after."""
         self.node.barrier()
 
-    def claim(self, owner: object) -> bool:
-        """Claim this member's slab for ``owner``'s copies: True when they are still there (nobody else wrote the
-        others' places since ``owner``'s last claim; ``NodeSum``'s sums and a growing window drop a claim)."""
-        kept = self.node.holder is owner
-        self.node.holder = owner
-        return kept
-
-    def write_early(self, owner: object, flat: torch.Tensor, places: Sequence[tuple[int, int, int]],
-                    total: int) -> bool:
-        """Write slices ``start:stop`` of ``flat`` at ``at`` of this member's slab (``places``: (at, start, stop),
-        the others' slices of one tensor) ahead of ``reduce_scatter`` of a flat of ``total`` elements (a gradient
-        as backward accumulates it, still in cache). False (nothing written) when ``owner``'s claim was lost since
-        its last ``claim``: its ``reduce_scatter`` writes everything then."""
-        if self.node.holder is not owner:
-            return False
-        slab = self._slabs(total)[self.index]
-        for at, start, stop in places:
-            slab[at:at + stop - start].copy_(flat[start:stop])
-        return True
+    def slab(self, total: int) -> torch.Tensor:
+        """This member's slab as a member-order flat of ``total`` elements (for ``EarlyWrites``)."""
+        return self._slabs(total)[self.index]
 
     def reduce_scatter(self, pieces: Sequence[Sequence[torch.Tensor]], counts: Sequence[int],
-                       written: Collection[int] = ()) -> torch.Tensor:
+                       written: bool = False) -> torch.Tensor:
         """This member's piece of the sum over the members: ``pieces[m]`` are this member's flat tensors that make
-        member ``m``'s piece (``counts[m]`` elements) of its member-order flat; ``written``: the positions ``k``
-        whose ``pieces[m][k]`` (every other member ``m``) ``write_early`` already put in this member's slab. A new
-        tensor. Collective: every member passes tensors of the same sizes."""
+        member ``m``'s piece (``counts[m]`` elements) of its member-order flat; ``written``: the others' pieces are in
+        this member's slab already (``comm/node_writes.EarlyWrites``). A new tensor. Collective: every member passes
+        tensors of the same sizes."""
         starts, me = _starts(counts), self.index
         slabs = self._slabs(starts[-1])
         for member, tensors in enumerate(pieces):
-            if member != me:
-                _write(slabs[me], starts[member], tensors, written)
+            if member != me and not written:
+                _write(slabs[me], starts[member], tensors)
         self.node.barrier()
         out = torch.empty(counts[me], dtype=self.dtype)
         at = 0
@@ -139,12 +117,10 @@ class NodeShards:
         self.node.barrier()
 
 
-def _write(slab: torch.Tensor, start: int, tensors: Sequence[torch.Tensor], written: Collection[int] = ()) -> None:
-    """Flat ``tensors`` one after another into ``slab`` from element ``start`` (those at positions ``written``
-    are there already)."""
+def _write(slab: torch.Tensor, start: int, tensors: Sequence[torch.Tensor]) -> None:
+    """Flat ``tensors`` one after another into ``slab`` from element ``start``."""
     at = start
-    for k, tensor in enumerate(tensors):
+    for tensor in tensors:
         flat = tensor.detach().reshape(-1)
-        if k not in written:
-            slab[at:at + flat.numel()].copy_(flat)
+        slab[at:at + flat.numel()].copy_(flat)
         at += flat.numel()

@@ -1,27 +1,14 @@
 """Sums of CPU tensors over ranks that share one node, through an MPI shared-memory window: one copy fewer than an
-all-reduce's messages.
+all-reduce's messages (docs/spatial.md, "On one node"; BENCHMARKS.md §17).
 
-An all-reduce between processes of one node moves every byte through the library's shared-memory cells: a
-reduce-scatter and an all-gather, each message copied into a cell by its sender and out by its receiver, then the
-sums. ``NodeSum`` lets the members read each other's memory instead: each writes into its slab of one
-``MPI_Win_allocate_shared`` window the elements the others sum (all but its own 1/P share of the concatenated
-tensors), sums its own share (the members' terms in rank order, its own read from its tensors, so every member gets
-the same bits: ``a + b`` on two ranks, as an all-reduce gives) into that share of its slab, and copies the P summed
-shares back into its tensors in place. On two members that is about 4.5 passes over the tensor's bytes against
-about 8, and two barriers. In Swin-T's tile step on this project's 2-core VM (2 ranks, 110 MB, float32) the sum
-cost 21 ms against 41 for ``Iallreduce`` buckets posted during backward (BENCHMARKS.md §17, issue 67); leaving
-each member's own share uncopied then halved the copies made during backward. The window holds the bytes once per
-member.
-
-The barriers follow MPI-3's unified-memory rule (``Win_sync``, a barrier, ``Win_sync``). A member writes the others'
-elements of its slab only between the second barrier of one sum and the first of the next, and its own share (the
-results) only between the first and the second, so a slow member still reading the last sum never sees the next
-one's writes. The window grows (collectively: every member sums the same size) and is kept for the process's
-life: MPICH unlinks the segment once attached, so nothing stays behind in ``/dev/shm`` after a crash. Where that
-file system has less than twice the growth free (a container's 64 MB ``/dev/shm``) ``NodeSum.reserve`` declines on
-every member, and the caller keeps its all-reduce: touching pages past a full tmpfs would kill the rank (SIGBUS)
-instead of failing cleanly. ``common`` maps one memory into every member (ZeRO's whole weights of holders on one
-node: ``node_shards.py``).
+Each member writes into its slab of one ``MPI_Win_allocate_shared`` window the elements the others sum (all but its
+own 1/P share), sums its own share in rank order (every member gets the same bits) and copies the P summed shares
+back in place. The barriers follow MPI-3's unified-memory rule (``Win_sync``, a barrier, ``Win_sync``): a member
+writes the others' elements of its slab only between the second barrier of one sum and the first of the next, its
+own share only between the first and the second. The window grows collectively and is kept for the process's life
+(MPICH unlinks the segment once attached); where ``/dev/shm`` has less than twice the growth free, ``reserve``
+declines on every member and the caller keeps its all-reduce (a full tmpfs would kill the rank with SIGBUS).
+``common`` maps one memory into every member (ZeRO's whole weights: ``node_shards.py``).
 """
 
 from __future__ import annotations
@@ -29,10 +16,11 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import torch
 
+from .handles import Group
 from .mpi_plane import MpiRequests
 from .waiting import WaitMode
 
@@ -238,3 +226,10 @@ class NodeSum:
                 for low, piece in pieces:
                     flat[low - start:low - start + piece.numel()].copy_(piece)
             offset = stop
+
+
+@runtime_checkable
+class NodeSums(Protocol):
+    """A context that can sum over a group through its node's shared memory (``Context.node_sum``)."""
+
+    def node_sum(self, group: Group | None = None) -> NodeSum | None: ...

@@ -31,7 +31,7 @@ from ..comm.protocol import Comm
 from ..comm.waiting import node_cores
 from ..pipeline.bn_replay import RunningStatsLedger
 from ..pipeline.dataparallel import gather_terms, sum_stage_gradients
-from ..pipeline.runtime import start_training
+from ..pipeline.stage_instance import start_training
 from ..spatial.geometry import TileGrid
 from .clock import on_wall_clock, work_clock
 from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth

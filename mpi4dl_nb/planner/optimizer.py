@@ -12,7 +12,8 @@ from torch import nn
 from ..config import ParallelConfig
 from ..layout import stage_holders
 from ..pipeline.split_backward import splits_backward
-from ..pipeline.zero_layout import shard_bounds
+from ..sharding.plan import shard_bounds
+from ..sharding.zero_stages import ZERO_STAGES, ZeroStage, zero_stage
 from .live_bytes import LiveBytes
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -81,23 +82,24 @@ def _simulate(shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype, factory: 
 
 def shard_numel(numel: int, holders: int, index: int) -> int:
     """Elements of a ``numel``-element parameter that holder ``index`` of ``holders`` keeps under ZeRO (the engine's
-    ``zero_layout.shard_bounds``: slices of ceil(numel / holders) in holder order, the last ones shorter or empty)."""
+    ``sharding.plan.shard_bounds``: slices of ceil(numel / holders) in holder order, the last ones shorter or empty)."""
     start, stop = shard_bounds(numel, holders, index)
     return stop - start
 
 
 @dataclass(frozen=True)
 class ZeroShare:
-    """Which part of a stage's training state one rank keeps: ZeRO ``stage`` (0: all of it; 1 a shard of the
-    optimizer state, 2 also of the gradients, 3 also of the weights) over ``holders`` ranks, this one ``index``."""
+    """Which part of a stage's training state one rank keeps: ``zero_stage`` (``sharding/zero_stages.py``: 0 all of
+    it; 1 a shard of the optimizer state, 2 also of the gradients, 3 also of the weights) over ``holders`` ranks,
+    this one ``index``."""
 
-    stage: int = 0
+    zero_stage: ZeroStage = ZERO_STAGES[0]
     holders: int = 1
     index: int = 0
 
     @property
     def sharded(self) -> bool:
-        return self.stage >= 1 and self.holders > 1
+        return self.zero_stage.shards and self.holders > 1
 
     def elements(self, numels: Iterable[int]) -> int:
         """This holder's elements of parameters of ``numels`` elements."""
@@ -106,15 +108,16 @@ class ZeroShare:
 
 @dataclass(frozen=True)
 class StateBytes:
-    """One rank's training state of one stage under its ZeRO share, as the engine keeps it (``pipeline/zero.py``;
-    bytes). Kept between steps: ``weights`` (levels 1, 2: the whole weights and the shards, a copy; 3: the shards
-    alone), ``gradients`` (levels 2, 3: the shards') and ``optimizer`` state (levels 1-3: the shards'). Transient:
-    ``step`` (the optimizer step's temporaries), ``whole_gradients`` (built by backward, kept at levels 0, 1,
-    reduce-scattered at 2, 3 by the stage's gradient sum), ``gathered`` (level 3: the most whole weights present at
-    once while the stage computes: two adjacent layers, or a recomputation segment's, or the whole stage where the
-    engine gathers it whole; ``layer_gather``), ``gather`` (an all-gather's flat buffer and this rank's piece: after
-    the step at levels 1, 2, of the stage; before a use at 3, of the layer gathered beside the others) and
-    ``scatter`` (levels 2, 3: the reduce-scatter's flat copy of the gradients, its piece)."""
+    """One rank's training state of one stage under its ZeRO share, as the engine keeps it
+    (``sharding/sharded_stage.py``; bytes). Kept between steps: ``weights`` (ZeRO stages 1, 2: the whole weights and the
+    shards, a copy; 3: the shards alone), ``gradients`` (ZeRO stages 2, 3: the shards') and ``optimizer`` state (ZeRO
+    stages 1-3: the shards'). Transient: ``step`` (the optimizer step's temporaries), ``whole_gradients`` (built by
+    backward, kept at ZeRO stages 0, 1, reduce-scattered at 2, 3 by the stage's gradient sum), ``gathered`` (ZeRO stage
+    3: the most whole weights present at once while the stage computes: two adjacent layers, or a recomputation
+    segment's, or the whole stage where the engine gathers it whole; ``layer_gather``), ``gather`` (an all-gather's flat
+    buffer and this rank's piece: after the step at ZeRO stages 1, 2, of the stage; before a use at 3, of the layer
+    gathered beside the others) and ``scatter`` (ZeRO stages 2, 3: the reduce-scatter's flat copy of the gradients, its
+    piece)."""
 
     weights: int
     gradients: int
@@ -136,7 +139,7 @@ def layer_numels(layers: Sequence[nn.Module]) -> tuple[tuple[int, ...], ...]:
 
 
 def layer_gather(units: Sequence[tuple[int, int]], together: Sequence[Sequence[int]]) -> tuple[int, int]:
-    """ZeRO 3 layer by layer (``pipeline/zero_layers.py``): the most whole-weight bytes present at once and the
+    """ZeRO 3 layer by layer (``sharding/layer_units.py``): the most whole-weight bytes present at once and the
     all-gather beside them (its flat buffer and this rank's piece), for a stage whose *units* (its layers holding
     trained parameters, in order) are ``units`` (whole bytes, this rank's piece bytes). Forward and backward gather a
     unit and prefetch its neighbour (the one before is freed first): two adjacent units at once; ``together``: groups
@@ -155,22 +158,23 @@ def layer_gather(units: Sequence[tuple[int, int]], together: Sequence[Sequence[i
 def zero_state_bytes(found: OptimizerFootprint, numels: Sequence[int], share: ZeroShare, weight_bytes: int,
                 layered: tuple[int, int] | None = None) -> StateBytes:
     """The training state of a stage whose trained parameters have ``numels`` elements on the rank keeping
-    ``share``: ``found`` (the stage's whole optimizer footprint) scaled to the rank's elements where the ZeRO level
+    ``share``: ``found`` (the stage's whole optimizer footprint) scaled to the rank's elements where the ZeRO stage
     shards it; ``weight_bytes``: the stage's weight bytes (with a compute copy under mixed precision). ``layered``:
-    level 3's (gathered, gather) where the engine gathers the stage layer by layer (``layer_gather``); None: the
+    ZeRO stage 3's (gathered, gather) where the engine gathers the stage layer by layer (``layer_gather``); None: the
     whole stage's weights gathered at once (a split backward, layers sharing a parameter)."""
     whole = found.grad_bytes
     if not share.sharded or not numels:
         return StateBytes(weight_bytes, whole, found.state_bytes, found.step_bytes, whole)
     ratio = share.elements(numels) / sum(numels)
     piece = round(whole * ratio)          # this rank's shards of the trained parameters, in the weights' type
-    level = share.stage
-    gathered, gather = layered if level >= 3 and layered is not None else (whole, whole + piece)
+    zero = share.zero_stage
+    gathered, gather = layered if zero.shards_weights and layered is not None else (whole, whole + piece)
     return StateBytes(
-        weights=weight_bytes if level < 3 else piece + weight_bytes - whole,   # levels 1-2: a shard is a slice
-        gradients=piece if level >= 2 else whole,
+        weights=piece + weight_bytes - whole if zero.shards_weights else weight_bytes,   # else a shard is a slice
+        gradients=piece if zero.shards_gradients else whole,
         optimizer=round(found.state_bytes * ratio), step=round(found.step_bytes * ratio), whole_gradients=whole,
-        gathered=gathered if level >= 3 else 0, gather=gather, scatter=whole + piece if level >= 2 else 0)
+        gathered=gathered if zero.shards_weights else 0, gather=gather,
+        scatter=whole + piece if zero.shards_gradients else 0)
 
 
 @dataclass
@@ -201,7 +205,7 @@ class TrainingState:
     def share(self, rank: int, stage: int) -> ZeroShare:
         """``rank``'s share of ``stage``: its place among the stage's holders."""
         group = stage_holders(self.cfg, stage)
-        return ZeroShare(self.cfg.zero_stage, len(group), group.index(rank) if rank in group else 0)
+        return ZeroShare(zero_stage(self.cfg.zero_stage), len(group), group.index(rank) if rank in group else 0)
 
     def of(self, rank: int, stage: int) -> StateBytes:
         """``rank``'s training state of ``stage`` (bytes; its share under ZeRO)."""
@@ -211,7 +215,7 @@ class TrainingState:
             weights = count * _itemsize(self.dtype) + (count * _itemsize(self.compute) if self.compute else 0)
             numels = [n for layer in layer_numels(self.stages[stage]) for n in layer]
             share = self.share(rank, stage)
-            layered = self.layered(stage, share) if share.stage >= 3 and share.sharded else None
+            layered = self.layered(stage, share) if share.zero_stage.shards_weights and share.sharded else None
             self._found[key] = zero_state_bytes(self.footprint(stage), numels, share, weights, layered)
         return self._found[key]
 

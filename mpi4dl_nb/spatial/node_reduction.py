@@ -6,41 +6,36 @@ other ranks add is copied: the elements of this rank's own share of the sum are 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from ..comm.grad_hooks import hook_arrivals, remove_hooks
 from ..comm.handles import Group
-from ..comm.node_sum import SUMMED_DTYPES, NodeSum
-from .grad_hooks import hook_arrivals, remove_hooks
-
-
-@runtime_checkable
-class NodeSums(Protocol):
-    """A context that can sum over a group through its node's shared memory (``Context.node_sum``)."""
-
-    def node_sum(self, group: Group | None = None) -> NodeSum | None: ...
+from ..comm.node_sum import SUMMED_DTYPES, NodeSum, NodeSums
+from ..comm.node_writes import EarlyWrites
 
 
 class NodeReduction:
     """The ``.grad`` of ``params`` (one dtype) summed over the node's tiles: a post-accumulate hook per parameter
-    copies its gradient into its place in this rank's slab; ``finish`` copies whatever changed since (or never
-    arrived: zeros for a missing one), sums, and writes the sums into the ``.grad`` tensors in place."""
+    writes its gradient's elements outside this rank's share into its slab (``comm/node_writes.EarlyWrites``);
+    ``finish`` writes whatever changed since (or never arrived: zeros for a missing one), sums, and writes the sums
+    into the ``.grad`` tensors in place."""
 
     def __init__(self, node: NodeSum, params: Sequence[nn.Parameter]) -> None:
         self.node = node
         self.params = list(params)
         self.key = tuple(id(p) for p in self.params)
-        self.offsets: dict[int, int] = {}
-        offset = 0
-        for p in self.params:
-            self.offsets[id(p)] = offset
-            offset += p.numel()
-        self.count = offset
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self.count = sum(p.numel() for p in self.params)
         self.dtype = self.params[0].dtype
-        self.copied: dict[int, tuple[torch.Tensor, int]] = {}     # id(param) -> (the .grad copied, its version)
         self._slab: tuple[int, torch.Tensor] | None = None         # (the window's capacity, this rank's slab in it)
+        places, offset = [], 0
+        for p in self.params:
+            ranges = node.peer_ranges(self.count, offset, offset + p.numel())
+            places.append([(low, low - offset, high - offset) for low, high in ranges])
+            offset += p.numel()
+        self.writes = EarlyWrites(node, places, self.slab)
         self._hooks = hook_arrivals(self, self.params)
 
     def covers(self, params: Sequence[nn.Parameter]) -> bool:
@@ -52,38 +47,14 @@ class NodeReduction:
             self._slab = (self.node.capacity, self.node.slab(self.dtype, self.count))
         return self._slab[1]
 
-    def _copy(self, slab: torch.Tensor, param: torch.Tensor) -> None:
-        """``param``'s gradient (zeros for none) into the slab where the other members add it: the elements
-        outside this rank's own share, which it adds from ``.grad`` itself."""
-        grad = param.grad
-        self.node.write_peer_ranges(slab, self.count, self.offsets[id(param)], param.numel(), grad)
-        if grad is None:
-            self.copied.pop(id(param), None)
-        else:
-            self.copied[id(param)] = (grad, grad._version)
-
-    def _claim(self) -> None:
-        """The slab holds this reduction's copies only while no other sum used it since (another net on the same
-        tiles, the window grown): if one did, every copy is made again."""
-        if self.node.holder is not self:
-            self.copied.clear()
-            self.node.holder = self
-
     def arrived(self, param: torch.Tensor) -> None:
-        """A gradient of ``param`` was accumulated: copy it into the slab now, while it is in cache."""
-        self._claim()
-        self._copy(self.slab(), param)
+        """A gradient of ``param`` was accumulated: write it into the slab now, while it is in cache."""
+        self.writes.write(self.index[id(param)], param.grad)
 
     def finish(self) -> None:
-        """Copy in what changed since its hook (or never came), sum over the node, write the sums into ``.grad``."""
-        self._claim()
-        slab = self.slab()
-        for p in self.params:
-            seen = self.copied.get(id(p))
-            if seen is None or p.grad is not seen[0] or p.grad._version != seen[1]:
-                self._copy(slab, p)
+        """Write what changed since its hook (or never came), sum over the node, write the sums into ``.grad``."""
+        self.writes.refresh([p.grad for p in self.params])
         self.node.reduce_slab([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
-        self.copied.clear()      # the sums changed every .grad: the next backward's hooks copy them again
 
     def cancel(self) -> None:
         remove_hooks(self._hooks)

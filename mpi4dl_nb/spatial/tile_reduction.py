@@ -11,9 +11,9 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from ..comm.grad_hooks import hook_arrivals, remove_hooks
 from ..comm.handles import Group, Request
 from ..comm.protocol import Comm
-from .grad_hooks import hook_arrivals, remove_hooks
 
 
 @runtime_checkable

@@ -91,7 +91,7 @@ def step(net: nn.Module, model: nn.Module, tile: torch.Tensor, scenario: str, se
             if p.grad is not None:
                 p.grad.mul_(0.5)
     on_node = net.__dict__.get("node_reduction")
-    copied = len(on_node.copied) if isinstance(on_node, NodeReduction) else 0
+    copied = len(on_node.writes.copied) if isinstance(on_node, NodeReduction) else 0
     before = {name: p.grad for name, p in model.named_parameters()}
     reduce_tile_gradients(net, overlap=overlap, shared_memory=shared_memory)
     if shared_memory:

@@ -13,7 +13,7 @@ gathered (``checkpoint/optimizer_state.py``) after 2 steps equals level 0's entr
 at level Z loading it (and the weights) continues with level 0's losses. ``<CASE> state bytes``: at level 3 a rank
 sharing a stage with n holders keeps at most 1.2 / n of level 0's (weights, gradients, optimizer state, buffers;
 ``measure/usage.state_bytes``): 0.3 on 4 tiles; and each sharded stage gathered its weights layer by layer
-(``pipeline/zero_layers.py``), never more than its two largest layers' at once. Each variant's check also compares the
+(``sharding/layer_units.py``), never more than its two largest layers' at once. Each variant's check also compares the
 trained engine's evaluation (``evaluate_batch``) with the serial model's in eval mode.
 """
 

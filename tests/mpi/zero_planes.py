@@ -4,8 +4,9 @@ on the world and on a group, on this run's data plane.
 Usage: python -m tests.mpi.zero_planes [--backend=gloo]. Checks: ``reduce_scatter uneven`` and ``all_gather uneven``
 (world and the group of every rank but 0; the pieces' sizes differ per member, one is empty; float64 exact); on the
 mpi plane also ``node shards`` (``comm/node_shards.py``, the route of holders on one node): the same pieces as those
-collectives, each member's piece in two tensors; slices written early are used (their tensors passed as zeros), and
-a claim lost to a ``NodeSum`` sum in between writes everything again; memory every member maps (``common``) holds the
+collectives, each member's piece in two tensors; slices written early (``comm/node_writes.EarlyWrites``) are used
+(their tensors zeroed after without a version bump), and a claim lost to a ``NodeSum`` sum in between writes them
+again; memory every member maps (``common``) holds the
 tensors given and shows each member's writes to all.
 """
 
@@ -50,28 +51,35 @@ def check_all_gather(ctx, group) -> None:
 
 def check_node_shards(ctx) -> None:
     from mpi4dl_nb.comm.node_shards import NodeShards
+    from mpi4dl_nb.comm.node_writes import EarlyWrites
 
     counts = counts_of(ctx.world_size)
     node = NodeShards.reserved(ctx.node_sum(), torch.float64, sum(counts))
     assert node is not None, "one node, room in /dev/shm: the window's route"
     values = torch.arange(sum(counts), dtype=torch.float64) * (ctx.rank + 1)   # integers: any order sums alike
     starts = [sum(counts[:m]) for m in range(ctx.world_size)]
-    pieces = [[values[s:s + c // 2], values[s + c // 2:s + c]] for s, c in zip(starts, counts)]
-    want = ctx.reduce_scatter(values, counts)
-    owner = object()
+    halves = [(s, c // 2) for s, c in zip(starts, counts)]
+    firsts = [2 * m for m in range(ctx.world_size) if m != ctx.rank]   # every other member's first tensor
+    places = [[] if m == ctx.rank else [(s, 0, h)] if k == 0 else [(s + h, 0, c - h)]
+              for m, ((s, h), c) in enumerate(zip(halves, counts)) for k in (0, 1)]
     for lost in (False, True):
-        node.claim(owner)
-        for m in range(ctx.world_size):     # every other member's first tensor written early, at its place
-            if m != ctx.rank:
-                assert node.write_early(owner, pieces[m][0], [(starts[m], 0, pieces[m][0].numel())], sum(counts))
+        tensors = [t.clone() for s, c in zip(starts, counts) for t in (values[s:s + c // 2], values[s + c // 2:s + c])]
+        writes = EarlyWrites(node.node, places, lambda: node.slab(sum(counts)))
+        for index in firsts:
+            writes.write(index, tensors[index])
         if lost:
             ctx.node_sum().all_reduce([torch.ones(sum(counts), dtype=torch.float64)])   # drops the claim
-        kept = node.claim(owner)
-        assert kept is not lost
-        passed = [[torch.zeros_like(t) if kept and k == 0 and m != ctx.rank else t for k, t in enumerate(tensors)]
-                  for m, tensors in enumerate(pieces)]       # what was written early is not read again
-        got = node.reduce_scatter(passed, counts, {0} if kept else set())
+        for index in firsts:
+            tensors[index].data.zero_()    # no version bump: the copies written early stand for them while kept
+        writes.refresh(tensors)
+        zeroed = values.clone()
+        for m, (s, h) in enumerate(halves):
+            if lost and m != ctx.rank:
+                zeroed[s:s + h] = 0.0
+        want = ctx.reduce_scatter(zeroed, counts)
+        got = node.reduce_scatter([tensors[2 * m:2 * m + 2] for m in range(ctx.world_size)], counts, written=True)
         assert torch.equal(got, want), (lost, got, want)
+    pieces = [[values[s:s + c // 2], values[s + c // 2:s + c]] for s, c in zip(starts, counts)]
     mine = pieces[ctx.rank]
     outs = [[torch.empty(t.numel(), dtype=torch.float64) for t in tensors] for tensors in pieces]
     node.all_gather(mine, outs, counts)
@@ -82,7 +90,7 @@ def check_node_shards(ctx) -> None:
 
 def check_common_memory(ctx, node) -> None:
     """``NodeShards.common``: the tensors' values in one memory, each member's writes seen by all after ``meet``."""
-    from mpi4dl_nb.pipeline.zero_layout import shard_bounds
+    from mpi4dl_nb.sharding.plan import shard_bounds
 
     tensors = [torch.arange(1, 8, dtype=torch.float64), torch.arange(6, dtype=torch.float64).view(2, 3)]
     views = node.common(tensors, [shard_bounds(t.numel(), ctx.world_size, ctx.rank) for t in tensors])

@@ -12,8 +12,8 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.errors import ConfigError
-from mpi4dl_nb.pipeline.zero_layout import ShardPlan, shard_bounds
 from mpi4dl_nb.planner.fake_world import FakeComm
+from mpi4dl_nb.sharding.plan import ShardPlan, shard_bounds
 from tests.mpi.zero_exact import CHECKPOINT_LEVELS, LEVELS
 from tests.support.battery import shared_job
 
@@ -72,12 +72,12 @@ def test_plan_counts_and_places_hold_each_members_piece_together():
     assert sum(stop - start for _, start, stop in places) == 13
 
 
-def test_gems_with_sharding_is_refused_naming_the_flag():
-    cfg = dl.ParallelConfig(split_size=2, spatial_size=0, times=1, zero_stage=2)
-    ctx = FakeComm(0, None, torch.device("cpu"), world_size=cfg.world_size)
-    layers = [nn.Linear(4, 4), nn.Linear(4, 2)]
+def test_gems_with_sharding_and_a_stage_above_3_are_refused_naming_the_flag_before_any_model():
+    """The configuration itself refuses them (the command line's exit 2 before any rank builds a model)."""
     with pytest.raises(ConfigError, match="--zero-stage.*--times"):
-        dl.HybridEngine(layers, cfg, ctx, loss_fn=nn.CrossEntropyLoss(), abort_on_error=False)
+        dl.ParallelConfig(split_size=2, spatial_size=0, times=1, zero_stage=2)
+    with pytest.raises(ConfigError, match="--zero-stage.*<= 3, got 4"):
+        dl.ParallelConfig(zero_stage=4)
 
 
 def _layers() -> list[nn.Module]:
@@ -96,8 +96,8 @@ def test_level_3_gathers_layer_by_layer_within_two_layers_and_keeps_backward_exa
     whole, and after backward every layer is freed by its gradients' accumulation."""
     from mpi4dl_nb.comm.handles import Group
     from mpi4dl_nb.pipeline.recompute import checkpointed
-    from mpi4dl_nb.pipeline.zero import ShardedStage
-    from mpi4dl_nb.pipeline.zero_layers import gather_layer_by_layer
+    from mpi4dl_nb.sharding.layer_units import gather_layer_by_layer
+    from mpi4dl_nb.sharding.sharded_stage import ShardedStage
 
     model = nn.Sequential(*_layers()).double()
     want = copy.deepcopy(model)

@@ -523,7 +523,7 @@ def test_holders_all_reduce_is_one_meeting_per_collective_crowded_like_a_halo(re
 
 
 def test_start_training_skips_the_walk_only_when_every_module_trains():
-    from mpi4dl_nb.pipeline.runtime import start_training
+    from mpi4dl_nb.pipeline.stage_instance import start_training
 
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.ReLU())
     model(torch.randn(2, 1, 5, 5)).sum().backward()

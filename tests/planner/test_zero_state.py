@@ -97,14 +97,15 @@ def deep() -> list[nn.Module]:
 
 def stage_3(setting: str | int | None) -> tuple[int, int]:
     """Level 3 of ``deep()`` on 2 holders, holder 0: the planner's (gathered, gather), and the engine's most bytes of
-    whole weights present at once over a forward and backward (``ShardedStage.peak_bytes``, hooks of zero_layers)."""
+    whole weights present at once over a forward and backward (``ShardedStage.peak_bytes``, the hooks of
+    sharding/layer_units.py)."""
     import torch
 
     from mpi4dl_nb.comm.handles import Group
     from mpi4dl_nb.pipeline.recompute import checkpointed
-    from mpi4dl_nb.pipeline.zero import ShardedStage
-    from mpi4dl_nb.pipeline.zero_layers import gather_layer_by_layer
     from mpi4dl_nb.planner.fake_world import FakeComm
+    from mpi4dl_nb.sharding.layer_units import gather_layer_by_layer
+    from mpi4dl_nb.sharding.sharded_stage import ShardedStage
 
     torch.manual_seed(0)
     model = nn.Sequential(*deep())

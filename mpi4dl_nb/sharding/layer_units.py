@@ -1,4 +1,4 @@
-"""ZeRO level 3 layer by layer: hooks gather a layer's weights before its forward and backward, free them after."""
+"""ZeRO stage 3 layer by layer: hooks gather a layer's weights before its forward and backward, free them after."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .zero import ShardedStage
+from .sharded_stage import ShardedStage
 
 
 class _LayerUnit:
@@ -77,11 +77,11 @@ def layer_units(stage: ShardedStage, module: nn.Module) -> list[tuple[nn.Module,
 
 
 def gather_layer_by_layer(stage: ShardedStage, module: nn.Module) -> list[RemovableHandle]:
-    """Level 3: hook ``module`` (the stage's module as it runs: tiles, recomputation) so that ``stage``'s weights are
-    gathered one layer at a time; the handles (none when the layers do not split the stage, which then stays
+    """ZeRO stage 3: hook ``module`` (the stage's module as it runs: tiles, recomputation) so that ``stage``'s weights
+    are gathered one layer at a time; the handles (none when the layers do not split the stage, which then stays
     gathered whole per action). Call while the stage's weights are freed."""
     units = layer_units(stage, module)
-    if units is None or stage.level < 3:
+    if units is None or not stage.zero_stage.shards_weights:
         return []
     stage.set_units([indices for _, indices in units])
     stage.layered = True
