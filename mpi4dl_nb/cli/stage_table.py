@@ -98,5 +98,5 @@ def state_table(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: in
     return "\n".join([f"training state per rank of each stage, MB (float32 weights and gradients, {state_slots} "
                       f"optimizer state(s) per parameter), by --zero-stage (*: this one):", *underlined(rows),
                       "kept between steps; ZeRO 1 and 2 keep the whole weights beside the shards; while a stage "
-                      "computes, ZeRO 3 gathers its weights layer by layer (two at a time), and every ZeRO stage builds "
+                      "computes, ZeRO 3 gathers its weights layer by layer (two at a time), and every level builds "
                       "its whole gradients in backward (2, 3: until the reduce-scatter)"])

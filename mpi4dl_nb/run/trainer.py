@@ -463,7 +463,7 @@ class Trainer:
         """This rank's metrics: time split and peak memory (allocator peak on CUDA, counted on CPU)."""
         buffers = {id(b): b for inst in self.engine.instances.values()
                    for b in inst.canonical.buffers()}
-        # what the rank keeps between steps: weights (ZeRO's shards; ZeRO stage 3 frees the whole ones), their gradients,
+        # what the rank keeps between steps: weights (ZeRO's shards; stage 3 frees the whole ones), their gradients,
         # buffers and optimizer state, each storage once (sharding/; docs/sharding.md)
         fixed = state_bytes(self.engine.trained_tensors(), self.engine.optimizer, buffers.values())
         peak = cuda_peak_bytes(self.ctx.device)
