@@ -10,8 +10,9 @@ import torch
 
 from ..config import ParallelConfig
 from ..layout import layout, stage_holders
+from ..pipeline.actions import Action, ActionKind
 from ..pipeline.bn_replay import running_stat_norms
-from ..pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
+from ..pipeline.schedules import build_schedule, stage_ranks
 from ..pipeline.split_backward import splits_backward
 from .attention import exposed_ring_seconds
 from .crowding import Crowding, crowds
