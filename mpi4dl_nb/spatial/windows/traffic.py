@@ -1,4 +1,4 @@
-"""What windowed and linear attention exchange on tiles as the planner counts them: Swin, MaxViT, LiteMLA (pure).
+"""What windowed attention exchanges on tiles as the planner counts it: Swin, MaxViT (pure).
 
 Swin (``swin.py``): a block gathers every window it computes onto one tile (the roll folded in: only the tokens
 that change tile move) and sends the results back (``plan.WindowLayout``); a patch merge gathers every 2x2 (2x2x2)
@@ -6,10 +6,10 @@ neighbourhood to the tile of its merged token (``plan.plan_merge``). Tokens are 
 tokens along each axis are one interval of the rolled grid (two where the roll wraps), a tile's tokens a box, so
 what a tile holds of a window is a product of interval overlaps; the windows' owners are the layout's own
 (``WindowLayout.owners``). MaxViT (``partition.py``): every token goes to the tile attending its block or grid
-window (``owners.py``) and back, counted axis by axis. LiteMLA (``linear.py``): one all-reduce of the key-value
-sums. Backward sends the same bytes again, each gather's adjoint running the other way. Bytes are per sample.
-``swin_cost`` (a model), ``swin_block_cost``, ``swin_merge_cost``, ``partition_cost`` and ``linear_cost`` are the
-families' ``cost.FamilyCost``.
+window (``owners.py``) and back, counted axis by axis. Backward sends the same bytes again, each gather's adjoint
+running the other way. Bytes are per sample.
+``swin_cost`` (a model), ``swin_block_cost``, ``swin_merge_cost`` and ``partition_cost`` are the families'
+``cost.FamilyCost``.
 """
 
 from __future__ import annotations
@@ -291,18 +291,3 @@ def partition_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], elem
     sent, received, held = partition_moves(grid, sizes, size, bool(getattr(module, "partition_block", True)))
     token = _channels(module) * element_bytes
     return busiest([((s + r) * token, (r + s) * token, h * token) for s, r, h in zip(sent, received, held)])
-
-
-def linear_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
-    """``FamilyCost`` of EfficientViT's LiteMLA: one all-reduce over the tiles of its key-value sums (every head
-    of every scale: ``head_dim x (head_dim + 1)`` values, in float32 or wider), a ring all-reduce's ``2 (P-1)/P``
-    of them each way; held: the sums."""
-    tiles = grid.num_tiles
-    head_dim = _number(module, "dim")
-    proj = getattr(module, "proj", None)
-    heads = _number(getattr(proj, "conv", proj), "in_channels") // head_dim
-    held = heads * head_dim * (head_dim + 1) * max(element_bytes, 4)
-    if tiles == 1:
-        return ExchangeBytes()
-    moved = math.ceil(2 * (tiles - 1) * held / tiles)
-    return ExchangeBytes(moved, moved, held)
