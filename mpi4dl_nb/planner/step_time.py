@@ -18,7 +18,7 @@ from .attention import exposed_ring_seconds
 from .crowding import Crowding, crowds
 from .device import LayerTime, MeasuringDevice, TimingRequest
 from .fake_world import Traffic
-from .footprint import FootprintCache, LayerFootprint
+from .footprint import LayerFootprint
 from .layer_timer import LayerTimer, measuring_device
 from .memory import (
     DEFAULT_CACHE,
@@ -33,6 +33,7 @@ from .memory import (
 )
 from .profile import LayerProfile, Layers, batched
 from .simulate import Cost, RankTimeline, group_key, simulate
+from .tile_footprints import FootprintCache
 from .timing import Network, Node
 from .token_tiles import attention_widths
 
