@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 
 import torch
 
@@ -23,10 +23,6 @@ class StageRole:
     halo_d2: bool = False
     fused_layers: int = 1
     tokens: TokenGrid | None = None   # a ViT's stage: the image's tokens, each tile's part on its rank
-
-    @property
-    def tiles(self) -> int:
-        return self.grid[0] * self.grid[1] if self.grid is not None else 1
 
 
 class SplitRun(Choice):
@@ -55,8 +51,7 @@ class SplitTerms:
     kept_received: int = 0
 
     def times(self, samples: float) -> SplitTerms:
-        return SplitTerms(*(round(value * samples) for value in (self.kept, self.input_peak, self.released,
-                                                                 self.weight_peak, self.kept_received)))
+        return SplitTerms(*(round(value * samples) for value in astuple(self)))
 
 
 @dataclass(frozen=True)

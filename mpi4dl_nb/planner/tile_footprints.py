@@ -40,24 +40,13 @@ def structure_key(module: nn.Module) -> Hashable:
 
 def training_meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """A ``meta`` copy of ``module`` (no memory; the original is untouched), in training mode."""
-    copied = meta_copy(module)
-    if dtype is not None:
-        copied.to(dtype=dtype)
-    return copied.train()
+    return (meta_copy(module) if dtype is None else meta_copy(module).to(dtype=dtype)).train()
 
 
 def tile_shapes(shapes: Sequence[Shape], grid: TileGrid | None, tile: int) -> list[Shape]:
     """Each item's shape on tile ``tile`` (4-d maps are cut, other tensors stay whole)."""
-    if grid is None:
-        return [tuple(s) for s in shapes]
-    out: list[Shape] = []
-    for shape in shapes:
-        if len(shape) == 4:
-            h, w = grid.tile_of_size(tile, shape[-2], shape[-1])
-            out.append((*shape[:-2], h, w))
-        else:
-            out.append(tuple(shape))
-    return out
+    return [(*shape[:-2], *grid.tile_of_size(tile, shape[-2], shape[-1])) if grid is not None and len(shape) == 4
+            else tuple(shape) for shape in shapes]
 
 
 class StructureKeys:
@@ -179,26 +168,21 @@ def simulate_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype
     if full is None:
         raise ValueError(f"{type(layer).__name__}: a spatial stage needs 4-d (N, C, H, W) inputs")
     oracle = SizeOracle(grid.rows, grid.cols, map_sizes(layer, shapes, dtype))
+
+    def tile_run(tile: int, comm: FakeComm) -> LayerFootprint:
+        module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
+        return count_module(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples, layouts,
+                            split)
+
     try:
         classes = tile_classes(grid, shapes)
-        found: dict[int, LayerFootprint] = {}
-        for tile in sorted(set(classes.values())):
-            comm = FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles, sizes=oracle)
-            module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-            found[tile] = count_module(module, tile_shapes(shapes, grid, tile), dtype, comm, loss, workspace, samples,
-                                    layouts, split)
+        found = {tile: tile_run(tile, FakeComm(tile, None, torch.device("meta"), world_size=grid.num_tiles,
+                                               sizes=oracle)) for tile in sorted(set(classes.values()))}
         return [found[classes[tile]] for tile in range(grid.num_tiles)]
     except AmbiguousSize:
         pass
     world = FakeWorld(grid.num_tiles)
-
-    def tile_run(rank: int) -> LayerFootprint:
-        comm = world.comm(rank)
-        module = spatial_module(layer, grid, comm, role, full, dtype, elementwise)
-        return count_module(module, tile_shapes(shapes, grid, rank), dtype, comm, loss, workspace, samples, layouts,
-                         split)
-
-    return run_ranks(world, tile_run)
+    return run_ranks(world, lambda rank: tile_run(rank, world.comm(rank)))
 
 
 def simulate_token_layer(layer: nn.Module, shapes: Sequence[Shape], dtype: torch.dtype, role: StageRole,

@@ -89,20 +89,16 @@ def linear_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element
     """``FamilyCost`` of LiteMLA: one all-reduce over the tiles of its key-value sums (every head of every scale:
     ``head_dim x (head_dim + 1)`` values, in float32 or wider), a ring all-reduce's ``2 (P-1)/P`` of them each way;
     held: the sums."""
-    tiles, head_dim = grid.num_tiles, int(vars(module)["dim"])
-    heads = int(vars(module.get_submodule("proj.conv"))["in_channels"]) // head_dim
-    held = heads * head_dim * (head_dim + 1) * max(element_bytes, 4)
-    if tiles == 1:
-        return ExchangeBytes()
-    moved = math.ceil(2 * (tiles - 1) * held / tiles)
-    return ExchangeBytes(moved, moved, held)
+    widths = int(vars(module.get_submodule("proj.conv"))["in_channels"])     # every scale's heads x head_dim
+    held = widths * (int(vars(module)["dim"]) + 1) * max(element_bytes, 4)
+    moved = math.ceil(2 * (grid.num_tiles - 1) * held / grid.num_tiles)
+    return ExchangeBytes(moved, moved, held) if moved else ExchangeBytes()
 
 
 def keep_float64(module: nn.Module) -> None:
     """LiteMLA's ``float64_patch``: its attention in the wider of its input's dtype and float32, as on tiles (timm's
     own precision in float32, float16 and bfloat16 runs)."""
-    eps = vars(module)["eps"]          # a plain float of the module
-    object.__setattr__(module, "_attn", functools.partial(wide_attention, eps=float(eps)))
+    object.__setattr__(module, "_attn", functools.partial(wide_attention, eps=float(vars(module)["eps"])))
 
 
 LINEAR_ATTENTION = Family("EfficientViT linear attention (timm LiteMLA)", TimmMatch((

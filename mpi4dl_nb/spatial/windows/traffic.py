@@ -22,6 +22,7 @@ from torch import nn
 
 from ..cost import ExchangeBytes
 from ..geometry import Range, TileGrid, split_ranges
+from ..tokens.tiles import int_pair
 from .plan import ShiftedWindows, TokenBoxes, WindowLayout
 
 
@@ -187,28 +188,19 @@ def busiest(parts: Sequence[tuple[int, int, int]]) -> ExchangeBytes:
     return ExchangeBytes(max(p[0] for p in parts), max(p[1] for p in parts), max(p[2] for p in parts))
 
 
-def _pair(value: object) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        return tuple(int(v) for v in value)
-    return (_int(value),) * 2
-
-
-def _int(value: object) -> int:
+def _number(module: object, name: str) -> int:
+    """``module``'s integer attribute ``name`` (a timm module's hyper-parameter)."""
+    value = getattr(module, name)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"expected a number, got {value!r}")
     return int(value)
 
 
-def _number(module: object, name: str) -> int:
-    """``module``'s integer attribute ``name`` (a timm module's hyper-parameter)."""
-    return _int(getattr(module, name))
-
-
 def swin_block_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
     """``FamilyCost`` of a timm Swin block over ``sizes``: its window gathers into the windows and back, timm's clamp
     applied (a window no larger than the grid, no shift where it is one window)."""
-    window = _pair(getattr(module, "window_size", 0))
-    shift = _pair(getattr(module, "target_shift_size", None) or getattr(module, "shift_size", 0))
+    window = int_pair(getattr(module, "window_size", 0))
+    shift = int_pair(getattr(module, "target_shift_size", None) or getattr(module, "shift_size", 0))
     clamped = tuple(min(n, w) for n, w in zip(sizes, window))
     shifted = tuple(0 if n <= w else s for n, w, s in zip(sizes, window, shift))
     counted = block_traffic(grid, sizes, clamped, shifted, _number(module, "dim"), element_bytes)
@@ -226,7 +218,7 @@ def swin_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_b
     """``FamilyCost`` of a whole timm Swin (or a cut one's trunk) on images of ``sizes`` pixels (its patch grid:
     ``sizes`` over the patch size): every stage's merge and blocks, summed (held: the largest)."""
     parts: list[ExchangeBytes] = []
-    patch = _pair(getattr(getattr(module, "patch_embed", None), "patch_size", 1))
+    patch = int_pair(getattr(getattr(module, "patch_embed", None), "patch_size", 1))
     current = tuple(n // p for n, p in zip(sizes, patch))
     for stage in getattr(module, "layers", ()):
         merge = getattr(stage, "downsample", None)
@@ -285,7 +277,7 @@ def _channels(module: nn.Module) -> int:
 def partition_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
     """``FamilyCost`` of MaxViT's partition attention (timm's ``PartitionAttentionCl``/``2d``): every token to its
     window's tile and back (a grid that does not split into whole windows, which timm refuses, costs nothing)."""
-    size = _pair(getattr(module, "partition_size", 1))
+    size = int_pair(getattr(module, "partition_size", 1))
     if grid.volumetric or any(n % p for n, p in zip(sizes, size)):
         return ExchangeBytes()
     sent, received, held = partition_moves(grid, sizes, size, bool(getattr(module, "partition_block", True)))
