@@ -47,8 +47,9 @@ from mpi4dl_nb.config import CheckpointGranularity, SliceMethod
 from mpi4dl_nb.models.vit import patch_grid_of, patch_multiple, token_pieces
 from mpi4dl_nb.pipeline.recompute import checkpointed
 from mpi4dl_nb.planner.attention import TokenGrid
-from mpi4dl_nb.planner.footprint import StageRole, simulate_layer
+from mpi4dl_nb.planner.footprint import StageRole
 from mpi4dl_nb.planner.memory import MemoryPlan, largest_side
+from mpi4dl_nb.planner.tile_footprints import simulate_layer
 from mpi4dl_nb.spatial.geometry import TileGrid
 from mpi4dl_nb.spatial.tokens.ring import ring_attention
 

@@ -35,7 +35,8 @@ from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.comm.waiting import node_cores
 from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.measure.calibration import LONG_WORK, SHORT_WORK, calibrate_job, layer_work, meeting_cost
-from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule
+from mpi4dl_nb.pipeline.actions import ActionKind
+from mpi4dl_nb.pipeline.schedules import build_schedule
 from mpi4dl_nb.planner.simulate import Cost, group_key, simulate
 from mpi4dl_nb.planner.step_time import tile_cost
 from mpi4dl_nb.planner.timing import Network, network_of

@@ -196,7 +196,8 @@ def ideal_bubble(cfg: dl.ParallelConfig) -> float:
 def ours_config(schedule: str, ranks: int, micro_batches: int, batch: int) -> tuple[dl.ParallelConfig | None, str]:
     """The engine's configuration of ``schedule``, or None and why it cannot run it: its ConfigError, or a
     split-backward schedule whose action lists have no input-gradient actions (not built on this commit)."""
-    from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule
+    from mpi4dl_nb.pipeline.actions import ActionKind
+    from mpi4dl_nb.pipeline.schedules import build_schedule
     try:
         cfg = new_schedule_config(schedule, ranks, micro_batches)
         cfg.validate(batch_size=batch)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..pipeline.schedules import ActionKind
+from ..pipeline.actions import ActionKind
 from ..pipeline.step_input import Extent, ShardedImages, ShardedMasks, reader_box
 from ..spatial.geometry import Box
 

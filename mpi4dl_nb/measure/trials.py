@@ -23,7 +23,7 @@ from ..config import ParallelConfig
 from ..models import spec as model_spec
 from ..models.model_args import NO_ARGS, ModelArgs
 from ..models.spec import ModelFamily
-from ..pipeline.schedules import ActionKind
+from ..pipeline.actions import ActionKind
 from .calibration import JobCalibration
 
 Knobs = dict[str, Any]       # ``ParallelConfig(**knobs)``: a configuration as ``ParallelConfig.as_dict`` gives it

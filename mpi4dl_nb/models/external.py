@@ -7,7 +7,6 @@ extra that installs it, a module that does not import with the module and the re
 from __future__ import annotations
 
 import difflib
-import functools
 import importlib
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
@@ -17,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..spatial.windows.linear import LINEAR_ATTENTION, wide_attention
+from ..spatial.families import family_of
 from .chain import mode, side_text
 from .cut import layer_list
 from .cut_families import built_image_size
@@ -213,14 +212,13 @@ def built_model(family: str, source: str, num_classes: int, in_channels: int = 3
 
 
 def float64_kept(built: Built) -> Built:
-    """``built`` with every timm LiteMLA (EfficientViT's linear attention) computing in the wider of its input's dtype
-    and float32: one process then computes a float64 run's attention in float64, as the tiles do (timm's own
-    precision in float32, float16 and bfloat16 runs)."""
+    """``built`` with each module's family's ``float64_patch`` applied (EfficientViT's LiteMLA: its attention in
+    float64 in a float64 run): one process then computes as the tiles do."""
     for root in built if isinstance(built, list) else [built]:
         for module in root.modules():
-            if LINEAR_ATTENTION.matches(module):
-                eps = vars(module)["eps"]          # a plain float of the module
-                object.__setattr__(module, "_attn", functools.partial(wide_attention, eps=float(eps)))
+            family = family_of(module)
+            if family is not None and family.float64_patch is not None:
+                family.float64_patch(module)
     return built
 
 

@@ -20,8 +20,8 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from ..comm.trace import Event
 from ..config import ParallelConfig
 from ..layout import layout
-from ..pipeline.actions import COMPUTE_KINDS
-from ..pipeline.schedules import Action, ActionKind, Schedule
+from ..pipeline.actions import COMPUTE_KINDS, Action, ActionKind
+from ..pipeline.schedules import Schedule
 from ..spatial.geometry import LayerHalo, Message, TileGrid, TileHalo
 
 if TYPE_CHECKING:

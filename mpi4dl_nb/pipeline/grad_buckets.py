@@ -27,7 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..comm.handles import Group, Request
 from ..comm.protocol import Comm
-from .schedules import Action, ActionKind
+from .actions import Action, ActionKind
 
 MB = 1 << 20
 

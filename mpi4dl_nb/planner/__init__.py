@@ -1,10 +1,10 @@
 """The planner: per-rank memory and step-time models of a configuration, ``suggest`` and live auto-tune.
 
-The public names live here (``dl.planner.estimate_memory(...)``); the modules behind them:
-``profile`` (layer shapes and FLOPs), ``live_bytes`` + ``fake_world`` + ``footprint``
-(what a stage allocates, simulated on ``meta``), ``optimizer``, ``memory`` (the per-rank
-memory model), ``timing`` + ``simulate`` + ``step_time`` (the time model), ``suggest``,
-``tune`` (live auto-tune); measurement lives in ``measure`` (it runs on the ranks).
+The public names live here (``dl.planner.estimate_memory(...)``); the modules behind them: ``profile`` (layer shapes
+and FLOPs), ``footprint`` + ``meta_count`` + ``tile_footprints`` + ``stage_compose`` with ``live_bytes`` and
+``fake_world`` (what a stage allocates, simulated on ``meta``), ``optimizer``, ``memory`` (the per-rank memory model),
+``timing`` + ``simulate`` + ``step_time`` (the time model), ``suggest``, ``tune`` (live auto-tune); measurement lives
+in ``measure`` (it runs on the ranks).
 """
 
 from ..measure.steps import measure_engine_step, measure_peak_bytes, measure_step_memory, time_engine_steps

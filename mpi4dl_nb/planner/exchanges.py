@@ -4,7 +4,7 @@ Every module of the stage's layers that a conversion family (``spatial.families`
 by that family (``Family.cost``: Swin's window gathers and patch merges, MaxViT's partition moves, LiteMLA's
 all-reduce, a ViT's ring attention), on the token grid its input has in one process (found by one forward of the
 layers on ``meta``); the module's children are left to it. What the families do not model (a convolution's halo) the
-footprint's simulated tiles count (``footprint.py``).
+footprint's simulated tiles count (``tile_footprints.py``).
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ from ..spatial.geometry import TileGrid
 from .clock import on_wall_clock, work_clock
 from .device import LayerTime, MeasuringDevice, TimingRequest, measure_copy_bandwidth
 from .fake_world import FakeComm, FakeWorld, SizeOracle
-from .footprint import Loss, Shape, StageRole, StructureKeys, map_sizes, spatial_module, tile_shapes
+from .footprint import Loss, Shape, StageRole
+from .tile_footprints import StructureKeys, map_sizes, spatial_module, tile_shapes
 from .token_tiles import RingMember, member_work
 
 _PHASES = ("setup", "forward", "backward", "gradients", "replay", "two_chunks", "terms_exchange", "optimizer",

@@ -14,24 +14,19 @@ from torch import nn
 from ..config import Choice, ParallelConfig
 from ..errors import ConfigError
 from ..layout import RankRole, StageSlot, layout
+from ..pipeline.actions import Action, ActionKind
 from ..pipeline.default_cut import default_balance
 from ..pipeline.recompute import segment_bounds
-from ..pipeline.schedules import Action, ActionKind, Schedule, build_schedule, stage_ranks
+from ..pipeline.schedules import Schedule, build_schedule, stage_ranks
 from ..pipeline.split_backward import splits_backward
 from ..pipeline.stages import check_balance, even_balance
 from .attention import TokenGrid
-from .footprint import (
-    FootprintCache,
-    SplitRun,
-    SplitStage,
-    StageFootprint,
-    StageRole,
-    compose_stage,
-    map_sizes,
-)
+from .footprint import SplitRun, SplitStage, StageFootprint, StageRole
 from .optimizer import OptimizerFactory, StateBytes, TrainingState
 from .profile import LayerProfile, Layers, batched, profile_layers
 from .segments import recomputed_stage
+from .stage_compose import compose_stage
+from .tile_footprints import FootprintCache, map_sizes
 from .token_tiles import token_grid_of
 from .workspace import Workspace
 

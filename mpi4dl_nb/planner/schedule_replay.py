@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..pipeline.schedules import Action, ActionKind, Schedule
+from ..pipeline.actions import Action, ActionKind
+from ..pipeline.schedules import Schedule
 from .simulate import Cost, simulate
 
 

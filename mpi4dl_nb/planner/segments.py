@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .footprint import LayerFootprint, StageFootprint, compose_stage
+from .footprint import LayerFootprint, StageFootprint
+from .stage_compose import compose_stage
 
 
 def no_graph_peak(fp: LayerFootprint) -> int:

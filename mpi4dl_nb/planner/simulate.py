@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from ..pipeline.schedules import Action, Schedule
+from ..pipeline.actions import Action
+from ..pipeline.schedules import Schedule
 from .crowding import SharedCores
 
 EPS = 1e-12

@@ -10,14 +10,15 @@ import torch
 
 from ..config import ParallelConfig
 from ..layout import layout, stage_holders
+from ..pipeline.actions import Action, ActionKind
 from ..pipeline.bn_replay import running_stat_norms
-from ..pipeline.schedules import Action, ActionKind, build_schedule, stage_ranks
+from ..pipeline.schedules import build_schedule, stage_ranks
 from ..pipeline.split_backward import splits_backward
 from .attention import exposed_ring_seconds
 from .crowding import Crowding, crowds
 from .device import LayerTime, MeasuringDevice, TimingRequest
 from .fake_world import Traffic
-from .footprint import FootprintCache, LayerFootprint
+from .footprint import LayerFootprint
 from .layer_timer import LayerTimer, measuring_device
 from .memory import (
     DEFAULT_CACHE,
@@ -32,6 +33,7 @@ from .memory import (
 )
 from .profile import LayerProfile, Layers, batched
 from .simulate import Cost, RankTimeline, group_key, simulate
+from .tile_footprints import FootprintCache
 from .timing import Network, Node
 from .token_tiles import attention_widths
 

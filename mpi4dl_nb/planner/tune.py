@@ -24,7 +24,7 @@ from ..measure.trials import (
     device_on_engine,
     measure_interleaved,
 )
-from ..pipeline.schedules import ActionKind
+from ..pipeline.actions import ActionKind
 from .device import MeasuringDevice
 from .layer_timer import measuring_device
 from .memory import MB, estimate_memory

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..loss import GroupSum, TileLoss
-from ..pipeline.schedules import Action, ActionKind
+from ..pipeline.actions import Action, ActionKind
 
 if TYPE_CHECKING:
     from ..comm.messages import Payload

@@ -25,9 +25,9 @@ from ..data.task import Task
 from ..evaluation.batch_inputs import BatchInputs
 from ..evaluation.metrics import MetricName
 from ..measure.usage import ActivationMeter, RunMetrics, cuda_peak_bytes, state_bytes
+from ..pipeline.actions import ActionKind
 from ..pipeline.layer_decay import gathered_groups, group_rates, rate_records
 from ..pipeline.optim import LRSchedule
-from ..pipeline.schedules import ActionKind
 from .batch_reads import BatchRead, BatchReads, Position, StepBatch
 from .divergence import NonFiniteError, NonFiniteGuard, first_nonfinite
 from .monitor import JobMonitor, StepTimer

@@ -1,4 +1,4 @@
-"""One conversion family's record (what it matches, converts to, is checked by, costs) and timm's classes by path."""
+"""A conversion family's record (what it matches, converts to, is checked by, costs, patches), timm classes by path."""
 
 from __future__ import annotations
 
@@ -59,13 +59,15 @@ class Family:
     ``matches``: whether a module is of the family (``TimmMatch``: timm's classes, ``names_family``: a class of
     models/ naming the record as its ``tile_family``); ``convert``: what it becomes on tiles (a ConfigError naming it
     where it cannot be exact); ``exactness``: the program (a repository path) that checks it equal to one process in
-    float64; ``cost``: its cost model for the planner (None: not modelled)."""
+    float64; ``cost``: its cost model for the planner (None: not modelled); ``float64_patch``: what it changes in a
+    freshly built model's module so one process computes a float64 run in float64 as the tiles do (None: nothing)."""
 
     name: str
     matches: Callable[[nn.Module], bool]
     convert: FamilyConvert
     exactness: str
     cost: FamilyCost | None = None
+    float64_patch: Callable[[nn.Module], None] | None = None
 
     @property
     def timm(self) -> tuple[str, ...]:

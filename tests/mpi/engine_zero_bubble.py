@@ -32,7 +32,7 @@ from torch import nn
 
 import mpi4dl_nb as dl
 from mpi4dl_nb.measure.usage import ActivationMeter
-from mpi4dl_nb.pipeline.schedules import Action, ActionKind
+from mpi4dl_nb.pipeline.actions import Action, ActionKind
 from tests.mpi.engine_exact import batches, sgd
 from tests.support.checks import Checks, run_checks
 from tests.support.models import build

@@ -8,7 +8,7 @@ for 224 px at other sizes (``--image-size`` builds them for it): ``swin_tiny_pat
 block per stage, 16 wide: the cut Swin's embedding and stages on the tiles, its head on the layer rank, its
 stochastic depth on one stage; its 48, 24, 12 and 6 token grids padded to whole 7 x 7 windows, as one process pads),
 ``maxvit_tiny_rw_224`` at 160 px (one block per stage, 5 x 5 windows and grids), ``efficientvit_b0`` at 128 px (its
-LiteMLA in float64 on both sides: ``models/external.float64_kept``).
+LiteMLA in float64 on both sides: its family's ``float64_patch``).
 
 Checks, per model: ``<model>: train on tiles equals one process`` (losses and every weight within 1e-9);
 ``<model>: evaluate on tiles`` (``python -m mpi4dl_nb evaluate``'s plan and run on the checkpoint, 4 samples on the 5

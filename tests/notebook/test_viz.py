@@ -9,7 +9,8 @@ from matplotlib.colors import to_rgb
 from mpi4dl_nb import ParallelConfig, viz
 from mpi4dl_nb.comm.trace import Event
 from mpi4dl_nb.config import ScheduleKind
-from mpi4dl_nb.pipeline.schedules import Action, ActionKind, Schedule, build_schedule, interleaved, one_f_one_b, zb1
+from mpi4dl_nb.pipeline.actions import Action, ActionKind
+from mpi4dl_nb.pipeline.schedules import Schedule, build_schedule, interleaved, one_f_one_b, zb1
 from mpi4dl_nb.spatial.geometry import TileGrid
 
 

@@ -6,8 +6,8 @@ import json
 import pickle
 
 from mpi4dl_nb.config import ParallelConfig, ScheduleKind
-from mpi4dl_nb.pipeline.actions import KINDS, P2P_KINDS
-from mpi4dl_nb.pipeline.schedules import Action, ActionKind, build_schedule, gems
+from mpi4dl_nb.pipeline.actions import KINDS, P2P_KINDS, Action, ActionKind
+from mpi4dl_nb.pipeline.schedules import build_schedule, gems
 
 
 def test_members_behave_like_their_values():

@@ -11,8 +11,9 @@ from mpi4dl_nb.comm.handles import Group
 from mpi4dl_nb.comm.trace import Tracer
 from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.errors import ConfigError
+from mpi4dl_nb.pipeline.actions import ActionKind
 from mpi4dl_nb.pipeline.grad_buckets import MB, GradientReducer, weight_gradient_passes
-from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule
+from mpi4dl_nb.pipeline.schedules import build_schedule
 from mpi4dl_nb.planner.fake_world import FakeComm
 from tests.support.battery import shared_job
 

@@ -10,8 +10,9 @@ from mpi4dl_nb.cli.stage_table import stage_table
 from mpi4dl_nb.config import ConfigError, ParallelConfig
 from mpi4dl_nb.layout import layout, layout_table, stage_holders
 from mpi4dl_nb.pipeline import interleaved as interleaved_module
+from mpi4dl_nb.pipeline.actions import ActionKind
 from mpi4dl_nb.pipeline.interleaved import interleaved_order
-from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, interleaved, one_f_one_b
+from mpi4dl_nb.pipeline.schedules import build_schedule, interleaved, one_f_one_b
 from mpi4dl_nb.planner.simulate import Cost, simulate
 from tests.support.models import build
 

@@ -10,9 +10,8 @@ import pytest
 
 from mpi4dl_nb.config import ConfigError, ParallelConfig
 from mpi4dl_nb.pipeline import schedules
-from mpi4dl_nb.pipeline.actions import P2P_KINDS
+from mpi4dl_nb.pipeline.actions import P2P_KINDS, Action
 from mpi4dl_nb.pipeline.schedules import (
-    Action,
     Schedule,
     build_schedule,
     chunk_index,

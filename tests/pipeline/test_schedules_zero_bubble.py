@@ -11,14 +11,8 @@ from torch import nn
 
 from mpi4dl_nb.config import ConfigError, ParallelConfig
 from mpi4dl_nb.pipeline import zero_bubble as zero_bubble_module
-from mpi4dl_nb.pipeline.schedules import (
-    COSTS_SPLIT_EQUAL,
-    ActionKind,
-    Schedule,
-    build_schedule,
-    one_f_one_b,
-    zb1,
-)
+from mpi4dl_nb.pipeline.actions import ActionKind
+from mpi4dl_nb.pipeline.schedules import COSTS_SPLIT_EQUAL, Schedule, build_schedule, one_f_one_b, zb1
 from mpi4dl_nb.pipeline.split_backward import LayerRecorder, input_backward
 
 F, IN, W = ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT

@@ -9,14 +9,8 @@ import pytest
 from mpi4dl_nb.config import ConfigError, ParallelConfig
 from mpi4dl_nb.layout import layout, layout_table, stage_holders
 from mpi4dl_nb.pipeline import zero_bubble_v as zero_bubble_v_module
-from mpi4dl_nb.pipeline.schedules import (
-    COSTS_SPLIT_EQUAL,
-    ActionKind,
-    build_schedule,
-    one_f_one_b,
-    zb1,
-    zbv,
-)
+from mpi4dl_nb.pipeline.actions import ActionKind
+from mpi4dl_nb.pipeline.schedules import COSTS_SPLIT_EQUAL, build_schedule, one_f_one_b, zb1, zbv
 from mpi4dl_nb.pipeline.step_state import channel_pairs, inbound_order
 from mpi4dl_nb.pipeline.zero_bubble import ZeroBubbleOp
 from mpi4dl_nb.pipeline.zero_bubble_v import zbv_order

@@ -10,9 +10,11 @@ from torch import nn
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.models import build_model
-from mpi4dl_nb.planner.footprint import FootprintCache, StageRole, compose_stage, simulate_layer
+from mpi4dl_nb.planner.footprint import StageRole
 from mpi4dl_nb.planner.live_bytes import LiveBytes
 from mpi4dl_nb.planner.optimizer import optimizer_footprint
+from mpi4dl_nb.planner.stage_compose import compose_stage
+from mpi4dl_nb.planner.tile_footprints import FootprintCache, simulate_layer
 from mpi4dl_nb.planner.workspace import Workspace, channel_block, conv_workspace
 from tests.support.planner_checks import cluster_ratios, serial_peak
 
@@ -216,7 +218,7 @@ def test_structure_keys_are_not_taken_over_by_a_layer_at_a_freed_address():
     a collected layer's entry goes, so a new layer that CPython puts at its address is keyed anew."""
     import gc
 
-    from mpi4dl_nb.planner.footprint import StructureKeys, structure_key
+    from mpi4dl_nb.planner.tile_footprints import StructureKeys, structure_key
 
     keys = StructureKeys()
     layer = nn.Conv2d(3, 4, 3)

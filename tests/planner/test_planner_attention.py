@@ -11,7 +11,8 @@ from torch import nn
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.planner.attention import TokenGrid, all_gathered_bytes, attention_flops, ring_cost
-from mpi4dl_nb.planner.footprint import StageRole, simulate_layer
+from mpi4dl_nb.planner.footprint import StageRole
+from mpi4dl_nb.planner.tile_footprints import simulate_layer
 from mpi4dl_nb.planner.token_tiles import (
     AttentionWidth,
     attention_widths,

@@ -76,7 +76,8 @@ def test_a_depthwise_conv_on_a_channels_last_map_allocates_in_its_backward_what_
     gradients at once (65 with torch 2.14 here, 256 with 2.13): the count measured on the 7x7 probe predicts
     a 5x5 conv of other channels, batch and map size."""
     from mpi4dl_nb.measure.steps import measure_peak_bytes
-    from mpi4dl_nb.planner.footprint import StageRole, simulate_layer
+    from mpi4dl_nb.planner.footprint import StageRole
+    from mpi4dl_nb.planner.tile_footprints import simulate_layer
 
     torch.manual_seed(0)
     conv = nn.Conv2d(48, 48, 5, padding=2, groups=48)

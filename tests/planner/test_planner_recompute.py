@@ -13,9 +13,11 @@ from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.errors import ConfigError
 from mpi4dl_nb.models import build_model
 from mpi4dl_nb.pipeline.recompute import checkpointed, segment_bounds
-from mpi4dl_nb.planner.footprint import LayerFootprint, StageRole, compose_stage, simulate_layer
+from mpi4dl_nb.planner.footprint import LayerFootprint, StageRole
 from mpi4dl_nb.planner.memory import Recompute
 from mpi4dl_nb.planner.segments import no_graph_peak, recomputed_stage
+from mpi4dl_nb.planner.stage_compose import compose_stage
+from mpi4dl_nb.planner.tile_footprints import simulate_layer
 from tests.support.planner_checks import cluster_ratios, serial_peak
 
 MB = 2 ** 20

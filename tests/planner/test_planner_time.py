@@ -11,7 +11,8 @@ import torch
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.measure.calibration import CrowdedRounds, JobCalibration
 from mpi4dl_nb.models import build_model
-from mpi4dl_nb.pipeline.schedules import ActionKind, build_schedule, stage_ranks
+from mpi4dl_nb.pipeline.actions import ActionKind
+from mpi4dl_nb.pipeline.schedules import build_schedule, stage_ranks
 from mpi4dl_nb.planner.crowding import Crowding
 from mpi4dl_nb.planner.device import LayerTime
 from mpi4dl_nb.planner.layer_timer import LayerTimer
@@ -547,7 +548,7 @@ def test_split_backward_costs_weight_gradients_apart_and_without_wire(resnet):
     a parameterless layer's backward all in I, as are the halo wire and meetings of a spatial stage. The first
     stage is not split (``splits_backward``): its I is its B, its W nothing; nor is any stage of a schedule
     without W."""
-    from mpi4dl_nb.pipeline.schedules import Action
+    from mpi4dl_nb.pipeline.actions import Action
     from mpi4dl_nb.planner.step_time import WEIGHT_GRADIENT_SHARE, step_model
 
     zb = ParallelConfig(split_size=3, spatial_size=2, num_spatial_parts=2, slice_method="vertical", parts=4,

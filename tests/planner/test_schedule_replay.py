@@ -9,10 +9,9 @@ import pytest
 
 from mpi4dl_nb import ParallelConfig, planner
 from mpi4dl_nb.config import ScheduleKind
+from mpi4dl_nb.pipeline.actions import Action, ActionKind
 from mpi4dl_nb.pipeline.schedules import (
     COSTS_SPLIT_EQUAL,
-    Action,
-    ActionKind,
     Schedule,
     gems,
     gpipe,

@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mpi4dl_nb.planner.footprint import SplitRun, _simulate, compose_stage
+from mpi4dl_nb.planner.footprint import SplitRun
+from mpi4dl_nb.planner.meta_count import count_module
+from mpi4dl_nb.planner.stage_compose import compose_stage
 
 
 class TwoBranches(nn.Module):
@@ -24,21 +26,21 @@ class TwoBranches(nn.Module):
 def test_split_kept_is_the_outputs_of_the_modules_owning_parameters():
     block = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                           nn.MaxPool2d(2), nn.Conv2d(4, 6, 1)).to("meta")
-    fp = _simulate(block, [(2, 3, 8, 8)], torch.float32, None, None, split=SplitRun.SPLIT)
+    fp = count_module(block, [(2, 3, 8, 8)], torch.float32, None, None, split=SplitRun.SPLIT)
     conv_bn = 2 * (2 * 4 * 8 * 8 * 4)          # the first conv's and BatchNorm's outputs, 8x8
     last = 2 * 6 * 4 * 4 * 4                   # the 1x1 conv after the pool, 4x4: the gradient it was handed
     assert fp.split.kept == conv_bn + last     # ReLU and the pool own nothing: not kept
     assert fp.split.kept_received == last
     assert fp.split.input_peak >= fp.split.kept   # the kept gradients are made during I
     assert fp.times(3).split.kept == 3 * fp.split.kept   # an activation term: it scales with the samples
-    assert _simulate(block, [(2, 3, 8, 8)], torch.float32, None, None).split.kept == 0   # only when asked
+    assert count_module(block, [(2, 3, 8, 8)], torch.float32, None, None).split.kept == 0   # only when asked
 
 
 def test_an_add_hands_both_branches_one_gradient_kept_once():
     """The overestimate the first model had (zb1 rank 0 at 1.25 of measured): the output gradients of the two
     convolutions before an add are one tensor, counted once; the stage output goes after I (only the node
     after the last parameter module held it), the received gradient stays (it is that kept tensor)."""
-    fp = _simulate(TwoBranches().to("meta"), [(2, 3, 8, 8)], torch.float32, None, None, split=SplitRun.SPLIT)
+    fp = count_module(TwoBranches().to("meta"), [(2, 3, 8, 8)], torch.float32, None, None, split=SplitRun.SPLIT)
     out = 2 * 4 * 8 * 8 * 4
     assert fp.split.kept == fp.split.kept_received == out
     stage = compose_stage([fp], grad_held=True, split=True)

@@ -16,9 +16,9 @@ from torch import nn
 
 from mpi4dl_nb.comm.protocol import Comm
 from mpi4dl_nb.comm.trace import Tracer
+from mpi4dl_nb.pipeline.actions import Action, ActionKind
 from mpi4dl_nb.pipeline.engine import HybridEngine
 from mpi4dl_nb.pipeline.handoff import join_tiles
-from mpi4dl_nb.pipeline.schedules import Action, ActionKind
 from mpi4dl_nb.run.divergence import LossWatch, NonFiniteGuard, first_nonfinite
 from mpi4dl_nb.spatial.geometry import TileGrid
 from tests.mpi.train_host_reads import check_name

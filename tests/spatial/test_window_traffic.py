@@ -176,7 +176,7 @@ def test_linear_cost_is_one_all_reduce_of_the_key_value_sums():
     require_or_skip(missing_modules("timm"), "timm's LiteMLA", MODELS_EXTRA)
     from timm.models.efficientvit_mit import LiteMLA
 
-    from mpi4dl_nb.spatial.windows.traffic import linear_cost
+    from mpi4dl_nb.spatial.windows.linear import linear_cost
 
     attention = LiteMLA(64, 64, dim=16, scales=(5,))   # 4 heads, 2 scales
     sums = 8 * 16 * 17 * 4   # float32 or wider

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from ...comm.trace import Event
-from ...pipeline.schedules import Action, ActionKind, Schedule
+from ...pipeline.actions import Action, ActionKind
+from ...pipeline.schedules import Schedule
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle

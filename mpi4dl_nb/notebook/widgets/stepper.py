@@ -17,8 +17,8 @@ import ipywidgets as w
 
 from ...comm.trace import Event
 from ...measure.usage import is_communication
-from ...pipeline.actions import COMPUTE_KINDS
-from ...pipeline.schedules import Action, Schedule
+from ...pipeline.actions import COMPUTE_KINDS, Action
+from ...pipeline.schedules import Schedule
 from .. import viz
 from ..cluster import Cluster
 from .figure_view import FigureView, display_widget

@@ -6,23 +6,27 @@ attention ``out = q (k^T v) / q (k^T 1)`` sums the key-value products over every
 computes the sum over its own positions, one all-reduce over the tile group gives the image's sum on every tile
 (backward: the gradient of that sum, all-reduced, since every tile's queries used it), and each tile's queries
 stay local. The attention is computed in the wider of the input's dtype and float32: timm casts it to float32, which
-a float64 run would round to float32; in float16/bfloat16/float32 runs this is timm's own precision.
+a float64 run would round to float32; in float16/bfloat16/float32 runs this is timm's own precision. The family's
+record carries the planner's cost (``linear_cost``) and the same precision for one process (``keep_float64``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ConfigError
+from ..cost import ExchangeBytes
 from ..family import Family, TimmMatch
+from ..geometry import TileGrid
 from ..layer import Convert, SpatialRuntime, shallow_copy, spatial_class
 from ..reduce import partitioned_sum
 from ..tile_marks import is_tiled, mark_tiled
-from .traffic import linear_cost
 
 
 def wide_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float,
@@ -81,6 +85,22 @@ def adopt_linear_attention(module: nn.Module, name: str, runtime: SpatialRuntime
     return new
 
 
+def linear_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
+    """``FamilyCost`` of LiteMLA: one all-reduce over the tiles of its key-value sums (every head of every scale:
+    ``head_dim x (head_dim + 1)`` values, in float32 or wider), a ring all-reduce's ``2 (P-1)/P`` of them each way;
+    held: the sums."""
+    widths = int(vars(module.get_submodule("proj.conv"))["in_channels"])     # every scale's heads x head_dim
+    held = widths * (int(vars(module)["dim"]) + 1) * max(element_bytes, 4)
+    moved = math.ceil(2 * (grid.num_tiles - 1) * held / grid.num_tiles)
+    return ExchangeBytes(moved, moved, held) if moved else ExchangeBytes()
+
+
+def keep_float64(module: nn.Module) -> None:
+    """LiteMLA's ``float64_patch``: its attention in the wider of its input's dtype and float32, as on tiles (timm's
+    own precision in float32, float16 and bfloat16 runs)."""
+    object.__setattr__(module, "_attn", functools.partial(wide_attention, eps=float(vars(module)["eps"])))
+
+
 LINEAR_ATTENTION = Family("EfficientViT linear attention (timm LiteMLA)", TimmMatch((
     "timm.models.efficientvit_mit.LiteMLA",)), adopt_linear_attention, "tests/mpi/attention_families_exact.py",
-    linear_cost)
+    linear_cost, keep_float64)

@@ -1,4 +1,4 @@
-"""What windowed and linear attention exchange on tiles as the planner counts them: Swin, MaxViT, LiteMLA (pure).
+"""What windowed attention exchanges on tiles as the planner counts it: Swin, MaxViT (pure).
 
 Swin (``swin.py``): a block gathers every window it computes onto one tile (the roll folded in: only the tokens
 that change tile move) and sends the results back (``plan.WindowLayout``); a patch merge gathers every 2x2 (2x2x2)
@@ -6,10 +6,10 @@ neighbourhood to the tile of its merged token (``plan.plan_merge``). Tokens are 
 tokens along each axis are one interval of the rolled grid (two where the roll wraps), a tile's tokens a box, so
 what a tile holds of a window is a product of interval overlaps; the windows' owners are the layout's own
 (``WindowLayout.owners``). MaxViT (``partition.py``): every token goes to the tile attending its block or grid
-window (``owners.py``) and back, counted axis by axis. LiteMLA (``linear.py``): one all-reduce of the key-value
-sums. Backward sends the same bytes again, each gather's adjoint running the other way. Bytes are per sample.
-``swin_cost`` (a model), ``swin_block_cost``, ``swin_merge_cost``, ``partition_cost`` and ``linear_cost`` are the
-families' ``cost.FamilyCost``.
+window (``owners.py``) and back, counted axis by axis. Backward sends the same bytes again, each gather's adjoint
+running the other way. Bytes are per sample.
+``swin_cost`` (a model), ``swin_block_cost``, ``swin_merge_cost`` and ``partition_cost`` are the families'
+``cost.FamilyCost``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import nn
 
 from ..cost import ExchangeBytes
 from ..geometry import Range, TileGrid, split_ranges
+from ..tokens.tiles import int_pair
 from .plan import ShiftedWindows, TokenBoxes, WindowLayout
 
 
@@ -187,28 +188,19 @@ def busiest(parts: Sequence[tuple[int, int, int]]) -> ExchangeBytes:
     return ExchangeBytes(max(p[0] for p in parts), max(p[1] for p in parts), max(p[2] for p in parts))
 
 
-def _pair(value: object) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        return tuple(int(v) for v in value)
-    return (_int(value),) * 2
-
-
-def _int(value: object) -> int:
+def _number(module: object, name: str) -> int:
+    """``module``'s integer attribute ``name`` (a timm module's hyper-parameter)."""
+    value = getattr(module, name)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"expected a number, got {value!r}")
     return int(value)
 
 
-def _number(module: object, name: str) -> int:
-    """``module``'s integer attribute ``name`` (a timm module's hyper-parameter)."""
-    return _int(getattr(module, name))
-
-
 def swin_block_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
     """``FamilyCost`` of a timm Swin block over ``sizes``: its window gathers into the windows and back, timm's clamp
     applied (a window no larger than the grid, no shift where it is one window)."""
-    window = _pair(getattr(module, "window_size", 0))
-    shift = _pair(getattr(module, "target_shift_size", None) or getattr(module, "shift_size", 0))
+    window = int_pair(getattr(module, "window_size", 0))
+    shift = int_pair(getattr(module, "target_shift_size", None) or getattr(module, "shift_size", 0))
     clamped = tuple(min(n, w) for n, w in zip(sizes, window))
     shifted = tuple(0 if n <= w else s for n, w, s in zip(sizes, window, shift))
     counted = block_traffic(grid, sizes, clamped, shifted, _number(module, "dim"), element_bytes)
@@ -226,7 +218,7 @@ def swin_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_b
     """``FamilyCost`` of a whole timm Swin (or a cut one's trunk) on images of ``sizes`` pixels (its patch grid:
     ``sizes`` over the patch size): every stage's merge and blocks, summed (held: the largest)."""
     parts: list[ExchangeBytes] = []
-    patch = _pair(getattr(getattr(module, "patch_embed", None), "patch_size", 1))
+    patch = int_pair(getattr(getattr(module, "patch_embed", None), "patch_size", 1))
     current = tuple(n // p for n, p in zip(sizes, patch))
     for stage in getattr(module, "layers", ()):
         merge = getattr(stage, "downsample", None)
@@ -285,24 +277,9 @@ def _channels(module: nn.Module) -> int:
 def partition_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
     """``FamilyCost`` of MaxViT's partition attention (timm's ``PartitionAttentionCl``/``2d``): every token to its
     window's tile and back (a grid that does not split into whole windows, which timm refuses, costs nothing)."""
-    size = _pair(getattr(module, "partition_size", 1))
+    size = int_pair(getattr(module, "partition_size", 1))
     if grid.volumetric or any(n % p for n, p in zip(sizes, size)):
         return ExchangeBytes()
     sent, received, held = partition_moves(grid, sizes, size, bool(getattr(module, "partition_block", True)))
     token = _channels(module) * element_bytes
     return busiest([((s + r) * token, (r + s) * token, h * token) for s, r, h in zip(sent, received, held)])
-
-
-def linear_cost(module: nn.Module, grid: TileGrid, sizes: Sequence[int], element_bytes: int) -> ExchangeBytes:
-    """``FamilyCost`` of EfficientViT's LiteMLA: one all-reduce over the tiles of its key-value sums (every head
-    of every scale: ``head_dim x (head_dim + 1)`` values, in float32 or wider), a ring all-reduce's ``2 (P-1)/P``
-    of them each way; held: the sums."""
-    tiles = grid.num_tiles
-    head_dim = _number(module, "dim")
-    proj = getattr(module, "proj", None)
-    heads = _number(getattr(proj, "conv", proj), "in_channels") // head_dim
-    held = heads * head_dim * (head_dim + 1) * max(element_bytes, 4)
-    if tiles == 1:
-        return ExchangeBytes()
-    moved = math.ceil(2 * (tiles - 1) * held / tiles)
-    return ExchangeBytes(moved, moved, held)
