@@ -1,23 +1,6 @@
 """A Swin-UNETR-style network for volumes ``(N, C, D, H, W)`` (after Hatamizadeh et al. 2022): a 3-D Swin encoder
 (``models/swin3d.py``) and a convolutional decoder with skips, as a layer list the engine can cut anywhere.
-
-Layers (skips travel as tuples, as in ``models/unet.py``):
-
-* ``SwinInput``   ``x -> (embed(x), enc(x))``: the 2x2x2 patch embedding (a strided Conv3d) and the input's
-  residual block, the full-resolution skip;
-* ``SwinLevel``   ``(x, *skips) -> (stage(x), *skips, enc(x))``: a Swin stage (blocks, then patch merging) and the
-  residual block of its input, one skip per resolution;
-* ``SwinBottom``  ``(x, *skips) -> (enc(x), *skips)``: the residual block of the last merged grid;
-* ``SwinUp``      ``(x, *skips, skip) -> (block(cat(up(x), skip)), *skips)``: a 2x2x2 transposed convolution, the
-  skip concatenated, a residual block;
-* the head: a 1x1x1 convolution to the class logits, as large as the volume.
-
-Residual blocks: two 3x3x3 convolutions with InstanceNorm3d and LeakyReLU, a 1x1x1 projection where the channels
-change. Sizes: ``stages`` Swin stages (the paper's 4; default 2) of ``depth`` 2 blocks, ``feature`` channels after
-the embedding (the paper's 48; default 12), doubled by every merge, ``3 * 2 ** stage`` heads per stage (the paper's
-3, 6, 12, 24), windows of ``WINDOW`` tokens per axis (the paper's 7; 4 here, so small volumes cut into whole windows).
-Volume sides: multiples of ``2 ** (stages + 1)``, each stage's token grid at most a window or a multiple of one.
-"""
+More: docs/segmentation.md#notes-by-module."""
 from __future__ import annotations
 
 import torch

@@ -1,22 +1,5 @@
 """U-Net (depth, width, BatchNorm or GroupNorm, bilinear or transposed-conv up-sampling) as a layer list, 2-D or 3-D.
-
-Skip connections travel between layers as tuples, so the list can be cut into stages anywhere
-(every stage's output is a tensor or a tuple of tensors, which the engine passes on as a payload):
-
-* ``Down``        ``(x, *skips) -> (pool(y), *skips, y)`` with ``y = double_conv(x)``: pushes a skip;
-* ``Bottleneck``  ``(x, *skips) -> (double_conv(x), *skips)``;
-* ``Up``          ``(x, *skips, skip) -> (double_conv(cat(up(x), skip)), *skips)``: pops the last skip,
-  a plain tensor once none is left;
-* the head, a 1x1 convolution to the class logits ``(N, classes, H, W)``, as large as the input.
-
-With ``dims=3`` the same network on volumes ``(N, C, D, H, W)``: 3x3x3 convolutions, ``MaxPool3d(2)``,
-``BatchNorm3d``, trilinear ``Upsample`` or ``ConvTranspose3d`` (``models/unet3d.py`` has its defaults).
-
-The first layer also takes a plain tensor (the images). Every operation is one ``spatialize`` makes
-exact on tiles (3x3 convolutions, max pooling, BatchNorm/GroupNorm, bilinear ``Upsample``,
-``ConvTranspose2d``, channel concatenation), so a U-Net trains on tiles from the input to the loss.
-Image (volume) sides must be multiples of ``2 ** depth``.
-"""
+More: docs/segmentation.md#notes-by-module."""
 from __future__ import annotations
 
 import math

@@ -1,17 +1,5 @@
 """BatchNorm over every tile (of an image or a volume) as one autograd Function that saves only its input.
-
-Forward: per-channel mean from one all-reduce of the tile sums, biased variance from a second
-all-reduce of squared deviations (two-pass, as ``norm.moments``), over ``count`` elements in
-all; statistics accumulate in float32 for bfloat16/float16 tiles (mixed precision) and in the
-tile's dtype otherwise. Saved: the input tile (in its own dtype), the weight and the
-per-channel mean and 1/std — not the centred and normalised tiles the op-by-op autograd form
-keeps (two more tile-sized tensors per BatchNorm).
-
-Backward (the exact adjoint, with the global sums of one all-reduce):
-``dx = w/std * (g - sum(g)/count - xhat * sum(g * xhat)/count)``; the weight and bias
-gradients are this tile's share (``sum(g * xhat)``, ``sum(g)`` over its own pixels), summed
-over the tiles by the engine like every spatial parameter.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,24 +1,5 @@
 """Training-mode dropout on tiles, exact: each tile takes its slice of the mask one process draws.
-
-``F.dropout`` (``nn.Dropout`` in a spatial stage, the dropout of torchvision's segmentation heads)
-draws one random number per element. A tile draws the mask of the *whole* image from the same random
-state as one process (``F.dropout`` of ones of the full shape, laid out in memory like the tile, so
-the device's kernel walks it as the serial one walks the image) and multiplies its own slice in: the
-serial mask, exactly, and the random state advances as in one process. This costs the full mask's
-memory (one full activation) while the op runs: for very large images put dropout after the spatial
-stage. Channel dropout (``dropout2d``, ...) draws one number per sample and channel, so every tile
-draws the serial mask itself as long as the image dims are not among the first two.
-
-Random numbers drawn in a spatial forward (dropout, stochastic depth's ``bernoulli_`` on a per-sample
-tensor) equal the serial ones only if every tile's rank holds the same random state: the first draw of
-each forward checks that (tile 0's digest broadcast, a flag summed) and refuses, naming the op, when
-they differ.
-Other random ops on a tile (``torch.rand_like(tile)``, training-mode ``rrelu``) stay refused.
-
-A volume's tiles (a TileGrid with depth) take the same rules: ``(N, C, d, h, w)`` tiles, the element-wise
-mask drawn for the whole volume and sliced along depth, rows and columns; ``dropout3d`` draws per
-sample and channel as one process does.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

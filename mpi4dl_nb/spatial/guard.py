@@ -1,30 +1,5 @@
 """The op guard: placement tracking and per-op checks during a spatial forward, one dispatcher for images and volumes.
-
-While a spatialized model runs, a ``torch.overrides.TorchFunctionMode`` sees every torch operation outside the
-handled spatial layers and
-
-* tracks placements: the model's input tiles and everything computed from a tile are *tiles* (marked on the tensor:
-  ``tile_marks.py``); parameters, buffers, constants and the output of a global pool are *replicated* (unmarked);
-* passes a replicated operand that requires grad of an op on tiles (an SE gate ``x * gate``, a per-channel
-  ``x * scale``) through an identity whose backward sums its gradient over the tile group (``guard_functions.py``):
-  each tile's gradient for it is only its share, so after the sum every tile holds the full gradient, as for the
-  classifier head after a global pool (whose backward rule, "replicated consumer", stays right for both);
-* with ``check_ops`` (the default) refuses, with a ConfigError naming the module, the op and the way out, every
-  operation on a tile that is not exact on tiles (``guard_rules.py`` over ``ops.py``; what differs between an image's
-  tiles and a volume's, a TileGrid with depth, is data there: ``TileRules``);
-* hands the ops of a family that computes them on tiles itself to that family's handlers (``OpFamilyHandlers``, data
-  each family module exports: ``interpolate.py`` for ``F.interpolate``, ``reductions.py`` for means over the image,
-  ...): the guard imports no family; it is given their table (``families.OP_FAMILIES``, through ``SpatialRuntime``);
-* tracks where a tile keeps the image's rows and columns (``tile_layout.TileLayout``): ops on a tile whose rows and
-  columns are not its last two dims (channels-last, flattened) go to the layout handler (``relayout.py``) and are
-  refused when it does not take them;
-* hands out the sizes of a tile's rows and columns as ``TileDim`` ints (``x.shape``, ``x.size()``), so a family can
-  resolve them to the image's sizes (``F.interpolate(x, size=skip.shape[-2:])``).
-
-Handled layers (SpatialConv, ...) run with the mode suspended, as do modules registered with
-``spatialize(..., elementwise=(Cls,))`` and functions wrapped in ``exact_function``. Which module is running, and the
-note on a model's own error on a tile: ``guard_frames.py``.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
 """Halo exchange along every tiled axis as an autograd Function whose backward is the exact adjoint.
-
-Forward, one phase per tiled axis, outermost first (an image's tiles: rows then columns; a volume's:
-depth, rows, columns), so edges and corners arrive without diagonal messages: phase ``k`` sends the
-neighbours along axis ``k`` their strips of the tile as widened by the earlier phases. The tile's kept
-part, the received strips and the layer's padding value outside the image are laid straight into one new
-tensor covering the needed box (``halo_blocks.py`` says where each part goes) — one copy of the tile per
-exchange. Backward is the adjoint, phases reversed: the gradient of every received strip travels back to
-its owner and is added into what it sent; trimmed and padding positions get no gradient.
-
-Tags: a pair of ranks are neighbours along one axis only, so every phase but the last shares HALO's
-offsets 0-1 (forward) and 4-5 (backward); the last phase uses 2-3 and 6-7. Route: the tile group's own
-(``via``; on the torch plane its process group, so the halos of different tile groups, such as two stages
-a rank holds, do not queue behind each other on one communicator); None: the world.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

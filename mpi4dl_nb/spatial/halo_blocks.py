@@ -1,15 +1,5 @@
 """Where every part of a tile widened by halo phases comes from: the owned tile, a received strip or padding.
-
-A halo exchange widens the owned tile one tiled axis at a time (phase ``k`` along axis ``k``, outermost
-first). After phase ``k`` the tile spans the needed range along axes ``0..k`` and the owned one along the
-later axes; the strips of phase ``k`` were cut by the neighbours from their tile in that state, so a strip
-spans the needed range along the earlier axes, its received range along axis ``k`` and the owned range along
-the later ones. A region that is widened along the first ``upto`` axes (the needed tile: all of them; the
-piece phase ``k`` sends: ``k`` of them, cut to ``ranges`` along the others) is the disjoint union of blocks:
-the owned tile's kept part, and per widened axis its padding and its two strips, each over the needed range
-of the earlier axes and the kept range of the later widened ones. ``fill_blocks`` lays the blocks into a tensor,
-``scatter_blocks`` is its adjoint (padding gets no gradient).
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

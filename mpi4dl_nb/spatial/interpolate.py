@@ -1,23 +1,5 @@
 """Up/down-sampling on tiles (nn.Upsample, F.interpolate), exact for every separable mode.
-
-``F.interpolate`` in the modes nearest, nearest-exact, (bi)linear, bicubic and area (with
-``align_corners`` either way and scale factors or sizes) is separable: output row ``o`` is a
-weighted sum of a few input rows, the same for every column (and likewise for columns). The
-weights are read from PyTorch itself, once per (input size, output size, arguments): the
-axis is probed with one-hot inputs, so the tile computes what the serial kernel computes,
-index rounding included. A tile owning output rows ``[o0, o1)`` needs the input rows those
-weights touch; the halo comes from the geometry module's ``plan_axis`` and the usual
-exchange, then each axis is a gather of rows times weights. On a volume's grid ``nn.Upsample`` resamples
-depth, rows and columns the same way (nearest, nearest-exact, trilinear: bilinear's weights along each
-axis, area); functional calls on a volume's tiles are refused by the guard so far.
-
-A size read from a tile's shape (``F.interpolate(x, size=skip.shape[-2:])`` in torchvision's
-segmentation heads) holds the tile's lengths as ``TileDim``: the image's lengths replace them (one
-small gather at the first forward of an image size). A replicated input resampled to such a size (a
-pooled 1x1 map, DeepLabV3's ASPP pooling branch) becomes a tile: each tile computes its own rows and
-columns of the output from the whole input. Plain numbers as ``size=`` on a tile stay refused: whether
-they mean the tile's size or the image's cannot be known.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

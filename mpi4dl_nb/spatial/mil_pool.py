@@ -1,18 +1,5 @@
 """Softmax-weighted pooling over the whole image on tiles (attention-MIL): exact merge across tiles and its adjoint.
-
-``softmax_pool(h, scores)`` is ``sum_i softmax(scores)_i h_i`` over every spatial position ``i`` of the
-image: ``h`` (N, C, H, W), ``scores`` (N, 1, H, W) -> (N, C). It is the one step of gated attention-MIL
-pooling (Ilse, Tomczak, Welling 2018) that mixes positions; the scores themselves are per-pixel (1x1
-convolutions, tanh, sigmoid), exact on tiles already.
-
-On tiles (the op guard hands the call to ``softmax_pool_on_tiles``) each tile reduces its own positions to a
-running maximum ``m_t``, a sum ``l_t = sum exp(s_i - m_t)`` and a weighted sum ``Z_t = sum exp(s_i - m_t)
-h_i``; one all-reduce of these slots gives every tile all of them, merged as log-sum-exp merges:
-``M = max m_t``, ``L = sum exp(m_t - M) l_t``, ``z = sum exp(m_t - M) Z_t / L``. The backward needs only the
-saved global ``M``, ``L`` and ``z``: with ``a_i = exp(s_i - M) / L`` and the pooled gradient ``g`` (the same
-on every tile: a replicated consumer), ``dh_i = a_i g`` and ``ds_i = a_i (g . h_i - g . z)``, the exact
-adjoint, without a message.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
 """Functional norms called in custom forwards, on tiles: ``F.batch_norm`` (training), ``F.group_norm`` and
 ``F.instance_norm``, with statistics over the whole image.
-
-timm's ``BatchNormAct2d`` family (a ``BatchNorm2d`` subclass whose forward calls ``F.batch_norm`` and
-then its drop path and activation), timm's ``GroupNorm1`` (PoolFormer) and any hand-written norm reach
-the op guard as functional calls. On a tile each computes what its spatial layer computes
-(``norm.py``): mean and variance from sums over the tile group (BatchNorm: ``runtime.stats_group``,
-which ``sync_batchnorm`` widens), the running statistics updated in place exactly as the serial call
-updates them (unbiased variance over all pixels, the ``momentum`` the call passes: the module computes
-it, cumulative averages included). What follows in the module (activation, drop path) is per pixel and
-checked by the guard as usual. The weight and bias are replicated operands of a tile op: the guard's
-``shared`` makes their gradients tile shares summed with the spatial layers' (or sums them at once).
-Eval-mode batch norm (running statistics) needs no handling. A volume's tiles (``(N, C, D, H, W)``) take the
-same three norms, statistics over the whole volume.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """Which torch operations are exact on image tiles: the op guard's rules (pure: no MPI, no state).
-
-A *tile tensor* (partitioned) holds this rank's part of an image-sized tensor; its last two
-dimensions are the spatial ones. Every other tensor in a spatial forward (parameters,
-buffers, constants, the output of a global pool) is *replicated*: the same on every tile.
-An operation that touches a tile tensor is exact when each output element depends only on
-the same pixel of its inputs: point-wise maths (with replicated operands broadcast over the
-spatial dimensions), work along the batch or channel dimensions (reductions, softmax,
-concatenation, slicing, views that keep the spatial dimensions last), 1x1 convolutions.
-Anything else (windows, padding, resampling, reductions or index shuffles over the spatial
-dimensions, random numbers, reading values into Python) would silently compute something
-other than the serial model, so the checks return the reason to refuse it, unless an op family
-computes it on tiles itself (the guard's handlers: resampling, reductions over the whole image,
-dropout, functional norms and pools, channels-last tiles, attention-MIL pooling; their kinds are ``RESAMPLE``,
-``DIMS``, ``WINDOW``, ``DROPOUT``, ``RANDOM``, ``NORM``, ``CHANNEL``, ``TRAILING``, ``POOLING``).
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
 """Reductions over the image's rows and columns on tiles (sum, mean, amax/amin, max/min, var/std, norm,
 adaptive pools to 1x1), in any spelling: the replicated result on every tile, with exact gradients.
-
-Squeeze-excitation and attention gates pool a feature map in custom forwards: ``x.mean((2, 3),
-keepdim=True)`` (timm's SEModule), ``x.amax((2, 3))``, ``F.adaptive_avg_pool2d(x, 1)``,
-``F.adaptive_max_pool2d(x, 1)``, ``x.flatten(2).mean(-1)``; dims negative or positive, ``keepdim``
-either way, channels-last tiles too (``tile_layout.py``). An op whose dims cover both image axes (or
-every dim) is computed as the op on the tile, combined over the tile group:
-
-* sum, mean (the global count), var/std (two passes, as BatchNorm), norm (p=2): group sums whose
-  backward passes the gradient on: every tile holds the same result and, as for the global average
-  pool, a consumer that uses it on tiles again has its gradient summed over the tiles by the guard;
-* amax/amin, max()/min(): the tiles' extrema gathered; backward splits the gradient evenly between
-  the ties of the whole image, as PyTorch does;
-* adaptive_max_pool2d(x, 1): the first maximum in the image's row-major order gets the gradient,
-  as the serial kernel picks it.
-
-A reduction over one image axis only is not a global one and stays refused.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
 """Pure plan of a windowed layer computed by regions: interior from the owned tile, boundary bands from small boxes.
-
-A conv/pool after a halo exchange reads the *extended* tile E (padding, received strips and
-the tile's kept rows/columns, see geometry.AxisExchange) with no padding of its own. Output
-``o`` along an axis reads E positions ``[o*s, o*s + span)``. Outputs whose window lies
-inside the tile's kept part (the *interior*) can be computed straight from the owned tile:
-the op runs on the tile (from position ``start``) with a symmetric native ``pad`` so that
-its output ``j`` is the layer's output ``first + j``. The other outputs form two bands per tiled
-axis (an image's: top and bottom over the full width, left and right over the interior rows),
-each computed from the small box of E its windows read, assembled from the tile's edge, the
-strips and the padding value. No torch, no messages: unit-tested alone.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """Tiles whose image rows and columns are not the last two dims: permutes, flattening, and the per-pixel
 work done there (LayerNorm and Linear over channels, point-wise maths), exact on tiles.
-
-torchvision's ConvNeXt block runs ``permute(0, 2, 3, 1)`` -> ``nn.LayerNorm(C)`` -> ``nn.Linear`` ->
-GELU -> ``nn.Linear`` -> ``permute(0, 3, 1, 2)``; timm's ``LayerNorm2d`` calls ``F.layer_norm`` on the
-permuted tensor; global pools flatten first (``x.flatten(2).mean(-1)``). Every one of these keeps each
-pixel's values together, so it is exact on a tile when the guard follows where the image's rows and
-columns went (``tile_layout.TileLayout``, marked on the tensor) and checks each op against that:
-
-* permute, transpose, movedim from any layout: the new layout (back to the last two dims: a plain tile);
-* flatten / view / reshape that merge exactly the rows and columns into one dim (and back);
-* ``F.linear``, ``F.layer_norm``, ``F.rms_norm`` (on any layout): exact when none of the dims they act
-  on (the last one, the normalised ones) holds rows or columns; their weights are replicated operands,
-  whose gradients the guard sums over the tiles;
-* on a tile in another layout: point-wise maths (replicated operands of size 1 along the image dims),
-  reductions, softmax, slicing and concatenation along dims that are not the image's.
-
-Anything else on such a tile is refused by the guard; spatial layers (convs, pools, BatchNorm) refuse
-tiles that are not in the plain layout.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
 """Where a tile tensor keeps the image's rows and columns (TileLayout), and lengths read from its shape (TileDim).
-
-Convolutions see a tile as ``(..., rows, cols)``: the image's rows and columns are its last two dims
-(``STANDARD``). Custom forwards move them: ConvNeXt permutes to channels-last ``(N, rows, cols, C)``
-around a LayerNorm, a global pool may flatten them into one dim first (``x.flatten(2).mean(-1)``). Such
-tensors hold the same pixels, each with its values together, so per-pixel work on them stays exact as
-long as the op guard knows where the rows and columns went. Dims are counted from the end (-1 = last):
-broadcasting aligns shapes from the end, so a layout stays right for every operand of a point-wise op
-and for dims added or removed in front.
-
-Pure: no MPI, no torch.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

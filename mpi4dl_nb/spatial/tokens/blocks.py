@@ -1,22 +1,6 @@
 """Attention over one key/value block at a time: the block kernels (plain matmul, or fused kernels that return the
 log-sum-exp), and the running log-sum-exp merge of partial results (what ring and blockwise attention share).
-
-A block's forward gives its normalised output ``o_b`` and log-sum-exp ``lse_b`` (one per query); blocks merge as
-``lse = logaddexp(lse, lse_b)``, ``o = o exp(lse_old - lse) + o_b exp(lse_b - lse)``: after every block, ``o`` is
-the softmax over all keys so far times their values, exactly up to summation order. A block's backward takes the
-whole attention's output, ``lse`` and ``delta = rowsum(dO * O)``, recomputes the block's probabilities
-``p = exp(q k^T scale - lse)`` and gives the block's share of dQ and its dK, dV (Liu et al. 2023; Dao 2022).
-Nothing larger than ``n_q x n_block`` scores is made; the plain path cuts the queries further so that one score
-block holds at most ``SCORE_CHUNK`` scores (``query_chunks``). The merge and the gradients are kept in the input
-dtype for float32/float64 and in float32 for bf16/fp16 (``merge_dtype``).
-
-Which kernel runs (``block_kernel``): on CUDA the memory-efficient SDPA kernel, on CPU torch's flash kernel for CPU
-(the kernel one process's ``scaled_dot_product_attention`` runs), both for fp16/bf16/fp32; float64 and anything the
-fused kernels do not take keep the plain path, so float64 results stay those of the matmuls above. Both fused
-kernels return the lse as the merge wants it (natural log of the scaled scores' exp-sum, per batch, head and
-query; float32 for half inputs) and their backward takes the whole attention's output and lse, computing the
-same ``delta`` from them: a block's share of the gradients from the global softmax, as the plain path gives it.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

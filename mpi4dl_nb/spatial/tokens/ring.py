@@ -1,19 +1,5 @@
 """Exact global attention across ranks: ring attention as an autograd Function (Liu, Zaharia, Abbeel 2023).
-
-Each member of a ``Ring`` keeps its queries; its key/value block travels the ring (``ring_steps.py`` says whose
-block is where at each step) and the partial results merge with a running log-sum-exp (``blocks.py``).
-The next block's exchange is posted before the current block's compute starts, so the transfer hides behind it.
-Backward recomputes each block's scores from the saved output and log-sum-exp: dQ accumulates locally, the owner
-keeps its own block's dK/dV share, and each block's accumulator of the other members' shares travels one hop behind
-its block, arriving back at its owner after ``P - 1`` hops. No rank
-holds more than ``n_q x n_block`` scores per head, nor all keys and values.
-
-Messages go as one exchange per step (send to the next member, receive from the previous: one NCCL group on the
-torch plane, on the ring group's process group) with ``comm/tags.py``'s RING tags on the mpi plane. The tracer
-records ``ring_send`` (an instant event when a block is posted), ``ring_block`` (a block's compute) and
-``ring_wait`` spans, each with its ``step``, ``what`` (forward, backward, gradient) and ``layer`` (the ring's
-name), so the overlap can be checked.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

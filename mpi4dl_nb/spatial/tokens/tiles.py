@@ -1,19 +1,5 @@
 """Token tiles: which of a vision transformer's tokens each tile holds (pure geometry, no MPI, no torch).
-
-A ViT on tiles holds, on each rank of the tile group, a tensor ``(B, n, C)`` of tokens in ONE dim:
-
-* tile ``t``'s image tokens are the tokens of its box of the GLOBAL token (patch) grid,
-  ``TileGrid.tile_box(t, grid_rows, grid_cols)`` (the balanced split, as for every feature map),
-  row-major within the box;
-* the model's prefix tokens (class token, then register tokens, as timm orders them) are held by
-  ring member 0 (tile 0) only, in front of its image tokens: so every token lives on exactly one rank
-  and every parameter's gradient is a tile share, summed once (``reduce_tile_gradients``);
-* the ring order of attention is the tile order; member ``t`` holds ``key_counts[t]`` tokens.
-
-During a spatial forward the op guard marks such a tensor with ``tile_layout.flattened(box, -2)``
-(the image's rows and columns merged into the token dim), so per-token work (LayerNorm, Linear, MLPs,
-LayerScale, residual adds) stays checked and anything mixing tokens is refused.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

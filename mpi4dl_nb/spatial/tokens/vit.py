@@ -1,24 +1,5 @@
 """timm vision transformers (VisionTransformer, Eva) on token tiles: patch embedding on the tile, blocks, pooled head.
-
-``spatialize`` hands a timm ``VisionTransformer`` or ``Eva`` to ``convert_token_model`` (its entry in
-``families.py``): the model keeps its class, parameters and state-dict keys (a ``TokenModel`` subclass sharing its
-state), its children are converted as usual (the patch projection and a hybrid's CNN backbone become spatial layers,
-with halos where needed) and its attention modules become ``TokenAttention``. Its forward on a tile:
-
-1. the patch embedding on the tile (tiles must hold whole patches: ``tokens.tiles.check_patch_grid``), flattened to
-   this tile's image tokens ``(B, h*w, C)`` (the token-tile representation: ``tokens/tiles.py``);
-2. timm's ``_pos_embed`` on the tile (``position.py``): the prefix tokens on tile 0, the position embedding
-   resampled to the global token grid as one process would and sliced; the rotary embedding of the global grid,
-   sliced;
-3. the blocks as they are, under the op guard (per-token work checked), attention across the tile group;
-4. the final norm, the pool to one replicated vector (``tokens/pools.py``) and fc_norm/head on every rank.
-
-A ViT cut into layers (``models/vit.py``) whose first pieces form a spatial stage runs the same way: its embedding
-piece (its class naming ``CUT_EMBEDDING`` as its ``tile_family``) becomes a ``TokenStem`` (steps 1-2 and ``norm_pre``,
-its output this rank's token tile), its block pieces convert as the model's blocks do (an Eva's, naming
-``CUT_ROPE_BLOCK``, as a ``TokenRopeBlock``: the rotary embedding sliced to the tile), and the stage hands its token
-tiles to the first layer stage (``pipeline/handoff.TokenTiling``).
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """Token gathers across the tile group as autograd Functions, and the distributed cyclic roll of an N-axis tile.
-
-``TokenExchange`` runs one tile's ``plan.TileGather`` on a ``(B, n, ...)`` tensor of tokens (the slots of the
-plan in dim 1): its own slots copied, every peer's sent and received in one exchange (``Comm.exchange``: the mpi
-plane or torch.distributed, as halos), zeros where the plan names nothing. Backward is the exact adjoint: the
-gradients of received slots travel back to their owners into the slots they sent; padding slots give none (copies
-when no slot was read twice, as in every Swin, MaxViT and roll gather; else added in a fixed order). Each direction
-is a ``Route`` built once per device: the messages posted first, then the local part as one ``index_select``; the
-wait for the messages is traced (``window_wait``: what a rank waits for a slower peer).
-
-``DistributedRoll`` is ``torch.roll(whole, shifts, dims=<the grid's axes>)`` on channels-last tiles
-``(B, *box, C)`` (2-D or 3-D grids): each tile sends ``|shift|`` slabs to its neighbour along each shifted axis, the
-grid's last tile to its first; backward rolls the gradient back the same way (the adjoint of a permutation).
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

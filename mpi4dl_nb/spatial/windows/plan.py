@@ -1,18 +1,6 @@
 """Windows over an N-axis token grid on tiles: who computes each (shifted) window, the token gathers that bring
 windows together and back, a cyclic roll's and a patch merge's gathers, Swin's mask labels (pure: no MPI, no torch).
-
-Tokens of a grid of ``sizes`` (rows x cols, or depth x rows x cols) are held by a ``TileGrid``'s tiles in the balanced
-split, row-major inside each tile's box (``TokenBoxes``). Every exchange here is a *gather*: each tile names, for each
-of its target slots, the GLOBAL coordinate it wants (or None: a zero, the padding one process adds); ``plan_gather``
-turns the wishes of every tile into what each tile copies from itself, receives from and sends to each peer
-(``TileGather``). The same plan, run backwards, is the exact adjoint (gradients travel back and are added in).
-
-Swin's shifted windows (``ShiftedWindows``), as one process computes them: roll the grid by ``-shift``, pad each axis
-at its end to a multiple of the window, cut windows row-major. A window lives on one tile (``WindowLayout``): the
-tile that holds most of its tokens (windows inside a tile stay there; a window that straddles tiles gathers its
-other tokens). The roll is folded into that gather, so a shifted block sends only the tokens that change tile.
-``roll_targets`` is a plain cyclic roll (``torch.roll``) and ``merge_targets`` a 2x2 (2x2x2) patch merge as gathers.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

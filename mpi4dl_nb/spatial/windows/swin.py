@@ -1,21 +1,5 @@
 """timm's SwinTransformer and SwinTransformerV2 on tiles: shifted windows and patch merging gathered across tiles.
-
-``spatialize`` hands a timm ``SwinTransformer``/``SwinTransformerV2`` to ``convert_swin_model``: the model keeps its
-class, parameters and state-dict keys (a subclass sharing its state). On this rank's image tile it runs
-
-1. the patch embedding: its projection as a spatial conv (tiles hold whole patches: ``tokens.tiles.check_patch_grid``),
-   then its norm, channels last: the tile's box of the global token grid, ``(B, h, w, C)``;
-2. each stage: the patch merge (``TileMerge``: every 2x2 neighbourhood of the global grid gathered to the tile that
-   owns its merged token, zeros past an odd end as one process pads; ``plan.plan_merge``), then the blocks
-   (``WindowBlock``): timm's own block forward, whose ``_attn`` (roll, pad, windows, attention, back) becomes one
-   gather into the windows this tile computes (the roll folded in: only tokens that change tile move), timm's
-   ``WindowAttention`` on those whole windows with Swin's mask for their global position, and the gather back
-   (``plan.WindowLayout``);
-3. the final norm, the mean over every token of the image (one all-reduce) and the head: the logits on every rank.
-
-Every parameter but the head's is a tile share (summed over tiles by ``reduce_tile_gradients``); a tile that computes
-no window still runs attention on an empty batch, so every rank has every gradient.
-"""
+More: docs/spatial.md#notes-by-module."""
 
 from __future__ import annotations
 

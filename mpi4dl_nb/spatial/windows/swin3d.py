@@ -1,17 +1,5 @@
 """A 3-D Swin model's window blocks and patch merging on a volume's tiles (``models/swin3d.py``), exactly.
-
-A window block's layer norms and MLP act on each token: they run on the tile's own tokens. Its token mixing runs on
-windows as one process cuts them (the grid rolled by ``-shift``, windows in raster order, ``plan.ShiftedWindows``):
-each window is computed on one tile, the one holding most of its tokens (``plan.WindowLayout``); a gather brings
-its tokens there with the roll folded in (a window inside a tile stays local), the block's own attention runs on the
-tile's windows with the relative position bias and, after a shift, Swin's mask from the windows' region labels, and
-a second gather returns every token to its tile (``exchange.TokenExchange``; backward: the exact adjoints).
-Patch merging gathers each 2x2x2 group to the tile of its merged token (``plan.plan_merge``, in the model's
-concatenation order; local where every tile's range is even), then normalises and projects there.
-
-Every token and every window is computed on exactly one rank, so each parameter's gradient on a rank is its share
-(summed over the tiles with the spatial layers' shares). Plans are cached per token grid in the runtime.
-"""
+More: docs/spatial.md#notes-by-module."""
 from __future__ import annotations
 
 import itertools
