@@ -24,14 +24,14 @@ from ..layout import RankRole, layout, stage_holders
 from ..loss import joined_on_tiles
 from ..spatial.geometry import TileGrid
 from .accumulate import GradientSum
-from .default_cut import default_balance
+from .default_cut import auto_balance, default_balance
 from .handoff import handoff_of
 from .layer_decay import make_optimizer
 from .precision import check_precision
 from .runtime import LossFn, PipelineRuntime, StageInstance, StageOutput, StepRun
 from .schedules import Action, ActionKind, Schedule, Stepper, build_schedule, stage_ranks
 from .stage_draws import draws_refusal
-from .stages import Stage, auto_balance, split_layers
+from .stages import Stage, split_layers
 from .step_input import Images, Labels, StepInput, resolve_batch_size, resolve_image_size
 from .zero import ShardedStage, ZeroState
 
@@ -44,7 +44,7 @@ def auto_balanced_config(cfg: ParallelConfig, layers: list[nn.Module], sample: P
     """``cfg`` with ``balance`` from profiling ``layers`` on ``sample`` by 'time' or 'memory'.
 
     With a ``ctx`` only rank 0 profiles and broadcasts the result, so every rank agrees
-    (timings differ between ranks). See ``stages.auto_balance``.
+    (timings differ between ranks). See ``default_cut.auto_balance``.
     """
     balance: tuple[int, ...] | None = None
     if ctx is None or ctx.rank == 0:
