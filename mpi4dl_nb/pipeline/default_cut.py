@@ -1,11 +1,13 @@
-"""The cut a configuration trains with when no ``balance`` is given: by memory per rank, fitting the tiles.
+"""The stage cut: the one a configuration trains with when no ``balance`` is given (by memory per rank, fitting the
+tiles), and ``auto_balance``'s by profiled time or memory, both by one min-max solver (``partition_stages``).
 
 Read top to bottom: ``check_fit`` (the pre-flight check; a ``balance`` given that does not fit the tiles is
-refused naming the cut that does), ``default_balance`` (the rule), ``fitting_cut`` (the cut minimising the
-largest rank's ``memory_cost`` - ``partition_stages`` - inside the layers that fit the tiles), and the refusal
-when no cut fits (``no_fitting_cut``: a larger image or fewer tiles that would). The shape-only probes it asks
-are pure helpers below it: the memory per layer (``stages.probe_memory``) and how many leading layers fit the
-tiles at an image size (``tile_fit.spatial_reach``, over ``spatial.fit``'s halo geometry).
+refused naming the cut that does), ``default_balance`` (the rule), then its helpers in the order it asks them:
+``fitting_cut`` (the cut minimising the largest rank's ``memory_cost`` - ``partition_stages`` - inside the layers
+that fit the tiles) and the refusal when no cut fits (``no_fitting_cut``: a larger image or fewer tiles that would).
+The facts it needs from other modules are asked once each and come back as plain data: how far the tiles reach at
+an image size (``tile_fit.tile_reach``, over ``spatial.fit``'s halo geometry) and the memory per layer
+(``layer_probe.probe_memory``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from itertools import accumulate
 
 from torch import nn
 
+from ..comm.messages import Payload
 from ..config import ConfigError, ParallelConfig, SliceMethod
-from ..spatial.geometry import TileGrid
-from .stages import PROBE_SIZE, LayerMemory, check_balance, counts_from_cuts, even_balance, probe_memory
-from .tile_fit import ReachProbe, SpatialReach, first_layer_channels, parameter_dtype, spatial_reach
+from .layer_probe import PROBE_SIZE, LayerMemory, probe_memory, profile_layer_memory, profile_layer_times
+from .tile_fit import TileReach, tile_reach, tile_reaches
 
 StageCost = Callable[[int, int, int], float]   # (stage, start, stop) -> the cost of the stage holding start:stop
 
@@ -32,8 +34,7 @@ def check_fit(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int 
     balance = default_balance(layers, cfg, image_size=image_size, in_channels=in_channels)
     if cfg.spatial_size == 0:
         return balance
-    reach = spatial_reach(layers, TileGrid(*cfg.grid_shape), image_size,
-                          limit=sum(balance[:cfg.spatial_size]), in_channels=in_channels)
+    reach = tile_reach(layers, cfg, image_size, limit=sum(balance[:cfg.spatial_size]), in_channels=in_channels)
     if reach is None or reach.refusal is None:
         return balance
     hint = ""
@@ -70,12 +71,12 @@ def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size
         return check_balance(cfg.balance, len(layers), cfg.split_size)
     if cfg.spatial_size == 0 or cfg.volume_grid is not None:   # volumes: the memory probe and tile fit are 2-D
         return even_balance(len(layers), cfg.split_size)
-    reach = None if image_size is None else spatial_reach(
-        layers, TileGrid(*cfg.grid_shape), image_size, max_spatial_layers(len(layers), cfg), in_channels)
-    limit = len(layers) if reach is None else reach.limit(len(layers))
+    reach = None if image_size is None else tile_reach(
+        layers, cfg, image_size, max_spatial_layers(len(layers), cfg), in_channels)
+    limit = len(layers) if reach is None else reach.limit
     if cfg.split_size == 1 and limit >= len(layers):   # one stage holds every layer: no cut to weigh
         return (len(layers),)
-    memory = list(probed) if probed is not None else probe_memory(layers, built_side(layers) or probe_size)
+    memory = list(probed) if probed is not None else probe_memory(layers, probe_size)
     balance = fitting_cut(cfg, len(layers), memory, limit, draws_in_training(layers))
     if balance is None:
         assert reach is not None, "without a fit limit every cut is allowed"
@@ -83,13 +84,31 @@ def default_balance(layers: Sequence[nn.Module], cfg: ParallelConfig, probe_size
     return balance
 
 
-def built_side(layers: Sequence[nn.Module]) -> int | None:
-    """The side of the square images a model built for one size takes (its first piece's ``built``: timm's Swin,
-    MaxViT), which the memory probe must run at; None for a model that takes any size."""
-    built = getattr(layers[0], "built", None) if layers else None
-    if isinstance(built, tuple) and len(built) == 2 and built[0] == built[1] and isinstance(built[0], int):
-        return built[0]
-    return None
+def check_balance(balance: Sequence[int], num_layers: int, split_size: int) -> tuple[int, ...]:
+    """Validate a user balance; ConfigError names the fix."""
+    balance = tuple(int(b) for b in balance)
+    if len(balance) != split_size:
+        raise ConfigError("balance", f"has {len(balance)} entries but split_size={split_size}; "
+                          f"give one layer count per stage, e.g. "
+                          f"{list(even_balance(num_layers, split_size))}")
+    if any(b < 1 for b in balance) or sum(balance) != num_layers:
+        raise ConfigError("balance", f"{list(balance)} must be positive and sum to the "
+                          f"{num_layers} layers, e.g. {list(even_balance(num_layers, split_size))}")
+    return balance
+
+
+def even_balance(num_layers: int, split_size: int) -> tuple[int, ...]:
+    """Layer counts per stage as even as possible; the later stages take the remainder."""
+    if split_size < 1 or num_layers < split_size:
+        raise ConfigError("split_size", f"cannot cut {num_layers} layers into {split_size} "
+                          f"stages; use split_size between 1 and {num_layers}")
+    base, extra = divmod(num_layers, split_size)
+    return tuple(base + (1 if s >= split_size - extra else 0) for s in range(split_size))
+
+
+def max_spatial_layers(num_layers: int, cfg: ParallelConfig) -> int:
+    """The most layers the spatial stages can hold (each later stage keeps one)."""
+    return num_layers - (cfg.split_size - cfg.spatial_size)
 
 
 def fitting_cut(cfg: ParallelConfig, num_layers: int, memory: Sequence[LayerMemory] | None,
@@ -142,19 +161,6 @@ def memory_cost(cfg: ParallelConfig, memory: Sequence[LayerMemory],
     return cost
 
 
-def draws_in_training(layers: Sequence[nn.Module]) -> list[bool]:
-    """Whether each layer draws random numbers in training (a dropout or a stochastic depth of nonzero rate)."""
-    return [any(module_draws(module) for module in layer.modules()) for layer in layers]
-
-
-def module_draws(module: nn.Module) -> bool:
-    """Whether ``module`` itself draws in training: an ``nn.Dropout*`` with p > 0, timm's ``DropPath`` with
-    drop_prob > 0."""
-    rate = getattr(module, "p", 0.0) if isinstance(module, nn.modules.dropout._DropoutNd) else (
-        getattr(module, "drop_prob", 0.0) if type(module).__name__ == "DropPath" else 0.0)
-    return isinstance(rate, (int, float)) and rate > 0
-
-
 def kept_together(cost: StageCost, draws: Sequence[bool]) -> StageCost:
     """``cost`` with every layer that ``draws`` random numbers in training on one stage (``inf`` for a stage holding
     some of them, not all): each rank draws from its own random state, so draws on two stages (a Swin's stochastic
@@ -169,24 +175,26 @@ def kept_together(cost: StageCost, draws: Sequence[bool]) -> StageCost:
     return together
 
 
-def partition_stages(num_layers: int, split_size: int, cost: StageCost) -> tuple[int, ...]:
+def partition_stages(num_layers: int, split_size: int, cost: StageCost,
+                     later_lighter: bool = False) -> tuple[int, ...]:
     """Contiguous cut of ``num_layers`` layers into ``split_size`` non-empty stages minimising
-    the largest ``cost(stage, start, stop)`` (layers ``start:stop``); exact dynamic program.
+    the largest ``cost(stage, start, stop)`` (layers ``start:stop``); exact dynamic program, O(n^2 k).
 
-    A cost of ``inf`` forbids a stage; ConfigError if every cut has one.
+    A cost of ``inf`` forbids a stage; ConfigError if every cut has one. Ties go to the cut whose first stages
+    are shortest, or, ``later_lighter``, longest (its later stages lighter: ``auto_balance``'s).
     """
     if not 1 <= split_size <= num_layers:
         raise ConfigError("split_size", f"cannot cut {num_layers} layers into {split_size} stages; "
                           f"use split_size between 1 and {num_layers}")
     inf = float("inf")
-    best = [[inf] * (num_layers + 1) for _ in range(split_size + 1)]
+    best = [[inf] * (num_layers + 1) for _ in range(split_size + 1)]   # best[k][i]: k stages of the first i layers
     cut = [[0] * (num_layers + 1) for _ in range(split_size + 1)]
     best[0][0] = 0.0
     for k in range(1, split_size + 1):
         for i in range(k, num_layers - (split_size - k) + 1):
             for j in range(k - 1, i):
                 value = max(best[k - 1][j], cost(k - 1, j, i))
-                if value < best[k][i]:
+                if value < best[k][i] or (later_lighter and value == best[k][i]):
                     best[k][i], cut[k][i] = value, j
     if best[split_size][num_layers] == inf:
         raise ConfigError("balance", f"no cut of {num_layers} layers into {split_size} stages "
@@ -194,7 +202,31 @@ def partition_stages(num_layers: int, split_size: int, cost: StageCost) -> tuple
     return counts_from_cuts(cut, split_size, num_layers)
 
 
-def no_fitting_cut(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: SpatialReach,
+def counts_from_cuts(cut: list[list[int]], split_size: int, num_layers: int) -> tuple[int, ...]:
+    """Layers per stage, read back from a partition program's ``cut[k][i]`` (where stage k
+    starts when k stages hold the first i layers)."""
+    counts, i = [], num_layers
+    for k in range(split_size, 0, -1):
+        j = cut[k][i]
+        counts.append(i - j)
+        i = j
+    return tuple(reversed(counts))
+
+
+def draws_in_training(layers: Sequence[nn.Module]) -> list[bool]:
+    """Whether each layer draws random numbers in training (a dropout or a stochastic depth of nonzero rate)."""
+    return [any(module_draws(module) for module in layer.modules()) for layer in layers]
+
+
+def module_draws(module: nn.Module) -> bool:
+    """Whether ``module`` itself draws in training: an ``nn.Dropout*`` with p > 0, timm's ``DropPath`` with
+    drop_prob > 0."""
+    rate = getattr(module, "p", 0.0) if isinstance(module, nn.modules.dropout._DropoutNd) else (
+        getattr(module, "drop_prob", 0.0) if type(module).__name__ == "DropPath" else 0.0)
+    return isinstance(rate, (int, float)) and rate > 0
+
+
+def no_fitting_cut(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: TileReach,
                    memory: Sequence[LayerMemory] | None) -> ConfigError:
     """The refusal when no cut fits the tiles: the first layer that does not fit, then what would:
     a larger image size (with the default cut there) or fewer spatial parts at this size."""
@@ -209,25 +241,21 @@ def no_fitting_cut(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: Spat
                        + "; or ".join(ways))
 
 
-def larger_image_that_fits(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: SpatialReach,
+def larger_image_that_fits(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: TileReach,
                            memory: Sequence[LayerMemory] | None) -> str | None:
     """``--image-size N fits (there the default cut is --balance ...)`` for the smallest of ``larger_sizes``
     at which a cut fits, or None."""
-    channels = first_layer_channels(layers)
-    if channels is None:
-        return None
     num = len(layers)
-    with ReachProbe(layers, TileGrid(*reach.grid), channels, parameter_dtype(layers)) as probe:
-        for size in larger_sizes(reach.image_size):
-            larger = probe.reach(*size, limit=max_spatial_layers(num, cfg))
-            cut = None if larger.unknown else fitting_cut(cfg, num, memory, larger.limit(num))
-            if cut is not None:
-                side = str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
-                return f"--image-size {side} fits (there the default cut is --balance {','.join(map(str, cut))})"
+    for larger in tile_reaches(layers, reach.grid, larger_sizes(reach.image_size), max_spatial_layers(num, cfg)):
+        cut = None if larger.unknown else fitting_cut(cfg, num, memory, larger.limit)
+        if cut is not None:
+            height, width = larger.image_size
+            side = str(height) if height == width else f"{height}x{width}"
+            return f"--image-size {side} fits (there the default cut is --balance {','.join(map(str, cut))})"
     return None
 
 
-def fewer_parts_that_fit(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: SpatialReach,
+def fewer_parts_that_fit(layers: Sequence[nn.Module], cfg: ParallelConfig, reach: TileReach,
                          memory: Sequence[LayerMemory] | None) -> str | None:
     """``--num-spatial-parts N fits this image size`` for the largest of ``fewer_parts`` at which a cut fits,
     or None."""
@@ -237,9 +265,8 @@ def fewer_parts_that_fit(layers: Sequence[nn.Module], cfg: ParallelConfig, reach
             smaller = cfg.with_(num_spatial_parts=parts)
         except ConfigError:
             continue
-        found = spatial_reach(layers, TileGrid(*smaller.grid_shape), reach.image_size,
-                              limit=max_spatial_layers(num, cfg))
-        if found is not None and not found.unknown and fitting_cut(smaller, num, memory, found.limit(num)) is not None:
+        found = tile_reach(layers, smaller, reach.image_size, limit=max_spatial_layers(num, cfg))
+        if found is not None and not found.unknown and fitting_cut(smaller, num, memory, found.limit) is not None:
             return f"--num-spatial-parts {parts} fits this image size"
     return None
 
@@ -267,6 +294,16 @@ def fewer_parts(cfg: ParallelConfig) -> list[int]:
     return [p for p in range(cfg.num_spatial_parts - 1, 1, -1) if not square or math.isqrt(p) ** 2 == p]
 
 
-def max_spatial_layers(num_layers: int, cfg: ParallelConfig) -> int:
-    """The most layers the spatial stages can hold (each later stage keeps one)."""
-    return num_layers - (cfg.split_size - cfg.spatial_size)
+def auto_balance(layers: Sequence[nn.Module], sample: Payload, split_size: int,
+                 by: str = "time", repeats: int = 3) -> tuple[int, ...]:
+    """A balance for ``split_size`` stages from profiling each layer ``by`` 'time' or 'memory' (``layer_probe``):
+    the cut minimising the largest stage's sum, ties to the cut whose later stages are lighter."""
+    profilers: dict[str, Callable[[], Sequence[float]]] = {
+        "time": lambda: profile_layer_times(layers, sample, repeats),
+        "memory": lambda: profile_layer_memory(layers, sample),
+    }
+    if by not in profilers:
+        raise ValueError(f"auto_balance by={by!r}: use 'time' or 'memory'")
+    prefix = list(accumulate((float(c) for c in profilers[by]()), initial=0.0))
+    return partition_stages(len(prefix) - 1, split_size, lambda stage, start, stop: prefix[stop] - prefix[start],
+                            later_lighter=True)

@@ -18,11 +18,11 @@ from ..comm.trace import Event
 from ..config import ParallelConfig, ScheduleKind
 from .accumulate import GradientSum
 from .actions import Action
+from .default_cut import auto_balance
 from .engine_setup import EnginePlan, HeldStages, OptimizerFactory, stepped_optimizer
 from .runtime import LossFn, StageOutput
 from .schedules import Stepper
 from .stage_instance import StageInstance
-from .stages import auto_balance
 from .step_input import Images, Labels, StepInput, resolve_batch_size, resolve_image_size
 from .step_run import StepRun
 from .whole_state import WholeState
@@ -35,7 +35,7 @@ def auto_balanced_config(cfg: ParallelConfig, layers: list[nn.Module], sample: P
     """``cfg`` with ``balance`` from profiling ``layers`` on ``sample`` by 'time' or 'memory'.
 
     With a ``ctx`` only rank 0 profiles and broadcasts the result, so every rank agrees
-    (timings differ between ranks). See ``stages.auto_balance``.
+    (timings differ between ranks). See ``default_cut.auto_balance``.
     """
     balance: tuple[int, ...] | None = None
     if ctx is None or ctx.rank == 0:

@@ -4,13 +4,13 @@ A layer fits the tiles when every conv and pool in it finds its halo on the adja
 (``spatial.fit.halo_checked``: the pure halo geometry planned on ``meta`` tensors, nothing
 allocated). Whether a layer fits depends only on its input's size and the grid, not on the
 stage cut, and every spatial stage is cut on the same grid, so the spatial stages may hold
-layers ``0 .. reach-1``: the cut search (``default_cut.default_balance``) forbids any spatial stage
-that ends past the first layer that does not fit.
+layers ``0 .. reach-1``: the cut search (``default_cut.default_balance``) asks ``tile_reach`` once and
+forbids any spatial stage that ends past the first layer that does not fit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -19,47 +19,52 @@ import torch
 from torch import nn
 
 from ..comm.messages import Payload
+from ..config import ParallelConfig
 from ..errors import ConfigError
 from ..spatial.fit import halo_checked
 from ..spatial.geometry import TileGrid
 from .layer_memo import LayerMemo
+from .layer_probe import PROBE_ERRORS, first_layer_channels, parameter_dtype
 
-PROBE_ERRORS = (RuntimeError, ValueError, TypeError, NotImplementedError)   # a layer that cannot run on meta
-_REACHED: LayerMemo[SpatialReach] = LayerMemo()   # spatial_reach's answers for the last few models
-
-
-def first_layer_channels(layers: Sequence[nn.Module]) -> int | None:
-    """The channels the first layer takes (its first module with ``in_channels``), or None."""
-    for module in layers[0].modules() if layers else ():
-        channels = getattr(module, "in_channels", None)
-        if isinstance(channels, int):
-            return channels
-    return None
-
-
-def parameter_dtype(layers: Sequence[nn.Module]) -> torch.dtype:
-    """The element type of the first parameter (float32 if there is none)."""
-    return next((p.dtype for layer in layers for p in layer.parameters()), torch.float32)
+_REACHED: LayerMemo[TileReach] = LayerMemo()   # tile_reach's answers for the last few models
 
 
 @dataclass(frozen=True)
-class SpatialReach:
+class TileReach:
     """Which leading layers fit the tiles of ``grid`` on an ``image_size`` input.
 
     ``layers``: layers ``0 .. layers-1`` fit; ``refusal``: why layer ``layers`` does not (None:
     every layer scanned fits, or, ``unknown``, the scan stopped at a layer that cannot run
     shape-only at this size: what follows is not known, and not held against the cut).
+    ``limit``: how many leading layers the spatial stages may hold (all when nothing refused).
     """
 
     image_size: tuple[int, int]
     grid: tuple[int, int]
     layers: int
+    limit: int
     refusal: ConfigError | None = None
     unknown: bool = False
 
-    def limit(self, num_layers: int) -> int:
-        """How many leading layers the spatial stages may hold (all when nothing refused)."""
-        return self.layers if self.refusal is not None else num_layers
+
+def tile_reach(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int | tuple[int, int],
+               limit: int | None = None, in_channels: int | None = None) -> TileReach | None:
+    """How far the tiles of ``cfg``'s grid reach into ``layers`` at ``image_size``: ``ReachProbe(...).reach`` of
+    the first ``limit`` layers (all if None), asked once (None: the input channels, ``in_channels`` if given,
+    cannot be told). The answers for the last few models are kept (``layer_memo``)."""
+    return _reached_once(layers, cfg, image_size, limit, in_channels)
+
+
+def tile_reaches(layers: Sequence[nn.Module], grid: tuple[int, int], sizes: Sequence[tuple[int, int]],
+                 limit: int) -> Iterator[TileReach]:
+    """``tile_reach`` of ``layers`` on ``grid`` at each of ``sizes`` in turn, the meta copies made once (none:
+    the input channels cannot be told)."""
+    channels = first_layer_channels(layers)
+    if channels is None:
+        return
+    with ReachProbe(layers, TileGrid(*grid), channels, parameter_dtype(layers)) as probe:
+        for size in sizes:
+            yield probe.reach(*size, limit=limit)
 
 
 class ReachProbe:
@@ -95,7 +100,7 @@ class ReachProbe:
             self._probes.append(self._stack.enter_context(halo_checked(self.layers[at], self.grid, label)))
         return self._probes[index]
 
-    def reach(self, height: int, width: int, limit: int | None = None) -> SpatialReach:
+    def reach(self, height: int, width: int, limit: int | None = None) -> TileReach:
         """The fit of the first ``limit`` layers (all if None) on a ``height`` x ``width`` image."""
         count = len(self.layers) if limit is None else min(limit, len(self.layers))
         x: Payload = torch.empty(1, self.in_channels, height, width, dtype=self.dtype, device="meta")
@@ -105,26 +110,21 @@ class ReachProbe:
                 try:
                     x = self._probe(index)(x)
                 except ConfigError as refusal:
-                    return SpatialReach(*shape, index, refusal)
+                    return TileReach(*shape, index, index, refusal)
                 except PROBE_ERRORS:
-                    return SpatialReach(*shape, index, unknown=True)
-        return SpatialReach(*shape, count)
+                    return TileReach(*shape, index, len(self.layers), unknown=True)
+        return TileReach(*shape, count, len(self.layers))
 
 
-def spatial_reach(layers: Sequence[nn.Module], grid: TileGrid, image_size: int | tuple[int, int],
-                  limit: int | None = None, in_channels: int | None = None) -> SpatialReach | None:
-    """``ReachProbe(...).reach`` of ``layers`` once (None: the input channels, ``in_channels`` if
-    given, cannot be told). The answers for the last few models are kept (``layer_memo``)."""
+def _reached_once(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int | tuple[int, int],
+                  limit: int | None, in_channels: int | None) -> TileReach | None:
+    grid = TileGrid(*cfg.grid_shape)
     channels = first_layer_channels(layers) if in_channels is None else in_channels
     if channels is None:
         return None
-    height, width = _pair(image_size)
+    height, width = (image_size, image_size) if isinstance(image_size, int) else map(int, image_size)
 
-    def scan() -> SpatialReach:
+    def scan() -> TileReach:
         with ReachProbe(layers, grid, channels, parameter_dtype(layers)) as probe:
             return probe.reach(height, width, limit)
     return _REACHED.get(layers, (grid.shape, height, width, limit, channels), scan)
-
-
-def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))

@@ -15,11 +15,10 @@ from ..config import Choice, ParallelConfig
 from ..errors import ConfigError
 from ..layout import RankRole, StageSlot, layout
 from ..pipeline.actions import Action, ActionKind
-from ..pipeline.default_cut import default_balance
+from ..pipeline.default_cut import check_balance, default_balance, even_balance
 from ..pipeline.recompute import segment_bounds
 from ..pipeline.schedules import Schedule, build_schedule, stage_ranks
 from ..pipeline.split_backward import splits_backward
-from ..pipeline.stages import check_balance, even_balance
 from .attention import TokenGrid
 from .footprint import SplitRun, SplitStage, StageFootprint, StageRole
 from .optimizer import OptimizerFactory, StateBytes, TrainingState

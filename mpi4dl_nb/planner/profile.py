@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..measure.usage import tensor_bytes
-from ..pipeline.stages import layer_memory
+from ..pipeline.layer_probe import layer_memory
 from .layouts import BackendLayouts
 from .workspace import channels_last
 
@@ -101,7 +101,7 @@ def profile_layers(model: Layers, image_size: int | tuple[int, int], in_channels
                    dtype: torch.dtype = torch.float32) -> list[LayerProfile]:
     """Per-layer shapes, saved-for-backward bytes and FLOPs at batch 1 (on the meta device).
 
-    Saved bytes follow ``pipeline.stages.layer_memory``'s counting rule (shared with
+    Saved bytes follow ``pipeline.layer_probe.layer_memory``'s counting rule (shared with
     ``auto_balance(by="memory")``): parameters excluded, a tensor saved by two layers (a
     ReLU output that the next conv also saves) counted once, for the first layer that saved it.
     """

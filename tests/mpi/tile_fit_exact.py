@@ -19,7 +19,7 @@ from torch import nn
 import mpi4dl_nb as dl
 from mpi4dl_nb.models import build_model
 from mpi4dl_nb.pipeline.default_cut import default_balance
-from mpi4dl_nb.pipeline.tile_fit import spatial_reach
+from mpi4dl_nb.pipeline.tile_fit import tile_reach
 from tests.support.checks import Checks, run_checks
 from tests.support.exactness import relative_error
 
@@ -43,8 +43,7 @@ def main(check: Checks) -> None:
     engine = dl.HybridEngine(copy.deepcopy(layers), CFG, ctx, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd,
                              image_size=IMAGE)
     with check(CUT) as result:
-        grid = dl.TileGrid(*CFG.grid_shape)
-        reach = spatial_reach(layers, grid, IMAGE)
+        reach = tile_reach(layers, CFG, IMAGE)
         assert reach is not None and reach.refusal is not None, "some cell of this model does not fit 2-px tiles"
         unchecked = default_balance(layers, CFG)
         assert unchecked[0] > reach.layers, f"the cut without image_size {unchecked} fits: no regression shown"

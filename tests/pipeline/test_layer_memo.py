@@ -6,9 +6,9 @@ import weakref
 import torch
 from torch import nn
 
+from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.pipeline.layer_memo import LayerMemo
-from mpi4dl_nb.pipeline.tile_fit import spatial_reach
-from mpi4dl_nb.spatial.geometry import TileGrid
+from mpi4dl_nb.pipeline.tile_fit import tile_reach
 
 
 def test_a_memo_answers_the_same_layers_once_per_key_and_probes_changed_or_other_layers_afresh():
@@ -58,10 +58,11 @@ def test_a_memo_holds_its_layers_weakly_and_bounds_its_answers():
     assert ref() is None
 
 
-def test_spatial_reach_is_scanned_once_per_model_grid_and_size():
+def test_tile_reach_is_scanned_once_per_model_grid_and_size():
     layers = [nn.Conv2d(3, 4, 7, padding=3), nn.Conv2d(4, 4, 7, padding=3)]
-    first = spatial_reach(layers, TileGrid(1, 8), 16)
+    columns = ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=8, slice_method="vertical")   # 1x8
+    first = tile_reach(layers, columns, 16)
     assert first is not None and first.layers == 0 and first.refusal is not None   # 2-px tiles, 3-px halos
-    assert spatial_reach(layers, TileGrid(1, 8), 16) is first
-    wider = spatial_reach(layers, TileGrid(1, 2), 16)
+    assert tile_reach(layers, columns, 16) is first
+    wider = tile_reach(layers, columns.with_(num_spatial_parts=2), 16)
     assert wider is not None and wider is not first and wider.layers == 2 and wider.refusal is None

@@ -9,14 +9,9 @@ import torch
 from torch import nn
 
 from mpi4dl_nb.config import ConfigError
-from mpi4dl_nb.pipeline.stages import (
-    auto_balance,
-    even_balance,
-    partition_costs,
-    profile_layer_memory,
-    profile_layer_times,
-    split_layers,
-)
+from mpi4dl_nb.pipeline.default_cut import auto_balance, even_balance, partition_stages
+from mpi4dl_nb.pipeline.layer_probe import profile_layer_memory, profile_layer_times
+from mpi4dl_nb.pipeline.stages import split_layers
 from tests.mpi import tile_fit_exact
 from tests.support.battery import shared_job
 from tests.support.models import build, cell_stack
@@ -75,10 +70,16 @@ def brute_force(costs, k):
     return best
 
 
+def summed(costs):
+    """The stage cost of ``auto_balance``: the sum of the layers' costs."""
+    return lambda stage, start, stop: sum(costs[start:stop])
+
+
+@pytest.mark.parametrize("later_lighter", [False, True])
 @pytest.mark.parametrize("costs,k", [([1, 2, 3, 4, 5], 2), ([5, 1, 1, 1, 1, 5], 3),
                                      ([3, 3, 3, 3], 4), ([9, 1, 1, 1], 2), ([1], 1)])
-def test_partition_costs_is_optimal(costs, k):
-    counts = partition_costs(costs, k)
+def test_partition_stages_is_optimal(costs, k, later_lighter):
+    counts = partition_stages(len(costs), k, summed(costs), later_lighter)
     assert len(counts) == k and sum(counts) == len(costs) and min(counts) >= 1
     bounds = [0, *itertools.accumulate(counts)]
     worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
@@ -93,7 +94,7 @@ def test_memory_profile_sees_big_layers_and_leaves_stats_alone():
     assert len(sizes) == 6
     assert sizes[1] > sizes[5]           # BN on a 32-channel map saves far more than a tiny fc
     assert torch.equal(layers[1].running_mean, torch.zeros(32))   # ran on copies
-    assert partition_costs(sizes, 2)[0] <= 3
+    assert partition_stages(len(sizes), 2, summed(sizes), later_lighter=True)[0] <= 3
 
 
 def test_time_profile_and_auto_balance():
@@ -121,12 +122,12 @@ def test_auto_balanced_config_single_process():
 def test_default_balance_keeps_full_resolution_activations_off_the_layer_rank():
     from mpi4dl_nb.config import ParallelConfig
     from mpi4dl_nb.models import build_model
-    from mpi4dl_nb.pipeline.default_cut import default_balance, partition_stages
-    from mpi4dl_nb.pipeline.stages import layer_memory
+    from mpi4dl_nb.pipeline.default_cut import default_balance
+    from mpi4dl_nb.pipeline.layer_probe import layer_memory
 
     # the contiguous cut minimising the largest stage cost, by brute force on a toy cost
     costs = [5, 1, 1, 7, 2, 2, 3]
-    cut = partition_stages(len(costs), 3, lambda stage, a, b: sum(costs[a:b]))
+    cut = partition_stages(len(costs), 3, summed(costs))
     best = min((c for c in itertools.product(range(1, 6), repeat=3) if sum(c) == 7),
                key=lambda c: max(sum(costs[s:s + n]) for s, n in zip(itertools.accumulate((0, *c[:-1])), c)))
     bounds = list(itertools.accumulate((0, *cut)))
@@ -161,14 +162,14 @@ def fitting_cuts(num_layers: int, cfg, limit: int) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("split, spatial", [(2, 1), (3, 1), (3, 2)])
 def test_default_cut_keeps_layers_wider_than_a_tile_off_the_spatial_stages(split, spatial):
     from mpi4dl_nb.config import ParallelConfig
-    from mpi4dl_nb.pipeline.default_cut import default_balance, memory_cost, probe_memory
-    from mpi4dl_nb.pipeline.tile_fit import spatial_reach
+    from mpi4dl_nb.pipeline.default_cut import default_balance, memory_cost
+    from mpi4dl_nb.pipeline.layer_probe import probe_memory
+    from mpi4dl_nb.pipeline.tile_fit import tile_reach
     from mpi4dl_nb.run.trainer import check_spatial_geometry
-    from mpi4dl_nb.spatial.geometry import TileGrid
 
     layers = wide_halo_stack()
     cfg = ParallelConfig(split_size=split, spatial_size=spatial, num_spatial_parts=8, slice_method="vertical")
-    reach = spatial_reach(layers, TileGrid(1, 8), 16)
+    reach = tile_reach(layers, cfg, 16)
     assert reach is not None and reach.layers == 2 and "2 (cols)" in str(reach.refusal)
     unchecked = default_balance(layers, cfg)
     assert sum(unchecked[:spatial]) > 2                        # the cut that ignores the tiles misfits
@@ -253,12 +254,12 @@ def test_mpi4dl_amoebanet_example_at_128_px_gets_a_cut_that_fits():
 def test_an_se_gate_s_pointwise_convs_on_the_pooled_map_do_not_stop_the_reach():
     """A 1x1 conv on the 1x1 map of a global pool reads no neighbour (the map is the same on every tile)."""
     from benchmarks.support.dense_models import SqueezeExcite
-    from mpi4dl_nb.pipeline.tile_fit import spatial_reach
-    from mpi4dl_nb.spatial.geometry import TileGrid
+    from mpi4dl_nb.config import ParallelConfig
+    from mpi4dl_nb.pipeline.tile_fit import tile_reach
 
     layers = [nn.Conv2d(3, 8, 3, padding=1), SqueezeExcite(8, conv=True), nn.Conv2d(8, 8, 3, padding=1),
               nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2)]
-    reach = spatial_reach(layers, TileGrid(2, 2), 32)
+    reach = tile_reach(layers, ParallelConfig(split_size=2, spatial_size=1, num_spatial_parts=4), 32)   # 2x2
     assert reach is not None and reach.refusal is None and reach.layers == len(layers)
 
 
