@@ -24,6 +24,10 @@ class StageRole:
     fused_layers: int = 1
     tokens: TokenGrid | None = None   # a ViT's stage: the image's tokens, each tile's part on its rank
 
+    @property
+    def tiles(self) -> int:
+        return self.grid[0] * self.grid[1] if self.grid is not None else 1
+
 
 class SplitRun(Choice):
     """Whether a layer's simulation adds the split backward's terms, and how its I runs."""
