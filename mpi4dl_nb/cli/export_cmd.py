@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from importlib.util import find_spec
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.files import CheckpointChoice
 from ..console import to_stderr
 from ..errors import ConfigError
+from ..models.model_args import MLP_LAYERS, ModelArgs
 from ..schema import build_job, flag, world_rank_from_env
 from .job_flags import job_parser, keyword_values
 from .parser import CommandParser
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..checkpoint.record import RunRecord
+    from ..models.spec import ModelSpec
 
 PROG = "python -m mpi4dl_nb export"
 EXIT_REFUSED = 2
@@ -107,6 +109,7 @@ class Exported:
     output: Path
     checkpoint: Path
     preprocessing: Path | None = None     # FILE.config.json: the input the weights expect (None: a layer list's)
+    spec: ModelSpec | None = field(default=None, compare=False, repr=False)   # the checkpoint's model
 
     def as_dict(self) -> dict[str, object]:
         written = {} if self.preprocessing is None else {"preprocessing": str(self.preprocessing)}
@@ -133,9 +136,29 @@ def model_config(record: RunRecord) -> dict[str, object] | None:
     mean = list(normal.mean) if normal is not None else [0.0] * channels
     std = list(normal.std) if normal is not None else [1.0] * channels
     return {"model": spec.label, "architecture": spec.source, "num_classes": spec.num_classes,
-            "model_args": spec.model_args.text(),
+            "model_args": timm_model_args(spec.model_args),
             "pretrained_cfg": {"mean": mean, "std": std, "input_size": [channels, side, side], "crop_pct": 1.0},
             "card": None if card is None else card.to_dict()}
+
+
+def timm_model_args(args: ModelArgs) -> dict[str, object]:
+    """The constructor's keywords as a JSON object timm's ``create_model(..., **model_args)`` takes: plain values,
+    ``act_layer`` and ``norm_layer`` by the names timm resolves itself, ``mlp_layer`` by its class's name in
+    ``timm.layers`` (the documented reload turns it into the class: timm's ViT takes no name for it)."""
+    plain = args.to_dict()
+    mlp = plain.get("mlp_layer")
+    if isinstance(mlp, str):
+        plain["mlp_layer"] = MLP_LAYERS.get(mlp.lower(), mlp)
+    return plain
+
+
+def lora_note(spec: ModelSpec | None, merged: bool) -> str | None:
+    """The line saying an export keeps a LoRA run's adapters beside the frozen weights (None: no adapters, or
+    folded in), so the original model will not load it strictly."""
+    if spec is None or spec.lora is None or merged:
+        return None
+    return (f"{spec.label} was trained with LoRA adapters: their lora_a, lora_b keys are written beside the frozen "
+            f"weights, which timm's own model does not load (strict); pass --merge-lora to fold them into the weights")
 
 
 def write_config(config: dict[str, object], path: Path) -> Path:
@@ -206,7 +229,7 @@ def export(checked: CheckedExport) -> Exported:
     config = model_config(checkpoint.record)
     written = None if config is None else write_config(config, config_path(checked.output))
     return Exported(spec.label, len(state), is_cut(layers), checked.output.stat().st_size, checked.output,
-                    checked.checkpoint, written)
+                    checked.checkpoint, written, spec)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,6 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if speaks:
             to_stderr(f"mpi4dl_nb export: error: {err}")
         return EXIT_REFUSED
+    note = lora_note(done.spec, checked.merge_lora)
+    if note is not None:
+        to_stderr(f"mpi4dl_nb export: {note}")
     if not done.own_keys:
         to_stderr(f"mpi4dl_nb export: {done.model} is a layer list of this package with no keys of its own: the "
                   f"keys are those of nn.Sequential(*layers) (models.build_model builds it)")
