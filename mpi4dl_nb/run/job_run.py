@@ -71,6 +71,8 @@ class JobSetup:
             note = load_weights(self.layers, read_weights(job.model.weights), model=self.record.model.label)
             if note is not None:
                 say_once(self.ctx, note)
+        if job.asked is not None and job.model.family.named:          # the normalisation applied, and whence
+            say_once(self.ctx, job.asked.model.normalization_line())
         card = self.record.model.preprocessing          # a preset's: --normalize over the card's said in one line
         override = None if card is None else card.override_note(self.record.model.normalize)
         if override is not None:

@@ -118,3 +118,27 @@ def test_a_given_normalize_is_said_to_override_the_card(tmp_path, capsys):
     assert code == 0, err
     said = [line for line in err.splitlines() if "overrides the card's" in line]
     assert len(said) == 1 and "--normalize none (pixels in [0, 1]) overrides the card's imagenet" in said[0], err
+
+
+@pytest.mark.parametrize("model, said, recorded", [
+    ("virchow2", "mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225): the card's "
+                 "(https://huggingface.co/paige-ai/Virchow2)", 'normalize = "imagenet"'),
+    ("h-optimus-0", "mean (0.707223, 0.578729, 0.703617), std (0.211883, 0.230117, 0.177517): the card's "
+                    "(https://huggingface.co/bioptimus/H-optimus-0)",
+     'normalize = "0.707223,0.578729,0.703617,0.211883,0.230117,0.177517"'),
+])
+def test_train_says_the_normalisation_it_applies_and_config_toml_records_it_resolved(tmp_path, capsys, model, said,
+                                                                                     recorded):
+    """Issue 91: one line of the mean, std and where they come from (``--normalize auto``: the card's), and the
+    run's config.toml holds the values auto resolved to, which run the same job again."""
+    flags = [*TINY[2:], "--model", model, *RUN, "--steps", "1"]
+    code, _, err = run_train([*flags, "--checkpoint-dir", str(tmp_path / "a")], capsys)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "input normalised" in line]
+    assert lines == [f"mpi4dl_nb train: input normalised as (x - mean) / std with {said}"], err
+    written = (tmp_path / "a" / "config.toml").read_text()
+    assert recorded in written.splitlines() and "normalize = \"auto\"" not in written
+    code, _, err = run_train(["--config", str(tmp_path / "a" / "config.toml"), "--checkpoint-dir",
+                              str(tmp_path / "b")], capsys)
+    assert code == 0 and "overrides the card's" not in err, err
+    assert recorded in (tmp_path / "b" / "config.toml").read_text().splitlines()
