@@ -186,10 +186,11 @@ def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: 
 
 
 def grouped_held_out(dataset: RegionDataset, fraction: float, seed: int, classes: int,
-                     groups: Groups | None = None) -> GroupedSplit:
-    """The leak-free split of ``dataset``: whole groups (patients, slides) on one side."""
+                     groups: Groups | None = None, names: Sequence[str] = ()) -> GroupedSplit:
+    """The leak-free split of ``dataset``: whole groups (patients, slides) on one side (``names``: the classes',
+    for a refusal)."""
     labels = [dataset.label(i) for i in range(len(dataset))]
-    return split_grouped(labels, groups or groups_of(dataset), fraction, seed, classes)
+    return split_grouped(labels, groups or groups_of(dataset), fraction, seed, classes, names)
 
 
 def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset) -> GroupedSplit:
@@ -202,7 +203,7 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
         return split_by_side(groups, {s.patient: s.split for s in data.cohort})
     if held_out.folds is None:
         assert held_out.val_fraction is not None, "a share or folds"
-        return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups)
+        return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups, data.class_names)
     labels = [dataset.label(i) for i in range(len(dataset))]
     cohort = data.cohort
     given = {s.patient: s.fold for s in cohort if s.fold is not None} if cohort is not None else None
