@@ -15,11 +15,13 @@ from ..data.canvas import SlideCanvases
 from .job import TrainJob, TrainPlan, data_text
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from ..comm.protocol import Comm
     from ..data.dataset import Batcher, RegionDataset
     from ..evaluation.grouped import GroupedSplit
+    from ..models.spec import ModelSpec
     from ..pipeline.layer_decay import OptimizerFactory
     from ..pipeline.optim import OptimizerSpec
     from .data_check import DataRole
@@ -64,11 +66,13 @@ class JobSetup:
 
         job = self.job
         torch.manual_seed(job.training.seed)
-        self.layers = self.record.model.build(job.data.volume_size or job.data.image_size, adapters=False)
-        if job.model.weights is not None:
-            from ..models.weights import load_weights, read_weights
+        spec, size = self.record.model, job.data.volume_size or job.data.image_size
+        weights = None if job.model.weights is None else checked_weights(job.model.weights, spec, size)
+        self.layers = spec.build(size, adapters=False)
+        if weights is not None:
+            from ..models.weights import load_weights
 
-            note = load_weights(self.layers, read_weights(job.model.weights), model=self.record.model.label)
+            note = load_weights(self.layers, weights, model=spec.label)
             if note is not None:
                 say_once(self.ctx, note)
         if job.asked is not None and job.model.family.named:          # the normalisation applied, and whence
@@ -255,6 +259,16 @@ class JobSetup:
                                f"the run no longer equals an uninterrupted one")
         if selection.skipped or self.job.options.verbose:
             say_once(self.ctx, selection.report())
+
+
+def checked_weights(path: str, spec: ModelSpec, size: int | tuple[int, int, int]) -> Mapping[str, torch.Tensor]:
+    """The state dict ``--weights`` names, checked against the model's parameter names and shapes on the meta
+    device before the model is built (a file of another depth refused at once, not after a large build)."""
+    from ..models.weights import check_weights_fit, read_weights
+
+    weights = read_weights(path)
+    check_weights_fit(lambda: spec.build(size, adapters=False), weights, model=spec.label)
+    return weights
 
 
 def volume_record(record: RunRecord, job: TrainPlan) -> RunRecord:
