@@ -203,6 +203,7 @@ def test_evaluate_refuses_a_too_fine_spatial_split_while_loading(tmp_path, capsy
                            (["--slice-method", "vertical", "--balance", "6,3"], True)):
         args = evaluate_cmd.evaluate_parser().parse_args(["--checkpoint", str(tmp_path), *flags])
         evaluation = Evaluation(evaluate_cmd.evaluate_plan(args), ctx=SimpleNamespace(rank=0))
+        evaluation.read()
         if not refused:
             evaluation.load()
             continue
