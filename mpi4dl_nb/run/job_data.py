@@ -141,7 +141,7 @@ def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataS
         return (DataSources(SourceKind.TILES, tuple(class_volume_files(require_path(datapath, knob)))),
                 lambda path: volume_problem(path, volume, voxel))
     if not data.task.dense:
-        return find_sources(data.app, datapath, knob), None
+        return find_sources(data.app, datapath, knob, None if data.whole_slide else data.image_size), None
     if datapath is None:
         return DataSources(None), None
     from ..data.annotated_slides import annotation_problems

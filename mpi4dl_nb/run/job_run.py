@@ -12,6 +12,7 @@ from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
 from ..console import SetupLines, to_stderr
 from ..data.canvas import SlideCanvases
+from ..data.pathology import TileFolderDataset
 from .job import TrainJob, TrainPlan, data_text
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class JobSetup:
             layer.to(job.training.torch_dtype)
         check_layout(job.config, self.layers, job.training.batch_size, job.data.volume_size or job.data.image_size)
         check_draws(self.layers, job.config, job.data.image_size if job.data.volume_size is None else None)
+        self.say_zero_share()
         if job.held_out.log_dir is not None and self.ctx.rank == 0:
             check_log_dir(job.held_out.log_dir)
         directory = job.checkpoints.directory
@@ -103,6 +105,17 @@ class JobSetup:
             files = 2 if job.checkpoints.keep_best else 1        # the newest and the best one
             prepare_directory(directory, files * estimate_checkpoint_bytes(
                 state, len(tensors), job.training.optimizer.spec.state_slots))
+
+    def say_zero_share(self) -> None:
+        """``--zero-stage``: the line saying what it shards, when that is little or nothing (rank 0)."""
+        from .zero_share import stage_shares, zero_note
+
+        cfg = self.job.config
+        if cfg.zero_stage == 0 or self.ctx.rank != 0:
+            return
+        note = zero_note(cfg, stage_shares(cfg, self.layers, self.job.data.volume_size or self.job.data.image_size))
+        if note is not None:
+            say_once(self.ctx, note)
 
     def freeze_blocks(self) -> None:
         """``--train-blocks K``: a ViT's blocks but the last K frozen (the line saying so printed once); what a cut
@@ -128,6 +141,9 @@ class JobSetup:
         dataset = dataset_from(data, training.seed, data.datapath, exclude)
         if isinstance(dataset, VOLUME_FOLDERS) and dataset.orientation_note:
             say_once(self.ctx, dataset.orientation_note)
+        cropped = dataset.crop_note() if isinstance(dataset, TileFolderDataset) and self.ctx.rank == 0 else None
+        if cropped is not None:                 # a larger image's centre crop is never silent
+            say_once(self.ctx, cropped)
         self.record = replace(self.record, data=replace(self.record.data, mpp=dataset_mpp(dataset)))
         if isinstance(dataset, SlideCanvases):
             self.record_canvases(dataset)
