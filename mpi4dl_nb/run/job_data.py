@@ -8,6 +8,7 @@ from pathlib import Path
 from ..checkpoint.record import SplitRecord
 from ..config import ConfigError
 from ..data.apps import AppKind
+from ..data.balanced import BalancedOrder
 from ..data.canvas import SlideCanvases
 from ..data.dataset import RegionDataset
 from ..data.files import folder_files, require_path
@@ -216,6 +217,19 @@ def split_sides(split: GroupedSplit, dataset: RegionDataset) -> tuple[RegionData
     if isinstance(dataset, VOLUME_FOLDERS):
         return dataset.subset(split.train), dataset.subset(split.val)
     return split.subsets(dataset)
+
+
+def balanced_order(train: RegionDataset, split: GroupedSplit | None, group_by: str | None) -> BalancedOrder:
+    """``--balanced-sampler``'s draw of the training images: their labels, and their groups (the split's, else the
+    data's own: slides, patients; ungrouped: each image alone)."""
+    labels = tuple(train.label(i) for i in range(len(train)))
+    if split is not None:
+        groups = tuple(split.groups.names[i] for i in split.train)
+    elif isinstance(train, VOLUME_FOLDERS):
+        groups = tuple(train.groups().names)
+    else:
+        groups = groups_of(train, group_by).names
+    return BalancedOrder(labels, groups)
 
 
 def volume_split_summary(split: GroupedSplit) -> str:

@@ -135,7 +135,7 @@ class JobSetup:
         from ..data.classes import class_counts
         from ..data.resolution import dataset_mpp
         from ..data.validate import classes_found
-        from .job_data import VOLUME_FOLDERS, dataset_from, held_out_data, label_counts
+        from .job_data import VOLUME_FOLDERS, balanced_order, dataset_from, held_out_data, label_counts
 
         job, data, training = self.job, self.job.data, self.job.training
         dataset = dataset_from(data, training.seed, data.datapath, exclude)
@@ -168,7 +168,9 @@ class JobSetup:
         from ..models.canvas import check_tissue_input
 
         check_tissue_input(job.model.pool, job.model.in_channels, train.channels)
-        self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment)
+        balanced = balanced_order(train, split, job.held_out.group_by) if training.balanced_sampler else None
+        self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment,
+                               balanced=balanced)
         self.steps = steps
         if self.ctx.rank == 0:
             self.identity = self.make_identity(dataset)
@@ -221,6 +223,7 @@ class JobSetup:
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
                 "pool": str(job.model.pool), "accumulate": job.training.accumulate,
                 "clip_grad_norm": job.training.clip_grad_norm,
+                "sampler": "balanced" if job.training.balanced_sampler else "shuffled",
                 "classes": ",".join(self.record.class_names), **job.task_identity(),
                 FLAGS: identity_flags(self.record.model, training.optimizer)}
 
@@ -407,7 +410,8 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                              keep_checkpoints=checkpoints.keep, progress=options.progress, verbose=options.verbose,
                              dtype=job.training.torch_dtype, step_timeout=options.step_timeout,
                              auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
-                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task,
+                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best,
+                             early_stop=checkpoints.early_stop, task=job.data.task,
                              accumulate=job.training.accumulate, read_ahead=options.read_ahead,
                              determinism=options.determinism)
     evaluator = None if setup.val_dataset is None else evaluator_for(
