@@ -213,8 +213,8 @@ def file_settings(file: ConfigFile, command: str | None, flags: Mapping[str, Fil
 
 def misplaced_key(file: ConfigFile, setting: Setting, command: str | None) -> NoReturn:
     """The refusal of a key in another command's table that ``command`` takes too and would otherwise drop."""
-    refuse_setting(file, setting, f"is in [{setting.table}], a table {command} does not read, but {command} takes it too: "
-                                  f"move it to the top level (every command's) or to [{command}], or set it for "
+    refuse_setting(file, setting, f"is in [{setting.table}], a table {command} does not read, but {command} takes it "
+                                  f"too: move it to the top level (every command's) or to [{command}], or set it for "
                                   f"{command} there as well")
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from importlib.util import find_spec
 from pathlib import Path
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from ..checkpoint.record import RunRecord
-    from ..models.spec import ModelSpec
 
 PROG = "python -m mpi4dl_nb export"
 EXIT_REFUSED = 2
@@ -109,7 +108,6 @@ class Exported:
     output: Path
     checkpoint: Path
     preprocessing: Path | None = None     # FILE.config.json: the input the weights expect (None: a layer list's)
-    spec: ModelSpec | None = field(default=None, compare=False, repr=False)   # the checkpoint's model
 
     def as_dict(self) -> dict[str, object]:
         written = {} if self.preprocessing is None else {"preprocessing": str(self.preprocessing)}
@@ -142,23 +140,10 @@ def model_config(record: RunRecord) -> dict[str, object] | None:
 
 
 def timm_model_args(args: ModelArgs) -> dict[str, object]:
-    """The constructor's keywords as a JSON object timm's ``create_model(..., **model_args)`` takes: plain values,
-    ``act_layer`` and ``norm_layer`` by the names timm resolves itself, ``mlp_layer`` by its class's name in
-    ``timm.layers`` (the documented reload turns it into the class: timm's ViT takes no name for it)."""
-    plain = args.to_dict()
-    mlp = plain.get("mlp_layer")
-    if isinstance(mlp, str):
-        plain["mlp_layer"] = MLP_LAYERS.get(mlp.lower(), mlp)
-    return plain
-
-
-def lora_note(spec: ModelSpec | None, merged: bool) -> str | None:
-    """The line saying an export keeps a LoRA run's adapters beside the frozen weights (None: no adapters, or
-    folded in), so the original model will not load it strictly."""
-    if spec is None or spec.lora is None or merged:
-        return None
-    return (f"{spec.label} was trained with LoRA adapters: their lora_a, lora_b keys are written beside the frozen "
-            f"weights, which timm's own model does not load (strict); pass --merge-lora to fold them into the weights")
+    """The constructor's keywords as a JSON object for timm's ``create_model(..., **model_args)``: ``act_layer`` and
+    ``norm_layer`` by the names timm resolves, ``mlp_layer`` by its class's name in ``timm.layers`` (timm's ViT takes
+    only the class: the documented reload turns the name into it)."""
+    return {k: MLP_LAYERS.get(str(v).lower(), v) if k == "mlp_layer" else v for k, v in args.to_dict().items()}
 
 
 def write_config(config: dict[str, object], path: Path) -> Path:
@@ -224,12 +209,16 @@ def export(checked: CheckedExport) -> Exported:
         from ..models.lora import merged_state
 
         state = merged_state(state, spec.lora)
+    elif spec.lora is not None:
+        to_stderr(f"mpi4dl_nb export: {spec.label} was trained with LoRA adapters: their lora_a, lora_b keys are "
+                  f"written beside the frozen weights, which timm's own model does not load (strict); pass "
+                  f"--merge-lora to fold them into the weights")
     state = separate(original_state_dict(layers, state))
     write_state(state, checked, spec.label)
     config = model_config(checkpoint.record)
     written = None if config is None else write_config(config, config_path(checked.output))
     return Exported(spec.label, len(state), is_cut(layers), checked.output.stat().st_size, checked.output,
-                    checked.checkpoint, written, spec)
+                    checked.checkpoint, written)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,9 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if speaks:
             to_stderr(f"mpi4dl_nb export: error: {err}")
         return EXIT_REFUSED
-    note = lora_note(done.spec, checked.merge_lora)
-    if note is not None:
-        to_stderr(f"mpi4dl_nb export: {note}")
     if not done.own_keys:
         to_stderr(f"mpi4dl_nb export: {done.model} is a layer list of this package with no keys of its own: the "
                   f"keys are those of nn.Sequential(*layers) (models.build_model builds it)")

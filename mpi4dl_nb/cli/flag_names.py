@@ -1,6 +1,6 @@
-"""A refusal as the command line says it: the Python names of settings (``num_spatial_parts``,
-``slice_method='vertical'``) a ConfigError of the library's layers carries turned into their flags
-(``--num-spatial-parts``, ``--slice-method vertical``); the Python API keeps its keywords."""
+"""A refusal as the command line says it: the Python names of settings a ConfigError of the library's layers carries
+(``num_spatial_parts``, ``slice_method='vertical'``) as their flags (``--num-spatial-parts``, ``--slice-method
+vertical``); the Python API keeps its keywords."""
 from __future__ import annotations
 
 import functools
@@ -9,8 +9,8 @@ import re
 from ..schema import Flag, flag_fields
 
 EXTRA = {"max_grad_norm": "--clip-grad-norm"}    # engine keywords a flag of another name sets
-# name=value: a quoted value (or several joined by '/'), else a word up to a separator
-ASSIGNED = r"(?<![\w.-])({names})=((?:'[^']*'|\"[^\"]*\")(?:/(?:'[^']*'|\"[^\"]*\"))*|[^\s,;)]+)"
+QUOTED = r"(?:'[^']*'|\"[^\"]*\")"
+VALUE = re.compile(r" (?:\d|in \[|[<>]=? )")      # what follows a one-word name ("parts") that is its value
 
 
 @functools.cache
@@ -20,28 +20,21 @@ def flags_of_names() -> dict[str, Flag]:
     from ..run.evaluate_job import EvaluateJob
     from ..run.job import TrainJob
 
-    found: dict[str, Flag] = {}
-    for job in (TrainJob, EvaluateJob, InferJob):
-        for item in flag_fields(job):
-            for name in (item.path[-1], item.flag.dest):
-                found.setdefault(name, item.flag)
-    return found
+    return {name: item.flag for job in (InferJob, EvaluateJob, TrainJob) for item in flag_fields(job)
+            for name in (item.path[-1], item.flag.dest)}
 
 
 def option_of(name: str) -> str | None:
-    """The flag of the Python name ``name`` (None: none)."""
     flag = flags_of_names().get(name)
     return flag.option if flag is not None else EXTRA.get(name)
 
 
 def assigned(match: re.Match[str]) -> str:
     """``name=value`` as its flag takes it: ``--flag value`` (quotes dropped); a switch given or left out."""
-    name, value = match[1], match[2].replace("'", "").replace('"', "")
-    flag = flags_of_names().get(name)
-    option = option_of(name)
+    name, value = match[1], re.sub("['\"]", "", match[2])
+    flag, option = flags_of_names().get(name), option_of(name) or name
     if flag is not None and flag.switch and value in ("True", "False"):
-        given = (value == "True") != flag.option.startswith("--no-")
-        return option if given else f"without {option}"
+        return option if (value == "True") != flag.option.startswith("--no-") else f"without {option}"
     return f"{option} {value}"
 
 
@@ -54,13 +47,10 @@ def as_flags(message: str) -> str:
 
 
 def names_as_flags(text: str) -> str:
-    """``text`` with the settings' Python names as their flags: ``name=value`` as ``--flag value``, a name with an
-    underscore anywhere, a one-word name (``parts``) before a value."""
+    """``text`` with the settings' Python names as flags: ``name=value`` as ``--flag value``, a name with an
+    underscore anywhere, a one-word name (``parts``) before a value only."""
     names = sorted({*flags_of_names(), *EXTRA}, key=len, reverse=True)
-    text = re.sub(ASSIGNED.format(names="|".join(map(re.escape, names))), assigned, text)
-    bare = [name for name in names if "_" in name]
-    text = re.sub(rf"(?<![\w.-])({'|'.join(map(re.escape, bare))})(?![\w=])", lambda m: option_of(m[1]) or m[1],
-                  text)
-    words = [name for name in names if "_" not in name]       # "parts" is a word too: a flag before a value only
-    return re.sub(rf"(?<![\w.-])({'|'.join(map(re.escape, words))})(?= (?:\d|in \[|[<>]=? ))",
-                  lambda m: option_of(m[1]) or m[1], text)
+    listed = "|".join(map(re.escape, names))
+    text = re.sub(rf"(?<![\w.-])({listed})=({QUOTED}(?:/{QUOTED})*|[^\s,;)]+)", assigned, text)
+    return re.sub(rf"(?<![\w.-])({listed})(?![\w=])", lambda m: option_of(m[1]) or m[1] if "_" in m[1] or VALUE.match(
+        m.string, m.end()) else m[1], text)

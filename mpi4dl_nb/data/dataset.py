@@ -142,8 +142,6 @@ class Batcher:
             raise ValueError(f"the dataset has {len(self.dataset)} images, fewer than one batch "
                              f"of --batch-size {self.batch_size}; use --batch-size <= "
                              f"{len(self.dataset)} or more data")
-        if self.balanced is not None and len(self.balanced.labels) != len(self.dataset):
-            raise ValueError(f"a balanced order of {len(self.balanced.labels)} images for {len(self.dataset)}")
 
     @property
     def steps_per_epoch(self) -> int:

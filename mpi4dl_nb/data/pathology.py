@@ -22,7 +22,7 @@ from .tissue_mask import TissueMethod, tissue_mask
 if TYPE_CHECKING:
     from PIL import Image
 
-PLAIN_TIFF_PIXELS = 1 << 26     # a plain (not pyramidal) TIFF read whole as a slide: up to 8192 x 8192 pixels
+PLAIN_TIFF_PIXELS = 1 << 26     # a plain (not pyramidal) TIFF read whole as a slide: 8192 x 8192 pixels, 67 megapixels
 
 
 class Slide(Protocol):
@@ -131,22 +131,18 @@ class TileFolderDataset(StainedReads):
             raise ValueError(f"cannot read tile {path}: {err}") from err
 
     def crop_note(self) -> str | None:
-        """The line saying which tiles are larger than ``image_size`` and so centre-cropped, the rest of each unseen
-        (None: none is); reads the tiles' headers."""
+        """The line naming the tiles larger than ``image_size``, centre-cropped (None: none is); reads headers."""
         from PIL import Image
 
-        larger: list[tuple[int, int]] = []
-        for index, path in enumerate(self.files):
-            with Image.open(path) as img:
-                width, height = self.crop(index, *img.size).extent
-            if max(width, height) > self.image_size:
-                larger.append((width, height))
-        if not larger:
-            return None
-        width, height = max(larger, key=lambda size: size[0] * size[1])
-        return (f"{len(larger)} of {len(self.files)} tiles are larger than --image-size {self.image_size} (up to "
-                f"{width}x{height}): each is centre-cropped to it, the rest unseen; to train on all of such an image, "
-                f"make it a slide (a pyramidal TIFF, or a TIFF at least twice --image-size: tiled)")
+        def extent(index: int) -> tuple[int, int]:
+            with Image.open(self.files[index]) as img:
+                return self.crop(index, *img.size).extent
+        larger = [size for size in map(extent, range(len(self.files))) if max(size) > self.image_size]
+        width, height = max(larger, key=lambda size: size[0] * size[1], default=(0, 0))
+        return None if not larger else (
+            f"{len(larger)} of {len(self.files)} tiles are larger than --image-size {self.image_size} (up to "
+            f"{width}x{height}): each is centre-cropped to it, the rest unseen; to train on all of such an image, "
+            f"make it a slide (a pyramidal TIFF, or a TIFF at least twice --image-size: tiled)")
 
     def _check_sizes(self) -> None:
         """ValueError naming the first tile too small for ``image_size`` at the run's resolution (before work)."""
@@ -196,38 +192,30 @@ def resolved_pixels(slide: Slide, choice: LevelChoice, box: Box) -> np.ndarray:
 
 
 def open_slide(path: Path) -> Slide:
-    """An ``openslide.OpenSlide`` for ``path``; a plain (not pyramidal) TIFF OpenSlide does not open, read whole
-    through Pillow (``openslide.ImageSlide``: one level) up to ``PLAIN_TIFF_PIXELS``; else ValueError saying why and
-    how to convert it."""
-    import openslide
-
-    try:
-        slide: Slide = openslide.OpenSlide(str(path))
-    except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError, OSError) as err:
-        if path.suffix.lower() not in (".tif", ".tiff"):
-            raise ValueError(f"cannot read slide {path}: {err or type(err).__name__}; OpenSlide reads "
-                             f"pyramidal .tif/.svs/.ndpi/.mrxs/.scn/... files") from err
-        return plain_tiff(path)
-    return slide
-
-
-def plain_tiff(path: Path) -> Slide:
-    """A TIFF that is not a pyramid OpenSlide reads, as a one-level slide read whole through Pillow; ValueError
-    naming "not pyramidal" and the conversion when it is too large to hold whole or Pillow cannot read it."""
+    """An ``openslide.OpenSlide`` for ``path``; a TIFF OpenSlide does not open (not pyramidal) read whole through
+    Pillow (``openslide.ImageSlide``: one level) up to ``PLAIN_TIFF_PIXELS``; else ValueError saying why and how to
+    convert it."""
     import openslide
     from PIL import Image
 
-    convert = f"convert it to a pyramidal TIFF (vips tiffsave {path.name} out.tif --tile --pyramid)"
     try:
-        with Image.open(path) as image:
-            width, height = image.size
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
-        raise ValueError(f"cannot read slide {path}: a TIFF that is not pyramidal (OpenSlide cannot open it) and that "
-                         f"Pillow cannot read either ({err}); {convert}") from err
-    if width * height > PLAIN_TIFF_PIXELS:
-        raise ValueError(f"cannot read slide {path}: a plain TIFF, not pyramidal, of {width}x{height} px, read whole "
-                         f"only up to {PLAIN_TIFF_PIXELS // 1_000_000} megapixels; {convert}")
-    return openslide.ImageSlide(str(path))
+        return openslide.OpenSlide(str(path))
+    except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError, OSError) as err:
+        problem: object = err or type(err).__name__
+        if path.suffix.lower() in (".tif", ".tiff"):
+            try:
+                with Image.open(path) as image:
+                    width, height = image.size
+                if width * height <= PLAIN_TIFF_PIXELS:
+                    return openslide.ImageSlide(str(path))
+                problem = (f"a plain TIFF, not pyramidal, of {width}x{height} px, read whole only up to "
+                           f"{PLAIN_TIFF_PIXELS / 1e6:.0f} megapixels")
+            except (OSError, ValueError) as failed:
+                problem = f"a TIFF that is not pyramidal and that Pillow cannot read either ({failed})"
+            raise ValueError(f"cannot read slide {path}: {problem}; convert it to a pyramidal TIFF (vips tiffsave "
+                             f"{path.name} out.tif --tile --pyramid)") from err
+        raise ValueError(f"cannot read slide {path}: {problem}; OpenSlide reads pyramidal "
+                         f".tif/.svs/.ndpi/.mrxs/.scn/... files") from err
 
 
 @dataclass(frozen=True)

@@ -279,8 +279,8 @@ def resolve_read(base_mpp: float | None, downsamples: Sequence[float], where: st
 
 def slide_choice(slide: object, path: Path, level: int, target: float | None,
                  source_mpp: float | None) -> LevelChoice:
-    """Training's read of a slide: ``--slide-level`` as it is, or the level and shrink for ``--mpp`` (the MPP: OpenSlide's
-    properties; a plain TIFF's resolution tags)."""
+    """Training's read of a slide: ``--slide-level`` as it is, or the level and shrink for ``--mpp`` (the MPP:
+    OpenSlide's properties; a plain TIFF's resolution tags)."""
     if target is not None and level != 0:
         raise ConfigError("--slide-level", "give --slide-level or --mpp/--magnification, not both")
     properties = getattr(slide, "properties", {})

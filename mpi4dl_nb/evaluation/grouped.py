@@ -64,19 +64,16 @@ class GroupedSplit:
 
 def lone_groups(labels: Sequence[int], groups: Groups) -> dict[int, str]:
     """The classes whose images are all of one group (a patient, a slide), with that group (none when ungrouped)."""
-    if groups.kind is GroupKind.UNGROUPED:
-        return {}
     members: dict[int, set[str]] = {}
     for label, name in zip(labels, groups.names, strict=True):
         members.setdefault(int(label), set()).add(name)
-    return {label: next(iter(names)) for label, names in members.items() if len(names) == 1}
+    return {} if groups.kind is GroupKind.UNGROUPED else {c: min(n) for c, n in members.items() if len(n) == 1}
 
 
 def group_by_slide(groups: Groups) -> str:
     """The way out a split by patient has beside more patients: ``--group-by slide`` (empty for other groups)."""
-    if groups.kind is not GroupKind.PATIENT:
-        return ""
-    return ", or pass --group-by slide to hold out whole slides (a patient's slides may then lie on both sides)"
+    return ", or pass --group-by slide to hold out whole slides (a patient's slides may then lie on both sides)" \
+        if groups.kind is GroupKind.PATIENT else ""
 
 
 def split_grouped(labels: Sequence[int], groups: Groups, fraction: float, seed: int, num_classes: int,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -106,23 +106,24 @@ def load_weights(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor
     return "\n".join(line for line in (resampled, note) if line) or None
 
 
-@dataclass(frozen=True)
-class WeightsFit:
-    """How a state dict fits a layer list: the engine keys by original key, the model's tensors by both, the
-    classifier's keys, and whether the file has no classifier (``headless``) or one of other classes (``replaced``)."""
+def check_weights_fit(build: Callable[[], Sequence[nn.Module]], weights: Mapping[str, torch.Tensor], *, model: str,
+                      source: str = "--weights") -> None:
+    """``load_weights``'s refusals before anything is built: the layers ``build()`` makes on the meta device (no
+    memory, no draw: the random state restored) loaded with the file (copies into meta tensors do nothing). A model
+    that cannot be built on the meta device is checked as it loads."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            layers = build()
+    except Exception:           # noqa: BLE001 - the real build raises it again, or loads the weights
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)       # torch's "copying ... to a meta parameter is a no-op"
+        load_weights(layers, weights, model=model, source=source)
 
-    net: nn.Module
-    keys: Mapping[str, str]
-    own: Mapping[str, torch.Tensor]
-    classifier: Sequence[str]
-    headless: bool
-    replaced: bool
 
-
-def fit_of(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, model: str,
-           source: str) -> WeightsFit:
-    """How ``weights`` fit ``layers`` (their names and shapes only: meta tensors do), or ConfigError naming what
-    does not: the first key of another shape with both shapes, else the first missing and unexpected keys."""
+def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, model: str,
+                        source: str) -> str | None:
+    """``load_weights`` once the position embeddings fit: the note when the classifier was replaced."""
     net = nn.Sequential(*layers)
     keys = engine_keys(layers)
     own = net.state_dict()
@@ -138,7 +139,7 @@ def fit_of(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, 
     mismatched = [k for k in mine if k in weights and weights[k].shape != mine[k].shape]
     classifier = classifier_keys(layers)
     if classifier and set(missing) == set(classifier) and not unexpected and not mismatched:
-        return WeightsFit(net, keys, own, classifier, headless=True, replaced=False)
+        return headless(net, own, keys, weights, classifier, source)
     replaced = bool(mismatched) and set(mismatched) == set(classifier) and not missing and not unexpected and all(
         weights[k].shape[1:] == mine[k].shape[1:] for k in classifier)
     if mismatched and not replaced:
@@ -152,34 +153,9 @@ def fit_of(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, 
                  if unexpected else ""]
         raise ConfigError(source, f"does not fit {model}: {'; '.join(p for p in parts if p)}"
                                   f"{depth_hint(list(weights), list(mine))}")
-    return WeightsFit(net, keys, own, classifier, headless=False, replaced=replaced)
-
-
-def check_weights_fit(build: Callable[[], Sequence[nn.Module]], weights: Mapping[str, torch.Tensor], *, model: str,
-                      source: str = "--weights") -> None:
-    """``load_weights``'s refusals before anything is built: the layers ``build()`` makes, on the meta device (no
-    memory, no draw: the random state is restored), against the file's names and shapes. A model that cannot be
-    built on the meta device is checked as it loads."""
-    try:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            layers = build()
-    except Exception:           # noqa: BLE001 - the real build raises it again, or loads the weights
-        return
-    fitted, _ = resampled_positions(layers, weights, source)
-    fit_of(layers, fitted, model=model, source=source)
-
-
-def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, model: str,
-                        source: str) -> str | None:
-    """``load_weights`` once the position embeddings fit: the note when the classifier was replaced."""
-    fit = fit_of(layers, weights, model=model, source=source)
-    net, own, keys, classifier = fit.net, fit.own, fit.keys, fit.classifier
-    if fit.headless:
-        return headless(net, own, keys, weights, classifier, source)
-    mine = {original: own[engine] for original, engine in keys.items()}
-    loaded = {keys[k]: v for k, v in weights.items() if k in mine and not (fit.replaced and k in classifier)}
+    loaded = {keys[k]: v for k, v in weights.items() if k in mine and not (replaced and k in classifier)}
     net.load_state_dict({**own, **loaded}, strict=True)
-    if not fit.replaced:
+    if not replaced:
         return None
     head = classifier[0].rsplit(".", 1)[0]
     before, after = int(weights[classifier[0]].shape[0]), int(mine[classifier[0]].shape[0])

@@ -16,13 +16,11 @@ from ..data.pathology import TileFolderDataset
 from .job import TrainJob, TrainPlan, data_text
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
     from ..comm.protocol import Comm
     from ..data.dataset import Batcher, RegionDataset
     from ..evaluation.grouped import GroupedSplit
-    from ..models.spec import ModelSpec
     from ..pipeline.layer_decay import OptimizerFactory
     from ..pipeline.optim import OptimizerSpec
     from .data_check import DataRole
@@ -68,11 +66,13 @@ class JobSetup:
         job = self.job
         torch.manual_seed(job.training.seed)
         spec, size = self.record.model, job.data.volume_size or job.data.image_size
-        weights = None if job.model.weights is None else checked_weights(job.model.weights, spec, size)
-        self.layers = spec.build(size, adapters=False)
-        if weights is not None:
-            from ..models.weights import load_weights
+        if job.model.weights is not None:     # checked against the model built on the meta device, then loaded
+            from ..models.weights import check_weights_fit, load_weights, read_weights
 
+            weights = read_weights(job.model.weights)
+            check_weights_fit(lambda: spec.build(size, adapters=False), weights, model=spec.label)
+        self.layers = spec.build(size, adapters=False)
+        if job.model.weights is not None:
             note = load_weights(self.layers, weights, model=spec.label)
             if note is not None:
                 say_once(self.ctx, note)
@@ -110,10 +110,9 @@ class JobSetup:
         """``--zero-stage``: the line saying what it shards, when that is little or nothing (rank 0)."""
         from .zero_share import stage_shares, zero_note
 
-        cfg = self.job.config
-        if cfg.zero_stage == 0 or self.ctx.rank != 0:
-            return
-        note = zero_note(cfg, stage_shares(cfg, self.layers, self.job.data.volume_size or self.job.data.image_size))
+        cfg, data = self.job.config, self.job.data
+        note = zero_note(cfg, stage_shares(cfg, self.layers, data.volume_size or data.image_size)) \
+            if cfg.zero_stage and self.ctx.rank == 0 else None
         if note is not None:
             say_once(self.ctx, note)
 
@@ -278,16 +277,6 @@ class JobSetup:
                                f"the run no longer equals an uninterrupted one")
         if selection.skipped or self.job.options.verbose:
             say_once(self.ctx, selection.report())
-
-
-def checked_weights(path: str, spec: ModelSpec, size: int | tuple[int, int, int]) -> Mapping[str, torch.Tensor]:
-    """The state dict ``--weights`` names, checked against the model's parameter names and shapes on the meta
-    device before the model is built (a file of another depth refused at once, not after a large build)."""
-    from ..models.weights import check_weights_fit, read_weights
-
-    weights = read_weights(path)
-    check_weights_fit(lambda: spec.build(size, adapters=False), weights, model=spec.label)
-    return weights
 
 
 def volume_record(record: RunRecord, job: TrainPlan) -> RunRecord:

@@ -56,8 +56,8 @@ class CheckpointSpec:
         if self.keep_best is not None and self.directory is None:
             raise ConfigError("--keep-best", "keeps the best checkpoint in --checkpoint-dir: give one")
         if self.early_stop is not None and self.keep_best is None:
-            raise ConfigError("--early-stop", "counts evaluations without a better --keep-best metric: give --keep-best "
-                                              "METRIC too (e.g. --keep-best val_loss), with --checkpoint-dir")
+            raise ConfigError("--early-stop", "counts evaluations without a better --keep-best metric: give "
+                                              "--keep-best METRIC too (e.g. --keep-best val_loss)")
 
     @property
     def path(self) -> Path | None:

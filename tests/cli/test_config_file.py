@@ -138,7 +138,8 @@ def test_a_key_of_another_command_s_table_this_command_takes_is_never_dropped(tm
     assert "steps: is in [tune], a table train does not read" in refusal(capsys, train_parser, ["--config", shared])
     assert tune_job(tune_parser().parse_args(["--config", shared])).steps == 5
     assert vars(train_parser().parse_args(["--config", path, "--lora-rank", "8"])) == {"steps": 1, "lora_rank": 8}
-    for own in ("lora-rank = 2\nsteps = 1\n[infer]\nlora-rank = 4\n", "[train]\nlora-rank = 2\n[infer]\nlora-rank = 4\n"):
+    for own in ("lora-rank = 2\nsteps = 1\n[infer]\nlora-rank = 4\n",
+                "[train]\nlora-rank = 2\n[infer]\nlora-rank = 4\n"):
         assert vars(train_parser().parse_args(["--config", write(tmp_path, own, "own.toml")]))["lora_rank"] == 2
 
 

@@ -10,9 +10,11 @@ from mpi4dl_nb.config import ParallelConfig
 from mpi4dl_nb.models.lora import LoraSpec
 from mpi4dl_nb.models.model_args import parse_model_args
 from mpi4dl_nb.models.spec import ModelSpec
-from mpi4dl_nb.run.zero_share import MB, StageShare, stage_shares, zero_note
+from mpi4dl_nb.run.zero_share import StageShare, stage_shares, zero_note
 from tests.support.requirements import MODELS_EXTRA, missing_modules, require_or_skip
 from tests.support.train_in_process import run_train
+
+MB = 2 ** 20
 
 
 def resnet_layers() -> list[torch.nn.Module]:
