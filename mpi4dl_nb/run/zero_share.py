@@ -22,7 +22,8 @@ class StageShare(NamedTuple):
 
 
 def megabytes(count: int) -> str:
-    return f"{count / 2 ** 20:,.1f} MB" if count >= 10 * 2 ** 20 else f"{count / 2 ** 20:.3f} MB"
+    """``count`` bytes in MB: one decimal from 10 MB, three below."""
+    return f"{count / 2 ** 20:,.1f}" if count >= 10 * 2 ** 20 else f"{count / 2 ** 20:.3f}"
 
 
 def stage_shares(cfg: ParallelConfig, layers: Sequence[nn.Module], size: int | tuple[int, ...]) -> list[StageShare]:
@@ -49,8 +50,9 @@ def zero_note(cfg: ParallelConfig, shares: Sequence[StageShare]) -> str | None:
     lone, frozen = [s for s in shares if s.holders == 1 and s.trained], sum(s.frozen for s in shares)
     reasons = ["one process holds every stage, so there is no other holder to shard over"] if cfg.world_size == 1 \
         else [f"stage{'s' * (len(lone) > 1)} {', '.join(str(s.stage) for s in lone)} {'are' if len(lone) > 1 else 'is'}"
-              f" held by one rank ({megabytes(sum(s.trained for s in lone))} kept whole)"] if lone else []
+              f" held by one rank ({megabytes(sum(s.trained for s in lone))} MB kept whole)"] if lone else []
     if frozen and cfg.world_size > 1:
-        reasons.append(f"frozen parameters are never sharded ({megabytes(frozen)}: a LoRA base, frozen blocks)")
-    return (f"--zero-stage {cfg.zero_stage} shards {megabytes(sharded) if sharded else 'nothing'} of the model's "
-            f"{megabytes(total)} of parameters (with their gradients and optimizer state): {'; '.join(reasons)}")
+        reasons.append(f"frozen parameters are never sharded ({megabytes(frozen)} MB: a LoRA base, frozen blocks)")
+    return (f"--zero-stage {cfg.zero_stage} shards {megabytes(sharded) + ' MB' if sharded else 'nothing'} of the "
+            f"model's {megabytes(total)} MB of parameters (with their gradients and optimizer state): "
+            f"{'; '.join(reasons)}")
