@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import functools
 from argparse import ArgumentTypeError
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import NoReturn, Protocol, runtime_checkable
@@ -179,11 +179,12 @@ def commands_taking(key: str, command: str | None) -> list[str]:
     return [other.name for other in COMMANDS if other.name != command and key_name(key) in command_keys(other.name)]
 
 
-def file_settings(file: ConfigFile, command: str | None,
-                  flags: Mapping[str, FileFlag]) -> list[tuple[Setting, FileFlag]]:
+def file_settings(file: ConfigFile, command: str | None, flags: Mapping[str, FileFlag],
+                  given: Collection[str] = ()) -> list[tuple[Setting, FileFlag]]:
     """The settings of ``file`` that are ``command``'s flags: its top-level keys this command takes (a key no
     command takes refused) and every key of its own table (each must be its flag; they replace the top level's);
-    a table that is no command's refused."""
+    a table that is no command's refused, and a key of another command's table that this command takes but gets
+    neither from the file's top level, its own table nor the command line (``given``) refused (never dropped)."""
     commands = [c.name for c in COMMANDS]
     for table, line in file.tables.items():
         if table not in commands:
@@ -203,7 +204,18 @@ def file_settings(file: ConfigFile, command: str | None,
         if flag is None:
             unknown_key(file, setting, command, flags)
         chosen[flag.setting] = (setting, flag)
+    for setting in file.settings:
+        flag = flags.get(key_name(setting.key))
+        if setting.table not in (None, command) and flag is not None and flag.setting not in {*chosen, *given}:
+            misplaced_key(file, setting, command)
     return list(chosen.values())
+
+
+def misplaced_key(file: ConfigFile, setting: Setting, command: str | None) -> NoReturn:
+    """The refusal of a key in another command's table that ``command`` takes too and would otherwise drop."""
+    refuse_setting(file, setting, f"is in [{setting.table}], a table {command} does not read, but {command} takes it "
+                                  f"too: move it to the top level (every command's) or to [{command}], or set it for "
+                                  f"{command} there as well")
 
 
 def unknown_key(file: ConfigFile, setting: Setting, command: str | None, flags: Mapping[str, FileFlag]) -> NoReturn:
@@ -231,7 +243,7 @@ def with_config(argv: Sequence[str], command: str | None, flags: Sequence[FileFl
     file = read_config(path)
     given = settings_given(rest, flags)
     words: list[str] = []
-    for setting, flag in file_settings(file, command, by_key(flags)):
+    for setting, flag in file_settings(file, command, by_key(flags), given):
         said = setting_words(file, setting, flag)         # checked even where the command line replaces it
         if flag.setting not in given:
             words += said

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.files import CheckpointChoice
 from ..console import to_stderr
 from ..errors import ConfigError
+from ..models.model_args import MLP_LAYERS, ModelArgs
 from ..schema import build_job, flag, world_rank_from_env
 from .job_flags import job_parser, keyword_values
 from .parser import CommandParser
@@ -133,9 +134,16 @@ def model_config(record: RunRecord) -> dict[str, object] | None:
     mean = list(normal.mean) if normal is not None else [0.0] * channels
     std = list(normal.std) if normal is not None else [1.0] * channels
     return {"model": spec.label, "architecture": spec.source, "num_classes": spec.num_classes,
-            "model_args": spec.model_args.text(),
+            "model_args": timm_model_args(spec.model_args),
             "pretrained_cfg": {"mean": mean, "std": std, "input_size": [channels, side, side], "crop_pct": 1.0},
             "card": None if card is None else card.to_dict()}
+
+
+def timm_model_args(args: ModelArgs) -> dict[str, object]:
+    """The constructor's keywords as a JSON object for timm's ``create_model(..., **model_args)``: ``act_layer`` and
+    ``norm_layer`` by the names timm resolves, ``mlp_layer`` by its class's name in ``timm.layers`` (timm's ViT takes
+    only the class: the documented reload turns the name into it)."""
+    return {k: MLP_LAYERS.get(str(v).lower(), v) if k == "mlp_layer" else v for k, v in args.to_dict().items()}
 
 
 def write_config(config: dict[str, object], path: Path) -> Path:
@@ -201,6 +209,10 @@ def export(checked: CheckedExport) -> Exported:
         from ..models.lora import merged_state
 
         state = merged_state(state, spec.lora)
+    elif spec.lora is not None:
+        to_stderr(f"mpi4dl_nb export: {spec.label} was trained with LoRA adapters: their lora_a, lora_b keys are "
+                  f"written beside the frozen weights, which timm's own model does not load (strict); pass "
+                  f"--merge-lora to fold them into the weights")
     state = separate(original_state_dict(layers, state))
     write_state(state, checked, spec.label)
     config = model_config(checkpoint.record)

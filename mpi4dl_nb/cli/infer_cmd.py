@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..config import ConfigError
 from ..infer.job import CheckedInfer, InferJob
+from .flag_names import as_flags
 from .job_flags import job_parser, parsed_job
 from .parser import CommandParser
 
@@ -53,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checked = parse_job(argv).check()
     except ConfigError as err:
         if rank == 0:
-            say(0, size, f"configuration error: {err}")
+            say(0, size, f"configuration error: {as_flags(str(err))}")
         return EXIT_SETUP
     try:
         return run(checked, size)

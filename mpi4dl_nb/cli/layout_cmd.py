@@ -19,6 +19,7 @@ from ..run import flag_groups as groups
 from ..run.model_choice import ModelChoice, ModelSizes
 from ..run.training_spec import OptimizerChoice
 from ..schema import build_job, flag
+from .flag_names import as_flags, names_as_flags
 from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
 
@@ -38,10 +39,10 @@ def refuse(message: str, rank: int = 0, world_size: int = 1) -> NoReturn:
     """Exit with EXIT_CONFIG (no communication); rank 0 prints the error once.
 
     Every rank reaches the same verdict from the same flags, so one copy of the message is
-    enough (the other ranks exit silently).
+    enough (the other ranks exit silently). A message of the library's layers names flags, not Python names.
     """
     if rank == 0:
-        print(f"mpi4dl_nb: configuration error: {message}", file=sys.stderr, flush=True)
+        print(f"mpi4dl_nb: configuration error: {as_flags(message)}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CONFIG)
 
 
@@ -51,7 +52,7 @@ def check_world_size(cfg: ParallelConfig, world_size: int, rank: int = 0) -> Non
     Each rank decides alone from the same numbers, so no rank waits for another.
     """
     if cfg.world_size != world_size:
-        refuse(cfg.world_size_message(world_size), rank, world_size)
+        refuse(names_as_flags(cfg.world_size_message(world_size)), rank, world_size)
 
 
 @dataclass(frozen=True)

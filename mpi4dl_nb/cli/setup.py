@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from ..config import ConfigError, ParallelConfig
+from .flag_names import as_flags
 from .parser import CommandParser
 
 if TYPE_CHECKING:
@@ -47,5 +48,5 @@ def launch(parser: CommandParser, argv: Sequence[str] | None, checked: Callable[
 def exit_refused(ctx: Comm, command: str, failure: SetupFailed) -> NoReturn:
     """A set-up every rank refused (comm/agreement.SetupFailed): rank 0 says why once, every rank exits 2."""
     if ctx.rank == 0:
-        print(f"mpi4dl_nb {command}: error: {failure}", file=sys.stderr, flush=True)
+        print(f"mpi4dl_nb {command}: error: {as_flags(str(failure))}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_SETUP) from None

@@ -15,8 +15,8 @@ from ..models.pieces import Piece
 from ..pipeline.default_cut import check_fit
 from ..planner.optimizer import TrainingState
 from ..planner.tune import aligned
+from ..run.zero_share import megabytes
 
-MB = 2 ** 20
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -64,11 +64,6 @@ def underlined(rows: list[list[str]]) -> list[str]:
     lines = aligned(rows, left=0)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [lines[0], "  ".join("-" * width for width in widths), *lines[1:]]
-
-
-def megabytes(count: int) -> str:
-    """``count`` bytes in MB: one decimal from 10 MB, three below."""
-    return f"{count / MB:,.1f}" if count >= 10 * MB else f"{count / MB:.3f}"
 
 
 def state_table(layers: Sequence[nn.Module], cfg: ParallelConfig, image_size: int, state_slots: int,

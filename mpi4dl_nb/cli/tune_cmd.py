@@ -38,6 +38,7 @@ from ..run import flag_groups as groups
 from ..run.training_spec import BATCH_SIZE, STEPS
 from ..schema import Bounds, build_job, check_bounds, flag, number, whole_number
 from .args import parallel_flags
+from .flag_names import as_flags
 from .job_flags import add_job_flags, keyword_values
 from .parser import CommandParser, DefaultsHelpFormatter
 
@@ -188,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         job = tune_job(parser.parse_args(argv))
     except ConfigError as err:
-        parser.error(str(err))
+        parser.error(as_flags(str(err)))
     from ..comm.context import init
     from ..measure import trials
     from ..measure.calibration import calibrate_job

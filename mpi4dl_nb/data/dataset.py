@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .augment import AugmentSpec, Draw
+from .balanced import BalancedOrder
 
 Box = tuple[int, int, int, int]  # half-open (r0, r1, c0, c1), as geometry.TileGrid.tile_box
 VolumeBox = tuple[tuple[int, int], ...]   # a volume's half-open ((d0, d1), (r0, r1), (c0, c1)), as TileGrid.extent
@@ -123,7 +124,8 @@ class Batcher:
     ``batch(epoch, step)`` is a pure function of its arguments, so a resumed run sees the very
     batches an uninterrupted one would. The last incomplete batch of an epoch is dropped.
     ``augment``: each image is augmented by its draw keyed by ``(seed, epoch, step, index)``
-    (``data/augment.py``), a box of it read through the draw.
+    (``data/augment.py``), a box of it read through the draw. ``balanced``: the epoch's order drawn class by class
+    (``data/balanced.py``: each class equally often, within it each slide or patient in turn), as pure.
     """
 
     dataset: RegionDataset
@@ -131,6 +133,7 @@ class Batcher:
     seed: int = 0
     shuffle: bool = True
     augment: AugmentSpec | None = None
+    balanced: BalancedOrder | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -148,6 +151,8 @@ class Batcher:
         """Dataset indices of batch ``step`` of ``epoch``."""
         if not 0 <= step < self.steps_per_epoch:
             raise IndexError(f"step {step} outside an epoch of {self.steps_per_epoch} steps")
+        if self.balanced is not None:
+            return self.balanced.epoch(self.seed, epoch)[step * self.batch_size:(step + 1) * self.batch_size]
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             order = torch.randperm(len(self.dataset), generator=gen)

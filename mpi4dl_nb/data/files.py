@@ -58,15 +58,22 @@ def quiet_tifffile() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def tiff_page_count(path: Path) -> int | None:
-    """Pages of a TIFF from its headers only (None: not parseable as TIFF)."""
+def tiff_pages(path: Path) -> tuple[int, tuple[int, int]] | None:
+    """(pages, (width, height) of the first) of a TIFF from its headers only (None: not parseable as TIFF)."""
     import tifffile
 
     try:
         with quiet_tifffile(), tifffile.TiffFile(path) as tif:
-            return len(tif.pages)
+            first = tif.pages.first
+            return len(tif.pages), (int(first.imagewidth), int(first.imagelength))
     except Exception:
         return None
+
+
+def holds_tiles(size: tuple[int, int], image_size: int | None) -> bool:
+    """Whether an image of ``size`` (width, height) holds more than one ``image_size`` tile (a side at least twice
+    it): a plain TIFF that large is a slide, tiled rather than centre-cropped."""
+    return image_size is not None and max(size) >= 2 * image_size
 
 
 def has_annotations(path: Path) -> bool:
@@ -74,28 +81,31 @@ def has_annotations(path: Path) -> bool:
     return any(path.with_suffix(suffix).is_file() for suffix in ANNOTATION_SUFFIXES)
 
 
-def is_slide_file(path: Path) -> bool:
-    """Whether ``path`` is a whole-slide image: a slide-only extension, a multi-page TIFF pyramid, or a TIFF with its
-    annotations beside it (a single-page tiled TIFF and its GeoJSON: annotated slides' layout). Judged from the
-    headers (tifffile), so a slide with damaged image data is a slide (the data check reports it), not a tile."""
+def is_slide_file(path: Path, image_size: int | None = None) -> bool:
+    """Whether ``path`` is a whole-slide image: a slide-only extension, a multi-page TIFF pyramid, a TIFF with its
+    annotations beside it (a single-page tiled TIFF and its GeoJSON: annotated slides' layout), or a plain TIFF that
+    holds more than one ``image_size`` tile (``holds_tiles``: read as a slide is, not centre-cropped). Judged from
+    the headers (tifffile), so a slide with damaged image data is a slide (the data check reports it), not a tile."""
     suffix = path.suffix.lower()
     if suffix in SLIDE_ONLY_EXTENSIONS:
         return True
     if suffix in (".tif", ".tiff"):
-        if (pages := tiff_page_count(path)) is not None:
-            return pages > 1 or has_annotations(path)
+        if (found := tiff_pages(path)) is not None:
+            pages, size = found
+            return pages > 1 or has_annotations(path) or holds_tiles(size, image_size)
         import openslide
 
         return openslide.OpenSlide.detect_format(str(path)) is not None
     return False
 
 
-def folder_files(root: Path, exclude: Collection[Path] = ()) -> tuple[list[Path], bool]:
+def folder_files(root: Path, exclude: Collection[Path] = (), image_size: int | None = None) -> tuple[list[Path], bool]:
     """The files a folder dataset reads and whether they are slides. A folder holding any slide is a folder of slides:
     then every slide-only file and every TIFF is one (a TIFF that cannot be a slide is reported by the data check, not
-    dropped). Otherwise it is a folder of tiles. ``exclude`` drops files (``--skip-bad-files``)."""
+    dropped). Otherwise it is a folder of tiles. ``exclude`` drops files (``--skip-bad-files``); ``image_size``: a
+    plain TIFF holding several such tiles is a slide."""
     drop = {Path(p).resolve() for p in exclude}
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.resolve() not in drop)
-    if any(is_slide_file(p) for p in files):
+    if any(is_slide_file(p, image_size) for p in files):
         return [p for p in files if p.suffix.lower() in SLIDE_ONLY_EXTENSIONS + (".tif", ".tiff")], True
     return [p for p in files if p.suffix.lower() in TILE_EXTENSIONS], False

@@ -22,6 +22,8 @@ from .tissue_mask import TissueMethod, tissue_mask
 if TYPE_CHECKING:
     from PIL import Image
 
+PLAIN_TIFF_PIXELS = 1 << 26     # a plain (not pyramidal) TIFF read whole as a slide: 8192 x 8192 pixels, 67 megapixels
+
 
 class Slide(Protocol):
     """What the data and inference code use of an ``openslide.OpenSlide`` (or ``ImageSlide``)."""
@@ -71,7 +73,8 @@ def rgba_to_rgb(image: Image.Image | np.ndarray) -> np.ndarray:
 
 
 class TileFolderDataset(StainedReads):
-    """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size``.
+    """Image tiles in ``root`` (or ``root/<class>/``); each is centre-cropped to ``image_size`` (``crop_note``
+    says so for those larger).
 
     ``files`` (default: every tile below ``root``) gives the tiles to use, e.g. without bad ones. ``mpp``
     (``--mpp``): each tile is first shrunk from its own MPP (resolution tags, or ``source_mpp``) to it
@@ -127,6 +130,20 @@ class TileFolderDataset(StainedReads):
         except OSError as err:
             raise ValueError(f"cannot read tile {path}: {err}") from err
 
+    def crop_note(self) -> str | None:
+        """The line naming the tiles larger than ``image_size``, centre-cropped (None: none is); reads headers."""
+        from PIL import Image
+
+        def extent(index: int) -> tuple[int, int]:
+            with Image.open(self.files[index]) as img:
+                return self.crop(index, *img.size).extent
+        larger = [size for size in map(extent, range(len(self.files))) if max(size) > self.image_size]
+        width, height = max(larger, key=lambda size: size[0] * size[1], default=(0, 0))
+        return None if not larger else (
+            f"{len(larger)} of {len(self.files)} tiles are larger than --image-size {self.image_size} (up to "
+            f"{width}x{height}): each is centre-cropped to it, the rest unseen; to train on all of such an image, "
+            f"make it a slide (a pyramidal TIFF, or a TIFF at least twice --image-size: tiled)")
+
     def _check_sizes(self) -> None:
         """ValueError naming the first tile too small for ``image_size`` at the run's resolution (before work)."""
         for index in range(len(self.files)):
@@ -175,15 +192,30 @@ def resolved_pixels(slide: Slide, choice: LevelChoice, box: Box) -> np.ndarray:
 
 
 def open_slide(path: Path) -> Slide:
-    """An ``openslide.OpenSlide`` for ``path``, or ValueError saying it is not a readable slide."""
+    """An ``openslide.OpenSlide`` for ``path``; a TIFF OpenSlide does not open (not pyramidal) read whole through
+    Pillow (``openslide.ImageSlide``: one level) up to ``PLAIN_TIFF_PIXELS``; else ValueError saying why and how to
+    convert it."""
     import openslide
+    from PIL import Image
 
     try:
-        slide: Slide = openslide.OpenSlide(str(path))
+        return openslide.OpenSlide(str(path))
     except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError, OSError) as err:
-        raise ValueError(f"cannot read slide {path}: {err or type(err).__name__}; OpenSlide reads "
-                         f"pyramidal .tif/.svs/.ndpi/.mrxs/.scn/... files") from err
-    return slide
+        problem: object = err or type(err).__name__
+        if path.suffix.lower() in (".tif", ".tiff"):
+            try:
+                with Image.open(path) as image:
+                    width, height = image.size
+                if width * height <= PLAIN_TIFF_PIXELS:
+                    return openslide.ImageSlide(str(path))
+                problem = (f"a plain TIFF, not pyramidal, of {width}x{height} px, read whole only up to "
+                           f"{PLAIN_TIFF_PIXELS / 1e6:.0f} megapixels")
+            except (OSError, ValueError) as failed:
+                problem = f"a TIFF that is not pyramidal and that Pillow cannot read either ({failed})"
+            raise ValueError(f"cannot read slide {path}: {problem}; convert it to a pyramidal TIFF (vips tiffsave "
+                             f"{path.name} out.tif --tile --pyramid)") from err
+        raise ValueError(f"cannot read slide {path}: {problem}; OpenSlide reads pyramidal "
+                         f".tif/.svs/.ndpi/.mrxs/.scn/... files") from err
 
 
 @dataclass(frozen=True)
@@ -324,7 +356,7 @@ def open_pathology(datapath: str | Path, image_size: int, *, level: int = 0, min
                              f"({', '.join(SLIDE_ONLY_EXTENSIONS)}, .tif); give a slide or a folder")
         return SlideDataset([path], image_size, level=level, min_tissue=min_tissue,
                             num_classes=num_classes, mpp=mpp, source_mpp=source_mpp, tissue=tissue)
-    files, slides = folder_files(path, exclude)
+    files, slides = folder_files(path, exclude, image_size)
     if slides:
         return SlideDataset(files, image_size, level=level, min_tissue=min_tissue, root=path,
                             num_classes=num_classes, classes=classes, mpp=mpp, source_mpp=source_mpp, tissue=tissue)

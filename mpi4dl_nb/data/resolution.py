@@ -279,11 +279,14 @@ def resolve_read(base_mpp: float | None, downsamples: Sequence[float], where: st
 
 def slide_choice(slide: object, path: Path, level: int, target: float | None,
                  source_mpp: float | None) -> LevelChoice:
-    """Training's read of a slide: ``--slide-level`` as it is, or the level and shrink for ``--mpp``."""
+    """Training's read of a slide: ``--slide-level`` as it is, or the level and shrink for ``--mpp`` (the MPP:
+    OpenSlide's properties; a plain TIFF's resolution tags)."""
     if target is not None and level != 0:
         raise ConfigError("--slide-level", "give --slide-level or --mpp/--magnification, not both")
     properties = getattr(slide, "properties", {})
     base = source_mpp if source_mpp is not None else properties_mpp(properties, str(path))
+    if base is None and source_mpp is None and not properties:      # a plain image read whole: its own tags
+        base = image_mpp(path)
     downsamples = [float(d) for d in getattr(slide, "level_downsamples", [1.0])]
     return resolve_read(base, downsamples, str(path), target=target, level=None if target is not None else level)
 

@@ -31,9 +31,11 @@ class DataSources:
     files: tuple[Path, ...] = ()
 
 
-def find_sources(app: AppKind | str, datapath: str | Path | None, knob: str = "--datapath") -> DataSources:
-    """The files ``--app``/``datapath`` will read, found without opening them (as ``make_dataset`` finds them);
-    FileNotFoundError naming ``knob`` when a path of an app that reads files does not exist."""
+def find_sources(app: AppKind | str, datapath: str | Path | None, knob: str = "--datapath",
+                 image_size: int | None = None) -> DataSources:
+    """The files ``--app``/``datapath`` will read, found without opening them (as ``make_dataset`` finds them: a
+    plain TIFF holding several ``image_size`` tiles is a slide); FileNotFoundError naming ``knob`` when a path of an
+    app that reads files does not exist."""
     kind = AppKind.parse(app)
     if datapath is None or not kind.reads_datapath:
         return DataSources(None)
@@ -42,7 +44,7 @@ def find_sources(app: AppKind | str, datapath: str | Path | None, knob: str = "-
         return DataSources(None)
     if root.is_file():
         return DataSources(SourceKind.SLIDES, (root,))
-    files, slides = folder_files(root)
+    files, slides = folder_files(root, image_size=image_size)
     return DataSources(SourceKind.SLIDES if slides else SourceKind.TILES, tuple(files))
 
 
@@ -114,7 +116,7 @@ def _check_tiff_extent(path: Path) -> str | None:
 
 
 def _check_slide(path: Path, image_size: int, level: int) -> str | None:
-    import openslide
+    from .pathology import open_slide
 
     if path.suffix.lower() in (".tif", ".tiff", ".svs"):
         try:
@@ -124,10 +126,10 @@ def _check_slide(path: Path, image_size: int, level: int) -> str | None:
         if problem is not None:
             return problem
     try:
-        slide = openslide.OpenSlide(str(path))
-    except Exception as err:
-        return f"OpenSlide cannot open it: {err or type(err).__name__}"
-    with slide:
+        slide = open_slide(path)              # as training opens it: a plain TIFF through Pillow
+    except ValueError as err:
+        return str(err).removeprefix(f"cannot read slide {path}: ")
+    try:
         if not 0 <= level < slide.level_count:
             return f"has no level {level} (levels 0..{slide.level_count - 1})"
         width, height = slide.level_dimensions[level]
@@ -135,6 +137,8 @@ def _check_slide(path: Path, image_size: int, level: int) -> str | None:
             return f"level {level} is {width}x{height}, smaller than --image-size {image_size}"
         coarse = slide.level_count - 1
         slide.read_region((0, 0), coarse, (1, 1))
+    finally:
+        slide.close()
     return None
 
 

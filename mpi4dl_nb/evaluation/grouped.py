@@ -37,9 +37,13 @@ class GroupedSplit:
                  if not any(labels[i] == c for i in indices)]
         if empty:
             kind = self.groups.kind.plural
-            raise ConfigError(knob, f"the split leaves no images of class {', '.join(empty)} (its "
-                                                f"{kind} are too few to put on both sides); add {kind} of that "
-                                                f"class, change --val-fraction or --folds, or --seed")
+            lone = lone_groups(labels, self.groups)
+            alone = [f"class {name!r} is all {self.groups.kind.value} {lone[c]}" for c, name in enumerate(class_names)
+                     if c in lone]
+            cause = f"{'; '.join(alone)}, never split" if alone else f"its {kind} are too few to put on both sides"
+            raise ConfigError(knob, f"the split leaves no images of class {', '.join(empty)} ({cause}); add {kind} "
+                                    f"of that class{group_by_slide(self.groups)}, change --val-fraction or --folds, "
+                                    f"or --seed")
 
     def summary(self, labels: Sequence[int], class_names: Sequence[str]) -> str:
         """One line per side: its groups, slides and images per class; ungrouped splits say so."""
@@ -58,10 +62,37 @@ class GroupedSplit:
         return ", ".join([*parts, f"{len(indices)} images" + (f" ({per_class})" if per_class else "")])
 
 
-def split_grouped(labels: Sequence[int], groups: Groups, fraction: float, seed: int,
-                  num_classes: int) -> GroupedSplit:
-    """The seeded split holding out a share ``fraction`` of the groups of each class (``grouped_split``)."""
-    train, val = grouped_split(labels, groups.names, fraction, seed, num_classes)
+def lone_groups(labels: Sequence[int], groups: Groups) -> dict[int, str]:
+    """The classes whose images are all of one group (a patient, a slide), with that group (none when ungrouped)."""
+    members: dict[int, set[str]] = {}
+    for label, name in zip(labels, groups.names, strict=True):
+        members.setdefault(int(label), set()).add(name)
+    return {} if groups.kind is GroupKind.UNGROUPED else {c: min(n) for c, n in members.items() if len(n) == 1}
+
+
+def group_by_slide(groups: Groups) -> str:
+    """The way out a split by patient has beside more patients: ``--group-by slide`` (empty for other groups)."""
+    return ", or pass --group-by slide to hold out whole slides (a patient's slides may then lie on both sides)" \
+        if groups.kind is GroupKind.PATIENT else ""
+
+
+def split_grouped(labels: Sequence[int], groups: Groups, fraction: float, seed: int, num_classes: int,
+                  class_names: Sequence[str] = ()) -> GroupedSplit:
+    """The seeded split holding out a share ``fraction`` of the groups of each class (``grouped_split``); a split
+    that holds out too little because a class (or the whole data) is one patient or slide is refused naming it."""
+    try:
+        train, val = grouped_split(labels, groups.names, fraction, seed, num_classes)
+    except ConfigError as err:
+        lone = lone_groups(labels, groups)
+        if not lone or not 0.0 < fraction < 1.0:
+            raise
+        kind, names = groups.kind.value, sorted(set(groups.names))
+        which = (f"every image is of one {kind}, {names[0]}" if len(names) == 1 else "; ".join(
+            f"class {class_names[c] if c < len(class_names) else c} is all {kind} {group}"
+            for c, group in sorted(lone.items())))
+        raise ConfigError(err.knob, f"{which}, and a {kind} is never split across the sides, so none can be held "
+                                    f"out at any fraction; add images of other {kind}s{group_by_slide(groups)}") \
+            from None
     return GroupedSplit(groups, tuple(train), tuple(val))
 
 

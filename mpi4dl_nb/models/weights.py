@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pickle
 import re
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -103,6 +104,21 @@ def load_weights(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor
     weights, resampled = resampled_positions(layers, weights, source)
     note = replaced_classifier(layers, weights, model=model, source=source)
     return "\n".join(line for line in (resampled, note) if line) or None
+
+
+def check_weights_fit(build: Callable[[], Sequence[nn.Module]], weights: Mapping[str, torch.Tensor], *, model: str,
+                      source: str = "--weights") -> None:
+    """``load_weights``'s refusals before anything is built: the layers ``build()`` makes on the meta device (no
+    memory, no draw: the random state restored) loaded with the file (copies into meta tensors do nothing). A model
+    that cannot be built on the meta device is checked as it loads."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            layers = build()
+    except Exception:           # noqa: BLE001 - the real build raises it again, or loads the weights
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)       # torch's "copying ... to a meta parameter is a no-op"
+        load_weights(layers, weights, model=model, source=source)
 
 
 def replaced_classifier(layers: Sequence[nn.Module], weights: Mapping[str, torch.Tensor], *, model: str,

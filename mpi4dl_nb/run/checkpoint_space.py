@@ -166,7 +166,8 @@ def compare_hosts(ctx: Comm, folder: Path, hosts: list[str], written: str | None
 
 def run_config(plan: TrainPlan) -> str | None:
     """The TOML of every flag of the run ``plan`` is (``train --config`` runs it again: its model and data as asked,
-    its other groups as the plan holds them, a fold's included); None for a plan built without a TrainJob."""
+    ``--normalize`` as it resolved, its other groups as the plan holds them, a fold's included); None for a plan
+    built without a TrainJob."""
     from importlib.metadata import PackageNotFoundError, version
 
     from .job import COMMAND
@@ -174,7 +175,8 @@ def run_config(plan: TrainPlan) -> str | None:
     asked = plan.asked
     if asked is None:
         return None
-    job = replace(asked, config=plan.config, training=plan.training, held_out=plan.held_out,
+    model = replace(asked.model, normalize=asked.model.resolved_normalize())    # what auto resolved to
+    job = replace(asked, model=model, config=plan.config, training=plan.training, held_out=plan.held_out,
                   checkpoints=plan.checkpoints, options=plan.options)
     try:
         release = f"mpi4dl-nb {version('mpi4dl-nb')}"

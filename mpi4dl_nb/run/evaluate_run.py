@@ -153,25 +153,41 @@ class Evaluation:
         assert self.record is not None, "load() read the record"
         return self.job.seed if self.job.seed is not None else self.record.seed
 
-    def load(self) -> None:
-        """The checkpoint's network (refused if another model than the flags name) and data settings."""
-        import torch
-
-        from ..infer.model import load_trained
-        from .trainer import check_layout
+    def read(self) -> None:
+        """The checkpoint's record (its model refused if another than the flags name), the data settings resolved
+        against it: no model built, no weight read, so the data is checked before the checkpoint is loaded."""
+        from ..checkpoint.record import read_checkpoint
+        from ..infer.model import ModelDescription, check_family, find_checkpoint
 
         job, path = self.job, self.plan.checkpoint
-        dtype = getattr(torch, job.dtype) if job.dtype else None
-        # rank 0 checksums the file; a damaged one stops every rank in this agreed stage. Without --dtype the
-        # layers come in float64 (which holds either dtype exactly) and go to the checkpoint's dtype below
-        self.layers, self.description, self.record = refusing_broken_stain(path, lambda: load_trained(
-            path, job.model.model, dtype or torch.float64, check=self.ctx.rank == 0), COMMAND_KNOBS)
+
+        def record() -> tuple[ModelDescription, RunRecord]:
+            file = find_checkpoint(path)       # rank 0 checksums the file: a damaged one stops every rank here
+            checkpoint = read_checkpoint(file, lazy=True, check=self.ctx.rank == 0)
+            if job.model.model is not None:
+                check_family(job.model.model, checkpoint.record.model, file)
+            return ModelDescription.of(checkpoint), checkpoint.record
+
+        self.description, self.record = refusing_broken_stain(path, record, COMMAND_KNOBS)
         self.stain = StainChoice(self.record.stain, job.stain_normalize)
         self.check_record(self.record, f"--checkpoint {self.description.path}")
         self.data, self.held_out = resolved_data(self.plan, self.record), resolved_held_out(self.plan, self.record)
         self.dtype = job.dtype or self.record.data.dtype
         batch = job.batch_size or self.record.data.batch_size
         self.batch_size = -(-batch // job.config.batch_divisor) * job.config.batch_divisor
+
+    def load(self) -> None:
+        """The checkpoint's network, checked against the image size and the layout (its file checked by ``read``)."""
+        import torch
+
+        from ..infer.model import load_trained
+        from .trainer import check_layout
+
+        assert self.description is not None, "read() found the checkpoint"
+        job, file = self.job, self.description.path
+        dtype = getattr(torch, job.dtype) if job.dtype else None
+        # without --dtype the layers come in float64 (which holds either dtype exactly) and go to the checkpoint's
+        self.layers, _, _ = load_trained(file, job.model.model, dtype or torch.float64, check=False)
         if dtype is None:
             for layer in self.layers:
                 layer.to(getattr(torch, self.dtype))
@@ -264,10 +280,12 @@ def run_evaluation(plan: EvaluatePlan, ctx: Comm) -> EvaluationSummary | None:
     starts (rank 0, unless ``--no-progress``)."""
     evaluation = Evaluation(plan, ctx)
     setup = SetupLines("evaluate", plan.job.progress and ctx.rank == 0)
-    setup.doing(f"loading the checkpoint {plan.checkpoint}")
-    agreed(ctx, evaluation.load)
+    setup.doing(f"reading the checkpoint's record {plan.checkpoint}")
+    agreed(ctx, evaluation.read)
     setup.doing(data_text(evaluation.data))
-    agreed(ctx, evaluation.open_data)
+    agreed(ctx, evaluation.open_data)             # the data before the model: a bad folder refused at once
+    setup.doing(f"loading the checkpoint's model {evaluation.description.path if evaluation.description else ''}")
+    agreed(ctx, evaluation.load)
     header = evaluation.stain.header(COMMAND_KNOBS)
     if header is not None and ctx.rank == 0:
         print(f"mpi4dl_nb evaluate: {header}", file=sys.stderr, flush=True)

@@ -50,6 +50,9 @@ def check_train_flags(job: TrainFlags) -> None:
         raise ConfigError("--val-datapath", f"--app {data.reads} reads no files; use --val-fraction")
     check_keep_best(job)
     check_layer_decay(job)
+    if job.training.balanced_sampler and job.data.task.dense:
+        raise ConfigError("--balanced-sampler", f"draws each class's images equally; --task {job.data.task} labels "
+                                                f"pixels, not images: weigh classes with --class-weights balanced")
 
 
 def check_layer_decay(job: TrainFlags) -> None:

@@ -37,6 +37,7 @@ FIELD_FLAGS: dict[str, str] = {
     "class_weights": "--class-weights",
     "classes": "--classes (and the class folders)",
     "stain": "--stain-normalize/--stain-reference",
+    "sampler": "--balanced-sampler",
 }
 FLAGS = "flags"      # the identity's value of each flag below: names what changed, compared through its field
 # flag -> the field it enters (a field holding several flags: the model's fingerprint, the optimizer's description)

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..checkpoint.record import SplitRecord
 from ..config import ConfigError
 from ..data.apps import AppKind
+from ..data.balanced import BalancedOrder
 from ..data.canvas import SlideCanvases
 from ..data.dataset import RegionDataset
 from ..data.files import folder_files, require_path
@@ -141,7 +142,7 @@ def data_sources(data: DataSpec, datapath: str | None, knob: str) -> tuple[DataS
         return (DataSources(SourceKind.TILES, tuple(class_volume_files(require_path(datapath, knob)))),
                 lambda path: volume_problem(path, volume, voxel))
     if not data.task.dense:
-        return find_sources(data.app, datapath, knob), None
+        return find_sources(data.app, datapath, knob, None if data.whole_slide else data.image_size), None
     if datapath is None:
         return DataSources(None), None
     from ..data.annotated_slides import annotation_problems
@@ -186,10 +187,11 @@ def held_out_split(dataset: RegionDataset, fraction: float, seed: int, classes: 
 
 
 def grouped_held_out(dataset: RegionDataset, fraction: float, seed: int, classes: int,
-                     groups: Groups | None = None) -> GroupedSplit:
-    """The leak-free split of ``dataset``: whole groups (patients, slides) on one side."""
+                     groups: Groups | None = None, names: Sequence[str] = ()) -> GroupedSplit:
+    """The leak-free split of ``dataset``: whole groups (patients, slides) on one side (``names``: the classes',
+    for a refusal)."""
     labels = [dataset.label(i) for i in range(len(dataset))]
-    return split_grouped(labels, groups or groups_of(dataset), fraction, seed, classes)
+    return split_grouped(labels, groups or groups_of(dataset), fraction, seed, classes, names)
 
 
 def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: RegionDataset) -> GroupedSplit:
@@ -202,7 +204,7 @@ def dataset_split(data: DataSpec, held_out: HeldOutSpec, seed: int, dataset: Reg
         return split_by_side(groups, {s.patient: s.split for s in data.cohort})
     if held_out.folds is None:
         assert held_out.val_fraction is not None, "a share or folds"
-        return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups)
+        return grouped_held_out(dataset, held_out.val_fraction, seed, classes, groups, data.class_names)
     labels = [dataset.label(i) for i in range(len(dataset))]
     cohort = data.cohort
     given = {s.patient: s.fold for s in cohort if s.fold is not None} if cohort is not None else None
@@ -215,6 +217,19 @@ def split_sides(split: GroupedSplit, dataset: RegionDataset) -> tuple[RegionData
     if isinstance(dataset, VOLUME_FOLDERS):
         return dataset.subset(split.train), dataset.subset(split.val)
     return split.subsets(dataset)
+
+
+def balanced_order(train: RegionDataset, split: GroupedSplit | None, group_by: str | None) -> BalancedOrder:
+    """``--balanced-sampler``'s draw of the training images: their labels, and their groups (the split's, else the
+    data's own: slides, patients; ungrouped: each image alone)."""
+    labels = tuple(train.label(i) for i in range(len(train)))
+    if split is not None:
+        groups = tuple(split.groups.names[i] for i in split.train)
+    elif isinstance(train, VOLUME_FOLDERS):
+        groups = tuple(train.groups().names)
+    else:
+        groups = groups_of(train, group_by).names
+    return BalancedOrder(labels, groups)
 
 
 def volume_split_summary(split: GroupedSplit) -> str:

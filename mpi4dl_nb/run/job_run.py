@@ -12,6 +12,7 @@ from ..comm.agreement import SetupFailed, agreed
 from ..config import ConfigError
 from ..console import SetupLines, to_stderr
 from ..data.canvas import SlideCanvases
+from ..data.pathology import TileFolderDataset
 from .job import TrainJob, TrainPlan, data_text
 
 if TYPE_CHECKING:
@@ -64,13 +65,19 @@ class JobSetup:
 
         job = self.job
         torch.manual_seed(job.training.seed)
-        self.layers = self.record.model.build(job.data.volume_size or job.data.image_size, adapters=False)
-        if job.model.weights is not None:
-            from ..models.weights import load_weights, read_weights
+        spec, size = self.record.model, job.data.volume_size or job.data.image_size
+        if job.model.weights is not None:     # checked against the model built on the meta device, then loaded
+            from ..models.weights import check_weights_fit, load_weights, read_weights
 
-            note = load_weights(self.layers, read_weights(job.model.weights), model=self.record.model.label)
+            weights = read_weights(job.model.weights)
+            check_weights_fit(lambda: spec.build(size, adapters=False), weights, model=spec.label)
+        self.layers = spec.build(size, adapters=False)
+        if job.model.weights is not None:
+            note = load_weights(self.layers, weights, model=spec.label)
             if note is not None:
                 say_once(self.ctx, note)
+        if job.asked is not None and job.model.family.named:          # the normalisation applied, and whence
+            say_once(self.ctx, job.asked.model.normalization_line())
         card = self.record.model.preprocessing          # a preset's: --normalize over the card's said in one line
         override = None if card is None else card.override_note(self.record.model.normalize)
         if override is not None:
@@ -88,6 +95,7 @@ class JobSetup:
             layer.to(job.training.torch_dtype)
         check_layout(job.config, self.layers, job.training.batch_size, job.data.volume_size or job.data.image_size)
         check_draws(self.layers, job.config, job.data.image_size if job.data.volume_size is None else None)
+        self.say_zero_share()
         if job.held_out.log_dir is not None and self.ctx.rank == 0:
             check_log_dir(job.held_out.log_dir)
         directory = job.checkpoints.directory
@@ -97,6 +105,16 @@ class JobSetup:
             files = 2 if job.checkpoints.keep_best else 1        # the newest and the best one
             prepare_directory(directory, files * estimate_checkpoint_bytes(
                 state, len(tensors), job.training.optimizer.spec.state_slots))
+
+    def say_zero_share(self) -> None:
+        """``--zero-stage``: the line saying what it shards, when that is little or nothing (rank 0)."""
+        from .zero_share import stage_shares, zero_note
+
+        cfg, data = self.job.config, self.job.data
+        note = zero_note(cfg, stage_shares(cfg, self.layers, data.volume_size or data.image_size)) \
+            if cfg.zero_stage and self.ctx.rank == 0 else None
+        if note is not None:
+            say_once(self.ctx, note)
 
     def freeze_blocks(self) -> None:
         """``--train-blocks K``: a ViT's blocks but the last K frozen (the line saying so printed once); what a cut
@@ -116,12 +134,15 @@ class JobSetup:
         from ..data.classes import class_counts
         from ..data.resolution import dataset_mpp
         from ..data.validate import classes_found
-        from .job_data import VOLUME_FOLDERS, dataset_from, held_out_data, label_counts
+        from .job_data import VOLUME_FOLDERS, balanced_order, dataset_from, held_out_data, label_counts
 
         job, data, training = self.job, self.job.data, self.job.training
         dataset = dataset_from(data, training.seed, data.datapath, exclude)
         if isinstance(dataset, VOLUME_FOLDERS) and dataset.orientation_note:
             say_once(self.ctx, dataset.orientation_note)
+        cropped = dataset.crop_note() if isinstance(dataset, TileFolderDataset) and self.ctx.rank == 0 else None
+        if cropped is not None:                 # a larger image's centre crop is never silent
+            say_once(self.ctx, cropped)
         self.record = replace(self.record, data=replace(self.record.data, mpp=dataset_mpp(dataset)))
         if isinstance(dataset, SlideCanvases):
             self.record_canvases(dataset)
@@ -146,7 +167,9 @@ class JobSetup:
         from ..models.canvas import check_tissue_input
 
         check_tissue_input(job.model.pool, job.model.in_channels, train.channels)
-        self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment)
+        balanced = balanced_order(train, split, job.held_out.group_by) if training.balanced_sampler else None
+        self.batcher = Batcher(train, training.batch_size, seed=training.seed, augment=training.augment,
+                               balanced=balanced)
         self.steps = steps
         if self.ctx.rank == 0:
             self.identity = self.make_identity(dataset)
@@ -199,6 +222,7 @@ class JobSetup:
                 "class_weights": "none" if weights is None else ",".join(f"{w:.6g}" for w in weights),
                 "pool": str(job.model.pool), "accumulate": job.training.accumulate,
                 "clip_grad_norm": job.training.clip_grad_norm,
+                "sampler": "balanced" if job.training.balanced_sampler else "shuffled",
                 "classes": ",".join(self.record.class_names), **job.task_identity(),
                 FLAGS: identity_flags(self.record.model, training.optimizer)}
 
@@ -375,7 +399,8 @@ def build_trainer(setup: JobSetup, monitor: JobMonitor | None) -> Trainer:
                              keep_checkpoints=checkpoints.keep, progress=options.progress, verbose=options.verbose,
                              dtype=job.training.torch_dtype, step_timeout=options.step_timeout,
                              auto_step_timeout=options.step_timeout is None, eval_every=job.held_out.eval_every,
-                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best, task=job.data.task,
+                             lr_schedule=training.schedule, keep_best=checkpoints.keep_best,
+                             early_stop=checkpoints.early_stop, task=job.data.task,
                              accumulate=job.training.accumulate, read_ahead=options.read_ahead,
                              determinism=options.determinism)
     evaluator = None if setup.val_dataset is None else evaluator_for(

@@ -222,6 +222,25 @@ class ModelChoice:
             return pretrained_normalization(str(family), source or "")
         return Normalization.parse(self.normalize)
 
+    def normalization_line(self) -> str:
+        """The line train prints of the input normalisation it applies: mean, std and where they come from."""
+        family, source = split_model(self.model)
+        preset, applied = preset_named(self.model), self.normalization()
+        origin = (f"--normalize {self.normalize}" if self.normalize != AUTO else f"the card's ({preset.card})"
+                  if preset is not None else "--normalize auto without --weights: nothing to match"
+                  if self.weights is None or not family.named else "--normalize auto with --weights: " + (
+                      "ImageNet's, as torchvision's weights expect" if str(family) == "torchvision" else
+                      f"timm's pretrained_cfg of {source}" if str(family) == "timm" else "none for a callable's"))
+        if applied is None:
+            return f"input not normalised, pixels in [0, 1] ({origin})"
+        mean, std = (", ".join(f"{v:g}" for v in values) for values in (applied.mean, applied.std))
+        return f"input normalised as (x - mean) / std with mean ({mean}), std ({std}): {origin}"
+
+    def resolved_normalize(self) -> str:
+        """``--normalize`` as it resolved, the text that gives the same back (a run's config.toml records it)."""
+        applied = self.normalization()
+        return "none" if applied is None else applied.name or ",".join(map(repr, (*applied.mean, *applied.std)))
+
     def spec(self, num_classes: int, in_channels: int = 3, image_size: int | None = None) -> ModelSpec:
         """The network these flags name for ``num_classes`` classes of ``in_channels``-channel images (family
         defaults for the sizes not given; a named model built for ``image_size``)."""

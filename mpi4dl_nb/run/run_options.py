@@ -34,13 +34,17 @@ class CheckpointSpec:
         "--keep-best", f"also keep the checkpoint of the best evaluation by METRIC ({', '.join(MetricName.values())}; "
                        f"lower val_loss, higher others is better) as best-step-*.pt, never rotated away", None,
         parse=MetricName, choices=MetricName.values(), metavar="METRIC", group=groups.CHECKPOINTS)
+    early_stop: int | None = flag(
+        "--early-stop", "stop once --keep-best's metric has not improved for N evaluations in a row (patience), the "
+                        "best checkpoint kept; a final checkpoint of the step it stops at is written too", None,
+        parse=whole_number, bounds=Bounds(1), metavar="N", group=groups.CHECKPOINTS)
     resume: str | None = flag("--resume", "continue from a checkpoint file, a directory, or 'latest' (in "
                                           "--checkpoint-dir): the newest intact one of this configuration", None,
                               group=groups.CHECKPOINTS)
     allow_config_change: tuple[str, ...] = flag(
         "--allow-config-change", "resume although these fields changed (comma-separated: model, dtype, image_size, "
                                  "batch_size, seed, app, data, lr, momentum, val_split, optimizer, lr_schedule, "
-                                 "augment, class_weights, classes, stain, or all)", (), repeat=True,
+                                 "augment, class_weights, classes, stain, sampler, or all)", (), repeat=True,
         metavar="FIELDS", group=groups.CHECKPOINTS)
 
     def __post_init__(self) -> None:
@@ -51,6 +55,9 @@ class CheckpointSpec:
         parse_allowed(self.allow_config_change)
         if self.keep_best is not None and self.directory is None:
             raise ConfigError("--keep-best", "keeps the best checkpoint in --checkpoint-dir: give one")
+        if self.early_stop is not None and self.keep_best is None:
+            raise ConfigError("--early-stop", "counts evaluations without a better --keep-best metric: give "
+                                              "--keep-best METRIC too (e.g. --keep-best val_loss)")
 
     @property
     def path(self) -> Path | None:

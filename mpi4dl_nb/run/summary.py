@@ -105,6 +105,7 @@ class TrainSummary:
     best: BestMark | None = None             # the best evaluation of a run with --keep-best
     best_checkpoint: str | None = None       # its checkpoint, when this run wrote it
     preempted: str | None = None             # the stop signal that ended the run early (run/preemption.py)
+    early_stopped: int | None = None         # the step --early-stop ended the run at (None: it ran its steps)
     deterministic: bool = False              # torch's deterministic algorithms were on (--deterministic)
 
     @property
@@ -139,6 +140,7 @@ class TrainSummary:
             **(self.validation.as_dict() if self.validation is not None else {}),
             **({"best": self.best.to_dict(), "best_checkpoint": self.best_checkpoint} if self.best is not None else {}),
             **({"preempted": self.preempted} if self.preempted is not None else {}),
+            **({"early_stopped": self.early_stopped} if self.early_stopped is not None else {}),
             "deterministic": self.deterministic,
 
             "config": config_as_run(self.config),

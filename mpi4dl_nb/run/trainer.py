@@ -61,6 +61,7 @@ class TrainSettings:
     eval_every: int = 0                 # with an evaluator: every N steps (0: epoch ends only) and at the end
     lr_schedule: LRSchedule | None = None   # the learning rate of every step (None: the optimizer's, constant)
     keep_best: MetricName | None = None     # with an evaluator and checkpoint_dir: keep the best checkpoint apart
+    early_stop: int | None = None           # with keep_best: stop after N evaluations in a row without a better one
     task: Task = Task.CLASSIFICATION        # segmentation: the labels are masks, read by box where the loss runs
     accumulate: int = 1                     # batches (micro-steps) per optimizer step: gradient accumulation
     read_ahead: int = 1                     # steps whose input a worker thread reads before they start (0: inline)
@@ -144,6 +145,8 @@ class Trainer:
         self.preempted: Preempted | None = None     # a stop signal ended the run (every rank; its path on rank 0)
         self.best: BestMark | None = None           # the best evaluation so far (settings.keep_best)
         self.best_checkpoint: Path | None = None
+        self.stale = 0                              # evaluations since the best one (settings.early_stop)
+        self.early_stopped: int | None = None       # the step settings.early_stop ended the run at
         self.lr_groups = gathered_groups(engine.optimizer, ctx)   # every optimizer group's (name, scale): rank 0's
         params = [p for inst in engine.instances.values() for p in inst.canonical.parameters()]
         self.meter = ActivationMeter(exclude=params)
@@ -289,6 +292,7 @@ class Trainer:
             metrics = self.evaluator.run()
         self.validation = Validation(self.step, metrics, time.perf_counter() - start, self.evaluator.loss.describe())
         kept = self.improved(self.validation)
+        self.stale = 0 if kept else self.stale + 1
         if self.log is not None:
             best = {"best": self.best.to_dict()} if kept and self.best is not None else {}
             self.log.write("eval", self.step, {"epoch": self.position(self.step - 1)[0],
@@ -409,7 +413,7 @@ class Trainer:
                     bar.step(self.step, loss, rate, accuracy)
                     if self.checkpoint_due(self.step):
                         self.save()
-                    if self.step < self.settings.steps and self.stopped(stop):
+                    if self.step < self.settings.steps and (self.stops_early(stream) or self.stopped(stop)):
                         break
                 return self.summary(start_step, time.perf_counter() - wall)
             finally:
@@ -423,6 +427,22 @@ class Trainer:
                     self.monitor.follow(None)
                     if self._own_monitor:
                         self.monitor.close()
+
+    def stops_early(self, stream: TextIO | None = None) -> bool:
+        """``settings.early_stop``: whether the latest evaluations (every rank has the same figures) have not beaten
+        the best for that many in a row; then the step's checkpoint is written (unless it is already), the best one
+        kept, and rank 0 says so."""
+        patience = self.settings.early_stop
+        if patience is None or self.stale < patience:
+            return False
+        if self.settings.checkpoint_dir is not None and not self.checkpoint_due(self.step):
+            self.save()
+        self.early_stopped = self.step
+        if self.ctx.rank == 0 and self.best is not None:
+            print(f"early stop at step {self.step}: {self.best.metric} has not improved for {self.stale} "
+                  f"evaluations (--early-stop {patience}); the best, {self.best.value:.6g} at step {self.best.step}, "
+                  f"is kept: {self.best_checkpoint or 'best-step-*.pt'}", file=stream or sys.stderr, flush=True)
+        return True
 
     def start_read_ahead(self) -> None:
         """Start the worker reading the input of the steps from the current one on, ``settings.read_ahead`` ahead
@@ -495,4 +515,5 @@ class Trainer:
             validation=self.validation, config=self.engine.cfg.as_dict(), best=self.best,
             best_checkpoint=str(self.best_checkpoint) if self.best_checkpoint else None,
             preempted=self.preempted.signal.name if self.preempted is not None else None,
+            early_stopped=self.early_stopped,
             deterministic=torch.are_deterministic_algorithms_enabled())

@@ -92,6 +92,11 @@ class TrainingSpec:
     accumulate: int = flag("--accumulate", "gradient accumulation: N batches (micro-steps) per optimizer step, which "
                                            "uses their mean gradient; --steps counts optimizer steps", 1,
                            parse=whole_number, metavar="N", group=groups.TRAINING)
+    balanced_sampler: bool = flag(
+        "--balanced-sampler", "draw each class equally often (minority classes' images repeated, majority ones' "
+                              "left out within an epoch), within a class each slide or patient in turn where the "
+                              "data is grouped (--group-by, a cohort, TCGA names); seeded as the shuffle is: the same "
+                              "batches on every rank and on resume", False, switch=True, group=groups.TRAINING)
     clip_grad_norm: float | None = flag(
         "--clip-grad-norm", "before each optimizer step scale the gradient down to this global L2 norm when above "
                             "it (torch.nn.utils.clip_grad_norm_'s max_norm, timm's --clip-grad; the norm of the whole "

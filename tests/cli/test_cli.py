@@ -200,13 +200,13 @@ def test_clear_errors(capsys, monkeypatch, tmp_path):
     with pytest.raises(SystemExit):      # a stage cut whose spatial stage runs past where the tiles fit
         cli.main(["--model", "amoebanet", "--num-layers", "3", "--num-filters", "8", "--balance", "8,1",
                   "--image-size", "64", "--slice-method", "vertical", "--batch-size", "2"])
-    assert "use fewer spatial parts or a larger image_size" in capsys.readouterr().err
+    assert "use fewer spatial parts or a larger --image-size" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(SMALL + ["--image-size", "30"])
     assert "multiple of 4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(SMALL + ["--batch-size", "3", "--parts", "2"])
-    assert "batch_size 3" in capsys.readouterr().err
+    assert "--batch-size 3" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(SMALL + ["--resume", "latest"])
     assert "--checkpoint-dir" in capsys.readouterr().err

@@ -125,6 +125,24 @@ def test_a_former_spelling_on_the_command_line_replaces_the_files_flag(tmp_path,
     assert "--json is now --save-json" in capsys.readouterr().err
 
 
+def test_a_key_of_another_command_s_table_this_command_takes_is_never_dropped(tmp_path, capsys):
+    """Issue 91: ``lora-rank = 4`` under [infer] read by train (which takes it; infer does not) exits 2 naming the key
+    and the table, as does a key two commands take set in the other's table only; given for train too (its table,
+    the top level, the command line), the other table's value is the other command's."""
+    path = write(tmp_path, "steps = 1\n[infer]\nlora-rank = 4\n")
+    line = refusal(capsys, train_parser, ["--config", path])
+    assert line == (f"python -m mpi4dl_nb train: error: --config: {path}:3: lora-rank: is in [infer], a table train "
+                    f"does not read, but train takes it too: move it to the top level (every command's) or to "
+                    f"[train], or set it for train there as well")
+    shared = write(tmp_path, "[tune]\nmemory-limit-mb = 10\nsteps = 5\n", "shared.toml")
+    assert "steps: is in [tune], a table train does not read" in refusal(capsys, train_parser, ["--config", shared])
+    assert tune_job(tune_parser().parse_args(["--config", shared])).steps == 5
+    assert vars(train_parser().parse_args(["--config", path, "--lora-rank", "8"])) == {"steps": 1, "lora_rank": 8}
+    for own in ("lora-rank = 2\nsteps = 1\n[infer]\nlora-rank = 4\n",
+                "[train]\nlora-rank = 2\n[infer]\nlora-rank = 4\n"):
+        assert vars(train_parser().parse_args(["--config", write(tmp_path, own, "own.toml")]))["lora_rank"] == 2
+
+
 @pytest.mark.parametrize("command, table, taken", [
     ("layout", "json = true", {"json": True}),
     ("train", "steps = 3", {"steps": 3}),

@@ -14,7 +14,6 @@ from mpi4dl_nb.checkpoint.record import read_checkpoint
 from mpi4dl_nb.cli import export_cmd, train_cmd
 from mpi4dl_nb.evaluation.log import read_metrics
 from mpi4dl_nb.infer.model import load_layers
-from mpi4dl_nb.models.model_args import timm_resolver
 from mpi4dl_nb.models.normalize import IMAGENET
 from tests.support.train_in_process import run_command, run_train
 
@@ -52,21 +51,40 @@ def test_the_card_s_mean_and_std_are_recorded_and_each_group_s_rate_logged(decay
     assert [g.lr for g in record.param_groups] == [pytest.approx(steps[-1]["lr"] * s) for s in scales]
 
 
-def test_export_writes_the_preprocessing_with_which_timm_gives_the_checkpoint_s_outputs(decayed, tmp_path, capsys):
-    output = tmp_path / "virchow2.safetensors"
+def documented_reload() -> str:
+    """The python block of docs/your-own-model.md that reloads an export in timm."""
+    text = (Path(__file__).parents[2] / "docs" / "your-own-model.md").read_text()
+    block = text.split("```python\nimport json, timm\n", 1)[1].split("```", 1)[0]
+    return "import json, timm\n" + block
+
+
+def test_export_writes_the_preprocessing_with_which_timm_gives_the_checkpoint_s_outputs(decayed, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """The export's config.json holds model_args as a JSON object, with which the documented timm reload (run as
+    the docs write it) gives the checkpoint's outputs."""
+    output = tmp_path / "model.safetensors"
     code, out, err = run_command(export_cmd.main, ["--checkpoint", str(decayed / "ck"), "--output-file",
                                                    str(output)], capsys)
     assert code == 0, err
+    assert "--merge-lora" not in err                                # no adapters: nothing to say
     written = Path(json.loads(out.strip().splitlines()[-1])["preprocessing"])
-    assert written == tmp_path / "virchow2.config.json"
+    assert written == tmp_path / "model.config.json"
     config = json.loads(written.read_text())
     cfg = config["pretrained_cfg"]
     assert (cfg["mean"], cfg["std"], cfg["input_size"]) == (list(IMAGENET.mean), list(IMAGENET.std), [3, 28, 28])
-    record = read_checkpoint(next((decayed / "ck").glob("*.pt"))).record
-    keywords = record.model.model_args.keywords(timm_resolver(timm))
-    model = timm.create_model(config["architecture"], num_classes=config["num_classes"], img_size=28,
-                              pretrained_cfg_overlay=cfg, **keywords).double().eval()
-    model.load_state_dict(safetensors_torch.load_file(str(output)), strict=True)
+    assert config["model_args"] == {"mlp_layer": "SwiGLUPacked", "act_layer": "silu", "reg_tokens": 4,
+                                    "init_values": 1e-5, "mlp_ratio": 5.3375, "depth": 1, "embed_dim": 32,
+                                    "num_heads": 2}
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, object] = {}
+    torch.set_default_dtype(torch.float64)                          # the float64 run's weights kept whole
+    try:
+        exec(documented_reload(), scope)                            # noqa: S102 - the docs' own block
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model = scope["model"]
+    assert isinstance(model, torch.nn.Module)
+    model = model.double().eval()
     data = timm.data.resolve_data_config(model=model)
     assert [tuple(data[k]) for k in ("mean", "std", "input_size")] == [IMAGENET.mean, IMAGENET.std, (3, 28, 28)]
     images = torch.rand(2, 3, 28, 28, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -77,8 +95,22 @@ def test_export_writes_the_preprocessing_with_which_timm_gives_the_checkpoint_s_
         got = model((images - mean) / std)
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
     code, _, err = run_command(export_cmd.main, ["--checkpoint", str(decayed / "ck"), "--output-file",
-                                                 str(tmp_path / "virchow2.pt")], capsys)
-    assert code == 2 and "virchow2.config.json exists; pass --force" in err
+                                                 str(tmp_path / "model.pt")], capsys)
+    assert code == 2 and "model.config.json exists; pass --force" in err
+
+
+def test_an_unmerged_lora_export_says_timm_will_not_load_it_and_names_merge_lora(tmp_path, capsys):
+    folder = tmp_path / "ck"
+    code, _, err = run_train([*TINY, *RUN, "--steps", "1", "--lora-rank", "2", "--checkpoint-dir", str(folder)],
+                             capsys)
+    assert code == 0, err
+    code, _, err = run_command(export_cmd.main, ["--checkpoint", str(folder), "--output-file",
+                                                 str(tmp_path / "adapted.pt")], capsys)
+    said = [line for line in err.splitlines() if "--merge-lora" in line]
+    assert code == 0 and len(said) == 1 and "lora_a, lora_b keys" in said[0] and "does not load" in said[0], err
+    code, _, err = run_command(export_cmd.main, ["--checkpoint", str(folder), "--output-file",
+                                                 str(tmp_path / "merged.pt"), "--merge-lora"], capsys)
+    assert code == 0 and "--merge-lora" not in err, err
 
 
 def test_a_given_normalize_is_said_to_override_the_card(tmp_path, capsys):
@@ -86,3 +118,27 @@ def test_a_given_normalize_is_said_to_override_the_card(tmp_path, capsys):
     assert code == 0, err
     said = [line for line in err.splitlines() if "overrides the card's" in line]
     assert len(said) == 1 and "--normalize none (pixels in [0, 1]) overrides the card's imagenet" in said[0], err
+
+
+@pytest.mark.parametrize("model, said, recorded", [
+    ("virchow2", "mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225): the card's "
+                 "(https://huggingface.co/paige-ai/Virchow2)", 'normalize = "imagenet"'),
+    ("h-optimus-0", "mean (0.707223, 0.578729, 0.703617), std (0.211883, 0.230117, 0.177517): the card's "
+                    "(https://huggingface.co/bioptimus/H-optimus-0)",
+     'normalize = "0.707223,0.578729,0.703617,0.211883,0.230117,0.177517"'),
+])
+def test_train_says_the_normalisation_it_applies_and_config_toml_records_it_resolved(tmp_path, capsys, model, said,
+                                                                                     recorded):
+    """Issue 91: one line of the mean, std and where they come from (``--normalize auto``: the card's), and the
+    run's config.toml holds the values auto resolved to, which run the same job again."""
+    flags = [*TINY[2:], "--model", model, *RUN, "--steps", "1"]
+    code, _, err = run_train([*flags, "--checkpoint-dir", str(tmp_path / "a")], capsys)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "input normalised" in line]
+    assert lines == [f"mpi4dl_nb train: input normalised as (x - mean) / std with {said}"], err
+    written = (tmp_path / "a" / "config.toml").read_text()
+    assert recorded in written.splitlines() and "normalize = \"auto\"" not in written
+    code, _, err = run_train(["--config", str(tmp_path / "a" / "config.toml"), "--checkpoint-dir",
+                              str(tmp_path / "b")], capsys)
+    assert code == 0 and "overrides the card's" not in err, err
+    assert recorded in (tmp_path / "b" / "config.toml").read_text().splitlines()

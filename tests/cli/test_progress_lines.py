@@ -97,6 +97,7 @@ def test_evaluate_says_its_set_up_before_it_reads_images(capsys, tmp_path, quiet
     if quiet:
         assert lines == []
         return
-    assert lines[0].startswith(f"mpi4dl_nb evaluate: setting up: loading the checkpoint {tmp_path}/step-"), lines
-    assert lines[1:3] == ["mpi4dl_nb evaluate: setting up: opening the synthetic data (no --datapath) ...",
-                          "mpi4dl_nb evaluate: setting up: placing the model on 1 rank ..."], lines
+    assert lines[0].startswith(f"mpi4dl_nb evaluate: setting up: reading the checkpoint's record {tmp_path}"), lines
+    assert lines[1] == "mpi4dl_nb evaluate: setting up: opening the synthetic data (no --datapath) ...", lines
+    assert lines[2].startswith(f"mpi4dl_nb evaluate: setting up: loading the checkpoint's model {tmp_path}/step-")
+    assert lines[3] == "mpi4dl_nb evaluate: setting up: placing the model on 1 rank ...", lines

@@ -69,6 +69,39 @@ def test_a_weights_file_of_fewer_blocks_says_which_depth_to_build():
                                                          "--model-args depth=2"), text
 
 
+def test_a_weights_file_of_another_depth_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    """Issue 91: ``train --weights`` of a 2-block file for a 12-block ViT is refused in one line (naming depth=2)
+    having built the model on the meta device only; a file that fits trains, the real build drawing the weights the
+    seed draws (the meta build draws nothing)."""
+    needs_timm()
+    import timm
+
+    from mpi4dl_nb.models.spec import ModelSpec
+
+    torch.manual_seed(0)
+    shallow = timm.create_model("vit_tiny_patch16_224", num_classes=2, img_size=32, depth=2, embed_dim=16,
+                                num_heads=2).state_dict()
+    torch.save(shallow, tmp_path / "shallow.pt")
+    devices: list[str] = []
+    build = ModelSpec.build
+
+    def recorded(self, *args, **keywords):
+        devices.append(str(torch.empty(0).device))
+        return build(self, *args, **keywords)
+
+    monkeypatch.setattr(ModelSpec, "build", recorded)
+    flags = ["--model", "timm:vit_tiny_patch16_224", "--num-classes", "2", "--batch-size", "2", "--num-samples", "4",
+             "--steps", "1", "--split-size", "1", "--spatial-size", "0", "--no-progress", "--image-size", "32"]
+    code, _, err = run_train([*flags, "--model-args", "embed_dim=16,num_heads=2", "--weights",
+                              str(tmp_path / "shallow.pt")], capsys)
+    assert code == 2 and devices == ["meta"], (devices, err)
+    assert len(err.strip().splitlines()) == 1 and "add --model-args depth=2" in err, err
+    devices.clear()
+    code, _, err = run_train([*flags, "--model-args", "embed_dim=16,num_heads=2,depth=2", "--weights",
+                              str(tmp_path / "shallow.pt")], capsys)
+    assert code == 0 and devices[:2] == ["meta", "cpu"], (devices, err)
+
+
 def test_a_resume_with_another_lora_rank_is_refused_naming_it(tmp_path, capsys):
     needs_timm()
     folder = str(tmp_path / "ck")

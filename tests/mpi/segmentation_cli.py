@@ -94,8 +94,9 @@ def main(check: Checks) -> None:
             eval_args = evaluate_cmd.evaluate_parser().parse_args(
                 ["--checkpoint", str(Path(folder) / "c"), "--datapath", str(Path(folder) / "pairs"), *TILES])
             evaluation = Evaluation(evaluate_cmd.evaluate_plan(eval_args), ctx)
-            agreed(ctx, evaluation.load)
+            agreed(ctx, evaluation.read)
             agreed(ctx, evaluation.open_data)
+            agreed(ctx, evaluation.load)
             got = evaluation.run()
             if ctx.rank == 0:
                 assert got is not None and wanted is not None

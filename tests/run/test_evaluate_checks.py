@@ -39,6 +39,28 @@ def test_a_vit_evaluated_at_another_image_size_is_refused_in_one_line(tmp_path, 
                     "images and takes that size only; give --image-size 32 or leave it out")
 
 
+def test_evaluate_refuses_bad_data_before_it_loads_the_checkpoint_s_model(tmp_path, capsys, monkeypatch):
+    """Issue 91: a --datapath that does not exist is refused having read the checkpoint's record only: its model is
+    never built nor its weights loaded."""
+    from mpi4dl_nb.infer import model as infer_model
+
+    code, _, err = run_command(train_cmd.main, ["--model", "resnet", "--num-layers", "8", "--resnet-version", "1",
+                                                "--num-filters", "4", "--image-size", "16", "--batch-size", "2",
+                                                "--num-samples", "4", "--steps", "1", "--no-progress", "--split-size",
+                                                "1", "--spatial-size", "0", "--checkpoint-dir", str(tmp_path / "c")],
+                               capsys)
+    assert code == 0, err
+    loaded: list[str] = []
+    monkeypatch.setattr(infer_model, "load_trained", lambda *args, **keywords: loaded.append("model"))
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    for folder in ("missing", "empty"):          # refused as the record is read, and as the data is opened
+        code, out, err = run_command(evaluate_cmd.main, ["--checkpoint", str(tmp_path / "c"), "--app", "medical",
+                                                         "--datapath", str(tmp_path / folder), "--split-size", "1",
+                                                         "--spatial-size", "0"], capsys)
+        assert code == 2 and not out and not loaded, err
+        assert err.strip().splitlines()[-1].startswith("mpi4dl_nb evaluate: error: --datapath"), err
+
+
 @pytest.mark.parametrize(("grouping", "group_by", "rebuilt"), [
     ("slide", None, BY_SLIDE),            # a split by slide (from before TCGA slides were joined into patients)
     ("slide", r"(.+)_\d+", r"(.+)_\d+"),  # the run's own regex

@@ -83,3 +83,25 @@ def test_tcga_tiles_split_by_patient_and_three_classes_report_a_macro_auc(tmp_pa
                                  capsys)
     assert code == 2 and not out and "Traceback" not in err, err
     assert f"--datapath: slide 's0' has tiles in {clash / 'a'}/ and {clash / 'b'}/" in err, err
+
+
+def test_a_one_patient_folder_s_refusal_names_the_patient_and_group_by_slide(tmp_path, capsys):
+    """Issue 91: a TCGA folder of one patient (a slide in each class folder): whatever --val-fraction, the refusal
+    names the patient and --group-by slide (not "raise --val-fraction"); with it, each class is one slide: named."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, slide in (("a", "DX1"), ("b", "DX2")):
+        (tmp_path / "one" / name).mkdir(parents=True)
+        for x in (0, 32, 64):
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
+                tmp_path / "one" / name / f"TCGA-A0-00P0-01Z-00-{slide}.ABCD_{x}_0.png")
+    flags = [*ONE_PROCESS, "--app", "medical", "--datapath", str(tmp_path / "one")]
+    for fraction in ("0.25", "0.9"):
+        code, _, err = run_command(train_cmd.main, [*flags, "--val-fraction", fraction], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, err
+        assert "every image is of one patient, TCGA-A0-00P0" in lines[0] and "--group-by slide" in lines[0], err
+        assert "raise --val-fraction" not in lines[0]
+    code, _, err = run_command(train_cmd.main, [*flags, "--val-fraction", "0.5", "--group-by", "slide"], capsys)
+    assert code == 2 and "class a is all slide TCGA-A0-00P0-01Z-00-DX1; class b is all slide" in err, err
